@@ -1,0 +1,14 @@
+"""zhpipe flows, configuration, stage store, tracking and the command line."""
+import os
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parent.parent
+
+# Set before Prefect is imported anywhere: a project-local Prefect home (never the user's ~/.prefect by
+# surprise) and an ephemeral-server start-up timeout well above the 20 s default, which a first start on a
+# 2-core machine (21-24 s) overruns at random. Values already in the environment win.
+os.environ.setdefault("PREFECT_HOME", str(_ROOT / ".prefect"))
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

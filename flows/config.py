@@ -1,0 +1,277 @@
+"""Validated pipeline configuration: `pipelines.yaml` becomes one pydantic object, loaded once."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from flows.errors import ConfigError
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG = PROJECT_ROOT / "pipelines.yaml"
+DEFAULT_PIPELINE = "chnsenticorp"
+
+
+class _Section(BaseModel):
+    """Base for every config section: unknown keys are errors, values are re-validated on --set."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class SourceConfig(_Section):
+    path: str | None = None  # local file (relative to the project root) or file:// / http(s):// URL
+    url: str | None = None  # canonical URL, fetched only when `path` does not exist
+    sha256: str | None = None  # verified whenever given; a mismatch is an error
+    format: Literal["auto", "csv", "tsv", "jsonl", "parquet", "txt"] = "auto"
+    encoding: str = "auto"  # auto detects utf-8, utf-8-sig and GB18030/GBK
+    text_column: str = "text"
+    label_column: str | None = "label"  # None for unlabelled corpora (txt)
+    member: str | None = None  # file inside a .zip archive; default: its only data file
+
+    @model_validator(mode="after")
+    def _has_location(self) -> "SourceConfig":
+        if not self.path and not self.url:
+            raise ValueError("source needs `path` or `url`")
+        return self
+
+
+class DownloadConfig(_Section):
+    timeout_s: float = 60.0  # per network read; a stalled server fails instead of hanging
+    retries: int = 3  # Prefect task retries for network errors only
+    chunk_bytes: int = 1 << 20
+
+
+class CleanConfig(_Section):
+    nfkc: bool = True  # full-width to half-width
+    strip_html: bool = True
+    strip_urls: bool = True
+    traditional_to_simplified: bool = False  # OpenCC t2s
+    min_chars: int = Field(2, ge=0)
+    max_chars: int = Field(5000, ge=1)
+    dedupe: bool = True
+
+
+class SplitConfig(_Section):
+    train: float = Field(0.8, gt=0, lt=1)
+    validation: float = Field(0.1, gt=0, lt=1)
+    test: float = Field(0.1, gt=0, lt=1)
+    seed: int = 42
+
+    @model_validator(mode="after")
+    def _sums_to_one(self) -> "SplitConfig":
+        if abs(self.train + self.validation + self.test - 1.0) > 1e-6:
+            raise ValueError("split fractions train + validation + test must sum to 1")
+        return self
+
+
+class SegmentConfig(_Section):
+    mode: Literal["precise", "search", "full"] = "precise"
+    hmm: bool = True  # HMM discovers words missing from the dictionary
+    user_dict: str | None = None  # jieba user dictionary: "word [freq] [pos]" per line
+    stopwords: str | None = None  # one word per line; dropped from word tokens only
+    pos: bool = False  # also store jieba.posseg tags (slower)
+    workers: int = Field(0, ge=0)  # 0 = one process per core
+    chunk_rows: int = Field(2000, ge=1)
+
+
+class AugmentConfig(_Section):
+    method: str = "eda"  # a name in tasks.augment.AUGMENTERS; "none" disables
+    num_aug: int = Field(1, ge=0)  # new rows per source row
+    p_swap: float = Field(0.1, ge=0, le=1)  # fraction of words swapped
+    p_delete: float = Field(0.1, ge=0, le=1)  # each word deleted with this probability
+    p_insert: float = Field(0.1, ge=0, le=1)  # fraction of words re-inserted at random places
+    seed: int = 13
+
+
+class VocabConfig(_Section):
+    min_freq: int = Field(2, ge=1)
+    max_size: int | None = Field(50000, ge=1)
+    specials: list[str] = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+    @field_validator("specials")
+    @classmethod
+    def _pad_unk_first(cls, v: list[str]) -> list[str]:
+        if v[:2] != ["[PAD]", "[UNK]"]:
+            raise ValueError("specials must start with [PAD], [UNK] (ids 0 and 1)")
+        return v
+
+
+class Word2VecConfig(_Section):
+    vector_size: int = 128
+    window: int = 5
+    min_count: int = 2
+    sg: bool = False  # False = CBOW, True = skip-gram
+    hs: bool = False  # True = hierarchical softmax instead of negative sampling
+    negative: int = 5
+    epochs: int = 10
+
+
+class FastTextEmbedConfig(_Section):
+    enabled: bool = True
+    model: Literal["skipgram", "cbow"] = "skipgram"
+    dim: int = 100
+    minn: int = 1  # Chinese words are short: subwords of 1-2 characters
+    maxn: int = 2
+    epoch: int = 5
+    bucket: int = 200000  # hashed subword buckets; 2M (the default) makes an 800 MB model
+
+
+class EmbedConfig(_Section):
+    word2vec: Word2VecConfig = Word2VecConfig()
+    fasttext: FastTextEmbedConfig = FastTextEmbedConfig()
+    probe_words: list[str] = ["酒店", "服务", "干净"]
+    topn: int = 5
+    workers: int = Field(2, ge=1)  # >1 trades bit-exact reproducibility for speed (gensim, fastText)
+    seed: int = 1
+
+
+class FastTextClassifierConfig(_Section):
+    epoch: int = 25
+    lr: float = 0.5
+    word_ngrams: int = 2
+    dim: int = 100
+    minn: int = 0
+    maxn: int = 0
+    bucket: int = 200000
+    tokens: Literal["words", "chars", "both"] = "both"
+
+
+class TextCNNConfig(_Section):
+    kernel_sizes: list[int] = [2, 3, 4]
+    num_filters: int = 128
+    dropout: float = 0.5
+    max_len: int = 256  # tokens; covers > 95% of reviews
+    freeze_embeddings: bool = False
+    lr: float = 1e-3
+    batch_size: int = 64
+
+
+class TrainConfig(_Section):
+    models: list[Literal["fasttext", "textcnn"]] = ["fasttext", "textcnn"]
+    epochs: int = Field(6, ge=1)  # every PyTorch model
+    patience: int = Field(2, ge=1)  # early stopping on validation macro-F1
+    device: str = "auto"  # auto = CUDA when present, else CPU
+    seed: int = 7
+    fasttext: FastTextClassifierConfig = FastTextClassifierConfig()
+    textcnn: TextCNNConfig = TextCNNConfig()
+
+
+class EvaluateConfig(_Section):
+    metric: Literal["accuracy", "macro_f1"] = "accuracy"  # picks the best model
+
+
+class StagesConfig(_Section):
+    download: DownloadConfig = DownloadConfig()
+    clean: CleanConfig = CleanConfig()
+    split: SplitConfig = SplitConfig()
+    segment: SegmentConfig = SegmentConfig()
+    augment: AugmentConfig = AugmentConfig()
+    vocab: VocabConfig = VocabConfig()
+    embed: EmbedConfig = EmbedConfig()
+    train: TrainConfig = TrainConfig()
+    evaluate: EvaluateConfig = EvaluateConfig()
+
+
+class PipelineConfig(_Section):
+    name: str
+    description: str = ""
+    source: SourceConfig
+    stages: StagesConfig = StagesConfig()
+
+    def config_hash(self) -> str:
+        """Short hash of the resolved config, tagged on every MLflow parent run."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True, ensure_ascii=False)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+    def flat_params(self) -> dict[str, str]:
+        """Resolved config as dotted `section.key` strings, for MLflow params."""
+        out: dict[str, str] = {}
+
+        def walk(prefix: str, value: Any) -> None:
+            if isinstance(value, dict):
+                for k, v in value.items():
+                    walk(f"{prefix}.{k}" if prefix else k, v)
+            else:
+                out[prefix] = json.dumps(value, ensure_ascii=False) if isinstance(value, list) else str(value)
+
+        walk("", self.model_dump(mode="json", exclude={"name", "description"}))
+        return {k.removeprefix("stages."): v for k, v in out.items()}
+
+
+def _describe(err: ValidationError, where: str) -> str:
+    """One line per pydantic error: the dotted key, what is wrong and, for unknown keys, what is allowed."""
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"])
+    if first["type"] == "extra_forbidden":
+        parent = _model_at(PipelineConfig, first["loc"][:-1])
+        allowed = ", ".join(parent.model_fields) if parent else "?"
+        return f"{where}: unknown key '{loc}' (allowed keys: {allowed})"
+    if first["type"] == "missing":
+        return f"{where}: missing required key '{loc}'"
+    return f"{where}: '{loc}': {first['msg']} (got {first.get('input')!r})"
+
+
+def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+            return None
+        model = field.annotation
+    return model
+
+
+def _apply_set(raw: dict, assignment: str) -> None:
+    """Apply one `--set section.key=value` (value parsed as YAML) to the raw pipeline dict."""
+    if "=" not in assignment:
+        raise ConfigError(f"--set {assignment!r}: expected STAGE.PARAM=VALUE")
+    dotted, value = assignment.split("=", 1)
+    parts = dotted.strip().split(".")
+    if len(parts) < 2:
+        raise ConfigError(f"--set {assignment!r}: expected STAGE.PARAM=VALUE (e.g. train.epochs=2)")
+    node = raw.setdefault("source", {}) if parts[0] == "source" else raw.setdefault("stages", {}).setdefault(parts[0], {})
+    for part in parts[1:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {assignment!r}: '{part}' is not a section")
+    node[parts[-1]] = yaml.safe_load(value)
+
+
+def load_pipeline(
+    name: str = DEFAULT_PIPELINE,
+    config_file: Path | str = DEFAULT_CONFIG,
+    overrides: list[str] = (),
+    source_overrides: dict[str, Any] | None = None,
+) -> PipelineConfig:
+    """Read `pipelines.yaml`, pick one pipeline, apply --set and --source overrides, validate."""
+    config_file = Path(config_file)
+    try:
+        doc = yaml.safe_load(config_file.read_text(encoding="utf-8")) or {}
+    except OSError as e:
+        raise ConfigError(f"cannot read config {config_file}: {e.strerror}") from e
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{config_file}: invalid YAML: {e}") from e
+    pipelines = doc.get("pipelines") if isinstance(doc, dict) else None
+    if not isinstance(pipelines, dict):
+        raise ConfigError(f"{config_file}: expected a top-level 'pipelines:' mapping")
+    if name not in pipelines:
+        raise ConfigError(f"{config_file}: no pipeline '{name}' (declared: {', '.join(pipelines)})")
+    raw = json.loads(json.dumps(pipelines[name]))  # deep copy; YAML anchors resolved
+    raw["name"] = name
+    for assignment in overrides:
+        _apply_set(raw, assignment)
+    if source_overrides:
+        raw["source"] = {**{k: v for k, v in source_overrides.items() if v is not None}}
+    try:
+        return PipelineConfig.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(_describe(e, f"{config_file} pipeline '{name}'")) from e
+
+
+def list_pipelines(config_file: Path | str = DEFAULT_CONFIG) -> dict[str, str]:
+    """Pipeline names and descriptions declared in the config file."""
+    doc = yaml.safe_load(Path(config_file).read_text(encoding="utf-8")) or {}
+    return {k: (v or {}).get("description", "") for k, v in (doc.get("pipelines") or {}).items()}

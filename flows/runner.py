@@ -1,0 +1,213 @@
+"""Stage execution: plan the keys of a run, then build or reuse each stage and track it in MLflow."""
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from pydantic import BaseModel
+
+from flows.config import PROJECT_ROOT, PipelineConfig
+from flows.errors import ZhpipeError
+from flows.store import Manifest, StageStore, file_sha256, stage_key
+from flows.tracking import Tracker
+
+# The pipeline's stages in run order, each with the stages whose outputs it reads.
+STAGES: dict[str, tuple[str, ...]] = {
+    "download": (),
+    "clean": ("download",),
+    "split": ("clean",),
+    "segment": ("split",),
+    "augment": ("segment",),
+    "vocab": ("augment", "segment"),
+    "embed": ("augment",),
+    "train": ("augment", "segment", "vocab", "embed"),
+    "evaluate": ("train", "segment"),
+}
+
+log = logging.getLogger("zhpipe")
+
+
+def stage_module(stage: str):
+    """The module `tasks.<stage>` that holds the stage's logic, VERSION and `build`."""
+    return importlib.import_module(f"tasks.{stage}")
+
+
+def stage_params(config: PipelineConfig, stage: str) -> dict[str, Any]:
+    """The resolved parameters that define one stage's output (the download stage's include the source)."""
+    params = getattr(config.stages, stage).model_dump(mode="json")
+    if stage == "download":
+        params = {"source": config.source.model_dump(mode="json"), **params}
+    return params
+
+
+def source_fingerprint(config: PipelineConfig) -> str:
+    """What identifies the raw bytes: the local file's sha256, else the declared sha256 or the URL."""
+    src = config.source
+    local = resolve_local(src.path) if src.path else None
+    if local is not None and local.is_file():
+        return file_sha256(local)
+    return src.sha256 or src.url or src.path or ""
+
+
+def resolve_local(location: str) -> Path | None:
+    """A local path for `location` (plain path or file:// URL), relative paths from the project root."""
+    if location.startswith(("http://", "https://")):
+        return None
+    if location.startswith("file://"):
+        from urllib.parse import unquote, urlparse
+
+        return Path(unquote(urlparse(location).path))
+    p = Path(location).expanduser()
+    return p if p.is_absolute() else PROJECT_ROOT / p
+
+
+def plan_keys(config: PipelineConfig) -> dict[str, str]:
+    """Every stage's key, computed from the config alone (so `status` needs no run)."""
+    keys: dict[str, str] = {}
+    for stage, deps in STAGES.items():
+        inputs = {d: keys[d] for d in deps}
+        if stage == "download":
+            inputs = {"source": source_fingerprint(config)}
+        keys[stage] = stage_key(stage, stage_module(stage).VERSION, stage_params(config, stage), inputs)
+    return keys
+
+
+@dataclass
+class StageResult:
+    """What a stage task hands to the next: a path and a few facts, never the data itself."""
+
+    stage: str
+    key: str
+    path: Path
+    cache: str  # "hit" or "miss"
+    seconds: float
+    rows: int | None
+    metrics: dict[str, float]
+    info: dict[str, Any]
+
+
+@dataclass
+class BuildContext:
+    """Everything a stage's `build` function may use: inputs, its output folder, params, tracking."""
+
+    inputs: dict[str, Path]
+    input_info: dict[str, dict[str, Any]]
+    out: Path
+    params: BaseModel
+    tracker: Tracker
+    pipeline: str
+
+
+@dataclass
+class BuildOutput:
+    """What `build` reports back: row count, scalar metrics, stage facts, files to log to MLflow."""
+
+    rows: int | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+    artifacts: list[str] = field(default_factory=list)  # paths relative to the output folder
+
+
+@dataclass
+class RunContext:
+    """One pipeline run: config, planned keys, store, MLflow parent run, forced stages."""
+
+    config: PipelineConfig
+    store: StageStore
+    keys: dict[str, str]
+    experiment: str
+    parent_run_id: str | None
+    force: set[str] = field(default_factory=set)
+
+    def reuse(self, stage: str) -> StageResult:
+        """Load a cached stage without tracking it (for stages before --from)."""
+        key = self.keys[stage]
+        if not self.store.is_done(stage, key):
+            raise ZhpipeError(
+                f"stage '{stage}' has no cached output for this config (key {key}); run it first, e.g. `zhpipe run --to {stage}`"
+            )
+        return self._result(self.store.manifest(stage, key), "hit", 0.0)
+
+    def run(self, stage: str, inputs: dict[str, StageResult], build: Callable[[BuildContext], BuildOutput]) -> StageResult:
+        """Reuse the stage's output when its key is in the store, else build it atomically; track either way."""
+        key = self.keys[stage]
+        t0 = time.perf_counter()
+        hit = stage not in self.force and self.store.is_done(stage, key)
+        params_model = getattr(self.config.stages, stage)
+        tracker = Tracker.start(
+            self.experiment,
+            stage,
+            parent=self.parent_run_id,
+            tags={"zhpipe.stage": stage, "zhpipe.cache": "hit" if hit else "miss", "zhpipe.key": key},
+        )
+        try:
+            tracker.params({k: v for k, v in _flatten(stage_params(self.config, stage)).items()})
+            if hit:
+                manifest = self.store.manifest(stage, key)
+                tracker.tags({"zhpipe.artifacts_run_id": manifest.mlflow_run_id or ""})
+                log.info("%s: cached (%s)", stage, key)
+            else:
+                manifest = self._build(stage, key, inputs, params_model, tracker, build)
+            tracker.metrics({**manifest.metrics, "rows": manifest.rows or 0, "seconds": manifest.seconds})
+        except BaseException:
+            tracker.finish(ok=False)
+            raise
+        tracker.finish()
+        return self._result(manifest, "hit" if hit else "miss", time.perf_counter() - t0)
+
+    def _build(self, stage, key, inputs, params_model, tracker, build) -> Manifest:
+        log.info("%s: building (%s)", stage, key)
+        tmp = self.store.begin(stage, key)
+        t0 = time.perf_counter()
+        ctx = BuildContext(
+            inputs={name: r.path for name, r in inputs.items()},
+            input_info={name: r.info for name, r in inputs.items()},
+            out=tmp,
+            params=params_model,
+            tracker=tracker,
+            pipeline=self.config.name,
+        )
+        out = build(ctx)
+        manifest = Manifest(
+            stage=stage,
+            key=key,
+            version=stage_module(stage).VERSION,
+            params=stage_params(self.config, stage),
+            inputs={name: r.key for name, r in inputs.items()},
+            rows=out.rows,
+            seconds=round(time.perf_counter() - t0, 3),
+            metrics=out.metrics,
+            info=out.info,
+            mlflow_run_id=tracker.run_id,
+        )
+        final = self.store.publish(tmp, manifest)
+        for rel in out.artifacts:
+            tracker.artifact(final / rel, str(Path(rel).parent) if Path(rel).parent != Path(".") else None)
+        return manifest
+
+    def _result(self, manifest: Manifest, cache: str, seconds: float) -> StageResult:
+        return StageResult(
+            stage=manifest.stage,
+            key=manifest.key,
+            path=self.store.path(manifest.stage, manifest.key),
+            cache=cache,
+            seconds=round(seconds, 3),
+            rows=manifest.rows,
+            metrics=manifest.metrics,
+            info=manifest.info,
+        )
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{name}."))
+        else:
+            out[name] = v
+    return out

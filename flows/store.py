@@ -1,0 +1,117 @@
+"""Content-addressed stage store: the one place that decides where a stage's output lives.
+
+Layout: `<root>/<stage>/<key>/` holds a finished output and its `manifest.json`; an output is built in
+`<root>/<stage>/.tmp-<key>-<pid>/` and renamed into place, so a killed run never leaves a half-written
+folder that counts as done.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+MANIFEST = "manifest.json"
+
+
+def stage_key(stage: str, version: str, params: dict[str, Any], inputs: dict[str, str]) -> str:
+    """Hash of everything that determines a stage's output: name, code version, params, input keys."""
+    blob = json.dumps(
+        {"stage": stage, "version": version, "params": params, "inputs": inputs},
+        sort_keys=True,
+        ensure_ascii=False,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
+    """sha256 of a file's bytes, read in chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+@dataclass
+class Manifest:
+    """What a finished stage output records about itself."""
+
+    stage: str
+    key: str
+    version: str
+    params: dict[str, Any]
+    inputs: dict[str, str]
+    rows: int | None
+    seconds: float
+    metrics: dict[str, float] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)  # stage-specific facts (e.g. source sha256, labels)
+    mlflow_run_id: str | None = None  # the stage run that logged this output's artifacts
+    created: float = field(default_factory=time.time)
+
+    @classmethod
+    def read(cls, folder: Path) -> "Manifest":
+        return cls(**json.loads((folder / MANIFEST).read_text(encoding="utf-8")))
+
+    def write(self, folder: Path) -> None:
+        atomic_write_text(folder / MANIFEST, json.dumps(asdict(self), indent=2, ensure_ascii=False))
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write a text file via a temporary sibling and rename, so readers never see half of it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+class StageStore:
+    """Finds, creates and publishes stage outputs under one root folder."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    def path(self, stage: str, key: str) -> Path:
+        return self.root / stage / key
+
+    def is_done(self, stage: str, key: str) -> bool:
+        return (self.path(stage, key) / MANIFEST).is_file()
+
+    def manifest(self, stage: str, key: str) -> Manifest:
+        return Manifest.read(self.path(stage, key))
+
+    def others(self, stage: str, key: str) -> list[str]:
+        """Keys of other finished outputs of this stage (their presence makes `key` stale, not missing)."""
+        folder = self.root / stage
+        if not folder.is_dir():
+            return []
+        return [p.name for p in folder.iterdir() if p.name != key and (p / MANIFEST).is_file()]
+
+    def begin(self, stage: str, key: str) -> Path:
+        """A fresh temporary folder to build an output in."""
+        tmp = self.root / stage / f".tmp-{key}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        return tmp
+
+    def publish(self, tmp: Path, manifest: Manifest) -> Path:
+        """Write the manifest last, then rename the folder into place (atomic on one file system)."""
+        manifest.write(tmp)
+        final = self.path(manifest.stage, manifest.key)
+        if final.exists():  # forced rebuild or a concurrent run: replace the old output
+            trash = final.with_name(f".old-{final.name}-{os.getpid()}")
+            os.replace(final, trash)
+            os.replace(tmp, final)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+        return final
+
+    def downloads(self, url: str) -> Path:
+        """Folder for a URL's downloaded bytes, kept across attempts so a partial file can resume."""
+        folder = self.root / "_downloads" / hashlib.sha256(url.encode()).hexdigest()[:16]
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder

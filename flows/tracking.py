@@ -1,0 +1,128 @@
+"""MLflow access with explicit run ids (the fluent API's active run is thread-local) and retried writes."""
+from __future__ import annotations
+
+import functools
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+
+from flows.config import PROJECT_ROOT
+
+DEFAULT_TRACKING_URI = f"sqlite:///{PROJECT_ROOT / 'mlruns' / 'mlflow.db'}"
+DEFAULT_ARTIFACT_ROOT = (PROJECT_ROOT / "mlruns" / "artifacts").as_uri()
+
+
+def tracking_uri() -> str:
+    """MLFLOW_TRACKING_URI when set, else the project's SQLite store."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+
+
+def _retry(fn: Callable) -> Callable:
+    """Retry a tracking write a few times: SQLite can be briefly locked by the UI or another run."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        for attempt in range(4):
+            try:
+                return fn(*args, **kwargs)
+            except Exception as e:  # noqa: BLE001 - MLflow raises several unrelated types
+                if attempt == 3 or "locked" not in str(e).lower() and "timeout" not in str(e).lower():
+                    raise
+                time.sleep(0.5 * 2**attempt)
+
+    return wrapper
+
+
+def client():
+    """An MlflowClient on the configured store (created lazily: importing mlflow costs seconds)."""
+    from mlflow.tracking import MlflowClient
+
+    uri = tracking_uri()
+    if uri.startswith("sqlite:///"):
+        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    return MlflowClient(tracking_uri=uri)
+
+
+def experiment_id(name: str) -> str:
+    """Id of the experiment `name`, created with artifacts under mlruns/ when missing."""
+    c = client()
+    exp = c.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    artifact_root = None if os.environ.get("MLFLOW_TRACKING_URI") else DEFAULT_ARTIFACT_ROOT
+    return c.create_experiment(name, artifact_location=artifact_root)
+
+
+class Tracker:
+    """Writes to one MLflow run, given by id."""
+
+    def __init__(self, run_id: str):
+        self.client = client()
+        self.run_id = run_id
+
+    @classmethod
+    def start(cls, experiment: str, name: str, parent: str | None = None, tags: dict[str, str] | None = None) -> "Tracker":
+        """Create a run (nested under `parent` when given)."""
+        all_tags = {"mlflow.runName": name, **(tags or {})}
+        if parent:
+            all_tags["mlflow.parentRunId"] = parent
+        run = _retry(client().create_run)(experiment_id(experiment), run_name=name, tags=all_tags)
+        return cls(run.info.run_id)
+
+    @_retry
+    def finish(self, ok: bool = True) -> None:
+        self.client.set_terminated(self.run_id, "FINISHED" if ok else "FAILED")
+
+    @_retry
+    def params(self, params: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+        for i in range(0, len(items), 100):
+            self.client.log_batch(self.run_id, params=items[i : i + 100])
+
+    @_retry
+    def metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(k, float(v), now, step or 0) for k, v in metrics.items()]
+        if items:
+            self.client.log_batch(self.run_id, metrics=items)
+
+    @_retry
+    def tags(self, tags: dict[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+    @_retry
+    def artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        path = Path(path)
+        if path.is_dir():
+            self.client.log_artifacts(self.run_id, str(path), artifact_path)
+        else:
+            self.client.log_artifact(self.run_id, str(path), artifact_path)
+
+    @_retry
+    def table(self, df: pd.DataFrame, artifact_file: str) -> None:
+        """A table shown in the MLflow UI's artifact view (and its Evaluation tab)."""
+        self.client.log_table(self.run_id, data=df, artifact_file=artifact_file)
+
+    @_retry
+    def text(self, text: str, artifact_file: str) -> None:
+        self.client.log_text(self.run_id, text, artifact_file)
+
+    @_retry
+    def dataset(self, df: pd.DataFrame, source: str, name: str, context: str) -> None:
+        """Record a dataset as this run's input (shown under 'Datasets used' in the UI)."""
+        import mlflow.data
+        from mlflow.entities import DatasetInput, InputTag
+
+        ds = mlflow.data.from_pandas(df, source=source, name=name, targets="label" if "label" in df else None)
+        self.client.log_inputs(
+            self.run_id, datasets=[DatasetInput(ds._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", context)])]
+        )

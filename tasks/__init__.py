@@ -1,0 +1,1 @@
+"""zhpipe stages: one module per stage, pure logic plus a thin Prefect `@task` wrapper."""

@@ -1,0 +1,104 @@
+"""Stage `clean`: normalise text, drop what cannot be used, and quarantine every dropped row with its reason."""
+from __future__ import annotations
+
+import re
+import unicodedata
+from functools import lru_cache
+
+import pandas as pd
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from flows.config import CleanConfig
+from flows.errors import DataError
+from tasks.download import sorted_labels
+from flows.runner import BuildContext, BuildOutput, RunContext, StageResult
+
+VERSION = "1"
+_HTML_TAG = re.compile(r"<[^>]{1,200}>")
+_URL = re.compile(r"(?:https?://|www\.)[^\s\u4e00-\u9fff，。！？、；：]+", re.IGNORECASE)
+_CONTROL = re.compile(r"[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u200b-\u200f\u2028-\u202f\u2060-\u206f\ufeff]")
+_SPACE = re.compile(r"\s+")
+
+
+@lru_cache(maxsize=1)
+def _t2s():
+    import opencc
+
+    return opencc.OpenCC("t2s")
+
+
+def clean_text(text: str, params: CleanConfig) -> str:
+    """One text through the normalisation steps, in order."""
+    if params.nfkc:
+        text = unicodedata.normalize("NFKC", text)  # full-width letters, digits and punctuation to half-width
+    if params.strip_html:
+        text = _HTML_TAG.sub(" ", text)
+        text = text.replace("&nbsp;", " ").replace("&amp;", "&").replace("&lt;", "<").replace("&gt;", ">")
+    if params.strip_urls:
+        text = _URL.sub(" ", text)
+    text = _CONTROL.sub("", text)  # BOM, zero-width and control characters
+    text = _SPACE.sub(" ", text).strip()
+    if params.traditional_to_simplified:
+        text = _t2s().convert(text)
+    return text
+
+
+def clean_frame(df: pd.DataFrame, params: CleanConfig) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Return (kept rows, quarantined rows with `reason`, label conflicts) for a frame of id/text[/label]."""
+    df = df.copy()
+    df["raw_text"] = df["text"]
+    df["text"] = [clean_text(t, params) for t in df["text"].astype(str)]
+    length = df["text"].str.len()
+    reason = pd.Series(pd.NA, index=df.index, dtype="string")
+    reason[length == 0] = "empty"
+    reason[reason.isna() & (length < params.min_chars)] = "too_short"
+    reason[reason.isna() & (length > params.max_chars)] = "too_long"
+    conflicts = pd.DataFrame(columns=["text", "labels", "ids"])
+    if params.dedupe:
+        candidates = df[reason.isna()]
+        if "label" in df:
+            groups = candidates.groupby("text")["label"].nunique()
+            conflict_texts = set(groups[groups > 1].index)
+            in_conflict = candidates["text"].isin(conflict_texts)
+            reason[in_conflict[in_conflict].index] = "label_conflict"
+            conflicts = (
+                candidates[in_conflict]
+                .groupby("text")
+                .agg(labels=("label", lambda s: ",".join(sorted(set(s)))), ids=("id", lambda s: ",".join(map(str, s))))
+                .reset_index()
+            )
+        dup = df[reason.isna()].duplicated(subset=["text"] + (["label"] if "label" in df else []), keep="first")
+        reason[dup[dup].index] = "duplicate"
+    kept = df[reason.isna()].drop(columns=["raw_text"]).reset_index(drop=True)
+    quarantine = df[reason.notna()].assign(reason=reason[reason.notna()]).reset_index(drop=True)
+    return kept, quarantine, conflicts
+
+
+def build(ctx: BuildContext) -> BuildOutput:
+    """Clean `data.parquet` into `data.parquet` + `quarantine.parquet` (+ `label_conflicts.csv`)."""
+    df = pd.read_parquet(ctx.inputs["download"] / "data.parquet")
+    kept, quarantine, conflicts = clean_frame(df, ctx.params)
+    if kept.empty:
+        raise DataError(f"clean: no rows left after cleaning ({len(df)} rows in, all quarantined: {quarantine['reason'].value_counts().to_dict()})")
+    kept.to_parquet(ctx.out / "data.parquet", index=False)
+    quarantine.to_parquet(ctx.out / "quarantine.parquet", index=False)
+    conflicts.to_csv(ctx.out / "label_conflicts.csv", index=False)
+    counts = quarantine["reason"].value_counts().to_dict()
+    metrics = {f"dropped_{r}": counts.get(r, 0) for r in ("empty", "too_short", "too_long", "duplicate", "label_conflict")}
+    metrics.update(rows_in=len(df), rows_kept=len(kept), rows_dropped=len(quarantine))
+    ctx.tracker.dataset(kept, source=str(ctx.out / "data.parquet"), name=f"{ctx.pipeline}-clean", context="clean")
+    if len(quarantine):
+        ctx.tracker.table(quarantine.head(1000).astype(str), "quarantine_sample.json")
+    return BuildOutput(
+        rows=len(kept),
+        metrics=metrics,
+        info={"labels": sorted_labels(kept["label"]) if "label" in kept else None},
+        artifacts=["quarantine.parquet", "label_conflicts.csv"],
+    )
+
+
+@task(name="clean", cache_policy=NO_CACHE)
+def clean(run: RunContext, download: StageResult) -> StageResult:
+    """Normalise and filter the raw corpus."""
+    return run.run("clean", {"download": download}, build)

@@ -1,0 +1,206 @@
+"""Stage `download`: fetch or find the raw corpus, verify it, and read it into one Parquet table."""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import shutil
+import zipfile
+from pathlib import Path
+
+import pandas as pd
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from flows.config import SourceConfig
+from flows.errors import DataError, ZhpipeError
+from flows.runner import BuildContext, BuildOutput, RunContext, StageResult, resolve_local
+from flows.store import file_sha256
+
+VERSION = "1"
+DATA_SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".txt": "txt"}
+
+
+class ChecksumError(DataError):
+    """Downloaded or local bytes do not match the declared sha256."""
+
+
+def fetch(url: str, folder: Path, timeout_s: float, chunk_bytes: int = 1 << 20) -> Path:
+    """Download `url` into `folder`, resuming a partial `.part` file with an HTTP Range request."""
+    import httpx
+
+    name = Path(url.split("?")[0]).name or "download"
+    final, part = folder / name, folder / f"{name}.part"
+    if final.is_file():
+        return final
+    offset = part.stat().st_size if part.exists() else 0
+    headers = {"Range": f"bytes={offset}-"} if offset else {}
+    with httpx.stream("GET", url, headers=headers, timeout=timeout_s, follow_redirects=True) as resp:
+        if resp.status_code == 416:  # the partial file is already complete
+            part.rename(final)
+            return final
+        if resp.status_code in (404, 401, 403, 410):
+            raise DataError(f"download {url}: HTTP {resp.status_code} (expected 200)")
+        resp.raise_for_status()
+        mode = "ab" if offset and resp.status_code == 206 else "wb"  # a server without Range support restarts
+        with open(part, mode) as f:
+            for block in resp.iter_bytes(chunk_bytes):
+                f.write(block)
+    part.rename(final)
+    return final
+
+
+def verify(path: Path, expected: str | None) -> str:
+    """Return the file's sha256; raise ChecksumError when it differs from `expected`."""
+    actual = file_sha256(path)
+    if expected and actual.lower() != expected.lower():
+        raise ChecksumError(f"{path}: sha256 mismatch (expected {expected}, got {actual})")
+    return actual
+
+
+def extract(path: Path, target: Path, member: str | None) -> Path:
+    """Unpack a .zip member or a .gz file into `target`; refuse archive entries that escape it."""
+    target.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".gz":
+        out = target / path.stem
+        with gzip.open(path, "rb") as src, open(out, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        return out
+    with zipfile.ZipFile(path) as zf:
+        root = target.resolve()
+        for info in zf.infolist():
+            dest = (target / info.filename).resolve()
+            if not dest.is_relative_to(root):
+                raise DataError(f"{path}: archive entry '{info.filename}' escapes the extraction folder; refusing")
+        names = [n for n in zf.namelist() if Path(n).suffix.lower() in DATA_SUFFIXES and not n.endswith("/")]
+        chosen = member or (names[0] if len(names) == 1 else None)
+        if chosen is None:
+            raise DataError(f"{path}: archive holds {len(names)} data files {names[:5]}; set source.member to pick one")
+        if chosen not in zf.namelist():
+            raise DataError(f"{path}: no member '{chosen}' in archive (found: {', '.join(names[:10])})")
+        zf.extract(chosen, target)
+        return target / chosen
+
+
+def detect_encoding(raw: bytes) -> str:
+    """utf-8-sig, utf-8 or gb18030 (a superset of GBK and GB2312), else charset-normalizer's guess."""
+    if raw.startswith(b"\xef\xbb\xbf"):
+        return "utf-8-sig"
+    try:
+        raw.decode("utf-8")
+        return "utf-8"
+    except UnicodeDecodeError:
+        pass
+    try:
+        raw.decode("gb18030")
+        return "gb18030"
+    except UnicodeDecodeError:
+        pass
+    from charset_normalizer import from_bytes
+
+    best = from_bytes(raw[:1_000_000]).best()
+    if best is None:
+        raise DataError("cannot detect the text encoding (tried utf-8, gb18030); set source.encoding")
+    return best.encoding
+
+
+def read_table(path: Path, source: SourceConfig) -> pd.DataFrame:
+    """Read csv/tsv/jsonl/parquet/txt into columns `id`, `text` and (when labelled) `label` as strings."""
+    fmt = source.format if source.format != "auto" else DATA_SUFFIXES.get(path.suffix.lower())
+    if fmt is None:
+        raise DataError(f"{path}: cannot tell the format from suffix '{path.suffix}'; set source.format (csv, tsv, jsonl, parquet, txt)")
+    try:
+        if fmt == "parquet":
+            df = pd.read_parquet(path)
+        else:
+            raw = path.read_bytes()
+            encoding = detect_encoding(raw) if source.encoding == "auto" else source.encoding
+            text = raw.decode(encoding)
+            if fmt == "txt":
+                df = pd.DataFrame({source.text_column: [line for line in text.splitlines() if line.strip()]})
+            elif fmt == "jsonl":
+                df = pd.DataFrame([json.loads(line) for line in text.splitlines() if line.strip()])
+            else:
+                df = pd.read_csv(io.StringIO(text), sep="," if fmt == "csv" else "\t", dtype=str, keep_default_na=False)
+    except (UnicodeDecodeError, LookupError) as e:
+        raise DataError(f"{path}: cannot decode as {source.encoding}: {e}") from e
+    except (ValueError, OSError, pd.errors.ParserError) as e:
+        raise DataError(f"{path}: unreadable {fmt}: {str(e).splitlines()[0]}") from e
+    return _normalise(df, path, source, fmt)
+
+
+def _normalise(df: pd.DataFrame, path: Path, source: SourceConfig, fmt: str) -> pd.DataFrame:
+    if source.text_column not in df.columns:
+        raise DataError(f"{path}: no text column '{source.text_column}' (columns found: {', '.join(map(str, df.columns))})")
+    out = pd.DataFrame({"id": range(len(df)), "text": df[source.text_column].astype("string").fillna("")})
+    if source.label_column and fmt != "txt":
+        if source.label_column not in df.columns:
+            raise DataError(f"{path}: no label column '{source.label_column}' (columns found: {', '.join(map(str, df.columns))})")
+        labels = df[source.label_column].astype("string").str.strip()
+        missing = labels.isna() | (labels == "")
+        if missing.any():
+            raise DataError(f"{path}: {int(missing.sum())} rows have an empty label in column '{source.label_column}' (first at row {int(missing.idxmax()) + 1})")
+        out["label"] = labels.values
+    if out.empty:
+        raise DataError(f"{path}: the corpus is empty (0 rows)")
+    return out
+
+
+def locate(source: SourceConfig, folder_for: callable, timeout_s: float, chunk_bytes: int) -> Path:
+    """The local file holding the source bytes: the given path when it exists, else a download of `url`."""
+    for location in (source.path, source.url):
+        if not location:
+            continue
+        local = resolve_local(location)
+        if local is not None:
+            if local.is_file():
+                return local
+            continue
+        return fetch(location, folder_for(location), timeout_s, chunk_bytes)
+    raise DataError(f"source not found: {source.path or source.url} (no such file, and no url to fetch it from)")
+
+
+def build(ctx: BuildContext, source: SourceConfig, folder_for: callable) -> BuildOutput:
+    """Find or fetch, verify, unpack and read the source; write `data.parquet`."""
+    p = ctx.params
+    raw = locate(source, folder_for, p.timeout_s, p.chunk_bytes)
+    sha = verify(raw, source.sha256)
+    data_file = extract(raw, ctx.out / "extracted", source.member) if raw.suffix in (".zip", ".gz") else raw
+    df = read_table(data_file, source)
+    df.to_parquet(ctx.out / "data.parquet", index=False)
+    info = {"source_sha256": sha, "source_file": str(raw), "labelled": "label" in df}
+    metrics = {"rows_raw": len(df)}
+    if "label" in df:
+        info["labels"] = sorted_labels(df["label"])
+        metrics["num_labels"] = len(info["labels"])
+    return BuildOutput(rows=len(df), metrics=metrics, info=info)
+
+
+def sorted_labels(labels: pd.Series) -> list[str]:
+    """Distinct labels; numeric ones sort as numbers (2 before 10), others as strings."""
+
+    def order(label: str):
+        try:
+            return (0, float(label), label)
+        except ValueError:
+            return (1, 0.0, label)
+
+    return sorted(labels.unique().tolist(), key=order)
+
+
+def _retry_network_errors(task, task_run, state) -> bool:
+    """Retry transport failures and 5xx answers, never a checksum or format error."""
+    exc = state.result(raise_on_failure=False)
+    return not isinstance(exc, ZhpipeError)
+
+
+@task(name="download", retries=3, retry_delay_seconds=[1, 4, 10], retry_condition_fn=_retry_network_errors, cache_policy=NO_CACHE)
+def download(run: RunContext) -> StageResult:
+    """Find or fetch the corpus and read it into `data.parquet`."""
+    return run.run("download", {}, lambda ctx: build(ctx, run.config.source, run.store.downloads))
+
+
+def content_hash(df: pd.DataFrame) -> str:
+    """Hash of a frame's contents, independent of how it was stored."""
+    return hashlib.sha256(pd.util.hash_pandas_object(df, index=False).values.tobytes()).hexdigest()[:16]

@@ -1,0 +1,97 @@
+"""Stage `embed`: gensim Word2Vec and fastText subword vectors trained on the segmented train corpus."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pandas as pd
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from flows.config import EmbedConfig
+from flows.runner import BuildContext, BuildOutput, RunContext, StageResult
+
+VERSION = "1"
+
+
+def train_word2vec(corpus: Path, params: EmbedConfig):
+    """Word2Vec (CBOW or skip-gram; negative sampling or hierarchical softmax) from a token-per-space file."""
+    from gensim.models import Word2Vec
+
+    w = params.word2vec
+    logging.getLogger("gensim").setLevel(logging.WARNING)
+    return Word2Vec(
+        corpus_file=str(corpus),
+        vector_size=w.vector_size,
+        window=w.window,
+        min_count=w.min_count,
+        sg=int(w.sg),
+        hs=int(w.hs),
+        negative=0 if w.hs else w.negative,
+        epochs=w.epochs,
+        workers=params.workers,
+        seed=params.seed,
+    ).wv
+
+
+def train_fasttext(corpus: Path, params: EmbedConfig):
+    """fastText unsupervised vectors with character n-gram subwords."""
+    import fasttext
+
+    f = params.fasttext
+    return fasttext.train_unsupervised(
+        str(corpus), model=f.model, dim=f.dim, minn=f.minn, maxn=f.maxn, epoch=f.epoch,
+        bucket=f.bucket, thread=params.workers, verbose=0,
+    )
+
+
+def fasttext_keyed_vectors(model):
+    """The fastText model's in-vocabulary vectors as gensim KeyedVectors."""
+    from gensim.models import KeyedVectors
+
+    words = model.get_words()
+    kv = KeyedVectors(vector_size=model.get_dimension())
+    kv.add_vectors(words, [model.get_word_vector(w) for w in words])
+    return kv
+
+
+def neighbours(name: str, probe: list[str], lookup, topn: int) -> list[dict]:
+    """Rows of (model, probe word, rank, neighbour, cosine) for a nearest-neighbour table."""
+    rows = []
+    for word in probe:
+        for rank, (other, score) in enumerate(lookup(word, topn), 1):
+            rows.append({"model": name, "word": word, "rank": rank, "neighbour": other, "cosine": round(float(score), 4)})
+    return rows
+
+
+def build(ctx: BuildContext) -> BuildOutput:
+    """Write `word2vec.kv` + `word2vec.txt`, `fasttext.bin` + `fasttext.kv` + `fasttext.vec`, `neighbours.csv`."""
+    p: EmbedConfig = ctx.params
+    corpus = ctx.inputs["augment"] / "train.words.txt"
+    w2v = train_word2vec(corpus, p)
+    w2v.save(str(ctx.out / "word2vec.kv"))
+    w2v.save_word2vec_format(str(ctx.out / "word2vec.txt"), binary=False)
+    rows = neighbours("word2vec", p.probe_words, lambda w, n: w2v.most_similar(w, topn=n) if w in w2v else [], p.topn)
+    metrics = {"word2vec_vocab": len(w2v)}
+    artifacts = ["word2vec.txt", "neighbours.csv"]
+    if p.fasttext.enabled:
+        ft = train_fasttext(corpus, p)
+        ft.save_model(str(ctx.out / "fasttext.bin"))
+        ft_kv = fasttext_keyed_vectors(ft)
+        ft_kv.save(str(ctx.out / "fasttext.kv"))
+        ft_kv.save_word2vec_format(str(ctx.out / "fasttext.vec"), binary=False)
+        # fastText answers for unseen words too, through their subwords
+        rows += neighbours("fasttext", p.probe_words, lambda w, n: [(o, s) for s, o in ft.get_nearest_neighbors(w, k=n)], p.topn)
+        metrics["fasttext_vocab"] = len(ft.get_words())
+        artifacts.append("fasttext.vec")
+    table = pd.DataFrame(rows, columns=["model", "word", "rank", "neighbour", "cosine"])
+    table.to_csv(ctx.out / "neighbours.csv", index=False)
+    if len(table):
+        ctx.tracker.table(table, "neighbours.json")
+    return BuildOutput(rows=len(w2v), metrics=metrics, info=dict(ctx.input_info["augment"]), artifacts=artifacts)
+
+
+@task(name="embed", cache_policy=NO_CACHE)
+def embed(run: RunContext, augment: StageResult) -> StageResult:
+    """Word2Vec and fastText embeddings of the train corpus."""
+    return run.run("embed", {"augment": augment}, build)

@@ -1,0 +1,113 @@
+"""Stage `evaluate`: test-split metrics per model, confusion matrices and a comparison table."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from prefect import task  # noqa: E402
+from prefect.artifacts import create_markdown_artifact  # noqa: E402
+from prefect.cache_policies import NO_CACHE  # noqa: E402
+from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, precision_recall_fscore_support  # noqa: E402
+
+from flows.runner import BuildContext, BuildOutput, RunContext, StageResult  # noqa: E402
+from flows.tracking import Tracker  # noqa: E402
+from tasks.train import PREDICTORS, label_ids  # noqa: E402
+
+VERSION = "1"
+
+
+def score(y_true: np.ndarray, y_pred: np.ndarray, labels: list[str]) -> tuple[dict[str, float], pd.DataFrame, np.ndarray]:
+    """Accuracy, macro-F1, a per-class precision/recall/F1 table and the confusion matrix."""
+    ids = list(range(len(labels)))
+    p, r, f, support = precision_recall_fscore_support(y_true, y_pred, labels=ids, zero_division=0)
+    per_class = pd.DataFrame({"label": labels, "precision": p, "recall": r, "f1": f, "support": support})
+    metrics = {
+        "test_accuracy": float(accuracy_score(y_true, y_pred)),
+        "test_macro_f1": float(f1_score(y_true, y_pred, labels=ids, average="macro", zero_division=0)),
+    }
+    return metrics, per_class, confusion_matrix(y_true, y_pred, labels=ids)
+
+
+def plot_confusion(matrix: np.ndarray, labels: list[str], title: str, path: Path) -> None:
+    """Confusion matrix heat map with counts, true labels on rows."""
+    size = 2.5 + 0.45 * len(labels)
+    fig, ax = plt.subplots(figsize=(size, size))
+    ax.imshow(matrix, cmap="Blues")
+    ax.set(xticks=range(len(labels)), yticks=range(len(labels)), xticklabels=labels, yticklabels=labels,
+           xlabel="predicted", ylabel="true", title=title)
+    for i in range(len(labels)):
+        for j in range(len(labels)):
+            ax.text(j, i, int(matrix[i, j]), ha="center", va="center", color="white" if matrix[i, j] > matrix.max() / 2 else "black")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def comparison_markdown(table: pd.DataFrame) -> str:
+    """The comparison table as Markdown (for Prefect's artifact view)."""
+    header = "| " + " | ".join(table.columns) + " |\n|" + "---|" * len(table.columns) + "\n"
+    body = "".join("| " + " | ".join(f"{v:.4f}" if isinstance(v, float) else str(v) for v in row) + " |\n" for row in table.itertuples(index=False))
+    return header + body
+
+
+def build(ctx: BuildContext) -> BuildOutput:
+    """Score each trained model on the test split; write per-model folders and `comparison.csv`."""
+    info = ctx.input_info["train"]
+    labels, models = info["labels"], info["models"]
+    test = pd.read_parquet(ctx.inputs["segment"] / "test.parquet")
+    y_true = label_ids(test, labels)
+    rows, results = [], {}
+    for name in models:
+        probs = PREDICTORS[name](ctx.inputs["train"] / name)(test)
+        metrics, per_class, matrix = score(y_true, probs.argmax(1), labels)
+        folder = ctx.out / name
+        folder.mkdir()
+        per_class.to_csv(folder / "per_class.csv", index=False)
+        pd.DataFrame(matrix, index=labels, columns=labels).to_csv(folder / "confusion_matrix.csv")
+        plot_confusion(matrix, labels, f"{name}: test confusion matrix", folder / "confusion_matrix.png")
+        results[name] = metrics
+        rows.append({"model": name, **metrics, "val_macro_f1": models[name]["val_macro_f1"], "train_seconds": round(models[name]["seconds"], 1)})
+    table = pd.DataFrame(rows).sort_values(f"test_{ctx.params.metric}", ascending=False)
+    table.to_csv(ctx.out / "comparison.csv", index=False)
+    (ctx.out / "comparison.md").write_text(comparison_markdown(table), encoding="utf-8")
+    best = table.iloc[0]["model"]
+    (ctx.out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
+    return BuildOutput(
+        rows=len(test),
+        metrics={f"{m}_{k}": v for m, r in results.items() for k, v in r.items()} | {"best_test_accuracy": results[best]["test_accuracy"]},
+        info={"labels": labels, "results": results, "best_model": best},
+        artifacts=["comparison.csv", "comparison.md"],
+    )
+
+
+def track_models(run: RunContext, train: StageResult, evaluation: StageResult) -> None:
+    """One nested MLflow run per model: its params, per-epoch curves, test metrics, checkpoint and plots."""
+    for name, summary in train.info["models"].items():
+        tracker = Tracker.start(run.experiment, name, parent=run.parent_run_id, tags={"zhpipe.model": name, "zhpipe.train_key": train.key})
+        section = getattr(run.config.stages.train, name)
+        tracker.params({"model": name, "epochs": run.config.stages.train.epochs, "seed": run.config.stages.train.seed, **section.model_dump()})
+        for row in summary.get("history", []):
+            tracker.metrics({k: v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
+        tracker.metrics({**evaluation.info["results"][name], "val_macro_f1_best": summary["val_macro_f1"], "train_seconds": summary["seconds"]})
+        tracker.artifact(train.path / name, "model")
+        tracker.artifact(evaluation.path / name, "evaluation")
+        tracker.finish()
+
+
+@task(name="evaluate", cache_policy=NO_CACHE)
+def evaluate(run: RunContext, train: StageResult, segment: StageResult) -> StageResult:
+    """Test metrics and the model comparison; tracked per model."""
+    result = run.run("evaluate", {"train": train, "segment": segment}, build)
+    track_models(run, train, result)
+    create_markdown_artifact(
+        markdown=f"# {run.config.name}: model comparison (test split)\n\n" + (result.path / "comparison.md").read_text(encoding="utf-8"),
+        key=f"{run.config.name}-comparison".replace("_", "-").lower(),
+        description="zhpipe evaluate",
+    )
+    return result
