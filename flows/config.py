@@ -117,7 +117,7 @@ class FastTextEmbedConfig(_Section):
     minn: int = 1  # Chinese words are short: subwords of 1-2 characters
     maxn: int = 2
     epoch: int = 5
-    bucket: int = 200000  # hashed subword buckets; 2M (the default) makes an 800 MB model
+    bucket: int = 100000  # hashed subword buckets; 2M (fastText's default) makes an 800 MB model
 
 
 class EmbedConfig(_Section):
@@ -133,10 +133,10 @@ class FastTextClassifierConfig(_Section):
     epoch: int = 25
     lr: float = 0.5
     word_ngrams: int = 2
-    dim: int = 100
+    dim: int = 64
     minn: int = 0
     maxn: int = 0
-    bucket: int = 200000
+    bucket: int = 100000  # the model file is about bucket * dim * 4 bytes
     tokens: Literal["words", "chars", "both"] = "both"
 
 

@@ -1,6 +1,7 @@
 """The pipeline flow: download -> clean -> split -> segment -> augment -> vocab -> embed -> train -> evaluate."""
 from __future__ import annotations
 
+import os
 import subprocess
 from dataclasses import asdict
 from pathlib import Path
@@ -22,7 +23,7 @@ from tasks.split import split
 from tasks.train import train
 from tasks.vocab import vocab
 
-DATA_ROOT = PROJECT_ROOT / "data"
+DATA_ROOT = Path(os.environ.get("ZHPIPE_DATA", PROJECT_ROOT / "data"))  # the stage store
 # the one number per stage that the run summary shows
 HEADLINE = {
     "download": "rows_raw", "clean": "rows_dropped", "split": "rows_test", "segment": "train_mean_words",

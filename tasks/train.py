@@ -63,6 +63,9 @@ def train_fasttext(train: pd.DataFrame, labels: list[str], params: TrainConfig, 
     p = params.fasttext
     folder = out / "fasttext"
     folder.mkdir()
+    # fastText reads its file in order and does not shuffle: the corpus is sorted by label, so without
+    # this the last class seen dominates (test accuracy fell to 0.55-0.79 in our runs)
+    train = train.sample(frac=1.0, random_state=params.seed)
     ids = label_ids(train, labels)
     train_file = folder / "train.txt"
     train_file.write_text(

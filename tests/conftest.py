@@ -1,0 +1,34 @@
+"""Test set-up: Prefect, MLflow and the stage store all live in one temporary folder per session."""
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+_TMP = Path(tempfile.mkdtemp(prefix="zhpipe-tests-"))
+# set before `flows` is imported, so nothing touches the project's .prefect/, mlruns/ or data/
+os.environ["PREFECT_HOME"] = str(_TMP / "prefect")
+os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "180"
+os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{_TMP / 'mlflow.db'}"
+os.environ["ZHPIPE_DATA"] = str(_TMP / "data")
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """One real (temporary) Prefect server for the whole session."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        yield
+
+
+@pytest.fixture
+def run_ctx(tmp_path):
+    """A RunContext on the smoke pipeline with its own store and a real MLflow parent run."""
+    from flows.config import load_pipeline
+    from flows.pipeline import start_run
+
+    return start_run(load_pipeline("smoke"), set(), tmp_path / "store")

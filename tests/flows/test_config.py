@@ -1,0 +1,63 @@
+import pytest
+
+from flows.config import load_pipeline
+from flows.errors import ConfigError
+
+
+def write(tmp_path, text):
+    path = tmp_path / "pipelines.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+BASE = """
+pipelines:
+  p:
+    source: {path: x.csv}
+"""
+
+
+def test_defaults_and_overrides(tmp_path):
+    cfg = load_pipeline("p", write(tmp_path, BASE), ["train.epochs=2", "embed.word2vec.sg=true", "segment.mode=search"])
+    assert cfg.stages.train.epochs == 2
+    assert cfg.stages.embed.word2vec.sg is True
+    assert cfg.stages.segment.mode == "search"
+    assert cfg.stages.split.train == 0.8
+
+
+def test_unknown_key_names_it_and_lists_allowed(tmp_path):
+    path = write(tmp_path, BASE + "    stages:\n      train:\n        epoch: 3\n")
+    with pytest.raises(ConfigError) as e:
+        load_pipeline("p", path)
+    msg = str(e.value)
+    assert "stages.train.epoch" in msg and "epochs" in msg and "patience" in msg
+
+
+def test_wrong_type_names_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"stages\.train\.epochs.*integer"):
+        load_pipeline("p", write(tmp_path, BASE), ["train.epochs=many"])
+
+
+def test_unknown_stage_in_set(tmp_path):
+    with pytest.raises(ConfigError, match="unknown key 'stages.trian'"):
+        load_pipeline("p", write(tmp_path, BASE), ["trian.epochs=2"])
+
+
+def test_missing_pipeline_lists_declared(tmp_path):
+    with pytest.raises(ConfigError, match="declared: p"):
+        load_pipeline("nope", write(tmp_path, BASE))
+
+
+def test_source_override_replaces_source(tmp_path):
+    cfg = load_pipeline("p", write(tmp_path, BASE), source_overrides={"path": "other.csv", "text_column": "content", "label_column": "cat"})
+    assert (cfg.source.path, cfg.source.text_column, cfg.source.label_column, cfg.source.sha256) == ("other.csv", "content", "cat", None)
+
+
+def test_split_fractions_must_sum_to_one(tmp_path):
+    with pytest.raises(ConfigError, match="sum to 1"):
+        load_pipeline("p", write(tmp_path, BASE), ["split.train=0.9"])
+
+
+def test_project_pipelines_validate():
+    for name in ("chnsenticorp", "smoke"):
+        assert load_pipeline(name).name == name

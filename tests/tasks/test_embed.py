@@ -1,0 +1,34 @@
+from gensim.models import KeyedVectors
+
+from flows.config import EmbedConfig, FastTextEmbedConfig, Word2VecConfig
+from tasks.embed import fasttext_keyed_vectors, neighbours, train_fasttext, train_word2vec
+
+LINES = ["酒店 房间 很 干净", "酒店 服务 很 好", "房间 服务 都 很 干净", "早餐 太 差", "酒店 早餐 不错"] * 40
+
+
+def corpus(tmp_path):
+    path = tmp_path / "train.words.txt"
+    path.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    return path
+
+
+def test_word2vec_variants_save_and_reload(tmp_path):
+    path = corpus(tmp_path)
+    for sg, hs in ((False, False), (True, True)):
+        params = EmbedConfig(word2vec=Word2VecConfig(vector_size=16, min_count=1, epochs=3, sg=sg, hs=hs), workers=1)
+        kv = train_word2vec(path, params)
+        assert "酒店" in kv and kv.vector_size == 16
+    kv.save(str(tmp_path / "w.kv"))
+    kv.save_word2vec_format(str(tmp_path / "w.txt"))
+    assert KeyedVectors.load(str(tmp_path / "w.kv")).most_similar("酒店", topn=2) == kv.most_similar("酒店", topn=2)
+    assert KeyedVectors.load_word2vec_format(str(tmp_path / "w.txt")).index_to_key == kv.index_to_key
+    rows = neighbours("word2vec", ["酒店", "没见过"], lambda w, n: kv.most_similar(w, topn=n) if w in kv else [], 3)
+    assert [r["rank"] for r in rows] == [1, 2, 3] and all(r["word"] == "酒店" for r in rows)
+
+
+def test_fasttext_subwords_cover_unseen_words(tmp_path):
+    params = EmbedConfig(fasttext=FastTextEmbedConfig(dim=8, epoch=2, bucket=20000), workers=1)
+    model = train_fasttext(corpus(tmp_path), params)
+    kv = fasttext_keyed_vectors(model)
+    assert "酒店" in kv and kv.vector_size == 8
+    assert abs(model.get_word_vector("酒店房").sum()) > 0  # unseen word, vector from its subwords
