@@ -149,9 +149,9 @@ class _NoZhpipeTraceback(logging.Filter):
 
 
 def _quiet_prefect_tracebacks() -> None:
-    for name in [n for n in logging.root.manager.loggerDict if n.startswith("prefect")] + ["prefect"]:
-        for handler in logging.getLogger(name).handlers:
-            handler.addFilter(_NoZhpipeTraceback())
+    # logger-level filters see every record those loggers create, whatever handlers Prefect installs later
+    for name in ("prefect.flow_runs", "prefect.task_runs", "prefect.flow_engine", "prefect.task_engine"):
+        logging.getLogger(name).addFilter(_NoZhpipeTraceback())
 
 
 def main(argv: list[str] | None = None) -> int:

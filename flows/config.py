@@ -117,6 +117,7 @@ class FastTextEmbedConfig(_Section):
     minn: int = 1  # Chinese words are short: subwords of 1-2 characters
     maxn: int = 2
     epoch: int = 5
+    lr: float = 0.05  # fastText's default; tiny corpora may need 0.01 (it diverges with "Encountered NaN")
     bucket: int = 100000  # hashed subword buckets; 2M (fastText's default) makes an 800 MB model
 
 
@@ -225,7 +226,7 @@ def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
 
 
 def _apply_set(raw: dict, assignment: str) -> None:
-    """Apply one `--set section.key=value` (value parsed as YAML) to the raw pipeline dict."""
+    """Apply one `--set section.key=value` to the raw pipeline dict."""
     if "=" not in assignment:
         raise ConfigError(f"--set {assignment!r}: expected STAGE.PARAM=VALUE")
     dotted, value = assignment.split("=", 1)
@@ -237,7 +238,10 @@ def _apply_set(raw: dict, assignment: str) -> None:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
             raise ConfigError(f"--set {assignment!r}: '{part}' is not a section")
-    node[parts[-1]] = yaml.safe_load(value)
+    # lists, mappings and null are YAML; scalars stay strings and pydantic converts them to the field's
+    # type, so `source.sha256=0123...` stays a string instead of becoming the number 123...
+    text = value.strip()
+    node[parts[-1]] = yaml.safe_load(text) if text[:1] in "[{" or text in ("null", "~") else text
 
 
 def load_pipeline(

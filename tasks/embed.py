@@ -3,15 +3,18 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from flows.config import EmbedConfig
+from flows.errors import DataError
 from flows.runner import BuildContext, BuildOutput, RunContext, StageResult
 
 VERSION = "1"
+log = logging.getLogger("zhpipe.embed")
 
 
 def train_word2vec(corpus: Path, params: EmbedConfig):
@@ -34,14 +37,33 @@ def train_word2vec(corpus: Path, params: EmbedConfig):
     ).wv
 
 
+def fasttext_retrying(train: Callable, what: str, hint: str, attempts: int = 5):
+    """Call a fastText training function, retrying runs that stop with "Encountered NaN.".
+
+    fastText has no seed for its Hogwild threads, and on small corpora a run now and then diverges
+    (seen in 10-20% of runs on a few hundred lines, with any lr); a fresh run usually does not.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            return train()
+        except RuntimeError as e:
+            if attempt == attempts:
+                raise DataError(f"{what}: training diverged {attempts} times ({e}); {hint}") from e
+            log.warning("%s: attempt %d diverged (%s); retrying", what, attempt, e)
+
+
 def train_fasttext(corpus: Path, params: EmbedConfig):
     """fastText unsupervised vectors with character n-gram subwords."""
     import fasttext
 
     f = params.fasttext
-    return fasttext.train_unsupervised(
-        str(corpus), model=f.model, dim=f.dim, minn=f.minn, maxn=f.maxn, epoch=f.epoch,
-        bucket=f.bucket, thread=params.workers, verbose=0,
+    return fasttext_retrying(
+        lambda: fasttext.train_unsupervised(
+            str(corpus), model=f.model, dim=f.dim, minn=f.minn, maxn=f.maxn, epoch=f.epoch, lr=f.lr,
+            bucket=f.bucket, thread=params.workers, verbose=0,
+        ),
+        "embed.fasttext",
+        f"lower embed.fasttext.lr (now {f.lr})",
     )
 
 

@@ -20,6 +20,7 @@ from flows.config import TrainConfig
 from flows.errors import DataError
 from flows.runner import BuildContext, BuildOutput, RunContext, StageResult
 from flows.tracking import Tracker
+from tasks.embed import fasttext_retrying
 from tasks.models import TextCNN, TextCNNConfig
 from tasks.vocab import read_vocab
 
@@ -72,13 +73,14 @@ def train_fasttext(train: pd.DataFrame, labels: list[str], params: TrainConfig, 
         "".join(f"__label__{i} {_fasttext_line(r, p.tokens)}\n" for i, r in zip(ids, train.itertuples())), encoding="utf-8"
     )
     t0 = time.perf_counter()
-    try:
-        model = fasttext.train_supervised(
+    model = fasttext_retrying(
+        lambda: fasttext.train_supervised(
             str(train_file), epoch=p.epoch, lr=p.lr, wordNgrams=p.word_ngrams, dim=p.dim, minn=p.minn, maxn=p.maxn,
             bucket=p.bucket, thread=2, verbose=0,
-        )
-    except RuntimeError as e:
-        raise DataError(f"train.fasttext: training diverged ({e}); lower train.fasttext.lr (now {p.lr}) or raise bucket (now {p.bucket})") from e
+        ),
+        "train.fasttext",
+        f"lower train.fasttext.lr (now {p.lr}) or raise bucket (now {p.bucket})",
+    )
     seconds = time.perf_counter() - t0
     train_file.unlink()
     model.save_model(str(folder / "model.bin"))

@@ -61,3 +61,10 @@ def test_split_fractions_must_sum_to_one(tmp_path):
 def test_project_pipelines_validate():
     for name in ("chnsenticorp", "smoke"):
         assert load_pipeline(name).name == name
+
+
+def test_set_values_take_the_field_type(tmp_path):
+    path = write(tmp_path, BASE)
+    cfg = load_pipeline("p", path, ["source.sha256=0012", "train.models=[textcnn]", "vocab.max_size=null", "split.seed=3", "embed.word2vec.hs=true"])
+    assert cfg.source.sha256 == "0012" and cfg.stages.train.models == ["textcnn"]
+    assert cfg.stages.vocab.max_size is None and cfg.stages.split.seed == 3 and cfg.stages.embed.word2vec.hs is True

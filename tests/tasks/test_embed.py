@@ -27,8 +27,8 @@ def test_word2vec_variants_save_and_reload(tmp_path):
 
 
 def test_fasttext_subwords_cover_unseen_words(tmp_path):
-    params = EmbedConfig(fasttext=FastTextEmbedConfig(dim=8, epoch=2, bucket=20000), workers=1)
+    params = EmbedConfig(fasttext=FastTextEmbedConfig(dim=32, epoch=2, bucket=50000), workers=1)
     model = train_fasttext(corpus(tmp_path), params)
     kv = fasttext_keyed_vectors(model)
-    assert "酒店" in kv and kv.vector_size == 8
+    assert "酒店" in kv and kv.vector_size == 32
     assert abs(model.get_word_vector("酒店房").sum()) > 0  # unseen word, vector from its subwords

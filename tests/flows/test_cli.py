@@ -1,0 +1,91 @@
+"""The command line as a user meets it: real processes, one-line errors, non-zero exits."""
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SMOKE = ROOT / "tests" / "fixtures" / "smoke.csv"
+
+
+@pytest.fixture(scope="module")
+def api_env(prefect_harness, tmp_path_factory):
+    """Environment for CLI subprocesses: the session's Prefect server, a fresh stage store."""
+    from prefect.settings import PREFECT_API_URL
+
+    return {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "ZHPIPE_DATA": str(tmp_path_factory.mktemp("cli-store"))}
+
+
+def zhpipe(env, *args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def assert_one_line_error(proc, *needles):
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr + proc.stdout
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("zhpipe: error: ")
+    for needle in needles:
+        assert needle in last
+
+
+def test_unknown_key_fails_before_running(api_env):
+    proc = zhpipe(api_env, "run", "smoke", "--set", "train.epoch=3")
+    assert_one_line_error(proc, "unknown key 'stages.train.epoch'", "epochs")
+
+
+def test_missing_column_names_the_columns_found(api_env):
+    proc = zhpipe(api_env, "run", "smoke", "--source", str(SMOKE), "--text-column", "content", "--to", "download")
+    assert_one_line_error(proc, "no text column 'content'", "columns found: label, review")
+
+
+def test_checksum_mismatch(api_env):
+    proc = zhpipe(api_env, "run", "smoke", "--set", "source.sha256=" + "0" * 64, "--to", "download")
+    assert_one_line_error(proc, "sha256 mismatch")
+
+
+def test_single_class_and_empty_and_unreadable(api_env, tmp_path):
+    one = tmp_path / "one.csv"
+    one.write_text("label,text\n" + "好,房间很干净\n" * 20, encoding="utf-8")
+    assert_one_line_error(zhpipe(api_env, "run", "smoke", "--source", str(one), "--to", "split"), "single class")
+    empty = tmp_path / "empty.csv"
+    empty.write_text("label,text\n", encoding="utf-8")
+    assert_one_line_error(zhpipe(api_env, "run", "smoke", "--source", str(empty), "--to", "download"), "empty")
+    missing = tmp_path / "nope.csv"
+    assert_one_line_error(zhpipe(api_env, "run", "smoke", "--source", str(missing), "--to", "download"), "source not found")
+
+
+def test_debug_shows_traceback(api_env):
+    proc = zhpipe(api_env, "--debug", "run", "smoke", "--set", "train.epoch=3")
+    assert proc.returncode != 0 and "Traceback" in proc.stderr
+
+
+def test_source_runs_on_ten_string_classes_with_other_columns(api_env, tmp_path):
+    """--source: other column names, string labels, 10 classes, no file edited."""
+    rows = list(csv.DictReader(SMOKE.open(encoding="utf-8")))
+    classes = [f"类别{i}" for i in range(10)]
+    path = tmp_path / "ten.csv"
+    with path.open("w", encoding="utf-8", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["category", "content"])
+        for i, r in enumerate(rows):
+            w.writerow([classes[i % 10], r["review"]])
+    proc = zhpipe(api_env, "run", "smoke", "--source", str(path), "--text-column", "content", "--label-column", "category")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "best_test_accuracy=" in proc.stdout
+    store = Path(api_env["ZHPIPE_DATA"])
+    matrices = list((store / "evaluate").glob("*/textcnn/confusion_matrix.csv"))
+    assert len(matrices) == 1
+    header = matrices[0].read_text(encoding="utf-8").splitlines()[0].split(",")[1:]
+    assert header == classes
+
+
+def test_status_and_stages(api_env):
+    proc = zhpipe(api_env, "stages")
+    assert proc.returncode == 0 and proc.stdout.split()[0] == "download"
+    proc = zhpipe(api_env, "status", "smoke")
+    assert proc.returncode == 0
+    assert "download" in proc.stdout and "evaluate" in proc.stdout

@@ -1,0 +1,78 @@
+"""End-to-end: the smoke pipeline through real Prefect (temporary server) and real MLflow (SQLite)."""
+import pytest
+
+from flows.config import load_pipeline
+from flows.errors import ZhpipeError
+from flows.pipeline import pipeline_flow, select_stages
+from flows.runner import STAGES
+from flows.tracking import client
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return tmp_path_factory.mktemp("store")
+
+
+def run(store, overrides=(), **kw):
+    return pipeline_flow(load_pipeline("smoke", overrides=list(overrides)), data_root=str(store), **kw)
+
+
+def cache_of(out):
+    return {r["stage"]: r["cache"] for r in out["stages"]}
+
+
+def children(parent_id, experiment):
+    c = client()
+    exp = c.get_experiment_by_name(experiment)
+    return c.search_runs([exp.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'")
+
+
+def test_first_run_builds_everything_and_tracks_it(prefect_harness, store):
+    out = run(store)
+    assert set(cache_of(out).values()) == {"miss"} and list(cache_of(out)) == list(STAGES)
+    c = client()
+    parent = c.get_run(out["parent_run_id"])
+    tags = parent.data.tags
+    assert tags["zhpipe.pipeline"] == "smoke" and len(tags["zhpipe.config_hash"]) == 12
+    assert len(tags["zhpipe.source_sha256"]) == 64 and "zhpipe.git_commit" in tags
+    assert tags["zhpipe.best_model"] in ("fasttext", "textcnn")
+    assert 0 <= parent.data.metrics["best_test_accuracy"] <= 1
+    assert parent.data.params["train.epochs"] == "1"
+    runs = children(out["parent_run_id"], out["experiment"])
+    stages = {r.data.tags["zhpipe.stage"]: r for r in runs if "zhpipe.stage" in r.data.tags}
+    assert set(stages) == set(STAGES)
+    assert {r.data.tags["zhpipe.cache"] for r in stages.values()} == {"miss"}
+    assert stages["clean"].inputs.dataset_inputs[0].dataset.name == "smoke-clean"
+    assert "dropped_duplicate" in stages["clean"].data.metrics
+    models = {r.data.tags["zhpipe.model"]: r for r in runs if "zhpipe.model" in r.data.tags}
+    assert set(models) == {"fasttext", "textcnn"}
+    for r in models.values():
+        assert {"test_accuracy", "test_macro_f1"} <= set(r.data.metrics)
+    arts = {a.path for a in c.list_artifacts(models["textcnn"].info.run_id, "model")}
+    assert "model/model.pt" in arts
+
+
+def test_rerun_is_all_hits(prefect_harness, store):
+    out = run(store)
+    assert set(cache_of(out).values()) == {"hit"}
+    runs = children(out["parent_run_id"], out["experiment"])
+    assert {r.data.tags["zhpipe.cache"] for r in runs if "zhpipe.stage" in r.data.tags} == {"hit"}
+
+
+def test_changed_train_param_rebuilds_train_and_evaluate_only(prefect_harness, store):
+    out = run(store, ["train.epochs=2"])
+    assert [s for s, c in cache_of(out).items() if c == "miss"] == ["train", "evaluate"]
+
+
+def test_only_reuses_cached_inputs_and_refuses_missing_ones(prefect_harness, store):
+    out = run(store, stages=select_stages(only="vocab"), force=["vocab"])
+    assert cache_of(out) == {"vocab": "miss"}
+    with pytest.raises(ZhpipeError, match="stage 'segment' has no cached output"):
+        run(store, ["segment.mode=search"], stages=select_stages(only="vocab"))
+
+
+def test_force_rebuilds_from_stage_on(prefect_harness, store):
+    out = run(store, force=["embed"])
+    assert [s for s, c in cache_of(out).items() if c == "miss"] == ["embed", "train", "evaluate"]
