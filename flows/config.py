@@ -75,7 +75,7 @@ class SegmentConfig(_Section):
     stopwords: str | None = None  # one word per line; dropped from word tokens only
     pos: bool = False  # also store jieba.posseg tags (slower)
     workers: int = Field(0, ge=0)  # 0 = one process per core
-    chunk_rows: int = Field(2000, ge=1)
+    chunk_rows: int = Field(1000, ge=1)  # smaller chunks even out the last workers; larger cut IPC
 
 
 class AugmentConfig(_Section):

@@ -1,84 +1,29 @@
 """Stage `segment`: jieba word tokens (+ optional POS tags) and character tokens, in parallel processes."""
 from __future__ import annotations
 
-import logging
 import multiprocessing as mp
 import os
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 
 import pandas as pd
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from tqdm.auto import tqdm
 
-from flows.config import PROJECT_ROOT, SegmentConfig
-from flows.errors import DataError
+from flows.config import SegmentConfig
 from flows.runner import BuildContext, BuildOutput, RunContext, StageResult
+from tasks.segmenter import Segmenter, init_worker, segment_chunk
 from tasks.split import SPLITS
 
 VERSION = "1"
 
 
-class Segmenter:
-    """A configured jieba tokenizer (own dictionary state, so user dictionaries never leak between configs)."""
-
-    def __init__(self, params: SegmentConfig):
-        import jieba
-        import jieba.posseg
-
-        jieba.setLogLevel(logging.WARNING)
-        self.params = params
-        self.tokenizer = jieba.Tokenizer()
-        if params.user_dict:
-            self.tokenizer.load_userdict(str(_project_path(params.user_dict, "segment.user_dict")))
-        self.stopwords = set()
-        if params.stopwords:
-            path = _project_path(params.stopwords, "segment.stopwords")
-            self.stopwords = {w.strip() for w in path.read_text(encoding="utf-8").splitlines() if w.strip()}
-        self.pos_tokenizer = jieba.posseg.POSTokenizer(self.tokenizer) if params.pos else None
-
-    def words(self, text: str) -> list[str]:
-        """Word tokens in the configured mode, whitespace and stopwords removed."""
-        p = self.params
-        if p.mode == "search":
-            tokens = self.tokenizer.cut_for_search(text, HMM=p.hmm)
-        else:
-            tokens = self.tokenizer.cut(text, cut_all=p.mode == "full", HMM=p.hmm)
-        return [t for t in tokens if t.strip() and t not in self.stopwords]
-
-    def pos(self, text: str) -> list[str]:
-        """`word/flag` pairs from jieba.posseg (precise mode)."""
-        return [f"{w}/{f}" for w, f in self.pos_tokenizer.cut(text, HMM=self.params.hmm) if w.strip()]
-
-    def rows(self, texts: list[str]) -> dict[str, list[str]]:
-        """Space-joined word, char (and POS) token strings for a list of texts."""
-        out = {
-            "words": [" ".join(self.words(t)) for t in texts],
-            "chars": [" ".join(c for c in t if not c.isspace()) for t in texts],
-        }
-        if self.pos_tokenizer is not None:
-            out["pos"] = [" ".join(self.pos(t)) for t in texts]
-        return out
-
-
-def _project_path(value: str, key: str) -> Path:
-    path = Path(value) if Path(value).is_absolute() else PROJECT_ROOT / value
-    if not path.is_file():
-        raise DataError(f"{key}: file not found: {path}")
-    return path
-
-
-_WORKER: Segmenter | None = None
-
-
-def _init_worker(params: dict) -> None:
-    global _WORKER
-    _WORKER = Segmenter(SegmentConfig(**params))
-
-
-def _work(texts: list[str]) -> dict[str, list[str]]:
-    return _WORKER.rows(texts)
+def _context():
+    """forkserver: workers fork from a clean server process (not from this one, which runs Prefect's and
+    MLflow's threads) that has imported jieba and loaded its dictionary once."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["__main__", "tasks._segment_preload"])  # __main__: workers skip re-importing it
+    return ctx
 
 
 def worker_count(params: SegmentConfig, rows: int) -> int:
@@ -99,10 +44,8 @@ def segment_texts(texts: list[str], params: SegmentConfig, desc: str = "segment"
             parts.append(seg.rows(chunk))
             bar.update(len(chunk))
     else:
-        # forkserver: workers start clean instead of forking Prefect's and MLflow's threads
-        ctx = mp.get_context("forkserver")
-        with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(params.model_dump(),)) as pool:
-            for chunk, part in zip(chunks, pool.map(_work, chunks)):
+        with ProcessPoolExecutor(workers, mp_context=_context(), initializer=init_worker, initargs=(params.model_dump(),)) as pool:
+            for chunk, part in zip(chunks, pool.map(segment_chunk, chunks)):
                 parts.append(part)
                 bar.update(len(chunk))
     bar.close()

@@ -1,5 +1,6 @@
 from flows.config import SegmentConfig
-from tasks.segment import Segmenter, segment_texts
+from tasks.segment import segment_texts
+from tasks.segmenter import Segmenter
 
 TEXTS = ["我来到北京清华大学", "房间很干净，服务也好", "早餐太差了"]
 

@@ -1,0 +1,161 @@
+"""zhpipe benchmarks, each side by side with its baseline in one run (medians; ratios are what to quote).
+
+1. segmentation: the segment stage's logic (process pool, words + chars) vs a single-process `jieba.lcut`
+   loop, on the bundled corpus repeated --repeat times (goal >= 1.8x on 2 cores);
+2. cached rerun vs first run of the whole pipeline flow on a fresh store (goal: rerun <= 1/4);
+3. orchestration + tracking overhead: the flow's first run vs the same stage `build` functions called
+   directly in order with no Prefect and no MLflow (goal <= 10%).
+
+    python benchmarks/bench_pipeline.py [--pipeline chnsenticorp] [--repeat 10] [--rounds 3] [--set train.epochs=2]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+_TMP = Path(tempfile.mkdtemp(prefix="zhpipe-bench-"))
+os.environ.setdefault("PREFECT_HOME", str(_TMP / "prefect"))
+os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{_TMP / 'mlflow.db'}"  # never the project's store
+
+import pandas as pd  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from flows.config import SegmentConfig, load_pipeline  # noqa: E402
+from flows.runner import STAGES, BuildContext, resolve_local, stage_module  # noqa: E402
+from flows.store import StageStore  # noqa: E402
+
+console = Console()
+
+
+def bench_segmentation(repeat: int, rounds: int) -> dict:
+    """Stage logic vs a single-process jieba.lcut loop, alternating, on the same texts."""
+    import jieba
+
+    from tasks.segment import segment_texts, worker_count
+
+    texts = pd.read_csv(ROOT / "data" / "raw" / "ChnSentiCorp_htl_all.csv")["review"].fillna("").astype(str).tolist() * repeat
+    chars = sum(map(len, texts))
+    jieba.initialize()
+    params = SegmentConfig()
+    stage, loop = [], []
+    for r in range(rounds):
+        t0 = time.perf_counter()
+        out = segment_texts(texts, params)
+        stage.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        base = [jieba.lcut(t) for t in texts]
+        loop.append(time.perf_counter() - t0)
+        console.print(f"  segmentation round {r + 1}/{rounds}: stage {stage[-1]:.1f} s, jieba.lcut loop {loop[-1]:.1f} s")
+    same = out["words"] == [" ".join(w for w in ws if w.strip()) for ws in base]
+    return {
+        "texts": len(texts), "chars": chars, "workers": worker_count(params, len(texts)),
+        "stage_s": statistics.median(stage), "loop_s": statistics.median(loop),
+        "stage_chars_per_s": chars / statistics.median(stage), "loop_chars_per_s": chars / statistics.median(loop),
+        "speedup": statistics.median(loop) / statistics.median(stage), "same_words_as_loop": same,
+    }
+
+
+class _NullTracker:
+    """Stands in for MLflow in the direct run: every call does nothing."""
+
+    run_id = None
+
+    def __getattr__(self, name):
+        return lambda *a, **k: None
+
+
+def direct_run(config, root: Path) -> float:
+    """The stage build functions in flow order, no Prefect, no MLflow, no store; returns seconds."""
+    outputs, infos = {}, {}
+    t0 = time.perf_counter()
+    for stage, deps in STAGES.items():
+        out = root / stage
+        out.mkdir(parents=True)
+        ctx = BuildContext({d: outputs[d] for d in deps}, {d: infos[d] for d in deps}, out,
+                           getattr(config.stages, stage), _NullTracker(), config.name)
+        module = stage_module(stage)
+        if stage == "download":
+            result = module.build(ctx, config.source, lambda url: root / "_downloads")
+        else:
+            result = module.build(ctx)
+        outputs[stage], infos[stage] = out, result.info
+    return time.perf_counter() - t0
+
+
+def bench_flow(pipeline: str, overrides: list[str]) -> dict:
+    """First run and cached rerun through the flow, then the direct run, all on fresh folders."""
+    from flows.pipeline import pipeline_flow
+
+    config = load_pipeline(pipeline, overrides=overrides)
+    t0 = time.perf_counter()
+    pipeline_flow(load_pipeline("smoke"), stages=["download"], data_root=str(_TMP / "warmup"))
+    server_start = time.perf_counter() - t0
+    console.print(f"  Prefect ephemeral server + warm-up flow: {server_start:.1f} s")
+    t0 = time.perf_counter()
+    first = pipeline_flow(config, data_root=str(_TMP / "store"))
+    first_s = time.perf_counter() - t0
+    console.print(f"  flow, first run: {first_s:.1f} s")
+    t0 = time.perf_counter()
+    again = pipeline_flow(config, data_root=str(_TMP / "store"))
+    rerun_s = time.perf_counter() - t0
+    console.print(f"  flow, cached rerun: {rerun_s:.1f} s")
+    direct_s = direct_run(config, _TMP / "direct")
+    console.print(f"  stage functions called directly: {direct_s:.1f} s")
+    stage_s = {r["stage"]: r["seconds"] for r in first["stages"]}
+    return {
+        "pipeline": pipeline, "overrides": overrides, "server_start_s": server_start,
+        "first_s": first_s, "rerun_s": rerun_s, "direct_s": direct_s,
+        "rerun_over_first": rerun_s / first_s, "overhead": first_s / direct_s - 1,
+        "overhead_with_server_start": (first_s + server_start) / direct_s - 1,
+        "all_hits_on_rerun": all(r["cache"] == "hit" for r in again["stages"]), "first_run_stage_s": stage_s,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pipeline", default="chnsenticorp")
+    ap.add_argument("--repeat", type=int, default=10, help="copies of the bundled corpus for segmentation")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--set", dest="overrides", action="append", default=[])
+    ap.add_argument("--skip", choices=["segmentation", "flow"], action="append", default=[])
+    args = ap.parse_args()
+    results = {"machine": {"cpus": os.cpu_count()}}
+    if "segmentation" not in args.skip:
+        console.print("[bold]1. segmentation[/]")
+        results["segmentation"] = bench_segmentation(args.repeat, args.rounds)
+    if "flow" not in args.skip:
+        console.print("[bold]2-3. flow first run, cached rerun, direct stage calls[/]")
+        results["flow"] = bench_flow(args.pipeline, args.overrides)
+    table = Table(title="zhpipe benchmarks (medians where repeated)")
+    for col in ("measure", "zhpipe", "baseline", "ratio", "goal"):
+        table.add_column(col)
+    if "segmentation" in results:
+        s = results["segmentation"]
+        table.add_row(f"segmentation, {s['chars'] / 1e6:.1f} M chars, {s['workers']} workers",
+                      f"{s['stage_chars_per_s'] / 1e6:.2f} M chars/s", f"{s['loop_chars_per_s'] / 1e6:.2f} M chars/s (jieba.lcut loop)",
+                      f"{s['speedup']:.2f}x", ">= 1.8x")
+    if "flow" in results:
+        f = results["flow"]
+        table.add_row("cached rerun vs first run", f"{f['rerun_s']:.1f} s", f"{f['first_s']:.1f} s", f"{f['rerun_over_first']:.3f}", "<= 0.25")
+        table.add_row("flow vs direct stage calls", f"{f['first_s']:.1f} s", f"{f['direct_s']:.1f} s", f"{f['overhead'] * 100:+.1f}%", "<= +10%")
+        table.add_row("  same, counting server start", f"{f['first_s'] + f['server_start_s']:.1f} s", f"{f['direct_s']:.1f} s",
+                      f"{f['overhead_with_server_start'] * 100:+.1f}%", "")
+    console.print(table)
+    out = ROOT / "benchmarks" / "results"
+    out.mkdir(exist_ok=True)
+    path = out / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(results, indent=2), encoding="utf-8")
+    console.print(f"results: {path}")
+
+
+if __name__ == "__main__":
+    main()
