@@ -6,7 +6,8 @@
 3. orchestration + tracking overhead: the flow's first run vs the same stage `build` functions called
    directly in order with no Prefect and no MLflow (goal <= 10%).
 
-    python benchmarks/bench_pipeline.py [--pipeline chnsenticorp] [--repeat 10] [--rounds 3] [--set train.epochs=2]
+    python benchmarks/bench_pipeline.py [--pipeline chnsenticorp] [--repeat 20] [--rounds 3] [--flow-rounds 2]
+                                        [--set train.epochs=2] [--skip segmentation|flow]
 """
 from __future__ import annotations
 
@@ -91,8 +92,8 @@ def direct_run(config, root: Path) -> float:
     return time.perf_counter() - t0
 
 
-def bench_flow(pipeline: str, overrides: list[str]) -> dict:
-    """First run and cached rerun through the flow, then the direct run, all on fresh folders."""
+def bench_flow(pipeline: str, overrides: list[str], rounds: int) -> dict:
+    """Per round, alternating: flow first run + cached rerun on a fresh store, then the direct run."""
     from flows.pipeline import pipeline_flow
 
     config = load_pipeline(pipeline, overrides=overrides)
@@ -100,31 +101,34 @@ def bench_flow(pipeline: str, overrides: list[str]) -> dict:
     pipeline_flow(load_pipeline("smoke"), stages=["download"], data_root=str(_TMP / "warmup"))
     server_start = time.perf_counter() - t0
     console.print(f"  Prefect ephemeral server + warm-up flow: {server_start:.1f} s")
-    t0 = time.perf_counter()
-    first = pipeline_flow(config, data_root=str(_TMP / "store"))
-    first_s = time.perf_counter() - t0
-    console.print(f"  flow, first run: {first_s:.1f} s")
-    t0 = time.perf_counter()
-    again = pipeline_flow(config, data_root=str(_TMP / "store"))
-    rerun_s = time.perf_counter() - t0
-    console.print(f"  flow, cached rerun: {rerun_s:.1f} s")
-    direct_s = direct_run(config, _TMP / "direct")
-    console.print(f"  stage functions called directly: {direct_s:.1f} s")
-    stage_s = {r["stage"]: r["seconds"] for r in first["stages"]}
+    first, rerun, direct, hits = [], [], [], True
+    for r in range(rounds):
+        store = str(_TMP / f"store{r}")
+        t0 = time.perf_counter()
+        pipeline_flow(config, data_root=store)
+        first.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        again = pipeline_flow(config, data_root=store)
+        rerun.append(time.perf_counter() - t0)
+        hits &= all(s["cache"] == "hit" for s in again["stages"])
+        direct.append(direct_run(config, _TMP / f"direct{r}"))
+        console.print(f"  round {r + 1}/{rounds}: flow first run {first[-1]:.1f} s, cached rerun {rerun[-1]:.1f} s, "
+                      f"stage functions called directly {direct[-1]:.1f} s")
+    m_first, m_rerun, m_direct = (statistics.median(x) for x in (first, rerun, direct))
     return {
-        "pipeline": pipeline, "overrides": overrides, "server_start_s": server_start,
-        "first_s": first_s, "rerun_s": rerun_s, "direct_s": direct_s,
-        "rerun_over_first": rerun_s / first_s, "overhead": first_s / direct_s - 1,
-        "overhead_with_server_start": (first_s + server_start) / direct_s - 1,
-        "all_hits_on_rerun": all(r["cache"] == "hit" for r in again["stages"]), "first_run_stage_s": stage_s,
+        "pipeline": pipeline, "overrides": overrides, "rounds": rounds, "server_start_s": server_start,
+        "first_s": m_first, "rerun_s": m_rerun, "direct_s": m_direct, "first_all": first, "direct_all": direct,
+        "rerun_over_first": m_rerun / m_first, "overhead": m_first / m_direct - 1,
+        "overhead_with_server_start": (m_first + server_start) / m_direct - 1, "all_hits_on_rerun": hits,
     }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pipeline", default="chnsenticorp")
-    ap.add_argument("--repeat", type=int, default=10, help="copies of the bundled corpus for segmentation")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=20, help="copies of the bundled corpus for segmentation")
+    ap.add_argument("--rounds", type=int, default=3, help="segmentation rounds")
+    ap.add_argument("--flow-rounds", type=int, default=2, help="rounds of (flow, rerun, direct)")
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     ap.add_argument("--skip", choices=["segmentation", "flow"], action="append", default=[])
     args = ap.parse_args()
@@ -134,7 +138,7 @@ def main() -> None:
         results["segmentation"] = bench_segmentation(args.repeat, args.rounds)
     if "flow" not in args.skip:
         console.print("[bold]2-3. flow first run, cached rerun, direct stage calls[/]")
-        results["flow"] = bench_flow(args.pipeline, args.overrides)
+        results["flow"] = bench_flow(args.pipeline, args.overrides, args.flow_rounds)
     table = Table(title="zhpipe benchmarks (medians where repeated)")
     for col in ("measure", "zhpipe", "baseline", "ratio", "goal"):
         table.add_column(col)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -110,7 +111,9 @@ class Tracker:
     @_retry
     def table(self, df: pd.DataFrame, artifact_file: str) -> None:
         """A table shown in the MLflow UI's artifact view (and its Evaluation tab)."""
-        self.client.log_table(self.run_id, data=df, artifact_file=artifact_file)
+        with warnings.catch_warnings():  # a pandas deprecation inside MLflow's own code
+            warnings.simplefilter("ignore")
+            self.client.log_table(self.run_id, data=df, artifact_file=artifact_file)
 
     @_retry
     def text(self, text: str, artifact_file: str) -> None:
@@ -122,7 +125,9 @@ class Tracker:
         import mlflow.data
         from mlflow.entities import DatasetInput, InputTag
 
-        ds = mlflow.data.from_pandas(df, source=source, name=name, targets="label" if "label" in df else None)
+        with warnings.catch_warnings():  # schema-inference hints about integer columns, not actionable here
+            warnings.simplefilter("ignore")
+            ds = mlflow.data.from_pandas(df, source=source, name=name, targets="label" if "label" in df else None)
         self.client.log_inputs(
             self.run_id, datasets=[DatasetInput(ds._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", context)])]
         )

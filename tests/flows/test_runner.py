@@ -1,0 +1,36 @@
+"""The task wrappers through the runner: build, publish, track, reuse; a failing build counts as nothing."""
+import pandas as pd
+import pytest
+
+from flows.errors import DataError
+from flows.tracking import client
+from tasks.clean import clean
+from tasks.download import download
+
+
+def test_task_fn_builds_then_hits(run_ctx):
+    d = download.fn(run_ctx)
+    assert d.cache == "miss" and d.rows == 300 and d.info["labels"] == ["0", "1"]
+    c = clean.fn(run_ctx, d)
+    assert c.cache == "miss" and (c.path / "quarantine.parquet").is_file()
+    assert len(pd.read_parquet(c.path / "data.parquet")) == c.rows
+    manifest = run_ctx.store.manifest("clean", c.key)
+    assert manifest.inputs == {"download": d.key} and manifest.params["min_chars"] == 2
+    again = clean.fn(run_ctx, d)
+    assert again.cache == "hit" and again.key == c.key
+    run = client().get_run(manifest.mlflow_run_id)
+    assert run.data.tags["zhpipe.stage"] == "clean" and run.data.tags["mlflow.parentRunId"] == run_ctx.parent_run_id
+    assert run.info.status == "FINISHED"
+
+
+def test_failing_build_leaves_no_output_and_a_failed_run(run_ctx):
+    def broken(ctx):
+        (ctx.out / "data.parquet").write_bytes(b"half")
+        raise DataError("boom")
+
+    with pytest.raises(DataError):
+        run_ctx.run("clean", {}, broken)
+    assert not run_ctx.store.is_done("clean", run_ctx.keys["clean"])
+    exp = client().get_experiment_by_name(run_ctx.experiment)
+    failed = client().search_runs([exp.experiment_id], filter_string="attributes.status = 'FAILED'")
+    assert any(r.data.tags.get("zhpipe.stage") == "clean" for r in failed)
