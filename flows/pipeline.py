@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -66,7 +67,7 @@ def start_run(config: PipelineConfig, force: set[str], data_root: Path) -> RunCo
     experiment = f"zhpipe-{config.name}"
     parent = Tracker.start(
         experiment,
-        f"{config.name}",
+        f"{config.name}-{time.strftime('%m%d-%H%M%S')}",
         tags={
             "zhpipe.pipeline": config.name,
             "zhpipe.git_commit": git_commit(),

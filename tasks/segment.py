@@ -36,7 +36,7 @@ def segment_texts(texts: list[str], params: SegmentConfig, desc: str = "segment"
     """Segment texts in order-preserving chunks over processes; identical to a single-process run."""
     chunks = [texts[i : i + params.chunk_rows] for i in range(0, len(texts), params.chunk_rows)]
     workers = worker_count(params, len(texts))
-    bar = tqdm(total=len(texts), desc=desc, unit="row", disable=len(texts) < 5000, leave=False)
+    bar = tqdm(total=len(texts), desc=desc, unit="row", disable=len(texts) < 5000, leave=False, mininterval=2)
     parts: list[dict[str, list[str]]] = []
     if workers == 1:
         seg = Segmenter(params)

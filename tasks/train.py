@@ -180,7 +180,7 @@ def train_textcnn(
     for epoch in range(1, params.epochs + 1):
         model.train()
         t0, total, seen = time.perf_counter(), 0.0, 0
-        bar = tqdm(total=len(x_train), desc=f"textcnn epoch {epoch}/{params.epochs}", unit="row", leave=False)
+        bar = tqdm(total=len(x_train), desc=f"textcnn epoch {epoch}/{params.epochs}", unit="row", leave=False, mininterval=2)
         for chunk, x, y in batches(x_train, y_train, p.batch_size, shuffle=True, rng=rng):
             _, loss = model(x.to(device), y.to(device))
             optimizer.zero_grad()

@@ -149,3 +149,14 @@ def test_http_5xx_raises_retryable_error(tmp_path, server):
     with pytest.raises(httpx.HTTPStatusError):  # not a ZhpipeError: Prefect retries it
         fetch(f"{server}/c.csv", tmp_path, timeout_s=5)
     assert fetch(f"{server}/c.csv", tmp_path, timeout_s=5).read_bytes() == b"label,review\n1,x\n"
+
+
+def test_unreadable_files_are_one_line_errors(tmp_path):
+    bad = tmp_path / "c.parquet"
+    bad.write_bytes(b"\x00\x01 not parquet")
+    with pytest.raises(DataError, match=r"c.parquet: unreadable parquet"):
+        read_table(bad, src())
+    broken = tmp_path / "c.jsonl"
+    broken.write_text('{"review": "好", "label": 1}\n{not json\n', encoding="utf-8")
+    with pytest.raises(DataError, match=r"c.jsonl: unreadable jsonl"):
+        read_table(broken, src())
