@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from pathlib import Path
 
 import matplotlib
@@ -19,7 +20,7 @@ from flows.runner import BuildContext, BuildOutput, RunContext, StageResult  # n
 from flows.tracking import Tracker  # noqa: E402
 from tasks.train import PREDICTORS, label_ids  # noqa: E402
 
-VERSION = "1"
+VERSION = "2"
 
 
 def score(y_true: np.ndarray, y_pred: np.ndarray, labels: list[str]) -> tuple[dict[str, float], pd.DataFrame, np.ndarray]:
@@ -34,13 +35,38 @@ def score(y_true: np.ndarray, y_pred: np.ndarray, labels: list[str]) -> tuple[di
     return metrics, per_class, confusion_matrix(y_true, y_pred, labels=ids)
 
 
+CJK_FONTS = ("Noto Sans CJK SC", "Noto Sans SC", "Source Han Sans SC", "WenQuanYi Micro Hei", "WenQuanYi Zen Hei",
+             "SimHei", "Microsoft YaHei", "PingFang SC", "Heiti SC", "AR PL UMing CN")
+
+
+@lru_cache(maxsize=1)
+def cjk_font() -> str | None:
+    """The first installed font that has Chinese glyphs, or None."""
+    from matplotlib import font_manager
+
+    installed = {f.name for f in font_manager.fontManager.ttflist}
+    return next((name for name in CJK_FONTS if name in installed), None)
+
+
+def tick_labels(labels: list[str]) -> tuple[list[str], str]:
+    """Labels as they can be drawn: Chinese needs a CJK font, else class indices (named in the CSV)."""
+    if not any(ord(c) > 0x2E80 for label in labels for c in label) or cjk_font():
+        return labels, ""
+    return [str(i) for i in range(len(labels))], "\n(no CJK font: class indices; names in confusion_matrix.csv)"
+
+
 def plot_confusion(matrix: np.ndarray, labels: list[str], title: str, path: Path) -> None:
     """Confusion matrix heat map with counts, true labels on rows."""
+    shown, note = tick_labels(labels)
     size = 2.5 + 0.45 * len(labels)
     fig, ax = plt.subplots(figsize=(size, size))
+    if cjk_font():
+        plt.rcParams["font.sans-serif"] = [cjk_font(), *plt.rcParams["font.sans-serif"]]
     ax.imshow(matrix, cmap="Blues")
-    ax.set(xticks=range(len(labels)), yticks=range(len(labels)), xticklabels=labels, yticklabels=labels,
-           xlabel="predicted", ylabel="true", title=title)
+    ax.set(xticks=range(len(labels)), yticks=range(len(labels)), xticklabels=shown, yticklabels=shown,
+           xlabel="predicted" + note, ylabel="true", title=title)
+    if max(map(len, shown)) > 3:
+        plt.setp(ax.get_xticklabels(), rotation=45, ha="right")
     for i in range(len(labels)):
         for j in range(len(labels)):
             ax.text(j, i, int(matrix[i, j]), ha="center", va="center", color="white" if matrix[i, j] > matrix.max() / 2 else "black")

@@ -20,3 +20,14 @@ def test_markdown_table():
 
     md = comparison_markdown(pd.DataFrame([{"model": "textcnn", "test_accuracy": 0.9}]))
     assert md.splitlines() == ["| model | test_accuracy |", "|---|---|", "| textcnn | 0.9000 |"]
+
+
+def test_chinese_labels_never_drawn_as_boxes():
+    from tasks.evaluate import cjk_font, tick_labels
+
+    shown, note = tick_labels(["好评", "差评"])
+    if cjk_font():
+        assert shown == ["好评", "差评"] and note == ""
+    else:
+        assert shown == ["0", "1"] and "no CJK font" in note
+    assert tick_labels(["pos", "neg"]) == (["pos", "neg"], "")
