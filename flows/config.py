@@ -78,13 +78,60 @@ class SegmentConfig(_Section):
     chunk_rows: int = Field(1000, ge=1)  # smaller chunks even out the last workers; larger cut IPC
 
 
+class PivotConfig(_Section):
+    lang: str  # pivot language, e.g. en, ja
+    forward: str  # zh -> pivot: a model id (hub) or a local folder; for http, unused but named for the cache
+    backward: str | None = None  # pivot -> zh; None = the forward model (multilingual NLLB-200, M2M100)
+    source_code: str | None = None  # language codes of multilingual models: zho_Hans (NLLB), zh (M2M100)
+    pivot_code: str | None = None  # eng_Latn (NLLB), en (M2M100); None for MarianMT pairs
+
+
+class HttpTranslationConfig(_Section):
+    url: str = "http://127.0.0.1:5000"  # a LibreTranslate-compatible service: POST {url}/translate
+    api_key_env: str | None = "LIBRETRANSLATE_API_KEY"  # read from the environment; never logged
+    requests_per_second: float = Field(5.0, gt=0)
+    timeout_s: float = 30.0
+    retries: int = Field(5, ge=0)  # on 429, 5xx and transport errors, with exponential back-off
+    batch_size: int = Field(16, ge=1)  # texts per request (`q` as a list)
+
+
+class TranslationFilterConfig(_Section):
+    min_length_ratio: float = 0.5  # back-translation length / source length
+    max_length_ratio: float = 2.0
+    min_similarity: float = 0.15  # chrF to the source, 0-1: below = meaning probably lost
+    max_similarity: float = 0.95  # above = a near copy that adds nothing
+    min_chinese: float = 0.6  # share of CJK characters among letters and CJK characters
+
+
+class BackTranslationConfig(_Section):
+    backend: Literal["transformers", "http"] = "transformers"
+    source_lang: str = "zh"
+    pivots: list[PivotConfig] = [
+        PivotConfig(lang="en", forward="Helsinki-NLP/opus-mt-zh-en", backward="Helsinki-NLP/opus-mt-en-zh")
+    ]
+    batch_size: int = Field(16, ge=1)  # sentences per generate() call, batched by length
+    max_length: int = Field(256, ge=8)  # generated tokens
+    split_chars: int = Field(120, ge=10)  # longer texts are split at sentence punctuation and joined back
+    num_beams: int = Field(4, ge=1)
+    do_sample: bool = False  # sampling instead of beam search, for more diverse variants
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(0.95, gt=0, le=1)
+    num_variants: int = Field(1, ge=1)  # back-translations per sentence and pivot
+    max_rows: int | None = Field(None, ge=1)  # translate at most this many train rows (cost control)
+    http: HttpTranslationConfig = HttpTranslationConfig()
+    filters: TranslationFilterConfig = TranslationFilterConfig()
+
+
 class AugmentConfig(_Section):
-    method: str = "eda"  # a name in tasks.augment.AUGMENTERS; "none" disables
-    num_aug: int = Field(1, ge=0)  # new rows per source row
-    p_swap: float = Field(0.1, ge=0, le=1)  # fraction of words swapped
-    p_delete: float = Field(0.1, ge=0, le=1)  # each word deleted with this probability
-    p_insert: float = Field(0.1, ge=0, le=1)  # fraction of words re-inserted at random places
+    method: str = "eda"  # a name in tasks.augment.AUGMENTERS: eda, backtranslation, none
+    fallback: Literal["none", "eda"] = "none"  # when back-translation models are missing: fail, or run EDA
+    num_aug: int = Field(1, ge=0)  # EDA: new rows per source row
+    p_swap: float = Field(0.1, ge=0, le=1)  # EDA: fraction of words swapped
+    p_delete: float = Field(0.1, ge=0, le=1)  # EDA: each word deleted with this probability
+    p_insert: float = Field(0.1, ge=0, le=1)  # EDA: fraction of words re-inserted at random places
     seed: int = 13
+    device: str = "auto"  # translation models: auto = CUDA when present (bf16), else CPU
+    backtranslation: BackTranslationConfig = BackTranslationConfig()
 
 
 class VocabConfig(_Section):

@@ -110,6 +110,12 @@ class StageStore:
             os.replace(tmp, final)
         return final
 
+    def cache_file(self, name: str) -> Path:
+        """A file shared by all runs on this store (e.g. the translation cache)."""
+        folder = self.root / "_cache"
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder / name
+
     def downloads(self, url: str) -> Path:
         """Folder for a URL's downloaded bytes, kept across attempts so a partial file can resume."""
         folder = self.root / "_downloads" / hashlib.sha256(url.encode()).hexdigest()[:16]

@@ -2,23 +2,43 @@
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Protocol
 
 import pandas as pd
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from flows.config import AugmentConfig
-from flows.errors import ConfigError
+from flows.config import AugmentConfig, SegmentConfig
+from flows.errors import ConfigError, DataError
 from flows.runner import BuildContext, BuildOutput, RunContext, StageResult
 
-VERSION = "1"
+VERSION = "2"
+
+
+@dataclass
+class AugmentContext:
+    """What an augmenter may use besides the train rows."""
+
+    params: AugmentConfig
+    segment: SegmentConfig  # to segment new texts exactly as the segment stage did
+    cache_file: Path  # persistent translation cache, shared across runs and corpora
+    heldout: set[str] = field(default_factory=set)  # validation and test texts: never enter training
+
+
+@dataclass
+class Augmented:
+    """An augmenter's new rows (with `source_id`, `aug_method`, `aug_index`), its metrics and a sample."""
+
+    rows: pd.DataFrame
+    metrics: dict[str, float]
+    method_used: str
+    sample: pd.DataFrame | None = None
 
 
 class Augmenter(Protocol):
-    """Takes the segmented train rows, returns only the new rows (with `aug_method` and `source_id`)."""
-
-    def __call__(self, train: pd.DataFrame, params: AugmentConfig) -> pd.DataFrame: ...
+    def __call__(self, train: pd.DataFrame, ctx: AugmentContext) -> Augmented: ...
 
 
 AUGMENTERS: dict[str, Augmenter] = {}
@@ -37,7 +57,7 @@ def register(name: str) -> Callable[[Augmenter], Augmenter]:
 def eda_words(words: list[str], params: AugmentConfig, rng: random.Random) -> list[str]:
     """EDA on one token list: random swap, random deletion, random insertion of in-sentence words.
 
-    (EDA's synonym replacement needs a thesaurus, which v1 does not ship.)
+    (EDA's synonym replacement needs a thesaurus, which is not bundled.)
     """
     words = list(words)
     n = len(words)
@@ -58,9 +78,9 @@ def eda_words(words: list[str], params: AugmentConfig, rng: random.Random) -> li
 
 
 @register("eda")
-def eda(train: pd.DataFrame, params: AugmentConfig) -> pd.DataFrame:
+def eda(train: pd.DataFrame, ctx: AugmentContext) -> Augmented:
     """`num_aug` EDA variants per row; each row's RNG is seeded from (seed, row id), so output is deterministic."""
-    rows = []
+    params, rows = ctx.params, []
     for row in train.itertuples(index=False):
         rng = random.Random(f"{params.seed}-{row.id}")
         for k in range(params.num_aug):
@@ -72,49 +92,75 @@ def eda(train: pd.DataFrame, params: AugmentConfig) -> pd.DataFrame:
             if "label" in train:
                 new["label"] = row.label
             rows.append({**new, "source_id": row.id, "aug_method": "eda", "aug_index": k})
-    return pd.DataFrame(rows)
+    return Augmented(pd.DataFrame(rows), {}, "eda")
 
 
 @register("none")
-def no_augmentation(train: pd.DataFrame, params: AugmentConfig) -> pd.DataFrame:
+def no_augmentation(train: pd.DataFrame, ctx: AugmentContext) -> Augmented:
     """Leave the train split as it is."""
-    return train.iloc[0:0]
+    return Augmented(pd.DataFrame(), {}, "none")
 
 
-def augment_frame(train: pd.DataFrame, params: AugmentConfig) -> pd.DataFrame:
-    """Original rows (aug_method 'original') followed by the augmenter's new rows, with fresh unique ids."""
+def check_no_leakage(train: pd.DataFrame, original_ids: set, heldout: set[str]) -> None:
+    """Fail if a held-out (validation/test) text, or a row derived from anything but a train row, is in training."""
+    leaked = train["text"].isin(heldout)
+    if leaked.any():
+        raise DataError(f"augment: {int(leaked.sum())} training rows equal validation/test texts (first id {train.loc[leaked, 'id'].iloc[0]})")
+    foreign = ~train["source_id"].isin(original_ids)
+    if foreign.any():
+        raise DataError(f"augment: {int(foreign.sum())} augmented rows come from rows outside the train split")
+
+
+def augment_frame(train: pd.DataFrame, ctx: AugmentContext) -> tuple[pd.DataFrame, Augmented]:
+    """Original rows (aug_method 'original') then the augmenter's new rows, with fresh unique ids."""
+    params = ctx.params
     if params.method not in AUGMENTERS:
-        raise ConfigError(f"augment.method: unknown augmenter '{params.method}' (registered: {', '.join(AUGMENTERS)})")
+        raise ConfigError(f"augment.method: unknown augmenter '{params.method}' (registered: {', '.join(sorted(AUGMENTERS))})")
     original = train.drop(columns=["pos"], errors="ignore")  # POS tags of new rows would be missing
     original = original.assign(source_id=original["id"], aug_method="original", aug_index=0)
-    new = AUGMENTERS[params.method](train, params) if params.num_aug else None
-    if new is None or new.empty:
-        return original
-    first_id = int(train["id"].max()) + 1
-    new = new.assign(id=range(first_id, first_id + len(new)))
-    return pd.concat([original, new[original.columns]], ignore_index=True)
+    result = AUGMENTERS[params.method](train, ctx)
+    new = result.rows
+    if len(new):
+        heldout = new["text"].isin(ctx.heldout)  # e.g. EDA turning a train text into a test text
+        result.metrics["filtered_heldout"] = int(heldout.sum())
+        new = new[~heldout]
+        first_id = int(train["id"].max()) + 1
+        new = new.assign(id=range(first_id, first_id + len(new)))
+    out = pd.concat([original, new], ignore_index=True) if len(new) else original
+    check_no_leakage(out, set(train["id"]), ctx.heldout)
+    return out, result
 
 
-def build(ctx: BuildContext) -> BuildOutput:
+def build(ctx: BuildContext, segment: SegmentConfig, cache_file: Path) -> BuildOutput:
     """Write the augmented `train.parquet` and its segmented corpus `train.words.txt`."""
     train = pd.read_parquet(ctx.inputs["segment"] / "train.parquet")
-    out = augment_frame(train, ctx.params)
+    heldout = set()
+    for split in ("validation", "test"):
+        heldout |= set(pd.read_parquet(ctx.inputs["segment"] / f"{split}.parquet", columns=["text"])["text"])
+    out, result = augment_frame(train, AugmentContext(ctx.params, segment, cache_file, heldout))
     out.to_parquet(ctx.out / "train.parquet", index=False)
     (ctx.out / "train.words.txt").write_text("\n".join(out["words"]) + "\n", encoding="utf-8")
-    added = int((out["aug_method"] != "original").sum())
-    sample = out[out["aug_method"] != "original"].head(200).merge(
-        train[["id", "text"]].rename(columns={"id": "source_id", "text": "source_text"}), on="source_id"
-    )
-    if len(sample):
+    ctx.tracker.tags({"zhpipe.augment.method_used": result.method_used})
+    added = out[out["aug_method"] != "original"]
+    if result.sample is not None and len(result.sample):
+        ctx.tracker.table(result.sample.astype(str), "augment_sample.json")
+        result.sample.to_csv(ctx.out / "sample.csv", index=False)
+    elif len(added):
+        sample = added.head(200).merge(train[["id", "text"]].rename(columns={"id": "source_id", "text": "source_text"}), on="source_id")
         ctx.tracker.table(sample[["source_id", "source_text", "text", "aug_method"]].astype(str), "augment_sample.json")
     return BuildOutput(
         rows=len(out),
-        metrics={"rows_original": len(train), "rows_added": added},
-        info=dict(ctx.input_info["segment"]),
+        metrics={"rows_original": len(train), "rows_added": len(added), **result.metrics},
+        info={**ctx.input_info["segment"], "augment_method_used": result.method_used},
+        artifacts=["sample.csv"] if (ctx.out / "sample.csv").exists() else [],
     )
 
 
 @task(name="augment", cache_policy=NO_CACHE)
 def augment(run: RunContext, segment: StageResult) -> StageResult:
     """Augment the train split only."""
-    return run.run("augment", {"segment": segment}, build)
+    cache_file = run.store.cache_file("translations.sqlite")
+    return run.run("augment", {"segment": segment}, lambda ctx: build(ctx, run.config.stages.segment, cache_file))
+
+
+from tasks import backtranslation  # noqa: E402,F401 - registers "backtranslation"

@@ -76,3 +76,36 @@ def test_only_reuses_cached_inputs_and_refuses_missing_ones(prefect_harness, sto
 def test_force_rebuilds_from_stage_on(prefect_harness, store):
     out = run(store, force=["embed"])
     assert [s for s, c in cache_of(out).items() if c == "miss"] == ["embed", "train", "evaluate"]
+
+
+def _augment_run(out):
+    runs = children(out["parent_run_id"], out["experiment"])
+    return next(r for r in runs if r.data.tags.get("zhpipe.stage") == "augment")
+
+
+def test_backtranslation_through_the_flow_with_tiny_models(prefect_harness, tmp_path):
+    from tests.helpers.tiny_marian import build_pair
+
+    zh_en, en_zh = build_pair(tmp_path / "models")
+    sets = [
+        "augment.method=backtranslation",
+        f"augment.backtranslation.pivots=[{{lang: en, forward: '{zh_en}', backward: '{en_zh}'}}]",
+        "augment.backtranslation.max_length=12", "augment.backtranslation.num_beams=1",
+        "augment.backtranslation.max_rows=30",
+    ]
+    out = run(tmp_path / "store", sets, stages=select_stages(stop="augment"))
+    r = _augment_run(out)
+    assert r.data.tags["zhpipe.augment.method_used"] == "backtranslation"
+    assert r.data.metrics["candidates"] == 30 and r.data.metrics["cache_misses"] > 0
+    arts = {a.path for a in client().list_artifacts(r.info.run_id)}
+    assert {"augment_sample.json", "sample.csv"} <= arts
+    again = run(tmp_path / "store", sets, stages=select_stages(only="augment"), force=["augment"])
+    assert _augment_run(again).data.metrics["cache_hit_rate"] == 1.0
+
+
+def test_missing_models_fall_back_to_eda_and_say_so(prefect_harness, tmp_path):
+    sets = ["augment.method=backtranslation", "augment.fallback=eda"]
+    out = run(tmp_path / "store", sets, stages=select_stages(stop="augment"))
+    r = _augment_run(out)
+    assert r.data.tags["zhpipe.augment.method_used"] == "eda"
+    assert r.data.metrics["backtranslation_missing_model"] == 1 and r.data.metrics["rows_added"] > 0

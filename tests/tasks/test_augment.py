@@ -1,9 +1,11 @@
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
-from flows.config import AugmentConfig
-from flows.errors import ConfigError
-from tasks.augment import AUGMENTERS, augment_frame, eda_words
+from flows.config import AugmentConfig, SegmentConfig
+from flows.errors import ConfigError, DataError
+from tasks.augment import AUGMENTERS, AugmentContext, augment_frame, check_no_leakage, eda_words
 
 TRAIN = pd.DataFrame({
     "id": [3, 5, 9],
@@ -14,8 +16,13 @@ TRAIN = pd.DataFrame({
 })
 
 
+def run(heldout=(), **params):
+    ctx = AugmentContext(AugmentConfig(**params), SegmentConfig(), Path("/nonexistent/cache.sqlite"), set(heldout))
+    return augment_frame(TRAIN, ctx)[0]
+
+
 def test_eda_rows_keep_label_and_provenance():
-    out = augment_frame(TRAIN, AugmentConfig(num_aug=2))
+    out = run(num_aug=2)
     original, new = out[out["aug_method"] == "original"], out[out["aug_method"] != "original"]
     assert original["id"].tolist() == [3, 5, 9]
     assert len(new) > 0 and set(new["aug_method"]) == {"eda"}
@@ -28,9 +35,9 @@ def test_eda_rows_keep_label_and_provenance():
 
 
 def test_eda_is_deterministic_per_seed():
-    a = augment_frame(TRAIN, AugmentConfig(num_aug=2))
-    assert a.equals(augment_frame(TRAIN, AugmentConfig(num_aug=2)))
-    assert not a.equals(augment_frame(TRAIN, AugmentConfig(num_aug=2, seed=99)))
+    a = run(num_aug=2)
+    assert a.equals(run(num_aug=2))
+    assert not a.equals(run(num_aug=2, seed=99))
 
 
 def test_eda_words_uses_only_sentence_words():
@@ -42,7 +49,23 @@ def test_eda_words_uses_only_sentence_words():
 
 
 def test_registry_and_unknown_method():
-    assert {"eda", "none"} <= set(AUGMENTERS)
-    assert len(augment_frame(TRAIN, AugmentConfig(method="none"))) == 3
-    with pytest.raises(ConfigError, match="unknown augmenter 'backtranslate'.*eda"):
-        augment_frame(TRAIN, AugmentConfig(method="backtranslate"))
+    assert {"eda", "none", "backtranslation"} <= set(AUGMENTERS)
+    assert len(run(method="none")) == 3
+    with pytest.raises(ConfigError, match="unknown augmenter 'backtranslate'.*backtranslation, eda"):
+        run(method="backtranslate")
+
+
+def test_new_rows_equal_to_heldout_texts_are_dropped():
+    out = run(num_aug=1)
+    new_texts = set(out.loc[out["aug_method"] == "eda", "text"])
+    victim = sorted(new_texts)[0]
+    again = run(heldout={victim}, num_aug=1)
+    assert victim not in set(again["text"]) and len(again) == len(out) - 1
+
+
+def test_leakage_check_fails_loudly():
+    bad = TRAIN.assign(source_id=TRAIN["id"])
+    with pytest.raises(DataError, match="equal validation/test texts"):
+        check_no_leakage(bad, set(TRAIN["id"]), {"早餐太差了"})
+    with pytest.raises(DataError, match="outside the train split"):
+        check_no_leakage(bad.assign(source_id=[3, 5, 77]), set(TRAIN["id"]), set())

@@ -1,0 +1,132 @@
+"""Back-translation augmenter: Chinese -> pivot language -> Chinese, label kept, quality-filtered."""
+from __future__ import annotations
+
+import logging
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from flows.config import BackTranslationConfig, PivotConfig, TranslationFilterConfig
+from tasks.augment import AugmentContext, Augmented, eda, register
+from tasks.segmenter import Segmenter
+from tasks.translation import (
+    CachedTranslation, HttpTranslator, ModelMissingError, Seq2SeqTranslator, TranslationCache, split_sentences,
+)
+
+log = logging.getLogger("zhpipe.augment")
+FILTER_REASONS = ("identical", "length_ratio", "too_similar", "too_dissimilar", "not_chinese", "duplicate")
+
+
+def chinese_share(text: str) -> float:
+    """Share of CJK ideographs among letters and ideographs (digits and punctuation do not count)."""
+    cjk = sum("\u4e00" <= c <= "\u9fff" or "\u3400" <= c <= "\u4dbf" for c in text)
+    letters = sum(c.isalpha() for c in text)  # isalpha() is True for ideographs too
+    return cjk / letters if letters else 0.0
+
+
+def similarity(candidate: str, source: str) -> float:
+    """chrF (character n-gram F-score, sacrebleu) of the candidate against the source, 0-1."""
+    from sacrebleu.metrics import CHRF
+
+    return CHRF().sentence_score(candidate, [source]).score / 100
+
+
+def reject_reason(source: str, candidate: str, f: TranslationFilterConfig, seen: set[str]) -> str | None:
+    """Why a back-translation is dropped, or None to keep it (checks in order, the first failing one counts)."""
+    if candidate.strip() == source.strip():
+        return "identical"
+    ratio = len(candidate) / max(len(source), 1)
+    if not f.min_length_ratio <= ratio <= f.max_length_ratio:
+        return "length_ratio"
+    if chinese_share(candidate) < f.min_chinese:
+        return "not_chinese"
+    sim = similarity(candidate, source)
+    if sim > f.max_similarity:
+        return "too_similar"
+    if sim < f.min_similarity:
+        return "too_dissimilar"
+    if candidate in seen:
+        return "duplicate"
+    return None
+
+
+def translators(pivot: PivotConfig, p: BackTranslationConfig, device: str):
+    """(forward, backward) translators for one pivot language."""
+    if p.backend == "http":
+        return HttpTranslator(p.http, p.source_lang, pivot.lang), HttpTranslator(p.http, pivot.lang, p.source_lang)
+    forward = Seq2SeqTranslator(pivot.forward, p, device, pivot.source_code, pivot.pivot_code)
+    backward = Seq2SeqTranslator(pivot.backward or pivot.forward, p, device, pivot.pivot_code, pivot.source_code)
+    return forward, backward
+
+
+def _settings(p: BackTranslationConfig, n: int) -> dict:
+    return {"max_length": p.max_length, "num_beams": p.num_beams, "do_sample": p.do_sample,
+            "temperature": p.temperature, "top_p": p.top_p, "n": n, "backend": p.backend}
+
+
+def round_trip(texts: list[str], pivot: PivotConfig, p: BackTranslationConfig, cache: TranslationCache, device: str):
+    """Back-translate texts through one pivot: {text: (pivot text, [variants])}, plus cache counters."""
+    forward, backward = translators(pivot, p, device)
+    to_pivot = CachedTranslation(forward, cache, f"{p.source_lang}-{pivot.lang}", _settings(p, 1), p.batch_size)
+    from_pivot = CachedTranslation(backward, cache, f"{pivot.lang}-{p.source_lang}", _settings(p, p.num_variants), p.batch_size)
+    pieces = {t: split_sentences(t, p.split_chars) for t in texts}
+    all_pieces = [s for ps in pieces.values() for s in ps]
+    with tqdm(total=len(set(all_pieces)), desc=f"{p.source_lang}->{pivot.lang}", unit="sent", leave=False, mininterval=2) as bar:
+        pivoted = to_pivot(all_pieces, 1, bar)
+    pivot_pieces = [pivoted[s][0] for s in all_pieces]
+    with tqdm(total=len(set(pivot_pieces)), desc=f"{pivot.lang}->{p.source_lang}", unit="sent", leave=False, mininterval=2) as bar:
+        back = from_pivot(pivot_pieces, p.num_variants, bar)
+    out = {}
+    for text, ps in pieces.items():
+        pivot_text = " ".join(pivoted[s][0] for s in ps)
+        variants = ["".join(back[pivoted[s][0]][k] for s in ps) for k in range(p.num_variants)]
+        out[text] = (pivot_text, variants)
+    counts = {"cache_hits": to_pivot.hits + from_pivot.hits, "cache_misses": to_pivot.misses + from_pivot.misses}
+    return out, counts, (forward.name, backward.name)
+
+
+@register("backtranslation")
+def backtranslation(train: pd.DataFrame, ctx: AugmentContext) -> Augmented:
+    """Back-translate train rows through every pivot; keep the label; filter and count what is dropped."""
+    p = ctx.params.backtranslation
+    rows = train.head(p.max_rows) if p.max_rows else train
+    cache = TranslationCache(ctx.cache_file)
+    try:
+        results = [(pivot, *round_trip(rows["text"].tolist(), pivot, p, cache, ctx.params.device)) for pivot in p.pivots]
+    except ModelMissingError as e:
+        if ctx.params.fallback != "eda":
+            raise
+        log.warning("augment: %s; falling back to EDA (augment.fallback: eda)", e)
+        result = eda(train, ctx)
+        result.metrics["backtranslation_missing_model"] = 1
+        return result
+    finally:
+        cache.close()
+    seen = set(train["text"]) | ctx.heldout  # never add a copy of a train row, nor any held-out text
+    new, sample = [], []
+    metrics = {"candidates": 0, **{f"filtered_{r}": 0 for r in FILTER_REASONS}}
+    for pivot, translated, counts, models in results:
+        for key, value in counts.items():
+            metrics[key] = metrics.get(key, 0) + value
+        for row in rows.itertuples(index=False):
+            pivot_text, variants = translated[row.text]
+            for k, candidate in enumerate(variants):
+                metrics["candidates"] += 1
+                reason = reject_reason(row.text, candidate, p.filters, seen)
+                if len(sample) < 500:
+                    sample.append({"source": row.text, "pivot": pivot.lang, "pivot_text": pivot_text,
+                                   "back_translation": candidate, "kept": reason is None, "reason": reason or ""})
+                if reason:
+                    metrics[f"filtered_{reason}"] += 1
+                    continue
+                seen.add(candidate)
+                new.append({"text": candidate, "label": getattr(row, "label", None), "source_id": row.id,
+                            "aug_method": "backtranslation", "aug_index": k, "pivot": pivot.lang,
+                            "model_forward": models[0], "model_backward": models[1]})
+    new_rows = pd.DataFrame(new)
+    if len(new_rows):
+        seg = Segmenter(ctx.segment).rows(new_rows["text"].tolist())
+        new_rows = new_rows.assign(**seg)
+    total = metrics["cache_hits"] + metrics["cache_misses"]
+    metrics["cache_hit_rate"] = metrics["cache_hits"] / total if total else 1.0
+    return Augmented(new_rows, metrics, "backtranslation", pd.DataFrame(sample))

@@ -1,0 +1,247 @@
+"""Machine translation for back-translation: local seq2seq models, a LibreTranslate-style HTTP service,
+and a persistent SQLite cache in front of either. No I/O besides the model files, the HTTP calls and the
+cache file."""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Protocol
+
+from flows.config import BackTranslationConfig, HttpTranslationConfig
+from flows.errors import ZhpipeError
+
+log = logging.getLogger("zhpipe.translation")
+_SENTENCE_END = re.compile(r"(?<=[。！？!?；;…\n])")
+
+
+class ModelMissingError(ZhpipeError):
+    """A translation model is neither local nor downloadable."""
+
+
+class Translator(Protocol):
+    """Translates a batch of texts; returns `n` variants per text."""
+
+    name: str  # what identifies the translations in the cache (model id or service URL)
+
+    def translate(self, texts: list[str], n: int) -> list[list[str]]: ...
+
+
+def split_sentences(text: str, max_chars: int) -> list[str]:
+    """Cut a long text after sentence punctuation into pieces of at most ~max_chars; short texts stay whole."""
+    if len(text) <= max_chars:
+        return [text]
+    pieces, current = [], ""
+    for sentence in (s for s in _SENTENCE_END.split(text) if s):
+        if current and len(current) + len(sentence) > max_chars:
+            pieces.append(current)
+            current = ""
+        current += sentence
+    if current:
+        pieces.append(current)
+    return pieces
+
+
+def _missing_model_message(ref: str, error: Exception) -> str:
+    return (
+        f"translation model '{ref}' not found locally and could not be downloaded ({type(error).__name__}); "
+        f"provide it as a local folder (set the pivot's forward/backward to the folder), or put it in the "
+        f"Hugging Face cache ($HF_HOME), e.g. run `huggingface-cli download {ref}` where there is a network"
+    )
+
+
+def _hub_reachable(timeout_s: float = 3.0) -> bool:
+    """Whether the model hub can be reached at all; without this check a missing model costs a minute of
+    retries before the hub client gives up."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    host = urlparse(constants.ENDPOINT).hostname
+    try:
+        socket.create_connection((host, 443), timeout=timeout_s).close()
+        return True
+    except OSError:
+        return False
+
+
+class Seq2SeqTranslator:
+    """A transformers seq2seq model (MarianMT, NLLB-200, M2M100), batched by length on the chosen device."""
+
+    def __init__(self, ref: str, params: BackTranslationConfig, device: str, src_code: str | None = None,
+                 tgt_code: str | None = None):
+        import torch
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+
+        self.name, self.params = ref, params
+        path = Path(ref).expanduser()
+        source = str(path) if path.exists() else ref
+
+        def load(local_only: bool):
+            self.tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
+            self.model = AutoModelForSeq2SeqLM.from_pretrained(source, local_files_only=local_only)
+
+        try:
+            load(local_only=True)  # a folder, or a model already in the Hugging Face cache
+        except OSError as local_error:  # transformers raises OSError for "not found"
+            if path.exists() or not _hub_reachable():
+                raise ModelMissingError(_missing_model_message(ref, local_error)) from local_error
+            try:
+                load(local_only=False)
+            except OSError as e:
+                raise ModelMissingError(_missing_model_message(ref, e)) from e
+        self.device = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device))
+        if self.device.type == "cuda":
+            self.model = self.model.to(dtype=torch.bfloat16)  # bf16 halves memory and speeds up generation
+        self.model.to(self.device).eval()
+        self.forced_bos = None
+        if src_code:
+            self.tokenizer.src_lang = src_code
+        if tgt_code:
+            lang_id = getattr(self.tokenizer, "get_lang_id", None)  # M2M100 wants __en__, NLLB eng_Latn
+            self.forced_bos = lang_id(tgt_code) if lang_id else self.tokenizer.convert_tokens_to_ids(tgt_code)
+
+    def translate(self, texts: list[str], n: int) -> list[list[str]]:
+        """Generate `n` variants per text: beam search (n best beams) or sampling."""
+        import torch
+
+        p = self.params
+        batch = self.tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=p.max_length).to(self.device)
+        kwargs = dict(max_new_tokens=p.max_length, num_return_sequences=n)
+        if p.do_sample:
+            kwargs.update(do_sample=True, temperature=p.temperature, top_p=p.top_p)
+        else:
+            kwargs.update(num_beams=max(p.num_beams, n))
+        if self.forced_bos is not None:
+            kwargs["forced_bos_token_id"] = self.forced_bos
+        with torch.inference_mode():
+            out = self.model.generate(**batch, **kwargs)
+        decoded = self.tokenizer.batch_decode(out, skip_special_tokens=True)
+        return [decoded[i * n : (i + 1) * n] for i in range(len(texts))]
+
+
+class HttpTranslator:
+    """A LibreTranslate-compatible service: POST /translate {q, source, target, api_key, format}."""
+
+    def __init__(self, params: HttpTranslationConfig, source: str, target: str):
+        import httpx
+
+        self.params, self.source, self.target = params, source, target
+        self.name = f"{params.url.rstrip('/')}/translate"
+        self.api_key = os.environ.get(params.api_key_env) if params.api_key_env else None
+        self.client = httpx.Client(timeout=params.timeout_s)
+        self._next_slot = 0.0
+        self._lock = threading.Lock()
+
+    def _wait_for_slot(self) -> None:
+        """Client-side rate limit: at most `requests_per_second`."""
+        with self._lock:
+            now = time.monotonic()
+            wait = self._next_slot - now
+            self._next_slot = max(now, self._next_slot) + 1.0 / self.params.requests_per_second
+        if wait > 0:
+            time.sleep(wait)
+
+    def translate(self, texts: list[str], n: int) -> list[list[str]]:
+        """One variant per text (a service returns its single best); `n` > 1 repeats it."""
+        import httpx
+
+        body = {"q": texts, "source": self.source, "target": self.target, "format": "text"}
+        if self.api_key:
+            body["api_key"] = self.api_key
+        for attempt in range(self.params.retries + 1):
+            self._wait_for_slot()
+            try:
+                resp = self.client.post(self.name, json=body)
+            except httpx.TransportError as e:
+                error = f"{type(e).__name__}"
+            else:
+                if resp.status_code == 200:
+                    got = resp.json()["translatedText"]
+                    got = got if isinstance(got, list) else [got]
+                    return [[t] * n for t in got]
+                if resp.status_code not in (429, 500, 502, 503, 504):
+                    raise ZhpipeError(f"translation service {self.name}: HTTP {resp.status_code} ({resp.text[:200]!r})")
+                error = f"HTTP {resp.status_code}"
+                retry_after = resp.headers.get("Retry-After")
+                if retry_after and retry_after.isdigit():
+                    time.sleep(min(float(retry_after), 60))
+            if attempt < self.params.retries:
+                delay = min(0.5 * 2**attempt, 30)
+                log.warning("translation service %s: %s; retry %d in %.1f s", self.name, error, attempt + 1, delay)
+                time.sleep(delay)
+        raise ZhpipeError(f"translation service {self.name}: gave up after {self.params.retries + 1} attempts ({error})")
+
+
+class TranslationCache:
+    """SQLite cache of translations keyed by (translator, direction, generation settings, text).
+
+    Each batch is committed as soon as it is translated, so a killed stage keeps what it finished.
+    """
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(path, timeout=60, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("CREATE TABLE IF NOT EXISTS translations (key TEXT PRIMARY KEY, variants TEXT NOT NULL)")
+        self.db.commit()
+
+    @staticmethod
+    def key(namespace: str, text: str) -> str:
+        return hashlib.sha256(f"{namespace}\x00{text}".encode()).hexdigest()
+
+    def get_many(self, namespace: str, texts: list[str]) -> dict[str, list[str]]:
+        keys = {self.key(namespace, t): t for t in texts}
+        found: dict[str, list[str]] = {}
+        items = list(keys)
+        for i in range(0, len(items), 500):
+            chunk = items[i : i + 500]
+            rows = self.db.execute(f"SELECT key, variants FROM translations WHERE key IN ({','.join('?' * len(chunk))})", chunk)
+            found.update({keys[k]: json.loads(v) for k, v in rows})
+        return found
+
+    def put_many(self, namespace: str, pairs: dict[str, list[str]]) -> None:
+        self.db.executemany(
+            "INSERT OR REPLACE INTO translations VALUES (?, ?)",
+            [(self.key(namespace, t), json.dumps(v, ensure_ascii=False)) for t, v in pairs.items()],
+        )
+        self.db.commit()
+
+    def close(self) -> None:
+        self.db.close()
+
+
+class CachedTranslation:
+    """Translates unique texts through a cache, in length-sorted batches; counts hits and misses."""
+
+    def __init__(self, translator: Translator, cache: TranslationCache, direction: str, settings: dict, batch_size: int):
+        self.translator, self.cache, self.batch_size = translator, cache, batch_size
+        self.namespace = json.dumps({"model": translator.name, "direction": direction, **settings}, sort_keys=True)
+        self.hits = self.misses = 0
+
+    def __call__(self, texts: list[str], n: int, progress=None) -> dict[str, list[str]]:
+        unique = list(dict.fromkeys(texts))
+        done = self.cache.get_many(self.namespace, unique)
+        todo = sorted((t for t in unique if t not in done), key=len)  # similar lengths -> little padding
+        self.hits += len(unique) - len(todo)
+        self.misses += len(todo)
+        for i in range(0, len(todo), self.batch_size):
+            batch = todo[i : i + self.batch_size]
+            result = dict(zip(batch, self.translator.translate(batch, n)))
+            self.cache.put_many(self.namespace, result)
+            done.update(result)
+            if progress is not None:
+                progress.update(len(batch))
+        return done
