@@ -147,6 +147,13 @@ class VocabConfig(_Section):
         return v
 
 
+def _fasttext_dim(v: int) -> int:
+    """fastText 0.9.3 leaves the last (rows * dim) % 10 input values uninitialised (see tasks/embed.py)."""
+    if v % 10:
+        raise ValueError(f"fastText dim must be a multiple of 10 (fastText 0.9.3 leaves part of its matrix uninitialised otherwise), got {v}")
+    return v
+
+
 class Word2VecConfig(_Section):
     vector_size: int = 128
     window: int = 5
@@ -164,8 +171,10 @@ class FastTextEmbedConfig(_Section):
     minn: int = 1  # Chinese words are short: subwords of 1-2 characters
     maxn: int = 2
     epoch: int = 5
-    lr: float = 0.05  # fastText's default; tiny corpora may need 0.01 (it diverges with "Encountered NaN")
+    lr: float = 0.05  # fastText's default
     bucket: int = 100000  # hashed subword buckets; 2M (fastText's default) makes an 800 MB model
+
+    _dim = field_validator("dim")(_fasttext_dim)
 
 
 class EmbedConfig(_Section):
@@ -173,7 +182,7 @@ class EmbedConfig(_Section):
     fasttext: FastTextEmbedConfig = FastTextEmbedConfig()
     probe_words: list[str] = ["酒店", "服务", "干净"]
     topn: int = 5
-    workers: int = Field(2, ge=1)  # >1 trades bit-exact reproducibility for speed (gensim, fastText)
+    workers: int = Field(2, ge=1)  # gensim threads; >1 trades bit-exact reproducibility for speed
     seed: int = 1
 
 
@@ -181,11 +190,13 @@ class FastTextClassifierConfig(_Section):
     epoch: int = 25
     lr: float = 0.5
     word_ngrams: int = 2
-    dim: int = 64
+    dim: int = 60
     minn: int = 0
     maxn: int = 0
     bucket: int = 100000  # the model file is about bucket * dim * 4 bytes
     tokens: Literal["words", "chars", "both"] = "both"
+
+    _dim = field_validator("dim")(_fasttext_dim)
 
 
 class TextCNNConfig(_Section):

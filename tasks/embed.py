@@ -14,7 +14,6 @@ from flows.errors import DataError
 from flows.runner import BuildContext, BuildOutput, RunContext, StageResult
 
 VERSION = "1"
-log = logging.getLogger("zhpipe.embed")
 
 
 def train_word2vec(corpus: Path, params: EmbedConfig):
@@ -37,19 +36,19 @@ def train_word2vec(corpus: Path, params: EmbedConfig):
     ).wv
 
 
-def fasttext_retrying(train: Callable, what: str, hint: str, attempts: int = 5):
-    """Call a fastText training function, retrying runs that stop with "Encountered NaN.".
+# fastText 0.9.3 initialises its input matrix in 10 fixed blocks, one per training thread, over memory it
+# does not zero: with fewer than 10 threads most rows stay uninitialised (garbage, at times NaN, so
+# training stops with "Encountered NaN." or learns from noise), and with dim not a multiple of 10 the last
+# few values do. So it always gets at least 10 threads, and configs require dim % 10 == 0.
+FASTTEXT_MIN_THREADS = 10
 
-    fastText has no seed for its Hogwild threads, and on small corpora a run now and then diverges
-    (seen in 10-20% of runs on a few hundred lines, with any lr); a fresh run usually does not.
-    """
-    for attempt in range(1, attempts + 1):
-        try:
-            return train()
-        except RuntimeError as e:
-            if attempt == attempts:
-                raise DataError(f"{what}: training diverged {attempts} times ({e}); {hint}") from e
-            log.warning("%s: attempt %d diverged (%s); retrying", what, attempt, e)
+
+def fasttext_call(train: Callable, what: str, hint: str):
+    """Call a fastText training function; its divergence error becomes one clear line."""
+    try:
+        return train()
+    except RuntimeError as e:
+        raise DataError(f"{what}: training diverged ({e}); {hint}") from e
 
 
 def train_fasttext(corpus: Path, params: EmbedConfig):
@@ -57,10 +56,10 @@ def train_fasttext(corpus: Path, params: EmbedConfig):
     import fasttext
 
     f = params.fasttext
-    return fasttext_retrying(
+    return fasttext_call(
         lambda: fasttext.train_unsupervised(
             str(corpus), model=f.model, dim=f.dim, minn=f.minn, maxn=f.maxn, epoch=f.epoch, lr=f.lr,
-            bucket=f.bucket, thread=params.workers, verbose=0,
+            bucket=f.bucket, thread=max(params.workers, FASTTEXT_MIN_THREADS), verbose=0,
         ),
         "embed.fasttext",
         f"lower embed.fasttext.lr (now {f.lr})",

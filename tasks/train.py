@@ -20,7 +20,7 @@ from flows.config import TrainConfig
 from flows.errors import DataError
 from flows.runner import BuildContext, BuildOutput, RunContext, StageResult
 from flows.tracking import Tracker
-from tasks.embed import fasttext_retrying
+from tasks.embed import FASTTEXT_MIN_THREADS, fasttext_call
 from tasks.models import TextCNN, TextCNNConfig
 from tasks.vocab import read_vocab
 
@@ -73,10 +73,10 @@ def train_fasttext(train: pd.DataFrame, labels: list[str], params: TrainConfig, 
         "".join(f"__label__{i} {_fasttext_line(r, p.tokens)}\n" for i, r in zip(ids, train.itertuples())), encoding="utf-8"
     )
     t0 = time.perf_counter()
-    model = fasttext_retrying(
+    model = fasttext_call(
         lambda: fasttext.train_supervised(
             str(train_file), epoch=p.epoch, lr=p.lr, wordNgrams=p.word_ngrams, dim=p.dim, minn=p.minn, maxn=p.maxn,
-            bucket=p.bucket, thread=2, verbose=0,
+            bucket=p.bucket, thread=FASTTEXT_MIN_THREADS, verbose=0,
         ),
         "train.fasttext",
         f"lower train.fasttext.lr (now {p.lr}) or raise bucket (now {p.bucket})",

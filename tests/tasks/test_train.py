@@ -70,7 +70,7 @@ def test_textcnn_trains_saves_and_reloads_with_identical_predictions(tmp_path, r
 
 def test_fasttext_classifier_round_trip(tmp_path):
     train = frame(30)
-    params = TrainConfig(fasttext={"epoch": 20, "dim": 16, "bucket": 50000, "lr": 0.5})
+    params = TrainConfig(fasttext={"epoch": 20, "dim": 20, "bucket": 50000, "lr": 0.5})
     train_fasttext(train, ["0", "1"], params, tmp_path)
     probs = PREDICTORS["fasttext"](tmp_path / "fasttext")(frame(1))
     assert probs.shape == (6, 2) and np.allclose(probs.sum(1), 1, atol=1e-3)
