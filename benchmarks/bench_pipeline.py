@@ -86,6 +86,8 @@ def direct_run(config, root: Path) -> float:
         module = stage_module(stage)
         if stage == "download":
             result = module.build(ctx, config.source, lambda url: root / "_downloads")
+        elif stage == "augment":
+            result = module.build(ctx, config.stages.segment, root / "_cache" / "translations.sqlite")
         else:
             result = module.build(ctx)
         outputs[stage], infos[stage] = out, result.info

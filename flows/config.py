@@ -80,7 +80,7 @@ class SegmentConfig(_Section):
 
 class PivotConfig(_Section):
     lang: str  # pivot language, e.g. en, ja
-    forward: str  # zh -> pivot: a model id (hub) or a local folder; for http, unused but named for the cache
+    forward: str | None = None  # zh -> pivot: a model id (hub) or a local folder (transformers backend)
     backward: str | None = None  # pivot -> zh; None = the forward model (multilingual NLLB-200, M2M100)
     source_code: str | None = None  # language codes of multilingual models: zho_Hans (NLLB), zh (M2M100)
     pivot_code: str | None = None  # eng_Latn (NLLB), en (M2M100); None for MarianMT pairs

@@ -7,6 +7,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from flows.config import BackTranslationConfig, PivotConfig, TranslationFilterConfig
+from flows.errors import ConfigError
 from tasks.augment import AugmentContext, Augmented, eda, register
 from tasks.segmenter import Segmenter
 from tasks.translation import (
@@ -54,6 +55,8 @@ def translators(pivot: PivotConfig, p: BackTranslationConfig, device: str):
     """(forward, backward) translators for one pivot language."""
     if p.backend == "http":
         return HttpTranslator(p.http, p.source_lang, pivot.lang), HttpTranslator(p.http, pivot.lang, p.source_lang)
+    if not pivot.forward:
+        raise ConfigError(f"augment.backtranslation.pivots: pivot '{pivot.lang}' needs `forward` (a model id or folder) for the transformers backend")
     forward = Seq2SeqTranslator(pivot.forward, p, device, pivot.source_code, pivot.pivot_code)
     backward = Seq2SeqTranslator(pivot.backward or pivot.forward, p, device, pivot.pivot_code, pivot.source_code)
     return forward, backward
@@ -89,7 +92,8 @@ def round_trip(texts: list[str], pivot: PivotConfig, p: BackTranslationConfig, c
 def backtranslation(train: pd.DataFrame, ctx: AugmentContext) -> Augmented:
     """Back-translate train rows through every pivot; keep the label; filter and count what is dropped."""
     p = ctx.params.backtranslation
-    rows = train.head(p.max_rows) if p.max_rows else train
+    # a seeded random subset: the corpus may be sorted by label, so the first rows would all be one class
+    rows = train.sample(n=min(p.max_rows, len(train)), random_state=ctx.params.seed).sort_values("id") if p.max_rows else train
     cache = TranslationCache(ctx.cache_file)
     try:
         results = [(pivot, *round_trip(rows["text"].tolist(), pivot, p, cache, ctx.params.device)) for pivot in p.pivots]

@@ -204,3 +204,16 @@ def test_http_backend_gives_up_with_one_line(service):
     with pytest.raises(Exception, match=r"gave up after 2 attempts \(HTTP 500\)"):
         t.translate(["你好"], 1)
     _Service.script = []
+
+
+def test_http_backend_through_the_augmenter(service, tmp_path):
+    """The service reverses text, so a round trip returns the source: every candidate is `identical`."""
+    _Service.script, _Service.bodies = [], []
+    params = AugmentConfig(method="backtranslation", backtranslation={
+        "backend": "http", "pivots": [{"lang": "en"}, {"lang": "ja"}],
+        "http": {"url": service, "api_key_env": None, "requests_per_second": 100}})
+    out, result = augment_frame(TRAIN, AugmentContext(params, SegmentConfig(), tmp_path / "c.sqlite"))
+    assert result.metrics["candidates"] == 8 and result.metrics["filtered_identical"] == 8
+    assert len(out) == len(TRAIN)
+    targets = {(b["source"], b["target"]) for _, b in _Service.bodies}
+    assert targets == {("zh", "en"), ("en", "zh"), ("zh", "ja"), ("ja", "zh")}
