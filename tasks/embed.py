@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Callable
 
 import pandas as pd
+from tqdm.auto import tqdm
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -19,21 +20,24 @@ VERSION = "1"
 def train_word2vec(corpus: Path, params: EmbedConfig):
     """Word2Vec (CBOW or skip-gram; negative sampling or hierarchical softmax) from a token-per-space file."""
     from gensim.models import Word2Vec
+    from gensim.models.callbacks import CallbackAny2Vec
+
+    class Progress(CallbackAny2Vec):
+        def __init__(self, bar):
+            self.bar = bar
+
+        def on_epoch_end(self, model):
+            self.bar.update(1)
 
     w = params.word2vec
     logging.getLogger("gensim").setLevel(logging.WARNING)
-    return Word2Vec(
-        corpus_file=str(corpus),
-        vector_size=w.vector_size,
-        window=w.window,
-        min_count=w.min_count,
-        sg=int(w.sg),
-        hs=int(w.hs),
-        negative=0 if w.hs else w.negative,
-        epochs=w.epochs,
-        workers=params.workers,
-        seed=params.seed,
-    ).wv
+    with tqdm(total=w.epochs, desc="word2vec", unit="epoch", leave=False) as bar:
+        model = Word2Vec(
+            corpus_file=str(corpus), vector_size=w.vector_size, window=w.window, min_count=w.min_count,
+            sg=int(w.sg), hs=int(w.hs), negative=0 if w.hs else w.negative, epochs=w.epochs,
+            workers=params.workers, seed=params.seed, callbacks=[Progress(bar)],
+        )
+    return model.wv
 
 
 # fastText 0.9.3 initialises its input matrix in 10 fixed blocks, one per training thread, over memory it
