@@ -209,14 +209,23 @@ class TextCNNConfig(_Section):
     batch_size: int = 64
 
 
+class TfidfLRConfig(_Section):
+    word_ngrams: list[int] = [1, 2]  # n-gram range over jieba words
+    char_ngrams: list[int] = [1, 3]  # n-gram range over characters
+    min_df: int = Field(2, ge=1)
+    C: float = Field(4.0, gt=0)  # inverse regularisation strength
+    class_weight: Literal["balanced"] | None = None
+
+
 class TrainConfig(_Section):
-    models: list[Literal["fasttext", "textcnn"]] = ["fasttext", "textcnn"]
+    models: list[Literal["fasttext", "textcnn", "tfidf_lr"]] = ["fasttext", "textcnn"]
     epochs: int = Field(6, ge=1)  # every PyTorch model
     patience: int = Field(2, ge=1)  # early stopping on validation macro-F1
     device: str = "auto"  # auto = CUDA when present, else CPU
     seed: int = 7
     fasttext: FastTextClassifierConfig = FastTextClassifierConfig()
     textcnn: TextCNNConfig = TextCNNConfig()
+    tfidf_lr: TfidfLRConfig = TfidfLRConfig()
 
 
 class EvaluateConfig(_Section):

@@ -22,9 +22,10 @@ from flows.runner import BuildContext, BuildOutput, RunContext, StageResult
 from flows.tracking import Tracker
 from tasks.embed import FASTTEXT_MIN_THREADS, fasttext_call
 from tasks.models import TextCNN, TextCNNConfig
+from tasks.tfidf import tfidf_predictor, train_tfidf_lr
 from tasks.vocab import read_vocab
 
-VERSION = "1"
+VERSION = "2"
 Predictor = Callable[[pd.DataFrame], np.ndarray]  # frame with words/chars -> (rows, classes) probabilities
 
 
@@ -236,7 +237,9 @@ def textcnn_predictor(folder: Path, device: str = "auto") -> Predictor:
     return predict
 
 
-PREDICTORS: dict[str, Callable[[Path], Predictor]] = {"fasttext": fasttext_predictor, "textcnn": textcnn_predictor}
+PREDICTORS: dict[str, Callable[[Path], Predictor]] = {
+    "fasttext": fasttext_predictor, "textcnn": textcnn_predictor, "tfidf_lr": tfidf_predictor,
+}
 
 
 def build(ctx: BuildContext) -> BuildOutput:
@@ -251,6 +254,8 @@ def build(ctx: BuildContext) -> BuildOutput:
     for name in p.models:
         if name == "fasttext":
             models[name] = train_fasttext(train, labels, p, ctx.out)
+        elif name == "tfidf_lr":
+            models[name] = train_tfidf_lr(train, labels, p.tfidf_lr, p.seed, ctx.out)
         else:
             models[name] = train_textcnn(
                 train, validation, labels, p, ctx.inputs["vocab"] / "words" / "vocab.txt",

@@ -6,6 +6,7 @@ from gensim.models import KeyedVectors
 from flows.config import TrainConfig
 from flows.tracking import Tracker
 from tasks.models import TextCNN, TextCNNConfig
+from tasks.tfidf import train_tfidf_lr
 from tasks.train import PREDICTORS, batches, encode, train_fasttext, train_textcnn
 
 POS = ["房间 很 干净 服务 好", "早餐 不错 位置 好", "服务 热情 房间 干净"]
@@ -75,3 +76,14 @@ def test_fasttext_classifier_round_trip(tmp_path):
     probs = PREDICTORS["fasttext"](tmp_path / "fasttext")(frame(1))
     assert probs.shape == (6, 2) and np.allclose(probs.sum(1), 1, atol=1e-3)
     assert (probs.argmax(1) == frame(1)["label"].astype(int)).mean() == 1.0
+
+
+def test_tfidf_lr_round_trip(tmp_path):
+    train = frame(10).assign(text=lambda d: d["words"].str.replace(" ", ""))
+    summary = train_tfidf_lr(train, ["0", "1"], TrainConfig().tfidf_lr, 0, tmp_path)
+    assert summary["kind"] == "tfidf_lr"
+    test = frame(1).assign(text=lambda d: d["words"].str.replace(" ", ""))
+    probs = PREDICTORS["tfidf_lr"](tmp_path / "tfidf_lr")(test)
+    assert probs.shape == (6, 2) and np.allclose(probs.sum(1), 1)
+    assert (probs.argmax(1) == test["label"].astype(int)).mean() == 1.0
+    assert np.array_equal(probs, PREDICTORS["tfidf_lr"](tmp_path / "tfidf_lr")(test))
