@@ -1,0 +1,102 @@
+"""n-gram language model (no I/O): fixed-weight back-off (normalised) or interpolated Kneser-Ney."""
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+
+BOS, EOS, UNK = "<s>", "</s>", "<unk>"
+
+
+@dataclass
+class NgramConfig:
+    n: int = 3
+    method: str = "backoff"  # "backoff" (fixed weight, as in the course notes) or "kneser_ney"
+    backoff: float = 0.4  # weight of the lower order when the n-gram is unseen
+    discount: float = 0.75  # Kneser-Ney absolute discount
+
+
+class NgramLM:
+    """P(w | previous n-1 tokens) over a closed vocabulary plus <unk> and </s>; sums to 1 for any context."""
+
+    def __init__(self, config: NgramConfig):
+        if config.n < 1 or config.method not in ("backoff", "kneser_ney"):
+            raise ValueError(f"ngram: n >= 1 and method backoff|kneser_ney expected, got {config}")
+        self.config = config
+        self._z: dict[tuple, float] = {}
+
+    def fit(self, sentences: list[list[str]]) -> "NgramLM":
+        """Count n-grams of every order ending at each predicted token (the real tokens and </s>)."""
+        n = self.config.n
+        self.vocab = {UNK, EOS} | {t for s in sentences for t in s}
+        raw = [Counter() for _ in range(n + 1)]  # raw[k][k-gram]
+        for s in sentences:
+            padded = [BOS] * (n - 1) + s + [EOS]
+            for j in range(n - 1, len(padded)):
+                for k in range(1, n + 1):
+                    raw[k][tuple(padded[j - k + 1 : j + 1])] += 1
+        # 1. the counts each order's distribution uses: raw for the highest order (and for back-off);
+        #    for Kneser-Ney's lower orders, continuation counts N1+(. h w) = distinct left extensions
+        self.counts = raw
+        if self.config.method == "kneser_ney":
+            self.counts = [Counter() for _ in range(n + 1)]
+            self.counts[n] = raw[n]
+            for k in range(1, n):
+                for gram in raw[k + 1]:
+                    self.counts[k][gram[1:]] += 1
+        # 2. per-context totals, numbers of distinct continuations and the continuations themselves
+        self.total = [defaultdict(int) for _ in range(n + 1)]
+        self.types = [defaultdict(int) for _ in range(n + 1)]
+        self.followers = [defaultdict(list) for _ in range(n + 1)]
+        for k in range(1, n + 1):
+            for gram, c in self.counts[k].items():
+                self.total[k][gram[:-1]] += c
+                self.types[k][gram[:-1]] += 1
+                self.followers[k][gram[:-1]].append(gram[-1])
+        self._z.clear()
+        return self
+
+    def prob(self, word: str, context: list[str] | tuple) -> float:
+        """P(word | the last n-1 tokens of context); unknown tokens count as <unk>."""
+        word = word if word in self.vocab else UNK
+        h = tuple(t if t in self.vocab or t == BOS else UNK for t in context)[-(self.config.n - 1) :] if self.config.n > 1 else ()
+        return self._kn(word, h) if self.config.method == "kneser_ney" else self._backoff(word, h)
+
+    def _kn(self, w: str, h: tuple) -> float:
+        k, d = len(h) + 1, self.config.discount
+        total = self.total[k].get(h, 0)
+        if total == 0:
+            return self._kn(w, h[1:]) if h else 1 / len(self.vocab)
+        lower = self._kn(w, h[1:]) if h else 1 / len(self.vocab)
+        return max(self.counts[k].get(h + (w,), 0) - d, 0) / total + d * self.types[k][h] / total * lower
+
+    def _backoff(self, w: str, h: tuple) -> float:
+        if not h:  # add-one unigram, so <unk> and unseen words keep some mass
+            return (self.counts[1].get((w,), 0) + 1) / (self.total[1][()] + len(self.vocab))
+        total = self.total[len(h) + 1].get(h, 0)
+        if total == 0:
+            return self._backoff(w, h[1:])
+        c = self.counts[len(h) + 1].get(h + (w,), 0)
+        score = c / total if c else self.config.backoff * self._backoff(w, h[1:])
+        return score / self._normaliser(h)
+
+    def _normaliser(self, h: tuple) -> float:
+        """Z(h) = 1 + alpha * (1 - sum of lower-order P over h's seen continuations): makes back-off sum to 1."""
+        if h not in self._z:
+            seen = sum(self._backoff(w, h[1:]) for w in self.followers[len(h) + 1][h])
+            self._z[h] = 1 + self.config.backoff * (1 - seen)
+        return self._z[h]
+
+    def log_prob(self, sentence: list[str]) -> tuple[float, int]:
+        """Natural-log probability of a sentence (with </s>) and the number of predicted tokens."""
+        padded = [BOS] * (self.config.n - 1) + sentence + [EOS]
+        start = self.config.n - 1
+        return sum(math.log(self.prob(padded[j], padded[j - start : j])) for j in range(start, len(padded))), len(padded) - start
+
+    def perplexity(self, sentences: list[list[str]]) -> float:
+        """exp of the mean negative log-probability per predicted token."""
+        total, count = 0.0, 0
+        for s in sentences:
+            lp, c = self.log_prob(s)
+            total, count = total + lp, count + c
+        return math.exp(-total / count)
