@@ -257,17 +257,19 @@ class PipelineConfig(_Section):
 
     def flat_params(self) -> dict[str, str]:
         """Resolved config as dotted `section.key` strings, for MLflow params."""
-        out: dict[str, str] = {}
+        flat = flatten(self.model_dump(mode="json", exclude={"name", "description"}))
+        return {k.removeprefix("stages."): json.dumps(v, ensure_ascii=False) if isinstance(v, list) else str(v) for k, v in flat.items()}
 
-        def walk(prefix: str, value: Any) -> None:
-            if isinstance(value, dict):
-                for k, v in value.items():
-                    walk(f"{prefix}.{k}" if prefix else k, v)
-            else:
-                out[prefix] = json.dumps(value, ensure_ascii=False) if isinstance(value, list) else str(value)
 
-        walk("", self.model_dump(mode="json", exclude={"name", "description"}))
-        return {k.removeprefix("stages."): v for k, v in out.items()}
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as one dict with dotted keys."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 def _describe(err: ValidationError, where: str) -> str:

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from pydantic import BaseModel
 
-from flows.config import PROJECT_ROOT, PipelineConfig
+from flows.config import PROJECT_ROOT, PipelineConfig, flatten
 from flows.errors import ZhpipeError
 from flows.store import Manifest, StageStore, file_sha256, stage_key
 from flows.tracking import Tracker
@@ -145,7 +145,7 @@ class RunContext:
             tags={"zhpipe.stage": stage, "zhpipe.cache": "hit" if hit else "miss", "zhpipe.key": key},
         )
         try:
-            tracker.params({k: v for k, v in _flatten(stage_params(self.config, stage)).items()})
+            tracker.params(flatten(stage_params(self.config, stage)))
             if hit:
                 manifest = self.store.manifest(stage, key)
                 tracker.tags({"zhpipe.artifacts_run_id": manifest.mlflow_run_id or ""})
@@ -200,14 +200,3 @@ class RunContext:
             metrics=manifest.metrics,
             info=manifest.info,
         )
-
-
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        name = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{name}."))
-        else:
-            out[name] = v
-    return out

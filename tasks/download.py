@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import gzip
-import hashlib
 import io
 import json
 import shutil
@@ -199,8 +198,3 @@ def _retry_network_errors(task, task_run, state) -> bool:
 def download(run: RunContext) -> StageResult:
     """Find or fetch the corpus and read it into `data.parquet`."""
     return run.run("download", {}, lambda ctx: build(ctx, run.config.source, run.store.downloads))
-
-
-def content_hash(df: pd.DataFrame) -> str:
-    """Hash of a frame's contents, independent of how it was stored."""
-    return hashlib.sha256(pd.util.hash_pandas_object(df, index=False).values.tobytes()).hexdigest()[:16]
