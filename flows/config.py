@@ -217,8 +217,16 @@ class TfidfLRConfig(_Section):
     class_weight: Literal["balanced"] | None = None
 
 
+class NgramLMConfig(_Section):
+    n: int = Field(3, ge=1, le=6)
+    method: Literal["backoff", "kneser_ney"] = "kneser_ney"  # backoff = fixed weight, as in the course notes
+    backoff: float = Field(0.4, gt=0, lt=1)  # weight of the lower order for an unseen n-gram (backoff)
+    discount: float = Field(0.75, gt=0, lt=1)  # absolute discount (kneser_ney)
+    tokens: Literal["words", "chars"] = "words"
+
+
 class TrainConfig(_Section):
-    models: list[Literal["fasttext", "textcnn", "tfidf_lr"]] = ["fasttext", "textcnn"]
+    models: list[Literal["fasttext", "textcnn", "tfidf_lr", "ngram_lm", "lm_classifier"]] = ["fasttext", "textcnn"]
     epochs: int = Field(6, ge=1)  # every PyTorch model
     patience: int = Field(2, ge=1)  # early stopping on validation macro-F1
     device: str = "auto"  # auto = CUDA when present, else CPU
@@ -226,6 +234,14 @@ class TrainConfig(_Section):
     fasttext: FastTextClassifierConfig = FastTextClassifierConfig()
     textcnn: TextCNNConfig = TextCNNConfig()
     tfidf_lr: TfidfLRConfig = TfidfLRConfig()
+    ngram_lm: NgramLMConfig = NgramLMConfig()  # a language model: evaluated by test perplexity
+    lm_classifier: NgramLMConfig = NgramLMConfig()  # one n-gram LM per class; the lowest perplexity wins
+
+    @model_validator(mode="after")
+    def _has_a_classifier(self) -> "TrainConfig":
+        if not set(self.models) - {"ngram_lm"}:
+            raise ValueError("train.models needs at least one classifier (ngram_lm is a language model only)")
+        return self
 
 
 class EvaluateConfig(_Section):

@@ -18,9 +18,10 @@ from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, precisio
 
 from flows.runner import BuildContext, BuildOutput, RunContext, StageResult  # noqa: E402
 from flows.tracking import Tracker  # noqa: E402
+from tasks.ngram import lm_perplexity  # noqa: E402
 from tasks.train import PREDICTORS, label_ids  # noqa: E402
 
-VERSION = "2"
+VERSION = "3"
 
 
 def score(y_true: np.ndarray, y_pred: np.ndarray, labels: list[str]) -> tuple[dict[str, float], pd.DataFrame, np.ndarray]:
@@ -89,7 +90,10 @@ def build(ctx: BuildContext) -> BuildOutput:
     test = pd.read_parquet(ctx.inputs["segment"] / "test.parquet")
     y_true = label_ids(test, labels)
     rows, results = [], {}
-    for name in models:
+    for name, summary in models.items():
+        if summary["kind"] == "lm":
+            results[name] = {"test_perplexity": lm_perplexity(ctx.inputs["train"] / name, test)}
+            continue
         probs = PREDICTORS[name](ctx.inputs["train"] / name)(test)
         metrics, per_class, matrix = score(y_true, probs.argmax(1), labels)
         folder = ctx.out / name
@@ -104,11 +108,14 @@ def build(ctx: BuildContext) -> BuildOutput:
     (ctx.out / "comparison.md").write_text(comparison_markdown(table), encoding="utf-8")
     best = table.iloc[0]["model"]
     (ctx.out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
+    lms = {m: r["test_perplexity"] for m, r in results.items() if "test_perplexity" in r}
+    if lms:
+        pd.DataFrame({"model": list(lms), "test_perplexity": list(lms.values())}).to_csv(ctx.out / "language_models.csv", index=False)
     return BuildOutput(
         rows=len(test),
         metrics={f"{m}_{k}": v for m, r in results.items() for k, v in r.items()} | {"best_test_accuracy": results[best]["test_accuracy"]},
         info={"labels": labels, "results": results, "best_model": best},
-        artifacts=["comparison.csv", "comparison.md"],
+        artifacts=["comparison.csv", "comparison.md"] + (["language_models.csv"] if lms else []),
     )
 
 
@@ -120,9 +127,11 @@ def track_models(run: RunContext, train: StageResult, evaluation: StageResult) -
         tracker.params({"model": name, "epochs": run.config.stages.train.epochs, "seed": run.config.stages.train.seed, **section.model_dump()})
         for row in summary.get("history", []):
             tracker.metrics({k: v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
-        tracker.metrics({**evaluation.info["results"][name], "val_macro_f1_best": summary["val_macro_f1"], "train_seconds": summary["seconds"]})
+        best_val = {"val_macro_f1_best": summary["val_macro_f1"]} if "val_macro_f1" in summary else {}
+        tracker.metrics({**evaluation.info["results"][name], **best_val, "train_seconds": summary["seconds"]})
         tracker.artifact(train.path / name, "model")
-        tracker.artifact(evaluation.path / name, "evaluation")
+        if (evaluation.path / name).is_dir():
+            tracker.artifact(evaluation.path / name, "evaluation")
         tracker.finish()
 
 

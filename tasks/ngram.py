@@ -1,9 +1,15 @@
-"""n-gram language model (no I/O): fixed-weight back-off (normalised) or interpolated Kneser-Ney."""
+"""n-gram language models: fixed-weight back-off (normalised) or interpolated Kneser-Ney, and the
+language-model classifier (one LM per class)."""
 from __future__ import annotations
 
 import math
+import pickle
+import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
 
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"
 
@@ -100,3 +106,58 @@ class NgramLM:
             lp, c = self.log_prob(s)
             total, count = total + lp, count + c
         return math.exp(-total / count)
+
+
+def lm_config(section) -> NgramConfig:
+    """The model's config from the pipeline's `train.ngram_lm` / `train.lm_classifier` section."""
+    return NgramConfig(n=section.n, method=section.method, backoff=section.backoff, discount=section.discount)
+
+
+def train_ngram_lm(train, validation, section, out: Path) -> dict:
+    """Fit on the original (not augmented) train rows; save `ngram_lm/model.pkl`; report validation perplexity."""
+    folder = out / "ngram_lm"
+    folder.mkdir()
+    original = train[train["aug_method"] == "original"] if "aug_method" in train else train
+    t0 = time.perf_counter()
+    lm = NgramLM(lm_config(section)).fit([s.split() for s in original[section.tokens]])
+    seconds = time.perf_counter() - t0
+    with open(folder / "model.pkl", "wb") as f:
+        pickle.dump({"model": lm, "tokens": section.tokens}, f)
+    return {"path": "ngram_lm", "kind": "lm", "seconds": seconds, "history": [], "samples_per_second": len(original) / seconds,
+            "val_perplexity": lm.perplexity([s.split() for s in validation[section.tokens]])}
+
+
+def lm_perplexity(folder: Path, df) -> float:
+    """Perplexity of a frame's texts under a saved n-gram LM."""
+    with open(folder / "model.pkl", "rb") as f:
+        saved = pickle.load(f)
+    return saved["model"].perplexity([s.split() for s in df[saved["tokens"]]])
+
+
+def train_lm_classifier(train, labels: list[str], section, out: Path) -> dict:
+    """One n-gram LM per class on the original train rows; save `lm_classifier/model.pkl`."""
+    folder = out / "lm_classifier"
+    folder.mkdir()
+    original = train[train["aug_method"] == "original"] if "aug_method" in train else train
+    t0 = time.perf_counter()
+    models = [NgramLM(lm_config(section)).fit([s.split() for s in original.loc[original["label"] == label, section.tokens]])
+              for label in labels]
+    seconds = time.perf_counter() - t0
+    with open(folder / "model.pkl", "wb") as f:
+        pickle.dump({"models": models, "labels": labels, "tokens": section.tokens}, f)
+    return {"path": "lm_classifier", "kind": "lm_classifier", "seconds": seconds, "history": [],
+            "samples_per_second": len(original) / seconds}
+
+
+def lm_classifier_predictor(folder: Path):
+    """Class probabilities: softmax over each class LM's log-probability of the text (argmax = lowest perplexity)."""
+    with open(folder / "model.pkl", "rb") as f:
+        saved = pickle.load(f)
+
+    def predict(df) -> np.ndarray:
+        scores = np.array([[m.log_prob(s.split())[0] for m in saved["models"]] for s in df[saved["tokens"]]])
+        scores -= scores.max(axis=1, keepdims=True)
+        probs = np.exp(scores)
+        return (probs / probs.sum(axis=1, keepdims=True)).astype(np.float32)
+
+    return predict

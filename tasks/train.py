@@ -22,6 +22,7 @@ from flows.runner import BuildContext, BuildOutput, RunContext, StageResult
 from flows.tracking import Tracker
 from tasks.embed import FASTTEXT_MIN_THREADS, fasttext_call
 from tasks.models import TextCNN, TextCNNConfig
+from tasks.ngram import lm_classifier_predictor, train_lm_classifier, train_ngram_lm
 from tasks.tfidf import tfidf_predictor, train_tfidf_lr
 from tasks.vocab import read_vocab
 
@@ -239,6 +240,7 @@ def textcnn_predictor(folder: Path, device: str = "auto") -> Predictor:
 
 PREDICTORS: dict[str, Callable[[Path], Predictor]] = {
     "fasttext": fasttext_predictor, "textcnn": textcnn_predictor, "tfidf_lr": tfidf_predictor,
+    "lm_classifier": lm_classifier_predictor,
 }
 
 
@@ -256,6 +258,11 @@ def build(ctx: BuildContext) -> BuildOutput:
             models[name] = train_fasttext(train, labels, p, ctx.out)
         elif name == "tfidf_lr":
             models[name] = train_tfidf_lr(train, labels, p.tfidf_lr, p.seed, ctx.out)
+        elif name == "ngram_lm":
+            models[name] = train_ngram_lm(train, validation, p.ngram_lm, ctx.out)
+            continue  # a language model: no classification metrics
+        elif name == "lm_classifier":
+            models[name] = train_lm_classifier(train, labels, p.lm_classifier, ctx.out)
         else:
             models[name] = train_textcnn(
                 train, validation, labels, p, ctx.inputs["vocab"] / "words" / "vocab.txt",
@@ -265,7 +272,8 @@ def build(ctx: BuildContext) -> BuildOutput:
         models[name]["val_accuracy"] = float(accuracy_score(label_ids(validation, labels), val))
         models[name]["val_macro_f1"] = float(f1_score(label_ids(validation, labels), val, average="macro"))
     (ctx.out / "models.json").write_text(json.dumps(models, indent=2), encoding="utf-8")
-    metrics = {f"{m}_{k}": v[k] for m, v in models.items() for k in ("val_accuracy", "val_macro_f1", "seconds", "samples_per_second")}
+    keys = ("val_accuracy", "val_macro_f1", "val_perplexity", "seconds", "samples_per_second")
+    metrics = {f"{m}_{k}": v[k] for m, v in models.items() for k in keys if k in v}
     return BuildOutput(rows=len(train), metrics=metrics, info={"labels": labels, "models": models})
 
 

@@ -109,3 +109,15 @@ def test_missing_models_fall_back_to_eda_and_say_so(prefect_harness, tmp_path):
     r = _augment_run(out)
     assert r.data.tags["zhpipe.augment.method_used"] == "eda"
     assert r.data.metrics["backtranslation_missing_model"] == 1 and r.data.metrics["rows_added"] > 0
+
+
+def test_language_models_and_baseline_through_the_flow(prefect_harness, store):
+    sets = ["train.models=[tfidf_lr, ngram_lm, lm_classifier]"]
+    out = run(store, sets, stages=select_stages(start="train"))
+    assert cache_of(out) == {"train": "miss", "evaluate": "miss"}
+    runs = children(out["parent_run_id"], out["experiment"])
+    models = {r.data.tags["zhpipe.model"]: r for r in runs if "zhpipe.model" in r.data.tags}
+    assert set(models) == {"tfidf_lr", "ngram_lm", "lm_classifier"}
+    assert models["ngram_lm"].data.metrics["test_perplexity"] > 1
+    for name in ("tfidf_lr", "lm_classifier"):
+        assert 0 <= models[name].data.metrics["test_accuracy"] <= 1
