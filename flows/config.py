@@ -209,6 +209,16 @@ class TextCNNConfig(_Section):
     batch_size: int = 64
 
 
+class BiLSTMSectionConfig(_Section):
+    hidden_size: int = 128  # per direction
+    num_layers: int = 1
+    dropout: float = 0.3
+    max_len: int = 256
+    freeze_embeddings: bool = False
+    lr: float = 2e-3
+    batch_size: int = 64
+
+
 class TfidfLRConfig(_Section):
     word_ngrams: list[int] = [1, 2]  # n-gram range over jieba words
     char_ngrams: list[int] = [1, 3]  # n-gram range over characters
@@ -226,13 +236,14 @@ class NgramLMConfig(_Section):
 
 
 class TrainConfig(_Section):
-    models: list[Literal["fasttext", "textcnn", "tfidf_lr", "ngram_lm", "lm_classifier"]] = ["fasttext", "textcnn"]
+    models: list[Literal["fasttext", "textcnn", "bilstm", "tfidf_lr", "ngram_lm", "lm_classifier"]] = ["fasttext", "textcnn"]
     epochs: int = Field(6, ge=1)  # every PyTorch model
     patience: int = Field(2, ge=1)  # early stopping on validation macro-F1
     device: str = "auto"  # auto = CUDA when present, else CPU
     seed: int = 7
     fasttext: FastTextClassifierConfig = FastTextClassifierConfig()
     textcnn: TextCNNConfig = TextCNNConfig()
+    bilstm: BiLSTMSectionConfig = BiLSTMSectionConfig()
     tfidf_lr: TfidfLRConfig = TfidfLRConfig()
     ngram_lm: NgramLMConfig = NgramLMConfig()  # a language model: evaluated by test perplexity
     lm_classifier: NgramLMConfig = NgramLMConfig()  # one n-gram LM per class; the lowest perplexity wins

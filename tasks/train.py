@@ -1,4 +1,4 @@
-"""Stage `train`: the fastText supervised classifier and a TextCNN initialised from Word2Vec vectors."""
+"""Stage `train`: the classifiers and language models named in `train.models`."""
 from __future__ import annotations
 
 import json
@@ -21,12 +21,12 @@ from flows.errors import DataError
 from flows.runner import BuildContext, BuildOutput, RunContext, StageResult
 from flows.tracking import Tracker
 from tasks.embed import FASTTEXT_MIN_THREADS, fasttext_call
-from tasks.models import TextCNN, TextCNNConfig
+from tasks.models import BiLSTMAttention, BiLSTMConfig, TextCNN, TextCNNConfig
 from tasks.ngram import lm_classifier_predictor, train_lm_classifier, train_ngram_lm
 from tasks.tfidf import tfidf_predictor, train_tfidf_lr
 from tasks.vocab import read_vocab
 
-VERSION = "2"
+VERSION = "3"
 Predictor = Callable[[pd.DataFrame], np.ndarray]  # frame with words/chars -> (rows, classes) probabilities
 
 
@@ -145,7 +145,7 @@ def pretrained_matrix(itos: list[str], kv, dim: int, seed: int) -> tuple[torch.T
     return matrix, hits / len(itos)
 
 
-def predict_logits(model: TextCNN, ids: list[list[int]], batch_size: int, device: torch.device) -> np.ndarray:
+def predict_logits(model: torch.nn.Module, ids: list[list[int]], batch_size: int, device: torch.device) -> np.ndarray:
     model.eval()
     out = np.zeros((len(ids), model.config.num_classes), dtype=np.float32)
     with torch.no_grad():
@@ -154,35 +154,41 @@ def predict_logits(model: TextCNN, ids: list[list[int]], batch_size: int, device
     return out
 
 
-def train_textcnn(
-    train: pd.DataFrame, validation: pd.DataFrame, labels: list[str], params: TrainConfig,
+# name -> (config dataclass, module, the config's fields taken from the pipeline section)
+NETWORKS = {
+    "textcnn": (TextCNNConfig, TextCNN, ("kernel_sizes", "num_filters", "dropout", "freeze_embeddings")),
+    "bilstm": (BiLSTMConfig, BiLSTMAttention, ("hidden_size", "num_layers", "dropout", "freeze_embeddings")),
+}
+
+
+def train_network(
+    kind: str, train: pd.DataFrame, validation: pd.DataFrame, labels: list[str], params: TrainConfig,
     vocab_file: Path, kv_file: Path, out: Path, tracker: Tracker,
 ) -> dict:
-    """Train with early stopping on validation macro-F1; save the best checkpoint to `textcnn/model.pt`."""
+    """Train a PyTorch network with early stopping on validation macro-F1; save the best to `<kind>/model.pt`."""
     from gensim.models import KeyedVectors
 
-    p, device = params.textcnn, resolve_device(params.device)
+    p, device = getattr(params, kind), resolve_device(params.device)
+    config_cls, module_cls, fields = NETWORKS[kind]
     seed_everything(params.seed)
     itos = read_vocab(vocab_file)
     stoi = {t: i for i, t in enumerate(itos)}
     kv = KeyedVectors.load(str(kv_file))
     embeddings, coverage = pretrained_matrix(itos, kv, kv.vector_size, params.seed)
-    config = TextCNNConfig(
-        vocab_size=len(itos), num_classes=len(labels), embed_dim=kv.vector_size, kernel_sizes=list(p.kernel_sizes),
-        num_filters=p.num_filters, dropout=p.dropout, freeze_embeddings=p.freeze_embeddings,
-    )
-    model = TextCNN(config, embeddings).to(device)
+    config = config_cls(vocab_size=len(itos), num_classes=len(labels), embed_dim=kv.vector_size,
+                        **{f: getattr(p, f) for f in fields})
+    model = module_cls(config, embeddings).to(device)
     optimizer = torch.optim.Adam([w for w in model.parameters() if w.requires_grad], lr=p.lr)
     x_train, y_train = encode(train["words"], stoi, p.max_len), label_ids(train, labels)
     x_val, y_val = encode(validation["words"], stoi, p.max_len), label_ids(validation, labels)
     rng = np.random.default_rng(params.seed)
-    folder = out / "textcnn"
+    folder = out / kind
     folder.mkdir()
     best, best_epoch, stale, history, t_start = -1.0, 0, 0, [], time.perf_counter()
     for epoch in range(1, params.epochs + 1):
         model.train()
         t0, total, seen = time.perf_counter(), 0.0, 0
-        bar = tqdm(total=len(x_train), desc=f"textcnn epoch {epoch}/{params.epochs}", unit="row", leave=False, mininterval=2)
+        bar = tqdm(total=len(x_train), desc=f"{kind} epoch {epoch}/{params.epochs}", unit="row", leave=False, mininterval=2)
         for chunk, x, y in batches(x_train, y_train, p.batch_size, shuffle=True, rng=rng):
             _, loss = model(x.to(device), y.to(device))
             optimizer.zero_grad()
@@ -204,11 +210,11 @@ def train_textcnn(
             "samples_per_second": seen / (time.perf_counter() - t0),
         }
         history.append(row)
-        tracker.metrics({f"textcnn_{k}": v for k, v in row.items() if k != "epoch"}, step=epoch)
+        tracker.metrics({f"{kind}_{k}": v for k, v in row.items() if k != "epoch"}, step=epoch)
         if row["val_macro_f1"] > best:
             best, best_epoch, stale = row["val_macro_f1"], epoch, 0
             torch.save(
-                {"config": asdict(config), "state_dict": model.state_dict(), "vocab": itos, "labels": labels,
+                {"kind": kind, "config": asdict(config), "state_dict": model.state_dict(), "vocab": itos, "labels": labels,
                  "max_len": p.max_len, "epoch": epoch, "val_macro_f1": best},
                 folder / "model.pt",
             )
@@ -218,17 +224,18 @@ def train_textcnn(
                 break
     seconds = time.perf_counter() - t_start
     return {
-        "path": "textcnn", "kind": "textcnn", "seconds": seconds, "history": history, "best_epoch": best_epoch,
+        "path": kind, "kind": kind, "seconds": seconds, "history": history, "best_epoch": best_epoch,
         "embedding_coverage": coverage, "device": str(device),
         "samples_per_second": float(np.median([h["samples_per_second"] for h in history])),
     }
 
 
-def textcnn_predictor(folder: Path, device: str = "auto") -> Predictor:
-    """Probabilities from a saved TextCNN checkpoint (config, vocabulary and labels are inside it)."""
+def network_predictor(folder: Path, device: str = "auto") -> Predictor:
+    """Probabilities from a saved network checkpoint (kind, config, vocabulary and labels are inside it)."""
     ckpt = torch.load(folder / "model.pt", map_location="cpu", weights_only=False)
     dev = resolve_device(device)
-    model = TextCNN(TextCNNConfig(**ckpt["config"])).to(dev)
+    config_cls, module_cls, _ = NETWORKS[ckpt["kind"]]
+    model = module_cls(config_cls(**ckpt["config"])).to(dev)
     model.load_state_dict(ckpt["state_dict"])
     stoi = {t: i for i, t in enumerate(ckpt["vocab"])}
 
@@ -239,7 +246,7 @@ def textcnn_predictor(folder: Path, device: str = "auto") -> Predictor:
 
 
 PREDICTORS: dict[str, Callable[[Path], Predictor]] = {
-    "fasttext": fasttext_predictor, "textcnn": textcnn_predictor, "tfidf_lr": tfidf_predictor,
+    "fasttext": fasttext_predictor, "textcnn": network_predictor, "bilstm": network_predictor, "tfidf_lr": tfidf_predictor,
     "lm_classifier": lm_classifier_predictor,
 }
 
@@ -264,8 +271,8 @@ def build(ctx: BuildContext) -> BuildOutput:
         elif name == "lm_classifier":
             models[name] = train_lm_classifier(train, labels, p.lm_classifier, ctx.out)
         else:
-            models[name] = train_textcnn(
-                train, validation, labels, p, ctx.inputs["vocab"] / "words" / "vocab.txt",
+            models[name] = train_network(
+                name, train, validation, labels, p, ctx.inputs["vocab"] / "words" / "vocab.txt",
                 ctx.inputs["embed"] / "word2vec.kv", ctx.out, ctx.tracker,
             )
         val = PREDICTORS[name](ctx.out / name)(validation).argmax(1)

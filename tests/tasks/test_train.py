@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 import pandas as pd
 import torch
 from gensim.models import KeyedVectors
@@ -7,7 +8,7 @@ from flows.config import TrainConfig
 from flows.tracking import Tracker
 from tasks.models import TextCNN, TextCNNConfig
 from tasks.tfidf import train_tfidf_lr
-from tasks.train import PREDICTORS, batches, encode, train_fasttext, train_textcnn
+from tasks.train import PREDICTORS, batches, encode, train_fasttext, train_network
 
 POS = ["房间 很 干净 服务 好", "早餐 不错 位置 好", "服务 热情 房间 干净"]
 NEG = ["房间 很 脏 服务 差", "早餐 太 差 了", "前台 态度 差 房间 吵"]
@@ -46,7 +47,8 @@ def test_batches_pad_and_keep_rows():
     assert sorted(seen) == [0, 1, 2]
 
 
-def test_textcnn_trains_saves_and_reloads_with_identical_predictions(tmp_path, run_ctx):
+@pytest.mark.parametrize("kind", ["textcnn", "bilstm"])
+def test_network_trains_saves_and_reloads_with_identical_predictions(kind, tmp_path, run_ctx):
     from tasks.vocab import build_vocab, count_tokens
     from flows.config import VocabConfig
 
@@ -56,16 +58,17 @@ def test_textcnn_trains_saves_and_reloads_with_identical_predictions(tmp_path, r
     kv = KeyedVectors(vector_size=16)
     kv.add_vectors(["房间", "干净"], np.ones((2, 16), dtype=np.float32))
     kv.save(str(tmp_path / "w.kv"))
-    params = TrainConfig(epochs=6, patience=6, textcnn={"num_filters": 8, "batch_size": 16, "lr": 0.01})
+    params = TrainConfig(epochs=6, patience=6, textcnn={"num_filters": 8, "batch_size": 16, "lr": 0.01},
+                         bilstm={"hidden_size": 8, "batch_size": 16, "lr": 0.01})
     tracker = Tracker.start(run_ctx.experiment, "train-test", parent=run_ctx.parent_run_id)
-    summary = train_textcnn(train, validation, ["0", "1"], params, tmp_path / "vocab.txt", tmp_path / "w.kv", tmp_path, tracker)
+    summary = train_network(kind, train, validation, ["0", "1"], params, tmp_path / "vocab.txt", tmp_path / "w.kv", tmp_path, tracker)
     assert summary["embedding_coverage"] == 2 / len(vocab)
     assert summary["history"][-1]["train_loss"] < summary["history"][0]["train_loss"]
-    probs = PREDICTORS["textcnn"](tmp_path / "textcnn")(validation)
-    again = PREDICTORS["textcnn"](tmp_path / "textcnn")(validation)
+    probs = PREDICTORS[kind](tmp_path / kind)(validation)
+    again = PREDICTORS[kind](tmp_path / kind)(validation)
     assert np.array_equal(probs, again)
     assert (probs.argmax(1) == validation["label"].astype(int)).mean() == 1.0
-    history = tracker.client.get_metric_history(tracker.run_id, "textcnn_val_macro_f1")
+    history = tracker.client.get_metric_history(tracker.run_id, f"{kind}_val_macro_f1")
     assert [m.step for m in history] == [h["epoch"] for h in summary["history"]]
 
 
@@ -87,3 +90,13 @@ def test_tfidf_lr_round_trip(tmp_path):
     assert probs.shape == (6, 2) and np.allclose(probs.sum(1), 1)
     assert (probs.argmax(1) == test["label"].astype(int)).mean() == 1.0
     assert np.array_equal(probs, PREDICTORS["tfidf_lr"](tmp_path / "tfidf_lr")(test))
+
+
+def test_bilstm_ignores_padding():
+    from tasks.models import BiLSTMAttention, BiLSTMConfig
+
+    torch.manual_seed(0)
+    model = BiLSTMAttention(BiLSTMConfig(vocab_size=20, num_classes=2, embed_dim=8, hidden_size=4)).eval()
+    alone = model(torch.tensor([[5, 6, 7]]))[0]
+    padded = model(torch.tensor([[5, 6, 7, 0, 0, 0], [8, 9, 10, 11, 12, 13]]))[0][:1]
+    assert torch.allclose(alone, padded, atol=1e-6)
