@@ -8,6 +8,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
+def token_embedding(config, embeddings: torch.Tensor | None) -> nn.Embedding:
+    """The embedding layer: pretrained vectors when given (e.g. Word2Vec), frozen when the config says so."""
+    layer = nn.Embedding(config.vocab_size, config.embed_dim, padding_idx=config.pad_id)
+    if embeddings is not None:
+        layer.weight.data.copy_(embeddings)
+    layer.weight.requires_grad = not config.freeze_embeddings
+    return layer
+
+
 @dataclass
 class TextCNNConfig:
     vocab_size: int
@@ -26,10 +35,7 @@ class TextCNN(nn.Module):
     def __init__(self, config: TextCNNConfig, embeddings: torch.Tensor | None = None):
         super().__init__()
         self.config = config
-        self.embedding = nn.Embedding(config.vocab_size, config.embed_dim, padding_idx=config.pad_id)
-        if embeddings is not None:
-            self.embedding.weight.data.copy_(embeddings)
-        self.embedding.weight.requires_grad = not config.freeze_embeddings
+        self.embedding = token_embedding(config, embeddings)
         self.convs = nn.ModuleList(nn.Conv1d(config.embed_dim, config.num_filters, k) for k in config.kernel_sizes)
         self.dropout = nn.Dropout(config.dropout)
         self.head = nn.Linear(config.num_filters * len(config.kernel_sizes), config.num_classes)
@@ -64,10 +70,7 @@ class BiLSTMAttention(nn.Module):
     def __init__(self, config: BiLSTMConfig, embeddings: torch.Tensor | None = None):
         super().__init__()
         self.config = config
-        self.embedding = nn.Embedding(config.vocab_size, config.embed_dim, padding_idx=config.pad_id)
-        if embeddings is not None:
-            self.embedding.weight.data.copy_(embeddings)
-        self.embedding.weight.requires_grad = not config.freeze_embeddings
+        self.embedding = token_embedding(config, embeddings)
         self.lstm = nn.LSTM(config.embed_dim, config.hidden_size, num_layers=config.num_layers, batch_first=True,
                             bidirectional=True, dropout=config.dropout if config.num_layers > 1 else 0.0)
         self.attention = nn.Sequential(nn.Linear(2 * config.hidden_size, config.hidden_size), nn.Tanh(),
