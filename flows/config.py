@@ -241,6 +241,12 @@ class TrainConfig(_Section):
     patience: int = Field(2, ge=1)  # early stopping on validation macro-F1
     device: str = "auto"  # auto = CUDA when present, else CPU
     seed: int = 7
+    # PyTorch networks: AdamW, linear warm-up then linear decay to 0 over all epochs
+    weight_decay: float = Field(0.01, ge=0)
+    warmup_ratio: float = Field(0.06, ge=0, lt=1)  # share of optimizer steps spent warming up
+    grad_clip: float | None = Field(1.0, gt=0)  # max gradient norm; None = no clipping
+    grad_accum: int = Field(1, ge=1)  # batches per optimizer step (a larger effective batch)
+    class_weights: bool = False  # weight the loss by inverse class frequency (imbalanced corpora)
     fasttext: FastTextClassifierConfig = FastTextClassifierConfig()
     textcnn: TextCNNConfig = TextCNNConfig()
     bilstm: BiLSTMSectionConfig = BiLSTMSectionConfig()

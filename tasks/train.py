@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 import time
 from dataclasses import asdict
@@ -11,6 +12,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 import torch
+import torch.nn.functional as F
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from sklearn.metrics import accuracy_score, f1_score
@@ -26,7 +28,7 @@ from tasks.ngram import lm_classifier_predictor, train_lm_classifier, train_ngra
 from tasks.tfidf import tfidf_predictor, train_tfidf_lr
 from tasks.vocab import read_vocab
 
-VERSION = "3"
+VERSION = "4"
 Predictor = Callable[[pd.DataFrame], np.ndarray]  # frame with words/chars -> (rows, classes) probabilities
 
 
@@ -154,6 +156,21 @@ def predict_logits(model: torch.nn.Module, ids: list[list[int]], batch_size: int
     return out
 
 
+def warmup_linear_decay(optimizer, params: TrainConfig, steps_per_epoch: int):
+    """Learning rate: linear warm-up over `warmup_ratio` of all steps, then linear decay to 0."""
+    total = max(1, steps_per_epoch * params.epochs)
+    warmup = int(params.warmup_ratio * total)
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min((step + 1) / max(warmup, 1), max(0.0, (total - step) / max(total - warmup, 1)))
+    )
+
+
+def class_weight_tensor(y: np.ndarray, num_classes: int) -> torch.Tensor:
+    """Inverse class frequency, normalised so a balanced corpus gets weight 1 everywhere."""
+    counts = np.bincount(y, minlength=num_classes).astype(np.float32)
+    return torch.from_numpy(len(y) / (num_classes * np.maximum(counts, 1)))
+
+
 # name -> (config dataclass, module, the config's fields taken from the pipeline section)
 NETWORKS = {
     "textcnn": (TextCNNConfig, TextCNN, ("kernel_sizes", "num_filters", "dropout", "freeze_embeddings")),
@@ -178,8 +195,11 @@ def train_network(
     config = config_cls(vocab_size=len(itos), num_classes=len(labels), embed_dim=kv.vector_size,
                         **{f: getattr(p, f) for f in fields})
     model = module_cls(config, embeddings).to(device)
-    optimizer = torch.optim.Adam([w for w in model.parameters() if w.requires_grad], lr=p.lr)
     x_train, y_train = encode(train["words"], stoi, p.max_len), label_ids(train, labels)
+    trainable = [w for w in model.parameters() if w.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=p.lr, weight_decay=params.weight_decay)
+    scheduler = warmup_linear_decay(optimizer, params, steps_per_epoch=math.ceil(len(x_train) / p.batch_size / params.grad_accum))
+    weight = class_weight_tensor(y_train, len(labels)).to(device) if params.class_weights else None
     x_val, y_val = encode(validation["words"], stoi, p.max_len), label_ids(validation, labels)
     rng = np.random.default_rng(params.seed)
     folder = out / kind
@@ -189,11 +209,17 @@ def train_network(
         model.train()
         t0, total, seen = time.perf_counter(), 0.0, 0
         bar = tqdm(total=len(x_train), desc=f"{kind} epoch {epoch}/{params.epochs}", unit="row", leave=False, mininterval=2)
-        for chunk, x, y in batches(x_train, y_train, p.batch_size, shuffle=True, rng=rng):
-            _, loss = model(x.to(device), y.to(device))
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+        n_batches = math.ceil(len(x_train) / p.batch_size)
+        for i, (chunk, x, y) in enumerate(batches(x_train, y_train, p.batch_size, shuffle=True, rng=rng)):
+            logits, _ = model(x.to(device))
+            loss = F.cross_entropy(logits, y.to(device), weight=weight)
+            (loss / params.grad_accum).backward()
+            if (i + 1) % params.grad_accum == 0 or i + 1 == n_batches:
+                if params.grad_clip:
+                    torch.nn.utils.clip_grad_norm_(trainable, params.grad_clip)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
             total += loss.item() * len(chunk)
             seen += len(chunk)
             bar.update(len(chunk))
@@ -208,6 +234,7 @@ def train_network(
             "val_accuracy": float(accuracy_score(y_val, pred)),
             "val_macro_f1": float(f1_score(y_val, pred, average="macro")),
             "samples_per_second": seen / (time.perf_counter() - t0),
+            "lr": scheduler.get_last_lr()[0],
         }
         history.append(row)
         tracker.metrics({f"{kind}_{k}": v for k, v in row.items() if k != "epoch"}, step=epoch)

@@ -100,3 +100,18 @@ def test_bilstm_ignores_padding():
     alone = model(torch.tensor([[5, 6, 7]]))[0]
     padded = model(torch.tensor([[5, 6, 7, 0, 0, 0], [8, 9, 10, 11, 12, 13]]))[0][:1]
     assert torch.allclose(alone, padded, atol=1e-6)
+
+
+def test_warmup_then_linear_decay_and_class_weights():
+    from tasks.train import class_weight_tensor, warmup_linear_decay
+
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = warmup_linear_decay(opt, TrainConfig(epochs=1, warmup_ratio=0.2), steps_per_epoch=10)
+    lrs = []
+    for _ in range(10):
+        lrs.append(sched.get_last_lr()[0])
+        opt.step()
+        sched.step()
+    assert lrs[:2] == [0.5, 1.0] and lrs[-1] == pytest.approx(0.125) and all(a >= b for a, b in zip(lrs[1:], lrs[2:]))
+    w = class_weight_tensor(np.array([0, 0, 0, 1]), 2)
+    assert w.tolist() == pytest.approx([4 / 6, 2.0])
