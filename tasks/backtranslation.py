@@ -70,8 +70,9 @@ def _settings(p: BackTranslationConfig, n: int) -> dict:
 def round_trip(texts: list[str], pivot: PivotConfig, p: BackTranslationConfig, cache: TranslationCache, device: str):
     """Back-translate texts through one pivot: {text: (pivot text, [variants])}, plus cache counters."""
     forward, backward = translators(pivot, p, device)
-    to_pivot = CachedTranslation(forward, cache, f"{p.source_lang}-{pivot.lang}", _settings(p, 1), p.batch_size)
-    from_pivot = CachedTranslation(backward, cache, f"{pivot.lang}-{p.source_lang}", _settings(p, p.num_variants), p.batch_size)
+    batch = p.http.batch_size if p.backend == "http" else p.batch_size  # texts per request / per generate()
+    to_pivot = CachedTranslation(forward, cache, f"{p.source_lang}-{pivot.lang}", _settings(p, 1), batch)
+    from_pivot = CachedTranslation(backward, cache, f"{pivot.lang}-{p.source_lang}", _settings(p, p.num_variants), batch)
     pieces = {t: split_sentences(t, p.split_chars) for t in texts}
     all_pieces = [s for ps in pieces.values() for s in ps]
     with tqdm(total=len(set(all_pieces)), desc=f"{p.source_lang}->{pivot.lang}", unit="sent", leave=False, mininterval=2) as bar:

@@ -217,3 +217,12 @@ def test_http_backend_through_the_augmenter(service, tmp_path):
     assert len(out) == len(TRAIN)
     targets = {(b["source"], b["target"]) for _, b in _Service.bodies}
     assert targets == {("zh", "en"), ("en", "zh"), ("zh", "ja"), ("ja", "zh")}
+
+
+def test_http_batch_size_sets_texts_per_request(service, tmp_path):
+    _Service.script, _Service.bodies = [], []
+    params = AugmentConfig(method="backtranslation", backtranslation={
+        "backend": "http", "batch_size": 16, "pivots": [{"lang": "en"}],
+        "http": {"url": service, "api_key_env": None, "requests_per_second": 100, "batch_size": 3}})
+    augment_frame(TRAIN, AugmentContext(params, SegmentConfig(), tmp_path / "c.sqlite"))
+    assert max(len(b["q"]) for _, b in _Service.bodies) == 3
