@@ -81,7 +81,7 @@ def direct_run(config, root: Path) -> float:
     for stage, deps in STAGES.items():
         out = root / stage
         out.mkdir(parents=True)
-        ctx = BuildContext({d: outputs[d] for d in deps}, {d: infos[d] for d in deps}, out,
+        ctx = BuildContext({d: outputs[d] for d in deps}, {d: infos[d] for d in deps}, out, root / f"{stage}-scratch",
                            getattr(config.stages, stage), _NullTracker(), config.name)
         module = stage_module(stage)
         if stage == "download":

@@ -219,6 +219,50 @@ class BiLSTMSectionConfig(_Section):
     batch_size: int = 64
 
 
+class TransformerSectionConfig(_Section):
+    d_model: int | None = None  # None = the Word2Vec vector size, so the embed stage's vectors fit as they are
+    num_heads: int = 4
+    num_layers: int = 2
+    ff_dim: int = 256
+    dropout: float = 0.1
+    max_len: int = 256
+    freeze_embeddings: bool = False
+    lr: float = 5e-4
+    batch_size: int = 64
+
+
+class BertSectionConfig(_Section):
+    # a hub id or local folder of a pretrained Chinese BERT (e.g. bert-base-chinese); None = pretrain a
+    # small BERT here with masked-LM on the train split's characters, vocabulary from the vocab stage
+    checkpoint: str | None = None
+    hidden_size: int = 192
+    num_layers: int = 3
+    num_heads: int = 3
+    intermediate_size: int = 768
+    dropout: float = 0.1
+    max_len: int = 160  # characters, [CLS] and [SEP] included; covers ~80% of reviews whole
+    pretrain_epochs: int = Field(8, ge=0)  # masked-LM epochs before fine-tuning (0 = fine-tune from random)
+    pretrain_lr: float = 1e-3
+    mlm_probability: float = Field(0.15, gt=0, lt=1)  # of which 80% -> [MASK], 10% random, 10% kept
+    lr: float = 2e-4  # fine-tuning
+    batch_size: int = 32
+    word_adapter: bool = False  # add attention-weighted Word2Vec vectors of the words covering each character
+    adapter_layer: int = 1  # after which encoder layer the lexicon adapter adds its vectors
+    max_words_per_char: int = Field(4, ge=1)
+
+
+class RnnLMConfig(_Section):
+    embed_dim: int = 128
+    hidden_size: int = 256
+    num_layers: int = 1
+    dropout: float = 0.3
+    tie_weights: bool = False  # share input and output embeddings (needs embed_dim == hidden_size)
+    tokens: Literal["words", "chars"] = "words"
+    max_len: int = 256
+    lr: float = 2e-3
+    batch_size: int = 32
+
+
 class TfidfLRConfig(_Section):
     word_ngrams: list[int] = [1, 2]  # n-gram range over jieba words
     char_ngrams: list[int] = [1, 3]  # n-gram range over characters
@@ -235,11 +279,17 @@ class NgramLMConfig(_Section):
     tokens: Literal["words", "chars"] = "words"
 
 
+LANGUAGE_MODELS = {"ngram_lm", "rnn_lm"}  # evaluated by perplexity, not as classifiers
+
+
 class TrainConfig(_Section):
-    models: list[Literal["fasttext", "textcnn", "bilstm", "tfidf_lr", "ngram_lm", "lm_classifier"]] = ["fasttext", "textcnn"]
+    models: list[Literal[
+        "fasttext", "textcnn", "bilstm", "transformer", "bert", "tfidf_lr", "ngram_lm", "rnn_lm", "lm_classifier"
+    ]] = ["fasttext", "textcnn"]
     epochs: int = Field(6, ge=1)  # every PyTorch model
-    patience: int = Field(2, ge=1)  # early stopping on validation macro-F1
-    device: str = "auto"  # auto = CUDA when present, else CPU
+    patience: int = Field(2, ge=1)  # early stopping on validation macro-F1 (perplexity for rnn_lm)
+    device: str = "auto"  # auto = CUDA, then Apple MPS, then CPU; or cpu, cuda, cuda:1, mps
+    precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto = bf16 autocast on CUDA that supports it
     seed: int = 7
     # PyTorch networks: AdamW, linear warm-up then linear decay to 0 over all epochs
     weight_decay: float = Field(0.01, ge=0)
@@ -250,14 +300,17 @@ class TrainConfig(_Section):
     fasttext: FastTextClassifierConfig = FastTextClassifierConfig()
     textcnn: TextCNNConfig = TextCNNConfig()
     bilstm: BiLSTMSectionConfig = BiLSTMSectionConfig()
+    transformer: TransformerSectionConfig = TransformerSectionConfig()
+    bert: BertSectionConfig = BertSectionConfig()
     tfidf_lr: TfidfLRConfig = TfidfLRConfig()
+    rnn_lm: RnnLMConfig = RnnLMConfig()  # a language model: evaluated by test perplexity
     ngram_lm: NgramLMConfig = NgramLMConfig()  # a language model: evaluated by test perplexity
     lm_classifier: NgramLMConfig = NgramLMConfig()  # one n-gram LM per class; the lowest perplexity wins
 
     @model_validator(mode="after")
     def _has_a_classifier(self) -> "TrainConfig":
-        if not set(self.models) - {"ngram_lm"}:
-            raise ValueError("train.models needs at least one classifier (ngram_lm is a language model only)")
+        if not set(self.models) - LANGUAGE_MODELS:
+            raise ValueError("train.models needs at least one classifier (ngram_lm and rnn_lm are language models only)")
         return self
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,6 +98,7 @@ class BuildContext:
     inputs: dict[str, Path]
     input_info: dict[str, dict[str, Any]]
     out: Path
+    scratch: Path  # survives a killed build of the same key (checkpoints to resume from)
     params: BaseModel
     tracker: Tracker
     pipeline: str
@@ -162,11 +164,16 @@ class RunContext:
     def _build(self, stage, key, inputs, params_model, tracker, build) -> Manifest:
         log.info("%s: building (%s)", stage, key)
         tmp = self.store.begin(stage, key)
+        scratch = self.store.scratch(stage, key)
+        if stage in self.force:  # --force means from scratch, not from the last checkpoint
+            shutil.rmtree(scratch)
+            scratch.mkdir()
         t0 = time.perf_counter()
         ctx = BuildContext(
             inputs={name: r.path for name, r in inputs.items()},
             input_info={name: r.info for name, r in inputs.items()},
             out=tmp,
+            scratch=scratch,
             params=params_model,
             tracker=tracker,
             pipeline=self.config.name,
@@ -185,6 +192,7 @@ class RunContext:
             mlflow_run_id=tracker.run_id,
         )
         final = self.store.publish(tmp, manifest)
+        shutil.rmtree(scratch, ignore_errors=True)
         for rel in out.artifacts:
             tracker.artifact(final / rel, str(Path(rel).parent) if Path(rel).parent != Path(".") else None)
         return manifest

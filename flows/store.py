@@ -2,7 +2,7 @@
 
 Layout: `<root>/<stage>/<key>/` holds a finished output and its `manifest.json`; an output is built in
 `<root>/<stage>/.tmp-<key>-<pid>/` and renamed into place, so a killed run never leaves a half-written
-folder that counts as done.
+folder that counts as done. `<root>/<stage>/.scratch-<key>/` holds what a killed build resumes from.
 """
 from __future__ import annotations
 
@@ -109,6 +109,13 @@ class StageStore:
         else:
             os.replace(tmp, final)
         return final
+
+    def scratch(self, stage: str, key: str) -> Path:
+        """A folder kept across attempts at one key (training checkpoints), so a killed build can resume;
+        removed once the output is published."""
+        folder = self.root / stage / f".scratch-{key}"
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
 
     def cache_file(self, name: str) -> Path:
         """A file shared by all runs on this store (e.g. the translation cache)."""

@@ -9,9 +9,10 @@ from tqdm.auto import tqdm
 from flows.config import BackTranslationConfig, PivotConfig, TranslationFilterConfig
 from flows.errors import ConfigError
 from tasks.augment import AugmentContext, Augmented, eda, register
+from tasks.hub import ModelMissingError
 from tasks.segmenter import Segmenter
 from tasks.translation import (
-    CachedTranslation, HttpTranslator, ModelMissingError, Seq2SeqTranslator, TranslationCache, split_sentences,
+    CachedTranslation, HttpTranslator, Seq2SeqTranslator, TranslationCache, split_sentences,
 )
 
 log = logging.getLogger("zhpipe.augment")

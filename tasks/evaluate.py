@@ -18,10 +18,9 @@ from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, precisio
 
 from flows.runner import BuildContext, BuildOutput, RunContext, StageResult  # noqa: E402
 from flows.tracking import Tracker  # noqa: E402
-from tasks.ngram import lm_perplexity  # noqa: E402
-from tasks.train import PREDICTORS, label_ids  # noqa: E402
+from tasks.train import PERPLEXITY, PREDICTORS, label_ids  # noqa: E402
 
-VERSION = "3"
+VERSION = "4"
 
 
 def score(y_true: np.ndarray, y_pred: np.ndarray, labels: list[str]) -> tuple[dict[str, float], pd.DataFrame, np.ndarray]:
@@ -91,8 +90,8 @@ def build(ctx: BuildContext) -> BuildOutput:
     y_true = label_ids(test, labels)
     rows, results = [], {}
     for name, summary in models.items():
-        if summary["kind"] == "lm":
-            results[name] = {"test_perplexity": lm_perplexity(ctx.inputs["train"] / name, test)}
+        if name in PERPLEXITY:
+            results[name] = {"test_perplexity": PERPLEXITY[name](ctx.inputs["train"] / name, test)}
             continue
         probs = PREDICTORS[name](ctx.inputs["train"] / name)(test)
         metrics, per_class, matrix = score(y_true, probs.argmax(1), labels)

@@ -1,6 +1,7 @@
 """Model code (no I/O): a config dataclass plus an `nn.Module` whose forward returns logits (and loss)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -93,3 +94,145 @@ class BiLSTMAttention(nn.Module):
         logits = self.head(self.dropout(pooled))
         loss = F.cross_entropy(logits, labels) if labels is not None else None
         return logits, loss
+
+
+@dataclass
+class TransformerConfig:
+    vocab_size: int
+    num_classes: int
+    embed_dim: int = 128  # d_model
+    num_heads: int = 4
+    num_layers: int = 2
+    ff_dim: int = 256
+    dropout: float = 0.1
+    max_len: int = 512  # positions (the [CLS] included)
+    freeze_embeddings: bool = False
+    pad_id: int = 0
+    cls_id: int = 2
+
+
+def sinusoidal_positions(length: int, dim: int) -> torch.Tensor:
+    """Vaswani et al. (2017): sin on even, cos on odd dimensions, wavelengths from 2*pi to 10000*2*pi."""
+    pos = torch.arange(length, dtype=torch.float32).unsqueeze(1)
+    freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
+    table = torch.zeros(length, dim)
+    table[:, 0::2] = torch.sin(pos * freq)
+    table[:, 1::2] = torch.cos(pos * freq)[:, : dim // 2]
+    return table
+
+
+class TransformerClassifier(nn.Module):
+    """Transformer encoder over tokens with a [CLS] token prepended; the [CLS] state is classified."""
+
+    def __init__(self, config: TransformerConfig, embeddings: torch.Tensor | None = None):
+        super().__init__()
+        self.config = config
+        self.embedding = token_embedding(config, embeddings)
+        self.register_buffer("positions", sinusoidal_positions(config.max_len, config.embed_dim), persistent=False)
+        layer = nn.TransformerEncoderLayer(config.embed_dim, config.num_heads, config.ff_dim, config.dropout,
+                                           batch_first=True, norm_first=True)  # pre-norm trains stably without tuning
+        self.encoder = nn.TransformerEncoder(layer, config.num_layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(config.embed_dim)
+        self.dropout = nn.Dropout(config.dropout)
+        self.head = nn.Linear(config.embed_dim, config.num_classes)
+
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor | None = None):
+        """ids: (batch, time) without [CLS] -> logits (batch, classes), plus the loss when labels are given."""
+        cls = torch.full((ids.size(0), 1), self.config.cls_id, dtype=ids.dtype, device=ids.device)
+        ids = torch.cat([cls, ids[:, : self.config.max_len - 1]], dim=1)
+        # 1. embeddings scaled by sqrt(d_model) so they are not drowned by the unit-scale positions
+        x = self.embedding(ids) * math.sqrt(self.config.embed_dim) + self.positions[: ids.size(1)]
+        # 2. self-attention never looks at padding
+        states = self.encoder(self.dropout(x), src_key_padding_mask=ids == self.config.pad_id)
+        logits = self.head(self.dropout(self.norm(states[:, 0])))
+        loss = F.cross_entropy(logits, labels) if labels is not None else None
+        return logits, loss
+
+
+@dataclass
+class RNNLMConfig:
+    vocab_size: int
+    embed_dim: int = 128
+    hidden_size: int = 256
+    num_layers: int = 1
+    dropout: float = 0.3
+    tie_weights: bool = False
+    pad_id: int = 0
+
+
+class LSTMLanguageModel(nn.Module):
+    """Next-token LSTM language model; the loss is the mean cross-entropy over real (non-padding) targets."""
+
+    def __init__(self, config: RNNLMConfig):
+        super().__init__()
+        self.config = config
+        self.embedding = nn.Embedding(config.vocab_size, config.embed_dim, padding_idx=config.pad_id)
+        self.lstm = nn.LSTM(config.embed_dim, config.hidden_size, num_layers=config.num_layers, batch_first=True,
+                            dropout=config.dropout if config.num_layers > 1 else 0.0)
+        self.dropout = nn.Dropout(config.dropout)
+        self.proj = nn.Linear(config.hidden_size, config.embed_dim) if config.tie_weights else nn.Identity()
+        self.head = nn.Linear(config.embed_dim if config.tie_weights else config.hidden_size, config.vocab_size)
+        if config.tie_weights:
+            self.head.weight = self.embedding.weight
+
+    def forward(self, ids: torch.Tensor, targets: torch.Tensor | None = None):
+        """ids, targets: (batch, time) -> logits (batch, time, vocab), plus the loss when targets are given."""
+        states, _ = self.lstm(self.dropout(self.embedding(ids)))
+        logits = self.head(self.proj(self.dropout(states)))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=self.config.pad_id)
+        return logits, loss
+
+
+class LexiconAdapter(nn.Module):
+    """LEBERT-style lexicon adapter (Liu et al., 2021): each character attends over the vectors of the words
+    that cover it (bilinear attention), and the weighted word vector is added to its hidden state."""
+
+    def __init__(self, word_vectors: torch.Tensor, hidden_size: int, dropout: float = 0.1):
+        super().__init__()
+        self.words = nn.Embedding.from_pretrained(word_vectors, freeze=True, padding_idx=0)
+        self.project = nn.Sequential(nn.Linear(word_vectors.size(1), hidden_size), nn.Tanh(), nn.Linear(hidden_size, hidden_size))
+        self.bilinear = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.norm = nn.LayerNorm(hidden_size)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, hidden: torch.Tensor, word_ids: torch.Tensor) -> torch.Tensor:
+        """hidden (batch, time, hidden), word_ids (batch, time, words; 0 = none) -> hidden with words added."""
+        words = self.project(self.words(word_ids))  # (batch, time, words, hidden)
+        scores = torch.einsum("bth,btwh->btw", self.bilinear(hidden), words).masked_fill(word_ids == 0, float("-inf"))
+        weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a character no word covers gets nothing
+        return self.norm(hidden + self.dropout(torch.einsum("btw,btwh->bth", weights, words)))
+
+
+class LexiconBert(nn.Module):
+    """A transformers sequence classifier, optionally with a `LexiconAdapter` after encoder layer
+    `adapter_layer` (a forward hook adds the covering words' vectors to that layer's output)."""
+
+    def __init__(self, classifier: nn.Module, adapter: LexiconAdapter | None = None, adapter_layer: int = 1):
+        super().__init__()
+        self.classifier = classifier
+        self.adapter = adapter
+        self._word_ids: torch.Tensor | None = None
+        if adapter is not None:
+            layers = classifier.base_model.encoder.layer
+            if not 0 <= adapter_layer < len(layers):
+                raise ValueError(f"adapter_layer must be in 0..{len(layers) - 1}, got {adapter_layer}")
+            layers[adapter_layer].register_forward_hook(self._inject)
+
+    def _inject(self, module, args, output):
+        hidden = output[0] if isinstance(output, tuple) else output
+        hidden = self.adapter(hidden, self._word_ids)
+        return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                word_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None):
+        """input_ids (batch, time), word_ids (batch, time, words) -> logits, plus the loss when labels are given."""
+        if self.adapter is not None and word_ids is None:
+            raise ValueError("this model has a word adapter: word_ids are required")
+        self._word_ids = word_ids
+        try:
+            out = self.classifier(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+        finally:
+            self._word_ids = None
+        return out.logits, out.loss

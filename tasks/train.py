@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -16,33 +15,22 @@ import torch.nn.functional as F
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from sklearn.metrics import accuracy_score, f1_score
-from tqdm.auto import tqdm
 
-from flows.config import TrainConfig
+from flows.config import LANGUAGE_MODELS, TrainConfig
 from flows.errors import DataError
 from flows.runner import BuildContext, BuildOutput, RunContext, StageResult
 from flows.tracking import Tracker
 from tasks.embed import FASTTEXT_MIN_THREADS, fasttext_call
-from tasks.models import BiLSTMAttention, BiLSTMConfig, TextCNN, TextCNNConfig
-from tasks.ngram import lm_classifier_predictor, train_lm_classifier, train_ngram_lm
+from tasks.bert import bert_predictor, train_bert
+from tasks.models import BiLSTMAttention, BiLSTMConfig, TextCNN, TextCNNConfig, TransformerClassifier, TransformerConfig
+from tasks.ngram import lm_classifier_predictor, lm_perplexity, train_lm_classifier, train_ngram_lm
+from tasks.rnnlm import rnn_lm_perplexity, train_rnn_lm
 from tasks.tfidf import tfidf_predictor, train_tfidf_lr
+from tasks.trainer import LoopConfig, Task, fit, resolve_device, seed_everything
 from tasks.vocab import read_vocab
 
-VERSION = "4"
+VERSION = "5"
 Predictor = Callable[[pd.DataFrame], np.ndarray]  # frame with words/chars -> (rows, classes) probabilities
-
-
-def resolve_device(name: str) -> torch.device:
-    """`auto` picks CUDA when present, else CPU."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def label_ids(df: pd.DataFrame, labels: list[str]) -> np.ndarray:
@@ -112,7 +100,7 @@ def fasttext_predictor(folder: Path) -> Predictor:
     return predict
 
 
-# ---------------------------------------------------------------- TextCNN
+# ---------------------------------------------------------------- PyTorch networks (TextCNN, BiLSTM, Transformer)
 
 
 def encode(lines: pd.Series, vocab: dict[str, int], max_len: int) -> list[list[int]]:
@@ -152,17 +140,8 @@ def predict_logits(model: torch.nn.Module, ids: list[list[int]], batch_size: int
     out = np.zeros((len(ids), model.config.num_classes), dtype=np.float32)
     with torch.no_grad():
         for chunk, x, _ in batches(ids, None, batch_size, shuffle=False):
-            out[chunk] = torch.softmax(model(x.to(device))[0], dim=1).cpu().numpy()
+            out[chunk] = torch.softmax(model(x.to(device))[0].float(), dim=1).cpu().numpy()
     return out
-
-
-def warmup_linear_decay(optimizer, params: TrainConfig, steps_per_epoch: int):
-    """Learning rate: linear warm-up over `warmup_ratio` of all steps, then linear decay to 0."""
-    total = max(1, steps_per_epoch * params.epochs)
-    warmup = int(params.warmup_ratio * total)
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: min((step + 1) / max(warmup, 1), max(0.0, (total - step) / max(total - warmup, 1)))
-    )
 
 
 def class_weight_tensor(y: np.ndarray, num_classes: int) -> torch.Tensor:
@@ -175,96 +154,92 @@ def class_weight_tensor(y: np.ndarray, num_classes: int) -> torch.Tensor:
 NETWORKS = {
     "textcnn": (TextCNNConfig, TextCNN, ("kernel_sizes", "num_filters", "dropout", "freeze_embeddings")),
     "bilstm": (BiLSTMConfig, BiLSTMAttention, ("hidden_size", "num_layers", "dropout", "freeze_embeddings")),
+    "transformer": (TransformerConfig, TransformerClassifier, ("num_heads", "num_layers", "ff_dim", "dropout", "freeze_embeddings")),
 }
+
+
+def network_config(kind: str, section, itos: list[str], num_classes: int, embed_dim: int):
+    """The model's config dataclass from its pipeline section."""
+    config_cls, _, fields = NETWORKS[kind]
+    extra = {}
+    if kind == "transformer":
+        if "[CLS]" not in itos:
+            raise DataError("train.transformer: the word vocabulary has no [CLS] token; keep it in vocab.specials")
+        extra = {"max_len": section.max_len + 1, "cls_id": itos.index("[CLS]")}  # + the [CLS] position
+    return config_cls(vocab_size=len(itos), num_classes=num_classes, embed_dim=embed_dim,
+                      **{f: getattr(section, f) for f in fields}, **extra)
+
+
+def embedding_matrix(kind: str, section, itos: list[str], kv, seed: int) -> tuple[torch.Tensor, float, int]:
+    """Word2Vec-initialised embeddings; a transformer whose d_model differs from the vectors starts from random."""
+    dim = getattr(section, "d_model", None) or kv.vector_size
+    if dim != kv.vector_size:
+        return torch.randn((len(itos), dim), generator=torch.Generator().manual_seed(seed)) * 0.02, 0.0, dim
+    matrix, coverage = pretrained_matrix(itos, kv, dim, seed)
+    return matrix, coverage, dim
 
 
 def train_network(
     kind: str, train: pd.DataFrame, validation: pd.DataFrame, labels: list[str], params: TrainConfig,
-    vocab_file: Path, kv_file: Path, out: Path, tracker: Tracker,
+    vocab_file: Path, kv_file: Path, out: Path, tracker: Tracker, checkpoints: Path,
 ) -> dict:
     """Train a PyTorch network with early stopping on validation macro-F1; save the best to `<kind>/model.pt`."""
     from gensim.models import KeyedVectors
 
-    p, device = getattr(params, kind), resolve_device(params.device)
-    config_cls, module_cls, fields = NETWORKS[kind]
+    p = getattr(params, kind)
     seed_everything(params.seed)
     itos = read_vocab(vocab_file)
     stoi = {t: i for i, t in enumerate(itos)}
-    kv = KeyedVectors.load(str(kv_file))
-    embeddings, coverage = pretrained_matrix(itos, kv, kv.vector_size, params.seed)
-    config = config_cls(vocab_size=len(itos), num_classes=len(labels), embed_dim=kv.vector_size,
-                        **{f: getattr(p, f) for f in fields})
-    model = module_cls(config, embeddings).to(device)
+    embeddings, coverage, dim = embedding_matrix(kind, p, itos, KeyedVectors.load(str(kv_file)), params.seed)
+    config = network_config(kind, p, itos, len(labels), dim)
+    model = NETWORKS[kind][1](config, embeddings)
     x_train, y_train = encode(train["words"], stoi, p.max_len), label_ids(train, labels)
-    trainable = [w for w in model.parameters() if w.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=p.lr, weight_decay=params.weight_decay)
-    scheduler = warmup_linear_decay(optimizer, params, steps_per_epoch=math.ceil(len(x_train) / p.batch_size / params.grad_accum))
-    weight = class_weight_tensor(y_train, len(labels)).to(device) if params.class_weights else None
     x_val, y_val = encode(validation["words"], stoi, p.max_len), label_ids(validation, labels)
-    rng = np.random.default_rng(params.seed)
+    weight = class_weight_tensor(y_train, len(labels)) if params.class_weights else None
+
+    def loss(m, b):
+        logits, _ = m(b["ids"])
+        return F.cross_entropy(logits, b["labels"], weight=None if weight is None else weight.to(logits.device))
+
+    def validate(m) -> dict[str, float]:
+        probs = predict_logits(m, x_val, 256, next(m.parameters()).device)
+        pred = probs.argmax(1)
+        return {"val_loss": float(-np.log(np.clip(probs[np.arange(len(y_val)), y_val], 1e-9, 1)).mean()),
+                "val_accuracy": float(accuracy_score(y_val, pred)), "val_macro_f1": float(f1_score(y_val, pred, average="macro"))}
+
+    def epoch_batches(rng):
+        for chunk, x, y in batches(x_train, y_train, p.batch_size, shuffle=True, rng=rng):
+            yield len(chunk), {"ids": x, "labels": y}
+
+    task = Task(epoch_batches, steps_per_epoch=math.ceil(len(x_train) / p.batch_size), loss=loss, validate=validate)
+    result = fit(kind, model, task, LoopConfig.from_train(params, lr=p.lr), checkpoints, tracker)
     folder = out / kind
     folder.mkdir()
-    best, best_epoch, stale, history, t_start = -1.0, 0, 0, [], time.perf_counter()
-    for epoch in range(1, params.epochs + 1):
-        model.train()
-        t0, total, seen = time.perf_counter(), 0.0, 0
-        bar = tqdm(total=len(x_train), desc=f"{kind} epoch {epoch}/{params.epochs}", unit="row", leave=False, mininterval=2)
-        n_batches = math.ceil(len(x_train) / p.batch_size)
-        for i, (chunk, x, y) in enumerate(batches(x_train, y_train, p.batch_size, shuffle=True, rng=rng)):
-            logits, _ = model(x.to(device))
-            loss = F.cross_entropy(logits, y.to(device), weight=weight)
-            (loss / params.grad_accum).backward()
-            if (i + 1) % params.grad_accum == 0 or i + 1 == n_batches:
-                if params.grad_clip:
-                    torch.nn.utils.clip_grad_norm_(trainable, params.grad_clip)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad()
-            total += loss.item() * len(chunk)
-            seen += len(chunk)
-            bar.update(len(chunk))
-        bar.close()
-        probs = predict_logits(model, x_val, 256, device)
-        pred = probs.argmax(1)
-        val_loss = float(-np.log(np.clip(probs[np.arange(len(y_val)), y_val], 1e-9, 1)).mean())
-        row = {
-            "epoch": epoch,
-            "train_loss": total / seen,
-            "val_loss": val_loss,
-            "val_accuracy": float(accuracy_score(y_val, pred)),
-            "val_macro_f1": float(f1_score(y_val, pred, average="macro")),
-            "samples_per_second": seen / (time.perf_counter() - t0),
-            "lr": scheduler.get_last_lr()[0],
-        }
-        history.append(row)
-        tracker.metrics({f"{kind}_{k}": v for k, v in row.items() if k != "epoch"}, step=epoch)
-        if row["val_macro_f1"] > best:
-            best, best_epoch, stale = row["val_macro_f1"], epoch, 0
-            torch.save(
-                {"kind": kind, "config": asdict(config), "state_dict": model.state_dict(), "vocab": itos, "labels": labels,
-                 "max_len": p.max_len, "epoch": epoch, "val_macro_f1": best},
-                folder / "model.pt",
-            )
-        else:
-            stale += 1
-            if stale >= params.patience:
-                break
-    seconds = time.perf_counter() - t_start
+    best = result.history[result.best_epoch - 1]
+    torch.save({"kind": kind, "config": asdict(config), "state_dict": model.state_dict(), "vocab": itos, "labels": labels,
+                "max_len": p.max_len, "epoch": result.best_epoch, "val_macro_f1": best["val_macro_f1"]}, folder / "model.pt")
     return {
-        "path": kind, "kind": kind, "seconds": seconds, "history": history, "best_epoch": best_epoch,
-        "embedding_coverage": coverage, "device": str(device),
-        "samples_per_second": float(np.median([h["samples_per_second"] for h in history])),
+        "path": kind, "kind": kind, "seconds": result.seconds, "history": result.history, "best_epoch": result.best_epoch,
+        "resumed_from_epoch": result.resumed_from_epoch, "embedding_coverage": coverage, "device": result.device,
+        "bf16": result.bf16, "samples_per_second": result.samples_per_second,
+        "parameters": sum(w.numel() for w in model.parameters()),
     }
 
 
-def network_predictor(folder: Path, device: str = "auto") -> Predictor:
-    """Probabilities from a saved network checkpoint (kind, config, vocabulary and labels are inside it)."""
+def load_network(folder: Path, device: str = "auto") -> tuple[torch.nn.Module, dict]:
+    """A saved network in eval mode and its checkpoint (kind, config, vocabulary and labels are inside it)."""
     ckpt = torch.load(folder / "model.pt", map_location="cpu", weights_only=False)
-    dev = resolve_device(device)
     config_cls, module_cls, _ = NETWORKS[ckpt["kind"]]
-    model = module_cls(config_cls(**ckpt["config"])).to(dev)
+    model = module_cls(config_cls(**ckpt["config"]))
     model.load_state_dict(ckpt["state_dict"])
+    return model.to(resolve_device(device)).eval(), ckpt
+
+
+def network_predictor(folder: Path, device: str = "auto") -> Predictor:
+    """Probabilities from a saved network checkpoint."""
+    model, ckpt = load_network(folder, device)
     stoi = {t: i for i, t in enumerate(ckpt["vocab"])}
+    dev = next(model.parameters()).device
 
     def predict(df: pd.DataFrame) -> np.ndarray:
         return predict_logits(model, encode(df["words"], stoi, ckpt["max_len"]), 256, dev)
@@ -273,9 +248,11 @@ def network_predictor(folder: Path, device: str = "auto") -> Predictor:
 
 
 PREDICTORS: dict[str, Callable[[Path], Predictor]] = {
-    "fasttext": fasttext_predictor, "textcnn": network_predictor, "bilstm": network_predictor, "tfidf_lr": tfidf_predictor,
-    "lm_classifier": lm_classifier_predictor,
+    "fasttext": fasttext_predictor, "textcnn": network_predictor, "bilstm": network_predictor,
+    "transformer": network_predictor, "bert": bert_predictor, "tfidf_lr": tfidf_predictor, "lm_classifier": lm_classifier_predictor,
 }
+# language models: name -> perplexity of a frame's texts under the saved model
+PERPLEXITY: dict[str, Callable[[Path, pd.DataFrame], float]] = {"ngram_lm": lm_perplexity, "rnn_lm": rnn_lm_perplexity}
 
 
 def build(ctx: BuildContext) -> BuildOutput:
@@ -294,14 +271,22 @@ def build(ctx: BuildContext) -> BuildOutput:
             models[name] = train_tfidf_lr(train, labels, p.tfidf_lr, p.seed, ctx.out)
         elif name == "ngram_lm":
             models[name] = train_ngram_lm(train, validation, p.ngram_lm, ctx.out)
-            continue  # a language model: no classification metrics
+        elif name == "rnn_lm":
+            models[name] = train_rnn_lm(train, validation, p, ctx.inputs["vocab"], ctx.out, ctx.scratch / name, ctx.tracker)
         elif name == "lm_classifier":
             models[name] = train_lm_classifier(train, labels, p.lm_classifier, ctx.out)
+        elif name == "bert":
+            models[name] = train_bert(
+                train, validation, labels, p, ctx.inputs["vocab"] / "chars" / "vocab.txt", ctx.inputs["vocab"] / "words" / "vocab.txt",
+                ctx.inputs["embed"] / "word2vec.kv", ctx.out, ctx.scratch / name, ctx.tracker,
+            )
         else:
             models[name] = train_network(
                 name, train, validation, labels, p, ctx.inputs["vocab"] / "words" / "vocab.txt",
-                ctx.inputs["embed"] / "word2vec.kv", ctx.out, ctx.tracker,
+                ctx.inputs["embed"] / "word2vec.kv", ctx.out, ctx.tracker, ctx.scratch / name,
             )
+        if name in LANGUAGE_MODELS:
+            continue  # no classification metrics
         val = PREDICTORS[name](ctx.out / name)(validation).argmax(1)
         models[name]["val_accuracy"] = float(accuracy_score(label_ids(validation, labels), val))
         models[name]["val_macro_f1"] = float(f1_score(label_ids(validation, labels), val, average="macro"))

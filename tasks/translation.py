@@ -16,13 +16,10 @@ from typing import Protocol
 
 from flows.config import BackTranslationConfig, HttpTranslationConfig
 from flows.errors import ZhpipeError
+from tasks.hub import load_pretrained
 
 log = logging.getLogger("zhpipe.translation")
 _SENTENCE_END = re.compile(r"(?<=[。！？!?；;…\n])")
-
-
-class ModelMissingError(ZhpipeError):
-    """A translation model is neither local nor downloadable."""
 
 
 class Translator(Protocol):
@@ -48,32 +45,6 @@ def split_sentences(text: str, max_chars: int) -> list[str]:
     return pieces
 
 
-def _missing_model_message(ref: str, error: Exception) -> str:
-    return (
-        f"translation model '{ref}' not found locally and could not be downloaded ({type(error).__name__}); "
-        f"provide it as a local folder (set the pivot's forward/backward to the folder), or put it in the "
-        f"Hugging Face cache ($HF_HOME), e.g. run `huggingface-cli download {ref}` where there is a network"
-    )
-
-
-def _hub_reachable(timeout_s: float = 3.0) -> bool:
-    """Whether the model hub can be reached at all; without this check a missing model costs a minute of
-    retries before the hub client gives up."""
-    import socket
-    from urllib.parse import urlparse
-
-    from huggingface_hub import constants
-
-    if constants.HF_HUB_OFFLINE:
-        return False
-    host = urlparse(constants.ENDPOINT).hostname
-    try:
-        socket.create_connection((host, 443), timeout=timeout_s).close()
-        return True
-    except OSError:
-        return False
-
-
 class Seq2SeqTranslator:
     """A transformers seq2seq model (MarianMT, NLLB-200, M2M100), batched by length on the chosen device."""
 
@@ -81,27 +52,13 @@ class Seq2SeqTranslator:
                  tgt_code: str | None = None):
         import torch
         from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-
         self.name, self.params = ref, params
-        path = Path(ref).expanduser()
-        source = str(path) if path.exists() else ref
 
-        def load(local_only: bool):
-            self.tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
-            self.model = AutoModelForSeq2SeqLM.from_pretrained(source, local_files_only=local_only)
+        def load(source: str, local_only: bool):
+            return (AutoTokenizer.from_pretrained(source, local_files_only=local_only),
+                    AutoModelForSeq2SeqLM.from_pretrained(source, local_files_only=local_only))
 
-        try:
-            load(local_only=True)  # a folder, or a model already in the Hugging Face cache
-        except OSError as local_error:  # transformers raises OSError for "not found"
-            if path.exists() or not _hub_reachable():
-                raise ModelMissingError(_missing_model_message(ref, local_error)) from local_error
-            try:
-                load(local_only=False)
-            except OSError as e:
-                raise ModelMissingError(_missing_model_message(ref, e)) from e
+        self.tokenizer, self.model = load_pretrained(ref, load, "translation model")
         self.device = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device))
         if self.device.type == "cuda":
             self.model = self.model.to(dtype=torch.bfloat16)  # bf16 halves memory and speeds up generation

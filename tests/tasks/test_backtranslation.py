@@ -16,8 +16,9 @@ import pytest
 from flows.config import AugmentConfig, BackTranslationConfig, HttpTranslationConfig, SegmentConfig, TranslationFilterConfig
 from tasks.augment import AugmentContext, augment_frame
 from tasks.backtranslation import chinese_share, reject_reason
+from tasks.hub import ModelMissingError
 from tasks.translation import (
-    CachedTranslation, HttpTranslator, ModelMissingError, Seq2SeqTranslator, TranslationCache, split_sentences,
+    CachedTranslation, HttpTranslator, Seq2SeqTranslator, TranslationCache, split_sentences,
 )
 from tests.helpers.tiny_marian import ZH, build_pair
 

@@ -19,6 +19,13 @@ def frame(n=20):
     return pd.DataFrame({"words": words, "chars": [" ".join(w.replace(" ", "")) for w in words], "label": (["1"] * 3 + ["0"] * 3) * n})
 
 
+def write_vectors(path, dim=16):
+    """A tiny KeyedVectors file standing in for the embed stage's Word2Vec."""
+    kv = KeyedVectors(vector_size=dim)
+    kv.add_vectors(["房间", "干净"], np.ones((2, dim), dtype=np.float32))
+    kv.save(str(path))
+
+
 def test_textcnn_loss_goes_down():
     torch.manual_seed(0)
     vocab = {t: i + 2 for i, t in enumerate(sorted({t for line in POS + NEG for t in line.split()}))}
@@ -47,7 +54,7 @@ def test_batches_pad_and_keep_rows():
     assert sorted(seen) == [0, 1, 2]
 
 
-@pytest.mark.parametrize("kind", ["textcnn", "bilstm"])
+@pytest.mark.parametrize("kind", ["textcnn", "bilstm", "transformer"])
 def test_network_trains_saves_and_reloads_with_identical_predictions(kind, tmp_path, run_ctx):
     from tasks.vocab import build_vocab, count_tokens
     from flows.config import VocabConfig
@@ -55,13 +62,12 @@ def test_network_trains_saves_and_reloads_with_identical_predictions(kind, tmp_p
     train, validation = frame(), frame(2)
     vocab = build_vocab(count_tokens(train["words"]), VocabConfig(min_freq=1))
     (tmp_path / "vocab.txt").write_text("".join(f"{t}\n" for t in vocab), encoding="utf-8")
-    kv = KeyedVectors(vector_size=16)
-    kv.add_vectors(["房间", "干净"], np.ones((2, 16), dtype=np.float32))
-    kv.save(str(tmp_path / "w.kv"))
+    write_vectors(tmp_path / "w.kv")
     params = TrainConfig(epochs=6, patience=6, textcnn={"num_filters": 8, "batch_size": 16, "lr": 0.01},
-                         bilstm={"hidden_size": 8, "batch_size": 16, "lr": 0.01})
+                         bilstm={"hidden_size": 8, "batch_size": 16, "lr": 0.01},
+                         transformer={"num_heads": 2, "ff_dim": 32, "batch_size": 16, "lr": 0.003})
     tracker = Tracker.start(run_ctx.experiment, "train-test", parent=run_ctx.parent_run_id)
-    summary = train_network(kind, train, validation, ["0", "1"], params, tmp_path / "vocab.txt", tmp_path / "w.kv", tmp_path, tracker)
+    summary = train_network(kind, train, validation, ["0", "1"], params, tmp_path / "vocab.txt", tmp_path / "w.kv", tmp_path, tracker, tmp_path / "ckpt")
     assert summary["embedding_coverage"] == 2 / len(vocab)
     assert summary["history"][-1]["train_loss"] < summary["history"][0]["train_loss"]
     probs = PREDICTORS[kind](tmp_path / kind)(validation)
@@ -103,10 +109,11 @@ def test_bilstm_ignores_padding():
 
 
 def test_warmup_then_linear_decay_and_class_weights():
-    from tasks.train import class_weight_tensor, warmup_linear_decay
+    from tasks.train import class_weight_tensor
+    from tasks.trainer import warmup_linear_decay
 
     opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    sched = warmup_linear_decay(opt, TrainConfig(epochs=1, warmup_ratio=0.2), steps_per_epoch=10)
+    sched = warmup_linear_decay(opt, epochs=1, warmup_ratio=0.2, steps_per_epoch=10)
     lrs = []
     for _ in range(10):
         lrs.append(sched.get_last_lr()[0])
@@ -115,3 +122,65 @@ def test_warmup_then_linear_decay_and_class_weights():
     assert lrs[:2] == [0.5, 1.0] and lrs[-1] == pytest.approx(0.125) and all(a >= b for a, b in zip(lrs[1:], lrs[2:]))
     w = class_weight_tensor(np.array([0, 0, 0, 1]), 2)
     assert w.tolist() == pytest.approx([4 / 6, 2.0])
+
+
+def test_killed_training_resumes_from_its_last_checkpoint_and_ends_identical(tmp_path):
+    """SIGKILL a training process once it has checkpointed; the rerun resumes there and matches an uninterrupted run."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+
+    def child(ckpt, out):
+        return subprocess.Popen([sys.executable, "-m", "tests.helpers.train_child", str(ckpt), str(out), "60"], cwd=root, env=env)
+
+    assert child(tmp_path / "ckpt-a", tmp_path / "a").wait(timeout=300) == 0
+    victim = child(tmp_path / "ckpt-b", tmp_path / "b1")
+    deadline = time.time() + 240
+    while not (tmp_path / "ckpt-b" / "last.pt").exists():
+        assert victim.poll() is None and time.time() < deadline, "the child ended before writing a checkpoint"
+        time.sleep(0.01)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    assert not (tmp_path / "b1" / "probs.npy").exists()  # it really died mid-training
+    assert child(tmp_path / "ckpt-b", tmp_path / "b2").wait(timeout=300) == 0
+    summary = json.loads((tmp_path / "b2" / "summary.json").read_text())
+    assert 1 <= summary["resumed_from_epoch"] < 60
+    assert np.array_equal(np.load(tmp_path / "a" / "probs.npy"), np.load(tmp_path / "b2" / "probs.npy"))
+
+
+def test_device_auto_and_bf16_autocast_on_cpu(tmp_path, run_ctx):
+    """`auto` is CPU here; bf16 autocast (the CUDA default) also runs on CPU and still learns."""
+    from flows.config import VocabConfig
+    from tasks.trainer import resolve_device, use_bf16
+    from tasks.vocab import build_vocab, count_tokens
+
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else resolve_device("auto").type)
+    assert not use_bf16(torch.device("cpu"), "auto") and use_bf16(torch.device("cpu"), "bf16")
+    train = frame()
+    vocab = build_vocab(count_tokens(train["words"]), VocabConfig(min_freq=1))
+    (tmp_path / "vocab.txt").write_text("".join(f"{t}\n" for t in vocab), encoding="utf-8")
+    write_vectors(tmp_path / "w.kv")
+    params = TrainConfig(epochs=4, patience=4, precision="bf16", device="cpu", textcnn={"num_filters": 8, "batch_size": 16, "lr": 0.01})
+    summary = train_network("textcnn", train, frame(2), ["0", "1"], params, tmp_path / "vocab.txt", tmp_path / "w.kv", tmp_path,
+                            None, tmp_path / "ckpt")
+    assert summary["bf16"] and summary["device"] == "cpu"
+    assert summary["history"][-1]["train_loss"] < summary["history"][0]["train_loss"]
+
+
+def test_transformer_masks_padding_and_scales_embeddings():
+    from tasks.models import TransformerClassifier, TransformerConfig, sinusoidal_positions
+
+    torch.manual_seed(0)
+    model = TransformerClassifier(TransformerConfig(vocab_size=20, num_classes=2, embed_dim=8, num_heads=2, ff_dim=16)).eval()
+    alone = model(torch.tensor([[5, 6, 7]]))[0]
+    padded = model(torch.tensor([[5, 6, 7, 0, 0], [8, 9, 10, 11, 12]]))[0][:1]
+    assert torch.allclose(alone, padded, atol=1e-5)
+    table = sinusoidal_positions(4, 8)
+    assert torch.allclose(table[0], torch.tensor([0.0, 1.0] * 4)) and torch.allclose(table[:, 0], torch.sin(torch.arange(4.0)))

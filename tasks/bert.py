@@ -1,0 +1,266 @@
+"""The `bert` model: transformers' BertForSequenceClassification, from a pretrained checkpoint or pretrained
+here (masked-LM on the train split's characters, vocabulary from the vocab stage), then fine-tuned; with an
+optional lexicon adapter that adds the embed stage's word vectors to the characters they cover."""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from sklearn.metrics import accuracy_score, f1_score
+
+from flows.config import BertSectionConfig, TrainConfig
+from tasks.hub import load_pretrained
+from tasks.models import LexiconAdapter, LexiconBert
+from tasks.trainer import LoopConfig, Task, fit, resolve_device, seed_everything
+
+log = logging.getLogger("zhpipe.train")
+MAX_WORD_CHARS = 4  # the longest lexicon word matched against the text
+
+
+def char_tokenizer(vocab_file: Path):
+    """A BERT tokenizer over the vocab stage's character vocabulary (specials first, one id per character)."""
+    from transformers import BertTokenizer
+
+    itos = vocab_file.read_text(encoding="utf-8").split("\n")[:-1]
+    return BertTokenizer(vocab={t: i for i, t in enumerate(itos)}, do_lower_case=False)
+
+
+def encode_chars(tokenizer, chars: pd.Series, max_len: int) -> list[list[int]]:
+    """[CLS] c1 ... cn [SEP] per text, from the space-separated `chars` column: token i+1 is character i."""
+    return tokenizer(chars.tolist(), truncation=True, max_length=max_len)["input_ids"]
+
+
+def lexicon_word_ids(chars: pd.Series, lexicon: dict[str, int], max_len: int, per_char: int) -> list[np.ndarray]:
+    """For each text, (tokens, per_char) ids of the lexicon words (2-4 characters) covering each character,
+    longest first; aligned with `encode_chars` ([CLS] and [SEP] rows stay 0)."""
+    out = []
+    for line in chars:
+        text = line.split()[: max_len - 2]
+        ids = np.zeros((len(text) + 2, per_char), dtype=np.int64)
+        found = [[] for _ in text]
+        for size in range(MAX_WORD_CHARS, 1, -1):
+            for start in range(len(text) - size + 1):
+                word_id = lexicon.get("".join(text[start : start + size]))
+                if word_id:
+                    for pos in range(start, start + size):
+                        found[pos].append(word_id)
+        for pos, words in enumerate(found):
+            words = words[:per_char]
+            ids[pos + 1, : len(words)] = words
+        out.append(ids)
+    return out
+
+
+def lexicon_from(kv, word_itos: list[str]) -> tuple[dict[str, int], torch.Tensor]:
+    """Multi-character vocabulary words that have a vector: word -> id (0 = none) and the vector matrix."""
+    words = [w for w in word_itos if 1 < len(w) <= MAX_WORD_CHARS and w in kv.key_to_index]
+    matrix = torch.zeros((len(words) + 1, kv.vector_size))
+    for i, w in enumerate(words, start=1):
+        matrix[i] = torch.from_numpy(kv[w].copy())
+    return {w: i for i, w in enumerate(words, start=1)}, matrix
+
+
+def bert_batches(ids: list[list[int]], y: np.ndarray | None, words: list[np.ndarray] | None, batch_size: int,
+                 pad_id: int, rng: np.random.Generator | None = None):
+    """Length-bucketed, dynamically padded batches: (row indices, {input_ids, attention_mask[, word_ids, labels]})."""
+    order = np.argsort([len(x) for x in ids], kind="stable")
+    chunks = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    if rng is not None:
+        rng.shuffle(chunks)
+    for chunk in chunks:
+        width = max(len(ids[i]) for i in chunk)
+        x = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+        for row, i in enumerate(chunk):
+            x[row, : len(ids[i])] = torch.tensor(ids[i])
+        batch = {"input_ids": x, "attention_mask": (x != pad_id).long()}
+        if words is not None:
+            w = torch.zeros((len(chunk), width, words[0].shape[1]), dtype=torch.long)
+            for row, i in enumerate(chunk):
+                w[row, : len(words[i])] = torch.from_numpy(words[i])
+            batch["word_ids"] = w
+        if y is not None:
+            batch["labels"] = torch.as_tensor(y[chunk])
+        yield chunk, batch
+
+
+def _quiet_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # "some weights are newly initialised" is expected for a new head
+    hf_logging.disable_progress_bar()
+
+
+def pretrain_mlm(texts: pd.Series, validation: pd.Series, tokenizer, p: BertSectionConfig, params: TrainConfig,
+                 checkpoints: Path, tracker) -> tuple[Path, dict]:
+    """Masked-LM pretraining of a small BERT; returns the saved folder and a summary. 15% of characters are
+    chosen, of which 80% become [MASK], 10% a random character and 10% stay (DataCollatorForLanguageModeling)."""
+    from transformers import BertConfig, BertForMaskedLM, DataCollatorForLanguageModeling
+
+    folder = checkpoints / "pretrained"
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=p.hidden_size, num_hidden_layers=p.num_layers,
+                        num_attention_heads=p.num_heads, intermediate_size=p.intermediate_size,
+                        hidden_dropout_prob=p.dropout, attention_probs_dropout_prob=p.dropout,
+                        max_position_embeddings=max(512, p.max_len), pad_token_id=tokenizer.pad_token_id)
+    seed_everything(params.seed)
+    model = BertForMaskedLM(config)
+    collate = DataCollatorForLanguageModeling(tokenizer, mlm_probability=p.mlm_probability)
+    fixed = DataCollatorForLanguageModeling(tokenizer, mlm_probability=p.mlm_probability, seed=params.seed)
+    train_ids, val_ids = encode_chars(tokenizer, texts, p.max_len), encode_chars(tokenizer, validation, p.max_len)
+
+    def masked(ids, chunk, collator):
+        return collator([{"input_ids": ids[i]} for i in chunk])
+
+    def batches(rng):
+        for chunk, _ in bert_batches(train_ids, None, None, p.batch_size, tokenizer.pad_token_id, rng):
+            yield len(chunk), dict(masked(train_ids, chunk, collate))
+
+    def validate(m) -> dict[str, float]:
+        total = count = 0.0
+        for chunk, _ in bert_batches(val_ids, None, None, 64, tokenizer.pad_token_id):
+            batch = {k: v.to(m.device) for k, v in masked(val_ids, chunk, fixed).items()}
+            n = int((batch["labels"] != -100).sum())
+            total, count = total + m(**batch).loss.item() * n, count + n
+        loss = total / max(count, 1)
+        return {"val_mlm_loss": loss, "val_mlm_perplexity": float(np.exp(loss))}
+
+    task = Task(batches, steps_per_epoch=-(-len(train_ids) // p.batch_size), loss=lambda m, b: m(**b).loss, validate=validate)
+    cfg = LoopConfig.from_train(params, lr=p.pretrain_lr, epochs=p.pretrain_epochs, patience=max(params.patience, 2),
+                                warmup_ratio=0.1, monitor="val_mlm_loss", mode="min")
+    result = fit("bert_mlm", model, task, cfg, checkpoints / "mlm", tracker)
+    model.save_pretrained(folder)
+    return folder, {"pretrain_history": result.history, "pretrain_seconds": result.seconds,
+                    "pretrain_samples_per_second": result.samples_per_second}
+
+
+def build_model(p: BertSectionConfig, num_labels: int, tokenizer, source: str | None, lexicon_vectors: torch.Tensor | None):
+    """The classifier: from `source` (a checkpoint, or the masked-LM folder) or, without one, from random weights."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    if source is None:
+        config = BertConfig(vocab_size=len(tokenizer), hidden_size=p.hidden_size, num_hidden_layers=p.num_layers,
+                            num_attention_heads=p.num_heads, intermediate_size=p.intermediate_size,
+                            hidden_dropout_prob=p.dropout, attention_probs_dropout_prob=p.dropout,
+                            max_position_embeddings=max(512, p.max_len), pad_token_id=tokenizer.pad_token_id, num_labels=num_labels)
+        classifier = BertForSequenceClassification(config)
+    else:
+        classifier = load_pretrained(source, lambda s, local: BertForSequenceClassification.from_pretrained(
+            s, num_labels=num_labels, local_files_only=local), "BERT checkpoint")
+    adapter = None
+    if lexicon_vectors is not None:
+        adapter = LexiconAdapter(lexicon_vectors, classifier.config.hidden_size, p.dropout)
+    return LexiconBert(classifier, adapter, p.adapter_layer)
+
+
+def train_bert(train: pd.DataFrame, validation: pd.DataFrame, labels: list[str], params: TrainConfig, char_vocab: Path,
+               word_vocab: Path, kv_file: Path, out: Path, checkpoints: Path, tracker) -> dict:
+    """Pretrain (unless a checkpoint is given) and fine-tune; save a transformers folder to `bert/`."""
+    from gensim.models import KeyedVectors
+    from transformers import AutoTokenizer
+
+    from tasks.train import label_ids  # the stage module's helper; imported here to avoid a cycle
+    from tasks.vocab import read_vocab
+
+    _quiet_transformers()
+    p = params.bert
+    summary: dict = {}
+    if p.checkpoint:
+        tokenizer = load_pretrained(p.checkpoint, lambda s, local: AutoTokenizer.from_pretrained(s, local_files_only=local),
+                                    "BERT tokenizer")
+        source = p.checkpoint
+    else:
+        tokenizer = char_tokenizer(char_vocab)
+        source = None
+        if p.pretrain_epochs:
+            original = train[train["aug_method"] == "original"] if "aug_method" in train else train
+            folder, summary = pretrain_mlm(original["chars"], validation["chars"], tokenizer, p, params, checkpoints, tracker)
+            source = str(folder)
+    lexicon, vectors = ({}, None)
+    if p.word_adapter:
+        lexicon, vectors = lexicon_from(KeyedVectors.load(str(kv_file)), read_vocab(word_vocab))
+    seed_everything(params.seed)
+    model = build_model(p, len(labels), tokenizer, source, vectors)
+
+    def inputs(df):
+        ids = encode_chars(tokenizer, df["chars"], p.max_len)
+        words = lexicon_word_ids(df["chars"], lexicon, p.max_len, p.max_words_per_char) if p.word_adapter else None
+        return ids, words
+
+    (x_train, w_train), y_train = inputs(train), label_ids(train, labels)
+    (x_val, w_val), y_val = inputs(validation), label_ids(validation, labels)
+    pad = tokenizer.pad_token_id
+
+    def batches(rng):
+        for chunk, batch in bert_batches(x_train, y_train, w_train, p.batch_size, pad, rng):
+            yield len(chunk), batch
+
+    def validate(m) -> dict[str, float]:
+        probs = bert_probs(m, x_val, w_val, pad)
+        pred = probs.argmax(1)
+        return {"val_loss": float(-np.log(np.clip(probs[np.arange(len(y_val)), y_val], 1e-9, 1)).mean()),
+                "val_accuracy": float(accuracy_score(y_val, pred)), "val_macro_f1": float(f1_score(y_val, pred, average="macro"))}
+
+    task = Task(batches, steps_per_epoch=-(-len(x_train) // p.batch_size), loss=lambda m, b: m(**b)[1], validate=validate)
+    result = fit("bert", model, task, LoopConfig.from_train(params, lr=p.lr), checkpoints / "finetune", tracker)
+    save_bert(model, tokenizer, labels, p, lexicon, out / "bert")
+    return {"path": "bert", "kind": "bert", "seconds": result.seconds + summary.get("pretrain_seconds", 0.0),
+            "history": result.history, "best_epoch": result.best_epoch, "resumed_from_epoch": result.resumed_from_epoch,
+            "device": result.device, "bf16": result.bf16, "samples_per_second": result.samples_per_second,
+            "parameters": sum(w.numel() for w in model.parameters()), **summary}
+
+
+def bert_probs(model: LexiconBert, ids: list[list[int]], words: list[np.ndarray] | None, pad_id: int, batch_size: int = 64) -> np.ndarray:
+    """Class probabilities in row order."""
+    device = next(model.parameters()).device
+    out = np.zeros((len(ids), model.classifier.config.num_labels), dtype=np.float32)
+    with torch.no_grad():
+        for chunk, batch in bert_batches(ids, None, words, batch_size, pad_id):
+            logits, _ = model(**{k: v.to(device) for k, v in batch.items()})
+            out[chunk] = torch.softmax(logits.float(), dim=1).cpu().numpy()
+    return out
+
+
+def save_bert(model: LexiconBert, tokenizer, labels: list[str], p: BertSectionConfig, lexicon: dict[str, int], folder: Path) -> None:
+    """A transformers folder (config, weights, tokenizer) plus `zhpipe.json`, and the adapter when there is one."""
+    model.classifier.config.id2label = dict(enumerate(labels))
+    model.classifier.config.label2id = {label: i for i, label in enumerate(labels)}
+    model.classifier.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    meta = {"labels": labels, "max_len": p.max_len, "word_adapter": model.adapter is not None,
+            "adapter_layer": p.adapter_layer, "max_words_per_char": p.max_words_per_char, "dropout": p.dropout}
+    (folder / "zhpipe.json").write_text(json.dumps(meta, ensure_ascii=False), encoding="utf-8")
+    if model.adapter is not None:
+        torch.save({"state_dict": model.adapter.state_dict(), "lexicon": lexicon}, folder / "adapter.pt")
+
+
+def load_bert(folder: Path, device: str = "auto") -> tuple[LexiconBert, object, dict, dict[str, int]]:
+    """The model, tokenizer, metadata and lexicon saved by `save_bert`."""
+    from transformers import AutoTokenizer, BertForSequenceClassification
+
+    _quiet_transformers()
+    meta = json.loads((folder / "zhpipe.json").read_text(encoding="utf-8"))
+    classifier = BertForSequenceClassification.from_pretrained(folder, local_files_only=True)
+    adapter, lexicon = None, {}
+    if meta["word_adapter"]:
+        saved = torch.load(folder / "adapter.pt", map_location="cpu", weights_only=False)
+        lexicon = saved["lexicon"]
+        adapter = LexiconAdapter(saved["state_dict"]["words.weight"], classifier.config.hidden_size, meta["dropout"])
+        adapter.load_state_dict(saved["state_dict"])
+    model = LexiconBert(classifier, adapter, meta["adapter_layer"]).to(resolve_device(device)).eval()
+    return model, AutoTokenizer.from_pretrained(folder, local_files_only=True), meta, lexicon
+
+
+def bert_predictor(folder: Path, device: str = "auto"):
+    """Probabilities from a saved `bert/` folder, columns in label order."""
+    model, tokenizer, meta, lexicon = load_bert(folder, device)
+
+    def predict(df: pd.DataFrame) -> np.ndarray:
+        ids = encode_chars(tokenizer, df["chars"], meta["max_len"])
+        words = lexicon_word_ids(df["chars"], lexicon, meta["max_len"], meta["max_words_per_char"]) if meta["word_adapter"] else None
+        return bert_probs(model, ids, words, tokenizer.pad_token_id)
+
+    return predict
+

@@ -1,0 +1,89 @@
+"""The `rnn_lm` model: an LSTM language model over the vocab stage's words (or characters), evaluated by
+perplexity like `ngram_lm`."""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from flows.config import RnnLMConfig, TrainConfig
+from tasks.models import LSTMLanguageModel, RNNLMConfig
+from tasks.trainer import LoopConfig, Task, fit, resolve_device, seed_everything
+from tasks.vocab import read_vocab
+
+BOS_EOS = "[SEP]"  # the vocabulary's [SEP] marks both the start and the end of a text
+
+
+def lm_sequences(lines: pd.Series, stoi: dict[str, int], max_len: int) -> list[list[int]]:
+    """[SEP] t1 ... tn [SEP] per text (n <= max_len); unknown tokens are [UNK] (id 1)."""
+    sep = stoi[BOS_EOS]
+    return [[sep, *(stoi.get(t, 1) for t in line.split()[:max_len]), sep] for line in lines]
+
+
+def lm_batches(seqs: list[list[int]], batch_size: int, rng: np.random.Generator | None = None):
+    """Length-bucketed batches of (inputs, next-token targets), padded with 0."""
+    order = np.argsort([len(s) for s in seqs], kind="stable")
+    chunks = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    if rng is not None:
+        rng.shuffle(chunks)
+    for chunk in chunks:
+        width = max(len(seqs[i]) for i in chunk) - 1
+        x = torch.zeros((len(chunk), width), dtype=torch.long)
+        y = torch.zeros((len(chunk), width), dtype=torch.long)
+        for row, i in enumerate(chunk):
+            s = torch.tensor(seqs[i])
+            x[row, : len(s) - 1], y[row, : len(s) - 1] = s[:-1], s[1:]
+        yield len(chunk), {"ids": x, "targets": y}
+
+
+def perplexity(model: LSTMLanguageModel, seqs: list[list[int]], batch_size: int = 64) -> float:
+    """exp of the mean negative log-likelihood per predicted token (the end [SEP] included, as </s> for n-grams)."""
+    device = next(model.parameters()).device
+    total = count = 0.0
+    with torch.no_grad():
+        for _, batch in lm_batches(seqs, batch_size):
+            logits, _ = model(batch["ids"].to(device))
+            targets = batch["targets"].to(device)
+            nll = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=0, reduction="sum")
+            total, count = total + nll.item(), count + int((targets != 0).sum())
+    return math.exp(total / max(count, 1))
+
+
+def train_rnn_lm(train: pd.DataFrame, validation: pd.DataFrame, params: TrainConfig, vocab_root: Path, out: Path,
+                 checkpoints: Path, tracker) -> dict:
+    """Fit on the original (not augmented) train rows with early stopping on validation perplexity; save `rnn_lm/`."""
+    p: RnnLMConfig = params.rnn_lm
+    itos = read_vocab(vocab_root / p.tokens / "vocab.txt")
+    stoi = {t: i for i, t in enumerate(itos)}
+    original = train[train["aug_method"] == "original"] if "aug_method" in train else train
+    x_train, x_val = lm_sequences(original[p.tokens], stoi, p.max_len), lm_sequences(validation[p.tokens], stoi, p.max_len)
+    seed_everything(params.seed)
+    config = RNNLMConfig(vocab_size=len(itos), embed_dim=p.embed_dim, hidden_size=p.hidden_size, num_layers=p.num_layers,
+                         dropout=p.dropout, tie_weights=p.tie_weights)
+    model = LSTMLanguageModel(config)
+    task = Task(lambda rng: lm_batches(x_train, p.batch_size, rng), steps_per_epoch=-(-len(x_train) // p.batch_size),
+                loss=lambda m, b: m(b["ids"], b["targets"])[1], validate=lambda m: {"val_perplexity": perplexity(m, x_val)})
+    result = fit("rnn_lm", model, task, LoopConfig.from_train(params, lr=p.lr, monitor="val_perplexity", mode="min"),
+                 checkpoints, tracker)
+    folder = out / "rnn_lm"
+    folder.mkdir()
+    torch.save({"config": asdict(config), "state_dict": model.state_dict(), "vocab": itos, "tokens": p.tokens,
+                "max_len": p.max_len}, folder / "model.pt")
+    best = result.history[result.best_epoch - 1]
+    return {"path": "rnn_lm", "kind": "lm", "seconds": result.seconds, "history": result.history, "best_epoch": result.best_epoch,
+            "resumed_from_epoch": result.resumed_from_epoch, "device": result.device,
+            "samples_per_second": result.samples_per_second, "val_perplexity": best["val_perplexity"]}
+
+
+def rnn_lm_perplexity(folder: Path, df: pd.DataFrame, device: str = "auto") -> float:
+    """Perplexity of a frame's texts under a saved `rnn_lm/`."""
+    saved = torch.load(folder / "model.pt", map_location="cpu", weights_only=False)
+    model = LSTMLanguageModel(RNNLMConfig(**saved["config"]))
+    model.load_state_dict(saved["state_dict"])
+    model.to(resolve_device(device)).eval()
+    stoi = {t: i for i, t in enumerate(saved["vocab"])}
+    return perplexity(model, lm_sequences(df[saved["tokens"]], stoi, saved["max_len"]))

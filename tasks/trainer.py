@@ -1,0 +1,210 @@
+"""The training loop every PyTorch model shares: AdamW with linear warm-up and decay, gradient accumulation
+and clipping, bf16 autocast on CUDA, early stopping, and a checkpoint per epoch that a killed run resumes
+from. What differs between models (batches, loss, validation) comes in as a `Task`."""
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+import torch.nn as nn
+from tqdm.auto import tqdm
+
+log = logging.getLogger("zhpipe.train")
+Batch = dict[str, torch.Tensor]
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """`auto` picks CUDA, then Apple MPS, then CPU."""
+    if name != "auto":
+        return torch.device(name)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def use_bf16(device: torch.device, precision: str) -> bool:
+    """bf16 autocast: asked for, or `auto` on a CUDA device that supports it (fp32 elsewhere)."""
+    if precision == "bf16":
+        return True
+    return precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
+
+
+def autocast(device: torch.device, bf16: bool):
+    """The forward passes' precision context."""
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def warmup_linear_decay(optimizer, epochs: int, warmup_ratio: float, steps_per_epoch: int):
+    """Learning rate: linear warm-up over `warmup_ratio` of all steps, then linear decay to 0."""
+    total = max(1, steps_per_epoch * epochs)
+    warmup = int(warmup_ratio * total)
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min((step + 1) / max(warmup, 1), max(0.0, (total - step) / max(total - warmup, 1)))
+    )
+
+
+@dataclass
+class LoopConfig:
+    """How to train: the shared `train` settings plus the model's learning rate and what to early-stop on."""
+
+    lr: float
+    epochs: int
+    patience: int
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.06
+    grad_clip: float | None = 1.0
+    grad_accum: int = 1
+    device: str = "auto"
+    precision: str = "auto"
+    seed: int = 7
+    monitor: str = "val_macro_f1"  # a key of the validation metrics
+    mode: str = "max"  # "min" for losses and perplexities
+
+    @classmethod
+    def from_train(cls, params, lr: float, **overrides) -> "LoopConfig":
+        """From the pipeline's `train` section (epochs, patience, optimiser and device settings)."""
+        shared = {k: getattr(params, k) for k in ("epochs", "patience", "weight_decay", "warmup_ratio", "grad_clip",
+                                                   "grad_accum", "device", "precision", "seed")}
+        return cls(lr=lr, **{**shared, **overrides})
+
+
+@dataclass
+class Task:
+    """What one model's training needs besides the loop."""
+
+    batches: Callable[[np.random.Generator], Iterator[tuple[int, Batch]]]  # one epoch: (rows, tensors)
+    steps_per_epoch: int  # batches per epoch
+    loss: Callable[[nn.Module, Batch], torch.Tensor]
+    validate: Callable[[nn.Module], dict[str, float]]  # called in eval mode under no_grad
+
+
+@dataclass
+class FitResult:
+    history: list[dict[str, float]]
+    best_epoch: int
+    resumed_from_epoch: int  # 0 = trained from the start
+    device: str
+    bf16: bool
+    seconds: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def samples_per_second(self) -> float:
+        return float(np.median([h["samples_per_second"] for h in self.history])) if self.history else 0.0
+
+
+def _save(obj, path: Path) -> None:
+    """torch.save via a temporary file and rename: a kill never leaves half a checkpoint."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def _rng_state(rng: np.random.Generator) -> dict:
+    return {"torch": torch.get_rng_state(), "numpy_gen": rng.bit_generator.state, "numpy": np.random.get_state(),
+            "python": random.getstate(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def _set_rng_state(state: dict, rng: np.random.Generator) -> None:
+    torch.set_rng_state(state["torch"])
+    rng.bit_generator.state = state["numpy_gen"]
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def fit(name: str, model: nn.Module, task: Task, cfg: LoopConfig, checkpoints: Path, tracker=None) -> FitResult:
+    """Train with early stopping on `cfg.monitor`; leave the best epoch's weights in `model`.
+
+    `checkpoints/last.pt` (model, optimizer, scheduler, RNG states, history) is written after every epoch and
+    `checkpoints/best.pt` whenever validation improves; a rerun with the same folder resumes after the last
+    finished epoch and ends with the same weights as an uninterrupted run (CPU, same thread count).
+    """
+    device = resolve_device(cfg.device)
+    bf16 = use_bf16(device, cfg.precision)
+    model.to(device)
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    trainable = [w for w in model.parameters() if w.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    scheduler = warmup_linear_decay(optimizer, cfg.epochs, cfg.warmup_ratio, math.ceil(task.steps_per_epoch / cfg.grad_accum))
+    rng = np.random.default_rng(cfg.seed)
+    sign = 1.0 if cfg.mode == "max" else -1.0
+    state = {"epoch": 0, "history": [], "best": -math.inf, "best_epoch": 0, "stale": 0, "done": False}
+    last, best_file = checkpoints / "last.pt", checkpoints / "best.pt"
+    if last.is_file():
+        ckpt = torch.load(last, map_location=device, weights_only=False)
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        scheduler.load_state_dict(ckpt["scheduler"])
+        _set_rng_state(ckpt["rng"], rng)
+        state = ckpt["state"]
+        log.info("%s: resuming after epoch %d from %s", name, state["epoch"], last)
+        if tracker is not None:  # the interrupted run's curves, so this run shows them whole
+            for row in state["history"]:
+                tracker.metrics({f"{name}_{k}": v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
+    resumed_from = state["epoch"]
+    t_start = time.perf_counter()
+    while not state["done"] and state["epoch"] < cfg.epochs:
+        epoch = state["epoch"] + 1
+        row = _train_epoch(name, model, task, cfg, optimizer, scheduler, trainable, rng, device, bf16, epoch)
+        model.eval()
+        with torch.no_grad(), autocast(device, bf16):
+            row.update(task.validate(model))
+        row["lr"] = scheduler.get_last_lr()[0]
+        state["history"].append(row)
+        if tracker is not None:
+            tracker.metrics({f"{name}_{k}": v for k, v in row.items() if k != "epoch"}, step=epoch)
+        state["epoch"] = epoch
+        if sign * row[cfg.monitor] > state["best"]:
+            state.update(best=sign * row[cfg.monitor], best_epoch=epoch, stale=0)
+            _save(model.state_dict(), best_file)
+        else:
+            state["stale"] += 1
+            state["done"] = state["stale"] >= cfg.patience
+        _save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+               "rng": _rng_state(rng), "state": state}, last)
+    model.load_state_dict(torch.load(best_file, map_location=device, weights_only=True))
+    model.eval()
+    return FitResult(state["history"], state["best_epoch"], resumed_from, str(device), bf16,
+                     seconds=time.perf_counter() - t_start)
+
+
+def _train_epoch(name, model, task, cfg, optimizer, scheduler, trainable, rng, device, bf16, epoch) -> dict:
+    """One pass over the training batches; returns the epoch's mean loss and throughput."""
+    model.train()
+    t0, total, seen = time.perf_counter(), 0.0, 0
+    bar = tqdm(total=task.steps_per_epoch, desc=f"{name} epoch {epoch}/{cfg.epochs}", unit="batch", leave=False, mininterval=2)
+    for i, (rows, batch) in enumerate(task.batches(rng)):
+        batch = {k: v.to(device) for k, v in batch.items()}
+        with autocast(device, bf16):
+            loss = task.loss(model, batch)
+        (loss / cfg.grad_accum).backward()
+        if (i + 1) % cfg.grad_accum == 0 or i + 1 == task.steps_per_epoch:
+            if cfg.grad_clip:
+                torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+        total += loss.item() * rows
+        seen += rows
+        bar.update(1)
+    bar.close()
+    return {"epoch": epoch, "train_loss": total / max(seen, 1), "samples_per_second": seen / (time.perf_counter() - t0)}

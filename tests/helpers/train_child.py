@@ -1,0 +1,29 @@
+"""Train a tiny TextCNN in a child process (the resume-after-kill test kills it mid-training).
+
+usage: python -m tests.helpers.train_child CHECKPOINTS OUT EPOCHS
+Writes OUT/probs.npy and OUT/summary.json when training finishes.
+"""
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from flows.config import TrainConfig, VocabConfig
+from tasks.train import PREDICTORS, train_network
+from tasks.vocab import build_vocab, count_tokens
+from tests.tasks.test_train import frame, write_vectors
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)  # the same thread count in every run, so runs are bit-identical
+    checkpoints, out, epochs = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+    out.mkdir(parents=True)
+    train, validation = frame(20), frame(2)
+    vocab = build_vocab(count_tokens(train["words"]), VocabConfig(min_freq=1))
+    (out / "vocab.txt").write_text("".join(f"{t}\n" for t in vocab), encoding="utf-8")
+    write_vectors(out / "w.kv")
+    params = TrainConfig(epochs=epochs, patience=epochs, textcnn={"num_filters": 8, "batch_size": 8, "lr": 0.001})
+    summary = train_network("textcnn", train, validation, ["0", "1"], params, out / "vocab.txt", out / "w.kv", out, None, checkpoints)
+    np.save(out / "probs.npy", PREDICTORS["textcnn"](out / "textcnn")(validation))
+    (out / "summary.json").write_text(json.dumps({k: v for k, v in summary.items() if k != "history"}))
