@@ -247,8 +247,17 @@ class BertSectionConfig(_Section):
     lr: float = 2e-4  # fine-tuning
     batch_size: int = 32
     word_adapter: bool = False  # add attention-weighted Word2Vec vectors of the words covering each character
-    adapter_layer: int = 1  # after which encoder layer the lexicon adapter adds its vectors
+    adapter_layer: int = Field(1, ge=0)  # after which encoder layer (0-based, not the last) the adapter adds its vectors
     max_words_per_char: int = Field(4, ge=1)
+
+    @model_validator(mode="after")
+    def _heads_divide_hidden(self) -> "BertSectionConfig":
+        if self.checkpoint is None and self.hidden_size % self.num_heads:
+            raise ValueError(f"bert.hidden_size ({self.hidden_size}) must be a multiple of bert.num_heads ({self.num_heads})")
+        if self.checkpoint is None and self.word_adapter and self.adapter_layer >= self.num_layers - 1:
+            raise ValueError(f"bert.adapter_layer ({self.adapter_layer}) must be below the last layer ({self.num_layers - 1}): "
+                             "a later layer has to carry the words to [CLS]")
+        return self
 
 
 class RnnLMConfig(_Section):
@@ -328,6 +337,15 @@ class StagesConfig(_Section):
     embed: EmbedConfig = EmbedConfig()
     train: TrainConfig = TrainConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
+
+    @model_validator(mode="after")
+    def _transformer_heads_divide_d_model(self) -> "StagesConfig":
+        t = self.train.transformer
+        d_model = t.d_model or self.embed.word2vec.vector_size
+        if "transformer" in self.train.models and d_model % t.num_heads:
+            raise ValueError(f"train.transformer: d_model {d_model} (d_model, else embed.word2vec.vector_size) "
+                             f"must be a multiple of num_heads ({t.num_heads})")
+        return self
 
 
 class PipelineConfig(_Section):

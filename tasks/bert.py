@@ -13,6 +13,7 @@ import torch
 from sklearn.metrics import accuracy_score, f1_score
 
 from flows.config import BertSectionConfig, TrainConfig
+from flows.errors import ConfigError
 from tasks.hub import load_pretrained
 from tasks.models import LexiconAdapter, LexiconBert
 from tasks.trainer import LoopConfig, Task, fit, resolve_device, seed_everything
@@ -152,7 +153,10 @@ def build_model(p: BertSectionConfig, num_labels: int, tokenizer, source: str | 
     adapter = None
     if lexicon_vectors is not None:
         adapter = LexiconAdapter(lexicon_vectors, classifier.config.hidden_size, p.dropout)
-    return LexiconBert(classifier, adapter, p.adapter_layer)
+    try:
+        return LexiconBert(classifier, adapter, p.adapter_layer)
+    except ValueError as e:
+        raise ConfigError(f"train.bert: {e}") from e
 
 
 def train_bert(train: pd.DataFrame, validation: pd.DataFrame, labels: list[str], params: TrainConfig, char_vocab: Path,

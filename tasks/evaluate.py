@@ -18,7 +18,7 @@ from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, precisio
 
 from flows.runner import BuildContext, BuildOutput, RunContext, StageResult  # noqa: E402
 from flows.tracking import Tracker  # noqa: E402
-from tasks.train import PERPLEXITY, PREDICTORS, label_ids  # noqa: E402
+from tasks.train import PERPLEXITY, PREDICTORS, label_ids, servable_model  # noqa: E402
 
 VERSION = "4"
 
@@ -118,17 +118,26 @@ def build(ctx: BuildContext) -> BuildOutput:
     )
 
 
-def track_models(run: RunContext, train: StageResult, evaluation: StageResult) -> None:
+def track_models(run: RunContext, train: StageResult, evaluation: StageResult, segment: StageResult) -> None:
     """One nested MLflow run per model: its params, per-epoch curves, test metrics, checkpoint and plots."""
+    test = pd.read_parquet(segment.path / "test.parquet")
     for name, summary in train.info["models"].items():
         tracker = Tracker.start(run.experiment, name, parent=run.parent_run_id, tags={"zhpipe.model": name, "zhpipe.train_key": train.key})
         section = getattr(run.config.stages.train, name)
         tracker.params({"model": name, "epochs": run.config.stages.train.epochs, "seed": run.config.stages.train.seed, **section.model_dump()})
         for row in summary.get("history", []):
             tracker.metrics({k: v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
+        for row in summary.get("pretrain_history", []):  # bert's masked-LM pretraining
+            tracker.metrics({f"mlm_{k}": v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
+        facts = {k: summary[k] for k in ("parameters", "best_epoch", "resumed_from_epoch") if k in summary}
+        facts["median_samples_per_second"] = summary["samples_per_second"]  # the per-epoch curve is samples_per_second
         best_val = {"val_macro_f1_best": summary["val_macro_f1"]} if "val_macro_f1" in summary else {}
-        tracker.metrics({**evaluation.info["results"][name], **best_val, "train_seconds": summary["seconds"]})
+        tracker.metrics({**evaluation.info["results"][name], **best_val, **facts, "train_seconds": summary["seconds"]})
         tracker.artifact(train.path / name, "model")
+        servable = servable_model(name, train.path / name, test)
+        if servable is not None:  # PyTorch models: also as an MLflow model (ids in, probabilities out)
+            module, example = servable
+            tracker.tags({"zhpipe.model_uri": tracker.pytorch_model(module, "pytorch_model", example, code_dir=Path(__file__).parent)})
         if (evaluation.path / name).is_dir():
             tracker.artifact(evaluation.path / name, "evaluation")
         tracker.finish()
@@ -138,7 +147,7 @@ def track_models(run: RunContext, train: StageResult, evaluation: StageResult) -
 def evaluate(run: RunContext, train: StageResult, segment: StageResult) -> StageResult:
     """Test metrics and the model comparison; tracked per model."""
     result = run.run("evaluate", {"train": train, "segment": segment}, build)
-    track_models(run, train, result)
+    track_models(run, train, result, segment)
     create_markdown_artifact(
         markdown=f"# {run.config.name}: model comparison (test split)\n\n" + (result.path / "comparison.md").read_text(encoding="utf-8"),
         key=f"{run.config.name}-comparison".replace("_", "-").lower(),

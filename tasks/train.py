@@ -21,8 +21,10 @@ from flows.errors import DataError
 from flows.runner import BuildContext, BuildOutput, RunContext, StageResult
 from flows.tracking import Tracker
 from tasks.embed import FASTTEXT_MIN_THREADS, fasttext_call
-from tasks.bert import bert_predictor, train_bert
-from tasks.models import BiLSTMAttention, BiLSTMConfig, TextCNN, TextCNNConfig, TransformerClassifier, TransformerConfig
+from tasks.bert import bert_batches, bert_predictor, encode_chars, lexicon_word_ids, load_bert, train_bert
+from tasks.models import (
+    BiLSTMAttention, BiLSTMConfig, Probabilities, TextCNN, TextCNNConfig, TransformerClassifier, TransformerConfig,
+)
 from tasks.ngram import lm_classifier_predictor, lm_perplexity, train_lm_classifier, train_ngram_lm
 from tasks.rnnlm import rnn_lm_perplexity, train_rnn_lm
 from tasks.tfidf import tfidf_predictor, train_tfidf_lr
@@ -245,6 +247,24 @@ def network_predictor(folder: Path, device: str = "auto") -> Predictor:
         return predict_logits(model, encode(df["words"], stoi, ckpt["max_len"]), 256, dev)
 
     return predict
+
+
+def servable_model(name: str, folder: Path, df: pd.DataFrame) -> tuple[torch.nn.Module, np.ndarray] | None:
+    """A saved PyTorch classifier as `Probabilities` (ids in, probabilities out) and an input example built
+    from `df`'s first rows; None for models that are not PyTorch."""
+    rows = df.head(2)
+    if name in NETWORKS:
+        model, ckpt = load_network(folder, "cpu")
+        ids = encode(rows["words"], {t: i for i, t in enumerate(ckpt["vocab"])}, ckpt["max_len"])
+        return Probabilities(model).eval(), next(batches(ids, None, len(ids), shuffle=False))[1].numpy()
+    if name == "bert":
+        model, tokenizer, meta, lexicon = load_bert(folder, "cpu")
+        ids = encode_chars(tokenizer, rows["chars"], meta["max_len"])
+        words = lexicon_word_ids(rows["chars"], lexicon, meta["max_len"], meta["max_words_per_char"]) if meta["word_adapter"] else None
+        batch = next(bert_batches(ids, None, words, len(ids), tokenizer.pad_token_id))[1]
+        parts = [batch["input_ids"].unsqueeze(-1)] + ([batch["word_ids"]] if words is not None else [])
+        return Probabilities(model, tokenizer.pad_token_id).eval(), torch.cat(parts, dim=-1).numpy()
+    return None
 
 
 PREDICTORS: dict[str, Callable[[Path], Predictor]] = {

@@ -121,3 +121,35 @@ def test_language_models_and_baseline_through_the_flow(prefect_harness, store):
     assert models["ngram_lm"].data.metrics["test_perplexity"] > 1
     for name in ("tfidf_lr", "lm_classifier"):
         assert 0 <= models[name].data.metrics["test_accuracy"] <= 1
+
+
+def test_model_zoo_through_the_flow_with_curves_and_servable_models(prefect_harness, store):
+    """transformer, bert (masked-LM pretrained here, with the word adapter) and rnn_lm in one run: per-epoch
+    curves in their MLflow runs, and each PyTorch classifier logged as an MLflow model that predicts like the code."""
+    import mlflow
+    import numpy as np
+    import pandas as pd
+
+    from flows.runner import plan_keys
+    from tasks.train import PREDICTORS, servable_model
+
+    sets = ["train.models=[transformer, bert, rnn_lm]", "train.epochs=2", "train.bert.pretrain_epochs=1",
+            "train.bert.hidden_size=32", "train.bert.num_heads=2", "train.bert.num_layers=2", "train.bert.intermediate_size=64",
+            "train.bert.word_adapter=true", "train.bert.adapter_layer=0", "train.rnn_lm.hidden_size=32"]
+    out = run(store, sets, stages=select_stages(start="train"))
+    runs = children(out["parent_run_id"], out["experiment"])
+    models = {r.data.tags["zhpipe.model"]: r for r in runs if "zhpipe.model" in r.data.tags}
+    assert set(models) == {"transformer", "bert", "rnn_lm"}
+    c = client()
+    curves = {("transformer", "val_macro_f1"): [1, 2], ("bert", "val_macro_f1"): [1, 2], ("bert", "mlm_val_mlm_loss"): [1],
+              ("rnn_lm", "val_perplexity"): [1, 2], ("transformer", "lr"): [1, 2], ("bert", "samples_per_second"): [1, 2]}
+    for (name, metric), steps in curves.items():
+        assert [m.step for m in c.get_metric_history(models[name].info.run_id, metric)] == steps, (name, metric)
+    assert models["rnn_lm"].data.metrics["test_perplexity"] > 1
+    keys = plan_keys(load_pipeline("smoke", overrides=sets))
+    train_dir = store / "train" / keys["train"]
+    test = pd.read_parquet(store / "segment" / keys["segment"] / "test.parquet").head(2)
+    for name in ("transformer", "bert"):
+        served = mlflow.pyfunc.load_model(models[name].data.tags["zhpipe.model_uri"])
+        _, example = servable_model(name, train_dir / name, test)
+        np.testing.assert_allclose(served.predict(example), PREDICTORS[name](train_dir / name)(test), atol=1e-5)

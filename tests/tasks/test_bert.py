@@ -1,0 +1,103 @@
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from flows.config import TrainConfig, VocabConfig
+from flows.errors import ConfigError
+from tasks.bert import bert_predictor, char_tokenizer, encode_chars, lexicon_word_ids, train_bert
+from tasks.hub import ModelMissingError
+from tasks.vocab import build_vocab, count_tokens
+from tests.tasks.test_train import frame
+
+TINY = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64, "batch_size": 16, "lr": 3e-3,
+        "max_len": 32}
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    """Train/validation frames and the vocab and embed stages' files for them."""
+    from gensim.models import KeyedVectors
+
+    train, validation = frame().assign(aug_method="original"), frame(2)
+    for kind in ("words", "chars"):
+        vocab = build_vocab(count_tokens(train[kind]), VocabConfig(min_freq=1))
+        (tmp_path / f"{kind}.txt").write_text("".join(f"{t}\n" for t in vocab), encoding="utf-8")
+    kv = KeyedVectors(vector_size=16)
+    kv.add_vectors(["房间", "干净", "服务", "热情", "态度"], np.random.default_rng(0).normal(size=(5, 16)).astype(np.float32))
+    kv.save(str(tmp_path / "w.kv"))
+    return train, validation, tmp_path
+
+
+def run_bert(corpus, **section):
+    train, validation, d = corpus
+    params = TrainConfig(epochs=10, patience=10, bert={**TINY, **section})
+    return train_bert(train, validation, ["0", "1"], params, d / "chars.txt", d / "words.txt", d / "w.kv", d, d / "ckpt", None)
+
+
+def test_lexicon_words_cover_their_characters():
+    lexicon = {"房间": 1, "干净": 2, "很干净": 3}
+    ids = lexicon_word_ids(pd.Series(["房 间 很 干 净"]), lexicon, max_len=32, per_char=4)[0]
+    assert ids.shape == (7, 4)  # [CLS] 5 characters [SEP]
+    assert ids[0].sum() == 0 and ids[-1].sum() == 0
+    assert ids[1].tolist() == [1, 0, 0, 0] and ids[3].tolist() == [3, 0, 0, 0]  # 很 only in 很干净
+    assert ids[4].tolist() == [3, 2, 0, 0]  # 干: the longer word first
+
+
+def test_char_tokenizer_gives_one_id_per_character(corpus):
+    tokenizer = char_tokenizer(corpus[2] / "chars.txt")
+    ids = encode_chars(tokenizer, pd.Series(["房 间 很 干 净", "x y"]), 32)
+    assert len(ids[0]) == 7 and ids[0][0] == tokenizer.cls_token_id and ids[0][-1] == tokenizer.sep_token_id
+    assert ids[1][1:3] == [tokenizer.unk_token_id] * 2
+
+
+def test_bert_pretrains_fine_tunes_and_round_trips_with_word_adapter(corpus):
+    summary = run_bert(corpus, pretrain_epochs=2, word_adapter=True, adapter_layer=0)
+    pre = summary["pretrain_history"]
+    assert len(pre) == 2 and pre[-1]["train_loss"] < pre[0]["train_loss"]
+    assert summary["history"][-1]["train_loss"] < summary["history"][0]["train_loss"] * 0.5
+    validation = corpus[1]
+    probs = bert_predictor(corpus[2] / "bert")(validation)
+    assert np.array_equal(probs, bert_predictor(corpus[2] / "bert")(validation))
+    assert (probs.argmax(1) == validation["label"].astype(int)).mean() == 1.0
+    assert (corpus[2] / "bert" / "adapter.pt").is_file()
+
+
+def test_word_adapter_uses_the_words(corpus):
+    from tasks.bert import load_bert
+
+    run_bert(corpus, pretrain_epochs=0, word_adapter=True, adapter_layer=0)
+    model, tokenizer, meta, lexicon = load_bert(corpus[2] / "bert", "cpu")
+    chars = pd.Series(["房 间 很 干 净"])
+    ids = torch.tensor(encode_chars(tokenizer, chars, 32))
+    words = torch.from_numpy(lexicon_word_ids(chars, lexicon, 32, meta["max_words_per_char"])[0]).unsqueeze(0)
+    with torch.no_grad():
+        with_words = model(ids, word_ids=words)[0]
+        without = model(ids, word_ids=torch.zeros_like(words))[0]
+    assert words.count_nonzero() > 0 and not torch.allclose(with_words, without)
+    with pytest.raises(ValueError, match="word_ids are required"):
+        model(ids)
+    with pytest.raises(ConfigError, match=r"train.bert: adapter_layer must be in 0..0"):
+        run_bert(corpus, pretrain_epochs=0, word_adapter=True, adapter_layer=1)
+
+
+def test_bert_from_a_local_checkpoint_folder(corpus, tmp_path):
+    from transformers import BertConfig, BertForSequenceClassification
+
+    folder = tmp_path / "tiny-bert"
+    tokenizer = char_tokenizer(corpus[2] / "chars.txt")
+    BertForSequenceClassification(BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                             intermediate_size=64)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    summary = run_bert(corpus, checkpoint=str(folder))
+    assert "pretrain_history" not in summary and summary["parameters"] < 200_000
+    assert summary["history"][-1]["val_accuracy"] == 1.0
+
+
+def test_missing_checkpoint_is_one_clear_error(corpus, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(ModelMissingError, match=r"BERT tokenizer 'no-such/bert' not found locally.*huggingface-cli download no-such/bert"):
+        run_bert(corpus, checkpoint="no-such/bert")

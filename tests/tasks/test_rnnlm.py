@@ -1,0 +1,22 @@
+import pandas as pd
+
+from flows.config import TrainConfig, VocabConfig
+from tasks.rnnlm import rnn_lm_perplexity, train_rnn_lm
+from tasks.vocab import build_vocab, count_tokens
+from tests.tasks.test_train import NEG, POS
+
+
+def test_rnn_lm_learns_its_corpus_and_reloads(tmp_path):
+    train = pd.DataFrame({"words": POS * 20, "aug_method": "original"})
+    (tmp_path / "vocab" / "words").mkdir(parents=True)
+    vocab = build_vocab(count_tokens(pd.Series(POS + NEG)), VocabConfig(min_freq=1))
+    (tmp_path / "vocab" / "words" / "vocab.txt").write_text("".join(f"{t}\n" for t in vocab), encoding="utf-8")
+    params = TrainConfig(epochs=8, patience=8, rnn_lm={"embed_dim": 16, "hidden_size": 32, "batch_size": 8, "lr": 0.01})
+    own, other = pd.DataFrame({"words": POS}), pd.DataFrame({"words": NEG})
+    summary = train_rnn_lm(train, own, params, tmp_path / "vocab", tmp_path, tmp_path / "ckpt", None)
+    history = summary["history"]
+    assert history[-1]["train_loss"] < history[0]["train_loss"] and history[-1]["val_perplexity"] < history[0]["val_perplexity"]
+    assert summary["val_perplexity"] == min(h["val_perplexity"] for h in history)
+    ppl = rnn_lm_perplexity(tmp_path / "rnn_lm", own, "cpu")
+    assert abs(ppl - summary["val_perplexity"]) < 1e-3 * ppl  # the saved model is the best epoch's
+    assert ppl < rnn_lm_perplexity(tmp_path / "rnn_lm", other, "cpu") / 3
