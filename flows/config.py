@@ -265,7 +265,7 @@ class RnnLMConfig(_Section):
     hidden_size: int = 256
     num_layers: int = 1
     dropout: float = 0.3
-    tie_weights: bool = False  # share input and output embeddings (needs embed_dim == hidden_size)
+    cutoffs: list[int] = [2000, 10000]  # adaptive softmax: frequency ranks where cheaper output clusters start
     tokens: Literal["words", "chars"] = "words"
     max_len: int = 256
     lr: float = 2e-3

@@ -46,10 +46,8 @@ def perplexity(model: LSTMLanguageModel, seqs: list[list[int]], batch_size: int 
     total = count = 0.0
     with torch.no_grad():
         for _, batch in lm_batches(seqs, batch_size):
-            logits, _ = model(batch["ids"].to(device))
-            targets = batch["targets"].to(device)
-            nll = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=0, reduction="sum")
-            total, count = total + nll.item(), count + int((targets != 0).sum())
+            logp, _ = model(batch["ids"].to(device), batch["targets"].to(device))
+            total, count = total - logp.float().sum().item(), count + logp.numel()
     return math.exp(total / max(count, 1))
 
 
@@ -63,7 +61,7 @@ def train_rnn_lm(train: pd.DataFrame, validation: pd.DataFrame, params: TrainCon
     x_train, x_val = lm_sequences(original[p.tokens], stoi, p.max_len), lm_sequences(validation[p.tokens], stoi, p.max_len)
     seed_everything(params.seed)
     config = RNNLMConfig(vocab_size=len(itos), embed_dim=p.embed_dim, hidden_size=p.hidden_size, num_layers=p.num_layers,
-                         dropout=p.dropout, tie_weights=p.tie_weights)
+                         dropout=p.dropout, cutoffs=p.cutoffs)
     model = LSTMLanguageModel(config)
     task = Task(lambda rng: lm_batches(x_train, p.batch_size, rng), steps_per_epoch=-(-len(x_train) // p.batch_size),
                 loss=lambda m, b: m(b["ids"], b["targets"])[1], validate=lambda m: {"val_perplexity": perplexity(m, x_val)})

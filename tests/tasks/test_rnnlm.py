@@ -20,3 +20,21 @@ def test_rnn_lm_learns_its_corpus_and_reloads(tmp_path):
     ppl = rnn_lm_perplexity(tmp_path / "rnn_lm", own, "cpu")
     assert abs(ppl - summary["val_perplexity"]) < 1e-3 * ppl  # the saved model is the best epoch's
     assert ppl < rnn_lm_perplexity(tmp_path / "rnn_lm", other, "cpu") / 3
+
+
+def test_lm_distribution_sums_to_one_and_scores_targets_consistently():
+    import pytest
+    import torch
+
+    from tasks.models import LSTMLanguageModel, RNNLMConfig
+
+    torch.manual_seed(0)
+    for cutoffs in ([10, 30], []):  # adaptive softmax, and the plain output layer of a small vocabulary
+        model = LSTMLanguageModel(RNNLMConfig(vocab_size=50, embed_dim=8, hidden_size=16, cutoffs=cutoffs)).eval()
+        assert (model.softmax is not None) == bool(cutoffs)
+        ids, targets = torch.tensor([[3, 12, 40, 7]]), torch.tensor([[12, 40, 7, 0]])
+        logp, _ = model(ids)
+        assert torch.allclose(logp.exp().sum(-1), torch.ones(1, 4), atol=1e-5)
+        target_logp, loss = model(ids, targets)
+        expected = logp[0, :3].gather(1, targets[0, :3].unsqueeze(1)).squeeze(1)  # padding target excluded
+        assert torch.allclose(target_logp, expected, atol=1e-5) and loss.item() == pytest.approx(-expected.mean().item(), rel=1e-5)
