@@ -31,8 +31,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from flows.config import SegmentConfig, load_pipeline  # noqa: E402
-from flows.runner import STAGES, BuildContext, resolve_local, stage_module  # noqa: E402
-from flows.store import StageStore  # noqa: E402
+from flows.runner import STAGES, BuildContext, stage_module  # noqa: E402
 
 console = Console()
 

@@ -4,7 +4,6 @@ optional lexicon adapter that adds the embed stage's word vectors to the charact
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,6 @@ from tasks.hub import load_pretrained
 from tasks.models import LexiconAdapter, LexiconBert
 from tasks.trainer import LoopConfig, Task, fit, resolve_device, seed_everything
 
-log = logging.getLogger("zhpipe.train")
 MAX_WORD_CHARS = 4  # the longest lexicon word matched against the text
 
 

@@ -170,6 +170,8 @@ def fit(name: str, model: nn.Module, task: Task, cfg: LoopConfig, checkpoints: P
             row.update(task.validate(model))
         row["lr"] = scheduler.get_last_lr()[0]
         state["history"].append(row)
+        log.info("%s epoch %d/%d: train_loss %.4f, %s %.4f, %.0f samples/s", name, epoch, cfg.epochs, row["train_loss"],
+                 cfg.monitor, row[cfg.monitor], row["samples_per_second"])
         if tracker is not None:
             tracker.metrics({f"{name}_{k}": v for k, v in row.items() if k != "epoch"}, step=epoch)
         state["epoch"] = epoch

@@ -59,7 +59,7 @@ def test_split_fractions_must_sum_to_one(tmp_path):
 
 
 def test_project_pipelines_validate():
-    for name in ("chnsenticorp", "smoke"):
+    for name in ("chnsenticorp", "full", "chnsenticorp-bt", "smoke"):
         assert load_pipeline(name).name == name
 
 
@@ -68,3 +68,14 @@ def test_set_values_take_the_field_type(tmp_path):
     cfg = load_pipeline("p", path, ["source.sha256=0012", "train.models=[textcnn]", "vocab.max_size=null", "split.seed=3", "embed.word2vec.hs=true"])
     assert cfg.source.sha256 == "0012" and cfg.stages.train.models == ["textcnn"]
     assert cfg.stages.vocab.max_size is None and cfg.stages.split.seed == 3 and cfg.stages.embed.word2vec.hs is True
+
+
+@pytest.mark.parametrize("sets, message", [
+    (["train.bert.hidden_size=100"], r"bert.hidden_size \(100\) must be a multiple of bert.num_heads \(3\)"),
+    (["train.bert.word_adapter=true", "train.bert.adapter_layer=2"], r"adapter_layer \(2\) must be below the last layer \(2\)"),
+    (["train.models=[transformer]", "embed.word2vec.vector_size=30"], r"d_model 30 .* multiple of num_heads \(4\)"),
+    (["train.models=[rnn_lm, ngram_lm]"], "at least one classifier"),
+])
+def test_model_shapes_are_checked_before_anything_runs(tmp_path, sets, message):
+    with pytest.raises(ConfigError, match=message):
+        load_pipeline("p", write(tmp_path, BASE), sets)

@@ -34,3 +34,29 @@ def test_failing_build_leaves_no_output_and_a_failed_run(run_ctx):
     exp = client().get_experiment_by_name(run_ctx.experiment)
     failed = client().search_runs([exp.experiment_id], filter_string="attributes.status = 'FAILED'")
     assert any(r.data.tags.get("zhpipe.stage") == "clean" for r in failed)
+
+
+def test_scratch_survives_a_failed_build_until_publish_and_force_clears_it(run_ctx):
+    """Checkpoints live in the stage key's scratch folder: kept after a failure (to resume), gone after publish."""
+    from flows.runner import BuildOutput
+
+    seen = []
+
+    def flaky(ctx):
+        seen.append(sorted(p.name for p in ctx.scratch.iterdir()))
+        (ctx.scratch / "last.pt").write_text("epoch 1")
+        if len(seen) == 1:
+            raise DataError("killed")
+        return BuildOutput(rows=0)
+
+    with pytest.raises(DataError):
+        run_ctx.run("clean", {}, flaky)
+    run_ctx.run("clean", {}, flaky)
+    assert seen == [[], ["last.pt"]]
+    assert not run_ctx.store.scratch("clean", run_ctx.keys["clean"]).joinpath("last.pt").exists()
+    seen.clear()
+    run_ctx.store.scratch("clean", run_ctx.keys["clean"]).joinpath("last.pt").write_text("from a killed run")
+    run_ctx.force = {"clean"}
+    with pytest.raises(DataError):
+        run_ctx.run("clean", {}, flaky)
+    assert seen == [[]]  # --force started from scratch, not from the checkpoint

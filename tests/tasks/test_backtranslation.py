@@ -2,7 +2,6 @@
 import http.server
 import json
 import logging
-import os
 import signal
 import subprocess
 import sys

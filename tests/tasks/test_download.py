@@ -4,7 +4,6 @@ import http.server
 import json
 import threading
 import zipfile
-from pathlib import Path
 
 import pandas as pd
 import pytest
