@@ -94,6 +94,7 @@ class Tracker:
         with mlflow.start_run(run_id=self.run_id):  # log_model writes to the active run
             info = mlflow.pytorch.log_model(
                 model, name=name, input_example=input_example, signature=signature, code_paths=[str(code_dir)],
+                serialization_format="pickle",  # torch.export (the default) cannot trace packed LSTM sequences
                 pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}"],
             )
         return info.model_uri
