@@ -15,7 +15,7 @@ from flows.config import BertSectionConfig, TrainConfig
 from flows.errors import ConfigError
 from tasks.hub import load_pretrained
 from tasks.models import LexiconAdapter, LexiconBert
-from tasks.trainer import LoopConfig, Task, fit, resolve_device, seed_everything
+from tasks.trainer import LoopConfig, Task, fit, length_buckets, pad, resolve_device, seed_everything
 
 MAX_WORD_CHARS = 4  # the longest lexicon word matched against the text
 
@@ -66,21 +66,11 @@ def lexicon_from(kv, word_itos: list[str]) -> tuple[dict[str, int], torch.Tensor
 def bert_batches(ids: list[list[int]], y: np.ndarray | None, words: list[np.ndarray] | None, batch_size: int,
                  pad_id: int, rng: np.random.Generator | None = None):
     """Length-bucketed, dynamically padded batches: (row indices, {input_ids, attention_mask[, word_ids, labels]})."""
-    order = np.argsort([len(x) for x in ids], kind="stable")
-    chunks = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    if rng is not None:
-        rng.shuffle(chunks)
-    for chunk in chunks:
-        width = max(len(ids[i]) for i in chunk)
-        x = torch.full((len(chunk), width), pad_id, dtype=torch.long)
-        for row, i in enumerate(chunk):
-            x[row, : len(ids[i])] = torch.tensor(ids[i])
+    for chunk in length_buckets(ids, batch_size, rng):
+        x = pad(ids, chunk, pad_id)
         batch = {"input_ids": x, "attention_mask": (x != pad_id).long()}
         if words is not None:
-            w = torch.zeros((len(chunk), width, words[0].shape[1]), dtype=torch.long)
-            for row, i in enumerate(chunk):
-                w[row, : len(words[i])] = torch.from_numpy(words[i])
-            batch["word_ids"] = w
+            batch["word_ids"] = pad(words, chunk)
         if y is not None:
             batch["labels"] = torch.as_tensor(y[chunk])
         yield chunk, batch

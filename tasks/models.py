@@ -224,7 +224,8 @@ class LexiconBert(nn.Module):
             layers = classifier.base_model.encoder.layer
             # after the last layer the words could never reach [CLS], which is what gets classified
             if not 0 <= adapter_layer < len(layers) - 1:
-                raise ValueError(f"adapter_layer must be in 0..{len(layers) - 2} (a later layer must carry the words to [CLS]), got {adapter_layer}")
+                raise ValueError(f"adapter_layer must be below the last encoder layer ({len(layers) - 1}; a later layer "
+                                 f"has to carry the words to [CLS]), got {adapter_layer}")
             layers[adapter_layer].register_forward_hook(self._inject)
 
     def _inject(self, module, args, output):

@@ -12,7 +12,7 @@ import torch
 
 from flows.config import RnnLMConfig, TrainConfig
 from tasks.models import LSTMLanguageModel, RNNLMConfig
-from tasks.trainer import LoopConfig, Task, fit, resolve_device, seed_everything
+from tasks.trainer import LoopConfig, Task, fit, length_buckets, pad, resolve_device, seed_everything
 from tasks.vocab import read_vocab
 
 BOS_EOS = "[SEP]"  # the vocabulary's [SEP] marks both the start and the end of a text
@@ -26,18 +26,10 @@ def lm_sequences(lines: pd.Series, stoi: dict[str, int], max_len: int) -> list[l
 
 def lm_batches(seqs: list[list[int]], batch_size: int, rng: np.random.Generator | None = None):
     """Length-bucketed batches of (inputs, next-token targets), padded with 0."""
-    order = np.argsort([len(s) for s in seqs], kind="stable")
-    chunks = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    if rng is not None:
-        rng.shuffle(chunks)
-    for chunk in chunks:
-        width = max(len(seqs[i]) for i in chunk) - 1
-        x = torch.zeros((len(chunk), width), dtype=torch.long)
-        y = torch.zeros((len(chunk), width), dtype=torch.long)
-        for row, i in enumerate(chunk):
-            s = torch.tensor(seqs[i])
-            x[row, : len(s) - 1], y[row, : len(s) - 1] = s[:-1], s[1:]
-        yield len(chunk), {"ids": x, "targets": y}
+    for chunk in length_buckets(seqs, batch_size, rng):
+        padded = pad(seqs, chunk)
+        # the last column holds only a final [SEP] or padding: nothing to predict from it
+        yield len(chunk), {"ids": padded[:, :-1], "targets": padded[:, 1:]}
 
 
 def perplexity(model: LSTMLanguageModel, seqs: list[list[int]], batch_size: int = 64) -> float:

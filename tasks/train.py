@@ -28,7 +28,7 @@ from tasks.models import (
 from tasks.ngram import lm_classifier_predictor, lm_perplexity, train_lm_classifier, train_ngram_lm
 from tasks.rnnlm import rnn_lm_perplexity, train_rnn_lm
 from tasks.tfidf import tfidf_predictor, train_tfidf_lr
-from tasks.trainer import LoopConfig, Task, fit, resolve_device, seed_everything
+from tasks.trainer import LoopConfig, Task, fit, length_buckets, pad, resolve_device, seed_everything
 from tasks.vocab import read_vocab
 
 VERSION = "5"
@@ -112,16 +112,8 @@ def encode(lines: pd.Series, vocab: dict[str, int], max_len: int) -> list[list[i
 
 def batches(ids: list[list[int]], y: np.ndarray | None, batch_size: int, shuffle: bool, rng: np.random.Generator | None = None):
     """Padded (ids, labels) tensors; batches are filled with rows of similar length to cut padding."""
-    order = np.argsort([len(x) for x in ids], kind="stable")
-    chunks = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    if shuffle:
-        rng.shuffle(chunks)
-    for chunk in chunks:
-        width = max(len(ids[i]) for i in chunk)
-        x = torch.zeros((len(chunk), width), dtype=torch.long)
-        for row, i in enumerate(chunk):
-            x[row, : len(ids[i])] = torch.tensor(ids[i])
-        yield chunk, x, (torch.as_tensor(y[chunk]) if y is not None else None)
+    for chunk in length_buckets(ids, batch_size, rng if shuffle else None):
+        yield chunk, pad(ids, chunk), (torch.as_tensor(y[chunk]) if y is not None else None)
 
 
 def pretrained_matrix(itos: list[str], kv, dim: int, seed: int) -> tuple[torch.Tensor, float]:
