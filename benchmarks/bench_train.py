@@ -56,6 +56,7 @@ def throughput(name: str, df: pd.DataFrame, params, folder: Path) -> dict[str, f
     """Median training samples/second of one model (the summary the train stage itself reports); bert gives
     its masked-LM pretraining (`bert_mlm`) and its fine-tuning."""
     from tasks import bert, rnnlm, train
+    from tasks.embed import load_word_vectors
     from tasks.tfidf import train_tfidf_lr
 
     out = Path(tempfile.mkdtemp(dir=folder))
@@ -69,11 +70,11 @@ def throughput(name: str, df: pd.DataFrame, params, folder: Path) -> dict[str, f
         summary = rnnlm.train_rnn_lm(df, validation, params, folder, out, out / "ckpt", None)
     elif name == "bert":
         summary = bert.train_bert(df, validation, labels, params, folder / "chars" / "vocab.txt", folder / "words" / "vocab.txt",
-                                  folder / "word2vec.kv", out, out / "ckpt", None)
+                                  load_word_vectors(folder, "word2vec"), out, out / "ckpt", None)
         return {"bert_mlm": summary["pretrain_samples_per_second"], "bert": summary["samples_per_second"]}
     else:
         summary = train.train_network(name, df, validation, labels, params, folder / "words" / "vocab.txt",
-                                      folder / "word2vec.kv", out, None, out / "ckpt")
+                                      load_word_vectors(folder, "word2vec"), out, None, out / "ckpt")
     return {name: summary["samples_per_second"]}
 
 

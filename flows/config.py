@@ -299,6 +299,9 @@ class TrainConfig(_Section):
     patience: int = Field(2, ge=1)  # early stopping on validation macro-F1 (perplexity for rnn_lm)
     device: str = "auto"  # auto = CUDA, then Apple MPS, then CPU; or cpu, cuda, cuda:1, mps
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto = bf16 autocast on CUDA that supports it
+    # the embed stage's vectors that initialise the word networks' embeddings (and bert's word adapter);
+    # fastText builds a vector for every token from its subwords, Word2Vec only for words it has seen
+    embeddings: Literal["word2vec", "fasttext"] = "word2vec"
     seed: int = 7
     # PyTorch networks: AdamW, linear warm-up then linear decay to 0 over all epochs
     weight_decay: float = Field(0.01, ge=0)
@@ -341,9 +344,10 @@ class StagesConfig(_Section):
     @model_validator(mode="after")
     def _transformer_heads_divide_d_model(self) -> "StagesConfig":
         t = self.train.transformer
-        d_model = t.d_model or self.embed.word2vec.vector_size
+        vectors = self.embed.fasttext.dim if self.train.embeddings == "fasttext" else self.embed.word2vec.vector_size
+        d_model = t.d_model or vectors
         if "transformer" in self.train.models and d_model % t.num_heads:
-            raise ValueError(f"train.transformer: d_model {d_model} (d_model, else embed.word2vec.vector_size) "
+            raise ValueError(f"train.transformer: d_model {d_model} (d_model, else the size of the train.embeddings vectors) "
                              f"must be a multiple of num_heads ({t.num_heads})")
         return self
 

@@ -13,6 +13,7 @@ from sklearn.metrics import accuracy_score, f1_score
 
 from flows.config import BertSectionConfig, TrainConfig
 from flows.errors import ConfigError
+from tasks.embed import WordVectors
 from tasks.hub import load_pretrained
 from tasks.models import LexiconAdapter, LexiconBert
 from tasks.trainer import LoopConfig, Task, fit, length_buckets, pad, resolve_device, seed_everything
@@ -54,13 +55,13 @@ def lexicon_word_ids(chars: pd.Series, lexicon: dict[str, int], max_len: int, pe
     return out
 
 
-def lexicon_from(kv, word_itos: list[str]) -> tuple[dict[str, int], torch.Tensor]:
+def lexicon_from(vectors: WordVectors, word_itos: list[str]) -> tuple[dict[str, int], torch.Tensor]:
     """Multi-character vocabulary words that have a vector: word -> id (0 = none) and the vector matrix."""
-    words = [w for w in word_itos if 1 < len(w) <= MAX_WORD_CHARS and w in kv.key_to_index]
-    matrix = torch.zeros((len(words) + 1, kv.vector_size))
-    for i, w in enumerate(words, start=1):
-        matrix[i] = torch.from_numpy(kv[w].copy())
-    return {w: i for i, w in enumerate(words, start=1)}, matrix
+    found = [(w, v) for w in word_itos[2:] if 1 < len(w) <= MAX_WORD_CHARS and (v := vectors.get(w)) is not None]
+    matrix = torch.zeros((len(found) + 1, vectors.dim))
+    for i, (_, v) in enumerate(found, start=1):
+        matrix[i] = torch.from_numpy(np.array(v, dtype=np.float32))
+    return {w: i for i, (w, _) in enumerate(found, start=1)}, matrix
 
 
 def bert_batches(ids: list[list[int]], y: np.ndarray | None, words: list[np.ndarray] | None, batch_size: int,
@@ -148,9 +149,8 @@ def build_model(p: BertSectionConfig, num_labels: int, tokenizer, source: str | 
 
 
 def train_bert(train: pd.DataFrame, validation: pd.DataFrame, labels: list[str], params: TrainConfig, char_vocab: Path,
-               word_vocab: Path, kv_file: Path, out: Path, checkpoints: Path, tracker) -> dict:
+               word_vocab: Path, vectors: WordVectors | None, out: Path, checkpoints: Path, tracker) -> dict:
     """Pretrain (unless a checkpoint is given) and fine-tune; save a transformers folder to `bert/`."""
-    from gensim.models import KeyedVectors
     from transformers import AutoTokenizer
 
     from tasks.train import label_ids  # the stage module's helper; imported here to avoid a cycle
@@ -170,11 +170,11 @@ def train_bert(train: pd.DataFrame, validation: pd.DataFrame, labels: list[str],
             original = train[train["aug_method"] == "original"] if "aug_method" in train else train
             folder, summary = pretrain_mlm(original["chars"], validation["chars"], tokenizer, p, params, checkpoints, tracker)
             source = str(folder)
-    lexicon, vectors = ({}, None)
+    lexicon, lexicon_vectors = {}, None
     if p.word_adapter:
-        lexicon, vectors = lexicon_from(KeyedVectors.load(str(kv_file)), read_vocab(word_vocab))
+        lexicon, lexicon_vectors = lexicon_from(vectors, read_vocab(word_vocab))
     seed_everything(params.seed)
-    model = build_model(p, len(labels), tokenizer, source, vectors)
+    model = build_model(p, len(labels), tokenizer, source, lexicon_vectors)
 
     def inputs(df):
         ids = encode_chars(tokenizer, df["chars"], p.max_len)

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 from prefect import task
@@ -78,6 +80,35 @@ def fasttext_keyed_vectors(model):
     kv = KeyedVectors(vector_size=model.get_dimension())
     kv.add_vectors(words, [model.get_word_vector(w) for w in words])
     return kv
+
+
+@dataclass
+class WordVectors:
+    """Pretrained vectors for the networks' embedding layers: `get(token)` is a vector, or None when unknown."""
+
+    name: str
+    dim: int
+    get: Callable[[str], np.ndarray | None]
+
+
+def keyed_word_vectors(kv, name: str = "word2vec") -> WordVectors:
+    """WordVectors over gensim KeyedVectors (in-vocabulary words only)."""
+    return WordVectors(name, kv.vector_size, lambda token: kv[token] if token in kv.key_to_index else None)
+
+
+def load_word_vectors(folder: Path, name: str) -> WordVectors:
+    """The embed stage's `word2vec` vectors, or its `fasttext` model, which builds a vector for any token
+    from its character n-grams (subwords), so no vocabulary word is left without one."""
+    if name == "word2vec":
+        from gensim.models import KeyedVectors
+
+        return keyed_word_vectors(KeyedVectors.load(str(folder / "word2vec.kv")))
+    if not (folder / "fasttext.bin").is_file():
+        raise DataError("train.embeddings is fasttext, but the embed stage trained no fastText model (embed.fasttext.enabled is false)")
+    import fasttext
+
+    model = fasttext.load_model(str(folder / "fasttext.bin"))
+    return WordVectors("fasttext", model.get_dimension(), model.get_word_vector)
 
 
 def neighbours(name: str, probe: list[str], lookup, topn: int) -> list[dict]:

@@ -20,7 +20,7 @@ from flows.config import LANGUAGE_MODELS, TrainConfig
 from flows.errors import DataError
 from flows.runner import BuildContext, BuildOutput, RunContext, StageResult
 from flows.tracking import Tracker
-from tasks.embed import FASTTEXT_MIN_THREADS, fasttext_call
+from tasks.embed import FASTTEXT_MIN_THREADS, WordVectors, fasttext_call, load_word_vectors
 from tasks.bert import bert_batches, bert_predictor, encode_chars, lexicon_word_ids, load_bert, train_bert
 from tasks.models import (
     BiLSTMAttention, BiLSTMConfig, Probabilities, TextCNN, TextCNNConfig, TransformerClassifier, TransformerConfig,
@@ -116,14 +116,16 @@ def batches(ids: list[list[int]], y: np.ndarray | None, batch_size: int, shuffle
         yield chunk, pad(ids, chunk), (torch.as_tensor(y[chunk]) if y is not None else None)
 
 
-def pretrained_matrix(itos: list[str], kv, dim: int, seed: int) -> tuple[torch.Tensor, float]:
-    """Embedding matrix: Word2Vec vectors where the word has one, small random vectors elsewhere, zero [PAD]."""
+def pretrained_matrix(itos: list[str], vectors: WordVectors, seed: int) -> tuple[torch.Tensor, float]:
+    """Embedding matrix: pretrained vectors where the token has one, small random vectors elsewhere, zero [PAD];
+    and the share of tokens that had one."""
     gen = torch.Generator().manual_seed(seed)
-    matrix = torch.randn((len(itos), dim), generator=gen) * 0.1
+    matrix = torch.randn((len(itos), vectors.dim), generator=gen) * 0.1
     hits = 0
-    for i, token in enumerate(itos):
-        if token in kv.key_to_index:
-            matrix[i] = torch.from_numpy(kv[token].copy())
+    for i, token in enumerate(itos[2:], start=2):  # [PAD] and [UNK] stay as they are
+        vector = vectors.get(token)
+        if vector is not None:
+            matrix[i] = torch.from_numpy(np.array(vector, dtype=np.float32))
             hits += 1
     matrix[0] = 0
     return matrix, hits / len(itos)
@@ -164,27 +166,25 @@ def network_config(kind: str, section, itos: list[str], num_classes: int, embed_
                       **{f: getattr(section, f) for f in fields}, **extra)
 
 
-def embedding_matrix(kind: str, section, itos: list[str], kv, seed: int) -> tuple[torch.Tensor, float, int]:
-    """Word2Vec-initialised embeddings; a transformer whose d_model differs from the vectors starts from random."""
-    dim = getattr(section, "d_model", None) or kv.vector_size
-    if dim != kv.vector_size:
+def embedding_matrix(section, itos: list[str], vectors: WordVectors, seed: int) -> tuple[torch.Tensor, float, int]:
+    """Embeddings from the embed stage's vectors; a transformer whose d_model differs from them starts from random."""
+    dim = getattr(section, "d_model", None) or vectors.dim
+    if dim != vectors.dim:
         return torch.randn((len(itos), dim), generator=torch.Generator().manual_seed(seed)) * 0.02, 0.0, dim
-    matrix, coverage = pretrained_matrix(itos, kv, dim, seed)
+    matrix, coverage = pretrained_matrix(itos, vectors, seed)
     return matrix, coverage, dim
 
 
 def train_network(
     kind: str, train: pd.DataFrame, validation: pd.DataFrame, labels: list[str], params: TrainConfig,
-    vocab_file: Path, kv_file: Path, out: Path, tracker: Tracker, checkpoints: Path,
+    vocab_file: Path, vectors: WordVectors, out: Path, tracker: Tracker | None, checkpoints: Path,
 ) -> dict:
     """Train a PyTorch network with early stopping on validation macro-F1; save the best to `<kind>/model.pt`."""
-    from gensim.models import KeyedVectors
-
     p = getattr(params, kind)
     seed_everything(params.seed)
     itos = read_vocab(vocab_file)
     stoi = {t: i for i, t in enumerate(itos)}
-    embeddings, coverage, dim = embedding_matrix(kind, p, itos, KeyedVectors.load(str(kv_file)), params.seed)
+    embeddings, coverage, dim = embedding_matrix(p, itos, vectors, params.seed)
     config = network_config(kind, p, itos, len(labels), dim)
     model = NETWORKS[kind][1](config, embeddings)
     x_train, y_train = encode(train["words"], stoi, p.max_len), label_ids(train, labels)
@@ -214,7 +214,8 @@ def train_network(
                 "max_len": p.max_len, "epoch": result.best_epoch, "val_macro_f1": best["val_macro_f1"]}, folder / "model.pt")
     return {
         "path": kind, "kind": kind, "seconds": result.seconds, "history": result.history, "best_epoch": result.best_epoch,
-        "resumed_from_epoch": result.resumed_from_epoch, "embedding_coverage": coverage, "device": result.device,
+        "resumed_from_epoch": result.resumed_from_epoch, "embeddings": vectors.name, "embedding_coverage": coverage,
+        "device": result.device,
         "bf16": result.bf16, "samples_per_second": result.samples_per_second,
         "parameters": sum(w.numel() for w in model.parameters()),
     }
@@ -276,6 +277,7 @@ def build(ctx: BuildContext) -> BuildOutput:
     train = pd.read_parquet(ctx.inputs["augment"] / "train.parquet")
     validation = pd.read_parquet(ctx.inputs["segment"] / "validation.parquet")
     models = {}
+    vectors = load_word_vectors(ctx.inputs["embed"], p.embeddings) if set(p.models) & (set(NETWORKS) | {"bert"}) else None
     for name in p.models:
         if name == "fasttext":
             models[name] = train_fasttext(train, labels, p, ctx.out)
@@ -290,12 +292,12 @@ def build(ctx: BuildContext) -> BuildOutput:
         elif name == "bert":
             models[name] = train_bert(
                 train, validation, labels, p, ctx.inputs["vocab"] / "chars" / "vocab.txt", ctx.inputs["vocab"] / "words" / "vocab.txt",
-                ctx.inputs["embed"] / "word2vec.kv", ctx.out, ctx.scratch / name, ctx.tracker,
+                vectors, ctx.out, ctx.scratch / name, ctx.tracker,
             )
         else:
             models[name] = train_network(
                 name, train, validation, labels, p, ctx.inputs["vocab"] / "words" / "vocab.txt",
-                ctx.inputs["embed"] / "word2vec.kv", ctx.out, ctx.tracker, ctx.scratch / name,
+                vectors, ctx.out, ctx.tracker, ctx.scratch / name,
             )
         if name in LANGUAGE_MODELS:
             continue  # no classification metrics

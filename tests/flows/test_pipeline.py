@@ -135,11 +135,14 @@ def test_model_zoo_through_the_flow_with_curves_and_servable_models(prefect_harn
 
     sets = ["train.models=[transformer, bert, rnn_lm]", "train.epochs=2", "train.bert.pretrain_epochs=1",
             "train.bert.hidden_size=32", "train.bert.num_heads=2", "train.bert.num_layers=2", "train.bert.intermediate_size=64",
-            "train.bert.word_adapter=true", "train.bert.adapter_layer=0", "train.rnn_lm.hidden_size=32"]
+            "train.bert.word_adapter=true", "train.bert.adapter_layer=0", "train.rnn_lm.hidden_size=32",
+            "train.embeddings=fasttext", "train.transformer.num_heads=2"]  # smoke's fastText vectors: 30 dimensions
     out = run(store, sets, stages=select_stages(start="train"))
     runs = children(out["parent_run_id"], out["experiment"])
     models = {r.data.tags["zhpipe.model"]: r for r in runs if "zhpipe.model" in r.data.tags}
     assert set(models) == {"transformer", "bert", "rnn_lm"}
+    train_info = next(s for s in out["stages"] if s["stage"] == "train")["info"]["models"]
+    assert train_info["transformer"]["embeddings"] == "fasttext" and train_info["transformer"]["embedding_coverage"] > 0.9
     c = client()
     curves = {("transformer", "val_macro_f1"): [1, 2], ("bert", "val_macro_f1"): [1, 2], ("bert", "mlm_val_mlm_loss"): [1],
               ("rnn_lm", "val_perplexity"): [1, 2], ("transformer", "lr"): [1, 2], ("bert", "samples_per_second"): [1, 2]}

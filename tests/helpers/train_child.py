@@ -13,7 +13,7 @@ import torch
 from flows.config import TrainConfig, VocabConfig
 from tasks.train import PREDICTORS, train_network
 from tasks.vocab import build_vocab, count_tokens
-from tests.tasks.test_train import frame, write_vectors
+from tests.tasks.test_train import frame, tiny_vectors
 
 if __name__ == "__main__":
     torch.set_num_threads(1)  # the same thread count in every run, so runs are bit-identical
@@ -22,8 +22,7 @@ if __name__ == "__main__":
     train, validation = frame(20), frame(2)
     vocab = build_vocab(count_tokens(train["words"]), VocabConfig(min_freq=1))
     (out / "vocab.txt").write_text("".join(f"{t}\n" for t in vocab), encoding="utf-8")
-    write_vectors(out / "w.kv")
     params = TrainConfig(epochs=epochs, patience=epochs, textcnn={"num_filters": 8, "batch_size": 8, "lr": 0.001})
-    summary = train_network("textcnn", train, validation, ["0", "1"], params, out / "vocab.txt", out / "w.kv", out, None, checkpoints)
+    summary = train_network("textcnn", train, validation, ["0", "1"], params, out / "vocab.txt", tiny_vectors(), out, None, checkpoints)
     np.save(out / "probs.npy", PREDICTORS["textcnn"](out / "textcnn")(validation))
     (out / "summary.json").write_text(json.dumps({k: v for k, v in summary.items() if k != "history"}))

@@ -6,6 +6,7 @@ import torch
 from flows.config import TrainConfig, VocabConfig
 from flows.errors import ConfigError
 from tasks.bert import bert_predictor, char_tokenizer, encode_chars, lexicon_word_ids, train_bert
+from tasks.embed import keyed_word_vectors
 from tasks.hub import ModelMissingError
 from tasks.vocab import build_vocab, count_tokens
 from tests.tasks.test_train import frame
@@ -25,14 +26,13 @@ def corpus(tmp_path):
         (tmp_path / f"{kind}.txt").write_text("".join(f"{t}\n" for t in vocab), encoding="utf-8")
     kv = KeyedVectors(vector_size=16)
     kv.add_vectors(["房间", "干净", "服务", "热情", "态度"], np.random.default_rng(0).normal(size=(5, 16)).astype(np.float32))
-    kv.save(str(tmp_path / "w.kv"))
-    return train, validation, tmp_path
+    return train, validation, tmp_path, keyed_word_vectors(kv)
 
 
 def run_bert(corpus, **section):
-    train, validation, d = corpus
+    train, validation, d, vectors = corpus
     params = TrainConfig(epochs=10, patience=10, bert={**TINY, **section})
-    return train_bert(train, validation, ["0", "1"], params, d / "chars.txt", d / "words.txt", d / "w.kv", d, d / "ckpt", None)
+    return train_bert(train, validation, ["0", "1"], params, d / "chars.txt", d / "words.txt", vectors, d, d / "ckpt", None)
 
 
 def test_lexicon_words_cover_their_characters():

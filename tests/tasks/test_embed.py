@@ -50,3 +50,28 @@ def test_fasttext_dim_must_be_a_multiple_of_ten():
 
     with pytest.raises(ValidationError, match="multiple of 10"):
         FastTextEmbedConfig(dim=32)
+
+
+def test_networks_start_from_either_embedding(tmp_path):
+    """train.embeddings: Word2Vec covers the words it saw; fastText's subwords give every token a vector."""
+    import pytest
+
+    from flows.errors import DataError
+    from tasks.embed import keyed_word_vectors, load_word_vectors
+    from tasks.train import pretrained_matrix
+
+    path = corpus(tmp_path)
+    params = EmbedConfig(word2vec=Word2VecConfig(vector_size=10, min_count=1, epochs=1),
+                         fasttext=FastTextEmbedConfig(dim=10, epoch=1, bucket=1000), workers=1)
+    train_word2vec(path, params).save(str(tmp_path / "word2vec.kv"))
+    itos = ["[PAD]", "[UNK]", "酒店", "房间", "没见过的词"]
+    w2v = load_word_vectors(tmp_path, "word2vec")
+    matrix, coverage = pretrained_matrix(itos, w2v, seed=0)
+    assert coverage == 2 / 5 and np.allclose(matrix[2].numpy(), w2v.get("酒店")) and matrix[0].abs().sum() == 0
+    with pytest.raises(DataError, match="no fastText model"):
+        load_word_vectors(tmp_path, "fasttext")
+    train_fasttext(path, params).save_model(str(tmp_path / "fasttext.bin"))
+    ft = load_word_vectors(tmp_path, "fasttext")
+    matrix, coverage = pretrained_matrix(itos, ft, seed=0)
+    assert coverage == 3 / 5 and np.abs(matrix[4].numpy()).sum() > 0 and ft.name == "fasttext"
+    assert keyed_word_vectors(KeyedVectors.load(str(tmp_path / "word2vec.kv"))).get("没见过的词") is None

@@ -7,6 +7,7 @@ from gensim.models import KeyedVectors
 from flows.config import TrainConfig
 from flows.tracking import Tracker
 from tasks.models import TextCNN, TextCNNConfig
+from tasks.embed import keyed_word_vectors
 from tasks.tfidf import train_tfidf_lr
 from tasks.train import PREDICTORS, batches, encode, train_fasttext, train_network
 
@@ -19,11 +20,11 @@ def frame(n=20):
     return pd.DataFrame({"words": words, "chars": [" ".join(w.replace(" ", "")) for w in words], "label": (["1"] * 3 + ["0"] * 3) * n})
 
 
-def write_vectors(path, dim=16):
-    """A tiny KeyedVectors file standing in for the embed stage's Word2Vec."""
+def tiny_vectors(dim=16):
+    """Two words' vectors standing in for the embed stage's Word2Vec."""
     kv = KeyedVectors(vector_size=dim)
     kv.add_vectors(["房间", "干净"], np.ones((2, dim), dtype=np.float32))
-    kv.save(str(path))
+    return keyed_word_vectors(kv)
 
 
 def test_textcnn_loss_goes_down():
@@ -62,12 +63,11 @@ def test_network_trains_saves_and_reloads_with_identical_predictions(kind, tmp_p
     train, validation = frame(), frame(2)
     vocab = build_vocab(count_tokens(train["words"]), VocabConfig(min_freq=1))
     (tmp_path / "vocab.txt").write_text("".join(f"{t}\n" for t in vocab), encoding="utf-8")
-    write_vectors(tmp_path / "w.kv")
     params = TrainConfig(epochs=6, patience=6, textcnn={"num_filters": 8, "batch_size": 16, "lr": 0.01},
                          bilstm={"hidden_size": 8, "batch_size": 16, "lr": 0.01},
                          transformer={"num_heads": 2, "ff_dim": 32, "batch_size": 16, "lr": 0.003})
     tracker = Tracker.start(run_ctx.experiment, "train-test", parent=run_ctx.parent_run_id)
-    summary = train_network(kind, train, validation, ["0", "1"], params, tmp_path / "vocab.txt", tmp_path / "w.kv", tmp_path, tracker, tmp_path / "ckpt")
+    summary = train_network(kind, train, validation, ["0", "1"], params, tmp_path / "vocab.txt", tiny_vectors(), tmp_path, tracker, tmp_path / "ckpt")
     assert summary["embedding_coverage"] == 2 / len(vocab)
     assert summary["history"][-1]["train_loss"] < summary["history"][0]["train_loss"]
     probs = PREDICTORS[kind](tmp_path / kind)(validation)
@@ -166,9 +166,8 @@ def test_device_auto_and_bf16_autocast_on_cpu(tmp_path, run_ctx):
     train = frame()
     vocab = build_vocab(count_tokens(train["words"]), VocabConfig(min_freq=1))
     (tmp_path / "vocab.txt").write_text("".join(f"{t}\n" for t in vocab), encoding="utf-8")
-    write_vectors(tmp_path / "w.kv")
     params = TrainConfig(epochs=4, patience=4, precision="bf16", device="cpu", textcnn={"num_filters": 8, "batch_size": 16, "lr": 0.01})
-    summary = train_network("textcnn", train, frame(2), ["0", "1"], params, tmp_path / "vocab.txt", tmp_path / "w.kv", tmp_path,
+    summary = train_network("textcnn", train, frame(2), ["0", "1"], params, tmp_path / "vocab.txt", tiny_vectors(), tmp_path,
                             None, tmp_path / "ckpt")
     assert summary["bf16"] and summary["device"] == "cpu"
     assert summary["history"][-1]["train_loss"] < summary["history"][0]["train_loss"]
