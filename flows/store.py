@@ -68,6 +68,17 @@ def atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _alive(pid: int) -> bool:
+    """Whether a process with this id exists (on this machine)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
 class StageStore:
     """Finds, creates and publishes stage outputs under one root folder."""
 
@@ -91,7 +102,11 @@ class StageStore:
         return [p.name for p in folder.iterdir() if p.name != key and (p / MANIFEST).is_file()]
 
     def begin(self, stage: str, key: str) -> Path:
-        """A fresh temporary folder to build an output in."""
+        """A fresh temporary folder to build an output in; those of killed builds of this key are removed."""
+        for old in (self.root / stage).glob(f".tmp-{key}-*"):
+            pid = old.name.rsplit("-", 1)[-1]
+            if pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(old, ignore_errors=True)
         tmp = self.root / stage / f".tmp-{key}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)

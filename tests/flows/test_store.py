@@ -30,3 +30,17 @@ def test_republish_replaces_and_others_lists_stale(tmp_path):
         store.publish(store.begin("clean", key), _manifest(key))
     assert store.others("clean", "k1") == ["k2"]
     assert store.manifest("clean", "k2").rows == 3
+
+
+def test_begin_removes_the_temporary_folders_of_dead_builds_only(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    store = StageStore(tmp_path)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
+    (tmp_path / "clean" / f".tmp-k1-{dead}").mkdir(parents=True)  # a killed build of this key
+    (tmp_path / "clean" / ".tmp-k1-1").mkdir()  # pid 1 is alive: another build still running
+    (tmp_path / "clean" / f".tmp-k2-{dead}").mkdir()  # another key: not this build's business
+    store.begin("clean", "k1")
+    assert sorted(p.name for p in (tmp_path / "clean").iterdir()) == sorted([".tmp-k1-1", f".tmp-k2-{dead}", f".tmp-k1-{os.getpid()}"])
