@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+import torch.nn.functional as F
 from sklearn.metrics import accuracy_score, f1_score
 
 from flows.config import BertSectionConfig, TrainConfig
@@ -153,7 +154,7 @@ def train_bert(train: pd.DataFrame, validation: pd.DataFrame, labels: list[str],
     """Pretrain (unless a checkpoint is given) and fine-tune; save a transformers folder to `bert/`."""
     from transformers import AutoTokenizer
 
-    from tasks.train import label_ids  # the stage module's helper; imported here to avoid a cycle
+    from tasks.train import class_weight_tensor, label_ids  # the stage module's helpers; here to avoid a cycle
     from tasks.vocab import read_vocab
 
     _quiet_transformers()
@@ -195,7 +196,13 @@ def train_bert(train: pd.DataFrame, validation: pd.DataFrame, labels: list[str],
         return {"val_loss": float(-np.log(np.clip(probs[np.arange(len(y_val)), y_val], 1e-9, 1)).mean()),
                 "val_accuracy": float(accuracy_score(y_val, pred)), "val_macro_f1": float(f1_score(y_val, pred, average="macro"))}
 
-    task = Task(batches, steps_per_epoch=-(-len(x_train) // p.batch_size), loss=lambda m, b: m(**b)[1], validate=validate)
+    weight = class_weight_tensor(y_train, len(labels)) if params.class_weights else None
+
+    def loss(m, b):
+        logits, _ = m(b["input_ids"], b["attention_mask"], b.get("word_ids"))
+        return F.cross_entropy(logits.float(), b["labels"], weight=None if weight is None else weight.to(logits.device))
+
+    task = Task(batches, steps_per_epoch=-(-len(x_train) // p.batch_size), loss=loss, validate=validate)
     result = fit("bert", model, task, LoopConfig.from_train(params, lr=p.lr), checkpoints / "finetune", tracker)
     save_bert(model, tokenizer, labels, p, lexicon, out / "bert")
     return {"path": "bert", "kind": "bert", "seconds": result.seconds + summary.get("pretrain_seconds", 0.0),

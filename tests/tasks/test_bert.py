@@ -29,9 +29,9 @@ def corpus(tmp_path):
     return train, validation, tmp_path, keyed_word_vectors(kv)
 
 
-def run_bert(corpus, **section):
+def run_bert(corpus, class_weights=False, **section):
     train, validation, d, vectors = corpus
-    params = TrainConfig(epochs=10, patience=10, bert={**TINY, **section})
+    params = TrainConfig(epochs=10, patience=10, class_weights=class_weights, bert={**TINY, **section})
     return train_bert(train, validation, ["0", "1"], params, d / "chars.txt", d / "words.txt", vectors, d, d / "ckpt", None)
 
 
@@ -87,7 +87,7 @@ def test_bert_from_a_local_checkpoint_folder(corpus, tmp_path):
     BertForSequenceClassification(BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                              intermediate_size=64)).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    summary = run_bert(corpus, checkpoint=str(folder))
+    summary = run_bert(corpus, class_weights=True, checkpoint=str(folder))
     assert "pretrain_history" not in summary and summary["parameters"] < 200_000
     assert summary["history"][-1]["val_accuracy"] == 1.0
     with pytest.raises(ConfigError, match=r"train.bert: adapter_layer must be below the last encoder layer \(0"):
