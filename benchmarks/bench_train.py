@@ -74,7 +74,7 @@ def throughput(name: str, df: pd.DataFrame, params, folder: Path) -> dict[str, f
         return {"bert_mlm": summary["pretrain_samples_per_second"], "bert": summary["samples_per_second"]}
     else:
         summary = train.train_network(name, df, validation, labels, params, folder / "words" / "vocab.txt",
-                                      load_word_vectors(folder, "word2vec"), out, None, out / "ckpt")
+                                      load_word_vectors(folder, "word2vec"), out, out / "ckpt", None)
     return {name: summary["samples_per_second"]}
 
 

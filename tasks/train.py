@@ -177,7 +177,7 @@ def embedding_matrix(section, itos: list[str], vectors: WordVectors, seed: int) 
 
 def train_network(
     kind: str, train: pd.DataFrame, validation: pd.DataFrame, labels: list[str], params: TrainConfig,
-    vocab_file: Path, vectors: WordVectors, out: Path, tracker: Tracker | None, checkpoints: Path,
+    vocab_file: Path, vectors: WordVectors, out: Path, checkpoints: Path, tracker: Tracker | None,
 ) -> dict:
     """Train a PyTorch network with early stopping on validation macro-F1; save the best to `<kind>/model.pt`."""
     p = getattr(params, kind)
@@ -297,7 +297,7 @@ def build(ctx: BuildContext) -> BuildOutput:
         else:
             models[name] = train_network(
                 name, train, validation, labels, p, ctx.inputs["vocab"] / "words" / "vocab.txt",
-                vectors, ctx.out, ctx.tracker, ctx.scratch / name,
+                vectors, ctx.out, ctx.scratch / name, ctx.tracker,
             )
         if name in LANGUAGE_MODELS:
             continue  # no classification metrics

@@ -23,6 +23,6 @@ if __name__ == "__main__":
     vocab = build_vocab(count_tokens(train["words"]), VocabConfig(min_freq=1))
     (out / "vocab.txt").write_text("".join(f"{t}\n" for t in vocab), encoding="utf-8")
     params = TrainConfig(epochs=epochs, patience=epochs, textcnn={"num_filters": 8, "batch_size": 8, "lr": 0.001})
-    summary = train_network("textcnn", train, validation, ["0", "1"], params, out / "vocab.txt", tiny_vectors(), out, None, checkpoints)
+    summary = train_network("textcnn", train, validation, ["0", "1"], params, out / "vocab.txt", tiny_vectors(), out, checkpoints, None)
     np.save(out / "probs.npy", PREDICTORS["textcnn"](out / "textcnn")(validation))
     (out / "summary.json").write_text(json.dumps({k: v for k, v in summary.items() if k != "history"}))

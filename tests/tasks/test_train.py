@@ -67,7 +67,7 @@ def test_network_trains_saves_and_reloads_with_identical_predictions(kind, tmp_p
                          bilstm={"hidden_size": 8, "batch_size": 16, "lr": 0.01},
                          transformer={"num_heads": 2, "ff_dim": 32, "batch_size": 16, "lr": 0.003})
     tracker = Tracker.start(run_ctx.experiment, "train-test", parent=run_ctx.parent_run_id)
-    summary = train_network(kind, train, validation, ["0", "1"], params, tmp_path / "vocab.txt", tiny_vectors(), tmp_path, tracker, tmp_path / "ckpt")
+    summary = train_network(kind, train, validation, ["0", "1"], params, tmp_path / "vocab.txt", tiny_vectors(), tmp_path, tmp_path / "ckpt", tracker)
     assert summary["embedding_coverage"] == 2 / len(vocab)
     assert summary["history"][-1]["train_loss"] < summary["history"][0]["train_loss"]
     probs = PREDICTORS[kind](tmp_path / kind)(validation)
@@ -168,7 +168,7 @@ def test_device_auto_and_bf16_autocast_on_cpu(tmp_path, run_ctx):
     (tmp_path / "vocab.txt").write_text("".join(f"{t}\n" for t in vocab), encoding="utf-8")
     params = TrainConfig(epochs=4, patience=4, precision="bf16", device="cpu", textcnn={"num_filters": 8, "batch_size": 16, "lr": 0.01})
     summary = train_network("textcnn", train, frame(2), ["0", "1"], params, tmp_path / "vocab.txt", tiny_vectors(), tmp_path,
-                            None, tmp_path / "ckpt")
+                            tmp_path / "ckpt", None)
     assert summary["bf16"] and summary["device"] == "cpu"
     assert summary["history"][-1]["train_loss"] < summary["history"][0]["train_loss"]
 
