@@ -135,30 +135,32 @@ class RunContext:
         return self._result(self.store.manifest(stage, key), "hit", 0.0)
 
     def run(self, stage: str, inputs: dict[str, StageResult], build: Callable[[BuildContext], BuildOutput]) -> StageResult:
-        """Reuse the stage's output when its key is in the store, else build it atomically; track either way."""
+        """Reuse the stage's output when its key is in the store, else build it atomically; track either way.
+        The key's lock is held throughout, so a concurrent run of the same key waits, then reuses."""
         key = self.keys[stage]
         t0 = time.perf_counter()
-        hit = stage not in self.force and self.store.is_done(stage, key)
-        params_model = getattr(self.config.stages, stage)
-        tracker = Tracker.start(
-            self.experiment,
-            stage,
-            parent=self.parent_run_id,
-            tags={"zhpipe.stage": stage, "zhpipe.cache": "hit" if hit else "miss", "zhpipe.key": key},
-        )
-        try:
-            tracker.params(flatten(stage_params(self.config, stage)))
-            if hit:
-                manifest = self.store.manifest(stage, key)
-                tracker.tags({"zhpipe.artifacts_run_id": manifest.mlflow_run_id or ""})
-                log.info("%s: cached (%s)", stage, key)
-            else:
-                manifest = self._build(stage, key, inputs, params_model, tracker, build)
-            tracker.metrics({**manifest.metrics, "rows": manifest.rows or 0, "seconds": manifest.seconds})
-        except BaseException:
-            tracker.finish(ok=False)
-            raise
-        tracker.finish()
+        with self.store.lock(stage, key):
+            hit = stage not in self.force and self.store.is_done(stage, key)
+            params_model = getattr(self.config.stages, stage)
+            tracker = Tracker.start(
+                self.experiment,
+                stage,
+                parent=self.parent_run_id,
+                tags={"zhpipe.stage": stage, "zhpipe.cache": "hit" if hit else "miss", "zhpipe.key": key},
+            )
+            try:
+                tracker.params(flatten(stage_params(self.config, stage)))
+                if hit:
+                    manifest = self.store.manifest(stage, key)
+                    tracker.tags({"zhpipe.artifacts_run_id": manifest.mlflow_run_id or ""})
+                    log.info("%s: cached (%s)", stage, key)
+                else:
+                    manifest = self._build(stage, key, inputs, params_model, tracker, build)
+                tracker.metrics({**manifest.metrics, "rows": manifest.rows or 0, "seconds": manifest.seconds})
+            except BaseException:
+                tracker.finish(ok=False)
+                raise
+            tracker.finish()
         return self._result(manifest, "hit" if hit else "miss", time.perf_counter() - t0)
 
     def _build(self, stage, key, inputs, params_model, tracker, build) -> Manifest:

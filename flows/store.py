@@ -2,12 +2,15 @@
 
 Layout: `<root>/<stage>/<key>/` holds a finished output and its `manifest.json`; an output is built in
 `<root>/<stage>/.tmp-<key>-<pid>/` and renamed into place, so a killed run never leaves a half-written
-folder that counts as done. `<root>/<stage>/.scratch-<key>/` holds what a killed build resumes from.
+folder that counts as done. `<root>/<stage>/.scratch-<key>/` holds what a killed build resumes from, and
+`<root>/<stage>/.lock-<key>` makes concurrent runs build each output once.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import os
 import shutil
 import time
@@ -16,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 MANIFEST = "manifest.json"
+log = logging.getLogger("zhpipe")
 
 
 def stage_key(stage: str, version: str, params: dict[str, Any], inputs: dict[str, str]) -> str:
@@ -124,6 +128,24 @@ class StageStore:
         else:
             os.replace(tmp, final)
         return final
+
+    @contextlib.contextmanager
+    def lock(self, stage: str, key: str):
+        """Hold the key's lock (a file lock, so it works across processes): two runs that need the same
+        output build it once; the second waits, then finds it done."""
+        from filelock import FileLock, Timeout
+
+        (self.root / stage).mkdir(parents=True, exist_ok=True)
+        lock = FileLock(self.root / stage / f".lock-{key}")
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            log.info("%s: another run is building %s; waiting for it", stage, key)
+            lock.acquire()
+        try:
+            yield
+        finally:
+            lock.release()
 
     def scratch(self, stage: str, key: str) -> Path:
         """A folder kept across attempts at one key (training checkpoints), so a killed build can resume;

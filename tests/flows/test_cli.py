@@ -89,3 +89,26 @@ def test_status_and_stages(api_env):
     proc = zhpipe(api_env, "status", "smoke")
     assert proc.returncode == 0
     assert "download" in proc.stdout and "evaluate" in proc.stdout
+
+
+def test_two_concurrent_runs_build_each_stage_once(api_env, tmp_path):
+    """Two runs of one pipeline at once on one store: each stage key is built by one of them and reused by
+    the other (a lock per stage key), both succeed, and the store holds one valid output per key."""
+    import re
+
+    from flows.config import load_pipeline
+    from flows.runner import plan_keys
+    from flows.store import StageStore
+
+    env = {**api_env, "ZHPIPE_DATA": str(tmp_path / "store")}
+    args = [sys.executable, "-m", "flows.cli", "run", "smoke", "--to", "train"]
+    procs = [subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outputs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [out[-1500:] for out in outputs]
+    keys = plan_keys(load_pipeline("smoke"))
+    store = StageStore(tmp_path / "store")
+    for stage in ("download", "clean", "split", "segment", "augment", "vocab", "embed", "train"):
+        built = sum(len(re.findall(rf"zhpipe {stage}: building", out)) for out in outputs)
+        assert built == 1, (stage, outputs)
+        assert store.is_done(stage, keys[stage]) and store.others(stage, keys[stage]) == []
+        assert [p.name for p in (tmp_path / "store" / stage).iterdir() if not p.name.startswith(".lock")] == [keys[stage]]
