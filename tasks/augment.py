@@ -111,6 +111,11 @@ def check_no_leakage(train: pd.DataFrame, original_ids: set, heldout: set[str]) 
         raise DataError(f"augment: {int(foreign.sum())} augmented rows come from rows outside the train split")
 
 
+def original_rows(train: pd.DataFrame) -> pd.DataFrame:
+    """The train rows as in the corpus, without the augmenter's new ones (language models and pretraining)."""
+    return train[train["aug_method"] == "original"] if "aug_method" in train else train
+
+
 def augment_frame(train: pd.DataFrame, ctx: AugmentContext) -> tuple[pd.DataFrame, Augmented]:
     """Original rows (aug_method 'original') then the augmenter's new rows, with fresh unique ids."""
     params = ctx.params

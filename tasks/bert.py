@@ -10,14 +10,14 @@ import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
-from sklearn.metrics import accuracy_score, f1_score
 
 from flows.config import BertSectionConfig, TrainConfig
 from flows.errors import ConfigError
+from tasks.augment import original_rows
 from tasks.embed import WordVectors
 from tasks.hub import load_pretrained
 from tasks.models import LexiconAdapter, LexiconBert
-from tasks.trainer import LoopConfig, Task, fit, length_buckets, pad, resolve_device, seed_everything
+from tasks.trainer import LoopConfig, Task, fit, length_buckets, pad, resolve_device, seed_everything, validation_metrics
 
 MAX_WORD_CHARS = 4  # the longest lexicon word matched against the text
 
@@ -168,7 +168,7 @@ def train_bert(train: pd.DataFrame, validation: pd.DataFrame, labels: list[str],
         tokenizer = char_tokenizer(char_vocab)
         source = None
         if p.pretrain_epochs:
-            original = train[train["aug_method"] == "original"] if "aug_method" in train else train
+            original = original_rows(train)
             folder, summary = pretrain_mlm(original["chars"], validation["chars"], tokenizer, p, params, checkpoints, tracker)
             source = str(folder)
     lexicon, lexicon_vectors = {}, None
@@ -191,10 +191,7 @@ def train_bert(train: pd.DataFrame, validation: pd.DataFrame, labels: list[str],
             yield len(chunk), batch
 
     def validate(m) -> dict[str, float]:
-        probs = bert_probs(m, x_val, w_val, pad)
-        pred = probs.argmax(1)
-        return {"val_loss": float(-np.log(np.clip(probs[np.arange(len(y_val)), y_val], 1e-9, 1)).mean()),
-                "val_accuracy": float(accuracy_score(y_val, pred)), "val_macro_f1": float(f1_score(y_val, pred, average="macro"))}
+        return validation_metrics(bert_probs(m, x_val, w_val, pad), y_val)
 
     weight = class_weight_tensor(y_train, len(labels)) if params.class_weights else None
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tasks.augment import original_rows
+
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"
 
 
@@ -113,16 +115,11 @@ def lm_config(section) -> NgramConfig:
     return NgramConfig(n=section.n, method=section.method, backoff=section.backoff, discount=section.discount)
 
 
-def _original_rows(train):
-    """Train rows as in the corpus: language models are fitted without augmented text."""
-    return train[train["aug_method"] == "original"] if "aug_method" in train else train
-
-
 def train_ngram_lm(train, validation, section, out: Path) -> dict:
     """Fit on the original (not augmented) train rows; save `ngram_lm/model.pkl`; report validation perplexity."""
     folder = out / "ngram_lm"
     folder.mkdir()
-    original = _original_rows(train)
+    original = original_rows(train)
     t0 = time.perf_counter()
     lm = NgramLM(lm_config(section)).fit([s.split() for s in original[section.tokens]])
     seconds = time.perf_counter() - t0
@@ -143,7 +140,7 @@ def train_lm_classifier(train, labels: list[str], section, out: Path) -> dict:
     """One n-gram LM per class on the original train rows; save `lm_classifier/model.pkl`."""
     folder = out / "lm_classifier"
     folder.mkdir()
-    original = _original_rows(train)
+    original = original_rows(train)
     t0 = time.perf_counter()
     models = [NgramLM(lm_config(section)).fit([s.split() for s in original.loc[original["label"] == label, section.tokens]])
               for label in labels]

@@ -11,6 +11,7 @@ import pandas as pd
 import torch
 
 from flows.config import RnnLMConfig, TrainConfig
+from tasks.augment import original_rows
 from tasks.models import LSTMLanguageModel, RNNLMConfig
 from tasks.trainer import LoopConfig, Task, fit, length_buckets, pad, resolve_device, seed_everything
 from tasks.vocab import read_vocab
@@ -49,7 +50,7 @@ def train_rnn_lm(train: pd.DataFrame, validation: pd.DataFrame, params: TrainCon
     p: RnnLMConfig = params.rnn_lm
     itos = read_vocab(vocab_root / p.tokens / "vocab.txt")
     stoi = {t: i for i, t in enumerate(itos)}
-    original = train[train["aug_method"] == "original"] if "aug_method" in train else train
+    original = original_rows(train)
     x_train, x_val = lm_sequences(original[p.tokens], stoi, p.max_len), lm_sequences(validation[p.tokens], stoi, p.max_len)
     seed_everything(params.seed)
     config = RNNLMConfig(vocab_size=len(itos), embed_dim=p.embed_dim, hidden_size=p.hidden_size, num_layers=p.num_layers,

@@ -28,7 +28,7 @@ from tasks.models import (
 from tasks.ngram import lm_classifier_predictor, lm_perplexity, train_lm_classifier, train_ngram_lm
 from tasks.rnnlm import rnn_lm_perplexity, train_rnn_lm
 from tasks.tfidf import tfidf_predictor, train_tfidf_lr
-from tasks.trainer import LoopConfig, Task, fit, length_buckets, pad, resolve_device, seed_everything
+from tasks.trainer import LoopConfig, Task, fit, length_buckets, pad, resolve_device, seed_everything, validation_metrics
 from tasks.vocab import read_vocab
 
 VERSION = "5"
@@ -196,10 +196,7 @@ def train_network(
         return F.cross_entropy(logits, b["labels"], weight=None if weight is None else weight.to(logits.device))
 
     def validate(m) -> dict[str, float]:
-        probs = predict_logits(m, x_val, 256, next(m.parameters()).device)
-        pred = probs.argmax(1)
-        return {"val_loss": float(-np.log(np.clip(probs[np.arange(len(y_val)), y_val], 1e-9, 1)).mean()),
-                "val_accuracy": float(accuracy_score(y_val, pred)), "val_macro_f1": float(f1_score(y_val, pred, average="macro"))}
+        return validation_metrics(predict_logits(m, x_val, 256, next(m.parameters()).device), y_val)
 
     def epoch_batches(rng):
         for chunk, x, y in batches(x_train, y_train, p.batch_size, shuffle=True, rng=rng):

@@ -79,6 +79,15 @@ def pad(seqs: list, chunk: np.ndarray, value: int = 0) -> torch.Tensor:
     return out
 
 
+def validation_metrics(probs: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    """A classifier's validation loss (mean negative log-likelihood), accuracy and macro-F1 from its probabilities."""
+    from sklearn.metrics import accuracy_score, f1_score
+
+    pred = probs.argmax(1)
+    return {"val_loss": float(-np.log(np.clip(probs[np.arange(len(y)), y], 1e-9, 1)).mean()),
+            "val_accuracy": float(accuracy_score(y, pred)), "val_macro_f1": float(f1_score(y, pred, average="macro"))}
+
+
 @dataclass
 class LoopConfig:
     """How to train: the shared `train` settings plus the model's learning rate and what to early-stop on."""
