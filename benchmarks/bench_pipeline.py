@@ -99,17 +99,17 @@ def bench_flow(pipeline: str, overrides: list[str], rounds: int) -> dict:
 
     config = load_pipeline(pipeline, overrides=overrides)
     t0 = time.perf_counter()
-    pipeline_flow(load_pipeline("smoke"), stages=["download"], data_root=str(_TMP / "warmup"))
+    pipeline_flow(load_pipeline("smoke"), stages=["download"], storage=str(_TMP / "warmup"))
     server_start = time.perf_counter() - t0
     console.print(f"  Prefect ephemeral server + warm-up flow: {server_start:.1f} s")
     first, rerun, direct, hits = [], [], [], True
     for r in range(rounds):
         store = str(_TMP / f"store{r}")
         t0 = time.perf_counter()
-        pipeline_flow(config, data_root=store)
+        pipeline_flow(config, storage=store)
         first.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        again = pipeline_flow(config, data_root=store)
+        again = pipeline_flow(config, storage=store)
         rerun.append(time.perf_counter() - t0)
         hits &= all(s["cache"] == "hit" for s in again["stages"])
         direct.append(direct_run(config, _TMP / f"direct{r}"))

@@ -12,3 +12,6 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# `zhpipe deploy` passes the file's schedules; an empty list must clear a deployment's old ones
+os.environ.setdefault("PREFECT_DEPLOYMENTS_CLEAR_SCHEDULES_ON_EMPTY", "true")
+os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "zhpipe")  # our log lines reach the Prefect UI and worker logs

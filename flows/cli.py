@@ -39,8 +39,15 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--text-column", default="text", help="with --source: the text column (default text)")
         p.add_argument("--label-column", default="label", help="with --source: the label column (default label)")
 
+    def storage_arg(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--storage", metavar="URL", help="stage store root: a folder or an fsspec URL such as s3://bucket/zhpipe "
+                       "(default: ZHPIPE_STORAGE, else the pipeline's `storage`, else data/)")
+
     run = sub.add_parser("run", help="run a pipeline (cached stages are reused)")
     pipeline_args(run)
+    storage_arg(run)
+    run.add_argument("--dask", metavar="ADDRESS", help="run the chunked stages (clean, segment, augment) on Dask: "
+                     "`local` for a local cluster, or a scheduler address such as tcp://10.0.0.5:8786")
     run.add_argument("--from", dest="start", choices=list(STAGES), help="first stage to run")
     run.add_argument("--to", dest="stop", choices=list(STAGES), help="last stage to run")
     run.add_argument("--only", choices=list(STAGES), help="run just this stage (its inputs must be cached)")
@@ -48,6 +55,16 @@ def _parser() -> argparse.ArgumentParser:
                      help="rebuild STAGE and every later stage even if cached (all stages without STAGE)")
     status = sub.add_parser("status", help="show each stage as cached, stale or missing")
     pipeline_args(status)
+    storage_arg(status)
+    deploy = sub.add_parser("deploy", help="create or update Prefect deployments (schedules, work pools) from pipelines.yaml")
+    deploy.add_argument("pipelines", nargs="*", metavar="PIPELINE", help="pipelines to deploy (default: every one in the file)")
+    deploy.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    serve = sub.add_parser("serve", help="run the scheduled pipelines from this process (no work pool or worker needed)")
+    serve.add_argument("pipelines", nargs="*", metavar="PIPELINE", help="pipelines to serve (default: those with a schedule)")
+    serve.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    worker = sub.add_parser("worker", help="start a Prefect process worker on a work pool (runs deployed pipelines)")
+    worker.add_argument("--pool", default="zhpipe", help="work pool (default zhpipe; e.g. gpu on a GPU machine)")
+    worker.add_argument("--limit", type=int, default=None, help="at most this many flow runs at once")
     sub.add_parser("stages", help="list the stages")
     sub.add_parser("pipelines", help="list the pipelines in pipelines.yaml").add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     ui = sub.add_parser("ui", help="start the MLflow UI on the project's tracking store")
@@ -56,11 +73,14 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _source(args) -> dict | None:
+    if not args.source:
+        return None
+    return {"path": args.source, "text_column": args.text_column, "label_column": args.label_column or None}
+
+
 def _load(args):
-    source = None
-    if args.source:
-        source = {"path": args.source, "text_column": args.text_column, "label_column": args.label_column or None}
-    return load_pipeline(args.pipeline, args.config, args.overrides, source)
+    return load_pipeline(args.pipeline, args.config, args.overrides, _source(args))
 
 
 def cmd_run(args) -> int:
@@ -72,7 +92,9 @@ def cmd_run(args) -> int:
     stages = select_stages(args.start, args.stop, args.only)
     force = None if args.force is None else ([args.force] if args.force else [])
     t0 = time.perf_counter()
-    out = pipeline_flow(config, stages=stages, force=force)
+    out = pipeline_flow(config, stages=stages, force=force, storage=args.storage, dask=args.dask,
+                        overrides=args.overrides, config_file=None if args.config == DEFAULT_CONFIG else str(args.config.resolve()),
+                        source=_source(args))
     console = Console()
     console.print(summary_table(out["stages"], time.perf_counter() - t0, config.name))
     console.print(f"MLflow: experiment [bold]{out['experiment']}[/], parent run {out['parent_run_id']}  (see it with `zhpipe ui`)")
@@ -98,12 +120,12 @@ def cmd_status(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from flows.pipeline import DATA_ROOT
+    from flows.pipeline import storage_root
     from flows.runner import plan_keys
     from flows.store import StageStore
 
     config = _load(args)
-    store, keys = StageStore(DATA_ROOT), plan_keys(config)
+    store, keys = StageStore(storage_root(config, args.storage)), plan_keys(config)
     table = Table(title=f"zhpipe status {config.name}")
     for col in ("stage", "state", "key", "rows", "built seconds"):
         table.add_column(col)
@@ -115,6 +137,61 @@ def cmd_status(args) -> int:
             state = "[yellow]stale[/]" if store.others(stage, key) else "[red]missing[/]"
             table.add_row(stage, state, key, "", "")
     Console().print(table)
+    return 0
+
+
+def _configs(args, default_all: bool) -> list:
+    names = args.pipelines or [n for n in list_pipelines(args.config) if default_all or _has_schedule(args.config, n)]
+    if not names:
+        raise ZhpipeError(f"{args.config}: no pipeline has a `schedule`; name the pipelines to serve")
+    return [load_pipeline(n, args.config) for n in names]
+
+
+def _has_schedule(config_file, name: str) -> bool:
+    return load_pipeline(name, config_file).schedule is not None
+
+
+def cmd_deploy(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from flows.deploy import deploy, require_server
+
+    configs = _configs(args, default_all=True)
+    url = require_server()
+    rows = deploy(configs, config_file=None if args.config == DEFAULT_CONFIG else str(args.config.resolve()))
+    table = Table(title=f"zhpipe deploy -> {url}")
+    for col in ("deployment", "work pool", "train pool", "schedule"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["deployment"], r["work_pool"], r["train_pool"], r["schedule"])
+    console = Console()
+    console.print(table)
+    created = sorted({p for r in rows for p in r["pools_created"]})
+    if created:
+        console.print(f"created work pools: {', '.join(created)}")
+    pools = sorted({r["work_pool"] for r in rows} | {r["train_pool"] for r in rows if r["train_pool"]})
+    console.print("start a worker per pool, e.g. " + "; ".join(f"`zhpipe worker --pool {p}`" for p in pools))
+    return 0
+
+
+def cmd_serve(args) -> int:
+    from flows.deploy import serve
+
+    configs = _configs(args, default_all=False)
+    print(f"serving {', '.join(c.name for c in configs)} (Ctrl-C stops)", flush=True)
+    serve(configs, config_file=None if args.config == DEFAULT_CONFIG else str(args.config.resolve()))
+    return 0
+
+
+def cmd_worker(args) -> int:
+    from flows.deploy import require_server
+
+    require_server()
+    cmd = [sys.executable, "-m", "prefect", "worker", "start", "--pool", args.pool, "--type", "process"]
+    if args.limit:
+        cmd += ["--limit", str(args.limit)]
+    os.execv(sys.executable, cmd)
     return 0
 
 
@@ -163,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         import prefect  # noqa: F401 - configures Prefect's loggers, which the filter then attaches to
 
         _quiet_prefect_tracebacks()
-    commands = {"run": cmd_run, "status": cmd_status, "stages": cmd_stages, "pipelines": cmd_pipelines, "ui": cmd_ui}
+    commands = {"run": cmd_run, "status": cmd_status, "stages": cmd_stages, "pipelines": cmd_pipelines, "ui": cmd_ui,
+                "deploy": cmd_deploy, "serve": cmd_serve, "worker": cmd_worker}
     try:
         return commands[args.command](args)
     except ZhpipeError as e:

@@ -309,6 +309,8 @@ class TrainConfig(_Section):
     grad_clip: float | None = Field(1.0, gt=0)  # max gradient norm; None = no clipping
     grad_accum: int = Field(1, ge=1)  # batches per optimizer step (a larger effective batch)
     class_weights: bool = False  # weight the loss by inverse class frequency (imbalanced corpora)
+    # run this stage as a deployment run on another Prefect work pool (GPU workers); not part of the key
+    work_pool: str | None = Field(None, exclude=True)
     fasttext: FastTextClassifierConfig = FastTextClassifierConfig()
     textcnn: TextCNNConfig = TextCNNConfig()
     bilstm: BiLSTMSectionConfig = BiLSTMSectionConfig()
@@ -352,11 +354,57 @@ class StagesConfig(_Section):
         return self
 
 
+class ScheduleConfig(_Section):
+    """When a deployed pipeline runs: a cron line in a time zone, or a fixed interval."""
+
+    cron: str | None = None  # e.g. "0 3 * * *"
+    interval: float | None = Field(None, gt=0)  # seconds
+    timezone: str = "UTC"  # IANA name, e.g. Asia/Shanghai
+    active: bool = True
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "ScheduleConfig":
+        if (self.cron is None) == (self.interval is None):
+            raise ValueError("schedule needs exactly one of `cron` or `interval`")
+        if self.cron is not None:
+            from prefect._internal.schemas.validators import validate_cron_string  # the server's own check
+
+            try:
+                validate_cron_string(self.cron)
+            except ValueError:
+                raise ValueError(f"schedule.cron: {self.cron!r} is not a valid cron line (minute hour day month weekday)") from None
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(self.timezone)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"schedule.timezone: unknown time zone {self.timezone!r} (expected an IANA name such as Asia/Shanghai)") from None
+        return self
+
+
+STAGE_NAMES = ("download", "clean", "split", "segment", "augment", "vocab", "embed", "train", "evaluate")
+
+
+class RunParameters(_Section):
+    """Default parameters of a deployed pipeline's runs (each can be changed per run in the Prefect UI)."""
+
+    overrides: list[str] = []  # `--set` assignments, e.g. ["train.epochs=2"]
+    stages: list[Literal[STAGE_NAMES]] | None = None  # None = all
+    force: list[Literal[STAGE_NAMES]] | None = None  # rebuild these stages and all later ones; [] = all
+
+
 class PipelineConfig(_Section):
     name: str
     description: str = ""
     source: SourceConfig
     stages: StagesConfig = StagesConfig()
+    # deployment (`zhpipe deploy`, `zhpipe serve`) and execution; none of these is part of a stage key
+    schedule: ScheduleConfig | None = None
+    parameters: RunParameters = RunParameters()
+    work_pool: str = "zhpipe"  # the pool whose workers run the pipeline flow
+    runner: Literal["local", "dask"] = "local"  # dask: chunked stages run on a Dask cluster
+    dask_address: str | None = None  # scheduler address (tcp://host:8786); None with runner dask = a local cluster
+    storage: str | None = None  # stage store root: a folder or an fsspec URL; default data/ (ZHPIPE_STORAGE wins)
 
     def config_hash(self) -> str:
         """Short hash of the resolved config, tagged on every MLflow parent run."""

@@ -1,6 +1,7 @@
 """The pipeline flow: download -> clean -> split -> segment -> augment -> vocab -> embed -> train -> evaluate."""
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import time
@@ -10,7 +11,8 @@ from typing import Any
 
 from prefect import flow
 
-from flows.config import PROJECT_ROOT, PipelineConfig
+from flows.config import DEFAULT_CONFIG, DEFAULT_PIPELINE, PROJECT_ROOT, PipelineConfig, load_pipeline
+from flows.errors import ZhpipeError
 from flows.runner import STAGES, RunContext, StageResult, plan_keys, source_fingerprint
 from flows.store import StageStore
 from flows.tracking import Tracker
@@ -24,7 +26,8 @@ from tasks.split import split
 from tasks.train import train
 from tasks.vocab import vocab
 
-DATA_ROOT = Path(os.environ.get("ZHPIPE_DATA", PROJECT_ROOT / "data"))  # the stage store
+log = logging.getLogger("zhpipe")
+DATA_ROOT = PROJECT_ROOT / "data"  # the default stage store
 # the one number per stage that the run summary shows
 HEADLINE = {
     "download": "rows_raw", "clean": "rows_dropped", "split": "rows_test", "segment": "train_mean_words",
@@ -54,6 +57,22 @@ def forced_stages(force: list[str] | None) -> set[str]:
     return set(names[first:])
 
 
+def storage_root(config: PipelineConfig, explicit: str | None = None) -> str:
+    """The stage store root: --storage, else ZHPIPE_STORAGE (or the older ZHPIPE_DATA), else the pipeline's
+    `storage`, else data/. A folder or an fsspec URL."""
+    return explicit or os.environ.get("ZHPIPE_STORAGE") or os.environ.get("ZHPIPE_DATA") or config.storage or str(DATA_ROOT)
+
+
+def chunk_executor(config: PipelineConfig, explicit: str | None = None) -> str | None:
+    """Where chunked stages run: None = this machine's processes, "local" = a local Dask cluster, else a
+    Dask scheduler address. --dask beats the pipeline's `runner`/`dask_address`."""
+    if explicit:
+        return explicit
+    if config.runner == "dask":
+        return config.dask_address or "local"
+    return None
+
+
 def git_commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=5).stdout.strip() or "unknown"
@@ -61,7 +80,7 @@ def git_commit() -> str:
         return "unknown"
 
 
-def start_run(config: PipelineConfig, force: set[str], data_root: Path) -> RunContext:
+def start_run(config: PipelineConfig, force: set[str], storage: str, executor: str | None = None) -> RunContext:
     """Plan keys and open the MLflow parent run of this pipeline run."""
     keys = plan_keys(config)
     experiment = f"zhpipe-{config.name}"
@@ -76,7 +95,7 @@ def start_run(config: PipelineConfig, force: set[str], data_root: Path) -> RunCo
         },
     )
     parent.params(config.flat_params())
-    return RunContext(config, StageStore(data_root), keys, experiment, parent.run_id, force)
+    return RunContext(config, StageStore(storage), keys, experiment, parent.run_id, force, executor)
 
 
 def finish_run(run: RunContext, results: dict[str, StageResult], ok: bool) -> None:
@@ -95,11 +114,23 @@ def finish_run(run: RunContext, results: dict[str, StageResult], ok: bool) -> No
 
 @flow(name="zhpipe", log_prints=True, validate_parameters=False)
 def pipeline_flow(
-    config: PipelineConfig, stages: list[str] | None = None, force: list[str] | None = None, data_root: str | None = None
+    pipeline: str | PipelineConfig = DEFAULT_PIPELINE,
+    overrides: list[str] | None = None,
+    stages: list[str] | None = None,
+    force: list[str] | None = None,
+    storage: str | None = None,
+    dask: str | None = None,
+    source: dict[str, Any] | None = None,
+    config_file: str | None = None,
 ) -> dict[str, Any]:
-    """Run the selected stages of one pipeline; earlier stages they need are read from the stage store."""
+    """Run the selected stages of one pipeline; earlier stages they need are read from the stage store.
+
+    `pipeline` is a name in `config_file` (what deployments pass) or an already loaded config (the CLI).
+    `storage`: the stage store root (folder or fsspec URL); `dask`: "local" or a scheduler address.
+    """
+    config = pipeline if isinstance(pipeline, PipelineConfig) else _config(pipeline, overrides, source, config_file)
     stages = stages or list(STAGES)
-    run = start_run(config, forced_stages(force), Path(data_root) if data_root else DATA_ROOT)
+    run = start_run(config, forced_stages(force), storage_root(config, storage), chunk_executor(config, dask))
     needed = set(stages) | {d for s in stages for d in STAGES[s]}
     results: dict[str, StageResult] = {}
 
@@ -119,7 +150,12 @@ def pipeline_flow(
         a = step("augment", augment, seg)
         v = step("vocab", vocab, a, seg)
         e = step("embed", embed, a)
-        t = step("train", train, a, seg, v, e)
+        pool = config.stages.train.work_pool
+        routed = pool and "train" in stages and ("train" in run.force or not run.store.is_done("train", run.keys["train"]))
+        if routed:  # train on another work pool's worker (GPU), into the same store and MLflow parent run
+            results["train"] = t = train_remote(run, pool, overrides, source, config_file, storage, dask)
+        else:
+            t = step("train", train, a, seg, v, e)
         step("evaluate", evaluate, t, seg)
         ok = True
     finally:
@@ -129,3 +165,64 @@ def pipeline_flow(
         "experiment": run.experiment,
         "stages": [asdict(results[name]) | {"headline": HEADLINE[name]} for name in stages],
     }
+
+
+def _config(name: str, overrides: list[str] | None, source: dict[str, Any] | None, config_file: str | None) -> PipelineConfig:
+    return load_pipeline(name, Path(config_file) if config_file else DEFAULT_CONFIG, overrides or [], source)
+
+
+def train_deployment(pipeline: str) -> str:
+    """The deployment that runs a pipeline's train stage on its `stages.train.work_pool`."""
+    return f"zhpipe-train/{pipeline}"
+
+
+def train_remote(run: RunContext, pool: str, overrides, source, config_file, storage, dask) -> StageResult:
+    """Submit the train stage as a run of the pipeline's train deployment and wait for it; the result is
+    read back from the stage store the worker wrote to."""
+    from prefect.deployments import run_deployment
+    from prefect.exceptions import ObjectNotFound
+
+    name = train_deployment(run.config.name)
+    log.info("train: submitting to work pool '%s' (deployment %s) and waiting", pool, name)
+    t0 = time.perf_counter()
+    parameters = {
+        "pipeline": run.config.name, "overrides": overrides or [], "source": source, "config_file": config_file,
+        "storage": run.store.url, "parent_run_id": run.parent_run_id, "force": "train" in run.force,
+    }
+    try:
+        flow_run = run_deployment(name, parameters=parameters, timeout=None, poll_interval=2)
+    except ObjectNotFound:
+        raise ZhpipeError(
+            f"train: stages.train.work_pool is '{pool}' but the deployment '{name}' does not exist on the Prefect "
+            f"server; create it with `zhpipe deploy {run.config.name}`, or train here with --set train.work_pool=null"
+        ) from None
+    if not flow_run.state or not flow_run.state.is_completed():
+        state = flow_run.state.name if flow_run.state else "unknown"
+        raise ZhpipeError(f"train: the run '{flow_run.name}' of {name} on work pool '{pool}' ended {state}: {flow_run.state.message if flow_run.state else ''}")
+    key = run.keys["train"]
+    if not run.store.is_done("train", key):
+        raise ZhpipeError(f"train: the run '{flow_run.name}' on work pool '{pool}' completed but {run.store.url} has no train output {key}: does the worker use the same storage root?")
+    return run._result(run.store.manifest("train", key), "miss", time.perf_counter() - t0)
+
+
+@flow(name="zhpipe-train", log_prints=True, validate_parameters=False)
+def train_flow(
+    pipeline: str,
+    parent_run_id: str | None = None,
+    overrides: list[str] | None = None,
+    source: dict[str, Any] | None = None,
+    config_file: str | None = None,
+    storage: str | None = None,
+    force: bool = False,
+) -> dict[str, Any]:
+    """The train stage alone, on a (GPU) worker: inputs from the shared store, one training per GPU at a time
+    (a Prefect global concurrency limit per worker machine), logged under the pipeline run's MLflow parent."""
+    from flows.deploy import gpu_slot
+
+    config = _config(pipeline, overrides, source, config_file)
+    run = RunContext(config, StageStore(storage_root(config, storage)), plan_keys(config), f"zhpipe-{config.name}",
+                     parent_run_id, {"train"} if force else set())
+    inputs = [run.reuse(name) for name in STAGES["train"]]
+    with gpu_slot():
+        result = train(run, *inputs)
+    return {k: v for k, v in asdict(result).items() if k != "path"}

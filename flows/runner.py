@@ -102,6 +102,7 @@ class BuildContext:
     params: BaseModel
     tracker: Tracker
     pipeline: str
+    executor: str | None = None  # chunked work: None = local processes, "local" = local Dask cluster, else its address
 
 
 @dataclass
@@ -124,6 +125,7 @@ class RunContext:
     experiment: str
     parent_run_id: str | None
     force: set[str] = field(default_factory=set)
+    executor: str | None = None  # see BuildContext.executor
 
     def reuse(self, stage: str) -> StageResult:
         """Load a cached stage without tracking it (for stages before --from)."""
@@ -179,6 +181,7 @@ class RunContext:
             params=params_model,
             tracker=tracker,
             pipeline=self.config.name,
+            executor=self.executor,
         )
         out = build(ctx)
         manifest = Manifest(
@@ -203,7 +206,7 @@ class RunContext:
         return StageResult(
             stage=manifest.stage,
             key=manifest.key,
-            path=self.store.path(manifest.stage, manifest.key),
+            path=self.store.local(manifest.stage, manifest.key),
             cache=cache,
             seconds=round(seconds, 3),
             rows=manifest.rows,

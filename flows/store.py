@@ -4,6 +4,11 @@ Layout: `<root>/<stage>/<key>/` holds a finished output and its `manifest.json`;
 `<root>/<stage>/.tmp-<key>-<pid>/` and renamed into place, so a killed run never leaves a half-written
 folder that counts as done. `<root>/<stage>/.scratch-<key>/` holds what a killed build resumes from, and
 `<root>/<stage>/.lock-<key>` makes concurrent runs build each output once.
+
+The root is a local folder or any fsspec URL (s3://, gs://, a shared file system). For a remote root the
+outputs are built in, and read from, a local mirror (`ZHPIPE_CACHE`, default `data/.remote/<root hash>`);
+publishing uploads the files first and `manifest.json` last, so an output counts as done only once all of
+it is there, on every machine.
 """
 from __future__ import annotations
 
@@ -83,23 +88,81 @@ def _alive(pid: int) -> bool:
     return True
 
 
-class StageStore:
-    """Finds, creates and publishes stage outputs under one root folder."""
+def is_remote(root: str | Path) -> bool:
+    """Whether a storage root is an fsspec URL other than a local path or file:// URL."""
+    text = str(root)
+    return "://" in text and not text.startswith("file://")
 
-    def __init__(self, root: Path):
-        self.root = Path(root)
+
+def local_root(root: str | Path) -> Path:
+    """The local folder of a plain path or file:// URL."""
+    text = str(root)
+    if text.startswith("file://"):
+        from urllib.parse import unquote, urlparse
+
+        return Path(unquote(urlparse(text).path))
+    return Path(text).expanduser()
+
+
+class StageStore:
+    """Finds, creates and publishes stage outputs under one root: a local folder or an fsspec URL."""
+
+    def __init__(self, root: str | Path, cache: Path | None = None):
+        self.url = str(root)
+        self.fs = None
+        if is_remote(root):
+            import fsspec
+
+            self.fs, self.base = fsspec.core.url_to_fs(self.url)
+            self.base = self.base.rstrip("/")
+            mirror = cache or Path(os.environ.get("ZHPIPE_CACHE", Path(__file__).resolve().parent.parent / "data" / ".remote"))
+            self.root = mirror / hashlib.sha256(self.url.encode()).hexdigest()[:12]  # the local mirror
+        else:
+            self.root = local_root(root)
+
+    def __repr__(self) -> str:
+        return f"StageStore({self.url!r})"
 
     def path(self, stage: str, key: str) -> Path:
+        """The local folder of an output (for a remote root: its mirror, see `local`)."""
         return self.root / stage / key
 
+    def _remote(self, stage: str, *parts: str) -> str:
+        return "/".join((self.base, stage, *parts))
+
     def is_done(self, stage: str, key: str) -> bool:
+        if self.fs is not None:
+            return self.fs.exists(self._remote(stage, key, MANIFEST))
         return (self.path(stage, key) / MANIFEST).is_file()
 
     def manifest(self, stage: str, key: str) -> Manifest:
+        if self.fs is not None:
+            return Manifest(**json.loads(self.fs.cat_file(self._remote(stage, key, MANIFEST)).decode("utf-8")))
         return Manifest.read(self.path(stage, key))
+
+    def local(self, stage: str, key: str) -> Path:
+        """A local folder holding the finished output; a remote one is downloaded into the mirror once."""
+        folder = self.path(stage, key)
+        if self.fs is None or (folder / MANIFEST).is_file():
+            return folder
+        tmp = folder.with_name(f".get-{key}-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        self.fs.get(self._remote(stage, key) + "/", str(tmp) + "/", recursive=True)
+        if not (tmp / MANIFEST).is_file():
+            raise FileNotFoundError(f"{self._remote(stage, key)}: no {MANIFEST} after download")
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(tmp, folder)
+        return folder
 
     def others(self, stage: str, key: str) -> list[str]:
         """Keys of other finished outputs of this stage (their presence makes `key` stale, not missing)."""
+        if self.fs is not None:
+            if not self.fs.exists(self._remote(stage)):
+                return []
+            names = [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self._remote(stage), detail=False)]
+            return [n for n in names if n != key and not n.startswith(".") and self.fs.exists(self._remote(stage, n, MANIFEST))]
         folder = self.root / stage
         if not folder.is_dir():
             return []
@@ -127,7 +190,21 @@ class StageStore:
             shutil.rmtree(trash, ignore_errors=True)
         else:
             os.replace(tmp, final)
+        if self.fs is not None:
+            self._upload(final, manifest)
         return final
+
+    def _upload(self, final: Path, manifest: Manifest) -> None:
+        """Every file of the output, then its manifest: readers elsewhere see it done only when complete."""
+        target = self._remote(manifest.stage, manifest.key)
+        if self.fs.exists(target + "/" + MANIFEST):  # a forced rebuild: retract the old output first
+            self.fs.rm_file(target + "/" + MANIFEST)
+        for path in sorted(final.rglob("*")):
+            if path.is_file() and path.name != MANIFEST:
+                rel = path.relative_to(final).as_posix()
+                self.fs.makedirs(f"{target}/{rel}".rsplit("/", 1)[0], exist_ok=True)
+                self.fs.put_file(str(path), f"{target}/{rel}")
+        self.fs.put_file(str(final / MANIFEST), f"{target}/{MANIFEST}")
 
     @contextlib.contextmanager
     def lock(self, stage: str, key: str):

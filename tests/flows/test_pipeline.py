@@ -16,7 +16,7 @@ def store(tmp_path_factory):
 
 
 def run(store, overrides=(), **kw):
-    return pipeline_flow(load_pipeline("smoke", overrides=list(overrides)), data_root=str(store), **kw)
+    return pipeline_flow(load_pipeline("smoke", overrides=list(overrides)), storage=str(store), **kw)
 
 
 def cache_of(out):

@@ -1,0 +1,169 @@
+"""Prefect deployments from `pipelines.yaml`: `zhpipe deploy` (work pools and workers), `zhpipe serve`
+(one long-running process, no work pool), and the per-worker GPU slot the train flow holds."""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+from typing import Any
+
+from flows.config import PROJECT_ROOT, PipelineConfig
+from flows.errors import ZhpipeError
+
+log = logging.getLogger("zhpipe")
+PIPELINE_ENTRYPOINT = "flows/pipeline.py:pipeline_flow"
+TRAIN_ENTRYPOINT = "flows/pipeline.py:train_flow"
+# what a worker on another machine needs to reach the same store and tracking server
+FORWARDED_ENV = ("ZHPIPE_STORAGE", "MLFLOW_TRACKING_URI", "ZHPIPE_CACHE")
+
+
+def schedules(config: PipelineConfig) -> list:
+    """The pipeline's Prefect schedules: one, or none (an empty list clears the deployment's schedules)."""
+    from prefect.schedules import Cron, Interval
+
+    s = config.schedule
+    if s is None:
+        return []
+    if s.cron is not None:
+        return [Cron(s.cron, timezone=s.timezone, active=s.active)]
+    return [Interval(s.interval, timezone=s.timezone, active=s.active)]
+
+
+def flow_parameters(config: PipelineConfig, config_file: str | None) -> dict[str, Any]:
+    """The deployment's default parameters: the pipeline's name plus its `parameters` section."""
+    p = config.parameters
+    params: dict[str, Any] = {"pipeline": config.name, "overrides": p.overrides, "stages": p.stages, "force": p.force}
+    if config_file:
+        params["config_file"] = config_file
+    return params
+
+
+def job_env() -> dict[str, str]:
+    """Environment for the flow-run processes the worker starts (storage root and tracking URI, when set)."""
+    return {k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}
+
+
+def require_server() -> str:
+    """The Prefect API URL; deployments need a real server that workers can reach, not a temporary one."""
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    if not url:
+        raise ZhpipeError(
+            "no Prefect server: start one with `prefect server start` and set PREFECT_API_URL=http://127.0.0.1:4200/api"
+        )
+    return url
+
+
+def ensure_work_pool(client, name: str) -> bool:
+    """Create a process work pool when it does not exist; True when created."""
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+    from prefect.workers.process import ProcessWorker
+
+    try:
+        client.read_work_pool(name)
+        return False
+    except ObjectNotFound:
+        pass
+    try:
+        client.create_work_pool(WorkPoolCreate(name=name, type="process",
+                                               base_job_template=ProcessWorker.get_default_base_job_template()))
+    except ObjectAlreadyExists:
+        return False
+    return True
+
+
+def deploy(configs: list[PipelineConfig], config_file: str | None = None) -> list[dict[str, Any]]:
+    """Create or update each pipeline's deployment (and its train deployment when the train stage has a
+    work pool of its own). Idempotent: the file is the truth, so a removed schedule or train pool is removed."""
+    from prefect import Flow
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    from flows.pipeline import train_deployment
+
+    require_server()
+    env = job_env()
+    rows = []
+    with get_client(sync_client=True) as client:
+        for config in configs:
+            pools = [config.work_pool] + ([config.stages.train.work_pool] if config.stages.train.work_pool else [])
+            created = [p for p in dict.fromkeys(pools) if ensure_work_pool(client, p)]
+            flow = Flow.from_source(source=str(PROJECT_ROOT), entrypoint=PIPELINE_ENTRYPOINT)
+            deployment_id = flow.deploy(
+                name=config.name, work_pool_name=config.work_pool, schedules=schedules(config),
+                parameters=flow_parameters(config, config_file), job_variables={"env": env} if env else None,
+                description=config.description or None, tags=["zhpipe"], build=False, push=False,
+                print_next_steps=False, enforce_parameter_schema=False, ignore_warnings=True,
+            )
+            train_pool = config.stages.train.work_pool
+            if train_pool:
+                train = Flow.from_source(source=str(PROJECT_ROOT), entrypoint=TRAIN_ENTRYPOINT)
+                train.deploy(
+                    name=config.name, work_pool_name=train_pool, schedules=[], tags=["zhpipe", "train"],
+                    parameters={"pipeline": config.name}, job_variables={"env": env} if env else None,
+                    description=f"train stage of {config.name} (submitted by its pipeline runs)",
+                    build=False, push=False, print_next_steps=False, enforce_parameter_schema=False, ignore_warnings=True,
+                )
+            else:  # the file no longer routes training: drop a train deployment left from before
+                with contextlib.suppress(ObjectNotFound):
+                    stale = client.read_deployment_by_name(train_deployment(config.name))
+                    client.delete_deployment(stale.id)
+            rows.append({"pipeline": config.name, "deployment": f"zhpipe/{config.name}", "id": str(deployment_id),
+                         "work_pool": config.work_pool, "train_pool": train_pool or "", "schedule": describe_schedule(config),
+                         "pools_created": created})
+    return rows
+
+
+def describe_schedule(config: PipelineConfig) -> str:
+    s = config.schedule
+    if s is None:
+        return "none"
+    what = f"cron '{s.cron}'" if s.cron else f"every {s.interval:g} s"
+    return f"{what} ({s.timezone}){'' if s.active else ', paused'}"
+
+
+def serve(configs: list[PipelineConfig], config_file: str | None = None) -> None:
+    """Run the pipelines' schedules from this process (Prefect's runner): no work pool, no worker."""
+    from prefect import serve as prefect_serve
+
+    from flows.pipeline import pipeline_flow
+
+    deployments = [
+        pipeline_flow.to_deployment(name=config.name, schedules=schedules(config), parameters=flow_parameters(config, config_file),
+                                    description=config.description or None, tags=["zhpipe", "served"])
+        for config in configs
+    ]
+    prefect_serve(*deployments)
+
+
+GPU_SLOT_PREFIX = "zhpipe-gpu-"
+
+
+def gpu_slot_name() -> str:
+    """One global concurrency limit per worker machine (ZHPIPE_GPU_SLOT overrides, e.g. one per GPU)."""
+    return os.environ.get("ZHPIPE_GPU_SLOT") or GPU_SLOT_PREFIX + socket.gethostname()
+
+
+@contextlib.contextmanager
+def gpu_slot(name: str | None = None):
+    """Hold this machine's GPU slot: a Prefect global concurrency limit of 1, created on first use, so two
+    trainings never share one GPU; a second waits until the first releases it."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.concurrency.sync import concurrency
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+
+    name = name or gpu_slot_name()
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_global_concurrency_limit_by_name(name)
+        except ObjectNotFound:
+            with contextlib.suppress(ObjectAlreadyExists):
+                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
+    log.info("train: waiting for the GPU slot %s", name)
+    with concurrency(name, occupy=1, strict=True):
+        log.info("train: holding the GPU slot %s", name)
+        yield
