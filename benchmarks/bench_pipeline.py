@@ -40,17 +40,21 @@ def bench_segmentation(repeat: int, rounds: int) -> dict:
     """Stage logic vs a single-process jieba.lcut loop, alternating, on the same texts."""
     import jieba
 
-    from tasks.segment import segment_texts, worker_count
+    from flows.chunks import Runner, write_parquet
+    from tasks.segment import segment_file, worker_count
 
     texts = pd.read_csv(ROOT / "data" / "raw" / "ChnSentiCorp_htl_all.csv")["review"].fillna("").astype(str).tolist() * repeat
     chars = sum(map(len, texts))
     jieba.initialize()
     params = SegmentConfig()
+    src, dst = _TMP / "segment-in.parquet", _TMP / "segment-out.parquet"
+    write_parquet(pd.DataFrame({"id": range(len(texts)), "text": texts}), src)
     stage, loop = [], []
     for r in range(rounds):
         t0 = time.perf_counter()
-        out = segment_texts(texts, params)
+        segment_file(src, dst, params, Runner(None, worker_count(params, len(texts))))
         stage.append(time.perf_counter() - t0)
+        out = {"words": pd.read_parquet(dst, columns=["words"])["words"].tolist()}
         t0 = time.perf_counter()
         base = [jieba.lcut(t) for t in texts]
         loop.append(time.perf_counter() - t0)

@@ -11,6 +11,7 @@ from typing import Any
 
 from prefect import flow
 
+from flows.chunks import shutdown as shutdown_cluster
 from flows.config import DEFAULT_CONFIG, DEFAULT_PIPELINE, PROJECT_ROOT, PipelineConfig, load_pipeline
 from flows.errors import ZhpipeError
 from flows.runner import STAGES, RunContext, StageResult, plan_keys, source_fingerprint
@@ -159,6 +160,7 @@ def pipeline_flow(
         step("evaluate", evaluate, t, seg)
         ok = True
     finally:
+        shutdown_cluster()
         finish_run(run, {k: r for k, r in results.items() if k in stages}, ok)
     return {
         "parent_run_id": run.parent_run_id,

@@ -10,11 +10,13 @@ import pandas as pd
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from flows.chunks import Chunk, Runner, plan, read_chunk, write_parquet
 from flows.config import AugmentConfig, SegmentConfig
 from flows.errors import ConfigError, DataError
 from flows.runner import BuildContext, BuildOutput, RunContext, StageResult
 
 VERSION = "2"
+CHUNK_ROWS = 5000
 
 
 @dataclass
@@ -25,6 +27,8 @@ class AugmentContext:
     segment: SegmentConfig  # to segment new texts exactly as the segment stage did
     cache_file: Path  # persistent translation cache, shared across runs and corpora
     heldout: set[str] = field(default_factory=set)  # validation and test texts: never enter training
+    runner: Runner | None = None  # row-wise augmenters map chunks of `source` on it (processes or Dask)
+    source: Path | None = None  # the train split's Parquet file
 
 
 @dataclass
@@ -79,8 +83,24 @@ def eda_words(words: list[str], params: AugmentConfig, rng: random.Random) -> li
 
 @register("eda")
 def eda(train: pd.DataFrame, ctx: AugmentContext) -> Augmented:
-    """`num_aug` EDA variants per row; each row's RNG is seeded from (seed, row id), so output is deterministic."""
-    params, rows = ctx.params, []
+    """`num_aug` EDA variants per row; each row's RNG is seeded from (seed, row id), so output is deterministic
+    and the same whether the rows are augmented at once or chunk by chunk."""
+    if ctx.runner is not None and ctx.source is not None:
+        parts = list(ctx.runner.map(eda_chunk, plan(ctx.source, CHUNK_ROWS), ctx.params.model_dump_json(), desc="eda"))
+        rows = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    else:
+        rows = eda_rows(train, ctx.params)
+    return Augmented(rows, {}, "eda")
+
+
+def eda_chunk(chunk: Chunk, params_json: str) -> pd.DataFrame:
+    """Chunk function: EDA rows of one chunk of the train split."""
+    return eda_rows(read_chunk(chunk, columns=None), AugmentConfig.model_validate_json(params_json))
+
+
+def eda_rows(train: pd.DataFrame, params: AugmentConfig) -> pd.DataFrame:
+    """The EDA variants of some train rows."""
+    rows = []
     for row in train.itertuples(index=False):
         rng = random.Random(f"{params.seed}-{row.id}")
         for k in range(params.num_aug):
@@ -92,7 +112,7 @@ def eda(train: pd.DataFrame, ctx: AugmentContext) -> Augmented:
             if "label" in train:
                 new["label"] = row.label
             rows.append({**new, "source_id": row.id, "aug_method": "eda", "aug_index": k})
-    return Augmented(pd.DataFrame(rows), {}, "eda")
+    return pd.DataFrame(rows)
 
 
 @register("none")
@@ -142,8 +162,9 @@ def build(ctx: BuildContext, segment: SegmentConfig, cache_file: Path) -> BuildO
     heldout = set()
     for split in ("validation", "test"):
         heldout |= set(pd.read_parquet(ctx.inputs["segment"] / f"{split}.parquet", columns=["text"])["text"])
-    out, result = augment_frame(train, AugmentContext(ctx.params, segment, cache_file, heldout))
-    out.to_parquet(ctx.out / "train.parquet", index=False)
+    src = ctx.inputs["segment"] / "train.parquet"
+    out, result = augment_frame(train, AugmentContext(ctx.params, segment, cache_file, heldout, Runner(ctx.executor, workers=1 if ctx.executor is None else 0), src))
+    write_parquet(out, ctx.out / "train.parquet")
     (ctx.out / "train.words.txt").write_text("\n".join(out["words"]) + "\n", encoding="utf-8")
     ctx.tracker.tags({"zhpipe.augment.method_used": result.method_used})
     added = out[out["aug_method"] != "original"]

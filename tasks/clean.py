@@ -6,15 +6,18 @@ import unicodedata
 from functools import lru_cache
 
 import pandas as pd
+import pyarrow.parquet as pq
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from flows.chunks import Chunk, Runner, plan, read_chunk, write_parquet
 from flows.config import CleanConfig
 from flows.errors import DataError
 from tasks.download import sorted_labels
 from flows.runner import BuildContext, BuildOutput, RunContext, StageResult
 
 VERSION = "1"
+CHUNK_ROWS = 5000
 _HTML_TAG = re.compile(r"<[^>]{1,200}>")
 _URL = re.compile(r"(?:https?://|www\.)[^\s\u4e00-\u9fff，。！？、；：]+", re.IGNORECASE)
 _CONTROL = re.compile(r"[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u200b-\u200f\u2028-\u202f\u2060-\u206f\ufeff]")
@@ -44,11 +47,26 @@ def clean_text(text: str, params: CleanConfig) -> str:
     return text
 
 
-def clean_frame(df: pd.DataFrame, params: CleanConfig) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """Return (kept rows, quarantined rows with `reason`, label conflicts) for a frame of id/text[/label]."""
+def normalise(df: pd.DataFrame, params: CleanConfig) -> pd.DataFrame:
+    """The row-wise part of cleaning: `text` normalised, the original kept as `raw_text`."""
     df = df.copy()
     df["raw_text"] = df["text"]
     df["text"] = [clean_text(t, params) for t in df["text"].astype(str)]
+    return df
+
+
+def normalise_chunk(chunk: Chunk, params_json: str) -> pd.DataFrame:
+    """Chunk function: one chunk of the raw corpus, normalised."""
+    return normalise(read_chunk(chunk), CleanConfig.model_validate_json(params_json))
+
+
+def clean_frame(df: pd.DataFrame, params: CleanConfig) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Return (kept rows, quarantined rows with `reason`, label conflicts) for a frame of id/text[/label]."""
+    return filter_rows(normalise(df, params), params)
+
+
+def filter_rows(df: pd.DataFrame, params: CleanConfig) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """The corpus-wide part of cleaning, on normalised rows: length limits, label conflicts, duplicates."""
     length = df["text"].str.len()
     reason = pd.Series(pd.NA, index=df.index, dtype="string")
     reason[length == 0] = "empty"
@@ -77,12 +95,16 @@ def clean_frame(df: pd.DataFrame, params: CleanConfig) -> tuple[pd.DataFrame, pd
 
 def build(ctx: BuildContext) -> BuildOutput:
     """Clean `data.parquet` into `data.parquet` + `quarantine.parquet` (+ `label_conflicts.csv`)."""
-    df = pd.read_parquet(ctx.inputs["download"] / "data.parquet")
-    kept, quarantine, conflicts = clean_frame(df, ctx.params)
+    src = ctx.inputs["download"] / "data.parquet"
+    runner = Runner(ctx.executor, workers=1 if ctx.executor is None else 0)
+    # normalisation runs in chunks (processes or Dask); duplicates and conflicts need every row at once
+    df = pd.concat(list(runner.map(normalise_chunk, plan(src, CHUNK_ROWS), ctx.params.model_dump_json(), desc="clean")),
+                   ignore_index=True) if pq.ParquetFile(src).metadata.num_rows else normalise(pd.read_parquet(src), ctx.params)
+    kept, quarantine, conflicts = filter_rows(df, ctx.params)
     if kept.empty:
         raise DataError(f"clean: no rows left after cleaning ({len(df)} rows in, all quarantined: {quarantine['reason'].value_counts().to_dict()})")
-    kept.to_parquet(ctx.out / "data.parquet", index=False)
-    quarantine.to_parquet(ctx.out / "quarantine.parquet", index=False)
+    write_parquet(kept, ctx.out / "data.parquet")
+    write_parquet(quarantine, ctx.out / "quarantine.parquet")
     conflicts.to_csv(ctx.out / "label_conflicts.csv", index=False)
     counts = quarantine["reason"].value_counts().to_dict()
     metrics = {f"dropped_{r}": counts.get(r, 0) for r in ("empty", "too_short", "too_long", "duplicate", "label_conflict")}

@@ -12,6 +12,7 @@ import pandas as pd
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from flows.chunks import write_parquet
 from flows.config import SourceConfig
 from flows.errors import DataError, ZhpipeError
 from flows.runner import BuildContext, BuildOutput, RunContext, StageResult, resolve_local
@@ -167,7 +168,7 @@ def build(ctx: BuildContext, source: SourceConfig, folder_for: callable) -> Buil
     sha = verify(raw, source.sha256)
     data_file = extract(raw, ctx.out / "extracted", source.member) if raw.suffix in (".zip", ".gz") else raw
     df = read_table(data_file, source)
-    df.to_parquet(ctx.out / "data.parquet", index=False)
+    write_parquet(df, ctx.out / "data.parquet")
     info = {"source_sha256": sha, "source_file": str(raw), "labelled": "label" in df}
     metrics = {"rows_raw": len(df)}
     if "label" in df:

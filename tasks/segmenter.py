@@ -66,17 +66,3 @@ def _project_path(value: str, key: str) -> Path:
     if not path.is_file():
         raise DataError(f"{key}: file not found: {path}")
     return path
-
-
-_WORKER: Segmenter | None = None
-
-
-def init_worker(params: dict) -> None:
-    """Process-pool initializer: one Segmenter per worker."""
-    global _WORKER
-    _WORKER = Segmenter(SegmentConfig(**params))
-
-
-def segment_chunk(texts: list[str]) -> dict[str, list[str]]:
-    """Process-pool task: segment one chunk of texts."""
-    return _WORKER.rows(texts)

@@ -6,6 +6,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from sklearn.model_selection import train_test_split
 
+from flows.chunks import write_parquet
 from flows.config import SplitConfig
 from flows.errors import DataError
 from flows.runner import BuildContext, BuildOutput, RunContext, StageResult
@@ -39,7 +40,7 @@ def build(ctx: BuildContext) -> BuildOutput:
     parts = split_frame(df, ctx.params)
     metrics = {}
     for name, part in parts.items():
-        part.to_parquet(ctx.out / f"{name}.parquet", index=False)
+        write_parquet(part, ctx.out / f"{name}.parquet")
         metrics[f"rows_{name}"] = len(part)
     return BuildOutput(rows=len(df), metrics=metrics, info=dict(ctx.input_info["clean"]))
 

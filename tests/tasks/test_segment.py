@@ -1,5 +1,11 @@
 from flows.config import SegmentConfig
-from tasks.segment import segment_texts
+import hashlib
+import os
+
+import pandas as pd
+
+from flows.chunks import Runner, write_parquet
+from tasks.segment import segment_file
 from tasks.segmenter import Segmenter
 
 TEXTS = ["我来到北京清华大学", "房间很干净，服务也好", "早餐太差了"]
@@ -29,9 +35,26 @@ def test_user_dict_does_not_leak_into_default_segmenter(tmp_path):
     assert "很干净" not in Segmenter(SegmentConfig()).words(TEXTS[1])
 
 
-def test_parallel_output_identical_to_single_process():
-    texts = TEXTS * 40
-    single = segment_texts(texts, SegmentConfig(workers=1, chunk_rows=7, pos=True))
-    parallel = segment_texts(texts, SegmentConfig(workers=2, chunk_rows=7, pos=True))
-    assert single == parallel
-    assert len(single["words"]) == len(texts)
+def _digest(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_chunked_output_is_byte_identical_on_processes_and_dask(tmp_path):
+    """One process, a local process pool and a 2-worker Dask LocalCluster write the same bytes, and the
+    Dask chunks ran in the cluster's worker processes, one row group at a time."""
+    texts = TEXTS * 100
+    src = tmp_path / "split.parquet"
+    write_parquet(pd.DataFrame({"id": range(len(texts)), "text": texts, "label": [i % 2 for i in range(len(texts))]}), src, row_group_rows=90)
+    params = SegmentConfig(chunk_rows=40, pos=True)
+    outputs = {}
+    runners = {"single": Runner(None, 1), "pool": Runner(None, 2), "dask": Runner("local", 2)}
+    for name, runner in runners.items():
+        counts = segment_file(src, tmp_path / f"{name}.parquet", params, runner)
+        assert counts["rows"] == len(texts)
+        outputs[name] = _digest(tmp_path / f"{name}.parquet")
+    assert outputs["single"] == outputs["pool"] == outputs["dask"]
+    dask_pids = {r["pid"] for r in runners["dask"].ran_on}
+    assert len(runners["dask"].ran_on) == 10  # row groups of 90, 90, 90, 30 rows -> 3 + 3 + 3 + 1 chunks
+    assert os.getpid() not in dask_pids and len(dask_pids) == 2
+    out = pd.read_parquet(tmp_path / "dask.parquet")
+    assert out["text"].tolist() == texts and out["words"].iloc[0] == "我 来到 北京 清华大学"

@@ -1,0 +1,198 @@
+"""Chunked stages: a Parquet file is cut into chunks (slices of its row groups), a function maps each chunk to
+a frame on local processes or on a Dask cluster through Prefect's Dask task runner, and the frames are
+written back in order, one row group each. Whichever runs the chunks, the output file is byte-identical.
+
+Memory: a chunk is read from its own row group, so a worker holds one chunk, never the corpus; the driver
+keeps at most `window` results in flight and writes each as soon as it is next in order. That is why every
+stage writes its Parquet files with `write_parquet` (row groups of ROW_GROUP_ROWS rows).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+ROW_GROUP_ROWS = 20_000
+log = logging.getLogger("zhpipe")
+
+
+def write_parquet(df: pd.DataFrame, path: Path, row_group_rows: int = ROW_GROUP_ROWS) -> None:
+    """A stage's Parquet output, in row groups that later chunked stages read one at a time."""
+    df.to_parquet(path, index=False, row_group_size=row_group_rows)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Rows [start, stop) of row group `row_group` of the Parquet file `src`."""
+
+    src: str
+    row_group: int
+    start: int
+    stop: int
+
+    @property
+    def rows(self) -> int:
+        return self.stop - self.start
+
+
+def plan(src: Path, chunk_rows: int) -> list[Chunk]:
+    """Chunks of at most `chunk_rows` rows, never across a row group."""
+    meta = pq.ParquetFile(src).metadata
+    chunks = []
+    for rg in range(meta.num_row_groups):
+        n = meta.row_group(rg).num_rows
+        chunks += [Chunk(str(src), rg, a, min(a + chunk_rows, n)) for a in range(0, n, chunk_rows)]
+    return chunks
+
+
+def read_chunk(chunk: Chunk, columns: list[str] | None = None) -> pd.DataFrame:
+    """One chunk's rows (only its row group is read)."""
+    table = pq.ParquetFile(chunk.src).read_row_group(chunk.row_group, columns=columns)
+    return table.slice(chunk.start, chunk.rows).to_pandas()
+
+
+def _worker_info() -> dict[str, Any]:
+    """Where a chunk ran, and the peak memory of that process so far."""
+    import resource
+    import socket
+
+    return {"host": socket.gethostname(), "pid": os.getpid(), "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def call(fn: Callable, chunk: Chunk, params: Any) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Run `fn(chunk, params)` and report where it ran."""
+    return fn(chunk, params), _worker_info()
+
+
+def _dask_task():
+    from prefect import task
+    from prefect.cache_policies import NO_CACHE
+
+    @task(name="chunk", cache_policy=NO_CACHE, task_run_name="{fn.__name__}-{chunk.row_group}-{chunk.start}")
+    def run_chunk(fn: Callable, chunk: Chunk, params: Any):
+        return call(fn, chunk, params)
+
+    return run_chunk
+
+
+class Runner:
+    """Runs chunk functions: in this process, on a local process pool, or on Dask ("local" or an address)."""
+
+    def __init__(self, executor: str | None, workers: int = 0):
+        self.executor = executor
+        self.workers = workers or os.cpu_count() or 1
+        self.ran_on: list[dict[str, Any]] = []  # one entry per chunk: host, pid, peak memory
+
+    def map(self, fn: Callable, chunks: list[Chunk], params: Any, desc: str = "chunks") -> Iterator[pd.DataFrame]:
+        """`fn(chunk, params)` for every chunk, yielded in chunk order, at most `window` in flight."""
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=sum(c.rows for c in chunks), desc=desc, unit="row", disable=len(chunks) < 4, leave=False, mininterval=2)
+        try:
+            for frame, info in self._results(fn, chunks, params):
+                self.ran_on.append(info)
+                bar.update(len(frame))
+                yield frame
+        finally:
+            bar.close()
+
+    def _results(self, fn, chunks, params):
+        if self.executor is None and (self.workers == 1 or len(chunks) <= 1):
+            for chunk in chunks:
+                yield call(fn, chunk, params)
+        elif self.executor is None:
+            yield from self._pool(fn, chunks, params)
+        else:
+            yield from self._dask(fn, chunks, params)
+
+    def _pool(self, fn, chunks, params):
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        ctx = mp.get_context("forkserver")  # workers fork from a clean server, not from this threaded process
+        ctx.set_forkserver_preload(["__main__", "tasks._segment_preload"])
+        with ProcessPoolExecutor(min(self.workers, len(chunks)), mp_context=ctx) as pool:
+            yield from _windowed(lambda c: pool.submit(call, fn, c, params), lambda f: f.result(), chunks, 2 * self.workers)
+
+    def _dask(self, fn, chunks, params):
+        from prefect_dask import DaskTaskRunner
+
+        address = local_cluster(self.workers) if self.executor == "local" else self.executor
+        runner = DaskTaskRunner(address=address)
+        run_chunk = _dask_task()
+        with runner:
+            log.info("%s: %d chunks on Dask (%s)", fn.__name__, len(chunks), self.executor)
+            yield from _windowed(lambda c: runner.submit(run_chunk, parameters={"fn": fn, "chunk": c, "params": params}),
+                                 lambda f: f.result(), chunks, 2 * self.workers)
+
+
+_CLUSTER = None
+
+
+def local_cluster(workers: int) -> str:
+    """The address of this process's local Dask cluster (one worker process per core, one thread each),
+    started on first use and shared by every chunked stage of the run; `shutdown` stops it."""
+    global _CLUSTER
+    if _CLUSTER is None:
+        from distributed import LocalCluster
+
+        _CLUSTER = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
+        log.info("local Dask cluster: %d workers at %s", workers, _CLUSTER.scheduler_address)
+    return _CLUSTER.scheduler_address
+
+
+def shutdown() -> None:
+    """Stop the local Dask cluster, if one was started."""
+    global _CLUSTER
+    if _CLUSTER is not None:
+        _CLUSTER.close()
+        _CLUSTER = None
+
+
+def _windowed(submit, result, chunks, window: int):
+    """Submit ahead at most `window` chunks; yield results in order (so memory is bounded by the window)."""
+    pending: deque = deque()
+    todo = iter(chunks)
+    for chunk in todo:
+        pending.append(submit(chunk))
+        if len(pending) >= window:
+            break
+    while pending:
+        yield result(pending.popleft())
+        nxt = next(todo, None)
+        if nxt is not None:
+            pending.append(submit(nxt))
+
+
+class PartWriter:
+    """Writes frames to one Parquet file in order, one row group per frame; atomic via a temporary name."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        self.writer: pq.ParquetWriter | None = None
+        self.schema: pa.Schema | None = None
+        self.rows = 0
+
+    def write(self, frame: pd.DataFrame) -> None:
+        table = pa.Table.from_pandas(frame, schema=self.schema, preserve_index=False)
+        if self.writer is None:
+            self.schema = table.schema
+            self.writer = pq.ParquetWriter(self.tmp, self.schema)
+        self.writer.write_table(table, row_group_size=max(len(frame), 1))
+        self.rows += len(frame)
+
+    def close(self, empty: pd.DataFrame | None = None) -> None:
+        """Finish the file; with no frames written, write `empty` (the columns, no rows)."""
+        if self.writer is None:
+            (empty if empty is not None else pd.DataFrame()).to_parquet(self.tmp, index=False)
+        else:
+            self.writer.close()
+        os.replace(self.tmp, self.path)
