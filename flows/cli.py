@@ -234,7 +234,7 @@ def _quiet_prefect_tracebacks() -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S")
-    for noisy in ("httpx", "alembic", "mlflow.store.db.utils", "gensim", "smart_open"):
+    for noisy in ("httpx", "alembic", "mlflow.store.db.utils", "gensim", "smart_open", "distributed"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     if not args.debug:
         import prefect  # noqa: F401 - configures Prefect's loggers, which the filter then attaches to

@@ -4,7 +4,7 @@ import os
 
 import pandas as pd
 
-from flows.chunks import Runner, write_parquet
+from flows.chunks import Runner, shutdown, write_parquet
 from tasks.segment import segment_file
 from tasks.segmenter import Segmenter
 
@@ -48,10 +48,13 @@ def test_chunked_output_is_byte_identical_on_processes_and_dask(tmp_path):
     params = SegmentConfig(chunk_rows=40, pos=True)
     outputs = {}
     runners = {"single": Runner(None, 1), "pool": Runner(None, 2), "dask": Runner("local", 2)}
-    for name, runner in runners.items():
-        counts = segment_file(src, tmp_path / f"{name}.parquet", params, runner)
-        assert counts["rows"] == len(texts)
-        outputs[name] = _digest(tmp_path / f"{name}.parquet")
+    try:
+        for name, runner in runners.items():
+            counts = segment_file(src, tmp_path / f"{name}.parquet", params, runner)
+            assert counts["rows"] == len(texts)
+            outputs[name] = _digest(tmp_path / f"{name}.parquet")
+    finally:
+        shutdown()
     assert outputs["single"] == outputs["pool"] == outputs["dask"]
     dask_pids = {r["pid"] for r in runners["dask"].ran_on}
     assert len(runners["dask"].ran_on) == 10  # row groups of 90, 90, 90, 30 rows -> 3 + 3 + 3 + 1 chunks
