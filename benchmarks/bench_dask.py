@@ -103,7 +103,7 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = Console(width=160)
     sizes = [args.mb] + ([args.small_mb] if args.small_mb else [])
     rows = []
     for mb in sizes:

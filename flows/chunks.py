@@ -143,9 +143,20 @@ def local_cluster(workers: int) -> str:
     if _CLUSTER is None:
         from distributed import LocalCluster
 
-        _CLUSTER = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
+        # the workers report their task runs to this process's Prefect API; without its URL each worker
+        # would start a temporary Prefect server of its own
+        _CLUSTER = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
+                                env={"PREFECT_API_URL": prefect_api_url()})
         log.info("local Dask cluster: %d workers at %s", workers, _CLUSTER.scheduler_address)
     return _CLUSTER.scheduler_address
+
+
+def prefect_api_url() -> str:
+    """The Prefect API this process talks to (a server's, or the temporary one Prefect started here)."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return str(client.api_url)
 
 
 def shutdown() -> None:

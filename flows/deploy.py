@@ -148,22 +148,31 @@ def gpu_slot_name() -> str:
 
 
 @contextlib.contextmanager
-def gpu_slot(name: str | None = None):
-    """Hold this machine's GPU slot: a Prefect global concurrency limit of 1, created on first use, so two
-    trainings never share one GPU; a second waits until the first releases it."""
+def global_slot(name: str, waiting: str):
+    """Hold a Prefect global concurrency limit of 1 (created on first use): a lock every machine that reaches
+    the Prefect server shares. Logs `waiting` when another holder has it."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
     from prefect.concurrency.sync import concurrency
     from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
-    name = name or gpu_slot_name()
     with get_client(sync_client=True) as client:
         try:
-            client.read_global_concurrency_limit_by_name(name)
+            limit = client.read_global_concurrency_limit_by_name(name)
         except ObjectNotFound:
             with contextlib.suppress(ObjectAlreadyExists):
                 client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
-    log.info("train: waiting for the GPU slot %s", name)
+        else:
+            if limit.active_slots:
+                log.info("%s", waiting)
     with concurrency(name, occupy=1, strict=True):
+        yield
+
+
+@contextlib.contextmanager
+def gpu_slot(name: str | None = None):
+    """Hold this machine's GPU slot, so two trainings never share one GPU; a second waits for the first."""
+    name = name or gpu_slot_name()
+    with global_slot(name, f"train: waiting for the GPU slot {name}"):
         log.info("train: holding the GPU slot %s", name)
         yield

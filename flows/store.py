@@ -3,7 +3,8 @@
 Layout: `<root>/<stage>/<key>/` holds a finished output and its `manifest.json`; an output is built in
 `<root>/<stage>/.tmp-<key>-<pid>/` and renamed into place, so a killed run never leaves a half-written
 folder that counts as done. `<root>/<stage>/.scratch-<key>/` holds what a killed build resumes from, and
-`<root>/<stage>/.lock-<key>` makes concurrent runs build each output once.
+`<root>/<stage>/.lock-<key>` makes concurrent runs build each output once (on an object store, where a file
+lock cannot reach other machines, a Prefect global concurrency limit per key does).
 
 The root is a local folder or any fsspec URL (s3://, gs://, a shared file system). For a remote root the
 outputs are built in, and read from, a local mirror (`ZHPIPE_CACHE`, default `data/.remote/<root hash>`);
@@ -220,7 +221,14 @@ class StageStore:
             log.info("%s: another run is building %s; waiting for it", stage, key)
             lock.acquire()
         try:
-            yield
+            if self.fs is None:
+                yield
+            else:  # an object store: the file lock covers this machine only; the Prefect server covers all
+                from flows.deploy import global_slot
+
+                name = "zhpipe-store-" + hashlib.sha256(f"{self.url}|{stage}|{key}".encode()).hexdigest()[:16]
+                with global_slot(name, f"{stage}: another machine is building {key}; waiting for it"):
+                    yield
         finally:
             lock.release()
 

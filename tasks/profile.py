@@ -1,0 +1,205 @@
+"""Stage `profile`: what the corpus looks like (the course's text-analysis chapter) as pictures, tables and
+one self-contained HTML report: labels per split, text lengths per label, frequent words and adjectives
+per label, a word cloud per label, vocabulary size, type/token ratio and the length that covers 90% of
+texts (a suggested `max_len`)."""
+from __future__ import annotations
+
+import html
+import json
+import random
+import unicodedata
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from flows.config import ProfileConfig, SegmentConfig
+from flows.runner import BuildContext, BuildOutput, RunContext, StageResult
+from tasks.plots import data_uri, plt, require_cjk_font, save, use_font
+from tasks.split import SPLITS
+
+VERSION = "1"
+PICTURES = ["label_distribution.png", "length_distribution.png", "length_scatter.png", "top_words.png", "top_adjectives.png"]
+
+
+def is_word(token: str) -> bool:
+    """A token worth counting: not punctuation, symbols or digits alone."""
+    return any(unicodedata.category(c)[0] in "LM" for c in token)
+
+
+def corpus_stats(frames: dict[str, pd.DataFrame], coverage: float) -> dict[str, float]:
+    """Vocabulary size, tokens, type/token ratio (train), and the lengths that cover `coverage` of all texts."""
+    train_words = [w for line in frames["train"]["words"] for w in line.split()]
+    everything = pd.concat(frames.values(), ignore_index=True)
+    chars = everything["text"].str.len()
+    words = everything["words"].str.split().str.len()
+    return {
+        "vocab_size": len(set(train_words)),
+        "tokens": len(train_words),
+        "type_token_ratio": len(set(train_words)) / max(len(train_words), 1),
+        "chars_p50": float(chars.median()),
+        f"chars_p{round(coverage * 100)}": float(np.quantile(chars, coverage)),
+        f"words_p{round(coverage * 100)}": float(np.quantile(words, coverage)),
+        "suggested_max_len_words": int(np.ceil(np.quantile(words, coverage))),
+        "suggested_max_len_chars": int(np.ceil(np.quantile(chars, coverage))),
+    }
+
+
+def top_words(texts: pd.Series, k: int) -> list[tuple[str, int]]:
+    return Counter(w for line in texts for w in line.split() if is_word(w)).most_common(k)
+
+
+def top_adjectives(texts: list[str], k: int) -> list[tuple[str, int]]:
+    """Most frequent adjectives (jieba POS tags a, ad, an) in some texts."""
+    import jieba.posseg
+
+    counts = Counter(w for t in texts for w, flag in jieba.posseg.cut(t) if flag in ("a", "ad", "an") and is_word(w))
+    return counts.most_common(k)
+
+
+def plot_labels(frames: dict[str, pd.DataFrame], labels: list[str], path: Path) -> Path:
+    counts = pd.DataFrame({s: df["label"].value_counts().reindex(labels, fill_value=0) for s, df in frames.items()})
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    width = 0.8 / len(counts.columns)
+    for i, split in enumerate(counts.columns):
+        bars = ax.bar(np.arange(len(labels)) + i * width, counts[split], width, label=split)
+        ax.bar_label(bars, fontsize=7)
+    ax.set(xticks=np.arange(len(labels)) + width * (len(counts.columns) - 1) / 2, xticklabels=labels,
+           ylabel="texts", title="labels per split")
+    ax.legend()
+    return save(fig, path)
+
+
+def plot_lengths(df: pd.DataFrame, labels: list[str], path: Path) -> Path:
+    """Histogram and density of text length (characters) per label."""
+    from scipy.stats import gaussian_kde
+
+    lengths = df["text"].str.len()
+    hi = float(np.quantile(lengths, 0.99))
+    bins = np.linspace(0, hi, 50)
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    grid = np.linspace(0, hi, 300)
+    for label in labels:
+        x = lengths[df["label"] == label].clip(upper=hi)
+        line = ax.hist(x, bins=bins, alpha=0.35, density=True, label=f"{label} (n={len(x)})")[2][0]
+        if len(x) > 1 and x.std() > 0:
+            ax.plot(grid, gaussian_kde(x)(grid), color=line.get_facecolor(), alpha=1.0, linewidth=1.6)
+    ax.set(xlabel="characters (clipped at the 99th percentile)", ylabel="density", title="text length per label")
+    ax.legend()
+    return save(fig, path)
+
+
+def plot_scatter(df: pd.DataFrame, labels: list[str], path: Path, seed: int = 0) -> Path:
+    """Characters vs words per text, a point per text (at most 3,000 per label), coloured by label."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label in labels:
+        part = df[df["label"] == label]
+        part = part.sample(min(len(part), 3000), random_state=seed)
+        ax.scatter(part["text"].str.len(), part["words"].str.split().str.len(), s=4, alpha=0.4, label=label)
+    ax.set(xlabel="characters", ylabel="words", title="text lengths per label", xscale="log", yscale="log")
+    ax.legend(markerscale=4)
+    return save(fig, path)
+
+
+def plot_top(tables: dict[str, list[tuple[str, int]]], title: str, path: Path) -> Path:
+    """Horizontal bars of the top words, one panel per label."""
+    fig, axes = plt.subplots(1, len(tables), figsize=(3.2 * len(tables), 0.25 * max(len(t) for t in tables.values()) + 1.5), squeeze=False)
+    for ax, (label, rows) in zip(axes[0], tables.items()):
+        words, counts = zip(*rows) if rows else ((), ())
+        ax.barh(range(len(words)), counts)
+        ax.set(yticks=range(len(words)), yticklabels=words, title=f"{label}")
+        ax.invert_yaxis()
+    fig.suptitle(title)
+    return save(fig, path)
+
+
+def word_cloud(counts: dict[str, int], font: str, path: Path, seed: int = 0) -> Path:
+    from wordcloud import WordCloud
+
+    cloud = WordCloud(font_path=font, width=800, height=450, background_color="white", random_state=seed,
+                      max_words=len(counts), prefer_horizontal=0.95)
+    cloud.generate_from_frequencies(counts).to_file(str(path))
+    return path
+
+
+def report_html(title: str, stats: dict, tables: dict[str, pd.DataFrame], pictures: list[Path]) -> str:
+    """One page with every table and picture inlined (the MLflow UI shows .html artifacts)."""
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+             "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}img{max-width:100%}"
+             "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:2px 8px}</style></head><body>",
+             f"<h1>{html.escape(title)}</h1><h2>Corpus</h2>",
+             pd.DataFrame([stats]).T.rename(columns={0: "value"}).to_html()]
+    for name, table in tables.items():
+        parts += [f"<h2>{html.escape(name)}</h2>", table.to_html(index=False)]
+    for picture in pictures:
+        parts += [f"<h3>{html.escape(picture.stem.replace('_', ' '))}</h3>", f"<img src='{data_uri(picture)}' alt='{picture.stem}'>"]
+    return "\n".join(parts + ["</body></html>"])
+
+
+def build(ctx: BuildContext) -> BuildOutput:
+    """Pictures, tables and `report.html` about the segmented splits."""
+    p: ProfileConfig = ctx.params
+    frames = {name: pd.read_parquet(ctx.inputs["segment"] / f"{name}.parquet", columns=["text", "words", "label"]) for name in SPLITS}
+    font = require_cjk_font(p.font)
+    use_font(font)
+    labels = ctx.input_info["segment"].get("labels") or sorted(frames["train"]["label"].unique().tolist())
+    train, everything = frames["train"], pd.concat(frames.values(), ignore_index=True)
+    stats = corpus_stats(frames, p.coverage)
+    words = {str(label): top_words(train.loc[train["label"] == label, "words"], p.top_k) for label in labels}
+    rng = random.Random(p.seed)
+    adjectives = {}
+    for label in labels:
+        texts = train.loc[train["label"] == label, "text"].tolist()
+        adjectives[str(label)] = top_adjectives(rng.sample(texts, min(len(texts), p.pos_texts)), p.top_k)
+    pictures = [
+        plot_labels(frames, labels, ctx.out / "label_distribution.png"),
+        plot_lengths(everything, labels, ctx.out / "length_distribution.png"),
+        plot_scatter(everything, labels, ctx.out / "length_scatter.png", p.seed),
+        plot_top(words, f"most frequent words per label (train, top {p.top_k})", ctx.out / "top_words.png"),
+        plot_top(adjectives, f"most frequent adjectives per label (jieba POS a/ad/an, {p.pos_texts} texts per label)", ctx.out / "top_adjectives.png"),
+    ]
+    for label in labels:
+        counts = dict(top_words(train.loc[train["label"] == label, "words"], p.cloud_words))
+        pictures.append(word_cloud(counts, font, ctx.out / f"wordcloud_{label}.png", p.seed))
+    tables = {
+        "labels per split": pd.DataFrame({s: df["label"].value_counts().reindex(labels, fill_value=0) for s, df in frames.items()}).rename_axis("label").reset_index(),
+        "top words per label": _side_by_side(words),
+        "top adjectives per label": _side_by_side(adjectives),
+    }
+    for name, table in tables.items():
+        table.to_csv(ctx.out / f"{name.replace(' ', '_')}.csv", index=False)
+    (ctx.out / "stats.json").write_text(json.dumps(stats, indent=2), encoding="utf-8")
+    (ctx.out / "report.html").write_text(report_html(f"{ctx.pipeline}: corpus profile", stats, tables, pictures), encoding="utf-8")
+    _prefect_artifacts(ctx.pipeline, stats, tables)
+    files = [p.name for p in pictures] + ["report.html", "stats.json"] + [f"{n.replace(' ', '_')}.csv" for n in tables]
+    return BuildOutput(rows=len(everything), metrics=stats, info={**ctx.input_info["segment"], "font": font}, artifacts=files)
+
+
+def _side_by_side(tables: dict[str, list[tuple[str, int]]]) -> pd.DataFrame:
+    """Rank, then `<label>` and `<label> count` columns."""
+    k = max((len(rows) for rows in tables.values()), default=0)
+    out = {"rank": list(range(1, k + 1))}
+    for label, rows in tables.items():
+        rows = rows + [("", 0)] * (k - len(rows))
+        out[label] = [w for w, _ in rows]
+        out[f"{label} count"] = [c for _, c in rows]
+    return pd.DataFrame(out)
+
+
+def _prefect_artifacts(pipeline: str, stats: dict, tables: dict[str, pd.DataFrame]) -> None:
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+    lines = [f"# {pipeline}: corpus profile", "", "| measure | value |", "|---|---|"]
+    lines += [f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in stats.items()]
+    create_markdown_artifact("\n".join(lines), key=f"{pipeline}-profile".lower(), description="corpus profile (zhpipe)")
+    create_table_artifact(tables["top words per label"].astype(str).to_dict("records"), key=f"{pipeline}-top-words".lower(),
+                          description="most frequent words per label")
+
+
+@task(name="profile", cache_policy=NO_CACHE)
+def profile(run: RunContext, segment: StageResult) -> StageResult:
+    """Pictures and an HTML report about the corpus."""
+    return run.run("profile", {"segment": segment}, build)
