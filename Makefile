@@ -7,7 +7,7 @@ TORCH_CPU ?= torch==2.13.0
 PIPELINE ?= chnsenticorp
 ARGS ?=
 
-.PHONY: run test install bench ui clean-data
+.PHONY: run test install fonts bench ui clean-data
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,20 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed fonts
+
+# the profile stage draws Chinese text: it needs a font with CJK glyphs (WenQuanYi Micro Hei, 5 MB, where none is found)
+fonts:
+	@if command -v fc-list >/dev/null 2>&1 && ! fc-list :lang=zh | grep -q . ; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "no CJK font: installing fonts-wqy-microhei"; \
+			apt-get install -y -q fonts-wqy-microhei >/dev/null 2>&1 || \
+			{ apt-get update -q >/dev/null 2>&1 && apt-get install -y -q fonts-wqy-microhei >/dev/null 2>&1; } || \
+			echo "could not install a CJK font; the profile stage will stop with a message (see README)"; \
+		else \
+			echo "no CJK font found: the profile stage needs one, e.g. sudo apt-get install fonts-wqy-microhei"; \
+		fi; \
+	fi
 
 run: install
 	$(BIN)/zhpipe run $(PIPELINE) $(ARGS)

@@ -3,7 +3,7 @@
 The bundled ChnSentiCorp reviews are repeated until the text reaches --mb megabytes (UTF-8), written as the
 split stage writes its Parquet files (row groups of 20,000 rows), and segmented by the segment stage's own
 code (`tasks.segment.segment_file`), once in one process and once on the cluster, each in a fresh
-subprocess. Reported: wall time, the ratio, the peak memory (max RSS) of every process that segmented, and
+subprocess. Reported: wall time, the ratio, the peak memory (VmHWM) of every process that segmented, and
 whether the two output files are byte-identical. Run at a second, smaller size (--small-mb) it shows
 whether a worker's memory follows the chunk size or the corpus size.
 
@@ -16,7 +16,6 @@ import argparse
 import hashlib
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -51,7 +50,7 @@ def child(mode: str, src: str, dst: str, chunk_rows: int, workers: int) -> None:
     """One measured segmentation in this (fresh) process; prints a JSON line."""
     from prefect import flow
 
-    from flows.chunks import Runner, shutdown
+    from flows.chunks import Runner, peak_rss_mb, shutdown
     from flows.config import SegmentConfig
     from tasks.segment import segment_file
 
@@ -71,7 +70,7 @@ def child(mode: str, src: str, dst: str, chunk_rows: int, workers: int) -> None:
     print(json.dumps({
         "mode": mode, "seconds": seconds, "rows": counts["rows"], "chunks": len(runner.ran_on),
         "segmenting_processes_max_rss_mb": sorted(round(v, 1) for v in per_process.values()),
-        "driver_max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "driver_max_rss_mb": round(peak_rss_mb(), 1),
     }))
 
 

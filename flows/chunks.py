@@ -58,12 +58,27 @@ def read_chunk(chunk: Chunk, columns: list[str] | None = None) -> pd.DataFrame:
     return table.slice(chunk.start, chunk.rows).to_pandas()
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident memory: VmHWM on Linux (getrusage's ru_maxrss would include the memory
+    of the parent it was forked from), else ru_maxrss."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+    import sys
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 1024 / (1024 if sys.platform == "darwin" else 1)
+
+
 def _worker_info() -> dict[str, Any]:
     """Where a chunk ran, and the peak memory of that process so far."""
-    import resource
     import socket
 
-    return {"host": socket.gethostname(), "pid": os.getpid(), "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return {"host": socket.gethostname(), "pid": os.getpid(), "max_rss_mb": peak_rss_mb()}
 
 
 def call(fn: Callable, chunk: Chunk, params: Any) -> tuple[pd.DataFrame, dict[str, Any]]:

@@ -17,6 +17,7 @@ STAGE_HELP = {
     "clean": "NFKC, strip HTML/URLs/control chars, optional t2s; quarantine empty/short/long/duplicate rows",
     "split": "stratified, seeded train/validation/test split",
     "segment": "jieba words (+POS) and characters, in parallel processes",
+    "profile": "labels per split, lengths per label, top words/adjectives, word clouds, report.html (CJK font)",
     "augment": "grow the train split with a registered augmenter (EDA in v1)",
     "vocab": "word and character vocab.txt (BERT-style specials) + frequency tables; validation OOV rate",
     "embed": "gensim Word2Vec and fastText subword vectors; nearest neighbours of probe words",
@@ -67,6 +68,19 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--limit", type=int, default=None, help="at most this many flow runs at once")
     sub.add_parser("stages", help="list the stages")
     sub.add_parser("pipelines", help="list the pipelines in pipelines.yaml").add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    runs = sub.add_parser("runs", help="list recent pipeline runs (date, commit, source, best model, metrics)")
+    runs.add_argument("pipeline", nargs="?", help="one pipeline (default: all)")
+    runs.add_argument("--limit", type=int, default=20)
+    compare = sub.add_parser("compare", help="side-by-side table of the parameters and metrics that differ between runs")
+    compare.add_argument("runs", nargs="+", metavar="RUN", help="run ids or prefixes (as `zhpipe runs` prints them)")
+    compare.add_argument("--all", action="store_true", help="every parameter and metric, not only those that differ")
+    predict = sub.add_parser("predict", help="label raw texts with a registered model (default: the pipeline's champion)")
+    predict.add_argument("texts", nargs="*", metavar="TEXT")
+    predict.add_argument("--model", help="an MLflow model URI (default models:/zhpipe-<pipeline>@champion)")
+    predict.add_argument("--pipeline", default=DEFAULT_PIPELINE, help=f"whose champion to use (default {DEFAULT_PIPELINE})")
+    predict.add_argument("--input", type=Path, help="a .csv, .tsv, .jsonl or .parquet file of texts")
+    predict.add_argument("--output", type=Path, help="where to write the input rows with label and probabilities (same formats)")
+    predict.add_argument("--text-column", default="text", help="with --input: the text column (default text)")
     ui = sub.add_parser("ui", help="start the MLflow UI on the project's tracking store")
     ui.add_argument("--port", type=int, default=5000)
     ui.add_argument("--host", default="127.0.0.1")
@@ -195,6 +209,62 @@ def cmd_worker(args) -> int:
     return 0
 
 
+def _print_frame(df, title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in df.columns:
+        table.add_column(str(col), justify="right" if df[col].dtype.kind in "if" else "left")
+    for row in df.itertuples(index=False):
+        table.add_row(*["" if v is None or (isinstance(v, float) and v != v) else f"{v:.4f}" if isinstance(v, float) else str(v) for v in row])
+    console = Console()
+    if not console.is_terminal:  # piped or logged: whole rows, not wrapped at 80 columns
+        console = Console(width=240)
+    console.print(table)
+
+
+def cmd_runs(args) -> int:
+    from flows.runs import pipeline_runs, runs_table
+
+    df = runs_table(pipeline_runs(args.pipeline, args.limit))
+    if df.empty:
+        print("no pipeline runs yet; `zhpipe run` makes one")
+        return 0
+    _print_frame(df, f"zhpipe runs{' ' + args.pipeline if args.pipeline else ''} (newest first)")
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from flows.runs import compare_table
+
+    if len(args.runs) < 2:
+        raise ZhpipeError("compare needs at least two runs")
+    _print_frame(compare_table(args.runs, args.all), "zhpipe compare" + ("" if args.all else " (rows that differ, and the headline metrics)"))
+    return 0
+
+
+def cmd_predict(args) -> int:
+    import pandas as pd
+
+    from flows.runs import load_model, predict_frame, read_table, write_table
+
+    if bool(args.texts) == bool(args.input):
+        raise ZhpipeError("predict: give TEXT arguments or --input FILE (not both)")
+    if args.input and not args.output:
+        raise ZhpipeError("predict: --input needs --output FILE")
+    df = read_table(args.input, args.text_column) if args.input else pd.DataFrame({"text": args.texts})
+    uri = args.model or f"models:/zhpipe-{args.pipeline}@champion"
+    out = predict_frame(load_model(uri), df, args.text_column if args.input else "text")
+    if args.output:
+        write_table(out, args.output)
+        counts = out["label"].value_counts().to_dict()
+        print(f"{len(out)} rows -> {args.output} (labels: {counts}; model {uri})")
+    else:
+        _print_frame(out, f"zhpipe predict ({uri})")
+    return 0
+
+
 def cmd_stages(args) -> int:
     for stage, deps in STAGES.items():
         print(f"{stage:<9} <- {', '.join(deps) or 'source':<28} {STAGE_HELP[stage]}")
@@ -241,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
 
         _quiet_prefect_tracebacks()
     commands = {"run": cmd_run, "status": cmd_status, "stages": cmd_stages, "pipelines": cmd_pipelines, "ui": cmd_ui,
-                "deploy": cmd_deploy, "serve": cmd_serve, "worker": cmd_worker}
+                "deploy": cmd_deploy, "serve": cmd_serve, "worker": cmd_worker, "runs": cmd_runs, "compare": cmd_compare,
+                "predict": cmd_predict}
     try:
         return commands[args.command](args)
     except ZhpipeError as e:

@@ -78,6 +78,15 @@ class SegmentConfig(_Section):
     chunk_rows: int = Field(1000, ge=1)  # smaller chunks even out the last workers; larger cut IPC
 
 
+class ProfileConfig(_Section):
+    top_k: int = Field(20, ge=1)  # words and adjectives shown per label
+    cloud_words: int = Field(150, ge=10)  # words in each word cloud
+    pos_texts: int = Field(1500, ge=1)  # train texts per label POS-tagged for adjectives (a seeded sample)
+    coverage: float = Field(0.9, gt=0, lt=1)  # the suggested max_len covers this share of texts
+    font: str | None = None  # a font file with Chinese glyphs; default: an installed one (Noto CJK, WenQuanYi, ...)
+    seed: int = 0
+
+
 class PivotConfig(_Section):
     lang: str  # pivot language, e.g. en, ja
     forward: str | None = None  # zh -> pivot: a model id (hub) or a local folder (transformers backend)
@@ -184,6 +193,9 @@ class EmbedConfig(_Section):
     topn: int = 5
     workers: int = Field(2, ge=1)  # gensim threads; >1 trades bit-exact reproducibility for speed
     seed: int = 1
+    plot_words: int = Field(150, ge=10)  # the most frequent words drawn in the 2-D projection
+    tsne: bool = False  # also a t-SNE projection (slower than PCA)
+    projector_words: int = Field(5000, ge=10)  # words exported for the TensorBoard projector
 
 
 class FastTextClassifierConfig(_Section):
@@ -337,6 +349,7 @@ class StagesConfig(_Section):
     clean: CleanConfig = CleanConfig()
     split: SplitConfig = SplitConfig()
     segment: SegmentConfig = SegmentConfig()
+    profile: ProfileConfig = ProfileConfig()
     augment: AugmentConfig = AugmentConfig()
     vocab: VocabConfig = VocabConfig()
     embed: EmbedConfig = EmbedConfig()
@@ -382,7 +395,7 @@ class ScheduleConfig(_Section):
         return self
 
 
-STAGE_NAMES = ("download", "clean", "split", "segment", "augment", "vocab", "embed", "train", "evaluate")
+STAGE_NAMES = ("download", "clean", "split", "segment", "profile", "augment", "vocab", "embed", "train", "evaluate")
 
 
 class RunParameters(_Section):

@@ -22,6 +22,7 @@ from tasks.clean import clean
 from tasks.download import download
 from tasks.embed import embed
 from tasks.evaluate import evaluate
+from tasks.profile import profile
 from tasks.segment import segment
 from tasks.split import split
 from tasks.train import train
@@ -31,7 +32,7 @@ log = logging.getLogger("zhpipe")
 DATA_ROOT = PROJECT_ROOT / "data"  # the default stage store
 # the one number per stage that the run summary shows
 HEADLINE = {
-    "download": "rows_raw", "clean": "rows_dropped", "split": "rows_test", "segment": "train_mean_words",
+    "download": "rows_raw", "clean": "rows_dropped", "split": "rows_test", "segment": "train_mean_words", "profile": "suggested_max_len_words",
     "augment": "rows_added", "vocab": "words_validation_oov_rate", "embed": "word2vec_vocab",
     "train": "textcnn_val_macro_f1", "evaluate": "best_test_accuracy",
 }
@@ -148,6 +149,7 @@ def pipeline_flow(
         c = step("clean", clean, d)
         s = step("split", split, c)
         seg = step("segment", segment, s)
+        step("profile", profile, seg)
         a = step("augment", augment, seg)
         v = step("vocab", vocab, a, seg)
         e = step("embed", embed, a)

@@ -22,6 +22,7 @@ STAGES: dict[str, tuple[str, ...]] = {
     "clean": ("download",),
     "split": ("clean",),
     "segment": ("split",),
+    "profile": ("segment",),
     "augment": ("segment",),
     "vocab": ("augment", "segment"),
     "embed": ("augment",),

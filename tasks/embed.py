@@ -120,6 +120,47 @@ def neighbours(name: str, probe: list[str], lookup, topn: int) -> list[dict]:
     return rows
 
 
+def frequent_words(kv, n: int) -> list[str]:
+    """The `n` most frequent real words of a KeyedVectors (gensim keeps them by frequency), no punctuation."""
+    from tasks.profile import is_word
+
+    return [w for w in kv.index_to_key if is_word(w)][:n]
+
+
+def plot_projection(kv, words: list[str], method: str, path: Path, font: str, seed: int) -> Path:
+    """The words' vectors projected to 2-D (PCA or t-SNE), each point labelled with its word."""
+    from sklearn.decomposition import PCA
+    from sklearn.manifold import TSNE
+
+    from tasks.plots import plt, save, use_font
+
+    use_font(font)
+    x = np.stack([kv[w] for w in words])
+    if method == "pca":
+        xy = PCA(n_components=2, random_state=seed).fit_transform(x)
+    else:
+        xy = TSNE(n_components=2, perplexity=min(30, len(words) - 1), init="pca", random_state=seed).fit_transform(x)
+    fig, ax = plt.subplots(figsize=(10, 8))
+    ax.scatter(xy[:, 0], xy[:, 1], s=6, alpha=0.5)
+    for (a, b), word in zip(xy, words):
+        ax.annotate(word, (a, b), fontsize=7, alpha=0.85)
+    ax.set(title=f"{len(words)} most frequent words, Word2Vec, {method.upper()}", xticks=[], yticks=[])
+    return save(fig, path)
+
+
+def export_projector(kv, words: list[str], folder: Path, name: str = "word2vec") -> Path:
+    """vectors.tsv + metadata.tsv + projector_config.pbtxt: `tensorboard --logdir <folder>` shows them in its
+    Projector tab (or load the two TSV files at projector.tensorflow.org)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "vectors.tsv", "w", encoding="utf-8") as f:
+        for w in words:
+            f.write("\t".join(f"{v:.5f}" for v in kv[w]) + "\n")
+    (folder / "metadata.tsv").write_text("".join(f"{w}\n" for w in words), encoding="utf-8")
+    (folder / "projector_config.pbtxt").write_text(
+        f'embeddings {{\n  tensor_name: "{name}"\n  tensor_path: "vectors.tsv"\n  metadata_path: "metadata.tsv"\n}}\n', encoding="utf-8")
+    return folder
+
+
 def build(ctx: BuildContext) -> BuildOutput:
     """Write `word2vec.kv` + `word2vec.txt`, `fasttext.bin` + `fasttext.kv` + `fasttext.vec`, `neighbours.csv`."""
     p: EmbedConfig = ctx.params
@@ -140,6 +181,16 @@ def build(ctx: BuildContext) -> BuildOutput:
         rows += neighbours("fasttext", p.probe_words, lambda w, n: [(o, s) for s, o in ft.get_nearest_neighbors(w, k=n)], p.topn)
         metrics["fasttext_vocab"] = len(ft.get_words())
         artifacts.append("fasttext.vec")
+    from tasks.plots import require_cjk_font
+
+    font = require_cjk_font(what="embed")  # the words are drawn: never as boxes
+    plot_projection(w2v, frequent_words(w2v, p.plot_words), "pca", ctx.out / "word2vec_pca.png", font, p.seed)
+    artifacts.append("word2vec_pca.png")
+    if p.tsne:
+        plot_projection(w2v, frequent_words(w2v, p.plot_words), "tsne", ctx.out / "word2vec_tsne.png", font, p.seed)
+        artifacts.append("word2vec_tsne.png")
+    export_projector(w2v, frequent_words(w2v, p.projector_words), ctx.out / "projector")
+    artifacts.append("projector")
     table = pd.DataFrame(rows, columns=["model", "word", "rank", "neighbour", "cosine"])
     table.to_csv(ctx.out / "neighbours.csv", index=False)
     if len(table):

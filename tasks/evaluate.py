@@ -2,13 +2,8 @@
 from __future__ import annotations
 
 import json
-from functools import lru_cache
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from prefect import task  # noqa: E402
@@ -18,9 +13,10 @@ from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, precisio
 
 from flows.runner import BuildContext, BuildOutput, RunContext, StageResult  # noqa: E402
 from flows.tracking import Tracker  # noqa: E402
+from tasks.plots import cjk_font, plt, save, use_font  # noqa: E402
 from tasks.train import PERPLEXITY, PREDICTORS, label_ids, servable_model  # noqa: E402
 
-VERSION = "4"
+VERSION = "5"  # + PR curves, worst mistakes, training curves
 
 
 def score(y_true: np.ndarray, y_pred: np.ndarray, labels: list[str]) -> tuple[dict[str, float], pd.DataFrame, np.ndarray]:
@@ -33,19 +29,6 @@ def score(y_true: np.ndarray, y_pred: np.ndarray, labels: list[str]) -> tuple[di
         "test_macro_f1": float(f1_score(y_true, y_pred, labels=ids, average="macro", zero_division=0)),
     }
     return metrics, per_class, confusion_matrix(y_true, y_pred, labels=ids)
-
-
-CJK_FONTS = ("Noto Sans CJK SC", "Noto Sans SC", "Source Han Sans SC", "WenQuanYi Micro Hei", "WenQuanYi Zen Hei",
-             "SimHei", "Microsoft YaHei", "PingFang SC", "Heiti SC", "AR PL UMing CN")
-
-
-@lru_cache(maxsize=1)
-def cjk_font() -> str | None:
-    """The first installed font that has Chinese glyphs, or None."""
-    from matplotlib import font_manager
-
-    installed = {f.name for f in font_manager.fontManager.ttflist}
-    return next((name for name in CJK_FONTS if name in installed), None)
 
 
 def tick_labels(labels: list[str]) -> tuple[list[str], str]:
@@ -61,7 +44,7 @@ def plot_confusion(matrix: np.ndarray, labels: list[str], title: str, path: Path
     size = 2.5 + 0.45 * len(labels)
     fig, ax = plt.subplots(figsize=(size, size))
     if cjk_font():
-        plt.rcParams["font.sans-serif"] = [cjk_font(), *plt.rcParams["font.sans-serif"]]
+        use_font(cjk_font())
     ax.imshow(matrix, cmap="Blues")
     ax.set(xticks=range(len(labels)), yticks=range(len(labels)), xticklabels=shown, yticklabels=shown,
            xlabel="predicted" + note, ylabel="true", title=title)
@@ -70,9 +53,57 @@ def plot_confusion(matrix: np.ndarray, labels: list[str], title: str, path: Path
     for i in range(len(labels)):
         for j in range(len(labels)):
             ax.text(j, i, int(matrix[i, j]), ha="center", va="center", color="white" if matrix[i, j] > matrix.max() / 2 else "black")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
+
+
+def plot_pr_curves(y_true: np.ndarray, probs: np.ndarray, labels: list[str], title: str, path: Path) -> dict[str, float]:
+    """One-vs-rest precision-recall curve per class; returns each class's average precision."""
+    from sklearn.metrics import average_precision_score, precision_recall_curve
+
+    shown, note = tick_labels(labels)
+    fig, ax = plt.subplots(figsize=(5.5, 4.2))
+    ap = {}
+    for i, label in enumerate(labels):
+        positive = (y_true == i).astype(int)
+        if positive.sum() == 0:
+            continue
+        precision, recall, _ = precision_recall_curve(positive, probs[:, i])
+        ap[label] = float(average_precision_score(positive, probs[:, i]))
+        ax.step(recall, precision, where="post", label=f"{shown[i]} (AP {ap[label]:.3f})")
+    ax.set(xlabel="recall" + note, ylabel="precision", xlim=(0, 1), ylim=(0, 1.02), title=title)
+    ax.legend(loc="lower left")
+    save(fig, path)
+    return ap
+
+
+def worst_mistakes(test: pd.DataFrame, y_true: np.ndarray, probs: np.ndarray, labels: list[str], k: int = 50) -> pd.DataFrame:
+    """The wrong predictions the model was most sure of: text, true label, predicted label, confidence."""
+    pred = probs.argmax(1)
+    wrong = np.flatnonzero(pred != y_true)
+    order = wrong[np.argsort(-probs[wrong, pred[wrong]], kind="stable")][:k]
+    return pd.DataFrame({
+        "id": test["id"].to_numpy()[order], "text": test["text"].to_numpy()[order],
+        "true": [labels[i] for i in y_true[order]], "predicted": [labels[i] for i in pred[order]],
+        "confidence": probs[order, pred[order]].round(4),
+    })
+
+
+def plot_training_curves(history: list[dict[str, float]], title: str, path: Path) -> Path | None:
+    """Loss (train and validation) and validation metrics per epoch; None without a per-epoch history."""
+    if not history:
+        return None
+    h = pd.DataFrame(history)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
+    for col in [c for c in ("train_loss", "val_loss") if c in h]:
+        left.plot(h["epoch"], h[col], marker="o", label=col)
+    left.set(xlabel="epoch", ylabel="loss", title="loss")
+    left.legend()
+    for col in [c for c in ("val_accuracy", "val_macro_f1", "val_perplexity") if c in h]:
+        right.plot(h["epoch"], h[col], marker="o", label=col)
+    right.set(xlabel="epoch", title="validation")
+    right.legend()
+    fig.suptitle(title)
+    return save(fig, path)
 
 
 def comparison_markdown(table: pd.DataFrame) -> str:
@@ -100,8 +131,12 @@ def build(ctx: BuildContext) -> BuildOutput:
         per_class.to_csv(folder / "per_class.csv", index=False)
         pd.DataFrame(matrix, index=labels, columns=labels).to_csv(folder / "confusion_matrix.csv")
         plot_confusion(matrix, labels, f"{name}: test confusion matrix", folder / "confusion_matrix.png")
+        ap = plot_pr_curves(y_true, probs, labels, f"{name}: test precision-recall", folder / "pr_curves.png")
+        metrics |= {f"test_ap_{i}": v for i, v in enumerate(ap.values())}
+        worst_mistakes(test, y_true, probs, labels).to_csv(folder / "worst_mistakes.csv", index=False)
+        plot_training_curves(summary.get("history", []), f"{name}: training", folder / "training_curves.png")
         results[name] = metrics
-        rows.append({"model": name, **metrics, "val_macro_f1": models[name]["val_macro_f1"], "train_seconds": round(models[name]["seconds"], 1)})
+        rows.append({"model": name, "test_accuracy": metrics["test_accuracy"], "test_macro_f1": metrics["test_macro_f1"], "val_macro_f1": models[name]["val_macro_f1"], "train_seconds": round(models[name]["seconds"], 1)})
     table = pd.DataFrame(rows).sort_values(f"test_{ctx.params.metric}", ascending=False)
     table.to_csv(ctx.out / "comparison.csv", index=False)
     (ctx.out / "comparison.md").write_text(comparison_markdown(table), encoding="utf-8")
@@ -118,9 +153,11 @@ def build(ctx: BuildContext) -> BuildOutput:
     )
 
 
-def track_models(run: RunContext, train: StageResult, evaluation: StageResult, segment: StageResult) -> None:
-    """One nested MLflow run per model: its params, per-epoch curves, test metrics, checkpoint and plots."""
+def track_models(run: RunContext, train: StageResult, evaluation: StageResult, segment: StageResult) -> dict[str, str]:
+    """One nested MLflow run per model: its params, per-epoch curves, test metrics, checkpoint and plots.
+    Returns each model's run id."""
     test = pd.read_parquet(segment.path / "test.parquet")
+    run_ids = {}
     for name, summary in train.info["models"].items():
         tracker = Tracker.start(run.experiment, name, parent=run.parent_run_id, tags={"zhpipe.model": name, "zhpipe.train_key": train.key})
         section = getattr(run.config.stages.train, name)
@@ -140,14 +177,35 @@ def track_models(run: RunContext, train: StageResult, evaluation: StageResult, s
             tracker.tags({"zhpipe.model_uri": tracker.pytorch_model(module, "pytorch_model", example, code_dir=Path(__file__).parent)})
         if (evaluation.path / name).is_dir():
             tracker.artifact(evaluation.path / name, "evaluation")
+            if (evaluation.path / name / "worst_mistakes.csv").is_file():  # a table in the run's Evaluation view
+                tracker.table(pd.read_csv(evaluation.path / name / "worst_mistakes.csv").astype(str), "worst_mistakes.json")
         tracker.finish()
+        run_ids[name] = tracker.run_id
+    return run_ids
+
+
+def register(run: RunContext, train: StageResult, evaluation: StageResult, segment: StageResult, run_ids: dict[str, str]) -> None:
+    """Register the best classifier (a pyfunc that takes raw text) and apply the champion rule; the parent
+    run's tags say what happened and why."""
+    from flows.registry import register_best
+
+    best, metric = evaluation.info["best_model"], run.config.stages.evaluate.metric
+    decision = register_best(
+        run_ids[best], run.config.name, best, train.path / best, evaluation.info["labels"],
+        run.config.stages.clean.model_dump(mode="json"), run.config.stages.segment.model_dump(mode="json"),
+        pd.read_parquet(segment.path / "test.parquet"), metric, evaluation.info["results"][best][f"test_{metric}"],
+    )
+    Tracker(run.parent_run_id).tags({"zhpipe.registered": f"{decision.name}/{decision.version}",
+                                     "zhpipe.champion": "yes" if decision.champion else "no", "zhpipe.champion_reason": decision.reason})
 
 
 @task(name="evaluate", cache_policy=NO_CACHE)
 def evaluate(run: RunContext, train: StageResult, segment: StageResult) -> StageResult:
     """Test metrics and the model comparison; tracked per model."""
     result = run.run("evaluate", {"train": train, "segment": segment}, build)
-    track_models(run, train, result, segment)
+    run_ids = track_models(run, train, result, segment)
+    if result.cache == "miss":  # a cached evaluation was registered when it was built
+        register(run, train, result, segment, run_ids)
     create_markdown_artifact(
         markdown=f"# {run.config.name}: model comparison (test split)\n\n" + (result.path / "comparison.md").read_text(encoding="utf-8"),
         key=f"{run.config.name}-comparison".replace("_", "-").lower(),

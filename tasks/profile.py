@@ -16,7 +16,7 @@ import pandas as pd
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from flows.config import ProfileConfig, SegmentConfig
+from flows.config import ProfileConfig
 from flows.runner import BuildContext, BuildOutput, RunContext, StageResult
 from tasks.plots import data_uri, plt, require_cjk_font, save, use_font
 from tasks.split import SPLITS

@@ -1,0 +1,157 @@
+"""Runs from the command line: `zhpipe runs` lists pipeline runs, `zhpipe compare` shows what differs
+between runs, `zhpipe predict` applies a registered model to texts or a file."""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from flows.errors import ConfigError, DataError, ZhpipeError
+
+
+def _client():
+    from flows.tracking import client
+
+    return client()
+
+
+def pipeline_runs(pipeline: str | None, limit: int = 20) -> list:
+    """Recent parent (pipeline) runs, newest first, from one pipeline's experiment or all zhpipe ones."""
+    c = _client()
+    if pipeline:
+        exp = c.get_experiment_by_name(f"zhpipe-{pipeline}")
+        if exp is None:
+            raise ZhpipeError(f"no runs of pipeline '{pipeline}' (no MLflow experiment zhpipe-{pipeline}); run `zhpipe run {pipeline}` first")
+        ids = [exp.experiment_id]
+    else:
+        ids = [e.experiment_id for e in c.search_experiments() if e.name.startswith("zhpipe-")]
+    if not ids:
+        return []
+    return c.search_runs(ids, filter_string="tags.`zhpipe.pipeline` != ''", order_by=["attributes.start_time DESC"], max_results=limit)
+
+
+def runs_table(runs: list) -> pd.DataFrame:
+    """One row per run: id, date, status, pipeline, commit, source sha256, best model, metrics, cache use."""
+    rows = []
+    for r in runs:
+        tags, m = r.data.tags, r.data.metrics
+        rows.append({
+            "run": r.info.run_id[:12], "started": time.strftime("%Y-%m-%d %H:%M", time.localtime(r.info.start_time / 1000)),
+            "status": r.info.status, "pipeline": tags.get("zhpipe.pipeline", ""), "commit": tags.get("zhpipe.git_commit", "")[:8],
+            "source": tags.get("zhpipe.source_sha256", "")[:8], "best model": tags.get("zhpipe.best_model", ""),
+            "test acc": m.get("best_test_accuracy"), "test macro-F1": m.get("best_test_macro_f1"),
+            "hit/miss": f"{int(m.get('stages_hit', 0))}/{int(m.get('stages_miss', 0))}",
+            "champion": tags.get("zhpipe.champion", ""),
+        })
+    return pd.DataFrame(rows)
+
+
+def find_run(prefix: str):
+    """A run by its id or an unambiguous prefix of it (as `zhpipe runs` prints them)."""
+    from mlflow.exceptions import MlflowException
+
+    c = _client()
+    if len(prefix) == 32:
+        try:
+            return c.get_run(prefix)
+        except MlflowException:
+            pass
+    matches = [r for r in pipeline_runs(None, limit=5000) if r.info.run_id.startswith(prefix)]
+    if len(matches) != 1:
+        raise ZhpipeError(f"run '{prefix}': {'no pipeline run' if not matches else f'{len(matches)} runs'} with that id prefix")
+    return matches[0]
+
+
+def compare_table(run_ids: list[str], everything: bool = False) -> pd.DataFrame:
+    """Parameters, metrics and tags side by side, one column per run; only rows that differ unless `everything`
+    (the headline metrics are always shown)."""
+    runs = [find_run(r) for r in run_ids]
+    headline = {"metric best_test_accuracy", "metric best_test_macro_f1", "tag zhpipe.best_model"}
+    table: dict[str, dict[str, Any]] = {}
+    for r in runs:
+        col = r.info.run_id[:12]
+        for k, v in r.data.params.items():
+            table.setdefault(f"param {k}", {})[col] = v
+        for k, v in r.data.metrics.items():
+            table.setdefault(f"metric {k}", {})[col] = round(v, 4)
+        for k in ("zhpipe.best_model", "zhpipe.git_commit", "zhpipe.source_sha256", "zhpipe.config_hash", "zhpipe.registered", "zhpipe.champion"):
+            if k in r.data.tags:
+                table.setdefault(f"tag {k}", {})[col] = r.data.tags[k][:16]
+    columns = [r.info.run_id[:12] for r in runs]
+    frame = pd.DataFrame.from_dict(table, orient="index").reindex(columns=columns)
+    if not everything:
+        differs = frame.astype(str).nunique(axis=1, dropna=False) > 1
+        frame = frame[differs | frame.index.isin(headline)]
+    kind = {"metric": 0, "tag": 1, "param": 2}
+    order = sorted(frame.index, key=lambda k: (kind[k.split(" ", 1)[0]], k))
+    return frame.loc[order].rename_axis("what").reset_index()
+
+
+# ---- prediction ----------------------------------------------------------------------------------------
+
+READERS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
+
+
+def load_model(uri: str):
+    """An MLflow pyfunc by URI, or one clear error naming the URI and the tracking store."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    from flows.tracking import tracking_uri
+
+    mlflow.set_tracking_uri(tracking_uri())
+    try:
+        return mlflow.pyfunc.load_model(uri)
+    except (MlflowException, OSError) as e:
+        first = str(e).strip().splitlines()[0][:200]
+        raise ZhpipeError(f"cannot load model {uri} from {tracking_uri()}: {first}; run a pipeline first (`zhpipe run`) "
+                          f"or pass --model") from None
+
+
+def read_table(path: Path, text_column: str) -> pd.DataFrame:
+    kind = READERS.get(path.suffix.lower())
+    if kind is None:
+        raise ConfigError(f"--input {path}: unknown file type '{path.suffix}' (expected .csv, .tsv, .jsonl or .parquet)")
+    if not path.is_file():
+        raise DataError(f"--input {path}: no such file")
+    if kind == "parquet":
+        df = pd.read_parquet(path)
+    elif kind == "jsonl":
+        df = pd.read_json(path, lines=True)
+    else:
+        df = pd.read_csv(path, sep="\t" if kind == "tsv" else ",")
+    if text_column not in df:
+        raise DataError(f"--input {path}: no text column '{text_column}' (columns found: {', '.join(map(str, df.columns))}); use --text-column")
+    return df
+
+
+def write_table(df: pd.DataFrame, path: Path) -> None:
+    """Write by extension, atomically (a temporary sibling renamed into place)."""
+    kind = READERS.get(path.suffix.lower())
+    if kind is None:
+        raise ConfigError(f"--output {path}: unknown file type '{path.suffix}' (expected .csv, .tsv, .jsonl or .parquet)")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    if kind == "parquet":
+        df.to_parquet(tmp, index=False)
+    elif kind == "jsonl":
+        df.to_json(tmp, orient="records", lines=True, force_ascii=False)
+    else:
+        df.to_csv(tmp, sep="\t" if kind == "tsv" else ",", index=False)
+    os.replace(tmp, path)
+
+
+def predict_frame(model, df: pd.DataFrame, text_column: str, batch: int = 512) -> pd.DataFrame:
+    """The input rows with `label`, `probability` and `p_<label>` columns, in batches with a progress bar."""
+    from tqdm.auto import tqdm
+
+    texts = df[text_column].fillna("").astype(str).tolist()
+    parts = []
+    with tqdm(total=len(texts), desc="predict", unit="text", disable=len(texts) < 2000) as bar:
+        for i in range(0, len(texts), batch):
+            parts.append(model.predict(texts[i : i + batch]))
+            bar.update(len(parts[-1]))
+    out = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["label", "probability"])
+    return pd.concat([df.reset_index(drop=True), out], axis=1)

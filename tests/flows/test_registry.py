@@ -1,0 +1,159 @@
+"""Registry, pyfunc, serving and the run commands, on models trained here by the smoke pipeline: the pyfunc
+takes raw text and predicts like the training code, `mlflow models serve` answers on loopback, the
+champion rule holds, and `zhpipe predict/runs/compare` work from the command line."""
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pandas as pd
+import pytest
+
+from flows.config import load_pipeline
+from flows.pipeline import pipeline_flow
+from flows.tracking import client
+
+ROOT = Path(__file__).resolve().parents[2]
+SETS = ["train.models=[tfidf_lr, textcnn]"]
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def trained(prefect_harness, tmp_path_factory):
+    store = tmp_path_factory.mktemp("registry-store")
+    first = pipeline_flow(load_pipeline("smoke", overrides=SETS), storage=str(store))
+    second = pipeline_flow(load_pipeline("smoke", overrides=SETS + ["train.epochs=2"]), storage=str(store))
+    stages = {r["stage"]: r for r in first["stages"]}
+    return {"store": store, "first": first, "second": second, "train": Path(stages["train"]["path"]),
+            "segment": Path(stages["segment"]["path"]), "labels": stages["train"]["info"]["labels"],
+            "tags": client().get_run(first["parent_run_id"]).data.tags}
+
+
+def _config():
+    c = load_pipeline("smoke", overrides=SETS)
+    return c.stages.clean.model_dump(mode="json"), c.stages.segment.model_dump(mode="json")
+
+
+def test_pyfunc_takes_raw_text_and_predicts_like_the_training_code(trained):
+    import mlflow
+
+    from flows.tracking import Tracker
+    from tasks.serving import log_classifier
+    from tasks.train import PREDICTORS
+
+    test = pd.read_parquet(trained["segment"] / "test.parquet")
+    clean, segment = _config()
+    run = Tracker.start("zhpipe-pyfunc-test", "pyfunc")
+    for name in ("tfidf_lr", "textcnn"):
+        info = log_classifier(run.run_id, name, trained["train"] / name, trained["labels"], clean, segment)
+        got = mlflow.pyfunc.load_model(info.model_uri).predict(test["text"].tolist())
+        want = PREDICTORS[name](trained["train"] / name)(test)
+        np.testing.assert_allclose(got[[f"p_{label}" for label in trained["labels"]]].to_numpy(), want, rtol=1e-5, atol=1e-6)
+        assert got["label"].tolist() == [trained["labels"][i] for i in want.argmax(1)]
+    run.finish()
+
+
+def test_best_model_is_registered_and_champion_on_first_registration(trained):
+    tags = trained["tags"]
+    name, version = tags["zhpipe.registered"].split("/")
+    assert name == "zhpipe-smoke"
+    mv = client().get_model_version(name, version)
+    assert mv.tags["zhpipe.model"] == tags["zhpipe.best_model"] and len(mv.tags["zhpipe.test_sha256"]) == 64
+    assert tags["zhpipe.champion_reason"]
+
+
+def test_champion_rule(trained):
+    """better -> champion; worse -> registered without the alias; another test split -> never compared."""
+    from flows.registry import register_best
+
+    test = pd.read_parquet(trained["segment"] / "test.parquet")
+    clean, segment = _config()
+    run_id = trained["first"]["parent_run_id"]
+
+    def register(score, frame=test):
+        return register_best(run_id, "rule-test", "tfidf_lr", trained["train"] / "tfidf_lr", trained["labels"], clean, segment,
+                             frame, "accuracy", score)
+
+    def champion():
+        return str(client().get_model_version_by_alias("zhpipe-rule-test", "champion").version)
+
+    first = register(0.80)
+    assert first.champion and champion() == first.version
+    worse = register(0.70)
+    assert not worse.champion and champion() == first.version and "does not beat" in worse.reason
+    better = register(0.90)
+    assert better.champion and champion() == better.version and "beats" in better.reason
+    other = register(0.99, test.iloc[:-1])
+    assert not other.champion and champion() == better.version and "another test split" in other.reason
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_mlflow_models_serve_answers_raw_chinese_text(trained):
+    uri = "models:/" + trained["tags"]["zhpipe.registered"]
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "models", "serve", "-m", uri, "--env-manager", "local",
+                             "--host", "127.0.0.1", "--port", str(port)], cwd=ROOT,
+                            env={**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"},  # as with the venv active
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None, proc.stdout.read()[-3000:]
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/ping", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "mlflow models serve did not start"
+            time.sleep(1)
+        r = httpx.post(f"http://127.0.0.1:{port}/invocations", json={"inputs": ["房间很干净，服务也好", "早餐太差了，再也不来"]}, timeout=60)
+        assert r.status_code == 200, r.text
+        predictions = r.json()["predictions"]
+        assert len(predictions) == 2 and {"label", "probability"} <= set(predictions[0])
+        assert all(p["label"] in trained["labels"] and 0 <= p["probability"] <= 1 for p in predictions)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def zhpipe(*args):
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_predict_command(trained, tmp_path):
+    uri = "models:/" + trained["tags"]["zhpipe.registered"]
+    proc = zhpipe("predict", "--model", uri, "房间很干净，服务也好")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "房间很干净" in proc.stdout and "probability" in proc.stdout
+    pd.DataFrame({"content": ["房间很干净", "太差了", ""]}).to_csv(tmp_path / "in.csv", index=False)
+    proc = zhpipe("predict", "--model", uri, "--input", str(tmp_path / "in.csv"), "--text-column", "content", "--output", str(tmp_path / "out.parquet"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = pd.read_parquet(tmp_path / "out.parquet")
+    assert len(out) == 3 and {"content", "label", "probability"} <= set(out.columns)
+    np.testing.assert_allclose(out[[f"p_{label}" for label in trained["labels"]]].sum(axis=1), 1.0, atol=1e-4)
+    bad = zhpipe("predict", "--model", "models:/zhpipe-nothing@champion", "你好")
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("zhpipe: error: cannot load model models:/zhpipe-nothing@champion")
+    bad = zhpipe("predict", "--model", uri, "--input", str(tmp_path / "in.csv"), "--output", str(tmp_path / "out.xlsx"), "--text-column", "content")
+    assert bad.returncode == 2 and "unknown file type '.xlsx'" in bad.stderr
+
+
+def test_runs_and_compare_commands(trained):
+    first, second = trained["first"]["parent_run_id"], trained["second"]["parent_run_id"]
+    proc = zhpipe("runs", "smoke", "--limit", "50")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert first[:12] in proc.stdout and second[:12] in proc.stdout
+    proc = zhpipe("compare", first[:12], second[:12])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [line for line in proc.stdout.splitlines() if "train.epochs" in line]
+    assert len(lines) == 1 and "1" in lines[0] and "2" in lines[0]
+    assert "best_test_accuracy" in proc.stdout
+    assert "segment.mode" not in proc.stdout  # equal in both runs: not shown

@@ -1,0 +1,93 @@
+"""The profile stage on the smoke corpus: every picture a valid PNG of sensible size, Chinese drawn with a
+font that has its glyphs (matplotlib warns on a missing glyph: that warning is an error here), one HTML
+page holding everything, and one clear error when no CJK font can be found."""
+import json
+import warnings
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from PIL import Image
+
+from flows.config import ProfileConfig, SegmentConfig
+from flows.errors import DataError
+from flows.runner import BuildContext
+from tasks.plots import PROBE, cjk_font, has_glyphs, plt, require_cjk_font, save, use_font
+from tasks.segmenter import Segmenter
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+needs_font = pytest.mark.skipif(cjk_font() is None, reason="no CJK font installed (make install adds one)")
+
+
+class _NoTracker:
+    run_id = None
+
+    def __getattr__(self, name):
+        raise AssertionError(f"the profile stage should not call the tracker ({name})")
+
+
+def _segmented(tmp_path: Path) -> Path:
+    df = pd.read_csv(FIXTURES / "smoke.csv").rename(columns={"review": "text"}).dropna()
+    df["label"] = df["label"].map({0: "差评", 1: "好评"})
+    seg = Segmenter(SegmentConfig())
+    df["words"] = [" ".join(seg.words(t)) for t in df["text"]]
+    folder = tmp_path / "segment"
+    folder.mkdir()
+    for name, part in zip(("train", "validation", "test"), (df.iloc[:200], df.iloc[200:250], df.iloc[250:])):
+        part.to_parquet(folder / f"{name}.parquet", index=False)
+    return folder
+
+
+@needs_font
+def test_profile_pictures_and_report(prefect_harness, tmp_path):
+    from tasks.profile import PICTURES, build
+
+    out = tmp_path / "out"
+    out.mkdir()
+    ctx = BuildContext(inputs={"segment": _segmented(tmp_path)}, input_info={"segment": {"labels": ["好评", "差评"]}}, out=out,
+                       scratch=tmp_path, params=ProfileConfig(top_k=10, pos_texts=50), tracker=_NoTracker(), pipeline="smoke")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*[Gg]lyph.*missing")  # a tofu box would raise here
+        result = build(ctx)
+    pictures = PICTURES + ["wordcloud_好评.png", "wordcloud_差评.png"]
+    for name in pictures:
+        with Image.open(out / name) as img:
+            img.verify()
+        with Image.open(out / name) as img:
+            assert img.format == "PNG" and 300 <= img.size[0] <= 4000 and 200 <= img.size[1] <= 4000, (name, img.size)
+    report = (out / "report.html").read_text(encoding="utf-8")
+    assert report.count("data:image/png;base64,") == len(pictures)
+    assert "好评" in report and "suggested_max_len_words" in report
+    stats = json.loads((out / "stats.json").read_text())
+    assert 0 < stats["type_token_ratio"] < 1 and stats["vocab_size"] > 100
+    assert stats["suggested_max_len_words"] >= stats["chars_p50"] / 4
+    top = pd.read_csv(out / "top_words_per_label.csv")
+    assert list(top.columns) == ["rank", "好评", "好评 count", "差评", "差评 count"]
+    assert not top["好评"].isin(["，", "。", "！"]).any()  # punctuation is not a word
+    assert set(result.artifacts) >= set(pictures) | {"report.html"}
+
+
+@needs_font
+def test_chinese_text_is_drawn_with_a_font_that_has_its_glyphs(tmp_path):
+    from matplotlib import font_manager
+
+    font = require_cjk_font()
+    assert has_glyphs(font, PROBE + "好评差评")
+    use_font(font)
+    fig, ax = plt.subplots()
+    title = ax.set_title("好评 差评 酒店")
+    used = font_manager.findfont(title.get_fontproperties(), fallback_to_default=False)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*[Gg]lyph.*missing")
+        save(fig, tmp_path / "t.png")
+    assert Path(used).resolve() == Path(font).resolve()
+
+
+def test_missing_or_latin_only_font_is_one_clear_error(tmp_path):
+    with pytest.raises(DataError, match="no such font file"):
+        require_cjk_font(str(tmp_path / "nope.ttf"))
+    from matplotlib import font_manager
+
+    latin = font_manager.findfont("DejaVu Sans")
+    with pytest.raises(DataError, match="no glyphs for Chinese"):
+        require_cjk_font(latin)
