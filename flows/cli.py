@@ -81,6 +81,7 @@ def _parser() -> argparse.ArgumentParser:
     predict.add_argument("--input", type=Path, help="a .csv, .tsv, .jsonl or .parquet file of texts")
     predict.add_argument("--output", type=Path, help="where to write the input rows with label and probabilities (same formats)")
     predict.add_argument("--text-column", default="text", help="with --input: the text column (default text)")
+    predict.add_argument("--dask", metavar="ADDRESS", help="with --input: predict in chunks on Dask (`local` or a scheduler address)")
     ui = sub.add_parser("ui", help="start the MLflow UI on the project's tracking store")
     ui.add_argument("--port", type=int, default=5000)
     ui.add_argument("--host", default="127.0.0.1")
@@ -255,7 +256,21 @@ def cmd_predict(args) -> int:
         raise ZhpipeError("predict: --input needs --output FILE")
     df = read_table(args.input, args.text_column) if args.input else pd.DataFrame({"text": args.texts})
     uri = args.model or f"models:/zhpipe-{args.pipeline}@champion"
-    out = predict_frame(load_model(uri), df, args.text_column if args.input else "text")
+    column = args.text_column if args.input else "text"
+    if args.dask:
+        from prefect import flow
+
+        from flows.runs import predict_distributed
+
+        load_model(uri)  # fail here, once, with one line, rather than on every worker
+
+        @flow(name="zhpipe-predict", log_prints=True)
+        def predict_flow():  # the chunk task runs are grouped under one flow run in the Prefect UI
+            return predict_distributed(uri, df, column, args.dask)
+
+        out = predict_flow()
+    else:
+        out = predict_frame(load_model(uri), df, column)
     if args.output:
         write_table(out, args.output)
         counts = out["label"].value_counts().to_dict()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +142,37 @@ def write_table(df: pd.DataFrame, path: Path) -> None:
     else:
         df.to_csv(tmp, sep="\t" if kind == "tsv" else ",", index=False)
     os.replace(tmp, path)
+
+
+@lru_cache(maxsize=2)
+def _cached_model(uri: str):
+    return load_model(uri)
+
+
+def predict_chunk(chunk, params: dict) -> pd.DataFrame:
+    """Chunk function: the label and probabilities of one chunk's texts (the model is loaded once per worker)."""
+    from flows.chunks import read_chunk
+
+    texts = read_chunk(chunk, columns=[params["text_column"]])[params["text_column"]].fillna("").astype(str).tolist()
+    return _cached_model(params["uri"]).predict(texts)
+
+
+def predict_distributed(uri: str, df: pd.DataFrame, text_column: str, executor: str, chunk_rows: int = 2000) -> pd.DataFrame:
+    """Batch prediction in chunks on Dask ("local" or a scheduler address): the texts are written as Parquet
+    row groups, each worker loads the model once and labels the chunks it is given."""
+    import tempfile
+
+    from flows.chunks import Runner, plan, shutdown, write_parquet
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "texts.parquet"
+        write_parquet(df[[text_column]], src, row_group_rows=chunk_rows)
+        try:
+            parts = list(Runner(executor).map(predict_chunk, plan(src, chunk_rows), {"uri": uri, "text_column": text_column}, desc="predict"))
+        finally:
+            shutdown()
+    out = pd.concat(parts, ignore_index=True)
+    return pd.concat([df.reset_index(drop=True), out], axis=1)
 
 
 def predict_frame(model, df: pd.DataFrame, text_column: str, batch: int = 512) -> pd.DataFrame:

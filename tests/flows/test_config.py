@@ -79,3 +79,25 @@ def test_set_values_take_the_field_type(tmp_path):
 def test_model_shapes_are_checked_before_anything_runs(tmp_path, sets, message):
     with pytest.raises(ConfigError, match=message):
         load_pipeline("p", write(tmp_path, BASE), sets)
+
+
+@pytest.mark.parametrize("schedule, needle", [
+    ("{cron: '61 * * * *'}", "not a valid cron line"),
+    ("{cron: '0 3 * * *', timezone: Mars/Olympus}", "unknown time zone 'Mars/Olympus'"),
+    ("{cron: '0 3 * * *', interval: 60}", "exactly one of `cron` or `interval`"),
+    ("{interval: -5}", "'schedule.interval'"),
+])
+def test_bad_schedule_is_one_clear_error(tmp_path, schedule, needle):
+    with pytest.raises(ConfigError) as e:
+        load_pipeline("p", write(tmp_path, BASE + f"    schedule: {schedule}\n"))
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_deployment_keys_do_not_change_stage_keys(tmp_path):
+    from flows.runner import plan_keys
+
+    plain = load_pipeline("p", write(tmp_path, BASE))
+    deployed = load_pipeline("p", write(tmp_path, BASE + "    schedule: {interval: 3600}\n    runner: dask\n    storage: s3://b/z\n"),
+                             ["train.work_pool=gpu"])
+    assert deployed.stages.train.work_pool == "gpu" and deployed.schedule.interval == 3600
+    assert plan_keys(plain) == plan_keys(deployed)

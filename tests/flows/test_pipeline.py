@@ -1,4 +1,5 @@
 """End-to-end: the smoke pipeline through real Prefect (temporary server) and real MLflow (SQLite)."""
+import pandas as pd
 import pytest
 
 from flows.config import load_pipeline
@@ -202,3 +203,32 @@ def test_remote_storage_url(prefect_harness, tmp_path):
     folder = other.local("segment", keys["segment"])
     assert folder.is_relative_to(tmp_path / "other-machine")
     assert sorted(p.name for p in folder.iterdir()) == ["manifest.json", "test.parquet", "train.parquet", "validation.parquet"]
+
+
+def test_pictures_of_a_run_are_valid_pngs(prefect_harness, store):
+    """The profile, embed and evaluate pictures of the smoke run: real PNGs of a sensible size, and the
+    profile's one-page report and the projector export next to them."""
+    from PIL import Image
+
+    from flows.runner import plan_keys
+
+    keys = plan_keys(load_pipeline("smoke"))
+    profile, embed, evaluation = (store / s / keys[s] for s in ("profile", "embed", "evaluate"))
+    pictures = [profile / n for n in ("label_distribution.png", "length_distribution.png", "length_scatter.png",
+                                      "top_words.png", "top_adjectives.png")]
+    pictures += sorted(profile.glob("wordcloud_*.png")) + [embed / "word2vec_pca.png"]
+    pictures += [evaluation / "textcnn" / n for n in ("confusion_matrix.png", "pr_curves.png", "training_curves.png")]
+    assert len(list(profile.glob("wordcloud_*.png"))) == 2  # one per label
+    for path in pictures:
+        with Image.open(path) as img:
+            img.verify()
+        with Image.open(path) as img:
+            assert img.format == "PNG" and 300 <= img.size[0] <= 4000 and 200 <= img.size[1] <= 4000, (path.name, img.size)
+    assert (profile / "report.html").stat().st_size > 10_000
+    vectors = (embed / "projector" / "vectors.tsv").read_text(encoding="utf-8").splitlines()
+    words = (embed / "projector" / "metadata.tsv").read_text(encoding="utf-8").splitlines()
+    assert len(vectors) == len(words) > 10 and len(vectors[0].split("\t")) == 32  # smoke's Word2Vec: 32 dimensions
+    assert 'tensor_path: "vectors.tsv"' in (embed / "projector" / "projector_config.pbtxt").read_text()
+    mistakes = pd.read_csv(evaluation / "textcnn" / "worst_mistakes.csv")
+    assert list(mistakes.columns) == ["id", "text", "true", "predicted", "confidence"]
+    assert (mistakes["true"] != mistakes["predicted"]).all() and mistakes["confidence"].is_monotonic_decreasing

@@ -140,6 +140,12 @@ def test_predict_command(trained, tmp_path):
     out = pd.read_parquet(tmp_path / "out.parquet")
     assert len(out) == 3 and {"content", "label", "probability"} <= set(out.columns)
     np.testing.assert_allclose(out[[f"p_{label}" for label in trained["labels"]]].sum(axis=1), 1.0, atol=1e-4)
+    on_dask = zhpipe("predict", "--model", uri, "--input", str(tmp_path / "in.csv"), "--text-column", "content",
+                     "--output", str(tmp_path / "dask.jsonl"), "--dask", "local")
+    assert on_dask.returncode == 0, on_dask.stderr[-2000:]
+    dask_out = pd.read_json(tmp_path / "dask.jsonl", lines=True)
+    assert dask_out["label"].tolist() == out["label"].tolist()
+    np.testing.assert_allclose(dask_out["probability"], out["probability"], rtol=1e-5)
     bad = zhpipe("predict", "--model", "models:/zhpipe-nothing@champion", "你好")
     assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("zhpipe: error: cannot load model models:/zhpipe-nothing@champion")
     bad = zhpipe("predict", "--model", uri, "--input", str(tmp_path / "in.csv"), "--output", str(tmp_path / "out.xlsx"), "--text-column", "content")
