@@ -4,7 +4,8 @@ written back in order, one row group each. Whichever runs the chunks, the output
 
 Memory: a chunk is read from its own row group, so a worker holds one chunk, never the corpus; the driver
 keeps at most `window` results in flight and writes each as soon as it is next in order. That is why every
-stage writes its Parquet files with `write_parquet` (row groups of ROW_GROUP_ROWS rows).
+stage writes its Parquet files with `write_parquet` (row groups of ROW_GROUP_ROWS rows): a chunk reads
+only its own row groups.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-ROW_GROUP_ROWS = 20_000
+ROW_GROUP_ROWS = 1000  # = segment.chunk_rows by default: a chunk reads exactly its rows
 log = logging.getLogger("zhpipe")
 
 
@@ -30,10 +31,10 @@ def write_parquet(df: pd.DataFrame, path: Path, row_group_rows: int = ROW_GROUP_
 
 @dataclass(frozen=True)
 class Chunk:
-    """Rows [start, stop) of row group `row_group` of the Parquet file `src`."""
+    """Rows [start, stop) of the row groups `row_groups` (consecutive, read together) of the Parquet file `src`."""
 
     src: str
-    row_group: int
+    row_groups: tuple[int, ...]
     start: int
     stop: int
 
@@ -43,18 +44,33 @@ class Chunk:
 
 
 def plan(src: Path, chunk_rows: int) -> list[Chunk]:
-    """Chunks of at most `chunk_rows` rows, never across a row group."""
+    """Chunks of about `chunk_rows` rows: consecutive small row groups are read together, a row group larger
+    than `chunk_rows` is sliced (so a worker never holds more than max(chunk_rows, one row group) rows)."""
     meta = pq.ParquetFile(src).metadata
-    chunks = []
+    chunks: list[Chunk] = []
+    group: list[int] = []
+    rows = 0
     for rg in range(meta.num_row_groups):
         n = meta.row_group(rg).num_rows
-        chunks += [Chunk(str(src), rg, a, min(a + chunk_rows, n)) for a in range(0, n, chunk_rows)]
+        if n > chunk_rows:
+            if group:
+                chunks.append(Chunk(str(src), tuple(group), 0, rows))
+                group, rows = [], 0
+            chunks += [Chunk(str(src), (rg,), a, min(a + chunk_rows, n)) for a in range(0, n, chunk_rows)]
+            continue
+        if group and rows + n > chunk_rows:
+            chunks.append(Chunk(str(src), tuple(group), 0, rows))
+            group, rows = [], 0
+        group.append(rg)
+        rows += n
+    if group:
+        chunks.append(Chunk(str(src), tuple(group), 0, rows))
     return chunks
 
 
 def read_chunk(chunk: Chunk, columns: list[str] | None = None) -> pd.DataFrame:
-    """One chunk's rows (only its row group is read)."""
-    table = pq.ParquetFile(chunk.src).read_row_group(chunk.row_group, columns=columns)
+    """One chunk's rows (only its row groups are read)."""
+    table = pq.ParquetFile(chunk.src).read_row_groups(list(chunk.row_groups), columns=columns)
     return table.slice(chunk.start, chunk.rows).to_pandas()
 
 
@@ -81,16 +97,17 @@ def _worker_info() -> dict[str, Any]:
     return {"host": socket.gethostname(), "pid": os.getpid(), "max_rss_mb": peak_rss_mb()}
 
 
-def call(fn: Callable, chunk: Chunk, params: Any) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """Run `fn(chunk, params)` and report where it ran."""
-    return fn(chunk, params), _worker_info()
+def call(fn: Callable, chunk: Chunk, params: Any) -> tuple[pa.Table, dict[str, Any]]:
+    """Run `fn(chunk, params)` and report where it ran. The frame travels back as an Arrow table, which
+    crosses process boundaries as buffers (much cheaper than pickling Python strings) and is written as is."""
+    return pa.Table.from_pandas(fn(chunk, params), preserve_index=False), _worker_info()
 
 
 def _dask_task():
     from prefect import task
     from prefect.cache_policies import NO_CACHE
 
-    @task(name="chunk", cache_policy=NO_CACHE, task_run_name="{fn.__name__}-{chunk.row_group}-{chunk.start}")
+    @task(name="chunk", cache_policy=NO_CACHE, task_run_name="{fn.__name__}-{chunk.row_groups[0]}-{chunk.start}")
     def run_chunk(fn: Callable, chunk: Chunk, params: Any):
         return call(fn, chunk, params)
 
@@ -105,18 +122,23 @@ class Runner:
         self.workers = workers or os.cpu_count() or 1
         self.ran_on: list[dict[str, Any]] = []  # one entry per chunk: host, pid, peak memory
 
-    def map(self, fn: Callable, chunks: list[Chunk], params: Any, desc: str = "chunks") -> Iterator[pd.DataFrame]:
-        """`fn(chunk, params)` for every chunk, yielded in chunk order, at most `window` in flight."""
+    def tables(self, fn: Callable, chunks: list[Chunk], params: Any, desc: str = "chunks") -> Iterator[pa.Table]:
+        """`fn(chunk, params)` for every chunk as Arrow tables, in chunk order, at most `window` in flight."""
         from tqdm.auto import tqdm
 
         bar = tqdm(total=sum(c.rows for c in chunks), desc=desc, unit="row", disable=len(chunks) < 4, leave=False, mininterval=2)
         try:
-            for frame, info in self._results(fn, chunks, params):
+            for table, info in self._results(fn, chunks, params):
                 self.ran_on.append(info)
-                bar.update(len(frame))
-                yield frame
+                bar.update(table.num_rows)
+                yield table
         finally:
             bar.close()
+
+    def map(self, fn: Callable, chunks: list[Chunk], params: Any, desc: str = "chunks") -> Iterator[pd.DataFrame]:
+        """`fn(chunk, params)` for every chunk as frames, in chunk order."""
+        for table in self.tables(fn, chunks, params, desc):
+            yield table.to_pandas()
 
     def _results(self, fn, chunks, params):
         if self.executor is None and (self.workers == 1 or len(chunks) <= 1):
@@ -207,13 +229,17 @@ class PartWriter:
         self.schema: pa.Schema | None = None
         self.rows = 0
 
-    def write(self, frame: pd.DataFrame) -> None:
-        table = pa.Table.from_pandas(frame, schema=self.schema, preserve_index=False)
+    def write(self, table: pa.Table) -> None:
+        """Append a chunk's table (a frame is converted) as the next row group."""
+        if isinstance(table, pd.DataFrame):
+            table = pa.Table.from_pandas(table, preserve_index=False)
         if self.writer is None:
             self.schema = table.schema
             self.writer = pq.ParquetWriter(self.tmp, self.schema)
-        self.writer.write_table(table, row_group_size=max(len(frame), 1))
-        self.rows += len(frame)
+        elif table.schema != self.schema:
+            table = table.cast(self.schema)  # e.g. a column that was all null in the first chunk
+        self.writer.write_table(table, row_group_size=max(table.num_rows, 1))
+        self.rows += table.num_rows
 
     def close(self, empty: pd.DataFrame | None = None) -> None:
         """Finish the file; with no frames written, write `empty` (the columns, no rows)."""

@@ -103,6 +103,8 @@ def load_model(uri: str):
 
     from flows.tracking import tracking_uri
 
+    import tasks.serving  # noqa: F401 - its warning filter
+
     mlflow.set_tracking_uri(tracking_uri())
     try:
         return mlflow.pyfunc.load_model(uri)

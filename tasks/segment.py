@@ -2,18 +2,19 @@
 from __future__ import annotations
 
 import os
-from functools import lru_cache
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from flows.chunks import Chunk, PartWriter, Runner, plan, read_chunk
+from flows.chunks import PartWriter, Runner, plan
 from flows.config import SegmentConfig
 from flows.runner import BuildContext, BuildOutput, RunContext, StageResult
-from tasks.segmenter import Segmenter
+from tasks.segmenter import segment_chunk  # in the light module: pool workers import it, not Prefect
 from tasks.split import SPLITS
 
 VERSION = "2"  # chunked: row groups of `chunk_rows` rows
@@ -25,27 +26,15 @@ def worker_count(params: SegmentConfig, rows: int) -> int:
     return max(1, min(wanted, -(-rows // params.chunk_rows)))
 
 
-@lru_cache(maxsize=4)
-def _segmenter(params_json: str) -> Segmenter:
-    """One Segmenter per process and config (a chunk worker keeps it across chunks)."""
-    return Segmenter(SegmentConfig.model_validate_json(params_json))
-
-
-def segment_chunk(chunk: Chunk, params_json: str) -> pd.DataFrame:
-    """A chunk of a split with its `words`, `chars` (and `pos`) columns added."""
-    df = read_chunk(chunk)
-    for col, values in _segmenter(params_json).rows(df["text"].tolist()).items():
-        df[col] = values
-    return df
-
-
 def segment_file(src: Path, dst: Path, params: SegmentConfig, runner: Runner, desc: str = "segment") -> dict[str, float]:
     """Segment one Parquet file chunk by chunk into `dst`; returns its row and word counts."""
     writer, rows, words = PartWriter(dst), 0, 0
-    for frame in runner.map(segment_chunk, plan(src, params.chunk_rows), params.model_dump_json(), desc=desc):
-        writer.write(frame)
-        rows += len(frame)
-        words += int(frame["words"].str.split().str.len().sum())
+    for table in runner.tables(segment_chunk, plan(src, params.chunk_rows), params.model_dump_json(), desc=desc):
+        writer.write(table)
+        rows += table.num_rows
+        column = table.column("words")  # space-joined tokens: spaces + 1 per non-empty text
+        words += pc.sum(pc.count_substring(column, " ")).as_py() or 0
+        words += pc.sum(pc.cast(pc.greater(pc.utf8_length(column), 0), pa.int64())).as_py() or 0
     empty = pd.read_parquet(src).head(0).assign(words=pd.Series(dtype=str), chars=pd.Series(dtype=str)) if not rows else None
     writer.close(empty)
     return {"rows": rows, "words": words}

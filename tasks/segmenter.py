@@ -1,4 +1,4 @@
-"""The jieba segmenter and its process-pool worker; light imports, so workers start fast."""
+"""The jieba segmenter and its chunk function; light imports (no Prefect, no MLflow), so pool workers start fast."""
 from __future__ import annotations
 
 import logging
@@ -7,7 +7,9 @@ from pathlib import Path
 
 import jieba
 import jieba.posseg
+import pandas as pd
 
+from flows.chunks import Chunk, read_chunk
 from flows.config import PROJECT_ROOT, SegmentConfig
 from flows.errors import DataError
 
@@ -66,3 +68,17 @@ def _project_path(value: str, key: str) -> Path:
     if not path.is_file():
         raise DataError(f"{key}: file not found: {path}")
     return path
+
+
+@lru_cache(maxsize=4)
+def _segmenter(params_json: str) -> Segmenter:
+    """One Segmenter per process and config (a chunk worker keeps it across chunks)."""
+    return Segmenter(SegmentConfig.model_validate_json(params_json))
+
+
+def segment_chunk(chunk: Chunk, params_json: str) -> pd.DataFrame:
+    """Chunk function: a chunk of a split with its `words`, `chars` (and `pos`) columns added."""
+    df = read_chunk(chunk)
+    for col, values in _segmenter(params_json).rows(df["text"].tolist()).items():
+        df[col] = values
+    return df

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ import pandas as pd
 from mlflow.pyfunc import PythonModel
 
 PROJECT = Path(__file__).resolve().parent.parent
+# MLflow suggests type hints on `predict` for its own input validation; this model validates its input itself
+warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method.*")
 
 
 def as_texts(model_input: Any) -> list[str]:
