@@ -25,6 +25,15 @@ VERSION = "1"
 PICTURES = ["label_distribution.png", "length_distribution.png", "length_scatter.png", "top_words.png", "top_adjectives.png"]
 
 
+# function words that would fill every word list and cloud (not negations or degree words: 不, 没有, 很, 太
+# carry sentiment); `segment.stopwords` removes more at the segment stage
+FUNCTION_WORDS = frozenset(
+    "的 了 是 我 你 他 她 它 我们 你们 他们 也 在 都 就 和 与 及 或 而 但 但是 而且 并 因为 所以 如果 还是 就是 "
+    "这 那 这个 那个 这样 这里 那里 一个 个 有 说 到 去 会 要 被 把 给 让 对 从 向 上 下 里 着 过 吧 啊 呢 吗 呀 嘛 "
+    "又 才 等 之 其 该 此 每 些 一 啦 哦 地 得 来 能 可以 可能".split()
+)
+
+
 def is_word(token: str) -> bool:
     """A token worth counting: not punctuation, symbols or digits alone."""
     return any(unicodedata.category(c)[0] in "LM" for c in token)
@@ -49,7 +58,8 @@ def corpus_stats(frames: dict[str, pd.DataFrame], coverage: float) -> dict[str, 
 
 
 def top_words(texts: pd.Series, k: int) -> list[tuple[str, int]]:
-    return Counter(w for line in texts for w in line.split() if is_word(w)).most_common(k)
+    """The `k` most frequent words (no punctuation, no function words)."""
+    return Counter(w for line in texts for w in line.split() if is_word(w) and w not in FUNCTION_WORDS).most_common(k)
 
 
 def top_adjectives(texts: list[str], k: int) -> list[tuple[str, int]]:
