@@ -143,7 +143,7 @@ def test_predict_command(trained, tmp_path):
     on_dask = zhpipe("predict", "--model", uri, "--input", str(tmp_path / "in.csv"), "--text-column", "content",
                      "--output", str(tmp_path / "dask.jsonl"), "--dask", "local")
     assert on_dask.returncode == 0, on_dask.stderr[-2000:]
-    dask_out = pd.read_json(tmp_path / "dask.jsonl", lines=True)
+    dask_out = pd.read_json(tmp_path / "dask.jsonl", lines=True, dtype=False)  # labels stay strings
     assert dask_out["label"].tolist() == out["label"].tolist()
     np.testing.assert_allclose(dask_out["probability"], out["probability"], rtol=1e-5)
     bad = zhpipe("predict", "--model", "models:/zhpipe-nothing@champion", "你好")
