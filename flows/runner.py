@@ -199,8 +199,9 @@ class RunContext:
         )
         final = self.store.publish(tmp, manifest)
         shutil.rmtree(scratch, ignore_errors=True)
-        for rel in out.artifacts:
-            tracker.artifact(final / rel, str(Path(rel).parent) if Path(rel).parent != Path(".") else None)
+        for rel in out.artifacts:  # a folder keeps its name in the run's artifacts, a file its folder
+            where = rel if (final / rel).is_dir() else str(Path(rel).parent) if Path(rel).parent != Path(".") else None
+            tracker.artifact(final / rel, where)
         return manifest
 
     def _result(self, manifest: Manifest, cache: str, seconds: float) -> StageResult:
