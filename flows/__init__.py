@@ -15,3 +15,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # `zhpipe deploy` passes the file's schedules; an empty list must clear a deployment's old ones
 os.environ.setdefault("PREFECT_DEPLOYMENTS_CLEAR_SCHEDULES_ON_EMPTY", "true")
 os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "zhpipe")  # our log lines reach the Prefect UI and worker logs
+# INFO from zhpipe's own logger reaches Prefect's handlers (worker logs, the UI) even where the root
+# logger is left at WARNING, as in the flow-run processes a worker starts
+import logging as _logging  # noqa: E402
+
+_logging.getLogger("zhpipe").setLevel(_logging.INFO)

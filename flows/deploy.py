@@ -40,8 +40,9 @@ def flow_parameters(config: PipelineConfig, config_file: str | None) -> dict[str
 
 
 def job_env() -> dict[str, str]:
-    """Environment for the flow-run processes the worker starts (storage root and tracking URI, when set)."""
-    return {k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}
+    """Environment for the flow-run processes the worker starts: storage root and tracking URI when set,
+    and zhpipe's logger among Prefect's (its lines then reach the worker's log and the UI)."""
+    return {"PREFECT_LOGGING_EXTRA_LOGGERS": "zhpipe", **{k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}}
 
 
 def require_server() -> str:
@@ -94,7 +95,7 @@ def deploy(configs: list[PipelineConfig], config_file: str | None = None) -> lis
             flow = Flow.from_source(source=str(PROJECT_ROOT), entrypoint=PIPELINE_ENTRYPOINT)
             deployment_id = flow.deploy(
                 name=config.name, work_pool_name=config.work_pool, schedules=schedules(config),
-                parameters=flow_parameters(config, config_file), job_variables={"env": env} if env else None,
+                parameters=flow_parameters(config, config_file), job_variables={"env": env},
                 description=config.description or None, tags=["zhpipe"], build=False, push=False,
                 print_next_steps=False, enforce_parameter_schema=False, ignore_warnings=True,
             )
@@ -103,7 +104,7 @@ def deploy(configs: list[PipelineConfig], config_file: str | None = None) -> lis
                 train = Flow.from_source(source=str(PROJECT_ROOT), entrypoint=TRAIN_ENTRYPOINT)
                 train.deploy(
                     name=config.name, work_pool_name=train_pool, schedules=[], tags=["zhpipe", "train"],
-                    parameters={"pipeline": config.name}, job_variables={"env": env} if env else None,
+                    parameters={"pipeline": config.name}, job_variables={"env": env},
                     description=f"train stage of {config.name} (submitted by its pipeline runs)",
                     build=False, push=False, print_next_steps=False, enforce_parameter_schema=False, ignore_warnings=True,
                 )
