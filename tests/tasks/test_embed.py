@@ -75,3 +75,28 @@ def test_networks_start_from_either_embedding(tmp_path):
     matrix, coverage = pretrained_matrix(itos, ft, seed=0)
     assert coverage == 3 / 5 and np.abs(matrix[4].numpy()).sum() > 0 and ft.name == "fasttext"
     assert keyed_word_vectors(KeyedVectors.load(str(tmp_path / "word2vec.kv"))).get("没见过的词") is None
+
+
+def test_projection_pictures_and_projector_export(tmp_path):
+    """PCA and t-SNE pictures of word vectors with Chinese labels, and the TensorBoard projector files."""
+    import numpy as np
+    import pytest
+    from gensim.models import KeyedVectors
+    from PIL import Image
+
+    from tasks.embed import export_projector, plot_projection
+    from tasks.plots import cjk_font
+
+    if cjk_font() is None:
+        pytest.skip("no CJK font installed (make install adds one)")
+    words = ["酒店", "服务", "干净", "早餐", "差", "好", "房间", "前台", "位置", "价格", "设施", "环境"]
+    kv = KeyedVectors(vector_size=16)
+    kv.add_vectors(words, np.random.default_rng(0).normal(size=(len(words), 16)).astype("float32"))
+    for method in ("pca", "tsne"):
+        path = plot_projection(kv, words, method, tmp_path / f"{method}.png", cjk_font(), seed=0)
+        with Image.open(path) as img:
+            assert img.format == "PNG" and img.size[0] > 500
+    folder = export_projector(kv, words, tmp_path / "projector")
+    rows = (folder / "vectors.tsv").read_text(encoding="utf-8").splitlines()
+    assert len(rows) == 12 and len(rows[0].split("\t")) == 16
+    assert (folder / "metadata.tsv").read_text(encoding="utf-8").split() == words
