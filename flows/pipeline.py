@@ -156,7 +156,7 @@ def pipeline_flow(
         pool = config.stages.train.work_pool
         routed = pool and "train" in stages and ("train" in run.force or not run.store.is_done("train", run.keys["train"]))
         if routed:  # train on another work pool's worker (GPU), into the same store and MLflow parent run
-            results["train"] = t = train_remote(run, pool, overrides, source, config_file, storage, dask)
+            results["train"] = t = train_remote(run, pool, overrides, source, config_file)
         else:
             t = step("train", train, a, seg, v, e)
         step("evaluate", evaluate, t, seg)
@@ -180,7 +180,7 @@ def train_deployment(pipeline: str) -> str:
     return f"zhpipe-train/{pipeline}"
 
 
-def train_remote(run: RunContext, pool: str, overrides, source, config_file, storage, dask) -> StageResult:
+def train_remote(run: RunContext, pool: str, overrides, source, config_file) -> StageResult:
     """Submit the train stage as a run of the pipeline's train deployment and wait for it; the result is
     read back from the stage store the worker wrote to."""
     from prefect.deployments import run_deployment
