@@ -1,4 +1,5 @@
-"""The `zhpipe` command line: run, stages, status, pipelines, ui."""
+"""The `zhpipe` command line. Light at start: Prefect, MLflow and the stage modules are imported by the
+commands that need them, after the project folder is activated."""
 from __future__ import annotations
 
 import argparse
@@ -8,32 +9,46 @@ import sys
 import time
 from pathlib import Path
 
-from flows.config import DEFAULT_CONFIG, DEFAULT_PIPELINE, load_pipeline, list_pipelines
-from flows.errors import ZhpipeError
-from flows.runner import STAGES
+from flows import project
+from tasks.errors import ZhpipeError
 
+# the stages in run order (flows.runner.STAGES has their inputs); here so that parsing imports nothing heavy
+STAGE_NAMES = ("download", "clean", "split", "segment", "profile", "augment", "vocab", "embed", "train", "evaluate")
 STAGE_HELP = {
     "download": "find or fetch the corpus (path, file:// or http(s):// URL), verify sha256, read it",
     "clean": "NFKC, strip HTML/URLs/control chars, optional t2s; quarantine empty/short/long/duplicate rows",
     "split": "stratified, seeded train/validation/test split",
-    "segment": "jieba words (+POS) and characters, in parallel processes",
+    "segment": "jieba words (+POS) and characters, in parallel processes or on Dask",
     "profile": "labels per split, lengths per label, top words/adjectives, word clouds, report.html (CJK font)",
-    "augment": "grow the train split with a registered augmenter (EDA in v1)",
+    "augment": "grow the train split with a registered augmenter (eda, backtranslation, none)",
     "vocab": "word and character vocab.txt (BERT-style specials) + frequency tables; validation OOV rate",
-    "embed": "gensim Word2Vec and fastText subword vectors; nearest neighbours of probe words",
-    "train": "fastText supervised classifier and TextCNN from Word2Vec vectors, early stopping",
-    "evaluate": "test accuracy, macro-F1, per-class P/R/F1, confusion matrices, comparison table",
+    "embed": "gensim Word2Vec and fastText subword vectors; neighbours of probe words, PCA picture, projector export",
+    "train": "the models in train.models (the registry in tasks/models), checkpointed per epoch, early stopping",
+    "evaluate": "test metrics, confusion matrices, PR curves, worst mistakes, comparison table; registers the best",
 }
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("zhpipe")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="zhpipe", description="Chinese-NLP training pipeline on Prefect and MLflow.")
+    parser = argparse.ArgumentParser(prog="zhpipe", description="Chinese-NLP training pipelines on Prefect and MLflow. "
+                                     "Run inside a project folder (one with a pipelines.yaml), or pass --project.")
+    parser.add_argument("--version", action="version", version=f"zhpipe {_version()}")
+    parser.add_argument("--project", metavar="DIR", help="the project folder (default: the nearest folder with a pipelines.yaml "
+                        "from the current one upwards, or ZHPIPE_PROJECT)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def pipeline_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("pipeline", nargs="?", default=DEFAULT_PIPELINE, help=f"pipeline name (default {DEFAULT_PIPELINE})")
-        p.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="pipelines file (default pipelines.yaml)")
+        p.add_argument("pipeline", nargs="?", help="pipeline name (default: the first in pipelines.yaml)")
+        p.add_argument("--config", type=Path, help="pipelines file (default: the project's pipelines.yaml)")
         p.add_argument("--set", dest="overrides", action="append", default=[], metavar="STAGE.PARAM=VALUE",
                        help="override one parameter for this run (repeatable)")
         p.add_argument("--source", help="run on another corpus: a path or URL")
@@ -42,32 +57,38 @@ def _parser() -> argparse.ArgumentParser:
 
     def storage_arg(p: argparse.ArgumentParser) -> None:
         p.add_argument("--storage", metavar="URL", help="stage store root: a folder or an fsspec URL such as s3://bucket/zhpipe "
-                       "(default: ZHPIPE_STORAGE, else the pipeline's `storage`, else data/)")
+                       "(default: ZHPIPE_STORAGE, else the pipeline's `storage`, else the project's data/)")
 
     run = sub.add_parser("run", help="run a pipeline (cached stages are reused)")
     pipeline_args(run)
     storage_arg(run)
     run.add_argument("--dask", metavar="ADDRESS", help="run the chunked stages (clean, segment, augment) on Dask: "
                      "`local` for a local cluster, or a scheduler address such as tcp://10.0.0.5:8786")
-    run.add_argument("--from", dest="start", choices=list(STAGES), help="first stage to run")
-    run.add_argument("--to", dest="stop", choices=list(STAGES), help="last stage to run")
-    run.add_argument("--only", choices=list(STAGES), help="run just this stage (its inputs must be cached)")
-    run.add_argument("--force", nargs="?", const="", choices=["", *STAGES], metavar="STAGE",
+    run.add_argument("--from", dest="start", choices=STAGE_NAMES, help="first stage to run")
+    run.add_argument("--to", dest="stop", choices=STAGE_NAMES, help="last stage to run")
+    run.add_argument("--only", choices=STAGE_NAMES, help="run just this stage (its inputs must be cached)")
+    run.add_argument("--force", nargs="?", const="", choices=["", *STAGE_NAMES], metavar="STAGE",
                      help="rebuild STAGE and every later stage even if cached (all stages without STAGE)")
     status = sub.add_parser("status", help="show each stage as cached, stale or missing")
     pipeline_args(status)
     storage_arg(status)
     deploy = sub.add_parser("deploy", help="create or update Prefect deployments (schedules, work pools) from pipelines.yaml")
     deploy.add_argument("pipelines", nargs="*", metavar="PIPELINE", help="pipelines to deploy (default: every one in the file)")
-    deploy.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    deploy.add_argument("--config", type=Path, help="pipelines file (default: the project's pipelines.yaml)")
     serve = sub.add_parser("serve", help="run the scheduled pipelines from this process (no work pool or worker needed)")
     serve.add_argument("pipelines", nargs="*", metavar="PIPELINE", help="pipelines to serve (default: those with a schedule)")
-    serve.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    serve.add_argument("--config", type=Path, help="pipelines file (default: the project's pipelines.yaml)")
     worker = sub.add_parser("worker", help="start a Prefect process worker on a work pool (runs deployed pipelines)")
     worker.add_argument("--pool", default="zhpipe", help="work pool (default zhpipe; e.g. gpu on a GPU machine)")
     worker.add_argument("--limit", type=int, default=None, help="at most this many flow runs at once")
-    sub.add_parser("stages", help="list the stages")
-    sub.add_parser("pipelines", help="list the pipelines in pipelines.yaml").add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    sub.add_parser("stages", help="list the stages, what each reads and does")
+    sub.add_parser("models", help="list the registered models (names for train.models)")
+    sub.add_parser("pipelines", help="list the pipelines in pipelines.yaml").add_argument("--config", type=Path, help="pipelines file")
+    init = sub.add_parser("init", help="write a starter project (pipelines.yaml for your CSV) into DIR")
+    init.add_argument("dir", nargs="?", default=".", help="the project folder (default: the current one)")
+    init.add_argument("--csv", help="your corpus: a CSV file with a text and a label column (default: a 12-row example)")
+    init.add_argument("--text-column", default="text", help="the CSV's text column (default text)")
+    init.add_argument("--label-column", default="label", help="the CSV's label column (default label)")
     runs = sub.add_parser("runs", help="list recent pipeline runs (date, commit, source, best model, metrics)")
     runs.add_argument("pipeline", nargs="?", help="one pipeline (default: all)")
     runs.add_argument("--limit", type=int, default=20)
@@ -77,7 +98,7 @@ def _parser() -> argparse.ArgumentParser:
     predict = sub.add_parser("predict", help="label raw texts with a registered model (default: the pipeline's champion)")
     predict.add_argument("texts", nargs="*", metavar="TEXT")
     predict.add_argument("--model", help="an MLflow model URI (default models:/zhpipe-<pipeline>@champion)")
-    predict.add_argument("--pipeline", default=DEFAULT_PIPELINE, help=f"whose champion to use (default {DEFAULT_PIPELINE})")
+    predict.add_argument("--pipeline", help="whose champion to use (default: the first pipeline in pipelines.yaml)")
     predict.add_argument("--input", type=Path, help="a .csv, .tsv, .jsonl or .parquet file of texts")
     predict.add_argument("--output", type=Path, help="where to write the input rows with label and probabilities (same formats)")
     predict.add_argument("--text-column", default="text", help="with --input: the text column (default text)")
@@ -94,8 +115,32 @@ def _source(args) -> dict | None:
     return {"path": args.source, "text_column": args.text_column, "label_column": args.label_column or None}
 
 
+def _config_file(args) -> Path:
+    return args.config or project.current().config_file
+
+
+def _explicit_config(args) -> str | None:
+    """A --config file other than the project's, as deployments and flows receive it (None for the default)."""
+    return str(args.config.resolve()) if args.config else None
+
+
 def _load(args):
-    return load_pipeline(args.pipeline, args.config, args.overrides, _source(args))
+    from flows.config import load_pipeline
+
+    return load_pipeline(_pipeline_name(args), _config_file(args), args.overrides, _source(args))
+
+
+def _pipeline_name(args) -> str:
+    """The pipeline named on the command line, else the first one in the file."""
+    from flows.config import list_pipelines
+
+    name = getattr(args, "pipeline", None)
+    if name:
+        return name
+    names = list(list_pipelines(_config_file(args)))
+    if not names:
+        raise ZhpipeError(f"{_config_file(args)}: no pipelines declared")
+    return names[0]
 
 
 def cmd_run(args) -> int:
@@ -108,7 +153,7 @@ def cmd_run(args) -> int:
     force = None if args.force is None else ([args.force] if args.force else [])
     t0 = time.perf_counter()
     out = pipeline_flow(config, stages=stages, force=force, storage=args.storage, dask=args.dask,
-                        overrides=args.overrides, config_file=None if args.config == DEFAULT_CONFIG else str(args.config.resolve()),
+                        overrides=args.overrides, config_file=_explicit_config(args),
                         source=_source(args))
     console = Console()
     console.print(summary_table(out["stages"], time.perf_counter() - t0, config.name))
@@ -156,14 +201,15 @@ def cmd_status(args) -> int:
 
 
 def _configs(args, default_all: bool) -> list:
-    names = args.pipelines or [n for n in list_pipelines(args.config) if default_all or _has_schedule(args.config, n)]
-    if not names:
-        raise ZhpipeError(f"{args.config}: no pipeline has a `schedule`; name the pipelines to serve")
-    return [load_pipeline(n, args.config) for n in names]
+    from flows.config import list_pipelines, load_pipeline
 
-
-def _has_schedule(config_file, name: str) -> bool:
-    return load_pipeline(name, config_file).schedule is not None
+    file = _config_file(args)
+    configs = [load_pipeline(n, file) for n in (args.pipelines or list_pipelines(file))]
+    if not args.pipelines and not default_all:
+        configs = [c for c in configs if c.schedule is not None]
+    if not configs:
+        raise ZhpipeError(f"{file}: no pipeline has a `schedule`; name the pipelines to serve")
+    return configs
 
 
 def cmd_deploy(args) -> int:
@@ -174,7 +220,7 @@ def cmd_deploy(args) -> int:
 
     configs = _configs(args, default_all=True)
     url = require_server()
-    rows = deploy(configs, config_file=None if args.config == DEFAULT_CONFIG else str(args.config.resolve()))
+    rows = deploy(configs, config_file=_explicit_config(args))
     table = Table(title=f"zhpipe deploy -> {url}")
     for col in ("deployment", "work pool", "train pool", "schedule"):
         table.add_column(col)
@@ -195,7 +241,7 @@ def cmd_serve(args) -> int:
 
     configs = _configs(args, default_all=False)
     print(f"serving {', '.join(c.name for c in configs)} (Ctrl-C stops)", flush=True)
-    serve(configs, config_file=None if args.config == DEFAULT_CONFIG else str(args.config.resolve()))
+    serve(configs, config_file=_explicit_config(args))
     return 0
 
 
@@ -255,7 +301,7 @@ def cmd_predict(args) -> int:
     if args.input and not args.output:
         raise ZhpipeError("predict: --input needs --output FILE")
     df = read_table(args.input, args.text_column) if args.input else pd.DataFrame({"text": args.texts})
-    uri = args.model or f"models:/zhpipe-{args.pipeline}@champion"
+    uri = args.model or f"models:/zhpipe-{_pipeline_name(args)}@champion"
     column = args.text_column if args.input else "text"
     if args.dask:
         from prefect import flow
@@ -281,14 +327,38 @@ def cmd_predict(args) -> int:
 
 
 def cmd_stages(args) -> int:
+    from flows.runner import STAGES
+
     for stage, deps in STAGES.items():
         print(f"{stage:<9} <- {', '.join(deps) or 'source':<28} {STAGE_HELP[stage]}")
     return 0
 
 
+def cmd_models(args) -> int:
+    from tasks.models import MODELS
+
+    for name, spec in MODELS.items():
+        kind = "language model" if spec.is_language_model else "classifier"
+        doc = (__import__(spec.train.__module__, fromlist=["_"]).__doc__ or "").strip().splitlines()[0]
+        print(f"{name:<14} {kind:<15} {doc}")
+    return 0
+
+
 def cmd_pipelines(args) -> int:
-    for name, description in list_pipelines(args.config).items():
+    from flows.config import list_pipelines
+
+    for name, description in list_pipelines(_config_file(args)).items():
         print(f"{name:<20} {description}")
+    return 0
+
+
+def cmd_init(args) -> int:
+    from flows.init import init_project
+
+    written = init_project(Path(args.dir), Path(args.csv) if args.csv else None, args.text_column, args.label_column)
+    for path in written:
+        print(f"wrote {path}")
+    print(f"next: cd {args.dir} && zhpipe run")
     return 0
 
 
@@ -318,16 +388,22 @@ def _quiet_prefect_tracebacks() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    try:
+        if args.command != "init":
+            project.activate(project.find(args.project))
+    except ZhpipeError as e:
+        print(f"zhpipe: error: {e}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S")
     for noisy in ("httpx", "alembic", "mlflow.store.db.utils", "gensim", "smart_open", "distributed"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    if not args.debug:
+    if not args.debug and args.command in ("run", "deploy", "serve", "predict"):
         import prefect  # noqa: F401 - configures Prefect's loggers, which the filter then attaches to
 
         _quiet_prefect_tracebacks()
     commands = {"run": cmd_run, "status": cmd_status, "stages": cmd_stages, "pipelines": cmd_pipelines, "ui": cmd_ui,
                 "deploy": cmd_deploy, "serve": cmd_serve, "worker": cmd_worker, "runs": cmd_runs, "compare": cmd_compare,
-                "predict": cmd_predict}
+                "predict": cmd_predict, "models": cmd_models, "init": cmd_init}
     try:
         return commands[args.command](args)
     except ZhpipeError as e:

@@ -5,13 +5,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
+from pathlib import Path
 from typing import Any
 
-from flows.config import PROJECT_ROOT, PipelineConfig
-from flows.errors import ZhpipeError
+from flows.config import PipelineConfig
+from flows.workers import train_deployment
+from tasks.errors import ZhpipeError
 
 log = logging.getLogger("zhpipe")
+CODE = Path(__file__).resolve().parent.parent  # where the flows package is (a checkout or site-packages)
 PIPELINE_ENTRYPOINT = "flows/pipeline.py:pipeline_flow"
 TRAIN_ENTRYPOINT = "flows/pipeline.py:train_flow"
 # what a worker on another machine needs to reach the same store and tracking server
@@ -31,9 +33,12 @@ def schedules(config: PipelineConfig) -> list:
 
 
 def flow_parameters(config: PipelineConfig, config_file: str | None) -> dict[str, Any]:
-    """The deployment's default parameters: the pipeline's name plus its `parameters` section."""
+    """The deployment's default parameters: the pipeline's name, its project folder and its `parameters` section."""
+    from flows.project import current
+
     p = config.parameters
-    params: dict[str, Any] = {"pipeline": config.name, "overrides": p.overrides, "stages": p.stages, "force": p.force}
+    params: dict[str, Any] = {"pipeline": config.name, "overrides": p.overrides, "stages": p.stages, "force": p.force,
+                              "project_dir": str(current().root)}
     if config_file:
         params["config_file"] = config_file
     return params
@@ -83,7 +88,6 @@ def deploy(configs: list[PipelineConfig], config_file: str | None = None) -> lis
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
 
-    from flows.pipeline import train_deployment
 
     require_server()
     env = job_env()
@@ -92,7 +96,7 @@ def deploy(configs: list[PipelineConfig], config_file: str | None = None) -> lis
         for config in configs:
             pools = [config.work_pool] + ([config.stages.train.work_pool] if config.stages.train.work_pool else [])
             created = [p for p in dict.fromkeys(pools) if ensure_work_pool(client, p)]
-            flow = Flow.from_source(source=str(PROJECT_ROOT), entrypoint=PIPELINE_ENTRYPOINT)
+            flow = Flow.from_source(source=str(CODE), entrypoint=PIPELINE_ENTRYPOINT)
             deployment_id = flow.deploy(
                 name=config.name, work_pool_name=config.work_pool, schedules=schedules(config),
                 parameters=flow_parameters(config, config_file), job_variables={"env": env},
@@ -101,10 +105,10 @@ def deploy(configs: list[PipelineConfig], config_file: str | None = None) -> lis
             )
             train_pool = config.stages.train.work_pool
             if train_pool:
-                train = Flow.from_source(source=str(PROJECT_ROOT), entrypoint=TRAIN_ENTRYPOINT)
+                train = Flow.from_source(source=str(CODE), entrypoint=TRAIN_ENTRYPOINT)
                 train.deploy(
                     name=config.name, work_pool_name=train_pool, schedules=[], tags=["zhpipe", "train"],
-                    parameters={"pipeline": config.name}, job_variables={"env": env},
+                    parameters={"pipeline": config.name, "project_dir": flow_parameters(config, config_file)["project_dir"]}, job_variables={"env": env},
                     description=f"train stage of {config.name} (submitted by its pipeline runs)",
                     build=False, push=False, print_next_steps=False, enforce_parameter_schema=False, ignore_warnings=True,
                 )
@@ -138,42 +142,3 @@ def serve(configs: list[PipelineConfig], config_file: str | None = None) -> None
         for config in configs
     ]
     prefect_serve(*deployments)
-
-
-GPU_SLOT_PREFIX = "zhpipe-gpu-"
-
-
-def gpu_slot_name() -> str:
-    """One global concurrency limit per worker machine (ZHPIPE_GPU_SLOT overrides, e.g. one per GPU)."""
-    return os.environ.get("ZHPIPE_GPU_SLOT") or GPU_SLOT_PREFIX + socket.gethostname()
-
-
-@contextlib.contextmanager
-def global_slot(name: str, waiting: str):
-    """Hold a Prefect global concurrency limit of 1 (created on first use): a lock every machine that reaches
-    the Prefect server shares. Logs `waiting` when another holder has it."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
-    from prefect.concurrency.sync import concurrency
-    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
-
-    with get_client(sync_client=True) as client:
-        try:
-            limit = client.read_global_concurrency_limit_by_name(name)
-        except ObjectNotFound:
-            with contextlib.suppress(ObjectAlreadyExists):
-                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
-        else:
-            if limit.active_slots:
-                log.info("%s", waiting)
-    with concurrency(name, occupy=1, strict=True):
-        yield
-
-
-@contextlib.contextmanager
-def gpu_slot(name: str | None = None):
-    """Hold this machine's GPU slot, so two trainings never share one GPU; a second waits for the first."""
-    name = name or gpu_slot_name()
-    with global_slot(name, f"train: waiting for the GPU slot {name}"):
-        log.info("train: holding the GPU slot %s", name)
-        yield

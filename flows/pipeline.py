@@ -9,27 +9,30 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from prefect import flow
+from prefect import flow, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
 
+from flows import project
 from flows.chunks import shutdown as shutdown_cluster
-from flows.config import DEFAULT_CONFIG, DEFAULT_PIPELINE, PROJECT_ROOT, PipelineConfig, load_pipeline
-from flows.errors import ZhpipeError
-from flows.runner import STAGES, RunContext, StageResult, plan_keys, source_fingerprint
+from flows.config import DEFAULT_PIPELINE, STAGE_MODULES, PipelineConfig, load_pipeline
+from flows.evaluation import register, track_models
+from flows.runner import (
+    STAGES,
+    RunContext,
+    StageResult,
+    artifact_key,
+    plan_keys,
+    source_fingerprint,
+)
 from flows.store import StageStore
 from flows.tracking import Tracker
-from tasks.augment import augment
-from tasks.clean import clean
-from tasks.download import download
-from tasks.embed import embed
-from tasks.evaluate import evaluate
-from tasks.profile import profile
-from tasks.segment import segment
-from tasks.split import split
-from tasks.train import train
-from tasks.vocab import vocab
+from flows.workers import gpu_slot, train_deployment
+from tasks import augment as augment_stage
+from tasks import download as download_stage
+from tasks.errors import ZhpipeError
 
 log = logging.getLogger("zhpipe")
-DATA_ROOT = PROJECT_ROOT / "data"  # the default stage store
 # the one number per stage that the run summary shows
 HEADLINE = {
     "download": "rows_raw", "clean": "rows_dropped", "split": "rows_test", "segment": "train_mean_words", "profile": "suggested_max_len_words",
@@ -61,8 +64,9 @@ def forced_stages(force: list[str] | None) -> set[str]:
 
 def storage_root(config: PipelineConfig, explicit: str | None = None) -> str:
     """The stage store root: --storage, else ZHPIPE_STORAGE (or the older ZHPIPE_DATA), else the pipeline's
-    `storage`, else data/. A folder or an fsspec URL."""
-    return explicit or os.environ.get("ZHPIPE_STORAGE") or os.environ.get("ZHPIPE_DATA") or config.storage or str(DATA_ROOT)
+    `storage`, else the project's data/. A folder or an fsspec URL."""
+    return (explicit or os.environ.get("ZHPIPE_STORAGE") or os.environ.get("ZHPIPE_DATA") or config.storage
+            or str(project.current().data))
 
 
 def chunk_executor(config: PipelineConfig, explicit: str | None = None) -> str | None:
@@ -76,8 +80,9 @@ def chunk_executor(config: PipelineConfig, explicit: str | None = None) -> str |
 
 
 def git_commit() -> str:
+    """The project folder's git commit, or "unknown" outside a git checkout."""
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=5).stdout.strip() or "unknown"
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=project.current().root, capture_output=True, text=True, timeout=5).stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
@@ -114,6 +119,53 @@ def finish_run(run: RunContext, results: dict[str, StageResult], ok: bool) -> No
     parent.finish(ok)
 
 
+def _retry_network_errors(task, task_run, state) -> bool:
+    """Retry transport failures and 5xx answers, never a checksum or format error."""
+    exc = state.result(raise_on_failure=False)
+    return not isinstance(exc, ZhpipeError)
+
+
+def _stage_task(stage: str, **options):
+    """The Prefect task of one stage: reuse its output when cached, else build it with the stage module's
+    `build`; tracked in MLflow either way."""
+
+    def run_stage(run: RunContext, *inputs: StageResult) -> StageResult:
+        return run.run(stage, dict(zip(STAGES[stage], inputs)), _builder(run, stage))
+
+    run_stage.__doc__ = (STAGE_MODULES[stage].__doc__ or "").splitlines()[0]
+    return task(name=stage, cache_policy=NO_CACHE, **options)(run_stage)
+
+
+def _builder(run: RunContext, stage: str):
+    """The stage's `build`, given what it needs besides its context (the source, the store's folders)."""
+    if stage == "download":
+        return lambda ctx: download_stage.build(ctx, run.config.source, run.store.downloads)
+    if stage == "augment":
+        return lambda ctx: augment_stage.build(ctx, run.config.stages.segment.segmenter(), run.store.cache_file("translations.sqlite"))
+    return STAGE_MODULES[stage].build
+
+
+STAGE_TASKS = {stage: _stage_task(stage) for stage in STAGES if stage != "download"}
+STAGE_TASKS["download"] = _stage_task("download", retries=3, retry_delay_seconds=[1, 4, 10], retry_condition_fn=_retry_network_errors)
+
+
+@task(name="evaluate", cache_policy=NO_CACHE)
+def evaluate(run: RunContext, train: StageResult, segment: StageResult) -> StageResult:
+    """Test metrics and the model comparison; tracked per model; the best classifier registered."""
+    result = run.run("evaluate", {"train": train, "segment": segment}, STAGE_MODULES["evaluate"].build)
+    run_ids = track_models(run, train, result, segment)
+    if result.cache == "miss":  # a cached evaluation was registered when it was built
+        register(run, train, result, segment, run_ids)
+    create_markdown_artifact(
+        markdown=f"# {run.config.name}: model comparison (test split)\n\n" + (result.path / "comparison.md").read_text(encoding="utf-8"),
+        key=artifact_key(run.config.name, "comparison"), description="zhpipe evaluate",
+    )
+    return result
+
+
+STAGE_TASKS["evaluate"] = evaluate
+
+
 @flow(name="zhpipe", log_prints=True, validate_parameters=False)
 def pipeline_flow(
     pipeline: str | PipelineConfig = DEFAULT_PIPELINE,
@@ -124,42 +176,46 @@ def pipeline_flow(
     dask: str | None = None,
     source: dict[str, Any] | None = None,
     config_file: str | None = None,
+    project_dir: str | None = None,
 ) -> dict[str, Any]:
     """Run the selected stages of one pipeline; earlier stages they need are read from the stage store.
 
     `pipeline` is a name in `config_file` (what deployments pass) or an already loaded config (the CLI).
-    `storage`: the stage store root (folder or fsspec URL); `dask`: "local" or a scheduler address.
+    `storage`: the stage store root (folder or fsspec URL); `dask`: "local" or a scheduler address;
+    `project_dir`: the project folder (deployments pass it; default: found from the working directory).
     """
+    if project_dir:
+        project.activate(project.Project(Path(project_dir)))
     config = pipeline if isinstance(pipeline, PipelineConfig) else _config(pipeline, overrides, source, config_file)
     stages = stages or list(STAGES)
     run = start_run(config, forced_stages(force), storage_root(config, storage), chunk_executor(config, dask))
     needed = set(stages) | {d for s in stages for d in STAGES[s]}
     results: dict[str, StageResult] = {}
 
-    def step(name, task, *inputs):
+    def step(name, *inputs):
         if name in stages:
-            results[name] = task(run, *inputs)
+            results[name] = STAGE_TASKS[name](run, *inputs)
         elif name in needed:
             results[name] = run.reuse(name)
         return results.get(name)
 
     ok = False
     try:
-        d = step("download", download.with_options(retries=config.stages.download.retries))
-        c = step("clean", clean, d)
-        s = step("split", split, c)
-        seg = step("segment", segment, s)
-        step("profile", profile, seg)
-        a = step("augment", augment, seg)
-        v = step("vocab", vocab, a, seg)
-        e = step("embed", embed, a)
+        d = step("download")
+        c = step("clean", d)
+        s = step("split", c)
+        seg = step("segment", s)
+        step("profile", seg)
+        a = step("augment", seg)
+        v = step("vocab", a, seg)
+        e = step("embed", a)
         pool = config.stages.train.work_pool
         routed = pool and "train" in stages and ("train" in run.force or not run.store.is_done("train", run.keys["train"]))
         if routed:  # train on another work pool's worker (GPU), into the same store and MLflow parent run
             results["train"] = t = train_remote(run, pool, overrides, source, config_file)
         else:
-            t = step("train", train, a, seg, v, e)
-        step("evaluate", evaluate, t, seg)
+            t = step("train", a, seg, v, e)
+        step("evaluate", t, seg)
         ok = True
     finally:
         shutdown_cluster()
@@ -172,12 +228,7 @@ def pipeline_flow(
 
 
 def _config(name: str, overrides: list[str] | None, source: dict[str, Any] | None, config_file: str | None) -> PipelineConfig:
-    return load_pipeline(name, Path(config_file) if config_file else DEFAULT_CONFIG, overrides or [], source)
-
-
-def train_deployment(pipeline: str) -> str:
-    """The deployment that runs a pipeline's train stage on its `stages.train.work_pool`."""
-    return f"zhpipe-train/{pipeline}"
+    return load_pipeline(name, Path(config_file) if config_file else project.current().config_file, overrides or [], source)
 
 
 def train_remote(run: RunContext, pool: str, overrides, source, config_file) -> StageResult:
@@ -192,6 +243,7 @@ def train_remote(run: RunContext, pool: str, overrides, source, config_file) -> 
     parameters = {
         "pipeline": run.config.name, "overrides": overrides or [], "source": source, "config_file": config_file,
         "storage": run.store.url, "parent_run_id": run.parent_run_id, "force": "train" in run.force,
+        "project_dir": str(project.current().root),
     }
     try:
         flow_run = run_deployment(name, parameters=parameters, timeout=None, poll_interval=2)
@@ -218,15 +270,16 @@ def train_flow(
     config_file: str | None = None,
     storage: str | None = None,
     force: bool = False,
+    project_dir: str | None = None,
 ) -> dict[str, Any]:
     """The train stage alone, on a (GPU) worker: inputs from the shared store, one training per GPU at a time
     (a Prefect global concurrency limit per worker machine), logged under the pipeline run's MLflow parent."""
-    from flows.deploy import gpu_slot
-
+    if project_dir:
+        project.activate(project.Project(Path(project_dir)))
     config = _config(pipeline, overrides, source, config_file)
     run = RunContext(config, StageStore(storage_root(config, storage)), plan_keys(config), f"zhpipe-{config.name}",
                      parent_run_id, {"train"} if force else set())
     inputs = [run.reuse(name) for name in STAGES["train"]]
     with gpu_slot():
-        result = train(run, *inputs)
+        result = STAGE_TASKS["train"](run, *inputs)
     return {k: v for k, v in asdict(result).items() if k != "path"}

@@ -56,8 +56,8 @@ def register_best(run_id: str, pipeline: str, model: str, folder: Path, labels: 
     """Log the best model as a pyfunc in its MLflow run, register it, and apply the champion rule."""
     from mlflow.exceptions import MlflowException
 
+    from flows.serving import log_classifier
     from flows.tracking import client
-    from tasks.serving import log_classifier
 
     name, digest = registered_name(pipeline), test_sha256(test)
     info = log_classifier(run_id, model, folder, labels, clean, segment, registered_name=name)

@@ -1,7 +1,6 @@
 """Stage execution: plan the keys of a run, then build or reuse each stage and track it in MLflow."""
 from __future__ import annotations
 
-import importlib
 import logging
 import shutil
 import time
@@ -9,12 +8,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from pydantic import BaseModel
-
-from flows.config import PROJECT_ROOT, PipelineConfig, flatten
-from flows.errors import ZhpipeError
+from flows import project
+from flows.chunks import runner_for
+from flows.config import STAGE_MODULES, PipelineConfig, flatten
 from flows.store import Manifest, StageStore, file_sha256, stage_key
 from flows.tracking import Tracker
+from tasks.core import BuildContext, BuildOutput
+from tasks.errors import ZhpipeError
+from tasks.io import resolve_path
 
 # The pipeline's stages in run order, each with the stages whose outputs it reads.
 STAGES: dict[str, tuple[str, ...]] = {
@@ -31,11 +32,6 @@ STAGES: dict[str, tuple[str, ...]] = {
 }
 
 log = logging.getLogger("zhpipe")
-
-
-def stage_module(stage: str):
-    """The module `tasks.<stage>` that holds the stage's logic, VERSION and `build`."""
-    return importlib.import_module(f"tasks.{stage}")
 
 
 def stage_params(config: PipelineConfig, stage: str) -> dict[str, Any]:
@@ -56,15 +52,8 @@ def source_fingerprint(config: PipelineConfig) -> str:
 
 
 def resolve_local(location: str) -> Path | None:
-    """A local path for `location` (plain path or file:// URL), relative paths from the project root."""
-    if location.startswith(("http://", "https://")):
-        return None
-    if location.startswith("file://"):
-        from urllib.parse import unquote, urlparse
-
-        return Path(unquote(urlparse(location).path))
-    p = Path(location).expanduser()
-    return p if p.is_absolute() else PROJECT_ROOT / p
+    """A local path for `location` (plain path or file:// URL; relative paths from the project folder)."""
+    return resolve_path(location, project.current().root)
 
 
 def plan_keys(config: PipelineConfig) -> dict[str, str]:
@@ -74,7 +63,7 @@ def plan_keys(config: PipelineConfig) -> dict[str, str]:
         inputs = {d: keys[d] for d in deps}
         if stage == "download":
             inputs = {"source": source_fingerprint(config)}
-        keys[stage] = stage_key(stage, stage_module(stage).VERSION, stage_params(config, stage), inputs)
+        keys[stage] = stage_key(stage, STAGE_MODULES[stage].VERSION, stage_params(config, stage), inputs)
     return keys
 
 
@@ -93,30 +82,6 @@ class StageResult:
 
 
 @dataclass
-class BuildContext:
-    """Everything a stage's `build` function may use: inputs, its output folder, params, tracking."""
-
-    inputs: dict[str, Path]
-    input_info: dict[str, dict[str, Any]]
-    out: Path
-    scratch: Path  # survives a killed build of the same key (checkpoints to resume from)
-    params: BaseModel
-    tracker: Tracker
-    pipeline: str
-    executor: str | None = None  # chunked work: None = local processes, "local" = local Dask cluster, else its address
-
-
-@dataclass
-class BuildOutput:
-    """What `build` reports back: row count, scalar metrics, stage facts, files to log to MLflow."""
-
-    rows: int | None = None
-    metrics: dict[str, float] = field(default_factory=dict)
-    info: dict[str, Any] = field(default_factory=dict)
-    artifacts: list[str] = field(default_factory=list)  # paths relative to the output folder
-
-
-@dataclass
 class RunContext:
     """One pipeline run: config, planned keys, store, MLflow parent run, forced stages."""
 
@@ -126,7 +91,7 @@ class RunContext:
     experiment: str
     parent_run_id: str | None
     force: set[str] = field(default_factory=set)
-    executor: str | None = None  # see BuildContext.executor
+    executor: str | None = None  # chunked work: None = local processes, "local" = a local Dask cluster, else its address
 
     def reuse(self, stage: str) -> StageResult:
         """Load a cached stage without tracking it (for stages before --from)."""
@@ -178,17 +143,18 @@ class RunContext:
             inputs={name: r.path for name, r in inputs.items()},
             input_info={name: r.info for name, r in inputs.items()},
             out=tmp,
-            scratch=scratch,
             params=params_model,
-            tracker=tracker,
+            scratch=scratch,
             pipeline=self.config.name,
-            executor=self.executor,
+            root=project.current().root,
+            runner=runner_for(self.executor),
+            sink=tracker,
         )
         out = build(ctx)
         manifest = Manifest(
             stage=stage,
             key=key,
-            version=stage_module(stage).VERSION,
+            version=STAGE_MODULES[stage].VERSION,
             params=stage_params(self.config, stage),
             inputs={name: r.key for name, r in inputs.items()},
             rows=out.rows,
@@ -199,9 +165,7 @@ class RunContext:
         )
         final = self.store.publish(tmp, manifest)
         shutil.rmtree(scratch, ignore_errors=True)
-        for rel in out.artifacts:  # a folder keeps its name in the run's artifacts, a file its folder
-            where = rel if (final / rel).is_dir() else str(Path(rel).parent) if Path(rel).parent != Path(".") else None
-            tracker.artifact(final / rel, where)
+        publish(tracker, final, out, self.config.name, stage)
         return manifest
 
     def _result(self, manifest: Manifest, cache: str, seconds: float) -> StageResult:
@@ -215,3 +179,29 @@ class RunContext:
             metrics=manifest.metrics,
             info=manifest.info,
         )
+
+
+def publish(tracker: Tracker, folder: Path, out: BuildOutput, pipeline: str, stage: str) -> None:
+    """What a stage returned, where people look: files, tables, datasets and tags in its MLflow run, Markdown
+    and tables as Prefect artifacts."""
+    for rel in out.artifacts:  # a folder keeps its name in the run's artifacts, a file its folder
+        where = rel if (folder / rel).is_dir() else str(Path(rel).parent) if Path(rel).parent != Path(".") else None
+        tracker.artifact(folder / rel, where)
+    for name, table in out.tables.items():
+        tracker.table(table, name)
+    for ds in out.datasets:
+        tracker.dataset(ds.frame, source=ds.source, name=ds.name, context=ds.context)
+    if out.tags:
+        tracker.tags(out.tags)
+    if out.markdown or out.records:
+        from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+        for suffix, text in out.markdown.items():
+            create_markdown_artifact(text, key=artifact_key(pipeline, suffix), description=f"zhpipe {stage}")
+        for suffix, rows in out.records.items():
+            create_table_artifact(rows, key=artifact_key(pipeline, suffix), description=f"zhpipe {stage}")
+
+
+def artifact_key(pipeline: str, suffix: str) -> str:
+    """A Prefect artifact key: lower-case letters, digits and dashes."""
+    return f"{pipeline}-{suffix}".replace("_", "-").lower()

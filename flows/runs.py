@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from flows.errors import ConfigError, DataError, ZhpipeError
+from tasks.errors import ConfigError, DataError, ZhpipeError
 
 
 def _client():
@@ -99,11 +99,10 @@ READERS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".
 def load_model(uri: str):
     """An MLflow pyfunc by URI, or one clear error naming the URI and the tracking store."""
     import mlflow
+    import tasks.serving  # noqa: F401 - its warning filter
     from mlflow.exceptions import MlflowException
 
     from flows.tracking import tracking_uri
-
-    import tasks.serving  # noqa: F401 - its warning filter
 
     mlflow.set_tracking_uri(tracking_uri())
     try:

@@ -7,7 +7,7 @@ folder that counts as done. `<root>/<stage>/.scratch-<key>/` holds what a killed
 lock cannot reach other machines, a Prefect global concurrency limit per key does).
 
 The root is a local folder or any fsspec URL (s3://, gs://, a shared file system). For a remote root the
-outputs are built in, and read from, a local mirror (`ZHPIPE_CACHE`, default `data/.remote/<root hash>`);
+outputs are built in, and read from, a local mirror (`ZHPIPE_CACHE`, default `<project>/data/.remote/<root hash>`);
 publishing uploads the files first and `manifest.json` last, so an output counts as done only once all of
 it is there, on every machine.
 """
@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tasks.io import atomic_write_text, file_sha256  # noqa: F401 - file_sha256 is part of the store's API
+
 MANIFEST = "manifest.json"
 log = logging.getLogger("zhpipe")
 
@@ -36,15 +38,6 @@ def stage_key(stage: str, version: str, params: dict[str, Any], inputs: dict[str
         ensure_ascii=False,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
-    """sha256 of a file's bytes, read in chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 @dataclass
@@ -69,13 +62,6 @@ class Manifest:
 
     def write(self, folder: Path) -> None:
         atomic_write_text(folder / MANIFEST, json.dumps(asdict(self), indent=2, ensure_ascii=False))
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write a text file via a temporary sibling and rename, so readers never see half of it."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _alive(pid: int) -> bool:
@@ -116,7 +102,11 @@ class StageStore:
 
             self.fs, self.base = fsspec.core.url_to_fs(self.url)
             self.base = self.base.rstrip("/")
-            mirror = cache or Path(os.environ.get("ZHPIPE_CACHE", Path(__file__).resolve().parent.parent / "data" / ".remote"))
+            if cache is None and not os.environ.get("ZHPIPE_CACHE"):
+                from flows.project import current
+
+                cache = current().data / ".remote"
+            mirror = cache or Path(os.environ["ZHPIPE_CACHE"])
             self.root = mirror / hashlib.sha256(self.url.encode()).hexdigest()[:12]  # the local mirror
         else:
             self.root = local_root(root)
@@ -224,7 +214,7 @@ class StageStore:
             if self.fs is None:
                 yield
             else:  # an object store: the file lock covers this machine only; the Prefect server covers all
-                from flows.deploy import global_slot
+                from flows.workers import global_slot
 
                 name = "zhpipe-store-" + hashlib.sha256(f"{self.url}|{stage}|{key}".encode()).hexdigest()[:16]
                 with global_slot(name, f"{stage}: another machine is building {key}; waiting for it"):

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import functools
-import os
 import time
 import warnings
 from pathlib import Path
@@ -10,15 +9,12 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from flows.config import PROJECT_ROOT
-
-DEFAULT_TRACKING_URI = f"sqlite:///{PROJECT_ROOT / 'mlruns' / 'mlflow.db'}"
-DEFAULT_ARTIFACT_ROOT = (PROJECT_ROOT / "mlruns" / "artifacts").as_uri()
+from flows import project
 
 
 def tracking_uri() -> str:
-    """MLFLOW_TRACKING_URI when set, else the project's SQLite store."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    """MLFLOW_TRACKING_URI when set, else the project's SQLite store (mlruns/mlflow.db)."""
+    return project.current().tracking_uri()
 
 
 def _retry(fn: Callable) -> Callable:
@@ -53,8 +49,7 @@ def experiment_id(name: str) -> str:
     exp = c.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id
-    artifact_root = None if os.environ.get("MLFLOW_TRACKING_URI") else DEFAULT_ARTIFACT_ROOT
-    return c.create_experiment(name, artifact_location=artifact_root)
+    return c.create_experiment(name, artifact_location=project.current().artifact_root())
 
 
 class Tracker:

@@ -6,13 +6,19 @@ import logging
 import pandas as pd
 from tqdm.auto import tqdm
 
-from flows.config import BackTranslationConfig, PivotConfig, TranslationFilterConfig
-from flows.errors import ConfigError
-from tasks.augment import AugmentContext, Augmented, eda, register
+from tasks.augmenters import AugmentContext, Augmented, eda, register
+from tasks.errors import ConfigError
 from tasks.hub import ModelMissingError
 from tasks.segmenter import Segmenter
 from tasks.translation import (
-    CachedTranslation, HttpTranslator, Seq2SeqTranslator, TranslationCache, split_sentences,
+    BackTranslationParams,
+    CachedTranslation,
+    HttpTranslator,
+    PivotParams,
+    Seq2SeqTranslator,
+    TranslationCache,
+    TranslationFilterParams,
+    split_sentences,
 )
 
 log = logging.getLogger("zhpipe.augment")
@@ -33,7 +39,7 @@ def similarity(candidate: str, source: str) -> float:
     return CHRF().sentence_score(candidate, [source]).score / 100
 
 
-def reject_reason(source: str, candidate: str, f: TranslationFilterConfig, seen: set[str]) -> str | None:
+def reject_reason(source: str, candidate: str, f: TranslationFilterParams, seen: set[str]) -> str | None:
     """Why a back-translation is dropped, or None to keep it (checks in order, the first failing one counts)."""
     if candidate.strip() == source.strip():
         return "identical"
@@ -52,7 +58,7 @@ def reject_reason(source: str, candidate: str, f: TranslationFilterConfig, seen:
     return None
 
 
-def translators(pivot: PivotConfig, p: BackTranslationConfig, device: str):
+def translators(pivot: PivotParams, p: BackTranslationParams, device: str):
     """(forward, backward) translators for one pivot language."""
     if p.backend == "http":
         return HttpTranslator(p.http, p.source_lang, pivot.lang), HttpTranslator(p.http, pivot.lang, p.source_lang)
@@ -63,12 +69,12 @@ def translators(pivot: PivotConfig, p: BackTranslationConfig, device: str):
     return forward, backward
 
 
-def _settings(p: BackTranslationConfig, n: int) -> dict:
+def _settings(p: BackTranslationParams, n: int) -> dict:
     return {"max_length": p.max_length, "num_beams": p.num_beams, "do_sample": p.do_sample,
             "temperature": p.temperature, "top_p": p.top_p, "n": n, "backend": p.backend}
 
 
-def round_trip(texts: list[str], pivot: PivotConfig, p: BackTranslationConfig, cache: TranslationCache, device: str):
+def round_trip(texts: list[str], pivot: PivotParams, p: BackTranslationParams, cache: TranslationCache, device: str):
     """Back-translate texts through one pivot: {text: (pivot text, [variants])}, plus cache counters."""
     forward, backward = translators(pivot, p, device)
     batch = p.http.batch_size if p.backend == "http" else p.batch_size  # texts per request / per generate()
@@ -131,7 +137,7 @@ def backtranslation(train: pd.DataFrame, ctx: AugmentContext) -> Augmented:
                             "model_forward": models[0], "model_backward": models[1]})
     new_rows = pd.DataFrame(new)
     if len(new_rows):
-        seg = Segmenter(ctx.segment).rows(new_rows["text"].tolist())
+        seg = Segmenter(ctx.segment, ctx.root).rows(new_rows["text"].tolist())
         new_rows = new_rows.assign(**seg)
     total = metrics["cache_hits"] + metrics["cache_misses"]
     metrics["cache_hit_rate"] = metrics["cache_hits"] / total if total else 1.0

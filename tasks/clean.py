@@ -7,16 +7,25 @@ from functools import lru_cache
 
 import pandas as pd
 import pyarrow.parquet as pq
-from prefect import task
-from prefect.cache_policies import NO_CACHE
+from pydantic import Field
 
-from flows.chunks import Chunk, Runner, plan, read_chunk, write_parquet
-from flows.config import CleanConfig
-from flows.errors import DataError
-from tasks.download import sorted_labels
-from flows.runner import BuildContext, BuildOutput, RunContext, StageResult
+from tasks.core import BuildContext, BuildOutput, Dataset, Section
+from tasks.errors import DataError
+from tasks.io import Chunk, Runner, plan, read_chunk, sorted_labels, write_parquet
 
 VERSION = "1"
+
+
+class Params(Section):
+    """The `clean` section."""
+
+    nfkc: bool = True  # full-width to half-width
+    strip_html: bool = True
+    strip_urls: bool = True
+    traditional_to_simplified: bool = False  # OpenCC t2s
+    min_chars: int = Field(2, ge=0)
+    max_chars: int = Field(5000, ge=1)
+    dedupe: bool = True
 CHUNK_ROWS = 5000
 _HTML_TAG = re.compile(r"<[^>]{1,200}>")
 _URL = re.compile(r"(?:https?://|www\.)[^\s\u4e00-\u9fff，。！？、；：]+", re.IGNORECASE)
@@ -31,7 +40,7 @@ def _t2s():
     return opencc.OpenCC("t2s")
 
 
-def clean_text(text: str, params: CleanConfig) -> str:
+def clean_text(text: str, params: Params) -> str:
     """One text through the normalisation steps, in order."""
     if params.nfkc:
         text = unicodedata.normalize("NFKC", text)  # full-width letters, digits and punctuation to half-width
@@ -47,7 +56,7 @@ def clean_text(text: str, params: CleanConfig) -> str:
     return text
 
 
-def normalise(df: pd.DataFrame, params: CleanConfig) -> pd.DataFrame:
+def normalise(df: pd.DataFrame, params: Params) -> pd.DataFrame:
     """The row-wise part of cleaning: `text` normalised, the original kept as `raw_text`."""
     df = df.copy()
     df["raw_text"] = df["text"]
@@ -57,15 +66,15 @@ def normalise(df: pd.DataFrame, params: CleanConfig) -> pd.DataFrame:
 
 def normalise_chunk(chunk: Chunk, params_json: str) -> pd.DataFrame:
     """Chunk function: one chunk of the raw corpus, normalised."""
-    return normalise(read_chunk(chunk), CleanConfig.model_validate_json(params_json))
+    return normalise(read_chunk(chunk), Params.model_validate_json(params_json))
 
 
-def clean_frame(df: pd.DataFrame, params: CleanConfig) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def clean_frame(df: pd.DataFrame, params: Params) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Return (kept rows, quarantined rows with `reason`, label conflicts) for a frame of id/text[/label]."""
     return filter_rows(normalise(df, params), params)
 
 
-def filter_rows(df: pd.DataFrame, params: CleanConfig) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def filter_rows(df: pd.DataFrame, params: Params) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """The corpus-wide part of cleaning, on normalised rows: length limits, label conflicts, duplicates."""
     length = df["text"].str.len()
     reason = pd.Series(pd.NA, index=df.index, dtype="string")
@@ -96,7 +105,7 @@ def filter_rows(df: pd.DataFrame, params: CleanConfig) -> tuple[pd.DataFrame, pd
 def build(ctx: BuildContext) -> BuildOutput:
     """Clean `data.parquet` into `data.parquet` + `quarantine.parquet` (+ `label_conflicts.csv`)."""
     src = ctx.inputs["download"] / "data.parquet"
-    runner = Runner(ctx.executor, workers=1 if ctx.executor is None else 0)
+    runner = ctx.runner(1 if ctx.runner is Runner else 0)  # local: one process (the work is light); Dask: every worker
     # normalisation runs in chunks (processes or Dask); duplicates and conflicts need every row at once
     df = pd.concat(list(runner.map(normalise_chunk, plan(src, CHUNK_ROWS), ctx.params.model_dump_json(), desc="clean")),
                    ignore_index=True) if pq.ParquetFile(src).metadata.num_rows else normalise(pd.read_parquet(src), ctx.params)
@@ -109,18 +118,11 @@ def build(ctx: BuildContext) -> BuildOutput:
     counts = quarantine["reason"].value_counts().to_dict()
     metrics = {f"dropped_{r}": counts.get(r, 0) for r in ("empty", "too_short", "too_long", "duplicate", "label_conflict")}
     metrics.update(rows_in=len(df), rows_kept=len(kept), rows_dropped=len(quarantine))
-    ctx.tracker.dataset(kept, source=str(ctx.out / "data.parquet"), name=f"{ctx.pipeline}-clean", context="clean")
-    if len(quarantine):
-        ctx.tracker.table(quarantine.head(1000).astype(str), "quarantine_sample.json")
     return BuildOutput(
         rows=len(kept),
         metrics=metrics,
         info={"labels": sorted_labels(kept["label"]) if "label" in kept else None},
         artifacts=["quarantine.parquet", "label_conflicts.csv"],
+        tables={"quarantine_sample.json": quarantine.head(1000).astype(str)} if len(quarantine) else {},
+        datasets=[Dataset(kept, str(ctx.out / "data.parquet"), f"{ctx.pipeline}-clean", "clean")],
     )
-
-
-@task(name="clean", cache_policy=NO_CACHE)
-def clean(run: RunContext, download: StageResult) -> StageResult:
-    """Normalise and filter the raw corpus."""
-    return run.run("clean", {"download": download}, build)

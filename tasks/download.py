@@ -7,18 +7,45 @@ import json
 import shutil
 import zipfile
 from pathlib import Path
+from typing import Callable, Literal
 
 import pandas as pd
-from prefect import task
-from prefect.cache_policies import NO_CACHE
+from pydantic import Field, model_validator
 
-from flows.chunks import write_parquet
-from flows.config import SourceConfig
-from flows.errors import DataError, ZhpipeError
-from flows.runner import BuildContext, BuildOutput, RunContext, StageResult, resolve_local
-from flows.store import file_sha256
+from tasks.core import BuildContext, BuildOutput, Section
+from tasks.errors import DataError
+from tasks.io import file_sha256, resolve_path, sorted_labels, write_parquet
 
 VERSION = "1"
+
+
+class Source(Section):
+    """Where the corpus comes from and how to read it (the pipeline's `source`)."""
+
+    path: str | None = None  # local file (relative to the project root) or file:// / http(s):// URL
+    url: str | None = None  # canonical URL, fetched only when `path` does not exist
+    sha256: str | None = None  # verified whenever given; a mismatch is an error
+    format: Literal["auto", "csv", "tsv", "jsonl", "parquet", "txt"] = "auto"
+    encoding: str = "auto"  # auto detects utf-8, utf-8-sig and GB18030/GBK
+    text_column: str = "text"
+    label_column: str | None = "label"  # None for unlabelled corpora (txt)
+    member: str | None = None  # file inside a .zip archive; default: its only data file
+
+    @model_validator(mode="after")
+    def _has_location(self) -> "Source":
+        if not self.path and not self.url:
+            raise ValueError("source needs `path` or `url`")
+        return self
+
+
+class Params(Section):
+    """The `download` section."""
+
+    timeout_s: float = 60.0  # per network read; a stalled server fails instead of hanging
+    retries: int = Field(3, ge=0)  # Prefect task retries for network errors only
+    chunk_bytes: int = 1 << 20
+
+
 DATA_SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".txt": "txt"}
 
 
@@ -105,7 +132,7 @@ def detect_encoding(raw: bytes) -> str:
     return best.encoding
 
 
-def read_table(path: Path, source: SourceConfig) -> pd.DataFrame:
+def read_table(path: Path, source: Source) -> pd.DataFrame:
     """Read csv/tsv/jsonl/parquet/txt into columns `id`, `text` and (when labelled) `label` as strings."""
     fmt = source.format if source.format != "auto" else DATA_SUFFIXES.get(path.suffix.lower())
     if fmt is None:
@@ -130,7 +157,7 @@ def read_table(path: Path, source: SourceConfig) -> pd.DataFrame:
     return _normalise(df, path, source, fmt)
 
 
-def _normalise(df: pd.DataFrame, path: Path, source: SourceConfig, fmt: str) -> pd.DataFrame:
+def _normalise(df: pd.DataFrame, path: Path, source: Source, fmt: str) -> pd.DataFrame:
     if source.text_column not in df.columns:
         raise DataError(f"{path}: no text column '{source.text_column}' (columns found: {', '.join(map(str, df.columns))})")
     out = pd.DataFrame({"id": range(len(df)), "text": df[source.text_column].astype("string").fillna("")})
@@ -147,12 +174,12 @@ def _normalise(df: pd.DataFrame, path: Path, source: SourceConfig, fmt: str) -> 
     return out
 
 
-def locate(source: SourceConfig, folder_for: callable, timeout_s: float, chunk_bytes: int) -> Path:
+def locate(source: Source, root: Path, folder_for: Callable[[str], Path], timeout_s: float, chunk_bytes: int) -> Path:
     """The local file holding the source bytes: the given path when it exists, else a download of `url`."""
     for location in (source.path, source.url):
         if not location:
             continue
-        local = resolve_local(location)
+        local = resolve_path(location, root)
         if local is not None:
             if local.is_file():
                 return local
@@ -161,10 +188,10 @@ def locate(source: SourceConfig, folder_for: callable, timeout_s: float, chunk_b
     raise DataError(f"source not found: {source.path or source.url} (no such file, and no url to fetch it from)")
 
 
-def build(ctx: BuildContext, source: SourceConfig, folder_for: callable) -> BuildOutput:
+def build(ctx: BuildContext, source: Source, folder_for: Callable[[str], Path]) -> BuildOutput:
     """Find or fetch, verify, unpack and read the source; write `data.parquet`."""
     p = ctx.params
-    raw = locate(source, folder_for, p.timeout_s, p.chunk_bytes)
+    raw = locate(source, ctx.root, folder_for, p.timeout_s, p.chunk_bytes)
     sha = verify(raw, source.sha256)
     data_file = extract(raw, ctx.out / "extracted", source.member) if raw.suffix in (".zip", ".gz") else raw
     df = read_table(data_file, source)
@@ -175,27 +202,3 @@ def build(ctx: BuildContext, source: SourceConfig, folder_for: callable) -> Buil
         info["labels"] = sorted_labels(df["label"])
         metrics["num_labels"] = len(info["labels"])
     return BuildOutput(rows=len(df), metrics=metrics, info=info)
-
-
-def sorted_labels(labels: pd.Series) -> list[str]:
-    """Distinct labels; numeric ones sort as numbers (2 before 10), others as strings."""
-
-    def order(label: str):
-        try:
-            return (0, float(label), label)
-        except ValueError:
-            return (1, 0.0, label)
-
-    return sorted(labels.unique().tolist(), key=order)
-
-
-def _retry_network_errors(task, task_run, state) -> bool:
-    """Retry transport failures and 5xx answers, never a checksum or format error."""
-    exc = state.result(raise_on_failure=False)
-    return not isinstance(exc, ZhpipeError)
-
-
-@task(name="download", retries=3, retry_delay_seconds=[1, 4, 10], retry_condition_fn=_retry_network_errors, cache_policy=NO_CACHE)
-def download(run: RunContext) -> StageResult:
-    """Find or fetch the corpus and read it into `data.parquet`."""
-    return run.run("download", {}, lambda ctx: build(ctx, run.config.source, run.store.downloads))

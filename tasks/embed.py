@@ -2,24 +2,63 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Literal
 
 import numpy as np
 import pandas as pd
+from pydantic import Field, field_validator
 from tqdm.auto import tqdm
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 
-from flows.config import EmbedConfig
-from flows.errors import DataError
-from flows.runner import BuildContext, BuildOutput, RunContext, StageResult
+from tasks.core import BuildContext, BuildOutput, Section
+from tasks.text import is_word
+from tasks.vectors import FASTTEXT_MIN_THREADS, fasttext_call, fasttext_dim
 
 VERSION = "1"
 
 
-def train_word2vec(corpus: Path, params: EmbedConfig):
+class Word2VecParams(Section):
+    """Word2Vec (gensim) settings."""
+
+    vector_size: int = 128
+    window: int = 5
+    min_count: int = 2
+    sg: bool = False  # False = CBOW, True = skip-gram
+    hs: bool = False  # True = hierarchical softmax instead of negative sampling
+    negative: int = 5
+    epochs: int = 10
+
+
+class FastTextParams(Section):
+    """fastText unsupervised subword vectors."""
+
+    enabled: bool = True
+    model: Literal["skipgram", "cbow"] = "skipgram"
+    dim: int = 100
+    minn: int = 1  # Chinese words are short: subwords of 1-2 characters
+    maxn: int = 2
+    epoch: int = 5
+    lr: float = 0.05  # fastText's default
+    bucket: int = 100000  # hashed subword buckets; 2M (fastText's default) makes an 800 MB model
+
+    _dim = field_validator("dim")(fasttext_dim)
+
+
+class Params(Section):
+    """The `embed` section."""
+
+    word2vec: Word2VecParams = Word2VecParams()
+    fasttext: FastTextParams = FastTextParams()
+    probe_words: list[str] = ["酒店", "服务", "干净"]
+    topn: int = 5
+    workers: int = Field(2, ge=1)  # gensim threads; >1 trades bit-exact reproducibility for speed
+    seed: int = 1
+    plot_words: int = Field(150, ge=10)  # the most frequent words drawn in the 2-D projection
+    tsne: bool = False  # also a t-SNE projection (slower than PCA)
+    projector_words: int = Field(5000, ge=10)  # words exported for the TensorBoard projector
+
+
+def train_word2vec(corpus: Path, params: Params):
     """Word2Vec (CBOW or skip-gram; negative sampling or hierarchical softmax) from a token-per-space file."""
     from gensim.models import Word2Vec
     from gensim.models.callbacks import CallbackAny2Vec
@@ -42,22 +81,7 @@ def train_word2vec(corpus: Path, params: EmbedConfig):
     return model.wv
 
 
-# fastText 0.9.3 initialises its input matrix in 10 fixed blocks, one per training thread, over memory it
-# does not zero: with fewer than 10 threads most rows stay uninitialised (garbage, at times NaN, so
-# training stops with "Encountered NaN." or learns from noise), and with dim not a multiple of 10 the last
-# few values do. So it always gets at least 10 threads, and configs require dim % 10 == 0.
-FASTTEXT_MIN_THREADS = 10
-
-
-def fasttext_call(train: Callable, what: str, hint: str):
-    """Call a fastText training function; its divergence error becomes one clear line."""
-    try:
-        return train()
-    except RuntimeError as e:
-        raise DataError(f"{what}: training diverged ({e}); {hint}") from e
-
-
-def train_fasttext(corpus: Path, params: EmbedConfig):
+def train_fasttext(corpus: Path, params: Params):
     """fastText unsupervised vectors with character n-gram subwords."""
     import fasttext
 
@@ -82,35 +106,6 @@ def fasttext_keyed_vectors(model):
     return kv
 
 
-@dataclass
-class WordVectors:
-    """Pretrained vectors for the networks' embedding layers: `get(token)` is a vector, or None when unknown."""
-
-    name: str
-    dim: int
-    get: Callable[[str], np.ndarray | None]
-
-
-def keyed_word_vectors(kv, name: str = "word2vec") -> WordVectors:
-    """WordVectors over gensim KeyedVectors (in-vocabulary words only)."""
-    return WordVectors(name, kv.vector_size, lambda token: kv[token] if token in kv.key_to_index else None)
-
-
-def load_word_vectors(folder: Path, name: str) -> WordVectors:
-    """The embed stage's `word2vec` vectors, or its `fasttext` model, which builds a vector for any token
-    from its character n-grams (subwords), so no vocabulary word is left without one."""
-    if name == "word2vec":
-        from gensim.models import KeyedVectors
-
-        return keyed_word_vectors(KeyedVectors.load(str(folder / "word2vec.kv")))
-    if not (folder / "fasttext.bin").is_file():
-        raise DataError("train.embeddings is fasttext, but the embed stage trained no fastText model (embed.fasttext.enabled is false)")
-    import fasttext
-
-    model = fasttext.load_model(str(folder / "fasttext.bin"))
-    return WordVectors("fasttext", model.get_dimension(), model.get_word_vector)
-
-
 def neighbours(name: str, probe: list[str], lookup, topn: int) -> list[dict]:
     """Rows of (model, probe word, rank, neighbour, cosine) for a nearest-neighbour table."""
     rows = []
@@ -122,8 +117,6 @@ def neighbours(name: str, probe: list[str], lookup, topn: int) -> list[dict]:
 
 def frequent_words(kv, n: int) -> list[str]:
     """The `n` most frequent real words of a KeyedVectors (gensim keeps them by frequency), no punctuation."""
-    from tasks.profile import is_word
-
     return [w for w in kv.index_to_key if is_word(w)][:n]
 
 
@@ -163,7 +156,7 @@ def export_projector(kv, words: list[str], folder: Path, name: str = "word2vec")
 
 def build(ctx: BuildContext) -> BuildOutput:
     """Write `word2vec.kv` + `word2vec.txt`, `fasttext.bin` + `fasttext.kv` + `fasttext.vec`, `neighbours.csv`."""
-    p: EmbedConfig = ctx.params
+    p: Params = ctx.params
     corpus = ctx.inputs["augment"] / "train.words.txt"
     w2v = train_word2vec(corpus, p)
     w2v.save(str(ctx.out / "word2vec.kv"))
@@ -193,12 +186,5 @@ def build(ctx: BuildContext) -> BuildOutput:
     artifacts.append("projector")
     table = pd.DataFrame(rows, columns=["model", "word", "rank", "neighbour", "cosine"])
     table.to_csv(ctx.out / "neighbours.csv", index=False)
-    if len(table):
-        ctx.tracker.table(table, "neighbours.json")
-    return BuildOutput(rows=len(w2v), metrics=metrics, info=dict(ctx.input_info["augment"]), artifacts=artifacts)
-
-
-@task(name="embed", cache_policy=NO_CACHE)
-def embed(run: RunContext, augment: StageResult) -> StageResult:
-    """Word2Vec and fastText embeddings of the train corpus."""
-    return run.run("embed", {"augment": augment}, build)
+    return BuildOutput(rows=len(w2v), metrics=metrics, info=dict(ctx.input_info["augment"]), artifacts=artifacts,
+                       tables={"neighbours.json": table} if len(table) else {})

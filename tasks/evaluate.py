@@ -3,20 +3,29 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Literal
 
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from prefect import task  # noqa: E402
-from prefect.artifacts import create_markdown_artifact  # noqa: E402
-from prefect.cache_policies import NO_CACHE  # noqa: E402
-from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, precision_recall_fscore_support  # noqa: E402
+import numpy as np
+import pandas as pd
+from sklearn.metrics import (
+    accuracy_score,
+    confusion_matrix,
+    f1_score,
+    precision_recall_fscore_support,
+)
 
-from flows.runner import BuildContext, BuildOutput, RunContext, StageResult  # noqa: E402
-from flows.tracking import Tracker  # noqa: E402
-from tasks.plots import cjk_font, plt, save, use_font  # noqa: E402
-from tasks.train import PERPLEXITY, PREDICTORS, label_ids, servable_model  # noqa: E402
+from tasks.core import BuildContext, BuildOutput, Section
+from tasks.models import MODELS
+from tasks.models.base import label_ids
+from tasks.plots import cjk_font, plt, save, use_font
 
 VERSION = "5"  # + PR curves, worst mistakes, training curves
+
+
+class Params(Section):
+    """The `evaluate` section."""
+
+    metric: Literal["accuracy", "macro_f1"] = "accuracy"  # picks the best model
 
 
 def score(y_true: np.ndarray, y_pred: np.ndarray, labels: list[str]) -> tuple[dict[str, float], pd.DataFrame, np.ndarray]:
@@ -121,10 +130,11 @@ def build(ctx: BuildContext) -> BuildOutput:
     y_true = label_ids(test, labels)
     rows, results = [], {}
     for name, summary in models.items():
-        if name in PERPLEXITY:
-            results[name] = {"test_perplexity": PERPLEXITY[name](ctx.inputs["train"] / name, test)}
+        spec = MODELS[name]
+        if spec.is_language_model:
+            results[name] = {"test_perplexity": spec.perplexity(ctx.inputs["train"] / name, test)}
             continue
-        probs = PREDICTORS[name](ctx.inputs["train"] / name)(test)
+        probs = spec.predictor(ctx.inputs["train"] / name)(test)
         metrics, per_class, matrix = score(y_true, probs.argmax(1), labels)
         folder = ctx.out / name
         folder.mkdir()
@@ -151,64 +161,3 @@ def build(ctx: BuildContext) -> BuildOutput:
         info={"labels": labels, "results": results, "best_model": best},
         artifacts=["comparison.csv", "comparison.md"] + (["language_models.csv"] if lms else []),
     )
-
-
-def track_models(run: RunContext, train: StageResult, evaluation: StageResult, segment: StageResult) -> dict[str, str]:
-    """One nested MLflow run per model: its params, per-epoch curves, test metrics, checkpoint and plots.
-    Returns each model's run id."""
-    test = pd.read_parquet(segment.path / "test.parquet")
-    run_ids = {}
-    for name, summary in train.info["models"].items():
-        tracker = Tracker.start(run.experiment, name, parent=run.parent_run_id, tags={"zhpipe.model": name, "zhpipe.train_key": train.key})
-        section = getattr(run.config.stages.train, name)
-        tracker.params({"model": name, "epochs": run.config.stages.train.epochs, "seed": run.config.stages.train.seed, **section.model_dump()})
-        for row in summary.get("history", []):
-            tracker.metrics({k: v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
-        for row in summary.get("pretrain_history", []):  # bert's masked-LM pretraining
-            tracker.metrics({f"mlm_{k}": v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
-        facts = {k: summary[k] for k in ("parameters", "best_epoch", "resumed_from_epoch") if k in summary}
-        facts["median_samples_per_second"] = summary["samples_per_second"]  # the per-epoch curve is samples_per_second
-        best_val = {"val_macro_f1_best": summary["val_macro_f1"]} if "val_macro_f1" in summary else {}
-        tracker.metrics({**evaluation.info["results"][name], **best_val, **facts, "train_seconds": summary["seconds"]})
-        tracker.artifact(train.path / name, "model")
-        servable = servable_model(name, train.path / name, test)
-        if servable is not None:  # PyTorch models: also as an MLflow model (ids in, probabilities out)
-            module, example = servable
-            tracker.tags({"zhpipe.model_uri": tracker.pytorch_model(module, "pytorch_model", example, code_dir=Path(__file__).parent)})
-        if (evaluation.path / name).is_dir():
-            tracker.artifact(evaluation.path / name, "evaluation")
-            if (evaluation.path / name / "worst_mistakes.csv").is_file():  # a table in the run's Evaluation view
-                tracker.table(pd.read_csv(evaluation.path / name / "worst_mistakes.csv").astype(str), "worst_mistakes.json")
-        tracker.finish()
-        run_ids[name] = tracker.run_id
-    return run_ids
-
-
-def register(run: RunContext, train: StageResult, evaluation: StageResult, segment: StageResult, run_ids: dict[str, str]) -> None:
-    """Register the best classifier (a pyfunc that takes raw text) and apply the champion rule; the parent
-    run's tags say what happened and why."""
-    from flows.registry import register_best
-
-    best, metric = evaluation.info["best_model"], run.config.stages.evaluate.metric
-    decision = register_best(
-        run_ids[best], run.config.name, best, train.path / best, evaluation.info["labels"],
-        run.config.stages.clean.model_dump(mode="json"), run.config.stages.segment.model_dump(mode="json"),
-        pd.read_parquet(segment.path / "test.parquet"), metric, evaluation.info["results"][best][f"test_{metric}"],
-    )
-    Tracker(run.parent_run_id).tags({"zhpipe.registered": f"{decision.name}/{decision.version}",
-                                     "zhpipe.champion": "yes" if decision.champion else "no", "zhpipe.champion_reason": decision.reason})
-
-
-@task(name="evaluate", cache_policy=NO_CACHE)
-def evaluate(run: RunContext, train: StageResult, segment: StageResult) -> StageResult:
-    """Test metrics and the model comparison; tracked per model."""
-    result = run.run("evaluate", {"train": train, "segment": segment}, build)
-    run_ids = track_models(run, train, result, segment)
-    if result.cache == "miss":  # a cached evaluation was registered when it was built
-        register(run, train, result, segment, run_ids)
-    create_markdown_artifact(
-        markdown=f"# {run.config.name}: model comparison (test split)\n\n" + (result.path / "comparison.md").read_text(encoding="utf-8"),
-        key=f"{run.config.name}-comparison".replace("_", "-").lower(),
-        description="zhpipe evaluate",
-    )
-    return result

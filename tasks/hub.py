@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from flows.errors import ZhpipeError
+from tasks.errors import ZhpipeError
 
 T = TypeVar("T")
 

@@ -11,7 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from flows.errors import DataError  # noqa: E402
+from tasks.errors import DataError  # noqa: E402
 
 # families with Chinese glyphs, most wanted first (Linux, macOS, Windows)
 CJK_FONTS = ("Noto Sans CJK SC", "Noto Sans SC", "Source Han Sans SC", "WenQuanYi Micro Hei", "WenQuanYi Zen Hei",

@@ -7,36 +7,31 @@ from __future__ import annotations
 import html
 import json
 import random
-import unicodedata
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from prefect import task
-from prefect.cache_policies import NO_CACHE
+from pydantic import Field
 
-from flows.config import ProfileConfig
-from flows.runner import BuildContext, BuildOutput, RunContext, StageResult
+from tasks.core import BuildContext, BuildOutput, Section
+from tasks.io import SPLITS
 from tasks.plots import data_uri, plt, require_cjk_font, save, use_font
-from tasks.split import SPLITS
+from tasks.text import FUNCTION_WORDS, is_word
 
 VERSION = "1"
+
+
+class Params(Section):
+    """The `profile` section."""
+
+    top_k: int = Field(20, ge=1)  # words and adjectives shown per label
+    cloud_words: int = Field(150, ge=10)  # words in each word cloud
+    pos_texts: int = Field(1500, ge=1)  # train texts per label POS-tagged for adjectives (a seeded sample)
+    coverage: float = Field(0.9, gt=0, lt=1)  # the suggested max_len covers this share of texts
+    font: str | None = None  # a font file with Chinese glyphs; default: an installed one (Noto CJK, WenQuanYi, ...)
+    seed: int = 0
 PICTURES = ["label_distribution.png", "length_distribution.png", "length_scatter.png", "top_words.png", "top_adjectives.png"]
-
-
-# function words that would fill every word list and cloud (not negations or degree words: 不, 没有, 很, 太
-# carry sentiment); `segment.stopwords` removes more at the segment stage
-FUNCTION_WORDS = frozenset(
-    "的 了 是 我 你 他 她 它 我们 你们 他们 也 在 都 就 和 与 及 或 而 但 但是 而且 并 因为 所以 如果 还是 就是 "
-    "这 那 这个 那个 这样 这里 那里 一个 个 有 说 到 去 会 要 被 把 给 让 对 从 向 上 下 里 着 过 吧 啊 呢 吗 呀 嘛 "
-    "又 才 等 之 其 该 此 每 些 一 啦 哦 地 得 来 能 可以 可能".split()
-)
-
-
-def is_word(token: str) -> bool:
-    """A token worth counting: not punctuation, symbols or digits alone."""
-    return any(unicodedata.category(c)[0] in "LM" for c in token)
 
 
 def corpus_stats(frames: dict[str, pd.DataFrame], coverage: float) -> dict[str, float]:
@@ -151,7 +146,7 @@ def report_html(title: str, stats: dict, tables: dict[str, pd.DataFrame], pictur
 
 def build(ctx: BuildContext) -> BuildOutput:
     """Pictures, tables and `report.html` about the segmented splits."""
-    p: ProfileConfig = ctx.params
+    p: Params = ctx.params
     frames = {name: pd.read_parquet(ctx.inputs["segment"] / f"{name}.parquet", columns=["text", "words", "label"]) for name in SPLITS}
     font = require_cjk_font(p.font)
     use_font(font)
@@ -183,9 +178,10 @@ def build(ctx: BuildContext) -> BuildOutput:
         table.to_csv(ctx.out / f"{name.replace(' ', '_')}.csv", index=False)
     (ctx.out / "stats.json").write_text(json.dumps(stats, indent=2), encoding="utf-8")
     (ctx.out / "report.html").write_text(report_html(f"{ctx.pipeline}: corpus profile", stats, tables, pictures), encoding="utf-8")
-    _prefect_artifacts(ctx.pipeline, stats, tables)
     files = [p.name for p in pictures] + ["report.html", "stats.json"] + [f"{n.replace(' ', '_')}.csv" for n in tables]
-    return BuildOutput(rows=len(everything), metrics=stats, info={**ctx.input_info["segment"], "font": font}, artifacts=files)
+    return BuildOutput(rows=len(everything), metrics=stats, info={**ctx.input_info["segment"], "font": font}, artifacts=files,
+                       markdown={"profile": stats_markdown(ctx.pipeline, stats)},
+                       records={"top-words": tables["top words per label"].astype(str).to_dict("records")})
 
 
 def _side_by_side(tables: dict[str, list[tuple[str, int]]]) -> pd.DataFrame:
@@ -199,17 +195,8 @@ def _side_by_side(tables: dict[str, list[tuple[str, int]]]) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def _prefect_artifacts(pipeline: str, stats: dict, tables: dict[str, pd.DataFrame]) -> None:
-    from prefect.artifacts import create_markdown_artifact, create_table_artifact
-
+def stats_markdown(pipeline: str, stats: dict) -> str:
+    """The corpus statistics as a Markdown table."""
     lines = [f"# {pipeline}: corpus profile", "", "| measure | value |", "|---|---|"]
     lines += [f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in stats.items()]
-    create_markdown_artifact("\n".join(lines), key=f"{pipeline}-profile".lower(), description="corpus profile (zhpipe)")
-    create_table_artifact(tables["top words per label"].astype(str).to_dict("records"), key=f"{pipeline}-top-words".lower(),
-                          description="most frequent words per label")
-
-
-@task(name="profile", cache_policy=NO_CACHE)
-def profile(run: RunContext, segment: StageResult) -> StageResult:
-    """Pictures and an HTML report about the corpus."""
-    return run.run("profile", {"segment": segment}, build)
+    return "\n".join(lines)

@@ -1,35 +1,60 @@
-"""Stage `segment`: jieba word tokens (+ optional POS tags) and character tokens, in parallel processes."""
+"""Stage `segment`: jieba word tokens (+ optional POS tags) and character tokens, in parallel processes.
+Light imports (no Prefect, no MLflow): pool workers import this module to run `segment_chunk`."""
 from __future__ import annotations
 
 import os
+from functools import lru_cache
 from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from prefect import task
-from prefect.cache_policies import NO_CACHE
+from pydantic import Field
 
-from flows.chunks import PartWriter, Runner, plan
-from flows.config import SegmentConfig
-from flows.runner import BuildContext, BuildOutput, RunContext, StageResult
-from tasks.segmenter import segment_chunk  # in the light module: pool workers import it, not Prefect
-from tasks.split import SPLITS
+from tasks.core import BuildContext, BuildOutput
+from tasks.io import SPLITS, Chunk, PartWriter, Runner, plan, read_chunk
+from tasks.segmenter import Segmenter, SegmenterParams
 
 VERSION = "2"  # chunked: row groups of `chunk_rows` rows
 
 
-def worker_count(params: SegmentConfig, rows: int) -> int:
+class Params(SegmenterParams):
+    """The `segment` section: the segmenter's parameters and how the work is spread."""
+
+    workers: int = Field(0, ge=0)  # 0 = one process per core
+    chunk_rows: int = Field(1000, ge=1)  # smaller chunks even out the last workers; larger cut IPC
+
+    def segmenter(self) -> SegmenterParams:
+        """The part of these params that defines the tokens (what a served model needs)."""
+        return SegmenterParams(**self.model_dump(include=set(SegmenterParams.model_fields)))
+
+
+@lru_cache(maxsize=4)
+def _segmenter(params_json: str, root: str) -> Segmenter:
+    """One Segmenter per process and config (a chunk worker keeps it across chunks)."""
+    return Segmenter(SegmenterParams.model_validate_json(params_json), Path(root))
+
+
+def segment_chunk(chunk: Chunk, params: tuple[str, str]) -> pd.DataFrame:
+    """Chunk function: a chunk of a split with its `words`, `chars` (and `pos`) columns added; `params` is
+    (segmenter params as JSON, project folder)."""
+    df = read_chunk(chunk)
+    for col, values in _segmenter(*params).rows(df["text"].tolist()).items():
+        df[col] = values
+    return df
+
+
+def worker_count(params: Params, rows: int) -> int:
     """Processes to use: configured, else one per core, never more than there are chunks."""
     wanted = params.workers or os.cpu_count() or 1
     return max(1, min(wanted, -(-rows // params.chunk_rows)))
 
 
-def segment_file(src: Path, dst: Path, params: SegmentConfig, runner: Runner, desc: str = "segment") -> dict[str, float]:
+def segment_file(src: Path, dst: Path, params: Params, runner: Runner, root: Path, desc: str = "segment") -> dict[str, float]:
     """Segment one Parquet file chunk by chunk into `dst`; returns its row and word counts."""
     writer, rows, words = PartWriter(dst), 0, 0
-    for table in runner.tables(segment_chunk, plan(src, params.chunk_rows), params.model_dump_json(), desc=desc):
+    for table in runner.tables(segment_chunk, plan(src, params.chunk_rows), (params.segmenter().model_dump_json(), str(root)), desc=desc):
         writer.write(table)
         rows += table.num_rows
         column = table.column("words")  # space-joined tokens: spaces + 1 per non-empty text
@@ -43,17 +68,11 @@ def segment_file(src: Path, dst: Path, params: SegmentConfig, runner: Runner, de
 def build(ctx: BuildContext) -> BuildOutput:
     """Segment every split; write `<split>.parquet` with `words`, `chars` (and `pos`) columns."""
     rows = sum(pq.ParquetFile(ctx.inputs["split"] / f"{name}.parquet").metadata.num_rows for name in SPLITS)
-    runner = Runner(ctx.executor, worker_count(ctx.params, rows))
+    runner = ctx.runner(worker_count(ctx.params, rows))
     metrics = {}
     for name in SPLITS:
-        counts = segment_file(ctx.inputs["split"] / f"{name}.parquet", ctx.out / f"{name}.parquet", ctx.params, runner, f"segment {name}")
+        counts = segment_file(ctx.inputs["split"] / f"{name}.parquet", ctx.out / f"{name}.parquet", ctx.params, runner, ctx.root, f"segment {name}")
         metrics[f"{name}_mean_words"] = counts["words"] / max(counts["rows"], 1)
     metrics["workers"] = runner.workers
     metrics["chunk_processes"] = len({(r["host"], r["pid"]) for r in runner.ran_on})
     return BuildOutput(rows=rows, metrics=metrics, info=dict(ctx.input_info["split"]))
-
-
-@task(name="segment", cache_policy=NO_CACHE)
-def segment(run: RunContext, split: StageResult) -> StageResult:
-    """jieba and character segmentation of every split."""
-    return run.run("segment", {"split": split}, build)

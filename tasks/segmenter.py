@@ -1,19 +1,29 @@
-"""The jieba segmenter and its chunk function; light imports (no Prefect, no MLflow), so pool workers start fast."""
+"""The jieba segmenter: modes, HMM, user dictionaries, stopwords and POS tags, with its parameters. Used by the
+segment stage, the augmenters (new texts are cut the same way) and served models."""
 from __future__ import annotations
 
 import logging
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 import jieba
 import jieba.posseg
-import pandas as pd
 
-from flows.chunks import Chunk, read_chunk
-from flows.config import PROJECT_ROOT, SegmentConfig
-from flows.errors import DataError
+from tasks.core import Section
+from tasks.errors import DataError
 
 jieba.setLogLevel(logging.WARNING)
+
+
+class SegmenterParams(Section):
+    """How jieba cuts text (the segment stage's section, and what a served model segments with)."""
+
+    mode: Literal["precise", "search", "full"] = "precise"
+    hmm: bool = True  # HMM discovers words missing from the dictionary
+    user_dict: str | None = None  # jieba user dictionary: "word [freq] [pos]" per line
+    stopwords: str | None = None  # one word per line; dropped from word tokens only
+    pos: bool = False  # also store jieba.posseg tags (slower)
 
 
 @lru_cache(maxsize=1)
@@ -27,15 +37,16 @@ def default_tokenizer() -> jieba.Tokenizer:
 class Segmenter:
     """A configured jieba tokenizer (own dictionary state, so user dictionaries never leak between configs)."""
 
-    def __init__(self, params: SegmentConfig):
+    def __init__(self, params: SegmenterParams, root: Path | None = None):
         self.params = params
+        root = root or Path.cwd()  # relative dictionary paths start in the project folder
         # a user dictionary gets a tokenizer of its own, so it never leaks into other configs
         self.tokenizer = jieba.Tokenizer() if params.user_dict else default_tokenizer()
         if params.user_dict:
-            self.tokenizer.load_userdict(str(_project_path(params.user_dict, "segment.user_dict")))
+            self.tokenizer.load_userdict(str(_project_path(params.user_dict, "segment.user_dict", root)))
         self.stopwords = set()
         if params.stopwords:
-            path = _project_path(params.stopwords, "segment.stopwords")
+            path = _project_path(params.stopwords, "segment.stopwords", root)
             self.stopwords = {w.strip() for w in path.read_text(encoding="utf-8").splitlines() if w.strip()}
         self.pos_tokenizer = jieba.posseg.POSTokenizer(self.tokenizer) if params.pos else None
 
@@ -63,22 +74,8 @@ class Segmenter:
         return out
 
 
-def _project_path(value: str, key: str) -> Path:
-    path = Path(value) if Path(value).is_absolute() else PROJECT_ROOT / value
+def _project_path(value: str, key: str, root: Path) -> Path:
+    path = Path(value) if Path(value).is_absolute() else root / value
     if not path.is_file():
         raise DataError(f"{key}: file not found: {path}")
     return path
-
-
-@lru_cache(maxsize=4)
-def _segmenter(params_json: str) -> Segmenter:
-    """One Segmenter per process and config (a chunk worker keeps it across chunks)."""
-    return Segmenter(SegmentConfig.model_validate_json(params_json))
-
-
-def segment_chunk(chunk: Chunk, params_json: str) -> pd.DataFrame:
-    """Chunk function: a chunk of a split with its `words`, `chars` (and `pos`) columns added."""
-    df = read_chunk(chunk)
-    for col, values in _segmenter(params_json).rows(df["text"].tolist()).items():
-        df[col] = values
-    return df

@@ -2,20 +2,33 @@
 from __future__ import annotations
 
 import pandas as pd
-from prefect import task
-from prefect.cache_policies import NO_CACHE
+from pydantic import Field, model_validator
 from sklearn.model_selection import train_test_split
 
-from flows.chunks import write_parquet
-from flows.config import SplitConfig
-from flows.errors import DataError
-from flows.runner import BuildContext, BuildOutput, RunContext, StageResult
+from tasks.core import BuildContext, BuildOutput, Section
+from tasks.errors import DataError
+from tasks.io import SPLITS, write_parquet
 
 VERSION = "1"
-SPLITS = ("train", "validation", "test")
 
 
-def split_frame(df: pd.DataFrame, params: SplitConfig) -> dict[str, pd.DataFrame]:
+class Params(Section):
+    """The `split` section: stratified train/validation/test fractions."""
+
+    train: float = Field(0.8, gt=0, lt=1)
+    validation: float = Field(0.1, gt=0, lt=1)
+    test: float = Field(0.1, gt=0, lt=1)
+    seed: int = 42
+
+    @model_validator(mode="after")
+    def _sums_to_one(self) -> "Params":
+        if abs(self.train + self.validation + self.test - 1.0) > 1e-6:
+            raise ValueError("split fractions train + validation + test must sum to 1")
+        return self
+
+
+
+def split_frame(df: pd.DataFrame, params: Params) -> dict[str, pd.DataFrame]:
     """Split rows into train/validation/test, stratified by label when there is one."""
     if "label" in df:
         counts = df["label"].value_counts()
@@ -43,9 +56,3 @@ def build(ctx: BuildContext) -> BuildOutput:
         write_parquet(part, ctx.out / f"{name}.parquet")
         metrics[f"rows_{name}"] = len(part)
     return BuildOutput(rows=len(df), metrics=metrics, info=dict(ctx.input_info["clean"]))
-
-
-@task(name="split", cache_policy=NO_CACHE)
-def split(run: RunContext, clean: StageResult) -> StageResult:
-    """Stratified train/validation/test split."""
-    return run.run("split", {"clean": clean}, build)

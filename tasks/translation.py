@@ -12,14 +12,69 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
-from flows.config import BackTranslationConfig, HttpTranslationConfig
-from flows.errors import ZhpipeError
+from pydantic import Field
+
+from tasks.core import Section
+from tasks.errors import ZhpipeError
 from tasks.hub import load_pretrained
 
 log = logging.getLogger("zhpipe.translation")
 _SENTENCE_END = re.compile(r"(?<=[。！？!?；;…\n])")
+
+
+class PivotParams(Section):
+    """One pivot language and its translation models."""
+
+    lang: str  # pivot language, e.g. en, ja
+    forward: str | None = None  # zh -> pivot: a model id (hub) or a local folder (transformers backend)
+    backward: str | None = None  # pivot -> zh; None = the forward model (multilingual NLLB-200, M2M100)
+    source_code: str | None = None  # language codes of multilingual models: zho_Hans (NLLB), zh (M2M100)
+    pivot_code: str | None = None  # eng_Latn (NLLB), en (M2M100); None for MarianMT pairs
+
+
+class HttpTranslationParams(Section):
+    """A LibreTranslate-compatible HTTP service."""
+
+    url: str = "http://127.0.0.1:5000"  # a LibreTranslate-compatible service: POST {url}/translate
+    api_key_env: str | None = "LIBRETRANSLATE_API_KEY"  # read from the environment; never logged
+    requests_per_second: float = Field(5.0, gt=0)
+    timeout_s: float = 30.0
+    retries: int = Field(5, ge=0)  # on 429, 5xx and transport errors, with exponential back-off
+    batch_size: int = Field(16, ge=1)  # texts per request (`q` as a list)
+
+
+class TranslationFilterParams(Section):
+    """Quality filters on back-translations."""
+
+    min_length_ratio: float = 0.5  # back-translation length / source length
+    max_length_ratio: float = 2.0
+    min_similarity: float = 0.15  # chrF to the source, 0-1: below = meaning probably lost
+    max_similarity: float = 0.95  # above = a near copy that adds nothing
+    min_chinese: float = 0.6  # share of CJK characters among letters and CJK characters
+
+
+class BackTranslationParams(Section):
+    """The `augment.backtranslation` section."""
+
+    backend: Literal["transformers", "http"] = "transformers"
+    source_lang: str = "zh"
+    pivots: list[PivotParams] = [
+        PivotParams(lang="en", forward="Helsinki-NLP/opus-mt-zh-en", backward="Helsinki-NLP/opus-mt-en-zh")
+    ]
+    batch_size: int = Field(16, ge=1)  # sentences per generate() call, batched by length
+    max_length: int = Field(256, ge=8)  # generated tokens
+    split_chars: int = Field(120, ge=10)  # longer texts are split at sentence punctuation and joined back
+    num_beams: int = Field(4, ge=1)
+    do_sample: bool = False  # sampling instead of beam search, for more diverse variants
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(0.95, gt=0, le=1)
+    num_variants: int = Field(1, ge=1)  # back-translations per sentence and pivot
+    max_rows: int | None = Field(None, ge=1)  # translate at most this many train rows (cost control)
+    http: HttpTranslationParams = HttpTranslationParams()
+    filters: TranslationFilterParams = TranslationFilterParams()
+
 
 
 class Translator(Protocol):
@@ -48,7 +103,7 @@ def split_sentences(text: str, max_chars: int) -> list[str]:
 class Seq2SeqTranslator:
     """A transformers seq2seq model (MarianMT, NLLB-200, M2M100), batched by length on the chosen device."""
 
-    def __init__(self, ref: str, params: BackTranslationConfig, device: str, src_code: str | None = None,
+    def __init__(self, ref: str, params: BackTranslationParams, device: str, src_code: str | None = None,
                  tgt_code: str | None = None):
         import torch
         from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
@@ -92,7 +147,7 @@ class Seq2SeqTranslator:
 class HttpTranslator:
     """A LibreTranslate-compatible service: POST /translate {q, source, target, api_key, format}."""
 
-    def __init__(self, params: HttpTranslationConfig, source: str, target: str):
+    def __init__(self, params: HttpTranslationParams, source: str, target: str):
         import httpx
 
         self.params, self.source, self.target = params, source, target

@@ -2,17 +2,30 @@
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 import pandas as pd
-from prefect import task
-from prefect.cache_policies import NO_CACHE
+from pydantic import Field, field_validator
 
-from flows.config import VocabConfig
-from flows.runner import BuildContext, BuildOutput, RunContext, StageResult
+from tasks.core import BuildContext, BuildOutput, Section
 
 VERSION = "1"
 KINDS = ("words", "chars")
+
+
+class Params(Section):
+    """The `vocab` section."""
+
+    min_freq: int = Field(2, ge=1)
+    max_size: int | None = Field(50000, ge=1)
+    specials: list[str] = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+    @field_validator("specials")
+    @classmethod
+    def _pad_unk_first(cls, v: list[str]) -> list[str]:
+        if v[:2] != ["[PAD]", "[UNK]"]:
+            raise ValueError("specials must start with [PAD], [UNK] (ids 0 and 1)")
+        return v
+
 
 
 def count_tokens(lines: pd.Series) -> Counter:
@@ -23,7 +36,7 @@ def count_tokens(lines: pd.Series) -> Counter:
     return counts
 
 
-def build_vocab(counts: Counter, params: VocabConfig) -> list[str]:
+def build_vocab(counts: Counter, params: Params) -> list[str]:
     """Specials first, then tokens with freq >= min_freq by descending frequency (ties by token)."""
     ranked = sorted((t for t, c in counts.items() if c >= params.min_freq and t not in params.specials), key=lambda t: (-counts[t], t))
     if params.max_size is not None:
@@ -39,11 +52,6 @@ def oov_rate(lines: pd.Series, vocab: set[str]) -> float:
         total += len(tokens)
         unknown += sum(t not in vocab for t in tokens)
     return unknown / total if total else 0.0
-
-
-def read_vocab(path: Path) -> list[str]:
-    """Tokens of a `vocab.txt`, id = line number."""
-    return path.read_text(encoding="utf-8").split("\n")[:-1]
 
 
 def build(ctx: BuildContext) -> BuildOutput:
@@ -68,9 +76,3 @@ def build(ctx: BuildContext) -> BuildOutput:
         info=dict(ctx.input_info["augment"]),
         artifacts=["words/vocab.txt", "chars/vocab.txt", "words/freq.tsv", "chars/freq.tsv"],
     )
-
-
-@task(name="vocab", cache_policy=NO_CACHE)
-def vocab(run: RunContext, augment: StageResult, segment: StageResult) -> StageResult:
-    """Word and character vocabularies from the (augmented) train split."""
-    return run.run("vocab", {"augment": augment, "segment": segment}, build)

@@ -11,7 +11,12 @@ os.environ["PREFECT_HOME"] = str(_TMP / "prefect")
 os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "180"
 os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{_TMP / 'mlflow.db'}"
 os.environ["ZHPIPE_DATA"] = str(_TMP / "data")
+os.environ["ZHPIPE_PROJECT"] = str(Path(__file__).resolve().parent.parent)  # the repository: its pipelines.yaml
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+
+from flows import project  # noqa: E402
+
+project.activate(project.find())
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

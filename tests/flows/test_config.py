@@ -1,7 +1,7 @@
 import pytest
 
 from flows.config import load_pipeline
-from flows.errors import ConfigError
+from tasks.errors import ConfigError
 
 
 def write(tmp_path, text):

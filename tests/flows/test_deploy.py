@@ -181,7 +181,7 @@ def test_routing_to_a_pool_without_its_deployment_fails_clearly(env, tmp_path):
 
 HOLD = """
 import json, sys, time
-from flows.deploy import gpu_slot
+from flows.workers import gpu_slot
 with gpu_slot("zhpipe-gpu-test-host"):
     start = time.time(); time.sleep(2); end = time.time()
 print(json.dumps([start, end]))

@@ -3,7 +3,7 @@ import pandas as pd
 import pytest
 
 from flows.config import load_pipeline
-from flows.errors import ZhpipeError
+from tasks.errors import ZhpipeError
 from flows.pipeline import pipeline_flow, select_stages
 from flows.runner import STAGES
 from flows.tracking import client
@@ -132,7 +132,7 @@ def test_model_zoo_through_the_flow_with_curves_and_servable_models(prefect_harn
     import pandas as pd
 
     from flows.runner import plan_keys
-    from tasks.train import PREDICTORS, servable_model
+    from tasks.models import MODELS
 
     sets = ["train.models=[transformer, bert, rnn_lm]", "train.epochs=2", "train.bert.pretrain_epochs=1",
             "train.bert.hidden_size=32", "train.bert.num_heads=2", "train.bert.num_layers=2", "train.bert.intermediate_size=64",
@@ -155,8 +155,8 @@ def test_model_zoo_through_the_flow_with_curves_and_servable_models(prefect_harn
     test = pd.read_parquet(store / "segment" / keys["segment"] / "test.parquet").head(2)
     for name in ("transformer", "bert"):
         served = mlflow.pyfunc.load_model(models[name].data.tags["zhpipe.model_uri"])
-        _, example = servable_model(name, train_dir / name, test)
-        np.testing.assert_allclose(served.predict(example), PREDICTORS[name](train_dir / name)(test), atol=1e-5)
+        _, example = MODELS[name].servable(train_dir / name, test)
+        np.testing.assert_allclose(served.predict(example), MODELS[name].predictor(train_dir / name)(test), atol=1e-5)
 
 
 def _files(root, stage, key):

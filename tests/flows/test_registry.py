@@ -42,8 +42,8 @@ def test_pyfunc_takes_raw_text_and_predicts_like_the_training_code(trained):
     import mlflow
 
     from flows.tracking import Tracker
-    from tasks.serving import log_classifier
-    from tasks.train import PREDICTORS
+    from flows.serving import log_classifier
+    from tasks.models import MODELS
 
     test = pd.read_parquet(trained["segment"] / "test.parquet")
     clean, segment = _config()
@@ -51,7 +51,7 @@ def test_pyfunc_takes_raw_text_and_predicts_like_the_training_code(trained):
     for name in ("tfidf_lr", "textcnn"):
         info = log_classifier(run.run_id, name, trained["train"] / name, trained["labels"], clean, segment)
         got = mlflow.pyfunc.load_model(info.model_uri).predict(test["text"].tolist())
-        want = PREDICTORS[name](trained["train"] / name)(test)
+        want = MODELS[name].predictor(trained["train"] / name)(test)
         np.testing.assert_allclose(got[[f"p_{label}" for label in trained["labels"]]].to_numpy(), want, rtol=1e-5, atol=1e-6)
         assert got["label"].tolist() == [trained["labels"][i] for i in want.argmax(1)]
     run.finish()

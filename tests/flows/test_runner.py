@@ -2,10 +2,11 @@
 import pandas as pd
 import pytest
 
-from flows.errors import DataError
+from tasks.errors import DataError
 from flows.tracking import client
-from tasks.clean import clean
-from tasks.download import download
+from flows.pipeline import STAGE_TASKS
+
+download, clean = STAGE_TASKS["download"], STAGE_TASKS["clean"]
 
 
 def test_task_fn_builds_then_hits(run_ctx):
@@ -38,7 +39,7 @@ def test_failing_build_leaves_no_output_and_a_failed_run(run_ctx):
 
 def test_scratch_survives_a_failed_build_until_publish_and_force_clears_it(run_ctx):
     """Checkpoints live in the stage key's scratch folder: kept after a failure (to resume), gone after publish."""
-    from flows.runner import BuildOutput
+    from tasks.core import BuildOutput
 
     seen = []
 

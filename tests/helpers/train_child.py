@@ -10,19 +10,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flows.config import TrainConfig, VocabConfig
-from tasks.train import PREDICTORS, train_network
-from tasks.vocab import build_vocab, count_tokens
-from tests.tasks.test_train import frame, tiny_vectors
+from tasks.train import Params as TrainConfig
+from tests.tasks.test_train import frame, predict, tiny_vectors, train_model
 
 if __name__ == "__main__":
     torch.set_num_threads(1)  # the same thread count in every run, so runs are bit-identical
     checkpoints, out, epochs = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
     out.mkdir(parents=True)
     train, validation = frame(20), frame(2)
-    vocab = build_vocab(count_tokens(train["words"]), VocabConfig(min_freq=1))
-    (out / "vocab.txt").write_text("".join(f"{t}\n" for t in vocab), encoding="utf-8")
     params = TrainConfig(epochs=epochs, patience=epochs, textcnn={"num_filters": 8, "batch_size": 8, "lr": 0.001})
-    summary = train_network("textcnn", train, validation, ["0", "1"], params, out / "vocab.txt", tiny_vectors(), out, checkpoints, None)
-    np.save(out / "probs.npy", PREDICTORS["textcnn"](out / "textcnn")(validation))
+    summary, _ = train_model("textcnn", train, validation, params, out, tiny_vectors(), scratch=checkpoints)
+    np.save(out / "probs.npy", predict("textcnn", out, validation))
     (out / "summary.json").write_text(json.dumps({k: v for k, v in summary.items() if k != "history"}))

@@ -3,9 +3,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from flows.config import AugmentConfig, SegmentConfig
-from flows.errors import ConfigError, DataError
-from tasks.augment import AUGMENTERS, AugmentContext, augment_frame, check_no_leakage, eda_words
+from tasks.augment import Params as AugmentConfig
+from tasks.segment import Params as SegmentConfig
+from tasks.errors import ConfigError, DataError
+from tasks.augment import augment_frame, check_no_leakage
+from tasks.augmenters import AUGMENTERS, AugmentContext, eda_words
 
 TRAIN = pd.DataFrame({
     "id": [3, 5, 9],

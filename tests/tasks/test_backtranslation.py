@@ -12,8 +12,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from flows.config import AugmentConfig, BackTranslationConfig, HttpTranslationConfig, SegmentConfig, TranslationFilterConfig
-from tasks.augment import AugmentContext, augment_frame
+from tasks.augment import Params as AugmentConfig
+from tasks.segment import Params as SegmentConfig
+from tasks.translation import BackTranslationParams as BackTranslationConfig, HttpTranslationParams as HttpTranslationConfig, TranslationFilterParams as TranslationFilterConfig
+from tasks.augment import augment_frame
+from tasks.augmenters import AugmentContext
 from tasks.backtranslation import chinese_share, reject_reason
 from tasks.hub import ModelMissingError
 from tasks.translation import (
@@ -87,7 +90,7 @@ def test_cache_translates_nothing_twice(models, tmp_path):
 _KILLED_CHILD = """
 import sys, time
 from pathlib import Path
-from flows.config import BackTranslationConfig
+from tasks.translation import BackTranslationParams as BackTranslationConfig
 from tasks.translation import CachedTranslation, Seq2SeqTranslator, TranslationCache
 texts = [f"第{i}句：" + s for i in range(40) for s in [sys.argv[3]]]
 t = Seq2SeqTranslator(sys.argv[1], BackTranslationConfig(max_length=12, num_beams=1), "cpu")

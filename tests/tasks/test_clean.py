@@ -1,6 +1,6 @@
 import pandas as pd
 
-from flows.config import CleanConfig
+from tasks.clean import Params as CleanConfig
 from tasks.clean import clean_frame, clean_text
 
 

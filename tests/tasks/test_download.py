@@ -8,8 +8,8 @@ import zipfile
 import pandas as pd
 import pytest
 
-from flows.config import SourceConfig
-from flows.errors import DataError
+from tasks.download import Source as SourceConfig
+from tasks.errors import DataError
 from tasks.download import ChecksumError, extract, fetch, read_table, verify
 
 ROWS = [("1", "房间很干净"), ("0", "服务太差了"), ("1", "早餐不错")]

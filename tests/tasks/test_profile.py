@@ -9,21 +9,15 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from flows.config import ProfileConfig, SegmentConfig
-from flows.errors import DataError
-from flows.runner import BuildContext
+from tasks.profile import Params as ProfileConfig
+from tasks.segment import Params as SegmentConfig
+from tasks.errors import DataError
+from tasks.core import BuildContext
 from tasks.plots import PROBE, cjk_font, has_glyphs, plt, require_cjk_font, save, use_font
 from tasks.segmenter import Segmenter
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 needs_font = pytest.mark.skipif(cjk_font() is None, reason="no CJK font installed (make install adds one)")
-
-
-class _NoTracker:
-    run_id = None
-
-    def __getattr__(self, name):
-        raise AssertionError(f"the profile stage should not call the tracker ({name})")
 
 
 def _segmented(tmp_path: Path) -> Path:
@@ -39,13 +33,13 @@ def _segmented(tmp_path: Path) -> Path:
 
 
 @needs_font
-def test_profile_pictures_and_report(prefect_harness, tmp_path):
+def test_profile_pictures_and_report(tmp_path):
     from tasks.profile import PICTURES, build
 
     out = tmp_path / "out"
     out.mkdir()
     ctx = BuildContext(inputs={"segment": _segmented(tmp_path)}, input_info={"segment": {"labels": ["好评", "差评"]}}, out=out,
-                       scratch=tmp_path, params=ProfileConfig(top_k=10, pos_texts=50), tracker=_NoTracker(), pipeline="smoke")
+                       scratch=tmp_path, params=ProfileConfig(top_k=10, pos_texts=50), pipeline="smoke")
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*[Gg]lyph.*missing")  # a tofu box would raise here
         result = build(ctx)
@@ -65,6 +59,8 @@ def test_profile_pictures_and_report(prefect_harness, tmp_path):
     assert list(top.columns) == ["rank", "好评", "好评 count", "差评", "差评 count"]
     assert not top["好评"].isin(["，", "。", "！"]).any()  # punctuation is not a word
     assert set(result.artifacts) >= set(pictures) | {"report.html"}
+    assert "suggested_max_len_words" in result.markdown["profile"]  # published as a Prefect artifact by flows/
+    assert result.records["top-words"][0]["rank"] == "1"
 
 
 @needs_font

@@ -1,10 +1,11 @@
-from flows.config import SegmentConfig
+from tasks.segment import Params as SegmentConfig
 import hashlib
 import os
 
 import pandas as pd
 
-from flows.chunks import Runner, shutdown, write_parquet
+from flows.chunks import DaskRunner, shutdown
+from tasks.io import Runner, write_parquet
 from tasks.segment import segment_file
 from tasks.segmenter import Segmenter
 
@@ -47,10 +48,10 @@ def test_chunked_output_is_byte_identical_on_processes_and_dask(tmp_path):
     write_parquet(pd.DataFrame({"id": range(len(texts)), "text": texts, "label": [i % 2 for i in range(len(texts))]}), src, row_group_rows=90)
     params = SegmentConfig(chunk_rows=40, pos=True)
     outputs = {}
-    runners = {"single": Runner(None, 1), "pool": Runner(None, 2), "dask": Runner("local", 2)}
+    runners = {"single": Runner(1), "pool": Runner(2), "dask": DaskRunner("local", 2)}
     try:
         for name, runner in runners.items():
-            counts = segment_file(src, tmp_path / f"{name}.parquet", params, runner)
+            counts = segment_file(src, tmp_path / f"{name}.parquet", params, runner, tmp_path)
             assert counts["rows"] == len(texts)
             outputs[name] = _digest(tmp_path / f"{name}.parquet")
     finally:

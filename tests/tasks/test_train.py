@@ -4,12 +4,15 @@ import pandas as pd
 import torch
 from gensim.models import KeyedVectors
 
-from flows.config import TrainConfig
 from flows.tracking import Tracker
-from tasks.models import TextCNN, TextCNNConfig
-from tasks.embed import keyed_word_vectors
-from tasks.tfidf import train_tfidf_lr
-from tasks.train import PREDICTORS, batches, encode, train_fasttext, train_network
+from tasks.models import MODELS, TrainInputs
+from tasks.models.modules import TextCNN, TextCNNConfig
+from tasks.models.networks import batches, encode
+from tasks.models.tfidf import train_tfidf_lr
+from tasks.train import Params as TrainConfig
+from tasks.vectors import keyed_word_vectors
+from tasks.vocab import Params as VocabConfig
+from tasks.vocab import build_vocab, count_tokens
 
 POS = ["房间 很 干净 服务 好", "早餐 不错 位置 好", "服务 热情 房间 干净"]
 NEG = ["房间 很 脏 服务 差", "早餐 太 差 了", "前台 态度 差 房间 吵"]
@@ -18,6 +21,20 @@ NEG = ["房间 很 脏 服务 差", "早餐 太 差 了", "前台 态度 差 房
 def frame(n=20):
     words = (POS + NEG) * n
     return pd.DataFrame({"words": words, "chars": [" ".join(w.replace(" ", "")) for w in words], "label": (["1"] * 3 + ["0"] * 3) * n})
+
+
+def train_model(name, train, validation, params, out, vectors=None, scratch=None, sink=None, labels=("0", "1")):
+    """Train one registered model as the train stage would, with a word vocabulary built from `train`."""
+    (out / "words").mkdir(parents=True, exist_ok=True)
+    vocab = build_vocab(count_tokens(train["words"]), VocabConfig(min_freq=1))
+    (out / "words" / "vocab.txt").write_text("".join(f"{t}\n" for t in vocab), encoding="utf-8")
+    inputs = TrainInputs(name, train, validation, list(labels), params, out, vectors, out, scratch or out / "ckpt", sink)
+    return MODELS[name].train(inputs), len(vocab)
+
+
+def predict(name, folder, df):
+    """Probabilities of a saved model through its registry entry."""
+    return MODELS[name].predictor(folder / name)(df)
 
 
 def tiny_vectors(dim=16):
@@ -57,21 +74,16 @@ def test_batches_pad_and_keep_rows():
 
 @pytest.mark.parametrize("kind", ["textcnn", "bilstm", "transformer"])
 def test_network_trains_saves_and_reloads_with_identical_predictions(kind, tmp_path, run_ctx):
-    from tasks.vocab import build_vocab, count_tokens
-    from flows.config import VocabConfig
-
     train, validation = frame(), frame(2)
-    vocab = build_vocab(count_tokens(train["words"]), VocabConfig(min_freq=1))
-    (tmp_path / "vocab.txt").write_text("".join(f"{t}\n" for t in vocab), encoding="utf-8")
     params = TrainConfig(epochs=6, patience=6, textcnn={"num_filters": 8, "batch_size": 16, "lr": 0.01},
                          bilstm={"hidden_size": 8, "batch_size": 16, "lr": 0.01},
                          transformer={"num_heads": 2, "ff_dim": 32, "batch_size": 16, "lr": 0.003})
     tracker = Tracker.start(run_ctx.experiment, "train-test", parent=run_ctx.parent_run_id)
-    summary = train_network(kind, train, validation, ["0", "1"], params, tmp_path / "vocab.txt", tiny_vectors(), tmp_path, tmp_path / "ckpt", tracker)
-    assert summary["embedding_coverage"] == 2 / len(vocab)
+    summary, vocab_size = train_model(kind, train, validation, params, tmp_path, tiny_vectors(), sink=tracker)
+    assert summary["embedding_coverage"] == 2 / vocab_size
     assert summary["history"][-1]["train_loss"] < summary["history"][0]["train_loss"]
-    probs = PREDICTORS[kind](tmp_path / kind)(validation)
-    again = PREDICTORS[kind](tmp_path / kind)(validation)
+    probs = predict(kind, tmp_path, validation)
+    again = predict(kind, tmp_path, validation)
     assert np.array_equal(probs, again)
     assert (probs.argmax(1) == validation["label"].astype(int)).mean() == 1.0
     history = tracker.client.get_metric_history(tracker.run_id, f"{kind}_val_macro_f1")
@@ -81,8 +93,8 @@ def test_network_trains_saves_and_reloads_with_identical_predictions(kind, tmp_p
 def test_fasttext_classifier_round_trip(tmp_path):
     train = frame(30)
     params = TrainConfig(fasttext={"epoch": 20, "dim": 20, "bucket": 50000, "lr": 0.5})
-    train_fasttext(train, ["0", "1"], params, tmp_path)
-    probs = PREDICTORS["fasttext"](tmp_path / "fasttext")(frame(1))
+    train_model("fasttext", train, frame(1), params, tmp_path)
+    probs = predict("fasttext", tmp_path, frame(1))
     assert probs.shape == (6, 2) and np.allclose(probs.sum(1), 1, atol=1e-3)
     assert (probs.argmax(1) == frame(1)["label"].astype(int)).mean() == 1.0
 
@@ -92,14 +104,14 @@ def test_tfidf_lr_round_trip(tmp_path):
     summary = train_tfidf_lr(train, ["0", "1"], TrainConfig().tfidf_lr, 0, tmp_path)
     assert summary["kind"] == "tfidf_lr"
     test = frame(1).assign(text=lambda d: d["words"].str.replace(" ", ""))
-    probs = PREDICTORS["tfidf_lr"](tmp_path / "tfidf_lr")(test)
+    probs = predict("tfidf_lr", tmp_path, test)
     assert probs.shape == (6, 2) and np.allclose(probs.sum(1), 1)
     assert (probs.argmax(1) == test["label"].astype(int)).mean() == 1.0
-    assert np.array_equal(probs, PREDICTORS["tfidf_lr"](tmp_path / "tfidf_lr")(test))
+    assert np.array_equal(probs, predict("tfidf_lr", tmp_path, test))
 
 
 def test_bilstm_ignores_padding():
-    from tasks.models import BiLSTMAttention, BiLSTMConfig
+    from tasks.models.modules import BiLSTMAttention, BiLSTMConfig
 
     torch.manual_seed(0)
     model = BiLSTMAttention(BiLSTMConfig(vocab_size=20, num_classes=2, embed_dim=8, hidden_size=4)).eval()
@@ -109,8 +121,8 @@ def test_bilstm_ignores_padding():
 
 
 def test_warmup_then_linear_decay_and_class_weights():
-    from tasks.train import class_weight_tensor
-    from tasks.trainer import warmup_linear_decay
+    from tasks.models.base import class_weight_tensor
+    from tasks.models.trainer import warmup_linear_decay
 
     opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     sched = warmup_linear_decay(opt, epochs=1, warmup_ratio=0.2, steps_per_epoch=10)
@@ -157,24 +169,19 @@ def test_killed_training_resumes_from_its_last_checkpoint_and_ends_identical(tmp
 
 def test_device_auto_and_bf16_autocast_on_cpu(tmp_path, run_ctx):
     """`auto` is CPU here; bf16 autocast (the CUDA default) also runs on CPU and still learns."""
-    from flows.config import VocabConfig
-    from tasks.trainer import resolve_device, use_bf16
-    from tasks.vocab import build_vocab, count_tokens
+    from tasks.models.trainer import resolve_device, use_bf16
 
     assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else resolve_device("auto").type)
     assert not use_bf16(torch.device("cpu"), "auto") and use_bf16(torch.device("cpu"), "bf16")
     train = frame()
-    vocab = build_vocab(count_tokens(train["words"]), VocabConfig(min_freq=1))
-    (tmp_path / "vocab.txt").write_text("".join(f"{t}\n" for t in vocab), encoding="utf-8")
     params = TrainConfig(epochs=4, patience=4, precision="bf16", device="cpu", textcnn={"num_filters": 8, "batch_size": 16, "lr": 0.01})
-    summary = train_network("textcnn", train, frame(2), ["0", "1"], params, tmp_path / "vocab.txt", tiny_vectors(), tmp_path,
-                            tmp_path / "ckpt", None)
+    summary, _ = train_model("textcnn", train, frame(2), params, tmp_path, tiny_vectors())
     assert summary["bf16"] and summary["device"] == "cpu"
     assert summary["history"][-1]["train_loss"] < summary["history"][0]["train_loss"]
 
 
 def test_transformer_masks_padding_and_scales_embeddings():
-    from tasks.models import TransformerClassifier, TransformerConfig, sinusoidal_positions
+    from tasks.models.modules import TransformerClassifier, TransformerConfig, sinusoidal_positions
 
     torch.manual_seed(0)
     model = TransformerClassifier(TransformerConfig(vocab_size=20, num_classes=2, embed_dim=8, num_heads=2, ff_dim=16)).eval()

@@ -2,7 +2,7 @@ from collections import Counter
 
 import pandas as pd
 
-from flows.config import VocabConfig
+from tasks.vocab import Params as VocabConfig
 from tasks.vocab import build_vocab, count_tokens, oov_rate
 
 

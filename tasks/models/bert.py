@@ -10,16 +10,59 @@ import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
+from pydantic import Field, model_validator
 
-from flows.config import BertSectionConfig, TrainConfig
-from flows.errors import ConfigError
-from tasks.augment import original_rows
-from tasks.embed import WordVectors
+from tasks.augmenters import original_rows
+from tasks.core import Section
+from tasks.errors import ConfigError
 from tasks.hub import load_pretrained
-from tasks.models import LexiconAdapter, LexiconBert
-from tasks.trainer import LoopConfig, Task, fit, length_buckets, pad, resolve_device, seed_everything, validation_metrics
+from tasks.io import read_vocab
+from tasks.models.base import ModelSpec, TrainInputs, class_weight_tensor, label_ids
+from tasks.models.modules import LexiconAdapter, LexiconBert, Probabilities
+from tasks.models.trainer import (
+    LoopConfig,
+    Task,
+    fit,
+    length_buckets,
+    pad,
+    resolve_device,
+    seed_everything,
+    validation_metrics,
+)
+from tasks.vectors import WordVectors
 
 MAX_WORD_CHARS = 4  # the longest lexicon word matched against the text
+
+
+class Params(Section):
+    """The `train.bert` section."""
+
+    # a hub id or local folder of a pretrained Chinese BERT (e.g. bert-base-chinese); None = pretrain a
+    # small BERT here with masked-LM on the train split's characters, vocabulary from the vocab stage
+    checkpoint: str | None = None
+    hidden_size: int = 192
+    num_layers: int = 3
+    num_heads: int = 3
+    intermediate_size: int = 768
+    dropout: float = 0.1
+    max_len: int = 160  # characters, [CLS] and [SEP] included; covers ~80% of reviews whole
+    pretrain_epochs: int = Field(8, ge=0)  # masked-LM epochs before fine-tuning (0 = fine-tune from random)
+    pretrain_lr: float = 1e-3
+    mlm_probability: float = Field(0.15, gt=0, lt=1)  # of which 80% -> [MASK], 10% random, 10% kept
+    lr: float = 2e-4  # fine-tuning
+    batch_size: int = 32
+    word_adapter: bool = False  # add attention-weighted Word2Vec vectors of the words covering each character
+    adapter_layer: int = Field(1, ge=0)  # after which encoder layer (0-based, not the last) the adapter adds its vectors
+    max_words_per_char: int = Field(4, ge=1)
+
+    @model_validator(mode="after")
+    def _heads_divide_hidden(self) -> "Params":
+        if self.checkpoint is None and self.hidden_size % self.num_heads:
+            raise ValueError(f"bert.hidden_size ({self.hidden_size}) must be a multiple of bert.num_heads ({self.num_heads})")
+        if self.checkpoint is None and self.word_adapter and self.adapter_layer >= self.num_layers - 1:
+            raise ValueError(f"bert.adapter_layer ({self.adapter_layer}) must be below the last layer ({self.num_layers - 1}): "
+                             "a later layer has to carry the words to [CLS]")
+        return self
 
 
 def char_tokenizer(vocab_file: Path):
@@ -85,11 +128,15 @@ def _quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
-def pretrain_mlm(texts: pd.Series, validation: pd.Series, tokenizer, p: BertSectionConfig, params: TrainConfig,
+def pretrain_mlm(texts: pd.Series, validation: pd.Series, tokenizer, p: Params, params,
                  checkpoints: Path, tracker) -> tuple[Path, dict]:
     """Masked-LM pretraining of a small BERT; returns the saved folder and a summary. 15% of characters are
     chosen, of which 80% become [MASK], 10% a random character and 10% stay (DataCollatorForLanguageModeling)."""
-    from transformers import BertConfig, BertForMaskedLM, DataCollatorForLanguageModeling
+    from transformers import (
+        BertConfig,
+        BertForMaskedLM,
+        DataCollatorForLanguageModeling,
+    )
 
     folder = checkpoints / "pretrained"
     config = BertConfig(vocab_size=len(tokenizer), hidden_size=p.hidden_size, num_hidden_layers=p.num_layers,
@@ -127,7 +174,7 @@ def pretrain_mlm(texts: pd.Series, validation: pd.Series, tokenizer, p: BertSect
                     "pretrain_samples_per_second": result.samples_per_second}
 
 
-def build_model(p: BertSectionConfig, num_labels: int, tokenizer, source: str | None, lexicon_vectors: torch.Tensor | None):
+def build_model(p: Params, num_labels: int, tokenizer, source: str | None, lexicon_vectors: torch.Tensor | None):
     """The classifier: from `source` (a checkpoint, or the masked-LM folder) or, without one, from random weights."""
     from transformers import BertConfig, BertForSequenceClassification
 
@@ -149,14 +196,13 @@ def build_model(p: BertSectionConfig, num_labels: int, tokenizer, source: str | 
         raise ConfigError(f"train.bert: {e}") from e
 
 
-def train_bert(train: pd.DataFrame, validation: pd.DataFrame, labels: list[str], params: TrainConfig, char_vocab: Path,
-               word_vocab: Path, vectors: WordVectors | None, out: Path, checkpoints: Path, tracker) -> dict:
+def train_bert(inputs: TrainInputs) -> dict:
     """Pretrain (unless a checkpoint is given) and fine-tune; save a transformers folder to `bert/`."""
     from transformers import AutoTokenizer
 
-    from tasks.train import class_weight_tensor, label_ids  # the stage module's helpers; here to avoid a cycle
-    from tasks.vocab import read_vocab
-
+    train, validation, labels, params, out = inputs.train, inputs.validation, inputs.labels, inputs.params, inputs.out
+    char_vocab, word_vocab = inputs.vocab / "chars" / "vocab.txt", inputs.vocab / "words" / "vocab.txt"
+    vectors, checkpoints, tracker = inputs.vectors, inputs.scratch, inputs.sink
     _quiet_transformers()
     p = params.bert
     summary: dict = {}
@@ -219,7 +265,7 @@ def bert_probs(model: LexiconBert, ids: list[list[int]], words: list[np.ndarray]
     return out
 
 
-def save_bert(model: LexiconBert, tokenizer, labels: list[str], p: BertSectionConfig, lexicon: dict[str, int], folder: Path) -> None:
+def save_bert(model: LexiconBert, tokenizer, labels: list[str], p: Params, lexicon: dict[str, int], folder: Path) -> None:
     """A transformers folder (config, weights, tokenizer) plus `zhpipe.json`, and the adapter when there is one."""
     model.classifier.config.id2label = dict(enumerate(labels))
     model.classifier.config.label2id = {label: i for i, label in enumerate(labels)}
@@ -260,3 +306,17 @@ def bert_predictor(folder: Path, device: str = "auto"):
 
     return predict
 
+
+
+def servable_bert(folder: Path, df: pd.DataFrame) -> tuple[torch.nn.Module, np.ndarray]:
+    """A saved `bert/` as `Probabilities` (ids, and word ids with the adapter, in one tensor) and an input example."""
+    rows = df.head(2)
+    model, tokenizer, meta, lexicon = load_bert(folder, "cpu")
+    ids = encode_chars(tokenizer, rows["chars"], meta["max_len"])
+    words = lexicon_word_ids(rows["chars"], lexicon, meta["max_len"], meta["max_words_per_char"]) if meta["word_adapter"] else None
+    batch = next(bert_batches(ids, None, words, len(ids), tokenizer.pad_token_id))[1]
+    parts = [batch["input_ids"].unsqueeze(-1)] + ([batch["word_ids"]] if words is not None else [])
+    return Probabilities(model, tokenizer.pad_token_id).eval(), torch.cat(parts, dim=-1).numpy()
+
+
+SPEC = ModelSpec("bert", Params, train_bert, predictor=bert_predictor, servable=servable_bert, uses_vectors=True)

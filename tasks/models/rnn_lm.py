@@ -5,18 +5,42 @@ from __future__ import annotations
 import math
 from dataclasses import asdict
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pandas as pd
 import torch
 
-from flows.config import RnnLMConfig, TrainConfig
-from tasks.augment import original_rows
-from tasks.models import LSTMLanguageModel, RNNLMConfig
-from tasks.trainer import LoopConfig, Task, fit, length_buckets, pad, resolve_device, seed_everything
-from tasks.vocab import read_vocab
+from tasks.augmenters import original_rows
+from tasks.core import Section
+from tasks.io import read_vocab
+from tasks.models.base import ModelSpec, TrainInputs
+from tasks.models.modules import LSTMLanguageModel, RNNLMConfig
+from tasks.models.trainer import (
+    LoopConfig,
+    Task,
+    fit,
+    length_buckets,
+    pad,
+    resolve_device,
+    seed_everything,
+)
 
 BOS_EOS = "[SEP]"  # the vocabulary's [SEP] marks both the start and the end of a text
+
+
+class Params(Section):
+    """The `train.rnn_lm` section: an LSTM language model with an adaptive softmax."""
+
+    embed_dim: int = 128
+    hidden_size: int = 256
+    num_layers: int = 1
+    dropout: float = 0.3
+    cutoffs: list[int] = [2000, 10000]  # adaptive softmax: frequency ranks where cheaper output clusters start
+    tokens: Literal["words", "chars"] = "words"
+    max_len: int = 256
+    lr: float = 2e-3
+    batch_size: int = 32
 
 
 def lm_sequences(lines: pd.Series, stoi: dict[str, int], max_len: int) -> list[list[int]]:
@@ -44,10 +68,11 @@ def perplexity(model: LSTMLanguageModel, seqs: list[list[int]], batch_size: int 
     return math.exp(total / max(count, 1))
 
 
-def train_rnn_lm(train: pd.DataFrame, validation: pd.DataFrame, params: TrainConfig, vocab_root: Path, out: Path,
-                 checkpoints: Path, tracker) -> dict:
+def train_rnn_lm(inputs: TrainInputs) -> dict:
     """Fit on the original (not augmented) train rows with early stopping on validation perplexity; save `rnn_lm/`."""
-    p: RnnLMConfig = params.rnn_lm
+    train, validation, params, out = inputs.train, inputs.validation, inputs.params, inputs.out
+    vocab_root, checkpoints, tracker = inputs.vocab, inputs.scratch, inputs.sink
+    p: Params = inputs.section
     itos = read_vocab(vocab_root / p.tokens / "vocab.txt")
     stoi = {t: i for i, t in enumerate(itos)}
     original = original_rows(train)
@@ -78,3 +103,6 @@ def rnn_lm_perplexity(folder: Path, df: pd.DataFrame, device: str = "auto") -> f
     model.to(resolve_device(device)).eval()
     stoi = {t: i for i, t in enumerate(saved["vocab"])}
     return perplexity(model, lm_sequences(df[saved["tokens"]], stoi, saved["max_len"]))
+
+
+SPEC = ModelSpec("rnn_lm", Params, train_rnn_lm, perplexity=rnn_lm_perplexity)

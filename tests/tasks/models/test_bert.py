@@ -3,10 +3,12 @@ import pandas as pd
 import pytest
 import torch
 
-from flows.config import TrainConfig, VocabConfig
-from flows.errors import ConfigError
-from tasks.bert import bert_predictor, char_tokenizer, encode_chars, lexicon_word_ids, train_bert
-from tasks.embed import keyed_word_vectors
+from tasks.train import Params as TrainConfig
+from tasks.vocab import Params as VocabConfig
+from tasks.errors import ConfigError
+from tasks.models import TrainInputs
+from tasks.models.bert import bert_predictor, char_tokenizer, encode_chars, lexicon_word_ids, train_bert
+from tasks.vectors import keyed_word_vectors
 from tasks.hub import ModelMissingError
 from tasks.vocab import build_vocab, count_tokens
 from tests.tasks.test_train import frame
@@ -23,7 +25,8 @@ def corpus(tmp_path):
     train, validation = frame().assign(aug_method="original"), frame(2)
     for kind in ("words", "chars"):
         vocab = build_vocab(count_tokens(train[kind]), VocabConfig(min_freq=1))
-        (tmp_path / f"{kind}.txt").write_text("".join(f"{t}\n" for t in vocab), encoding="utf-8")
+        (tmp_path / kind).mkdir()
+        (tmp_path / kind / "vocab.txt").write_text("".join(f"{t}\n" for t in vocab), encoding="utf-8")
     kv = KeyedVectors(vector_size=16)
     kv.add_vectors(["房间", "干净", "服务", "热情", "态度"], np.random.default_rng(0).normal(size=(5, 16)).astype(np.float32))
     return train, validation, tmp_path, keyed_word_vectors(kv)
@@ -32,7 +35,7 @@ def corpus(tmp_path):
 def run_bert(corpus, class_weights=False, **section):
     train, validation, d, vectors = corpus
     params = TrainConfig(epochs=10, patience=10, class_weights=class_weights, bert={**TINY, **section})
-    return train_bert(train, validation, ["0", "1"], params, d / "chars.txt", d / "words.txt", vectors, d, d / "ckpt", None)
+    return train_bert(TrainInputs("bert", train, validation, ["0", "1"], params, d, vectors, d, d / "ckpt"))
 
 
 def test_lexicon_words_cover_their_characters():
@@ -45,7 +48,7 @@ def test_lexicon_words_cover_their_characters():
 
 
 def test_char_tokenizer_gives_one_id_per_character(corpus):
-    tokenizer = char_tokenizer(corpus[2] / "chars.txt")
+    tokenizer = char_tokenizer(corpus[2] / "chars" / "vocab.txt")
     ids = encode_chars(tokenizer, pd.Series(["房 间 很 干 净", "x y"]), 32)
     assert len(ids[0]) == 7 and ids[0][0] == tokenizer.cls_token_id and ids[0][-1] == tokenizer.sep_token_id
     assert ids[1][1:3] == [tokenizer.unk_token_id] * 2
@@ -64,7 +67,7 @@ def test_bert_pretrains_fine_tunes_and_round_trips_with_word_adapter(corpus):
 
 
 def test_word_adapter_uses_the_words(corpus):
-    from tasks.bert import load_bert
+    from tasks.models.bert import load_bert
 
     run_bert(corpus, pretrain_epochs=0, word_adapter=True, adapter_layer=0)
     model, tokenizer, meta, lexicon = load_bert(corpus[2] / "bert", "cpu")
@@ -83,7 +86,7 @@ def test_bert_from_a_local_checkpoint_folder(corpus, tmp_path):
     from transformers import BertConfig, BertForSequenceClassification
 
     folder = tmp_path / "tiny-bert"
-    tokenizer = char_tokenizer(corpus[2] / "chars.txt")
+    tokenizer = char_tokenizer(corpus[2] / "chars" / "vocab.txt")
     BertForSequenceClassification(BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                              intermediate_size=64)).save_pretrained(folder)
     tokenizer.save_pretrained(folder)

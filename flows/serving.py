@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 from mlflow.pyfunc import PythonModel
 
-PROJECT = Path(__file__).resolve().parent.parent
+CODE = Path(__file__).resolve().parent.parent  # the folder holding the flows and tasks packages
 # MLflow suggests type hints on `predict` for its own input validation; this model validates its input itself
 warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method.*")
 
@@ -40,9 +40,9 @@ class TextClassifier(PythonModel):
     """Raw text in; `label`, `probability` and one `p_<label>` column per class out."""
 
     def load_context(self, context) -> None:
-        from flows.config import CleanConfig, SegmentConfig
-        from tasks.segmenter import Segmenter
-        from tasks.train import PREDICTORS
+        from tasks.clean import Params as CleanParams
+        from tasks.models import MODELS
+        from tasks.segmenter import Segmenter, SegmenterParams
 
         cfg = json.loads(Path(context.artifacts["config"]).read_text(encoding="utf-8"))
         segment = cfg["segment"]
@@ -50,9 +50,9 @@ class TextClassifier(PythonModel):
             if segment.get(key):
                 segment[key] = context.artifacts[key]
         self.labels = cfg["labels"]
-        self.clean = CleanConfig(**cfg["clean"])
-        self.segmenter = Segmenter(SegmentConfig(**segment))
-        self.predictor = PREDICTORS[cfg["model"]](Path(context.artifacts["model"]))
+        self.clean = CleanParams(**cfg["clean"])
+        self.segmenter = Segmenter(SegmenterParams(**{k: v for k, v in segment.items() if k in SegmenterParams.model_fields}))
+        self.predictor = MODELS[cfg["model"]].predictor(Path(context.artifacts["model"]))
 
     def predict(self, context, model_input, params=None) -> pd.DataFrame:
         from tasks.clean import clean_text
@@ -73,13 +73,14 @@ def log_classifier(run_id: str, model: str, folder: Path, labels: list[str], cle
     import mlflow
     from mlflow.models import infer_signature
 
+    from flows.project import current
     from flows.tracking import tracking_uri
 
     artifacts = {"model": str(folder)}
     with tempfile.TemporaryDirectory() as tmp:
         for key in ("user_dict", "stopwords"):
             if segment.get(key):
-                path = Path(segment[key]) if Path(segment[key]).is_absolute() else PROJECT / segment[key]
+                path = Path(segment[key]) if Path(segment[key]).is_absolute() else current().root / segment[key]
                 artifacts[key] = str(shutil.copy(path, Path(tmp) / f"{key}{path.suffix}"))
         config = Path(tmp) / "zhpipe.json"
         config.write_text(json.dumps({"model": model, "labels": labels, "clean": clean, "segment": segment}, ensure_ascii=False), encoding="utf-8")
@@ -98,7 +99,7 @@ def log_classifier(run_id: str, model: str, folder: Path, labels: list[str], cle
         with mlflow.start_run(run_id=run_id):
             return mlflow.pyfunc.log_model(
                 name="classifier", python_model=TextClassifier(), artifacts=artifacts, signature=signature,
-                input_example=example, code_paths=[str(PROJECT / "flows"), str(PROJECT / "tasks")],
+                input_example=example, code_paths=[str(CODE / "flows"), str(CODE / "tasks")],
                 registered_model_name=registered_name, pip_requirements=_requirements(),
             )
 

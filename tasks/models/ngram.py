@@ -6,28 +6,33 @@ import math
 import pickle
 import time
 from collections import Counter, defaultdict
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
+from pydantic import Field
 
-from tasks.augment import original_rows
+from tasks.augmenters import original_rows
+from tasks.core import Section
+from tasks.models.base import ModelSpec
 
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"
 
 
-@dataclass
-class NgramConfig:
-    n: int = 3
-    method: str = "backoff"  # "backoff" (fixed weight, as in the course notes) or "kneser_ney"
-    backoff: float = 0.4  # weight of the lower order when the n-gram is unseen
-    discount: float = 0.75  # Kneser-Ney absolute discount
+class Params(Section):
+    """The `train.ngram_lm` and `train.lm_classifier` sections."""
+
+    n: int = Field(3, ge=1, le=6)
+    method: Literal["backoff", "kneser_ney"] = "kneser_ney"  # backoff = fixed weight, as in the course notes
+    backoff: float = Field(0.4, gt=0, lt=1)  # weight of the lower order for an unseen n-gram (backoff)
+    discount: float = Field(0.75, gt=0, lt=1)  # absolute discount (kneser_ney)
+    tokens: Literal["words", "chars"] = "words"
 
 
 class NgramLM:
     """P(w | previous n-1 tokens) over a closed vocabulary plus <unk> and </s>; sums to 1 for any context."""
 
-    def __init__(self, config: NgramConfig):
+    def __init__(self, config: Params):
         if config.n < 1 or config.method not in ("backoff", "kneser_ney"):
             raise ValueError(f"ngram: n >= 1 and method backoff|kneser_ney expected, got {config}")
         self.config = config
@@ -110,18 +115,13 @@ class NgramLM:
         return math.exp(-total / count)
 
 
-def lm_config(section) -> NgramConfig:
-    """The model's config from the pipeline's `train.ngram_lm` / `train.lm_classifier` section."""
-    return NgramConfig(n=section.n, method=section.method, backoff=section.backoff, discount=section.discount)
-
-
 def train_ngram_lm(train, validation, section, out: Path) -> dict:
     """Fit on the original (not augmented) train rows; save `ngram_lm/model.pkl`; report validation perplexity."""
     folder = out / "ngram_lm"
     folder.mkdir()
     original = original_rows(train)
     t0 = time.perf_counter()
-    lm = NgramLM(lm_config(section)).fit([s.split() for s in original[section.tokens]])
+    lm = NgramLM(section).fit([s.split() for s in original[section.tokens]])
     seconds = time.perf_counter() - t0
     with open(folder / "model.pkl", "wb") as f:
         pickle.dump({"model": lm, "tokens": section.tokens}, f)
@@ -142,7 +142,7 @@ def train_lm_classifier(train, labels: list[str], section, out: Path) -> dict:
     folder.mkdir()
     original = original_rows(train)
     t0 = time.perf_counter()
-    models = [NgramLM(lm_config(section)).fit([s.split() for s in original.loc[original["label"] == label, section.tokens]])
+    models = [NgramLM(section).fit([s.split() for s in original.loc[original["label"] == label, section.tokens]])
               for label in labels]
     seconds = time.perf_counter() - t0
     with open(folder / "model.pkl", "wb") as f:
@@ -163,3 +163,8 @@ def lm_classifier_predictor(folder: Path):
         return (probs / probs.sum(axis=1, keepdims=True)).astype(np.float32)
 
     return predict
+
+
+NGRAM_LM = ModelSpec("ngram_lm", Params, lambda i: train_ngram_lm(i.train, i.validation, i.section, i.out), perplexity=lm_perplexity)
+LM_CLASSIFIER = ModelSpec("lm_classifier", Params, lambda i: train_lm_classifier(i.train, i.labels, i.section, i.out),
+                          predictor=lm_classifier_predictor)

@@ -1,4 +1,4 @@
-"""Errors that the CLI reports as one line, without a traceback."""
+"""Errors that zhpipe reports as one line, without a traceback (the CLI prints them; the API raises them)."""
 
 
 class ZhpipeError(Exception):

@@ -4,19 +4,32 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Literal
 
 import joblib
 import numpy as np
 import pandas as pd
+from pydantic import Field
 from sklearn.compose import ColumnTransformer
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import Pipeline
 
-from flows.config import TfidfLRConfig
+from tasks.core import Section
+from tasks.models.base import ModelSpec
 
 
-def make_pipeline(p: TfidfLRConfig, seed: int) -> Pipeline:
+class Params(Section):
+    """The `train.tfidf_lr` section: the cheap, strong baseline."""
+
+    word_ngrams: list[int] = [1, 2]  # n-gram range over jieba words
+    char_ngrams: list[int] = [1, 3]  # n-gram range over characters
+    min_df: int = Field(2, ge=1)
+    C: float = Field(4.0, gt=0)  # inverse regularisation strength
+    class_weight: Literal["balanced"] | None = None
+
+
+def make_pipeline(p: Params, seed: int) -> Pipeline:
     """Word n-grams over the segmented `words`, character n-grams over the raw `text`, one classifier."""
     features = ColumnTransformer([
         ("words", TfidfVectorizer(tokenizer=str.split, token_pattern=None, lowercase=False,
@@ -28,7 +41,7 @@ def make_pipeline(p: TfidfLRConfig, seed: int) -> Pipeline:
     return Pipeline([("features", features), ("classifier", classifier)])
 
 
-def train_tfidf_lr(train: pd.DataFrame, labels: list[str], p: TfidfLRConfig, seed: int, out: Path) -> dict:
+def train_tfidf_lr(train: pd.DataFrame, labels: list[str], p: Params, seed: int, out: Path) -> dict:
     """Fit and save `tfidf_lr/model.joblib`; return its summary."""
     folder = out / "tfidf_lr"
     folder.mkdir()
@@ -52,3 +65,6 @@ def tfidf_predictor(folder: Path):
         return probs
 
     return predict
+
+
+SPEC = ModelSpec("tfidf_lr", Params, lambda i: train_tfidf_lr(i.train, i.labels, i.section, i.params.seed, i.out), predictor=tfidf_predictor)

@@ -1,7 +1,9 @@
 import pandas as pd
 
-from flows.config import TrainConfig, VocabConfig
-from tasks.rnnlm import rnn_lm_perplexity, train_rnn_lm
+from tasks.train import Params as TrainConfig
+from tasks.vocab import Params as VocabConfig
+from tasks.models import TrainInputs
+from tasks.models.rnn_lm import rnn_lm_perplexity, train_rnn_lm
 from tasks.vocab import build_vocab, count_tokens
 from tests.tasks.test_train import NEG, POS
 
@@ -13,7 +15,7 @@ def test_rnn_lm_learns_its_corpus_and_reloads(tmp_path):
     (tmp_path / "vocab" / "words" / "vocab.txt").write_text("".join(f"{t}\n" for t in vocab), encoding="utf-8")
     params = TrainConfig(epochs=8, patience=8, rnn_lm={"embed_dim": 16, "hidden_size": 32, "batch_size": 8, "lr": 0.01})
     own, other = pd.DataFrame({"words": POS}), pd.DataFrame({"words": NEG})
-    summary = train_rnn_lm(train, own, params, tmp_path / "vocab", tmp_path, tmp_path / "ckpt", None)
+    summary = train_rnn_lm(TrainInputs("rnn_lm", train, own, [], params, tmp_path / "vocab", None, tmp_path, tmp_path / "ckpt"))
     history = summary["history"]
     assert history[-1]["train_loss"] < history[0]["train_loss"] and history[-1]["val_perplexity"] < history[0]["val_perplexity"]
     assert summary["val_perplexity"] == min(h["val_perplexity"] for h in history)
@@ -26,7 +28,7 @@ def test_lm_distribution_sums_to_one_and_scores_targets_consistently():
     import pytest
     import torch
 
-    from tasks.models import LSTMLanguageModel, RNNLMConfig
+    from tasks.models.modules import LSTMLanguageModel, RNNLMConfig
 
     torch.manual_seed(0)
     for cutoffs in ([10, 30], []):  # adaptive softmax, and the plain output layer of a small vocabulary

@@ -1,7 +1,7 @@
 """Chunk planning over Parquet row groups: every row once, in order; small groups read together, large ones sliced."""
 import pandas as pd
 
-from flows.chunks import plan, read_chunk, write_parquet
+from tasks.io import plan, read_chunk, write_parquet
 
 
 def test_plan_merges_small_row_groups_and_slices_large_ones(tmp_path):

@@ -1,0 +1,119 @@
+"""zhpipe from Python (notebooks, scripts): run a pipeline, load what a stage made, list runs.
+
+    from flows import api
+
+    result = api.run("smoke", overrides=["train.epochs=1"], project="path/to/project")
+    clean = api.load("smoke", "clean")                      # the cleaned corpus as a DataFrame
+    vectors = api.load("smoke", "embed")                    # gensim KeyedVectors (Word2Vec)
+    predict = api.load_model("smoke", "textcnn")            # texts frame -> class probabilities
+    api.runs("smoke")                                       # recent runs as a DataFrame
+
+Every function takes `project` (a folder with a pipelines.yaml; default: found from the working directory)
+and `overrides` (`--set` assignments); the same config gives the same stage keys, so `load` finds what a
+run with that config built.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from flows import project as _project
+from tasks.errors import ZhpipeError
+
+# what `load` reads from each stage's output folder
+_FRAMES = {"download": "data.parquet", "clean": "data.parquet", "augment": "train.parquet"}
+_SPLIT_STAGES = ("split", "segment")
+
+
+def _activate(project: str | Path | None) -> _project.Project:
+    if project is not None or _project._CURRENT is None:
+        return _project.activate(_project.find(project))
+    return _project._CURRENT
+
+
+def config(pipeline: str, overrides: list[str] | None = None, project: str | Path | None = None):
+    """The validated config of one pipeline of the project, with `--set` overrides applied."""
+    from flows.config import load_pipeline
+
+    return load_pipeline(pipeline, _activate(project).config_file, list(overrides or []))
+
+
+def run(pipeline: str, overrides: list[str] | None = None, stages: list[str] | None = None, force: list[str] | None = None,
+        project: str | Path | None = None, storage: str | None = None) -> dict[str, Any]:
+    """Run a pipeline (cached stages are reused) and return its summary: the MLflow parent run id, the
+    experiment, and per stage its key, cache hit or miss, seconds, rows and metrics."""
+    cfg = config(pipeline, overrides, project)
+    from flows.pipeline import pipeline_flow
+
+    return pipeline_flow(cfg, overrides=list(overrides or []), stages=stages, force=force, storage=storage)
+
+
+def output(pipeline: str, stage: str, overrides: list[str] | None = None, project: str | Path | None = None,
+           storage: str | None = None) -> Path:
+    """The folder of a stage's output for this config; an error when it has not been built."""
+    from flows.pipeline import storage_root
+    from flows.runner import plan_keys
+    from flows.store import StageStore
+
+    cfg = config(pipeline, overrides, project)
+    keys = plan_keys(cfg)
+    if stage not in keys:
+        raise ZhpipeError(f"unknown stage '{stage}' (stages: {', '.join(keys)})")
+    store = StageStore(storage_root(cfg, storage))
+    if not store.is_done(stage, keys[stage]):
+        raise ZhpipeError(f"stage '{stage}' of pipeline '{pipeline}' is not built for this config (key {keys[stage]}); "
+                          f"run it first: api.run('{pipeline}')")
+    return store.local(stage, keys[stage])
+
+
+def load(pipeline: str, stage: str, split: str = "train", overrides: list[str] | None = None,
+         project: str | Path | None = None, storage: str | None = None) -> Any:
+    """A stage's output as Python objects: a DataFrame (download, clean, augment; split and segment give
+    `split`'s rows), gensim KeyedVectors (embed: Word2Vec), a dict of vocabularies (vocab), the model
+    summaries (train) or the comparison table (evaluate), the statistics (profile)."""
+    import json
+
+    folder = output(pipeline, stage, overrides, project, storage)
+    if stage in _FRAMES:
+        return pd.read_parquet(folder / _FRAMES[stage])
+    if stage in _SPLIT_STAGES:
+        return pd.read_parquet(folder / f"{split}.parquet")
+    if stage == "embed":
+        from gensim.models import KeyedVectors
+
+        return KeyedVectors.load(str(folder / "word2vec.kv"))
+    if stage == "vocab":
+        from tasks.io import read_vocab
+
+        return {kind: read_vocab(folder / kind / "vocab.txt") for kind in ("words", "chars")}
+    if stage == "train":
+        return json.loads((folder / "models.json").read_text(encoding="utf-8"))
+    if stage == "evaluate":
+        return pd.read_csv(folder / "comparison.csv")
+    return json.loads((folder / "stats.json").read_text(encoding="utf-8"))  # profile
+
+
+def load_model(pipeline: str, model: str, overrides: list[str] | None = None, project: str | Path | None = None,
+               storage: str | None = None):
+    """A trained model's predict function (a frame with `text`, `words`, `chars` -> class probabilities) or,
+    for a language model, a function from such a frame to its perplexity."""
+    from tasks.models import get
+
+    spec = get(model)
+    folder = output(pipeline, "train", overrides, project, storage) / model
+    if not folder.is_dir():
+        raise ZhpipeError(f"model '{model}' is not in this train output (train.models of '{pipeline}'); add it with "
+                          f"overrides=['train.models=[..., {model}]']")
+    if spec.is_language_model:
+        return lambda frame: spec.perplexity(folder, frame)
+    return spec.predictor(folder)
+
+
+def runs(pipeline: str | None = None, limit: int = 20, project: str | Path | None = None) -> pd.DataFrame:
+    """Recent pipeline runs, newest first: id, start, status, commit, best model and its test metrics."""
+    from flows.runs import pipeline_runs, runs_table
+
+    _activate(project)
+    return runs_table(pipeline_runs(pipeline, limit))

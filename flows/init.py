@@ -1,0 +1,85 @@
+"""`zhpipe init`: a starter project folder with a pipelines.yaml for the user's CSV (or a small example)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from flows.project import CONFIG_NAME
+from tasks.errors import ConfigError, DataError
+
+STARTER = """\
+# zhpipe pipelines: `zhpipe run` runs the first one, `zhpipe run NAME` another.
+# Every key is validated (an unknown key is an error); `zhpipe run --set train.epochs=2` overrides one.
+pipelines:
+  {name}:
+    description: {description}
+    source:
+      path: {path}            # relative to this folder, or absolute; a file:// or http(s):// URL also works
+      format: csv
+      text_column: {text_column}
+      label_column: {label_column}
+    stages:
+      train:
+        models: [tfidf_lr, fasttext, textcnn]   # `zhpipe models` lists them all
+        epochs: 4
+"""
+
+GITIGNORE = "data/*\n!data/raw/\nmlruns/\n.prefect/\n"
+
+_GOOD = ["房间很干净", "服务热情周到", "早餐丰富好吃", "位置方便交通便利", "床很舒服睡得好", "前台态度很好", "环境安静", "性价比很高"]
+_BAD = ["房间很脏", "服务态度差", "早餐难吃", "位置偏僻不方便", "床太硬睡不好", "前台很冷漠", "隔音太差很吵", "价格太贵不值"]
+
+
+def example_corpus() -> pd.DataFrame:
+    """A small two-class hotel-review corpus made from phrase pairs (a starter, not a benchmark)."""
+    rows = []
+    for i, a in enumerate(_GOOD):
+        for b in _GOOD[i + 1 : i + 4]:
+            rows.append({"text": f"{a}，{b}，下次还会再来。", "label": "1"})
+    for i, a in enumerate(_BAD):
+        for b in _BAD[i + 1 : i + 4]:
+            rows.append({"text": f"{a}，{b}，不会再来了。", "label": "0"})
+    return pd.DataFrame(rows)
+
+
+def init_project(folder: Path, csv: Path | None = None, text_column: str = "text", label_column: str = "label") -> list[Path]:
+    """Write pipelines.yaml (and an example corpus when no CSV is given) into `folder`; never overwrite."""
+    folder = folder.expanduser().resolve()
+    config = folder / CONFIG_NAME
+    if config.exists():
+        raise ConfigError(f"{config} already exists; zhpipe init writes a new project only")
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    if csv is None:
+        path = folder / "data" / "raw" / "example.csv"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        example_corpus().to_csv(path, index=False)
+        written.append(path)
+        text_column, label_column, description = "text", "label", "example hotel reviews (replace with your corpus)"
+    else:
+        path = csv.expanduser().resolve()
+        if not path.is_file():
+            raise DataError(f"--csv {csv}: no such file")
+        columns = pd.read_csv(path, nrows=5, dtype=str).columns
+        for what, column in (("text", text_column), ("label", label_column)):
+            if column not in columns:
+                raise DataError(f"--csv {csv}: no {what} column '{column}' (columns: {', '.join(columns)}); "
+                                f"name it with --{what}-column")
+        description = f"{path.name}"
+    shown = os.path.relpath(path, folder) if path.is_relative_to(folder) else str(path)
+    config.write_text(STARTER.format(name=_name(folder), description=description, path=shown, text_column=text_column,
+                                     label_column=label_column), encoding="utf-8")
+    written.append(config)
+    ignore = folder / ".gitignore"
+    if not ignore.exists():
+        ignore.write_text(GITIGNORE, encoding="utf-8")
+        written.append(ignore)
+    return written
+
+
+def _name(folder: Path) -> str:
+    """A pipeline name from the folder's name: letters, digits, dashes."""
+    name = "".join(c if c.isalnum() or c in "-_" else "-" for c in folder.name.lower()).strip("-_")
+    return name or "main"

@@ -1,0 +1,95 @@
+"""The project folder: the folder that holds `pipelines.yaml`. Its stage store (`data/`), MLflow store
+(`mlruns/`) and Prefect home (`.prefect/`) live under it, so one installed zhpipe serves any number of
+projects and writes nowhere else. Found from the current directory upwards, or given (`--project DIR`,
+`ZHPIPE_PROJECT`)."""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from tasks.errors import ConfigError
+
+CONFIG_NAME = "pipelines.yaml"
+
+
+@dataclass(frozen=True)
+class Project:
+    """Where one project's files live."""
+
+    root: Path
+
+    @property
+    def config_file(self) -> Path:
+        return self.root / CONFIG_NAME
+
+    @property
+    def data(self) -> Path:
+        """The default stage store."""
+        return self.root / "data"
+
+    @property
+    def mlruns(self) -> Path:
+        return self.root / "mlruns"
+
+    @property
+    def prefect_home(self) -> Path:
+        return self.root / ".prefect"
+
+    def tracking_uri(self) -> str:
+        """MLFLOW_TRACKING_URI when set, else the project's SQLite store."""
+        return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{self.mlruns / 'mlflow.db'}"
+
+    def artifact_root(self) -> str | None:
+        """Where new experiments keep artifacts: under mlruns/ for the project's own store, else the server's choice."""
+        return None if os.environ.get("MLFLOW_TRACKING_URI") else (self.mlruns / "artifacts").as_uri()
+
+
+def find(explicit: str | Path | None = None, start: Path | None = None) -> Project:
+    """The project: `explicit`, else ZHPIPE_PROJECT, else the nearest folder with a pipelines.yaml from `start`
+    (the current directory) upwards."""
+    given = explicit or os.environ.get("ZHPIPE_PROJECT")
+    if given:
+        root = Path(given).expanduser().resolve()
+        if not (root / CONFIG_NAME).is_file():
+            raise ConfigError(f"{root}: no {CONFIG_NAME} there (a zhpipe project folder has one; `zhpipe init {given}` writes a starter)")
+        return Project(root)
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / CONFIG_NAME).is_file():
+            return Project(folder)
+    raise ConfigError(f"no {CONFIG_NAME} in {here} or any folder above it: run zhpipe inside a project, "
+                      f"pass --project DIR, or create one with `zhpipe init`")
+
+
+_CURRENT: Project | None = None
+
+
+def activate(project: Project) -> Project:
+    """Make `project` the current one and set what Prefect and MLflow read from the environment, before
+    Prefect is imported: a Prefect home inside the project (never the user's ~/.prefect by surprise) and an
+    ephemeral-server start-up timeout above the 20 s default, which a first start on 2 cores can overrun.
+    Values already in the environment win."""
+    global _CURRENT
+    _CURRENT = project
+    defaults = {
+        "PREFECT_HOME": str(project.prefect_home),
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+        "TOKENIZERS_PARALLELISM": "false",
+        # `zhpipe deploy` passes the file's schedules; an empty list must clear a deployment's old ones
+        "PREFECT_DEPLOYMENTS_CLEAR_SCHEDULES_ON_EMPTY": "true",
+        "PREFECT_LOGGING_EXTRA_LOGGERS": "zhpipe",  # zhpipe's log lines reach the Prefect UI and worker logs
+    }
+    for key, value in defaults.items():
+        os.environ.setdefault(key, value)
+    # INFO from zhpipe's logger reaches Prefect's handlers even where the root logger stays at WARNING
+    logging.getLogger("zhpipe").setLevel(logging.INFO)
+    return project
+
+
+def current() -> Project:
+    """The active project; found (and activated) from the current directory when none is."""
+    return _CURRENT if _CURRENT is not None else activate(find())

@@ -1,0 +1,65 @@
+"""What every stage shares: the base of its `Params`, the context its `build` receives and the output it
+returns. A stage never publishes anything itself: the orchestration layer (flows/) writes its output to the
+stage store and its metrics, tables, datasets and pictures to MLflow and Prefect."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import pandas as pd
+from pydantic import BaseModel, ConfigDict
+
+from tasks.io import Runner
+
+
+class Section(BaseModel):
+    """Base of every stage's and model's parameters: unknown keys are errors, values re-validated on --set."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class MetricSink(Protocol):
+    """Where per-epoch curves go while a model trains (an MLflow run, in the pipeline)."""
+
+    def metrics(self, metrics: dict[str, float], step: int | None = None) -> None: ...
+
+
+@dataclass
+class BuildContext:
+    """Everything a stage's `build` may use: its inputs' folders and facts, its output folder, its params."""
+
+    inputs: dict[str, Path]
+    input_info: dict[str, dict[str, Any]]
+    out: Path
+    params: Any  # the stage's Params
+    scratch: Path | None = None  # survives a killed build of the same key (checkpoints to resume from)
+    pipeline: str = ""
+    root: Path = field(default_factory=Path.cwd)  # the project folder: relative paths in params start here
+    runner: Callable[..., Runner] = Runner  # chunk runners: runner(workers) -> Runner (local, or Dask from flows)
+    sink: MetricSink | None = None  # per-epoch curves while training
+
+
+@dataclass
+class Dataset:
+    """A frame to record as a run's input (MLflow 'Datasets used')."""
+
+    frame: pd.DataFrame
+    source: str
+    name: str
+    context: str
+
+
+@dataclass
+class BuildOutput:
+    """What `build` returns: row count, scalar metrics, facts for later stages, and what to publish."""
+
+    rows: int | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+    artifacts: list[str] = field(default_factory=list)  # files or folders of the output to log (relative paths)
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # MLflow table artifacts, by file name
+    datasets: list[Dataset] = field(default_factory=list)
+    tags: dict[str, str] = field(default_factory=dict)  # tags for the stage's run
+    markdown: dict[str, str] = field(default_factory=dict)  # Prefect markdown artifacts, by key suffix
+    records: dict[str, list[dict]] = field(default_factory=dict)  # Prefect table artifacts, by key suffix

@@ -1,0 +1,242 @@
+"""Files and chunks: a Parquet file is cut into chunks (slices of its row groups), a function maps each chunk
+to a frame in this process or on a local process pool (`Runner`; the orchestration layer adds a Dask
+runner with the same interface), and the frames are written back in order, one row group each. Whichever
+runs the chunks, the output file is byte-identical. Also the atomic-write and hashing helpers.
+
+Memory: a chunk is read from its own row group, so a worker holds one chunk, never the corpus; the driver
+keeps at most `window` results in flight and writes each as soon as it is next in order. That is why every
+stage writes its Parquet files with `write_parquet` (row groups of ROW_GROUP_ROWS rows): a chunk reads
+only its own row groups.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+SPLITS = ("train", "validation", "test")  # the split stage's files, in this order
+ROW_GROUP_ROWS = 1000  # = segment.chunk_rows by default: a chunk reads exactly its rows
+log = logging.getLogger("zhpipe")
+
+
+def write_parquet(df: pd.DataFrame, path: Path, row_group_rows: int = ROW_GROUP_ROWS) -> None:
+    """A stage's Parquet output, in row groups that later chunked stages read one at a time."""
+    df.to_parquet(path, index=False, row_group_size=row_group_rows)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Rows [start, stop) of the row groups `row_groups` (consecutive, read together) of the Parquet file `src`."""
+
+    src: str
+    row_groups: tuple[int, ...]
+    start: int
+    stop: int
+
+    @property
+    def rows(self) -> int:
+        return self.stop - self.start
+
+
+def plan(src: Path, chunk_rows: int) -> list[Chunk]:
+    """Chunks of about `chunk_rows` rows: consecutive small row groups are read together, a row group larger
+    than `chunk_rows` is sliced (so a worker never holds more than max(chunk_rows, one row group) rows)."""
+    meta = pq.ParquetFile(src).metadata
+    chunks: list[Chunk] = []
+    group: list[int] = []
+    rows = 0
+    for rg in range(meta.num_row_groups):
+        n = meta.row_group(rg).num_rows
+        if n > chunk_rows:
+            if group:
+                chunks.append(Chunk(str(src), tuple(group), 0, rows))
+                group, rows = [], 0
+            chunks += [Chunk(str(src), (rg,), a, min(a + chunk_rows, n)) for a in range(0, n, chunk_rows)]
+            continue
+        if group and rows + n > chunk_rows:
+            chunks.append(Chunk(str(src), tuple(group), 0, rows))
+            group, rows = [], 0
+        group.append(rg)
+        rows += n
+    if group:
+        chunks.append(Chunk(str(src), tuple(group), 0, rows))
+    return chunks
+
+
+def read_chunk(chunk: Chunk, columns: list[str] | None = None) -> pd.DataFrame:
+    """One chunk's rows (only its row groups are read)."""
+    table = pq.ParquetFile(chunk.src).read_row_groups(list(chunk.row_groups), columns=columns)
+    return table.slice(chunk.start, chunk.rows).to_pandas()
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory: VmHWM on Linux (getrusage's ru_maxrss would include the memory
+    of the parent it was forked from), else ru_maxrss."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+    import sys
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 1024 / (1024 if sys.platform == "darwin" else 1)
+
+
+def _worker_info() -> dict[str, Any]:
+    """Where a chunk ran, and the peak memory of that process so far."""
+    import socket
+
+    return {"host": socket.gethostname(), "pid": os.getpid(), "max_rss_mb": peak_rss_mb()}
+
+
+def call(fn: Callable, chunk: Chunk, params: Any) -> tuple[pa.Table, dict[str, Any]]:
+    """Run `fn(chunk, params)` and report where it ran. The frame travels back as an Arrow table, which
+    crosses process boundaries as buffers (much cheaper than pickling Python strings) and is written as is."""
+    return pa.Table.from_pandas(fn(chunk, params), preserve_index=False), _worker_info()
+
+
+class Runner:
+    """Runs chunk functions in this process (`workers=1`) or on a local process pool; the orchestration
+    layer's Dask runner overrides `_results` to run them on a cluster."""
+
+    def __init__(self, workers: int = 0):
+        self.workers = workers or os.cpu_count() or 1
+        self.ran_on: list[dict[str, Any]] = []  # one entry per chunk: host, pid, peak memory
+
+    def tables(self, fn: Callable, chunks: list[Chunk], params: Any, desc: str = "chunks") -> Iterator[pa.Table]:
+        """`fn(chunk, params)` for every chunk as Arrow tables, in chunk order, at most `window` in flight."""
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=sum(c.rows for c in chunks), desc=desc, unit="row", disable=len(chunks) < 4, leave=False, mininterval=2)
+        try:
+            for table, info in self._results(fn, chunks, params):
+                self.ran_on.append(info)
+                bar.update(table.num_rows)
+                yield table
+        finally:
+            bar.close()
+
+    def map(self, fn: Callable, chunks: list[Chunk], params: Any, desc: str = "chunks") -> Iterator[pd.DataFrame]:
+        """`fn(chunk, params)` for every chunk as frames, in chunk order."""
+        for table in self.tables(fn, chunks, params, desc):
+            yield table.to_pandas()
+
+    def _results(self, fn, chunks, params):
+        if self.workers == 1 or len(chunks) <= 1:
+            for chunk in chunks:
+                yield call(fn, chunk, params)
+        else:
+            yield from self._pool(fn, chunks, params)
+
+    def _pool(self, fn, chunks, params):
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        ctx = mp.get_context("forkserver")  # workers fork from a clean server, not from this threaded process
+        ctx.set_forkserver_preload(["__main__", "tasks._segment_preload"])  # jieba loaded once, before forking
+        with ProcessPoolExecutor(min(self.workers, len(chunks)), mp_context=ctx) as pool:
+            yield from windowed(lambda c: pool.submit(call, fn, c, params), lambda f: f.result(), chunks, 2 * self.workers)
+
+
+def windowed(submit, result, chunks, window: int):
+    """Submit ahead at most `window` chunks; yield results in order (so memory is bounded by the window)."""
+    pending: deque = deque()
+    todo = iter(chunks)
+    for chunk in todo:
+        pending.append(submit(chunk))
+        if len(pending) >= window:
+            break
+    while pending:
+        yield result(pending.popleft())
+        nxt = next(todo, None)
+        if nxt is not None:
+            pending.append(submit(nxt))
+
+
+class PartWriter:
+    """Writes frames to one Parquet file in order, one row group per frame; atomic via a temporary name."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        self.writer: pq.ParquetWriter | None = None
+        self.schema: pa.Schema | None = None
+        self.rows = 0
+
+    def write(self, table: pa.Table) -> None:
+        """Append a chunk's table (a frame is converted) as the next row group."""
+        if isinstance(table, pd.DataFrame):
+            table = pa.Table.from_pandas(table, preserve_index=False)
+        if self.writer is None:
+            self.schema = table.schema
+            self.writer = pq.ParquetWriter(self.tmp, self.schema)
+        elif table.schema != self.schema:
+            table = table.cast(self.schema)  # e.g. a column that was all null in the first chunk
+        self.writer.write_table(table, row_group_size=max(table.num_rows, 1))
+        self.rows += table.num_rows
+
+    def close(self, empty: pd.DataFrame | None = None) -> None:
+        """Finish the file; with no frames written, write `empty` (the columns, no rows)."""
+        if self.writer is None:
+            (empty if empty is not None else pd.DataFrame()).to_parquet(self.tmp, index=False)
+        else:
+            self.writer.close()
+        os.replace(self.tmp, self.path)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write a text file via a temporary sibling and rename, so readers never see half of it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
+    """sha256 of a file's bytes, read in chunks."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def resolve_path(location: str, root: Path) -> Path | None:
+    """A local path for `location` (plain path or file:// URL; relative paths from the project folder
+    `root`); None for an http(s) URL."""
+    if location.startswith(("http://", "https://")):
+        return None
+    if location.startswith("file://"):
+        from urllib.parse import unquote, urlparse
+
+        return Path(unquote(urlparse(location).path))
+    p = Path(location).expanduser()
+    return p if p.is_absolute() else root / p
+
+
+def sorted_labels(labels: pd.Series) -> list[str]:
+    """Distinct labels; numeric ones sort as numbers (2 before 10), others as strings."""
+
+    def order(label: str):
+        try:
+            return (0, float(label), label)
+        except ValueError:
+            return (1, 0.0, label)
+
+    return sorted(labels.unique().tolist(), key=order)
+
+
+def read_vocab(path: Path) -> list[str]:
+    """Tokens of a `vocab.txt`, id = line number."""
+    return path.read_text(encoding="utf-8").split("\n")[:-1]

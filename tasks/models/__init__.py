@@ -1,0 +1,29 @@
+"""The model registry: one module per model family, one entry per model. Adding a model is a new module with
+a `ModelSpec` and one line in `MODELS`; its `train.<name>` config section comes from the spec's `params`."""
+from __future__ import annotations
+
+from tasks.models import bert, fasttext, networks, ngram, rnn_lm, tfidf
+from tasks.models.base import ModelSpec, Predictor, TrainInputs
+
+MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
+    fasttext.SPEC,
+    networks.TEXTCNN,
+    networks.BILSTM,
+    networks.TRANSFORMER,
+    bert.SPEC,
+    tfidf.SPEC,
+    ngram.NGRAM_LM,
+    rnn_lm.SPEC,
+    ngram.LM_CLASSIFIER,
+)}
+
+__all__ = ["MODELS", "ModelSpec", "Predictor", "TrainInputs", "get"]
+
+
+def get(name: str) -> ModelSpec:
+    """The spec of a registered model; an unknown name is one clear error."""
+    from tasks.errors import ConfigError
+
+    if name not in MODELS:
+        raise ConfigError(f"unknown model '{name}' (registered: {', '.join(MODELS)})")
+    return MODELS[name]

@@ -1,0 +1,68 @@
+"""What the train and evaluate stages know about a model: its `ModelSpec` (params, how it trains, predicts,
+saves and loads) and the inputs every trainer receives. Nothing here knows a particular model."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+import torch
+
+from tasks.core import MetricSink, Section
+from tasks.vectors import WordVectors
+
+Predictor = Callable[[pd.DataFrame], np.ndarray]  # frame with text/words/chars -> (rows, classes) probabilities
+
+
+@dataclass
+class TrainInputs:
+    """Everything a model's `train` may use. It saves the model under `out / name` and returns a summary
+    (`seconds`, `samples_per_second`, `history` per epoch, ...)."""
+
+    name: str
+    train: pd.DataFrame  # augmented train rows (`aug_method` tells the originals)
+    validation: pd.DataFrame
+    labels: list[str]
+    params: Any  # the train stage's Params: common settings, and `getattr(params, name)` is the model's own
+    vocab: Path  # the vocab stage's folder (`words/vocab.txt`, `chars/vocab.txt`)
+    vectors: WordVectors | None  # the embed stage's vectors, for models with `uses_vectors`
+    out: Path
+    scratch: Path  # per-epoch checkpoints a killed run resumes from
+    sink: MetricSink | None = None
+
+    @property
+    def section(self) -> Any:
+        """The model's own params (`train.<name>`)."""
+        return getattr(self.params, self.name)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One entry of the model registry (tasks.models.MODELS)."""
+
+    name: str
+    params: type[Section]  # the `train.<name>` config section, one declaration per setting
+    train: Callable[[TrainInputs], dict]
+    predictor: Callable[[Path], Predictor] | None = None  # classifiers: a saved model folder -> predict function
+    perplexity: Callable[[Path, pd.DataFrame], float] | None = None  # language models: perplexity of texts
+    servable: Callable[[Path, pd.DataFrame], tuple[torch.nn.Module, np.ndarray]] | None = None  # PyTorch: module + input example
+    uses_vectors: bool = False  # starts from the embed stage's word vectors
+
+    @property
+    def is_language_model(self) -> bool:
+        """Language models are scored by perplexity, not as classifiers."""
+        return self.predictor is None
+
+
+def label_ids(df: pd.DataFrame, labels: list[str]) -> np.ndarray:
+    """The `label` column as class indices in `labels` order."""
+    index = {label: i for i, label in enumerate(labels)}
+    return df["label"].map(index).to_numpy(dtype=np.int64)
+
+
+def class_weight_tensor(y: np.ndarray, num_classes: int) -> torch.Tensor:
+    """Inverse class frequency, normalised so a balanced corpus gets weight 1 everywhere."""
+    counts = np.bincount(y, minlength=num_classes).astype(np.float32)
+    return torch.from_numpy(len(y) / (num_classes * np.maximum(counts, 1)))
