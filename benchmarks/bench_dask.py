@@ -36,7 +36,7 @@ def make_corpus(mb: float, path: Path) -> dict:
     """Repeat the bundled reviews until the text is `mb` MB; written with the stages' row groups."""
     import pandas as pd
 
-    from flows.chunks import write_parquet
+    from tasks.io import write_parquet
 
     reviews = pd.read_csv(ROOT / "data" / "raw" / "ChnSentiCorp_htl_all.csv")["review"].fillna("").astype(str).tolist()
     per_copy = sum(len(t.encode("utf-8")) for t in reviews)
@@ -50,8 +50,9 @@ def child(mode: str, src: str, dst: str, chunk_rows: int, workers: int) -> None:
     """One measured segmentation in this (fresh) process; prints a JSON line."""
     from prefect import flow
 
-    from flows.chunks import Runner, peak_rss_mb, shutdown
-    from flows.config import SegmentConfig
+    from flows.chunks import DaskRunner, shutdown
+    from tasks.io import Runner, peak_rss_mb
+    from tasks.segment import Params as SegmentConfig
     from tasks.segment import segment_file
 
     @flow(name="bench-dask-warmup")
@@ -59,9 +60,9 @@ def child(mode: str, src: str, dst: str, chunk_rows: int, workers: int) -> None:
         return 1
 
     warmup()
-    runner = Runner("local" if mode == "dask" else None, 1 if mode == "single" else workers)
+    runner = DaskRunner("local", workers) if mode == "dask" else Runner(1 if mode == "single" else workers)
     t0 = time.perf_counter()
-    counts = segment_file(Path(src), Path(dst), SegmentConfig(chunk_rows=chunk_rows), runner, desc=mode)
+    counts = segment_file(Path(src), Path(dst), SegmentConfig(chunk_rows=chunk_rows), runner, ROOT, desc=mode)
     seconds = time.perf_counter() - t0
     shutdown()
     per_process: dict[int, float] = {}

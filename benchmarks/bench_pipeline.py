@@ -30,8 +30,13 @@ import pandas as pd  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from flows.config import SegmentConfig, load_pipeline  # noqa: E402
-from flows.runner import STAGES, BuildContext, stage_module  # noqa: E402
+from flows import project  # noqa: E402
+
+project.activate(project.Project(ROOT))  # Prefect's home and start-up timeout, before Prefect is imported
+from flows.config import STAGE_MODULES, load_pipeline  # noqa: E402
+from flows.runner import STAGES  # noqa: E402
+from tasks.core import BuildContext  # noqa: E402
+from tasks.segment import Params as SegmentConfig  # noqa: E402
 
 console = Console()
 
@@ -40,7 +45,7 @@ def bench_segmentation(repeat: int, rounds: int) -> dict:
     """Stage logic vs a single-process jieba.lcut loop, alternating, on the same texts."""
     import jieba
 
-    from flows.chunks import Runner, write_parquet
+    from tasks.io import Runner, write_parquet
     from tasks.segment import segment_file, worker_count
 
     texts = pd.read_csv(ROOT / "data" / "raw" / "ChnSentiCorp_htl_all.csv")["review"].fillna("").astype(str).tolist() * repeat
@@ -52,7 +57,7 @@ def bench_segmentation(repeat: int, rounds: int) -> dict:
     stage, loop = [], []
     for r in range(rounds):
         t0 = time.perf_counter()
-        segment_file(src, dst, params, Runner(None, worker_count(params, len(texts))))
+        segment_file(src, dst, params, Runner(worker_count(params, len(texts))), ROOT)
         stage.append(time.perf_counter() - t0)
         out = {"words": pd.read_parquet(dst, columns=["words"])["words"].tolist()}
         t0 = time.perf_counter()
@@ -68,15 +73,6 @@ def bench_segmentation(repeat: int, rounds: int) -> dict:
     }
 
 
-class _NullTracker:
-    """Stands in for MLflow in the direct run: every call does nothing."""
-
-    run_id = None
-
-    def __getattr__(self, name):
-        return lambda *a, **k: None
-
-
 def direct_run(config, root: Path) -> float:
     """The stage build functions in flow order, no Prefect, no MLflow, no store; returns seconds."""
     outputs, infos = {}, {}
@@ -84,13 +80,13 @@ def direct_run(config, root: Path) -> float:
     for stage, deps in STAGES.items():
         out = root / stage
         out.mkdir(parents=True)
-        ctx = BuildContext({d: outputs[d] for d in deps}, {d: infos[d] for d in deps}, out, root / f"{stage}-scratch",
-                           getattr(config.stages, stage), _NullTracker(), config.name)
-        module = stage_module(stage)
+        ctx = BuildContext({d: outputs[d] for d in deps}, {d: infos[d] for d in deps}, out, getattr(config.stages, stage),
+                           root / f"{stage}-scratch", config.name, ROOT)
+        module = STAGE_MODULES[stage]
         if stage == "download":
             result = module.build(ctx, config.source, lambda url: root / "_downloads")
         elif stage == "augment":
-            result = module.build(ctx, config.stages.segment, root / "_cache" / "translations.sqlite")
+            result = module.build(ctx, config.stages.segment.segmenter(), root / "_cache" / "translations.sqlite")
         else:
             result = module.build(ctx)
         outputs[stage], infos[stage] = out, result.info

@@ -19,7 +19,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import flows  # noqa: E402,F401  (Prefect's home and start-up timeout, before Prefect is imported)
+from flows import project  # noqa: E402
+
+project.activate(project.Project(ROOT))  # Prefect's home and start-up timeout, before Prefect is imported
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 

@@ -24,7 +24,12 @@ import torch  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from flows.config import SegmentConfig, VocabConfig, load_pipeline  # noqa: E402
+from flows import project  # noqa: E402
+
+project.activate(project.Project(ROOT))  # Prefect's home and start-up timeout, before Prefect is imported
+from flows.config import load_pipeline  # noqa: E402
+from tasks.segment import Params as SegmentConfig  # noqa: E402
+from tasks.vocab import Params as VocabConfig  # noqa: E402
 
 console = Console()
 MODELS = ("tfidf_lr", "fasttext", "textcnn", "bilstm", "transformer", "bert", "rnn_lm")
@@ -55,26 +60,16 @@ def corpus(rows: int, folder: Path) -> pd.DataFrame:
 def throughput(name: str, df: pd.DataFrame, params, folder: Path) -> dict[str, float]:
     """Median training samples/second of one model (the summary the train stage itself reports); bert gives
     its masked-LM pretraining (`bert_mlm`) and its fine-tuning."""
-    from tasks import bert, rnnlm, train
-    from tasks.embed import load_word_vectors
-    from tasks.tfidf import train_tfidf_lr
+    from tasks.models import MODELS, TrainInputs
+    from tasks.vectors import load_word_vectors
 
     out = Path(tempfile.mkdtemp(dir=folder))
     labels = sorted(df["label"].unique())
-    validation = df.head(256)
-    if name == "tfidf_lr":
-        summary = train_tfidf_lr(df, labels, params.tfidf_lr, params.seed, out)
-    elif name == "fasttext":
-        summary = train.train_fasttext(df, labels, params, out)
-    elif name == "rnn_lm":
-        summary = rnnlm.train_rnn_lm(df, validation, params, folder, out, out / "ckpt", None)
-    elif name == "bert":
-        summary = bert.train_bert(df, validation, labels, params, folder / "chars" / "vocab.txt", folder / "words" / "vocab.txt",
-                                  load_word_vectors(folder, "word2vec"), out, out / "ckpt", None)
+    spec = MODELS[name]
+    vectors = load_word_vectors(folder, "word2vec") if spec.uses_vectors else None
+    summary = spec.train(TrainInputs(name, df, df.head(256), labels, params, folder, vectors, out, out / "ckpt"))
+    if name == "bert":
         return {"bert_mlm": summary["pretrain_samples_per_second"], "bert": summary["samples_per_second"]}
-    else:
-        summary = train.train_network(name, df, validation, labels, params, folder / "words" / "vocab.txt",
-                                      load_word_vectors(folder, "word2vec"), out, out / "ckpt", None)
     return {name: summary["samples_per_second"]}
 
 

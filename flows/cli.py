@@ -339,8 +339,7 @@ def cmd_models(args) -> int:
 
     for name, spec in MODELS.items():
         kind = "language model" if spec.is_language_model else "classifier"
-        doc = (__import__(spec.train.__module__, fromlist=["_"]).__doc__ or "").strip().splitlines()[0]
-        print(f"{name:<14} {kind:<15} {doc}")
+        print(f"{name:<14} {kind:<15} {spec.about}")
     return 0
 
 

@@ -42,8 +42,12 @@ class Project:
         return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{self.mlruns / 'mlflow.db'}"
 
     def artifact_root(self) -> str | None:
-        """Where new experiments keep artifacts: under mlruns/ for the project's own store, else the server's choice."""
-        return None if os.environ.get("MLFLOW_TRACKING_URI") else (self.mlruns / "artifacts").as_uri()
+        """Where new experiments keep artifacts: beside a SQLite store's file (mlruns/artifacts/ for the
+        project's own; MLflow would otherwise pick ./mlruns of the working directory), else the server's choice."""
+        uri = self.tracking_uri()
+        if uri.startswith("sqlite:///"):
+            return (Path(uri.removeprefix("sqlite:///")).parent / "artifacts").as_uri()
+        return None
 
 
 def find(explicit: str | Path | None = None, start: Path | None = None) -> Project:

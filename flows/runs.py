@@ -99,7 +99,7 @@ READERS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".
 def load_model(uri: str):
     """An MLflow pyfunc by URI, or one clear error naming the URI and the tracking store."""
     import mlflow
-    import tasks.serving  # noqa: F401 - its warning filter
+    import flows.serving  # noqa: F401 - its warning filter
     from mlflow.exceptions import MlflowException
 
     from flows.tracking import tracking_uri
@@ -152,7 +152,7 @@ def _cached_model(uri: str):
 
 def predict_chunk(chunk, params: dict) -> pd.DataFrame:
     """Chunk function: the label and probabilities of one chunk's texts (the model is loaded once per worker)."""
-    from flows.chunks import read_chunk
+    from tasks.io import read_chunk
 
     texts = read_chunk(chunk, columns=[params["text_column"]])[params["text_column"]].fillna("").astype(str).tolist()
     return _cached_model(params["uri"]).predict(texts)
@@ -163,13 +163,14 @@ def predict_distributed(uri: str, df: pd.DataFrame, text_column: str, executor: 
     row groups, each worker loads the model once and labels the chunks it is given."""
     import tempfile
 
-    from flows.chunks import Runner, plan, shutdown, write_parquet
+    from flows.chunks import DaskRunner, shutdown
+    from tasks.io import plan, write_parquet
 
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "texts.parquet"
         write_parquet(df[[text_column]], src, row_group_rows=chunk_rows)
         try:
-            parts = list(Runner(executor).map(predict_chunk, plan(src, chunk_rows), {"uri": uri, "text_column": text_column}, desc="predict"))
+            parts = list(DaskRunner(executor).map(predict_chunk, plan(src, chunk_rows), {"uri": uri, "text_column": text_column}, desc="predict"))
         finally:
             shutdown()
     out = pd.concat(parts, ignore_index=True)

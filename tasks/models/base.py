@@ -49,6 +49,7 @@ class ModelSpec:
     perplexity: Callable[[Path, pd.DataFrame], float] | None = None  # language models: perplexity of texts
     servable: Callable[[Path, pd.DataFrame], tuple[torch.nn.Module, np.ndarray]] | None = None  # PyTorch: module + input example
     uses_vectors: bool = False  # starts from the embed stage's word vectors
+    about: str = ""  # one line for `zhpipe models`
 
     @property
     def is_language_model(self) -> bool:

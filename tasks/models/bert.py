@@ -319,4 +319,5 @@ def servable_bert(folder: Path, df: pd.DataFrame) -> tuple[torch.nn.Module, np.n
     return Probabilities(model, tokenizer.pad_token_id).eval(), torch.cat(parts, dim=-1).numpy()
 
 
-SPEC = ModelSpec("bert", Params, train_bert, predictor=bert_predictor, servable=servable_bert, uses_vectors=True)
+SPEC = ModelSpec("bert", Params, train_bert, predictor=bert_predictor, servable=servable_bert, uses_vectors=True,
+                 about="BERT over characters: fine-tuned from a checkpoint, or masked-LM pretrained here; optional lexicon adapter")

@@ -216,10 +216,11 @@ def servable_network(folder: Path, df: pd.DataFrame) -> tuple[torch.nn.Module, n
     return Probabilities(model).eval(), next(batches(ids, None, len(ids), shuffle=False))[1].numpy()
 
 
-def _spec(name: str, params: type[Section]) -> ModelSpec:
-    return ModelSpec(name, params, train_network, predictor=network_predictor, servable=servable_network, uses_vectors=True)
+def _spec(name: str, params: type[Section], about: str) -> ModelSpec:
+    return ModelSpec(name, params, train_network, predictor=network_predictor, servable=servable_network, uses_vectors=True,
+                     about=about)
 
 
-TEXTCNN = _spec("textcnn", TextCNNParams)
-BILSTM = _spec("bilstm", BiLSTMParams)
-TRANSFORMER = _spec("transformer", TransformerParams)
+TEXTCNN = _spec("textcnn", TextCNNParams, "Kim's TextCNN: 1-D convolutions of widths 2-4, max-pooled; starts from word vectors")
+BILSTM = _spec("bilstm", BiLSTMParams, "a BiLSTM pooled by additive attention over non-padding steps; starts from word vectors")
+TRANSFORMER = _spec("transformer", TransformerParams, "a pre-norm Transformer encoder with a [CLS] token; starts from word vectors")

@@ -105,4 +105,5 @@ def rnn_lm_perplexity(folder: Path, df: pd.DataFrame, device: str = "auto") -> f
     return perplexity(model, lm_sequences(df[saved["tokens"]], stoi, saved["max_len"]))
 
 
-SPEC = ModelSpec("rnn_lm", Params, train_rnn_lm, perplexity=rnn_lm_perplexity)
+SPEC = ModelSpec("rnn_lm", Params, train_rnn_lm, perplexity=rnn_lm_perplexity,
+                 about="an LSTM language model with an adaptive softmax; scored by test perplexity")

@@ -67,4 +67,5 @@ def tfidf_predictor(folder: Path):
     return predict
 
 
-SPEC = ModelSpec("tfidf_lr", Params, lambda i: train_tfidf_lr(i.train, i.labels, i.section, i.params.seed, i.out), predictor=tfidf_predictor)
+SPEC = ModelSpec("tfidf_lr", Params, lambda i: train_tfidf_lr(i.train, i.labels, i.section, i.params.seed, i.out), predictor=tfidf_predictor,
+                about="TF-IDF over word 1-2-grams and character 1-3-grams, logistic regression: the baseline")

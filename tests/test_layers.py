@@ -1,0 +1,74 @@
+"""The layers run one way: flows/ imports tasks/, tasks/ imports neither flows/ nor prefect nor mlflow, and no
+two modules import each other (directly or round a longer circle). Read from the source with `ast`, so a
+lazy import inside a function counts as much as one at the top."""
+import ast
+from pathlib import Path
+
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("flows", "tasks")
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module an import statement in the file names (absolute imports; `from x import y` gives x and x.y)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+            names |= {f"{node.module}.{a.name}" for a in node.names}
+    return names
+
+
+def _graph(root: Path) -> dict[str, set[str]]:
+    files = {_module_name(p, root): p for pkg in PACKAGES for p in (root / pkg).rglob("*.py")}
+    return {name: {m for m in _imports(path) if m in files and m != name} for name, path in files.items()}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a list of modules (first = last), or None."""
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_tasks_import_neither_flows_nor_prefect_nor_mlflow():
+    offenders = [(str(p.relative_to(ROOT)), m) for p in (ROOT / "tasks").rglob("*.py") for m in _imports(p)
+                 if m.split(".")[0] in ("flows", "prefect", "mlflow")]
+    assert offenders == []
+
+
+def test_no_import_cycles():
+    assert _cycle(_graph(ROOT)) is None
+
+
+def test_the_check_finds_a_planted_cycle(tmp_path):
+    """The cycle check is not vacuous: two modules that import each other, one lazily, are reported."""
+    for pkg in PACKAGES:
+        (tmp_path / pkg).mkdir()
+    (tmp_path / "tasks" / "a.py").write_text("from tasks import b\n")
+    (tmp_path / "tasks" / "b.py").write_text("def f():\n    from tasks.a import x\n")
+    (tmp_path / "flows" / "c.py").write_text("import tasks.a\n")
+    assert _cycle(_graph(tmp_path)) == ["tasks.a", "tasks.b", "tasks.a"]

@@ -1,0 +1,21 @@
+"""The README's Python example runs as written (on the smoke pipeline, in this repository's project)."""
+import re
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+pytestmark = pytest.mark.e2e
+
+
+def python_example() -> str:
+    section = README.read_text(encoding="utf-8").split("## Python API", 1)[1]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_readme_python_example_runs(prefect_harness, capsys):
+    code = python_example()
+    assert "api.run(" in code and "api.load_model(" in code
+    exec(compile(code, str(README), "exec"), {})
+    printed = capsys.readouterr().out
+    assert "'evaluate':" in printed and "smoke" in printed
