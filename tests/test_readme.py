@@ -18,4 +18,5 @@ def test_readme_python_example_runs(prefect_harness, capsys):
     assert "api.run(" in code and "api.load_model(" in code
     exec(compile(code, str(README), "exec"), {})
     printed = capsys.readouterr().out
-    assert "'evaluate':" in printed and "smoke" in printed
+    assert "'evaluate': 'miss'" in printed or "'evaluate': 'hit'" in printed
+    assert "started" in printed  # the runs table's header
