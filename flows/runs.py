@@ -99,9 +99,9 @@ READERS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".
 def load_model(uri: str):
     """An MLflow pyfunc by URI, or one clear error naming the URI and the tracking store."""
     import mlflow
-    import flows.serving  # noqa: F401 - its warning filter
     from mlflow.exceptions import MlflowException
 
+    import flows.serving  # noqa: F401 - its warning filter
     from flows.tracking import tracking_uri
 
     mlflow.set_tracking_uri(tracking_uri())

@@ -4,7 +4,6 @@ lazy import inside a function counts as much as one at the top."""
 import ast
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("flows", "tasks")
 

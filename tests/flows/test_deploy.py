@@ -106,7 +106,13 @@ def client(env):
 
 
 def test_scheduled_pipeline_trains_on_the_second_pool(env, workers, tmp_path):
-    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId, FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
+    from prefect.client.schemas.filters import (
+        DeploymentFilter,
+        DeploymentFilterId,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
 
     config = write_pipelines(tmp_path / "pipelines.yaml", {"cron": "* * * * *", "timezone": "Asia/Shanghai"}, "gpu-test")
     proc = zhpipe(env, "deploy", "--config", str(config))
@@ -206,7 +212,13 @@ def test_gpu_slot_lets_one_training_at_a_time(env):
 
 def test_serve_runs_the_schedule_without_a_worker(env, tmp_path):
     """`zhpipe serve`: the scheduled pipeline runs from the serving process, with the file's default parameters."""
-    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId, FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
+    from prefect.client.schemas.filters import (
+        DeploymentFilter,
+        DeploymentFilterId,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
 
     doc = yaml.safe_load(write_pipelines(tmp_path / "p.yaml", {"cron": "* * * * *"}, None).read_text(encoding="utf-8"))
     served = doc["pipelines"].pop("tiny")

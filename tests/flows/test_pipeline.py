@@ -3,10 +3,10 @@ import pandas as pd
 import pytest
 
 from flows.config import load_pipeline
-from tasks.errors import ZhpipeError
 from flows.pipeline import pipeline_flow, select_stages
 from flows.runner import STAGES
 from flows.tracking import client
+from tasks.errors import ZhpipeError
 
 pytestmark = pytest.mark.e2e
 

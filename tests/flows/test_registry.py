@@ -41,8 +41,8 @@ def _config():
 def test_pyfunc_takes_raw_text_and_predicts_like_the_training_code(trained):
     import mlflow
 
-    from flows.tracking import Tracker
     from flows.serving import log_classifier
+    from flows.tracking import Tracker
     from tasks.models import MODELS
 
     test = pd.read_parquet(trained["segment"] / "test.parquet")

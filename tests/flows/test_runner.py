@@ -2,9 +2,9 @@
 import pandas as pd
 import pytest
 
-from tasks.errors import DataError
-from flows.tracking import client
 from flows.pipeline import STAGE_TASKS
+from flows.tracking import client
+from tasks.errors import DataError
 
 download, clean = STAGE_TASKS["download"], STAGE_TASKS["clean"]
 

@@ -4,10 +4,10 @@ import pandas as pd
 import pytest
 
 from tasks.augment import Params as AugmentConfig
-from tasks.segment import Params as SegmentConfig
-from tasks.errors import ConfigError, DataError
 from tasks.augment import augment_frame, check_no_leakage
 from tasks.augmenters import AUGMENTERS, AugmentContext, eda_words
+from tasks.errors import ConfigError, DataError
+from tasks.segment import Params as SegmentConfig
 
 TRAIN = pd.DataFrame({
     "id": [3, 5, 9],

@@ -13,15 +13,21 @@ import pandas as pd
 import pytest
 
 from tasks.augment import Params as AugmentConfig
-from tasks.segment import Params as SegmentConfig
-from tasks.translation import BackTranslationParams as BackTranslationConfig, HttpTranslationParams as HttpTranslationConfig, TranslationFilterParams as TranslationFilterConfig
 from tasks.augment import augment_frame
 from tasks.augmenters import AugmentContext
 from tasks.backtranslation import chinese_share, reject_reason
 from tasks.hub import ModelMissingError
+from tasks.segment import Params as SegmentConfig
+from tasks.translation import BackTranslationParams as BackTranslationConfig
 from tasks.translation import (
-    CachedTranslation, HttpTranslator, Seq2SeqTranslator, TranslationCache, split_sentences,
+    CachedTranslation,
+    HttpTranslator,
+    Seq2SeqTranslator,
+    TranslationCache,
+    split_sentences,
 )
+from tasks.translation import HttpTranslationParams as HttpTranslationConfig
+from tasks.translation import TranslationFilterParams as TranslationFilterConfig
 from tests.helpers.tiny_marian import ZH, build_pair
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,9 +8,9 @@ import zipfile
 import pandas as pd
 import pytest
 
+from tasks.download import ChecksumError, extract, fetch, read_table, verify
 from tasks.download import Source as SourceConfig
 from tasks.errors import DataError
-from tasks.download import ChecksumError, extract, fetch, read_table, verify
 
 ROWS = [("1", "房间很干净"), ("0", "服务太差了"), ("1", "早餐不错")]
 

@@ -1,7 +1,9 @@
 import numpy as np
 from gensim.models import KeyedVectors
 
-from tasks.embed import FastTextParams as FastTextEmbedConfig, Params as EmbedConfig, Word2VecParams as Word2VecConfig
+from tasks.embed import FastTextParams as FastTextEmbedConfig
+from tasks.embed import Params as EmbedConfig
+from tasks.embed import Word2VecParams as Word2VecConfig
 from tasks.embed import fasttext_keyed_vectors, neighbours, train_fasttext, train_word2vec
 
 LINES = ["酒店 房间 很 干净", "酒店 服务 很 好", "房间 服务 都 很 干净", "早餐 太 差", "酒店 早餐 不错"] * 40
@@ -57,8 +59,8 @@ def test_networks_start_from_either_embedding(tmp_path):
     import pytest
 
     from tasks.errors import DataError
-    from tasks.vectors import keyed_word_vectors, load_word_vectors
     from tasks.models.networks import pretrained_matrix
+    from tasks.vectors import keyed_word_vectors, load_word_vectors
 
     path = corpus(tmp_path)
     params = EmbedConfig(word2vec=Word2VecConfig(vector_size=10, min_count=1, epochs=1),

@@ -9,11 +9,11 @@ import pandas as pd
 import pytest
 from PIL import Image
 
+from tasks.core import BuildContext
+from tasks.errors import DataError
+from tasks.plots import PROBE, cjk_font, has_glyphs, plt, require_cjk_font, save, use_font
 from tasks.profile import Params as ProfileConfig
 from tasks.segment import Params as SegmentConfig
-from tasks.errors import DataError
-from tasks.core import BuildContext
-from tasks.plots import PROBE, cjk_font, has_glyphs, plt, require_cjk_font, save, use_font
 from tasks.segmenter import Segmenter
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

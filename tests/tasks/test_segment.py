@@ -1,4 +1,3 @@
-from tasks.segment import Params as SegmentConfig
 import hashlib
 import os
 
@@ -6,6 +5,7 @@ import pandas as pd
 
 from flows.chunks import DaskRunner, shutdown
 from tasks.io import Runner, write_parquet
+from tasks.segment import Params as SegmentConfig
 from tasks.segment import segment_file
 from tasks.segmenter import Segmenter
 

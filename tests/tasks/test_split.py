@@ -1,8 +1,8 @@
 import pandas as pd
 import pytest
 
-from tasks.split import Params as SplitConfig
 from tasks.errors import DataError
+from tasks.split import Params as SplitConfig
 from tasks.split import split_frame
 
 

@@ -3,13 +3,13 @@ import pandas as pd
 import pytest
 import torch
 
-from tasks.train import Params as TrainConfig
-from tasks.vocab import Params as VocabConfig
 from tasks.errors import ConfigError
+from tasks.hub import ModelMissingError
 from tasks.models import TrainInputs
 from tasks.models.bert import bert_predictor, char_tokenizer, encode_chars, lexicon_word_ids, train_bert
+from tasks.train import Params as TrainConfig
 from tasks.vectors import keyed_word_vectors
-from tasks.hub import ModelMissingError
+from tasks.vocab import Params as VocabConfig
 from tasks.vocab import build_vocab, count_tokens
 from tests.tasks.test_train import frame
 

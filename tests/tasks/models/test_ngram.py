@@ -1,10 +1,10 @@
 import math
 
 import numpy as np
-
 import pytest
 
-from tasks.models.ngram import EOS, UNK, NgramLM, Params as NgramConfig
+from tasks.models.ngram import EOS, UNK, NgramLM
+from tasks.models.ngram import Params as NgramConfig
 
 HOTEL = [s.split() for s in ["房间 很 干净", "服务 很 好", "房间 很 大 服务 也 好", "早餐 很 差", "房间 干净 服务 好"]]
 FINANCE = [s.split() for s in ["股市 大 跌", "基金 收益 很 差", "股市 上涨 基金 也 涨", "银行 利率 下调"]]
