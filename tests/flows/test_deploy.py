@@ -94,9 +94,21 @@ def workers(env, tmp_path):
                                        stdout=log, stderr=subprocess.STDOUT, start_new_session=True), log))
     yield tmp_path
     for proc, log in procs:
-        proc.terminate()
-        proc.wait(30)
+        stop(proc)
         log.close()
+
+
+def stop(proc: subprocess.Popen, grace: float = 30) -> None:
+    """SIGTERM, then SIGKILL of the whole process group after `grace` seconds: a worker that is still
+    running a flow (a schedule that fired again during teardown) waits for it on SIGTERM."""
+    import signal
+
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
 
 
 def client(env):
@@ -245,8 +257,7 @@ def test_serve_runs_the_schedule_without_a_worker(env, tmp_path):
             assert runs[0].state.type.value == "COMPLETED", (tmp_path / "serve.log").read_text()[-4000:]
             assert runs[0].auto_scheduled
     finally:
-        proc.terminate()
-        proc.wait(30)
+        stop(proc)
         log.close()
     from flows.config import load_pipeline
     from flows.runner import plan_keys
