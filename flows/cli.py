@@ -69,6 +69,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--only", choices=STAGE_NAMES, help="run just this stage (its inputs must be cached)")
     run.add_argument("--force", nargs="?", const="", choices=["", *STAGE_NAMES], metavar="STAGE",
                      help="rebuild STAGE and every later stage even if cached (all stages without STAGE)")
+    run.add_argument("--verify", action="store_true", help="hash every file of a reused output against its manifest "
+                     "(file sizes, and files up to 8 MB, are always checked)")
     status = sub.add_parser("status", help="show each stage as cached, stale or missing")
     pipeline_args(status)
     storage_arg(status)
@@ -81,6 +83,11 @@ def _parser() -> argparse.ArgumentParser:
     worker = sub.add_parser("worker", help="start a Prefect process worker on a work pool (runs deployed pipelines)")
     worker.add_argument("--pool", default="zhpipe", help="work pool (default zhpipe; e.g. gpu on a GPU machine)")
     worker.add_argument("--limit", type=int, default=None, help="at most this many flow runs at once")
+    verify = sub.add_parser("verify", help="check every output in the stage store against its manifest (sizes and sha256)")
+    storage_arg(verify)
+    gc = sub.add_parser("gc", help="remove outputs no pipeline in pipelines.yaml uses, and leftovers of killed builds")
+    storage_arg(gc)
+    gc.add_argument("--dry-run", action="store_true", help="show what would be removed, remove nothing")
     sub.add_parser("stages", help="list the stages, what each reads and does")
     sub.add_parser("models", help="list the registered models (names for train.models)")
     sub.add_parser("pipelines", help="list the pipelines in pipelines.yaml").add_argument("--config", type=Path, help="pipelines file")
@@ -152,7 +159,7 @@ def cmd_run(args) -> int:
     stages = select_stages(args.start, args.stop, args.only)
     force = None if args.force is None else ([args.force] if args.force else [])
     t0 = time.perf_counter()
-    out = pipeline_flow(config, stages=stages, force=force, storage=args.storage, dask=args.dask,
+    out = pipeline_flow(config, stages=stages, force=force, storage=args.storage, dask=args.dask, verify=args.verify,
                         overrides=args.overrides, config_file=_explicit_config(args),
                         source=_source(args))
     console = Console()
@@ -181,22 +188,25 @@ def cmd_status(args) -> int:
     from rich.table import Table
 
     from flows.pipeline import storage_root
-    from flows.runner import plan_keys
-    from flows.store import StageStore
+    from flows.runner import plan
+    from flows.status import stage_states
+    from flows.store import StageStore, stage_key
 
     config = _load(args)
-    store, keys = StageStore(storage_root(config, args.storage)), plan_keys(config)
+    causes = plan(config)
+    keys = {stage: stage_key(c) for stage, c in causes.items()}
     table = Table(title=f"zhpipe status {config.name}")
-    for col in ("stage", "state", "key", "rows", "built seconds"):
+    for col in ("stage", "state", "key", "rows", "built seconds", "why"):
         table.add_column(col)
-    for stage, key in keys.items():
-        if store.is_done(stage, key):
-            m = store.manifest(stage, key)
-            table.add_row(stage, "[green]cached[/]", key, str(m.rows), f"{m.seconds:.1f}")
-        else:
-            state = "[yellow]stale[/]" if store.others(stage, key) else "[red]missing[/]"
-            table.add_row(stage, state, key, "", "")
-    Console().print(table)
+    colour = {"cached": "green", "stale": "yellow", "missing": "red"}
+    for row in stage_states(StageStore(storage_root(config, args.storage)), causes, keys):
+        table.add_row(row["stage"], f"[{colour[row['state']]}]{row['state']}[/]", row["key"],
+                      "" if row["rows"] is None else str(row["rows"]),
+                      "" if row["seconds"] is None else f"{row['seconds']:.1f}", "\n".join(row["why"]))
+    console = Console()
+    if not console.is_terminal:  # piped or logged: whole lines, not wrapped at 80 columns
+        console = Console(width=200)
+    console.print(table)
     return 0
 
 
@@ -326,6 +336,44 @@ def cmd_predict(args) -> int:
     return 0
 
 
+def _store(args):
+    from flows.config import list_pipelines, load_pipeline
+    from flows.pipeline import storage_root
+    from flows.store import StageStore
+
+    first = load_pipeline(next(iter(list_pipelines(project.current().config_file))))
+    return StageStore(storage_root(first, args.storage))
+
+
+def cmd_verify(args) -> int:
+    from flows.maintenance import verify_store
+
+    store = _store(args)
+    rows = verify_store(store)
+    bad = [r for r in rows if r["problems"]]
+    for r in bad:
+        print(f"{r['stage']}/{r['key']}: " + "; ".join(r["problems"][:3]))
+    print(f"{len(rows)} outputs checked in {store.url}: {len(rows) - len(bad)} sound, {len(bad)} corrupt"
+          + (" (`zhpipe run` rebuilds them; `zhpipe gc` removes what no pipeline uses)" if bad else ""))
+    return 1 if bad else 0
+
+
+def cmd_gc(args) -> int:
+    from flows.config import list_pipelines, load_pipeline
+    from flows.maintenance import collect_garbage
+    from flows.runner import plan_keys
+
+    file = project.current().config_file
+    keep = {(stage, key) for name in list_pipelines(file) for stage, key in plan_keys(load_pipeline(name, file)).items()}
+    store = _store(args)
+    removed = collect_garbage(store, keep, dry_run=args.dry_run)
+    for item in removed:
+        print(f"{'would remove' if args.dry_run else 'removed'} {item['path']} ({item['mb']:.1f} MB, {item['why']})")
+    total = sum(i["mb"] for i in removed)
+    print(f"{len(removed)} items, {total:.1f} MB {'would be freed' if args.dry_run else 'freed'} in {store.url}")
+    return 0
+
+
 def cmd_stages(args) -> int:
     from flows.runner import STAGES
 
@@ -402,7 +450,8 @@ def main(argv: list[str] | None = None) -> int:
         _quiet_prefect_tracebacks()
     commands = {"run": cmd_run, "status": cmd_status, "stages": cmd_stages, "pipelines": cmd_pipelines, "ui": cmd_ui,
                 "deploy": cmd_deploy, "serve": cmd_serve, "worker": cmd_worker, "runs": cmd_runs, "compare": cmd_compare,
-                "predict": cmd_predict, "models": cmd_models, "init": cmd_init}
+                "predict": cmd_predict, "models": cmd_models, "init": cmd_init,
+                "verify": cmd_verify, "gc": cmd_gc}
     try:
         return commands[args.command](args)
     except ZhpipeError as e:

@@ -22,10 +22,10 @@ from flows.runner import (
     RunContext,
     StageResult,
     artifact_key,
-    plan_keys,
+    plan,
     source_fingerprint,
 )
-from flows.store import StageStore
+from flows.store import StageStore, stage_key
 from flows.tracking import Tracker
 from flows.workers import gpu_slot, train_deployment
 from tasks import augment as augment_stage
@@ -87,9 +87,10 @@ def git_commit() -> str:
         return "unknown"
 
 
-def start_run(config: PipelineConfig, force: set[str], storage: str, executor: str | None = None) -> RunContext:
+def start_run(config: PipelineConfig, force: set[str], storage: str, executor: str | None = None, verify: bool = False) -> RunContext:
     """Plan keys and open the MLflow parent run of this pipeline run."""
-    keys = plan_keys(config)
+    causes = plan(config)
+    keys = {stage: stage_key(c) for stage, c in causes.items()}
     experiment = f"zhpipe-{config.name}"
     parent = Tracker.start(
         experiment,
@@ -102,7 +103,7 @@ def start_run(config: PipelineConfig, force: set[str], storage: str, executor: s
         },
     )
     parent.params(config.flat_params())
-    return RunContext(config, StageStore(storage), keys, experiment, parent.run_id, force, executor)
+    return RunContext(config, StageStore(storage), keys, experiment, parent.run_id, force, executor, causes, verify)
 
 
 def finish_run(run: RunContext, results: dict[str, StageResult], ok: bool) -> None:
@@ -177,18 +178,20 @@ def pipeline_flow(
     source: dict[str, Any] | None = None,
     config_file: str | None = None,
     project_dir: str | None = None,
+    verify: bool = False,
 ) -> dict[str, Any]:
     """Run the selected stages of one pipeline; earlier stages they need are read from the stage store.
 
     `pipeline` is a name in `config_file` (what deployments pass) or an already loaded config (the CLI).
     `storage`: the stage store root (folder or fsspec URL); `dask`: "local" or a scheduler address;
-    `project_dir`: the project folder (deployments pass it; default: found from the working directory).
+    `project_dir`: the project folder (deployments pass it; default: found from the working directory);
+    `verify`: hash every file of a reused output against its manifest (sizes and small files always are).
     """
     if project_dir:
         project.activate(project.Project(Path(project_dir)))
     config = pipeline if isinstance(pipeline, PipelineConfig) else _config(pipeline, overrides, source, config_file)
     stages = stages or list(STAGES)
-    run = start_run(config, forced_stages(force), storage_root(config, storage), chunk_executor(config, dask))
+    run = start_run(config, forced_stages(force), storage_root(config, storage), chunk_executor(config, dask), verify)
     needed = set(stages) | {d for s in stages for d in STAGES[s]}
     results: dict[str, StageResult] = {}
 
@@ -277,8 +280,9 @@ def train_flow(
     if project_dir:
         project.activate(project.Project(Path(project_dir)))
     config = _config(pipeline, overrides, source, config_file)
-    run = RunContext(config, StageStore(storage_root(config, storage)), plan_keys(config), f"zhpipe-{config.name}",
-                     parent_run_id, {"train"} if force else set())
+    causes = plan(config)
+    run = RunContext(config, StageStore(storage_root(config, storage)), {s: stage_key(c) for s, c in causes.items()}, f"zhpipe-{config.name}",
+                     parent_run_id, {"train"} if force else set(), causes=causes)
     inputs = [run.reuse(name) for name in STAGES["train"]]
     with gpu_slot():
         result = STAGE_TASKS["train"](run, *inputs)

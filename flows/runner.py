@@ -11,6 +11,7 @@ from typing import Any, Callable
 from flows import project
 from flows.chunks import runner_for
 from flows.config import STAGE_MODULES, PipelineConfig, flatten
+from flows.fingerprint import code_fingerprint, file_fingerprints, library_versions
 from flows.store import Manifest, StageStore, file_sha256, stage_key
 from flows.tracking import Tracker
 from tasks.core import BuildContext, BuildOutput
@@ -56,15 +57,33 @@ def resolve_local(location: str) -> Path | None:
     return resolve_path(location, project.current().root)
 
 
-def plan_keys(config: PipelineConfig) -> dict[str, str]:
-    """Every stage's key, computed from the config alone (so `status` needs no run)."""
-    keys: dict[str, str] = {}
+def key_causes(config: PipelineConfig, stage: str, inputs: dict[str, str]) -> dict[str, Any]:
+    """Everything a stage's key hashes: its params, its inputs' keys (the source's sha256 for download), the
+    code that computes it, the libraries that shape it and the contents of the files its params name."""
+    module = STAGE_MODULES[stage]
+    params = stage_params(config, stage)
+    return {
+        "stage": stage,
+        "params": params,
+        "inputs": inputs,
+        "code": code_fingerprint(module.__name__),
+        "libraries": library_versions(module.LIBRARIES),
+        "files": file_fingerprints(params, module.FILES, project.current().root),
+    }
+
+
+def plan(config: PipelineConfig) -> dict[str, dict[str, Any]]:
+    """Every stage's key causes, computed from the config alone (so `status` needs no run)."""
+    causes: dict[str, dict[str, Any]] = {}
     for stage, deps in STAGES.items():
-        inputs = {d: keys[d] for d in deps}
-        if stage == "download":
-            inputs = {"source": source_fingerprint(config)}
-        keys[stage] = stage_key(stage, STAGE_MODULES[stage].VERSION, stage_params(config, stage), inputs)
-    return keys
+        inputs = {"source": source_fingerprint(config)} if stage == "download" else {d: stage_key(causes[d]) for d in deps}
+        causes[stage] = key_causes(config, stage, inputs)
+    return causes
+
+
+def plan_keys(config: PipelineConfig) -> dict[str, str]:
+    """Every stage's key, computed from the config alone."""
+    return {stage: stage_key(c) for stage, c in plan(config).items()}
 
 
 @dataclass
@@ -92,6 +111,8 @@ class RunContext:
     parent_run_id: str | None
     force: set[str] = field(default_factory=set)
     executor: str | None = None  # chunked work: None = local processes, "local" = a local Dask cluster, else its address
+    causes: dict[str, dict[str, Any]] = field(default_factory=dict)  # per stage, what its key hashed
+    verify: bool = False  # hash every file of a reused output, not only the small ones
 
     def reuse(self, stage: str) -> StageResult:
         """Load a cached stage without tracking it (for stages before --from)."""
@@ -100,7 +121,18 @@ class RunContext:
             raise ZhpipeError(
                 f"stage '{stage}' has no cached output for this config (key {key}); run it first, e.g. `zhpipe run --to {stage}`"
             )
+        if not self._sound(stage, key):
+            raise ZhpipeError(f"stage '{stage}': its cached output {key} failed verification and was removed; "
+                              f"rebuild it with `zhpipe run --from {stage}`")
         return self._result(self.store.manifest(stage, key), "hit", 0.0)
+
+    def _sound(self, stage: str, key: str) -> bool:
+        """Whether a cached output matches its manifest; a corrupt one is reported in one line and removed."""
+        problems = self.store.verify(stage, key, full=self.verify)
+        if problems:
+            log.warning("%s: cached output %s is corrupt (%s); rebuilding it", stage, key, "; ".join(problems[:3]))
+            self.store.discard(stage, key)
+        return not problems
 
     def run(self, stage: str, inputs: dict[str, StageResult], build: Callable[[BuildContext], BuildOutput]) -> StageResult:
         """Reuse the stage's output when its key is in the store, else build it atomically; track either way.
@@ -108,7 +140,7 @@ class RunContext:
         key = self.keys[stage]
         t0 = time.perf_counter()
         with self.store.lock(stage, key):
-            hit = stage not in self.force and self.store.is_done(stage, key)
+            hit = stage not in self.force and self.store.is_done(stage, key) and self._sound(stage, key)
             params_model = getattr(self.config.stages, stage)
             tracker = Tracker.start(
                 self.experiment,
@@ -154,7 +186,6 @@ class RunContext:
         manifest = Manifest(
             stage=stage,
             key=key,
-            version=STAGE_MODULES[stage].VERSION,
             params=stage_params(self.config, stage),
             inputs={name: r.key for name, r in inputs.items()},
             rows=out.rows,
@@ -162,6 +193,7 @@ class RunContext:
             metrics=out.metrics,
             info=out.info,
             mlflow_run_id=tracker.run_id,
+            causes=self.causes.get(stage, {}),
         )
         final = self.store.publish(tmp, manifest)
         shutil.rmtree(scratch, ignore_errors=True)

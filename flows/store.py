@@ -27,16 +27,13 @@ from typing import Any
 from tasks.io import atomic_write_text, file_sha256  # noqa: F401 - file_sha256 is part of the store's API
 
 MANIFEST = "manifest.json"
+HASH_ON_REUSE_BYTES = 8 << 20  # files up to this size are hashed on every reuse; larger ones with --verify
 log = logging.getLogger("zhpipe")
 
 
-def stage_key(stage: str, version: str, params: dict[str, Any], inputs: dict[str, str]) -> str:
-    """Hash of everything that determines a stage's output: name, code version, params, input keys."""
-    blob = json.dumps(
-        {"stage": stage, "version": version, "params": params, "inputs": inputs},
-        sort_keys=True,
-        ensure_ascii=False,
-    )
+def stage_key(causes: dict[str, Any]) -> str:
+    """Hash of everything that determines a stage's output (see flows.runner.key_causes)."""
+    blob = json.dumps(causes, sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -46,7 +43,6 @@ class Manifest:
 
     stage: str
     key: str
-    version: str
     params: dict[str, Any]
     inputs: dict[str, str]
     rows: int | None
@@ -55,13 +51,35 @@ class Manifest:
     info: dict[str, Any] = field(default_factory=dict)  # stage-specific facts (e.g. source sha256, labels)
     mlflow_run_id: str | None = None  # the stage run that logged this output's artifacts
     created: float = field(default_factory=time.time)
+    causes: dict[str, Any] = field(default_factory=dict)  # what the key hashed: `zhpipe status` diffs these
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)  # relative path -> {size, sha256}: checked on reuse
+
+    @classmethod
+    def from_json(cls, text: str) -> "Manifest":
+        """A manifest from its JSON (fields this version does not know are ignored)."""
+        doc = json.loads(text)
+        return cls(**{k: v for k, v in doc.items() if k in cls.__dataclass_fields__})
 
     @classmethod
     def read(cls, folder: Path) -> "Manifest":
-        return cls(**json.loads((folder / MANIFEST).read_text(encoding="utf-8")))
+        return cls.from_json((folder / MANIFEST).read_text(encoding="utf-8"))
 
     def write(self, folder: Path) -> None:
         atomic_write_text(folder / MANIFEST, json.dumps(asdict(self), indent=2, ensure_ascii=False))
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a folder's entries (new files, renames) durable."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _alive(pid: int) -> bool:
@@ -128,7 +146,7 @@ class StageStore:
 
     def manifest(self, stage: str, key: str) -> Manifest:
         if self.fs is not None:
-            return Manifest(**json.loads(self.fs.cat_file(self._remote(stage, key, MANIFEST)).decode("utf-8")))
+            return Manifest.from_json(self.fs.cat_file(self._remote(stage, key, MANIFEST)).decode("utf-8"))
         return Manifest.read(self.path(stage, key))
 
     def local(self, stage: str, key: str) -> Path:
@@ -171,8 +189,15 @@ class StageStore:
         return tmp
 
     def publish(self, tmp: Path, manifest: Manifest) -> Path:
-        """Write the manifest last, then rename the folder into place (atomic on one file system)."""
+        """Record every file's size and sha256 in the manifest, make the files durable (fsync), write the
+        manifest last, then rename the folder into place (atomic on one file system)."""
+        manifest.files = {}
+        for path in sorted(p for p in tmp.rglob("*") if p.is_file() and p.name != MANIFEST):
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+            manifest.files[path.relative_to(tmp).as_posix()] = {"size": path.stat().st_size, "sha256": file_sha256(path)}
         manifest.write(tmp)
+        _fsync_dir(tmp)
         final = self.path(manifest.stage, manifest.key)
         if final.exists():  # forced rebuild or a concurrent run: replace the old output
             trash = final.with_name(f".old-{final.name}-{os.getpid()}")
@@ -181,9 +206,36 @@ class StageStore:
             shutil.rmtree(trash, ignore_errors=True)
         else:
             os.replace(tmp, final)
+        _fsync_dir(final.parent)
         if self.fs is not None:
             self._upload(final, manifest)
         return final
+
+    def verify(self, stage: str, key: str, full: bool = False) -> list[str]:
+        """Problems of a finished output against its manifest (empty when sound): every file's size, and its
+        sha256 when `full` or the file is small enough to hash on every reuse."""
+        folder = self.local(stage, key)
+        manifest = Manifest.read(folder)
+        problems = []
+        for rel, facts in manifest.files.items():
+            path = folder / rel
+            if not path.is_file():
+                problems.append(f"{rel}: missing")
+            elif path.stat().st_size != facts["size"]:
+                problems.append(f"{rel}: {path.stat().st_size} bytes, manifest says {facts['size']}")
+            elif (full or facts["size"] <= HASH_ON_REUSE_BYTES) and file_sha256(path) != facts["sha256"]:
+                problems.append(f"{rel}: sha256 differs from the manifest")
+        return problems
+
+    def discard(self, stage: str, key: str) -> None:
+        """Remove a finished output (a corrupt one), remote copy included, so it is rebuilt."""
+        if self.fs is not None and self.fs.exists(self._remote(stage, key, MANIFEST)):
+            self.fs.rm_file(self._remote(stage, key, MANIFEST))
+        folder = self.path(stage, key)
+        if folder.exists():
+            trash = folder.with_name(f".old-{key}-{os.getpid()}")
+            os.replace(folder, trash)
+            shutil.rmtree(trash, ignore_errors=True)
 
     def _upload(self, final: Path, manifest: Manifest) -> None:
         """Every file of the output, then its manifest: readers elsewhere see it done only when complete."""

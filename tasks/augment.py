@@ -13,7 +13,10 @@ from tasks.errors import ConfigError, DataError
 from tasks.io import Runner, write_parquet
 from tasks.segmenter import SegmenterParams
 
-VERSION = "2"
+# what its key sees besides params, inputs and code (flows/fingerprint.py): the libraries that shape
+# its output, and the params that name files (counted by content)
+LIBRARIES = ("jieba", "transformers", "torch", "sentencepiece", "sacrebleu")
+FILES: tuple[str, ...] = ("backtranslation.pivots.*.forward", "backtranslation.pivots.*.backward")
 
 
 class Params(EdaParams):

@@ -13,7 +13,10 @@ from tasks.core import BuildContext, BuildOutput, Dataset, Section
 from tasks.errors import DataError
 from tasks.io import Chunk, Runner, plan, read_chunk, sorted_labels, write_parquet
 
-VERSION = "1"
+# what its key sees besides params, inputs and code (flows/fingerprint.py): the libraries that shape
+# its output, and the params that name files (counted by content)
+LIBRARIES = ("pandas", "pyarrow", "opencc")
+FILES: tuple[str, ...] = ()
 
 
 class Params(Section):

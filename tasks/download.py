@@ -16,7 +16,10 @@ from tasks.core import BuildContext, BuildOutput, Section
 from tasks.errors import DataError
 from tasks.io import file_sha256, resolve_path, sorted_labels, write_parquet
 
-VERSION = "1"
+# what its key sees besides params, inputs and code (flows/fingerprint.py): the libraries that shape
+# its output, and the params that name files (counted by content)
+LIBRARIES = ("pandas", "pyarrow", "charset-normalizer")
+FILES: tuple[str, ...] = ()
 
 
 class Source(Section):

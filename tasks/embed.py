@@ -14,7 +14,10 @@ from tasks.core import BuildContext, BuildOutput, Section
 from tasks.text import is_word
 from tasks.vectors import FASTTEXT_MIN_THREADS, fasttext_call, fasttext_dim
 
-VERSION = "1"
+# what its key sees besides params, inputs and code (flows/fingerprint.py): the libraries that shape
+# its output, and the params that name files (counted by content)
+LIBRARIES = ("gensim", "fasttext", "scikit-learn", "matplotlib", "numpy")
+FILES: tuple[str, ...] = ()
 
 
 class Word2VecParams(Section):

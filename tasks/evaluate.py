@@ -19,7 +19,10 @@ from tasks.models import MODELS
 from tasks.models.base import label_ids
 from tasks.plots import cjk_font, plt, save, use_font
 
-VERSION = "5"  # + PR curves, worst mistakes, training curves
+# what its key sees besides params, inputs and code (flows/fingerprint.py): the libraries that shape
+# its output, and the params that name files (counted by content)
+LIBRARIES = ("torch", "transformers", "scikit-learn", "fasttext", "matplotlib")
+FILES: tuple[str, ...] = ()
 
 
 class Params(Section):

@@ -19,7 +19,10 @@ from tasks.io import SPLITS
 from tasks.plots import data_uri, plt, require_cjk_font, save, use_font
 from tasks.text import FUNCTION_WORDS, is_word
 
-VERSION = "1"
+# what its key sees besides params, inputs and code (flows/fingerprint.py): the libraries that shape
+# its output, and the params that name files (counted by content)
+LIBRARIES = ("jieba", "matplotlib", "wordcloud", "numpy")
+FILES: tuple[str, ...] = ("font",)
 
 
 class Params(Section):

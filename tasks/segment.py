@@ -16,7 +16,10 @@ from tasks.core import BuildContext, BuildOutput
 from tasks.io import SPLITS, Chunk, PartWriter, Runner, plan, read_chunk
 from tasks.segmenter import Segmenter, SegmenterParams
 
-VERSION = "2"  # chunked: row groups of `chunk_rows` rows
+# what its key sees besides params, inputs and code (flows/fingerprint.py): the libraries that shape
+# its output, and the params that name files (counted by content)
+LIBRARIES = ("jieba", "pyarrow")
+FILES: tuple[str, ...] = ("user_dict", "stopwords")
 
 
 class Params(SegmenterParams):

@@ -9,7 +9,10 @@ from tasks.core import BuildContext, BuildOutput, Section
 from tasks.errors import DataError
 from tasks.io import SPLITS, write_parquet
 
-VERSION = "1"
+# what its key sees besides params, inputs and code (flows/fingerprint.py): the libraries that shape
+# its output, and the params that name files (counted by content)
+LIBRARIES = ("pandas", "scikit-learn")
+FILES: tuple[str, ...] = ()
 
 
 class Params(Section):

@@ -8,7 +8,10 @@ from pydantic import Field, field_validator
 
 from tasks.core import BuildContext, BuildOutput, Section
 
-VERSION = "1"
+# what its key sees besides params, inputs and code (flows/fingerprint.py): the libraries that shape
+# its output, and the params that name files (counted by content)
+LIBRARIES = ("pandas",)
+FILES: tuple[str, ...] = ()
 KINDS = ("words", "chars")
 
 

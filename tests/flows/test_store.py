@@ -1,16 +1,18 @@
 from flows.store import Manifest, StageStore, stage_key
 
 
-def test_key_depends_on_params_inputs_and_version():
-    base = stage_key("train", "1", {"epochs": 2}, {"vocab": "a"})
-    assert base == stage_key("train", "1", {"epochs": 2}, {"vocab": "a"})
-    assert base != stage_key("train", "1", {"epochs": 3}, {"vocab": "a"})
-    assert base != stage_key("train", "1", {"epochs": 2}, {"vocab": "b"})
-    assert base != stage_key("train", "2", {"epochs": 2}, {"vocab": "a"})
+def test_key_depends_on_every_cause():
+    causes = {"stage": "train", "params": {"epochs": 2}, "inputs": {"vocab": "a"}, "code": {"tasks.train": "c1"},
+              "libraries": {"torch": "2.13.0"}, "files": {}}
+    base = stage_key(causes)
+    assert base == stage_key(dict(causes))
+    for part, value in (("params", {"epochs": 3}), ("inputs", {"vocab": "b"}), ("code", {"tasks.train": "c2"}),
+                        ("libraries", {"torch": "2.14.0"}), ("files", {"dict.txt": "sha256:1"})):
+        assert base != stage_key({**causes, part: value}), part
 
 
 def _manifest(key):
-    return Manifest(stage="clean", key=key, version="1", params={}, inputs={}, rows=3, seconds=0.1)
+    return Manifest(stage="clean", key=key, params={}, inputs={}, rows=3, seconds=0.1)
 
 
 def test_unpublished_output_does_not_count(tmp_path):

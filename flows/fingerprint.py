@@ -1,0 +1,125 @@
+"""What a stage key sees besides params and upstream keys: the code that computes the stage, the versions of
+the libraries that shape its output, and the contents of the files its params name.
+
+- Code: the stage's module and every project module it imports (transitively, lazy imports included),
+  each as a hash of its syntax tree without docstrings, so comments, docstrings and formatting do not
+  count but any change to what runs does.
+- Libraries: each stage module's `LIBRARIES` (distribution names), at their installed versions.
+- Files: each stage module's `FILES` (dotted paths into its params, `*` for list items); a local file or
+  folder counts by content, anything else (a hub model id) by its name.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from tasks.io import file_sha256, resolve_path
+
+
+def _strip_docstrings(tree: ast.AST) -> ast.AST:
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                node.body = node.body[1:] or [ast.Pass()]
+    return tree
+
+
+def _source_file(module: str) -> Path | None:
+    spec = importlib.util.find_spec(module)
+    return Path(spec.origin) if spec and spec.origin and spec.origin.endswith(".py") else None
+
+
+@lru_cache(maxsize=None)
+def _module_info(module: str) -> tuple[str, tuple[str, ...]]:
+    """(hash of the module's normalised syntax tree, the project modules it imports)."""
+    tree = ast.parse(_source_file(module).read_text(encoding="utf-8"))
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            imported.add(node.module)
+            imported |= {f"{node.module}.{a.name}" for a in node.names}
+    ours = tuple(sorted(m for m in imported if m.split(".")[0] == "tasks" and _is_module(m)))
+    digest = hashlib.sha256(ast.dump(_strip_docstrings(tree), annotate_fields=False).encode()).hexdigest()[:16]
+    return digest, ours
+
+
+@lru_cache(maxsize=None)
+def _is_module(name: str) -> bool:
+    try:
+        return _source_file(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def code_fingerprint(module: str) -> dict[str, str]:
+    """Hash per project module that `module` runs (itself and what it imports, transitively)."""
+    seen: dict[str, str] = {}
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        digest, deps = _module_info(name)
+        seen[name] = digest
+        todo += [d for d in deps if d not in seen]
+    return dict(sorted(seen.items()))
+
+
+def library_versions(names: tuple[str, ...]) -> dict[str, str]:
+    """Installed versions of the distributions that shape a stage's output ("missing" when absent)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in names:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "missing"
+    return out
+
+
+def _values(params: Any, dotted: str) -> list[str]:
+    """The string values at a dotted path of a params dict (`*` walks a list)."""
+    nodes = [params]
+    for part in dotted.split("."):
+        nxt = []
+        for node in nodes:
+            if part == "*" and isinstance(node, list):
+                nxt += node
+            elif isinstance(node, dict) and node.get(part) is not None:
+                nxt.append(node[part])
+        nodes = nxt
+    return [v for v in nodes if isinstance(v, str)]
+
+
+@lru_cache(maxsize=256)
+def _content(path: Path, mtime_ns: int, size: int) -> str:
+    """sha256 of a file, or of a folder's (relative path, file sha256) list; cached per mtime and size."""
+    if path.is_file():
+        return file_sha256(path)
+    h = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        h.update(f"{f.relative_to(path).as_posix()}\0{file_sha256(f)}\n".encode())
+    return h.hexdigest()
+
+
+def file_fingerprints(params: dict[str, Any], paths: tuple[str, ...], root: Path) -> dict[str, str]:
+    """For each file a param names: `sha256:<hash>` of a local file or folder, else `name:<value>` (a hub id)."""
+    out = {}
+    for dotted in paths:
+        for value in _values(params, dotted):
+            local = resolve_path(value, root)
+            if local is not None and local.exists():
+                stat = local.stat()
+                newest = max((p.stat().st_mtime_ns for p in local.rglob("*")), default=stat.st_mtime_ns) if local.is_dir() else stat.st_mtime_ns
+                out[value] = "sha256:" + _content(local.resolve(), newest, stat.st_size)
+            else:
+                out[value] = "name:" + value
+    return out

@@ -1,0 +1,63 @@
+"""`zhpipe status`: each stage as cached, stale or missing, and for a stale one why: which of its key's causes
+differ from its most recent output in the store (a param, code, a library version, a named file, upstream)."""
+from __future__ import annotations
+
+from typing import Any
+
+from flows.config import flatten
+from flows.store import Manifest, StageStore
+
+
+def _short(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def diff_causes(stage: str, old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """What changed between two key-cause records of one stage, one short phrase per cause."""
+    if not old:
+        return ["built by an older zhpipe (its causes were not recorded)"]
+    why = []
+    before, after = flatten(old.get("params", {})), flatten(new.get("params", {}))
+    for key in sorted(set(before) | set(after)):
+        if before.get(key) != after.get(key):
+            why.append(f"param {stage}.{key}: {_short(before.get(key))} -> {_short(after.get(key))}")
+    for name in sorted(set(old.get("inputs", {})) | set(new.get("inputs", {}))):
+        if old.get("inputs", {}).get(name) != new.get("inputs", {}).get(name):
+            why.append("source file changed" if name == "source" else f"upstream {name} changed")
+    code_old, code_new = old.get("code", {}), new.get("code", {})
+    for module in sorted(set(code_old) | set(code_new)):
+        if code_old.get(module) != code_new.get(module):
+            why.append(f"code {module.replace('.', '/')}.py changed")
+    libs_old, libs_new = old.get("libraries", {}), new.get("libraries", {})
+    for lib in sorted(set(libs_old) | set(libs_new)):
+        if libs_old.get(lib) != libs_new.get(lib):
+            why.append(f"library {lib} {libs_old.get(lib, 'none')} -> {libs_new.get(lib, 'none')}")
+    files_old, files_new = old.get("files", {}), new.get("files", {})
+    for name in sorted(set(files_old) | set(files_new)):
+        if files_old.get(name) != files_new.get(name):
+            why.append(f"file {name} changed")
+    return why or ["no recorded cause differs (forced rebuild elsewhere?)"]
+
+
+def latest_other(store: StageStore, stage: str, key: str) -> Manifest | None:
+    """The most recently built other output of `stage` in the store, or None."""
+    manifests = [store.manifest(stage, other) for other in store.others(stage, key)]
+    return max(manifests, key=lambda m: m.created, default=None)
+
+
+def stage_states(store: StageStore, causes: dict[str, dict[str, Any]], keys: dict[str, str]) -> list[dict[str, Any]]:
+    """Per stage: state (cached, stale, missing), key, rows, build seconds, and why when stale."""
+    rows = []
+    for stage, key in keys.items():
+        if store.is_done(stage, key):
+            m = store.manifest(stage, key)
+            rows.append({"stage": stage, "state": "cached", "key": key, "rows": m.rows, "seconds": m.seconds, "why": []})
+            continue
+        previous = latest_other(store, stage, key)
+        if previous is None:
+            rows.append({"stage": stage, "state": "missing", "key": key, "rows": None, "seconds": None, "why": []})
+        else:
+            rows.append({"stage": stage, "state": "stale", "key": key, "rows": None, "seconds": None,
+                         "why": diff_causes(stage, previous.causes, causes[stage])})
+    return rows

@@ -1,0 +1,97 @@
+"""Stage keys see every cause (params, upstream, code, library versions, named files) and `zhpipe status` names
+the cause that made a stage stale."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flows import fingerprint, runner
+from flows.config import load_pipeline
+from flows.pipeline import pipeline_flow, select_stages
+from flows.status import stage_states
+from flows.store import StageStore, stage_key
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.e2e
+BEFORE_SEGMENT = ("download", "clean", "split")
+FROM_SEGMENT = ("segment", "profile", "augment", "vocab", "embed", "train", "evaluate")
+
+
+@pytest.fixture(scope="module")
+def built(prefect_harness, tmp_path_factory):
+    """The smoke pipeline built up to segment, with a user dictionary, in a store of its own."""
+    folder = tmp_path_factory.mktemp("keys")
+    (folder / "user.txt").write_text("很干净 10 a\n", encoding="utf-8")
+    sets = [f"segment.user_dict={folder / 'user.txt'}"]
+    pipeline_flow(load_pipeline("smoke", overrides=sets), storage=str(folder / "store"), stages=select_stages(stop="segment"))
+    return {"store": StageStore(folder / "store"), "sets": sets, "dict": folder / "user.txt"}
+
+
+def states(built, sets=()):
+    causes = runner.plan(load_pipeline("smoke", overrides=built["sets"] + list(sets)))
+    keys = {s: stage_key(c) for s, c in causes.items()}
+    return keys, {r["stage"]: r for r in stage_states(built["store"], causes, keys)}
+
+
+def changed(a: dict, b: dict) -> set[str]:
+    return {s for s in a if a[s] != b[s]}
+
+
+def test_a_param_rebuilds_its_stage_and_what_follows_and_status_says_which(built):
+    keys, rows = states(built)
+    assert [rows[s]["state"] for s in ("download", "clean", "split", "segment")] == ["cached"] * 4
+    new_keys, rows = states(built, ["segment.hmm=false"])
+    assert changed(keys, new_keys) == set(FROM_SEGMENT)
+    assert rows["segment"]["state"] == "stale" and rows["segment"]["why"] == ["param segment.hmm: True -> False"]
+
+
+def _patched_source(monkeypatch, tmp_path, module: str, edit):
+    original = fingerprint._source_file(module)
+    copy = tmp_path / f"{module}.py"
+    copy.write_text(edit(original.read_text(encoding="utf-8")), encoding="utf-8")
+    real = fingerprint._source_file
+    monkeypatch.setattr(fingerprint, "_source_file", lambda name: copy if name == module else real(name))
+    fingerprint._module_info.cache_clear()
+
+
+def test_code_changes_count_comments_do_not(built, monkeypatch, tmp_path):
+    keys, _ = states(built)
+    _patched_source(monkeypatch, tmp_path, "tasks.segment", lambda s: s.replace('"""Stage `segment`', '# a comment\n"""Stage `segment`, reworded', 1) + "\n# the end\n")
+    assert states(built)[0] == keys  # comments, docstrings and formatting are not code
+    _patched_source(monkeypatch, tmp_path, "tasks.segment", lambda s: s + "\nEXTRA = 1\n")
+    new_keys, rows = states(built)
+    assert changed(keys, new_keys) == set(FROM_SEGMENT)
+    assert rows["segment"]["why"] == ["code tasks/segment.py changed"]
+    fingerprint._module_info.cache_clear()
+
+
+def test_an_edited_user_dictionary_rebuilds_segment(built):
+    keys, _ = states(built)
+    original = built["dict"].read_text(encoding="utf-8")
+    try:
+        built["dict"].write_text(original + "早餐很好 5 a\n", encoding="utf-8")
+        os.utime(built["dict"], ns=(1, 10**18))  # a distinct mtime, as an editor gives
+        new_keys, rows = states(built)
+    finally:
+        built["dict"].write_text(original, encoding="utf-8")
+    assert changed(keys, new_keys) == set(FROM_SEGMENT)
+    assert rows["segment"]["why"] == [f"file {built['dict']} changed"]
+
+
+def test_a_library_version_rebuilds_what_it_shapes(built, monkeypatch):
+    keys, _ = states(built)
+    real = runner.library_versions
+    monkeypatch.setattr(runner, "library_versions", lambda names: {**real(names), **({"jieba": "0.43.0"} if "jieba" in names else {})})
+    new_keys, rows = states(built)
+    assert changed(keys, new_keys) == set(FROM_SEGMENT)  # jieba shapes segment; the rest follow from it
+    assert rows["segment"]["why"] == ["library jieba 0.42.1 -> 0.43.0"]
+
+
+def test_status_command_names_the_cause(built):
+    env = {**os.environ, "ZHPIPE_STORAGE": str(built["store"].root)}
+    proc = subprocess.run([sys.executable, "-m", "flows.cli", "status", "smoke", *sum((["--set", s] for s in built["sets"]), []),
+                           "--set", "clean.min_chars=3"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "param clean.min_chars: 2 -> 3" in proc.stdout and "upstream clean changed" in proc.stdout
