@@ -102,10 +102,10 @@ def load_model(pipeline: str, model: str, overrides: list[str] | None = None, pr
     from tasks.models import get
 
     spec = get(model)
-    folder = output(pipeline, "train", overrides, project, storage) / model
-    if not folder.is_dir():
-        raise ZhpipeError(f"model '{model}' is not in this train output (train.models of '{pipeline}'); add it with "
+    if model not in config(pipeline, overrides, project).stages.train.models:
+        raise ZhpipeError(f"model '{model}' is not in train.models of '{pipeline}'; add it with "
                           f"overrides=['train.models=[..., {model}]']")
+    folder = output(pipeline, f"train.{model}", overrides, project, storage) / model
     if spec.is_language_model:
         return lambda frame: spec.perplexity(folder, frame)
     return spec.predictor(folder)

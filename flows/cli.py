@@ -163,13 +163,13 @@ def cmd_run(args) -> int:
                         overrides=args.overrides, config_file=_explicit_config(args),
                         source=_source(args))
     console = Console()
-    console.print(summary_table(out["stages"], time.perf_counter() - t0, config.name))
+    console.print(summary_table(out["stages"], time.perf_counter() - t0, config.name, out.get("units", [])))
     console.print(f"MLflow: experiment [bold]{out['experiment']}[/], parent run {out['parent_run_id']}  (see it with `zhpipe ui`)")
     return 0
 
 
-def summary_table(rows: list[dict], wall: float, name: str):
-    """The end-of-run table: stage, cache, seconds, rows, headline metric."""
+def summary_table(rows: list[dict], wall: float, name: str, units: list[dict] = ()):
+    """The end-of-run table: stage, cache, seconds, rows, headline metric; each model unit under its stage."""
     from rich.table import Table
 
     table = Table(title=f"zhpipe run {name}: {wall:.1f} s wall")
@@ -180,6 +180,10 @@ def summary_table(rows: list[dict], wall: float, name: str):
         metric = f"{r['headline']}={value:.4g}" if value is not None else ""
         table.add_row(r["stage"], "[green]hit[/]" if r["cache"] == "hit" else "[yellow]miss[/]",
                       f"{r['seconds']:.1f}", str(r["rows"] if r["rows"] is not None else ""), metric)
+        for u in (u for u in units if u["stage"].startswith(r["stage"] + ".")):
+            key = next((k for k in ("val_macro_f1_best", "test_accuracy", "val_perplexity_best", "test_perplexity") if k in u["metrics"]), None)
+            table.add_row(f"  {u['stage'].partition('.')[2]}", "[green]hit[/]" if u["cache"] == "hit" else "[yellow]miss[/]",
+                          f"{u['seconds']:.1f}", "", f"{key}={u['metrics'][key]:.4g}" if key else "")
     return table
 
 

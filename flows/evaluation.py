@@ -1,5 +1,8 @@
-"""After the evaluate stage: one MLflow run per model (params, curves, test metrics, the saved model and its
-plots, PyTorch models as MLflow models), and the best classifier registered under the champion rule."""
+"""The train and evaluate stages as units per model: each model in train.models is trained, cached and scored
+as its own unit (`train.<model>`, `evaluate.<model>`) with its own key and its own MLflow run (params,
+per-epoch curves, test metrics, the saved model and its plots), so changing one model's params rebuilds
+that model and the comparison only. The train and evaluate stages then gather their units; the best
+classifier is registered under the champion rule."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,50 +11,88 @@ import pandas as pd
 
 import tasks
 from flows.registry import register_best
-from flows.runner import RunContext, StageResult
+from flows.runner import RunContext, StageResult, model_units
 from flows.tracking import Tracker
+from tasks import evaluate as evaluate_stage
+from tasks import train as train_stage
 from tasks.models import MODELS
 
 
-def track_models(run: RunContext, train: StageResult, evaluation: StageResult, segment: StageResult) -> dict[str, str]:
-    """One nested MLflow run per model: its params, per-epoch curves, test metrics, checkpoint and plots.
-    Returns each model's run id."""
-    test = pd.read_parquet(segment.path / "test.parquet")
-    run_ids = {}
-    for name, summary in train.info["models"].items():
-        tracker = Tracker.start(run.experiment, name, parent=run.parent_run_id, tags={"zhpipe.model": name, "zhpipe.train_key": train.key})
-        section = getattr(run.config.stages.train, name)
-        tracker.params({"model": name, "epochs": run.config.stages.train.epochs, "seed": run.config.stages.train.seed, **section.model_dump()})
-        for row in summary.get("history", []):
-            tracker.metrics({k: v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
-        for row in summary.get("pretrain_history", []):  # bert's masked-LM pretraining
-            tracker.metrics({f"mlm_{k}": v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
-        facts = {k: summary[k] for k in ("parameters", "best_epoch", "resumed_from_epoch") if k in summary}
-        facts["median_samples_per_second"] = summary["samples_per_second"]  # the per-epoch curve is samples_per_second
-        best_val = {"val_macro_f1_best": summary["val_macro_f1"]} if "val_macro_f1" in summary else {}
-        tracker.metrics({**evaluation.info["results"][name], **best_val, **facts, "train_seconds": summary["seconds"]})
-        tracker.artifact(train.path / name, "model")
-        spec = MODELS[name]
-        if spec.servable is not None:  # PyTorch models: also as an MLflow model (ids in, probabilities out)
-            module, example = spec.servable(train.path / name, test)
-            tracker.tags({"zhpipe.model_uri": tracker.pytorch_model(module, "pytorch_model", example, code_dir=Path(tasks.__file__).parent)})
-        if (evaluation.path / name).is_dir():
-            tracker.artifact(evaluation.path / name, "evaluation")
-            if (evaluation.path / name / "worst_mistakes.csv").is_file():  # a table in the run's Evaluation view
-                tracker.table(pd.read_csv(evaluation.path / name / "worst_mistakes.csv").astype(str), "worst_mistakes.json")
-        tracker.finish()
-        run_ids[name] = tracker.run_id
-    return run_ids
+def model_dir(run: RunContext, name: str) -> Path:
+    """The local folder of a trained model of this run (inside its `train.<name>` unit)."""
+    unit = f"train.{name}"
+    return run.store.local(unit, run.keys[unit]) / name
 
 
-def register(run: RunContext, train: StageResult, evaluation: StageResult, segment: StageResult, run_ids: dict[str, str]) -> None:
+def train_models(run: RunContext, augment: StageResult, segment: StageResult, vocab: StageResult, embed: StageResult) -> StageResult:
+    """Every model's train unit (reused or built, each tracked in its model run), then the train stage that
+    gathers them."""
+    units = {}
+    for unit in model_units(run.config, "train"):
+        name = unit.partition(".")[2]
+        inputs = {"augment": augment, "segment": segment, "vocab": vocab} | ({"embed": embed} if MODELS[name].uses_vectors else {})
+        result = run.run(unit, inputs, lambda ctx, n=name: train_stage.build_model(ctx, n), run_name=name, tags={"zhpipe.model": name})
+        _track_training(run, result, name, segment)
+        units[unit] = result
+    result = run.run("train", units, train_stage.build)
+    result.parts = units
+    return result
+
+
+def _track_training(run: RunContext, result: StageResult, name: str, segment: StageResult) -> None:
+    """The model run: its curves and facts every time; the saved model (and, for PyTorch models, an MLflow
+    model) only when it was built now; a reused model points to the run that holds them."""
+    tracker = Tracker(result.run_id)
+    summary = result.info["summary"]
+    for row in summary.get("history", []):
+        tracker.metrics({k: v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
+    for row in summary.get("pretrain_history", []):  # bert's masked-LM pretraining
+        tracker.metrics({f"mlm_{k}": v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
+    facts = {k: summary[k] for k in ("parameters", "best_epoch", "resumed_from_epoch") if k in summary}
+    facts["median_samples_per_second"] = summary["samples_per_second"]  # the per-epoch curve is samples_per_second
+    best_val = {"val_macro_f1_best": summary["val_macro_f1"]} if "val_macro_f1" in summary else {}
+    tracker.metrics({**best_val, **facts, "train_seconds": summary["seconds"]})
+    if result.cache == "hit":
+        source = run.store.manifest(result.stage, result.key).mlflow_run_id
+        uri = tracker.client.get_run(source).data.tags.get("zhpipe.model_uri") if source else None
+        if uri:
+            tracker.tags({"zhpipe.model_uri": uri})
+        return
+    tracker.artifact(result.path / name, "model")
+    spec = MODELS[name]
+    if spec.servable is not None:  # PyTorch models: also as an MLflow model (ids in, probabilities out)
+        module, example = spec.servable(result.path / name, pd.read_parquet(segment.path / "test.parquet"))
+        tracker.tags({"zhpipe.model_uri": tracker.pytorch_model(module, "pytorch_model", example, code_dir=Path(tasks.__file__).parent)})
+
+
+def evaluate_models(run: RunContext, train: StageResult, segment: StageResult) -> StageResult:
+    """Every model's evaluate unit (scored into its model run), then the evaluate stage that compares them."""
+    units = {}
+    for unit in model_units(run.config, "evaluate"):
+        name = unit.partition(".")[2]
+        trained = train.parts.get(f"train.{name}") or run.reuse(f"train.{name}")
+        model_run = trained.run_id or _model_run(run, name)
+        units[unit] = run.run(unit, {"train": trained, "segment": segment}, lambda ctx, n=name: evaluate_stage.build_model(ctx, n),
+                              tracker=Tracker(model_run))
+    result = run.run("evaluate", units, evaluate_stage.build)
+    result.parts = units
+    return result
+
+
+def _model_run(run: RunContext, name: str) -> str:
+    """A model run for a model whose training was reused outside this run's train stage (--from evaluate)."""
+    return Tracker.start(run.experiment, name, parent=run.parent_run_id, tags={"zhpipe.model": name, "zhpipe.cache": "hit"}).run_id
+
+
+def register(run: RunContext, evaluation: StageResult, segment: StageResult, model_runs: dict[str, str]) -> None:
     """Register the best classifier (a pyfunc that takes raw text) and apply the champion rule; the parent
     run's tags say what happened and why."""
     best, metric = evaluation.info["best_model"], run.config.stages.evaluate.metric
     decision = register_best(
-        run_ids[best], run.config.name, best, train.path / best, evaluation.info["labels"],
+        model_runs[best], run.config.name, best, model_dir(run, best), evaluation.info["labels"],
         run.config.stages.clean.model_dump(mode="json"), run.config.stages.segment.model_dump(mode="json"),
         pd.read_parquet(segment.path / "test.parquet"), metric, evaluation.info["results"][best][f"test_{metric}"],
+        model_key=run.keys[f"train.{best}"],
     )
     Tracker(run.parent_run_id).tags({"zhpipe.registered": f"{decision.name}/{decision.version}",
                                      "zhpipe.champion": "yes" if decision.champion else "no", "zhpipe.champion_reason": decision.reason})

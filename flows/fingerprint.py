@@ -58,13 +58,14 @@ def _is_module(name: str) -> bool:
         return False
 
 
-def code_fingerprint(module: str) -> dict[str, str]:
-    """Hash per project module that `module` runs (itself and what it imports, transitively)."""
+def code_fingerprint(module: str, skip: str | None = None) -> dict[str, str]:
+    """Hash per project module that `module` runs (itself and what it imports, transitively); modules named
+    `skip` or below it are left out, with what only they import."""
     seen: dict[str, str] = {}
     todo = [module]
     while todo:
         name = todo.pop()
-        if name in seen:
+        if name in seen or (skip and name != module and (name == skip or name.startswith(skip + "."))):
             continue
         digest, deps = _module_info(name)
         seen[name] = digest

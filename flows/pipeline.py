@@ -4,11 +4,13 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
@@ -16,7 +18,7 @@ from prefect.cache_policies import NO_CACHE
 from flows import project
 from flows.chunks import shutdown as shutdown_cluster
 from flows.config import DEFAULT_PIPELINE, STAGE_MODULES, PipelineConfig, load_pipeline
-from flows.evaluation import register, track_models
+from flows.evaluation import evaluate_models, register, train_models
 from flows.runner import (
     STAGES,
     RunContext,
@@ -87,21 +89,38 @@ def git_commit() -> str:
         return "unknown"
 
 
-def start_run(config: PipelineConfig, force: set[str], storage: str, executor: str | None = None, verify: bool = False) -> RunContext:
+def run_name(config: PipelineConfig, overrides: list[str] | None = None) -> str:
+    """A parent run's name that reads well truncated: the pipeline, the changed params, the time last."""
+    changed = " ".join(o.replace(" ", "") for o in overrides or [])
+    return " ".join(p for p in (config.name, changed, time.strftime("%m-%d %H:%M:%S")) if p)
+
+
+def source_tags(config: PipelineConfig) -> dict[str, str]:
+    """MLflow's standard source tags (the UI's Source and User columns) and zhpipe's own."""
+    import getpass
+
+    commit = git_commit()
+    tags = {
+        "mlflow.source.name": " ".join(["zhpipe", *sys.argv[1:]]) if sys.argv and sys.argv[0].endswith(("zhpipe", "cli.py")) else f"zhpipe run {config.name}",
+        "mlflow.source.type": "LOCAL",
+        "mlflow.user": getpass.getuser(),
+        "zhpipe.pipeline": config.name,
+        "zhpipe.git_commit": commit,
+        "zhpipe.config_hash": config.config_hash(),
+        "zhpipe.source_sha256": source_fingerprint(config),
+    }
+    if commit != "unknown":
+        tags["mlflow.source.git.commit"] = commit
+    return tags
+
+
+def start_run(config: PipelineConfig, force: set[str], storage: str, executor: str | None = None, verify: bool = False,
+              overrides: list[str] | None = None) -> RunContext:
     """Plan keys and open the MLflow parent run of this pipeline run."""
     causes = plan(config)
     keys = {stage: stage_key(c) for stage, c in causes.items()}
     experiment = f"zhpipe-{config.name}"
-    parent = Tracker.start(
-        experiment,
-        f"{config.name}-{time.strftime('%m%d-%H%M%S')}",
-        tags={
-            "zhpipe.pipeline": config.name,
-            "zhpipe.git_commit": git_commit(),
-            "zhpipe.config_hash": config.config_hash(),
-            "zhpipe.source_sha256": source_fingerprint(config),
-        },
-    )
+    parent = Tracker.start(experiment, run_name(config, overrides), tags=source_tags(config))
     parent.params(config.flat_params())
     return RunContext(config, StageStore(storage), keys, experiment, parent.run_id, force, executor, causes, verify)
 
@@ -117,6 +136,11 @@ def finish_run(run: RunContext, results: dict[str, StageResult], ok: bool) -> No
         parent.tags({"zhpipe.best_model": best})
     parent.metrics({"stages_hit": sum(r.cache == "hit" for r in results.values()),
                     "stages_miss": sum(r.cache == "miss" for r in results.values())})
+    split = results.get("split") or results.get("segment")
+    if split is not None:  # the Dataset column: the splits this run trained, validated and tested on
+        for name, context in (("train", "training"), ("validation", "validation"), ("test", "testing")):
+            frame = pd.read_parquet(split.path / f"{name}.parquet", columns=["id", "text", "label"])
+            parent.dataset(frame, source=str(split.path / f"{name}.parquet"), name=f"{run.config.name}-{name}", context=context)
     parent.finish(ok)
 
 
@@ -150,13 +174,18 @@ STAGE_TASKS = {stage: _stage_task(stage) for stage in STAGES if stage != "downlo
 STAGE_TASKS["download"] = _stage_task("download", retries=3, retry_delay_seconds=[1, 4, 10], retry_condition_fn=_retry_network_errors)
 
 
+@task(name="train", cache_policy=NO_CACHE)
+def train(run: RunContext, augment: StageResult, segment: StageResult, vocab: StageResult, embed: StageResult) -> StageResult:
+    """Each model trained (or reused) as a unit of its own, tracked in its model run."""
+    return train_models(run, augment, segment, vocab, embed)
+
+
 @task(name="evaluate", cache_policy=NO_CACHE)
 def evaluate(run: RunContext, train: StageResult, segment: StageResult) -> StageResult:
-    """Test metrics and the model comparison; tracked per model; the best classifier registered."""
-    result = run.run("evaluate", {"train": train, "segment": segment}, STAGE_MODULES["evaluate"].build)
-    run_ids = track_models(run, train, result, segment)
-    if result.cache == "miss":  # a cached evaluation was registered when it was built
-        register(run, train, result, segment, run_ids)
+    """Each model scored as a unit of its own, the comparison, and the best classifier registered."""
+    result = evaluate_models(run, train, segment)
+    # every run: a best model that is not registered yet (a run killed before registering) is registered now
+    register(run, result, segment, {unit.partition(".")[2]: r.run_id for unit, r in result.parts.items()})
     create_markdown_artifact(
         markdown=f"# {run.config.name}: model comparison (test split)\n\n" + (result.path / "comparison.md").read_text(encoding="utf-8"),
         key=artifact_key(run.config.name, "comparison"), description="zhpipe evaluate",
@@ -164,6 +193,7 @@ def evaluate(run: RunContext, train: StageResult, segment: StageResult) -> Stage
     return result
 
 
+STAGE_TASKS["train"] = train
 STAGE_TASKS["evaluate"] = evaluate
 
 
@@ -191,7 +221,7 @@ def pipeline_flow(
         project.activate(project.Project(Path(project_dir)))
     config = pipeline if isinstance(pipeline, PipelineConfig) else _config(pipeline, overrides, source, config_file)
     stages = stages or list(STAGES)
-    run = start_run(config, forced_stages(force), storage_root(config, storage), chunk_executor(config, dask), verify)
+    run = start_run(config, forced_stages(force), storage_root(config, storage), chunk_executor(config, dask), verify, overrides)
     needed = set(stages) | {d for s in stages for d in STAGES[s]}
     results: dict[str, StageResult] = {}
 
@@ -226,7 +256,8 @@ def pipeline_flow(
     return {
         "parent_run_id": run.parent_run_id,
         "experiment": run.experiment,
-        "stages": [asdict(results[name]) | {"headline": HEADLINE[name]} for name in stages],
+        "stages": [{k: v for k, v in asdict(results[name]).items() if k != "parts"} | {"headline": HEADLINE[name]} for name in stages],
+        "units": [{k: v for k, v in asdict(unit).items() if k != "parts"} for name in stages for unit in results[name].parts.values()],
     }
 
 

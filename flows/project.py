@@ -89,6 +89,8 @@ def activate(project: Project) -> Project:
     }
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
+    # Prefect's temporary server keeps its SQLite database there and does not create missing parents
+    Path(os.environ["PREFECT_HOME"]).expanduser().mkdir(parents=True, exist_ok=True)
     # INFO from zhpipe's logger reaches Prefect's handlers even where the root logger stays at WARNING
     logging.getLogger("zhpipe").setLevel(logging.INFO)
     return project

@@ -2,6 +2,7 @@
 it becomes `champion` only when it beats the current champion on a test split with the same content."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 from dataclasses import dataclass
@@ -46,34 +47,91 @@ def decide(new_score: float, new_hash: str, champion: dict | None, metric: str) 
         return False, (f"not compared: champion version {old_version} was scored on another test split "
                        f"({old_hash[:12] or 'unknown'} vs {new_hash[:12]}); the alias stays")
     old_score = float(champion.get("zhpipe.score", "nan"))
-    if new_score > old_score:
+    if round(new_score, 6) > old_score:  # scores are stored with 6 decimals
         return True, f"test {metric} {new_score:.4f} beats champion version {old_version} ({old_score:.4f})"
     return False, f"test {metric} {new_score:.4f} does not beat champion version {old_version} ({old_score:.4f}); the alias stays"
 
 
-def register_best(run_id: str, pipeline: str, model: str, folder: Path, labels: list[str], clean: dict, segment: dict,
-                  test: pd.DataFrame, metric: str, score: float) -> Decision:
-    """Log the best model as a pyfunc in its MLflow run, register it, and apply the champion rule."""
+def registered_version(name: str, model_key: str):
+    """The model version registered for a trained model's key (its `train.<model>` unit), or None."""
     from mlflow.exceptions import MlflowException
 
+    from flows.tracking import client
+
+    try:
+        found = client().search_model_versions(f"name = '{name}' and tags.`zhpipe.model_key` = '{model_key}'")
+    except MlflowException:
+        return None
+    return min(found, key=lambda v: int(v.version)) if found else None
+
+
+def _champion(c, name: str) -> dict | None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        current = c.get_model_version_by_alias(name, ALIAS)
+    except MlflowException:
+        return None
+    return {**current.tags, "version": current.version}
+
+
+@contextlib.contextmanager
+def _registry_lock(name: str):
+    """One champion decision at a time per registered model: a file lock beside a SQLite tracking store (and
+    a Prefect global concurrency limit when a Prefect server is configured, which spans machines)."""
+    import os
+
+    from filelock import FileLock
+
+    from flows.project import current
+
+    folder = current().prefect_home
+    folder.mkdir(parents=True, exist_ok=True)
+    with FileLock(folder / f"registry-{name}.lock"):
+        if os.environ.get("PREFECT_API_URL"):
+            from flows.workers import global_slot
+
+            with global_slot(f"zhpipe-registry-{name}", f"registry: another run is deciding the {name} champion; waiting"):
+                yield
+        else:
+            yield
+
+
+def register_best(run_id: str, pipeline: str, model: str, folder: Path, labels: list[str], clean: dict, segment: dict,
+                  test: pd.DataFrame, metric: str, score: float, model_key: str) -> Decision:
+    """Register the best model (a pyfunc in its MLflow run) unless its key is registered already, then apply
+    the champion rule: the alias moves only if, re-read under the registry lock, the champion it was
+    compared with is still the champion (compare-and-set)."""
     from flows.serving import log_classifier
     from flows.tracking import client
 
-    name, digest = registered_name(pipeline), test_sha256(test)
-    info = log_classifier(run_id, model, folder, labels, clean, segment, registered_name=name)
-    c = client()
-    version = str(info.registered_model_version)
-    for key, value in {"zhpipe.model": model, "zhpipe.test_sha256": digest, "zhpipe.metric": metric, "zhpipe.score": f"{score:.6f}",
-                       "zhpipe.run_id": run_id}.items():
-        c.set_model_version_tag(name, version, key, value)
-    try:
-        current = c.get_model_version_by_alias(name, ALIAS)
-        champion = {**current.tags, "version": current.version}
-    except MlflowException:
-        champion = None
-    promote, reason = decide(score, digest, champion, metric)
-    if promote:
-        c.set_registered_model_alias(name, ALIAS, version)
+    name, digest, c = registered_name(pipeline), test_sha256(test), client()
+    existing = registered_version(name, model_key)
+    if existing is None:
+        info = log_classifier(run_id, model, folder, labels, clean, segment, registered_name=name)
+        version = str(info.registered_model_version)
+        for key, value in {"zhpipe.model": model, "zhpipe.test_sha256": digest, "zhpipe.metric": metric, "zhpipe.score": f"{score:.6f}",
+                           "zhpipe.run_id": run_id, "zhpipe.model_key": model_key}.items():
+            c.set_model_version_tag(name, version, key, value)
+    else:
+        version = str(existing.version)
+    with _registry_lock(name):
+        for _ in range(5):
+            champion = _champion(c, name)
+            if champion is not None and str(champion["version"]) == version:
+                promote, reason = False, f"version {version} ({model}, key {model_key}) is already the champion"
+                break
+            promote, reason = decide(score, digest, champion, metric)
+            if not promote:
+                break
+            again = _champion(c, name)  # compare-and-set: the champion we compared with must still be the one
+            if str((again or {}).get("version")) == str((champion or {}).get("version")):
+                c.set_registered_model_alias(name, ALIAS, version)
+                break
+        else:
+            promote, reason = False, "the champion kept changing under concurrent runs; the alias stays"
+    if existing is not None:
+        reason = f"already registered as version {version} (key {model_key}); {reason}"
     c.update_model_version(name, version, description=f"{model}, test {metric} {score:.4f}: {reason}")
     log.info("registry: %s version %s (%s): %s", name, version, model, reason)
     return Decision(name, version, promote, reason)

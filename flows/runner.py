@@ -1,6 +1,7 @@
 """Stage execution: plan the keys of a run, then build or reuse each stage and track it in MLflow."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import time
@@ -17,6 +18,7 @@ from flows.tracking import Tracker
 from tasks.core import BuildContext, BuildOutput
 from tasks.errors import ZhpipeError
 from tasks.io import resolve_path
+from tasks.models import MODELS
 
 # The pipeline's stages in run order, each with the stages whose outputs it reads.
 STAGES: dict[str, tuple[str, ...]] = {
@@ -72,12 +74,54 @@ def key_causes(config: PipelineConfig, stage: str, inputs: dict[str, str]) -> di
     }
 
 
+def model_units(config: PipelineConfig, stage: str) -> list[str]:
+    """The per-model units of the train or evaluate stage: `train.<model>` for each model in train.models."""
+    return [f"{stage}.{name}" for name in config.stages.train.models]
+
+
+def unit_params(config: PipelineConfig, unit: str) -> dict[str, Any]:
+    """The params that define a stage's or a model unit's output. A `train.<model>` unit sees the settings
+    every model shares and its own section, never another model's; `train` itself only the model list."""
+    stage, _, model = unit.partition(".")
+    if stage == "train":
+        every = stage_params(config, "train")
+        shared = {k: v for k, v in every.items() if k not in MODELS and k != "models"}
+        return {**shared, model: every[model]} if model else {"models": every["models"]}
+    return stage_params(config, stage)
+
+
+def _unit_causes(config: PipelineConfig, unit: str, inputs: dict[str, str]) -> dict[str, Any]:
+    stage, _, model = unit.partition(".")
+    causes = key_causes(config, stage, inputs)
+    causes["stage"], causes["params"] = unit, unit_params(config, unit)
+    if stage == "train" and model:  # the train stage's code and the model's own module, not the other models'
+        causes["code"] = {**code_fingerprint("tasks.train", skip="tasks.models"), **code_fingerprint(MODELS[model].train.__module__)}
+        module = STAGE_MODULES["train"]
+        causes["files"] = file_fingerprints({model: causes["params"][model]}, tuple(f for f in module.FILES if f.startswith(f"{model}.")),
+                                            project.current().root)
+    return causes
+
+
 def plan(config: PipelineConfig) -> dict[str, dict[str, Any]]:
-    """Every stage's key causes, computed from the config alone (so `status` needs no run)."""
+    """Every stage's and model unit's key causes, computed from the config alone (so `status` needs no run).
+    Each model is a unit of its own (`train.<model>`, `evaluate.<model>`); the train and evaluate stages
+    gather their units, so a change to one model's params rebuilds that model and the comparison only."""
     causes: dict[str, dict[str, Any]] = {}
     for stage, deps in STAGES.items():
         inputs = {"source": source_fingerprint(config)} if stage == "download" else {d: stage_key(causes[d]) for d in deps}
-        causes[stage] = key_causes(config, stage, inputs)
+        if stage in ("train", "evaluate"):
+            for unit in model_units(config, stage):
+                model = unit.partition(".")[2]
+                unit_inputs = dict(inputs)
+                if stage == "train" and not MODELS[model].uses_vectors:
+                    unit_inputs.pop("embed", None)
+                if stage == "evaluate":
+                    unit_inputs["train"] = stage_key(causes[f"train.{model}"])
+                causes[unit] = _unit_causes(config, unit, unit_inputs)
+            inputs = {unit: stage_key(causes[unit]) for unit in model_units(config, stage)}
+            causes[stage] = {**key_causes(config, stage, inputs), "params": unit_params(config, stage) if stage == "train" else stage_params(config, stage)}
+        else:
+            causes[stage] = key_causes(config, stage, inputs)
     return causes
 
 
@@ -98,6 +142,8 @@ class StageResult:
     rows: int | None
     metrics: dict[str, float]
     info: dict[str, Any]
+    run_id: str | None = None  # the MLflow run this pipeline run tracked it in
+    parts: dict[str, "StageResult"] = field(default_factory=dict)  # train/evaluate: their model units
 
 
 @dataclass
@@ -134,40 +180,62 @@ class RunContext:
             self.store.discard(stage, key)
         return not problems
 
-    def run(self, stage: str, inputs: dict[str, StageResult], build: Callable[[BuildContext], BuildOutput]) -> StageResult:
-        """Reuse the stage's output when its key is in the store, else build it atomically; track either way.
-        The key's lock is held throughout, so a concurrent run of the same key waits, then reuses."""
+    def run(self, stage: str, inputs: dict[str, StageResult], build: Callable[[BuildContext], BuildOutput],
+            tracker: Tracker | None = None, run_name: str | None = None, tags: dict[str, str] | None = None) -> StageResult:
+        """Reuse the unit's output when its key is in the store (and sound), else build it atomically; track
+        either way. `stage` is a stage or a model unit (`train.textcnn`, `evaluate.textcnn`). By default each
+        gets an MLflow run of its own under the parent; `tracker` logs into an existing run instead (left
+        open). The key's lock is held throughout, so a concurrent run of the same key waits, then reuses."""
         key = self.keys[stage]
         t0 = time.perf_counter()
         with self.store.lock(stage, key):
-            hit = stage not in self.force and self.store.is_done(stage, key) and self._sound(stage, key)
-            params_model = getattr(self.config.stages, stage)
-            tracker = Tracker.start(
-                self.experiment,
-                stage,
-                parent=self.parent_run_id,
-                tags={"zhpipe.stage": stage, "zhpipe.cache": "hit" if hit else "miss", "zhpipe.key": key},
-            )
+            hit = not self.forced(stage) and self.store.is_done(stage, key) and self._sound(stage, key)
+            cache = {"zhpipe.cache": "hit" if hit else "miss"}
+            own = tracker is None
+            if own:
+                tracker = Tracker.start(self.experiment, run_name or stage, parent=self.parent_run_id,
+                                        tags={"zhpipe.stage": stage, "zhpipe.key": key, **cache, **(tags or {})})
+                tracker.params(flatten(unit_params(self.config, stage)))
             try:
-                tracker.params(flatten(stage_params(self.config, stage)))
                 if hit:
                     manifest = self.store.manifest(stage, key)
-                    tracker.tags({"zhpipe.artifacts_run_id": manifest.mlflow_run_id or ""})
+                    self._link(tracker, stage, manifest)
                     log.info("%s: cached (%s)", stage, key)
                 else:
-                    manifest = self._build(stage, key, inputs, params_model, tracker, build)
-                tracker.metrics({**manifest.metrics, "rows": manifest.rows or 0, "seconds": manifest.seconds})
+                    manifest = self._build(stage, key, inputs, tracker, build)
+                prefix = "" if own else f"{stage.split('.')[0]}_"  # a model run holds its train and evaluate units
+                tracker.metrics({**manifest.metrics, f"{prefix}rows": manifest.rows or 0, f"{prefix}seconds": manifest.seconds})
             except BaseException:
-                tracker.finish(ok=False)
+                if own:
+                    tracker.finish(ok=False)
                 raise
-            tracker.finish()
-        return self._result(manifest, "hit" if hit else "miss", time.perf_counter() - t0)
+            if own:
+                tracker.finish()
+        result = self._result(manifest, "hit" if hit else "miss", time.perf_counter() - t0)
+        result.run_id = tracker.run_id
+        return result
 
-    def _build(self, stage, key, inputs, params_model, tracker, build) -> Manifest:
+    def forced(self, stage: str) -> bool:
+        """Whether --force covers this stage (a model unit follows its stage)."""
+        return stage.split(".")[0] in self.force
+
+    @staticmethod
+    def _link(tracker: Tracker, stage: str, manifest: Manifest) -> None:
+        """A reused output's artifacts stay where they were logged: tag and describe that run, upload nothing."""
+        source = manifest.mlflow_run_id or ""
+        tag = f"zhpipe.{stage.split('.')[0]}_artifacts_run_id" if "." in stage else "zhpipe.artifacts_run_id"
+        tracker.tags({tag: source})
+        if source:
+            experiment = tracker.client.get_run(tracker.run_id).info.experiment_id
+            tracker.tags({"mlflow.note.content": f"{stage}: cached output {manifest.key}, reused; its artifacts are in "
+                                                 f"[run {source[:8]}](#/experiments/{experiment}/runs/{source})."})
+
+    def _build(self, stage, key, inputs, tracker, build) -> Manifest:
         log.info("%s: building (%s)", stage, key)
+        params_model = getattr(self.config.stages, stage.split(".")[0])
         tmp = self.store.begin(stage, key)
         scratch = self.store.scratch(stage, key)
-        if stage in self.force:  # --force means from scratch, not from the last checkpoint
+        if self.forced(stage):  # --force means from scratch, not from the last checkpoint
             shutil.rmtree(scratch)
             scratch.mkdir()
         t0 = time.perf_counter()
@@ -182,11 +250,12 @@ class RunContext:
             runner=runner_for(self.executor),
             sink=tracker,
         )
-        out = build(ctx)
+        with system_metrics(tracker.run_id, enabled=stage.startswith("train.")):
+            out = build(ctx)
         manifest = Manifest(
             stage=stage,
             key=key,
-            params=stage_params(self.config, stage),
+            params=unit_params(self.config, stage),
             inputs={name: r.key for name, r in inputs.items()},
             rows=out.rows,
             seconds=round(time.perf_counter() - t0, 3),
@@ -211,6 +280,30 @@ class RunContext:
             metrics=manifest.metrics,
             info=manifest.info,
         )
+
+
+@contextlib.contextmanager
+def system_metrics(run_id: str, enabled: bool, interval: float = 5.0):
+    """MLflow system metrics (CPU, memory, GPU, disk, network) in `run_id` while a model trains, with a last
+    sample at the end so a short training has one too."""
+    if not enabled:
+        yield
+        return
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    from flows.tracking import tracking_uri
+
+    monitor = SystemMetricsMonitor(run_id, sampling_interval=interval, tracking_uri=tracking_uri())
+    monitor.start()
+    try:
+        yield
+    finally:
+        try:
+            monitor.collect_metrics()
+            monitor.publish_metrics(monitor.aggregate_metrics())
+        except Exception as e:  # noqa: BLE001 - system metrics must never fail a training
+            log.warning("system metrics: %s", e)
+        monitor.finish()
 
 
 def publish(tracker: Tracker, folder: Path, out: BuildOutput, pipeline: str, stage: str) -> None:

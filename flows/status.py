@@ -21,7 +21,7 @@ def diff_causes(stage: str, old: dict[str, Any], new: dict[str, Any]) -> list[st
     before, after = flatten(old.get("params", {})), flatten(new.get("params", {}))
     for key in sorted(set(before) | set(after)):
         if before.get(key) != after.get(key):
-            why.append(f"param {stage}.{key}: {_short(before.get(key))} -> {_short(after.get(key))}")
+            why.append(f"param {stage.split('.')[0]}.{key}: {_short(before.get(key))} -> {_short(after.get(key))}")
     for name in sorted(set(old.get("inputs", {})) | set(new.get("inputs", {}))):
         if old.get("inputs", {}).get(name) != new.get("inputs", {}).get(name):
             why.append("source file changed" if name == "source" else f"upstream {name} changed")

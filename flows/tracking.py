@@ -48,8 +48,12 @@ def experiment_id(name: str) -> str:
     c = client()
     exp = c.get_experiment_by_name(name)
     if exp is not None:
+        if exp.tags.get("mlflow.experimentKind") != "custom_model_development":  # made by an older zhpipe
+            c.set_experiment_tag(exp.experiment_id, "mlflow.experimentKind", "custom_model_development")
         return exp.experiment_id
-    return c.create_experiment(name, artifact_location=project.current().artifact_root())
+    # the kind makes the MLflow UI open the experiment on its training runs, not on the GenAI overview
+    return c.create_experiment(name, artifact_location=project.current().artifact_root(),
+                               tags={"mlflow.experimentKind": "custom_model_development"})
 
 
 class Tracker:

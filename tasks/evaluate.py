@@ -125,32 +125,43 @@ def comparison_markdown(table: pd.DataFrame) -> str:
     return header + body
 
 
-def build(ctx: BuildContext) -> BuildOutput:
-    """Score each trained model on the test split; write per-model folders and `comparison.csv`."""
+def build_model(ctx: BuildContext, name: str) -> BuildOutput:
+    """Score one trained model (the `train.<name>` unit's output) on the test split: its metrics, and for a
+    classifier the per-class scores, confusion matrix, PR curves, training curves and worst mistakes in `evaluation/`."""
     info = ctx.input_info["train"]
-    labels, models = info["labels"], info["models"]
+    labels, summary, spec = info["labels"], info["summary"], MODELS[name]
     test = pd.read_parquet(ctx.inputs["segment"] / "test.parquet")
-    y_true = label_ids(test, labels)
-    rows, results = [], {}
-    for name, summary in models.items():
-        spec = MODELS[name]
-        if spec.is_language_model:
-            results[name] = {"test_perplexity": spec.perplexity(ctx.inputs["train"] / name, test)}
-            continue
+    folder = ctx.out / "evaluation"
+    folder.mkdir()
+    if spec.is_language_model:
+        metrics = {"test_perplexity": spec.perplexity(ctx.inputs["train"] / name, test)}
+    else:
+        y_true = label_ids(test, labels)
         probs = spec.predictor(ctx.inputs["train"] / name)(test)
         metrics, per_class, matrix = score(y_true, probs.argmax(1), labels)
-        folder = ctx.out / name
-        folder.mkdir()
         per_class.to_csv(folder / "per_class.csv", index=False)
         pd.DataFrame(matrix, index=labels, columns=labels).to_csv(folder / "confusion_matrix.csv")
         plot_confusion(matrix, labels, f"{name}: test confusion matrix", folder / "confusion_matrix.png")
         ap = plot_pr_curves(y_true, probs, labels, f"{name}: test precision-recall", folder / "pr_curves.png")
         metrics |= {f"test_ap_{i}": v for i, v in enumerate(ap.values())}
-        worst_mistakes(test, y_true, probs, labels).to_csv(folder / "worst_mistakes.csv", index=False)
+        worst = worst_mistakes(test, y_true, probs, labels)
+        worst.to_csv(folder / "worst_mistakes.csv", index=False)
         plot_training_curves(summary.get("history", []), f"{name}: training", folder / "training_curves.png")
-        results[name] = metrics
-        rows.append({"model": name, "test_accuracy": metrics["test_accuracy"], "test_macro_f1": metrics["test_macro_f1"], "val_macro_f1": models[name]["val_macro_f1"], "train_seconds": round(models[name]["seconds"], 1)})
-    table = pd.DataFrame(rows).sort_values(f"test_{ctx.params.metric}", ascending=False)
+    (folder / "metrics.json").write_text(json.dumps(metrics, indent=2), encoding="utf-8")
+    tables = {} if spec.is_language_model else {"worst_mistakes.json": worst.astype(str)}
+    return BuildOutput(rows=len(test), metrics=metrics, info={"labels": labels, "model": name, "results": metrics, "summary": summary},
+                       artifacts=["evaluation"], tables=tables)
+
+
+def build(ctx: BuildContext) -> BuildOutput:
+    """Compare the scored models (one input per `evaluate.<model>` unit): `comparison.csv` and the best model."""
+    units = {unit.partition(".")[2]: info for unit, info in ctx.input_info.items()}
+    results = {name: info["results"] for name, info in units.items()}
+    labels = next(iter(units.values()))["labels"]
+    rows = [{"model": name, "test_accuracy": r["test_accuracy"], "test_macro_f1": r["test_macro_f1"],
+             "val_macro_f1": units[name]["summary"]["val_macro_f1"], "train_seconds": round(units[name]["summary"]["seconds"], 1)}
+            for name, r in results.items() if "test_accuracy" in r]
+    table = pd.DataFrame(rows).sort_values(f"test_{ctx.params.metric}", ascending=False, kind="stable")
     table.to_csv(ctx.out / "comparison.csv", index=False)
     (ctx.out / "comparison.md").write_text(comparison_markdown(table), encoding="utf-8")
     best = table.iloc[0]["model"]
@@ -159,7 +170,7 @@ def build(ctx: BuildContext) -> BuildOutput:
     if lms:
         pd.DataFrame({"model": list(lms), "test_perplexity": list(lms.values())}).to_csv(ctx.out / "language_models.csv", index=False)
     return BuildOutput(
-        rows=len(test),
+        rows=None,
         metrics={f"{m}_{k}": v for m, r in results.items() for k, v in r.items()} | {"best_test_accuracy": results[best]["test_accuracy"]},
         info={"labels": labels, "results": results, "best_model": best},
         artifacts=["comparison.csv", "comparison.md"] + (["language_models.csv"] if lms else []),

@@ -74,27 +74,35 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-def build(ctx: BuildContext) -> BuildOutput:
-    """Train every configured model; write `<model>/` folders and `models.json`."""
+def build_model(ctx: BuildContext, name: str) -> BuildOutput:
+    """Train one model (a unit of its own): `<name>/` with the saved model, and its summary with validation
+    scores. Inputs: augment, segment, vocab (and embed for models that start from word vectors)."""
     p = ctx.params
     labels = ctx.input_info["augment"].get("labels")
     if not labels:
         raise DataError("train: the corpus has no labels (source.label_column is unset); classifiers need labelled data")
     train = pd.read_parquet(ctx.inputs["augment"] / "train.parquet")
     validation = pd.read_parquet(ctx.inputs["segment"] / "validation.parquet")
-    specs = [MODELS[name] for name in p.models]
-    vectors = load_word_vectors(ctx.inputs["embed"], p.embeddings) if any(s.uses_vectors for s in specs) else None
-    models = {}
-    for spec in specs:
-        inputs = TrainInputs(spec.name, train, validation, labels, p, ctx.inputs["vocab"], vectors, ctx.out,
-                             ctx.scratch / spec.name, ctx.sink)
-        models[spec.name] = summary = spec.train(inputs)
-        if spec.is_language_model:
-            continue  # no classification metrics
-        val = spec.predictor(ctx.out / spec.name)(validation).argmax(1)
+    spec = MODELS[name]
+    vectors = load_word_vectors(ctx.inputs["embed"], p.embeddings) if spec.uses_vectors else None
+    summary = spec.train(TrainInputs(name, train, validation, labels, p, ctx.inputs["vocab"], vectors, ctx.out, ctx.scratch, ctx.sink))
+    if not spec.is_language_model:  # classifiers: validation scores from the saved model, as it will be served
+        val = spec.predictor(ctx.out / name)(validation).argmax(1)
         summary["val_accuracy"] = float(accuracy_score(label_ids(validation, labels), val))
         summary["val_macro_f1"] = float(f1_score(label_ids(validation, labels), val, average="macro"))
+    # the per-epoch curves (val_macro_f1, samples_per_second, ...) are the history; these are the model's totals
+    names = {"val_accuracy": "val_accuracy_best", "val_macro_f1": "val_macro_f1_best", "val_perplexity": "val_perplexity_best",
+             "seconds": "train_seconds", "samples_per_second": "median_samples_per_second"}
+    return BuildOutput(rows=len(train), metrics={new: summary[old] for old, new in names.items() if old in summary},
+                       info={"labels": labels, "model": name, "summary": summary})
+
+
+def build(ctx: BuildContext) -> BuildOutput:
+    """Gather the trained models (one input per `train.<model>` unit) into `models.json`."""
+    units = {unit.partition(".")[2]: info for unit, info in ctx.input_info.items()}
+    models = {name: info["summary"] for name, info in units.items()}
     (ctx.out / "models.json").write_text(json.dumps(models, indent=2), encoding="utf-8")
     keys = ("val_accuracy", "val_macro_f1", "val_perplexity", "seconds", "samples_per_second")
     metrics = {f"{m}_{k}": v[k] for m, v in models.items() for k in keys if k in v}
-    return BuildOutput(rows=len(train), metrics=metrics, info={"labels": labels, "models": models})
+    labels = next(iter(units.values()))["labels"]
+    return BuildOutput(rows=None, metrics=metrics, info={"labels": labels, "models": models})

@@ -77,7 +77,7 @@ def test_source_runs_on_ten_string_classes_with_other_columns(api_env, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "best_test_accuracy=" in proc.stdout
     store = Path(api_env["ZHPIPE_DATA"])
-    matrices = list((store / "evaluate").glob("*/textcnn/confusion_matrix.csv"))
+    matrices = list((store / "evaluate.textcnn").glob("*/evaluation/confusion_matrix.csv"))
     assert len(matrices) == 1
     header = matrices[0].read_text(encoding="utf-8").splitlines()[0].split(",")[1:]
     assert header == classes

@@ -10,13 +10,14 @@ import pytest
 from flows import fingerprint, runner
 from flows.config import load_pipeline
 from flows.pipeline import pipeline_flow, select_stages
-from flows.status import stage_states
+from flows.status import diff_causes, stage_states
 from flows.store import StageStore, stage_key
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
 BEFORE_SEGMENT = ("download", "clean", "split")
-FROM_SEGMENT = ("segment", "profile", "augment", "vocab", "embed", "train", "evaluate")
+UNITS = ("train.fasttext", "train.textcnn", "evaluate.fasttext", "evaluate.textcnn")
+FROM_SEGMENT = ("segment", "profile", "augment", "vocab", "embed", "train", "evaluate", *UNITS)
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +46,15 @@ def test_a_param_rebuilds_its_stage_and_what_follows_and_status_says_which(built
     new_keys, rows = states(built, ["segment.hmm=false"])
     assert changed(keys, new_keys) == set(FROM_SEGMENT)
     assert rows["segment"]["state"] == "stale" and rows["segment"]["why"] == ["param segment.hmm: True -> False"]
+
+
+def test_one_models_param_changes_that_model_and_the_comparison_only(built):
+    keys, _ = states(built)
+    new_keys, _ = states(built, ["train.textcnn.lr=0.002"])
+    assert changed(keys, new_keys) == {"train.textcnn", "train", "evaluate.textcnn", "evaluate"}
+    old = runner.plan(load_pipeline("smoke", overrides=built["sets"]))["train.textcnn"]
+    new = runner.plan(load_pipeline("smoke", overrides=built["sets"] + ["train.textcnn.lr=0.002"]))["train.textcnn"]
+    assert diff_causes("train.textcnn", old, new) == ["param train.textcnn.lr: 0.001 -> 0.002"]
 
 
 def _patched_source(monkeypatch, tmp_path, module: str, edit):

@@ -43,7 +43,7 @@ def test_first_run_builds_everything_and_tracks_it(prefect_harness, store):
     assert parent.data.params["train.epochs"] == "1"
     runs = children(out["parent_run_id"], out["experiment"])
     stages = {r.data.tags["zhpipe.stage"]: r for r in runs if "zhpipe.stage" in r.data.tags}
-    assert set(stages) == set(STAGES)
+    assert set(stages) == set(STAGES) | {"train.fasttext", "train.textcnn"}  # a model run per train unit
     assert {r.data.tags["zhpipe.cache"] for r in stages.values()} == {"miss"}
     assert stages["clean"].inputs.dataset_inputs[0].dataset.name == "smoke-clean"
     assert "dropped_duplicate" in stages["clean"].data.metrics
@@ -65,6 +65,18 @@ def test_rerun_is_all_hits(prefect_harness, store):
 def test_changed_train_param_rebuilds_train_and_evaluate_only(prefect_harness, store):
     out = run(store, ["train.epochs=2"])
     assert [s for s, c in cache_of(out).items() if c == "miss"] == ["train", "evaluate"]
+
+
+def test_one_models_param_rebuilds_that_model_only(prefect_harness, store):
+    """Each model is a unit: textcnn's own param retrains and rescores textcnn; fastText is reused."""
+    out = run(store, ["train.textcnn.num_filters=8"])
+    units = {u["stage"]: u["cache"] for u in out["units"]}
+    assert units == {"train.fasttext": "hit", "train.textcnn": "miss", "evaluate.fasttext": "hit", "evaluate.textcnn": "miss"}
+    assert [s for s, c in cache_of(out).items() if c == "miss"] == ["train", "evaluate"]  # they gather their units
+    runs = children(out["parent_run_id"], out["experiment"])
+    models = {r.data.tags["zhpipe.model"]: r for r in runs if "zhpipe.model" in r.data.tags}
+    assert models["fasttext"].data.tags["zhpipe.cache"] == "hit" and models["textcnn"].data.tags["zhpipe.cache"] == "miss"
+    assert "test_accuracy" in models["fasttext"].data.metrics  # a reused model is still scored in this run
 
 
 def test_only_reuses_cached_inputs_and_refuses_missing_ones(prefect_harness, store):
@@ -151,12 +163,12 @@ def test_model_zoo_through_the_flow_with_curves_and_servable_models(prefect_harn
         assert [m.step for m in c.get_metric_history(models[name].info.run_id, metric)] == steps, (name, metric)
     assert models["rnn_lm"].data.metrics["test_perplexity"] > 1
     keys = plan_keys(load_pipeline("smoke", overrides=sets))
-    train_dir = store / "train" / keys["train"]
     test = pd.read_parquet(store / "segment" / keys["segment"] / "test.parquet").head(2)
     for name in ("transformer", "bert"):
+        model_dir = store / f"train.{name}" / keys[f"train.{name}"] / name
         served = mlflow.pyfunc.load_model(models[name].data.tags["zhpipe.model_uri"])
-        _, example = MODELS[name].servable(train_dir / name, test)
-        np.testing.assert_allclose(served.predict(example), MODELS[name].predictor(train_dir / name)(test), atol=1e-5)
+        _, example = MODELS[name].servable(model_dir, test)
+        np.testing.assert_allclose(served.predict(example), MODELS[name].predictor(model_dir)(test), atol=1e-5)
 
 
 def _files(root, stage, key):
@@ -213,11 +225,12 @@ def test_pictures_of_a_run_are_valid_pngs(prefect_harness, store):
     from flows.runner import plan_keys
 
     keys = plan_keys(load_pipeline("smoke"))
-    profile, embed, evaluation = (store / s / keys[s] for s in ("profile", "embed", "evaluate"))
+    profile, embed = (store / s / keys[s] for s in ("profile", "embed"))
+    evaluation = store / "evaluate.textcnn" / keys["evaluate.textcnn"]
     pictures = [profile / n for n in ("label_distribution.png", "length_distribution.png", "length_scatter.png",
                                       "top_words.png", "top_adjectives.png")]
     pictures += sorted(profile.glob("wordcloud_*.png")) + [embed / "word2vec_pca.png"]
-    pictures += [evaluation / "textcnn" / n for n in ("confusion_matrix.png", "pr_curves.png", "training_curves.png")]
+    pictures += [evaluation / "evaluation" / n for n in ("confusion_matrix.png", "pr_curves.png", "training_curves.png")]
     assert len(list(profile.glob("wordcloud_*.png"))) == 2  # one per label
     for path in pictures:
         with Image.open(path) as img:
@@ -229,6 +242,6 @@ def test_pictures_of_a_run_are_valid_pngs(prefect_harness, store):
     words = (embed / "projector" / "metadata.tsv").read_text(encoding="utf-8").splitlines()
     assert len(vectors) == len(words) > 10 and len(vectors[0].split("\t")) == 32  # smoke's Word2Vec: 32 dimensions
     assert 'tensor_path: "vectors.tsv"' in (embed / "projector" / "projector_config.pbtxt").read_text()
-    mistakes = pd.read_csv(evaluation / "textcnn" / "worst_mistakes.csv")
+    mistakes = pd.read_csv(evaluation / "evaluation" / "worst_mistakes.csv")
     assert list(mistakes.columns) == ["id", "text", "true", "predicted", "confidence"]
     assert (mistakes["true"] != mistakes["predicted"]).all() and mistakes["confidence"].is_monotonic_decreasing

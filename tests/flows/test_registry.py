@@ -28,7 +28,8 @@ def trained(prefect_harness, tmp_path_factory):
     first = pipeline_flow(load_pipeline("smoke", overrides=SETS), storage=str(store))
     second = pipeline_flow(load_pipeline("smoke", overrides=SETS + ["train.epochs=2"]), storage=str(store))
     stages = {r["stage"]: r for r in first["stages"]}
-    return {"store": store, "first": first, "second": second, "train": Path(stages["train"]["path"]),
+    units = {u["stage"]: u for u in first["units"]}
+    return {"store": store, "first": first, "second": second, "models": {n: Path(units[f"train.{n}"]["path"]) / n for n in ("tfidf_lr", "textcnn")},
             "segment": Path(stages["segment"]["path"]), "labels": stages["train"]["info"]["labels"],
             "tags": client().get_run(first["parent_run_id"]).data.tags}
 
@@ -49,9 +50,9 @@ def test_pyfunc_takes_raw_text_and_predicts_like_the_training_code(trained):
     clean, segment = _config()
     run = Tracker.start("zhpipe-pyfunc-test", "pyfunc")
     for name in ("tfidf_lr", "textcnn"):
-        info = log_classifier(run.run_id, name, trained["train"] / name, trained["labels"], clean, segment)
+        info = log_classifier(run.run_id, name, trained["models"][name], trained["labels"], clean, segment)
         got = mlflow.pyfunc.load_model(info.model_uri).predict(test["text"].tolist())
-        want = MODELS[name].predictor(trained["train"] / name)(test)
+        want = MODELS[name].predictor(trained["models"][name])(test)
         np.testing.assert_allclose(got[[f"p_{label}" for label in trained["labels"]]].to_numpy(), want, rtol=1e-5, atol=1e-6)
         assert got["label"].tolist() == [trained["labels"][i] for i in want.argmax(1)]
     run.finish()
@@ -74,9 +75,9 @@ def test_champion_rule(trained):
     clean, segment = _config()
     run_id = trained["first"]["parent_run_id"]
 
-    def register(score, frame=test):
-        return register_best(run_id, "rule-test", "tfidf_lr", trained["train"] / "tfidf_lr", trained["labels"], clean, segment,
-                             frame, "accuracy", score)
+    def register(score, frame=test, key=None):
+        return register_best(run_id, "rule-test", "tfidf_lr", trained["models"]["tfidf_lr"], trained["labels"], clean, segment,
+                             frame, "accuracy", score, model_key=key or f"key-{score}-{len(frame)}")
 
     def champion():
         return str(client().get_model_version_by_alias("zhpipe-rule-test", "champion").version)
@@ -89,6 +90,32 @@ def test_champion_rule(trained):
     assert better.champion and champion() == better.version and "beats" in better.reason
     other = register(0.99, test.iloc[:-1])
     assert not other.champion and champion() == better.version and "another test split" in other.reason
+    again = register(0.90)  # the same model key: no new version, and it stays champion
+    assert again.version == better.version and "already registered" in again.reason and champion() == better.version
+
+
+def test_a_run_killed_before_registering_is_registered_by_the_next_run(prefect_harness, tmp_path, monkeypatch):
+    """evaluate published, then the process dies before registering; the rerun (evaluate cached) registers."""
+    import flows.evaluation
+    from flows.registry import registered_version
+    from flows.runner import plan_keys
+
+    sets = ["train.models=[tfidf_lr]", "split.seed=5"]
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt("killed between evaluate and registration")
+
+    with monkeypatch.context() as m:
+        m.setattr(flows.evaluation, "register_best", killed)
+        with pytest.raises(BaseException, match="killed between"):
+            pipeline_flow(load_pipeline("smoke", overrides=sets), storage=str(tmp_path / "store"))
+    key = plan_keys(load_pipeline("smoke", overrides=sets))["train.tfidf_lr"]
+    assert registered_version("zhpipe-smoke", key) is None
+    out = pipeline_flow(load_pipeline("smoke", overrides=sets), storage=str(tmp_path / "store"))
+    assert {s["stage"]: s["cache"] for s in out["stages"]}["evaluate"] == "hit"
+    version = registered_version("zhpipe-smoke", key)
+    assert version is not None and version.tags["zhpipe.model"] == "tfidf_lr"
+    assert client().get_run(out["parent_run_id"]).data.tags["zhpipe.registered"] == f"zhpipe-smoke/{version.version}"
 
 
 def _free_port():
