@@ -53,7 +53,7 @@ def corpus(rows: int, folder: Path) -> pd.DataFrame:
         vocab = build_vocab(count_tokens(df[kind]), VocabConfig())
         (folder / kind / "vocab.txt").write_text("".join(f"{t}\n" for t in vocab), encoding="utf-8")
     w2v = Word2Vec([s.split() for s in df["words"]], vector_size=128, min_count=2, epochs=1, workers=2, seed=1)
-    w2v.wv.save(str(folder / "word2vec.kv"))
+    w2v.wv.save_word2vec_format(str(folder / "word2vec.bin"), binary=True)
     return df
 
 

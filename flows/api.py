@@ -81,9 +81,9 @@ def load(pipeline: str, stage: str, split: str = "train", overrides: list[str] |
     if stage in _SPLIT_STAGES:
         return pd.read_parquet(folder / f"{split}.parquet")
     if stage == "embed":
-        from gensim.models import KeyedVectors
+        from tasks.vectors import load_word2vec
 
-        return KeyedVectors.load(str(folder / "word2vec.kv"))
+        return load_word2vec(folder)
     if stage == "vocab":
         from tasks.io import read_vocab
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pandas as pd
 
-import tasks
 from flows.registry import register_best
 from flows.runner import RunContext, StageResult, model_units
+from flows.serving import log_classifier
 from flows.tracking import Tracker
 from tasks import evaluate as evaluate_stage
 from tasks import train as train_stage
@@ -52,17 +52,19 @@ def _track_training(run: RunContext, result: StageResult, name: str, segment: St
     facts["median_samples_per_second"] = summary["samples_per_second"]  # the per-epoch curve is samples_per_second
     best_val = {"val_macro_f1_best": summary["val_macro_f1"]} if "val_macro_f1" in summary else {}
     tracker.metrics({**best_val, **facts, "train_seconds": summary["seconds"]})
-    if result.cache == "hit":
+    if result.cache == "hit":  # logged with its training: point to it, upload nothing
         source = run.store.manifest(result.stage, result.key).mlflow_run_id
         uri = tracker.client.get_run(source).data.tags.get("zhpipe.model_uri") if source else None
         if uri:
             tracker.tags({"zhpipe.model_uri": uri})
         return
-    tracker.artifact(result.path / name, "model")
-    spec = MODELS[name]
-    if spec.servable is not None:  # PyTorch models: also as an MLflow model (ids in, probabilities out)
-        module, example = spec.servable(result.path / name, pd.read_parquet(segment.path / "test.parquet"))
-        tracker.tags({"zhpipe.model_uri": tracker.pytorch_model(module, "pytorch_model", example, code_dir=Path(tasks.__file__).parent)})
+    if MODELS[name].is_language_model:
+        tracker.artifact(result.path / name, "model")
+        return
+    # a classifier: an MLflow model that takes raw text (models from code, weights in safe formats)
+    info = log_classifier(tracker.run_id, name, result.path / name, result.info["labels"],
+                          run.config.stages.clean.model_dump(mode="json"), run.config.stages.segment.segmenter().model_dump(mode="json"))
+    tracker.tags({"zhpipe.model_uri": info.model_uri})
 
 
 def evaluate_models(run: RunContext, train: StageResult, segment: StageResult) -> StageResult:
@@ -88,11 +90,14 @@ def register(run: RunContext, evaluation: StageResult, segment: StageResult, mod
     """Register the best classifier (a pyfunc that takes raw text) and apply the champion rule; the parent
     run's tags say what happened and why."""
     best, metric = evaluation.info["best_model"], run.config.stages.evaluate.metric
+    uri = Tracker(model_runs[best]).client.get_run(model_runs[best]).data.tags.get("zhpipe.model_uri")
+    if not uri:  # trained elsewhere and never logged as a classifier here: log it now
+        uri = log_classifier(model_runs[best], best, model_dir(run, best), evaluation.info["labels"],
+                             run.config.stages.clean.model_dump(mode="json"),
+                             run.config.stages.segment.segmenter().model_dump(mode="json")).model_uri
     decision = register_best(
-        model_runs[best], run.config.name, best, model_dir(run, best), evaluation.info["labels"],
-        run.config.stages.clean.model_dump(mode="json"), run.config.stages.segment.model_dump(mode="json"),
-        pd.read_parquet(segment.path / "test.parquet"), metric, evaluation.info["results"][best][f"test_{metric}"],
-        model_key=run.keys[f"train.{best}"],
+        uri, model_runs[best], run.config.name, best, pd.read_parquet(segment.path / "test.parquet"), metric,
+        evaluation.info["results"][best][f"test_{metric}"], model_key=run.keys[f"train.{best}"],
     )
     Tracker(run.parent_run_id).tags({"zhpipe.registered": f"{decision.name}/{decision.version}",
                                      "zhpipe.champion": "yes" if decision.champion else "no", "zhpipe.champion_reason": decision.reason})

@@ -111,8 +111,23 @@ def _content(path: Path, mtime_ns: int, size: int) -> str:
     return h.hexdigest()
 
 
+def hub_revision(model_id: str) -> str:
+    """`<id>@<commit>` of a hub model in the local Hugging Face cache, `<id>@absent` when it is not there (so a
+    model that appears later changes the key, and an output built without it is not reused)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(model_id, "config.json")
+    except Exception:  # noqa: BLE001 - not a valid repo id, or no huggingface_hub: the name is all there is
+        return model_id
+    if isinstance(found, str) and "/snapshots/" in found:
+        return f"{model_id}@{found.split('/snapshots/')[1].split('/')[0]}"
+    return f"{model_id}@absent"
+
+
 def file_fingerprints(params: dict[str, Any], paths: tuple[str, ...], root: Path) -> dict[str, str]:
-    """For each file a param names: `sha256:<hash>` of a local file or folder, else `name:<value>` (a hub id)."""
+    """For each file a param names: `sha256:<hash>` of a local file or folder, else `hub:<id>@<revision>`
+    (its commit in the local Hugging Face cache, or `absent`)."""
     out = {}
     for dotted in paths:
         for value in _values(params, dotted):
@@ -122,5 +137,5 @@ def file_fingerprints(params: dict[str, Any], paths: tuple[str, ...], root: Path
                 newest = max((p.stat().st_mtime_ns for p in local.rglob("*")), default=stat.st_mtime_ns) if local.is_dir() else stat.st_mtime_ns
                 out[value] = "sha256:" + _content(local.resolve(), newest, stat.st_size)
             else:
-                out[value] = "name:" + value
+                out[value] = "hub:" + hub_revision(value)
     return out

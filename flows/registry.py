@@ -6,7 +6,6 @@ import contextlib
 import hashlib
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 
 import pandas as pd
 
@@ -97,19 +96,20 @@ def _registry_lock(name: str):
             yield
 
 
-def register_best(run_id: str, pipeline: str, model: str, folder: Path, labels: list[str], clean: dict, segment: dict,
-                  test: pd.DataFrame, metric: str, score: float, model_key: str) -> Decision:
-    """Register the best model (a pyfunc in its MLflow run) unless its key is registered already, then apply
-    the champion rule: the alias moves only if, re-read under the registry lock, the champion it was
-    compared with is still the champion (compare-and-set)."""
-    from flows.serving import log_classifier
-    from flows.tracking import client
+def register_best(model_uri: str, run_id: str, pipeline: str, model: str, test: pd.DataFrame, metric: str, score: float,
+                  model_key: str) -> Decision:
+    """Register the best model (the classifier pyfunc logged with its training, `model_uri`) unless its key is
+    registered already, then apply the champion rule: the alias moves only if, re-read under the registry
+    lock, the champion it was compared with is still the champion (compare-and-set)."""
+    import mlflow
+
+    from flows.tracking import client, tracking_uri
 
     name, digest, c = registered_name(pipeline), test_sha256(test), client()
     existing = registered_version(name, model_key)
     if existing is None:
-        info = log_classifier(run_id, model, folder, labels, clean, segment, registered_name=name)
-        version = str(info.registered_model_version)
+        mlflow.set_tracking_uri(tracking_uri())
+        version = str(mlflow.register_model(model_uri, name).version)
         for key, value in {"zhpipe.model": model, "zhpipe.test_sha256": digest, "zhpipe.metric": metric, "zhpipe.score": f"{score:.6f}",
                            "zhpipe.run_id": run_id, "zhpipe.model_key": model_key}.items():
             c.set_model_version_tag(name, version, key, value)

@@ -97,8 +97,9 @@ def log_classifier(run_id: str, model: str, folder: Path, labels: list[str], cle
         signature = infer_signature(example, wrapper.predict(ctx, example))
         mlflow.set_tracking_uri(tracking_uri())
         with mlflow.start_run(run_id=run_id):
+            # models from code: MLflow keeps pyfunc_model.py as the model's code instead of a CloudPickle'd object
             return mlflow.pyfunc.log_model(
-                name="classifier", python_model=TextClassifier(), artifacts=artifacts, signature=signature,
+                name="classifier", python_model=str(Path(__file__).with_name("pyfunc_model.py")), artifacts=artifacts, signature=signature,
                 input_example=example, code_paths=[str(CODE / "flows"), str(CODE / "tasks")],
                 registered_model_name=registered_name, pip_requirements=_requirements(),
             )
@@ -109,7 +110,7 @@ def _requirements() -> list[str]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = []
-    for name in ("mlflow", "torch", "pandas", "pyarrow", "numpy", "jieba", "scikit-learn", "joblib", "fasttext", "gensim",
+    for name in ("mlflow", "torch", "pandas", "pyarrow", "numpy", "scipy", "jieba", "scikit-learn", "fasttext", "gensim",
                  "transformers", "pydantic", "pyyaml", "opencc", "prefect", "filelock"):
         try:
             out.append(f"{name}=={version(name).split('+')[0]}")

@@ -72,32 +72,6 @@ class Tracker:
         run = _retry(client().create_run)(experiment_id(experiment), run_name=name, tags=all_tags)
         return cls(run.info.run_id)
 
-    def pytorch_model(self, model, name: str, input_example, code_dir: Path) -> str:
-        """Log an `nn.Module` with `mlflow.pytorch.log_model` (signature from the input example); returns its URI.
-        `code_dir` travels with the model, so loading it needs only torch and MLflow."""
-        import mlflow
-        import mlflow.pytorch
-        import numpy as np
-        import torch
-        from mlflow.models import ModelSignature
-        from mlflow.types import Schema, TensorSpec
-
-        with torch.no_grad():
-            output = model(torch.from_numpy(input_example)).numpy()
-        # texts differ in length: only the trailing feature axes of the input are fixed
-        signature = ModelSignature(
-            inputs=Schema([TensorSpec(input_example.dtype, (-1, -1, *input_example.shape[2:]))]),
-            outputs=Schema([TensorSpec(np.dtype(output.dtype), (-1, *output.shape[1:]))]),
-        )
-        mlflow.set_tracking_uri(tracking_uri())
-        with mlflow.start_run(run_id=self.run_id):  # log_model writes to the active run
-            info = mlflow.pytorch.log_model(
-                model, name=name, input_example=input_example, signature=signature, code_paths=[str(code_dir)],
-                serialization_format="pickle",  # torch.export (the default) cannot trace packed LSTM sequences
-                pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}"],
-            )
-        return info.model_uri
-
     @_retry
     def finish(self, ok: bool = True) -> None:
         self.client.set_terminated(self.run_id, "FINISHED" if ok else "FAILED")

@@ -158,11 +158,12 @@ def export_projector(kv, words: list[str], folder: Path, name: str = "word2vec")
 
 
 def build(ctx: BuildContext) -> BuildOutput:
-    """Write `word2vec.kv` + `word2vec.txt`, `fasttext.bin` + `fasttext.kv` + `fasttext.vec`, `neighbours.csv`."""
+    """Write `word2vec.bin` + `word2vec.txt`, `fasttext.bin` + `fasttext.vec`, `neighbours.csv` (formats that load
+    without pickle: word2vec's own binary and text formats, fastText's native model)."""
     p: Params = ctx.params
     corpus = ctx.inputs["augment"] / "train.words.txt"
     w2v = train_word2vec(corpus, p)
-    w2v.save(str(ctx.out / "word2vec.kv"))
+    w2v.save_word2vec_format(str(ctx.out / "word2vec.bin"), binary=True)
     w2v.save_word2vec_format(str(ctx.out / "word2vec.txt"), binary=False)
     rows = neighbours("word2vec", p.probe_words, lambda w, n: w2v.most_similar(w, topn=n) if w in w2v else [], p.topn)
     metrics = {"word2vec_vocab": len(w2v)}
@@ -171,7 +172,6 @@ def build(ctx: BuildContext) -> BuildOutput:
         ft = train_fasttext(corpus, p)
         ft.save_model(str(ctx.out / "fasttext.bin"))
         ft_kv = fasttext_keyed_vectors(ft)
-        ft_kv.save(str(ctx.out / "fasttext.kv"))
         ft_kv.save_word2vec_format(str(ctx.out / "fasttext.vec"), binary=False)
         # fastText answers for unseen words too, through their subwords
         rows += neighbours("fasttext", p.probe_words, lambda w, n: [(o, s) for s, o in ft.get_nearest_neighbors(w, k=n)], p.topn)

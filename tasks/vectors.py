@@ -51,12 +51,18 @@ def load_word_vectors(folder: Path, name: str) -> WordVectors:
     """The embed stage's `word2vec` vectors, or its `fasttext` model, which builds a vector for any token
     from its character n-grams (subwords), so no vocabulary word is left without one."""
     if name == "word2vec":
-        from gensim.models import KeyedVectors
 
-        return keyed_word_vectors(KeyedVectors.load(str(folder / "word2vec.kv")))
+        return keyed_word_vectors(load_word2vec(folder))
     if not (folder / "fasttext.bin").is_file():
         raise DataError("train.embeddings is fasttext, but the embed stage trained no fastText model (embed.fasttext.enabled is false)")
     import fasttext
 
     model = fasttext.load_model(str(folder / "fasttext.bin"))
     return WordVectors("fasttext", model.get_dimension(), model.get_word_vector)
+
+
+def load_word2vec(folder: Path):
+    """The embed stage's Word2Vec vectors as gensim KeyedVectors, from word2vec's binary format (no pickle)."""
+    from gensim.models import KeyedVectors
+
+    return KeyedVectors.load_word2vec_format(str(folder / "word2vec.bin"), binary=True)

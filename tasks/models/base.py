@@ -47,7 +47,6 @@ class ModelSpec:
     train: Callable[[TrainInputs], dict]
     predictor: Callable[[Path], Predictor] | None = None  # classifiers: a saved model folder -> predict function
     perplexity: Callable[[Path, pd.DataFrame], float] | None = None  # language models: perplexity of texts
-    servable: Callable[[Path, pd.DataFrame], tuple[torch.nn.Module, np.ndarray]] | None = None  # PyTorch: module + input example
     uses_vectors: bool = False  # starts from the embed stage's word vectors
     about: str = ""  # one line for `zhpipe models`
 

@@ -18,7 +18,7 @@ from tasks.errors import ConfigError
 from tasks.hub import load_pretrained
 from tasks.io import read_vocab
 from tasks.models.base import ModelSpec, TrainInputs, class_weight_tensor, label_ids
-from tasks.models.modules import LexiconAdapter, LexiconBert, Probabilities
+from tasks.models.modules import LexiconAdapter, LexiconBert
 from tasks.models.trainer import (
     LoopConfig,
     Task,
@@ -287,7 +287,7 @@ def load_bert(folder: Path, device: str = "auto") -> tuple[LexiconBert, object, 
     classifier = BertForSequenceClassification.from_pretrained(folder, local_files_only=True)
     adapter, lexicon = None, {}
     if meta["word_adapter"]:
-        saved = torch.load(folder / "adapter.pt", map_location="cpu", weights_only=False)
+        saved = torch.load(folder / "adapter.pt", map_location="cpu", weights_only=True)  # tensors and plain data only
         lexicon = saved["lexicon"]
         adapter = LexiconAdapter(saved["state_dict"]["words.weight"], classifier.config.hidden_size, meta["dropout"])
         adapter.load_state_dict(saved["state_dict"])
@@ -308,16 +308,5 @@ def bert_predictor(folder: Path, device: str = "auto"):
 
 
 
-def servable_bert(folder: Path, df: pd.DataFrame) -> tuple[torch.nn.Module, np.ndarray]:
-    """A saved `bert/` as `Probabilities` (ids, and word ids with the adapter, in one tensor) and an input example."""
-    rows = df.head(2)
-    model, tokenizer, meta, lexicon = load_bert(folder, "cpu")
-    ids = encode_chars(tokenizer, rows["chars"], meta["max_len"])
-    words = lexicon_word_ids(rows["chars"], lexicon, meta["max_len"], meta["max_words_per_char"]) if meta["word_adapter"] else None
-    batch = next(bert_batches(ids, None, words, len(ids), tokenizer.pad_token_id))[1]
-    parts = [batch["input_ids"].unsqueeze(-1)] + ([batch["word_ids"]] if words is not None else [])
-    return Probabilities(model, tokenizer.pad_token_id).eval(), torch.cat(parts, dim=-1).numpy()
-
-
-SPEC = ModelSpec("bert", Params, train_bert, predictor=bert_predictor, servable=servable_bert, uses_vectors=True,
+SPEC = ModelSpec("bert", Params, train_bert, predictor=bert_predictor, uses_vectors=True,
                  about="BERT over characters: fine-tuned from a checkpoint, or masked-LM pretrained here; optional lexicon adapter")

@@ -244,24 +244,3 @@ class LexiconBert(nn.Module):
         finally:
             self._word_ids = None
         return out.logits, out.loss
-
-
-class Probabilities(nn.Module):
-    """Class probabilities from token ids: the form MLflow's pytorch flavour serves (one int64 array in).
-
-    For a `LexiconBert` the array is (batch, time, 1 + words): character ids in [..., 0] and the ids of the
-    words covering each character in [..., 1:]; padding (id `pad_id`) is masked."""
-
-    def __init__(self, model: nn.Module, pad_id: int = 0):
-        super().__init__()
-        self.model = model
-        self.pad_id = pad_id
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if isinstance(self.model, LexiconBert):
-            ids = x[..., 0]
-            words = x[..., 1:] if self.model.adapter is not None else None
-            logits, _ = self.model(ids, attention_mask=(ids != self.pad_id).long(), word_ids=words)
-        else:
-            logits, _ = self.model(x)
-        return torch.softmax(logits.float(), dim=-1)

@@ -24,7 +24,6 @@ from tasks.models.base import (
 from tasks.models.modules import (
     BiLSTMAttention,
     BiLSTMConfig,
-    Probabilities,
     TextCNN,
     TextCNNConfig,
     TransformerClassifier,
@@ -189,7 +188,7 @@ def train_network(inputs: TrainInputs) -> dict:
 
 def load_network(folder: Path, device: str = "auto") -> tuple[torch.nn.Module, dict]:
     """A saved network in eval mode and its checkpoint (kind, config, vocabulary and labels are inside it)."""
-    ckpt = torch.load(folder / "model.pt", map_location="cpu", weights_only=False)
+    ckpt = torch.load(folder / "model.pt", map_location="cpu", weights_only=True)  # tensors and plain data only
     config_cls, module_cls, _ = NETWORKS[ckpt["kind"]]
     model = module_cls(config_cls(**ckpt["config"]))
     model.load_state_dict(ckpt["state_dict"])
@@ -208,16 +207,8 @@ def network_predictor(folder: Path, device: str = "auto") -> Predictor:
     return predict
 
 
-def servable_network(folder: Path, df: pd.DataFrame) -> tuple[torch.nn.Module, np.ndarray]:
-    """A saved network as `Probabilities` (ids in, probabilities out) and an input example from `df`'s first rows."""
-    rows = df.head(2)
-    model, ckpt = load_network(folder, "cpu")
-    ids = encode(rows["words"], {t: i for i, t in enumerate(ckpt["vocab"])}, ckpt["max_len"])
-    return Probabilities(model).eval(), next(batches(ids, None, len(ids), shuffle=False))[1].numpy()
-
-
 def _spec(name: str, params: type[Section], about: str) -> ModelSpec:
-    return ModelSpec(name, params, train_network, predictor=network_predictor, servable=servable_network, uses_vectors=True,
+    return ModelSpec(name, params, train_network, predictor=network_predictor, uses_vectors=True,
                      about=about)
 
 

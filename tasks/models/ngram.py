@@ -2,8 +2,9 @@
 language-model classifier (one LM per class)."""
 from __future__ import annotations
 
+import gzip
+import json
 import math
-import pickle
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -57,7 +58,11 @@ class NgramLM:
             for k in range(1, n):
                 for gram in raw[k + 1]:
                     self.counts[k][gram[1:]] += 1
-        # 2. per-context totals, numbers of distinct continuations and the continuations themselves
+        return self._index()
+
+    def _index(self) -> "NgramLM":
+        """Per-context totals, numbers of distinct continuations and the continuations themselves, from counts."""
+        n = self.config.n
         self.total = [defaultdict(int) for _ in range(n + 1)]
         self.types = [defaultdict(int) for _ in range(n + 1)]
         self.followers = [defaultdict(list) for _ in range(n + 1)]
@@ -115,29 +120,51 @@ class NgramLM:
         return math.exp(-total / count)
 
 
+    def to_json(self) -> dict:
+        """The model as plain data: its config, vocabulary and n-gram counts (what `from_json` rebuilds from)."""
+        return {"config": self.config.model_dump(), "vocab": sorted(self.vocab),
+                "counts": [[[list(gram), c] for gram, c in order.items()] for order in self.counts]}
+
+    @classmethod
+    def from_json(cls, doc: dict) -> "NgramLM":
+        lm = cls(Params(**doc["config"]))
+        lm.vocab = set(doc["vocab"])
+        lm.counts = [Counter({tuple(gram): c for gram, c in order}) for order in doc["counts"]]
+        return lm._index()
+
+
+def _save(doc: dict, path: Path) -> None:
+    """Gzipped JSON (no timestamp inside, so the same model gives the same bytes)."""
+    with gzip.GzipFile(path, "wb", mtime=0) as f:
+        f.write(json.dumps(doc, ensure_ascii=False).encode("utf-8"))
+
+
+def _load(path: Path) -> dict:
+    with gzip.open(path, "rb") as f:
+        return json.loads(f.read().decode("utf-8"))
+
+
 def train_ngram_lm(train, validation, section, out: Path) -> dict:
-    """Fit on the original (not augmented) train rows; save `ngram_lm/model.pkl`; report validation perplexity."""
+    """Fit on the original (not augmented) train rows; save `ngram_lm/model.json.gz`; report validation perplexity."""
     folder = out / "ngram_lm"
     folder.mkdir()
     original = original_rows(train)
     t0 = time.perf_counter()
     lm = NgramLM(section).fit([s.split() for s in original[section.tokens]])
     seconds = time.perf_counter() - t0
-    with open(folder / "model.pkl", "wb") as f:
-        pickle.dump({"model": lm, "tokens": section.tokens}, f)
+    _save({"model": lm.to_json(), "tokens": section.tokens}, folder / "model.json.gz")
     return {"path": "ngram_lm", "kind": "lm", "seconds": seconds, "history": [], "samples_per_second": len(original) / seconds,
             "val_perplexity": lm.perplexity([s.split() for s in validation[section.tokens]])}
 
 
 def lm_perplexity(folder: Path, df) -> float:
     """Perplexity of a frame's texts under a saved n-gram LM."""
-    with open(folder / "model.pkl", "rb") as f:
-        saved = pickle.load(f)
-    return saved["model"].perplexity([s.split() for s in df[saved["tokens"]]])
+    saved = _load(folder / "model.json.gz")
+    return NgramLM.from_json(saved["model"]).perplexity([s.split() for s in df[saved["tokens"]]])
 
 
 def train_lm_classifier(train, labels: list[str], section, out: Path) -> dict:
-    """One n-gram LM per class on the original train rows; save `lm_classifier/model.pkl`."""
+    """One n-gram LM per class on the original train rows; save `lm_classifier/model.json.gz`."""
     folder = out / "lm_classifier"
     folder.mkdir()
     original = original_rows(train)
@@ -145,19 +172,18 @@ def train_lm_classifier(train, labels: list[str], section, out: Path) -> dict:
     models = [NgramLM(section).fit([s.split() for s in original.loc[original["label"] == label, section.tokens]])
               for label in labels]
     seconds = time.perf_counter() - t0
-    with open(folder / "model.pkl", "wb") as f:
-        pickle.dump({"models": models, "labels": labels, "tokens": section.tokens}, f)
+    _save({"models": [m.to_json() for m in models], "labels": labels, "tokens": section.tokens}, folder / "model.json.gz")
     return {"path": "lm_classifier", "kind": "lm_classifier", "seconds": seconds, "history": [],
             "samples_per_second": len(original) / seconds}
 
 
 def lm_classifier_predictor(folder: Path):
     """Class probabilities: softmax over each class LM's log-probability of the text (argmax = lowest perplexity)."""
-    with open(folder / "model.pkl", "rb") as f:
-        saved = pickle.load(f)
+    saved = _load(folder / "model.json.gz")
+    models = [NgramLM.from_json(doc) for doc in saved["models"]]
 
     def predict(df) -> np.ndarray:
-        scores = np.array([[m.log_prob(s.split())[0] for m in saved["models"]] for s in df[saved["tokens"]]])
+        scores = np.array([[m.log_prob(s.split())[0] for m in models] for s in df[saved["tokens"]]])
         scores -= scores.max(axis=1, keepdims=True)
         probs = np.exp(scores)
         return (probs / probs.sum(axis=1, keepdims=True)).astype(np.float32)

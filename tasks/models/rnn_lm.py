@@ -97,7 +97,7 @@ def train_rnn_lm(inputs: TrainInputs) -> dict:
 
 def rnn_lm_perplexity(folder: Path, df: pd.DataFrame, device: str = "auto") -> float:
     """Perplexity of a frame's texts under a saved `rnn_lm/`."""
-    saved = torch.load(folder / "model.pt", map_location="cpu", weights_only=False)
+    saved = torch.load(folder / "model.pt", map_location="cpu", weights_only=True)  # tensors and plain data only
     model = LSTMLanguageModel(RNNLMConfig(**saved["config"]))
     model.load_state_dict(saved["state_dict"])
     model.to(resolve_device(device)).eval()

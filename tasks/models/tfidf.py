@@ -6,7 +6,6 @@ import time
 from pathlib import Path
 from typing import Literal
 
-import joblib
 import numpy as np
 import pandas as pd
 from pydantic import Field
@@ -29,39 +28,63 @@ class Params(Section):
     class_weight: Literal["balanced"] | None = None
 
 
+def _vectorizers(p: Params) -> dict[str, TfidfVectorizer]:
+    """Word n-grams over the segmented `words`, character n-grams over the cleaned `text`."""
+    return {
+        "words": TfidfVectorizer(tokenizer=str.split, token_pattern=None, lowercase=False,
+                                 ngram_range=tuple(p.word_ngrams), min_df=p.min_df, sublinear_tf=True),
+        "chars": TfidfVectorizer(analyzer="char", ngram_range=tuple(p.char_ngrams), min_df=p.min_df, sublinear_tf=True),
+    }
+
+
+COLUMNS = {"words": "words", "chars": "text"}  # vectorizer -> the frame column it reads
+
+
 def make_pipeline(p: Params, seed: int) -> Pipeline:
-    """Word n-grams over the segmented `words`, character n-grams over the raw `text`, one classifier."""
-    features = ColumnTransformer([
-        ("words", TfidfVectorizer(tokenizer=str.split, token_pattern=None, lowercase=False,
-                                  ngram_range=tuple(p.word_ngrams), min_df=p.min_df, sublinear_tf=True), "words"),
-        ("chars", TfidfVectorizer(analyzer="char", ngram_range=tuple(p.char_ngrams), min_df=p.min_df,
-                                  sublinear_tf=True), "text"),
-    ])
+    """Both vectorizers side by side, one logistic regression over their features."""
+    features = ColumnTransformer([(name, vec, COLUMNS[name]) for name, vec in _vectorizers(p).items()])
     classifier = LogisticRegression(C=p.C, max_iter=2000, class_weight=p.class_weight, random_state=seed)
     return Pipeline([("features", features), ("classifier", classifier)])
 
 
 def train_tfidf_lr(train: pd.DataFrame, labels: list[str], p: Params, seed: int, out: Path) -> dict:
-    """Fit and save `tfidf_lr/model.joblib`; return its summary."""
+    """Fit, then save what prediction needs as data that loads without pickle: each vectorizer's vocabulary
+    (`vocabulary.json`) and the idf and classifier weights (`weights.npz`)."""
     folder = out / "tfidf_lr"
     folder.mkdir()
     index = {label: i for i, label in enumerate(labels)}
     t0 = time.perf_counter()
     model = make_pipeline(p, seed).fit(train[["words", "text"]], train["label"].map(index).to_numpy())
     seconds = time.perf_counter() - t0
-    joblib.dump(model, folder / "model.joblib")
+    fitted = model.named_steps["features"].named_transformers_
+    classifier = model.named_steps["classifier"]
+    vocabulary = {name: {term: int(i) for term, i in fitted[name].vocabulary_.items()} for name in COLUMNS}
+    (folder / "vocabulary.json").write_text(json.dumps(vocabulary, ensure_ascii=False), encoding="utf-8")
+    np.savez(folder / "weights.npz", idf_words=fitted["words"].idf_, idf_chars=fitted["chars"].idf_,
+             coef=classifier.coef_, intercept=classifier.intercept_, classes=classifier.classes_)
     (folder / "config.json").write_text(json.dumps({"labels": labels, **p.model_dump()}, ensure_ascii=False), encoding="utf-8")
     return {"path": "tfidf_lr", "kind": "tfidf_lr", "seconds": seconds, "history": [], "samples_per_second": len(train) / seconds}
 
 
 def tfidf_predictor(folder: Path):
-    """Probabilities from a saved TF-IDF + LR pipeline, columns in label order."""
-    model = joblib.load(folder / "model.joblib")
-    n = len(json.loads((folder / "config.json").read_text(encoding="utf-8"))["labels"])
+    """Probabilities from a saved TF-IDF + LR model, columns in label order (rebuilt from its data files)."""
+    from scipy.sparse import hstack
+
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    n = len(config.pop("labels"))
+    vocabulary = json.loads((folder / "vocabulary.json").read_text(encoding="utf-8"))
+    with np.load(folder / "weights.npz", allow_pickle=False) as w:
+        weights = {k: w[k] for k in w.files}
+    vectorizers = _vectorizers(Params(**config))
+    for name, vec in vectorizers.items():
+        vec.vocabulary_, vec.idf_ = vocabulary[name], weights[f"idf_{name}"]
+    classifier = LogisticRegression()
+    classifier.classes_, classifier.coef_, classifier.intercept_ = weights["classes"], weights["coef"], weights["intercept"]
 
     def predict(df: pd.DataFrame) -> np.ndarray:
+        features = hstack([vec.transform(df[COLUMNS[name]]) for name, vec in vectorizers.items()]).tocsr()
         probs = np.zeros((len(df), n), dtype=np.float32)
-        probs[:, model.classes_] = model.predict_proba(df[["words", "text"]])  # a class absent in training stays 0
+        probs[:, classifier.classes_] = classifier.predict_proba(features)  # a class absent in training stays 0
         return probs
 
     return predict

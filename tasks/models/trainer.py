@@ -4,6 +4,7 @@ from. What differs between models (batches, loss, validation) comes in as a `Tas
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import os
@@ -146,15 +147,23 @@ def _save(obj, path: Path) -> None:
 
 
 def _rng_state(rng: np.random.Generator) -> dict:
-    return {"torch": torch.get_rng_state(), "numpy_gen": rng.bit_generator.state, "numpy": np.random.get_state(),
-            "python": random.getstate(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+    """Every random-number state as tensors and a JSON string, so a checkpoint loads with weights_only=True
+    (NumPy's legacy state holds an array, which a safe load refuses)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    plain = {"numpy_gen": rng.bit_generator.state, "numpy": [name, keys.tolist(), pos, has_gauss, cached],
+             "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]]}
+    return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            "plain": json.dumps(plain)}
 
 
 def _set_rng_state(state: dict, rng: np.random.Generator) -> None:
+    plain = json.loads(state["plain"])
     torch.set_rng_state(state["torch"])
-    rng.bit_generator.state = state["numpy_gen"]
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
+    rng.bit_generator.state = plain["numpy_gen"]
+    name, keys, pos, has_gauss, cached = plain["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    version, internal, gauss = plain["python"]
+    random.setstate((version, tuple(internal), gauss))
     if state["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
@@ -178,7 +187,7 @@ def fit(name: str, model: nn.Module, task: Task, cfg: LoopConfig, checkpoints: P
     state = {"epoch": 0, "history": [], "best": -math.inf, "best_epoch": 0, "stale": 0, "done": False}
     last, best_file = checkpoints / "last.pt", checkpoints / "best.pt"
     if last.is_file():
-        ckpt = torch.load(last, map_location=device, weights_only=False)
+        ckpt = torch.load(last, map_location=device, weights_only=True)  # a checkpoint never runs code
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         scheduler.load_state_dict(ckpt["scheduler"])

@@ -1,8 +1,6 @@
 """Stage keys see every cause (params, upstream, code, library versions, named files) and `zhpipe status` names
 the cause that made a stage stale."""
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -99,9 +97,31 @@ def test_a_library_version_rebuilds_what_it_shapes(built, monkeypatch):
     assert rows["segment"]["why"] == ["library jieba 0.42.1 -> 0.43.0"]
 
 
-def test_status_command_names_the_cause(built):
-    env = {**os.environ, "ZHPIPE_STORAGE": str(built["store"].root)}
-    proc = subprocess.run([sys.executable, "-m", "flows.cli", "status", "smoke", *sum((["--set", s] for s in built["sets"]), []),
-                           "--set", "clean.min_chars=3"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "param clean.min_chars: 2 -> 3" in proc.stdout and "upstream clean changed" in proc.stdout
+def test_status_command_names_the_cause(built, monkeypatch, capsys):
+    from flows.cli import main
+
+    monkeypatch.setenv("ZHPIPE_STORAGE", str(built["store"].root))
+    code = main(["status", "smoke", *sum((["--set", s] for s in built["sets"]), []), "--set", "clean.min_chars=3"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "param clean.min_chars: 2 -> 3" in out and "upstream clean changed" in out
+
+
+def test_a_hub_model_that_appears_in_the_cache_changes_the_key(monkeypatch, tmp_path):
+    """Back-translation names hub models: their cached revision is part of the augment key, so an output built
+    while they were missing (an EDA fallback) is not reused once they are there."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    config = load_pipeline("chnsenticorp-bt", overrides=["augment.fallback=eda"])
+    before = runner.plan(config)["augment"]
+    repo = tmp_path / "models--Helsinki-NLP--opus-mt-zh-en"
+    (repo / "snapshots" / "abc123").mkdir(parents=True)
+    (repo / "snapshots" / "abc123" / "config.json").write_text("{}")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123")
+    after = runner.plan(config)["augment"]
+    assert before["files"]["Helsinki-NLP/opus-mt-zh-en"] == "hub:Helsinki-NLP/opus-mt-zh-en@absent"
+    assert after["files"]["Helsinki-NLP/opus-mt-zh-en"] == "hub:Helsinki-NLP/opus-mt-zh-en@abc123"
+    assert stage_key(before) != stage_key(after)
+    assert diff_causes("augment", before, after) == ["file Helsinki-NLP/opus-mt-zh-en changed"]

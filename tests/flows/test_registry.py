@@ -29,7 +29,8 @@ def trained(prefect_harness, tmp_path_factory):
     second = pipeline_flow(load_pipeline("smoke", overrides=SETS + ["train.epochs=2"]), storage=str(store))
     stages = {r["stage"]: r for r in first["stages"]}
     units = {u["stage"]: u for u in first["units"]}
-    return {"store": store, "first": first, "second": second, "models": {n: Path(units[f"train.{n}"]["path"]) / n for n in ("tfidf_lr", "textcnn")},
+    tfidf_run = units["train.tfidf_lr"]["run_id"]
+    return {"store": store, "first": first, "second": second, "tfidf_run": tfidf_run, "models": {n: Path(units[f"train.{n}"]["path"]) / n for n in ("tfidf_lr", "textcnn")},
             "segment": Path(stages["segment"]["path"]), "labels": stages["train"]["info"]["labels"],
             "tags": client().get_run(first["parent_run_id"]).data.tags}
 
@@ -72,12 +73,12 @@ def test_champion_rule(trained):
     from flows.registry import register_best
 
     test = pd.read_parquet(trained["segment"] / "test.parquet")
-    clean, segment = _config()
     run_id = trained["first"]["parent_run_id"]
 
+    uri = client().get_run(trained["tfidf_run"]).data.tags["zhpipe.model_uri"]
+
     def register(score, frame=test, key=None):
-        return register_best(run_id, "rule-test", "tfidf_lr", trained["models"]["tfidf_lr"], trained["labels"], clean, segment,
-                             frame, "accuracy", score, model_key=key or f"key-{score}-{len(frame)}")
+        return register_best(uri, run_id, "rule-test", "tfidf_lr", frame, "accuracy", score, model_key=key or f"key-{score}-{len(frame)}")
 
     def champion():
         return str(client().get_model_version_by_alias("zhpipe-rule-test", "champion").version)

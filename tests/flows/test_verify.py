@@ -2,9 +2,6 @@
 reported in one line and rebuilt, never used; `zhpipe verify` and `zhpipe gc` keep a store sound and small."""
 import json
 import logging
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -56,11 +53,19 @@ def test_an_edited_file_of_the_same_size_is_caught(store):
     assert run(store)["split"]["cache"] == "miss"
 
 
-def test_verify_and_gc_commands(store):
-    env = {**os.environ, "ZHPIPE_STORAGE": str(store)}
+def test_verify_and_gc_commands(store, monkeypatch, capsys):
+    """The commands in this process (their parsing and output are the CLI's own; subprocess runs of the CLI
+    are in test_cli.py)."""
+    from types import SimpleNamespace
+
+    from flows.cli import main
+
+    monkeypatch.setenv("ZHPIPE_STORAGE", str(store))
 
     def zhpipe(*args):
-        return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        code = main(list(args))
+        out = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
 
     ok = zhpipe("verify")
     assert ok.returncode == 0 and "0 corrupt" in ok.stdout, ok.stdout + ok.stderr

@@ -5,6 +5,7 @@ from tasks.embed import FastTextParams as FastTextEmbedConfig
 from tasks.embed import Params as EmbedConfig
 from tasks.embed import Word2VecParams as Word2VecConfig
 from tasks.embed import fasttext_keyed_vectors, neighbours, train_fasttext, train_word2vec
+from tasks.vectors import load_word2vec
 
 LINES = ["酒店 房间 很 干净", "酒店 服务 很 好", "房间 服务 都 很 干净", "早餐 太 差", "酒店 早餐 不错"] * 40
 
@@ -21,9 +22,9 @@ def test_word2vec_variants_save_and_reload(tmp_path):
         params = EmbedConfig(word2vec=Word2VecConfig(vector_size=16, min_count=1, epochs=3, sg=sg, hs=hs), workers=1)
         kv = train_word2vec(path, params)
         assert "酒店" in kv and kv.vector_size == 16
-    kv.save(str(tmp_path / "w.kv"))
+    kv.save_word2vec_format(str(tmp_path / "word2vec.bin"), binary=True)
     kv.save_word2vec_format(str(tmp_path / "w.txt"))
-    assert KeyedVectors.load(str(tmp_path / "w.kv")).most_similar("酒店", topn=2) == kv.most_similar("酒店", topn=2)
+    assert load_word2vec(tmp_path).most_similar("酒店", topn=2) == kv.most_similar("酒店", topn=2)
     assert KeyedVectors.load_word2vec_format(str(tmp_path / "w.txt")).index_to_key == kv.index_to_key
     rows = neighbours("word2vec", ["酒店", "没见过"], lambda w, n: kv.most_similar(w, topn=n) if w in kv else [], 3)
     assert [r["rank"] for r in rows] == [1, 2, 3] and all(r["word"] == "酒店" for r in rows)
@@ -65,7 +66,7 @@ def test_networks_start_from_either_embedding(tmp_path):
     path = corpus(tmp_path)
     params = EmbedConfig(word2vec=Word2VecConfig(vector_size=10, min_count=1, epochs=1),
                          fasttext=FastTextEmbedConfig(dim=10, epoch=1, bucket=1000), workers=1)
-    train_word2vec(path, params).save(str(tmp_path / "word2vec.kv"))
+    train_word2vec(path, params).save_word2vec_format(str(tmp_path / "word2vec.bin"), binary=True)
     itos = ["[PAD]", "[UNK]", "酒店", "房间", "没见过的词"]
     w2v = load_word_vectors(tmp_path, "word2vec")
     matrix, coverage = pretrained_matrix(itos, w2v, seed=0)
@@ -76,7 +77,7 @@ def test_networks_start_from_either_embedding(tmp_path):
     ft = load_word_vectors(tmp_path, "fasttext")
     matrix, coverage = pretrained_matrix(itos, ft, seed=0)
     assert coverage == 3 / 5 and np.abs(matrix[4].numpy()).sum() > 0 and ft.name == "fasttext"
-    assert keyed_word_vectors(KeyedVectors.load(str(tmp_path / "word2vec.kv"))).get("没见过的词") is None
+    assert keyed_word_vectors(load_word2vec(tmp_path)).get("没见过的词") is None
 
 
 def test_projection_pictures_and_projector_export(tmp_path):

@@ -74,13 +74,17 @@ def test_a_toy_model_needs_one_module_and_one_entry(toy, tmp_path):
     inputs = _stage_inputs(tmp_path)
     out = tmp_path / "train-out"
     out.mkdir()
-    trained = train.build(BuildContext(inputs=inputs, input_info={"augment": {"labels": ["0", "1"]}}, out=out,
-                                       params=config.stages.train, scratch=tmp_path / "scratch"))
-    assert trained.metrics["toy_val_accuracy"] == 0.75  # always class "1", right on 6 of 8
+    trained = train.build_model(BuildContext(inputs=inputs, input_info={"augment": {"labels": ["0", "1"]}}, out=out,
+                                             params=config.stages.train, scratch=tmp_path / "scratch"), "toy")
+    assert trained.metrics["val_accuracy_best"] == 0.75  # always class "1", right on 6 of 8
     scored = tmp_path / "eval-out"
     scored.mkdir()
-    result = evaluate.build(BuildContext(inputs={"train": out, "segment": inputs["segment"]}, input_info={"train": trained.info},
-                                         out=scored, params=config.stages.evaluate))
+    unit = evaluate.build_model(BuildContext(inputs={"train": out, "segment": inputs["segment"]}, input_info={"train": trained.info},
+                                             out=scored, params=config.stages.evaluate), "toy")
+    compared = tmp_path / "compared"
+    compared.mkdir()
+    result = evaluate.build(BuildContext(inputs={"evaluate.toy": scored}, input_info={"evaluate.toy": unit.info}, out=compared,
+                                         params=config.stages.evaluate))
     assert result.info["best_model"] == "toy" and result.metrics["toy_test_accuracy"] == 0.75
 
 

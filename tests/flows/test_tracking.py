@@ -1,0 +1,95 @@
+"""MLflow as its users see it, read through MLflow's REST API on loopback (as the UI reads it): the experiment's
+kind, the parent run's source tags and dataset inputs, system metrics of a training, run names; and a store
+that does not grow: two all-cached runs in a row add no artifact bytes."""
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from flows.config import load_pipeline
+from flows.pipeline import pipeline_flow
+from flows.tracking import tracking_uri
+
+pytestmark = pytest.mark.e2e
+SETS = ["train.models=[tfidf_lr, textcnn]", "split.seed=3"]
+
+
+def artifact_bytes() -> int:
+    root = Path(tracking_uri().removeprefix("sqlite:///")).parent / "artifacts"
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+@pytest.fixture(scope="module")
+def runs(prefect_harness, tmp_path_factory):
+    store = tmp_path_factory.mktemp("tracking-store")
+    first = pipeline_flow(load_pipeline("smoke", overrides=SETS), storage=str(store), overrides=SETS)
+    after_first = artifact_bytes()
+    cached = [pipeline_flow(load_pipeline("smoke", overrides=SETS), storage=str(store), overrides=SETS) for _ in range(2)]
+    return {"first": first, "cached": cached, "bytes": (after_first, artifact_bytes())}
+
+
+@pytest.fixture(scope="module")
+def rest(runs, tmp_path_factory):
+    """`mlflow server` on a free loopback port over the tests' tracking store."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(tmp_path_factory.mktemp("mlflow-server") / "server.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", tracking_uri(), "--host", "127.0.0.1",
+                             "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=os.environ)
+    url = f"http://127.0.0.1:{port}/api/2.0/mlflow"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert proc.poll() is None and time.monotonic() < deadline, "mlflow server did not start"
+        time.sleep(1)
+    yield url
+    proc.terminate()
+    proc.wait(30)
+    log.close()
+
+
+def test_two_all_cached_runs_add_no_artifacts(runs):
+    for out in runs["cached"]:
+        assert {s["cache"] for s in out["stages"]} == {"hit"} and {u["cache"] for u in out["units"]} == {"hit"}
+    before, after = runs["bytes"]
+    assert before > 0 and after == before
+
+
+def _run(rest, run_id):
+    return httpx.get(f"{rest}/runs/get", params={"run_id": run_id}, timeout=30).json()["run"]
+
+
+def test_the_ui_sees_a_training_experiment_with_sources_datasets_and_system_metrics(runs, rest):
+    experiment = httpx.get(f"{rest}/experiments/get-by-name", params={"experiment_name": "zhpipe-smoke"}, timeout=30).json()["experiment"]
+    assert {"key": "mlflow.experimentKind", "value": "custom_model_development"} in experiment["tags"]
+    parent = _run(rest, runs["first"]["parent_run_id"])
+    tags = {t["key"]: t["value"] for t in parent["data"]["tags"]}
+    assert tags["mlflow.source.name"].startswith("zhpipe") and tags["mlflow.user"] and tags["mlflow.source.type"] == "LOCAL"
+    assert tags["mlflow.runName"].startswith("smoke train.models=[tfidf_lr,textcnn] split.seed=3 ")
+    if tags["zhpipe.git_commit"] != "unknown":
+        assert tags["mlflow.source.git.commit"] == tags["zhpipe.git_commit"]
+    contexts = {d["dataset"]["name"]: [t["value"] for t in d["tags"] if t["key"] == "mlflow.data.context"]
+                for d in parent["inputs"]["dataset_inputs"]}
+    assert contexts == {"smoke-train": ["training"], "smoke-validation": ["validation"], "smoke-test": ["testing"]}
+    textcnn = next(u for u in runs["first"]["units"] if u["stage"] == "train.textcnn")
+    metrics = {m["key"] for m in _run(rest, textcnn["run_id"])["data"]["metrics"]}
+    assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes"} <= metrics
+    assert {"test_accuracy", "val_macro_f1_best", "train_loss"} <= metrics
+
+
+def test_a_cached_model_run_links_to_its_artifacts(runs, rest):
+    unit = next(u for u in runs["cached"][-1]["units"] if u["stage"] == "train.textcnn")
+    tags = {t["key"]: t["value"] for t in _run(rest, unit["run_id"])["data"]["tags"]}
+    source = next(u for u in runs["first"]["units"] if u["stage"] == "train.textcnn")["run_id"]
+    assert tags["zhpipe.cache"] == "hit" and tags["zhpipe.train_artifacts_run_id"] == source
+    assert source in tags["mlflow.note.content"] and tags["zhpipe.model_uri"].startswith("models:/")
