@@ -19,16 +19,7 @@ from tasks.hub import load_pretrained
 from tasks.io import read_vocab
 from tasks.models.base import ModelSpec, TrainInputs, class_weight_tensor, label_ids
 from tasks.models.modules import LexiconAdapter, LexiconBert
-from tasks.models.trainer import (
-    LoopConfig,
-    Task,
-    fit,
-    length_buckets,
-    pad,
-    resolve_device,
-    seed_everything,
-    validation_metrics,
-)
+from tasks.models.trainer import LoopConfig, Task, fit, length_buckets, pad, resolve_device, seed_everything, validation_metrics
 from tasks.vectors import WordVectors
 
 MAX_WORD_CHARS = 4  # the longest lexicon word matched against the text

@@ -14,31 +14,9 @@ import torch.nn.functional as F
 from tasks.core import Section
 from tasks.errors import DataError
 from tasks.io import read_vocab
-from tasks.models.base import (
-    ModelSpec,
-    Predictor,
-    TrainInputs,
-    class_weight_tensor,
-    label_ids,
-)
-from tasks.models.modules import (
-    BiLSTMAttention,
-    BiLSTMConfig,
-    TextCNN,
-    TextCNNConfig,
-    TransformerClassifier,
-    TransformerConfig,
-)
-from tasks.models.trainer import (
-    LoopConfig,
-    Task,
-    fit,
-    length_buckets,
-    pad,
-    resolve_device,
-    seed_everything,
-    validation_metrics,
-)
+from tasks.models.base import ModelSpec, Predictor, TrainInputs, class_weight_tensor, label_ids
+from tasks.models.modules import BiLSTMAttention, BiLSTMConfig, TextCNN, TextCNNConfig, TransformerClassifier, TransformerConfig
+from tasks.models.trainer import LoopConfig, Task, fit, length_buckets, pad, resolve_device, seed_everything, validation_metrics
 from tasks.vectors import WordVectors
 
 

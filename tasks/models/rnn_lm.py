@@ -16,15 +16,7 @@ from tasks.core import Section
 from tasks.io import read_vocab
 from tasks.models.base import ModelSpec, TrainInputs
 from tasks.models.modules import LSTMLanguageModel, RNNLMConfig
-from tasks.models.trainer import (
-    LoopConfig,
-    Task,
-    fit,
-    length_buckets,
-    pad,
-    resolve_device,
-    seed_everything,
-)
+from tasks.models.trainer import LoopConfig, Task, fit, length_buckets, pad, resolve_device, seed_everything
 
 BOS_EOS = "[SEP]"  # the vocabulary's [SEP] marks both the start and the end of a text
 
