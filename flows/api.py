@@ -53,9 +53,8 @@ def run(pipeline: str, overrides: list[str] | None = None, stages: list[str] | N
 def output(pipeline: str, stage: str, overrides: list[str] | None = None, project: str | Path | None = None,
            storage: str | None = None) -> Path:
     """The folder of a stage's output for this config; an error when it has not been built."""
-    from flows.pipeline import storage_root
     from flows.runner import plan_keys
-    from flows.store import StageStore
+    from flows.store import StageStore, storage_root
 
     cfg = config(pipeline, overrides, project)
     keys = plan_keys(cfg)

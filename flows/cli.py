@@ -191,10 +191,9 @@ def cmd_status(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from flows.pipeline import storage_root
     from flows.runner import plan
     from flows.status import stage_states
-    from flows.store import StageStore, stage_key
+    from flows.store import StageStore, stage_key, storage_root
 
     config = _load(args)
     causes = plan(config)
@@ -314,6 +313,11 @@ def cmd_predict(args) -> int:
         raise ZhpipeError("predict: give TEXT arguments or --input FILE (not both)")
     if args.input and not args.output:
         raise ZhpipeError("predict: --input needs --output FILE")
+    if args.output:
+        from flows.runs import READERS
+
+        if args.output.suffix.lower() not in READERS:  # before loading a model and predicting, not after
+            raise ZhpipeError(f"--output {args.output}: unknown file type '{args.output.suffix}' (expected .csv, .tsv, .jsonl or .parquet)")
     df = read_table(args.input, args.text_column) if args.input else pd.DataFrame({"text": args.texts})
     uri = args.model or f"models:/zhpipe-{_pipeline_name(args)}@champion"
     column = args.text_column if args.input else "text"
@@ -342,8 +346,7 @@ def cmd_predict(args) -> int:
 
 def _store(args):
     from flows.config import list_pipelines, load_pipeline
-    from flows.pipeline import storage_root
-    from flows.store import StageStore
+    from flows.store import StageStore, storage_root
 
     first = load_pipeline(next(iter(list_pipelines(project.current().config_file))))
     return StageStore(storage_root(first, args.storage))
@@ -448,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S")
     for noisy in ("httpx", "alembic", "mlflow.store.db.utils", "gensim", "smart_open", "distributed"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    if not args.debug and args.command in ("run", "deploy", "serve", "predict"):
+    if not args.debug and (args.command in ("run", "deploy", "serve") or getattr(args, "dask", None)):
         import prefect  # noqa: F401 - configures Prefect's loggers, which the filter then attaches to
 
         _quiet_prefect_tracebacks()

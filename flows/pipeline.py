@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ from flows.runner import (
     plan,
     source_fingerprint,
 )
-from flows.store import StageStore, stage_key
+from flows.store import StageStore, stage_key, storage_root
 from flows.tracking import Tracker
 from flows.workers import gpu_slot, train_deployment
 from tasks import augment as augment_stage
@@ -62,13 +61,6 @@ def forced_stages(force: list[str] | None) -> set[str]:
         return set(names)
     first = min(names.index(s) for s in force)
     return set(names[first:])
-
-
-def storage_root(config: PipelineConfig, explicit: str | None = None) -> str:
-    """The stage store root: --storage, else ZHPIPE_STORAGE (or the older ZHPIPE_DATA), else the pipeline's
-    `storage`, else the project's data/. A folder or an fsspec URL."""
-    return (explicit or os.environ.get("ZHPIPE_STORAGE") or os.environ.get("ZHPIPE_DATA") or config.storage
-            or str(project.current().data))
 
 
 def chunk_executor(config: PipelineConfig, explicit: str | None = None) -> str | None:

@@ -292,3 +292,16 @@ class StageStore:
         folder = self.root / "_downloads" / hashlib.sha256(url.encode()).hexdigest()[:16]
         folder.mkdir(parents=True, exist_ok=True)
         return folder
+
+
+def storage_root(config, explicit: str | None = None) -> str:
+    """The stage store root: --storage, else ZHPIPE_STORAGE (or the older ZHPIPE_DATA), else the pipeline's
+    `storage`, else the project's data/. A folder or an fsspec URL."""
+    return (explicit or os.environ.get("ZHPIPE_STORAGE") or os.environ.get("ZHPIPE_DATA") or config.storage
+            or str(_project_data()))
+
+
+def _project_data() -> Path:
+    from flows.project import current
+
+    return current().data

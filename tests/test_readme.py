@@ -13,7 +13,7 @@ def python_example() -> str:
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
-def test_readme_python_example_runs(prefect_harness, capsys):
+def test_readme_python_example_runs(smoke, capsys):
     code = python_example()
     assert "api.run(" in code and "api.load_model(" in code
     exec(compile(code, str(README), "exec"), {})

@@ -125,3 +125,10 @@ def test_a_hub_model_that_appears_in_the_cache_changes_the_key(monkeypatch, tmp_
     assert after["files"]["Helsinki-NLP/opus-mt-zh-en"] == "hub:Helsinki-NLP/opus-mt-zh-en@abc123"
     assert stage_key(before) != stage_key(after)
     assert diff_causes("augment", before, after) == ["file Helsinki-NLP/opus-mt-zh-en changed"]
+
+
+def test_adding_a_model_trains_only_the_new_one(built):
+    keys, _ = states(built)
+    new_keys, _ = states(built, ["train.models=[fasttext, textcnn, tfidf_lr]"])
+    assert set(new_keys) - set(keys) == {"train.tfidf_lr", "evaluate.tfidf_lr"}
+    assert changed(keys, {k: new_keys[k] for k in keys}) == {"train", "evaluate"}  # the existing units keep their keys

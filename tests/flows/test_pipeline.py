@@ -12,8 +12,8 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    return tmp_path_factory.mktemp("store")
+def store(smoke):
+    return smoke["store"]
 
 
 def run(store, overrides=(), **kw):
@@ -30,8 +30,8 @@ def children(parent_id, experiment):
     return c.search_runs([exp.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'")
 
 
-def test_first_run_builds_everything_and_tracks_it(prefect_harness, store):
-    out = run(store)
+def test_first_run_builds_everything_and_tracks_it(smoke):
+    out = smoke["out"]
     assert set(cache_of(out).values()) == {"miss"} and list(cache_of(out)) == list(STAGES)
     c = client()
     parent = c.get_run(out["parent_run_id"])
