@@ -40,8 +40,12 @@ fonts:
 run: install
 	$(BIN)/zhpipe run $(PIPELINE) $(ARGS)
 
+# test modules run in TEST_WORKERS processes (whole modules each, so module fixtures are built once);
+# much of the suite waits on real servers and subprocesses, so 2 workers help even on 2 cores
+TEST_WORKERS ?= 2
+
 test: install
-	$(BIN)/python -m pytest $(ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 bench: install
 	$(BIN)/python benchmarks/bench_pipeline.py $(ARGS)
