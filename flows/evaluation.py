@@ -12,7 +12,7 @@ import pandas as pd
 from flows.registry import register_best
 from flows.runner import RunContext, StageResult, model_units
 from flows.serving import log_classifier
-from flows.tracking import Tracker
+from flows.tracking import Tracker, client
 from tasks import evaluate as evaluate_stage
 from tasks import train as train_stage
 from tasks.models import MODELS
@@ -32,16 +32,16 @@ def train_models(run: RunContext, augment: StageResult, segment: StageResult, vo
         name = unit.partition(".")[2]
         inputs = {"augment": augment, "segment": segment, "vocab": vocab} | ({"embed": embed} if MODELS[name].uses_vectors else {})
         result = run.run(unit, inputs, lambda ctx, n=name: train_stage.build_model(ctx, n), run_name=name, tags={"zhpipe.model": name})
-        _track_training(run, result, name, segment)
+        _track_training(run, result, name)
         units[unit] = result
     result = run.run("train", units, train_stage.build)
     result.parts = units
     return result
 
 
-def _track_training(run: RunContext, result: StageResult, name: str, segment: StageResult) -> None:
-    """The model run: its curves and facts every time; the saved model (and, for PyTorch models, an MLflow
-    model) only when it was built now; a reused model points to the run that holds them."""
+def _track_training(run: RunContext, result: StageResult, name: str) -> None:
+    """The model run (its unit's totals are logged by the runner): per-epoch curves and facts every time; the
+    saved model only when it was built now; a reused model points to the run that holds it."""
     tracker = Tracker(result.run_id)
     summary = result.info["summary"]
     for row in summary.get("history", []):
@@ -49,9 +49,8 @@ def _track_training(run: RunContext, result: StageResult, name: str, segment: St
     for row in summary.get("pretrain_history", []):  # bert's masked-LM pretraining
         tracker.metrics({f"mlm_{k}": v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
     facts = {k: summary[k] for k in ("parameters", "best_epoch", "resumed_from_epoch") if k in summary}
-    facts["median_samples_per_second"] = summary["samples_per_second"]  # the per-epoch curve is samples_per_second
-    best_val = {"val_macro_f1_best": summary["val_macro_f1"]} if "val_macro_f1" in summary else {}
-    tracker.metrics({**best_val, **facts, "train_seconds": summary["seconds"]})
+    if facts:
+        tracker.metrics(facts)
     if result.cache == "hit":  # logged with its training: point to it, upload nothing
         source = run.store.manifest(result.stage, result.key).mlflow_run_id
         uri = tracker.client.get_run(source).data.tags.get("zhpipe.model_uri") if source else None
@@ -61,10 +60,14 @@ def _track_training(run: RunContext, result: StageResult, name: str, segment: St
     if MODELS[name].is_language_model:
         tracker.artifact(result.path / name, "model")
         return
-    # a classifier: an MLflow model that takes raw text (models from code, weights in safe formats)
-    info = log_classifier(tracker.run_id, name, result.path / name, result.info["labels"],
-                          run.config.stages.clean.model_dump(mode="json"), run.config.stages.segment.segmenter().model_dump(mode="json"))
-    tracker.tags({"zhpipe.model_uri": info.model_uri})
+    tracker.tags({"zhpipe.model_uri": _log_classifier(run, tracker.run_id, name, result.path / name, result.info["labels"])})
+
+
+def _log_classifier(run: RunContext, run_id: str, name: str, folder: Path, labels: list[str]) -> str:
+    """A classifier as an MLflow model that takes raw text (models from code, weights in safe formats), cleaned
+    and segmented as this pipeline does; returns its URI."""
+    return log_classifier(run_id, name, folder, labels, run.config.stages.clean.model_dump(mode="json"),
+                          run.config.stages.segment.segmenter().model_dump(mode="json")).model_uri
 
 
 def evaluate_models(run: RunContext, train: StageResult, segment: StageResult) -> StageResult:
@@ -90,11 +93,9 @@ def register(run: RunContext, evaluation: StageResult, segment: StageResult, mod
     """Register the best classifier (a pyfunc that takes raw text) and apply the champion rule; the parent
     run's tags say what happened and why."""
     best, metric = evaluation.info["best_model"], run.config.stages.evaluate.metric
-    uri = Tracker(model_runs[best]).client.get_run(model_runs[best]).data.tags.get("zhpipe.model_uri")
+    uri = client().get_run(model_runs[best]).data.tags.get("zhpipe.model_uri")
     if not uri:  # trained elsewhere and never logged as a classifier here: log it now
-        uri = log_classifier(model_runs[best], best, model_dir(run, best), evaluation.info["labels"],
-                             run.config.stages.clean.model_dump(mode="json"),
-                             run.config.stages.segment.segmenter().model_dump(mode="json")).model_uri
+        uri = _log_classifier(run, model_runs[best], best, model_dir(run, best), evaluation.info["labels"])
     decision = register_best(
         uri, model_runs[best], run.config.name, best, pd.read_parquet(segment.path / "test.parquet"), metric,
         evaluation.info["results"][best][f"test_{metric}"], model_key=run.keys[f"train.{best}"],

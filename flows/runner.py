@@ -59,18 +59,25 @@ def resolve_local(location: str) -> Path | None:
     return resolve_path(location, project.current().root)
 
 
-def key_causes(config: PipelineConfig, stage: str, inputs: dict[str, str]) -> dict[str, Any]:
-    """Everything a stage's key hashes: its params, its inputs' keys (the source's sha256 for download), the
-    code that computes it, the libraries that shape it and the contents of the files its params name."""
+def key_causes(config: PipelineConfig, unit: str, inputs: dict[str, str]) -> dict[str, Any]:
+    """Everything a stage's or model unit's key hashes: its params, its inputs' keys (the source's sha256 for
+    download), the code that computes it, the libraries that shape it and the contents of the files its params
+    name. A model unit (`train.<model>`, `evaluate.<model>`) sees its stage's code and its own model family's,
+    never another family's, and only the files its own section names."""
+    stage, _, model = unit.partition(".")
     module = STAGE_MODULES[stage]
-    params = stage_params(config, stage)
+    params = unit_params(config, unit)
+    code, files = code_fingerprint(module.__name__), module.FILES
+    if model:
+        code = {**code_fingerprint(module.__name__, skip="tasks.models"), **code_fingerprint(MODELS[model].train.__module__)}
+        files = tuple(f for f in files if f.startswith(f"{model}."))
     return {
-        "stage": stage,
+        "stage": unit,
         "params": params,
         "inputs": inputs,
-        "code": code_fingerprint(module.__name__),
+        "code": code,
         "libraries": library_versions(module.LIBRARIES),
-        "files": file_fingerprints(params, module.FILES, project.current().root),
+        "files": file_fingerprints(params, files, project.current().root),
     }
 
 
@@ -90,18 +97,6 @@ def unit_params(config: PipelineConfig, unit: str) -> dict[str, Any]:
     return stage_params(config, stage)
 
 
-def _unit_causes(config: PipelineConfig, unit: str, inputs: dict[str, str]) -> dict[str, Any]:
-    stage, _, model = unit.partition(".")
-    causes = key_causes(config, stage, inputs)
-    causes["stage"], causes["params"] = unit, unit_params(config, unit)
-    if stage == "train" and model:  # the train stage's code and the model's own module, not the other models'
-        causes["code"] = {**code_fingerprint("tasks.train", skip="tasks.models"), **code_fingerprint(MODELS[model].train.__module__)}
-        module = STAGE_MODULES["train"]
-        causes["files"] = file_fingerprints({model: causes["params"][model]}, tuple(f for f in module.FILES if f.startswith(f"{model}.")),
-                                            project.current().root)
-    return causes
-
-
 def plan(config: PipelineConfig) -> dict[str, dict[str, Any]]:
     """Every stage's and model unit's key causes, computed from the config alone (so `status` needs no run).
     Each model is a unit of its own (`train.<model>`, `evaluate.<model>`); the train and evaluate stages
@@ -117,11 +112,9 @@ def plan(config: PipelineConfig) -> dict[str, dict[str, Any]]:
                     unit_inputs.pop("embed", None)
                 if stage == "evaluate":
                     unit_inputs["train"] = stage_key(causes[f"train.{model}"])
-                causes[unit] = _unit_causes(config, unit, unit_inputs)
+                causes[unit] = key_causes(config, unit, unit_inputs)
             inputs = {unit: stage_key(causes[unit]) for unit in model_units(config, stage)}
-            causes[stage] = {**key_causes(config, stage, inputs), "params": unit_params(config, stage) if stage == "train" else stage_params(config, stage)}
-        else:
-            causes[stage] = key_causes(config, stage, inputs)
+        causes[stage] = key_causes(config, stage, inputs)
     return causes
 
 
