@@ -46,8 +46,9 @@ def run(pipeline: str, overrides: list[str] | None = None, stages: list[str] | N
     experiment, and per stage its key, cache hit or miss, seconds, rows and metrics."""
     cfg = config(pipeline, overrides, project)
     from flows.pipeline import pipeline_flow
+    from tasks.urls import conceal, redact_text
 
-    return pipeline_flow(cfg, overrides=list(overrides or []), stages=stages, force=force, storage=storage)
+    return pipeline_flow(cfg, overrides=[redact_text(o) for o in overrides or []], stages=stages, force=force, storage=conceal(storage))
 
 
 def output(pipeline: str, stage: str, overrides: list[str] | None = None, project: str | Path | None = None,

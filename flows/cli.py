@@ -154,14 +154,16 @@ def cmd_run(args) -> int:
     from rich.console import Console
 
     from flows.pipeline import pipeline_flow, select_stages
+    from tasks.urls import conceal, redact_text
 
     config = _load(args)
     stages = select_stages(args.start, args.stop, args.only)
     force = None if args.force is None else ([args.force] if args.force else [])
     t0 = time.perf_counter()
-    out = pipeline_flow(config, stages=stages, force=force, storage=args.storage, dask=args.dask, verify=args.verify,
-                        overrides=args.overrides, config_file=_explicit_config(args),
-                        source=_source(args))
+    # what the flow run records in Prefect: URLs redacted (the config already holds the redacted forms)
+    out = pipeline_flow(config, stages=stages, force=force, storage=conceal(args.storage), dask=args.dask, verify=args.verify,
+                        overrides=[redact_text(o) for o in args.overrides], config_file=_explicit_config(args),
+                        source=config.source.model_dump(exclude_defaults=True) if args.source else None)
     console = Console()
     console.print(summary_table(out["stages"], time.perf_counter() - t0, config.name, out.get("units", [])))
     console.print(f"MLflow: experiment [bold]{out['experiment']}[/], parent run {out['parent_run_id']}  (see it with `zhpipe ui`)")
@@ -306,8 +308,9 @@ def cmd_compare(args) -> int:
 
 def cmd_predict(args) -> int:
     import pandas as pd
+    from mlflow.exceptions import MlflowException
 
-    from flows.runs import load_model, predict_frame, read_table, write_table
+    from flows.runs import load_model, model_version, predict_frame, read_table, with_predictions, write_table
 
     if bool(args.texts) == bool(args.input):
         raise ZhpipeError("predict: give TEXT arguments or --input FILE (not both)")
@@ -321,26 +324,32 @@ def cmd_predict(args) -> int:
     df = read_table(args.input, args.text_column) if args.input else pd.DataFrame({"text": args.texts})
     uri = args.model or f"models:/zhpipe-{_pipeline_name(args)}@champion"
     column = args.text_column if args.input else "text"
-    if args.dask:
-        from prefect import flow
+    model = load_model(uri)  # fail here, once, with one line
+    used = model_version(uri)
+    shown = f"{used['model']} version {used['version']}" if used["version"] else used["model"]
+    try:
+        if args.dask:
+            from prefect import flow
 
-        from flows.runs import predict_distributed
+            from flows.runs import predict_distributed
 
-        load_model(uri)  # fail here, once, with one line, rather than on every worker
+            @flow(name="zhpipe-predict", log_prints=True)
+            def predict_flow():  # the chunk task runs are grouped under one flow run in the Prefect UI
+                return predict_distributed(uri, df, column, args.dask)
 
-        @flow(name="zhpipe-predict", log_prints=True)
-        def predict_flow():  # the chunk task runs are grouped under one flow run in the Prefect UI
-            return predict_distributed(uri, df, column, args.dask)
-
-        out = predict_flow()
-    else:
-        out = predict_frame(load_model(uri), df, column)
+            out = predict_flow()
+        else:
+            out = predict_frame(model, df, column)
+    except MlflowException as e:
+        raise ZhpipeError(f"predict: {e.message.removeprefix('zhpipe: ')}") from None
+    out = with_predictions(df, out, used)
+    statuses = out["pred_status"].value_counts().to_dict()
     if args.output:
         write_table(out, args.output)
-        counts = out["label"].value_counts().to_dict()
-        print(f"{len(out)} rows -> {args.output} (labels: {counts}; model {uri})")
+        counts = out["pred_label"].value_counts().to_dict()
+        print(f"{len(out)} rows -> {args.output} (labels: {counts}; status: {statuses}; model {shown}, {uri})")
     else:
-        _print_frame(out, f"zhpipe predict ({uri})")
+        _print_frame(out[["text", "pred_label", "pred_probability", "pred_status"]], f"zhpipe predict: model {shown} ({uri})")
     return 0
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -25,6 +26,7 @@ from tasks import (
 from tasks.core import Section
 from tasks.errors import ConfigError
 from tasks.models import MODELS
+from tasks.urls import conceal
 
 DEFAULT_PIPELINE = "chnsenticorp"
 # every stage's module, in run order; its `Params` is the stage's config section
@@ -69,6 +71,16 @@ class RunParameters(Section):
     overrides: list[str] = []  # `--set` assignments, e.g. ["train.epochs=2"]
     stages: list[Literal[STAGE_NAMES]] | None = None  # None = all
     force: list[Literal[STAGE_NAMES]] | None = None  # rebuild these stages and all later ones; [] = all
+    # `--set` keys a run of the deployment may add (glob patterns such as "train.epochs" or "split.*"); none by
+    # default. Paths outside the project and URLs are refused even here (flows/guard.py).
+    allow_overrides: list[str] = []
+
+
+class PredictLimits(Section):
+    """What the registered model accepts per call (`zhpipe predict` and a served model alike)."""
+
+    max_rows: int = Field(10_000, ge=1)  # texts per call; more is refused (a served model answers 400)
+    max_chars: int = Field(5_000, ge=1)  # longer texts are cut to this many characters (status `truncated`)
 
 
 class PipelineConfig(Section):
@@ -86,6 +98,7 @@ class PipelineConfig(Section):
     runner: Literal["local", "dask"] = "local"  # dask: chunked stages run on a Dask cluster
     dask_address: str | None = None  # scheduler address (tcp://host:8786); None with runner dask = a local cluster
     storage: str | None = None  # stage store root: a folder or an fsspec URL; default data/ (ZHPIPE_STORAGE wins)
+    predict: PredictLimits = PredictLimits()  # travels with the registered model
 
     def config_hash(self) -> str:
         """Short hash of the resolved config, tagged on every MLflow parent run."""
@@ -169,6 +182,9 @@ def _apply_set(raw: dict, assignment: str) -> None:
         raise ConfigError(f"--set {assignment!r}: expected STAGE.PARAM=VALUE")
     dotted, value = assignment.split("=", 1)
     parts = dotted.strip().split(".")
+    if parts[-1].endswith("_env"):
+        raise ConfigError(f"--set {dotted.strip()}: names of environment variables holding secrets are declared in pipelines.yaml, "
+                          "not in overrides")
     if len(parts) < 2:
         raise ConfigError(f"--set {assignment!r}: expected STAGE.PARAM=VALUE (e.g. train.epochs=2)")
     node = raw.setdefault("source", {}) if parts[0] == "source" else raw.setdefault("stages", {}).setdefault(parts[0], {})
@@ -180,6 +196,26 @@ def _apply_set(raw: dict, assignment: str) -> None:
     # type, so `source.sha256=0123...` stays a string instead of becoming the number 123...
     text = value.strip()
     node[parts[-1]] = yaml.safe_load(text) if text[:1] in "[{" or text in ("null", "~") else text
+
+
+PIPELINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def check_name(name: str, where: Path | str) -> None:
+    """Pipeline names become MLflow experiments, registered models, deployments and artifact keys."""
+    if not isinstance(name, str) or not PIPELINE_NAME.fullmatch(name) or ".." in name:
+        raise ConfigError(f"{where}: pipeline name {name!r} is not allowed (expected letters, digits, '-', '_' or '.', "
+                          "starting with a letter or digit, at most 64 characters)")
+
+
+def _conceal_urls(node: Any) -> Any:
+    """Every URL with credentials in the raw config replaced by its redacted form; the real one stays in
+    this process (tasks.urls.reveal) and never reaches MLflow, Prefect, manifests or logs."""
+    if isinstance(node, dict):
+        return {k: _conceal_urls(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_conceal_urls(v) for v in node]
+    return conceal(node) if isinstance(node, str) and "://" in node else node
 
 
 def load_pipeline(
@@ -206,12 +242,14 @@ def load_pipeline(
         raise ConfigError(f"{config_file}: expected a top-level 'pipelines:' mapping")
     if name not in pipelines:
         raise ConfigError(f"{config_file}: no pipeline '{name}' (declared: {', '.join(pipelines)})")
+    check_name(name, config_file)
     raw = json.loads(json.dumps(pipelines[name]))  # deep copy; YAML anchors resolved
     raw["name"] = name
+    if source_overrides:  # --source first, so that `--set source.sha256=...` applies to it
+        raw["source"] = {**{k: v for k, v in source_overrides.items() if v is not None}}
     for assignment in overrides:
         _apply_set(raw, assignment)
-    if source_overrides:
-        raw["source"] = {**{k: v for k, v in source_overrides.items() if v is not None}}
+    raw = _conceal_urls(raw)
     try:
         return pipeline_model().model_validate(raw)
     except ValidationError as e:
@@ -226,4 +264,9 @@ def list_pipelines(config_file: Path | str) -> dict[str, str]:
         raise ConfigError(f"cannot read config {config_file}: {e.strerror}") from e
     except yaml.YAMLError as e:
         raise ConfigError(f"{config_file}: invalid YAML: {e}") from e
-    return {k: (v or {}).get("description", "") for k, v in (doc.get("pipelines") or {}).items()}
+    pipelines = doc.get("pipelines") if isinstance(doc, dict) else None
+    if not isinstance(pipelines, dict):
+        raise ConfigError(f"{config_file}: expected a top-level 'pipelines:' mapping")
+    for name in pipelines:
+        check_name(name, config_file)
+    return {k: (v or {}).get("description", "") if isinstance(v, dict) else "" for k, v in pipelines.items()}

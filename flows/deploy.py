@@ -108,7 +108,8 @@ def deploy(configs: list[PipelineConfig], config_file: str | None = None) -> lis
                 train = Flow.from_source(source=str(CODE), entrypoint=TRAIN_ENTRYPOINT)
                 train.deploy(
                     name=config.name, work_pool_name=train_pool, schedules=[], tags=["zhpipe", "train"],
-                    parameters={"pipeline": config.name, "project_dir": flow_parameters(config, config_file)["project_dir"]}, job_variables={"env": env},
+                    parameters={k: v for k, v in flow_parameters(config, config_file).items() if k in ("pipeline", "project_dir", "config_file", "overrides")},
+                    job_variables={"env": env},
                     description=f"train stage of {config.name} (submitted by its pipeline runs)",
                     build=False, push=False, print_next_steps=False, enforce_parameter_schema=False, ignore_warnings=True,
                 )

@@ -67,7 +67,7 @@ def _log_classifier(run: RunContext, run_id: str, name: str, folder: Path, label
     """A classifier as an MLflow model that takes raw text (models from code, weights in safe formats), cleaned
     and segmented as this pipeline does; returns its URI."""
     return log_classifier(run_id, name, folder, labels, run.config.stages.clean.model_dump(mode="json"),
-                          run.config.stages.segment.segmenter().model_dump(mode="json")).model_uri
+                          run.config.stages.segment.segmenter().model_dump(mode="json"), run.config.predict.model_dump()).model_uri
 
 
 def evaluate_models(run: RunContext, train: StageResult, segment: StageResult) -> StageResult:

@@ -17,6 +17,7 @@ from prefect.cache_policies import NO_CACHE
 from flows import project
 from flows.chunks import shutdown as shutdown_cluster
 from flows.config import DEFAULT_PIPELINE, STAGE_MODULES, PipelineConfig, load_pipeline
+from flows.guard import check_run
 from flows.evaluation import evaluate_models, register, train_models
 from flows.runner import (
     STAGES,
@@ -24,6 +25,7 @@ from flows.runner import (
     StageResult,
     artifact_key,
     plan,
+    server_validators,
     source_fingerprint,
 )
 from flows.store import StageStore, stage_key, storage_root
@@ -32,6 +34,7 @@ from flows.workers import gpu_slot, train_deployment
 from tasks import augment as augment_stage
 from tasks import download as download_stage
 from tasks.errors import ZhpipeError
+from tasks.urls import redact_text
 
 log = logging.getLogger("zhpipe")
 # the one number per stage that the run summary shows
@@ -83,7 +86,7 @@ def git_commit() -> str:
 
 def run_name(config: PipelineConfig, overrides: list[str] | None = None) -> str:
     """A parent run's name that reads well truncated: the pipeline, the changed params, the time last."""
-    changed = " ".join(o.replace(" ", "") for o in overrides or [])
+    changed = " ".join(redact_text(o).replace(" ", "") for o in overrides or [])
     return " ".join(p for p in (config.name, changed, time.strftime("%m-%d %H:%M:%S")) if p)
 
 
@@ -93,7 +96,7 @@ def source_tags(config: PipelineConfig) -> dict[str, str]:
 
     commit = git_commit()
     tags = {
-        "mlflow.source.name": " ".join(["zhpipe", *sys.argv[1:]]) if sys.argv and sys.argv[0].endswith(("zhpipe", "cli.py")) else f"zhpipe run {config.name}",
+        "mlflow.source.name": redact_text(" ".join(["zhpipe", *sys.argv[1:]])) if sys.argv and sys.argv[0].endswith(("zhpipe", "cli.py")) else f"zhpipe run {config.name}",
         "mlflow.source.type": "LOCAL",
         "mlflow.user": getpass.getuser(),
         "zhpipe.pipeline": config.name,
@@ -136,12 +139,6 @@ def finish_run(run: RunContext, results: dict[str, StageResult], ok: bool) -> No
     parent.finish(ok)
 
 
-def _retry_network_errors(task, task_run, state) -> bool:
-    """Retry transport failures and 5xx answers, never a checksum or format error."""
-    exc = state.result(raise_on_failure=False)
-    return not isinstance(exc, ZhpipeError)
-
-
 def _stage_task(stage: str, **options):
     """The Prefect task of one stage: reuse its output when cached, else build it with the stage module's
     `build`; tracked in MLflow either way."""
@@ -156,14 +153,15 @@ def _stage_task(stage: str, **options):
 def _builder(run: RunContext, stage: str):
     """The stage's `build`, given what it needs besides its context (the source, the store's folders)."""
     if stage == "download":
-        return lambda ctx: download_stage.build(ctx, run.config.source, run.store.downloads)
+        expect = server_validators(run.config) if run.config.source.allow_unverified and not run.config.source.sha256 else None
+        return lambda ctx: download_stage.build(ctx, run.config.source, run.store.downloads, expect)
     if stage == "augment":
         return lambda ctx: augment_stage.build(ctx, run.config.stages.segment.segmenter(), run.store.cache_file("translations.sqlite"))
     return STAGE_MODULES[stage].build
 
 
-STAGE_TASKS = {stage: _stage_task(stage) for stage in STAGES if stage != "download"}
-STAGE_TASKS["download"] = _stage_task("download", retries=3, retry_delay_seconds=[1, 4, 10], retry_condition_fn=_retry_network_errors)
+# the download retries network errors and checksum mismatches itself, within its deadline
+STAGE_TASKS = {stage: _stage_task(stage) for stage in STAGES}
 
 
 @task(name="train", cache_policy=NO_CACHE)
@@ -208,7 +206,10 @@ def pipeline_flow(
     `storage`: the stage store root (folder or fsspec URL); `dask`: "local" or a scheduler address;
     `project_dir`: the project folder (deployments pass it; default: found from the working directory);
     `verify`: hash every file of a reused output against its manifest (sizes and small files always are).
+    A run of a deployment may set only what the deployment allows (flows/guard.py).
     """
+    check_run({"pipeline": pipeline, "overrides": overrides, "source": source, "storage": storage, "dask": dask,
+               "config_file": config_file, "project_dir": project_dir})
     if project_dir:
         project.activate(project.Project(Path(project_dir)))
     config = pipeline if isinstance(pipeline, PipelineConfig) else _config(pipeline, overrides, source, config_file)
@@ -266,11 +267,15 @@ def train_remote(run: RunContext, pool: str, overrides, source, config_file) -> 
     name = train_deployment(run.config.name)
     log.info("train: submitting to work pool '%s' (deployment %s) and waiting", pool, name)
     t0 = time.perf_counter()
+    # what the train deployment lets a run set: its overrides (its own, or allowed by the pipeline), never a
+    # source or storage (the worker uses the pipeline's, or its ZHPIPE_STORAGE)
     parameters = {
-        "pipeline": run.config.name, "overrides": overrides or [], "source": source, "config_file": config_file,
-        "storage": run.store.url, "parent_run_id": run.parent_run_id, "force": "train" in run.force,
-        "project_dir": str(project.current().root),
+        "pipeline": run.config.name, "overrides": overrides or [], "config_file": config_file,
+        "parent_run_id": run.parent_run_id, "force": "train" in run.force, "project_dir": str(project.current().root),
     }
+    if source:
+        raise ZhpipeError("train: a run with --source cannot train on another work pool (a deployment trains what pipelines.yaml "
+                          "declares); declare the source in the pipeline, or train here with --set train.work_pool=null")
     try:
         flow_run = run_deployment(name, parameters=parameters, timeout=None, poll_interval=2)
     except ObjectNotFound:
@@ -300,6 +305,8 @@ def train_flow(
 ) -> dict[str, Any]:
     """The train stage alone, on a (GPU) worker: inputs from the shared store, one training per GPU at a time
     (a Prefect global concurrency limit per worker machine), logged under the pipeline run's MLflow parent."""
+    check_run({"pipeline": pipeline, "overrides": overrides, "source": source, "storage": storage, "config_file": config_file,
+               "project_dir": project_dir, "parent_run_id": parent_run_id})
     if project_dir:
         project.activate(project.Project(Path(project_dir)))
     config = _config(pipeline, overrides, source, config_file)

@@ -15,10 +15,12 @@ from flows.config import STAGE_MODULES, PipelineConfig, flatten
 from flows.fingerprint import code_fingerprint, file_fingerprints, library_versions
 from flows.store import Manifest, StageStore, file_sha256, stage_key
 from flows.tracking import Tracker
+from tasks import download as download_stage
 from tasks.core import BuildContext, BuildOutput
 from tasks.errors import ZhpipeError
 from tasks.io import resolve_path
 from tasks.models import MODELS
+from tasks.urls import redact
 
 # The pipeline's stages in run order, each with the stages whose outputs it reads.
 STAGES: dict[str, tuple[str, ...]] = {
@@ -46,12 +48,32 @@ def stage_params(config: PipelineConfig, stage: str) -> dict[str, Any]:
 
 
 def source_fingerprint(config: PipelineConfig) -> str:
-    """What identifies the raw bytes: the local file's sha256, else the declared sha256 or the URL."""
+    """What identifies the raw bytes: the local file's sha256, else the declared sha256; an http(s) source
+    without one (only with `allow_unverified`) by its URL and the server's ETag/Last-Modified/size."""
     src = config.source
     local = resolve_local(src.path) if src.path else None
     if local is not None and local.is_file():
         return file_sha256(local)
-    return src.sha256 or src.url or src.path or ""
+    url = download_stage.require_verifiable(src, project.current().root)
+    if src.sha256:
+        return src.sha256
+    if url:
+        return f"unverified {redact(url)} {server_validators(config).fingerprint()}"
+    return redact(src.path or src.url or "")
+
+
+_validators: dict[str, "download_stage.Validators"] = {}
+
+
+def server_validators(config: PipelineConfig):
+    """The validators of an unverified http(s) source, asked once per process and URL (the key and the
+    download's re-check use the same answer)."""
+    url = download_stage.fetched_location(config.source, project.current().root)
+    if url is None:
+        return None
+    if url not in _validators:
+        _validators[url] = download_stage.probe(url, config.stages.download)
+    return _validators[url]
 
 
 def resolve_local(location: str) -> Path | None:

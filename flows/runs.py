@@ -119,12 +119,15 @@ def read_table(path: Path, text_column: str) -> pd.DataFrame:
         raise ConfigError(f"--input {path}: unknown file type '{path.suffix}' (expected .csv, .tsv, .jsonl or .parquet)")
     if not path.is_file():
         raise DataError(f"--input {path}: no such file")
-    if kind == "parquet":
-        df = pd.read_parquet(path)
-    elif kind == "jsonl":
-        df = pd.read_json(path, lines=True)
-    else:
-        df = pd.read_csv(path, sep="\t" if kind == "tsv" else ",")
+    try:
+        if kind == "parquet":
+            df = pd.read_parquet(path)
+        elif kind == "jsonl":
+            df = pd.read_json(path, lines=True, dtype=False)
+        else:  # "NA", "null" and "" stay texts: only a missing field is missing
+            df = pd.read_csv(path, sep="\t" if kind == "tsv" else ",", dtype=str, keep_default_na=False)
+    except (ValueError, OSError, pd.errors.ParserError) as e:
+        raise DataError(f"--input {path}: unreadable {kind}: {str(e).splitlines()[0][:200]}") from None
     if text_column not in df:
         raise DataError(f"--input {path}: no text column '{text_column}' (columns found: {', '.join(map(str, df.columns))}); use --text-column")
     return df
@@ -154,8 +157,7 @@ def predict_chunk(chunk, params: dict) -> pd.DataFrame:
     """Chunk function: the label and probabilities of one chunk's texts (the model is loaded once per worker)."""
     from tasks.io import read_chunk
 
-    texts = read_chunk(chunk, columns=[params["text_column"]])[params["text_column"]].fillna("").astype(str).tolist()
-    return _cached_model(params["uri"]).predict(texts)
+    return predict_frame(_cached_model(params["uri"]), read_chunk(chunk, columns=[params["text_column"]]), params["text_column"])
 
 
 def predict_distributed(uri: str, df: pd.DataFrame, text_column: str, executor: str, chunk_rows: int = 2000) -> pd.DataFrame:
@@ -173,19 +175,48 @@ def predict_distributed(uri: str, df: pd.DataFrame, text_column: str, executor: 
             parts = list(DaskRunner(executor).map(predict_chunk, plan(src, chunk_rows), {"uri": uri, "text_column": text_column}, desc="predict"))
         finally:
             shutdown()
-    out = pd.concat(parts, ignore_index=True)
+    return pd.concat(parts, ignore_index=True)
+
+
+PREFIX = "pred_"  # the output's own columns; the input's columns (a `label` of its own too) are kept as they are
+
+
+def model_version(uri: str) -> dict[str, str]:
+    """The registered model name and version behind a `models:/NAME@alias` or `models:/NAME/VERSION` URI."""
+    from mlflow import MlflowClient
+
+    from flows.tracking import tracking_uri
+
+    if not uri.startswith("models:/"):
+        return {"model": uri, "version": ""}
+    name, sep, rest = uri.removeprefix("models:/").partition("@")
+    client = MlflowClient(tracking_uri())
+    if sep:
+        return {"model": name, "version": str(client.get_model_version_by_alias(name, rest).version)}
+    name, _, version = name.partition("/")
+    return {"model": name, "version": version}
+
+
+def with_predictions(df: pd.DataFrame, out: pd.DataFrame, model: dict[str, str]) -> pd.DataFrame:
+    """The input rows, then the prediction columns under `pred_` names, then which model made them."""
+    out = out.rename(columns={c: f"{PREFIX}{c}" for c in out.columns}).reset_index(drop=True)
+    out[f"{PREFIX}model"] = model["model"]
+    out[f"{PREFIX}model_version"] = model["version"]
+    clash = [c for c in out.columns if c in df.columns]
+    if clash:
+        raise DataError(f"the input already has the output columns {clash}; rename them")
     return pd.concat([df.reset_index(drop=True), out], axis=1)
 
 
 def predict_frame(model, df: pd.DataFrame, text_column: str, batch: int = 512) -> pd.DataFrame:
-    """The input rows with `label`, `probability` and `p_<label>` columns, in batches with a progress bar."""
+    """The model's `label`, `probability`, `p_<label>` and `status` for each row's text, in batches with a
+    progress bar; missing texts stay missing (status `missing`)."""
     from tqdm.auto import tqdm
 
-    texts = df[text_column].fillna("").astype(str).tolist()
+    texts = df[text_column].tolist()
     parts = []
     with tqdm(total=len(texts), desc="predict", unit="text", disable=len(texts) < 2000) as bar:
         for i in range(0, len(texts), batch):
             parts.append(model.predict(texts[i : i + batch]))
             bar.update(len(parts[-1]))
-    out = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["label", "probability"])
-    return pd.concat([df.reset_index(drop=True), out], axis=1)
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["label", "probability", "status"])

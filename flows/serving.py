@@ -23,21 +23,42 @@ CODE = Path(__file__).resolve().parent.parent  # the folder holding the flows an
 warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method.*")
 
 
-def as_texts(model_input: Any) -> list[str]:
-    """Texts from what pyfunc callers send: a list, a Series, a DataFrame (its `text` column, else its only
-    column), a NumPy array or a single string."""
+STATUSES = ("ok", "truncated", "empty", "too_short", "missing")
+
+
+def bad_request(message: str) -> Exception:
+    """An input error: MLflow's scoring server answers it with HTTP 400 and the message."""
+    from mlflow.exceptions import MlflowException
+
+    return MlflowException.invalid_parameter_value(f"zhpipe: {message}")
+
+
+def as_texts(model_input: Any) -> list[Any]:
+    """Texts from what pyfunc callers send: a list, a Series, a NumPy array, a single string, or a DataFrame with
+    a `text` column (or one unnamed column, as MLflow's server builds from `{"inputs": [...]}`). Missing
+    values stay missing (None), never the string "None" or "nan"."""
     if isinstance(model_input, str):
         return [model_input]
     if isinstance(model_input, pd.DataFrame):
-        column = "text" if "text" in model_input else model_input.columns[0]
-        return model_input[column].astype(str).tolist()
-    if isinstance(model_input, (pd.Series, np.ndarray)):
-        return [str(t) for t in np.asarray(model_input).ravel()]
-    return [str(t) for t in model_input]
+        if "text" in model_input:
+            column = "text"
+        elif len(model_input.columns) == 1 and not isinstance(model_input.columns[0], str):
+            column = model_input.columns[0]
+        else:
+            raise bad_request(f"the input has no 'text' column (columns: {', '.join(map(str, model_input.columns))})")
+        values = model_input[column].tolist()
+    elif isinstance(model_input, (pd.Series, np.ndarray)):
+        values = np.asarray(model_input, dtype=object).ravel().tolist()
+    elif isinstance(model_input, (list, tuple)):
+        values = list(model_input)
+    else:
+        raise bad_request(f"expected texts (a list of strings or a frame with a 'text' column), got {type(model_input).__name__}")
+    return [None if v is None or (isinstance(v, float) and v != v) or v is pd.NA else v for v in values]
 
 
 class TextClassifier(PythonModel):
-    """Raw text in; `label`, `probability` and one `p_<label>` column per class out."""
+    """Raw text in; `label`, `probability`, one `p_<label>` column per class and `status` out. A text that
+    is missing, empty or too short after cleaning gets no label; a text over the length limit is cut."""
 
     def load_context(self, context) -> None:
         from tasks.clean import Params as CleanParams
@@ -51,23 +72,54 @@ class TextClassifier(PythonModel):
                 segment[key] = context.artifacts[key]
         self.labels = cfg["labels"]
         self.clean = CleanParams(**cfg["clean"])
+        limits = cfg.get("predict") or {}
+        self.max_rows, self.max_chars = limits.get("max_rows", 10_000), limits.get("max_chars", self.clean.max_chars)
         self.segmenter = Segmenter(SegmenterParams(**{k: v for k, v in segment.items() if k in SegmenterParams.model_fields}))
         self.predictor = MODELS[cfg["model"]].predictor(Path(context.artifacts["model"]))
 
-    def predict(self, context, model_input, params=None) -> pd.DataFrame:
+    def screen(self, values: list[Any]) -> tuple[list[str], list[str]]:
+        """(cleaned texts, status per text): the length limit is applied before cleaning and segmenting."""
         from tasks.clean import clean_text
 
-        texts = [clean_text(t, self.clean) for t in as_texts(model_input)]
-        frame = pd.DataFrame({"text": texts, **self.segmenter.rows(texts)})
-        probs = self.predictor(frame) if len(frame) else np.zeros((0, len(self.labels)), dtype=np.float32)
-        out = pd.DataFrame({"label": [self.labels[i] for i in probs.argmax(1)], "probability": probs.max(1, initial=0.0)})
+        texts, statuses = [], []
+        for value in values:
+            if value is None:
+                texts.append("")
+                statuses.append("missing")
+                continue
+            if not isinstance(value, str):
+                raise bad_request(f"text {len(texts) + 1} is a {type(value).__name__}, not a string")
+            status = "truncated" if len(value) > self.max_chars else "ok"
+            text = clean_text(value[: self.max_chars], self.clean)
+            if not text:
+                status = "empty"
+            elif len(text) < self.clean.min_chars:
+                status = "too_short"
+            texts.append(text)
+            statuses.append(status)
+        return texts, statuses
+
+    def predict(self, context, model_input, params=None) -> pd.DataFrame:
+        values = as_texts(model_input)
+        if len(values) > self.max_rows:
+            raise bad_request(f"{len(values)} texts in one call; at most {self.max_rows} (predict.max_rows)")
+        texts, statuses = self.screen(values)
+        usable = [i for i, s in enumerate(statuses) if s in ("ok", "truncated")]
+        probs = np.full((len(texts), len(self.labels)), np.nan, dtype=np.float32)
+        if usable:
+            picked = [texts[i] for i in usable]
+            probs[usable] = self.predictor(pd.DataFrame({"text": picked, **self.segmenter.rows(picked)}))
+        labels = [self.labels[int(row.argmax())] if i in set(usable) else None for i, row in enumerate(probs)]
+        out = pd.DataFrame({"label": pd.Series(labels, dtype="string"), "probability": probs.max(1, initial=-np.inf) if len(probs) else []})
+        out.loc[out["label"].isna(), "probability"] = np.nan
         for i, label in enumerate(self.labels):
             out[f"p_{label}"] = probs[:, i]
+        out["status"] = statuses
         return out
 
 
 def log_classifier(run_id: str, model: str, folder: Path, labels: list[str], clean: dict, segment: dict,
-                   registered_name: str | None = None):
+                   predict: dict | None = None, registered_name: str | None = None):
     """Log `folder` (a trained classifier) as a TextClassifier pyfunc in run `run_id`; register it under
     `registered_name` when given. Returns MLflow's ModelInfo."""
     import mlflow
@@ -83,7 +135,7 @@ def log_classifier(run_id: str, model: str, folder: Path, labels: list[str], cle
                 path = Path(segment[key]) if Path(segment[key]).is_absolute() else current().root / segment[key]
                 artifacts[key] = str(shutil.copy(path, Path(tmp) / f"{key}{path.suffix}"))
         config = Path(tmp) / "zhpipe.json"
-        config.write_text(json.dumps({"model": model, "labels": labels, "clean": clean, "segment": segment}, ensure_ascii=False), encoding="utf-8")
+        config.write_text(json.dumps({"model": model, "labels": labels, "clean": clean, "segment": segment, "predict": predict or {}}, ensure_ascii=False), encoding="utf-8")
         artifacts["config"] = str(config)
         example = ["房间很干净，服务也好", "早餐太差了"]
         wrapper = TextClassifier()

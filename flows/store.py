@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.io import atomic_write_text, file_sha256  # noqa: F401 - file_sha256 is part of the store's API
+from tasks.urls import conceal, redact, reveal
 
 MANIFEST = "manifest.json"
 HASH_ON_REUSE_BYTES = 8 << 20  # files up to this size are hashed on every reuse; larger ones with --verify
@@ -113,12 +114,12 @@ class StageStore:
     """Finds, creates and publishes stage outputs under one root: a local folder or an fsspec URL."""
 
     def __init__(self, root: str | Path, cache: Path | None = None):
-        self.url = str(root)
+        self.url = redact(str(root))  # what messages, tags and Prefect parameters show; the real URL only connects
         self.fs = None
         if is_remote(root):
             import fsspec
 
-            self.fs, self.base = fsspec.core.url_to_fs(self.url)
+            self.fs, self.base = fsspec.core.url_to_fs(reveal(str(root)))
             self.base = self.base.rstrip("/")
             if cache is None and not os.environ.get("ZHPIPE_CACHE"):
                 from flows.project import current
@@ -297,8 +298,8 @@ class StageStore:
 def storage_root(config, explicit: str | None = None) -> str:
     """The stage store root: --storage, else ZHPIPE_STORAGE (or the older ZHPIPE_DATA), else the pipeline's
     `storage`, else the project's data/. A folder or an fsspec URL."""
-    return (explicit or os.environ.get("ZHPIPE_STORAGE") or os.environ.get("ZHPIPE_DATA") or config.storage
-            or str(_project_data()))
+    return conceal(explicit or os.environ.get("ZHPIPE_STORAGE") or os.environ.get("ZHPIPE_DATA") or config.storage
+                   or str(_project_data()))
 
 
 def _project_data() -> Path:

@@ -1,25 +1,40 @@
-"""Stage `download`: fetch or find the raw corpus, verify it, and read it into one Parquet table."""
+"""Stage `download`: fetch or find the raw corpus, verify it, and read it into one Parquet table.
+
+What it guards against: a file that does not match its sha256 (deleted and fetched again, a bounded number
+of times), an http(s) source without a sha256 (refused unless `allow_unverified`, which keys the download by
+the server's ETag/Last-Modified/size and re-checks them), a resume against a changed file (`If-Range`, and
+`Content-Range` checked), a redirect from https to http, a server slower than the deadline, a file larger
+than the size limit, archives that unpack into a bomb, escape their folder or hold links, and rows that
+cannot be read (kept in `quarantine.parquet` with their line numbers, never dropped silently).
+"""
 from __future__ import annotations
 
+import csv
 import gzip
 import io
 import json
+import logging
 import shutil
+import tarfile
+import time
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal
 
 import pandas as pd
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from tasks.core import BuildContext, BuildOutput, Section
-from tasks.errors import DataError
-from tasks.io import file_sha256, resolve_path, sorted_labels, write_parquet
+from tasks.errors import DataError, ZhpipeError
+from tasks.io import atomic_write_text, file_sha256, resolve_path, sorted_labels, write_parquet
+from tasks.urls import redact, redact_text, reveal
 
 # what its key sees besides params, inputs and code (flows/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)
 LIBRARIES = ("pandas", "pyarrow", "charset-normalizer")
 FILES: tuple[str, ...] = ()
+log = logging.getLogger("zhpipe")
 
 
 class Source(Section):
@@ -28,11 +43,12 @@ class Source(Section):
     path: str | None = None  # local file (relative to the project root) or file:// / http(s):// URL
     url: str | None = None  # canonical URL, fetched only when `path` does not exist
     sha256: str | None = None  # verified whenever given; a mismatch is an error
+    allow_unverified: bool = False  # fetch an http(s) source without a sha256, keyed by ETag/Last-Modified/size
     format: Literal["auto", "csv", "tsv", "jsonl", "parquet", "txt"] = "auto"
     encoding: str = "auto"  # auto detects utf-8, utf-8-sig and GB18030/GBK
     text_column: str = "text"
     label_column: str | None = "label"  # None for unlabelled corpora (txt)
-    member: str | None = None  # file inside a .zip archive; default: its only data file
+    member: str | None = None  # file inside a .zip or tar archive; default: its only data file
 
     @model_validator(mode="after")
     def _has_location(self) -> "Source":
@@ -40,83 +56,348 @@ class Source(Section):
             raise ValueError("source needs `path` or `url`")
         return self
 
+    @field_validator("sha256")
+    @classmethod
+    def _hex(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        value = value.strip().lower()
+        if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+            raise ValueError(f"source.sha256: expected 64 hex digits, got {len(value)} characters")
+        return value
+
 
 class Params(Section):
     """The `download` section."""
 
-    timeout_s: float = 60.0  # per network read; a stalled server fails instead of hanging
-    retries: int = Field(3, ge=0)  # Prefect task retries for network errors only
-    chunk_bytes: int = 1 << 20
+    timeout_s: float = Field(60.0, gt=0)  # per network read; a stalled server fails instead of hanging
+    deadline_s: float = Field(3600.0, gt=0)  # the whole download, retries included
+    retries: int = Field(3, ge=0)  # network errors and 5xx answers, with back-off; also sha256 mismatches
+    max_bytes: int = Field(2 << 30, gt=0)  # largest file fetched (2 GiB)
+    max_unpacked_bytes: int = Field(8 << 30, gt=0)  # largest file unpacked from .gz/.zip/.tar (8 GiB)
+    max_ratio: float = Field(100.0, gt=1)  # unpacked / packed size beyond 1 MiB: more is a decompression bomb
+    chunk_bytes: int = Field(1 << 20, gt=0)
 
 
 DATA_SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".txt": "txt"}
+ARCHIVES = (".zip", ".gz", ".tgz", ".tar")
 
 
 class ChecksumError(DataError):
     """Downloaded or local bytes do not match the declared sha256."""
 
 
-def fetch(url: str, folder: Path, timeout_s: float, chunk_bytes: int = 1 << 20) -> Path:
-    """Download `url` into `folder`, resuming a partial `.part` file with an HTTP Range request."""
+class NetworkError(ZhpipeError):
+    """A transport error or a 5xx answer: worth another attempt."""
+
+
+def is_http(location: str | None) -> bool:
+    return bool(location) and location.lower().startswith(("http://", "https://"))
+
+
+def fetched_location(source: Source, root: Path) -> str | None:
+    """The http(s) URL the source would be fetched from, or None when it is a local file."""
+    for location in (source.path, source.url):
+        if not location:
+            continue
+        local = resolve_path(location, root)
+        if local is None:
+            return location
+        if local.is_file():
+            return None
+    return None
+
+
+def require_verifiable(source: Source, root: Path) -> str | None:
+    """The URL to fetch; refuse an http(s) source without a sha256 unless `allow_unverified` is set."""
+    url = fetched_location(source, root)
+    if url and not source.sha256 and not source.allow_unverified:
+        raise DataError(f"source {redact(url)}: an http(s) source needs source.sha256 (--set source.sha256=HEX), "
+                        "or --allow-unverified to key it by the server's ETag/Last-Modified/size")
+    return url
+
+
+@dataclass
+class Validators:
+    """What a server says identifies a file's version: ETag, Last-Modified, size."""
+
+    etag: str | None = None
+    last_modified: str | None = None
+    size: int | None = None
+
+    @classmethod
+    def of(cls, headers) -> "Validators":
+        size = headers.get("content-length")
+        return cls(headers.get("etag"), headers.get("last-modified"), int(size) if size and size.isdigit() else None)
+
+    def fingerprint(self) -> str:
+        return f"etag={self.etag} last-modified={self.last_modified} size={self.size}"
+
+    def if_range(self) -> str | None:
+        """A validator a server may compare for `If-Range` (a strong ETag, else the date)."""
+        if self.etag and not self.etag.startswith("W/"):
+            return self.etag
+        return self.last_modified
+
+
+def _client(timeout_s: float):
     import httpx
 
-    name = Path(url.split("?")[0]).name or "download"
-    final, part = folder / name, folder / f"{name}.part"
-    if final.is_file():
-        return final
+    return httpx.Client(timeout=timeout_s, follow_redirects=False)
+
+
+def _send(client, method: str, url: str, headers: dict, deadline: float, max_redirects: int = 5):
+    """One request, following redirects by hand: https -> http is refused, and so is a loop."""
+    shown = redact(url)
+    for _ in range(max_redirects + 1):
+        if time.monotonic() > deadline:
+            raise DataError(f"download {shown}: deadline passed (download.deadline_s)")
+        req = client.build_request(method, url, headers=headers)
+        resp = client.send(req, stream=True)
+        if resp.status_code not in (301, 302, 303, 307, 308) or "location" not in resp.headers:
+            return resp
+        target = str(resp.url.join(resp.headers["location"]))
+        resp.close()
+        if url.lower().startswith("https://") and not target.lower().startswith("https://"):
+            raise DataError(f"download {shown}: refused a redirect from https to {redact(target).split('://')[0]}:// ({redact(target)})")
+        url = target
+    raise DataError(f"download {shown}: more than {max_redirects} redirects")
+
+
+def probe(url: str, params: Params) -> Validators:
+    """The server's validators for `url` (a HEAD request), for keying an unverified download."""
+    import httpx
+
+    deadline = time.monotonic() + min(params.deadline_s, params.timeout_s * 2)
+    try:
+        with _client(params.timeout_s) as client:
+            resp = _send(client, "HEAD", reveal(url), {}, deadline)
+            resp.close()
+    except httpx.HTTPError as e:
+        raise NetworkError(f"download {redact(url)}: {type(e).__name__}: {redact_text(str(e))}") from None
+    if resp.status_code >= 400:
+        raise DataError(f"download {redact(url)}: HTTP {resp.status_code} (expected 200)")
+    return Validators.of(resp.headers)
+
+
+def _meta_path(path: Path) -> Path:
+    return path.with_name(path.name + ".meta.json")
+
+
+def _read_meta(path: Path) -> dict:
+    try:
+        return json.loads(_meta_path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def _discard(*paths: Path) -> None:
+    for p in paths:
+        p.unlink(missing_ok=True)
+        _meta_path(p).unlink(missing_ok=True)
+
+
+def _fetch_once(client, url: str, final: Path, part: Path, params: Params, deadline: float) -> Validators:
+    """Download (or resume) `url` into `part`, then rename it to `final`."""
+    shown = redact(url)
+    meta = _read_meta(part)
     offset = part.stat().st_size if part.exists() else 0
-    headers = {"Range": f"bytes={offset}-"} if offset else {}
-    with httpx.stream("GET", url, headers=headers, timeout=timeout_s, follow_redirects=True) as resp:
-        if resp.status_code == 416:  # the partial file is already complete
-            part.rename(final)
-            return final
-        if resp.status_code in (404, 401, 403, 410):
-            raise DataError(f"download {url}: HTTP {resp.status_code} (expected 200)")
-        resp.raise_for_status()
-        mode = "ab" if offset and resp.status_code == 206 else "wb"  # a server without Range support restarts
+    headers = {}
+    if offset and meta.get("if_range"):  # resume only when the server can tell us the file is unchanged
+        headers = {"Range": f"bytes={offset}-", "If-Range": meta["if_range"]}
+    else:
+        offset = 0
+    resp = _send(client, "GET", url, headers, deadline)
+    try:
+        if resp.status_code in (500, 502, 503, 504, 429):
+            raise NetworkError(f"download {shown}: HTTP {resp.status_code}")
+        if resp.status_code >= 400 and resp.status_code != 416:
+            raise DataError(f"download {shown}: HTTP {resp.status_code} (expected 200)")
+        validators = Validators.of(resp.headers)
+        mode = "wb"
+        if resp.status_code == 206:
+            start, total = _content_range(resp.headers.get("content-range", ""))
+            if start != offset:
+                _discard(part)
+                raise NetworkError(f"download {shown}: asked to resume at byte {offset}, the server sent Content-Range from {start}")
+            validators.size = total
+            mode = "ab"
+        elif resp.status_code == 416:
+            _discard(part)
+            raise NetworkError(f"download {shown}: the server refused to resume (HTTP 416); starting again")
+        else:
+            offset = 0
+        if validators.size is not None and validators.size > params.max_bytes:
+            raise DataError(f"download {shown}: {validators.size} bytes is over the size limit download.max_bytes={params.max_bytes}")
+        atomic_write_text(_meta_path(part), json.dumps({"if_range": validators.if_range()}))
+        written = offset
         with open(part, mode) as f:
-            for block in resp.iter_bytes(chunk_bytes):
+            for block in resp.iter_bytes():  # as the bytes arrive, so the deadline is checked as they do
+                written += len(block)
+                if written > params.max_bytes:
+                    f.close()
+                    _discard(part)
+                    raise DataError(f"download {shown}: more than download.max_bytes={params.max_bytes} bytes; stopped")
+                if time.monotonic() > deadline:
+                    raise DataError(f"download {shown}: deadline of {params.deadline_s:g} s passed after {written} bytes (download.deadline_s)")
                 f.write(block)
+    finally:
+        resp.close()
+    if validators.size is not None and written != validators.size:
+        raise NetworkError(f"download {shown}: got {written} of {validators.size} bytes")
+    validators.size = written
     part.rename(final)
-    return final
+    _meta_path(part).unlink(missing_ok=True)
+    atomic_write_text(_meta_path(final), json.dumps(validators.__dict__))
+    return validators
+
+
+def _content_range(value: str) -> tuple[int | None, int | None]:
+    """(start, total) of `bytes start-end/total`."""
+    try:
+        unit, _, rest = value.partition(" ")
+        span, _, total = rest.partition("/")
+        return int(span.split("-")[0]), (int(total) if total.isdigit() else None)
+    except ValueError:
+        return None, None
+
+
+def fetch(url: str, folder: Path, params: Params, sha256: str | None = None, expect: Validators | None = None) -> Path:
+    """The verified local copy of `url` in `folder`: resumed when partial, fetched again (at most
+    `params.retries` times) after a network error or a sha256 mismatch; a mismatching file is deleted."""
+    import httpx
+
+    shown = redact(url)
+    url = reveal(url)
+    name = Path(url.split("?")[0].split("#")[0]).name or "download"
+    final, part = folder / name, folder / f"{name}.part"
+    deadline = time.monotonic() + params.deadline_s
+    problem = ""
+    with _client(params.timeout_s) as client:
+        for attempt in range(params.retries + 1):
+            if attempt:
+                delay = min(2.0 ** (attempt - 1), 10.0)
+                log.warning("download %s: %s; attempt %d of %d in %.0f s", shown, problem, attempt + 1, params.retries + 1, delay)
+                if time.monotonic() + delay > deadline:
+                    break
+                time.sleep(delay)
+            if final.is_file() and expect is not None and _read_meta(final) != expect.__dict__:
+                log.warning("download %s: the server's file changed (%s); fetching it again", shown, expect.fingerprint())
+                _discard(final)
+            if not final.is_file():
+                try:
+                    _fetch_once(client, url, final, part, params, deadline)
+                except NetworkError as e:
+                    problem = str(e).split(": ", 1)[-1]
+                    continue
+                except httpx.HTTPError as e:
+                    problem = f"{type(e).__name__}: {redact_text(str(e)) or 'no answer'}"
+                    continue
+            if sha256 is None:
+                return final
+            actual = file_sha256(final)
+            if actual == sha256:
+                return final
+            _discard(final, part)
+            problem = f"sha256 mismatch (expected {sha256}, got {actual}); the file was deleted"
+            if attempt == params.retries:
+                raise ChecksumError(f"download {shown}: {problem}, {params.retries + 1} attempts")
+    if time.monotonic() > deadline:
+        raise DataError(f"download {shown}: deadline of {params.deadline_s:g} s passed ({problem})")
+    raise DataError(f"download {shown}: gave up after {params.retries + 1} attempts ({problem})")
 
 
 def verify(path: Path, expected: str | None) -> str:
     """Return the file's sha256; raise ChecksumError when it differs from `expected`."""
     actual = file_sha256(path)
-    if expected and actual.lower() != expected.lower():
+    if expected and actual != expected.lower():
         raise ChecksumError(f"{path}: sha256 mismatch (expected {expected}, got {actual})")
     return actual
 
 
-def extract(path: Path, target: Path, member: str | None) -> Path:
-    """Unpack a .zip member or a .gz file into `target`; refuse archive entries that escape it."""
+class _Budget:
+    """Counts unpacked bytes against the size and ratio limits."""
+
+    def __init__(self, archive: Path, packed: int, params: Params):
+        self.archive, self.packed, self.params, self.total = archive, max(packed, 1), params, 0
+
+    def copy(self, src, dst) -> None:
+        while block := src.read(1 << 20):
+            self.total += len(block)
+            if self.total > self.params.max_unpacked_bytes:
+                raise DataError(f"{self.archive}: unpacks to more than download.max_unpacked_bytes={self.params.max_unpacked_bytes} bytes; refusing")
+            if self.total > (1 << 20) and self.total / self.packed > self.params.max_ratio:
+                raise DataError(f"{self.archive}: unpacks to more than {self.params.max_ratio:g}x its {self.packed} bytes "
+                                "(a decompression bomb?); refusing (download.max_ratio)")
+            dst.write(block)
+
+
+def _pick(archive: Path, names: list[str], member: str | None) -> str:
+    data = [n for n in names if Path(n).suffix.lower() in DATA_SUFFIXES and not n.endswith("/")]
+    chosen = member or (data[0] if len(data) == 1 else None)
+    if chosen is None:
+        raise DataError(f"{archive}: archive holds {len(data)} data files {data[:5]}; set source.member to pick one")
+    if chosen not in names:
+        raise DataError(f"{archive}: no member '{chosen}' in archive (found: {', '.join(data[:10])})")
+    return chosen
+
+
+def _safe_name(archive: Path, name: str, target: Path) -> None:
+    if name.startswith(("/", "\\")) or ".." in Path(name.replace("\\", "/")).parts or not (target / name).resolve().is_relative_to(target.resolve()):
+        raise DataError(f"{archive}: archive entry '{name}' escapes the extraction folder; refusing")
+
+
+def extract(path: Path, target: Path, member: str | None, params: Params | None = None) -> Path:
+    """Unpack a .gz file or one member of a .zip/.tar(.gz) archive into `target`, within the size and ratio
+    limits; refuse entries that escape `target`, and links."""
+    params = params or Params()
     target.mkdir(parents=True, exist_ok=True)
-    if path.suffix == ".gz":
+    budget = _Budget(path, path.stat().st_size, params)
+    name = path.name.lower()
+    if name.endswith((".tar", ".tar.gz", ".tgz")):
+        with tarfile.open(path) as tf:
+            members = tf.getmembers()
+            for m in members:
+                _safe_name(path, m.name, target)
+                if m.issym() or m.islnk():
+                    raise DataError(f"{path}: archive entry '{m.name}' is a link (to '{m.linkname}'); refusing")
+                if not (m.isfile() or m.isdir()):
+                    raise DataError(f"{path}: archive entry '{m.name}' is not a regular file; refusing")
+            chosen = _pick(path, [m.name for m in members if m.isfile()], member)
+            out = target / Path(chosen).name
+            with tf.extractfile(chosen) as src, open(out, "wb") as dst:
+                budget.copy(src, dst)
+            return out
+    if name.endswith(".gz"):
         out = target / path.stem
-        with gzip.open(path, "rb") as src, open(out, "wb") as dst:
-            shutil.copyfileobj(src, dst)
+        try:
+            with gzip.open(path, "rb") as src, open(out, "wb") as dst:
+                budget.copy(src, dst)
+        except (OSError, EOFError) as e:
+            raise DataError(f"{path}: not a readable gzip file ({e})") from None
         return out
-    with zipfile.ZipFile(path) as zf:
-        root = target.resolve()
+    try:
+        zf = zipfile.ZipFile(path)
+    except zipfile.BadZipFile as e:
+        raise DataError(f"{path}: not a readable zip file ({e})") from None
+    with zf:
         for info in zf.infolist():
-            dest = (target / info.filename).resolve()
-            if not dest.is_relative_to(root):
-                raise DataError(f"{path}: archive entry '{info.filename}' escapes the extraction folder; refusing")
-        names = [n for n in zf.namelist() if Path(n).suffix.lower() in DATA_SUFFIXES and not n.endswith("/")]
-        chosen = member or (names[0] if len(names) == 1 else None)
-        if chosen is None:
-            raise DataError(f"{path}: archive holds {len(names)} data files {names[:5]}; set source.member to pick one")
-        if chosen not in zf.namelist():
-            raise DataError(f"{path}: no member '{chosen}' in archive (found: {', '.join(names[:10])})")
-        zf.extract(chosen, target)
-        return target / chosen
+            _safe_name(path, info.filename, target)
+            if (info.external_attr >> 16) & 0o170000 == 0o120000:
+                raise DataError(f"{path}: archive entry '{info.filename}' is a link; refusing")
+        chosen = _pick(path, zf.namelist(), member)
+        out = target / Path(chosen).name
+        with zf.open(chosen) as src, open(out, "wb") as dst:
+            budget.copy(src, dst)
+        return out
 
 
 def detect_encoding(raw: bytes) -> str:
     """utf-8-sig, utf-8 or gb18030 (a superset of GBK and GB2312), else charset-normalizer's guess."""
     if raw.startswith(b"\xef\xbb\xbf"):
         return "utf-8-sig"
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return "utf-16"
     try:
         raw.decode("utf-8")
         return "utf-8"
@@ -135,73 +416,189 @@ def detect_encoding(raw: bytes) -> str:
     return best.encoding
 
 
-def read_table(path: Path, source: Source) -> pd.DataFrame:
-    """Read csv/tsv/jsonl/parquet/txt into columns `id`, `text` and (when labelled) `label` as strings."""
+def physical_lines(text: str) -> list[str]:
+    """Lines split on \\n (and \\r\\n) only: U+2028, U+0085 and \\x1c-\\x1e are characters inside a line."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+@dataclass
+class Parsed:
+    """Rows read from a file, and the rows that could not be read, with their line numbers."""
+
+    rows: list[dict]
+    lines: list[int]  # the physical line each row starts on
+    bad: list[dict]  # {line, reason, raw}
+    physical: int  # physical lines in the file
+
+
+def parse_csv(text: str, sep: str) -> Parsed:
+    """Rows of a CSV/TSV file by the header; a row with the wrong number of fields, or a quote that swallows
+    the lines after it, is quarantined with its line number instead of shifting or merging other rows."""
+    lines = physical_lines(text)
+    if not lines:
+        return Parsed([], [], [], 0)
+    header = next(csv.reader([lines[0]], delimiter=sep))
+    width = len(header)
+    rows, starts, bad = [], [], []
+
+    def parse(first: int, last: int) -> list[tuple[int, int, list[str]]]:
+        """Records of physical lines [first, last) as (start line, end line, fields), 0-based."""
+        reader = csv.reader(io.StringIO("\n".join(lines[first:last]) + "\n", newline=""), delimiter=sep)
+        out, start = [], first
+        for fields in reader:
+            end = first + reader.line_num
+            out.append((start, end, fields))
+            start = end
+        return out
+
+    def swallowed(start: int, end: int) -> bool:
+        """A multi-line record whose inner lines read as whole rows: a stray quote, not a quoted newline."""
+        inner = [next(csv.reader([ln], delimiter=sep), []) for ln in lines[start + 1 : end]]
+        return sum(len(f) == width for f in inner) >= max(1, len(inner) // 2)
+
+    pending = [(1, len(lines))]
+    while pending:
+        first, last = pending.pop()
+        for start, end, fields in parse(first, last):
+            if end - start > 1 and swallowed(start, end):
+                bad.append({"line": start + 1, "reason": "stray_quote", "raw": lines[start][:500]})
+                pending.append((start + 1, end))
+                continue
+            if (not fields or fields == [""]) and not "".join(lines[start:end]).strip():
+                continue  # a blank line is not a row
+            if len(fields) != width:
+                bad.append({"line": start + 1, "reason": f"fields_{len(fields)}_expected_{width}", "raw": sep.join(fields)[:500]})
+                continue
+            rows.append(dict(zip(header, fields)))
+            starts.append(start + 1)
+    order = sorted(range(len(rows)), key=starts.__getitem__)
+    return Parsed([rows[i] for i in order], [starts[i] for i in order], sorted(bad, key=lambda b: b["line"]), len(lines))
+
+
+def parse_jsonl(text: str) -> Parsed:
+    rows, starts, bad = [], [], []
+    lines = physical_lines(text)
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            bad.append({"line": i, "reason": f"invalid_json: {str(e).split(':')[0]}", "raw": line[:500]})
+            continue
+        if not isinstance(row, dict):
+            bad.append({"line": i, "reason": "not_an_object", "raw": line[:500]})
+            continue
+        rows.append(row)
+        starts.append(i)
+    return Parsed(rows, starts, bad, len(lines))
+
+
+def read_table(path: Path, source: Source) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """Read csv/tsv/jsonl/parquet/txt into (rows with `id`, `line`, `text` and `label` when labelled,
+    quarantined rows with `line`, `reason`, `raw`, facts such as physical lines)."""
     fmt = source.format if source.format != "auto" else DATA_SUFFIXES.get(path.suffix.lower())
     if fmt is None:
         raise DataError(f"{path}: cannot tell the format from suffix '{path.suffix}'; set source.format (csv, tsv, jsonl, parquet, txt)")
     try:
         if fmt == "parquet":
             df = pd.read_parquet(path)
+            parsed = Parsed(df.to_dict("records"), list(range(1, len(df) + 1)), [], len(df))
         else:
             raw = path.read_bytes()
             encoding = detect_encoding(raw) if source.encoding == "auto" else source.encoding
-            text = raw.decode(encoding)
+            try:
+                text = raw.decode(encoding)
+            except (UnicodeDecodeError, LookupError) as e:
+                raise DataError(f"{path}: cannot decode as {encoding}: {e}") from None
+            if text.startswith("\ufeff"):
+                text = text[1:]
             if fmt == "txt":
-                df = pd.DataFrame({source.text_column: [line for line in text.splitlines() if line.strip()]})
+                lines = physical_lines(text)
+                kept = [(i, ln) for i, ln in enumerate(lines, 1) if ln.strip()]
+                parsed = Parsed([{source.text_column: ln} for _, ln in kept], [i for i, _ in kept], [], len(lines))
             elif fmt == "jsonl":
-                df = pd.DataFrame([json.loads(line) for line in text.splitlines() if line.strip()])
+                parsed = parse_jsonl(text)
             else:
-                df = pd.read_csv(io.StringIO(text), sep="," if fmt == "csv" else "\t", dtype=str, keep_default_na=False)
-    except (UnicodeDecodeError, LookupError) as e:
-        raise DataError(f"{path}: cannot decode as {source.encoding}: {e}") from e
-    except (ValueError, OSError, pd.errors.ParserError) as e:
+                parsed = parse_csv(text, "," if fmt == "csv" else "\t")
+    except (ValueError, OSError, csv.Error) as e:
         raise DataError(f"{path}: unreadable {fmt}: {str(e).splitlines()[0]}") from e
-    return _normalise(df, path, source, fmt)
+    return _normalise(parsed, path, source, fmt)
 
 
-def _normalise(df: pd.DataFrame, path: Path, source: Source, fmt: str) -> pd.DataFrame:
-    if source.text_column not in df.columns:
-        raise DataError(f"{path}: no text column '{source.text_column}' (columns found: {', '.join(map(str, df.columns))})")
-    out = pd.DataFrame({"id": range(len(df)), "text": df[source.text_column].astype("string").fillna("")})
-    if source.label_column and fmt != "txt":
-        if source.label_column not in df.columns:
-            raise DataError(f"{path}: no label column '{source.label_column}' (columns found: {', '.join(map(str, df.columns))})")
-        labels = df[source.label_column].astype("string").str.strip()
-        missing = labels.isna() | (labels == "")
-        if missing.any():
-            raise DataError(f"{path}: {int(missing.sum())} rows have an empty label in column '{source.label_column}' (first at row {int(missing.idxmax()) + 1})")
-        out["label"] = labels.values
+def _missing(value) -> bool:
+    return value is None or (isinstance(value, float) and value != value)
+
+
+def _normalise(parsed: Parsed, path: Path, source: Source, fmt: str) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    columns = set().union(*(r.keys() for r in parsed.rows[:1000])) if parsed.rows else set()
+    if parsed.rows and source.text_column not in columns:
+        raise DataError(f"{path}: no text column '{source.text_column}' (columns found: {', '.join(map(str, sorted(columns)))})")
+    labelled = bool(source.label_column) and fmt != "txt"
+    if parsed.rows and labelled and source.label_column not in columns:
+        raise DataError(f"{path}: no label column '{source.label_column}' (columns found: {', '.join(map(str, sorted(columns)))})")
+    ids, lines, texts, labels, bad = [], [], [], [], list(parsed.bad)
+    for row, line in zip(parsed.rows, parsed.lines):
+        text = row.get(source.text_column)
+        label = row.get(source.label_column) if labelled else None
+        reason = None
+        if _missing(text):
+            reason = "missing_text"
+        elif labelled and (_missing(label) or not str(label).strip()):
+            reason = "empty_label"
+        if reason:
+            bad.append({"line": line, "reason": reason, "raw": json.dumps(row, ensure_ascii=False, default=str)[:500]})
+            continue
+        ids.append(len(ids))
+        lines.append(line)
+        texts.append(str(text))
+        if labelled:
+            labels.append(str(label).strip())
+    out = pd.DataFrame({"id": pd.Series(ids, dtype="int64"), "line": pd.Series(lines, dtype="int64"), "text": pd.Series(texts, dtype="string")})
+    if labelled:
+        out["label"] = pd.Series(labels, dtype="string")
+    quarantine = pd.DataFrame(sorted(bad, key=lambda b: b["line"]), columns=["line", "reason", "raw"]).astype({"line": "int64", "reason": "string", "raw": "string"})
     if out.empty:
-        raise DataError(f"{path}: the corpus is empty (0 rows)")
-    return out
+        detail = f"; {len(quarantine)} rows quarantined: {quarantine['reason'].value_counts().to_dict()}" if len(quarantine) else ""
+        raise DataError(f"{path}: the corpus has no readable rows{detail}")
+    return out, quarantine, {"lines_physical": parsed.physical, "labelled": labelled}
 
 
-def locate(source: Source, root: Path, folder_for: Callable[[str], Path], timeout_s: float, chunk_bytes: int) -> Path:
-    """The local file holding the source bytes: the given path when it exists, else a download of `url`."""
+def locate(source: Source, root: Path, folder_for: Callable[[str], Path], params: Params, expect: Validators | None = None) -> Path:
+    """The local file holding the source bytes: the given path when it exists, else a verified download."""
     for location in (source.path, source.url):
         if not location:
             continue
         local = resolve_path(location, root)
         if local is not None:
             if local.is_file():
+                verify(local, source.sha256)
                 return local
             continue
-        return fetch(location, folder_for(location), timeout_s, chunk_bytes)
-    raise DataError(f"source not found: {source.path or source.url} (no such file, and no url to fetch it from)")
+        url = require_verifiable(source, root)
+        return fetch(url, folder_for(redact(url)), params, source.sha256, expect)
+    raise DataError(f"source not found: {redact(source.path or source.url)} (no such file, and no url to fetch it from)")
 
 
-def build(ctx: BuildContext, source: Source, folder_for: Callable[[str], Path]) -> BuildOutput:
-    """Find or fetch, verify, unpack and read the source; write `data.parquet`."""
-    p = ctx.params
-    raw = locate(source, ctx.root, folder_for, p.timeout_s, p.chunk_bytes)
-    sha = verify(raw, source.sha256)
-    data_file = extract(raw, ctx.out / "extracted", source.member) if raw.suffix in (".zip", ".gz") else raw
-    df = read_table(data_file, source)
+def build(ctx: BuildContext, source: Source, folder_for: Callable[[str], Path], expect: Validators | None = None) -> BuildOutput:
+    """Find or fetch, verify, unpack and read the source; write `data.parquet` and `quarantine.parquet`."""
+    p: Params = ctx.params
+    raw = locate(source, ctx.root, folder_for, p, expect)
+    sha = file_sha256(raw)
+    data_file = extract(raw, ctx.scratch / "extracted", source.member, p) if raw.name.lower().endswith(ARCHIVES) else raw
+    df, quarantine, facts = read_table(data_file, source)
     write_parquet(df, ctx.out / "data.parquet")
-    info = {"source_sha256": sha, "source_file": str(raw), "labelled": "label" in df}
-    metrics = {"rows_raw": len(df)}
-    if "label" in df:
+    write_parquet(quarantine, ctx.out / "quarantine.parquet")
+    if len(quarantine):
+        counts = quarantine["reason"].value_counts().to_dict()
+        log.warning("download: %d of %d rows quarantined (%s), first at line %d; see quarantine.parquet",
+                    len(quarantine), len(df) + len(quarantine), counts, int(quarantine["line"].min()))
+    info = {"source_sha256": sha, "source_file": redact(str(raw) if raw.is_relative_to(ctx.root) else raw.name), "labelled": facts["labelled"]}
+    metrics = {"rows_raw": len(df), "rows_quarantined": len(quarantine), "lines_physical": facts["lines_physical"]}
+    if facts["labelled"]:
         info["labels"] = sorted_labels(df["label"])
         metrics["num_labels"] = len(info["labels"])
     return BuildOutput(rows=len(df), metrics=metrics, info=info)

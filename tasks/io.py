@@ -240,3 +240,16 @@ def sorted_labels(labels: pd.Series) -> list[str]:
 def read_vocab(path: Path) -> list[str]:
     """Tokens of a `vocab.txt`, id = line number."""
     return path.read_text(encoding="utf-8").split("\n")[:-1]
+
+
+def safe_name(value: str, limit: int = 60) -> str:
+    """`value` as one file-name or key component: letters (any script), digits, '-', '_' and '.' kept, others
+    replaced by '_'; when anything was changed or cut, a short hash keeps distinct values distinct."""
+    import hashlib
+    import re
+
+    text = str(value)
+    clean = re.sub(r"[^\w.-]", "_", text)[:limit].strip(".") or "_"
+    if clean != text:
+        clean += "-" + hashlib.sha256(text.encode()).hexdigest()[:6]
+    return clean

@@ -15,7 +15,7 @@ import pandas as pd
 from pydantic import Field
 
 from tasks.core import BuildContext, BuildOutput, Section
-from tasks.io import SPLITS
+from tasks.io import SPLITS, safe_name
 from tasks.plots import data_uri, plt, require_cjk_font, save, use_font
 from tasks.text import FUNCTION_WORDS, is_word
 
@@ -34,6 +34,9 @@ class Params(Section):
     coverage: float = Field(0.9, gt=0, lt=1)  # the suggested max_len covers this share of texts
     font: str | None = None  # a font file with Chinese glyphs; default: an installed one (Noto CJK, WenQuanYi, ...)
     seed: int = 0
+    max_labels: int = Field(20, ge=1)  # labels drawn one by one (the most frequent); all are counted in the tables
+
+
 PICTURES = ["label_distribution.png", "length_distribution.png", "length_scatter.png", "top_words.png", "top_adjectives.png"]
 
 
@@ -154,6 +157,10 @@ def build(ctx: BuildContext) -> BuildOutput:
     font = require_cjk_font(p.font)
     use_font(font)
     labels = ctx.input_info["segment"].get("labels") or sorted(frames["train"]["label"].unique().tolist())
+    all_labels = labels
+    if len(labels) > p.max_labels:  # 10,000 classes get their counts, not 10,000 pictures
+        top = frames["train"]["label"].value_counts().index[: p.max_labels]
+        labels = [label for label in labels if label in set(top)]
     train, everything = frames["train"], pd.concat(frames.values(), ignore_index=True)
     stats = corpus_stats(frames, p.coverage)
     words = {str(label): top_words(train.loc[train["label"] == label, "words"], p.top_k) for label in labels}
@@ -171,9 +178,9 @@ def build(ctx: BuildContext) -> BuildOutput:
     ]
     for label in labels:
         counts = dict(top_words(train.loc[train["label"] == label, "words"], p.cloud_words))
-        pictures.append(word_cloud(counts, font, ctx.out / f"wordcloud_{label}.png", p.seed))
+        pictures.append(word_cloud(counts, font, ctx.out / f"wordcloud_{safe_name(label)}.png", p.seed))
     tables = {
-        "labels per split": pd.DataFrame({s: df["label"].value_counts().reindex(labels, fill_value=0) for s, df in frames.items()}).rename_axis("label").reset_index(),
+        "labels per split": pd.DataFrame({s: df["label"].value_counts().reindex(all_labels, fill_value=0) for s, df in frames.items()}).rename_axis("label").reset_index(),
         "top words per label": _side_by_side(words),
         "top adjectives per label": _side_by_side(adjectives),
     }

@@ -19,6 +19,7 @@ from pydantic import Field
 from tasks.core import Section
 from tasks.errors import ZhpipeError
 from tasks.hub import load_pretrained
+from tasks.urls import is_loopback, redact, reveal
 
 log = logging.getLogger("zhpipe.translation")
 _SENTENCE_END = re.compile(r"(?<=[。！？!?；;…\n])")
@@ -151,8 +152,12 @@ class HttpTranslator:
         import httpx
 
         self.params, self.source, self.target = params, source, target
-        self.name = f"{params.url.rstrip('/')}/translate"
+        self.name = f"{redact(params.url).rstrip('/')}/translate"  # what messages show
+        self.endpoint = f"{reveal(params.url).rstrip('/')}/translate"
         self.api_key = os.environ.get(params.api_key_env) if params.api_key_env else None
+        if self.api_key and not (self.endpoint.lower().startswith("https://") or is_loopback(self.endpoint)):
+            raise ZhpipeError(f"translation service {self.name}: an API key (${params.api_key_env}) is sent only over https "
+                              "or to this machine (loopback); use an https:// url")
         self.client = httpx.Client(timeout=params.timeout_s)
         self._next_slot = 0.0
         self._lock = threading.Lock()
@@ -176,16 +181,17 @@ class HttpTranslator:
         for attempt in range(self.params.retries + 1):
             self._wait_for_slot()
             try:
-                resp = self.client.post(self.name, json=body)
+                resp = self.client.post(self.endpoint, json=body)
             except httpx.TransportError as e:
-                error = f"{type(e).__name__}"
+                error = f"{type(e).__name__}"  # its message may hold the URL
             else:
                 if resp.status_code == 200:
                     got = resp.json()["translatedText"]
                     got = got if isinstance(got, list) else [got]
                     return [[t] * n for t in got]
                 if resp.status_code not in (429, 500, 502, 503, 504):
-                    raise ZhpipeError(f"translation service {self.name}: HTTP {resp.status_code} ({resp.text[:200]!r})")
+                    raise ZhpipeError(f"translation service {self.name}: HTTP {resp.status_code} "
+                                      f"({resp.headers.get('content-type', 'no content type')}, {len(resp.content)} bytes)")
                 error = f"HTTP {resp.status_code}"
                 retry_after = resp.headers.get("Retry-After")
                 if retry_after and retry_after.isdigit():

@@ -50,7 +50,7 @@ def test_checksum_mismatch(api_env):
 def test_single_class_and_empty_and_unreadable(api_env, tmp_path):
     one = tmp_path / "one.csv"
     one.write_text("label,text\n" + "好,房间很干净\n" * 20, encoding="utf-8")
-    assert_one_line_error(zhpipe(api_env, "run", "smoke", "--source", str(one), "--to", "split"), "single class")
+    assert_one_line_error(zhpipe(api_env, "run", "smoke", "--source", str(one), "--to", "split"), "a classifier needs at least 2")
     empty = tmp_path / "empty.csv"
     empty.write_text("label,text\n", encoding="utf-8")
     assert_one_line_error(zhpipe(api_env, "run", "smoke", "--source", str(empty), "--to", "download"), "empty")

@@ -1,6 +1,6 @@
 import pytest
 
-from flows.config import load_pipeline
+from flows.config import list_pipelines, load_pipeline
 from tasks.errors import ConfigError
 
 
@@ -65,8 +65,8 @@ def test_project_pipelines_validate():
 
 def test_set_values_take_the_field_type(tmp_path):
     path = write(tmp_path, BASE)
-    cfg = load_pipeline("p", path, ["source.sha256=0012", "train.models=[textcnn]", "vocab.max_size=null", "split.seed=3", "embed.word2vec.hs=true"])
-    assert cfg.source.sha256 == "0012" and cfg.stages.train.models == ["textcnn"]
+    cfg = load_pipeline("p", path, ["source.sha256=0012abababababababababababababababababababababababababababababab", "train.models=[textcnn]", "vocab.max_size=null", "split.seed=3", "embed.word2vec.hs=true"])
+    assert cfg.source.sha256 == "0012" + "ab" * 30 and cfg.stages.train.models == ["textcnn"]
     assert cfg.stages.vocab.max_size is None and cfg.stages.split.seed == 3 and cfg.stages.embed.word2vec.hs is True
 
 
@@ -101,3 +101,34 @@ def test_deployment_keys_do_not_change_stage_keys(tmp_path):
                              ["train.work_pool=gpu"])
     assert deployed.stages.train.work_pool == "gpu" and deployed.schedule.interval == 3600
     assert plan_keys(plain) == plan_keys(deployed)
+
+
+def test_set_source_sha256_applies_to_a_source_given_with_source(tmp_path):
+    path = write(tmp_path, BASE)
+    digest = "ab" * 32
+    cfg = load_pipeline("p", path, [f"source.sha256={digest}"], {"path": "https://example.org/c.csv", "text_column": "review"})
+    assert cfg.source.path == "https://example.org/c.csv" and cfg.source.sha256 == digest
+
+
+def test_pipeline_names_are_checked_when_the_file_is_loaded(tmp_path):
+    path = tmp_path / "pipelines.yaml"
+    path.write_text("pipelines:\n  'bad/name':\n    source: {path: x.csv}\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="pipeline name 'bad/name' is not allowed"):
+        list_pipelines(path)
+
+
+def test_secret_env_names_cannot_be_overridden(tmp_path):
+    path = write(tmp_path, BASE)
+    with pytest.raises(ConfigError, match="declared in pipelines.yaml, not in overrides"):
+        load_pipeline("p", path, ["augment.backtranslation.http.api_key_env=AWS_SECRET_ACCESS_KEY"])
+
+
+def test_credentials_in_urls_never_reach_the_config(tmp_path):
+    from tasks.urls import reveal
+
+    path = write(tmp_path, BASE)
+    real = "https://user:SECRET@example.org/c.csv?X-Amz-Signature=SIG123&part=1"
+    cfg = load_pipeline("p", path, [f"source.url={real}"])
+    dumped = cfg.model_dump_json() + str(cfg.flat_params())
+    assert "SECRET" not in dumped and "SIG123" not in dumped and "part=1" in dumped
+    assert reveal(cfg.source.url) == real

@@ -147,7 +147,16 @@ def test_mlflow_models_serve_answers_raw_chinese_text(trained):
         assert r.status_code == 200, r.text
         predictions = r.json()["predictions"]
         assert len(predictions) == 2 and {"label", "probability"} <= set(predictions[0])
-        assert all(p["label"] in trained["labels"] and 0 <= p["probability"] <= 1 for p in predictions)
+        assert all(p["label"] in trained["labels"] and 0 <= p["probability"] <= 1 and p["status"] == "ok" for p in predictions)
+        # bad requests: a 4xx with a message, never a confident label
+        too_many = httpx.post(f"http://127.0.0.1:{port}/invocations", json={"inputs": ["好"] * 10_001}, timeout=60)
+        assert too_many.status_code == 400 and "at most 10000" in too_many.json()["message"]
+        no_text = httpx.post(f"http://127.0.0.1:{port}/invocations", json={"dataframe_split": {"columns": ["review"], "data": [["好"]]}}, timeout=60)
+        assert 400 <= no_text.status_code < 500, no_text.text
+        odd = httpx.post(f"http://127.0.0.1:{port}/invocations", json={"inputs": ["", "房" * 20_000, "房间很干净"]}, timeout=60)
+        assert odd.status_code == 200, odd.text
+        assert [p["status"] for p in odd.json()["predictions"]] == ["empty", "truncated", "ok"]
+        assert odd.json()["predictions"][0].get("label") is None
     finally:
         proc.terminate()
         proc.wait(30)
@@ -162,18 +171,27 @@ def test_predict_command(trained, tmp_path):
     proc = zhpipe("predict", "--model", uri, "房间很干净，服务也好")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "房间很干净" in proc.stdout and "probability" in proc.stdout
-    pd.DataFrame({"content": ["房间很干净", "太差了", ""]}).to_csv(tmp_path / "in.csv", index=False)
+    assert f"version {trained['tags']['zhpipe.registered'].split('/')[1]}" in proc.stdout  # which model answered
+    # the input's own label column is kept; missing, "NA" and empty texts are not turned into strings or labels
+    pd.DataFrame({"content": ["房间很干净", "太差了", "", "NA", None], "label": ["1", "0", "1", "0", "1"]}).to_csv(tmp_path / "in.csv", index=False)
     proc = zhpipe("predict", "--model", uri, "--input", str(tmp_path / "in.csv"), "--text-column", "content", "--output", str(tmp_path / "out.parquet"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = pd.read_parquet(tmp_path / "out.parquet")
-    assert len(out) == 3 and {"content", "label", "probability"} <= set(out.columns)
-    np.testing.assert_allclose(out[[f"p_{label}" for label in trained["labels"]]].sum(axis=1), 1.0, atol=1e-4)
+    assert len(out) == 5 and {"content", "label", "pred_label", "pred_probability", "pred_status", "pred_model_version"} <= set(out.columns)
+    assert out["label"].tolist() == ["1", "0", "1", "0", "1"]  # the input's labels, untouched
+    assert out["pred_status"].tolist() == ["ok", "ok", "empty", "ok", "empty"]  # a CSV cannot tell "" from missing
+    assert out["pred_label"].isna().tolist() == [False, False, True, False, True]
+    assert out["pred_model"].iloc[0] == "zhpipe-smoke" and out["pred_model_version"].iloc[0] == trained["tags"]["zhpipe.registered"].split("/")[1]
+    ok = out["pred_status"] == "ok"
+    np.testing.assert_allclose(out.loc[ok, [f"pred_p_{label}" for label in trained["labels"]]].sum(axis=1), 1.0, atol=1e-4)
     on_dask = zhpipe("predict", "--model", uri, "--input", str(tmp_path / "in.csv"), "--text-column", "content",
                      "--output", str(tmp_path / "dask.jsonl"), "--dask", "local")
     assert on_dask.returncode == 0, on_dask.stderr[-2000:]
     dask_out = pd.read_json(tmp_path / "dask.jsonl", lines=True, dtype=False)  # labels stay strings
-    assert dask_out["label"].tolist() == out["label"].tolist()
-    np.testing.assert_allclose(dask_out["probability"], out["probability"], rtol=1e-5)
+    assert dask_out["pred_label"].tolist()[:2] == out["pred_label"].tolist()[:2]
+    np.testing.assert_allclose(dask_out["pred_probability"][:2], out["pred_probability"][:2], rtol=1e-5)
+    missing = zhpipe("predict", "--model", uri, "--input", str(tmp_path / "in.csv"), "--output", str(tmp_path / "o.csv"))
+    assert missing.returncode == 2 and "no text column 'text'" in missing.stderr.strip().splitlines()[-1]
     bad = zhpipe("predict", "--model", "models:/zhpipe-nothing@champion", "你好")
     assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("zhpipe: error: cannot load model models:/zhpipe-nothing@champion")
     bad = zhpipe("predict", "--model", uri, "--input", str(tmp_path / "in.csv"), "--output", str(tmp_path / "out.xlsx"), "--text-column", "content")

@@ -29,7 +29,7 @@ def store(prefect_harness, tmp_path_factory):
 def test_manifest_records_every_file(store):
     split = next((store / "split").glob("[!.]*"))
     files = json.loads((split / "manifest.json").read_text())["files"]
-    assert set(files) == {"train.parquet", "validation.parquet", "test.parquet"}
+    assert set(files) == {"train.parquet", "validation.parquet", "test.parquet", "quarantine.parquet"}
     for rel, facts in files.items():
         assert facts == {"size": (split / rel).stat().st_size, "sha256": file_sha256(split / rel)}
 

@@ -1,32 +1,41 @@
 import gzip
 import hashlib
 import http.server
+import io
 import json
+import tarfile
 import threading
+import time
 import zipfile
 
 import pandas as pd
 import pytest
 
-from tasks.download import ChecksumError, extract, fetch, read_table, verify
+from tasks.download import ChecksumError, Params, Validators, extract, fetch, parse_csv, physical_lines, probe, read_table, verify
 from tasks.download import Source as SourceConfig
 from tasks.errors import DataError
 
 ROWS = [("1", "房间很干净"), ("0", "服务太差了"), ("1", "早餐不错")]
+FAST = Params(timeout_s=5, retries=2, deadline_s=30)
 
 
 def src(**kw):
     return SourceConfig(**{"path": "x", "text_column": "review", "label_column": "label", **kw})
 
 
-@pytest.mark.parametrize("encoding", ["utf-8", "utf-8-sig", "gb18030", "gbk"])
+def read(path, **kw):
+    df, quarantine, facts = read_table(path, src(**kw))
+    return df, quarantine, facts
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-8-sig", "gb18030", "gbk", "utf-16"])
 def test_csv_encodings_detected(tmp_path, encoding):
     path = tmp_path / "c.csv"
     path.write_bytes(("label,review\n" + "".join(f"{l},{t}\n" for l, t in ROWS)).encode(encoding))
-    df = read_table(path, src())
+    df, quarantine, _ = read(path)
     assert df["text"].tolist() == [t for _, t in ROWS]
     assert df["label"].tolist() == ["1", "0", "1"]
-    assert df["id"].tolist() == [0, 1, 2]
+    assert df["id"].tolist() == [0, 1, 2] and df["line"].tolist() == [2, 3, 4] and quarantine.empty
 
 
 def test_tsv_jsonl_parquet_txt(tmp_path):
@@ -34,36 +43,73 @@ def test_tsv_jsonl_parquet_txt(tmp_path):
     (tmp_path / "a.jsonl").write_text("".join(json.dumps({"label": l, "review": t}, ensure_ascii=False) + "\n" for l, t in ROWS), encoding="utf-8")
     pd.DataFrame({"label": [1, 0, 1], "review": [t for _, t in ROWS]}).to_parquet(tmp_path / "a.parquet")
     for name in ("a.tsv", "a.jsonl", "a.parquet"):
-        df = read_table(tmp_path / name, src())
+        df, _, _ = read(tmp_path / name)
         assert df["text"].tolist() == [t for _, t in ROWS], name
         assert df["label"].tolist() == ["1", "0", "1"], name
     (tmp_path / "a.txt").write_text("第一行\n\n第二行\n", encoding="utf-8")
-    df = read_table(tmp_path / "a.txt", src(text_column="text", label_column=None))
+    df, _, _ = read(tmp_path / "a.txt", text_column="text", label_column=None)
     assert df["text"].tolist() == ["第一行", "第二行"] and "label" not in df
+
+
+def test_lines_split_only_on_newline():
+    assert physical_lines("a\u2028b\x85c\x1cd\r\ne\nf") == ["a\u2028b\x85c\x1cd", "e", "f"]
+
+
+def test_jsonl_with_raw_line_separator_is_one_row(tmp_path):
+    path = tmp_path / "a.jsonl"
+    path.write_text(json.dumps({"review": "上句\u2028下句", "label": "1"}, ensure_ascii=False) + "\n", encoding="utf-8")
+    df, quarantine, _ = read(path)
+    assert df["text"].tolist() == ["上句\u2028下句"] and quarantine.empty
+
+
+def test_stray_quote_is_quarantined_with_its_line_and_does_not_swallow_rows():
+    text = 'label,review\n1,好\n0,"坏的开始\n1,不错\n0,很差\n1,可以\n'
+    parsed = parse_csv(text, ",")
+    assert [r["review"] for r in parsed.rows] == ["好", "不错", "很差", "可以"]
+    assert parsed.bad == [{"line": 3, "reason": "stray_quote", "raw": '0,"坏的开始'}] and parsed.physical == 6
+
+
+def test_quoted_newline_inside_a_field_is_one_row():
+    parsed = parse_csv('label,review\n1,"第一行\n第二行"\n0,差\n', ",")
+    assert [r["review"] for r in parsed.rows] == ["第一行\n第二行", "差"] and not parsed.bad
+
+
+def test_wrong_field_count_and_empty_label_are_quarantined_with_lines(tmp_path):
+    path = tmp_path / "c.csv"
+    path.write_text("label,review\n1,好\n0,差,多余\n,空标签\n1\n0,可以\n", encoding="utf-8")
+    df, quarantine, facts = read(path)
+    assert df["text"].tolist() == ["好", "可以"]
+    assert quarantine[["line", "reason"]].values.tolist() == [[3, "fields_3_expected_2"], [4, "empty_label"], [5, "fields_1_expected_2"]]
+    assert facts["lines_physical"] == 6
+
+
+def test_missing_text_is_quarantined_never_the_string_none(tmp_path):
+    path = tmp_path / "a.jsonl"
+    path.write_text('{"review": null, "label": "1"}\n{"review": "好", "label": "0"}\n{broken\n', encoding="utf-8")
+    df, quarantine, _ = read(path)
+    assert df["text"].tolist() == ["好"]
+    assert quarantine["reason"].tolist()[0] == "missing_text" and quarantine["reason"].tolist()[1].startswith("invalid_json")
 
 
 def test_missing_column_lists_columns_found(tmp_path):
     path = tmp_path / "c.csv"
     path.write_text("label,content\n1,好\n", encoding="utf-8")
-    with pytest.raises(DataError, match=r"no text column 'review' \(columns found: label, content\)"):
-        read_table(path, src())
+    with pytest.raises(DataError, match=r"no text column 'review' \(columns found: content, label\)"):
+        read(path)
 
 
-def test_empty_corpus_and_empty_label(tmp_path):
+def test_empty_corpus(tmp_path):
     path = tmp_path / "c.csv"
     path.write_text("label,review\n", encoding="utf-8")
-    with pytest.raises(DataError, match="empty"):
-        read_table(path, src())
-    path.write_text("label,review\n1,好\n,差\n", encoding="utf-8")
-    with pytest.raises(DataError, match="1 rows have an empty label.*row 2"):
-        read_table(path, src())
+    with pytest.raises(DataError, match="no readable rows"):
+        read(path)
 
 
 def test_unknown_suffix_needs_format(tmp_path):
     path = tmp_path / "c.data"
     path.write_text("x", encoding="utf-8")
     with pytest.raises(DataError, match="set source.format"):
-        read_table(path, src())
+        read(path)
 
 
 def test_checksum(tmp_path):
@@ -73,6 +119,11 @@ def test_checksum(tmp_path):
     assert verify(path, good) == good
     with pytest.raises(ChecksumError, match="sha256 mismatch"):
         verify(path, "0" * 64)
+
+
+def test_source_sha256_must_be_hex():
+    with pytest.raises(ValueError, match="64 hex digits"):
+        src(sha256="abc")
 
 
 def test_zip_extract_and_zip_slip_refused(tmp_path):
@@ -90,33 +141,88 @@ def test_zip_extract_and_zip_slip_refused(tmp_path):
     assert not (tmp_path / "escape.csv").exists()
 
 
-def test_gz_extract(tmp_path):
+def test_tar_extract_and_links_refused(tmp_path):
+    good = tmp_path / "good.tar.gz"
+    with tarfile.open(good, "w:gz") as tf:
+        data = "label,review\n1,好\n".encode()
+        info = tarfile.TarInfo("corpus/data.csv")
+        info.size = len(data)
+        tf.addfile(info, io.BytesIO(data))
+    assert extract(good, tmp_path / "x", None).read_text(encoding="utf-8").startswith("label")
+    evil = tmp_path / "evil.tar"
+    with tarfile.open(evil, "w") as tf:
+        link = tarfile.TarInfo("data.csv")
+        link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        tf.addfile(link)
+    with pytest.raises(DataError, match="is a link"):
+        extract(evil, tmp_path / "y", None)
+
+
+def test_gz_extract_and_bomb_refused(tmp_path):
     path = tmp_path / "data.csv.gz"
     with gzip.open(path, "wb") as f:
         f.write("label,review\n1,好\n".encode())
     assert extract(path, tmp_path / "x", None).name == "data.csv"
+    bomb = tmp_path / "bomb.csv.gz"
+    with gzip.open(bomb, "wb") as f:
+        f.write(b"0" * (50 << 20))  # 50 MiB of zeros in ~50 KB
+    with pytest.raises(DataError, match="decompression bomb"):
+        extract(bomb, tmp_path / "z", None)
+    with pytest.raises(DataError, match="max_unpacked_bytes"):
+        extract(bomb, tmp_path / "z", None, Params(max_unpacked_bytes=1 << 20, max_ratio=10_000))
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
-    """Serves one payload with Range support; fails the first `fail` requests with 503."""
+    """Serves `payloads` in turn (the last one repeats), with ETag, Range and If-Range support; fails the
+    first `fail` requests with 503; `redirect` sends every request elsewhere; `drip` sleeps between bytes."""
 
-    payload = b""
-    ranges: list = []
+    payloads: list = []
+    etag = '"v1"'
+    requests: list = []
     fail = 0
+    redirect = None
+    drip = 0.0
+
+    def _body(self):
+        return _Handler.payloads[0] if len(_Handler.payloads) == 1 else _Handler.payloads.pop(0)
+
+    def do_HEAD(self):
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(_Handler.payloads[0])))
+        self.send_header("ETag", _Handler.etag)
+        self.end_headers()
 
     def do_GET(self):
+        _Handler.requests.append({"range": self.headers.get("Range"), "if_range": self.headers.get("If-Range")})
         if _Handler.fail:
             _Handler.fail -= 1
             self.send_error(503)
             return
+        if _Handler.redirect:
+            self.send_response(302)
+            self.send_header("Location", _Handler.redirect)
+            self.end_headers()
+            return
+        payload = self._body()
         rng = self.headers.get("Range")
-        _Handler.ranges.append(rng)
-        start = int(rng.split("=")[1].split("-")[0]) if rng else 0
-        body = self.payload[start:]
-        self.send_response(206 if rng else 200)
+        if rng and self.headers.get("If-Range") == _Handler.etag:
+            start = int(rng.split("=")[1].split("-")[0])
+            body = payload[start:]
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{len(payload) - 1}/{len(payload)}")
+        else:
+            body = payload
+            self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
+        self.send_header("ETag", _Handler.etag)
         self.end_headers()
-        self.wfile.write(body)
+        if _Handler.drip:
+            for i in range(len(body)):
+                self.wfile.write(body[i : i + 1])
+                self.wfile.flush()
+                time.sleep(_Handler.drip)
+        else:
+            self.wfile.write(body)
 
     def log_message(self, *args):
         pass
@@ -124,6 +230,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def server():
+    _Handler.payloads, _Handler.requests, _Handler.fail, _Handler.redirect, _Handler.drip, _Handler.etag = [], [], 0, None, 0.0, '"v1"'
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -131,31 +238,96 @@ def server():
     httpd.shutdown()
 
 
-def test_http_download_resumes_partial_file(tmp_path, server):
+def sha(b):
+    return hashlib.sha256(b).hexdigest()
+
+
+def test_resume_sends_if_range_and_checks_content_range(tmp_path, server):
     payload = ("label,review\n" + "1,房间很干净\n" * 5000).encode()
-    _Handler.payload, _Handler.ranges = payload, []
-    (tmp_path / "corpus.csv.part").write_bytes(payload[:1000])  # a killed earlier attempt
-    path = fetch(f"{server}/corpus.csv", tmp_path, timeout_s=5)
+    _Handler.payloads = [payload]
+    (tmp_path / "corpus.csv.part").write_bytes(payload[:1000])  # a killed earlier attempt, its validator recorded
+    (tmp_path / "corpus.csv.part.meta.json").write_text(json.dumps({"if_range": '"v1"'}))
+    path = fetch(f"{server}/corpus.csv", tmp_path, FAST, sha(payload))
     assert path.read_bytes() == payload
-    assert _Handler.ranges == ["bytes=1000-"]
-    verify(path, hashlib.sha256(payload).hexdigest())
+    assert _Handler.requests == [{"range": "bytes=1000-", "if_range": '"v1"'}]
 
 
-def test_http_5xx_raises_retryable_error(tmp_path, server):
-    import httpx
+def test_resume_against_a_changed_file_starts_again(tmp_path, server):
+    payload = b"label,review\n" + "1,新的文件\n".encode() * 300
+    _Handler.payloads, _Handler.etag = [payload], '"v2"'
+    (tmp_path / "c.csv.part").write_bytes(b"old bytes of another version")
+    (tmp_path / "c.csv.part.meta.json").write_text(json.dumps({"if_range": '"v1"'}))
+    assert fetch(f"{server}/c.csv", tmp_path, FAST, sha(payload)).read_bytes() == payload
 
-    _Handler.payload, _Handler.fail = b"label,review\n1,x\n", 1
-    with pytest.raises(httpx.HTTPStatusError):  # not a ZhpipeError: Prefect retries it
-        fetch(f"{server}/c.csv", tmp_path, timeout_s=5)
-    assert fetch(f"{server}/c.csv", tmp_path, timeout_s=5).read_bytes() == b"label,review\n1,x\n"
+
+def test_wrong_bytes_are_deleted_and_fetched_again(tmp_path, server):
+    right = b"label,review\n1,right\n"
+    _Handler.payloads = [b"label,review\n1,WRONG\n", right]
+    assert fetch(f"{server}/c.csv", tmp_path, FAST, sha(right)).read_bytes() == right
+    assert len(_Handler.requests) == 2
+
+
+def test_always_wrong_bytes_end_in_one_line_and_nothing_kept(tmp_path, server):
+    _Handler.payloads = [b"label,review\n1,WRONG\n"]
+    with pytest.raises(ChecksumError, match=r"sha256 mismatch .* the file was deleted, 3 attempts"):
+        fetch(f"{server}/c.csv", tmp_path, FAST, "0" * 64)
+    assert not any(p.name.startswith("c.csv") for p in tmp_path.iterdir())
+
+
+def test_5xx_is_retried(tmp_path, server):
+    _Handler.payloads, _Handler.fail = [b"label,review\n1,x\n"], 1
+    assert fetch(f"{server}/c.csv", tmp_path, FAST, sha(b"label,review\n1,x\n")).read_bytes() == b"label,review\n1,x\n"
+
+
+def test_https_to_http_redirect_is_refused(tmp_path):
+    from tasks.download import _send
+
+    class Resp:
+        status_code, headers = 302, {"location": "http://evil.example/c.csv"}
+
+        class url:  # noqa: N801 - the shape of httpx.URL.join
+            @staticmethod
+            def join(location):
+                return location
+
+        def close(self):
+            pass
+
+    class Client:  # the redirect decision, without a TLS server on loopback
+        def build_request(self, method, url, headers):
+            return None
+
+        def send(self, request, stream):
+            return Resp()
+
+    with pytest.raises(DataError, match="refused a redirect from https to http://"):
+        _send(Client(), "GET", "https://example.org/c.csv", {}, time.monotonic() + 10)
+
+
+def test_size_limit_and_deadline(tmp_path, server):
+    _Handler.payloads = [b"x" * 5000]
+    with pytest.raises(DataError, match="over the size limit"):
+        fetch(f"{server}/big.csv", tmp_path, Params(max_bytes=1000, retries=0))
+    _Handler.drip = 0.05
+    t0 = time.monotonic()
+    with pytest.raises(DataError, match="deadline"):
+        fetch(f"{server}/slow.csv", tmp_path, Params(deadline_s=1, timeout_s=5, retries=0))
+    assert time.monotonic() - t0 < 5
+
+
+def test_unverified_download_is_keyed_and_rechecked_by_validators(tmp_path, server):
+    _Handler.payloads = [b"label,review\n1,v1\n"]
+    first = probe(f"{server}/c.csv", FAST)
+    assert first == Validators('"v1"', None, len(b"label,review\n1,v1\n"))
+    assert fetch(f"{server}/c.csv", tmp_path, FAST, None, first).read_bytes() == b"label,review\n1,v1\n"
+    _Handler.payloads, _Handler.etag = [b"label,review\n1,version 2\n"], '"v2"'
+    second = probe(f"{server}/c.csv", FAST)
+    assert second.fingerprint() != first.fingerprint()
+    assert fetch(f"{server}/c.csv", tmp_path, FAST, None, second).read_bytes() == b"label,review\n1,version 2\n"
 
 
 def test_unreadable_files_are_one_line_errors(tmp_path):
     bad = tmp_path / "c.parquet"
     bad.write_bytes(b"\x00\x01 not parquet")
     with pytest.raises(DataError, match=r"c.parquet: unreadable parquet"):
-        read_table(bad, src())
-    broken = tmp_path / "c.jsonl"
-    broken.write_text('{"review": "好", "label": 1}\n{not json\n', encoding="utf-8")
-    with pytest.raises(DataError, match=r"c.jsonl: unreadable jsonl"):
-        read_table(broken, src())
+        read(bad)

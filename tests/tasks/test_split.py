@@ -3,7 +3,7 @@ import pytest
 
 from tasks.errors import DataError
 from tasks.split import Params as SplitConfig
-from tasks.split import split_frame
+from tasks.split import set_aside_small, split_frame
 
 
 def frame(n=200):
@@ -23,7 +23,26 @@ def test_stratified_deterministic_and_disjoint():
     assert not parts["test"]["id"].equals(other["test"]["id"])
 
 
-def test_single_class_is_an_error():
-    df = frame().assign(label="a")
-    with pytest.raises(DataError, match="single class"):
+def test_every_class_of_three_rows_or_more_is_in_every_split():
+    labels = ["big"] * 50 + ["three"] * 3 + ["four"] * 4 + ["five"] * 5
+    df = pd.DataFrame({"id": range(len(labels)), "text": [f"t{i}" for i in range(len(labels))], "label": labels})
+    parts = split_frame(df, SplitConfig())
+    for name, part in parts.items():
+        assert set(part["label"]) == {"big", "three", "four", "five"}, name
+    assert sum(len(p) for p in parts.values()) == len(df)
+
+
+def test_small_classes_are_quarantined_or_merged():
+    labels = ["a"] * 20 + ["b"] * 20 + ["c"] * 2 + ["d"]
+    df = pd.DataFrame({"id": range(len(labels)), "text": [f"t{i}" for i in range(len(labels))], "label": labels})
+    kept, quarantine, small = set_aside_small(df, SplitConfig())
+    assert small == {"c": 2, "d": 1} and len(quarantine) == 3 and set(quarantine["reason"]) == {"class_under_3_rows"}
+    assert len(kept) + len(quarantine) == len(df)
+    merged, quarantine, _ = set_aside_small(df, SplitConfig(small_classes="merge"))
+    assert quarantine.empty and (merged["label"] == "other").sum() == 3
+
+
+def test_a_class_under_three_rows_is_a_data_error_not_a_traceback():
+    df = pd.DataFrame({"id": range(12), "text": ["t"] * 12, "label": ["a"] * 10 + ["b"] * 2})
+    with pytest.raises(DataError, match="'b' has 2 rows"):
         split_frame(df, SplitConfig())

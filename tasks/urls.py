@@ -1,0 +1,72 @@
+"""URLs that carry credentials: what may be shown of them, and where the real ones are kept.
+
+A URL such as `https://user:pw@host/corpus.csv` or a presigned `...?X-Amz-Signature=...` is redacted before
+it reaches anything that is stored or shown (MLflow params and tags, manifests, Prefect parameters, logs,
+error lines). The configuration holds the redacted form; `conceal` keeps the real URL in this process
+only, and `reveal` gives it back at the one place that connects (a download, the stage store's file system).
+"""
+from __future__ import annotations
+
+import re
+import threading
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+MASK = "***"
+# query parameters whose values are credentials: signatures, tokens, keys, passwords (case-insensitive, substring)
+_SECRET_QUERY = re.compile(r"sig|signature|token|secret|password|passwd|pwd|key|auth|credential", re.IGNORECASE)
+_URL_IN_TEXT = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]{1,15}://[^\s'\"<>()\[\]{}]+")
+_real: dict[str, str] = {}
+_lock = threading.Lock()
+
+
+def redact(url: str) -> str:
+    """`url` with its user info and credential-like query values replaced by `***`; other text is unchanged."""
+    if "://" not in url:
+        return url
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return _URL_IN_TEXT.sub(lambda m: m.group(0).split("://")[0] + "://" + MASK, url)
+    if "@" not in parts.netloc and not (parts.query and any(_SECRET_QUERY.search(k) for k, _ in parse_qsl(parts.query, keep_blank_values=True))):
+        return url  # nothing to hide: the URL exactly as given
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = f"{MASK}@{netloc.rpartition('@')[2]}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        if any(_SECRET_QUERY.search(k) for k, _ in pairs):
+            query = urlencode([(k, MASK if _SECRET_QUERY.search(k) else v) for k, v in pairs], safe="*")
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def redact_text(text: str) -> str:
+    """Every URL inside a message redacted (error lines, log lines)."""
+    return _URL_IN_TEXT.sub(lambda m: redact(m.group(0)), text) if "://" in text else text
+
+
+def has_secret(url: str) -> bool:
+    return redact(url) != url
+
+
+def conceal(url: str | None) -> str | None:
+    """The redacted form of `url`, remembering the real one in this process for `reveal`."""
+    if not url or not has_secret(url):
+        return url
+    shown = redact(url)
+    with _lock:
+        _real[shown] = url
+    return shown
+
+
+def reveal(url: str | None) -> str | None:
+    """The real URL behind a concealed one (itself when nothing was concealed)."""
+    if not url:
+        return url
+    with _lock:
+        return _real.get(url, url)
+
+
+def is_loopback(url: str) -> bool:
+    host = (urlsplit(url).hostname or "").lower()
+    return host in ("localhost", "::1") or host.startswith("127.")
