@@ -54,6 +54,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--source", help="run on another corpus: a path or URL")
         p.add_argument("--text-column", default="text", help="with --source: the text column (default text)")
         p.add_argument("--label-column", default="label", help="with --source: the label column (default label)")
+        p.add_argument("--allow-unverified", action="store_true", help="fetch an http(s) source without a sha256, keyed by the "
+                       "server's ETag/Last-Modified/size (re-checked on every run)")
 
     def storage_arg(p: argparse.ArgumentParser) -> None:
         p.add_argument("--storage", metavar="URL", help="stage store root: a folder or an fsspec URL such as s3://bucket/zhpipe "
@@ -134,7 +136,8 @@ def _explicit_config(args) -> str | None:
 def _load(args):
     from flows.config import load_pipeline
 
-    return load_pipeline(_pipeline_name(args), _config_file(args), args.overrides, _source(args))
+    overrides = list(args.overrides) + (["source.allow_unverified=true"] if args.allow_unverified else [])
+    return load_pipeline(_pipeline_name(args), _config_file(args), overrides, _source(args))
 
 
 def _pipeline_name(args) -> str:

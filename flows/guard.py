@@ -25,11 +25,16 @@ RUN_ID = re.compile(r"[0-9a-f]{32}")
 
 def deployment_defaults() -> dict[str, Any] | None:
     """The running deployment's own parameters, or None outside a deployment run."""
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
     from prefect.runtime import deployment
 
     if deployment.id is None:
         return None
-    return dict(deployment.parameters or {})
+    # prefect.runtime.deployment.parameters are the run's own; the deployment's are read from the server
+    with get_client(sync_client=True) as client:
+        return dict(client.read_deployment(UUID(deployment.id)).parameters or {})
 
 
 def check_run(params: dict[str, Any], defaults: dict[str, Any] | None = None) -> None:

@@ -17,8 +17,8 @@ from prefect.cache_policies import NO_CACHE
 from flows import project
 from flows.chunks import shutdown as shutdown_cluster
 from flows.config import DEFAULT_PIPELINE, STAGE_MODULES, PipelineConfig, load_pipeline
-from flows.guard import check_run
 from flows.evaluation import evaluate_models, register, train_models
+from flows.guard import check_run
 from flows.runner import (
     STAGES,
     RunContext,

@@ -74,6 +74,7 @@ def write_pipelines(path: Path, schedule: dict | None, train_pool: str | None) -
     tiny["source"]["path"] = str(ROOT / "tests" / "fixtures" / "smoke.csv")
     tiny["stages"]["train"].update({"models": ["tfidf_lr"], "work_pool": train_pool})
     tiny["work_pool"] = "cpu-test"
+    tiny["parameters"] = {"allow_overrides": ["split.seed", "segment.*"]}  # a path outside the project is refused even so
     if schedule:
         tiny["schedule"] = schedule
     path.write_text(yaml.safe_dump({"pipelines": {"tiny": tiny}}, allow_unicode=True), encoding="utf-8")
@@ -154,6 +155,22 @@ def test_scheduled_pipeline_trains_on_the_second_pool(env, workers, tmp_path):
         assert [r.state.type.value for r in train_runs] == ["COMPLETED"], logs[-4000:]
         assert train_runs[0].work_pool_name == "gpu-test"
         assert train_runs[0].parent_task_run_id is not None  # a subflow of the pipeline run
+
+        # runs started through the API may set only what the file allows; refusals fail in one line naming them
+        bad = {
+            "overrides": c.create_flow_run_from_deployment(main.id, parameters={"overrides": ["segment.stopwords=/etc/passwd", "train.epochs=3"]}),
+            "where": c.create_flow_run_from_deployment(main.id, parameters={"storage": "/tmp/elsewhere", "dask": "tcp://10.0.0.9:8786",
+                                                                             "source": {"path": "/etc/passwd"}}),
+        }
+
+        def finished(run_id):
+            run = c.read_flow_run(run_id)
+            return run if run.state.is_final() else None
+
+        refusals = {k: wait_for(lambda r=r: finished(r.id), 240, f"the refused run ({k})", every=2).state for k, r in bad.items()}
+        assert all(state.type.value == "FAILED" for state in refusals.values()), refusals
+        assert "may not set overrides[segment.stopwords], overrides[train.epochs]" in refusals["overrides"].message
+        assert "may not set source, storage, dask" in refusals["where"].message
 
     # MLflow: one parent run; the train stage run (logged by the gpu worker) and its model runs sit under it
     from mlflow.tracking import MlflowClient
