@@ -417,3 +417,11 @@ def test_credentials_never_leave(prefect_harness, tmp_path, http_url):
     leaks = [str(p) for place in places for p in ([place] if place.is_file() else place.rglob("*")) if p.is_file() and secret.encode() in p.read_bytes()]
     assert not leaks and secret not in printed, leaks or printed[-2000:]
     assert b"***@127.0.0.1" in (tmp_path / "mlflow.db").read_bytes()  # what MLflow shows instead (the source param)
+
+
+def test_every_case_is_in_the_docs_table():
+    import inspect
+
+    table = (ROOT / "docs" / "hostile-inputs.md").read_text(encoding="utf-8")
+    cases = [name for name, fn in globals().items() if name.startswith("test_") and inspect.isfunction(fn) and name != "test_every_case_is_in_the_docs_table"]
+    assert len(cases) >= 20 and [c for c in cases if f"`{c}" not in table] == []

@@ -28,6 +28,8 @@ from tasks.translation import (
 )
 from tasks.translation import HttpTranslationParams as HttpTranslationConfig
 from tasks.translation import TranslationFilterParams as TranslationFilterConfig
+from tasks.errors import ZhpipeError
+from tasks.urls import conceal
 from tests.helpers.tiny_marian import ZH, build_pair
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -235,3 +237,20 @@ def test_http_batch_size_sets_texts_per_request(service, tmp_path):
         "http": {"url": service, "api_key_env": None, "requests_per_second": 100, "batch_size": 3}})
     augment_frame(TRAIN, AugmentContext(params, SegmentConfig(), tmp_path / "c.sqlite"))
     assert max(len(b["q"]) for _, b in _Service.bodies) == 3
+
+
+def test_api_key_goes_only_over_https_or_loopback(monkeypatch):
+    monkeypatch.setenv("ZH_MT_KEY", "s3cret-key")
+    with pytest.raises(ZhpipeError, match=r"sent only over https or to this machine"):
+        HttpTranslator(HttpTranslationConfig(url="http://translate.example.org", api_key_env="ZH_MT_KEY"), "zh", "en")
+    HttpTranslator(HttpTranslationConfig(url="https://translate.example.org", api_key_env="ZH_MT_KEY"), "zh", "en")
+    HttpTranslator(HttpTranslationConfig(url="http://127.0.0.1:5000", api_key_env="ZH_MT_KEY"), "zh", "en")
+
+
+def test_refused_request_shows_neither_the_answer_nor_credentials(service):
+    _Service.script = [400]
+    t = HttpTranslator(HttpTranslationConfig(url=conceal(service.replace("http://", "http://u:pw@")), api_key_env=None), "zh", "en")
+    with pytest.raises(ZhpipeError) as err:
+        t.translate(["你好"], 1)
+    assert "HTTP 400" in str(err.value) and "pw" not in str(err.value) and "***@127.0.0.1" in str(err.value)
+    _Service.script = []

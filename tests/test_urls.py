@@ -1,0 +1,21 @@
+from tasks.urls import conceal, redact, redact_text, reveal
+
+
+def test_user_info_and_signature_parameters_are_masked():
+    assert redact("https://u:pw@host.org/a.csv") == "https://***@host.org/a.csv"
+    assert redact("https://host.org/a.csv?X-Amz-Signature=abc&X-Amz-Security-Token=t&part=2") == \
+        "https://host.org/a.csv?X-Amz-Signature=***&X-Amz-Security-Token=***&part=2"
+    assert redact("https://blob.core.windows.net/c/a.csv?sv=2024&sig=xyz") == "https://blob.core.windows.net/c/a.csv?sv=2024&sig=***"
+    for plain in ("local:///tmp/x", "s3://bucket/prefix", "https://host.org/a.csv?page=2", "data/raw/a.csv"):
+        assert redact(plain) == plain  # nothing to hide: unchanged, byte for byte
+
+
+def test_urls_inside_messages_are_masked():
+    assert redact_text("GET ftp://me:pw@10.0.0.1/x failed (see http://h/?token=t)") == "GET ftp://***@10.0.0.1/x failed (see http://h/?token=***)"
+
+
+def test_conceal_keeps_the_real_url_in_this_process_only():
+    real = "https://u:pw@example.org/c.csv"
+    shown = conceal(real)
+    assert shown == "https://***@example.org/c.csv" and reveal(shown) == real
+    assert conceal("https://example.org/c.csv") == "https://example.org/c.csv"
