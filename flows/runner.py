@@ -344,4 +344,6 @@ def publish(tracker: Tracker, folder: Path, out: BuildOutput, pipeline: str, sta
 
 def artifact_key(pipeline: str, suffix: str) -> str:
     """A Prefect artifact key: lower-case letters, digits and dashes."""
-    return f"{pipeline}-{suffix}".replace("_", "-").lower()
+    import re
+
+    return re.sub(r"[^a-z0-9-]", "-", f"{pipeline}-{suffix}".lower())

@@ -61,3 +61,12 @@ def test_scratch_survives_a_failed_build_until_publish_and_force_clears_it(run_c
     with pytest.raises(DataError):
         run_ctx.run("clean", {}, flaky)
     assert seen == [[]]  # --force started from scratch, not from the checkpoint
+
+
+def test_artifact_keys_are_valid_for_any_allowed_pipeline_name():
+    import re
+
+    from flows.runner import artifact_key
+
+    for name in ("chnsenticorp", "my_pipeline", "Reviews.v2", "a-b_c.D"):
+        assert re.fullmatch(r"[a-z0-9-]+", artifact_key(name, "comparison")), name

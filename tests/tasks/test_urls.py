@@ -19,3 +19,4 @@ def test_conceal_keeps_the_real_url_in_this_process_only():
     shown = conceal(real)
     assert shown == "https://***@example.org/c.csv" and reveal(shown) == real
     assert conceal("https://example.org/c.csv") == "https://example.org/c.csv"
+
