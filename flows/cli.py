@@ -125,7 +125,7 @@ def _source(args) -> dict | None:
 
 
 def _config_file(args) -> Path:
-    return args.config or project.current().config_file
+    return getattr(args, "config", None) or project.current().config_file
 
 
 def _explicit_config(args) -> str | None:

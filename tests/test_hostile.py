@@ -352,6 +352,8 @@ def test_predict_oversized_empty_and_missing_inputs(smoke, capsys, tmp_path):
     assert code == 0, err[-2000:]
     assert "Traceback" not in out + err
     assert [s in out for s in ("empty", "truncated", "ok")] == [True, True, True] and "version" in out
+    # without --pipeline: the first pipeline's champion (none is registered in this test store)
+    one_line_error(zhpipe(capsys, "predict", "你好"), "cannot load model models:/zhpipe-chnsenticorp@champion")
     pd.DataFrame({"review": ["好"] * 3}).to_csv(tmp_path / "in.csv", index=False)
     one_line_error(zhpipe(capsys, "predict", "--pipeline", "smoke", "--input", tmp_path / "in.csv", "--output", tmp_path / "o.csv"),
                    "no text column 'text'")
