@@ -127,6 +127,5 @@ class Tracker:
         with warnings.catch_warnings():  # schema-inference hints about integer columns, not actionable here
             warnings.simplefilter("ignore")
             ds = mlflow.data.from_pandas(df, source=source, name=name, targets="label" if "label" in df else None)
-        self.client.log_inputs(
-            self.run_id, datasets=[DatasetInput(ds._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", context)])]
-        )
+            entity = ds._to_mlflow_entity()  # the schema is inferred here
+        self.client.log_inputs(self.run_id, datasets=[DatasetInput(entity, tags=[InputTag("mlflow.data.context", context)])])
