@@ -10,29 +10,37 @@ from tasks.io import Chunk, Runner, call, windowed
 log = logging.getLogger("zhpipe")
 
 
-def runner_for(executor: str | None) -> Callable[[int], Runner]:
+def runner_for(executor: str | None, locate: Callable[[str], str] | None = None) -> Callable[[int], Runner]:
     """A factory of chunk runners for a stage: local processes (None), a local Dask cluster ("local") or a
-    Dask scheduler address. `workers` 0 means one per core."""
+    Dask scheduler address. `workers` 0 means one per core. `locate` turns a chunk's local file into what a
+    remote cluster's workers read (the stage store's object-store URL)."""
     if executor is None:
         return Runner
-    return lambda workers=0: DaskRunner(executor, workers)
+    return lambda workers=0: DaskRunner(executor, workers, locate)
 
 
 class DaskRunner(Runner):
-    """Runs chunk functions as Prefect tasks on a Dask cluster, at most two chunks per worker in flight."""
+    """Runs chunk functions as Prefect tasks on a Dask cluster, at most two chunks per worker in flight. On a
+    cluster at an address (other machines), chunks name their files by the store's URL (s3://...), read
+    through fsspec: the workers need zhpipe installed and access to the store, not this machine's disk."""
 
-    def __init__(self, executor: str, workers: int = 0):
+    def __init__(self, executor: str, workers: int = 0, locate: Callable[[str], str] | None = None):
         super().__init__(workers)
         self.executor = executor
+        self.locate = locate
 
     def _results(self, fn, chunks, params):
+        from dataclasses import replace
+
         from prefect_dask import DaskTaskRunner
 
+        if self.executor != "local" and self.locate is not None:
+            chunks = [replace(c, src=self.locate(c.src)) for c in chunks]
         address = local_cluster(self.workers) if self.executor == "local" else self.executor
         runner = DaskTaskRunner(address=address)
         run_chunk = _dask_task()
         with runner:
-            log.info("%s: %d chunks on Dask (%s)", fn.__name__, len(chunks), self.executor)
+            log.info("%s: %d chunks on Dask (%s), reading %s", fn.__name__, len(chunks), self.executor, chunks[0].src if chunks else "-")
             yield from windowed(lambda c: runner.submit(run_chunk, parameters={"fn": fn, "chunk": c, "params": params}),
                                 lambda f: f.result(), chunks, 2 * self.workers)
 

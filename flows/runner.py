@@ -262,7 +262,7 @@ class RunContext:
             scratch=scratch,
             pipeline=self.config.name,
             root=project.current().root,
-            runner=runner_for(self.executor),
+            runner=runner_for(self.executor, self.store.remote_url),
             sink=tracker,
         )
         with system_metrics(tracker.run_id, enabled=stage.startswith("train.")):

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tasks.errors import ZhpipeError
 from tasks.io import atomic_write_text, file_sha256  # noqa: F401 - file_sha256 is part of the store's API
 from tasks.urls import conceal, redact, reveal
 
@@ -139,6 +140,17 @@ class StageStore:
 
     def _remote(self, stage: str, *parts: str) -> str:
         return "/".join((self.base, stage, *parts))
+
+    def remote_url(self, local_path: str) -> str:
+        """The object-store URL of a file in the local mirror of a remote root (what Dask workers on other
+        machines read); a local root's paths are returned as they are."""
+        path = Path(local_path)
+        if self.fs is None or not path.is_relative_to(self.root):
+            return local_path
+        if self.url != reveal(self.url):
+            raise ZhpipeError(f"storage {self.url}: a Dask cluster on other machines cannot be given a storage URL with credentials; "
+                              "give the workers their credentials in their environment (e.g. AWS_ACCESS_KEY_ID) instead")
+        return self.fs.unstrip_protocol(self._remote(*path.relative_to(self.root).parts))
 
     def is_done(self, stage: str, key: str) -> bool:
         if self.fs is not None:

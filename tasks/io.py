@@ -72,7 +72,13 @@ def plan(src: Path, chunk_rows: int) -> list[Chunk]:
 
 def read_chunk(chunk: Chunk, columns: list[str] | None = None) -> pd.DataFrame:
     """One chunk's rows (only its row groups are read)."""
-    table = pq.ParquetFile(chunk.src).read_row_groups(list(chunk.row_groups), columns=columns)
+    if "://" in chunk.src:  # an object-store URL (a remote Dask worker): only the row groups' byte ranges are fetched
+        import fsspec
+
+        with fsspec.open(chunk.src, "rb") as f:
+            table = pq.ParquetFile(f).read_row_groups(list(chunk.row_groups), columns=columns)
+    else:
+        table = pq.ParquetFile(chunk.src).read_row_groups(list(chunk.row_groups), columns=columns)
     return table.slice(chunk.start, chunk.rows).to_pandas()
 
 
