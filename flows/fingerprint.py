@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import importlib.util
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -30,8 +29,15 @@ def _strip_docstrings(tree: ast.AST) -> ast.AST:
 
 
 def _source_file(module: str) -> Path | None:
-    spec = importlib.util.find_spec(module)
-    return Path(spec.origin) if spec and spec.origin and spec.origin.endswith(".py") else None
+    """The file of a project module, found on disk: importlib's find_spec would import a dotted name's parents
+    (and with them PyTorch, for a key that only hashes source text)."""
+    import tasks
+
+    base = Path(tasks.__file__).resolve().parent.parent.joinpath(*module.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
 
 
 @lru_cache(maxsize=None)

@@ -7,12 +7,6 @@ from typing import Literal
 
 import numpy as np
 import pandas as pd
-from sklearn.metrics import (
-    accuracy_score,
-    confusion_matrix,
-    f1_score,
-    precision_recall_fscore_support,
-)
 
 from tasks.core import BuildContext, BuildOutput, Section
 from tasks.models import MODELS
@@ -34,6 +28,8 @@ class Params(Section):
 def score(y_true: np.ndarray, y_pred: np.ndarray, labels: list[str]) -> tuple[dict[str, float], pd.DataFrame, np.ndarray]:
     """Accuracy, macro-F1, a per-class precision/recall/F1 table and the confusion matrix."""
     ids = list(range(len(labels)))
+    from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, precision_recall_fscore_support
+
     p, r, f, support = precision_recall_fscore_support(y_true, y_pred, labels=ids, zero_division=0)
     per_class = pd.DataFrame({"label": labels, "precision": p, "recall": r, "f1": f, "support": support})
     metrics = {

@@ -7,7 +7,6 @@ from typing import Literal
 
 import pandas as pd
 from pydantic import Field, create_model, field_validator, model_validator
-from sklearn.metrics import accuracy_score, f1_score
 
 from tasks.core import BuildContext, BuildOutput, Section
 from tasks.errors import DataError
@@ -88,6 +87,8 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     summary = spec.train(TrainInputs(name, train, validation, labels, p, ctx.inputs["vocab"], vectors, ctx.out, ctx.scratch, ctx.sink))
     if not spec.is_language_model:  # classifiers: validation scores from the saved model, as it will be served
         val = spec.predictor(ctx.out / name)(validation).argmax(1)
+        from sklearn.metrics import accuracy_score, f1_score
+
         summary["val_accuracy"] = float(accuracy_score(label_ids(validation, labels), val))
         summary["val_macro_f1"] = float(f1_score(label_ids(validation, labels), val, average="macro"))
     # the per-epoch curves (val_macro_f1, samples_per_second, ...) are the history; these are the model's totals

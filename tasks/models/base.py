@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import pandas as pd
-import torch
 
 from tasks.core import MetricSink, Section
 from tasks.vectors import WordVectors
+
+if TYPE_CHECKING:  # annotations only: the heavy libraries are imported where they are used
+    import torch
 
 Predictor = Callable[[pd.DataFrame], np.ndarray]  # frame with text/words/chars -> (rows, classes) probabilities
 
@@ -64,5 +66,7 @@ def label_ids(df: pd.DataFrame, labels: list[str]) -> np.ndarray:
 
 def class_weight_tensor(y: np.ndarray, num_classes: int) -> torch.Tensor:
     """Inverse class frequency, normalised so a balanced corpus gets weight 1 everywhere."""
+    import torch
+
     counts = np.bincount(y, minlength=num_classes).astype(np.float32)
     return torch.from_numpy(len(y) / (num_classes * np.maximum(counts, 1)))

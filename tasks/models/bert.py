@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-import torch
-import torch.nn.functional as F
 from pydantic import Field, model_validator
 
 from tasks.augmenters import original_rows
@@ -18,9 +17,12 @@ from tasks.errors import ConfigError
 from tasks.hub import load_pretrained
 from tasks.io import read_vocab
 from tasks.models.base import ModelSpec, TrainInputs, class_weight_tensor, label_ids
-from tasks.models.modules import LexiconAdapter, LexiconBert
-from tasks.models.trainer import LoopConfig, Task, fit, length_buckets, pad, resolve_device, seed_everything, validation_metrics
 from tasks.vectors import WordVectors
+
+if TYPE_CHECKING:  # annotations only: the heavy libraries are imported where they are used
+    import torch
+
+    from tasks.models.modules import LexiconBert
 
 MAX_WORD_CHARS = 4  # the longest lexicon word matched against the text
 
@@ -92,6 +94,8 @@ def lexicon_word_ids(chars: pd.Series, lexicon: dict[str, int], max_len: int, pe
 
 def lexicon_from(vectors: WordVectors, word_itos: list[str]) -> tuple[dict[str, int], torch.Tensor]:
     """Multi-character vocabulary words that have a vector: word -> id (0 = none) and the vector matrix."""
+    import torch
+
     found = [(w, v) for w in word_itos[2:] if 1 < len(w) <= MAX_WORD_CHARS and (v := vectors.get(w)) is not None]
     matrix = torch.zeros((len(found) + 1, vectors.dim))
     for i, (_, v) in enumerate(found, start=1):
@@ -102,6 +106,10 @@ def lexicon_from(vectors: WordVectors, word_itos: list[str]) -> tuple[dict[str, 
 def bert_batches(ids: list[list[int]], y: np.ndarray | None, words: list[np.ndarray] | None, batch_size: int,
                  pad_id: int, rng: np.random.Generator | None = None):
     """Length-bucketed, dynamically padded batches: (row indices, {input_ids, attention_mask[, word_ids, labels]})."""
+    import torch
+
+    from tasks.models.trainer import length_buckets, pad
+
     for chunk in length_buckets(ids, batch_size, rng):
         x = pad(ids, chunk, pad_id)
         batch = {"input_ids": x, "attention_mask": (x != pad_id).long()}
@@ -128,6 +136,8 @@ def pretrain_mlm(texts: pd.Series, validation: pd.Series, tokenizer, p: Params, 
         BertForMaskedLM,
         DataCollatorForLanguageModeling,
     )
+
+    from tasks.models.trainer import LoopConfig, Task, fit, seed_everything
 
     folder = checkpoints / "pretrained"
     config = BertConfig(vocab_size=len(tokenizer), hidden_size=p.hidden_size, num_hidden_layers=p.num_layers,
@@ -169,6 +179,8 @@ def build_model(p: Params, num_labels: int, tokenizer, source: str | None, lexic
     """The classifier: from `source` (a checkpoint, or the masked-LM folder) or, without one, from random weights."""
     from transformers import BertConfig, BertForSequenceClassification
 
+    from tasks.models.modules import LexiconAdapter, LexiconBert
+
     if source is None:
         config = BertConfig(vocab_size=len(tokenizer), hidden_size=p.hidden_size, num_hidden_layers=p.num_layers,
                             num_attention_heads=p.num_heads, intermediate_size=p.intermediate_size,
@@ -189,7 +201,10 @@ def build_model(p: Params, num_labels: int, tokenizer, source: str | None, lexic
 
 def train_bert(inputs: TrainInputs) -> dict:
     """Pretrain (unless a checkpoint is given) and fine-tune; save a transformers folder to `bert/`."""
+    import torch.nn.functional as F
     from transformers import AutoTokenizer
+
+    from tasks.models.trainer import LoopConfig, Task, fit, seed_everything, validation_metrics
 
     train, validation, labels, params, out = inputs.train, inputs.validation, inputs.labels, inputs.params, inputs.out
     char_vocab, word_vocab = inputs.vocab / "chars" / "vocab.txt", inputs.vocab / "words" / "vocab.txt"
@@ -247,6 +262,8 @@ def train_bert(inputs: TrainInputs) -> dict:
 
 def bert_probs(model: LexiconBert, ids: list[list[int]], words: list[np.ndarray] | None, pad_id: int, batch_size: int = 64) -> np.ndarray:
     """Class probabilities in row order."""
+    import torch
+
     device = next(model.parameters()).device
     out = np.zeros((len(ids), model.classifier.config.num_labels), dtype=np.float32)
     with torch.no_grad():
@@ -258,6 +275,8 @@ def bert_probs(model: LexiconBert, ids: list[list[int]], words: list[np.ndarray]
 
 def save_bert(model: LexiconBert, tokenizer, labels: list[str], p: Params, lexicon: dict[str, int], folder: Path) -> None:
     """A transformers folder (config, weights, tokenizer) plus `zhpipe.json`, and the adapter when there is one."""
+    import torch
+
     model.classifier.config.id2label = dict(enumerate(labels))
     model.classifier.config.label2id = {label: i for i, label in enumerate(labels)}
     model.classifier.save_pretrained(folder)
@@ -271,7 +290,11 @@ def save_bert(model: LexiconBert, tokenizer, labels: list[str], p: Params, lexic
 
 def load_bert(folder: Path, device: str = "auto") -> tuple[LexiconBert, object, dict, dict[str, int]]:
     """The model, tokenizer, metadata and lexicon saved by `save_bert`."""
+    import torch
     from transformers import AutoTokenizer, BertForSequenceClassification
+
+    from tasks.models.modules import LexiconAdapter, LexiconBert
+    from tasks.models.trainer import resolve_device
 
     _quiet_transformers()
     meta = json.loads((folder / "zhpipe.json").read_text(encoding="utf-8"))

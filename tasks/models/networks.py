@@ -5,19 +5,19 @@ from __future__ import annotations
 import math
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-import torch
-import torch.nn.functional as F
 
 from tasks.core import Section
 from tasks.errors import DataError
 from tasks.io import read_vocab
 from tasks.models.base import ModelSpec, Predictor, TrainInputs, class_weight_tensor, label_ids
-from tasks.models.modules import BiLSTMAttention, BiLSTMConfig, TextCNN, TextCNNConfig, TransformerClassifier, TransformerConfig
-from tasks.models.trainer import LoopConfig, Task, fit, length_buckets, pad, resolve_device, seed_everything, validation_metrics
 from tasks.vectors import WordVectors
+
+if TYPE_CHECKING:  # annotations only: the heavy libraries are imported where they are used
+    import torch
 
 
 class TextCNNParams(Section):
@@ -65,6 +65,10 @@ def encode(lines: pd.Series, vocab: dict[str, int], max_len: int) -> list[list[i
 
 def batches(ids: list[list[int]], y: np.ndarray | None, batch_size: int, shuffle: bool, rng: np.random.Generator | None = None):
     """Padded (ids, labels) tensors; batches are filled with rows of similar length to cut padding."""
+    import torch
+
+    from tasks.models.trainer import length_buckets, pad
+
     for chunk in length_buckets(ids, batch_size, rng if shuffle else None):
         yield chunk, pad(ids, chunk), (torch.as_tensor(y[chunk]) if y is not None else None)
 
@@ -72,6 +76,8 @@ def batches(ids: list[list[int]], y: np.ndarray | None, batch_size: int, shuffle
 def pretrained_matrix(itos: list[str], vectors: WordVectors, seed: int) -> tuple[torch.Tensor, float]:
     """Embedding matrix: pretrained vectors where the token has one, small random vectors elsewhere, zero [PAD];
     and the share of tokens that had one."""
+    import torch
+
     gen = torch.Generator().manual_seed(seed)
     matrix = torch.randn((len(itos), vectors.dim), generator=gen) * 0.1
     hits = 0
@@ -85,6 +91,8 @@ def pretrained_matrix(itos: list[str], vectors: WordVectors, seed: int) -> tuple
 
 
 def predict_logits(model: torch.nn.Module, ids: list[list[int]], batch_size: int, device: torch.device) -> np.ndarray:
+    import torch
+
     model.eval()
     out = np.zeros((len(ids), model.config.num_classes), dtype=np.float32)
     with torch.no_grad():
@@ -93,17 +101,21 @@ def predict_logits(model: torch.nn.Module, ids: list[list[int]], batch_size: int
     return out
 
 
-# name -> (config dataclass, module, the config's fields taken from the pipeline section)
-NETWORKS = {
-    "textcnn": (TextCNNConfig, TextCNN, ("kernel_sizes", "num_filters", "dropout", "freeze_embeddings")),
-    "bilstm": (BiLSTMConfig, BiLSTMAttention, ("hidden_size", "num_layers", "dropout", "freeze_embeddings")),
-    "transformer": (TransformerConfig, TransformerClassifier, ("num_heads", "num_layers", "ff_dim", "dropout", "freeze_embeddings")),
-}
+def networks() -> dict:
+    """name -> (config dataclass, module, the config's fields taken from the pipeline section); PyTorch is
+    imported here, when a network is built or loaded, not when the model table is read."""
+    from tasks.models.modules import BiLSTMAttention, BiLSTMConfig, TextCNN, TextCNNConfig, TransformerClassifier, TransformerConfig
+
+    return {
+        "textcnn": (TextCNNConfig, TextCNN, ("kernel_sizes", "num_filters", "dropout", "freeze_embeddings")),
+        "bilstm": (BiLSTMConfig, BiLSTMAttention, ("hidden_size", "num_layers", "dropout", "freeze_embeddings")),
+        "transformer": (TransformerConfig, TransformerClassifier, ("num_heads", "num_layers", "ff_dim", "dropout", "freeze_embeddings")),
+    }
 
 
 def network_config(kind: str, section, itos: list[str], num_classes: int, embed_dim: int):
     """The model's config dataclass from its pipeline section."""
-    config_cls, _, fields = NETWORKS[kind]
+    config_cls, _, fields = networks()[kind]
     extra = {}
     if kind == "transformer":
         if "[CLS]" not in itos:
@@ -115,6 +127,8 @@ def network_config(kind: str, section, itos: list[str], num_classes: int, embed_
 
 def embedding_matrix(section, itos: list[str], vectors: WordVectors, seed: int) -> tuple[torch.Tensor, float, int]:
     """Embeddings from the embed stage's vectors; a transformer whose d_model differs from them starts from random."""
+    import torch
+
     dim = getattr(section, "d_model", None) or vectors.dim
     if dim != vectors.dim:
         return torch.randn((len(itos), dim), generator=torch.Generator().manual_seed(seed)) * 0.02, 0.0, dim
@@ -124,6 +138,11 @@ def embedding_matrix(section, itos: list[str], vectors: WordVectors, seed: int) 
 
 def train_network(inputs: TrainInputs) -> dict:
     """Train a PyTorch network with early stopping on validation macro-F1; save the best to `<kind>/model.pt`."""
+    import torch
+    import torch.nn.functional as F
+
+    from tasks.models.trainer import LoopConfig, Task, fit, seed_everything, validation_metrics
+
     kind, train, validation, labels, params = inputs.name, inputs.train, inputs.validation, inputs.labels, inputs.params
     vocab_file, vectors, out, checkpoints, tracker = inputs.vocab / "words" / "vocab.txt", inputs.vectors, inputs.out, inputs.scratch, inputs.sink
     p = inputs.section
@@ -132,7 +151,7 @@ def train_network(inputs: TrainInputs) -> dict:
     stoi = {t: i for i, t in enumerate(itos)}
     embeddings, coverage, dim = embedding_matrix(p, itos, vectors, params.seed)
     config = network_config(kind, p, itos, len(labels), dim)
-    model = NETWORKS[kind][1](config, embeddings)
+    model = networks()[kind][1](config, embeddings)
     x_train, y_train = encode(train["words"], stoi, p.max_len), label_ids(train, labels)
     x_val, y_val = encode(validation["words"], stoi, p.max_len), label_ids(validation, labels)
     weight = class_weight_tensor(y_train, len(labels)) if params.class_weights else None
@@ -166,8 +185,12 @@ def train_network(inputs: TrainInputs) -> dict:
 
 def load_network(folder: Path, device: str = "auto") -> tuple[torch.nn.Module, dict]:
     """A saved network in eval mode and its checkpoint (kind, config, vocabulary and labels are inside it)."""
+    import torch
+
+    from tasks.models.trainer import resolve_device
+
     ckpt = torch.load(folder / "model.pt", map_location="cpu", weights_only=True)  # tensors and plain data only
-    config_cls, module_cls, _ = NETWORKS[ckpt["kind"]]
+    config_cls, module_cls, _ = networks()[ckpt["kind"]]
     model = module_cls(config_cls(**ckpt["config"]))
     model.load_state_dict(ckpt["state_dict"])
     return model.to(resolve_device(device)).eval(), ckpt

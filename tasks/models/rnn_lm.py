@@ -5,18 +5,18 @@ from __future__ import annotations
 import math
 from dataclasses import asdict
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import pandas as pd
-import torch
 
 from tasks.augmenters import original_rows
 from tasks.core import Section
 from tasks.io import read_vocab
 from tasks.models.base import ModelSpec, TrainInputs
-from tasks.models.modules import LSTMLanguageModel, RNNLMConfig
-from tasks.models.trainer import LoopConfig, Task, fit, length_buckets, pad, resolve_device, seed_everything
+
+if TYPE_CHECKING:  # annotations only: the heavy libraries are imported where they are used
+    from tasks.models.modules import LSTMLanguageModel
 
 BOS_EOS = "[SEP]"  # the vocabulary's [SEP] marks both the start and the end of a text
 
@@ -43,6 +43,8 @@ def lm_sequences(lines: pd.Series, stoi: dict[str, int], max_len: int) -> list[l
 
 def lm_batches(seqs: list[list[int]], batch_size: int, rng: np.random.Generator | None = None):
     """Length-bucketed batches of (inputs, next-token targets), padded with 0."""
+    from tasks.models.trainer import length_buckets, pad
+
     for chunk in length_buckets(seqs, batch_size, rng):
         padded = pad(seqs, chunk)
         # the last column holds only a final [SEP] or padding: nothing to predict from it
@@ -51,6 +53,8 @@ def lm_batches(seqs: list[list[int]], batch_size: int, rng: np.random.Generator 
 
 def perplexity(model: LSTMLanguageModel, seqs: list[list[int]], batch_size: int = 64) -> float:
     """exp of the mean negative log-likelihood per predicted token (the end [SEP] included, as </s> for n-grams)."""
+    import torch
+
     device = next(model.parameters()).device
     total = count = 0.0
     with torch.no_grad():
@@ -62,6 +66,11 @@ def perplexity(model: LSTMLanguageModel, seqs: list[list[int]], batch_size: int 
 
 def train_rnn_lm(inputs: TrainInputs) -> dict:
     """Fit on the original (not augmented) train rows with early stopping on validation perplexity; save `rnn_lm/`."""
+    import torch
+
+    from tasks.models.modules import LSTMLanguageModel, RNNLMConfig
+    from tasks.models.trainer import LoopConfig, Task, fit, seed_everything
+
     train, validation, params, out = inputs.train, inputs.validation, inputs.params, inputs.out
     vocab_root, checkpoints, tracker = inputs.vocab, inputs.scratch, inputs.sink
     p: Params = inputs.section
@@ -89,6 +98,11 @@ def train_rnn_lm(inputs: TrainInputs) -> dict:
 
 def rnn_lm_perplexity(folder: Path, df: pd.DataFrame, device: str = "auto") -> float:
     """Perplexity of a frame's texts under a saved `rnn_lm/`."""
+    import torch
+
+    from tasks.models.modules import LSTMLanguageModel, RNNLMConfig
+    from tasks.models.trainer import resolve_device
+
     saved = torch.load(folder / "model.pt", map_location="cpu", weights_only=True)  # tensors and plain data only
     model = LSTMLanguageModel(RNNLMConfig(**saved["config"]))
     model.load_state_dict(saved["state_dict"])

@@ -4,18 +4,18 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import pandas as pd
 from pydantic import Field
-from sklearn.compose import ColumnTransformer
-from sklearn.feature_extraction.text import TfidfVectorizer
-from sklearn.linear_model import LogisticRegression
-from sklearn.pipeline import Pipeline
 
 from tasks.core import Section
 from tasks.models.base import ModelSpec
+
+if TYPE_CHECKING:  # annotations only: the heavy libraries are imported where they are used
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.pipeline import Pipeline
 
 
 class Params(Section):
@@ -30,6 +30,8 @@ class Params(Section):
 
 def _vectorizers(p: Params) -> dict[str, TfidfVectorizer]:
     """Word n-grams over the segmented `words`, character n-grams over the cleaned `text`."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
     return {
         "words": TfidfVectorizer(tokenizer=str.split, token_pattern=None, lowercase=False,
                                  ngram_range=tuple(p.word_ngrams), min_df=p.min_df, sublinear_tf=True),
@@ -42,6 +44,10 @@ COLUMNS = {"words": "words", "chars": "text"}  # vectorizer -> the frame column 
 
 def make_pipeline(p: Params, seed: int) -> Pipeline:
     """Both vectorizers side by side, one logistic regression over their features."""
+    from sklearn.compose import ColumnTransformer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import Pipeline
+
     features = ColumnTransformer([(name, vec, COLUMNS[name]) for name, vec in _vectorizers(p).items()])
     classifier = LogisticRegression(C=p.C, max_iter=2000, class_weight=p.class_weight, random_state=seed)
     return Pipeline([("features", features), ("classifier", classifier)])
@@ -69,6 +75,7 @@ def train_tfidf_lr(train: pd.DataFrame, labels: list[str], p: Params, seed: int,
 def tfidf_predictor(folder: Path):
     """Probabilities from a saved TF-IDF + LR model, columns in label order (rebuilt from its data files)."""
     from scipy.sparse import hstack
+    from sklearn.linear_model import LogisticRegression
 
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     n = len(config.pop("labels"))

@@ -16,6 +16,7 @@ from tasks.augment import Params as AugmentConfig
 from tasks.augment import augment_frame
 from tasks.augmenters import AugmentContext
 from tasks.backtranslation import chinese_share, reject_reason
+from tasks.errors import ZhpipeError
 from tasks.hub import ModelMissingError
 from tasks.segment import Params as SegmentConfig
 from tasks.translation import BackTranslationParams as BackTranslationConfig
@@ -28,7 +29,6 @@ from tasks.translation import (
 )
 from tasks.translation import HttpTranslationParams as HttpTranslationConfig
 from tasks.translation import TranslationFilterParams as TranslationFilterConfig
-from tasks.errors import ZhpipeError
 from tasks.urls import conceal
 from tests.helpers.tiny_marian import ZH, build_pair
 
