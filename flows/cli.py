@@ -112,6 +112,10 @@ def _parser() -> argparse.ArgumentParser:
     predict.add_argument("--output", type=Path, help="where to write the input rows with label and probabilities (same formats)")
     predict.add_argument("--text-column", default="text", help="with --input: the text column (default text)")
     predict.add_argument("--dask", metavar="ADDRESS", help="with --input: predict in chunks on Dask (`local` or a scheduler address)")
+    server = sub.add_parser("server", help="a Prefect server in the background that every zhpipe command reuses "
+                            "(instead of starting a temporary one each time)")
+    server.add_argument("action", choices=["start", "stop", "status"])
+    server.add_argument("--port", type=int, help="with start: the port (default: a free one)")
     ui = sub.add_parser("ui", help="start the MLflow UI on the project's tracking store")
     ui.add_argument("--port", type=int, default=5000)
     ui.add_argument("--host", default="127.0.0.1")
@@ -437,6 +441,28 @@ def cmd_ui(args) -> int:
     return 0
 
 
+def cmd_server(args) -> int:
+    from flows import server
+
+    if args.action == "start":
+        if os.environ.get("PREFECT_API_URL"):
+            print(f"PREFECT_API_URL is set ({os.environ['PREFECT_API_URL']}): zhpipe uses that server; unset it to use a background one")
+            return 0
+        already = server.running()
+        print("starting a Prefect server in the background ..." if not already else "", end="", flush=True)
+        state = server.start(args.port)
+        print(f"{'' if already else ' '}Prefect server {'already ' if already else ''}running at {state['url']} "
+              f"(UI {state['url'].removesuffix('/api')}, pid {state['pid']}, log {state['log']}); zhpipe commands use it")
+    elif args.action == "stop":
+        state = server.stop()
+        print(f"stopped the Prefect server at {state['url']}" if state else "no background Prefect server was running")
+    else:
+        state = server.running()
+        print(f"running at {state['url']} (pid {state['pid']})" if state else
+              "not running: each command starts a temporary Prefect server (`zhpipe server start` avoids that)")
+    return 0
+
+
 class _NoZhpipeTraceback(logging.Filter):
     """Prefect logs a failed task with its traceback; for our own one-line errors that is noise."""
 
@@ -460,6 +486,10 @@ def main(argv: list[str] | None = None) -> int:
     except ZhpipeError as e:
         print(f"zhpipe: error: {e}", file=sys.stderr)
         return 2
+    if args.command in ("run", "deploy", "serve", "worker") or getattr(args, "dask", None):
+        from flows.server import use_running
+
+        use_running()  # a background `zhpipe server` instead of a temporary server per command
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S")
     for noisy in ("httpx", "alembic", "mlflow.store.db.utils", "gensim", "smart_open", "distributed"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -470,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = {"run": cmd_run, "status": cmd_status, "stages": cmd_stages, "pipelines": cmd_pipelines, "ui": cmd_ui,
                 "deploy": cmd_deploy, "serve": cmd_serve, "worker": cmd_worker, "runs": cmd_runs, "compare": cmd_compare,
                 "predict": cmd_predict, "models": cmd_models, "init": cmd_init,
-                "verify": cmd_verify, "gc": cmd_gc}
+                "verify": cmd_verify, "gc": cmd_gc, "server": cmd_server}
     try:
         return commands[args.command](args)
     except ZhpipeError as e:

@@ -11,7 +11,6 @@ import pandas as pd
 
 from flows.registry import register_best
 from flows.runner import RunContext, StageResult, model_units
-from flows.serving import log_classifier
 from flows.tracking import Tracker, client
 from tasks import evaluate as evaluate_stage
 from tasks import train as train_stage
@@ -66,6 +65,8 @@ def _track_training(run: RunContext, result: StageResult, name: str) -> None:
 def _log_classifier(run: RunContext, run_id: str, name: str, folder: Path, labels: list[str]) -> str:
     """A classifier as an MLflow model that takes raw text (models from code, weights in safe formats), cleaned
     and segmented as this pipeline does; returns its URI."""
+    from flows.serving import log_classifier  # MLflow's pyfunc machinery: only when a model is logged
+
     return log_classifier(run_id, name, folder, labels, run.config.stages.clean.model_dump(mode="json"),
                           run.config.stages.segment.segmenter().model_dump(mode="json"), run.config.predict.model_dump()).model_uri
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import time
 import warnings
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
@@ -34,10 +35,15 @@ def _retry(fn: Callable) -> Callable:
 
 
 def client():
-    """An MlflowClient on the configured store (created lazily: importing mlflow costs seconds)."""
+    """An MlflowClient on the configured store (created lazily: importing mlflow costs seconds), one per
+    store and process: a run touches MLflow a few dozen times, and each new client costs ~15 ms."""
+    return _client(tracking_uri())
+
+
+@lru_cache(maxsize=4)
+def _client(uri: str):
     from mlflow.tracking import MlflowClient
 
-    uri = tracking_uri()
     if uri.startswith("sqlite:///"):
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     return MlflowClient(tracking_uri=uri)

@@ -1,0 +1,40 @@
+"""`zhpipe server start|status|stop`: a Prefect server in the background that later commands reuse
+instead of starting a temporary one each."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.e2e
+
+
+def zhpipe(env, *args):
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_background_server_is_started_reused_and_stopped(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update({"PREFECT_HOME": str(tmp_path / "prefect"), "ZHPIPE_DATA": str(tmp_path / "store"),
+                "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"})
+    assert "not running" in zhpipe(env, "server", "status").stdout
+    started = zhpipe(env, "server", "start")
+    assert started.returncode == 0, started.stderr[-2000:]
+    url = started.stdout.split("running at ")[1].split()[0]
+    try:
+        assert url.startswith("http://127.0.0.1:") and url in zhpipe(env, "server", "status").stdout
+        assert "already running" in zhpipe(env, "server", "start").stdout  # one server per project
+        run = zhpipe(env, "run", "smoke", "--to", "download")
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert "temporary server" not in run.stdout + run.stderr  # it used the background server
+        runs = httpx.post(f"{url}/flow_runs/filter", json={}, timeout=10).json()
+        assert [r["state_type"] for r in runs if r["flow_id"]] and all(r["state_type"] == "COMPLETED" for r in runs)
+    finally:
+        stopped = zhpipe(env, "server", "stop")
+    assert stopped.returncode == 0 and "stopped" in stopped.stdout
+    assert "not running" in zhpipe(env, "server", "status").stdout
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{url}/health", timeout=2)
