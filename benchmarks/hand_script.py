@@ -73,7 +73,8 @@ def main() -> None:
         labelled.write_text("\n".join(f"__label__{y} {w} {c}" for y, w, c in zip(train["label"], train["words"], train["chars"])),
                             encoding="utf-8")
         clf = fasttext.train_supervised(str(labelled), epoch=25, lr=0.5, wordNgrams=2, dim=60, bucket=100000, thread=2, verbose=0)
-        predicted = [clf.predict(f"{w} {c}")[0][0].removeprefix("__label__") for w, c in zip(test["words"], test["chars"])]
+        got, _ = clf.predict([f"{w} {c}" for w, c in zip(test["words"], test["chars"])], k=1)
+        predicted = [labels[0].removeprefix("__label__") for labels in got]
         fasttext_accuracy = float(np.mean(np.array(predicted) == test["label"].to_numpy()))
     step("train_fasttext")
 
