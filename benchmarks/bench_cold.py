@@ -75,7 +75,7 @@ def main() -> None:
             if args.server:
                 subprocess.run([sys.executable, "-m", "flows.cli", "server", "stop"], cwd=ROOT, env=env, capture_output=True)
     med = statistics.median
-    print(f"\n| step | script (median s) | zhpipe (median s) | ratio |\n|---|---|---|---|")
+    print("\n| step | script (median s) | zhpipe (median s) | ratio |\n|---|---|---|---|")
     for step, stages in STEPS.items():
         script = med(r["script"]["steps"].get(step, 0.0) for r in rounds)
         ours = med(sum(r["zhpipe"]["stages"].get(s, 0.0) for s in stages) for r in rounds)

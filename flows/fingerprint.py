@@ -42,18 +42,62 @@ def _source_file(module: str) -> Path | None:
 
 @lru_cache(maxsize=None)
 def _module_info(module: str) -> tuple[str, tuple[str, ...]]:
-    """(hash of the module's normalised syntax tree, the project modules it imports)."""
-    tree = ast.parse(_source_file(module).read_text(encoding="utf-8"))
-    imported = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            imported.add(node.module)
-            imported |= {f"{node.module}.{a.name}" for a in node.names}
-    ours = tuple(sorted(m for m in imported if m.split(".")[0] == "tasks" and _is_module(m)))
-    digest = hashlib.sha256(ast.dump(_strip_docstrings(tree), annotate_fields=False).encode()).hexdigest()[:16]
-    return digest, ours
+    """(hash of the module's normalised syntax tree, the project modules it imports). Both are functions of
+    the source text alone, so they are kept on disk by the text's sha256 (parsing every module again costs
+    a noticeable part of an everyday command)."""
+    text = _source_file(module).read_bytes()
+    cache = _code_cache()
+    entry = cache.get(hashlib.sha256(text).hexdigest())
+    if entry is None:
+        tree = ast.parse(text.decode("utf-8"))
+        imported = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                imported |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add(node.module)
+                imported |= {f"{node.module}.{a.name}" for a in node.names}
+        digest = hashlib.sha256(ast.dump(_strip_docstrings(tree), annotate_fields=False).encode()).hexdigest()[:16]
+        entry = [digest, sorted(m for m in imported if m.split(".")[0] == "tasks")]
+        cache[hashlib.sha256(text).hexdigest()] = entry
+        _CODE_CACHE["dirty"] = True
+    return entry[0], tuple(m for m in entry[1] if _is_module(m))
+
+
+_CODE_CACHE: dict[str, Any] = {}
+
+
+def _code_cache() -> dict[str, list]:
+    """source sha256 -> [tree digest, imported `tasks` names], from `<project>/data/_cache/code.json`;
+    written back at exit when it grew."""
+    if "entries" not in _CODE_CACHE:
+        import atexit
+        import json
+
+        from flows.project import current
+
+        path = current().root / "data" / "_cache" / "code.json"
+        try:
+            entries = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            entries = {}
+        _CODE_CACHE.update(entries=entries if isinstance(entries, dict) else {}, path=path, dirty=False)
+        atexit.register(_save_code_cache)
+    return _CODE_CACHE["entries"]
+
+
+def _save_code_cache() -> None:
+    if not _CODE_CACHE.get("dirty"):
+        return
+    import json
+
+    from tasks.io import atomic_write_text
+
+    try:
+        _CODE_CACHE["path"].parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(_CODE_CACHE["path"], json.dumps(_CODE_CACHE["entries"]))
+    except OSError:
+        pass  # a read-only project: parsed again next time
 
 
 @lru_cache(maxsize=None)

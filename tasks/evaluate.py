@@ -11,7 +11,6 @@ import pandas as pd
 from tasks.core import BuildContext, BuildOutput, Section
 from tasks.models import MODELS
 from tasks.models.base import label_ids
-from tasks.plots import cjk_font, plt, save, use_font
 
 # what its key sees besides params, inputs and code (flows/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)
@@ -41,6 +40,8 @@ def score(y_true: np.ndarray, y_pred: np.ndarray, labels: list[str]) -> tuple[di
 
 def tick_labels(labels: list[str]) -> tuple[list[str], str]:
     """Labels as they can be drawn: Chinese needs a CJK font, else class indices (named in the CSV)."""
+    from tasks.plots import cjk_font
+
     if not any(ord(c) > 0x2E80 for label in labels for c in label) or cjk_font():
         return labels, ""
     return [str(i) for i in range(len(labels))], "\n(no CJK font: class indices; names in confusion_matrix.csv)"
@@ -48,6 +49,8 @@ def tick_labels(labels: list[str]) -> tuple[list[str], str]:
 
 def plot_confusion(matrix: np.ndarray, labels: list[str], title: str, path: Path) -> None:
     """Confusion matrix heat map with counts, true labels on rows."""
+    from tasks.plots import cjk_font, plt, save, use_font
+
     shown, note = tick_labels(labels)
     size = 2.5 + 0.45 * len(labels)
     fig, ax = plt.subplots(figsize=(size, size))
@@ -67,6 +70,8 @@ def plot_confusion(matrix: np.ndarray, labels: list[str], title: str, path: Path
 def plot_pr_curves(y_true: np.ndarray, probs: np.ndarray, labels: list[str], title: str, path: Path) -> dict[str, float]:
     """One-vs-rest precision-recall curve per class; returns each class's average precision."""
     from sklearn.metrics import average_precision_score, precision_recall_curve
+
+    from tasks.plots import plt, save
 
     shown, note = tick_labels(labels)
     fig, ax = plt.subplots(figsize=(5.5, 4.2))
@@ -98,6 +103,8 @@ def worst_mistakes(test: pd.DataFrame, y_true: np.ndarray, probs: np.ndarray, la
 
 def plot_training_curves(history: list[dict[str, float]], title: str, path: Path) -> Path | None:
     """Loss (train and validation) and validation metrics per epoch; None without a per-epoch history."""
+    from tasks.plots import plt, save
+
     if not history:
         return None
     h = pd.DataFrame(history)

@@ -16,7 +16,6 @@ from pydantic import Field
 
 from tasks.core import BuildContext, BuildOutput, Section
 from tasks.io import SPLITS, safe_name
-from tasks.plots import data_uri, plt, require_cjk_font, save, use_font
 from tasks.text import FUNCTION_WORDS, is_word
 
 # what its key sees besides params, inputs and code (flows/fingerprint.py): the libraries that shape
@@ -74,6 +73,8 @@ def top_adjectives(texts: list[str], k: int) -> list[tuple[str, int]]:
 
 
 def plot_labels(frames: dict[str, pd.DataFrame], labels: list[str], path: Path) -> Path:
+    from tasks.plots import plt, save
+
     counts = pd.DataFrame({s: df["label"].value_counts().reindex(labels, fill_value=0) for s, df in frames.items()})
     fig, ax = plt.subplots(figsize=(6, 3.6))
     width = 0.8 / len(counts.columns)
@@ -89,6 +90,8 @@ def plot_labels(frames: dict[str, pd.DataFrame], labels: list[str], path: Path) 
 def plot_lengths(df: pd.DataFrame, labels: list[str], path: Path) -> Path:
     """Histogram and density of text length (characters) per label."""
     from scipy.stats import gaussian_kde
+
+    from tasks.plots import plt, save
 
     lengths = df["text"].str.len()
     hi = float(np.quantile(lengths, 0.99))
@@ -107,6 +110,8 @@ def plot_lengths(df: pd.DataFrame, labels: list[str], path: Path) -> Path:
 
 def plot_scatter(df: pd.DataFrame, labels: list[str], path: Path, seed: int = 0) -> Path:
     """Characters vs words per text, a point per text (at most 3,000 per label), coloured by label."""
+    from tasks.plots import plt, save
+
     fig, ax = plt.subplots(figsize=(6, 4))
     for label in labels:
         part = df[df["label"] == label]
@@ -119,6 +124,8 @@ def plot_scatter(df: pd.DataFrame, labels: list[str], path: Path, seed: int = 0)
 
 def plot_top(tables: dict[str, list[tuple[str, int]]], title: str, path: Path) -> Path:
     """Horizontal bars of the top words, one panel per label."""
+    from tasks.plots import plt, save
+
     fig, axes = plt.subplots(1, len(tables), figsize=(3.2 * len(tables), 0.25 * max(len(t) for t in tables.values()) + 1.5), squeeze=False)
     for ax, (label, rows) in zip(axes[0], tables.items()):
         words, counts = zip(*rows) if rows else ((), ())
@@ -140,6 +147,8 @@ def word_cloud(counts: dict[str, int], font: str, path: Path, seed: int = 0) -> 
 
 def report_html(title: str, stats: dict, tables: dict[str, pd.DataFrame], pictures: list[Path]) -> str:
     """One page with every table and picture inlined (the MLflow UI shows .html artifacts)."""
+    from tasks.plots import data_uri
+
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
              "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}img{max-width:100%}"
              "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:2px 8px}</style></head><body>",
@@ -154,6 +163,8 @@ def report_html(title: str, stats: dict, tables: dict[str, pd.DataFrame], pictur
 
 def build(ctx: BuildContext) -> BuildOutput:
     """Pictures, tables and `report.html` about the segmented splits."""
+    from tasks.plots import require_cjk_font, use_font
+
     p: Params = ctx.params
     frames = {name: pd.read_parquet(ctx.inputs["segment"] / f"{name}.parquet", columns=["text", "words", "label"]) for name in SPLITS}
     font = require_cjk_font(p.font)

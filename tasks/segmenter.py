@@ -7,13 +7,16 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-import jieba
-import jieba.posseg
-
 from tasks.core import Section
 from tasks.errors import DataError
 
-jieba.setLogLevel(logging.WARNING)
+
+def _jieba():
+    """jieba, imported when text is first cut (not when a config is read)."""
+    import jieba
+
+    jieba.setLogLevel(logging.WARNING)
+    return jieba
 
 
 class SegmenterParams(Section):
@@ -27,9 +30,9 @@ class SegmenterParams(Section):
 
 
 @lru_cache(maxsize=1)
-def default_tokenizer() -> jieba.Tokenizer:
+def default_tokenizer():
     """jieba's dictionary, loaded once per process (once in all for forked workers: see tasks.segment)."""
-    tokenizer = jieba.Tokenizer()
+    tokenizer = _jieba().Tokenizer()
     tokenizer.initialize()
     return tokenizer
 
@@ -41,6 +44,7 @@ class Segmenter:
         self.params = params
         root = root or Path.cwd()  # relative dictionary paths start in the project folder
         # a user dictionary gets a tokenizer of its own, so it never leaks into other configs
+        jieba = _jieba()
         self.tokenizer = jieba.Tokenizer() if params.user_dict else default_tokenizer()
         if params.user_dict:
             self.tokenizer.load_userdict(str(_project_path(params.user_dict, "segment.user_dict", root)))
@@ -48,7 +52,12 @@ class Segmenter:
         if params.stopwords:
             path = _project_path(params.stopwords, "segment.stopwords", root)
             self.stopwords = {w.strip() for w in path.read_text(encoding="utf-8").splitlines() if w.strip()}
-        self.pos_tokenizer = jieba.posseg.POSTokenizer(self.tokenizer) if params.pos else None
+        if params.pos:
+            import jieba.posseg
+
+            self.pos_tokenizer = jieba.posseg.POSTokenizer(self.tokenizer)
+        else:
+            self.pos_tokenizer = None
 
     def words(self, text: str) -> list[str]:
         """Word tokens in the configured mode, whitespace and stopwords removed."""

@@ -23,7 +23,8 @@ def test_markdown_table():
 
 
 def test_chinese_labels_never_drawn_as_boxes():
-    from tasks.evaluate import cjk_font, tick_labels
+    from tasks.evaluate import tick_labels
+    from tasks.plots import cjk_font
 
     shown, note = tick_labels(["好评", "差评"])
     if cjk_font():
