@@ -75,7 +75,6 @@ class Params(Section):
     max_bytes: int = Field(2 << 30, gt=0)  # largest file fetched (2 GiB)
     max_unpacked_bytes: int = Field(8 << 30, gt=0)  # largest file unpacked from .gz/.zip/.tar (8 GiB)
     max_ratio: float = Field(100.0, gt=1)  # unpacked / packed size beyond 1 MiB: more is a decompression bomb
-    chunk_bytes: int = Field(1 << 20, gt=0)
 
 
 DATA_SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".txt": "txt"}
@@ -172,6 +171,9 @@ def probe(url: str, params: Params) -> Validators:
         with _client(params.timeout_s) as client:
             resp = _send(client, "HEAD", reveal(url), {}, deadline)
             resp.close()
+            if resp.status_code in (405, 501):  # no HEAD here: the headers of a GET, its body left unread
+                resp = _send(client, "GET", reveal(url), {}, deadline)
+                resp.close()
     except httpx.HTTPError as e:
         raise NetworkError(f"download {redact(url)}: {type(e).__name__}: {redact_text(str(e))}") from None
     if resp.status_code >= 400:

@@ -182,11 +182,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     fail = 0
     redirect = None
     drip = 0.0
+    no_head = False
 
     def _body(self):
         return _Handler.payloads[0] if len(_Handler.payloads) == 1 else _Handler.payloads.pop(0)
 
     def do_HEAD(self):
+        if _Handler.no_head:
+            self.send_error(405)
+            return
         self.send_response(200)
         self.send_header("Content-Length", str(len(_Handler.payloads[0])))
         self.send_header("ETag", _Handler.etag)
@@ -231,6 +235,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def server():
     _Handler.payloads, _Handler.requests, _Handler.fail, _Handler.redirect, _Handler.drip, _Handler.etag = [], [], 0, None, 0.0, '"v1"'
+    _Handler.no_head = False
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -331,3 +336,8 @@ def test_unreadable_files_are_one_line_errors(tmp_path):
     bad.write_bytes(b"\x00\x01 not parquet")
     with pytest.raises(DataError, match=r"c.parquet: unreadable parquet"):
         read(bad)
+
+
+def test_validators_from_a_get_where_head_is_not_allowed(server):
+    _Handler.payloads, _Handler.no_head = [b"label,review\n1,v1\n"], True
+    assert probe(f"{server}/c.csv", FAST) == Validators('"v1"', None, len(b"label,review\n1,v1\n"))
