@@ -46,8 +46,8 @@ def _module_info(module: str) -> tuple[str, tuple[str, ...]]:
     the source text alone, so they are kept on disk by the text's sha256 (parsing every module again costs
     a noticeable part of an everyday command)."""
     text = _source_file(module).read_bytes()
-    cache = _code_cache()
-    entry = cache.get(hashlib.sha256(text).hexdigest())
+    cache, key = _code_cache(), hashlib.sha256(text).hexdigest()
+    entry = cache.get(key)
     if entry is None:
         tree = ast.parse(text.decode("utf-8"))
         imported = set()
@@ -59,7 +59,7 @@ def _module_info(module: str) -> tuple[str, tuple[str, ...]]:
                 imported |= {f"{node.module}.{a.name}" for a in node.names}
         digest = hashlib.sha256(ast.dump(_strip_docstrings(tree), annotate_fields=False).encode()).hexdigest()[:16]
         entry = [digest, sorted(m for m in imported if m.split(".")[0] == "tasks")]
-        cache[hashlib.sha256(text).hexdigest()] = entry
+        cache[key] = entry
         _CODE_CACHE["dirty"] = True
     return entry[0], tuple(m for m in entry[1] if _is_module(m))
 

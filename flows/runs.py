@@ -183,14 +183,10 @@ PREFIX = "pred_"  # the output's own columns; the input's columns (a `label` of 
 
 def model_version(uri: str) -> dict[str, str]:
     """The registered model name and version behind a `models:/NAME@alias` or `models:/NAME/VERSION` URI."""
-    from mlflow import MlflowClient
-
-    from flows.tracking import tracking_uri
-
     if not uri.startswith("models:/"):
         return {"model": uri, "version": ""}
     name, sep, rest = uri.removeprefix("models:/").partition("@")
-    client = MlflowClient(tracking_uri())
+    client = _client()
     if sep:
         return {"model": name, "version": str(client.get_model_version_by_alias(name, rest).version)}
     name, _, version = name.partition("/")

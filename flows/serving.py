@@ -109,7 +109,8 @@ class TextClassifier(PythonModel):
         if usable:
             picked = [texts[i] for i in usable]
             probs[usable] = self.predictor(pd.DataFrame({"text": picked, **self.segmenter.rows(picked)}))
-        labels = [self.labels[int(row.argmax())] if i in set(usable) else None for i, row in enumerate(probs)]
+        labelled = set(usable)
+        labels = [self.labels[int(row.argmax())] if i in labelled else None for i, row in enumerate(probs)]
         out = pd.DataFrame({"label": pd.Series(labels, dtype="string"), "probability": probs.max(1, initial=-np.inf) if len(probs) else []})
         out.loc[out["label"].isna(), "probability"] = np.nan
         for i, label in enumerate(self.labels):

@@ -93,17 +93,23 @@ def is_http(location: str | None) -> bool:
     return bool(location) and location.lower().startswith(("http://", "https://"))
 
 
-def fetched_location(source: Source, root: Path) -> str | None:
-    """The http(s) URL the source would be fetched from, or None when it is a local file."""
+def where(source: Source, root: Path) -> tuple[Path | None, str | None]:
+    """(the local file holding the source, None) when `path` or `url` names an existing file, else (None, the
+    http(s) URL to fetch it from); (None, None) when there is neither."""
     for location in (source.path, source.url):
         if not location:
             continue
         local = resolve_path(location, root)
         if local is None:
-            return location
+            return None, location
         if local.is_file():
-            return None
-    return None
+            return local, None
+    return None, None
+
+
+def fetched_location(source: Source, root: Path) -> str | None:
+    """The http(s) URL the source would be fetched from, or None when it is a local file."""
+    return where(source, root)[1]
 
 
 def require_verifiable(source: Source, root: Path) -> str | None:
@@ -569,27 +575,24 @@ def _normalise(parsed: Parsed, path: Path, source: Source, fmt: str) -> tuple[pd
     return out, quarantine, {"lines_physical": parsed.physical, "labelled": labelled}
 
 
-def locate(source: Source, root: Path, folder_for: Callable[[str], Path], params: Params, expect: Validators | None = None) -> Path:
-    """The local file holding the source bytes: the given path when it exists, else a verified download."""
-    for location in (source.path, source.url):
-        if not location:
-            continue
-        local = resolve_path(location, root)
-        if local is not None:
-            if local.is_file():
-                verify(local, source.sha256)
-                return local
-            continue
-        url = require_verifiable(source, root)
-        return fetch(url, folder_for(redact(url)), params, source.sha256, expect)
+def locate(source: Source, root: Path, folder_for: Callable[[str], Path], params: Params,
+           expect: Validators | None = None) -> tuple[Path, str]:
+    """The local file holding the source bytes and their sha256: the given path when it exists, else a
+    verified download (hashed once: a file that `fetch` returns matches `source.sha256`)."""
+    local, url = where(source, root)
+    if local is not None:
+        return local, verify(local, source.sha256)
+    if url is not None:
+        require_verifiable(source, root)
+        path = fetch(url, folder_for(redact(url)), params, source.sha256, expect)
+        return path, source.sha256 or file_sha256(path)
     raise DataError(f"source not found: {redact(source.path or source.url)} (no such file, and no url to fetch it from)")
 
 
 def build(ctx: BuildContext, source: Source, folder_for: Callable[[str], Path], expect: Validators | None = None) -> BuildOutput:
     """Find or fetch, verify, unpack and read the source; write `data.parquet` and `quarantine.parquet`."""
     p: Params = ctx.params
-    raw = locate(source, ctx.root, folder_for, p, expect)
-    sha = file_sha256(raw)
+    raw, sha = locate(source, ctx.root, folder_for, p, expect)
     data_file = extract(raw, ctx.scratch / "extracted", source.member, p) if raw.name.lower().endswith(ARCHIVES) else raw
     df, quarantine, facts = read_table(data_file, source)
     write_parquet(df, ctx.out / "data.parquet")

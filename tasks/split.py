@@ -41,18 +41,23 @@ class Params(Section):
 MIN_CLASS_ROWS = 3  # one row in each split
 
 
+def _none_set_aside(df: pd.DataFrame) -> pd.DataFrame:
+    """An empty quarantine with the corpus's columns and `reason`."""
+    return df.iloc[:0].assign(reason=pd.Series(dtype="string"))
+
+
 def set_aside_small(df: pd.DataFrame, params: Params) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, int]]:
     """(rows to split, quarantined rows with `reason`, the small classes and their sizes)."""
     counts = df["label"].value_counts()
     small = counts[counts < MIN_CLASS_ROWS]
     if small.empty:
-        return df, df.iloc[:0].assign(reason=pd.Series(dtype="string")), {}
+        return df, _none_set_aside(df), {}
     in_small = df["label"].isin(small.index)
     if params.small_classes == "merge":
         merged = df.copy()
         merged.loc[in_small, "label"] = params.merge_label
         if (merged["label"] == params.merge_label).sum() >= MIN_CLASS_ROWS:
-            return merged, df.iloc[:0].assign(reason=pd.Series(dtype="string")), small.to_dict()
+            return merged, _none_set_aside(df), small.to_dict()
         in_small = merged["label"] == params.merge_label
         df = merged
     quarantine = df[in_small].assign(reason=f"class_under_{MIN_CLASS_ROWS}_rows")
@@ -95,7 +100,7 @@ def _sizes(n: int, fractions: np.ndarray, minimum: int) -> list[int]:
 def build(ctx: BuildContext) -> BuildOutput:
     """Write `train.parquet`, `validation.parquet`, `test.parquet` (and `quarantine.parquet`: small classes)."""
     df = pd.read_parquet(ctx.inputs["clean"] / "data.parquet")
-    quarantine = df.iloc[:0].assign(reason=pd.Series(dtype="string"))
+    quarantine = _none_set_aside(df)
     info = dict(ctx.input_info["clean"])
     if "label" in df:
         df, quarantine, small = set_aside_small(df, ctx.params)

@@ -27,16 +27,12 @@ def redact(url: str) -> str:
         parts = urlsplit(url)
     except ValueError:
         return _URL_IN_TEXT.sub(lambda m: m.group(0).split("://")[0] + "://" + MASK, url)
-    if "@" not in parts.netloc and not (parts.query and any(_SECRET_QUERY.search(k) for k, _ in parse_qsl(parts.query, keep_blank_values=True))):
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    secret_query = any(_SECRET_QUERY.search(k) for k, _ in pairs)
+    if "@" not in parts.netloc and not secret_query:
         return url  # nothing to hide: the URL exactly as given
-    netloc = parts.netloc
-    if "@" in netloc:
-        netloc = f"{MASK}@{netloc.rpartition('@')[2]}"
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        if any(_SECRET_QUERY.search(k) for k, _ in pairs):
-            query = urlencode([(k, MASK if _SECRET_QUERY.search(k) else v) for k, v in pairs], safe="*")
+    netloc = f"{MASK}@{parts.netloc.rpartition('@')[2]}" if "@" in parts.netloc else parts.netloc
+    query = urlencode([(k, MASK if _SECRET_QUERY.search(k) else v) for k, v in pairs], safe="*") if secret_query else parts.query
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
