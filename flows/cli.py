@@ -111,6 +111,7 @@ def _parser() -> argparse.ArgumentParser:
     predict.add_argument("--input", type=Path, help="a .csv, .tsv, .jsonl or .parquet file of texts")
     predict.add_argument("--output", type=Path, help="where to write the input rows with label and probabilities (same formats)")
     predict.add_argument("--text-column", default="text", help="with --input: the text column (default text)")
+    predict.add_argument("--jsonl", action="store_true", help="print one JSON object per text instead of a table")
     predict.add_argument("--dask", metavar="ADDRESS", help="with --input: predict in chunks on Dask (`local` or a scheduler address)")
     server = sub.add_parser("server", help="a Prefect server in the background that every zhpipe command reuses "
                             "(instead of starting a temporary one each time)")
@@ -351,10 +352,23 @@ def cmd_predict(args) -> int:
         raise ZhpipeError(f"predict: {e.message.removeprefix('zhpipe: ')}") from None
     out = with_predictions(df, out, used)
     statuses = out["pred_status"].value_counts().to_dict()
+    tagger = "pred_entities" in out
     if args.output:
         write_table(out, args.output)
-        counts = out["pred_label"].value_counts().to_dict()
-        print(f"{len(out)} rows -> {args.output} (labels: {counts}; status: {statuses}; model {shown}, {uri})")
+        found = f"entities: {int(out['pred_count'].sum())}" if tagger else f"labels: {out['pred_label'].value_counts().to_dict()}"
+        print(f"{len(out)} rows -> {args.output} ({found}; status: {statuses}; model {shown}, {uri})")
+    elif args.jsonl:
+        import json
+
+        for row in out.itertuples(index=False):
+            record = {"text": row.text, "status": row.pred_status}
+            record |= {"entities": json.loads(row.pred_entities)} if tagger else {"label": row.pred_label, "probability": row.pred_probability}
+            print(json.dumps(record, ensure_ascii=False, default=float))
+    elif tagger:
+        from flows.runs import entities_text
+
+        _print_frame(out.assign(pred_entities=out["pred_entities"].map(entities_text))[["text", "pred_entities", "pred_status"]],
+                     f"zhpipe predict: model {shown} ({uri})")
     else:
         _print_frame(out[["text", "pred_label", "pred_probability", "pred_status"]], f"zhpipe predict: model {shown} ({uri})")
     return 0
@@ -409,7 +423,7 @@ def cmd_models(args) -> int:
     from tasks.models import MODELS
 
     for name, spec in MODELS.items():
-        kind = "language model" if spec.is_language_model else "classifier"
+        kind = "language model" if spec.is_language_model else "tagger (ner)" if spec.task == "ner" else "classifier"
         print(f"{name:<14} {kind:<15} {spec.about}")
     return 0
 

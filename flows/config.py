@@ -33,6 +33,19 @@ DEFAULT_PIPELINE = "chnsenticorp"
 STAGE_MODULES = {"download": download, "clean": clean, "split": split, "segment": segment, "profile": profile,
                  "augment": augment, "vocab": vocab, "embed": embed, "train": train, "evaluate": evaluate}
 STAGE_NAMES = tuple(STAGE_MODULES)
+TASKS = ("classification", "ner")
+# task ner: the stages that differ (tasks/ner/); the others, and every config section, are shared
+NER_STAGES = ("download", "clean", "split", "profile", "augment", "vocab", "embed", "train", "evaluate")
+NER_MODELS = ["crf", "bilstm_crf", "lexicon_tagger"]  # train.models of a ner pipeline that names none
+
+
+def stage_module(task: str, stage: str):
+    """The module whose `build` computes a stage for a task (its code and `LIBRARIES`/`FILES` are in the key)."""
+    if task == "ner" and stage in NER_STAGES:
+        import importlib
+
+        return importlib.import_module(f"tasks.ner.{stage}")
+    return STAGE_MODULES[stage]
 
 
 _CRON_FIELDS = ((0, 59, {}), (0, 23, {}), (1, 31, {}),
@@ -109,6 +122,7 @@ class PipelineConfig(Section):
 
     name: str
     description: str = ""
+    task: Literal[TASKS] = "classification"  # ner: sequence labelling (tagged corpora, taggers, entity F1)
     source: download.Source
     stages: Any = None  # the stages' sections (see pipeline_model)
     # deployment (`zhpipe deploy`, `zhpipe serve`) and execution; none of these is part of a stage key
@@ -160,6 +174,27 @@ class _Stages(Section):
         return self
 
 
+def _check_task(config: PipelineConfig) -> PipelineConfig:
+    """What a task needs of the stages: a ner pipeline's models are taggers (the three of them when it names
+    none) and its augment method is none (rewriting text would shift the tags); a classification pipeline's
+    are not taggers and its source has no given splits."""
+    stages = config.stages
+    if config.task == "ner":
+        if "models" not in stages.train.model_fields_set:
+            stages.train.models = list(NER_MODELS)
+        if "method" not in stages.augment.model_fields_set:
+            stages.augment.method = "none"
+        if stages.augment.method != "none":
+            raise ValueError(f"augment.method {stages.augment.method!r} rewrites text and would shift entity tags; task ner takes none")
+    elif config.source.splits:
+        raise ValueError("source.splits (given validation/test files) is for task ner; a classification corpus is split by the split stage")
+    wrong = [m for m in stages.train.models if MODELS[m].task != config.task]
+    if wrong:
+        fits = ", ".join(n for n, spec in MODELS.items() if spec.task == config.task)
+        raise ValueError(f"train.models: {wrong[0]} is a {MODELS[wrong[0]].task} model; task {config.task} takes {fits}")
+    return config
+
+
 def pipeline_model() -> type[PipelineConfig]:
     """The PipelineConfig class for the registered models (a model added to the registry gets its section)."""
     return _pipeline_model(tuple(MODELS.items()))
@@ -171,7 +206,8 @@ def _pipeline_model(entries: tuple) -> type[PipelineConfig]:
                 if name != "train"}
     sections["train"] = (train.params_model(), Field(default_factory=train.params_model()))
     stages = create_model("StagesConfig", __base__=_Stages, **sections)
-    return create_model("PipelineConfig", __base__=PipelineConfig, stages=(stages, Field(default_factory=stages)))
+    return create_model("PipelineConfig", __base__=PipelineConfig, stages=(stages, Field(default_factory=stages)),
+                        __validators__={"_task": model_validator(mode="after")(_check_task)})
 
 
 def _describe(err: ValidationError, where: str) -> str:

@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from flows.config import stage_module
 from flows.registry import register_best
 from flows.runner import RunContext, StageResult, model_units
 from flows.tracking import Tracker, client
-from tasks import evaluate as evaluate_stage
-from tasks import train as train_stage
 from tasks.models import MODELS
 
 
@@ -26,6 +25,7 @@ def model_dir(run: RunContext, name: str) -> Path:
 def train_models(run: RunContext, augment: StageResult, segment: StageResult, vocab: StageResult, embed: StageResult) -> StageResult:
     """Every model's train unit (reused or built, each tracked in its model run), then the train stage that
     gathers them."""
+    train_stage = stage_module(run.config.task, "train")
     units = {}
     for unit in model_units(run.config, "train"):
         name = unit.partition(".")[2]
@@ -63,16 +63,20 @@ def _track_training(run: RunContext, result: StageResult, name: str) -> None:
 
 
 def _log_classifier(run: RunContext, run_id: str, name: str, folder: Path, labels: list[str]) -> str:
-    """A classifier as an MLflow model that takes raw text (models from code, weights in safe formats), cleaned
-    and segmented as this pipeline does; returns its URI."""
-    from flows.serving import log_classifier  # MLflow's pyfunc machinery: only when a model is logged
+    """A classifier (or tagger) as an MLflow model that takes raw text (models from code, weights in safe
+    formats), cleaned and segmented as this pipeline does; returns its URI."""
+    from flows.serving import log_classifier, log_tagger  # MLflow's pyfunc machinery: only when a model is logged
 
+    if run.config.task == "ner":
+        return log_tagger(run_id, name, folder, labels, run.config.stages.clean.model_dump(mode="json"),
+                          run.config.predict.model_dump()).model_uri
     return log_classifier(run_id, name, folder, labels, run.config.stages.clean.model_dump(mode="json"),
                           run.config.stages.segment.segmenter().model_dump(mode="json"), run.config.predict.model_dump()).model_uri
 
 
 def evaluate_models(run: RunContext, train: StageResult, segment: StageResult) -> StageResult:
     """Every model's evaluate unit (scored into its model run), then the evaluate stage that compares them."""
+    evaluate_stage = stage_module(run.config.task, "evaluate")
     units = {}
     for unit in model_units(run.config, "evaluate"):
         name = unit.partition(".")[2]
@@ -93,7 +97,8 @@ def _model_run(run: RunContext, name: str) -> str:
 def register(run: RunContext, evaluation: StageResult, segment: StageResult, model_runs: dict[str, str]) -> None:
     """Register the best classifier (a pyfunc that takes raw text) and apply the champion rule; the parent
     run's tags say what happened and why."""
-    best, metric = evaluation.info["best_model"], run.config.stages.evaluate.metric
+    best = evaluation.info["best_model"]
+    metric = "f1" if run.config.task == "ner" else run.config.stages.evaluate.metric
     uri = client().get_run(model_runs[best]).data.tags.get("zhpipe.model_uri")
     if not uri:  # trained elsewhere and never logged as a classifier here: log it now
         uri = _log_classifier(run, model_runs[best], best, model_dir(run, best), evaluation.info["labels"])

@@ -16,7 +16,7 @@ from prefect.cache_policies import NO_CACHE
 
 from flows import project
 from flows.chunks import shutdown as shutdown_cluster
-from flows.config import DEFAULT_PIPELINE, STAGE_MODULES, PipelineConfig, load_pipeline
+from flows.config import DEFAULT_PIPELINE, STAGE_MODULES, PipelineConfig, load_pipeline, stage_module
 from flows.evaluation import evaluate_models, register, train_models
 from flows.guard import check_run
 from flows.runner import (
@@ -43,6 +43,8 @@ HEADLINE = {
     "augment": "rows_added", "vocab": "words_validation_oov_rate", "embed": "word2vec_vocab",
     "train": "textcnn_val_macro_f1", "evaluate": "best_test_accuracy",
 }
+NER_HEADLINE = {**HEADLINE, "split": "rows_test", "profile": "entities", "vocab": "lexicon_size", "embed": "chars_vectors",
+                "train": "lexicon_tagger_val_f1", "evaluate": "best_test_f1"}
 
 
 def select_stages(start: str | None = None, stop: str | None = None, only: str | None = None) -> list[str]:
@@ -117,6 +119,7 @@ def start_run(config: PipelineConfig, force: set[str], storage: str, executor: s
     experiment = f"zhpipe-{config.name}"
     parent = Tracker.start(experiment, run_name(config, overrides), tags=source_tags(config))
     parent.params(config.flat_params())
+    parent.tags({"zhpipe.task": config.task})
     return RunContext(config, StageStore(storage), keys, experiment, parent.run_id, force, executor, causes, verify)
 
 
@@ -126,15 +129,16 @@ def finish_run(run: RunContext, results: dict[str, StageResult], ok: bool) -> No
     evaluation = results.get("evaluate")
     if evaluation is not None:
         best = evaluation.info["best_model"]
-        parent.metrics({"best_test_accuracy": evaluation.info["results"][best]["test_accuracy"],
-                        "best_test_macro_f1": evaluation.info["results"][best]["test_macro_f1"]})
+        result = evaluation.info["results"][best]
+        names = ("test_f1", "test_precision", "test_recall") if run.config.task == "ner" else ("test_accuracy", "test_macro_f1")
+        parent.metrics({f"best_{name}": result[name] for name in names})
         parent.tags({"zhpipe.best_model": best})
     parent.metrics({"stages_hit": sum(r.cache == "hit" for r in results.values()),
                     "stages_miss": sum(r.cache == "miss" for r in results.values())})
     split = results.get("split") or results.get("segment")
     if split is not None:  # the Dataset column: the splits this run trained, validated and tested on
         for name, context in (("train", "training"), ("validation", "validation"), ("test", "testing")):
-            frame = pd.read_parquet(split.path / f"{name}.parquet", columns=["id", "text", "label"])
+            frame = pd.read_parquet(split.path / f"{name}.parquet", columns=["id", "text"] + (["label"] if run.config.task != "ner" else []))
             parent.dataset(frame, source=str(split.path / f"{name}.parquet"), name=f"{run.config.name}-{name}", context=context)
     parent.finish(ok)
 
@@ -152,12 +156,17 @@ def _stage_task(stage: str, **options):
 
 def _builder(run: RunContext, stage: str):
     """The stage's `build`, given what it needs besides its context (the source, the store's folders)."""
+    module = stage_module(run.config.task, stage)
     if stage == "download":
-        expect = server_validators(run.config) if run.config.source.allow_unverified and not run.config.source.sha256 else None
-        return lambda ctx: download_stage.build(ctx, run.config.source, run.store.downloads, expect)
-    if stage == "augment":
+        def expect(src):
+            return server_validators(run.config, src) if src.allow_unverified and not src.sha256 else None
+
+        if run.config.task == "ner":
+            return lambda ctx: module.build(ctx, run.config.source, run.store.downloads, expect)
+        return lambda ctx: download_stage.build(ctx, run.config.source, run.store.downloads, expect(run.config.source))
+    if stage == "augment" and run.config.task != "ner":
         return lambda ctx: augment_stage.build(ctx, run.config.stages.segment.segmenter(), run.store.cache_file("translations.sqlite"))
-    return STAGE_MODULES[stage].build
+    return module.build
 
 
 # the download retries network errors and checksum mismatches itself, within its deadline
@@ -249,7 +258,7 @@ def pipeline_flow(
     return {
         "parent_run_id": run.parent_run_id,
         "experiment": run.experiment,
-        "stages": [{k: v for k, v in asdict(results[name]).items() if k != "parts"} | {"headline": HEADLINE[name]} for name in stages],
+        "stages": [{k: v for k, v in asdict(results[name]).items() if k != "parts"} | {"headline": (NER_HEADLINE if config.task == "ner" else HEADLINE)[name]} for name in stages],
         "units": [{k: v for k, v in asdict(unit).items() if k != "parts"} for name in stages for unit in results[name].parts.values()],
     }
 

@@ -18,8 +18,10 @@ def registered_name(pipeline: str) -> str:
 
 
 def test_sha256(test: pd.DataFrame) -> str:
-    """Content hash of a test split: its texts and labels in id order (not the file's bytes)."""
-    rows = test.sort_values("id")[["id", "text", "label"] if "label" in test else ["id", "text"]]
+    """Content hash of a test split: its texts and labels (or tags) in id order (not the file's bytes)."""
+    if "tags" in test:
+        test = test.assign(tags=[" ".join(t) for t in test["tags"]])
+    rows = test.sort_values("id")[["id", "text"] + [c for c in ("label", "tags") if c in test]]
     h = hashlib.sha256()
     for row in rows.itertuples(index=False):
         h.update(("\x1f".join(map(str, row)) + "\x1e").encode("utf-8"))

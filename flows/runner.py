@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from flows import project
 from flows.chunks import runner_for
-from flows.config import STAGE_MODULES, PipelineConfig, flatten
+from flows.config import PipelineConfig, flatten, stage_module
 from flows.fingerprint import code_fingerprint, file_fingerprints, library_versions
 from flows.store import Manifest, StageStore, file_sha256, stage_key
 from flows.tracking import Tracker
@@ -49,8 +49,15 @@ def stage_params(config: PipelineConfig, stage: str) -> dict[str, Any]:
 
 def source_fingerprint(config: PipelineConfig) -> str:
     """What identifies the raw bytes: the local file's sha256, else the declared sha256; an http(s) source
-    without one (only with `allow_unverified`) by its URL and the server's ETag/Last-Modified/size."""
-    src = config.source
+    without one (only with `allow_unverified`) by its URL and the server's ETag/Last-Modified/size. A source
+    with given splits: each file's, by split."""
+    parts = config.source.given()
+    if len(parts) > 1:
+        return " ".join(f"{name}={_file_fingerprint(config, src)}" for name, src in parts.items())
+    return _file_fingerprint(config, config.source)
+
+
+def _file_fingerprint(config: PipelineConfig, src) -> str:
     local = resolve_local(src.path) if src.path else None
     if local is not None and local.is_file():
         return file_sha256(local)
@@ -58,17 +65,17 @@ def source_fingerprint(config: PipelineConfig) -> str:
     if src.sha256:
         return src.sha256
     if url:
-        return f"unverified {redact(url)} {server_validators(config).fingerprint()}"
+        return f"unverified {redact(url)} {server_validators(config, src).fingerprint()}"
     return redact(src.path or src.url or "")
 
 
 _validators: dict[str, "download_stage.Validators"] = {}
 
 
-def server_validators(config: PipelineConfig):
-    """The validators of an unverified http(s) source, asked once per process and URL (the key and the
-    download's re-check use the same answer)."""
-    url = download_stage.fetched_location(config.source, project.current().root)
+def server_validators(config: PipelineConfig, src=None):
+    """The validators of an unverified http(s) source (default: the pipeline's), asked once per process and
+    URL (the key and the download's re-check use the same answer)."""
+    url = download_stage.fetched_location(src or config.source, project.current().root)
     if url is None:
         return None
     if url not in _validators:
@@ -87,7 +94,7 @@ def key_causes(config: PipelineConfig, unit: str, inputs: dict[str, str]) -> dic
     name. A model unit (`train.<model>`, `evaluate.<model>`) sees its stage's code and its own model family's,
     never another family's, and only the files its own section names."""
     stage, _, model = unit.partition(".")
-    module = STAGE_MODULES[stage]
+    module = stage_module(config.task, stage)
     params = unit_params(config, unit)
     code, files = code_fingerprint(module.__name__), module.FILES
     if model:

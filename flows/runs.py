@@ -2,6 +2,7 @@
 between runs, `zhpipe predict` applies a registered model to texts or a file."""
 from __future__ import annotations
 
+import json
 import os
 import time
 from functools import lru_cache
@@ -43,11 +44,14 @@ def runs_table(runs: list) -> pd.DataFrame:
             "run": r.info.run_id[:12], "started": time.strftime("%Y-%m-%d %H:%M", time.localtime(r.info.start_time / 1000)),
             "status": r.info.status, "pipeline": tags.get("zhpipe.pipeline", ""), "commit": tags.get("zhpipe.git_commit", "")[:8],
             "source": tags.get("zhpipe.source_sha256", "")[:8], "best model": tags.get("zhpipe.best_model", ""),
-            "test acc": m.get("best_test_accuracy"), "test macro-F1": m.get("best_test_macro_f1"),
+            "test acc": m.get("best_test_accuracy"), "test macro-F1": m.get("best_test_macro_f1"), "test entity F1": m.get("best_test_f1"),
             "hit/miss": f"{int(m.get('stages_hit', 0))}/{int(m.get('stages_miss', 0))}",
             "champion": tags.get("zhpipe.champion", ""),
         })
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    if len(frame) and frame["test entity F1"].isna().all():  # no ner run among them
+        frame = frame.drop(columns=["test entity F1"])
+    return frame
 
 
 def find_run(prefix: str):
@@ -70,7 +74,7 @@ def compare_table(run_ids: list[str], everything: bool = False) -> pd.DataFrame:
     """Parameters, metrics and tags side by side, one column per run; only rows that differ unless `everything`
     (the headline metrics are always shown)."""
     runs = [find_run(r) for r in run_ids]
-    headline = {"metric best_test_accuracy", "metric best_test_macro_f1", "tag zhpipe.best_model"}
+    headline = {"metric best_test_accuracy", "metric best_test_macro_f1", "metric best_test_f1", "tag zhpipe.best_model"}
     table: dict[str, dict[str, Any]] = {}
     for r in runs:
         col = r.info.run_id[:12]
@@ -141,7 +145,9 @@ def write_table(df: pd.DataFrame, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     if kind == "parquet":
         df.to_parquet(tmp, index=False)
-    elif kind == "jsonl":
+    elif kind == "jsonl":  # a tagger's entities as nested objects, not as a JSON string inside JSON
+        if f"{PREFIX}entities" in df:
+            df = df.assign(**{f"{PREFIX}entities": [json.loads(e) if isinstance(e, str) else e for e in df[f"{PREFIX}entities"]]})
         df.to_json(tmp, orient="records", lines=True, force_ascii=False)
     else:
         df.to_csv(tmp, sep="\t" if kind == "tsv" else ",", index=False)
@@ -193,6 +199,11 @@ def model_version(uri: str) -> dict[str, str]:
     return {"model": name, "version": version}
 
 
+def entities_text(value: str) -> str:
+    """A tagger's entities (JSON) as one readable cell: 张伟/NAME[0:2] 0.99; ..."""
+    return "; ".join(f"{e['text']}/{e['type']}[{e['start']}:{e['end']}] {e['score']:.2f}" for e in json.loads(value or "[]"))
+
+
 def with_predictions(df: pd.DataFrame, out: pd.DataFrame, model: dict[str, str]) -> pd.DataFrame:
     """The input rows, then the prediction columns under `pred_` names, then which model made them."""
     out = out.rename(columns={c: f"{PREFIX}{c}" for c in out.columns}).reset_index(drop=True)
@@ -205,8 +216,8 @@ def with_predictions(df: pd.DataFrame, out: pd.DataFrame, model: dict[str, str])
 
 
 def predict_frame(model, df: pd.DataFrame, text_column: str, batch: int = 512) -> pd.DataFrame:
-    """The model's `label`, `probability`, `p_<label>` and `status` for each row's text, in batches with a
-    progress bar; missing texts stay missing (status `missing`)."""
+    """The model's `label`, `probability`, `p_<label>` and `status` for each row's text (a tagger's `entities`,
+    `count` and `status`), in batches with a progress bar; missing texts stay missing (status `missing`)."""
     from tqdm.auto import tqdm
 
     texts = df[text_column].tolist()

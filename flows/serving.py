@@ -1,4 +1,4 @@
-"""A trained classifier as an MLflow pyfunc that takes raw Chinese text: it cleans, segments and encodes the
+"""A trained classifier (or tagger) as an MLflow pyfunc that takes raw Chinese text: it cleans, segments and encodes the
 texts the way the pipeline did (clean and segment parameters, user dictionary and stopwords travel with
 the model; the vocabulary is in the model folder) and returns the label and the class probabilities.
 
@@ -123,39 +123,96 @@ def log_classifier(run_id: str, model: str, folder: Path, labels: list[str], cle
                    predict: dict | None = None, registered_name: str | None = None):
     """Log `folder` (a trained classifier) as a TextClassifier pyfunc in run `run_id`; register it under
     `registered_name` when given. Returns MLflow's ModelInfo."""
-    import mlflow
-    from mlflow.models import infer_signature
-
     from flows.project import current
-    from flows.tracking import tracking_uri
 
-    artifacts = {"model": str(folder)}
     with tempfile.TemporaryDirectory() as tmp:
+        artifacts = {"model": str(folder)}
         for key in ("user_dict", "stopwords"):
             if segment.get(key):
                 path = Path(segment[key]) if Path(segment[key]).is_absolute() else current().root / segment[key]
                 artifacts[key] = str(shutil.copy(path, Path(tmp) / f"{key}{path.suffix}"))
-        config = Path(tmp) / "zhpipe.json"
-        config.write_text(json.dumps({"model": model, "labels": labels, "clean": clean, "segment": segment, "predict": predict or {}}, ensure_ascii=False), encoding="utf-8")
-        artifacts["config"] = str(config)
-        example = ["房间很干净，服务也好", "早餐太差了"]
-        wrapper = TextClassifier()
+        config = {"model": model, "labels": labels, "clean": clean, "segment": segment, "predict": predict or {}}
+        return _log_pyfunc(run_id, "classifier", TextClassifier(), "pyfunc_model.py", artifacts, config,
+                           ["房间很干净，服务也好", "早餐太差了"], registered_name, Path(tmp))
 
-        class _Ctx:  # the signature's output comes from the model itself, as MLflow would load it
-            pass
 
-        ctx = _Ctx()
-        ctx.artifacts = artifacts
-        wrapper.load_context(ctx)
-        signature = infer_signature(example, wrapper.predict(ctx, example))
-        mlflow.set_tracking_uri(tracking_uri())
-        with mlflow.start_run(run_id=run_id):
-            # models from code: MLflow keeps pyfunc_model.py as the model's code instead of a CloudPickle'd object
-            return mlflow.pyfunc.log_model(
-                name="classifier", python_model=str(Path(__file__).with_name("pyfunc_model.py")), artifacts=artifacts, signature=signature,
-                input_example=example, code_paths=[str(CODE / "flows"), str(CODE / "tasks")],
-                registered_model_name=registered_name, pip_requirements=_requirements(),
-            )
+def log_tagger(run_id: str, model: str, folder: Path, labels: list[str], clean: dict, predict: dict | None = None,
+               registered_name: str | None = None):
+    """Log `folder` (a trained tagger) as an EntityTagger pyfunc in run `run_id`. Returns MLflow's ModelInfo."""
+    with tempfile.TemporaryDirectory() as tmp:
+        config = {"model": model, "labels": labels, "clean": clean, "predict": predict or {}}
+        return _log_pyfunc(run_id, "tagger", EntityTagger(), "pyfunc_tagger.py", {"model": str(folder)}, config,
+                           ["张伟，男，1965年出生，北京大学硕士，现任中国银行行长。", "无"], registered_name, Path(tmp))
+
+
+def _log_pyfunc(run_id: str, name: str, wrapper: PythonModel, code_file: str, artifacts: dict, config: dict, example: list[str],
+                registered_name: str | None, tmp: Path):
+    import mlflow
+    from mlflow.models import infer_signature
+
+    from flows.tracking import tracking_uri
+
+    path = tmp / "zhpipe.json"
+    path.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+    artifacts = {**artifacts, "config": str(path)}
+
+    class _Ctx:  # the signature's output comes from the model itself, as MLflow would load it
+        pass
+
+    ctx = _Ctx()
+    ctx.artifacts = artifacts
+    wrapper.load_context(ctx)
+    signature = infer_signature(example, wrapper.predict(ctx, example))
+    mlflow.set_tracking_uri(tracking_uri())
+    with mlflow.start_run(run_id=run_id):
+        # models from code: MLflow keeps the code file as the model's code instead of a CloudPickle'd object
+        return mlflow.pyfunc.log_model(
+            name=name, python_model=str(Path(__file__).with_name(code_file)), artifacts=artifacts, signature=signature,
+            input_example=example, code_paths=[str(CODE / "flows"), str(CODE / "tasks")],
+            registered_model_name=registered_name, pip_requirements=_requirements(),
+        )
+
+
+class EntityTagger(PythonModel):
+    """Raw text in; per text `entities` (a JSON list of {text, type, start, end, score}; offsets in characters of
+    the text as given, `end` exclusive), `count` and `status` out. Each character is cleaned as the pipeline
+    cleaned it (NFKC per character, control characters removed), so offsets never shift."""
+
+    def load_context(self, context) -> None:
+        from tasks.clean import Params as CleanParams
+        from tasks.models import MODELS
+
+        cfg = json.loads(Path(context.artifacts["config"]).read_text(encoding="utf-8"))
+        self.clean = CleanParams(**cfg["clean"])
+        limits = cfg.get("predict") or {}
+        self.max_rows, self.max_chars = limits.get("max_rows", 10_000), limits.get("max_chars", self.clean.max_chars)
+        self.tagger = MODELS[cfg["model"]].tagger(Path(context.artifacts["model"]))
+
+    def predict(self, context, model_input, params=None) -> pd.DataFrame:
+        from tasks.clean import _CONTROL
+        from tasks.ner.clean import clean_char
+        from tasks.tagging import spans_of
+
+        values = as_texts(model_input)
+        if len(values) > self.max_rows:
+            raise bad_request(f"{len(values)} texts in one call; at most {self.max_rows} (predict.max_rows)")
+        cleaned, where, statuses = [], [], []
+        for n, value in enumerate(values, 1):
+            if value is not None and not isinstance(value, str):
+                raise bad_request(f"text {n} is a {type(value).__name__}, not a string")
+            text = (value or "")[: self.max_chars]
+            index = [i for i, c in enumerate(text) if not _CONTROL.fullmatch(c)]
+            cleaned.append("".join(clean_char(text[i], self.clean) for i in index))
+            where.append(index)
+            statuses.append("missing" if value is None else "empty" if not cleaned[-1].strip() else
+                            "truncated" if len(value) > self.max_chars else "ok")
+        entities = []
+        for value, index, (tags, probs) in zip(values, where, self.tagger(cleaned)):
+            found = [{"text": value[index[s] : index[e - 1] + 1], "type": kind, "start": index[s], "end": index[e - 1] + 1,
+                      "score": round(float(np.mean(probs[s:e])), 4)} for kind, s, e in spans_of(tags)]
+            entities.append(found)
+        return pd.DataFrame({"entities": [json.dumps(e, ensure_ascii=False) for e in entities],
+                             "count": [len(e) for e in entities], "status": statuses})
 
 
 def _requirements() -> list[str]:
@@ -164,7 +221,7 @@ def _requirements() -> list[str]:
 
     out = []
     for name in ("mlflow", "torch", "pandas", "pyarrow", "numpy", "scipy", "jieba", "scikit-learn", "fasttext", "gensim",
-                 "transformers", "pydantic", "pyyaml", "opencc", "prefect", "filelock"):
+                 "transformers", "pydantic", "pyyaml", "opencc", "prefect", "filelock", "python-crfsuite"):
         try:
             out.append(f"{name}=={version(name).split('+')[0]}")
         except PackageNotFoundError:

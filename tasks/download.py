@@ -36,6 +36,31 @@ FILES: tuple[str, ...] = ()
 log = logging.getLogger("zhpipe")
 
 
+def _sha256_hex(value: str | None) -> str | None:
+    if value is None:
+        return None
+    value = value.strip().lower()
+    if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+        raise ValueError(f"sha256: expected 64 hex digits, got {len(value)} characters")
+    return value
+
+
+class GivenSplit(Section):
+    """A validation or test file that comes with the corpus (`source.splits`), read like the source."""
+
+    path: str | None = None
+    url: str | None = None
+    sha256: str | None = None
+
+    _hex = field_validator("sha256")(_sha256_hex)
+
+    @model_validator(mode="after")
+    def _has_location(self) -> "GivenSplit":
+        if not self.path and not self.url:
+            raise ValueError("a given split needs `path` or `url`")
+        return self
+
+
 class Source(Section):
     """Where the corpus comes from and how to read it (the pipeline's `source`)."""
 
@@ -43,11 +68,26 @@ class Source(Section):
     url: str | None = None  # canonical URL, fetched only when `path` does not exist
     sha256: str | None = None  # verified whenever given; a mismatch is an error
     allow_unverified: bool = False  # fetch an http(s) source without a sha256, keyed by ETag/Last-Modified/size
-    format: Literal["auto", "csv", "tsv", "jsonl", "parquet", "txt"] = "auto"
+    # conll: `token TAG` lines, a blank line between sentences (task ner); jsonl holds spans for task ner
+    format: Literal["auto", "csv", "tsv", "jsonl", "parquet", "txt", "conll"] = "auto"
     encoding: str = "auto"  # auto detects utf-8, utf-8-sig and GB18030/GBK
     text_column: str = "text"
     label_column: str | None = "label"  # None for unlabelled corpora (txt)
     member: str | None = None  # file inside a .zip or tar archive; default: its only data file
+    tag_scheme: Literal["auto", "bio", "bioes", "bmes"] = "auto"  # task ner, conll: auto = detected from the tags
+    # task ner: validation and test files that come with the corpus (`path` is then the train file); the
+    # split stage keeps them as they are (split.use_given)
+    splits: dict[Literal["validation", "test"], GivenSplit] = {}
+
+    def given(self) -> dict[str, "Source"]:
+        """The source's files by split: {"train": ..., "validation": ..., "test": ...} with given splits, else
+        {"": the source}."""
+        if not self.splits:
+            return {"": self}
+        parts = {"train": self.model_copy(update={"splits": {}})}
+        for name, split in self.splits.items():
+            parts[name] = self.model_copy(update={"path": split.path, "url": split.url, "sha256": split.sha256, "splits": {}})
+        return parts
 
     @model_validator(mode="after")
     def _has_location(self) -> "Source":
@@ -55,15 +95,7 @@ class Source(Section):
             raise ValueError("source needs `path` or `url`")
         return self
 
-    @field_validator("sha256")
-    @classmethod
-    def _hex(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        value = value.strip().lower()
-        if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
-            raise ValueError(f"source.sha256: expected 64 hex digits, got {len(value)} characters")
-        return value
+    _hex = field_validator("sha256")(_sha256_hex)
 
 
 class Params(Section):

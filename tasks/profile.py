@@ -145,8 +145,9 @@ def word_cloud(counts: dict[str, int], font: str, path: Path, seed: int = 0) -> 
     return path
 
 
-def report_html(title: str, stats: dict, tables: dict[str, pd.DataFrame], pictures: list[Path]) -> str:
-    """One page with every table and picture inlined (the MLflow UI shows .html artifacts)."""
+def report_html(title: str, stats: dict, tables: dict[str, pd.DataFrame], pictures: list[Path], markup: tuple[str, ...] = ()) -> str:
+    """One page with every table and picture inlined (the MLflow UI shows .html artifacts); the tables named in
+    `markup` hold HTML already escaped by their maker."""
     from tasks.plots import data_uri
 
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
@@ -155,7 +156,7 @@ def report_html(title: str, stats: dict, tables: dict[str, pd.DataFrame], pictur
              f"<h1>{html.escape(title)}</h1><h2>Corpus</h2>",
              pd.DataFrame([stats]).T.rename(columns={0: "value"}).to_html()]
     for name, table in tables.items():
-        parts += [f"<h2>{html.escape(name)}</h2>", table.to_html(index=False)]
+        parts += [f"<h2>{html.escape(name)}</h2>", table.to_html(index=False, escape=name not in markup)]
     for picture in pictures:
         parts += [f"<h3>{html.escape(picture.stem.replace('_', ' '))}</h3>", f"<img src='{data_uri(picture)}' alt='{picture.stem}'>"]
     return "\n".join(parts + ["</body></html>"])

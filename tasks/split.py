@@ -30,6 +30,7 @@ class Params(Section):
     # one class named `merge_label`
     small_classes: Literal["quarantine", "merge"] = "quarantine"
     merge_label: str = "other"
+    use_given: bool = True  # task ner: keep the corpus' own validation/test files (source.splits) as they are
 
     @model_validator(mode="after")
     def _sums_to_one(self) -> "Params":
@@ -76,14 +77,14 @@ def split_frame(df: pd.DataFrame, params: Params) -> dict[str, pd.DataFrame]:
         order = rng.permutation(n)
         if "label" in df and n < MIN_CLASS_ROWS:
             raise DataError(f"split: class {group['label'].iloc[0]!r} has {n} rows; each split needs one of every class")
-        sizes = _sizes(n, fractions, minimum=1 if "label" in df else 0)
+        sizes = split_sizes(n, fractions, minimum=1 if "label" in df else 0)
         bounds = np.cumsum([0, *sizes])
         for i in range(3):
             parts[i].append(group.iloc[order[bounds[i] : bounds[i + 1]]])
     return {name: pd.concat(chunks).sort_values("id").reset_index(drop=True) for name, chunks in zip(SPLITS, parts)}
 
 
-def _sizes(n: int, fractions: np.ndarray, minimum: int) -> list[int]:
+def split_sizes(n: int, fractions: np.ndarray, minimum: int) -> list[int]:
     """Rows per split for `n` rows: the largest-remainder rounding of n * fractions, each at least `minimum`
     (taken from the largest split)."""
     exact = n * fractions

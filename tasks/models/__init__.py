@@ -2,7 +2,7 @@
 a `ModelSpec` and one line in `MODELS`; its `train.<name>` config section comes from the spec's `params`."""
 from __future__ import annotations
 
-from tasks.models import bert, fasttext, networks, ngram, rnn_lm, tfidf
+from tasks.models import bert, fasttext, ner, networks, ngram, rnn_lm, tfidf
 from tasks.models.base import ModelSpec, Predictor, TrainInputs
 
 MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
@@ -15,6 +15,9 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ngram.NGRAM_LM,
     rnn_lm.SPEC,
     ngram.LM_CLASSIFIER,
+    ner.CRF,
+    ner.BILSTM_CRF,
+    ner.LEXICON_TAGGER,
 )}
 
 __all__ = ["MODELS", "ModelSpec", "Predictor", "TrainInputs", "get"]

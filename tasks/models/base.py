@@ -33,6 +33,7 @@ class TrainInputs:
     out: Path
     scratch: Path  # per-epoch checkpoints a killed run resumes from
     sink: MetricSink | None = None
+    embed: Path | None = None  # the embed stage's folder (the taggers read their character, bigram and word vectors)
 
     @property
     def section(self) -> Any:
@@ -51,11 +52,13 @@ class ModelSpec:
     perplexity: Callable[[Path, pd.DataFrame], float] | None = None  # language models: perplexity of texts
     uses_vectors: bool = False  # starts from the embed stage's word vectors
     about: str = ""  # one line for `zhpipe models`
+    task: str = "classification"  # or "ner": the pipelines (`task:`) whose train.models it may be in
+    tagger: Callable[[Path], Callable] | None = None  # taggers (task ner): a saved model folder -> tag function
 
     @property
     def is_language_model(self) -> bool:
-        """Language models are scored by perplexity, not as classifiers."""
-        return self.predictor is None
+        """Language models are scored by perplexity, not as classifiers or taggers."""
+        return self.predictor is None and self.tagger is None
 
 
 def label_ids(df: pd.DataFrame, labels: list[str]) -> np.ndarray:

@@ -1,0 +1,87 @@
+"""Stage `clean` (task ner): a cleaning that never shifts a tag. Each character is normalised on its own
+(NFKC full-width to half-width where it stays one character, traditional to simplified likewise); control and
+zero-width characters are removed with their tags, the spans around them kept; sentences that are empty or
+longer than `max_chars` are quarantined, and duplicates too when the corpus has no given splits (a given
+test set is kept as published)."""
+from __future__ import annotations
+
+import unicodedata
+
+import pandas as pd
+
+from tasks.clean import _CONTROL, Params, _t2s
+from tasks.core import BuildContext, BuildOutput, Dataset
+from tasks.errors import DataError
+from tasks.io import write_parquet
+from tasks.tagging import bioes, spans_of
+
+LIBRARIES = ("pandas", "pyarrow", "opencc")
+FILES: tuple[str, ...] = ()
+
+
+def clean_char(char: str, params: Params) -> str:
+    """One character normalised, or the character itself where normalising would make it more or less than one."""
+    out = char
+    if params.nfkc:
+        n = unicodedata.normalize("NFKC", out)
+        out = n if len(n) == 1 else out
+    if params.traditional_to_simplified:
+        s = _t2s().convert(out)
+        out = s if len(s) == 1 else out
+    return out
+
+
+def clean_sentence(text: str, tags: list[str], params: Params) -> tuple[str, list[str], int]:
+    """(text, tags, entities lost): control characters removed with their tags, every other character
+    normalised in place; an entity made only of removed characters is lost (and counted)."""
+    keep = [not _CONTROL.fullmatch(c) for c in text]
+    if all(keep):
+        return "".join(clean_char(c, params) for c in text), list(tags), 0
+    new_index, pos = [], 0
+    for k in keep:
+        new_index.append(pos)
+        pos += k
+    new_index.append(pos)
+    spans, lost = [], 0
+    for kind, start, end in spans_of(list(tags)):
+        s, e = new_index[start], new_index[end]
+        if e > s:
+            spans.append((kind, s, e))
+        else:
+            lost += 1
+    chars = [clean_char(c, params) for c, k in zip(text, keep) if k]
+    return "".join(chars), bioes(spans, len(chars)), lost
+
+
+def build(ctx: BuildContext) -> BuildOutput:
+    """`data.parquet` cleaned, `quarantine.parquet` with what was set aside and why."""
+    p: Params = ctx.params
+    df = pd.read_parquet(ctx.inputs["download"] / "data.parquet")
+    texts, tags, lost = [], [], 0
+    for text, row_tags in zip(df["text"].astype(str), df["tags"]):
+        t, g, n = clean_sentence(text, list(row_tags), p)
+        texts.append(t)
+        tags.append(g)
+        lost += n
+    df = df.assign(raw_text=df["text"], text=pd.Series(texts, dtype="string"), tags=tags)
+    reason = pd.Series(pd.NA, index=df.index, dtype="string")
+    reason[df["text"].str.strip().str.len() == 0] = "empty"
+    reason[reason.isna() & (df["text"].str.len() > p.max_chars)] = "too_long"
+    given = df["split"].notna().any()
+    if p.dedupe and not given:
+        key = df["text"] + "\x00" + pd.Series([" ".join(t) for t in df["tags"]], index=df.index)
+        dup = key[reason.isna()].duplicated(keep="first")
+        reason[dup[dup].index] = "duplicate"
+    kept = df[reason.isna()].drop(columns=["raw_text"]).reset_index(drop=True)
+    quarantine = df[reason.notna()].assign(reason=reason[reason.notna()]).reset_index(drop=True)
+    if kept.empty:
+        raise DataError(f"clean: no sentences left ({len(df)} in, all quarantined: {quarantine['reason'].value_counts().to_dict()})")
+    write_parquet(kept, ctx.out / "data.parquet")
+    write_parquet(quarantine, ctx.out / "quarantine.parquet")
+    counts = quarantine["reason"].value_counts().to_dict()
+    metrics = {f"dropped_{r}": counts.get(r, 0) for r in ("empty", "too_long", "duplicate")}
+    metrics.update(rows_in=len(df), rows_kept=len(kept), rows_dropped=len(quarantine), entities_lost=lost,
+                   changed_characters=sum(a != b for x, y in zip(df["raw_text"].astype(str), texts) if len(x) == len(y) for a, b in zip(x, y)))
+    return BuildOutput(rows=len(kept), metrics=metrics, info=dict(ctx.input_info["download"]), artifacts=["quarantine.parquet"],
+                       tables={"quarantine_sample.json": quarantine.head(1000).astype(str)} if len(quarantine) else {},
+                       datasets=[Dataset(kept.drop(columns=["tags"]), str(ctx.out / "data.parquet"), f"{ctx.pipeline}-clean", "clean")])

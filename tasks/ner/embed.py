@@ -1,0 +1,40 @@
+"""Stage `embed` (task ner): Word2Vec vectors (the `embed.word2vec` settings) for the characters, the bigrams and
+the jieba words of the train split, which start the taggers' character and bigram embeddings and the lexicon
+adapter's word vectors; and the probe words' neighbours."""
+from __future__ import annotations
+
+import pandas as pd
+
+from tasks.core import BuildContext, BuildOutput
+from tasks.embed import Params, neighbours, train_word2vec
+from tasks.tagging import bigrams
+
+LIBRARIES = ("gensim", "numpy")
+FILES: tuple[str, ...] = ()
+
+
+def _tokens(items) -> str:
+    """Tokens joined by spaces; a token holding white space cannot be one, so it becomes a placeholder."""
+    return " ".join(t if not any(c.isspace() for c in t) else "\u2581" for t in items)
+
+
+def build(ctx: BuildContext) -> BuildOutput:
+    """Write `chars.bin`, `bigrams.bin`, `words.bin` (word2vec's binary format, no pickle) and `neighbours.csv`."""
+    p: Params = ctx.params
+    train = pd.read_parquet(ctx.inputs["augment"] / "train.parquet", columns=["text"])
+    texts = train["text"].astype(str).tolist()
+    corpora = {"chars": [_tokens(t) for t in texts], "bigrams": [_tokens(bigrams(t)[0]) for t in texts]}
+    metrics, rows = {}, []
+    for kind in ("chars", "bigrams", "words"):
+        corpus = ctx.inputs["augment"] / "train.words.txt" if kind == "words" else ctx.scratch / f"{kind}.txt"
+        if kind != "words":
+            corpus.write_text("\n".join(corpora[kind]) + "\n", encoding="utf-8")
+        kv = train_word2vec(corpus, p)
+        kv.save_word2vec_format(str(ctx.out / f"{kind}.bin"), binary=True)
+        metrics[f"{kind}_vectors"] = len(kv)
+        if kind == "words":
+            rows = neighbours("word2vec", p.probe_words, lambda w, n: kv.most_similar(w, topn=n) if w in kv else [], p.topn)
+    table = pd.DataFrame(rows, columns=["model", "word", "rank", "neighbour", "cosine"])
+    table.to_csv(ctx.out / "neighbours.csv", index=False)
+    return BuildOutput(rows=int(metrics["chars_vectors"]), metrics=metrics, info=dict(ctx.input_info["augment"]),
+                       artifacts=["neighbours.csv"], tables={"neighbours.json": table} if len(table) else {})

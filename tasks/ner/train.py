@@ -1,0 +1,41 @@
+"""Stage `train` (task ner): the taggers named in `train.models`, each a unit of its own, scored on the
+validation split by entity-level F1 as the saved model tags it."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from tasks.core import BuildContext, BuildOutput
+from tasks.errors import ConfigError
+from tasks.models import MODELS, TrainInputs
+from tasks.models.ner import entity_f1
+from tasks.train import FILES, LIBRARIES  # noqa: F401 (what its key sees, as for the classifiers)
+
+
+def build_model(ctx: BuildContext, name: str) -> BuildOutput:
+    """Train one tagger: `<name>/` with the saved model, and its summary with validation scores."""
+    spec = MODELS[name]
+    if spec.task != "ner":
+        raise ConfigError(f"train.models: {name} is a {spec.task} model; task ner takes {', '.join(n for n, s in MODELS.items() if s.task == 'ner')}")
+    labels = ctx.input_info["augment"]["labels"]
+    train = pd.read_parquet(ctx.inputs["augment"] / "train.parquet", columns=["text", "tags", "words"])
+    validation = pd.read_parquet(ctx.inputs["segment"] / "validation.parquet", columns=["text", "tags"])
+    summary = spec.train(TrainInputs(name, train, validation, labels, ctx.params, ctx.inputs["vocab"], None, ctx.out,
+                                     ctx.scratch, ctx.sink, embed=ctx.inputs.get("embed")))
+    tagged = spec.tagger(ctx.out / name)(validation["text"].astype(str).tolist())
+    scores = entity_f1([list(t) for t in validation["tags"]], [tags for tags, _ in tagged])
+    summary.update({f"val_{k}": v for k, v in scores.items()})
+    names = {"val_f1": "val_f1_best", "val_precision": "val_precision_best", "val_recall": "val_recall_best",
+             "seconds": "train_seconds", "samples_per_second": "median_samples_per_second"}
+    return BuildOutput(rows=len(train), metrics={new: summary[old] for old, new in names.items() if old in summary},
+                       info={"labels": labels, "model": name, "summary": summary, "task": "ner"})
+
+
+def build(ctx: BuildContext) -> BuildOutput:
+    """Gather the trained taggers (one input per `train.<model>` unit) into `models.json`."""
+    units = {unit.partition(".")[2]: info for unit, info in ctx.input_info.items()}
+    models = {name: info["summary"] for name, info in units.items()}
+    (ctx.out / "models.json").write_text(json.dumps(models, indent=2), encoding="utf-8")
+    metrics = {f"{m}_{k}": v[k] for m, v in models.items() for k in ("val_f1", "seconds", "samples_per_second") if k in v}
+    return BuildOutput(rows=None, metrics=metrics, info={"labels": next(iter(units.values()))["labels"], "models": models, "task": "ner"})

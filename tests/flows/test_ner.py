@@ -1,0 +1,132 @@
+"""task ner end to end: the ner-smoke pipeline (230 Resume NER sentences with their own dev and test files)
+through real Prefect and MLflow, the registered tagger on raw text, a single CoNLL file split 80/10/10, and
+the config rules of the task."""
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from flows.config import load_pipeline
+from flows.pipeline import pipeline_flow
+from flows.runner import STAGES
+from flows.tracking import client
+from tasks.errors import ConfigError
+from tasks.tagging import parse_conll, spans_of
+
+pytestmark = pytest.mark.e2e
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "ner"
+
+
+@pytest.fixture(scope="module")
+def ner_run(prefect_harness, tmp_path_factory):
+    store = tmp_path_factory.mktemp("ner-store")
+    return {"store": store, "out": pipeline_flow(load_pipeline("ner-smoke"), storage=str(store))}
+
+
+def cache_of(out):
+    return {r["stage"]: r["cache"] for r in out["stages"]}
+
+
+def test_ner_pipeline_runs_every_stage_and_tracks_it_like_classification(ner_run):
+    out = ner_run["out"]
+    assert list(cache_of(out)) == list(STAGES) and set(cache_of(out).values()) == {"miss"}
+    c = client()
+    parent = c.get_run(out["parent_run_id"])
+    assert parent.data.tags["zhpipe.task"] == "ner" and parent.data.tags["zhpipe.best_model"] in ("crf", "bilstm_crf", "lexicon_tagger")
+    assert 0.5 < parent.data.metrics["best_test_f1"] <= 1  # the crf alone reaches ~0.8 on these 150 sentences
+    assert parent.data.tags["zhpipe.registered"].startswith("zhpipe-ner-smoke/")
+    runs = c.search_runs([parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{out['parent_run_id']}'")
+    models = {r.data.tags["zhpipe.model"]: r for r in runs if "zhpipe.model" in r.data.tags}
+    assert set(models) == {"crf", "bilstm_crf", "lexicon_tagger"}
+    for name, r in models.items():
+        assert {"test_f1", "test_precision", "test_recall", "val_f1_best"} <= set(r.data.metrics), name
+        assert r.data.tags["zhpipe.model_uri"].startswith("models:/")
+    for name in ("bilstm_crf", "lexicon_tagger"):  # per-epoch curves of the neural taggers, and they learn
+        history = c.get_metric_history(models[name].info.run_id, "val_f1")
+        assert len(history) == 4 and history[-1].value > 0.1, name
+    paths = {u["stage"]: Path(u["path"]) for u in out["stages"] + out["units"]}
+    evaluation = paths["evaluate.crf"] / "evaluation"
+    assert {"per_type.csv", "type_confusion.csv", "worst_sentences.csv", "worst_sentences.html", "metrics.json"} <= {p.name for p in evaluation.iterdir()}
+    per_type = pd.read_csv(evaluation / "per_type.csv")
+    assert {"NAME", "ORG", "TITLE", "EDU"} <= set(per_type["type"])
+    assert "<mark" in (paths["profile"] / "report.html").read_text(encoding="utf-8")
+
+
+def test_a_second_run_is_all_hits(ner_run):
+    out = pipeline_flow(load_pipeline("ner-smoke"), storage=str(ner_run["store"]))
+    assert set(cache_of(out).values()) == {"hit"}
+
+
+def test_the_registered_tagger_takes_raw_text_and_gives_offsets_into_it(ner_run):
+    import mlflow
+
+    model = mlflow.pyfunc.load_model("models:/zhpipe-ner-smoke@champion")
+    texts = ["张伟，男，１９６５年出生，北京大学硕士，现任中国银行行长。", "\u200b王芳，研究生学历。", None, ""]
+    out = model.predict(texts)
+    assert list(out.columns) == ["entities", "count", "status"]
+    assert out["status"].tolist() == ["ok", "ok", "missing", "empty"]
+    for text, cell in zip(texts, out["entities"]):
+        for e in json.loads(cell):
+            assert text[e["start"] : e["end"]] == e["text"] and 0 < e["score"] <= 1
+    first = {(e["text"], e["type"]) for e in json.loads(out["entities"][0])}
+    assert ("张伟", "NAME") in first
+
+
+def test_predict_command_prints_entities_as_jsonl(ner_run, capsys):
+    from flows.cli import main
+
+    assert main(["predict", "--pipeline", "ner-smoke", "--jsonl", "李明，高级经济师。"]) == 0
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("{")]
+    record = json.loads(line)
+    assert record["text"] == "李明，高级经济师。" and record["status"] == "ok"
+    assert all(record["text"][e["start"] : e["end"]] == e["text"] for e in record["entities"])
+
+
+def test_one_bio_file_with_tabs_is_read_and_split_80_10_10(prefect_harness, tmp_path):
+    """The shape of other corpora: one CoNLL file, BIO tags, tab-separated; a malformed line quarantined."""
+    sentences = []
+    for name in ("train", "dev", "test"):
+        sentences += parse_conll((FIXTURES / f"{name}.bmes").read_text(encoding="utf-8").splitlines()).sentences
+    lines = []
+    for s in sentences:
+        bio = ["O"] * len(s.text)
+        for kind, start, end in spans_of(s.tags):
+            bio[start : end] = [f"B-{kind}"] + [f"I-{kind}"] * (end - start - 1)
+        lines += [f"{c}\t{t}" for c, t in zip(s.text, bio)] + [""]
+    lines[3] = "broken-line-without-a-tag"
+    corpus = tmp_path / "corpus.bio"
+    corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    config = load_pipeline("ner-smoke", source_overrides={"path": str(corpus)})
+    out = pipeline_flow(config, stages=["download", "clean", "split"], storage=str(tmp_path / "store"))
+    rows = {r["stage"]: r for r in out["stages"]}
+    assert rows["download"]["rows"] == len(sentences) - 1 and rows["download"]["metrics"]["rows_quarantined"] == 1
+    split = {k: v for k, v in rows["split"]["metrics"].items() if k.startswith("rows_")}
+    kept = rows["clean"]["rows"]
+    assert split["rows_train"] + split["rows_validation"] + split["rows_test"] == kept
+    assert abs(split["rows_test"] - kept / 10) <= 1 and abs(split["rows_validation"] - kept / 10) <= 1
+    quarantine = pd.read_parquet(Path(rows["download"]["path"]) / "quarantine.parquet")
+    assert quarantine["line"].tolist() == [4] and quarantine["reason"].tolist() == ["expected 'token TAG'"]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["augment.method=eda"], "would shift entity tags"),
+    (["train.models=[crf,textcnn]"], "textcnn is a classification model; task ner takes crf, bilstm_crf, lexicon_tagger"),
+])
+def test_task_rules_are_config_errors(overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
+        load_pipeline("ner-smoke", overrides=overrides)
+
+
+def test_a_classification_pipeline_refuses_taggers_and_given_splits():
+    with pytest.raises(ConfigError, match="crf is a ner model"):
+        load_pipeline("smoke", overrides=["train.models=[crf]"])
+    with pytest.raises(ConfigError, match="source.splits"):
+        load_pipeline("smoke", overrides=["source.splits={test: {path: x.csv}}"])
+
+
+def test_ner_defaults_fill_in_when_a_pipeline_names_no_models(tmp_path):
+    config_file = tmp_path / "pipelines.yaml"
+    config_file.write_text(f"pipelines:\n  n:\n    task: ner\n    source: {{path: {FIXTURES / 'train.bmes'}}}\n", encoding="utf-8")
+    config = load_pipeline("n", config_file)
+    assert config.stages.train.models == ["crf", "bilstm_crf", "lexicon_tagger"] and config.stages.augment.method == "none"
