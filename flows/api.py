@@ -97,8 +97,9 @@ def load(pipeline: str, stage: str, split: str = "train", overrides: list[str] |
 
 def load_model(pipeline: str, model: str, overrides: list[str] | None = None, project: str | Path | None = None,
                storage: str | None = None):
-    """A trained model's predict function (a frame with `text`, `words`, `chars` -> class probabilities) or,
-    for a language model, a function from such a frame to its perplexity."""
+    """A trained model's predict function (a frame with `text`, `words`, `chars` -> class probabilities); for a
+    language model, a function from such a frame to its perplexity; for a tagger (task ner), a function from
+    cleaned texts to their `Tagged` results (BIOES tags, per-character scores and marginals)."""
     from tasks.models import get
 
     spec = get(model)
@@ -108,7 +109,7 @@ def load_model(pipeline: str, model: str, overrides: list[str] | None = None, pr
     folder = output(pipeline, f"train.{model}", overrides, project, storage) / model
     if spec.is_language_model:
         return lambda frame: spec.perplexity(folder, frame)
-    return spec.predictor(folder)
+    return spec.tagger(folder) if spec.tagger else spec.predictor(folder)
 
 
 def runs(pipeline: str | None = None, limit: int = 20, project: str | Path | None = None) -> pd.DataFrame:

@@ -36,7 +36,7 @@ STAGE_NAMES = tuple(STAGE_MODULES)
 TASKS = ("classification", "ner")
 # task ner: the stages that differ (tasks/ner/); the others, and every config section, are shared
 NER_STAGES = ("download", "clean", "split", "profile", "augment", "vocab", "embed", "train", "evaluate")
-NER_MODELS = ["crf", "bilstm_crf", "lexicon_tagger"]  # train.models of a ner pipeline that names none
+NER_MODELS = ["crf", "bilstm_crf", "lexicon_tagger", "ner_ensemble"]  # train.models of a ner pipeline that names none
 
 
 def stage_module(task: str, stage: str):
@@ -188,6 +188,11 @@ def _check_task(config: PipelineConfig) -> PipelineConfig:
             raise ValueError(f"augment.method {stages.augment.method!r} rewrites text and would shift entity tags; task ner takes none")
     elif config.source.splits:
         raise ValueError("source.splits (given validation/test files) is for task ner; a classification corpus is split by the split stage")
+    for name in stages.train.models:
+        spec = MODELS[name]
+        missing = [m for m in (spec.members(getattr(stages.train, name)) if spec.members else []) if m not in stages.train.models]
+        if missing:
+            raise ValueError(f"train.{name}.members: {', '.join(missing)} not in train.models (an ensemble is built from models trained in the same run)")
     wrong = [m for m in stages.train.models if MODELS[m].task != config.task]
     if wrong:
         fits = ", ".join(n for n, spec in MODELS.items() if spec.task == config.task)

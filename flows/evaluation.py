@@ -11,7 +11,7 @@ import pandas as pd
 
 from flows.config import stage_module
 from flows.registry import register_best
-from flows.runner import RunContext, StageResult, model_units
+from flows.runner import RunContext, StageResult, members_of, model_units
 from flows.tracking import Tracker, client
 from tasks.models import MODELS
 
@@ -30,6 +30,7 @@ def train_models(run: RunContext, augment: StageResult, segment: StageResult, vo
     for unit in model_units(run.config, "train"):
         name = unit.partition(".")[2]
         inputs = {"augment": augment, "segment": segment, "vocab": vocab} | ({"embed": embed} if MODELS[name].uses_vectors else {})
+        inputs |= {f"train.{m}": units[f"train.{m}"] for m in members_of(run.config, name)}
         result = run.run(unit, inputs, lambda ctx, n=name: train_stage.build_model(ctx, n), run_name=name, tags={"zhpipe.model": name})
         _track_training(run, result, name)
         units[unit] = result

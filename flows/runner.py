@@ -111,8 +111,16 @@ def key_causes(config: PipelineConfig, unit: str, inputs: dict[str, str]) -> dic
 
 
 def model_units(config: PipelineConfig, stage: str) -> list[str]:
-    """The per-model units of the train or evaluate stage: `train.<model>` for each model in train.models."""
-    return [f"{stage}.{name}" for name in config.stages.train.models]
+    """The per-model units of the train or evaluate stage: `train.<model>` for each model in train.models,
+    ensembles after the models they are built from."""
+    names = config.stages.train.models
+    return [f"{stage}.{name}" for name in sorted(names, key=lambda n: MODELS[n].members is not None)]
+
+
+def members_of(config: PipelineConfig, model: str) -> list[str]:
+    """The models an ensemble is built from (none for other models)."""
+    spec = MODELS[model]
+    return spec.members(getattr(config.stages.train, model)) if spec.members else []
 
 
 def unit_params(config: PipelineConfig, unit: str) -> dict[str, Any]:
@@ -139,6 +147,8 @@ def plan(config: PipelineConfig) -> dict[str, dict[str, Any]]:
                 unit_inputs = dict(inputs)
                 if stage == "train" and not MODELS[model].uses_vectors:
                     unit_inputs.pop("embed", None)
+                if stage == "train":
+                    unit_inputs |= {f"train.{m}": stage_key(causes[f"train.{m}"]) for m in members_of(config, model)}
                 if stage == "evaluate":
                     unit_inputs["train"] = stage_key(causes[f"train.{model}"])
                 causes[unit] = key_causes(config, unit, unit_inputs)

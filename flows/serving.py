@@ -207,9 +207,9 @@ class EntityTagger(PythonModel):
             statuses.append("missing" if value is None else "empty" if not cleaned[-1].strip() else
                             "truncated" if len(value) > self.max_chars else "ok")
         entities = []
-        for value, index, (tags, probs) in zip(values, where, self.tagger(cleaned)):
+        for value, index, tagged in zip(values, where, self.tagger(cleaned)):
             found = [{"text": value[index[s] : index[e - 1] + 1], "type": kind, "start": index[s], "end": index[e - 1] + 1,
-                      "score": round(float(np.mean(probs[s:e])), 4)} for kind, s, e in spans_of(tags)]
+                      "score": round(float(np.mean(tagged.scores[s:e])), 4)} for kind, s, e in spans_of(tagged.tags)]
             entities.append(found)
         return pd.DataFrame({"entities": [json.dumps(e, ensure_ascii=False) for e in entities],
                              "count": [len(e) for e in entities], "status": statuses})

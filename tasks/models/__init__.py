@@ -18,6 +18,7 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ner.CRF,
     ner.BILSTM_CRF,
     ner.LEXICON_TAGGER,
+    ner.NER_ENSEMBLE,
 )}
 
 __all__ = ["MODELS", "ModelSpec", "Predictor", "TrainInputs", "get"]

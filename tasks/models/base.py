@@ -2,7 +2,7 @@
 saves and loads) and the inputs every trainer receives. Nothing here knows a particular model."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -34,6 +34,7 @@ class TrainInputs:
     scratch: Path  # per-epoch checkpoints a killed run resumes from
     sink: MetricSink | None = None
     embed: Path | None = None  # the embed stage's folder (the taggers read their character, bigram and word vectors)
+    members: dict[str, Path] = field(default_factory=dict)  # ensembles: each member's saved model folder
 
     @property
     def section(self) -> Any:
@@ -54,6 +55,7 @@ class ModelSpec:
     about: str = ""  # one line for `zhpipe models`
     task: str = "classification"  # or "ner": the pipelines (`task:`) whose train.models it may be in
     tagger: Callable[[Path], Callable] | None = None  # taggers (task ner): a saved model folder -> tag function
+    members: Callable[[Any], list[str]] | None = None  # ensembles: the models (of train.models) built from, by section
 
     @property
     def is_language_model(self) -> bool:

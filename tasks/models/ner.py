@@ -7,20 +7,33 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal
 
 import numpy as np
-import pandas as pd
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from tasks.core import Section
 from tasks.io import read_vocab
 from tasks.models.base import ModelSpec, TrainInputs
-from tasks.tagging import Lexicon, bigrams, spans_of, tag_set, transitions
+from tasks.tagging import Lexicon, bigrams, spans_of, tag_set, transitions, word_features
 
-# cleaned texts -> per text (BIOES tags, probability of each character's tag)
-TaggerFn = Callable[[list[str]], list[tuple[list[str], list[float]]]]
+SEG_DIM = 20  # the word-boundary and POS embeddings
+
+
+@dataclass
+class Tagged:
+    """One text as a tagger sees it: BIOES tags, the probability of each character's tag, and every tag's
+    marginal probability per character (characters x `tags` of the tagger, for ensembles)."""
+
+    tags: list[str]
+    scores: list[float]
+    marginals: np.ndarray
+
+
+# cleaned texts -> one Tagged per text; the function's `tags` attribute is the marginals' column order
+TaggerFn = Callable[[list[str]], list[Tagged]]
 
 
 def entity_f1(gold: list[list[str]], pred: list[list[str]]) -> dict[str, float]:
@@ -36,6 +49,13 @@ def entity_f1(gold: list[list[str]], pred: list[list[str]]) -> dict[str, float]:
     return {"precision": precision, "recall": recall, "f1": 2 * precision * recall / (precision + recall) if tp else 0.0}
 
 
+def jieba_words(text: str) -> list[tuple[str, str]]:
+    """(word, POS tag) pairs of jieba.posseg with its own dictionary and HMM."""
+    import jieba.posseg
+
+    return [(w.word, w.flag) for w in jieba.posseg.lcut(text)]
+
+
 def load_lexicon(vocab: Path, max_words: int) -> Lexicon:
     return Lexicon(read_vocab(vocab / "lexicon" / "words.txt"), max_words)
 
@@ -48,15 +68,21 @@ class CRFParams(Section):
 
     window: int = Field(2, ge=0, le=4)  # characters each side
     lexicon_features: bool = True  # where lexicon words begin, continue and end around each character
+    word_features: bool = True  # jieba's word boundary and POS tags around each character (jieba's own dictionary)
     c1: float = Field(0.05, ge=0)  # L1 penalty
     c2: float = Field(0.05, ge=0)  # L2 penalty
     max_iterations: int = Field(150, ge=1)
 
 
-def crf_features(text: str, window: int, lexicon: Lexicon | None) -> list[dict[str, float | str]]:
-    """Per character: the characters and bigrams in the window, and (with a lexicon) the positions of the
-    lexicon words that cover it."""
+def crf_features(text: str, window: int, lexicon: Lexicon | None, words: bool = False) -> list[dict[str, float | str]]:
+    """Per character: the characters and bigrams in the window, (with a lexicon) the positions of the lexicon
+    words that cover it, and (with `words`) its place in jieba's word and the POS tags around it."""
     n = len(text)
+    seg, pos = [], []
+    if words:
+        for word, flag in jieba_words(text):
+            seg += ["S"] if len(word) == 1 else ["B"] + ["M"] * (len(word) - 2) + ["E"]
+            pos += [flag] * len(word)
 
     def at(k: int) -> str:
         return text[k] if 0 <= k < n else ("<s>" if k < 0 else "</s>")
@@ -76,6 +102,12 @@ def crf_features(text: str, window: int, lexicon: Lexicon | None) -> list[dict[s
             for d in (-1, 1):
                 if 0 <= i + d < n:
                     f[f"lex{d}"] = "".join("_BME"[v] for v in sorted({int(v) for v in places[i + d] if v})) or "-"
+        if words:
+            f["seg"], f["pos"], f["seg_c"] = seg[i], pos[i], seg[i] + text[i]
+            if i > 0:
+                f["pos-1"] = pos[i - 1]
+            if i + 1 < n:
+                f["pos1"] = pos[i + 1]
         rows.append(f)
     return rows
 
@@ -90,13 +122,13 @@ def train_crf(inputs: TrainInputs) -> dict:
     t0 = time.perf_counter()
     folder = inputs.out / inputs.name
     folder.mkdir()
-    x = [crf_features(t, p.window, lexicon) for t in inputs.train["text"]]
+    x = [crf_features(t, p.window, lexicon, p.word_features) for t in inputs.train["text"]]
     model = sklearn_crfsuite.CRF(algorithm="lbfgs", c1=p.c1, c2=p.c2, max_iterations=p.max_iterations,
                                  all_possible_transitions=True, model_filename=str(folder / "crf.model"))
     model.fit(x, [list(t) for t in inputs.train["tags"]])
     seconds = time.perf_counter() - t0
     (folder / "config.json").write_text(json.dumps({"kind": "crf", "window": p.window, "lexicon": p.lexicon_features,
-                                                    "labels": inputs.labels}), encoding="utf-8")
+                                                    "word_features": p.word_features, "labels": inputs.labels}), encoding="utf-8")
     if lexicon is not None:
         (folder / "lexicon.txt").write_text("".join(f"{w}\n" for w in lexicon.index), encoding="utf-8")
     return {"path": inputs.name, "kind": "crf", "seconds": seconds, "samples_per_second": len(x) / seconds,
@@ -110,17 +142,25 @@ def crf_tagger(folder: Path) -> TaggerFn:
     lexicon = Lexicon(read_vocab(folder / "lexicon.txt"), 8) if config["lexicon"] else None
     tagger = pycrfsuite.Tagger()
     tagger.open(str(folder / "crf.model"))
+    order = tag_set(config["labels"])
+    known = [t for t in order if t in set(tagger.labels())]  # a tag never seen in training has probability 0
 
-    def tag(texts: list[str]) -> list[tuple[list[str], list[float]]]:
+    def tag(texts: list[str]) -> list[Tagged]:
         out = []
         for text in texts:
             if not text:
-                out.append(([], []))
+                out.append(Tagged([], [], np.zeros((0, len(order)), dtype=np.float32)))
                 continue
-            tags = tagger.tag(crf_features(text, config["window"], lexicon))
-            out.append((tags, [tagger.marginal(t, i) for i, t in enumerate(tags)]))
+            tags = tagger.tag(crf_features(text, config["window"], lexicon, config.get("word_features", False)))
+            marginals = np.zeros((len(text), len(order)), dtype=np.float32)
+            for t in known:
+                column = order.index(t)
+                for i in range(len(text)):
+                    marginals[i, column] = tagger.marginal(t, i)
+            out.append(Tagged(tags, [tagger.marginal(t, i) for i, t in enumerate(tags)], marginals))
         return out
 
+    tag.tags = order
     return tag
 
 
@@ -130,19 +170,30 @@ def crf_tagger(folder: Path) -> TaggerFn:
 class TaggerParams(Section):
     """A neural tagger: character and bigram embeddings (from the embed stage), an encoder, a CRF."""
 
-    encoder: Literal["bilstm", "transformer"] = "bilstm"
+    encoder: Literal["bilstm", "transformer", "bert"] = "bilstm"  # bert: a pretrained character encoder (`checkpoint`)
+    # encoder bert: a hub id (bert-base-chinese, hfl/chinese-roberta-wwm-ext) or a local folder; the features
+    # above (characters, bigrams, words, lexicon) join its output
+    checkpoint: str | None = None
+    encoder_lr: float = Field(3e-5, gt=0)  # encoder bert: the pretrained weights' learning rate (lr is the rest's)
     lexicon: bool = False  # the lexicon adapter
+    word_features: bool = True  # jieba's word boundary (B/M/E/S) and POS tag at each character (jieba's own dictionary)
     max_words: int = Field(6, ge=1)  # lexicon words a character attends over (the longest first)
     hidden_size: int = Field(200, ge=8)  # per direction (bilstm); the model width (transformer)
     num_layers: int = Field(1, ge=1)
     num_heads: int = Field(4, ge=1)  # transformer
     dropout: float = Field(0.5, ge=0, lt=1)
     freeze_embeddings: bool = False
-    epochs: int = Field(20, ge=1)  # the taggers' own (train.epochs is the classifiers')
-    patience: int = Field(5, ge=1)  # epochs without a better validation F1
-    lr: float = Field(2e-3, gt=0)
+    epochs: int = Field(10, ge=1)  # the taggers' own (train.epochs is the classifiers')
+    patience: int = Field(4, ge=1)  # epochs without a better validation F1
+    lr: float = Field(1e-3, gt=0)
     batch_size: int = Field(16, ge=1)
     max_len: int = Field(250, ge=8)  # characters per training sentence (longer ones are cut); prediction takes any length
+
+    @model_validator(mode="after")
+    def _checkpoint_for_bert(self):
+        if self.encoder == "bert" and not self.checkpoint:
+            raise ValueError("encoder bert needs a checkpoint (a hub id such as bert-base-chinese, or a local folder)")
+        return self
 
 
 class LexiconTaggerParams(TaggerParams):
@@ -152,10 +203,11 @@ class LexiconTaggerParams(TaggerParams):
 
 
 class Encoded:
-    """Texts as the tagger's id arrays."""
+    """Texts as the tagger's id arrays; `pos` (POS tag -> id, 0 padding, 1 unknown) adds jieba's word features."""
 
-    def __init__(self, chars: dict[str, int], grams: dict[str, int], lexicon: Lexicon | None):
-        self.chars, self.grams, self.lexicon = chars, grams, lexicon
+    def __init__(self, chars: dict[str, int], grams: dict[str, int], lexicon: Lexicon | None, pos: dict[str, int] | None = None,
+                 bert_vocab: dict[str, int] | None = None):
+        self.chars, self.grams, self.lexicon, self.pos, self.bert_vocab = chars, grams, lexicon, pos, bert_vocab
 
     def __call__(self, text: str) -> dict[str, np.ndarray]:
         following, preceding = bigrams(text)
@@ -164,6 +216,11 @@ class Encoded:
                "prev": np.array([self.grams.get(b, 1) for b in preceding], dtype=np.int64)}
         if self.lexicon is not None:
             row["words"], row["places"] = self.lexicon.match(text)
+        if self.pos is not None:
+            row["seg"], row["pos"] = word_features(jieba_words(text), self.pos)
+        if self.bert_vocab is not None:  # one token per character, as Chinese BERT vocabularies hold them
+            unk = self.bert_vocab.get("[UNK]", 0)
+            row["bert_ids"] = np.array([self.bert_vocab.get(c, self.bert_vocab.get(c.lower(), unk)) for c in text], dtype=np.int64)
         return row
 
 
@@ -192,16 +249,32 @@ def _matrix(itos: list[str], vectors_file: Path, seed: int):
     return torch.from_numpy(m), found / max(len(itos) - 1, 1)
 
 
-def _build(config: dict):
+def _bert(config: dict, checkpoint: str | None = None):
+    """The pretrained encoder: from `checkpoint` when training, from the saved config when loading a trained tagger."""
+    from transformers import AutoConfig, AutoModel
+
+    if checkpoint is None:
+        settings = dict(config["bert_config"])
+        return AutoModel.from_config(AutoConfig.for_model(settings.pop("model_type"), **settings), add_pooling_layer=False)
+    from tasks.hub import load_pretrained
+
+    return load_pretrained(checkpoint, lambda src, local: AutoModel.from_pretrained(src, local_files_only=local, add_pooling_layer=False),
+                           "BERT checkpoint")
+
+
+def _build(config: dict, bert=None):
     from tasks.models.taggers import Tagger
 
+    if config["encoder"] == "bert" and bert is None:
+        bert = _bert(config)
     return Tagger(config["num_chars"], config["num_bigrams"], config["num_words"], len(config["tags"]), config["char_dim"],
                   config["bigram_dim"], config["word_dim"], config["lexicon"], config["encoder"], config["hidden_size"],
-                  config["num_layers"], config["num_heads"], config["dropout"], transitions(config["tags"]))
+                  config["num_layers"], config["num_heads"], config["dropout"], transitions(config["tags"]),
+                  num_pos=len(config.get("pos_tags", [])) + 2, seg_dim=config.get("seg_dim", 0), bert=bert)
 
 
-def decode_rows(model, rows: list[dict[str, np.ndarray]], tags: list[str], batch_size: int = 64) -> list[tuple[list[str], list[float]]]:
-    """Viterbi tags and each character's marginal probability of its tag, in the order of `rows`."""
+def decode_rows(model, rows: list[dict[str, np.ndarray]], tags: list[str], batch_size: int = 64) -> list[Tagged]:
+    """Viterbi tags, each character's marginal probability of its tag and all marginals, in the order of `rows`."""
     import torch
 
     from tasks.models.trainer import length_buckets
@@ -215,7 +288,8 @@ def decode_rows(model, rows: list[dict[str, np.ndarray]], tags: list[str], batch
             paths, _ = model.crf.decode(emissions, mask)
             marginals = model.crf.marginals(emissions, mask).cpu()
             for row, i, path in zip(range(len(chunk)), chunk, paths):
-                out[i] = ([tags[t] for t in path], [float(marginals[row, j, t]) for j, t in enumerate(path)])
+                out[i] = Tagged([tags[t] for t in path], [float(marginals[row, j, t]) for j, t in enumerate(path)],
+                                marginals[row, : len(path)].numpy())
     return out
 
 
@@ -236,11 +310,25 @@ def train_tagger(inputs: TrainInputs) -> dict:
               "num_words": len(lexicon) if lexicon else 1, "char_dim": char_m.shape[1], "bigram_dim": gram_m.shape[1],
               "word_dim": 0, "lexicon": p.lexicon, "max_words": p.max_words,
               **{k: getattr(p, k) for k in ("encoder", "hidden_size", "num_layers", "num_heads", "dropout")}}
+    pos_tags: list[str] = []
+    if p.word_features:  # jieba's POS tag set as the train split shows it
+        pos_tags = sorted({flag for text in inputs.train["text"] for _, flag in jieba_words(text[: p.max_len])})
+        config.update(pos_tags=pos_tags, seg_dim=SEG_DIM)
+    bert, bert_vocab = None, None
+    if p.encoder == "bert":
+        from transformers import AutoTokenizer
+
+        from tasks.hub import load_pretrained
+
+        tokenizer = load_pretrained(p.checkpoint, lambda src, local: AutoTokenizer.from_pretrained(src, local_files_only=local), "BERT tokenizer")
+        bert_vocab = tokenizer.get_vocab()
+        bert = _bert(config, p.checkpoint)
+        config.update(bert_config=bert.config.to_dict(), bert_vocab=sorted(bert_vocab, key=bert_vocab.get))
     words = None
     if lexicon is not None:
         words, word_cov = _matrix(["[PAD]", *lexicon.index], inputs.embed / "words.bin", inputs.params.seed + 2)
         config["word_dim"] = words.shape[1]
-    model = _build(config)
+    model = _build(config, bert)
     model.char.weight.data.copy_(char_m)
     model.bigram.weight.data.copy_(gram_m)
     if words is not None:
@@ -248,7 +336,8 @@ def train_tagger(inputs: TrainInputs) -> dict:
     if p.freeze_embeddings:
         for emb in (model.char, model.bigram, *((model.word,) if words is not None else ())):
             emb.weight.requires_grad_(False)
-    encode = Encoded({c: i for i, c in enumerate(chars)}, {g: i for i, g in enumerate(grams)}, lexicon)
+    pos_index = {t: i + 2 for i, t in enumerate(pos_tags)} if p.word_features else None
+    encode = Encoded({c: i for i, c in enumerate(chars)}, {g: i for i, g in enumerate(grams)}, lexicon, pos_index, bert_vocab)
     train_rows = []
     for text, row_tags in zip(inputs.train["text"], inputs.train["tags"]):
         row = encode(text[: p.max_len])
@@ -262,12 +351,13 @@ def train_tagger(inputs: TrainInputs) -> dict:
             yield len(chunk), _batch(train_rows, chunk)
 
     def validate(m) -> dict[str, float]:
-        pred = [t for t, _ in decode_rows(m, val_rows, tags)]
+        pred = [t.tags for t in decode_rows(m, val_rows, tags)]
         scores = entity_f1(val_gold, pred)
         return {"val_f1": scores["f1"], "val_precision": scores["precision"], "val_recall": scores["recall"]}
 
     task = Task(batches, math.ceil(len(train_rows) / p.batch_size), lambda m, b: m.loss(b), validate)
-    loop = LoopConfig.from_train(inputs.params, lr=p.lr, epochs=p.epochs, patience=p.patience, monitor="val_f1")
+    loop = LoopConfig.from_train(inputs.params, lr=p.lr, epochs=p.epochs, patience=p.patience, monitor="val_f1",
+                                 encoder_lr=p.encoder_lr if p.encoder == "bert" else None)
     result = fit(inputs.name, model, task, loop, inputs.scratch, inputs.sink)
     folder = inputs.out / inputs.name
     folder.mkdir()
@@ -293,27 +383,101 @@ def tagger_from(folder: Path, device: str = "auto") -> TaggerFn:
     model.load_state_dict(saved["state_dict"])
     model.to(resolve_device(device)).eval()
     lexicon = Lexicon(saved["lexicon"], config["max_words"]) if config["lexicon"] else None
-    encode = Encoded({c: i for i, c in enumerate(saved["chars"])}, {g: i for i, g in enumerate(saved["bigrams"])}, lexicon)
+    pos_index = {t: i + 2 for i, t in enumerate(config["pos_tags"])} if config.get("seg_dim") else None
+    bert_vocab = {t: i for i, t in enumerate(config["bert_vocab"])} if config["encoder"] == "bert" else None
+    encode = Encoded({c: i for i, c in enumerate(saved["chars"])}, {g: i for i, g in enumerate(saved["bigrams"])}, lexicon, pos_index, bert_vocab)
 
-    def tag(texts: list[str]) -> list[tuple[list[str], list[float]]]:
-        rows = [encode(t) for t in texts]
+    def tag(texts: list[str]) -> list[Tagged]:
         present = [i for i, t in enumerate(texts) if t]
-        out: list = [([], [])] * len(texts)
-        for i, result in zip(present, decode_rows(model, [rows[i] for i in present], config["tags"])):
+        out = [Tagged([], [], np.zeros((0, len(config["tags"])), dtype=np.float32)) for _ in texts]
+        for i, result in zip(present, decode_rows(model, [encode(texts[i]) for i in present], config["tags"])):
             out[i] = result
         return out
 
+    tag.tags = config["tags"]
     return tag
 
 
 def load_tagger(folder: Path) -> TaggerFn:
     """A saved tagger of any kind."""
-    return crf_tagger(folder) if (folder / "crf.model").is_file() else tagger_from(folder)
+    if (folder / "crf.model").is_file():
+        return crf_tagger(folder)
+    if (folder / "members").is_dir():
+        return ensemble_tagger(folder)
+    return tagger_from(folder)
 
 
-def predict_frame(folder: Path, df: pd.DataFrame) -> list[list[str]]:
-    """BIOES tags of a frame's `text` column."""
-    return [tags for tags, _ in load_tagger(folder)(df["text"].astype(str).tolist())]
+# -- ensemble ----------------------------------------------------------------------------------------------
+
+
+class EnsembleParams(Section):
+    """The `train.ner_ensemble` section: the members' per-character tag probabilities averaged, then the best
+    well-formed tag path over them (Viterbi over the log averages, within the tag scheme's transitions)."""
+
+    members: list[str] = ["crf", "bilstm_crf", "lexicon_tagger"]  # taggers of train.models, trained first
+    weights: list[float] | None = None  # per member; None = equal
+
+
+def constrained_viterbi(log_probs: np.ndarray, allowed: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[int]:
+    """The tag path with the highest sum of per-character log probabilities among the paths the transitions
+    allow (characters x tags in; one tag index per character out)."""
+    never = -1e9
+    step = np.where(allowed, 0.0, never)
+    score = log_probs[0] + np.where(starts, 0.0, never)
+    back = []
+    for row in log_probs[1:]:
+        total = score[:, None] + step
+        back.append(total.argmax(0))
+        score = total.max(0) + row
+    path = [int(np.argmax(score + np.where(ends, 0.0, never)))]
+    for pointers in reversed(back):
+        path.append(int(pointers[path[-1]]))
+    return path[::-1]
+
+
+def train_ensemble(inputs: TrainInputs) -> dict:
+    import shutil
+    import time
+
+    p: EnsembleParams = inputs.section
+    if p.weights is not None and len(p.weights) != len(p.members):
+        raise ValueError(f"train.{inputs.name}.weights: {len(p.weights)} weights for {len(p.members)} members")
+    t0 = time.perf_counter()
+    folder = inputs.out / inputs.name
+    for member in p.members:
+        shutil.copytree(inputs.members[member], folder / "members" / member)
+    (folder / "config.json").write_text(json.dumps({"kind": "ensemble", "members": p.members, "weights": p.weights,
+                                                    "labels": inputs.labels}), encoding="utf-8")
+    return {"path": inputs.name, "kind": "ensemble", "seconds": time.perf_counter() - t0, "members": p.members}
+
+
+def ensemble_tagger(folder: Path) -> TaggerFn:
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    members = [load_tagger(folder / "members" / m) for m in config["members"]]
+    weights = np.array(config["weights"] or [1.0] * len(members), dtype=np.float64)
+    weights /= weights.sum()
+    order = tag_set(config["labels"])
+    allowed, starts, ends = (np.array(a, dtype=bool) for a in transitions(order))
+    columns = [[m.tags.index(t) if t in m.tags else -1 for t in order] for m in members]
+
+    def tag(texts: list[str]) -> list[Tagged]:
+        tagged = [m(texts) for m in members]
+        out = []
+        for i, text in enumerate(texts):
+            average = np.zeros((len(text), len(order)))
+            for w, cols, result in zip(weights, columns, (t[i] for t in tagged)):
+                for j, c in enumerate(cols):
+                    if c >= 0 and len(text):
+                        average[:, j] += w * result.marginals[:, c]
+            if not len(text):
+                out.append(Tagged([], [], average.astype(np.float32)))
+                continue
+            path = constrained_viterbi(np.log(np.clip(average, 1e-12, 1.0)), allowed, starts, ends)
+            out.append(Tagged([order[k] for k in path], [float(average[j, k]) for j, k in enumerate(path)], average.astype(np.float32)))
+        return out
+
+    tag.tags = order
+    return tag
 
 
 CRF = ModelSpec("crf", CRFParams, train_crf, tagger=load_tagger, task="ner",
@@ -322,3 +486,6 @@ BILSTM_CRF = ModelSpec("bilstm_crf", TaggerParams, train_tagger, tagger=load_tag
                        about="character + bigram embeddings, BiLSTM, CRF; starts from the embed stage's vectors")
 LEXICON_TAGGER = ModelSpec("lexicon_tagger", LexiconTaggerParams, train_tagger, tagger=load_tagger, task="ner", uses_vectors=True,
                            about="bilstm_crf with the lexicon adapter: each character attends over the words that cover it")
+NER_ENSEMBLE = ModelSpec("ner_ensemble", EnsembleParams, train_ensemble, tagger=load_tagger, task="ner",
+                         members=lambda section: section.members,
+                         about="the listed taggers' per-character tag probabilities averaged, decoded into well-formed spans")

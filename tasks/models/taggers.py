@@ -1,6 +1,7 @@
 """The neural sequence taggers: character and bigram embeddings, an optional lexicon adapter (each character
 attends over the vectors of the lexicon words that cover it, with the character's place in each word), a
-BiLSTM or Transformer encoder, and a CRF on top."""
+BiLSTM or Transformer encoder, or a pretrained BERT whose character states are joined with those features,
+and a CRF on top."""
 from __future__ import annotations
 
 import math
@@ -15,7 +16,8 @@ from tasks.tagging import POSITIONS
 class Tagger(nn.Module):
     def __init__(self, num_chars: int, num_bigrams: int, num_words: int, num_tags: int, char_dim: int, bigram_dim: int,
                  word_dim: int, lexicon: bool, encoder: str, hidden: int, layers: int, heads: int, dropout: float,
-                 allowed: tuple[list[list[bool]], list[bool], list[bool]], num_pos: int = 0, seg_dim: int = 0):
+                 allowed: tuple[list[list[bool]], list[bool], list[bool]], num_pos: int = 0, seg_dim: int = 0,
+                 bert: nn.Module | None = None):
         super().__init__()
         self.char = nn.Embedding(num_chars, char_dim, padding_idx=0)
         self.bigram = nn.Embedding(num_bigrams, bigram_dim, padding_idx=0)
@@ -33,7 +35,10 @@ class Tagger(nn.Module):
             width += word_dim
         self.dropout = nn.Dropout(dropout)
         self.encoder_kind = encoder
-        if encoder == "bilstm":
+        if encoder == "bert":  # a pretrained character encoder; the features above join its output
+            self.encoder = bert
+            out = bert.config.hidden_size + width
+        elif encoder == "bilstm":
             self.encoder = nn.LSTM(width, hidden, num_layers=layers, batch_first=True, bidirectional=True,
                                    dropout=dropout if layers > 1 else 0.0)
             out = 2 * hidden
@@ -64,7 +69,10 @@ class Tagger(nn.Module):
             x = torch.cat([x, self.adapter(x, batch["words"], batch["places"])], dim=-1)
         x = self.dropout(x)
         mask = batch["chars"] > 0
-        if self.encoder_kind == "bilstm":
+        if self.encoder_kind == "bert":
+            states = self.encoder(input_ids=batch["bert_ids"], attention_mask=mask.long()).last_hidden_state
+            h = torch.cat([states, x], dim=-1)
+        elif self.encoder_kind == "bilstm":
             lengths = mask.sum(1).cpu()
             packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
             h, _ = self.encoder(packed)
@@ -73,6 +81,14 @@ class Tagger(nn.Module):
             steps = torch.arange(x.shape[1], device=x.device).clamp(max=self.positions.num_embeddings - 1)
             h = self.encoder(self.project(x) + self.positions(steps), src_key_padding_mask=~mask)
         return self.emit(self.dropout(h))
+
+    def optimizer_groups(self, lr: float, encoder_lr: float | None) -> list[dict]:
+        """A pretrained encoder learns at its own (smaller) rate; everything else at `lr`."""
+        if self.encoder_kind != "bert" or encoder_lr is None:
+            return [{"params": [w for w in self.parameters() if w.requires_grad]}]
+        inner = {id(w) for w in self.encoder.parameters()}
+        return [{"params": [w for w in self.encoder.parameters() if w.requires_grad], "lr": encoder_lr},
+                {"params": [w for w in self.parameters() if w.requires_grad and id(w) not in inner]}]
 
     def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.crf(self.emissions(batch), batch["tags"], batch["chars"] > 0)

@@ -103,6 +103,7 @@ class LoopConfig:
     device: str = "auto"
     precision: str = "auto"
     seed: int = 7
+    encoder_lr: float | None = None  # a pretrained encoder's own learning rate (models with `optimizer_groups`)
     monitor: str = "val_macro_f1"  # a key of the validation metrics
     mode: str = "max"  # "min" for losses and perplexities
 
@@ -180,7 +181,9 @@ def fit(name: str, model: nn.Module, task: Task, cfg: LoopConfig, checkpoints: P
     model.to(device)
     checkpoints.mkdir(parents=True, exist_ok=True)
     trainable = [w for w in model.parameters() if w.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    # a model with a pretrained part may give it its own learning rate (`optimizer_groups`)
+    groups = model.optimizer_groups(cfg.lr, cfg.encoder_lr) if hasattr(model, "optimizer_groups") else trainable
+    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = warmup_linear_decay(optimizer, cfg.epochs, cfg.warmup_ratio, math.ceil(task.steps_per_epoch / cfg.grad_accum))
     rng = np.random.default_rng(cfg.seed)
     sign = 1.0 if cfg.mode == "max" else -1.0

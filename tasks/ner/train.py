@@ -10,7 +10,9 @@ from tasks.core import BuildContext, BuildOutput
 from tasks.errors import ConfigError
 from tasks.models import MODELS, TrainInputs
 from tasks.models.ner import entity_f1
-from tasks.train import FILES, LIBRARIES  # noqa: F401 (what its key sees, as for the classifiers)
+from tasks.train import LIBRARIES  # noqa: F401 (what its key sees, as for the classifiers)
+
+FILES = ("bilstm_crf.checkpoint", "lexicon_tagger.checkpoint")  # a local pretrained encoder counts by content
 
 
 def build_model(ctx: BuildContext, name: str) -> BuildOutput:
@@ -21,10 +23,11 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     labels = ctx.input_info["augment"]["labels"]
     train = pd.read_parquet(ctx.inputs["augment"] / "train.parquet", columns=["text", "tags", "words"])
     validation = pd.read_parquet(ctx.inputs["segment"] / "validation.parquet", columns=["text", "tags"])
+    members = {unit.partition(".")[2]: folder / unit.partition(".")[2] for unit, folder in ctx.inputs.items() if unit.startswith("train.")}
     summary = spec.train(TrainInputs(name, train, validation, labels, ctx.params, ctx.inputs["vocab"], None, ctx.out,
-                                     ctx.scratch, ctx.sink, embed=ctx.inputs.get("embed")))
+                                     ctx.scratch, ctx.sink, embed=ctx.inputs.get("embed"), members=members))
     tagged = spec.tagger(ctx.out / name)(validation["text"].astype(str).tolist())
-    scores = entity_f1([list(t) for t in validation["tags"]], [tags for tags, _ in tagged])
+    scores = entity_f1([list(t) for t in validation["tags"]], [t.tags for t in tagged])
     summary.update({f"val_{k}": v for k, v in scores.items()})
     names = {"val_f1": "val_f1_best", "val_precision": "val_precision_best", "val_recall": "val_recall_best",
              "seconds": "train_seconds", "samples_per_second": "median_samples_per_second"}

@@ -12,6 +12,7 @@ from flows.pipeline import pipeline_flow
 from flows.runner import STAGES
 from flows.tracking import client
 from tasks.errors import ConfigError
+from tasks.models import MODELS
 from tasks.tagging import parse_conll, spans_of
 
 pytestmark = pytest.mark.e2e
@@ -33,12 +34,12 @@ def test_ner_pipeline_runs_every_stage_and_tracks_it_like_classification(ner_run
     assert list(cache_of(out)) == list(STAGES) and set(cache_of(out).values()) == {"miss"}
     c = client()
     parent = c.get_run(out["parent_run_id"])
-    assert parent.data.tags["zhpipe.task"] == "ner" and parent.data.tags["zhpipe.best_model"] in ("crf", "bilstm_crf", "lexicon_tagger")
+    assert parent.data.tags["zhpipe.task"] == "ner" and parent.data.tags["zhpipe.best_model"] in MODELS
     assert 0.5 < parent.data.metrics["best_test_f1"] <= 1  # the crf alone reaches ~0.8 on these 150 sentences
     assert parent.data.tags["zhpipe.registered"].startswith("zhpipe-ner-smoke/")
     runs = c.search_runs([parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{out['parent_run_id']}'")
     models = {r.data.tags["zhpipe.model"]: r for r in runs if "zhpipe.model" in r.data.tags}
-    assert set(models) == {"crf", "bilstm_crf", "lexicon_tagger"}
+    assert set(models) == {"crf", "bilstm_crf", "lexicon_tagger", "ner_ensemble"}
     for name, r in models.items():
         assert {"test_f1", "test_precision", "test_recall", "val_f1_best"} <= set(r.data.metrics), name
         assert r.data.tags["zhpipe.model_uri"].startswith("models:/")
@@ -111,7 +112,8 @@ def test_one_bio_file_with_tabs_is_read_and_split_80_10_10(prefect_harness, tmp_
 
 @pytest.mark.parametrize("overrides, message", [
     (["augment.method=eda"], "would shift entity tags"),
-    (["train.models=[crf,textcnn]"], "textcnn is a classification model; task ner takes crf, bilstm_crf, lexicon_tagger"),
+    (["train.models=[crf,textcnn]"], "textcnn is a classification model; task ner takes crf, bilstm_crf, lexicon_tagger, ner_ensemble"),
+    (["train.models=[crf,ner_ensemble]"], "train.ner_ensemble.members: bilstm_crf, lexicon_tagger not in train.models"),
 ])
 def test_task_rules_are_config_errors(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
@@ -125,8 +127,74 @@ def test_a_classification_pipeline_refuses_taggers_and_given_splits():
         load_pipeline("smoke", overrides=["source.splits={test: {path: x.csv}}"])
 
 
+def test_an_ensemble_of_one_tagger_follows_that_tagger(ner_run, tmp_path):
+    """Averaging one member's marginals and decoding them within the tag scheme gives the member's spans
+    (Viterbi and the best path over marginals part only where the model is unsure)."""
+    import shutil
+
+    from tasks.models.ner import load_tagger
+    from tasks.ner.evaluate import entity_scores
+
+    paths = {u["stage"]: Path(u["path"]) for u in ner_run["out"]["units"]}
+    folder = tmp_path / "one"
+    shutil.copytree(paths["train.crf"] / "crf", folder / "members" / "crf")
+    labels = json.loads((folder / "members" / "crf" / "config.json").read_text(encoding="utf-8"))["labels"]
+    (folder / "config.json").write_text(json.dumps({"kind": "ensemble", "members": ["crf"], "weights": None, "labels": labels}))
+    texts = [s.text for s in parse_conll((FIXTURES / "test.bmes").read_text(encoding="utf-8").splitlines()).sentences]
+    member, ensemble = load_tagger(folder / "members" / "crf")(texts), load_tagger(folder)(texts)
+    assert all(len(e.tags) == len(t) for e, t in zip(ensemble, texts))
+    agreement, _ = entity_scores([m.tags for m in member], [e.tags for e in ensemble], labels)
+    assert agreement["test_f1"] > 0.9
+
+
 def test_ner_defaults_fill_in_when_a_pipeline_names_no_models(tmp_path):
     config_file = tmp_path / "pipelines.yaml"
     config_file.write_text(f"pipelines:\n  n:\n    task: ner\n    source: {{path: {FIXTURES / 'train.bmes'}}}\n", encoding="utf-8")
     config = load_pipeline("n", config_file)
-    assert config.stages.train.models == ["crf", "bilstm_crf", "lexicon_tagger"] and config.stages.augment.method == "none"
+    assert config.stages.train.models == ["crf", "bilstm_crf", "lexicon_tagger", "ner_ensemble"] and config.stages.augment.method == "none"
+
+
+def _tiny_bert(folder: Path) -> Path:
+    """A random 1-layer BERT and a character tokenizer covering the fixture's characters (no hub)."""
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    chars = sorted({c for name in ("train", "dev", "test") for c in (FIXTURES / f"{name}.bmes").read_text(encoding="utf-8").split() if len(c) == 1})
+    folder.mkdir()
+    (folder / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars]) + "\n", encoding="utf-8")
+    tokenizer = BertTokenizerFast(vocab_file=str(folder / "vocab.txt"))
+    BertModel(BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=64)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_a_tagger_on_a_pretrained_bert_checkpoint(ner_run, tmp_path):
+    """encoder bert: a checkpoint folder (here a tiny random BERT) as the character encoder, trained, logged
+    and served like the others."""
+    import mlflow
+
+    folder = _tiny_bert(tmp_path / "tiny-bert")
+    overrides = ["train.models=[lexicon_tagger]", "train.lexicon_tagger.encoder=bert", f"train.lexicon_tagger.checkpoint={folder}",
+                 "train.lexicon_tagger.epochs=2", "train.lexicon_tagger.encoder_lr=0.001"]
+    out = pipeline_flow(load_pipeline("ner-smoke", overrides=overrides), storage=str(ner_run["store"]), stages=["train", "evaluate"])
+    unit = next(u for u in out["units"] if u["stage"] == "train.lexicon_tagger")
+    assert unit["cache"] == "miss" and unit["info"]["summary"]["parameters"] > 20_000
+    history = unit["info"]["summary"]["history"]
+    assert len(history) == 2 and history[-1]["train_loss"] < history[0]["train_loss"]
+    run = client().get_run(unit["run_id"])
+    served = mlflow.pyfunc.load_model(run.data.tags["zhpipe.model_uri"])
+    (cell,) = served.predict(["张伟，研究生学历。"])["entities"]
+    assert isinstance(json.loads(cell), list)
+
+
+def test_a_missing_checkpoint_is_one_clear_error(monkeypatch):
+    import huggingface_hub.constants
+
+    from tasks.hub import ModelMissingError
+    from tasks.models.ner import _bert
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(ModelMissingError, match=r"BERT checkpoint 'no-such/bert' not found locally.*huggingface-cli download no-such/bert"):
+        _bert({}, "no-such/bert")
+    with pytest.raises(ConfigError, match="encoder bert needs a checkpoint"):
+        load_pipeline("ner-smoke", overrides=["train.bilstm_crf.encoder=bert"])

@@ -69,3 +69,20 @@ def test_forbidden_transitions_never_decode_into_ill_formed_spans():
     emissions[0, :, tags.index("I-A")] = 10.0  # I-A everywhere is what the emissions want, and is ill formed
     (path,), _ = crf.decode(emissions, torch.ones(1, 3, dtype=torch.bool))
     assert [tags[i] for i in path] == ["B-A", "I-A", "E-A"]
+
+
+def test_constrained_viterbi_is_the_best_allowed_path_by_brute_force():
+    import numpy as np
+
+    from tasks.models.ner import constrained_viterbi
+
+    tags = tag_set(["A"])
+    allowed, starts, ends = (np.array(a, dtype=bool) for a in transitions(tags))
+    rng = np.random.default_rng(0)
+    log_probs = np.log(rng.dirichlet(np.ones(len(tags)), size=4))
+
+    def ok(path):
+        return starts[path[0]] and ends[path[-1]] and all(allowed[a, b] for a, b in zip(path, path[1:]))
+
+    best = max((p for p in itertools.product(range(len(tags)), repeat=4) if ok(p)), key=lambda p: sum(log_probs[i, t] for i, t in enumerate(p)))
+    assert constrained_viterbi(log_probs, allowed, starts, ends) == list(best)
