@@ -98,6 +98,12 @@ def _parser() -> argparse.ArgumentParser:
     init.add_argument("--csv", help="your corpus: a CSV file with a text and a label column (default: a 12-row example)")
     init.add_argument("--text-column", default="text", help="the CSV's text column (default text)")
     init.add_argument("--label-column", default="label", help="the CSV's label column (default label)")
+    tune = sub.add_parser("tune", help="an Optuna study of one model's settings (TPE, pruning, resumable; nested MLflow runs)")
+    pipeline_args(tune)
+    storage_arg(tune)
+    tune.add_argument("--model", required=True, help="the model of train.models to tune")
+    tune.add_argument("--trials", type=int, default=20, help="trials to add to the study (default 20)")
+    tune.add_argument("--seed", type=int, default=0, help="the sampler's seed")
     runs = sub.add_parser("runs", help="list recent pipeline runs (date, commit, source, best model, metrics)")
     runs.add_argument("pipeline", nargs="?", help="one pipeline (default: all)")
     runs.add_argument("--limit", type=int, default=20)
@@ -292,6 +298,21 @@ def _print_frame(df, title: str) -> None:
     if not console.is_terminal:  # piped or logged: whole rows, not wrapped at 80 columns
         console = Console(width=240)
     console.print(table)
+
+
+def cmd_tune(args) -> int:
+    from flows.tune import tune
+
+    if args.source:
+        raise ZhpipeError("tune: tune on the corpus a pipeline declares (add a pipeline for another corpus to pipelines.yaml)")
+    if args.trials < 1:
+        raise ZhpipeError(f"tune: --trials must be at least 1, got {args.trials}")
+    result = tune(_pipeline_name(args), args.model, args.trials, args.overrides, args.seed, args.storage)
+    print(f"best of {result['complete']} complete trials ({result['trials']} in the study): {result['metric']} "
+          f"{result['value']:.4f} (trial {result['trial']}); MLflow tune run {result['run_id']}")
+    print("as --set lines:  " + " ".join(f"--set {s}" for s in result["sets"]))
+    print(f"as YAML (also in {result['file']}):\n{result['yaml']}", end="")
+    return 0
 
 
 def cmd_runs(args) -> int:
@@ -500,19 +521,19 @@ def main(argv: list[str] | None = None) -> int:
     except ZhpipeError as e:
         print(f"zhpipe: error: {e}", file=sys.stderr)
         return 2
-    if args.command in ("run", "deploy", "serve", "worker") or getattr(args, "dask", None):
+    if args.command in ("run", "tune", "deploy", "serve", "worker") or getattr(args, "dask", None):
         from flows.server import use_running
 
         use_running()  # a background `zhpipe server` instead of a temporary server per command
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S")
     for noisy in ("httpx", "alembic", "mlflow.store.db.utils", "gensim", "smart_open", "distributed"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    if not args.debug and (args.command in ("run", "deploy", "serve") or getattr(args, "dask", None)):
+    if not args.debug and (args.command in ("run", "tune", "deploy", "serve") or getattr(args, "dask", None)):
         import prefect  # noqa: F401 - configures Prefect's loggers, which the filter then attaches to
 
         _quiet_prefect_tracebacks()
     commands = {"run": cmd_run, "status": cmd_status, "stages": cmd_stages, "pipelines": cmd_pipelines, "ui": cmd_ui,
-                "deploy": cmd_deploy, "serve": cmd_serve, "worker": cmd_worker, "runs": cmd_runs, "compare": cmd_compare,
+                "deploy": cmd_deploy, "serve": cmd_serve, "worker": cmd_worker, "runs": cmd_runs, "compare": cmd_compare, "tune": cmd_tune,
                 "predict": cmd_predict, "models": cmd_models, "init": cmd_init,
                 "verify": cmd_verify, "gc": cmd_gc, "server": cmd_server}
     try:

@@ -133,6 +133,9 @@ class PipelineConfig(Section):
     dask_address: str | None = None  # scheduler address (tcp://host:8786); None with runner dask = a local cluster
     storage: str | None = None  # stage store root: a folder or an fsspec URL; default data/ (ZHPIPE_STORAGE wins)
     predict: PredictLimits = PredictLimits()  # travels with the registered model
+    # `zhpipe tune` search spaces per model: {setting: {low, high, log?, step?} or {choices: [...]}}; a model
+    # without one gets flows/tune.py's default
+    tune: dict[str, dict[str, dict[str, Any]]] = {}
 
     def config_hash(self) -> str:
         """Short hash of the resolved config, tagged on every MLflow parent run."""

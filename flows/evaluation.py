@@ -22,16 +22,18 @@ def model_dir(run: RunContext, name: str) -> Path:
     return run.store.local(unit, run.keys[unit]) / name
 
 
-def train_models(run: RunContext, augment: StageResult, segment: StageResult, vocab: StageResult, embed: StageResult) -> StageResult:
-    """Every model's train unit (reused or built, each tracked in its model run), then the train stage that
-    gathers them."""
+def train_models(run: RunContext, augment: StageResult, segment: StageResult, vocab: StageResult, embed: StageResult,
+                 trackers: dict[str, Tracker] | None = None) -> StageResult:
+    """Every model's train unit (reused or built, each tracked in its model run, or in the run `trackers` gives
+    for it), then the train stage that gathers them."""
     train_stage = stage_module(run.config.task, "train")
     units = {}
     for unit in model_units(run.config, "train"):
         name = unit.partition(".")[2]
         inputs = {"augment": augment, "segment": segment, "vocab": vocab} | ({"embed": embed} if MODELS[name].uses_vectors else {})
         inputs |= {f"train.{m}": units[f"train.{m}"] for m in members_of(run.config, name)}
-        result = run.run(unit, inputs, lambda ctx, n=name: train_stage.build_model(ctx, n), run_name=name, tags={"zhpipe.model": name})
+        result = run.run(unit, inputs, lambda ctx, n=name: train_stage.build_model(ctx, n), run_name=name, tags={"zhpipe.model": name},
+                         tracker=(trackers or {}).get(name))
         _track_training(run, result, name)
         units[unit] = result
     result = run.run("train", units, train_stage.build)

@@ -1,4 +1,5 @@
-"""Stage `embed`: gensim Word2Vec and fastText subword vectors trained on the segmented train corpus."""
+"""Stage `embed`: gensim Word2Vec and fastText subword vectors trained on the segmented train corpus, with their
+probes: nearest neighbours, analogies (a : b :: c : ?) and word-pair similarities."""
 from __future__ import annotations
 
 import logging
@@ -54,6 +55,9 @@ class Params(Section):
     fasttext: FastTextParams = FastTextParams()
     probe_words: list[str] = ["酒店", "服务", "干净"]
     topn: int = 5
+    # analogy probes a : b :: c : ?, answered by 3CosAdd (b - a + c); a fourth word is the expected answer
+    analogies: list[list[str]] = [["干净", "脏", "好", "差"], ["早餐", "吃", "房间", "住"]]
+    similarity_pairs: list[list[str]] = [["干净", "整洁"], ["服务", "态度"], ["酒店", "宾馆"], ["好", "差"]]
     workers: int = Field(2, ge=1)  # gensim threads; >1 trades bit-exact reproducibility for speed
     seed: int = 1
     plot_words: int = Field(150, ge=10)  # the most frequent words drawn in the 2-D projection
@@ -116,6 +120,29 @@ def neighbours(name: str, probe: list[str], lookup, topn: int) -> list[dict]:
         for rank, (other, score) in enumerate(lookup(word, topn), 1):
             rows.append({"model": name, "word": word, "rank": rank, "neighbour": other, "cosine": round(float(score), 4)})
     return rows
+
+
+def analogy_rows(name: str, kv, analogies: list[list[str]], topn: int) -> list[dict]:
+    """a : b :: c : ? by 3CosAdd over KeyedVectors, with the rank of the expected answer when given (None when
+    it is not in the top `topn`, or a word is out of the vocabulary)."""
+    rows = []
+    for item in analogies:
+        a, b, c, *expected = item
+        missing = [w for w in (a, b, c, *expected) if w not in kv.key_to_index]
+        answers = [] if missing else kv.most_similar(positive=[b, c], negative=[a], topn=topn)
+        words = [w for w, _ in answers]
+        rows.append({"model": name, "analogy": f"{a} : {b} :: {c} : ?", "expected": expected[0] if expected else "",
+                     "answers": " ".join(words), "top1_cosine": round(float(answers[0][1]), 4) if answers else None,
+                     "expected_rank": words.index(expected[0]) + 1 if expected and expected[0] in words else None,
+                     "missing": " ".join(missing)})
+    return rows
+
+
+def similarity_rows(name: str, kv, pairs: list[list[str]]) -> list[dict]:
+    """Cosine similarity of word pairs (None when a word is out of the vocabulary)."""
+    return [{"model": name, "word": a, "other": b,
+             "cosine": round(float(kv.similarity(a, b)), 4) if a in kv.key_to_index and b in kv.key_to_index else None}
+            for a, b, *_ in pairs]
 
 
 def frequent_words(kv, n: int) -> list[str]:
@@ -189,5 +216,16 @@ def build(ctx: BuildContext) -> BuildOutput:
     artifacts.append("projector")
     table = pd.DataFrame(rows, columns=["model", "word", "rank", "neighbour", "cosine"])
     table.to_csv(ctx.out / "neighbours.csv", index=False)
+    probes = {"analogies": pd.DataFrame(analogy_rows("word2vec", w2v, p.analogies, p.topn)),
+              "similarities": pd.DataFrame(similarity_rows("word2vec", w2v, p.similarity_pairs))}
+    if p.fasttext.enabled:  # fastText answers for words it never saw, from their subwords
+        probes["analogies"] = pd.concat([probes["analogies"], pd.DataFrame(analogy_rows("fasttext", ft_kv, p.analogies, p.topn))], ignore_index=True)
+        probes["similarities"] = pd.concat([probes["similarities"], pd.DataFrame(similarity_rows("fasttext", ft_kv, p.similarity_pairs))], ignore_index=True)
+    for name, frame in probes.items():
+        frame.to_csv(ctx.out / f"{name}.csv", index=False)
+        artifacts.append(f"{name}.csv")
+    answered = probes["analogies"].loc[probes["analogies"]["model"] == "word2vec", "expected_rank"] if len(probes["analogies"]) else pd.Series(dtype=float)
+    if len(answered):
+        metrics["word2vec_analogy_top5"] = float(answered.notna().mean())
     return BuildOutput(rows=len(w2v), metrics=metrics, info=dict(ctx.input_info["augment"]), artifacts=artifacts,
-                       tables={"neighbours.json": table} if len(table) else {})
+                       tables={f"{name}.json": frame for name, frame in {"neighbours": table, **probes}.items() if len(frame)})

@@ -1,6 +1,6 @@
 """Stage `profile`: what the corpus looks like (the course's text-analysis chapter) as pictures, tables and
 one self-contained HTML report: labels per split, text lengths per label, frequent words and adjectives
-per label, a word cloud per label, vocabulary size, type/token ratio and the length that covers 90% of
+per label, a word cloud and an adjective cloud per label, vocabulary size, type/token ratio and the length that covers 90% of
 texts (a suggested `max_len`)."""
 from __future__ import annotations
 
@@ -179,10 +179,11 @@ def build(ctx: BuildContext) -> BuildOutput:
     stats = corpus_stats(frames, p.coverage)
     words = {str(label): top_words(train.loc[train["label"] == label, "words"], p.top_k) for label in labels}
     rng = random.Random(p.seed)
-    adjectives = {}
+    adjectives, adjective_counts = {}, {}
     for label in labels:
         texts = train.loc[train["label"] == label, "text"].tolist()
-        adjectives[str(label)] = top_adjectives(rng.sample(texts, min(len(texts), p.pos_texts)), p.top_k)
+        adjective_counts[label] = dict(top_adjectives(rng.sample(texts, min(len(texts), p.pos_texts)), p.cloud_words))
+        adjectives[str(label)] = list(adjective_counts[label].items())[: p.top_k]
     pictures = [
         plot_labels(frames, labels, ctx.out / "label_distribution.png"),
         plot_lengths(everything, labels, ctx.out / "length_distribution.png"),
@@ -193,6 +194,8 @@ def build(ctx: BuildContext) -> BuildOutput:
     for label in labels:
         counts = dict(top_words(train.loc[train["label"] == label, "words"], p.cloud_words))
         pictures.append(word_cloud(counts, font, ctx.out / f"wordcloud_{safe_name(label)}.png", p.seed))
+        if adjective_counts[label]:  # the course's adjective cloud: jieba POS a/ad/an only
+            pictures.append(word_cloud(adjective_counts[label], font, ctx.out / f"adjectives_{safe_name(label)}.png", p.seed))
     tables = {
         "labels per split": pd.DataFrame({s: df["label"].value_counts().reindex(all_labels, fill_value=0) for s, df in frames.items()}).rename_axis("label").reset_index(),
         "top words per label": _side_by_side(words),

@@ -187,6 +187,9 @@ class TaggerParams(Section):
     patience: int = Field(4, ge=1)  # epochs without a better validation F1
     lr: float = Field(1e-3, gt=0)
     batch_size: int = Field(16, ge=1)
+    # copies trained from seeds train.seed, train.seed + 1, ...; their per-character tag probabilities are
+    # averaged and decoded within the tag scheme (a seed ensemble: steadier, `seeds` times the training)
+    seeds: int = Field(1, ge=1)
     max_len: int = Field(250, ge=8)  # characters per training sentence (longer ones are cut); prediction takes any length
 
     @model_validator(mode="after")
@@ -328,14 +331,6 @@ def train_tagger(inputs: TrainInputs) -> dict:
     if lexicon is not None:
         words, word_cov = _matrix(["[PAD]", *lexicon.index], inputs.embed / "words.bin", inputs.params.seed + 2)
         config["word_dim"] = words.shape[1]
-    model = _build(config, bert)
-    model.char.weight.data.copy_(char_m)
-    model.bigram.weight.data.copy_(gram_m)
-    if words is not None:
-        model.word.weight.data.copy_(words)
-    if p.freeze_embeddings:
-        for emb in (model.char, model.bigram, *((model.word,) if words is not None else ())):
-            emb.weight.requires_grad_(False)
     pos_index = {t: i + 2 for i, t in enumerate(pos_tags)} if p.word_features else None
     encode = Encoded({c: i for i, c in enumerate(chars)}, {g: i for i, g in enumerate(grams)}, lexicon, pos_index, bert_vocab)
     train_rows = []
@@ -356,17 +351,36 @@ def train_tagger(inputs: TrainInputs) -> dict:
         return {"val_f1": scores["f1"], "val_precision": scores["precision"], "val_recall": scores["recall"]}
 
     task = Task(batches, math.ceil(len(train_rows) / p.batch_size), lambda m, b: m.loss(b), validate)
-    loop = LoopConfig.from_train(inputs.params, lr=p.lr, epochs=p.epochs, patience=p.patience, monitor="val_f1",
-                                 encoder_lr=p.encoder_lr if p.encoder == "bert" else None)
-    result = fit(inputs.name, model, task, loop, inputs.scratch, inputs.sink)
+    states, results = [], []
+    for copy in range(p.seeds):
+        seed = inputs.params.seed + copy
+        seed_everything(seed)
+        model = _build(config, bert if copy == 0 else (_bert(config, p.checkpoint) if bert is not None else None))
+        model.char.weight.data.copy_(char_m)
+        model.bigram.weight.data.copy_(gram_m)
+        if words is not None:
+            model.word.weight.data.copy_(words)
+        if p.freeze_embeddings:
+            for emb in (model.char, model.bigram, *((model.word,) if words is not None else ())):
+                emb.weight.requires_grad_(False)
+        loop = LoopConfig.from_train(inputs.params, lr=p.lr, epochs=p.epochs, patience=p.patience, monitor="val_f1", seed=seed,
+                                     encoder_lr=p.encoder_lr if p.encoder == "bert" else None)
+        checkpoints = inputs.scratch if p.seeds == 1 else inputs.scratch / f"seed{seed}"
+        # the model run's curves are the first copy's; the others' best scores are in the summary
+        results.append(fit(inputs.name if copy == 0 else f"{inputs.name} seed {seed}", model, task, loop, checkpoints,
+                           inputs.sink if copy == 0 else None))
+        states.append(model.state_dict())
     folder = inputs.out / inputs.name
     folder.mkdir()
-    torch.save({"config": config, "state_dict": model.state_dict(), "chars": chars, "bigrams": grams,
+    torch.save({"config": config, "state_dicts": states, "chars": chars, "bigrams": grams,
                 "lexicon": list(lexicon.index) if lexicon else []}, folder / "model.pt")
-    summary = {"path": inputs.name, "kind": "tagger", "seconds": result.seconds, "history": result.history,
+    result = results[0]
+    summary = {"path": inputs.name, "kind": "tagger", "seconds": sum(r.seconds for r in results), "history": result.history,
                "best_epoch": result.best_epoch, "resumed_from_epoch": result.resumed_from_epoch, "device": result.device,
                "samples_per_second": result.samples_per_second, "char_vector_coverage": char_cov,
-               "bigram_vector_coverage": gram_cov, "parameters": sum(w.numel() for w in model.parameters())}
+               "bigram_vector_coverage": gram_cov, "parameters": sum(w.numel() for w in model.parameters()) * p.seeds}
+    if p.seeds > 1:
+        summary["copies_val_f1_best"] = [max(h["val_f1"] for h in r.history) for r in results]
     if words is not None:
         summary["word_vector_coverage"] = word_cov
     return summary
@@ -379,9 +393,12 @@ def tagger_from(folder: Path, device: str = "auto") -> TaggerFn:
 
     saved = torch.load(folder / "model.pt", map_location="cpu", weights_only=True)  # tensors and plain data only
     config = saved["config"]
-    model = _build(config)
-    model.load_state_dict(saved["state_dict"])
-    model.to(resolve_device(device)).eval()
+    models = []
+    for state in saved["state_dicts"]:
+        model = _build(config)
+        model.load_state_dict(state)
+        models.append(model.to(resolve_device(device)).eval())
+    decode = _averaged(models, config["tags"]) if len(models) > 1 else lambda rows: decode_rows(models[0], rows, config["tags"])
     lexicon = Lexicon(saved["lexicon"], config["max_words"]) if config["lexicon"] else None
     pos_index = {t: i + 2 for i, t in enumerate(config["pos_tags"])} if config.get("seg_dim") else None
     bert_vocab = {t: i for i, t in enumerate(config["bert_vocab"])} if config["encoder"] == "bert" else None
@@ -390,12 +407,28 @@ def tagger_from(folder: Path, device: str = "auto") -> TaggerFn:
     def tag(texts: list[str]) -> list[Tagged]:
         present = [i for i, t in enumerate(texts) if t]
         out = [Tagged([], [], np.zeros((0, len(config["tags"])), dtype=np.float32)) for _ in texts]
-        for i, result in zip(present, decode_rows(model, [encode(texts[i]) for i in present], config["tags"])):
+        for i, result in zip(present, decode([encode(texts[i]) for i in present])):
             out[i] = result
         return out
 
     tag.tags = config["tags"]
     return tag
+
+
+def _averaged(models: list, tags: list[str]):
+    """Decoding by several copies of a tagger: their marginals averaged, the best well-formed path over them."""
+    allowed, starts, ends = (np.array(a, dtype=bool) for a in transitions(tags))
+
+    def decode(rows: list[dict[str, np.ndarray]]) -> list[Tagged]:
+        per_model = [decode_rows(m, rows, tags) for m in models]
+        out = []
+        for results in zip(*per_model):
+            average = np.mean([r.marginals for r in results], axis=0)
+            path = constrained_viterbi(np.log(np.clip(average, 1e-12, 1.0)), allowed, starts, ends)
+            out.append(Tagged([tags[k] for k in path], [float(average[j, k]) for j, k in enumerate(path)], average))
+        return out
+
+    return decode
 
 
 def load_tagger(folder: Path) -> TaggerFn:

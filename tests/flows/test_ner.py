@@ -4,6 +4,7 @@ the config rules of the task."""
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -198,3 +199,23 @@ def test_a_missing_checkpoint_is_one_clear_error(monkeypatch):
         _bert({}, "no-such/bert")
     with pytest.raises(ConfigError, match="encoder bert needs a checkpoint"):
         load_pipeline("ner-smoke", overrides=["train.bilstm_crf.encoder=bert"])
+
+
+def test_a_seed_ensemble_trains_its_copies_and_tags_with_their_average(ner_run):
+    import torch
+
+    from tasks.models.ner import load_tagger
+    from tasks.tagging import spans_from
+
+    overrides = ["train.models=[bilstm_crf]", "train.bilstm_crf.seeds=2"]
+    out = pipeline_flow(load_pipeline("ner-smoke", overrides=overrides), storage=str(ner_run["store"]), stages=["train"])
+    unit = next(u for u in out["units"] if u["stage"] == "train.bilstm_crf")
+    assert len(unit["info"]["summary"]["copies_val_f1_best"]) == 2
+    folder = Path(unit["path"]) / "bilstm_crf"
+    saved = torch.load(folder / "model.pt", weights_only=True)
+    first, second = saved["state_dicts"]
+    assert not torch.equal(first["emit.weight"], second["emit.weight"])  # two seeds, two models
+    texts = [s.text for s in parse_conll((FIXTURES / "test.bmes").read_text(encoding="utf-8").splitlines()).sentences]
+    for text, tagged in zip(texts, load_tagger(folder)(texts)):
+        assert len(tagged.tags) == len(text) and spans_from(tagged.tags, "bioes")[1] is None  # well formed
+        assert np.allclose(tagged.marginals.sum(1), 1.0, atol=1e-4)

@@ -103,3 +103,18 @@ def test_projection_pictures_and_projector_export(tmp_path):
     rows = (folder / "vectors.tsv").read_text(encoding="utf-8").splitlines()
     assert len(rows) == 12 and len(rows[0].split("\t")) == 16
     assert (folder / "metadata.tsv").read_text(encoding="utf-8").split() == words
+
+
+def test_analogy_and_similarity_probes_on_known_vectors():
+    import numpy as np
+    from gensim.models import KeyedVectors
+
+    from tasks.embed import analogy_rows, similarity_rows
+
+    kv = KeyedVectors(vector_size=2)
+    kv.add_vectors(["男", "女", "国王", "王后", "苹果"], np.array([[1, 0], [1, 1], [3, 0], [3, 1.1], [-1, -3]], dtype=np.float32))
+    (row, missing) = analogy_rows("w", kv, [["男", "女", "国王", "王后"], ["男", "女", "火星", "?"]], topn=2)
+    assert row["answers"].split()[0] == "王后" and row["expected_rank"] == 1 and row["missing"] == ""
+    assert missing["answers"] == "" and missing["expected_rank"] is None and missing["missing"] == "火星 ?"
+    sims = similarity_rows("w", kv, [["国王", "王后"], ["国王", "火星"]])
+    assert sims[0]["cosine"] > 0.9 and sims[1]["cosine"] is None

@@ -43,7 +43,7 @@ def test_profile_pictures_and_report(tmp_path):
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*[Gg]lyph.*missing")  # a tofu box would raise here
         result = build(ctx)
-    pictures = PICTURES + ["wordcloud_好评.png", "wordcloud_差评.png"]
+    pictures = PICTURES + ["wordcloud_好评.png", "adjectives_好评.png", "wordcloud_差评.png", "adjectives_差评.png"]
     for name in pictures:
         with Image.open(out / name) as img:
             img.verify()

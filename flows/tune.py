@@ -1,0 +1,183 @@
+"""`zhpipe tune PIPELINE --model NAME --trials N`: an Optuna study over one model's settings. The stages before
+train are built (or reused) once; each trial trains the model as an ordinary `train.<model>` unit of the
+stage store (so applying the best settings later is a cache hit) and is scored by the model's validation
+metric. TPE sampling, median pruning on the per-epoch validation curve, a study that resumes from
+`data/_tune/<pipeline>.db`, and in MLflow one tune run with a nested run per trial (the UI's parallel
+coordinates chart compares them)."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from flows import project
+from flows.config import PipelineConfig, load_pipeline
+from flows.runner import STAGES, RunContext, plan
+from flows.store import StageStore, stage_key, storage_root
+from flows.tracking import Tracker
+from tasks.errors import ConfigError
+from tasks.models import MODELS
+
+log = logging.getLogger("zhpipe")
+
+# sensible ranges per model, used where pipelines.yaml's `tune.<model>` declares none
+DEFAULT_SPACES: dict[str, dict[str, dict[str, Any]]] = {
+    "tfidf_lr": {"C": {"low": 0.5, "high": 32.0, "log": True}, "min_df": {"choices": [1, 2, 3]}},
+    "fasttext": {"lr": {"low": 0.05, "high": 1.0, "log": True}, "epoch": {"low": 5, "high": 40, "step": 5},
+                 "word_ngrams": {"choices": [1, 2, 3]}},
+    "textcnn": {"lr": {"low": 3e-4, "high": 3e-3, "log": True}, "dropout": {"low": 0.2, "high": 0.6},
+                "num_filters": {"choices": [64, 128, 256]}},
+    "bilstm": {"lr": {"low": 5e-4, "high": 5e-3, "log": True}, "dropout": {"low": 0.1, "high": 0.5},
+               "hidden_size": {"choices": [64, 128, 256]}},
+    "transformer": {"lr": {"low": 1e-4, "high": 1e-3, "log": True}, "dropout": {"low": 0.0, "high": 0.3},
+                    "num_layers": {"choices": [1, 2, 3]}},
+    "bert": {"lr": {"low": 2e-5, "high": 3e-4, "log": True}},
+    "lm_classifier": {"order": {"choices": [2, 3, 4]}},
+    "crf": {"c1": {"low": 0.005, "high": 0.5, "log": True}, "c2": {"low": 0.005, "high": 0.5, "log": True},
+            "window": {"choices": [1, 2, 3]}},
+    "bilstm_crf": {"lr": {"low": 3e-4, "high": 3e-3, "log": True}, "dropout": {"low": 0.2, "high": 0.6},
+                   "hidden_size": {"choices": [100, 200, 300]}},
+    "lexicon_tagger": {"lr": {"low": 3e-4, "high": 3e-3, "log": True}, "dropout": {"low": 0.2, "high": 0.6},
+                       "hidden_size": {"choices": [100, 200, 300]}, "max_words": {"choices": [4, 6, 8]}},
+}
+
+
+def search_space(config: PipelineConfig, model: str) -> dict[str, dict[str, Any]]:
+    """The model's search space: `tune.<model>` of the pipeline, else the default; every name must be a
+    setting of `train.<model>` and every range well formed."""
+    if model not in config.stages.train.models:
+        raise ConfigError(f"tune: {model} is not in train.models of '{config.name}' ({', '.join(config.stages.train.models)})")
+    space = config.tune.get(model) or DEFAULT_SPACES.get(model)
+    if not space:
+        raise ConfigError(f"tune: no search space for {model}; declare one in pipelines.yaml, e.g. "
+                          f"tune: {{{model}: {{lr: {{low: 0.0001, high: 0.01, log: true}}}}}}")
+    section = getattr(config.stages.train, model)
+    for name, dim in space.items():
+        if name not in type(section).model_fields:
+            raise ConfigError(f"tune.{model}.{name}: train.{model} has no setting '{name}' (settings: {', '.join(type(section).model_fields)})")
+        if "choices" not in dim and not {"low", "high"} <= set(dim):
+            raise ConfigError(f"tune.{model}.{name}: expected {{low, high}} (with log or step) or {{choices: [...]}}, got {dim}")
+    return space
+
+
+def suggest(trial, name: str, dim: dict[str, Any]) -> Any:
+    if "choices" in dim:
+        return trial.suggest_categorical(name, list(dim["choices"]))
+    if all(isinstance(dim[k], int) and not isinstance(dim[k], bool) for k in ("low", "high")) and isinstance(dim.get("step", 1), int):
+        return trial.suggest_int(name, dim["low"], dim["high"], step=dim.get("step", 1), log=bool(dim.get("log", False)))
+    return trial.suggest_float(name, float(dim["low"]), float(dim["high"]), log=bool(dim.get("log", False)), step=dim.get("step"))
+
+
+def objective_metric(config: PipelineConfig) -> str:
+    """What a trial is scored by, from the model's validation summary."""
+    return "val_f1" if config.task == "ner" else f"val_{config.stages.evaluate.metric}"
+
+
+class TrialTracker(Tracker):
+    """The trial's MLflow run, which also reports the model's per-epoch validation score to Optuna and stops a
+    trial the pruner gives up on."""
+
+    def __init__(self, run_id: str, trial, curve: str):
+        super().__init__(run_id)
+        self.trial, self.curve = trial, curve
+
+    def metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        super().metrics(metrics, step)
+        if step and self.curve in metrics:
+            import optuna
+
+            self.trial.report(metrics[self.curve], step)
+            if self.trial.should_prune():
+                raise optuna.TrialPruned(f"epoch {step}: {self.curve} {metrics[self.curve]:.4f}")
+
+
+def _assignments(model: str, params: dict[str, Any]) -> list[str]:
+    return [f"train.{model}.{k}={v}" for k, v in params.items()]
+
+
+def tune(pipeline: str, model: str, trials: int, overrides: list[str] | None = None, seed: int = 0,
+         storage: str | None = None) -> dict[str, Any]:
+    """Run `trials` more trials of the study `<pipeline>/<model>`; returns the best trial's value and params,
+    the `--set` lines and the YAML snippet (also written to `data/_tune/<pipeline>-<model>.yaml`)."""
+    import optuna
+
+    from flows.evaluation import train_models
+    from flows.pipeline import pipeline_flow
+
+    overrides = list(overrides or [])
+    base = load_pipeline(pipeline, overrides=overrides)
+    space = search_space(base, model)
+    metric = objective_metric(base)
+    upstream = [s for s in STAGES if s not in ("train", "evaluate")]
+    log.info("tune %s/%s: the stages before train, built or reused", pipeline, model)
+    pipeline_flow(base, stages=upstream, storage=storage)
+    folder = project.current().root / "data" / "_tune"
+    folder.mkdir(parents=True, exist_ok=True)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name=f"{model}", storage=f"sqlite:///{folder / f'{pipeline}.db'}", load_if_exists=True,
+                                direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed + len(_done(folder, pipeline, model))),
+                                pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1))
+    experiment = f"zhpipe-{pipeline}"
+    parent = Tracker.start(experiment, f"tune {model}", tags={"zhpipe.pipeline": pipeline, "zhpipe.tune": model, "zhpipe.task": base.task})
+    parent.params({"tune.model": model, "tune.trials": trials, "tune.metric": metric, "tune.space": space})
+
+    def objective(trial) -> float:
+        params = {name: suggest(trial, name, dim) for name, dim in space.items()}
+        config = load_pipeline(pipeline, overrides=[*overrides, f"train.models=[{model}]", *_assignments(model, params)])
+        causes = plan(config)
+        run = RunContext(config, StageStore(storage_root(config, storage)), {s: stage_key(c) for s, c in causes.items()},
+                         experiment, parent.run_id, causes=causes)
+        inputs = {name: run.reuse(name) for name in STAGES["train"]}
+        tracker = Tracker.start(experiment, f"trial {trial.number}", parent=parent.run_id,
+                                tags={"zhpipe.model": model, "zhpipe.trial": str(trial.number), "zhpipe.key": run.keys[f"train.{model}"]})
+        tracker.params({f"train.{model}.{k}": v for k, v in params.items()})
+        trial_tracker = TrialTracker(tracker.run_id, trial, f"{model}_{metric}")
+        try:
+            result = train_models(run, *(inputs[n] for n in STAGES["train"]), trackers={model: trial_tracker}).parts[f"train.{model}"]
+        except optuna.TrialPruned:
+            tracker.tags({"zhpipe.trial_state": "pruned"})
+            tracker.finish(ok=True)
+            raise
+        except BaseException:
+            tracker.finish(ok=False)
+            raise
+        value = result.info["summary"][metric]
+        tracker.metrics({metric: value})
+        tracker.tags({"zhpipe.trial_state": "complete", "zhpipe.cache": result.cache})
+        tracker.finish()
+        return value
+
+    try:
+        study.optimize(objective, n_trials=trials, catch=())
+    except BaseException:
+        parent.finish(ok=False)
+        raise
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    if not done:
+        parent.finish(ok=False)
+        raise ConfigError(f"tune {pipeline}/{model}: no trial completed ({len(study.trials)} pruned or failed)")
+    best = study.best_trial
+    sets = _assignments(model, best.params)
+    snippet = yaml.safe_dump({"pipelines": {pipeline: {"stages": {"train": {model: best.params}}}}}, allow_unicode=True, sort_keys=False)
+    out = folder / f"{pipeline}-{model}.yaml"
+    out.write_text(f"# best of {len(done)} trials: {metric} {best.value:.4f} (trial {best.number})\n" + snippet, encoding="utf-8")
+    parent.metrics({f"best_{metric}": best.value, "trials_complete": len(done),
+                    "trials_pruned": sum(t.state == optuna.trial.TrialState.PRUNED for t in study.trials)})
+    parent.tags({"zhpipe.best_trial": str(best.number)})
+    parent.artifact(out)
+    parent.finish()
+    return {"metric": metric, "value": best.value, "params": best.params, "trial": best.number, "trials": len(study.trials),
+            "complete": len(done), "sets": sets, "yaml": snippet, "file": str(out), "run_id": parent.run_id}
+
+
+def _done(folder: Path, pipeline: str, model: str) -> list:
+    """Trials of an earlier session of the study (so a resumed study does not replay the same samples)."""
+    import optuna
+
+    try:
+        return optuna.load_study(study_name=model, storage=f"sqlite:///{folder / f'{pipeline}.db'}").trials
+    except KeyError:
+        return []
+
