@@ -22,22 +22,27 @@ def model_dir(run: RunContext, name: str) -> Path:
     return run.store.local(unit, run.keys[unit]) / name
 
 
-def train_models(run: RunContext, augment: StageResult, segment: StageResult, vocab: StageResult, embed: StageResult,
-                 trackers: dict[str, Tracker] | None = None) -> StageResult:
-    """Every model's train unit (reused or built, each tracked in its model run, or in the run `trackers` gives
-    for it), then the train stage that gathers them."""
-    train_stage = stage_module(run.config.task, "train")
-    units = {}
+def train_models(run: RunContext, augment: StageResult, segment: StageResult, vocab: StageResult, embed: StageResult) -> StageResult:
+    """Every model's train unit (reused or built, each tracked in its model run), then the train stage that
+    gathers them."""
+    units: dict[str, StageResult] = {}
     for unit in model_units(run.config, "train"):
         name = unit.partition(".")[2]
-        inputs = {"augment": augment, "segment": segment, "vocab": vocab} | ({"embed": embed} if MODELS[name].uses_vectors else {})
-        inputs |= {f"train.{m}": units[f"train.{m}"] for m in members_of(run.config, name)}
-        result = run.run(unit, inputs, lambda ctx, n=name: train_stage.build_model(ctx, n), run_name=name, tags={"zhpipe.model": name},
-                         tracker=(trackers or {}).get(name))
-        _track_training(run, result, name)
-        units[unit] = result
-    result = run.run("train", units, train_stage.build)
+        units[unit] = train_unit(run, name, {"augment": augment, "segment": segment, "vocab": vocab, "embed": embed}, units)
+    result = run.run("train", units, stage_module(run.config.task, "train").build)
     result.parts = units
+    return result
+
+
+def train_unit(run: RunContext, name: str, upstream: dict[str, StageResult], built: dict[str, StageResult] | None = None,
+               tracker: Tracker | None = None) -> StageResult:
+    """One model's train unit, reused or built, tracked in its model run (or in `tracker`'s run); an ensemble
+    takes its members from `built`."""
+    inputs = {k: v for k, v in upstream.items() if k != "embed" or MODELS[name].uses_vectors}
+    inputs |= {f"train.{m}": (built or {})[f"train.{m}"] for m in members_of(run.config, name)}
+    build = stage_module(run.config.task, "train").build_model
+    result = run.run(f"train.{name}", inputs, lambda ctx: build(ctx, name), run_name=name, tags={"zhpipe.model": name}, tracker=tracker)
+    _track_training(run, result, name)
     return result
 
 

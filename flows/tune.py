@@ -2,7 +2,7 @@
 train are built (or reused) once; each trial trains the model as an ordinary `train.<model>` unit of the
 stage store (so applying the best settings later is a cache hit) and is scored by the model's validation
 metric. TPE sampling, median pruning on the per-epoch validation curve, a study that resumes from
-`data/_tune/<pipeline>.db`, and in MLflow one tune run with a nested run per trial (the UI's parallel
+`<store>/_cache/tune/<pipeline>.db` (`data/_cache/tune/` by default), and in MLflow one tune run with a nested run per trial (the UI's parallel
 coordinates chart compares them)."""
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from typing import Any
 
 import yaml
 
-from flows import project
 from flows.config import PipelineConfig, load_pipeline
 from flows.runner import STAGES, RunContext, plan
 from flows.store import StageStore, stage_key, storage_root
@@ -46,14 +45,16 @@ DEFAULT_SPACES: dict[str, dict[str, dict[str, Any]]] = {
 
 def search_space(config: PipelineConfig, model: str) -> dict[str, dict[str, Any]]:
     """The model's search space: `tune.<model>` of the pipeline, else the default; every name must be a
-    setting of `train.<model>` and every range well formed."""
-    if model not in config.stages.train.models:
-        raise ConfigError(f"tune: {model} is not in train.models of '{config.name}' ({', '.join(config.stages.train.models)})")
+    setting of `train.<model>` and every range well formed. The model need not be in train.models: the
+    trials train it alone."""
+    fits = [n for n, m in MODELS.items() if m.task == config.task and not m.is_language_model and not m.members]
+    if model not in fits:
+        raise ConfigError(f"tune: {model} is not a model that task {config.task} can tune (models: {', '.join(fits)})")
     space = config.tune.get(model) or DEFAULT_SPACES.get(model)
     if not space:
         raise ConfigError(f"tune: no search space for {model}; declare one in pipelines.yaml, e.g. "
                           f"tune: {{{model}: {{lr: {{low: 0.0001, high: 0.01, log: true}}}}}}")
-    section = getattr(config.stages.train, model)
+    section = getattr(config.stages.train, model)  # every registered model has its section, in train.models or not
     for name, dim in space.items():
         if name not in type(section).model_fields:
             raise ConfigError(f"tune.{model}.{name}: train.{model} has no setting '{name}' (settings: {', '.join(type(section).model_fields)})")
@@ -100,10 +101,10 @@ def _assignments(model: str, params: dict[str, Any]) -> list[str]:
 def tune(pipeline: str, model: str, trials: int, overrides: list[str] | None = None, seed: int = 0,
          storage: str | None = None) -> dict[str, Any]:
     """Run `trials` more trials of the study `<pipeline>/<model>`; returns the best trial's value and params,
-    the `--set` lines and the YAML snippet (also written to `data/_tune/<pipeline>-<model>.yaml`)."""
+    the `--set` lines and the YAML snippet (also written beside the study, `<pipeline>-<model>.yaml`)."""
     import optuna
 
-    from flows.evaluation import train_models
+    from flows.evaluation import train_unit
     from flows.pipeline import pipeline_flow
 
     overrides = list(overrides or [])
@@ -113,7 +114,7 @@ def tune(pipeline: str, model: str, trials: int, overrides: list[str] | None = N
     upstream = [s for s in STAGES if s not in ("train", "evaluate")]
     log.info("tune %s/%s: the stages before train, built or reused", pipeline, model)
     pipeline_flow(base, stages=upstream, storage=storage)
-    folder = project.current().root / "data" / "_tune"
+    folder = StageStore(storage_root(base, storage)).cache_file("tune").parent / "tune"  # beside the store it trains into
     folder.mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(study_name=f"{model}", storage=f"sqlite:///{folder / f'{pipeline}.db'}", load_if_exists=True,
@@ -135,7 +136,7 @@ def tune(pipeline: str, model: str, trials: int, overrides: list[str] | None = N
         tracker.params({f"train.{model}.{k}": v for k, v in params.items()})
         trial_tracker = TrialTracker(tracker.run_id, trial, f"{model}_{metric}")
         try:
-            result = train_models(run, *(inputs[n] for n in STAGES["train"]), trackers={model: trial_tracker}).parts[f"train.{model}"]
+            result = train_unit(run, model, inputs, tracker=trial_tracker)
         except optuna.TrialPruned:
             tracker.tags({"zhpipe.trial_state": "pruned"})
             tracker.finish(ok=True)

@@ -49,8 +49,8 @@ def test_search_spaces_are_checked():
 
     config = load_pipeline("smoke")
     assert search_space(config, "textcnn")["lr"]["log"] is True  # the default space
-    with pytest.raises(ConfigError, match="tune: bilstm is not in train.models"):
-        search_space(config, "bilstm")
+    with pytest.raises(ConfigError, match="tune: crf is not a model that task classification can tune"):
+        search_space(config, "crf")
     bad = config.model_copy(update={"tune": {"textcnn": {"no_such": {"low": 1, "high": 2}}}})
     with pytest.raises(ConfigError, match="tune.textcnn.no_such: train.textcnn has no setting 'no_such'"):
         search_space(bad, "textcnn")
