@@ -84,7 +84,9 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     validation = pd.read_parquet(ctx.inputs["segment"] / "validation.parquet")
     spec = MODELS[name]
     vectors = load_word_vectors(ctx.inputs["embed"], p.embeddings) if spec.uses_vectors else None
-    summary = spec.train(TrainInputs(name, train, validation, labels, p, ctx.inputs["vocab"], vectors, ctx.out, ctx.scratch, ctx.sink))
+    members = {unit.partition(".")[2]: folder / unit.partition(".")[2] for unit, folder in ctx.inputs.items() if unit.startswith("train.")}
+    summary = spec.train(TrainInputs(name, train, validation, labels, p, ctx.inputs["vocab"], vectors, ctx.out, ctx.scratch, ctx.sink,
+                                     members=members))
     if not spec.is_language_model:  # classifiers: validation scores from the saved model, as it will be served
         val = spec.predictor(ctx.out / name)(validation).argmax(1)
         from sklearn.metrics import accuracy_score, f1_score

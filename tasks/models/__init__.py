@@ -2,7 +2,7 @@
 a `ModelSpec` and one line in `MODELS`; its `train.<name>` config section comes from the spec's `params`."""
 from __future__ import annotations
 
-from tasks.models import bert, fasttext, ner, networks, ngram, rnn_lm, tfidf
+from tasks.models import bert, ensemble, fasttext, ner, networks, ngram, rnn_lm, tfidf
 from tasks.models.base import ModelSpec, Predictor, TrainInputs
 
 MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
@@ -14,7 +14,9 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     tfidf.SPEC,
     ngram.NGRAM_LM,
     rnn_lm.SPEC,
+    rnn_lm.CLASSIFIER,
     ngram.LM_CLASSIFIER,
+    ensemble.SPEC,
     ner.CRF,
     ner.BILSTM_CRF,
     ner.LEXICON_TAGGER,

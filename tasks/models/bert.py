@@ -42,6 +42,9 @@ class Params(Section):
     pretrain_epochs: int = Field(8, ge=0)  # masked-LM epochs before fine-tuning (0 = fine-tune from random)
     pretrain_lr: float = 1e-3
     mlm_probability: float = Field(0.15, gt=0, lt=1)  # of which 80% -> [MASK], 10% random, 10% kept
+    # next-sentence prediction too (BERT's second pretraining task): pairs of the texts' own clauses, half
+    # of them followed by their true next clause and half by one drawn from another text; loss = MLM + NSP
+    nsp: bool = False
     lr: float = 2e-4  # fine-tuning
     batch_size: int = 32
     word_adapter: bool = False  # add attention-weighted Word2Vec vectors of the words covering each character
@@ -127,13 +130,61 @@ def _quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
+CLAUSE_END = set("。！？!?；;，,")
+
+
+def clauses(chars: str) -> list[list[str]]:
+    """A text's clauses (characters up to and including each clause-ending punctuation mark); a text of one
+    clause is cut in two halves, so that every text of two characters or more gives a pair."""
+    tokens, out, current = chars.split(), [], []
+    for t in tokens:
+        current.append(t)
+        if t in CLAUSE_END:
+            out.append(current)
+            current = []
+    if current:
+        out.append(current)
+    if len(out) == 1 and len(tokens) >= 2:
+        out = [tokens[: len(tokens) // 2], tokens[len(tokens) // 2 :]]
+    return out
+
+
+def sentence_pairs(texts: pd.Series, seed: int) -> list[tuple[list[str], list[str], int]]:
+    """(A, B, label) per adjacent clause pair: label 0 = B follows A, 1 = B is a clause of another text (half each)."""
+    rng = np.random.default_rng(seed)
+    per_text = [c for c in (clauses(t) for t in texts) if len(c) >= 2]
+    pairs = []
+    for i, parts in enumerate(per_text):
+        for a, b in zip(parts, parts[1:]):
+            if len(per_text) > 1 and rng.random() < 0.5:
+                j = int(rng.integers(len(per_text) - 1))
+                other = per_text[j + (j >= i)]
+                pairs.append((a, other[int(rng.integers(len(other)))], 1))
+            else:
+                pairs.append((a, b, 0))
+    return pairs
+
+
+def encode_pairs(tokenizer, pairs, max_len: int) -> list[dict]:
+    """[CLS] A [SEP] B [SEP] with token types 0/1, each side cut to fit `max_len`."""
+    room = max_len - 3
+    out = []
+    for a, b, label in pairs:
+        a, b = a[: max(room // 2, room - len(b))], b[: max(room // 2, room - min(len(a), room // 2))]
+        ids = tokenizer.convert_tokens_to_ids(["[CLS]", *a, "[SEP]", *b, "[SEP]"])
+        out.append({"input_ids": ids, "token_type_ids": [0] * (len(a) + 2) + [1] * (len(b) + 1), "next_sentence_label": label})
+    return out
+
+
 def pretrain_mlm(texts: pd.Series, validation: pd.Series, tokenizer, p: Params, params,
                  checkpoints: Path, tracker) -> tuple[Path, dict]:
-    """Masked-LM pretraining of a small BERT; returns the saved folder and a summary. 15% of characters are
-    chosen, of which 80% become [MASK], 10% a random character and 10% stay (DataCollatorForLanguageModeling)."""
+    """Masked-LM pretraining of a small BERT (with `nsp`, next-sentence prediction too); returns the saved folder
+    and a summary. 15% of characters are chosen, of which 80% become [MASK], 10% a random character and 10%
+    stay (DataCollatorForLanguageModeling)."""
     from transformers import (
         BertConfig,
         BertForMaskedLM,
+        BertForPreTraining,
         DataCollatorForLanguageModeling,
     )
 
@@ -145,26 +196,44 @@ def pretrain_mlm(texts: pd.Series, validation: pd.Series, tokenizer, p: Params, 
                         hidden_dropout_prob=p.dropout, attention_probs_dropout_prob=p.dropout,
                         max_position_embeddings=max(512, p.max_len), pad_token_id=tokenizer.pad_token_id)
     seed_everything(params.seed)
-    model = BertForMaskedLM(config)
+    model = BertForPreTraining(config) if p.nsp else BertForMaskedLM(config)
     collate = DataCollatorForLanguageModeling(tokenizer, mlm_probability=p.mlm_probability)
     fixed = DataCollatorForLanguageModeling(tokenizer, mlm_probability=p.mlm_probability, seed=params.seed)
-    train_ids, val_ids = encode_chars(tokenizer, texts, p.max_len), encode_chars(tokenizer, validation, p.max_len)
+    if p.nsp:
+        train_rows, val_rows = encode_pairs(tokenizer, sentence_pairs(texts, params.seed), p.max_len), \
+            encode_pairs(tokenizer, sentence_pairs(validation, params.seed + 1), p.max_len)
+    else:
+        train_rows = [{"input_ids": ids} for ids in encode_chars(tokenizer, texts, p.max_len)]
+        val_rows = [{"input_ids": ids} for ids in encode_chars(tokenizer, validation, p.max_len)]
+    train_ids, val_ids = [r["input_ids"] for r in train_rows], [r["input_ids"] for r in val_rows]
 
-    def masked(ids, chunk, collator):
-        return collator([{"input_ids": ids[i]} for i in chunk])
+    def masked(rows, chunk, collator):
+        return collator([rows[i] for i in chunk])
 
     def batches(rng):
         for chunk, _ in bert_batches(train_ids, None, None, p.batch_size, tokenizer.pad_token_id, rng):
-            yield len(chunk), dict(masked(train_ids, chunk, collate))
+            yield len(chunk), dict(masked(train_rows, chunk, collate))
 
     def validate(m) -> dict[str, float]:
-        total = count = 0.0
+        import torch.nn.functional as F
+
+        mlm = mlm_count = nsp = nsp_right = rows = 0.0
         for chunk, _ in bert_batches(val_ids, None, None, 64, tokenizer.pad_token_id):
-            batch = {k: v.to(m.device) for k, v in masked(val_ids, chunk, fixed).items()}
-            n = int((batch["labels"] != -100).sum())
-            total, count = total + m(**batch).loss.item() * n, count + n
-        loss = total / max(count, 1)
-        return {"val_mlm_loss": loss, "val_mlm_perplexity": float(np.exp(loss))}
+            batch = {k: v.to(m.device) for k, v in masked(val_rows, chunk, fixed).items()}
+            out = m(**batch)
+            logits = out.prediction_logits if p.nsp else out.logits
+            mask = batch["labels"] != -100
+            mlm += F.cross_entropy(logits[mask].float(), batch["labels"][mask], reduction="sum").item()
+            mlm_count += int(mask.sum())
+            if p.nsp:
+                nsp += F.cross_entropy(out.seq_relationship_logits.float(), batch["next_sentence_label"], reduction="sum").item()
+                nsp_right += (out.seq_relationship_logits.argmax(1) == batch["next_sentence_label"]).sum().item()
+                rows += len(chunk)
+        loss = mlm / max(mlm_count, 1)
+        metrics = {"val_mlm_loss": loss, "val_mlm_perplexity": float(np.exp(loss))}
+        if p.nsp:
+            metrics |= {"val_nsp_loss": nsp / max(rows, 1), "val_nsp_accuracy": nsp_right / max(rows, 1)}
+        return metrics
 
     task = Task(batches, steps_per_epoch=-(-len(train_ids) // p.batch_size), loss=lambda m, b: m(**b).loss, validate=validate)
     cfg = LoopConfig.from_train(params, lr=p.pretrain_lr, epochs=p.pretrain_epochs, patience=max(params.patience, 2),

@@ -113,3 +113,103 @@ def rnn_lm_perplexity(folder: Path, df: pd.DataFrame, device: str = "auto") -> f
 
 SPEC = ModelSpec("rnn_lm", Params, train_rnn_lm, perplexity=rnn_lm_perplexity,
                  about="an LSTM language model with an adaptive softmax; scored by test perplexity")
+
+
+class ClassifierParams(Params):
+    """The `train.rnn_lm_classifier` section: one LSTM language model per class (the rnn_lm settings); a text
+    goes to the class whose model gives it the highest likelihood, times the class prior."""
+
+
+def _lm(config_dict: dict):
+    from tasks.models.modules import LSTMLanguageModel, RNNLMConfig
+
+    return LSTMLanguageModel(RNNLMConfig(**config_dict))
+
+
+def text_log_likelihoods(model: LSTMLanguageModel, seqs: list[list[int]], batch_size: int = 64) -> np.ndarray:
+    """Each text's total log-probability under the model (all its predicted tokens, the end [SEP] included)."""
+    import torch
+
+    from tasks.models.trainer import length_buckets, pad
+
+    device = next(model.parameters()).device
+    out = np.zeros(len(seqs))
+    with torch.no_grad():
+        for chunk in length_buckets(seqs, batch_size):
+            padded = pad(seqs, chunk).to(device)
+            ids, targets = padded[:, :-1], padded[:, 1:]
+            logp, _ = model(ids, targets)
+            rows = torch.arange(len(chunk), device=device).unsqueeze(1).expand_as(targets)[targets != 0]
+            out[chunk] = torch.zeros(len(chunk), device=device).index_add_(0, rows, logp.float()).cpu().numpy()
+    return out
+
+
+def train_lm_classifier(inputs: TrainInputs) -> dict:
+    """One LSTM language model per class on that class's original train rows, each early-stopped on the
+    perplexity of its class's validation rows; saved as `rnn_lm_classifier/<class index>/model.pt`."""
+    import json
+
+    import torch
+
+    from tasks.models.modules import RNNLMConfig
+    from tasks.models.trainer import LoopConfig, Task, fit, seed_everything
+
+    p: ClassifierParams = inputs.section
+    itos = read_vocab(inputs.vocab / p.tokens / "vocab.txt")
+    stoi = {t: i for i, t in enumerate(itos)}
+    original = original_rows(inputs.train)
+    folder = inputs.out / inputs.name
+    config = RNNLMConfig(vocab_size=len(itos), embed_dim=p.embed_dim, hidden_size=p.hidden_size, num_layers=p.num_layers,
+                         dropout=p.dropout, cutoffs=p.cutoffs)
+    priors, seconds, history = [], 0.0, []
+    for i, label in enumerate(inputs.labels):
+        rows = original[original["label"] == label]
+        val = inputs.validation[inputs.validation["label"] == label]
+        x_train, x_val = lm_sequences(rows[p.tokens], stoi, p.max_len), lm_sequences((val if len(val) else inputs.validation)[p.tokens], stoi, p.max_len)
+        seed_everything(inputs.params.seed + i)
+        model = _lm(asdict(config))
+        task = Task(lambda rng, x=x_train: lm_batches(x, p.batch_size, rng), steps_per_epoch=max(1, -(-len(x_train) // p.batch_size)),
+                    loss=lambda m, b: m(b["ids"], b["targets"])[1], validate=lambda m, x=x_val: {"val_perplexity": perplexity(m, x)})
+        result = fit(f"{inputs.name}_{i}", model, task, LoopConfig.from_train(inputs.params, lr=p.lr, monitor="val_perplexity", mode="min"),
+                     inputs.scratch / str(i), inputs.sink)
+        (folder / str(i)).mkdir(parents=True)
+        torch.save({"config": asdict(config), "state_dict": model.state_dict()}, folder / str(i) / "model.pt")
+        priors.append(len(rows) / len(original))
+        seconds += result.seconds
+        history.append({"label": label, "best_epoch": result.best_epoch, "val_perplexity": result.history[result.best_epoch - 1]["val_perplexity"]})
+    (folder / "config.json").write_text(json.dumps({"labels": inputs.labels, "priors": priors, "vocab": itos, "tokens": p.tokens,
+                                                    "max_len": p.max_len}, ensure_ascii=False), encoding="utf-8")
+    return {"path": inputs.name, "kind": "lm_classifier", "seconds": seconds, "per_class": history,
+            "samples_per_second": len(original) / max(seconds, 1e-9)}
+
+
+def lm_classifier_predictor(folder: Path, device: str = "auto"):
+    """Class probabilities: softmax over classes of (text log-likelihood under the class's model + log prior)."""
+    import json
+
+    import torch
+
+    from tasks.models.trainer import resolve_device
+
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    stoi = {t: i for i, t in enumerate(config["vocab"])}
+    models = []
+    for i in range(len(config["labels"])):
+        saved = torch.load(folder / str(i) / "model.pt", map_location="cpu", weights_only=True)  # tensors and plain data only
+        model = _lm(saved["config"])
+        model.load_state_dict(saved["state_dict"])
+        models.append(model.to(resolve_device(device)).eval())
+    log_prior = np.log(np.array(config["priors"]))
+
+    def predict(df: pd.DataFrame) -> np.ndarray:
+        seqs = lm_sequences(df[config["tokens"]], stoi, config["max_len"])
+        scores = np.stack([text_log_likelihoods(m, seqs) for m in models], axis=1) + log_prior
+        scores -= scores.max(1, keepdims=True)
+        probs = np.exp(scores)
+        return probs / probs.sum(1, keepdims=True)
+
+    return predict
+
+
+CLASSIFIER = ModelSpec("rnn_lm_classifier", ClassifierParams, train_lm_classifier, predictor=lm_classifier_predictor,
+                       about="one LSTM language model per class; the class whose model gives the text the highest likelihood wins")

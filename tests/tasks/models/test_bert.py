@@ -104,3 +104,32 @@ def test_missing_checkpoint_is_one_clear_error(corpus, monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(ModelMissingError, match=r"BERT tokenizer 'no-such/bert' not found locally.*huggingface-cli download no-such/bert"):
         run_bert(corpus, checkpoint="no-such/bert")
+
+
+def test_sentence_pairs_hold_true_and_random_next_clauses():
+    from tasks.models.bert import clauses, encode_pairs, sentence_pairs
+
+    texts = pd.Series(["房 间 很 干 净 ， 服 务 很 好 。 早 餐 一 般", "位 置 方 便", "太 吵 了 ！ 不 会 再 来"])
+    assert clauses(texts[1]) == [["位", "置"], ["方", "便"]]  # one clause: cut in halves
+    pairs = sentence_pairs(texts, seed=0)
+    assert len(pairs) == 4 and {label for *_, label in pairs} <= {0, 1}
+    for a, b, label in pairs:
+        if label == 0:
+            assert any(" ".join(a + b) in t for t in texts)
+    tokenizer = char_tokenizer_for(texts)
+    (row,) = encode_pairs(tokenizer, [(list("房间很干净"), list("服务很好"), 0)], max_len=8)
+    assert len(row["input_ids"]) == 8 and row["token_type_ids"] == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def char_tokenizer_for(texts: pd.Series):
+    from transformers import BertTokenizer
+
+    chars = sorted({c for t in texts for c in t.split()})
+    return BertTokenizer(vocab={t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars])}, do_lower_case=False)
+
+
+def test_bert_pretrains_with_next_sentence_prediction(corpus):
+    summary = run_bert(corpus, pretrain_epochs=2, nsp=True)
+    history = summary["pretrain_history"]
+    assert len(history) == 2 and {"val_mlm_loss", "val_nsp_loss", "val_nsp_accuracy"} <= set(history[-1])
+    assert summary["history"][-1]["val_accuracy"] >= 0.5  # the classifier fine-tunes from the MLM + NSP encoder

@@ -40,3 +40,38 @@ def test_lm_distribution_sums_to_one_and_scores_targets_consistently():
         target_logp, loss = model(ids, targets)
         expected = logp[0, :3].gather(1, targets[0, :3].unsqueeze(1)).squeeze(1)  # padding target excluded
         assert torch.allclose(target_logp, expected, atol=1e-5) and loss.item() == pytest.approx(-expected.mean().item(), rel=1e-5)
+
+
+def test_rnn_lm_classifier_tells_the_classes_apart_by_likelihood(tmp_path):
+    import numpy as np
+
+    from tasks.models.rnn_lm import lm_classifier_predictor, train_lm_classifier
+
+    train = pd.DataFrame({"words": POS * 15 + NEG * 15, "label": ["pos"] * 15 * len(POS) + ["neg"] * 15 * len(NEG),
+                          "aug_method": "original"})
+    validation = pd.DataFrame({"words": POS + NEG, "label": ["pos"] * len(POS) + ["neg"] * len(NEG)})
+    (tmp_path / "vocab" / "words").mkdir(parents=True)
+    vocab = build_vocab(count_tokens(pd.Series(POS + NEG)), VocabConfig(min_freq=1))
+    (tmp_path / "vocab" / "words" / "vocab.txt").write_text("".join(f"{t}\n" for t in vocab), encoding="utf-8")
+    params = TrainConfig(epochs=6, patience=6, rnn_lm_classifier={"embed_dim": 16, "hidden_size": 32, "batch_size": 8, "lr": 0.01})
+    summary = train_lm_classifier(TrainInputs("rnn_lm_classifier", train, validation, ["neg", "pos"], params, tmp_path / "vocab",
+                                              None, tmp_path, tmp_path / "ckpt"))
+    assert [c["label"] for c in summary["per_class"]] == ["neg", "pos"]
+    probs = lm_classifier_predictor(tmp_path / "rnn_lm_classifier", "cpu")(validation)
+    assert np.allclose(probs.sum(1), 1) and (probs.argmax(1) == np.array([1] * len(POS) + [0] * len(NEG))).mean() == 1.0
+
+
+def test_text_log_likelihoods_add_up_each_texts_tokens():
+    import torch
+
+    from tasks.models.modules import LSTMLanguageModel, RNNLMConfig
+    from tasks.models.rnn_lm import text_log_likelihoods
+
+    torch.manual_seed(0)
+    model = LSTMLanguageModel(RNNLMConfig(vocab_size=30, embed_dim=8, hidden_size=16, cutoffs=[])).eval()
+    seqs = [[3, 5, 7, 3], [3, 9, 3]]
+    joint = text_log_likelihoods(model, seqs)
+    for seq, value in zip(seqs, joint):
+        ids, targets = torch.tensor([seq[:-1]]), torch.tensor([seq[1:]])
+        logp, _ = model(ids, targets)
+        assert abs(logp.sum().item() - value) < 1e-4
