@@ -17,7 +17,7 @@ from tasks.vectors import load_word_vectors
 # what its key sees besides params, inputs and code (flows/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)
 LIBRARIES = ("torch", "transformers", "scikit-learn", "fasttext", "gensim", "numpy")
-FILES: tuple[str, ...] = ("bert.checkpoint",)
+FILES: tuple[str, ...] = ("bert.checkpoint", "hf.checkpoint")
 
 
 class Common(Section):
@@ -27,7 +27,9 @@ class Common(Section):
     epochs: int = Field(6, ge=1)  # every PyTorch model
     patience: int = Field(2, ge=1)  # early stopping on validation macro-F1 (perplexity for rnn_lm)
     device: str = "auto"  # auto = CUDA, then Apple MPS, then CPU; or cpu, cuda, cuda:1, mps
-    precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto = bf16 autocast on CUDA that supports it
+    # auto = bf16 autocast on CUDA that supports it, fp16 with a gradient scaler on CUDA that does not (T4,
+    # V100), fp32 on CPU and MPS
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     # the embed stage's vectors that initialise the word networks' embeddings (and bert's word adapter);
     # fastText builds a vector for every token from its subwords, Word2Vec only for words it has seen
     embeddings: Literal["word2vec", "fasttext"] = "word2vec"

@@ -2,7 +2,7 @@
 a `ModelSpec` and one line in `MODELS`; its `train.<name>` config section comes from the spec's `params`."""
 from __future__ import annotations
 
-from tasks.models import bert, ensemble, fasttext, ner, networks, ngram, rnn_lm, tfidf
+from tasks.models import bert, ensemble, fasttext, hf, ner, networks, ngram, rnn_lm, tfidf
 from tasks.models.base import ModelSpec, Predictor, TrainInputs
 
 MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
@@ -11,6 +11,7 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     networks.BILSTM,
     networks.TRANSFORMER,
     bert.SPEC,
+    hf.SPEC,
     tfidf.SPEC,
     ngram.NGRAM_LM,
     rnn_lm.SPEC,

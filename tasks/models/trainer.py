@@ -1,5 +1,5 @@
 """The training loop every PyTorch model shares: AdamW with linear warm-up and decay, gradient accumulation
-and clipping, bf16 autocast on CUDA, early stopping, and a checkpoint per epoch that a killed run resumes
+and clipping, bf16 (or fp16 with a gradient scaler) autocast on CUDA, early stopping, and a checkpoint per epoch that a killed run resumes
 from. What differs between models (batches, loss, validation) comes in as a `Task`."""
 from __future__ import annotations
 
@@ -34,16 +34,25 @@ def resolve_device(name: str = "auto") -> torch.device:
     return torch.device("cpu")
 
 
+def amp_dtype(device: torch.device, precision: str) -> torch.dtype | None:
+    """The forward passes' autocast type: bf16 or fp16 when asked for; `auto` takes bf16 on a CUDA device that
+    supports it, fp16 (with a gradient scaler) on one that does not (T4, V100), and fp32 elsewhere."""
+    if precision in ("bf16", "fp16"):
+        return torch.bfloat16 if precision == "bf16" else torch.float16
+    if precision == "auto" and device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return None
+
+
 def use_bf16(device: torch.device, precision: str) -> bool:
-    """bf16 autocast: asked for, or `auto` on a CUDA device that supports it (fp32 elsewhere)."""
-    if precision == "bf16":
-        return True
-    return precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
+    """bf16 autocast: asked for, or `auto` on a CUDA device that supports it."""
+    return amp_dtype(device, precision) == torch.bfloat16
 
 
-def autocast(device: torch.device, bf16: bool):
-    """The forward passes' precision context."""
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+def autocast(device: torch.device, dtype: torch.dtype | bool | None):
+    """The forward passes' precision context (`True` stands for bf16)."""
+    dtype = torch.bfloat16 if dtype is True else dtype or None
+    return torch.autocast(device_type=device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
 
 def seed_everything(seed: int) -> None:
@@ -132,6 +141,7 @@ class FitResult:
     resumed_from_epoch: int  # 0 = trained from the start
     device: str
     bf16: bool
+    precision: str = "fp32"  # the autocast type: fp32 (none), bfloat16 or float16
     seconds: float = 0.0
     extra: dict = field(default_factory=dict)
 
@@ -177,7 +187,10 @@ def fit(name: str, model: nn.Module, task: Task, cfg: LoopConfig, checkpoints: P
     finished epoch and ends with the same weights as an uninterrupted run (CPU, same thread count).
     """
     device = resolve_device(cfg.device)
-    bf16 = use_bf16(device, cfg.precision)
+    dtype = amp_dtype(device, cfg.precision)
+    bf16 = dtype == torch.bfloat16
+    # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none
+    scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
     model.to(device)
     checkpoints.mkdir(parents=True, exist_ok=True)
     trainable = [w for w in model.parameters() if w.requires_grad]
@@ -204,9 +217,9 @@ def fit(name: str, model: nn.Module, task: Task, cfg: LoopConfig, checkpoints: P
     t_start = time.perf_counter()
     while not state["done"] and state["epoch"] < cfg.epochs:
         epoch = state["epoch"] + 1
-        row = _train_epoch(name, model, task, cfg, optimizer, scheduler, trainable, rng, device, bf16, epoch)
+        row = _train_epoch(name, model, task, cfg, optimizer, scheduler, trainable, rng, device, dtype, epoch, scaler)
         model.eval()
-        with torch.no_grad(), autocast(device, bf16):
+        with torch.no_grad(), autocast(device, dtype):
             row.update(task.validate(model))
         row["lr"] = scheduler.get_last_lr()[0]
         state["history"].append(row)
@@ -226,23 +239,29 @@ def fit(name: str, model: nn.Module, task: Task, cfg: LoopConfig, checkpoints: P
     model.load_state_dict(torch.load(best_file, map_location=device, weights_only=True))
     model.eval()
     return FitResult(state["history"], state["best_epoch"], resumed_from, str(device), bf16,
-                     seconds=time.perf_counter() - t_start)
+                     precision=str(dtype or "fp32").removeprefix("torch."), seconds=time.perf_counter() - t_start)
 
 
-def _train_epoch(name, model, task, cfg, optimizer, scheduler, trainable, rng, device, bf16, epoch) -> dict:
+def _train_epoch(name, model, task, cfg, optimizer, scheduler, trainable, rng, device, dtype, epoch, scaler=None) -> dict:
     """One pass over the training batches; returns the epoch's mean loss and throughput."""
     model.train()
     t0, total, seen = time.perf_counter(), 0.0, 0
     bar = tqdm(total=task.steps_per_epoch, desc=f"{name} epoch {epoch}/{cfg.epochs}", unit="batch", leave=False, mininterval=2)
     for i, (rows, batch) in enumerate(task.batches(rng)):
         batch = {k: v.to(device) for k, v in batch.items()}
-        with autocast(device, bf16):
+        with autocast(device, dtype):
             loss = task.loss(model, batch)
-        (loss / cfg.grad_accum).backward()
+        (scaler.scale(loss / cfg.grad_accum) if scaler else loss / cfg.grad_accum).backward()
         if (i + 1) % cfg.grad_accum == 0 or i + 1 == task.steps_per_epoch:
+            if scaler:
+                scaler.unscale_(optimizer)  # clip the true gradients
             if cfg.grad_clip:
                 torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
-            optimizer.step()
+            if scaler:
+                scaler.step(optimizer)  # skipped when the scaled gradients overflowed
+                scaler.update()
+            else:
+                optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
         total += loss.item() * rows

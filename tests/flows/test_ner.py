@@ -161,8 +161,8 @@ def _tiny_bert(folder: Path) -> Path:
 
     chars = sorted({c for name in ("train", "dev", "test") for c in (FIXTURES / f"{name}.bmes").read_text(encoding="utf-8").split() if len(c) == 1})
     folder.mkdir()
-    (folder / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars]) + "\n", encoding="utf-8")
-    tokenizer = BertTokenizerFast(vocab_file=str(folder / "vocab.txt"))
+    tokenizer = BertTokenizerFast(vocab={t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars])})
+    assert tokenizer.unk_token_id not in tokenizer("张伟")["input_ids"]
     BertModel(BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                          intermediate_size=64)).save_pretrained(folder)
     tokenizer.save_pretrained(folder)

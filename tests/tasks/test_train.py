@@ -190,3 +190,13 @@ def test_transformer_masks_padding_and_scales_embeddings():
     assert torch.allclose(alone, padded, atol=1e-5)
     table = sinusoidal_positions(4, 8)
     assert torch.allclose(table[0], torch.tensor([0.0, 1.0] * 4)) and torch.allclose(table[:, 0], torch.sin(torch.arange(4.0)))
+
+
+def test_fp16_autocast_with_a_gradient_scaler_learns(tmp_path, run_ctx):
+    """fp16 (what `auto` picks on CUDA without bf16: T4, V100) goes through a gradient scaler; here on CPU."""
+    from tasks.models.trainer import amp_dtype
+
+    assert amp_dtype(torch.device("cpu"), "auto") is None and amp_dtype(torch.device("cpu"), "fp16") == torch.float16
+    params = TrainConfig(epochs=4, patience=4, precision="fp16", device="cpu", textcnn={"num_filters": 8, "batch_size": 16, "lr": 0.01})
+    summary, _ = train_model("textcnn", frame(), frame(2), params, tmp_path, tiny_vectors())
+    assert summary["history"][-1]["train_loss"] < summary["history"][0]["train_loss"]

@@ -133,3 +133,46 @@ def test_bert_pretrains_with_next_sentence_prediction(corpus):
     history = summary["pretrain_history"]
     assert len(history) == 2 and {"val_mlm_loss", "val_nsp_loss", "val_nsp_accuracy"} <= set(history[-1])
     assert summary["history"][-1]["val_accuracy"] >= 0.5  # the classifier fine-tunes from the MLM + NSP encoder
+
+
+def test_hf_fine_tunes_a_local_checkpoint_and_saves_what_auto_classes_load(tmp_path):
+    """The pretrained-transformer path end to end on a tiny random BERT and a fast tokenizer built here."""
+    from transformers import AutoModelForSequenceClassification, BertConfig, BertForSequenceClassification, BertTokenizerFast
+
+    from tasks.models.hf import hf_predictor, train_hf
+
+    def texts(df):
+        return df.assign(text=df["words"].str.replace(" ", ""))
+
+    train, validation = texts(frame().assign(aug_method="original")), texts(frame(2))
+    chars = sorted({c for t in pd.concat([train["text"], validation["text"]]) for c in t})
+    ckpt = tmp_path / "tiny"
+    ckpt.mkdir()
+    tokenizer = BertTokenizerFast(vocab={t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars])})
+    assert tokenizer.unk_token_id not in tokenizer(train["text"][0])["input_ids"]
+    BertForSequenceClassification(BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                             intermediate_size=64)).save_pretrained(ckpt)
+    tokenizer.save_pretrained(ckpt)
+    params = TrainConfig(hf={"checkpoint": str(ckpt), "epochs": 8, "patience": 8, "lr": 1e-3, "batch_size": 8, "warmup_ratio": 0.0})
+    summary = train_hf(TrainInputs("hf", train, validation, ["0", "1"], params, tmp_path, None, tmp_path, tmp_path / "ckpt"))
+    assert summary["history"][-1]["train_loss"] < summary["history"][0]["train_loss"] and summary["precision"] == "fp32"
+    assert summary["history"][summary["best_epoch"] - 1]["val_accuracy"] >= 0.75
+    loaded = AutoModelForSequenceClassification.from_pretrained(tmp_path / "hf", local_files_only=True)
+    assert loaded.config.id2label == {0: "0", 1: "1"}
+    probs = hf_predictor(tmp_path / "hf", "cpu")(validation)
+    assert probs.shape == (len(validation), 2) and np.allclose(probs.sum(1), 1, atol=1e-5)
+    frozen = TrainConfig(hf={"checkpoint": str(ckpt), "epochs": 1, "freeze_encoder": True, "gradient_checkpointing": True})
+    out = tmp_path / "frozen"
+    summary = train_hf(TrainInputs("hf", train, validation, ["0", "1"], frozen, tmp_path, None, out, tmp_path / "ckpt2"))
+    assert summary["trainable_parameters"] < summary["parameters"] / 10  # the head only
+
+
+def test_hf_without_its_checkpoint_is_one_clear_error(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    from tasks.models.hf import train_hf
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    params = TrainConfig(hf={"checkpoint": "no-such/chinese-bert"})
+    with pytest.raises(ModelMissingError, match=r"tokenizer 'no-such/chinese-bert' not found locally.*huggingface-cli download no-such/chinese-bert"):
+        train_hf(TrainInputs("hf", frame(), frame(2), ["0", "1"], params, tmp_path, None, tmp_path, tmp_path / "ckpt"))
