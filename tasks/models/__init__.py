@@ -17,12 +17,12 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     rnn_lm.SPEC,
     rnn_lm.CLASSIFIER,
     ngram.LM_CLASSIFIER,
-    ensemble.SPEC,
     ner.CRF,
     ner.BILSTM_CRF,
     ner.LEXICON_TAGGER,
     ner.NER_ENSEMBLE,
 )}
+MODELS["ensemble"] = ensemble.spec(MODELS)
 
 __all__ = ["MODELS", "ModelSpec", "Predictor", "TrainInputs", "get"]
 

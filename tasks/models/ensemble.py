@@ -53,9 +53,9 @@ def _stack_features(member_probs: list[np.ndarray]) -> np.ndarray:
     return np.log(np.clip(np.hstack(member_probs), 1e-9, 1))
 
 
-def train_ensemble(inputs: TrainInputs) -> dict:
-    from tasks.models import MODELS
-
+def train_ensemble(inputs: TrainInputs, registry: dict[str, ModelSpec]) -> dict:
+    """Fit the combination on the members' validation probabilities; copy the members into `ensemble/members/`."""
+    MODELS = registry
     p: Params = inputs.section
     for m in p.members:
         if MODELS[m].predictor is None or MODELS[m].task != "classification" or MODELS[m].members:
@@ -89,11 +89,9 @@ def train_ensemble(inputs: TrainInputs) -> dict:
     return summary
 
 
-def ensemble_predictor(folder: Path) -> Predictor:
-    from tasks.models import MODELS
-
+def ensemble_predictor(folder: Path, registry: dict[str, ModelSpec]) -> Predictor:
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    members = [MODELS[m].predictor(folder / "members" / m) for m in config["members"]]
+    members = [registry[m].predictor(folder / "members" / m) for m in config["members"]]
 
     def predict(df: pd.DataFrame) -> np.ndarray:
         probs = [member(df) for member in members]
@@ -110,5 +108,8 @@ def ensemble_predictor(folder: Path) -> Predictor:
     return predict
 
 
-SPEC = ModelSpec("ensemble", Params, train_ensemble, predictor=ensemble_predictor, members=lambda section: section.members,
-                 about="other classifiers of the run by soft voting (weights fit on validation) or stacking")
+def spec(registry: dict[str, ModelSpec]) -> ModelSpec:
+    """The registry entry; it is handed the registry it belongs to (to load its members) instead of importing it."""
+    return ModelSpec("ensemble", Params, lambda inputs: train_ensemble(inputs, registry),
+                     predictor=lambda folder: ensemble_predictor(folder, registry), members=lambda section: section.members,
+                     about="other classifiers of the run by soft voting (weights fit on validation) or stacking")
