@@ -3,6 +3,7 @@
 characters of the text. Light imports: pool workers and the served model import this module."""
 from __future__ import annotations
 
+import html
 import json
 from dataclasses import dataclass, field
 
@@ -304,3 +305,22 @@ def word_features(words: list[tuple[str, str]], pos_index: dict[str, int]) -> tu
         seg += [SEG["S"]] if n == 1 else [SEG["B"]] + [SEG["M"]] * (n - 2) + [SEG["E"]]
         pos += [pos_index.get(flag, 1)] * n
     return np.array(seg, dtype=np.int64), np.array(pos, dtype=np.int64)
+
+
+def marked(text: str, tags: list[str]) -> str:
+    """The text with its entities in brackets: [王小明|NAME]."""
+    out, last = [], 0
+    for kind, start, end in spans_of(list(tags)):
+        out += [text[last:start], f"[{text[start:end]}|{kind}]"]
+        last = end
+    return "".join(out + [text[last:]])
+
+
+def highlighted(text: str, tags: list[str]) -> str:
+    """HTML with each entity as a <mark> titled by its type."""
+    out, last = [], 0
+    for kind, start, end in spans_of(list(tags)):
+        out += [html.escape(text[last:start]), f'<mark title="{html.escape(kind)}">{html.escape(text[start:end])}'
+                f'<sub>{html.escape(kind)}</sub></mark>']
+        last = end
+    return "".join(out + [html.escape(text[last:])])

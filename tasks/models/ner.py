@@ -113,26 +113,32 @@ def crf_features(text: str, window: int, lexicon: Lexicon | None, words: bool = 
 
 
 def train_crf(inputs: TrainInputs) -> dict:
+    """L-BFGS training with CRFsuite; each sentence's features are handed over as they are made, so memory holds
+    CRFsuite's compact copy, not a dict per character of the whole corpus."""
     import time
 
-    import sklearn_crfsuite
+    import pycrfsuite
 
     p: CRFParams = inputs.section
     lexicon = load_lexicon(inputs.vocab, 8) if p.lexicon_features else None
     t0 = time.perf_counter()
     folder = inputs.out / inputs.name
     folder.mkdir()
-    x = [crf_features(t, p.window, lexicon, p.word_features) for t in inputs.train["text"]]
-    model = sklearn_crfsuite.CRF(algorithm="lbfgs", c1=p.c1, c2=p.c2, max_iterations=p.max_iterations,
-                                 all_possible_transitions=True, model_filename=str(folder / "crf.model"))
-    model.fit(x, [list(t) for t in inputs.train["tags"]])
+    trainer = pycrfsuite.Trainer(algorithm="lbfgs", verbose=False)
+    for text, tags in zip(inputs.train["text"], inputs.train["tags"]):
+        trainer.append(crf_features(text, p.window, lexicon, p.word_features), list(tags))
+    trainer.set_params({"c1": p.c1, "c2": p.c2, "max_iterations": p.max_iterations, "feature.possible_transitions": True})
+    trainer.train(str(folder / "crf.model"))
     seconds = time.perf_counter() - t0
+    model = pycrfsuite.Tagger()
+    model.open(str(folder / "crf.model"))
+    info = model.info()
     (folder / "config.json").write_text(json.dumps({"kind": "crf", "window": p.window, "lexicon": p.lexicon_features,
                                                     "word_features": p.word_features, "labels": inputs.labels}), encoding="utf-8")
     if lexicon is not None:
         (folder / "lexicon.txt").write_text("".join(f"{w}\n" for w in lexicon.index), encoding="utf-8")
-    return {"path": inputs.name, "kind": "crf", "seconds": seconds, "samples_per_second": len(x) / seconds,
-            "parameters": len(model.state_features_) + len(model.transition_features_)}
+    return {"path": inputs.name, "kind": "crf", "seconds": seconds, "samples_per_second": len(inputs.train) / seconds,
+            "parameters": len(info.state_features) + len(info.transitions)}
 
 
 def crf_tagger(folder: Path) -> TaggerFn:

@@ -12,7 +12,7 @@ import pandas as pd
 from tasks.core import BuildContext, BuildOutput
 from tasks.evaluate import comparison_markdown, plot_training_curves
 from tasks.models import MODELS
-from tasks.tagging import spans_of
+from tasks.tagging import highlighted, marked, spans_of
 
 LIBRARIES = ("torch", "python-crfsuite", "matplotlib")
 FILES: tuple[str, ...] = ()
@@ -59,25 +59,6 @@ def type_confusion(gold: list[list[str]], pred: list[list[str]]) -> pd.DataFrame
     rows = sorted({a for a, _ in pairs} - {SPURIOUS}) + [SPURIOUS]
     cols = sorted({b for _, b in pairs} - {MISSED}) + [MISSED]
     return pd.DataFrame([[pairs[r, c] for c in cols] for r in rows], index=rows, columns=cols)
-
-
-def marked(text: str, tags: list[str]) -> str:
-    """The text with its entities in brackets: [王小明|NAME]."""
-    out, last = [], 0
-    for kind, start, end in spans_of(list(tags)):
-        out += [text[last:start], f"[{text[start:end]}|{kind}]"]
-        last = end
-    return "".join(out + [text[last:]])
-
-
-def highlighted(text: str, tags: list[str]) -> str:
-    """HTML with each entity as a <mark> titled by its type."""
-    out, last = [], 0
-    for kind, start, end in spans_of(list(tags)):
-        out += [html.escape(text[last:start]), f'<mark title="{html.escape(kind)}">{html.escape(text[start:end])}'
-                f'<sub>{html.escape(kind)}</sub></mark>']
-        last = end
-    return "".join(out + [html.escape(text[last:])])
 
 
 def worst_sentences(test: pd.DataFrame, gold: list[list[str]], pred: list[list[str]], k: int = 50) -> pd.DataFrame:

@@ -12,9 +12,8 @@ import pandas as pd
 
 from tasks.core import BuildContext, BuildOutput
 from tasks.io import SPLITS
-from tasks.ner.evaluate import highlighted
 from tasks.profile import Params, report_html, stats_markdown
-from tasks.tagging import spans_of
+from tasks.tagging import highlighted, spans_of
 
 LIBRARIES = ("matplotlib", "numpy")
 FILES: tuple[str, ...] = ("font",)

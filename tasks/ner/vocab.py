@@ -19,9 +19,15 @@ def dictionary_words(texts: list[str], max_len: int) -> set[str]:
     """jieba's dictionary words of 2..max_len characters that occur in the texts."""
     import jieba
 
-    seen = {t[i : i + n] for t in texts for n in range(2, max_len + 1) for i in range(len(t) - n + 1)}
     jieba.dt.check_initialized()
-    return {w for w in seen if jieba.dt.FREQ.get(w)}
+    freq, found = jieba.dt.FREQ, set()
+    for t in texts:  # looked up one substring at a time: no set of every substring of a large corpus
+        for n in range(2, max_len + 1):
+            for i in range(len(t) - n + 1):
+                w = t[i : i + n]
+                if freq.get(w):
+                    found.add(w)
+    return found
 
 
 def boundary_recall(texts: list[str], tags: list[list[str]], lexicon: Lexicon) -> float:
