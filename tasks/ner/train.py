@@ -10,8 +10,9 @@ from tasks.core import BuildContext, BuildOutput
 from tasks.errors import ConfigError
 from tasks.models import MODELS, TrainInputs
 from tasks.models.ner import entity_f1
-from tasks.train import LIBRARIES  # noqa: F401 (what its key sees, as for the classifiers)
 
+# what its key sees besides params, inputs and code: the libraries that shape a tagger (jieba: its word features)
+LIBRARIES = ("torch", "transformers", "python-crfsuite", "gensim", "jieba", "numpy")
 FILES = ("bilstm_crf.checkpoint", "lexicon_tagger.checkpoint")  # a local pretrained encoder counts by content
 
 
