@@ -189,8 +189,7 @@ class EntityTagger(PythonModel):
         self.tagger = MODELS[cfg["model"]].tagger(Path(context.artifacts["model"]))
 
     def predict(self, context, model_input, params=None) -> pd.DataFrame:
-        from tasks.clean import _CONTROL
-        from tasks.ner.clean import clean_char
+        from tasks.ner.clean import clean_chars
         from tasks.tagging import spans_of
 
         values = as_texts(model_input)
@@ -200,9 +199,8 @@ class EntityTagger(PythonModel):
         for n, value in enumerate(values, 1):
             if value is not None and not isinstance(value, str):
                 raise bad_request(f"text {n} is a {type(value).__name__}, not a string")
-            text = (value or "")[: self.max_chars]
-            index = [i for i, c in enumerate(text) if not _CONTROL.fullmatch(c)]
-            cleaned.append("".join(clean_char(text[i], self.clean) for i in index))
+            text, index = clean_chars((value or "")[: self.max_chars], self.clean)
+            cleaned.append(text)
             where.append(index)
             statuses.append("missing" if value is None else "empty" if not cleaned[-1].strip() else
                             "truncated" if len(value) > self.max_chars else "ok")

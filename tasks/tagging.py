@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -95,6 +96,25 @@ def spans_of(tags: list[str]) -> list[tuple[str, int, int]]:
         else:
             start = None
     return spans
+
+
+def span_counts(gold: list[list[str]], pred: list[list[str]]) -> tuple[Counter, Counter, Counter]:
+    """True positives, false positives and false negatives per entity type, strict span matching (seqeval's
+    strict mode)."""
+    tp, fp, fn = Counter(), Counter(), Counter()
+    for g, p in zip(gold, pred):
+        gs, ps = set(spans_of(list(g))), set(spans_of(list(p)))
+        tp.update(k for k, _, _ in gs & ps)
+        fp.update(k for k, _, _ in ps - gs)
+        fn.update(k for k, _, _ in gs - ps)
+    return tp, fp, fn
+
+
+def prf(tp: int, fp: int, fn: int) -> tuple[float, float, float]:
+    """Precision, recall and F1 from counts (0 where undefined)."""
+    p = tp / (tp + fp) if tp + fp else 0.0
+    r = tp / (tp + fn) if tp + fn else 0.0
+    return p, r, (2 * p * r / (p + r) if p + r else 0.0)
 
 
 def bioes(spans: list[tuple[str, int, int]], length: int) -> list[str]:
@@ -297,14 +317,22 @@ def bigrams(text: str) -> tuple[list[str], list[str]]:
 SEG = {"B": 1, "M": 2, "E": 3, "S": 4}  # a character's place in jieba's word; 0 = padding
 
 
-def word_features(words: list[tuple[str, str]], pos_index: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
-    """Per character of the segmented text: its place in its word (SEG) and the word's POS tag id (1 = unknown)."""
-    seg, pos = [], []
+def word_places(words: list[tuple[str, str]]) -> tuple[list[str], list[str]]:
+    """Per character of the segmented text: its place in its word (B, M, E, or S for a one-character word) and
+    the word's POS tag."""
+    places, flags = [], []
     for word, flag in words:
         n = len(word)
-        seg += [SEG["S"]] if n == 1 else [SEG["B"]] + [SEG["M"]] * (n - 2) + [SEG["E"]]
-        pos += [pos_index.get(flag, 1)] * n
-    return np.array(seg, dtype=np.int64), np.array(pos, dtype=np.int64)
+        places += ["S"] if n == 1 else ["B"] + ["M"] * (n - 2) + ["E"]
+        flags += [flag] * n
+    return places, flags
+
+
+def word_features(words: list[tuple[str, str]], pos_index: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
+    """word_places as ids: SEG per character and the POS tag id (1 = unknown)."""
+    places, flags = word_places(words)
+    return (np.array([SEG[p] for p in places], dtype=np.int64),
+            np.array([pos_index.get(f, 1) for f in flags], dtype=np.int64))
 
 
 def marked(text: str, tags: list[str]) -> str:

@@ -17,7 +17,7 @@ from pydantic import Field, model_validator
 from tasks.core import Section
 from tasks.io import read_vocab
 from tasks.models.base import ModelSpec, TrainInputs
-from tasks.tagging import Lexicon, bigrams, spans_of, tag_set, transitions, word_features
+from tasks.tagging import Lexicon, bigrams, prf, span_counts, tag_set, transitions, word_features, word_places
 
 SEG_DIM = 20  # the word-boundary and POS embeddings
 
@@ -38,15 +38,8 @@ TaggerFn = Callable[[list[str]], list[Tagged]]
 
 def entity_f1(gold: list[list[str]], pred: list[list[str]]) -> dict[str, float]:
     """Entity-level micro precision, recall and F1 with strict span matching (seqeval's strict mode)."""
-    tp = fp = fn = 0
-    for g, p in zip(gold, pred):
-        gs, ps = set(spans_of(list(g))), set(spans_of(list(p)))
-        tp += len(gs & ps)
-        fp += len(ps - gs)
-        fn += len(gs - ps)
-    precision = tp / (tp + fp) if tp + fp else 0.0
-    recall = tp / (tp + fn) if tp + fn else 0.0
-    return {"precision": precision, "recall": recall, "f1": 2 * precision * recall / (precision + recall) if tp else 0.0}
+    tp, fp, fn = span_counts(gold, pred)
+    return dict(zip(("precision", "recall", "f1"), prf(sum(tp.values()), sum(fp.values()), sum(fn.values()))))
 
 
 def jieba_words(text: str) -> list[tuple[str, str]]:
@@ -78,11 +71,7 @@ def crf_features(text: str, window: int, lexicon: Lexicon | None, words: bool = 
     """Per character: the characters and bigrams in the window, (with a lexicon) the positions of the lexicon
     words that cover it, and (with `words`) its place in jieba's word and the POS tags around it."""
     n = len(text)
-    seg, pos = [], []
-    if words:
-        for word, flag in jieba_words(text):
-            seg += ["S"] if len(word) == 1 else ["B"] + ["M"] * (len(word) - 2) + ["E"]
-            pos += [flag] * len(word)
+    seg, pos = word_places(jieba_words(text)) if words else ([], [])
 
     def at(k: int) -> str:
         return text[k] if 0 <= k < n else ("<s>" if k < 0 else "</s>")
@@ -218,7 +207,8 @@ class Encoded:
                  bert_vocab: dict[str, int] | None = None):
         self.chars, self.grams, self.lexicon, self.pos, self.bert_vocab = chars, grams, lexicon, pos, bert_vocab
 
-    def __call__(self, text: str) -> dict[str, np.ndarray]:
+    def __call__(self, text: str, words: list[tuple[str, str]] | None = None) -> dict[str, np.ndarray]:
+        """`words`: the text's jieba (word, POS) pairs when already known."""
         following, preceding = bigrams(text)
         row = {"chars": np.array([self.chars.get(c, 1) for c in text], dtype=np.int64),
                "next": np.array([self.grams.get(b, 1) for b in following], dtype=np.int64),
@@ -226,7 +216,7 @@ class Encoded:
         if self.lexicon is not None:
             row["words"], row["places"] = self.lexicon.match(text)
         if self.pos is not None:
-            row["seg"], row["pos"] = word_features(jieba_words(text), self.pos)
+            row["seg"], row["pos"] = word_features(words if words is not None else jieba_words(text), self.pos)
         if self.bert_vocab is not None:  # one token per character, as Chinese BERT vocabularies hold them
             unk = self.bert_vocab.get("[UNK]", 0)
             row["bert_ids"] = np.array([self.bert_vocab.get(c, self.bert_vocab.get(c.lower(), unk)) for c in text], dtype=np.int64)
@@ -319,9 +309,11 @@ def train_tagger(inputs: TrainInputs) -> dict:
               "num_words": len(lexicon) if lexicon else 1, "char_dim": char_m.shape[1], "bigram_dim": gram_m.shape[1],
               "word_dim": 0, "lexicon": p.lexicon, "max_words": p.max_words,
               **{k: getattr(p, k) for k in ("encoder", "hidden_size", "num_layers", "num_heads", "dropout")}}
+    texts = [t[: p.max_len] for t in inputs.train["text"]]
+    train_words = [jieba_words(t) for t in texts] if p.word_features else [None] * len(texts)  # segmented once
     pos_tags: list[str] = []
     if p.word_features:  # jieba's POS tag set as the train split shows it
-        pos_tags = sorted({flag for text in inputs.train["text"] for _, flag in jieba_words(text[: p.max_len])})
+        pos_tags = sorted({flag for words in train_words for _, flag in words})
         config.update(pos_tags=pos_tags, seg_dim=SEG_DIM)
     bert, bert_vocab = None, None
     if p.encoder == "bert":
@@ -340,8 +332,8 @@ def train_tagger(inputs: TrainInputs) -> dict:
     pos_index = {t: i + 2 for i, t in enumerate(pos_tags)} if p.word_features else None
     encode = Encoded({c: i for i, c in enumerate(chars)}, {g: i for i, g in enumerate(grams)}, lexicon, pos_index, bert_vocab)
     train_rows = []
-    for text, row_tags in zip(inputs.train["text"], inputs.train["tags"]):
-        row = encode(text[: p.max_len])
+    for text, segmented, row_tags in zip(texts, train_words, inputs.train["tags"]):
+        row = encode(text, segmented)
         row["tags"] = np.array([index[t] for t in list(row_tags)[: p.max_len]], dtype=np.int64)
         train_rows.append(row)
     val_rows = [encode(t) for t in inputs.validation["text"]]
@@ -421,18 +413,27 @@ def tagger_from(folder: Path, device: str = "auto") -> TaggerFn:
     return tag
 
 
+def averaged_decoder(tags: list[str]) -> Callable[[np.ndarray], Tagged]:
+    """Averaged marginals (characters x `tags`) -> the best well-formed tag path over them, with each
+    character's averaged probability of its tag (seed ensembles and ner_ensemble decode this way)."""
+    allowed, starts, ends = (np.array(a, dtype=bool) for a in transitions(tags))
+
+    def decode(average: np.ndarray) -> Tagged:
+        if not len(average):
+            return Tagged([], [], average.astype(np.float32))
+        path = constrained_viterbi(np.log(np.clip(average, 1e-12, 1.0)), allowed, starts, ends)
+        return Tagged([tags[k] for k in path], [float(average[j, k]) for j, k in enumerate(path)], average.astype(np.float32))
+
+    return decode
+
+
 def _averaged(models: list, tags: list[str]):
     """Decoding by several copies of a tagger: their marginals averaged, the best well-formed path over them."""
-    allowed, starts, ends = (np.array(a, dtype=bool) for a in transitions(tags))
+    decode_average = averaged_decoder(tags)
 
     def decode(rows: list[dict[str, np.ndarray]]) -> list[Tagged]:
         per_model = [decode_rows(m, rows, tags) for m in models]
-        out = []
-        for results in zip(*per_model):
-            average = np.mean([r.marginals for r in results], axis=0)
-            path = constrained_viterbi(np.log(np.clip(average, 1e-12, 1.0)), allowed, starts, ends)
-            out.append(Tagged([tags[k] for k in path], [float(average[j, k]) for j, k in enumerate(path)], average))
-        return out
+        return [decode_average(np.mean([r.marginals for r in results], axis=0)) for results in zip(*per_model)]
 
     return decode
 
@@ -496,7 +497,7 @@ def ensemble_tagger(folder: Path) -> TaggerFn:
     weights = np.array(config["weights"] or [1.0] * len(members), dtype=np.float64)
     weights /= weights.sum()
     order = tag_set(config["labels"])
-    allowed, starts, ends = (np.array(a, dtype=bool) for a in transitions(order))
+    decode_average = averaged_decoder(order)
     columns = [[m.tags.index(t) if t in m.tags else -1 for t in order] for m in members]
 
     def tag(texts: list[str]) -> list[Tagged]:
@@ -508,11 +509,7 @@ def ensemble_tagger(folder: Path) -> TaggerFn:
                 for j, c in enumerate(cols):
                     if c >= 0 and len(text):
                         average[:, j] += w * result.marginals[:, c]
-            if not len(text):
-                out.append(Tagged([], [], average.astype(np.float32)))
-                continue
-            path = constrained_viterbi(np.log(np.clip(average, 1e-12, 1.0)), allowed, starts, ends)
-            out.append(Tagged([order[k] for k in path], [float(average[j, k]) for j, k in enumerate(path)], average.astype(np.float32)))
+            out.append(decode_average(average))
         return out
 
     tag.tags = order

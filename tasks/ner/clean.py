@@ -31,16 +31,23 @@ def clean_char(char: str, params: Params) -> str:
     return out
 
 
+def clean_chars(text: str, params: Params) -> tuple[str, list[int]]:
+    """(the cleaned text, the position in `text` of each of its characters): control characters removed, every
+    other character normalised in place. Tags and entity offsets map through the positions."""
+    kept = [i for i, c in enumerate(text) if not _CONTROL.fullmatch(c)]
+    return "".join(clean_char(text[i], params) for i in kept), kept
+
+
 def clean_sentence(text: str, tags: list[str], params: Params) -> tuple[str, list[str], int]:
-    """(text, tags, entities lost): control characters removed with their tags, every other character
-    normalised in place; an entity made only of removed characters is lost (and counted)."""
-    keep = [not _CONTROL.fullmatch(c) for c in text]
-    if all(keep):
-        return "".join(clean_char(c, params) for c in text), list(tags), 0
-    new_index, pos = [], 0
-    for k in keep:
+    """(text, tags, entities lost): `clean_chars`, with each entity's span moved to the characters kept; an
+    entity made only of removed characters is lost (and counted)."""
+    cleaned, kept = clean_chars(text, params)
+    if len(kept) == len(text):
+        return cleaned, list(tags), 0
+    keep, new_index, pos = set(kept), [], 0  # each original position's position in the cleaned text
+    for i in range(len(text)):
         new_index.append(pos)
-        pos += k
+        pos += i in keep
     new_index.append(pos)
     spans, lost = [], 0
     for kind, start, end in spans_of(list(tags)):
@@ -49,8 +56,7 @@ def clean_sentence(text: str, tags: list[str], params: Params) -> tuple[str, lis
             spans.append((kind, s, e))
         else:
             lost += 1
-    chars = [clean_char(c, params) for c, k in zip(text, keep) if k]
-    return "".join(chars), bioes(spans, len(chars)), lost
+    return cleaned, bioes(spans, len(cleaned)), lost
 
 
 def build(ctx: BuildContext) -> BuildOutput:

@@ -12,7 +12,7 @@ import pandas as pd
 from tasks.core import BuildContext, BuildOutput
 from tasks.evaluate import comparison_markdown, plot_training_curves
 from tasks.models import MODELS
-from tasks.tagging import highlighted, marked, spans_of
+from tasks.tagging import highlighted, marked, prf, span_counts, spans_of
 
 LIBRARIES = ("torch", "python-crfsuite", "matplotlib")
 FILES: tuple[str, ...] = ()
@@ -21,21 +21,7 @@ MISSED, SPURIOUS = "(missed)", "(none)"
 
 def entity_scores(gold: list[list[str]], pred: list[list[str]], kinds: list[str]) -> tuple[dict[str, float], pd.DataFrame]:
     """Micro precision/recall/F1 and a per-type table (precision, recall, f1, support), strict spans."""
-    tp, fp, fn = Counter(), Counter(), Counter()
-    for g, p in zip(gold, pred):
-        gs, ps = set(spans_of(list(g))), set(spans_of(list(p)))
-        for s in gs & ps:
-            tp[s[0]] += 1
-        for s in ps - gs:
-            fp[s[0]] += 1
-        for s in gs - ps:
-            fn[s[0]] += 1
-
-    def prf(t: int, f_p: int, f_n: int) -> tuple[float, float, float]:
-        p = t / (t + f_p) if t + f_p else 0.0
-        r = t / (t + f_n) if t + f_n else 0.0
-        return p, r, (2 * p * r / (p + r) if p + r else 0.0)
-
+    tp, fp, fn = span_counts(gold, pred)
     rows = [{"type": k, **dict(zip(("precision", "recall", "f1"), prf(tp[k], fp[k], fn[k]))), "support": tp[k] + fn[k]}
             for k in sorted(set(kinds) | set(tp) | set(fp) | set(fn))]
     p, r, f = prf(sum(tp.values()), sum(fp.values()), sum(fn.values()))
