@@ -347,7 +347,7 @@ def publish(tracker: Tracker, folder: Path, out: BuildOutput, pipeline: str, sta
     for name, table in out.tables.items():
         tracker.table(table, name)
     for ds in out.datasets:
-        tracker.dataset(ds.frame, source=ds.source, name=ds.name, context=ds.context)
+        tracker.dataset(ds.frame, source=ds.source, name=ds.name, context=ds.context, rows=ds.rows)
     if out.tags:
         tracker.tags(out.tags)
     if out.markdown or out.records:

@@ -125,13 +125,21 @@ class Tracker:
         self.client.log_text(self.run_id, text, artifact_file)
 
     @_retry
-    def dataset(self, df: pd.DataFrame, source: str, name: str, context: str) -> None:
-        """Record a dataset as this run's input (shown under 'Datasets used' in the UI)."""
+    def dataset(self, df: pd.DataFrame, source: str, name: str, context: str, rows: int | None = None) -> None:
+        """Record a dataset as this run's input (shown under 'Datasets used' in the UI). When `df` is only the
+        head of `rows` rows, the dataset is recorded by its schema and a digest (of the head and the row
+        count), without a profile that would describe the head alone."""
         import mlflow.data
         from mlflow.entities import DatasetInput, InputTag
 
         with warnings.catch_warnings():  # schema-inference hints about integer columns, not actionable here
             warnings.simplefilter("ignore")
             ds = mlflow.data.from_pandas(df, source=source, name=name, targets="label" if "label" in df else None)
+            if rows is not None and rows > len(df):
+                from mlflow.data.digest_utils import get_normalized_md5_digest
+                from mlflow.data.meta_dataset import MetaDataset
+
+                digest = get_normalized_md5_digest([ds.digest.encode(), str(rows).encode()])
+                ds = MetaDataset(ds.source, name=name, digest=digest, schema=ds.schema)
             entity = ds._to_mlflow_entity()  # the schema is inferred here
         self.client.log_inputs(self.run_id, datasets=[DatasetInput(entity, tags=[InputTag("mlflow.data.context", context)])])

@@ -2,16 +2,20 @@
 from __future__ import annotations
 
 import re
+import tempfile
 import unicodedata
 from functools import lru_cache
+from pathlib import Path
 
+import numpy as np
 import pandas as pd
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import Field
 
 from tasks.core import BuildContext, BuildOutput, Dataset, Section
 from tasks.errors import DataError
-from tasks.io import Chunk, Runner, plan, read_chunk, sorted_labels, write_parquet
+from tasks.io import ROW_GROUP_ROWS, Chunk, PartWriter, Runner, plan, read_chunk, sorted_labels
 
 # what its key sees besides params, inputs and code (flows/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)
@@ -67,9 +71,14 @@ def normalise(df: pd.DataFrame, params: Params) -> pd.DataFrame:
     return df
 
 
-def normalise_chunk(chunk: Chunk, params_json: str) -> pd.DataFrame:
-    """Chunk function: one chunk of the raw corpus, normalised."""
-    return normalise(read_chunk(chunk), Params.model_validate_json(params_json))
+def normalise_chunk(chunk: Chunk, params: tuple[str, int]) -> pd.DataFrame:
+    """Chunk function: one chunk of the raw corpus, normalised, with its row-wise `reason` (length limits) and
+    its dedupe `partition` (a hash of the text, so equal texts meet in one partition)."""
+    p, partitions = Params.model_validate_json(params[0]), params[1]
+    df = normalise(read_chunk(chunk), p)
+    df["reason"] = length_reasons(df["text"], p)
+    df["partition"] = (pd.util.hash_pandas_object(df["text"], index=False).to_numpy() % partitions).astype("int32")
+    return df
 
 
 def clean_frame(df: pd.DataFrame, params: Params) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -77,55 +86,138 @@ def clean_frame(df: pd.DataFrame, params: Params) -> tuple[pd.DataFrame, pd.Data
     return filter_rows(normalise(df, params), params)
 
 
-def filter_rows(df: pd.DataFrame, params: Params) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """The corpus-wide part of cleaning, on normalised rows: length limits, label conflicts, duplicates."""
-    length = df["text"].str.len()
-    reason = pd.Series(pd.NA, index=df.index, dtype="string")
+def length_reasons(text: pd.Series, params: Params) -> pd.Series:
+    """`empty`, `too_short` or `too_long` per text, else missing."""
+    length = text.str.len()
+    reason = pd.Series(pd.NA, index=text.index, dtype="string")
     reason[length == 0] = "empty"
     reason[reason.isna() & (length < params.min_chars)] = "too_short"
     reason[reason.isna() & (length > params.max_chars)] = "too_long"
+    return reason
+
+
+def duplicate_reasons(df: pd.DataFrame) -> tuple[pd.Series, pd.DataFrame]:
+    """For rows that passed the length limits, in id order: `label_conflict` (one text under several labels,
+    every copy) or `duplicate` (a repeat of an earlier row's text and label), else missing; and the conflicts
+    (text, labels, ids). Rows with equal texts must all be in `df`: the caller passes the whole corpus or one
+    hash partition of it."""
+    reason = pd.Series(pd.NA, index=df.index, dtype="string")
+    conflicts = pd.DataFrame(columns=["text", "labels", "ids"])
+    if "label" in df:
+        groups = df.groupby("text")["label"].nunique()
+        conflict_texts = set(groups[groups > 1].index)
+        in_conflict = df["text"].isin(conflict_texts)
+        reason[in_conflict] = "label_conflict"
+        conflicts = (
+            df[in_conflict]
+            .groupby("text")
+            .agg(labels=("label", lambda s: ",".join(sorted(set(s)))), ids=("id", lambda s: ",".join(map(str, s))))
+            .reset_index()
+        )
+    dup = df[reason.isna()].duplicated(subset=["text"] + (["label"] if "label" in df else []), keep="first")
+    reason[dup[dup].index] = "duplicate"
+    return reason, conflicts
+
+
+def filter_rows(df: pd.DataFrame, params: Params) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """The corpus-wide part of cleaning, on normalised rows in memory: length limits, label conflicts, duplicates."""
+    reason = length_reasons(df["text"], params)
     conflicts = pd.DataFrame(columns=["text", "labels", "ids"])
     if params.dedupe:
         candidates = df[reason.isna()]
-        if "label" in df:
-            groups = candidates.groupby("text")["label"].nunique()
-            conflict_texts = set(groups[groups > 1].index)
-            in_conflict = candidates["text"].isin(conflict_texts)
-            reason[in_conflict[in_conflict].index] = "label_conflict"
-            conflicts = (
-                candidates[in_conflict]
-                .groupby("text")
-                .agg(labels=("label", lambda s: ",".join(sorted(set(s)))), ids=("id", lambda s: ",".join(map(str, s))))
-                .reset_index()
-            )
-        dup = df[reason.isna()].duplicated(subset=["text"] + (["label"] if "label" in df else []), keep="first")
-        reason[dup[dup].index] = "duplicate"
+        found, conflicts = duplicate_reasons(candidates)
+        reason[found.index] = reason[found.index].fillna(found)
     kept = df[reason.isna()].drop(columns=["raw_text"]).reset_index(drop=True)
     quarantine = df[reason.notna()].assign(reason=reason[reason.notna()]).reset_index(drop=True)
     return kept, quarantine, conflicts
 
 
+PARTITION_ROWS = 250_000  # rows per dedupe partition: the most rows the corpus-wide step holds at once
+SAMPLE_ROWS = 10_000  # rows of the cleaned corpus recorded as the MLflow dataset's sample
+
+
+def partition_count(rows: int) -> int:
+    return max(1, -(-rows // PARTITION_ROWS))
+
+
 def build(ctx: BuildContext) -> BuildOutput:
-    """Clean `data.parquet` into `data.parquet` + `quarantine.parquet` (+ `label_conflicts.csv`)."""
+    """Clean `data.parquet` into `data.parquet` + `quarantine.parquet` (+ `label_conflicts.csv`), in bounded
+    memory: (1) chunks are normalised (processes or Dask) and streamed to a scratch file, their rows also
+    hash-partitioned by text; (2) each partition (equal texts meet in one) is deduplicated on its own; (3) the
+    normalised rows are streamed again, in id order, into kept and quarantined rows."""
     src = ctx.inputs["download"] / "data.parquet"
+    rows_in = pq.ParquetFile(src).metadata.num_rows
+    partitions = partition_count(rows_in)
     runner = ctx.runner(1 if ctx.runner is Runner else 0)  # local: one process (the work is light); Dask: every worker
-    # normalisation runs in chunks (processes or Dask); duplicates and conflicts need every row at once
-    df = pd.concat(list(runner.map(normalise_chunk, plan(src, CHUNK_ROWS), ctx.params.model_dump_json(), desc="clean")),
-                   ignore_index=True) if pq.ParquetFile(src).metadata.num_rows else normalise(pd.read_parquet(src), ctx.params)
-    kept, quarantine, conflicts = filter_rows(df, ctx.params)
-    if kept.empty:
-        raise DataError(f"clean: no rows left after cleaning ({len(df)} rows in, all quarantined: {quarantine['reason'].value_counts().to_dict()})")
-    write_parquet(kept, ctx.out / "data.parquet")
-    write_parquet(quarantine, ctx.out / "quarantine.parquet")
+    with tempfile.TemporaryDirectory(prefix="clean-", dir=ctx.scratch) as tmp:
+        tmp = Path(tmp)
+        normalised = PartWriter(tmp / "normalised.parquet", ROW_GROUP_ROWS)
+        parts = [PartWriter(tmp / f"partition-{i}.parquet") for i in range(partitions)]
+        chunks = plan(src, CHUNK_ROWS) if rows_in else []
+        for table in runner.tables(normalise_chunk, chunks, (ctx.params.model_dump_json(), partitions), desc="clean"):
+            normalised.write(table.drop_columns(["partition"]))
+            if ctx.params.dedupe:
+                table = table.filter(pc.is_null(table["reason"])).select([c for c in ("id", "text", "label", "partition") if c in table.column_names])
+                for i in range(partitions):
+                    piece = table.filter(pc.equal(table["partition"], i)) if partitions > 1 else table
+                    if piece.num_rows:
+                        parts[i].write(piece.drop_columns(["partition"]))
+        empty = normalise(pq.ParquetFile(src).schema_arrow.empty_table().to_pandas(), ctx.params).assign(reason=pd.Series(dtype="string"))
+        normalised.close(empty)
+        dropped_ids, dropped_reasons, conflicts = [], [], []
+        for part in parts:  # one partition in memory at a time
+            part.close()
+            if not part.rows:
+                continue
+            df = pd.read_parquet(part.path)
+            found, conflict = duplicate_reasons(df)
+            hit = found.notna()
+            dropped_ids.append(df["id"].to_numpy()[hit.to_numpy()])
+            dropped_reasons.append(found[hit].to_numpy(dtype=object))
+            conflicts.append(conflict)
+        ids = np.concatenate(dropped_ids) if dropped_ids else np.zeros(0, dtype="int64")
+        reasons = np.concatenate(dropped_reasons) if dropped_reasons else np.zeros(0, dtype=object)
+        order = np.argsort(ids, kind="stable")
+        ids, reasons = ids[order], reasons[order]
+        kept_out = PartWriter(ctx.out / "data.parquet", ROW_GROUP_ROWS)
+        bad_out = PartWriter(ctx.out / "quarantine.parquet", ROW_GROUP_ROWS)
+        counts: dict[str, int] = {}
+        sample, bad_sample, labels = [], [], set()
+        for batch in pq.ParquetFile(normalised.path).iter_batches(batch_size=50_000):
+            df = batch.to_pandas()
+            reason = df["reason"].astype("string")
+            at = np.searchsorted(ids, df["id"].to_numpy())
+            found = (at < len(ids)) & (ids[np.minimum(at, len(ids) - 1)] == df["id"].to_numpy()) if len(ids) else np.zeros(len(df), bool)
+            reason[found] = reasons[at[found]]
+            df["reason"] = reason
+            kept = df[reason.isna()].drop(columns=["raw_text", "reason"]).reset_index(drop=True)
+            bad = df[reason.notna()].reset_index(drop=True)
+            if len(kept):
+                kept_out.write(kept)
+                if "label" in kept:
+                    labels.update(kept["label"].unique().tolist())
+                if sum(map(len, sample)) < SAMPLE_ROWS:
+                    sample.append(kept.head(SAMPLE_ROWS))
+            if len(bad):
+                bad_out.write(bad)
+                for r, n in bad["reason"].value_counts().items():
+                    counts[r] = counts.get(r, 0) + int(n)
+                if sum(map(len, bad_sample)) < 1000:
+                    bad_sample.append(bad.head(1000))
+    if not kept_out.rows:
+        raise DataError(f"clean: no rows left after cleaning ({rows_in} rows in, all quarantined: {counts})")
+    kept_out.close()
+    bad_out.close(empty)
+    conflicts = pd.concat(conflicts, ignore_index=True).sort_values("text") if conflicts else pd.DataFrame(columns=["text", "labels", "ids"])
     conflicts.to_csv(ctx.out / "label_conflicts.csv", index=False)
-    counts = quarantine["reason"].value_counts().to_dict()
     metrics = {f"dropped_{r}": counts.get(r, 0) for r in ("empty", "too_short", "too_long", "duplicate", "label_conflict")}
-    metrics.update(rows_in=len(df), rows_kept=len(kept), rows_dropped=len(quarantine))
+    metrics.update(rows_in=rows_in, rows_kept=kept_out.rows, rows_dropped=bad_out.rows)
+    sample = pd.concat(sample, ignore_index=True).head(SAMPLE_ROWS)
     return BuildOutput(
-        rows=len(kept),
+        rows=kept_out.rows,
         metrics=metrics,
-        info={"labels": sorted_labels(kept["label"]) if "label" in kept else None},
+        info={"labels": sorted_labels(pd.Series(sorted(labels), dtype="string")) if labels else None},
         artifacts=["quarantine.parquet", "label_conflicts.csv"],
-        tables={"quarantine_sample.json": quarantine.head(1000).astype(str)} if len(quarantine) else {},
-        datasets=[Dataset(kept, str(ctx.out / "data.parquet"), f"{ctx.pipeline}-clean", "clean")],
+        tables={"quarantine_sample.json": pd.concat(bad_sample, ignore_index=True).head(1000).astype(str)} if bad_out.rows else {},
+        datasets=[Dataset(sample, str(ctx.out / "data.parquet"), f"{ctx.pipeline}-clean", "clean", rows=kept_out.rows)],
     )

@@ -42,12 +42,14 @@ class BuildContext:
 
 @dataclass
 class Dataset:
-    """A frame to record as a run's input (MLflow 'Datasets used')."""
+    """A frame to record as a run's input (MLflow 'Datasets used'); when `rows` is more than the frame holds,
+    the frame is a sample (the head) of a larger file at `source`."""
 
     frame: pd.DataFrame
     source: str
     name: str
     context: str
+    rows: int | None = None
 
 
 @dataclass

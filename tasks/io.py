@@ -170,10 +170,12 @@ def windowed(submit, result, chunks, window: int):
 
 
 class PartWriter:
-    """Writes frames to one Parquet file in order, one row group per frame; atomic via a temporary name."""
+    """Writes frames to one Parquet file in order, one row group per frame (or per `row_group_rows` rows);
+    atomic via a temporary name."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, row_group_rows: int | None = None):
         self.path = Path(path)
+        self.row_group_rows = row_group_rows
         self.tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         self.writer: pq.ParquetWriter | None = None
         self.schema: pa.Schema | None = None
@@ -188,7 +190,7 @@ class PartWriter:
             self.writer = pq.ParquetWriter(self.tmp, self.schema)
         elif table.schema != self.schema:
             table = table.cast(self.schema)  # e.g. a column that was all null in the first chunk
-        self.writer.write_table(table, row_group_size=max(table.num_rows, 1))
+        self.writer.write_table(table, row_group_size=self.row_group_rows or max(table.num_rows, 1))
         self.rows += table.num_rows
 
     def close(self, empty: pd.DataFrame | None = None) -> None:

@@ -2,19 +2,21 @@
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from typing import Literal
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 from pydantic import Field, model_validator
 
 from tasks.core import BuildContext, BuildOutput, Section
 from tasks.errors import DataError
-from tasks.io import SPLITS, sorted_labels, write_parquet
+from tasks.io import ROW_GROUP_ROWS, SPLITS, PartWriter, sorted_labels
 
 # what its key sees besides params, inputs and code (flows/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)
-LIBRARIES = ("pandas", "numpy")
+LIBRARIES = ("pandas", "numpy", "pyarrow")
 FILES: tuple[str, ...] = ()
 log = logging.getLogger("zhpipe")
 
@@ -47,41 +49,74 @@ def _none_set_aside(df: pd.DataFrame) -> pd.DataFrame:
     return df.iloc[:0].assign(reason=pd.Series(dtype="string"))
 
 
+SMALL_REASON = f"class_under_{MIN_CLASS_ROWS}_rows"
+
+
+def class_plan(counts: dict[str, int], params: Params) -> tuple[dict[str, str], dict[str, int], set[str]]:
+    """From rows per label: (label -> the label it is split under, the small classes and their sizes, labels
+    whose rows are set aside). Small classes are quarantined, or merged into `merge_label` when that makes a
+    class of at least MIN_CLASS_ROWS rows (else the merged rows are set aside under it)."""
+    small = {k: n for k, n in counts.items() if n < MIN_CLASS_ROWS}
+    rename = {k: k for k in counts}
+    if not small:
+        return rename, {}, set()
+    if params.small_classes == "merge":
+        rename.update({k: params.merge_label for k in small})
+        merged = sum(n for k, n in counts.items() if rename[k] == params.merge_label)
+        return rename, small, set() if merged >= MIN_CLASS_ROWS else {params.merge_label}
+    return rename, small, set(small)
+
+
 def set_aside_small(df: pd.DataFrame, params: Params) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, int]]:
     """(rows to split, quarantined rows with `reason`, the small classes and their sizes)."""
-    counts = df["label"].value_counts()
-    small = counts[counts < MIN_CLASS_ROWS]
-    if small.empty:
+    rename, small, aside = class_plan(df["label"].value_counts().to_dict(), params)
+    if not small:
         return df, _none_set_aside(df), {}
-    in_small = df["label"].isin(small.index)
-    if params.small_classes == "merge":
-        merged = df.copy()
-        merged.loc[in_small, "label"] = params.merge_label
-        if (merged["label"] == params.merge_label).sum() >= MIN_CLASS_ROWS:
-            return merged, _none_set_aside(df), small.to_dict()
-        in_small = merged["label"] == params.merge_label
-        df = merged
-    quarantine = df[in_small].assign(reason=f"class_under_{MIN_CLASS_ROWS}_rows")
-    return df[~in_small], quarantine.reset_index(drop=True), small.to_dict()
+    df = df.assign(label=df["label"].map(rename).astype(df["label"].dtype))
+    out = df["label"].isin(aside)
+    return df[~out], df[out].assign(reason=SMALL_REASON).reset_index(drop=True), small
+
+
+def assignments(counts: dict, params: Params, labelled: bool) -> dict:
+    """Which split each row of each class goes to, by its place in the class (in id order): the class is
+    shuffled with the seed and cut by the fractions, at least one row in every split when labelled. Classes
+    are drawn in sorted order; one byte per row."""
+    rng = np.random.default_rng(params.seed)
+    fractions = np.array([params.train, params.validation, params.test])
+    out = {}
+    for key in sorted(counts):
+        n = counts[key]
+        order = rng.permutation(n)
+        if labelled and n < MIN_CLASS_ROWS:
+            raise DataError(f"split: class {key!r} has {n} rows; each split needs one of every class")
+        bounds = np.cumsum([0, *split_sizes(n, fractions, minimum=1 if labelled else 0)])
+        where = np.empty(n, dtype=np.uint8)
+        for i in range(3):
+            where[order[bounds[i] : bounds[i + 1]]] = i
+        out[key] = where
+    return out
+
+
+def route(df: pd.DataFrame, plan: dict, seen: dict) -> np.ndarray:
+    """The split of each row of `df` (rows in id order, following the rows of earlier batches counted in
+    `seen`, which is updated)."""
+    keys = df["label"].to_numpy(dtype=object) if "label" in df else np.full(len(df), None, dtype=object)
+    split = np.empty(len(df), dtype=np.uint8)
+    for key in pd.unique(keys):
+        rows = np.flatnonzero(keys == key)
+        start = seen.get(key, 0)
+        split[rows] = plan[key][start : start + len(rows)]
+        seen[key] = start + len(rows)
+    return split
 
 
 def split_frame(df: pd.DataFrame, params: Params) -> dict[str, pd.DataFrame]:
-    """Split rows into train/validation/test, stratified by label when there is one: each class is shuffled
-    with the seed and cut by the fractions, with at least one row in every split (classes need 3 rows)."""
-    rng = np.random.default_rng(params.seed)
-    fractions = np.array([params.train, params.validation, params.test])
-    groups = [df] if "label" not in df else [g for _, g in df.groupby("label", sort=True)]
-    parts: list[list[pd.DataFrame]] = [[], [], []]
-    for group in groups:
-        n = len(group)
-        order = rng.permutation(n)
-        if "label" in df and n < MIN_CLASS_ROWS:
-            raise DataError(f"split: class {group['label'].iloc[0]!r} has {n} rows; each split needs one of every class")
-        sizes = split_sizes(n, fractions, minimum=1 if "label" in df else 0)
-        bounds = np.cumsum([0, *sizes])
-        for i in range(3):
-            parts[i].append(group.iloc[order[bounds[i] : bounds[i + 1]]])
-    return {name: pd.concat(chunks).sort_values("id").reset_index(drop=True) for name, chunks in zip(SPLITS, parts)}
+    """Split rows in memory into train/validation/test, stratified by label when there is one (`assignments`)."""
+    df = df.sort_values("id")
+    labelled = "label" in df
+    counts = df["label"].value_counts().to_dict() if labelled else {None: len(df)}
+    split = route(df, assignments(counts, params, labelled), {})
+    return {name: df[split == i].reset_index(drop=True) for i, name in enumerate(SPLITS)}
 
 
 def split_sizes(n: int, fractions: np.ndarray, minimum: int) -> list[int]:
@@ -98,27 +133,59 @@ def split_sizes(n: int, fractions: np.ndarray, minimum: int) -> list[int]:
     return sizes.tolist()
 
 
+BATCH_ROWS = 50_000
+
+
 def build(ctx: BuildContext) -> BuildOutput:
-    """Write `train.parquet`, `validation.parquet`, `test.parquet` (and `quarantine.parquet`: small classes)."""
-    df = pd.read_parquet(ctx.inputs["clean"] / "data.parquet")
-    quarantine = _none_set_aside(df)
+    """Write `train.parquet`, `validation.parquet`, `test.parquet` (and `quarantine.parquet`: small classes),
+    streaming: one pass counts the classes, a second routes each batch of rows to its split's file. Memory is
+    one batch plus one byte per row (`assignments`)."""
+    src = pq.ParquetFile(ctx.inputs["clean"] / "data.parquet")
+    labelled = "label" in src.schema_arrow.names
     info = dict(ctx.input_info["clean"])
-    if "label" in df:
-        df, quarantine, small = set_aside_small(df, ctx.params)
-        if small:
-            shown = ", ".join(f"{k!r}: {v}" for k, v in list(small.items())[:5]) + (" ..." if len(small) > 5 else "")
-            what = (f"merged into {ctx.params.merge_label!r}" if quarantine.empty else f"{len(quarantine)} rows quarantined")
-            log.warning("split: %d classes have fewer than %d rows (%s); %s (split.small_classes)", len(small), MIN_CLASS_ROWS, shown, what)
-        counts = df["label"].value_counts()
-        if len(counts) < 2:
-            only = f" ({counts.index[0]!r}, {counts.iloc[0]} rows)" if len(counts) else ""
-            raise DataError(f"split: {len(counts)} class{only} left with at least {MIN_CLASS_ROWS} rows "
-                            f"({len(quarantine)} rows of smaller classes quarantined); a classifier needs at least 2")
-        info["labels"] = sorted_labels(df["label"])
-    parts = split_frame(df, ctx.params)
-    metrics = {"rows_quarantined": len(quarantine)}
-    for name, part in parts.items():
-        write_parquet(part, ctx.out / f"{name}.parquet")
-        metrics[f"rows_{name}"] = len(part)
-    write_parquet(quarantine, ctx.out / "quarantine.parquet")
-    return BuildOutput(rows=len(df), metrics=metrics, info=info)
+    counts: dict = Counter()
+    if labelled:
+        for batch in src.iter_batches(batch_size=BATCH_ROWS, columns=["label"]):
+            counts.update(batch.column(0).to_pylist())
+    else:
+        counts[None] = src.metadata.num_rows
+    rename, small, aside = class_plan(dict(counts), ctx.params) if labelled else ({None: None}, {}, set())
+    kept: dict = Counter()
+    for label, n in counts.items():
+        if rename[label] not in aside:
+            kept[rename[label]] += n
+    set_aside = sum(counts.values()) - sum(kept.values())
+    if small:
+        shown = ", ".join(f"{k!r}: {v}" for k, v in list(small.items())[:5]) + (" ..." if len(small) > 5 else "")
+        what = f"merged into {ctx.params.merge_label!r}" if not set_aside else f"{set_aside} rows quarantined"
+        log.warning("split: %d classes have fewer than %d rows (%s); %s (split.small_classes)", len(small), MIN_CLASS_ROWS, shown, what)
+    if labelled:
+        if len(kept) < 2:
+            only = f" ({next(iter(kept))!r}, {next(iter(kept.values()))} rows)" if kept else ""
+            raise DataError(f"split: {len(kept)} class{only} left with at least {MIN_CLASS_ROWS} rows "
+                            f"({set_aside} rows of smaller classes quarantined); a classifier needs at least 2")
+        info["labels"] = sorted_labels(pd.Series(list(kept), dtype="string"))
+    plan = assignments(dict(kept), ctx.params, labelled)
+    writers = {name: PartWriter(ctx.out / f"{name}.parquet", ROW_GROUP_ROWS) for name in SPLITS}
+    quarantine = PartWriter(ctx.out / "quarantine.parquet", ROW_GROUP_ROWS)
+    seen: dict = {}
+    empty = src.schema_arrow.empty_table().to_pandas()
+    for batch in src.iter_batches(batch_size=BATCH_ROWS):
+        df = batch.to_pandas()
+        if labelled and small:
+            df["label"] = df["label"].map(rename).astype(df["label"].dtype)
+            out = df["label"].isin(aside)
+            if out.any():
+                quarantine.write(df[out].assign(reason=SMALL_REASON).reset_index(drop=True))
+                df = df[~out]
+        split = route(df, plan, seen)
+        for i, name in enumerate(SPLITS):
+            part = df[split == i]
+            if len(part):
+                writers[name].write(part.reset_index(drop=True))
+    metrics = {"rows_quarantined": quarantine.rows}
+    for name, writer in writers.items():
+        writer.close(empty)
+        metrics[f"rows_{name}"] = writer.rows
+    quarantine.close(_none_set_aside(empty))
+    return BuildOutput(rows=sum(kept.values()), metrics=metrics, info=info)

@@ -29,3 +29,36 @@ def test_every_dropped_row_is_quarantined_with_reason():
     assert len(kept) + len(quarantine) == len(df)  # nothing silently lost
     assert conflicts.to_dict("records") == [{"text": "一般般吧", "labels": "0,1", "ids": "4,5"}]
     assert quarantine.loc[quarantine["id"] == 1, "raw_text"].item() == ""
+
+
+def _build(tmp_path, df, name, **params):
+    from tasks.clean import build
+    from tasks.core import BuildContext
+
+    raw = tmp_path / "download"
+    raw.mkdir(exist_ok=True)
+    df.to_parquet(raw / "data.parquet", index=False, row_group_size=7)
+    out = tmp_path / name
+    out.mkdir()
+    result = build(BuildContext(inputs={"download": raw}, input_info={}, out=out, params=CleanConfig(**params)))
+    return result, pd.read_parquet(out / "data.parquet"), pd.read_parquet(out / "quarantine.parquet"), pd.read_csv(out / "label_conflicts.csv", dtype=str)
+
+
+def test_partitioned_dedupe_matches_the_whole_corpus_in_memory(tmp_path, monkeypatch):
+    import tasks.clean as clean
+
+    texts = ["房间很干净", "", "好", "一般般吧", "服务周到", "早餐丰富", "x" * 30, "位置方便", "隔音差"]
+    rows = [(i, f"{texts[i * 7 % len(texts)]}{'' if i % 4 else i % 3}", str((i // 9) % 2 if i % 5 else 0)) for i in range(120)]
+    df = pd.DataFrame(rows, columns=["id", "text", "label"]).astype({"id": "int64", "text": "string", "label": "string"})
+    df["line"] = df["id"] + 2
+    kept, quarantine, conflicts = clean_frame(df, CleanConfig(max_chars=20))
+    assert set(quarantine["reason"]) == {"empty", "too_short", "too_long", "duplicate", "label_conflict"}
+    monkeypatch.setattr(clean, "CHUNK_ROWS", 10)
+    monkeypatch.setattr(clean, "PARTITION_ROWS", 25)  # 5 hash partitions
+    assert clean.partition_count(len(df)) == 5
+    result, data, bad, conflicts_csv = _build(tmp_path, df, "out", max_chars=20)
+    pd.testing.assert_frame_equal(data, kept, check_dtype=False)
+    pd.testing.assert_frame_equal(bad, quarantine, check_dtype=False)
+    assert conflicts_csv.to_dict("records") == conflicts.astype(str).to_dict("records")
+    assert result.metrics["rows_kept"] + result.metrics["rows_dropped"] == len(df)
+    assert result.metrics["dropped_duplicate"] == (quarantine["reason"] == "duplicate").sum()

@@ -341,3 +341,53 @@ def test_unreadable_files_are_one_line_errors(tmp_path):
 def test_validators_from_a_get_where_head_is_not_allowed(server):
     _Handler.payloads, _Handler.no_head = [b"label,review\n1,v1\n"], True
     assert probe(f"{server}/c.csv", FAST) == Validators('"v1"', None, len(b"label,review\n1,v1\n"))
+
+
+def _messy_csv(rows: int) -> str:
+    """Rows with quoted newlines, stray quotes, wrong field counts and blank lines scattered through."""
+    out = ["label,review"]
+    for i in range(rows):
+        kind = i % 11
+        if kind == 3:
+            out.append(f'{i % 2},"第{i}行\n跨行的评论,带逗号"')
+        elif kind == 5:
+            out.append(f'{i % 2},"第{i}行没有闭合的引号')
+        elif kind == 7:
+            out.append(f"{i % 2},第{i}行,多一个字段")
+        elif kind == 9:
+            out.append("")
+        else:
+            out.append(f"{i % 2},第{i}行很好")
+    return "\n".join(out) + "\n"
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_streamed_batches_read_exactly_what_one_pass_reads(tmp_path, monkeypatch, fmt):
+    import tasks.download as download
+
+    path = tmp_path / f"big.{fmt}"
+    if fmt == "csv":
+        path.write_text(_messy_csv(300), encoding="gb18030")  # a multi-byte encoding across batch ends too
+    else:
+        lines = [json.dumps({"review": f"第{i}行", "label": str(i % 3)}, ensure_ascii=False) if i % 13 else "{bad json" for i in range(300)]
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    whole = read(path)
+    assert len(whole[0]) > 200 and len(whole[1]) > 10
+    for batch_chars in (1, 40, 333):
+        monkeypatch.setattr(download, "BATCH_CHARS", batch_chars)
+        assert len(list(download.line_batches(path, "gb18030" if fmt == "csv" else "utf-8"))) > 5
+        streamed = read(path)
+        pd.testing.assert_frame_equal(streamed[0], whole[0])
+        pd.testing.assert_frame_equal(streamed[1], whole[1])
+        assert streamed[2] == whole[2]
+
+
+def test_bad_bytes_after_the_detected_head_name_the_line(tmp_path, monkeypatch):
+    import tasks.download as download
+
+    path = tmp_path / "c.csv"
+    path.write_bytes("label,review\n".encode() + "".join(f"1,第{i}行\n" for i in range(100)).encode() + b"0,\xff\xfe\n")
+    monkeypatch.setattr(download, "HEAD_BYTES", 64)
+    monkeypatch.setattr(download, "BATCH_CHARS", 50)
+    with pytest.raises(DataError, match=r"c.csv: cannot decode as utf-8 after line \d+"):
+        read(path)
