@@ -22,6 +22,19 @@ def _client():
 
 def pipeline_runs(pipeline: str | None, limit: int = 20) -> list:
     """Recent parent (pipeline) runs, newest first, from one pipeline's experiment or all zhpipe ones."""
+    from flows.tracking import tracking_uri
+
+    uri = tracking_uri()
+    db = Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
+    if db is not None and db.is_file():
+        runs = _runs_from_sqlite(db, pipeline, limit)
+        if runs is not None:
+            return runs
+    return runs_from_client(pipeline, limit)
+
+
+def runs_from_client(pipeline: str | None, limit: int) -> list:
+    """`pipeline_runs` through the MLflow client (any tracking store)."""
     c = _client()
     if pipeline:
         exp = c.get_experiment_by_name(f"zhpipe-{pipeline}")
@@ -33,6 +46,49 @@ def pipeline_runs(pipeline: str | None, limit: int = 20) -> list:
     if not ids:
         return []
     return c.search_runs(ids, filter_string="tags.`zhpipe.pipeline` != ''", order_by=["attributes.start_time DESC"], max_results=limit)
+
+
+class _Run:
+    """The parts of an MLflow run that `runs_table` reads, from the SQLite store's tables."""
+
+    def __init__(self, run_id: str, start_time: int, status: str, tags: dict, metrics: dict):
+        from types import SimpleNamespace
+
+        self.info = SimpleNamespace(run_id=run_id, start_time=start_time, status=status)
+        self.data = SimpleNamespace(tags=tags, metrics=metrics)
+
+
+def _runs_from_sqlite(db: Path, pipeline: str | None, limit: int) -> list | None:
+    """`pipeline_runs` read straight from MLflow's SQLite file (read-only, its documented tables: experiments,
+    runs, tags, latest_metrics), in a few milliseconds instead of the seconds that importing MLflow and
+    opening its store take. None when the file does not have those tables (the MLflow client reads it then)."""
+    import sqlite3
+
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            where, args = ("name = ?", [f"zhpipe-{pipeline}"]) if pipeline else ("substr(name, 1, 7) = 'zhpipe-'", [])
+            experiments = [r[0] for r in con.execute(f"SELECT experiment_id FROM experiments WHERE lifecycle_stage = 'active' AND {where}", args)]
+            if pipeline and not experiments:
+                raise ZhpipeError(f"no runs of pipeline '{pipeline}' (no MLflow experiment zhpipe-{pipeline}); run `zhpipe run {pipeline}` first")
+            marks = ",".join("?" * len(experiments))
+            runs = con.execute(
+                f"SELECT run_uuid, start_time, status FROM runs r WHERE lifecycle_stage = 'active' AND experiment_id IN ({marks}) "
+                "AND EXISTS (SELECT 1 FROM tags t WHERE t.run_uuid = r.run_uuid AND t.key = 'zhpipe.pipeline' AND t.value != '') "
+                "ORDER BY start_time DESC, run_uuid LIMIT ?", [*experiments, limit]).fetchall()
+            ids = [r[0] for r in runs]
+            marks = ",".join("?" * len(ids))
+            tags: dict[str, dict] = {i: {} for i in ids}
+            metrics: dict[str, dict] = {i: {} for i in ids}
+            for run_id, key, value in con.execute(f"SELECT run_uuid, key, value FROM tags WHERE run_uuid IN ({marks})", ids):
+                tags[run_id][key] = value
+            for run_id, key, value, is_nan in con.execute(f"SELECT run_uuid, key, value, is_nan FROM latest_metrics WHERE run_uuid IN ({marks})", ids):
+                metrics[run_id][key] = float("nan") if is_nan else value
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return None
+    return [_Run(run_id, start, status, tags[run_id], metrics[run_id]) for run_id, start, status in runs]
 
 
 def runs_table(runs: list) -> pd.DataFrame:
@@ -64,7 +120,7 @@ def find_run(prefix: str):
             return c.get_run(prefix)
         except MlflowException:
             pass
-    matches = [r for r in pipeline_runs(None, limit=5000) if r.info.run_id.startswith(prefix)]
+    matches = [r for r in runs_from_client(None, 5000) if r.info.run_id.startswith(prefix)]
     if len(matches) != 1:
         raise ZhpipeError(f"run '{prefix}': {'no pipeline run' if not matches else f'{len(matches)} runs'} with that id prefix")
     return matches[0]

@@ -33,6 +33,7 @@ class Params(Section):
     min_chars: int = Field(2, ge=0)
     max_chars: int = Field(5000, ge=1)
     dedupe: bool = True
+    workers: int = Field(1, ge=0)  # processes that normalise chunks (0 = one per core); on Dask, every worker
 CHUNK_ROWS = 5000
 _HTML_TAG = re.compile(r"<[^>]{1,200}>")
 _URL = re.compile(r"(?:https?://|www\.)[^\s\u4e00-\u9fff，。！？、；：]+", re.IGNORECASE)
@@ -148,7 +149,7 @@ def build(ctx: BuildContext) -> BuildOutput:
     src = ctx.inputs["download"] / "data.parquet"
     rows_in = pq.ParquetFile(src).metadata.num_rows
     partitions = partition_count(rows_in)
-    runner = ctx.runner(1 if ctx.runner is Runner else 0)  # local: one process (the work is light); Dask: every worker
+    runner = ctx.runner(ctx.params.workers if ctx.runner is Runner else 0)
     with tempfile.TemporaryDirectory(prefix="clean-", dir=ctx.scratch) as tmp:
         tmp = Path(tmp)
         normalised = PartWriter(tmp / "normalised.parquet", ROW_GROUP_ROWS)

@@ -16,6 +16,7 @@ import pytest
 from flows.config import load_pipeline
 from flows.pipeline import pipeline_flow
 from flows.tracking import client
+from tasks.errors import ZhpipeError
 
 ROOT = Path(__file__).resolve().parents[2]
 SETS = ["train.models=[tfidf_lr, textcnn]"]
@@ -196,6 +197,23 @@ def test_predict_command(trained, tmp_path):
     assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("zhpipe: error: cannot load model models:/zhpipe-nothing@champion")
     bad = zhpipe("predict", "--model", uri, "--input", str(tmp_path / "in.csv"), "--output", str(tmp_path / "out.xlsx"), "--text-column", "content")
     assert bad.returncode == 2 and "unknown file type '.xlsx'" in bad.stderr
+
+
+def test_runs_read_from_sqlite_match_the_mlflow_client(trained, tmp_path):
+    import sqlite3
+
+    from flows.runs import _runs_from_sqlite, runs_from_client, runs_table
+
+    db = Path(os.environ["MLFLOW_TRACKING_URI"].removeprefix("sqlite:///"))
+    for pipeline in ("smoke", None):
+        fast, slow = runs_table(_runs_from_sqlite(db, pipeline, 50)), runs_table(runs_from_client(pipeline, 50))
+        assert len(fast) >= 2
+        pd.testing.assert_frame_equal(fast, slow)
+    with pytest.raises(ZhpipeError, match="no runs of pipeline 'nothing'"):
+        _runs_from_sqlite(db, "nothing", 5)
+    other = tmp_path / "other.db"
+    sqlite3.connect(other).execute("CREATE TABLE runs (x)").connection.commit()
+    assert _runs_from_sqlite(other, None, 5) is None  # not MLflow's tables: the client reads it
 
 
 def test_runs_and_compare_commands(trained):
