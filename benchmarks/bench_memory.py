@@ -72,11 +72,25 @@ class Sampler(threading.Thread):
             for p in procs:
                 try:
                     rss = p.memory_info().rss
-                    entry = self.peaks.setdefault(p.pid, {"rss": 0, "what": " ".join(p.cmdline()[:4])[-90:]})
+                    entry = self.peaks.setdefault(p.pid, {"rss": 0, "what": role(p, self.root)})
                     entry["rss"] = max(entry["rss"], rss)
                 except (psutil.NoSuchProcess, psutil.AccessDenied):
                     pass
             time.sleep(self.interval)
+
+
+def role(p: psutil.Process, root: psutil.Process) -> str:
+    """What a process of the run is: the driver, Prefect's server, or a worker of the chunk pool."""
+    line = " ".join(p.cmdline())
+    if p.pid == root.pid:
+        return "driver (zhpipe run)"
+    if "uvicorn" in line:
+        return "Prefect server"
+    if "forkserver" in line:
+        return "pool forkserver"
+    if "resource_tracker" in line:
+        return "resource tracker"
+    return "pool worker" if "multiprocessing" in line else line[:60]
 
 
 def run(corpus: Path, workers: int, tmp: Path) -> dict:
