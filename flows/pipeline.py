@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
+import pyarrow.parquet as pq
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
@@ -34,6 +34,7 @@ from flows.workers import gpu_slot, train_deployment
 from tasks import augment as augment_stage
 from tasks import download as download_stage
 from tasks.errors import ZhpipeError
+from tasks.io import iter_frames
 from tasks.urls import redact_text
 
 log = logging.getLogger("zhpipe")
@@ -138,9 +139,14 @@ def finish_run(run: RunContext, results: dict[str, StageResult], ok: bool) -> No
     split = results.get("split") or results.get("segment")
     if split is not None:  # the Dataset column: the splits this run trained, validated and tested on
         for name, context in (("train", "training"), ("validation", "validation"), ("test", "testing")):
-            frame = pd.read_parquet(split.path / f"{name}.parquet", columns=["id", "text"] + (["label"] if run.config.task != "ner" else []))
-            parent.dataset(frame, source=str(split.path / f"{name}.parquet"), name=f"{run.config.name}-{name}", context=context)
+            path = split.path / f"{name}.parquet"
+            frame = next(iter_frames(path, DATASET_SAMPLE_ROWS, columns=["id", "text"] + (["label"] if run.config.task != "ner" else [])))
+            parent.dataset(frame.head(DATASET_SAMPLE_ROWS), source=str(path), name=f"{run.config.name}-{name}", context=context,
+                           rows=pq.ParquetFile(path).metadata.num_rows)
     parent.finish(ok)
+
+
+DATASET_SAMPLE_ROWS = 10_000  # a split larger than this is recorded in MLflow by its schema and a digest of its head
 
 
 def _stage_task(stage: str, **options):

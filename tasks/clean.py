@@ -15,7 +15,7 @@ from pydantic import Field
 
 from tasks.core import BuildContext, BuildOutput, Dataset, Section
 from tasks.errors import DataError
-from tasks.io import ROW_GROUP_ROWS, Chunk, PartWriter, Runner, plan, read_chunk, sorted_labels
+from tasks.io import ROW_GROUP_ROWS, Chunk, PartWriter, Runner, iter_frames, plan, read_chunk, sorted_labels
 
 # what its key sees besides params, inputs and code (flows/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)
@@ -74,12 +74,17 @@ def normalise(df: pd.DataFrame, params: Params) -> pd.DataFrame:
 
 def normalise_chunk(chunk: Chunk, params: tuple[str, int]) -> pd.DataFrame:
     """Chunk function: one chunk of the raw corpus, normalised, with its row-wise `reason` (length limits) and
-    its dedupe `partition` (a hash of the text, so equal texts meet in one partition)."""
-    p, partitions = Params.model_validate_json(params[0]), params[1]
+    a 128-bit digest of its text (`h1`, `h2`) that deduplication compares instead of the text."""
+    p = Params.model_validate_json(params[0])
     df = normalise(read_chunk(chunk), p)
     df["reason"] = length_reasons(df["text"], p)
-    df["partition"] = (pd.util.hash_pandas_object(df["text"], index=False).to_numpy() % partitions).astype("int32")
+    df["h1"], df["h2"] = text_digest(df["text"])
     return df
+
+
+def text_digest(text: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """Two independent 64-bit hashes of each text (pandas' SipHash with two keys): equal texts, equal pairs."""
+    return tuple(pd.util.hash_pandas_object(text, index=False, hash_key=key).to_numpy() for key in ("zhpipe-dedupe-h1", "zhpipe-dedupe-h2"))
 
 
 def clean_frame(df: pd.DataFrame, params: Params) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -97,27 +102,27 @@ def length_reasons(text: pd.Series, params: Params) -> pd.Series:
     return reason
 
 
-def duplicate_reasons(df: pd.DataFrame) -> tuple[pd.Series, pd.DataFrame]:
+def duplicate_reasons(df: pd.DataFrame, key: list[str]) -> pd.Series:
     """For rows that passed the length limits, in id order: `label_conflict` (one text under several labels,
-    every copy) or `duplicate` (a repeat of an earlier row's text and label), else missing; and the conflicts
-    (text, labels, ids). Rows with equal texts must all be in `df`: the caller passes the whole corpus or one
-    hash partition of it."""
+    every copy) or `duplicate` (a repeat of an earlier row's text and label), else missing. Texts are
+    compared by the columns `key` (the text, or its digest); rows with equal texts must all be in `df`: the
+    caller passes the whole corpus or one hash partition of it."""
     reason = pd.Series(pd.NA, index=df.index, dtype="string")
-    conflicts = pd.DataFrame(columns=["text", "labels", "ids"])
     if "label" in df:
-        groups = df.groupby("text")["label"].nunique()
-        conflict_texts = set(groups[groups > 1].index)
-        in_conflict = df["text"].isin(conflict_texts)
-        reason[in_conflict] = "label_conflict"
-        conflicts = (
-            df[in_conflict]
-            .groupby("text")
-            .agg(labels=("label", lambda s: ",".join(sorted(set(s)))), ids=("id", lambda s: ",".join(map(str, s))))
-            .reset_index()
-        )
-    dup = df[reason.isna()].duplicated(subset=["text"] + (["label"] if "label" in df else []), keep="first")
+        labels = df.groupby(key)["label"].transform("nunique")
+        reason[(labels > 1).to_numpy()] = "label_conflict"
+    dup = df[reason.isna()].duplicated(subset=key + (["label"] if "label" in df else []), keep="first")
     reason[dup[dup].index] = "duplicate"
-    return reason, conflicts
+    return reason
+
+
+def conflict_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """Label conflicts (text, labels, ids) from the rows marked `label_conflict`, by text."""
+    if rows.empty:
+        return pd.DataFrame(columns=["text", "labels", "ids"])
+    return (rows.groupby("text")
+            .agg(labels=("label", lambda s: ",".join(sorted(set(s)))), ids=("id", lambda s: ",".join(map(str, s))))
+            .reset_index())
 
 
 def filter_rows(df: pd.DataFrame, params: Params) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -126,18 +131,20 @@ def filter_rows(df: pd.DataFrame, params: Params) -> tuple[pd.DataFrame, pd.Data
     conflicts = pd.DataFrame(columns=["text", "labels", "ids"])
     if params.dedupe:
         candidates = df[reason.isna()]
-        found, conflicts = duplicate_reasons(candidates)
+        found = duplicate_reasons(candidates, ["text"])
         reason[found.index] = reason[found.index].fillna(found)
+        conflicts = conflict_table(candidates[found == "label_conflict"])
     kept = df[reason.isna()].drop(columns=["raw_text"]).reset_index(drop=True)
     quarantine = df[reason.notna()].assign(reason=reason[reason.notna()]).reset_index(drop=True)
     return kept, quarantine, conflicts
 
 
-PARTITION_ROWS = 250_000  # rows per dedupe partition: the most rows the corpus-wide step holds at once
+PARTITION_ROWS = 1_000_000  # rows per dedupe partition (id, digest, label): the most rows deduplicated at once
 SAMPLE_ROWS = 10_000  # rows of the cleaned corpus recorded as the MLflow dataset's sample
 
 
 def partition_count(rows: int) -> int:
+    """Hash partitions for deduplicating `rows` rows."""
     return max(1, -(-rows // PARTITION_ROWS))
 
 
@@ -156,13 +163,14 @@ def build(ctx: BuildContext) -> BuildOutput:
         parts = [PartWriter(tmp / f"partition-{i}.parquet") for i in range(partitions)]
         chunks = plan(src, CHUNK_ROWS) if rows_in else []
         for table in runner.tables(normalise_chunk, chunks, (ctx.params.model_dump_json(), partitions), desc="clean"):
-            normalised.write(table.drop_columns(["partition"]))
+            normalised.write(table.drop_columns(["h1", "h2"]))
             if ctx.params.dedupe:
-                table = table.filter(pc.is_null(table["reason"])).select([c for c in ("id", "text", "label", "partition") if c in table.column_names])
+                table = table.filter(pc.is_null(table["reason"])).select([c for c in ("id", "h1", "h2", "label") if c in table.column_names])
+                part = table["h1"].to_numpy() % partitions
                 for i in range(partitions):
-                    piece = table.filter(pc.equal(table["partition"], i)) if partitions > 1 else table
+                    piece = table.filter(part == i) if partitions > 1 else table
                     if piece.num_rows:
-                        parts[i].write(piece.drop_columns(["partition"]))
+                        parts[i].write(piece)
         empty = normalise(pq.ParquetFile(src).schema_arrow.empty_table().to_pandas(), ctx.params).assign(reason=pd.Series(dtype="string"))
         normalised.close(empty)
         dropped_ids, dropped_reasons, conflicts = [], [], []
@@ -171,11 +179,10 @@ def build(ctx: BuildContext) -> BuildOutput:
             if not part.rows:
                 continue
             df = pd.read_parquet(part.path)
-            found, conflict = duplicate_reasons(df)
+            found = duplicate_reasons(df, ["h1", "h2"])
             hit = found.notna()
             dropped_ids.append(df["id"].to_numpy()[hit.to_numpy()])
             dropped_reasons.append(found[hit].to_numpy(dtype=object))
-            conflicts.append(conflict)
         ids = np.concatenate(dropped_ids) if dropped_ids else np.zeros(0, dtype="int64")
         reasons = np.concatenate(dropped_reasons) if dropped_reasons else np.zeros(0, dtype=object)
         order = np.argsort(ids, kind="stable")
@@ -184,8 +191,7 @@ def build(ctx: BuildContext) -> BuildOutput:
         bad_out = PartWriter(ctx.out / "quarantine.parquet", ROW_GROUP_ROWS)
         counts: dict[str, int] = {}
         sample, bad_sample, labels = [], [], set()
-        for batch in pq.ParquetFile(normalised.path).iter_batches(batch_size=50_000):
-            df = batch.to_pandas()
+        for df in iter_frames(normalised.path):
             reason = df["reason"].astype("string")
             at = np.searchsorted(ids, df["id"].to_numpy())
             found = (at < len(ids)) & (ids[np.minimum(at, len(ids) - 1)] == df["id"].to_numpy()) if len(ids) else np.zeros(len(df), bool)
@@ -201,6 +207,8 @@ def build(ctx: BuildContext) -> BuildOutput:
                     sample.append(kept.head(SAMPLE_ROWS))
             if len(bad):
                 bad_out.write(bad)
+                if "label" in bad:
+                    conflicts.append(bad.loc[bad["reason"] == "label_conflict", ["id", "text", "label"]])
                 for r, n in bad["reason"].value_counts().items():
                     counts[r] = counts.get(r, 0) + int(n)
                 if sum(map(len, bad_sample)) < 1000:
@@ -209,7 +217,7 @@ def build(ctx: BuildContext) -> BuildOutput:
         raise DataError(f"clean: no rows left after cleaning ({rows_in} rows in, all quarantined: {counts})")
     kept_out.close()
     bad_out.close(empty)
-    conflicts = pd.concat(conflicts, ignore_index=True).sort_values("text") if conflicts else pd.DataFrame(columns=["text", "labels", "ids"])
+    conflicts = conflict_table(pd.concat(conflicts, ignore_index=True) if conflicts else pd.DataFrame(columns=["id", "text", "label"]))
     conflicts.to_csv(ctx.out / "label_conflicts.csv", index=False)
     metrics = {f"dropped_{r}": counts.get(r, 0) for r in ("empty", "too_short", "too_long", "duplicate", "label_conflict")}
     metrics.update(rows_in=rows_in, rows_kept=kept_out.rows, rows_dropped=bad_out.rows)

@@ -463,7 +463,7 @@ def physical_lines(text: str) -> list[str]:
 
 
 HEAD_BYTES = 4 << 20  # the encoding is detected from the file's first 4 MiB
-BATCH_CHARS = 8 << 20  # a file is read, parsed and written about 8 M characters at a time
+BATCH_CHARS = 1 << 20  # a file is read, parsed and written about 1 M characters at a time
 MAX_RECORD_CHARS = 16 << 20  # a CSV record spanning more characters than this is a stray quote's doing
 
 

@@ -12,7 +12,7 @@ from pydantic import Field, model_validator
 
 from tasks.core import BuildContext, BuildOutput, Section
 from tasks.errors import DataError
-from tasks.io import ROW_GROUP_ROWS, SPLITS, PartWriter, sorted_labels
+from tasks.io import ROW_GROUP_ROWS, SPLITS, PartWriter, iter_frames, sorted_labels
 
 # what its key sees besides params, inputs and code (flows/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)
@@ -133,20 +133,21 @@ def split_sizes(n: int, fractions: np.ndarray, minimum: int) -> list[int]:
     return sizes.tolist()
 
 
-BATCH_ROWS = 50_000
+BATCH_ROWS = 5_000
 
 
 def build(ctx: BuildContext) -> BuildOutput:
     """Write `train.parquet`, `validation.parquet`, `test.parquet` (and `quarantine.parquet`: small classes),
     streaming: one pass counts the classes, a second routes each batch of rows to its split's file. Memory is
     one batch plus one byte per row (`assignments`)."""
-    src = pq.ParquetFile(ctx.inputs["clean"] / "data.parquet")
+    path = ctx.inputs["clean"] / "data.parquet"
+    src = pq.ParquetFile(path)
     labelled = "label" in src.schema_arrow.names
     info = dict(ctx.input_info["clean"])
     counts: dict = Counter()
     if labelled:
-        for batch in src.iter_batches(batch_size=BATCH_ROWS, columns=["label"]):
-            counts.update(batch.column(0).to_pylist())
+        for labels in iter_frames(path, BATCH_ROWS, columns=["label"]):
+            counts.update(labels["label"].value_counts().to_dict())
     else:
         counts[None] = src.metadata.num_rows
     rename, small, aside = class_plan(dict(counts), ctx.params) if labelled else ({None: None}, {}, set())
@@ -170,8 +171,7 @@ def build(ctx: BuildContext) -> BuildOutput:
     quarantine = PartWriter(ctx.out / "quarantine.parquet", ROW_GROUP_ROWS)
     seen: dict = {}
     empty = src.schema_arrow.empty_table().to_pandas()
-    for batch in src.iter_batches(batch_size=BATCH_ROWS):
-        df = batch.to_pandas()
+    for df in iter_frames(path, BATCH_ROWS):
         if labelled and small:
             df["label"] = df["label"].map(rename).astype(df["label"].dtype)
             out = df["label"].isin(aside)

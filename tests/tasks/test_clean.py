@@ -54,7 +54,7 @@ def test_partitioned_dedupe_matches_the_whole_corpus_in_memory(tmp_path, monkeyp
     kept, quarantine, conflicts = clean_frame(df, CleanConfig(max_chars=20))
     assert set(quarantine["reason"]) == {"empty", "too_short", "too_long", "duplicate", "label_conflict"}
     monkeypatch.setattr(clean, "CHUNK_ROWS", 10)
-    monkeypatch.setattr(clean, "PARTITION_ROWS", 25)  # 5 hash partitions
+    monkeypatch.setattr(clean, "PARTITION_ROWS", 25)  # 5 hash partitions of (id, digest, label)
     assert clean.partition_count(len(df)) == 5
     result, data, bad, conflicts_csv = _build(tmp_path, df, "out", max_chars=20)
     pd.testing.assert_frame_equal(data, kept, check_dtype=False)
