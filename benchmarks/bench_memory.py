@@ -151,6 +151,7 @@ def main() -> None:
         print(f"| {r['corpus_mb']} MB ({r['corpus_rows']:,} rows) | {r['workers']} | {r['wall_s']} s | {s.get('download')} s | "
               f"{s.get('clean')} s | {s.get('split')} s | {r['driver_peak_mb']} MB | {max(others, default=0)} MB | {len(r['processes'])} |")
     out = ROOT / "benchmarks" / "results" / "memory.json"
+    out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(results, indent=2, ensure_ascii=False), encoding="utf-8")
     print(f"\nwrote {out.relative_to(ROOT)}")
 

@@ -14,7 +14,7 @@ from flows.chunks import runner_for
 from flows.config import PipelineConfig, flatten, stage_module
 from flows.fingerprint import code_fingerprint, file_fingerprints, library_versions
 from flows.store import Manifest, StageStore, file_sha256, stage_key
-from flows.tracking import Tracker
+from flows.tracking import Tracker, experiment_id
 from tasks import download as download_stage
 from tasks.core import BuildContext, BuildOutput
 from tasks.errors import ZhpipeError
@@ -223,20 +223,25 @@ class RunContext:
         with self.store.lock(stage, key):
             hit = not self.forced(stage) and self.store.is_done(stage, key) and self._sound(stage, key)
             cache = {"zhpipe.cache": "hit" if hit else "miss"}
+            manifest = self.store.manifest(stage, key) if hit else None
             own = tracker is None
-            if own:
+            if own:  # a reused output's run is written in three calls: created with its tags, logged, finished
+                link = self._link(stage, manifest, experiment_id(self.experiment)) if hit else {}
                 tracker = Tracker.start(self.experiment, run_name or stage, parent=self.parent_run_id,
-                                        tags={"zhpipe.stage": stage, "zhpipe.key": key, **cache, **(tags or {})})
-                tracker.params(flatten(unit_params(self.config, stage)))
+                                        tags={"zhpipe.stage": stage, "zhpipe.key": key, **cache, **(tags or {}), **link})
+                if not hit:
+                    tracker.params(flatten(unit_params(self.config, stage)))
+            elif hit:
+                tracker.tags(self._link(stage, manifest, tracker.experiment_id))
             try:
+                prefix = "" if own else f"{stage.split('.')[0]}_"  # a model run holds its train and evaluate units
                 if hit:
-                    manifest = self.store.manifest(stage, key)
-                    self._link(tracker, stage, manifest)
                     log.info("%s: cached (%s)", stage, key)
+                    tracker.log(flatten(unit_params(self.config, stage)) if own else {},
+                                {**manifest.metrics, f"{prefix}rows": manifest.rows or 0, f"{prefix}seconds": manifest.seconds})
                 else:
                     manifest = self._build(stage, key, inputs, tracker, build)
-                prefix = "" if own else f"{stage.split('.')[0]}_"  # a model run holds its train and evaluate units
-                tracker.metrics({**manifest.metrics, f"{prefix}rows": manifest.rows or 0, f"{prefix}seconds": manifest.seconds})
+                    tracker.metrics({**manifest.metrics, f"{prefix}rows": manifest.rows or 0, f"{prefix}seconds": manifest.seconds})
             except BaseException:
                 if own:
                     tracker.finish(ok=False)
@@ -252,15 +257,16 @@ class RunContext:
         return stage.split(".")[0] in self.force
 
     @staticmethod
-    def _link(tracker: Tracker, stage: str, manifest: Manifest) -> None:
-        """A reused output's artifacts stay where they were logged: tag and describe that run, upload nothing."""
+    def _link(stage: str, manifest: Manifest, experiment: str) -> dict[str, str]:
+        """A reused output's artifacts stay where they were logged: the tags that point the run there (nothing
+        is uploaded)."""
         source = manifest.mlflow_run_id or ""
         tag = f"zhpipe.{stage.split('.')[0]}_artifacts_run_id" if "." in stage else "zhpipe.artifacts_run_id"
-        tracker.tags({tag: source})
+        tags = {tag: source}
         if source:
-            experiment = tracker.client.get_run(tracker.run_id).info.experiment_id
-            tracker.tags({"mlflow.note.content": f"{stage}: cached output {manifest.key}, reused; its artifacts are in "
-                                                 f"[run {source[:8]}](#/experiments/{experiment}/runs/{source})."})
+            tags["mlflow.note.content"] = (f"{stage}: cached output {manifest.key}, reused; its artifacts are in "
+                                           f"[run {source[:8]}](#/experiments/{experiment}/runs/{source}).")
+        return tags
 
     def _build(self, stage, key, inputs, tracker, build) -> Manifest:
         log.info("%s: building (%s)", stage, key)

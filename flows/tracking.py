@@ -49,8 +49,18 @@ def _client(uri: str):
     return MlflowClient(tracking_uri=uri)
 
 
+_EXPERIMENTS: dict[tuple[str, str], str] = {}
+
+
 def experiment_id(name: str) -> str:
-    """Id of the experiment `name`, created with artifacts under mlruns/ when missing."""
+    """Id of the experiment `name`, created with artifacts under mlruns/ when missing (asked once per process)."""
+    key = (tracking_uri(), name)
+    if key not in _EXPERIMENTS:
+        _EXPERIMENTS[key] = _experiment_id(name)
+    return _EXPERIMENTS[key]
+
+
+def _experiment_id(name: str) -> str:
     c = client()
     exp = c.get_experiment_by_name(name)
     if exp is not None:
@@ -65,9 +75,17 @@ def experiment_id(name: str) -> str:
 class Tracker:
     """Writes to one MLflow run, given by id."""
 
-    def __init__(self, run_id: str):
+    def __init__(self, run_id: str, experiment: str | None = None):
         self.client = client()
         self.run_id = run_id
+        self._experiment_id = experiment
+
+    @property
+    def experiment_id(self) -> str:
+        """The id of the run's experiment."""
+        if self._experiment_id is None:
+            self._experiment_id = self.client.get_run(self.run_id).info.experiment_id
+        return self._experiment_id
 
     @classmethod
     def start(cls, experiment: str, name: str, parent: str | None = None, tags: dict[str, str] | None = None) -> "Tracker":
@@ -75,8 +93,9 @@ class Tracker:
         all_tags = {"mlflow.runName": name, **(tags or {})}
         if parent:
             all_tags["mlflow.parentRunId"] = parent
-        run = _retry(client().create_run)(experiment_id(experiment), run_name=name, tags=all_tags)
-        return cls(run.info.run_id)
+        exp = experiment_id(experiment)
+        run = _retry(client().create_run)(exp, run_name=name, tags=all_tags)
+        return cls(run.info.run_id, exp)
 
     @_retry
     def finish(self, ok: bool = True) -> None:
@@ -98,6 +117,19 @@ class Tracker:
         items = [Metric(k, float(v), now, step or 0) for k, v in metrics.items()]
         if items:
             self.client.log_batch(self.run_id, metrics=items)
+
+    @_retry
+    def log(self, params: dict[str, Any], metrics: dict[str, float]) -> None:
+        """Params and metrics in one write (what a reused output's run records)."""
+        from mlflow.entities import Metric, Param
+
+        now = int(time.time() * 1000)
+        items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+        if len(items) > 100 or len(metrics) > 900:  # MLflow's limits for one batch
+            self.params(params)
+            self.metrics(metrics)
+            return
+        self.client.log_batch(self.run_id, params=items, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()])
 
     @_retry
     def tags(self, tags: dict[str, str]) -> None:

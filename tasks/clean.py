@@ -139,7 +139,7 @@ def filter_rows(df: pd.DataFrame, params: Params) -> tuple[pd.DataFrame, pd.Data
     return kept, quarantine, conflicts
 
 
-PARTITION_ROWS = 1_000_000  # rows per dedupe partition (id, digest, label): the most rows deduplicated at once
+PARTITION_ROWS = 200_000  # rows per dedupe partition (id, digest, label): the most rows deduplicated at once
 SAMPLE_ROWS = 10_000  # rows of the cleaned corpus recorded as the MLflow dataset's sample
 
 
@@ -179,6 +179,8 @@ def build(ctx: BuildContext) -> BuildOutput:
             if not part.rows:
                 continue
             df = pd.read_parquet(part.path)
+            if "label" in df:
+                df["label"] = df["label"].astype("category")  # a code per row, not a string object
             found = duplicate_reasons(df, ["h1", "h2"])
             hit = found.notna()
             dropped_ids.append(df["id"].to_numpy()[hit.to_numpy()])
