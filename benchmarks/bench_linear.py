@@ -91,7 +91,8 @@ def main() -> None:
     print("\n| variant | validation accuracy | test accuracy | test per seed |\n|---|---|---|---|")
     for name, rows in results.items():
         v, t = np.mean([r["validation"] for r in rows]), np.mean([r["test"] for r in rows])
-        print(f"| {name} | {v:.4f} | {t:.4f} | {', '.join(f'{r['test']:.4f}' for r in rows)} |")
+        per_seed = ", ".join(f"{r['test']:.4f}" for r in rows)
+        print(f"| {name} | {v:.4f} | {t:.4f} | {per_seed} |")
     (ROOT / "benchmarks" / "results").mkdir(exist_ok=True)
     (ROOT / "benchmarks" / "results" / "linear.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
 
