@@ -86,8 +86,9 @@ def role(p: psutil.Process, root: psutil.Process) -> str:
         return "driver (zhpipe run)"
     if "uvicorn" in line:
         return "Prefect server"
-    if "forkserver" in line:
-        return "pool forkserver"
+    if "forkserver" in line:  # the pool's workers are forked from it and keep its command line
+        parent = p.parent()
+        return "pool worker" if parent is not None and "forkserver" in " ".join(parent.cmdline()) else "pool forkserver"
     if "resource_tracker" in line:
         return "resource tracker"
     return "pool worker" if "multiprocessing" in line else line[:60]
@@ -143,7 +144,7 @@ def main() -> None:
     finally:
         if not args.keep:
             shutil.rmtree(tmpdir)
-    print("\n| corpus | clean workers | wall | download | clean | split | driver peak RSS | largest worker peak RSS | processes |")
+    print("\n| corpus | clean workers | wall | download | clean | split | driver peak RSS | largest other process | processes |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
         others = [e["peak_mb"] for e in r["processes"] if e["peak_mb"] != r["driver_peak_mb"]]
