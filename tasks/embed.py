@@ -155,7 +155,7 @@ def plot_projection(kv, words: list[str], method: str, path: Path, font: str, se
     from sklearn.decomposition import PCA
     from sklearn.manifold import TSNE
 
-    from tasks.plots import plt, save, use_font
+    from tasks.plots import save, subplots, use_font
 
     use_font(font)
     x = np.stack([kv[w] for w in words])
@@ -163,7 +163,7 @@ def plot_projection(kv, words: list[str], method: str, path: Path, font: str, se
         xy = PCA(n_components=2, random_state=seed).fit_transform(x)
     else:
         xy = TSNE(n_components=2, perplexity=min(30, len(words) - 1), init="pca", random_state=seed).fit_transform(x)
-    fig, ax = plt.subplots(figsize=(10, 8))
+    fig, ax = subplots(figsize=(10, 8))
     ax.scatter(xy[:, 0], xy[:, 1], s=6, alpha=0.5)
     for (a, b), word in zip(xy, words):
         ax.annotate(word, (a, b), fontsize=7, alpha=0.85)

@@ -49,18 +49,20 @@ def tick_labels(labels: list[str]) -> tuple[list[str], str]:
 
 def plot_confusion(matrix: np.ndarray, labels: list[str], title: str, path: Path) -> None:
     """Confusion matrix heat map with counts, true labels on rows."""
-    from tasks.plots import cjk_font, plt, save, use_font
+    from tasks.plots import cjk_font, save, subplots, use_font
 
     shown, note = tick_labels(labels)
     size = 2.5 + 0.45 * len(labels)
-    fig, ax = plt.subplots(figsize=(size, size))
+    fig, ax = subplots(figsize=(size, size))
     if cjk_font():
         use_font(cjk_font())
     ax.imshow(matrix, cmap="Blues")
     ax.set(xticks=range(len(labels)), yticks=range(len(labels)), xticklabels=shown, yticklabels=shown,
            xlabel="predicted" + note, ylabel="true", title=title)
     if max(map(len, shown)) > 3:
-        plt.setp(ax.get_xticklabels(), rotation=45, ha="right")
+        ax.tick_params(axis="x", labelrotation=45)
+        for tick in ax.get_xticklabels():
+            tick.set_horizontalalignment("right")
     for i in range(len(labels)):
         for j in range(len(labels)):
             ax.text(j, i, int(matrix[i, j]), ha="center", va="center", color="white" if matrix[i, j] > matrix.max() / 2 else "black")
@@ -71,10 +73,10 @@ def plot_pr_curves(y_true: np.ndarray, probs: np.ndarray, labels: list[str], tit
     """One-vs-rest precision-recall curve per class; returns each class's average precision."""
     from sklearn.metrics import average_precision_score, precision_recall_curve
 
-    from tasks.plots import plt, save
+    from tasks.plots import save, subplots
 
     shown, note = tick_labels(labels)
-    fig, ax = plt.subplots(figsize=(5.5, 4.2))
+    fig, ax = subplots(figsize=(5.5, 4.2))
     ap = {}
     for i, label in enumerate(labels):
         positive = (y_true == i).astype(int)
@@ -103,12 +105,12 @@ def worst_mistakes(test: pd.DataFrame, y_true: np.ndarray, probs: np.ndarray, la
 
 def plot_training_curves(history: list[dict[str, float]], title: str, path: Path) -> Path | None:
     """Loss (train and validation) and validation metrics per epoch; None without a per-epoch history."""
-    from tasks.plots import plt, save
+    from tasks.plots import save, subplots
 
     if not history:
         return None
     h = pd.DataFrame(history)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
+    fig, (left, right) = subplots(1, 2, figsize=(9, 3.6))
     for col in [c for c in ("train_loss", "val_loss") if c in h]:
         left.plot(h["epoch"], h[col], marker="o", label=col)
     left.set(xlabel="epoch", ylabel="loss", title="loss")

@@ -81,11 +81,21 @@ def use_font(path: str) -> None:
     plt.rcParams["axes.unicode_minus"] = False  # CJK fonts often lack U+2212
 
 
+def subplots(*args, **kwargs):
+    """`plt.subplots` without pyplot's global figure registry: a figure of its own, safe to draw in any
+    thread, freed with its last reference."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=kwargs.pop("figsize", None))
+    return fig, fig.subplots(*args, **kwargs)
+
+
 def save(fig, path: Path, dpi: int = 110) -> Path:
-    """Write a figure as PNG and close it."""
+    """Write a figure as PNG (and close it, if pyplot made it)."""
     fig.tight_layout()
     fig.savefig(path, dpi=dpi)
-    plt.close(fig)
+    if fig.canvas.manager is not None:
+        plt.close(fig)
     return path
 
 

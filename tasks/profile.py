@@ -73,10 +73,10 @@ def top_adjectives(texts: list[str], k: int) -> list[tuple[str, int]]:
 
 
 def plot_labels(frames: dict[str, pd.DataFrame], labels: list[str], path: Path) -> Path:
-    from tasks.plots import plt, save
+    from tasks.plots import save, subplots
 
     counts = pd.DataFrame({s: df["label"].value_counts().reindex(labels, fill_value=0) for s, df in frames.items()})
-    fig, ax = plt.subplots(figsize=(6, 3.6))
+    fig, ax = subplots(figsize=(6, 3.6))
     width = 0.8 / len(counts.columns)
     for i, split in enumerate(counts.columns):
         bars = ax.bar(np.arange(len(labels)) + i * width, counts[split], width, label=split)
@@ -91,12 +91,12 @@ def plot_lengths(df: pd.DataFrame, labels: list[str], path: Path) -> Path:
     """Histogram and density of text length (characters) per label."""
     from scipy.stats import gaussian_kde
 
-    from tasks.plots import plt, save
+    from tasks.plots import save, subplots
 
     lengths = df["text"].str.len()
     hi = float(np.quantile(lengths, 0.99))
     bins = np.linspace(0, hi, 50)
-    fig, ax = plt.subplots(figsize=(7, 3.8))
+    fig, ax = subplots(figsize=(7, 3.8))
     grid = np.linspace(0, hi, 300)
     for label in labels:
         x = lengths[df["label"] == label].clip(upper=hi)
@@ -110,9 +110,9 @@ def plot_lengths(df: pd.DataFrame, labels: list[str], path: Path) -> Path:
 
 def plot_scatter(df: pd.DataFrame, labels: list[str], path: Path, seed: int = 0) -> Path:
     """Characters vs words per text, a point per text (at most 3,000 per label), coloured by label."""
-    from tasks.plots import plt, save
+    from tasks.plots import save, subplots
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = subplots(figsize=(6, 4))
     for label in labels:
         part = df[df["label"] == label]
         part = part.sample(min(len(part), 3000), random_state=seed)
@@ -124,9 +124,9 @@ def plot_scatter(df: pd.DataFrame, labels: list[str], path: Path, seed: int = 0)
 
 def plot_top(tables: dict[str, list[tuple[str, int]]], title: str, path: Path) -> Path:
     """Horizontal bars of the top words, one panel per label."""
-    from tasks.plots import plt, save
+    from tasks.plots import save, subplots
 
-    fig, axes = plt.subplots(1, len(tables), figsize=(3.2 * len(tables), 0.25 * max(len(t) for t in tables.values()) + 1.5), squeeze=False)
+    fig, axes = subplots(1, len(tables), figsize=(3.2 * len(tables), 0.25 * max(len(t) for t in tables.values()) + 1.5), squeeze=False)
     for ax, (label, rows) in zip(axes[0], tables.items()):
         words, counts = zip(*rows) if rows else ((), ())
         ax.barh(range(len(words)), counts)

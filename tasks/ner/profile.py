@@ -27,9 +27,9 @@ def entity_rows(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
 
 def plot_types(counts: pd.DataFrame, path: Path) -> Path:
-    from tasks.plots import plt, save
+    from tasks.plots import save, subplots
 
-    fig, ax = plt.subplots(figsize=(7, 3.6))
+    fig, ax = subplots(figsize=(7, 3.6))
     counts.plot.bar(ax=ax, width=0.8)
     ax.set(xlabel="", ylabel="entities", title="entities per type and split")
     ax.tick_params(axis="x", rotation=0)
@@ -37,10 +37,10 @@ def plot_types(counts: pd.DataFrame, path: Path) -> Path:
 
 
 def plot_entity_lengths(entities: pd.DataFrame, path: Path) -> Path:
-    from tasks.plots import plt, save
+    from tasks.plots import save, subplots
 
     kinds = entities["type"].value_counts().index.tolist()
-    fig, ax = plt.subplots(figsize=(7, 3.6))
+    fig, ax = subplots(figsize=(7, 3.6))
     ax.boxplot([entities.loc[entities["type"] == k, "length"] for k in kinds], showfliers=True)
     ax.set_xticks(range(1, len(kinds) + 1), kinds)
     ax.set(ylabel="characters", title="entity length per type")
@@ -48,9 +48,9 @@ def plot_entity_lengths(entities: pd.DataFrame, path: Path) -> Path:
 
 
 def plot_sentence_lengths(lengths: pd.Series, path: Path) -> Path:
-    from tasks.plots import plt, save
+    from tasks.plots import save, subplots
 
-    fig, ax = plt.subplots(figsize=(7, 3.4))
+    fig, ax = subplots(figsize=(7, 3.4))
     hi = float(np.quantile(lengths, 0.99)) if len(lengths) else 1.0
     ax.hist(lengths.clip(upper=hi), bins=50)
     ax.set(xlabel="characters (clipped at the 99th percentile)", ylabel="sentences", title="sentence length")
