@@ -171,13 +171,29 @@ def plot_projection(kv, words: list[str], method: str, path: Path, font: str, se
     return save(fig, path)
 
 
+def format_rows(vectors: np.ndarray) -> list[str]:
+    """Each row as space-separated numbers, six significant digits (numpy's formatting, not repr per float)."""
+    import io
+
+    buf = io.StringIO()
+    np.savetxt(buf, vectors, fmt="%.6g", delimiter=" ")
+    return buf.getvalue().split("\n")[: len(vectors)]
+
+
+def save_text_vectors(kv, path: Path) -> None:
+    """word2vec's text format (a header, then `word v1 v2 ...`), for people and other tools; the binary file
+    keeps the exact values. Several times faster than gensim's writer, which formats each float with repr."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(f"{len(kv)} {kv.vector_size}\n")
+        f.writelines(f"{w} {row}\n" for w, row in zip(kv.index_to_key, format_rows(kv.vectors)))
+
+
 def export_projector(kv, words: list[str], folder: Path, name: str = "word2vec") -> Path:
     """vectors.tsv + metadata.tsv + projector_config.pbtxt: `tensorboard --logdir <folder>` shows them in its
     Projector tab (or load the two TSV files at projector.tensorflow.org)."""
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / "vectors.tsv", "w", encoding="utf-8") as f:
-        for w in words:
-            f.write("\t".join(f"{v:.5f}" for v in kv[w]) + "\n")
+    rows = format_rows(np.stack([kv[w] for w in words])) if words else []
+    (folder / "vectors.tsv").write_text("".join(row.replace(" ", "\t") + "\n" for row in rows), encoding="utf-8")
     (folder / "metadata.tsv").write_text("".join(f"{w}\n" for w in words), encoding="utf-8")
     (folder / "projector_config.pbtxt").write_text(
         f'embeddings {{\n  tensor_name: "{name}"\n  tensor_path: "vectors.tsv"\n  metadata_path: "metadata.tsv"\n}}\n', encoding="utf-8")
@@ -191,7 +207,7 @@ def build(ctx: BuildContext) -> BuildOutput:
     corpus = ctx.inputs["augment"] / "train.words.txt"
     w2v = train_word2vec(corpus, p)
     w2v.save_word2vec_format(str(ctx.out / "word2vec.bin"), binary=True)
-    w2v.save_word2vec_format(str(ctx.out / "word2vec.txt"), binary=False)
+    save_text_vectors(w2v, ctx.out / "word2vec.txt")
     rows = neighbours("word2vec", p.probe_words, lambda w, n: w2v.most_similar(w, topn=n) if w in w2v else [], p.topn)
     metrics = {"word2vec_vocab": len(w2v)}
     artifacts = ["word2vec.txt", "neighbours.csv"]
@@ -199,7 +215,7 @@ def build(ctx: BuildContext) -> BuildOutput:
         ft = train_fasttext(corpus, p)
         ft.save_model(str(ctx.out / "fasttext.bin"))
         ft_kv = fasttext_keyed_vectors(ft)
-        ft_kv.save_word2vec_format(str(ctx.out / "fasttext.vec"), binary=False)
+        save_text_vectors(ft_kv, ctx.out / "fasttext.vec")
         # fastText answers for unseen words too, through their subwords
         rows += neighbours("fasttext", p.probe_words, lambda w, n: [(o, s) for s, o in ft.get_nearest_neighbors(w, k=n)], p.topn)
         metrics["fasttext_vocab"] = len(ft.get_words())
