@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 import tempfile
 import unicodedata
+from collections import Counter
 from functools import lru_cache
 from pathlib import Path
 
@@ -72,10 +73,10 @@ def normalise(df: pd.DataFrame, params: Params) -> pd.DataFrame:
     return df
 
 
-def normalise_chunk(chunk: Chunk, params: tuple[str, int]) -> pd.DataFrame:
+def normalise_chunk(chunk: Chunk, params_json: str) -> pd.DataFrame:
     """Chunk function: one chunk of the raw corpus, normalised, with its row-wise `reason` (length limits) and
     a 128-bit digest of its text (`h1`, `h2`) that deduplication compares instead of the text."""
-    p = Params.model_validate_json(params[0])
+    p = Params.model_validate_json(params_json)
     df = normalise(read_chunk(chunk), p)
     df["reason"] = length_reasons(df["text"], p)
     df["h1"], df["h2"] = text_digest(df["text"])
@@ -148,87 +149,95 @@ def partition_count(rows: int) -> int:
     return max(1, -(-rows // PARTITION_ROWS))
 
 
+def partition_duplicates(parts: list[Path]) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, reasons) of the duplicates and label conflicts found in hash partitions of (id, digest, label),
+    one partition in memory at a time; sorted by id."""
+    ids, reasons = [np.zeros(0, dtype="int64")], [np.zeros(0, dtype=object)]
+    for path in parts:
+        df = pd.read_parquet(path)
+        if "label" in df:
+            df["label"] = df["label"].astype("category")  # a code per row, not a string object
+        found = duplicate_reasons(df, ["h1", "h2"])
+        hit = found.notna().to_numpy()
+        ids.append(df["id"].to_numpy()[hit])
+        reasons.append(found[hit].to_numpy(dtype=object))
+    ids_all, reasons_all = np.concatenate(ids), np.concatenate(reasons)
+    order = np.argsort(ids_all, kind="stable")
+    return ids_all[order], reasons_all[order]
+
+
+def lookup(ids: np.ndarray, values: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each of `keys`, whether it is in the sorted `ids`, and its value where it is."""
+    if not len(ids):
+        return np.zeros(len(keys), bool), values[:0]
+    at = np.searchsorted(ids, keys)
+    hit = (at < len(ids)) & (ids[np.minimum(at, len(ids) - 1)] == keys)
+    return hit, values[at[hit]]
+
+
 def build(ctx: BuildContext) -> BuildOutput:
     """Clean `data.parquet` into `data.parquet` + `quarantine.parquet` (+ `label_conflicts.csv`), in bounded
-    memory: (1) chunks are normalised (processes or Dask) and streamed to a scratch file, their rows also
-    hash-partitioned by text; (2) each partition (equal texts meet in one) is deduplicated on its own; (3) the
-    normalised rows are streamed again, in id order, into kept and quarantined rows."""
+    memory: (1) chunks are normalised (processes or Dask) and streamed to a scratch file, and each row's id,
+    label and text digest go to one of the hash partitions; (2) each partition (equal texts meet in one) is
+    deduplicated on its own; (3) the normalised rows are streamed again, in id order, into kept and
+    quarantined rows."""
     src = ctx.inputs["download"] / "data.parquet"
     rows_in = pq.ParquetFile(src).metadata.num_rows
     partitions = partition_count(rows_in)
     runner = ctx.runner(ctx.params.workers if ctx.runner is Runner else 0)
+    empty = normalise(pq.ParquetFile(src).schema_arrow.empty_table().to_pandas(), ctx.params).assign(reason=pd.Series(dtype="string"))
     with tempfile.TemporaryDirectory(prefix="clean-", dir=ctx.scratch) as tmp:
-        tmp = Path(tmp)
-        normalised = PartWriter(tmp / "normalised.parquet", ROW_GROUP_ROWS)
-        parts = [PartWriter(tmp / f"partition-{i}.parquet") for i in range(partitions)]
-        chunks = plan(src, CHUNK_ROWS) if rows_in else []
-        for table in runner.tables(normalise_chunk, chunks, (ctx.params.model_dump_json(), partitions), desc="clean"):
+        normalised = PartWriter(Path(tmp) / "normalised.parquet", ROW_GROUP_ROWS)
+        parts = [PartWriter(Path(tmp) / f"partition-{i}.parquet") for i in range(partitions)]
+        for table in runner.tables(normalise_chunk, plan(src, CHUNK_ROWS) if rows_in else [], ctx.params.model_dump_json(), desc="clean"):
             normalised.write(table.drop_columns(["h1", "h2"]))
             if ctx.params.dedupe:
                 table = table.filter(pc.is_null(table["reason"])).select([c for c in ("id", "h1", "h2", "label") if c in table.column_names])
                 part = table["h1"].to_numpy() % partitions
-                for i in range(partitions):
+                for i, writer in enumerate(parts):
                     piece = table.filter(part == i) if partitions > 1 else table
                     if piece.num_rows:
-                        parts[i].write(piece)
-        empty = normalise(pq.ParquetFile(src).schema_arrow.empty_table().to_pandas(), ctx.params).assign(reason=pd.Series(dtype="string"))
+                        writer.write(piece)
         normalised.close(empty)
-        dropped_ids, dropped_reasons, conflicts = [], [], []
-        for part in parts:  # one partition in memory at a time
-            part.close()
-            if not part.rows:
-                continue
-            df = pd.read_parquet(part.path)
-            if "label" in df:
-                df["label"] = df["label"].astype("category")  # a code per row, not a string object
-            found = duplicate_reasons(df, ["h1", "h2"])
-            hit = found.notna()
-            dropped_ids.append(df["id"].to_numpy()[hit.to_numpy()])
-            dropped_reasons.append(found[hit].to_numpy(dtype=object))
-        ids = np.concatenate(dropped_ids) if dropped_ids else np.zeros(0, dtype="int64")
-        reasons = np.concatenate(dropped_reasons) if dropped_reasons else np.zeros(0, dtype=object)
-        order = np.argsort(ids, kind="stable")
-        ids, reasons = ids[order], reasons[order]
+        for writer in parts:
+            writer.close()
+        ids, reasons = partition_duplicates([w.path for w in parts if w.rows])
         kept_out = PartWriter(ctx.out / "data.parquet", ROW_GROUP_ROWS)
         bad_out = PartWriter(ctx.out / "quarantine.parquet", ROW_GROUP_ROWS)
-        counts: dict[str, int] = {}
-        sample, bad_sample, labels = [], [], set()
+        counts: Counter = Counter()
+        sample, bad_sample, conflicts, labels = [], [], [], set()
         for df in iter_frames(normalised.path):
-            reason = df["reason"].astype("string")
-            at = np.searchsorted(ids, df["id"].to_numpy())
-            found = (at < len(ids)) & (ids[np.minimum(at, len(ids) - 1)] == df["id"].to_numpy()) if len(ids) else np.zeros(len(df), bool)
-            reason[found] = reasons[at[found]]
-            df["reason"] = reason
-            kept = df[reason.isna()].drop(columns=["raw_text", "reason"]).reset_index(drop=True)
-            bad = df[reason.notna()].reset_index(drop=True)
+            hit, found = lookup(ids, reasons, df["id"].to_numpy())
+            df["reason"] = df["reason"].astype("string")
+            df.loc[hit, "reason"] = found
+            kept = df[df["reason"].isna()].drop(columns=["raw_text", "reason"]).reset_index(drop=True)
+            bad = df[df["reason"].notna()].reset_index(drop=True)
             if len(kept):
                 kept_out.write(kept)
-                if "label" in kept:
-                    labels.update(kept["label"].unique().tolist())
+                labels.update(kept["label"].unique().tolist() if "label" in kept else [])
                 if sum(map(len, sample)) < SAMPLE_ROWS:
                     sample.append(kept.head(SAMPLE_ROWS))
             if len(bad):
                 bad_out.write(bad)
+                counts.update(bad["reason"].tolist())
                 if "label" in bad:
                     conflicts.append(bad.loc[bad["reason"] == "label_conflict", ["id", "text", "label"]])
-                for r, n in bad["reason"].value_counts().items():
-                    counts[r] = counts.get(r, 0) + int(n)
                 if sum(map(len, bad_sample)) < 1000:
                     bad_sample.append(bad.head(1000))
     if not kept_out.rows:
-        raise DataError(f"clean: no rows left after cleaning ({rows_in} rows in, all quarantined: {counts})")
+        raise DataError(f"clean: no rows left after cleaning ({rows_in} rows in, all quarantined: {dict(counts)})")
     kept_out.close()
     bad_out.close(empty)
-    conflicts = conflict_table(pd.concat(conflicts, ignore_index=True) if conflicts else pd.DataFrame(columns=["id", "text", "label"]))
-    conflicts.to_csv(ctx.out / "label_conflicts.csv", index=False)
+    conflict_table(pd.concat(conflicts, ignore_index=True) if conflicts else pd.DataFrame(columns=["id", "text", "label"])).to_csv(
+        ctx.out / "label_conflicts.csv", index=False)
     metrics = {f"dropped_{r}": counts.get(r, 0) for r in ("empty", "too_short", "too_long", "duplicate", "label_conflict")}
     metrics.update(rows_in=rows_in, rows_kept=kept_out.rows, rows_dropped=bad_out.rows)
-    sample = pd.concat(sample, ignore_index=True).head(SAMPLE_ROWS)
     return BuildOutput(
         rows=kept_out.rows,
         metrics=metrics,
         info={"labels": sorted_labels(pd.Series(sorted(labels), dtype="string")) if labels else None},
         artifacts=["quarantine.parquet", "label_conflicts.csv"],
         tables={"quarantine_sample.json": pd.concat(bad_sample, ignore_index=True).head(1000).astype(str)} if bad_out.rows else {},
-        datasets=[Dataset(sample, str(ctx.out / "data.parquet"), f"{ctx.pipeline}-clean", "clean", rows=kept_out.rows)],
+        datasets=[Dataset(pd.concat(sample, ignore_index=True).head(SAMPLE_ROWS), str(ctx.out / "data.parquet"),
+                          f"{ctx.pipeline}-clean", "clean", rows=kept_out.rows)],
     )
