@@ -46,3 +46,23 @@ def test_a_class_under_three_rows_is_a_data_error_not_a_traceback():
     df = pd.DataFrame({"id": range(12), "text": ["t"] * 12, "label": ["a"] * 10 + ["b"] * 2})
     with pytest.raises(DataError, match="'b' has 2 rows"):
         split_frame(df, SplitConfig())
+
+
+@pytest.mark.parametrize("small_classes", ["quarantine", "merge"])
+def test_streamed_build_writes_what_the_in_memory_split_gives(tmp_path, monkeypatch, small_classes):
+    import tasks.split as split
+    from tasks.core import BuildContext
+
+    labels = ["b", "a", "c"] * 40 + ["d", "e", "e"]
+    df = pd.DataFrame({"id": range(len(labels)), "text": [f"t{i}" for i in range(len(labels))], "label": labels})
+    (tmp_path / "clean").mkdir()
+    df.to_parquet(tmp_path / "clean" / "data.parquet", index=False, row_group_size=7)
+    monkeypatch.setattr(split, "BATCH_ROWS", 10)  # many batches, each class's rows spread over them
+    params = SplitConfig(small_classes=small_classes)
+    out = split.build(BuildContext(inputs={"clean": tmp_path / "clean"}, input_info={"clean": {}}, out=tmp_path, params=params))
+    kept, quarantine, small = set_aside_small(df, params)
+    assert small == {"d": 1, "e": 2}
+    for name, part in split_frame(kept, params).items():
+        pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / f"{name}.parquet"), part)
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "quarantine.parquet"), quarantine, check_dtype=False)
+    assert out.rows == len(kept) and sum(out.metrics[f"rows_{s}"] for s in ("train", "validation", "test")) == len(kept)
