@@ -234,14 +234,16 @@ class RunContext:
             elif hit:
                 tracker.tags(self._link(stage, manifest, tracker.experiment_id))
             try:
-                prefix = "" if own else f"{stage.split('.')[0]}_"  # a model run holds its train and evaluate units
                 if hit:
                     log.info("%s: cached (%s)", stage, key)
-                    tracker.log(flatten(unit_params(self.config, stage)) if own else {},
-                                {**manifest.metrics, f"{prefix}rows": manifest.rows or 0, f"{prefix}seconds": manifest.seconds})
                 else:
                     manifest = self._build(stage, key, inputs, tracker, build)
-                    tracker.metrics({**manifest.metrics, f"{prefix}rows": manifest.rows or 0, f"{prefix}seconds": manifest.seconds})
+                prefix = "" if own else f"{stage.split('.')[0]}_"  # a model run holds its train and evaluate units
+                metrics = {**manifest.metrics, f"{prefix}rows": manifest.rows or 0, f"{prefix}seconds": manifest.seconds}
+                if hit:  # with the params, in one write (a built unit's params were logged before it was built)
+                    tracker.log(flatten(unit_params(self.config, stage)) if own else {}, metrics)
+                else:
+                    tracker.metrics(metrics)
             except BaseException:
                 if own:
                     tracker.finish(ok=False)

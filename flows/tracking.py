@@ -101,35 +101,39 @@ class Tracker:
     def finish(self, ok: bool = True) -> None:
         self.client.set_terminated(self.run_id, "FINISHED" if ok else "FAILED")
 
-    @_retry
-    def params(self, params: dict[str, Any]) -> None:
+    @staticmethod
+    def _params(params: dict[str, Any]) -> list:
         from mlflow.entities import Param
 
-        items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+        return [Param(k, str(v)[:6000]) for k, v in params.items()]
+
+    @staticmethod
+    def _metrics(metrics: dict[str, float], step: int | None = None) -> list:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        return [Metric(k, float(v), now, step or 0) for k, v in metrics.items()]
+
+    @_retry
+    def params(self, params: dict[str, Any]) -> None:
+        items = self._params(params)
         for i in range(0, len(items), 100):
             self.client.log_batch(self.run_id, params=items[i : i + 100])
 
     @_retry
     def metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        from mlflow.entities import Metric
-
-        now = int(time.time() * 1000)
-        items = [Metric(k, float(v), now, step or 0) for k, v in metrics.items()]
+        items = self._metrics(metrics, step)
         if items:
             self.client.log_batch(self.run_id, metrics=items)
 
     @_retry
     def log(self, params: dict[str, Any], metrics: dict[str, float]) -> None:
         """Params and metrics in one write (what a reused output's run records)."""
-        from mlflow.entities import Metric, Param
-
-        now = int(time.time() * 1000)
-        items = [Param(k, str(v)[:6000]) for k, v in params.items()]
-        if len(items) > 100 or len(metrics) > 900:  # MLflow's limits for one batch
+        if len(params) > 100 or len(metrics) > 900:  # MLflow's limits for one batch
             self.params(params)
             self.metrics(metrics)
             return
-        self.client.log_batch(self.run_id, params=items, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()])
+        self.client.log_batch(self.run_id, params=self._params(params), metrics=self._metrics(metrics))
 
     @_retry
     def tags(self, tags: dict[str, str]) -> None:

@@ -235,7 +235,7 @@ def build(ctx: BuildContext) -> BuildOutput:
     return BuildOutput(
         rows=kept_out.rows,
         metrics=metrics,
-        info={"labels": sorted_labels(pd.Series(sorted(labels), dtype="string")) if labels else None},
+        info={"labels": sorted_labels(labels) if labels else None},
         artifacts=["quarantine.parquet", "label_conflicts.csv"],
         tables={"quarantine_sample.json": pd.concat(bad_sample, ignore_index=True).head(1000).astype(str)} if bad_out.rows else {},
         datasets=[Dataset(pd.concat(sample, ignore_index=True).head(SAMPLE_ROWS), str(ctx.out / "data.parquet"),

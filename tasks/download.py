@@ -757,6 +757,6 @@ def build(ctx: BuildContext, source: Source, folder_for: Callable[[str], Path], 
     info = {"source_sha256": sha, "source_file": redact(str(raw) if raw.is_relative_to(ctx.root) else raw.name), "labelled": with_labels}
     metrics = {"rows_raw": rows, "rows_quarantined": bad.rows, "lines_physical": physical}
     if with_labels:
-        info["labels"] = sorted_labels(pd.Series(sorted(labels), dtype="string"))
+        info["labels"] = sorted_labels(labels)
         metrics["num_labels"] = len(info["labels"])
     return BuildOutput(rows=rows, metrics=metrics, info=info)

@@ -232,11 +232,10 @@ def build(ctx: BuildContext) -> BuildOutput:
     artifacts.append("projector")
     table = pd.DataFrame(rows, columns=["model", "word", "rank", "neighbour", "cosine"])
     table.to_csv(ctx.out / "neighbours.csv", index=False)
-    probes = {"analogies": pd.DataFrame(analogy_rows("word2vec", w2v, p.analogies, p.topn)),
-              "similarities": pd.DataFrame(similarity_rows("word2vec", w2v, p.similarity_pairs))}
-    if p.fasttext.enabled:  # fastText answers for words it never saw, from their subwords
-        probes["analogies"] = pd.concat([probes["analogies"], pd.DataFrame(analogy_rows("fasttext", ft_kv, p.analogies, p.topn))], ignore_index=True)
-        probes["similarities"] = pd.concat([probes["similarities"], pd.DataFrame(similarity_rows("fasttext", ft_kv, p.similarity_pairs))], ignore_index=True)
+    # fastText answers for words it never saw, from their subwords
+    vector_sets = {"word2vec": w2v, **({"fasttext": ft_kv} if p.fasttext.enabled else {})}
+    probes = {"analogies": pd.DataFrame([r for n, kv in vector_sets.items() for r in analogy_rows(n, kv, p.analogies, p.topn)]),
+              "similarities": pd.DataFrame([r for n, kv in vector_sets.items() for r in similarity_rows(n, kv, p.similarity_pairs)])}
     for name, frame in probes.items():
         frame.to_csv(ctx.out / f"{name}.csv", index=False)
         artifacts.append(f"{name}.csv")

@@ -15,7 +15,7 @@ import os
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import pandas as pd
 import pyarrow as pa
@@ -248,8 +248,8 @@ def resolve_path(location: str, root: Path) -> Path | None:
     return p if p.is_absolute() else root / p
 
 
-def sorted_labels(labels: pd.Series) -> list[str]:
-    """Distinct labels; numeric ones sort as numbers (2 before 10), others as strings."""
+def sorted_labels(labels: Iterable[str]) -> list[str]:
+    """Distinct labels (of a column, a set, ...); numeric ones sort as numbers (2 before 10), others as strings."""
 
     def order(label: str):
         try:
@@ -257,7 +257,7 @@ def sorted_labels(labels: pd.Series) -> list[str]:
         except ValueError:
             return (1, 0.0, label)
 
-    return sorted(labels.unique().tolist(), key=order)
+    return sorted(set(labels), key=order)
 
 
 def read_vocab(path: Path) -> list[str]:

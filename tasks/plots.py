@@ -91,11 +91,9 @@ def subplots(*args, **kwargs):
 
 
 def save(fig, path: Path, dpi: int = 110) -> Path:
-    """Write a figure as PNG (and close it, if pyplot made it)."""
+    """Write a figure (from `subplots`) as PNG."""
     fig.tight_layout()
     fig.savefig(path, dpi=dpi)
-    if fig.canvas.manager is not None:
-        plt.close(fig)
     return path
 
 

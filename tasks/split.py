@@ -67,14 +67,19 @@ def class_plan(counts: dict[str, int], params: Params) -> tuple[dict[str, str], 
     return rename, small, set(small)
 
 
+def apply_plan(df: pd.DataFrame, rename: dict[str, str], aside: set[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """`class_plan` applied to rows: (rows to split, under their new labels; rows set aside, with `reason`)."""
+    df = df.assign(label=df["label"].map(rename).astype(df["label"].dtype))
+    out = df["label"].isin(aside)
+    return df[~out], df[out].assign(reason=SMALL_REASON).reset_index(drop=True)
+
+
 def set_aside_small(df: pd.DataFrame, params: Params) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, int]]:
     """(rows to split, quarantined rows with `reason`, the small classes and their sizes)."""
     rename, small, aside = class_plan(df["label"].value_counts().to_dict(), params)
     if not small:
         return df, _none_set_aside(df), {}
-    df = df.assign(label=df["label"].map(rename).astype(df["label"].dtype))
-    out = df["label"].isin(aside)
-    return df[~out], df[out].assign(reason=SMALL_REASON).reset_index(drop=True), small
+    return *apply_plan(df, rename, aside), small
 
 
 def assignments(counts: dict, params: Params, labelled: bool) -> dict:
@@ -165,7 +170,7 @@ def build(ctx: BuildContext) -> BuildOutput:
             only = f" ({next(iter(kept))!r}, {next(iter(kept.values()))} rows)" if kept else ""
             raise DataError(f"split: {len(kept)} class{only} left with at least {MIN_CLASS_ROWS} rows "
                             f"({set_aside} rows of smaller classes quarantined); a classifier needs at least 2")
-        info["labels"] = sorted_labels(pd.Series(list(kept), dtype="string"))
+        info["labels"] = sorted_labels(kept)
     plan = assignments(dict(kept), ctx.params, labelled)
     writers = {name: PartWriter(ctx.out / f"{name}.parquet", ROW_GROUP_ROWS) for name in SPLITS}
     quarantine = PartWriter(ctx.out / "quarantine.parquet", ROW_GROUP_ROWS)
@@ -173,11 +178,9 @@ def build(ctx: BuildContext) -> BuildOutput:
     empty = src.schema_arrow.empty_table().to_pandas()
     for df in iter_frames(path, BATCH_ROWS):
         if labelled and small:
-            df["label"] = df["label"].map(rename).astype(df["label"].dtype)
-            out = df["label"].isin(aside)
-            if out.any():
-                quarantine.write(df[out].assign(reason=SMALL_REASON).reset_index(drop=True))
-                df = df[~out]
+            df, set_apart = apply_plan(df, rename, aside)
+            if len(set_apart):
+                quarantine.write(set_apart)
         split = route(df, plan, seen)
         for i, name in enumerate(SPLITS):
             part = df[split == i]

@@ -11,7 +11,7 @@ from PIL import Image
 
 from tasks.core import BuildContext
 from tasks.errors import DataError
-from tasks.plots import PROBE, cjk_font, has_glyphs, plt, require_cjk_font, save, use_font
+from tasks.plots import PROBE, cjk_font, has_glyphs, require_cjk_font, save, subplots, use_font
 from tasks.profile import Params as ProfileConfig
 from tasks.segment import Params as SegmentConfig
 from tasks.segmenter import Segmenter
@@ -70,7 +70,7 @@ def test_chinese_text_is_drawn_with_a_font_that_has_its_glyphs(tmp_path):
     font = require_cjk_font()
     assert has_glyphs(font, PROBE + "好评差评")
     use_font(font)
-    fig, ax = plt.subplots()
+    fig, ax = subplots()
     title = ax.set_title("好评 差评 酒店")
     used = font_manager.findfont(title.get_fontproperties(), fallback_to_default=False)
     with warnings.catch_warnings():
