@@ -3,6 +3,7 @@ font that has its glyphs (matplotlib warns on a missing glyph: that warning is a
 page holding everything, and one clear error when no CJK font can be found."""
 import json
 import warnings
+from collections import Counter
 from pathlib import Path
 
 import pandas as pd
@@ -39,7 +40,7 @@ def test_profile_pictures_and_report(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     ctx = BuildContext(inputs={"segment": _segmented(tmp_path)}, input_info={"segment": {"labels": ["好评", "差评"]}}, out=out,
-                       scratch=tmp_path, params=ProfileConfig(top_k=10, pos_texts=50), pipeline="smoke")
+                       scratch=tmp_path, params=ProfileConfig(top_k=10), pipeline="smoke")
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*[Gg]lyph.*missing")  # a tofu box would raise here
         result = build(ctx)
@@ -87,3 +88,25 @@ def test_missing_or_latin_only_font_is_one_clear_error(tmp_path):
     latin = font_manager.findfont("DejaVu Sans")
     with pytest.raises(DataError, match="no glyphs for Chinese"):
         require_cjk_font(latin)
+
+
+def test_adjectives_are_the_words_jieba_posseg_tags_as_adjectives(tmp_path):
+    """Counting the segment stage's words by their dictionary tag finds the adjectives jieba.posseg finds
+    when it cuts the same texts (HMM off, so every word's tag comes from the dictionary); a stored `pos`
+    column (`segment.pos: true`) is read as it is."""
+    import jieba.posseg
+
+    from tasks.profile import ADJECTIVE_TAGS, adjective_counts, dictionary_tags, tagged_counts, word_counts
+
+    train = pd.read_parquet(_segmented(tmp_path) / "train.parquet")
+    counts = word_counts(train["words"])
+    assert "，" not in counts and "的" not in counts and counts.most_common(1)[0][1] > 10
+    ours = adjective_counts(counts, dictionary_tags())
+    theirs = Counter(w for t in train["text"] for w, flag in jieba.posseg.cut(t, HMM=False) if flag in ADJECTIVE_TAGS)
+    top = [w for w, _ in ours.most_common(5)]
+    assert len(top) == 5 and all(w in theirs for w in top), (top, theirs.most_common(10))
+    assert set(ours) <= set(counts)
+
+    pos = pd.Series(["房间 /x 干净/a 的/uj", "服务/vn 很/d 好/a", "好/a ！/x"])
+    words, adjectives = tagged_counts(pos)
+    assert adjectives == Counter({"好": 2, "干净": 1}) and words["服务"] == 1 and "的" not in words and "！" not in words
