@@ -3,13 +3,15 @@ Light imports (no Prefect, no MLflow): pool workers import this module to run `s
 from __future__ import annotations
 
 import os
+from contextlib import closing
 from functools import lru_cache
+from itertools import islice
 from pathlib import Path
+from typing import Iterable
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pydantic import Field
 
 from tasks.core import BuildContext, BuildOutput
@@ -56,8 +58,18 @@ def worker_count(params: Params, rows: int) -> int:
 
 def segment_file(src: Path, dst: Path, params: Params, runner: Runner, root: Path, desc: str = "segment") -> dict[str, float]:
     """Segment one Parquet file chunk by chunk into `dst`; returns its row and word counts."""
+    tables = runner.tables(segment_chunk, plan(src, params.chunk_rows), _chunk_params(params, root), desc=desc)
+    return write_segments(tables, src, dst)
+
+
+def _chunk_params(params: Params, root: Path) -> tuple[str, str]:
+    return params.segmenter().model_dump_json(), str(root)
+
+
+def write_segments(tables: Iterable[pa.Table], src: Path, dst: Path) -> dict[str, float]:
+    """Write the segmented chunks of `src` to `dst` in order; returns its row and word counts."""
     writer, rows, words = PartWriter(dst), 0, 0
-    for table in runner.tables(segment_chunk, plan(src, params.chunk_rows), (params.segmenter().model_dump_json(), str(root)), desc=desc):
+    for table in tables:
         writer.write(table)
         rows += table.num_rows
         column = table.column("words")  # space-joined tokens: spaces + 1 per non-empty text
@@ -69,13 +81,18 @@ def segment_file(src: Path, dst: Path, params: Params, runner: Runner, root: Pat
 
 
 def build(ctx: BuildContext) -> BuildOutput:
-    """Segment every split; write `<split>.parquet` with `words`, `chars` (and `pos`) columns."""
-    rows = sum(pq.ParquetFile(ctx.inputs["split"] / f"{name}.parquet").metadata.num_rows for name in SPLITS)
+    """Segment every split; write `<split>.parquet` with `words`, `chars` (and `pos`) columns. The chunks of
+    all splits go through one stream of workers (one pool start, and no split too small to spread)."""
+    sources = {name: ctx.inputs["split"] / f"{name}.parquet" for name in SPLITS}
+    plans = {name: plan(src, ctx.params.chunk_rows) for name, src in sources.items()}
+    rows = sum(c.rows for chunks in plans.values() for c in chunks)
     runner = ctx.runner(worker_count(ctx.params, rows))
+    tables = runner.tables(segment_chunk, [c for name in SPLITS for c in plans[name]], _chunk_params(ctx.params, ctx.root))
     metrics = {}
-    for name in SPLITS:
-        counts = segment_file(ctx.inputs["split"] / f"{name}.parquet", ctx.out / f"{name}.parquet", ctx.params, runner, ctx.root, f"segment {name}")
-        metrics[f"{name}_mean_words"] = counts["words"] / max(counts["rows"], 1)
+    with closing(tables):
+        for name in SPLITS:  # chunks come back in order: each split takes its own count of them
+            counts = write_segments(islice(tables, len(plans[name])), sources[name], ctx.out / f"{name}.parquet")
+            metrics[f"{name}_mean_words"] = counts["words"] / max(counts["rows"], 1)
     metrics["workers"] = runner.workers
     metrics["chunk_processes"] = len({(r["host"], r["pid"]) for r in runner.ran_on})
     return BuildOutput(rows=rows, metrics=metrics, info=dict(ctx.input_info["split"]))
