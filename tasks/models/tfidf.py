@@ -98,4 +98,4 @@ def tfidf_predictor(folder: Path):
 
 
 SPEC = ModelSpec("tfidf_lr", Params, lambda i: train_tfidf_lr(i.train, i.labels, i.section, i.params.seed, i.out), predictor=tfidf_predictor,
-                about="TF-IDF over word 1-2-grams and character 1-3-grams, logistic regression: the baseline")
+                about="TF-IDF over word 1-2-grams and character 1-3-grams, logistic regression: the baseline", concurrent=True)
