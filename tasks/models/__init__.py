@@ -13,6 +13,7 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     bert.SPEC,
     hf.SPEC,
     tfidf.SPEC,
+    tfidf.WIDE,
     ngram.NGRAM_LM,
     rnn_lm.SPEC,
     rnn_lm.CLASSIFIER,

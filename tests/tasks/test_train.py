@@ -1,3 +1,5 @@
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -8,7 +10,6 @@ from flows.tracking import Tracker
 from tasks.models import MODELS, TrainInputs
 from tasks.models.modules import TextCNN, TextCNNConfig
 from tasks.models.networks import batches, encode
-from tasks.models.tfidf import train_tfidf_lr
 from tasks.train import Params as TrainConfig
 from tasks.vectors import keyed_word_vectors
 from tasks.vocab import Params as VocabConfig
@@ -99,15 +100,20 @@ def test_fasttext_classifier_round_trip(tmp_path):
     assert (probs.argmax(1) == frame(1)["label"].astype(int)).mean() == 1.0
 
 
-def test_tfidf_lr_round_trip(tmp_path):
+@pytest.mark.parametrize("name", ["tfidf_lr", "tfidf_wide"])
+def test_tfidf_round_trip(tmp_path, name):
+    """Trained through its registry entry, saved as data, rebuilt by its predictor with the settings it was
+    trained with (tfidf_wide's wider n-grams included)."""
     train = frame(10).assign(text=lambda d: d["words"].str.replace(" ", ""))
-    summary = train_tfidf_lr(train, ["0", "1"], TrainConfig().tfidf_lr, 0, tmp_path)
-    assert summary["kind"] == "tfidf_lr"
+    summary, _ = train_model(name, train, frame(1), TrainConfig(), tmp_path)
+    assert summary["kind"] == name and (tmp_path / name / "weights.npz").is_file()
+    config = json.loads((tmp_path / name / "config.json").read_text(encoding="utf-8"))
+    assert config["char_ngrams"] == ([1, 5] if name == "tfidf_wide" else [1, 3])
     test = frame(1).assign(text=lambda d: d["words"].str.replace(" ", ""))
-    probs = predict("tfidf_lr", tmp_path, test)
+    probs = predict(name, tmp_path, test)
     assert probs.shape == (6, 2) and np.allclose(probs.sum(1), 1)
     assert (probs.argmax(1) == test["label"].astype(int)).mean() == 1.0
-    assert np.array_equal(probs, predict("tfidf_lr", tmp_path, test))
+    assert np.array_equal(probs, predict(name, tmp_path, test))
 
 
 def test_bilstm_ignores_padding():
