@@ -5,9 +5,6 @@ that model and the comparison only. The train and evaluate stages then gather th
 classifier is registered under the champion rule."""
 from __future__ import annotations
 
-import contextvars
-import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pandas as pd
@@ -27,23 +24,11 @@ def model_dir(run: RunContext, name: str) -> Path:
 
 def train_models(run: RunContext, augment: StageResult, segment: StageResult, vocab: StageResult, embed: StageResult) -> StageResult:
     """Every model's train unit (reused or built, each tracked in its model run), then the train stage that
-    gathers them. Models that allow it (`concurrent`) train in threads beside the others, which train one
-    at a time in this thread (an ensemble once its members are done)."""
-    upstream = {"augment": augment, "segment": segment, "vocab": vocab, "embed": embed}
-    names = [unit.partition(".")[2] for unit in model_units(run.config, "train")]
-    together = [n for n in names if MODELS[n].concurrent]
-    threads = min(run.config.stages.train.parallel or os.cpu_count() or 1, len(together))
-    if threads < 2:
-        together = []
-    built: dict[str, StageResult] = {}
-    with ThreadPoolExecutor(max(threads, 1), thread_name_prefix="zhpipe-train") as pool:
-        # each thread runs in a copy of this context, so Prefect's task run (logs, artifacts) is its own too
-        futures = {n: pool.submit(contextvars.copy_context().run, train_unit, run, n, upstream) for n in together}
-        for name in (n for n in names if n not in futures):
-            members = {f"train.{m}": futures[m].result() for m in members_of(run.config, name) if m in futures}
-            built[f"train.{name}"] = train_unit(run, name, upstream, {**built, **members})
-        built |= {f"train.{n}": f.result() for n, f in futures.items()}
-    units = {f"train.{n}": built[f"train.{n}"] for n in names}
+    gathers them."""
+    units: dict[str, StageResult] = {}
+    for unit in model_units(run.config, "train"):
+        name = unit.partition(".")[2]
+        units[unit] = train_unit(run, name, {"augment": augment, "segment": segment, "vocab": vocab, "embed": embed}, units)
     result = run.run("train", units, stage_module(run.config.task, "train").build)
     result.parts = units
     return result

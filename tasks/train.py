@@ -42,9 +42,6 @@ class Common(Section):
     class_weights: bool = False  # weight the loss by inverse class frequency (imbalanced corpora)
     # run this stage as a deployment run on another Prefect work pool (GPU workers); not part of the key
     work_pool: str | None = Field(None, exclude=True)
-    # models trained at once, in threads, among those that allow it (tfidf_lr, fasttext, ...); the others
-    # train one at a time beside them. 0 = one per core. Not part of the key: results do not depend on it
-    parallel: int = Field(0, ge=0, exclude=True)
 
     @field_validator("models")
     @classmethod

@@ -56,9 +56,6 @@ class ModelSpec:
     task: str = "classification"  # or "ner": the pipelines (`task:`) whose train.models it may be in
     tagger: Callable[[Path], Callable] | None = None  # taggers (task ner): a saved model folder -> tag function
     members: Callable[[Any], list[str]] | None = None  # ensembles: the models (of train.models) built from, by section
-    # trains beside other models in threads without changing their results: no process-wide seeds, random
-    # state or thread settings (the PyTorch trainer seeds the global generators, so networks never do)
-    concurrent: bool = False
 
     @property
     def is_language_model(self) -> bool:

@@ -90,4 +90,4 @@ def fasttext_predictor(folder: Path) -> Predictor:
 
 
 SPEC = ModelSpec("fasttext", Params, lambda i: train_fasttext(i.train, i.labels, i.params, i.out), predictor=fasttext_predictor,
-                about="fastText's supervised classifier on words + characters with word bigrams", concurrent=True)
+                about="fastText's supervised classifier on words + characters with word bigrams")

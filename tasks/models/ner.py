@@ -517,7 +517,7 @@ def ensemble_tagger(folder: Path) -> TaggerFn:
 
 
 CRF = ModelSpec("crf", CRFParams, train_crf, tagger=load_tagger, task="ner",
-                about="linear-chain CRF (CRFsuite) over character, bigram and lexicon window features", concurrent=True)
+                about="linear-chain CRF (CRFsuite) over character, bigram and lexicon window features")
 BILSTM_CRF = ModelSpec("bilstm_crf", TaggerParams, train_tagger, tagger=load_tagger, task="ner", uses_vectors=True,
                        about="character + bigram embeddings, BiLSTM, CRF; starts from the embed stage's vectors")
 LEXICON_TAGGER = ModelSpec("lexicon_tagger", LexiconTaggerParams, train_tagger, tagger=load_tagger, task="ner", uses_vectors=True,

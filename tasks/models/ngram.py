@@ -192,6 +192,6 @@ def lm_classifier_predictor(folder: Path):
 
 
 NGRAM_LM = ModelSpec("ngram_lm", Params, lambda i: train_ngram_lm(i.train, i.validation, i.section, i.out), perplexity=lm_perplexity,
-                    about="an n-gram language model (Kneser-Ney or fixed back-off); scored by test perplexity", concurrent=True)
+                    about="an n-gram language model (Kneser-Ney or fixed back-off); scored by test perplexity")
 LM_CLASSIFIER = ModelSpec("lm_classifier", Params, lambda i: train_lm_classifier(i.train, i.labels, i.section, i.out),
-                          predictor=lm_classifier_predictor, about="one n-gram LM per class; the lowest perplexity wins", concurrent=True)
+                          predictor=lm_classifier_predictor, about="one n-gram LM per class; the lowest perplexity wins")

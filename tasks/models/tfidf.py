@@ -109,7 +109,7 @@ def tfidf_predictor(folder: Path):
 
 
 SPEC = ModelSpec("tfidf_lr", Params, lambda i: train_tfidf_lr(i.train, i.labels, i.section, i.params.seed, i.out), predictor=tfidf_predictor,
-                about="TF-IDF over word 1-2-grams and character 1-3-grams, logistic regression: the baseline", concurrent=True)
+                about="TF-IDF over word 1-2-grams and character 1-3-grams, logistic regression: the baseline")
 WIDE = ModelSpec("tfidf_wide", WideParams, lambda i: train_tfidf_lr(i.train, i.labels, i.section, i.params.seed, i.out, "tfidf_wide"),
-                 predictor=tfidf_predictor, concurrent=True,
+                 predictor=tfidf_predictor,
                  about="tfidf_lr over word 1-3-grams and character 1-5-grams, C=16: the strongest linear model here")
