@@ -150,18 +150,29 @@ def frequent_words(kv, n: int) -> list[str]:
     return [w for w in kv.index_to_key if is_word(w)][:n]
 
 
+def pca_2d(x: np.ndarray) -> np.ndarray:
+    """The rows of `x` on their first two principal components: an SVD of the centred rows, each component's
+    sign fixed so its largest loading is positive (as scikit-learn's PCA does), so the picture is stable.
+    numpy alone: the embed stage does not import scikit-learn for 150 points."""
+    centred = x - x.mean(axis=0)
+    _, _, vt = np.linalg.svd(centred, full_matrices=False)
+    components = vt[:2] * np.sign(vt[:2][np.arange(min(2, len(vt))), np.abs(vt[:2]).argmax(axis=1)])[:, None]
+    xy = np.zeros((len(x), 2), dtype=np.float64)
+    xy[:, : len(components)] = centred @ components.T  # one word has one component; the other axis stays 0
+    return xy
+
+
 def plot_projection(kv, words: list[str], method: str, path: Path, font: str, seed: int) -> Path:
     """The words' vectors projected to 2-D (PCA or t-SNE), each point labelled with its word."""
-    from sklearn.decomposition import PCA
-    from sklearn.manifold import TSNE
-
     from tasks.plots import save, subplots, use_font
 
     use_font(font)
     x = np.stack([kv[w] for w in words])
     if method == "pca":
-        xy = PCA(n_components=2, random_state=seed).fit_transform(x)
+        xy = pca_2d(x)
     else:
+        from sklearn.manifold import TSNE
+
         xy = TSNE(n_components=2, perplexity=min(30, len(words) - 1), init="pca", random_state=seed).fit_transform(x)
     fig, ax = subplots(figsize=(10, 8))
     ax.scatter(xy[:, 0], xy[:, 1], s=6, alpha=0.5)

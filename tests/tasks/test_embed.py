@@ -118,3 +118,17 @@ def test_analogy_and_similarity_probes_on_known_vectors():
     assert missing["answers"] == "" and missing["expected_rank"] is None and missing["missing"] == "火星 ?"
     sims = similarity_rows("w", kv, [["国王", "王后"], ["国王", "火星"]])
     assert sims[0]["cosine"] > 0.9 and sims[1]["cosine"] is None
+
+
+def test_pca_projection_matches_scikit_learn():
+    """The PCA picture's coordinates are scikit-learn's PCA (full SVD) to float precision, signs included;
+    a single word still gets two coordinates."""
+    from sklearn.decomposition import PCA
+
+    from tasks.embed import pca_2d
+
+    rng = np.random.default_rng(0)
+    for rows, dim in [(150, 100), (20, 30), (3, 5)]:
+        x = (rng.normal(size=(rows, dim)) * rng.uniform(0.1, 3, size=dim)).astype(np.float32)
+        assert np.allclose(pca_2d(x), PCA(n_components=2, svd_solver="full").fit_transform(x), atol=1e-4)
+    assert pca_2d(np.ones((1, 8), dtype=np.float32)).shape == (1, 2)
