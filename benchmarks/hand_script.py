@@ -65,14 +65,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "corpus.txt"
         corpus.write_text("\n".join(train["words"]), encoding="utf-8")
+        # ten threads, as zhpipe: with fewer, fastText 0.9.3 leaves most of its matrix uninitialised, and the
+        # training time then varies with whatever that memory held
         fasttext.train_unsupervised(str(corpus), model="skipgram", dim=100, minn=1, maxn=2, epoch=5, lr=0.05, bucket=100000,
-                                    thread=2, verbose=0)
+                                    thread=10, verbose=0)
         step("embed")
 
         labelled = Path(tmp) / "train.txt"
         labelled.write_text("\n".join(f"__label__{y} {w} {c}" for y, w, c in zip(train["label"], train["words"], train["chars"])),
                             encoding="utf-8")
-        clf = fasttext.train_supervised(str(labelled), epoch=25, lr=0.5, wordNgrams=2, dim=60, bucket=100000, thread=2, verbose=0)
+        clf = fasttext.train_supervised(str(labelled), epoch=25, lr=0.5, wordNgrams=2, dim=60, bucket=100000, thread=10, verbose=0)
         got, _ = clf.predict([f"{w} {c}" for w, c in zip(test["words"], test["chars"])], k=1)
         predicted = [labels[0].removeprefix("__label__") for labels in got]
         fasttext_accuracy = float(np.mean(np.array(predicted) == test["label"].to_numpy()))
