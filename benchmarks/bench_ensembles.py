@@ -28,38 +28,42 @@ sys.path.insert(0, str(ROOT))
 DATA = ROOT / "data"
 
 
-def manifest(stage: str, key: str) -> dict | None:
-    path = DATA / stage / key / "manifest.json"
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+def manifest(stage: str, key: str):
+    """The store's manifest of one output, or None where it is gone."""
+    from flows.store import Manifest
+
+    folder = DATA / stage / key
+    return Manifest.read(folder) if (folder / "manifest.json").is_file() else None
 
 
 def trained_sets(models: list[str]) -> dict[int, dict]:
     """Per split seed: the (segment, augment) pair with the most of `models` trained, and each model's latest unit."""
-    found: dict[tuple, dict[str, dict]] = defaultdict(dict)
+    found: dict[tuple, dict] = defaultdict(dict)
     for path in DATA.glob("train.*/*/manifest.json"):
-        m = json.loads(path.read_text(encoding="utf-8"))
-        name = m["stage"].partition(".")[2]
-        if name not in models or "segment" not in m["inputs"] or "augment" not in m["inputs"]:
+        m = manifest(path.parent.parent.name, path.parent.name)
+        name = m.stage.partition(".")[2]
+        if name not in models or "segment" not in m.inputs or "augment" not in m.inputs:
             continue
-        pair = (m["inputs"]["segment"], m["inputs"]["augment"])
-        if name not in found[pair] or m["created"] > found[pair][name]["created"]:
+        pair = (m.inputs["segment"], m.inputs["augment"])
+        if name not in found[pair] or m.created > found[pair][name].created:
             found[pair][name] = m
     best: dict[int, dict] = {}
     for (segment, augment), units in found.items():
         seg = manifest("segment", segment)
-        split = manifest("split", seg["inputs"]["split"]) if seg else None
+        split = manifest("split", seg.inputs["split"]) if seg else None
         if split is None:
             continue
-        seed = split["params"]["seed"]
+        seed = split.params["seed"]
         if seed not in best or len(units) > len(best[seed]["units"]):
             best[seed] = {"segment": segment, "augment": augment, "units": units}
     return best
 
 
 def fit_wide(train: pd.DataFrame, y: np.ndarray, seed: int):
-    from tasks.models.tfidf import Params, make_pipeline
+    """tfidf_wide's pipeline with its default settings."""
+    from tasks.models.tfidf import WideParams, make_pipeline
 
-    return make_pipeline(Params(word_ngrams=[1, 3], char_ngrams=[1, 5], C=16.0), seed).fit(train[["words", "text"]], y)
+    return make_pipeline(WideParams(), seed).fit(train[["words", "text"]], y)
 
 
 def main() -> None:
@@ -86,7 +90,7 @@ def main() -> None:
         y = {name: df["label"].map(index).to_numpy() for name, df in split.items()}
         probs = {}
         for name, unit in found["units"].items():
-            predict = MODELS[name].predictor(DATA / unit["stage"] / unit["key"] / name)
+            predict = MODELS[name].predictor(DATA / unit.stage / unit.key / name)
             probs[name] = {part: predict(df) for part, df in split.items()}
         wide = fit_wide(train, train["label"].map(index).to_numpy(), seed)
         probs["wide"] = {part: wide.predict_proba(df[["words", "text"]]) for part, df in split.items()}

@@ -33,6 +33,7 @@ from flows.tracking import Tracker
 from flows.workers import gpu_slot, train_deployment
 from tasks import augment as augment_stage
 from tasks import download as download_stage
+from tasks.core import DATASET_SAMPLE_ROWS
 from tasks.errors import ZhpipeError
 from tasks.io import iter_frames
 from tasks.urls import redact_text
@@ -145,8 +146,6 @@ def finish_run(run: RunContext, results: dict[str, StageResult], ok: bool) -> No
                            rows=pq.ParquetFile(path).metadata.num_rows)
     parent.finish(ok)
 
-
-DATASET_SAMPLE_ROWS = 10_000  # a split larger than this is recorded in MLflow by its schema and a digest of its head
 
 
 def _stage_task(stage: str, **options):

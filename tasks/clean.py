@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import Field
 
-from tasks.core import BuildContext, BuildOutput, Dataset, Section
+from tasks.core import DATASET_SAMPLE_ROWS, BuildContext, BuildOutput, Dataset, Section
 from tasks.errors import DataError
 from tasks.io import ROW_GROUP_ROWS, Chunk, PartWriter, Runner, iter_frames, plan, read_chunk, sorted_labels
 
@@ -141,7 +141,6 @@ def filter_rows(df: pd.DataFrame, params: Params) -> tuple[pd.DataFrame, pd.Data
 
 
 PARTITION_ROWS = 200_000  # rows per dedupe partition (id, digest, label): the most rows deduplicated at once
-SAMPLE_ROWS = 10_000  # rows of the cleaned corpus recorded as the MLflow dataset's sample
 
 
 def partition_count(rows: int) -> int:
@@ -215,8 +214,8 @@ def build(ctx: BuildContext) -> BuildOutput:
             if len(kept):
                 kept_out.write(kept)
                 labels.update(kept["label"].unique().tolist() if "label" in kept else [])
-                if sum(map(len, sample)) < SAMPLE_ROWS:
-                    sample.append(kept.head(SAMPLE_ROWS))
+                if sum(map(len, sample)) < DATASET_SAMPLE_ROWS:
+                    sample.append(kept.head(DATASET_SAMPLE_ROWS))
             if len(bad):
                 bad_out.write(bad)
                 counts.update(bad["reason"].tolist())
@@ -238,6 +237,6 @@ def build(ctx: BuildContext) -> BuildOutput:
         info={"labels": sorted_labels(labels) if labels else None},
         artifacts=["quarantine.parquet", "label_conflicts.csv"],
         tables={"quarantine_sample.json": pd.concat(bad_sample, ignore_index=True).head(1000).astype(str)} if bad_out.rows else {},
-        datasets=[Dataset(pd.concat(sample, ignore_index=True).head(SAMPLE_ROWS), str(ctx.out / "data.parquet"),
+        datasets=[Dataset(pd.concat(sample, ignore_index=True).head(DATASET_SAMPLE_ROWS), str(ctx.out / "data.parquet"),
                           f"{ctx.pipeline}-clean", "clean", rows=kept_out.rows)],
     )

@@ -40,10 +40,14 @@ class BuildContext:
     sink: MetricSink | None = None  # per-epoch curves while training
 
 
+# a file larger than this is recorded as an MLflow dataset by its schema and a digest of its head (this many rows)
+DATASET_SAMPLE_ROWS = 10_000
+
+
 @dataclass
 class Dataset:
     """A frame to record as a run's input (MLflow 'Datasets used'); when `rows` is more than the frame holds,
-    the frame is a sample (the head) of a larger file at `source`."""
+    the frame is a sample (the head, DATASET_SAMPLE_ROWS rows) of a larger file at `source`."""
 
     frame: pd.DataFrame
     source: str

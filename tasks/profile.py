@@ -56,11 +56,14 @@ def corpus_stats(frames: dict[str, pd.DataFrame], coverage: float) -> dict[str, 
     }
 
 
-def word_counts(texts: pd.Series) -> Counter:
-    """Counts of the words worth showing (no punctuation, no function words) in space-joined word strings:
-    tokens counted first, at C speed, then each distinct word checked once."""
-    counts = Counter(chain.from_iterable(t.split() for t in texts))
+def shown(counts: Counter) -> Counter:
+    """The counted words worth showing: no punctuation, no function words (each distinct word checked once)."""
     return Counter({w: n for w, n in counts.items() if w not in FUNCTION_WORDS and is_word(w)})
+
+
+def word_counts(texts: pd.Series) -> Counter:
+    """Counts of the words worth showing in space-joined word strings (tokens counted at C speed first)."""
+    return shown(Counter(chain.from_iterable(t.split() for t in texts)))
 
 
 ADJECTIVE_TAGS = ("a", "ad", "an")
@@ -88,9 +91,7 @@ def tagged_counts(pos: pd.Series) -> tuple[Counter, Counter]:
             words[word] += 1
             if flag in ADJECTIVE_TAGS:
                 adjectives[word] += 1
-    keep = {w for w in words if w not in FUNCTION_WORDS and is_word(w)}
-    return (Counter({w: n for w, n in words.items() if w in keep}),
-            Counter({w: n for w, n in adjectives.items() if w in keep}))
+    return shown(words), shown(adjectives)
 
 
 def plot_labels(frames: dict[str, pd.DataFrame], labels: list[str], path: Path) -> Path:

@@ -13,7 +13,7 @@ import pandas as pd
 from pydantic import Field
 
 from tasks.core import Section
-from tasks.models.base import ModelSpec
+from tasks.models.base import ModelSpec, TrainInputs
 
 if TYPE_CHECKING:  # annotations only: the heavy libraries are imported where they are used
     from sklearn.feature_extraction.text import TfidfVectorizer
@@ -108,8 +108,11 @@ def tfidf_predictor(folder: Path):
     return predict
 
 
-SPEC = ModelSpec("tfidf_lr", Params, lambda i: train_tfidf_lr(i.train, i.labels, i.section, i.params.seed, i.out), predictor=tfidf_predictor,
+def _train(i: TrainInputs) -> dict:
+    return train_tfidf_lr(i.train, i.labels, i.section, i.params.seed, i.out, i.name)
+
+
+SPEC = ModelSpec("tfidf_lr", Params, _train, predictor=tfidf_predictor,
                 about="TF-IDF over word 1-2-grams and character 1-3-grams, logistic regression: the baseline")
-WIDE = ModelSpec("tfidf_wide", WideParams, lambda i: train_tfidf_lr(i.train, i.labels, i.section, i.params.seed, i.out, "tfidf_wide"),
-                 predictor=tfidf_predictor,
+WIDE = ModelSpec("tfidf_wide", WideParams, _train, predictor=tfidf_predictor,
                  about="tfidf_lr over word 1-3-grams and character 1-5-grams, C=16: the strongest linear model here")
