@@ -416,15 +416,25 @@ def cmd_verify(args) -> int:
     return 1 if bad else 0
 
 
+def _source_paths(config) -> list:
+    """The local files and folders a pipeline reads its corpus from (gc never removes them)."""
+    from flows.runner import resolve_local
+
+    parts = [config.source, *config.source.given().values()]
+    return [p for p in (resolve_local(src.path) for src in parts if src.path) if p is not None]
+
+
 def cmd_gc(args) -> int:
     from flows.config import list_pipelines, load_pipeline
     from flows.maintenance import collect_garbage
     from flows.runner import plan_keys
 
     file = project.current().config_file
-    keep = {(stage, key) for name in list_pipelines(file) for stage, key in plan_keys(load_pipeline(name, file)).items()}
+    configs = [load_pipeline(name, file) for name in list_pipelines(file)]
+    keep = {(stage, key) for config in configs for stage, key in plan_keys(config).items()}
+    sources = tuple(path for config in configs for path in _source_paths(config))
     store = _store(args)
-    removed = collect_garbage(store, keep, dry_run=args.dry_run)
+    removed = collect_garbage(store, keep, dry_run=args.dry_run, protect=(project.current().root / "data" / "raw", *sources))
     for item in removed:
         print(f"{'would remove' if args.dry_run else 'removed'} {item['path']} ({item['mb']:.1f} MB, {item['why']})")
     total = sum(i["mb"] for i in removed)

@@ -2,22 +2,23 @@
 removes outputs that no pipeline references and what killed builds left behind."""
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
-from flows.store import MANIFEST, StageStore, _alive
+from flows.store import MANIFEST, Manifest, StageStore, _alive
 
 SHARED = {"_downloads", "_cache", ".remote"}  # shared by all keys: never collected
 
 
 def _outputs(store: StageStore):
     """(stage, key) of every finished output in the store's local folder."""
-    if not store.root.is_dir():
+    if store.root.is_symlink() or not store.root.is_dir():
         return
-    for stage_dir in sorted(p for p in store.root.iterdir() if p.is_dir() and p.name not in SHARED):
-        for out in sorted(p for p in stage_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
-            if (out / MANIFEST).is_file():
+    for stage_dir in _stage_folders(store.root):
+        for out in sorted(p for p in stage_dir.iterdir() if not p.name.startswith(".")):
+            if _is_output(stage_dir.name, out):
                 yield stage_dir.name, out.name
 
 
@@ -27,43 +28,84 @@ def verify_store(store: StageStore) -> list[dict[str, Any]]:
 
 
 def _size_mb(path: Path) -> float:
-    if path.is_file():
-        return path.stat().st_size / 2**20
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 2**20
+    if path.is_symlink() or path.is_file():
+        return path.lstat().st_size / 2**20
+    return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink()) / 2**20
+
+
+# what the store itself names: a unit folder (`train` or `train.textcnn`), a 16-hex key, and its dot-entries
+_UNIT = re.compile(r"[a-z][a-z0-9_]*(\.[a-z0-9_]+)?")
+_KEY = re.compile(r"[0-9a-f]{16}")
+_BUILD_LEFTOVER = re.compile(r"\.(tmp|old|get)-([0-9a-f]{16})-(\d+)")
+_KEYED_LEFTOVER = re.compile(r"\.(scratch|lock)-([0-9a-f]{16})")
+PROTECTED = {"raw"}  # the project's corpora: never a stage folder, whatever it holds
+
+
+def _is_output(stage: str, entry: Path) -> bool:
+    """Whether `entry` is an output the store published: a real folder named by a key whose manifest (a regular
+    file) names this stage and this key. Anything else under a stage folder is left alone."""
+    manifest = entry / MANIFEST
+    if not _KEY.fullmatch(entry.name) or entry.is_symlink() or not entry.is_dir():
+        return False
+    if manifest.is_symlink() or not manifest.is_file():
+        return False
+    try:
+        doc = Manifest.from_json(manifest.read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError):
+        return False
+    return doc.stage == stage and doc.key == entry.name
 
 
 def _leftover(name: str, keep_keys: set[str]) -> str | None:
-    """Why a dot-entry of a stage folder can go, or None to keep it."""
-    if name.startswith((".tmp-", ".old-", ".get-")):
-        pid = name.rsplit("-", 1)[-1]
-        if pid.isdigit() and _alive(int(pid)):
+    """Why a dot-entry of a stage folder can go, or None to keep it (also for names the store never makes)."""
+    build = _BUILD_LEFTOVER.fullmatch(name)
+    if build:
+        if _alive(int(build.group(3))):
             return None  # a build in progress
         return "left by a killed build"
-    for prefix, what in ((".scratch-", "checkpoints"), (".lock-", "lock")):
-        if name.startswith(prefix) and name.removeprefix(prefix) not in keep_keys:
-            return f"{what} of an output no pipeline uses"
+    keyed = _KEYED_LEFTOVER.fullmatch(name)
+    if keyed and keyed.group(2) not in keep_keys:
+        return f"{'checkpoints' if keyed.group(1) == 'scratch' else 'lock'} of an output no pipeline uses"
     return None
 
 
-def collect_garbage(store: StageStore, keep: set[tuple[str, str]], dry_run: bool = False) -> list[dict[str, Any]]:
-    """Remove (or with `dry_run` only list) outputs whose (stage, key) is not in `keep`, and leftovers."""
-    found = []
-    if not store.root.is_dir():
+def _stage_folders(root: Path):
+    """The store's stage folders under `root`: real folders (never a symlink) with a unit's name, not `raw`."""
+    for p in sorted(root.iterdir()):
+        if p.name in SHARED or p.name in PROTECTED or p.is_symlink() or not p.is_dir() or not _UNIT.fullmatch(p.name):
+            continue
+        yield p
+
+
+def collect_garbage(store: StageStore, keep: set[tuple[str, str]], dry_run: bool = False,
+                    protect: tuple[Path, ...] = ()) -> list[dict[str, Any]]:
+    """Remove (or with `dry_run` only list) what the store made and no pipeline uses: published outputs whose
+    (stage, key) is not in `keep`, and leftovers of killed builds. Nothing else is touched: no file or folder the
+    store did not name and publish, nothing through a symlink, nothing outside the store root, nothing under
+    `data/raw`, nothing that holds a path in `protect` (the pipelines' source files)."""
+    found: list[dict[str, Any]] = []
+    if store.root.is_symlink() or not store.root.is_dir():
         return found
+    root = store.root.resolve()
+    guarded = [p.resolve() for p in protect]
     keep_keys = {key for _, key in keep}
-    for stage_dir in sorted(p for p in store.root.iterdir() if p.is_dir() and p.name not in SHARED):
+    for stage_dir in _stage_folders(store.root):
         for entry in sorted(stage_dir.iterdir()):
             if entry.name.startswith("."):
                 why = _leftover(entry.name, keep_keys)
-            elif (stage_dir.name, entry.name) not in keep:
+            elif (stage_dir.name, entry.name) not in keep and _is_output(stage_dir.name, entry):
                 why = "not used by any pipeline in pipelines.yaml"
             else:
                 why = None
-            if why:
-                found.append({"path": str(entry), "mb": _size_mb(entry), "why": why})
-                if not dry_run:
-                    if entry.is_dir():
-                        shutil.rmtree(entry, ignore_errors=True)
-                    else:
-                        entry.unlink(missing_ok=True)
+            if not why:
+                continue
+            real = entry.parent.resolve() / entry.name
+            if not real.is_relative_to(root) or any(g == real or g.is_relative_to(real) for g in guarded):
+                continue
+            found.append({"path": str(entry), "mb": _size_mb(entry), "why": why})
+            if not dry_run:
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
     return found

@@ -74,10 +74,10 @@ def test_verify_and_gc_commands(store, monkeypatch, capsys):
     (clean / "quarantine.parquet").write_bytes(b"x")
     bad = zhpipe("verify")
     assert bad.returncode == 1 and f"clean/{clean.name}: quarantine.parquet: 1 bytes, manifest says" in bad.stdout
-    (store / "split" / ".tmp-deadbeef-999999999").mkdir()  # left by a killed build
+    (store / "split" / ".tmp-0123456789abcdef-999999999").mkdir()  # left by a killed build
     dry = zhpipe("gc", "--dry-run")
-    assert dry.returncode == 0 and "would remove" in dry.stdout and ".tmp-deadbeef-999999999" in dry.stdout
+    assert dry.returncode == 0 and "would remove" in dry.stdout and ".tmp-0123456789abcdef-999999999" in dry.stdout
     assert len(list((store / "split").glob("[!.]*"))) == 2
     done = zhpipe("gc")
     assert done.returncode == 0 and "freed" in done.stdout
-    assert len(list((store / "split").glob("[!.]*"))) == 1 and not (store / "split" / ".tmp-deadbeef-999999999").exists()
+    assert len(list((store / "split").glob("[!.]*"))) == 1 and not (store / "split" / ".tmp-0123456789abcdef-999999999").exists()
