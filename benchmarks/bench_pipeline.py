@@ -33,8 +33,9 @@ from rich.table import Table  # noqa: E402
 from flows import project  # noqa: E402
 
 project.activate(project.Project(ROOT))  # Prefect's home and start-up timeout, before Prefect is imported
-from flows.config import STAGE_MODULES, load_pipeline  # noqa: E402
-from flows.runner import STAGES  # noqa: E402
+from flows.config import load_pipeline  # noqa: E402
+from flows.runner import StoreServices  # noqa: E402
+from flows.store import StageStore  # noqa: E402
 from tasks.core import BuildContext  # noqa: E402
 from tasks.segment import Params as SegmentConfig  # noqa: E402
 
@@ -77,18 +78,14 @@ def direct_run(config, root: Path) -> float:
     """The stage build functions in flow order, no Prefect, no MLflow, no store; returns seconds."""
     outputs, infos = {}, {}
     t0 = time.perf_counter()
-    for stage, deps in STAGES.items():
+    services = StoreServices(config, StageStore(root / "store"))
+    for spec in config.kind.stages.values():
+        stage, deps = spec.name, spec.needs
         out = root / stage
         out.mkdir(parents=True)
         ctx = BuildContext({d: outputs[d] for d in deps}, {d: infos[d] for d in deps}, out, getattr(config.stages, stage),
-                           root / f"{stage}-scratch", config.name, ROOT)
-        module = STAGE_MODULES[stage]
-        if stage == "download":
-            result = module.build(ctx, config.source, lambda url: root / "_downloads")
-        elif stage == "augment":
-            result = module.build(ctx, config.stages.segment.segmenter(), root / "_cache" / "translations.sqlite")
-        else:
-            result = module.build(ctx)
+                           root / f"{stage}-scratch", config.name, ROOT, stages=config.stages, source=config.source, store=services)
+        result = spec.module.build(ctx)
         outputs[stage], infos[stage] = out, result.info
     return time.perf_counter() - t0
 

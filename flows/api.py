@@ -22,10 +22,6 @@ import pandas as pd
 from flows import project as _project
 from tasks.errors import ZhpipeError
 
-# what `load` reads from each stage's output folder
-_FRAMES = {"download": "data.parquet", "clean": "data.parquet", "augment": "train.parquet"}
-_SPLIT_STAGES = ("split", "segment")
-
 
 def _activate(project: str | Path | None) -> _project.Project:
     if project is not None or _project._CURRENT is None:
@@ -69,30 +65,41 @@ def output(pipeline: str, stage: str, overrides: list[str] | None = None, projec
 
 
 def load(pipeline: str, stage: str, split: str = "train", overrides: list[str] | None = None,
-         project: str | Path | None = None, storage: str | None = None) -> Any:
-    """A stage's output as Python objects: a DataFrame (download, clean, augment; split and segment give
-    `split`'s rows), gensim KeyedVectors (embed: Word2Vec), a dict of vocabularies (vocab), the model
-    summaries (train) or the comparison table (evaluate), the statistics (profile)."""
-    import json
-
+         project: str | Path | None = None, storage: str | None = None, name: str | None = None) -> Any:
+    """A stage's output as Python objects, read by the kind of the output its stage declares (tasks/stages.py):
+    a DataFrame (download, clean, augment; split and segment give `split`'s rows), gensim KeyedVectors (embed),
+    a dict of vocabularies (vocab), the model summaries (train), the comparison table (evaluate), the
+    statistics (profile). `name` picks another declared output of the stage (e.g. "fasttext.bin")."""
     folder = output(pipeline, stage, overrides, project, storage)
-    if stage in _FRAMES:
-        return pd.read_parquet(folder / _FRAMES[stage])
-    if stage in _SPLIT_STAGES:
-        return pd.read_parquet(folder / f"{split}.parquet")
-    if stage == "embed":
-        from tasks.vectors import load_word2vec
-
-        return load_word2vec(folder)
-    if stage == "vocab":
+    outputs = config(pipeline, overrides, project).kind.stages[stage].outputs
+    if name is not None:
+        outputs = tuple(o for o in outputs if o.path == name)
+        if not outputs:
+            declared = ", ".join(o.path for o in config(pipeline, overrides, project).kind.stages[stage].outputs)
+            raise ZhpipeError(f"stage '{stage}' declares no output {name!r} (its outputs: {declared})")
+    first = outputs[0]
+    if first.kind == "vocab":  # every vocabulary the stage writes, by its folder
         from tasks.io import read_vocab
 
-        return {kind: read_vocab(folder / kind / "vocab.txt") for kind in ("words", "chars")}
-    if stage == "train":
-        return json.loads((folder / "models.json").read_text(encoding="utf-8"))
-    if stage == "evaluate":
-        return pd.read_csv(folder / "comparison.csv")
-    return json.loads((folder / "stats.json").read_text(encoding="utf-8"))  # profile
+        return {Path(o.path).parent.name: read_vocab(folder / o.path) for o in outputs if o.kind == "vocab"}
+    return read_output(folder, first.path.format(split=split), first.kind)
+
+
+def read_output(folder: Path, path: str, kind: str) -> Any:
+    """One declared output file as Python objects, by its kind."""
+    import json
+
+    if kind in ("frame", "splits"):
+        return pd.read_parquet(folder / path)
+    if kind == "csv":
+        return pd.read_csv(folder / path)
+    if kind == "json":
+        return json.loads((folder / path).read_text(encoding="utf-8"))
+    if kind == "vectors":
+        from gensim.models import KeyedVectors
+
+        return KeyedVectors.load_word2vec_format(str(folder / path), binary=not path.endswith(".vec"))
+    raise ZhpipeError(f"{folder / path}: no reader for outputs of kind {kind!r}")
 
 
 def load_model(pipeline: str, model: str, overrides: list[str] | None = None, project: str | Path | None = None,

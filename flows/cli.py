@@ -11,21 +11,7 @@ from pathlib import Path
 
 from flows import project
 from tasks.errors import ZhpipeError
-
-# the stages in run order (flows.runner.STAGES has their inputs); here so that parsing imports nothing heavy
-STAGE_NAMES = ("download", "clean", "split", "segment", "profile", "augment", "vocab", "embed", "train", "evaluate")
-STAGE_HELP = {
-    "download": "find or fetch the corpus (path, file:// or http(s):// URL), verify sha256, read it",
-    "clean": "NFKC, strip HTML/URLs/control chars, optional t2s; quarantine empty/short/long/duplicate rows",
-    "split": "stratified, seeded train/validation/test split",
-    "segment": "jieba words (+POS) and characters, in parallel processes or on Dask",
-    "profile": "labels per split, lengths per label, top words/adjectives, word clouds, report.html (CJK font)",
-    "augment": "grow the train split with a registered augmenter (eda, backtranslation, none)",
-    "vocab": "word and character vocab.txt (BERT-style specials) + frequency tables; validation OOV rate",
-    "embed": "gensim Word2Vec and fastText subword vectors; neighbours of probe words, PCA picture, projector export",
-    "train": "the models in train.models (the registry in tasks/models), checkpointed per epoch, early stopping",
-    "evaluate": "test metrics, confusion matrices, PR curves, worst mistakes, comparison table; registers the best",
-}
+from tasks.stages import KINDS, STAGE_NAMES  # the stage graph, declared once; it imports nothing heavy
 
 
 def _version() -> str:
@@ -443,10 +429,11 @@ def cmd_gc(args) -> int:
 
 
 def cmd_stages(args) -> int:
-    from flows.runner import STAGES
-
-    for stage, deps in STAGES.items():
-        print(f"{stage:<9} <- {', '.join(deps) or 'source':<28} {STAGE_HELP[stage]}")
+    for kind in KINDS.values():
+        print(f"task {kind.name} ({kind.about}):")
+        for stage in kind.stages.values():
+            units = " (a unit per model)" if stage.per_model else ""
+            print(f"  {stage.name:<9} <- {', '.join(stage.needs) or 'source':<30} {stage.help}{units}")
     return 0
 
 
@@ -454,7 +441,7 @@ def cmd_models(args) -> int:
     from tasks.models import MODELS
 
     for name, spec in MODELS.items():
-        kind = "language model" if spec.is_language_model else "tagger (ner)" if spec.task == "ner" else "classifier"
+        kind = "language model" if spec.is_language_model else f"{KINDS[spec.task].flavour} ({spec.task})"
         print(f"{name:<14} {kind:<15} {spec.about}")
     return 0
 

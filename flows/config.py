@@ -11,41 +11,15 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError, create_model, model_validator
 
-from tasks import (
-    augment,
-    clean,
-    download,
-    embed,
-    evaluate,
-    profile,
-    segment,
-    split,
-    train,
-    vocab,
-)
+from tasks import download
 from tasks.core import Section
 from tasks.errors import ConfigError
 from tasks.models import MODELS
+from tasks.stages import KINDS, STAGE_NAMES, TaskKind
 from tasks.urls import conceal
 
 DEFAULT_PIPELINE = "chnsenticorp"
-# every stage's module, in run order; its `Params` is the stage's config section
-STAGE_MODULES = {"download": download, "clean": clean, "split": split, "segment": segment, "profile": profile,
-                 "augment": augment, "vocab": vocab, "embed": embed, "train": train, "evaluate": evaluate}
-STAGE_NAMES = tuple(STAGE_MODULES)
-TASKS = ("classification", "ner")
-# task ner: the stages that differ (tasks/ner/); the others, and every config section, are shared
-NER_STAGES = ("download", "clean", "split", "profile", "augment", "vocab", "embed", "train", "evaluate")
-NER_MODELS = ["crf", "bilstm_crf", "lexicon_tagger", "ner_ensemble"]  # train.models of a ner pipeline that names none
-
-
-def stage_module(task: str, stage: str):
-    """The module whose `build` computes a stage for a task (its code and `LIBRARIES`/`FILES` are in the key)."""
-    if task == "ner" and stage in NER_STAGES:
-        import importlib
-
-        return importlib.import_module(f"tasks.ner.{stage}")
-    return STAGE_MODULES[stage]
+TASKS = tuple(KINDS)
 
 
 _CRON_FIELDS = ((0, 59, {}), (0, 23, {}), (1, 31, {}),
@@ -122,9 +96,9 @@ class PipelineConfig(Section):
 
     name: str
     description: str = ""
-    task: Literal[TASKS] = "classification"  # ner: sequence labelling (tagged corpora, taggers, entity F1)
+    task: str = "classification"  # a kind of tasks/stages.py: ner is sequence labelling (tagged corpora, taggers, entity F1)
     source: download.Source
-    stages: Any = None  # the stages' sections (see pipeline_model)
+    stages: Any = None  # the stages' sections of its task kind (see pipeline_model)
     # deployment (`zhpipe deploy`, `zhpipe serve`) and execution; none of these is part of a stage key
     schedule: ScheduleConfig | None = None
     parameters: RunParameters = RunParameters()
@@ -136,6 +110,11 @@ class PipelineConfig(Section):
     # `zhpipe tune` search spaces per model: {setting: {low, high, log?, step?} or {choices: [...]}}; a model
     # without one gets flows/tune.py's default
     tune: dict[str, dict[str, dict[str, Any]]] = {}
+
+    @property
+    def kind(self) -> TaskKind:
+        """Its task kind's declaration (tasks/stages.py): stage table, selection metric, model flavour."""
+        return KINDS[self.task]
 
     def config_hash(self) -> str:
         """Short hash of the resolved config, tagged on every MLflow parent run."""
@@ -172,58 +151,56 @@ def _check_transformer_heads(stages) -> None:
 class _Stages(Section):
     @model_validator(mode="after")
     def _cross_checks(self):
-        if "transformer" in MODELS:
+        if "train" in type(self).model_fields and "transformer" in type(self.train).model_fields:
             _check_transformer_heads(self)
         return self
 
 
 def _check_task(config: PipelineConfig) -> PipelineConfig:
-    """What a task needs of the stages: a ner pipeline's models are taggers (the three of them when it names
-    none) and its augment method is none (rewriting text would shift the tags); a classification pipeline's
-    are not taggers and its source has no given splits."""
-    stages = config.stages
-    if config.task == "ner":
-        if "models" not in stages.train.model_fields_set:
-            stages.train.models = list(NER_MODELS)
-        if "method" not in stages.augment.model_fields_set:
-            stages.augment.method = "none"
-        if stages.augment.method != "none":
-            raise ValueError(f"augment.method {stages.augment.method!r} rewrites text and would shift entity tags; task ner takes none")
-    elif config.source.splits:
-        raise ValueError("source.splits (given validation/test files) is for task ner; a classification corpus is split by the split stage")
+    """What a task kind needs of the stages (its own `check`, its default models); every kind's models are
+    its own and an ensemble's members are trained in the same run."""
+    stages, kind = config.stages, config.kind
+    if "train" not in kind.stages:
+        if kind.check:
+            kind.check(config)
+        return config
+    if kind.default_models and "models" not in stages.train.model_fields_set:
+        stages.train.models = list(kind.default_models)
+    if kind.check:
+        kind.check(config)
+    wrong = [m for m in stages.train.models if MODELS[m].task != config.task]
+    if wrong:
+        fits = ", ".join(n for n, spec in MODELS.items() if spec.task == config.task)
+        raise ValueError(f"train.models: {wrong[0]} is a {MODELS[wrong[0]].task} model; task {config.task} takes {fits}")
     for name in stages.train.models:
         spec = MODELS[name]
         missing = [m for m in (spec.members(getattr(stages.train, name)) if spec.members else []) if m not in stages.train.models]
         if missing:
             raise ValueError(f"train.{name}.members: {', '.join(missing)} not in train.models (an ensemble is built from models trained in the same run)")
-    wrong = [m for m in stages.train.models if MODELS[m].task != config.task]
-    if wrong:
-        fits = ", ".join(n for n, spec in MODELS.items() if spec.task == config.task)
-        raise ValueError(f"train.models: {wrong[0]} is a {MODELS[wrong[0]].task} model; task {config.task} takes {fits}")
     return config
 
 
-def pipeline_model() -> type[PipelineConfig]:
-    """The PipelineConfig class for the registered models (a model added to the registry gets its section)."""
-    return _pipeline_model(tuple(MODELS.items()))
+def pipeline_model(task: str = "classification") -> type[PipelineConfig]:
+    """The PipelineConfig class of one task kind: a section per stage of its table (each stage's `Params`),
+    for the registered models of that kind (a model added to the registry gets its section)."""
+    return _pipeline_model(task, tuple(MODELS.items()), tuple(KINDS[task].stages.values()))
 
 
-@lru_cache(maxsize=8)
-def _pipeline_model(entries: tuple) -> type[PipelineConfig]:
-    sections = {name: (module.Params, Field(default_factory=module.Params)) for name, module in STAGE_MODULES.items()
-                if name != "train"}
-    sections["train"] = (train.params_model(), Field(default_factory=train.params_model()))
-    stages = create_model("StagesConfig", __base__=_Stages, **sections)
-    return create_model("PipelineConfig", __base__=PipelineConfig, stages=(stages, Field(default_factory=stages)),
+@lru_cache(maxsize=16)
+def _pipeline_model(task: str, models: tuple, stage_table: tuple) -> type[PipelineConfig]:
+    sections = {stage.name: (stage.params, Field(default_factory=stage.params)) for stage in stage_table}
+    stages = create_model(f"StagesConfig_{task}", __base__=_Stages, **sections)
+    return create_model("PipelineConfig", __base__=PipelineConfig, task=(Literal[task], task),
+                        stages=(stages, Field(default_factory=stages)),
                         __validators__={"_task": model_validator(mode="after")(_check_task)})
 
 
-def _describe(err: ValidationError, where: str) -> str:
+def _describe(err: ValidationError, where: str, model: type[BaseModel]) -> str:
     """One line per pydantic error: the dotted key, what is wrong and, for unknown keys, what is allowed."""
     first = err.errors()[0]
     loc = ".".join(str(p) for p in first["loc"])
     if first["type"] == "extra_forbidden":
-        parent = _model_at(pipeline_model(), first["loc"][:-1])
+        parent = _model_at(model, first["loc"][:-1])
         allowed = ", ".join(parent.model_fields) if parent else "?"
         return f"{where}: unknown key '{loc}' (allowed keys: {allowed})"
     if first["type"] == "missing":
@@ -314,10 +291,14 @@ def load_pipeline(
     for assignment in overrides:
         _apply_set(raw, assignment)
     raw = _conceal_urls(raw)
+    task = raw.get("task", "classification")
+    if not isinstance(task, str) or task not in KINDS:
+        raise ConfigError(f"{config_file} pipeline '{name}': 'task': unknown task kind {task!r} (expected one of {', '.join(KINDS)})")
+    model = pipeline_model(task)
     try:
-        return pipeline_model().model_validate(raw)
+        return model.model_validate(raw)
     except ValidationError as e:
-        raise ConfigError(_describe(e, f"{config_file} pipeline '{name}'")) from e
+        raise ConfigError(_describe(e, f"{config_file} pipeline '{name}'", model)) from e
 
 
 def list_pipelines(config_file: Path | str) -> dict[str, str]:

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from flows.config import stage_module
 from flows.registry import register_best
 from flows.runner import RunContext, StageResult, members_of, model_units
 from flows.tracking import Tracker, client
@@ -29,7 +28,7 @@ def train_models(run: RunContext, augment: StageResult, segment: StageResult, vo
     for unit in model_units(run.config, "train"):
         name = unit.partition(".")[2]
         units[unit] = train_unit(run, name, {"augment": augment, "segment": segment, "vocab": vocab, "embed": embed}, units)
-    result = run.run("train", units, stage_module(run.config.task, "train").build)
+    result = run.run("train", units, run.config.kind.stages["train"].module.build)
     result.parts = units
     return result
 
@@ -40,7 +39,7 @@ def train_unit(run: RunContext, name: str, upstream: dict[str, StageResult], bui
     takes its members from `built`."""
     inputs = {k: v for k, v in upstream.items() if k != "embed" or MODELS[name].uses_vectors}
     inputs |= {f"train.{m}": (built or {})[f"train.{m}"] for m in members_of(run.config, name)}
-    build = stage_module(run.config.task, "train").build_model
+    build = run.config.kind.stages["train"].module.build_model
     result = run.run(f"train.{name}", inputs, lambda ctx: build(ctx, name), run_name=name, tags={"zhpipe.model": name}, tracker=tracker)
     _track_training(run, result, name)
     return result
@@ -73,18 +72,14 @@ def _track_training(run: RunContext, result: StageResult, name: str) -> None:
 def _log_classifier(run: RunContext, run_id: str, name: str, folder: Path, labels: list[str]) -> str:
     """A classifier (or tagger) as an MLflow model that takes raw text (models from code, weights in safe
     formats), cleaned and segmented as this pipeline does; returns its URI."""
-    from flows.serving import log_classifier, log_tagger  # MLflow's pyfunc machinery: only when a model is logged
+    from flows.serving import FLAVOURS  # MLflow's pyfunc machinery: only when a model is logged
 
-    if run.config.task == "ner":
-        return log_tagger(run_id, name, folder, labels, run.config.stages.clean.model_dump(mode="json"),
-                          run.config.predict.model_dump()).model_uri
-    return log_classifier(run_id, name, folder, labels, run.config.stages.clean.model_dump(mode="json"),
-                          run.config.stages.segment.segmenter().model_dump(mode="json"), run.config.predict.model_dump()).model_uri
+    return FLAVOURS[run.config.kind.flavour](run_id, name, folder, labels, run.config).model_uri
 
 
 def evaluate_models(run: RunContext, train: StageResult, segment: StageResult) -> StageResult:
     """Every model's evaluate unit (scored into its model run), then the evaluate stage that compares them."""
-    evaluate_stage = stage_module(run.config.task, "evaluate")
+    evaluate_stage = run.config.kind.stages["evaluate"].module
     units = {}
     for unit in model_units(run.config, "evaluate"):
         name = unit.partition(".")[2]
@@ -106,7 +101,7 @@ def register(run: RunContext, evaluation: StageResult, segment: StageResult, mod
     """Register the best classifier (a pyfunc that takes raw text) and apply the champion rule; the parent
     run's tags say what happened and why."""
     best = evaluation.info["best_model"]
-    metric = "f1" if run.config.task == "ner" else run.config.stages.evaluate.metric
+    metric = run.config.kind.metric(run.config)
     uri = client().get_run(model_runs[best]).data.tags.get("zhpipe.model_uri")
     if not uri:  # trained elsewhere and never logged as a classifier here: log it now
         uri = _log_classifier(run, model_runs[best], best, model_dir(run, best), evaluation.info["labels"])

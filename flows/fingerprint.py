@@ -37,7 +37,10 @@ def _source_file(module: str) -> Path | None:
     for candidate in (base.with_suffix(".py"), base / "__init__.py"):
         if candidate.is_file():
             return candidate
-    return None
+    import sys  # a stage or model module from outside the project (a plug-in), once it is imported
+
+    loaded = getattr(sys.modules.get(module), "__file__", None)
+    return Path(loaded) if loaded and loaded.endswith(".py") else None
 
 
 @lru_cache(maxsize=None)

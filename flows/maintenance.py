@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from flows.store import MANIFEST, Manifest, StageStore, _alive
+from flows.store import MANIFEST, Manifest, StageStore, alive
 
 SHARED = {"_downloads", "_cache", ".remote"}  # shared by all keys: never collected
 
@@ -60,7 +60,7 @@ def _leftover(name: str, keep_keys: set[str]) -> str | None:
     """Why a dot-entry of a stage folder can go, or None to keep it (also for names the store never makes)."""
     build = _BUILD_LEFTOVER.fullmatch(name)
     if build:
-        if _alive(int(build.group(3))):
+        if alive(int(build.group(3))):
             return None  # a build in progress
         return "left by a killed build"
     keyed = _KEYED_LEFTOVER.fullmatch(name)

@@ -1,4 +1,5 @@
-"""The pipeline flow: download -> clean -> split -> segment -> augment -> vocab -> embed -> train -> evaluate."""
+"""The pipeline flow: a pipeline's stages in the graph order of its task kind (tasks/stages.py), each a Prefect
+task that reuses its cached output or builds it."""
 from __future__ import annotations
 
 import logging
@@ -16,42 +17,25 @@ from prefect.cache_policies import NO_CACHE
 
 from flows import project
 from flows.chunks import shutdown as shutdown_cluster
-from flows.config import DEFAULT_PIPELINE, STAGE_MODULES, PipelineConfig, load_pipeline, stage_module
+from flows.config import DEFAULT_PIPELINE, PipelineConfig, load_pipeline
 from flows.evaluation import evaluate_models, register, train_models
 from flows.guard import check_run
-from flows.runner import (
-    STAGES,
-    RunContext,
-    StageResult,
-    artifact_key,
-    plan,
-    server_validators,
-    source_fingerprint,
-)
+from flows.runner import RunContext, StageResult, artifact_key, plan, source_fingerprint
 from flows.store import StageStore, stage_key, storage_root
 from flows.tracking import Tracker
 from flows.workers import gpu_slot, train_deployment
-from tasks import augment as augment_stage
-from tasks import download as download_stage
 from tasks.core import DATASET_SAMPLE_ROWS
 from tasks.errors import ZhpipeError
 from tasks.io import iter_frames
+from tasks.stages import CLASSIFICATION_STAGES, STAGE_NAMES
 from tasks.urls import redact_text
 
 log = logging.getLogger("zhpipe")
-# the one number per stage that the run summary shows
-HEADLINE = {
-    "download": "rows_raw", "clean": "rows_dropped", "split": "rows_test", "segment": "train_mean_words", "profile": "suggested_max_len_words",
-    "augment": "rows_added", "vocab": "words_validation_oov_rate", "embed": "word2vec_vocab",
-    "train": "textcnn_val_macro_f1", "evaluate": "best_test_accuracy",
-}
-NER_HEADLINE = {**HEADLINE, "split": "rows_test", "profile": "entities", "vocab": "lexicon_size", "embed": "chars_vectors",
-                "train": "lexicon_tagger_val_f1", "evaluate": "best_test_f1"}
 
 
 def select_stages(start: str | None = None, stop: str | None = None, only: str | None = None) -> list[str]:
     """Stages to run for --from/--to/--only, in order."""
-    names = list(STAGES)
+    names = list(STAGE_NAMES)
     if only:
         return [only]
     lo = names.index(start) if start else 0
@@ -59,11 +43,12 @@ def select_stages(start: str | None = None, stop: str | None = None, only: str |
     return names[lo : hi + 1]
 
 
-def forced_stages(force: list[str] | None) -> set[str]:
-    """--force STAGE rebuilds that stage and every stage after it; a bare --force rebuilds all."""
+def forced_stages(force: list[str] | None, order: tuple[str, ...] = STAGE_NAMES) -> set[str]:
+    """--force STAGE rebuilds that stage and every stage after it (in `order`, the kind's graph order); a bare
+    --force rebuilds all."""
     if force is None:
         return set()
-    names = list(STAGES)
+    names = list(order)
     if not force:
         return set(names)
     first = min(names.index(s) for s in force)
@@ -132,8 +117,7 @@ def finish_run(run: RunContext, results: dict[str, StageResult], ok: bool) -> No
     if evaluation is not None:
         best = evaluation.info["best_model"]
         result = evaluation.info["results"][best]
-        names = ("test_f1", "test_precision", "test_recall") if run.config.task == "ner" else ("test_accuracy", "test_macro_f1")
-        parent.metrics({f"best_{name}": result[name] for name in names})
+        parent.metrics({f"best_{name}": result[name] for name in run.config.kind.reported})
         parent.tags({"zhpipe.best_model": best})
     parent.metrics({"stages_hit": sum(r.cache == "hit" for r in results.values()),
                     "stages_miss": sum(r.cache == "miss" for r in results.values())})
@@ -141,7 +125,7 @@ def finish_run(run: RunContext, results: dict[str, StageResult], ok: bool) -> No
     if split is not None:  # the Dataset column: the splits this run trained, validated and tested on
         for name, context in (("train", "training"), ("validation", "validation"), ("test", "testing")):
             path = split.path / f"{name}.parquet"
-            frame = next(iter_frames(path, DATASET_SAMPLE_ROWS, columns=["id", "text"] + (["label"] if run.config.task != "ner" else [])))
+            frame = next(iter_frames(path, DATASET_SAMPLE_ROWS, columns=["id", "text"] + (["label"] if run.config.kind.labelled else [])))
             parent.dataset(frame.head(DATASET_SAMPLE_ROWS), source=str(path), name=f"{run.config.name}-{name}", context=context,
                            rows=pq.ParquetFile(path).metadata.num_rows)
     parent.finish(ok)
@@ -149,33 +133,26 @@ def finish_run(run: RunContext, results: dict[str, StageResult], ok: bool) -> No
 
 
 def _stage_task(stage: str, **options):
-    """The Prefect task of one stage: reuse its output when cached, else build it with the stage module's
-    `build`; tracked in MLflow either way."""
+    """The Prefect task of one stage: reuse its output when cached, else build it with its module's `build`
+    (the pipeline's task kind says which module); tracked in MLflow either way."""
 
     def run_stage(run: RunContext, *inputs: StageResult) -> StageResult:
-        return run.run(stage, dict(zip(STAGES[stage], inputs)), _builder(run, stage))
+        spec = run.config.kind.stages[stage]
+        return run.run(stage, dict(zip(spec.needs, inputs)), spec.module.build)
 
-    run_stage.__doc__ = (STAGE_MODULES[stage].__doc__ or "").splitlines()[0]
+    run_stage.__doc__ = (CLASSIFICATION_STAGES[stage].help if stage in CLASSIFICATION_STAGES else f"stage {stage}")
     return task(name=stage, cache_policy=NO_CACHE, **options)(run_stage)
 
 
-def _builder(run: RunContext, stage: str):
-    """The stage's `build`, given what it needs besides its context (the source, the store's folders)."""
-    module = stage_module(run.config.task, stage)
-    if stage == "download":
-        def expect(src):
-            return server_validators(run.config, src) if src.allow_unverified and not src.sha256 else None
-
-        if run.config.task == "ner":
-            return lambda ctx: module.build(ctx, run.config.source, run.store.downloads, expect)
-        return lambda ctx: download_stage.build(ctx, run.config.source, run.store.downloads, expect(run.config.source))
-    if stage == "augment" and run.config.task != "ner":
-        return lambda ctx: augment_stage.build(ctx, run.config.stages.segment.segmenter(), run.store.cache_file("translations.sqlite"))
-    return module.build
-
-
 # the download retries network errors and checksum mismatches itself, within its deadline
-STAGE_TASKS = {stage: _stage_task(stage) for stage in STAGES}
+STAGE_TASKS = {name: _stage_task(name) for name, spec in CLASSIFICATION_STAGES.items() if not spec.per_model}
+
+
+def stage_task(name: str):
+    """The Prefect task of a stage by name (a stage of a kind declared after import gets one on first use)."""
+    if name not in STAGE_TASKS:
+        STAGE_TASKS[name] = _stage_task(name)
+    return STAGE_TASKS[name]
 
 
 @task(name="train", cache_policy=NO_CACHE)
@@ -197,7 +174,7 @@ def evaluate(run: RunContext, train: StageResult, segment: StageResult) -> Stage
     return result
 
 
-STAGE_TASKS["train"] = train
+STAGE_TASKS["train"] = train  # the stages with a unit per model
 STAGE_TASKS["evaluate"] = evaluate
 
 
@@ -227,35 +204,26 @@ def pipeline_flow(
     if project_dir:
         project.activate(project.Project(Path(project_dir)))
     config = pipeline if isinstance(pipeline, PipelineConfig) else _config(pipeline, overrides, source, config_file)
-    stages = stages or list(STAGES)
-    run = start_run(config, forced_stages(force), storage_root(config, storage), chunk_executor(config, dask), verify, overrides)
-    needed = set(stages) | {d for s in stages for d in STAGES[s]}
+    stages = stages or list(config.kind.stages)
+    run = start_run(config, forced_stages(force, tuple(config.kind.stages)), storage_root(config, storage), chunk_executor(config, dask), verify, overrides)
+    needed = set(stages) | {d for s in stages for d in config.kind.stages[s].needs}
     results: dict[str, StageResult] = {}
 
     def step(name, *inputs):
         if name in stages:
-            results[name] = STAGE_TASKS[name](run, *inputs)
+            results[name] = stage_task(name)(run, *inputs)
         elif name in needed:
             results[name] = run.reuse(name)
         return results.get(name)
 
     ok = False
     try:
-        d = step("download")
-        c = step("clean", d)
-        s = step("split", c)
-        seg = step("segment", s)
-        step("profile", seg)
-        a = step("augment", seg)
-        v = step("vocab", a, seg)
-        e = step("embed", a)
-        pool = config.stages.train.work_pool
-        routed = pool and "train" in stages and ("train" in run.force or not run.store.is_done("train", run.keys["train"]))
-        if routed:  # train on another work pool's worker (GPU), into the same store and MLflow parent run
-            results["train"] = t = train_remote(run, pool, overrides, source, config_file)
-        else:
-            t = step("train", a, seg, v, e)
-        step("evaluate", t, seg)
+        for spec in config.kind.stages.values():  # graph order
+            inputs = [results.get(d) for d in spec.needs]
+            if spec.name == "train" and _routed(run, stages):  # train on another work pool's worker (GPU)
+                results["train"] = train_remote(run, config.stages.train.work_pool, overrides, source, config_file)
+            else:
+                step(spec.name, *inputs)
         ok = True
     finally:
         shutdown_cluster()
@@ -263,9 +231,17 @@ def pipeline_flow(
     return {
         "parent_run_id": run.parent_run_id,
         "experiment": run.experiment,
-        "stages": [{k: v for k, v in asdict(results[name]).items() if k != "parts"} | {"headline": (NER_HEADLINE if config.task == "ner" else HEADLINE)[name]} for name in stages],
+        "stages": [{k: v for k, v in asdict(results[name]).items() if k != "parts"} | {"headline": config.kind.stages[name].headline}
+                   for name in stages],
         "units": [{k: v for k, v in asdict(unit).items() if k != "parts"} for name in stages for unit in results[name].parts.values()],
     }
+
+
+def _routed(run: RunContext, stages: list[str]) -> bool:
+    """Whether this run's train stage goes to the pipeline's train work pool (into the same store and MLflow
+    parent run): when a pool is set and the stage is to be built."""
+    pool = run.config.stages.train.work_pool
+    return bool(pool) and "train" in stages and ("train" in run.force or not run.store.is_done("train", run.keys["train"]))
 
 
 def _config(name: str, overrides: list[str] | None, source: dict[str, Any] | None, config_file: str | None) -> PipelineConfig:
@@ -327,7 +303,7 @@ def train_flow(
     causes = plan(config)
     run = RunContext(config, StageStore(storage_root(config, storage)), {s: stage_key(c) for s, c in causes.items()}, f"zhpipe-{config.name}",
                      parent_run_id, {"train"} if force else set(), causes=causes)
-    inputs = [run.reuse(name) for name in STAGES["train"]]
+    inputs = [run.reuse(name) for name in config.kind.stages["train"].needs]
     with gpu_slot():
         result = STAGE_TASKS["train"](run, *inputs)
     return {k: v for k, v in asdict(result).items() if k != "path"}

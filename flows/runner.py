@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from flows import project
 from flows.chunks import runner_for
-from flows.config import PipelineConfig, flatten, stage_module
+from flows.config import PipelineConfig, flatten
 from flows.fingerprint import code_fingerprint, file_fingerprints, library_versions
 from flows.store import Manifest, StageStore, file_sha256, stage_key
 from flows.tracking import Tracker, experiment_id
@@ -22,27 +22,14 @@ from tasks.io import resolve_path
 from tasks.models import MODELS
 from tasks.urls import redact
 
-# The pipeline's stages in run order, each with the stages whose outputs it reads.
-STAGES: dict[str, tuple[str, ...]] = {
-    "download": (),
-    "clean": ("download",),
-    "split": ("clean",),
-    "segment": ("split",),
-    "profile": ("segment",),
-    "augment": ("segment",),
-    "vocab": ("augment", "segment"),
-    "embed": ("augment",),
-    "train": ("augment", "segment", "vocab", "embed"),
-    "evaluate": ("train", "segment"),
-}
-
 log = logging.getLogger("zhpipe")
 
 
 def stage_params(config: PipelineConfig, stage: str) -> dict[str, Any]:
-    """The resolved parameters that define one stage's output (the download stage's include the source)."""
+    """The resolved parameters that define one stage's output (a stage that reads the source, needing no other
+    stage, includes the source)."""
     params = getattr(config.stages, stage).model_dump(mode="json")
-    if stage == "download":
+    if not config.kind.stages[stage].needs:
         params = {"source": config.source.model_dump(mode="json"), **params}
     return params
 
@@ -94,7 +81,7 @@ def key_causes(config: PipelineConfig, unit: str, inputs: dict[str, str]) -> dic
     name. A model unit (`train.<model>`, `evaluate.<model>`) sees its stage's code and its own model family's,
     never another family's, and only the files its own section names."""
     stage, _, model = unit.partition(".")
-    module = stage_module(config.task, stage)
+    module = config.kind.stages[stage].module
     params = unit_params(config, unit)
     code, files = code_fingerprint(module.__name__), module.FILES
     if model:
@@ -125,12 +112,16 @@ def members_of(config: PipelineConfig, model: str) -> list[str]:
 
 def unit_params(config: PipelineConfig, unit: str) -> dict[str, Any]:
     """The params that define a stage's or a model unit's output. A `train.<model>` unit sees the settings
-    every model shares and its own section, never another model's; `train` itself only the model list."""
+    shared settings its model declares it reads (`ModelSpec.shared`) and its own section, never another model's;
+    `train` itself only the model list."""
     stage, _, model = unit.partition(".")
     if stage == "train":
         every = stage_params(config, "train")
-        shared = {k: v for k, v in every.items() if k not in MODELS and k != "models"}
-        return {**shared, model: every[model]} if model else {"models": every["models"]}
+        if not model:
+            return {"models": every["models"]}
+        declared = MODELS[model].shared
+        shared = {k: v for k, v in every.items() if k not in MODELS and k != "models" and (declared is None or k in declared)}
+        return {**shared, model: every[model]}
     return stage_params(config, stage)
 
 
@@ -139,9 +130,10 @@ def plan(config: PipelineConfig) -> dict[str, dict[str, Any]]:
     Each model is a unit of its own (`train.<model>`, `evaluate.<model>`); the train and evaluate stages
     gather their units, so a change to one model's params rebuilds that model and the comparison only."""
     causes: dict[str, dict[str, Any]] = {}
-    for stage, deps in STAGES.items():
-        inputs = {"source": source_fingerprint(config)} if stage == "download" else {d: stage_key(causes[d]) for d in deps}
-        if stage in ("train", "evaluate"):
+    for spec in config.kind.stages.values():
+        stage = spec.name
+        inputs = {d: stage_key(causes[d]) for d in spec.needs} if spec.needs else {"source": source_fingerprint(config)}
+        if spec.per_model:
             for unit in model_units(config, stage):
                 model = unit.partition(".")[2]
                 unit_inputs = dict(inputs)
@@ -160,6 +152,24 @@ def plan(config: PipelineConfig) -> dict[str, dict[str, Any]]:
 def plan_keys(config: PipelineConfig) -> dict[str, str]:
     """Every stage's key, computed from the config alone."""
     return {stage: stage_key(c) for stage, c in plan(config).items()}
+
+
+@dataclass
+class StoreServices:
+    """The store's shared folders as a stage sees them (tasks.core.StoreAccess)."""
+
+    config: PipelineConfig
+    store: StageStore
+
+    def downloads(self, url: str) -> Path:
+        return self.store.downloads(url)
+
+    def cache_file(self, name: str) -> Path:
+        return self.store.cache_file(name)
+
+    def expect(self, source):
+        """An unverified http(s) source is re-checked against the validators its key was planned with."""
+        return server_validators(self.config, source) if source.allow_unverified and not source.sha256 else None
 
 
 @dataclass
@@ -289,6 +299,9 @@ class RunContext:
             root=project.current().root,
             runner=runner_for(self.executor, self.store.remote_url),
             sink=tracker,
+            stages=self.config.stages,
+            source=self.config.source,
+            store=StoreServices(self.config, self.store),
         )
         with system_metrics(tracker.run_id, enabled=stage.startswith("train.")):
             out = build(ctx)

@@ -145,6 +145,20 @@ def log_tagger(run_id: str, model: str, folder: Path, labels: list[str], clean: 
                            ["张伟，男，1965年出生，北京大学硕士，现任中国银行行长。", "无"], registered_name, Path(tmp))
 
 
+def _log_classifier_of(run_id: str, model: str, folder: Path, labels: list[str], config):
+    return log_classifier(run_id, model, folder, labels, config.stages.clean.model_dump(mode="json"),
+                          config.stages.segment.segmenter().model_dump(mode="json"), config.predict.model_dump())
+
+
+def _log_tagger_of(run_id: str, model: str, folder: Path, labels: list[str], config):
+    return log_tagger(run_id, model, folder, labels, config.stages.clean.model_dump(mode="json"), config.predict.model_dump())
+
+
+# how a task kind's models are logged and served (tasks.stages.TaskKind.flavour): (run id, model, its folder,
+# labels, the pipeline config) -> MLflow's ModelInfo of a pyfunc that takes raw text
+FLAVOURS = {"classifier": _log_classifier_of, "tagger": _log_tagger_of}
+
+
 def _log_pyfunc(run_id: str, name: str, wrapper: PythonModel, code_file: str, artifacts: dict, config: dict, example: list[str],
                 registered_name: str | None, tmp: Path):
     import mlflow

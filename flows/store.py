@@ -84,7 +84,7 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     """Whether a process with this id exists (on this machine)."""
     try:
         os.kill(pid, 0)
@@ -194,7 +194,7 @@ class StageStore:
         """A fresh temporary folder to build an output in; those of killed builds of this key are removed."""
         for old in (self.root / stage).glob(f".tmp-{key}-*"):
             pid = old.name.rsplit("-", 1)[-1]
-            if pid.isdigit() and not _alive(int(pid)):
+            if pid.isdigit() and not alive(int(pid)):
                 shutil.rmtree(old, ignore_errors=True)
         tmp = self.root / stage / f".tmp-{key}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)

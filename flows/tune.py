@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from flows.config import PipelineConfig, load_pipeline
-from flows.runner import STAGES, RunContext, plan
+from flows.runner import RunContext, plan
 from flows.store import StageStore, stage_key, storage_root
 from flows.tracking import Tracker
 from tasks.errors import ConfigError
@@ -73,7 +73,7 @@ def suggest(trial, name: str, dim: dict[str, Any]) -> Any:
 
 def objective_metric(config: PipelineConfig) -> str:
     """What a trial is scored by, from the model's validation summary."""
-    return "val_f1" if config.task == "ner" else f"val_{config.stages.evaluate.metric}"
+    return f"val_{config.kind.metric(config)}"
 
 
 class TrialTracker(Tracker):
@@ -111,7 +111,7 @@ def tune(pipeline: str, model: str, trials: int, overrides: list[str] | None = N
     base = load_pipeline(pipeline, overrides=overrides)
     space = search_space(base, model)
     metric = objective_metric(base)
-    upstream = [s for s in STAGES if s not in ("train", "evaluate")]
+    upstream = [s.name for s in base.kind.stages.values() if not s.per_model]
     log.info("tune %s/%s: the stages before train, built or reused", pipeline, model)
     pipeline_flow(base, stages=upstream, storage=storage)
     folder = StageStore(storage_root(base, storage)).cache_file("tune").parent / "tune"  # beside the store it trains into
@@ -130,7 +130,7 @@ def tune(pipeline: str, model: str, trials: int, overrides: list[str] | None = N
         causes = plan(config)
         run = RunContext(config, StageStore(storage_root(config, storage)), {s: stage_key(c) for s, c in causes.items()},
                          experiment, parent.run_id, causes=causes)
-        inputs = {name: run.reuse(name) for name in STAGES["train"]}
+        inputs = {name: run.reuse(name) for name in config.kind.stages["train"].needs}
         tracker = Tracker.start(experiment, f"trial {trial.number}", parent=parent.run_id,
                                 tags={"zhpipe.model": model, "zhpipe.trial": str(trial.number), "zhpipe.key": run.keys[f"train.{model}"]})
         tracker.params({f"train.{model}.{k}": v for k, v in params.items()})

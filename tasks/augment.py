@@ -1,7 +1,6 @@
 """Stage `augment`: grow the train split (never validation or test) with a registered augmenter."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
 import pandas as pd
@@ -59,8 +58,11 @@ def augment_frame(train: pd.DataFrame, ctx: AugmentContext) -> tuple[pd.DataFram
     return out, result
 
 
-def build(ctx: BuildContext, segment: SegmenterParams, cache_file: Path) -> BuildOutput:
-    """Write the augmented `train.parquet` and its segmented corpus `train.words.txt`."""
+def build(ctx: BuildContext) -> BuildOutput:
+    """Write the augmented `train.parquet` and its segmented corpus `train.words.txt`. New words are cut as the
+    segment stage cuts (`ctx.stages.segment`); translations are cached in the store, shared by all keys."""
+    segment: SegmenterParams = ctx.stages.segment.segmenter()
+    cache_file = ctx.store.cache_file("translations.sqlite")
     train = pd.read_parquet(ctx.inputs["segment"] / "train.parquet")
     heldout = set()
     for split in ("validation", "test"):

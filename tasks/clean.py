@@ -38,12 +38,12 @@ class Params(Section):
 CHUNK_ROWS = 5000
 _HTML_TAG = re.compile(r"<[^>]{1,200}>")
 _URL = re.compile(r"(?:https?://|www\.)[^\s\u4e00-\u9fff，。！？、；：]+", re.IGNORECASE)
-_CONTROL = re.compile(r"[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u200b-\u200f\u2028-\u202f\u2060-\u206f\ufeff]")
+CONTROL = re.compile(r"[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u200b-\u200f\u2028-\u202f\u2060-\u206f\ufeff]")
 _SPACE = re.compile(r"\s+")
 
 
 @lru_cache(maxsize=1)
-def _t2s():
+def to_simplified():
     import opencc
 
     return opencc.OpenCC("t2s")
@@ -58,10 +58,10 @@ def clean_text(text: str, params: Params) -> str:
         text = text.replace("&nbsp;", " ").replace("&amp;", "&").replace("&lt;", "<").replace("&gt;", ">")
     if params.strip_urls:
         text = _URL.sub(" ", text)
-    text = _CONTROL.sub("", text)  # BOM, zero-width and control characters
+    text = CONTROL.sub("", text)  # BOM, zero-width and control characters
     text = _SPACE.sub(" ", text).strip()
     if params.traditional_to_simplified:
-        text = _t2s().convert(text)
+        text = to_simplified().convert(text)
     return text
 
 

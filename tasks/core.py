@@ -38,6 +38,19 @@ class BuildContext:
     root: Path = field(default_factory=Path.cwd)  # the project folder: relative paths in params start here
     runner: Callable[..., Runner] = Runner  # chunk runners: runner(workers) -> Runner (local, or Dask from flows)
     sink: MetricSink | None = None  # per-epoch curves while training
+    stages: Any = None  # every stage's section of the pipeline, read-only (augment segments as segment does)
+    source: Any = None  # the pipeline's source (download)
+    store: "StoreAccess | None" = None  # the stage store's shared folders (download cache, translation cache)
+
+
+class StoreAccess(Protocol):
+    """What a stage may ask of the stage store besides its own output folder."""
+
+    def downloads(self, url: str) -> Path: ...  # a folder of the download cache for one URL
+
+    def cache_file(self, name: str) -> Path: ...  # a file shared by all keys (the translation cache)
+
+    def expect(self, source: Any) -> Any: ...  # the validators an unverified http(s) source must still match
 
 
 # a file larger than this is recorded as an MLflow dataset by its schema and a digest of its head (this many rows)

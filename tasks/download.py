@@ -723,11 +723,13 @@ def locate(source: Source, root: Path, folder_for: Callable[[str], Path], params
     raise DataError(f"source not found: {redact(source.path or source.url)} (no such file, and no url to fetch it from)")
 
 
-def build(ctx: BuildContext, source: Source, folder_for: Callable[[str], Path], expect: Validators | None = None) -> BuildOutput:
-    """Find or fetch, verify, unpack and read the source; write `data.parquet` and `quarantine.parquet`. The
-    file is decoded, parsed and written batch by batch, so memory does not grow with the corpus."""
+def build(ctx: BuildContext) -> BuildOutput:
+    """Find or fetch, verify, unpack and read the source (`ctx.source`); write `data.parquet` and
+    `quarantine.parquet`. The file is decoded, parsed and written batch by batch, so memory does not grow with
+    the corpus."""
     p: Params = ctx.params
-    raw, sha = locate(source, ctx.root, folder_for, p, expect)
+    source: Source = ctx.source
+    raw, sha = locate(source, ctx.root, ctx.store.downloads, p, ctx.store.expect(source))
     data_file = extract(raw, ctx.scratch / "extracted", source.member, p) if raw.name.lower().endswith(ARCHIVES) else raw
     data = PartWriter(ctx.out / "data.parquet", ROW_GROUP_ROWS)
     bad = PartWriter(ctx.out / "quarantine.parquet", ROW_GROUP_ROWS)

@@ -21,24 +21,28 @@ FILES: tuple[str, ...] = ()
 log = logging.getLogger("zhpipe")
 
 
-class Params(Section):
-    """The `split` section: stratified train/validation/test fractions."""
+class Fractions(Section):
+    """Train/validation/test fractions and the seed: what every task's split shares."""
 
     train: float = Field(0.8, gt=0, lt=1)
     validation: float = Field(0.1, gt=0, lt=1)
     test: float = Field(0.1, gt=0, lt=1)
     seed: int = 42
+
+    @model_validator(mode="after")
+    def _sums_to_one(self) -> "Fractions":
+        if abs(self.train + self.validation + self.test - 1.0) > 1e-6:
+            raise ValueError("split fractions train + validation + test must sum to 1")
+        return self
+
+
+class Params(Fractions):
+    """The `split` section: stratified train/validation/test fractions."""
+
     # classes with fewer than 3 rows cannot be in every split: set aside in quarantine.parquet, or merged into
     # one class named `merge_label`
     small_classes: Literal["quarantine", "merge"] = "quarantine"
     merge_label: str = "other"
-    use_given: bool = True  # task ner: keep the corpus' own validation/test files (source.splits) as they are
-
-    @model_validator(mode="after")
-    def _sums_to_one(self) -> "Params":
-        if abs(self.train + self.validation + self.test - 1.0) > 1e-6:
-            raise ValueError("split fractions train + validation + test must sum to 1")
-        return self
 
 
 MIN_CLASS_ROWS = 3  # one row in each split

@@ -58,9 +58,10 @@ class Common(Section):
         return self
 
 
-def params_model() -> type[Common]:
-    """The `train` section's class: the shared settings plus one section per registered model."""
-    return _params_model(tuple(MODELS.items()))
+def params_model(task: str = "classification") -> type[Common]:
+    """The `train` section's class for one task kind: the shared settings plus one section per registered model
+    of that kind (another kind's models are unknown keys)."""
+    return _params_model(tuple((name, spec) for name, spec in MODELS.items() if spec.task == task))
 
 
 @lru_cache(maxsize=8)
@@ -71,7 +72,7 @@ def _params_model(entries: tuple) -> type[Common]:
 
 def __getattr__(name: str):
     if name == "Params":  # generated from the registry, so a model added to it gets its section
-        return params_model()
+        return params_model("classification")
     raise AttributeError(name)
 
 
@@ -87,7 +88,7 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     spec = MODELS[name]
     vectors = load_word_vectors(ctx.inputs["embed"], p.embeddings) if spec.uses_vectors else None
     members = {unit.partition(".")[2]: folder / unit.partition(".")[2] for unit, folder in ctx.inputs.items() if unit.startswith("train.")}
-    summary = spec.train(TrainInputs(name, train, validation, labels, p, ctx.inputs["vocab"], vectors, ctx.out, ctx.scratch, ctx.sink,
+    summary = spec.train(TrainInputs(name, train, validation, labels, spec.view(p), ctx.inputs["vocab"], vectors, ctx.out, ctx.scratch, ctx.sink,
                                      members=members))
     if not spec.is_language_model:  # classifiers: validation scores from the saved model, as it will be served
         val = spec.predictor(ctx.out / name)(validation).argmax(1)

@@ -15,21 +15,12 @@ FILES: tuple[str, ...] = ()
 KINDS = ("words", "chars")
 
 
-class LexiconParams(Section):
-    """task ner: the lexicon of words that the lexicon adapter and the CRF's lexicon features match."""
-
-    dictionary: bool = True  # jieba's dictionary words that occur in the train text
-    min_freq: int = Field(2, ge=1)  # and the corpus' own jieba words seen this often
-    max_len: int = Field(6, ge=2)  # longest word, in characters
-
-
 class Params(Section):
     """The `vocab` section."""
 
     min_freq: int = Field(2, ge=1)
     max_size: int | None = Field(50000, ge=1)
     specials: list[str] = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    lexicon: LexiconParams = LexiconParams()
 
     @field_validator("specials")
     @classmethod

@@ -17,6 +17,25 @@ if TYPE_CHECKING:  # annotations only: the heavy libraries are imported where th
 
 Predictor = Callable[[pd.DataFrame], np.ndarray]  # frame with text/words/chars -> (rows, classes) probabilities
 
+# the `train` section's shared settings a model may read (`ModelSpec.shared`): its key sees those and no others
+LOOP = ("epochs", "patience", "weight_decay", "warmup_ratio", "grad_clip", "grad_accum", "device", "precision", "seed")
+NETWORK = (*LOOP, "class_weights", "embeddings")  # PyTorch classifiers that start from the embed stage's vectors
+
+
+class SettingsView:
+    """The `train` section as one model sees it: its own section and the shared settings its spec declares.
+    Reading any other shared setting is an error, so a declaration that leaves one out cannot go unnoticed
+    (and a unit key that does not hash a setting is a key the model really does not depend on)."""
+
+    def __init__(self, params: Any, name: str, shared: tuple[str, ...]):
+        self._params, self._name, self._shared = params, name, set(shared)
+
+    def __getattr__(self, key: str) -> Any:
+        if key == self._name or key in self._shared:
+            return getattr(self._params, key)
+        raise AttributeError(f"model {self._name!r} reads train.{key}, which its ModelSpec.shared does not declare "
+                             f"(declared: {', '.join(sorted(self._shared)) or 'none'})")
+
 
 @dataclass
 class TrainInputs:
@@ -56,6 +75,12 @@ class ModelSpec:
     task: str = "classification"  # or "ner": the pipelines (`task:`) whose train.models it may be in
     tagger: Callable[[Path], Callable] | None = None  # taggers (task ner): a saved model folder -> tag function
     members: Callable[[Any], list[str]] | None = None  # ensembles: the models (of train.models) built from, by section
+    # the `train` section's shared settings it reads (None: all of them); a unit's key hashes only these
+    shared: tuple[str, ...] | None = None
+
+    def view(self, params: Any) -> Any:
+        """`params` (the train section) as this model may read it."""
+        return params if self.shared is None else SettingsView(params, self.name, self.shared)
 
     @property
     def is_language_model(self) -> bool:

@@ -16,7 +16,7 @@ from tasks.core import Section
 from tasks.errors import ConfigError
 from tasks.hub import load_pretrained
 from tasks.io import read_vocab
-from tasks.models.base import ModelSpec, TrainInputs, class_weight_tensor, label_ids
+from tasks.models.base import NETWORK, ModelSpec, TrainInputs, class_weight_tensor, label_ids
 from tasks.vectors import WordVectors
 
 if TYPE_CHECKING:  # annotations only: the heavy libraries are imported where they are used
@@ -123,7 +123,7 @@ def bert_batches(ids: list[list[int]], y: np.ndarray | None, words: list[np.ndar
         yield chunk, batch
 
 
-def _quiet_transformers() -> None:
+def quiet_transformers() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()  # "some weights are newly initialised" is expected for a new head
@@ -278,7 +278,7 @@ def train_bert(inputs: TrainInputs) -> dict:
     train, validation, labels, params, out = inputs.train, inputs.validation, inputs.labels, inputs.params, inputs.out
     char_vocab, word_vocab = inputs.vocab / "chars" / "vocab.txt", inputs.vocab / "words" / "vocab.txt"
     vectors, checkpoints, tracker = inputs.vectors, inputs.scratch, inputs.sink
-    _quiet_transformers()
+    quiet_transformers()
     p = params.bert
     summary: dict = {}
     if p.checkpoint:
@@ -365,7 +365,7 @@ def load_bert(folder: Path, device: str = "auto") -> tuple[LexiconBert, object, 
     from tasks.models.modules import LexiconAdapter, LexiconBert
     from tasks.models.trainer import resolve_device
 
-    _quiet_transformers()
+    quiet_transformers()
     meta = json.loads((folder / "zhpipe.json").read_text(encoding="utf-8"))
     classifier = BertForSequenceClassification.from_pretrained(folder, local_files_only=True)
     adapter, lexicon = None, {}
@@ -391,5 +391,5 @@ def bert_predictor(folder: Path, device: str = "auto"):
 
 
 
-SPEC = ModelSpec("bert", Params, train_bert, predictor=bert_predictor, uses_vectors=True,
+SPEC = ModelSpec("bert", Params, train_bert, predictor=bert_predictor, uses_vectors=True, shared=NETWORK,
                  about="BERT over characters: fine-tuned from a checkpoint, or masked-LM pretrained here; optional lexicon adapter")

@@ -89,5 +89,5 @@ def fasttext_predictor(folder: Path) -> Predictor:
     return predict
 
 
-SPEC = ModelSpec("fasttext", Params, lambda i: train_fasttext(i.train, i.labels, i.params, i.out), predictor=fasttext_predictor,
+SPEC = ModelSpec("fasttext", Params, lambda i: train_fasttext(i.train, i.labels, i.params, i.out), predictor=fasttext_predictor, shared=("seed",),
                 about="fastText's supervised classifier on words + characters with word bigrams")

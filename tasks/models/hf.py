@@ -72,11 +72,11 @@ def train_hf(inputs: TrainInputs) -> dict:
     import torch.nn.functional as F
     from transformers import AutoModelForSequenceClassification
 
-    from tasks.models.bert import _quiet_transformers
+    from tasks.models.bert import quiet_transformers
     from tasks.models.trainer import LoopConfig, Task, fit, seed_everything, validation_metrics
 
     p: Params = inputs.section
-    _quiet_transformers()
+    quiet_transformers()
     tokenizer = _tokenizer(p.checkpoint)
     seed_everything(inputs.params.seed)
     labels = inputs.labels
@@ -132,4 +132,5 @@ def hf_predictor(folder: Path, device: str = "auto") -> Predictor:
 
 
 SPEC = ModelSpec("hf", Params, train_hf, predictor=hf_predictor,
+                 shared=("weight_decay", "grad_clip", "grad_accum", "device", "precision", "seed", "class_weights"),
                  about="a pretrained sequence-classification checkpoint (Auto classes, fast tokenizer on the text), fine-tuned")

@@ -13,7 +13,7 @@ import pandas as pd
 from tasks.core import Section
 from tasks.errors import DataError
 from tasks.io import read_vocab
-from tasks.models.base import ModelSpec, Predictor, TrainInputs, class_weight_tensor, label_ids
+from tasks.models.base import NETWORK, ModelSpec, Predictor, TrainInputs, class_weight_tensor, label_ids
 from tasks.vectors import WordVectors
 
 if TYPE_CHECKING:  # annotations only: the heavy libraries are imported where they are used
@@ -209,7 +209,7 @@ def network_predictor(folder: Path, device: str = "auto") -> Predictor:
 
 
 def _spec(name: str, params: type[Section], about: str) -> ModelSpec:
-    return ModelSpec(name, params, train_network, predictor=network_predictor, uses_vectors=True,
+    return ModelSpec(name, params, train_network, predictor=network_predictor, uses_vectors=True, shared=NETWORK,
                      about=about)
 
 

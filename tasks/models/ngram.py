@@ -191,7 +191,7 @@ def lm_classifier_predictor(folder: Path):
     return predict
 
 
-NGRAM_LM = ModelSpec("ngram_lm", Params, lambda i: train_ngram_lm(i.train, i.validation, i.section, i.out), perplexity=lm_perplexity,
+NGRAM_LM = ModelSpec("ngram_lm", Params, lambda i: train_ngram_lm(i.train, i.validation, i.section, i.out), perplexity=lm_perplexity, shared=(),
                     about="an n-gram language model (Kneser-Ney or fixed back-off); scored by test perplexity")
 LM_CLASSIFIER = ModelSpec("lm_classifier", Params, lambda i: train_lm_classifier(i.train, i.labels, i.section, i.out),
-                          predictor=lm_classifier_predictor, about="one n-gram LM per class; the lowest perplexity wins")
+                          predictor=lm_classifier_predictor, shared=(), about="one n-gram LM per class; the lowest perplexity wins")

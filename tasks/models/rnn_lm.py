@@ -13,7 +13,7 @@ import pandas as pd
 from tasks.augmenters import original_rows
 from tasks.core import Section
 from tasks.io import read_vocab
-from tasks.models.base import ModelSpec, TrainInputs
+from tasks.models.base import LOOP, ModelSpec, TrainInputs
 
 if TYPE_CHECKING:  # annotations only: the heavy libraries are imported where they are used
     from tasks.models.modules import LSTMLanguageModel
@@ -111,7 +111,7 @@ def rnn_lm_perplexity(folder: Path, df: pd.DataFrame, device: str = "auto") -> f
     return perplexity(model, lm_sequences(df[saved["tokens"]], stoi, saved["max_len"]))
 
 
-SPEC = ModelSpec("rnn_lm", Params, train_rnn_lm, perplexity=rnn_lm_perplexity,
+SPEC = ModelSpec("rnn_lm", Params, train_rnn_lm, perplexity=rnn_lm_perplexity, shared=LOOP,
                  about="an LSTM language model with an adaptive softmax; scored by test perplexity")
 
 
@@ -211,5 +211,5 @@ def lm_classifier_predictor(folder: Path, device: str = "auto"):
     return predict
 
 
-CLASSIFIER = ModelSpec("rnn_lm_classifier", ClassifierParams, train_lm_classifier, predictor=lm_classifier_predictor,
+CLASSIFIER = ModelSpec("rnn_lm_classifier", ClassifierParams, train_lm_classifier, predictor=lm_classifier_predictor, shared=LOOP,
                        about="one LSTM language model per class; the class whose model gives the text the highest likelihood wins")

@@ -120,7 +120,7 @@ class LoopConfig:
     def from_train(cls, params, lr: float, **overrides) -> "LoopConfig":
         """From the pipeline's `train` section (epochs, patience, optimiser and device settings)."""
         shared = {k: getattr(params, k) for k in ("epochs", "patience", "weight_decay", "warmup_ratio", "grad_clip",
-                                                   "grad_accum", "device", "precision", "seed")}
+                                                   "grad_accum", "device", "precision", "seed") if k not in overrides}
         return cls(lr=lr, **{**shared, **overrides})
 
 

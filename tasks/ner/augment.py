@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import pandas as pd
 
-from tasks.core import BuildContext, BuildOutput
+from tasks.core import BuildContext, BuildOutput, Section
 from tasks.errors import ConfigError
 from tasks.io import write_parquet
 
 LIBRARIES = ("pandas", "pyarrow")
 FILES: tuple[str, ...] = ()
+
+
+class Params(Section):
+    """The `augment` section of a ner pipeline."""
+
+    method: str = "none"  # the only method that keeps entity tags in place
 
 
 def build(ctx: BuildContext) -> BuildOutput:

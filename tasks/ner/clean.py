@@ -9,7 +9,7 @@ import unicodedata
 
 import pandas as pd
 
-from tasks.clean import _CONTROL, Params, _t2s
+from tasks.clean import CONTROL, Params, to_simplified
 from tasks.core import BuildContext, BuildOutput, Dataset
 from tasks.errors import DataError
 from tasks.io import write_parquet
@@ -26,7 +26,7 @@ def clean_char(char: str, params: Params) -> str:
         n = unicodedata.normalize("NFKC", out)
         out = n if len(n) == 1 else out
     if params.traditional_to_simplified:
-        s = _t2s().convert(out)
+        s = to_simplified().convert(out)
         out = s if len(s) == 1 else out
     return out
 
@@ -34,7 +34,7 @@ def clean_char(char: str, params: Params) -> str:
 def clean_chars(text: str, params: Params) -> tuple[str, list[int]]:
     """(the cleaned text, the position in `text` of each of its characters): control characters removed, every
     other character normalised in place. Tags and entity offsets map through the positions."""
-    kept = [i for i, c in enumerate(text) if not _CONTROL.fullmatch(c)]
+    kept = [i for i, c in enumerate(text) if not CONTROL.fullmatch(c)]
     return "".join(clean_char(text[i], params) for i in kept), kept
 
 

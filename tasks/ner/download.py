@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Callable
 
 import pandas as pd
 
@@ -19,6 +18,7 @@ from tasks.urls import redact
 
 LIBRARIES = ("pandas", "pyarrow", "charset-normalizer")
 FILES: tuple[str, ...] = ()
+Params = base.Params  # the `download` section is the classification one
 log = logging.getLogger("zhpipe")
 
 
@@ -37,13 +37,13 @@ def read_tagged(path: Path, source: base.Source) -> TaggedFile:
     return parse_span_jsonl(lines, source.text_column) if fmt == "jsonl" else parse_conll(lines, source.tag_scheme)
 
 
-def build(ctx: BuildContext, source: base.Source, folder_for: Callable[[str], Path],
-          expect: Callable[[base.Source], base.Validators | None] = lambda src: None) -> BuildOutput:
-    """Every file of the source into one `data.parquet` (+ `quarantine.parquet`)."""
+def build(ctx: BuildContext) -> BuildOutput:
+    """Every file of the source (`ctx.source`) into one `data.parquet` (+ `quarantine.parquet`)."""
     p: base.Params = ctx.params
+    source: base.Source = ctx.source
     frames, bad, shas, schemes = [], [], {}, {}
     for split, src in source.given().items():
-        raw, sha = base.locate(src, ctx.root, folder_for, p, expect(src))
+        raw, sha = base.locate(src, ctx.root, ctx.store.downloads, p, ctx.store.expect(src))
         data_file = base.extract(raw, ctx.scratch / "extracted" / (split or "all"), src.member, p) \
             if raw.name.lower().endswith(base.ARCHIVES) else raw
         tagged = read_tagged(data_file, src)

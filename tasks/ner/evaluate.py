@@ -9,7 +9,7 @@ from collections import Counter
 
 import pandas as pd
 
-from tasks.core import BuildContext, BuildOutput
+from tasks.core import BuildContext, BuildOutput, Section
 from tasks.evaluate import comparison_markdown, plot_training_curves
 from tasks.models import MODELS
 from tasks.tagging import highlighted, marked, prf, span_counts, spans_of
@@ -17,6 +17,10 @@ from tasks.tagging import highlighted, marked, prf, span_counts, spans_of
 LIBRARIES = ("torch", "python-crfsuite", "matplotlib")
 FILES: tuple[str, ...] = ()
 MISSED, SPURIOUS = "(missed)", "(none)"
+
+
+class Params(Section):
+    """The `evaluate` section of a ner pipeline: taggers are chosen by validation entity F1."""
 
 
 def entity_scores(gold: list[list[str]], pred: list[list[str]], kinds: list[str]) -> tuple[dict[str, float], pd.DataFrame]:

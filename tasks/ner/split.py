@@ -8,10 +8,16 @@ import pandas as pd
 from tasks.core import BuildContext, BuildOutput
 from tasks.errors import DataError
 from tasks.io import SPLITS, write_parquet
-from tasks.split import Params, split_sizes
+from tasks.split import Fractions, split_sizes
 
 LIBRARIES = ("pandas", "numpy")
 FILES: tuple[str, ...] = ()
+
+
+class Params(Fractions):
+    """The `split` section of a ner pipeline."""
+
+    use_given: bool = True  # keep the corpus' own validation/test files (source.splits) as they are
 
 
 def split_sentences(df: pd.DataFrame, params: Params) -> dict[str, pd.DataFrame]:

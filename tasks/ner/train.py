@@ -10,10 +10,17 @@ from tasks.core import BuildContext, BuildOutput
 from tasks.errors import ConfigError
 from tasks.models import MODELS, TrainInputs
 from tasks.models.ner import entity_f1
+from tasks.train import params_model
 
 # what its key sees besides params, inputs and code: the libraries that shape a tagger (jieba: its word features)
 LIBRARIES = ("torch", "transformers", "python-crfsuite", "gensim", "jieba", "numpy")
 FILES = ("bilstm_crf.checkpoint", "lexicon_tagger.checkpoint")  # a local pretrained encoder counts by content
+
+
+def __getattr__(name: str):
+    if name == "Params":  # the `train` section with the taggers' sections (tasks.models, task ner)
+        return params_model("ner")
+    raise AttributeError(name)
 
 
 def build_model(ctx: BuildContext, name: str) -> BuildOutput:
@@ -25,7 +32,7 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     train = pd.read_parquet(ctx.inputs["augment"] / "train.parquet", columns=["text", "tags", "words"])
     validation = pd.read_parquet(ctx.inputs["segment"] / "validation.parquet", columns=["text", "tags"])
     members = {unit.partition(".")[2]: folder / unit.partition(".")[2] for unit, folder in ctx.inputs.items() if unit.startswith("train.")}
-    summary = spec.train(TrainInputs(name, train, validation, labels, ctx.params, ctx.inputs["vocab"], None, ctx.out,
+    summary = spec.train(TrainInputs(name, train, validation, labels, spec.view(ctx.params), ctx.inputs["vocab"], None, ctx.out,
                                      ctx.scratch, ctx.sink, embed=ctx.inputs.get("embed"), members=members))
     tagged = spec.tagger(ctx.out / name)(validation["text"].astype(str).tolist())
     scores = entity_f1([list(t) for t in validation["tags"]], [t.tags for t in tagged])

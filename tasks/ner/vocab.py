@@ -6,13 +6,29 @@ from __future__ import annotations
 from collections import Counter
 
 import pandas as pd
+from pydantic import Field
 
-from tasks.core import BuildContext, BuildOutput
+from tasks import vocab
+from tasks.core import BuildContext, BuildOutput, Section
 from tasks.tagging import Lexicon, bigrams, spans_of
-from tasks.vocab import Params, build_vocab
+from tasks.vocab import build_vocab
 
 LIBRARIES = ("pandas", "jieba")
 FILES: tuple[str, ...] = ()
+
+
+class LexiconParams(Section):
+    """The lexicon of words that the lexicon adapter and the CRF's lexicon features match."""
+
+    dictionary: bool = True  # jieba's dictionary words that occur in the train text
+    min_freq: int = Field(2, ge=1)  # and the corpus' own jieba words seen this often
+    max_len: int = Field(6, ge=2)  # longest word, in characters
+
+
+class Params(vocab.Params):
+    """The `vocab` section of a ner pipeline."""
+
+    lexicon: LexiconParams = LexiconParams()
 
 
 def dictionary_words(texts: list[str], max_len: int) -> set[str]:

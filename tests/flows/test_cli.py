@@ -85,7 +85,9 @@ def test_source_runs_on_ten_string_classes_with_other_columns(api_env, tmp_path)
 
 def test_status_and_stages(api_env):
     proc = zhpipe(api_env, "stages")
-    assert proc.returncode == 0 and proc.stdout.split()[0] == "download"
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 0 and lines[0].startswith("task classification") and lines[1].split()[0] == "download"
+    assert any(line.startswith("task ner") for line in lines) and "tasks/stages.py" not in proc.stdout
     proc = zhpipe(api_env, "status", "smoke")
     assert proc.returncode == 0
     assert "download" in proc.stdout and "evaluate" in proc.stdout

@@ -55,6 +55,28 @@ def test_one_models_param_changes_that_model_and_the_comparison_only(built):
     assert diff_causes("train.textcnn", old, new) == ["param train.textcnn.lr: 0.001 -> 0.002"]
 
 
+def test_a_shared_setting_changes_only_the_models_that_read_it():
+    """`train.epochs` is read by the PyTorch models only: tfidf_lr and fastText keep their keys (and so stay
+    cached, and are never registered twice); `train.seed` is read by all three."""
+    sets = ["train.models=[tfidf_lr,fasttext,textcnn]"]
+    plan = lambda extra: runner.plan_keys(load_pipeline("smoke", overrides=sets + extra))  # noqa: E731
+    keys = plan([])
+    epochs = changed(keys, plan(["train.epochs=2"]))
+    assert epochs == {"train.textcnn", "train", "evaluate.textcnn", "evaluate"}
+    seed = changed(keys, plan(["train.seed=8"]))
+    assert {"train.tfidf_lr", "train.fasttext", "train.textcnn"} <= seed
+
+
+def test_a_model_cannot_read_a_shared_setting_it_does_not_declare():
+    from tasks.models import MODELS
+
+    params = load_pipeline("smoke").stages.train
+    view = MODELS["tfidf_lr"].view(params)
+    assert view.seed == params.seed and view.tfidf_lr == params.tfidf_lr
+    with pytest.raises(AttributeError, match="model 'tfidf_lr' reads train.epochs, which its ModelSpec.shared does not declare"):
+        view.epochs
+
+
 def _patched_source(monkeypatch, tmp_path, module: str, edit):
     original = fingerprint._source_file(module)
     copy = tmp_path / f"{module}.py"

@@ -10,10 +10,10 @@ import pytest
 
 from flows.config import load_pipeline
 from flows.pipeline import pipeline_flow
-from flows.runner import STAGES
 from flows.tracking import client
 from tasks.errors import ConfigError
 from tasks.models import MODELS
+from tasks.stages import STAGE_NAMES as STAGES
 from tasks.tagging import parse_conll, spans_of
 
 pytestmark = pytest.mark.e2e

@@ -4,9 +4,9 @@ import pytest
 
 from flows.config import load_pipeline
 from flows.pipeline import pipeline_flow, select_stages
-from flows.runner import STAGES
 from flows.tracking import client
 from tasks.errors import ZhpipeError
+from tasks.stages import STAGE_NAMES as STAGES
 
 pytestmark = pytest.mark.e2e
 

@@ -1,0 +1,169 @@
+"""The stage graph and the task kinds, declared once. Beside the model registry (tasks/models): a stage is one
+`Stage` entry (what it needs, the module whose `Params` and `build` compute it, what it writes, its headline
+metric and help); a task kind is one `TaskKind` entry (its stage table, the metric that picks its best model,
+the metrics a run reports, how its models are logged and served). `flows/` derives the CLI's stage names,
+the key plan, the Prefect wiring, `status`, the run summary and `api.load` from these tables.
+
+This module imports nothing heavy: the CLI reads it to parse arguments. A stage's module is imported when
+the stage is planned or built (`Stage.module`)."""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, replace
+from types import ModuleType
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class Output:
+    """A file (or folder) a stage writes that consumers open by name; `kind` says how `api.load` reads it:
+    frame (parquet), splits (one parquet per split, `{split}.parquet`), json, csv, vocab (vocab.txt files),
+    vectors (gensim KeyedVectors from word2vec's binary `.bin` or text `.vec` format)."""
+
+    path: str
+    kind: str
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage: a unit of the graph with its own key, store folder and MLflow run."""
+
+    name: str
+    needs: tuple[str, ...]  # the stages whose outputs it reads, by name (its build sees them as ctx.inputs[name])
+    module_name: str  # its `Params` (the config section), `build(ctx)`, `LIBRARIES` and `FILES` (in the key)
+    help: str  # one line for `zhpipe stages` and the CLI
+    headline: str  # the one metric the run summary shows
+    outputs: tuple[Output, ...] = ()
+    per_model: bool = False  # a unit per model of train.models (`<stage>.<model>`), then the stage gathers them
+
+    @property
+    def module(self) -> ModuleType:
+        return importlib.import_module(self.module_name)
+
+    @property
+    def params(self) -> type:
+        return self.module.Params
+
+
+@dataclass(frozen=True)
+class TaskKind:
+    """What a pipeline's `task:` selects: its stages, its config schema (their `Params`), how it chooses and
+    reports models. A kind's settings are its stages' sections: another kind's never enter its keys."""
+
+    name: str
+    about: str
+    stages: dict[str, Stage]  # in graph order: a stage comes after everything it needs
+    # the metric (without its split prefix) that picks the best model on validation and that the champion rule
+    # compares on test; a callable of the config where a setting chooses it
+    metric: Callable[[Any], str]
+    reported: tuple[str, ...]  # the best model's test metrics the parent run shows (`best_<metric>`)
+    flavour: str  # how a trained model is logged and served: "classifier" (texts -> labels) or "tagger"
+    labelled: bool = True  # its splits carry a `label` column
+    default_models: tuple[str, ...] = ()  # train.models when a pipeline names none (empty: the train section's default)
+    check: Callable[[Any], None] | None = None  # cross-section rules of this kind (raise ValueError)
+
+    def stage(self, name: str) -> Stage:
+        return self.stages[name]
+
+
+def _graph(*stages: Stage) -> dict[str, Stage]:
+    """A stage table in graph order; an unknown or later dependency is an error at import."""
+    table: dict[str, Stage] = {}
+    for s in stages:
+        missing = [d for d in s.needs if d not in table]
+        if missing:
+            raise ValueError(f"stage {s.name!r} needs {missing[0]!r}, which is not declared before it")
+        table[s.name] = s
+    return table
+
+
+SPLITS = Output("{split}.parquet", "splits")
+
+CLASSIFICATION_STAGES = _graph(
+    Stage("download", (), "tasks.download", "find or fetch the corpus (path, file:// or http(s):// URL), verify sha256, read it",
+          "rows_raw", (Output("data.parquet", "frame"),)),
+    Stage("clean", ("download",), "tasks.clean",
+          "NFKC, strip HTML/URLs/control chars, optional t2s; quarantine empty/short/long/duplicate rows", "rows_dropped",
+          (Output("data.parquet", "frame"),)),
+    Stage("split", ("clean",), "tasks.split", "stratified, seeded train/validation/test split", "rows_test", (SPLITS,)),
+    Stage("segment", ("split",), "tasks.segment", "jieba words (+POS) and characters, in parallel processes or on Dask",
+          "train_mean_words", (SPLITS,)),
+    Stage("profile", ("segment",), "tasks.profile",
+          "labels per split, lengths per label, top words/adjectives, word clouds, report.html (CJK font)",
+          "suggested_max_len_words", (Output("stats.json", "json"),)),
+    Stage("augment", ("segment",), "tasks.augment", "grow the train split with a registered augmenter (eda, backtranslation, none)",
+          "rows_added", (Output("train.parquet", "frame"),)),
+    Stage("vocab", ("augment", "segment"), "tasks.vocab",
+          "word and character vocab.txt (BERT-style specials) + frequency tables; validation OOV rate",
+          "words_validation_oov_rate", (Output("words/vocab.txt", "vocab"), Output("chars/vocab.txt", "vocab"))),
+    Stage("embed", ("augment",), "tasks.embed",
+          "gensim Word2Vec and fastText subword vectors; neighbours of probe words, PCA picture, projector export",
+          "word2vec_vocab", (Output("word2vec.bin", "vectors"), Output("fasttext.vec", "vectors"))),
+    Stage("train", ("augment", "segment", "vocab", "embed"), "tasks.train",
+          "the models in train.models (the registry in tasks/models), checkpointed per epoch, early stopping",
+          "textcnn_val_macro_f1", (Output("models.json", "json"),), per_model=True),
+    Stage("evaluate", ("train", "segment"), "tasks.evaluate",
+          "validation picks the best model; test metrics, confusion matrices, PR curves, worst mistakes; registers the best",
+          "best_test_accuracy", (Output("comparison.csv", "csv"),), per_model=True),
+)
+# every stage name, in graph order: what the CLI's --from/--to/--only/--force accept
+STAGE_NAMES = tuple(CLASSIFICATION_STAGES)
+
+
+def _ner(name: str, help: str, headline: str | None = None, outputs: tuple[Output, ...] | None = None) -> Stage:
+    """A ner stage: the classification stage of that name computed by `tasks.ner.<name>`."""
+    base = CLASSIFICATION_STAGES[name]
+    return replace(base, module_name=f"tasks.ner.{name}", help=help, headline=headline or base.headline, outputs=outputs or base.outputs)
+
+
+NER_STAGES = _graph(
+    _ner("download", "find or fetch the tagged files (CoNLL char-tag lines or span JSONL), verify sha256, read them"),
+    _ner("clean", "NFKC and optional t2s per character, tags kept aligned, as BIOES; quarantine empty/long/duplicate sentences"),
+    _ner("split", "the corpus' own train/validation/test files (split.use_given), else a seeded split of sentences"),
+    CLASSIFICATION_STAGES["segment"],  # shared: characters and jieba words of the sentences
+    _ner("profile", "entity types per split, entity lengths, sentence lengths, report.html", "entities"),
+    _ner("augment", "the train split as it is (rewriting text would shift the tags)"),
+    _ner("vocab", "character and bigram vocabularies, and the lexicon of jieba words the lexicon adapter matches", "lexicon_size",
+         (Output("chars/vocab.txt", "vocab"), Output("bigrams/vocab.txt", "vocab"))),
+    _ner("embed", "Word2Vec vectors of characters, bigrams and words (word2vec binary format)", "chars_vectors",
+         (Output("chars.bin", "vectors"), Output("bigrams.bin", "vectors"), Output("words.bin", "vectors"))),
+    _ner("train", "the taggers in train.models (CRF, BiLSTM-CRF, lexicon tagger, ensemble), scored by validation entity F1",
+         "lexicon_tagger_val_f1"),
+    _ner("evaluate", "validation entity F1 picks the best tagger; test precision/recall/F1 per type; registers the best",
+         "best_test_f1"),
+)
+
+
+def _check_ner(config: Any) -> None:
+    """A ner pipeline's augment method is none: rewriting text would shift the tags."""
+    augment = config.stages.augment
+    if "method" not in augment.model_fields_set:
+        augment.method = "none"
+    if augment.method != "none":
+        raise ValueError(f"augment.method {augment.method!r} rewrites text and would shift entity tags; task ner takes none")
+
+
+def _check_classification(config: Any) -> None:
+    if config.source.splits:
+        raise ValueError("source.splits (given validation/test files) is for task ner; a classification corpus is split by the split stage")
+
+
+KINDS: dict[str, TaskKind] = {kind.name: kind for kind in (
+    TaskKind("classification", "texts to labels", CLASSIFICATION_STAGES, metric=lambda config: config.stages.evaluate.metric,
+             reported=("test_accuracy", "test_macro_f1"), flavour="classifier", check=_check_classification),
+    TaskKind("ner", "sequence labelling: tagged corpora, taggers, entity F1", NER_STAGES, metric=lambda config: "f1",
+             reported=("test_f1", "test_precision", "test_recall"), flavour="tagger", labelled=False,
+             default_models=("crf", "bilstm_crf", "lexicon_tagger", "ner_ensemble"), check=_check_ner),
+)}
+
+
+def kind(name: str) -> TaskKind:
+    """The declaration of a task kind; an unknown name is one clear error."""
+    from tasks.errors import ConfigError
+
+    if name not in KINDS:
+        raise ConfigError(f"unknown task {name!r} (task kinds: {', '.join(KINDS)})")
+    return KINDS[name]
+
+
+__all__ = ["KINDS", "STAGE_NAMES", "Output", "Stage", "TaskKind", "kind"]
