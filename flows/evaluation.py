@@ -105,9 +105,18 @@ def register(run: RunContext, evaluation: StageResult, segment: StageResult, mod
     uri = client().get_run(model_runs[best]).data.tags.get("zhpipe.model_uri")
     if not uri:  # trained elsewhere and never logged as a classifier here: log it now
         uri = _log_classifier(run, model_runs[best], best, model_dir(run, best), evaluation.info["labels"])
+    from flows.serving import score_served
+
+    flavour = run.config.kind.flavour
     decision = register_best(
         uri, model_runs[best], run.config.name, best, pd.read_parquet(segment.path / "test.parquet"), metric,
         evaluation.info["results"][best][f"test_{metric}"], model_key=run.keys[f"train.{best}"],
+        rescore=lambda model_uri, test: score_served(model_uri, test, metric, flavour),
     )
-    Tracker(run.parent_run_id).tags({"zhpipe.registered": f"{decision.name}/{decision.version}",
-                                     "zhpipe.champion": "yes" if decision.champion else "no", "zhpipe.champion_reason": decision.reason})
+    parent = Tracker(run.parent_run_id)
+    parent.tags({"zhpipe.registered": f"{decision.name}/{decision.version}", "zhpipe.test_sha256": decision.test_sha256,
+                 "zhpipe.champion": "yes" if decision.champion else "no", "zhpipe.champion_reason": decision.reason})
+    scores = {f"challenger_test_{metric}": decision.score}
+    if decision.champion_score is not None:
+        scores[f"champion_test_{metric}"] = decision.champion_score
+    parent.metrics(scores)

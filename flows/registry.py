@@ -1,11 +1,14 @@
-"""The MLflow Model Registry: after evaluate, the best classifier is registered as `zhpipe-<pipeline>`, and
-it becomes `champion` only when it beats the current champion on a test split with the same content."""
+"""The MLflow Model Registry: after evaluate, the best model (chosen on validation) is registered as
+`zhpipe-<pipeline>`, and it becomes `champion` only when it beats the current champion on the same test split.
+When the test split changed (a corpus that grows), the champion is scored again on today's split, loaded from
+the registry as it is served, and the two scores on that one split decide."""
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import logging
 from dataclasses import dataclass
+from typing import Callable
 
 import pandas as pd
 
@@ -36,21 +39,40 @@ class Decision:
     version: str
     champion: bool
     reason: str
+    score: float | None = None  # the new version's test score
+    champion_score: float | None = None  # the champion's score on the same test split (stored, or scored again)
+    test_sha256: str = ""
 
 
-def decide(new_score: float, new_hash: str, champion: dict | None, metric: str) -> tuple[bool, str]:
-    """The champion rule on its own: `champion` is the current champion's tags (None when there is none)."""
+Rescore = Callable[[str], float]  # a model version -> its score on today's test split, as served
+
+
+def decide(new_score: float, new_hash: str, champion: dict | None, metric: str,
+           rescore: Rescore | None = None) -> tuple[bool, str, float | None]:
+    """The champion rule on its own: `champion` is the current champion's tags (None when there is none).
+    Returns (promote, reason, the champion's score on today's test split)."""
     if champion is None:
-        return True, "first registered model: it becomes champion"
+        return True, "first registered model: it becomes champion", None
     old_hash = champion.get("zhpipe.test_sha256", "")
     old_version = champion.get("version", "?")
-    if old_hash != new_hash:
+    where = "on the same test split"
+    if old_hash == new_hash:
+        old_score = float(champion.get("zhpipe.score", "nan"))
+    elif rescore is None:
         return False, (f"not compared: champion version {old_version} was scored on another test split "
-                       f"({old_hash[:12] or 'unknown'} vs {new_hash[:12]}); the alias stays")
-    old_score = float(champion.get("zhpipe.score", "nan"))
+                       f"({old_hash[:12] or 'unknown'} vs {new_hash[:12]}); the alias stays"), None
+    else:
+        try:
+            old_score = round(float(rescore(str(old_version))), 6)
+        except Exception as e:  # noqa: BLE001 - any failure to load or score is reported, never a silent replacement
+            text = " ".join(str(e).split())[:200]
+            return False, (f"champion version {old_version} could not be scored on today's test split {new_hash[:12]} "
+                           f"({type(e).__name__}: {text}); the alias stays"), None
+        where = f"both scored on today's test split {new_hash[:12]} (the champion again, as served)"
     if round(new_score, 6) > old_score:  # scores are stored with 6 decimals
-        return True, f"test {metric} {new_score:.4f} beats champion version {old_version} ({old_score:.4f})"
-    return False, f"test {metric} {new_score:.4f} does not beat champion version {old_version} ({old_score:.4f}); the alias stays"
+        return True, f"test {metric} {new_score:.4f} beats champion version {old_version} ({old_score:.4f}), {where}", old_score
+    return False, (f"test {metric} {new_score:.4f} does not beat champion version {old_version} ({old_score:.4f}), {where}; "
+                   "the alias stays"), old_score
 
 
 def registered_version(name: str, model_key: str):
@@ -99,10 +121,11 @@ def _registry_lock(name: str):
 
 
 def register_best(model_uri: str, run_id: str, pipeline: str, model: str, test: pd.DataFrame, metric: str, score: float,
-                  model_key: str) -> Decision:
+                  model_key: str, rescore: Callable[[str, pd.DataFrame], float] | None = None) -> Decision:
     """Register the best model (the classifier pyfunc logged with its training, `model_uri`) unless its key is
     registered already, then apply the champion rule: the alias moves only if, re-read under the registry
-    lock, the champion it was compared with is still the champion (compare-and-set)."""
+    lock, the champion it was compared with is still the champion (compare-and-set). `rescore(model_uri, test)`
+    scores a registered version on `test` as it is served, for a champion that was scored on another split."""
     import mlflow
 
     from flows.tracking import client, tracking_uri
@@ -117,13 +140,15 @@ def register_best(model_uri: str, run_id: str, pipeline: str, model: str, test: 
             c.set_model_version_tag(name, version, key, value)
     else:
         version = str(existing.version)
+    again_scored = (lambda v: rescore(f"models:/{name}/{v}", test)) if rescore else None
+    champion_score = None
     with _registry_lock(name):
         for _ in range(5):
             champion = _champion(c, name)
             if champion is not None and str(champion["version"]) == version:
                 promote, reason = False, f"version {version} ({model}, key {model_key}) is already the champion"
                 break
-            promote, reason = decide(score, digest, champion, metric)
+            promote, reason, champion_score = decide(score, digest, champion, metric, again_scored)
             if not promote:
                 break
             again = _champion(c, name)  # compare-and-set: the champion we compared with must still be the one
@@ -134,6 +159,9 @@ def register_best(model_uri: str, run_id: str, pipeline: str, model: str, test: 
             promote, reason = False, "the champion kept changing under concurrent runs; the alias stays"
     if existing is not None:
         reason = f"already registered as version {version} (key {model_key}); {reason}"
+    if champion_score is not None:  # what the decision compared, on the version it decided about
+        c.set_model_version_tag(name, version, "zhpipe.champion_score", f"{champion_score:.6f}")
+        c.set_model_version_tag(name, version, "zhpipe.compared_on_test_sha256", digest)
     c.update_model_version(name, version, description=f"{model}, test {metric} {score:.4f}: {reason}")
     log.info("registry: %s version %s (%s): %s", name, version, model, reason)
-    return Decision(name, version, promote, reason)
+    return Decision(name, version, promote, reason, score, champion_score, digest)

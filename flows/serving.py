@@ -145,6 +145,31 @@ def log_tagger(run_id: str, model: str, folder: Path, labels: list[str], clean: 
                            ["张伟，男，1965年出生，北京大学硕士，现任中国银行行长。", "无"], registered_name, Path(tmp))
 
 
+def score_served(model_uri: str, test: pd.DataFrame, metric: str, flavour: str, batch: int = 1000) -> float:
+    """A registered model's score on a test split, as it is served: loaded from the registry (its logged code
+    and weights) and asked with the split's texts in batches. classifier: accuracy or macro_f1 of the labels;
+    tagger: strict micro entity F1."""
+    import mlflow.pyfunc
+
+    model = mlflow.pyfunc.load_model(model_uri)
+    texts = test["text"].astype(str).tolist()
+    answers = pd.concat([model.predict(pd.DataFrame({"text": texts[i : i + batch]})) for i in range(0, len(texts), batch)],
+                        ignore_index=True)
+    if flavour == "tagger":
+        from tasks.tagging import prf, spans_of
+
+        gold = {(i, kind, s, e) for i, tags in enumerate(test["tags"]) for kind, s, e in spans_of(list(tags))}
+        found = {(i, ent["type"], ent["start"], ent["end"]) for i, row in enumerate(answers["entities"]) for ent in json.loads(row)}
+        tp = len(gold & found)
+        return float(prf(tp, len(found) - tp, len(gold) - tp)[2])
+    from sklearn.metrics import accuracy_score, f1_score
+
+    truth, predicted = test["label"].astype(str).to_numpy(), answers["label"].fillna("").astype(str).to_numpy()
+    if metric == "macro_f1":
+        return float(f1_score(truth, predicted, average="macro", labels=sorted(set(truth)), zero_division=0))
+    return float(accuracy_score(truth, predicted))
+
+
 def _log_classifier_of(run_id: str, model: str, folder: Path, labels: list[str], config):
     return log_classifier(run_id, model, folder, labels, config.stages.clean.model_dump(mode="json"),
                           config.stages.segment.segmenter().model_dump(mode="json"), config.predict.model_dump())

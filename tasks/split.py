@@ -1,6 +1,12 @@
-"""Stage `split`: stratified, seeded train/validation/test split."""
+"""Stage `split`: stratified, seeded train/validation/test split.
+
+`method: hash` (the default) puts each row in a split by a hash of its text and the seed: a row's split does not
+depend on its position or on the other rows, so when a corpus grows every old row keeps its split and new rows
+fall into the splits in the configured proportions (per class, in expectation). `method: permutation` shuffles
+each class with the seed and cuts it by the fractions: exact proportions, but an appended row moves others."""
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections import Counter
 from typing import Literal
@@ -39,6 +45,9 @@ class Fractions(Section):
 class Params(Fractions):
     """The `split` section: stratified train/validation/test fractions."""
 
+    # hash: a row's split is a function of its text and the seed (stable when the corpus grows);
+    # permutation: each class shuffled and cut by the fractions (exact sizes; rows move when rows are added)
+    method: Literal["hash", "permutation"] = "hash"
     # classes with fewer than 3 rows cannot be in every split: set aside in quarantine.parquet, or merged into
     # one class named `merge_label`
     small_classes: Literal["quarantine", "merge"] = "quarantine"
@@ -120,12 +129,58 @@ def route(df: pd.DataFrame, plan: dict, seen: dict) -> np.ndarray:
 
 
 def split_frame(df: pd.DataFrame, params: Params) -> dict[str, pd.DataFrame]:
-    """Split rows in memory into train/validation/test, stratified by label when there is one (`assignments`)."""
+    """Split rows in memory into train/validation/test, stratified by label when there is one (`assignments`
+    or, with method hash, `stable_assignment`)."""
     df = df.sort_values("id")
     labelled = "label" in df
-    counts = df["label"].value_counts().to_dict() if labelled else {None: len(df)}
-    split = route(df, assignments(counts, params, labelled), {})
+    if params.method == "hash":
+        codes = pd.factorize(df["label"], sort=True)[0] if labelled else np.zeros(len(df), dtype=np.int64)
+        if labelled:
+            _check_class_sizes(df["label"].value_counts().to_dict())
+        split = stable_assignment(codes, hash_units(df["text"], params.seed), params, labelled)
+    else:
+        counts = df["label"].value_counts().to_dict() if labelled else {None: len(df)}
+        split = route(df, assignments(counts, params, labelled), {})
     return {name: df[split == i].reset_index(drop=True) for i, name in enumerate(SPLITS)}
+
+
+def hash_units(texts, seed: int) -> np.ndarray:
+    """Each text's place in [0, 1): the first 8 bytes of blake2b(seed, text), the same on every machine."""
+    prefix = f"{seed}\x1f".encode()
+    out = np.empty(len(texts), dtype=np.float64)
+    for i, text in enumerate(texts):
+        digest = hashlib.blake2b(prefix + str(text).encode("utf-8"), digest_size=8).digest()
+        out[i] = int.from_bytes(digest, "big") / 2.0**64
+    return out
+
+
+def _check_class_sizes(counts: dict) -> None:
+    for key, n in sorted(counts.items()):
+        if n < MIN_CLASS_ROWS:
+            raise DataError(f"split: class {key!r} has {n} rows; each split needs one of every class")
+
+
+def stable_assignment(classes: np.ndarray, units: np.ndarray, params: Fractions, labelled: bool) -> np.ndarray:
+    """The split of each row from its hash unit: [0, train) train, then validation, then test. At the edges,
+    a class (of at least MIN_CLASS_ROWS rows) that leaves a split empty gets one row moved into it: the row
+    nearest that split's interval among the splits holding two rows or more. So a small class's rows may move
+    while it is small; once every split holds one of its rows, the assignment is the hash alone."""
+    cuts = np.array([params.train, params.train + params.validation])
+    split = np.searchsorted(cuts, units, side="right").astype(np.uint8)
+    if not labelled:
+        return split
+    bounds = [(0.0, cuts[0]), (cuts[0], cuts[1]), (cuts[1], 1.0)]
+    for c in np.unique(classes):
+        rows = np.flatnonzero(classes == c)
+        for target in (2, 1, 0):  # the small splits first
+            counts = np.bincount(split[rows], minlength=3)
+            if counts[target]:
+                continue
+            donors = rows[np.isin(split[rows], np.flatnonzero(counts >= 2))]
+            lo, hi = bounds[target]
+            distance = np.where(units[donors] < lo, lo - units[donors], units[donors] - hi)
+            split[donors[np.lexsort((units[donors], distance))[0]]] = target
+    return split
 
 
 def split_sizes(n: int, fractions: np.ndarray, minimum: int) -> list[int]:
@@ -143,6 +198,22 @@ def split_sizes(n: int, fractions: np.ndarray, minimum: int) -> list[int]:
 
 
 BATCH_ROWS = 5_000
+
+
+def _stable_plan(path, rename: dict, aside: set, labels: list, params: Params, labelled: bool) -> np.ndarray:
+    """method hash, streamed: the split of every kept row in file order, from one pass over the texts (and
+    labels). Memory: 8 bytes of hash and 4 of class per row."""
+    index = {label: i for i, label in enumerate(labels)}
+    units, classes = [], []
+    for df in iter_frames(path, BATCH_ROWS, columns=["text", "label"] if labelled else ["text"]):
+        if labelled:
+            df = df.assign(label=df["label"].map(rename))
+            df = df[~df["label"].isin(aside)]
+            classes.append(df["label"].map(index).to_numpy(dtype=np.int32))
+        units.append(hash_units(df["text"].tolist(), params.seed))
+    u = np.concatenate(units) if units else np.empty(0)
+    c = np.concatenate(classes) if classes else np.zeros(len(u), dtype=np.int32)
+    return stable_assignment(c, u, params, labelled)
 
 
 def build(ctx: BuildContext) -> BuildOutput:
@@ -175,17 +246,24 @@ def build(ctx: BuildContext) -> BuildOutput:
             raise DataError(f"split: {len(kept)} class{only} left with at least {MIN_CLASS_ROWS} rows "
                             f"({set_aside} rows of smaller classes quarantined); a classifier needs at least 2")
         info["labels"] = sorted_labels(kept)
-    plan = assignments(dict(kept), ctx.params, labelled)
+    if ctx.params.method == "hash":
+        stable = _stable_plan(path, rename, aside, sorted(kept, key=str), ctx.params, labelled)
+    else:
+        plan = assignments(dict(kept), ctx.params, labelled)
     writers = {name: PartWriter(ctx.out / f"{name}.parquet", ROW_GROUP_ROWS) for name in SPLITS}
     quarantine = PartWriter(ctx.out / "quarantine.parquet", ROW_GROUP_ROWS)
     seen: dict = {}
+    position = 0
     empty = src.schema_arrow.empty_table().to_pandas()
     for df in iter_frames(path, BATCH_ROWS):
         if labelled and small:
             df, set_apart = apply_plan(df, rename, aside)
             if len(set_apart):
                 quarantine.write(set_apart)
-        split = route(df, plan, seen)
+        if ctx.params.method == "hash":
+            split, position = stable[position : position + len(df)], position + len(df)
+        else:
+            split = route(df, plan, seen)
         for i, name in enumerate(SPLITS):
             part = df[split == i]
             if len(part):

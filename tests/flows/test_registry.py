@@ -96,6 +96,44 @@ def test_champion_rule(trained):
     assert again.version == better.version and "already registered" in again.reason and champion() == better.version
 
 
+
+def test_a_changed_test_split_rescores_the_champion_as_served(trained):
+    """A grown corpus gives another test split: the champion is loaded from the registry and scored on the new
+    split, and the two scores on that split decide; a champion that cannot be scored keeps the alias."""
+    from flows.registry import register_best
+    from flows.serving import score_served
+
+    test = pd.read_parquet(trained["segment"] / "test.parquet")
+    uri = client().get_run(trained["tfidf_run"]).data.tags["zhpipe.model_uri"]
+    run_id = trained["first"]["parent_run_id"]
+    served = lambda model_uri, frame: score_served(model_uri, frame, "accuracy", "classifier")  # noqa: E731
+
+    def register(score, frame, key, rescore=served):
+        return register_best(uri, run_id, "rescore-test", "tfidf_lr", frame, "accuracy", score, model_key=key, rescore=rescore)
+
+    first = register(0.5, test, "k1")
+    assert first.champion
+    today = test.iloc[: len(test) - 3]
+    truth = score_served(f"models:/zhpipe-rescore-test/{first.version}", today, "accuracy", "classifier")
+    assert 0.5 < truth <= 1.0  # a real model, really scored
+    worse = register(truth - 0.01, today, "k2")
+    assert not worse.champion and worse.champion_score == pytest.approx(truth, abs=1e-6)
+    assert "both scored on today's test split" in worse.reason and worse.test_sha256 != first.test_sha256
+    tags = client().get_model_version("zhpipe-rescore-test", worse.version).tags
+    assert float(tags["zhpipe.champion_score"]) == pytest.approx(truth, abs=1e-6)
+    better = register(min(1.0, truth + 0.01), today, "k3") if truth < 1.0 else None
+    if better is not None:
+        assert better.champion and "beats champion version" in better.reason
+
+    def broken(model_uri, frame):
+        raise OSError("artifact store unreachable")
+
+    kept = str(client().get_model_version_by_alias("zhpipe-rescore-test", "champion").version)
+    odd = register(0.99, test.iloc[:-1], "k4", rescore=broken)
+    assert not odd.champion and "could not be scored on today's test split" in odd.reason and "OSError" in odd.reason
+    assert str(client().get_model_version_by_alias("zhpipe-rescore-test", "champion").version) == kept
+
+
 def test_a_run_killed_before_registering_is_registered_by_the_next_run(prefect_harness, tmp_path, monkeypatch):
     """evaluate published, then the process dies before registering; the rerun (evaluate cached) registers."""
     import flows.evaluation
