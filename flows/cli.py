@@ -84,6 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     init.add_argument("--csv", help="your corpus: a CSV file with a text and a label column (default: a 12-row example)")
     init.add_argument("--text-column", default="text", help="the CSV's text column (default text)")
     init.add_argument("--label-column", default="label", help="the CSV's label column (default label)")
+    init.add_argument("--link", action="store_true", help="link the CSV into data/raw/ instead of copying it (its sha256 is pinned either way)")
     tune = sub.add_parser("tune", help="an Optuna study of one model's settings (TPE, pruning, resumable; nested MLflow runs)")
     pipeline_args(tune)
     storage_arg(tune)
@@ -457,7 +458,7 @@ def cmd_pipelines(args) -> int:
 def cmd_init(args) -> int:
     from flows.init import init_project
 
-    written = init_project(Path(args.dir), Path(args.csv) if args.csv else None, args.text_column, args.label_column)
+    written = init_project(Path(args.dir), Path(args.csv) if args.csv else None, args.text_column, args.label_column, args.link)
     for path in written:
         print(f"wrote {path}")
     print(f"next: cd {args.dir} && zhpipe run")

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pandas as pd
 
 from flows.project import CONFIG_NAME
 from tasks.errors import ConfigError, DataError
+from tasks.io import file_sha256
 
 STARTER = """\
 # zhpipe pipelines: `zhpipe run` runs the first one, `zhpipe run NAME` another.
@@ -17,7 +19,7 @@ pipelines:
     description: {description}
     source:
       path: {path}            # relative to this folder, or absolute; a file:// or http(s):// URL also works
-      format: csv
+{sha256}      format: csv
       text_column: {text_column}
       label_column: {label_column}
     stages:
@@ -44,8 +46,11 @@ def example_corpus() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def init_project(folder: Path, csv: Path | None = None, text_column: str = "text", label_column: str = "label") -> list[Path]:
-    """Write pipelines.yaml (and an example corpus when no CSV is given) into `folder`; never overwrite."""
+def init_project(folder: Path, csv: Path | None = None, text_column: str = "text", label_column: str = "label",
+                 link: bool = False) -> list[Path]:
+    """Write pipelines.yaml (and an example corpus when no CSV is given) into `folder`; never overwrite. A
+    user's CSV is copied under data/raw/ (or, with `link`, linked there) and pinned by its sha256, so the
+    project can move or be shared, and an edited file is an error instead of silently another corpus."""
     folder = folder.expanduser().resolve()
     config = folder / CONFIG_NAME
     if config.exists():
@@ -68,15 +73,35 @@ def init_project(folder: Path, csv: Path | None = None, text_column: str = "text
                 raise DataError(f"--csv {csv}: no {what} column '{column}' (columns: {', '.join(columns)}); "
                                 f"name it with --{what}-column")
         description = f"{path.name}"
+        path = _bring(path, folder / "data" / "raw", link)
+        written.append(path)
+    pin = "" if csv is None else f"      sha256: {file_sha256(path)}   # pinned: an edited file is an error (copy a new one, update this)\n"
     shown = os.path.relpath(path, folder) if path.is_relative_to(folder) else str(path)
     config.write_text(STARTER.format(name=_name(folder), description=description, path=shown, text_column=text_column,
-                                     label_column=label_column), encoding="utf-8")
+                                     label_column=label_column, sha256=pin), encoding="utf-8")
     written.append(config)
     ignore = folder / ".gitignore"
     if not ignore.exists():
         ignore.write_text(GITIGNORE, encoding="utf-8")
         written.append(ignore)
     return written
+
+
+def _bring(source: Path, raw: Path, link: bool) -> Path:
+    """`source` under `raw/`: copied (atomically), or a symlink with `link`; a file already there is used."""
+    raw.mkdir(parents=True, exist_ok=True)
+    target = raw / source.name
+    if target.resolve() == source:
+        return target
+    if target.exists() or target.is_symlink():
+        raise ConfigError(f"{target} already exists; remove it or pass a CSV with another name")
+    if link:
+        target.symlink_to(source)
+        return target
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    shutil.copyfile(source, tmp)
+    os.replace(tmp, target)
+    return target
 
 
 def _name(folder: Path) -> str:

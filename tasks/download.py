@@ -352,7 +352,8 @@ def verify(path: Path, expected: str | None) -> str:
     """Return the file's sha256; raise ChecksumError when it differs from `expected`."""
     actual = file_sha256(path)
     if expected and actual != expected.lower():
-        raise ChecksumError(f"{path}: sha256 mismatch (expected {expected}, got {actual})")
+        raise ChecksumError(f"{path}: sha256 mismatch (expected {expected}, got {actual}): the file changed since its "
+                            "sha256 was pinned; if the new content is intended, set source.sha256 to the new value")
     return actual
 
 

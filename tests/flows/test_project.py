@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tasks.io import file_sha256
+
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
 
@@ -60,3 +62,38 @@ def test_init_and_run_in_an_empty_folder_write_only_there(installed, tmp_path):
     assert outside.returncode == 2 and "no pipelines.yaml" in outside.stderr and len(outside.stderr.strip().splitlines()) == 1
     given = subprocess.run([*zhpipe, "--project", str(project), "status"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert given.returncode == 0 and "cached" in given.stdout
+
+
+def test_init_csv_copies_pins_and_refuses_an_edited_file(tmp_path):
+    """`init --csv` copies the corpus under data/raw/ and pins its sha256: the project still works after a
+    move, and an edited corpus is a one-line error instead of silently another corpus."""
+    import yaml
+
+    from flows.init import example_corpus
+
+    corpus = tmp_path / "mine.csv"
+    example_corpus().to_csv(corpus, index=False)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ZHPIPE_", "MLFLOW_", "PREFECT_"))}
+    env["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "180"
+    zhpipe = [sys.executable, "-m", "flows.cli"]
+    init = subprocess.run([*zhpipe, "init", str(tmp_path / "p"), "--csv", str(corpus)], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert init.returncode == 0, init.stderr
+    copy = tmp_path / "p" / "data" / "raw" / "mine.csv"
+    assert copy.read_bytes() == corpus.read_bytes() and not copy.is_symlink()
+    source = next(iter(yaml.safe_load((tmp_path / "p" / "pipelines.yaml").read_text())["pipelines"].values()))["source"]
+    assert source["path"] == "data/raw/mine.csv" and source["sha256"] == file_sha256(corpus)
+    corpus.unlink()  # the project no longer needs the original
+    shutil.move(tmp_path / "p", tmp_path / "moved")
+    run = [*zhpipe, "run", "--to", "clean"]
+    ok = subprocess.run(run, env=env, cwd=tmp_path / "moved", capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    with open(tmp_path / "moved" / "data" / "raw" / "mine.csv", "a", encoding="utf-8") as f:
+        f.write("一条新评论,1\n")
+    bad = subprocess.run(run, env=env, cwd=tmp_path / "moved", capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "sha256" in bad.stderr, bad.stderr[-2000:]
+    errors = [line for line in bad.stderr.splitlines() if line.startswith("zhpipe: error:")]
+    assert len(errors) == 1 and "sha256 mismatch" in errors[0] and "set source.sha256" in errors[0]
+    linked = subprocess.run([*zhpipe, "init", str(tmp_path / "q"), "--csv", str(tmp_path / "moved" / "data" / "raw" / "mine.csv"),
+                             "--link"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert linked.returncode == 0 and (tmp_path / "q" / "data" / "raw" / "mine.csv").is_symlink()
