@@ -1,4 +1,6 @@
-"""Imported by the segment stage's forkserver: loads jieba's dictionary once for all forked workers."""
-from tasks.segmenter import default_tokenizer
+"""Imported by the segment stage's forkserver: loads jieba's and jieba-rs's dictionaries once for all forked
+workers."""
+from tasks.segmenter import default_rs, default_tokenizer
 
 default_tokenizer()
+default_rs()

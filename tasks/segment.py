@@ -20,7 +20,7 @@ from tasks.segmenter import Segmenter, SegmenterParams
 
 # what its key sees besides params, inputs and code (flows/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)
-LIBRARIES = ("jieba", "pyarrow")
+LIBRARIES = ("jieba", "rjieba", "pyarrow")
 FILES: tuple[str, ...] = ("user_dict", "stopwords")
 
 

@@ -2,6 +2,7 @@ import hashlib
 import os
 
 import pandas as pd
+import pytest
 
 from flows.chunks import DaskRunner, shutdown
 from tasks.io import Runner, write_parquet
@@ -12,28 +13,49 @@ from tasks.segmenter import Segmenter
 TEXTS = ["我来到北京清华大学", "房间很干净，服务也好", "早餐太差了"]
 
 
-def test_modes():
-    assert Segmenter(SegmentConfig()).words(TEXTS[0]) == ["我", "来到", "北京", "清华大学"]
-    full = Segmenter(SegmentConfig(mode="full")).words(TEXTS[0])
+BACKENDS = pytest.mark.parametrize("backend", ["jieba", "jieba-rs"])
+
+
+@BACKENDS
+def test_modes(backend):
+    assert Segmenter(SegmentConfig(backend=backend)).words(TEXTS[0]) == ["我", "来到", "北京", "清华大学"]
+    full = Segmenter(SegmentConfig(backend=backend, mode="full")).words(TEXTS[0])
     assert {"清华", "华大", "大学", "清华大学"} <= set(full)
-    search = Segmenter(SegmentConfig(mode="search")).words(TEXTS[0])
+    search = Segmenter(SegmentConfig(backend=backend, mode="search")).words(TEXTS[0])
     assert "清华" in search and "清华大学" in search
 
 
-def test_user_dict_stopwords_and_pos(tmp_path):
+@BACKENDS
+def test_user_dict_stopwords_and_pos(tmp_path, backend):
     (tmp_path / "user.txt").write_text("很干净 100 a\n", encoding="utf-8")
     (tmp_path / "stop.txt").write_text("，\n也好\n", encoding="utf-8")
-    seg = Segmenter(SegmentConfig(user_dict=str(tmp_path / "user.txt"), stopwords=str(tmp_path / "stop.txt"), pos=True))
+    seg = Segmenter(SegmentConfig(backend=backend, user_dict=str(tmp_path / "user.txt"), stopwords=str(tmp_path / "stop.txt"), pos=True))
     rows = seg.rows([TEXTS[1]])
     assert rows["words"] == ["房间 很干净 服务"]  # "，" and "也好" are stopwords
     assert rows["chars"] == ["房 间 很 干 净 ， 服 务 也 好"]
-    assert "房间/n" in rows["pos"][0].split()
+    assert "房间/n" in rows["pos"][0].split() and "很干净/a" in rows["pos"][0].split()
 
 
-def test_user_dict_does_not_leak_into_default_segmenter(tmp_path):
+@BACKENDS
+def test_user_dict_does_not_leak_into_default_segmenter(tmp_path, backend):
     (tmp_path / "user.txt").write_text("很干净 100 a\n", encoding="utf-8")
-    Segmenter(SegmentConfig(user_dict=str(tmp_path / "user.txt")))
-    assert "很干净" not in Segmenter(SegmentConfig()).words(TEXTS[1])
+    Segmenter(SegmentConfig(backend=backend, user_dict=str(tmp_path / "user.txt")))
+    assert "很干净" not in Segmenter(SegmentConfig(backend=backend)).words(TEXTS[1])
+
+
+def test_the_backends_agree_on_chinese_and_differ_on_digit_runs():
+    py, rs = Segmenter(SegmentConfig(backend="jieba")), Segmenter(SegmentConfig(backend="jieba-rs"))
+    for text in (*TEXTS, "酒店的早餐很丰富，服务员态度热情"):
+        assert py.words(text) == rs.words(text)
+    assert py.words("6月21-23日") == ["6", "月", "21", "-", "23", "日"] and rs.words("6月21-23日") == ["6", "月", "21-23", "日"]
+
+
+def test_the_backend_is_part_of_the_segment_key():
+    from flows.config import load_pipeline
+    from flows.runner import plan_keys
+
+    a, b = (plan_keys(load_pipeline("smoke", overrides=[f"segment.backend={x}"])) for x in ("jieba", "jieba-rs"))
+    assert a["split"] == b["split"] and a["segment"] != b["segment"]
 
 
 def _digest(path) -> str:
