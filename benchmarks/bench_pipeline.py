@@ -1,7 +1,8 @@
 """zhpipe benchmarks, each side by side with its baseline in one run (medians; ratios are what to quote).
 
-1. segmentation: the segment stage's logic (process pool, words + chars) vs a single-process `jieba.lcut`
-   loop, on the bundled corpus repeated --repeat times (goal >= 1.8x on 2 cores);
+1. segmentation: the segment stage's logic (process pool, words + chars, Parquet in and out) vs a
+   single-process loop of the same backend's cut (`--backend jieba-rs|jieba`), on the bundled corpus
+   repeated --repeat times (goal: at least half of the loop's speed times the worker count);
 2. cached rerun vs first run of the whole pipeline flow on a fresh store (goal: rerun <= 1/4);
 3. orchestration + tracking overhead: the flow's first run vs the same stage `build` functions called
    directly in order with no Prefect and no MLflow (goal <= 10%).
@@ -42,17 +43,17 @@ from tasks.segment import Params as SegmentConfig  # noqa: E402
 console = Console()
 
 
-def bench_segmentation(repeat: int, rounds: int) -> dict:
-    """Stage logic vs a single-process jieba.lcut loop, alternating, on the same texts."""
-    import jieba
-
+def bench_segmentation(repeat: int, rounds: int, backend: str = "jieba-rs") -> dict:
+    """Stage logic vs a single-process loop of the same backend's cut, alternating, on the same texts."""
     from tasks.io import Runner, write_parquet
     from tasks.segment import segment_file, worker_count
+    from tasks.segmenter import Segmenter
 
     texts = pd.read_csv(ROOT / "data" / "raw" / "ChnSentiCorp_htl_all.csv")["review"].fillna("").astype(str).tolist() * repeat
     chars = sum(map(len, texts))
-    jieba.initialize()
-    params = SegmentConfig()
+    params = SegmentConfig(backend=backend)
+    cut = Segmenter(params).tokenizer.cut
+    list(cut("预热"))
     src, dst = _TMP / "segment-in.parquet", _TMP / "segment-out.parquet"
     write_parquet(pd.DataFrame({"id": range(len(texts)), "text": texts}), src)
     stage, loop = [], []
@@ -62,12 +63,14 @@ def bench_segmentation(repeat: int, rounds: int) -> dict:
         stage.append(time.perf_counter() - t0)
         out = {"words": pd.read_parquet(dst, columns=["words"])["words"].tolist()}
         t0 = time.perf_counter()
-        base = [jieba.lcut(t) for t in texts]
+        base = [list(cut(t)) for t in texts]
         loop.append(time.perf_counter() - t0)
-        console.print(f"  segmentation round {r + 1}/{rounds}: stage {stage[-1]:.1f} s, jieba.lcut loop {loop[-1]:.1f} s")
+        console.print(f"  segmentation round {r + 1}/{rounds}: stage {stage[-1]:.1f} s, {backend} loop {loop[-1]:.1f} s")
     same = out["words"] == [" ".join(w for w in ws if w.strip()) for ws in base]
+    mb = sum(len(t.encode("utf-8")) for t in texts) / 2**20
     return {
-        "texts": len(texts), "chars": chars, "workers": worker_count(params, len(texts)),
+        "backend": backend, "texts": len(texts), "chars": chars, "mb": mb, "workers": worker_count(params, len(texts)),
+        "stage_mb_per_s": mb / statistics.median(stage), "loop_mb_per_s": mb / statistics.median(loop),
         "stage_s": statistics.median(stage), "loop_s": statistics.median(loop),
         "stage_chars_per_s": chars / statistics.median(stage), "loop_chars_per_s": chars / statistics.median(loop),
         "speedup": statistics.median(loop) / statistics.median(stage), "same_words_as_loop": same,
@@ -129,11 +132,12 @@ def main() -> None:
     ap.add_argument("--flow-rounds", type=int, default=2, help="rounds of (flow, rerun, direct)")
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     ap.add_argument("--skip", choices=["segmentation", "flow"], action="append", default=[])
+    ap.add_argument("--backend", default="jieba-rs", choices=["jieba-rs", "jieba"], help="segmentation backend")
     args = ap.parse_args()
     results = {"machine": {"cpus": os.cpu_count()}}
     if "segmentation" not in args.skip:
         console.print("[bold]1. segmentation[/]")
-        results["segmentation"] = bench_segmentation(args.repeat, args.rounds)
+        results["segmentation"] = bench_segmentation(args.repeat, args.rounds, args.backend)
     if "flow" not in args.skip:
         console.print("[bold]2-3. flow first run, cached rerun, direct stage calls[/]")
         results["flow"] = bench_flow(args.pipeline, args.overrides, args.flow_rounds)

@@ -108,8 +108,10 @@ def _parser() -> argparse.ArgumentParser:
     predict.add_argument("--dask", metavar="ADDRESS", help="with --input: predict in chunks on Dask (`local` or a scheduler address)")
     server = sub.add_parser("server", help="a Prefect server in the background that every zhpipe command reuses "
                             "(instead of starting a temporary one each time)")
-    server.add_argument("action", choices=["start", "stop", "status"])
-    server.add_argument("--port", type=int, help="with start: the port (default: a free one)")
+    server.add_argument("action", choices=["start", "stop", "status"], help="start it (or show the running one), stop it, "
+                        "or say whether it runs and where its UI is")
+    server.add_argument("--port", type=int, help="with start: the port (default: the project's own, from 4300-4999, "
+                        "or ZHPIPE_SERVER_PORT)")
     ui = sub.add_parser("ui", help="start the MLflow UI on the project's tracking store")
     ui.add_argument("--port", type=int, default=5000)
     ui.add_argument("--host", default="127.0.0.1")
@@ -491,7 +493,7 @@ def cmd_server(args) -> int:
         print(f"stopped the Prefect server at {state['url']}" if state else "no background Prefect server was running")
     else:
         state = server.running()
-        print(f"running at {state['url']} (pid {state['pid']})" if state else
+        print(f"running at {state['url']} (UI {state['url'].removesuffix('/api')}, pid {state['pid']})" if state else
               "not running: each command starts a temporary Prefect server (`zhpipe server start` avoids that)")
     return 0
 

@@ -223,7 +223,8 @@ def _apply_set(raw: dict, assignment: str) -> None:
         raise ConfigError(f"--set {assignment!r}: expected STAGE.PARAM=VALUE")
     dotted, value = assignment.split("=", 1)
     parts = dotted.strip().split(".")
-    if parts[-1].endswith("_env"):
+    value = parse_value(value)
+    if parts[-1].endswith("_env") or any(k.endswith("_env") for k in _mapping_keys(value)):
         raise ConfigError(f"--set {dotted.strip()}: names of environment variables holding secrets are declared in pipelines.yaml, "
                           "not in overrides")
     if len(parts) < 2:
@@ -233,10 +234,78 @@ def _apply_set(raw: dict, assignment: str) -> None:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
             raise ConfigError(f"--set {assignment!r}: '{part}' is not a section")
-    # lists, mappings and null are YAML; scalars stay strings and pydantic converts them to the field's
-    # type, so `source.sha256=0123...` stays a string instead of becoming the number 123...
+    node[parts[-1]] = value
+
+
+MAX_YAML_NODES = 200_000  # a config expanded (aliases followed) beyond this is refused, not built
+
+
+def load_yaml(text: str, where: Path | str = "--set value") -> Any:
+    """`yaml.safe_load` that refuses a document whose aliases expand past MAX_YAML_NODES nodes (a few hundred
+    bytes of nested aliases can otherwise take gigabytes), counted on the composed graph before it is built."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        sizes: dict[int, int] = {}
+
+        def size(n) -> int:
+            if id(n) in sizes:
+                return sizes[id(n)]
+            sizes[id(n)] = 1  # a cycle counts once
+            children = [c for pair in n.value for c in pair] if isinstance(n, yaml.MappingNode) else \
+                n.value if isinstance(n, yaml.SequenceNode) else []
+            total = 1 + sum(size(c) for c in children)
+            sizes[id(n)] = total
+            return total
+
+        expanded = size(node)
+        if expanded > MAX_YAML_NODES:
+            raise ConfigError(f"{where}: YAML aliases expand to {expanded:,} nodes (at most {MAX_YAML_NODES:,}); "
+                              "is an alias nested in itself?")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def parse_value(value: str) -> Any:
+    """An override's value as the config reads it: lists, mappings and null are YAML (escapes and all);
+    scalars stay strings and pydantic converts them to the field's type, so `source.sha256=0123...` stays a
+    string instead of becoming the number 123..."""
     text = value.strip()
-    node[parts[-1]] = yaml.safe_load(text) if text[:1] in "[{" or text in ("null", "~") else text
+    if not (text[:1] in "[{" or text in ("null", "~")):
+        return text
+    if len(text) > 10_000:
+        raise ConfigError(f"--set value of {len(text)} characters: at most 10000")
+    try:
+        return load_yaml(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--set value {text[:60]!r}: invalid YAML ({str(e).splitlines()[0]})") from None
+
+
+def _mapping_keys(value: Any):
+    """Every mapping key inside a parsed value, at any depth."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield str(k)
+            yield from _mapping_keys(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _mapping_keys(v)
+
+
+def string_leaves(value: Any):
+    """Every string inside a parsed value (keys and values, at any depth)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield str(k)
+            yield from string_leaves(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from string_leaves(v)
+    elif value is not None:
+        yield str(value)
 
 
 PIPELINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -273,7 +342,7 @@ def load_pipeline(
         config_file = current().config_file
     config_file = Path(config_file)
     try:
-        doc = yaml.safe_load(config_file.read_text(encoding="utf-8")) or {}
+        doc = load_yaml(config_file.read_text(encoding="utf-8"), config_file) or {}
     except OSError as e:
         raise ConfigError(f"cannot read config {config_file}: {e.strerror}") from e
     except yaml.YAMLError as e:
@@ -304,7 +373,7 @@ def load_pipeline(
 def list_pipelines(config_file: Path | str) -> dict[str, str]:
     """Pipeline names and descriptions declared in the config file, in file order."""
     try:
-        doc = yaml.safe_load(Path(config_file).read_text(encoding="utf-8")) or {}
+        doc = load_yaml(Path(config_file).read_text(encoding="utf-8"), config_file) or {}
     except OSError as e:
         raise ConfigError(f"cannot read config {config_file}: {e.strerror}") from e
     except yaml.YAMLError as e:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +15,10 @@ log = logging.getLogger("zhpipe")
 CODE = Path(__file__).resolve().parent.parent  # where the flows package is (a checkout or site-packages)
 PIPELINE_ENTRYPOINT = "flows/pipeline.py:pipeline_flow"
 TRAIN_ENTRYPOINT = "flows/pipeline.py:train_flow"
-# what a worker on another machine needs to reach the same store and tracking server
-FORWARDED_ENV = ("ZHPIPE_STORAGE", "MLFLOW_TRACKING_URI", "ZHPIPE_CACHE")
+# what a worker on another machine needs to reach the same store and tracking server: read from the
+# worker's own environment (a flow run inherits it), never written into the deployment, where a password in
+# the URL would sit in plain text on the server and in its UI
+WORKER_ENV = ("ZHPIPE_PROJECT", "ZHPIPE_STORAGE", "MLFLOW_TRACKING_URI", "ZHPIPE_CACHE")
 
 
 def schedules(config: PipelineConfig) -> list:
@@ -45,9 +46,25 @@ def flow_parameters(config: PipelineConfig, config_file: str | None) -> dict[str
 
 
 def job_env() -> dict[str, str]:
-    """Environment for the flow-run processes the worker starts: storage root and tracking URI when set,
-    and zhpipe's logger among Prefect's (its lines then reach the worker's log and the UI)."""
-    return {"PREFECT_LOGGING_EXTRA_LOGGERS": "zhpipe", **{k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}}
+    """Environment the deployment adds for its flow-run processes: zhpipe's logger among Prefect's (its lines
+    then reach the worker's log and the UI). Nothing secret: storage and tracking come from the worker's own
+    environment (WORKER_ENV)."""
+    return {"PREFECT_LOGGING_EXTRA_LOGGERS": "zhpipe"}
+
+
+def job_template() -> dict[str, Any]:
+    """The base job template of a pool zhpipe creates: Prefect's process template with the command and the
+    environment fixed, so that no deployment or flow run can replace the flow with another command or move
+    the store and tracking through job variables (they are not variables any more)."""
+    from prefect.workers.process import ProcessWorker
+
+    template = ProcessWorker.get_default_base_job_template()
+    template["job_configuration"]["command"] = None  # the worker's own `prefect flow-run execute`
+    template["job_configuration"]["env"] = job_env()
+    template["job_configuration"]["working_dir"] = None
+    for fixed in ("command", "env", "working_dir"):
+        template["variables"]["properties"].pop(fixed, None)
+    return template
 
 
 def require_server() -> str:
@@ -63,19 +80,23 @@ def require_server() -> str:
 
 
 def ensure_work_pool(client, name: str) -> bool:
-    """Create a process work pool when it does not exist; True when created."""
-    from prefect.client.schemas.actions import WorkPoolCreate
+    """Create a process work pool with zhpipe's fixed job template (`job_template`), or give an existing
+    process pool that template; True when created."""
+    from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
     from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
-    from prefect.workers.process import ProcessWorker
 
     try:
-        client.read_work_pool(name)
-        return False
+        pool = client.read_work_pool(name)
     except ObjectNotFound:
-        pass
+        pool = None
+    if pool is not None:
+        if pool.type != "process":
+            raise ZhpipeError(f"work pool {name!r} is of type {pool.type!r}; zhpipe deploys to process pools (name another pool)")
+        if pool.base_job_template != job_template():
+            client.update_work_pool(name, WorkPoolUpdate(base_job_template=job_template()))
+        return False
     try:
-        client.create_work_pool(WorkPoolCreate(name=name, type="process",
-                                               base_job_template=ProcessWorker.get_default_base_job_template()))
+        client.create_work_pool(WorkPoolCreate(name=name, type="process", base_job_template=job_template()))
     except ObjectAlreadyExists:
         return False
     return True
@@ -90,7 +111,6 @@ def deploy(configs: list[PipelineConfig], config_file: str | None = None) -> lis
 
 
     require_server()
-    env = job_env()
     rows = []
     with get_client(sync_client=True) as client:
         for config in configs:
@@ -99,7 +119,7 @@ def deploy(configs: list[PipelineConfig], config_file: str | None = None) -> lis
             flow = Flow.from_source(source=str(CODE), entrypoint=PIPELINE_ENTRYPOINT)
             deployment_id = flow.deploy(
                 name=config.name, work_pool_name=config.work_pool, schedules=schedules(config),
-                parameters=flow_parameters(config, config_file), job_variables={"env": env},
+                parameters=flow_parameters(config, config_file), job_variables={},
                 description=config.description or None, tags=["zhpipe"], build=False, push=False,
                 print_next_steps=False, enforce_parameter_schema=False, ignore_warnings=True,
             )
@@ -109,7 +129,7 @@ def deploy(configs: list[PipelineConfig], config_file: str | None = None) -> lis
                 train.deploy(
                     name=config.name, work_pool_name=train_pool, schedules=[], tags=["zhpipe", "train"],
                     parameters={k: v for k, v in flow_parameters(config, config_file).items() if k in ("pipeline", "project_dir", "config_file", "overrides")},
-                    job_variables={"env": env},
+                    job_variables={},
                     description=f"train stage of {config.name} (submitted by its pipeline runs)",
                     build=False, push=False, print_next_steps=False, enforce_parameter_schema=False, ignore_warnings=True,
                 )

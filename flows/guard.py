@@ -2,12 +2,14 @@
 only the pipeline's own file decides what is safe. A run of a deployment may change:
 
 - `overrides` that match the pipeline's `parameters.allow_overrides` patterns (none by default), whose
-  values name no path outside the project and no URL;
+  values, parsed exactly as the config parses them, hold no path outside the project, no `~`, no URL and
+  no `*_env` key, at any depth;
 - `stages`, `force` and `verify`, and (for the train flow) the MLflow parent run id.
 
 Everything that chooses where data comes from or goes to (`source`, `storage`, `dask`, `config_file`,
-`project_dir`, `pipeline`) is fixed by the deployment. Runs outside a deployment (the CLI, the Python API)
-are the user's own and are not checked.
+`project_dir`, `pipeline`) is fixed by the deployment. What is allowed is read from the worker's own
+pipelines.yaml, never from values the Prefect server holds (a PATCHed deployment cannot widen it). Runs
+outside a deployment (the CLI, the Python API) are the user's own and are not checked.
 """
 from __future__ import annotations
 
@@ -24,7 +26,9 @@ RUN_ID = re.compile(r"[0-9a-f]{32}")
 
 
 def deployment_defaults() -> dict[str, Any] | None:
-    """The running deployment's own parameters, or None outside a deployment run."""
+    """What the running deployment may run, from this machine's pipelines.yaml, or None outside a deployment
+    run. The server names the deployment (its name is its pipeline's) and where the project is; the
+    parameters are then computed from the file, as `zhpipe deploy` computed them."""
     from uuid import UUID
 
     from prefect.client.orchestration import get_client
@@ -32,9 +36,32 @@ def deployment_defaults() -> dict[str, Any] | None:
 
     if deployment.id is None:
         return None
-    # prefect.runtime.deployment.parameters are the run's own; the deployment's are read from the server
     with get_client(sync_client=True) as client:
-        return dict(client.read_deployment(UUID(deployment.id)).parameters or {})
+        server = client.read_deployment(UUID(deployment.id))
+    return expected_parameters(server.name, dict(server.parameters or {}))
+
+
+def expected_parameters(name: str, server: dict[str, Any]) -> dict[str, Any]:
+    """The deployment parameters `zhpipe deploy` writes for pipeline `name`, read from the project's own file:
+    the project folder (ZHPIPE_PROJECT on the worker wins over the server's `project_dir`)."""
+    import os
+
+    from flows.config import load_pipeline
+    from flows.project import Project
+
+    folder = os.environ.get("ZHPIPE_PROJECT") or server.get("project_dir")
+    if not folder:
+        raise ConfigError(f"deployment run refused: deployment {name!r} names no project folder (project_dir) and "
+                          "ZHPIPE_PROJECT is unset on the worker")
+    project = Project(Path(folder))
+    config_file = server.get("config_file")
+    config = load_pipeline(name, config_file or project.config_file)
+    p = config.parameters
+    expected = {"pipeline": config.name, "overrides": p.overrides, "stages": p.stages, "force": p.force,
+                "project_dir": str(project.root), "allow_overrides": p.allow_overrides}
+    if config_file:
+        expected["config_file"] = config_file
+    return expected
 
 
 def check_run(params: dict[str, Any], defaults: dict[str, Any] | None = None) -> None:
@@ -73,24 +100,47 @@ def refused_overrides(params: dict[str, Any], defaults: dict[str, Any]) -> list[
         from flows.project import current
 
         project = current()
-    file = defaults.get("config_file") or project.config_file
-    allowed = load_pipeline(defaults.get("pipeline") or params.get("pipeline"), file, own).parameters.allow_overrides
+    allowed = defaults.get("allow_overrides")
+    if allowed is None:
+        file = defaults.get("config_file") or project.config_file
+        allowed = load_pipeline(defaults.get("pipeline") or params.get("pipeline"), file, own).parameters.allow_overrides
     root = project.root.resolve()
     out = []
     for assignment in extra:
         dotted, _, value = str(assignment).partition("=")
-        if not any(fnmatchcase(dotted.strip(), pattern) for pattern in allowed) or _escapes(value.strip(), root):
+        if not any(fnmatchcase(dotted.strip(), pattern) for pattern in allowed) or _unsafe(value, root):
             out.append(dotted.strip() or str(assignment))
     return out
 
 
+def _unsafe(value: str, root: Path) -> bool:
+    """A value that, parsed as the config parses it, holds a URL, a path outside the project or a `*_env` key
+    anywhere in it (an unparseable value is unsafe too)."""
+    from flows.config import parse_value, string_leaves
+
+    try:
+        parsed = parse_value(value)
+    except ConfigError:
+        return True
+    if isinstance(parsed, dict | list):
+        from flows.config import _mapping_keys
+
+        if any(k.endswith("_env") for k in _mapping_keys(parsed)):
+            return True
+    return any(_escapes(leaf.strip(), root) for leaf in string_leaves(parsed))
+
+
 def _escapes(value: str, root: Path) -> bool:
-    """A value that is a URL, or a path that resolves outside the project folder."""
-    if "://" in value or value.startswith("~"):
+    """A value that is a URL, or a path that resolves outside the project folder (through `..` or a
+    symlink)."""
+    if "://" in value or ":/" in value or value.startswith("~") or value.startswith("\\\\"):
         return True
     if "/" in value or "\\" in value or value.startswith("."):
         path = Path(value)
-        return not (path if path.is_absolute() else root / path).resolve().is_relative_to(root)
+        try:
+            return not (path if path.is_absolute() else root / path).resolve().is_relative_to(root)
+        except (OSError, RuntimeError):  # a symlink loop
+            return True
     return False
 
 

@@ -206,6 +206,7 @@ def pipeline_flow(
     config = pipeline if isinstance(pipeline, PipelineConfig) else _config(pipeline, overrides, source, config_file)
     stages = stages or list(config.kind.stages)
     run = start_run(config, forced_stages(force, tuple(config.kind.stages)), storage_root(config, storage), chunk_executor(config, dask), verify, overrides)
+    label_flow_run(run, overrides)
     needed = set(stages) | {d for s in stages for d in config.kind.stages[s].needs}
     results: dict[str, StageResult] = {}
 
@@ -235,6 +236,28 @@ def pipeline_flow(
                    for name in stages],
         "units": [{k: v for k, v in asdict(unit).items() if k != "parts"} for name in stages for unit in results[name].parts.values()],
     }
+
+
+def label_flow_run(run: RunContext, overrides: list[str] | None) -> None:
+    """The Prefect flow run as people look for it: named like the MLflow parent run (pipeline, changed
+    settings, time), tagged with the pipeline and task kind, and linked to the MLflow run by an artifact."""
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+
+    from flows.tracking import ui_url
+
+    if not flow_run.id:
+        return
+    tags = ["zhpipe", f"pipeline:{run.config.name}", f"task:{run.config.task}"]
+    try:
+        with get_client(sync_client=True) as client:
+            client.update_flow_run(flow_run.id, name=run_name(run.config, overrides), tags=tags)
+    except Exception as e:  # noqa: BLE001 - a name and tags are a convenience, never a failed run
+        log.warning("could not name the Prefect flow run: %s", e)
+    link = ui_url(run.experiment, run.parent_run_id)
+    create_markdown_artifact(markdown=f"MLflow parent run [{run.parent_run_id}]({link}) of experiment `{run.experiment}`"
+                             f" (open the UI with `zhpipe ui`)", key=artifact_key(run.config.name, "mlflow-run"),
+                             description="zhpipe: where this run's metrics and models are")
 
 
 def _routed(run: RunContext, stages: list[str]) -> bool:

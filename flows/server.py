@@ -54,26 +54,48 @@ def use_running() -> str | None:
     return None
 
 
-def _free_port() -> int:
+PORTS = (4300, 4999)  # where a project's own port is drawn from (Prefect's default 4200 stays free for its own server)
+
+
+def project_port() -> int:
+    """The project's own port: drawn from PORTS by a hash of the Prefect home folder, so it stays the same
+    from one start to the next and two projects rarely meet; ZHPIPE_SERVER_PORT or --port change it."""
+    import hashlib
+
+    if os.environ.get("ZHPIPE_SERVER_PORT"):
+        return int(os.environ["ZHPIPE_SERVER_PORT"])
+    home = str(Path(os.environ["PREFECT_HOME"]).expanduser().resolve())
+    lo, hi = PORTS
+    return lo + int(hashlib.sha256(home.encode()).hexdigest(), 16) % (hi - lo + 1)
+
+
+def _port_free(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def start(port: int | None = None, timeout: float = 180.0) -> dict:
-    """Start `prefect server start` on loopback in the background (or return the running one)."""
+    """Start `prefect server start` on loopback in the background (or return the running one), on the
+    project's own port; the UI it serves is told that port (PREFECT_UI_API_URL), so it shows this server."""
     state = running()
     if state:
         return state
-    port = port or _free_port()
+    port = port or project_port()
+    if not _port_free(port):
+        raise ZhpipeError(f"port {port} on 127.0.0.1 is taken (another server?); choose one with "
+                          "`zhpipe server start --port PORT` or ZHPIPE_SERVER_PORT")
     home = Path(os.environ["PREFECT_HOME"]).expanduser()
     home.mkdir(parents=True, exist_ok=True)
     log = home / "zhpipe-server.log"
-    env = {**os.environ, "PREFECT_API_URL": "", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    url = f"http://127.0.0.1:{port}/api"
+    env = {**os.environ, "PREFECT_API_URL": "", "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_API_URL": url}
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
                                 env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-    url = f"http://127.0.0.1:{port}/api"
     deadline = time.monotonic() + timeout
     while not _healthy(url, timeout=2):
         if proc.poll() is not None:

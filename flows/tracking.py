@@ -52,6 +52,17 @@ def _client(uri: str):
 _EXPERIMENTS: dict[tuple[str, str], str] = {}
 
 
+UI_URL = "http://127.0.0.1:5000"  # where `zhpipe ui` serves MLflow by default (ZHPIPE_MLFLOW_UI changes it)
+
+
+def ui_url(experiment: str, run_id: str) -> str:
+    """The MLflow UI address of a run, as `zhpipe ui` serves it."""
+    import os
+
+    base = os.environ.get("ZHPIPE_MLFLOW_UI", UI_URL).rstrip("/")
+    return f"{base}/#/experiments/{experiment_id(experiment)}/runs/{run_id}"
+
+
 def experiment_id(name: str) -> str:
     """Id of the experiment `name`, created with artifacts under mlruns/ when missing (asked once per process)."""
     key = (tracking_uri(), name)

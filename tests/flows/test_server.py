@@ -16,7 +16,7 @@ def zhpipe(env, *args):
     return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
-def test_background_server_is_started_reused_and_stopped(tmp_path):
+def test_background_server_is_started_reused_and_stopped(tmp_path, monkeypatch):
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     env.update({"PREFECT_HOME": str(tmp_path / "prefect"), "ZHPIPE_DATA": str(tmp_path / "store"),
                 "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"})
@@ -32,6 +32,15 @@ def test_background_server_is_started_reused_and_stopped(tmp_path):
         assert "temporary server" not in run.stdout + run.stderr  # it used the background server
         runs = httpx.post(f"{url}/flow_runs/filter", json={}, timeout=10).json()
         assert [r["state_type"] for r in runs if r["flow_id"]] and all(r["state_type"] == "COMPLETED" for r in runs)
+        # found by the pipeline's tag and named after it; its UI is told this server's own API
+        tagged = httpx.post(f"{url}/flow_runs/filter", json={"flow_runs": {"tags": {"all_": ["pipeline:smoke"]}}}, timeout=10).json()
+        assert len(tagged) == 1 and tagged[0]["name"].startswith("smoke ") and "task:classification" in tagged[0]["tags"]
+        settings = httpx.get(url.removesuffix("/api") + "/ui-settings", timeout=10).json()
+        assert settings["api_url"] == url
+        from flows.server import project_port
+
+        monkeypatch.setenv("PREFECT_HOME", env["PREFECT_HOME"])
+        assert url == f"http://127.0.0.1:{project_port()}/api"  # the project's own, stable port
     finally:
         stopped = zhpipe(env, "server", "stop")
     assert stopped.returncode == 0 and "stopped" in stopped.stdout
