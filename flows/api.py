@@ -95,6 +95,8 @@ def read_output(folder: Path, path: str, kind: str) -> Any:
         return pd.read_csv(folder / path)
     if kind == "json":
         return json.loads((folder / path).read_text(encoding="utf-8"))
+    if kind == "text":
+        return (folder / path).read_text(encoding="utf-8").splitlines()
     if kind == "vectors":
         from gensim.models import KeyedVectors
 

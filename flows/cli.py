@@ -185,6 +185,11 @@ def summary_table(rows: list[dict], wall: float, name: str, units: list[dict] = 
         metric = f"{r['headline']}={value:.4g}" if value is not None else ""
         table.add_row(r["stage"], "[green]hit[/]" if r["cache"] == "hit" else "[yellow]miss[/]",
                       f"{r['seconds']:.1f}", str(r["rows"] if r["rows"] is not None else ""), metric)
+        partitions = [u for u in units if u["stage"].startswith(r["stage"] + ":")]
+        if partitions:  # a partitioned source: one line for all of a stage's partitions
+            built = [u for u in partitions if u["cache"] == "miss"]
+            table.add_row(f"  {len(partitions)} partitions", f"{len(partitions) - len(built)} hit, {len(built)} built",
+                          f"{sum(u['seconds'] for u in built):.1f}", str(sum(u["rows"] or 0 for u in built)), "rows built")
         for u in (u for u in units if u["stage"].startswith(r["stage"] + ".")):
             key = next((k for k in ("val_macro_f1_best", "test_accuracy", "val_perplexity_best", "test_perplexity") if k in u["metrics"]), None)
             table.add_row(f"  {u['stage'].partition('.')[2]}", "[green]hit[/]" if u["cache"] == "hit" else "[yellow]miss[/]",
@@ -207,10 +212,21 @@ def cmd_status(args) -> int:
     for col in ("stage", "state", "key", "rows", "built seconds", "why"):
         table.add_column(col)
     colour = {"cached": "green", "stale": "yellow", "missing": "red"}
-    for row in stage_states(StageStore(storage_root(config, args.storage)), causes, keys):
+    rows = stage_states(StageStore(storage_root(config, args.storage)), causes, keys)
+    parts: dict[str, list[dict]] = {}
+    for row in rows:  # a partitioned source: its partition units, one line per stage
+        if ":" in row["stage"]:
+            parts.setdefault(row["stage"].split(":", 1)[0], []).append(row)
+    for row in (r for r in rows if ":" not in r["stage"]):
         table.add_row(row["stage"], f"[{colour[row['state']]}]{row['state']}[/]", row["key"],
                       "" if row["rows"] is None else str(row["rows"]),
                       "" if row["seconds"] is None else f"{row['seconds']:.1f}", "\n".join(row["why"]))
+        if row["stage"] in parts:
+            units = parts[row["stage"]]
+            new = [u["stage"].split(":", 1)[1] for u in units if u["state"] != "cached"]
+            table.add_row(f"  {len(units)} partitions", f"{len(units) - len(new)} cached, {len(new)} to build", "",
+                          str(sum(u["rows"] or 0 for u in units)), "",
+                          ("to build: " + ", ".join(new[:3]) + (f" and {len(new) - 3} more" if len(new) > 3 else "")) if new else "")
     console = Console()
     if not console.is_terminal:  # piped or logged: whole lines, not wrapped at 80 columns
         console = Console(width=200)
@@ -420,7 +436,9 @@ def cmd_gc(args) -> int:
 
     file = project.current().config_file
     configs = [load_pipeline(name, file) for name in list_pipelines(file)]
-    keep = {(stage, key) for config in configs for stage, key in plan_keys(config).items()}
+    from flows.store import unit_folder
+
+    keep = {(unit_folder(unit), key) for config in configs for unit, key in plan_keys(config).items()}
     sources = tuple(path for config in configs for path in _source_paths(config))
     store = _store(args)
     removed = collect_garbage(store, keep, dry_run=args.dry_run, protect=(project.current().root / "data" / "raw", *sources))

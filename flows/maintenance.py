@@ -53,7 +53,7 @@ def _is_output(stage: str, entry: Path) -> bool:
         doc = Manifest.from_json(manifest.read_text(encoding="utf-8"))
     except (OSError, ValueError, TypeError):
         return False
-    return doc.stage == stage and doc.key == entry.name
+    return doc.stage.split(":", 1)[0] == stage and doc.key == entry.name
 
 
 def _leftover(name: str, keep_keys: set[str]) -> str | None:

@@ -138,6 +138,8 @@ def _stage_task(stage: str, **options):
 
     def run_stage(run: RunContext, *inputs: StageResult) -> StageResult:
         spec = run.config.kind.stages[stage]
+        if spec.partitioned and run.config.source.partitioned:
+            return run.run_partitions(spec, dict(zip(spec.needs, inputs)))
         return run.run(stage, dict(zip(spec.needs, inputs)), spec.module.build)
 
     run_stage.__doc__ = (CLASSIFICATION_STAGES[stage].help if stage in CLASSIFICATION_STAGES else f"stage {stage}")

@@ -25,6 +25,28 @@ from tasks.urls import redact
 log = logging.getLogger("zhpipe")
 
 
+def split_unit(unit: str) -> tuple[str, str, str]:
+    """(stage, model, partition) of a unit name: `train`, `train.textcnn` (a model unit), `clean:2026-12-01.csv`
+    (a partition unit; file names may hold dots, so the partition is split off first)."""
+    head, _, part = unit.partition(":")
+    stage, _, model = head.partition(".")
+    return stage, model, part
+
+
+def partitions(config: PipelineConfig) -> list[tuple[str, Path]]:
+    """The partitions of a partitioned source (one per file, in file-name order); [] for a single-file source."""
+    return config.source.partitions(project.current().root) if config.source.partitioned else []
+
+
+def partition_source(config: PipelineConfig, name: str):
+    """The source of one partition: its file, relative to the project folder where it is inside it (so that
+    a moved project keeps its keys)."""
+    root = project.current().root
+    file = dict(partitions(config))[name]
+    shown = file.relative_to(root) if file.is_relative_to(root) else file
+    return config.source.partition(shown)
+
+
 def stage_params(config: PipelineConfig, stage: str) -> dict[str, Any]:
     """The resolved parameters that define one stage's output (a stage that reads the source, needing no other
     stage, includes the source)."""
@@ -38,6 +60,11 @@ def source_fingerprint(config: PipelineConfig) -> str:
     """What identifies the raw bytes: the local file's sha256, else the declared sha256; an http(s) source
     without one (only with `allow_unverified`) by its URL and the server's ETag/Last-Modified/size. A source
     with given splits: each file's, by split."""
+    if config.source.partitioned:
+        import hashlib
+
+        listing = " ".join(f"{name}={file_sha256(file)}" for name, file in partitions(config))
+        return f"partitions {hashlib.sha256(listing.encode()).hexdigest()}"
     parts = config.source.given()
     if len(parts) > 1:
         return " ".join(f"{name}={_file_fingerprint(config, src)}" for name, src in parts.items())
@@ -80,10 +107,15 @@ def key_causes(config: PipelineConfig, unit: str, inputs: dict[str, str]) -> dic
     download), the code that computes it, the libraries that shape it and the contents of the files its params
     name. A model unit (`train.<model>`, `evaluate.<model>`) sees its stage's code and its own model family's,
     never another family's, and only the files its own section names."""
-    stage, _, model = unit.partition(".")
-    module = config.kind.stages[stage].module
+    stage, model, part = split_unit(unit)
+    spec = config.kind.stages[stage]
+    module = spec.module
     params = unit_params(config, unit)
     code, files = code_fingerprint(module.__name__), module.FILES
+    if spec.partitioned and config.source.partitioned and not part:  # the stage gathers its partitions
+        from tasks import partitions as gather
+
+        code, files, module = code_fingerprint(gather.__name__), (), gather
     if model:
         code = {**code_fingerprint(module.__name__, skip="tasks.models"), **code_fingerprint(MODELS[model].train.__module__)}
         files = tuple(f for f in files if f.startswith(f"{model}."))
@@ -114,7 +146,11 @@ def unit_params(config: PipelineConfig, unit: str) -> dict[str, Any]:
     """The params that define a stage's or a model unit's output. A `train.<model>` unit sees the settings
     shared settings its model declares it reads (`ModelSpec.shared`) and its own section, never another model's;
     `train` itself only the model list."""
-    stage, _, model = unit.partition(".")
+    stage, model, part = split_unit(unit)
+    if part and not config.kind.stages[stage].needs:  # a partition of the source: its file, and its place in the order
+        ordinal = [name for name, _ in partitions(config)].index(part)
+        return {**stage_params(config, stage), "source": partition_source(config, part).model_dump(mode="json"),
+                "partition": part, "ordinal": ordinal}
     if stage == "train":
         every = stage_params(config, "train")
         if not model:
@@ -130,8 +166,17 @@ def plan(config: PipelineConfig) -> dict[str, dict[str, Any]]:
     Each model is a unit of its own (`train.<model>`, `evaluate.<model>`); the train and evaluate stages
     gather their units, so a change to one model's params rebuilds that model and the comparison only."""
     causes: dict[str, dict[str, Any]] = {}
+    parts = partitions(config)
     for spec in config.kind.stages.values():
         stage = spec.name
+        if parts and spec.partitioned:  # a unit per partition, then the stage that gathers them in order
+            for i, (name, file) in enumerate(parts):
+                unit_inputs = {d: stage_key(causes[f"{d}:{name}"]) for d in spec.needs} or {"source": file_sha256(file)}
+                if spec.cumulative:  # it reads every earlier partition's output (clean: deduplication across them)
+                    unit_inputs |= {f"{stage}:{q}": stage_key(causes[f"{stage}:{q}"]) for q, _ in parts[:i]}
+                causes[f"{stage}:{name}"] = key_causes(config, f"{stage}:{name}", unit_inputs)
+            causes[stage] = key_causes(config, stage, {f"{stage}:{name}": stage_key(causes[f"{stage}:{name}"]) for name, _ in parts})
+            continue
         inputs = {d: stage_key(causes[d]) for d in spec.needs} if spec.needs else {"source": source_fingerprint(config)}
         if spec.per_model:
             for unit in model_units(config, stage):
@@ -201,6 +246,7 @@ class RunContext:
     executor: str | None = None  # chunked work: None = local processes, "local" = a local Dask cluster, else its address
     causes: dict[str, dict[str, Any]] = field(default_factory=dict)  # per stage, what its key hashed
     verify: bool = False  # hash every file of a reused output, not only the small ones
+    _partitions: list[str] | None = None
 
     def reuse(self, stage: str) -> StageResult:
         """Load a cached stage without tracking it (for stages before --from)."""
@@ -248,7 +294,7 @@ class RunContext:
                     log.info("%s: cached (%s)", stage, key)
                 else:
                     manifest = self._build(stage, key, inputs, tracker, build)
-                prefix = "" if own else f"{stage.split('.')[0]}_"  # a model run holds its train and evaluate units
+                prefix = "" if own else f"{split_unit(stage)[0]}_"  # a model run holds its train and evaluate units
                 metrics = {**manifest.metrics, f"{prefix}rows": manifest.rows or 0, f"{prefix}seconds": manifest.seconds}
                 if hit:  # with the params, in one write (a built unit's params were logged before it was built)
                     tracker.log(flatten(unit_params(self.config, stage)) if own else {}, metrics)
@@ -265,15 +311,47 @@ class RunContext:
         return result
 
     def forced(self, stage: str) -> bool:
-        """Whether --force covers this stage (a model unit follows its stage)."""
-        return stage.split(".")[0] in self.force
+        """Whether --force covers this stage (a model or partition unit follows its stage)."""
+        return split_unit(stage)[0] in self.force
+
+    def partition_names(self) -> list[str]:
+        if self._partitions is None:
+            self._partitions = [name for name, _ in partitions(self.config)]
+        return self._partitions
+
+    def run_partitions(self, spec, upstream: dict[str, StageResult]) -> StageResult:
+        """A partitioned stage: each partition's unit (from the same partition of each stage it needs, and for a
+        cumulative stage every earlier partition of its own), then the stage that gathers them."""
+        from tasks import partitions as gather
+
+        parts: dict[str, StageResult] = {}
+        for name in self.partition_names():
+            inputs = {d: upstream[d].parts.get(f"{d}:{name}") or self.reuse(f"{d}:{name}") for d in spec.needs}
+            if spec.cumulative:
+                inputs |= dict(parts)
+            parts[f"{spec.name}:{name}"] = self.run_partition(f"{spec.name}:{name}", inputs, spec.module.build)
+        built = sum(r.cache == "miss" for r in parts.values())
+        log.info("%s: %d partitions, %d cached, %d built", spec.name, len(parts), len(parts) - built, built)
+        result = self.run(spec.name, parts, gather.build)
+        result.parts = parts
+        return result
+
+    def run_partition(self, unit: str, inputs: dict[str, StageResult], build: Callable[[BuildContext], BuildOutput]) -> StageResult:
+        """A partition unit: reused when cached (no MLflow run: a night reuses most of them), else built and
+        tracked in a run of its own under the parent."""
+        key = self.keys[unit]
+        if not self.forced(unit) and self.store.is_done(unit, key) and self._sound(unit, key):
+            log.debug("%s: cached (%s)", unit, key)
+            return self._result(self.store.manifest(unit, key), "hit", 0.0)
+        return self.run(unit, inputs, build)
 
     @staticmethod
     def _link(stage: str, manifest: Manifest, experiment: str) -> dict[str, str]:
         """A reused output's artifacts stay where they were logged: the tags that point the run there (nothing
         is uploaded)."""
         source = manifest.mlflow_run_id or ""
-        tag = f"zhpipe.{stage.split('.')[0]}_artifacts_run_id" if "." in stage else "zhpipe.artifacts_run_id"
+        base, model, _ = split_unit(stage)
+        tag = f"zhpipe.{base}_artifacts_run_id" if model else "zhpipe.artifacts_run_id"
         tags = {tag: source}
         if source:
             tags["mlflow.note.content"] = (f"{stage}: cached output {manifest.key}, reused; its artifacts are in "
@@ -282,7 +360,8 @@ class RunContext:
 
     def _build(self, stage, key, inputs, tracker, build) -> Manifest:
         log.info("%s: building (%s)", stage, key)
-        params_model = getattr(self.config.stages, stage.split(".")[0])
+        base, _, part = split_unit(stage)
+        params_model = getattr(self.config.stages, base)
         tmp = self.store.begin(stage, key)
         scratch = self.store.scratch(stage, key)
         if self.forced(stage):  # --force means from scratch, not from the last checkpoint
@@ -300,8 +379,11 @@ class RunContext:
             runner=runner_for(self.executor, self.store.remote_url),
             sink=tracker,
             stages=self.config.stages,
-            source=self.config.source,
+            source=self.config.source if not part else partition_source(self.config, part),
             store=StoreServices(self.config, self.store),
+            partition=(self.partition_names().index(part), part) if part else None,
+            input_metrics={name: r.metrics for name, r in inputs.items()},
+            input_rows={name: r.rows for name, r in inputs.items()},
         )
         with system_metrics(tracker.run_id, enabled=stage.startswith("train.")):
             out = build(ctx)

@@ -33,6 +33,12 @@ HASH_ON_REUSE_BYTES = 8 << 20  # files up to this size are hashed on every reuse
 log = logging.getLogger("zhpipe")
 
 
+def unit_folder(unit: str) -> str:
+    """The store folder of a unit: a partition unit (`clean:2026-12-01.csv`) lives in its stage's folder beside
+    the stage's gathered outputs, told apart by key; a model unit (`train.textcnn`) has a folder of its own."""
+    return unit.split(":", 1)[0]
+
+
 def stage_key(causes: dict[str, Any]) -> str:
     """Hash of everything that determines a stage's output (see flows.runner.key_causes)."""
     blob = json.dumps(causes, sort_keys=True, ensure_ascii=False)
@@ -136,7 +142,7 @@ class StageStore:
 
     def path(self, stage: str, key: str) -> Path:
         """The local folder of an output (for a remote root: its mirror, see `local`)."""
-        return self.root / stage / key
+        return self.root / unit_folder(stage) / key
 
     def _remote(self, stage: str, *parts: str) -> str:
         return "/".join((self.base, stage, *parts))
@@ -154,12 +160,12 @@ class StageStore:
 
     def is_done(self, stage: str, key: str) -> bool:
         if self.fs is not None:
-            return self.fs.exists(self._remote(stage, key, MANIFEST))
+            return self.fs.exists(self._remote(unit_folder(stage), key, MANIFEST))
         return (self.path(stage, key) / MANIFEST).is_file()
 
     def manifest(self, stage: str, key: str) -> Manifest:
         if self.fs is not None:
-            return Manifest.from_json(self.fs.cat_file(self._remote(stage, key, MANIFEST)).decode("utf-8"))
+            return Manifest.from_json(self.fs.cat_file(self._remote(unit_folder(stage), key, MANIFEST)).decode("utf-8"))
         return Manifest.read(self.path(stage, key))
 
     def local(self, stage: str, key: str) -> Path:
@@ -170,9 +176,9 @@ class StageStore:
         tmp = folder.with_name(f".get-{key}-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        self.fs.get(self._remote(stage, key) + "/", str(tmp) + "/", recursive=True)
+        self.fs.get(self._remote(unit_folder(stage), key) + "/", str(tmp) + "/", recursive=True)
         if not (tmp / MANIFEST).is_file():
-            raise FileNotFoundError(f"{self._remote(stage, key)}: no {MANIFEST} after download")
+            raise FileNotFoundError(f"{self._remote(unit_folder(stage), key)}: no {MANIFEST} after download")
         if folder.exists():
             shutil.rmtree(folder)
         os.replace(tmp, folder)
@@ -181,22 +187,22 @@ class StageStore:
     def others(self, stage: str, key: str) -> list[str]:
         """Keys of other finished outputs of this stage (their presence makes `key` stale, not missing)."""
         if self.fs is not None:
-            if not self.fs.exists(self._remote(stage)):
+            if not self.fs.exists(self._remote(unit_folder(stage))):
                 return []
-            names = [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self._remote(stage), detail=False)]
-            return [n for n in names if n != key and not n.startswith(".") and self.fs.exists(self._remote(stage, n, MANIFEST))]
-        folder = self.root / stage
+            names = [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self._remote(unit_folder(stage)), detail=False)]
+            return [n for n in names if n != key and not n.startswith(".") and self.fs.exists(self._remote(unit_folder(stage), n, MANIFEST))]
+        folder = self.root / unit_folder(stage)
         if not folder.is_dir():
             return []
         return [p.name for p in folder.iterdir() if p.name != key and (p / MANIFEST).is_file()]
 
     def begin(self, stage: str, key: str) -> Path:
         """A fresh temporary folder to build an output in; those of killed builds of this key are removed."""
-        for old in (self.root / stage).glob(f".tmp-{key}-*"):
+        for old in (self.root / unit_folder(stage)).glob(f".tmp-{key}-*"):
             pid = old.name.rsplit("-", 1)[-1]
             if pid.isdigit() and not alive(int(pid)):
                 shutil.rmtree(old, ignore_errors=True)
-        tmp = self.root / stage / f".tmp-{key}-{os.getpid()}"
+        tmp = self.root / unit_folder(stage) / f".tmp-{key}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         return tmp
@@ -242,8 +248,8 @@ class StageStore:
 
     def discard(self, stage: str, key: str) -> None:
         """Remove a finished output (a corrupt one), remote copy included, so it is rebuilt."""
-        if self.fs is not None and self.fs.exists(self._remote(stage, key, MANIFEST)):
-            self.fs.rm_file(self._remote(stage, key, MANIFEST))
+        if self.fs is not None and self.fs.exists(self._remote(unit_folder(stage), key, MANIFEST)):
+            self.fs.rm_file(self._remote(unit_folder(stage), key, MANIFEST))
         folder = self.path(stage, key)
         if folder.exists():
             trash = folder.with_name(f".old-{key}-{os.getpid()}")
@@ -252,7 +258,7 @@ class StageStore:
 
     def _upload(self, final: Path, manifest: Manifest) -> None:
         """Every file of the output, then its manifest: readers elsewhere see it done only when complete."""
-        target = self._remote(manifest.stage, manifest.key)
+        target = self._remote(unit_folder(manifest.stage), manifest.key)
         if self.fs.exists(target + "/" + MANIFEST):  # a forced rebuild: retract the old output first
             self.fs.rm_file(target + "/" + MANIFEST)
         for path in sorted(final.rglob("*")):
@@ -268,8 +274,8 @@ class StageStore:
         output build it once; the second waits, then finds it done."""
         from filelock import FileLock, Timeout
 
-        (self.root / stage).mkdir(parents=True, exist_ok=True)
-        lock = FileLock(self.root / stage / f".lock-{key}")
+        (self.root / unit_folder(stage)).mkdir(parents=True, exist_ok=True)
+        lock = FileLock(self.root / unit_folder(stage) / f".lock-{key}")
         try:
             lock.acquire(timeout=0)
         except Timeout:
@@ -290,7 +296,7 @@ class StageStore:
     def scratch(self, stage: str, key: str) -> Path:
         """A folder kept across attempts at one key (training checkpoints), so a killed build can resume;
         removed once the output is published."""
-        folder = self.root / stage / f".scratch-{key}"
+        folder = self.root / unit_folder(stage) / f".scratch-{key}"
         folder.mkdir(parents=True, exist_ok=True)
         return folder
 

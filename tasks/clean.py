@@ -1,6 +1,7 @@
 """Stage `clean`: normalise text, drop what cannot be used, and quarantine every dropped row with its reason."""
 from __future__ import annotations
 
+import logging
 import re
 import tempfile
 import unicodedata
@@ -36,6 +37,7 @@ class Params(Section):
     dedupe: bool = True
     workers: int = Field(1, ge=0)  # processes that normalise chunks (0 = one per core); on Dask, every worker
 CHUNK_ROWS = 5000
+log = logging.getLogger("zhpipe")
 _HTML_TAG = re.compile(r"<[^>]{1,200}>")
 _URL = re.compile(r"(?:https?://|www\.)[^\s\u4e00-\u9fff，。！？、；：]+", re.IGNORECASE)
 CONTROL = re.compile(r"[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u200b-\u200f\u2028-\u202f\u2060-\u206f\ufeff]")
@@ -174,6 +176,35 @@ def lookup(ids: np.ndarray, values: np.ndarray, keys: np.ndarray) -> tuple[np.nd
     return hit, values[at[hit]]
 
 
+def earlier_digests(ctx: BuildContext) -> pd.DataFrame | None:
+    """A partition unit's view of the partitions before it: the digest, label and partition of every row they
+    kept (their `digests.parquet`); None for a whole-corpus build."""
+    if ctx.partition is None:
+        return None
+    frames = [pd.read_parquet(folder / "digests.parquet") for unit, folder in ctx.inputs.items() if unit.startswith("clean:")]
+    columns = {"h1": "uint64", "h2": "uint64", "label": "string", "partition": "string"}
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame({c: pd.Series(dtype=t) for c, t in columns.items()})
+
+
+def across_partitions(kept: pd.DataFrame, earlier: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(rows still kept, rows that repeat an earlier partition's text with `reason` duplicate, or label_conflict
+    under another label, and `repeats` naming that partition; the kept rows' digests)."""
+    h1, h2 = text_digest(kept["text"].reset_index(drop=True))
+    digests = pd.DataFrame({"h1": h1, "h2": h2})
+    first = earlier.drop_duplicates(["h1", "h2"]).rename(columns={"label": "earlier_label"})
+    found = digests.merge(first, how="left", on=["h1", "h2"])
+    hit = found["partition"].notna().to_numpy()
+    kept = kept.reset_index(drop=True)
+    if "label" in kept:
+        same = found["earlier_label"].astype(str).to_numpy() == kept["label"].astype(str).to_numpy()
+        reason = np.where(same, "duplicate", "label_conflict")
+    else:
+        reason = np.full(len(kept), "duplicate", dtype=object)
+    bad = kept[hit].assign(reason=pd.Series(reason[hit], dtype="string").to_numpy(), repeats=found["partition"][hit].to_numpy())
+    digests = digests[~hit].assign(label=kept["label"][~hit].astype("string").to_numpy() if "label" in kept else pd.NA)
+    return kept[~hit].reset_index(drop=True), bad.reset_index(drop=True), digests.reset_index(drop=True)
+
+
 def build(ctx: BuildContext) -> BuildOutput:
     """Clean `data.parquet` into `data.parquet` + `quarantine.parquet` (+ `label_conflicts.csv`), in bounded
     memory: (1) chunks are normalised (processes or Dask) and streamed to a scratch file, and each row's id,
@@ -182,9 +213,13 @@ def build(ctx: BuildContext) -> BuildOutput:
     quarantined rows."""
     src = ctx.inputs["download"] / "data.parquet"
     rows_in = pq.ParquetFile(src).metadata.num_rows
+    earlier = earlier_digests(ctx) if ctx.params.dedupe else None  # a partition: dedupe against earlier partitions too
     partitions = partition_count(rows_in)
     runner = ctx.runner(ctx.params.workers if ctx.runner is Runner else 0)
     empty = normalise(pq.ParquetFile(src).schema_arrow.empty_table().to_pandas(), ctx.params).assign(reason=pd.Series(dtype="string"))
+    if ctx.partition is not None:
+        empty = empty.assign(repeats=pd.Series(dtype="string"))
+        digest_out = PartWriter(ctx.out / "digests.parquet", ROW_GROUP_ROWS)
     with tempfile.TemporaryDirectory(prefix="clean-", dir=ctx.scratch) as tmp:
         normalised = PartWriter(Path(tmp) / "normalised.parquet", ROW_GROUP_ROWS)
         parts = [PartWriter(Path(tmp) / f"partition-{i}.parquet") for i in range(partitions)]
@@ -209,8 +244,20 @@ def build(ctx: BuildContext) -> BuildOutput:
             hit, found = lookup(ids, reasons, df["id"].to_numpy())
             df["reason"] = df["reason"].astype("string")
             df.loc[hit, "reason"] = found
-            kept = df[df["reason"].isna()].drop(columns=["raw_text", "reason"]).reset_index(drop=True)
+            kept = df[df["reason"].isna()].drop(columns=["reason"]).reset_index(drop=True)
             bad = df[df["reason"].notna()].reset_index(drop=True)
+            if ctx.partition is not None:
+                bad = bad.assign(repeats=pd.Series(pd.NA, index=bad.index, dtype="string"))
+                if earlier is not None and len(kept):
+                    kept, repeated, digests = across_partitions(kept, earlier)
+                    if len(repeated):
+                        bad = pd.concat([bad, repeated[bad.columns]], ignore_index=True).sort_values("id", kind="stable")
+                else:
+                    h1, h2 = text_digest(kept["text"])
+                    digests = pd.DataFrame({"h1": h1, "h2": h2, "label": kept["label"].astype("string").to_numpy() if "label" in kept else pd.NA})
+                if len(digests):
+                    digest_out.write(digests.assign(partition=ctx.partition[1]))
+            kept = kept.drop(columns=["raw_text"])
             if len(kept):
                 kept_out.write(kept)
                 labels.update(kept["label"].unique().tolist() if "label" in kept else [])
@@ -223,10 +270,15 @@ def build(ctx: BuildContext) -> BuildOutput:
                     conflicts.append(bad.loc[bad["reason"] == "label_conflict", ["id", "text", "label"]])
                 if sum(map(len, bad_sample)) < 1000:
                     bad_sample.append(bad.head(1000))
-    if not kept_out.rows:
+    if not kept_out.rows and ctx.partition is None:  # a partition may repeat earlier ones entirely
         raise DataError(f"clean: no rows left after cleaning ({rows_in} rows in, all quarantined: {dict(counts)})")
-    kept_out.close()
+    if not kept_out.rows:
+        log.warning("clean: partition %s adds no rows (%d in, all quarantined: %s)", ctx.partition[1], rows_in, dict(counts))
+    kept_out.close(empty.drop(columns=["raw_text", "reason", "repeats"], errors="ignore"))
     bad_out.close(empty)
+    if ctx.partition is not None:
+        digest_out.close(pd.DataFrame({"h1": pd.Series(dtype="uint64"), "h2": pd.Series(dtype="uint64"),
+                                       "label": pd.Series(dtype="string"), "partition": pd.Series(dtype="string")}))
     conflict_table(pd.concat(conflicts, ignore_index=True) if conflicts else pd.DataFrame(columns=["id", "text", "label"])).to_csv(
         ctx.out / "label_conflicts.csv", index=False)
     metrics = {f"dropped_{r}": counts.get(r, 0) for r in ("empty", "too_short", "too_long", "duplicate", "label_conflict")}
@@ -238,5 +290,5 @@ def build(ctx: BuildContext) -> BuildOutput:
         artifacts=["quarantine.parquet", "label_conflicts.csv"],
         tables={"quarantine_sample.json": pd.concat(bad_sample, ignore_index=True).head(1000).astype(str)} if bad_out.rows else {},
         datasets=[Dataset(pd.concat(sample, ignore_index=True).head(DATASET_SAMPLE_ROWS), str(ctx.out / "data.parquet"),
-                          f"{ctx.pipeline}-clean", "clean", rows=kept_out.rows)],
+                          f"{ctx.pipeline}-clean", "clean", rows=kept_out.rows)] if sample else [],
     )

@@ -41,6 +41,9 @@ class BuildContext:
     stages: Any = None  # every stage's section of the pipeline, read-only (augment segments as segment does)
     source: Any = None  # the pipeline's source (download)
     store: "StoreAccess | None" = None  # the stage store's shared folders (download cache, translation cache)
+    partition: tuple[int, str] | None = None  # a partition unit's (ordinal, file name); None for a whole-corpus build
+    input_metrics: dict[str, dict[str, float]] = field(default_factory=dict)  # the inputs' metrics (gathering sums them)
+    input_rows: dict[str, int | None] = field(default_factory=dict)
 
 
 class StoreAccess(Protocol):

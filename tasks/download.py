@@ -95,7 +95,30 @@ class Source(Section):
     def _has_location(self) -> "Source":
         if not self.path and not self.url:
             raise ValueError("source needs `path` or `url`")
+        if self.partitioned and (self.sha256 or self.url or self.splits):
+            raise ValueError("source.path is a folder or glob (one partition per file): it takes no sha256, url or splits "
+                             "(each file is keyed by its own sha256)")
         return self
+
+    @property
+    def partitioned(self) -> bool:
+        """A source of many files: `path` is a glob (`data/raw/reviews/*.csv`) or ends in `/` (a folder)."""
+        return bool(self.path) and "://" not in self.path and (any(c in self.path for c in "*?[") or self.path.endswith("/"))
+
+    def partitions(self, root: Path) -> list[tuple[str, Path]]:
+        """(name, file) of each partition of a partitioned source, sorted by file name: a corpus that grows by
+        one file a day names its files so that new ones sort last (`2026-12-01.csv`)."""
+        base = Path(self.path).expanduser()
+        base = base if base.is_absolute() else root / base
+        files = sorted(p for p in (base.glob("*") if self.path.endswith("/") else base.parent.glob(base.name))
+                       if p.is_file() and not p.name.startswith("."))
+        if not files:
+            raise DataError(f"source.path {self.path}: no files match (expected one file per partition, e.g. data/raw/reviews/*.csv)")
+        return [(p.name, p) for p in files]
+
+    def partition(self, file: Path) -> "Source":
+        """The source of one partition: this source with `path` set to the file."""
+        return self.model_copy(update={"path": str(file)})
 
     _hex = field_validator("sha256")(_sha256_hex)
 
@@ -724,6 +747,9 @@ def locate(source: Source, root: Path, folder_for: Callable[[str], Path], params
     raise DataError(f"source not found: {redact(source.path or source.url)} (no such file, and no url to fetch it from)")
 
 
+PARTITION_IDS = 10**10  # a partition's row ids start at its ordinal times this (partitions of up to 10^10 rows)
+
+
 def build(ctx: BuildContext) -> BuildOutput:
     """Find or fetch, verify, unpack and read the source (`ctx.source`); write `data.parquet` and
     `quarantine.parquet`. The file is decoded, parsed and written batch by batch, so memory does not grow with
@@ -738,8 +764,12 @@ def build(ctx: BuildContext) -> BuildOutput:
     reasons: Counter = Counter()
     rows = physical = 0
     first_bad = None
+    offset = PARTITION_IDS * ctx.partition[0] if ctx.partition else 0  # ids unique across partitions
     for df, quarantine, lines in read_batches(data_file, source):
         physical += lines
+        if offset:
+            df = df.assign(id=df["id"] + offset)
+            quarantine = quarantine.assign(id=quarantine["id"] + offset) if "id" in quarantine else quarantine
         if len(df):
             data.write(df)
             rows += len(df)

@@ -70,6 +70,8 @@ def write_segments(tables: Iterable[pa.Table], src: Path, dst: Path) -> dict[str
     """Write the segmented chunks of `src` to `dst` in order; returns its row and word counts."""
     writer, rows, words = PartWriter(dst), 0, 0
     for table in tables:
+        if not table.num_rows:  # an empty chunk's columns have no types to write
+            continue
         writer.write(table)
         rows += table.num_rows
         column = table.column("words")  # space-joined tokens: spaces + 1 per non-empty text

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 from pydantic import Field, model_validator
 
 from tasks.core import BuildContext, BuildOutput, Section
-from tasks.errors import DataError
+from tasks.errors import ConfigError, DataError
 from tasks.io import ROW_GROUP_ROWS, SPLITS, PartWriter, iter_frames, sorted_labels
 
 # what its key sees besides params, inputs and code (flows/fingerprint.py): the libraries that shape
@@ -230,7 +230,11 @@ def build(ctx: BuildContext) -> BuildOutput:
             counts.update(labels["label"].value_counts().to_dict())
     else:
         counts[None] = src.metadata.num_rows
-    rename, small, aside = class_plan(dict(counts), ctx.params) if labelled else ({None: None}, {}, set())
+    partition = ctx.partition is not None
+    if partition and ctx.params.method != "hash":
+        raise ConfigError("split.method permutation moves rows whenever rows are added; a partitioned source takes split.method hash")
+    # a partition is split by the hash alone: its classes are counted over the whole corpus, not here
+    rename, small, aside = class_plan(dict(counts), ctx.params) if labelled and not partition else ({k: k for k in counts}, {}, set())
     kept: dict = Counter()
     for label, n in counts.items():
         if rename[label] not in aside:
@@ -240,14 +244,16 @@ def build(ctx: BuildContext) -> BuildOutput:
         shown = ", ".join(f"{k!r}: {v}" for k, v in list(small.items())[:5]) + (" ..." if len(small) > 5 else "")
         what = f"merged into {ctx.params.merge_label!r}" if not set_aside else f"{set_aside} rows quarantined"
         log.warning("split: %d classes have fewer than %d rows (%s); %s (split.small_classes)", len(small), MIN_CLASS_ROWS, shown, what)
-    if labelled:
+    if labelled and not partition:
         if len(kept) < 2:
             only = f" ({next(iter(kept))!r}, {next(iter(kept.values()))} rows)" if kept else ""
             raise DataError(f"split: {len(kept)} class{only} left with at least {MIN_CLASS_ROWS} rows "
                             f"({set_aside} rows of smaller classes quarantined); a classifier needs at least 2")
         info["labels"] = sorted_labels(kept)
+    if labelled and partition:
+        info["labels"] = sorted_labels(kept)
     if ctx.params.method == "hash":
-        stable = _stable_plan(path, rename, aside, sorted(kept, key=str), ctx.params, labelled)
+        stable = _stable_plan(path, rename, aside, sorted(kept, key=str), ctx.params, labelled and not partition)
     else:
         plan = assignments(dict(kept), ctx.params, labelled)
     writers = {name: PartWriter(ctx.out / f"{name}.parquet", ROW_GROUP_ROWS) for name in SPLITS}

@@ -18,7 +18,7 @@ from typing import Any, Callable
 class Output:
     """A file (or folder) a stage writes that consumers open by name; `kind` says how `api.load` reads it:
     frame (parquet), splits (one parquet per split, `{split}.parquet`), json, csv, vocab (vocab.txt files),
-    vectors (gensim KeyedVectors from word2vec's binary `.bin` or text `.vec` format)."""
+    vectors (gensim KeyedVectors from word2vec's binary `.bin` or text `.vec` format), text (lines)."""
 
     path: str
     kind: str
@@ -35,6 +35,10 @@ class Stage:
     headline: str  # the one metric the run summary shows
     outputs: tuple[Output, ...] = ()
     per_model: bool = False  # a unit per model of train.models (`<stage>.<model>`), then the stage gathers them
+    # with a partitioned source (a folder or glob of files): a unit per partition (`<stage>:<file>`), then the
+    # stage gathers them in order (tasks/partitions.py); a night with one new file builds only that file's units
+    partitioned: bool = False
+    cumulative: bool = False  # a partition unit also reads every earlier partition's output (global deduplication)
 
     @property
     def module(self) -> ModuleType:
@@ -81,18 +85,19 @@ SPLITS = Output("{split}.parquet", "splits")
 
 CLASSIFICATION_STAGES = _graph(
     Stage("download", (), "tasks.download", "find or fetch the corpus (path, file:// or http(s):// URL), verify sha256, read it",
-          "rows_raw", (Output("data.parquet", "frame"),)),
+          "rows_raw", (Output("data.parquet", "frame"),), partitioned=True),
     Stage("clean", ("download",), "tasks.clean",
           "NFKC, strip HTML/URLs/control chars, optional t2s; quarantine empty/short/long/duplicate rows", "rows_dropped",
-          (Output("data.parquet", "frame"),)),
-    Stage("split", ("clean",), "tasks.split", "stratified, seeded train/validation/test split", "rows_test", (SPLITS,)),
+          (Output("data.parquet", "frame"),), partitioned=True, cumulative=True),
+    Stage("split", ("clean",), "tasks.split", "stratified, seeded train/validation/test split", "rows_test", (SPLITS,),
+          partitioned=True),
     Stage("segment", ("split",), "tasks.segment", "jieba words (+POS) and characters, in parallel processes or on Dask",
-          "train_mean_words", (SPLITS,)),
+          "train_mean_words", (SPLITS,), partitioned=True),
     Stage("profile", ("segment",), "tasks.profile",
           "labels per split, lengths per label, top words/adjectives, word clouds, report.html (CJK font)",
           "suggested_max_len_words", (Output("stats.json", "json"),)),
     Stage("augment", ("segment",), "tasks.augment", "grow the train split with a registered augmenter (eda, backtranslation, none)",
-          "rows_added", (Output("train.parquet", "frame"),)),
+          "rows_added", (Output("train.parquet", "frame"), Output("train.words.txt", "text")), partitioned=True),
     Stage("vocab", ("augment", "segment"), "tasks.vocab",
           "word and character vocab.txt (BERT-style specials) + frequency tables; validation OOV rate",
           "words_validation_oov_rate", (Output("words/vocab.txt", "vocab"), Output("chars/vocab.txt", "vocab"))),
@@ -113,7 +118,8 @@ STAGE_NAMES = tuple(CLASSIFICATION_STAGES)
 def _ner(name: str, help: str, headline: str | None = None, outputs: tuple[Output, ...] | None = None) -> Stage:
     """A ner stage: the classification stage of that name computed by `tasks.ner.<name>`."""
     base = CLASSIFICATION_STAGES[name]
-    return replace(base, module_name=f"tasks.ner.{name}", help=help, headline=headline or base.headline, outputs=outputs or base.outputs)
+    return replace(base, module_name=f"tasks.ner.{name}", help=help, headline=headline or base.headline, outputs=outputs or base.outputs,
+                   partitioned=False)
 
 
 NER_STAGES = _graph(
@@ -136,6 +142,8 @@ NER_STAGES = _graph(
 
 def _check_ner(config: Any) -> None:
     """A ner pipeline's augment method is none: rewriting text would shift the tags."""
+    if config.source.partitioned:
+        raise ValueError("source.path: task ner reads one tagged file (and its given splits), not a folder or glob of partitions")
     augment = config.stages.augment
     if "method" not in augment.model_fields_set:
         augment.method = "none"

@@ -140,4 +140,4 @@ def test_every_stage_declares_what_api_load_reads():
     for kind in graph.KINDS.values():
         for stage in kind.stages.values():
             assert stage.outputs, (kind.name, stage.name)
-            assert all(dataclasses.is_dataclass(o) and o.kind in {"frame", "splits", "json", "csv", "vocab", "vectors"} for o in stage.outputs)
+            assert all(dataclasses.is_dataclass(o) and o.kind in {"frame", "splits", "json", "csv", "vocab", "vectors", "text"} for o in stage.outputs)

@@ -1,0 +1,69 @@
+"""A partitioned stage's own output: its partition units' outputs gathered in partition order. With a source
+of many files (one a day), download, clean, split, segment and augment run per file, each file a unit with
+its own key; this concatenation is all a night with one new file redoes for the old ones. Parquet files are
+streamed one row group at a time (memory: one row group); text files are appended byte for byte."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tasks.core import BuildContext, BuildOutput
+from tasks.io import ROW_GROUP_ROWS, sorted_labels
+
+LIBRARIES = ("pyarrow",)
+FILES: tuple[str, ...] = ()
+
+
+def concat_parquet(sources: list[Path], target: Path) -> int:
+    """Every row of `sources`, in order, into `target` under their unified schema; returns the rows."""
+    filled = [p for p in sources if pq.ParquetFile(p).metadata.num_rows] or sources[:1]  # an empty file's types are guesses
+    schema = pa.unify_schemas([pq.read_schema(p) for p in filled], promote_options="permissive")
+    rows = 0
+    with pq.ParquetWriter(target, schema) as writer:
+        for path in filled:
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=ROW_GROUP_ROWS):
+                table = pa.Table.from_batches([batch])
+                columns = [table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(len(table), f.type)
+                           for f in schema]
+                writer.write_table(pa.Table.from_arrays(columns, schema=schema))
+                rows += len(table)
+    return rows
+
+
+def build(ctx: BuildContext) -> BuildOutput:
+    """Concatenate the partitions' Parquet and text files (every one the first partition has at its top level)
+    in partition order; metrics are the partitions' sums (means weighted by rows), plus their count."""
+    folders = list(ctx.inputs.values())  # in partition order
+    names = sorted(p.name for p in folders[0].iterdir() if p.is_file() and p.suffix in (".parquet", ".txt"))
+    rows: dict[str, int] = {}
+    for name in names:
+        present = [f / name for f in folders if (f / name).is_file()]
+        if name.endswith(".parquet"):
+            rows[name] = concat_parquet(present, ctx.out / name)
+        else:
+            with open(ctx.out / name, "wb") as out:
+                for path in present:
+                    with open(path, "rb") as src:
+                        shutil.copyfileobj(src, out)
+    metrics: dict[str, float] = {"partitions": len(folders)}
+    weights = [ctx.input_metrics.get(unit, {}).get("rows_kept") or ctx.input_rows.get(unit) or 0 for unit in ctx.inputs]
+    for key in {k for m in ctx.input_metrics.values() for k in m}:
+        values = [m.get(key) for m in ctx.input_metrics.values()]
+        if not all(isinstance(v, int | float) for v in values):
+            continue
+        if "mean" in key or "rate" in key:
+            total = sum(weights) or 1
+            metrics[key] = sum(v * w for v, w in zip(values, weights)) / total
+        else:
+            metrics[key] = sum(values)
+    infos = list(ctx.input_info.values())
+    info = dict(infos[-1]) if infos else {}
+    labels = {label for i in infos for label in (i.get("labels") or [])}
+    if labels:
+        info["labels"] = sorted_labels(labels)
+    main = next((n for n in ("data.parquet", "train.parquet") if n in rows), None)
+    total_rows = rows[main] if main else sum(ctx.input_rows.get(u) or 0 for u in ctx.inputs)
+    return BuildOutput(rows=total_rows, metrics=metrics, info=info)

@@ -1,0 +1,94 @@
+"""A source that grows by one file a night: download, clean, split, segment and augment run per file (a
+unit each), a new night builds only the new file's units, duplicates are found across files, and every old
+row keeps its split."""
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from flows.config import load_pipeline
+from flows.pipeline import pipeline_flow, select_stages
+from flows.runner import plan_keys
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.e2e
+DATA = ("download", "clean", "split", "segment", "augment")
+
+
+@pytest.fixture
+def nightly(tmp_path, prefect_harness):
+    """The smoke reviews as three nightly files, a fourth to come; a project whose source is their glob."""
+    rows = pd.read_csv(ROOT / "tests/fixtures/smoke.csv", dtype=str)
+    drops = tmp_path / "data" / "raw" / "reviews"
+    drops.mkdir(parents=True)
+    nights = [rows.iloc[:150], rows.iloc[150:200], rows.iloc[200:250], rows.iloc[250:]]
+    for day, part in enumerate(nights[:3], 1):
+        part.to_csv(drops / f"2026-12-0{day}.csv", index=False)
+    doc = {"pipelines": {"nightly": {"source": {"path": "data/raw/reviews/*.csv", "text_column": "review", "label_column": "label"},
+                                     "stages": {"augment": {"method": "eda", "num_aug": 1}}}}}
+    (tmp_path / "pipelines.yaml").write_text(yaml.safe_dump(doc), encoding="utf-8")
+    from flows import project
+
+    previous = project._CURRENT
+    project.activate(project.Project(tmp_path))
+    yield {"root": tmp_path, "drops": drops, "last": nights[3], "store": tmp_path / "store"}
+    project._CURRENT = previous
+
+
+def run(env):
+    config = load_pipeline("nightly", env["root"] / "pipelines.yaml")
+    out = pipeline_flow(config, storage=str(env["store"]), stages=select_stages(stop="augment"))
+    return config, {u["stage"]: u for u in out["units"]}, {s["stage"]: s for s in out["stages"]}
+
+
+def test_a_new_night_builds_only_its_own_partition(nightly):
+    config, units, stages = run(nightly)
+    assert {u: r["cache"] for u, r in units.items()} == {f"{s}:2026-12-0{d}.csv": "miss" for s in DATA for d in (1, 2, 3)}
+    first = pd.read_parquet(nightly["store"] / "segment" / stages["segment"]["key"] / "test.parquet")
+    old_split = {t: name for name in ("train", "validation", "test")
+                 for t in pd.read_parquet(nightly["store"] / "segment" / stages["segment"]["key"] / f"{name}.parquet")["text"]}
+
+    nightly["last"].to_csv(nightly["drops"] / "2026-12-04.csv", index=False)
+    shutil.copy(nightly["drops"] / "2026-12-01.csv", nightly["drops"] / "2026-12-05.csv")  # a night that repeats night 1
+    config, units, stages = run(nightly)
+    built = {u for u, r in units.items() if r["cache"] == "miss"}
+    assert built == {f"{s}:2026-12-0{d}.csv" for s in DATA for d in (4, 5)}  # the old nights are reused
+    segment = nightly["store"] / "segment" / stages["segment"]["key"]
+    now = {t: name for name in ("train", "validation", "test") for t in pd.read_parquet(segment / f"{name}.parquet")["text"]}
+    assert all(now[t] == split for t, split in old_split.items())  # every old row keeps its split
+    assert set(first["text"]) <= set(pd.read_parquet(segment / "test.parquet")["text"])
+
+    clean5 = units["clean:2026-12-05.csv"]
+    quarantine = pd.read_parquet(nightly["store"] / "clean" / clean5["key"] / "quarantine.parquet")
+    assert clean5["rows"] == 0 or len(quarantine) >= 100
+    repeats = quarantine[quarantine["repeats"].notna()]
+    assert len(repeats) >= 100 and set(repeats["repeats"]) == {"2026-12-01.csv"}
+    assert set(repeats["reason"]) <= {"duplicate", "label_conflict"}
+    gathered = pd.read_parquet(nightly["store"] / "clean" / stages["clean"]["key"] / "data.parquet")
+    assert gathered["id"].is_unique and gathered["text"].is_unique  # deduplicated across all nights
+    assert stages["download"]["metrics"]["partitions"] == 5
+
+
+def test_partition_keys_follow_their_own_file(nightly):
+    run(nightly)
+    keys = plan_keys(load_pipeline("nightly", nightly["root"] / "pipelines.yaml"))
+    (nightly["drops"] / "2026-12-03.csv").write_text((nightly["drops"] / "2026-12-03.csv").read_text() + "1,新的一条评论很好\n")
+    again = plan_keys(load_pipeline("nightly", nightly["root"] / "pipelines.yaml"))
+    changed = {u for u in keys if keys[u] != again[u]}
+    assert "download:2026-12-01.csv" not in changed and "segment:2026-12-02.csv" not in changed
+    assert {"download:2026-12-03.csv", "clean:2026-12-03.csv", "segment:2026-12-03.csv", "download", "segment"} <= changed
+    with pytest.raises(Exception, match="no files match"):
+        load_pipeline("nightly", nightly["root"] / "pipelines.yaml", ["source.path=data/raw/none/*.csv"]) and plan_keys(
+            load_pipeline("nightly", nightly["root"] / "pipelines.yaml", ["source.path=data/raw/none/*.csv"]))
+
+
+def test_status_counts_partitions(nightly, capsys):
+    from flows.cli import main
+
+    run(nightly)
+    nightly["last"].to_csv(nightly["drops"] / "2026-12-04.csv", index=False)
+    assert main(["--project", str(nightly["root"]), "status", "nightly", "--storage", str(nightly["store"])]) == 0
+    out = capsys.readouterr().out
+    assert "4 partitions" in out and "3 cached, 1 to build" in out and "to build: 2026-12-04.csv" in out
