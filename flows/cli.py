@@ -182,7 +182,7 @@ def summary_table(rows: list[dict], wall: float, name: str, units: list[dict] = 
         table.add_column(col, justify="right" if col in ("seconds", "rows") else "left")
     for r in rows:
         value = r["metrics"].get(r["headline"])
-        metric = f"{r['headline']}={value:.4g}" if value is not None else ""
+        metric = f"{r['headline']}={_number(value)}" if value is not None else ""
         table.add_row(r["stage"], "[green]hit[/]" if r["cache"] == "hit" else "[yellow]miss[/]",
                       f"{r['seconds']:.1f}", str(r["rows"] if r["rows"] is not None else ""), metric)
         partitions = [u for u in units if u["stage"].startswith(r["stage"] + ":")]
@@ -195,6 +195,11 @@ def summary_table(rows: list[dict], wall: float, name: str, units: list[dict] = 
             table.add_row(f"  {u['stage'].partition('.')[2]}", "[green]hit[/]" if u["cache"] == "hit" else "[yellow]miss[/]",
                           f"{u['seconds']:.1f}", "", f"{key}={u['metrics'][key]:.4g}" if key else "")
     return table
+
+
+def _number(value: float) -> str:
+    """A metric as people read it: whole numbers with thousands separators, others to 4 significant digits."""
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:.4g}"
 
 
 def cmd_status(args) -> int:
@@ -532,6 +537,9 @@ def _quiet_prefect_tracebacks() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--debug" in argv[1:] and "--" not in argv:  # `zhpipe run --debug` as well as `zhpipe --debug run`
+        argv = ["--debug", *[a for a in argv if a != "--debug"]]
     args = _parser().parse_args(argv)
     try:
         if args.command != "init":

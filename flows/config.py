@@ -202,7 +202,11 @@ def _describe(err: ValidationError, where: str, model: type[BaseModel]) -> str:
     if first["type"] == "extra_forbidden":
         parent = _model_at(model, first["loc"][:-1])
         allowed = ", ".join(parent.model_fields) if parent else "?"
-        return f"{where}: unknown key '{loc}' (allowed keys: {allowed})"
+        import difflib
+
+        close = difflib.get_close_matches(str(first["loc"][-1]), list(parent.model_fields) if parent else [], n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        return f"{where}: unknown key '{loc}' ({hint}allowed keys: {allowed})"
     if first["type"] == "missing":
         return f"{where}: missing required key '{loc}'"
     return f"{where}: '{loc}': {first['msg']} (got {first.get('input')!r})"
@@ -284,28 +288,27 @@ def parse_value(value: str) -> Any:
         raise ConfigError(f"--set value {text[:60]!r}: invalid YAML ({str(e).splitlines()[0]})") from None
 
 
-def _mapping_keys(value: Any):
-    """Every mapping key inside a parsed value, at any depth."""
+def value_strings(value: Any):
+    """(is a mapping key, text) for every string inside a parsed value, keys and values, at any depth."""
     if isinstance(value, dict):
         for k, v in value.items():
-            yield str(k)
-            yield from _mapping_keys(v)
+            yield True, str(k)
+            yield from value_strings(v)
     elif isinstance(value, list):
         for v in value:
-            yield from _mapping_keys(v)
+            yield from value_strings(v)
+    elif value is not None:
+        yield False, str(value)
+
+
+def _mapping_keys(value: Any):
+    """Every mapping key inside a parsed value, at any depth."""
+    return (text for is_key, text in value_strings(value) if is_key)
 
 
 def string_leaves(value: Any):
     """Every string inside a parsed value (keys and values, at any depth)."""
-    if isinstance(value, dict):
-        for k, v in value.items():
-            yield str(k)
-            yield from string_leaves(v)
-    elif isinstance(value, list):
-        for v in value:
-            yield from string_leaves(v)
-    elif value is not None:
-        yield str(value)
+    return (text for _, text in value_strings(value))
 
 
 PIPELINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")

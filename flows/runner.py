@@ -334,6 +334,7 @@ class RunContext:
         log.info("%s: %d partitions, %d cached, %d built", spec.name, len(parts), len(parts) - built, built)
         result = self.run(spec.name, parts, gather.build)
         result.parts = parts
+        result.seconds = round(result.seconds + sum(r.seconds for r in parts.values()), 3)  # the stage's time, partitions included
         return result
 
     def run_partition(self, unit: str, inputs: dict[str, StageResult], build: Callable[[BuildContext], BuildOutput]) -> StageResult:

@@ -132,3 +132,18 @@ def test_credentials_in_urls_never_reach_the_config(tmp_path):
     dumped = cfg.model_dump_json() + str(cfg.flat_params())
     assert "SECRET" not in dumped and "SIG123" not in dumped and "part=1" in dumped
     assert reveal(cfg.source.url) == real
+
+
+def test_a_misspelt_key_gets_a_suggestion():
+    from flows.config import load_pipeline
+    from tasks.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"unknown key 'stages.train.epoch' \(did you mean 'epochs'\? allowed keys: models, epochs"):
+        load_pipeline("smoke", overrides=["train.epoch=2"])
+
+
+def test_debug_goes_before_or_after_the_command(capsys):
+    from flows.cli import main
+
+    assert main(["stages", "--debug"]) == 0 and main(["--debug", "stages"]) == 0
+    assert capsys.readouterr().out.count("task classification") == 2
