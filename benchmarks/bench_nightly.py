@@ -73,6 +73,7 @@ def main() -> None:
             "night": night, "rows_new": len(part), "rows_total": cuts[night] if night < len(cuts) else len(rows),
             "wall_s": wall, "seconds": {s: stages[s]["seconds"] for s in stages},
             "data_stage_s": sum(stages[s]["seconds"] for s in DATA),
+            "train_s": sum(u["seconds"] for name, u in units.items() if name.startswith("train.")),
             "partition_units_built": sum(u["cache"] == "miss" for name, u in units.items() if ":" in name),
             "partition_units_cached": sum(u["cache"] == "hit" for name, u in units.items() if ":" in name),
             "old_test_rows_still_test": kept,
@@ -92,7 +93,7 @@ def main() -> None:
     for r in nights:
         s = r["seconds"]
         print(f"| {r['night']} | {r['rows_new']} | {r['rows_total']} | {r['data_stage_s']:.2f} | "
-              + " | ".join(f"{s[x]:.2f}" for x in DATA) + f" | {s.get('train', 0):.1f} | {r['partition_units_built']}/{r['partition_units_cached']} | "
+              + " | ".join(f"{s[x]:.2f}" for x in DATA) + f" | {r['train_s']:.1f} | {r['partition_units_built']}/{r['partition_units_cached']} | "
               + (f"{r['old_test_rows_still_test']:.2%}" if r["old_test_rows_still_test"] is not None else "-") + " | "
               + (f"{r['challenger']:.4f}" if r["challenger"] is not None else "-") + " | "
               + (f"{r['champion_score']:.4f}" if r["champion_score"] is not None else "-") + f" | {r['champion']} |")
