@@ -20,7 +20,7 @@ from flows.chunks import shutdown as shutdown_cluster
 from flows.config import DEFAULT_PIPELINE, PipelineConfig, load_pipeline
 from flows.evaluation import evaluate_models, register, train_models
 from flows.guard import check_run
-from flows.runner import RunContext, StageResult, artifact_key, plan, source_fingerprint
+from flows.runner import RunContext, StageResult, artifact_key, plan, record_appends, source_fingerprint
 from flows.store import StageStore, stage_key, storage_root
 from flows.tracking import Tracker
 from flows.workers import gpu_slot, train_deployment
@@ -208,6 +208,7 @@ def pipeline_flow(
     config = pipeline if isinstance(pipeline, PipelineConfig) else _config(pipeline, overrides, source, config_file)
     stages = stages or list(config.kind.stages)
     run = start_run(config, forced_stages(force, tuple(config.kind.stages)), storage_root(config, storage), chunk_executor(config, dask), verify, overrides)
+    record_appends(config)  # an appended source: this run's ranges are what the next run checks
     label_flow_run(run, overrides)
     needed = set(stages) | {d for s in stages for d in config.kind.stages[s].needs}
     results: dict[str, StageResult] = {}

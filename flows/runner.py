@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import shutil
 import time
@@ -33,18 +34,44 @@ def split_unit(unit: str) -> tuple[str, str, str]:
     return stage, model, part
 
 
-def partitions(config: PipelineConfig) -> list[tuple[str, Path]]:
-    """The partitions of a partitioned source (one per file, in file-name order); [] for a single-file source."""
-    return config.source.partitions(project.current().root) if config.source.partitioned else []
+def partitions(config: PipelineConfig) -> list:
+    """The partitions of a partitioned source (one per file in file-name order, or one per run's appended
+    lines); [] for a single-file source."""
+    if not config.source.partitioned:
+        return []
+    record = _append_record(config)
+    appended = json.loads(record.read_text(encoding="utf-8")) if config.source.grows == "append" and record.is_file() else None
+    return config.source.partitions(project.current().root, appended)
+
+
+def _append_record(config: PipelineConfig) -> Path:
+    """Where the byte ranges an appended source had at earlier runs are kept: in the project (whatever store a
+    run uses), by the file's path."""
+    import hashlib
+
+    name = hashlib.sha256(str(resolve_local(config.source.path)).encode()).hexdigest()[:16]
+    return project.current().data / "_cache" / f"appends-{name}.json"
+
+
+def record_appends(config: PipelineConfig) -> None:
+    """Keep this run's partitions of an appended source, so that the next run finds them (and checks them)."""
+    from tasks.io import atomic_write_text
+
+    if config.source.grows != "append":
+        return
+    parts = partitions(config)
+    _append_record(config).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(_append_record(config),
+                      json.dumps([{"end": p.byte_range[1], "sha256": p.fingerprint()} for p in parts], indent=1))
 
 
 def partition_source(config: PipelineConfig, name: str):
     """The source of one partition: its file, relative to the project folder where it is inside it (so that
-    a moved project keeps its keys)."""
+    a moved project keeps its keys), and for an append its byte range."""
     root = project.current().root
-    file = dict(partitions(config))[name]
-    shown = file.relative_to(root) if file.is_relative_to(root) else file
-    return config.source.partition(shown)
+    part = next(p for p in partitions(config) if p.name == name)
+    shown = part.path.relative_to(root) if part.path.is_relative_to(root) else part.path
+    return config.source.partition(part, shown)
 
 
 def stage_params(config: PipelineConfig, stage: str) -> dict[str, Any]:
@@ -63,7 +90,7 @@ def source_fingerprint(config: PipelineConfig) -> str:
     if config.source.partitioned:
         import hashlib
 
-        listing = " ".join(f"{name}={file_sha256(file)}" for name, file in partitions(config))
+        listing = " ".join(f"{p.name}={p.fingerprint()}" for p in partitions(config))
         return f"partitions {hashlib.sha256(listing.encode()).hexdigest()}"
     parts = config.source.given()
     if len(parts) > 1:
@@ -148,7 +175,7 @@ def unit_params(config: PipelineConfig, unit: str) -> dict[str, Any]:
     `train` itself only the model list."""
     stage, model, part = split_unit(unit)
     if part and not config.kind.stages[stage].needs:  # a partition of the source: its file, and its place in the order
-        ordinal = [name for name, _ in partitions(config)].index(part)
+        ordinal = [p.name for p in partitions(config)].index(part)
         return {**stage_params(config, stage), "source": partition_source(config, part).model_dump(mode="json"),
                 "partition": part, "ordinal": ordinal}
     if stage == "train":
@@ -170,12 +197,13 @@ def plan(config: PipelineConfig) -> dict[str, dict[str, Any]]:
     for spec in config.kind.stages.values():
         stage = spec.name
         if parts and spec.partitioned:  # a unit per partition, then the stage that gathers them in order
-            for i, (name, file) in enumerate(parts):
-                unit_inputs = {d: stage_key(causes[f"{d}:{name}"]) for d in spec.needs} or {"source": file_sha256(file)}
+            for i, part in enumerate(parts):
+                name = part.name
+                unit_inputs = {d: stage_key(causes[f"{d}:{name}"]) for d in spec.needs} or {"source": part.fingerprint()}
                 if spec.cumulative:  # it reads every earlier partition's output (clean: deduplication across them)
-                    unit_inputs |= {f"{stage}:{q}": stage_key(causes[f"{stage}:{q}"]) for q, _ in parts[:i]}
+                    unit_inputs |= {f"{stage}:{q.name}": stage_key(causes[f"{stage}:{q.name}"]) for q in parts[:i]}
                 causes[f"{stage}:{name}"] = key_causes(config, f"{stage}:{name}", unit_inputs)
-            causes[stage] = key_causes(config, stage, {f"{stage}:{name}": stage_key(causes[f"{stage}:{name}"]) for name, _ in parts})
+            causes[stage] = key_causes(config, stage, {f"{stage}:{p.name}": stage_key(causes[f"{stage}:{p.name}"]) for p in parts})
             continue
         inputs = {d: stage_key(causes[d]) for d in spec.needs} if spec.needs else {"source": source_fingerprint(config)}
         if spec.per_model:
@@ -316,7 +344,7 @@ class RunContext:
 
     def partition_names(self) -> list[str]:
         if self._partitions is None:
-            self._partitions = [name for name, _ in partitions(self.config)]
+            self._partitions = [p.name for p in partitions(self.config)]
         return self._partitions
 
     def run_partitions(self, spec, upstream: dict[str, StageResult]) -> StageResult:

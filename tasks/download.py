@@ -12,6 +12,7 @@ from __future__ import annotations
 import codecs
 import csv
 import gzip
+import hashlib
 import io
 import json
 import logging
@@ -80,6 +81,11 @@ class Source(Section):
     # task ner: validation and test files that come with the corpus (`path` is then the train file); the
     # split stage keeps them as they are (split.use_given)
     splits: dict[Literal["validation", "test"], GivenSplit] = {}
+    # append: the file only grows at its end (a log of reviews): the lines each run finds past the last run's
+    # end are a partition of their own, and a change before that end is an error. no: any change is a new corpus
+    grows: Literal["no", "append"] = "no"
+    # a partition of an appended file: the bytes [start, end) it holds (set by zhpipe, not in pipelines.yaml)
+    byte_range: tuple[int, int] | None = Field(None, exclude=False)
 
     def given(self) -> dict[str, "Source"]:
         """The source's files by split: {"train": ..., "validation": ..., "test": ...} with given splits, else
@@ -96,31 +102,115 @@ class Source(Section):
         if not self.path and not self.url:
             raise ValueError("source needs `path` or `url`")
         if self.partitioned and (self.sha256 or self.url or self.splits):
-            raise ValueError("source.path is a folder or glob (one partition per file): it takes no sha256, url or splits "
-                             "(each file is keyed by its own sha256)")
+            raise ValueError("source.path is a folder or glob, or grows by appends (a partition per file or per append): "
+                             "it takes no sha256, url or splits (each partition is keyed by its own sha256)")
+        if self.grows == "append" and self.path and (any(c in self.path for c in "*?[") or self.path.endswith("/")):
+            raise ValueError("source.grows: append is for one file that grows; a folder or glob is partitioned by file already")
         return self
 
     @property
     def partitioned(self) -> bool:
-        """A source of many files: `path` is a glob (`data/raw/reviews/*.csv`) or ends in `/` (a folder)."""
-        return bool(self.path) and "://" not in self.path and (any(c in self.path for c in "*?[") or self.path.endswith("/"))
+        """A source of many parts: `path` is a glob (`data/raw/reviews/*.csv`) or ends in `/` (a folder), or one
+        file that grows by appends (`grows: append`)."""
+        if self.byte_range is not None or not self.path or "://" in self.path:
+            return False
+        return any(c in self.path for c in "*?[") or self.path.endswith("/") or self.grows == "append"
 
-    def partitions(self, root: Path) -> list[tuple[str, Path]]:
-        """(name, file) of each partition of a partitioned source, sorted by file name: a corpus that grows by
-        one file a day names its files so that new ones sort last (`2026-12-01.csv`)."""
+    def partitions(self, root: Path, appended: list[dict] | None = None) -> list["Partition"]:
+        """Each partition of a partitioned source: its files sorted by name (a corpus that grows by one file a
+        day names its files so that new ones sort last, `2026-12-01.csv`); for an appended file, the byte
+        ranges of earlier runs (`appended`, checked against the file) and the new complete lines after them."""
         base = Path(self.path).expanduser()
         base = base if base.is_absolute() else root / base
+        if self.grows == "append":
+            return append_partitions(base, appended or [])
         files = sorted(p for p in (base.glob("*") if self.path.endswith("/") else base.parent.glob(base.name))
                        if p.is_file() and not p.name.startswith("."))
         if not files:
             raise DataError(f"source.path {self.path}: no files match (expected one file per partition, e.g. data/raw/reviews/*.csv)")
-        return [(p.name, p) for p in files]
+        return [Partition(p.name, p) for p in files]
 
-    def partition(self, file: Path) -> "Source":
-        """The source of one partition: this source with `path` set to the file."""
-        return self.model_copy(update={"path": str(file)})
+    def partition(self, part: "Partition", shown: Path) -> "Source":
+        """The source of one partition: this source with `path` set to its file (shown as `shown`) and, for an
+        append, its byte range."""
+        return self.model_copy(update={"path": str(shown), "grows": "no", "byte_range": part.byte_range})
 
     _hex = field_validator("sha256")(_sha256_hex)
+
+
+@dataclass
+class Partition:
+    """One part of a partitioned source: a file, or a byte range of an appended file."""
+
+    name: str  # the unit's suffix (`segment:<name>`) and what `repeats` names
+    path: Path
+    byte_range: tuple[int, int] | None = None
+    digest: str | None = None  # the range's sha256 (a file's is computed when asked)
+
+    def fingerprint(self) -> str:
+        if self.digest is None:
+            self.digest = file_sha256(self.path)
+        return self.digest
+
+
+def append_partitions(path: Path, appended: list[dict]) -> list[Partition]:
+    """The partitions of a file that grows at its end: each earlier run's range (checked: a byte changed
+    before the last run's end is an error) and the complete lines after it, if any, as a new one."""
+    if not path.is_file():
+        raise DataError(f"source not found: {path} (no such file)")
+    size, parts, start = path.stat().st_size, [], 0
+    with open(path, "rb") as f:
+        for i, seen in enumerate(appended):
+            end = int(seen["end"])
+            if end > size:
+                raise DataError(f"{path}: the file is shorter ({size} bytes) than at an earlier run ({end} bytes); source.grows: "
+                                "append takes a file that only grows")
+            digest = _range_sha256(f, start, end)
+            if digest != seen["sha256"]:
+                raise DataError(f"{path}: bytes {start}-{end} differ from an earlier run's; source.grows: append takes a file "
+                                "that only grows at its end (set grows: no to read it as a new corpus)")
+            parts.append(Partition(f"{path.name}@{i:04d}", path, (start, end), digest))
+            start = end
+        if size > start:
+            f.seek(start)
+            tail = f.read(size - start)
+            cut = tail.rfind(b"\n") + 1  # complete lines only: a line being written waits for the next run
+            if cut:
+                parts.append(Partition(f"{path.name}@{len(parts):04d}", path, (start, start + cut), hashlib.sha256(tail[:cut]).hexdigest()))
+    if not parts:
+        raise DataError(f"{path}: no complete line to read")
+    return parts
+
+
+def _range_sha256(f, start: int, end: int) -> str:
+    f.seek(start)
+    h, left = hashlib.sha256(), end - start
+    while left > 0:
+        block = f.read(min(left, 1 << 20))
+        if not block:
+            break
+        h.update(block)
+        left -= len(block)
+    return h.hexdigest()
+
+
+def range_file(source: "Source", path: Path, scratch: Path) -> Path:
+    """An appended file's partition as a file of its own: the header line (CSV and TSV) and its byte range."""
+    start, end = source.byte_range
+    scratch.mkdir(parents=True, exist_ok=True)
+    out = scratch / f"part-{start}-{end}{path.suffix}"
+    with open(path, "rb") as src, open(out, "wb") as dst:
+        if start and file_format(path, source) in ("csv", "tsv"):
+            dst.write(src.readline())
+        src.seek(start)
+        left = end - start
+        while left > 0:
+            block = src.read(min(left, 1 << 20))
+            if not block:
+                break
+            dst.write(block)
+            left -= len(block)
+    return out
 
 
 class Params(Section):
@@ -758,6 +848,8 @@ def build(ctx: BuildContext) -> BuildOutput:
     source: Source = ctx.source
     raw, sha = locate(source, ctx.root, ctx.store.downloads, p, ctx.store.expect(source))
     data_file = extract(raw, ctx.scratch / "extracted", source.member, p) if raw.name.lower().endswith(ARCHIVES) else raw
+    if source.byte_range is not None:  # a partition of an appended file: its lines only
+        data_file = range_file(source, data_file, ctx.scratch / "range")
     data = PartWriter(ctx.out / "data.parquet", ROW_GROUP_ROWS)
     bad = PartWriter(ctx.out / "quarantine.parquet", ROW_GROUP_ROWS)
     labels: set[str] = set()

@@ -92,3 +92,49 @@ def test_status_counts_partitions(nightly, capsys):
     assert main(["--project", str(nightly["root"]), "status", "nightly", "--storage", str(nightly["store"])]) == 0
     out = capsys.readouterr().out
     assert "4 partitions" in out and "3 cached, 1 to build" in out and "to build: 2026-12-04.csv" in out
+
+
+@pytest.fixture
+def appended(tmp_path, prefect_harness):
+    """One CSV that grows at its end, read with `source.grows: append`."""
+    rows = pd.read_csv(ROOT / "tests/fixtures/smoke.csv", dtype=str)
+    log = tmp_path / "data" / "raw" / "reviews.csv"
+    log.parent.mkdir(parents=True)
+    rows.iloc[:150].to_csv(log, index=False)
+    doc = {"pipelines": {"log": {"source": {"path": "data/raw/reviews.csv", "grows": "append", "text_column": "review",
+                                            "label_column": "label"}}}}
+    (tmp_path / "pipelines.yaml").write_text(yaml.safe_dump(doc), encoding="utf-8")
+    from flows import project
+
+    previous = project._CURRENT
+    project.activate(project.Project(tmp_path))
+    yield {"root": tmp_path, "log": log, "rest": rows.iloc[150:], "store": tmp_path / "store"}
+    project._CURRENT = previous
+
+
+def run_log(env):
+    config = load_pipeline("log", env["root"] / "pipelines.yaml")
+    out = pipeline_flow(config, storage=str(env["store"]), stages=select_stages(stop="segment"))
+    return {u["stage"]: u for u in out["units"]}, {s["stage"]: s for s in out["stages"]}
+
+
+def test_an_appended_file_is_read_one_append_at_a_time(appended):
+    from tasks.errors import DataError
+
+    units, stages = run_log(appended)
+    assert {u for u, r in units.items() if r["cache"] == "miss"} == {f"{s}:reviews.csv@0000" for s in DATA[:4]}
+    assert stages["download"]["rows"] == 150
+    with open(appended["log"], "a", encoding="utf-8") as f:  # the next night's rows, and a line still being written
+        appended["rest"].iloc[:50].to_csv(f, index=False, header=False)
+        f.write("1,写到一半")
+    units, stages = run_log(appended)
+    assert {u for u, r in units.items() if r["cache"] == "miss"} == {f"{s}:reviews.csv@0001" for s in DATA[:4]}
+    assert stages["download"]["rows"] == 200  # the unfinished line waits for the next run
+    with open(appended["log"], "a", encoding="utf-8") as f:
+        f.write("的评论\n")
+    units, stages = run_log(appended)
+    assert stages["download"]["rows"] == 201 and units["download:reviews.csv@0002"]["cache"] == "miss"
+    data = appended["log"].read_bytes()
+    appended["log"].write_bytes(data[:40] + b"X" + data[41:])  # an edit before the end of earlier runs
+    with pytest.raises(DataError, match="differ from an earlier run's"):
+        run_log(appended)
