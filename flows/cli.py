@@ -295,18 +295,19 @@ def cmd_worker(args) -> int:
     return 0
 
 
-def _print_frame(df, title: str) -> None:
+def _print_frame(df, title: str, no_wrap: tuple[str, ...] = ()) -> None:
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title=title)
     for col in df.columns:
-        table.add_column(str(col), justify="right" if df[col].dtype.kind in "if" else "left")
+        table.add_column(str(col), justify="right" if df[col].dtype.kind in "if" else "left", no_wrap=col in no_wrap)
     for row in df.itertuples(index=False):
         table.add_row(*["" if v is None or (isinstance(v, float) and v != v) else f"{v:.4f}" if isinstance(v, float) else str(v) for v in row])
     console = Console()
-    if not console.is_terminal:  # piped or logged: whole rows, not wrapped at 80 columns
-        console = Console(width=240)
+    if not console.is_terminal:  # piped or logged: whole rows and cells, not wrapped at 80 columns
+        cells = [max([len(str(c))] + [len(str(v)) for v in df[c]]) for c in df.columns]
+        console = Console(width=max(240, sum(cells) + 3 * len(cells) + 4))
     console.print(table)
 
 
@@ -332,7 +333,9 @@ def cmd_runs(args) -> int:
     if df.empty:
         print("no pipeline runs yet; `zhpipe run` makes one")
         return 0
-    _print_frame(df, f"zhpipe runs{' ' + args.pipeline if args.pipeline else ''} (newest first)")
+    # the run's name holds its pipeline, its overrides and its time: the columns that repeat it are left out here
+    shown = df.drop(columns=[c for c in ("pipeline", "overrides", "started") if c in df])
+    _print_frame(shown, f"zhpipe runs{' ' + args.pipeline if args.pipeline else ''} (newest first)", no_wrap=("name",))
     return 0
 
 

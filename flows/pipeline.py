@@ -106,7 +106,7 @@ def start_run(config: PipelineConfig, force: set[str], storage: str, executor: s
     experiment = f"zhpipe-{config.name}"
     parent = Tracker.start(experiment, run_name(config, overrides), tags=source_tags(config))
     parent.params(config.flat_params())
-    parent.tags({"zhpipe.task": config.task})
+    parent.tags({"zhpipe.task": config.task, "zhpipe.overrides": " ".join(redact_text(o) for o in overrides or [])})
     return RunContext(config, StageStore(storage), keys, experiment, parent.run_id, force, executor, causes, verify)
 
 

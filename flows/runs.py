@@ -98,11 +98,13 @@ def runs_table(runs: list) -> pd.DataFrame:
         tags, m = r.data.tags, r.data.metrics
         rows.append({
             "run": r.info.run_id[:12], "started": time.strftime("%Y-%m-%d %H:%M", time.localtime(r.info.start_time / 1000)),
-            "status": r.info.status, "pipeline": tags.get("zhpipe.pipeline", ""), "commit": tags.get("zhpipe.git_commit", "")[:8],
+            "status": r.info.status, "name": tags.get("mlflow.runName") or getattr(r.info, "run_name", ""),
+            "overrides": tags.get("zhpipe.overrides", ""),
+            "pipeline": tags.get("zhpipe.pipeline", ""), "commit": tags.get("zhpipe.git_commit", "")[:8],
             "source": tags.get("zhpipe.source_sha256", "")[:8], "best model": tags.get("zhpipe.best_model", ""),
             "test acc": m.get("best_test_accuracy"), "test macro-F1": m.get("best_test_macro_f1"), "test entity F1": m.get("best_test_f1"),
             "hit/miss": f"{int(m.get('stages_hit', 0))}/{int(m.get('stages_miss', 0))}",
-            "champion": tags.get("zhpipe.champion", ""),
+            "champion": tags.get("zhpipe.champion", ""), "registered": tags.get("zhpipe.registered", ""),
         })
     frame = pd.DataFrame(rows)
     if len(frame) and frame["test entity F1"].isna().all():  # no ner run among them
@@ -126,9 +128,27 @@ def find_run(prefix: str):
     return matches[0]
 
 
+MODEL_METRICS = ("val_accuracy_best", "val_macro_f1_best", "test_accuracy", "test_macro_f1", "val_f1_best", "test_f1",
+                 "test_perplexity", "train_seconds")
+
+
+def model_metrics(run) -> dict[str, dict[str, float]]:
+    """The model runs under a parent run: per model, its validation and test metrics."""
+    c = _client()
+    children = c.search_runs([run.info.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{run.info.run_id}'",
+                             max_results=500)
+    out: dict[str, dict[str, float]] = {}
+    for child in children:
+        model = child.data.tags.get("zhpipe.model")
+        if model and not child.data.tags.get("zhpipe.trial"):
+            out[model] = {k: child.data.metrics[k] for k in MODEL_METRICS if k in child.data.metrics}
+    return out
+
+
 def compare_table(run_ids: list[str], everything: bool = False) -> pd.DataFrame:
-    """Parameters, metrics and tags side by side, one column per run; only rows that differ unless `everything`
-    (the headline metrics are always shown)."""
+    """Parameters, metrics and tags side by side, one column per run, and each model's validation and test
+    metrics (`model textcnn test_accuracy`); only rows that differ unless `everything` (the headline metrics
+    are always shown). `delta` is the last run's value minus the first's (in the spirit of `dvc metrics diff`)."""
     runs = [find_run(r) for r in run_ids]
     headline = {"metric best_test_accuracy", "metric best_test_macro_f1", "metric best_test_f1", "tag zhpipe.best_model"}
     table: dict[str, dict[str, Any]] = {}
@@ -138,6 +158,9 @@ def compare_table(run_ids: list[str], everything: bool = False) -> pd.DataFrame:
             table.setdefault(f"param {k}", {})[col] = v
         for k, v in r.data.metrics.items():
             table.setdefault(f"metric {k}", {})[col] = round(v, 4)
+        for model, values in model_metrics(r).items():
+            for k, v in values.items():
+                table.setdefault(f"model {model} {k}", {})[col] = round(v, 4)
         for k in ("zhpipe.best_model", "zhpipe.git_commit", "zhpipe.source_sha256", "zhpipe.config_hash", "zhpipe.registered", "zhpipe.champion"):
             if k in r.data.tags:
                 table.setdefault(f"tag {k}", {})[col] = r.data.tags[k][:16]
@@ -146,9 +169,12 @@ def compare_table(run_ids: list[str], everything: bool = False) -> pd.DataFrame:
     if not everything:
         differs = frame.astype(str).nunique(axis=1, dropna=False) > 1
         frame = frame[differs | frame.index.isin(headline)]
-    kind = {"metric": 0, "tag": 1, "param": 2}
+    kind = {"model": 0, "metric": 1, "tag": 2, "param": 3}
     order = sorted(frame.index, key=lambda k: (kind[k.split(" ", 1)[0]], k))
-    return frame.loc[order].rename_axis("what").reset_index()
+    frame = frame.loc[order]
+    first, last = pd.to_numeric(frame[columns[0]], errors="coerce"), pd.to_numeric(frame[columns[-1]], errors="coerce")
+    frame["delta"] = (last - first).round(4).map(lambda d: "" if pd.isna(d) else f"{d:+.4f}")
+    return frame.rename_axis("what").reset_index()
 
 
 # ---- prediction ----------------------------------------------------------------------------------------
@@ -169,8 +195,10 @@ def load_model(uri: str):
         return mlflow.pyfunc.load_model(uri)
     except (MlflowException, OSError) as e:
         first = str(e).strip().splitlines()[0][:200]
-        raise ZhpipeError(f"cannot load model {uri} from {tracking_uri()}: {first}; run a pipeline first (`zhpipe run`) "
-                          f"or pass --model") from None
+        from tasks.urls import redact, redact_text
+
+        raise ZhpipeError(f"cannot load model {uri} from {redact(tracking_uri())}: {redact_text(first)}; run a pipeline first "
+                          "(`zhpipe run`) or pass --model") from None
 
 
 def read_table(path: Path, text_column: str) -> pd.DataFrame:
@@ -182,10 +210,15 @@ def read_table(path: Path, text_column: str) -> pd.DataFrame:
     try:
         if kind == "parquet":
             df = pd.read_parquet(path)
-        elif kind == "jsonl":
-            df = pd.read_json(path, lines=True, dtype=False)
-        else:  # "NA", "null" and "" stay texts: only a missing field is missing
-            df = pd.read_csv(path, sep="\t" if kind == "tsv" else ",", dtype=str, keep_default_na=False)
+        else:  # UTF-8 (with or without BOM), UTF-16 and GBK/GB18030, as the download stage reads a corpus
+            from tasks.download import detect_encoding
+
+            with open(path, "rb") as f:
+                encoding = detect_encoding(f.read(1 << 16))
+            if kind == "jsonl":
+                df = pd.read_json(path, lines=True, dtype=False, encoding=encoding)
+            else:  # "NA", "null" and "" stay texts: only a missing field is missing
+                df = pd.read_csv(path, sep="\t" if kind == "tsv" else ",", dtype=str, keep_default_na=False, encoding=encoding)
     except (ValueError, OSError, pd.errors.ParserError) as e:
         raise DataError(f"--input {path}: unreadable {kind}: {str(e).splitlines()[0][:200]}") from None
     if text_column not in df:

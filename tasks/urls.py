@@ -64,5 +64,14 @@ def reveal(url: str | None) -> str | None:
 
 
 def is_loopback(url: str) -> bool:
+    """Whether the URL's host is this machine: `localhost` or a loopback IP address (127.0.0.0/8, ::1). A
+    name that merely starts with `127.` (`127.attacker.example`) is not."""
+    import ipaddress
+
     host = (urlsplit(url).hostname or "").lower()
-    return host in ("localhost", "::1") or host.startswith("127.")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

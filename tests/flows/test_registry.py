@@ -265,3 +265,23 @@ def test_runs_and_compare_commands(trained):
     assert len(lines) == 1 and "1" in lines[0] and "2" in lines[0]
     assert "best_test_accuracy" in proc.stdout
     assert "segment.mode" not in proc.stdout  # equal in both runs: not shown
+    # per-model metrics side by side with their delta: textcnn changed (epochs), tfidf_lr was reused as it was
+    from flows.runs import compare_table
+
+    table = compare_table([first, second]).set_index("what")
+    textcnn = table.loc[[w for w in table.index if w.startswith("model textcnn ")]]
+    assert len(textcnn) and all(d.startswith(("+", "-")) for d in textcnn["delta"])
+    assert "model tfidf_lr test_accuracy" not in table.index  # the same model in both runs: nothing differs
+    assert table.loc["param train.epochs", "delta"] == "+1.0000"
+    runs = zhpipe("runs", "smoke", "--limit", "50").stdout
+    assert " name " in runs and "registered" in runs and "zhpipe-smoke/" in runs  # the run names and registered versions
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-8-sig", "gbk", "utf-16"])
+def test_predict_input_files_are_read_in_their_encoding(tmp_path, encoding):
+    from flows.runs import read_table
+
+    path = tmp_path / f"in-{encoding}.csv"
+    path.write_bytes("text,id\n房间很干净，服务很好,1\n早餐太差,2\n".encode(encoding))
+    df = read_table(path, "text")
+    assert df["text"].tolist() == ["房间很干净，服务很好", "早餐太差"]

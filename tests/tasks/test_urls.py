@@ -1,3 +1,5 @@
+import pytest
+
 from tasks.urls import conceal, redact, redact_text, reveal
 
 
@@ -20,3 +22,14 @@ def test_conceal_keeps_the_real_url_in_this_process_only():
     assert shown == "https://***@example.org/c.csv" and reveal(shown) == real
     assert conceal("https://example.org/c.csv") == "https://example.org/c.csv"
 
+
+
+@pytest.mark.parametrize("url, loopback", [
+    ("http://127.0.0.1:5000/x", True), ("http://localhost/", True), ("http://[::1]:80/", True), ("http://127.9.9.9/", True),
+    ("http://127.attacker.example/", False), ("http://127.0.0.1.nip.io/", False), ("http://10.0.0.1/", False),
+    ("https://example.com/", False),
+])
+def test_is_loopback_by_address_not_by_prefix(url, loopback):
+    from tasks.urls import is_loopback
+
+    assert is_loopback(url) is loopback
