@@ -555,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
 
         use_running()  # a background `zhpipe server` instead of a temporary server per command
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S")
-    for noisy in ("httpx", "alembic", "mlflow.store.db.utils", "gensim", "smart_open", "distributed"):
+    for noisy in ("httpx", "alembic", "mlflow", "gensim", "smart_open", "distributed"):  # their INFO lines are noise here
         logging.getLogger(noisy).setLevel(logging.WARNING)
     if not args.debug and (args.command in ("run", "tune", "deploy", "serve") or getattr(args, "dask", None)):
         import prefect  # noqa: F401 - configures Prefect's loggers, which the filter then attaches to

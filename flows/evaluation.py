@@ -40,7 +40,8 @@ def train_unit(run: RunContext, name: str, upstream: dict[str, StageResult], bui
     inputs = {k: v for k, v in upstream.items() if k != "embed" or MODELS[name].uses_vectors}
     inputs |= {f"train.{m}": (built or {})[f"train.{m}"] for m in members_of(run.config, name)}
     build = run.config.kind.stages["train"].module.build_model
-    result = run.run(f"train.{name}", inputs, lambda ctx: build(ctx, name), run_name=name, tags={"zhpipe.model": name}, tracker=tracker)
+    result = run.run(f"train.{name}", inputs, lambda ctx: build(ctx, name), run_name=f"{name} ({run.config.name})",
+                     tags={"zhpipe.model": name}, tracker=tracker)
     _track_training(run, result, name)
     return result
 
@@ -94,7 +95,7 @@ def evaluate_models(run: RunContext, train: StageResult, segment: StageResult) -
 
 def _model_run(run: RunContext, name: str) -> str:
     """A model run for a model whose training was reused outside this run's train stage (--from evaluate)."""
-    return Tracker.start(run.experiment, name, parent=run.parent_run_id, tags={"zhpipe.model": name, "zhpipe.cache": "hit"}).run_id
+    return Tracker.start(run.experiment, f"{name} ({run.config.name})", parent=run.parent_run_id, tags={"zhpipe.model": name, "zhpipe.cache": "hit"}).run_id
 
 
 def register(run: RunContext, evaluation: StageResult, segment: StageResult, model_runs: dict[str, str]) -> None:

@@ -132,7 +132,7 @@ def log_classifier(run_id: str, model: str, folder: Path, labels: list[str], cle
                 path = Path(segment[key]) if Path(segment[key]).is_absolute() else current().root / segment[key]
                 artifacts[key] = str(shutil.copy(path, Path(tmp) / f"{key}{path.suffix}"))
         config = {"model": model, "labels": labels, "clean": clean, "segment": segment, "predict": predict or {}}
-        return _log_pyfunc(run_id, "classifier", TextClassifier(), "pyfunc_model.py", artifacts, config,
+        return _log_pyfunc(run_id, model, TextClassifier(), "pyfunc_model.py", artifacts, config,
                            ["房间很干净，服务也好", "早餐太差了"], registered_name, Path(tmp))
 
 
@@ -141,7 +141,7 @@ def log_tagger(run_id: str, model: str, folder: Path, labels: list[str], clean: 
     """Log `folder` (a trained tagger) as an EntityTagger pyfunc in run `run_id`. Returns MLflow's ModelInfo."""
     with tempfile.TemporaryDirectory() as tmp:
         config = {"model": model, "labels": labels, "clean": clean, "predict": predict or {}}
-        return _log_pyfunc(run_id, "tagger", EntityTagger(), "pyfunc_tagger.py", {"model": str(folder)}, config,
+        return _log_pyfunc(run_id, model, EntityTagger(), "pyfunc_tagger.py", {"model": str(folder)}, config,
                            ["张伟，男，1965年出生，北京大学硕士，现任中国银行行长。", "无"], registered_name, Path(tmp))
 
 

@@ -24,6 +24,13 @@ class Params(Section):
     metric: Literal["accuracy", "macro_f1"] = "accuracy"  # picks the best model, on the validation split
 
 
+def metric_name(label: str) -> str:
+    """A label as part of an MLflow metric name (letters, digits, `_ - . /` and spaces are allowed there)."""
+    import re
+
+    return re.sub(r"[^\w\-./ ]", "_", str(label)).strip() or "_"
+
+
 def score(y_true: np.ndarray, y_pred: np.ndarray, labels: list[str]) -> tuple[dict[str, float], pd.DataFrame, np.ndarray]:
     """Accuracy, macro-F1, a per-class precision/recall/F1 table and the confusion matrix."""
     ids = list(range(len(labels)))
@@ -148,7 +155,7 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
         pd.DataFrame(matrix, index=labels, columns=labels).to_csv(folder / "confusion_matrix.csv")
         plot_confusion(matrix, labels, f"{name}: test confusion matrix", folder / "confusion_matrix.png")
         ap = plot_pr_curves(y_true, probs, labels, f"{name}: test precision-recall", folder / "pr_curves.png")
-        metrics |= {f"test_ap_{i}": v for i, v in enumerate(ap.values())}
+        metrics |= {f"test_ap_{metric_name(label)}": v for label, v in ap.items()}  # named by label, not by index
         worst = worst_mistakes(test, y_true, probs, labels)
         worst.to_csv(folder / "worst_mistakes.csv", index=False)
         plot_training_curves(summary.get("history", []), f"{name}: training", folder / "training_curves.png")

@@ -32,3 +32,9 @@ def test_chinese_labels_never_drawn_as_boxes():
     else:
         assert shown == ["0", "1"] and "no CJK font" in note
     assert tick_labels(["pos", "neg"]) == (["pos", "neg"], "")
+
+
+def test_metric_names_carry_the_label_not_its_index():
+    from tasks.evaluate import metric_name
+
+    assert metric_name("好评") == "好评" and metric_name("a:b?") == "a_b_" and metric_name("") == "_"
