@@ -139,7 +139,7 @@ def key_causes(config: PipelineConfig, unit: str, inputs: dict[str, str]) -> dic
     module = spec.module
     params = unit_params(config, unit)
     code, files = code_fingerprint(module.__name__), module.FILES
-    if spec.partitioned and config.source.partitioned and not part:  # the stage gathers its partitions
+    if spec.partitioned and config.source.partitioned and not part and not spec.gather:  # it concatenates its partitions
         from tasks import partitions as gather
 
         code, files, module = code_fingerprint(gather.__name__), (), gather
@@ -357,10 +357,10 @@ class RunContext:
             inputs = {d: upstream[d].parts.get(f"{d}:{name}") or self.reuse(f"{d}:{name}") for d in spec.needs}
             if spec.cumulative:
                 inputs |= dict(parts)
-            parts[f"{spec.name}:{name}"] = self.run_partition(f"{spec.name}:{name}", inputs, spec.module.build)
+            parts[f"{spec.name}:{name}"] = self.run_partition(f"{spec.name}:{name}", inputs, getattr(spec.module, spec.part_build))
         built = sum(r.cache == "miss" for r in parts.values())
         log.info("%s: %d partitions, %d cached, %d built", spec.name, len(parts), len(parts) - built, built)
-        result = self.run(spec.name, parts, gather.build)
+        result = self.run(spec.name, parts, getattr(spec.module, spec.gather) if spec.gather else gather.build)
         result.parts = parts
         result.seconds = round(result.seconds + sum(r.seconds for r in parts.values()), 3)  # the stage's time, partitions included
         return result

@@ -39,6 +39,10 @@ class Stage:
     # stage gathers them in order (tasks/partitions.py); a night with one new file builds only that file's units
     partitioned: bool = False
     cumulative: bool = False  # a partition unit also reads every earlier partition's output (global deduplication)
+    # the module's functions for a partition unit and for gathering them (default: `build`, and concatenating
+    # the partitions' files with tasks/partitions.py); vocab counts per partition and merges the counts
+    part_build: str = "build"
+    gather: str | None = None
 
     @property
     def module(self) -> ModuleType:
@@ -100,7 +104,8 @@ CLASSIFICATION_STAGES = _graph(
           "rows_added", (Output("train.parquet", "frame"), Output("train.words.txt", "text")), partitioned=True),
     Stage("vocab", ("augment", "segment"), "tasks.vocab",
           "word and character vocab.txt (BERT-style specials) + frequency tables; validation OOV rate",
-          "words_validation_oov_rate", (Output("words/vocab.txt", "vocab"), Output("chars/vocab.txt", "vocab"))),
+          "words_validation_oov_rate", (Output("words/vocab.txt", "vocab"), Output("chars/vocab.txt", "vocab")),
+          partitioned=True, part_build="count", gather="gather"),
     Stage("embed", ("augment",), "tasks.embed",
           "gensim Word2Vec and fastText subword vectors; neighbours of probe words, PCA picture, projector export",
           "word2vec_vocab", (Output("word2vec.bin", "vectors"), Output("fasttext.vec", "vectors"))),

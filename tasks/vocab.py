@@ -61,9 +61,49 @@ def build(ctx: BuildContext) -> BuildOutput:
     """Write `words/vocab.txt`, `words/freq.tsv`, `chars/vocab.txt`, `chars/freq.tsv` from the train split."""
     train = pd.read_parquet(ctx.inputs["augment"] / "train.parquet", columns=list(KINDS))
     validation = pd.read_parquet(ctx.inputs["segment"] / "validation.parquet", columns=list(KINDS))
+    return write_vocab(ctx, {kind: count_tokens(train[kind]) for kind in KINDS},
+                       {kind: count_tokens(validation[kind]) for kind in KINDS}, dict(ctx.input_info["augment"]))
+
+
+def count(ctx: BuildContext) -> BuildOutput:
+    """A partition's unit: its train and validation token counts (`counts/<kind>.<split>.parquet`), which the
+    stage merges (`gather`) instead of counting the whole corpus again each night."""
+    (ctx.out / "counts").mkdir()
+    rows = 0
+    for split, stage in (("train", "augment"), ("validation", "segment")):
+        frame = pd.read_parquet(ctx.inputs[stage] / f"{split}.parquet", columns=list(KINDS))
+        rows += len(frame) if split == "train" else 0
+        for kind in KINDS:
+            counts = count_tokens(frame[kind])
+            pd.DataFrame({"token": list(counts), "count": list(counts.values())}, columns=["token", "count"]).astype(
+                {"token": str, "count": "int64"}).to_parquet(ctx.out / "counts" / f"{kind}.{split}.parquet", index=False)
+    return BuildOutput(rows=rows, info=dict(ctx.input_info["augment"]))
+
+
+def gather(ctx: BuildContext) -> BuildOutput:
+    """The vocabularies from the partitions' merged counts (memory: the distinct tokens, bounded by
+    `max_size` in what is written)."""
+    merged: dict[str, dict[str, Counter]] = {split: {kind: Counter() for kind in KINDS} for split in ("train", "validation")}
+    for folder in ctx.inputs.values():
+        for split, kinds in merged.items():
+            for kind, counts in kinds.items():
+                frame = pd.read_parquet(folder / "counts" / f"{kind}.{split}.parquet")
+                counts.update(dict(zip(frame["token"], frame["count"].astype(int))))
+    infos = list(ctx.input_info.values())
+    info = dict(infos[-1]) if infos else {}
+    labels = sorted({label for i in infos for label in (i.get("labels") or [])})
+    if labels:
+        from tasks.io import sorted_labels
+
+        info["labels"] = sorted_labels(labels)
+    return write_vocab(ctx, merged["train"], merged["validation"], info)
+
+
+def write_vocab(ctx: BuildContext, train: dict[str, Counter], validation: dict[str, Counter], info: dict) -> BuildOutput:
+    """Each kind's vocab.txt and freq.tsv from its train counts; its OOV rate from the validation counts."""
     metrics = {}
     for kind in KINDS:
-        counts = count_tokens(train[kind])
+        counts = train[kind]
         vocab = build_vocab(counts, ctx.params)
         folder = ctx.out / kind
         folder.mkdir()
@@ -72,10 +112,12 @@ def build(ctx: BuildContext) -> BuildOutput:
         freq.to_csv(folder / "freq.tsv", sep="\t", index=False)
         metrics[f"{kind}_vocab_size"] = len(vocab)
         metrics[f"{kind}_types_seen"] = len(counts)
-        metrics[f"{kind}_validation_oov_rate"] = oov_rate(validation[kind], set(vocab))
+        known, seen = set(vocab), validation[kind]
+        total = sum(seen.values())
+        metrics[f"{kind}_validation_oov_rate"] = sum(c for t, c in seen.items() if t not in known) / total if total else 0.0
     return BuildOutput(
         rows=int(metrics["words_vocab_size"]),
         metrics=metrics,
-        info=dict(ctx.input_info["augment"]),
+        info=info,
         artifacts=["words/vocab.txt", "chars/vocab.txt", "words/freq.tsv", "chars/freq.tsv"],
     )
