@@ -236,8 +236,18 @@ class StageStore:
         folder = self.local(stage, key)
         manifest = Manifest.read(folder)
         problems = []
+        root = folder.resolve()
+        listed = set(manifest.files)
+        if full:  # a file the manifest does not list (added, or one whose entry was removed) is a problem too
+            for path in sorted(folder.rglob("*")):
+                rel = path.relative_to(folder).as_posix()
+                if path.is_file() and rel != MANIFEST and rel not in listed:
+                    problems.append(f"{rel}: not in the manifest")
         for rel, facts in manifest.files.items():
             path = folder / rel
+            if Path(rel).is_absolute() or not path.resolve().is_relative_to(root) or path.is_symlink():
+                problems.append(f"{rel}: a manifest path outside the output")
+                continue
             if not path.is_file():
                 problems.append(f"{rel}: missing")
             elif path.stat().st_size != facts["size"]:

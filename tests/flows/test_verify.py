@@ -81,3 +81,23 @@ def test_verify_and_gc_commands(store, monkeypatch, capsys):
     done = zhpipe("gc")
     assert done.returncode == 0 and "freed" in done.stdout
     assert len(list((store / "split").glob("[!.]*"))) == 1 and not (store / "split" / ".tmp-0123456789abcdef-999999999").exists()
+
+
+def test_verify_catches_unlisted_files_and_paths_outside_the_output(tmp_path):
+    """A tampered file whose manifest entry was removed, and a manifest entry that points outside the output."""
+    from flows.store import Manifest, StageStore
+
+    store = StageStore(tmp_path / "store")
+    out = tmp_path / "store" / "clean" / "0123456789abcdef"
+    out.mkdir(parents=True)
+    (out / "data.parquet").write_bytes(b"good")
+    (tmp_path / "secret").write_bytes(b"outside")
+    files = {"data.parquet": {"size": 4, "sha256": file_sha256(out / "data.parquet")}}
+    Manifest(stage="clean", key="0123456789abcdef", params={}, inputs={}, rows=1, seconds=0.0, files=files).write(out)
+    assert store.verify("clean", "0123456789abcdef", full=True) == []
+    (out / "extra.parquet").write_bytes(b"planted")
+    assert store.verify("clean", "0123456789abcdef", full=True) == ["extra.parquet: not in the manifest"]
+    (out / "extra.parquet").unlink()
+    files["../../../secret"] = {"size": 7, "sha256": file_sha256(tmp_path / "secret")}
+    Manifest(stage="clean", key="0123456789abcdef", params={}, inputs={}, rows=1, seconds=0.0, files=files).write(out)
+    assert store.verify("clean", "0123456789abcdef", full=True) == ["../../../secret: a manifest path outside the output"]
