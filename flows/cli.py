@@ -496,7 +496,10 @@ def cmd_init(args) -> int:
 def cmd_ui(args) -> int:
     from flows.tracking import tracking_uri
 
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracking_uri(), "--host", args.host, "--port", str(args.port)]
+    # MLflow's default of 4 uvicorn workers takes many seconds to answer on a small machine: one per 2 cores, up to 4
+    workers = str(max(1, min(4, (os.cpu_count() or 2) // 2)))
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracking_uri(), "--host", args.host, "--port", str(args.port),
+           "--workers", workers]
     print(f"MLflow UI on http://{args.host}:{args.port} (store {tracking_uri()})", flush=True)
     os.execv(sys.executable, cmd)
     return 0

@@ -104,6 +104,9 @@ def start_run(config: PipelineConfig, force: set[str], storage: str, executor: s
     causes = plan(config)
     keys = {stage: stage_key(c) for stage, c in causes.items()}
     experiment = f"zhpipe-{config.name}"
+    closed = Tracker.close_orphans(experiment)
+    if closed:
+        log.info("MLflow: %d runs left RUNNING by killed runs of this machine marked KILLED", len(closed))
     parent = Tracker.start(experiment, run_name(config, overrides), tags=source_tags(config))
     parent.params(config.flat_params())
     parent.tags({"zhpipe.task": config.task, "zhpipe.overrides": " ".join(redact_text(o) for o in overrides or [])})

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import time
 import warnings
 from functools import lru_cache
@@ -101,12 +102,37 @@ class Tracker:
     @classmethod
     def start(cls, experiment: str, name: str, parent: str | None = None, tags: dict[str, str] | None = None) -> "Tracker":
         """Create a run (nested under `parent` when given)."""
-        all_tags = {"mlflow.runName": name, **(tags or {})}
+        import socket
+
+        # who runs it: a later run marks it KILLED when that process is gone (`close_orphans`)
+        all_tags = {"mlflow.runName": name, "zhpipe.host": socket.gethostname(), "zhpipe.pid": str(os.getpid()), **(tags or {})}
         if parent:
             all_tags["mlflow.parentRunId"] = parent
         exp = experiment_id(experiment)
         run = _retry(client().create_run)(exp, run_name=name, tags=all_tags)
         return cls(run.info.run_id, exp)
+
+    @staticmethod
+    def close_orphans(experiment: str) -> list[str]:
+        """Runs of `experiment` left RUNNING by a process of this machine that no longer exists (killed, or
+        the machine restarted): marked KILLED so that the MLflow UI does not show them running forever."""
+        import socket
+
+        from flows.store import alive
+
+        host = socket.gethostname()
+        try:
+            runs = client().search_runs([experiment_id(experiment)], filter_string=f"attributes.status = 'RUNNING' and "
+                                        f"tags.`zhpipe.host` = '{host}'", max_results=1000)
+        except Exception:  # noqa: BLE001 - tidying never fails a run
+            return []
+        closed = []
+        for r in runs:
+            pid = r.data.tags.get("zhpipe.pid", "")
+            if pid.isdigit() and int(pid) != os.getpid() and not alive(int(pid)):
+                client().set_terminated(r.info.run_id, "KILLED")
+                closed.append(r.info.run_id)
+        return closed
 
     @_retry
     def finish(self, ok: bool = True) -> None:

@@ -93,3 +93,29 @@ def test_a_cached_model_run_links_to_its_artifacts(runs, rest):
     source = next(u for u in runs["first"]["units"] if u["stage"] == "train.textcnn")["run_id"]
     assert tags["zhpipe.cache"] == "hit" and tags["zhpipe.train_artifacts_run_id"] == source
     assert source in tags["mlflow.note.content"] and tags["zhpipe.model_uri"].startswith("models:/")
+
+
+def test_runs_left_running_by_a_killed_process_are_marked_killed(tmp_path):
+    """A run whose process was SIGKILLed stays RUNNING in MLflow; the next run of the pipeline closes it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from flows.tracking import Tracker, client
+
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import sys; sys.path.insert(0, %r)\n"
+        "from flows.tracking import Tracker\n"
+        "r = Tracker.start('zhpipe-orphans', 'killed run')\n"
+        "print(r.run_id, flush=True)\n"
+        "import time; time.sleep(60)\n") % str(Path(__file__).resolve().parents[2])],
+        stdout=subprocess.PIPE, text=True, env=os.environ)
+    run_id = child.stdout.readline().strip()
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    assert client().get_run(run_id).info.status == "RUNNING"
+    mine = Tracker.start("zhpipe-orphans", "alive run")  # this process's own running run is left alone
+    assert Tracker.close_orphans("zhpipe-orphans") == [run_id]
+    assert client().get_run(run_id).info.status == "KILLED" and client().get_run(mine.run_id).info.status == "RUNNING"
+    mine.finish()
