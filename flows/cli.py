@@ -93,12 +93,12 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--seed", type=int, default=0, help="the sampler's seed")
     runs = sub.add_parser("runs", help="list recent pipeline runs (date, commit, source, best model, metrics)")
     runs.add_argument("pipeline", nargs="?", help="one pipeline (default: all)")
-    runs.add_argument("--limit", type=int, default=20)
+    runs.add_argument("--limit", type=int, default=20, help="at most this many runs, newest first (default 20)")
     compare = sub.add_parser("compare", help="side-by-side table of the parameters and metrics that differ between runs")
     compare.add_argument("runs", nargs="+", metavar="RUN", help="run ids or prefixes (as `zhpipe runs` prints them)")
     compare.add_argument("--all", action="store_true", help="every parameter and metric, not only those that differ")
     predict = sub.add_parser("predict", help="label raw texts with a registered model (default: the pipeline's champion)")
-    predict.add_argument("texts", nargs="*", metavar="TEXT")
+    predict.add_argument("texts", nargs="*", metavar="TEXT", help="texts to label (raw text, cleaned and segmented as the model's pipeline does)")
     predict.add_argument("--model", help="an MLflow model URI (default models:/zhpipe-<pipeline>@champion)")
     predict.add_argument("--pipeline", help="whose champion to use (default: the first pipeline in pipelines.yaml)")
     predict.add_argument("--input", type=Path, help="a .csv, .tsv, .jsonl or .parquet file of texts")
@@ -113,8 +113,8 @@ def _parser() -> argparse.ArgumentParser:
     server.add_argument("--port", type=int, help="with start: the port (default: the project's own, from 4300-4999, "
                         "or ZHPIPE_SERVER_PORT)")
     ui = sub.add_parser("ui", help="start the MLflow UI on the project's tracking store")
-    ui.add_argument("--port", type=int, default=5000)
-    ui.add_argument("--host", default="127.0.0.1")
+    ui.add_argument("--port", type=int, default=5000, help="the port to serve on (default 5000)")
+    ui.add_argument("--host", default="127.0.0.1", help="the address to serve on (default 127.0.0.1: this machine only)")
     return parser
 
 

@@ -147,3 +147,22 @@ def test_debug_goes_before_or_after_the_command(capsys):
 
     assert main(["stages", "--debug"]) == 0 and main(["--debug", "stages"]) == 0
     assert capsys.readouterr().out.count("task classification") == 2
+
+
+def test_every_command_and_option_has_help():
+    import argparse
+
+    from flows.cli import _parser
+
+    missing = []
+
+    def walk(parser, path):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, [*path, name])
+            elif not action.help and action.dest != "help":
+                missing.append(" ".join([*path, *(action.option_strings or [action.dest])]))
+
+    walk(_parser(), ["zhpipe"])
+    assert missing == []
