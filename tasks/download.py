@@ -182,15 +182,22 @@ def append_partitions(path: Path, appended: list[dict]) -> list[Partition]:
     return parts
 
 
-def _range_sha256(f, start: int, end: int) -> str:
+def _range_blocks(f, start: int, end: int):
+    """The bytes [start, end) of an open file, a megabyte at a time."""
     f.seek(start)
-    h, left = hashlib.sha256(), end - start
+    left = end - start
     while left > 0:
         block = f.read(min(left, 1 << 20))
         if not block:
             break
-        h.update(block)
+        yield block
         left -= len(block)
+
+
+def _range_sha256(f, start: int, end: int) -> str:
+    h = hashlib.sha256()
+    for block in _range_blocks(f, start, end):
+        h.update(block)
     return h.hexdigest()
 
 
@@ -202,14 +209,8 @@ def range_file(source: "Source", path: Path, scratch: Path) -> Path:
     with open(path, "rb") as src, open(out, "wb") as dst:
         if start and file_format(path, source) in ("csv", "tsv"):
             dst.write(src.readline())
-        src.seek(start)
-        left = end - start
-        while left > 0:
-            block = src.read(min(left, 1 << 20))
-            if not block:
-                break
+        for block in _range_blocks(src, start, end):
             dst.write(block)
-            left -= len(block)
     return out
 
 
