@@ -34,14 +34,34 @@ def split_unit(unit: str) -> tuple[str, str, str]:
     return stage, model, part
 
 
+_FILE_DIGESTS: dict[tuple[str, int, int], str] = {}  # (file, mtime_ns, size) -> sha256: each file version hashed once
+_APPENDED: dict[tuple, list] = {}  # (file, mtime_ns, size, record) -> its partitions: an append source checked once
+
+
 def partitions(config: PipelineConfig) -> list:
     """The partitions of a partitioned source (one per file in file-name order, or one per run's appended
-    lines); [] for a single-file source."""
+    lines); [] for a single-file source. Planning asks for them once per unit: a file (or an appended file's
+    ranges) is hashed once per version in this process, not on every call."""
     if not config.source.partitioned:
         return []
-    record = _append_record(config)
-    appended = json.loads(record.read_text(encoding="utf-8")) if config.source.grows == "append" and record.is_file() else None
-    return config.source.partitions(project.current().root, appended)
+    root = project.current().root
+    if config.source.grows == "append":
+        record, file = _append_record(config), resolve_local(config.source.path)
+        text = record.read_text(encoding="utf-8") if record.is_file() else None
+        stat = file.stat() if file is not None and file.is_file() else None
+        key = (str(file), stat.st_mtime_ns if stat else 0, stat.st_size if stat else -1, text)
+        if key not in _APPENDED:
+            _APPENDED.clear()  # only the latest version is asked for again
+            _APPENDED[key] = config.source.partitions(root, json.loads(text) if text else None)
+        return _APPENDED[key]
+    parts = config.source.partitions(root)
+    for part in parts:
+        stat = part.path.stat()
+        key = (str(part.path), stat.st_mtime_ns, stat.st_size)
+        if key not in _FILE_DIGESTS:
+            _FILE_DIGESTS[key] = file_sha256(part.path)
+        part.digest = _FILE_DIGESTS[key]
+    return parts
 
 
 def _append_record(config: PipelineConfig) -> Path:
@@ -59,10 +79,9 @@ def record_appends(config: PipelineConfig) -> None:
 
     if config.source.grows != "append":
         return
-    parts = partitions(config)
-    _append_record(config).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(_append_record(config),
-                      json.dumps([{"end": p.byte_range[1], "sha256": p.fingerprint()} for p in parts], indent=1))
+    parts, record = partitions(config), _append_record(config)
+    record.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(record, json.dumps([{"end": p.byte_range[1], "sha256": p.fingerprint()} for p in parts], indent=1))
 
 
 def partition_source(config: PipelineConfig, name: str):

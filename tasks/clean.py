@@ -182,8 +182,13 @@ def earlier_digests(ctx: BuildContext) -> pd.DataFrame | None:
     if ctx.partition is None:
         return None
     frames = [pd.read_parquet(folder / "digests.parquet") for unit, folder in ctx.inputs.items() if unit.startswith("clean:")]
-    columns = {"h1": "uint64", "h2": "uint64", "label": "string", "partition": "string"}
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame({c: pd.Series(dtype=t) for c, t in columns.items()})
+    return pd.concat(frames, ignore_index=True) if frames else no_digests()
+
+
+def no_digests() -> pd.DataFrame:
+    """An empty `digests.parquet` frame: each kept row's text digest, label and partition."""
+    return pd.DataFrame({"h1": pd.Series(dtype="uint64"), "h2": pd.Series(dtype="uint64"), "label": pd.Series(dtype="string"),
+                         "partition": pd.Series(dtype="string")})
 
 
 def across_partitions(kept: pd.DataFrame, earlier: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -277,8 +282,7 @@ def build(ctx: BuildContext) -> BuildOutput:
     kept_out.close(empty.drop(columns=["raw_text", "reason", "repeats"], errors="ignore"))
     bad_out.close(empty)
     if ctx.partition is not None:
-        digest_out.close(pd.DataFrame({"h1": pd.Series(dtype="uint64"), "h2": pd.Series(dtype="uint64"),
-                                       "label": pd.Series(dtype="string"), "partition": pd.Series(dtype="string")}))
+        digest_out.close(no_digests())
     conflict_table(pd.concat(conflicts, ignore_index=True) if conflicts else pd.DataFrame(columns=["id", "text", "label"])).to_csv(
         ctx.out / "label_conflicts.csv", index=False)
     metrics = {f"dropped_{r}": counts.get(r, 0) for r in ("empty", "too_short", "too_long", "duplicate", "label_conflict")}
