@@ -191,23 +191,20 @@ def no_digests() -> pd.DataFrame:
                          "partition": pd.Series(dtype="string")})
 
 
-def across_partitions(kept: pd.DataFrame, earlier: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def across_partitions(kept: pd.DataFrame, earlier: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(rows still kept, rows that repeat an earlier partition's text with `reason` duplicate, or label_conflict
-    under another label, and `repeats` naming that partition; the kept rows' digests)."""
-    h1, h2 = text_digest(kept["text"].reset_index(drop=True))
-    digests = pd.DataFrame({"h1": h1, "h2": h2})
-    first = earlier.drop_duplicates(["h1", "h2"]).rename(columns={"label": "earlier_label"})
-    found = digests.merge(first, how="left", on=["h1", "h2"])
-    hit = found["partition"].notna().to_numpy()
+    under another label, and `repeats` naming that partition); rows carry their text digest (`h1`, `h2`)."""
     kept = kept.reset_index(drop=True)
+    first = earlier.drop_duplicates(["h1", "h2"]).rename(columns={"label": "earlier_label"})
+    found = kept[["h1", "h2"]].merge(first, how="left", on=["h1", "h2"])
+    hit = found["partition"].notna().to_numpy()
     if "label" in kept:
         same = found["earlier_label"].astype(str).to_numpy() == kept["label"].astype(str).to_numpy()
         reason = np.where(same, "duplicate", "label_conflict")
     else:
         reason = np.full(len(kept), "duplicate", dtype=object)
     bad = kept[hit].assign(reason=pd.Series(reason[hit], dtype="string").to_numpy(), repeats=found["partition"][hit].to_numpy())
-    digests = digests[~hit].assign(label=kept["label"][~hit].astype("string").to_numpy() if "label" in kept else pd.NA)
-    return kept[~hit].reset_index(drop=True), bad.reset_index(drop=True), digests.reset_index(drop=True)
+    return kept[~hit].reset_index(drop=True), bad.reset_index(drop=True)
 
 
 def build(ctx: BuildContext) -> BuildOutput:
@@ -222,14 +219,16 @@ def build(ctx: BuildContext) -> BuildOutput:
     partitions = partition_count(rows_in)
     runner = ctx.runner(ctx.params.workers if ctx.runner is Runner else 0)
     empty = normalise(pq.ParquetFile(src).schema_arrow.empty_table().to_pandas(), ctx.params).assign(reason=pd.Series(dtype="string"))
+    digested = empty  # a partition keeps each row's text digest in the scratch file, for its digests.parquet
     if ctx.partition is not None:
+        digested = empty.assign(h1=pd.Series(dtype="uint64"), h2=pd.Series(dtype="uint64"))
         empty = empty.assign(repeats=pd.Series(dtype="string"))
         digest_out = PartWriter(ctx.out / "digests.parquet", ROW_GROUP_ROWS)
     with tempfile.TemporaryDirectory(prefix="clean-", dir=ctx.scratch) as tmp:
         normalised = PartWriter(Path(tmp) / "normalised.parquet", ROW_GROUP_ROWS)
         parts = [PartWriter(Path(tmp) / f"partition-{i}.parquet") for i in range(partitions)]
         for table in runner.tables(normalise_chunk, plan(src, CHUNK_ROWS) if rows_in else [], ctx.params.model_dump_json(), desc="clean"):
-            normalised.write(table.drop_columns(["h1", "h2"]))
+            normalised.write(table if ctx.partition is not None else table.drop_columns(["h1", "h2"]))
             if ctx.params.dedupe:
                 table = table.filter(pc.is_null(table["reason"])).select([c for c in ("id", "h1", "h2", "label") if c in table.column_names])
                 part = table["h1"].to_numpy() % partitions
@@ -237,7 +236,7 @@ def build(ctx: BuildContext) -> BuildOutput:
                     piece = table.filter(part == i) if partitions > 1 else table
                     if piece.num_rows:
                         writer.write(piece)
-        normalised.close(empty)
+        normalised.close(digested)
         for writer in parts:
             writer.close()
         ids, reasons = partition_duplicates([w.path for w in parts if w.rows])
@@ -254,14 +253,13 @@ def build(ctx: BuildContext) -> BuildOutput:
             if ctx.partition is not None:
                 bad = bad.assign(repeats=pd.Series(pd.NA, index=bad.index, dtype="string"))
                 if earlier is not None and len(kept):
-                    kept, repeated, digests = across_partitions(kept, earlier)
+                    kept, repeated = across_partitions(kept, earlier)
                     if len(repeated):
                         bad = pd.concat([bad, repeated[bad.columns]], ignore_index=True).sort_values("id", kind="stable")
-                else:
-                    h1, h2 = text_digest(kept["text"])
-                    digests = pd.DataFrame({"h1": h1, "h2": h2, "label": kept["label"].astype("string").to_numpy() if "label" in kept else pd.NA})
-                if len(digests):
-                    digest_out.write(digests.assign(partition=ctx.partition[1]))
+                if len(kept):
+                    digest_out.write(kept[["h1", "h2"]].assign(
+                        label=kept["label"].astype("string").to_numpy() if "label" in kept else pd.NA, partition=ctx.partition[1]))
+                kept, bad = kept.drop(columns=["h1", "h2"]), bad.drop(columns=["h1", "h2"])
             kept = kept.drop(columns=["raw_text"])
             if len(kept):
                 kept_out.write(kept)
