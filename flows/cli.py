@@ -386,18 +386,22 @@ def cmd_predict(args) -> int:
         raise ZhpipeError(f"predict: {e.message.removeprefix('zhpipe: ')}") from None
     out = with_predictions(df, out, used)
     statuses = out["pred_status"].value_counts().to_dict()
-    tagger = "pred_entities" in out
+    tagger, translator = "pred_entities" in out, "pred_translation" in out
     if args.output:
         write_table(out, args.output)
-        found = f"entities: {int(out['pred_count'].sum())}" if tagger else f"labels: {out['pred_label'].value_counts().to_dict()}"
+        found = (f"entities: {int(out['pred_count'].sum())}" if tagger else f"translations: {int(out['pred_translation'].notna().sum())}"
+                 if translator else f"labels: {out['pred_label'].value_counts().to_dict()}")
         print(f"{len(out)} rows -> {args.output} ({found}; status: {statuses}; model {shown}, {uri})")
     elif args.jsonl:
         import json
 
         for row in out.itertuples(index=False):
             record = {"text": row.text, "status": row.pred_status}
-            record |= {"entities": json.loads(row.pred_entities)} if tagger else {"label": row.pred_label, "probability": row.pred_probability}
+            record |= ({"entities": json.loads(row.pred_entities)} if tagger else {"translation": row.pred_translation} if translator
+                       else {"label": row.pred_label, "probability": row.pred_probability})
             print(json.dumps(record, ensure_ascii=False, default=float))
+    elif translator:
+        _print_frame(out[["text", "pred_translation", "pred_status"]], f"zhpipe predict: model {shown} ({uri})")
     elif tagger:
         from flows.runs import entities_text
 

@@ -21,13 +21,13 @@ def model_dir(run: RunContext, name: str) -> Path:
     return run.store.local(unit, run.keys[unit]) / name
 
 
-def train_models(run: RunContext, augment: StageResult, segment: StageResult, vocab: StageResult, embed: StageResult) -> StageResult:
+def train_models(run: RunContext, upstream: dict[str, StageResult]) -> StageResult:
     """Every model's train unit (reused or built, each tracked in its model run), then the train stage that
-    gathers them."""
+    gathers them; `upstream` holds the train stage's inputs by stage name."""
     units: dict[str, StageResult] = {}
     for unit in model_units(run.config, "train"):
         name = unit.partition(".")[2]
-        units[unit] = train_unit(run, name, {"augment": augment, "segment": segment, "vocab": vocab, "embed": embed}, units)
+        units[unit] = train_unit(run, name, upstream, units)
     result = run.run("train", units, run.config.kind.stages["train"].module.build)
     result.parts = units
     return result

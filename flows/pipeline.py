@@ -161,9 +161,11 @@ def stage_task(name: str):
 
 
 @task(name="train", cache_policy=NO_CACHE)
-def train(run: RunContext, augment: StageResult, segment: StageResult, vocab: StageResult, embed: StageResult) -> StageResult:
-    """Each model trained (or reused) as a unit of its own, tracked in its model run."""
-    return train_models(run, augment, segment, vocab, embed)
+def train(run: RunContext, augment: StageResult, segment: StageResult, vocab: StageResult, embed: StageResult | None = None) -> StageResult:
+    """Each model trained (or reused) as a unit of its own, tracked in its model run (a kind without an embed
+    stage passes none)."""
+    upstream = {"augment": augment, "segment": segment, "vocab": vocab} | ({"embed": embed} if embed is not None else {})
+    return train_models(run, upstream)
 
 
 @task(name="evaluate", cache_policy=NO_CACHE)
@@ -209,7 +211,7 @@ def pipeline_flow(
     if project_dir:
         project.activate(project.Project(Path(project_dir)))
     config = pipeline if isinstance(pipeline, PipelineConfig) else _config(pipeline, overrides, source, config_file)
-    stages = stages or list(config.kind.stages)
+    stages = [s for s in stages or config.kind.stages if s in config.kind.stages]  # a kind may lack a stage (embed)
     run = start_run(config, forced_stages(force, tuple(config.kind.stages)), storage_root(config, storage), chunk_executor(config, dask), verify, overrides)
     record_appends(config)  # an appended source: this run's ranges are what the next run checks
     label_flow_run(run, overrides)

@@ -145,13 +145,93 @@ def log_tagger(run_id: str, model: str, folder: Path, labels: list[str], clean: 
                            ["张伟，男，1965年出生，北京大学硕士，现任中国银行行长。", "无"], registered_name, Path(tmp))
 
 
+class TextTranslator(PythonModel):
+    """Raw text of the source language in; `translation` and `status` per text out. The text is cleaned as the
+    pipeline cleaned that side (and segmented, for a Chinese source) before it is translated."""
+
+    def load_context(self, context) -> None:
+        from tasks.clean import Params as CleanParams
+        from tasks.models import MODELS
+        from tasks.segmenter import Segmenter, SegmenterParams
+
+        cfg = json.loads(Path(context.artifacts["config"]).read_text(encoding="utf-8"))
+        segment = cfg["segment"]
+        for key in ("user_dict", "stopwords"):  # files travel as artifacts
+            if segment.get(key):
+                segment[key] = context.artifacts[key]
+        self.translator = MODELS[cfg["model"]].translator(Path(context.artifacts["model"]))
+        self.direction = self.translator.direction
+        clean = CleanParams(**{k: v for k, v in cfg["clean"].items() if k in CleanParams.model_fields})
+        # the English side is never converted to simplified characters
+        self.clean = clean if self.direction.startswith("zh") else clean.model_copy(update={"traditional_to_simplified": False})
+        limits = cfg.get("predict") or {}
+        self.max_rows, self.max_chars = limits.get("max_rows", 10_000), min(limits.get("max_chars", 5_000), self.clean.max_chars)
+        self.segmenter = (Segmenter(SegmenterParams(**{k: v for k, v in segment.items() if k in SegmenterParams.model_fields}))
+                          if self.direction.startswith("zh") else None)
+
+    def predict(self, context, model_input, params=None) -> pd.DataFrame:
+        from tasks.clean import clean_text
+
+        values = as_texts(model_input)
+        if len(values) > self.max_rows:
+            raise bad_request(f"{len(values)} texts in one call; at most {self.max_rows} (predict.max_rows)")
+        texts, statuses = [], []
+        for n, value in enumerate(values, 1):
+            if value is not None and not isinstance(value, str):
+                raise bad_request(f"text {n} is a {type(value).__name__}, not a string")
+            text = clean_text((value or "")[: self.max_chars], self.clean)
+            texts.append(text)
+            statuses.append("missing" if value is None else "empty" if not text else "truncated" if len(value) > self.max_chars else "ok")
+        usable = [i for i, t in enumerate(texts) if t]
+        out: list[str | None] = [None] * len(texts)
+        if usable:
+            picked = [texts[i] for i in usable]
+            frame = pd.DataFrame({"text": picked, **self.segmenter.rows(picked)}) if self.segmenter else pd.DataFrame({"en": picked})
+            for i, t in zip(usable, self.translator(frame)):
+                out[i] = t.text
+        return pd.DataFrame({"translation": pd.Series(out, dtype="string"), "status": statuses})
+
+
+def log_translator(run_id: str, model: str, folder: Path, clean: dict, segment: dict, predict: dict | None = None,
+                   registered_name: str | None = None):
+    """Log `folder` (a trained translator) as a TextTranslator pyfunc in run `run_id`. Returns MLflow's ModelInfo."""
+    import torch
+
+    from flows.project import current
+
+    direction = torch.load(folder / "model.pt", map_location="cpu", weights_only=True)["direction"]
+    example = ["我们明天去北京。", "你好。"] if direction.startswith("zh") else ["We are going to Beijing tomorrow.", "Hello."]
+    with tempfile.TemporaryDirectory() as tmp:
+        artifacts = {"model": str(folder)}
+        for key in ("user_dict", "stopwords"):
+            if segment.get(key):
+                path = Path(segment[key]) if Path(segment[key]).is_absolute() else current().root / segment[key]
+                artifacts[key] = str(shutil.copy(path, Path(tmp) / f"{key}{path.suffix}"))
+        config = {"model": model, "clean": clean, "segment": segment, "predict": predict or {}}
+        return _log_pyfunc(run_id, model, TextTranslator(), "pyfunc_translator.py", artifacts, config, example, registered_name, Path(tmp))
+
+
+def served_bleu(model, test: pd.DataFrame, batch: int) -> float:
+    """Corpus BLEU of a served translator's answers to a test split's source side."""
+    from tasks.models.seq2seq import corpus_scores
+    from tasks.mt.text import sides
+
+    source, target = sides(model.unwrap_python_model().direction)
+    texts = test["text" if source == "zh" else "en"].astype(str).tolist()
+    answers = pd.concat([model.predict(pd.DataFrame({"text": texts[i : i + batch]})) for i in range(0, len(texts), batch)], ignore_index=True)
+    refs = test["text" if target == "zh" else "en"].astype(str).tolist()
+    return corpus_scores(answers["translation"].fillna("").astype(str).tolist(), refs, target)["bleu"]
+
+
 def score_served(model_uri: str, test: pd.DataFrame, metric: str, flavour: str, batch: int = 1000) -> float:
     """A registered model's score on a test split, as it is served: loaded from the registry (its logged code
     and weights) and asked with the split's texts in batches. classifier: accuracy or macro_f1 of the labels;
-    tagger: strict micro entity F1."""
+    tagger: strict micro entity F1; translator: corpus BLEU."""
     import mlflow.pyfunc
 
     model = mlflow.pyfunc.load_model(model_uri)
+    if flavour == "translator":
+        return served_bleu(model, test, batch)
     texts = test["text"].astype(str).tolist()
     answers = pd.concat([model.predict(pd.DataFrame({"text": texts[i : i + batch]})) for i in range(0, len(texts), batch)],
                         ignore_index=True)
@@ -179,9 +259,14 @@ def _log_tagger_of(run_id: str, model: str, folder: Path, labels: list[str], con
     return log_tagger(run_id, model, folder, labels, config.stages.clean.model_dump(mode="json"), config.predict.model_dump())
 
 
+def _log_translator_of(run_id: str, model: str, folder: Path, labels: list[str], config):
+    return log_translator(run_id, model, folder, config.stages.clean.model_dump(mode="json"),
+                          config.stages.segment.segmenter().model_dump(mode="json"), config.predict.model_dump())
+
+
 # how a task kind's models are logged and served (tasks.stages.TaskKind.flavour): (run id, model, its folder,
 # labels, the pipeline config) -> MLflow's ModelInfo of a pyfunc that takes raw text
-FLAVOURS = {"classifier": _log_classifier_of, "tagger": _log_tagger_of}
+FLAVOURS = {"classifier": _log_classifier_of, "tagger": _log_tagger_of, "translator": _log_translator_of}
 
 
 def _log_pyfunc(run_id: str, name: str, wrapper: PythonModel, code_file: str, artifacts: dict, config: dict, example: list[str],
@@ -258,7 +343,7 @@ def _requirements() -> list[str]:
 
     out = []
     for name in ("mlflow", "torch", "pandas", "pyarrow", "numpy", "scipy", "jieba", "scikit-learn", "fasttext", "gensim",
-                 "transformers", "pydantic", "pyyaml", "opencc", "prefect", "filelock", "python-crfsuite"):
+                 "transformers", "pydantic", "pyyaml", "opencc", "prefect", "filelock", "python-crfsuite", "sacrebleu"):
         try:
             out.append(f"{name}=={version(name).split('+')[0]}")
         except PackageNotFoundError:

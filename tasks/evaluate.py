@@ -122,10 +122,13 @@ def plot_training_curves(history: list[dict[str, float]], title: str, path: Path
         left.plot(h["epoch"], h[col], marker="o", label=col)
     left.set(xlabel="epoch", ylabel="loss", title="loss")
     left.legend()
-    for col in [c for c in ("val_accuracy", "val_macro_f1", "val_f1", "val_perplexity") if c in h]:
+    for col in [c for c in ("val_accuracy", "val_macro_f1", "val_f1", "val_perplexity", "val_bleu") if c in h]:
         right.plot(h["epoch"], h[col], marker="o", label=col)
     right.set(xlabel="epoch", title="validation")
-    right.legend()
+    if right.lines:
+        right.legend()
+    else:  # a model that only watches its validation loss (translators)
+        right.set_axis_off()
     fig.suptitle(title)
     return save(fig, path)
 

@@ -145,6 +145,29 @@ NER_STAGES = _graph(
 )
 
 
+def _mt(name: str, help: str, headline: str | None = None, outputs: tuple[Output, ...] | None = None) -> Stage:
+    """A translation stage: the classification stage of that name computed by `tasks.mt.<name>`."""
+    base = CLASSIFICATION_STAGES[name]
+    return replace(base, module_name=f"tasks.mt.{name}", help=help, headline=headline or base.headline, outputs=outputs or base.outputs,
+                   partitioned=False, cumulative=False, part_build="build", gather=None)
+
+
+TRANSLATION_STAGES = _graph(
+    _mt("download", "find or fetch the sentence pairs (tab-separated or JSON lines), verify sha256, read them"),
+    _mt("clean", "both sides normalised (t2s on the Chinese side); quarantine empty, over-long, misaligned and repeated pairs"),
+    _mt("split", "pairs that share a side (or differ only in punctuation) kept on one side of every split line", "groups"),
+    CLASSIFICATION_STAGES["segment"],  # shared: characters and jieba words of the Chinese side
+    _mt("profile", "sentence lengths of both sides, their ratio, frequent tokens, example pairs, report.html", "suggested_max_len"),
+    _mt("augment", "the train pairs as they are"),
+    replace(_mt("vocab", "Chinese (characters or words) and English vocabularies, OOV rates", "zh_vocab_size",
+                (Output("zh/vocab.txt", "vocab"), Output("en/vocab.txt", "vocab"))), needs=("augment", "segment")),
+    replace(_mt("train", "the translators in train.models (seq2seq, seq2seq_attention, transformer_mt), in train.direction",
+                "transformer_mt_val_bleu"), needs=("augment", "segment", "vocab")),
+    _mt("evaluate", "validation BLEU picks the best translator; test BLEU and chrF (sacrebleu), BLEU by length, attention maps; "
+        "registers the best", "best_test_bleu"),
+)
+
+
 def _check_ner(config: Any) -> None:
     """A ner pipeline's augment method is none: rewriting text would shift the tags."""
     if config.source.partitioned:
@@ -154,6 +177,17 @@ def _check_ner(config: Any) -> None:
         augment.method = "none"
     if augment.method != "none":
         raise ValueError(f"augment.method {augment.method!r} rewrites text and would shift entity tags; task ner takes none")
+
+
+def _check_translation(config: Any) -> None:
+    """A translation pipeline reads one file of pairs and leaves them as they are."""
+    if config.source.partitioned:
+        raise ValueError("source.path: task translation reads one file of pairs, not a folder or glob of partitions")
+    if config.source.splits:
+        raise ValueError("source.splits (given validation/test files) is for task ner; task translation splits its pairs itself")
+    augment = config.stages.augment
+    if augment.method != "none":
+        raise ValueError(f"augment.method {augment.method!r}: task translation takes none (a pair needs both sides rewritten alike)")
 
 
 def _check_classification(config: Any) -> None:
@@ -167,6 +201,9 @@ KINDS: dict[str, TaskKind] = {kind.name: kind for kind in (
     TaskKind("ner", "sequence labelling: tagged corpora, taggers, entity F1", NER_STAGES, metric=lambda config: "f1",
              reported=("test_f1", "test_precision", "test_recall"), flavour="tagger", labelled=False,
              default_models=("crf", "bilstm_crf", "lexicon_tagger", "ner_ensemble"), check=_check_ner),
+    TaskKind("translation", "sentence pairs: seq2seq translators, BLEU and chrF", TRANSLATION_STAGES, metric=lambda config: "bleu",
+             reported=("test_bleu", "test_chrf"), flavour="translator", labelled=False,
+             default_models=("seq2seq", "seq2seq_attention", "transformer_mt"), check=_check_translation),
 )}
 
 

@@ -58,16 +58,16 @@ class Common(Section):
         return self
 
 
-def params_model(task: str = "classification") -> type[Common]:
-    """The `train` section's class for one task kind: the shared settings plus one section per registered model
-    of that kind (another kind's models are unknown keys)."""
-    return _params_model(tuple((name, spec) for name, spec in MODELS.items() if spec.task == task))
+def params_model(task: str = "classification", base: type[Common] = Common) -> type[Common]:
+    """The `train` section's class for one task kind: the shared settings (`base`, a kind may add its own) plus
+    one section per registered model of that kind (another kind's models are unknown keys)."""
+    return _params_model(tuple((name, spec) for name, spec in MODELS.items() if spec.task == task), base)
 
 
 @lru_cache(maxsize=8)
-def _params_model(entries: tuple) -> type[Common]:
+def _params_model(entries: tuple, base: type[Common]) -> type[Common]:
     sections = {name: (spec.params, Field(default_factory=spec.params)) for name, spec in entries}
-    return create_model("Params", __base__=Common, __doc__="The `train` section.", **sections)
+    return create_model("Params", __base__=base, __doc__="The `train` section.", **sections)
 
 
 def __getattr__(name: str):

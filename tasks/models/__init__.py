@@ -2,7 +2,7 @@
 a `ModelSpec` and one line in `MODELS`; its `train.<name>` config section comes from the spec's `params`."""
 from __future__ import annotations
 
-from tasks.models import bert, ensemble, fasttext, hf, ner, networks, ngram, rnn_lm, tfidf
+from tasks.models import bert, ensemble, fasttext, hf, ner, networks, ngram, rnn_lm, seq2seq, tfidf
 from tasks.models.base import ModelSpec, Predictor, TrainInputs
 
 MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
@@ -22,6 +22,9 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ner.BILSTM_CRF,
     ner.LEXICON_TAGGER,
     ner.NER_ENSEMBLE,
+    seq2seq.SEQ2SEQ,
+    seq2seq.SEQ2SEQ_ATTENTION,
+    seq2seq.TRANSFORMER_MT,
 )}
 MODELS["ensemble"] = ensemble.spec(MODELS)
 

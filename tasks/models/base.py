@@ -72,8 +72,9 @@ class ModelSpec:
     perplexity: Callable[[Path, pd.DataFrame], float] | None = None  # language models: perplexity of texts
     uses_vectors: bool = False  # starts from the embed stage's word vectors
     about: str = ""  # one line for `zhpipe models`
-    task: str = "classification"  # or "ner": the pipelines (`task:`) whose train.models it may be in
+    task: str = "classification"  # or "ner", "translation": the pipelines (`task:`) whose train.models it may be in
     tagger: Callable[[Path], Callable] | None = None  # taggers (task ner): a saved model folder -> tag function
+    translator: Callable[[Path], Callable] | None = None  # translators (task translation): a saved model folder -> translate function
     members: Callable[[Any], list[str]] | None = None  # ensembles: the models (of train.models) built from, by section
     # the `train` section's shared settings it reads (None: all of them); a unit's key hashes only these
     shared: tuple[str, ...] | None = None
@@ -84,8 +85,8 @@ class ModelSpec:
 
     @property
     def is_language_model(self) -> bool:
-        """Language models are scored by perplexity, not as classifiers or taggers."""
-        return self.predictor is None and self.tagger is None
+        """Language models are scored by perplexity, not as classifiers, taggers or translators."""
+        return self.predictor is None and self.tagger is None and self.translator is None
 
 
 def label_ids(df: pd.DataFrame, labels: list[str]) -> np.ndarray:

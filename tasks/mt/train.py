@@ -1,0 +1,55 @@
+"""Stage `train` (task translation): the translators named in `train.models`, each a unit of its own, in the
+direction `train.direction`, scored on the validation split by corpus BLEU of its beam-search translations."""
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+import pandas as pd
+
+from tasks import train
+from tasks.core import BuildContext, BuildOutput
+from tasks.errors import ConfigError
+from tasks.models import MODELS, TrainInputs
+
+# what its key sees besides params, inputs and code
+LIBRARIES = ("torch", "sacrebleu", "numpy")
+FILES: tuple[str, ...] = ()
+COLUMNS = ["text", "en", "words", "chars"]
+
+
+class Common(train.Common):
+    """The `train` section's shared settings of a translation pipeline."""
+
+    models: list[str] = ["seq2seq", "seq2seq_attention", "transformer_mt"]
+    direction: Literal["zh-en", "en-zh"] = "zh-en"  # the same data stages serve both directions
+
+
+def __getattr__(name: str):
+    if name == "Params":  # the `train` section with the translators' sections (tasks.models, task translation)
+        return train.params_model("translation", Common)
+    raise AttributeError(name)
+
+
+def build_model(ctx: BuildContext, name: str) -> BuildOutput:
+    """Train one translator: `<name>/model.pt`, and its summary with validation BLEU and chrF."""
+    spec = MODELS[name]
+    if spec.task != "translation":
+        raise ConfigError(f"train.models: {name} is a {spec.task} model; task translation takes "
+                          f"{', '.join(n for n, s in MODELS.items() if s.task == 'translation')}")
+    data = pd.read_parquet(ctx.inputs["augment"] / "train.parquet", columns=COLUMNS)
+    validation = pd.read_parquet(ctx.inputs["segment"] / "validation.parquet", columns=COLUMNS)
+    summary = spec.train(TrainInputs(name, data, validation, [], spec.view(ctx.params), ctx.inputs["vocab"], None, ctx.out,
+                                     ctx.scratch, ctx.sink))
+    names = {"val_bleu": "val_bleu", "val_chrf": "val_chrf", "val_loss": "val_loss_best", "seconds": "train_seconds",
+             "samples_per_second": "median_samples_per_second"}
+    return BuildOutput(rows=len(data), metrics={new: summary[old] for old, new in names.items() if old in summary},
+                       info={"labels": [], "model": name, "summary": summary, "task": "translation"})
+
+
+def build(ctx: BuildContext) -> BuildOutput:
+    """Gather the trained translators (one input per `train.<model>` unit) into `models.json`."""
+    models = {unit.partition(".")[2]: info["summary"] for unit, info in ctx.input_info.items()}
+    (ctx.out / "models.json").write_text(json.dumps(models, indent=2), encoding="utf-8")
+    metrics = {f"{m}_{k}": v[k] for m, v in models.items() for k in ("val_bleu", "val_chrf", "seconds") if k in v}
+    return BuildOutput(rows=None, metrics=metrics, info={"labels": [], "models": models, "task": "translation"})
