@@ -37,13 +37,13 @@ class GRUParams(DecodeParams):
     """The `train.seq2seq` section: a bidirectional GRU encoder and a GRU decoder."""
 
     embed_dim: int = 256
-    hidden_size: int = 512
+    hidden_size: int = 256
     num_layers: int = 1
     dropout: float = 0.3
     label_smoothing: float = Field(0.1, ge=0, lt=1)
-    epochs: int = Field(15, ge=1)
+    epochs: int = Field(10, ge=1)
     lr: float = 2e-3
-    train_batch_size: int = Field(64, ge=1)
+    train_batch_size: int = Field(128, ge=1)
 
 
 class AttentionParams(GRUParams):
@@ -55,15 +55,15 @@ class TransformerParams(DecodeParams):
 
     d_model: int = 256
     num_heads: int = 4
-    num_encoder_layers: int = 3
-    num_decoder_layers: int = 3
-    ff_dim: int = 1024
+    num_encoder_layers: int = 2
+    num_decoder_layers: int = 2
+    ff_dim: int = 512
     dropout: float = 0.2
     label_smoothing: float = Field(0.1, ge=0, lt=1)
-    epochs: int = Field(20, ge=1)
+    epochs: int = Field(15, ge=1)
     lr: float = 1e-3
     warmup_ratio: float = Field(0.1, ge=0, lt=1)  # Transformers need a longer warm-up than train.warmup_ratio
-    train_batch_size: int = Field(64, ge=1)
+    train_batch_size: int = Field(128, ge=1)
 
 
 @dataclass
