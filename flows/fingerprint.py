@@ -6,7 +6,8 @@ the libraries that shape its output, and the contents of the files its params na
   count but any change to what runs does.
 - Libraries: each stage module's `LIBRARIES` (distribution names), at their installed versions.
 - Files: each stage module's `FILES` (dotted paths into its params, `*` for list items); a local file or
-  folder counts by content, anything else (a hub model id) by its name.
+  folder counts by content, a registered model (`models:/<name>@<alias>`) by the version it resolves to, anything
+  else (a hub model id) by its name.
 """
 from __future__ import annotations
 
@@ -184,6 +185,11 @@ def file_fingerprints(params: dict[str, Any], paths: tuple[str, ...], root: Path
     out = {}
     for dotted in paths:
         for value in _values(params, dotted):
+            if value.startswith("models:/"):
+                from flows.registry import revision
+
+                out[value] = "registry:" + revision(value)
+                continue
             local = resolve_path(value, root)
             if local is not None and local.exists():
                 stat = local.stat()

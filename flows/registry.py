@@ -8,6 +8,7 @@ import contextlib
 import hashlib
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import pandas as pd
@@ -24,11 +25,58 @@ def test_sha256(test: pd.DataFrame) -> str:
     """Content hash of a test split: its texts and labels (or tags) in id order (not the file's bytes)."""
     if "tags" in test:
         test = test.assign(tags=[" ".join(t) for t in test["tags"]])
-    rows = test.sort_values("id")[["id", "text"] + [c for c in ("label", "tags") if c in test]]
+    rows = test.sort_values("id")[["id", "text"] + [c for c in ("label", "tags", "en") if c in test]]
     h = hashlib.sha256()
     for row in rows.itertuples(index=False):
         h.update(("\x1f".join(map(str, row)) + "\x1e").encode("utf-8"))
     return h.hexdigest()
+
+
+def resolve(uri: str) -> tuple[str, str]:
+    """(name, version) of `models:/<name>@<alias>` or `models:/<name>/<version>`; one clear error when the
+    registry has no such model."""
+    from mlflow.exceptions import MlflowException
+
+    from flows.tracking import client
+    from tasks.errors import ConfigError
+
+    name, sep, alias = uri.removeprefix("models:/").partition("@")
+    if not sep:
+        name, _, alias = name.partition("/")
+    try:
+        version = client().get_model_version(name, alias).version if alias.isdigit() else client().get_model_version_by_alias(name, alias).version
+    except MlflowException:
+        raise ConfigError(f"{uri}: no such registered model version (run the pipeline that registers {name} first; "
+                          f"`zhpipe models` lists what is registered)") from None
+    return name, str(version)
+
+
+def revision(uri: str) -> str:
+    """What a stage key sees of a registered model: `<name>/<version>`, or `<uri>@absent` before it exists."""
+    try:
+        return "/".join(resolve(uri))
+    except Exception:  # noqa: BLE001 - no such model yet (or no registry): a key that changes once it appears
+        return f"{uri}@absent"
+
+
+def download(uri: str, cache: Path) -> tuple[str, Path]:
+    """A registered model's files in `cache/<name>/<version>` (downloaded once, atomically): (models:/<name>/<version>, folder)."""
+    import shutil
+    import tempfile
+
+    import mlflow
+
+    name, version = resolve(uri)
+    folder = cache / name / version
+    if not (folder / "MLmodel").is_file():
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{version}-"))
+        mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{name}/{version}", dst_path=str(tmp))
+        try:
+            tmp.rename(folder)
+        except OSError:  # another run put it there first
+            shutil.rmtree(tmp, ignore_errors=True)
+    return f"models:/{name}/{version}", folder
 
 
 @dataclass

@@ -263,6 +263,12 @@ class StoreServices:
         """An unverified http(s) source is re-checked against the validators its key was planned with."""
         return server_validators(self.config, source) if source.allow_unverified and not source.sha256 else None
 
+    def registered(self, uri: str) -> tuple[str, Path]:
+        """A registered model (models:/...) downloaded into the store's cache."""
+        from flows.registry import download
+
+        return download(uri, self.store.cache_file("registered"))
+
 
 @dataclass
 class StageResult:

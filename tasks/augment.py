@@ -69,7 +69,8 @@ def build(ctx: BuildContext) -> BuildOutput:
         heldout |= set(pd.read_parquet(ctx.inputs["segment"] / f"{split}.parquet", columns=["text"])["text"])
     src = ctx.inputs["segment"] / "train.parquet"
     runner = ctx.runner(1 if ctx.runner is Runner else 0)  # local: one process; Dask: every worker
-    out, result = augment_frame(train, AugmentContext(ctx.params, segment, cache_file, heldout, runner, src, ctx.root))
+    out, result = augment_frame(train, AugmentContext(ctx.params, segment, cache_file, heldout, runner, src, ctx.root,
+                                                          ctx.store.registered if ctx.store else None))
     write_parquet(out, ctx.out / "train.parquet")
     (ctx.out / "train.words.txt").write_text("\n".join(out["words"]) + "\n", encoding="utf-8")
     added = out[out["aug_method"] != "original"]

@@ -43,6 +43,7 @@ class AugmentContext:
     runner: Runner | None = None  # row-wise augmenters map chunks of `source` on it (processes or Dask)
     source: Path | None = None  # the train split's Parquet file
     root: Path = field(default_factory=Path.cwd)  # the project folder (relative dictionary and model paths)
+    registered: Any = None  # uri -> (models:/<name>/<version>, local folder): registered translators (backend zhpipe)
 
 
 @dataclass

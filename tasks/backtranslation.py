@@ -15,6 +15,7 @@ from tasks.translation import (
     CachedTranslation,
     HttpTranslator,
     PivotParams,
+    RegisteredTranslator,
     Seq2SeqTranslator,
     TranslationCache,
     TranslationFilterParams,
@@ -58,10 +59,24 @@ def reject_reason(source: str, candidate: str, f: TranslationFilterParams, seen:
     return None
 
 
-def translators(pivot: PivotParams, p: BackTranslationParams, device: str):
-    """(forward, backward) translators for one pivot language."""
+def translators(pivot: PivotParams, p: BackTranslationParams, device: str, registered=None):
+    """(forward, backward) translators for one pivot language; `registered(uri)` gives (resolved models:/ name,
+    local folder) of a registered model (backend zhpipe)."""
     if p.backend == "http":
         return HttpTranslator(p.http, p.source_lang, pivot.lang), HttpTranslator(p.http, pivot.lang, p.source_lang)
+    if p.backend == "zhpipe":
+        refs = {"forward": pivot.forward, "backward": pivot.backward}
+        for side, ref in refs.items():
+            if not (ref or "").startswith("models:/"):
+                raise ConfigError(f"augment.backtranslation.pivots: pivot '{pivot.lang}' needs `{side}` as models:/<name>@<alias> "
+                                  f"(a translator registered by a task: translation pipeline) for backend zhpipe, not {ref!r}")
+        pair = (RegisteredTranslator(*registered(refs["forward"])), RegisteredTranslator(*registered(refs["backward"])))
+        wanted = (f"{p.source_lang}-{pivot.lang}", f"{pivot.lang}-{p.source_lang}")
+        for side, translator, direction in zip(refs, pair, wanted):
+            if translator.direction != direction:
+                raise ConfigError(f"augment.backtranslation.pivots: `{side}` {translator.name} translates {translator.direction}; "
+                                  f"the {side} model must translate {direction}")
+        return pair
     if not pivot.forward:
         raise ConfigError(f"augment.backtranslation.pivots: pivot '{pivot.lang}' needs `forward` (a model id or folder) for the transformers backend")
     forward = Seq2SeqTranslator(pivot.forward, p, device, pivot.source_code, pivot.pivot_code)
@@ -74,9 +89,9 @@ def _settings(p: BackTranslationParams, n: int) -> dict:
             "temperature": p.temperature, "top_p": p.top_p, "n": n, "backend": p.backend}
 
 
-def round_trip(texts: list[str], pivot: PivotParams, p: BackTranslationParams, cache: TranslationCache, device: str):
+def round_trip(texts: list[str], pivot: PivotParams, p: BackTranslationParams, cache: TranslationCache, device: str, registered=None):
     """Back-translate texts through one pivot: {text: (pivot text, [variants])}, plus cache counters."""
-    forward, backward = translators(pivot, p, device)
+    forward, backward = translators(pivot, p, device, registered)
     batch = p.http.batch_size if p.backend == "http" else p.batch_size  # texts per request / per generate()
     to_pivot = CachedTranslation(forward, cache, f"{p.source_lang}-{pivot.lang}", _settings(p, 1), batch)
     from_pivot = CachedTranslation(backward, cache, f"{pivot.lang}-{p.source_lang}", _settings(p, p.num_variants), batch)
@@ -104,7 +119,7 @@ def backtranslation(train: pd.DataFrame, ctx: AugmentContext) -> Augmented:
     rows = train.sample(n=min(p.max_rows, len(train)), random_state=ctx.params.seed).sort_values("id") if p.max_rows else train
     cache = TranslationCache(ctx.cache_file)
     try:
-        results = [(pivot, *round_trip(rows["text"].tolist(), pivot, p, cache, ctx.params.device)) for pivot in p.pivots]
+        results = [(pivot, *round_trip(rows["text"].tolist(), pivot, p, cache, ctx.params.device, ctx.registered)) for pivot in p.pivots]
     except ModelMissingError as e:
         if ctx.params.fallback != "eda":
             raise

@@ -55,6 +55,8 @@ class StoreAccess(Protocol):
 
     def expect(self, source: Any) -> Any: ...  # the validators an unverified http(s) source must still match
 
+    def registered(self, uri: str) -> tuple[str, Path]: ...  # a registered model: (models:/<name>/<version>, its local folder)
+
 
 # a file larger than this is recorded as an MLflow dataset by its schema and a digest of its head (this many rows)
 DATASET_SAMPLE_ROWS = 10_000

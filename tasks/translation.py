@@ -59,7 +59,9 @@ class TranslationFilterParams(Section):
 class BackTranslationParams(Section):
     """The `augment.backtranslation` section."""
 
-    backend: Literal["transformers", "http"] = "transformers"
+    # transformers: hub or local seq2seq models; http: a LibreTranslate-style service; zhpipe: translators
+    # registered by zhpipe's own translation pipelines, `forward`/`backward` as models:/<name>@<alias> (or /<version>)
+    backend: Literal["transformers", "http", "zhpipe"] = "transformers"
     source_lang: str = "zh"
     pivots: list[PivotParams] = [
         PivotParams(lang="en", forward="Helsinki-NLP/opus-mt-zh-en", backward="Helsinki-NLP/opus-mt-en-zh")
@@ -143,6 +145,46 @@ class Seq2SeqTranslator:
             out = self.model.generate(**batch, **kwargs)
         decoded = self.tokenizer.batch_decode(out, skip_special_tokens=True)
         return [decoded[i * n : (i + 1) * n] for i in range(len(texts))]
+
+
+class RegisteredTranslator:
+    """A translator that a zhpipe translation pipeline registered (backend zhpipe), read from its model folder as
+    MLflow stores it (`MLmodel`, `artifacts/zhpipe.json`, `artifacts/<model>/`): the text is cleaned (and, for
+    a Chinese source, segmented) as that pipeline did, then translated by its beam search. `name` is the
+    resolved `models:/<name>/<version>`, so the translation cache never mixes two versions."""
+
+    def __init__(self, name: str, folder: Path):
+        import yaml
+
+        from tasks.clean import Params as CleanParams
+        from tasks.models import MODELS
+        from tasks.segmenter import Segmenter, SegmenterParams
+
+        self.name = name
+        try:
+            artifacts = yaml.safe_load((folder / "MLmodel").read_text(encoding="utf-8"))["flavors"]["python_function"]["artifacts"]
+            cfg = json.loads((folder / artifacts["config"]["path"]).read_text(encoding="utf-8"))
+            spec = MODELS[cfg["model"]]
+        except (OSError, KeyError, TypeError, ValueError) as e:
+            raise ZhpipeError(f"{name}: not a zhpipe translator ({type(e).__name__}: {e}); register one with a task: translation pipeline") from None
+        if spec.translator is None:
+            raise ZhpipeError(f"{name}: {cfg['model']} is a {spec.task} model, not a translator")
+        self.translate_fn = spec.translator(folder / artifacts["model"]["path"])
+        self.direction = self.translate_fn.direction
+        clean = CleanParams(**{k: v for k, v in cfg["clean"].items() if k in CleanParams.model_fields})
+        self.clean = clean if self.direction.startswith("zh") else clean.model_copy(update={"traditional_to_simplified": False})
+        segment = {k: v for k, v in cfg["segment"].items() if k in SegmenterParams.model_fields and k not in ("user_dict", "stopwords")}
+        self.segmenter = Segmenter(SegmenterParams(**segment)) if self.direction.startswith("zh") else None
+
+    def translate(self, texts: list[str], n: int) -> list[list[str]]:
+        """The best beam per text (`n` > 1 repeats it)."""
+        import pandas as pd
+
+        from tasks.clean import clean_text
+
+        cleaned = [clean_text(t, self.clean) for t in texts]
+        frame = pd.DataFrame({"text": cleaned, **self.segmenter.rows(cleaned)}) if self.segmenter else pd.DataFrame({"en": cleaned})
+        return [[t.text] * n for t in self.translate_fn(frame)]
 
 
 class HttpTranslator:

@@ -216,6 +216,14 @@ class TransformerMT(nn.Module):
         layer.forward = forward
 
 
+def _next(model: nn.Module, memory: Memory, prefix: torch.Tensor, cache, bos: int):
+    """One decoding step; padding and BOS are never a next token."""
+    logp, cache, weights = model.step(memory, prefix, cache)
+    logp[:, PAD] = float("-inf")
+    logp[:, bos] = float("-inf")
+    return logp, cache, weights
+
+
 def greedy(model: nn.Module, src: torch.Tensor, bos: int, eos: int, max_len: int, attention: bool = False):
     """The most likely next token at every step -> (token ids per row without BOS/EOS, attention per row or None)."""
     memory = model.encode(src)
@@ -223,7 +231,7 @@ def greedy(model: nn.Module, src: torch.Tensor, bos: int, eos: int, max_len: int
     done = torch.zeros(src.size(0), dtype=torch.bool, device=src.device)
     cache, maps = None, []
     for _ in range(max_len):
-        logp, cache, weights = model.step(memory, prefix, cache)
+        logp, cache, weights = _next(model, memory, prefix, cache, bos)
         token = logp.argmax(-1).masked_fill(done, eos)
         prefix = torch.cat([prefix, token.unsqueeze(1)], dim=1)
         if attention and weights is not None:
@@ -253,7 +261,7 @@ def beam_search(model: nn.Module, src: torch.Tensor, bos: int, eos: int, max_len
     base = (torch.arange(batch, device=src.device) * beam).unsqueeze(1)
     cache = None
     for _ in range(max_len):
-        logp, cache, _ = model.step(memory, prefix, cache)
+        logp, cache, _ = _next(model, memory, prefix, cache, bos)
         vocab = logp.size(-1)
         # a finished hypothesis is extended by EOS at no cost, so it keeps its score and its place
         logp = torch.where(done.unsqueeze(1), torch.full_like(logp, float("-inf")), logp)
