@@ -108,6 +108,11 @@ class GRUSeq2Seq(nn.Module):
         """Teacher forcing: the gold previous token at every step -> logits (batch, target, vocab)."""
         memory = self.encode(src)
         hidden, keys = self._start(memory)
+        if self.attention is None:  # the context is the same at every step: one GRU call over the whole target
+            emb = self.dropout(self.tgt_embedding(tgt_in))
+            context = memory.summary.unsqueeze(1).expand(-1, tgt_in.size(1), -1)
+            output, _ = self.decoder(torch.cat([emb, context], dim=2), hidden)
+            return self.out(self.dropout(torch.cat([output, context, emb], dim=2)))
         steps = []
         for t in range(tgt_in.size(1)):
             logits, hidden, _ = self._step(memory, tgt_in[:, t], hidden, keys)

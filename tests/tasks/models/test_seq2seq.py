@@ -152,3 +152,16 @@ def test_a_killed_training_resumes_to_the_same_weights(tmp_path, monkeypatch):
     a = torch.load(tmp_path / "a" / "out" / "seq2seq_attention" / "model.pt", weights_only=True)["state_dict"]
     b = torch.load(tmp_path / "c" / "out" / "seq2seq_attention" / "model.pt", weights_only=True)["state_dict"]
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("name", ["gru", "attention", "transformer"])
+def test_teacher_forcing_gives_the_logits_of_decoding_step_by_step(name):
+    """Training's forward pass (all target positions at once where it can) and decoding agree: the causal mask
+    hides later target tokens, and the no-attention decoder's one GRU call equals its steps."""
+    model = networks()[name].eval()
+    with torch.no_grad():
+        logits = torch.log_softmax(model(SRC, TGT), dim=-1)
+        memory, cache = model.encode(SRC), None
+        for t in range(TGT.size(1)):
+            logp, cache, _ = model.step(memory, TGT[:, : t + 1], cache)
+            assert torch.allclose(logp, logits[:, t], atol=1e-4), t
