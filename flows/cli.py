@@ -163,6 +163,8 @@ def cmd_run(args) -> int:
     stages = select_stages(args.start, args.stop, args.only)
     force = None if args.force is None else ([args.force] if args.force else [])
     t0 = time.perf_counter()
+    if not os.environ.get("PREFECT_API_URL"):  # no background server (`use_running` found none)
+        print("starting a temporary Prefect server for this run (about 20 s; `zhpipe server start` keeps one running)", flush=True)
     # what the flow run records in Prefect: URLs redacted (the config already holds the redacted forms)
     out = pipeline_flow(config, stages=stages, force=force, storage=conceal(args.storage), dask=args.dask, verify=args.verify,
                         overrides=[redact_text(o) for o in args.overrides], config_file=_explicit_config(args),
@@ -498,13 +500,13 @@ def cmd_init(args) -> int:
 
 
 def cmd_ui(args) -> int:
-    from flows.tracking import tracking_uri
+    from flows.tracking import home_url, tracking_uri
 
     # MLflow's default of 4 uvicorn workers takes many seconds to answer on a small machine: one per 2 cores, up to 4
     workers = str(max(1, min(4, (os.cpu_count() or 2) // 2)))
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracking_uri(), "--host", args.host, "--port", str(args.port),
            "--workers", workers]
-    print(f"MLflow UI on http://{args.host}:{args.port} (store {tracking_uri()})", flush=True)
+    print(f"MLflow UI on {home_url(f'http://{args.host}:{args.port}')} (store {tracking_uri()}; answers once its workers are up)", flush=True)
     os.execv(sys.executable, cmd)
     return 0
 
@@ -529,6 +531,16 @@ def cmd_server(args) -> int:
         print(f"running at {state['url']} (UI {state['url'].removesuffix('/api')}, pid {state['pid']})" if state else
               "not running: each command starts a temporary Prefect server (`zhpipe server start` avoids that)")
     return 0
+
+
+class _ConsoleFormatter(logging.Formatter):
+    """Prefect's task-run lines ("Finished in state Completed()") name the task they are about."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        task = getattr(record, "task_name", None) or getattr(record, "task_run_name", None)
+        if task and record.name.startswith("prefect"):
+            record = logging.makeLogRecord({**record.__dict__, "name": f"{record.name} [{task}]"})
+        return super().format(record)
 
 
 class _NoZhpipeTraceback(logging.Filter):
@@ -561,7 +573,11 @@ def main(argv: list[str] | None = None) -> int:
         from flows.server import use_running
 
         use_running()  # a background `zhpipe server` instead of a temporary server per command
+    if not args.debug:  # MLflow sets its own loggers' level when it is imported (later, lazily): tell it up front
+        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S")
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(_ConsoleFormatter("%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S"))
     for noisy in ("httpx", "alembic", "mlflow", "gensim", "smart_open", "distributed"):  # their INFO lines are noise here
         logging.getLogger(noisy).setLevel(logging.WARNING)
     if not args.debug and (args.command in ("run", "tune", "deploy", "serve") or getattr(args, "dask", None)):

@@ -121,10 +121,15 @@ class PipelineConfig(Section):
         blob = json.dumps(self.model_dump(mode="json"), sort_keys=True, ensure_ascii=False)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
-    def flat_params(self) -> dict[str, str]:
-        """Resolved config as dotted `section.key` strings, for MLflow params."""
+    def flat_params(self, used_only: bool = False) -> dict[str, str]:
+        """Resolved config as dotted `section.key` strings, for MLflow params; `used_only` leaves out the sections
+        of registered models this pipeline does not train (`train.bert.*` without bert in train.models)."""
         flat = flatten(self.model_dump(mode="json", exclude={"name", "description"}))
-        return {k.removeprefix("stages."): json.dumps(v, ensure_ascii=False) if isinstance(v, list) else str(v) for k, v in flat.items()}
+        unused = {f"train.{m}." for m in MODELS if m not in self.stages.train.models} if used_only else set()
+        if used_only and getattr(self.stages.augment, "method", None) != "backtranslation":
+            unused.add("augment.backtranslation.")  # the settings of a method this pipeline does not use
+        return {k.removeprefix("stages."): json.dumps(v, ensure_ascii=False) if isinstance(v, list) else str(v) for k, v in flat.items()
+                if not any(k.removeprefix("stages.").startswith(u) for u in unused)}
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

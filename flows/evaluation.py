@@ -6,6 +6,7 @@ classifier is registered under the champion rule."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 
@@ -27,10 +28,22 @@ def train_models(run: RunContext, upstream: dict[str, StageResult]) -> StageResu
     units: dict[str, StageResult] = {}
     for unit in model_units(run.config, "train"):
         name = unit.partition(".")[2]
-        units[unit] = train_unit(run, name, upstream, units)
+        units[unit] = as_task_run(unit, lambda n=name: train_unit(run, n, upstream, units))
     result = run.run("train", units, run.config.kind.stages["train"].module.build)
     result.parts = units
     return result
+
+
+def as_task_run(unit: str, fn: Callable[[], StageResult]) -> StageResult:
+    """A model unit as a Prefect task run of its own, nested in the train or evaluate task run, so the Prefect UI
+    shows each model (outside a flow run it is a plain call)."""
+    from prefect import task
+    from prefect.cache_policies import NO_CACHE
+    from prefect.context import FlowRunContext
+
+    if FlowRunContext.get() is None:
+        return fn()
+    return task(name=unit, task_run_name=unit, cache_policy=NO_CACHE)(fn)()
 
 
 def train_unit(run: RunContext, name: str, upstream: dict[str, StageResult], built: dict[str, StageResult] | None = None,
@@ -51,9 +64,10 @@ def _track_training(run: RunContext, result: StageResult, name: str) -> None:
     saved model only when it was built now; a reused model points to the run that holds it."""
     tracker = Tracker(result.run_id)
     summary = result.info["summary"]
-    for row in summary.get("history", []):
+    # a model built now logged its curves live, epoch by epoch (the run's sink); a reused one's run gets them here
+    for row in summary.get("history", []) if result.cache == "hit" else []:
         tracker.metrics({k: v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
-    for row in summary.get("pretrain_history", []):  # bert's masked-LM pretraining
+    for row in summary.get("pretrain_history", []) if result.cache == "hit" else []:  # bert's masked-LM pretraining
         tracker.metrics({f"mlm_{k}": v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
     facts = {k: summary[k] for k in ("parameters", "best_epoch", "resumed_from_epoch") if k in summary}
     if facts:
@@ -86,8 +100,8 @@ def evaluate_models(run: RunContext, train: StageResult, segment: StageResult) -
         name = unit.partition(".")[2]
         trained = train.parts.get(f"train.{name}") or run.reuse(f"train.{name}")
         model_run = trained.run_id or _model_run(run, name)
-        units[unit] = run.run(unit, {"train": trained, "segment": segment}, lambda ctx, n=name: evaluate_stage.build_model(ctx, n),
-                              tracker=Tracker(model_run))
+        units[unit] = as_task_run(unit, lambda u=unit, n=name, t=trained, m=model_run: run.run(
+            u, {"train": t, "segment": segment}, lambda ctx: evaluate_stage.build_model(ctx, n), tracker=Tracker(m)))
     result = run.run("evaluate", units, evaluate_stage.build)
     result.parts = units
     return result

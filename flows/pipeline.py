@@ -2,6 +2,7 @@
 task that reuses its cached output or builds it."""
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import sys
@@ -108,7 +109,8 @@ def start_run(config: PipelineConfig, force: set[str], storage: str, executor: s
     if closed:
         log.info("MLflow: %d runs left RUNNING by killed runs of this machine marked KILLED", len(closed))
     parent = Tracker.start(experiment, run_name(config, overrides), tags=source_tags(config))
-    parent.params(config.flat_params())
+    parent.params(config.flat_params(used_only=True))  # what a person compares; the whole config is config.json
+    parent.text(json.dumps(config.model_dump(mode="json"), indent=2, ensure_ascii=False), "config.json")
     parent.tags({"zhpipe.task": config.task, "zhpipe.overrides": " ".join(redact_text(o) for o in overrides or [])})
     return RunContext(config, StageStore(storage), keys, experiment, parent.run_id, force, executor, causes, verify)
 

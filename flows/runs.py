@@ -150,7 +150,7 @@ def compare_table(run_ids: list[str], everything: bool = False) -> pd.DataFrame:
     metrics (`model textcnn test_accuracy`); only rows that differ unless `everything` (the headline metrics
     are always shown). `delta` is the last run's value minus the first's (in the spirit of `dvc metrics diff`)."""
     runs = [find_run(r) for r in run_ids]
-    headline = {"metric best_test_accuracy", "metric best_test_macro_f1", "metric best_test_f1", "tag zhpipe.best_model"}
+    headline = {"metric best_test_accuracy", "metric best_test_macro_f1", "metric best_test_f1", "metric best_test_bleu", "tag zhpipe.best_model"}
     table: dict[str, dict[str, Any]] = {}
     for r in runs:
         col = r.info.run_id[:12]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +18,6 @@ import pandas as pd
 from mlflow.pyfunc import PythonModel
 
 CODE = Path(__file__).resolve().parent.parent  # the folder holding the flows and tasks packages
-# MLflow suggests type hints on `predict` for its own input validation; this model validates its input itself
-warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method.*")
 
 
 STATUSES = ("ok", "truncated", "empty", "too_short", "missing")
@@ -99,7 +96,7 @@ class TextClassifier(PythonModel):
             statuses.append(status)
         return texts, statuses
 
-    def predict(self, context, model_input, params=None) -> pd.DataFrame:
+    def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
         values = as_texts(model_input)
         if len(values) > self.max_rows:
             raise bad_request(f"{len(values)} texts in one call; at most {self.max_rows} (predict.max_rows)")
@@ -169,7 +166,7 @@ class TextTranslator(PythonModel):
         self.segmenter = (Segmenter(SegmenterParams(**{k: v for k, v in segment.items() if k in SegmenterParams.model_fields}))
                           if self.direction.startswith("zh") else None)
 
-    def predict(self, context, model_input, params=None) -> pd.DataFrame:
+    def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
         from tasks.clean import clean_text
 
         values = as_texts(model_input)
@@ -312,7 +309,7 @@ class EntityTagger(PythonModel):
         self.max_rows, self.max_chars = limits.get("max_rows", 10_000), limits.get("max_chars", self.clean.max_chars)
         self.tagger = MODELS[cfg["model"]].tagger(Path(context.artifacts["model"]))
 
-    def predict(self, context, model_input, params=None) -> pd.DataFrame:
+    def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
         from tasks.ner.clean import clean_chars
         from tasks.tagging import spans_of
 

@@ -56,12 +56,27 @@ _EXPERIMENTS: dict[tuple[str, str], str] = {}
 UI_URL = "http://127.0.0.1:5000"  # where `zhpipe ui` serves MLflow by default (ZHPIPE_MLFLOW_UI changes it)
 
 
+# MLflow 3's UI opens in its GenAI view unless the browser chose otherwise (localStorage mlflow.workflowType);
+# this query parameter of its routes selects the machine-learning view (runs, metrics, models)
+ML_VIEW = "workflowType=machine_learning"
+
+
 def ui_url(experiment: str, run_id: str) -> str:
-    """The MLflow UI address of a run, as `zhpipe ui` serves it."""
+    """The MLflow UI address of a run, as `zhpipe ui` serves it, in the machine-learning view."""
     import os
 
     base = os.environ.get("ZHPIPE_MLFLOW_UI", UI_URL).rstrip("/")
-    return f"{base}/#/experiments/{experiment_id(experiment)}/runs/{run_id}"
+    return f"{base}/#/experiments/{experiment_id(experiment)}/runs/{run_id}?{ML_VIEW}"
+
+
+def home_url(base: str) -> str:
+    """Where `zhpipe ui` sends people: the newest zhpipe experiment's runs (else the experiment list), in the
+    machine-learning view."""
+    try:
+        found = client().search_experiments(filter_string="name LIKE 'zhpipe-%'", order_by=["last_update_time DESC"], max_results=1)
+    except Exception:  # noqa: BLE001 - a store that cannot be read yet: the list page still opens
+        found = []
+    return f"{base}/#/experiments/{found[0].experiment_id}/runs?{ML_VIEW}" if found else f"{base}/#/experiments?{ML_VIEW}"
 
 
 def experiment_id(name: str) -> str:

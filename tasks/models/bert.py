@@ -238,7 +238,7 @@ def pretrain_mlm(texts: pd.Series, validation: pd.Series, tokenizer, p: Params, 
     task = Task(batches, steps_per_epoch=-(-len(train_ids) // p.batch_size), loss=lambda m, b: m(**b).loss, validate=validate)
     cfg = LoopConfig.from_train(params, lr=p.pretrain_lr, epochs=p.pretrain_epochs, patience=max(params.patience, 2),
                                 warmup_ratio=0.1, monitor="val_mlm_loss", mode="min")
-    result = fit("bert_mlm", model, task, cfg, checkpoints / "mlm", tracker)
+    result = fit("bert_mlm", model, task, cfg, checkpoints / "mlm", tracker, prefix="mlm_")
     model.save_pretrained(folder)
     return folder, {"pretrain_history": result.history, "pretrain_seconds": result.seconds,
                     "pretrain_samples_per_second": result.samples_per_second}

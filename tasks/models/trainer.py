@@ -179,11 +179,12 @@ def _set_rng_state(state: dict, rng: np.random.Generator) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def fit(name: str, model: nn.Module, task: Task, cfg: LoopConfig, checkpoints: Path, tracker=None) -> FitResult:
+def fit(name: str, model: nn.Module, task: Task, cfg: LoopConfig, checkpoints: Path, tracker=None, prefix: str = "") -> FitResult:
     """Train with early stopping on `cfg.monitor`; leave the best epoch's weights in `model`.
 
     `checkpoints/last.pt` (model, optimizer, scheduler, RNG states, history) is written after every epoch and
-    `checkpoints/best.pt` whenever validation improves; a rerun with the same folder resumes after the last
+    `checkpoints/best.pt` whenever validation improves; each epoch's row goes to `tracker` (the model's run) as
+    `<prefix><metric>` (a pretraining phase takes a prefix of its own); a rerun with the same folder resumes after the last
     finished epoch and ends with the same weights as an uninterrupted run (CPU, same thread count).
     """
     device = resolve_device(cfg.device)
@@ -212,7 +213,7 @@ def fit(name: str, model: nn.Module, task: Task, cfg: LoopConfig, checkpoints: P
         log.info("%s: resuming after epoch %d from %s", name, state["epoch"], last)
         if tracker is not None:  # the interrupted run's curves, so this run shows them whole
             for row in state["history"]:
-                tracker.metrics({f"{name}_{k}": v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
+                tracker.metrics({f"{prefix}{k}": v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
     resumed_from = state["epoch"]
     t_start = time.perf_counter()
     while not state["done"] and state["epoch"] < cfg.epochs:
@@ -226,7 +227,7 @@ def fit(name: str, model: nn.Module, task: Task, cfg: LoopConfig, checkpoints: P
         log.info("%s epoch %d/%d: train_loss %.4f, %s %.4f, %.0f samples/s", name, epoch, cfg.epochs, row["train_loss"],
                  cfg.monitor, row[cfg.monitor], row["samples_per_second"])
         if tracker is not None:
-            tracker.metrics({f"{name}_{k}": v for k, v in row.items() if k != "epoch"}, step=epoch)
+            tracker.metrics({f"{prefix}{k}": v for k, v in row.items() if k != "epoch"}, step=epoch)
         state["epoch"] = epoch
         if sign * row[cfg.monitor] > state["best"]:
             state.update(best=sign * row[cfg.monitor], best_epoch=epoch, stale=0)
