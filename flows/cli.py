@@ -160,7 +160,7 @@ def cmd_run(args) -> int:
     from tasks.urls import conceal, redact_text
 
     config = _load(args)
-    stages = select_stages(args.start, args.stop, args.only)
+    stages = select_stages(args.start, args.stop, args.only, tuple(config.kind.stages))
     force = None if args.force is None else ([args.force] if args.force else [])
     t0 = time.perf_counter()
     if not os.environ.get("PREFECT_API_URL"):  # no background server (`use_running` found none)
@@ -500,15 +500,32 @@ def cmd_init(args) -> int:
 
 
 def cmd_ui(args) -> int:
+    import subprocess
+    import urllib.request
+
     from flows.tracking import home_url, tracking_uri
 
     # MLflow's default of 4 uvicorn workers takes many seconds to answer on a small machine: one per 2 cores, up to 4
     workers = str(max(1, min(4, (os.cpu_count() or 2) // 2)))
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracking_uri(), "--host", args.host, "--port", str(args.port),
            "--workers", workers]
-    print(f"MLflow UI on {home_url(f'http://{args.host}:{args.port}')} (store {tracking_uri()}; answers once its workers are up)", flush=True)
-    os.execv(sys.executable, cmd)
-    return 0
+    print(f"starting the MLflow UI on http://{args.host}:{args.port} (store {tracking_uri()}) ...", flush=True)
+    proc = subprocess.Popen(cmd)
+    try:
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:  # the URL is printed once it answers, so the first click works
+                with urllib.request.urlopen(f"http://127.0.0.1:{args.port}/health", timeout=2):  # noqa: S310 - loopback
+                    break
+            except OSError:
+                time.sleep(0.5)
+        if proc.poll() is None:
+            print(f"MLflow UI on {home_url(f'http://{args.host}:{args.port}')} (Ctrl-C stops it)", flush=True)
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        proc.wait(timeout=30)
+        return 0
 
 
 def cmd_server(args) -> int:

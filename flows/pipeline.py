@@ -34,9 +34,14 @@ from tasks.urls import redact_text
 log = logging.getLogger("zhpipe")
 
 
-def select_stages(start: str | None = None, stop: str | None = None, only: str | None = None) -> list[str]:
-    """Stages to run for --from/--to/--only, in order."""
-    names = list(STAGE_NAMES)
+def select_stages(start: str | None = None, stop: str | None = None, only: str | None = None,
+                  order: tuple[str, ...] = STAGE_NAMES) -> list[str]:
+    """Stages to run for --from/--to/--only, in `order` (a task kind's graph order); a stage the kind does not
+    have is one clear error."""
+    names = list(order)
+    for given in (start, stop, only):
+        if given is not None and given not in names:
+            raise ZhpipeError(f"stage {given!r} is not a stage of this pipeline's task (stages: {', '.join(names)})")
     if only:
         return [only]
     lo = names.index(start) if start else 0
@@ -213,7 +218,14 @@ def pipeline_flow(
     if project_dir:
         project.activate(project.Project(Path(project_dir)))
     config = pipeline if isinstance(pipeline, PipelineConfig) else _config(pipeline, overrides, source, config_file)
-    stages = [s for s in stages or config.kind.stages if s in config.kind.stages]  # a kind may lack a stage (embed)
+    order = tuple(config.kind.stages)
+    for what, names in (("stages", stages), ("force", force)):  # a deployment's parameters come as plain lists
+        if names is not None and not (isinstance(names, (list, tuple)) and all(isinstance(n, str) for n in names)):
+            raise ZhpipeError(f"{what}: expected a list of stage names ({', '.join(order)}), got {names!r:.80}")
+        wrong = [s for s in names or [] if s not in order]
+        if wrong:
+            raise ZhpipeError(f"{what}: {wrong[0]!r} is not a stage of task {config.task} (stages: {', '.join(order)})")
+    stages = list(stages or order)
     run = start_run(config, forced_stages(force, tuple(config.kind.stages)), storage_root(config, storage), chunk_executor(config, dask), verify, overrides)
     record_appends(config)  # an appended source: this run's ranges are what the next run checks
     label_flow_run(run, overrides)

@@ -30,7 +30,7 @@ from pydantic import Field, field_validator, model_validator
 from tasks.core import BuildContext, BuildOutput, Section
 from tasks.errors import DataError, ZhpipeError
 from tasks.io import ROW_GROUP_ROWS, PartWriter, atomic_write_text, file_sha256, resolve_path, sorted_labels
-from tasks.urls import redact, redact_text, reveal
+from tasks.urls import is_internal, redact, redact_text, reveal
 
 # what its key sees besides params, inputs and code (flows/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)
@@ -312,6 +312,8 @@ def _send(client, method: str, url: str, headers: dict, deadline: float, max_red
         resp.close()
         if url.lower().startswith("https://") and not target.lower().startswith("https://"):
             raise DataError(f"download {shown}: refused a redirect from https to {redact(target).split('://')[0]}:// ({redact(target)})")
+        if is_internal(target) and not is_internal(url):  # a public server may not send us into this machine or its network
+            raise DataError(f"download {shown}: refused a redirect to an address of this machine or a private network ({redact(target)})")
         url = target
     raise DataError(f"download {shown}: more than {max_redirects} redirects")
 

@@ -79,6 +79,10 @@ def dictionary_tags() -> dict[str, str]:
     HMM only guesses tags for the rest), so the segment stage's words are tagged without cutting again."""
     import jieba.posseg
 
+    from tasks.segmenter import _jieba
+
+    _jieba()  # jieba's cache in a folder of our own, before posseg loads the dictionary
+
     return jieba.posseg.dt.word_tag_tab
 
 

@@ -4,7 +4,10 @@ augmenters (new texts are cut the same way) and served models."""
 from __future__ import annotations
 
 import logging
+import os
 import re
+import stat
+import tempfile
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -15,12 +18,34 @@ from tasks.errors import DataError
 _SPACE = re.compile(r"\s+")
 
 
+def jieba_cache_dir() -> str:
+    """A folder of this user's own for jieba's dictionary cache. jieba's default is `jieba.cache` in the shared
+    temporary folder, which anyone on the machine could plant to change how every text is cut (without changing
+    a key); this one is created mode 700 and refused when it is a link, someone else's, or open to others."""
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    path = Path(tempfile.gettempdir()) / f"zhpipe-jieba-{uid if uid is not None else 'user'}"
+    path.mkdir(mode=0o700, exist_ok=True)
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode) or (uid is not None and (info.st_uid != uid or info.st_mode & 0o077)):
+        raise DataError(f"{path}: jieba's cache folder must be this user's own folder with mode 700 (it is a link, another "
+                        "user's, or open to others); remove it and run again")
+    return str(path)
+
+
 def _jieba():
-    """jieba, imported when text is first cut (not when a config is read)."""
+    """jieba, imported when text is first cut (not when a config is read), its cache in a folder of our own."""
     import jieba
 
     jieba.setLogLevel(logging.WARNING)
+    jieba.dt.tmp_dir = jieba_cache_dir()
     return jieba
+
+
+def jieba_tokenizer():
+    """A new jieba Tokenizer whose cache is in `jieba_cache_dir()`."""
+    tokenizer = _jieba().Tokenizer()
+    tokenizer.tmp_dir = jieba_cache_dir()
+    return tokenizer
 
 
 class SegmenterParams(Section):
@@ -40,7 +65,7 @@ class SegmenterParams(Section):
 @lru_cache(maxsize=1)
 def default_tokenizer():
     """jieba's dictionary, loaded once per process (once in all for forked workers: see tasks.segment)."""
-    tokenizer = _jieba().Tokenizer()
+    tokenizer = jieba_tokenizer()
     tokenizer.initialize()
     return tokenizer
 
@@ -95,7 +120,7 @@ class Segmenter:
             return
         # a user dictionary gets a tokenizer of its own, so it never leaks into other configs
         jieba = _jieba()
-        self.tokenizer = jieba.Tokenizer() if params.user_dict else default_tokenizer()
+        self.tokenizer = jieba_tokenizer() if params.user_dict else default_tokenizer()
         if params.user_dict:
             self.tokenizer.load_userdict(str(_project_path(params.user_dict, "segment.user_dict", root)))
         if params.pos:

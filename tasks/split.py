@@ -33,7 +33,7 @@ class Fractions(Section):
     train: float = Field(0.8, gt=0, lt=1)
     validation: float = Field(0.1, gt=0, lt=1)
     test: float = Field(0.1, gt=0, lt=1)
-    seed: int = 42
+    seed: int = Field(42, ge=0)  # NumPy seeds are non-negative
 
     @model_validator(mode="after")
     def _sums_to_one(self) -> "Fractions":

@@ -75,3 +75,22 @@ def is_loopback(url: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def is_internal(url: str) -> bool:
+    """Whether the URL's host is this machine or a private network: a loopback, private, link-local (cloud
+    metadata, 169.254.169.254) or unspecified address, given or resolved from the name."""
+    import ipaddress
+    import socket
+
+    host = (urlsplit(url).hostname or "").lower()
+    if not host:
+        return False
+    try:
+        addresses = [ipaddress.ip_address(host)]
+    except ValueError:
+        try:
+            addresses = [ipaddress.ip_address(info[4][0].split("%")[0]) for info in socket.getaddrinfo(host, None)]
+        except (OSError, UnicodeError, ValueError):
+            return False  # a name that does not resolve cannot be reached either
+    return any(a.is_loopback or a.is_private or a.is_link_local or a.is_unspecified or a.is_reserved for a in addresses)

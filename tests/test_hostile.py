@@ -345,6 +345,73 @@ def test_https_to_http_redirect_is_refused(prefect_harness, capsys, tmp_path, ht
                           "--storage", tmp_path / "store", "--to", "download"), "refused a redirect from https to http://")
 
 
+def test_a_redirect_into_this_machine_or_a_private_network_is_refused(monkeypatch):
+    """A public server may not send the download to loopback, a private network or the cloud metadata address.
+    The loopback test server stands for the public one: only the address test is told which host is public."""
+    from tasks import download
+    from tasks.urls import is_internal
+
+    assert is_internal("http://127.0.0.1:9/") and is_internal("http://10.1.2.3/") and is_internal("http://169.254.169.254/latest")
+    assert is_internal("http://[::1]/") and is_internal("http://localhost/") and not is_internal("http://93.184.216.34/")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), RedirectToLoopback)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        public = f"http://localhost:{server.server_port}/start"  # treated as public below; it redirects to 127.0.0.1
+        monkeypatch.setattr(download, "is_internal", lambda url: "127.0.0.1" in url)
+        with pytest.raises(download.DataError, match="refused a redirect to an address of this machine or a private network"):
+            with download._client(5) as client:
+                download._send(client, "GET", public, {}, time.monotonic() + 10)
+    finally:
+        server.shutdown()
+
+
+class RedirectToLoopback(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 - http.server's name
+        self.send_response(302)
+        self.send_header("Location", f"http://127.0.0.1:{self.server.server_port}/secret")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_planted_jieba_cache_in_the_shared_temporary_folder_is_not_read(tmp_path):
+    """jieba's default cache is /tmp/jieba.cache; one planted there (a dictionary that makes 你好世界 one word)
+    must not change how text is cut."""
+    import marshal
+
+    with open(tmp_path / "jieba.cache", "wb") as f:
+        marshal.dump(({"你好世界": 10**9, "你": 1, "好": 1, "世": 1, "界": 1}, 10**9 + 4), f)
+    code = ("from tasks.segmenter import Segmenter, SegmenterParams; "
+            "print(Segmenter(SegmenterParams(backend='jieba', hmm=False)).rows(['你好世界'])['words'][0])")
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "你好 世界"
+    private = tmp_path / f"zhpipe-jieba-{os.getuid()}"
+    assert private.is_dir() and (private.stat().st_mode & 0o777) == 0o700
+
+
+def test_a_negative_split_seed_is_one_line(capsys, tmp_path):
+    one_line_error(zhpipe(capsys, "run", "smoke", "--set", "split.seed=-5", "--storage", tmp_path / "store"), "split.seed")
+
+
+def test_a_stage_the_task_does_not_have_is_one_line(capsys, tmp_path):
+    one_line_error(zhpipe(capsys, "run", "mt-smoke", "--only", "embed", "--storage", tmp_path / "store"), "'embed' is not a stage")
+
+
+def test_deployment_stages_and_force_that_are_not_stages_are_one_line(prefect_harness):
+    from flows.config import load_pipeline
+    from flows.pipeline import pipeline_flow
+    from tasks.errors import ZhpipeError
+
+    for parameters, needle in (({"stages": ["nope"]}, "stages: 'nope' is not a stage of task classification"),
+                               ({"force": "train"}, "force: expected a list of stage names"),
+                               ({"stages": ["embed"], "pipeline": load_pipeline("mt-smoke")}, "'embed' is not a stage of task translation")):
+        with pytest.raises(ZhpipeError, match=needle):
+            pipeline_flow(**{"pipeline": load_pipeline("smoke"), **parameters})
+
+
 # ---- prediction -----------------------------------------------------------------------------------------
 
 def test_predict_oversized_empty_and_missing_inputs(smoke, capsys, tmp_path):

@@ -46,6 +46,10 @@ def jieba_words(text: str) -> list[tuple[str, str]]:
     """(word, POS tag) pairs of jieba.posseg with its own dictionary and HMM."""
     import jieba.posseg
 
+    from tasks.segmenter import _jieba
+
+    _jieba()  # jieba's cache in a folder of our own, before posseg loads the dictionary
+
     return [(w.word, w.flag) for w in jieba.posseg.lcut(text)]
 
 

@@ -33,8 +33,9 @@ class Params(vocab.Params):
 
 def dictionary_words(texts: list[str], max_len: int) -> set[str]:
     """jieba's dictionary words of 2..max_len characters that occur in the texts."""
-    import jieba
+    from tasks.segmenter import _jieba
 
+    jieba = _jieba()  # its cache in a folder of our own
     jieba.dt.check_initialized()
     freq, found = jieba.dt.FREQ, set()
     for t in texts:  # looked up one substring at a time: no set of every substring of a large corpus

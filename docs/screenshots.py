@@ -1,0 +1,82 @@
+"""Pictures of both UIs as a user first sees them, made with headless Chromium (`apt-get install chromium`):
+the Prefect flow-run page of a pipeline run (from `zhpipe server start`) and the page `zhpipe ui` prints.
+
+    python docs/screenshots.py [--pipeline smoke] [--out docs/images]
+
+It starts the project's background Prefect server (left running; `zhpipe server stop` ends it), runs the
+pipeline through it, finds its flow run through the server's HTTP API by the pipeline's tag, starts the MLflow
+UI on a free port, waits until each page answers, and writes `prefect-flow-run.png` and `mlflow-runs.png`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ZHPIPE = [sys.executable, "-m", "flows.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def shoot(url: str, path: Path, budget_ms: int = 20000) -> None:
+    browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if not browser:
+        raise SystemExit("no Chromium found: apt-get install chromium")
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1500,950",
+                    f"--virtual-time-budget={budget_ms}", f"--screenshot={path}", url], check=True, capture_output=True, timeout=180)
+    print(f"{path} <- {url}")
+
+
+def flow_run_id(api: str, pipeline: str) -> str:
+    """The newest flow run tagged with the pipeline, through Prefect's REST API."""
+    body = json.dumps({"flow_runs": {"tags": {"all_": [f"pipeline:{pipeline}"]}}, "sort": "START_TIME_DESC", "limit": 1}).encode()
+    req = urllib.request.Request(f"{api}/flow_runs/filter", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310 - loopback
+        runs = json.loads(resp.read())
+    if not runs:
+        raise SystemExit(f"no flow run tagged pipeline:{pipeline} on {api}")
+    return runs[0]["id"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pipeline", default="smoke")
+    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "images")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    started = subprocess.run([*ZHPIPE, "server", "start"], cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
+    print(started.strip())
+    api = started.split(" running at ")[1].split()[0]
+    subprocess.run([*ZHPIPE, "run", args.pipeline], cwd=ROOT, env=env, check=True)
+    run = flow_run_id(api, args.pipeline)
+    ui = api.removesuffix("/api")
+    shoot(f"{ui}/runs/flow-run/{run}", args.out / "prefect-flow-run.png")
+    port = free_port()
+    mlflow_ui = subprocess.Popen([*ZHPIPE, "ui", "--port", str(port)], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        printed = ""
+        while "MLflow UI on" not in printed:  # printed once the UI answers
+            printed = mlflow_ui.stdout.readline()
+            if not printed and mlflow_ui.poll() is not None:
+                raise SystemExit("zhpipe ui exited before it answered")
+        url = printed.split(" on ")[1].split()[0]
+        shoot(url, args.out / "mlflow-runs.png")
+    finally:
+        mlflow_ui.terminate()
+        mlflow_ui.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    main()
