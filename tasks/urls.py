@@ -36,9 +36,17 @@ def redact(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
+# a URL's authority up to its last `@`: the user info, whatever characters it holds (`(`, `)`, `'`, `"`, ...)
+_USER_INFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]{1,15}://)[^\s/?#]*@")
+
+
 def redact_text(text: str) -> str:
-    """Every URL inside a message redacted (error lines, log lines)."""
-    return _URL_IN_TEXT.sub(lambda m: redact(m.group(0)), text) if "://" in text else text
+    """Every URL inside a message redacted (error lines, log lines). The user info is found by the URL's structure
+    (scheme, then the authority up to its last `@`), not by which characters a password may hold."""
+    if "://" not in text:
+        return text
+    text = _USER_INFO.sub(lambda m: f"{m.group(1)}{MASK}@", text)
+    return _URL_IN_TEXT.sub(lambda m: redact(m.group(0)), text)
 
 
 def has_secret(url: str) -> bool:

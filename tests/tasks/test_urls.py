@@ -33,3 +33,15 @@ def test_is_loopback_by_address_not_by_prefix(url, loopback):
     from tasks.urls import is_loopback
 
     assert is_loopback(url) is loopback
+
+
+def test_passwords_with_any_characters_are_redacted_in_text():
+    """By the URL's structure, not a character class: quotes, brackets and spaces-free symbols in the password."""
+    from tasks.urls import redact_text
+
+    for password in ("pa(ss)", "it's", 'qu"ote', "a[b]{c}", "x<y>z", "semi;colon", "pct%40sign", "at@sign"):
+        line = f"zhpipe run smoke --source https://alice:{password}@example.org/corpus.csv --set train.epochs=2"
+        shown = redact_text(line)
+        assert password not in shown and "alice" not in shown, shown
+        assert shown.endswith("***@example.org/corpus.csv --set train.epochs=2"), shown
+    assert redact_text("s3://bucket/key and ftp://host/x") == "s3://bucket/key and ftp://host/x"
