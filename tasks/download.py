@@ -386,7 +386,10 @@ def _fetch_once(client, url: str, final: Path, part: Path, params: Params, deadl
             offset = 0
         if validators.size is not None and validators.size > params.max_bytes:
             raise DataError(f"download {shown}: {validators.size} bytes is over the size limit download.max_bytes={params.max_bytes}")
-        atomic_write_text(_meta_path(part), json.dumps({"if_range": validators.if_range()}))
+        # a Content-Encoding (gzip, br) is undone as the bytes arrive: Content-Length counts the encoded bytes, the
+        # file holds the decoded ones, the ratio limit bounds them, and a resume (a range of encoded bytes) is off
+        encoded = resp.headers.get("content-encoding", "identity").strip().lower() not in ("", "identity")
+        atomic_write_text(_meta_path(part), json.dumps({"if_range": None if encoded else validators.if_range()}))
         written = offset
         with open(part, mode) as f:
             for block in resp.iter_bytes():  # as the bytes arrive, so the deadline is checked as they do
@@ -395,13 +398,19 @@ def _fetch_once(client, url: str, final: Path, part: Path, params: Params, deadl
                     f.close()
                     _discard(part)
                     raise DataError(f"download {shown}: more than download.max_bytes={params.max_bytes} bytes; stopped")
+                if encoded and written > (1 << 20) and written / max(resp.num_bytes_downloaded, 1) > params.max_ratio:
+                    f.close()
+                    _discard(part)
+                    raise DataError(f"download {shown}: its {resp.headers['content-encoding']} transfer decodes to more than "
+                                    f"{params.max_ratio:g}x its size (a decompression bomb?); stopped (download.max_ratio)")
                 if time.monotonic() > deadline:
                     raise DataError(f"download {shown}: deadline of {params.deadline_s:g} s passed after {written} bytes (download.deadline_s)")
                 f.write(block)
+        received = offset + resp.num_bytes_downloaded if encoded else written
     finally:
         resp.close()
-    if validators.size is not None and written != validators.size:
-        raise NetworkError(f"download {shown}: got {written} of {validators.size} bytes")
+    if validators.size is not None and received != validators.size:
+        raise NetworkError(f"download {shown}: got {received} of {validators.size} bytes")
     validators.size = written
     part.rename(final)
     _meta_path(part).unlink(missing_ok=True)

@@ -217,6 +217,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         else:
             body = payload
             self.send_response(200)
+        if _Handler.gzip:  # the file sent compressed in transit, as web servers do
+            body = gzip.compress(body)
+            self.send_header("Content-Encoding", "gzip")
         self.send_header("Content-Length", str(len(body)))
         self.send_header("ETag", _Handler.etag)
         self.end_headers()
@@ -235,7 +238,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def server():
     _Handler.payloads, _Handler.requests, _Handler.fail, _Handler.redirect, _Handler.drip, _Handler.etag = [], [], 0, None, 0.0, '"v1"'
-    _Handler.no_head = False
+    _Handler.no_head, _Handler.gzip = False, False
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -391,3 +394,15 @@ def test_bad_bytes_after_the_detected_head_name_the_line(tmp_path, monkeypatch):
     monkeypatch.setattr(download, "BATCH_CHARS", 50)
     with pytest.raises(DataError, match=r"c.csv: cannot decode as utf-8 after line \d+"):
         read(path)
+
+
+def test_a_gzip_encoded_transfer_is_decoded_counted_by_its_content_length_and_bounded(tmp_path, server):
+    payload = ("label,review\n" + "1,房间很干净\n" * 5000).encode()
+    _Handler.payloads, _Handler.gzip = [payload], True
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    path = fetch(f"{server}/corpus.csv", tmp_path / "a", FAST, sha(payload))  # Content-Length is the encoded size
+    assert path.read_bytes() == payload
+    _Handler.payloads = [b"label,review\n" + b"0" * (60 << 20)]  # 60 MB that gzip sends as about 60 KB
+    with pytest.raises(DataError, match="decompression bomb"):
+        fetch(f"{server}/bomb.csv", tmp_path / "b", FAST, None)
+    assert not (tmp_path / "b" / "bomb.csv").exists() and not (tmp_path / "b" / "bomb.csv.part").exists()
