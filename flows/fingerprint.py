@@ -17,6 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from tasks.errors import ConfigError
 from tasks.io import file_sha256, resolve_path
 
 
@@ -160,7 +161,7 @@ def _content(path: Path, mtime_ns: int, size: int) -> str:
     if path.is_file():
         return file_sha256(path)
     h = hashlib.sha256()
-    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+    for f in sorted(folder_files(path, "a setting", str(path))):
         h.update(f"{f.relative_to(path).as_posix()}\0{file_sha256(f)}\n".encode())
     return h.hexdigest()
 
@@ -179,22 +180,44 @@ def hub_revision(model_id: str) -> str:
     return f"{model_id}@absent"
 
 
-def file_fingerprints(params: dict[str, Any], paths: tuple[str, ...], root: Path) -> dict[str, str]:
+def file_fingerprints(params: dict[str, Any], paths: tuple[str, ...], root: Path, section: str = "") -> dict[str, str]:
     """For each file a param names: `sha256:<hash>` of a local file or folder, else `hub:<id>@<revision>`
-    (its commit in the local Hugging Face cache, or `absent`)."""
+    (its commit in the local Hugging Face cache, or `absent`); `section` names the params in errors."""
     out = {}
-    for dotted in paths:
-        for value in _values(params, dotted):
+    for path in paths:
+        dotted = f"{section}.{path}" if section else path
+        for value in _values(params, path):
             if value.startswith("models:/"):
                 from flows.registry import revision
 
                 out[value] = "registry:" + revision(value)
                 continue
             local = resolve_path(value, root)
+            if local is not None and local.is_symlink() and not local.exists():
+                raise ConfigError(f"{dotted}: {value} is a symbolic link to nothing")
             if local is not None and local.exists():
                 stat = local.stat()
-                newest = max((p.stat().st_mtime_ns for p in local.rglob("*")), default=stat.st_mtime_ns) if local.is_dir() else stat.st_mtime_ns
+                newest = max((p.stat().st_mtime_ns for p in folder_files(local, dotted, value)), default=stat.st_mtime_ns) \
+                    if local.is_dir() else stat.st_mtime_ns
                 out[value] = "sha256:" + _content(local.resolve(), newest, stat.st_size)
             else:
                 out[value] = "hub:" + hub_revision(value)
     return out
+
+
+MAX_FOLDER_FILES = 10_000  # a model folder holds a handful; a setting that names /usr is a mistake, not a model
+
+
+def folder_files(folder: Path, dotted: str, value: str) -> list[Path]:
+    """The files of a folder a setting names (hashed into a key): a dangling link in it, or more than
+    MAX_FOLDER_FILES files, is one clear error instead of a traceback or an unbounded walk."""
+    files = []
+    for p in folder.rglob("*"):
+        if p.is_symlink() and not p.exists():
+            raise ConfigError(f"{dotted}: {value} holds a symbolic link to nothing ({p})")
+        if p.is_file():
+            files.append(p)
+            if len(files) > MAX_FOLDER_FILES:
+                raise ConfigError(f"{dotted}: {value} is a folder of more than {MAX_FOLDER_FILES:,} files; "
+                                  "expected a file or a model folder")
+    return files

@@ -171,7 +171,7 @@ def key_causes(config: PipelineConfig, unit: str, inputs: dict[str, str]) -> dic
         "inputs": inputs,
         "code": code,
         "libraries": library_versions(module.LIBRARIES),
-        "files": file_fingerprints(params, files, project.current().root),
+        "files": file_fingerprints(params, files, project.current().root, section=stage),
     }
 
 

@@ -154,3 +154,27 @@ def test_adding_a_model_trains_only_the_new_one(built):
     new_keys, _ = states(built, ["train.models=[fasttext, textcnn, tfidf_lr]"])
     assert set(new_keys) - set(keys) == {"train.tfidf_lr", "evaluate.tfidf_lr"}
     assert changed(keys, {k: new_keys[k] for k in keys}) == {"train", "evaluate"}  # the existing units keep their keys
+
+
+def test_a_setting_that_names_a_huge_folder_or_a_dangling_link_is_one_clear_error(tmp_path, monkeypatch):
+    """segment.user_dict=/usr would walk and hash a whole tree into a key; a dangling link gave a traceback."""
+    from flows import fingerprint
+    from flows.fingerprint import file_fingerprints
+    from tasks.errors import ConfigError
+
+    monkeypatch.setattr(fingerprint, "MAX_FOLDER_FILES", 50)
+    big = tmp_path / "big"
+    big.mkdir()
+    for i in range(51):
+        (big / f"{i}.txt").write_text("x")
+    with pytest.raises(ConfigError, match="segment.user_dict: .* is a folder of more than 50 files"):
+        file_fingerprints({"user_dict": str(big)}, ("user_dict",), tmp_path, section="segment")
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(ConfigError, match="is a symbolic link to nothing"):
+        file_fingerprints({"user_dict": str(tmp_path / "gone")}, ("user_dict",), tmp_path)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "stale").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(ConfigError, match="holds a symbolic link to nothing"):
+        file_fingerprints({"checkpoint": str(model)}, ("checkpoint",), tmp_path)
