@@ -3,7 +3,7 @@ accept, what they look like, and what they do to test accuracy, against no augme
 seeds. Needs the two translators registered first:
 
     zhpipe run tatoeba-zh-en && zhpipe run tatoeba-en-zh
-    python benchmarks/bench_bt_local.py [--seeds 1,2,3] [--max-rows 2000] [--models tfidf_lr,textcnn]
+    python benchmarks/bench_bt_local.py [--seeds 1,2,3] [--max-rows 1000] [--models tfidf_lr,textcnn]
 
 Each (seed, method) is one run of the `chnsenticorp-bt-local` pipeline (`--set split.seed=S augment.method=M`),
 so the data stages and the translations are cached across them. Prints the tables and writes
@@ -42,7 +42,7 @@ def run(seed: int, method: str, args) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", default="1,2,3")
-    ap.add_argument("--max-rows", type=int, default=2000)
+    ap.add_argument("--max-rows", type=int, default=1000)
     ap.add_argument("--models", default="tfidf_lr,textcnn")
     ap.add_argument("--epochs", type=int, default=6)
     args = ap.parse_args()
