@@ -354,7 +354,7 @@ def cmd_predict(args) -> int:
     import pandas as pd
     from mlflow.exceptions import MlflowException
 
-    from flows.runs import load_model, model_version, predict_frame, read_table, with_predictions, write_table
+    from flows.runs import load_model, model_version, predict_frame, read_input, with_predictions, write_table
 
     if bool(args.texts) == bool(args.input):
         raise ZhpipeError("predict: give TEXT arguments or --input FILE (not both)")
@@ -365,7 +365,7 @@ def cmd_predict(args) -> int:
 
         if args.output.suffix.lower() not in READERS:  # before loading a model and predicting, not after
             raise ZhpipeError(f"--output {args.output}: unknown file type '{args.output.suffix}' (expected .csv, .tsv, .jsonl or .parquet)")
-    df = read_table(args.input, args.text_column) if args.input else pd.DataFrame({"text": args.texts})
+    df = read_input(args.input, args.text_column) if args.input else pd.DataFrame({"text": args.texts})
     uri = args.model or f"models:/zhpipe-{_pipeline_name(args)}@champion"
     column = args.text_column if args.input else "text"
     model = load_model(uri)  # fail here, once, with one line

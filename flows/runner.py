@@ -455,7 +455,7 @@ class RunContext:
         )
         final = self.store.publish(tmp, manifest)
         shutil.rmtree(scratch, ignore_errors=True)
-        publish(tracker, final, out, self.config.name, stage)
+        track_output(tracker, final, out, self.config.name, stage)
         return manifest
 
     def _result(self, manifest: Manifest, cache: str, seconds: float) -> StageResult:
@@ -495,7 +495,7 @@ def system_metrics(run_id: str, enabled: bool, interval: float = 5.0):
         monitor.finish()
 
 
-def publish(tracker: Tracker, folder: Path, out: BuildOutput, pipeline: str, stage: str) -> None:
+def track_output(tracker: Tracker, folder: Path, out: BuildOutput, pipeline: str, stage: str) -> None:
     """What a stage returned, where people look: files, tables, datasets and tags in its MLflow run, Markdown
     and tables as Prefect artifacts."""
     for rel in out.artifacts:  # a folder keeps its name in the run's artifacts, a file its folder

@@ -201,7 +201,7 @@ def load_model(uri: str):
                           "(`zhpipe run`) or pass --model") from None
 
 
-def read_table(path: Path, text_column: str) -> pd.DataFrame:
+def read_input(path: Path, text_column: str) -> pd.DataFrame:
     kind = READERS.get(path.suffix.lower())
     if kind is None:
         raise ConfigError(f"--input {path}: unknown file type '{path.suffix}' (expected .csv, .tsv, .jsonl or .parquet)")
@@ -261,13 +261,13 @@ def predict_distributed(uri: str, df: pd.DataFrame, text_column: str, executor: 
     import tempfile
 
     from flows.chunks import DaskRunner, shutdown
-    from tasks.io import plan, write_parquet
+    from tasks.io import chunk_plan, write_parquet
 
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "texts.parquet"
         write_parquet(df[[text_column]], src, row_group_rows=chunk_rows)
         try:
-            parts = list(DaskRunner(executor).map(predict_chunk, plan(src, chunk_rows), {"uri": uri, "text_column": text_column}, desc="predict"))
+            parts = list(DaskRunner(executor).map(predict_chunk, chunk_plan(src, chunk_rows), {"uri": uri, "text_column": text_column}, desc="predict"))
         finally:
             shutdown()
     return pd.concat(parts, ignore_index=True)

@@ -11,7 +11,7 @@ import pandas as pd
 from pydantic import Field
 
 from tasks.core import Section
-from tasks.io import Chunk, Runner, plan, read_chunk
+from tasks.io import Chunk, Runner, chunk_plan, read_chunk
 from tasks.segmenter import SegmenterParams
 
 CHUNK_ROWS = 5000
@@ -101,7 +101,7 @@ def eda(train: pd.DataFrame, ctx: AugmentContext) -> Augmented:
     """`num_aug` EDA variants per row; each row's RNG is seeded from (seed, row id), so output is deterministic
     and the same whether the rows are augmented at once or chunk by chunk."""
     if ctx.runner is not None and ctx.source is not None:
-        parts = list(ctx.runner.map(eda_chunk, plan(ctx.source, CHUNK_ROWS), eda_json(ctx.params), desc="eda"))
+        parts = list(ctx.runner.map(eda_chunk, chunk_plan(ctx.source, CHUNK_ROWS), eda_json(ctx.params), desc="eda"))
         rows = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
     else:
         rows = eda_rows(train, ctx.params)

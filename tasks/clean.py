@@ -17,7 +17,7 @@ from pydantic import Field
 
 from tasks.core import DATASET_SAMPLE_ROWS, BuildContext, BuildOutput, Dataset, Section
 from tasks.errors import DataError
-from tasks.io import ROW_GROUP_ROWS, Chunk, PartWriter, Runner, iter_frames, plan, read_chunk, sorted_labels
+from tasks.io import ROW_GROUP_ROWS, Chunk, PartWriter, Runner, chunk_plan, iter_frames, read_chunk, sorted_labels
 
 # what its key sees besides params, inputs and code (flows/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)
@@ -227,7 +227,7 @@ def build(ctx: BuildContext) -> BuildOutput:
     with tempfile.TemporaryDirectory(prefix="clean-", dir=ctx.scratch) as tmp:
         normalised = PartWriter(Path(tmp) / "normalised.parquet", ROW_GROUP_ROWS)
         parts = [PartWriter(Path(tmp) / f"partition-{i}.parquet") for i in range(partitions)]
-        for table in runner.tables(normalise_chunk, plan(src, CHUNK_ROWS) if rows_in else [], ctx.params.model_dump_json(), desc="clean"):
+        for table in runner.tables(normalise_chunk, chunk_plan(src, CHUNK_ROWS) if rows_in else [], ctx.params.model_dump_json(), desc="clean"):
             normalised.write(table if ctx.partition is not None else table.drop_columns(["h1", "h2"]))
             if ctx.params.dedupe:
                 table = table.filter(pc.is_null(table["reason"])).select([c for c in ("id", "h1", "h2", "label") if c in table.column_names])

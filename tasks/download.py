@@ -473,7 +473,7 @@ def fetch(url: str, folder: Path, params: Params, sha256: str | None = None, exp
     raise DataError(f"download {shown}: gave up after {params.retries + 1} attempts ({problem})")
 
 
-def verify(path: Path, expected: str | None) -> str:
+def check_sha256(path: Path, expected: str | None) -> str:
     """Return the file's sha256; raise ChecksumError when it differs from `expected`."""
     actual = file_sha256(path)
     if expected and actual != expected.lower():
@@ -841,7 +841,7 @@ def locate(source: Source, root: Path, folder_for: Callable[[str], Path], params
     verified download (hashed once: a file that `fetch` returns matches `source.sha256`)."""
     local, url = where(source, root)
     if local is not None:
-        return local, verify(local, source.sha256)
+        return local, check_sha256(local, source.sha256)
     if url is not None:
         require_verifiable(source, root)
         path = fetch(url, folder_for(redact(url)), params, source.sha256, expect)

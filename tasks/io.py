@@ -45,7 +45,7 @@ class Chunk:
         return self.stop - self.start
 
 
-def plan(src: Path, chunk_rows: int) -> list[Chunk]:
+def chunk_plan(src: Path, chunk_rows: int) -> list[Chunk]:
     """Chunks of about `chunk_rows` rows: consecutive small row groups are read together, a row group larger
     than `chunk_rows` is sliced (so a worker never holds more than max(chunk_rows, one row group) rows)."""
     meta = pq.ParquetFile(src).metadata

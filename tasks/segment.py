@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 from pydantic import Field
 
 from tasks.core import BuildContext, BuildOutput
-from tasks.io import SPLITS, Chunk, PartWriter, Runner, plan, read_chunk
+from tasks.io import SPLITS, Chunk, PartWriter, Runner, chunk_plan, read_chunk
 from tasks.segmenter import Segmenter, SegmenterParams
 
 # what its key sees besides params, inputs and code (flows/fingerprint.py): the libraries that shape
@@ -58,7 +58,7 @@ def worker_count(params: Params, rows: int) -> int:
 
 def segment_file(src: Path, dst: Path, params: Params, runner: Runner, root: Path, desc: str = "segment") -> dict[str, float]:
     """Segment one Parquet file chunk by chunk into `dst`; returns its row and word counts."""
-    tables = runner.tables(segment_chunk, plan(src, params.chunk_rows), _chunk_params(params, root), desc=desc)
+    tables = runner.tables(segment_chunk, chunk_plan(src, params.chunk_rows), _chunk_params(params, root), desc=desc)
     return write_segments(tables, src, dst)
 
 
@@ -86,7 +86,7 @@ def build(ctx: BuildContext) -> BuildOutput:
     """Segment every split; write `<split>.parquet` with `words`, `chars` (and `pos`) columns. The chunks of
     all splits go through one stream of workers (one pool start, and no split too small to spread)."""
     sources = {name: ctx.inputs["split"] / f"{name}.parquet" for name in SPLITS}
-    plans = {name: plan(src, ctx.params.chunk_rows) for name, src in sources.items()}
+    plans = {name: chunk_plan(src, ctx.params.chunk_rows) for name, src in sources.items()}
     rows = sum(c.rows for chunks in plans.values() for c in chunks)
     runner = ctx.runner(worker_count(ctx.params, rows))
     tables = runner.tables(segment_chunk, [c for name in SPLITS for c in plans[name]], _chunk_params(ctx.params, ctx.root))

@@ -18,7 +18,7 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     rnn_lm.SPEC,
     rnn_lm.CLASSIFIER,
     ngram.LM_CLASSIFIER,
-    ner.CRF,
+    ner.CRF_TAGGER,
     ner.BILSTM_CRF,
     ner.LEXICON_TAGGER,
     ner.NER_ENSEMBLE,

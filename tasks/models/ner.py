@@ -521,7 +521,7 @@ def ensemble_tagger(folder: Path) -> TaggerFn:
 
 
 TAGGER_LOOP = ("weight_decay", "warmup_ratio", "grad_clip", "grad_accum", "device", "precision", "seed")  # epochs, patience: their own
-CRF = ModelSpec("crf", CRFParams, train_crf, tagger=load_tagger, task="ner", shared=(),
+CRF_TAGGER = ModelSpec("crf", CRFParams, train_crf, tagger=load_tagger, task="ner", shared=(),
                 about="linear-chain CRF (CRFsuite) over character, bigram and lexicon window features")
 BILSTM_CRF = ModelSpec("bilstm_crf", TaggerParams, train_tagger, tagger=load_tagger, task="ner", uses_vectors=True, shared=TAGGER_LOOP,
                        about="character + bigram embeddings, BiLSTM, CRF; starts from the embed stage's vectors")

@@ -279,9 +279,9 @@ def test_runs_and_compare_commands(trained):
 
 @pytest.mark.parametrize("encoding", ["utf-8", "utf-8-sig", "gbk", "utf-16"])
 def test_predict_input_files_are_read_in_their_encoding(tmp_path, encoding):
-    from flows.runs import read_table
+    from flows.runs import read_input
 
     path = tmp_path / f"in-{encoding}.csv"
     path.write_bytes("text,id\n房间很干净，服务很好,1\n早餐太差,2\n".encode(encoding))
-    df = read_table(path, "text")
+    df = read_input(path, "text")
     assert df["text"].tolist() == ["房间很干净，服务很好", "早餐太差"]

@@ -11,7 +11,7 @@ import zipfile
 import pandas as pd
 import pytest
 
-from tasks.download import ChecksumError, Params, Validators, extract, fetch, parse_csv, physical_lines, probe, read_table, verify
+from tasks.download import ChecksumError, Params, Validators, check_sha256, extract, fetch, parse_csv, physical_lines, probe, read_table
 from tasks.download import Source as SourceConfig
 from tasks.errors import DataError
 
@@ -116,9 +116,9 @@ def test_checksum(tmp_path):
     path = tmp_path / "f"
     path.write_bytes(b"abc")
     good = hashlib.sha256(b"abc").hexdigest()
-    assert verify(path, good) == good
+    assert check_sha256(path, good) == good
     with pytest.raises(ChecksumError, match="sha256 mismatch"):
-        verify(path, "0" * 64)
+        check_sha256(path, "0" * 64)
 
 
 def test_source_sha256_must_be_hex():
