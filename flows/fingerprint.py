@@ -30,7 +30,7 @@ def _strip_docstrings(tree: ast.AST) -> ast.AST:
     return tree
 
 
-def _source_file(module: str) -> Path | None:
+def source_file(module: str) -> Path | None:
     """The file of a project module, found on disk: importlib's find_spec would import a dotted name's parents
     (and with them PyTorch, for a key that only hashes source text)."""
     import tasks
@@ -50,7 +50,7 @@ def _module_info(module: str) -> tuple[str, tuple[str, ...]]:
     """(hash of the module's normalised syntax tree, the project modules it imports). Both are functions of
     the source text alone, so they are kept on disk by the text's sha256 (parsing every module again costs
     a noticeable part of an everyday command)."""
-    text = _source_file(module).read_bytes()
+    text = source_file(module).read_bytes()
     cache, key = _code_cache(), hashlib.sha256(text).hexdigest()
     entry = cache.get(key)
     if entry is None:
@@ -108,7 +108,7 @@ def _save_code_cache() -> None:
 @lru_cache(maxsize=None)
 def _is_module(name: str) -> bool:
     try:
-        return _source_file(name) is not None
+        return source_file(name) is not None
     except (ImportError, ValueError):
         return False
 

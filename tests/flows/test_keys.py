@@ -78,11 +78,11 @@ def test_a_model_cannot_read_a_shared_setting_it_does_not_declare():
 
 
 def _patched_source(monkeypatch, tmp_path, module: str, edit):
-    original = fingerprint._source_file(module)
+    original = fingerprint.source_file(module)
     copy = tmp_path / f"{module}.py"
     copy.write_text(edit(original.read_text(encoding="utf-8")), encoding="utf-8")
-    real = fingerprint._source_file
-    monkeypatch.setattr(fingerprint, "_source_file", lambda name: copy if name == module else real(name))
+    real = fingerprint.source_file
+    monkeypatch.setattr(fingerprint, "source_file", lambda name: copy if name == module else real(name))
     fingerprint._module_info.cache_clear()
 
 
