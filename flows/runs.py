@@ -306,10 +306,15 @@ def with_predictions(df: pd.DataFrame, out: pd.DataFrame, model: dict[str, str])
 
 def predict_frame(model, df: pd.DataFrame, text_column: str, batch: int = 512) -> pd.DataFrame:
     """The model's `label`, `probability`, `p_<label>` and `status` for each row's text (a tagger's `entities`,
-    `count` and `status`), in batches with a progress bar; missing texts stay missing (status `missing`)."""
+    `count` and `status`; a translator's `translation` and `status`), in batches of at most the model's
+    `predict.max_rows` with a progress bar; missing texts stay missing (status `missing`)."""
     from tqdm.auto import tqdm
 
     texts = df[text_column].tolist()
+    try:  # a file of any length, asked in calls the model accepts (its predict.max_rows)
+        batch = min(batch, int(model.unwrap_python_model().max_rows))
+    except (AttributeError, TypeError, ValueError):
+        pass
     parts = []
     with tqdm(total=len(texts), desc="predict", unit="text", disable=len(texts) < 2000) as bar:
         for i in range(0, len(texts), batch):

@@ -426,6 +426,22 @@ def test_predict_oversized_empty_and_missing_inputs(smoke, capsys, tmp_path):
                    "no text column 'text'")
 
 
+def test_predict_input_longer_than_max_rows_is_asked_in_calls_the_model_accepts(smoke):
+    """predict.max_rows bounds one call to the model (a served model answers 400 past it); `zhpipe predict
+    --input` reads a file of any length and asks in batches of at most that many texts."""
+    import mlflow.pyfunc
+
+    from flows.runs import predict_frame
+
+    model = mlflow.pyfunc.load_model("models:/zhpipe-smoke@champion")
+    model.unwrap_python_model().max_rows = 3
+    texts = pd.DataFrame({"text": [f"房间很干净{i}" for i in range(10)]})
+    with pytest.raises(Exception, match="at most 3"):
+        model.predict(texts["text"].tolist())
+    out = predict_frame(model, texts, "text")
+    assert len(out) == 10 and set(out["status"]) == {"ok"}
+
+
 # ---- credentials ----------------------------------------------------------------------------------------
 
 class Translator(http.server.BaseHTTPRequestHandler):
