@@ -11,10 +11,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError, create_model, model_validator
 
-from tasks import download
 from tasks.core import Section
 from tasks.errors import ConfigError
 from tasks.models import MODELS
+from tasks.source.schema import Source
 from tasks.stages import KINDS, STAGE_NAMES, TaskKind
 from tasks.urls import conceal
 
@@ -97,7 +97,7 @@ class PipelineConfig(Section):
     name: str
     description: str = ""
     task: str = "classification"  # a kind of tasks/stages.py: ner is sequence labelling (tagged corpora, taggers, entity F1)
-    source: download.Source
+    source: Source
     stages: Any = None  # the stages' sections of its task kind (see pipeline_model)
     # deployment (`zhpipe deploy`, `zhpipe serve`) and execution; none of these is part of a stage key
     schedule: ScheduleConfig | None = None

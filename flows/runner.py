@@ -16,11 +16,11 @@ from flows.config import PipelineConfig, flatten
 from flows.fingerprint import code_fingerprint, file_fingerprints, library_versions
 from flows.store import Manifest, StageStore, file_sha256, stage_key
 from flows.tracking import Tracker, experiment_id
-from tasks import download as download_stage
 from tasks.core import BuildContext, BuildOutput
 from tasks.errors import ZhpipeError
 from tasks.io import resolve_path
 from tasks.models import MODELS
+from tasks.source import fetch, schema
 from tasks.urls import redact
 
 log = logging.getLogger("zhpipe")
@@ -121,7 +121,7 @@ def _file_fingerprint(config: PipelineConfig, src) -> str:
     local = resolve_local(src.path) if src.path else None
     if local is not None and local.is_file():
         return file_sha256(local)
-    url = download_stage.require_verifiable(src, project.current().root)
+    url = schema.require_verifiable(src, project.current().root)
     if src.sha256:
         return src.sha256
     if url:
@@ -129,17 +129,17 @@ def _file_fingerprint(config: PipelineConfig, src) -> str:
     return redact(src.path or src.url or "")
 
 
-_validators: dict[str, "download_stage.Validators"] = {}
+_validators: dict[str, "fetch.Validators"] = {}
 
 
 def server_validators(config: PipelineConfig, src=None):
     """The validators of an unverified http(s) source (default: the pipeline's), asked once per process and
     URL (the key and the download's re-check use the same answer)."""
-    url = download_stage.fetched_location(src or config.source, project.current().root)
+    url = schema.fetched_location(src or config.source, project.current().root)
     if url is None:
         return None
     if url not in _validators:
-        _validators[url] = download_stage.probe(url, config.stages.download)
+        _validators[url] = fetch.probe(url, config.stages.download)
     return _validators[url]
 
 

@@ -211,7 +211,7 @@ def read_input(path: Path, text_column: str) -> pd.DataFrame:
         if kind == "parquet":
             df = pd.read_parquet(path)
         else:  # UTF-8 (with or without BOM), UTF-16 and GBK/GB18030, as the download stage reads a corpus
-            from tasks.download import detect_encoding
+            from tasks.source.readers import detect_encoding
 
             with open(path, "rb") as f:
                 encoding = detect_encoding(f.read(1 << 16))

@@ -348,7 +348,7 @@ def test_https_to_http_redirect_is_refused(prefect_harness, capsys, tmp_path, ht
 def test_a_redirect_into_this_machine_or_a_private_network_is_refused(monkeypatch):
     """A public server may not send the download to loopback, a private network or the cloud metadata address.
     The loopback test server stands for the public one: only the address test is told which host is public."""
-    from tasks import download
+    from tasks.source import fetch as download
     from tasks.urls import is_internal
 
     assert is_internal("http://127.0.0.1:9/") and is_internal("http://10.1.2.3/") and is_internal("http://169.254.169.254/latest")

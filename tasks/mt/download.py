@@ -12,10 +12,14 @@ from collections import Counter
 
 import pandas as pd
 
-from tasks import download as base
+from tasks import download
 from tasks.core import BuildContext, BuildOutput
 from tasks.errors import DataError
 from tasks.io import ROW_GROUP_ROWS, PartWriter
+from tasks.source.archives import ARCHIVES, extract
+from tasks.source.fetch import locate
+from tasks.source.readers import HEAD_BYTES, QUARANTINE_COLUMNS, detect_encoding, empty_quarantine, line_batches, no_rows
+from tasks.source.schema import Source
 from tasks.urls import redact
 
 LIBRARIES = ("pandas", "pyarrow", "charset-normalizer")
@@ -24,7 +28,7 @@ log = logging.getLogger("zhpipe")
 COLUMNS = {"id": "int64", "line": "int64", "text": "string", "en": "string", "credit": "string"}
 
 
-class Params(base.Params):
+class Params(download.Params):
     """The `download` section of a translation pipeline: the fetch settings and how a pair is read."""
 
     columns: list[str] = ["en", "zh", "credit"]  # the fields of a tab-separated line, in order (the file has no header)
@@ -64,7 +68,7 @@ def pair_rows(lines: list[str], first_line: int, fmt: str, p: Params) -> tuple[l
     return rows, bad
 
 
-def pair_format(path, source: base.Source) -> str:
+def pair_format(path, source: Source) -> str:
     fmt = source.format if source.format != "auto" else {".jsonl": "jsonl", ".json": "jsonl"}.get(path.suffix.lower(), "tsv")
     if fmt not in ("tsv", "jsonl"):
         raise DataError(f"{path}: task translation reads tab-separated pairs (tsv) or JSON lines (jsonl), not {fmt} (source.format)")
@@ -74,22 +78,22 @@ def pair_format(path, source: base.Source) -> str:
 def build(ctx: BuildContext) -> BuildOutput:
     """The source (`ctx.source`) into `data.parquet` (+ `quarantine.parquet`), one batch of lines at a time."""
     p: Params = ctx.params
-    source: base.Source = ctx.source
+    source: Source = ctx.source
     if p.zh_field not in p.columns and pair_format_of(source) == "tsv":
         raise DataError(f"download.zh_field {p.zh_field!r} is not one of download.columns {p.columns}")
-    raw, sha = base.locate(source, ctx.root, ctx.store.downloads, p, ctx.store.expect(source))
-    data_file = base.extract(raw, ctx.scratch / "extracted", source.member, p) if raw.name.lower().endswith(base.ARCHIVES) else raw
+    raw, sha = locate(source, ctx.root, ctx.store.downloads, p, ctx.store.expect(source))
+    data_file = extract(raw, ctx.scratch / "extracted", source.member, p) if raw.name.lower().endswith(ARCHIVES) else raw
     fmt = pair_format(data_file, source)
     if source.encoding == "auto":
         with open(data_file, "rb") as f:
-            encoding = base.detect_encoding(f.read(base.HEAD_BYTES))
+            encoding = detect_encoding(f.read(HEAD_BYTES))
     else:
         encoding = source.encoding
     data = PartWriter(ctx.out / "data.parquet", ROW_GROUP_ROWS)
     bad = PartWriter(ctx.out / "quarantine.parquet", ROW_GROUP_ROWS)
     reasons: Counter = Counter()
     line = rows = 0
-    for lines in base.line_batches(data_file, encoding):
+    for lines in line_batches(data_file, encoding):
         if line == 0 and lines:
             lines[0] = lines[0].removeprefix("\ufeff")
         good, wrong = pair_rows(lines, line + 1, fmt, p)
@@ -100,18 +104,18 @@ def build(ctx: BuildContext) -> BuildOutput:
             data.write(frame.astype(COLUMNS))
             rows += len(frame)
         if wrong:
-            bad.write(pd.DataFrame(wrong).astype(base.QUARANTINE_COLUMNS))
+            bad.write(pd.DataFrame(wrong).astype(QUARANTINE_COLUMNS))
             reasons.update(b["reason"] for b in wrong)
     if not rows:
-        base.no_rows(data_file, dict(reasons))
+        no_rows(data_file, dict(reasons))
     data.close()
-    bad.close(base.empty_quarantine())
+    bad.close(empty_quarantine())
     if bad.rows:
         log.warning("download: %d of %d lines quarantined (%s); see quarantine.parquet", bad.rows, rows + bad.rows, dict(reasons))
     info = {"source_sha256": sha, "source_file": redact(str(raw) if raw.is_relative_to(ctx.root) else raw.name), "labelled": False}
     return BuildOutput(rows=rows, metrics={"rows_raw": rows, "rows_quarantined": bad.rows, "lines_physical": line}, info=info)
 
 
-def pair_format_of(source: base.Source) -> str:
+def pair_format_of(source: Source) -> str:
     path = source.path or source.url or ""
     return "jsonl" if source.format == "jsonl" or (source.format == "auto" and path.lower().endswith((".jsonl", ".json"))) else "tsv"

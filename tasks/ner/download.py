@@ -9,43 +9,47 @@ from pathlib import Path
 
 import pandas as pd
 
-from tasks import download as base
+from tasks import download
 from tasks.core import BuildContext, BuildOutput
 from tasks.errors import DataError
 from tasks.io import write_parquet
+from tasks.source.archives import ARCHIVES, extract
+from tasks.source.fetch import locate
+from tasks.source.readers import detect_encoding, physical_lines
+from tasks.source.schema import Source
 from tasks.tagging import TaggedFile, parse_conll, parse_span_jsonl, spans_of
 from tasks.urls import redact
 
 LIBRARIES = ("pandas", "pyarrow", "charset-normalizer")
 FILES: tuple[str, ...] = ()
-Params = base.Params  # the `download` section is the classification one
+Params = download.Params  # the `download` section is the classification one
 log = logging.getLogger("zhpipe")
 
 
-def read_tagged(path: Path, source: base.Source) -> TaggedFile:
+def read_tagged(path: Path, source: Source) -> TaggedFile:
     """A tagged file: JSONL with spans (`.jsonl`/`.json`, or format jsonl), else CoNLL-style lines."""
     fmt = source.format if source.format != "auto" else ("jsonl" if path.suffix.lower() in (".jsonl", ".json") else "conll")
     if fmt not in ("conll", "jsonl"):
         raise DataError(f"{path}: task ner reads conll (`token TAG` lines) or jsonl with spans, not {fmt}")
     raw = path.read_bytes()
-    encoding = base.detect_encoding(raw) if source.encoding == "auto" else source.encoding
+    encoding = detect_encoding(raw) if source.encoding == "auto" else source.encoding
     try:
         text = raw.decode(encoding)
     except (UnicodeDecodeError, LookupError) as e:
         raise DataError(f"{path}: cannot decode as {encoding}: {e}") from None
-    lines = base.physical_lines(text.removeprefix("\ufeff"))
+    lines = physical_lines(text.removeprefix("\ufeff"))
     return parse_span_jsonl(lines, source.text_column) if fmt == "jsonl" else parse_conll(lines, source.tag_scheme)
 
 
 def build(ctx: BuildContext) -> BuildOutput:
     """Every file of the source (`ctx.source`) into one `data.parquet` (+ `quarantine.parquet`)."""
-    p: base.Params = ctx.params
-    source: base.Source = ctx.source
+    p: download.Params = ctx.params
+    source: Source = ctx.source
     frames, bad, shas, schemes = [], [], {}, {}
     for split, src in source.given().items():
-        raw, sha = base.locate(src, ctx.root, ctx.store.downloads, p, ctx.store.expect(src))
-        data_file = base.extract(raw, ctx.scratch / "extracted" / (split or "all"), src.member, p) \
-            if raw.name.lower().endswith(base.ARCHIVES) else raw
+        raw, sha = locate(src, ctx.root, ctx.store.downloads, p, ctx.store.expect(src))
+        data_file = extract(raw, ctx.scratch / "extracted" / (split or "all"), src.member, p) \
+            if raw.name.lower().endswith(ARCHIVES) else raw
         tagged = read_tagged(data_file, src)
         name = redact(str(raw.relative_to(ctx.root)) if raw.is_relative_to(ctx.root) else raw.name)
         shas[split or "all"], schemes[split or "all"] = sha, tagged.scheme

@@ -11,9 +11,12 @@ import zipfile
 import pandas as pd
 import pytest
 
-from tasks.download import ChecksumError, Params, Validators, check_sha256, extract, fetch, parse_csv, physical_lines, probe, read_table
-from tasks.download import Source as SourceConfig
+from tasks.download import Params
 from tasks.errors import DataError
+from tasks.source.archives import extract
+from tasks.source.fetch import ChecksumError, Validators, check_sha256, fetch, probe
+from tasks.source.readers import parse_csv, physical_lines, read_table
+from tasks.source.schema import Source as SourceConfig
 
 ROWS = [("1", "房间很干净"), ("0", "服务太差了"), ("1", "早餐不错")]
 FAST = Params(timeout_s=5, retries=2, deadline_s=30)
@@ -288,7 +291,7 @@ def test_5xx_is_retried(tmp_path, server):
 
 
 def test_https_to_http_redirect_is_refused(tmp_path):
-    from tasks.download import _send
+    from tasks.source.fetch import _send
 
     class Resp:
         status_code, headers = 302, {"location": "http://evil.example/c.csv"}
@@ -366,7 +369,7 @@ def _messy_csv(rows: int) -> str:
 
 @pytest.mark.parametrize("fmt", ["csv", "jsonl"])
 def test_streamed_batches_read_exactly_what_one_pass_reads(tmp_path, monkeypatch, fmt):
-    import tasks.download as download
+    import tasks.source.readers as download
 
     path = tmp_path / f"big.{fmt}"
     if fmt == "csv":
@@ -386,7 +389,7 @@ def test_streamed_batches_read_exactly_what_one_pass_reads(tmp_path, monkeypatch
 
 
 def test_bad_bytes_after_the_detected_head_name_the_line(tmp_path, monkeypatch):
-    import tasks.download as download
+    import tasks.source.readers as download
 
     path = tmp_path / "c.csv"
     path.write_bytes("label,review\n".encode() + "".join(f"1,第{i}行\n" for i in range(100)).encode() + b"0,\xff\xfe\n")

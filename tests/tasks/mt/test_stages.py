@@ -6,9 +6,9 @@ import json
 import pandas as pd
 import pytest
 
-from tasks.download import Source
 from tasks.mt import clean, download, split
 from tasks.mt.text import pair_key
+from tasks.source.schema import Source
 
 
 class Store:
