@@ -3,6 +3,7 @@ between runs, `zhpipe predict` applies a registered model to texts or a file."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from functools import lru_cache
@@ -12,6 +13,8 @@ from typing import Any
 import pandas as pd
 
 from tasks.errors import ConfigError, DataError, ZhpipeError
+
+log = logging.getLogger("zhpipe")
 
 
 def _client():
@@ -183,22 +186,110 @@ READERS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".
 
 
 def load_model(uri: str):
-    """An MLflow pyfunc by URI, or one clear error naming the URI and the tracking store."""
+    """An MLflow pyfunc by URI, or one clear error naming the URI and the tracking store. When the code logged
+    with the model differs from the installed zhpipe, the model answers from a child process that runs the
+    logged code (as `mlflow models serve` does), so one model version gives one answer."""
+    import tempfile
+
     import mlflow
     from mlflow.exceptions import MlflowException
 
-    import flows.serving  # noqa: F401 - its warning filter
     from flows.tracking import tracking_uri
 
     mlflow.set_tracking_uri(tracking_uri())
+    import atexit
+    import shutil
+
+    folder = Path(tempfile.mkdtemp(prefix="zhpipe-model-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
     try:
-        return mlflow.pyfunc.load_model(uri)
+        model = mlflow.pyfunc.load_model(uri, dst_path=str(folder))
     except (MlflowException, OSError) as e:
         first = str(e).strip().splitlines()[0][:200]
         from tasks.urls import redact, redact_text
 
         raise ZhpipeError(f"cannot load model {uri} from {redact(tracking_uri())}: {redact_text(first)}; run a pipeline first "
                           "(`zhpipe run`) or pass --model") from None
+    changed = code_drift(folder)
+    if changed:
+        log.info("predict: %s was logged with other zhpipe code (%s%s); it answers with its logged code, as MLflow serves it",
+                 uri, ", ".join(changed[:3]), " ..." if len(changed) > 3 else "")
+        return LoggedCodeModel(folder)
+    return model
+
+
+def code_drift(folder: Path) -> list[str]:
+    """The files of the code logged with a model (`code/flows`, `code/tasks`) that differ from the installed ones."""
+    from flows.serving import CODE
+
+    logged = folder / "code"
+    if not logged.is_dir():
+        return []
+    names = {p.relative_to(logged).as_posix() for p in logged.glob("*/**/*.py") if p.parts[len(logged.parts)] in ("flows", "tasks")}
+    names |= {p.relative_to(CODE).as_posix() for package in ("flows", "tasks") for p in (CODE / package).rglob("*.py")}
+    return sorted(n for n in names if not ((logged / n).is_file() and (CODE / n).is_file() and (logged / n).read_bytes() == (CODE / n).read_bytes()))
+
+
+_CHILD = """
+import json, sys
+import mlflow.pyfunc
+model = mlflow.pyfunc.load_model(sys.argv[1])
+print(json.dumps({"ready": True}), flush=True)
+for line in sys.stdin:
+    try:
+        out = model.predict(json.loads(line))
+        print(json.dumps({"frame": out.to_json(orient="split", force_ascii=False)}), flush=True)
+    except Exception as e:  # the model's input errors (MlflowException) come back as messages
+        print(json.dumps({"error": getattr(e, "message", str(e))}), flush=True)
+"""
+
+
+class LoggedCodeModel:
+    """A logged model answering from a child process that imports only the code logged with it (its `code/`
+    folder first on sys.path, started outside the project folder), one JSON line per call."""
+
+    def __init__(self, folder: Path):
+        import subprocess
+        import sys
+
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        self.folder, self.errors = folder, folder / "predict-errors.log"  # its warnings and errors, not the console
+        with open(self.errors, "w") as err:
+            self.proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(folder)], cwd=folder, env=env, stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=err, text=True, encoding="utf-8")
+        if "ready" not in self._read():
+            raise ZhpipeError(f"the model in {folder} could not be loaded with its logged code")
+        config = json.loads((folder / "artifacts" / "zhpipe.json").read_text(encoding="utf-8"))
+        self.max_rows = (config.get("predict") or {}).get("max_rows", 10_000)
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            tail = self.errors.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:] or ["no message"]
+            raise ZhpipeError(f"the model's process ended: its logged code failed to run ({tail[0][:300]})")
+        return json.loads(line)
+
+    def unwrap_python_model(self):
+        return self  # what predict_frame asks: max_rows
+
+    def predict(self, texts) -> pd.DataFrame:
+        import io
+
+        from mlflow.exceptions import MlflowException
+
+        values = texts.tolist() if hasattr(texts, "tolist") else list(texts)
+        values = [None if v is None or v is pd.NA or (isinstance(v, float) and v != v) else v for v in values]
+        self.proc.stdin.write(json.dumps(values, ensure_ascii=False) + "\n")
+        self.proc.stdin.flush()
+        answer = self._read()
+        if "error" in answer:
+            raise MlflowException(answer["error"])
+        return pd.read_json(io.StringIO(answer["frame"]), orient="split", dtype=False)
+
+    def __del__(self):
+        if getattr(self, "proc", None) and self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
 
 
 def read_input(path: Path, text_column: str) -> pd.DataFrame:

@@ -442,6 +442,30 @@ def test_predict_input_longer_than_max_rows_is_asked_in_calls_the_model_accepts(
     assert len(out) == 10 and set(out["status"]) == {"ok"}
 
 
+def test_predict_answers_with_the_code_logged_with_the_model(smoke, tmp_path):
+    """zhpipe predict and mlflow models serve give one answer per model version: a model whose logged code
+    differs from the installed zhpipe answers from a process that runs its logged code."""
+    import shutil
+
+    import mlflow
+
+    from flows.runs import LoggedCodeModel, load_model, predict_frame
+
+    same = load_model("models:/zhpipe-smoke@champion")  # logged by this code: answered in this process
+    assert not isinstance(same, LoggedCodeModel)
+    folder = Path(mlflow.artifacts.download_artifacts("models:/zhpipe-smoke@champion", dst_path=str(tmp_path / "download")))
+    changed = tmp_path / "changed"
+    shutil.copytree(folder, changed)
+    serving = changed / "code" / "flows" / "serving.py"
+    text = serving.read_text(encoding="utf-8")
+    assert 'out["status"] = statuses' in text
+    serving.write_text(text.replace('out["status"] = statuses', 'out["status"] = ["logged code"] * len(statuses)'), encoding="utf-8")
+    model = load_model(str(changed))
+    assert isinstance(model, LoggedCodeModel)
+    out = predict_frame(model, pd.DataFrame({"text": ["房间很干净", None]}), "text")
+    assert out["status"].tolist() == ["logged code", "logged code"] and out["label"].notna().iloc[0]
+
+
 # ---- credentials ----------------------------------------------------------------------------------------
 
 class Translator(http.server.BaseHTTPRequestHandler):
