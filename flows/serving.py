@@ -53,6 +53,28 @@ def as_texts(model_input: Any) -> list[Any]:
     return [None if v is None or (isinstance(v, float) and v != v) or v is pd.NA else v for v in values]
 
 
+def read_config(context) -> dict:
+    """A logged model's zhpipe.json, its segmenter's files (user dictionary, stopwords) pointed at the artifacts."""
+    cfg = json.loads(Path(context.artifacts["config"]).read_text(encoding="utf-8"))
+    segment = cfg.get("segment") or {}
+    for key in ("user_dict", "stopwords"):  # files travel as artifacts
+        if segment.get(key):
+            segment[key] = context.artifacts[key]
+    return cfg
+
+
+def segment_artifacts(segment: dict, tmp: Path) -> dict[str, str]:
+    """The segmenter's files (user dictionary, stopwords) copied to travel with a logged model."""
+    from flows.project import current
+
+    artifacts = {}
+    for key in ("user_dict", "stopwords"):
+        if segment.get(key):
+            path = Path(segment[key]) if Path(segment[key]).is_absolute() else current().root / segment[key]
+            artifacts[key] = str(shutil.copy(path, tmp / f"{key}{path.suffix}"))
+    return artifacts
+
+
 class TextClassifier(PythonModel):
     """Raw text in; `label`, `probability`, one `p_<label>` column per class and `status` out. A text that
     is missing, empty or too short after cleaning gets no label; a text over the length limit is cut."""
@@ -62,11 +84,8 @@ class TextClassifier(PythonModel):
         from tasks.models import MODELS
         from tasks.segmenter import Segmenter, SegmenterParams
 
-        cfg = json.loads(Path(context.artifacts["config"]).read_text(encoding="utf-8"))
+        cfg = read_config(context)
         segment = cfg["segment"]
-        for key in ("user_dict", "stopwords"):  # files travel as artifacts
-            if segment.get(key):
-                segment[key] = context.artifacts[key]
         self.labels = cfg["labels"]
         self.clean = CleanParams(**cfg["clean"])
         limits = cfg.get("predict") or {}
@@ -120,14 +139,9 @@ def log_classifier(run_id: str, model: str, folder: Path, labels: list[str], cle
                    predict: dict | None = None, registered_name: str | None = None):
     """Log `folder` (a trained classifier) as a TextClassifier pyfunc in run `run_id`; register it under
     `registered_name` when given. Returns MLflow's ModelInfo."""
-    from flows.project import current
 
     with tempfile.TemporaryDirectory() as tmp:
-        artifacts = {"model": str(folder)}
-        for key in ("user_dict", "stopwords"):
-            if segment.get(key):
-                path = Path(segment[key]) if Path(segment[key]).is_absolute() else current().root / segment[key]
-                artifacts[key] = str(shutil.copy(path, Path(tmp) / f"{key}{path.suffix}"))
+        artifacts = {"model": str(folder), **segment_artifacts(segment, Path(tmp))}
         config = {"model": model, "labels": labels, "clean": clean, "segment": segment, "predict": predict or {}}
         return _log_pyfunc(run_id, model, TextClassifier(), "pyfunc_model.py", artifacts, config,
                            ["房间很干净，服务也好", "早餐太差了"], registered_name, Path(tmp))
@@ -151,11 +165,8 @@ class TextTranslator(PythonModel):
         from tasks.models import MODELS
         from tasks.segmenter import Segmenter, SegmenterParams
 
-        cfg = json.loads(Path(context.artifacts["config"]).read_text(encoding="utf-8"))
+        cfg = read_config(context)
         segment = cfg["segment"]
-        for key in ("user_dict", "stopwords"):  # files travel as artifacts
-            if segment.get(key):
-                segment[key] = context.artifacts[key]
         self.translator = MODELS[cfg["model"]].translator(Path(context.artifacts["model"]))
         self.direction = self.translator.direction
         clean = CleanParams(**{k: v for k, v in cfg["clean"].items() if k in CleanParams.model_fields})
@@ -194,16 +205,10 @@ def log_translator(run_id: str, model: str, folder: Path, clean: dict, segment: 
     """Log `folder` (a trained translator) as a TextTranslator pyfunc in run `run_id`. Returns MLflow's ModelInfo."""
     import torch
 
-    from flows.project import current
-
     direction = torch.load(folder / "model.pt", map_location="cpu", weights_only=True)["direction"]
     example = ["我们明天去北京。", "你好。"] if direction.startswith("zh") else ["We are going to Beijing tomorrow.", "Hello."]
     with tempfile.TemporaryDirectory() as tmp:
-        artifacts = {"model": str(folder)}
-        for key in ("user_dict", "stopwords"):
-            if segment.get(key):
-                path = Path(segment[key]) if Path(segment[key]).is_absolute() else current().root / segment[key]
-                artifacts[key] = str(shutil.copy(path, Path(tmp) / f"{key}{path.suffix}"))
+        artifacts = {"model": str(folder), **segment_artifacts(segment, Path(tmp))}
         config = {"model": model, "clean": clean, "segment": segment, "predict": predict or {}}
         return _log_pyfunc(run_id, model, TextTranslator(), "pyfunc_translator.py", artifacts, config, example, registered_name, Path(tmp))
 

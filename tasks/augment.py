@@ -89,3 +89,4 @@ def build(ctx: BuildContext) -> BuildOutput:
         tables=tables,
         tags={"zhpipe.augment.method_used": result.method_used},
     )
+
