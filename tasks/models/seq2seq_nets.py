@@ -168,7 +168,11 @@ class TransformerMT(nn.Module):
                                           config.dropout, custom_encoder=encoder, batch_first=True, norm_first=True)
         self.dropout = nn.Dropout(config.dropout)
         self.out = nn.Linear(d, config.tgt_vocab, bias=False)
-        if config.tie_embeddings:
+        for embedding in (self.src_embedding, self.tgt_embedding):  # N(0, 1/d): times sqrt(d), unit variance (Vaswani et al.)
+            nn.init.normal_(embedding.weight, std=d**-0.5)
+            with torch.no_grad():
+                embedding.weight[PAD].zero_()
+        if config.tie_embeddings:  # the output layer is the target embedding: logits start small, not ~sqrt(d)
             self.out.weight = self.tgt_embedding.weight
         self._attention: list[torch.Tensor] | None = None  # filled while attention is recorded
 
