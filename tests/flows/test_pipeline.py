@@ -57,6 +57,36 @@ def test_first_run_builds_everything_and_tracks_it(smoke):
     assert list(served.predict(["房间很干净"]).columns[:2]) == ["label", "probability"]
 
 
+def test_runs_read_well_in_both_uis(smoke):
+    """MLflow: a model run logs each curve once (no `textcnn_train_loss` beside `train_loss`); the parent run's
+    params leave out models it does not train, the whole config is config.json. Prefect: every model unit is
+    a task run of its own."""
+    import asyncio
+    import json
+
+    import mlflow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+
+    out = smoke["out"]
+    c = client()
+    runs = children(out["parent_run_id"], out["experiment"])
+    textcnn = next(r for r in runs if r.data.tags.get("zhpipe.model") == "textcnn" and "zhpipe.stage" in r.data.tags)
+    assert "train_loss" in textcnn.data.metrics and not any(k.startswith("textcnn_") for k in textcnn.data.metrics)
+    assert [m.step for m in c.get_metric_history(textcnn.info.run_id, "train_loss")] == [1]  # one epoch, logged once
+    parent = c.get_run(out["parent_run_id"])
+    assert "train.textcnn.num_filters" in parent.data.params and not any(k.startswith("train.bert.") for k in parent.data.params)
+    config = json.loads(mlflow.artifacts.load_text(f"runs:/{out['parent_run_id']}/config.json"))
+    assert config["name"] == "smoke" and "bert" in config["stages"]["train"]
+
+    async def names():
+        async with get_client() as client:
+            found = await client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=["train.textcnn", "evaluate.textcnn"])))
+            return {t.name for t in found}
+
+    assert asyncio.run(names()) == {"train.textcnn", "evaluate.textcnn"}
+
+
 def test_rerun_is_all_hits(prefect_harness, store):
     out = run(store)
     assert set(cache_of(out).values()) == {"hit"}

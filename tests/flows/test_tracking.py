@@ -119,3 +119,24 @@ def test_runs_left_running_by_a_killed_process_are_marked_killed(tmp_path):
     assert Tracker.close_orphans("zhpipe-orphans") == [run_id]
     assert client().get_run(run_id).info.status == "KILLED" and client().get_run(mine.run_id).info.status == "RUNNING"
     mine.finish()
+
+
+def test_mlflow_links_open_the_machine_learning_view(monkeypatch):
+    """MLflow 3 opens in its GenAI view unless told otherwise: every link zhpipe prints selects the runs view."""
+    from flows.tracking import ML_VIEW, home_url, ui_url
+
+    monkeypatch.setenv("ZHPIPE_MLFLOW_UI", "http://127.0.0.1:5000")
+    assert ML_VIEW == "workflowType=machine_learning"
+    assert ui_url("zhpipe-links", "abc").endswith("/runs/abc?workflowType=machine_learning")
+    home = home_url("http://127.0.0.1:5000")
+    assert home.startswith("http://127.0.0.1:5000/#/experiments") and home.endswith("?workflowType=machine_learning")
+
+
+def test_console_lines_of_prefect_name_their_task():
+    import logging
+
+    from flows.cli import _ConsoleFormatter
+
+    record = logging.LogRecord("prefect.task_runs", logging.INFO, __file__, 1, "Finished in state Completed()", None, None)
+    record.task_name = "segment"
+    assert _ConsoleFormatter("%(name)s %(message)s").format(record) == "prefect.task_runs [segment] Finished in state Completed()"
