@@ -131,10 +131,6 @@ class GRUSeq2Seq(nn.Module):
         hidden, keys = cache
         return hidden[:, rows], (keys[rows] if keys is not None else None)
 
-    @staticmethod
-    def reorder_memory(memory: Memory, rows: torch.Tensor) -> Memory:
-        return memory  # beams of one sentence share its memory row; rows stay within the sentence
-
 
 @dataclass
 class TransformerMTConfig:

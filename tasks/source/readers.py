@@ -162,10 +162,6 @@ def jsonl_records(lines: list[str], offset: int) -> Parsed:
     return Parsed(rows, starts, bad, len(lines))
 
 
-def parse_jsonl(text: str) -> Parsed:
-    return jsonl_records(physical_lines(text), 0)
-
-
 def parsed_batches(path: Path, source: Source, fmt: str) -> Iterator[Parsed]:
     """The file's rows, batch by batch (each a `Parsed` of dicts), streamed: memory is one batch, not the file."""
     if fmt == "parquet":

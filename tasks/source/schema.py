@@ -177,10 +177,6 @@ def _range_sha256(f, start: int, end: int) -> str:
     return h.hexdigest()
 
 
-def is_http(location: str | None) -> bool:
-    return bool(location) and location.lower().startswith(("http://", "https://"))
-
-
 def where(source: Source, root: Path) -> tuple[Path | None, str | None]:
     """(the local file holding the source, None) when `path` or `url` names an existing file, else (None, the
     http(s) URL to fetch it from); (None, None) when there is neither."""
