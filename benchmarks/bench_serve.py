@@ -123,7 +123,8 @@ def main() -> None:
     port = free_port()
     from flows.tracking import tracking_uri
 
-    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri()}
+    # MLflow starts `uvicorn` by name: the environment's scripts first on PATH
+    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri(), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     server = subprocess.Popen([sys.executable, "-m", "mlflow", "models", "serve", "-m", args.model, "--env-manager", "local",
                                "--host", "127.0.0.1", "--port", str(port), "--workers", "1"], cwd=ROOT, env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
