@@ -125,7 +125,8 @@ class PipelineConfig(Section):
         """Resolved config as dotted `section.key` strings, for MLflow params; `used_only` leaves out the sections
         of registered models this pipeline does not train (`train.bert.*` without bert in train.models)."""
         flat = flatten(self.model_dump(mode="json", exclude={"name", "description"}))
-        unused = {f"train.{m}." for m in MODELS if m not in self.stages.train.models} if used_only else set()
+        trained = getattr(getattr(self.stages, "train", None), "models", None)  # a kind may have no train stage
+        unused = {f"train.{m}." for m in MODELS if m not in trained} if used_only and trained is not None else set()
         if used_only and getattr(self.stages.augment, "method", None) != "backtranslation":
             unused.add("augment.backtranslation.")  # the settings of a method this pipeline does not use
         return {k.removeprefix("stages."): json.dumps(v, ensure_ascii=False) if isinstance(v, list) else str(v) for k, v in flat.items()

@@ -23,7 +23,7 @@ from flows.evaluation import evaluate_models, register, train_models
 from flows.guard import check_run
 from flows.runner import RunContext, StageResult, artifact_key, plan, record_appends, source_fingerprint
 from flows.store import StageStore, stage_key, storage_root
-from flows.tracking import Tracker
+from flows.tracking import Tracker, experiment_id
 from flows.workers import gpu_slot, train_deployment
 from tasks.core import DATASET_SAMPLE_ROWS
 from tasks.errors import ZhpipeError
@@ -115,9 +115,23 @@ def start_run(config: PipelineConfig, force: set[str], storage: str, executor: s
         log.info("MLflow: %d runs left RUNNING by killed runs of this machine marked KILLED", len(closed))
     parent = Tracker.start(experiment, run_name(config, overrides), tags=source_tags(config))
     parent.params(config.flat_params(used_only=True))  # what a person compares; the whole config is config.json
-    parent.text(json.dumps(config.model_dump(mode="json"), indent=2, ensure_ascii=False), "config.json")
+    log_config(parent, experiment, config)
     parent.tags({"zhpipe.task": config.task, "zhpipe.overrides": " ".join(redact_text(o) for o in overrides or [])})
     return RunContext(config, StageStore(storage), keys, experiment, parent.run_id, force, executor, causes, verify)
+
+
+def log_config(parent: Tracker, experiment: str, config: PipelineConfig) -> None:
+    """The whole resolved config as `config.json`, once per config hash in an experiment: a run whose config an
+    earlier run holds points to it (tag `zhpipe.config_json`), so reruns add no artifacts."""
+    digest = config.config_hash()
+    earlier = parent.client.search_runs([experiment_id(experiment)], max_results=1,
+                                        filter_string=f"tags.`zhpipe.config_hash` = '{digest}' and tags.`zhpipe.config_json` LIKE 'runs:/%'")
+    held = [r for r in earlier if r.info.run_id != parent.run_id]
+    if held:
+        parent.tags({"zhpipe.config_json": held[0].data.tags["zhpipe.config_json"]})
+        return
+    parent.text(json.dumps(config.model_dump(mode="json"), indent=2, ensure_ascii=False), "config.json")
+    parent.tags({"zhpipe.config_json": f"runs:/{parent.run_id}/config.json"})
 
 
 def finish_run(run: RunContext, results: dict[str, StageResult], ok: bool) -> None:

@@ -210,11 +210,12 @@ def load_model(uri: str):
 
         raise ZhpipeError(f"cannot load model {uri} from {redact(tracking_uri())}: {redact_text(first)}; run a pipeline first "
                           "(`zhpipe run`) or pass --model") from None
-    changed = code_drift(folder)
+    local = folder if (folder / "MLmodel").is_file() else Path(uri.removeprefix("file://"))  # a local model is read in place
+    changed = code_drift(local) if (local / "MLmodel").is_file() else []
     if changed:
         log.info("predict: %s was logged with other zhpipe code (%s%s); it answers with its logged code, as MLflow serves it",
                  uri, ", ".join(changed[:3]), " ..." if len(changed) > 3 else "")
-        return LoggedCodeModel(folder)
+        return LoggedCodeModel(local)
     return model
 
 
@@ -251,9 +252,11 @@ class LoggedCodeModel:
     def __init__(self, folder: Path):
         import subprocess
         import sys
+        import tempfile
 
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        self.folder, self.errors = folder, folder / "predict-errors.log"  # its warnings and errors, not the console
+        self.folder = folder
+        self.errors = Path(tempfile.mkstemp(prefix="zhpipe-predict-", suffix=".log")[1])  # its warnings and errors, not the console
         with open(self.errors, "w") as err:
             self.proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(folder)], cwd=folder, env=env, stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=err, text=True, encoding="utf-8")
