@@ -127,7 +127,7 @@ class PipelineConfig(Section):
         flat = flatten(self.model_dump(mode="json", exclude={"name", "description"}))
         trained = getattr(getattr(self.stages, "train", None), "models", None)  # a kind may have no train stage
         unused = {f"train.{m}." for m in MODELS if m not in trained} if used_only and trained is not None else set()
-        if used_only and getattr(self.stages.augment, "method", None) != "backtranslation":
+        if used_only and getattr(getattr(self.stages, "augment", None), "method", None) != "backtranslation":
             unused.add("augment.backtranslation.")  # the settings of a method this pipeline does not use
         return {k.removeprefix("stages."): json.dumps(v, ensure_ascii=False) if isinstance(v, list) else str(v) for k, v in flat.items()
                 if not any(k.removeprefix("stages.").startswith(u) for u in unused)}
