@@ -67,7 +67,7 @@ def main() -> None:
     mlflow_ui = subprocess.Popen([*ZHPIPE, "ui", "--port", str(port)], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
     try:
         printed = ""
-        while "MLflow UI on" not in printed:  # printed once the UI answers
+        while not printed.startswith("MLflow UI on"):  # printed once the UI answers
             printed = mlflow_ui.stdout.readline()
             if not printed and mlflow_ui.poll() is not None:
                 raise SystemExit("zhpipe ui exited before it answered")

@@ -511,6 +511,13 @@ def cmd_ui(args) -> int:
            "--workers", workers]
     print(f"starting the MLflow UI on http://{args.host}:{args.port} (store {tracking_uri()}) ...", flush=True)
     proc = subprocess.Popen(cmd)
+
+    def stop(*_):  # a terminated `zhpipe ui` takes its server (and MLflow's workers) with it
+        raise KeyboardInterrupt
+
+    import signal
+
+    signal.signal(signal.SIGTERM, stop)
     try:
         deadline = time.monotonic() + 120
         while proc.poll() is None and time.monotonic() < deadline:
@@ -524,7 +531,10 @@ def cmd_ui(args) -> int:
         return proc.wait()
     except KeyboardInterrupt:
         proc.terminate()
-        proc.wait(timeout=30)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
         return 0
 
 
