@@ -6,7 +6,6 @@ or any two fields named by `download.zh_field` / `download.en_field`, such as `{
 cannot be read goes to `quarantine.parquet` with its line number and reason."""
 from __future__ import annotations
 
-import json
 import logging
 from collections import Counter
 
@@ -18,7 +17,7 @@ from tasks.errors import DataError
 from tasks.io import ROW_GROUP_ROWS, PartWriter
 from tasks.source.archives import ARCHIVES, extract
 from tasks.source.fetch import locate
-from tasks.source.readers import HEAD_BYTES, QUARANTINE_COLUMNS, detect_encoding, empty_quarantine, line_batches, no_rows
+from tasks.source.readers import HEAD_BYTES, QUARANTINE_COLUMNS, detect_encoding, empty_quarantine, jsonl_records, line_batches, no_rows
 from tasks.source.schema import Source
 from tasks.urls import redact
 
@@ -39,33 +38,29 @@ class Params(download.Params):
 
 def pair_rows(lines: list[str], first_line: int, fmt: str, p: Params) -> tuple[list[dict], list[dict]]:
     """(pairs as {line, text, en, credit}, quarantined {line, reason, raw}) of one batch of physical lines."""
-    rows, bad = [], []
-    for n, line in enumerate(lines, first_line):
-        if not line.strip():
-            continue
-        if fmt == "jsonl":
-            try:
-                record = json.loads(line)
-            except ValueError as e:
-                bad.append({"line": n, "reason": f"invalid_json: {str(e).split(':')[0]}", "raw": line[:500]})
+    if fmt == "jsonl":  # the classification reader's JSON lines: the same reasons for a broken line
+        parsed = jsonl_records(lines, first_line - 1)
+        records, bad = list(zip(parsed.lines, parsed.rows)), list(parsed.bad)
+    else:
+        records, bad = [], []
+        for n, line in enumerate(lines, first_line):
+            if not line.strip():
                 continue
-            if not isinstance(record, dict):
-                bad.append({"line": n, "reason": "not_an_object", "raw": line[:500]})
-                continue
-        else:
             fields = line.split("\t")
             if not 2 <= len(fields) <= len(p.columns):
                 bad.append({"line": n, "reason": f"fields_{len(fields)}_expected_{len(p.columns)}", "raw": line[:500]})
                 continue
-            record = dict(zip(p.columns, fields))
+            records.append((n, dict(zip(p.columns, fields))))
+    rows = []
+    for n, record in records:
         zh, en = record.get(p.zh_field), record.get(p.en_field)
         if not isinstance(zh, str) or not isinstance(en, str):
             missing = p.zh_field if not isinstance(zh, str) else p.en_field
-            bad.append({"line": n, "reason": f"no_{missing}", "raw": line[:500]})
+            bad.append({"line": n, "reason": f"no_{missing}", "raw": lines[n - first_line][:500]})
             continue
         credit = record.get(p.credit_field) if p.credit_field else None
         rows.append({"line": n, "text": zh, "en": en, "credit": credit if isinstance(credit, str) else None})
-    return rows, bad
+    return rows, sorted(bad, key=lambda b: b["line"])
 
 
 def pair_format(path, source: Source) -> str:
