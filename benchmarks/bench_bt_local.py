@@ -27,15 +27,14 @@ METHODS = ("none", "eda", "backtranslation")
 
 
 def run(seed: int, method: str, args) -> dict:
-    from flows.config import load_pipeline
     from flows.pipeline import pipeline_flow
 
     overrides = [f"split.seed={seed}", f"augment.method={method}", f"augment.backtranslation.max_rows={args.max_rows}",
                  f"train.models=[{','.join(args.models)}]", f"train.epochs={args.epochs}"]
-    out = pipeline_flow(load_pipeline(PIPELINE, overrides=overrides), overrides=overrides)
+    out = pipeline_flow(PIPELINE, overrides=overrides)
     stages = {s["stage"]: s for s in out["stages"]}
-    results = stages["evaluate"]["info"]["results"]
-    return {"seed": seed, "method": method, "augment": stages["augment"]["metrics"], "used": stages["augment"]["info"]["augment_method_used"],
+    results = stages["evaluate"]["facts"]["results"]
+    return {"seed": seed, "method": method, "augment": stages["augment"]["metrics"], "used": stages["augment"]["facts"]["augment_method_used"],
             "augment_path": stages["augment"]["path"], **{m: results[m]["test_accuracy"] for m in args.models}}
 
 

@@ -27,7 +27,6 @@ project.activate(project.Project(ROOT))  # Prefect's home and start-up timeout, 
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from flows.config import load_pipeline  # noqa: E402
 from flows.pipeline import pipeline_flow  # noqa: E402
 
 console = Console()
@@ -45,11 +44,11 @@ def main() -> None:
     runs = {}
     for seed in seeds:
         t0 = time.perf_counter()
-        out = pipeline_flow(load_pipeline(args.pipeline, overrides=[*args.sets, f"train.seed={seed}"]))
-        info = next(s for s in out["stages"] if s["stage"] == "evaluate")["info"]
+        out = pipeline_flow(args.pipeline, overrides=[*args.sets, f"train.seed={seed}"])
+        info = next(s for s in out["stages"] if s["stage"] == "evaluate")["facts"]
         units = {u["stage"].partition(".")[2]: u for u in out["units"] if u["stage"].startswith("train.")}
         for model, result in info["results"].items():
-            summary = units[model]["info"]["summary"]
+            summary = units[model]["facts"]["summary"]
             rows.setdefault(model, {})[seed] = {
                 "test_f1": result["test_f1"], "val_f1": summary["val_f1"], "train_seconds": summary["seconds"],
                 "samples_per_second": summary.get("samples_per_second"), "best_epoch": summary.get("best_epoch"),

@@ -52,7 +52,6 @@ def main() -> None:
     from flows import project
 
     project.activate(project.Project(WORK / "project"))
-    from flows.config import load_pipeline
     from flows.pipeline import pipeline_flow
     from flows.tracking import client
 
@@ -61,7 +60,7 @@ def main() -> None:
         part = rows.iloc[cuts[night - 1] : cuts[night]] if night < len(cuts) else rows.iloc[cuts[-1] :]
         part.to_csv(drops / f"night-{night:02d}.csv", index=False)
         t0 = time.perf_counter()
-        out = pipeline_flow(load_pipeline("nightly", WORK / "project" / "pipelines.yaml"))
+        out = pipeline_flow("nightly", config_file=str(WORK / "project" / "pipelines.yaml"))
         wall = time.perf_counter() - t0
         stages = {s["stage"]: s for s in out["stages"]}
         units = {u["stage"]: u for u in out["units"]}

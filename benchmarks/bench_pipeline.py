@@ -89,7 +89,7 @@ def direct_run(config, root: Path) -> float:
         ctx = BuildContext({d: outputs[d] for d in deps}, {d: infos[d] for d in deps}, out, getattr(config.stages, stage),
                            root / f"{stage}-scratch", config.name, ROOT, stages=config.stages, source=config.source, store=services)
         result = spec.module.build(ctx)
-        outputs[stage], infos[stage] = out, result.info
+        outputs[stage], infos[stage] = out, result.facts
     return time.perf_counter() - t0
 
 
@@ -99,17 +99,17 @@ def bench_flow(pipeline: str, overrides: list[str], rounds: int) -> dict:
 
     config = load_pipeline(pipeline, overrides=overrides)
     t0 = time.perf_counter()
-    pipeline_flow(load_pipeline("smoke"), stages=["download"], storage=str(_TMP / "warmup"))
+    pipeline_flow("smoke", stages=["download"], storage=str(_TMP / "warmup"))
     server_start = time.perf_counter() - t0
     console.print(f"  Prefect ephemeral server + warm-up flow: {server_start:.1f} s")
     first, rerun, direct, hits = [], [], [], True
     for r in range(rounds):
         store = str(_TMP / f"store{r}")
         t0 = time.perf_counter()
-        pipeline_flow(config, storage=store)
+        pipeline_flow(pipeline, overrides=overrides, storage=store)
         first.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        again = pipeline_flow(config, storage=store)
+        again = pipeline_flow(pipeline, overrides=overrides, storage=store)
         rerun.append(time.perf_counter() - t0)
         hits &= all(s["cache"] == "hit" for s in again["stages"])
         direct.append(direct_run(config, _TMP / f"direct{r}"))

@@ -25,7 +25,6 @@ project.activate(project.Project(ROOT))  # Prefect's home and start-up timeout, 
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from flows.config import load_pipeline  # noqa: E402
 from flows.pipeline import pipeline_flow  # noqa: E402
 
 console = Console()
@@ -45,12 +44,12 @@ def main() -> None:
     runs = {}
     for seed in seeds:
         t0 = time.perf_counter()
-        out = pipeline_flow(load_pipeline(args.pipeline, overrides=[*args.sets, f"split.seed={seed}"]))
+        out = pipeline_flow(args.pipeline, overrides=[*args.sets, f"split.seed={seed}"])
         evaluation = next(s for s in out["stages"] if s["stage"] == "evaluate")
-        per_seed[seed] = {m: r["test_accuracy"] for m, r in evaluation["info"]["results"].items() if "test_accuracy" in r}
+        per_seed[seed] = {m: r["test_accuracy"] for m, r in evaluation["facts"]["results"].items() if "test_accuracy" in r}
         for u in out["units"]:
             if u["stage"].startswith("train."):
-                info = u["info"]["summary"]
+                info = u["facts"]["summary"]
                 costs.setdefault(u["stage"][6:], []).append((info.get("seconds", 0.0), info.get("samples_per_second", 0.0)))
         runs[seed] = out["parent_run_id"]
         console.print(f"seed {seed}: {time.perf_counter() - t0:.0f} s, MLflow parent run {out['parent_run_id']}")

@@ -20,6 +20,7 @@ from typing import Any
 import pandas as pd
 
 from flows import project as _project
+from tasks.core import model_unit
 from tasks.errors import ZhpipeError
 
 
@@ -40,11 +41,12 @@ def run(pipeline: str, overrides: list[str] | None = None, stages: list[str] | N
         project: str | Path | None = None, storage: str | None = None) -> dict[str, Any]:
     """Run a pipeline (cached stages are reused) and return its summary: the MLflow parent run id, the
     experiment, and per stage its key, cache hit or miss, seconds, rows and metrics."""
-    cfg = config(pipeline, overrides, project)
+    config(pipeline, overrides, project)  # a bad pipeline or setting is one error line before Prefect starts
     from flows.pipeline import pipeline_flow
     from tasks.urls import conceal, redact_text
 
-    return pipeline_flow(cfg, overrides=[redact_text(o) for o in overrides or []], stages=stages, force=force, storage=conceal(storage))
+    return pipeline_flow(pipeline, overrides=[redact_text(o) for o in overrides or []], stages=stages, force=force,
+                         storage=conceal(storage), config_file=str(_project.current().config_file))
 
 
 def output(pipeline: str, stage: str, overrides: list[str] | None = None, project: str | Path | None = None,
@@ -115,7 +117,7 @@ def load_model(pipeline: str, model: str, overrides: list[str] | None = None, pr
     if model not in config(pipeline, overrides, project).stages.train.models:
         raise ZhpipeError(f"model '{model}' is not in train.models of '{pipeline}'; add it with "
                           f"overrides=['train.models=[..., {model}]']")
-    folder = output(pipeline, f"train.{model}", overrides, project, storage) / model
+    folder = output(pipeline, model_unit("train", model), overrides, project, storage) / model
     if spec.is_language_model:
         return lambda frame: spec.perplexity(folder, frame)
     return spec.tagger(folder) if spec.tagger else spec.predictor(folder)

@@ -166,7 +166,7 @@ def cmd_run(args) -> int:
     if not os.environ.get("PREFECT_API_URL"):  # no background server (`use_running` found none)
         print("starting a temporary Prefect server for this run (about 20 s; `zhpipe server start` keeps one running)", flush=True)
     # what the flow run records in Prefect: URLs redacted (the config already holds the redacted forms)
-    out = pipeline_flow(config, stages=stages, force=force, storage=conceal(args.storage), dask=args.dask, verify=args.verify,
+    out = pipeline_flow(config.name, stages=stages, force=force, storage=conceal(args.storage), dask=args.dask, verify=args.verify,
                         overrides=[redact_text(o) for o in args.overrides], config_file=_explicit_config(args),
                         source=config.source.model_dump(exclude_defaults=True) if args.source else None)
     console = Console()

@@ -19,7 +19,6 @@ from tasks.stages import KINDS, STAGE_NAMES, TaskKind
 from tasks.urls import conceal
 
 DEFAULT_PIPELINE = "chnsenticorp"
-TASKS = tuple(KINDS)
 
 
 _CRON_FIELDS = ((0, 59, {}), (0, 23, {}), (1, 31, {}),
@@ -350,6 +349,24 @@ def load_pipeline(
 
         config_file = current().config_file
     config_file = Path(config_file)
+    try:
+        stat = config_file.stat()
+    except OSError as e:
+        raise ConfigError(f"cannot read config {config_file}: {e.strerror}") from e
+    # the same request in one process is parsed once (the CLI, then the flow it starts, a tuning study's trials)
+    key = (str(config_file.resolve()), stat.st_mtime_ns, stat.st_size, name, tuple(overrides),
+           json.dumps(source_overrides, sort_keys=True, default=str))
+    if key not in _PARSED:
+        if len(_PARSED) > 64:
+            _PARSED.clear()
+        _PARSED[key] = _parse(name, config_file, overrides, source_overrides)
+    return _PARSED[key].model_copy(deep=True)  # callers may change their copy
+
+
+_PARSED: dict[tuple, PipelineConfig] = {}
+
+
+def _parse(name: str, config_file: Path, overrides, source_overrides) -> PipelineConfig:
     try:
         doc = load_yaml(config_file.read_text(encoding="utf-8"), config_file) or {}
     except OSError as e:

@@ -13,12 +13,13 @@ import pandas as pd
 from flows.registry import register_best
 from flows.runner import RunContext, StageResult, members_of, model_units
 from flows.tracking import Tracker, client
+from tasks.core import Unit, model_unit
 from tasks.models import MODELS
 
 
 def model_dir(run: RunContext, name: str) -> Path:
     """The local folder of a trained model of this run (inside its `train.<name>` unit)."""
-    unit = f"train.{name}"
+    unit = model_unit("train", name)
     return run.store.local(unit, run.keys[unit]) / name
 
 
@@ -27,7 +28,7 @@ def train_models(run: RunContext, upstream: dict[str, StageResult]) -> StageResu
     gathers them; `upstream` holds the train stage's inputs by stage name."""
     units: dict[str, StageResult] = {}
     for unit in model_units(run.config, "train"):
-        name = unit.partition(".")[2]
+        name = Unit.parse(unit).model
         units[unit] = as_task_run(unit, lambda n=name: train_unit(run, n, upstream, units))
     result = run.run("train", units, run.config.kind.stages["train"].module.build)
     result.parts = units
@@ -51,9 +52,9 @@ def train_unit(run: RunContext, name: str, upstream: dict[str, StageResult], bui
     """One model's train unit, reused or built, tracked in its model run (or in `tracker`'s run); an ensemble
     takes its members from `built`."""
     inputs = {k: v for k, v in upstream.items() if k != "embed" or MODELS[name].uses_vectors}
-    inputs |= {f"train.{m}": (built or {})[f"train.{m}"] for m in members_of(run.config, name)}
+    inputs |= {model_unit("train", m): (built or {})[model_unit("train", m)] for m in members_of(run.config, name)}
     build = run.config.kind.stages["train"].module.build_model
-    result = run.run(f"train.{name}", inputs, lambda ctx: build(ctx, name), run_name=f"{name} ({run.config.name})",
+    result = run.run(model_unit("train", name), inputs, lambda ctx: build(ctx, name), run_name=f"{name} ({run.config.name})",
                      tags={"zhpipe.model": name}, tracker=tracker)
     _track_training(run, result, name)
     return result
@@ -63,7 +64,7 @@ def _track_training(run: RunContext, result: StageResult, name: str) -> None:
     """The model run (its unit's totals are logged by the runner): per-epoch curves and facts every time; the
     saved model only when it was built now; a reused model points to the run that holds it."""
     tracker = Tracker(result.run_id)
-    summary = result.info["summary"]
+    summary = result.facts.summary
     # a model built now logged its curves live, epoch by epoch (the run's sink); a reused one's run gets them here
     for row in summary.get("history", []) if result.cache == "hit" else []:
         tracker.metrics({k: v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
@@ -81,7 +82,7 @@ def _track_training(run: RunContext, result: StageResult, name: str) -> None:
     if MODELS[name].is_language_model:
         tracker.artifact(result.path / name, "model")
         return
-    tracker.tags({"zhpipe.model_uri": _log_classifier(run, tracker.run_id, name, result.path / name, result.info["labels"])})
+    tracker.tags({"zhpipe.model_uri": _log_classifier(run, tracker.run_id, name, result.path / name, result.facts.labels)})
 
 
 def _log_classifier(run: RunContext, run_id: str, name: str, folder: Path, labels: list[str]) -> str:
@@ -97,8 +98,8 @@ def evaluate_models(run: RunContext, train: StageResult, segment: StageResult) -
     evaluate_stage = run.config.kind.stages["evaluate"].module
     units = {}
     for unit in model_units(run.config, "evaluate"):
-        name = unit.partition(".")[2]
-        trained = train.parts.get(f"train.{name}") or run.reuse(f"train.{name}")
+        name = Unit.parse(unit).model
+        trained = train.parts.get(model_unit("train", name)) or run.reuse(model_unit("train", name))
         model_run = trained.run_id or _model_run(run, name)
         units[unit] = as_task_run(unit, lambda u=unit, n=name, t=trained, m=model_run: run.run(
             u, {"train": t, "segment": segment}, lambda ctx: evaluate_stage.build_model(ctx, n), tracker=Tracker(m)))
@@ -115,17 +116,17 @@ def _model_run(run: RunContext, name: str) -> str:
 def register(run: RunContext, evaluation: StageResult, segment: StageResult, model_runs: dict[str, str]) -> None:
     """Register the best classifier (a pyfunc that takes raw text) and apply the champion rule; the parent
     run's tags say what happened and why."""
-    best = evaluation.info["best_model"]
+    best = evaluation.facts.best_model
     metric = run.config.kind.metric(run.config)
     uri = client().get_run(model_runs[best]).data.tags.get("zhpipe.model_uri")
     if not uri:  # trained elsewhere and never logged as a classifier here: log it now
-        uri = _log_classifier(run, model_runs[best], best, model_dir(run, best), evaluation.info["labels"])
+        uri = _log_classifier(run, model_runs[best], best, model_dir(run, best), evaluation.facts.labels)
     from flows.serving import score_served
 
     flavour = run.config.kind.flavour
     decision = register_best(
         uri, model_runs[best], run.config.name, best, pd.read_parquet(segment.path / "test.parquet"), metric,
-        evaluation.info["results"][best][f"test_{metric}"], model_key=run.keys[f"train.{best}"],
+        evaluation.facts.results[best][f"test_{metric}"], model_key=run.keys[model_unit("train", best)],
         rescore=lambda model_uri, test: score_served(model_uri, test, metric, flavour),
     )
     parent = Tracker(run.parent_run_id)

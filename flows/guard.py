@@ -21,7 +21,6 @@ from typing import Any
 from tasks.errors import ConfigError
 
 FIXED = ("pipeline", "source", "storage", "dask", "config_file", "project_dir")
-FREE = ("stages", "force", "verify")
 RUN_ID = re.compile(r"[0-9a-f]{32}")
 
 

@@ -21,11 +21,11 @@ from flows.chunks import shutdown as shutdown_cluster
 from flows.config import DEFAULT_PIPELINE, PipelineConfig, load_pipeline
 from flows.evaluation import evaluate_models, register, train_models
 from flows.guard import check_run
-from flows.runner import RunContext, StageResult, artifact_key, plan, record_appends, source_fingerprint
+from flows.runner import RunContext, StageResult, artifact_key, origin_of, plan, record_appends, source_fingerprint
 from flows.store import StageStore, stage_key, storage_root
 from flows.tracking import Tracker, experiment_id
 from flows.workers import gpu_slot, train_deployment
-from tasks.core import DATASET_SAMPLE_ROWS
+from tasks.core import DATASET_SAMPLE_ROWS, Unit
 from tasks.errors import ZhpipeError
 from tasks.io import iter_frames
 from tasks.stages import CLASSIFICATION_STAGES, STAGE_NAMES
@@ -85,7 +85,7 @@ def run_name(config: PipelineConfig, overrides: list[str] | None = None) -> str:
     return " ".join(p for p in (config.name, changed, time.strftime("%m-%d %H:%M:%S")) if p)
 
 
-def source_tags(config: PipelineConfig) -> dict[str, str]:
+def source_tags(config: PipelineConfig, origin=None) -> dict[str, str]:
     """MLflow's standard source tags (the UI's Source and User columns) and zhpipe's own."""
     import getpass
 
@@ -97,7 +97,7 @@ def source_tags(config: PipelineConfig) -> dict[str, str]:
         "zhpipe.pipeline": config.name,
         "zhpipe.git_commit": commit,
         "zhpipe.config_hash": config.config_hash(),
-        "zhpipe.source_sha256": source_fingerprint(config),
+        "zhpipe.source_sha256": source_fingerprint(config, origin),
     }
     if commit != "unknown":
         tags["mlflow.source.git.commit"] = commit
@@ -107,17 +107,18 @@ def source_tags(config: PipelineConfig) -> dict[str, str]:
 def start_run(config: PipelineConfig, force: set[str], storage: str, executor: str | None = None, verify: bool = False,
               overrides: list[str] | None = None) -> RunContext:
     """Plan keys and open the MLflow parent run of this pipeline run."""
-    causes = plan(config)
+    origin = origin_of(config)
+    causes = plan(config, origin)
     keys = {stage: stage_key(c) for stage, c in causes.items()}
     experiment = f"zhpipe-{config.name}"
     closed = Tracker.close_orphans(experiment)
     if closed:
         log.info("MLflow: %d runs left RUNNING by killed runs of this machine marked KILLED", len(closed))
-    parent = Tracker.start(experiment, run_name(config, overrides), tags=source_tags(config))
+    parent = Tracker.start(experiment, run_name(config, overrides), tags=source_tags(config, origin))
     parent.params(config.flat_params(used_only=True))  # what a person compares; the whole config is config.json
     log_config(parent, experiment, config)
     parent.tags({"zhpipe.task": config.task, "zhpipe.overrides": " ".join(redact_text(o) for o in overrides or [])})
-    return RunContext(config, StageStore(storage), keys, experiment, parent.run_id, force, executor, causes, verify)
+    return RunContext(config, StageStore(storage), keys, experiment, parent.run_id, force, executor, causes, verify, origin)
 
 
 def log_config(parent: Tracker, experiment: str, config: PipelineConfig) -> None:
@@ -139,8 +140,8 @@ def finish_run(run: RunContext, results: dict[str, StageResult], ok: bool) -> No
     parent = Tracker(run.parent_run_id)
     evaluation = results.get("evaluate")
     if evaluation is not None:
-        best = evaluation.info["best_model"]
-        result = evaluation.info["results"][best]
+        best = evaluation.facts.best_model
+        result = evaluation.facts.results[best]
         parent.metrics({f"best_{name}": result[name] for name in run.config.kind.reported})
         parent.tags({"zhpipe.best_model": best})
     parent.metrics({"stages_hit": sum(r.cache == "hit" for r in results.values()),
@@ -194,7 +195,7 @@ def evaluate(run: RunContext, train: StageResult, segment: StageResult) -> Stage
     """Each model scored as a unit of its own, the comparison, and the best classifier registered."""
     result = evaluate_models(run, train, segment)
     # every run: a best model that is not registered yet (a run killed before registering) is registered now
-    register(run, result, segment, {unit.partition(".")[2]: r.run_id for unit, r in result.parts.items()})
+    register(run, result, segment, {Unit.parse(unit).model: r.run_id for unit, r in result.parts.items()})
     create_markdown_artifact(
         markdown=f"# {run.config.name}: model comparison (test split)\n\n" + (result.path / "comparison.md").read_text(encoding="utf-8"),
         key=artifact_key(run.config.name, "comparison"), description="zhpipe evaluate",
@@ -208,7 +209,7 @@ STAGE_TASKS["evaluate"] = evaluate
 
 @flow(name="zhpipe", log_prints=True, validate_parameters=False)
 def pipeline_flow(
-    pipeline: str | PipelineConfig = DEFAULT_PIPELINE,
+    pipeline: str = DEFAULT_PIPELINE,
     overrides: list[str] | None = None,
     stages: list[str] | None = None,
     force: list[str] | None = None,
@@ -221,7 +222,10 @@ def pipeline_flow(
 ) -> dict[str, Any]:
     """Run the selected stages of one pipeline; earlier stages they need are read from the stage store.
 
-    `pipeline` is a name in `config_file` (what deployments pass) or an already loaded config (the CLI).
+    Every parameter is a plain value (what Prefect records and a deployment passes): `pipeline` is a name in
+    `config_file` (default: the project's `pipelines.yaml`), `overrides` its `--set` lines (secrets redacted: a
+    concealed URL is revealed in this process), `source` a `--source` mapping; the config is parsed from them
+    once per process (`flows.config.load_pipeline` keeps what it parsed).
     `storage`: the stage store root (folder or fsspec URL); `dask`: "local" or a scheduler address;
     `project_dir`: the project folder (deployments pass it; default: found from the working directory);
     `verify`: hash every file of a reused output against its manifest (sizes and small files always are).
@@ -231,7 +235,9 @@ def pipeline_flow(
                "config_file": config_file, "project_dir": project_dir})
     if project_dir:
         project.activate(project.Project(Path(project_dir)))
-    config = pipeline if isinstance(pipeline, PipelineConfig) else _config(pipeline, overrides, source, config_file)
+    if not isinstance(pipeline, str):
+        raise ZhpipeError(f"pipeline: expected a pipeline name, got {type(pipeline).__name__}")
+    config = _config(pipeline, overrides, source, config_file)
     order = tuple(config.kind.stages)
     for what, names in (("stages", stages), ("force", force)):  # a deployment's parameters come as plain lists
         if names is not None and not (isinstance(names, (list, tuple)) and all(isinstance(n, str) for n in names)):

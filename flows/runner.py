@@ -16,22 +16,13 @@ from flows.config import PipelineConfig, flatten
 from flows.fingerprint import code_fingerprint, file_fingerprints, library_versions
 from flows.store import Manifest, StageStore, file_sha256, stage_key
 from flows.tracking import Tracker, experiment_id
-from tasks.core import BuildContext, BuildOutput
+from tasks.core import BuildContext, BuildOutput, Facts, Unit, model_unit
 from tasks.errors import ZhpipeError
 from tasks.io import resolve_path
 from tasks.models import MODELS
-from tasks.source import fetch, schema
-from tasks.urls import redact
+from tasks.source.origin import Origin
 
 log = logging.getLogger("zhpipe")
-
-
-def split_unit(unit: str) -> tuple[str, str, str]:
-    """(stage, model, partition) of a unit name: `train`, `train.textcnn` (a model unit), `clean:2026-12-01.csv`
-    (a partition unit; file names may hold dots, so the partition is split off first)."""
-    head, _, part = unit.partition(":")
-    stage, _, model = head.partition(".")
-    return stage, model, part
 
 
 _FILE_DIGESTS: dict[tuple[str, int, int], str] = {}  # (file, mtime_ns, size) -> sha256: each file version hashed once
@@ -102,45 +93,25 @@ def stage_params(config: PipelineConfig, stage: str) -> dict[str, Any]:
     return params
 
 
-def source_fingerprint(config: PipelineConfig) -> str:
-    """What identifies the raw bytes: the local file's sha256, else the declared sha256; an http(s) source
-    without one (only with `allow_unverified`) by its URL and the server's ETag/Last-Modified/size. A source
-    with given splits: each file's, by split."""
+def source_fingerprint(config: PipelineConfig, origin: Origin | None = None) -> str:
+    """What identifies the raw bytes (`tasks.source.origin.Origin`: the local file's sha256, else the declared
+    sha256, else the server's validators). A source with given splits: each file's, by split; a partitioned
+    source: the digest of its partitions' list."""
     if config.source.partitioned:
         import hashlib
 
         listing = " ".join(f"{p.name}={p.fingerprint()}" for p in partitions(config))
         return f"partitions {hashlib.sha256(listing.encode()).hexdigest()}"
+    origin = origin or origin_of(config)
     parts = config.source.given()
     if len(parts) > 1:
-        return " ".join(f"{name}={_file_fingerprint(config, src)}" for name, src in parts.items())
-    return _file_fingerprint(config, config.source)
+        return " ".join(f"{name}={origin.fingerprint(src)}" for name, src in parts.items())
+    return origin.fingerprint()
 
 
-def _file_fingerprint(config: PipelineConfig, src) -> str:
-    local = resolve_local(src.path) if src.path else None
-    if local is not None and local.is_file():
-        return file_sha256(local)
-    url = schema.require_verifiable(src, project.current().root)
-    if src.sha256:
-        return src.sha256
-    if url:
-        return f"unverified {redact(url)} {server_validators(config, src).fingerprint()}"
-    return redact(src.path or src.url or "")
-
-
-_validators: dict[str, "fetch.Validators"] = {}
-
-
-def server_validators(config: PipelineConfig, src=None):
-    """The validators of an unverified http(s) source (default: the pipeline's), asked once per process and
-    URL (the key and the download's re-check use the same answer)."""
-    url = schema.fetched_location(src or config.source, project.current().root)
-    if url is None:
-        return None
-    if url not in _validators:
-        _validators[url] = fetch.probe(url, config.stages.download)
-    return _validators[url]
+def origin_of(config: PipelineConfig) -> Origin:
+    """The pipeline's source as its key plan and download ask about it (one per run)."""
+    return Origin(config.source, project.current().root, config.stages.download)
 
 
 def resolve_local(location: str) -> Path | None:
@@ -153,7 +124,7 @@ def key_causes(config: PipelineConfig, unit: str, inputs: dict[str, str]) -> dic
     download), the code that computes it, the libraries that shape it and the contents of the files its params
     name. A model unit (`train.<model>`, `evaluate.<model>`) sees its stage's code and its own model family's,
     never another family's, and only the files its own section names."""
-    stage, model, part = split_unit(unit)
+    stage, model, part = Unit.parse(unit)
     spec = config.kind.stages[stage]
     module = spec.module
     params = unit_params(config, unit)
@@ -179,7 +150,7 @@ def model_units(config: PipelineConfig, stage: str) -> list[str]:
     """The per-model units of the train or evaluate stage: `train.<model>` for each model in train.models,
     ensembles after the models they are built from."""
     names = config.stages.train.models
-    return [f"{stage}.{name}" for name in sorted(names, key=lambda n: MODELS[n].members is not None)]
+    return [model_unit(stage, name) for name in sorted(names, key=lambda n: MODELS[n].members is not None)]
 
 
 def members_of(config: PipelineConfig, model: str) -> list[str]:
@@ -192,7 +163,7 @@ def unit_params(config: PipelineConfig, unit: str) -> dict[str, Any]:
     """The params that define a stage's or a model unit's output. A `train.<model>` unit sees the settings
     shared settings its model declares it reads (`ModelSpec.shared`) and its own section, never another model's;
     `train` itself only the model list."""
-    stage, model, part = split_unit(unit)
+    stage, model, part = Unit.parse(unit)
     if part and not config.kind.stages[stage].needs:  # a partition of the source: its file, and its place in the order
         ordinal = [p.name for p in partitions(config)].index(part)
         return {**stage_params(config, stage), "source": partition_source(config, part).model_dump(mode="json"),
@@ -207,7 +178,7 @@ def unit_params(config: PipelineConfig, unit: str) -> dict[str, Any]:
     return stage_params(config, stage)
 
 
-def plan(config: PipelineConfig) -> dict[str, dict[str, Any]]:
+def plan(config: PipelineConfig, origin: Origin | None = None) -> dict[str, dict[str, Any]]:
     """Every stage's and model unit's key causes, computed from the config alone (so `status` needs no run).
     Each model is a unit of its own (`train.<model>`, `evaluate.<model>`); the train and evaluate stages
     gather their units, so a change to one model's params rebuilds that model and the comparison only."""
@@ -224,17 +195,17 @@ def plan(config: PipelineConfig) -> dict[str, dict[str, Any]]:
                 causes[f"{stage}:{name}"] = key_causes(config, f"{stage}:{name}", unit_inputs)
             causes[stage] = key_causes(config, stage, {f"{stage}:{p.name}": stage_key(causes[f"{stage}:{p.name}"]) for p in parts})
             continue
-        inputs = {d: stage_key(causes[d]) for d in spec.needs} if spec.needs else {"source": source_fingerprint(config)}
+        inputs = {d: stage_key(causes[d]) for d in spec.needs} if spec.needs else {"source": source_fingerprint(config, origin)}
         if spec.per_model:
             for unit in model_units(config, stage):
-                model = unit.partition(".")[2]
+                model = Unit.parse(unit).model
                 unit_inputs = dict(inputs)
                 if stage == "train" and not MODELS[model].uses_vectors:
                     unit_inputs.pop("embed", None)
                 if stage == "train":
-                    unit_inputs |= {f"train.{m}": stage_key(causes[f"train.{m}"]) for m in members_of(config, model)}
+                    unit_inputs |= {model_unit("train", m): stage_key(causes[model_unit("train", m)]) for m in members_of(config, model)}
                 if stage == "evaluate":
-                    unit_inputs["train"] = stage_key(causes[f"train.{model}"])
+                    unit_inputs["train"] = stage_key(causes[model_unit("train", model)])
                 causes[unit] = key_causes(config, unit, unit_inputs)
             inputs = {unit: stage_key(causes[unit]) for unit in model_units(config, stage)}
         causes[stage] = key_causes(config, stage, inputs)
@@ -252,6 +223,7 @@ class StoreServices:
 
     config: PipelineConfig
     store: StageStore
+    origin: Origin | None = None  # the run's (the validators its keys were planned with)
 
     def downloads(self, url: str) -> Path:
         return self.store.downloads(url)
@@ -261,7 +233,8 @@ class StoreServices:
 
     def expect(self, source):
         """An unverified http(s) source is re-checked against the validators its key was planned with."""
-        return server_validators(self.config, source) if source.allow_unverified and not source.sha256 else None
+        self.origin = self.origin or origin_of(self.config)
+        return self.origin.expect(source)
 
     def registered(self, uri: str) -> tuple[str, Path]:
         """A registered model (models:/...) downloaded into the store's cache."""
@@ -281,7 +254,7 @@ class StageResult:
     seconds: float
     rows: int | None
     metrics: dict[str, float]
-    info: dict[str, Any]
+    facts: Facts
     run_id: str | None = None  # the MLflow run this pipeline run tracked it in
     parts: dict[str, "StageResult"] = field(default_factory=dict)  # train/evaluate: their model units
 
@@ -299,6 +272,7 @@ class RunContext:
     executor: str | None = None  # chunked work: None = local processes, "local" = a local Dask cluster, else its address
     causes: dict[str, dict[str, Any]] = field(default_factory=dict)  # per stage, what its key hashed
     verify: bool = False  # hash every file of a reused output, not only the small ones
+    origin: Origin | None = None  # the source as the keys were planned (the download re-checks against it)
     _partitions: list[str] | None = None
 
     def reuse(self, stage: str) -> StageResult:
@@ -347,7 +321,7 @@ class RunContext:
                     log.info("%s: cached (%s)", stage, key)
                 else:
                     manifest = self._build(stage, key, inputs, tracker, build)
-                prefix = "" if own else f"{split_unit(stage)[0]}_"  # a model run holds its train and evaluate units
+                prefix = "" if own else f"{Unit.parse(stage).stage}_"  # a model run holds its train and evaluate units
                 metrics = {**manifest.metrics, f"{prefix}rows": manifest.rows or 0, f"{prefix}seconds": manifest.seconds}
                 if hit:  # with the params, in one write (a built unit's params were logged before it was built)
                     tracker.log(flatten(unit_params(self.config, stage)) if own else {}, metrics)
@@ -365,7 +339,7 @@ class RunContext:
 
     def forced(self, stage: str) -> bool:
         """Whether --force covers this stage (a model or partition unit follows its stage)."""
-        return split_unit(stage)[0] in self.force
+        return Unit.parse(stage).stage in self.force
 
     def partition_names(self) -> list[str]:
         if self._partitions is None:
@@ -404,7 +378,7 @@ class RunContext:
         """A reused output's artifacts stay where they were logged: the tags that point the run there (nothing
         is uploaded)."""
         source = manifest.mlflow_run_id or ""
-        base, model, _ = split_unit(stage)
+        base, model, _ = Unit.parse(stage)
         tag = f"zhpipe.{base}_artifacts_run_id" if model else "zhpipe.artifacts_run_id"
         tags = {tag: source}
         if source:
@@ -414,7 +388,7 @@ class RunContext:
 
     def _build(self, stage, key, inputs, tracker, build) -> Manifest:
         log.info("%s: building (%s)", stage, key)
-        base, _, part = split_unit(stage)
+        base, _, part = Unit.parse(stage)
         params_model = getattr(self.config.stages, base)
         tmp = self.store.begin(stage, key)
         scratch = self.store.scratch(stage, key)
@@ -424,7 +398,7 @@ class RunContext:
         t0 = time.perf_counter()
         ctx = BuildContext(
             inputs={name: r.path for name, r in inputs.items()},
-            input_info={name: r.info for name, r in inputs.items()},
+            facts={name: r.facts for name, r in inputs.items()},
             out=tmp,
             params=params_model,
             scratch=scratch,
@@ -434,7 +408,7 @@ class RunContext:
             sink=tracker,
             stages=self.config.stages,
             source=self.config.source if not part else partition_source(self.config, part),
-            store=StoreServices(self.config, self.store),
+            store=StoreServices(self.config, self.store, self.origin),
             partition=(self.partition_names().index(part), part) if part else None,
             input_metrics={name: r.metrics for name, r in inputs.items()},
             input_rows={name: r.rows for name, r in inputs.items()},
@@ -449,7 +423,7 @@ class RunContext:
             rows=out.rows,
             seconds=round(time.perf_counter() - t0, 3),
             metrics=out.metrics,
-            info=out.info,
+            facts=out.facts.to_json(),
             mlflow_run_id=tracker.run_id,
             causes=self.causes.get(stage, {}),
         )
@@ -467,7 +441,7 @@ class RunContext:
             seconds=round(seconds, 3),
             rows=manifest.rows,
             metrics=manifest.metrics,
-            info=manifest.info,
+            facts=Facts.from_json(manifest.facts),
         )
 
 

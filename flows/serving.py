@@ -20,7 +20,6 @@ from mlflow.pyfunc import PythonModel
 CODE = Path(__file__).resolve().parent.parent  # the folder holding the flows and tasks packages
 
 
-STATUSES = ("ok", "truncated", "empty", "too_short", "missing")
 
 
 def bad_request(message: str) -> Exception:

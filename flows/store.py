@@ -56,7 +56,7 @@ class Manifest:
     rows: int | None
     seconds: float
     metrics: dict[str, float] = field(default_factory=dict)
-    info: dict[str, Any] = field(default_factory=dict)  # stage-specific facts (e.g. source sha256, labels)
+    facts: dict[str, Any] = field(default_factory=dict)  # what the stage tells later stages (tasks.core.Facts)
     mlflow_run_id: str | None = None  # the stage run that logged this output's artifacts
     created: float = field(default_factory=time.time)
     causes: dict[str, Any] = field(default_factory=dict)  # what the key hashed: `zhpipe status` diffs these

@@ -16,6 +16,7 @@ from flows.config import PipelineConfig, load_pipeline
 from flows.runner import RunContext, plan
 from flows.store import StageStore, stage_key, storage_root
 from flows.tracking import Tracker
+from tasks.core import model_unit
 from tasks.errors import ConfigError
 from tasks.models import MODELS
 
@@ -113,7 +114,7 @@ def tune(pipeline: str, model: str, trials: int, overrides: list[str] | None = N
     metric = objective_metric(base)
     upstream = [s.name for s in base.kind.stages.values() if not s.per_model]
     log.info("tune %s/%s: the stages before train, built or reused", pipeline, model)
-    pipeline_flow(base, stages=upstream, storage=storage)
+    pipeline_flow(pipeline, overrides=overrides, stages=upstream, storage=storage)
     folder = StageStore(storage_root(base, storage)).cache_file("tune").parent / "tune"  # beside the store it trains into
     folder.mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -132,7 +133,7 @@ def tune(pipeline: str, model: str, trials: int, overrides: list[str] | None = N
                          experiment, parent.run_id, causes=causes)
         inputs = {name: run.reuse(name) for name in config.kind.stages["train"].needs}
         tracker = Tracker.start(experiment, f"trial {trial.number}", parent=parent.run_id,
-                                tags={"zhpipe.model": model, "zhpipe.trial": str(trial.number), "zhpipe.key": run.keys[f"train.{model}"]})
+                                tags={"zhpipe.model": model, "zhpipe.trial": str(trial.number), "zhpipe.key": run.keys[model_unit("train", model)]})
         tracker.params({f"train.{model}.{k}": v for k, v in params.items()})
         trial_tracker = TrialTracker(tracker.run_id, trial, f"{model}_{metric}")
         try:
@@ -144,7 +145,7 @@ def tune(pipeline: str, model: str, trials: int, overrides: list[str] | None = N
         except BaseException:
             tracker.finish(ok=False)
             raise
-        value = result.info["summary"][metric]
+        value = result.facts.summary[metric]
         tracker.metrics({metric: value})
         tracker.tags({"zhpipe.trial_state": "complete", "zhpipe.cache": result.cache})
         tracker.finish()

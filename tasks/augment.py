@@ -84,7 +84,7 @@ def build(ctx: BuildContext) -> BuildOutput:
     return BuildOutput(
         rows=len(out),
         metrics={"rows_original": len(train), "rows_added": len(added), **result.metrics},
-        info={**ctx.input_info["segment"], "augment_method_used": result.method_used},
+        facts=ctx.facts["segment"].but(augment_method_used=result.method_used),
         artifacts=["sample.csv"] if (ctx.out / "sample.csv").exists() else [],
         tables=tables,
         tags={"zhpipe.augment.method_used": result.method_used},

@@ -148,4 +148,4 @@ def train_as_is(ctx: BuildContext) -> BuildOutput:
     write_parquet(train, ctx.out / "train.parquet")
     (ctx.out / "train.words.txt").write_text("\n".join(train["words"]) + "\n", encoding="utf-8")
     return BuildOutput(rows=len(train), metrics={"rows_original": len(train), "rows_added": 0},
-                       info={**ctx.input_info["segment"], "augment_method_used": "none"})
+                       facts=ctx.facts["segment"].but(augment_method_used="none"))

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import Field
 
-from tasks.core import DATASET_SAMPLE_ROWS, BuildContext, BuildOutput, Dataset, Section
+from tasks.core import DATASET_SAMPLE_ROWS, BuildContext, BuildOutput, Dataset, Facts, Section
 from tasks.errors import DataError
 from tasks.io import ROW_GROUP_ROWS, Chunk, PartWriter, Runner, chunk_plan, iter_frames, read_chunk, sorted_labels
 
@@ -90,11 +90,6 @@ def text_digest(text: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     return tuple(pd.util.hash_pandas_object(text, index=False, hash_key=key).to_numpy() for key in ("zhpipe-dedupe-h1", "zhpipe-dedupe-h2"))
 
 
-def clean_frame(df: pd.DataFrame, params: Params) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """Return (kept rows, quarantined rows with `reason`, label conflicts) for a frame of id/text[/label]."""
-    return filter_rows(normalise(df, params), params)
-
-
 def length_reasons(text: pd.Series, params: Params) -> pd.Series:
     """`empty`, `too_short` or `too_long` per text, else missing."""
     length = text.str.len()
@@ -126,20 +121,6 @@ def conflict_table(rows: pd.DataFrame) -> pd.DataFrame:
     return (rows.groupby("text")
             .agg(labels=("label", lambda s: ",".join(sorted(set(s)))), ids=("id", lambda s: ",".join(map(str, s))))
             .reset_index())
-
-
-def filter_rows(df: pd.DataFrame, params: Params) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """The corpus-wide part of cleaning, on normalised rows in memory: length limits, label conflicts, duplicates."""
-    reason = length_reasons(df["text"], params)
-    conflicts = pd.DataFrame(columns=["text", "labels", "ids"])
-    if params.dedupe:
-        candidates = df[reason.isna()]
-        found = duplicate_reasons(candidates, ["text"])
-        reason[found.index] = reason[found.index].fillna(found)
-        conflicts = conflict_table(candidates[found == "label_conflict"])
-    kept = df[reason.isna()].drop(columns=["raw_text"]).reset_index(drop=True)
-    quarantine = df[reason.notna()].assign(reason=reason[reason.notna()]).reset_index(drop=True)
-    return kept, quarantine, conflicts
 
 
 PARTITION_ROWS = 200_000  # rows per dedupe partition (id, digest, label): the most rows deduplicated at once
@@ -288,7 +269,7 @@ def build(ctx: BuildContext) -> BuildOutput:
     return BuildOutput(
         rows=kept_out.rows,
         metrics=metrics,
-        info={"labels": sorted_labels(labels) if labels else None},
+        facts=Facts(labels=sorted_labels(labels) if labels else None),
         artifacts=["quarantine.parquet", "label_conflicts.csv"],
         tables={"quarantine_sample.json": pd.concat(bad_sample, ignore_index=True).head(1000).astype(str)} if bad_out.rows else {},
         datasets=[Dataset(pd.concat(sample, ignore_index=True).head(DATASET_SAMPLE_ROWS), str(ctx.out / "data.parquet"),

@@ -3,14 +3,14 @@ returns. A stage never publishes anything itself: the orchestration layer (flows
 stage store and its metrics, tables, datasets and pictures to MLflow and Prefect."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, NamedTuple, Protocol
 
 import pandas as pd
 from pydantic import BaseModel, ConfigDict
 
-from tasks.io import Runner
+from tasks.io import Runner, sorted_labels
 
 
 class Section(BaseModel):
@@ -25,12 +25,81 @@ class MetricSink(Protocol):
     def metrics(self, metrics: dict[str, float], step: int | None = None) -> None: ...
 
 
+class Unit(NamedTuple):
+    """The name of a unit of work: a stage (`train`), a model unit of a per-model stage (`train.textcnn`), or a
+    partition unit of a partitioned stage (`clean:2026-12-01.csv`). Written as a string in keys, manifests and
+    MLflow; parsed here only."""
+
+    stage: str
+    model: str = ""
+    part: str = ""
+
+    @classmethod
+    def parse(cls, name: str) -> "Unit":
+        head, _, part = name.partition(":")  # file names may hold dots: the partition is split off first
+        stage, _, model = head.partition(".")
+        return cls(stage, model, part)
+
+    def __str__(self) -> str:
+        return self.stage + (f".{self.model}" if self.model else "") + (f":{self.part}" if self.part else "")
+
+
+def model_unit(stage: str, model: str) -> str:
+    """The unit name of one model in a per-model stage (`train.textcnn`)."""
+    return str(Unit(stage, model))
+
+
+def by_model(units: dict[str, Any]) -> dict[str, Any]:
+    """Values keyed by model unit name (`train.textcnn`), re-keyed by model (`textcnn`)."""
+    return {Unit.parse(name).model: value for name, value in units.items()}
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What a stage tells the stages after it, besides its files: each fact is a field (None: not known at
+    this stage). Stored in the output's manifest; a stage hands its input's facts on with `but(...)`."""
+
+    labels: list[str] | None = None  # the label set (classification) or entity types (ner), in a stable order
+    source_sha256: str | None = None  # download: the source's digest (`split=digest ...` for a ner source of several files)
+    source_file: str | None = None  # download: where the corpus was read from (relative to the project, redacted)
+    labelled: bool | None = None  # download: whether the source carries a label column
+    tag_scheme: dict[str, str] | None = None  # ner download: the tag scheme of each file
+    given_splits: list[str] | None = None  # ner download: the splits the source came in
+    augment_method_used: str | None = None  # augment: the method that ran (a fallback may replace the configured one)
+    font: str | None = None  # profile: the CJK font the pictures were drawn with
+    model: str | None = None  # a model unit: its model
+    summary: dict[str, Any] | None = None  # a train unit: the model's training summary (best epoch, history, size)
+    results: dict[str, Any] | None = None  # an evaluate unit: its metrics; the evaluate stage: each model's
+    models: dict[str, Any] | None = None  # the train stage: each model's summary
+    best_model: str | None = None  # the evaluate stage: the model chosen on validation
+
+    def but(self, **changes: Any) -> "Facts":
+        """These facts with some replaced."""
+        return replace(self, **changes)
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any] | None) -> "Facts":
+        """Facts from a manifest; keys of no field (written by older code) are left out."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in (doc or {}).items() if k in names})
+
+
+def gathered(parts: list[Facts]) -> Facts:
+    """The facts of a stage gathered from its partition units: the last partition's, with every partition's labels."""
+    facts = parts[-1] if parts else Facts()
+    labels = {label for f in parts for label in (f.labels or [])}
+    return facts.but(labels=sorted_labels(labels)) if labels else facts
+
+
 @dataclass
 class BuildContext:
     """Everything a stage's `build` may use: its inputs' folders and facts, its output folder, its params."""
 
     inputs: dict[str, Path]
-    input_info: dict[str, dict[str, Any]]
+    facts: dict[str, Facts]  # each input's facts, by the same names
     out: Path
     params: Any  # the stage's Params
     scratch: Path | None = None  # survives a killed build of the same key (checkpoints to resume from)
@@ -80,7 +149,7 @@ class BuildOutput:
 
     rows: int | None = None
     metrics: dict[str, float] = field(default_factory=dict)
-    info: dict[str, Any] = field(default_factory=dict)
+    facts: Facts = field(default_factory=Facts)
     artifacts: list[str] = field(default_factory=list)  # files or folders of the output to log (relative paths)
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # MLflow table artifacts, by file name
     datasets: list[Dataset] = field(default_factory=list)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 
-from tasks.core import BuildContext, BuildOutput
+from tasks.core import BuildContext, BuildOutput, Facts
 from tasks.io import ROW_GROUP_ROWS, PartWriter, sorted_labels
 from tasks.source.archives import ARCHIVES, extract
 from tasks.source.fetch import FetchParams, locate
@@ -73,9 +73,9 @@ def build(ctx: BuildContext) -> BuildOutput:
         log.warning("download: %d of %d rows quarantined (%s), first at line %d; see quarantine.parquet",
                     bad.rows, rows + bad.rows, dict(reasons), first_bad)
     with_labels = labelled(source, file_format(data_file, source))
-    info = {"source_sha256": sha, "source_file": redact(str(raw) if raw.is_relative_to(ctx.root) else raw.name), "labelled": with_labels}
+    facts = Facts(source_sha256=sha, source_file=redact(str(raw) if raw.is_relative_to(ctx.root) else raw.name), labelled=with_labels,
+                  labels=sorted_labels(labels) if with_labels else None)
     metrics = {"rows_raw": rows, "rows_quarantined": bad.rows, "lines_physical": physical}
     if with_labels:
-        info["labels"] = sorted_labels(labels)
-        metrics["num_labels"] = len(info["labels"])
-    return BuildOutput(rows=rows, metrics=metrics, info=info)
+        metrics["num_labels"] = len(facts.labels)
+    return BuildOutput(rows=rows, metrics=metrics, facts=facts)

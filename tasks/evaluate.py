@@ -8,7 +8,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-from tasks.core import BuildContext, BuildOutput, Section
+from tasks.core import BuildContext, BuildOutput, Facts, Section, by_model
 from tasks.models import MODELS
 from tasks.models.base import label_ids
 
@@ -143,8 +143,8 @@ def comparison_markdown(table: pd.DataFrame) -> str:
 def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     """Score one trained model (the `train.<name>` unit's output) on the test split: its metrics, and for a
     classifier the per-class scores, confusion matrix, PR curves, training curves and worst mistakes in `evaluation/`."""
-    info = ctx.input_info["train"]
-    labels, summary, spec = info["labels"], info["summary"], MODELS[name]
+    trained = ctx.facts["train"]
+    labels, summary, spec = trained.labels, trained.summary, MODELS[name]
     test = pd.read_parquet(ctx.inputs["segment"] / "test.parquet")
     folder = ctx.out / "evaluation"
     folder.mkdir()
@@ -164,20 +164,20 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
         plot_training_curves(summary.get("history", []), f"{name}: training", folder / "training_curves.png")
     (folder / "metrics.json").write_text(json.dumps(metrics, indent=2), encoding="utf-8")
     tables = {} if spec.is_language_model else {"worst_mistakes.json": worst.astype(str)}
-    return BuildOutput(rows=len(test), metrics=metrics, info={"labels": labels, "model": name, "results": metrics, "summary": summary},
+    return BuildOutput(rows=len(test), metrics=metrics, facts=trained.but(results=metrics),
                        artifacts=["evaluation"], tables=tables)
 
 
 def build(ctx: BuildContext) -> BuildOutput:
     """Compare the scored models (one input per `evaluate.<model>` unit): `comparison.csv` and the best model,
     the one with the best validation metric (`evaluate.metric`); its test metrics are reported as `best_test_*`."""
-    units = {unit.partition(".")[2]: info for unit, info in ctx.input_info.items()}
-    results = {name: info["results"] for name, info in units.items()}
-    labels = next(iter(units.values()))["labels"]
+    units = by_model(ctx.facts)
+    results = {name: facts.results for name, facts in units.items()}
+    labels = next(iter(units.values())).labels
     # the best model is chosen on validation; test metrics are reported, never used to choose
-    rows = [{"model": name, "val_accuracy": units[name]["summary"]["val_accuracy"], "val_macro_f1": units[name]["summary"]["val_macro_f1"],
+    rows = [{"model": name, "val_accuracy": units[name].summary["val_accuracy"], "val_macro_f1": units[name].summary["val_macro_f1"],
              "test_accuracy": r["test_accuracy"], "test_macro_f1": r["test_macro_f1"],
-             "train_seconds": round(units[name]["summary"]["seconds"], 1)}
+             "train_seconds": round(units[name].summary["seconds"], 1)}
             for name, r in results.items() if "test_accuracy" in r]
     table = pd.DataFrame(rows).sort_values(f"val_{ctx.params.metric}", ascending=False, kind="stable")
     table.to_csv(ctx.out / "comparison.csv", index=False)
@@ -191,7 +191,7 @@ def build(ctx: BuildContext) -> BuildOutput:
         rows=None,
         metrics={f"{m}_{k}": v for m, r in results.items() for k, v in r.items()}
         | {"best_test_accuracy": results[best]["test_accuracy"], "best_test_macro_f1": results[best]["test_macro_f1"],
-           f"best_val_{ctx.params.metric}": units[best]["summary"][f"val_{ctx.params.metric}"]},
-        info={"labels": labels, "results": results, "best_model": best},
+           f"best_val_{ctx.params.metric}": units[best].summary[f"val_{ctx.params.metric}"]},
+        facts=Facts(labels=labels, results=results, best_model=best),
         artifacts=["comparison.csv", "comparison.md"] + (["language_models.csv"] if lms else []),
     )

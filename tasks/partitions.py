@@ -10,8 +10,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tasks.core import BuildContext, BuildOutput
-from tasks.io import ROW_GROUP_ROWS, sorted_labels
+from tasks.core import BuildContext, BuildOutput, gathered
+from tasks.io import ROW_GROUP_ROWS
 
 LIBRARIES = ("pyarrow",)
 FILES: tuple[str, ...] = ()
@@ -59,11 +59,6 @@ def build(ctx: BuildContext) -> BuildOutput:
             metrics[key] = sum(v * w for v, w in zip(values, weights)) / total
         else:
             metrics[key] = sum(values)
-    infos = list(ctx.input_info.values())
-    info = dict(infos[-1]) if infos else {}
-    labels = {label for i in infos for label in (i.get("labels") or [])}
-    if labels:
-        info["labels"] = sorted_labels(labels)
     main = next((n for n in ("data.parquet", "train.parquet") if n in rows), None)
     total_rows = rows[main] if main else sum(ctx.input_rows.get(u) or 0 for u in ctx.inputs)
-    return BuildOutput(rows=total_rows, metrics=metrics, info=info)
+    return BuildOutput(rows=total_rows, metrics=metrics, facts=gathered(list(ctx.facts.values())))

@@ -202,7 +202,7 @@ def build(ctx: BuildContext) -> BuildOutput:
               for name in SPLITS}
     font = require_cjk_font(p.font)
     use_font(font)
-    labels = ctx.input_info["segment"].get("labels") or sorted(frames["train"]["label"].unique().tolist())
+    labels = ctx.facts["segment"].labels or sorted(frames["train"]["label"].unique().tolist())
     all_labels = labels
     if len(labels) > p.max_labels:  # 10,000 classes get their counts, not 10,000 pictures
         top = frames["train"]["label"].value_counts().index[: p.max_labels]
@@ -242,7 +242,7 @@ def build(ctx: BuildContext) -> BuildOutput:
     (ctx.out / "stats.json").write_text(json.dumps(stats, indent=2), encoding="utf-8")
     (ctx.out / "report.html").write_text(report_html(f"{ctx.pipeline}: corpus profile", stats, tables, pictures), encoding="utf-8")
     files = [p.name for p in pictures] + ["report.html", "stats.json"] + [f"{n.replace(' ', '_')}.csv" for n in tables]
-    return BuildOutput(rows=len(everything), metrics=stats, info={**ctx.input_info["segment"], "font": font}, artifacts=files,
+    return BuildOutput(rows=len(everything), metrics=stats, facts=ctx.facts["segment"].but(font=font), artifacts=files,
                        markdown={"profile": stats_markdown(ctx.pipeline, stats)},
                        records={"top-words": tables["top words per label"].astype(str).to_dict("records")})
 

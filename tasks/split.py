@@ -87,14 +87,6 @@ def apply_plan(df: pd.DataFrame, rename: dict[str, str], aside: set[str]) -> tup
     return df[~out], df[out].assign(reason=SMALL_REASON).reset_index(drop=True)
 
 
-def set_aside_small(df: pd.DataFrame, params: Params) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, int]]:
-    """(rows to split, quarantined rows with `reason`, the small classes and their sizes)."""
-    rename, small, aside = class_plan(df["label"].value_counts().to_dict(), params)
-    if not small:
-        return df, _none_set_aside(df), {}
-    return *apply_plan(df, rename, aside), small
-
-
 def assignments(counts: dict, params: Params, labelled: bool) -> dict:
     """Which split each row of each class goes to, by its place in the class (in id order): the class is
     shuffled with the seed and cut by the fractions, at least one row in every split when labelled. Classes
@@ -128,22 +120,6 @@ def route(df: pd.DataFrame, plan: dict, seen: dict) -> np.ndarray:
     return split
 
 
-def split_frame(df: pd.DataFrame, params: Params) -> dict[str, pd.DataFrame]:
-    """Split rows in memory into train/validation/test, stratified by label when there is one (`assignments`
-    or, with method hash, `stable_assignment`)."""
-    df = df.sort_values("id")
-    labelled = "label" in df
-    if params.method == "hash":
-        codes = pd.factorize(df["label"], sort=True)[0] if labelled else np.zeros(len(df), dtype=np.int64)
-        if labelled:
-            _check_class_sizes(df["label"].value_counts().to_dict())
-        split = stable_assignment(codes, hash_units(df["text"], params.seed), params, labelled)
-    else:
-        counts = df["label"].value_counts().to_dict() if labelled else {None: len(df)}
-        split = route(df, assignments(counts, params, labelled), {})
-    return {name: df[split == i].reset_index(drop=True) for i, name in enumerate(SPLITS)}
-
-
 def hash_units(texts, seed: int) -> np.ndarray:
     """Each text's place in [0, 1): the first 8 bytes of blake2b(seed, text), the same on every machine."""
     prefix = f"{seed}\x1f".encode()
@@ -152,12 +128,6 @@ def hash_units(texts, seed: int) -> np.ndarray:
         digest = hashlib.blake2b(prefix + str(text).encode("utf-8"), digest_size=8).digest()
         out[i] = int.from_bytes(digest, "big") / 2.0**64
     return out
-
-
-def _check_class_sizes(counts: dict) -> None:
-    for key, n in sorted(counts.items()):
-        if n < MIN_CLASS_ROWS:
-            raise DataError(f"split: class {key!r} has {n} rows; each split needs one of every class")
 
 
 def stable_assignment(classes: np.ndarray, units: np.ndarray, params: Fractions, labelled: bool) -> np.ndarray:
@@ -223,7 +193,7 @@ def build(ctx: BuildContext) -> BuildOutput:
     path = ctx.inputs["clean"] / "data.parquet"
     src = pq.ParquetFile(path)
     labelled = "label" in src.schema_arrow.names
-    info = dict(ctx.input_info["clean"])
+    facts = ctx.facts["clean"]
     counts: dict = Counter()
     if labelled:
         for labels in iter_frames(path, BATCH_ROWS, columns=["label"]):
@@ -249,9 +219,8 @@ def build(ctx: BuildContext) -> BuildOutput:
             only = f" ({next(iter(kept))!r}, {next(iter(kept.values()))} rows)" if kept else ""
             raise DataError(f"split: {len(kept)} class{only} left with at least {MIN_CLASS_ROWS} rows "
                             f"({set_aside} rows of smaller classes quarantined); a classifier needs at least 2")
-        info["labels"] = sorted_labels(kept)
-    if labelled and partition:
-        info["labels"] = sorted_labels(kept)
+    if labelled:
+        facts = facts.but(labels=sorted_labels(kept))
     if ctx.params.method == "hash":
         stable = _stable_plan(path, rename, aside, sorted(kept, key=str), ctx.params, labelled and not partition)
     else:
@@ -279,4 +248,4 @@ def build(ctx: BuildContext) -> BuildOutput:
         writer.close(empty)
         metrics[f"rows_{name}"] = writer.rows
     quarantine.close(_none_set_aside(empty))
-    return BuildOutput(rows=sum(kept.values()), metrics=metrics, info=info)
+    return BuildOutput(rows=sum(kept.values()), metrics=metrics, facts=facts)

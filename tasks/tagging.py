@@ -10,8 +10,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-SCHEMES = ("bio", "bioes", "bmes")
-
 
 def split_tag(tag: str) -> tuple[str, str]:
     """("B", "ORG") for "B-ORG" (also "B_ORG"); ("O", "") for "O"."""

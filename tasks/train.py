@@ -8,7 +8,7 @@ from typing import Literal
 import pandas as pd
 from pydantic import Field, create_model, field_validator, model_validator
 
-from tasks.core import BuildContext, BuildOutput, Section
+from tasks.core import BuildContext, BuildOutput, Facts, Section, Unit, by_model
 from tasks.errors import DataError
 from tasks.models import MODELS, TrainInputs
 from tasks.models.base import label_ids
@@ -80,14 +80,14 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     """Train one model (a unit of its own): `<name>/` with the saved model, and its summary with validation
     scores. Inputs: augment, segment, vocab (and embed for models that start from word vectors)."""
     p = ctx.params
-    labels = ctx.input_info["augment"].get("labels")
+    labels = ctx.facts["augment"].labels
     if not labels:
         raise DataError("train: the corpus has no labels (source.label_column is unset); classifiers need labelled data")
     train = pd.read_parquet(ctx.inputs["augment"] / "train.parquet")
     validation = pd.read_parquet(ctx.inputs["segment"] / "validation.parquet")
     spec = MODELS[name]
     vectors = load_word_vectors(ctx.inputs["embed"], p.embeddings) if spec.uses_vectors else None
-    members = {unit.partition(".")[2]: folder / unit.partition(".")[2] for unit, folder in ctx.inputs.items() if unit.startswith("train.")}
+    members = {model: folder / model for model, folder in by_model({u: f for u, f in ctx.inputs.items() if Unit.parse(u).model}).items()}
     summary = spec.train(TrainInputs(name, train, validation, labels, spec.view(p), ctx.inputs["vocab"], vectors, ctx.out, ctx.scratch, ctx.sink,
                                      members=members))
     if not spec.is_language_model:  # classifiers: validation scores from the saved model, as it will be served
@@ -100,15 +100,14 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     names = {"val_accuracy": "val_accuracy_best", "val_macro_f1": "val_macro_f1_best", "val_perplexity": "val_perplexity_best",
              "seconds": "train_seconds", "samples_per_second": "median_samples_per_second"}
     return BuildOutput(rows=len(train), metrics={new: summary[old] for old, new in names.items() if old in summary},
-                       info={"labels": labels, "model": name, "summary": summary})
+                       facts=Facts(labels=labels, model=name, summary=summary))
 
 
 def build(ctx: BuildContext) -> BuildOutput:
     """Gather the trained models (one input per `train.<model>` unit) into `models.json`."""
-    units = {unit.partition(".")[2]: info for unit, info in ctx.input_info.items()}
-    models = {name: info["summary"] for name, info in units.items()}
+    units = by_model(ctx.facts)
+    models = {name: facts.summary for name, facts in units.items()}
     (ctx.out / "models.json").write_text(json.dumps(models, indent=2), encoding="utf-8")
     keys = ("val_accuracy", "val_macro_f1", "val_perplexity", "seconds", "samples_per_second")
     metrics = {f"{m}_{k}": v[k] for m, v in models.items() for k in keys if k in v}
-    labels = next(iter(units.values()))["labels"]
-    return BuildOutput(rows=None, metrics=metrics, info={"labels": labels, "models": models})
+    return BuildOutput(rows=None, metrics=metrics, facts=Facts(labels=next(iter(units.values())).labels, models=models))

@@ -6,7 +6,7 @@ from collections import Counter
 import pandas as pd
 from pydantic import Field, field_validator
 
-from tasks.core import BuildContext, BuildOutput, Section
+from tasks.core import BuildContext, BuildOutput, Facts, Section, gathered
 
 # what its key sees besides params, inputs and code (flows/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)
@@ -47,22 +47,12 @@ def build_vocab(counts: Counter, params: Params) -> list[str]:
     return list(params.specials) + ranked
 
 
-def oov_rate(lines: pd.Series, vocab: set[str]) -> float:
-    """Share of token occurrences not in the vocabulary."""
-    total = unknown = 0
-    for line in lines:
-        tokens = line.split()
-        total += len(tokens)
-        unknown += sum(t not in vocab for t in tokens)
-    return unknown / total if total else 0.0
-
-
 def build(ctx: BuildContext) -> BuildOutput:
     """Write `words/vocab.txt`, `words/freq.tsv`, `chars/vocab.txt`, `chars/freq.tsv` from the train split."""
     train = pd.read_parquet(ctx.inputs["augment"] / "train.parquet", columns=list(KINDS))
     validation = pd.read_parquet(ctx.inputs["segment"] / "validation.parquet", columns=list(KINDS))
     return write_vocab(ctx, {kind: count_tokens(train[kind]) for kind in KINDS},
-                       {kind: count_tokens(validation[kind]) for kind in KINDS}, dict(ctx.input_info["augment"]))
+                       {kind: count_tokens(validation[kind]) for kind in KINDS}, ctx.facts["augment"])
 
 
 def count(ctx: BuildContext) -> BuildOutput:
@@ -77,7 +67,7 @@ def count(ctx: BuildContext) -> BuildOutput:
             counts = count_tokens(frame[kind])
             pd.DataFrame({"token": list(counts), "count": list(counts.values())}, columns=["token", "count"]).astype(
                 {"token": str, "count": "int64"}).to_parquet(ctx.out / "counts" / f"{kind}.{split}.parquet", index=False)
-    return BuildOutput(rows=rows, info=dict(ctx.input_info["augment"]))
+    return BuildOutput(rows=rows, facts=ctx.facts["augment"])
 
 
 def gather(ctx: BuildContext) -> BuildOutput:
@@ -89,17 +79,10 @@ def gather(ctx: BuildContext) -> BuildOutput:
             for kind, counts in kinds.items():
                 frame = pd.read_parquet(folder / "counts" / f"{kind}.{split}.parquet")
                 counts.update(dict(zip(frame["token"], frame["count"].astype(int))))
-    infos = list(ctx.input_info.values())
-    info = dict(infos[-1]) if infos else {}
-    labels = sorted({label for i in infos for label in (i.get("labels") or [])})
-    if labels:
-        from tasks.io import sorted_labels
-
-        info["labels"] = sorted_labels(labels)
-    return write_vocab(ctx, merged["train"], merged["validation"], info)
+    return write_vocab(ctx, merged["train"], merged["validation"], gathered(list(ctx.facts.values())))
 
 
-def write_vocab(ctx: BuildContext, train: dict[str, Counter], validation: dict[str, Counter], info: dict) -> BuildOutput:
+def write_vocab(ctx: BuildContext, train: dict[str, Counter], validation: dict[str, Counter], facts: Facts) -> BuildOutput:
     """Each kind's vocab.txt and freq.tsv from its train counts; its OOV rate from the validation counts."""
     metrics = {}
     for kind in KINDS:
@@ -118,6 +101,6 @@ def write_vocab(ctx: BuildContext, train: dict[str, Counter], validation: dict[s
     return BuildOutput(
         rows=int(metrics["words_vocab_size"]),
         metrics=metrics,
-        info=info,
+        facts=facts,
         artifacts=["words/vocab.txt", "chars/vocab.txt", "words/freq.tsv", "chars/freq.tsv"],
     )

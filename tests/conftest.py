@@ -34,10 +34,9 @@ def prefect_harness():
 def smoke(prefect_harness):
     """The smoke pipeline, run once per test session into the session's default store (ZHPIPE_DATA): tests
     that only read a flow run's results share it. `out` is that first run's summary (every stage built)."""
-    from flows.config import load_pipeline
     from flows.pipeline import pipeline_flow
 
-    return {"store": Path(os.environ["ZHPIPE_DATA"]), "out": pipeline_flow(load_pipeline("smoke"))}
+    return {"store": Path(os.environ["ZHPIPE_DATA"]), "out": pipeline_flow("smoke")}
 
 
 @pytest.fixture

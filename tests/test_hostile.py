@@ -407,9 +407,10 @@ def test_deployment_stages_and_force_that_are_not_stages_are_one_line(prefect_ha
 
     for parameters, needle in (({"stages": ["nope"]}, "stages: 'nope' is not a stage of task classification"),
                                ({"force": "train"}, "force: expected a list of stage names"),
-                               ({"stages": ["embed"], "pipeline": load_pipeline("mt-smoke")}, "'embed' is not a stage of task translation")):
+                               ({"stages": ["embed"], "pipeline": "mt-smoke"}, "'embed' is not a stage of task translation"),
+                               ({"pipeline": load_pipeline("smoke")}, "pipeline: expected a pipeline name")):
         with pytest.raises(ZhpipeError, match=needle):
-            pipeline_flow(**{"pipeline": load_pipeline("smoke"), **parameters})
+            pipeline_flow(**{"pipeline": "smoke", **parameters})
 
 
 # ---- prediction -----------------------------------------------------------------------------------------

@@ -122,7 +122,7 @@ def test_a_toy_stage_and_kind_run_through_the_real_flow(toy_kind, prefect_harnes
     keys = plan_keys(config)
     assert list(keys) == ["download", "clean", "split", "lengths"]
     assert plan_keys(load_pipeline("toy", toy_kind["config_file"], ["lengths.bins=5"]))["split"] == keys["split"]
-    out = pipeline_flow(config, storage=str(toy_kind["store"]))
+    out = pipeline_flow("toy", config_file=str(toy_kind["config_file"]), storage=str(toy_kind["store"]))
     summary = {s["stage"]: s for s in out["stages"]}
     assert list(summary) == ["download", "clean", "split", "lengths"]
     assert summary["lengths"]["headline"] == "mean_chars" and summary["lengths"]["metrics"]["mean_chars"] > 0
@@ -132,7 +132,7 @@ def test_a_toy_stage_and_kind_run_through_the_real_flow(toy_kind, prefect_harnes
     monkeypatch.setattr(project, "_CURRENT", project._CURRENT)  # api.load(project=...) activates the toy project
     loaded = api.load("toy", "lengths", project=toy_kind["config_file"].parent, storage=str(toy_kind["store"]))
     assert loaded == doc
-    again = pipeline_flow(config, storage=str(toy_kind["store"]))
+    again = pipeline_flow("toy", config_file=str(toy_kind["config_file"]), storage=str(toy_kind["store"]))
     assert {s["stage"]: s["cache"] for s in again["stages"]} == dict.fromkeys(summary, "hit")
 
 

@@ -44,11 +44,6 @@ def amp_dtype(device: torch.device, precision: str) -> torch.dtype | None:
     return None
 
 
-def use_bf16(device: torch.device, precision: str) -> bool:
-    """bf16 autocast: asked for, or `auto` on a CUDA device that supports it."""
-    return amp_dtype(device, precision) == torch.bfloat16
-
-
 def autocast(device: torch.device, dtype: torch.dtype | bool | None):
     """The forward passes' precision context (`True` stands for bf16)."""
     dtype = torch.bfloat16 if dtype is True else dtype or None

@@ -12,7 +12,7 @@ from collections import Counter
 import pandas as pd
 
 from tasks import download
-from tasks.core import BuildContext, BuildOutput
+from tasks.core import BuildContext, BuildOutput, Facts
 from tasks.errors import DataError
 from tasks.io import ROW_GROUP_ROWS, PartWriter
 from tasks.source.archives import ARCHIVES, extract
@@ -107,8 +107,8 @@ def build(ctx: BuildContext) -> BuildOutput:
     bad.close(empty_quarantine())
     if bad.rows:
         log.warning("download: %d of %d lines quarantined (%s); see quarantine.parquet", bad.rows, rows + bad.rows, dict(reasons))
-    info = {"source_sha256": sha, "source_file": redact(str(raw) if raw.is_relative_to(ctx.root) else raw.name), "labelled": False}
-    return BuildOutput(rows=rows, metrics={"rows_raw": rows, "rows_quarantined": bad.rows, "lines_physical": line}, info=info)
+    facts = Facts(source_sha256=sha, source_file=redact(str(raw) if raw.is_relative_to(ctx.root) else raw.name), labelled=False)
+    return BuildOutput(rows=rows, metrics={"rows_raw": rows, "rows_quarantined": bad.rows, "lines_physical": line}, facts=facts)
 
 
 def pair_format_of(source: Source) -> str:

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 from pydantic import Field
 
-from tasks.core import BuildContext, BuildOutput, Section
+from tasks.core import BuildContext, BuildOutput, Facts, Section, by_model
 from tasks.evaluate import comparison_markdown, plot_training_curves
 from tasks.models import MODELS
 from tasks.models.seq2seq import corpus_scores
@@ -79,7 +79,7 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     from tasks.plots import require_cjk_font, use_font
 
     p: Params = ctx.params
-    summary = ctx.input_info["train"]["summary"]
+    summary = ctx.facts["train"].summary
     src_lang, tgt_lang = sides(summary["direction"])
     test = pd.read_parquet(ctx.inputs["segment"] / "test.parquet", columns=["id", "text", "en", "words", "chars"])
     translate = MODELS[name].translator(ctx.inputs["train"] / name)
@@ -108,16 +108,16 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     (folder / "metrics.json").write_text(json.dumps(facts, indent=2), encoding="utf-8")
     return BuildOutput(rows=len(test), metrics=metrics, artifacts=["evaluation"],
                        tags={"zhpipe.bleu_signature": scores["bleu_signature"], "zhpipe.chrf_signature": scores["chrf_signature"]},
-                       info={"labels": [], "model": name, "results": metrics, "summary": summary, "task": "translation"},
+                       facts=Facts(labels=[], model=name, results=metrics, summary=summary),
                        tables={"worst_translations.json": worst.astype(str), "bleu_by_length.json": buckets})
 
 
 def build(ctx: BuildContext) -> BuildOutput:
     """Compare the scored translators: `comparison.csv`; the best is the best by validation BLEU."""
-    units = {unit.partition(".")[2]: info for unit, info in ctx.input_info.items()}
-    results = {name: info["results"] for name, info in units.items()}
-    rows = [{"model": name, "val_bleu": units[name]["summary"]["val_bleu"], "test_bleu": r["test_bleu"], "test_chrf": r["test_chrf"],
-             "parameters": units[name]["summary"].get("parameters"), "train_seconds": round(units[name]["summary"]["seconds"], 1)}
+    units = by_model(ctx.facts)
+    results = {name: facts.results for name, facts in units.items()}
+    rows = [{"model": name, "val_bleu": units[name].summary["val_bleu"], "test_bleu": r["test_bleu"], "test_chrf": r["test_chrf"],
+             "parameters": units[name].summary.get("parameters"), "train_seconds": round(units[name].summary["seconds"], 1)}
             for name, r in results.items()]
     table = pd.DataFrame(rows).sort_values("val_bleu", ascending=False, kind="stable")
     table.to_csv(ctx.out / "comparison.csv", index=False)
@@ -127,4 +127,4 @@ def build(ctx: BuildContext) -> BuildOutput:
     return BuildOutput(rows=None, artifacts=["comparison.csv", "comparison.md"],
                        metrics={f"{m}_{k}": v for m, r in results.items() for k, v in r.items() if k in ("test_bleu", "test_chrf")}
                        | {"best_test_bleu": results[best]["test_bleu"]},
-                       info={"labels": [], "results": results, "best_model": best, "task": "translation"})
+                       facts=Facts(labels=[], results=results, best_model=best))

@@ -11,7 +11,6 @@ import pandas as pd
 SPACE_MARK = "\u2581"
 _EN_TOKEN = re.compile(r"\s*(?:[^\W_]+|\S)")
 _ALNUM = re.compile(r"[\W_]+")
-LANGUAGES = ("zh", "en")
 
 
 def en_tokens(text: str) -> list[str]:

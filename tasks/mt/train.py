@@ -8,7 +8,7 @@ from typing import Literal
 import pandas as pd
 
 from tasks import train
-from tasks.core import BuildContext, BuildOutput
+from tasks.core import BuildContext, BuildOutput, Facts, by_model
 from tasks.errors import ConfigError
 from tasks.models import MODELS, TrainInputs
 
@@ -44,12 +44,12 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     names = {"val_bleu": "val_bleu", "val_chrf": "val_chrf", "val_loss": "val_loss_best", "seconds": "train_seconds",
              "samples_per_second": "median_samples_per_second"}
     return BuildOutput(rows=len(data), metrics={new: summary[old] for old, new in names.items() if old in summary},
-                       info={"labels": [], "model": name, "summary": summary, "task": "translation"})
+                       facts=Facts(labels=[], model=name, summary=summary))
 
 
 def build(ctx: BuildContext) -> BuildOutput:
     """Gather the trained translators (one input per `train.<model>` unit) into `models.json`."""
-    models = {unit.partition(".")[2]: info["summary"] for unit, info in ctx.input_info.items()}
+    models = {name: facts.summary for name, facts in by_model(ctx.facts).items()}
     (ctx.out / "models.json").write_text(json.dumps(models, indent=2), encoding="utf-8")
     metrics = {f"{m}_{k}": v[k] for m, v in models.items() for k in ("val_bleu", "val_chrf", "seconds") if k in v}
-    return BuildOutput(rows=None, metrics=metrics, info={"labels": [], "models": models, "task": "translation"})
+    return BuildOutput(rows=None, metrics=metrics, facts=Facts(labels=[], models=models))

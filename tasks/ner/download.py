@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from tasks import download
-from tasks.core import BuildContext, BuildOutput
+from tasks.core import BuildContext, BuildOutput, Facts
 from tasks.errors import DataError
 from tasks.io import write_parquet
 from tasks.source.archives import ARCHIVES, extract
@@ -78,9 +78,9 @@ def build(ctx: BuildContext) -> BuildOutput:
     kinds = sorted(set(entities))
     if not kinds:
         raise DataError(f"{source.path or source.url}: {len(df)} sentences but no entity in their tags (task ner needs tagged entities)")
-    info = {"source_sha256": " ".join(f"{k}={v}" for k, v in shas.items()) if len(shas) > 1 else next(iter(shas.values())),
-            "labels": kinds, "task": "ner", "tag_scheme": schemes, "given_splits": sorted(k for k in shas if k != "all")}
+    facts = Facts(source_sha256=" ".join(f"{k}={v}" for k, v in shas.items()) if len(shas) > 1 else next(iter(shas.values())),
+                  labels=kinds, tag_scheme=schemes, given_splits=sorted(k for k in shas if k != "all"))
     metrics = {"rows_raw": len(df), "rows_quarantined": len(quarantine), "entities": len(entities), "num_labels": len(kinds),
                "characters": int(df["text"].str.len().sum())}
-    return BuildOutput(rows=len(df), metrics=metrics, info=info,
+    return BuildOutput(rows=len(df), metrics=metrics, facts=facts,
                        tables={"quarantine_sample.json": quarantine.head(1000).astype(str)} if len(quarantine) else {})

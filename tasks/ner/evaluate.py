@@ -9,7 +9,7 @@ from collections import Counter
 
 import pandas as pd
 
-from tasks.core import BuildContext, BuildOutput, Section
+from tasks.core import BuildContext, BuildOutput, Facts, Section, by_model
 from tasks.evaluate import comparison_markdown, plot_training_curves
 from tasks.models import MODELS
 from tasks.tagging import highlighted, marked, prf, span_counts, spans_of
@@ -76,8 +76,8 @@ def worst_html(name: str, table: pd.DataFrame) -> str:
 def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     """Score one trained tagger on the test split into `evaluation/`: metrics, per-type scores, the type
     confusion table, the worst sentences and the training curves."""
-    info = ctx.input_info["train"]
-    labels, summary = info["labels"], info["summary"]
+    trained = ctx.facts["train"]
+    labels, summary = trained.labels, trained.summary
     test = pd.read_parquet(ctx.inputs["segment"] / "test.parquet", columns=["id", "text", "tags"])
     folder = ctx.out / "evaluation"
     folder.mkdir()
@@ -93,17 +93,17 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     metrics |= {f"test_f1_{row.type}": row.f1 for row in per_type.itertuples()}
     (folder / "metrics.json").write_text(json.dumps(metrics, indent=2), encoding="utf-8")
     return BuildOutput(rows=len(test), metrics=metrics, artifacts=["evaluation"],
-                       info={"labels": labels, "model": name, "results": metrics, "summary": summary, "task": "ner"},
+                       facts=trained.but(results=metrics),
                        tables={"worst_sentences.json": worst.drop(columns=["gold_html", "predicted_html"]).astype(str),
                                "per_type.json": per_type})
 
 
 def build(ctx: BuildContext) -> BuildOutput:
     """Compare the scored taggers: `comparison.csv`; the champion is the best by validation F1."""
-    units = {unit.partition(".")[2]: info for unit, info in ctx.input_info.items()}
-    results = {name: info["results"] for name, info in units.items()}
-    rows = [{"model": name, "val_f1": units[name]["summary"]["val_f1"], "test_f1": r["test_f1"], "test_precision": r["test_precision"],
-             "test_recall": r["test_recall"], "train_seconds": round(units[name]["summary"]["seconds"], 1)} for name, r in results.items()]
+    units = by_model(ctx.facts)
+    results = {name: facts.results for name, facts in units.items()}
+    rows = [{"model": name, "val_f1": units[name].summary["val_f1"], "test_f1": r["test_f1"], "test_precision": r["test_precision"],
+             "test_recall": r["test_recall"], "train_seconds": round(units[name].summary["seconds"], 1)} for name, r in results.items()]
     table = pd.DataFrame(rows).sort_values("val_f1", ascending=False, kind="stable")
     table.to_csv(ctx.out / "comparison.csv", index=False)
     (ctx.out / "comparison.md").write_text(comparison_markdown(table), encoding="utf-8")
@@ -112,4 +112,4 @@ def build(ctx: BuildContext) -> BuildOutput:
     return BuildOutput(rows=None, artifacts=["comparison.csv", "comparison.md"],
                        metrics={f"{m}_{k}": v for m, r in results.items() for k, v in r.items() if not k.startswith("test_f1_")}
                        | {"best_test_f1": results[best]["test_f1"]},
-                       info={"labels": next(iter(units.values()))["labels"], "results": results, "best_model": best, "task": "ner"})
+                       facts=Facts(labels=next(iter(units.values())).labels, results=results, best_model=best))

@@ -6,7 +6,7 @@ import json
 
 import pandas as pd
 
-from tasks.core import BuildContext, BuildOutput
+from tasks.core import BuildContext, BuildOutput, Facts, Unit, by_model
 from tasks.errors import ConfigError
 from tasks.models import MODELS, TrainInputs
 from tasks.models.ner import entity_f1
@@ -28,10 +28,10 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     spec = MODELS[name]
     if spec.task != "ner":
         raise ConfigError(f"train.models: {name} is a {spec.task} model; task ner takes {', '.join(n for n, s in MODELS.items() if s.task == 'ner')}")
-    labels = ctx.input_info["augment"]["labels"]
+    labels = ctx.facts["augment"].labels
     train = pd.read_parquet(ctx.inputs["augment"] / "train.parquet", columns=["text", "tags", "words"])
     validation = pd.read_parquet(ctx.inputs["segment"] / "validation.parquet", columns=["text", "tags"])
-    members = {unit.partition(".")[2]: folder / unit.partition(".")[2] for unit, folder in ctx.inputs.items() if unit.startswith("train.")}
+    members = {model: folder / model for model, folder in by_model({u: f for u, f in ctx.inputs.items() if Unit.parse(u).model}).items()}
     summary = spec.train(TrainInputs(name, train, validation, labels, spec.view(ctx.params), ctx.inputs["vocab"], None, ctx.out,
                                      ctx.scratch, ctx.sink, embed=ctx.inputs.get("embed"), members=members))
     tagged = spec.tagger(ctx.out / name)(validation["text"].astype(str).tolist())
@@ -40,13 +40,13 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     names = {"val_f1": "val_f1_best", "val_precision": "val_precision_best", "val_recall": "val_recall_best",
              "seconds": "train_seconds", "samples_per_second": "median_samples_per_second"}
     return BuildOutput(rows=len(train), metrics={new: summary[old] for old, new in names.items() if old in summary},
-                       info={"labels": labels, "model": name, "summary": summary, "task": "ner"})
+                       facts=Facts(labels=labels, model=name, summary=summary))
 
 
 def build(ctx: BuildContext) -> BuildOutput:
     """Gather the trained taggers (one input per `train.<model>` unit) into `models.json`."""
-    units = {unit.partition(".")[2]: info for unit, info in ctx.input_info.items()}
-    models = {name: info["summary"] for name, info in units.items()}
+    units = by_model(ctx.facts)
+    models = {name: facts.summary for name, facts in units.items()}
     (ctx.out / "models.json").write_text(json.dumps(models, indent=2), encoding="utf-8")
     metrics = {f"{m}_{k}": v[k] for m, v in models.items() for k in ("val_f1", "seconds", "samples_per_second") if k in v}
-    return BuildOutput(rows=None, metrics=metrics, info={"labels": next(iter(units.values()))["labels"], "models": models, "task": "ner"})
+    return BuildOutput(rows=None, metrics=metrics, facts=Facts(labels=next(iter(units.values())).labels, models=models))

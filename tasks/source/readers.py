@@ -133,16 +133,6 @@ def csv_records(lines: list[str], sep: str, width: int, offset: int, final: bool
     return Parsed([rows[i] for i in order], [starts[i] for i in order], sorted(bad, key=lambda b: b["line"]), used), used
 
 
-def parse_csv(text: str, sep: str) -> Parsed:
-    """Rows of a whole CSV/TSV text by its header (see `csv_records`)."""
-    lines = physical_lines(text)
-    if not lines:
-        return Parsed([], [], [], 0)
-    header = next(csv.reader([lines[0]], delimiter=sep))
-    parsed, _ = csv_records(lines[1:], sep, len(header), 1, final=True)
-    return Parsed([dict(zip(header, r)) for r in parsed.rows], parsed.lines, parsed.bad, len(lines))
-
-
 def jsonl_records(lines: list[str], offset: int) -> Parsed:
     """Objects of JSON lines; `offset` is the line number of `lines[0]` minus one."""
     rows, starts, bad = [], [], []
@@ -228,20 +218,6 @@ def file_format(path: Path, source: Source) -> str:
     if fmt is None:
         raise DataError(f"{path}: cannot tell the format from suffix '{path.suffix}'; set source.format (csv, tsv, jsonl, parquet, txt)")
     return fmt
-
-
-def read_table(path: Path, source: Source) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
-    """The whole file at once (`read_batches` joined): (rows, quarantined rows, facts such as physical lines)."""
-    frames, bad, physical = [], [], 0
-    for df, quarantine, lines in read_batches(path, source):
-        frames.append(df)
-        bad.append(quarantine)
-        physical += lines
-    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    quarantine = pd.concat(bad, ignore_index=True) if bad else empty_quarantine()
-    if df.empty:
-        no_rows(path, quarantine["reason"].value_counts().to_dict())
-    return df, quarantine, {"lines_physical": physical, "labelled": labelled(source, file_format(path, source))}
 
 
 def no_rows(path: Path, reasons: dict[str, int]) -> None:

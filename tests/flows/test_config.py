@@ -166,3 +166,24 @@ def test_every_command_and_option_has_help():
 
     walk(_parser(), ["zhpipe"])
     assert missing == []
+
+
+def test_a_request_is_parsed_once_per_process_and_again_when_the_file_changes(tmp_path, monkeypatch):
+    import os
+
+    import flows.config
+
+    calls = []
+    parse = flows.config._parse
+    monkeypatch.setattr(flows.config, "_parse", lambda *a: calls.append(a) or parse(*a))
+    path = write(tmp_path, BASE)
+    first = load_pipeline("p", path, ["train.epochs=2"])
+    second = load_pipeline("p", path, ["train.epochs=2"])
+    assert len(calls) == 1 and first == second and first is not second
+    second.stages.train.epochs = 4  # a caller's copy is its own
+    assert load_pipeline("p", path, ["train.epochs=2"]).stages.train.epochs == 2
+    load_pipeline("p", path, ["train.epochs=3"])
+    assert len(calls) == 2  # other overrides: another request
+    path.write_text(BASE.replace("x.csv", "y.csv"), encoding="utf-8")
+    os.utime(path, ns=(1, 1))  # a new version of the file, even within the clock's resolution
+    assert load_pipeline("p", path, ["train.epochs=2"]).source.path == "y.csv" and len(calls) == 3

@@ -24,10 +24,10 @@ def test_weights_minimise_validation_log_loss():
 @pytest.mark.parametrize("method", ["soft_vote", "stacking"])
 def test_an_ensemble_of_the_runs_models_is_trained_logged_and_served(smoke, method):
     overrides = ["train.models=[fasttext,textcnn,ensemble]", "train.ensemble.members=[fasttext,textcnn]", f"train.ensemble.method={method}"]
-    out = pipeline_flow(load_pipeline("smoke", overrides=overrides), storage=str(smoke["store"]), stages=["train", "evaluate"])
+    out = pipeline_flow("smoke", overrides=overrides, storage=str(smoke["store"]), stages=["train", "evaluate"])
     units = {u["stage"]: u for u in out["units"]}
     assert units["train.fasttext"]["cache"] == "hit" and units["train.textcnn"]["cache"] == "hit"  # members reused
-    summary = units["train.ensemble"]["info"]["summary"]
+    summary = units["train.ensemble"]["facts"]["summary"]
     assert summary["members"] == ["fasttext", "textcnn"]
     if method == "soft_vote":
         assert len(summary["weights"]) == 2 and abs(sum(summary["weights"]) - 1) < 1e-9

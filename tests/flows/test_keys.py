@@ -24,7 +24,7 @@ def built(prefect_harness, tmp_path_factory):
     folder = tmp_path_factory.mktemp("keys")
     (folder / "user.txt").write_text("很干净 10 a\n", encoding="utf-8")
     sets = [f"segment.user_dict={folder / 'user.txt'}"]
-    pipeline_flow(load_pipeline("smoke", overrides=sets), storage=str(folder / "store"), stages=select_stages(stop="segment"))
+    pipeline_flow("smoke", overrides=sets, storage=str(folder / "store"), stages=select_stages(stop="segment"))
     return {"store": StageStore(folder / "store"), "sets": sets, "dict": folder / "user.txt"}
 
 

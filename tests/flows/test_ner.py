@@ -1,6 +1,6 @@
 """task ner end to end: the ner-smoke pipeline (230 Resume NER sentences with their own dev and test files)
-through real Prefect and MLflow, the registered tagger on raw text, a single CoNLL file split 80/10/10, and
-the config rules of the task."""
+through real Prefect and MLflow, the registered tagger on raw text and the config rules of the task (the stages alone:
+tests/tasks/ner/)."""
 import json
 from pathlib import Path
 
@@ -14,7 +14,7 @@ from flows.tracking import client
 from tasks.errors import ConfigError
 from tasks.models import MODELS
 from tasks.stages import STAGE_NAMES as STAGES
-from tasks.tagging import parse_conll, spans_of
+from tasks.tagging import parse_conll
 
 pytestmark = pytest.mark.e2e
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "ner"
@@ -23,7 +23,7 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "ner"
 @pytest.fixture(scope="module")
 def ner_run(prefect_harness, tmp_path_factory):
     store = tmp_path_factory.mktemp("ner-store")
-    return {"store": store, "out": pipeline_flow(load_pipeline("ner-smoke"), storage=str(store))}
+    return {"store": store, "out": pipeline_flow("ner-smoke", storage=str(store))}
 
 
 def cache_of(out):
@@ -56,7 +56,7 @@ def test_ner_pipeline_runs_every_stage_and_tracks_it_like_classification(ner_run
 
 
 def test_a_second_run_is_all_hits(ner_run):
-    out = pipeline_flow(load_pipeline("ner-smoke"), storage=str(ner_run["store"]))
+    out = pipeline_flow("ner-smoke", storage=str(ner_run["store"]))
     assert set(cache_of(out).values()) == {"hit"}
 
 
@@ -83,32 +83,6 @@ def test_predict_command_prints_entities_as_jsonl(ner_run, capsys):
     record = json.loads(line)
     assert record["text"] == "李明，高级经济师。" and record["status"] == "ok"
     assert all(record["text"][e["start"] : e["end"]] == e["text"] for e in record["entities"])
-
-
-def test_one_bio_file_with_tabs_is_read_and_split_80_10_10(prefect_harness, tmp_path):
-    """The shape of other corpora: one CoNLL file, BIO tags, tab-separated; a malformed line quarantined."""
-    sentences = []
-    for name in ("train", "dev", "test"):
-        sentences += parse_conll((FIXTURES / f"{name}.bmes").read_text(encoding="utf-8").splitlines()).sentences
-    lines = []
-    for s in sentences:
-        bio = ["O"] * len(s.text)
-        for kind, start, end in spans_of(s.tags):
-            bio[start : end] = [f"B-{kind}"] + [f"I-{kind}"] * (end - start - 1)
-        lines += [f"{c}\t{t}" for c, t in zip(s.text, bio)] + [""]
-    lines[3] = "broken-line-without-a-tag"
-    corpus = tmp_path / "corpus.bio"
-    corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    config = load_pipeline("ner-smoke", source_overrides={"path": str(corpus)})
-    out = pipeline_flow(config, stages=["download", "clean", "split"], storage=str(tmp_path / "store"))
-    rows = {r["stage"]: r for r in out["stages"]}
-    assert rows["download"]["rows"] == len(sentences) - 1 and rows["download"]["metrics"]["rows_quarantined"] == 1
-    split = {k: v for k, v in rows["split"]["metrics"].items() if k.startswith("rows_")}
-    kept = rows["clean"]["rows"]
-    assert split["rows_train"] + split["rows_validation"] + split["rows_test"] == kept
-    assert abs(split["rows_test"] - kept / 10) <= 1 and abs(split["rows_validation"] - kept / 10) <= 1
-    quarantine = pd.read_parquet(Path(rows["download"]["path"]) / "quarantine.parquet")
-    assert quarantine["line"].tolist() == [4] and quarantine["reason"].tolist() == ["expected 'token TAG'"]
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -177,10 +151,10 @@ def test_a_tagger_on_a_pretrained_bert_checkpoint(ner_run, tmp_path):
     folder = _tiny_bert(tmp_path / "tiny-bert")
     overrides = ["train.models=[lexicon_tagger]", "train.lexicon_tagger.encoder=bert", f"train.lexicon_tagger.checkpoint={folder}",
                  "train.lexicon_tagger.epochs=2", "train.lexicon_tagger.encoder_lr=0.001"]
-    out = pipeline_flow(load_pipeline("ner-smoke", overrides=overrides), storage=str(ner_run["store"]), stages=["train", "evaluate"])
+    out = pipeline_flow("ner-smoke", overrides=overrides, storage=str(ner_run["store"]), stages=["train", "evaluate"])
     unit = next(u for u in out["units"] if u["stage"] == "train.lexicon_tagger")
-    assert unit["cache"] == "miss" and unit["info"]["summary"]["parameters"] > 20_000
-    history = unit["info"]["summary"]["history"]
+    assert unit["cache"] == "miss" and unit["facts"]["summary"]["parameters"] > 20_000
+    history = unit["facts"]["summary"]["history"]
     assert len(history) == 2 and history[-1]["train_loss"] < history[0]["train_loss"]
     run = client().get_run(unit["run_id"])
     served = mlflow.pyfunc.load_model(run.data.tags["zhpipe.model_uri"])
@@ -208,9 +182,9 @@ def test_a_seed_ensemble_trains_its_copies_and_tags_with_their_average(ner_run):
     from tasks.tagging import spans_from
 
     overrides = ["train.models=[bilstm_crf]", "train.bilstm_crf.seeds=2"]
-    out = pipeline_flow(load_pipeline("ner-smoke", overrides=overrides), storage=str(ner_run["store"]), stages=["train"])
+    out = pipeline_flow("ner-smoke", overrides=overrides, storage=str(ner_run["store"]), stages=["train"])
     unit = next(u for u in out["units"] if u["stage"] == "train.bilstm_crf")
-    assert len(unit["info"]["summary"]["copies_val_f1_best"]) == 2
+    assert len(unit["facts"]["summary"]["copies_val_f1_best"]) == 2
     folder = Path(unit["path"]) / "bilstm_crf"
     saved = torch.load(folder / "model.pt", weights_only=True)
     first, second = saved["state_dicts"]

@@ -9,7 +9,6 @@ import mlflow
 import pytest
 import torch
 
-from flows.config import load_pipeline
 from flows.pipeline import pipeline_flow
 from flows.store import file_sha256
 from flows.tracking import client
@@ -32,7 +31,7 @@ class Payload:
 @pytest.fixture(scope="module")
 def built(prefect_harness, tmp_path_factory):
     store = tmp_path_factory.mktemp("no-pickle")
-    out = pipeline_flow(load_pipeline("smoke", overrides=SETS), storage=str(store))
+    out = pipeline_flow("smoke", overrides=SETS, storage=str(store))
     return store, {u["stage"]: u for u in out["units"]}
 
 
@@ -54,7 +53,7 @@ def test_a_payload_in_a_stage_output_never_runs(built, tmp_path):
     with pytest.raises(pickle.UnpicklingError):
         MODELS["textcnn"].predictor(unit / "textcnn")
     with pytest.raises(Exception):  # the pipeline rescoring it fails the same way
-        pipeline_flow(load_pipeline("smoke", overrides=SETS), storage=str(store), force=["evaluate"])
+        pipeline_flow("smoke", overrides=SETS, storage=str(store), force=["evaluate"])
     assert not marker.exists()
     assert not any(p.suffix in (".pkl", ".joblib", ".pickle") for p in store.rglob("*"))  # no pickle files at all
 

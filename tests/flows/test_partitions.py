@@ -39,7 +39,7 @@ def nightly(tmp_path, prefect_harness):
 
 def run(env):
     config = load_pipeline("nightly", env["root"] / "pipelines.yaml")
-    out = pipeline_flow(config, storage=str(env["store"]), stages=select_stages(stop="augment"))
+    out = pipeline_flow("nightly", config_file=str(env["root"] / "pipelines.yaml"), storage=str(env["store"]), stages=select_stages(stop="augment"))
     return config, {u["stage"]: u for u in out["units"]}, {s["stage"]: s for s in out["stages"]}
 
 
@@ -113,8 +113,7 @@ def appended(tmp_path, prefect_harness):
 
 
 def run_log(env):
-    config = load_pipeline("log", env["root"] / "pipelines.yaml")
-    out = pipeline_flow(config, storage=str(env["store"]), stages=select_stages(stop="segment"))
+    out = pipeline_flow("log", config_file=str(env["root"] / "pipelines.yaml"), storage=str(env["store"]), stages=select_stages(stop="segment"))
     return {u["stage"]: u for u in out["units"]}, {s["stage"]: s for s in out["stages"]}
 
 
@@ -144,22 +143,22 @@ def test_vocab_merges_partition_counts_into_the_corpus_vocabulary(nightly, tmp_p
     """vocab counts each partition once and merges the counts: the same vocabulary (and OOV rate) as
     counting the gathered corpus in one pass."""
     from tasks import vocab
-    from tasks.core import BuildContext
+    from tasks.core import BuildContext, Facts
 
     config = load_pipeline("nightly", nightly["root"] / "pipelines.yaml")
-    out = pipeline_flow(config, storage=str(nightly["store"]), stages=select_stages(stop="vocab"))
+    out = pipeline_flow("nightly", config_file=str(nightly["root"] / "pipelines.yaml"), storage=str(nightly["store"]), stages=select_stages(stop="vocab"))
     stages, units = {s["stage"]: s for s in out["stages"]}, {u["stage"]: u for u in out["units"]}
     assert {u for u in units if u.startswith("vocab:")} == {f"vocab:2026-12-0{d}.csv" for d in (1, 2, 3)}
     merged = Path(stages["vocab"]["path"])
     whole = tmp_path / "whole"
     whole.mkdir()
     ctx = BuildContext(inputs={"augment": Path(stages["augment"]["path"]), "segment": Path(stages["segment"]["path"])},
-                       input_info={"augment": {}}, out=whole, params=config.stages.vocab)
+                       facts={"augment": Facts()}, out=whole, params=config.stages.vocab)
     direct = vocab.build(ctx)
     for kind in ("words", "chars"):
         assert (merged / kind / "vocab.txt").read_bytes() == (whole / kind / "vocab.txt").read_bytes()
     assert stages["vocab"]["metrics"]["words_validation_oov_rate"] == direct.metrics["words_validation_oov_rate"]
     nightly["last"].to_csv(nightly["drops"] / "2026-12-04.csv", index=False)
-    again = pipeline_flow(config, storage=str(nightly["store"]), stages=select_stages(stop="vocab"))
+    again = pipeline_flow("nightly", config_file=str(nightly["root"] / "pipelines.yaml"), storage=str(nightly["store"]), stages=select_stages(stop="vocab"))
     built = {u["stage"] for u in again["units"] if u["cache"] == "miss"}
     assert {u for u in built if u.startswith("vocab:")} == {"vocab:2026-12-04.csv"}

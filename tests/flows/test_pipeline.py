@@ -17,7 +17,7 @@ def store(smoke):
 
 
 def run(store, overrides=(), **kw):
-    return pipeline_flow(load_pipeline("smoke", overrides=list(overrides)), storage=str(store), **kw)
+    return pipeline_flow("smoke", overrides=list(overrides), storage=str(store), **kw)
 
 
 def cache_of(out):
@@ -186,7 +186,7 @@ def test_model_zoo_through_the_flow_with_curves_and_served_models(prefect_harnes
     runs = children(out["parent_run_id"], out["experiment"])
     models = {r.data.tags["zhpipe.model"]: r for r in runs if "zhpipe.model" in r.data.tags}
     assert set(models) == {"transformer", "bert", "rnn_lm"}
-    train_info = next(s for s in out["stages"] if s["stage"] == "train")["info"]["models"]
+    train_info = next(s for s in out["stages"] if s["stage"] == "train")["facts"]["models"]
     assert train_info["transformer"]["embeddings"] == "fasttext" and train_info["transformer"]["embedding_coverage"] > 0.9
     c = client()
     curves = {("transformer", "val_macro_f1"): [1, 2], ("bert", "val_macro_f1"): [1, 2], ("bert", "mlm_val_mlm_loss"): [1],

@@ -26,13 +26,13 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def trained(prefect_harness, tmp_path_factory):
     store = tmp_path_factory.mktemp("registry-store")
-    first = pipeline_flow(load_pipeline("smoke", overrides=SETS), storage=str(store))
-    second = pipeline_flow(load_pipeline("smoke", overrides=SETS + ["train.epochs=2"]), storage=str(store))
+    first = pipeline_flow("smoke", overrides=SETS, storage=str(store))
+    second = pipeline_flow("smoke", overrides=SETS + ["train.epochs=2"], storage=str(store))
     stages = {r["stage"]: r for r in first["stages"]}
     units = {u["stage"]: u for u in first["units"]}
     tfidf_run = units["train.tfidf_lr"]["run_id"]
     return {"store": store, "first": first, "second": second, "tfidf_run": tfidf_run, "models": {n: Path(units[f"train.{n}"]["path"]) / n for n in ("tfidf_lr", "textcnn")},
-            "segment": Path(stages["segment"]["path"]), "labels": stages["train"]["info"]["labels"],
+            "segment": Path(stages["segment"]["path"]), "labels": stages["train"]["facts"]["labels"],
             "tags": client().get_run(first["parent_run_id"]).data.tags}
 
 
@@ -148,10 +148,10 @@ def test_a_run_killed_before_registering_is_registered_by_the_next_run(prefect_h
     with monkeypatch.context() as m:
         m.setattr(flows.evaluation, "register_best", killed)
         with pytest.raises(BaseException, match="killed between"):
-            pipeline_flow(load_pipeline("smoke", overrides=sets), storage=str(tmp_path / "store"))
+            pipeline_flow("smoke", overrides=sets, storage=str(tmp_path / "store"))
     key = plan_keys(load_pipeline("smoke", overrides=sets))["train.tfidf_lr"]
     assert registered_version("zhpipe-smoke", key) is None
-    out = pipeline_flow(load_pipeline("smoke", overrides=sets), storage=str(tmp_path / "store"))
+    out = pipeline_flow("smoke", overrides=sets, storage=str(tmp_path / "store"))
     assert {s["stage"]: s["cache"] for s in out["stages"]}["evaluate"] == "hit"
     version = registered_version("zhpipe-smoke", key)
     assert version is not None and version.tags["zhpipe.model"] == "tfidf_lr"

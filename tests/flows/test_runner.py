@@ -11,7 +11,7 @@ download, clean = STAGE_TASKS["download"], STAGE_TASKS["clean"]
 
 def test_task_fn_builds_then_hits(run_ctx):
     d = download.fn(run_ctx)
-    assert d.cache == "miss" and d.rows == 300 and d.info["labels"] == ["0", "1"]
+    assert d.cache == "miss" and d.rows == 300 and d.facts.labels == ["0", "1"]
     c = clean.fn(run_ctx, d)
     assert c.cache == "miss" and (c.path / "quarantine.parquet").is_file()
     assert len(pd.read_parquet(c.path / "data.parquet")) == c.rows

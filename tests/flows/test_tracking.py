@@ -11,7 +11,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from flows.config import load_pipeline
 from flows.pipeline import pipeline_flow
 from flows.tracking import tracking_uri
 
@@ -27,9 +26,9 @@ def artifact_bytes() -> int:
 @pytest.fixture(scope="module")
 def runs(prefect_harness, tmp_path_factory):
     store = tmp_path_factory.mktemp("tracking-store")
-    first = pipeline_flow(load_pipeline("smoke", overrides=SETS), storage=str(store), overrides=SETS)
+    first = pipeline_flow("smoke", overrides=SETS, storage=str(store))
     after_first = artifact_bytes()
-    cached = [pipeline_flow(load_pipeline("smoke", overrides=SETS), storage=str(store), overrides=SETS) for _ in range(2)]
+    cached = [pipeline_flow("smoke", overrides=SETS, storage=str(store)) for _ in range(2)]
     return {"first": first, "cached": cached, "bytes": (after_first, artifact_bytes())}
 
 

@@ -52,7 +52,7 @@ def mt(prefect_harness, tmp_path_factory):
     config = folder / "pipelines.yaml"
     config.write_text(PIPELINES, encoding="utf-8")
     store = folder / "store"
-    return {"config": config, "store": store, "out": pipeline_flow(load_pipeline("mt-zh-en", config), storage=str(store))}
+    return {"config": config, "store": store, "out": pipeline_flow("mt-zh-en", config_file=str(config), storage=str(store))}
 
 
 def paths(out):
@@ -97,7 +97,7 @@ def test_the_registered_translator_answers_raw_text_as_it_was_evaluated(mt):
 
 
 def test_the_other_direction_reuses_every_data_stage(mt):
-    out = pipeline_flow(load_pipeline("mt-en-zh", mt["config"]), storage=str(mt["store"]))
+    out = pipeline_flow("mt-en-zh", config_file=str(mt["config"]), storage=str(mt["store"]))
     cache = {r["stage"]: r["cache"] for r in out["stages"]}
     assert all(cache[s] == "hit" for s in ("download", "clean", "split", "segment", "vocab")) and cache["train"] == "miss"
     parent = client().get_run(out["parent_run_id"])
@@ -110,9 +110,9 @@ def test_back_translation_with_the_registered_translators(mt):
     config = load_pipeline("bt-local", mt["config"])
     files = file_fingerprints(config.stages.augment.model_dump(mode="json"), ("backtranslation.pivots.*.forward", "backtranslation.pivots.*.backward"), ROOT)
     assert files == {"models:/zhpipe-mt-zh-en@champion": "registry:zhpipe-mt-zh-en/1", "models:/zhpipe-mt-en-zh@champion": "registry:zhpipe-mt-en-zh/1"}
-    out = pipeline_flow(config, storage=str(mt["store"]), stages=["download", "clean", "split", "segment", "augment"])
+    out = pipeline_flow("bt-local", config_file=str(mt["config"]), storage=str(mt["store"]), stages=["download", "clean", "split", "segment", "augment"])
     augment = next(r for r in out["stages"] if r["stage"] == "augment")
-    assert augment["info"]["augment_method_used"] == "backtranslation"
+    assert augment["facts"]["augment_method_used"] == "backtranslation"
     assert augment["metrics"]["candidates"] == 20 and augment["metrics"]["rows_added"] >= 1
     added = pd.read_parquet(Path(augment["path"]) / "train.parquet").query("aug_method == 'backtranslation'")
     assert set(added["model_forward"]) == {"models:/zhpipe-mt-zh-en/1"} and set(added["model_backward"]) == {"models:/zhpipe-mt-en-zh/1"}
@@ -121,7 +121,7 @@ def test_back_translation_with_the_registered_translators(mt):
 def test_a_registered_model_that_is_not_there_is_one_clear_error(mt):
     from tasks.errors import ZhpipeError
 
-    config = load_pipeline("bt-local", mt["config"], ["augment.backtranslation.pivots=[{lang: en, forward: 'models:/zhpipe-nothing@champion', "
-                                                      "backward: 'models:/zhpipe-mt-en-zh@champion'}]"])
+    overrides = ["augment.backtranslation.pivots=[{lang: en, forward: 'models:/zhpipe-nothing@champion', "
+                 "backward: 'models:/zhpipe-mt-en-zh@champion'}]"]
     with pytest.raises(ZhpipeError, match="models:/zhpipe-nothing@champion: no such registered model"):
-        pipeline_flow(config, storage=str(mt["store"]), stages=["augment"])
+        pipeline_flow("bt-local", overrides=overrides, config_file=str(mt["config"]), storage=str(mt["store"]), stages=["augment"])

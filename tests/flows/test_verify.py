@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from flows.config import load_pipeline
 from flows.pipeline import pipeline_flow, select_stages
 from flows.store import file_sha256
 
@@ -15,7 +14,7 @@ pytestmark = pytest.mark.e2e
 
 
 def run(store, sets=(), **kw):
-    out = pipeline_flow(load_pipeline("smoke", overrides=list(sets)), storage=str(store), stages=select_stages(stop="split"), **kw)
+    out = pipeline_flow("smoke", overrides=list(sets), storage=str(store), stages=select_stages(stop="split"), **kw)
     return {r["stage"]: r for r in out["stages"]}
 
 

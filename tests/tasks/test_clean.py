@@ -1,7 +1,8 @@
 import pandas as pd
 
 from tasks.clean import Params as CleanConfig
-from tasks.clean import clean_frame, clean_text
+from tasks.clean import clean_text
+from tests.helpers.stages import clean_rows
 
 
 def test_normalisation_steps():
@@ -22,7 +23,7 @@ def test_every_dropped_row_is_quarantined_with_reason():
         "text": ["房间很干净", "", "好", "房间很干净", "一般般吧", "一般般吧", "x" * 30],
         "label": ["1", "1", "1", "1", "0", "1", "0"],
     })
-    kept, quarantine, conflicts = clean_frame(df, CleanConfig(max_chars=20))
+    kept, quarantine, conflicts = clean_rows(df, CleanConfig(max_chars=20))
     assert kept["id"].tolist() == [0]
     reasons = dict(zip(quarantine["id"], quarantine["reason"]))
     assert reasons == {1: "empty", 2: "too_short", 3: "duplicate", 4: "label_conflict", 5: "label_conflict", 6: "too_long"}
@@ -40,7 +41,7 @@ def _build(tmp_path, df, name, **params):
     df.to_parquet(raw / "data.parquet", index=False, row_group_size=7)
     out = tmp_path / name
     out.mkdir()
-    result = build(BuildContext(inputs={"download": raw}, input_info={}, out=out, params=CleanConfig(**params)))
+    result = build(BuildContext(inputs={"download": raw}, facts={}, out=out, params=CleanConfig(**params)))
     return result, pd.read_parquet(out / "data.parquet"), pd.read_parquet(out / "quarantine.parquet"), pd.read_csv(out / "label_conflicts.csv", dtype=str)
 
 
@@ -51,7 +52,7 @@ def test_partitioned_dedupe_matches_the_whole_corpus_in_memory(tmp_path, monkeyp
     rows = [(i, f"{texts[i * 7 % len(texts)]}{'' if i % 4 else i % 3}", str((i // 9) % 2 if i % 5 else 0)) for i in range(120)]
     df = pd.DataFrame(rows, columns=["id", "text", "label"]).astype({"id": "int64", "text": "string", "label": "string"})
     df["line"] = df["id"] + 2
-    kept, quarantine, conflicts = clean_frame(df, CleanConfig(max_chars=20))
+    _, kept, quarantine, conflicts = _build(tmp_path, df, "whole", max_chars=20)  # one partition
     assert set(quarantine["reason"]) == {"empty", "too_short", "too_long", "duplicate", "label_conflict"}
     monkeypatch.setattr(clean, "CHUNK_ROWS", 10)
     monkeypatch.setattr(clean, "PARTITION_ROWS", 25)  # 5 hash partitions of (id, digest, label)
@@ -59,6 +60,6 @@ def test_partitioned_dedupe_matches_the_whole_corpus_in_memory(tmp_path, monkeyp
     result, data, bad, conflicts_csv = _build(tmp_path, df, "out", max_chars=20)
     pd.testing.assert_frame_equal(data, kept, check_dtype=False)
     pd.testing.assert_frame_equal(bad, quarantine, check_dtype=False)
-    assert conflicts_csv.to_dict("records") == conflicts.astype(str).to_dict("records")
+    assert conflicts_csv.to_dict("records") == conflicts.to_dict("records")
     assert result.metrics["rows_kept"] + result.metrics["rows_dropped"] == len(df)
     assert result.metrics["dropped_duplicate"] == (quarantine["reason"] == "duplicate").sum()

@@ -15,7 +15,7 @@ from tasks.download import Params
 from tasks.errors import DataError
 from tasks.source.archives import extract
 from tasks.source.fetch import ChecksumError, Validators, check_sha256, fetch, probe
-from tasks.source.readers import parse_csv, physical_lines, read_table
+from tasks.source.readers import empty_quarantine, labelled, no_rows, physical_lines, read_batches
 from tasks.source.schema import Source as SourceConfig
 
 ROWS = [("1", "房间很干净"), ("0", "服务太差了"), ("1", "早餐不错")]
@@ -27,8 +27,17 @@ def src(**kw):
 
 
 def read(path, **kw):
-    df, quarantine, facts = read_table(path, src(**kw))
-    return df, quarantine, facts
+    """The whole file through the download's streaming reader: (rows, quarantined rows, facts)."""
+    source, frames, bad, physical = src(**kw), [], [], 0
+    for df, quarantine, lines in read_batches(path, source):
+        frames.append(df)
+        bad.append(quarantine)
+        physical += lines
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    quarantine = pd.concat(bad, ignore_index=True) if bad else empty_quarantine()
+    if df.empty:
+        no_rows(path, quarantine["reason"].value_counts().to_dict())
+    return df, quarantine, {"lines_physical": physical, "labelled": labelled(source, path.suffix.lstrip("."))}
 
 
 @pytest.mark.parametrize("encoding", ["utf-8", "utf-8-sig", "gb18030", "gbk", "utf-16"])
@@ -65,16 +74,19 @@ def test_jsonl_with_raw_line_separator_is_one_row(tmp_path):
     assert df["text"].tolist() == ["上句\u2028下句"] and quarantine.empty
 
 
-def test_stray_quote_is_quarantined_with_its_line_and_does_not_swallow_rows():
-    text = 'label,review\n1,好\n0,"坏的开始\n1,不错\n0,很差\n1,可以\n'
-    parsed = parse_csv(text, ",")
-    assert [r["review"] for r in parsed.rows] == ["好", "不错", "很差", "可以"]
-    assert parsed.bad == [{"line": 3, "reason": "stray_quote", "raw": '0,"坏的开始'}] and parsed.physical == 6
+def test_stray_quote_is_quarantined_with_its_line_and_does_not_swallow_rows(tmp_path):
+    path = tmp_path / "c.csv"
+    path.write_text('label,review\n1,好\n0,"坏的开始\n1,不错\n0,很差\n1,可以\n', encoding="utf-8")
+    df, quarantine, facts = read(path)
+    assert df["text"].tolist() == ["好", "不错", "很差", "可以"]
+    assert quarantine[["line", "reason", "raw"]].values.tolist() == [[3, "stray_quote", '0,"坏的开始']] and facts["lines_physical"] == 6
 
 
-def test_quoted_newline_inside_a_field_is_one_row():
-    parsed = parse_csv('label,review\n1,"第一行\n第二行"\n0,差\n', ",")
-    assert [r["review"] for r in parsed.rows] == ["第一行\n第二行", "差"] and not parsed.bad
+def test_quoted_newline_inside_a_field_is_one_row(tmp_path):
+    path = tmp_path / "c.csv"
+    path.write_text('label,review\n1,"第一行\n第二行"\n0,差\n', encoding="utf-8")
+    df, quarantine, _ = read(path)
+    assert df["text"].tolist() == ["第一行\n第二行", "差"] and quarantine.empty
 
 
 def test_wrong_field_count_and_empty_label_are_quarantined_with_lines(tmp_path):
@@ -409,3 +421,18 @@ def test_a_gzip_encoded_transfer_is_decoded_counted_by_its_content_length_and_bo
     with pytest.raises(DataError, match="decompression bomb"):
         fetch(f"{server}/bomb.csv", tmp_path / "b", FAST, None)
     assert not (tmp_path / "b" / "bomb.csv").exists() and not (tmp_path / "b" / "bomb.csv.part").exists()
+
+
+def test_an_origin_asks_the_server_once_so_the_key_and_the_recheck_agree(tmp_path, server):
+    from tasks.source.origin import Origin
+    from tasks.source.schema import Source
+
+    _Handler.payloads, _Handler.etag = [b"label,review\n1,v1\n"], '"v1"'
+    src = Source(path=f"{server}/o.csv", allow_unverified=True)
+    origin = Origin(src, tmp_path, FAST)
+    keyed = origin.fingerprint()
+    assert keyed.startswith("unverified ") and 'etag="v1"' in keyed
+    _Handler.etag = '"v2"'  # the file changes on the server after the key was planned
+    assert origin.expect(src) == Validators('"v1"', None, len(b"label,review\n1,v1\n"))  # the download re-checks the planned answer
+    assert 'etag="v2"' in Origin(src, tmp_path, FAST).fingerprint()  # the next run plans with the new one
+    assert Origin(Source(path=f"{server}/o.csv", sha256="a" * 64), tmp_path, FAST).fingerprint() == "a" * 64

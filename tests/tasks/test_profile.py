@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from tasks.core import BuildContext
+from tasks.core import BuildContext, Facts
 from tasks.errors import DataError
 from tasks.plots import PROBE, cjk_font, has_glyphs, require_cjk_font, save, subplots, use_font
 from tasks.profile import Params as ProfileConfig
@@ -39,7 +39,7 @@ def test_profile_pictures_and_report(tmp_path):
 
     out = tmp_path / "out"
     out.mkdir()
-    ctx = BuildContext(inputs={"segment": _segmented(tmp_path)}, input_info={"segment": {"labels": ["好评", "差评"]}}, out=out,
+    ctx = BuildContext(inputs={"segment": _segmented(tmp_path)}, facts={"segment": Facts(labels=["好评", "差评"])}, out=out,
                        scratch=tmp_path, params=ProfileConfig(top_k=10), pipeline="smoke")
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*[Gg]lyph.*missing")  # a tofu box would raise here

@@ -3,7 +3,11 @@ import pytest
 
 from tasks.errors import DataError
 from tasks.split import Params as SplitConfig
-from tasks.split import set_aside_small, split_frame
+from tests.helpers.stages import split_rows
+
+
+def split_frame(df, params):
+    return split_rows(df, params)[0]
 
 
 def frame(n=200):
@@ -35,16 +39,16 @@ def test_every_class_of_three_rows_or_more_is_in_every_split():
 def test_small_classes_are_quarantined_or_merged():
     labels = ["a"] * 20 + ["b"] * 20 + ["c"] * 2 + ["d"]
     df = pd.DataFrame({"id": range(len(labels)), "text": [f"t{i}" for i in range(len(labels))], "label": labels})
-    kept, quarantine, small = set_aside_small(df, SplitConfig())
-    assert small == {"c": 2, "d": 1} and len(quarantine) == 3 and set(quarantine["reason"]) == {"class_under_3_rows"}
-    assert len(kept) + len(quarantine) == len(df)
-    merged, quarantine, _ = set_aside_small(df, SplitConfig(small_classes="merge"))
-    assert quarantine.empty and (merged["label"] == "other").sum() == 3
+    parts, quarantine = split_rows(df, SplitConfig())
+    assert sorted(quarantine["label"]) == ["c", "c", "d"] and set(quarantine["reason"]) == {"class_under_3_rows"}
+    assert sum(len(p) for p in parts.values()) + len(quarantine) == len(df)
+    parts, quarantine = split_rows(df, SplitConfig(small_classes="merge"))
+    assert quarantine.empty and sum((p["label"] == "other").sum() for p in parts.values()) == 3
 
 
 def test_a_class_under_three_rows_is_a_data_error_not_a_traceback():
     df = pd.DataFrame({"id": range(12), "text": ["t"] * 12, "label": ["a"] * 10 + ["b"] * 2})
-    with pytest.raises(DataError, match="'b' has 2 rows"):
+    with pytest.raises(DataError, match=r"1 class \('a', 10 rows\) left with at least 3 rows \(2 rows of smaller classes quarantined\)"):
         split_frame(df, SplitConfig())
 
 
@@ -91,20 +95,22 @@ def test_hash_split_gives_a_small_class_a_row_in_every_split():
 
 @pytest.mark.parametrize("method", ["hash", "permutation"])
 @pytest.mark.parametrize("small_classes", ["quarantine", "merge"])
-def test_streamed_build_writes_what_the_in_memory_split_gives(tmp_path, monkeypatch, small_classes, method):
+def test_a_build_in_many_small_batches_writes_what_one_batch_writes(tmp_path, monkeypatch, small_classes, method):
     import tasks.split as split
-    from tasks.core import BuildContext
+    from tasks.core import BuildContext, Facts
 
     labels = ["b", "a", "c"] * 40 + ["d", "e", "e"]
     df = pd.DataFrame({"id": range(len(labels)), "text": [f"t{i}" for i in range(len(labels))], "label": labels})
+    params = SplitConfig(small_classes=small_classes, method=method)
+    whole, quarantine = split_rows(df, params)  # every row in one batch
     (tmp_path / "clean").mkdir()
     df.to_parquet(tmp_path / "clean" / "data.parquet", index=False, row_group_size=7)
     monkeypatch.setattr(split, "BATCH_ROWS", 10)  # many batches, each class's rows spread over them
-    params = SplitConfig(small_classes=small_classes, method=method)
-    out = split.build(BuildContext(inputs={"clean": tmp_path / "clean"}, input_info={"clean": {}}, out=tmp_path, params=params))
-    kept, quarantine, small = set_aside_small(df, params)
-    assert small == {"d": 1, "e": 2}
-    for name, part in split_frame(kept, params).items():
+    out = split.build(BuildContext(inputs={"clean": tmp_path / "clean"}, facts={"clean": Facts()}, out=tmp_path, params=params))
+    assert sorted(quarantine["label"]) == ([] if small_classes == "merge" else ["d", "e", "e"])
+    for name, part in whole.items():
         pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / f"{name}.parquet"), part)
-    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "quarantine.parquet"), quarantine, check_dtype=False)
-    assert out.rows == len(kept) and sum(out.metrics[f"rows_{s}"] for s in ("train", "validation", "test")) == len(kept)
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "quarantine.parquet"), quarantine)
+    kept = sum(len(p) for p in whole.values())
+    assert kept + len(quarantine) == len(df)
+    assert out.rows == kept and sum(out.metrics[f"rows_{s}"] for s in ("train", "validation", "test")) == kept

@@ -175,10 +175,10 @@ def test_killed_training_resumes_from_its_last_checkpoint_and_ends_identical(tmp
 
 def test_device_auto_and_bf16_autocast_on_cpu(tmp_path, run_ctx):
     """`auto` is CPU here; bf16 autocast (the CUDA default) also runs on CPU and still learns."""
-    from tasks.models.trainer import resolve_device, use_bf16
+    from tasks.models.trainer import amp_dtype, resolve_device
 
     assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else resolve_device("auto").type)
-    assert not use_bf16(torch.device("cpu"), "auto") and use_bf16(torch.device("cpu"), "bf16")
+    assert amp_dtype(torch.device("cpu"), "auto") is None and amp_dtype(torch.device("cpu"), "bf16") == torch.bfloat16
     train = frame()
     params = TrainConfig(epochs=4, patience=4, precision="bf16", device="cpu", textcnn={"num_filters": 8, "batch_size": 16, "lr": 0.01})
     summary, _ = train_model("textcnn", train, frame(2), params, tmp_path, tiny_vectors())

@@ -3,7 +3,7 @@ from collections import Counter
 import pandas as pd
 
 from tasks.vocab import Params as VocabConfig
-from tasks.vocab import build_vocab, count_tokens, oov_rate
+from tasks.vocab import build, build_vocab, count_tokens
 
 
 def test_specials_first_then_by_frequency():
@@ -13,7 +13,20 @@ def test_specials_first_then_by_frequency():
     assert build_vocab(counts, VocabConfig(min_freq=1, max_size=6))[-1] == "好"
 
 
-def test_ties_broken_by_token_and_oov_rate():
+def test_ties_broken_by_token():
     vocab = build_vocab(Counter({"b": 2, "a": 2}), VocabConfig())
     assert vocab[5:] == ["a", "b"]
-    assert oov_rate(pd.Series(["a b c d"]), set(vocab)) == 0.5
+
+
+def test_the_stage_reports_the_validation_oov_rate_of_each_kind(tmp_path):
+    from tasks.core import BuildContext, Facts
+
+    for stage, split, words in (("augment", "train", ["a b a b", "b a"]), ("segment", "validation", ["a b c d"])):
+        (tmp_path / stage).mkdir()
+        pd.DataFrame({"words": words, "chars": [w.replace(" ", "") for w in words]}).to_parquet(tmp_path / stage / f"{split}.parquet")
+    (tmp_path / "out").mkdir()
+    out = build(BuildContext(inputs={"augment": tmp_path / "augment", "segment": tmp_path / "segment"},
+                             facts={"augment": Facts(labels=["0"]), "segment": Facts()}, out=tmp_path / "out", params=VocabConfig(min_freq=1)))
+    assert out.metrics["words_validation_oov_rate"] == 0.5 and out.metrics["words_vocab_size"] == 7
+    assert (tmp_path / "out" / "words" / "vocab.txt").read_text(encoding="utf-8").split("\n")[5:7] == ["a", "b"]
+    assert out.facts.labels == ["0"]

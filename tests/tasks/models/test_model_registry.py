@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tasks.core import BuildContext
+from tasks.core import BuildContext, Facts
 
 TOY = '''
 """A toy classifier: predicts the training set's class shares for every text."""
@@ -74,18 +74,18 @@ def test_a_toy_model_needs_one_module_and_one_entry(toy, tmp_path):
     inputs = _stage_inputs(tmp_path)
     out = tmp_path / "train-out"
     out.mkdir()
-    trained = train.build_model(BuildContext(inputs=inputs, input_info={"augment": {"labels": ["0", "1"]}}, out=out,
+    trained = train.build_model(BuildContext(inputs=inputs, facts={"augment": Facts(labels=["0", "1"])}, out=out,
                                              params=config.stages.train, scratch=tmp_path / "scratch"), "toy")
     assert trained.metrics["val_accuracy_best"] == 0.75  # always class "1", right on 6 of 8
     scored = tmp_path / "eval-out"
     scored.mkdir()
-    unit = evaluate.build_model(BuildContext(inputs={"train": out, "segment": inputs["segment"]}, input_info={"train": trained.info},
+    unit = evaluate.build_model(BuildContext(inputs={"train": out, "segment": inputs["segment"]}, facts={"train": trained.facts},
                                              out=scored, params=config.stages.evaluate), "toy")
     compared = tmp_path / "compared"
     compared.mkdir()
-    result = evaluate.build(BuildContext(inputs={"evaluate.toy": scored}, input_info={"evaluate.toy": unit.info}, out=compared,
+    result = evaluate.build(BuildContext(inputs={"evaluate.toy": scored}, facts={"evaluate.toy": unit.facts}, out=compared,
                                          params=config.stages.evaluate))
-    assert result.info["best_model"] == "toy" and result.metrics["toy_test_accuracy"] == 0.75
+    assert result.facts.best_model == "toy" and result.metrics["toy_test_accuracy"] == 0.75
 
 
 def test_an_unregistered_model_is_one_clear_error():
