@@ -1,15 +1,17 @@
 """Stage `augment`: grow the train split (never validation or test) with a registered augmenter."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 import pandas as pd
+import pyarrow as pa
 
-from tasks.augmenters import AUGMENTERS, AugmentContext, Augmented, EdaParams
+from tasks.augmenters import AUGMENTERS, CHUNK_ROWS, CHUNKED, AugmentContext, Augmented, EdaParams
 from tasks.backtranslation import BackTranslationParams
 from tasks.core import BuildContext, BuildOutput
 from tasks.errors import ConfigError, DataError
-from tasks.io import Runner, write_parquet
+from tasks.io import ROW_GROUP_ROWS, PartWriter, Rows, Runner, TextSet, chunk_plan, write_parquet
 from tasks.segmenter import SegmenterParams
 
 # what its key sees besides params, inputs and code (flows/fingerprint.py): the libraries that shape
@@ -28,9 +30,10 @@ class Params(EdaParams):
 
 
 
-def check_no_leakage(train: pd.DataFrame, original_ids: set, heldout: set[str]) -> None:
+def check_no_leakage(train: pd.DataFrame, original_ids: set, heldout) -> None:
     """Fail if a held-out (validation/test) text, or a row derived from anything but a train row, is in training."""
-    leaked = train["text"].isin(heldout)
+    heldout = heldout if isinstance(heldout, TextSet) else TextSet.of([list(heldout)])
+    leaked = heldout.isin(train["text"])
     if leaked.any():
         raise DataError(f"augment: {int(leaked.sum())} training rows equal validation/test texts (first id {train.loc[leaked, 'id'].iloc[0]})")
     foreign = ~train["source_id"].isin(original_ids)
@@ -38,17 +41,21 @@ def check_no_leakage(train: pd.DataFrame, original_ids: set, heldout: set[str]) 
         raise DataError(f"augment: {int(foreign.sum())} augmented rows come from rows outside the train split")
 
 
+def _check_method(params) -> None:
+    if params.method not in AUGMENTERS:
+        raise ConfigError(f"augment.method: unknown augmenter '{params.method}' (registered: {', '.join(sorted(AUGMENTERS))})")
+
+
 def augment_frame(train: pd.DataFrame, ctx: AugmentContext) -> tuple[pd.DataFrame, Augmented]:
     """Original rows (aug_method 'original') then the augmenter's new rows, with fresh unique ids."""
     params = ctx.params
-    if params.method not in AUGMENTERS:
-        raise ConfigError(f"augment.method: unknown augmenter '{params.method}' (registered: {', '.join(sorted(AUGMENTERS))})")
+    _check_method(params)
     original = train.drop(columns=["pos"], errors="ignore")  # POS tags of new rows would be missing
     original = original.assign(source_id=original["id"], aug_method="original", aug_index=0)
     result = AUGMENTERS[params.method](train, ctx)
     new = result.rows
     if len(new):
-        heldout = new["text"].isin(ctx.heldout)  # e.g. EDA turning a train text into a test text
+        heldout = ctx.heldout.isin(new["text"])  # e.g. EDA turning a train text into a test text
         result.metrics["filtered_heldout"] = int(heldout.sum())
         new = new[~heldout]
         first_id = int(train["id"].max()) + 1
@@ -58,35 +65,80 @@ def augment_frame(train: pd.DataFrame, ctx: AugmentContext) -> tuple[pd.DataFram
     return out, result
 
 
+def stream_augment(src: Rows, ctx: AugmentContext, out: Path) -> tuple[int, int, Augmented, pd.DataFrame]:
+    """A row-wise augmenter (eda, none) over the train split batch by batch, written as it goes: the original
+    rows first, then the new rows (ids after the last original id), as `augment_frame` orders them; memory is
+    one batch and the held-out texts' digests. Returns (original rows, new rows, the result, a sample)."""
+    writer, words = PartWriter(out / "train.parquet", ROW_GROUP_ROWS), open(out / ".train.words.txt.tmp", "w", encoding="utf-8")
+    originals, last_id, schema = 0, -1, None
+    for batch in src.batches():
+        rows = batch.drop(columns=["pos"], errors="ignore").assign(source_id=batch["id"], aug_method="original", aug_index=0)
+        check_no_leakage(rows, set(batch["id"]), ctx.heldout)
+        table = pa.Table.from_pandas(rows, preserve_index=False)
+        schema = schema or table.schema
+        writer.write(table.cast(schema))
+        words.writelines(f"{w}\n" for w in rows["words"])
+        originals, last_id = originals + len(rows), max(last_id, int(rows["id"].max()))
+    metrics: dict[str, float] = {"filtered_heldout": 0}
+    added, sample = 0, []
+    chunked = CHUNKED.get(ctx.params.method)
+    parts = (ctx.runner.map(chunked[0], chunk_plan(src.path, CHUNK_ROWS), chunked[1](ctx.params), desc=ctx.params.method)
+             if chunked and ctx.runner is not None else
+             (AUGMENTERS[ctx.params.method](batch, ctx).rows for batch in src.batches()))
+    for new in parts:
+        if not len(new):
+            continue
+        heldout = ctx.heldout.isin(new["text"])  # e.g. EDA turning a train text into a test text
+        metrics["filtered_heldout"] += int(heldout.sum())
+        new = new[~heldout]
+        new = new.assign(id=range(last_id + 1 + added, last_id + 1 + added + len(new)))
+        writer.write(pa.Table.from_pandas(new.reindex(columns=schema.names), schema=schema, preserve_index=False))
+        words.writelines(f"{w}\n" for w in new["words"])
+        if sum(len(x) for x in sample) < 200:
+            sample.append(new.head(200))
+        added += len(new)
+    words.close()
+    writer.close()
+    (out / ".train.words.txt.tmp").replace(out / "train.words.txt")
+    return originals, added, Augmented(pd.DataFrame(), metrics, ctx.params.method), (pd.concat(sample) if sample else pd.DataFrame())
+
+
 def build(ctx: BuildContext) -> BuildOutput:
     """Write the augmented `train.parquet` and its segmented corpus `train.words.txt`. New words are cut as the
-    segment stage cuts (`ctx.stages.segment`); translations are cached in the store, shared by all keys."""
+    segment stage cuts (`ctx.stages.segment`); translations are cached in the store, shared by all keys. A
+    row-wise augmenter (eda, none) streams the split; back-translation holds it (it translates a sample)."""
+    _check_method(ctx.params)
     segment: SegmenterParams = ctx.stages.segment.segmenter()
     cache_file = ctx.store.cache_file("translations.sqlite")
-    train = pd.read_parquet(ctx.inputs["segment"] / "train.parquet")
-    heldout = set()
-    for split in ("validation", "test"):
-        heldout |= set(pd.read_parquet(ctx.inputs["segment"] / f"{split}.parquet", columns=["text"])["text"])
-    src = ctx.inputs["segment"] / "train.parquet"
+    src = Rows(ctx.inputs["segment"] / "train.parquet")
+    heldout = TextSet.of(b["text"] for split in ("validation", "test") for b in Rows(ctx.inputs["segment"] / f"{split}.parquet").batches(["text"]))
     runner = ctx.runner(1 if ctx.runner is Runner else 0)  # local: one process; Dask: every worker
-    out, result = augment_frame(train, AugmentContext(ctx.params, segment, cache_file, heldout, runner, src, ctx.root,
-                                                          ctx.store.registered if ctx.store else None))
-    write_parquet(out, ctx.out / "train.parquet")
-    (ctx.out / "train.words.txt").write_text("\n".join(out["words"]) + "\n", encoding="utf-8")
-    added = out[out["aug_method"] != "original"]
+    actx = AugmentContext(ctx.params, segment, cache_file, heldout, runner, src.path, ctx.root, ctx.store.registered if ctx.store else None)
     tables = {}
-    if result.sample is not None and len(result.sample):
-        tables["augment_sample.json"] = result.sample.astype(str)
-        result.sample.to_csv(ctx.out / "sample.csv", index=False)
-    elif len(added):
-        sample = added.head(200).merge(train[["id", "text"]].rename(columns={"id": "source_id", "text": "source_text"}), on="source_id")
-        tables["augment_sample.json"] = sample[["source_id", "source_text", "text", "aug_method"]].astype(str)
+    if ctx.params.method in CHUNKED or ctx.params.method == "none":
+        originals, added, result, new_sample = stream_augment(src, actx, ctx.out)
+        if len(new_sample):
+            source = pd.concat(b[b["id"].isin(set(new_sample["source_id"]))][["id", "text"]] for b in src.batches(["id", "text"]))
+            sample = new_sample.merge(source.rename(columns={"id": "source_id", "text": "source_text"}), on="source_id")
+            tables["augment_sample.json"] = sample[["source_id", "source_text", "text", "aug_method"]].astype(str)
+    else:
+        train = src.frame()
+        out, result = augment_frame(train, actx)
+        write_parquet(out, ctx.out / "train.parquet")
+        (ctx.out / "train.words.txt").write_text("\n".join(out["words"]) + "\n", encoding="utf-8")
+        originals, added = len(train), int((out["aug_method"] != "original").sum())
+        if result.sample is not None and len(result.sample):
+            tables["augment_sample.json"] = result.sample.astype(str)
+            result.sample.to_csv(ctx.out / "sample.csv", index=False)
+        elif added:
+            new = out[out["aug_method"] != "original"]
+            sample = new.head(200).merge(train[["id", "text"]].rename(columns={"id": "source_id", "text": "source_text"}), on="source_id")
+            tables["augment_sample.json"] = sample[["source_id", "source_text", "text", "aug_method"]].astype(str)
     return BuildOutput(
-        rows=len(out),
-        metrics={"rows_original": len(train), "rows_added": len(added), **result.metrics},
+        rows=originals + added,
+        metrics={"rows_original": originals, "rows_added": added, **result.metrics},
         facts=ctx.facts["segment"].but(augment_method_used=result.method_used),
         artifacts=["sample.csv"] if (ctx.out / "sample.csv").exists() else [],
         tables=tables,
         tags={"zhpipe.augment.method_used": result.method_used},
     )
-

@@ -11,7 +11,7 @@ import pandas as pd
 from pydantic import Field
 
 from tasks.core import BuildContext, BuildOutput, Section
-from tasks.io import Chunk, Runner, chunk_plan, read_chunk, write_parquet
+from tasks.io import Chunk, Runner, TextSet, chunk_plan, read_chunk, write_parquet
 from tasks.segmenter import SegmenterParams
 
 CHUNK_ROWS = 5000
@@ -39,11 +39,15 @@ class AugmentContext:
     params: Any  # the augment stage's Params
     segment: SegmenterParams  # to segment new texts exactly as the segment stage did
     cache_file: Path  # persistent translation cache, shared across runs and corpora
-    heldout: set[str] = field(default_factory=set)  # validation and test texts: never enter training
+    heldout: TextSet = field(default_factory=TextSet)  # validation and test texts (digests): never enter training
     runner: Runner | None = None  # row-wise augmenters map chunks of `source` on it (processes or Dask)
     source: Path | None = None  # the train split's Parquet file
     root: Path = field(default_factory=Path.cwd)  # the project folder (relative dictionary and model paths)
     registered: Any = None  # uri -> (models:/<name>/<version>, local folder): registered translators (backend zhpipe)
+
+    def __post_init__(self):
+        if not isinstance(self.heldout, TextSet):  # a set of texts, as a caller in a notebook passes it
+            self.heldout = TextSet.of([list(self.heldout)])
 
 
 @dataclass
@@ -149,3 +153,7 @@ def train_as_is(ctx: BuildContext) -> BuildOutput:
     (ctx.out / "train.words.txt").write_text("\n".join(train["words"]) + "\n", encoding="utf-8")
     return BuildOutput(rows=len(train), metrics={"rows_original": len(train), "rows_added": 0},
                        facts=ctx.facts["segment"].but(augment_method_used="none"))
+
+
+# the row-wise augmenters that run chunk by chunk on processes or Dask: (chunk function, its params as it receives them)
+CHUNKED: dict[str, tuple[Callable, Callable]] = {"eda": (eda_chunk, eda_json)}

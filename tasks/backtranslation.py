@@ -40,7 +40,7 @@ def similarity(candidate: str, source: str) -> float:
     return CHRF().sentence_score(candidate, [source]).score / 100
 
 
-def reject_reason(source: str, candidate: str, f: TranslationFilterParams, seen: set[str]) -> str | None:
+def reject_reason(source: str, candidate: str, f: TranslationFilterParams, seen) -> str | None:
     """Why a back-translation is dropped, or None to keep it (checks in order, the first failing one counts)."""
     if candidate.strip() == source.strip():
         return "identical"
@@ -129,7 +129,7 @@ def backtranslation(train: pd.DataFrame, ctx: AugmentContext) -> Augmented:
         return result
     finally:
         cache.close()
-    seen = set(train["text"]) | ctx.heldout  # never add a copy of a train row, nor any held-out text
+    seen = ctx.heldout.union(train["text"])  # never add a copy of a train row, nor any held-out text
     new, sample = [], []
     metrics = {"candidates": 0, **{f"filtered_{r}": 0 for r in FILTER_REASONS}}
     for pivot, translated, counts, models in results:

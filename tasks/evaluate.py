@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from tasks.core import BuildContext, BuildOutput, Facts, Section, by_model
+from tasks.io import Rows, batches_of, predict_batches
 from tasks.models import MODELS
 from tasks.models.base import label_ids
 
@@ -98,13 +99,20 @@ def plot_pr_curves(y_true: np.ndarray, probs: np.ndarray, labels: list[str], tit
     return ap
 
 
-def worst_mistakes(test: pd.DataFrame, y_true: np.ndarray, probs: np.ndarray, labels: list[str], k: int = 50) -> pd.DataFrame:
-    """The wrong predictions the model was most sure of: text, true label, predicted label, confidence."""
+def worst_mistakes(test, y_true: np.ndarray, probs: np.ndarray, labels: list[str], k: int = 50) -> pd.DataFrame:
+    """The wrong predictions the model was most sure of: text, true label, predicted label, confidence. `test` is
+    the split as a frame or a `Rows` (only the rows shown are kept while reading it)."""
     pred = probs.argmax(1)
     wrong = np.flatnonzero(pred != y_true)
     order = wrong[np.argsort(-probs[wrong, pred[wrong]], kind="stable")][:k]
+    rows, start, wanted = [], 0, pd.Series(range(len(order)), index=order)
+    for batch in batches_of(test, ["id", "text"]):
+        hit = wanted.index[(wanted.index >= start) & (wanted.index < start + len(batch))]
+        rows.append(batch.iloc[hit - start].assign(_rank=wanted[hit].to_numpy()))
+        start += len(batch)
+    shown = pd.concat(rows).sort_values("_rank") if rows else pd.DataFrame({"id": [], "text": []})
     return pd.DataFrame({
-        "id": test["id"].to_numpy()[order], "text": test["text"].to_numpy()[order],
+        "id": shown["id"].to_numpy(), "text": shown["text"].to_numpy(),
         "true": [labels[i] for i in y_true[order]], "predicted": [labels[i] for i in pred[order]],
         "confidence": probs[order, pred[order]].round(4),
     })
@@ -145,14 +153,14 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     classifier the per-class scores, confusion matrix, PR curves, training curves and worst mistakes in `evaluation/`."""
     trained = ctx.facts["train"]
     labels, summary, spec = trained.labels, trained.summary, MODELS[name]
-    test = pd.read_parquet(ctx.inputs["segment"] / "test.parquet")
+    test = Rows(ctx.inputs["segment"] / "test.parquet")
     folder = ctx.out / "evaluation"
     folder.mkdir()
     if spec.is_language_model:
-        metrics = {"test_perplexity": spec.perplexity(ctx.inputs["train"] / name, test)}
-    else:
-        y_true = label_ids(test, labels)
-        probs = spec.predictor(ctx.inputs["train"] / name)(test)
+        metrics = {"test_perplexity": spec.perplexity(ctx.inputs["train"] / name, test.frame())}
+    else:  # scored batch by batch: memory is one batch and the probabilities, whatever the test split
+        y_true = np.concatenate([label_ids(b, labels) for b in test.batches(["label"])])
+        probs = predict_batches(spec.predictor(ctx.inputs["train"] / name), test)
         metrics, per_class, matrix = score(y_true, probs.argmax(1), labels)
         per_class.to_csv(folder / "per_class.csv", index=False)
         pd.DataFrame(matrix, index=labels, columns=labels).to_csv(folder / "confusion_matrix.csv")

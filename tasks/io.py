@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -95,6 +96,118 @@ def iter_frames(path: Path, rows: int = 5_000, columns: list[str] | None = None)
         if count >= rows or rg == meta.num_row_groups - 1:
             yield f.read_row_groups(group, columns=columns).to_pandas()
             group, count = [], 0
+
+
+BATCH_ROWS = 50_000  # rows a stage holds at once when it streams a split
+
+
+@dataclass(frozen=True)
+class Rows:
+    """A split's rows as its Parquet file: read in batches (memory is one batch, whatever the corpus) or whole."""
+
+    path: Path
+
+    def __len__(self) -> int:
+        return pq.ParquetFile(self.path).metadata.num_rows
+
+    def batches(self, columns: list[str] | None = None, rows: int | None = None) -> Iterator[pd.DataFrame]:
+        return iter_frames(self.path, rows or BATCH_ROWS, columns)
+
+    def frame(self, columns: list[str] | None = None) -> pd.DataFrame:
+        return pd.read_parquet(self.path, columns=columns)
+
+
+def batches_of(data: "Rows | pd.DataFrame", columns: list[str] | None = None, rows: int | None = None) -> Iterator[pd.DataFrame]:
+    """Batches of a split given as a file (`Rows`) or as a frame already in memory."""
+    rows = rows or BATCH_ROWS
+    if isinstance(data, Rows):
+        yield from data.batches(columns, rows)
+        return
+    frame = data if columns is None else data[columns]
+    for start in range(0, max(len(frame), 1), rows):
+        yield frame.iloc[start : start + rows]
+
+
+def text_digests(texts) -> np.ndarray:
+    """A 64-bit digest of each text (pandas' SipHash, vectorised): equal texts, equal digests."""
+    return pd.util.hash_pandas_object(pd.Series(texts, dtype=object), index=False, hash_key="zhpipe-textset-1").to_numpy()
+
+
+class TextSet:
+    """A set of texts held as 64-bit digests (8 bytes a text, not the texts): `text in s`, `s.isin(series)`,
+    `s.add(text)`. For the texts a stage must never emit (held-out splits) over a corpus of any size."""
+
+    def __init__(self, digests: np.ndarray | None = None):
+        self._sorted = np.unique(digests) if digests is not None else np.zeros(0, dtype=np.uint64)
+        self._added: set[int] = set()
+
+    @classmethod
+    def of(cls, batches: Iterable) -> "TextSet":
+        parts = [text_digests(b) for b in batches]
+        return cls(np.concatenate(parts) if parts else None)
+
+    def union(self, texts) -> "TextSet":
+        return TextSet(np.concatenate([self._sorted, text_digests(texts), np.fromiter(self._added, np.uint64, len(self._added))]))
+
+    def isin(self, texts) -> np.ndarray:
+        d = text_digests(texts)
+        found = np.zeros(len(d), dtype=bool)
+        if len(self._sorted):
+            at = np.minimum(np.searchsorted(self._sorted, d), len(self._sorted) - 1)
+            found = self._sorted[at] == d
+        if self._added:
+            found |= np.fromiter((int(x) in self._added for x in d), bool, len(d))
+        return found
+
+    def __contains__(self, text: str) -> bool:
+        return bool(self.isin([text])[0])
+
+    def add(self, text: str) -> None:
+        self._added.add(int(text_digests([text])[0]))
+
+    def __len__(self) -> int:
+        return len(self._sorted) + len(self._added)
+
+
+SHUFFLE_ROWS = 200_000  # rows shuffled in memory at once: a larger split is dealt into buckets of about this size
+
+
+def shuffled(data: "Rows | pd.DataFrame", folder: Path, seed: int, columns: list[str] | None = None,
+             bucket_rows: int = SHUFFLE_ROWS) -> "Rows | pd.DataFrame":
+    """The rows of `data` in an order shuffled with `seed` (fastText and SGD learn from rows in file order,
+    and a corpus is often sorted by label). Up to `bucket_rows` rows: a frame in the order of a seeded
+    permutation (what `frame.sample(frac=1, random_state=seed)` gives). More: the rows are dealt into random
+    buckets on disk under `folder`, and each bucket, shuffled, is appended to `folder/shuffled.parquet`, so
+    memory is one bucket."""
+    n = len(data)
+    if n <= bucket_rows:
+        frame = data.frame(columns) if isinstance(data, Rows) else (data if columns is None else data[columns])
+        return frame.iloc[np.random.RandomState(seed).permutation(n)]
+    rng = np.random.default_rng(seed)
+    buckets = -(-n // bucket_rows)
+    folder.mkdir(parents=True, exist_ok=True)
+    writers = [PartWriter(folder / f"bucket-{b}.parquet") for b in range(buckets)]
+    for batch in batches_of(data, columns):
+        deal = rng.integers(buckets, size=len(batch))
+        for b, writer in enumerate(writers):
+            part = batch[deal == b]
+            if len(part):
+                writer.write(pa.Table.from_pandas(part, preserve_index=False))
+    out = PartWriter(folder / "shuffled.parquet", ROW_GROUP_ROWS)
+    for writer in writers:
+        writer.close()
+        if writer.path.exists():
+            part = pd.read_parquet(writer.path)
+            out.write(pa.Table.from_pandas(part.iloc[rng.permutation(len(part))], preserve_index=False))
+            writer.path.unlink()
+    out.close()
+    return Rows(folder / "shuffled.parquet")
+
+
+def predict_batches(predict: Callable[[pd.DataFrame], np.ndarray], data: "Rows | pd.DataFrame", rows: int = 20_000) -> np.ndarray:
+    """A predictor's outputs over a whole split, asked batch by batch (memory: one batch and the outputs)."""
+    parts = [predict(batch) for batch in batches_of(data, rows=rows) if len(batch)]
+    return np.concatenate(parts) if parts else np.zeros((0, 0), dtype=np.float32)
 
 
 def peak_rss_mb() -> float:

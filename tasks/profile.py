@@ -15,7 +15,7 @@ import pandas as pd
 from pydantic import Field
 
 from tasks.core import BuildContext, BuildOutput, Section
-from tasks.io import SPLITS, safe_name
+from tasks.io import SPLITS, Rows, safe_name
 from tasks.text import FUNCTION_WORDS, is_word
 
 # what its key sees besides params, inputs and code (flows/fingerprint.py): the libraries that shape
@@ -38,22 +38,87 @@ class Params(Section):
 PICTURES = ["label_distribution.png", "length_distribution.png", "length_scatter.png", "top_words.png", "top_adjectives.png"]
 
 
-def corpus_stats(frames: dict[str, pd.DataFrame], coverage: float) -> dict[str, float]:
-    """Vocabulary size, tokens, type/token ratio (train), and the lengths that cover `coverage` of all texts."""
-    train_words = [w for line in frames["train"]["words"] for w in line.split()]
-    everything = pd.concat(frames.values(), ignore_index=True)
-    chars = everything["text"].str.len()
-    words = everything["words"].str.split().str.len()
-    return {
-        "vocab_size": len(set(train_words)),
-        "tokens": len(train_words),
-        "type_token_ratio": len(set(train_words)) / max(len(train_words), 1),
-        "chars_p50": float(chars.median()),
-        f"chars_p{round(coverage * 100)}": float(np.quantile(chars, coverage)),
-        f"words_p{round(coverage * 100)}": float(np.quantile(words, coverage)),
-        "suggested_max_len_words": int(np.ceil(np.quantile(words, coverage))),
-        "suggested_max_len_chars": int(np.ceil(np.quantile(chars, coverage))),
-    }
+def hist_quantile(counts: np.ndarray, q: float) -> float:
+    """`np.quantile` (linear) of the values 0, 1, 2, ... seen `counts[v]` times, from the counts alone."""
+    n = int(counts.sum())
+    cumulative = np.cumsum(counts)
+    h = (n - 1) * q
+    lo = int(np.floor(h))
+    at = lambda i: float(np.searchsorted(cumulative, i + 1))  # noqa: E731 - the i-th smallest value
+    return at(lo) + (h - lo) * (at(min(lo + 1, n - 1)) - at(lo))
+
+
+class Profile:
+    """What the stage counts, batch by batch (memory: the counts, a bounded sample per label, not the corpus):
+    labels per split, text lengths per label (histograms), train words and adjectives per label."""
+
+    def __init__(self, seed: int, sample_size: int = 3000):
+        self.per_split: dict[str, Counter] = {}
+        self.chars: dict = {}  # label -> histogram of text lengths in characters
+        self.words_hist = np.zeros(1, dtype=np.int64)
+        self.tokens: Counter = Counter()  # train: every token
+        self.words: dict = {}  # label -> shown-word counts (train)
+        self.adjectives: dict = {}
+        self.samples: dict = {}  # label -> (keys, chars, words) of the rows with the smallest random keys
+        self.rng, self.sample_size, self.rows = np.random.default_rng(seed), sample_size, 0
+
+    @staticmethod
+    def _add(hist: np.ndarray, values: np.ndarray) -> np.ndarray:
+        counts = np.bincount(values)
+        if len(counts) > len(hist):
+            hist = np.pad(hist, (0, len(counts) - len(hist)))
+        hist[: len(counts)] += counts
+        return hist
+
+    def add(self, split: str, batch: pd.DataFrame, tags: dict | None) -> None:
+        self.rows += len(batch)
+        self.per_split.setdefault(split, Counter()).update(batch["label"].value_counts().to_dict())
+        chars = batch["text"].str.len().to_numpy(dtype=np.int64)
+        words = batch["words"].str.split().str.len().fillna(0).to_numpy(dtype=np.int64)
+        self.words_hist = self._add(self.words_hist, words)
+        keys = self.rng.random(len(batch))
+        for label, rows in batch.groupby("label", sort=False).indices.items():
+            self.chars[label] = self._add(self.chars.get(label, np.zeros(1, dtype=np.int64)), chars[rows])
+            old = self.samples.get(label, (np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)))
+            k, c, w = (np.concatenate([o, n[rows]]) for o, n in zip(old, (keys, chars, words)))
+            keep = np.argsort(k, kind="stable")[: self.sample_size]
+            self.samples[label] = (k[keep], c[keep], w[keep])
+        if split != "train":
+            return
+        for line in batch["words"]:
+            self.tokens.update(line.split())
+        for label, part in batch.groupby("label", sort=False):
+            if tags is None:  # segment stored jieba.posseg's own tags
+                counts, adjectives = tagged_counts(part["pos"])
+            else:
+                counts = word_counts(part["words"])
+                adjectives = adjective_counts(counts, tags)
+            self.words.setdefault(label, Counter()).update(counts)
+            self.adjectives.setdefault(label, Counter()).update(adjectives)
+
+    def stats(self, coverage: float) -> dict[str, float]:
+        """Vocabulary size, tokens, type/token ratio (train), and the lengths that cover `coverage` of all texts."""
+        chars = np.zeros(1, dtype=np.int64)
+        for hist in self.chars.values():
+            chars = _sum(chars, hist)
+        tokens = sum(self.tokens.values())
+        return {
+            "vocab_size": len(self.tokens),
+            "tokens": tokens,
+            "type_token_ratio": len(self.tokens) / max(tokens, 1),
+            "chars_p50": hist_quantile(chars, 0.5),
+            f"chars_p{round(coverage * 100)}": hist_quantile(chars, coverage),
+            f"words_p{round(coverage * 100)}": hist_quantile(self.words_hist, coverage),
+            "suggested_max_len_words": int(np.ceil(hist_quantile(self.words_hist, coverage))),
+            "suggested_max_len_chars": int(np.ceil(hist_quantile(chars, coverage))),
+        }
+
+
+def _sum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    out = np.zeros(max(len(a), len(b)), dtype=np.int64)
+    out[: len(a)] += a
+    out[: len(b)] += b
+    return out
 
 
 def shown(counts: Counter) -> Counter:
@@ -98,10 +163,10 @@ def tagged_counts(pos: pd.Series) -> tuple[Counter, Counter]:
     return shown(words), shown(adjectives)
 
 
-def plot_labels(frames: dict[str, pd.DataFrame], labels: list[str], path: Path) -> Path:
+def plot_labels(per_split: dict[str, Counter], labels: list[str], path: Path) -> Path:
     from tasks.plots import save, subplots
 
-    counts = pd.DataFrame({s: df["label"].value_counts().reindex(labels, fill_value=0) for s, df in frames.items()})
+    counts = pd.DataFrame({s: pd.Series(c, dtype="int64").reindex(labels, fill_value=0) for s, c in per_split.items()})
     fig, ax = subplots(figsize=(6, 3.6))
     width = 0.8 / len(counts.columns)
     for i, split in enumerate(counts.columns):
@@ -113,20 +178,25 @@ def plot_labels(frames: dict[str, pd.DataFrame], labels: list[str], path: Path) 
     return save(fig, path)
 
 
-def plot_lengths(df: pd.DataFrame, labels: list[str], path: Path) -> Path:
-    """Histogram and density of text length (characters) per label."""
+def plot_lengths(profile: Profile, labels: list[str], path: Path) -> Path:
+    """Histogram (every text) and density (a Gaussian KDE of a sample of each label) of text length in characters."""
     from scipy.stats import gaussian_kde
 
     from tasks.plots import save, subplots
 
-    lengths = df["text"].str.len()
-    hi = float(np.quantile(lengths, 0.99))
+    every = np.zeros(1, dtype=np.int64)
+    for hist in profile.chars.values():
+        every = _sum(every, hist)
+    hi = hist_quantile(every, 0.99)
     bins = np.linspace(0, hi, 50)
     fig, ax = subplots(figsize=(7, 3.8))
     grid = np.linspace(0, hi, 300)
     for label in labels:
-        x = lengths[df["label"] == label].clip(upper=hi)
-        line = ax.hist(x, bins=bins, alpha=0.35, density=True, label=f"{label} (n={len(x)})")[2][0]
+        hist = profile.chars.get(label, np.zeros(1, dtype=np.int64))
+        values = np.arange(len(hist))
+        n = int(hist.sum())
+        line = ax.hist(np.minimum(values, hi), bins=bins, weights=hist, alpha=0.35, density=True, label=f"{label} (n={n})")[2][0]
+        x = np.minimum(profile.samples[label][1], hi) if label in profile.samples else np.zeros(0)
         if len(x) > 1 and x.std() > 0:
             ax.plot(grid, gaussian_kde(x)(grid), color=line.get_facecolor(), alpha=1.0, linewidth=1.6)
     ax.set(xlabel="characters (clipped at the 99th percentile)", ylabel="density", title="text length per label")
@@ -134,15 +204,14 @@ def plot_lengths(df: pd.DataFrame, labels: list[str], path: Path) -> Path:
     return save(fig, path)
 
 
-def plot_scatter(df: pd.DataFrame, labels: list[str], path: Path, seed: int = 0) -> Path:
-    """Characters vs words per text, a point per text (at most 3,000 per label), coloured by label."""
+def plot_scatter(profile: Profile, labels: list[str], path: Path) -> Path:
+    """Characters vs words per text, a point per text of a random sample (at most 3,000 per label), by label."""
     from tasks.plots import save, subplots
 
     fig, ax = subplots(figsize=(6, 4))
     for label in labels:
-        part = df[df["label"] == label]
-        part = part.sample(min(len(part), 3000), random_state=seed)
-        ax.scatter(part["text"].str.len(), part["words"].str.split().str.len(), s=4, alpha=0.4, label=label)
+        _, chars, words = profile.samples.get(label, (None, np.zeros(0), np.zeros(0)))
+        ax.scatter(chars, words, s=4, alpha=0.4, label=label)
     ax.set(xlabel="characters", ylabel="words", title="text lengths per label", xscale="log", yscale="log")
     ax.legend(markerscale=4)
     return save(fig, path)
@@ -190,7 +259,7 @@ def report_html(title: str, stats: dict, tables: dict[str, pd.DataFrame], pictur
 
 
 def build(ctx: BuildContext) -> BuildOutput:
-    """Pictures, tables and `report.html` about the segmented splits."""
+    """Pictures, tables and `report.html` about the segmented splits, counted batch by batch."""
     import pyarrow.parquet as pq
 
     from tasks.plots import require_cjk_font, use_font
@@ -198,33 +267,27 @@ def build(ctx: BuildContext) -> BuildOutput:
     p: Params = ctx.params
     folder = ctx.inputs["segment"]
     pos = ["pos"] if "pos" in pq.read_schema(folder / "train.parquet").names else []  # `segment.pos: true`
-    frames = {name: pd.read_parquet(folder / f"{name}.parquet", columns=["text", "words", "label"] + (pos if name == "train" else []))
-              for name in SPLITS}
     font = require_cjk_font(p.font)
     use_font(font)
-    labels = ctx.facts["segment"].labels or sorted(frames["train"]["label"].unique().tolist())
+    tags = None if pos else dictionary_tags()
+    profile = Profile(p.seed)
+    for name in SPLITS:
+        for batch in Rows(folder / f"{name}.parquet").batches(["text", "words", "label"] + (pos if name == "train" else [])):
+            profile.add(name, batch, tags)
+    labels = ctx.facts["segment"].labels or sorted(profile.per_split.get("train", Counter()))
     all_labels = labels
     if len(labels) > p.max_labels:  # 10,000 classes get their counts, not 10,000 pictures
-        top = frames["train"]["label"].value_counts().index[: p.max_labels]
-        labels = [label for label in labels if label in set(top)]
-    train, everything = frames["train"], pd.concat([f[["text", "words", "label"]] for f in frames.values()], ignore_index=True)
-    stats = corpus_stats(frames, p.coverage)
-    tags = None if "pos" in train.columns else dictionary_tags()
-    clouds, adjective_clouds = {}, {}
-    for label in labels:
-        rows = train["label"] == label
-        if tags is None:  # segment stored jieba.posseg's own tags
-            counts, adjectives = tagged_counts(train.loc[rows, "pos"])
-        else:
-            counts = word_counts(train.loc[rows, "words"])
-            adjectives = adjective_counts(counts, tags)
-        clouds[label], adjective_clouds[label] = dict(counts.most_common(p.cloud_words)), dict(adjectives.most_common(p.cloud_words))
+        top = {label for label, _ in profile.per_split["train"].most_common(p.max_labels)}
+        labels = [label for label in labels if label in top]
+    stats = profile.stats(p.coverage)
+    clouds = {label: dict(profile.words.get(label, Counter()).most_common(p.cloud_words)) for label in labels}
+    adjective_clouds = {label: dict(profile.adjectives.get(label, Counter()).most_common(p.cloud_words)) for label in labels}
     words = {str(label): list(clouds[label].items())[: p.top_k] for label in labels}
     adjectives = {str(label): list(adjective_clouds[label].items())[: p.top_k] for label in labels}
     pictures = [
-        plot_labels(frames, labels, ctx.out / "label_distribution.png"),
-        plot_lengths(everything, labels, ctx.out / "length_distribution.png"),
-        plot_scatter(everything, labels, ctx.out / "length_scatter.png", p.seed),
+        plot_labels(profile.per_split, labels, ctx.out / "label_distribution.png"),
+        plot_lengths(profile, labels, ctx.out / "length_distribution.png"),
+        plot_scatter(profile, labels, ctx.out / "length_scatter.png"),
         plot_top(words, f"most frequent words per label (train, top {p.top_k})", ctx.out / "top_words.png"),
         plot_top(adjectives, f"most frequent adjectives per label (train, jieba POS a/ad/an, top {p.top_k})", ctx.out / "top_adjectives.png"),
     ]
@@ -233,7 +296,8 @@ def build(ctx: BuildContext) -> BuildOutput:
         if adjective_clouds[label]:  # the course's adjective cloud: jieba POS a/ad/an only
             pictures.append(word_cloud(adjective_clouds[label], font, ctx.out / f"adjectives_{safe_name(label)}.png", p.seed))
     tables = {
-        "labels per split": pd.DataFrame({s: df["label"].value_counts().reindex(all_labels, fill_value=0) for s, df in frames.items()}).rename_axis("label").reset_index(),
+        "labels per split": pd.DataFrame({s: pd.Series(profile.per_split.get(s, Counter()), dtype="int64").reindex(all_labels, fill_value=0)
+                                          for s in SPLITS}).rename_axis("label").reset_index(),
         "top words per label": _side_by_side(words),
         "top adjectives per label": _side_by_side(adjectives),
     }
@@ -242,7 +306,7 @@ def build(ctx: BuildContext) -> BuildOutput:
     (ctx.out / "stats.json").write_text(json.dumps(stats, indent=2), encoding="utf-8")
     (ctx.out / "report.html").write_text(report_html(f"{ctx.pipeline}: corpus profile", stats, tables, pictures), encoding="utf-8")
     files = [p.name for p in pictures] + ["report.html", "stats.json"] + [f"{n.replace(' ', '_')}.csv" for n in tables]
-    return BuildOutput(rows=len(everything), metrics=stats, facts=ctx.facts["segment"].but(font=font), artifacts=files,
+    return BuildOutput(rows=profile.rows, metrics=stats, facts=ctx.facts["segment"].but(font=font), artifacts=files,
                        markdown={"profile": stats_markdown(ctx.pipeline, stats)},
                        records={"top-words": tables["top words per label"].astype(str).to_dict("records")})
 

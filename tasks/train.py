@@ -5,11 +5,12 @@ import json
 from functools import lru_cache
 from typing import Literal
 
-import pandas as pd
+import numpy as np
 from pydantic import Field, create_model, field_validator, model_validator
 
 from tasks.core import BuildContext, BuildOutput, Facts, Section, Unit, by_model
 from tasks.errors import DataError
+from tasks.io import Rows, batches_of, predict_batches
 from tasks.models import MODELS, TrainInputs
 from tasks.models.base import label_ids
 from tasks.vectors import load_word_vectors
@@ -83,23 +84,25 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     labels = ctx.facts["augment"].labels
     if not labels:
         raise DataError("train: the corpus has no labels (source.label_column is unset); classifiers need labelled data")
-    train = pd.read_parquet(ctx.inputs["augment"] / "train.parquet")
-    validation = pd.read_parquet(ctx.inputs["segment"] / "validation.parquet")
     spec = MODELS[name]
+    train_rows, val_rows = Rows(ctx.inputs["augment"] / "train.parquet"), Rows(ctx.inputs["segment"] / "validation.parquet")
+    # a model that streams reads its splits batch by batch (memory bounded whatever the corpus); others, whole
+    train, validation = (train_rows, val_rows) if spec.streams else (train_rows.frame(), val_rows.frame())
     vectors = load_word_vectors(ctx.inputs["embed"], p.embeddings) if spec.uses_vectors else None
     members = {model: folder / model for model, folder in by_model({u: f for u, f in ctx.inputs.items() if Unit.parse(u).model}).items()}
     summary = spec.train(TrainInputs(name, train, validation, labels, spec.view(p), ctx.inputs["vocab"], vectors, ctx.out, ctx.scratch, ctx.sink,
                                      members=members))
     if not spec.is_language_model:  # classifiers: validation scores from the saved model, as it will be served
-        val = spec.predictor(ctx.out / name)(validation).argmax(1)
+        val = predict_batches(spec.predictor(ctx.out / name), validation).argmax(1)
+        gold = np.concatenate([label_ids(b, labels) for b in batches_of(validation, ["label"])])
         from sklearn.metrics import accuracy_score, f1_score
 
-        summary["val_accuracy"] = float(accuracy_score(label_ids(validation, labels), val))
-        summary["val_macro_f1"] = float(f1_score(label_ids(validation, labels), val, average="macro"))
+        summary["val_accuracy"] = float(accuracy_score(gold, val))
+        summary["val_macro_f1"] = float(f1_score(gold, val, average="macro"))
     # the per-epoch curves (val_macro_f1, samples_per_second, ...) are the history; these are the model's totals
     names = {"val_accuracy": "val_accuracy_best", "val_macro_f1": "val_macro_f1_best", "val_perplexity": "val_perplexity_best",
              "seconds": "train_seconds", "samples_per_second": "median_samples_per_second"}
-    return BuildOutput(rows=len(train), metrics={new: summary[old] for old, new in names.items() if old in summary},
+    return BuildOutput(rows=len(train_rows), metrics={new: summary[old] for old, new in names.items() if old in summary},
                        facts=Facts(labels=labels, model=name, summary=summary))
 
 

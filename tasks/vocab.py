@@ -7,6 +7,7 @@ import pandas as pd
 from pydantic import Field, field_validator
 
 from tasks.core import BuildContext, BuildOutput, Facts, Section, gathered
+from tasks.io import Rows
 
 # what its key sees besides params, inputs and code (flows/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)
@@ -49,10 +50,12 @@ def build_vocab(counts: Counter, params: Params) -> list[str]:
 
 def build(ctx: BuildContext) -> BuildOutput:
     """Write `words/vocab.txt`, `words/freq.tsv`, `chars/vocab.txt`, `chars/freq.tsv` from the train split."""
-    train = pd.read_parquet(ctx.inputs["augment"] / "train.parquet", columns=list(KINDS))
-    validation = pd.read_parquet(ctx.inputs["segment"] / "validation.parquet", columns=list(KINDS))
-    return write_vocab(ctx, {kind: count_tokens(train[kind]) for kind in KINDS},
-                       {kind: count_tokens(validation[kind]) for kind in KINDS}, ctx.facts["augment"])
+    counts = {split: {kind: Counter() for kind in KINDS} for split in ("train", "validation")}
+    for split, stage in (("train", "augment"), ("validation", "segment")):  # batch by batch: memory is the counts
+        for batch in Rows(ctx.inputs[stage] / f"{split}.parquet").batches(list(KINDS)):
+            for kind in KINDS:
+                counts[split][kind].update(count_tokens(batch[kind]))
+    return write_vocab(ctx, counts["train"], counts["validation"], ctx.facts["augment"])
 
 
 def count(ctx: BuildContext) -> BuildOutput:

@@ -43,7 +43,7 @@ class TrainInputs:
     (`seconds`, `samples_per_second`, `history` per epoch, ...)."""
 
     name: str
-    train: pd.DataFrame  # augmented train rows (`aug_method` tells the originals)
+    train: pd.DataFrame  # augmented train rows (`aug_method` tells the originals); a `Rows` for a model that streams
     validation: pd.DataFrame
     labels: list[str]
     params: Any  # the train stage's Params: common settings, and `getattr(params, name)` is the model's own
@@ -69,6 +69,9 @@ class ModelSpec:
     params: type[Section]  # the `train.<name>` config section, one declaration per setting
     train: Callable[[TrainInputs], dict]
     predictor: Callable[[Path], Predictor] | None = None  # classifiers: a saved model folder -> predict function
+    # its `train` reads `TrainInputs.train`/`validation` as `tasks.io.Rows` (batches from the split's file,
+    # memory bounded whatever the corpus) instead of frames
+    streams: bool = False
     perplexity: Callable[[Path, pd.DataFrame], float] | None = None  # language models: perplexity of texts
     uses_vectors: bool = False  # starts from the embed stage's word vectors
     about: str = ""  # one line for `zhpipe models`

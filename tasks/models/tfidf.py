@@ -28,6 +28,14 @@ class Params(Section):
     min_df: int = Field(2, ge=1)
     C: float = Field(4.0, gt=0)  # inverse regularisation strength
     class_weight: Literal["balanced"] | None = None
+    # memory: fit one logistic regression on the whole TF-IDF matrix (exact; the matrix is 20-100x the text),
+    # or stream: hashed n-grams (`features` per vectorizer, no vocabulary) and a logistic loss fitted by SGD
+    # over `epochs` passes of shuffled batches, memory one batch whatever the corpus (docs/benchmarks.md).
+    # auto: memory while the train split's text and words are at most `memory_mb` MB, else stream
+    fit: Literal["auto", "memory", "stream"] = "auto"
+    memory_mb: float = Field(12.0, ge=0)
+    features: int = Field(2**20, ge=2**10)  # stream: hashed features per vectorizer (words, chars)
+    epochs: int = Field(3, ge=1)  # stream: passes over the train split
 
 
 class WideParams(Params):
@@ -64,45 +72,158 @@ def make_pipeline(p: Params, seed: int) -> Pipeline:
     return Pipeline([("features", features), ("classifier", classifier)])
 
 
-def train_tfidf_lr(train: pd.DataFrame, labels: list[str], p: Params, seed: int, out: Path, name: str = "tfidf_lr") -> dict:
-    """Fit, then save what prediction needs as data that loads without pickle (in `out / name`): each
-    vectorizer's vocabulary (`vocabulary.json`) and the idf and classifier weights (`weights.npz`)."""
+def text_mb(data) -> float:
+    """The train split's text and words, in MB (uncompressed, from the Parquet metadata of a `Rows`)."""
+    if isinstance(data, pd.DataFrame):
+        return float(data["text"].str.len().sum() * 3 + data["words"].str.len().sum() * 3) / 2**20
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(data.path).metadata
+    names = meta.schema.names
+    wanted = [names.index(c) for c in ("text", "words") if c in names]
+    return sum(meta.row_group(g).column(c).total_uncompressed_size for g in range(meta.num_row_groups) for c in wanted) / 2**20
+
+
+def train_tfidf_lr(train, labels: list[str], p: Params, seed: int, out: Path, name: str = "tfidf_lr") -> dict:
+    """Fit, then save what prediction needs as data that loads without pickle (in `out / name`): in memory,
+    each vectorizer's vocabulary (`vocabulary.json`) and the idf and classifier weights (`weights.npz`);
+    streamed, the hashed features' idf and the weights. `train` is a `Rows` (streamed) or a frame."""
     folder = out / name
     folder.mkdir()
-    index = {label: i for i, label in enumerate(labels)}
+    mode = p.fit if p.fit != "auto" else ("memory" if text_mb(train) <= p.memory_mb else "stream")
     t0 = time.perf_counter()
-    model = make_pipeline(p, seed).fit(train[["words", "text"]], train["label"].map(index).to_numpy())
+    rows = _fit_stream(train, labels, p, seed, folder) if mode == "stream" else _fit_memory(train, labels, p, seed, folder)
     seconds = time.perf_counter() - t0
+    (folder / "config.json").write_text(json.dumps({"labels": labels, **p.model_dump(), "mode": mode}, ensure_ascii=False), encoding="utf-8")
+    return {"path": name, "kind": name, "seconds": seconds, "history": [], "samples_per_second": rows / seconds, "fit": mode}
+
+
+def _fit_memory(train, labels: list[str], p: Params, seed: int, folder: Path) -> int:
+    frame = train if isinstance(train, pd.DataFrame) else train.frame(["words", "text", "label"])
+    index = {label: i for i, label in enumerate(labels)}
+    model = make_pipeline(p, seed).fit(frame[["words", "text"]], frame["label"].map(index).to_numpy())
     fitted = model.named_steps["features"].named_transformers_
     classifier = model.named_steps["classifier"]
     vocabulary = {name: {term: int(i) for term, i in fitted[name].vocabulary_.items()} for name in COLUMNS}
     (folder / "vocabulary.json").write_text(json.dumps(vocabulary, ensure_ascii=False), encoding="utf-8")
     np.savez(folder / "weights.npz", idf_words=fitted["words"].idf_, idf_chars=fitted["chars"].idf_,
              coef=classifier.coef_, intercept=classifier.intercept_, classes=classifier.classes_)
-    (folder / "config.json").write_text(json.dumps({"labels": labels, **p.model_dump()}, ensure_ascii=False), encoding="utf-8")
-    return {"path": name, "kind": name, "seconds": seconds, "history": [], "samples_per_second": len(train) / seconds}
+    return len(frame)
+
+
+IDF_SAMPLE_ROWS = 200_000  # stream: document frequencies from a seeded sample of about this many rows
+
+
+def _hashers(p: Params) -> dict:
+    """Word and character n-grams hashed into `features` columns each (no vocabulary to hold)."""
+    from sklearn.feature_extraction.text import HashingVectorizer
+
+    return {
+        "words": HashingVectorizer(tokenizer=str.split, token_pattern=None, lowercase=False, ngram_range=tuple(p.word_ngrams),
+                                   n_features=p.features, alternate_sign=False, norm=None),
+        "chars": HashingVectorizer(analyzer="char", ngram_range=tuple(p.char_ngrams), n_features=p.features,
+                                   alternate_sign=False, norm=None),
+    }
+
+
+def hashed_tfidf(hashers: dict, idf: dict, frame: pd.DataFrame):
+    """The TF-IDF rows of `frame` over hashed features: sublinear tf, idf, each vectorizer's block l2-normed
+    (as TfidfVectorizer does), side by side."""
+    from scipy.sparse import hstack
+    from sklearn.preprocessing import normalize
+
+    blocks = []
+    for name, hasher in hashers.items():
+        x = hasher.transform(frame[COLUMNS[name]]).tocsr()
+        x.data = 1 + np.log(x.data)  # sublinear tf
+        x = x.multiply(idf[name]).tocsr()
+        blocks.append(normalize(x))
+    return hstack(blocks).tocsr().astype(np.float32)
+
+
+def _fit_stream(train, labels: list[str], p: Params, seed: int, folder: Path) -> int:
+    """Hashed TF-IDF and a logistic loss by SGD (averaged), over `epochs` passes of the shuffled split."""
+    from sklearn.linear_model import SGDClassifier
+
+    from tasks.io import Rows, batches_of, shuffled
+
+    n = len(train)
+    hashers = _hashers(p)
+    # document frequencies from a sample spread over the whole split (min_df applies to the sample's counts)
+    rng = np.random.default_rng(seed)
+    keep = min(1.0, IDF_SAMPLE_ROWS / max(n, 1))
+    df = {name: np.zeros(p.features, dtype=np.int64) for name in hashers}
+    docs = 0
+    for batch in batches_of(train, ["words", "text"]):
+        batch = batch[rng.random(len(batch)) < keep] if keep < 1 else batch
+        docs += len(batch)
+        for name, hasher in hashers.items():
+            x = hasher.transform(batch[COLUMNS[name]]).tocsc()
+            df[name] += np.diff(x.indptr)
+    idf = {name: np.where(d >= p.min_df, np.log((1 + docs) / (1 + d)) + 1, 0.0).astype(np.float32) for name, d in df.items()}
+    order = shuffled(train, folder.parent / f".{folder.name}-shuffle", seed, ["words", "text", "label"])
+    index = {label: i for i, label in enumerate(labels)}
+    classes = np.arange(len(labels))
+    weights = None
+    if p.class_weight == "balanced":
+        counts = np.zeros(len(labels))
+        for batch in batches_of(order, ["label"]):
+            counts += np.bincount(batch["label"].map(index).to_numpy(), minlength=len(labels))
+        weights = {i: n / (len(labels) * c) for i, c in enumerate(counts) if c}
+    # the same objective as LogisticRegression(C): alpha = 1 / (C * n)
+    model = SGDClassifier(loss="log_loss", alpha=1.0 / (p.C * n), average=True, learning_rate="optimal",
+                          class_weight=weights, random_state=seed)
+    for _ in range(p.epochs):
+        for batch in batches_of(order, ["words", "text", "label"]):
+            model.partial_fit(hashed_tfidf(hashers, idf, batch), batch["label"].map(index).to_numpy(), classes=classes)
+    if isinstance(order, Rows):
+        import shutil
+
+        shutil.rmtree(order.path.parent, ignore_errors=True)
+    np.savez(folder / "weights.npz", idf_words=idf["words"], idf_chars=idf["chars"], coef=model.coef_.astype(np.float32),
+             intercept=model.intercept_, classes=model.classes_)
+    return n * p.epochs
 
 
 def tfidf_predictor(folder: Path):
     """Probabilities from a saved TF-IDF + LR model, columns in label order (rebuilt from its data files)."""
-    from scipy.sparse import hstack
-    from sklearn.linear_model import LogisticRegression
-
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))  # every setting, as trained
     n = len(config.pop("labels"))
-    vocabulary = json.loads((folder / "vocabulary.json").read_text(encoding="utf-8"))
+    mode = config.pop("mode", "memory")
+    p = Params(**config)
     with np.load(folder / "weights.npz", allow_pickle=False) as w:
         weights = {k: w[k] for k in w.files}
-    vectorizers = _vectorizers(Params(**config))
-    for name, vec in vectorizers.items():
-        vec.vocabulary_, vec.idf_ = vocabulary[name], weights[f"idf_{name}"]
-    classifier = LogisticRegression()
-    classifier.classes_, classifier.coef_, classifier.intercept_ = weights["classes"], weights["coef"], weights["intercept"]
+    if mode == "stream":
+        hashers, idf = _hashers(p), {name: weights[f"idf_{name}"] for name in COLUMNS}
+
+        def features(df: pd.DataFrame):
+            return hashed_tfidf(hashers, idf, df)
+    else:
+        from scipy.sparse import hstack
+
+        vocabulary = json.loads((folder / "vocabulary.json").read_text(encoding="utf-8"))
+        vectorizers = _vectorizers(p)
+        for name, vec in vectorizers.items():
+            vec.vocabulary_, vec.idf_ = vocabulary[name], weights[f"idf_{name}"]
+
+        def features(df: pd.DataFrame):
+            return hstack([vec.transform(df[COLUMNS[name]]) for name, vec in vectorizers.items()]).tocsr()
+    coef, intercept, classes = weights["coef"], weights["intercept"], weights["classes"]
 
     def predict(df: pd.DataFrame) -> np.ndarray:
-        features = hstack([vec.transform(df[COLUMNS[name]]) for name, vec in vectorizers.items()]).tocsr()
+        from scipy.special import expit, softmax
+
+        scores = np.asarray(features(df) @ coef.T) + intercept
+        if scores.shape[1] == 1:  # two classes: one score (as LogisticRegression and SGDClassifier keep them)
+            p1 = expit(scores[:, 0])
+            known = np.column_stack([1 - p1, p1])
+        elif mode == "stream":  # one-vs-rest logistic losses, normalised (SGDClassifier.predict_proba)
+            known = expit(scores)
+            known /= known.sum(axis=1, keepdims=True)
+        else:  # multinomial (LogisticRegression)
+            known = softmax(scores, axis=1)
         probs = np.zeros((len(df), n), dtype=np.float32)
-        probs[:, classifier.classes_] = classifier.predict_proba(features)  # a class absent in training stays 0
+        probs[:, classes] = known  # a class absent in training stays 0
         return probs
 
     return predict
@@ -112,7 +233,7 @@ def _train(i: TrainInputs) -> dict:
     return train_tfidf_lr(i.train, i.labels, i.section, i.params.seed, i.out, i.name)
 
 
-SPEC = ModelSpec("tfidf_lr", Params, _train, predictor=tfidf_predictor, shared=("seed",),
+SPEC = ModelSpec("tfidf_lr", Params, _train, predictor=tfidf_predictor, shared=("seed",), streams=True,
                 about="TF-IDF over word 1-2-grams and character 1-3-grams, logistic regression: the baseline")
-WIDE = ModelSpec("tfidf_wide", WideParams, _train, predictor=tfidf_predictor, shared=("seed",),
+WIDE = ModelSpec("tfidf_wide", WideParams, _train, predictor=tfidf_predictor, shared=("seed",), streams=True,
                  about="tfidf_lr over word 1-3-grams and character 1-5-grams, C=16: the strongest linear model here")

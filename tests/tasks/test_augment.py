@@ -71,3 +71,48 @@ def test_leakage_check_fails_loudly():
         check_no_leakage(bad, set(TRAIN["id"]), {"早餐太差了"})
     with pytest.raises(DataError, match="outside the train split"):
         check_no_leakage(bad.assign(source_id=[3, 5, 77]), set(TRAIN["id"]), set())
+
+
+@pytest.mark.parametrize("processes", [False, True])
+def test_the_stage_streams_eda_batch_by_batch_into_what_the_whole_split_gives(tmp_path, monkeypatch, processes):
+    """The stage writes originals then new rows batch by batch (chunk functions on worker processes, or in
+    this process); the rows equal augment_frame's over the whole split, and a held-out text never enters."""
+    import tasks.augment as augment
+    import tasks.io as io
+    from tasks.core import BuildContext, Facts
+    from tasks.io import Runner
+
+    words = [" ".join(f"词{(i * 7 + k) % 23}" for k in range(3 + i % 4)) for i in range(60)]
+    train = pd.DataFrame({"id": range(100, 160), "line": range(2, 62), "text": [w.replace(" ", "") for w in words],
+                          "label": [str(i % 2) for i in range(60)], "words": words, "chars": words})
+    seg = tmp_path / "segment"
+    seg.mkdir()
+    train.to_parquet(seg / "train.parquet", index=False, row_group_size=7)
+    params = AugmentConfig(num_aug=2)
+    whole, _ = augment_frame(train, AugmentContext(params, SegmentConfig(), tmp_path / "c.sqlite", set()))
+    victim = whole[whole["aug_method"] == "eda"]["text"].iloc[0]  # one EDA row that equals a held-out text
+    pd.DataFrame({"text": [victim]}).to_parquet(seg / "validation.parquet")
+    pd.DataFrame({"text": ["别的"]}).to_parquet(seg / "test.parquet")
+    expected, _ = augment_frame(train, AugmentContext(params, SegmentConfig(), tmp_path / "c.sqlite", {victim}))
+    monkeypatch.setattr(io, "BATCH_ROWS", 10)
+    monkeypatch.setattr(augment, "CHUNK_ROWS", 10)
+
+    class Stages:
+        segment = SegmentConfig()
+
+    class Store:
+        def cache_file(self, name):
+            return tmp_path / name
+        registered = None
+
+    out = tmp_path / "out"
+    out.mkdir()
+    result = augment.build(BuildContext({"segment": seg}, {"segment": Facts(labels=["0", "1"])}, out, params, stages=Stages(),
+                                        store=Store(), runner=(lambda w: Runner(2)) if processes else (lambda w: Runner(1))))
+    got = pd.read_parquet(out / "train.parquet")
+    cols = ["id", "text", "words", "label", "source_id", "aug_method", "aug_index"]
+    pd.testing.assert_frame_equal(got[cols], expected[cols], check_dtype=False)
+    assert victim not in set(got.loc[got["aug_method"] == "eda", "text"]) and result.metrics["filtered_heldout"] >= 1
+    assert (out / "train.words.txt").read_text(encoding="utf-8").splitlines() == got["words"].tolist()
+    assert result.metrics["rows_original"] == 60 and result.rows == len(got)
+    assert len(list(augment.Rows(seg / "train.parquet").batches())) == 5  # the split was read in batches (row groups of 7)

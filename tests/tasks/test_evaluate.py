@@ -38,3 +38,23 @@ def test_metric_names_carry_the_label_not_its_index():
     from tasks.evaluate import metric_name
 
     assert metric_name("好评") == "好评" and metric_name("a:b?") == "a_b_" and metric_name("") == "_"
+
+
+def test_worst_mistakes_read_from_the_split_file_in_batches_equal_those_of_the_frame(tmp_path, monkeypatch):
+    import numpy as np
+    import pandas as pd
+
+    import tasks.io as io
+    from tasks.evaluate import worst_mistakes
+    from tasks.io import Rows
+
+    rng = np.random.default_rng(0)
+    test = pd.DataFrame({"id": range(500, 900), "text": [f"第{i}条" for i in range(400)]})
+    test.to_parquet(tmp_path / "test.parquet", row_group_size=9)
+    y = rng.integers(3, size=400)
+    probs = rng.dirichlet(np.ones(3), size=400).astype(np.float32)
+    monkeypatch.setattr(io, "BATCH_ROWS", 25)
+    whole = worst_mistakes(test, y, probs, ["a", "b", "c"], k=30)
+    streamed = worst_mistakes(Rows(tmp_path / "test.parquet"), y, probs, ["a", "b", "c"], k=30)
+    assert len(whole) == 30 and whole["confidence"].is_monotonic_decreasing
+    pd.testing.assert_frame_equal(streamed.reset_index(drop=True), whole.reset_index(drop=True))

@@ -6,6 +6,7 @@ import warnings
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from PIL import Image
@@ -110,3 +111,25 @@ def test_adjectives_are_the_words_jieba_posseg_tags_as_adjectives(tmp_path):
     pos = pd.Series(["房间 /x 干净/a 的/uj", "服务/vn 很/d 好/a", "好/a ！/x"])
     words, adjectives = tagged_counts(pos)
     assert adjectives == Counter({"好": 2, "干净": 1}) and words["服务"] == 1 and "的" not in words and "！" not in words
+
+
+@needs_font
+def test_counted_in_small_batches_the_profile_is_the_whole_corpus_profile(tmp_path, monkeypatch):
+    import tasks.io as io
+    from tasks.profile import build, hist_quantile
+
+    seg = _segmented(tmp_path)
+    results = {}
+    for rows in (50_000, 17):
+        monkeypatch.setattr(io, "BATCH_ROWS", rows)
+        out = tmp_path / f"out{rows}"
+        out.mkdir()
+        results[rows] = (build(BuildContext(inputs={"segment": seg}, facts={"segment": Facts(labels=["好评", "差评"])}, out=out,
+                                            scratch=tmp_path, params=ProfileConfig(top_k=10), pipeline="smoke")),
+                         (out / "top_words_per_label.csv").read_text(encoding="utf-8"))
+    (whole, top), (batched, top_batched) = results[50_000], results[17]
+    assert batched.metrics == whole.metrics and top_batched == top and batched.rows == whole.rows
+    frame = pd.concat(pd.read_parquet(seg / f"{s}.parquet") for s in ("train", "validation", "test"))
+    lengths = frame["text"].str.len().to_numpy()
+    assert whole.metrics["chars_p50"] == float(np.median(lengths))  # quantiles from histograms are numpy's
+    assert hist_quantile(np.bincount(lengths), 0.9) == float(np.quantile(lengths, 0.9))

@@ -206,3 +206,48 @@ def test_fp16_autocast_with_a_gradient_scaler_learns(tmp_path, run_ctx):
     params = TrainConfig(epochs=4, patience=4, precision="fp16", device="cpu", textcnn={"num_filters": 8, "batch_size": 16, "lr": 0.01})
     summary, _ = train_model("textcnn", frame(), frame(2), params, tmp_path, tiny_vectors())
     assert summary["history"][-1]["train_loss"] < summary["history"][0]["train_loss"]
+
+
+def test_tfidf_streamed_from_the_split_file_learns_what_the_exact_fit_learns(tmp_path, monkeypatch):
+    """fit: stream reads the split as a file batch by batch (hashed n-grams, SGD over shuffled batches); on
+    three labels it agrees with the exact in-memory logistic regression, and auto picks by the split's size."""
+    import tasks.io as io
+    from tasks.io import Rows
+    from tasks.models.tfidf import Params, text_mb, train_tfidf_lr
+
+    words = (POS + NEG + ["位置 一般 早餐 普通", "价格 一般 服务 普通"]) * 30
+    labels = (["1"] * 3 + ["0"] * 3 + ["2"] * 2) * 30
+    df = pd.DataFrame({"words": words, "text": [w.replace(" ", "") for w in words], "label": labels})
+    df.sort_values("label").to_parquet(tmp_path / "train.parquet", row_group_size=16)  # sorted by label, as corpora are
+    monkeypatch.setattr(io, "BATCH_ROWS", 40)
+    test = pd.DataFrame({"words": POS[:1] + NEG[:1] + ["价格 一般 服务 普通"], "text": ["房间很干净服务好", "房间很脏服务差", "价格一般服务普通"]})
+    got = {}
+    for fit in ("memory", "stream"):
+        out = tmp_path / fit
+        out.mkdir()
+        summary = train_tfidf_lr(Rows(tmp_path / "train.parquet"), ["0", "1", "2"], Params(fit=fit, min_df=1), 0, out)
+        assert summary["fit"] == fit
+        got[fit] = MODELS["tfidf_lr"].predictor(out / "tfidf_lr")(test)
+        assert np.allclose(got[fit].sum(1), 1, atol=1e-5)
+    assert got["stream"].argmax(1).tolist() == got["memory"].argmax(1).tolist() == [1, 0, 2]
+    assert not (tmp_path / "stream" / "vocabulary.json").exists() and not list((tmp_path / "stream").glob(".*shuffle*"))
+    assert text_mb(Rows(tmp_path / "train.parquet")) < 1
+    auto = tmp_path / "auto"
+    auto.mkdir()
+    assert train_tfidf_lr(Rows(tmp_path / "train.parquet"), ["0", "1", "2"], Params(memory_mb=0), 0, auto)["fit"] == "stream"
+
+
+def test_a_split_larger_than_a_bucket_is_shuffled_on_disk_without_losing_a_row(tmp_path):
+    from tasks.io import Rows, shuffled, write_parquet
+
+    df = pd.DataFrame({"id": range(1000), "label": ["a"] * 500 + ["b"] * 500})
+    write_parquet(df, tmp_path / "split.parquet", row_group_rows=100)
+    small = shuffled(df, tmp_path / "s0", seed=3)
+    assert small["id"].tolist() == df.sample(frac=1.0, random_state=3)["id"].tolist()  # one bucket: a seeded permutation
+    big = shuffled(Rows(tmp_path / "split.parquet"), tmp_path / "s1", seed=3, bucket_rows=150)
+    order = big.frame()["id"].tolist()
+    assert sorted(order) == list(range(1000)) and order != list(range(1000))
+    assert sorted(p.name for p in (tmp_path / "s1").iterdir()) == ["shuffled.parquet"]  # the buckets are gone
+    assert pd.Series(order[:100]).map(lambda i: i < 500).mean() == pytest.approx(0.5, abs=0.2)  # labels mixed from the start
+    again = shuffled(Rows(tmp_path / "split.parquet"), tmp_path / "s2", seed=3, bucket_rows=150).frame()["id"].tolist()
+    assert again == order
