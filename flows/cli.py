@@ -163,7 +163,7 @@ def cmd_run(args) -> int:
     stages = select_stages(args.start, args.stop, args.only, tuple(config.kind.stages))
     force = None if args.force is None else ([args.force] if args.force else [])
     t0 = time.perf_counter()
-    if not os.environ.get("PREFECT_API_URL"):  # no background server (`use_running` found none)
+    if not os.environ.get("PREFECT_API_URL"):  # no background server (`ZHPIPE_SERVER=temporary`, or it could not start)
         print("starting a temporary Prefect server for this run (about 20 s; `zhpipe server start` keeps one running)", flush=True)
     # what the flow run records in Prefect: URLs redacted (the config already holds the redacted forms)
     out = pipeline_flow(config.name, stages=stages, force=force, storage=conceal(args.storage), dask=args.dask, verify=args.verify,
@@ -585,6 +585,25 @@ def _quiet_prefect_tracebacks() -> None:
         logging.getLogger(name).addFilter(_NoZhpipeTraceback())
 
 
+def _start_background_server() -> None:
+    """The first `zhpipe run` of a project starts the project's Prefect server in the background, with an idle
+    timeout, so later runs skip the 20 s start of a temporary server (`ZHPIPE_SERVER=temporary`: a temporary
+    server per run, as before)."""
+    from flows import server
+
+    if os.environ.get("ZHPIPE_SERVER", "background") == "temporary":
+        return
+    idle = server.idle_timeout()
+    print(f"starting this project's Prefect server in the background (about 20 s, once; later runs reuse it; it stops "
+          f"{idle / 60:.0f} min after the last zhpipe command, or with `zhpipe server stop`) ...", end="", flush=True)
+    try:
+        state = server.start(idle=idle)
+    except ZhpipeError as e:  # a taken port, say: this run goes on with a temporary server
+        print(f" not started ({e}); using a temporary server", flush=True)
+        return
+    print(f" running at {state['url'].removesuffix('/api')}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--debug" in argv[1:] and "--" not in argv:  # `zhpipe run --debug` as well as `zhpipe --debug run`
@@ -599,6 +618,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("run", "tune", "deploy", "serve", "worker") or getattr(args, "dask", None):
         from flows.server import use_running
 
+        if not use_running() and args.command in ("run", "tune") and not os.environ.get("PREFECT_API_URL"):
+            _start_background_server()
         use_running()  # a background `zhpipe server` instead of a temporary server per command
     if not args.debug:  # MLflow sets its own loggers' level when it is imported (later, lazily): tell it up front
         os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")

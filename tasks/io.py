@@ -98,7 +98,7 @@ def iter_frames(path: Path, rows: int = 5_000, columns: list[str] | None = None)
             group, count = [], 0
 
 
-BATCH_ROWS = 50_000  # rows a stage holds at once when it streams a split
+BATCH_ROWS = 20_000  # rows a stage holds at once when it streams a split
 
 
 @dataclass(frozen=True)
@@ -170,6 +170,18 @@ class TextSet:
 
 
 SHUFFLE_ROWS = 200_000  # rows shuffled in memory at once: a larger split is dealt into buckets of about this size
+SHUFFLE_MB = 48  # ... and of at most about this many MB of text
+
+
+def split_mb(data: "Rows | pd.DataFrame", columns: list[str] | None = None) -> float:
+    """A split's size in MB: its columns' uncompressed bytes from the Parquet metadata, or a frame's text."""
+    if isinstance(data, Rows):
+        meta = pq.ParquetFile(data.path).metadata
+        names = meta.schema.names
+        wanted = [names.index(c) for c in (columns or names) if c in names]
+        return sum(meta.row_group(g).column(c).total_uncompressed_size for g in range(meta.num_row_groups) for c in wanted) / 2**20
+    frame = data if columns is None else data[columns]
+    return float(sum(frame[c].astype(str).str.len().sum() * 3 for c in frame.columns if frame[c].dtype == object)) / 2**20
 
 
 def shuffled(data: "Rows | pd.DataFrame", folder: Path, seed: int, columns: list[str] | None = None,
@@ -180,11 +192,12 @@ def shuffled(data: "Rows | pd.DataFrame", folder: Path, seed: int, columns: list
     buckets on disk under `folder`, and each bucket, shuffled, is appended to `folder/shuffled.parquet`, so
     memory is one bucket."""
     n = len(data)
-    if n <= bucket_rows:
+    mb = split_mb(data, columns)
+    if n <= bucket_rows and mb <= SHUFFLE_MB:
         frame = data.frame(columns) if isinstance(data, Rows) else (data if columns is None else data[columns])
         return frame.iloc[np.random.RandomState(seed).permutation(n)]
     rng = np.random.default_rng(seed)
-    buckets = -(-n // bucket_rows)
+    buckets = max(-(-n // bucket_rows), int(np.ceil(mb / SHUFFLE_MB)))
     folder.mkdir(parents=True, exist_ok=True)
     writers = [PartWriter(folder / f"bucket-{b}.parquet") for b in range(buckets)]
     for batch in batches_of(data, columns):
@@ -204,7 +217,7 @@ def shuffled(data: "Rows | pd.DataFrame", folder: Path, seed: int, columns: list
     return Rows(folder / "shuffled.parquet")
 
 
-def predict_batches(predict: Callable[[pd.DataFrame], np.ndarray], data: "Rows | pd.DataFrame", rows: int = 20_000) -> np.ndarray:
+def predict_batches(predict: Callable[[pd.DataFrame], np.ndarray], data: "Rows | pd.DataFrame", rows: int = 4096) -> np.ndarray:
     """A predictor's outputs over a whole split, asked batch by batch (memory: one batch and the outputs)."""
     parts = [predict(batch) for batch in batches_of(data, rows=rows) if len(batch)]
     return np.concatenate(parts) if parts else np.zeros((0, 0), dtype=np.float32)

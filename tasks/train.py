@@ -40,6 +40,10 @@ class Common(Section):
     warmup_ratio: float = Field(0.06, ge=0, lt=1)  # share of optimizer steps spent warming up
     grad_clip: float | None = Field(1.0, gt=0)  # max gradient norm; None = no clipping
     grad_accum: int = Field(1, ge=1)  # batches per optimizer step (a larger effective batch)
+    # data-parallel processes on this worker (torch.distributed): one per GPU (NCCL) on CUDA, else CPU processes
+    # (gloo); each takes a share of every batch and the gradients are averaged, so the model learns as one
+    # process does with the same batch size (docs/deploy.md)
+    processes: int = Field(1, ge=1)
     class_weights: bool = False  # weight the loss by inverse class frequency (imbalanced corpora)
     # run this stage as a deployment run on another Prefect work pool (GPU workers); not part of the key
     work_pool: str | None = Field(None, exclude=True)

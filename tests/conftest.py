@@ -13,6 +13,7 @@ os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{_TMP / 'mlflow.db'}"
 os.environ["ZHPIPE_DATA"] = str(_TMP / "data")
 os.environ["ZHPIPE_PROJECT"] = str(Path(__file__).resolve().parent.parent)  # the repository: its pipelines.yaml
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ["ZHPIPE_SERVER"] = "temporary"  # no background server left behind by a test (test_server.py starts its own)
 
 from flows import project  # noqa: E402
 

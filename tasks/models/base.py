@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # annotations only: the heavy libraries are imported where th
 Predictor = Callable[[pd.DataFrame], np.ndarray]  # frame with text/words/chars -> (rows, classes) probabilities
 
 # the `train` section's shared settings a model may read (`ModelSpec.shared`): its key sees those and no others
-LOOP = ("epochs", "patience", "weight_decay", "warmup_ratio", "grad_clip", "grad_accum", "device", "precision", "seed")
+LOOP = ("epochs", "patience", "weight_decay", "warmup_ratio", "grad_clip", "grad_accum", "device", "precision", "seed", "processes")
 NETWORK = (*LOOP, "class_weights", "embeddings")  # PyTorch classifiers that start from the embed stage's vectors
 
 

@@ -179,7 +179,7 @@ def train_network(inputs: TrainInputs) -> dict:
         "resumed_from_epoch": result.resumed_from_epoch, "embeddings": vectors.name, "embedding_coverage": coverage,
         "device": result.device,
         "bf16": result.bf16, "samples_per_second": result.samples_per_second,
-        "parameters": sum(w.numel() for w in model.parameters()),
+        "parameters": sum(w.numel() for w in model.parameters()), **result.extra,
     }
 
 

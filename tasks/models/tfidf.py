@@ -73,15 +73,10 @@ def make_pipeline(p: Params, seed: int) -> Pipeline:
 
 
 def text_mb(data) -> float:
-    """The train split's text and words, in MB (uncompressed, from the Parquet metadata of a `Rows`)."""
-    if isinstance(data, pd.DataFrame):
-        return float(data["text"].str.len().sum() * 3 + data["words"].str.len().sum() * 3) / 2**20
-    import pyarrow.parquet as pq
+    """The train split's text and words, in MB."""
+    from tasks.io import split_mb
 
-    meta = pq.ParquetFile(data.path).metadata
-    names = meta.schema.names
-    wanted = [names.index(c) for c in ("text", "words") if c in names]
-    return sum(meta.row_group(g).column(c).total_uncompressed_size for g in range(meta.num_row_groups) for c in wanted) / 2**20
+    return split_mb(data, ["text", "words"])
 
 
 def train_tfidf_lr(train, labels: list[str], p: Params, seed: int, out: Path, name: str = "tfidf_lr") -> dict:
@@ -112,6 +107,7 @@ def _fit_memory(train, labels: list[str], p: Params, seed: int, folder: Path) ->
 
 
 IDF_SAMPLE_ROWS = 200_000  # stream: document frequencies from a seeded sample of about this many rows
+STREAM_ROWS = 4096  # stream: rows hashed at once (a batch's n-gram matrix is about 750 entries a review)
 
 
 def _hashers(p: Params) -> dict:
@@ -154,7 +150,7 @@ def _fit_stream(train, labels: list[str], p: Params, seed: int, folder: Path) ->
     keep = min(1.0, IDF_SAMPLE_ROWS / max(n, 1))
     df = {name: np.zeros(p.features, dtype=np.int64) for name in hashers}
     docs = 0
-    for batch in batches_of(train, ["words", "text"]):
+    for batch in batches_of(train, ["words", "text"], STREAM_ROWS):
         batch = batch[rng.random(len(batch)) < keep] if keep < 1 else batch
         docs += len(batch)
         for name, hasher in hashers.items():
@@ -174,7 +170,7 @@ def _fit_stream(train, labels: list[str], p: Params, seed: int, folder: Path) ->
     model = SGDClassifier(loss="log_loss", alpha=1.0 / (p.C * n), average=True, learning_rate="optimal",
                           class_weight=weights, random_state=seed)
     for _ in range(p.epochs):
-        for batch in batches_of(order, ["words", "text", "label"]):
+        for batch in batches_of(order, ["words", "text", "label"], STREAM_ROWS):
             model.partial_fit(hashed_tfidf(hashers, idf, batch), batch["label"].map(index).to_numpy(), classes=classes)
     if isinstance(order, Rows):
         import shutil

@@ -110,12 +110,14 @@ class LoopConfig:
     encoder_lr: float | None = None  # a pretrained encoder's own learning rate (models with `optimizer_groups`)
     monitor: str = "val_macro_f1"  # a key of the validation metrics
     mode: str = "max"  # "min" for losses and perplexities
+    processes: int = 1  # data-parallel processes (torch.distributed): gloo on CPU, NCCL with one GPU each
 
     @classmethod
     def from_train(cls, params, lr: float, **overrides) -> "LoopConfig":
         """From the pipeline's `train` section (epochs, patience, optimiser and device settings)."""
         shared = {k: getattr(params, k) for k in ("epochs", "patience", "weight_decay", "warmup_ratio", "grad_clip",
-                                                   "grad_accum", "device", "precision", "seed") if k not in overrides}
+                                                   "grad_accum", "device", "precision", "seed", "processes")
+                  if k not in overrides and hasattr(params, k)}
         return cls(lr=lr, **{**shared, **overrides})
 
 
@@ -182,16 +184,21 @@ def fit(name: str, model: nn.Module, task: Task, cfg: LoopConfig, checkpoints: P
     `<prefix><metric>` (a pretraining phase takes a prefix of its own); a rerun with the same folder resumes after the last
     finished epoch and ends with the same weights as an uninterrupted run (CPU, same thread count).
     """
-    device = resolve_device(cfg.device)
+    if cfg.processes > 1 and not _distributed():
+        from tasks.models.distributed import fit_data_parallel
+
+        return fit_data_parallel(name, model, task, cfg, checkpoints, tracker, prefix)
+    device = resolve_device(cfg.device) if not _distributed() else _rank_device(cfg.device)
     dtype = amp_dtype(device, cfg.precision)
     bf16 = dtype == torch.bfloat16
+    core = getattr(model, "module", model)  # a DistributedDataParallel wrapper's model: what checkpoints hold
     # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none
     scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
     model.to(device)
     checkpoints.mkdir(parents=True, exist_ok=True)
     trainable = [w for w in model.parameters() if w.requires_grad]
     # a model with a pretrained part may give it its own learning rate (`optimizer_groups`)
-    groups = model.optimizer_groups(cfg.lr, cfg.encoder_lr) if hasattr(model, "optimizer_groups") else trainable
+    groups = core.optimizer_groups(cfg.lr, cfg.encoder_lr) if hasattr(core, "optimizer_groups") else trainable
     optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = warmup_linear_decay(optimizer, cfg.epochs, cfg.warmup_ratio, math.ceil(task.steps_per_epoch / cfg.grad_accum))
     rng = np.random.default_rng(cfg.seed)
@@ -200,7 +207,7 @@ def fit(name: str, model: nn.Module, task: Task, cfg: LoopConfig, checkpoints: P
     last, best_file = checkpoints / "last.pt", checkpoints / "best.pt"
     if last.is_file():
         ckpt = torch.load(last, map_location=device, weights_only=True)  # a checkpoint never runs code
-        model.load_state_dict(ckpt["model"])
+        core.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         scheduler.load_state_dict(ckpt["scheduler"])
         _set_rng_state(ckpt["rng"], rng)
@@ -216,7 +223,7 @@ def fit(name: str, model: nn.Module, task: Task, cfg: LoopConfig, checkpoints: P
         row = _train_epoch(name, model, task, cfg, optimizer, scheduler, trainable, rng, device, dtype, epoch, scaler)
         model.eval()
         with torch.no_grad(), autocast(device, dtype):
-            row.update(task.validate(model))
+            row.update(task.validate(core))  # the model itself: validation needs no gradient averaging
         row["lr"] = scheduler.get_last_lr()[0]
         state["history"].append(row)
         log.info("%s epoch %d/%d: train_loss %.4f, %s %.4f, %.0f samples/s", name, epoch, cfg.epochs, row["train_loss"],
@@ -224,18 +231,35 @@ def fit(name: str, model: nn.Module, task: Task, cfg: LoopConfig, checkpoints: P
         if tracker is not None:
             tracker.metrics({f"{prefix}{k}": v for k, v in row.items() if k != "epoch"}, step=epoch)
         state["epoch"] = epoch
+        writer = not _distributed() or torch.distributed.get_rank() == 0  # one process writes the checkpoints
         if sign * row[cfg.monitor] > state["best"]:
             state.update(best=sign * row[cfg.monitor], best_epoch=epoch, stale=0)
-            _save(model.state_dict(), best_file)
+            if writer:
+                _save(core.state_dict(), best_file)
         else:
             state["stale"] += 1
             state["done"] = state["stale"] >= cfg.patience
-        _save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-               "rng": _rng_state(rng), "state": state}, last)
-    model.load_state_dict(torch.load(best_file, map_location=device, weights_only=True))
+        if writer:
+            _save({"model": core.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                   "rng": _rng_state(rng), "state": state}, last)
+        if _distributed():
+            torch.distributed.barrier()  # every process sees this epoch's checkpoints
+    core.load_state_dict(torch.load(best_file, map_location=device, weights_only=True))
     model.eval()
     return FitResult(state["history"], state["best_epoch"], resumed_from, str(device), bf16,
                      precision=str(dtype or "fp32").removeprefix("torch."), seconds=time.perf_counter() - t_start)
+
+
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def _rank_device(device: str) -> torch.device:
+    """A data-parallel process's device: its own GPU (by rank) on CUDA, else the CPU."""
+    resolved = resolve_device(device)
+    if resolved.type == "cuda":
+        return torch.device("cuda", torch.distributed.get_rank() % torch.cuda.device_count())
+    return torch.device("cpu")
 
 
 def _train_epoch(name, model, task, cfg, optimizer, scheduler, trainable, rng, device, dtype, epoch, scaler=None) -> dict:

@@ -47,3 +47,30 @@ def test_background_server_is_started_reused_and_stopped(tmp_path, monkeypatch):
     assert "not running" in zhpipe(env, "server", "status").stdout
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"{url}/health", timeout=2)
+
+
+def test_the_first_run_leaves_a_server_that_later_runs_reuse_and_that_stops_when_idle(tmp_path):
+    import json
+    import time
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "ZHPIPE_SERVER")}
+    env.update({"PREFECT_HOME": str(tmp_path / "prefect"), "ZHPIPE_DATA": str(tmp_path / "store"), "ZHPIPE_SERVER_IDLE": "8",
+                "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"})
+    state_file = tmp_path / "prefect" / "zhpipe-server.json"
+    try:
+        first = zhpipe(env, "run", "smoke", "--to", "download")
+        assert first.returncode == 0, first.stderr[-2000:]
+        assert "starting this project's Prefect server in the background" in first.stdout and "temporary" not in first.stdout
+        state = json.loads(state_file.read_text())
+        assert state["idle_s"] == 8 and httpx.get(f"{state['url']}/health", timeout=5).status_code == 200
+        second = zhpipe(env, "run", "smoke", "--to", "download")
+        assert second.returncode == 0 and "starting" not in second.stdout  # it found the server
+        assert json.loads(state_file.read_text())["pid"] == state["pid"]
+        deadline = time.monotonic() + 60  # 8 s after its last user ended (checked every 5 s), it stops
+        while state_file.exists() and time.monotonic() < deadline:
+            time.sleep(1)
+        assert not state_file.exists()
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"{state['url']}/health", timeout=2)
+    finally:
+        zhpipe(env, "server", "stop")

@@ -251,3 +251,23 @@ def test_a_split_larger_than_a_bucket_is_shuffled_on_disk_without_losing_a_row(t
     assert pd.Series(order[:100]).map(lambda i: i < 500).mean() == pytest.approx(0.5, abs=0.2)  # labels mixed from the start
     again = shuffled(Rows(tmp_path / "split.parquet"), tmp_path / "s2", seed=3, bucket_rows=150).frame()["id"].tolist()
     assert again == order
+
+
+def test_two_gloo_processes_train_the_model_one_process_trains(tmp_path):
+    """train.processes=2 on CPU: two forked processes (torch.distributed, gloo) each take half of every batch;
+    the averaged gradients make every step the one-process step, so weights and losses match one process."""
+    common = {"epochs": 3, "patience": 3, "device": "cpu", "precision": "fp32",
+              "textcnn": {"num_filters": 8, "batch_size": 16, "lr": 0.01, "dropout": 0.0}}
+    got = {}
+    for processes in (1, 2):
+        out = tmp_path / f"p{processes}"
+        out.mkdir()
+        summary, _ = train_model("textcnn", frame(10), frame(2), TrainConfig(**common, processes=processes), out, tiny_vectors())
+        got[processes] = (summary, torch.load(out / "textcnn" / "model.pt", weights_only=True)["state_dict"])
+    (one, w1), (two, w2) = got[1], got[2]
+    assert two.get("processes") == 2 and two.get("backend") == "gloo" and "processes" not in one
+    assert [h["train_loss"] for h in two["history"]] == pytest.approx([h["train_loss"] for h in one["history"]], rel=1e-5)
+    assert [h["val_macro_f1"] for h in two["history"]] == [h["val_macro_f1"] for h in one["history"]]
+    assert one["history"][-1]["train_loss"] < one["history"][0]["train_loss"]  # it learned
+    for name, weight in w1.items():
+        assert torch.allclose(weight, w2[name], atol=1e-5), name
