@@ -3,6 +3,7 @@ seconds, MB/s and the peak memory of each process (the driver and every worker i
 
     python benchmarks/bench_scale.py --mb 30                     # tfidf_lr + fasttext
     python benchmarks/bench_scale.py --mb 300 --out benchmarks/results/scale_300.json
+    python benchmarks/bench_scale.py --mb 1024 --set embed.word2vec.epochs=1   # any --set of `zhpipe run`
 
 Rows are unique: each is a real review followed by another real review of the same label (pairs drawn with
 a fixed seed, repeated pairs dropped). The run is `zhpipe run` in a project of its own, in a subprocess;
@@ -73,6 +74,7 @@ def main() -> None:
     ap.add_argument("--mb", type=float, default=30)
     ap.add_argument("--models", default="tfidf_lr,fasttext")
     ap.add_argument("--keep", action="store_true", help="keep the project folder")
+    ap.add_argument("--set", action="append", default=[], dest="sets", metavar="KEY=VALUE", help="a `zhpipe run --set` (repeatable)")
     ap.add_argument("--out")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix=f"zhpipe-scale-{args.mb:g}mb-"))
@@ -84,7 +86,8 @@ def main() -> None:
         f"    stages:\n      augment: {{method: eda, num_aug: 1}}\n      train: {{models: [{args.models}]}}\n", encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ZHPIPE_", "MLFLOW_", "PREFECT_API"))}
     env["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "180"
-    cmd = [sys.executable, "-m", "flows.cli", "run", "scale"]
+    env["ZHPIPE_SERVER"] = "temporary"  # the run's own temporary server, stopped with it (none left behind)
+    cmd = [sys.executable, "-m", "flows.cli", "run", "scale", *[x for kv in args.sets for x in ("--set", kv)]]
     proc = subprocess.Popen(cmd, cwd=work, env={**env, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     current = {"stage": "start-up"}
     peaks: dict[str, dict[int, tuple[str, int]]] = {}
@@ -118,7 +121,7 @@ def main() -> None:
         raise SystemExit(f"zhpipe run failed with {proc.returncode}")
     order = list(starts)
     seconds = {s: (starts[order[i + 1]] if i + 1 < len(order) else wall) - starts[s] for i, s in enumerate(order)}
-    result = {"mb": mb, "rows": rows, "wall_s": wall, "stages": {}}
+    result = {"mb": mb, "rows": rows, "wall_s": wall, "sets": args.sets, "stages": {}}
     print("\n| stage | seconds | MB/s | peak RSS, largest process | processes |\n|---|---|---|---|---|")
     for stage in order:
         procs = peaks.get(stage, {})

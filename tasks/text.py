@@ -15,3 +15,16 @@ FUNCTION_WORDS = frozenset(
 def is_word(token: str) -> bool:
     """A token worth counting: not punctuation, symbols or digits alone."""
     return any(unicodedata.category(c)[0] in "LM" for c in token)
+
+
+def prune_counts(counts, limit: int) -> bool:
+    """Keep a token-count table within `limit` types: past it, the rarest types (a count at or under the
+    smallest threshold that brings the table to half the limit) are dropped, as gensim's `max_vocab_size`
+    does while it counts. Frequent types keep their exact counts; returns whether anything was dropped."""
+    if len(counts) <= limit:
+        return False
+    values = sorted(counts.values(), reverse=True)
+    threshold = values[limit // 2]
+    for token in [t for t, c in counts.items() if c <= threshold]:
+        del counts[token]
+    return True

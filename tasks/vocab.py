@@ -8,6 +8,7 @@ from pydantic import Field, field_validator
 
 from tasks.core import BuildContext, BuildOutput, Facts, Section, gathered
 from tasks.io import Rows
+from tasks.text import prune_counts
 
 # what its key sees besides params, inputs and code (flows/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)
@@ -22,6 +23,9 @@ class Params(Section):
     min_freq: int = Field(2, ge=1)
     max_size: int | None = Field(50000, ge=1)
     specials: list[str] = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    # memory: counting holds at most this many token types per kind; past it the rarest are dropped (their
+    # counts are below any useful min_freq on such a corpus); `<kind>_types_pruned` says when it happened
+    max_types: int = Field(5_000_000, ge=1000)
 
     @field_validator("specials")
     @classmethod
@@ -51,11 +55,15 @@ def build_vocab(counts: Counter, params: Params) -> list[str]:
 def build(ctx: BuildContext) -> BuildOutput:
     """Write `words/vocab.txt`, `words/freq.tsv`, `chars/vocab.txt`, `chars/freq.tsv` from the train split."""
     counts = {split: {kind: Counter() for kind in KINDS} for split in ("train", "validation")}
+    pruned = dict.fromkeys(KINDS, False)
     for split, stage in (("train", "augment"), ("validation", "segment")):  # batch by batch: memory is the counts
         for batch in Rows(ctx.inputs[stage] / f"{split}.parquet").batches(list(KINDS)):
             for kind in KINDS:
                 counts[split][kind].update(count_tokens(batch[kind]))
-    return write_vocab(ctx, counts["train"], counts["validation"], ctx.facts["augment"])
+                pruned[kind] |= prune_counts(counts[split][kind], ctx.params.max_types)
+    out = write_vocab(ctx, counts["train"], counts["validation"], ctx.facts["augment"])
+    out.metrics |= {f"{kind}_types_pruned": float(pruned[kind]) for kind in KINDS}
+    return out
 
 
 def count(ctx: BuildContext) -> BuildOutput:
