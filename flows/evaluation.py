@@ -8,12 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-import pandas as pd
-
 from flows.registry import register_best
 from flows.runner import RunContext, StageResult, members_of, model_units
 from flows.tracking import Tracker, client
 from tasks.core import Unit, model_unit
+from tasks.io import Rows
 from tasks.models import MODELS
 
 
@@ -125,7 +124,7 @@ def register(run: RunContext, evaluation: StageResult, segment: StageResult, mod
 
     flavour = run.config.kind.flavour
     decision = register_best(
-        uri, model_runs[best], run.config.name, best, pd.read_parquet(segment.path / "test.parquet"), metric,
+        uri, model_runs[best], run.config.name, best, Rows(segment.path / "test.parquet"), metric,
         evaluation.facts.results[best][f"test_{metric}"], model_key=run.keys[model_unit("train", best)],
         rescore=lambda model_uri, test: score_served(model_uri, test, metric, flavour),
     )

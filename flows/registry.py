@@ -21,15 +21,44 @@ def registered_name(pipeline: str) -> str:
     return f"zhpipe-{pipeline}"
 
 
-def test_sha256(test: pd.DataFrame) -> str:
-    """Content hash of a test split: its texts and labels (or tags) in id order (not the file's bytes)."""
-    if "tags" in test:
-        test = test.assign(tags=[" ".join(t) for t in test["tags"]])
-    rows = test.sort_values("id")[["id", "text"] + [c for c in ("label", "tags", "en") if c in test]]
+SCORED = ("id", "text", "label", "tags", "en")  # the columns of a test split that its hash and its scoring read
+
+
+def test_frame(test) -> pd.DataFrame:
+    """A test split (a frame, or a `tasks.io.Rows` read now) with only the columns it is scored by."""
+    if isinstance(test, pd.DataFrame):
+        return test
+    import pyarrow.parquet as pq
+
+    names = pq.read_schema(test.path).names
+    return test.frame([c for c in SCORED if c in names])
+
+
+def test_sha256(test) -> str:
+    """Content hash of a test split (a frame, or a `tasks.io.Rows` read batch by batch): its texts and labels
+    (or tags) in id order (not the file's bytes)."""
+    if not isinstance(test, pd.DataFrame):
+        import pyarrow.parquet as pq
+
+        names = pq.read_schema(test.path).names
+        h, last = hashlib.sha256(), None
+        for batch in test.batches([c for c in SCORED if c in names]):
+            ids = batch["id"].to_numpy()
+            if len(ids) and ((last is not None and ids[0] < last) or (ids[1:] < ids[:-1]).any()):
+                return test_sha256(test_frame(test))  # not in id order: sorted whole
+            last = ids[-1] if len(ids) else last
+            _update(h, batch)
+        return h.hexdigest()
     h = hashlib.sha256()
-    for row in rows.itertuples(index=False):
-        h.update(("\x1f".join(map(str, row)) + "\x1e").encode("utf-8"))
+    _update(h, test.sort_values("id"))
     return h.hexdigest()
+
+
+def _update(h, rows: pd.DataFrame) -> None:
+    if "tags" in rows:
+        rows = rows.assign(tags=[" ".join(t) for t in rows["tags"]])
+    for row in rows[["id", "text"] + [c for c in ("label", "tags", "en") if c in rows]].itertuples(index=False):
+        h.update(("\x1f".join(map(str, row)) + "\x1e").encode("utf-8"))
 
 
 def resolve(uri: str) -> tuple[str, str]:
@@ -168,7 +197,7 @@ def _registry_lock(name: str):
             yield
 
 
-def register_best(model_uri: str, run_id: str, pipeline: str, model: str, test: pd.DataFrame, metric: str, score: float,
+def register_best(model_uri: str, run_id: str, pipeline: str, model: str, test, metric: str, score: float,
                   model_key: str, rescore: Callable[[str, pd.DataFrame], float] | None = None) -> Decision:
     """Register the best model (the classifier pyfunc logged with its training, `model_uri`) unless its key is
     registered already, then apply the champion rule: the alias moves only if, re-read under the registry
@@ -188,7 +217,7 @@ def register_best(model_uri: str, run_id: str, pipeline: str, model: str, test: 
             c.set_model_version_tag(name, version, key, value)
     else:
         version = str(existing.version)
-    again_scored = (lambda v: rescore(f"models:/{name}/{v}", test)) if rescore else None
+    again_scored = (lambda v: rescore(f"models:/{name}/{v}", test_frame(test))) if rescore else None  # read only if asked
     champion_score = None
     with _registry_lock(name):
         for _ in range(5):

@@ -285,3 +285,19 @@ def test_predict_input_files_are_read_in_their_encoding(tmp_path, encoding):
     path.write_bytes("text,id\n房间很干净，服务很好,1\n早餐太差,2\n".encode(encoding))
     df = read_input(path, "text")
     assert df["text"].tolist() == ["房间很干净，服务很好", "早餐太差"]
+
+
+def test_a_test_split_hashes_the_same_read_in_batches_as_whole(tmp_path, monkeypatch):
+    import tasks.io as io
+    from flows.registry import test_sha256
+    from tasks.io import Rows
+
+    frame = pd.DataFrame({"id": range(100), "line": range(2, 102), "text": [f"第{i}条" for i in range(100)],
+                          "label": ["好" if i % 3 else "差" for i in range(100)], "words": ["x"] * 100})
+    frame.to_parquet(tmp_path / "sorted.parquet", row_group_size=9)
+    frame.sample(frac=1.0, random_state=1).to_parquet(tmp_path / "shuffled.parquet", row_group_size=9)
+    monkeypatch.setattr(io, "BATCH_ROWS", 10)
+    whole = test_sha256(frame)
+    assert test_sha256(Rows(tmp_path / "sorted.parquet")) == whole == test_sha256(Rows(tmp_path / "shuffled.parquet"))
+    assert test_sha256(frame.assign(label="好")) != whole  # the labels are part of it; other columns are not
+    assert test_sha256(frame.assign(words="y")) == whole
