@@ -70,9 +70,13 @@ def stream_augment(src: Rows, ctx: AugmentContext, out: Path) -> tuple[int, int,
     rows first, then the new rows (ids after the last original id), as `augment_frame` orders them; memory is
     one batch and the held-out texts' digests. Returns (original rows, new rows, the result, a sample)."""
     writer, words = PartWriter(out / "train.parquet", ROW_GROUP_ROWS), open(out / ".train.words.txt.tmp", "w", encoding="utf-8")
-    originals, last_id, schema = 0, -1, None
+    originals, last_id = 0, -1
+    empty = pd.read_parquet(src.path).iloc[:0] if not len(src) else None  # a partition with no train rows
+    schema = None
     for batch in src.batches():
         rows = batch.drop(columns=["pos"], errors="ignore").assign(source_id=batch["id"], aug_method="original", aug_index=0)
+        if not len(rows):
+            continue
         check_no_leakage(rows, set(batch["id"]), ctx.heldout)
         table = pa.Table.from_pandas(rows, preserve_index=False)
         schema = schema or table.schema
@@ -98,7 +102,7 @@ def stream_augment(src: Rows, ctx: AugmentContext, out: Path) -> tuple[int, int,
             sample.append(new.head(200))
         added += len(new)
     words.close()
-    writer.close()
+    writer.close(None if empty is None else empty.drop(columns=["pos"], errors="ignore").assign(source_id=empty["id"], aug_method="", aug_index=0))
     (out / ".train.words.txt.tmp").replace(out / "train.words.txt")
     return originals, added, Augmented(pd.DataFrame(), metrics, ctx.params.method), (pd.concat(sample) if sample else pd.DataFrame())
 
