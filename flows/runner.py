@@ -412,6 +412,7 @@ class RunContext:
             partition=(self.partition_names().index(part), part) if part else None,
             input_metrics={name: r.metrics for name, r in inputs.items()},
             input_rows={name: r.rows for name, r in inputs.items()},
+            outputs={name: self.config.kind.stages[Unit.parse(name).stage].outputs for name in inputs},
         )
         with system_metrics(tracker.run_id, enabled=stage.startswith("train.")):
             out = build(ctx)

@@ -114,8 +114,8 @@ def build(ctx: BuildContext) -> BuildOutput:
     _check_method(ctx.params)
     segment: SegmenterParams = ctx.stages.segment.segmenter()
     cache_file = ctx.store.cache_file("translations.sqlite")
-    src = Rows(ctx.inputs["segment"] / "train.parquet")
-    heldout = TextSet.of(b["text"] for split in ("validation", "test") for b in Rows(ctx.inputs["segment"] / f"{split}.parquet").batches(["text"]))
+    src = Rows(ctx.file("segment", "train.parquet"))
+    heldout = TextSet.of(b["text"] for split in ("validation", "test") for b in Rows(ctx.file("segment", f"{split}.parquet")).batches(["text"]))
     runner = ctx.runner(1 if ctx.runner is Runner else 0)  # local: one process; Dask: every worker
     actx = AugmentContext(ctx.params, segment, cache_file, heldout, runner, src.path, ctx.root, ctx.store.registered if ctx.store else None)
     tables = {}

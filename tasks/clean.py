@@ -194,7 +194,7 @@ def build(ctx: BuildContext) -> BuildOutput:
     label and text digest go to one of the hash partitions; (2) each partition (equal texts meet in one) is
     deduplicated on its own; (3) the normalised rows are streamed again, in id order, into kept and
     quarantined rows."""
-    src = ctx.inputs["download"] / "data.parquet"
+    src = ctx.file("download", "data.parquet")
     rows_in = pq.ParquetFile(src).metadata.num_rows
     earlier = earlier_digests(ctx) if ctx.params.dedupe else None  # a partition: dedupe against earlier partitions too
     partitions = partition_count(rows_in)

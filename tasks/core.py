@@ -94,6 +94,13 @@ def gathered(parts: list[Facts]) -> Facts:
     return facts.but(labels=sorted_labels(labels)) if labels else facts
 
 
+def _declares(template: str, name: str) -> bool:
+    """Whether a declared output path (`{split}.parquet`) names `name`."""
+    import re
+
+    return re.fullmatch(re.sub(r"\\\{\w+\\\}", "[^/]+", re.escape(template)), name) is not None
+
+
 @dataclass
 class BuildContext:
     """Everything a stage's `build` may use: its inputs' folders and facts, its output folder, its params."""
@@ -113,6 +120,16 @@ class BuildContext:
     partition: tuple[int, str] | None = None  # a partition unit's (ordinal, file name); None for a whole-corpus build
     input_metrics: dict[str, dict[str, float]] = field(default_factory=dict)  # the inputs' metrics (gathering sums them)
     input_rows: dict[str, int | None] = field(default_factory=dict)
+    # the outputs each input's stage declares (tasks/stages.py): `file` opens them by name; empty: not checked
+    outputs: dict[str, tuple] = field(default_factory=dict)
+
+    def file(self, stage: str, name: str) -> Path:
+        """A file of an input, by the name its stage declares (`validation.parquet` for `{split}.parquet`): a
+        stage reads what the stages it needs declare, nothing else they happen to write."""
+        declared = self.outputs.get(stage)
+        if declared is not None and not any(_declares(o.path, name) for o in declared):
+            raise KeyError(f"stage {stage!r} declares no output {name!r} (it declares {', '.join(o.path for o in declared) or 'none'})")
+        return self.inputs[stage] / name
 
 
 class StoreAccess(Protocol):

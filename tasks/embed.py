@@ -215,7 +215,7 @@ def build(ctx: BuildContext) -> BuildOutput:
     """Write `word2vec.bin` + `word2vec.txt`, `fasttext.bin` + `fasttext.vec`, `neighbours.csv` (formats that load
     without pickle: word2vec's own binary and text formats, fastText's native model)."""
     p: Params = ctx.params
-    corpus = ctx.inputs["augment"] / "train.words.txt"
+    corpus = ctx.file("augment", "train.words.txt")
     w2v = train_word2vec(corpus, p)
     w2v.save_word2vec_format(str(ctx.out / "word2vec.bin"), binary=True)
     save_text_vectors(w2v, ctx.out / "word2vec.txt")

@@ -153,7 +153,7 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     classifier the per-class scores, confusion matrix, PR curves, training curves and worst mistakes in `evaluation/`."""
     trained = ctx.facts["train"]
     labels, summary, spec = trained.labels, trained.summary, MODELS[name]
-    test = Rows(ctx.inputs["segment"] / "test.parquet")
+    test = Rows(ctx.file("segment", "test.parquet"))
     folder = ctx.out / "evaluation"
     folder.mkdir()
     if spec.is_language_model:

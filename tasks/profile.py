@@ -265,14 +265,13 @@ def build(ctx: BuildContext) -> BuildOutput:
     from tasks.plots import require_cjk_font, use_font
 
     p: Params = ctx.params
-    folder = ctx.inputs["segment"]
-    pos = ["pos"] if "pos" in pq.read_schema(folder / "train.parquet").names else []  # `segment.pos: true`
+    pos = ["pos"] if "pos" in pq.read_schema(ctx.file("segment", "train.parquet")).names else []  # `segment.pos: true`
     font = require_cjk_font(p.font)
     use_font(font)
     tags = None if pos else dictionary_tags()
     profile = Profile(p.seed)
     for name in SPLITS:
-        for batch in Rows(folder / f"{name}.parquet").batches(["text", "words", "label"] + (pos if name == "train" else [])):
+        for batch in Rows(ctx.file("segment", f"{name}.parquet")).batches(["text", "words", "label"] + (pos if name == "train" else [])):
             profile.add(name, batch, tags)
     labels = ctx.facts["segment"].labels or sorted(profile.per_split.get("train", Counter()))
     all_labels = labels

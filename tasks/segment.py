@@ -85,7 +85,7 @@ def write_segments(tables: Iterable[pa.Table], src: Path, dst: Path) -> dict[str
 def build(ctx: BuildContext) -> BuildOutput:
     """Segment every split; write `<split>.parquet` with `words`, `chars` (and `pos`) columns. The chunks of
     all splits go through one stream of workers (one pool start, and no split too small to spread)."""
-    sources = {name: ctx.inputs["split"] / f"{name}.parquet" for name in SPLITS}
+    sources = {name: ctx.file("split", f"{name}.parquet") for name in SPLITS}
     plans = {name: chunk_plan(src, ctx.params.chunk_rows) for name, src in sources.items()}
     rows = sum(c.rows for chunks in plans.values() for c in chunks)
     runner = ctx.runner(worker_count(ctx.params, rows))

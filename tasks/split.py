@@ -190,7 +190,7 @@ def build(ctx: BuildContext) -> BuildOutput:
     """Write `train.parquet`, `validation.parquet`, `test.parquet` (and `quarantine.parquet`: small classes),
     streaming: one pass counts the classes, a second routes each batch of rows to its split's file. Memory is
     one batch plus one byte per row (`assignments`)."""
-    path = ctx.inputs["clean"] / "data.parquet"
+    path = ctx.file("clean", "data.parquet")
     src = pq.ParquetFile(path)
     labelled = "label" in src.schema_arrow.names
     facts = ctx.facts["clean"]

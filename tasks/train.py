@@ -89,7 +89,7 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     if not labels:
         raise DataError("train: the corpus has no labels (source.label_column is unset); classifiers need labelled data")
     spec = MODELS[name]
-    train_rows, val_rows = Rows(ctx.inputs["augment"] / "train.parquet"), Rows(ctx.inputs["segment"] / "validation.parquet")
+    train_rows, val_rows = Rows(ctx.file("augment", "train.parquet")), Rows(ctx.file("segment", "validation.parquet"))
     # a model that streams reads its splits batch by batch (memory bounded whatever the corpus); others, whole
     train, validation = (train_rows, val_rows) if spec.streams else (train_rows.frame(), val_rows.frame())
     vectors = load_word_vectors(ctx.inputs["embed"], p.embeddings) if spec.uses_vectors else None

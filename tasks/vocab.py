@@ -57,7 +57,7 @@ def build(ctx: BuildContext) -> BuildOutput:
     counts = {split: {kind: Counter() for kind in KINDS} for split in ("train", "validation")}
     pruned = dict.fromkeys(KINDS, False)
     for split, stage in (("train", "augment"), ("validation", "segment")):  # batch by batch: memory is the counts
-        for batch in Rows(ctx.inputs[stage] / f"{split}.parquet").batches(list(KINDS)):
+        for batch in Rows(ctx.file(stage, f"{split}.parquet")).batches(list(KINDS)):
             for kind in KINDS:
                 counts[split][kind].update(count_tokens(batch[kind]))
                 pruned[kind] |= prune_counts(counts[split][kind], ctx.params.max_types)
@@ -72,7 +72,7 @@ def count(ctx: BuildContext) -> BuildOutput:
     (ctx.out / "counts").mkdir()
     rows = 0
     for split, stage in (("train", "augment"), ("validation", "segment")):
-        frame = pd.read_parquet(ctx.inputs[stage] / f"{split}.parquet", columns=list(KINDS))
+        frame = pd.read_parquet(ctx.file(stage, f"{split}.parquet"), columns=list(KINDS))
         rows += len(frame) if split == "train" else 0
         for kind in KINDS:
             counts = count_tokens(frame[kind])

@@ -46,7 +46,7 @@ def clean_pairs(df: pd.DataFrame, p: Params) -> tuple[pd.DataFrame, pd.DataFrame
 
 def build(ctx: BuildContext) -> BuildOutput:
     """Write `data.parquet` (the kept pairs) and `quarantine.parquet` (the others, with the raw sides and reason)."""
-    df = pd.read_parquet(ctx.inputs["download"] / "data.parquet")
+    df = pd.read_parquet(ctx.file("download", "data.parquet"))
     kept, quarantine = clean_pairs(df, ctx.params)
     if kept.empty:
         raise DataError(f"clean: no pair of {len(df)} is left ({quarantine['reason'].value_counts().to_dict()})")

@@ -43,7 +43,7 @@ def build(ctx: BuildContext) -> BuildOutput:
     from tasks.plots import require_cjk_font, use_font
 
     p: Params = ctx.params
-    frames = {name: pd.read_parquet(ctx.inputs["segment"] / f"{name}.parquet", columns=["id", "text", "en", "words"]) for name in SPLITS}
+    frames = {name: pd.read_parquet(ctx.file("segment", f"{name}.parquet"), columns=["id", "text", "en", "words"]) for name in SPLITS}
     use_font(require_cjk_font(p.font))
     pairs = pd.concat(frames.values(), ignore_index=True)
     zh_len = pairs["text"].str.len().astype("float64")

@@ -51,7 +51,7 @@ def split_pairs(df: pd.DataFrame, p: Params) -> tuple[dict[str, pd.DataFrame], i
 
 
 def build(ctx: BuildContext) -> BuildOutput:
-    df = pd.read_parquet(ctx.inputs["clean"] / "data.parquet")
+    df = pd.read_parquet(ctx.file("clean", "data.parquet"))
     parts, n_groups = split_pairs(df, ctx.params)
     metrics = {"groups": n_groups, "rows_quarantined": 0}
     for name, part in parts.items():

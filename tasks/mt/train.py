@@ -37,8 +37,8 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     if spec.task != "translation":
         raise ConfigError(f"train.models: {name} is a {spec.task} model; task translation takes "
                           f"{', '.join(n for n, s in MODELS.items() if s.task == 'translation')}")
-    data = pd.read_parquet(ctx.inputs["augment"] / "train.parquet", columns=COLUMNS)
-    validation = pd.read_parquet(ctx.inputs["segment"] / "validation.parquet", columns=COLUMNS)
+    data = pd.read_parquet(ctx.file("augment", "train.parquet"), columns=COLUMNS)
+    validation = pd.read_parquet(ctx.file("segment", "validation.parquet"), columns=COLUMNS)
     summary = spec.train(TrainInputs(name, data, validation, [], spec.view(ctx.params), ctx.inputs["vocab"], None, ctx.out,
                                      ctx.scratch, ctx.sink))
     names = {"val_bleu": "val_bleu", "val_chrf": "val_chrf", "val_loss": "val_loss_best", "seconds": "train_seconds",

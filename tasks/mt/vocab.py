@@ -27,8 +27,8 @@ class Params(vocab.Params):
 
 def build(ctx: BuildContext) -> BuildOutput:
     p: Params = ctx.params
-    train = pd.read_parquet(ctx.inputs["augment"] / "train.parquet", columns=["text", "en", "words", "chars"])
-    validation = pd.read_parquet(ctx.inputs["segment"] / "validation.parquet", columns=["text", "en", "words", "chars"])
+    train = pd.read_parquet(ctx.file("augment", "train.parquet"), columns=["text", "en", "words", "chars"])
+    validation = pd.read_parquet(ctx.file("segment", "validation.parquet"), columns=["text", "en", "words", "chars"])
     metrics = {}
     for lang in ("zh", "en"):
         counts = Counter(t for row in side_tokens(train, lang, p.zh_tokens) for t in row)

@@ -62,7 +62,7 @@ def clean_sentence(text: str, tags: list[str], params: Params) -> tuple[str, lis
 def build(ctx: BuildContext) -> BuildOutput:
     """`data.parquet` cleaned, `quarantine.parquet` with what was set aside and why."""
     p: Params = ctx.params
-    df = pd.read_parquet(ctx.inputs["download"] / "data.parquet")
+    df = pd.read_parquet(ctx.file("download", "data.parquet"))
     texts, tags, lost = [], [], 0
     for text, row_tags in zip(df["text"].astype(str), df["tags"]):
         t, g, n = clean_sentence(text, list(row_tags), p)

@@ -21,12 +21,12 @@ def _tokens(items) -> str:
 def build(ctx: BuildContext) -> BuildOutput:
     """Write `chars.bin`, `bigrams.bin`, `words.bin` (word2vec's binary format, no pickle) and `neighbours.csv`."""
     p: Params = ctx.params
-    train = pd.read_parquet(ctx.inputs["augment"] / "train.parquet", columns=["text"])
+    train = pd.read_parquet(ctx.file("augment", "train.parquet"), columns=["text"])
     texts = train["text"].astype(str).tolist()
     corpora = {"chars": [_tokens(t) for t in texts], "bigrams": [_tokens(bigrams(t)[0]) for t in texts]}
     metrics, rows = {}, []
     for kind in ("chars", "bigrams", "words"):
-        corpus = ctx.inputs["augment"] / "train.words.txt" if kind == "words" else ctx.scratch / f"{kind}.txt"
+        corpus = ctx.file("augment", "train.words.txt") if kind == "words" else ctx.scratch / f"{kind}.txt"
         if kind != "words":
             corpus.write_text("\n".join(corpora[kind]) + "\n", encoding="utf-8")
         kv = train_word2vec(corpus, p)

@@ -78,7 +78,7 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     confusion table, the worst sentences and the training curves."""
     trained = ctx.facts["train"]
     labels, summary = trained.labels, trained.summary
-    test = pd.read_parquet(ctx.inputs["segment"] / "test.parquet", columns=["id", "text", "tags"])
+    test = pd.read_parquet(ctx.file("segment", "test.parquet"), columns=["id", "text", "tags"])
     folder = ctx.out / "evaluation"
     folder.mkdir()
     gold = [list(t) for t in test["tags"]]

@@ -62,7 +62,7 @@ def build(ctx: BuildContext) -> BuildOutput:
     from tasks.plots import require_cjk_font, use_font
 
     p: Params = ctx.params
-    frames = {name: pd.read_parquet(ctx.inputs["segment"] / f"{name}.parquet", columns=["id", "text", "tags"]) for name in SPLITS}
+    frames = {name: pd.read_parquet(ctx.file("segment", f"{name}.parquet"), columns=["id", "text", "tags"]) for name in SPLITS}
     use_font(require_cjk_font(p.font))
     entities = entity_rows(frames)
     lengths = pd.concat([df["text"].str.len() for df in frames.values()], ignore_index=True).astype("float64")

@@ -41,7 +41,7 @@ def split_sentences(df: pd.DataFrame, params: Params) -> dict[str, pd.DataFrame]
 
 def build(ctx: BuildContext) -> BuildOutput:
     """Write `train.parquet`, `validation.parquet`, `test.parquet` (and an empty `quarantine.parquet`)."""
-    df = pd.read_parquet(ctx.inputs["clean"] / "data.parquet")
+    df = pd.read_parquet(ctx.file("clean", "data.parquet"))
     parts = split_sentences(df, ctx.params)
     metrics = {"rows_quarantined": 0, "given_splits": int(ctx.params.use_given and df["split"].notna().any())}
     for name, part in parts.items():

@@ -61,8 +61,8 @@ def boundary_recall(texts: list[str], tags: list[list[str]], lexicon: Lexicon) -
 def build(ctx: BuildContext) -> BuildOutput:
     """Write `chars/vocab.txt`, `bigrams/vocab.txt`, `lexicon/words.txt` and their frequency tables."""
     p: Params = ctx.params
-    train = pd.read_parquet(ctx.inputs["augment"] / "train.parquet", columns=["text", "words"])
-    validation = pd.read_parquet(ctx.inputs["segment"] / "validation.parquet", columns=["text", "tags"])
+    train = pd.read_parquet(ctx.file("augment", "train.parquet"), columns=["text", "words"])
+    validation = pd.read_parquet(ctx.file("segment", "validation.parquet"), columns=["text", "tags"])
     texts = train["text"].astype(str).tolist()
     counts = {"chars": Counter(c for t in texts for c in t), "bigrams": Counter(b for t in texts for b in bigrams(t)[0])}
     char_params = p.model_copy(update={"min_freq": 1, "max_size": None})  # every character seen: rare ones are often names

@@ -1,0 +1,32 @@
+"""What every stage shares (tasks/core.py): unit names, facts, and upstream files opened by their declared names."""
+from pathlib import Path
+
+import pytest
+
+from tasks.core import BuildContext, Facts, Unit, by_model, gathered, model_unit
+from tasks.stages import CLASSIFICATION_STAGES
+
+
+def test_unit_names_parse_and_print_back():
+    for name, parts in (("train", ("train", "", "")), ("train.textcnn", ("train", "textcnn", "")),
+                        ("clean:2026-12-01.csv", ("clean", "", "2026-12-01.csv"))):
+        assert tuple(Unit.parse(name)) == parts and str(Unit.parse(name)) == name
+    assert model_unit("evaluate", "fasttext") == "evaluate.fasttext"
+    assert by_model({"train.a": 1, "train.b": 2}) == {"a": 1, "b": 2}
+
+
+def test_facts_hand_on_and_gather_labels():
+    facts = Facts(labels=["差", "好"], source_sha256="ab")
+    assert facts.but(font="x.ttf").font == "x.ttf" and facts.but(font="x.ttf").labels == ["差", "好"]
+    assert Facts.from_json({**facts.to_json(), "task": "ner"}) == facts  # a key of older code is left out
+    assert gathered([Facts(labels=["1"]), Facts(labels=["0"], source_sha256="c")]) == Facts(labels=["0", "1"], source_sha256="c")
+
+
+def test_a_stage_opens_what_its_inputs_declare_and_nothing_else(tmp_path):
+    ctx = BuildContext({"segment": tmp_path / "seg", "augment": tmp_path / "aug"}, {}, tmp_path, None,
+                       outputs={s: CLASSIFICATION_STAGES[s].outputs for s in ("segment", "augment")})
+    assert ctx.file("segment", "validation.parquet") == tmp_path / "seg" / "validation.parquet"  # `{split}.parquet`
+    assert ctx.file("augment", "train.words.txt") == tmp_path / "aug" / "train.words.txt"
+    with pytest.raises(KeyError, match="stage 'augment' declares no output 'sample.csv'"):
+        ctx.file("augment", "sample.csv")
+    assert BuildContext({"x": Path("x")}, {}, tmp_path, None).file("x", "any.csv") == Path("x/any.csv")  # nothing declared: not checked
