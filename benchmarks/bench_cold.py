@@ -58,6 +58,7 @@ def main() -> None:
     parser.add_argument("--server", action="store_true")
     args = parser.parse_args()
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env["ZHPIPE_SERVER"] = "temporary"  # without --server, each command starts its own temporary server
     rounds = []
     with tempfile.TemporaryDirectory() as home:
         env["PREFECT_HOME"] = home

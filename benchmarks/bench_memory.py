@@ -96,7 +96,7 @@ def role(p: psutil.Process, root: psutil.Process) -> str:
 
 def run(corpus: Path, workers: int, tmp: Path) -> dict:
     env = {**os.environ, "ZHPIPE_DATA": str(tmp / "store"), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp / 'mlflow.db'}",
-           "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90"}
+           "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90", "ZHPIPE_SERVER": "temporary"}
     cmd = [sys.executable, "-m", "flows.cli", "run", "chnsenticorp", "--source", str(corpus), "--text-column", "review",
            "--label-column", "label", "--to", "split", "--force", "--set", f"clean.workers={workers}"]
     t0 = time.perf_counter()

@@ -34,7 +34,7 @@ def test_init_and_run_in_an_empty_folder_write_only_there(installed, tmp_path):
     home.mkdir()
     work.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ZHPIPE_", "MLFLOW_", "PREFECT_"))}
-    env.update(PYTHONPATH=str(installed), HOME=str(home))
+    env.update(PYTHONPATH=str(installed), HOME=str(home), ZHPIPE_SERVER="temporary")  # none left behind (test_server.py)
     zhpipe = [sys.executable, "-m", "flows.cli"]
     where = subprocess.run([sys.executable, "-c", "import flows; print(flows.__file__)"], env=env, cwd=work,
                            capture_output=True, text=True, check=True).stdout
@@ -75,6 +75,7 @@ def test_init_csv_copies_pins_and_refuses_an_edited_file(tmp_path):
     example_corpus().to_csv(corpus, index=False)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ZHPIPE_", "MLFLOW_", "PREFECT_"))}
     env["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "180"
+    env["ZHPIPE_SERVER"] = "temporary"  # no background server left behind (test_server.py tests it)
     zhpipe = [sys.executable, "-m", "flows.cli"]
     init = subprocess.run([*zhpipe, "init", str(tmp_path / "p"), "--csv", str(corpus)], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
