@@ -17,6 +17,7 @@ class Origin:
     def __init__(self, source: schema.Source, root: Path, fetch_params: Any):
         self.source, self.root, self.fetch_params = source, root, fetch_params
         self._validators: dict[str, fetch.Validators] = {}
+        self._fingerprints: dict[str, str] = {}  # per file of the source: its key and its run tags hash it once
 
     def local(self, src: schema.Source | None = None) -> Path | None:
         """The local file of `src` (default: the pipeline's source), or None for a URL."""
@@ -24,8 +25,15 @@ class Origin:
         return resolve_path(src.path, self.root) if src.path else None
 
     def fingerprint(self, src: schema.Source | None = None) -> str:
-        """What identifies the raw bytes of `src` (one file of the source: the source itself, or a given split)."""
+        """What identifies the raw bytes of `src` (one file of the source: the source itself, or a given split),
+        computed once per Origin (a corpus of gigabytes is read once to plan a run, not once per use)."""
         src = src or self.source
+        key = src.model_dump_json()
+        if key not in self._fingerprints:
+            self._fingerprints[key] = self._fingerprint(src)
+        return self._fingerprints[key]
+
+    def _fingerprint(self, src: schema.Source) -> str:
         local = self.local(src)
         if local is not None and local.is_file():
             return file_sha256(local)

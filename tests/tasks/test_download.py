@@ -436,3 +436,17 @@ def test_an_origin_asks_the_server_once_so_the_key_and_the_recheck_agree(tmp_pat
     assert origin.expect(src) == Validators('"v1"', None, len(b"label,review\n1,v1\n"))  # the download re-checks the planned answer
     assert 'etag="v2"' in Origin(src, tmp_path, FAST).fingerprint()  # the next run plans with the new one
     assert Origin(Source(path=f"{server}/o.csv", sha256="a" * 64), tmp_path, FAST).fingerprint() == "a" * 64
+
+
+def test_an_origin_reads_a_local_source_once_however_often_it_is_asked(tmp_path, monkeypatch):
+    import tasks.source.origin as origin_module
+    from tasks.io import file_sha256
+    from tasks.source.origin import Origin
+    from tasks.source.schema import Source
+
+    (tmp_path / "c.csv").write_text("label,review\n1,好\n", encoding="utf-8")
+    reads = []
+    monkeypatch.setattr(origin_module, "file_sha256", lambda path: reads.append(path) or file_sha256(path))
+    origin = Origin(Source(path="c.csv"), tmp_path, FAST)
+    assert origin.fingerprint() == origin.fingerprint() == file_sha256(tmp_path / "c.csv")
+    assert len(reads) == 1  # the key plan and the run's tags share one read of the file
