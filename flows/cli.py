@@ -618,9 +618,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("run", "tune", "deploy", "serve", "worker") or getattr(args, "dask", None):
         from flows.server import use_running
 
+        # a background server instead of a temporary one per command: the running one, else (run, tune) a new one
         if not use_running() and args.command in ("run", "tune") and not os.environ.get("PREFECT_API_URL"):
             _start_background_server()
-        use_running()  # a background `zhpipe server` instead of a temporary server per command
+            use_running()
     if not args.debug:  # MLflow sets its own loggers' level when it is imported (later, lazily): tell it up front
         os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S")

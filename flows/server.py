@@ -75,19 +75,11 @@ def idle_timeout() -> float:
         raise ZhpipeError(f"ZHPIPE_SERVER_IDLE={value!r}: expected seconds (e.g. 1800)") from None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def supervise(argv: list[str], idle: float, poll: float = 5.0) -> int:
     """Run the Prefect server (`argv`) and stop it once no zhpipe process has used it for `idle` seconds: its
     users are the processes named in `users_dir()` (dead ones are dropped as they are seen)."""
+    from flows.store import alive
+
     child = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
     last_used = time.monotonic()
 
@@ -106,7 +98,7 @@ def supervise(argv: list[str], idle: float, poll: float = 5.0) -> int:
         folder = users_dir()
         users = [p for p in folder.iterdir() if p.name.isdigit()] if folder.is_dir() else []
         for user in users:
-            if _alive(int(user.name)):
+            if alive(int(user.name)):
                 last_used = time.monotonic()
             else:
                 user.unlink(missing_ok=True)

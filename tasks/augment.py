@@ -7,7 +7,7 @@ from typing import Literal
 import pandas as pd
 import pyarrow as pa
 
-from tasks.augmenters import AUGMENTERS, CHUNK_ROWS, CHUNKED, AugmentContext, Augmented, EdaParams
+from tasks.augmenters import AUGMENTERS, CHUNK_ROWS, CHUNKED, STREAMED, AugmentContext, Augmented, EdaParams
 from tasks.backtranslation import BackTranslationParams
 from tasks.core import BuildContext, BuildOutput
 from tasks.errors import ConfigError, DataError
@@ -32,8 +32,7 @@ class Params(EdaParams):
 
 def check_no_leakage(train: pd.DataFrame, original_ids: set, heldout) -> None:
     """Fail if a held-out (validation/test) text, or a row derived from anything but a train row, is in training."""
-    heldout = heldout if isinstance(heldout, TextSet) else TextSet.of([list(heldout)])
-    leaked = heldout.isin(train["text"])
+    leaked = TextSet.coerce(heldout).isin(train["text"])
     if leaked.any():
         raise DataError(f"augment: {int(leaked.sum())} training rows equal validation/test texts (first id {train.loc[leaked, 'id'].iloc[0]})")
     foreign = ~train["source_id"].isin(original_ids)
@@ -46,12 +45,17 @@ def _check_method(params) -> None:
         raise ConfigError(f"augment.method: unknown augmenter '{params.method}' (registered: {', '.join(sorted(AUGMENTERS))})")
 
 
+def marked_original(train: pd.DataFrame) -> pd.DataFrame:
+    """Train rows as the augmented split holds them: their own source, `aug_method` original, no POS tags (the
+    new rows would have none)."""
+    return train.drop(columns=["pos"], errors="ignore").assign(source_id=train["id"], aug_method="original", aug_index=0)
+
+
 def augment_frame(train: pd.DataFrame, ctx: AugmentContext) -> tuple[pd.DataFrame, Augmented]:
     """Original rows (aug_method 'original') then the augmenter's new rows, with fresh unique ids."""
     params = ctx.params
     _check_method(params)
-    original = train.drop(columns=["pos"], errors="ignore")  # POS tags of new rows would be missing
-    original = original.assign(source_id=original["id"], aug_method="original", aug_index=0)
+    original = marked_original(train)
     result = AUGMENTERS[params.method](train, ctx)
     new = result.rows
     if len(new):
@@ -70,11 +74,11 @@ def stream_augment(src: Rows, ctx: AugmentContext, out: Path) -> tuple[int, int,
     rows first, then the new rows (ids after the last original id), as `augment_frame` orders them; memory is
     one batch and the held-out texts' digests. Returns (original rows, new rows, the result, a sample)."""
     writer, words = PartWriter(out / "train.parquet", ROW_GROUP_ROWS), open(out / ".train.words.txt.tmp", "w", encoding="utf-8")
-    originals, last_id = 0, -1
-    empty = pd.read_parquet(src.path).iloc[:0] if not len(src) else None  # a partition with no train rows
+    kept, last_id = 0, -1
+    empty = marked_original(pd.read_parquet(src.path).iloc[:0]) if not len(src) else None  # a partition with no train rows
     schema = None
     for batch in src.batches():
-        rows = batch.drop(columns=["pos"], errors="ignore").assign(source_id=batch["id"], aug_method="original", aug_index=0)
+        rows = marked_original(batch)
         if not len(rows):
             continue
         check_no_leakage(rows, set(batch["id"]), ctx.heldout)
@@ -82,7 +86,7 @@ def stream_augment(src: Rows, ctx: AugmentContext, out: Path) -> tuple[int, int,
         schema = schema or table.schema
         writer.write(table.cast(schema))
         words.writelines(f"{w}\n" for w in rows["words"])
-        originals, last_id = originals + len(rows), max(last_id, int(rows["id"].max()))
+        kept, last_id = kept + len(rows), max(last_id, int(rows["id"].max()))
     metrics: dict[str, float] = {"filtered_heldout": 0}
     added, sample = 0, []
     chunked = CHUNKED.get(ctx.params.method)
@@ -102,9 +106,9 @@ def stream_augment(src: Rows, ctx: AugmentContext, out: Path) -> tuple[int, int,
             sample.append(new.head(200))
         added += len(new)
     words.close()
-    writer.close(None if empty is None else empty.drop(columns=["pos"], errors="ignore").assign(source_id=empty["id"], aug_method="", aug_index=0))
+    writer.close(empty)
     (out / ".train.words.txt.tmp").replace(out / "train.words.txt")
-    return originals, added, Augmented(pd.DataFrame(), metrics, ctx.params.method), (pd.concat(sample) if sample else pd.DataFrame())
+    return kept, added, Augmented(pd.DataFrame(), metrics, ctx.params.method), (pd.concat(sample).head(200) if sample else pd.DataFrame())
 
 
 def build(ctx: BuildContext) -> BuildOutput:
@@ -119,8 +123,8 @@ def build(ctx: BuildContext) -> BuildOutput:
     runner = ctx.runner(1 if ctx.runner is Runner else 0)  # local: one process; Dask: every worker
     actx = AugmentContext(ctx.params, segment, cache_file, heldout, runner, src.path, ctx.root, ctx.store.registered if ctx.store else None)
     tables = {}
-    if ctx.params.method in CHUNKED or ctx.params.method == "none":
-        originals, added, result, new_sample = stream_augment(src, actx, ctx.out)
+    if ctx.params.method in STREAMED:
+        kept, added, result, new_sample = stream_augment(src, actx, ctx.out)
         if len(new_sample):
             source = pd.concat(b[b["id"].isin(set(new_sample["source_id"]))][["id", "text"]] for b in src.batches(["id", "text"]))
             sample = new_sample.merge(source.rename(columns={"id": "source_id", "text": "source_text"}), on="source_id")
@@ -130,7 +134,7 @@ def build(ctx: BuildContext) -> BuildOutput:
         out, result = augment_frame(train, actx)
         write_parquet(out, ctx.out / "train.parquet")
         (ctx.out / "train.words.txt").write_text("\n".join(out["words"]) + "\n", encoding="utf-8")
-        originals, added = len(train), int((out["aug_method"] != "original").sum())
+        kept, added = len(train), int((out["aug_method"] != "original").sum())
         if result.sample is not None and len(result.sample):
             tables["augment_sample.json"] = result.sample.astype(str)
             result.sample.to_csv(ctx.out / "sample.csv", index=False)
@@ -139,8 +143,8 @@ def build(ctx: BuildContext) -> BuildOutput:
             sample = new.head(200).merge(train[["id", "text"]].rename(columns={"id": "source_id", "text": "source_text"}), on="source_id")
             tables["augment_sample.json"] = sample[["source_id", "source_text", "text", "aug_method"]].astype(str)
     return BuildOutput(
-        rows=originals + added,
-        metrics={"rows_original": originals, "rows_added": added, **result.metrics},
+        rows=kept + added,
+        metrics={"rows_original": kept, "rows_added": added, **result.metrics},
         facts=ctx.facts["segment"].but(augment_method_used=result.method_used),
         artifacts=["sample.csv"] if (ctx.out / "sample.csv").exists() else [],
         tables=tables,

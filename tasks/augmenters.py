@@ -46,8 +46,7 @@ class AugmentContext:
     registered: Any = None  # uri -> (models:/<name>/<version>, local folder): registered translators (backend zhpipe)
 
     def __post_init__(self):
-        if not isinstance(self.heldout, TextSet):  # a set of texts, as a caller in a notebook passes it
-            self.heldout = TextSet.of([list(self.heldout)])
+        self.heldout = TextSet.coerce(self.heldout)
 
 
 @dataclass
@@ -157,3 +156,4 @@ def train_as_is(ctx: BuildContext) -> BuildOutput:
 
 # the row-wise augmenters that run chunk by chunk on processes or Dask: (chunk function, its params as it receives them)
 CHUNKED: dict[str, tuple[Callable, Callable]] = {"eda": (eda_chunk, eda_json)}
+STREAMED = {*CHUNKED, "none"}  # the augmenters that add rows from each row alone: the stage streams the split for them

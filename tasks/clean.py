@@ -17,7 +17,7 @@ from pydantic import Field
 
 from tasks.core import DATASET_SAMPLE_ROWS, BuildContext, BuildOutput, Dataset, Facts, Section
 from tasks.errors import DataError
-from tasks.io import ROW_GROUP_ROWS, Chunk, PartWriter, Runner, chunk_plan, iter_frames, read_chunk, sorted_labels
+from tasks.io import ROW_GROUP_ROWS, Chunk, PartWriter, Runner, chunk_plan, iter_frames, read_chunk, sorted_labels, text_digests
 
 # what its key sees besides params, inputs and code (flows/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)
@@ -87,7 +87,7 @@ def normalise_chunk(chunk: Chunk, params_json: str) -> pd.DataFrame:
 
 def text_digest(text: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     """Two independent 64-bit hashes of each text (pandas' SipHash with two keys): equal texts, equal pairs."""
-    return tuple(pd.util.hash_pandas_object(text, index=False, hash_key=key).to_numpy() for key in ("zhpipe-dedupe-h1", "zhpipe-dedupe-h2"))
+    return tuple(text_digests(text, key) for key in ("zhpipe-dedupe-h1", "zhpipe-dedupe-h2"))
 
 
 def length_reasons(text: pd.Series, params: Params) -> pd.Series:

@@ -128,9 +128,11 @@ def batches_of(data: "Rows | pd.DataFrame", columns: list[str] | None = None, ro
         yield frame.iloc[start : start + rows]
 
 
-def text_digests(texts) -> np.ndarray:
-    """A 64-bit digest of each text (pandas' SipHash, vectorised): equal texts, equal digests."""
-    return pd.util.hash_pandas_object(pd.Series(texts, dtype=object), index=False, hash_key="zhpipe-textset-1").to_numpy()
+def text_digests(texts, key: str = "zhpipe-textset-1") -> np.ndarray:
+    """A 64-bit digest of each text (pandas' SipHash under `key`, 16 characters; vectorised): equal texts, equal
+    digests. A Series is hashed as it is (its string dtype hashes as object strings do)."""
+    series = texts if isinstance(texts, pd.Series) else pd.Series(texts, dtype=object)
+    return pd.util.hash_pandas_object(series, index=False, hash_key=key).to_numpy()
 
 
 class TextSet:
@@ -145,6 +147,11 @@ class TextSet:
     def of(cls, batches: Iterable) -> "TextSet":
         parts = [text_digests(b) for b in batches]
         return cls(np.concatenate(parts) if parts else None)
+
+    @classmethod
+    def coerce(cls, texts) -> "TextSet":
+        """`texts` itself when it is a TextSet, else a TextSet of its texts (a set or list, as a notebook passes)."""
+        return texts if isinstance(texts, TextSet) else cls.of([list(texts)])
 
     def union(self, texts) -> "TextSet":
         return TextSet(np.concatenate([self._sorted, text_digests(texts), np.fromiter(self._added, np.uint64, len(self._added))]))
@@ -165,9 +172,6 @@ class TextSet:
     def add(self, text: str) -> None:
         self._added.add(int(text_digests([text])[0]))
 
-    def __len__(self) -> int:
-        return len(self._sorted) + len(self._added)
-
 
 SHUFFLE_ROWS = 200_000  # rows shuffled in memory at once: a larger split is dealt into buckets of about this size
 SHUFFLE_MB = 48  # ... and of at most about this many MB of text
@@ -180,8 +184,9 @@ def split_mb(data: "Rows | pd.DataFrame", columns: list[str] | None = None) -> f
         names = meta.schema.names
         wanted = [names.index(c) for c in (columns or names) if c in names]
         return sum(meta.row_group(g).column(c).total_uncompressed_size for g in range(meta.num_row_groups) for c in wanted) / 2**20
-    frame = data if columns is None else data[columns]
-    return float(sum(frame[c].astype(str).str.len().sum() * 3 for c in frame.columns if frame[c].dtype == object)) / 2**20
+    frame = data if columns is None else data[[c for c in columns if c in data]]
+    text = [c for c in frame.columns if pd.api.types.is_string_dtype(frame[c]) or frame[c].dtype == object]
+    return float(sum(frame[c].astype(str).str.len().sum() * 3 for c in text)) / 2**20
 
 
 def shuffled(data: "Rows | pd.DataFrame", folder: Path, seed: int, columns: list[str] | None = None,

@@ -50,62 +50,65 @@ def hist_quantile(counts: np.ndarray, q: float) -> float:
 
 class Profile:
     """What the stage counts, batch by batch (memory: the counts, a bounded sample per label, not the corpus):
-    labels per split, text lengths per label (histograms), train words and adjectives per label."""
+    labels per split, text lengths per label (histograms), train tokens per label, and from them the words and
+    adjectives worth showing."""
 
-    def __init__(self, seed: int, sample_size: int = 3000):
+    def __init__(self, seed: int, tags: dict | None, sample_size: int = 3000):
+        self.tags = tags  # jieba's dictionary tags; None: the split's own `pos` column (segment.pos: true)
         self.per_split: dict[str, Counter] = {}
         self.chars: dict = {}  # label -> histogram of text lengths in characters
         self.words_hist = np.zeros(1, dtype=np.int64)
-        self.tokens: Counter = Counter()  # train: every token
-        self.words: dict = {}  # label -> shown-word counts (train)
-        self.adjectives: dict = {}
+        self.tokens: dict = {}  # label -> every train token's count
+        self.tagged: dict = {}  # label -> (shown words, adjectives) from the `pos` column
         self.samples: dict = {}  # label -> (keys, chars, words) of the rows with the smallest random keys
         self.rng, self.sample_size, self.rows = np.random.default_rng(seed), sample_size, 0
 
-    @staticmethod
-    def _add(hist: np.ndarray, values: np.ndarray) -> np.ndarray:
-        counts = np.bincount(values)
-        if len(counts) > len(hist):
-            hist = np.pad(hist, (0, len(counts) - len(hist)))
-        hist[: len(counts)] += counts
-        return hist
-
-    def add(self, split: str, batch: pd.DataFrame, tags: dict | None) -> None:
+    def add(self, split: str, batch: pd.DataFrame) -> None:
         self.rows += len(batch)
         self.per_split.setdefault(split, Counter()).update(batch["label"].value_counts().to_dict())
         chars = batch["text"].str.len().to_numpy(dtype=np.int64)
         words = np.fromiter((len(w.split()) for w in batch["words"]), np.int64, len(batch))  # one row's tokens at a time
-        self.words_hist = self._add(self.words_hist, words)
+        self.words_hist = _sum(self.words_hist, np.bincount(words))
         keys = self.rng.random(len(batch))
         for label, rows in batch.groupby("label", sort=False).indices.items():
-            self.chars[label] = self._add(self.chars.get(label, np.zeros(1, dtype=np.int64)), chars[rows])
+            self.chars[label] = _sum(self.chars.get(label, np.zeros(1, dtype=np.int64)), np.bincount(chars[rows]))
             old = self.samples.get(label, (np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)))
             k, c, w = (np.concatenate([o, n[rows]]) for o, n in zip(old, (keys, chars, words)))
             keep = np.argsort(k, kind="stable")[: self.sample_size]
             self.samples[label] = (k[keep], c[keep], w[keep])
         if split != "train":
             return
-        for line in batch["words"]:
-            self.tokens.update(line.split())
         for label, part in batch.groupby("label", sort=False):
-            if tags is None:  # segment stored jieba.posseg's own tags
-                counts, adjectives = tagged_counts(part["pos"])
-            else:
-                counts = word_counts(part["words"])
-                adjectives = adjective_counts(counts, tags)
-            self.words.setdefault(label, Counter()).update(counts)
-            self.adjectives.setdefault(label, Counter()).update(adjectives)
+            self.tokens.setdefault(label, Counter()).update(chain.from_iterable(t.split() for t in part["words"]))  # at C speed
+            if self.tags is None:  # segment stored jieba.posseg's own tags
+                found, adjectives = tagged_counts(part["pos"])
+                shown_words, shown_adjectives = self.tagged.setdefault(label, (Counter(), Counter()))
+                shown_words.update(found)
+                shown_adjectives.update(adjectives)
+
+    def words(self, label) -> tuple[Counter, Counter]:
+        """A label's train words worth showing and its adjectives (jieba POS a/ad/an), with their counts."""
+        if self.tags is None:
+            return self.tagged.get(label, (Counter(), Counter()))
+        counts = shown(self.tokens.get(label, Counter()))
+        return counts, adjective_counts(counts, self.tags)
+
+    def all_chars(self) -> np.ndarray:
+        """The histogram of every text's length in characters."""
+        every = np.zeros(1, dtype=np.int64)
+        for hist in self.chars.values():
+            every = _sum(every, hist)
+        return every
 
     def stats(self, coverage: float) -> dict[str, float]:
         """Vocabulary size, tokens, type/token ratio (train), and the lengths that cover `coverage` of all texts."""
-        chars = np.zeros(1, dtype=np.int64)
-        for hist in self.chars.values():
-            chars = _sum(chars, hist)
-        tokens = sum(self.tokens.values())
+        chars = self.all_chars()
+        types = set().union(*self.tokens.values())
+        tokens = sum(sum(c.values()) for c in self.tokens.values())
         return {
-            "vocab_size": len(self.tokens),
+            "vocab_size": len(types),
             "tokens": tokens,
-            "type_token_ratio": len(self.tokens) / max(tokens, 1),
+            "type_token_ratio": len(types) / max(tokens, 1),
             "chars_p50": hist_quantile(chars, 0.5),
             f"chars_p{round(coverage * 100)}": hist_quantile(chars, coverage),
             f"words_p{round(coverage * 100)}": hist_quantile(self.words_hist, coverage),
@@ -115,6 +118,7 @@ class Profile:
 
 
 def _sum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Two histograms (counts of the values 0, 1, 2, ...) added, the longer one's length kept."""
     out = np.zeros(max(len(a), len(b)), dtype=np.int64)
     out[: len(a)] += a
     out[: len(b)] += b
@@ -124,11 +128,6 @@ def _sum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def shown(counts: Counter) -> Counter:
     """The counted words worth showing: no punctuation, no function words (each distinct word checked once)."""
     return Counter({w: n for w, n in counts.items() if w not in FUNCTION_WORDS and is_word(w)})
-
-
-def word_counts(texts: pd.Series) -> Counter:
-    """Counts of the words worth showing in space-joined word strings (tokens counted at C speed first)."""
-    return shown(Counter(chain.from_iterable(t.split() for t in texts)))
 
 
 ADJECTIVE_TAGS = ("a", "ad", "an")
@@ -184,10 +183,7 @@ def plot_lengths(profile: Profile, labels: list[str], path: Path) -> Path:
 
     from tasks.plots import save, subplots
 
-    every = np.zeros(1, dtype=np.int64)
-    for hist in profile.chars.values():
-        every = _sum(every, hist)
-    hi = hist_quantile(every, 0.99)
+    hi = hist_quantile(profile.all_chars(), 0.99)
     bins = np.linspace(0, hi, 50)
     fig, ax = subplots(figsize=(7, 3.8))
     grid = np.linspace(0, hi, 300)
@@ -268,19 +264,19 @@ def build(ctx: BuildContext) -> BuildOutput:
     pos = ["pos"] if "pos" in pq.read_schema(ctx.file("segment", "train.parquet")).names else []  # `segment.pos: true`
     font = require_cjk_font(p.font)
     use_font(font)
-    tags = None if pos else dictionary_tags()
-    profile = Profile(p.seed)
+    profile = Profile(p.seed, None if pos else dictionary_tags())
     for name in SPLITS:
         for batch in Rows(ctx.file("segment", f"{name}.parquet")).batches(["text", "words", "label"] + (pos if name == "train" else [])):
-            profile.add(name, batch, tags)
+            profile.add(name, batch)
     labels = ctx.facts["segment"].labels or sorted(profile.per_split.get("train", Counter()))
     all_labels = labels
     if len(labels) > p.max_labels:  # 10,000 classes get their counts, not 10,000 pictures
         top = {label for label, _ in profile.per_split["train"].most_common(p.max_labels)}
         labels = [label for label in labels if label in top]
     stats = profile.stats(p.coverage)
-    clouds = {label: dict(profile.words.get(label, Counter()).most_common(p.cloud_words)) for label in labels}
-    adjective_clouds = {label: dict(profile.adjectives.get(label, Counter()).most_common(p.cloud_words)) for label in labels}
+    shown_words = {label: profile.words(label) for label in labels}
+    clouds = {label: dict(found.most_common(p.cloud_words)) for label, (found, _) in shown_words.items()}
+    adjective_clouds = {label: dict(adjectives.most_common(p.cloud_words)) for label, (_, adjectives) in shown_words.items()}
     words = {str(label): list(clouds[label].items())[: p.top_k] for label in labels}
     adjectives = {str(label): list(adjective_clouds[label].items())[: p.top_k] for label in labels}
     pictures = [

@@ -52,50 +52,60 @@ def build_vocab(counts: Counter, params: Params) -> list[str]:
     return list(params.specials) + ranked
 
 
-def build(ctx: BuildContext) -> BuildOutput:
-    """Write `words/vocab.txt`, `words/freq.tsv`, `chars/vocab.txt`, `chars/freq.tsv` from the train split."""
-    counts = {split: {kind: Counter() for kind in KINDS} for split in ("train", "validation")}
-    pruned = dict.fromkeys(KINDS, False)
-    for split, stage in (("train", "augment"), ("validation", "segment")):  # batch by batch: memory is the counts
+SPLITS = (("train", "augment"), ("validation", "segment"))  # each split counted, and the stage it is read from
+
+
+def split_counts(ctx: BuildContext) -> tuple[dict[str, dict[str, Counter]], dict[str, bool], int]:
+    """Each split's token counts per kind, read batch by batch (memory: the counts, each kind's table bounded by
+    `max_types`); returns (counts, whether each kind's tables were pruned, train rows)."""
+    counts = {split: {kind: Counter() for kind in KINDS} for split, _ in SPLITS}
+    pruned, rows = dict.fromkeys(KINDS, False), 0
+    for split, stage in SPLITS:
         for batch in Rows(ctx.file(stage, f"{split}.parquet")).batches(list(KINDS)):
+            rows += len(batch) if split == "train" else 0
             for kind in KINDS:
                 counts[split][kind].update(count_tokens(batch[kind]))
                 pruned[kind] |= prune_counts(counts[split][kind], ctx.params.max_types)
-    out = write_vocab(ctx, counts["train"], counts["validation"], ctx.facts["augment"])
-    out.metrics |= {f"{kind}_types_pruned": float(pruned[kind]) for kind in KINDS}
-    return out
+    return counts, pruned, rows
+
+
+def build(ctx: BuildContext) -> BuildOutput:
+    """Write `words/vocab.txt`, `words/freq.tsv`, `chars/vocab.txt`, `chars/freq.tsv` from the train split."""
+    counts, pruned, _ = split_counts(ctx)
+    return write_vocab(ctx, counts["train"], counts["validation"], ctx.facts["augment"], pruned)
 
 
 def count(ctx: BuildContext) -> BuildOutput:
     """A partition's unit: its train and validation token counts (`counts/<kind>.<split>.parquet`), which the
     stage merges (`gather`) instead of counting the whole corpus again each night."""
     (ctx.out / "counts").mkdir()
-    rows = 0
-    for split, stage in (("train", "augment"), ("validation", "segment")):
-        frame = pd.read_parquet(ctx.file(stage, f"{split}.parquet"), columns=list(KINDS))
-        rows += len(frame) if split == "train" else 0
-        for kind in KINDS:
-            counts = count_tokens(frame[kind])
-            pd.DataFrame({"token": list(counts), "count": list(counts.values())}, columns=["token", "count"]).astype(
+    counts, _, rows = split_counts(ctx)
+    for split, kinds in counts.items():
+        for kind, found in kinds.items():
+            pd.DataFrame({"token": list(found), "count": list(found.values())}, columns=["token", "count"]).astype(
                 {"token": str, "count": "int64"}).to_parquet(ctx.out / "counts" / f"{kind}.{split}.parquet", index=False)
     return BuildOutput(rows=rows, facts=ctx.facts["augment"])
 
 
 def gather(ctx: BuildContext) -> BuildOutput:
-    """The vocabularies from the partitions' merged counts (memory: the distinct tokens, bounded by
-    `max_size` in what is written)."""
-    merged: dict[str, dict[str, Counter]] = {split: {kind: Counter() for kind in KINDS} for split in ("train", "validation")}
+    """The vocabularies from the partitions' merged counts (memory: the distinct tokens, each kind's table
+    bounded by `max_types` as the partitions are merged)."""
+    merged: dict[str, dict[str, Counter]] = {split: {kind: Counter() for kind in KINDS} for split, _ in SPLITS}
+    pruned = dict.fromkeys(KINDS, False)
     for folder in ctx.inputs.values():
         for split, kinds in merged.items():
             for kind, counts in kinds.items():
                 frame = pd.read_parquet(folder / "counts" / f"{kind}.{split}.parquet")
                 counts.update(dict(zip(frame["token"], frame["count"].astype(int))))
-    return write_vocab(ctx, merged["train"], merged["validation"], gathered(list(ctx.facts.values())))
+                pruned[kind] |= prune_counts(counts, ctx.params.max_types)
+    return write_vocab(ctx, merged["train"], merged["validation"], gathered(list(ctx.facts.values())), pruned)
 
 
-def write_vocab(ctx: BuildContext, train: dict[str, Counter], validation: dict[str, Counter], facts: Facts) -> BuildOutput:
-    """Each kind's vocab.txt and freq.tsv from its train counts; its OOV rate from the validation counts."""
-    metrics = {}
+def write_vocab(ctx: BuildContext, train: dict[str, Counter], validation: dict[str, Counter], facts: Facts,
+                pruned: dict[str, bool]) -> BuildOutput:
+    """Each kind's vocab.txt and freq.tsv from its train counts; its OOV rate from the validation counts;
+    `<kind>_types_pruned` says whether counting dropped its rarest types (`max_types`)."""
+    metrics = {f"{kind}_types_pruned": float(pruned[kind]) for kind in KINDS}
     for kind in KINDS:
         counts = train[kind]
         vocab = build_vocab(counts, ctx.params)

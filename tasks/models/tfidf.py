@@ -4,6 +4,7 @@ the baseline stays what other models are measured against."""
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -13,6 +14,7 @@ import pandas as pd
 from pydantic import Field
 
 from tasks.core import Section
+from tasks.io import Rows, batches_of, shuffled, split_mb
 from tasks.models.base import ModelSpec, TrainInputs
 
 if TYPE_CHECKING:  # annotations only: the heavy libraries are imported where they are used
@@ -74,8 +76,6 @@ def make_pipeline(p: Params, seed: int) -> Pipeline:
 
 def text_mb(data) -> float:
     """The train split's text and words, in MB."""
-    from tasks.io import split_mb
-
     return split_mb(data, ["text", "words"])
 
 
@@ -141,8 +141,6 @@ def _fit_stream(train, labels: list[str], p: Params, seed: int, folder: Path) ->
     """Hashed TF-IDF and a logistic loss by SGD (averaged), over `epochs` passes of the shuffled split."""
     from sklearn.linear_model import SGDClassifier
 
-    from tasks.io import Rows, batches_of, shuffled
-
     n = len(train)
     hashers = _hashers(p)
     # document frequencies from a sample spread over the whole split (min_df applies to the sample's counts)
@@ -173,8 +171,6 @@ def _fit_stream(train, labels: list[str], p: Params, seed: int, folder: Path) ->
         for batch in batches_of(order, ["words", "text", "label"], STREAM_ROWS):
             model.partial_fit(hashed_tfidf(hashers, idf, batch), batch["label"].map(index).to_numpy(), classes=classes)
     if isinstance(order, Rows):
-        import shutil
-
         shutil.rmtree(order.path.parent, ignore_errors=True)
     np.savez(folder / "weights.npz", idf_words=idf["words"], idf_chars=idf["chars"], coef=model.coef_.astype(np.float32),
              intercept=model.intercept_, classes=model.classes_)
@@ -204,22 +200,16 @@ def tfidf_predictor(folder: Path):
 
         def features(df: pd.DataFrame):
             return hstack([vec.transform(df[COLUMNS[name]]) for name, vec in vectorizers.items()]).tocsr()
-    coef, intercept, classes = weights["coef"], weights["intercept"], weights["classes"]
+    from sklearn.linear_model import LogisticRegression, SGDClassifier
+
+    # the fitted classifier rebuilt from its weights: scikit-learn's own predict_proba (multinomial for the
+    # logistic regression, one-vs-rest normalised for SGD's logistic loss)
+    classifier = SGDClassifier(loss="log_loss") if mode == "stream" else LogisticRegression()
+    classifier.classes_, classifier.coef_, classifier.intercept_ = weights["classes"], weights["coef"], weights["intercept"]
 
     def predict(df: pd.DataFrame) -> np.ndarray:
-        from scipy.special import expit, softmax
-
-        scores = np.asarray(features(df) @ coef.T) + intercept
-        if scores.shape[1] == 1:  # two classes: one score (as LogisticRegression and SGDClassifier keep them)
-            p1 = expit(scores[:, 0])
-            known = np.column_stack([1 - p1, p1])
-        elif mode == "stream":  # one-vs-rest logistic losses, normalised (SGDClassifier.predict_proba)
-            known = expit(scores)
-            known /= known.sum(axis=1, keepdims=True)
-        else:  # multinomial (LogisticRegression)
-            known = softmax(scores, axis=1)
         probs = np.zeros((len(df), n), dtype=np.float32)
-        probs[:, classes] = known  # a class absent in training stays 0
+        probs[:, classifier.classes_] = classifier.predict_proba(features(df))  # a class absent in training stays 0
         return probs
 
     return predict

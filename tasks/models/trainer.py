@@ -233,7 +233,7 @@ def fit(name: str, model: nn.Module, task: Task, cfg: LoopConfig, checkpoints: P
         if tracker is not None:
             tracker.metrics({f"{prefix}{k}": v for k, v in row.items() if k != "epoch"}, step=epoch)
         state["epoch"] = epoch
-        writer = not _distributed() or torch.distributed.get_rank() == 0  # one process writes the checkpoints
+        writer = not _distributed() or dist.get_rank() == 0  # one process writes the checkpoints
         if sign * row[cfg.monitor] > state["best"]:
             state.update(best=sign * row[cfg.monitor], best_epoch=epoch, stale=0)
             if writer:
@@ -245,7 +245,7 @@ def fit(name: str, model: nn.Module, task: Task, cfg: LoopConfig, checkpoints: P
             _save({"model": core.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                    "rng": _rng_state(rng), "state": state}, last)
         if _distributed():
-            torch.distributed.barrier()  # every process sees this epoch's checkpoints
+            dist.barrier()  # every process sees this epoch's checkpoints
     core.load_state_dict(torch.load(best_file, map_location=device, weights_only=True))
     model.eval()
     return FitResult(state["history"], state["best_epoch"], resumed_from, str(device), bf16,
@@ -253,14 +253,14 @@ def fit(name: str, model: nn.Module, task: Task, cfg: LoopConfig, checkpoints: P
 
 
 def _distributed() -> bool:
-    return torch.distributed.is_available() and torch.distributed.is_initialized()
+    return dist.is_available() and dist.is_initialized()
 
 
 def _rank_device(device: str) -> torch.device:
     """A data-parallel process's device: its own GPU (by rank) on CUDA, else the CPU."""
     resolved = resolve_device(device)
     if resolved.type == "cuda":
-        return torch.device("cuda", torch.distributed.get_rank() % torch.cuda.device_count())
+        return torch.device("cuda", dist.get_rank() % torch.cuda.device_count())
     return torch.device("cpu")
 
 
@@ -343,11 +343,10 @@ def _run_rank(rank: int, world: int, port: int, backend: str, name: str, model, 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group(backend, rank=rank, world_size=world)
     try:
-        cuda = backend == "nccl"
-        if cuda:
-            torch.cuda.set_device(rank % torch.cuda.device_count())
-        device = torch.device("cuda", rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
-        wrapped = DistributedDataParallel(model.to(device), device_ids=[device.index] if cuda else None)
+        device = _rank_device(cfg.device)  # as `fit` will choose it in this process
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        wrapped = DistributedDataParallel(model.to(device), device_ids=[device.index] if device.type == "cuda" else None)
         result = fit(name, wrapped, ShardedTask(task, rank, world), cfg, checkpoints)
         if rank == 0:
             out.write_text(json.dumps({"history": result.history, "best_epoch": result.best_epoch, "resumed": result.resumed_from_epoch,
@@ -363,7 +362,7 @@ def fit_data_parallel(name: str, model, task: Task, cfg: LoopConfig, checkpoints
     import torch.multiprocessing as mp
 
     world = cfg.processes
-    cuda = torch.cuda.is_available() and cfg.device != "cpu"
+    cuda = resolve_device(cfg.device).type == "cuda"  # the device each process takes (`_rank_device`)
     if cuda and torch.cuda.device_count() < world:
         raise ConfigError(f"train.processes={world}: this worker has {torch.cuda.device_count()} GPUs (one process per GPU)")
     backend = "nccl" if cuda else "gloo"

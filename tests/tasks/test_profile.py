@@ -97,12 +97,13 @@ def test_adjectives_are_the_words_jieba_posseg_tags_as_adjectives(tmp_path):
     column (`segment.pos: true`) is read as it is."""
     import jieba.posseg
 
-    from tasks.profile import ADJECTIVE_TAGS, adjective_counts, dictionary_tags, tagged_counts, word_counts
+    from tasks.profile import ADJECTIVE_TAGS, Profile, dictionary_tags, tagged_counts
 
     train = pd.read_parquet(_segmented(tmp_path) / "train.parquet")
-    counts = word_counts(train["words"])
+    profile = Profile(0, dictionary_tags())
+    profile.add("train", train.assign(label="all"))
+    counts, ours = profile.words("all")
     assert "，" not in counts and "的" not in counts and counts.most_common(1)[0][1] > 10
-    ours = adjective_counts(counts, dictionary_tags())
     theirs = Counter(w for t in train["text"] for w, flag in jieba.posseg.cut(t, HMM=False) if flag in ADJECTIVE_TAGS)
     top = [w for w, _ in ours.most_common(5)]
     assert len(top) == 5 and all(w in theirs for w in top), (top, theirs.most_common(10))
