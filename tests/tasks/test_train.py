@@ -232,6 +232,7 @@ def test_tfidf_streamed_from_the_split_file_learns_what_the_exact_fit_learns(tmp
     assert got["stream"].argmax(1).tolist() == got["memory"].argmax(1).tolist() == [1, 0, 2]
     assert not (tmp_path / "stream" / "vocabulary.json").exists() and not list((tmp_path / "stream").glob(".*shuffle*"))
     assert text_mb(Rows(tmp_path / "train.parquet")) < 1
+    assert 0.01 < text_mb(df) < 1  # a frame in memory is measured too (its string columns)
     auto = tmp_path / "auto"
     auto.mkdir()
     assert train_tfidf_lr(Rows(tmp_path / "train.parquet"), ["0", "1", "2"], Params(memory_mb=0), 0, auto)["fit"] == "stream"
