@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from flows import project
+from flows import project, warm
 from tasks.errors import ZhpipeError
 from tasks.stages import KINDS, STAGE_NAMES  # the stage graph, declared once; it imports nothing heavy
 
@@ -166,13 +166,27 @@ def cmd_run(args) -> int:
     if not os.environ.get("PREFECT_API_URL"):  # no background server (`ZHPIPE_SERVER=temporary`, or it could not start)
         print("starting a temporary Prefect server for this run (about 20 s; `zhpipe server start` keeps one running)", flush=True)
     # what the flow run records in Prefect: URLs redacted (the config already holds the redacted forms)
-    out = pipeline_flow(config.name, stages=stages, force=force, storage=conceal(args.storage), dask=args.dask, verify=args.verify,
-                        overrides=[redact_text(o) for o in args.overrides], config_file=_explicit_config(args),
-                        source=config.source.model_dump(exclude_defaults=True) if args.source else None)
+    with _heartbeats():
+        out = pipeline_flow(config.name, stages=stages, force=force, storage=conceal(args.storage), dask=args.dask, verify=args.verify,
+                            overrides=[redact_text(o) for o in args.overrides], config_file=_explicit_config(args),
+                            source=config.source.model_dump(exclude_defaults=True) if args.source else None)
     console = Console()
     console.print(summary_table(out["stages"], time.perf_counter() - t0, config.name, out.get("units", [])))
     console.print(f"MLflow: experiment [bold]{out['experiment']}[/], parent run {out['parent_run_id']}  (see it with `zhpipe ui`)")
     return 0
+
+
+def _heartbeats():
+    """A run started from the command line sends no flow-run heartbeats unless PREFECT_FLOWS_HEARTBEAT_FREQUENCY is
+    set: their only use is a zombie-run automation on the server, and stopping Prefect's heartbeat thread holds
+    every run up to a second at its end. Deployment runs (workers, `zhpipe serve`) keep Prefect's default."""
+    import contextlib
+
+    if any(k in os.environ for k in ("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "PREFECT_RUNNER_HEARTBEAT_FREQUENCY")):
+        return contextlib.nullcontext()
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    return temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
 
 
 def summary_table(rows: list[dict], wall: float, name: str, units: list[dict] = ()):
@@ -551,6 +565,9 @@ def cmd_server(args) -> int:
         print(f"{'' if already else ' '}Prefect server {'already ' if already else ''}running at {state['url']} "
               f"(UI {state['url'].removesuffix('/api')}, pid {state['pid']}, log {state['log']}); zhpipe commands use it")
     elif args.action == "stop":
+        from flows import warm
+
+        warm.stop()  # it runs commands against this server
         state = server.stop()
         print(f"stopped the Prefect server at {state['url']}" if state else "no background Prefect server was running")
     else:
@@ -624,6 +641,11 @@ def main(argv: list[str] | None = None) -> int:
             use_running()
     if not args.debug:  # MLflow sets its own loggers' level when it is imported (later, lazily): tell it up front
         os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    handed_env = dict(os.environ)
+    if args.command in warm.COMMANDS and not args.debug and not getattr(args, "dask", None):
+        code = warm.hand_over(argv)  # the project's warm process runs it, imports done (flows.warm)
+        if code is not None:
+            return code
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S")
     for handler in logging.getLogger().handlers:
         handler.setFormatter(_ConsoleFormatter("%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S"))
@@ -638,7 +660,12 @@ def main(argv: list[str] | None = None) -> int:
                 "predict": cmd_predict, "models": cmd_models, "init": cmd_init,
                 "verify": cmd_verify, "gc": cmd_gc, "server": cmd_server}
     try:
-        return commands[args.command](args)
+        code = commands[args.command](args)
+        if args.command == "run" and handed_env.get("PREFECT_API_URL") and os.environ.get("ZHPIPE_SERVER") != "temporary":
+            from flows.server import idle_timeout
+
+            warm.spawn(idle_timeout(), handed_env)  # the next runs skip the imports (it stops with the server's timeout)
+        return code
     except ZhpipeError as e:
         if args.debug:
             raise

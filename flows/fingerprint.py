@@ -130,15 +130,17 @@ def code_fingerprint(module: str, skip: str | None = None) -> dict[str, str]:
 
 def library_versions(names: tuple[str, ...]) -> dict[str, str]:
     """Installed versions of the distributions that shape a stage's output ("missing" when absent)."""
+    return {name: _version(name) for name in names}
+
+
+@lru_cache(maxsize=None)  # read once per process (each stage's key asks again)
+def _version(name: str) -> str:
     from importlib.metadata import PackageNotFoundError, version
 
-    out = {}
-    for name in names:
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = "missing"
-    return out
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "missing"
 
 
 def _values(params: Any, dotted: str) -> list[str]:
