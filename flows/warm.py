@@ -2,7 +2,8 @@
 spend seconds importing Prefect, MLflow and the stages again.
 
 The first `zhpipe run` that uses the background server leaves this process behind (`python -m flows.warm`): it
-imports what a run imports, then waits on a Unix socket in the Prefect home. A later `zhpipe run` or `zhpipe
+imports what a run imports, then waits on a Unix socket in the Prefect home (one warm process per set of
+settings, below). A later `zhpipe run` or `zhpipe
 status` (the client, which imports nothing heavy) hands it its arguments, working folder, environment and its
 stdin/stdout/stderr; the warm process forks, and the fork runs the command as the client would have, writing
 to the client's own terminal, while the client waits for its exit status (Ctrl-C is passed on). Each command
@@ -40,12 +41,17 @@ _ENV_EXCLUDED = ("ZHPIPE_WARM",)
 SERVING = False  # set in a warm process's fork: the command it runs is not handed over again
 
 
-def state_file() -> Path:
-    return Path(os.environ["PREFECT_HOME"]).expanduser() / "zhpipe-warm.json"
+def home() -> Path:
+    return Path(os.environ["PREFECT_HOME"]).expanduser()
 
 
-def _socket_path() -> str:
-    path = str(state_file().with_name("zhpipe-warm.sock"))
+def state_file(mine: str) -> Path:
+    """Where the warm process for clients of fingerprint `mine` says where it listens (one per fingerprint)."""
+    return home() / f"zhpipe-warm-{mine[:16]}.json"
+
+
+def _socket_path(mine: str) -> str:
+    path = str(state_file(mine).with_suffix(".sock"))
     if len(path.encode()) < 100:  # a Unix socket's path is at most 104-108 bytes
         return path
     return f"/tmp/zhpipe-warm-{hashlib.sha256(path.encode()).hexdigest()[:16]}.sock"
@@ -65,9 +71,9 @@ def enabled() -> bool:
     return os.environ.get("ZHPIPE_WARM", "on").lower() not in ("off", "0", "false", "no")
 
 
-def _read_state() -> dict | None:
+def _read_state(path: Path) -> dict | None:
     try:
-        return json.loads(state_file().read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
 
@@ -110,8 +116,9 @@ def hand_over(argv: list[str]) -> int | None:
     """Run `argv` in the warm process, if there is one that can; its exit status, or None to run it here."""
     if SERVING or not enabled():
         return None
-    state = _read_state()
-    if not state or state.get("fingerprint") != fingerprint():
+    mine = fingerprint()
+    state = _read_state(state_file(mine))
+    if not state or state.get("fingerprint") != mine:
         return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -141,9 +148,8 @@ def hand_over(argv: list[str]) -> int | None:
     finally:
         sock.close()
     if not done or "rc" not in done:
-        print("zhpipe: error: the warm zhpipe process ended without an exit status (see "
-              f"{state_file().with_name('zhpipe-warm.log')}); set ZHPIPE_WARM=off to run commands in their own process",
-              file=sys.stderr)
+        print(f"zhpipe: error: the warm zhpipe process ended without an exit status (see {home() / 'zhpipe-warm.log'}); "
+              "set ZHPIPE_WARM=off to run commands in their own process", file=sys.stderr)
         return 1
     return int(done["rc"])
 
@@ -151,28 +157,28 @@ def hand_over(argv: list[str]) -> int | None:
 def spawn(idle: float, environ: dict) -> None:
     """Leave a warm process behind for the next commands (nothing when one runs or ZHPIPE_WARM=off); `environ` is
     the environment the command was handed over with (a run may add variables of its own later)."""
-    if SERVING or not enabled() or _read_state():
+    mine = fingerprint(environ)
+    if SERVING or not enabled() or _read_state(state_file(mine)):
         return
-    home = state_file().parent
     env = dict(environ)
     root = str(Path(__file__).resolve().parent.parent)  # the `flows` package this process runs
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    with open(home / "zhpipe-warm.log", "a") as log:
-        subprocess.Popen([sys.executable, "-m", "flows.warm", "--idle", str(idle), "--fingerprint", fingerprint(environ)],
+    with open(home() / "zhpipe-warm.log", "a") as log:
+        subprocess.Popen([sys.executable, "-m", "flows.warm", "--idle", str(idle), "--fingerprint", mine],
                          env=env, cwd=root, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def stop() -> bool:
-    """Stop the warm process; False when none ran."""
-    state = _read_state()
-    if not state:
-        return False
-    try:
-        os.kill(state["pid"], signal.SIGTERM)
-    except ProcessLookupError:
-        state_file().unlink(missing_ok=True)
-        return False
-    return True
+def stop() -> int:
+    """Stop the project's warm processes; how many were running."""
+    stopped = 0
+    for path in home().glob("zhpipe-warm-*.json"):
+        state = _read_state(path)
+        try:
+            os.kill(state["pid"], signal.SIGTERM)
+            stopped += 1
+        except (ProcessLookupError, TypeError, KeyError):
+            path.unlink(missing_ok=True)
+    return stopped
 
 
 # ---- the warm process ------------------------------------------------------------------------------------------
@@ -260,7 +266,7 @@ def serve(idle: float, mine: str) -> int:
     for name in PRELOAD:
         importlib.import_module(name)
     files = module_files()
-    path = _socket_path()
+    path = _socket_path(mine)
     Path(path).unlink(missing_ok=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
@@ -274,9 +280,9 @@ def serve(idle: float, mine: str) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     signal.signal(signal.SIGINT, lambda *_: stopping.append(True))
     state = {"pid": os.getpid(), "socket": path, "fingerprint": mine, "modules": len(files)}
-    tmp = state_file().with_name(f".zhpipe-warm.{os.getpid()}.tmp")
+    tmp = home() / f".zhpipe-warm.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(state), encoding="utf-8")
-    os.replace(tmp, state_file())
+    os.replace(tmp, state_file(mine))
     print(f"warm: {len(files)} modules imported in {time.monotonic() - t0:.1f} s; listening on {path}", flush=True)
     clients: dict[int, socket.socket] = {}
     me, last = os.getpid(), time.monotonic()
@@ -320,8 +326,8 @@ def serve(idle: float, mine: str) -> int:
                 last = time.monotonic()
     finally:
         if os.getpid() == me:  # not in a fork leaving through here
-            if (_read_state() or {}).get("pid") == me:
-                state_file().unlink(missing_ok=True)
+            if (_read_state(state_file(mine)) or {}).get("pid") == me:
+                state_file(mine).unlink(missing_ok=True)
             Path(path).unlink(missing_ok=True)
     print("warm: stopping" + (" (asked to)" if stopping else f" (no command for {idle:.0f} s)"), flush=True)
     return 0

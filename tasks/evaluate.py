@@ -157,7 +157,7 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     folder = ctx.out / "evaluation"
     folder.mkdir()
     if spec.is_language_model:
-        metrics = {"test_perplexity": spec.perplexity(ctx.inputs["train"] / name, test.frame())}
+        metrics = {"test_perplexity": spec.perplexity(ctx.inputs["train"] / name, test)}  # read in batches
     else:  # scored batch by batch: memory is one batch and the probabilities, whatever the test split
         y_true = np.concatenate([label_ids(b, labels) for b in test.batches(["label"])])
         probs = predict_batches(spec.predictor(ctx.inputs["train"] / name), test)

@@ -117,6 +117,11 @@ class Rows:
         return pd.read_parquet(self.path, columns=columns)
 
 
+def columns_of(data: "Rows | pd.DataFrame") -> list[str]:
+    """The columns of a split given as a file or as a frame."""
+    return pq.ParquetFile(data.path).schema_arrow.names if isinstance(data, Rows) else list(data.columns)
+
+
 def batches_of(data: "Rows | pd.DataFrame", columns: list[str] | None = None, rows: int | None = None) -> Iterator[pd.DataFrame]:
     """Batches of a split given as a file (`Rows`) or as a frame already in memory."""
     rows = rows or BATCH_ROWS

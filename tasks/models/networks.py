@@ -2,7 +2,6 @@
 embeddings from the embed stage's vectors, trained by the shared loop (tasks.models.trainer)."""
 from __future__ import annotations
 
-import math
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -13,11 +12,13 @@ import pandas as pd
 from tasks.core import Section
 from tasks.errors import DataError
 from tasks.io import read_vocab
-from tasks.models.base import NETWORK, ModelSpec, Predictor, TrainInputs, class_weight_tensor, label_ids
+from tasks.models.base import NETWORK, ModelSpec, Predictor, TrainInputs, class_weight_tensor
 from tasks.vectors import WordVectors
 
 if TYPE_CHECKING:  # annotations only: the heavy libraries are imported where they are used
     import torch
+
+    from tasks.models.encoded import Encoded
 
 
 class TextCNNParams(Section):
@@ -101,6 +102,14 @@ def predict_logits(model: torch.nn.Module, ids: list[list[int]], batch_size: int
     return out
 
 
+def predict_encoded(model: torch.nn.Module, data: Encoded, batch_size: int, device: torch.device) -> np.ndarray:
+    """Probabilities for every row of an encoded split, a buffer at a time."""
+    out = np.zeros((len(data), model.config.num_classes), dtype=np.float32)
+    for seqs, _, rows in data.buffers():
+        out[rows] = predict_logits(model, seqs, batch_size, device)
+    return out
+
+
 def networks() -> dict:
     """name -> (config dataclass, module, the config's fields taken from the pipeline section); PyTorch is
     imported here, when a network is built or loaded, not when the model table is read."""
@@ -141,7 +150,8 @@ def train_network(inputs: TrainInputs) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from tasks.models.trainer import LoopConfig, Task, fit, seed_everything, validation_metrics
+    from tasks.models.encoded import encode_split
+    from tasks.models.trainer import LoopConfig, Task, fit, pad, seed_everything, validation_metrics
 
     kind, train, validation, labels, params = inputs.name, inputs.train, inputs.validation, inputs.labels, inputs.params
     vocab_file, vectors, out, checkpoints, tracker = inputs.vocab / "words" / "vocab.txt", inputs.vectors, inputs.out, inputs.scratch, inputs.sink
@@ -152,22 +162,24 @@ def train_network(inputs: TrainInputs) -> dict:
     embeddings, coverage, dim = embedding_matrix(p, itos, vectors, params.seed)
     config = network_config(kind, p, itos, len(labels), dim)
     model = networks()[kind][1](config, embeddings)
-    x_train, y_train = encode(train["words"], stoi, p.max_len), label_ids(train, labels)
-    x_val, y_val = encode(validation["words"], stoi, p.max_len), label_ids(validation, labels)
-    weight = class_weight_tensor(y_train, len(labels)) if params.class_weights else None
+    # the splits' ids on disk, read a buffer at a time (tasks.models.encoded): memory does not grow with the corpus
+    words = lambda batch: encode(batch["words"], stoi, p.max_len)  # noqa: E731
+    x_train = encode_split(train, checkpoints / "encoded" / "train", words, labels, columns=["words"])
+    x_val = encode_split(validation, checkpoints / "encoded" / "validation", words, labels, columns=["words"])
+    weight = class_weight_tensor(x_train.labels, len(labels)) if params.class_weights else None
 
     def loss(m, b):
         logits, _ = m(b["ids"])
         return F.cross_entropy(logits, b["labels"], weight=None if weight is None else weight.to(logits.device))
 
     def validate(m) -> dict[str, float]:
-        return validation_metrics(predict_logits(m, x_val, 256, next(m.parameters()).device), y_val)
+        return validation_metrics(predict_encoded(m, x_val, 256, next(m.parameters()).device), x_val.labels)
 
     def epoch_batches(rng):
-        for chunk, x, y in batches(x_train, y_train, p.batch_size, shuffle=True, rng=rng):
-            yield len(chunk), {"ids": x, "labels": y}
+        for seqs, chunk, y in x_train.epoch(p.batch_size, rng):
+            yield len(chunk), {"ids": pad(seqs, chunk), "labels": torch.as_tensor(y)}
 
-    task = Task(epoch_batches, steps_per_epoch=math.ceil(len(x_train) / p.batch_size), loss=loss, validate=validate)
+    task = Task(epoch_batches, steps_per_epoch=x_train.steps(p.batch_size), loss=loss, validate=validate)
     result = fit(kind, model, task, LoopConfig.from_train(params, lr=p.lr), checkpoints, tracker)
     folder = out / kind
     folder.mkdir()
@@ -209,7 +221,7 @@ def network_predictor(folder: Path, device: str = "auto") -> Predictor:
 
 
 def _spec(name: str, params: type[Section], about: str) -> ModelSpec:
-    return ModelSpec(name, params, train_network, predictor=network_predictor, uses_vectors=True, shared=NETWORK,
+    return ModelSpec(name, params, train_network, predictor=network_predictor, uses_vectors=True, shared=NETWORK, streams=True,
                      about=about)
 
 

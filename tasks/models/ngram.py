@@ -8,13 +8,14 @@ import math
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Literal
+from typing import Iterable, Iterator, Literal
 
 import numpy as np
 from pydantic import Field
 
 from tasks.augmenters import original_rows
 from tasks.core import Section
+from tasks.io import batches_of, columns_of
 from tasks.models.base import ModelSpec
 
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"
@@ -39,12 +40,14 @@ class NgramLM:
         self.config = config
         self._z: dict[tuple, float] = {}
 
-    def fit(self, sentences: list[list[str]]) -> "NgramLM":
-        """Count n-grams of every order ending at each predicted token (the real tokens and </s>)."""
+    def fit(self, sentences: Iterable[list[str]]) -> "NgramLM":
+        """Count n-grams of every order ending at each predicted token (the real tokens and </s>), in one pass
+        over `sentences` (a generator reading a split in batches will do)."""
         n = self.config.n
-        self.vocab = {UNK, EOS} | {t for s in sentences for t in s}
+        self.vocab = {UNK, EOS}
         raw = [Counter() for _ in range(n + 1)]  # raw[k][k-gram]
         for s in sentences:
+            self.vocab.update(s)
             padded = [BOS] * (n - 1) + s + [EOS]
             for j in range(n - 1, len(padded)):
                 for k in range(1, n + 1):
@@ -111,7 +114,7 @@ class NgramLM:
         start = self.config.n - 1
         return sum(math.log(self.prob(padded[j], padded[j - start : j])) for j in range(start, len(padded))), len(padded) - start
 
-    def perplexity(self, sentences: list[list[str]]) -> float:
+    def perplexity(self, sentences: Iterable[list[str]]) -> float:
         """exp of the mean negative log-probability per predicted token."""
         total, count = 0.0, 0
         for s in sentences:
@@ -144,37 +147,49 @@ def _load(path: Path) -> dict:
         return json.loads(f.read().decode("utf-8"))
 
 
+def sentences(data, tokens: str, label: str | None = None, originals: bool = False, seen: list | None = None) -> Iterator[list[str]]:
+    """Each text's tokens, read a batch at a time from a split (a `Rows` or a frame): only the original rows
+    (`original_rows`) and one class's when asked; `seen` (a one-item list) counts the texts given."""
+    wanted = [tokens, *(["label"] if label is not None else []), *(["aug_method"] if originals else [])]
+    for batch in batches_of(data, [c for c in wanted if c in columns_of(data)]):
+        if originals:
+            batch = original_rows(batch)
+        if label is not None:
+            batch = batch[batch["label"] == label]
+        if seen is not None:
+            seen[0] += len(batch)
+        for text in batch[tokens]:
+            yield text.split()
+
+
 def train_ngram_lm(train, validation, section, out: Path) -> dict:
     """Fit on the original (not augmented) train rows; save `ngram_lm/model.json.gz`; report validation perplexity."""
     folder = out / "ngram_lm"
     folder.mkdir()
-    original = original_rows(train)
-    t0 = time.perf_counter()
-    lm = NgramLM(section).fit([s.split() for s in original[section.tokens]])
+    t0, seen = time.perf_counter(), [0]
+    lm = NgramLM(section).fit(sentences(train, section.tokens, originals=True, seen=seen))
     seconds = time.perf_counter() - t0
     _save({"model": lm.to_json(), "tokens": section.tokens}, folder / "model.json.gz")
-    return {"path": "ngram_lm", "kind": "lm", "seconds": seconds, "history": [], "samples_per_second": len(original) / seconds,
-            "val_perplexity": lm.perplexity([s.split() for s in validation[section.tokens]])}
+    return {"path": "ngram_lm", "kind": "lm", "seconds": seconds, "history": [], "samples_per_second": seen[0] / seconds,
+            "val_perplexity": lm.perplexity(sentences(validation, section.tokens))}
 
 
 def lm_perplexity(folder: Path, df) -> float:
-    """Perplexity of a frame's texts under a saved n-gram LM."""
+    """Perplexity of a split's texts (a frame or a `Rows`) under a saved n-gram LM."""
     saved = _load(folder / "model.json.gz")
-    return NgramLM.from_json(saved["model"]).perplexity([s.split() for s in df[saved["tokens"]]])
+    return NgramLM.from_json(saved["model"]).perplexity(sentences(df, saved["tokens"]))
 
 
 def train_lm_classifier(train, labels: list[str], section, out: Path) -> dict:
     """One n-gram LM per class on the original train rows; save `lm_classifier/model.json.gz`."""
     folder = out / "lm_classifier"
     folder.mkdir()
-    original = original_rows(train)
-    t0 = time.perf_counter()
-    models = [NgramLM(section).fit([s.split() for s in original.loc[original["label"] == label, section.tokens]])
-              for label in labels]
+    t0, seen = time.perf_counter(), [0]
+    models = [NgramLM(section).fit(sentences(train, section.tokens, label, originals=True, seen=seen)) for label in labels]
     seconds = time.perf_counter() - t0
     _save({"models": [m.to_json() for m in models], "labels": labels, "tokens": section.tokens}, folder / "model.json.gz")
     return {"path": "lm_classifier", "kind": "lm_classifier", "seconds": seconds, "history": [],
-            "samples_per_second": len(original) / seconds}
+            "samples_per_second": seen[0] / seconds}
 
 
 def lm_classifier_predictor(folder: Path):
@@ -192,6 +207,8 @@ def lm_classifier_predictor(folder: Path):
 
 
 NGRAM_LM = ModelSpec("ngram_lm", Params, lambda i: train_ngram_lm(i.train, i.validation, i.section, i.out), perplexity=lm_perplexity, shared=(),
+                    streams=True,
                     about="an n-gram language model (Kneser-Ney or fixed back-off); scored by test perplexity")
 LM_CLASSIFIER = ModelSpec("lm_classifier", Params, lambda i: train_lm_classifier(i.train, i.labels, i.section, i.out),
-                          predictor=lm_classifier_predictor, shared=(), about="one n-gram LM per class; the lowest perplexity wins")
+                          predictor=lm_classifier_predictor, shared=(), streams=True,
+                          about="one n-gram LM per class; the lowest perplexity wins")

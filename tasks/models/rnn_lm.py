@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import pandas as pd
 
-from tasks.augmenters import original_rows
 from tasks.core import Section
-from tasks.io import read_vocab
+from tasks.io import Rows, batches_of, read_vocab
 from tasks.models.base import LOOP, ModelSpec, TrainInputs
 
 if TYPE_CHECKING:  # annotations only: the heavy libraries are imported where they are used
+    from tasks.models.encoded import Encoded
     from tasks.models.modules import LSTMLanguageModel
 
 BOS_EOS = "[SEP]"  # the vocabulary's [SEP] marks both the start and the end of a text
@@ -41,33 +41,48 @@ def lm_sequences(lines: pd.Series, stoi: dict[str, int], max_len: int) -> list[l
     return [[sep, *(stoi.get(t, 1) for t in line.split()[:max_len]), sep] for line in lines]
 
 
-def lm_batches(seqs: list[list[int]], batch_size: int, rng: np.random.Generator | None = None):
-    """Length-bucketed batches of (inputs, next-token targets), padded with 0."""
+def lm_batches(seqs: "list[list[int]] | Encoded", batch_size: int, rng: np.random.Generator | None = None):
+    """Length-bucketed batches of (inputs, next-token targets), padded with 0; from a list of sequences or an
+    encoded split (a buffer at a time)."""
+    from tasks.models.encoded import Encoded
     from tasks.models.trainer import length_buckets, pad
 
-    for chunk in length_buckets(seqs, batch_size, rng):
-        padded = pad(seqs, chunk)
+    batches = seqs.epoch(batch_size, rng) if isinstance(seqs, Encoded) else ((seqs, c, None) for c in length_buckets(seqs, batch_size, rng))
+    for buffer, chunk, _ in batches:
+        padded = pad(buffer, chunk)
         # the last column holds only a final [SEP] or padding: nothing to predict from it
         yield len(chunk), {"ids": padded[:, :-1], "targets": padded[:, 1:]}
 
 
-def perplexity(model: LSTMLanguageModel, seqs: list[list[int]], batch_size: int = 64) -> float:
+def perplexity(model: LSTMLanguageModel, seqs: "list[list[int]] | Encoded", batch_size: int = 64) -> float:
     """exp of the mean negative log-likelihood per predicted token (the end [SEP] included, as </s> for n-grams)."""
+    total, count = _nll(model, seqs, batch_size)
+    return math.exp(total / max(count, 1))
+
+
+def _nll(model: LSTMLanguageModel, seqs: "list[list[int]] | Encoded", batch_size: int = 64) -> tuple[float, int]:
+    """The summed negative log-likelihood of the predicted tokens, and their number."""
     import torch
 
     device = next(model.parameters()).device
-    total = count = 0.0
+    total, count = 0.0, 0
     with torch.no_grad():
         for _, batch in lm_batches(seqs, batch_size):
             logp, _ = model(batch["ids"].to(device), batch["targets"].to(device))
             total, count = total - logp.float().sum().item(), count + logp.numel()
-    return math.exp(total / max(count, 1))
+    return total, count
+
+
+def _originals(batch: pd.DataFrame) -> pd.Series:
+    """The rows as in the corpus (`original_rows`), as a mask."""
+    return batch["aug_method"] == "original" if "aug_method" in batch else pd.Series(True, index=batch.index)
 
 
 def train_rnn_lm(inputs: TrainInputs) -> dict:
     """Fit on the original (not augmented) train rows with early stopping on validation perplexity; save `rnn_lm/`."""
     import torch
 
+    from tasks.models.encoded import encode_split
     from tasks.models.modules import LSTMLanguageModel, RNNLMConfig
     from tasks.models.trainer import LoopConfig, Task, fit, seed_everything
 
@@ -76,13 +91,15 @@ def train_rnn_lm(inputs: TrainInputs) -> dict:
     p: Params = inputs.section
     itos = read_vocab(vocab_root / p.tokens / "vocab.txt")
     stoi = {t: i for i, t in enumerate(itos)}
-    original = original_rows(train)
-    x_train, x_val = lm_sequences(original[p.tokens], stoi, p.max_len), lm_sequences(validation[p.tokens], stoi, p.max_len)
+    sequences = lambda batch: lm_sequences(batch[p.tokens], stoi, p.max_len)  # noqa: E731
+    # the splits' ids on disk, read a buffer at a time (tasks.models.encoded): memory does not grow with the corpus
+    x_train = encode_split(train, checkpoints / "encoded" / "train", sequences, keep=_originals, columns=[p.tokens])
+    x_val = encode_split(validation, checkpoints / "encoded" / "validation", sequences, columns=[p.tokens])
     seed_everything(params.seed)
     config = RNNLMConfig(vocab_size=len(itos), embed_dim=p.embed_dim, hidden_size=p.hidden_size, num_layers=p.num_layers,
                          dropout=p.dropout, cutoffs=p.cutoffs)
     model = LSTMLanguageModel(config)
-    task = Task(lambda rng: lm_batches(x_train, p.batch_size, rng), steps_per_epoch=-(-len(x_train) // p.batch_size),
+    task = Task(lambda rng: lm_batches(x_train, p.batch_size, rng), steps_per_epoch=x_train.steps(p.batch_size),
                 loss=lambda m, b: m(b["ids"], b["targets"])[1], validate=lambda m: {"val_perplexity": perplexity(m, x_val)})
     result = fit("rnn_lm", model, task, LoopConfig.from_train(params, lr=p.lr, monitor="val_perplexity", mode="min"),
                  checkpoints, tracker)
@@ -96,8 +113,8 @@ def train_rnn_lm(inputs: TrainInputs) -> dict:
             "samples_per_second": result.samples_per_second, "val_perplexity": best["val_perplexity"]}
 
 
-def rnn_lm_perplexity(folder: Path, df: pd.DataFrame, device: str = "auto") -> float:
-    """Perplexity of a frame's texts under a saved `rnn_lm/`."""
+def rnn_lm_perplexity(folder: Path, df: "pd.DataFrame | Rows", device: str = "auto") -> float:
+    """Perplexity of a split's texts (a frame, or a `Rows` read a batch at a time) under a saved `rnn_lm/`."""
     import torch
 
     from tasks.models.modules import LSTMLanguageModel, RNNLMConfig
@@ -108,10 +125,14 @@ def rnn_lm_perplexity(folder: Path, df: pd.DataFrame, device: str = "auto") -> f
     model.load_state_dict(saved["state_dict"])
     model.to(resolve_device(device)).eval()
     stoi = {t: i for i, t in enumerate(saved["vocab"])}
-    return perplexity(model, lm_sequences(df[saved["tokens"]], stoi, saved["max_len"]))
+    total, count = 0.0, 0
+    for batch in batches_of(df, [saved["tokens"]]):
+        nll, n = _nll(model, lm_sequences(batch[saved["tokens"]], stoi, saved["max_len"]))
+        total, count = total + nll, count + n
+    return math.exp(total / max(count, 1))
 
 
-SPEC = ModelSpec("rnn_lm", Params, train_rnn_lm, perplexity=rnn_lm_perplexity, shared=LOOP,
+SPEC = ModelSpec("rnn_lm", Params, train_rnn_lm, perplexity=rnn_lm_perplexity, shared=LOOP, streams=True,
                  about="an LSTM language model with an adaptive softmax; scored by test perplexity")
 
 
@@ -151,36 +172,43 @@ def train_lm_classifier(inputs: TrainInputs) -> dict:
 
     import torch
 
+    from tasks.models.encoded import encode_split
     from tasks.models.modules import RNNLMConfig
     from tasks.models.trainer import LoopConfig, Task, fit, seed_everything
 
     p: ClassifierParams = inputs.section
     itos = read_vocab(inputs.vocab / p.tokens / "vocab.txt")
     stoi = {t: i for i, t in enumerate(itos)}
-    original = original_rows(inputs.train)
+    sequences = lambda batch: lm_sequences(batch[p.tokens], stoi, p.max_len)  # noqa: E731
     folder = inputs.out / inputs.name
     config = RNNLMConfig(vocab_size=len(itos), embed_dim=p.embed_dim, hidden_size=p.hidden_size, num_layers=p.num_layers,
                          dropout=p.dropout, cutoffs=p.cutoffs)
-    priors, seconds, history = [], 0.0, []
+    sizes, seconds, history = [], 0.0, []
     for i, label in enumerate(inputs.labels):
-        rows = original[original["label"] == label]
-        val = inputs.validation[inputs.validation["label"] == label]
-        x_train, x_val = lm_sequences(rows[p.tokens], stoi, p.max_len), lm_sequences((val if len(val) else inputs.validation)[p.tokens], stoi, p.max_len)
+        # this class's original train rows and validation rows, on disk (tasks.models.encoded)
+        encoded = inputs.scratch / str(i) / "encoded"
+        x_train = encode_split(inputs.train, encoded / "train", sequences, keep=lambda b, c=label: _originals(b) & (b["label"] == c),
+                               columns=[p.tokens, "label"])
+        x_val = encode_split(inputs.validation, encoded / "validation", sequences, keep=lambda b, c=label: b["label"] == c,
+                             columns=[p.tokens, "label"])
+        if not len(x_val):  # a class without validation rows: its model is early-stopped on all of them
+            x_val = encode_split(inputs.validation, encoded / "validation", sequences, columns=[p.tokens])
         seed_everything(inputs.params.seed + i)
         model = _lm(asdict(config))
-        task = Task(lambda rng, x=x_train: lm_batches(x, p.batch_size, rng), steps_per_epoch=max(1, -(-len(x_train) // p.batch_size)),
+        task = Task(lambda rng, x=x_train: lm_batches(x, p.batch_size, rng), steps_per_epoch=max(1, x_train.steps(p.batch_size)),
                     loss=lambda m, b: m(b["ids"], b["targets"])[1], validate=lambda m, x=x_val: {"val_perplexity": perplexity(m, x)})
         result = fit(f"{inputs.name}_{i}", model, task, LoopConfig.from_train(inputs.params, lr=p.lr, monitor="val_perplexity", mode="min"),
                      inputs.scratch / str(i), inputs.sink)
         (folder / str(i)).mkdir(parents=True)
         torch.save({"config": asdict(config), "state_dict": model.state_dict()}, folder / str(i) / "model.pt")
-        priors.append(len(rows) / len(original))
+        sizes.append(len(x_train))
         seconds += result.seconds
         history.append({"label": label, "best_epoch": result.best_epoch, "val_perplexity": result.history[result.best_epoch - 1]["val_perplexity"]})
+    priors = [n / sum(sizes) for n in sizes]
     (folder / "config.json").write_text(json.dumps({"labels": inputs.labels, "priors": priors, "vocab": itos, "tokens": p.tokens,
                                                     "max_len": p.max_len}, ensure_ascii=False), encoding="utf-8")
     return {"path": inputs.name, "kind": "lm_classifier", "seconds": seconds, "per_class": history,
-            "samples_per_second": len(original) / max(seconds, 1e-9)}
+            "samples_per_second": sum(sizes) / max(seconds, 1e-9)}
 
 
 def lm_classifier_predictor(folder: Path, device: str = "auto"):
@@ -212,4 +240,5 @@ def lm_classifier_predictor(folder: Path, device: str = "auto"):
 
 
 CLASSIFIER = ModelSpec("rnn_lm_classifier", ClassifierParams, train_lm_classifier, predictor=lm_classifier_predictor, shared=LOOP,
+                       streams=True,
                        about="one LSTM language model per class; the class whose model gives the text the highest likelihood wins")

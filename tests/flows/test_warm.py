@@ -36,7 +36,8 @@ def warm_env(tmp_path):
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "flows.warm", "--idle", "60", "--fingerprint", warm.fingerprint(env)],
                                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    state = tmp_path / "prefect" / "zhpipe-warm.json"
+    state = warm.state_file(warm.fingerprint(env)).relative_to(warm.home())
+    state = tmp_path / "prefect" / state
     deadline = time.monotonic() + 120
     while not state.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
