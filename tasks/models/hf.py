@@ -112,7 +112,7 @@ def train_hf(inputs: TrainInputs) -> dict:
             "history": result.history, "best_epoch": result.best_epoch, "resumed_from_epoch": result.resumed_from_epoch,
             "device": result.device, "precision": result.precision, "samples_per_second": result.samples_per_second,
             "parameters": sum(w.numel() for w in model.parameters()),
-            "trainable_parameters": sum(w.numel() for w in model.parameters() if w.requires_grad)}
+            "trainable_parameters": sum(w.numel() for w in model.parameters() if w.requires_grad), **result.extra}
 
 
 def hf_predictor(folder: Path, device: str = "auto") -> Predictor:
@@ -132,5 +132,5 @@ def hf_predictor(folder: Path, device: str = "auto") -> Predictor:
 
 
 SPEC = ModelSpec("hf", Params, train_hf, predictor=hf_predictor,
-                 shared=("weight_decay", "grad_clip", "grad_accum", "device", "precision", "seed", "class_weights"),
+                 shared=("weight_decay", "grad_clip", "grad_accum", "device", "precision", "seed", "class_weights", "processes"),
                  about="a pretrained sequence-classification checkpoint (Auto classes, fast tokenizer on the text), fine-tuned")

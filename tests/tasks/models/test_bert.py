@@ -135,11 +135,9 @@ def test_bert_pretrains_with_next_sentence_prediction(corpus):
     assert summary["history"][-1]["val_accuracy"] >= 0.5  # the classifier fine-tunes from the MLM + NSP encoder
 
 
-def test_hf_fine_tunes_a_local_checkpoint_and_saves_what_auto_classes_load(tmp_path):
-    """The pretrained-transformer path end to end on a tiny random BERT and a fast tokenizer built here."""
-    from transformers import AutoModelForSequenceClassification, BertConfig, BertForSequenceClassification, BertTokenizerFast
-
-    from tasks.models.hf import hf_predictor, train_hf
+def tiny_hf_checkpoint(tmp_path, dropout=0.1):
+    """Train and validation frames with a `text` column, and a tiny random BERT with a fast tokenizer built here."""
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
 
     def texts(df):
         return df.assign(text=df["words"].str.replace(" ", ""))
@@ -151,8 +149,40 @@ def test_hf_fine_tunes_a_local_checkpoint_and_saves_what_auto_classes_load(tmp_p
     tokenizer = BertTokenizerFast(vocab={t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars])})
     assert tokenizer.unk_token_id not in tokenizer(train["text"][0])["input_ids"]
     BertForSequenceClassification(BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                             intermediate_size=64)).save_pretrained(ckpt)
+                                             intermediate_size=64, hidden_dropout_prob=dropout,
+                                             attention_probs_dropout_prob=dropout)).save_pretrained(ckpt)
     tokenizer.save_pretrained(ckpt)
+    return train, validation, ckpt
+
+
+def test_hf_trains_data_parallel_as_one_process_does(tmp_path):
+    """train.processes=2 for a pretrained checkpoint: two gloo processes give one process's losses and weights."""
+    from safetensors.torch import load_file
+
+    from tasks.models.hf import train_hf
+
+    train, validation, ckpt = tiny_hf_checkpoint(tmp_path, dropout=0.0)
+    got = {}
+    for processes in (1, 2):
+        params = TrainConfig(processes=processes, device="cpu", precision="fp32",
+                             hf={"checkpoint": str(ckpt), "epochs": 2, "patience": 2, "lr": 1e-3, "batch_size": 8, "warmup_ratio": 0.0})
+        out = tmp_path / f"p{processes}"
+        summary = train_hf(TrainInputs("hf", train, validation, ["0", "1"], params, tmp_path, None, out, tmp_path / f"ckpt{processes}"))
+        got[processes] = (summary, load_file(out / "hf" / "model.safetensors"))
+    (one, w1), (two, w2) = got[1], got[2]
+    assert two.get("processes") == 2 and two.get("backend") == "gloo" and "processes" not in one
+    assert [h["train_loss"] for h in two["history"]] == pytest.approx([h["train_loss"] for h in one["history"]], rel=1e-4)
+    for name, weight in w1.items():
+        assert torch.allclose(weight, w2[name], atol=1e-4), name
+
+
+def test_hf_fine_tunes_a_local_checkpoint_and_saves_what_auto_classes_load(tmp_path):
+    """The pretrained-transformer path end to end on a tiny random BERT and a fast tokenizer built here."""
+    from transformers import AutoModelForSequenceClassification
+
+    from tasks.models.hf import hf_predictor, train_hf
+
+    train, validation, ckpt = tiny_hf_checkpoint(tmp_path)
     params = TrainConfig(hf={"checkpoint": str(ckpt), "epochs": 8, "patience": 8, "lr": 1e-3, "batch_size": 8, "warmup_ratio": 0.0})
     summary = train_hf(TrainInputs("hf", train, validation, ["0", "1"], params, tmp_path, None, tmp_path, tmp_path / "ckpt"))
     assert summary["history"][-1]["train_loss"] < summary["history"][0]["train_loss"] and summary["precision"] == "fp32"
