@@ -122,7 +122,7 @@ def hand_over(argv: list[str]) -> int | None:
         return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.settimeout(5)
+        sock.settimeout(30)  # a warm process that does not answer in that time is not one to wait for
         sock.connect(state["socket"])
         _send(sock, {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}, [0, 1, 2])
         reply, _ = _recv(sock)
@@ -236,7 +236,10 @@ def _run_command(conn: socket.socket, files: dict, mine: str) -> None:
     os.environ.update(request["env"])
     sys.argv = ["zhpipe", *request["argv"]]
     sys.stdout.reconfigure(line_buffering=True)
-    _send(conn, {"pid": os.getpid()})
+    try:
+        _send(conn, {"pid": os.getpid()})
+    except OSError:  # the client gave up waiting and runs the command itself
+        os._exit(0)
     import flows.warm
     from flows import cli
 
