@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.utilities.annotations import quote
 
 from flows import project
 from flows.chunks import shutdown as shutdown_cluster
@@ -254,7 +255,8 @@ def pipeline_flow(
 
     def step(name, *inputs):
         if name in stages:
-            results[name] = stage_task(name)(run, *inputs)
+            # quoted: Prefect would walk the whole run context (config, keys, store) looking for futures, twice a task
+            results[name] = stage_task(name)(quote(run), *inputs)
         elif name in needed:
             results[name] = run.reuse(name)
         return results.get(name)

@@ -152,6 +152,8 @@ def start(port: int | None = None, timeout: float = 180.0, idle: float | None = 
     if idle is not None:
         argv = [sys.executable, "-m", "flows.server", "--idle", str(idle), "--", *argv]
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH")) if p)
+    users_dir().mkdir(parents=True, exist_ok=True)
+    (users_dir() / str(os.getpid())).touch()  # the starter is a user while it waits: the idle clock waits with it
     with open(log, "w") as out:
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + timeout
