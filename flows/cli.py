@@ -612,8 +612,10 @@ def _start_background_server() -> None:
     if os.environ.get("ZHPIPE_SERVER", "background") == "temporary":
         return
     idle = server.idle_timeout()
-    print(f"starting this project's Prefect server in the background (about 20 s, once; later runs reuse it; it stops "
-          f"{idle / 60:.0f} min after the last zhpipe command, or with `zhpipe server stop`) ...", end="", flush=True)
+    after = f"{idle / 60:.0f} min" if idle >= 60 else f"{idle:.0f} s"
+    beside = ", and a warm zhpipe process beside it that skips their imports" if warm.enabled() else ""
+    print(f"starting this project's Prefect server in the background (about 20 s, once; later runs reuse it{beside}; both "
+          f"stop {after} after the last zhpipe command, or with `zhpipe server stop`) ...", end="", flush=True)
     try:
         state = server.start(idle=idle)
     except ZhpipeError as e:  # a taken port, say: this run goes on with a temporary server
