@@ -2,8 +2,8 @@
 spend seconds importing Prefect, MLflow and the stages again.
 
 The first `zhpipe run` that uses the background server leaves this process behind (`python -m flows.warm`): it
-imports what a run imports, then waits on a Unix socket in the Prefect home (one warm process per set of
-settings, below). A later `zhpipe run` or `zhpipe
+imports what a run imports, then waits on a Unix socket in the Prefect home (one warm process per project,
+for the settings of the run that started it, below). A later `zhpipe run` or `zhpipe
 status` (the client, which imports nothing heavy) hands it its arguments, working folder, environment and its
 stdin/stdout/stderr; the warm process forks, and the fork runs the command as the client would have, writing
 to the client's own terminal, while the client waits for its exit status (Ctrl-C is passed on). Each command
@@ -161,6 +161,7 @@ def spawn(idle: float, environ: dict) -> None:
     mine = fingerprint(environ)
     if SERVING or not enabled() or _read_state(state_file(mine)):
         return
+    stop()  # one warm process per project: one for other settings (or older code) finishes its commands and exits
     env = dict(environ)
     root = str(Path(__file__).resolve().parent.parent)  # the `flows` package this process runs
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)

@@ -85,3 +85,21 @@ def test_changed_names_an_edited_or_removed_file(tmp_path):
     b.unlink()
     assert warm.changed({str(b): files[str(b)]}) == str(b)
     assert warm.changed(json.loads(json.dumps(files))) == str(b)  # (mtime, size) as lists, as JSON gives them back
+
+
+def test_a_warm_process_for_other_settings_replaces_the_one_running(warm_env, monkeypatch):
+    env = warm_env["env"]
+    other = {**env, "PREFECT_LOGGING_LEVEL": "ERROR"}
+    monkeypatch.setenv("PREFECT_HOME", env["PREFECT_HOME"])
+    warm.spawn(60, other)
+    assert warm_env["proc"].wait(30) == 0 and not warm_env["state"].exists()  # one warm process per project
+    replacement = warm.state_file(warm.fingerprint(other))
+    deadline = time.monotonic() + 120
+    while not replacement.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    try:
+        assert replacement.exists(), warm_env["log"].read_text()
+        served = zhpipe(other, "status", "smoke")
+        assert served.returncode == 0 and handed(warm_env["log"]) == 1
+    finally:
+        assert warm.stop() == 1
