@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
-from flows import project, warm
+from flows import handover, project
 from tasks.errors import ZhpipeError
 from tasks.stages import KINDS, STAGE_NAMES  # the stage graph, declared once; it imports nothing heavy
 
@@ -566,9 +566,9 @@ def cmd_server(args) -> int:
         print(f"{'' if already else ' '}Prefect server {'already ' if already else ''}running at {state['url']} "
               f"(UI {state['url'].removesuffix('/api')}, pid {state['pid']}, log {state['log']}); zhpipe commands use it")
     elif args.action == "stop":
-        from flows import warm
+        from flows import handover
 
-        warm.stop()  # it runs commands against this server
+        handover.stop()  # it runs commands against this server
         state = server.stop()
         print(f"stopped the Prefect server at {state['url']}" if state else "no background Prefect server was running")
     else:
@@ -613,7 +613,7 @@ def _start_background_server() -> None:
         return
     idle = server.idle_timeout()
     after = f"{idle / 60:.0f} min" if idle >= 60 else f"{idle:.0f} s"
-    beside = ", and a warm zhpipe process beside it that skips their imports" if warm.enabled() else ""
+    beside = ", and a warm zhpipe process beside it that skips their imports" if handover.enabled() else ""
     print(f"starting this project's Prefect server in the background (about 20 s, once; later runs reuse it{beside}; both "
           f"stop {after} after the last zhpipe command, or with `zhpipe server stop`) ...", end="", flush=True)
     try:
@@ -645,8 +645,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.debug:  # MLflow sets its own loggers' level when it is imported (later, lazily): tell it up front
         os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     handed_env = dict(os.environ)
-    if args.command in warm.COMMANDS and not args.debug and not getattr(args, "dask", None):
-        code = warm.hand_over(argv)  # the project's warm process runs it, imports done (flows.warm)
+    if args.command in handover.COMMANDS and not args.debug and not getattr(args, "dask", None):
+        code = handover.hand_over(argv)  # the project's warm process runs it, imports done (flows.warm)
         if code is not None:
             return code
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S")
@@ -667,7 +667,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run" and handed_env.get("PREFECT_API_URL") and os.environ.get("ZHPIPE_SERVER") != "temporary":
             from flows.server import idle_timeout
 
-            warm.spawn(idle_timeout(), handed_env)  # the next runs skip the imports (it stops with the server's timeout)
+            handover.spawn(idle_timeout(), handed_env)  # the next runs skip the imports (it stops with the server's timeout)
         return code
     except ZhpipeError as e:
         if args.debug:

@@ -4,7 +4,7 @@ spend seconds importing Prefect, MLflow and the stages again.
 The first `zhpipe run` that uses the background server leaves this process behind (`python -m flows.warm`): it
 imports what a run imports, then waits on a Unix socket in the Prefect home (one warm process per project,
 for the settings of the run that started it, below). A later `zhpipe run` or `zhpipe
-status` (the client, which imports nothing heavy) hands it its arguments, working folder, environment and its
+status` (the client, `flows.handover`, which imports nothing heavy) hands it its arguments, working folder, environment and its
 stdin/stdout/stderr; the warm process forks, and the fork runs the command as the client would have, writing
 to the client's own terminal, while the client waits for its exit status (Ctrl-C is passed on). Each command
 runs in a fresh fork, so nothing of one run leaks into the next.
@@ -20,170 +20,22 @@ ZHPIPE_WARM=off in the environment, which also keeps every command in its own pr
 from __future__ import annotations
 
 import gc
-import hashlib
 import json
 import os
 import select
 import signal
 import socket
-import struct
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-COMMANDS = ("run", "status")  # the commands a warm process may run (short-lived, with a pipeline)
+from flows import handover
+from flows.handover import fingerprint, home, read_state, recv, send, state_file
+
 # what a run imports: loaded once here, shared by every fork
 PRELOAD = ("flows.cli", "flows.pipeline", "flows.runner", "flows.tracking", "flows.evaluation", "flows.registry", "flows.status",
            "prefect.flow_engine", "prefect.task_engine", "mlflow", "mlflow.tracking", "mlflow.store.tracking.sqlalchemy_store",
            "mlflow.store.model_registry.sqlalchemy_store")
-_ENV_PREFIXES = ("PREFECT_", "MLFLOW_", "ZHPIPE_", "PYTHON")
-_ENV_EXCLUDED = ("ZHPIPE_WARM",)
-SERVING = False  # set in a warm process's fork: the command it runs is not handed over again
-
-
-def home() -> Path:
-    return Path(os.environ["PREFECT_HOME"]).expanduser()
-
-
-def state_file(mine: str) -> Path:
-    """Where the warm process for clients of fingerprint `mine` says where it listens (one per fingerprint)."""
-    return home() / f"zhpipe-warm-{mine[:16]}.json"
-
-
-def _socket_path(mine: str) -> str:
-    path = str(state_file(mine).with_suffix(".sock"))
-    if len(path.encode()) < 100:  # a Unix socket's path is at most 104-108 bytes
-        return path
-    return f"/tmp/zhpipe-warm-{hashlib.sha256(path.encode()).hexdigest()[:16]}.sock"
-
-
-def fingerprint(environ: dict | None = None) -> str:
-    """What decides what an import does: the interpreter, the `flows` package and the settings' variables."""
-    import flows
-
-    environ = os.environ if environ is None else environ
-    settings = sorted((k, v) for k, v in environ.items() if k.startswith(_ENV_PREFIXES) and not k.startswith(_ENV_EXCLUDED))
-    blob = json.dumps([sys.executable, sys.version, str(Path(flows.__file__).resolve()), settings])
-    return hashlib.sha256(blob.encode()).hexdigest()
-
-
-def enabled() -> bool:
-    return os.environ.get("ZHPIPE_WARM", "on").lower() not in ("off", "0", "false", "no")
-
-
-def _read_state(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
-# ---- the client: `zhpipe run` and `zhpipe status` hand their command over --------------------------------------
-
-def _send(sock: socket.socket, payload: dict, fds: list[int] | None = None) -> None:
-    blob = json.dumps(payload).encode()
-    frame = struct.pack("!I", len(blob)) + blob
-    if fds:
-        socket.send_fds(sock, [frame], fds)
-    else:
-        sock.sendall(frame)
-
-
-def _recv(sock: socket.socket, with_fds: bool = False) -> tuple[dict | None, list[int]]:
-    """One framed message (and the descriptors that came with it); None at the end of the stream."""
-    fds: list[int] = []
-    if with_fds:
-        head, fds, _, _ = socket.recv_fds(sock, 4, 3)
-    else:
-        head = sock.recv(4)
-    while head and len(head) < 4:
-        more = sock.recv(4 - len(head))
-        if not more:
-            return None, fds
-        head += more
-    if not head:
-        return None, fds
-    size, blob = struct.unpack("!I", head)[0], b""
-    while len(blob) < size:
-        more = sock.recv(size - len(blob))
-        if not more:
-            return None, fds
-        blob += more
-    return json.loads(blob), fds
-
-
-def hand_over(argv: list[str]) -> int | None:
-    """Run `argv` in the warm process, if there is one that can; its exit status, or None to run it here."""
-    if SERVING or not enabled():
-        return None
-    mine = fingerprint()
-    state = _read_state(state_file(mine))
-    if not state or state.get("fingerprint") != mine:
-        return None
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.settimeout(30)  # a warm process that does not answer in that time is not one to wait for
-        sock.connect(state["socket"])
-        _send(sock, {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}, [0, 1, 2])
-        reply, _ = _recv(sock)
-    except OSError:
-        sock.close()
-        return None
-    if not reply or "pid" not in reply:  # refused (code changed, say): this process runs the command
-        sock.close()
-        return None
-    pid = reply["pid"]
-
-    def pass_on(signum, _frame):
-        try:
-            os.kill(pid, signum)
-        except ProcessLookupError:
-            pass
-
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, pass_on)
-    sock.settimeout(None)
-    try:
-        done, _ = _recv(sock)
-    finally:
-        sock.close()
-    if not done or "rc" not in done:
-        print(f"zhpipe: error: the warm zhpipe process ended without an exit status (see {home() / 'zhpipe-warm.log'}); "
-              "set ZHPIPE_WARM=off to run commands in their own process", file=sys.stderr)
-        return 1
-    return int(done["rc"])
-
-
-def spawn(idle: float, environ: dict) -> None:
-    """Leave a warm process behind for the next commands (nothing when one runs or ZHPIPE_WARM=off); `environ` is
-    the environment the command was handed over with (a run may add variables of its own later)."""
-    mine = fingerprint(environ)
-    if SERVING or not enabled() or _read_state(state_file(mine)):
-        return
-    stop()  # one warm process per project: one for other settings (or older code) finishes its commands and exits
-    env = dict(environ)
-    root = str(Path(__file__).resolve().parent.parent)  # the `flows` package this process runs
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    with open(home() / "zhpipe-warm.log", "a") as log:
-        subprocess.Popen([sys.executable, "-m", "flows.warm", "--idle", str(idle), "--fingerprint", mine],
-                         env=env, cwd=root, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def stop() -> int:
-    """Stop the project's warm processes; how many were running."""
-    stopped = 0
-    for path in home().glob("zhpipe-warm-*.json"):
-        state = _read_state(path)
-        try:
-            os.kill(state["pid"], signal.SIGTERM)
-            stopped += 1
-        except (ProcessLookupError, TypeError, KeyError):
-            path.unlink(missing_ok=True)
-    return stopped
-
-
-# ---- the warm process ------------------------------------------------------------------------------------------
 
 def module_files() -> dict[str, tuple[int, int]]:
     """(mtime, size) of every imported module's file."""
@@ -213,15 +65,15 @@ def changed(files: dict[str, tuple[int, int]]) -> str | None:
 
 def _run_command(conn: socket.socket, files: dict, mine: str) -> None:
     """In the fork: take the client's command and run it as the client would; never returns."""
-    request, fds = _recv(conn, with_fds=True)
+    request, fds = recv(conn, with_fds=True)
     if request is None or len(fds) != 3:
         os._exit(1)
     if fingerprint(request["env"]) != mine:
-        _send(conn, {"refused": "settings differ"})
+        send(conn, {"refused": "settings differ"})
         os._exit(0)
     edited = changed(files)
     if edited:
-        _send(conn, {"refused": f"{edited} changed"})
+        send(conn, {"refused": f"{edited} changed"})
         print(f"{edited} changed since this process imported it: stopping", flush=True)
         os.kill(os.getppid(), signal.SIGTERM)
         os._exit(0)
@@ -239,13 +91,12 @@ def _run_command(conn: socket.socket, files: dict, mine: str) -> None:
     sys.argv = ["zhpipe", *request["argv"]]
     sys.stdout.reconfigure(line_buffering=True)
     try:
-        _send(conn, {"pid": os.getpid()})
+        send(conn, {"pid": os.getpid()})
     except OSError:  # the client gave up waiting and runs the command itself
         os._exit(0)
-    import flows.warm
     from flows import cli
 
-    flows.warm.SERVING = True  # this module runs as __main__: the CLI's copy is the one to tell
+    handover.SERVING = True  # the command this fork runs is not handed over again
 
     code = 1
     try:
@@ -273,7 +124,7 @@ def serve(idle: float, mine: str) -> int:
     # neither walk it (about 0.3 s each, with Prefect, MLflow and pandas loaded) nor copy its pages on write
     gc.collect()
     gc.freeze()
-    path = _socket_path(mine)
+    path = handover.socket_path(mine)
     Path(path).unlink(missing_ok=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
@@ -313,7 +164,7 @@ def serve(idle: float, mine: str) -> int:
                 conn = clients.pop(pid, None)
                 if conn is not None:
                     try:
-                        _send(conn, {"rc": os.waitstatus_to_exitcode(status)})
+                        send(conn, {"rc": os.waitstatus_to_exitcode(status)})
                     except OSError:
                         pass
                     conn.close()
@@ -333,7 +184,7 @@ def serve(idle: float, mine: str) -> int:
                 last = time.monotonic()
     finally:
         if os.getpid() == me:  # not in a fork leaving through here
-            if (_read_state(state_file(mine)) or {}).get("pid") == me:
+            if (read_state(state_file(mine)) or {}).get("pid") == me:
                 state_file(mine).unlink(missing_ok=True)
             Path(path).unlink(missing_ok=True)
     print("warm: stopping" + (" (asked to)" if stopping else f" (no command for {idle:.0f} s)"), flush=True)

@@ -94,22 +94,26 @@ def workers(env, tmp_path):
         procs.append((subprocess.Popen([sys.executable, "-m", "flows.cli", "worker", "--pool", pool], cwd=ROOT, env=env,
                                        stdout=log, stderr=subprocess.STDOUT, start_new_session=True), log))
     yield tmp_path
-    for proc, log in procs:
-        stop(proc)
+    stop(*(proc for proc, _ in procs))
+    for _, log in procs:
         log.close()
 
 
-def stop(proc: subprocess.Popen, grace: float = 30) -> None:
-    """SIGTERM, then SIGKILL of the whole process group after `grace` seconds: a worker that is still
-    running a flow (a schedule that fired again during teardown) waits for it on SIGTERM."""
+def stop(*procs: subprocess.Popen, grace: float = 15) -> None:
+    """SIGTERM to each, then SIGKILL of the whole process group of those still running after `grace` seconds
+    (all of them in the same `grace`): a worker that is still running a flow (a schedule that fired again
+    during teardown) waits for it on SIGTERM."""
     import signal
 
-    proc.terminate()
-    try:
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(30)
+    for proc in procs:
+        proc.terminate()
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        try:
+            proc.wait(max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
 
 
 def client(env):

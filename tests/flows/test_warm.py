@@ -1,4 +1,4 @@
-"""The warm zhpipe process (flows.warm): commands handed to it run as they would alone (same output, exit
+"""The warm zhpipe process (flows.warm, flows.handover): commands handed to it run as they would alone (same output, exit
 status, errors), clients with other settings or after a code change run by themselves, and it stops."""
 import json
 import os
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from flows import warm
+from flows import handover, warm
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,9 +34,9 @@ def warm_env(tmp_path):
     (tmp_path / "prefect").mkdir()
     log = tmp_path / "prefect" / "zhpipe-warm.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "flows.warm", "--idle", "60", "--fingerprint", warm.fingerprint(env)],
+        proc = subprocess.Popen([sys.executable, "-m", "flows.warm", "--idle", "60", "--fingerprint", handover.fingerprint(env)],
                                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    state = warm.state_file(warm.fingerprint(env)).relative_to(warm.home())
+    state = handover.state_file(handover.fingerprint(env)).relative_to(handover.home())
     state = tmp_path / "prefect" / state
     deadline = time.monotonic() + 120
     while not state.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -91,9 +91,9 @@ def test_a_warm_process_for_other_settings_replaces_the_one_running(warm_env, mo
     env = warm_env["env"]
     other = {**env, "PREFECT_LOGGING_LEVEL": "ERROR"}
     monkeypatch.setenv("PREFECT_HOME", env["PREFECT_HOME"])
-    warm.spawn(60, other)
+    handover.spawn(60, other)
     assert warm_env["proc"].wait(30) == 0 and not warm_env["state"].exists()  # one warm process per project
-    replacement = warm.state_file(warm.fingerprint(other))
+    replacement = handover.state_file(handover.fingerprint(other))
     deadline = time.monotonic() + 120
     while not replacement.exists() and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -102,4 +102,4 @@ def test_a_warm_process_for_other_settings_replaces_the_one_running(warm_env, mo
         served = zhpipe(other, "status", "smoke")
         assert served.returncode == 0 and handed(warm_env["log"]) == 1
     finally:
-        assert warm.stop() == 1
+        assert handover.stop() == 1
