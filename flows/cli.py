@@ -566,8 +566,6 @@ def cmd_server(args) -> int:
         print(f"{'' if already else ' '}Prefect server {'already ' if already else ''}running at {state['url']} "
               f"(UI {state['url'].removesuffix('/api')}, pid {state['pid']}, log {state['log']}); zhpipe commands use it")
     elif args.action == "stop":
-        from flows import handover
-
         handover.stop()  # it runs commands against this server
         state = server.stop()
         print(f"stopped the Prefect server at {state['url']}" if state else "no background Prefect server was running")
