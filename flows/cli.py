@@ -8,7 +8,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import NoReturn
+from typing import Callable, NoReturn
 
 from flows import handover, project
 from tasks.errors import ZhpipeError
@@ -233,7 +233,7 @@ def cmd_status(args) -> int:
     table = Table(title=f"zhpipe status {config.name}")
     for col in ("stage", "state", "key", "rows", "built seconds", "why"):
         table.add_column(col)
-    colour = {"cached": "green", "stale": "yellow", "missing": "red"}
+    colour = {"cached": "green", "stale": "yellow", "missing": "red", "corrupt": "red"}
     rows = stage_states(StageStore(storage_root(config, args.storage)), causes, keys)
     parts: dict[str, list[dict]] = {}
     for row in rows:  # a partitioned source: its partition units, one line per stage
@@ -565,15 +565,28 @@ def cmd_server(args) -> int:
         state = server.start(args.port)
         print(f"{'' if already else ' '}Prefect server {'already ' if already else ''}running at {state['url']} "
               f"(UI {state['url'].removesuffix('/api')}, pid {state['pid']}, log {state['log']}); zhpipe commands use it")
+        print(_ui_login())
     elif args.action == "stop":
         handover.stop()  # it runs commands against this server
         state = server.stop()
         print(f"stopped the Prefect server at {state['url']}" if state else "no background Prefect server was running")
     else:
         state = server.running()
-        print(f"running at {state['url']} (UI {state['url'].removesuffix('/api')}, pid {state['pid']})" if state else
-              "not running: each command starts a temporary Prefect server (`zhpipe server start` avoids that)")
+        if state:
+            print(f"running at {state['url']} (UI {state['url'].removesuffix('/api')}, pid {state['pid']})")
+            print(_ui_login())
+        elif os.environ.get("ZHPIPE_SERVER") == "temporary":
+            print("not running: ZHPIPE_SERVER=temporary, so each command starts a temporary Prefect server")
+        else:
+            print("not running: the next `zhpipe run` starts it in the background (or `zhpipe server start` now)")
     return 0
+
+
+def _ui_login() -> str:
+    from flows import server
+
+    return (f"the server asks for this project's credentials (the UI on first load): {server.credentials()} "
+            f"(kept, readable by you only, in {server.state_file().with_name('zhpipe-server-auth')})")
 
 
 class _ConsoleFormatter(logging.Formatter):
@@ -677,7 +690,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def finish(code: int) -> NoReturn:
+def finish(code: int, report: Callable[[int], None] | None = None) -> NoReturn:
     """Exit with `code` as the interpreter would, less its teardown: Prefect's and MLflow's exit hooks run (their
     queues drain, logging flushes), then the process ends without freeing every object of every module it
     imported, which takes over a second once Prefect, MLflow and PyTorch are loaded. Every output is already
@@ -694,6 +707,8 @@ def finish(code: int) -> NoReturn:
             stream.flush()
         except (OSError, ValueError):
             pass
+    if report is not None:  # the warm process's fork tells its client (flows.warm)
+        report(code)
     os._exit(code)
 
 

@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from flows import procs
+
 COMMANDS = ("run", "status")  # the commands a warm process may run (short-lived, with a pipeline)
 _ENV_PREFIXES = ("PREFECT_", "MLFLOW_", "ZHPIPE_", "PYTHON")
 _ENV_EXCLUDED = ("ZHPIPE_WARM",)
@@ -29,11 +31,33 @@ def state_file(mine: str) -> Path:
     return home() / f"zhpipe-warm-{mine[:16]}.json"
 
 
+def log_file() -> Path:
+    return home() / "zhpipe-warm.log"
+
+
+def socket_dir() -> Path:
+    """A folder only this user can enter (0700, checked), short enough for a Unix socket's path (at most 107 bytes):
+    `run/` in the Prefect home, else this user's runtime folder, else `zhpipe-UID` in the temporary folder.
+    `procs.NotPrivate` when the one it must use is not this user's alone."""
+    import tempfile
+
+    candidates = [home() / "run"]
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        candidates.append(Path(os.environ["XDG_RUNTIME_DIR"]) / "zhpipe")
+    candidates.append(Path(tempfile.gettempdir()) / f"zhpipe-{os.getuid()}")
+    for folder in candidates:
+        if len(str(folder).encode()) + 27 < 108:  # "/warm-<16 hex>.sock" and some room
+            return procs.private_dir(folder)
+    raise procs.NotPrivate("no folder with a path short enough for a Unix socket")
+
+
 def socket_path(mine: str) -> str:
-    path = str(state_file(mine).with_suffix(".sock"))
-    if len(path.encode()) < 100:  # a Unix socket's path is at most 104-108 bytes
-        return path
-    return f"/tmp/zhpipe-warm-{hashlib.sha256(path.encode()).hexdigest()[:16]}.sock"
+    project = hashlib.sha256(f"{home().resolve()}|{mine}".encode()).hexdigest()[:16]  # one per project and settings
+    return str(socket_dir() / f"warm-{project}.sock")
+
+
+# the variables that decide what an import does, or what the process does that cannot be changed after start-up
+_ENV_EXACT = ("LANG", "LANGUAGE", "HOME")  # the locale of stdio; caches under ~ that modules fix on import
 
 
 def fingerprint(environ: dict | None = None) -> str:
@@ -41,7 +65,8 @@ def fingerprint(environ: dict | None = None) -> str:
     import flows
 
     environ = os.environ if environ is None else environ
-    settings = sorted((k, v) for k, v in environ.items() if k.startswith(_ENV_PREFIXES) and not k.startswith(_ENV_EXCLUDED))
+    settings = sorted((k, v) for k, v in environ.items()
+                      if (k.startswith(_ENV_PREFIXES) or k.startswith("LC_") or k in _ENV_EXACT) and not k.startswith(_ENV_EXCLUDED))
     blob = json.dumps([sys.executable, sys.version, str(Path(flows.__file__).resolve()), settings])
     return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -51,10 +76,7 @@ def enabled() -> bool:
 
 
 def read_state(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+    return procs.read_state(path)
 
 
 def send(sock: socket.socket, payload: dict, fds: list[int] | None = None) -> None:
@@ -81,6 +103,8 @@ def recv(sock: socket.socket, with_fds: bool = False) -> tuple[dict | None, list
     if not head:
         return None, fds
     size, blob = struct.unpack("!I", head)[0], b""
+    if size > 16 << 20:
+        return None, fds
     while len(blob) < size:
         more = sock.recv(size - len(blob))
         if not more:
@@ -89,71 +113,151 @@ def recv(sock: socket.socket, with_fds: bool = False) -> tuple[dict | None, list
     return json.loads(blob), fds
 
 
+def context() -> dict:
+    """What a process inherits that the environment does not say: its limits, umask, priority and groups. The warm
+    process's fork takes all of it on, or refuses the command (`flows.warm.apply_context`)."""
+    import resource
+
+    mask = os.umask(0)
+    os.umask(mask)
+    limits = {name: resource.getrlimit(getattr(resource, name)) for name in dir(resource) if name.startswith("RLIMIT_")}
+    return {"umask": mask, "limits": limits, "nice": os.getpriority(os.PRIO_PROCESS, 0), "groups": sorted(os.getgroups()),
+            "gid": os.getgid()}
+
+
+def _connect(state: dict) -> socket.socket | None:
+    """A connection to the warm process a state file names, once it is shown to be ours: the pid recorded with its
+    start time, the socket in this user's private folder, and the listener's uid and pid (SO_PEERCRED)."""
+    path = state.get("socket")
+    if not isinstance(path, str) or not procs.is_ours(state):
+        return None
+    try:
+        if Path(path).parent != socket_dir() or Path(path).lstat().st_uid != os.getuid():
+            return None
+    except (OSError, procs.NotPrivate):
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(30)  # a warm process that does not answer in that time is not one to wait for
+        sock.connect(path)
+        pid, uid, _ = procs.peer(sock)
+    except OSError:
+        sock.close()
+        return None
+    if uid != os.getuid() or pid != state["pid"]:
+        print(f"zhpipe: warning: {path} is served by process {pid} of uid {uid}, not this project's warm process; "
+              "running the command here", file=sys.stderr)
+        sock.close()
+        return None
+    return sock
+
+
 def hand_over(argv: list[str]) -> int | None:
     """Run `argv` in the warm process, if there is one that can; its exit status, or None to run it here."""
     if SERVING or not enabled():
         return None
     mine = fingerprint()
-    state = read_state(state_file(mine))
+    path = state_file(mine)
+    state = read_state(path)
     if not state or state.get("fingerprint") != mine:
         return None
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock = _connect(state)
+    if sock is None:
+        if not procs.is_ours(state):  # a leftover of a process that is gone (or a pid reused since): not a warm process
+            path.unlink(missing_ok=True)
+            _remove_socket(state)
+        return None
     try:
-        sock.settimeout(30)  # a warm process that does not answer in that time is not one to wait for
-        sock.connect(state["socket"])
-        send(sock, {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}, [0, 1, 2])
+        send(sock, {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "context": context()}, [0, 1, 2])
         reply, _ = recv(sock)
-    except OSError:
+    except (OSError, ValueError):
         sock.close()
         return None
-    if not reply or "pid" not in reply:  # refused (code changed, say): this process runs the command
-        sock.close()
+    if not reply or not isinstance(reply.get("pid"), int) or procs.parent_of(reply["pid"]) != state["pid"]:
+        sock.close()  # refused (code changed, other limits, say): this process runs the command
         return None
-    pid = reply["pid"]
+    return _wait(sock, reply["pid"])
+
+
+def _wait(sock: socket.socket, pid: int) -> int:
+    """Wait for the fork `pid` (the leader of its own process group) to report its exit status, passing on the
+    signals this process gets; job control (Ctrl-Z, fg) stops and continues it with this process."""
 
     def pass_on(signum, _frame):
         try:
-            os.kill(pid, signum)
-        except ProcessLookupError:
+            os.killpg(pid, signum)
+        except (ProcessLookupError, PermissionError):
             pass
 
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    def suspend(_signum, _frame):
+        # the fork's group is orphaned (its session's leader has no parent in a terminal session), where the kernel
+        # drops SIGTSTP: it is stopped with SIGSTOP, then this process stops as the shell expects
+        pass_on(signal.SIGSTOP, None)
+        signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTSTP)
+        signal.signal(signal.SIGTSTP, suspend)  # continued (fg, bg): the fork goes on too
+        pass_on(signal.SIGCONT, None)
+
+    for signum in procs.SIGNALS_FORWARDED:
         signal.signal(signum, pass_on)
+    signal.signal(signal.SIGTSTP, suspend)
+    signal.signal(signal.SIGCONT, lambda *_: pass_on(signal.SIGCONT, None))
     sock.settimeout(None)
     try:
         done, _ = recv(sock)
+    except (OSError, ValueError):
+        done = None
     finally:
         sock.close()
-    if not done or "rc" not in done:
-        print(f"zhpipe: error: the warm zhpipe process ended without an exit status (see {home() / 'zhpipe-warm.log'}); "
+    if not done or not isinstance(done.get("rc"), int):
+        print(f"zhpipe: error: the warm zhpipe process ended without an exit status (see {log_file()}); "
               "set ZHPIPE_WARM=off to run commands in their own process", file=sys.stderr)
         return 1
-    return int(done["rc"])
+    return done["rc"]
 
 
 def spawn(idle: float, environ: dict) -> None:
     """Leave a warm process behind for the next commands (nothing when one runs or ZHPIPE_WARM=off); `environ` is
     the environment the command was handed over with (a run may add variables of its own later)."""
     mine = fingerprint(environ)
-    if SERVING or not enabled() or read_state(state_file(mine)):
+    if SERVING or not enabled():
+        return
+    state = read_state(state_file(mine))
+    if state and procs.is_ours(state):
+        return
+    state_file(mine).unlink(missing_ok=True)  # a leftover (the process is gone): replaced
+    try:
+        socket_dir()
+    except procs.NotPrivate as e:
+        print(f"zhpipe: warning: no warm process ({e}); commands run in their own process", file=sys.stderr)
         return
     stop()  # one warm process per project: one for other settings (or older code) finishes its commands and exits
     env = dict(environ)
     root = str(Path(__file__).resolve().parent.parent)  # the `flows` package this process runs
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    with open(home() / "zhpipe-warm.log", "a") as log:
+    with procs.open_private_log(log_file()) as log:
         subprocess.Popen([sys.executable, "-m", "flows.warm", "--idle", str(idle), "--fingerprint", mine],
                          env=env, cwd=root, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
+def _remove_socket(state: dict | None) -> None:
+    """A leftover's socket, when it lies in this user's private folder."""
+    try:
+        if state and isinstance(state.get("socket"), str) and Path(state["socket"]).parent == socket_dir():
+            Path(state["socket"]).unlink(missing_ok=True)
+    except procs.NotPrivate:
+        pass
+
+
 def stop() -> int:
-    """Stop the project's warm processes; how many were running."""
+    """Stop the project's warm processes; how many were running. A state file naming a process that is not provably
+    the warm process it recorded (gone, or its pid reused) is a leftover: removed, nothing signalled."""
     stopped = 0
     for path in home().glob("zhpipe-warm-*.json"):
         state = read_state(path)
-        try:
-            os.kill(state["pid"], signal.SIGTERM)
+        if state and procs.signal_ours(state, signal.SIGTERM):
             stopped += 1
-        except (ProcessLookupError, TypeError, KeyError):
+        else:
             path.unlink(missing_ok=True)
+            _remove_socket(state)
     return stopped

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from flows.store import MANIFEST, Manifest, StageStore, alive
+from flows.store import MANIFEST, CorruptManifest, Manifest, StageStore, alive
 
 SHARED = {"_downloads", "_cache", ".remote"}  # shared by all keys: never collected
 
@@ -50,8 +50,10 @@ def _is_output(stage: str, entry: Path) -> bool:
     if manifest.is_symlink() or not manifest.is_file():
         return False
     try:
-        doc = Manifest.from_json(manifest.read_text(encoding="utf-8"))
-    except (OSError, ValueError, TypeError):
+        doc = Manifest.read(entry)
+    except CorruptManifest:
+        return True  # a published output whose manifest was damaged since: `verify` counts it as corrupt
+    except OSError:
         return False
     return doc.stage.split(":", 1)[0] == stage and doc.key == entry.name
 

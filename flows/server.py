@@ -7,16 +7,17 @@ before are in its UI too. PREFECT_API_URL, when set, always wins; `ZHPIPE_SERVER
 temporary server per command."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
+from flows import procs
 from tasks.errors import ZhpipeError
 
 
@@ -24,22 +25,65 @@ def state_file() -> Path:
     return Path(os.environ["PREFECT_HOME"]).expanduser() / "zhpipe-server.json"
 
 
-def _healthy(url: str, timeout: float = 0.5) -> bool:
+def credentials() -> str:
+    """The project's own `user:password` for its server (Prefect's server.api.auth_string / api.auth_string): made
+    once, kept 0600 in the Prefect home, given to zhpipe's commands and workers; the UI asks for it."""
+    path = state_file().with_name("zhpipe-server-auth")
+    auth = (procs.read_state(path) or {}).get("auth_string")
+    if not isinstance(auth, str) or ":" not in auth:
+        import secrets
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        auth = f"zhpipe:{secrets.token_urlsafe(24)}"
+        procs.write_state(path, {"auth_string": auth})
+    return auth
+
+
+def _get(url: str, auth: str | None, timeout: float) -> int:
+    """The HTTP status of a GET, 0 when nothing answers."""
+    import base64
+
+    request = urllib.request.Request(url)
+    if auth:
+        request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
     try:
-        with urllib.request.urlopen(f"{url}/health", timeout=timeout) as resp:  # noqa: S310 - a loopback URL we wrote
-            return resp.status == 200
+        with urllib.request.urlopen(request, timeout=timeout) as resp:  # noqa: S310 - a loopback URL we wrote
+            return resp.status
+    except urllib.error.HTTPError as e:
+        return e.code
     except OSError:
+        return 0
+
+
+def _healthy(url: str, timeout: float = 0.5, auth: str | None = None) -> bool:
+    """Whether the server at `url` answers; with `auth`, also that it is one that demands exactly these credentials
+    (refuses a request without them, takes one with them): another server on that port is not ours."""
+    if _get(f"{url}/health", auth, timeout) != 200:
         return False
+    if auth is None:
+        return True
+    return _get(f"{url}/admin/version", None, timeout) == 401 and _get(f"{url}/admin/version", auth, timeout) == 200
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1].split("/")[0])
 
 
 def running() -> dict | None:
-    """The background server's {pid, url, log} when it answers; a stale state file is removed."""
+    """The background server's {pid, url, log} when it answers and is provably this user's: the process its state
+    file recorded (pid and start time), the port's listener of this uid, our credentials accepted. Anything else is
+    a leftover: its state file is removed, nothing is sent to that port."""
     path = state_file()
-    try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    state = procs.read_state(path)
+    if not state:
         return None
-    if _healthy(state["url"]):
+    try:
+        url = state["url"]
+        listener = procs.listener_uid(_port(url))  # None without /proc (not Linux): the credentials decide alone
+        ours = procs.is_ours(state) and (listener == os.getuid() or (listener is None and not Path("/proc/net/tcp").exists()))
+    except (KeyError, TypeError, ValueError, IndexError):
+        ours = False
+    if ours and _healthy(url, auth=credentials()):
         return state
     path.unlink(missing_ok=True)
     return None
@@ -58,6 +102,7 @@ def use_running() -> str | None:
     state = running()
     if state:
         os.environ["PREFECT_API_URL"] = state["url"]
+        os.environ["PREFECT_API_AUTH_STRING"] = credentials()
         users_dir().mkdir(parents=True, exist_ok=True)
         (users_dir() / str(os.getpid())).touch()
         return state["url"]
@@ -147,17 +192,20 @@ def start(port: int | None = None, timeout: float = 180.0, idle: float | None = 
     home.mkdir(parents=True, exist_ok=True)
     log = home / "zhpipe-server.log"
     url = f"http://127.0.0.1:{port}/api"
-    env = {**os.environ, "PREFECT_API_URL": "", "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_API_URL": url}
+    auth = credentials()
+    env = {**os.environ, "PREFECT_API_URL": "", "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_API_URL": url,
+           "PREFECT_SERVER_API_AUTH_STRING": auth}
     argv = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
     if idle is not None:
         argv = [sys.executable, "-m", "flows.server", "--idle", str(idle), "--", *argv]
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH")) if p)
     users_dir().mkdir(parents=True, exist_ok=True)
     (users_dir() / str(os.getpid())).touch()  # the starter is a user while it waits: the idle clock waits with it
-    with open(log, "w") as out:
+    with procs.open_private_log(log, "w") as out:
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + timeout
-    while not _healthy(url, timeout=2):
+    marker = f"server start --host 127.0.0.1 --port {port}"  # in the command line of both the supervisor and the server
+    while not _healthy(url, timeout=2, auth=auth):
         if proc.poll() is not None:
             tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:] or ["(no output)"]
             raise ZhpipeError(f"prefect server exited with code {proc.returncode} ({tail[0][:200]}); see {log}")
@@ -165,27 +213,27 @@ def start(port: int | None = None, timeout: float = 180.0, idle: float | None = 
             os.killpg(proc.pid, signal.SIGTERM)
             raise ZhpipeError(f"prefect server did not answer on {url} within {timeout:.0f} s; see {log}")
         time.sleep(0.5)
-    state = {"pid": proc.pid, "url": url, "log": str(log), **({"idle_s": idle} if idle is not None else {})}
-    state_file().write_text(json.dumps(state), encoding="utf-8")
+    state = {**procs.identity(proc.pid, marker), "url": url, "log": str(log), **({"idle_s": idle} if idle is not None else {})}
+    procs.write_state(state_file(), state)
     return state
 
 
 def stop(timeout: float = 30.0) -> dict | None:
-    """Stop the background server (its whole process group); None when none was running."""
+    """Stop the background server (its whole process group); None when none was running. Only the process its state
+    file recorded is signalled (pid and start time): a leftover naming a process that is gone, or another one with
+    that pid since, is removed and nothing is killed."""
     path = state_file()
-    try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    state = procs.read_state(path)
+    if not state:
+        path.unlink(missing_ok=True)
         return None
-    try:
-        os.killpg(state["pid"], signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            os.killpg(state["pid"], 0)
-            time.sleep(0.2)
-        os.killpg(state["pid"], signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    if not procs.signal_ours(state, signal.SIGTERM, group=True):
+        path.unlink(missing_ok=True)
+        return None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and procs.is_ours(state):
+        time.sleep(0.2)
+    procs.signal_ours(state, signal.SIGKILL, group=True)  # still the same process after `timeout`: it would not stop
     path.unlink(missing_ok=True)
     return state
 

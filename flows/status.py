@@ -7,7 +7,7 @@ from typing import Any
 from flows import project
 from flows.config import flatten
 from flows.fingerprint import source_file
-from flows.store import Manifest, StageStore
+from flows.store import CorruptManifest, Manifest, StageStore
 
 
 def _short(value: Any) -> str:
@@ -47,7 +47,12 @@ def diff_causes(stage: str, old: dict[str, Any], new: dict[str, Any]) -> list[st
 
 def latest_other(store: StageStore, stage: str, key: str) -> Manifest | None:
     """The most recently built other output of `stage` in the store, or None."""
-    manifests = [store.manifest(stage, other) for other in store.others(stage, key)]
+    manifests = []
+    for other in store.others(stage, key):
+        try:
+            manifests.append(store.manifest(stage, other))
+        except CorruptManifest:  # not a build to explain with (`zhpipe verify` names it)
+            continue
     return max(manifests, key=lambda m: m.created, default=None)
 
 
@@ -56,7 +61,12 @@ def stage_states(store: StageStore, causes: dict[str, dict[str, Any]], keys: dic
     rows = []
     for stage, key in keys.items():
         if store.is_done(stage, key):
-            m = store.manifest(stage, key)
+            try:
+                m = store.manifest(stage, key)
+            except CorruptManifest as e:  # the next run rebuilds it
+                rows.append({"stage": stage, "state": "corrupt", "key": key, "rows": None, "seconds": None,
+                             "why": [f"{e}: the next run rebuilds it"]})
+                continue
             rows.append({"stage": stage, "state": "cached", "key": key, "rows": m.rows, "seconds": m.seconds, "why": []})
             continue
         previous = latest_other(store, stage, key)

@@ -63,17 +63,37 @@ class Manifest:
     files: dict[str, dict[str, Any]] = field(default_factory=dict)  # relative path -> {size, sha256}: checked on reuse
 
     @classmethod
-    def from_json(cls, text: str) -> "Manifest":
-        """A manifest from its JSON (fields this version does not know are ignored)."""
-        doc = json.loads(text)
-        return cls(**{k: v for k, v in doc.items() if k in cls.__dataclass_fields__})
+    def from_json(cls, text: str, where: str = MANIFEST) -> "Manifest":
+        """A manifest from its JSON (fields this version does not know are ignored); `CorruptManifest` naming
+        `where` when it is not one (truncated, edited, not UTF-8)."""
+        try:
+            doc = json.loads(text)
+            manifest = cls(**{k: v for k, v in doc.items() if k in cls.__dataclass_fields__})
+            if not isinstance(manifest.files, dict) or not isinstance(manifest.key, str):
+                raise TypeError("'files' or 'key' of the wrong type")
+            return manifest
+        except (ValueError, TypeError, AttributeError) as e:
+            raise CorruptManifest(where, str(e).splitlines()[0][:120]) from None
 
     @classmethod
     def read(cls, folder: Path) -> "Manifest":
-        return cls.from_json((folder / MANIFEST).read_text(encoding="utf-8"))
+        path = folder / MANIFEST
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise CorruptManifest(str(path), f"not UTF-8 ({e.reason})") from None
+        return cls.from_json(text, str(path))
 
     def write(self, folder: Path) -> None:
         atomic_write_text(folder / MANIFEST, json.dumps(asdict(self), indent=2, ensure_ascii=False))
+
+
+class CorruptManifest(ZhpipeError):
+    """A manifest that cannot be read as one: its output counts as missing (rebuilt) and as corrupt (`verify`)."""
+
+    def __init__(self, where: str, reason: str):
+        self.where, self.reason = where, reason
+        super().__init__(f"{where}: unreadable manifest ({reason})")
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -165,7 +185,8 @@ class StageStore:
 
     def manifest(self, stage: str, key: str) -> Manifest:
         if self.fs is not None:
-            return Manifest.from_json(self.fs.cat_file(self._remote(unit_folder(stage), key, MANIFEST)).decode("utf-8"))
+            where = self._remote(unit_folder(stage), key, MANIFEST)
+            return Manifest.from_json(self.fs.cat_file(where).decode("utf-8", errors="replace"), where)
         return Manifest.read(self.path(stage, key))
 
     def local(self, stage: str, key: str) -> Path:
@@ -234,7 +255,10 @@ class StageStore:
         """Problems of a finished output against its manifest (empty when sound): every file's size, and its
         sha256 when `full` or the file is small enough to hash on every reuse."""
         folder = self.local(stage, key)
-        manifest = Manifest.read(folder)
+        try:
+            manifest = Manifest.read(folder)
+        except CorruptManifest as e:
+            return [str(e)]
         problems = []
         root = folder.resolve()
         listed = set(manifest.files)

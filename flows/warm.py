@@ -20,7 +20,6 @@ ZHPIPE_WARM=off in the environment, which also keeps every command in its own pr
 from __future__ import annotations
 
 import gc
-import json
 import os
 import select
 import signal
@@ -29,8 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-from flows import handover
-from flows.handover import fingerprint, home, read_state, recv, send, state_file
+from flows import handover, procs
+from flows.handover import fingerprint, read_state, recv, send, state_file
 
 # what a run imports: loaded once here, shared by every fork
 PRELOAD = ("flows.cli", "flows.pipeline", "flows.runner", "flows.tracking", "flows.evaluation", "flows.registry", "flows.status",
@@ -63,6 +62,47 @@ def changed(files: dict[str, tuple[int, int]]) -> str | None:
     return None
 
 
+def apply_context(ctx: dict) -> str | None:
+    """Take on the client's limits, umask, priority and groups (`handover.context`); what could not be matched, if
+    anything (then the client runs the command itself)."""
+    import resource
+
+    if not isinstance(ctx, dict):
+        return "no context"
+    if ctx.get("gid") != os.getgid() or sorted(ctx.get("groups", [])) != sorted(os.getgroups()):
+        return "other groups"
+    try:
+        for name, (soft, hard) in ctx["limits"].items():
+            which = getattr(resource, name, None)
+            if which is not None and resource.getrlimit(which) != (soft, hard):
+                resource.setrlimit(which, (soft, hard))  # raising a hard limit fails: refused below
+        now = os.getpriority(os.PRIO_PROCESS, 0)
+        if ctx["nice"] != now:
+            os.setpriority(os.PRIO_PROCESS, 0, ctx["nice"])  # a lower niceness than this process's fails: refused
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"its limits or priority ({e})"
+    os.umask(int(ctx["umask"]))
+    return None
+
+
+def _end_when_client_goes(conn: socket.socket) -> None:
+    """In the fork: when the client's end of the connection closes (it was killed), interrupt the command as Ctrl-C
+    would, then kill the fork's process group if it has not ended 30 s later."""
+    import threading
+
+    def watch():
+        try:
+            while conn.recv(64):
+                pass
+        except OSError:
+            pass
+        os.killpg(os.getpid(), signal.SIGINT)
+        time.sleep(30)
+        os.killpg(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, daemon=True, name="zhpipe-client-watch").start()
+
+
 def _run_command(conn: socket.socket, files: dict, mine: str) -> None:
     """In the fork: take the client's command and run it as the client would; never returns."""
     request, fds = recv(conn, with_fds=True)
@@ -77,8 +117,16 @@ def _run_command(conn: socket.socket, files: dict, mine: str) -> None:
         print(f"{edited} changed since this process imported it: stopping", flush=True)
         os.kill(os.getppid(), signal.SIGTERM)
         os._exit(0)
-    print(f"warm: running `zhpipe {' '.join(request['argv'])}` in process {os.getpid()}", flush=True)
-    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
+    refused = apply_context(request.get("context"))
+    if refused:
+        send(conn, {"refused": refused})
+        print(f"refused a command: could not take on {refused}", flush=True)
+        os._exit(0)
+    os.setpgid(0, 0)  # its own process group: the client's signals reach it and what it starts, no one else
+    from tasks.urls import redact_text
+
+    print(f"warm: running `zhpipe {' '.join(redact_text(a) for a in request['argv'])}` in process {os.getpid()}", flush=True)
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGQUIT, signal.SIGTSTP, signal.SIGCONT):
         signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.set_wakeup_fd(-1)
@@ -88,12 +136,14 @@ def _run_command(conn: socket.socket, files: dict, mine: str) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    time.tzset()  # TZ as the client has it: log times in its zone
     sys.argv = ["zhpipe", *request["argv"]]
     sys.stdout.reconfigure(line_buffering=True)
     try:
         send(conn, {"pid": os.getpid()})
     except OSError:  # the client gave up waiting and runs the command itself
         os._exit(0)
+    _end_when_client_goes(conn)
     from flows import cli
 
     handover.SERVING = True  # the command this fork runs is not handed over again
@@ -109,7 +159,27 @@ def _run_command(conn: socket.socket, files: dict, mine: str) -> None:
         import traceback
 
         traceback.print_exc()
-    cli.finish(code)  # MLflow's and Prefect's exit hooks run, as in any command
+
+    def report(rc: int) -> None:  # the fork tells its client itself: its status arrives even if the warm parent died
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the client closes once it has the status: nothing to interrupt
+        try:
+            send(conn, {"rc": rc})
+        except OSError:
+            pass
+
+    cli.finish(code, report)  # MLflow's and Prefect's exit hooks run, as in any command
+
+
+def _private_log() -> None:
+    """The log this process writes to (its stdout: a file of this user's) is readable by this user only."""
+    import stat
+
+    try:
+        st = os.fstat(1)
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():
+            os.fchmod(1, 0o600)
+    except OSError:
+        pass
 
 
 def serve(idle: float, mine: str) -> int:
@@ -117,6 +187,7 @@ def serve(idle: float, mine: str) -> int:
     import importlib
 
     t0 = time.monotonic()
+    _private_log()
     for name in PRELOAD:
         importlib.import_module(name)
     files = module_files()
@@ -124,11 +195,14 @@ def serve(idle: float, mine: str) -> int:
     # neither walk it (about 0.3 s each, with Prefect, MLflow and pandas loaded) nor copy its pages on write
     gc.collect()
     gc.freeze()
-    path = handover.socket_path(mine)
+    path = handover.socket_path(mine)  # in a folder only this user can enter (0700, checked)
     Path(path).unlink(missing_ok=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    os.chmod(path, 0o600)  # this user's commands only
+    old = os.umask(0o177)
+    try:
+        listener.bind(path)  # created 0600: this user's commands only
+    finally:
+        os.umask(old)
     listener.listen(16)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -137,10 +211,8 @@ def serve(idle: float, mine: str) -> int:
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     signal.signal(signal.SIGINT, lambda *_: stopping.append(True))
-    state = {"pid": os.getpid(), "socket": path, "fingerprint": mine, "modules": len(files)}
-    tmp = home() / f".zhpipe-warm.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(state), encoding="utf-8")
-    os.replace(tmp, state_file(mine))
+    state = {**procs.identity(os.getpid(), "flows.warm"), "socket": path, "fingerprint": mine, "modules": len(files)}
+    procs.write_state(state_file(mine), state)
     print(f"warm: {len(files)} modules imported in {time.monotonic() - t0:.1f} s; listening on {path}", flush=True)
     clients: dict[int, socket.socket] = {}
     me, last = os.getpid(), time.monotonic()
@@ -171,6 +243,11 @@ def serve(idle: float, mine: str) -> int:
                 last = time.monotonic()
             if listener.fileno() >= 0 and listener in ready:
                 conn, _ = listener.accept()
+                _, uid, _ = procs.peer(conn)
+                if uid != os.getuid():  # the folder is private; this holds should it ever not be
+                    print(f"warm: refused a connection from uid {uid}", flush=True)
+                    conn.close()
+                    continue
                 sys.stdout.flush()
                 sys.stderr.flush()
                 pid = os.fork()

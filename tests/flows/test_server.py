@@ -16,6 +16,15 @@ def zhpipe(env, *args):
     return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
+def auth_of(prefect_home: Path) -> tuple[str, str]:
+    """The project's server credentials, as `zhpipe server status` shows them (user, password)."""
+    import json
+
+    path = prefect_home / "zhpipe-server-auth"
+    assert path.stat().st_mode & 0o077 == 0  # readable by its owner only
+    return tuple(json.loads(path.read_text())["auth_string"].split(":", 1))
+
+
 def test_background_server_is_started_reused_and_stopped(tmp_path, monkeypatch):
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     env.update({"PREFECT_HOME": str(tmp_path / "prefect"), "ZHPIPE_DATA": str(tmp_path / "store"),
@@ -30,10 +39,13 @@ def test_background_server_is_started_reused_and_stopped(tmp_path, monkeypatch):
         run = zhpipe(env, "run", "smoke", "--to", "download")
         assert run.returncode == 0, run.stderr[-2000:]
         assert "temporary server" not in run.stdout + run.stderr  # it used the background server
-        runs = httpx.post(f"{url}/flow_runs/filter", json={}, timeout=10).json()
+        auth = auth_of(tmp_path / "prefect")
+        assert f"{auth[0]}:{auth[1]}" in zhpipe(env, "server", "status").stdout  # for the UI's login
+        assert httpx.post(f"{url}/flow_runs/filter", json={}, timeout=10).status_code == 401  # nobody else gets in
+        runs = httpx.post(f"{url}/flow_runs/filter", json={}, auth=auth, timeout=10).json()
         assert [r["state_type"] for r in runs if r["flow_id"]] and all(r["state_type"] == "COMPLETED" for r in runs)
         # found by the pipeline's tag and named after it; its UI is told this server's own API
-        tagged = httpx.post(f"{url}/flow_runs/filter", json={"flow_runs": {"tags": {"all_": ["pipeline:smoke"]}}}, timeout=10).json()
+        tagged = httpx.post(f"{url}/flow_runs/filter", json={"flow_runs": {"tags": {"all_": ["pipeline:smoke"]}}}, auth=auth, timeout=10).json()
         assert len(tagged) == 1 and tagged[0]["name"].startswith("smoke ") and "task:classification" in tagged[0]["tags"]
         settings = httpx.get(url.removesuffix("/api") + "/ui-settings", timeout=10).json()
         assert settings["api_url"] == url

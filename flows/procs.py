@@ -1,0 +1,167 @@
+"""What zhpipe leaves running (the background Prefect server, the warm process) and the files that say where it
+is: private to the user who started it, and never a reason to signal a process that is not provably ours.
+
+A state file records a process's id with its start time and a word of its command line (`identity`); a pid is
+signalled only while all three still match and the process belongs to this user (`signal_ours`). A dead pid, a
+reused one (after a reboot, say) or another user's is a leftover: the state file is removed, nothing is killed.
+State files and logs are written 0600, folders that hold sockets 0700 and checked before use (`private_dir`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import struct
+from pathlib import Path
+
+_PROC = Path("/proc")
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat); None when it is gone or
+    the system has no /proc."""
+    try:
+        stat = (_PROC / str(pid) / "stat").read_bytes()
+    except OSError:
+        return None
+    # the command name (field 2) is in parentheses and may hold spaces or ")": the fields after its last ")"
+    fields = stat[stat.rindex(b")") + 2:].split()
+    return int(fields[19])
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return (_PROC / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _owner(pid: int) -> int | None:
+    try:
+        return (_PROC / str(pid)).stat().st_uid
+    except OSError:
+        return None
+
+
+def identity(pid: int, marker: str) -> dict:
+    """What a state file records of process `pid` so that it can be told apart from a later one with its id."""
+    return {"pid": pid, "started": start_time(pid), "marker": marker}
+
+
+def is_ours(state: dict | None) -> bool:
+    """Whether the process a state file names is still the one it recorded: same pid, same start time, this user's,
+    its command line holding the recorded marker. Without /proc (not Linux) only a live pid of this user counts."""
+    if not isinstance(state, dict) or not isinstance(state.get("pid"), int) or state["pid"] <= 1:
+        return False
+    pid = state["pid"]
+    if not _PROC.is_dir():
+        try:
+            os.kill(pid, 0)  # no signal is sent: fails for a dead pid and for another user's (EPERM)
+        except OSError:
+            return False
+        return True
+    started = start_time(pid)
+    return (started is not None and started == state.get("started") and _owner(pid) == os.getuid()
+            and bool(state.get("marker")) and state["marker"] in _cmdline(pid))
+
+
+def signal_ours(state: dict, signum: int, group: bool = False) -> bool:
+    """Send `signum` to the process (or its process group) a state file names, only when `is_ours`; whether it was
+    sent."""
+    if not is_ours(state):
+        return False
+    try:
+        if group and os.getpgid(state["pid"]) == state["pid"]:  # a group only when it leads one (start_new_session)
+            os.killpg(state["pid"], signum)
+        else:
+            os.kill(state["pid"], signum)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write `text` to `path` atomically, readable by this user only (0600)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def write_state(path: Path, state: dict) -> None:
+    write_private(path, json.dumps(state))
+
+
+def read_state(path: Path) -> dict | None:
+    """A state file's contents; None when it is missing, unreadable, not ours or not JSON."""
+    try:
+        st = path.lstat()
+        if st.st_uid != os.getuid() or not path.is_file():
+            return None
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def open_private_log(path: Path, mode: str = "a"):
+    """A log file only this user can read (an existing one is made so)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if mode == "a" else os.O_TRUNC), 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, mode)
+
+
+class NotPrivate(Exception):
+    """A folder that should be this user's alone is not (another owner, other users' permissions, a link)."""
+
+
+def private_dir(path: Path) -> Path:
+    """`path` as a folder only this user can enter (0700), created if missing; `NotPrivate` when it exists and is a
+    link, another user's, or open to others (someone else made it first: nothing is put there)."""
+    try:
+        path.mkdir(mode=0o700, parents=True)
+    except FileExistsError:
+        pass
+    st = path.lstat()
+    import stat as _stat
+
+    if not _stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise NotPrivate(f"{path} is not a folder of this user's")
+    if st.st_mode & 0o077:
+        raise NotPrivate(f"{path} is open to other users (mode {st.st_mode & 0o777:o}, expected 700)")
+    return path
+
+
+def peer(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a connected Unix socket (SO_PEERCRED, Linux)."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)
+
+
+def parent_of(pid: int) -> int | None:
+    try:
+        stat = (_PROC / str(pid) / "stat").read_bytes()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(b")") + 2:].split()[1])
+
+
+def listener_uid(port: int, host: str = "127.0.0.1") -> int | None:
+    """The uid owning the TCP socket that listens on `host:port` (from /proc/net/tcp); None when none listens or
+    the system has no /proc."""
+    want = socket.inet_aton(host)[::-1].hex().upper() + f":{port:04X}"  # little-endian address, as the kernel prints it
+    try:
+        lines = (_PROC / "net" / "tcp").read_text().splitlines()[1:]
+    except OSError:
+        return None
+    for line in lines:
+        cols = line.split()
+        if len(cols) > 7 and cols[3] == "0A" and cols[1] in (want, f"00000000:{port:04X}"):  # 0A: LISTEN
+            return int(cols[7])
+    return None
+
+
+SIGNALS_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+                     signal.SIGWINCH)
