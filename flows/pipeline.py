@@ -22,7 +22,8 @@ from flows.chunks import shutdown as shutdown_cluster
 from flows.config import DEFAULT_PIPELINE, PipelineConfig, load_pipeline
 from flows.evaluation import evaluate_models, register, train_models
 from flows.guard import check_run
-from flows.runner import RunContext, StageResult, artifact_key, origin_of, plan, record_appends, source_fingerprint
+from flows.runner import (RunContext, StageResult, artifact_key, fixed_partitions, origin_of, plan, record_appends,
+                          source_fingerprint)
 from flows.store import StageStore, stage_key, storage_root
 from flows.tracking import Tracker, experiment_id
 from flows.workers import gpu_slot, train_deployment
@@ -247,39 +248,40 @@ def pipeline_flow(
         if wrong:
             raise ZhpipeError(f"{what}: {wrong[0]!r} is not a stage of task {config.task} (stages: {', '.join(order)})")
     stages = list(stages or order)
-    run = start_run(config, forced_stages(force, tuple(config.kind.stages)), storage_root(config, storage), chunk_executor(config, dask), verify, overrides)
-    record_appends(config)  # an appended source: this run's ranges are what the next run checks
-    label_flow_run(run, overrides)
-    needed = set(stages) | {d for s in stages for d in config.kind.stages[s].needs}
-    results: dict[str, StageResult] = {}
+    with fixed_partitions(config):  # the partitions planned are the ones built, whatever arrives meanwhile
+        run = start_run(config, forced_stages(force, tuple(config.kind.stages)), storage_root(config, storage), chunk_executor(config, dask), verify, overrides)
+        record_appends(config)  # an appended source: this run's ranges are what the next run checks
+        label_flow_run(run, overrides)
+        needed = set(stages) | {d for s in stages for d in config.kind.stages[s].needs}
+        results: dict[str, StageResult] = {}
 
-    def step(name, *inputs):
-        if name in stages:
-            # quoted: Prefect would walk the whole run context (config, keys, store) looking for futures, twice a task
-            results[name] = stage_task(name)(quote(run), *inputs)
-        elif name in needed:
-            results[name] = run.reuse(name)
-        return results.get(name)
+        def step(name, *inputs):
+            if name in stages:
+                # quoted: Prefect would walk the whole run context (config, keys, store) looking for futures, twice a task
+                results[name] = stage_task(name)(quote(run), *inputs)
+            elif name in needed:
+                results[name] = run.reuse(name)
+            return results.get(name)
 
-    ok = False
-    try:
-        for spec in config.kind.stages.values():  # graph order
-            inputs = [results.get(d) for d in spec.needs]
-            if spec.name == "train" and _routed(run, stages):  # train on another work pool's worker (GPU)
-                results["train"] = train_remote(run, config.stages.train.work_pool, overrides, source, config_file)
-            else:
-                step(spec.name, *inputs)
-        ok = True
-    finally:
-        shutdown_cluster()
-        finish_run(run, {k: r for k, r in results.items() if k in stages}, ok)
-    return {
-        "parent_run_id": run.parent_run_id,
-        "experiment": run.experiment,
-        "stages": [{k: v for k, v in asdict(results[name]).items() if k != "parts"} | {"headline": config.kind.stages[name].headline}
-                   for name in stages],
-        "units": [{k: v for k, v in asdict(unit).items() if k != "parts"} for name in stages for unit in results[name].parts.values()],
-    }
+        ok = False
+        try:
+            for spec in config.kind.stages.values():  # graph order
+                inputs = [results.get(d) for d in spec.needs]
+                if spec.name == "train" and _routed(run, stages):  # train on another work pool's worker (GPU)
+                    results["train"] = train_remote(run, config.stages.train.work_pool, overrides, source, config_file)
+                else:
+                    step(spec.name, *inputs)
+            ok = True
+        finally:
+            shutdown_cluster()
+            finish_run(run, {k: r for k, r in results.items() if k in stages}, ok)
+        return {
+            "parent_run_id": run.parent_run_id,
+            "experiment": run.experiment,
+            "stages": [{k: v for k, v in asdict(results[name]).items() if k != "parts"} | {"headline": config.kind.stages[name].headline}
+                       for name in stages],
+            "units": [{k: v for k, v in asdict(unit).items() if k != "parts"} for name in stages for unit in results[name].parts.values()],
+        }
 
 
 def label_flow_run(run: RunContext, overrides: list[str] | None) -> None:

@@ -27,6 +27,7 @@ log = logging.getLogger("zhpipe")
 
 _FILE_DIGESTS: dict[tuple[str, int, int], str] = {}  # (file, mtime_ns, size) -> sha256: each file version hashed once
 _APPENDED: dict[tuple, list] = {}  # (file, mtime_ns, size, record) -> its partitions: an append source checked once
+_FROZEN: dict[int, list] = {}  # id(config) -> the partitions a run planned with: fixed from planning to its end
 
 
 def partitions(config: PipelineConfig) -> list:
@@ -35,6 +36,8 @@ def partitions(config: PipelineConfig) -> list:
     ranges) is hashed once per version in this process, not on every call."""
     if not config.source.partitioned:
         return []
+    if id(config) in _FROZEN:
+        return _FROZEN[id(config)]
     root = project.current().root
     if config.source.grows == "append":
         record, file = _append_record(config), resolve_local(config.source.path)
@@ -55,22 +58,69 @@ def partitions(config: PipelineConfig) -> list:
     return parts
 
 
-def _append_record(config: PipelineConfig) -> Path:
-    """Where the byte ranges an appended source had at earlier runs are kept: in the project (whatever store a
-    run uses), by the file's path."""
+@contextlib.contextmanager
+def fixed_partitions(config: PipelineConfig):
+    """Within the block, `partitions(config)` is the list found on entry: a file appended to, added or removed while
+    a run plans or builds changes nothing in that run (the next run finds it). A partition the last run had and the
+    source no longer has is a warning line naming it, or an error with `source.missing_partitions: error`."""
+    if not config.source.partitioned or id(config) in _FROZEN:
+        yield
+        return
+    parts = partitions(config)
+    gone = [name for name in _recorded(config) if name not in {p.name for p in parts}]
+    if gone:
+        listed = ", ".join(gone[:5]) + (f" and {len(gone) - 5} more" if len(gone) > 5 else "")
+        message = (f"source {config.source.path}: {len(gone)} partition(s) of the last run are gone ({listed}); "
+                   "their rows are not in this run's corpus")
+        if config.source.missing_partitions == "error":
+            raise ZhpipeError(message + " (source.missing_partitions: error; put the files back or set it to warn)")
+        log.warning("%s", message)
+    _FROZEN[id(config)] = parts
+    try:
+        yield
+    finally:
+        _FROZEN.pop(id(config), None)
+
+
+def _record(config: PipelineConfig, kind: str) -> Path:
+    """Where what a partitioned source held at earlier runs is kept: in the project (whatever store a run uses), by
+    the source's path."""
     import hashlib
 
-    name = hashlib.sha256(str(resolve_local(config.source.path)).encode()).hexdigest()[:16]
-    return project.current().data / "_cache" / f"appends-{name}.json"
+    where = str(resolve_local(config.source.path)) if kind == "appends" else f"{project.current().root}|{config.source.path}"
+    name = hashlib.sha256(where.encode()).hexdigest()[:16]
+    return project.current().data / "_cache" / f"{kind}-{name}.json"
+
+
+def _append_record(config: PipelineConfig) -> Path:
+    return _record(config, "appends")
+
+
+def _recorded(config: PipelineConfig) -> list[str]:
+    """The partitions the last run of a file or glob source had (an appended file's never go: not recorded)."""
+    if config.source.grows == "append":
+        return []
+    try:
+        names = json.loads(_record(config, "partitions").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
 
 
 def record_appends(config: PipelineConfig) -> None:
-    """Keep this run's partitions of an appended source, so that the next run finds them (and checks them)."""
+    """Keep this run's partitions of a partitioned source, so that the next run finds them (and checks them): an
+    appended file's byte ranges and sha256, a folder's or glob's file names."""
     from tasks.io import atomic_write_text
 
-    if config.source.grows != "append":
+    if not config.source.partitioned:
         return
-    parts, record = partitions(config), _append_record(config)
+    parts = partitions(config)
+    if config.source.grows != "append":
+        record = _record(config, "partitions")
+        record.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(record, json.dumps([p.name for p in parts], ensure_ascii=False, indent=1))
+        return
+    record = _append_record(config)
     record.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(record, json.dumps([{"end": p.byte_range[1], "sha256": p.fingerprint()} for p in parts], indent=1))
 

@@ -60,6 +60,9 @@ class Source(Section):
     # append: the file only grows at its end (a log of reviews): the lines each run finds past the last run's
     # end are a partition of their own, and a change before that end is an error. no: any change is a new corpus
     grows: Literal["no", "append"] = "no"
+    # a folder or glob source: a file the last run read and this one does not find is a warning (its rows leave the
+    # corpus), or with `error` the run stops. A policy, not part of any output: not in the keys
+    missing_partitions: Literal["warn", "error"] = Field("warn", exclude=True)
     # a partition of an appended file: the bytes [start, end) it holds (set by zhpipe, not in pipelines.yaml)
     byte_range: tuple[int, int] | None = Field(None, exclude=False)
 

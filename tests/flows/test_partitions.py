@@ -162,3 +162,40 @@ def test_vocab_merges_partition_counts_into_the_corpus_vocabulary(nightly, tmp_p
     again = pipeline_flow("nightly", config_file=str(nightly["root"] / "pipelines.yaml"), storage=str(nightly["store"]), stages=select_stages(stop="vocab"))
     built = {u["stage"] for u in again["units"] if u["cache"] == "miss"}
     assert {u for u in built if u.startswith("vocab:")} == {"vocab:2026-12-04.csv"}
+
+
+def test_an_append_while_the_run_plans_waits_for_the_next_run(appended, monkeypatch):
+    """Lines appended after the run has planned (its keys fixed) are not half-seen by its execution."""
+    from flows import pipeline
+
+    run_log(appended)
+    labelled = pipeline.label_flow_run
+
+    def append_then_label(run, overrides):  # called once the keys are planned, before any stage runs
+        with open(appended["log"], "a", encoding="utf-8") as f:
+            appended["rest"].iloc[:40].to_csv(f, index=False, header=False)
+        return labelled(run, overrides)
+
+    monkeypatch.setattr(pipeline, "label_flow_run", append_then_label)
+    units, stages = run_log(appended)
+    assert stages["download"]["rows"] == 150 and "download:reviews.csv@0001" not in units
+    monkeypatch.setattr(pipeline, "label_flow_run", labelled)
+    units, stages = run_log(appended)  # the next run takes them
+    assert stages["download"]["rows"] == 190 and units["download:reviews.csv@0001"]["cache"] == "miss"
+
+
+def test_a_file_gone_since_the_last_run_is_named(nightly, caplog):
+    from tasks.errors import ZhpipeError
+
+    run(nightly)
+    (nightly["drops"] / "2026-12-02.csv").unlink()
+    with caplog.at_level("WARNING", logger="zhpipe"):
+        _, _, stages = run(nightly)
+    warned = [r.getMessage() for r in caplog.records if "gone" in r.getMessage()]
+    assert len(warned) == 1 and "2026-12-02.csv" in warned[0] and stages["download"]["metrics"]["partitions"] == 2
+    doc = yaml.safe_load((nightly["root"] / "pipelines.yaml").read_text())
+    doc["pipelines"]["nightly"]["source"]["missing_partitions"] = "error"
+    (nightly["root"] / "pipelines.yaml").write_text(yaml.safe_dump(doc), encoding="utf-8")
+    (nightly["drops"] / "2026-12-03.csv").unlink()
+    with pytest.raises(ZhpipeError, match=r"1 partition\(s\) of the last run are gone \(2026-12-03.csv\)"):
+        run(nightly)

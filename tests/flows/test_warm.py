@@ -2,6 +2,7 @@
 status, errors), clients with other settings or after a code change run by themselves, and it stops."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -103,3 +104,72 @@ def test_a_warm_process_for_other_settings_replaces_the_one_running(warm_env, mo
         assert served.returncode == 0 and handed(warm_env["log"]) == 1
     finally:
         assert handover.stop() == 1
+
+
+def _fork_pid(log: Path, command: str, timeout: float = 120) -> int:
+    """The pid of the fork running `command`, from the warm process's log line."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in log.read_text().splitlines() if log.exists() else []:
+            if line.startswith(f"warm: running `zhpipe {command}` in process "):
+                return int(line.rsplit(" ", 1)[1])
+        time.sleep(0.1)
+    raise AssertionError(f"no fork ran `{command}`: {log.read_text()[-2000:]}")
+
+
+def _proc_state(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2]
+
+
+def _wait_for(predicate, timeout: float = 60) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return predicate()
+
+
+def test_ctrl_z_stops_the_fork_and_a_killed_client_ends_it(warm_env, tmp_path):
+    env, log = warm_env["env"], warm_env["log"]
+    with open(tmp_path / "out", "w") as out:
+        client = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", "smoke", "--to", "download"], cwd=ROOT, env=env,
+                                  stdout=out, stderr=subprocess.STDOUT)
+    fork = _fork_pid(log, "run smoke --to download")
+    client.send_signal(signal.SIGTSTP)  # Ctrl-Z: the shell's job stops, and the command with it
+    assert _wait_for(lambda: _proc_state(fork) == "T" and _proc_state(client.pid) == "T", 20)
+    client.send_signal(signal.SIGCONT)  # fg
+    assert _wait_for(lambda: _proc_state(fork) not in ("T", None) and _proc_state(client.pid) != "T", 20)
+    client.kill()  # kill -9 of the client: the command it handed over does not go on without it
+    client.wait(10)
+    assert _wait_for(lambda: _proc_state(fork) in (None, "Z"), 60), (tmp_path / "out").read_text()[-2000:]
+
+
+def test_the_fork_reports_its_status_when_the_warm_parent_dies_and_keeps_the_shells_umask_and_zone(warm_env, tmp_path):
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    env, log = {**warm_env["env"], "TZ": "Asia/Shanghai"}, warm_env["log"]
+    client = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", "smoke", "--to", "download"], cwd=ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=lambda: os.umask(0o077))
+    _fork_pid(log, "run smoke --to download")
+    warm_env["proc"].kill()  # kill -9 of the warm parent while its fork runs the command
+    out, err = client.communicate(timeout=300)
+    assert client.returncode == 0, err[-2000:]
+    assert "download" in out and "without an exit status" not in err  # the run finished, and said so
+    built = [p for p in (Path(env["ZHPIPE_DATA"]) / "download").iterdir() if not p.name.startswith(".")]
+    assert built and all(p.stat().st_mode & 0o077 == 0 for p in built)  # umask 077, as in the shell
+    stamp = next(line.split()[0] for line in err.splitlines() if line[:2].isdigit() and line[2:3] == ":")
+    now = datetime.now(ZoneInfo("Asia/Shanghai"))
+    logged = now.replace(hour=int(stamp[:2]), minute=int(stamp[3:5]))
+    assert abs((now - logged).total_seconds()) % 86400 < 600 or abs((now - logged).total_seconds()) % 86400 > 86400 - 600
+
+
+def test_the_log_is_private_and_holds_no_password(warm_env):
+    env, log = warm_env["env"], warm_env["log"]
+    secret = "https://alice:s3cr3t-(pw@example.com/reviews.csv"
+    zhpipe(env, "status", "smoke", "--set", f"source.url={secret}")
+    assert "warm: running `zhpipe status smoke --set" in log.read_text()
+    assert "s3cr3t" not in log.read_text() and log.stat().st_mode & 0o077 == 0
