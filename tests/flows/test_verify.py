@@ -100,3 +100,25 @@ def test_verify_catches_unlisted_files_and_paths_outside_the_output(tmp_path):
     files["../../../secret"] = {"size": 7, "sha256": file_sha256(tmp_path / "secret")}
     Manifest(stage="clean", key="0123456789abcdef", params={}, inputs={}, rows=1, seconds=0.0, files=files).write(out)
     assert store.verify("clean", "0123456789abcdef", full=True) == ["../../../secret: a manifest path outside the output"]
+
+
+def test_a_truncated_manifest_is_one_warning_a_rebuild_a_corrupt_count_and_a_status_row(store, caplog, capsys, monkeypatch):
+    from flows.cli import main
+
+    monkeypatch.setenv("ZHPIPE_STORAGE", str(store))
+    [clean] = [p for p in (store / "clean").glob("[!.]*") if p.name == run(store)["clean"]["key"]]
+    manifest = clean / "manifest.json"
+    good = manifest.read_bytes()
+    manifest.write_bytes(good[: len(good) // 3])  # truncated by a crash or a full disk
+    assert main(["verify"]) == 1
+    out = capsys.readouterr().out
+    assert f"clean/{clean.name}:" in out and "unreadable manifest" in out and "0 corrupt" not in out
+    assert main(["status", "smoke"]) == 0
+    out = capsys.readouterr().out
+    assert "corrupt" in out and "unreadable manifest" in out
+    with caplog.at_level(logging.WARNING, logger="zhpipe"):
+        stages = run(store)
+    warned = [r.getMessage() for r in caplog.records if "unreadable manifest" in r.getMessage()]
+    assert len(warned) == 1 and str(manifest) in warned[0] and "rebuilding it" in warned[0]
+    assert stages["clean"]["cache"] == "miss" and json.loads(manifest.read_text())["key"] == clean.name
+    assert main(["verify"]) == 0 and "0 corrupt" in capsys.readouterr().out
