@@ -167,7 +167,7 @@ def cmd_run(args) -> int:
     if not os.environ.get("PREFECT_API_URL"):  # no background server (`ZHPIPE_SERVER=temporary`, or it could not start)
         print("starting a temporary Prefect server for this run (about 20 s; `zhpipe server start` keeps one running)", flush=True)
     # what the flow run records in Prefect: URLs redacted (the config already holds the redacted forms)
-    with _heartbeats():
+    with _heartbeats(), _server_watched():
         out = pipeline_flow(config.name, stages=stages, force=force, storage=conceal(args.storage), dask=args.dask, verify=args.verify,
                             overrides=[redact_text(o) for o in args.overrides], config_file=_explicit_config(args),
                             source=config.source.model_dump(exclude_defaults=True) if args.source else None)
@@ -175,6 +175,26 @@ def cmd_run(args) -> int:
     console.print(summary_table(out["stages"], time.perf_counter() - t0, config.name, out.get("units", [])))
     console.print(f"MLflow: experiment [bold]{out['experiment']}[/], parent run {out['parent_run_id']}  (see it with `zhpipe ui`)")
     return 0
+
+
+def _server_watched():
+    """The background Prefect server watched while the run goes on: killed mid-run, the run stops within seconds with
+    one line, instead of minutes of connection errors (what it built is in the store; the next run reuses it)."""
+    import contextlib
+
+    from flows import server
+
+    url = server.background_url()
+    if not url:
+        return contextlib.nullcontext()
+
+    def lost(seconds: float) -> None:
+        print(f"zhpipe: error: the Prefect server at {url.removesuffix('/api')} stopped answering ({seconds:.0f} s without an "
+              "answer): the run stops here; the stages it finished are in the store, and the next `zhpipe run` reuses them "
+              "(it starts a new server)", file=sys.stderr, flush=True)
+        abort(3)
+
+    return server.watched(url, lost)
 
 
 def _heartbeats():
@@ -690,7 +710,22 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def finish(code: int, report: Callable[[int], None] | None = None) -> NoReturn:
+_REPORT: Callable[[int], None] | None = None  # set in the warm process's fork: tells its client the exit status
+
+
+def abort(code: int) -> NoReturn:
+    """End the command now, from any thread, with `code` (no exit hooks: what they would wait for is gone)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    if _REPORT is not None:
+        _REPORT(code)
+    os._exit(code)
+
+
+def finish(code: int) -> NoReturn:
     """Exit with `code` as the interpreter would, less its teardown: Prefect's and MLflow's exit hooks run (their
     queues drain, logging flushes), then the process ends without freeing every object of every module it
     imported, which takes over a second once Prefect, MLflow and PyTorch are loaded. Every output is already
@@ -707,8 +742,8 @@ def finish(code: int, report: Callable[[int], None] | None = None) -> NoReturn:
             stream.flush()
         except (OSError, ValueError):
             pass
-    if report is not None:  # the warm process's fork tells its client (flows.warm)
-        report(code)
+    if _REPORT is not None:  # the warm process's fork tells its client (flows.warm)
+        _REPORT(code)
     os._exit(code)
 
 

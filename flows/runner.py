@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import shutil
@@ -464,21 +465,29 @@ class RunContext:
             input_rows={name: r.rows for name, r in inputs.items()},
             outputs={name: self.config.kind.stages[Unit.parse(name).stage].outputs for name in inputs},
         )
-        with system_metrics(tracker.run_id, enabled=stage.startswith("train.")):
-            out = build(ctx)
-        manifest = Manifest(
-            stage=stage,
-            key=key,
-            params=unit_params(self.config, stage),
-            inputs={name: r.key for name, r in inputs.items()},
-            rows=out.rows,
-            seconds=round(time.perf_counter() - t0, 3),
-            metrics=out.metrics,
-            facts=out.facts.to_json(),
-            mlflow_run_id=tracker.run_id,
-            causes=self.causes.get(stage, {}),
-        )
-        final = self.store.publish(tmp, manifest)
+        try:
+            with system_metrics(tracker.run_id, enabled=stage.startswith("train.")):
+                out = build(ctx)
+            manifest = Manifest(
+                stage=stage,
+                key=key,
+                params=unit_params(self.config, stage),
+                inputs={name: r.key for name, r in inputs.items()},
+                rows=out.rows,
+                seconds=round(time.perf_counter() - t0, 3),
+                metrics=out.metrics,
+                facts=out.facts.to_json(),
+                mlflow_run_id=tracker.run_id,
+                causes=self.causes.get(stage, {}),
+            )
+            final = self.store.publish(tmp, manifest)
+        except BaseException as e:
+            shutil.rmtree(tmp, ignore_errors=True)  # a failed build leaves no half-written folder (the scratch stays, to resume)
+            with contextlib.suppress(OSError):
+                scratch.rmdir()  # unless it holds nothing to resume from
+            if is_disk_full(e):
+                raise disk_full(stage, e, tmp.parent) from None
+            raise
         shutil.rmtree(scratch, ignore_errors=True)
         track_output(tracker, final, out, self.config.name, stage)
         return manifest
@@ -494,6 +503,21 @@ class RunContext:
             metrics=manifest.metrics,
             facts=Facts.from_json(manifest.facts),
         )
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """Whether `error` is a write that found no space (pyarrow's and others' wrappers included)."""
+    return isinstance(error, OSError) and (error.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left on device" in str(error))
+
+
+def disk_full(stage: str, error: OSError, root: Path) -> ZhpipeError:
+    """One line for a full disk: the file being written, the space left where the store is."""
+    try:
+        free = f"{shutil.disk_usage(root).free / 2**20:.1f} MB free"
+    except OSError:
+        free = "free space unknown"
+    return ZhpipeError(f"{stage}: the disk is full writing {error.filename or 'to ' + str(root)} ({free} on the file system of {root}); "
+                       "free space there, or choose another store with --storage or ZHPIPE_STORAGE, and run again")
 
 
 @contextlib.contextmanager

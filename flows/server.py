@@ -7,15 +7,18 @@ before are in its UI too. PREFECT_API_URL, when set, always wins; `ZHPIPE_SERVER
 temporary server per command."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Callable
 
 from flows import procs
 from tasks.errors import ZhpipeError
@@ -109,6 +112,34 @@ def use_running() -> str | None:
     return None
 
 
+def background_url() -> str | None:
+    """PREFECT_API_URL when it is the project's background server (the one its state file names)."""
+    url = os.environ.get("PREFECT_API_URL")
+    return url if url and (procs.read_state(state_file()) or {}).get("url") == url else None
+
+
+@contextlib.contextmanager
+def watched(url: str, on_lost: Callable[[float], None], every: float = 2.0, misses: int = 3):
+    """Within the block, ask `url` for its health every `every` seconds; after `misses` unanswered asks in a row (the
+    server was killed) call `on_lost(seconds without an answer)` from the watching thread."""
+    stop = threading.Event()
+
+    def watch():
+        failed = 0
+        while not stop.wait(every):
+            failed = 0 if _get(f"{url}/health", None, timeout=every) == 200 else failed + 1
+            if failed >= misses and not stop.is_set():
+                on_lost(failed * every)
+                return
+
+    thread = threading.Thread(target=watch, daemon=True, name="zhpipe-server-watch")
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+
+
 DEFAULT_IDLE_S = 1800  # a server zhpipe run started by itself stops after 30 minutes without a user
 
 
@@ -190,6 +221,8 @@ def start(port: int | None = None, timeout: float = 180.0, idle: float | None = 
                           "`zhpipe server start --port PORT` or ZHPIPE_SERVER_PORT")
     home = Path(os.environ["PREFECT_HOME"]).expanduser()
     home.mkdir(parents=True, exist_ok=True)
+    if home.stat().st_uid == os.getuid():
+        home.chmod(0o700)  # the server's database holds flow parameters and logs: this user's only
     log = home / "zhpipe-server.log"
     url = f"http://127.0.0.1:{port}/api"
     auth = credentials()

@@ -47,7 +47,39 @@ def _client(uri: str):
 
     if uri.startswith("sqlite:///"):
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        check_sqlite(Path(uri.removeprefix("sqlite:///")))
     return MlflowClient(tracking_uri=uri)
+
+
+QUICK_CHECK_BYTES = 256 << 20  # a database up to this size gets SQLite's quick_check (a few ms per MB) on first use
+
+
+def check_sqlite(path: Path) -> None:
+    """One line naming MLflow's SQLite database, and how to move it aside, when it is not a readable database (a
+    crash, a full disk, a copy cut short); otherwise MLflow fails later with pages of tracebacks."""
+    import sqlite3
+
+    if not path.is_file():
+        return
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+        try:
+            con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            verdict = con.execute("PRAGMA quick_check(1)").fetchone()[0] if path.stat().st_size <= QUICK_CHECK_BYTES else "ok"
+        finally:
+            con.close()
+    except sqlite3.OperationalError as e:
+        if "locked" in str(e) or "busy" in str(e):  # another run is writing: it is readable
+            return
+        verdict = str(e)
+    except sqlite3.DatabaseError as e:
+        verdict = str(e)
+    if verdict != "ok":
+        from tasks.errors import ZhpipeError
+
+        raise ZhpipeError(f"MLflow's database {path} is unreadable ({verdict.splitlines()[0][:100]}); move it aside "
+                          f"(mv {path} {path}.corrupt) and run again: a new one is made, and the stage store's outputs are "
+                          "reused (their earlier runs stay in the old file)")
 
 
 _EXPERIMENTS: dict[tuple[str, str], str] = {}

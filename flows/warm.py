@@ -148,6 +148,15 @@ def _run_command(conn: socket.socket, files: dict, mine: str) -> None:
 
     handover.SERVING = True  # the command this fork runs is not handed over again
 
+    def report(rc: int) -> None:  # the fork tells its client itself: its status arrives even if the warm parent died
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the client closes once it has the status: nothing to interrupt
+        try:
+            send(conn, {"rc": rc})
+        except OSError:
+            pass
+
+    cli._REPORT = report
+
     code = 1
     try:
         code = cli.main(request["argv"])
@@ -159,15 +168,7 @@ def _run_command(conn: socket.socket, files: dict, mine: str) -> None:
         import traceback
 
         traceback.print_exc()
-
-    def report(rc: int) -> None:  # the fork tells its client itself: its status arrives even if the warm parent died
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the client closes once it has the status: nothing to interrupt
-        try:
-            send(conn, {"rc": rc})
-        except OSError:
-            pass
-
-    cli.finish(code, report)  # MLflow's and Prefect's exit hooks run, as in any command
+    cli.finish(code)  # MLflow's and Prefect's exit hooks run, as in any command
 
 
 def _private_log() -> None:
