@@ -1,6 +1,7 @@
 """`zhpipe init`: a starter project folder with a pipelines.yaml for the user's CSV (or a small example)."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -67,7 +68,7 @@ def init_project(folder: Path, csv: Path | None = None, text_column: str = "text
         path = csv.expanduser().resolve()
         if not path.is_file():
             raise DataError(f"--csv {csv}: no such file")
-        columns = pd.read_csv(path, nrows=5, dtype=str).columns
+        columns = _columns(path, csv)
         for what, column in (("text", text_column), ("label", label_column)):
             if column not in columns:
                 raise DataError(f"--csv {csv}: no {what} column '{column}' (columns: {', '.join(columns)}); "
@@ -77,14 +78,33 @@ def init_project(folder: Path, csv: Path | None = None, text_column: str = "text
         written.append(path)
     pin = "" if csv is None else f"      sha256: {file_sha256(path)}   # pinned: an edited file is an error (copy a new one, update this)\n"
     shown = os.path.relpath(path, folder) if path.is_relative_to(folder) else str(path)
-    config.write_text(STARTER.format(name=_name(folder), description=description, path=shown, text_column=text_column,
-                                     label_column=label_column, sha256=pin), encoding="utf-8")
+    # quoted: a file name with `#`, `: ` or quotes stays one YAML string (a JSON string is a YAML one)
+    config.write_text(STARTER.format(name=_name(folder), description=_quoted(description), path=_quoted(shown),
+                                     text_column=_quoted(text_column), label_column=_quoted(label_column), sha256=pin),
+                      encoding="utf-8")
     written.append(config)
     ignore = folder / ".gitignore"
     if not ignore.exists():
         ignore.write_text(GITIGNORE, encoding="utf-8")
         written.append(ignore)
     return written
+
+
+def _quoted(value: str) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _columns(path: Path, shown: Path) -> list[str]:
+    """The CSV's header, read in its own encoding (UTF-8, UTF-16 or GB18030/GBK, detected as a run does)."""
+    from tasks.source.readers import detect_encoding
+
+    with open(path, "rb") as f:
+        head = f.read(1 << 20)
+    encoding = detect_encoding(head)
+    try:
+        return list(pd.read_csv(path, nrows=5, dtype=str, encoding=encoding).columns)
+    except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as e:
+        raise DataError(f"--csv {shown}: not a readable CSV in {encoding} ({str(e).splitlines()[0][:120]})") from None
 
 
 def _bring(source: Path, raw: Path, link: bool) -> Path:

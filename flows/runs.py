@@ -202,21 +202,35 @@ def load_model(uri: str):
 
     folder = Path(tempfile.mkdtemp(prefix="zhpipe-model-"))
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    try:
-        model = mlflow.pyfunc.load_model(uri, dst_path=str(folder))
-    except (MlflowException, OSError) as e:
-        first = str(e).strip().splitlines()[0][:200]
+
+    def cannot(e: Exception) -> ZhpipeError:
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         from tasks.urls import redact, redact_text
 
-        raise ZhpipeError(f"cannot load model {uri} from {redact(tracking_uri())}: {redact_text(first)}; run a pipeline first "
-                          "(`zhpipe run`) or pass --model") from None
-    local = folder if (folder / "MLmodel").is_file() else Path(uri.removeprefix("file://"))  # a local model is read in place
-    changed = code_drift(local) if (local / "MLmodel").is_file() else []
+        return ZhpipeError(f"cannot load model {uri} from {redact(tracking_uri())}: {redact_text(first)}; run a pipeline first "
+                           "(`zhpipe run`) or pass --model")
+
+    # the model's files first, its code not yet run: a model logged with other code answers from a child process
+    # that runs that code, never from this one
+    in_place = Path(uri.removeprefix("file://")).expanduser()
+    try:
+        if (in_place / "MLmodel").is_file():  # a local model is read in place
+            local = in_place
+        else:
+            local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(folder)))
+        if not (local / "MLmodel").is_file():
+            raise MlflowException(f"no MLmodel file in {uri}")
+    except (MlflowException, OSError) as e:
+        raise cannot(e) from None
+    changed = code_drift(local)
     if changed:
         log.info("predict: %s was logged with other zhpipe code (%s%s); it answers with its logged code, as MLflow serves it",
                  uri, ", ".join(changed[:3]), " ..." if len(changed) > 3 else "")
         return LoggedCodeModel(local)
-    return model
+    try:
+        return mlflow.pyfunc.load_model(str(local))
+    except (MlflowException, OSError) as e:
+        raise cannot(e) from None
 
 
 def code_drift(folder: Path) -> list[str]:

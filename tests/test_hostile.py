@@ -461,10 +461,15 @@ def test_predict_answers_with_the_code_logged_with_the_model(smoke, tmp_path):
     text = serving.read_text(encoding="utf-8")
     assert 'out["status"] = statuses' in text
     serving.write_text(text.replace('out["status"] = statuses', 'out["status"] = ["logged code"] * len(statuses)'), encoding="utf-8")
+    mark = tmp_path / "loaded-by"  # the model's own code says which process ran it
+    entry = changed / "pyfunc_model.py"
+    entry.write_text(f"import os\nopen({str(mark)!r}, 'a').write(f'{{os.getpid()}}\\n')\n" + entry.read_text(encoding="utf-8"),
+                     encoding="utf-8")
     model = load_model(str(changed))
     assert isinstance(model, LoggedCodeModel)
     out = predict_frame(model, pd.DataFrame({"text": ["房间很干净", None]}), "text")
     assert out["status"].tolist() == ["logged code", "logged code"] and out["label"].notna().iloc[0]
+    assert mark.is_file() and str(os.getpid()) not in mark.read_text().split()  # run in the child only, never here
 
 
 # ---- credentials ----------------------------------------------------------------------------------------

@@ -98,3 +98,31 @@ def test_init_csv_copies_pins_and_refuses_an_edited_file(tmp_path):
     linked = subprocess.run([*zhpipe, "init", str(tmp_path / "q"), "--csv", str(tmp_path / "moved" / "data" / "raw" / "mine.csv"),
                              "--link"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert linked.returncode == 0 and (tmp_path / "q" / "data" / "raw" / "mine.csv").is_symlink()
+
+
+@pytest.mark.parametrize("name", ["my reviews #1.csv", "reviews: hotel.csv", "it's \"quoted\".csv"])
+def test_init_csv_with_yaml_characters_in_its_name_writes_a_config_that_reads_back(tmp_path, name):
+    import yaml
+
+    from flows.init import example_corpus, init_project
+
+    corpus = tmp_path / name
+    example_corpus().to_csv(corpus, index=False)
+    init_project(tmp_path / "p", corpus)
+    source = next(iter(yaml.safe_load((tmp_path / "p" / "pipelines.yaml").read_text())["pipelines"].values()))["source"]
+    assert source["path"] == f"data/raw/{name}" and (tmp_path / "p" / source["path"]).is_file()
+
+
+def test_init_csv_reads_a_gb18030_header_and_names_an_unreadable_file(tmp_path):
+    from flows.init import example_corpus, init_project
+    from tasks.errors import DataError
+
+    corpus = tmp_path / "gbk.csv"
+    example_corpus().rename(columns={"text": "评论", "label": "标签"}).to_csv(corpus, index=False, encoding="gb18030")
+    init_project(tmp_path / "p", corpus, text_column="评论", label_column="标签")
+    with pytest.raises(DataError, match="no text column 'text' .*评论"):
+        init_project(tmp_path / "q", corpus)
+    broken = tmp_path / "broken.csv"
+    broken.write_bytes(b'text,label\n"never closed,1\n' + b"x" * 10)
+    with pytest.raises(DataError, match=r"--csv .*broken.csv: not a readable CSV"):
+        init_project(tmp_path / "r", broken)
