@@ -209,6 +209,9 @@ def serve(idle: float, mine: str) -> int:
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     stopping = []
+    from flows import server
+
+    served = server.background_url()  # the project's server its commands use: when it stops, so does this process
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     signal.signal(signal.SIGINT, lambda *_: stopping.append(True))
@@ -219,6 +222,9 @@ def serve(idle: float, mine: str) -> int:
     me, last = os.getpid(), time.monotonic()
     try:
         while True:
+            if served and not stopping and (read_state(server.state_file()) or {}).get("url") != served:
+                print("warm: the Prefect server its commands use has stopped", flush=True)
+                stopping.append(True)
             if stopping and listener.fileno() >= 0:  # no new commands; the running ones still get their status sent
                 listener.close()
             if (stopping or time.monotonic() - last > idle) and not clients:

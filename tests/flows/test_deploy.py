@@ -38,7 +38,8 @@ def server(tmp_path_factory):
     home = tmp_path_factory.mktemp("prefect-server")
     port = free_port()
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": "", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_LOGGING_LEVEL": "WARNING"}
+           "PREFECT_LOGGING_LEVEL": "WARNING",
+           "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "2"}  # a deployment's schedule has its runs within seconds
     log = open(home / "server.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
                             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -116,6 +117,35 @@ def stop(*procs: subprocess.Popen, grace: float = 15) -> None:
             proc.wait(30)
 
 
+NIGHTLY = {"cron": "0 3 * * *", "timezone": "Asia/Shanghai"}  # never due while a test runs: the test starts one run itself
+
+
+def run_the_next_scheduled(c, deployment_id):
+    """The schedule triggered instead of waited for: the first run Prefect's scheduler made for the deployment (an
+    auto-scheduled run, days ahead) is moved to now; its other runs stay days ahead. No test waits on a cron minute."""
+    from datetime import datetime, timezone
+
+    from prefect.client.schemas.filters import (
+        DeploymentFilter,
+        DeploymentFilterId,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.sorting import FlowRunSort
+    from prefect.states import Scheduled
+
+    def scheduled():
+        return c.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])),
+                                flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=["SCHEDULED"]))),
+                                sort=FlowRunSort.EXPECTED_START_TIME_ASC)
+
+    first = wait_for(scheduled, 120, "the scheduler to make the deployment's runs")[0]
+    assert first.auto_scheduled and first.expected_start_time > datetime.now(timezone.utc)
+    c.set_flow_run_state(first.id, Scheduled(scheduled_time=datetime.now(timezone.utc)), force=True)
+    return first.id
+
+
 def client(env):
     from prefect.client.orchestration import SyncPrefectClient
 
@@ -131,7 +161,7 @@ def test_scheduled_pipeline_trains_on_the_second_pool(env, workers, tmp_path):
         FlowRunFilterStateType,
     )
 
-    config = write_pipelines(tmp_path / "pipelines.yaml", {"cron": "* * * * *", "timezone": "Asia/Shanghai"}, "gpu-test")
+    config = write_pipelines(tmp_path / "pipelines.yaml", NIGHTLY, "gpu-test")
     proc = zhpipe(env, "deploy", "--config", str(config))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "zhpipe/tiny" in proc.stdout and "gpu-test" in proc.stdout
@@ -140,7 +170,7 @@ def test_scheduled_pipeline_trains_on_the_second_pool(env, workers, tmp_path):
         main = c.read_deployment_by_name("zhpipe/tiny")
         train = c.read_deployment_by_name("zhpipe-train/tiny")
         assert main.work_pool_name == "cpu-test" and train.work_pool_name == "gpu-test"
-        assert [s.schedule.cron for s in main.schedules] == ["* * * * *"]
+        assert [s.schedule.cron for s in main.schedules] == ["0 3 * * *"]
         assert main.schedules[0].schedule.timezone == "Asia/Shanghai"
 
         def completed(deployment_id):
@@ -150,8 +180,10 @@ def test_scheduled_pipeline_trains_on_the_second_pool(env, workers, tmp_path):
             )
             return runs
 
-        # the scheduler creates a run at the next minute; the cpu worker picks it up
-        runs = wait_for(lambda: completed(main.id), 420, "a scheduled run of zhpipe/tiny to finish", every=3)
+        # the scheduler's next run, moved to now; the cpu worker picks it up
+        triggered = run_the_next_scheduled(c, main.id)
+        runs = wait_for(lambda: completed(main.id), 900, "a scheduled run of zhpipe/tiny to finish", every=3)
+        assert [r.id for r in runs] == [triggered]
         logs = "".join(p.read_text() for p in workers.glob("worker-*.log"))
         assert runs[0].state.type.value == "COMPLETED", logs[-4000:]
         assert runs[0].auto_scheduled
@@ -171,7 +203,7 @@ def test_scheduled_pipeline_trains_on_the_second_pool(env, workers, tmp_path):
             run = c.read_flow_run(run_id)
             return run if run.state.is_final() else None
 
-        refusals = {k: wait_for(lambda r=r: finished(r.id), 240, f"the refused run ({k})", every=2).state for k, r in bad.items()}
+        refusals = {k: wait_for(lambda r=r: finished(r.id), 600, f"the refused run ({k})", every=2).state for k, r in bad.items()}
         assert all(state.type.value == "FAILED" for state in refusals.values()), refusals
         assert "may not set overrides[segment.stopwords], overrides[train.epochs]" in refusals["overrides"].message
         assert "may not set source, storage, dask" in refusals["where"].message
@@ -212,7 +244,7 @@ def test_deploy_without_a_server_is_one_error_line(tmp_path):
 
 def test_routing_to_a_pool_without_its_deployment_fails_clearly(env, tmp_path):
     config = write_pipelines(tmp_path / "pipelines.yaml", None, "nowhere")
-    proc = zhpipe(env, "run", "tiny", "--config", str(config), "--force", "train")
+    proc = zhpipe(env, "run", "tiny", "--config", str(config), "--force", "train", timeout=1200)
     assert proc.returncode == 2, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert "deployment 'zhpipe-train/tiny' does not exist" in last and "zhpipe deploy tiny" in last
@@ -253,7 +285,7 @@ def test_serve_runs_the_schedule_without_a_worker(env, tmp_path):
         FlowRunFilterStateType,
     )
 
-    doc = yaml.safe_load(write_pipelines(tmp_path / "p.yaml", {"cron": "* * * * *"}, None).read_text(encoding="utf-8"))
+    doc = yaml.safe_load(write_pipelines(tmp_path / "p.yaml", NIGHTLY, None).read_text(encoding="utf-8"))
     served = doc["pipelines"].pop("tiny")
     served["parameters"] = {"stages": ["download", "clean", "split"]}
     (tmp_path / "p.yaml").write_text(yaml.safe_dump({"pipelines": {"served": served}}, allow_unicode=True), encoding="utf-8")
@@ -272,9 +304,11 @@ def test_serve_runs_the_schedule_without_a_worker(env, tmp_path):
 
             d = wait_for(deployment, 120, "zhpipe serve to register its deployment")
             assert d.work_pool_name is None and d.parameters["stages"] == ["download", "clean", "split"]
+            triggered = run_the_next_scheduled(c, d.id)
             done = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=["COMPLETED", "FAILED", "CRASHED"])))
             runs = wait_for(lambda: c.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[d.id])),
-                                                     flow_run_filter=done), 240, "a served run to finish", every=3)
+                                                     flow_run_filter=done), 600, "a served run to finish", every=3)
+            assert [r.id for r in runs] == [triggered]
             assert runs[0].state.type.value == "COMPLETED", (tmp_path / "serve.log").read_text()[-4000:]
             assert runs[0].auto_scheduled
     finally:
