@@ -39,8 +39,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--set", dest="overrides", action="append", default=[], metavar="STAGE.PARAM=VALUE",
                        help="override one parameter for this run (repeatable)")
         p.add_argument("--source", help="run on another corpus: a path or URL")
-        p.add_argument("--text-column", default="text", help="with --source: the text column (default text)")
-        p.add_argument("--label-column", default="label", help="with --source: the label column (default label)")
+        p.add_argument("--text-column", help="with --source: the text column (default: the pipeline's source.text_column)")
+        p.add_argument("--label-column", help="with --source: the label column (default: the pipeline's source.label_column)")
         p.add_argument("--allow-unverified", action="store_true", help="fetch an http(s) source without a sha256, keyed by the "
                        "server's ETag/Last-Modified/size (re-checked on every run)")
 
@@ -122,7 +122,8 @@ def _parser() -> argparse.ArgumentParser:
 def _source(args) -> dict | None:
     if not args.source:
         return None
-    return {"path": args.source, "text_column": args.text_column, "label_column": args.label_column or None}
+    # columns not given are the pipeline's own (None: kept from its source)
+    return {"path": args.source, "text_column": args.text_column, "label_column": args.label_column}
 
 
 def _config_file(args) -> Path:

@@ -382,7 +382,9 @@ def _parse(name: str, config_file: Path, overrides, source_overrides) -> Pipelin
     raw = json.loads(json.dumps(pipelines[name]))  # deep copy; YAML anchors resolved
     raw["name"] = name
     if source_overrides:  # --source first, so that `--set source.sha256=...` applies to it
-        raw["source"] = {**{k: v for k, v in source_overrides.items() if v is not None}}
+        # how the pipeline's corpus is read (its columns, its tag scheme) carries over to the other file unless given
+        kept = {k: v for k, v in (raw.get("source") or {}).items() if k in ("text_column", "label_column", "tag_scheme")}
+        raw["source"] = {**kept, **{k: v for k, v in source_overrides.items() if v is not None}}
     for assignment in overrides:
         _apply_set(raw, assignment)
     raw = _conceal_urls(raw)

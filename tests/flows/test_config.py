@@ -187,3 +187,14 @@ def test_a_request_is_parsed_once_per_process_and_again_when_the_file_changes(tm
     path.write_text(BASE.replace("x.csv", "y.csv"), encoding="utf-8")
     os.utime(path, ns=(1, 1))  # a new version of the file, even within the clock's resolution
     assert load_pipeline("p", path, ["train.epochs=2"]).source.path == "y.csv" and len(calls) == 3
+
+
+def test_source_keeps_the_pipelines_columns_unless_given():
+    """`--source FILE` reads FILE as the pipeline reads its own corpus (its columns), unless told otherwise."""
+    from flows.config import load_pipeline
+
+    own = load_pipeline("smoke").source
+    other = load_pipeline("smoke", source_overrides={"path": "elsewhere.csv", "text_column": None, "label_column": None}).source
+    assert (other.path, other.text_column, other.label_column) == ("elsewhere.csv", own.text_column, own.label_column)
+    given = load_pipeline("smoke", source_overrides={"path": "elsewhere.csv", "text_column": "content", "label_column": None}).source
+    assert given.text_column == "content" and given.label_column == own.label_column

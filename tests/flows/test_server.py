@@ -42,6 +42,8 @@ def test_background_server_is_started_reused_and_stopped(tmp_path, monkeypatch):
         auth = auth_of(tmp_path / "prefect")
         assert f"{auth[0]}:{auth[1]}" in zhpipe(env, "server", "status").stdout  # for the UI's login
         assert httpx.post(f"{url}/flow_runs/filter", json={}, timeout=10).status_code == 401  # nobody else gets in
+        assert httpx.post(f"{url}/variables/", json={"name": "planted", "value": "x"}, timeout=10).status_code == 401
+        assert httpx.post(f"{url}/flow_runs/filter", json={}, auth=("zhpipe", "guess"), timeout=10).status_code == 401
         runs = httpx.post(f"{url}/flow_runs/filter", json={}, auth=auth, timeout=10).json()
         assert [r["state_type"] for r in runs if r["flow_id"]] and all(r["state_type"] == "COMPLETED" for r in runs)
         # found by the pipeline's tag and named after it; its UI is told this server's own API
