@@ -42,6 +42,7 @@ def run(pipeline: str, overrides: list[str] | None = None, stages: list[str] | N
     """Run a pipeline (cached stages are reused) and return its summary: the MLflow parent run id, the
     experiment, and per stage its key, cache hit or miss, seconds, rows and metrics."""
     config(pipeline, overrides, project)  # a bad pipeline or setting is one error line before Prefect starts
+    _project.ensure_prefect_home()
     from flows.pipeline import pipeline_flow
     from tasks.urls import conceal, redact_text
 

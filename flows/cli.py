@@ -156,8 +156,6 @@ def _pipeline_name(args) -> str:
 
 
 def cmd_run(args) -> int:
-    from rich.console import Console
-
     from flows.pipeline import pipeline_flow, select_stages
     from tasks.urls import conceal, redact_text
 
@@ -172,7 +170,7 @@ def cmd_run(args) -> int:
         out = pipeline_flow(config.name, stages=stages, force=force, storage=conceal(args.storage), dask=args.dask, verify=args.verify,
                             overrides=[redact_text(o) for o in args.overrides], config_file=_explicit_config(args),
                             source=config.source.model_dump(exclude_defaults=True) if args.source else None)
-    console = Console()
+    console = _console()
     console.print(summary_table(out["stages"], time.perf_counter() - t0, config.name, out.get("units", [])))
     console.print(f"MLflow: experiment [bold]{out['experiment']}[/], parent run {out['parent_run_id']}  (see it with `zhpipe ui`)")
     return 0
@@ -196,6 +194,14 @@ def _server_watched():
         abort(3)
 
     return server.watched(url, lost)
+
+
+def _console():
+    """A rich console; piped or logged (a cron job's file), one wide enough that no table cell is cut or wrapped."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=10_000)
 
 
 def _heartbeats():
@@ -241,7 +247,6 @@ def _number(value: float) -> str:
 
 
 def cmd_status(args) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from flows.runner import plan
@@ -270,10 +275,7 @@ def cmd_status(args) -> int:
             table.add_row(f"  {len(units)} partitions", f"{len(units) - len(new)} cached, {len(new)} to build", "",
                           str(sum(u["rows"] or 0 for u in units)), "",
                           ("to build: " + ", ".join(new[:3]) + (f" and {len(new) - 3} more" if len(new) > 3 else "")) if new else "")
-    console = Console()
-    if not console.is_terminal:  # piped or logged: whole lines, not wrapped at 80 columns
-        console = Console(width=200)
-    console.print(table)
+    _console().print(table)
     return 0
 
 
@@ -290,7 +292,6 @@ def _configs(args, default_all: bool) -> list:
 
 
 def cmd_deploy(args) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from flows.deploy import deploy, require_server
@@ -303,7 +304,7 @@ def cmd_deploy(args) -> int:
         table.add_column(col)
     for r in rows:
         table.add_row(r["deployment"], r["work_pool"], r["train_pool"], r["schedule"])
-    console = Console()
+    console = _console()
     console.print(table)
     created = sorted({p for r in rows for p in r["pools_created"]})
     if created:
@@ -334,7 +335,6 @@ def cmd_worker(args) -> int:
 
 
 def _print_frame(df, title: str, no_wrap: tuple[str, ...] = ()) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=title)
@@ -342,11 +342,7 @@ def _print_frame(df, title: str, no_wrap: tuple[str, ...] = ()) -> None:
         table.add_column(str(col), justify="right" if df[col].dtype.kind in "if" else "left", no_wrap=col in no_wrap)
     for row in df.itertuples(index=False):
         table.add_row(*["" if v is None or (isinstance(v, float) and v != v) else f"{v:.4f}" if isinstance(v, float) else str(v) for v in row])
-    console = Console()
-    if not console.is_terminal:  # piped or logged: whole rows and cells, not wrapped at 80 columns
-        cells = [max([len(str(c))] + [len(str(v)) for v in df[c]]) for c in df.columns]
-        console = Console(width=max(240, sum(cells) + 3 * len(cells) + 4))
-    console.print(table)
+    _console().print(table)
 
 
 def cmd_tune(args) -> int:
@@ -403,6 +399,11 @@ def cmd_predict(args) -> int:
             raise ZhpipeError(f"--output {args.output}: unknown file type '{args.output.suffix}' (expected .csv, .tsv, .jsonl or .parquet)")
     df = read_input(args.input, args.text_column) if args.input else pd.DataFrame({"text": args.texts})
     uri = args.model or f"models:/zhpipe-{_pipeline_name(args)}@champion"
+    from flows.tracking import tracking_uri
+
+    store = tracking_uri().removeprefix("sqlite:///") if tracking_uri().startswith("sqlite:///") else None
+    if uri.startswith("models:/") and store and not Path(store).is_file():  # nothing to load, and nothing to create
+        raise ZhpipeError(f"no models yet: {store} does not exist; run a pipeline first (`zhpipe run`) or pass --model DIR")
     column = args.text_column if args.input else "text"
     model = load_model(uri)  # fail here, once, with one line
     used = model_version(uri)
@@ -670,6 +671,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("run", "tune", "deploy", "serve", "worker") or getattr(args, "dask", None):
         from flows.server import use_running
 
+        project.ensure_prefect_home()
+
         # a background server instead of a temporary one per command: the running one, else (run, tune) a new one
         if not use_running() and args.command in ("run", "tune") and not os.environ.get("PREFECT_API_URL"):
             _start_background_server()
@@ -707,7 +710,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"zhpipe: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("zhpipe: interrupted", file=sys.stderr)
+        kept = ("; the stages it finished are kept in the store (and a model's checkpoints), so the next `zhpipe run` "
+                "reuses them" if args.command in ("run", "tune") else "")
+        print(f"zhpipe: interrupted{kept}", file=sys.stderr)
         return 130
 
 

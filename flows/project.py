@@ -89,11 +89,19 @@ def activate(project: Project) -> Project:
     }
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
-    # Prefect's temporary server keeps its SQLite database there and does not create missing parents
-    Path(os.environ["PREFECT_HOME"]).expanduser().mkdir(parents=True, exist_ok=True)
     # INFO from zhpipe's logger reaches Prefect's handlers even where the root logger stays at WARNING
     logging.getLogger("zhpipe").setLevel(logging.INFO)
     return project
+
+
+def ensure_prefect_home() -> Path:
+    """The Prefect home, created (mode 700: its database holds flow parameters and logs) by the commands that start
+    Prefect: Prefect's temporary server keeps its SQLite database there and does not create missing parents. Other
+    commands (`predict`, `status`) leave no folder behind."""
+    home = Path(os.environ["PREFECT_HOME"]).expanduser()
+    if not home.is_dir():
+        home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return home
 
 
 def current() -> Project:

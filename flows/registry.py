@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -211,7 +212,8 @@ def register_best(model_uri: str, run_id: str, pipeline: str, model: str, test, 
     existing = registered_version(name, model_key)
     if existing is None:
         mlflow.set_tracking_uri(tracking_uri())
-        version = str(mlflow.register_model(model_uri, name).version)
+        with contextlib.redirect_stderr(io.StringIO()):  # MLflow's "Successfully registered model ..." print: the run says it
+            version = str(mlflow.register_model(model_uri, name).version)
         for key, value in {"zhpipe.model": model, "zhpipe.test_sha256": digest, "zhpipe.metric": metric, "zhpipe.score": f"{score:.6f}",
                            "zhpipe.run_id": run_id, "zhpipe.model_key": model_key}.items():
             c.set_model_version_tag(name, version, key, value)

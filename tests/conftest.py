@@ -18,6 +18,7 @@ os.environ["ZHPIPE_SERVER"] = "temporary"  # no background server left behind by
 from flows import project  # noqa: E402
 
 project.activate(project.find())
+project.ensure_prefect_home()
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -126,3 +126,14 @@ def test_init_csv_reads_a_gb18030_header_and_names_an_unreadable_file(tmp_path):
     broken.write_bytes(b'text,label\n"never closed,1\n' + b"x" * 10)
     with pytest.raises(DataError, match=r"--csv .*broken.csv: not a readable CSV"):
         init_project(tmp_path / "r", broken)
+
+
+def test_predict_in_a_fresh_project_is_one_line_and_leaves_no_folders(tmp_path):
+    from flows.init import init_project
+
+    init_project(tmp_path / "p")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ZHPIPE_", "MLFLOW_", "PREFECT_"))}
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "predict", "房间很干净"], env={**env, "PYTHONPATH": str(ROOT)},
+                          cwd=tmp_path / "p", capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.startswith("zhpipe: error: no models yet") and len(done.stderr.splitlines()) == 1
+    assert not (tmp_path / "p" / "mlruns").exists() and not (tmp_path / "p" / ".prefect").exists()

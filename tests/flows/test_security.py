@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from flows import handover, procs, server
+from flows import handover, procs
 
 ROOT = Path(__file__).resolve().parents[2]
 OTHER_UID = 65534
