@@ -72,12 +72,27 @@ def _port(url: str) -> int:
     return int(url.rsplit(":", 1)[1].split("/")[0])
 
 
+def _read() -> dict | None:
+    """The state file; one written by an earlier zhpipe (pid and url only) gets the identity of the process it names
+    when that process is this user's Prefect server on that url's port (so it can still be stopped)."""
+    state = procs.read_state(state_file())
+    if state and "started" not in state and isinstance(state.get("pid"), int) and isinstance(state.get("url"), str):
+        try:
+            marker = f"server start --host 127.0.0.1 --port {_port(state['url'])}"
+        except (ValueError, IndexError):
+            return state
+        legacy = procs.identity(state["pid"], marker)
+        if procs.is_ours(legacy):
+            state.update(legacy, legacy=True)
+    return state
+
+
 def running() -> dict | None:
     """The background server's {pid, url, log} when it answers and is provably this user's: the process its state
     file recorded (pid and start time), the port's listener of this uid, our credentials accepted. Anything else is
     a leftover: its state file is removed, nothing is sent to that port."""
     path = state_file()
-    state = procs.read_state(path)
+    state = _read()
     if not state:
         return None
     try:
@@ -88,6 +103,11 @@ def running() -> dict | None:
         ours = False
     if ours and _healthy(url, auth=credentials()):
         return state
+    if ours and state.get("legacy"):  # started by an earlier zhpipe, without credentials: replaced by one with them
+        procs.signal_ours(state, signal.SIGTERM, group=True)
+        deadline = time.monotonic() + 30
+        while procs.is_ours(state) and time.monotonic() < deadline:
+            time.sleep(0.2)
     path.unlink(missing_ok=True)
     return None
 
@@ -256,7 +276,7 @@ def stop(timeout: float = 30.0) -> dict | None:
     file recorded is signalled (pid and start time): a leftover naming a process that is gone, or another one with
     that pid since, is removed and nothing is killed."""
     path = state_file()
-    state = procs.read_state(path)
+    state = _read()
     if not state:
         path.unlink(missing_ok=True)
         return None
