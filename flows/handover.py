@@ -167,21 +167,28 @@ def hand_over(argv: list[str]) -> int | None:
             path.unlink(missing_ok=True)
             _remove_socket(state)
         return None
+    # the signals a user may send (Ctrl-C, Ctrl-Z) wait from the moment the command is handed over until they can be
+    # passed on: none is lost to the fork, or acted on by this process alone
+    held = {*procs.SIGNALS_FORWARDED, signal.SIGTSTP, signal.SIGCONT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, held)
     try:
-        send(sock, {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "context": context()}, [0, 1, 2])
-        reply, _ = recv(sock)
-    except (OSError, ValueError):
-        sock.close()
-        return None
-    if not reply or not isinstance(reply.get("pid"), int) or procs.parent_of(reply["pid"]) != state["pid"]:
-        sock.close()  # refused (code changed, other limits, say): this process runs the command
-        return None
-    return _wait(sock, reply["pid"])
+        try:
+            send(sock, {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "context": context()}, [0, 1, 2])
+            reply, _ = recv(sock)
+        except (OSError, ValueError):
+            reply = None
+        if not reply or not isinstance(reply.get("pid"), int) or procs.parent_of(reply["pid"]) != state["pid"]:
+            sock.close()  # refused (code changed, other limits, say): this process runs the command
+            return None
+        _pass_signals_on(reply["pid"])
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
+    return _wait(sock)
 
 
-def _wait(sock: socket.socket, pid: int) -> int:
-    """Wait for the fork `pid` (the leader of its own process group) to report its exit status, passing on the
-    signals this process gets; job control (Ctrl-Z, fg) stops and continues it with this process."""
+def _pass_signals_on(pid: int) -> None:
+    """From now on the signals this process gets go to the fork `pid` (the leader of its own process group); job
+    control (Ctrl-Z, fg) stops and continues it with this process."""
 
     def pass_on(signum, _frame):
         try:
@@ -202,6 +209,10 @@ def _wait(sock: socket.socket, pid: int) -> int:
         signal.signal(signum, pass_on)
     signal.signal(signal.SIGTSTP, suspend)
     signal.signal(signal.SIGCONT, lambda *_: pass_on(signal.SIGCONT, None))
+
+
+def _wait(sock: socket.socket) -> int:
+    """The exit status the fork reports (one error line and 1 when it ends without one)."""
     sock.settimeout(None)
     try:
         done, _ = recv(sock)

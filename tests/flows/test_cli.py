@@ -49,10 +49,10 @@ def test_checksum_mismatch(api_env):
 
 def test_single_class_and_empty_and_unreadable(api_env, tmp_path):
     one = tmp_path / "one.csv"
-    one.write_text("label,text\n" + "好,房间很干净\n" * 20, encoding="utf-8")
+    one.write_text("label,review\n" + "好,房间很干净\n" * 20, encoding="utf-8")  # the smoke pipeline's own columns
     assert_one_line_error(zhpipe(api_env, "run", "smoke", "--source", str(one), "--to", "split"), "a classifier needs at least 2")
     empty = tmp_path / "empty.csv"
-    empty.write_text("label,text\n", encoding="utf-8")
+    empty.write_text("label,review\n", encoding="utf-8")
     assert_one_line_error(zhpipe(api_env, "run", "smoke", "--source", str(empty), "--to", "download"), "empty")
     missing = tmp_path / "nope.csv"
     assert_one_line_error(zhpipe(api_env, "run", "smoke", "--source", str(missing), "--to", "download"), "source not found")
