@@ -65,10 +65,10 @@ def _track_training(run: RunContext, result: StageResult, name: str) -> None:
     tracker = Tracker(result.run_id)
     summary = result.facts.summary
     # a model built now logged its curves live, epoch by epoch (the run's sink); a reused one's run gets them here
-    for row in summary.get("history", []) if result.cache == "hit" else []:
-        tracker.metrics({k: v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
-    for row in summary.get("pretrain_history", []) if result.cache == "hit" else []:  # bert's masked-LM pretraining
-        tracker.metrics({f"mlm_{k}": v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
+    if result.cache == "hit":  # in one write (bert's masked-LM pretraining curves too)
+        tracker.curves([({k: v for k, v in row.items() if k != "epoch"}, row["epoch"]) for row in summary.get("history", [])] +
+                       [({f"mlm_{k}": v for k, v in row.items() if k != "epoch"}, row["epoch"])
+                        for row in summary.get("pretrain_history", [])])
     facts = {k: summary[k] for k in ("parameters", "best_epoch", "resumed_from_epoch") if k in summary}
     if facts:
         tracker.metrics(facts)

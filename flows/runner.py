@@ -366,7 +366,7 @@ class RunContext:
                 if not hit:
                     tracker.params(flatten(unit_params(self.config, stage)))
             elif hit:
-                tracker.tags(self._link(stage, manifest, tracker.experiment_id))
+                tracker.tags(self._link(stage, manifest, experiment_id(self.experiment)))  # known: no lookup of the run
             try:
                 if hit:
                     log.info("%s: cached (%s)", stage, key)

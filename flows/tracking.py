@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 import time
 import warnings
@@ -131,6 +132,19 @@ def _experiment_id(name: str) -> str:
                                tags={"mlflow.experimentKind": "custom_model_development"})
 
 
+def _dataset_cache(source: str, name: str, rows: int | None) -> Path | None:
+    """Where the MLflow description of a split file is kept once inferred: by the file (its path, size and modification
+    time: an output in the store never changes in place), its name and row count."""
+    import hashlib
+
+    try:
+        st = os.stat(source)
+    except OSError:
+        return None
+    key = hashlib.sha256(json.dumps([source, st.st_size, st.st_mtime_ns, name, rows]).encode()).hexdigest()[:24]
+    return project.current().data / "_cache" / "datasets" / f"{key}.json"
+
+
 class Tracker:
     """Writes to one MLflow run, given by id."""
 
@@ -211,6 +225,13 @@ class Tracker:
             self.client.log_batch(self.run_id, metrics=items)
 
     @_retry
+    def curves(self, rows: list[tuple[dict[str, float], int]]) -> None:
+        """Metrics of many steps (an epoch's each) in as few writes as MLflow allows (1,000 values a batch)."""
+        items = [m for metrics, step in rows for m in self._metrics(metrics, step)]
+        for i in range(0, len(items), 900):
+            self.client.log_batch(self.run_id, metrics=items[i : i + 900])
+
+    @_retry
     def log(self, params: dict[str, Any], metrics: dict[str, float]) -> None:
         """Params and metrics in one write (what a reused output's run records)."""
         if len(params) > 100 or len(metrics) > 900:  # MLflow's limits for one batch
@@ -250,8 +271,17 @@ class Tracker:
         head of `rows` rows, the dataset is recorded by its schema and a digest (of the head and the row
         count), without a profile that would describe the head alone."""
         import mlflow.data
-        from mlflow.entities import DatasetInput, InputTag
+        from mlflow.entities import Dataset, DatasetInput, InputTag
 
+        cached = _dataset_cache(source, name, rows)
+        if cached is not None and cached.is_file():  # the same split, described by an earlier run: not inferred again
+            try:
+                entity = Dataset(**json.loads(cached.read_text(encoding="utf-8")))
+            except (OSError, ValueError, TypeError):
+                entity = None
+            if entity is not None:
+                self.client.log_inputs(self.run_id, datasets=[DatasetInput(entity, tags=[InputTag("mlflow.data.context", context)])])
+                return
         with warnings.catch_warnings():  # schema-inference hints about integer columns, not actionable here
             warnings.simplefilter("ignore")
             ds = mlflow.data.from_pandas(df, source=source, name=name, targets="label" if "label" in df else None)
@@ -262,4 +292,10 @@ class Tracker:
                 digest = get_normalized_md5_digest([ds.digest.encode(), str(rows).encode()])
                 ds = MetaDataset(ds.source, name=name, digest=digest, schema=ds.schema)
             entity = ds._to_mlflow_entity()  # the schema is inferred here
+        if cached is not None:
+            from tasks.io import atomic_write_text
+
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(cached, json.dumps({k: getattr(entity, k) for k in ("name", "digest", "source_type", "source",
+                                                                                 "schema", "profile")}))
         self.client.log_inputs(self.run_id, datasets=[DatasetInput(entity, tags=[InputTag("mlflow.data.context", context)])])
