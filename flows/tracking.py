@@ -49,7 +49,29 @@ def _client(uri: str):
     if uri.startswith("sqlite:///"):
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         check_sqlite(Path(uri.removeprefix("sqlite:///")))
+        _sqlite_pragmas()
     return MlflowClient(tracking_uri=uri)
+
+
+@lru_cache(maxsize=1)
+def _sqlite_pragmas() -> None:
+    """MLflow's SQLite store in write-ahead-log mode with commits synced at checkpoints: a run writes a few hundred
+    small transactions, each of which otherwise waits for the disk, and the UI reads while a run writes. A crash
+    of the process loses nothing; a power cut may lose the last writes, never the database."""
+    import sqlite3
+
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    @event.listens_for(Engine, "connect")
+    def _on_connect(dbapi_connection, _record):
+        if isinstance(dbapi_connection, sqlite3.Connection):
+            cursor = dbapi_connection.cursor()
+            try:
+                cursor.execute("PRAGMA journal_mode=WAL")
+                cursor.execute("PRAGMA synchronous=NORMAL")
+            finally:
+                cursor.close()
 
 
 QUICK_CHECK_BYTES = 256 << 20  # a database up to this size gets SQLite's quick_check (a few ms per MB) on first use
