@@ -235,10 +235,18 @@ def summary_table(rows: list[dict], wall: float, name: str, units: list[dict] = 
             table.add_row(f"  {len(partitions)} partitions", f"{len(partitions) - len(built)} hit, {len(built)} built",
                           f"{sum(u['seconds'] for u in built):.1f}", str(sum(u["rows"] or 0 for u in built)), "rows built")
         for u in (u for u in units if u["stage"].startswith(r["stage"] + ".")):
-            key = next((k for k in ("val_macro_f1_best", "test_accuracy", "val_perplexity_best", "test_perplexity") if k in u["metrics"]), None)
+            key = _unit_metric(u["metrics"], r["headline"])
             table.add_row(f"  {u['stage'].partition('.')[2]}", "[green]hit[/]" if u["cache"] == "hit" else "[yellow]miss[/]",
-                          f"{u['seconds']:.1f}", "", f"{key}={u['metrics'][key]:.4g}" if key else "")
+                          f"{u['seconds']:.1f}", "", f"{key}={_number(u['metrics'][key])}" if key else "")
     return table
+
+
+def _unit_metric(metrics: dict, headline: str | None) -> str | None:
+    """A model unit's metric for the summary, whatever the task kind: its stage's headline without `best_` (each
+    model's test F1, BLEU or accuracy), else a validation or test metric it has."""
+    preferred = ([headline.removeprefix("best_")] if headline else []) + ["val_macro_f1_best", "test_accuracy",
+                                                                         "val_perplexity_best", "test_perplexity"]
+    return next((k for k in preferred if k in metrics), None) or next((k for k in sorted(metrics) if k.startswith(("test_", "val_"))), None)
 
 
 def _number(value: float) -> str:
@@ -260,7 +268,7 @@ def cmd_status(args) -> int:
     for col in ("stage", "state", "key", "rows", "built seconds", "why"):
         table.add_column(col)
     colour = {"cached": "green", "stale": "yellow", "missing": "red", "corrupt": "red"}
-    rows = stage_states(StageStore(storage_root(config, args.storage)), causes, keys)
+    rows = stage_states(StageStore(storage_root(config, args.storage)), causes, keys, config.name)
     parts: dict[str, list[dict]] = {}
     for row in rows:  # a partitioned source: its partition units, one line per stage
         if ":" in row["stage"]:

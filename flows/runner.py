@@ -479,6 +479,7 @@ class RunContext:
                 facts=out.facts.to_json(),
                 mlflow_run_id=tracker.run_id,
                 causes=self.causes.get(stage, {}),
+                pipeline=self.config.name,
             )
             final = self.store.publish(tmp, manifest)
         except BaseException as e:

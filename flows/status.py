@@ -45,18 +45,22 @@ def diff_causes(stage: str, old: dict[str, Any], new: dict[str, Any]) -> list[st
     return why or ["no recorded cause differs (forced rebuild elsewhere?)"]
 
 
-def latest_other(store: StageStore, stage: str, key: str) -> Manifest | None:
-    """The most recently built other output of `stage` in the store, or None."""
+def latest_other(store: StageStore, stage: str, key: str, pipeline: str | None = None) -> Manifest | None:
+    """The most recently built other output of `stage` in the store by `pipeline` (when given; outputs of an older
+    zhpipe, which did not record their pipeline, count too), or None: another pipeline's build explains nothing."""
     manifests = []
     for other in store.others(stage, key):
         try:
-            manifests.append(store.manifest(stage, other))
+            manifest = store.manifest(stage, other)
         except CorruptManifest:  # not a build to explain with (`zhpipe verify` names it)
             continue
+        if pipeline is None or manifest.pipeline in (pipeline, None):
+            manifests.append(manifest)
     return max(manifests, key=lambda m: m.created, default=None)
 
 
-def stage_states(store: StageStore, causes: dict[str, dict[str, Any]], keys: dict[str, str]) -> list[dict[str, Any]]:
+def stage_states(store: StageStore, causes: dict[str, dict[str, Any]], keys: dict[str, str],
+                 pipeline: str | None = None) -> list[dict[str, Any]]:
     """Per stage: state (cached, stale, missing), key, rows, build seconds, and why when stale."""
     rows = []
     for stage, key in keys.items():
@@ -69,7 +73,7 @@ def stage_states(store: StageStore, causes: dict[str, dict[str, Any]], keys: dic
                 continue
             rows.append({"stage": stage, "state": "cached", "key": key, "rows": m.rows, "seconds": m.seconds, "why": []})
             continue
-        previous = latest_other(store, stage, key)
+        previous = latest_other(store, stage, key, pipeline)
         if previous is None:
             rows.append({"stage": stage, "state": "missing", "key": key, "rows": None, "seconds": None, "why": []})
         else:

@@ -61,6 +61,7 @@ class Manifest:
     created: float = field(default_factory=time.time)
     causes: dict[str, Any] = field(default_factory=dict)  # what the key hashed: `zhpipe status` diffs these
     files: dict[str, dict[str, Any]] = field(default_factory=dict)  # relative path -> {size, sha256}: checked on reuse
+    pipeline: str | None = None  # the pipeline whose run built it: `zhpipe status` explains a pipeline by its own builds
 
     @classmethod
     def from_json(cls, text: str, where: str = MANIFEST) -> "Manifest":

@@ -142,3 +142,19 @@ def test_two_machines_on_one_object_store_build_each_key_once(api_env, tmp_path)
         assert store.is_done(stage, keys[stage]) and store.others(stage, keys[stage]) == []
     assert sorted(p.name for p in store.local("segment", keys["segment"]).iterdir()) == [
         "manifest.json", "test.parquet", "train.parquet", "validation.parquet"]
+
+
+def test_every_kinds_summary_shows_each_models_metric_alike():
+    """A NER run's models show their test F1 as a classifier's show their accuracy (crf's was blank)."""
+    from rich.console import Console
+
+    from flows.cli import summary_table
+
+    rows = [{"stage": "evaluate", "cache": "miss", "seconds": 1.0, "rows": None, "metrics": {"best_test_f1": 0.8},
+             "headline": "best_test_f1"}]
+    units = [{"stage": "evaluate.crf", "cache": "miss", "seconds": 0.5, "metrics": {"test_f1": 0.81234, "test_precision": 0.8}},
+             {"stage": "evaluate.bilstm_crf", "cache": "hit", "seconds": 0.0, "metrics": {"test_f1": 0.75}}]
+    console = Console(width=200, record=True)
+    console.print(summary_table(rows, 2.0, "ner-smoke", units))
+    text = console.export_text()
+    assert "best_test_f1=0.8" in text and "test_f1=0.8123" in text and "test_f1=0.75" in text

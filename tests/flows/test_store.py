@@ -46,3 +46,23 @@ def test_begin_removes_the_temporary_folders_of_dead_builds_only(tmp_path):
     (tmp_path / "clean" / f".tmp-k2-{dead}").mkdir()  # another key: not this build's business
     store.begin("clean", "k1")
     assert sorted(p.name for p in (tmp_path / "clean").iterdir()) == sorted([".tmp-k1-1", f".tmp-k2-{dead}", f".tmp-k1-{os.getpid()}"])
+
+
+def test_status_explains_a_pipeline_by_its_own_builds_only(tmp_path):
+    """A stage another pipeline built with other settings is not this pipeline's stale build: never built here is
+    "missing", and a build of this pipeline's explains what changed."""
+    from flows.status import stage_states
+    from flows.store import Manifest, StageStore
+
+    store = StageStore(tmp_path / "store")
+    theirs = {"params": {"models": ["tfidf_lr", "fasttext"]}, "inputs": {}, "code": {}, "libraries": {"fasttext": "0.9.3"}}
+    for key, pipeline, causes in (("0123456789abcdef", "chnsenticorp", theirs),):
+        out = tmp_path / "store" / "train" / key
+        out.mkdir(parents=True)
+        Manifest(stage="train", key=key, params={}, inputs={}, rows=1, seconds=0.0, causes=causes, pipeline=pipeline).write(out)
+    mine = {"params": {"models": ["crf"]}, "inputs": {}, "code": {}, "libraries": {}}
+    [row] = stage_states(store, {"train": mine}, {"train": "fedcba9876543210"}, pipeline="resume-ner")
+    assert row["state"] == "missing" and row["why"] == []
+    [row] = stage_states(store, {"train": {**theirs, "params": {"models": ["tfidf_lr"]}}}, {"train": "fedcba9876543210"},
+                         pipeline="chnsenticorp")
+    assert row["state"] == "stale" and row["why"] == ["param train.models: ['tfidf_lr', 'fasttext'] -> ['tfidf_lr']"]
