@@ -148,6 +148,14 @@ def finish_run(run: RunContext, results: dict[str, StageResult], ok: bool) -> No
         parent.tags({"zhpipe.best_model": best})
     parent.metrics({"stages_hit": sum(r.cache == "hit" for r in results.values()),
                     "stages_miss": sum(r.cache == "miss" for r in results.values())})
+    download = results.get("download")
+    if download is not None:  # what `zhpipe runs` shows a nightly user: rows read, and for partitions those new tonight
+        counts = {"rows_read": download.rows or 0}
+        if download.parts:
+            units = [u for r in results.values() for name, u in r.parts.items() if ":" in name]  # partition units
+            counts |= {"partitions_hit": sum(u.cache == "hit" for u in units), "partitions_miss": sum(u.cache == "miss" for u in units),
+                       "rows_new": sum(u.rows or 0 for u in download.parts.values() if u.cache == "miss")}
+        parent.metrics(counts)
     split = results.get("split") or results.get("segment")
     if split is not None:  # the Dataset column: the splits this run trained, validated and tested on
         for name, context in (("train", "training"), ("validation", "validation"), ("test", "testing")):

@@ -120,6 +120,7 @@ class Decision:
     score: float | None = None  # the new version's test score
     champion_score: float | None = None  # the champion's score on the same test split (stored, or scored again)
     test_sha256: str = ""
+    holds: bool = False  # whether this version is the champion after the decision (promoted now, or already was)
 
 
 Rescore = Callable[[str], float]  # a model version -> its score on today's test split, as served
@@ -220,12 +221,12 @@ def register_best(model_uri: str, run_id: str, pipeline: str, model: str, test, 
     else:
         version = str(existing.version)
     again_scored = (lambda v: rescore(f"models:/{name}/{v}", test_frame(test))) if rescore else None  # read only if asked
-    champion_score = None
+    champion_score, already = None, False
     with _registry_lock(name):
         for _ in range(5):
             champion = _champion(c, name)
             if champion is not None and str(champion["version"]) == version:
-                promote, reason = False, f"version {version} ({model}, key {model_key}) is already the champion"
+                promote, reason, already = False, f"version {version} ({model}, key {model_key}) is already the champion", True
                 break
             promote, reason, champion_score = decide(score, digest, champion, metric, again_scored)
             if not promote:
@@ -243,4 +244,4 @@ def register_best(model_uri: str, run_id: str, pipeline: str, model: str, test, 
         c.set_model_version_tag(name, version, "zhpipe.compared_on_test_sha256", digest)
     c.update_model_version(name, version, description=f"{model}, test {metric} {score:.4f}: {reason}")
     log.info("registry: %s version %s (%s): %s", name, version, model, reason)
-    return Decision(name, version, promote, reason, score, champion_score, digest)
+    return Decision(name, version, promote, reason, score, champion_score, digest, holds=promote or already)

@@ -104,14 +104,21 @@ def runs_table(runs: list) -> pd.DataFrame:
             "status": r.info.status, "name": tags.get("mlflow.runName") or getattr(r.info, "run_name", ""),
             "overrides": tags.get("zhpipe.overrides", ""),
             "pipeline": tags.get("zhpipe.pipeline", ""), "commit": tags.get("zhpipe.git_commit", "")[:8],
-            "source": tags.get("zhpipe.source_sha256", "")[:8], "best model": tags.get("zhpipe.best_model", ""),
+            "source": tags.get("zhpipe.source_sha256", "").removeprefix("partitions ")[:8], "best model": tags.get("zhpipe.best_model", ""),
             "test acc": m.get("best_test_accuracy"), "test macro-F1": m.get("best_test_macro_f1"), "test entity F1": m.get("best_test_f1"),
             "hit/miss": f"{int(m.get('stages_hit', 0))}/{int(m.get('stages_miss', 0))}",
-            "champion": tags.get("zhpipe.champion", ""), "registered": tags.get("zhpipe.registered", ""),
+            "partitions reused/built": (f"{int(m['partitions_hit'])}/{int(m['partitions_miss'])}"
+                                        if "partitions_hit" in m else ""),
+            "rows": int(m["rows_read"]) if "rows_read" in m else "",
+            "rows new": int(m["rows_new"]) if "rows_new" in m else "",
+            "champion": tags.get("zhpipe.champion", ""), "why": tags.get("zhpipe.champion_reason", ""),
+            "registered": tags.get("zhpipe.registered", ""),
         })
     frame = pd.DataFrame(rows)
     if len(frame) and frame["test entity F1"].isna().all():  # no ner run among them
         frame = frame.drop(columns=["test entity F1"])
+    if len(frame) and not (frame["partitions reused/built"] != "").any():  # no partitioned source among them
+        frame = frame.drop(columns=["partitions reused/built", "rows new"])
     return frame
 
 
