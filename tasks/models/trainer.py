@@ -222,7 +222,8 @@ def fit(name: str, model: nn.Module, task: Task, cfg: LoopConfig, checkpoints: P
     t_start = time.perf_counter()
     while not state["done"] and state["epoch"] < cfg.epochs:
         epoch = state["epoch"] + 1
-        row = _train_epoch(name, model, task, cfg, optimizer, scheduler, trainable, rng, device, dtype, epoch, scaler)
+        row = _train_epoch(name, model, task, cfg, optimizer, scheduler, trainable, rng, device, dtype, epoch, scaler,
+                           estimate=epoch == resumed_from + 1)
         model.eval()
         with torch.no_grad(), autocast(device, dtype):
             row.update(task.validate(core))  # the model itself: validation needs no gradient averaging
@@ -264,12 +265,31 @@ def _rank_device(device: str) -> torch.device:
     return torch.device("cpu")
 
 
-def _train_epoch(name, model, task, cfg, optimizer, scheduler, trainable, rng, device, dtype, epoch, scaler=None) -> dict:
-    """One pass over the training batches; returns the epoch's mean loss and throughput."""
+ESTIMATE_AFTER = (5, 10.0)  # the training time is estimated after this many batches, or seconds, whichever comes first
+
+
+def estimate_line(name: str, seconds: float, batches: int, steps: int, epochs_left: int) -> str:
+    """How long a model's training will take, from its first batches (validation and early stopping aside)."""
+    per_batch = seconds / max(batches, 1)
+    total = per_batch * (steps * epochs_left - batches)
+    shown = f"{total / 3600:.1f} h" if total >= 5400 else f"{total / 60:.0f} min" if total >= 90 else f"{total:.0f} s"
+    return (f"{name}: about {shown} more to train ({epochs_left} epoch{'s' if epochs_left != 1 else ''} of {steps} batches at "
+            f"{per_batch:.2f} s a batch, from its first {batches}); fewer epochs or a smaller model is one --set away")
+
+
+def _train_epoch(name, model, task, cfg, optimizer, scheduler, trainable, rng, device, dtype, epoch, scaler=None,
+                 estimate: bool = False) -> dict:
+    """One pass over the training batches; returns the epoch's mean loss and throughput. With `estimate`, the time
+    the whole training will take is said once, from the first batches (in the log and the progress bar)."""
     model.train()
     t0, total, seen = time.perf_counter(), 0.0, 0
     bar = tqdm(total=task.steps_per_epoch, desc=f"{name} epoch {epoch}/{cfg.epochs}", unit="batch", leave=False, mininterval=2)
     for i, (rows, batch) in enumerate(task.batches(rng)):
+        if estimate and i and (i >= ESTIMATE_AFTER[0] or time.perf_counter() - t0 >= ESTIMATE_AFTER[1]):
+            line = estimate_line(name, time.perf_counter() - t0, i, task.steps_per_epoch, cfg.epochs - epoch + 1)
+            log.info("%s", line)
+            bar.set_postfix_str(line.split(" (")[0].split(": ", 1)[1])
+            estimate = False
         batch = {k: v.to(device) for k, v in batch.items()}
         with autocast(device, dtype):
             loss = task.loss(model, batch)
@@ -290,6 +310,8 @@ def _train_epoch(name, model, task, cfg, optimizer, scheduler, trainable, rng, d
         seen += rows
         bar.update(1)
     bar.close()
+    if estimate and cfg.epochs > epoch:  # an epoch shorter than the first batches the estimate waits for
+        log.info("%s", estimate_line(name, time.perf_counter() - t0, task.steps_per_epoch, task.steps_per_epoch, cfg.epochs - epoch + 1))
     return {"epoch": epoch, "train_loss": total / max(seen, 1), "samples_per_second": seen / (time.perf_counter() - t0)}
 
 

@@ -74,13 +74,16 @@ def test_batches_pad_and_keep_rows():
 
 
 @pytest.mark.parametrize("kind", ["textcnn", "bilstm", "transformer"])
-def test_network_trains_saves_and_reloads_with_identical_predictions(kind, tmp_path, run_ctx):
+def test_network_trains_saves_and_reloads_with_identical_predictions(kind, tmp_path, run_ctx, caplog):
     train, validation = frame(), frame(2)
     params = TrainConfig(epochs=6, patience=6, textcnn={"num_filters": 8, "batch_size": 16, "lr": 0.01},
                          bilstm={"hidden_size": 8, "batch_size": 16, "lr": 0.01},
                          transformer={"num_heads": 2, "ff_dim": 32, "batch_size": 16, "lr": 0.003})
     tracker = Tracker.start(run_ctx.experiment, "train-test", parent=run_ctx.parent_run_id)
-    summary, vocab_size = train_model(kind, train, validation, params, tmp_path, tiny_vectors(), sink=tracker)
+    with caplog.at_level("INFO", logger="zhpipe.train"):
+        summary, vocab_size = train_model(kind, train, validation, params, tmp_path, tiny_vectors(), sink=tracker)
+    [estimate] = [r.getMessage() for r in caplog.records if "more to train" in r.getMessage()]  # said once, up front
+    assert estimate.startswith(f"{kind}: about ") and "6 epochs of" in estimate
     assert summary["embedding_coverage"] == 2 / vocab_size
     assert summary["history"][-1]["train_loss"] < summary["history"][0]["train_loss"]
     probs = predict(kind, tmp_path, validation)
@@ -89,6 +92,14 @@ def test_network_trains_saves_and_reloads_with_identical_predictions(kind, tmp_p
     assert (probs.argmax(1) == validation["label"].astype(int)).mean() == 1.0
     history = tracker.client.get_metric_history(tracker.run_id, "val_macro_f1")  # the model run holds one model: no prefix
     assert [m.step for m in history] == [h["epoch"] for h in summary["history"]]
+
+
+def test_the_training_estimate_reads_as_people_plan():
+    from tasks.models.trainer import estimate_line
+
+    line = estimate_line("bilstm_crf", 50.0, 5, 300, 10)  # 10 s a batch: 3,000 batches less the 5 done
+    assert line.startswith("bilstm_crf: about 8.3 h more to train (10 epochs of 300 batches at 10.00 s a batch, from its first 5)")
+    assert "about 49 s more" in estimate_line("textcnn", 1.0, 10, 50, 10) and "about 10 min" in estimate_line("x", 2.0, 2, 100, 6)
 
 
 def test_fasttext_classifier_round_trip(tmp_path):
