@@ -134,9 +134,9 @@ def _wait_for(predicate, timeout: float = 60) -> bool:
 
 def test_ctrl_z_stops_the_fork_and_a_killed_client_ends_it(warm_env, tmp_path):
     env, log = warm_env["env"], warm_env["log"]
-    with open(tmp_path / "out", "w") as out:
+    with open(tmp_path / "out", "w") as out:  # a job of its own, as a shell starts it (a group the kernel may stop)
         client = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", "smoke", "--to", "download"], cwd=ROOT, env=env,
-                                  stdout=out, stderr=subprocess.STDOUT)
+                                  stdout=out, stderr=subprocess.STDOUT, process_group=0)
     fork = _fork_pid(log, "run smoke --to download")
     client.send_signal(signal.SIGTSTP)  # Ctrl-Z: the shell's job stops, and the command with it
     assert _wait_for(lambda: _proc_state(fork) == "T" and _proc_state(client.pid) == "T", 20)
