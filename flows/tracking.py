@@ -74,7 +74,7 @@ def _sqlite_pragmas() -> None:
                 cursor.close()
 
 
-QUICK_CHECK_BYTES = 256 << 20  # a database up to this size gets SQLite's quick_check (a few ms per MB) on first use
+QUICK_CHECK_BYTES = 32 << 20  # a database up to this size gets SQLite's quick_check (a few ms per MB) on first use; a larger one its schema read
 
 
 def check_sqlite(path: Path) -> None:
