@@ -2,8 +2,8 @@
 spend seconds importing Prefect, MLflow and the stages again.
 
 The first `zhpipe run` that uses the background server leaves this process behind (`python -m flows.warm`): it
-imports what a run imports, then waits on a Unix socket in the Prefect home (one warm process per project,
-for the settings of the run that started it, below). A later `zhpipe run` or `zhpipe
+imports what a run imports, then waits on a Unix socket in a folder only its user can enter (`handover.socket_dir`;
+one warm process per project, for the settings of the run that started it, below). A later `zhpipe run` or `zhpipe
 status` (the client, `flows.handover`, which imports nothing heavy) hands it its arguments, working folder, environment and its
 stdin/stdout/stderr; the warm process forks, and the fork runs the command as the client would have, writing
 to the client's own terminal, while the client waits for its exit status (Ctrl-C is passed on). Each command
@@ -16,6 +16,11 @@ module file it imported has changed since (an edited stage, an upgraded package)
 in the client and the warm process exits, and the next run starts a new one. It stops by itself after
 `ZHPIPE_SERVER_IDLE` seconds without a command (as the server does), with `zhpipe server stop`, or with
 ZHPIPE_WARM=off in the environment, which also keeps every command in its own process.
+
+Only its own user reaches it, and a command runs as the client would have run it: each side checks the other's
+uid (SO_PEERCRED); the fork takes on the client's limits, umask, niceness, groups, time zone and environment or
+refuses (`apply_context`), leads a process group of its own that the client's signals and job control reach,
+is interrupted when its client goes away, and reports its exit status itself.
 """
 from __future__ import annotations
 
