@@ -135,10 +135,10 @@ def test_a_killed_training_resumes_to_the_same_weights(tmp_path, monkeypatch):
     killed, _ = tiny_inputs(tmp_path / "b", "seq2seq_attention", **section)
     plain = trainer._train_epoch
 
-    def crash(*args):  # (name, model, task, cfg, optimizer, scheduler, trainable, rng, device, dtype, epoch, scaler)
+    def crash(*args, **kwargs):  # (name, model, task, cfg, optimizer, scheduler, trainable, rng, device, dtype, epoch, scaler)
         if args[10] == 2:
             raise KeyboardInterrupt("killed in epoch 2, after the checkpoint of epoch 1")
-        return plain(*args)
+        return plain(*args, **kwargs)
 
     monkeypatch.setattr(trainer, "_train_epoch", crash)
     with pytest.raises(KeyboardInterrupt):
