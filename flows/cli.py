@@ -698,6 +698,8 @@ def main(argv: list[str] | None = None) -> int:
         handler.setFormatter(_ConsoleFormatter("%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S"))
     for noisy in ("httpx", "alembic", "mlflow", "gensim", "smart_open", "distributed"):  # their INFO lines are noise here
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    for draining in ("EventsWorker", "APILogWorker"):  # Prefect's queues say they still drain at exit: after the last line
+        logging.getLogger(draining).setLevel(logging.ERROR)
     if not args.debug and (args.command in ("run", "tune", "deploy", "serve") or getattr(args, "dask", None)):
         import prefect  # noqa: F401 - configures Prefect's loggers, which the filter then attaches to
 
