@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable, NoReturn
 
 from flows import handover, project
-from tasks.errors import ZhpipeError
+from tasks.errors import ZhpipeError, say
 from tasks.stages import KINDS, STAGE_NAMES  # the stage graph, declared once; it imports nothing heavy
 
 
@@ -188,9 +188,9 @@ def _server_watched():
         return contextlib.nullcontext()
 
     def lost(seconds: float) -> None:
-        print(f"zhpipe: error: the Prefect server at {url.removesuffix('/api')} stopped answering ({seconds:.0f} s without an "
-              "answer): the run stops here; the stages it finished are in the store, and the next `zhpipe run` reuses them "
-              "(it starts a new server)", file=sys.stderr, flush=True)
+        say("error", f"the Prefect server at {url.removesuffix('/api')} stopped answering ({seconds:.0f} s without an "
+            "answer): the run stops here; the stages it finished are in the store, and the next `zhpipe run` reuses them "
+            "(it starts a new server)")
         abort(3)
 
     return server.watched(url, lost)
@@ -675,7 +675,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command != "init":
             project.activate(project.find(args.project))
     except ZhpipeError as e:
-        print(f"zhpipe: error: {e}", file=sys.stderr)
+        say("error", str(e))
         return 2
     if args.command in ("run", "tune", "deploy", "serve", "worker") or getattr(args, "dask", None):
         from flows.server import use_running
@@ -718,12 +718,12 @@ def main(argv: list[str] | None = None) -> int:
     except ZhpipeError as e:
         if args.debug:
             raise
-        print(f"zhpipe: error: {e}", file=sys.stderr)
+        say("error", str(e))
         return 2
     except KeyboardInterrupt:
-        kept = ("; the stages it finished are kept in the store (and a model's checkpoints), so the next `zhpipe run` "
+        kept = ("the stages it finished are kept in the store (and a model's checkpoints), so the next `zhpipe run` "
                 "reuses them" if args.command in ("run", "tune") else "")
-        print(f"zhpipe: interrupted{kept}", file=sys.stderr)
+        say("interrupted", kept)
         return 130
 
 

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from flows import procs
+from tasks.errors import say
 
 COMMANDS = ("run", "status")  # the commands a warm process may run (short-lived, with a pipeline)
 _ENV_PREFIXES = ("PREFECT_", "MLFLOW_", "ZHPIPE_", "PYTHON")
@@ -145,8 +146,8 @@ def _connect(state: dict) -> socket.socket | None:
         sock.close()
         return None
     if uid != os.getuid() or pid != state["pid"]:
-        print(f"zhpipe: warning: {path} is served by process {pid} of uid {uid}, not this project's warm process; "
-              "running the command here", file=sys.stderr)
+        say("warning", f"{path} is served by process {pid} of uid {uid}, not this project's warm process; "
+            "running the command here")
         sock.close()
         return None
     return sock
@@ -221,8 +222,8 @@ def _wait(sock: socket.socket) -> int:
     finally:
         sock.close()
     if not done or not isinstance(done.get("rc"), int):
-        print(f"zhpipe: error: the warm zhpipe process ended without an exit status (see {log_file()}); "
-              "set ZHPIPE_WARM=off to run commands in their own process", file=sys.stderr)
+        say("error", f"the warm zhpipe process ended without an exit status (see {log_file()}); "
+            "set ZHPIPE_WARM=off to run commands in their own process")
         return 1
     return done["rc"]
 
@@ -240,7 +241,7 @@ def spawn(idle: float, environ: dict) -> None:
     try:
         socket_dir()
     except procs.NotPrivate as e:
-        print(f"zhpipe: warning: no warm process ({e}); commands run in their own process", file=sys.stderr)
+        say("warning", f"no warm process ({e}); commands run in their own process")
         return
     stop()  # one warm process per project: one for other settings (or older code) finishes its commands and exits
     env = dict(environ)
