@@ -713,7 +713,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run" and handed_env.get("PREFECT_API_URL") and os.environ.get("ZHPIPE_SERVER") != "temporary":
             from flows.server import idle_timeout
 
-            handover.spawn(idle_timeout(), handed_env)  # the next runs skip the imports (it stops with the server's timeout)
+            handover.spawn(idle_timeout(), handed_env, project.current().root)  # the next runs skip the imports (it stops with the server's timeout)
         return code
     except ZhpipeError as e:
         if args.debug:

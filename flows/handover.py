@@ -228,9 +228,10 @@ def _wait(sock: socket.socket) -> int:
     return done["rc"]
 
 
-def spawn(idle: float, environ: dict) -> None:
+def spawn(idle: float, environ: dict, root: Path | None = None) -> None:
     """Leave a warm process behind for the next commands (nothing when one runs or ZHPIPE_WARM=off); `environ` is
-    the environment the command was handed over with (a run may add variables of its own later)."""
+    the environment the command was handed over with (a run may add variables of its own later); `root` the project
+    whose MLflow store it opens ahead of the commands."""
     mine = fingerprint(environ)
     if SERVING or not enabled():
         return
@@ -248,7 +249,8 @@ def spawn(idle: float, environ: dict) -> None:
     root = str(Path(__file__).resolve().parent.parent)  # the `flows` package this process runs
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     with procs.open_private_log(log_file()) as log:
-        subprocess.Popen([sys.executable, "-m", "flows.warm", "--idle", str(idle), "--fingerprint", mine],
+        subprocess.Popen([sys.executable, "-m", "flows.warm", "--idle", str(idle), "--fingerprint", mine,
+                          *(["--project", str(root)] if root else [])],
                          env=env, cwd=root, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 

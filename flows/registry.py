@@ -220,6 +220,11 @@ def register_best(model_uri: str, run_id: str, pipeline: str, model: str, test, 
             c.set_model_version_tag(name, version, key, value)
     else:
         version = str(existing.version)
+        champion = _champion(c, name)
+        if champion is not None and str(champion["version"]) == version:  # nothing to decide or write: no lock to wait for
+            reason = f"already registered as version {version} (key {model_key}); it is the champion"
+            log.info("registry: %s version %s (%s): %s", name, version, model, reason)
+            return Decision(name, version, False, reason, score, None, digest, holds=True)
     again_scored = (lambda v: rescore(f"models:/{name}/{v}", test_frame(test))) if rescore else None  # read only if asked
     champion_score, already = None, False
     with _registry_lock(name):

@@ -13,6 +13,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from flows import project
+from tasks.errors import ZhpipeError
 
 
 def tracking_uri() -> str:
@@ -51,6 +52,72 @@ def _client(uri: str):
         check_sqlite(Path(uri.removeprefix("sqlite:///")))
         _sqlite_pragmas()
     return MlflowClient(tracking_uri=uri)
+
+
+_PREPARED: tuple[str, tuple[int, int]] | None = None  # the store the warm process opened: (URI, the file's device and inode)
+
+
+def prepare() -> None:
+    """Open the project's SQLite store ahead of the commands (the warm process, before it forks): each fork then
+    starts with MLflow's engine made and its schema checked, on connections of its own (`after_fork`)."""
+    global _PREPARED
+    uri = tracking_uri()
+    path = Path(uri.removeprefix("sqlite:///"))
+    if not uri.startswith("sqlite:///") or not path.is_file():
+        return
+    store = client()
+    store._get_registry_client().store  # noqa: B018 - the registry's store too (the champion is looked up every run)
+    _PREPARED = (uri, _file_id(path))
+    _dispose_connections(close=True)  # nothing open is carried into a fork
+
+
+def after_fork() -> None:
+    """In a fork of the warm process: connections of its own, and the prepared store only while it is the same sound
+    file (moved aside, replaced or corrupt since: forgotten, so that the first use opens and checks it anew)."""
+    if _PREPARED is None:
+        return
+    _dispose_connections()
+    uri, file_id = _PREPARED
+    path = Path(uri.removeprefix("sqlite:///"))
+    try:
+        same = _file_id(path) == file_id
+        if same:
+            check_sqlite(path)
+    except (OSError, ZhpipeError):
+        same = False
+    if not same:
+        _forget_stores()
+
+
+def _file_id(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_dev, st.st_ino
+
+
+def _engine_maps() -> list[dict]:
+    from mlflow.store.model_registry.sqlalchemy_store import SqlAlchemyStore as RegistryStore
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    return [SqlAlchemyStore._engine_map, RegistryStore._engine_map]
+
+
+def _dispose_connections(close: bool = False) -> None:
+    """A new connection pool for each engine; in a fork, `close=False` (SQLAlchemy's way across fork) leaves the
+    parent's connections alone."""
+    for engines in _engine_maps():
+        for engine in engines.values():
+            engine.dispose(close=close)
+
+
+def _forget_stores() -> None:
+    from mlflow.tracking._model_registry import utils as registry_utils
+    from mlflow.tracking._tracking_service import utils as tracking_utils
+
+    _client.cache_clear()
+    tracking_utils._tracking_store_registry._get_store_with_resolved_uri.cache_clear()
+    registry_utils._get_store_registry()._get_store_with_resolved_uri.cache_clear()
+    for engines in _engine_maps():
+        engines.clear()
 
 
 @lru_cache(maxsize=1)
@@ -98,8 +165,6 @@ def check_sqlite(path: Path) -> None:
     except sqlite3.DatabaseError as e:
         verdict = str(e)
     if verdict != "ok":
-        from tasks.errors import ZhpipeError
-
         raise ZhpipeError(f"MLflow's database {path} is unreadable ({verdict.splitlines()[0][:100]}); move it aside "
                           f"(mv {path} {path}.corrupt) and run again: a new one is made, and the stage store's outputs are "
                           "reused (their earlier runs stay in the old file)")

@@ -38,8 +38,10 @@ from flows.handover import fingerprint, read_state, recv, send, state_file
 
 # what a run imports: loaded once here, shared by every fork
 PRELOAD = ("flows.cli", "flows.pipeline", "flows.runner", "flows.tracking", "flows.evaluation", "flows.registry", "flows.status",
-           "prefect.flow_engine", "prefect.task_engine", "mlflow", "mlflow.tracking", "mlflow.store.tracking.sqlalchemy_store",
-           "mlflow.store.model_registry.sqlalchemy_store")
+           "flows.serving", "tasks.download", "tasks.augment", "prefect.flow_engine", "prefect.task_engine",
+           "prefect.utilities.visualization", "mlflow", "mlflow.tracking", "mlflow.store.tracking.sqlalchemy_store",
+           "mlflow.store.model_registry.sqlalchemy_store", "sqlalchemy.dialects.sqlite", "alembic.config",
+           "huggingface_hub.file_download")
 
 def module_files() -> dict[str, tuple[int, int]]:
     """(mtime, size) of every imported module's file."""
@@ -149,8 +151,9 @@ def _run_command(conn: socket.socket, files: dict, mine: str) -> None:
     except OSError:  # the client gave up waiting and runs the command itself
         os._exit(0)
     _end_when_client_goes(conn)
-    from flows import cli
+    from flows import cli, tracking
 
+    tracking.after_fork()
     handover.SERVING = True  # the command this fork runs is not handed over again
 
     def report(rc: int) -> None:  # the fork tells its client itself: its status arrives even if the warm parent died
@@ -188,7 +191,7 @@ def _private_log() -> None:
         pass
 
 
-def serve(idle: float, mine: str) -> int:
+def serve(idle: float, mine: str, root: str | None = None) -> int:
     """Import, listen, and fork a process per command until `idle` seconds pass without one (or SIGTERM)."""
     import importlib
 
@@ -196,6 +199,14 @@ def serve(idle: float, mine: str) -> int:
     _private_log()
     for name in PRELOAD:
         importlib.import_module(name)
+    if root:  # the project's MLflow store, opened once: its forks skip MLflow's engine and schema checks
+        from flows import project, tracking
+
+        project.activate(project.Project(Path(root)))
+        try:
+            tracking.prepare()
+        except Exception as e:  # noqa: BLE001 - a store that does not open here is opened (and reported) by the command
+            print(f"warm: the MLflow store is opened by each command ({str(e).splitlines()[0][:200]})", flush=True)
     files = module_files()
     # what was imported lives as long as this process: kept out of the collector, so that a fork's collections
     # neither walk it (about 0.3 s each, with Prefect, MLflow and pandas loaded) nor copy its pages on write
@@ -286,5 +297,6 @@ if __name__ == "__main__":  # python -m flows.warm --idle S --fingerprint F (sta
     ap = argparse.ArgumentParser()
     ap.add_argument("--idle", type=float, required=True)
     ap.add_argument("--fingerprint", required=True)
+    ap.add_argument("--project", help="the project whose MLflow store is opened ahead of the commands")
     ns = ap.parse_args()
-    raise SystemExit(serve(ns.idle, ns.fingerprint))
+    raise SystemExit(serve(ns.idle, ns.fingerprint, ns.project))
