@@ -27,7 +27,7 @@ from flows.runner import (RunContext, StageResult, artifact_key, fixed_partition
 from flows.store import StageStore, stage_key, storage_root
 from flows.tracking import Tracker, experiment_id
 from flows.workers import gpu_slot, train_deployment
-from tasks.core import DATASET_SAMPLE_ROWS, Unit
+from tasks.core import DATASET_SAMPLE_ROWS, Unit, model_unit
 from tasks.errors import ZhpipeError
 from tasks.io import iter_frames
 from tasks.stages import CLASSIFICATION_STAGES, STAGE_NAMES
@@ -273,7 +273,11 @@ def pipeline_flow(
 
         ok = False
         try:
-            for spec in config.kind.stages.values():  # graph order
+            reused = None if _routed(run, stages) else run.reuse_all(stages)
+            if reused is not None:  # nothing to build: one parent run names what was reused (README, "Caching")
+                results.update(reused)
+                record_reuse(run, results)
+            for spec in config.kind.stages.values() if reused is None else ():  # graph order
                 inputs = [results.get(d) for d in spec.needs]
                 if spec.name == "train" and _routed(run, stages):  # train on another work pool's worker (GPU)
                     results["train"] = train_remote(run, config.stages.train.work_pool, overrides, source, config_file)
@@ -290,6 +294,24 @@ def pipeline_flow(
                        for name in stages],
             "units": [{k: v for k, v in asdict(unit).items() if k != "parts"} for name in stages for unit in results[name].parts.values()],
         }
+
+
+def record_reuse(run: RunContext, results: dict[str, StageResult]) -> None:
+    """A run that builds nothing records no run per stage or model (there is nothing new to compare): its parent run
+    names the run that built each reused output (tags `zhpipe.reused.<unit>`, followed by `zhpipe compare`), and the
+    champion rule is applied as after any evaluate."""
+    built_by = {u: run.store.manifest(u, run.keys[u]).mlflow_run_id or "" for u in run.keys
+                if ":" not in u and Unit.parse(u).stage in results}
+    parent = Tracker(run.parent_run_id)
+    parent.tags({"zhpipe.reused": "all", "mlflow.note.content": "Nothing was built: every output of this run was reused. "
+                 "The runs that built them: " + ", ".join(f"{u} [{r[:8]}](#/experiments/{experiment_id(run.experiment)}/runs/{r})"
+                                                          for u, r in built_by.items() if r),
+                 **{f"zhpipe.reused.{u}": r for u, r in built_by.items()}})
+    evaluation = results.get("evaluate")
+    if evaluation is not None:
+        models = {Unit.parse(u).model for u in evaluation.parts}
+        model_runs = {m: run.store.manifest(model_unit("train", m), run.keys[model_unit("train", m)]).mlflow_run_id for m in models}
+        register(run, evaluation, results.get("segment") or run.reuse("segment"), model_runs)
 
 
 def label_flow_run(run: RunContext, overrides: list[str] | None) -> None:
@@ -317,8 +339,8 @@ def label_flow_run(run: RunContext, overrides: list[str] | None) -> None:
 def _routed(run: RunContext, stages: list[str]) -> bool:
     """Whether this run's train stage goes to the pipeline's train work pool (into the same store and MLflow
     parent run): when a pool is set and the stage is to be built."""
-    pool = run.config.stages.train.work_pool
-    return bool(pool) and "train" in stages and ("train" in run.force or not run.store.is_done("train", run.keys["train"]))
+    pool = "train" in stages and run.config.stages.train.work_pool
+    return bool(pool) and ("train" in run.force or not run.store.is_done("train", run.keys["train"]))
 
 
 def _config(name: str, overrides: list[str] | None, source: dict[str, Any] | None, config_file: str | None) -> PipelineConfig:

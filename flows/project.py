@@ -86,6 +86,7 @@ def activate(project: Project) -> Project:
         # `zhpipe deploy` passes the file's schedules; an empty list must clear a deployment's old ones
         "PREFECT_DEPLOYMENTS_CLEAR_SCHEDULES_ON_EMPTY": "true",
         "PREFECT_LOGGING_EXTRA_LOGGERS": "zhpipe",  # zhpipe's log lines reach the Prefect UI and worker logs
+        "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",  # outside a flow run (predict, a stage alone) they just print
     }
     for key, value in defaults.items():
         os.environ.setdefault(key, value)

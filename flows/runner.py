@@ -338,6 +338,21 @@ class RunContext:
                               f"rebuild it with `zhpipe run --from {stage}`")
         return self._result(self.store.manifest(stage, key), "hit", 0.0)
 
+    def reuse_all(self, stages: list[str]) -> dict[str, StageResult] | None:
+        """The selected stages with their units (models, partitions), all read from the store, when each is there
+        and sound and nothing is forced: a run with nothing to build (nothing is tracked per stage). Else None;
+        a corrupt output found on the way is removed, for the run that follows to rebuild."""
+        wanted = set(stages) | ({"train"} if "evaluate" in stages else set())  # registering reads the trained models
+        units = [u for u in self.keys if Unit.parse(u).stage in wanted]
+        if self.force or not all(self.store.is_done(u, self.keys[u]) for u in units):
+            return None
+        if not all(self._sound(u, self.keys[u]) for u in units):
+            return None
+        found = {u: self._result(self.store.manifest(u, self.keys[u]), "hit", 0.0) for u in units}
+        for name in stages:
+            found[name].parts = {u: r for u, r in found.items() if u != name and Unit.parse(u).stage == name}
+        return {name: found[name] for name in stages}
+
     def _sound(self, stage: str, key: str) -> bool:
         """Whether a cached output matches its manifest; a corrupt one is reported in one line and removed."""
         problems = self.store.verify(stage, key, full=self.verify)

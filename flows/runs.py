@@ -152,6 +152,12 @@ def model_metrics(run) -> dict[str, dict[str, float]]:
         model = child.data.tags.get("zhpipe.model")
         if model and not child.data.tags.get("zhpipe.trial"):
             out[model] = {k: child.data.metrics[k] for k in MODEL_METRICS if k in child.data.metrics}
+    # a run that built nothing names the model runs it reused: their training's, then their scoring's metrics
+    reused = sorted((k.removeprefix("zhpipe.reused.").partition("."), v) for k, v in run.data.tags.items()
+                    if k.startswith("zhpipe.reused.") and "." in k.removeprefix("zhpipe.reused.") and v)
+    for (stage, _, model), source in sorted(reused, key=lambda item: item[0][0] != "train"):
+        metrics = c.get_run(source).data.metrics
+        out.setdefault(model, {}).update({k: metrics[k] for k in MODEL_METRICS if k in metrics})
     return out
 
 
@@ -423,7 +429,7 @@ def predict_frame(model, df: pd.DataFrame, text_column: str, batch: int = 512) -
     """The model's `label`, `probability`, `p_<label>` and `status` for each row's text (a tagger's `entities`,
     `count` and `status`; a translator's `translation` and `status`), in batches of at most the model's
     `predict.max_rows` with a progress bar; missing texts stay missing (status `missing`)."""
-    from tqdm.auto import tqdm
+    from tasks.progress import progress
 
     texts = df[text_column].tolist()
     try:  # a file of any length, asked in calls the model accepts (its predict.max_rows)
@@ -431,7 +437,7 @@ def predict_frame(model, df: pd.DataFrame, text_column: str, batch: int = 512) -
     except (AttributeError, TypeError, ValueError):
         pass
     parts = []
-    with tqdm(total=len(texts), desc="predict", unit="text", disable=len(texts) < 2000) as bar:
+    with progress(total=len(texts), desc="predict", unit="text", shown=len(texts) >= 2000) as bar:
         for i in range(0, len(texts), batch):
             parts.append(model.predict(texts[i : i + batch]))
             bar.update(len(parts[-1]))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 
 import pandas as pd
-from tqdm.auto import tqdm
+from tasks.progress import progress
 
 from tasks.augmenters import AugmentContext, Augmented, eda, register
 from tasks.errors import ConfigError
@@ -97,10 +97,10 @@ def round_trip(texts: list[str], pivot: PivotParams, p: BackTranslationParams, c
     from_pivot = CachedTranslation(backward, cache, f"{pivot.lang}-{p.source_lang}", _settings(p, p.num_variants), batch)
     pieces = {t: split_sentences(t, p.split_chars) for t in texts}
     all_pieces = [s for ps in pieces.values() for s in ps]
-    with tqdm(total=len(set(all_pieces)), desc=f"{p.source_lang}->{pivot.lang}", unit="sent", leave=False, mininterval=2) as bar:
+    with progress(total=len(set(all_pieces)), desc=f"{p.source_lang}->{pivot.lang}", unit="sent", leave=False, mininterval=2) as bar:
         pivoted = to_pivot(all_pieces, 1, bar)
     pivot_pieces = [pivoted[s][0] for s in all_pieces]
-    with tqdm(total=len(set(pivot_pieces)), desc=f"{pivot.lang}->{p.source_lang}", unit="sent", leave=False, mininterval=2) as bar:
+    with progress(total=len(set(pivot_pieces)), desc=f"{pivot.lang}->{p.source_lang}", unit="sent", leave=False, mininterval=2) as bar:
         back = from_pivot(pivot_pieces, p.num_variants, bar)
     out = {}
     for text, ps in pieces.items():

@@ -9,7 +9,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 from pydantic import Field, field_validator
-from tqdm.auto import tqdm
+from tasks.progress import progress
 
 from tasks.core import BuildContext, BuildOutput, Section
 from tasks.text import is_word
@@ -79,7 +79,7 @@ def train_word2vec(corpus: Path, params: Params):
 
     w = params.word2vec
     logging.getLogger("gensim").setLevel(logging.WARNING)
-    with tqdm(total=w.epochs, desc="word2vec", unit="epoch", leave=False) as bar:
+    with progress(total=w.epochs, desc="word2vec", unit="epoch", leave=False) as bar:
         model = Word2Vec(
             corpus_file=str(corpus), vector_size=w.vector_size, window=w.window, min_count=w.min_count,
             sg=int(w.sg), hs=int(w.hs), negative=0 if w.hs else w.negative, epochs=w.epochs,

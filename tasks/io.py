@@ -272,9 +272,9 @@ class Runner:
 
     def tables(self, fn: Callable, chunks: list[Chunk], params: Any, desc: str = "chunks") -> Iterator[pa.Table]:
         """`fn(chunk, params)` for every chunk as Arrow tables, in chunk order, at most `window` in flight."""
-        from tqdm.auto import tqdm
+        from tasks.progress import progress
 
-        bar = tqdm(total=sum(c.rows for c in chunks), desc=desc, unit="row", disable=len(chunks) < 4, leave=False, mininterval=2)
+        bar = progress(total=sum(c.rows for c in chunks), desc=desc, unit="row", shown=len(chunks) >= 4, leave=False, mininterval=2)
         try:
             for table, info in self._results(fn, chunks, params):
                 self.ran_on.append(info)

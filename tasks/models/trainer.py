@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from tqdm.auto import tqdm
+from tasks.progress import progress
 
 from tasks.errors import ConfigError
 
@@ -283,7 +283,7 @@ def _train_epoch(name, model, task, cfg, optimizer, scheduler, trainable, rng, d
     the whole training will take is said once, from the first batches (in the log and the progress bar)."""
     model.train()
     t0, total, seen = time.perf_counter(), 0.0, 0
-    bar = tqdm(total=task.steps_per_epoch, desc=f"{name} epoch {epoch}/{cfg.epochs}", unit="batch", leave=False, mininterval=2)
+    bar = progress(total=task.steps_per_epoch, desc=f"{name} epoch {epoch}/{cfg.epochs}", unit="batch", leave=False, mininterval=2)
     for i, (rows, batch) in enumerate(task.batches(rng)):
         if estimate and i and (i >= ESTIMATE_AFTER[0] or time.perf_counter() - t0 >= ESTIMATE_AFTER[1]):
             line = estimate_line(name, time.perf_counter() - t0, i, task.steps_per_epoch, cfg.epochs - epoch + 1)

@@ -87,11 +87,21 @@ def test_runs_read_well_in_both_uis(smoke):
     assert asyncio.run(names()) == {"train.textcnn", "evaluate.textcnn"}
 
 
-def test_rerun_is_all_hits(prefect_harness, store):
+def test_rerun_is_all_hits_recorded_in_one_run_naming_the_builders(prefect_harness, store):
+    """A run with nothing to build records its parent run alone; each reused output names the run that built it,
+    which `compare` follows for the models' metrics."""
+    from flows.runs import find_run, model_metrics
+
     out = run(store)
-    assert set(cache_of(out).values()) == {"hit"}
-    runs = children(out["parent_run_id"], out["experiment"])
-    assert {r.data.tags["zhpipe.cache"] for r in runs if "zhpipe.stage" in r.data.tags} == {"hit"}
+    assert set(cache_of(out).values()) == {"hit"} and {u["cache"] for u in out["units"]} == {"hit"}
+    assert children(out["parent_run_id"], out["experiment"]) == []
+    parent = client().get_run(out["parent_run_id"])
+    assert parent.data.tags["zhpipe.reused"] == "all" and parent.data.metrics["stages_hit"] == len(STAGES)
+    for stage in STAGES:
+        builder = client().get_run(parent.data.tags[f"zhpipe.reused.{stage}"])
+        assert builder.data.tags["zhpipe.stage"] == stage and builder.data.tags["zhpipe.cache"] == "miss"
+    assert "test_accuracy" in model_metrics(find_run(out["parent_run_id"]))["textcnn"]
+    assert parent.data.tags["zhpipe.champion"] == "kept"  # the champion rule still ran
 
 
 def test_changed_train_param_rebuilds_train_and_evaluate_only(prefect_harness, store):

@@ -86,12 +86,16 @@ def test_the_ui_sees_a_training_experiment_with_sources_datasets_and_system_metr
     assert {"test_accuracy", "val_macro_f1_best", "train_loss"} <= metrics
 
 
-def test_a_cached_model_run_links_to_its_artifacts(runs, rest):
-    unit = next(u for u in runs["cached"][-1]["units"] if u["stage"] == "train.textcnn")
-    tags = {t["key"]: t["value"] for t in _run(rest, unit["run_id"])["data"]["tags"]}
+def test_an_all_cached_run_links_to_the_runs_that_built_its_outputs(runs, rest):
+    """What the UI shows for a run that built nothing: its parent run, whose note and tags lead to the model run
+    (and its logged model) of the run that trained it."""
+    cached = _run(rest, runs["cached"][-1]["parent_run_id"])
+    tags = {t["key"]: t["value"] for t in cached["data"]["tags"]}
     source = next(u for u in runs["first"]["units"] if u["stage"] == "train.textcnn")["run_id"]
-    assert tags["zhpipe.cache"] == "hit" and tags["zhpipe.train_artifacts_run_id"] == source
-    assert source in tags["mlflow.note.content"] and tags["zhpipe.model_uri"].startswith("models:/")
+    assert tags["zhpipe.reused"] == "all" and tags["zhpipe.reused.train.textcnn"] == source
+    assert f"train.textcnn [{source[:8]}](#/experiments/" in tags["mlflow.note.content"]
+    built = {t["key"]: t["value"] for t in _run(rest, source)["data"]["tags"]}
+    assert built["zhpipe.model_uri"].startswith("models:/")
 
 
 def test_runs_left_running_by_a_killed_process_are_marked_killed(tmp_path):
