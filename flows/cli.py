@@ -547,13 +547,17 @@ def cmd_init(args) -> int:
 def cmd_ui(args) -> int:
     import subprocess
     import urllib.request
+    from importlib.metadata import entry_points
 
     from flows.tracking import home_url, tracking_uri
 
     # MLflow's default of 4 uvicorn workers takes many seconds to answer on a small machine: one per 2 cores, up to 4
     workers = str(max(1, min(4, (os.cpu_count() or 2) // 2)))
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracking_uri(), "--host", args.host, "--port", str(args.port),
+    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", tracking_uri(), "--host", args.host, "--port", str(args.port),
            "--workers", workers]
+    opener = any(e.name == "zhpipe" for e in entry_points(group="mlflow.app"))  # installed: the page that opens the runs view
+    if opener:
+        cmd += ["--app-name", "zhpipe"]
     print(f"starting the MLflow UI on http://{args.host}:{args.port} (store {tracking_uri()}) ...", flush=True)
     proc = subprocess.Popen(cmd)
 
@@ -572,7 +576,7 @@ def cmd_ui(args) -> int:
             except OSError:
                 time.sleep(0.5)
         if proc.poll() is None:
-            print(f"MLflow UI on {home_url(f'http://{args.host}:{args.port}')} (Ctrl-C stops it)", flush=True)
+            print(f"MLflow UI on {home_url(f'http://{args.host}:{args.port}', opener)} (Ctrl-C stops it)", flush=True)
         return proc.wait()
     except KeyboardInterrupt:
         proc.terminate()

@@ -189,14 +189,17 @@ def ui_url(experiment: str, run_id: str) -> str:
     return f"{base}/#/experiments/{experiment_id(experiment)}/runs/{run_id}?{ML_VIEW}"
 
 
-def home_url(base: str) -> str:
+def home_url(base: str, opener: bool = False) -> str:
     """Where `zhpipe ui` sends people: the newest zhpipe experiment's runs (else the experiment list), in the
-    machine-learning view."""
+    machine-learning view; with `opener`, through the page of `flows.mlflow_ui` that makes that view the browser's."""
+    from urllib.parse import quote
+
     try:
         found = client().search_experiments(filter_string="name LIKE 'zhpipe-%'", order_by=["last_update_time DESC"], max_results=1)
     except Exception:  # noqa: BLE001 - a store that cannot be read yet: the list page still opens
         found = []
-    return f"{base}/#/experiments/{found[0].experiment_id}/runs?{ML_VIEW}" if found else f"{base}/#/experiments?{ML_VIEW}"
+    route = f"#/experiments/{found[0].experiment_id}/runs?{ML_VIEW}" if found else f"#/experiments?{ML_VIEW}"
+    return f"{base}/zhpipe/open?to={quote(route, safe='')}" if opener else f"{base}/{route}"
 
 
 def experiment_id(name: str) -> str:

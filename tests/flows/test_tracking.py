@@ -2,6 +2,7 @@
 kind, the parent run's source tags and dataset inputs, system metrics of a training, run names; and a store
 that does not grow: two all-cached runs in a row add no artifact bytes."""
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from flows.pipeline import pipeline_flow
 from flows.tracking import tracking_uri
 
 pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
 SETS = ["train.models=[tfidf_lr, textcnn]", "split.seed=3"]
 
 
@@ -133,6 +135,35 @@ def test_mlflow_links_open_the_machine_learning_view(monkeypatch):
     assert ui_url("zhpipe-links", "abc").endswith("/runs/abc?workflowType=machine_learning")
     home = home_url("http://127.0.0.1:5000")
     assert home.startswith("http://127.0.0.1:5000/#/experiments") and home.endswith("?workflowType=machine_learning")
+
+
+def test_zhpipe_ui_opens_mlflow_in_its_runs_view_through_its_own_page(tmp_path):
+    """`zhpipe ui` serves MLflow with one page of its own that sets the browser's view to model training (MLflow 3
+    keeps that toggle in localStorage and starts in GenAI), then opens the newest experiment; MLflow is served as
+    before, and the page opens nothing but a route of the UI."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "ui.log"
+    with open(out, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "ui", "--port", str(port)], cwd=ROOT, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while "/zhpipe/open?to=" not in out.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        [url] = [w for w in out.read_text().split() if "/zhpipe/open?to=" in w] or [out.read_text()[-2000:]]
+        page = httpx.get(url, timeout=30).text
+        assert 'localStorage.setItem("mlflow.workflowType_v1", "\\"machine_learning\\"")' in page
+        assert 'location.replace("/" + "#/experiments' in page and "workflowType=machine_learning" in page
+        hostile = httpx.get(f"http://127.0.0.1:{port}/zhpipe/open", params={"to": '#/x"</script><script>alert(1)//'}, timeout=30).text
+        assert "alert" not in hostile and 'location.replace("/" + "#/experiments")' in hostile
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=30).status_code == 200  # MLflow itself, as before
+        assert httpx.get(f"http://127.0.0.1:{port}/ajax-api/2.0/mlflow/experiments/search", params={"max_results": 5},
+                         timeout=30).status_code == 200
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(60)
 
 
 def test_console_lines_of_prefect_name_their_task():
