@@ -304,11 +304,11 @@ class EntityTagger(PythonModel):
     cleaned it (NFKC per character, control characters removed), so offsets never shift."""
 
     def load_context(self, context) -> None:
-        from tasks.clean import Params as CleanParams
         from tasks.models import MODELS
+        from tasks.ner.clean import Params as CleanParams
 
         cfg = json.loads(Path(context.artifacts["config"]).read_text(encoding="utf-8"))
-        self.clean = CleanParams(**cfg["clean"])
+        self.clean = CleanParams(**{k: v for k, v in cfg["clean"].items() if k in CleanParams.model_fields})
         limits = cfg.get("predict") or {}
         self.max_rows, self.max_chars = limits.get("max_rows", 10_000), limits.get("max_chars", self.clean.max_chars)
         self.tagger = MODELS[cfg["model"]].tagger(Path(context.artifacts["model"]))

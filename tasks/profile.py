@@ -24,14 +24,19 @@ LIBRARIES = ("jieba", "matplotlib", "wordcloud", "numpy")
 FILES: tuple[str, ...] = ("font",)
 
 
-class Params(Section):
-    """The `profile` section."""
+class Common(Section):
+    """The `profile` settings every task kind reads (each kind's section adds its own)."""
 
-    top_k: int = Field(20, ge=1)  # words and adjectives shown per label
-    cloud_words: int = Field(150, ge=10)  # words in each word cloud
+    top_k: int = Field(20, ge=1)  # words (entities, tokens) shown per label (type, side)
     coverage: float = Field(0.9, gt=0, lt=1)  # the suggested max_len covers this share of texts
     font: str | None = None  # a font file with Chinese glyphs; default: an installed one (Noto CJK, WenQuanYi, ...)
     seed: int = 0
+
+
+class Params(Common):
+    """The `profile` section."""
+
+    cloud_words: int = Field(150, ge=10)  # words in each word cloud
     max_labels: int = Field(20, ge=1)  # labels drawn one by one (the most frequent); all are counted in the tables
 
 

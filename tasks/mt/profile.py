@@ -13,10 +13,14 @@ import pandas as pd
 from tasks.core import BuildContext, BuildOutput
 from tasks.io import SPLITS
 from tasks.mt.text import en_tokens
-from tasks.profile import Params, report_html, stats_markdown
+from tasks.profile import Common, report_html, stats_markdown
 
 LIBRARIES = ("matplotlib", "numpy")
 FILES: tuple[str, ...] = ("font",)
+
+
+class Params(Common):
+    """The `profile` section of task translation: what every kind's profile reads (no word clouds, no per-label pictures)."""
 
 
 def plot_lengths(lengths: dict[str, pd.Series], path: Path) -> Path:

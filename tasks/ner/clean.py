@@ -9,14 +9,26 @@ import unicodedata
 
 import pandas as pd
 
-from tasks.clean import CONTROL, Params, to_simplified
-from tasks.core import BuildContext, BuildOutput, Dataset
+from pydantic import Field
+
+from tasks.clean import CONTROL, to_simplified
+from tasks.core import BuildContext, BuildOutput, Dataset, Section
 from tasks.errors import DataError
 from tasks.io import write_parquet
 from tasks.tagging import bioes, spans_of
 
 LIBRARIES = ("pandas", "pyarrow", "opencc")
 FILES: tuple[str, ...] = ()
+
+
+class Params(Section):
+    """The `clean` section of task ner: each character normalised in place, so that its tag stays with it (nothing
+    is stripped from a sentence: no HTML, URL or length-based cuts inside it)."""
+
+    nfkc: bool = True  # full-width to half-width, where it gives one character
+    traditional_to_simplified: bool = False  # OpenCC t2s, where it gives one character
+    max_chars: int = Field(5000, ge=1)  # longer sentences are quarantined
+    dedupe: bool = True  # repeated sentences (same text and tags) are quarantined, unless the corpus gives its splits
 
 
 def clean_char(char: str, params: Params) -> str:

@@ -5,12 +5,24 @@ from __future__ import annotations
 
 import pandas as pd
 
-from tasks.core import BuildContext, BuildOutput
-from tasks.embed import Params, neighbours, train_word2vec
+from pydantic import Field
+
+from tasks.core import BuildContext, BuildOutput, Section
+from tasks.embed import Word2VecParams, neighbours, train_word2vec
 from tasks.tagging import bigrams
 
 LIBRARIES = ("gensim", "numpy")
 FILES: tuple[str, ...] = ()
+
+
+class Params(Section):
+    """The `embed` section of task ner: one Word2Vec setting for its three vector sets, and the probe words."""
+
+    word2vec: Word2VecParams = Word2VecParams()
+    probe_words: list[str] = ["酒店", "服务", "干净"]
+    topn: int = 5
+    workers: int = Field(2, ge=1)  # gensim threads; >1 trades bit-exact reproducibility for speed
+    seed: int = 1
 
 
 def _tokens(items) -> str:

@@ -12,11 +12,15 @@ import pandas as pd
 
 from tasks.core import BuildContext, BuildOutput
 from tasks.io import SPLITS
-from tasks.profile import Params, report_html, stats_markdown
+from tasks.profile import Common, report_html, stats_markdown
 from tasks.tagging import highlighted, spans_of
 
 LIBRARIES = ("matplotlib", "numpy")
 FILES: tuple[str, ...] = ("font",)
+
+
+class Params(Common):
+    """The `profile` section of task ner: what every kind's profile reads (no word clouds, no per-label pictures)."""
 
 
 def entity_rows(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:

@@ -178,3 +178,27 @@ def test_a_setting_that_names_a_huge_folder_or_a_dangling_link_is_one_clear_erro
     (model / "stale").symlink_to(tmp_path / "nowhere")
     with pytest.raises(ConfigError, match="holds a symbolic link to nothing"):
         file_fingerprints({"checkpoint": str(model)}, ("checkpoint",), tmp_path)
+
+
+@pytest.mark.parametrize("pipeline, setting, unknown, allowed", [
+    ("resume-ner", "embed.fasttext.epoch=3", "stages.embed.fasttext", "word2vec, probe_words"),  # Word2Vec only
+    ("resume-ner", "clean.strip_html=false", "stages.clean.strip_html", "nfkc, traditional_to_simplified"),  # per character
+    ("resume-ner", "profile.cloud_words=20", "stages.profile.cloud_words", "top_k, coverage"),
+    ("tatoeba-zh-en", "embed.fasttext.epoch=3", "stages.embed", "download, clean, split"),  # no embed stage
+    ("tatoeba-zh-en", "profile.max_labels=3", "stages.profile.max_labels", "top_k, coverage"),
+])
+def test_a_setting_a_kind_does_not_read_is_refused_in_one_line(pipeline, setting, unknown, allowed):
+    """A kind's sections hold only what its stages read: another kind's setting is an error naming the allowed
+    keys, never a silent change of keys."""
+    from tasks.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        load_pipeline(pipeline, overrides=[setting])
+    message = str(e.value)
+    assert "\n" not in message and f"unknown key '{unknown}'" in message and allowed in message
+
+
+def test_a_setting_a_kind_reads_changes_its_keys_and_no_others():
+    base = {s: stage_key(c) for s, c in runner.plan(load_pipeline("resume-ner")).items()}
+    moved = {s: stage_key(c) for s, c in runner.plan(load_pipeline("resume-ner", overrides=["profile.top_k=7"])).items()}
+    assert changed(base, moved) == {"profile"}
