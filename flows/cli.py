@@ -77,6 +77,8 @@ def _parser() -> argparse.ArgumentParser:
     gc = sub.add_parser("gc", help="remove outputs no pipeline in pipelines.yaml uses, and leftovers of killed builds")
     storage_arg(gc)
     gc.add_argument("--dry-run", action="store_true", help="show what would be removed, remove nothing")
+    gc.add_argument("--forget", action="append", default=[], metavar="NAME",
+                    help="no longer keep what the run on another corpus NAME built (`zhpipe run --source`; repeatable)")
     sub.add_parser("stages", help="list the stages, what each reads and does")
     sub.add_parser("models", help="list the registered models (names for train.models)")
     sub.add_parser("pipelines", help="list the pipelines in pipelines.yaml").add_argument("--config", type=Path, help="pipelines file")
@@ -491,7 +493,7 @@ def _source_paths(config) -> list:
 def cmd_gc(args) -> int:
     from flows.config import list_pipelines, load_pipeline
     from flows.maintenance import collect_garbage
-    from flows.runner import plan_keys
+    from flows.runner import plan_keys, resolve_local, source_run_record, source_run_records
 
     file = project.current().config_file
     configs = [load_pipeline(name, file) for name in list_pipelines(file)]
@@ -499,6 +501,17 @@ def cmd_gc(args) -> int:
 
     keep = {(unit_folder(unit), key) for config in configs for unit, key in plan_keys(config).items()}
     sources = tuple(path for config in configs for path in _source_paths(config))
+    records = source_run_records()
+    for name in args.forget:
+        if name not in records:
+            raise ZhpipeError(f"gc --forget {name}: no run on another corpus of that name (kept: {', '.join(records) or 'none'})")
+        if not args.dry_run:
+            source_run_record(name).unlink()
+        del records[name]
+    for name, record in records.items():  # runs on other corpora (`--source`): kept until forgotten
+        keep |= {(unit_folder(unit), key) for unit, key in record.get("keys", {}).items()}
+        sources += tuple(p for p in [resolve_local(str(record["source"]))] if p is not None) if record.get("source") else ()
+        print(f"keeping what `{name}` built (zhpipe run --source {record.get('source')}); `zhpipe gc --forget {name}` releases it")
     store = _store(args)
     removed = collect_garbage(store, keep, dry_run=args.dry_run, protect=(project.current().root / "data" / "raw", *sources))
     for item in removed:

@@ -95,6 +95,10 @@ class PipelineConfig(Section):
 
     name: str
     description: str = ""
+    # what its MLflow experiment and registered model are named after (`zhpipe-<tracked_as>`): the pipeline's name,
+    # or for a run on another corpus (`--source FILE`) `<name>-<file stem>`, so that it never joins the bundled
+    # corpus' experiment or competes with its champion
+    tracked_as: str | None = None
     task: str = "classification"  # a kind of tasks/stages.py: ner is sequence labelling (tagged corpora, taggers, entity F1)
     source: Source
     stages: Any = None  # the stages' sections of its task kind (see pipeline_model)
@@ -111,6 +115,11 @@ class PipelineConfig(Section):
     tune: dict[str, dict[str, dict[str, Any]]] = {}
 
     @property
+    def identity(self) -> str:
+        """The name its experiment, registered model and runs go by."""
+        return self.tracked_as or self.name
+
+    @property
     def kind(self) -> TaskKind:
         """Its task kind's declaration (tasks/stages.py): stage table, selection metric, model flavour."""
         return KINDS[self.task]
@@ -123,7 +132,7 @@ class PipelineConfig(Section):
     def flat_params(self, used_only: bool = False) -> dict[str, str]:
         """Resolved config as dotted `section.key` strings, for MLflow params; `used_only` leaves out the sections
         of registered models this pipeline does not train (`train.bert.*` without bert in train.models)."""
-        flat = flatten(self.model_dump(mode="json", exclude={"name", "description"}))
+        flat = flatten(self.model_dump(mode="json", exclude={"name", "description", "tracked_as"}))
         trained = getattr(getattr(self.stages, "train", None), "models", None)  # a kind may have no train stage
         unused = {f"train.{m}." for m in MODELS if m not in trained} if used_only and trained is not None else set()
         if used_only and getattr(getattr(self.stages, "augment", None), "method", None) != "backtranslation":
@@ -319,6 +328,15 @@ def string_leaves(value: Any):
 PIPELINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
+def source_identity(name: str, path: str) -> str:
+    """`<pipeline>-<file stem>` for a run on another corpus (`--source`): letters, digits and dashes, 64 at most."""
+    from urllib.parse import urlsplit
+
+    stem = Path(urlsplit(path).path if "://" in path else path).name.split(".")[0]
+    slug = "".join(c if c.isascii() and (c.isalnum() or c in "-_") else "-" for c in stem.lower()).strip("-_") or "source"
+    return f"{name}-{slug}"[:64].rstrip("-_.")
+
+
 def check_name(name: str, where: Path | str) -> None:
     """Pipeline names become MLflow experiments, registered models, deployments and artifact keys."""
     if not isinstance(name, str) or not PIPELINE_NAME.fullmatch(name) or ".." in name:
@@ -385,6 +403,7 @@ def _parse(name: str, config_file: Path, overrides, source_overrides) -> Pipelin
         # how the pipeline's corpus is read (its columns, its tag scheme) carries over to the other file unless given
         kept = {k: v for k, v in (raw.get("source") or {}).items() if k in ("text_column", "label_column", "tag_scheme")}
         raw["source"] = {**kept, **{k: v for k, v in source_overrides.items() if v is not None}}
+        raw["tracked_as"] = source_identity(name, str(raw["source"].get("path") or ""))
     for assignment in overrides:
         _apply_set(raw, assignment)
     raw = _conceal_urls(raw)

@@ -46,6 +46,12 @@ def as_task_run(unit: str, fn: Callable[[], StageResult]) -> StageResult:
     return task(name=unit, task_run_name=unit, cache_policy=NO_CACHE)(fn)()
 
 
+def model_run_name(run: RunContext, model: str) -> str:
+    """`textcnn · waimai train.epochs=2 12-02 10:31:05`: the model, then its parent run's name, so that model runs of
+    different pipeline runs read apart in a comparison."""
+    return f"{model} · {run.title or run.config.identity}"
+
+
 def train_unit(run: RunContext, name: str, upstream: dict[str, StageResult], built: dict[str, StageResult] | None = None,
                tracker: Tracker | None = None) -> StageResult:
     """One model's train unit, reused or built, tracked in its model run (or in `tracker`'s run); an ensemble
@@ -53,7 +59,7 @@ def train_unit(run: RunContext, name: str, upstream: dict[str, StageResult], bui
     inputs = {k: v for k, v in upstream.items() if k != "embed" or MODELS[name].uses_vectors}
     inputs |= {model_unit("train", m): (built or {})[model_unit("train", m)] for m in members_of(run.config, name)}
     build = run.config.kind.stages["train"].module.build_model
-    result = run.run(model_unit("train", name), inputs, lambda ctx: build(ctx, name), run_name=f"{name} ({run.config.name})",
+    result = run.run(model_unit("train", name), inputs, lambda ctx: build(ctx, name), run_name=model_run_name(run, name),
                      tags={"zhpipe.model": name}, tracker=tracker)
     _track_training(run, result, name)
     return result
@@ -109,7 +115,7 @@ def evaluate_models(run: RunContext, train: StageResult, segment: StageResult) -
 
 def _model_run(run: RunContext, name: str) -> str:
     """A model run for a model whose training was reused outside this run's train stage (--from evaluate)."""
-    return Tracker.start(run.experiment, f"{name} ({run.config.name})", parent=run.parent_run_id, tags={"zhpipe.model": name, "zhpipe.cache": "hit"}).run_id
+    return Tracker.start(run.experiment, model_run_name(run, name), parent=run.parent_run_id, tags={"zhpipe.model": name, "zhpipe.cache": "hit"}).run_id
 
 
 def register(run: RunContext, evaluation: StageResult, segment: StageResult, model_runs: dict[str, str]) -> None:
@@ -124,7 +130,7 @@ def register(run: RunContext, evaluation: StageResult, segment: StageResult, mod
 
     flavour = run.config.kind.flavour
     decision = register_best(
-        uri, model_runs[best], run.config.name, best, Rows(segment.path / "test.parquet"), metric,
+        uri, model_runs[best], run.config.identity, best, Rows(segment.path / "test.parquet"), metric,
         evaluation.facts.results[best][f"test_{metric}"], model_key=run.keys[model_unit("train", best)],
         rescore=lambda model_uri, test: score_served(model_uri, test, metric, flavour),
     )

@@ -96,7 +96,7 @@ def collect_garbage(store: StageStore, keep: set[tuple[str, str]], dry_run: bool
             if entry.name.startswith("."):
                 why = _leftover(entry.name, keep_keys)
             elif (stage_dir.name, entry.name) not in keep and _is_output(stage_dir.name, entry):
-                why = "not used by any pipeline in pipelines.yaml"
+                why = "not used by any pipeline in pipelines.yaml or kept run on another corpus"
             else:
                 why = None
             if not why:

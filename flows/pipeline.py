@@ -22,7 +22,7 @@ from flows.chunks import shutdown as shutdown_cluster
 from flows.config import DEFAULT_PIPELINE, PipelineConfig, load_pipeline
 from flows.evaluation import evaluate_models, register, train_models
 from flows.guard import check_run
-from flows.runner import (RunContext, StageResult, artifact_key, fixed_partitions, origin_of, plan, record_appends,
+from flows.runner import (RunContext, StageResult, artifact_key, fixed_partitions, origin_of, plan, record_appends, record_source_run,
                           source_fingerprint)
 from flows.store import StageStore, stage_key, storage_root
 from flows.tracking import Tracker, experiment_id
@@ -84,7 +84,7 @@ def git_commit() -> str:
 def run_name(config: PipelineConfig, overrides: list[str] | None = None) -> str:
     """A parent run's name that reads well truncated: the pipeline, the changed params, the time last."""
     changed = " ".join(redact_text(o).replace(" ", "") for o in overrides or [])
-    return " ".join(p for p in (config.name, changed, time.strftime("%m-%d %H:%M:%S")) if p)
+    return " ".join(p for p in (config.identity, changed, time.strftime("%m-%d %H:%M:%S")) if p)
 
 
 def source_tags(config: PipelineConfig, origin=None) -> dict[str, str]:
@@ -112,15 +112,17 @@ def start_run(config: PipelineConfig, force: set[str], storage: str, executor: s
     origin = origin_of(config)
     causes = plan(config, origin)
     keys = {stage: stage_key(c) for stage, c in causes.items()}
-    experiment = f"zhpipe-{config.name}"
+    record_source_run(config, keys)
+    experiment = f"zhpipe-{config.identity}"
     closed = Tracker.close_orphans(experiment)
     if closed:
         log.info("MLflow: %d runs left RUNNING by killed runs of this machine marked KILLED", len(closed))
-    parent = Tracker.start(experiment, run_name(config, overrides), tags=source_tags(config, origin))
+    title = run_name(config, overrides)
+    parent = Tracker.start(experiment, title, tags=source_tags(config, origin))
     parent.params(config.flat_params(used_only=True))  # what a person compares; the whole config is config.json
     log_config(parent, experiment, config)
     parent.tags({"zhpipe.task": config.task, "zhpipe.overrides": " ".join(redact_text(o) for o in overrides or [])})
-    return RunContext(config, StageStore(storage), keys, experiment, parent.run_id, force, executor, causes, verify, origin)
+    return RunContext(config, StageStore(storage), keys, experiment, parent.run_id, force, executor, causes, verify, origin, title)
 
 
 def log_config(parent: Tracker, experiment: str, config: PipelineConfig) -> None:
@@ -327,7 +329,7 @@ def label_flow_run(run: RunContext, overrides: list[str] | None) -> None:
     tags = ["zhpipe", f"pipeline:{run.config.name}", f"task:{run.config.task}"]
     try:
         with get_client(sync_client=True) as client:
-            client.update_flow_run(flow_run.id, name=run_name(run.config, overrides), tags=tags)
+            client.update_flow_run(flow_run.id, name=run.title or run_name(run.config, overrides), tags=tags)
     except Exception as e:  # noqa: BLE001 - a name and tags are a convenience, never a failed run
         log.warning("could not name the Prefect flow run: %s", e)
     link = ui_url(run.experiment, run.parent_run_id)
@@ -400,7 +402,7 @@ def train_flow(
         project.activate(project.Project(Path(project_dir)))
     config = _config(pipeline, overrides, source, config_file)
     causes = plan(config)
-    run = RunContext(config, StageStore(storage_root(config, storage)), {s: stage_key(c) for s, c in causes.items()}, f"zhpipe-{config.name}",
+    run = RunContext(config, StageStore(storage_root(config, storage)), {s: stage_key(c) for s, c in causes.items()}, f"zhpipe-{config.identity}",
                      parent_run_id, {"train"} if force else set(), causes=causes)
     inputs = [run.reuse(name) for name in config.kind.stages["train"].needs]
     with gpu_slot():

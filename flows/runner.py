@@ -126,6 +126,33 @@ def record_appends(config: PipelineConfig) -> None:
     atomic_write_text(record, json.dumps([{"end": p.byte_range[1], "sha256": p.fingerprint()} for p in parts], indent=1))
 
 
+def record_source_run(config: PipelineConfig, keys: dict[str, str]) -> None:
+    """A run on another corpus (`--source`) is in no pipeline of pipelines.yaml: what it built is kept from `zhpipe
+    gc` by this record of its keys and source (in the project), until `zhpipe gc --forget <its name>`."""
+    from tasks.io import atomic_write_text
+
+    if not config.tracked_as:
+        return
+    record = source_run_record(config.identity)
+    record.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(record, json.dumps({"pipeline": config.name, "source": config.source.path, "keys": keys}, ensure_ascii=False, indent=1))
+
+
+def source_run_record(identity: str) -> Path:
+    return project.current().data / "_cache" / f"source-run-{identity}.json"
+
+
+def source_run_records() -> dict[str, dict[str, Any]]:
+    """The records of runs on other corpora, by name; an unreadable one is named in a warning and kept nothing for."""
+    found = {}
+    for path in sorted((project.current().data / "_cache").glob("source-run-*.json")):
+        try:
+            found[path.stem.removeprefix("source-run-")] = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            log.warning("gc: %s is unreadable (%s); the outputs it names are not kept", path, e)
+    return found
+
+
 def partition_source(config: PipelineConfig, name: str):
     """The source of one partition: its file, relative to the project folder where it is inside it (so that
     a moved project keeps its keys), and for an append its byte range."""
@@ -324,6 +351,7 @@ class RunContext:
     causes: dict[str, dict[str, Any]] = field(default_factory=dict)  # per stage, what its key hashed
     verify: bool = False  # hash every file of a reused output, not only the small ones
     origin: Origin | None = None  # the source as the keys were planned (the download re-checks against it)
+    title: str = ""  # the parent run's name (pipeline, changed settings, time): its model runs are named after it
     _partitions: list[str] | None = None
 
     def reuse(self, stage: str) -> StageResult:

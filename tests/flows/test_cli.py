@@ -76,6 +76,7 @@ def test_source_runs_on_ten_string_classes_with_other_columns(api_env, tmp_path)
     proc = zhpipe(api_env, "run", "smoke", "--source", str(path), "--text-column", "content", "--label-column", "category")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "best_test_accuracy=" in proc.stdout
+    assert "MLflow: experiment zhpipe-smoke-ten," in proc.stdout  # another corpus: an experiment (and model) of its own
     assert "…" not in proc.stdout  # piped (a cron log): every value whole, no cell cut at 80 columns
     store = Path(api_env["ZHPIPE_DATA"])
     matrices = list((store / "evaluate.textcnn").glob("*/evaluation/confusion_matrix.csv"))

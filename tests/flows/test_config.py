@@ -198,3 +198,13 @@ def test_source_keeps_the_pipelines_columns_unless_given():
     assert (other.path, other.text_column, other.label_column) == ("elsewhere.csv", own.text_column, own.label_column)
     given = load_pipeline("smoke", source_overrides={"path": "elsewhere.csv", "text_column": "content", "label_column": None}).source
     assert given.text_column == "content" and given.label_column == own.label_column
+
+
+def test_another_corpus_is_tracked_under_a_name_of_its_own():
+    """`--source FILE` keeps the pipeline's settings but not its experiment or registered model: a run on another
+    corpus never competes with the bundled corpus' champion."""
+    assert load_pipeline("smoke").identity == "smoke"
+    other = load_pipeline("smoke", source_overrides={"path": "/data/外卖 reviews/waimai_10k.csv"})
+    assert other.identity == "smoke-waimai_10k" and other.name == "smoke"
+    assert load_pipeline("smoke", source_overrides={"path": "https://example.org/a/msra.bio.gz"}).identity == "smoke-msra"
+    assert load_pipeline("smoke", source_overrides={"path": "/x/数据.csv"}).identity == "smoke-source"

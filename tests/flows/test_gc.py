@@ -118,3 +118,30 @@ def test_gc_command_in_a_new_project_keeps_the_corpus(tmp_path):
         assert "example.csv" not in done.stdout and "raw" not in done.stdout
         assert f"clean/{UNUSED}" in done.stdout, done.stdout
     assert corpus.is_file() and not stale.exists()
+
+
+@pytest.mark.e2e
+def test_what_a_run_on_another_corpus_built_is_kept_until_forgotten(tmp_path):
+    """`zhpipe run --source` is in no pipeline of pipelines.yaml: gc keeps its outputs (and says so) until
+    `zhpipe gc --forget NAME`, and its runs go to an experiment of their own."""
+    env = {k: v for k, v in os.environ.items() if k not in ("ZHPIPE_DATA", "ZHPIPE_STORAGE", "ZHPIPE_PROJECT", "MLFLOW_TRACKING_URI")}
+    cli = [sys.executable, "-m", "flows.cli"]
+    project = tmp_path / "p"
+    subprocess.run([*cli, "init", str(project)], check=True, capture_output=True, env=env, cwd=ROOT)
+    other = tmp_path / "other.csv"
+    other.write_text((project / "data" / "raw" / "example.csv").read_text(encoding="utf-8").replace("下次还会再来", "还会来"),
+                     encoding="utf-8")
+    ran = subprocess.run([*cli, "run", "--source", str(other), "--to", "clean"], capture_output=True, text=True, env=env, cwd=project)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert "experiment zhpipe-p-other," in ran.stdout
+    built = {p.parent.parent.name for p in (project / "data").glob("*/*/manifest.json")}
+    assert built == {"download", "clean"}
+
+    dry = subprocess.run([*cli, "gc", "--dry-run"], capture_output=True, text=True, env=env, cwd=project)
+    assert dry.returncode == 0 and "would remove" not in dry.stdout, dry.stdout
+    assert "keeping what `p-other` built" in dry.stdout and "zhpipe gc --forget p-other" in dry.stdout
+    wrong = subprocess.run([*cli, "gc", "--forget", "p-nope"], capture_output=True, text=True, env=env, cwd=project)
+    assert wrong.returncode == 2 and "p-other" in wrong.stderr and len(wrong.stderr.strip().splitlines()) == 1
+    forgot = subprocess.run([*cli, "gc", "--forget", "p-other"], capture_output=True, text=True, env=env, cwd=project)
+    assert forgot.returncode == 0 and forgot.stdout.count("not used by any pipeline") == 2, forgot.stdout  # (and their locks)
+    assert not list((project / "data").glob("*/*/manifest.json")) and other.is_file()

@@ -75,6 +75,7 @@ def test_runs_read_well_in_both_uis(smoke):
     assert "train_loss" in textcnn.data.metrics and not any(k.startswith("textcnn_") for k in textcnn.data.metrics)
     assert [m.step for m in c.get_metric_history(textcnn.info.run_id, "train_loss")] == [1]  # one epoch, logged once
     parent = c.get_run(out["parent_run_id"])
+    assert textcnn.info.run_name == f"textcnn · {parent.info.run_name}"  # model runs of two pipeline runs read apart
     assert "train.textcnn.num_filters" in parent.data.params and not any(k.startswith("train.bert.") for k in parent.data.params)
     config = json.loads(mlflow.artifacts.load_text(parent.data.tags["zhpipe.config_json"]))  # on this run, or the first with its config
     assert config["name"] == "smoke" and "bert" in config["stages"]["train"]
