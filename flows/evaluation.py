@@ -80,7 +80,9 @@ def _track_training(run: RunContext, result: StageResult, name: str) -> None:
         tracker.metrics(facts)
     if result.cache == "hit":  # logged with its training: point to it, upload nothing
         source = run.store.manifest(result.stage, result.key).mlflow_run_id
-        uri = tracker.client.get_run(source).data.tags.get("zhpipe.model_uri") if source else None
+        # the run that logged it may be in another tracking store (this one moved aside or new): then it is logged
+        # again when it is registered
+        uri = tracker.client.get_run(source).data.tags.get("zhpipe.model_uri") if source in Tracker.existing({source or ""}) else None
         if uri:
             tracker.tags({"zhpipe.model_uri": uri})
         return

@@ -276,9 +276,10 @@ def pipeline_flow(
         ok = False
         try:
             reused = None if _routed(run, stages) else run.reuse_all(stages)
-            if reused is not None:  # nothing to build: one parent run names what was reused (README, "Caching")
+            if reused is not None and record_reuse(run, reused):  # nothing to build: the parent run names what was reused
                 results.update(reused)
-                record_reuse(run, results)
+            else:
+                reused = None
             for spec in config.kind.stages.values() if reused is None else ():  # graph order
                 inputs = [results.get(d) for d in spec.needs]
                 if spec.name == "train" and _routed(run, stages):  # train on another work pool's worker (GPU)
@@ -298,12 +299,15 @@ def pipeline_flow(
         }
 
 
-def record_reuse(run: RunContext, results: dict[str, StageResult]) -> None:
+def record_reuse(run: RunContext, results: dict[str, StageResult]) -> bool:
     """A run that builds nothing records no run per stage or model (there is nothing new to compare): its parent run
     names the run that built each reused output (tags `zhpipe.reused.<unit>`, followed by `zhpipe compare`), and the
-    champion rule is applied as after any evaluate."""
+    champion rule is applied as after any evaluate. False (nothing recorded) when a run that built one of them is
+    not in this tracking store."""
     built_by = {u: run.store.manifest(u, run.keys[u]).mlflow_run_id or "" for u in run.keys
                 if ":" not in u and Unit.parse(u).stage in results}
+    if set(built_by.values()) - Tracker.existing(set(built_by.values())):
+        return False  # built under another tracking store (this one moved aside or new): recorded the long way
     parent = Tracker(run.parent_run_id)
     parent.tags({"zhpipe.reused": "all", "mlflow.note.content": "Nothing was built: every output of this run was reused. "
                  "The runs that built them: " + ", ".join(f"{u} [{r[:8]}](#/experiments/{experiment_id(run.experiment)}/runs/{r})"
@@ -314,6 +318,7 @@ def record_reuse(run: RunContext, results: dict[str, StageResult]) -> None:
         models = {Unit.parse(u).model for u in evaluation.parts}
         model_runs = {m: run.store.manifest(model_unit("train", m), run.keys[model_unit("train", m)]).mlflow_run_id for m in models}
         register(run, evaluation, results.get("segment") or run.reuse("segment"), model_runs)
+    return True
 
 
 def label_flow_run(run: RunContext, overrides: list[str] | None) -> None:

@@ -264,6 +264,17 @@ class Tracker:
         return cls(run.info.run_id, exp)
 
     @staticmethod
+    def existing(run_ids: set[str]) -> set[str]:
+        """Those of `run_ids` this tracking store holds (one query; a store moved aside or replaced holds none of
+        the runs that built the stage store's outputs)."""
+        if not run_ids:
+            return set()
+        quoted = ", ".join(f"'{r}'" for r in sorted(run_ids) if r.isalnum())
+        found = client().search_runs(experiment_ids=[e.experiment_id for e in client().search_experiments()],
+                                     filter_string=f"attributes.run_id IN ({quoted})", max_results=len(run_ids))
+        return {r.info.run_id for r in found}
+
+    @staticmethod
     def close_orphans(experiment: str) -> list[str]:
         """Runs of `experiment` left RUNNING by a process of this machine that no longer exists (killed, or
         the machine restarted): marked KILLED so that the MLflow UI does not show them running forever."""

@@ -174,3 +174,18 @@ def test_console_lines_of_prefect_name_their_task():
     record = logging.LogRecord("prefect.task_runs", logging.INFO, __file__, 1, "Finished in state Completed()", None, None)
     record.task_name = "segment"
     assert _ConsoleFormatter("%(name)s %(message)s").format(record) == "prefect.task_runs [segment] Finished in state Completed()"
+
+
+def test_a_new_tracking_store_over_a_built_stage_store_records_and_registers(runs, tmp_path, monkeypatch):
+    """MLflow's database moved aside (what the corrupt-database error advises): the next run reuses every output,
+    records its runs in the new database the long way (the runs that built them are in the old one) and registers
+    its best model there."""
+    from flows.tracking import client
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'new.db'}")
+    store = str(runs["first"]["stages"][0]["path"]).split("/download/")[0]
+    out = pipeline_flow("smoke", overrides=SETS, storage=store)
+    assert {s["cache"] for s in out["stages"]} == {"hit"}
+    parent = client().get_run(out["parent_run_id"])
+    assert parent.data.tags["zhpipe.champion"] == "yes" and parent.data.tags["zhpipe.registered"] == "zhpipe-smoke/1"
+    assert "zhpipe.reused" not in parent.data.tags  # the builders are elsewhere: not named as if they were here
