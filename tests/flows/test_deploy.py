@@ -220,7 +220,8 @@ def test_scheduled_pipeline_trains_on_the_second_pool(env, workers, tmp_path):
     by_name = {r.info.run_name: r for r in all_runs}
     assert by_name["train"].data.tags["mlflow.parentRunId"] == parent
     assert by_name["train"].data.tags["zhpipe.cache"] == "miss"
-    assert by_name["tfidf_lr (tiny)"].data.tags["mlflow.parentRunId"] == parent
+    model_run = next(r for r in all_runs if r.data.tags.get("zhpipe.model") == "tfidf_lr")
+    assert model_run.info.run_name.startswith("tfidf_lr · tiny ") and model_run.data.tags["mlflow.parentRunId"] == parent
     assert parents[0].data.metrics["best_test_accuracy"] > 0.5
 
     # the file is the truth: without a schedule and a train pool, redeploying removes both
