@@ -304,8 +304,9 @@ def record_reuse(run: RunContext, results: dict[str, StageResult]) -> bool:
     names the run that built each reused output (tags `zhpipe.reused.<unit>`, followed by `zhpipe compare`), and the
     champion rule is applied as after any evaluate. False (nothing recorded) when a run that built one of them is
     not in this tracking store."""
+    named = set(results) | ({"train"} if "evaluate" in results else set())  # registering reads the trained models' runs
     built_by = {u: run.store.manifest(u, run.keys[u]).mlflow_run_id or "" for u in run.keys
-                if ":" not in u and Unit.parse(u).stage in results}
+                if ":" not in u and Unit.parse(u).stage in named}
     if set(built_by.values()) - Tracker.existing(set(built_by.values())):
         return False  # built under another tracking store (this one moved aside or new): recorded the long way
     parent = Tracker(run.parent_run_id)
@@ -315,8 +316,7 @@ def record_reuse(run: RunContext, results: dict[str, StageResult]) -> bool:
                  **{f"zhpipe.reused.{u}": r for u, r in built_by.items()}})
     evaluation = results.get("evaluate")
     if evaluation is not None:
-        models = {Unit.parse(u).model for u in evaluation.parts}
-        model_runs = {m: run.store.manifest(model_unit("train", m), run.keys[model_unit("train", m)]).mlflow_run_id for m in models}
+        model_runs = {m: built_by[model_unit("train", m)] for m in {Unit.parse(u).model for u in evaluation.parts}}
         register(run, evaluation, results.get("segment") or run.reuse("segment"), model_runs)
     return True
 

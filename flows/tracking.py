@@ -267,11 +267,11 @@ class Tracker:
     def existing(run_ids: set[str]) -> set[str]:
         """Those of `run_ids` this tracking store holds (one query; a store moved aside or replaced holds none of
         the runs that built the stage store's outputs)."""
-        if not run_ids:
+        ids = sorted(r for r in run_ids if r.isalnum())  # an empty id (an output no run logged) is never held
+        if not ids:
             return set()
-        quoted = ", ".join(f"'{r}'" for r in sorted(run_ids) if r.isalnum())
         found = client().search_runs(experiment_ids=[e.experiment_id for e in client().search_experiments()],
-                                     filter_string=f"attributes.run_id IN ({quoted})", max_results=len(run_ids))
+                                     filter_string=f"attributes.run_id IN ({', '.join(repr(r) for r in ids)})", max_results=len(ids))
         return {r.info.run_id for r in found}
 
     @staticmethod
