@@ -102,7 +102,7 @@ def main() -> None:
 
         project.activate(project.find())
         from flows.config import load_pipeline
-        from flows.runner import plan_keys
+        from flows.keys import plan_keys
         from flows.tracking import client
 
         keys = plan_keys(load_pipeline("smoke", overrides=["train.models=[tfidf_lr, fasttext]"]))

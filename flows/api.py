@@ -22,6 +22,7 @@ import pandas as pd
 from flows import project as _project
 from tasks.core import model_unit
 from tasks.errors import ZhpipeError
+from tasks.io import SPLITS
 
 
 def _activate(project: str | Path | None) -> _project.Project:
@@ -53,11 +54,12 @@ def run(pipeline: str, overrides: list[str] | None = None, stages: list[str] | N
 def output(pipeline: str, stage: str, overrides: list[str] | None = None, project: str | Path | None = None,
            storage: str | None = None) -> Path:
     """The folder of a stage's output for this config; an error when it has not been built."""
-    from flows.runner import plan_keys
+    from flows.keys import plan_keys
+    from flows.registry import revision
     from flows.store import StageStore, storage_root
 
     cfg = config(pipeline, overrides, project)
-    keys = plan_keys(cfg)
+    keys = plan_keys(cfg, registry=revision)
     if stage not in keys:
         raise ZhpipeError(f"unknown stage '{stage}' (stages: {', '.join(keys)})")
     store = StageStore(storage_root(cfg, storage))
@@ -67,7 +69,7 @@ def output(pipeline: str, stage: str, overrides: list[str] | None = None, projec
     return store.local(stage, keys[stage])
 
 
-def load(pipeline: str, stage: str, split: str = "train", overrides: list[str] | None = None,
+def load(pipeline: str, stage: str, split: str = SPLITS[0], overrides: list[str] | None = None,
          project: str | Path | None = None, storage: str | None = None, name: str | None = None) -> Any:
     """A stage's output as Python objects, read by the kind of the output its stage declares (tasks/stages.py):
     a DataFrame (download, clean, augment; split and segment give `split`'s rows), gensim KeyedVectors (embed),
@@ -81,10 +83,10 @@ def load(pipeline: str, stage: str, split: str = "train", overrides: list[str] |
             declared = ", ".join(o.path for o in config(pipeline, overrides, project).kind.stages[stage].outputs)
             raise ZhpipeError(f"stage '{stage}' declares no output {name!r} (its outputs: {declared})")
     first = outputs[0]
-    if first.kind == "vocab":  # every vocabulary the stage writes, by its folder
+    if first.kind == "vocabulary":  # every vocabulary the stage writes, by its folder
         from tasks.io import read_vocab
 
-        return {Path(o.path).parent.name: read_vocab(folder / o.path) for o in outputs if o.kind == "vocab"}
+        return {Path(o.path).parent.name: read_vocab(folder / o.path) for o in outputs if o.kind == "vocabulary"}
     return read_output(folder, first.path.format(split=split), first.kind)
 
 
@@ -115,10 +117,12 @@ def load_model(pipeline: str, model: str, overrides: list[str] | None = None, pr
     from tasks.models import get
 
     spec = get(model)
-    if model not in config(pipeline, overrides, project).stages.train.models:
-        raise ZhpipeError(f"model '{model}' is not in train.models of '{pipeline}'; add it with "
-                          f"overrides=['train.models=[..., {model}]']")
-    folder = output(pipeline, model_unit("train", model), overrides, project, storage) / model
+    cfg = config(pipeline, overrides, project)
+    training = cfg.kind.training.name
+    if model not in cfg.models():
+        raise ZhpipeError(f"model '{model}' is not in {training}.models of '{pipeline}'; add it with "
+                          f"overrides=['{training}.models=[..., {model}]']")
+    folder = output(pipeline, model_unit(training, model), overrides, project, storage) / model
     if spec.is_language_model:
         return lambda frame: spec.perplexity(folder, frame)
     return spec.tagger(folder) if spec.tagger else spec.predictor(folder)

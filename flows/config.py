@@ -124,6 +124,15 @@ class PipelineConfig(Section):
         """Its task kind's declaration (tasks/stages.py): stage table, selection metric, model flavour."""
         return KINDS[self.task]
 
+    def section(self, stage: str) -> Any:
+        """A stage's section of this pipeline's settings (its `Params`)."""
+        return getattr(self.stages, stage)
+
+    def models(self) -> list[str]:
+        """The models this pipeline trains: its training stage's model list (none when its kind trains none)."""
+        training = self.kind.training
+        return list(self.section(training.name).models) if training else []
+
     def config_hash(self) -> str:
         """Short hash of the resolved config, tagged on every MLflow parent run."""
         blob = json.dumps(self.model_dump(mode="json"), sort_keys=True, ensure_ascii=False)
@@ -131,12 +140,13 @@ class PipelineConfig(Section):
 
     def flat_params(self, used_only: bool = False) -> dict[str, str]:
         """Resolved config as dotted `section.key` strings, for MLflow params; `used_only` leaves out the sections
-        of registered models this pipeline does not train (`train.bert.*` without bert in train.models)."""
+        of registered models this pipeline does not train (`train.bert.*` without bert in train.models) and the
+        settings a section says it does not use (`Section.unused`: a method not chosen)."""
         flat = flatten(self.model_dump(mode="json", exclude={"name", "description", "tracked_as"}))
-        trained = getattr(getattr(self.stages, "train", None), "models", None)  # a kind may have no train stage
-        unused = {f"train.{m}." for m in MODELS if m not in trained} if used_only and trained is not None else set()
-        if used_only and getattr(getattr(self.stages, "augment", None), "method", None) != "backtranslation":
-            unused.add("augment.backtranslation.")  # the settings of a method this pipeline does not use
+        unused = {f"{name}.{key}." for name in self.kind.stages for key in self.section(name).unused()} if used_only else set()
+        training = self.kind.training
+        if used_only and training is not None:
+            unused |= {f"{training.name}.{m}." for m in MODELS if m not in self.models()}
         return {k.removeprefix("stages."): json.dumps(v, ensure_ascii=False) if isinstance(v, list) else str(v) for k, v in flat.items()
                 if not any(k.removeprefix("stages.").startswith(u) for u in unused)}
 
@@ -152,45 +162,40 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _check_transformer_heads(stages) -> None:
-    """train.transformer: d_model (else the size of the vectors it starts from) must divide into its heads."""
-    t = stages.train.transformer
-    vectors = stages.embed.fasttext.dim if stages.train.embeddings == "fasttext" else stages.embed.word2vec.vector_size
-    d_model = t.d_model or vectors
-    if "transformer" in stages.train.models and d_model % t.num_heads:
-        raise ValueError(f"train.transformer: d_model {d_model} (d_model, else the size of the train.embeddings vectors) "
-                         f"must be a multiple of num_heads ({t.num_heads})")
-
-
 class _Stages(Section):
+    """A kind's stage sections; the kind's rules across sections (`TaskKind.check_stages`) run on every change."""
+
     @model_validator(mode="after")
     def _cross_checks(self):
-        if "train" in type(self).model_fields and "transformer" in type(self.train).model_fields:
-            _check_transformer_heads(self)
+        check = KINDS[type(self).__name__.removeprefix("StagesConfig_")].check_stages
+        if check:
+            check(self)
         return self
 
 
 def _check_task(config: PipelineConfig) -> PipelineConfig:
     """What a task kind needs of the stages (its own `check`, its default models); every kind's models are
     its own and an ensemble's members are trained in the same run."""
-    stages, kind = config.stages, config.kind
-    if "train" not in kind.stages:
+    kind = config.kind
+    if kind.training is None:
         if kind.check:
             kind.check(config)
         return config
-    if kind.default_models and "models" not in stages.train.model_fields_set:
-        stages.train.models = list(kind.default_models)
+    section, where = config.section(kind.training.name), kind.training.name
+    if kind.default_models and "models" not in section.model_fields_set:
+        section.models = list(kind.default_models)
     if kind.check:
         kind.check(config)
-    wrong = [m for m in stages.train.models if MODELS[m].task != config.task]
+    wrong = [m for m in section.models if MODELS[m].task != kind.model_task]
     if wrong:
-        fits = ", ".join(n for n, spec in MODELS.items() if spec.task == config.task)
-        raise ValueError(f"train.models: {wrong[0]} is a {MODELS[wrong[0]].task} model; task {config.task} takes {fits}")
-    for name in stages.train.models:
+        fits = ", ".join(n for n, spec in MODELS.items() if spec.task == kind.model_task)
+        raise ValueError(f"{where}.models: {wrong[0]} is a {MODELS[wrong[0]].task} model; task {config.task} takes {fits}")
+    for name in section.models:
         spec = MODELS[name]
-        missing = [m for m in (spec.members(getattr(stages.train, name)) if spec.members else []) if m not in stages.train.models]
+        missing = [m for m in (spec.members(getattr(section, name)) if spec.members else []) if m not in section.models]
         if missing:
-            raise ValueError(f"train.{name}.members: {', '.join(missing)} not in train.models (an ensemble is built from models trained in the same run)")
+            raise ValueError(f"{where}.{name}.members: {', '.join(missing)} not in {where}.models "
+                             "(an ensemble is built from models trained in the same run)")
     return config
 
 

@@ -123,11 +123,12 @@ def deploy(configs: list[PipelineConfig], config_file: str | None = None) -> lis
                 description=config.description or None, tags=["zhpipe"], build=False, push=False,
                 print_next_steps=False, enforce_parameter_schema=False, ignore_warnings=True,
             )
-            train_pool = config.stages.train.work_pool
+            training = config.kind.training
+            train_pool = training and config.section(training.name).work_pool
             if train_pool:
                 train = Flow.from_source(source=str(CODE), entrypoint=TRAIN_ENTRYPOINT)
                 train.deploy(
-                    name=config.name, work_pool_name=train_pool, schedules=[], tags=["zhpipe", "train"],
+                    name=config.name, work_pool_name=train_pool, schedules=[], tags=["zhpipe", training.name],
                     parameters={k: v for k, v in flow_parameters(config, config_file).items() if k in ("pipeline", "project_dir", "config_file", "overrides")},
                     job_variables={},
                     description=f"train stage of {config.name} (submitted by its pipeline runs)",

@@ -15,7 +15,7 @@ import ast
 import hashlib
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from tasks.errors import ConfigError
 from tasks.io import file_sha256, resolve_path
@@ -182,17 +182,20 @@ def hub_revision(model_id: str) -> str:
     return f"{model_id}@absent"
 
 
-def file_fingerprints(params: dict[str, Any], paths: tuple[str, ...], root: Path, section: str = "") -> dict[str, str]:
-    """For each file a param names: `sha256:<hash>` of a local file or folder, else `hub:<id>@<revision>`
-    (its commit in the local Hugging Face cache, or `absent`); `section` names the params in errors."""
+def file_fingerprints(params: dict[str, Any], paths: tuple[str, ...], root: Path, section: str = "",
+                      registry: Callable[[str], str] | None = None) -> dict[str, str]:
+    """For each file a param names: `sha256:<hash>` of a local file or folder, `registry:<name>/<version>` of a
+    registered model (`models:/...`, asked of `registry`), else `hub:<id>@<revision>` (its commit in the local
+    Hugging Face cache, or `absent`); `section` names the params in errors."""
     out = {}
     for path in paths:
         dotted = f"{section}.{path}" if section else path
         for value in _values(params, path):
             if value.startswith("models:/"):
-                from flows.registry import revision
-
-                out[value] = "registry:" + revision(value)
+                if registry is None:
+                    raise ConfigError(f"{dotted}: {value} is a registered model, whose version is part of the key; "
+                                      "this command cannot ask the model registry (`zhpipe run` and `zhpipe status` do)")
+                out[value] = "registry:" + registry(value)
                 continue
             local = resolve_path(value, root)
             if local is not None and local.is_symlink() and not local.exists():

@@ -20,17 +20,19 @@ from prefect.utilities.annotations import quote
 from flows import project
 from flows.chunks import shutdown as shutdown_cluster
 from flows.config import DEFAULT_PIPELINE, PipelineConfig, load_pipeline
-from flows.evaluation import evaluate_models, register, train_models
+from flows.model_stages import register, run_model_stage
+from flows.registry import revision
 from flows.guard import check_run
-from flows.runner import (RunContext, StageResult, artifact_key, fixed_partitions, origin_of, plan, record_appends, record_source_run,
-                          source_fingerprint)
+from flows.keys import plan
+from flows.sources import fixed_partitions, origin_of, record_appends, record_source_run, source_fingerprint
+from flows.runner import RunContext, StageResult, artifact_key
 from flows.store import StageStore, stage_key, storage_root
 from flows.tracking import Tracker, experiment_id
 from flows.workers import gpu_slot, train_deployment
 from tasks.core import DATASET_SAMPLE_ROWS, Unit, model_unit
 from tasks.errors import ZhpipeError
-from tasks.io import iter_frames
-from tasks.stages import CLASSIFICATION_STAGES, STAGE_NAMES
+from tasks.io import SPLITS as SPLIT_NAMES, iter_frames
+from tasks.stages import KINDS, STAGE_NAMES
 from tasks.urls import redact_text
 
 log = logging.getLogger("zhpipe")
@@ -110,7 +112,7 @@ def start_run(config: PipelineConfig, force: set[str], storage: str, executor: s
               overrides: list[str] | None = None) -> RunContext:
     """Plan keys and open the MLflow parent run of this pipeline run."""
     origin = origin_of(config)
-    causes = plan(config, origin)
+    causes = plan(config, origin, registry=revision)
     keys = {stage: stage_key(c) for stage, c in causes.items()}
     record_source_run(config, keys)
     experiment = f"zhpipe-{config.identity}"
@@ -142,81 +144,59 @@ def log_config(parent: Tracker, experiment: str, config: PipelineConfig) -> None
 def finish_run(run: RunContext, results: dict[str, StageResult], ok: bool) -> None:
     """Parent-run summary metrics and tags, then close it."""
     parent = Tracker(run.parent_run_id)
-    evaluation = results.get("evaluate")
-    if evaluation is not None:
-        best = evaluation.facts.best_model
-        result = evaluation.facts.results[best]
-        parent.metrics({f"best_{name}": result[name] for name in run.config.kind.reported})
+    kind = run.config.kind
+    selection = results.get(kind.selection.name) if kind.selection else None
+    if selection is not None:
+        best = selection.facts.best_model
+        result = selection.facts.results[best]
+        parent.metrics({f"best_{name}": result[name] for name in kind.reported})
         parent.tags({"zhpipe.best_model": best})
     parent.metrics({"stages_hit": sum(r.cache == "hit" for r in results.values()),
                     "stages_miss": sum(r.cache == "miss" for r in results.values())})
-    download = results.get("download")
-    if download is not None:  # what `zhpipe runs` shows a nightly user: rows read, and for partitions those new tonight
-        counts = {"rows_read": download.rows or 0}
-        if download.parts:
+    source = results.get(kind.source.name)
+    if source is not None:  # what `zhpipe runs` shows a nightly user: rows read, and for partitions those new tonight
+        counts = {"rows_read": source.rows or 0}
+        if source.parts:
             units = [u for r in results.values() for name, u in r.parts.items() if ":" in name]  # partition units
             counts |= {"partitions_hit": sum(u.cache == "hit" for u in units), "partitions_miss": sum(u.cache == "miss" for u in units),
-                       "rows_new": sum(u.rows or 0 for u in download.parts.values() if u.cache == "miss")}
+                       "rows_new": sum(u.rows or 0 for u in source.parts.values() if u.cache == "miss")}
         parent.metrics(counts)
-    split = results.get("split") or results.get("segment")
-    if split is not None:  # the Dataset column: the splits this run trained, validated and tested on
-        for name, context in (("train", "training"), ("validation", "validation"), ("test", "testing")):
-            path = split.path / f"{name}.parquet"
-            frame = next(iter_frames(path, DATASET_SAMPLE_ROWS, columns=["id", "text"] + (["label"] if run.config.kind.labelled else [])))
+    splits = kind.splits(results)
+    if splits is not None:  # the Dataset column: the splits this run trained, validated and tested on
+        for name, context in zip(SPLIT_NAMES, ("training", "validation", "testing")):
+            path = results[splits.name].path / f"{name}.parquet"
+            frame = next(iter_frames(path, DATASET_SAMPLE_ROWS, columns=["id", "text"] + (["label"] if kind.labelled else [])))
             parent.dataset(frame.head(DATASET_SAMPLE_ROWS), source=str(path), name=f"{run.config.name}-{name}", context=context,
                            rows=pq.ParquetFile(path).metadata.num_rows)
     parent.finish(ok)
 
 
-
 def _stage_task(stage: str, **options):
     """The Prefect task of one stage: reuse its output when cached, else build it with its module's `build`
-    (the pipeline's task kind says which module); tracked in MLflow either way."""
+    (the pipeline's task kind says which module); a partitioned stage a unit per partition, a per-model stage a
+    unit per model; tracked in MLflow either way."""
 
     def run_stage(run: RunContext, *inputs: StageResult) -> StageResult:
         spec = run.config.kind.stages[stage]
+        upstream = {name: result for name, result in zip(spec.needs, inputs) if result is not None}
+        if spec.per_model:
+            return run_model_stage(run, spec, upstream)
         if spec.partitioned and run.config.source.partitioned:
-            return run.run_partitions(spec, dict(zip(spec.needs, inputs)))
-        return run.run(stage, dict(zip(spec.needs, inputs)), spec.module.build)
+            return run.run_partitions(spec, upstream)
+        return run.run(stage, upstream, spec.module.build)
 
-    run_stage.__doc__ = (CLASSIFICATION_STAGES[stage].help if stage in CLASSIFICATION_STAGES else f"stage {stage}")
+    run_stage.__doc__ = next((k.stages[stage].help for k in KINDS.values() if stage in k.stages), f"stage {stage}")
     return task(name=stage, cache_policy=NO_CACHE, **options)(run_stage)
 
 
-# the download retries network errors and checksum mismatches itself, within its deadline
-STAGE_TASKS = {name: _stage_task(name) for name, spec in CLASSIFICATION_STAGES.items() if not spec.per_model}
+STAGE_TASKS: dict[str, Any] = {}
 
 
 def stage_task(name: str):
-    """The Prefect task of a stage by name (a stage of a kind declared after import gets one on first use)."""
+    """The Prefect task of a stage by name, made on first use."""
     if name not in STAGE_TASKS:
         STAGE_TASKS[name] = _stage_task(name)
     return STAGE_TASKS[name]
-
-
-@task(name="train", cache_policy=NO_CACHE)
-def train(run: RunContext, augment: StageResult, segment: StageResult, vocab: StageResult, embed: StageResult | None = None) -> StageResult:
-    """Each model trained (or reused) as a unit of its own, tracked in its model run (a kind without an embed
-    stage passes none)."""
-    upstream = {"augment": augment, "segment": segment, "vocab": vocab} | ({"embed": embed} if embed is not None else {})
-    return train_models(run, upstream)
-
-
-@task(name="evaluate", cache_policy=NO_CACHE)
-def evaluate(run: RunContext, train: StageResult, segment: StageResult) -> StageResult:
-    """Each model scored as a unit of its own, the comparison, and the best classifier registered."""
-    result = evaluate_models(run, train, segment)
-    # every run: a best model that is not registered yet (a run killed before registering) is registered now
-    register(run, result, segment, {Unit.parse(unit).model: r.run_id for unit, r in result.parts.items()})
-    create_markdown_artifact(
-        markdown=f"# {run.config.name}: model comparison (test split)\n\n" + (result.path / "comparison.md").read_text(encoding="utf-8"),
-        key=artifact_key(run.config.name, "comparison"), description="zhpipe evaluate",
-    )
-    return result
-
-
-STAGE_TASKS["train"] = train  # the stages with a unit per model
-STAGE_TASKS["evaluate"] = evaluate
 
 
 @flow(name="zhpipe", log_prints=True, validate_parameters=False)
@@ -282,8 +262,8 @@ def pipeline_flow(
                 reused = None
             for spec in config.kind.stages.values() if reused is None else ():  # graph order
                 inputs = [results.get(d) for d in spec.needs]
-                if spec.name == "train" and _routed(run, stages):  # train on another work pool's worker (GPU)
-                    results["train"] = train_remote(run, config.stages.train.work_pool, overrides, source, config_file)
+                if spec is config.kind.training and _routed(run, stages):  # train on another work pool's worker (GPU)
+                    results[spec.name] = train_remote(run, overrides, source, config_file)
                 else:
                     step(spec.name, *inputs)
             ok = True
@@ -302,9 +282,10 @@ def pipeline_flow(
 def record_reuse(run: RunContext, results: dict[str, StageResult]) -> bool:
     """A run that builds nothing records no run per stage or model (there is nothing new to compare): its parent run
     names the run that built each reused output (tags `zhpipe.reused.<unit>`, followed by `zhpipe compare`), and the
-    champion rule is applied as after any evaluate. False (nothing recorded) when a run that built one of them is
+    champion rule is applied as after any selection. False (nothing recorded) when a run that built one of them is
     not in this tracking store."""
-    named = set(results) | ({"train"} if "evaluate" in results else set())  # registering reads the trained models' runs
+    kind = run.config.kind
+    named = set(results) | kind.units_read(results)  # registering reads the trained models' runs
     built_by = {u: run.store.manifest(u, run.keys[u]).mlflow_run_id or "" for u in run.keys
                 if ":" not in u and Unit.parse(u).stage in named}
     if set(built_by.values()) - Tracker.existing(set(built_by.values())):
@@ -314,10 +295,10 @@ def record_reuse(run: RunContext, results: dict[str, StageResult]) -> bool:
                  "The runs that built them: " + ", ".join(f"{u} [{r[:8]}](#/experiments/{experiment_id(run.experiment)}/runs/{r})"
                                                           for u, r in built_by.items() if r),
                  **{f"zhpipe.reused.{u}": r for u, r in built_by.items()}})
-    evaluation = results.get("evaluate")
-    if evaluation is not None:
-        model_runs = {m: built_by[model_unit("train", m)] for m in {Unit.parse(u).model for u in evaluation.parts}}
-        register(run, evaluation, results.get("segment") or run.reuse("segment"), model_runs)
+    selection = results.get(kind.selection.name) if kind.selection else None
+    if selection is not None:
+        model_runs = {m: built_by[model_unit(kind.training.name, m)] for m in {Unit.parse(u).model for u in selection.parts}}
+        register(run, selection, results.get(kind.test_split().name) or run.reuse(kind.test_split().name), model_runs)
     return True
 
 
@@ -344,30 +325,32 @@ def label_flow_run(run: RunContext, overrides: list[str] | None) -> None:
 
 
 def _routed(run: RunContext, stages: list[str]) -> bool:
-    """Whether this run's train stage goes to the pipeline's train work pool (into the same store and MLflow
+    """Whether this run's training stage goes to the pipeline's train work pool (into the same store and MLflow
     parent run): when a pool is set and the stage is to be built."""
-    pool = "train" in stages and run.config.stages.train.work_pool
-    return bool(pool) and ("train" in run.force or not run.store.is_done("train", run.keys["train"]))
+    training = run.config.kind.training
+    pool = training is not None and training.name in stages and run.config.section(training.name).work_pool
+    return bool(pool) and (training.name in run.force or not run.store.is_done(training.name, run.keys[training.name]))
 
 
 def _config(name: str, overrides: list[str] | None, source: dict[str, Any] | None, config_file: str | None) -> PipelineConfig:
     return load_pipeline(name, Path(config_file) if config_file else project.current().config_file, overrides or [], source)
 
 
-def train_remote(run: RunContext, pool: str, overrides, source, config_file) -> StageResult:
-    """Submit the train stage as a run of the pipeline's train deployment and wait for it; the result is
+def train_remote(run: RunContext, overrides, source, config_file) -> StageResult:
+    """Submit the training stage as a run of the pipeline's train deployment and wait for it; the result is
     read back from the stage store the worker wrote to."""
     from prefect.deployments import run_deployment
     from prefect.exceptions import ObjectNotFound
 
-    name = train_deployment(run.config.name)
+    name, stage = train_deployment(run.config.name), run.config.kind.training.name
+    pool = run.config.section(stage).work_pool
     log.info("train: submitting to work pool '%s' (deployment %s) and waiting", pool, name)
     t0 = time.perf_counter()
     # what the train deployment lets a run set: its overrides (its own, or allowed by the pipeline), never a
     # source or storage (the worker uses the pipeline's, or its ZHPIPE_STORAGE)
     parameters = {
         "pipeline": run.config.name, "overrides": overrides or [], "config_file": config_file,
-        "parent_run_id": run.parent_run_id, "force": "train" in run.force, "project_dir": str(project.current().root),
+        "parent_run_id": run.parent_run_id, "force": stage in run.force, "project_dir": str(project.current().root),
     }
     if source:
         raise ZhpipeError("train: a run with --source cannot train on another work pool (a deployment trains what pipelines.yaml "
@@ -382,10 +365,10 @@ def train_remote(run: RunContext, pool: str, overrides, source, config_file) -> 
     if not flow_run.state or not flow_run.state.is_completed():
         state = flow_run.state.name if flow_run.state else "unknown"
         raise ZhpipeError(f"train: the run '{flow_run.name}' of {name} on work pool '{pool}' ended {state}: {flow_run.state.message if flow_run.state else ''}")
-    key = run.keys["train"]
-    if not run.store.is_done("train", key):
+    key = run.keys[stage]
+    if not run.store.is_done(stage, key):
         raise ZhpipeError(f"train: the run '{flow_run.name}' on work pool '{pool}' completed but {run.store.url} has no train output {key}: does the worker use the same storage root?")
-    return run._result(run.store.manifest("train", key), "miss", time.perf_counter() - t0)
+    return run._result(run.store.manifest(stage, key), "miss", time.perf_counter() - t0)
 
 
 @flow(name="zhpipe-train", log_prints=True, validate_parameters=False)
@@ -406,10 +389,11 @@ def train_flow(
     if project_dir:
         project.activate(project.Project(Path(project_dir)))
     config = _config(pipeline, overrides, source, config_file)
-    causes = plan(config)
+    training = config.kind.training
+    causes = plan(config, registry=revision)
     run = RunContext(config, StageStore(storage_root(config, storage)), {s: stage_key(c) for s, c in causes.items()}, f"zhpipe-{config.identity}",
-                     parent_run_id, {"train"} if force else set(), causes=causes)
-    inputs = [run.reuse(name) for name in config.kind.stages["train"].needs]
+                     parent_run_id, {training.name} if force else set(), causes=causes)
+    inputs = [run.reuse(name) for name in training.needs]
     with gpu_slot():
-        result = STAGE_TASKS["train"](run, *inputs)
+        result = stage_task(training.name)(run, *inputs)
     return {k: v for k, v in asdict(result).items() if k != "path"}

@@ -82,11 +82,16 @@ def resolve(uri: str) -> tuple[str, str]:
 
 
 def revision(uri: str) -> str:
-    """What a stage key sees of a registered model: `<name>/<version>`, or `<uri>@absent` before it exists."""
+    """What a stage key sees of a registered model (`flows.keys.Registry`): `<name>/<version>`; a model the registry
+    does not have, or a registry that cannot be read, is one clear error."""
+    from tasks.errors import ConfigError
+
     try:
         return "/".join(resolve(uri))
-    except Exception:  # noqa: BLE001 - no such model yet (or no registry): a key that changes once it appears
-        return f"{uri}@absent"
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the store unreadable, say: said in one line, never a key built on it
+        raise ConfigError(f"{uri}: the model registry could not be read ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
 
 
 def download(uri: str, cache: Path) -> tuple[str, Path]:

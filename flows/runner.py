@@ -1,9 +1,8 @@
-"""Stage execution: plan the keys of a run, then build or reuse each stage and track it in MLflow."""
+"""Stage execution: build or reuse each unit of a run (its keys planned by flows/keys.py) and track it in MLflow."""
 from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import logging
 import shutil
 import time
@@ -14,285 +13,16 @@ from typing import Any, Callable
 from flows import project
 from flows.chunks import runner_for
 from flows.config import PipelineConfig, flatten
-from flows.fingerprint import code_fingerprint, file_fingerprints, library_versions
-from flows.store import Manifest, StageStore, file_sha256, stage_key
+from flows.keys import unit_params
+from flows.sources import origin_of, partition_source, partitions
+from flows.store import Manifest, StageStore
+from flows.workers import global_slot
 from flows.tracking import Tracker, experiment_id
-from tasks.core import BuildContext, BuildOutput, Facts, Unit, model_unit
+from tasks.core import BuildContext, BuildOutput, Facts, Unit
 from tasks.errors import ZhpipeError
-from tasks.io import resolve_path
-from tasks.models import MODELS
 from tasks.source.origin import Origin
 
 log = logging.getLogger("zhpipe")
-
-
-_FILE_DIGESTS: dict[tuple[str, int, int], str] = {}  # (file, mtime_ns, size) -> sha256: each file version hashed once
-_APPENDED: dict[tuple, list] = {}  # (file, mtime_ns, size, record) -> its partitions: an append source checked once
-_FROZEN: dict[int, list] = {}  # id(config) -> the partitions a run planned with: fixed from planning to its end
-
-
-def partitions(config: PipelineConfig) -> list:
-    """The partitions of a partitioned source (one per file in file-name order, or one per run's appended
-    lines); [] for a single-file source. Planning asks for them once per unit: a file (or an appended file's
-    ranges) is hashed once per version in this process, not on every call."""
-    if not config.source.partitioned:
-        return []
-    if id(config) in _FROZEN:
-        return _FROZEN[id(config)]
-    root = project.current().root
-    if config.source.grows == "append":
-        record, file = _append_record(config), resolve_local(config.source.path)
-        text = record.read_text(encoding="utf-8") if record.is_file() else None
-        stat = file.stat() if file is not None and file.is_file() else None
-        key = (str(file), stat.st_mtime_ns if stat else 0, stat.st_size if stat else -1, text)
-        if key not in _APPENDED:
-            _APPENDED.clear()  # only the latest version is asked for again
-            _APPENDED[key] = config.source.partitions(root, json.loads(text) if text else None)
-        return _APPENDED[key]
-    parts = config.source.partitions(root)
-    for part in parts:
-        stat = part.path.stat()
-        key = (str(part.path), stat.st_mtime_ns, stat.st_size)
-        if key not in _FILE_DIGESTS:
-            _FILE_DIGESTS[key] = file_sha256(part.path)
-        part.digest = _FILE_DIGESTS[key]
-    return parts
-
-
-@contextlib.contextmanager
-def fixed_partitions(config: PipelineConfig):
-    """Within the block, `partitions(config)` is the list found on entry: a file appended to, added or removed while
-    a run plans or builds changes nothing in that run (the next run finds it). A partition the last run had and the
-    source no longer has is a warning line naming it, or an error with `source.missing_partitions: error`."""
-    if not config.source.partitioned or id(config) in _FROZEN:
-        yield
-        return
-    parts = partitions(config)
-    gone = [name for name in _recorded(config) if name not in {p.name for p in parts}]
-    if gone:
-        listed = ", ".join(gone[:5]) + (f" and {len(gone) - 5} more" if len(gone) > 5 else "")
-        message = (f"source {config.source.path}: {len(gone)} partition(s) of the last run are gone ({listed}); "
-                   "their rows are not in this run's corpus")
-        if config.source.missing_partitions == "error":
-            raise ZhpipeError(message + " (source.missing_partitions: error; put the files back or set it to warn)")
-        log.warning("%s", message)
-    _FROZEN[id(config)] = parts
-    try:
-        yield
-    finally:
-        _FROZEN.pop(id(config), None)
-
-
-def _record(config: PipelineConfig, kind: str) -> Path:
-    """Where what a partitioned source held at earlier runs is kept: in the project (whatever store a run uses), by
-    the source's path."""
-    import hashlib
-
-    where = str(resolve_local(config.source.path)) if kind == "appends" else f"{project.current().root}|{config.source.path}"
-    name = hashlib.sha256(where.encode()).hexdigest()[:16]
-    return project.current().data / "_cache" / f"{kind}-{name}.json"
-
-
-def _append_record(config: PipelineConfig) -> Path:
-    return _record(config, "appends")
-
-
-def _recorded(config: PipelineConfig) -> list[str]:
-    """The partitions the last run of a file or glob source had (an appended file's never go: not recorded)."""
-    if config.source.grows == "append":
-        return []
-    try:
-        names = json.loads(_record(config, "partitions").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return []
-    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
-
-
-def record_appends(config: PipelineConfig) -> None:
-    """Keep this run's partitions of a partitioned source, so that the next run finds them (and checks them): an
-    appended file's byte ranges and sha256, a folder's or glob's file names."""
-    from tasks.io import atomic_write_text
-
-    if not config.source.partitioned:
-        return
-    parts = partitions(config)
-    if config.source.grows != "append":
-        record = _record(config, "partitions")
-        record.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(record, json.dumps([p.name for p in parts], ensure_ascii=False, indent=1))
-        return
-    record = _append_record(config)
-    record.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(record, json.dumps([{"end": p.byte_range[1], "sha256": p.fingerprint()} for p in parts], indent=1))
-
-
-def record_source_run(config: PipelineConfig, keys: dict[str, str]) -> None:
-    """A run on another corpus (`--source`) is in no pipeline of pipelines.yaml: what it built is kept from `zhpipe
-    gc` by this record of its keys and source (in the project), until `zhpipe gc --forget <its name>`."""
-    from tasks.io import atomic_write_text
-
-    if not config.tracked_as:
-        return
-    record = source_run_record(config.identity)
-    record.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(record, json.dumps({"pipeline": config.name, "source": config.source.path, "keys": keys}, ensure_ascii=False, indent=1))
-
-
-def source_run_record(identity: str) -> Path:
-    return project.current().data / "_cache" / f"source-run-{identity}.json"
-
-
-def source_run_records() -> dict[str, dict[str, Any]]:
-    """The records of runs on other corpora, by name; an unreadable one is named in a warning and kept nothing for."""
-    found = {}
-    for path in sorted((project.current().data / "_cache").glob("source-run-*.json")):
-        try:
-            found[path.stem.removeprefix("source-run-")] = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            log.warning("gc: %s is unreadable (%s); the outputs it names are not kept", path, e)
-    return found
-
-
-def partition_source(config: PipelineConfig, name: str):
-    """The source of one partition: its file, relative to the project folder where it is inside it (so that
-    a moved project keeps its keys), and for an append its byte range."""
-    root = project.current().root
-    part = next(p for p in partitions(config) if p.name == name)
-    shown = part.path.relative_to(root) if part.path.is_relative_to(root) else part.path
-    return config.source.partition(part, shown)
-
-
-def stage_params(config: PipelineConfig, stage: str) -> dict[str, Any]:
-    """The resolved parameters that define one stage's output (a stage that reads the source, needing no other
-    stage, includes the source)."""
-    params = getattr(config.stages, stage).model_dump(mode="json")
-    if not config.kind.stages[stage].needs:
-        params = {"source": config.source.model_dump(mode="json"), **params}
-    return params
-
-
-def source_fingerprint(config: PipelineConfig, origin: Origin | None = None) -> str:
-    """What identifies the raw bytes (`tasks.source.origin.Origin`: the local file's sha256, else the declared
-    sha256, else the server's validators). A source with given splits: each file's, by split; a partitioned
-    source: the digest of its partitions' list."""
-    if config.source.partitioned:
-        import hashlib
-
-        listing = " ".join(f"{p.name}={p.fingerprint()}" for p in partitions(config))
-        return f"partitions {hashlib.sha256(listing.encode()).hexdigest()}"
-    origin = origin or origin_of(config)
-    parts = config.source.given()
-    if len(parts) > 1:
-        return " ".join(f"{name}={origin.fingerprint(src)}" for name, src in parts.items())
-    return origin.fingerprint()
-
-
-def origin_of(config: PipelineConfig) -> Origin:
-    """The pipeline's source as its key plan and download ask about it (one per run)."""
-    return Origin(config.source, project.current().root, config.stages.download)
-
-
-def resolve_local(location: str) -> Path | None:
-    """A local path for `location` (plain path or file:// URL; relative paths from the project folder)."""
-    return resolve_path(location, project.current().root)
-
-
-def key_causes(config: PipelineConfig, unit: str, inputs: dict[str, str]) -> dict[str, Any]:
-    """Everything a stage's or model unit's key hashes: its params, its inputs' keys (the source's sha256 for
-    download), the code that computes it, the libraries that shape it and the contents of the files its params
-    name. A model unit (`train.<model>`, `evaluate.<model>`) sees its stage's code and its own model family's,
-    never another family's, and only the files its own section names."""
-    stage, model, part = Unit.parse(unit)
-    spec = config.kind.stages[stage]
-    module = spec.module
-    params = unit_params(config, unit)
-    code, files = code_fingerprint(module.__name__), module.FILES
-    if spec.partitioned and config.source.partitioned and not part and not spec.gather:  # it concatenates its partitions
-        from tasks import partitions as gather
-
-        code, files, module = code_fingerprint(gather.__name__), (), gather
-    if model:
-        code = {**code_fingerprint(module.__name__, skip="tasks.models"), **code_fingerprint(MODELS[model].train.__module__)}
-        files = tuple(f for f in files if f.startswith(f"{model}."))
-    return {
-        "stage": unit,
-        "params": params,
-        "inputs": inputs,
-        "code": code,
-        "libraries": library_versions(module.LIBRARIES),
-        "files": file_fingerprints(params, files, project.current().root, section=stage),
-    }
-
-
-def model_units(config: PipelineConfig, stage: str) -> list[str]:
-    """The per-model units of the train or evaluate stage: `train.<model>` for each model in train.models,
-    ensembles after the models they are built from."""
-    names = config.stages.train.models
-    return [model_unit(stage, name) for name in sorted(names, key=lambda n: MODELS[n].members is not None)]
-
-
-def members_of(config: PipelineConfig, model: str) -> list[str]:
-    """The models an ensemble is built from (none for other models)."""
-    spec = MODELS[model]
-    return spec.members(getattr(config.stages.train, model)) if spec.members else []
-
-
-def unit_params(config: PipelineConfig, unit: str) -> dict[str, Any]:
-    """The params that define a stage's or a model unit's output. A `train.<model>` unit sees the settings
-    shared settings its model declares it reads (`ModelSpec.shared`) and its own section, never another model's;
-    `train` itself only the model list."""
-    stage, model, part = Unit.parse(unit)
-    if part and not config.kind.stages[stage].needs:  # a partition of the source: its file, and its place in the order
-        ordinal = [p.name for p in partitions(config)].index(part)
-        return {**stage_params(config, stage), "source": partition_source(config, part).model_dump(mode="json"),
-                "partition": part, "ordinal": ordinal}
-    if stage == "train":
-        every = stage_params(config, "train")
-        if not model:
-            return {"models": every["models"]}
-        declared = MODELS[model].shared
-        shared = {k: v for k, v in every.items() if k not in MODELS and k != "models" and (declared is None or k in declared)}
-        return {**shared, model: every[model]}
-    return stage_params(config, stage)
-
-
-def plan(config: PipelineConfig, origin: Origin | None = None) -> dict[str, dict[str, Any]]:
-    """Every stage's and model unit's key causes, computed from the config alone (so `status` needs no run).
-    Each model is a unit of its own (`train.<model>`, `evaluate.<model>`); the train and evaluate stages
-    gather their units, so a change to one model's params rebuilds that model and the comparison only."""
-    causes: dict[str, dict[str, Any]] = {}
-    parts = partitions(config)
-    for spec in config.kind.stages.values():
-        stage = spec.name
-        if parts and spec.partitioned:  # a unit per partition, then the stage that gathers them in order
-            for i, part in enumerate(parts):
-                name = part.name
-                unit_inputs = {d: stage_key(causes[f"{d}:{name}"]) for d in spec.needs} or {"source": part.fingerprint()}
-                if spec.cumulative:  # it reads every earlier partition's output (clean: deduplication across them)
-                    unit_inputs |= {f"{stage}:{q.name}": stage_key(causes[f"{stage}:{q.name}"]) for q in parts[:i]}
-                causes[f"{stage}:{name}"] = key_causes(config, f"{stage}:{name}", unit_inputs)
-            causes[stage] = key_causes(config, stage, {f"{stage}:{p.name}": stage_key(causes[f"{stage}:{p.name}"]) for p in parts})
-            continue
-        inputs = {d: stage_key(causes[d]) for d in spec.needs} if spec.needs else {"source": source_fingerprint(config, origin)}
-        if spec.per_model:
-            for unit in model_units(config, stage):
-                model = Unit.parse(unit).model
-                unit_inputs = dict(inputs)
-                if stage == "train" and not MODELS[model].uses_vectors:
-                    unit_inputs.pop("embed", None)
-                if stage == "train":
-                    unit_inputs |= {model_unit("train", m): stage_key(causes[model_unit("train", m)]) for m in members_of(config, model)}
-                if stage == "evaluate":
-                    unit_inputs["train"] = stage_key(causes[model_unit("train", model)])
-                causes[unit] = key_causes(config, unit, unit_inputs)
-            inputs = {unit: stage_key(causes[unit]) for unit in model_units(config, stage)}
-        causes[stage] = key_causes(config, stage, inputs)
-    return causes
-
-
-def plan_keys(config: PipelineConfig) -> dict[str, str]:
-    """Every stage's key, computed from the config alone."""
-    return {stage: stage_key(c) for stage, c in plan(config).items()}
 
 
 @dataclass
@@ -370,7 +100,7 @@ class RunContext:
         """The selected stages with their units (models, partitions), all read from the store, when each is there
         and sound and nothing is forced: a run with nothing to build (nothing is tracked per stage). Else None;
         a corrupt output found on the way is removed, for the run that follows to rebuild."""
-        wanted = set(stages) | ({"train"} if "evaluate" in stages else set())  # registering reads the trained models
+        wanted = set(stages) | self.config.kind.units_read(stages)  # registering reads the trained models
         units = [u for u in self.keys if Unit.parse(u).stage in wanted]
         if self.force or not all(self.store.is_done(u, self.keys[u]) for u in units):
             return None
@@ -397,7 +127,7 @@ class RunContext:
         open). The key's lock is held throughout, so a concurrent run of the same key waits, then reuses."""
         key = self.keys[stage]
         t0 = time.perf_counter()
-        with self.store.lock(stage, key):
+        with self.store.lock(stage, key, shared=global_slot):
             hit = not self.forced(stage) and self.store.is_done(stage, key) and self._sound(stage, key)
             cache = {"zhpipe.cache": "hit" if hit else "miss"}
             manifest = self.store.manifest(stage, key) if hit else None
@@ -509,7 +239,8 @@ class RunContext:
             outputs={name: self.config.kind.stages[Unit.parse(name).stage].outputs for name in inputs},
         )
         try:
-            with system_metrics(tracker.run_id, enabled=stage.startswith("train.")):
+            training, unit = self.config.kind.training, Unit.parse(stage)
+            with system_metrics(tracker.run_id, enabled=bool(unit.model) and training is not None and unit.stage == training.name):
                 out = build(ctx)
             manifest = Manifest(
                 stage=stage,

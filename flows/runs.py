@@ -13,6 +13,7 @@ from typing import Any
 import pandas as pd
 
 from tasks.errors import ConfigError, DataError, ZhpipeError
+from tasks.stages import KINDS
 
 log = logging.getLogger("zhpipe")
 
@@ -155,7 +156,8 @@ def model_metrics(run) -> dict[str, dict[str, float]]:
     # a run that built nothing names the model runs it reused: their training's, then their scoring's metrics
     reused = sorted((k.removeprefix("zhpipe.reused.").partition("."), v) for k, v in run.data.tags.items()
                     if k.startswith("zhpipe.reused.") and "." in k.removeprefix("zhpipe.reused.") and v)
-    for (stage, _, model), source in sorted(reused, key=lambda item: item[0][0] != "train"):
+    order = list(KINDS[run.data.tags.get("zhpipe.task")].stages) if run.data.tags.get("zhpipe.task") in KINDS else []
+    for (stage, _, model), source in sorted(reused, key=lambda item: order.index(item[0][0]) if item[0][0] in order else 0):
         metrics = c.get_run(source).data.metrics
         out.setdefault(model, {}).update({k: metrics[k] for k in MODEL_METRICS if k in metrics})
     return out

@@ -19,7 +19,8 @@ from mlflow.pyfunc import PythonModel
 
 CODE = Path(__file__).resolve().parent.parent  # the folder holding the flows and tasks packages
 
-
+# the stages a served model replays on raw text, by name: their settings are its zhpipe.json's sections of these names
+CLEANING, SEGMENTING = "clean", "segment"
 
 
 def bad_request(message: str) -> Exception:
@@ -55,7 +56,7 @@ def as_texts(model_input: Any) -> list[Any]:
 def read_config(context) -> dict:
     """A logged model's zhpipe.json, its segmenter's files (user dictionary, stopwords) pointed at the artifacts."""
     cfg = json.loads(Path(context.artifacts["config"]).read_text(encoding="utf-8"))
-    segment = cfg.get("segment") or {}
+    segment = cfg.get(SEGMENTING) or {}
     for key in ("user_dict", "stopwords"):  # files travel as artifacts
         if segment.get(key):
             segment[key] = context.artifacts[key]
@@ -84,9 +85,9 @@ class TextClassifier(PythonModel):
         from tasks.segmenter import Segmenter, SegmenterParams
 
         cfg = read_config(context)
-        segment = cfg["segment"]
+        segment = cfg[SEGMENTING]
         self.labels = cfg["labels"]
-        self.clean = CleanParams(**cfg["clean"])
+        self.clean = CleanParams(**cfg[CLEANING])
         limits = cfg.get("predict") or {}
         self.max_rows, self.max_chars = limits.get("max_rows", 10_000), limits.get("max_chars", self.clean.max_chars)
         self.segmenter = Segmenter(SegmenterParams(**{k: v for k, v in segment.items() if k in SegmenterParams.model_fields}))
@@ -141,7 +142,7 @@ def log_classifier(run_id: str, model: str, folder: Path, labels: list[str], cle
 
     with tempfile.TemporaryDirectory() as tmp:
         artifacts = {"model": str(folder), **segment_artifacts(segment, Path(tmp))}
-        config = {"model": model, "labels": labels, "clean": clean, "segment": segment, "predict": predict or {}}
+        config = {"model": model, "labels": labels, CLEANING: clean, SEGMENTING: segment, "predict": predict or {}}
         return _log_pyfunc(run_id, model, TextClassifier(), "pyfunc_model.py", artifacts, config,
                            ["房间很干净，服务也好", "早餐太差了"], registered_name, Path(tmp))
 
@@ -150,7 +151,7 @@ def log_tagger(run_id: str, model: str, folder: Path, labels: list[str], clean: 
                registered_name: str | None = None):
     """Log `folder` (a trained tagger) as an EntityTagger pyfunc in run `run_id`. Returns MLflow's ModelInfo."""
     with tempfile.TemporaryDirectory() as tmp:
-        config = {"model": model, "labels": labels, "clean": clean, "predict": predict or {}}
+        config = {"model": model, "labels": labels, CLEANING: clean, "predict": predict or {}}
         return _log_pyfunc(run_id, model, EntityTagger(), "pyfunc_tagger.py", {"model": str(folder)}, config,
                            ["张伟，男，1965年出生，北京大学硕士，现任中国银行行长。", "无"], registered_name, Path(tmp))
 
@@ -165,10 +166,10 @@ class TextTranslator(PythonModel):
         from tasks.segmenter import Segmenter, SegmenterParams
 
         cfg = read_config(context)
-        segment = cfg["segment"]
+        segment = cfg[SEGMENTING]
         self.translator = MODELS[cfg["model"]].translator(Path(context.artifacts["model"]))
         self.direction = self.translator.direction
-        clean = CleanParams(**{k: v for k, v in cfg["clean"].items() if k in CleanParams.model_fields})
+        clean = CleanParams(**{k: v for k, v in cfg[CLEANING].items() if k in CleanParams.model_fields})
         # the English side is never converted to simplified characters
         self.clean = clean if self.direction.startswith("zh") else clean.model_copy(update={"traditional_to_simplified": False})
         limits = cfg.get("predict") or {}
@@ -208,7 +209,7 @@ def log_translator(run_id: str, model: str, folder: Path, clean: dict, segment: 
     example = ["我们明天去北京。", "你好。"] if direction.startswith("zh") else ["We are going to Beijing tomorrow.", "Hello."]
     with tempfile.TemporaryDirectory() as tmp:
         artifacts = {"model": str(folder), **segment_artifacts(segment, Path(tmp))}
-        config = {"model": model, "clean": clean, "segment": segment, "predict": predict or {}}
+        config = {"model": model, CLEANING: clean, SEGMENTING: segment, "predict": predict or {}}
         return _log_pyfunc(run_id, model, TextTranslator(), "pyfunc_translator.py", artifacts, config, example, registered_name, Path(tmp))
 
 
@@ -252,17 +253,17 @@ def score_served(model_uri: str, test: pd.DataFrame, metric: str, flavour: str, 
 
 
 def _log_classifier_of(run_id: str, model: str, folder: Path, labels: list[str], config):
-    return log_classifier(run_id, model, folder, labels, config.stages.clean.model_dump(mode="json"),
-                          config.stages.segment.segmenter().model_dump(mode="json"), config.predict.model_dump())
+    return log_classifier(run_id, model, folder, labels, config.section(CLEANING).model_dump(mode="json"),
+                          config.section(SEGMENTING).segmenter().model_dump(mode="json"), config.predict.model_dump())
 
 
 def _log_tagger_of(run_id: str, model: str, folder: Path, labels: list[str], config):
-    return log_tagger(run_id, model, folder, labels, config.stages.clean.model_dump(mode="json"), config.predict.model_dump())
+    return log_tagger(run_id, model, folder, labels, config.section(CLEANING).model_dump(mode="json"), config.predict.model_dump())
 
 
 def _log_translator_of(run_id: str, model: str, folder: Path, labels: list[str], config):
-    return log_translator(run_id, model, folder, config.stages.clean.model_dump(mode="json"),
-                          config.stages.segment.segmenter().model_dump(mode="json"), config.predict.model_dump())
+    return log_translator(run_id, model, folder, config.section(CLEANING).model_dump(mode="json"),
+                          config.section(SEGMENTING).segmenter().model_dump(mode="json"), config.predict.model_dump())
 
 
 # how a task kind's models are logged and served (tasks.stages.TaskKind.flavour): (run id, model, its folder,
@@ -308,7 +309,7 @@ class EntityTagger(PythonModel):
         from tasks.ner.clean import Params as CleanParams
 
         cfg = json.loads(Path(context.artifacts["config"]).read_text(encoding="utf-8"))
-        self.clean = CleanParams(**{k: v for k, v in cfg["clean"].items() if k in CleanParams.model_fields})
+        self.clean = CleanParams(**{k: v for k, v in cfg[CLEANING].items() if k in CleanParams.model_fields})
         limits = cfg.get("predict") or {}
         self.max_rows, self.max_chars = limits.get("max_rows", 10_000), limits.get("max_chars", self.clean.max_chars)
         self.tagger = MODELS[cfg["model"]].tagger(Path(context.artifacts["model"]))

@@ -22,7 +22,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from tasks.errors import ZhpipeError
 from tasks.io import atomic_write_text, file_sha256  # noqa: F401 - file_sha256 is part of the store's API
@@ -304,9 +304,10 @@ class StageStore:
         self.fs.put_file(str(final / MANIFEST), f"{target}/{MANIFEST}")
 
     @contextlib.contextmanager
-    def lock(self, stage: str, key: str):
+    def lock(self, stage: str, key: str, shared: Callable[[str, str], Any] | None = None):
         """Hold the key's lock (a file lock, so it works across processes): two runs that need the same
-        output build it once; the second waits, then finds it done."""
+        output build it once; the second waits, then finds it done. On an object store, `shared(name, waiting)`
+        is the lock across machines (the orchestration passes a Prefect global concurrency slot)."""
         from filelock import FileLock, Timeout
 
         (self.root / unit_folder(stage)).mkdir(parents=True, exist_ok=True)
@@ -317,13 +318,11 @@ class StageStore:
             log.info("%s: another run is building %s; waiting for it", stage, key)
             lock.acquire()
         try:
-            if self.fs is None:
+            if self.fs is None or shared is None:
                 yield
-            else:  # an object store: the file lock covers this machine only; the Prefect server covers all
-                from flows.workers import global_slot
-
+            else:  # an object store: the file lock covers this machine only; the shared lock covers all
                 name = "zhpipe-store-" + hashlib.sha256(f"{self.url}|{stage}|{key}".encode()).hexdigest()[:16]
-                with global_slot(name, f"{stage}: another machine is building {key}; waiting for it"):
+                with shared(name, f"{stage}: another machine is building {key}; waiting for it"):
                     yield
         finally:
             lock.release()

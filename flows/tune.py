@@ -13,7 +13,9 @@ from typing import Any
 import yaml
 
 from flows.config import PipelineConfig, load_pipeline
-from flows.runner import RunContext, plan
+from flows.keys import plan
+from flows.runner import RunContext
+from flows.registry import revision
 from flows.store import StageStore, stage_key, storage_root
 from flows.tracking import Tracker
 from tasks.core import model_unit
@@ -48,7 +50,7 @@ def search_space(config: PipelineConfig, model: str) -> dict[str, dict[str, Any]
     """The model's search space: `tune.<model>` of the pipeline, else the default; every name must be a
     setting of `train.<model>` and every range well formed. The model need not be in train.models: the
     trials train it alone."""
-    fits = [n for n, m in MODELS.items() if m.task == config.task and not m.is_language_model and not m.members]
+    fits = [n for n, m in MODELS.items() if m.task == config.kind.model_task and not m.is_language_model and not m.members]
     if model not in fits:
         raise ConfigError(f"tune: {model} is not a model that task {config.task} can tune (models: {', '.join(fits)})")
     space = config.tune.get(model) or DEFAULT_SPACES.get(model)
@@ -105,7 +107,7 @@ def tune(pipeline: str, model: str, trials: int, overrides: list[str] | None = N
     the `--set` lines and the YAML snippet (also written beside the study, `<pipeline>-<model>.yaml`)."""
     import optuna
 
-    from flows.evaluation import train_unit
+    from flows.model_stages import model_unit_run
     from flows.pipeline import pipeline_flow
 
     overrides = list(overrides or [])
@@ -128,16 +130,17 @@ def tune(pipeline: str, model: str, trials: int, overrides: list[str] | None = N
     def objective(trial) -> float:
         params = {name: suggest(trial, name, dim) for name, dim in space.items()}
         config = load_pipeline(pipeline, overrides=[*overrides, f"train.models=[{model}]", *_assignments(model, params)])
-        causes = plan(config)
+        causes = plan(config, registry=revision)
         run = RunContext(config, StageStore(storage_root(config, storage)), {s: stage_key(c) for s, c in causes.items()},
                          experiment, parent.run_id, causes=causes)
-        inputs = {name: run.reuse(name) for name in config.kind.stages["train"].needs}
+        training = config.kind.training
+        inputs = {name: run.reuse(name) for name in training.needs}
         tracker = Tracker.start(experiment, f"trial {trial.number}", parent=parent.run_id,
-                                tags={"zhpipe.model": model, "zhpipe.trial": str(trial.number), "zhpipe.key": run.keys[model_unit("train", model)]})
-        tracker.params({f"train.{model}.{k}": v for k, v in params.items()})
+                                tags={"zhpipe.model": model, "zhpipe.trial": str(trial.number), "zhpipe.key": run.keys[model_unit(training.name, model)]})
+        tracker.params({f"{training.name}.{model}.{k}": v for k, v in params.items()})
         trial_tracker = TrialTracker(tracker.run_id, trial, f"{model}_{metric}")
         try:
-            result = train_unit(run, model, inputs, tracker=trial_tracker)
+            result = model_unit_run(run, training, model, inputs, tracker=trial_tracker)
         except optuna.TrialPruned:
             tracker.tags({"zhpipe.trial_state": "pruned"})
             tracker.finish(ok=True)
@@ -162,7 +165,7 @@ def tune(pipeline: str, model: str, trials: int, overrides: list[str] | None = N
         raise ConfigError(f"tune {pipeline}/{model}: no trial completed ({len(study.trials)} pruned or failed)")
     best = study.best_trial
     sets = _assignments(model, best.params)
-    snippet = yaml.safe_dump({"pipelines": {pipeline: {"stages": {"train": {model: best.params}}}}}, allow_unicode=True, sort_keys=False)
+    snippet = yaml.safe_dump({"pipelines": {pipeline: {"stages": {base.kind.training.name: {model: best.params}}}}}, allow_unicode=True, sort_keys=False)
     out = folder / f"{pipeline}-{model}.yaml"
     out.write_text(f"# best of {len(done)} trials: {metric} {best.value:.4f} (trial {best.number})\n" + snippet, encoding="utf-8")
     parent.metrics({f"best_{metric}": best.value, "trials_complete": len(done),

@@ -37,7 +37,7 @@ from flows import handover, procs
 from flows.handover import fingerprint, read_state, recv, send, state_file
 
 # what a run imports: loaded once here, shared by every fork
-PRELOAD = ("flows.cli", "flows.pipeline", "flows.runner", "flows.tracking", "flows.evaluation", "flows.registry", "flows.status",
+PRELOAD = ("flows.cli", "flows.cli.run", "flows.pipeline", "flows.runner", "flows.tracking", "flows.model_stages", "flows.registry", "flows.status",
            "flows.serving", "tasks.download", "tasks.augment", "prefect.flow_engine", "prefect.task_engine",
            "prefect.utilities.visualization", "mlflow", "mlflow.tracking", "mlflow.store.tracking.sqlalchemy_store",
            "mlflow.store.model_registry.sqlalchemy_store", "sqlalchemy.dialects.sqlite", "alembic.config",
@@ -152,6 +152,7 @@ def _run_command(conn: socket.socket, files: dict, mine: str) -> None:
         os._exit(0)
     _end_when_client_goes(conn)
     from flows import cli, tracking
+    from flows.cli import ending
 
     tracking.after_fork()
     handover.SERVING = True  # the command this fork runs is not handed over again
@@ -163,7 +164,7 @@ def _run_command(conn: socket.socket, files: dict, mine: str) -> None:
         except OSError:
             pass
 
-    cli._REPORT = report
+    ending.REPORT = report
 
     code = 1
     try:
@@ -176,7 +177,7 @@ def _run_command(conn: socket.socket, files: dict, mine: str) -> None:
         import traceback
 
         traceback.print_exc()
-    cli.finish(code)  # MLflow's and Prefect's exit hooks run, as in any command
+    ending.finish(code)  # MLflow's and Prefect's exit hooks run, as in any command
 
 
 def _private_log() -> None:

@@ -28,6 +28,8 @@ class Params(EdaParams):
     device: str = "auto"  # translation models: auto = CUDA when present (bf16), else CPU
     backtranslation: BackTranslationParams = BackTranslationParams()
 
+    def unused(self) -> tuple[str, ...]:
+        return () if self.method == "backtranslation" else ("backtranslation",)  # the settings of a method not chosen
 
 
 def check_no_leakage(train: pd.DataFrame, original_ids: set, heldout) -> None:

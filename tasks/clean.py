@@ -25,8 +25,8 @@ LIBRARIES = ("pandas", "pyarrow", "opencc")
 FILES: tuple[str, ...] = ()
 
 
-class Params(Section):
-    """The `clean` section."""
+class Normalise(Section):
+    """What cleaning a text reads: every kind's `clean` section starts from it."""
 
     nfkc: bool = True  # full-width to half-width
     strip_html: bool = True
@@ -35,7 +35,15 @@ class Params(Section):
     min_chars: int = Field(2, ge=0)
     max_chars: int = Field(5000, ge=1)
     dedupe: bool = True
+
+
+class Params(Normalise):
+    """The `clean` section."""
+
+    OUTSIDE_KEY = ("workers",)
     workers: int = Field(1, ge=0)  # processes that normalise chunks (0 = one per core); on Dask, every worker
+
+
 CHUNK_ROWS = 5000
 log = logging.getLogger("zhpipe")
 _HTML_TAG = re.compile(r"<[^>]{1,200}>")

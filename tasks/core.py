@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable, NamedTuple, Protocol
+from typing import Any, Callable, ClassVar, NamedTuple, Protocol
 
 import pandas as pd
 from pydantic import BaseModel, ConfigDict
@@ -17,6 +17,13 @@ class Section(BaseModel):
     """Base of every stage's and model's parameters: unknown keys are errors, values re-validated on --set."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # settings that change how the work is spread (processes, chunk sizes), never what it writes: outside its key
+    OUTSIDE_KEY: ClassVar[tuple[str, ...]] = ()
+
+    def unused(self) -> tuple[str, ...]:
+        """Keys of this section whose settings the chosen options leave unread (a method's section when another
+        method is chosen): left out of the parameters a run shows."""
+        return ()
 
 
 class MetricSink(Protocol):

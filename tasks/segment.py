@@ -27,6 +27,7 @@ FILES: tuple[str, ...] = ("user_dict", "stopwords")
 class Params(SegmenterParams):
     """The `segment` section: the segmenter's parameters and how the work is spread."""
 
+    OUTSIDE_KEY = ("workers", "chunk_rows")
     workers: int = Field(0, ge=0)  # 0 = one process per core
     chunk_rows: int = Field(1000, ge=1)  # smaller chunks even out the last workers; larger cut IPC
 

@@ -17,11 +17,30 @@ from typing import Any, Callable
 @dataclass(frozen=True)
 class Output:
     """A file (or folder) a stage writes that consumers open by name; `kind` says how `api.load` reads it:
-    frame (parquet), splits (one parquet per split, `{split}.parquet`), json, csv, vocab (vocab.txt files),
+    frame (parquet), splits (one parquet per split, `{split}.parquet`), json, csv, vocabulary (vocab.txt files),
     vectors (gensim KeyedVectors from word2vec's binary `.bin` or text `.vec` format), text (lines)."""
 
     path: str
     kind: str
+
+
+@dataclass(frozen=True)
+class PerModel:
+    """A stage with a unit per model of the pipeline's model list (`<stage>.<model>`, ensembles after the models they
+    are built from): each unit is built by the module's `build_model(ctx, model)` and tracked in its model's MLflow
+    run, then the stage's `build(ctx)` gathers the units (`ctx.inputs` by unit name)."""
+
+    # its units train the models: the stage's section holds the model list (`models`) and a section per model; a
+    # unit's params are the shared settings its model reads and its own section; the saved model is logged to MLflow
+    # (registered and served when chosen); an ensemble's unit reads its members' units
+    trains: bool = False
+    # the per-model stages whose unit of the same model each unit reads (evaluate's unit reads train's), by stage name
+    reads: tuple[str, ...] = ()
+    # needs a unit reads only when its model says so: need -> the `ModelSpec` flag (`{"embed": "uses_vectors"}`)
+    optional: tuple[tuple[str, str], ...] = ()
+    # its gathered facts name the best model (`Facts.best_model`) and each model's results: the pipeline registers
+    # the best model after it, under the champion rule, on the test split of the needed stage that declares splits
+    selects: bool = False
 
 
 @dataclass(frozen=True)
@@ -34,7 +53,7 @@ class Stage:
     help: str  # one line for `zhpipe stages` and the CLI
     headline: str  # the one metric the run summary shows
     outputs: tuple[Output, ...] = ()
-    per_model: bool = False  # a unit per model of train.models (`<stage>.<model>`), then the stage gathers them
+    models: PerModel | None = None  # a unit per model (train, evaluate): how they are made and what they are for
     # with a partitioned source (a folder or glob of files): a unit per partition (`<stage>:<file>`), then the
     # stage gathers them in order (tasks/partitions.py); a night with one new file builds only that file's units
     partitioned: bool = False
@@ -43,6 +62,17 @@ class Stage:
     # the partitions' files with tasks/partitions.py); vocab counts per partition and merges the counts
     part_build: str = "build"
     gather: str | None = None
+
+    @property
+    def per_model(self) -> bool:
+        return self.models is not None
+
+    def reads(self, need: str, model: str) -> bool:
+        """Whether the unit of `model` reads the need `need` (an optional need is read only by models that say so)."""
+        from tasks.models import MODELS
+
+        flag = dict(self.models.optional).get(need) if self.models else None
+        return flag is None or bool(getattr(MODELS[model], flag))
 
     @property
     def module(self) -> ModuleType:
@@ -69,9 +99,50 @@ class TaskKind:
     labelled: bool = True  # its splits carry a `label` column
     default_models: tuple[str, ...] = ()  # train.models when a pipeline names none (empty: the train section's default)
     check: Callable[[Any], None] | None = None  # cross-section rules of this kind (raise ValueError)
+    check_stages: Callable[[Any], None] | None = None  # rules across its stage sections, on every change (raise ValueError)
+    models_of: str = ""  # the task whose registered models it trains (`ModelSpec.task`; default: its own name)
+
+    @property
+    def model_task(self) -> str:
+        return self.models_of or self.name
 
     def stage(self, name: str) -> Stage:
         return self.stages[name]
+
+    @property
+    def per_model(self) -> tuple[Stage, ...]:
+        """Its stages with a unit per model, in graph order."""
+        return tuple(s for s in self.stages.values() if s.per_model)
+
+    @property
+    def source(self) -> Stage:
+        """The stage that reads the pipeline's source (it needs no other stage)."""
+        return next(s for s in self.stages.values() if not s.needs)
+
+    def units_read(self, names) -> set[str]:
+        """The per-model stages whose units the per-model stages among `names` read (evaluate's units read train's)."""
+        return {r for n in names if n in self.stages and self.stages[n].per_model for r in self.stages[n].models.reads}
+
+    @property
+    def training(self) -> Stage | None:
+        """The stage whose units train the models (None: the kind trains none)."""
+        return next((s for s in self.per_model if s.models.trains), None)
+
+    @property
+    def selection(self) -> Stage | None:
+        """The stage that picks the best model, after which it is registered (None: nothing is registered)."""
+        return next((s for s in self.per_model if s.models.selects), None)
+
+    def test_split(self) -> Stage:
+        """The stage whose test split the selection scored on (and the champion rule scores again): the last of its
+        needs that declares splits."""
+        needs = [self.stages[n] for n in self.selection.needs]
+        return [s for s in needs if SPLITS in s.outputs][-1]
+
+    def splits(self, names) -> Stage | None:
+        """Of the stages `names`, the first (in graph order) that writes the run's splits: what a run trained,
+        validated and tested on."""
+        return next((s for s in self.stages.values() if s.name in names and SPLITS in s.outputs), None)
 
 
 def _graph(*stages: Stage) -> dict[str, Stage]:
@@ -86,6 +157,8 @@ def _graph(*stages: Stage) -> dict[str, Stage]:
 
 
 SPLITS = Output("{split}.parquet", "splits")
+TRAINS = PerModel(trains=True, optional=(("embed", "uses_vectors"),))  # embed: only models that start from word vectors
+SELECTS = PerModel(reads=("train",), selects=True)
 
 CLASSIFICATION_STAGES = _graph(
     Stage("download", (), "tasks.download", "find or fetch the corpus (path, file:// or http(s):// URL), verify sha256, read it",
@@ -104,17 +177,17 @@ CLASSIFICATION_STAGES = _graph(
           "rows_added", (Output("train.parquet", "frame"), Output("train.words.txt", "text")), partitioned=True),
     Stage("vocab", ("augment", "segment"), "tasks.vocab",
           "word and character vocab.txt (BERT-style specials) + frequency tables; validation OOV rate",
-          "words_validation_oov_rate", (Output("words/vocab.txt", "vocab"), Output("chars/vocab.txt", "vocab")),
+          "words_validation_oov_rate", (Output("words/vocab.txt", "vocabulary"), Output("chars/vocab.txt", "vocabulary")),
           partitioned=True, part_build="count", gather="gather"),
     Stage("embed", ("augment",), "tasks.embed",
           "gensim Word2Vec and fastText subword vectors; neighbours of probe words, PCA picture, projector export",
           "word2vec_vocab", (Output("word2vec.bin", "vectors"), Output("fasttext.vec", "vectors"))),
     Stage("train", ("augment", "segment", "vocab", "embed"), "tasks.train",
           "the models in train.models (the registry in tasks/models), checkpointed per epoch, early stopping",
-          "textcnn_val_macro_f1", (Output("models.json", "json"),), per_model=True),
+          "textcnn_val_macro_f1", (Output("models.json", "json"),), models=TRAINS),
     Stage("evaluate", ("train", "segment"), "tasks.evaluate",
           "validation picks the best model; test metrics, confusion matrices, PR curves, worst mistakes; registers the best",
-          "best_test_accuracy", (Output("comparison.csv", "csv"),), per_model=True),
+          "best_test_accuracy", (Output("comparison.csv", "csv"),), models=SELECTS),
 )
 # every stage name, in graph order: what the CLI's --from/--to/--only/--force accept
 STAGE_NAMES = tuple(CLASSIFICATION_STAGES)
@@ -135,7 +208,7 @@ NER_STAGES = _graph(
     _ner("profile", "entity types per split, entity lengths, sentence lengths, report.html", "entities"),
     _ner("augment", "the train split as it is (rewriting text would shift the tags)"),
     _ner("vocab", "character and bigram vocabularies, and the lexicon of jieba words the lexicon adapter matches", "lexicon_size",
-         (Output("chars/vocab.txt", "vocab"), Output("bigrams/vocab.txt", "vocab"))),
+         (Output("chars/vocab.txt", "vocabulary"), Output("bigrams/vocab.txt", "vocabulary"))),
     _ner("embed", "Word2Vec vectors of characters, bigrams and words (word2vec binary format)", "chars_vectors",
          (Output("chars.bin", "vectors"), Output("bigrams.bin", "vectors"), Output("words.bin", "vectors"))),
     _ner("train", "the taggers in train.models (CRF, BiLSTM-CRF, lexicon tagger, ensemble), scored by validation entity F1",
@@ -160,7 +233,7 @@ TRANSLATION_STAGES = _graph(
     _mt("profile", "sentence lengths of both sides, their ratio, frequent tokens, example pairs, report.html", "suggested_max_len"),
     _mt("augment", "the train pairs as they are"),
     replace(_mt("vocab", "Chinese (characters or words) and English vocabularies, OOV rates", "zh_vocab_size",
-                (Output("zh/vocab.txt", "vocab"), Output("en/vocab.txt", "vocab"))), needs=("augment", "segment")),
+                (Output("zh/vocab.txt", "vocabulary"), Output("en/vocab.txt", "vocabulary"))), needs=("augment", "segment")),
     replace(_mt("train", "the translators in train.models (seq2seq, seq2seq_attention, transformer_mt), in train.direction",
                 "transformer_mt_val_bleu"), needs=("augment", "segment", "vocab")),
     _mt("evaluate", "validation BLEU picks the best translator; test BLEU and chrF (sacrebleu), BLEU by length, attention maps; "
@@ -190,6 +263,16 @@ def _check_translation(config: Any) -> None:
         raise ValueError(f"augment.method {augment.method!r}: task translation takes none (a pair needs both sides rewritten alike)")
 
 
+def _check_transformer_heads(stages: Any) -> None:
+    """train.transformer: d_model (else the size of the vectors it starts from) must divide into its heads."""
+    t = stages.train.transformer
+    vectors = stages.embed.fasttext.dim if stages.train.embeddings == "fasttext" else stages.embed.word2vec.vector_size
+    d_model = t.d_model or vectors
+    if "transformer" in stages.train.models and d_model % t.num_heads:
+        raise ValueError(f"train.transformer: d_model {d_model} (d_model, else the size of the train.embeddings vectors) "
+                         f"must be a multiple of num_heads ({t.num_heads})")
+
+
 def _check_classification(config: Any) -> None:
     if config.source.splits:
         raise ValueError("source.splits (given validation/test files) is for task ner; a classification corpus is split by the split stage")
@@ -197,7 +280,8 @@ def _check_classification(config: Any) -> None:
 
 KINDS: dict[str, TaskKind] = {kind.name: kind for kind in (
     TaskKind("classification", "texts to labels", CLASSIFICATION_STAGES, metric=lambda config: config.stages.evaluate.metric,
-             reported=("test_accuracy", "test_macro_f1"), flavour="classifier", check=_check_classification),
+             reported=("test_accuracy", "test_macro_f1"), flavour="classifier", check=_check_classification,
+             check_stages=_check_transformer_heads),
     TaskKind("ner", "sequence labelling: tagged corpora, taggers, entity F1", NER_STAGES, metric=lambda config: "f1",
              reported=("test_f1", "test_precision", "test_recall"), flavour="tagger", labelled=False,
              default_models=("crf", "bilstm_crf", "lexicon_tagger", "ner_ensemble"), check=_check_ner),

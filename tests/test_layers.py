@@ -71,3 +71,29 @@ def test_the_check_finds_a_planted_cycle(tmp_path):
     (tmp_path / "tasks" / "b.py").write_text("def f():\n    from tasks.a import x\n")
     (tmp_path / "flows" / "c.py").write_text("import tasks.a\n")
     assert _cycle(_graph(tmp_path)) == ["tasks.a", "tasks.b", "tasks.a"]
+
+
+# the planning room: what plans keys and keeps the store, usable without Prefect or MLflow (`zhpipe status` of a
+# pipeline, gc, verify read only these, and what they import)
+PLANNING = ("flows.config", "flows.project", "flows.keys", "flows.sources", "flows.fingerprint", "flows.store",
+            "flows.status", "flows.maintenance", "flows.init")
+
+
+def _reached(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo += graph.get(name, ())
+    return seen
+
+
+def test_the_planning_room_imports_neither_prefect_nor_mlflow():
+    """Transitively over flows/ and tasks/: a module of the planning room, and every module it imports, names no
+    Prefect or MLflow module (a key needs a registered model's version: the lookup is passed in)."""
+    graph = _graph(ROOT)
+    files = {_module_name(p, ROOT): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+    offenders = sorted({(name, m) for room in PLANNING for name in _reached(graph, room)
+                        for m in _imports(files[name]) if m.split(".")[0] in ("prefect", "mlflow")})
+    assert offenders == []

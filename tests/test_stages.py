@@ -115,7 +115,7 @@ def test_a_toy_stage_and_kind_run_through_the_real_flow(toy_kind, prefect_harnes
     from flows import api, project
     from flows.config import load_pipeline
     from flows.pipeline import pipeline_flow
-    from flows.runner import plan_keys
+    from flows.keys import plan_keys
 
     config = load_pipeline("toy", toy_kind["config_file"])
     assert config.kind is toy_kind["kind"] and config.stages.lengths.bins == 3
@@ -140,4 +140,97 @@ def test_every_stage_declares_what_api_load_reads():
     for kind in graph.KINDS.values():
         for stage in kind.stages.values():
             assert stage.outputs, (kind.name, stage.name)
-            assert all(dataclasses.is_dataclass(o) and o.kind in {"frame", "splits", "json", "csv", "vocab", "vectors", "text"} for o in stage.outputs)
+            assert all(dataclasses.is_dataclass(o) and o.kind in {"frame", "splits", "json", "csv", "vocabulary", "vectors", "text"} for o in stage.outputs)
+
+
+TOY_MODEL_STAGE = '''
+"""Stage `calibrate`: each trained model's expected calibration error on the validation split."""
+import json
+
+import numpy as np
+import pandas as pd
+
+from tasks.core import BuildContext, BuildOutput, Section, by_model
+from tasks.models import MODELS
+
+LIBRARIES = ("numpy",)
+FILES = ()
+
+
+class Params(Section):
+    bins: int = 5
+
+
+def build_model(ctx: BuildContext, name: str) -> BuildOutput:
+    labels = ctx.facts["train"].labels
+    validation = pd.read_parquet(ctx.file("segment", "validation.parquet"))
+    probs = MODELS[name].predictor(ctx.inputs["train"] / name)(validation)
+    truth = validation["label"].astype(str).map(labels.index).to_numpy()
+    confidence, right = probs.max(1), probs.argmax(1) == truth
+    edges = np.linspace(0, 1, ctx.params.bins + 1)[1:-1]
+    bins = np.digitize(confidence, edges)
+    ece = sum(abs(right[bins == b].mean() - confidence[bins == b].mean()) * (bins == b).mean()
+              for b in range(ctx.params.bins) if (bins == b).any())
+    (ctx.out / "calibration.json").write_text(json.dumps({"model": name, "ece": float(ece)}))
+    return BuildOutput(rows=len(validation), metrics={"val_ece": float(ece)}, facts=ctx.facts["train"])
+
+
+def build(ctx: BuildContext) -> BuildOutput:
+    ece = {model: json.loads((folder / "calibration.json").read_text())["ece"] for model, folder in by_model(ctx.inputs).items()}
+    (ctx.out / "calibration.json").write_text(json.dumps(ece))
+    return BuildOutput(metrics={f"{m}_val_ece": v for m, v in ece.items()})
+'''
+
+
+@pytest.mark.e2e
+def test_a_per_model_stage_is_one_module_and_one_entry(tmp_path, smoke, monkeypatch):
+    """A per-model stage added to a toy kind (classification's stages and `calibrate`): a unit per model keyed on
+    that model's training alone, built through the real Prefect flow, each unit's metrics in its model's MLflow
+    run, gathered by the stage, reused on the next run."""
+    from flows.config import load_pipeline
+    from flows.pipeline import pipeline_flow
+    from flows.keys import plan_keys
+    from flows.tracking import client
+
+    (tmp_path / "toy_calibrate.py").write_text(TOY_MODEL_STAGE)
+    spec = importlib.util.spec_from_file_location("toy_calibrate", tmp_path / "toy_calibrate.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "toy_calibrate", module)
+    spec.loader.exec_module(module)
+    base = graph.CLASSIFICATION_STAGES
+    calibrate = graph.Stage("calibrate", ("train", "segment"), "toy_calibrate", "calibration error per model", "tfidf_lr_val_ece",
+                            (graph.Output("calibration.json", "json"),), models=graph.PerModel(reads=("train",)))
+    kind = graph.TaskKind("calibrated", "classifiers and their calibration", graph._graph(*base.values(), calibrate),
+                          metric=lambda config: config.stages.evaluate.metric, reported=("test_accuracy",), flavour="classifier", models_of="classification")
+    monkeypatch.setitem(graph.KINDS, "calibrated", kind)
+    config_file = tmp_path / "pipelines.yaml"
+    config_file.write_text(f"""
+pipelines:
+  toy:
+    task: calibrated
+    source: {{path: tests/fixtures/smoke.csv, format: csv, text_column: review, label_column: label}}
+    stages:
+      embed:
+        word2vec: {{vector_size: 32, epochs: 2}}
+        fasttext: {{dim: 30, epoch: 1, bucket: 50000}}
+      train: {{models: [tfidf_lr, fasttext], fasttext: {{epoch: 5, lr: 0.1, dim: 30, bucket: 50000}}}}
+      calibrate: {{bins: 4}}
+""", encoding="utf-8")
+    keys = plan_keys(load_pipeline("toy", config_file))
+    assert [u for u in keys if u.startswith("calibrate")] == ["calibrate.tfidf_lr", "calibrate.fasttext", "calibrate"]
+    retrained = plan_keys(load_pipeline("toy", config_file, ["train.fasttext.epoch=6"]))
+    assert retrained["calibrate.tfidf_lr"] == keys["calibrate.tfidf_lr"] and retrained["calibrate.fasttext"] != keys["calibrate.fasttext"]
+    out = pipeline_flow("toy", config_file=str(config_file))  # into the session store: the smoke run's data stages are reused
+    summary = {s["stage"]: s for s in out["stages"]}
+    assert summary["calibrate"]["cache"] == "miss" and summary["calibrate"]["headline"] == "tfidf_lr_val_ece"
+    units = {u["stage"]: u for u in out["units"]}
+    assert {"calibrate.tfidf_lr", "calibrate.fasttext"} <= set(units)
+    eces = {m: summary["calibrate"]["metrics"][f"{m}_val_ece"] for m in ("tfidf_lr", "fasttext")}
+    assert all(0 <= v <= 1 for v in eces.values())
+    for model in eces:  # each unit logged into its model's run, beside its training
+        runs = client().search_runs([client().get_run(out["parent_run_id"]).info.experiment_id],
+                                    filter_string=f"tags.`mlflow.parentRunId` = '{out['parent_run_id']}' and tags.`zhpipe.model` = '{model}'")
+        assert len(runs) == 1 and runs[0].data.metrics["val_ece"] == pytest.approx(eces[model])
+        assert {"seconds", "evaluate_seconds", "calibrate_seconds"} <= set(runs[0].data.metrics)
+    again = pipeline_flow("toy", config_file=str(config_file), stages=["calibrate"])
+    assert [(s["stage"], s["cache"]) for s in again["stages"]] == [("calibrate", "hit")]

@@ -16,7 +16,7 @@ LIBRARIES = ("pandas", "pyarrow", "opencc")
 FILES: tuple[str, ...] = ()
 
 
-class Params(clean.Params):
+class Params(clean.Normalise):
     """The `clean` section of a translation pipeline (the limits apply to each side, in characters)."""
 
     min_chars: int = Field(1, ge=0)

@@ -101,7 +101,7 @@ def test_two_concurrent_runs_build_each_stage_once(api_env, tmp_path):
     import re
 
     from flows.config import load_pipeline
-    from flows.runner import plan_keys
+    from flows.keys import plan_keys
     from flows.store import StageStore
 
     env = {**api_env, "ZHPIPE_DATA": str(tmp_path / "store")}
@@ -126,7 +126,7 @@ def test_two_machines_on_one_object_store_build_each_key_once(api_env, tmp_path)
     import re
 
     from flows.config import load_pipeline
-    from flows.runner import plan_keys
+    from flows.keys import plan_keys
     from flows.store import StageStore
 
     url = f"local://{tmp_path / 'bucket'}"
@@ -149,7 +149,7 @@ def test_every_kinds_summary_shows_each_models_metric_alike():
     """A NER run's models show their test F1 as a classifier's show their accuracy (crf's was blank)."""
     from rich.console import Console
 
-    from flows.cli import summary_table
+    from flows.cli.run import summary_table
 
     rows = [{"stage": "evaluate", "cache": "miss", "seconds": 1.0, "rows": None, "metrics": {"best_test_f1": 0.8},
              "headline": "best_test_f1"}]

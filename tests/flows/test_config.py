@@ -94,7 +94,7 @@ def test_bad_schedule_is_one_clear_error(tmp_path, schedule, needle):
 
 
 def test_deployment_keys_do_not_change_stage_keys(tmp_path):
-    from flows.runner import plan_keys
+    from flows.keys import plan_keys
 
     plain = load_pipeline("p", write(tmp_path, BASE))
     deployed = load_pipeline("p", write(tmp_path, BASE + "    schedule: {interval: 3600}\n    runner: dask\n    storage: s3://b/z\n"),

@@ -316,7 +316,7 @@ def test_serve_runs_the_schedule_without_a_worker(env, tmp_path):
         stop(proc)
         log.close()
     from flows.config import load_pipeline
-    from flows.runner import plan_keys
+    from flows.keys import plan_keys
     from flows.store import StageStore
 
     keys = plan_keys(load_pipeline("served", tmp_path / "p.yaml"))

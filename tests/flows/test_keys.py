@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from flows import fingerprint, runner
+from flows import fingerprint
+from flows import keys as planner
 from flows.config import load_pipeline
 from flows.pipeline import pipeline_flow, select_stages
 from flows.status import diff_causes, stage_states
@@ -29,7 +30,7 @@ def built(prefect_harness, tmp_path_factory):
 
 
 def states(built, sets=()):
-    causes = runner.plan(load_pipeline("smoke", overrides=built["sets"] + list(sets)))
+    causes = planner.plan(load_pipeline("smoke", overrides=built["sets"] + list(sets)))
     keys = {s: stage_key(c) for s, c in causes.items()}
     return keys, {r["stage"]: r for r in stage_states(built["store"], causes, keys)}
 
@@ -50,8 +51,8 @@ def test_one_models_param_changes_that_model_and_the_comparison_only(built):
     keys, _ = states(built)
     new_keys, _ = states(built, ["train.textcnn.lr=0.002"])
     assert changed(keys, new_keys) == {"train.textcnn", "train", "evaluate.textcnn", "evaluate"}
-    old = runner.plan(load_pipeline("smoke", overrides=built["sets"]))["train.textcnn"]
-    new = runner.plan(load_pipeline("smoke", overrides=built["sets"] + ["train.textcnn.lr=0.002"]))["train.textcnn"]
+    old = planner.plan(load_pipeline("smoke", overrides=built["sets"]))["train.textcnn"]
+    new = planner.plan(load_pipeline("smoke", overrides=built["sets"] + ["train.textcnn.lr=0.002"]))["train.textcnn"]
     assert diff_causes("train.textcnn", old, new) == ["param train.textcnn.lr: 0.001 -> 0.002"]
 
 
@@ -59,7 +60,7 @@ def test_a_shared_setting_changes_only_the_models_that_read_it():
     """`train.epochs` is read by the PyTorch models only: tfidf_lr and fastText keep their keys (and so stay
     cached, and are never registered twice); `train.seed` is read by all three."""
     sets = ["train.models=[tfidf_lr,fasttext,textcnn]"]
-    plan = lambda extra: runner.plan_keys(load_pipeline("smoke", overrides=sets + extra))  # noqa: E731
+    plan = lambda extra: planner.plan_keys(load_pipeline("smoke", overrides=sets + extra))  # noqa: E731
     keys = plan([])
     epochs = changed(keys, plan(["train.epochs=2"]))
     assert epochs == {"train.textcnn", "train", "evaluate.textcnn", "evaluate"}
@@ -112,8 +113,8 @@ def test_an_edited_user_dictionary_rebuilds_segment(built):
 
 def test_a_library_version_rebuilds_what_it_shapes(built, monkeypatch):
     keys, _ = states(built)
-    real = runner.library_versions
-    monkeypatch.setattr(runner, "library_versions", lambda names: {**real(names), **({"jieba": "0.43.0"} if "jieba" in names else {})})
+    real = planner.library_versions
+    monkeypatch.setattr(planner, "library_versions", lambda names: {**real(names), **({"jieba": "0.43.0"} if "jieba" in names else {})})
     new_keys, rows = states(built)
     assert changed(keys, new_keys) == set(FROM_SEGMENT)  # jieba shapes segment; the rest follow from it
     assert rows["segment"]["why"] == ["library jieba 0.42.1 -> 0.43.0"]
@@ -136,13 +137,13 @@ def test_a_hub_model_that_appears_in_the_cache_changes_the_key(monkeypatch, tmp_
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
     config = load_pipeline("chnsenticorp-bt", overrides=["augment.fallback=eda"])
-    before = runner.plan(config)["augment"]
+    before = planner.plan(config)["augment"]
     repo = tmp_path / "models--Helsinki-NLP--opus-mt-zh-en"
     (repo / "snapshots" / "abc123").mkdir(parents=True)
     (repo / "snapshots" / "abc123" / "config.json").write_text("{}")
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("abc123")
-    after = runner.plan(config)["augment"]
+    after = planner.plan(config)["augment"]
     assert before["files"]["Helsinki-NLP/opus-mt-zh-en"] == "hub:Helsinki-NLP/opus-mt-zh-en@absent"
     assert after["files"]["Helsinki-NLP/opus-mt-zh-en"] == "hub:Helsinki-NLP/opus-mt-zh-en@abc123"
     assert stage_key(before) != stage_key(after)
@@ -199,6 +200,37 @@ def test_a_setting_a_kind_does_not_read_is_refused_in_one_line(pipeline, setting
 
 
 def test_a_setting_a_kind_reads_changes_its_keys_and_no_others():
-    base = {s: stage_key(c) for s, c in runner.plan(load_pipeline("resume-ner")).items()}
-    moved = {s: stage_key(c) for s, c in runner.plan(load_pipeline("resume-ner", overrides=["profile.top_k=7"])).items()}
+    base = {s: stage_key(c) for s, c in planner.plan(load_pipeline("resume-ner")).items()}
+    moved = {s: stage_key(c) for s, c in planner.plan(load_pipeline("resume-ner", overrides=["profile.top_k=7"])).items()}
     assert changed(base, moved) == {"profile"}
+
+
+def test_settings_that_spread_the_work_leave_every_key_unchanged():
+    """clean.workers, segment.workers and segment.chunk_rows change how the work is spread, never what is written;
+    translation's clean has no workers (it is not chunked): refused in one line."""
+    from tasks.errors import ConfigError
+
+    base = planner.plan_keys(load_pipeline("chnsenticorp"))
+    spread = planner.plan_keys(load_pipeline("chnsenticorp", overrides=["clean.workers=3", "segment.workers=2", "segment.chunk_rows=50"]))
+    assert spread == base
+    with pytest.raises(ConfigError, match="unknown key 'stages.clean.workers'"):
+        load_pipeline("tatoeba-zh-en", overrides=["clean.workers=3"])
+
+
+def test_a_registered_model_in_a_key_is_asked_of_the_registry_passed_in():
+    """A key that names `models:/...` holds the version the registry gives; planning without a registry, or a
+    registry that fails, is one line naming the setting or the model (never a key built on `@absent`)."""
+    from flows.registry import revision
+    from tasks.errors import ConfigError
+
+    config = load_pipeline("chnsenticorp-bt-local")
+    keys = planner.plan(config, registry=lambda uri: "zhpipe-tatoeba-zh-en/3" if "zh-en" in uri else "zhpipe-tatoeba-en-zh/1")
+    assert keys["augment"]["files"]["models:/zhpipe-tatoeba-zh-en@champion"] == "registry:zhpipe-tatoeba-zh-en/3"
+    later = planner.plan(config, registry=lambda uri: "zhpipe-tatoeba-zh-en/4" if "zh-en" in uri else "zhpipe-tatoeba-en-zh/1")
+    assert stage_key(later["augment"]) != stage_key(keys["augment"]) and stage_key(later["segment"]) == stage_key(keys["segment"])
+    with pytest.raises(ConfigError, match=r"augment.backtranslation.pivots.*models:/zhpipe-tatoeba-.*is a registered model") as e:
+        planner.plan(config)
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match="models:/zhpipe-tatoeba-zh-en@champion: no such registered model version") as e:
+        planner.plan(config, registry=revision)  # this tracking store has no such model
+    assert "\n" not in str(e.value)

@@ -10,7 +10,7 @@ import yaml
 
 from flows.config import load_pipeline
 from flows.pipeline import pipeline_flow, select_stages
-from flows.runner import plan_keys
+from flows.keys import plan_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e

@@ -186,7 +186,7 @@ def test_model_zoo_through_the_flow_with_curves_and_served_models(prefect_harnes
     import numpy as np
     import pandas as pd
 
-    from flows.runner import plan_keys
+    from flows.keys import plan_keys
     from tasks.models import MODELS
 
     sets = ["train.models=[transformer, bert, rnn_lm]", "train.epochs=2", "train.bert.pretrain_epochs=1",
@@ -223,7 +223,7 @@ def _files(root, stage, key):
 def test_dask_run_writes_the_same_bytes_as_a_local_run(prefect_harness, store, tmp_path):
     """`--dask local`: clean, segment and augment run their chunks on a 2-worker LocalCluster and publish
     byte-identical files to the (cached) single-machine run of the same config."""
-    from flows.runner import plan_keys
+    from flows.keys import plan_keys
 
     out = run(tmp_path / "dask-store", stages=select_stages(stop="augment"), dask="local",
               overrides=["segment.chunk_rows=100"])
@@ -242,7 +242,7 @@ def test_remote_storage_url(prefect_harness, tmp_path):
     a rerun is all hits, and a second machine (another local mirror) reads them back."""
     import fsspec
 
-    from flows.runner import plan_keys
+    from flows.keys import plan_keys
     from flows.store import StageStore
 
     url = f"memory://zhpipe-{tmp_path.name}"
@@ -264,7 +264,7 @@ def test_pictures_of_a_run_are_valid_pngs(prefect_harness, store):
     profile's one-page report and the projector export next to them."""
     from PIL import Image
 
-    from flows.runner import plan_keys
+    from flows.keys import plan_keys
 
     keys = plan_keys(load_pipeline("smoke"))
     profile, embed = (store / s / keys[s] for s in ("profile", "embed"))

@@ -137,9 +137,9 @@ def test_a_changed_test_split_rescores_the_champion_as_served(trained):
 
 def test_a_run_killed_before_registering_is_registered_by_the_next_run(prefect_harness, tmp_path, monkeypatch):
     """evaluate published, then the process dies before registering; the rerun (evaluate cached) registers."""
-    import flows.evaluation
+    import flows.model_stages
     from flows.registry import registered_version
-    from flows.runner import plan_keys
+    from flows.keys import plan_keys
 
     sets = ["train.models=[tfidf_lr]", "split.seed=5"]
 
@@ -147,7 +147,7 @@ def test_a_run_killed_before_registering_is_registered_by_the_next_run(prefect_h
         raise KeyboardInterrupt("killed between evaluate and registration")
 
     with monkeypatch.context() as m:
-        m.setattr(flows.evaluation, "register_best", killed)
+        m.setattr(flows.model_stages, "register_best", killed)
         with pytest.raises(BaseException, match="killed between"):
             pipeline_flow("smoke", overrides=sets, storage=str(tmp_path / "store"))
     key = plan_keys(load_pipeline("smoke", overrides=sets))["train.tfidf_lr"]

@@ -2,11 +2,11 @@
 import pandas as pd
 import pytest
 
-from flows.pipeline import STAGE_TASKS
+from flows.pipeline import stage_task
 from flows.tracking import client
 from tasks.errors import DataError
 
-download, clean = STAGE_TASKS["download"], STAGE_TASKS["clean"]
+download, clean = stage_task("download"), stage_task("clean")
 
 
 def test_task_fn_builds_then_hits(run_ctx):

@@ -52,7 +52,7 @@ def test_the_backends_agree_on_chinese_and_differ_on_digit_runs():
 
 def test_the_backend_is_part_of_the_segment_key():
     from flows.config import load_pipeline
-    from flows.runner import plan_keys
+    from flows.keys import plan_keys
 
     a, b = (plan_keys(load_pipeline("smoke", overrides=[f"segment.backend={x}"])) for x in ("jieba", "jieba-rs"))
     assert a["split"] == b["split"] and a["segment"] != b["segment"]

@@ -1,36 +1,69 @@
-"""The train and evaluate stages as units per model: each model in train.models is trained, cached and scored
-as its own unit (`train.<model>`, `evaluate.<model>`) with its own key and its own MLflow run (params,
-per-epoch curves, test metrics, the saved model and its plots), so changing one model's params rebuilds
-that model and the comparison only. The train and evaluate stages then gather their units; the best
-classifier is registered under the champion rule."""
+"""Per-model stages (declared with `PerModel` in tasks/stages.py: train and evaluate): each model of the model list
+is trained, cached and scored as its own unit (`train.<model>`, `evaluate.<model>`) with its own key and one
+MLflow run per model (params, per-epoch curves, test metrics, the saved model and its plots), so changing one
+model's params rebuilds that model and the comparison only. Each stage then gathers its units; after the stage
+that selects, the best model is registered under the champion rule."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Callable
 
 from flows.registry import register_best
-from flows.runner import RunContext, StageResult, members_of, model_units
+from flows.keys import members_of, model_units
+from flows.runner import RunContext, StageResult, artifact_key
 from flows.tracking import Tracker, client
 from tasks.core import Unit, model_unit
 from tasks.io import Rows
 from tasks.models import MODELS
+from tasks.stages import Stage
 
 
 def model_dir(run: RunContext, name: str) -> Path:
-    """The local folder of a trained model of this run (inside its `train.<name>` unit)."""
-    unit = model_unit("train", name)
+    """The local folder of a trained model of this run (inside its unit of the training stage)."""
+    unit = model_unit(run.config.kind.training.name, name)
     return run.store.local(unit, run.keys[unit]) / name
 
 
-def train_models(run: RunContext, upstream: dict[str, StageResult]) -> StageResult:
-    """Every model's train unit (reused or built, each tracked in its model run), then the train stage that
-    gathers them; `upstream` holds the train stage's inputs by stage name."""
+def run_model_stage(run: RunContext, spec: Stage, upstream: dict[str, StageResult]) -> StageResult:
+    """A per-model stage: every model's unit (reused or built, each tracked in its model run), then the stage that
+    gathers them; `upstream` holds the stage's inputs by stage name. After the stage that selects, the best model
+    is registered (every run: a best model a killed run did not register is registered now)."""
     units: dict[str, StageResult] = {}
-    for unit in model_units(run.config, "train"):
+    for unit in model_units(run.config, spec.name):
         name = Unit.parse(unit).model
-        units[unit] = as_task_run(unit, lambda n=name: train_unit(run, n, upstream, units))
-    result = run.run("train", units, run.config.kind.stages["train"].module.build)
+        units[unit] = as_task_run(unit, lambda n=name: model_unit_run(run, spec, n, upstream, units))
+    result = run.run(spec.name, units, spec.module.build)
     result.parts = units
+    if spec.models.selects:
+        test = upstream.get(run.config.kind.test_split().name) or run.reuse(run.config.kind.test_split().name)
+        register(run, result, test, {Unit.parse(unit).model: r.run_id for unit, r in result.parts.items()})
+        comparison = result.path / "comparison.md"
+        if comparison.is_file():
+            from prefect.artifacts import create_markdown_artifact
+
+            create_markdown_artifact(markdown=f"# {run.config.name}: model comparison (test split)\n\n" + comparison.read_text(encoding="utf-8"),
+                                     key=artifact_key(run.config.name, "comparison"), description=f"zhpipe {spec.name}")
+    return result
+
+
+def model_unit_run(run: RunContext, spec: Stage, name: str, upstream: dict[str, StageResult],
+                   built: dict[str, StageResult] | None = None, tracker: Tracker | None = None) -> StageResult:
+    """One model's unit of a per-model stage, reused or built. A unit that trains opens the model's run (or logs into
+    `tracker`'s), its ensemble reads its members' units from `built`; a unit that reads another per-model stage's
+    unit of the same model (evaluate reads train's) logs into that unit's model run."""
+    inputs = {k: v for k, v in upstream.items() if spec.reads(k, name)}
+    for stage in spec.models.reads:  # in place of that stage's gathered output: this model's unit of it
+        inputs[stage] = upstream[stage].parts.get(model_unit(stage, name)) if stage in upstream else None
+        inputs[stage] = inputs[stage] or run.reuse(model_unit(stage, name))
+    if spec.models.trains:
+        inputs |= {model_unit(spec.name, m): (built or {})[model_unit(spec.name, m)] for m in members_of(run.config, name)}
+    elif tracker is None:
+        tracker = Tracker(next((inputs[s].run_id for s in spec.models.reads if inputs[s].run_id), None) or _model_run(run, name))
+    build = spec.module.build_model
+    result = run.run(model_unit(spec.name, name), inputs, lambda ctx: build(ctx, name), run_name=model_run_name(run, name),
+                     tags={"zhpipe.model": name}, tracker=tracker)
+    if spec.models.trains:
+        _track_training(run, result, name)
     return result
 
 
@@ -50,19 +83,6 @@ def model_run_name(run: RunContext, model: str) -> str:
     """`textcnn · waimai train.epochs=2 12-02 10:31:05`: the model, then its parent run's name, so that model runs of
     different pipeline runs read apart in a comparison."""
     return f"{model} · {run.title or run.config.identity}"
-
-
-def train_unit(run: RunContext, name: str, upstream: dict[str, StageResult], built: dict[str, StageResult] | None = None,
-               tracker: Tracker | None = None) -> StageResult:
-    """One model's train unit, reused or built, tracked in its model run (or in `tracker`'s run); an ensemble
-    takes its members from `built`."""
-    inputs = {k: v for k, v in upstream.items() if k != "embed" or MODELS[name].uses_vectors}
-    inputs |= {model_unit("train", m): (built or {})[model_unit("train", m)] for m in members_of(run.config, name)}
-    build = run.config.kind.stages["train"].module.build_model
-    result = run.run(model_unit("train", name), inputs, lambda ctx: build(ctx, name), run_name=model_run_name(run, name),
-                     tags={"zhpipe.model": name}, tracker=tracker)
-    _track_training(run, result, name)
-    return result
 
 
 def _track_training(run: RunContext, result: StageResult, name: str) -> None:
@@ -100,21 +120,6 @@ def _log_classifier(run: RunContext, run_id: str, name: str, folder: Path, label
     return FLAVOURS[run.config.kind.flavour](run_id, name, folder, labels, run.config).model_uri
 
 
-def evaluate_models(run: RunContext, train: StageResult, segment: StageResult) -> StageResult:
-    """Every model's evaluate unit (scored into its model run), then the evaluate stage that compares them."""
-    evaluate_stage = run.config.kind.stages["evaluate"].module
-    units = {}
-    for unit in model_units(run.config, "evaluate"):
-        name = Unit.parse(unit).model
-        trained = train.parts.get(model_unit("train", name)) or run.reuse(model_unit("train", name))
-        model_run = trained.run_id or _model_run(run, name)
-        units[unit] = as_task_run(unit, lambda u=unit, n=name, t=trained, m=model_run: run.run(
-            u, {"train": t, "segment": segment}, lambda ctx: evaluate_stage.build_model(ctx, n), tracker=Tracker(m)))
-    result = run.run("evaluate", units, evaluate_stage.build)
-    result.parts = units
-    return result
-
-
 def _model_run(run: RunContext, name: str) -> str:
     """A model run for a model whose training was reused outside this run's train stage (--from evaluate)."""
     return Tracker.start(run.experiment, model_run_name(run, name), parent=run.parent_run_id, tags={"zhpipe.model": name, "zhpipe.cache": "hit"}).run_id
@@ -133,7 +138,7 @@ def register(run: RunContext, evaluation: StageResult, segment: StageResult, mod
     flavour = run.config.kind.flavour
     decision = register_best(
         uri, model_runs[best], run.config.identity, best, Rows(segment.path / "test.parquet"), metric,
-        evaluation.facts.results[best][f"test_{metric}"], model_key=run.keys[model_unit("train", best)],
+        evaluation.facts.results[best][f"test_{metric}"], model_key=run.keys[model_unit(run.config.kind.training.name, best)],
         rescore=lambda model_uri, test: score_served(model_uri, test, metric, flavour),
     )
     parent = Tracker(run.parent_run_id)

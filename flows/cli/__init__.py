@@ -1,0 +1,154 @@
+"""The `zhpipe` command line: one module per command group (run, schedule, results, store, catalog), each adding
+its commands to the parser; this module parses, sets up logging, hands a command to the warm process or runs it,
+and exits. Light at start: Prefect, MLflow and the stage modules are imported by the commands that need them,
+after the project folder is activated."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import NoReturn
+
+from flows import handover, project
+from flows.cli import catalog, results, run, schedule, store
+from flows.cli.common import version
+from flows.cli.ending import abort, finish  # noqa: F401 - as callers knew them
+from flows.cli.run import summary_table  # noqa: F401 - the run summary, as callers knew it
+from tasks.errors import ZhpipeError, say
+
+GROUPS = (run, schedule, results, store, catalog)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="zhpipe", description="Chinese-NLP training pipelines on Prefect and MLflow. "
+                                     "Run inside a project folder (one with a pipelines.yaml), or pass --project.")
+    parser.add_argument("--version", action="version", version=f"zhpipe {version()}")
+    parser.add_argument("--project", metavar="DIR", help="the project folder (default: the nearest folder with a pipelines.yaml "
+                        "from the current one upwards, or ZHPIPE_PROJECT)")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for group in GROUPS:
+        group.add_parsers(sub)
+    return parser
+
+
+class _ConsoleFormatter(logging.Formatter):
+    """Prefect's task-run lines ("Finished in state Completed()") name the task they are about."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        task = getattr(record, "task_name", None) or getattr(record, "task_run_name", None)
+        if task and record.name.startswith("prefect"):
+            record = logging.makeLogRecord({**record.__dict__, "name": f"{record.name} [{task}]"})
+        return super().format(record)
+
+
+class _NoZhpipeTraceback(logging.Filter):
+    """Prefect logs a failed task with its traceback; for our own one-line errors that is noise."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], ZhpipeError):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def _quiet_prefect_tracebacks() -> None:
+    # logger-level filters see every record those loggers create, whatever handlers Prefect installs later
+    for name in ("prefect.flow_runs", "prefect.task_runs", "prefect.flow_engine", "prefect.task_engine"):
+        logging.getLogger(name).addFilter(_NoZhpipeTraceback())
+
+
+def _start_background_server() -> None:
+    """The first `zhpipe run` of a project starts the project's Prefect server in the background, with an idle
+    timeout, so later runs skip the 20 s start of a temporary server (`ZHPIPE_SERVER=temporary`: a temporary
+    server per run, as before)."""
+    from flows import server
+
+    if os.environ.get("ZHPIPE_SERVER", "background") == "temporary":
+        return
+    idle = server.idle_timeout()
+    after = f"{idle / 60:.0f} min" if idle >= 60 else f"{idle:.0f} s"
+    beside = ", and a warm zhpipe process beside it that skips their imports" if handover.enabled() else ""
+    print(f"starting this project's Prefect server in the background (about 20 s, once; later runs reuse it{beside}; both "
+          f"stop {after} after the last zhpipe command, or with `zhpipe server stop`) ...", end="", flush=True)
+    try:
+        state = server.start(idle=idle)
+    except ZhpipeError as e:  # a taken port, say: this run goes on with a temporary server
+        print(f" not started ({e}); using a temporary server", flush=True)
+        return
+    print(f" running at {state['url'].removesuffix('/api')} (its UI asks for the credentials `zhpipe server status` prints)",
+          flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--debug" in argv[1:] and "--" not in argv:  # `zhpipe run --debug` as well as `zhpipe --debug run`
+        argv = ["--debug", *[a for a in argv if a != "--debug"]]
+    args = _parser().parse_args(argv)
+    try:
+        if args.command != "init":
+            project.activate(project.find(args.project))
+    except ZhpipeError as e:
+        say("error", str(e))
+        return 2
+    _find_server(args)
+    if not args.debug:  # MLflow sets its own loggers' level when it is imported (later, lazily): tell it up front
+        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    handed_env = dict(os.environ)
+    if args.command in handover.COMMANDS and not args.debug and not getattr(args, "dask", None):
+        code = handover.hand_over(argv)  # the project's warm process runs it, imports done (flows.warm)
+        if code is not None:
+            return code
+    _setup_logging(args)
+    return _run(args, handed_env)
+
+
+def _find_server(args) -> None:
+    """A background Prefect server instead of a temporary one per command: the running one, else (run, tune) a new one."""
+    if args.command in ("run", "tune", "deploy", "serve", "worker") or getattr(args, "dask", None):
+        from flows.server import use_running
+
+        project.ensure_prefect_home()
+        if not use_running() and args.command in ("run", "tune") and not os.environ.get("PREFECT_API_URL"):
+            _start_background_server()
+            use_running()
+
+
+def _setup_logging(args) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S")
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(_ConsoleFormatter("%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S"))
+    for noisy in ("httpx", "alembic", "mlflow", "gensim", "smart_open", "distributed"):  # their INFO lines are noise here
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    for draining in ("EventsWorker", "APILogWorker"):  # Prefect's queues say they still drain at exit: after the last line
+        logging.getLogger(draining).setLevel(logging.ERROR)
+    if not args.debug and (args.command in ("run", "tune", "deploy", "serve") or getattr(args, "dask", None)):
+        import prefect  # noqa: F401 - configures Prefect's loggers, which the filter then attaches to
+
+        _quiet_prefect_tracebacks()
+
+
+def _run(args, handed_env: dict[str, str]) -> int:
+    """The command itself; a run that used the background server leaves a warm process for the next."""
+    try:
+        code = args.handler(args)
+        if args.command == "run" and handed_env.get("PREFECT_API_URL") and os.environ.get("ZHPIPE_SERVER") != "temporary":
+            from flows.server import idle_timeout
+
+            handover.spawn(idle_timeout(), handed_env, project.current().root)  # the next runs skip the imports (it stops with the server's timeout)
+        return code
+    except ZhpipeError as e:
+        if args.debug:
+            raise
+        say("error", str(e))
+        return 2
+    except KeyboardInterrupt:
+        kept = ("the stages it finished are kept in the store (and a model's checkpoints), so the next `zhpipe run` "
+                "reuses them" if args.command in ("run", "tune") else "")
+        say("interrupted", kept)
+        return 130
+
+
+def entry() -> NoReturn:
+    """The `zhpipe` command."""
+    finish(main())

@@ -1,0 +1,58 @@
+"""`zhpipe init`, `pipelines`, `stages` and `models`: a project and what it declares."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from flows.cli.common import config_file
+from tasks.stages import KINDS
+
+
+def cmd_stages(args) -> int:
+    for kind in KINDS.values():
+        print(f"task {kind.name} ({kind.about}):")
+        for stage in kind.stages.values():
+            units = " (a unit per model)" if stage.per_model else ""
+            print(f"  {stage.name:<9} <- {', '.join(stage.needs) or 'source':<30} {stage.help}{units}")
+    return 0
+
+
+def cmd_models(args) -> int:
+    from tasks.models import MODELS
+
+    for name, spec in MODELS.items():
+        kind = "language model" if spec.is_language_model else f"{KINDS[spec.task].flavour} ({spec.task})"
+        print(f"{name:<14} {kind:<15} {spec.about}")
+    return 0
+
+
+def cmd_pipelines(args) -> int:
+    from flows.config import list_pipelines
+
+    for name, description in list_pipelines(config_file(args)).items():
+        print(f"{name:<20} {description}")
+    return 0
+
+
+def cmd_init(args) -> int:
+    from flows.init import init_project
+
+    written = init_project(Path(args.dir), Path(args.csv) if args.csv else None, args.text_column, args.label_column, args.link)
+    for path in written:
+        print(f"wrote {path}")
+    print(f"next: cd {args.dir} && zhpipe run")
+    return 0
+
+
+def add_parsers(sub) -> None:
+    sub.add_parser("stages", help="list the stages, what each reads and does").set_defaults(handler=cmd_stages)
+    sub.add_parser("models", help="list the registered models (names for train.models)").set_defaults(handler=cmd_models)
+    pipelines = sub.add_parser("pipelines", help="list the pipelines in pipelines.yaml")
+    pipelines.add_argument("--config", type=Path, help="pipelines file")
+    pipelines.set_defaults(handler=cmd_pipelines)
+    init = sub.add_parser("init", help="write a starter project (pipelines.yaml for your CSV) into DIR")
+    init.add_argument("dir", nargs="?", default=".", help="the project folder (default: the current one)")
+    init.add_argument("--csv", help="your corpus: a CSV file with a text and a label column (default: a 12-row example)")
+    init.add_argument("--text-column", default="text", help="the CSV's text column (default text)")
+    init.add_argument("--label-column", default="label", help="the CSV's label column (default label)")
+    init.add_argument("--link", action="store_true", help="link the CSV into data/raw/ instead of copying it (its sha256 is pinned either way)")
+    init.set_defaults(handler=cmd_init)

@@ -1,0 +1,116 @@
+"""What the command groups share: the options every pipeline command takes, the config they load, the console
+they print to."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from flows import project
+from tasks.errors import ZhpipeError
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("zhpipe")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def source_of(args) -> dict | None:
+    if not args.source:
+        return None
+    # columns not given are the pipeline's own (None: kept from its source)
+    return {"path": args.source, "text_column": args.text_column, "label_column": args.label_column}
+
+
+def config_file(args) -> Path:
+    return getattr(args, "config", None) or project.current().config_file
+
+
+def explicit_config(args) -> str | None:
+    """A --config file other than the project's, as deployments and flows receive it (None for the default)."""
+    return str(args.config.resolve()) if args.config else None
+
+
+def load(args):
+    from flows.config import load_pipeline
+
+    overrides = list(args.overrides) + (["source.allow_unverified=true"] if args.allow_unverified else [])
+    return load_pipeline(pipeline_name(args), config_file(args), overrides, source_of(args))
+
+
+def pipeline_name(args) -> str:
+    """The pipeline named on the command line, else the first one in the file."""
+    from flows.config import list_pipelines
+
+    name = getattr(args, "pipeline", None)
+    if name:
+        return name
+    names = list(list_pipelines(config_file(args)))
+    if not names:
+        raise ZhpipeError(f"{config_file(args)}: no pipelines declared")
+    return names[0]
+
+
+def configs(args, default_all: bool) -> list:
+    from flows.config import list_pipelines, load_pipeline
+
+    file = config_file(args)
+    configs = [load_pipeline(n, file) for n in (args.pipelines or list_pipelines(file))]
+    if not args.pipelines and not default_all:
+        configs = [c for c in configs if c.schedule is not None]
+    if not configs:
+        raise ZhpipeError(f"{file}: no pipeline has a `schedule`; name the pipelines to serve")
+    return configs
+
+
+def store_of(args):
+    from flows.config import list_pipelines, load_pipeline
+    from flows.store import StageStore, storage_root
+
+    first = load_pipeline(next(iter(list_pipelines(project.current().config_file))))
+    return StageStore(storage_root(first, args.storage))
+
+
+def console():
+    """A rich console; piped or logged (a cron job's file), one wide enough that no table cell is cut or wrapped."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=10_000)
+
+
+def number(value: float) -> str:
+    """A metric as people read it: whole numbers with thousands separators, others to 4 significant digits."""
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:.4g}"
+
+
+def print_frame(df, title: str, no_wrap: tuple[str, ...] = ()) -> None:
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in df.columns:
+        table.add_column(str(col), justify="right" if df[col].dtype.kind in "if" else "left", no_wrap=col in no_wrap)
+    for row in df.itertuples(index=False):
+        table.add_row(*["" if v is None or (isinstance(v, float) and v != v) else f"{v:.4f}" if isinstance(v, float) else str(v) for v in row])
+    console().print(table)
+
+
+def pipeline_args(p: argparse.ArgumentParser) -> None:
+    """The options of a command on one pipeline: which, from which file, with which changes, on which corpus."""
+    p.add_argument("pipeline", nargs="?", help="pipeline name (default: the first in pipelines.yaml)")
+    p.add_argument("--config", type=Path, help="pipelines file (default: the project's pipelines.yaml)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="STAGE.PARAM=VALUE",
+                   help="override one parameter for this run (repeatable)")
+    p.add_argument("--source", help="run on another corpus: a path or URL")
+    p.add_argument("--text-column", help="with --source: the text column (default: the pipeline's source.text_column)")
+    p.add_argument("--label-column", help="with --source: the label column (default: the pipeline's source.label_column)")
+    p.add_argument("--allow-unverified", action="store_true", help="fetch an http(s) source without a sha256, keyed by the "
+                   "server's ETag/Last-Modified/size (re-checked on every run)")
+
+
+def storage_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--storage", metavar="URL", help="stage store root: a folder or an fsspec URL such as s3://bucket/zhpipe "
+                   "(default: ZHPIPE_STORAGE, else the pipeline's `storage`, else the project's data/)")

@@ -1,0 +1,169 @@
+"""`zhpipe runs`, `compare`, `predict` and `ui`: the MLflow side, runs and registered models."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from flows.cli.common import pipeline_name, print_frame
+from tasks.errors import ZhpipeError
+
+
+def cmd_runs(args) -> int:
+    from flows.runs import pipeline_runs, runs_table
+
+    df = runs_table(pipeline_runs(args.pipeline, args.limit))
+    if df.empty:
+        print("no pipeline runs yet; `zhpipe run` makes one")
+        return 0
+    # the run's name holds its pipeline, its overrides and its time: the columns that repeat it are left out here
+    shown = df.drop(columns=[c for c in ("pipeline", "overrides", "started") if c in df])
+    print_frame(shown, f"zhpipe runs{' ' + args.pipeline if args.pipeline else ''} (newest first)", no_wrap=("name",))
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from flows.runs import compare_table
+
+    if len(args.runs) < 2:
+        raise ZhpipeError("compare needs at least two runs")
+    print_frame(compare_table(args.runs, args.all), "zhpipe compare" + ("" if args.all else " (rows that differ, and the headline metrics)"))
+    return 0
+
+
+def cmd_predict(args) -> int:
+    import pandas as pd
+    from mlflow.exceptions import MlflowException
+
+    from flows.runs import load_model, model_version, predict_frame, read_input, with_predictions, write_table
+
+    if bool(args.texts) == bool(args.input):
+        raise ZhpipeError("predict: give TEXT arguments or --input FILE (not both)")
+    if args.input and not args.output:
+        raise ZhpipeError("predict: --input needs --output FILE")
+    if args.output:
+        from flows.runs import READERS
+
+        if args.output.suffix.lower() not in READERS:  # before loading a model and predicting, not after
+            raise ZhpipeError(f"--output {args.output}: unknown file type '{args.output.suffix}' (expected .csv, .tsv, .jsonl or .parquet)")
+    df = read_input(args.input, args.text_column) if args.input else pd.DataFrame({"text": args.texts})
+    uri = args.model or f"models:/zhpipe-{pipeline_name(args)}@champion"
+    from flows.tracking import tracking_uri
+
+    store = tracking_uri().removeprefix("sqlite:///") if tracking_uri().startswith("sqlite:///") else None
+    if uri.startswith("models:/") and store and not Path(store).is_file():  # nothing to load, and nothing to create
+        raise ZhpipeError(f"no models yet: {store} does not exist; run a pipeline first (`zhpipe run`) or pass --model DIR")
+    column = args.text_column if args.input else "text"
+    model = load_model(uri)  # fail here, once, with one line
+    used = model_version(uri)
+    shown = f"{used['model']} version {used['version']}" if used["version"] else used["model"]
+    try:
+        if args.dask:
+            from prefect import flow
+
+            from flows.runs import predict_distributed
+
+            @flow(name="zhpipe-predict", log_prints=True)
+            def predict_flow():  # the chunk task runs are grouped under one flow run in the Prefect UI
+                return predict_distributed(uri, df, column, args.dask)
+
+            out = predict_flow()
+        else:
+            out = predict_frame(model, df, column)
+    except MlflowException as e:
+        raise ZhpipeError(f"predict: {e.message.removeprefix('zhpipe: ')}") from None
+    out = with_predictions(df, out, used)
+    statuses = out["pred_status"].value_counts().to_dict()
+    tagger, translator = "pred_entities" in out, "pred_translation" in out
+    if args.output:
+        write_table(out, args.output)
+        found = (f"entities: {int(out['pred_count'].sum())}" if tagger else f"translations: {int(out['pred_translation'].notna().sum())}"
+                 if translator else f"labels: {out['pred_label'].value_counts().to_dict()}")
+        print(f"{len(out)} rows -> {args.output} ({found}; status: {statuses}; model {shown}, {uri})")
+    elif args.jsonl:
+        import json
+
+        for row in out.itertuples(index=False):
+            record = {"text": row.text, "status": row.pred_status}
+            record |= ({"entities": json.loads(row.pred_entities)} if tagger else {"translation": row.pred_translation} if translator
+                       else {"label": row.pred_label, "probability": row.pred_probability})
+            print(json.dumps(record, ensure_ascii=False, default=float))
+    elif translator:
+        print_frame(out[["text", "pred_translation", "pred_status"]], f"zhpipe predict: model {shown} ({uri})")
+    elif tagger:
+        from flows.runs import entities_text
+
+        print_frame(out.assign(pred_entities=out["pred_entities"].map(entities_text))[["text", "pred_entities", "pred_status"]],
+                     f"zhpipe predict: model {shown} ({uri})")
+    else:
+        print_frame(out[["text", "pred_label", "pred_probability", "pred_status"]], f"zhpipe predict: model {shown} ({uri})")
+    return 0
+
+
+def cmd_ui(args) -> int:
+    import subprocess
+    import urllib.request
+    from importlib.metadata import entry_points
+
+    from flows.tracking import home_url, tracking_uri
+
+    # MLflow's default of 4 uvicorn workers takes many seconds to answer on a small machine: one per 2 cores, up to 4
+    workers = str(max(1, min(4, (os.cpu_count() or 2) // 2)))
+    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", tracking_uri(), "--host", args.host, "--port", str(args.port),
+           "--workers", workers]
+    opener = any(e.name == "zhpipe" for e in entry_points(group="mlflow.app"))  # installed: the page that opens the runs view
+    if opener:
+        cmd += ["--app-name", "zhpipe"]
+    print(f"starting the MLflow UI on http://{args.host}:{args.port} (store {tracking_uri()}) ...", flush=True)
+    proc = subprocess.Popen(cmd)
+
+    def stop(*_):  # a terminated `zhpipe ui` takes its server (and MLflow's workers) with it
+        raise KeyboardInterrupt
+
+    import signal
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:  # the URL is printed once it answers, so the first click works
+                with urllib.request.urlopen(f"http://127.0.0.1:{args.port}/health", timeout=2):  # noqa: S310 - loopback
+                    break
+            except OSError:
+                time.sleep(0.5)
+        if proc.poll() is None:
+            print(f"MLflow UI on {home_url(f'http://{args.host}:{args.port}', opener)} (Ctrl-C stops it)", flush=True)
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        return 0
+
+
+def add_parsers(sub) -> None:
+    runs = sub.add_parser("runs", help="list recent pipeline runs (date, commit, source, best model, metrics)")
+    runs.add_argument("pipeline", nargs="?", help="one pipeline (default: all)")
+    runs.add_argument("--limit", type=int, default=20, help="at most this many runs, newest first (default 20)")
+    runs.set_defaults(handler=cmd_runs)
+    compare = sub.add_parser("compare", help="side-by-side table of the parameters and metrics that differ between runs")
+    compare.add_argument("runs", nargs="+", metavar="RUN", help="run ids or prefixes (as `zhpipe runs` prints them)")
+    compare.add_argument("--all", action="store_true", help="every parameter and metric, not only those that differ")
+    compare.set_defaults(handler=cmd_compare)
+    predict = sub.add_parser("predict", help="label raw texts with a registered model (default: the pipeline's champion)")
+    predict.add_argument("texts", nargs="*", metavar="TEXT", help="texts to label (raw text, cleaned and segmented as the model's pipeline does)")
+    predict.add_argument("--model", help="an MLflow model URI (default models:/zhpipe-<pipeline>@champion)")
+    predict.add_argument("--pipeline", help="whose champion to use (default: the first pipeline in pipelines.yaml)")
+    predict.add_argument("--input", type=Path, help="a .csv, .tsv, .jsonl or .parquet file of texts")
+    predict.add_argument("--output", type=Path, help="where to write the input rows with label and probabilities (same formats)")
+    predict.add_argument("--text-column", default="text", help="with --input: the text column (default text)")
+    predict.add_argument("--jsonl", action="store_true", help="print one JSON object per text instead of a table")
+    predict.add_argument("--dask", metavar="ADDRESS", help="with --input: predict in chunks on Dask (`local` or a scheduler address)")
+    predict.set_defaults(handler=cmd_predict)
+    ui = sub.add_parser("ui", help="start the MLflow UI on the project's tracking store")
+    ui.add_argument("--port", type=int, default=5000, help="the port to serve on (default 5000)")
+    ui.add_argument("--host", default="127.0.0.1", help="the address to serve on (default 127.0.0.1: this machine only)")
+    ui.set_defaults(handler=cmd_ui)

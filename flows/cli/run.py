@@ -1,0 +1,174 @@
+"""`zhpipe run`, `status` and `tune`: build a pipeline (or a study of one model), and see what a run would build."""
+from __future__ import annotations
+
+import os
+import time
+
+from flows.cli.common import console, explicit_config, load, number, pipeline_name
+from tasks.errors import ZhpipeError, say
+
+
+def cmd_run(args) -> int:
+    from flows.pipeline import pipeline_flow, select_stages
+    from tasks.urls import conceal, redact_text
+
+    config = load(args)
+    stages = select_stages(args.start, args.stop, args.only, tuple(config.kind.stages))
+    force = None if args.force is None else ([args.force] if args.force else [])
+    t0 = time.perf_counter()
+    if not os.environ.get("PREFECT_API_URL"):  # no background server (`ZHPIPE_SERVER=temporary`, or it could not start)
+        print("starting a temporary Prefect server for this run (about 20 s; `zhpipe server start` keeps one running)", flush=True)
+    # what the flow run records in Prefect: URLs redacted (the config already holds the redacted forms)
+    with _heartbeats(), _server_watched():
+        out = pipeline_flow(config.name, stages=stages, force=force, storage=conceal(args.storage), dask=args.dask, verify=args.verify,
+                            overrides=[redact_text(o) for o in args.overrides], config_file=explicit_config(args),
+                            source=config.source.model_dump(exclude_defaults=True) if args.source else None)
+    shown = console()
+    shown.print(summary_table(out["stages"], time.perf_counter() - t0, config.name, out.get("units", [])))
+    shown.print(f"MLflow: experiment [bold]{out['experiment']}[/], parent run {out['parent_run_id']}  (see it with `zhpipe ui`)")
+    return 0
+
+
+def _server_watched():
+    """The background Prefect server watched while the run goes on: killed mid-run, the run stops within seconds with
+    one line, instead of minutes of connection errors (what it built is in the store; the next run reuses it)."""
+    import contextlib
+
+    from flows import server
+    from flows.cli.ending import abort
+
+    url = server.background_url()
+    if not url:
+        return contextlib.nullcontext()
+
+    def lost(seconds: float) -> None:
+        say("error", f"the Prefect server at {url.removesuffix('/api')} stopped answering ({seconds:.0f} s without an "
+            "answer): the run stops here; the stages it finished are in the store, and the next `zhpipe run` reuses them "
+            "(it starts a new server)")
+        abort(3)
+
+    return server.watched(url, lost)
+
+
+def _heartbeats():
+    """A run started from the command line sends no flow-run heartbeats unless PREFECT_FLOWS_HEARTBEAT_FREQUENCY is
+    set: their only use is a zombie-run automation on the server, and stopping Prefect's heartbeat thread holds
+    every run up to a second at its end. Deployment runs (workers, `zhpipe serve`) keep Prefect's default."""
+    import contextlib
+
+    if any(k in os.environ for k in ("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "PREFECT_RUNNER_HEARTBEAT_FREQUENCY")):
+        return contextlib.nullcontext()
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    return temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
+
+
+def summary_table(rows: list[dict], wall: float, name: str, units: list[dict] = ()):
+    """The end-of-run table: stage, cache, seconds, rows, headline metric; each model unit under its stage."""
+    from rich.table import Table
+
+    table = Table(title=f"zhpipe run {name}: {wall:.1f} s wall")
+    for col in ("stage", "cache", "seconds", "rows", "metric"):
+        table.add_column(col, justify="right" if col in ("seconds", "rows") else "left")
+    for r in rows:
+        value = r["metrics"].get(r["headline"])
+        metric = f"{r['headline']}={number(value)}" if value is not None else ""
+        table.add_row(r["stage"], "[green]hit[/]" if r["cache"] == "hit" else "[yellow]miss[/]",
+                      f"{r['seconds']:.1f}", str(r["rows"] if r["rows"] is not None else ""), metric)
+        partitions = [u for u in units if u["stage"].startswith(r["stage"] + ":")]
+        if partitions:  # a partitioned source: one line for all of a stage's partitions
+            built = [u for u in partitions if u["cache"] == "miss"]
+            table.add_row(f"  {len(partitions)} partitions", f"{len(partitions) - len(built)} hit, {len(built)} built",
+                          f"{sum(u['seconds'] for u in built):.1f}", str(sum(u["rows"] or 0 for u in built)), "rows built")
+        for u in (u for u in units if u["stage"].startswith(r["stage"] + ".")):
+            key = _unit_metric(u["metrics"], r["headline"])
+            table.add_row(f"  {u['stage'].partition('.')[2]}", "[green]hit[/]" if u["cache"] == "hit" else "[yellow]miss[/]",
+                          f"{u['seconds']:.1f}", "", f"{key}={number(u['metrics'][key])}" if key else "")
+    return table
+
+
+def _unit_metric(metrics: dict, headline: str | None) -> str | None:
+    """A model unit's metric for the summary, whatever the task kind: its stage's headline without `best_` (each
+    model's test F1, BLEU or accuracy), else a validation or test metric it has."""
+    preferred = ([headline.removeprefix("best_")] if headline else []) + ["val_macro_f1_best", "test_accuracy",
+                                                                         "val_perplexity_best", "test_perplexity"]
+    return next((k for k in preferred if k in metrics), None) or next((k for k in sorted(metrics) if k.startswith(("test_", "val_"))), None)
+
+
+def cmd_status(args) -> int:
+    from rich.table import Table
+
+    from flows.keys import plan
+    from flows.registry import revision
+    from flows.status import stage_states
+    from flows.store import StageStore, stage_key, storage_root
+
+    config = load(args)
+    causes = plan(config, registry=revision)
+    keys = {stage: stage_key(c) for stage, c in causes.items()}
+    table = Table(title=f"zhpipe status {config.name}")
+    for col in ("stage", "state", "key", "rows", "built seconds", "why"):
+        table.add_column(col)
+    colour = {"cached": "green", "stale": "yellow", "missing": "red", "corrupt": "red"}
+    rows = stage_states(StageStore(storage_root(config, args.storage)), causes, keys, config.name)
+    parts: dict[str, list[dict]] = {}
+    for row in rows:  # a partitioned source: its partition units, one line per stage
+        if ":" in row["stage"]:
+            parts.setdefault(row["stage"].split(":", 1)[0], []).append(row)
+    for row in (r for r in rows if ":" not in r["stage"]):
+        table.add_row(row["stage"], f"[{colour[row['state']]}]{row['state']}[/]", row["key"],
+                      "" if row["rows"] is None else str(row["rows"]),
+                      "" if row["seconds"] is None else f"{row['seconds']:.1f}", "\n".join(row["why"]))
+        if row["stage"] in parts:
+            units = parts[row["stage"]]
+            new = [u["stage"].split(":", 1)[1] for u in units if u["state"] != "cached"]
+            table.add_row(f"  {len(units)} partitions", f"{len(units) - len(new)} cached, {len(new)} to build", "",
+                          str(sum(u["rows"] or 0 for u in units)), "",
+                          ("to build: " + ", ".join(new[:3]) + (f" and {len(new) - 3} more" if len(new) > 3 else "")) if new else "")
+    console().print(table)
+    return 0
+
+
+def cmd_tune(args) -> int:
+    from flows.tune import tune
+
+    if args.source:
+        raise ZhpipeError("tune: tune on the corpus a pipeline declares (add a pipeline for another corpus to pipelines.yaml)")
+    if args.trials < 1:
+        raise ZhpipeError(f"tune: --trials must be at least 1, got {args.trials}")
+    result = tune(pipeline_name(args), args.model, args.trials, args.overrides, args.seed, args.storage)
+    print(f"best of {result['complete']} complete trials ({result['trials']} in the study): {result['metric']} "
+          f"{result['value']:.4f} (trial {result['trial']}); MLflow tune run {result['run_id']}")
+    print("as --set lines:  " + " ".join(f"--set {s}" for s in result["sets"]))
+    print(f"as YAML (also in {result['file']}):\n{result['yaml']}", end="")
+    return 0
+
+
+def add_parsers(sub) -> None:
+    from flows.cli.common import pipeline_args, storage_arg
+    from tasks.stages import STAGE_NAMES  # the stage graph, declared once; it imports nothing heavy
+
+    run = sub.add_parser("run", help="run a pipeline (cached stages are reused)")
+    pipeline_args(run)
+    storage_arg(run)
+    run.add_argument("--dask", metavar="ADDRESS", help="run the chunked stages (clean, segment, augment) on Dask: "
+                     "`local` for a local cluster, or a scheduler address such as tcp://10.0.0.5:8786")
+    run.add_argument("--from", dest="start", choices=STAGE_NAMES, help="first stage to run")
+    run.add_argument("--to", dest="stop", choices=STAGE_NAMES, help="last stage to run")
+    run.add_argument("--only", choices=STAGE_NAMES, help="run just this stage (its inputs must be cached)")
+    run.add_argument("--force", nargs="?", const="", choices=["", *STAGE_NAMES], metavar="STAGE",
+                     help="rebuild STAGE and every later stage even if cached (all stages without STAGE)")
+    run.add_argument("--verify", action="store_true", help="hash every file of a reused output against its manifest "
+                     "(file sizes, and files up to 8 MB, are always checked)")
+    run.set_defaults(handler=cmd_run)
+    status = sub.add_parser("status", help="show each stage as cached, stale or missing")
+    pipeline_args(status)
+    storage_arg(status)
+    status.set_defaults(handler=cmd_status)
+    tune = sub.add_parser("tune", help="an Optuna study of one model's settings (TPE, pruning, resumable; nested MLflow runs)")
+    pipeline_args(tune)
+    storage_arg(tune)
+    tune.add_argument("--model", required=True, help="the model of train.models to tune")
+    tune.add_argument("--trials", type=int, default=20, help="trials to add to the study (default 20)")
+    tune.add_argument("--seed", type=int, default=0, help="the sampler's seed")
+    tune.set_defaults(handler=cmd_tune)

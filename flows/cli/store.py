@@ -1,0 +1,74 @@
+"""`zhpipe verify` and `gc`: the stage store's health and size."""
+from __future__ import annotations
+
+from flows import project
+from flows.cli.common import store_of
+from tasks.errors import ZhpipeError
+
+
+def cmd_verify(args) -> int:
+    from flows.maintenance import verify_store
+
+    store = store_of(args)
+    rows = verify_store(store)
+    bad = [r for r in rows if r["problems"]]
+    for r in bad:
+        print(f"{r['stage']}/{r['key']}: " + "; ".join(r["problems"][:3]))
+    print(f"{len(rows)} outputs checked in {store.url}: {len(rows) - len(bad)} sound, {len(bad)} corrupt"
+          + (" (`zhpipe run` rebuilds them; `zhpipe gc` removes what no pipeline uses)" if bad else ""))
+    return 1 if bad else 0
+
+
+def _source_paths(config) -> list:
+    """The local files and folders a pipeline reads its corpus from (gc never removes them)."""
+    from flows.sources import resolve_local
+
+    parts = [config.source, *config.source.given().values()]
+    return [p for p in (resolve_local(src.path) for src in parts if src.path) if p is not None]
+
+
+def cmd_gc(args) -> int:
+    from flows.config import list_pipelines, load_pipeline
+    from flows.maintenance import collect_garbage
+    from flows.registry import revision
+    from flows.keys import plan_keys
+    from flows.sources import resolve_local, source_run_record, source_run_records
+
+    file = project.current().config_file
+    configs = [load_pipeline(name, file) for name in list_pipelines(file)]
+    from flows.store import unit_folder
+
+    keep = {(unit_folder(unit), key) for config in configs for unit, key in plan_keys(config, registry=revision).items()}
+    sources = tuple(path for config in configs for path in _source_paths(config))
+    records = source_run_records()
+    for name in args.forget:
+        if name not in records:
+            raise ZhpipeError(f"gc --forget {name}: no run on another corpus of that name (kept: {', '.join(records) or 'none'})")
+        if not args.dry_run:
+            source_run_record(name).unlink()
+        del records[name]
+    for name, record in records.items():  # runs on other corpora (`--source`): kept until forgotten
+        keep |= {(unit_folder(unit), key) for unit, key in record.get("keys", {}).items()}
+        sources += tuple(p for p in [resolve_local(str(record["source"]))] if p is not None) if record.get("source") else ()
+        print(f"keeping what `{name}` built (zhpipe run --source {record.get('source')}); `zhpipe gc --forget {name}` releases it")
+    store = store_of(args)
+    removed = collect_garbage(store, keep, dry_run=args.dry_run, protect=(project.current().root / "data" / "raw", *sources))
+    for item in removed:
+        print(f"{'would remove' if args.dry_run else 'removed'} {item['path']} ({item['mb']:.1f} MB, {item['why']})")
+    total = sum(i["mb"] for i in removed)
+    print(f"{len(removed)} items, {total:.1f} MB {'would be freed' if args.dry_run else 'freed'} in {store.url}")
+    return 0
+
+
+def add_parsers(sub) -> None:
+    from flows.cli.common import storage_arg
+
+    verify = sub.add_parser("verify", help="check every output in the stage store against its manifest (sizes and sha256)")
+    storage_arg(verify)
+    verify.set_defaults(handler=cmd_verify)
+    gc = sub.add_parser("gc", help="remove outputs no pipeline in pipelines.yaml uses, and leftovers of killed builds")
+    storage_arg(gc)
+    gc.add_argument("--dry-run", action="store_true", help="show what would be removed, remove nothing")
+    gc.add_argument("--forget", action="append", default=[], metavar="NAME",
+                    help="no longer keep what the run on another corpus NAME built (`zhpipe run --source`; repeatable)")
+    gc.set_defaults(handler=cmd_gc)

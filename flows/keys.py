@@ -1,0 +1,122 @@
+"""The key plan: every stage's and model unit's key causes (params, inputs' keys, code, libraries, the files its
+params name), computed from the config alone, so `status` needs no run. Neither Prefect nor MLflow: a key that
+needs a registered model's version is given the lookup (`registry`)."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from flows import project
+from flows.config import PipelineConfig
+from flows.fingerprint import code_fingerprint, file_fingerprints, library_versions
+from flows.sources import partition_source, partitions, source_fingerprint
+from flows.store import stage_key
+from tasks.core import Unit, model_unit
+from tasks.models import MODELS
+from tasks.source.origin import Origin
+
+Registry = Callable[[str], str]  # a registered model's URI (models:/name@alias) -> `<name>/<version>`; raises ZhpipeError
+
+
+def stage_params(config: PipelineConfig, stage: str) -> dict[str, Any]:
+    """The resolved parameters that define one stage's output (a stage that reads the source, needing no other
+    stage, includes the source)."""
+    section = config.section(stage)
+    params = section.model_dump(mode="json", exclude=set(section.OUTSIDE_KEY))
+    if not config.kind.stages[stage].needs:
+        params = {"source": config.source.model_dump(mode="json"), **params}
+    return params
+
+
+def key_causes(config: PipelineConfig, unit: str, inputs: dict[str, str], registry: Registry | None = None) -> dict[str, Any]:
+    """Everything a stage's or model unit's key hashes: its params, its inputs' keys (the source's sha256 for
+    download), the code that computes it, the libraries that shape it and the contents of the files its params
+    name. A model unit (`train.<model>`, `evaluate.<model>`) sees its stage's code and its own model family's,
+    never another family's, and only the files its own section names."""
+    stage, model, part = Unit.parse(unit)
+    spec = config.kind.stages[stage]
+    module = spec.module
+    params = unit_params(config, unit)
+    code, files = code_fingerprint(module.__name__), module.FILES
+    if spec.partitioned and config.source.partitioned and not part and not spec.gather:  # it concatenates its partitions
+        from tasks import partitions as gather
+
+        code, files, module = code_fingerprint(gather.__name__), (), gather
+    if model:
+        code = {**code_fingerprint(module.__name__, skip="tasks.models"), **code_fingerprint(MODELS[model].train.__module__)}
+        files = tuple(f for f in files if f.startswith(f"{model}."))
+    return {
+        "stage": unit,
+        "params": params,
+        "inputs": inputs,
+        "code": code,
+        "libraries": library_versions(module.LIBRARIES),
+        "files": file_fingerprints(params, files, project.current().root, section=stage, registry=registry),
+    }
+
+
+def model_units(config: PipelineConfig, stage: str) -> list[str]:
+    """The units of a per-model stage: `<stage>.<model>` for each model the pipeline trains, ensembles after the
+    models they are built from."""
+    return [model_unit(stage, name) for name in sorted(config.models(), key=lambda n: MODELS[n].members is not None)]
+
+
+def members_of(config: PipelineConfig, model: str) -> list[str]:
+    """The models an ensemble is built from (none for other models)."""
+    spec = MODELS[model]
+    return spec.members(getattr(config.section(config.kind.training.name), model)) if spec.members else []
+
+
+def unit_params(config: PipelineConfig, unit: str) -> dict[str, Any]:
+    """The params that define a stage's or a model unit's output. A model unit of the training stage sees the
+    shared settings its model declares it reads (`ModelSpec.shared`) and its own section, never another model's;
+    the training stage itself only the model list."""
+    stage, model, part = Unit.parse(unit)
+    spec = config.kind.stages[stage]
+    if part and not spec.needs:  # a partition of the source: its file, and its place in the order
+        ordinal = [p.name for p in partitions(config)].index(part)
+        return {**stage_params(config, stage), "source": partition_source(config, part).model_dump(mode="json"),
+                "partition": part, "ordinal": ordinal}
+    if spec.per_model and spec.models.trains:
+        every = stage_params(config, stage)
+        if not model:
+            return {"models": every["models"]}
+        declared = MODELS[model].shared
+        shared = {k: v for k, v in every.items() if k not in MODELS and k != "models" and (declared is None or k in declared)}
+        return {**shared, model: every[model]}
+    return stage_params(config, stage)
+
+
+def plan(config: PipelineConfig, origin: Origin | None = None, registry: Registry | None = None) -> dict[str, dict[str, Any]]:
+    """Every stage's and model unit's key causes, computed from the config alone (so `status` needs no run).
+    Each model is a unit of its own (`train.<model>`, `evaluate.<model>`); the train and evaluate stages
+    gather their units, so a change to one model's params rebuilds that model and the comparison only."""
+    causes: dict[str, dict[str, Any]] = {}
+    parts = partitions(config)
+    for spec in config.kind.stages.values():
+        stage = spec.name
+        if parts and spec.partitioned:  # a unit per partition, then the stage that gathers them in order
+            for i, part in enumerate(parts):
+                name = part.name
+                unit_inputs = {d: stage_key(causes[f"{d}:{name}"]) for d in spec.needs} or {"source": part.fingerprint()}
+                if spec.cumulative:  # it reads every earlier partition's output (clean: deduplication across them)
+                    unit_inputs |= {f"{stage}:{q.name}": stage_key(causes[f"{stage}:{q.name}"]) for q in parts[:i]}
+                causes[f"{stage}:{name}"] = key_causes(config, f"{stage}:{name}", unit_inputs, registry)
+            causes[stage] = key_causes(config, stage, {f"{stage}:{p.name}": stage_key(causes[f"{stage}:{p.name}"]) for p in parts}, registry)
+            continue
+        inputs = {d: stage_key(causes[d]) for d in spec.needs} if spec.needs else {"source": source_fingerprint(config, origin)}
+        if spec.per_model:
+            for unit in model_units(config, stage):
+                model = Unit.parse(unit).model
+                unit_inputs = {d: k for d, k in inputs.items() if spec.reads(d, model)}
+                if spec.models.trains:  # an ensemble reads its members' units
+                    unit_inputs |= {model_unit(stage, m): stage_key(causes[model_unit(stage, m)]) for m in members_of(config, model)}
+                unit_inputs |= {r: stage_key(causes[model_unit(r, model)]) for r in spec.models.reads}  # the same model's unit
+                causes[unit] = key_causes(config, unit, unit_inputs, registry)
+            inputs = {unit: stage_key(causes[unit]) for unit in model_units(config, stage)}
+        causes[stage] = key_causes(config, stage, inputs, registry)
+    return causes
+
+
+def plan_keys(config: PipelineConfig, registry: Registry | None = None) -> dict[str, str]:
+    """Every stage's key, computed from the config alone."""
+    return {stage: stage_key(c) for stage, c in plan(config, registry=registry).items()}
