@@ -27,7 +27,7 @@ METHODS = ("none", "eda", "backtranslation")
 
 
 def run(seed: int, method: str, args) -> dict:
-    from flows.pipeline import pipeline_flow
+    from flows.orchestrate.pipeline import pipeline_flow
 
     overrides = [f"split.seed={seed}", f"augment.method={method}", f"augment.backtranslation.max_rows={args.max_rows}",
                  f"train.models=[{','.join(args.models)}]", f"train.epochs={args.epochs}"]
@@ -46,7 +46,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=6)
     args = ap.parse_args()
     args.models = args.models.split(",")
-    from flows.registry import resolve
+    from flows.track.champion import resolve
 
     for uri in ("models:/zhpipe-tatoeba-zh-en@champion", "models:/zhpipe-tatoeba-en-zh@champion"):
         resolve(uri)  # one clear error when a translator is not registered yet

@@ -98,12 +98,12 @@ def main() -> None:
         verify = zhpipe({**env, "ZHPIPE_DATA": str(chaos)}, "verify")
         sys.path.insert(0, str(ROOT))
         os.environ.update({k: env[k] for k in ("PREFECT_HOME", "MLFLOW_TRACKING_URI", "ZHPIPE_PROJECT")})
-        from flows import project
+        from flows.plan import project
 
         project.activate(project.find())
-        from flows.config import load_pipeline
-        from flows.keys import plan_keys
-        from flows.tracking import client
+        from flows.plan.config import load_pipeline
+        from flows.plan.keys import plan_keys
+        from flows.track.tracker import client
 
         keys = plan_keys(load_pipeline("smoke", overrides=["train.models=[tfidf_lr, fasttext]"]))
         same = digests(chaos, keys) == digests(calm, keys)

@@ -50,7 +50,7 @@ def child(mode: str, src: str, dst: str, chunk_rows: int, workers: int) -> None:
     """One measured segmentation in this (fresh) process; prints a JSON line."""
     from prefect import flow
 
-    from flows.chunks import DaskRunner, shutdown
+    from flows.orchestrate.chunks import DaskRunner, shutdown
     from tasks.io import Runner, peak_rss_mb
     from tasks.segment import Params as SegmentConfig
     from tasks.segment import segment_file

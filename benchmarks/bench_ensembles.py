@@ -30,7 +30,7 @@ DATA = ROOT / "data"
 
 def manifest(stage: str, key: str):
     """The store's manifest of one output, or None where it is gone."""
-    from flows.store import Manifest
+    from flows.plan.store import Manifest
 
     folder = DATA / stage / key
     return Manifest.read(folder) if (folder / "manifest.json").is_file() else None

@@ -49,11 +49,11 @@ def main() -> None:
         "stages": {"augment": {"method": "eda", "num_aug": 1}, "train": {"models": args.models.split(",")}}}}}
     (WORK / "project" / "pipelines.yaml").write_text(yaml.safe_dump(doc), encoding="utf-8")
 
-    from flows import project
+    from flows.plan import project
 
     project.activate(project.Project(WORK / "project"))
-    from flows.pipeline import pipeline_flow
-    from flows.tracking import client
+    from flows.orchestrate.pipeline import pipeline_flow
+    from flows.track.tracker import client
 
     nights, previous_test = [], None
     for night in range(1, args.nights + 1):

@@ -31,12 +31,12 @@ import pandas as pd  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from flows import project  # noqa: E402
+from flows.plan import project  # noqa: E402
 
 project.activate(project.Project(ROOT))  # Prefect's home and start-up timeout, before Prefect is imported
-from flows.config import load_pipeline  # noqa: E402
-from flows.runner import StoreServices  # noqa: E402
-from flows.store import StageStore  # noqa: E402
+from flows.orchestrate.execute import StoreServices  # noqa: E402
+from flows.plan.config import load_pipeline  # noqa: E402
+from flows.plan.store import StageStore  # noqa: E402
 from tasks.core import BuildContext  # noqa: E402
 from tasks.segment import Params as SegmentConfig  # noqa: E402
 
@@ -95,7 +95,7 @@ def direct_run(config, root: Path) -> float:
 
 def bench_flow(pipeline: str, overrides: list[str], rounds: int) -> dict:
     """Per round, alternating: flow first run + cached rerun on a fresh store, then the direct run."""
-    from flows.pipeline import pipeline_flow
+    from flows.orchestrate.pipeline import pipeline_flow
 
     config = load_pipeline(pipeline, overrides=overrides)
     t0 = time.perf_counter()

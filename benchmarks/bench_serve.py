@@ -121,7 +121,7 @@ def main() -> None:
     args = ap.parse_args()
     texts = pd.read_csv(REVIEWS)["review"].dropna().astype(str).tolist()
     port = free_port()
-    from flows.tracking import tracking_uri
+    from flows.track.tracker import tracking_uri
 
     # MLflow starts `uvicorn` by name: the environment's scripts first on PATH
     env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri(), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}

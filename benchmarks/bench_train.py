@@ -24,10 +24,10 @@ import torch  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from flows import project  # noqa: E402
+from flows.plan import project  # noqa: E402
 
 project.activate(project.Project(ROOT))  # Prefect's home and start-up timeout, before Prefect is imported
-from flows.config import load_pipeline  # noqa: E402
+from flows.plan.config import load_pipeline  # noqa: E402
 from tasks.segment import Params as SegmentConfig  # noqa: E402
 from tasks.vocab import Params as VocabConfig  # noqa: E402
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-from flows import project as _project
+from flows.plan import project as _project
 from tasks.core import model_unit
 from tasks.errors import ZhpipeError
 from tasks.io import SPLITS
@@ -33,7 +33,7 @@ def _activate(project: str | Path | None) -> _project.Project:
 
 def config(pipeline: str, overrides: list[str] | None = None, project: str | Path | None = None):
     """The validated config of one pipeline of the project, with `--set` overrides applied."""
-    from flows.config import load_pipeline
+    from flows.plan.config import load_pipeline
 
     return load_pipeline(pipeline, _activate(project).config_file, list(overrides or []))
 
@@ -44,7 +44,7 @@ def run(pipeline: str, overrides: list[str] | None = None, stages: list[str] | N
     experiment, and per stage its key, cache hit or miss, seconds, rows and metrics."""
     config(pipeline, overrides, project)  # a bad pipeline or setting is one error line before Prefect starts
     _project.ensure_prefect_home()
-    from flows.pipeline import pipeline_flow
+    from flows.orchestrate.pipeline import pipeline_flow
     from tasks.urls import conceal, redact_text
 
     return pipeline_flow(pipeline, overrides=[redact_text(o) for o in overrides or []], stages=stages, force=force,
@@ -54,9 +54,9 @@ def run(pipeline: str, overrides: list[str] | None = None, stages: list[str] | N
 def output(pipeline: str, stage: str, overrides: list[str] | None = None, project: str | Path | None = None,
            storage: str | None = None) -> Path:
     """The folder of a stage's output for this config; an error when it has not been built."""
-    from flows.keys import plan_keys
-    from flows.registry import revision
-    from flows.store import StageStore, storage_root
+    from flows.plan.keys import plan_keys
+    from flows.plan.store import StageStore, storage_root
+    from flows.track.champion import revision
 
     cfg = config(pipeline, overrides, project)
     keys = plan_keys(cfg, registry=revision)
@@ -130,7 +130,7 @@ def load_model(pipeline: str, model: str, overrides: list[str] | None = None, pr
 
 def runs(pipeline: str | None = None, limit: int = 20, project: str | Path | None = None) -> pd.DataFrame:
     """Recent pipeline runs, newest first: id, start, status, commit, best model and its test metrics."""
-    from flows.runs import pipeline_runs, runs_table
+    from flows.track.runs import pipeline_runs, runs_table
 
     _activate(project)
     return runs_table(pipeline_runs(pipeline, limit))

@@ -14,7 +14,7 @@ from tasks.errors import ConfigError, DataError
 from tasks.io import ROW_GROUP_ROWS, PartWriter, Rows, Runner, TextSet, chunk_plan, write_parquet
 from tasks.segmenter import SegmenterParams
 
-# what its key sees besides params, inputs and code (flows/fingerprint.py): the libraries that shape
+# what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)
 LIBRARIES = ("jieba", "transformers", "torch", "sentencepiece", "sacrebleu")
 FILES: tuple[str, ...] = ("backtranslation.pivots.*.forward", "backtranslation.pivots.*.backward")

@@ -4,11 +4,11 @@ from __future__ import annotations
 import logging
 
 import pandas as pd
-from tasks.progress import progress
 
 from tasks.augmenters import AugmentContext, Augmented, eda, register
 from tasks.errors import ConfigError
 from tasks.hub import ModelMissingError
+from tasks.progress import progress
 from tasks.segmenter import Segmenter
 from tasks.translation import (
     BackTranslationParams,

@@ -19,7 +19,7 @@ from tasks.core import DATASET_SAMPLE_ROWS, BuildContext, BuildOutput, Dataset, 
 from tasks.errors import DataError
 from tasks.io import ROW_GROUP_ROWS, Chunk, PartWriter, Runner, chunk_plan, iter_frames, read_chunk, sorted_labels, text_digests
 
-# what its key sees besides params, inputs and code (flows/fingerprint.py): the libraries that shape
+# what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)
 LIBRARIES = ("pandas", "pyarrow", "opencc")
 FILES: tuple[str, ...] = ()

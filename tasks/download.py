@@ -20,7 +20,7 @@ from tasks.source.readers import empty_quarantine, file_format, labelled, no_row
 from tasks.source.schema import Source
 from tasks.urls import redact
 
-# what its key sees besides params, inputs and code (flows/fingerprint.py): the libraries that shape
+# what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)
 LIBRARIES = ("pandas", "pyarrow", "charset-normalizer")
 FILES: tuple[str, ...] = ()

@@ -9,13 +9,13 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 from pydantic import Field, field_validator
-from tasks.progress import progress
 
 from tasks.core import BuildContext, BuildOutput, Section
+from tasks.progress import progress
 from tasks.text import is_word
 from tasks.vectors import FASTTEXT_MIN_THREADS, fasttext_call, fasttext_dim
 
-# what its key sees besides params, inputs and code (flows/fingerprint.py): the libraries that shape
+# what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)
 LIBRARIES = ("gensim", "fasttext", "scikit-learn", "matplotlib", "numpy")
 FILES: tuple[str, ...] = ()

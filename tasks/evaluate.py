@@ -13,7 +13,7 @@ from tasks.io import Rows, batches_of, predict_batches
 from tasks.models import MODELS
 from tasks.models.base import label_ids
 
-# what its key sees besides params, inputs and code (flows/fingerprint.py): the libraries that shape
+# what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)
 LIBRARIES = ("torch", "transformers", "scikit-learn", "fasttext", "matplotlib")
 FILES: tuple[str, ...] = ()

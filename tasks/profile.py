@@ -18,7 +18,7 @@ from tasks.core import BuildContext, BuildOutput, Section
 from tasks.io import SPLITS, Rows, safe_name
 from tasks.text import FUNCTION_WORDS, is_word
 
-# what its key sees besides params, inputs and code (flows/fingerprint.py): the libraries that shape
+# what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)
 LIBRARIES = ("jieba", "matplotlib", "wordcloud", "numpy")
 FILES: tuple[str, ...] = ("font",)

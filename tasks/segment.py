@@ -18,7 +18,7 @@ from tasks.core import BuildContext, BuildOutput
 from tasks.io import SPLITS, Chunk, PartWriter, Runner, chunk_plan, read_chunk
 from tasks.segmenter import Segmenter, SegmenterParams
 
-# what its key sees besides params, inputs and code (flows/fingerprint.py): the libraries that shape
+# what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)
 LIBRARIES = ("jieba", "rjieba", "pyarrow")
 FILES: tuple[str, ...] = ("user_dict", "stopwords")

@@ -20,7 +20,7 @@ from tasks.core import BuildContext, BuildOutput, Section
 from tasks.errors import ConfigError, DataError
 from tasks.io import ROW_GROUP_ROWS, SPLITS, PartWriter, iter_frames, sorted_labels
 
-# what its key sees besides params, inputs and code (flows/fingerprint.py): the libraries that shape
+# what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)
 LIBRARIES = ("pandas", "numpy", "pyarrow")
 FILES: tuple[str, ...] = ()

@@ -15,7 +15,7 @@ from tasks.models import MODELS, TrainInputs
 from tasks.models.base import label_ids
 from tasks.vectors import load_word_vectors
 
-# what its key sees besides params, inputs and code (flows/fingerprint.py): the libraries that shape
+# what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)
 LIBRARIES = ("torch", "transformers", "scikit-learn", "fasttext", "gensim", "numpy")
 FILES: tuple[str, ...] = ("bert.checkpoint", "hf.checkpoint")

@@ -10,7 +10,7 @@ from tasks.core import BuildContext, BuildOutput, Facts, Section, gathered
 from tasks.io import Rows
 from tasks.text import prune_counts
 
-# what its key sees besides params, inputs and code (flows/fingerprint.py): the libraries that shape
+# what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)
 LIBRARIES = ("pandas",)
 FILES: tuple[str, ...] = ()

@@ -15,7 +15,7 @@ os.environ["ZHPIPE_PROJECT"] = str(Path(__file__).resolve().parent.parent)  # th
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ["ZHPIPE_SERVER"] = "temporary"  # no background server left behind by a test (test_server.py starts its own)
 
-from flows import project  # noqa: E402
+from flows.plan import project  # noqa: E402
 
 project.activate(project.find())
 project.ensure_prefect_home()
@@ -36,7 +36,7 @@ def prefect_harness():
 def smoke(prefect_harness):
     """The smoke pipeline, run once per test session into the session's default store (ZHPIPE_DATA): tests
     that only read a flow run's results share it. `out` is that first run's summary (every stage built)."""
-    from flows.pipeline import pipeline_flow
+    from flows.orchestrate.pipeline import pipeline_flow
 
     return {"store": Path(os.environ["ZHPIPE_DATA"]), "out": pipeline_flow("smoke")}
 
@@ -44,7 +44,7 @@ def smoke(prefect_harness):
 @pytest.fixture
 def run_ctx(tmp_path):
     """A RunContext on the smoke pipeline with its own store and a real MLflow parent run."""
-    from flows.config import load_pipeline
-    from flows.pipeline import start_run
+    from flows.orchestrate.pipeline import start_run
+    from flows.plan.config import load_pipeline
 
     return start_run(load_pipeline("smoke"), set(), tmp_path / "store")

@@ -401,8 +401,8 @@ def test_a_stage_the_task_does_not_have_is_one_line(capsys, tmp_path):
 
 
 def test_deployment_stages_and_force_that_are_not_stages_are_one_line(prefect_harness):
-    from flows.config import load_pipeline
-    from flows.pipeline import pipeline_flow
+    from flows.orchestrate.pipeline import pipeline_flow
+    from flows.plan.config import load_pipeline
     from tasks.errors import ZhpipeError
 
     for parameters, needle in (({"stages": ["nope"]}, "stages: 'nope' is not a stage of task classification"),
@@ -432,7 +432,7 @@ def test_predict_input_longer_than_max_rows_is_asked_in_calls_the_model_accepts(
     --input` reads a file of any length and asks in batches of at most that many texts."""
     import mlflow.pyfunc
 
-    from flows.runs import predict_frame
+    from flows.track.predict import predict_frame
 
     model = mlflow.pyfunc.load_model("models:/zhpipe-smoke@champion")
     model.unwrap_python_model().max_rows = 3
@@ -450,7 +450,7 @@ def test_predict_answers_with_the_code_logged_with_the_model(smoke, tmp_path):
 
     import mlflow
 
-    from flows.runs import LoggedCodeModel, load_model, predict_frame
+    from flows.track.predict import LoggedCodeModel, load_model, predict_frame
 
     same = load_model("models:/zhpipe-smoke@champion")  # logged by this code: answered in this process
     assert not isinstance(same, LoggedCodeModel)

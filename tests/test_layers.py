@@ -75,8 +75,8 @@ def test_the_check_finds_a_planted_cycle(tmp_path):
 
 # the planning room: what plans keys and keeps the store, usable without Prefect or MLflow (`zhpipe status` of a
 # pipeline, gc, verify read only these, and what they import)
-PLANNING = ("flows.config", "flows.project", "flows.keys", "flows.sources", "flows.fingerprint", "flows.store",
-            "flows.status", "flows.maintenance", "flows.init")
+PLANNING = ("flows.plan.config", "flows.plan.project", "flows.plan.keys", "flows.plan.sources", "flows.plan.fingerprint", "flows.plan.store",
+            "flows.plan.status", "flows.plan.maintenance", "flows.plan.init")
 
 
 def _reached(graph: dict[str, set[str]], start: str) -> set[str]:

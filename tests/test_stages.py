@@ -93,7 +93,7 @@ def test_flows_hold_no_branch_on_a_task_kind():
 
 def test_a_kinds_settings_are_its_own(tmp_path):
     """A classification pipeline has no lexicon or given-splits settings, a ner pipeline no classifiers."""
-    from flows.config import load_pipeline
+    from flows.plan.config import load_pipeline
     from tasks.errors import ConfigError
 
     with pytest.raises(ConfigError, match="unknown key 'stages.vocab.lexicon'"):
@@ -112,10 +112,11 @@ def test_a_kinds_settings_are_its_own(tmp_path):
 def test_a_toy_stage_and_kind_run_through_the_real_flow(toy_kind, prefect_harness, monkeypatch):
     """One module and one entry: the config takes the toy kind's sections, the plan keys the toy stage, the
     Prefect flow builds it in graph order, the summary shows its headline and `api.load` reads its output."""
-    from flows import api, project
-    from flows.config import load_pipeline
-    from flows.pipeline import pipeline_flow
-    from flows.keys import plan_keys
+    from flows import api
+    from flows.orchestrate.pipeline import pipeline_flow
+    from flows.plan import project
+    from flows.plan.config import load_pipeline
+    from flows.plan.keys import plan_keys
 
     config = load_pipeline("toy", toy_kind["config_file"])
     assert config.kind is toy_kind["kind"] and config.stages.lengths.bins == 3
@@ -187,10 +188,10 @@ def test_a_per_model_stage_is_one_module_and_one_entry(tmp_path, smoke, monkeypa
     """A per-model stage added to a toy kind (classification's stages and `calibrate`): a unit per model keyed on
     that model's training alone, built through the real Prefect flow, each unit's metrics in its model's MLflow
     run, gathered by the stage, reused on the next run."""
-    from flows.config import load_pipeline
-    from flows.pipeline import pipeline_flow
-    from flows.keys import plan_keys
-    from flows.tracking import client
+    from flows.orchestrate.pipeline import pipeline_flow
+    from flows.plan.config import load_pipeline
+    from flows.plan.keys import plan_keys
+    from flows.track.tracker import client
 
     (tmp_path / "toy_calibrate.py").write_text(TOY_MODEL_STAGE)
     spec = importlib.util.spec_from_file_location("toy_calibrate", tmp_path / "toy_calibrate.py")

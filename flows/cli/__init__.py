@@ -10,11 +10,12 @@ import os
 import sys
 from typing import NoReturn
 
-from flows import handover, project
 from flows.cli import catalog, results, run, schedule, store
 from flows.cli.common import version
 from flows.cli.ending import abort, finish  # noqa: F401 - as callers knew them
 from flows.cli.run import summary_table  # noqa: F401 - the run summary, as callers knew it
+from flows.orchestrate import handover
+from flows.plan import project
 from tasks.errors import ZhpipeError, say
 
 GROUPS = (run, schedule, results, store, catalog)
@@ -62,7 +63,7 @@ def _start_background_server() -> None:
     """The first `zhpipe run` of a project starts the project's Prefect server in the background, with an idle
     timeout, so later runs skip the 20 s start of a temporary server (`ZHPIPE_SERVER=temporary`: a temporary
     server per run, as before)."""
-    from flows import server
+    from flows.orchestrate import server
 
     if os.environ.get("ZHPIPE_SERVER", "background") == "temporary":
         return
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     handed_env = dict(os.environ)
     if args.command in handover.COMMANDS and not args.debug and not getattr(args, "dask", None):
-        code = handover.hand_over(argv)  # the project's warm process runs it, imports done (flows.warm)
+        code = handover.hand_over(argv)  # the project's warm process runs it, imports done (flows.orchestrate.warm)
         if code is not None:
             return code
     _setup_logging(args)
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
 def _find_server(args) -> None:
     """A background Prefect server instead of a temporary one per command: the running one, else (run, tune) a new one."""
     if args.command in ("run", "tune", "deploy", "serve", "worker") or getattr(args, "dask", None):
-        from flows.server import use_running
+        from flows.orchestrate.server import use_running
 
         project.ensure_prefect_home()
         if not use_running() and args.command in ("run", "tune") and not os.environ.get("PREFECT_API_URL"):
@@ -133,7 +134,7 @@ def _run(args, handed_env: dict[str, str]) -> int:
     try:
         code = args.handler(args)
         if args.command == "run" and handed_env.get("PREFECT_API_URL") and os.environ.get("ZHPIPE_SERVER") != "temporary":
-            from flows.server import idle_timeout
+            from flows.orchestrate.server import idle_timeout
 
             handover.spawn(idle_timeout(), handed_env, project.current().root)  # the next runs skip the imports (it stops with the server's timeout)
         return code

@@ -26,7 +26,7 @@ def cmd_models(args) -> int:
 
 
 def cmd_pipelines(args) -> int:
-    from flows.config import list_pipelines
+    from flows.plan.config import list_pipelines
 
     for name, description in list_pipelines(config_file(args)).items():
         print(f"{name:<20} {description}")
@@ -34,7 +34,7 @@ def cmd_pipelines(args) -> int:
 
 
 def cmd_init(args) -> int:
-    from flows.init import init_project
+    from flows.plan.init import init_project
 
     written = init_project(Path(args.dir), Path(args.csv) if args.csv else None, args.text_column, args.label_column, args.link)
     for path in written:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from flows import project
+from flows.plan import project
 from tasks.errors import ZhpipeError
 
 
@@ -35,7 +35,7 @@ def explicit_config(args) -> str | None:
 
 
 def load(args):
-    from flows.config import load_pipeline
+    from flows.plan.config import load_pipeline
 
     overrides = list(args.overrides) + (["source.allow_unverified=true"] if args.allow_unverified else [])
     return load_pipeline(pipeline_name(args), config_file(args), overrides, source_of(args))
@@ -43,7 +43,7 @@ def load(args):
 
 def pipeline_name(args) -> str:
     """The pipeline named on the command line, else the first one in the file."""
-    from flows.config import list_pipelines
+    from flows.plan.config import list_pipelines
 
     name = getattr(args, "pipeline", None)
     if name:
@@ -55,7 +55,7 @@ def pipeline_name(args) -> str:
 
 
 def configs(args, default_all: bool) -> list:
-    from flows.config import list_pipelines, load_pipeline
+    from flows.plan.config import list_pipelines, load_pipeline
 
     file = config_file(args)
     configs = [load_pipeline(n, file) for n in (args.pipelines or list_pipelines(file))]
@@ -67,8 +67,8 @@ def configs(args, default_all: bool) -> list:
 
 
 def store_of(args):
-    from flows.config import list_pipelines, load_pipeline
-    from flows.store import StageStore, storage_root
+    from flows.plan.config import list_pipelines, load_pipeline
+    from flows.plan.store import StageStore, storage_root
 
     first = load_pipeline(next(iter(list_pipelines(project.current().config_file))))
     return StageStore(storage_root(first, args.storage))

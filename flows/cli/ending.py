@@ -1,5 +1,5 @@
 """How a command ends: its exit status, without the interpreter's slow teardown, and told to the warm process's
-client when it ran there (`flows.warm` sets `REPORT`)."""
+client when it ran there (`flows.orchestrate.warm` sets `REPORT`)."""
 from __future__ import annotations
 
 import os
@@ -38,6 +38,6 @@ def finish(code: int) -> NoReturn:
             stream.flush()
         except (OSError, ValueError):
             pass
-    if REPORT is not None:  # the warm process's fork tells its client (flows.warm)
+    if REPORT is not None:  # the warm process's fork tells its client (flows.orchestrate.warm)
         REPORT(code)
     os._exit(code)

@@ -11,7 +11,7 @@ from tasks.errors import ZhpipeError
 
 
 def cmd_runs(args) -> int:
-    from flows.runs import pipeline_runs, runs_table
+    from flows.track.runs import pipeline_runs, runs_table
 
     df = runs_table(pipeline_runs(args.pipeline, args.limit))
     if df.empty:
@@ -24,7 +24,7 @@ def cmd_runs(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from flows.runs import compare_table
+    from flows.track.runs import compare_table
 
     if len(args.runs) < 2:
         raise ZhpipeError("compare needs at least two runs")
@@ -36,20 +36,20 @@ def cmd_predict(args) -> int:
     import pandas as pd
     from mlflow.exceptions import MlflowException
 
-    from flows.runs import load_model, model_version, predict_frame, read_input, with_predictions, write_table
+    from flows.track.predict import load_model, model_version, predict_frame, read_input, with_predictions
 
     if bool(args.texts) == bool(args.input):
         raise ZhpipeError("predict: give TEXT arguments or --input FILE (not both)")
     if args.input and not args.output:
         raise ZhpipeError("predict: --input needs --output FILE")
     if args.output:
-        from flows.runs import READERS
+        from flows.track.predict import READERS
 
         if args.output.suffix.lower() not in READERS:  # before loading a model and predicting, not after
             raise ZhpipeError(f"--output {args.output}: unknown file type '{args.output.suffix}' (expected .csv, .tsv, .jsonl or .parquet)")
     df = read_input(args.input, args.text_column) if args.input else pd.DataFrame({"text": args.texts})
     uri = args.model or f"models:/zhpipe-{pipeline_name(args)}@champion"
-    from flows.tracking import tracking_uri
+    from flows.track.tracker import tracking_uri
 
     store = tracking_uri().removeprefix("sqlite:///") if tracking_uri().startswith("sqlite:///") else None
     if uri.startswith("models:/") and store and not Path(store).is_file():  # nothing to load, and nothing to create
@@ -62,7 +62,7 @@ def cmd_predict(args) -> int:
         if args.dask:
             from prefect import flow
 
-            from flows.runs import predict_distributed
+            from flows.track.predict import predict_distributed
 
             @flow(name="zhpipe-predict", log_prints=True)
             def predict_flow():  # the chunk task runs are grouped under one flow run in the Prefect UI
@@ -73,14 +73,21 @@ def cmd_predict(args) -> int:
             out = predict_frame(model, df, column)
     except MlflowException as e:
         raise ZhpipeError(f"predict: {e.message.removeprefix('zhpipe: ')}") from None
-    out = with_predictions(df, out, used)
+    show_predictions(with_predictions(df, out, used), args, f"model {shown} ({uri})")
+    return 0
+
+
+def show_predictions(out, args, model: str) -> None:
+    """Predictions written to --output (with a one-line count), printed as JSON lines, or as a table."""
     statuses = out["pred_status"].value_counts().to_dict()
     tagger, translator = "pred_entities" in out, "pred_translation" in out
     if args.output:
+        from flows.track.predict import write_table
+
         write_table(out, args.output)
         found = (f"entities: {int(out['pred_count'].sum())}" if tagger else f"translations: {int(out['pred_translation'].notna().sum())}"
                  if translator else f"labels: {out['pred_label'].value_counts().to_dict()}")
-        print(f"{len(out)} rows -> {args.output} ({found}; status: {statuses}; model {shown}, {uri})")
+        print(f"{len(out)} rows -> {args.output} ({found}; status: {statuses}; {model})")
     elif args.jsonl:
         import json
 
@@ -90,15 +97,14 @@ def cmd_predict(args) -> int:
                        else {"label": row.pred_label, "probability": row.pred_probability})
             print(json.dumps(record, ensure_ascii=False, default=float))
     elif translator:
-        print_frame(out[["text", "pred_translation", "pred_status"]], f"zhpipe predict: model {shown} ({uri})")
+        print_frame(out[["text", "pred_translation", "pred_status"]], f"zhpipe predict: {model}")
     elif tagger:
-        from flows.runs import entities_text
+        from flows.track.predict import entities_text
 
         print_frame(out.assign(pred_entities=out["pred_entities"].map(entities_text))[["text", "pred_entities", "pred_status"]],
-                     f"zhpipe predict: model {shown} ({uri})")
+                    f"zhpipe predict: {model}")
     else:
-        print_frame(out[["text", "pred_label", "pred_probability", "pred_status"]], f"zhpipe predict: model {shown} ({uri})")
-    return 0
+        print_frame(out[["text", "pred_label", "pred_probability", "pred_status"]], f"zhpipe predict: {model}")
 
 
 def cmd_ui(args) -> int:
@@ -106,7 +112,7 @@ def cmd_ui(args) -> int:
     import urllib.request
     from importlib.metadata import entry_points
 
-    from flows.tracking import home_url, tracking_uri
+    from flows.track.tracker import home_url, tracking_uri
 
     # MLflow's default of 4 uvicorn workers takes many seconds to answer on a small machine: one per 2 cores, up to 4
     workers = str(max(1, min(4, (os.cpu_count() or 2) // 2)))

@@ -9,7 +9,7 @@ from tasks.errors import ZhpipeError, say
 
 
 def cmd_run(args) -> int:
-    from flows.pipeline import pipeline_flow, select_stages
+    from flows.orchestrate.pipeline import pipeline_flow, select_stages
     from tasks.urls import conceal, redact_text
 
     config = load(args)
@@ -34,8 +34,8 @@ def _server_watched():
     one line, instead of minutes of connection errors (what it built is in the store; the next run reuses it)."""
     import contextlib
 
-    from flows import server
     from flows.cli.ending import abort
+    from flows.orchestrate import server
 
     url = server.background_url()
     if not url:
@@ -98,10 +98,10 @@ def _unit_metric(metrics: dict, headline: str | None) -> str | None:
 def cmd_status(args) -> int:
     from rich.table import Table
 
-    from flows.keys import plan
-    from flows.registry import revision
-    from flows.status import stage_states
-    from flows.store import StageStore, stage_key, storage_root
+    from flows.plan.keys import plan
+    from flows.plan.status import stage_states
+    from flows.plan.store import StageStore, stage_key, storage_root
+    from flows.track.champion import revision
 
     config = load(args)
     causes = plan(config, registry=revision)
@@ -130,7 +130,7 @@ def cmd_status(args) -> int:
 
 
 def cmd_tune(args) -> int:
-    from flows.tune import tune
+    from flows.orchestrate.tune import tune
 
     if args.source:
         raise ZhpipeError("tune: tune on the corpus a pipeline declares (add a pipeline for another corpus to pipelines.yaml)")

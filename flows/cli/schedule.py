@@ -4,14 +4,14 @@ from __future__ import annotations
 import os
 import sys
 
-from flows import handover
 from flows.cli.common import configs, console, explicit_config
+from flows.orchestrate import handover
 
 
 def cmd_deploy(args) -> int:
     from rich.table import Table
 
-    from flows.deploy import deploy, require_server
+    from flows.orchestrate.deploy import deploy, require_server
 
     chosen = configs(args, default_all=True)
     url = require_server()
@@ -32,7 +32,7 @@ def cmd_deploy(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from flows.deploy import serve
+    from flows.orchestrate.deploy import serve
 
     chosen = configs(args, default_all=False)
     print(f"serving {', '.join(c.name for c in chosen)} (Ctrl-C stops)", flush=True)
@@ -41,7 +41,7 @@ def cmd_serve(args) -> int:
 
 
 def cmd_worker(args) -> int:
-    from flows.deploy import require_server
+    from flows.orchestrate.deploy import require_server
 
     require_server()
     cmd = [sys.executable, "-m", "prefect", "worker", "start", "--pool", args.pool, "--type", "process"]
@@ -52,7 +52,7 @@ def cmd_worker(args) -> int:
 
 
 def cmd_server(args) -> int:
-    from flows import server
+    from flows.orchestrate import server
 
     if args.action == "start":
         if os.environ.get("PREFECT_API_URL"):
@@ -81,7 +81,7 @@ def cmd_server(args) -> int:
 
 
 def _ui_login() -> str:
-    from flows import server
+    from flows.orchestrate import server
 
     return (f"the server asks for this project's credentials (the UI on first load): {server.credentials()} "
             f"(kept, readable by you only, in {server.state_file().with_name('zhpipe-server-auth')})")

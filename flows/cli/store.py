@@ -1,13 +1,13 @@
 """`zhpipe verify` and `gc`: the stage store's health and size."""
 from __future__ import annotations
 
-from flows import project
 from flows.cli.common import store_of
+from flows.plan import project
 from tasks.errors import ZhpipeError
 
 
 def cmd_verify(args) -> int:
-    from flows.maintenance import verify_store
+    from flows.plan.maintenance import verify_store
 
     store = store_of(args)
     rows = verify_store(store)
@@ -21,22 +21,22 @@ def cmd_verify(args) -> int:
 
 def _source_paths(config) -> list:
     """The local files and folders a pipeline reads its corpus from (gc never removes them)."""
-    from flows.sources import resolve_local
+    from flows.plan.sources import resolve_local
 
     parts = [config.source, *config.source.given().values()]
     return [p for p in (resolve_local(src.path) for src in parts if src.path) if p is not None]
 
 
 def cmd_gc(args) -> int:
-    from flows.config import list_pipelines, load_pipeline
-    from flows.maintenance import collect_garbage
-    from flows.registry import revision
-    from flows.keys import plan_keys
-    from flows.sources import resolve_local, source_run_record, source_run_records
+    from flows.plan.config import list_pipelines, load_pipeline
+    from flows.plan.keys import plan_keys
+    from flows.plan.maintenance import collect_garbage
+    from flows.plan.sources import resolve_local, source_run_record, source_run_records
+    from flows.track.champion import revision
 
     file = project.current().config_file
     configs = [load_pipeline(name, file) for name in list_pipelines(file)]
-    from flows.store import unit_folder
+    from flows.plan.store import unit_folder
 
     keep = {(unit_folder(unit), key) for config in configs for unit, key in plan_keys(config, registry=revision).items()}
     sources = tuple(path for config in configs for path in _source_paths(config))

@@ -19,9 +19,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from tasks.progress import progress
 
 from tasks.errors import ConfigError
+from tasks.progress import progress
 
 log = logging.getLogger("zhpipe.train")
 Batch = dict[str, torch.Tensor]

@@ -8,7 +8,6 @@ from __future__ import annotations
 import unicodedata
 
 import pandas as pd
-
 from pydantic import Field
 
 from tasks.clean import CONTROL, to_simplified

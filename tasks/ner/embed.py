@@ -4,7 +4,6 @@ adapter's word vectors; and the probe words' neighbours."""
 from __future__ import annotations
 
 import pandas as pd
-
 from pydantic import Field
 
 from tasks.core import BuildContext, BuildOutput, Section

@@ -100,9 +100,9 @@ def test_two_concurrent_runs_build_each_stage_once(api_env, tmp_path):
     the other (a lock per stage key), both succeed, and the store holds one valid output per key."""
     import re
 
-    from flows.config import load_pipeline
-    from flows.keys import plan_keys
-    from flows.store import StageStore
+    from flows.plan.config import load_pipeline
+    from flows.plan.keys import plan_keys
+    from flows.plan.store import StageStore
 
     env = {**api_env, "ZHPIPE_DATA": str(tmp_path / "store")}
     args = [sys.executable, "-m", "flows.cli", "run", "smoke", "--to", "train"]
@@ -125,9 +125,9 @@ def test_two_machines_on_one_object_store_build_each_key_once(api_env, tmp_path)
     still built once and the other run reuses it."""
     import re
 
-    from flows.config import load_pipeline
-    from flows.keys import plan_keys
-    from flows.store import StageStore
+    from flows.plan.config import load_pipeline
+    from flows.plan.keys import plan_keys
+    from flows.plan.store import StageStore
 
     url = f"local://{tmp_path / 'bucket'}"
     args = [sys.executable, "-m", "flows.cli", "run", "smoke", "--to", "segment", "--storage", url]

@@ -1,6 +1,6 @@
 import pytest
 
-from flows.config import list_pipelines, load_pipeline
+from flows.plan.config import list_pipelines, load_pipeline
 from tasks.errors import ConfigError
 
 
@@ -94,7 +94,7 @@ def test_bad_schedule_is_one_clear_error(tmp_path, schedule, needle):
 
 
 def test_deployment_keys_do_not_change_stage_keys(tmp_path):
-    from flows.keys import plan_keys
+    from flows.plan.keys import plan_keys
 
     plain = load_pipeline("p", write(tmp_path, BASE))
     deployed = load_pipeline("p", write(tmp_path, BASE + "    schedule: {interval: 3600}\n    runner: dask\n    storage: s3://b/z\n"),
@@ -135,7 +135,7 @@ def test_credentials_in_urls_never_reach_the_config(tmp_path):
 
 
 def test_a_misspelt_key_gets_a_suggestion():
-    from flows.config import load_pipeline
+    from flows.plan.config import load_pipeline
     from tasks.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"unknown key 'stages.train.epoch' \(did you mean 'epochs'\? allowed keys: models, epochs"):
@@ -171,11 +171,11 @@ def test_every_command_and_option_has_help():
 def test_a_request_is_parsed_once_per_process_and_again_when_the_file_changes(tmp_path, monkeypatch):
     import os
 
-    import flows.config
+    import flows.plan.config
 
     calls = []
-    parse = flows.config._parse
-    monkeypatch.setattr(flows.config, "_parse", lambda *a: calls.append(a) or parse(*a))
+    parse = flows.plan.config._parse
+    monkeypatch.setattr(flows.plan.config, "_parse", lambda *a: calls.append(a) or parse(*a))
     path = write(tmp_path, BASE)
     first = load_pipeline("p", path, ["train.epochs=2"])
     second = load_pipeline("p", path, ["train.epochs=2"])
@@ -191,7 +191,7 @@ def test_a_request_is_parsed_once_per_process_and_again_when_the_file_changes(tm
 
 def test_source_keeps_the_pipelines_columns_unless_given():
     """`--source FILE` reads FILE as the pipeline reads its own corpus (its columns), unless told otherwise."""
-    from flows.config import load_pipeline
+    from flows.plan.config import load_pipeline
 
     own = load_pipeline("smoke").source
     other = load_pipeline("smoke", source_overrides={"path": "elsewhere.csv", "text_column": None, "label_column": None}).source

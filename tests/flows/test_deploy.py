@@ -253,7 +253,7 @@ def test_routing_to_a_pool_without_its_deployment_fails_clearly(env, tmp_path):
 
 HOLD = """
 import json, sys, time
-from flows.workers import gpu_slot
+from flows.orchestrate.workers import gpu_slot
 with gpu_slot("zhpipe-gpu-test-host"):
     start = time.time(); time.sleep(2); end = time.time()
 print(json.dumps([start, end]))
@@ -315,9 +315,9 @@ def test_serve_runs_the_schedule_without_a_worker(env, tmp_path):
     finally:
         stop(proc)
         log.close()
-    from flows.config import load_pipeline
-    from flows.keys import plan_keys
-    from flows.store import StageStore
+    from flows.plan.config import load_pipeline
+    from flows.plan.keys import plan_keys
+    from flows.plan.store import StageStore
 
     keys = plan_keys(load_pipeline("served", tmp_path / "p.yaml"))
     store = StageStore(env["ZHPIPE_STORAGE"])

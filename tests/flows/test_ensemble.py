@@ -4,9 +4,9 @@ import mlflow
 import numpy as np
 import pytest
 
-from flows.config import load_pipeline
-from flows.pipeline import pipeline_flow
-from flows.tracking import client
+from flows.orchestrate.pipeline import pipeline_flow
+from flows.plan.config import load_pipeline
+from flows.track.tracker import client
 from tasks.errors import ConfigError
 from tasks.models.ensemble import fit_weights
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.maintenance import collect_garbage
-from flows.store import Manifest, StageStore
+from flows.plan.maintenance import collect_garbage
+from flows.plan.store import Manifest, StageStore
 
 ROOT = Path(__file__).resolve().parents[2]
 UNUSED, USED = "0123456789abcdef", "fedcba9876543210"

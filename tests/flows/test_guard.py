@@ -1,10 +1,10 @@
-"""What a deployment run may set (flows/guard.py), decided from the deployment's own parameters."""
+"""What a deployment run may set (flows/orchestrate/guard.py), decided from the deployment's own parameters."""
 from pathlib import Path
 
 import pytest
 import yaml
 
-from flows.guard import check_run
+from flows.orchestrate.guard import check_run
 from tasks.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,7 +76,7 @@ def test_a_symlink_out_of_the_project_is_refused(project):
 def test_what_is_allowed_comes_from_the_workers_file_not_the_server(project, monkeypatch):
     """A PATCH of the deployment's parameters on the server (its `overrides`) does not make them the
     deployment's own: they are checked against the worker's pipelines.yaml like any other."""
-    from flows.guard import expected_parameters
+    from flows.orchestrate.guard import expected_parameters
 
     monkeypatch.delenv("ZHPIPE_PROJECT")  # the worker's project then comes from the deployment's project_dir
     server = {**project, "overrides": ["train.epochs=1", "segment.stopwords=/etc/passwd"]}  # PATCHed on the server
@@ -88,7 +88,7 @@ def test_what_is_allowed_comes_from_the_workers_file_not_the_server(project, mon
 
 
 def test_the_cli_refuses_a_secrets_variable_in_a_mapping():
-    from flows.config import load_pipeline
+    from flows.plan.config import load_pipeline
 
     with pytest.raises(ConfigError, match="names of environment variables holding secrets"):
         load_pipeline("smoke", ROOT / "pipelines.yaml",
@@ -96,7 +96,7 @@ def test_the_cli_refuses_a_secrets_variable_in_a_mapping():
 
 
 def test_a_yaml_alias_bomb_is_one_line_not_gigabytes(tmp_path):
-    from flows.config import load_pipeline
+    from flows.plan.config import load_pipeline
 
     bomb = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n' + "".join(
         f"{c}: &{c} [*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
@@ -110,7 +110,7 @@ def test_a_yaml_alias_bomb_is_one_line_not_gigabytes(tmp_path):
 def test_zhpipe_pools_fix_the_command_and_the_environment():
     """The base job template of a pool zhpipe creates has no `command` or `env` variable to override, and
     a deployment's job variables hold no storage or tracking URL."""
-    from flows.deploy import job_env, job_template
+    from flows.orchestrate.deploy import job_env, job_template
 
     template = job_template()
     assert "command" not in template["variables"]["properties"] and "env" not in template["variables"]["properties"]

@@ -5,12 +5,12 @@ from pathlib import Path
 
 import pytest
 
-from flows import fingerprint
-from flows import keys as planner
-from flows.config import load_pipeline
-from flows.pipeline import pipeline_flow, select_stages
-from flows.status import diff_causes, stage_states
-from flows.store import StageStore, stage_key
+from flows.orchestrate.pipeline import pipeline_flow, select_stages
+from flows.plan import fingerprint
+from flows.plan import keys as planner
+from flows.plan.config import load_pipeline
+from flows.plan.status import diff_causes, stage_states
+from flows.plan.store import StageStore, stage_key
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
@@ -159,8 +159,8 @@ def test_adding_a_model_trains_only_the_new_one(built):
 
 def test_a_setting_that_names_a_huge_folder_or_a_dangling_link_is_one_clear_error(tmp_path, monkeypatch):
     """segment.user_dict=/usr would walk and hash a whole tree into a key; a dangling link gave a traceback."""
-    from flows import fingerprint
-    from flows.fingerprint import file_fingerprints
+    from flows.plan import fingerprint
+    from flows.plan.fingerprint import file_fingerprints
     from tasks.errors import ConfigError
 
     monkeypatch.setattr(fingerprint, "MAX_FOLDER_FILES", 50)
@@ -220,7 +220,7 @@ def test_settings_that_spread_the_work_leave_every_key_unchanged():
 def test_a_registered_model_in_a_key_is_asked_of_the_registry_passed_in():
     """A key that names `models:/...` holds the version the registry gives; planning without a registry, or a
     registry that fails, is one line naming the setting or the model (never a key built on `@absent`)."""
-    from flows.registry import revision
+    from flows.track.champion import revision
     from tasks.errors import ConfigError
 
     config = load_pipeline("chnsenticorp-bt-local")

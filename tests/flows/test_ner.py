@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from flows.config import load_pipeline
-from flows.pipeline import pipeline_flow
-from flows.tracking import client
+from flows.orchestrate.pipeline import pipeline_flow
+from flows.plan.config import load_pipeline
+from flows.track.tracker import client
 from tasks.errors import ConfigError
 from tasks.models import MODELS
 from tasks.stages import STAGE_NAMES as STAGES

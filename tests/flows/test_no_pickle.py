@@ -9,9 +9,9 @@ import mlflow
 import pytest
 import torch
 
-from flows.pipeline import pipeline_flow
-from flows.store import file_sha256
-from flows.tracking import client
+from flows.orchestrate.pipeline import pipeline_flow
+from flows.plan.store import file_sha256
+from flows.track.tracker import client
 from tasks.models import MODELS
 
 pytestmark = pytest.mark.e2e

@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from flows.config import load_pipeline
-from flows.pipeline import pipeline_flow, select_stages
-from flows.keys import plan_keys
+from flows.orchestrate.pipeline import pipeline_flow, select_stages
+from flows.plan.config import load_pipeline
+from flows.plan.keys import plan_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
@@ -29,7 +29,7 @@ def nightly(tmp_path, prefect_harness):
     doc = {"pipelines": {"nightly": {"source": {"path": "data/raw/reviews/*.csv", "text_column": "review", "label_column": "label"},
                                      "stages": {"augment": {"method": "eda", "num_aug": 1}}}}}
     (tmp_path / "pipelines.yaml").write_text(yaml.safe_dump(doc), encoding="utf-8")
-    from flows import project
+    from flows.plan import project
 
     previous = project._CURRENT
     project.activate(project.Project(tmp_path))
@@ -69,7 +69,7 @@ def test_a_new_night_builds_only_its_own_partition(nightly):
     gathered = pd.read_parquet(nightly["store"] / "clean" / stages["clean"]["key"] / "data.parquet")
     assert gathered["id"].is_unique and gathered["text"].is_unique  # deduplicated across all nights
     assert stages["download"]["metrics"]["partitions"] == 5
-    from flows.runs import pipeline_runs, runs_table
+    from flows.track.runs import pipeline_runs, runs_table
 
     latest = runs_table(pipeline_runs("nightly", 1)).iloc[0]  # what a nightly user reads in the morning
     assert latest["partitions reused/built"] == "15/10" and latest["rows new"] == 200 and latest["rows"] == 450
@@ -108,7 +108,7 @@ def appended(tmp_path, prefect_harness):
     doc = {"pipelines": {"log": {"source": {"path": "data/raw/reviews.csv", "grows": "append", "text_column": "review",
                                             "label_column": "label"}}}}
     (tmp_path / "pipelines.yaml").write_text(yaml.safe_dump(doc), encoding="utf-8")
-    from flows import project
+    from flows.plan import project
 
     previous = project._CURRENT
     project.activate(project.Project(tmp_path))
@@ -170,7 +170,7 @@ def test_vocab_merges_partition_counts_into_the_corpus_vocabulary(nightly, tmp_p
 
 def test_an_append_while_the_run_plans_waits_for_the_next_run(appended, monkeypatch):
     """Lines appended after the run has planned (its keys fixed) are not half-seen by its execution."""
-    from flows import pipeline
+    from flows.orchestrate import pipeline
 
     run_log(appended)
     labelled = pipeline.label_flow_run

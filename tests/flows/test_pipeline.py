@@ -2,9 +2,9 @@
 import pandas as pd
 import pytest
 
-from flows.config import load_pipeline
-from flows.pipeline import pipeline_flow, select_stages
-from flows.tracking import client
+from flows.orchestrate.pipeline import pipeline_flow, select_stages
+from flows.plan.config import load_pipeline
+from flows.track.tracker import client
 from tasks.errors import ZhpipeError
 from tasks.stages import STAGE_NAMES as STAGES
 
@@ -91,7 +91,7 @@ def test_runs_read_well_in_both_uis(smoke):
 def test_rerun_is_all_hits_recorded_in_one_run_naming_the_builders(prefect_harness, store):
     """A run with nothing to build records its parent run alone; each reused output names the run that built it,
     which `compare` follows for the models' metrics."""
-    from flows.runs import find_run, model_metrics
+    from flows.track.runs import find_run, model_metrics
 
     out = run(store)
     assert set(cache_of(out).values()) == {"hit"} and {u["cache"] for u in out["units"]} == {"hit"}
@@ -186,7 +186,7 @@ def test_model_zoo_through_the_flow_with_curves_and_served_models(prefect_harnes
     import numpy as np
     import pandas as pd
 
-    from flows.keys import plan_keys
+    from flows.plan.keys import plan_keys
     from tasks.models import MODELS
 
     sets = ["train.models=[transformer, bert, rnn_lm]", "train.epochs=2", "train.bert.pretrain_epochs=1",
@@ -223,7 +223,7 @@ def _files(root, stage, key):
 def test_dask_run_writes_the_same_bytes_as_a_local_run(prefect_harness, store, tmp_path):
     """`--dask local`: clean, segment and augment run their chunks on a 2-worker LocalCluster and publish
     byte-identical files to the (cached) single-machine run of the same config."""
-    from flows.keys import plan_keys
+    from flows.plan.keys import plan_keys
 
     out = run(tmp_path / "dask-store", stages=select_stages(stop="augment"), dask="local",
               overrides=["segment.chunk_rows=100"])
@@ -242,8 +242,8 @@ def test_remote_storage_url(prefect_harness, tmp_path):
     a rerun is all hits, and a second machine (another local mirror) reads them back."""
     import fsspec
 
-    from flows.keys import plan_keys
-    from flows.store import StageStore
+    from flows.plan.keys import plan_keys
+    from flows.plan.store import StageStore
 
     url = f"memory://zhpipe-{tmp_path.name}"
     stages = select_stages(stop="segment")
@@ -264,7 +264,7 @@ def test_pictures_of_a_run_are_valid_pngs(prefect_harness, store):
     profile's one-page report and the projector export next to them."""
     from PIL import Image
 
-    from flows.keys import plan_keys
+    from flows.plan.keys import plan_keys
 
     keys = plan_keys(load_pipeline("smoke"))
     profile, embed = (store / s / keys[s] for s in ("profile", "embed"))

@@ -69,7 +69,7 @@ def test_init_csv_copies_pins_and_refuses_an_edited_file(tmp_path):
     move, and an edited corpus is a one-line error instead of silently another corpus."""
     import yaml
 
-    from flows.init import example_corpus
+    from flows.plan.init import example_corpus
 
     corpus = tmp_path / "mine.csv"
     example_corpus().to_csv(corpus, index=False)
@@ -104,7 +104,7 @@ def test_init_csv_copies_pins_and_refuses_an_edited_file(tmp_path):
 def test_init_csv_with_yaml_characters_in_its_name_writes_a_config_that_reads_back(tmp_path, name):
     import yaml
 
-    from flows.init import example_corpus, init_project
+    from flows.plan.init import example_corpus, init_project
 
     corpus = tmp_path / name
     example_corpus().to_csv(corpus, index=False)
@@ -114,7 +114,7 @@ def test_init_csv_with_yaml_characters_in_its_name_writes_a_config_that_reads_ba
 
 
 def test_init_csv_reads_a_gb18030_header_and_names_an_unreadable_file(tmp_path):
-    from flows.init import example_corpus, init_project
+    from flows.plan.init import example_corpus, init_project
     from tasks.errors import DataError
 
     corpus = tmp_path / "gbk.csv"
@@ -129,7 +129,7 @@ def test_init_csv_reads_a_gb18030_header_and_names_an_unreadable_file(tmp_path):
 
 
 def test_predict_in_a_fresh_project_is_one_line_and_leaves_no_folders(tmp_path):
-    from flows.init import init_project
+    from flows.plan.init import init_project
 
     init_project(tmp_path / "p")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ZHPIPE_", "MLFLOW_", "PREFECT_"))}

@@ -13,9 +13,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from flows.config import load_pipeline
-from flows.pipeline import pipeline_flow
-from flows.tracking import client
+from flows.orchestrate.pipeline import pipeline_flow
+from flows.plan.config import load_pipeline
+from flows.track.tracker import client
 from tasks.errors import ZhpipeError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,8 +44,8 @@ def _config():
 def test_pyfunc_takes_raw_text_and_predicts_like_the_training_code(trained):
     import mlflow
 
-    from flows.serving import log_classifier
-    from flows.tracking import Tracker
+    from flows.track.serving import log_classifier
+    from flows.track.tracker import Tracker
     from tasks.models import MODELS
 
     test = pd.read_parquet(trained["segment"] / "test.parquet")
@@ -71,7 +71,7 @@ def test_best_model_is_registered_and_champion_on_first_registration(trained):
 
 def test_champion_rule(trained):
     """better -> champion; worse -> registered without the alias; another test split -> never compared."""
-    from flows.registry import register_best
+    from flows.track.champion import register_best
 
     test = pd.read_parquet(trained["segment"] / "test.parquet")
     run_id = trained["first"]["parent_run_id"]
@@ -101,8 +101,8 @@ def test_champion_rule(trained):
 def test_a_changed_test_split_rescores_the_champion_as_served(trained):
     """A grown corpus gives another test split: the champion is loaded from the registry and scored on the new
     split, and the two scores on that split decide; a champion that cannot be scored keeps the alias."""
-    from flows.registry import register_best
-    from flows.serving import score_served
+    from flows.track.champion import register_best
+    from flows.track.serving import score_served
 
     test = pd.read_parquet(trained["segment"] / "test.parquet")
     uri = client().get_run(trained["tfidf_run"]).data.tags["zhpipe.model_uri"]
@@ -137,9 +137,9 @@ def test_a_changed_test_split_rescores_the_champion_as_served(trained):
 
 def test_a_run_killed_before_registering_is_registered_by_the_next_run(prefect_harness, tmp_path, monkeypatch):
     """evaluate published, then the process dies before registering; the rerun (evaluate cached) registers."""
-    import flows.model_stages
-    from flows.registry import registered_version
-    from flows.keys import plan_keys
+    import flows.orchestrate.model_stages
+    from flows.plan.keys import plan_keys
+    from flows.track.champion import registered_version
 
     sets = ["train.models=[tfidf_lr]", "split.seed=5"]
 
@@ -147,7 +147,7 @@ def test_a_run_killed_before_registering_is_registered_by_the_next_run(prefect_h
         raise KeyboardInterrupt("killed between evaluate and registration")
 
     with monkeypatch.context() as m:
-        m.setattr(flows.model_stages, "register_best", killed)
+        m.setattr(flows.orchestrate.model_stages, "register_best", killed)
         with pytest.raises(BaseException, match="killed between"):
             pipeline_flow("smoke", overrides=sets, storage=str(tmp_path / "store"))
     key = plan_keys(load_pipeline("smoke", overrides=sets))["train.tfidf_lr"]
@@ -241,7 +241,7 @@ def test_predict_command(trained, tmp_path):
 def test_runs_read_from_sqlite_match_the_mlflow_client(trained, tmp_path):
     import sqlite3
 
-    from flows.runs import _runs_from_sqlite, runs_from_client, runs_table
+    from flows.track.runs import _runs_from_sqlite, runs_from_client, runs_table
 
     db = Path(os.environ["MLFLOW_TRACKING_URI"].removeprefix("sqlite:///"))
     for pipeline in ("smoke", None):
@@ -267,7 +267,7 @@ def test_runs_and_compare_commands(trained):
     assert "best_test_accuracy" in proc.stdout
     assert "segment.mode" not in proc.stdout  # equal in both runs: not shown
     # per-model metrics side by side with their delta: textcnn changed (epochs), tfidf_lr was reused as it was
-    from flows.runs import compare_table
+    from flows.track.runs import compare_table
 
     table = compare_table([first, second]).set_index("what")
     textcnn = table.loc[[w for w in table.index if w.startswith("model textcnn ")]]
@@ -280,7 +280,7 @@ def test_runs_and_compare_commands(trained):
 
 @pytest.mark.parametrize("encoding", ["utf-8", "utf-8-sig", "gbk", "utf-16"])
 def test_predict_input_files_are_read_in_their_encoding(tmp_path, encoding):
-    from flows.runs import read_input
+    from flows.track.predict import read_input
 
     path = tmp_path / f"in-{encoding}.csv"
     path.write_bytes("text,id\n房间很干净，服务很好,1\n早餐太差,2\n".encode(encoding))
@@ -290,7 +290,7 @@ def test_predict_input_files_are_read_in_their_encoding(tmp_path, encoding):
 
 def test_a_test_split_hashes_the_same_read_in_batches_as_whole(tmp_path, monkeypatch):
     import tasks.io as io
-    from flows.registry import test_sha256
+    from flows.track.champion import test_sha256
     from tasks.io import Rows
 
     frame = pd.DataFrame({"id": range(100), "line": range(2, 102), "text": [f"第{i}条" for i in range(100)],

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from flows import handover, procs
+from flows.orchestrate import handover, procs
 
 ROOT = Path(__file__).resolve().parents[2]
 OTHER_UID = 65534
@@ -62,7 +62,7 @@ def start_warm(env: dict) -> tuple[subprocess.Popen, Path]:
     home = Path(env["PREFECT_HOME"])
     mine = handover.fingerprint(env)
     log = open(home / "zhpipe-warm.log", "a")
-    proc = subprocess.Popen([sys.executable, "-m", "flows.warm", "--idle", "120", "--fingerprint", mine], cwd=ROOT, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "flows.orchestrate.warm", "--idle", "120", "--fingerprint", mine], cwd=ROOT, env=env,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     state = home / f"zhpipe-warm-{mine[:16]}.json"
     deadline = time.monotonic() + 120
@@ -223,7 +223,8 @@ def test_pids_in_leftover_state_files_are_never_signalled(tmp_path):
 CONTEXT_PROBE = textwrap.dedent("""
     import json, os, resource, sys
     sys.path.insert(0, sys.argv[1])
-    from flows import handover, warm
+    from flows.orchestrate import handover
+    from flows.orchestrate import warm
     ctx = json.loads(sys.stdin.read())
     refused = warm.apply_context(ctx)
     mask = os.umask(0)
@@ -233,7 +234,7 @@ CONTEXT_PROBE = textwrap.dedent("""
 
 
 def _context_of(preexec) -> dict:
-    probe = "import json, sys; sys.path.insert(0, sys.argv[1]); from flows import handover; print(json.dumps(handover.context()))"
+    probe = "import json, sys; sys.path.insert(0, sys.argv[1]); from flows.orchestrate import handover; print(json.dumps(handover.context()))"
     out = subprocess.run([sys.executable, "-c", probe, str(ROOT)], preexec_fn=preexec, capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
 

@@ -1,4 +1,4 @@
-from flows.store import Manifest, StageStore, stage_key
+from flows.plan.store import Manifest, StageStore, stage_key
 
 
 def test_key_depends_on_every_cause():
@@ -51,8 +51,8 @@ def test_begin_removes_the_temporary_folders_of_dead_builds_only(tmp_path):
 def test_status_explains_a_pipeline_by_its_own_builds_only(tmp_path):
     """A stage another pipeline built with other settings is not this pipeline's stale build: never built here is
     "missing", and a build of this pipeline's explains what changed."""
-    from flows.status import stage_states
-    from flows.store import Manifest, StageStore
+    from flows.plan.status import stage_states
+    from flows.plan.store import Manifest, StageStore
 
     store = StageStore(tmp_path / "store")
     theirs = {"params": {"models": ["tfidf_lr", "fasttext"]}, "inputs": {}, "code": {}, "libraries": {"fasttext": "0.9.3"}}

@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from flows.pipeline import pipeline_flow
-from flows.tracking import tracking_uri
+from flows.orchestrate.pipeline import pipeline_flow
+from flows.track.tracker import tracking_uri
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,11 +107,11 @@ def test_runs_left_running_by_a_killed_process_are_marked_killed(tmp_path):
     import subprocess
     import sys
 
-    from flows.tracking import Tracker, client
+    from flows.track.tracker import Tracker, client
 
     child = subprocess.Popen([sys.executable, "-c", (
         "import sys; sys.path.insert(0, %r)\n"
-        "from flows.tracking import Tracker\n"
+        "from flows.track.tracker import Tracker\n"
         "r = Tracker.start('zhpipe-orphans', 'killed run')\n"
         "print(r.run_id, flush=True)\n"
         "import time; time.sleep(60)\n") % str(Path(__file__).resolve().parents[2])],
@@ -128,7 +128,7 @@ def test_runs_left_running_by_a_killed_process_are_marked_killed(tmp_path):
 
 def test_mlflow_links_open_the_machine_learning_view(monkeypatch):
     """MLflow 3 opens in its GenAI view unless told otherwise: every link zhpipe prints selects the runs view."""
-    from flows.tracking import ML_VIEW, home_url, ui_url
+    from flows.track.tracker import ML_VIEW, home_url, ui_url
 
     monkeypatch.setenv("ZHPIPE_MLFLOW_UI", "http://127.0.0.1:5000")
     assert ML_VIEW == "workflowType=machine_learning"
@@ -180,7 +180,7 @@ def test_a_new_tracking_store_over_a_built_stage_store_records_and_registers(run
     """MLflow's database moved aside (what the corrupt-database error advises): the next run reuses every output,
     records its runs in the new database the long way (the runs that built them are in the old one) and registers
     its best model there."""
-    from flows.tracking import client
+    from flows.track.tracker import client
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'new.db'}")
     store = str(runs["first"]["stages"][0]["path"]).split("/download/")[0]

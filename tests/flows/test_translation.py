@@ -7,11 +7,11 @@ import mlflow.pyfunc
 import pandas as pd
 import pytest
 
-from flows.config import load_pipeline
-from flows.fingerprint import file_fingerprints
-from flows.pipeline import pipeline_flow
-from flows.serving import score_served
-from flows.tracking import client
+from flows.orchestrate.pipeline import pipeline_flow
+from flows.plan.config import load_pipeline
+from flows.plan.fingerprint import file_fingerprints
+from flows.track.serving import score_served
+from flows.track.tracker import client
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]

@@ -3,14 +3,14 @@ a study that resumes, the best settings as --set lines and YAML, and pruning on 
 import pytest
 import yaml
 
-from flows.tracking import Tracker, client
+from flows.track.tracker import Tracker, client
 from tasks.errors import ConfigError
 
 pytestmark = pytest.mark.e2e
 
 
 def test_a_three_trial_study_nests_its_trials_and_resumes(smoke):
-    from flows.tune import tune
+    from flows.orchestrate.tune import tune
 
     result = tune("smoke", "tfidf_lr", 3, storage=str(smoke["store"]))
     assert result["complete"] == 3 and result["metric"] == "val_accuracy" and 0 < result["value"] <= 1
@@ -31,7 +31,7 @@ def test_a_three_trial_study_nests_its_trials_and_resumes(smoke):
 def test_the_pruner_stops_a_trial_from_its_epoch_curve(prefect_harness):
     import optuna
 
-    from flows.tune import TrialTracker
+    from flows.orchestrate.tune import TrialTracker
 
     study = optuna.create_study(direction="maximize", pruner=optuna.pruners.ThresholdPruner(lower=0.9))
     trial = study.ask()
@@ -44,8 +44,8 @@ def test_the_pruner_stops_a_trial_from_its_epoch_curve(prefect_harness):
 
 
 def test_search_spaces_are_checked():
-    from flows.config import load_pipeline
-    from flows.tune import search_space
+    from flows.orchestrate.tune import search_space
+    from flows.plan.config import load_pipeline
 
     config = load_pipeline("smoke")
     assert search_space(config, "textcnn")["lr"]["log"] is True  # the default space

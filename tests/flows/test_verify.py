@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.pipeline import pipeline_flow, select_stages
-from flows.store import file_sha256
+from flows.orchestrate.pipeline import pipeline_flow, select_stages
+from flows.plan.store import file_sha256
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
@@ -84,7 +84,7 @@ def test_verify_and_gc_commands(store, monkeypatch, capsys):
 
 def test_verify_catches_unlisted_files_and_paths_outside_the_output(tmp_path):
     """A tampered file whose manifest entry was removed, and a manifest entry that points outside the output."""
-    from flows.store import Manifest, StageStore
+    from flows.plan.store import Manifest, StageStore
 
     store = StageStore(tmp_path / "store")
     out = tmp_path / "store" / "clean" / "0123456789abcdef"

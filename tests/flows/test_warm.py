@@ -1,4 +1,4 @@
-"""The warm zhpipe process (flows.warm, flows.handover): commands handed to it run as they would alone (same output, exit
+"""The warm zhpipe process (flows.orchestrate.warm, flows.orchestrate.handover): commands handed to it run as they would alone (same output, exit
 status, errors), clients with other settings or after a code change run by themselves, and it stops."""
 import json
 import os
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flows import handover, warm
+from flows.orchestrate import handover, warm
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,7 +35,7 @@ def warm_env(tmp_path):
     (tmp_path / "prefect").mkdir()
     log = tmp_path / "prefect" / "zhpipe-warm.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "flows.warm", "--idle", "60", "--fingerprint", handover.fingerprint(env)],
+        proc = subprocess.Popen([sys.executable, "-m", "flows.orchestrate.warm", "--idle", "60", "--fingerprint", handover.fingerprint(env)],
                                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     state = handover.state_file(handover.fingerprint(env)).relative_to(handover.home())
     state = tmp_path / "prefect" / state

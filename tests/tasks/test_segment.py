@@ -4,7 +4,7 @@ import os
 import pandas as pd
 import pytest
 
-from flows.chunks import DaskRunner, shutdown
+from flows.orchestrate.chunks import DaskRunner, shutdown
 from tasks.io import Runner, write_parquet
 from tasks.segment import Params as SegmentConfig
 from tasks.segment import segment_file
@@ -51,8 +51,8 @@ def test_the_backends_agree_on_chinese_and_differ_on_digit_runs():
 
 
 def test_the_backend_is_part_of_the_segment_key():
-    from flows.config import load_pipeline
-    from flows.keys import plan_keys
+    from flows.plan.config import load_pipeline
+    from flows.plan.keys import plan_keys
 
     a, b = (plan_keys(load_pipeline("smoke", overrides=[f"segment.backend={x}"])) for x in ("jieba", "jieba-rs"))
     assert a["split"] == b["split"] and a["segment"] != b["segment"]

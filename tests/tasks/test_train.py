@@ -6,7 +6,7 @@ import pytest
 import torch
 from gensim.models import KeyedVectors
 
-from flows.tracking import Tracker
+from flows.track.tracker import Tracker
 from tasks.models import MODELS, TrainInputs
 from tasks.models.modules import TextCNN, TextCNNConfig
 from tasks.models.networks import batches, encode

@@ -66,7 +66,7 @@ def _stage_inputs(root: Path) -> dict[str, Path]:
 
 
 def test_a_toy_model_needs_one_module_and_one_entry(toy, tmp_path):
-    from flows.config import load_pipeline
+    from flows.plan.config import load_pipeline
     from tasks import evaluate, train
 
     config = load_pipeline("smoke", overrides=["train.models=[toy]", "train.toy.smoothing=0"])
@@ -89,7 +89,7 @@ def test_a_toy_model_needs_one_module_and_one_entry(toy, tmp_path):
 
 
 def test_an_unregistered_model_is_one_clear_error():
-    from flows.config import load_pipeline
+    from flows.plan.config import load_pipeline
     from tasks.errors import ConfigError
 
     with pytest.raises(ConfigError, match="unknown model 'toy'.*registered: fasttext"):

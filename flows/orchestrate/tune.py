@@ -7,17 +7,19 @@ coordinates chart compares them)."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from flows.config import PipelineConfig, load_pipeline
-from flows.keys import plan
-from flows.runner import RunContext
-from flows.registry import revision
-from flows.store import StageStore, stage_key, storage_root
-from flows.tracking import Tracker
+from flows.orchestrate.execute import RunContext
+from flows.plan.config import PipelineConfig, load_pipeline
+from flows.plan.keys import plan
+from flows.plan.store import StageStore, stage_key, storage_root
+from flows.track.champion import revision
+from flows.track.tracker import Tracker
 from tasks.core import model_unit
 from tasks.errors import ConfigError
 from tasks.models import MODELS
@@ -97,8 +99,8 @@ class TrialTracker(Tracker):
                 raise optuna.TrialPruned(f"epoch {step}: {self.curve} {metrics[self.curve]:.4f}")
 
 
-def _assignments(model: str, params: dict[str, Any]) -> list[str]:
-    return [f"train.{model}.{k}={v}" for k, v in params.items()]
+def _assignments(training: str, model: str, params: dict[str, Any]) -> list[str]:
+    return [f"{training}.{model}.{k}={v}" for k, v in params.items()]
 
 
 def tune(pipeline: str, model: str, trials: int, overrides: list[str] | None = None, seed: int = 0,
@@ -107,8 +109,7 @@ def tune(pipeline: str, model: str, trials: int, overrides: list[str] | None = N
     the `--set` lines and the YAML snippet (also written beside the study, `<pipeline>-<model>.yaml`)."""
     import optuna
 
-    from flows.model_stages import model_unit_run
-    from flows.pipeline import pipeline_flow
+    from flows.orchestrate.pipeline import pipeline_flow
 
     overrides = list(overrides or [])
     base = load_pipeline(pipeline, overrides=overrides)
@@ -126,46 +127,76 @@ def tune(pipeline: str, model: str, trials: int, overrides: list[str] | None = N
     experiment = f"zhpipe-{pipeline}"
     parent = Tracker.start(experiment, f"tune {model}", tags={"zhpipe.pipeline": pipeline, "zhpipe.tune": model, "zhpipe.task": base.task})
     parent.params({"tune.model": model, "tune.trials": trials, "tune.metric": metric, "tune.space": space})
-
-    def objective(trial) -> float:
-        params = {name: suggest(trial, name, dim) for name, dim in space.items()}
-        config = load_pipeline(pipeline, overrides=[*overrides, f"train.models=[{model}]", *_assignments(model, params)])
-        causes = plan(config, registry=revision)
-        run = RunContext(config, StageStore(storage_root(config, storage)), {s: stage_key(c) for s, c in causes.items()},
-                         experiment, parent.run_id, causes=causes)
-        training = config.kind.training
-        inputs = {name: run.reuse(name) for name in training.needs}
-        tracker = Tracker.start(experiment, f"trial {trial.number}", parent=parent.run_id,
-                                tags={"zhpipe.model": model, "zhpipe.trial": str(trial.number), "zhpipe.key": run.keys[model_unit(training.name, model)]})
-        tracker.params({f"{training.name}.{model}.{k}": v for k, v in params.items()})
-        trial_tracker = TrialTracker(tracker.run_id, trial, f"{model}_{metric}")
-        try:
-            result = model_unit_run(run, training, model, inputs, tracker=trial_tracker)
-        except optuna.TrialPruned:
-            tracker.tags({"zhpipe.trial_state": "pruned"})
-            tracker.finish(ok=True)
-            raise
-        except BaseException:
-            tracker.finish(ok=False)
-            raise
-        value = result.facts.summary[metric]
-        tracker.metrics({metric: value})
-        tracker.tags({"zhpipe.trial_state": "complete", "zhpipe.cache": result.cache})
-        tracker.finish()
-        return value
-
+    objective = partial(_trial, Study(pipeline, model, overrides, storage, experiment, parent.run_id, space, metric))
     try:
         study.optimize(objective, n_trials=trials, catch=())
     except BaseException:
         parent.finish(ok=False)
         raise
+    return _report(study, base, model, metric, folder, parent)
+
+
+@dataclass
+class Study:
+    """What every trial of one study shares."""
+
+    pipeline: str
+    model: str
+    overrides: list[str]
+    storage: str | None
+    experiment: str
+    parent_run_id: str
+    space: dict[str, Any]
+    metric: str
+
+
+def _trial(study: Study, trial) -> float:
+    """One trial: the model's training unit with the sampled settings, in a nested MLflow run that Optuna prunes."""
+    import optuna
+
+    from flows.orchestrate.model_stages import model_unit_run
+
+    params = {name: suggest(trial, name, dim) for name, dim in study.space.items()}
+    training = load_pipeline(study.pipeline, overrides=study.overrides).kind.training.name
+    config = load_pipeline(study.pipeline, overrides=[*study.overrides, f"{training}.models=[{study.model}]",
+                                                      *_assignments(training, study.model, params)])
+    causes = plan(config, registry=revision)
+    run = RunContext(config, StageStore(storage_root(config, study.storage)), {s: stage_key(c) for s, c in causes.items()},
+                     study.experiment, study.parent_run_id, causes=causes)
+    spec = config.kind.training
+    inputs = {name: run.reuse(name) for name in spec.needs}
+    tracker = Tracker.start(study.experiment, f"trial {trial.number}", parent=study.parent_run_id,
+                            tags={"zhpipe.model": study.model, "zhpipe.trial": str(trial.number),
+                                  "zhpipe.key": run.keys[model_unit(spec.name, study.model)]})
+    tracker.params({f"{spec.name}.{study.model}.{k}": v for k, v in params.items()})
+    try:
+        result = model_unit_run(run, spec, study.model, inputs, tracker=TrialTracker(tracker.run_id, trial, f"{study.model}_{study.metric}"))
+    except optuna.TrialPruned:
+        tracker.tags({"zhpipe.trial_state": "pruned"})
+        tracker.finish(ok=True)
+        raise
+    except BaseException:
+        tracker.finish(ok=False)
+        raise
+    value = result.facts.summary[study.metric]
+    tracker.metrics({study.metric: value})
+    tracker.tags({"zhpipe.trial_state": "complete", "zhpipe.cache": result.cache})
+    tracker.finish()
+    return value
+
+
+def _report(study, base: PipelineConfig, model: str, metric: str, folder: Path, parent: Tracker) -> dict[str, Any]:
+    """The best trial as `--set` lines and a YAML snippet (written beside the study), in the tune run."""
+    import optuna
+
+    pipeline, training = base.name, base.kind.training.name
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     if not done:
         parent.finish(ok=False)
         raise ConfigError(f"tune {pipeline}/{model}: no trial completed ({len(study.trials)} pruned or failed)")
     best = study.best_trial
-    sets = _assignments(model, best.params)
-    snippet = yaml.safe_dump({"pipelines": {pipeline: {"stages": {base.kind.training.name: {model: best.params}}}}}, allow_unicode=True, sort_keys=False)
+    sets = _assignments(training, model, best.params)
+    snippet = yaml.safe_dump({"pipelines": {pipeline: {"stages": {training: {model: best.params}}}}}, allow_unicode=True, sort_keys=False)
     out = folder / f"{pipeline}-{model}.yaml"
     out.write_text(f"# best of {len(done)} trials: {metric} {best.value:.4f} (trial {best.number})\n" + snippet, encoding="utf-8")
     parent.metrics({f"best_{metric}": best.value, "trials_complete": len(done),

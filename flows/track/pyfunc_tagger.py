@@ -2,6 +2,6 @@
 code and runs it on load; the weights are the model's artifacts in formats that load without pickle."""
 from mlflow.models import set_model
 
-from flows.serving import EntityTagger
+from flows.track.serving import EntityTagger
 
 set_model(EntityTagger())

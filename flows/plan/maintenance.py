@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from flows.store import MANIFEST, CorruptManifest, Manifest, StageStore, alive
+from flows.plan.store import MANIFEST, CorruptManifest, Manifest, StageStore, alive
 
 SHARED = {"_downloads", "_cache", ".remote"}  # shared by all keys: never collected
 

@@ -1,4 +1,4 @@
-"""Stage execution: build or reuse each unit of a run (its keys planned by flows/keys.py) and track it in MLflow."""
+"""Stage execution: build or reuse each unit of a run (its keys planned by flows/plan/keys.py) and track it in MLflow."""
 from __future__ import annotations
 
 import contextlib
@@ -10,14 +10,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from flows import project
-from flows.chunks import runner_for
-from flows.config import PipelineConfig, flatten
-from flows.keys import unit_params
-from flows.sources import origin_of, partition_source, partitions
-from flows.store import Manifest, StageStore
-from flows.workers import global_slot
-from flows.tracking import Tracker, experiment_id
+from flows.orchestrate.chunks import runner_for
+from flows.orchestrate.workers import global_slot
+from flows.plan import project
+from flows.plan.config import PipelineConfig, flatten
+from flows.plan.keys import unit_params
+from flows.plan.sources import origin_of, partition_source, partitions
+from flows.plan.store import Manifest, StageStore
+from flows.track.tracker import Tracker, experiment_id
 from tasks.core import BuildContext, BuildOutput, Facts, Unit
 from tasks.errors import ZhpipeError
 from tasks.source.origin import Origin
@@ -46,7 +46,7 @@ class StoreServices:
 
     def registered(self, uri: str) -> tuple[str, Path]:
         """A registered model (models:/...) downloaded into the store's cache."""
-        from flows.registry import download
+        from flows.track.champion import download
 
         return download(uri, self.store.cache_file("registered"))
 
@@ -304,7 +304,7 @@ def system_metrics(run_id: str, enabled: bool, interval: float = 5.0):
         return
     from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
-    from flows.tracking import tracking_uri
+    from flows.track.tracker import tracking_uri
 
     monitor = SystemMetricsMonitor(run_id, sampling_interval=interval, tracking_uri=tracking_uri())
     monitor.start()

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import functools
-import json
 import os
 import time
 import warnings
@@ -12,7 +11,7 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from flows import project
+from flows.plan import project
 from tasks.errors import ZhpipeError
 
 
@@ -191,7 +190,7 @@ def ui_url(experiment: str, run_id: str) -> str:
 
 def home_url(base: str, opener: bool = False) -> str:
     """Where `zhpipe ui` sends people: the newest zhpipe experiment's runs (else the experiment list), in the
-    machine-learning view; with `opener`, through the page of `flows.mlflow_ui` that makes that view the browser's."""
+    machine-learning view; with `opener`, through the page of `flows.track.ui` that makes that view the browser's."""
     from urllib.parse import quote
 
     try:
@@ -220,19 +219,6 @@ def _experiment_id(name: str) -> str:
     # the kind makes the MLflow UI open the experiment on its training runs, not on the GenAI overview
     return c.create_experiment(name, artifact_location=project.current().artifact_root(),
                                tags={"mlflow.experimentKind": "custom_model_development"})
-
-
-def _dataset_cache(source: str, name: str, rows: int | None) -> Path | None:
-    """Where the MLflow description of a split file is kept once inferred: by the file (its path, size and modification
-    time: an output in the store never changes in place), its name and row count."""
-    import hashlib
-
-    try:
-        st = os.stat(source)
-    except OSError:
-        return None
-    key = hashlib.sha256(json.dumps([source, st.st_size, st.st_mtime_ns, name, rows]).encode()).hexdigest()[:24]
-    return project.current().data / "_cache" / "datasets" / f"{key}.json"
 
 
 class Tracker:
@@ -280,7 +266,7 @@ class Tracker:
         the machine restarted): marked KILLED so that the MLflow UI does not show them running forever."""
         import socket
 
-        from flows.store import alive
+        from flows.plan.store import alive
 
         host = socket.gethostname()
         try:
@@ -368,35 +354,10 @@ class Tracker:
 
     @_retry
     def dataset(self, df: pd.DataFrame, source: str, name: str, context: str, rows: int | None = None) -> None:
-        """Record a dataset as this run's input (shown under 'Datasets used' in the UI). When `df` is only the
-        head of `rows` rows, the dataset is recorded by its schema and a digest (of the head and the row
-        count), without a profile that would describe the head alone."""
-        import mlflow.data
-        from mlflow.entities import Dataset, DatasetInput, InputTag
+        """Record a dataset as this run's input (shown under 'Datasets used' in the UI): flows/track/datasets.py."""
+        from mlflow.entities import DatasetInput, InputTag
 
-        cached = _dataset_cache(source, name, rows)
-        if cached is not None and cached.is_file():  # the same split, described by an earlier run: not inferred again
-            try:
-                entity = Dataset(**json.loads(cached.read_text(encoding="utf-8")))
-            except (OSError, ValueError, TypeError):
-                entity = None
-            if entity is not None:
-                self.client.log_inputs(self.run_id, datasets=[DatasetInput(entity, tags=[InputTag("mlflow.data.context", context)])])
-                return
-        with warnings.catch_warnings():  # schema-inference hints about integer columns, not actionable here
-            warnings.simplefilter("ignore")
-            ds = mlflow.data.from_pandas(df, source=source, name=name, targets="label" if "label" in df else None)
-            if rows is not None and rows > len(df):
-                from mlflow.data.digest_utils import get_normalized_md5_digest
-                from mlflow.data.meta_dataset import MetaDataset
+        from flows.track.datasets import dataset_entity
 
-                digest = get_normalized_md5_digest([ds.digest.encode(), str(rows).encode()])
-                ds = MetaDataset(ds.source, name=name, digest=digest, schema=ds.schema)
-            entity = ds._to_mlflow_entity()  # the schema is inferred here
-        if cached is not None:
-            from tasks.io import atomic_write_text
-
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(cached, json.dumps({k: getattr(entity, k) for k in ("name", "digest", "source_type", "source",
-                                                                                 "schema", "profile")}))
+        entity = dataset_entity(df, source, name, rows)
         self.client.log_inputs(self.run_id, datasets=[DatasetInput(entity, tags=[InputTag("mlflow.data.context", context)])])

@@ -40,7 +40,7 @@ def unit_folder(unit: str) -> str:
 
 
 def stage_key(causes: dict[str, Any]) -> str:
-    """Hash of everything that determines a stage's output (see flows.runner.key_causes)."""
+    """Hash of everything that determines a stage's output (see flows.orchestrate.execute.key_causes)."""
     blob = json.dumps(causes, sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -150,7 +150,7 @@ class StageStore:
             self.fs, self.base = fsspec.core.url_to_fs(reveal(str(root)))
             self.base = self.base.rstrip("/")
             if cache is None and not os.environ.get("ZHPIPE_CACHE"):
-                from flows.project import current
+                from flows.plan.project import current
 
                 cache = current().data / ".remote"
             mirror = cache or Path(os.environ["ZHPIPE_CACHE"])
@@ -355,6 +355,6 @@ def storage_root(config, explicit: str | None = None) -> str:
 
 
 def _project_data() -> Path:
-    from flows.project import current
+    from flows.plan.project import current
 
     return current().data

@@ -11,6 +11,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError, create_model, model_validator
 
+from flows.plan.values import apply_set, load_yaml, valid_cron
 from tasks.core import Section
 from tasks.errors import ConfigError
 from tasks.models import MODELS
@@ -19,33 +20,6 @@ from tasks.stages import KINDS, STAGE_NAMES, TaskKind
 from tasks.urls import conceal
 
 DEFAULT_PIPELINE = "chnsenticorp"
-
-
-_CRON_FIELDS = ((0, 59, {}), (0, 23, {}), (1, 31, {}),
-                (1, 12, {m: i + 1 for i, m in enumerate("jan feb mar apr may jun jul aug sep oct nov dec".split())}),
-                (0, 7, {d: i for i, d in enumerate("sun mon tue wed thu fri sat".split())}))
-
-
-def valid_cron(line: str) -> bool:
-    """A standard five-field cron line (numbers, names, `*`, ranges, lists, steps), checked without importing
-    Prefect (whose server checks it again at deploy time)."""
-    fields = line.split()
-    if len(fields) != 5:
-        return False
-    for text, (lo, hi, names) in zip(fields, _CRON_FIELDS):
-        for item in text.lower().split(","):
-            span, _, step = item.partition("/")
-            if step and not (step.isdigit() and int(step) > 0):
-                return False
-            if span == "*":
-                continue
-            bounds = span.split("-")
-            if len(bounds) > 2:
-                return False
-            values = [names.get(b, int(b) if b.isdigit() else None) for b in bounds]
-            if any(v is None or not lo <= v <= hi for v in values) or (len(values) == 2 and values[0] > values[1]):
-                return False
-    return True
 
 
 class ScheduleConfig(Section):
@@ -78,7 +52,7 @@ class RunParameters(Section):
     stages: list[Literal[STAGE_NAMES]] | None = None  # None = all
     force: list[Literal[STAGE_NAMES]] | None = None  # rebuild these stages and all later ones; [] = all
     # `--set` keys a run of the deployment may add (glob patterns such as "train.epochs" or "split.*"); none by
-    # default. Paths outside the project and URLs are refused even here (flows/guard.py).
+    # default. Paths outside the project and URLs are refused even here (flows/orchestrate/guard.py).
     allow_overrides: list[str] = []
 
 
@@ -111,7 +85,7 @@ class PipelineConfig(Section):
     storage: str | None = None  # stage store root: a folder or an fsspec URL; default data/ (ZHPIPE_STORAGE wins)
     predict: PredictLimits = PredictLimits()  # travels with the registered model
     # `zhpipe tune` search spaces per model: {setting: {low, high, log?, step?} or {choices: [...]}}; a model
-    # without one gets flows/tune.py's default
+    # without one gets flows/orchestrate/tune.py's default
     tune: dict[str, dict[str, dict[str, Any]]] = {}
 
     @property
@@ -240,96 +214,6 @@ def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
     return model
 
 
-def _apply_set(raw: dict, assignment: str) -> None:
-    """Apply one `--set section.key=value` to the raw pipeline dict."""
-    if "=" not in assignment:
-        raise ConfigError(f"--set {assignment!r}: expected STAGE.PARAM=VALUE")
-    dotted, value = assignment.split("=", 1)
-    parts = dotted.strip().split(".")
-    value = parse_value(value)
-    if parts[-1].endswith("_env") or any(k.endswith("_env") for k in _mapping_keys(value)):
-        raise ConfigError(f"--set {dotted.strip()}: names of environment variables holding secrets are declared in pipelines.yaml, "
-                          "not in overrides")
-    if len(parts) < 2:
-        raise ConfigError(f"--set {assignment!r}: expected STAGE.PARAM=VALUE (e.g. train.epochs=2)")
-    node = raw.setdefault("source", {}) if parts[0] == "source" else raw.setdefault("stages", {}).setdefault(parts[0], {})
-    for part in parts[1:-1]:
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"--set {assignment!r}: '{part}' is not a section")
-    node[parts[-1]] = value
-
-
-MAX_YAML_NODES = 200_000  # a config expanded (aliases followed) beyond this is refused, not built
-
-
-def load_yaml(text: str, where: Path | str = "--set value") -> Any:
-    """`yaml.safe_load` that refuses a document whose aliases expand past MAX_YAML_NODES nodes (a few hundred
-    bytes of nested aliases can otherwise take gigabytes), counted on the composed graph before it is built."""
-    loader = yaml.SafeLoader(text)
-    try:
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        sizes: dict[int, int] = {}
-
-        def size(n) -> int:
-            if id(n) in sizes:
-                return sizes[id(n)]
-            sizes[id(n)] = 1  # a cycle counts once
-            children = [c for pair in n.value for c in pair] if isinstance(n, yaml.MappingNode) else \
-                n.value if isinstance(n, yaml.SequenceNode) else []
-            total = 1 + sum(size(c) for c in children)
-            sizes[id(n)] = total
-            return total
-
-        expanded = size(node)
-        if expanded > MAX_YAML_NODES:
-            raise ConfigError(f"{where}: YAML aliases expand to {expanded:,} nodes (at most {MAX_YAML_NODES:,}); "
-                              "is an alias nested in itself?")
-        return loader.construct_document(node)
-    finally:
-        loader.dispose()
-
-
-def parse_value(value: str) -> Any:
-    """An override's value as the config reads it: lists, mappings and null are YAML (escapes and all);
-    scalars stay strings and pydantic converts them to the field's type, so `source.sha256=0123...` stays a
-    string instead of becoming the number 123..."""
-    text = value.strip()
-    if not (text[:1] in "[{" or text in ("null", "~")):
-        return text
-    if len(text) > 10_000:
-        raise ConfigError(f"--set value of {len(text)} characters: at most 10000")
-    try:
-        return load_yaml(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"--set value {text[:60]!r}: invalid YAML ({str(e).splitlines()[0]})") from None
-
-
-def value_strings(value: Any):
-    """(is a mapping key, text) for every string inside a parsed value, keys and values, at any depth."""
-    if isinstance(value, dict):
-        for k, v in value.items():
-            yield True, str(k)
-            yield from value_strings(v)
-    elif isinstance(value, list):
-        for v in value:
-            yield from value_strings(v)
-    elif value is not None:
-        yield False, str(value)
-
-
-def _mapping_keys(value: Any):
-    """Every mapping key inside a parsed value, at any depth."""
-    return (text for is_key, text in value_strings(value) if is_key)
-
-
-def string_leaves(value: Any):
-    """Every string inside a parsed value (keys and values, at any depth)."""
-    return (text for _, text in value_strings(value))
-
-
 PIPELINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
@@ -368,7 +252,7 @@ def load_pipeline(
     """Read `pipelines.yaml` (default: the current project's), pick one pipeline, apply --set and --source
     overrides, validate."""
     if config_file is None:
-        from flows.project import current
+        from flows.plan.project import current
 
         config_file = current().config_file
     config_file = Path(config_file)
@@ -410,7 +294,7 @@ def _parse(name: str, config_file: Path, overrides, source_overrides) -> Pipelin
         raw["source"] = {**kept, **{k: v for k, v in source_overrides.items() if v is not None}}
         raw["tracked_as"] = source_identity(name, str(raw["source"].get("path") or ""))
     for assignment in overrides:
-        _apply_set(raw, assignment)
+        apply_set(raw, assignment)
     raw = _conceal_urls(raw)
     task = raw.get("task", "classification")
     if not isinstance(task, str) or task not in KINDS:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from flows import project
-from flows.config import flatten
-from flows.fingerprint import source_file
-from flows.store import CorruptManifest, Manifest, StageStore
+from flows.plan import project
+from flows.plan.config import flatten
+from flows.plan.fingerprint import source_file
+from flows.plan.store import CorruptManifest, Manifest, StageStore
 
 
 def _short(value: Any) -> str:

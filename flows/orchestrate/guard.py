@@ -45,8 +45,8 @@ def expected_parameters(name: str, server: dict[str, Any]) -> dict[str, Any]:
     the project folder (ZHPIPE_PROJECT on the worker wins over the server's `project_dir`)."""
     import os
 
-    from flows.config import load_pipeline
-    from flows.project import Project
+    from flows.plan.config import load_pipeline
+    from flows.plan.project import Project
 
     folder = os.environ.get("ZHPIPE_PROJECT") or server.get("project_dir")
     if not folder:
@@ -87,8 +87,8 @@ def _refuse(refused: list[str]) -> None:
 def refused_overrides(params: dict[str, Any], defaults: dict[str, Any]) -> list[str]:
     """The run's overrides beyond the deployment's own that the pipeline does not allow, or whose values
     reach outside the project."""
-    from flows.config import load_pipeline
-    from flows.project import Project
+    from flows.plan.config import load_pipeline
+    from flows.plan.project import Project
 
     own = list(defaults.get("overrides") or [])
     extra = [o for o in params.get("overrides") or [] if o not in own]
@@ -96,7 +96,7 @@ def refused_overrides(params: dict[str, Any], defaults: dict[str, Any]) -> list[
         return []
     project = Project(Path(defaults["project_dir"])) if defaults.get("project_dir") else None
     if project is None:
-        from flows.project import current
+        from flows.plan.project import current
 
         project = current()
     allowed = defaults.get("allow_overrides")
@@ -115,14 +115,14 @@ def refused_overrides(params: dict[str, Any], defaults: dict[str, Any]) -> list[
 def _unsafe(value: str, root: Path) -> bool:
     """A value that, parsed as the config parses it, holds a URL, a path outside the project or a `*_env` key
     anywhere in it (an unparseable value is unsafe too)."""
-    from flows.config import parse_value, string_leaves
+    from flows.plan.values import parse_value, string_leaves
 
     try:
         parsed = parse_value(value)
     except ConfigError:
         return True
     if isinstance(parsed, dict | list):
-        from flows.config import _mapping_keys
+        from flows.plan.values import mapping_keys as _mapping_keys
 
         if any(k.endswith("_env") for k in _mapping_keys(parsed)):
             return True

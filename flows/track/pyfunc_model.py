@@ -2,6 +2,6 @@
 and runs it on load; the weights are the model's artifacts in formats that load without pickle."""
 from mlflow.models import set_model
 
-from flows.serving import TextClassifier
+from flows.track.serving import TextClassifier
 
 set_model(TextClassifier())

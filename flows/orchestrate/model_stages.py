@@ -8,10 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from flows.registry import register_best
-from flows.keys import members_of, model_units
-from flows.runner import RunContext, StageResult, artifact_key
-from flows.tracking import Tracker, client
+from flows.orchestrate.execute import RunContext, StageResult, artifact_key
+from flows.plan.keys import members_of, model_units
+from flows.track.champion import register_best
+from flows.track.tracker import Tracker, client
 from tasks.core import Unit, model_unit
 from tasks.io import Rows
 from tasks.models import MODELS
@@ -115,7 +115,7 @@ def _track_training(run: RunContext, result: StageResult, name: str) -> None:
 def _log_classifier(run: RunContext, run_id: str, name: str, folder: Path, labels: list[str]) -> str:
     """A classifier (or tagger) as an MLflow model that takes raw text (models from code, weights in safe
     formats), cleaned and segmented as this pipeline does; returns its URI."""
-    from flows.serving import FLAVOURS  # MLflow's pyfunc machinery: only when a model is logged
+    from flows.track.serving import FLAVOURS  # MLflow's pyfunc machinery: only when a model is logged
 
     return FLAVOURS[run.config.kind.flavour](run_id, name, folder, labels, run.config).model_uri
 
@@ -133,7 +133,7 @@ def register(run: RunContext, evaluation: StageResult, segment: StageResult, mod
     uri = client().get_run(model_runs[best]).data.tags.get("zhpipe.model_uri")
     if not uri:  # trained elsewhere and never logged as a classifier here: log it now
         uri = _log_classifier(run, model_runs[best], best, model_dir(run, best), evaluation.facts.labels)
-    from flows.serving import score_served
+    from flows.track.serving import score_served
 
     flavour = run.config.kind.flavour
     decision = register_best(

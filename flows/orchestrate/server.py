@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 from typing import Callable
 
-from flows import procs
+from flows.orchestrate import procs
 from tasks.errors import ZhpipeError
 
 
@@ -174,7 +174,7 @@ def idle_timeout() -> float:
 def supervise(argv: list[str], idle: float, poll: float = 5.0) -> int:
     """Run the Prefect server (`argv`) and stop it once no zhpipe process has used it for `idle` seconds: its
     users are the processes named in `users_dir()` (dead ones are dropped as they are seen)."""
-    from flows.store import alive
+    from flows.plan.store import alive
 
     child = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
     last_used = time.monotonic()
@@ -250,8 +250,8 @@ def start(port: int | None = None, timeout: float = 180.0, idle: float | None = 
            "PREFECT_SERVER_API_AUTH_STRING": auth}
     argv = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
     if idle is not None:
-        argv = [sys.executable, "-m", "flows.server", "--idle", str(idle), "--", *argv]
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH")) if p)
+        argv = [sys.executable, "-m", "flows.orchestrate.server", "--idle", str(idle), "--", *argv]
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH")) if p)
     users_dir().mkdir(parents=True, exist_ok=True)
     (users_dir() / str(os.getpid())).touch()  # the starter is a user while it waits: the idle clock waits with it
     with procs.open_private_log(log, "w") as out:
@@ -291,7 +291,7 @@ def stop(timeout: float = 30.0) -> dict | None:
     return state
 
 
-if __name__ == "__main__":  # the supervisor of a server started with an idle timeout: python -m flows.server --idle S -- ARGV...
+if __name__ == "__main__":  # the supervisor of a server started with an idle timeout: python -m flows.orchestrate.server --idle S -- ARGV...
     import argparse
 
     ap = argparse.ArgumentParser()

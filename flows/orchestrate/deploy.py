@@ -7,14 +7,14 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from flows.config import PipelineConfig
-from flows.workers import train_deployment
+from flows.orchestrate.workers import train_deployment
+from flows.plan.config import PipelineConfig
 from tasks.errors import ZhpipeError
 
 log = logging.getLogger("zhpipe")
-CODE = Path(__file__).resolve().parent.parent  # where the flows package is (a checkout or site-packages)
-PIPELINE_ENTRYPOINT = "flows/pipeline.py:pipeline_flow"
-TRAIN_ENTRYPOINT = "flows/pipeline.py:train_flow"
+CODE = Path(__file__).resolve().parents[2]  # where the flows package is (a checkout or site-packages)
+PIPELINE_ENTRYPOINT = "flows/orchestrate/pipeline.py:pipeline_flow"
+TRAIN_ENTRYPOINT = "flows/orchestrate/pipeline.py:train_flow"
 # what a worker on another machine needs to reach the same store and tracking server: read from the
 # worker's own environment (a flow run inherits it), never written into the deployment, where a password in
 # the URL would sit in plain text on the server and in its UI
@@ -35,7 +35,7 @@ def schedules(config: PipelineConfig) -> list:
 
 def flow_parameters(config: PipelineConfig, config_file: str | None) -> dict[str, Any]:
     """The deployment's default parameters: the pipeline's name, its project folder and its `parameters` section."""
-    from flows.project import current
+    from flows.plan.project import current
 
     p = config.parameters
     params: dict[str, Any] = {"pipeline": config.name, "overrides": p.overrides, "stages": p.stages, "force": p.force,
@@ -156,7 +156,7 @@ def serve(configs: list[PipelineConfig], config_file: str | None = None) -> None
     """Run the pipelines' schedules from this process (Prefect's runner): no work pool, no worker."""
     from prefect import serve as prefect_serve
 
-    from flows.pipeline import pipeline_flow
+    from flows.orchestrate.pipeline import pipeline_flow
 
     deployments = [
         pipeline_flow.to_deployment(name=config.name, schedules=schedules(config), parameters=flow_parameters(config, config_file),

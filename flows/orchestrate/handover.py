@@ -1,4 +1,4 @@
-"""The client side of the warm zhpipe process (`flows.warm`): `zhpipe run` and `zhpipe status` hand their command
+"""The client side of the warm zhpipe process (`flows.orchestrate.warm`): `zhpipe run` and `zhpipe status` hand their command
 to the project's warm process when one serves their settings (`hand_over`), the first run leaves one behind
 (`spawn`), and `zhpipe server stop` stops it (`stop`). Nothing here imports Prefect, MLflow or the stages.
 """
@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from flows import procs
+from flows.orchestrate import procs
 from tasks.errors import say
 
 COMMANDS = ("run", "status")  # the commands a warm process may run (short-lived, with a pipeline)
@@ -116,7 +116,7 @@ def recv(sock: socket.socket, with_fds: bool = False) -> tuple[dict | None, list
 
 def context() -> dict:
     """What a process inherits that the environment does not say: its limits, umask, priority and groups. The warm
-    process's fork takes all of it on, or refuses the command (`flows.warm.apply_context`)."""
+    process's fork takes all of it on, or refuses the command (`flows.orchestrate.warm.apply_context`)."""
     import resource
 
     mask = os.umask(0)
@@ -246,10 +246,10 @@ def spawn(idle: float, environ: dict, root: Path | None = None) -> None:
         return
     stop()  # one warm process per project: one for other settings (or older code) finishes its commands and exits
     env = dict(environ)
-    root = str(Path(__file__).resolve().parent.parent)  # the `flows` package this process runs
+    root = str(Path(__file__).resolve().parents[2])  # the `flows` package this process runs
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     with procs.open_private_log(log_file()) as log:
-        subprocess.Popen([sys.executable, "-m", "flows.warm", "--idle", str(idle), "--fingerprint", mine,
+        subprocess.Popen([sys.executable, "-m", "flows.orchestrate.warm", "--idle", str(idle), "--fingerprint", mine,
                           *(["--project", str(root)] if root else [])],
                          env=env, cwd=root, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 

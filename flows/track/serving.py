@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 from mlflow.pyfunc import PythonModel
 
-CODE = Path(__file__).resolve().parent.parent  # the folder holding the flows and tasks packages
+CODE = Path(__file__).resolve().parents[2]  # the folder holding the flows and tasks packages
 
 # the stages a served model replays on raw text, by name: their settings are its zhpipe.json's sections of these names
 CLEANING, SEGMENTING = "clean", "segment"
@@ -65,7 +65,7 @@ def read_config(context) -> dict:
 
 def segment_artifacts(segment: dict, tmp: Path) -> dict[str, str]:
     """The segmenter's files (user dictionary, stopwords) copied to travel with a logged model."""
-    from flows.project import current
+    from flows.plan.project import current
 
     artifacts = {}
     for key in ("user_dict", "stopwords"):
@@ -276,7 +276,7 @@ def _log_pyfunc(run_id: str, name: str, wrapper: PythonModel, code_file: str, ar
     import mlflow
     from mlflow.models import infer_signature
 
-    from flows.tracking import tracking_uri
+    from flows.track.tracker import tracking_uri
 
     path = tmp / "zhpipe.json"
     path.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from flows.project import CONFIG_NAME
+from flows.plan.project import CONFIG_NAME
 from tasks.errors import ConfigError, DataError
 from tasks.io import file_sha256
 

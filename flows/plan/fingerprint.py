@@ -79,7 +79,7 @@ def _code_cache() -> dict[str, list]:
         import atexit
         import json
 
-        from flows.project import current
+        from flows.plan.project import current
 
         path = current().root / "data" / "_cache" / "code.json"
         try:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from flows import project
-from flows.config import PipelineConfig
-from flows.fingerprint import code_fingerprint, file_fingerprints, library_versions
-from flows.sources import partition_source, partitions, source_fingerprint
-from flows.store import stage_key
+from flows.plan import project
+from flows.plan.config import PipelineConfig
+from flows.plan.fingerprint import code_fingerprint, file_fingerprints, library_versions
+from flows.plan.sources import partition_source, partitions, source_fingerprint
+from flows.plan.store import stage_key
 from tasks.core import Unit, model_unit
 from tasks.models import MODELS
 from tasks.source.origin import Origin

@@ -1,10 +1,10 @@
 """A warm zhpipe process beside the project's background Prefect server, so that a cached `zhpipe run` does not
 spend seconds importing Prefect, MLflow and the stages again.
 
-The first `zhpipe run` that uses the background server leaves this process behind (`python -m flows.warm`): it
+The first `zhpipe run` that uses the background server leaves this process behind (`python -m flows.orchestrate.warm`): it
 imports what a run imports, then waits on a Unix socket in a folder only its user can enter (`handover.socket_dir`;
 one warm process per project, for the settings of the run that started it, below). A later `zhpipe run` or `zhpipe
-status` (the client, `flows.handover`, which imports nothing heavy) hands it its arguments, working folder, environment and its
+status` (the client, `flows.orchestrate.handover`, which imports nothing heavy) hands it its arguments, working folder, environment and its
 stdin/stdout/stderr; the warm process forks, and the fork runs the command as the client would have, writing
 to the client's own terminal, while the client waits for its exit status (Ctrl-C is passed on). Each command
 runs in a fresh fork, so nothing of one run leaks into the next.
@@ -33,12 +33,12 @@ import sys
 import time
 from pathlib import Path
 
-from flows import handover, procs
-from flows.handover import fingerprint, read_state, recv, send, state_file
+from flows.orchestrate import handover, procs
+from flows.orchestrate.handover import fingerprint, read_state, recv, send, state_file
 
 # what a run imports: loaded once here, shared by every fork
-PRELOAD = ("flows.cli", "flows.cli.run", "flows.pipeline", "flows.runner", "flows.tracking", "flows.model_stages", "flows.registry", "flows.status",
-           "flows.serving", "tasks.download", "tasks.augment", "prefect.flow_engine", "prefect.task_engine",
+PRELOAD = ("flows.cli", "flows.cli.run", "flows.orchestrate.pipeline", "flows.orchestrate.execute", "flows.orchestrate.model_stages",
+           "flows.track.tracker", "flows.track.champion", "flows.plan.status", "flows.track.serving", "tasks.download", "tasks.augment", "prefect.flow_engine", "prefect.task_engine",
            "prefect.utilities.visualization", "mlflow", "mlflow.tracking", "mlflow.store.tracking.sqlalchemy_store",
            "mlflow.store.model_registry.sqlalchemy_store", "sqlalchemy.dialects.sqlite", "alembic.config",
            "huggingface_hub.file_download")
@@ -115,6 +115,19 @@ def _run_command(conn: socket.socket, files: dict, mine: str) -> None:
     request, fds = recv(conn, with_fds=True)
     if request is None or len(fds) != 3:
         os._exit(1)
+    _admit(conn, request, files, mine)
+    _become_client(request, fds)
+    try:
+        send(conn, {"pid": os.getpid()})
+    except OSError:  # the client gave up waiting and runs the command itself
+        os._exit(0)
+    _end_when_client_goes(conn)
+    _run_as_cli(conn, request)
+
+
+def _admit(conn: socket.socket, request: dict, files: dict, mine: str) -> None:
+    """In the fork: the client's command is run here only with the same settings, code and context; else the
+    client is told why (and runs it itself) and the fork ends."""
     if fingerprint(request["env"]) != mine:
         send(conn, {"refused": "settings differ"})
         os._exit(0)
@@ -129,6 +142,10 @@ def _run_command(conn: socket.socket, files: dict, mine: str) -> None:
         send(conn, {"refused": refused})
         print(f"refused a command: could not take on {refused}", flush=True)
         os._exit(0)
+
+
+def _become_client(request: dict, fds: list[int]) -> None:
+    """In the fork: the client's process group, signals, stdin/stdout/stderr, folder, environment, time zone and argv."""
     os.setpgid(0, 0)  # its own process group: the client's signals reach it and what it starts, no one else
     from tasks.urls import redact_text
 
@@ -146,13 +163,13 @@ def _run_command(conn: socket.socket, files: dict, mine: str) -> None:
     time.tzset()  # TZ as the client has it: log times in its zone
     sys.argv = ["zhpipe", *request["argv"]]
     sys.stdout.reconfigure(line_buffering=True)
-    try:
-        send(conn, {"pid": os.getpid()})
-    except OSError:  # the client gave up waiting and runs the command itself
-        os._exit(0)
-    _end_when_client_goes(conn)
-    from flows import cli, tracking
+
+
+def _run_as_cli(conn: socket.socket, request: dict) -> None:
+    """In the fork: the command, as `zhpipe` would run it; its exit status goes to the client; never returns."""
+    from flows import cli
     from flows.cli import ending
+    from flows.track import tracker as tracking
 
     tracking.after_fork()
     handover.SERVING = True  # the command this fork runs is not handed over again
@@ -194,45 +211,21 @@ def _private_log() -> None:
 
 def serve(idle: float, mine: str, root: str | None = None) -> int:
     """Import, listen, and fork a process per command until `idle` seconds pass without one (or SIGTERM)."""
-    import importlib
-
     t0 = time.monotonic()
     _private_log()
-    for name in PRELOAD:
-        importlib.import_module(name)
-    if root:  # the project's MLflow store, opened once: its forks skip MLflow's engine and schema checks
-        from flows import project, tracking
-
-        project.activate(project.Project(Path(root)))
-        try:
-            tracking.prepare()
-        except Exception as e:  # noqa: BLE001 - a store that does not open here is opened (and reported) by the command
-            print(f"warm: the MLflow store is opened by each command ({str(e).splitlines()[0][:200]})", flush=True)
-    files = module_files()
-    # what was imported lives as long as this process: kept out of the collector, so that a fork's collections
-    # neither walk it (about 0.3 s each, with Prefect, MLflow and pandas loaded) nor copy its pages on write
-    gc.collect()
-    gc.freeze()
-    path = handover.socket_path(mine)  # in a folder only this user can enter (0700, checked)
-    Path(path).unlink(missing_ok=True)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old = os.umask(0o177)
-    try:
-        listener.bind(path)  # created 0600: this user's commands only
-    finally:
-        os.umask(old)
-    listener.listen(16)
+    files = _preload(root)
+    listener, path = _listen(mine)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     stopping = []
-    from flows import server
+    from flows.orchestrate import server
 
     served = server.background_url()  # the project's server its commands use: when it stops, so does this process
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     signal.signal(signal.SIGINT, lambda *_: stopping.append(True))
-    state = {**procs.identity(os.getpid(), "flows.warm"), "socket": path, "fingerprint": mine, "modules": len(files)}
+    state = {**procs.identity(os.getpid(), "flows.orchestrate.warm"), "socket": path, "fingerprint": mine, "modules": len(files)}
     procs.write_state(state_file(mine), state)
     print(f"warm: {len(files)} modules imported in {time.monotonic() - t0:.1f} s; listening on {path}", flush=True)
     clients: dict[int, socket.socket] = {}
@@ -253,35 +246,9 @@ def serve(idle: float, mine: str, root: str | None = None) -> int:
                 ready = []
             if wake_r in ready:
                 os.read(wake_r, 512)
-            while clients:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-                if not pid:
-                    break
-                conn = clients.pop(pid, None)
-                if conn is not None:
-                    try:
-                        send(conn, {"rc": os.waitstatus_to_exitcode(status)})
-                    except OSError:
-                        pass
-                    conn.close()
+            if _reap(clients):
                 last = time.monotonic()
-            if listener.fileno() >= 0 and listener in ready:
-                conn, _ = listener.accept()
-                _, uid, _ = procs.peer(conn)
-                if uid != os.getuid():  # the folder is private; this holds should it ever not be
-                    print(f"warm: refused a connection from uid {uid}", flush=True)
-                    conn.close()
-                    continue
-                sys.stdout.flush()
-                sys.stderr.flush()
-                pid = os.fork()
-                if pid == 0:
-                    for fd in (listener, *clients.values()):
-                        fd.close()
-                    os.close(wake_r)
-                    os.close(wake_w)
-                    _run_command(conn, files, mine)
-                clients[pid] = conn
+            if listener.fileno() >= 0 and listener in ready and _accept(listener, clients, (wake_r, wake_w), files, mine):
                 last = time.monotonic()
     finally:
         if os.getpid() == me:  # not in a fork leaving through here
@@ -292,7 +259,82 @@ def serve(idle: float, mine: str, root: str | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":  # python -m flows.warm --idle S --fingerprint F (started by `zhpipe run`, see spawn)
+def _preload(root: str | None) -> dict[str, tuple[int, int]]:
+    """Import what a run imports (and open the project's MLflow store); returns the imported modules' files."""
+    import importlib
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    if root:  # the project's MLflow store, opened once: its forks skip MLflow's engine and schema checks
+        from flows.plan import project
+        from flows.track import tracker as tracking
+
+        project.activate(project.Project(Path(root)))
+        try:
+            tracking.prepare()
+        except Exception as e:  # noqa: BLE001 - a store that does not open here is opened (and reported) by the command
+            print(f"warm: the MLflow store is opened by each command ({str(e).splitlines()[0][:200]})", flush=True)
+    files = module_files()
+    # what was imported lives as long as this process: kept out of the collector, so that a fork's collections
+    # neither walk it (about 0.3 s each, with Prefect, MLflow and pandas loaded) nor copy its pages on write
+    gc.collect()
+    gc.freeze()
+    return files
+
+
+def _listen(mine: str) -> tuple[socket.socket, str]:
+    path = handover.socket_path(mine)  # in a folder only this user can enter (0700, checked)
+    Path(path).unlink(missing_ok=True)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        listener.bind(path)  # created 0600: this user's commands only
+    finally:
+        os.umask(old)
+    listener.listen(16)
+    return listener, path
+
+
+def _reap(clients: dict[int, socket.socket]) -> bool:
+    """Send each ended fork's exit status to its client; whether any ended."""
+    ended = False
+    while clients:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if not pid:
+            break
+        conn = clients.pop(pid, None)
+        if conn is not None:
+            try:
+                send(conn, {"rc": os.waitstatus_to_exitcode(status)})
+            except OSError:
+                pass
+            conn.close()
+        ended = True
+    return ended
+
+
+def _accept(listener: socket.socket, clients: dict[int, socket.socket], wake: tuple[int, int], files: dict, mine: str) -> bool:
+    """A client of this user: a fork runs its command (and never returns here); another user's is refused."""
+    conn, _ = listener.accept()
+    _, uid, _ = procs.peer(conn)
+    if uid != os.getuid():  # the folder is private; this holds should it ever not be
+        print(f"warm: refused a connection from uid {uid}", flush=True)
+        conn.close()
+        return False
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        for fd in (listener, *clients.values()):
+            fd.close()
+        for fd in wake:
+            os.close(fd)
+        _run_command(conn, files, mine)
+    clients[pid] = conn
+    return True
+
+
+if __name__ == "__main__":  # python -m flows.orchestrate.warm --idle S --fingerprint F (started by `zhpipe run`, see spawn)
     import argparse
 
     ap = argparse.ArgumentParser()

@@ -9,9 +9,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from flows import project
-from flows.config import PipelineConfig
-from flows.store import file_sha256
+from flows.plan import project
+from flows.plan.config import PipelineConfig
+from flows.plan.store import file_sha256
 from tasks.errors import ZhpipeError
 from tasks.io import resolve_path
 from tasks.source.origin import Origin

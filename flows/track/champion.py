@@ -67,7 +67,7 @@ def resolve(uri: str) -> tuple[str, str]:
     registry has no such model."""
     from mlflow.exceptions import MlflowException
 
-    from flows.tracking import client
+    from flows.track.tracker import client
     from tasks.errors import ConfigError
 
     name, sep, alias = uri.removeprefix("models:/").partition("@")
@@ -82,7 +82,7 @@ def resolve(uri: str) -> tuple[str, str]:
 
 
 def revision(uri: str) -> str:
-    """What a stage key sees of a registered model (`flows.keys.Registry`): `<name>/<version>`; a model the registry
+    """What a stage key sees of a registered model (`flows.plan.keys.Registry`): `<name>/<version>`; a model the registry
     does not have, or a registry that cannot be read, is one clear error."""
     from tasks.errors import ConfigError
 
@@ -163,7 +163,7 @@ def registered_version(name: str, model_key: str):
     """The model version registered for a trained model's key (its `train.<model>` unit), or None."""
     from mlflow.exceptions import MlflowException
 
-    from flows.tracking import client
+    from flows.track.tracker import client
 
     try:
         found = client().search_model_versions(f"name = '{name}' and tags.`zhpipe.model_key` = '{model_key}'")
@@ -190,13 +190,13 @@ def _registry_lock(name: str):
 
     from filelock import FileLock
 
-    from flows.project import current
+    from flows.plan.project import current
 
     folder = current().prefect_home
     folder.mkdir(parents=True, exist_ok=True)
     with FileLock(folder / f"registry-{name}.lock"):
         if os.environ.get("PREFECT_API_URL"):
-            from flows.workers import global_slot
+            from flows.orchestrate.workers import global_slot
 
             with global_slot(f"zhpipe-registry-{name}", f"registry: another run is deciding the {name} champion; waiting"):
                 yield
@@ -212,7 +212,7 @@ def register_best(model_uri: str, run_id: str, pipeline: str, model: str, test, 
     scores a registered version on `test` as it is served, for a champion that was scored on another split."""
     import mlflow
 
-    from flows.tracking import client, tracking_uri
+    from flows.track.tracker import client, tracking_uri
 
     name, digest, c = registered_name(pipeline), test_sha256(test), client()
     existing = registered_version(name, model_key)

@@ -2,6 +2,6 @@
 model's code and runs it on load; the weights are the model's `model.pt` (loaded with weights_only=True)."""
 from mlflow.models import set_model
 
-from flows.serving import TextTranslator
+from flows.track.serving import TextTranslator
 
 set_model(TextTranslator())

@@ -1,0 +1,170 @@
+"""A pipeline run's parent run, in MLflow and Prefect: opened with its keys planned (named, tagged with its
+source, config and commit), summed up and closed at the end; a run that builds nothing records what it reused;
+the Prefect flow run named and linked to it."""
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import time
+
+import pyarrow.parquet as pq
+from prefect.artifacts import create_markdown_artifact
+
+from flows.orchestrate.execute import RunContext, StageResult, artifact_key
+from flows.orchestrate.model_stages import register
+from flows.plan import project
+from flows.plan.config import PipelineConfig
+from flows.plan.keys import plan
+from flows.plan.sources import origin_of, record_source_run, source_fingerprint
+from flows.plan.store import StageStore, stage_key
+from flows.track.champion import revision
+from flows.track.tracker import Tracker, experiment_id
+from tasks.core import DATASET_SAMPLE_ROWS, Unit, model_unit
+from tasks.io import SPLITS as SPLIT_NAMES
+from tasks.io import iter_frames
+from tasks.urls import redact_text
+
+log = logging.getLogger("zhpipe")
+
+
+def git_commit() -> str:
+    """The project folder's git commit, or "unknown" outside a git checkout."""
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=project.current().root, capture_output=True, text=True, timeout=5).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def run_name(config: PipelineConfig, overrides: list[str] | None = None) -> str:
+    """A parent run's name that reads well truncated: the pipeline, the changed params, the time last."""
+    changed = " ".join(redact_text(o).replace(" ", "") for o in overrides or [])
+    return " ".join(p for p in (config.identity, changed, time.strftime("%m-%d %H:%M:%S")) if p)
+
+
+def source_tags(config: PipelineConfig, origin=None) -> dict[str, str]:
+    """MLflow's standard source tags (the UI's Source and User columns) and zhpipe's own."""
+    import getpass
+
+    commit = git_commit()
+    tags = {
+        "mlflow.source.name": redact_text(" ".join(["zhpipe", *sys.argv[1:]])) if sys.argv and sys.argv[0].endswith(("zhpipe", "cli.py")) else f"zhpipe run {config.name}",
+        "mlflow.source.type": "LOCAL",
+        "mlflow.user": getpass.getuser(),
+        "zhpipe.pipeline": config.name,
+        "zhpipe.git_commit": commit,
+        "zhpipe.config_hash": config.config_hash(),
+        "zhpipe.source_sha256": source_fingerprint(config, origin),
+    }
+    if commit != "unknown":
+        tags["mlflow.source.git.commit"] = commit
+    return tags
+
+
+def start_run(config: PipelineConfig, force: set[str], storage: str, executor: str | None = None, verify: bool = False,
+              overrides: list[str] | None = None) -> RunContext:
+    """Plan keys and open the MLflow parent run of this pipeline run."""
+    origin = origin_of(config)
+    causes = plan(config, origin, registry=revision)
+    keys = {stage: stage_key(c) for stage, c in causes.items()}
+    record_source_run(config, keys)
+    experiment = f"zhpipe-{config.identity}"
+    closed = Tracker.close_orphans(experiment)
+    if closed:
+        log.info("MLflow: %d runs left RUNNING by killed runs of this machine marked KILLED", len(closed))
+    title = run_name(config, overrides)
+    parent = Tracker.start(experiment, title, tags=source_tags(config, origin))
+    parent.params(config.flat_params(used_only=True))  # what a person compares; the whole config is config.json
+    log_config(parent, experiment, config)
+    parent.tags({"zhpipe.task": config.task, "zhpipe.overrides": " ".join(redact_text(o) for o in overrides or [])})
+    return RunContext(config, StageStore(storage), keys, experiment, parent.run_id, force, executor, causes, verify, origin, title)
+
+
+def log_config(parent: Tracker, experiment: str, config: PipelineConfig) -> None:
+    """The whole resolved config as `config.json`, once per config hash in an experiment: a run whose config an
+    earlier run holds points to it (tag `zhpipe.config_json`), so reruns add no artifacts."""
+    digest = config.config_hash()
+    earlier = parent.client.search_runs([experiment_id(experiment)], max_results=1,
+                                        filter_string=f"tags.`zhpipe.config_hash` = '{digest}' and tags.`zhpipe.config_json` LIKE 'runs:/%'")
+    held = [r for r in earlier if r.info.run_id != parent.run_id]
+    if held:
+        parent.tags({"zhpipe.config_json": held[0].data.tags["zhpipe.config_json"]})
+        return
+    parent.text(json.dumps(config.model_dump(mode="json"), indent=2, ensure_ascii=False), "config.json")
+    parent.tags({"zhpipe.config_json": f"runs:/{parent.run_id}/config.json"})
+
+
+def finish_run(run: RunContext, results: dict[str, StageResult], ok: bool) -> None:
+    """Parent-run summary metrics and tags, then close it."""
+    parent = Tracker(run.parent_run_id)
+    kind = run.config.kind
+    selection = results.get(kind.selection.name) if kind.selection else None
+    if selection is not None:
+        best = selection.facts.best_model
+        result = selection.facts.results[best]
+        parent.metrics({f"best_{name}": result[name] for name in kind.reported})
+        parent.tags({"zhpipe.best_model": best})
+    parent.metrics({"stages_hit": sum(r.cache == "hit" for r in results.values()),
+                    "stages_miss": sum(r.cache == "miss" for r in results.values())})
+    source = results.get(kind.source.name)
+    if source is not None:  # what `zhpipe runs` shows a nightly user: rows read, and for partitions those new tonight
+        counts = {"rows_read": source.rows or 0}
+        if source.parts:
+            units = [u for r in results.values() for name, u in r.parts.items() if ":" in name]  # partition units
+            counts |= {"partitions_hit": sum(u.cache == "hit" for u in units), "partitions_miss": sum(u.cache == "miss" for u in units),
+                       "rows_new": sum(u.rows or 0 for u in source.parts.values() if u.cache == "miss")}
+        parent.metrics(counts)
+    splits = kind.splits(results)
+    if splits is not None:  # the Dataset column: the splits this run trained, validated and tested on
+        for name, context in zip(SPLIT_NAMES, ("training", "validation", "testing")):
+            path = results[splits.name].path / f"{name}.parquet"
+            frame = next(iter_frames(path, DATASET_SAMPLE_ROWS, columns=["id", "text"] + (["label"] if kind.labelled else [])))
+            parent.dataset(frame.head(DATASET_SAMPLE_ROWS), source=str(path), name=f"{run.config.name}-{name}", context=context,
+                           rows=pq.ParquetFile(path).metadata.num_rows)
+    parent.finish(ok)
+
+
+def record_reuse(run: RunContext, results: dict[str, StageResult]) -> bool:
+    """A run that builds nothing records no run per stage or model (there is nothing new to compare): its parent run
+    names the run that built each reused output (tags `zhpipe.reused.<unit>`, followed by `zhpipe compare`), and the
+    champion rule is applied as after any selection. False (nothing recorded) when a run that built one of them is
+    not in this tracking store."""
+    kind = run.config.kind
+    named = set(results) | kind.units_read(results)  # registering reads the trained models' runs
+    built_by = {u: run.store.manifest(u, run.keys[u]).mlflow_run_id or "" for u in run.keys
+                if ":" not in u and Unit.parse(u).stage in named}
+    if set(built_by.values()) - Tracker.existing(set(built_by.values())):
+        return False  # built under another tracking store (this one moved aside or new): recorded the long way
+    parent = Tracker(run.parent_run_id)
+    parent.tags({"zhpipe.reused": "all", "mlflow.note.content": "Nothing was built: every output of this run was reused. "
+                 "The runs that built them: " + ", ".join(f"{u} [{r[:8]}](#/experiments/{experiment_id(run.experiment)}/runs/{r})"
+                                                          for u, r in built_by.items() if r),
+                 **{f"zhpipe.reused.{u}": r for u, r in built_by.items()}})
+    selection = results.get(kind.selection.name) if kind.selection else None
+    if selection is not None:
+        model_runs = {m: built_by[model_unit(kind.training.name, m)] for m in {Unit.parse(u).model for u in selection.parts}}
+        register(run, selection, results.get(kind.test_split().name) or run.reuse(kind.test_split().name), model_runs)
+    return True
+
+
+def label_flow_run(run: RunContext, overrides: list[str] | None) -> None:
+    """The Prefect flow run as people look for it: named like the MLflow parent run (pipeline, changed
+    settings, time), tagged with the pipeline and task kind, and linked to the MLflow run by an artifact."""
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+
+    from flows.track.tracker import ui_url
+
+    if not flow_run.id:
+        return
+    tags = ["zhpipe", f"pipeline:{run.config.name}", f"task:{run.config.task}"]
+    try:
+        with get_client(sync_client=True) as client:
+            client.update_flow_run(flow_run.id, name=run.title or run_name(run.config, overrides), tags=tags)
+    except Exception as e:  # noqa: BLE001 - a name and tags are a convenience, never a failed run
+        log.warning("could not name the Prefect flow run: %s", e)
+    link = ui_url(run.experiment, run.parent_run_id)
+    create_markdown_artifact(markdown=f"MLflow parent run [{run.parent_run_id}]({link}) of experiment `{run.experiment}`"
+                             f" (open the UI with `zhpipe ui`)", key=artifact_key(run.config.name, "mlflow-run"),
+                             description="zhpipe: where this run's metrics and models are")

@@ -1,0 +1,256 @@
+"""The pipeline flow: a pipeline's stages in the graph order of its task kind (tasks/stages.py), each a Prefect
+task that reuses its cached output or builds it."""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+from prefect.utilities.annotations import quote
+
+from flows.orchestrate.chunks import shutdown as shutdown_cluster
+from flows.orchestrate.execute import RunContext, StageResult
+from flows.orchestrate.guard import check_run
+from flows.orchestrate.model_stages import run_model_stage
+from flows.orchestrate.parent_run import finish_run, label_flow_run, record_reuse, start_run
+from flows.orchestrate.workers import gpu_slot, train_deployment
+from flows.plan import project
+from flows.plan.config import DEFAULT_PIPELINE, PipelineConfig, load_pipeline
+from flows.plan.keys import plan
+from flows.plan.sources import fixed_partitions, record_appends
+from flows.plan.store import StageStore, stage_key, storage_root
+from flows.track.champion import revision
+from tasks.errors import ZhpipeError
+from tasks.stages import KINDS, STAGE_NAMES
+
+log = logging.getLogger("zhpipe")
+
+
+def select_stages(start: str | None = None, stop: str | None = None, only: str | None = None,
+                  order: tuple[str, ...] = STAGE_NAMES) -> list[str]:
+    """Stages to run for --from/--to/--only, in `order` (a task kind's graph order); a stage the kind does not
+    have is one clear error."""
+    names = list(order)
+    for given in (start, stop, only):
+        if given is not None and given not in names:
+            raise ZhpipeError(f"stage {given!r} is not a stage of this pipeline's task (stages: {', '.join(names)})")
+    if only:
+        return [only]
+    lo = names.index(start) if start else 0
+    hi = names.index(stop) if stop else len(names) - 1
+    return names[lo : hi + 1]
+
+
+def forced_stages(force: list[str] | None, order: tuple[str, ...] = STAGE_NAMES) -> set[str]:
+    """--force STAGE rebuilds that stage and every stage after it (in `order`, the kind's graph order); a bare
+    --force rebuilds all."""
+    if force is None:
+        return set()
+    names = list(order)
+    if not force:
+        return set(names)
+    first = min(names.index(s) for s in force)
+    return set(names[first:])
+
+
+def chunk_executor(config: PipelineConfig, explicit: str | None = None) -> str | None:
+    """Where chunked stages run: None = this machine's processes, "local" = a local Dask cluster, else a
+    Dask scheduler address. --dask beats the pipeline's `runner`/`dask_address`."""
+    if explicit:
+        return explicit
+    if config.runner == "dask":
+        return config.dask_address or "local"
+    return None
+
+
+def _stage_task(stage: str, **options):
+    """The Prefect task of one stage: reuse its output when cached, else build it with its module's `build`
+    (the pipeline's task kind says which module); a partitioned stage a unit per partition, a per-model stage a
+    unit per model; tracked in MLflow either way."""
+
+    def run_stage(run: RunContext, *inputs: StageResult) -> StageResult:
+        spec = run.config.kind.stages[stage]
+        upstream = {name: result for name, result in zip(spec.needs, inputs) if result is not None}
+        if spec.per_model:
+            return run_model_stage(run, spec, upstream)
+        if spec.partitioned and run.config.source.partitioned:
+            return run.run_partitions(spec, upstream)
+        return run.run(stage, upstream, spec.module.build)
+
+    run_stage.__doc__ = next((k.stages[stage].help for k in KINDS.values() if stage in k.stages), f"stage {stage}")
+    return task(name=stage, cache_policy=NO_CACHE, **options)(run_stage)
+
+
+STAGE_TASKS: dict[str, Any] = {}
+
+
+def stage_task(name: str):
+    """The Prefect task of a stage by name, made on first use."""
+    if name not in STAGE_TASKS:
+        STAGE_TASKS[name] = _stage_task(name)
+    return STAGE_TASKS[name]
+
+
+@flow(name="zhpipe", log_prints=True, validate_parameters=False)
+def pipeline_flow(
+    pipeline: str = DEFAULT_PIPELINE,
+    overrides: list[str] | None = None,
+    stages: list[str] | None = None,
+    force: list[str] | None = None,
+    storage: str | None = None,
+    dask: str | None = None,
+    source: dict[str, Any] | None = None,
+    config_file: str | None = None,
+    project_dir: str | None = None,
+    verify: bool = False,
+) -> dict[str, Any]:
+    """Run the selected stages of one pipeline; earlier stages they need are read from the stage store.
+
+    Every parameter is a plain value (what Prefect records and a deployment passes): `pipeline` is a name in
+    `config_file` (default: the project's `pipelines.yaml`), `overrides` its `--set` lines (secrets redacted: a
+    concealed URL is revealed in this process), `source` a `--source` mapping; the config is parsed from them
+    once per process (`flows.plan.config.load_pipeline` keeps what it parsed).
+    `storage`: the stage store root (folder or fsspec URL); `dask`: "local" or a scheduler address;
+    `project_dir`: the project folder (deployments pass it; default: found from the working directory);
+    `verify`: hash every file of a reused output against its manifest (sizes and small files always are).
+    A run of a deployment may set only what the deployment allows (flows/orchestrate/guard.py).
+    """
+    check_run({"pipeline": pipeline, "overrides": overrides, "source": source, "storage": storage, "dask": dask,
+               "config_file": config_file, "project_dir": project_dir})
+    if project_dir:
+        project.activate(project.Project(Path(project_dir)))
+    if not isinstance(pipeline, str):
+        raise ZhpipeError(f"pipeline: expected a pipeline name, got {type(pipeline).__name__}")
+    config = _config(pipeline, overrides, source, config_file)
+    stages = _stage_list(config, stages, force)
+    with fixed_partitions(config):  # the partitions planned are the ones built, whatever arrives meanwhile
+        run = start_run(config, forced_stages(force, tuple(config.kind.stages)), storage_root(config, storage), chunk_executor(config, dask), verify, overrides)
+        record_appends(config)  # an appended source: this run's ranges are what the next run checks
+        label_flow_run(run, overrides)
+        results: dict[str, StageResult] = {}
+        ok = False
+        try:
+            _run_stages(run, stages, results, (overrides, source, config_file))
+            ok = True
+        finally:
+            shutdown_cluster()
+            finish_run(run, {k: r for k, r in results.items() if k in stages}, ok)
+        return {
+            "parent_run_id": run.parent_run_id,
+            "experiment": run.experiment,
+            "stages": [{k: v for k, v in asdict(results[name]).items() if k != "parts"} | {"headline": config.kind.stages[name].headline}
+                       for name in stages],
+            "units": [{k: v for k, v in asdict(unit).items() if k != "parts"} for name in stages for unit in results[name].parts.values()],
+        }
+
+
+def _stage_list(config: PipelineConfig, stages: list[str] | None, force: list[str] | None) -> list[str]:
+    """The stages to run (all, in graph order, when none are named); a deployment's parameters come as plain
+    lists, checked here."""
+    order = tuple(config.kind.stages)
+    for what, names in (("stages", stages), ("force", force)):
+        if names is not None and not (isinstance(names, (list, tuple)) and all(isinstance(n, str) for n in names)):
+            raise ZhpipeError(f"{what}: expected a list of stage names ({', '.join(order)}), got {names!r:.80}")
+        wrong = [s for s in names or [] if s not in order]
+        if wrong:
+            raise ZhpipeError(f"{what}: {wrong[0]!r} is not a stage of task {config.task} (stages: {', '.join(order)})")
+    return list(stages or order)
+
+
+def _run_stages(run: RunContext, stages: list[str], results: dict[str, StageResult], request: tuple) -> None:
+    """Every selected stage in graph order, into `results` (the stages they need, not selected, read from the store);
+    nothing to build at all: the parent run names what was reused."""
+    reused = None if _routed(run, stages) else run.reuse_all(stages)
+    if reused is not None and record_reuse(run, reused):
+        results.update(reused)
+        return
+    kind = run.config.kind
+    needed = set(stages) | {d for s in stages for d in kind.stages[s].needs}
+    for spec in kind.stages.values():
+        inputs = [results.get(d) for d in spec.needs]
+        if spec.name in stages and spec is kind.training and _routed(run, stages):  # train on another work pool's worker (GPU)
+            results[spec.name] = train_remote(run, *request)
+        elif spec.name in stages:
+            # quoted: Prefect would walk the whole run context (config, keys, store) looking for futures, twice a task
+            results[spec.name] = stage_task(spec.name)(quote(run), *inputs)
+        elif spec.name in needed:
+            results[spec.name] = run.reuse(spec.name)
+
+
+def _routed(run: RunContext, stages: list[str]) -> bool:
+    """Whether this run's training stage goes to the pipeline's train work pool (into the same store and MLflow
+    parent run): when a pool is set and the stage is to be built."""
+    training = run.config.kind.training
+    pool = training is not None and training.name in stages and run.config.section(training.name).work_pool
+    return bool(pool) and (training.name in run.force or not run.store.is_done(training.name, run.keys[training.name]))
+
+
+def _config(name: str, overrides: list[str] | None, source: dict[str, Any] | None, config_file: str | None) -> PipelineConfig:
+    return load_pipeline(name, Path(config_file) if config_file else project.current().config_file, overrides or [], source)
+
+
+def train_remote(run: RunContext, overrides, source, config_file) -> StageResult:
+    """Submit the training stage as a run of the pipeline's train deployment and wait for it; the result is
+    read back from the stage store the worker wrote to."""
+    from prefect.deployments import run_deployment
+    from prefect.exceptions import ObjectNotFound
+
+    name, stage = train_deployment(run.config.name), run.config.kind.training.name
+    pool = run.config.section(stage).work_pool
+    log.info("train: submitting to work pool '%s' (deployment %s) and waiting", pool, name)
+    t0 = time.perf_counter()
+    # what the train deployment lets a run set: its overrides (its own, or allowed by the pipeline), never a
+    # source or storage (the worker uses the pipeline's, or its ZHPIPE_STORAGE)
+    parameters = {
+        "pipeline": run.config.name, "overrides": overrides or [], "config_file": config_file,
+        "parent_run_id": run.parent_run_id, "force": stage in run.force, "project_dir": str(project.current().root),
+    }
+    if source:
+        raise ZhpipeError("train: a run with --source cannot train on another work pool (a deployment trains what pipelines.yaml "
+                          "declares); declare the source in the pipeline, or train here with --set train.work_pool=null")
+    try:
+        flow_run = run_deployment(name, parameters=parameters, timeout=None, poll_interval=2)
+    except ObjectNotFound:
+        raise ZhpipeError(
+            f"train: stages.train.work_pool is '{pool}' but the deployment '{name}' does not exist on the Prefect "
+            f"server; create it with `zhpipe deploy {run.config.name}`, or train here with --set train.work_pool=null"
+        ) from None
+    if not flow_run.state or not flow_run.state.is_completed():
+        state = flow_run.state.name if flow_run.state else "unknown"
+        raise ZhpipeError(f"train: the run '{flow_run.name}' of {name} on work pool '{pool}' ended {state}: {flow_run.state.message if flow_run.state else ''}")
+    key = run.keys[stage]
+    if not run.store.is_done(stage, key):
+        raise ZhpipeError(f"train: the run '{flow_run.name}' on work pool '{pool}' completed but {run.store.url} has no train output {key}: does the worker use the same storage root?")
+    return run._result(run.store.manifest(stage, key), "miss", time.perf_counter() - t0)
+
+
+@flow(name="zhpipe-train", log_prints=True, validate_parameters=False)
+def train_flow(
+    pipeline: str,
+    parent_run_id: str | None = None,
+    overrides: list[str] | None = None,
+    source: dict[str, Any] | None = None,
+    config_file: str | None = None,
+    storage: str | None = None,
+    force: bool = False,
+    project_dir: str | None = None,
+) -> dict[str, Any]:
+    """The train stage alone, on a (GPU) worker: inputs from the shared store, one training per GPU at a time
+    (a Prefect global concurrency limit per worker machine), logged under the pipeline run's MLflow parent."""
+    check_run({"pipeline": pipeline, "overrides": overrides, "source": source, "storage": storage, "config_file": config_file,
+               "project_dir": project_dir, "parent_run_id": parent_run_id})
+    if project_dir:
+        project.activate(project.Project(Path(project_dir)))
+    config = _config(pipeline, overrides, source, config_file)
+    training = config.kind.training
+    causes = plan(config, registry=revision)
+    run = RunContext(config, StageStore(storage_root(config, storage)), {s: stage_key(c) for s, c in causes.items()}, f"zhpipe-{config.identity}",
+                     parent_run_id, {training.name} if force else set(), causes=causes)
+    inputs = [run.reuse(name) for name in training.needs]
+    with gpu_slot():
+        result = stage_task(training.name)(run, *inputs)
+    return {k: v for k, v in asdict(result).items() if k != "path"}
