@@ -41,7 +41,8 @@ def corpus(rows: int, folder: Path) -> pd.DataFrame:
     from gensim.models import Word2Vec
 
     from tasks.segmenter import Segmenter
-    from tasks.vocab import build_vocab, count_tokens
+    from tasks.text import build_vocab
+    from tasks.vocab import count_tokens
 
     raw = pd.read_csv(ROOT / "data" / "raw" / "ChnSentiCorp_htl_all.csv").dropna()
     raw = raw.groupby("label").head(rows // 2).sample(frac=1.0, random_state=0)

@@ -10,8 +10,8 @@ from typing import Any, Callable, Protocol
 import pandas as pd
 from pydantic import Field
 
-from tasks.core import BuildContext, BuildOutput, Section
-from tasks.io import Chunk, Runner, TextSet, chunk_plan, read_chunk, write_parquet
+from tasks.core import Section
+from tasks.io import Chunk, Runner, TextSet, chunk_plan, read_chunk
 from tasks.segmenter import SegmenterParams
 
 CHUNK_ROWS = 5000
@@ -142,16 +142,6 @@ def no_augmentation(train: pd.DataFrame, ctx: AugmentContext) -> Augmented:
 def original_rows(train: pd.DataFrame) -> pd.DataFrame:
     """The train rows as in the corpus, without the augmenter's new ones (language models and pretraining)."""
     return train[train["aug_method"] == "original"] if "aug_method" in train else train
-
-
-def train_as_is(ctx: BuildContext) -> BuildOutput:
-    """The segmented train split unchanged (`aug_method` original): the augment stage of the kinds whose
-    examples a rewrite would break (entity tags, sentence pairs)."""
-    train = pd.read_parquet(ctx.file("segment", "train.parquet")).assign(aug_method="original")
-    write_parquet(train, ctx.out / "train.parquet")
-    (ctx.out / "train.words.txt").write_text("\n".join(train["words"]) + "\n", encoding="utf-8")
-    return BuildOutput(rows=len(train), metrics={"rows_original": len(train), "rows_added": 0},
-                       facts=ctx.facts["segment"].but(augment_method_used="none"))
 
 
 # the row-wise augmenters that run chunk by chunk on processes or Dask: (chunk function, its params as it receives them)

@@ -2,11 +2,8 @@
 from __future__ import annotations
 
 import logging
-import re
 import tempfile
-import unicodedata
 from collections import Counter
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -15,26 +12,15 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import Field
 
-from tasks.core import DATASET_SAMPLE_ROWS, BuildContext, BuildOutput, Dataset, Facts, Section
+from tasks.core import DATASET_SAMPLE_ROWS, BuildContext, BuildOutput, Dataset, Facts
 from tasks.errors import DataError
 from tasks.io import ROW_GROUP_ROWS, Chunk, PartWriter, Runner, chunk_plan, iter_frames, read_chunk, sorted_labels, text_digests
+from tasks.normalise import Normalise, clean_text, length_reasons
 
 # what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)
 LIBRARIES = ("pandas", "pyarrow", "opencc")
 FILES: tuple[str, ...] = ()
-
-
-class Normalise(Section):
-    """What cleaning a text reads: every kind's `clean` section starts from it."""
-
-    nfkc: bool = True  # full-width to half-width
-    strip_html: bool = True
-    strip_urls: bool = True
-    traditional_to_simplified: bool = False  # OpenCC t2s
-    min_chars: int = Field(2, ge=0)
-    max_chars: int = Field(5000, ge=1)
-    dedupe: bool = True
 
 
 class Params(Normalise):
@@ -46,33 +32,6 @@ class Params(Normalise):
 
 CHUNK_ROWS = 5000
 log = logging.getLogger("zhpipe")
-_HTML_TAG = re.compile(r"<[^>]{1,200}>")
-_URL = re.compile(r"(?:https?://|www\.)[^\s\u4e00-\u9fff，。！？、；：]+", re.IGNORECASE)
-CONTROL = re.compile(r"[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u200b-\u200f\u2028-\u202f\u2060-\u206f\ufeff]")
-_SPACE = re.compile(r"\s+")
-
-
-@lru_cache(maxsize=1)
-def to_simplified():
-    import opencc
-
-    return opencc.OpenCC("t2s")
-
-
-def clean_text(text: str, params: Params) -> str:
-    """One text through the normalisation steps, in order."""
-    if params.nfkc:
-        text = unicodedata.normalize("NFKC", text)  # full-width letters, digits and punctuation to half-width
-    if params.strip_html:
-        text = _HTML_TAG.sub(" ", text)
-        text = text.replace("&nbsp;", " ").replace("&amp;", "&").replace("&lt;", "<").replace("&gt;", ">")
-    if params.strip_urls:
-        text = _URL.sub(" ", text)
-    text = CONTROL.sub("", text)  # BOM, zero-width and control characters
-    text = _SPACE.sub(" ", text).strip()
-    if params.traditional_to_simplified:
-        text = to_simplified().convert(text)
-    return text
 
 
 def normalise(df: pd.DataFrame, params: Params) -> pd.DataFrame:
@@ -96,16 +55,6 @@ def normalise_chunk(chunk: Chunk, params_json: str) -> pd.DataFrame:
 def text_digest(text: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     """Two independent 64-bit hashes of each text (pandas' SipHash with two keys): equal texts, equal pairs."""
     return tuple(text_digests(text, key) for key in ("zhpipe-dedupe-h1", "zhpipe-dedupe-h2"))
-
-
-def length_reasons(text: pd.Series, params: Params) -> pd.Series:
-    """`empty`, `too_short` or `too_long` per text, else missing."""
-    length = text.str.len()
-    reason = pd.Series(pd.NA, index=text.index, dtype="string")
-    reason[length == 0] = "empty"
-    reason[reason.isna() & (length < params.min_chars)] = "too_short"
-    reason[reason.isna() & (length > params.max_chars)] = "too_long"
-    return reason
 
 
 def duplicate_reasons(df: pd.DataFrame, key: list[str]) -> pd.Series:

@@ -2,7 +2,6 @@
 probes: nearest neighbours, analogies (a : b :: c : ?) and word-pair similarities."""
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Literal
 
@@ -11,26 +10,13 @@ import pandas as pd
 from pydantic import Field, field_validator
 
 from tasks.core import BuildContext, BuildOutput, Section
-from tasks.progress import progress
 from tasks.text import is_word
-from tasks.vectors import FASTTEXT_MIN_THREADS, fasttext_call, fasttext_dim
+from tasks.vectors import FASTTEXT_MIN_THREADS, Word2VecParams, fasttext_call, fasttext_dim, neighbours, train_word2vec
 
 # what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)
 LIBRARIES = ("gensim", "fasttext", "scikit-learn", "matplotlib", "numpy")
 FILES: tuple[str, ...] = ()
-
-
-class Word2VecParams(Section):
-    """Word2Vec (gensim) settings."""
-
-    vector_size: int = 128
-    window: int = 5
-    min_count: int = 2
-    sg: bool = False  # False = CBOW, True = skip-gram
-    hs: bool = False  # True = hierarchical softmax instead of negative sampling
-    negative: int = 5
-    epochs: int = 10
 
 
 class FastTextParams(Section):
@@ -65,29 +51,6 @@ class Params(Section):
     projector_words: int = Field(5000, ge=10)  # words exported for the TensorBoard projector
 
 
-def train_word2vec(corpus: Path, params: Params):
-    """Word2Vec (CBOW or skip-gram; negative sampling or hierarchical softmax) from a token-per-space file."""
-    from gensim.models import Word2Vec
-    from gensim.models.callbacks import CallbackAny2Vec
-
-    class Progress(CallbackAny2Vec):
-        def __init__(self, bar):
-            self.bar = bar
-
-        def on_epoch_end(self, model):
-            self.bar.update(1)
-
-    w = params.word2vec
-    logging.getLogger("gensim").setLevel(logging.WARNING)
-    with progress(total=w.epochs, desc="word2vec", unit="epoch", leave=False) as bar:
-        model = Word2Vec(
-            corpus_file=str(corpus), vector_size=w.vector_size, window=w.window, min_count=w.min_count,
-            sg=int(w.sg), hs=int(w.hs), negative=0 if w.hs else w.negative, epochs=w.epochs,
-            workers=params.workers, seed=params.seed, callbacks=[Progress(bar)],
-        )
-    return model.wv
-
-
 def train_fasttext(corpus: Path, params: Params):
     """fastText unsupervised vectors with character n-gram subwords."""
     import fasttext
@@ -111,15 +74,6 @@ def fasttext_keyed_vectors(model):
     kv = KeyedVectors(vector_size=model.get_dimension())
     kv.add_vectors(words, [model.get_word_vector(w) for w in words])
     return kv
-
-
-def neighbours(name: str, probe: list[str], lookup, topn: int) -> list[dict]:
-    """Rows of (model, probe word, rank, neighbour, cosine) for a nearest-neighbour table."""
-    rows = []
-    for word in probe:
-        for rank, (other, score) in enumerate(lookup(word, topn), 1):
-            rows.append({"model": name, "word": word, "rank": rank, "neighbour": other, "cosine": round(float(score), 4)})
-    return rows
 
 
 def analogy_rows(name: str, kv, analogies: list[list[str]], topn: int) -> list[dict]:

@@ -12,6 +12,7 @@ from tasks.core import BuildContext, BuildOutput, Facts, Section, by_model
 from tasks.io import Rows, batches_of, predict_batches
 from tasks.models import MODELS
 from tasks.models.base import label_ids
+from tasks.reports import comparison_markdown, plot_training_curves
 
 # what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)
@@ -116,36 +117,6 @@ def worst_mistakes(test, y_true: np.ndarray, probs: np.ndarray, labels: list[str
         "true": [labels[i] for i in y_true[order]], "predicted": [labels[i] for i in pred[order]],
         "confidence": probs[order, pred[order]].round(4),
     })
-
-
-def plot_training_curves(history: list[dict[str, float]], title: str, path: Path) -> Path | None:
-    """Loss (train and validation) and validation metrics per epoch; None without a per-epoch history."""
-    from tasks.plots import save, subplots
-
-    if not history:
-        return None
-    h = pd.DataFrame(history)
-    fig, (left, right) = subplots(1, 2, figsize=(9, 3.6))
-    for col in [c for c in ("train_loss", "val_loss") if c in h]:
-        left.plot(h["epoch"], h[col], marker="o", label=col)
-    left.set(xlabel="epoch", ylabel="loss", title="loss")
-    left.legend()
-    for col in [c for c in ("val_accuracy", "val_macro_f1", "val_f1", "val_perplexity", "val_bleu") if c in h]:
-        right.plot(h["epoch"], h[col], marker="o", label=col)
-    right.set(xlabel="epoch", title="validation")
-    if right.lines:
-        right.legend()
-    else:  # a model that only watches its validation loss (translators)
-        right.set_axis_off()
-    fig.suptitle(title)
-    return save(fig, path)
-
-
-def comparison_markdown(table: pd.DataFrame) -> str:
-    """The comparison table as Markdown (for Prefect's artifact view)."""
-    header = "| " + " | ".join(table.columns) + " |\n|" + "---|" * len(table.columns) + "\n"
-    body = "".join("| " + " | ".join(f"{v:.4f}" if isinstance(v, float) else str(v) for v in row) + " |\n" for row in table.itertuples(index=False))
-    return header + body
 
 
 def build_model(ctx: BuildContext, name: str) -> BuildOutput:

@@ -4,7 +4,6 @@ per label, a word cloud and an adjective cloud per label, vocabulary size, type/
 texts (a suggested `max_len`)."""
 from __future__ import annotations
 
-import html
 import json
 from collections import Counter
 from itertools import chain
@@ -14,23 +13,15 @@ import numpy as np
 import pandas as pd
 from pydantic import Field
 
-from tasks.core import BuildContext, BuildOutput, Section
+from tasks.core import BuildContext, BuildOutput
 from tasks.io import SPLITS, Rows, safe_name
+from tasks.reports import Common, report_html, stats_markdown
 from tasks.text import FUNCTION_WORDS, is_word
 
 # what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)
 LIBRARIES = ("jieba", "matplotlib", "wordcloud", "numpy")
 FILES: tuple[str, ...] = ("font",)
-
-
-class Common(Section):
-    """The `profile` settings every task kind reads (each kind's section adds its own)."""
-
-    top_k: int = Field(20, ge=1)  # words (entities, tokens) shown per label (type, side)
-    coverage: float = Field(0.9, gt=0, lt=1)  # the suggested max_len covers this share of texts
-    font: str | None = None  # a font file with Chinese glyphs; default: an installed one (Noto CJK, WenQuanYi, ...)
-    seed: int = 0
 
 
 class Params(Common):
@@ -242,23 +233,6 @@ def word_cloud(counts: dict[str, int], font: str, path: Path, seed: int = 0) -> 
     return path
 
 
-def report_html(title: str, stats: dict, tables: dict[str, pd.DataFrame], pictures: list[Path], markup: tuple[str, ...] = ()) -> str:
-    """One page with every table and picture inlined (the MLflow UI shows .html artifacts); the tables named in
-    `markup` hold HTML already escaped by their maker."""
-    from tasks.plots import data_uri
-
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
-             "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}img{max-width:100%}"
-             "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:2px 8px}</style></head><body>",
-             f"<h1>{html.escape(title)}</h1><h2>Corpus</h2>",
-             pd.DataFrame([stats]).T.rename(columns={0: "value"}).to_html()]
-    for name, table in tables.items():
-        parts += [f"<h2>{html.escape(name)}</h2>", table.to_html(index=False, escape=name not in markup)]
-    for picture in pictures:
-        parts += [f"<h3>{html.escape(picture.stem.replace('_', ' '))}</h3>", f"<img src='{data_uri(picture)}' alt='{picture.stem}'>"]
-    return "\n".join(parts + ["</body></html>"])
-
-
 def build(ctx: BuildContext) -> BuildOutput:
     """Pictures, tables and `report.html` about the segmented splits, counted batch by batch."""
     import pyarrow.parquet as pq
@@ -322,8 +296,3 @@ def _side_by_side(tables: dict[str, list[tuple[str, int]]]) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def stats_markdown(pipeline: str, stats: dict) -> str:
-    """The corpus statistics as a Markdown table."""
-    lines = [f"# {pipeline}: corpus profile", "", "| measure | value |", "|---|---|"]
-    lines += [f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in stats.items()]
-    return "\n".join(lines)

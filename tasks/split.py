@@ -6,7 +6,6 @@ fall into the splits in the configured proportions (per class, in expectation). 
 each class with the seed and cuts it by the fractions: exact proportions, but an appended row moves others."""
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections import Counter
 from typing import Literal
@@ -14,32 +13,17 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
-from pydantic import Field, model_validator
 
-from tasks.core import BuildContext, BuildOutput, Section
+from tasks.core import BuildContext, BuildOutput
 from tasks.errors import ConfigError, DataError
 from tasks.io import ROW_GROUP_ROWS, SPLITS, PartWriter, iter_frames, sorted_labels
+from tasks.splitting import Fractions, hash_units, split_sizes
 
 # what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)
 LIBRARIES = ("pandas", "numpy", "pyarrow")
 FILES: tuple[str, ...] = ()
 log = logging.getLogger("zhpipe")
-
-
-class Fractions(Section):
-    """Train/validation/test fractions and the seed: what every task's split shares."""
-
-    train: float = Field(0.8, gt=0, lt=1)
-    validation: float = Field(0.1, gt=0, lt=1)
-    test: float = Field(0.1, gt=0, lt=1)
-    seed: int = Field(42, ge=0)  # NumPy seeds are non-negative
-
-    @model_validator(mode="after")
-    def _sums_to_one(self) -> "Fractions":
-        if abs(self.train + self.validation + self.test - 1.0) > 1e-6:
-            raise ValueError("split fractions train + validation + test must sum to 1")
-        return self
 
 
 class Params(Fractions):
@@ -120,16 +104,6 @@ def route(df: pd.DataFrame, plan: dict, seen: dict) -> np.ndarray:
     return split
 
 
-def hash_units(texts, seed: int) -> np.ndarray:
-    """Each text's place in [0, 1): the first 8 bytes of blake2b(seed, text), the same on every machine."""
-    prefix = f"{seed}\x1f".encode()
-    out = np.empty(len(texts), dtype=np.float64)
-    for i, text in enumerate(texts):
-        digest = hashlib.blake2b(prefix + str(text).encode("utf-8"), digest_size=8).digest()
-        out[i] = int.from_bytes(digest, "big") / 2.0**64
-    return out
-
-
 def stable_assignment(classes: np.ndarray, units: np.ndarray, params: Fractions, labelled: bool) -> np.ndarray:
     """The split of each row from its hash unit: [0, train) train, then validation, then test. At the edges,
     a class (of at least MIN_CLASS_ROWS rows) that leaves a split empty gets one row moved into it: the row
@@ -151,20 +125,6 @@ def stable_assignment(classes: np.ndarray, units: np.ndarray, params: Fractions,
             distance = np.where(units[donors] < lo, lo - units[donors], units[donors] - hi)
             split[donors[np.lexsort((units[donors], distance))[0]]] = target
     return split
-
-
-def split_sizes(n: int, fractions: np.ndarray, minimum: int) -> list[int]:
-    """Rows per split for `n` rows: the largest-remainder rounding of n * fractions, each at least `minimum`
-    (taken from the largest split)."""
-    exact = n * fractions
-    sizes = np.floor(exact).astype(int)
-    for i in np.argsort(-(exact - sizes), kind="stable")[: n - sizes.sum()]:
-        sizes[i] += 1
-    for i in range(len(sizes)):
-        while sizes[i] < minimum:
-            sizes[int(np.argmax(sizes))] -= 1
-            sizes[i] += 1
-    return sizes.tolist()
 
 
 BATCH_ROWS = 5_000

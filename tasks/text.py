@@ -2,6 +2,12 @@
 from __future__ import annotations
 
 import unicodedata
+from collections import Counter
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from tasks.core import Section
 
 # function words that would fill every word list and cloud (not negations or degree words: 不, 没有, 很, 太
 # carry sentiment); `segment.stopwords` removes more at the segment stage
@@ -28,3 +34,29 @@ def prune_counts(counts, limit: int) -> bool:
     for token in [t for t, c in counts.items() if c <= threshold]:
         del counts[token]
     return True
+
+
+def build_vocab(counts: Counter, params: Any) -> list[str]:
+    """Specials first, then tokens with freq >= min_freq by descending frequency (ties by token)."""
+    ranked = sorted((t for t, c in counts.items() if c >= params.min_freq and t not in params.specials), key=lambda t: (-counts[t], t))
+    if params.max_size is not None:
+        ranked = ranked[: max(0, params.max_size - len(params.specials))]
+    return list(params.specials) + ranked
+
+
+class VocabParams(Section):
+    """What a vocabulary is built with: every kind's `vocab` section starts from it."""
+
+    min_freq: int = Field(2, ge=1)
+    max_size: int | None = Field(50000, ge=1)
+    specials: list[str] = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    # memory: counting holds at most this many token types per kind; past it the rarest are dropped (their
+    # counts are below any useful min_freq on such a corpus); `<kind>_types_pruned` says when it happened
+    max_types: int = Field(5_000_000, ge=1000)
+
+    @field_validator("specials")
+    @classmethod
+    def _pad_unk_first(cls, v: list[str]) -> list[str]:
+        if v[:2] != ["[PAD]", "[UNK]"]:
+            raise ValueError("specials must start with [PAD], [UNK] (ids 0 and 1)")
+        return v

@@ -180,7 +180,7 @@ class RegisteredTranslator:
         """The best beam per text (`n` > 1 repeats it)."""
         import pandas as pd
 
-        from tasks.clean import clean_text
+        from tasks.normalise import clean_text
 
         cleaned = [clean_text(t, self.clean) for t in texts]
         frame = pd.DataFrame({"text": cleaned, **self.segmenter.rows(cleaned)}) if self.segmenter else pd.DataFrame({"en": cleaned})

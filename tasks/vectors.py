@@ -2,13 +2,16 @@
 lexicon adapter read them), and the guard every fastText training call goes through."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
+from tasks.core import Section
 from tasks.errors import DataError
+from tasks.progress import progress
 
 # fastText 0.9.3 initialises its input matrix in 10 fixed blocks, one per training thread, over memory it
 # does not zero: with fewer than 10 threads most rows stay uninitialised (garbage, at times NaN, so
@@ -66,3 +69,47 @@ def load_word2vec(folder: Path):
     from gensim.models import KeyedVectors
 
     return KeyedVectors.load_word2vec_format(str(folder / "word2vec.bin"), binary=True)
+
+
+class Word2VecParams(Section):
+    """Word2Vec (gensim) settings."""
+
+    vector_size: int = 128
+    window: int = 5
+    min_count: int = 2
+    sg: bool = False  # False = CBOW, True = skip-gram
+    hs: bool = False  # True = hierarchical softmax instead of negative sampling
+    negative: int = 5
+    epochs: int = 10
+
+
+def train_word2vec(corpus: Path, params: Any):
+    """Word2Vec (CBOW or skip-gram; negative sampling or hierarchical softmax) from a token-per-space file."""
+    from gensim.models import Word2Vec
+    from gensim.models.callbacks import CallbackAny2Vec
+
+    class Progress(CallbackAny2Vec):
+        def __init__(self, bar):
+            self.bar = bar
+
+        def on_epoch_end(self, model):
+            self.bar.update(1)
+
+    w = params.word2vec
+    logging.getLogger("gensim").setLevel(logging.WARNING)
+    with progress(total=w.epochs, desc="word2vec", unit="epoch", leave=False) as bar:
+        model = Word2Vec(
+            corpus_file=str(corpus), vector_size=w.vector_size, window=w.window, min_count=w.min_count,
+            sg=int(w.sg), hs=int(w.hs), negative=0 if w.hs else w.negative, epochs=w.epochs,
+            workers=params.workers, seed=params.seed, callbacks=[Progress(bar)],
+        )
+    return model.wv
+
+
+def neighbours(name: str, probe: list[str], lookup, topn: int) -> list[dict]:
+    """Rows of (model, probe word, rank, neighbour, cosine) for a nearest-neighbour table."""
+    rows = []
+    for word in probe:
+        for rank, (other, score) in enumerate(lookup(word, topn), 1):
+            rows.append({"model": name, "word": word, "rank": rank, "neighbour": other, "cosine": round(float(score), 4)})
+    return rows

@@ -4,11 +4,10 @@ from __future__ import annotations
 from collections import Counter
 
 import pandas as pd
-from pydantic import Field, field_validator
 
-from tasks.core import BuildContext, BuildOutput, Facts, Section, gathered
+from tasks.core import BuildContext, BuildOutput, Facts, gathered
 from tasks.io import Rows
-from tasks.text import prune_counts
+from tasks.text import VocabParams, build_vocab, prune_counts
 
 # what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)
@@ -17,23 +16,8 @@ FILES: tuple[str, ...] = ()
 KINDS = ("words", "chars")
 
 
-class Params(Section):
+class Params(VocabParams):
     """The `vocab` section."""
-
-    min_freq: int = Field(2, ge=1)
-    max_size: int | None = Field(50000, ge=1)
-    specials: list[str] = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    # memory: counting holds at most this many token types per kind; past it the rarest are dropped (their
-    # counts are below any useful min_freq on such a corpus); `<kind>_types_pruned` says when it happened
-    max_types: int = Field(5_000_000, ge=1000)
-
-    @field_validator("specials")
-    @classmethod
-    def _pad_unk_first(cls, v: list[str]) -> list[str]:
-        if v[:2] != ["[PAD]", "[UNK]"]:
-            raise ValueError("specials must start with [PAD], [UNK] (ids 0 and 1)")
-        return v
-
 
 
 def count_tokens(lines: pd.Series) -> Counter:
@@ -42,14 +26,6 @@ def count_tokens(lines: pd.Series) -> Counter:
     for line in lines:
         counts.update(line.split())
     return counts
-
-
-def build_vocab(counts: Counter, params: Params) -> list[str]:
-    """Specials first, then tokens with freq >= min_freq by descending frequency (ties by token)."""
-    ranked = sorted((t for t, c in counts.items() if c >= params.min_freq and t not in params.specials), key=lambda t: (-counts[t], t))
-    if params.max_size is not None:
-        ranked = ranked[: max(0, params.max_size - len(params.specials))]
-    return list(params.specials) + ranked
 
 
 SPLITS = (("train", "augment"), ("validation", "segment"))  # each split counted, and the stage it is read from

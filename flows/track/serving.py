@@ -95,7 +95,7 @@ class TextClassifier(PythonModel):
 
     def screen(self, values: list[Any]) -> tuple[list[str], list[str]]:
         """(cleaned texts, status per text): the length limit is applied before cleaning and segmenting."""
-        from tasks.clean import clean_text
+        from tasks.normalise import clean_text
 
         texts, statuses = [], []
         for value in values:
@@ -178,7 +178,7 @@ class TextTranslator(PythonModel):
                           if self.direction.startswith("zh") else None)
 
     def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
-        from tasks.clean import clean_text
+        from tasks.normalise import clean_text
 
         values = as_texts(model_input)
         if len(values) > self.max_rows:

@@ -2,7 +2,7 @@
 augmenters rewrite one text; a pair would need both sides rewritten alike."""
 from __future__ import annotations
 
-from tasks.augmenters import train_as_is
+from tasks.as_is import train_as_is
 from tasks.core import BuildContext, BuildOutput, Section
 from tasks.errors import ConfigError
 

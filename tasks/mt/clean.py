@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 from pydantic import Field
 
-from tasks import clean
+from tasks import normalise as clean
 from tasks.core import BuildContext, BuildOutput
 from tasks.errors import DataError
 from tasks.io import write_parquet

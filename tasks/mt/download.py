@@ -11,12 +11,11 @@ from collections import Counter
 
 import pandas as pd
 
-from tasks import download
 from tasks.core import BuildContext, BuildOutput, Facts
 from tasks.errors import DataError
 from tasks.io import ROW_GROUP_ROWS, PartWriter
 from tasks.source.archives import ARCHIVES, extract
-from tasks.source.fetch import locate
+from tasks.source.fetch import FetchParams, locate
 from tasks.source.readers import HEAD_BYTES, QUARANTINE_COLUMNS, detect_encoding, empty_quarantine, jsonl_records, line_batches, no_rows
 from tasks.source.schema import Source
 from tasks.urls import redact
@@ -27,7 +26,7 @@ log = logging.getLogger("zhpipe")
 COLUMNS = {"id": "int64", "line": "int64", "text": "string", "en": "string", "credit": "string"}
 
 
-class Params(download.Params):
+class Params(FetchParams):
     """The `download` section of a translation pipeline: the fetch settings and how a pair is read."""
 
     columns: list[str] = ["en", "zh", "credit"]  # the fields of a tab-separated line, in order (the file has no header)

@@ -12,10 +12,10 @@ import pandas as pd
 from pydantic import Field
 
 from tasks.core import BuildContext, BuildOutput, Facts, Section, by_model
-from tasks.evaluate import comparison_markdown, plot_training_curves
 from tasks.models import MODELS
 from tasks.models.seq2seq import corpus_scores
 from tasks.mt.text import side_tokens, sides
+from tasks.reports import comparison_markdown, plot_training_curves
 
 LIBRARIES = ("torch", "sacrebleu", "matplotlib")
 FILES: tuple[str, ...] = ()

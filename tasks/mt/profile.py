@@ -13,7 +13,7 @@ import pandas as pd
 from tasks.core import BuildContext, BuildOutput
 from tasks.io import SPLITS
 from tasks.mt.text import en_tokens
-from tasks.profile import Common, report_html, stats_markdown
+from tasks.reports import Common, report_html, stats_markdown
 
 LIBRARIES = ("matplotlib", "numpy")
 FILES: tuple[str, ...] = ("font",)

@@ -10,7 +10,7 @@ import pandas as pd
 from tasks.core import BuildContext, BuildOutput
 from tasks.io import SPLITS, write_parquet
 from tasks.mt.text import pair_key
-from tasks.split import Fractions, hash_units
+from tasks.splitting import Fractions, hash_units
 
 LIBRARIES = ("pandas", "numpy")
 FILES: tuple[str, ...] = ()

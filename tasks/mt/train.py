@@ -7,10 +7,10 @@ from typing import Literal
 
 import pandas as pd
 
-from tasks import train
 from tasks.core import BuildContext, BuildOutput, Facts, by_model
 from tasks.errors import ConfigError
 from tasks.models import MODELS, TrainInputs
+from tasks.models import settings as train
 
 # what its key sees besides params, inputs and code
 LIBRARIES = ("torch", "sacrebleu", "numpy")

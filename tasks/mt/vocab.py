@@ -9,15 +9,15 @@ from typing import Literal
 
 import pandas as pd
 
-from tasks import vocab
 from tasks.core import BuildContext, BuildOutput
 from tasks.mt.text import side_tokens
+from tasks.text import VocabParams, build_vocab
 
 LIBRARIES = ("pandas",)
 FILES: tuple[str, ...] = ()
 
 
-class Params(vocab.Params):
+class Params(VocabParams):
     """The `vocab` section of a translation pipeline."""
 
     zh_tokens: Literal["chars", "words"] = "chars"  # the Chinese side as characters or as jieba words (segment stage)
@@ -32,7 +32,7 @@ def build(ctx: BuildContext) -> BuildOutput:
     metrics = {}
     for lang in ("zh", "en"):
         counts = Counter(t for row in side_tokens(train, lang, p.zh_tokens) for t in row)
-        itos = vocab.build_vocab(counts, p)
+        itos = build_vocab(counts, p)
         (ctx.out / lang).mkdir()
         (ctx.out / lang / "vocab.txt").write_text("".join(f"{t}\n" for t in itos), encoding="utf-8")
         pd.DataFrame(counts.most_common(), columns=["token", "count"]).to_csv(ctx.out / lang / "freq.tsv", sep="\t", index=False)

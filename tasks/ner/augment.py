@@ -2,7 +2,7 @@
 rewrite characters and would shift the entity tags, so a tagging pipeline takes `augment.method: none`."""
 from __future__ import annotations
 
-from tasks.augmenters import train_as_is
+from tasks.as_is import train_as_is
 from tasks.core import BuildContext, BuildOutput, Section
 from tasks.errors import ConfigError
 

@@ -10,10 +10,10 @@ import unicodedata
 import pandas as pd
 from pydantic import Field
 
-from tasks.clean import CONTROL, to_simplified
 from tasks.core import BuildContext, BuildOutput, Dataset, Section
 from tasks.errors import DataError
 from tasks.io import write_parquet
+from tasks.normalise import CONTROL, to_simplified
 from tasks.tagging import bioes, spans_of
 
 LIBRARIES = ("pandas", "pyarrow", "opencc")

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from tasks import download
 from tasks.core import BuildContext, BuildOutput, Facts
 from tasks.errors import DataError
 from tasks.io import write_parquet
 from tasks.source.archives import ARCHIVES, extract
-from tasks.source.fetch import locate
+from tasks.source.fetch import FetchParams, locate
 from tasks.source.readers import detect_encoding, physical_lines
 from tasks.source.schema import Source
 from tasks.tagging import TaggedFile, parse_conll, parse_span_jsonl, spans_of
@@ -22,7 +21,8 @@ from tasks.urls import redact
 
 LIBRARIES = ("pandas", "pyarrow", "charset-normalizer")
 FILES: tuple[str, ...] = ()
-Params = download.Params  # the `download` section is the classification one
+class Params(FetchParams):
+    """The `download` section of a ner pipeline: how a remote corpus is fetched and unpacked."""
 log = logging.getLogger("zhpipe")
 
 
@@ -43,7 +43,7 @@ def read_tagged(path: Path, source: Source) -> TaggedFile:
 
 def build(ctx: BuildContext) -> BuildOutput:
     """Every file of the source (`ctx.source`) into one `data.parquet` (+ `quarantine.parquet`)."""
-    p: download.Params = ctx.params
+    p: Params = ctx.params
     source: Source = ctx.source
     frames, bad, shas, schemes = [], [], {}, {}
     for split, src in source.given().items():

@@ -7,8 +7,8 @@ import pandas as pd
 from pydantic import Field
 
 from tasks.core import BuildContext, BuildOutput, Section
-from tasks.embed import Word2VecParams, neighbours, train_word2vec
 from tasks.tagging import bigrams
+from tasks.vectors import Word2VecParams, neighbours, train_word2vec
 
 LIBRARIES = ("gensim", "numpy")
 FILES: tuple[str, ...] = ()

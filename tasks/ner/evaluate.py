@@ -10,8 +10,8 @@ from collections import Counter
 import pandas as pd
 
 from tasks.core import BuildContext, BuildOutput, Facts, Section, by_model
-from tasks.evaluate import comparison_markdown, plot_training_curves
 from tasks.models import MODELS
+from tasks.reports import comparison_markdown, plot_training_curves
 from tasks.tagging import highlighted, marked, prf, span_counts, spans_of
 
 LIBRARIES = ("torch", "python-crfsuite", "matplotlib")

@@ -12,7 +12,7 @@ import pandas as pd
 
 from tasks.core import BuildContext, BuildOutput
 from tasks.io import SPLITS
-from tasks.profile import Common, report_html, stats_markdown
+from tasks.reports import Common, report_html, stats_markdown
 from tasks.tagging import highlighted, spans_of
 
 LIBRARIES = ("matplotlib", "numpy")

@@ -8,7 +8,7 @@ import pandas as pd
 from tasks.core import BuildContext, BuildOutput
 from tasks.errors import DataError
 from tasks.io import SPLITS, write_parquet
-from tasks.split import Fractions, split_sizes
+from tasks.splitting import Fractions, split_sizes
 
 LIBRARIES = ("pandas", "numpy")
 FILES: tuple[str, ...] = ()

@@ -8,10 +8,9 @@ from collections import Counter
 import pandas as pd
 from pydantic import Field
 
-from tasks import vocab
 from tasks.core import BuildContext, BuildOutput, Section
 from tasks.tagging import Lexicon, bigrams, spans_of
-from tasks.vocab import build_vocab
+from tasks.text import VocabParams, build_vocab
 
 LIBRARIES = ("pandas", "jieba")
 FILES: tuple[str, ...] = ()
@@ -25,7 +24,7 @@ class LexiconParams(Section):
     max_len: int = Field(6, ge=2)  # longest word, in characters
 
 
-class Params(vocab.Params):
+class Params(VocabParams):
     """The `vocab` section of a ner pipeline."""
 
     lexicon: LexiconParams = LexiconParams()

@@ -1,7 +1,7 @@
 import pandas as pd
 
 from tasks.clean import Params as CleanConfig
-from tasks.clean import clean_text
+from tasks.normalise import clean_text
 from tests.helpers.stages import clean_rows
 
 

@@ -3,9 +3,9 @@ from gensim.models import KeyedVectors
 
 from tasks.embed import FastTextParams as FastTextEmbedConfig
 from tasks.embed import Params as EmbedConfig
-from tasks.embed import Word2VecParams as Word2VecConfig
-from tasks.embed import fasttext_keyed_vectors, neighbours, train_fasttext, train_word2vec
-from tasks.vectors import load_word2vec
+from tasks.embed import fasttext_keyed_vectors, train_fasttext
+from tasks.vectors import Word2VecParams as Word2VecConfig
+from tasks.vectors import load_word2vec, neighbours, train_word2vec
 
 LINES = ["酒店 房间 很 干净", "酒店 服务 很 好", "房间 服务 都 很 干净", "早餐 太 差", "酒店 早餐 不错"] * 40
 

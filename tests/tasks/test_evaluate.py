@@ -1,7 +1,8 @@
 import numpy as np
 from PIL import Image
 
-from tasks.evaluate import comparison_markdown, plot_confusion, score
+from tasks.evaluate import plot_confusion, score
+from tasks.reports import comparison_markdown
 
 
 def test_score_and_confusion(tmp_path):

@@ -2,8 +2,9 @@ from collections import Counter
 
 import pandas as pd
 
+from tasks.text import build_vocab
 from tasks.vocab import Params as VocabConfig
-from tasks.vocab import build, build_vocab, count_tokens
+from tasks.vocab import build, count_tokens
 
 
 def test_specials_first_then_by_frequency():

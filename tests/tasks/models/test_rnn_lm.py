@@ -2,9 +2,10 @@ import pandas as pd
 
 from tasks.models import TrainInputs
 from tasks.models.rnn_lm import rnn_lm_perplexity, train_rnn_lm
+from tasks.text import build_vocab
 from tasks.train import Params as TrainConfig
 from tasks.vocab import Params as VocabConfig
-from tasks.vocab import build_vocab, count_tokens
+from tasks.vocab import count_tokens
 from tests.tasks.test_train import NEG, POS
 
 
