@@ -24,9 +24,9 @@ import pandas as pd  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from tasks.backtranslation import round_trip  # noqa: E402
-from tasks.translation import BackTranslationParams as BackTranslationConfig  # noqa: E402
-from tasks.translation import Seq2SeqTranslator, TranslationCache, split_sentences  # noqa: E402
+from tasks.classification.backtranslation import round_trip  # noqa: E402
+from tasks.classification.translators import BackTranslationParams as BackTranslationConfig  # noqa: E402
+from tasks.classification.translators import Seq2SeqTranslator, TranslationCache, split_sentences  # noqa: E402
 
 console = Console()
 

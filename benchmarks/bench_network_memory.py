@@ -46,7 +46,7 @@ import numpy as np
 from gensim.models import KeyedVectors
 from tasks.io import Rows
 from tasks.models import MODELS, TrainInputs
-from tasks.train import Params
+from tasks.classification.train import Params
 from tasks.vectors import keyed_word_vectors
 
 folder = Path(sys.argv[1])

@@ -29,7 +29,7 @@ from flows.plan import project  # noqa: E402
 project.activate(project.Project(ROOT))  # Prefect's home and start-up timeout, before Prefect is imported
 from flows.plan.config import load_pipeline  # noqa: E402
 from tasks.segment import Params as SegmentConfig  # noqa: E402
-from tasks.vocab import Params as VocabConfig  # noqa: E402
+from tasks.classification.vocab import Params as VocabConfig  # noqa: E402
 
 console = Console()
 MODELS = ("tfidf_lr", "fasttext", "textcnn", "bilstm", "transformer", "bert", "rnn_lm")
@@ -42,7 +42,7 @@ def corpus(rows: int, folder: Path) -> pd.DataFrame:
 
     from tasks.segmenter import Segmenter
     from tasks.text import build_vocab
-    from tasks.vocab import count_tokens
+    from tasks.classification.vocab import count_tokens
 
     raw = pd.read_csv(ROOT / "data" / "raw" / "ChnSentiCorp_htl_all.csv").dropna()
     raw = raw.groupby("label").head(rows // 2).sample(frac=1.0, random_state=0)

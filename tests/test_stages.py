@@ -51,7 +51,7 @@ def toy_kind(tmp_path, monkeypatch):
     base = graph.CLASSIFICATION_STAGES
     stage = graph.Stage("lengths", ("split",), "toy_lengths", "length histogram", "mean_chars",
                         (graph.Output("lengths.json", "json"),))
-    kind = graph.TaskKind("lengths", "corpus lengths", graph._graph(base["download"], base["clean"], base["split"], stage),
+    kind = graph.TaskKind("lengths", "corpus lengths", graph.graph(base["download"], base["clean"], base["split"], stage),
                           metric=lambda config: "none", reported=(), flavour="classifier")
     monkeypatch.setitem(graph.KINDS, "lengths", kind)
     config_file = tmp_path / "pipelines.yaml"
@@ -75,7 +75,7 @@ def test_the_graph_is_declared_in_order_and_names_are_written_once():
             seen.add(stage.name)
             assert stage.module.build and stage.params  # every entry resolves to a module with Params and build
     with pytest.raises(ValueError, match="needs 'nowhere', which is not declared before it"):
-        graph._graph(graph.Stage("x", ("nowhere",), "tasks.clean", "", ""))
+        graph.graph(graph.Stage("x", ("nowhere",), "tasks.classification.clean", "", ""))
     # the stage names appear as a literal list nowhere else in the source tree
     literal = re.compile(r'"download",\s*"clean",\s*"split"')
     offenders = [str(p.relative_to(ROOT)) for pkg in ("flows", "tasks") for p in (ROOT / pkg).rglob("*.py")
@@ -201,7 +201,7 @@ def test_a_per_model_stage_is_one_module_and_one_entry(tmp_path, smoke, monkeypa
     base = graph.CLASSIFICATION_STAGES
     calibrate = graph.Stage("calibrate", ("train", "segment"), "toy_calibrate", "calibration error per model", "tfidf_lr_val_ece",
                             (graph.Output("calibration.json", "json"),), models=graph.PerModel(reads=("train",)))
-    kind = graph.TaskKind("calibrated", "classifiers and their calibration", graph._graph(*base.values(), calibrate),
+    kind = graph.TaskKind("calibrated", "classifiers and their calibration", graph.graph(*base.values(), calibrate),
                           metric=lambda config: config.stages.evaluate.metric, reported=("test_accuracy",), flavour="classifier", models_of="classification")
     monkeypatch.setitem(graph.KINDS, "calibrated", kind)
     config_file = tmp_path / "pipelines.yaml"

@@ -38,7 +38,7 @@ from flows.orchestrate.handover import fingerprint, read_state, recv, send, stat
 
 # what a run imports: loaded once here, shared by every fork
 PRELOAD = ("flows.cli", "flows.cli.run", "flows.orchestrate.pipeline", "flows.orchestrate.execute", "flows.orchestrate.model_stages",
-           "flows.track.tracker", "flows.track.champion", "flows.plan.status", "flows.track.serving", "tasks.download", "tasks.augment", "prefect.flow_engine", "prefect.task_engine",
+           "flows.track.tracker", "flows.track.champion", "flows.plan.status", "flows.track.serving", "tasks.classification.download", "tasks.classification.augment", "prefect.flow_engine", "prefect.task_engine",
            "prefect.utilities.visualization", "mlflow", "mlflow.tracking", "mlflow.store.tracking.sqlalchemy_store",
            "mlflow.store.model_registry.sqlalchemy_store", "sqlalchemy.dialects.sqlite", "alembic.config",
            "huggingface_hub.file_download")

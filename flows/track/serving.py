@@ -80,7 +80,7 @@ class TextClassifier(PythonModel):
     is missing, empty or too short after cleaning gets no label; a text over the length limit is cut."""
 
     def load_context(self, context) -> None:
-        from tasks.clean import Params as CleanParams
+        from tasks.classification.clean import Params as CleanParams
         from tasks.models import MODELS
         from tasks.segmenter import Segmenter, SegmenterParams
 
@@ -161,7 +161,7 @@ class TextTranslator(PythonModel):
     pipeline cleaned that side (and segmented, for a Chinese source) before it is translated."""
 
     def load_context(self, context) -> None:
-        from tasks.clean import Params as CleanParams
+        from tasks.classification.clean import Params as CleanParams
         from tasks.models import MODELS
         from tasks.segmenter import Segmenter, SegmenterParams
 
@@ -216,7 +216,7 @@ def log_translator(run_id: str, model: str, folder: Path, clean: dict, segment: 
 def served_bleu(model, test: pd.DataFrame, batch: int) -> float:
     """Corpus BLEU of a served translator's answers to a test split's source side."""
     from tasks.models.seq2seq import corpus_scores
-    from tasks.mt.text import sides
+    from tasks.translation.text import sides
 
     source, target = sides(model.unwrap_python_model().direction)
     texts = test["text" if source == "zh" else "en"].astype(str).tolist()
@@ -238,7 +238,7 @@ def score_served(model_uri: str, test: pd.DataFrame, metric: str, flavour: str, 
     answers = pd.concat([model.predict(pd.DataFrame({"text": texts[i : i + batch]})) for i in range(0, len(texts), batch)],
                         ignore_index=True)
     if flavour == "tagger":
-        from tasks.tagging import prf, spans_of
+        from tasks.ner.tagging import prf, spans_of
 
         gold = {(i, kind, s, e) for i, tags in enumerate(test["tags"]) for kind, s, e in spans_of(list(tags))}
         found = {(i, ent["type"], ent["start"], ent["end"]) for i, row in enumerate(answers["entities"]) for ent in json.loads(row)}
@@ -316,7 +316,7 @@ class EntityTagger(PythonModel):
 
     def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
         from tasks.ner.clean import clean_chars
-        from tasks.tagging import spans_of
+        from tasks.ner.tagging import spans_of
 
         values = as_texts(model_input)
         if len(values) > self.max_rows:

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 from pydantic import Field, model_validator
 
-from tasks.augmenters import original_rows
+from tasks.classification.augmenters import original_rows
 from tasks.core import Section
 from tasks.errors import ConfigError
 from tasks.hub import load_pretrained

@@ -17,7 +17,7 @@ from pydantic import Field, model_validator
 from tasks.core import Section
 from tasks.io import read_vocab
 from tasks.models.base import ModelSpec, TrainInputs
-from tasks.tagging import Lexicon, bigrams, prf, span_counts, tag_set, transitions, word_features, word_places
+from tasks.ner.tagging import Lexicon, bigrams, prf, span_counts, tag_set, transitions, word_features, word_places
 
 SEG_DIM = 20  # the word-boundary and POS embeddings
 

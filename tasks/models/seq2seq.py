@@ -17,7 +17,7 @@ from pydantic import Field
 from tasks.core import Section
 from tasks.io import read_vocab
 from tasks.models.base import ModelSpec, TrainInputs
-from tasks.mt.text import detokenize, side_tokens, sides
+from tasks.translation.text import detokenize, side_tokens, sides
 
 # the `train` section's shared settings a translator reads (its own section has its epochs)
 SHARED = ("direction", "patience", "weight_decay", "warmup_ratio", "grad_clip", "grad_accum", "device", "precision", "seed")

@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 from tasks.models.crf import CRF
-from tasks.tagging import POSITIONS
+from tasks.ner.tagging import POSITIONS
 
 
 class Tagger(nn.Module):

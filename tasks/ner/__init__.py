@@ -1,3 +1,50 @@
-"""Named-entity recognition (`task: ner`): the stages that differ from classification, one module per stage
-with the same `build`, `LIBRARIES` and `FILES` as the classification stage it stands for. The stages that do
-not differ (segment) are shared; the config sections are the same."""
+"""Named-entity recognition (`task: ner`): tagged sentences to entities. Its stages, one module each in this package
+(segment is shared), the tag schemes and readers (tagging.py), and its declaration `KIND`."""
+from __future__ import annotations
+
+from typing import Any
+
+from tasks.graph import SEGMENT, SELECTS, SPLITS, TRAINS, Output, Stage, TaskKind, graph
+
+STAGES = graph(
+    Stage("download", (), "tasks.ner.download", "find or fetch the tagged files (CoNLL char-tag lines or span JSONL), verify sha256, read them",
+          "rows_raw", (Output("data.parquet", "frame"),)),
+    Stage("clean", ("download",), "tasks.ner.clean",
+          "NFKC and optional t2s per character, tags kept aligned, as BIOES; quarantine empty/long/duplicate sentences", "rows_dropped",
+          (Output("data.parquet", "frame"),)),
+    Stage("split", ("clean",), "tasks.ner.split", "the corpus' own train/validation/test files (split.use_given), else a seeded split of sentences",
+          "rows_test", (SPLITS,)),
+    SEGMENT,  # characters and jieba words of the sentences
+    Stage("profile", ("segment",), "tasks.ner.profile", "entity types per split, entity lengths, sentence lengths, report.html", "entities",
+          (Output("stats.json", "json"),)),
+    Stage("augment", ("segment",), "tasks.ner.augment", "the train split as it is (rewriting text would shift the tags)", "rows_added",
+          (Output("train.parquet", "frame"), Output("train.words.txt", "text"))),
+    Stage("vocab", ("augment", "segment"), "tasks.ner.vocab",
+          "character and bigram vocabularies, and the lexicon of jieba words the lexicon adapter matches", "lexicon_size",
+          (Output("chars/vocab.txt", "vocabulary"), Output("bigrams/vocab.txt", "vocabulary"))),
+    Stage("embed", ("augment",), "tasks.ner.embed", "Word2Vec vectors of characters, bigrams and words (word2vec binary format)",
+          "chars_vectors", (Output("chars.bin", "vectors"), Output("bigrams.bin", "vectors"), Output("words.bin", "vectors"))),
+    Stage("train", ("augment", "segment", "vocab", "embed"), "tasks.ner.train",
+          "the taggers in train.models (CRF, BiLSTM-CRF, lexicon tagger, ensemble), scored by validation entity F1",
+          "lexicon_tagger_val_f1", (Output("models.json", "json"),), models=TRAINS),
+    Stage("evaluate", ("train", "segment"), "tasks.ner.evaluate",
+          "validation entity F1 picks the best tagger; test precision/recall/F1 per type; registers the best", "best_test_f1",
+          (Output("comparison.csv", "csv"),), models=SELECTS),
+)
+
+
+def check(config: Any) -> None:
+    """A ner pipeline reads one tagged file (and its given splits); its augment method is none: rewriting text would
+    shift the tags."""
+    if config.source.partitioned:
+        raise ValueError("source.path: task ner reads one tagged file (and its given splits), not a folder or glob of partitions")
+    augment = config.stages.augment
+    if "method" not in augment.model_fields_set:
+        augment.method = "none"
+    if augment.method != "none":
+        raise ValueError(f"augment.method {augment.method!r} rewrites text and would shift entity tags; task ner takes none")
+
+
+KIND = TaskKind("ner", "sequence labelling: tagged corpora, taggers, entity F1", STAGES, metric=lambda config: "f1",
+                reported=("test_f1", "test_precision", "test_recall"), flavour="tagger", labelled=False,
+                default_models=("crf", "bilstm_crf", "lexicon_tagger", "ner_ensemble"), check=check)

@@ -13,8 +13,8 @@ from pydantic import Field
 from tasks.core import BuildContext, BuildOutput, Dataset, Section
 from tasks.errors import DataError
 from tasks.io import write_parquet
+from tasks.ner.tagging import bioes, spans_of
 from tasks.normalise import CONTROL, to_simplified
-from tasks.tagging import bioes, spans_of
 
 LIBRARIES = ("pandas", "pyarrow", "opencc")
 FILES: tuple[str, ...] = ()

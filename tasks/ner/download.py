@@ -12,11 +12,11 @@ import pandas as pd
 from tasks.core import BuildContext, BuildOutput, Facts
 from tasks.errors import DataError
 from tasks.io import write_parquet
+from tasks.ner.tagging import TaggedFile, parse_conll, parse_span_jsonl, spans_of
 from tasks.source.archives import ARCHIVES, extract
 from tasks.source.fetch import FetchParams, locate
 from tasks.source.readers import detect_encoding, physical_lines
 from tasks.source.schema import Source
-from tasks.tagging import TaggedFile, parse_conll, parse_span_jsonl, spans_of
 from tasks.urls import redact
 
 LIBRARIES = ("pandas", "pyarrow", "charset-normalizer")

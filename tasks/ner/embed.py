@@ -7,7 +7,7 @@ import pandas as pd
 from pydantic import Field
 
 from tasks.core import BuildContext, BuildOutput, Section
-from tasks.tagging import bigrams
+from tasks.ner.tagging import bigrams
 from tasks.vectors import Word2VecParams, neighbours, train_word2vec
 
 LIBRARIES = ("gensim", "numpy")

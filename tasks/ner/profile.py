@@ -12,8 +12,8 @@ import pandas as pd
 
 from tasks.core import BuildContext, BuildOutput
 from tasks.io import SPLITS
+from tasks.ner.tagging import highlighted, spans_of
 from tasks.reports import Common, report_html, stats_markdown
-from tasks.tagging import highlighted, spans_of
 
 LIBRARIES = ("matplotlib", "numpy")
 FILES: tuple[str, ...] = ("font",)

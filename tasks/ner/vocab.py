@@ -9,7 +9,7 @@ import pandas as pd
 from pydantic import Field
 
 from tasks.core import BuildContext, BuildOutput, Section
-from tasks.tagging import Lexicon, bigrams, spans_of
+from tasks.ner.tagging import Lexicon, bigrams, spans_of
 from tasks.text import VocabParams, build_vocab
 
 LIBRARIES = ("pandas", "jieba")

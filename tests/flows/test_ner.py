@@ -14,7 +14,7 @@ from flows.track.tracker import client
 from tasks.errors import ConfigError
 from tasks.models import MODELS
 from tasks.stages import STAGE_NAMES as STAGES
-from tasks.tagging import parse_conll
+from tasks.ner.tagging import parse_conll
 
 pytestmark = pytest.mark.e2e
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "ner"
@@ -179,7 +179,7 @@ def test_a_seed_ensemble_trains_its_copies_and_tags_with_their_average(ner_run):
     import torch
 
     from tasks.models.ner import load_tagger
-    from tasks.tagging import spans_from
+    from tasks.ner.tagging import spans_from
 
     overrides = ["train.models=[bilstm_crf]", "train.bilstm_crf.seeds=2"]
     out = pipeline_flow("ner-smoke", overrides=overrides, storage=str(ner_run["store"]), stages=["train"])

@@ -146,7 +146,7 @@ def test_an_appended_file_is_read_one_append_at_a_time(appended):
 def test_vocab_merges_partition_counts_into_the_corpus_vocabulary(nightly, tmp_path):
     """vocab counts each partition once and merges the counts: the same vocabulary (and OOV rate) as
     counting the gathered corpus in one pass."""
-    from tasks import vocab
+    from tasks.classification import vocab
     from tasks.core import BuildContext, Facts
 
     config = load_pipeline("nightly", nightly["root"] / "pipelines.yaml")

@@ -2,11 +2,11 @@ from flows.plan.store import Manifest, StageStore, stage_key
 
 
 def test_key_depends_on_every_cause():
-    causes = {"stage": "train", "params": {"epochs": 2}, "inputs": {"vocab": "a"}, "code": {"tasks.train": "c1"},
+    causes = {"stage": "train", "params": {"epochs": 2}, "inputs": {"vocab": "a"}, "code": {"tasks.classification.train": "c1"},
               "libraries": {"torch": "2.13.0"}, "files": {}}
     base = stage_key(causes)
     assert base == stage_key(dict(causes))
-    for part, value in (("params", {"epochs": 3}), ("inputs", {"vocab": "b"}), ("code", {"tasks.train": "c2"}),
+    for part, value in (("params", {"epochs": 3}), ("inputs", {"vocab": "b"}), ("code", {"tasks.classification.train": "c2"}),
                         ("libraries", {"torch": "2.14.0"}), ("files", {"dict.txt": "sha256:1"})):
         assert base != stage_key({**causes, part: value}), part
 

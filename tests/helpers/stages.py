@@ -31,7 +31,7 @@ def build_on(module, upstream: str, files: dict[str, pd.DataFrame], params, **ct
 
 def split_rows(df: pd.DataFrame, params) -> tuple[dict[str, pd.DataFrame], pd.DataFrame]:
     """The split stage on `df` (the clean stage's rows): each split's rows, and the quarantined ones."""
-    from tasks import split
+    from tasks.classification import split
 
     _, written = build_on(split, "clean", {"data.parquet": df}, params)
     return {name: written[f"{name}.parquet"] for name in SPLITS}, written["quarantine.parquet"]
@@ -39,7 +39,7 @@ def split_rows(df: pd.DataFrame, params) -> tuple[dict[str, pd.DataFrame], pd.Da
 
 def clean_rows(df: pd.DataFrame, params) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """The clean stage on `df` (the download stage's rows): kept rows, quarantined rows, label conflicts."""
-    from tasks import clean
+    from tasks.classification import clean
 
     _, written = build_on(clean, "download", {"data.parquet": df}, params)
     return written["data.parquet"], written["quarantine.parquet"], written["label_conflicts.csv"]

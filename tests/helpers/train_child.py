@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tasks.train import Params as TrainConfig
+from tasks.classification.train import Params as TrainConfig
 from tests.tasks.test_train import frame, predict, tiny_vectors, train_model
 
 if __name__ == "__main__":

@@ -3,9 +3,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tasks.augment import Params as AugmentConfig
-from tasks.augment import augment_frame, check_no_leakage
-from tasks.augmenters import AUGMENTERS, AugmentContext, eda_words
+from tasks.classification.augment import Params as AugmentConfig
+from tasks.classification.augment import augment_frame, check_no_leakage
+from tasks.classification.augmenters import AUGMENTERS, AugmentContext, eda_words
 from tasks.errors import ConfigError, DataError
 from tasks.segment import Params as SegmentConfig
 
@@ -77,7 +77,7 @@ def test_leakage_check_fails_loudly():
 def test_the_stage_streams_eda_batch_by_batch_into_what_the_whole_split_gives(tmp_path, monkeypatch, processes):
     """The stage writes originals then new rows batch by batch (chunk functions on worker processes, or in
     this process); the rows equal augment_frame's over the whole split, and a held-out text never enters."""
-    import tasks.augment as augment
+    import tasks.classification.augment as augment
     import tasks.io as io
     from tasks.core import BuildContext, Facts
     from tasks.io import Runner

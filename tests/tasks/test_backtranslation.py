@@ -12,23 +12,23 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tasks.augment import Params as AugmentConfig
-from tasks.augment import augment_frame
-from tasks.augmenters import AugmentContext
-from tasks.backtranslation import chinese_share, reject_reason
+from tasks.classification.augment import Params as AugmentConfig
+from tasks.classification.augment import augment_frame
+from tasks.classification.augmenters import AugmentContext
+from tasks.classification.backtranslation import chinese_share, reject_reason
 from tasks.errors import ZhpipeError
 from tasks.hub import ModelMissingError
 from tasks.segment import Params as SegmentConfig
-from tasks.translation import BackTranslationParams as BackTranslationConfig
-from tasks.translation import (
+from tasks.classification.translators import BackTranslationParams as BackTranslationConfig
+from tasks.classification.translators import (
     CachedTranslation,
     HttpTranslator,
     Seq2SeqTranslator,
     TranslationCache,
     split_sentences,
 )
-from tasks.translation import HttpTranslationParams as HttpTranslationConfig
-from tasks.translation import TranslationFilterParams as TranslationFilterConfig
+from tasks.classification.translators import HttpTranslationParams as HttpTranslationConfig
+from tasks.classification.translators import TranslationFilterParams as TranslationFilterConfig
 from tasks.urls import conceal
 from tests.helpers.tiny_marian import ZH, build_pair
 
@@ -98,8 +98,8 @@ def test_cache_translates_nothing_twice(models, tmp_path):
 _KILLED_CHILD = """
 import sys, time
 from pathlib import Path
-from tasks.translation import BackTranslationParams as BackTranslationConfig
-from tasks.translation import CachedTranslation, Seq2SeqTranslator, TranslationCache
+from tasks.classification.translators import BackTranslationParams as BackTranslationConfig
+from tasks.classification.translators import CachedTranslation, Seq2SeqTranslator, TranslationCache
 texts = [f"第{i}句：" + s for i in range(40) for s in [sys.argv[3]]]
 t = Seq2SeqTranslator(sys.argv[1], BackTranslationConfig(max_length=12, num_beams=1), "cpu")
 class Bar:

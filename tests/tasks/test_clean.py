@@ -1,6 +1,6 @@
 import pandas as pd
 
-from tasks.clean import Params as CleanConfig
+from tasks.classification.clean import Params as CleanConfig
 from tasks.normalise import clean_text
 from tests.helpers.stages import clean_rows
 
@@ -33,7 +33,7 @@ def test_every_dropped_row_is_quarantined_with_reason():
 
 
 def _build(tmp_path, df, name, **params):
-    from tasks.clean import build
+    from tasks.classification.clean import build
     from tasks.core import BuildContext
 
     raw = tmp_path / "download"
@@ -46,7 +46,7 @@ def _build(tmp_path, df, name, **params):
 
 
 def test_partitioned_dedupe_matches_the_whole_corpus_in_memory(tmp_path, monkeypatch):
-    import tasks.clean as clean
+    import tasks.classification.clean as clean
 
     texts = ["房间很干净", "", "好", "一般般吧", "服务周到", "早餐丰富", "x" * 30, "位置方便", "隔音差"]
     rows = [(i, f"{texts[i * 7 % len(texts)]}{'' if i % 4 else i % 3}", str((i // 9) % 2 if i % 5 else 0)) for i in range(120)]

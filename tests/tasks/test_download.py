@@ -11,7 +11,7 @@ import zipfile
 import pandas as pd
 import pytest
 
-from tasks.download import Params
+from tasks.classification.download import Params
 from tasks.errors import DataError
 from tasks.source.archives import extract
 from tasks.source.fetch import ChecksumError, Validators, check_sha256, fetch, probe

@@ -1,9 +1,9 @@
 import numpy as np
 from gensim.models import KeyedVectors
 
-from tasks.embed import FastTextParams as FastTextEmbedConfig
-from tasks.embed import Params as EmbedConfig
-from tasks.embed import fasttext_keyed_vectors, train_fasttext
+from tasks.classification.embed import FastTextParams as FastTextEmbedConfig
+from tasks.classification.embed import Params as EmbedConfig
+from tasks.classification.embed import fasttext_keyed_vectors, train_fasttext
 from tasks.vectors import Word2VecParams as Word2VecConfig
 from tasks.vectors import load_word2vec, neighbours, train_word2vec
 
@@ -87,7 +87,7 @@ def test_projection_pictures_and_projector_export(tmp_path):
     from gensim.models import KeyedVectors
     from PIL import Image
 
-    from tasks.embed import export_projector, plot_projection
+    from tasks.classification.embed import export_projector, plot_projection
     from tasks.plots import cjk_font
 
     if cjk_font() is None:
@@ -109,7 +109,7 @@ def test_analogy_and_similarity_probes_on_known_vectors():
     import numpy as np
     from gensim.models import KeyedVectors
 
-    from tasks.embed import analogy_rows, similarity_rows
+    from tasks.classification.embed import analogy_rows, similarity_rows
 
     kv = KeyedVectors(vector_size=2)
     kv.add_vectors(["男", "女", "国王", "王后", "苹果"], np.array([[1, 0], [1, 1], [3, 0], [3, 1.1], [-1, -3]], dtype=np.float32))
@@ -125,7 +125,7 @@ def test_pca_projection_matches_scikit_learn():
     a single word still gets two coordinates."""
     from sklearn.decomposition import PCA
 
-    from tasks.embed import pca_2d
+    from tasks.classification.embed import pca_2d
 
     rng = np.random.default_rng(0)
     for rows, dim in [(150, 100), (20, 30), (3, 5)]:

@@ -1,7 +1,7 @@
 import numpy as np
 from PIL import Image
 
-from tasks.evaluate import plot_confusion, score
+from tasks.classification.evaluate import plot_confusion, score
 from tasks.reports import comparison_markdown
 
 
@@ -24,7 +24,7 @@ def test_markdown_table():
 
 
 def test_chinese_labels_never_drawn_as_boxes():
-    from tasks.evaluate import tick_labels
+    from tasks.classification.evaluate import tick_labels
     from tasks.plots import cjk_font
 
     shown, note = tick_labels(["好评", "差评"])
@@ -36,7 +36,7 @@ def test_chinese_labels_never_drawn_as_boxes():
 
 
 def test_metric_names_carry_the_label_not_its_index():
-    from tasks.evaluate import metric_name
+    from tasks.classification.evaluate import metric_name
 
     assert metric_name("好评") == "好评" and metric_name("a:b?") == "a_b_" and metric_name("") == "_"
 
@@ -46,7 +46,7 @@ def test_worst_mistakes_read_from_the_split_file_in_batches_equal_those_of_the_f
     import pandas as pd
 
     import tasks.io as io
-    from tasks.evaluate import worst_mistakes
+    from tasks.classification.evaluate import worst_mistakes
     from tasks.io import Rows
 
     rng = np.random.default_rng(0)

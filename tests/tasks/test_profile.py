@@ -14,7 +14,7 @@ from PIL import Image
 from tasks.core import BuildContext, Facts
 from tasks.errors import DataError
 from tasks.plots import PROBE, cjk_font, has_glyphs, require_cjk_font, save, subplots, use_font
-from tasks.profile import Params as ProfileConfig
+from tasks.classification.profile import Params as ProfileConfig
 from tasks.segment import Params as SegmentConfig
 from tasks.segmenter import Segmenter
 
@@ -36,7 +36,7 @@ def _segmented(tmp_path: Path) -> Path:
 
 @needs_font
 def test_profile_pictures_and_report(tmp_path):
-    from tasks.profile import PICTURES, build
+    from tasks.classification.profile import PICTURES, build
 
     out = tmp_path / "out"
     out.mkdir()
@@ -97,7 +97,7 @@ def test_adjectives_are_the_words_jieba_posseg_tags_as_adjectives(tmp_path):
     column (`segment.pos: true`) is read as it is."""
     import jieba.posseg
 
-    from tasks.profile import ADJECTIVE_TAGS, Profile, dictionary_tags, tagged_counts
+    from tasks.classification.profile import ADJECTIVE_TAGS, Profile, dictionary_tags, tagged_counts
 
     train = pd.read_parquet(_segmented(tmp_path) / "train.parquet")
     profile = Profile(0, dictionary_tags())
@@ -117,7 +117,7 @@ def test_adjectives_are_the_words_jieba_posseg_tags_as_adjectives(tmp_path):
 @needs_font
 def test_counted_in_small_batches_the_profile_is_the_whole_corpus_profile(tmp_path, monkeypatch):
     import tasks.io as io
-    from tasks.profile import build, hist_quantile
+    from tasks.classification.profile import build, hist_quantile
 
     seg = _segmented(tmp_path)
     results = {}

@@ -2,7 +2,7 @@ import pandas as pd
 import pytest
 
 from tasks.errors import DataError
-from tasks.split import Params as SplitConfig
+from tasks.classification.split import Params as SplitConfig
 from tests.helpers.stages import split_rows
 
 
@@ -96,7 +96,7 @@ def test_hash_split_gives_a_small_class_a_row_in_every_split():
 @pytest.mark.parametrize("method", ["hash", "permutation"])
 @pytest.mark.parametrize("small_classes", ["quarantine", "merge"])
 def test_a_build_in_many_small_batches_writes_what_one_batch_writes(tmp_path, monkeypatch, small_classes, method):
-    import tasks.split as split
+    import tasks.classification.split as split
     from tasks.core import BuildContext, Facts
 
     labels = ["b", "a", "c"] * 40 + ["d", "e", "e"]

@@ -7,7 +7,7 @@ from seqeval.scheme import IOBES
 
 from tasks.models.ner import entity_f1
 from tasks.ner.evaluate import entity_scores, type_confusion
-from tasks.tagging import Lexicon, bioes, detect_scheme, parse_conll, parse_span_jsonl, spans_from, spans_of
+from tasks.ner.tagging import Lexicon, bioes, detect_scheme, parse_conll, parse_span_jsonl, spans_from, spans_of
 
 
 def test_every_scheme_reads_into_the_same_bioes_tags():

@@ -3,8 +3,8 @@ from collections import Counter
 import pandas as pd
 
 from tasks.text import build_vocab
-from tasks.vocab import Params as VocabConfig
-from tasks.vocab import build, count_tokens
+from tasks.classification.vocab import Params as VocabConfig
+from tasks.classification.vocab import build, count_tokens
 
 
 def test_specials_first_then_by_frequency():

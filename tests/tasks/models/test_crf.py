@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from tasks.models.crf import CRF
-from tasks.tagging import tag_set, transitions
+from tasks.ner.tagging import tag_set, transitions
 
 
 def _crf(num_tags, allowed=None, seed=0):

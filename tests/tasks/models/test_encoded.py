@@ -65,7 +65,7 @@ def test_a_split_that_fits_one_buffer_is_batched_as_if_held_whole(tmp_path):
 
 
 def test_a_network_trains_through_many_buffers(tmp_path, monkeypatch):
-    from tasks.train import Params as TrainConfig
+    from tasks.classification.train import Params as TrainConfig
     from tests.tasks.test_train import frame, predict, tiny_vectors, train_model
 
     monkeypatch.setattr(encoded, "BUFFER_ROWS", 32)

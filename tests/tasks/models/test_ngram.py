@@ -57,7 +57,7 @@ def test_lm_classifier_and_lm_round_trip(tmp_path):
 def test_train_models_need_a_classifier():
     from pydantic import ValidationError
 
-    from tasks.train import Params as TrainConfig
+    from tasks.classification.train import Params as TrainConfig
 
     with pytest.raises(ValidationError, match="at least one classifier"):
         TrainConfig(models=["ngram_lm"])

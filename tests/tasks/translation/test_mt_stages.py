@@ -6,8 +6,8 @@ import json
 import pandas as pd
 import pytest
 
-from tasks.mt import clean, download, split
-from tasks.mt.text import pair_key
+from tasks.translation import clean, download, split
+from tasks.translation.text import pair_key
 from tasks.source.schema import Source
 
 

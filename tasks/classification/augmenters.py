@@ -1,5 +1,5 @@
 """Augmenters: a registry of functions that make new train rows (`augment.method` picks one), EDA and the
-no-op; back-translation registers itself from tasks.backtranslation."""
+no-op; back-translation registers itself from tasks.classification.backtranslation."""
 from __future__ import annotations
 
 import random

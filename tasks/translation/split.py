@@ -9,8 +9,8 @@ import pandas as pd
 
 from tasks.core import BuildContext, BuildOutput
 from tasks.io import SPLITS, write_parquet
-from tasks.mt.text import pair_key
 from tasks.splitting import Fractions, hash_units
+from tasks.translation.text import pair_key
 
 LIBRARIES = ("pandas", "numpy")
 FILES: tuple[str, ...] = ()

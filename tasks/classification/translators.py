@@ -156,7 +156,7 @@ class RegisteredTranslator:
     def __init__(self, name: str, folder: Path):
         import yaml
 
-        from tasks.clean import Params as CleanParams
+        from tasks.classification.clean import Params as CleanParams
         from tasks.models import MODELS
         from tasks.segmenter import Segmenter, SegmenterParams
 

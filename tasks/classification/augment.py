@@ -7,8 +7,8 @@ from typing import Literal
 import pandas as pd
 import pyarrow as pa
 
-from tasks.augmenters import AUGMENTERS, CHUNK_ROWS, CHUNKED, STREAMED, AugmentContext, Augmented, EdaParams
-from tasks.backtranslation import BackTranslationParams
+from tasks.classification.augmenters import AUGMENTERS, CHUNK_ROWS, CHUNKED, STREAMED, AugmentContext, Augmented, EdaParams
+from tasks.classification.backtranslation import BackTranslationParams
 from tasks.core import BuildContext, BuildOutput
 from tasks.errors import ConfigError, DataError
 from tasks.io import ROW_GROUP_ROWS, PartWriter, Rows, Runner, TextSet, chunk_plan, write_parquet
@@ -23,7 +23,7 @@ FILES: tuple[str, ...] = ("backtranslation.pivots.*.forward", "backtranslation.p
 class Params(EdaParams):
     """The `augment` section: the augmenter and its settings (EDA's are inherited)."""
 
-    method: str = "eda"  # a name in tasks.augment.AUGMENTERS: eda, backtranslation, none
+    method: str = "eda"  # a name in tasks.classification.augment.AUGMENTERS: eda, backtranslation, none
     fallback: Literal["none", "eda"] = "none"  # when back-translation models are missing: fail, or run EDA
     device: str = "auto"  # translation models: auto = CUDA when present (bf16), else CPU
     backtranslation: BackTranslationParams = BackTranslationParams()

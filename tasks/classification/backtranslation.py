@@ -5,12 +5,8 @@ import logging
 
 import pandas as pd
 
-from tasks.augmenters import AugmentContext, Augmented, eda, register
-from tasks.errors import ConfigError
-from tasks.hub import ModelMissingError
-from tasks.progress import progress
-from tasks.segmenter import Segmenter
-from tasks.translation import (
+from tasks.classification.augmenters import AugmentContext, Augmented, eda, register
+from tasks.classification.translators import (
     BackTranslationParams,
     CachedTranslation,
     HttpTranslator,
@@ -21,6 +17,10 @@ from tasks.translation import (
     TranslationFilterParams,
     split_sentences,
 )
+from tasks.errors import ConfigError
+from tasks.hub import ModelMissingError
+from tasks.progress import progress
+from tasks.segmenter import Segmenter
 
 log = logging.getLogger("zhpipe.augment")
 FILTER_REASONS = ("identical", "length_ratio", "too_similar", "too_dissimilar", "not_chinese", "duplicate")

@@ -12,8 +12,8 @@ import pandas as pd
 
 from tasks.core import BuildContext, BuildOutput
 from tasks.io import SPLITS
-from tasks.mt.text import en_tokens
 from tasks.reports import Common, report_html, stats_markdown
+from tasks.translation.text import en_tokens
 
 LIBRARIES = ("matplotlib", "numpy")
 FILES: tuple[str, ...] = ("font",)

@@ -14,8 +14,8 @@ from pydantic import Field
 from tasks.core import BuildContext, BuildOutput, Facts, Section, by_model
 from tasks.models import MODELS
 from tasks.models.seq2seq import corpus_scores
-from tasks.mt.text import side_tokens, sides
 from tasks.reports import comparison_markdown, plot_training_curves
+from tasks.translation.text import side_tokens, sides
 
 LIBRARIES = ("torch", "sacrebleu", "matplotlib")
 FILES: tuple[str, ...] = ()

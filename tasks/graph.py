@@ -1,0 +1,163 @@
+"""The vocabulary of the plan of the house: a `Stage` (what it needs, the module that computes it, what it writes,
+its headline metric, a unit per partition or per model), a `TaskKind` (its stage table, how it chooses and
+reports models) and the stage every kind shares (segment). Each kind declares its table in its own package
+(tasks/classification, tasks/ner, tasks/translation); tasks/stages.py gathers them. Imports nothing heavy: a
+stage's module is imported when the stage is planned or built (`Stage.module`)."""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class Output:
+    """A file (or folder) a stage writes that consumers open by name; `kind` says how `api.load` reads it:
+    frame (parquet), splits (one parquet per split, `{split}.parquet`), json, csv, vocabulary (vocab.txt files),
+    vectors (gensim KeyedVectors from word2vec's binary `.bin` or text `.vec` format), text (lines)."""
+
+    path: str
+    kind: str
+
+
+@dataclass(frozen=True)
+class PerModel:
+    """A stage with a unit per model of the pipeline's model list (`<stage>.<model>`, ensembles after the models they
+    are built from): each unit is built by the module's `build_model(ctx, model)` and tracked in its model's MLflow
+    run, then the stage's `build(ctx)` gathers the units (`ctx.inputs` by unit name)."""
+
+    # its units train the models: the stage's section holds the model list (`models`) and a section per model; a
+    # unit's params are the shared settings its model reads and its own section; the saved model is logged to MLflow
+    # (registered and served when chosen); an ensemble's unit reads its members' units
+    trains: bool = False
+    # the per-model stages whose unit of the same model each unit reads (evaluate's unit reads train's), by stage name
+    reads: tuple[str, ...] = ()
+    # needs a unit reads only when its model says so: need -> the `ModelSpec` flag (`{"embed": "uses_vectors"}`)
+    optional: tuple[tuple[str, str], ...] = ()
+    # its gathered facts name the best model (`Facts.best_model`) and each model's results: the pipeline registers
+    # the best model after it, under the champion rule, on the test split of the needed stage that declares splits
+    selects: bool = False
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage: a unit of the graph with its own key, store folder and MLflow run."""
+
+    name: str
+    needs: tuple[str, ...]  # the stages whose outputs it reads, by name (its build sees them as ctx.inputs[name])
+    module_name: str  # its `Params` (the config section), `build(ctx)`, `LIBRARIES` and `FILES` (in the key)
+    help: str  # one line for `zhpipe stages` and the CLI
+    headline: str  # the one metric the run summary shows
+    outputs: tuple[Output, ...] = ()
+    models: PerModel | None = None  # a unit per model (train, evaluate): how they are made and what they are for
+    # with a partitioned source (a folder or glob of files): a unit per partition (`<stage>:<file>`), then the
+    # stage gathers them in order (tasks/partitions.py); a night with one new file builds only that file's units
+    partitioned: bool = False
+    cumulative: bool = False  # a partition unit also reads every earlier partition's output (global deduplication)
+    # the module's functions for a partition unit and for gathering them (default: `build`, and concatenating
+    # the partitions' files with tasks/partitions.py); vocab counts per partition and merges the counts
+    part_build: str = "build"
+    gather: str | None = None
+
+    @property
+    def per_model(self) -> bool:
+        return self.models is not None
+
+    def reads(self, need: str, model: str) -> bool:
+        """Whether the unit of `model` reads the need `need` (an optional need is read only by models that say so)."""
+        from tasks.models import MODELS
+
+        flag = dict(self.models.optional).get(need) if self.models else None
+        return flag is None or bool(getattr(MODELS[model], flag))
+
+    @property
+    def module(self) -> ModuleType:
+        return importlib.import_module(self.module_name)
+
+    @property
+    def params(self) -> type:
+        return self.module.Params
+
+
+@dataclass(frozen=True)
+class TaskKind:
+    """What a pipeline's `task:` selects: its stages, its config schema (their `Params`), how it chooses and
+    reports models. A kind's settings are its stages' sections: another kind's never enter its keys."""
+
+    name: str
+    about: str
+    stages: dict[str, Stage]  # in graph order: a stage comes after everything it needs
+    # the metric (without its split prefix) that picks the best model on validation and that the champion rule
+    # compares on test; a callable of the config where a setting chooses it
+    metric: Callable[[Any], str]
+    reported: tuple[str, ...]  # the best model's test metrics the parent run shows (`best_<metric>`)
+    flavour: str  # how a trained model is logged and served: "classifier" (texts -> labels) or "tagger"
+    labelled: bool = True  # its splits carry a `label` column
+    default_models: tuple[str, ...] = ()  # train.models when a pipeline names none (empty: the train section's default)
+    check: Callable[[Any], None] | None = None  # cross-section rules of this kind (raise ValueError)
+    check_stages: Callable[[Any], None] | None = None  # rules across its stage sections, on every change (raise ValueError)
+    models_of: str = ""  # the task whose registered models it trains (`ModelSpec.task`; default: its own name)
+
+    @property
+    def model_task(self) -> str:
+        return self.models_of or self.name
+
+    def stage(self, name: str) -> Stage:
+        return self.stages[name]
+
+    @property
+    def per_model(self) -> tuple[Stage, ...]:
+        """Its stages with a unit per model, in graph order."""
+        return tuple(s for s in self.stages.values() if s.per_model)
+
+    @property
+    def source(self) -> Stage:
+        """The stage that reads the pipeline's source (it needs no other stage)."""
+        return next(s for s in self.stages.values() if not s.needs)
+
+    def units_read(self, names) -> set[str]:
+        """The per-model stages whose units the per-model stages among `names` read (evaluate's units read train's)."""
+        return {r for n in names if n in self.stages and self.stages[n].per_model for r in self.stages[n].models.reads}
+
+    @property
+    def training(self) -> Stage | None:
+        """The stage whose units train the models (None: the kind trains none)."""
+        return next((s for s in self.per_model if s.models.trains), None)
+
+    @property
+    def selection(self) -> Stage | None:
+        """The stage that picks the best model, after which it is registered (None: nothing is registered)."""
+        return next((s for s in self.per_model if s.models.selects), None)
+
+    def test_split(self) -> Stage:
+        """The stage whose test split the selection scored on (and the champion rule scores again): the last of its
+        needs that declares splits."""
+        needs = [self.stages[n] for n in self.selection.needs]
+        return [s for s in needs if SPLITS in s.outputs][-1]
+
+    def splits(self, names) -> Stage | None:
+        """Of the stages `names`, the first (in graph order) that writes the run's splits: what a run trained,
+        validated and tested on."""
+        return next((s for s in self.stages.values() if s.name in names and SPLITS in s.outputs), None)
+
+
+def graph(*stages: Stage) -> dict[str, Stage]:
+    """A stage table in graph order; an unknown or later dependency is an error at import."""
+    table: dict[str, Stage] = {}
+    for s in stages:
+        missing = [d for d in s.needs if d not in table]
+        if missing:
+            raise ValueError(f"stage {s.name!r} needs {missing[0]!r}, which is not declared before it")
+        table[s.name] = s
+    return table
+
+
+SPLITS = Output("{split}.parquet", "splits")
+TRAINS = PerModel(trains=True, optional=(("embed", "uses_vectors"),))  # embed: only models that start from word vectors
+SELECTS = PerModel(reads=("train",), selects=True)
+
+
+# the stages every kind shares, named in each kind's table
+SEGMENT = Stage("segment", ("split",), "tasks.segment", "jieba words (+POS) and characters, in parallel processes or on Dask",
+                "train_mean_words", (SPLITS,), partitioned=True)

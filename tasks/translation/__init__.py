@@ -1,0 +1,48 @@
+"""Translation (`task: translation`): sentence pairs, a Chinese side in `text` (segmented by the shared segment
+stage) and an English side in `en`, translated either way by the seq2seq models of tasks/models/seq2seq.py. Its
+stages, one module each in this package (no embed), and its declaration `KIND`."""
+from __future__ import annotations
+
+from typing import Any
+
+from tasks.graph import SEGMENT, SELECTS, SPLITS, TRAINS, Output, Stage, TaskKind, graph
+
+STAGES = graph(
+    Stage("download", (), "tasks.translation.download", "find or fetch the sentence pairs (tab-separated or JSON lines), verify sha256, read them",
+          "rows_raw", (Output("data.parquet", "frame"),)),
+    Stage("clean", ("download",), "tasks.translation.clean",
+          "both sides normalised (t2s on the Chinese side); quarantine empty, over-long, misaligned and repeated pairs", "rows_dropped",
+          (Output("data.parquet", "frame"),)),
+    Stage("split", ("clean",), "tasks.translation.split",
+          "pairs that share a side (or differ only in punctuation) kept on one side of every split line", "groups", (SPLITS,)),
+    SEGMENT,  # characters and jieba words of the Chinese side
+    Stage("profile", ("segment",), "tasks.translation.profile",
+          "sentence lengths of both sides, their ratio, frequent tokens, example pairs, report.html", "suggested_max_len",
+          (Output("stats.json", "json"),)),
+    Stage("augment", ("segment",), "tasks.translation.augment", "the train pairs as they are", "rows_added",
+          (Output("train.parquet", "frame"), Output("train.words.txt", "text"))),
+    Stage("vocab", ("augment", "segment"), "tasks.translation.vocab", "Chinese (characters or words) and English vocabularies, OOV rates",
+          "zh_vocab_size", (Output("zh/vocab.txt", "vocabulary"), Output("en/vocab.txt", "vocabulary"))),
+    Stage("train", ("augment", "segment", "vocab"), "tasks.translation.train",
+          "the translators in train.models (seq2seq, seq2seq_attention, transformer_mt), in train.direction", "transformer_mt_val_bleu",
+          (Output("models.json", "json"),), models=TRAINS),
+    Stage("evaluate", ("train", "segment"), "tasks.translation.evaluate",
+          "validation BLEU picks the best translator; test BLEU and chrF (sacrebleu), BLEU by length, attention maps; registers the best",
+          "best_test_bleu", (Output("comparison.csv", "csv"),), models=SELECTS),
+)
+
+
+def check(config: Any) -> None:
+    """A translation pipeline reads one file of pairs and leaves them as they are."""
+    if config.source.partitioned:
+        raise ValueError("source.path: task translation reads one file of pairs, not a folder or glob of partitions")
+    if config.source.splits:
+        raise ValueError("source.splits (given validation/test files) is for task ner; task translation splits its pairs itself")
+    augment = config.stages.augment
+    if augment.method != "none":
+        raise ValueError(f"augment.method {augment.method!r}: task translation takes none (a pair needs both sides rewritten alike)")
+
+
+KIND = TaskKind("translation", "sentence pairs: seq2seq translators, BLEU and chrF", STAGES, metric=lambda config: "bleu",
+                reported=("test_bleu", "test_chrf"), flavour="translator", labelled=False,
+                default_models=("seq2seq", "seq2seq_attention", "transformer_mt"), check=check)
