@@ -51,7 +51,7 @@ def child(mode: str, src: str, dst: str, chunk_rows: int, workers: int) -> None:
     from prefect import flow
 
     from flows.orchestrate.chunks import DaskRunner, shutdown
-    from tasks.io import Runner, peak_rss_mb
+    from tasks.pool import Runner, peak_rss_mb
     from tasks.segment import Params as SegmentConfig
     from tasks.segment import segment_file
 

@@ -45,7 +45,8 @@ console = Console()
 
 def bench_segmentation(repeat: int, rounds: int, backend: str = "jieba-rs") -> dict:
     """Stage logic vs a single-process loop of the same backend's cut, alternating, on the same texts."""
-    from tasks.io import Runner, write_parquet
+    from tasks.io import write_parquet
+    from tasks.pool import Runner
     from tasks.segment import segment_file, worker_count
     from tasks.segmenter import Segmenter
 

@@ -28,8 +28,8 @@ from flows.plan import project  # noqa: E402
 
 project.activate(project.Project(ROOT))  # Prefect's home and start-up timeout, before Prefect is imported
 from flows.plan.config import load_pipeline  # noqa: E402
-from tasks.segment import Params as SegmentConfig  # noqa: E402
 from tasks.classification.vocab import Params as VocabConfig  # noqa: E402
+from tasks.segment import Params as SegmentConfig  # noqa: E402
 
 console = Console()
 MODELS = ("tfidf_lr", "fasttext", "textcnn", "bilstm", "transformer", "bert", "rnn_lm")
@@ -40,9 +40,9 @@ def corpus(rows: int, folder: Path) -> pd.DataFrame:
     """Balanced reviews with words/chars columns, plus vocab files and Word2Vec vectors in `folder`."""
     from gensim.models import Word2Vec
 
+    from tasks.classification.vocab import count_tokens
     from tasks.segmenter import Segmenter
     from tasks.text import build_vocab
-    from tasks.classification.vocab import count_tokens
 
     raw = pd.read_csv(ROOT / "data" / "raw" / "ChnSentiCorp_htl_all.csv").dropna()
     raw = raw.groupby("label").head(rows // 2).sample(frac=1.0, random_state=0)

@@ -16,3 +16,8 @@ def train_as_is(ctx: BuildContext) -> BuildOutput:
     (ctx.out / "train.words.txt").write_text("\n".join(train["words"]) + "\n", encoding="utf-8")
     return BuildOutput(rows=len(train), metrics={"rows_original": len(train), "rows_added": 0},
                        facts=ctx.facts["segment"].but(augment_method_used="none"))
+
+
+def original_rows(train: pd.DataFrame) -> pd.DataFrame:
+    """The train rows as in the corpus, without the augmenter's new ones (language models and pretraining)."""
+    return train[train["aug_method"] == "original"] if "aug_method" in train else train

@@ -10,7 +10,8 @@ from typing import Any, Callable, ClassVar, NamedTuple, Protocol
 import pandas as pd
 from pydantic import BaseModel, ConfigDict
 
-from tasks.io import Runner, sorted_labels
+from tasks.io import sorted_labels
+from tasks.pool import Runner
 
 
 class Section(BaseModel):

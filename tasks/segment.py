@@ -15,7 +15,8 @@ import pyarrow.compute as pc
 from pydantic import Field
 
 from tasks.core import BuildContext, BuildOutput
-from tasks.io import SPLITS, Chunk, PartWriter, Runner, chunk_plan, read_chunk
+from tasks.io import SPLITS, Chunk, PartWriter, chunk_plan, read_chunk
+from tasks.pool import Runner
 from tasks.segmenter import Segmenter, SegmenterParams
 
 # what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that shape

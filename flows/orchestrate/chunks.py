@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from tasks.io import Chunk, Runner, call, windowed
+from tasks.io import Chunk
+from tasks.pool import Runner, call, windowed
 
 log = logging.getLogger("zhpipe")
 

@@ -11,7 +11,8 @@ from tasks.classification.augmenters import AUGMENTERS, CHUNK_ROWS, CHUNKED, STR
 from tasks.classification.backtranslation import BackTranslationParams
 from tasks.core import BuildContext, BuildOutput
 from tasks.errors import ConfigError, DataError
-from tasks.io import ROW_GROUP_ROWS, PartWriter, Rows, Runner, TextSet, chunk_plan, write_parquet
+from tasks.io import ROW_GROUP_ROWS, PartWriter, Rows, TextSet, chunk_plan, write_parquet
+from tasks.pool import Runner
 from tasks.segmenter import SegmenterParams
 
 # what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that shape

@@ -11,7 +11,8 @@ import pandas as pd
 from pydantic import Field
 
 from tasks.core import Section
-from tasks.io import Chunk, Runner, TextSet, chunk_plan, read_chunk
+from tasks.io import Chunk, TextSet, chunk_plan, read_chunk
+from tasks.pool import Runner
 from tasks.segmenter import SegmenterParams
 
 CHUNK_ROWS = 5000
@@ -137,11 +138,6 @@ def eda_rows(train: pd.DataFrame, params: EdaParams) -> pd.DataFrame:
 def no_augmentation(train: pd.DataFrame, ctx: AugmentContext) -> Augmented:
     """Leave the train split as it is."""
     return Augmented(pd.DataFrame(), {}, "none")
-
-
-def original_rows(train: pd.DataFrame) -> pd.DataFrame:
-    """The train rows as in the corpus, without the augmenter's new ones (language models and pretraining)."""
-    return train[train["aug_method"] == "original"] if "aug_method" in train else train
 
 
 # the row-wise augmenters that run chunk by chunk on processes or Dask: (chunk function, its params as it receives them)

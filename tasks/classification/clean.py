@@ -14,8 +14,9 @@ from pydantic import Field
 
 from tasks.core import DATASET_SAMPLE_ROWS, BuildContext, BuildOutput, Dataset, Facts
 from tasks.errors import DataError
-from tasks.io import ROW_GROUP_ROWS, Chunk, PartWriter, Runner, chunk_plan, iter_frames, read_chunk, sorted_labels, text_digests
+from tasks.io import ROW_GROUP_ROWS, Chunk, PartWriter, chunk_plan, iter_frames, read_chunk, sorted_labels, text_digests
 from tasks.normalise import Normalise, clean_text, length_reasons
+from tasks.pool import Runner
 
 # what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)
@@ -153,82 +154,102 @@ def build(ctx: BuildContext) -> BuildOutput:
     quarantined rows."""
     src = ctx.file("download", "data.parquet")
     rows_in = pq.ParquetFile(src).metadata.num_rows
-    earlier = earlier_digests(ctx) if ctx.params.dedupe else None  # a partition: dedupe against earlier partitions too
-    partitions = partition_count(rows_in)
-    runner = ctx.runner(ctx.params.workers if ctx.runner is Runner else 0)
     empty = normalise(pq.ParquetFile(src).schema_arrow.empty_table().to_pandas(), ctx.params).assign(reason=pd.Series(dtype="string"))
     digested = empty  # a partition keeps each row's text digest in the scratch file, for its digests.parquet
     if ctx.partition is not None:
         digested = empty.assign(h1=pd.Series(dtype="uint64"), h2=pd.Series(dtype="uint64"))
         empty = empty.assign(repeats=pd.Series(dtype="string"))
-        digest_out = PartWriter(ctx.out / "digests.parquet", ROW_GROUP_ROWS)
     with tempfile.TemporaryDirectory(prefix="clean-", dir=ctx.scratch) as tmp:
-        normalised = PartWriter(Path(tmp) / "normalised.parquet", ROW_GROUP_ROWS)
-        parts = [PartWriter(Path(tmp) / f"partition-{i}.parquet") for i in range(partitions)]
-        for table in runner.tables(normalise_chunk, chunk_plan(src, CHUNK_ROWS) if rows_in else [], ctx.params.model_dump_json(), desc="clean"):
-            normalised.write(table if ctx.partition is not None else table.drop_columns(["h1", "h2"]))
-            if ctx.params.dedupe:
-                table = table.filter(pc.is_null(table["reason"])).select([c for c in ("id", "h1", "h2", "label") if c in table.column_names])
-                part = table["h1"].to_numpy() % partitions
-                for i, writer in enumerate(parts):
-                    piece = table.filter(part == i) if partitions > 1 else table
-                    if piece.num_rows:
-                        writer.write(piece)
-        normalised.close(digested)
-        for writer in parts:
-            writer.close()
+        normalised, parts = _normalise_pass(ctx, src, rows_in, Path(tmp), digested)
         ids, reasons = partition_duplicates([w.path for w in parts if w.rows])
-        kept_out = PartWriter(ctx.out / "data.parquet", ROW_GROUP_ROWS)
-        bad_out = PartWriter(ctx.out / "quarantine.parquet", ROW_GROUP_ROWS)
-        counts: Counter = Counter()
-        sample, bad_sample, conflicts, labels = [], [], [], set()
-        for df in iter_frames(normalised.path):
-            hit, found = lookup(ids, reasons, df["id"].to_numpy())
-            df["reason"] = df["reason"].astype("string")
-            df.loc[hit, "reason"] = found
-            kept = df[df["reason"].isna()].drop(columns=["reason"]).reset_index(drop=True)
-            bad = df[df["reason"].notna()].reset_index(drop=True)
-            if ctx.partition is not None:
-                bad = bad.assign(repeats=pd.Series(pd.NA, index=bad.index, dtype="string"))
-                if earlier is not None and len(kept):
-                    kept, repeated = across_partitions(kept, earlier)
-                    if len(repeated):
-                        bad = pd.concat([bad, repeated[bad.columns]], ignore_index=True).sort_values("id", kind="stable")
-                if len(kept):
-                    digest_out.write(kept[["h1", "h2"]].assign(
-                        label=kept["label"].astype("string").to_numpy() if "label" in kept else pd.NA, partition=ctx.partition[1]))
-                kept, bad = kept.drop(columns=["h1", "h2"]), bad.drop(columns=["h1", "h2"])
-            kept = kept.drop(columns=["raw_text"])
+        out = Sorted(ctx)
+        for df in iter_frames(normalised):
+            out.add(ctx, df, *lookup(ids, reasons, df["id"].to_numpy()))
+    if not out.kept.rows and ctx.partition is None:  # a partition may repeat earlier ones entirely
+        raise DataError(f"clean: no rows left after cleaning ({rows_in} rows in, all quarantined: {dict(out.counts)})")
+    if not out.kept.rows:
+        log.warning("clean: partition %s adds no rows (%d in, all quarantined: %s)", ctx.partition[1], rows_in, dict(out.counts))
+    return out.close(ctx, empty, rows_in)
+
+
+def _normalise_pass(ctx: BuildContext, src: Path, rows_in: int, tmp: Path, digested: pd.DataFrame) -> tuple[Path, list[PartWriter]]:
+    """(1): every chunk normalised into `tmp/normalised.parquet`, and the id, digest and label of each row not
+    quarantined yet into its hash partition (when deduplicating)."""
+    partitions = partition_count(rows_in)
+    runner = ctx.runner(ctx.params.workers if ctx.runner is Runner else 0)
+    normalised = PartWriter(tmp / "normalised.parquet", ROW_GROUP_ROWS)
+    parts = [PartWriter(tmp / f"partition-{i}.parquet") for i in range(partitions)]
+    for table in runner.tables(normalise_chunk, chunk_plan(src, CHUNK_ROWS) if rows_in else [], ctx.params.model_dump_json(), desc="clean"):
+        normalised.write(table if ctx.partition is not None else table.drop_columns(["h1", "h2"]))
+        if ctx.params.dedupe:
+            table = table.filter(pc.is_null(table["reason"])).select([c for c in ("id", "h1", "h2", "label") if c in table.column_names])
+            part = table["h1"].to_numpy() % partitions
+            for i, writer in enumerate(parts):
+                piece = table.filter(part == i) if partitions > 1 else table
+                if piece.num_rows:
+                    writer.write(piece)
+    normalised.close(digested)
+    for writer in parts:
+        writer.close()
+    return normalised.path, parts
+
+
+class Sorted:
+    """(3): the normalised rows, with the duplicates found, written as kept or quarantined rows (and a partition's
+    digests), with the counts, samples, label conflicts and labels the stage reports."""
+
+    def __init__(self, ctx: BuildContext):
+        self.earlier = earlier_digests(ctx) if ctx.params.dedupe else None  # a partition: dedupe against earlier partitions too
+        self.kept = PartWriter(ctx.out / "data.parquet", ROW_GROUP_ROWS)
+        self.bad = PartWriter(ctx.out / "quarantine.parquet", ROW_GROUP_ROWS)
+        self.digests = PartWriter(ctx.out / "digests.parquet", ROW_GROUP_ROWS) if ctx.partition is not None else None
+        self.counts: Counter = Counter()
+        self.sample, self.bad_sample, self.conflicts, self.labels = [], [], [], set()
+
+    def add(self, ctx: BuildContext, df: pd.DataFrame, hit: np.ndarray, found: np.ndarray) -> None:
+        df["reason"] = df["reason"].astype("string")
+        df.loc[hit, "reason"] = found
+        kept = df[df["reason"].isna()].drop(columns=["reason"]).reset_index(drop=True)
+        bad = df[df["reason"].notna()].reset_index(drop=True)
+        if ctx.partition is not None:
+            bad = bad.assign(repeats=pd.Series(pd.NA, index=bad.index, dtype="string"))
+            if self.earlier is not None and len(kept):
+                kept, repeated = across_partitions(kept, self.earlier)
+                if len(repeated):
+                    bad = pd.concat([bad, repeated[bad.columns]], ignore_index=True).sort_values("id", kind="stable")
             if len(kept):
-                kept_out.write(kept)
-                labels.update(kept["label"].unique().tolist() if "label" in kept else [])
-                if sum(map(len, sample)) < DATASET_SAMPLE_ROWS:
-                    sample.append(kept.head(DATASET_SAMPLE_ROWS))
-            if len(bad):
-                bad_out.write(bad)
-                counts.update(bad["reason"].tolist())
-                if "label" in bad:
-                    conflicts.append(bad.loc[bad["reason"] == "label_conflict", ["id", "text", "label"]])
-                if sum(map(len, bad_sample)) < 1000:
-                    bad_sample.append(bad.head(1000))
-    if not kept_out.rows and ctx.partition is None:  # a partition may repeat earlier ones entirely
-        raise DataError(f"clean: no rows left after cleaning ({rows_in} rows in, all quarantined: {dict(counts)})")
-    if not kept_out.rows:
-        log.warning("clean: partition %s adds no rows (%d in, all quarantined: %s)", ctx.partition[1], rows_in, dict(counts))
-    kept_out.close(empty.drop(columns=["raw_text", "reason", "repeats"], errors="ignore"))
-    bad_out.close(empty)
-    if ctx.partition is not None:
-        digest_out.close(no_digests())
-    conflict_table(pd.concat(conflicts, ignore_index=True) if conflicts else pd.DataFrame(columns=["id", "text", "label"])).to_csv(
-        ctx.out / "label_conflicts.csv", index=False)
-    metrics = {f"dropped_{r}": counts.get(r, 0) for r in ("empty", "too_short", "too_long", "duplicate", "label_conflict")}
-    metrics.update(rows_in=rows_in, rows_kept=kept_out.rows, rows_dropped=bad_out.rows)
-    return BuildOutput(
-        rows=kept_out.rows,
-        metrics=metrics,
-        facts=Facts(labels=sorted_labels(labels) if labels else None),
-        artifacts=["quarantine.parquet", "label_conflicts.csv"],
-        tables={"quarantine_sample.json": pd.concat(bad_sample, ignore_index=True).head(1000).astype(str)} if bad_out.rows else {},
-        datasets=[Dataset(pd.concat(sample, ignore_index=True).head(DATASET_SAMPLE_ROWS), str(ctx.out / "data.parquet"),
-                          f"{ctx.pipeline}-clean", "clean", rows=kept_out.rows)] if sample else [],
-    )
+                self.digests.write(kept[["h1", "h2"]].assign(
+                    label=kept["label"].astype("string").to_numpy() if "label" in kept else pd.NA, partition=ctx.partition[1]))
+            kept, bad = kept.drop(columns=["h1", "h2"]), bad.drop(columns=["h1", "h2"])
+        kept = kept.drop(columns=["raw_text"])
+        if len(kept):
+            self.kept.write(kept)
+            self.labels.update(kept["label"].unique().tolist() if "label" in kept else [])
+            if sum(map(len, self.sample)) < DATASET_SAMPLE_ROWS:
+                self.sample.append(kept.head(DATASET_SAMPLE_ROWS))
+        if len(bad):
+            self.bad.write(bad)
+            self.counts.update(bad["reason"].tolist())
+            if "label" in bad:
+                self.conflicts.append(bad.loc[bad["reason"] == "label_conflict", ["id", "text", "label"]])
+            if sum(map(len, self.bad_sample)) < 1000:
+                self.bad_sample.append(bad.head(1000))
+
+    def close(self, ctx: BuildContext, empty: pd.DataFrame, rows_in: int) -> BuildOutput:
+        self.kept.close(empty.drop(columns=["raw_text", "reason", "repeats"], errors="ignore"))
+        self.bad.close(empty)
+        if self.digests is not None:
+            self.digests.close(no_digests())
+        conflicts = pd.concat(self.conflicts, ignore_index=True) if self.conflicts else pd.DataFrame(columns=["id", "text", "label"])
+        conflict_table(conflicts).to_csv(ctx.out / "label_conflicts.csv", index=False)
+        metrics = {f"dropped_{r}": self.counts.get(r, 0) for r in ("empty", "too_short", "too_long", "duplicate", "label_conflict")}
+        metrics.update(rows_in=rows_in, rows_kept=self.kept.rows, rows_dropped=self.bad.rows)
+        return BuildOutput(
+            rows=self.kept.rows,
+            metrics=metrics,
+            facts=Facts(labels=sorted_labels(self.labels) if self.labels else None),
+            artifacts=["quarantine.parquet", "label_conflicts.csv"],
+            tables={"quarantine_sample.json": pd.concat(self.bad_sample, ignore_index=True).head(1000).astype(str)} if self.bad.rows else {},
+            datasets=[Dataset(pd.concat(self.sample, ignore_index=True).head(DATASET_SAMPLE_ROWS), str(ctx.out / "data.parquet"),
+                              f"{ctx.pipeline}-clean", "clean", rows=self.kept.rows)] if self.sample else [],
+        )

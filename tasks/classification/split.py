@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -181,8 +182,16 @@ def build(ctx: BuildContext) -> BuildOutput:
                             f"({set_aside} rows of smaller classes quarantined); a classifier needs at least 2")
     if labelled:
         facts = facts.but(labels=sorted_labels(kept))
+    metrics = _write_splits(ctx, path, (rename, aside, small), kept, labelled)
+    return BuildOutput(rows=sum(kept.values()), metrics=metrics, facts=facts)
+
+
+def _write_splits(ctx: BuildContext, path: Path, classes: tuple, kept: Counter, labelled: bool) -> dict[str, int]:
+    """The second pass: each batch of rows routed to its split's file (small classes to the quarantine)."""
+    rename, aside, small = classes
+    src = pq.ParquetFile(path)
     if ctx.params.method == "hash":
-        stable = _stable_plan(path, rename, aside, sorted(kept, key=str), ctx.params, labelled and not partition)
+        stable = _stable_plan(path, rename, aside, sorted(kept, key=str), ctx.params, labelled and ctx.partition is None)
     else:
         plan = assignments(dict(kept), ctx.params, labelled)
     writers = {name: PartWriter(ctx.out / f"{name}.parquet", ROW_GROUP_ROWS) for name in SPLITS}
@@ -208,4 +217,4 @@ def build(ctx: BuildContext) -> BuildOutput:
         writer.close(empty)
         metrics[f"rows_{name}"] = writer.rows
     quarantine.close(_none_set_aside(empty))
-    return BuildOutput(rows=sum(kept.values()), metrics=metrics, facts=facts)
+    return metrics

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 from pydantic import Field, model_validator
 
-from tasks.classification.augmenters import original_rows
+from tasks.as_is import original_rows
 from tasks.core import Section
 from tasks.errors import ConfigError
 from tasks.hub import load_pretrained
@@ -111,7 +111,7 @@ def bert_batches(ids: list[list[int]], y: np.ndarray | None, words: list[np.ndar
     """Length-bucketed, dynamically padded batches: (row indices, {input_ids, attention_mask[, word_ids, labels]})."""
     import torch
 
-    from tasks.models.trainer import length_buckets, pad
+    from tasks.models.batching import length_buckets, pad
 
     for chunk in length_buckets(ids, batch_size, rng):
         x = pad(ids, chunk, pad_id)
@@ -181,12 +181,7 @@ def pretrain_mlm(texts: pd.Series, validation: pd.Series, tokenizer, p: Params, 
     """Masked-LM pretraining of a small BERT (with `nsp`, next-sentence prediction too); returns the saved folder
     and a summary. 15% of characters are chosen, of which 80% become [MASK], 10% a random character and 10%
     stay (DataCollatorForLanguageModeling)."""
-    from transformers import (
-        BertConfig,
-        BertForMaskedLM,
-        BertForPreTraining,
-        DataCollatorForLanguageModeling,
-    )
+    from transformers import BertConfig, BertForMaskedLM, BertForPreTraining, DataCollatorForLanguageModeling
 
     from tasks.models.trainer import LoopConfig, Task, fit, seed_everything
 
@@ -215,25 +210,8 @@ def pretrain_mlm(texts: pd.Series, validation: pd.Series, tokenizer, p: Params, 
             yield len(chunk), dict(masked(train_rows, chunk, collate))
 
     def validate(m) -> dict[str, float]:
-        import torch.nn.functional as F
-
-        mlm = mlm_count = nsp = nsp_right = rows = 0.0
-        for chunk, _ in bert_batches(val_ids, None, None, 64, tokenizer.pad_token_id):
-            batch = {k: v.to(m.device) for k, v in masked(val_rows, chunk, fixed).items()}
-            out = m(**batch)
-            logits = out.prediction_logits if p.nsp else out.logits
-            mask = batch["labels"] != -100
-            mlm += F.cross_entropy(logits[mask].float(), batch["labels"][mask], reduction="sum").item()
-            mlm_count += int(mask.sum())
-            if p.nsp:
-                nsp += F.cross_entropy(out.seq_relationship_logits.float(), batch["next_sentence_label"], reduction="sum").item()
-                nsp_right += (out.seq_relationship_logits.argmax(1) == batch["next_sentence_label"]).sum().item()
-                rows += len(chunk)
-        loss = mlm / max(mlm_count, 1)
-        metrics = {"val_mlm_loss": loss, "val_mlm_perplexity": float(np.exp(loss))}
-        if p.nsp:
-            metrics |= {"val_nsp_loss": nsp / max(rows, 1), "val_nsp_accuracy": nsp_right / max(rows, 1)}
-        return metrics
+        return pretraining_metrics(m, (masked(val_rows, chunk, fixed) for chunk, _ in
+                                       bert_batches(val_ids, None, None, 64, tokenizer.pad_token_id)), p.nsp)
 
     task = Task(batches, steps_per_epoch=-(-len(train_ids) // p.batch_size), loss=lambda m, b: m(**b).loss, validate=validate)
     cfg = LoopConfig.from_train(params, lr=p.pretrain_lr, epochs=p.pretrain_epochs, patience=max(params.patience, 2),
@@ -242,6 +220,29 @@ def pretrain_mlm(texts: pd.Series, validation: pd.Series, tokenizer, p: Params, 
     model.save_pretrained(folder)
     return folder, {"pretrain_history": result.history, "pretrain_seconds": result.seconds,
                     "pretrain_samples_per_second": result.samples_per_second}
+
+
+def pretraining_metrics(m, batches, nsp: bool) -> dict[str, float]:
+    """Masked-LM loss and perplexity over the masked characters of `batches` (and next-sentence loss and accuracy)."""
+    import torch.nn.functional as F
+
+    mlm = mlm_count = nsp_loss = nsp_right = rows = 0.0
+    for masked_batch in batches:
+        batch = {k: v.to(m.device) for k, v in masked_batch.items()}
+        out = m(**batch)
+        logits = out.prediction_logits if nsp else out.logits
+        mask = batch["labels"] != -100
+        mlm += F.cross_entropy(logits[mask].float(), batch["labels"][mask], reduction="sum").item()
+        mlm_count += int(mask.sum())
+        if nsp:
+            nsp_loss += F.cross_entropy(out.seq_relationship_logits.float(), batch["next_sentence_label"], reduction="sum").item()
+            nsp_right += (out.seq_relationship_logits.argmax(1) == batch["next_sentence_label"]).sum().item()
+            rows += len(batch["labels"])
+    loss = mlm / max(mlm_count, 1)
+    metrics = {"val_mlm_loss": loss, "val_mlm_perplexity": float(np.exp(loss))}
+    if nsp:
+        metrics |= {"val_nsp_loss": nsp_loss / max(rows, 1), "val_nsp_accuracy": nsp_right / max(rows, 1)}
+    return metrics
 
 
 def build_model(p: Params, num_labels: int, tokenizer, source: str | None, lexicon_vectors: torch.Tensor | None):

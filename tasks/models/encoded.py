@@ -75,7 +75,7 @@ class Encoded:
     def epoch(self, batch_size: int, rng: np.random.Generator | None = None) -> Iterator[tuple[list[np.ndarray], np.ndarray, np.ndarray | None]]:
         """(buffer sequences, a batch's indices into them, the batch's labels): the batches of one epoch,
         each of rows of similar length; shuffled with `rng`, in a fixed order without."""
-        from tasks.models.trainer import length_buckets
+        from tasks.models.batching import length_buckets
 
         for seqs, labels, _ in self.buffers(rng):
             for chunk in length_buckets(seqs, batch_size, rng):

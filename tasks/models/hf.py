@@ -46,7 +46,7 @@ def _encode(tokenizer, texts: pd.Series, max_len: int) -> list[dict]:
 def _batches(rows: list[dict], tokenizer, y: np.ndarray | None, batch_size: int, rng=None):
     import torch
 
-    from tasks.models.trainer import length_buckets
+    from tasks.models.batching import length_buckets
 
     for chunk in length_buckets([r["input_ids"] for r in rows], batch_size, rng):
         batch = dict(tokenizer.pad([rows[i] for i in chunk], return_tensors="pt"))

@@ -1,5 +1,5 @@
-"""The sequence taggers of `task: ner`: `crf` (CRFsuite over character, bigram and lexicon window features),
-`bilstm_crf` (character and bigram embeddings, BiLSTM, CRF) and `lexicon_tagger` (the same with the lexicon
+"""The sequence taggers of `task: ner` (`crf` is tasks/models/crf_tagger.py): `bilstm_crf` (character and bigram
+embeddings, BiLSTM, CRF), `lexicon_tagger` (the same with the lexicon
 adapter: each character attends over the vectors of the lexicon words that cover it). The vocab stage gives
 the characters, bigrams and lexicon; the embed stage their vectors. A saved tagger takes cleaned text and
 returns BIOES tags with a score per character."""
@@ -9,7 +9,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -17,151 +17,9 @@ from pydantic import Field, model_validator
 from tasks.core import Section
 from tasks.io import read_vocab
 from tasks.models.base import ModelSpec, TrainInputs
-from tasks.ner.tagging import Lexicon, bigrams, prf, span_counts, tag_set, transitions, word_features, word_places
-
-SEG_DIM = 20  # the word-boundary and POS embeddings
-
-
-@dataclass
-class Tagged:
-    """One text as a tagger sees it: BIOES tags, the probability of each character's tag, and every tag's
-    marginal probability per character (characters x `tags` of the tagger, for ensembles)."""
-
-    tags: list[str]
-    scores: list[float]
-    marginals: np.ndarray
-
-
-# cleaned texts -> one Tagged per text; the function's `tags` attribute is the marginals' column order
-TaggerFn = Callable[[list[str]], list[Tagged]]
-
-
-def entity_f1(gold: list[list[str]], pred: list[list[str]]) -> dict[str, float]:
-    """Entity-level micro precision, recall and F1 with strict span matching (seqeval's strict mode)."""
-    tp, fp, fn = span_counts(gold, pred)
-    return dict(zip(("precision", "recall", "f1"), prf(sum(tp.values()), sum(fp.values()), sum(fn.values()))))
-
-
-def jieba_words(text: str) -> list[tuple[str, str]]:
-    """(word, POS tag) pairs of jieba.posseg with its own dictionary and HMM."""
-    import jieba.posseg
-
-    from tasks.segmenter import _jieba
-
-    _jieba()  # jieba's cache in a folder of our own, before posseg loads the dictionary
-
-    return [(w.word, w.flag) for w in jieba.posseg.lcut(text)]
-
-
-def load_lexicon(vocab: Path, max_words: int) -> Lexicon:
-    return Lexicon(read_vocab(vocab / "lexicon" / "words.txt"), max_words)
-
-
-# -- crf ---------------------------------------------------------------------------------------------------
-
-
-class CRFParams(Section):
-    """The `train.crf` section: a linear-chain CRF (CRFsuite, L-BFGS) over window features."""
-
-    window: int = Field(2, ge=0, le=4)  # characters each side
-    lexicon_features: bool = True  # where lexicon words begin, continue and end around each character
-    word_features: bool = True  # jieba's word boundary and POS tags around each character (jieba's own dictionary)
-    c1: float = Field(0.05, ge=0)  # L1 penalty
-    c2: float = Field(0.05, ge=0)  # L2 penalty
-    max_iterations: int = Field(150, ge=1)
-
-
-def crf_features(text: str, window: int, lexicon: Lexicon | None, words: bool = False) -> list[dict[str, float | str]]:
-    """Per character: the characters and bigrams in the window, (with a lexicon) the positions of the lexicon
-    words that cover it, and (with `words`) its place in jieba's word and the POS tags around it."""
-    n = len(text)
-    seg, pos = word_places(jieba_words(text)) if words else ([], [])
-
-    def at(k: int) -> str:
-        return text[k] if 0 <= k < n else ("<s>" if k < 0 else "</s>")
-
-    places = lexicon.match(text)[1] if lexicon is not None else None
-    rows = []
-    for i in range(n):
-        f: dict[str, float | str] = {"bias": 1.0, "digit": float(text[i].isdigit())}
-        for d in range(-window, window + 1):
-            f[f"c{d}"] = at(i + d)
-            if d < window:
-                f[f"b{d}"] = at(i + d) + at(i + d + 1)
-        f["t"] = at(i - 1) + at(i) + at(i + 1)
-        if places is not None:
-            seen = sorted({int(v) for v in places[i] if v})
-            f["lex"] = "".join("_BME"[v] for v in seen) or "-"
-            for d in (-1, 1):
-                if 0 <= i + d < n:
-                    f[f"lex{d}"] = "".join("_BME"[v] for v in sorted({int(v) for v in places[i + d] if v})) or "-"
-        if words:
-            f["seg"], f["pos"], f["seg_c"] = seg[i], pos[i], seg[i] + text[i]
-            if i > 0:
-                f["pos-1"] = pos[i - 1]
-            if i + 1 < n:
-                f["pos1"] = pos[i + 1]
-        rows.append(f)
-    return rows
-
-
-def train_crf(inputs: TrainInputs) -> dict:
-    """L-BFGS training with CRFsuite; each sentence's features are handed over as they are made, so memory holds
-    CRFsuite's compact copy, not a dict per character of the whole corpus."""
-    import time
-
-    import pycrfsuite
-
-    p: CRFParams = inputs.section
-    lexicon = load_lexicon(inputs.vocab, 8) if p.lexicon_features else None
-    t0 = time.perf_counter()
-    folder = inputs.out / inputs.name
-    folder.mkdir()
-    trainer = pycrfsuite.Trainer(algorithm="lbfgs", verbose=False)
-    for text, tags in zip(inputs.train["text"], inputs.train["tags"]):
-        trainer.append(crf_features(text, p.window, lexicon, p.word_features), list(tags))
-    trainer.set_params({"c1": p.c1, "c2": p.c2, "max_iterations": p.max_iterations, "feature.possible_transitions": True})
-    trainer.train(str(folder / "crf.model"))
-    seconds = time.perf_counter() - t0
-    model = pycrfsuite.Tagger()
-    model.open(str(folder / "crf.model"))
-    info = model.info()
-    (folder / "config.json").write_text(json.dumps({"kind": "crf", "window": p.window, "lexicon": p.lexicon_features,
-                                                    "word_features": p.word_features, "labels": inputs.labels}), encoding="utf-8")
-    if lexicon is not None:
-        (folder / "lexicon.txt").write_text("".join(f"{w}\n" for w in lexicon.index), encoding="utf-8")
-    return {"path": inputs.name, "kind": "crf", "seconds": seconds, "samples_per_second": len(inputs.train) / seconds,
-            "parameters": len(info.state_features) + len(info.transitions)}
-
-
-def crf_tagger(folder: Path) -> TaggerFn:
-    import pycrfsuite
-
-    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    lexicon = Lexicon(read_vocab(folder / "lexicon.txt"), 8) if config["lexicon"] else None
-    tagger = pycrfsuite.Tagger()
-    tagger.open(str(folder / "crf.model"))
-    order = tag_set(config["labels"])
-    known = [t for t in order if t in set(tagger.labels())]  # a tag never seen in training has probability 0
-
-    def tag(texts: list[str]) -> list[Tagged]:
-        out = []
-        for text in texts:
-            if not text:
-                out.append(Tagged([], [], np.zeros((0, len(order)), dtype=np.float32)))
-                continue
-            tags = tagger.tag(crf_features(text, config["window"], lexicon, config.get("word_features", False)))
-            marginals = np.zeros((len(text), len(order)), dtype=np.float32)
-            for t in known:
-                column = order.index(t)
-                for i in range(len(text)):
-                    marginals[i, column] = tagger.marginal(t, i)
-            out.append(Tagged(tags, [tagger.marginal(t, i) for i, t in enumerate(tags)], marginals))
-        return out
-
-    tag.tags = order
-    return tag
-
+from tasks.models.crf_tagger import CRFParams, crf_tagger, train_crf
+from tasks.models.tagged import SEG_DIM, Tagged, TaggerFn, averaged_decoder, entity_f1, jieba_words, load_lexicon
+from tasks.ner.tagging import Lexicon, bigrams, tag_set, transitions, word_features
 
 # -- neural taggers ----------------------------------------------------------------------------------------
 
@@ -228,7 +86,7 @@ class Encoded:
 
 
 def _batch(rows: list[dict[str, np.ndarray]], chunk) -> dict:
-    from tasks.models.trainer import pad
+    from tasks.models.batching import pad
 
     return {k: pad([r[k] for r in rows], chunk) for k in rows[0]}
 
@@ -280,7 +138,7 @@ def decode_rows(model, rows: list[dict[str, np.ndarray]], tags: list[str], batch
     """Viterbi tags, each character's marginal probability of its tag and all marginals, in the order of `rows`."""
     import torch
 
-    from tasks.models.trainer import length_buckets
+    from tasks.models.batching import length_buckets
 
     device = next(model.parameters()).device
     out: list = [None] * len(rows)
@@ -299,10 +157,50 @@ def decode_rows(model, rows: list[dict[str, np.ndarray]], tags: list[str], batch
 def train_tagger(inputs: TrainInputs) -> dict:
     import torch
 
-    from tasks.models.trainer import LoopConfig, Task, fit, length_buckets, seed_everything
+    from tasks.models.trainer import seed_everything
 
     p: TaggerParams = inputs.section
     seed_everything(inputs.params.seed)
+    prep = _prepare(inputs, p)
+    states, results, model = _train_copies(inputs, p, prep)
+    folder = inputs.out / inputs.name
+    folder.mkdir()
+    torch.save({"config": prep.config, "state_dicts": states, "chars": prep.chars, "bigrams": prep.grams,
+                "lexicon": list(prep.lexicon.index) if prep.lexicon else []}, folder / "model.pt")
+    result = results[0]
+    summary = {"path": inputs.name, "kind": "tagger", "seconds": sum(r.seconds for r in results), "history": result.history,
+               "best_epoch": result.best_epoch, "resumed_from_epoch": result.resumed_from_epoch, "device": result.device,
+               "samples_per_second": result.samples_per_second, "char_vector_coverage": prep.char_cov,
+               "bigram_vector_coverage": prep.gram_cov, "parameters": sum(w.numel() for w in model.parameters()) * p.seeds}
+    if p.seeds > 1:
+        summary["copies_val_f1_best"] = [max(h["val_f1"] for h in r.history) for r in results]
+    if prep.words is not None:
+        summary["word_vector_coverage"] = prep.word_cov
+    return summary
+
+
+@dataclass
+class Prepared:
+    """A tagger's training, ready to run: vocabularies, the vectors it starts from, its config and encoded rows."""
+
+    chars: list[str]
+    grams: list[str]
+    lexicon: Lexicon | None
+    tags: list[str]
+    config: dict
+    char_m: Any
+    gram_m: Any
+    char_cov: float
+    gram_cov: float
+    words: Any
+    word_cov: float | None
+    bert: Any
+    train_rows: list[dict]
+    val_rows: list[dict]
+    val_gold: list[list[str]]
+
+
+def _prepare(inputs: TrainInputs, p: "TaggerParams") -> Prepared:
     chars, grams = read_vocab(inputs.vocab / "chars" / "vocab.txt"), read_vocab(inputs.vocab / "bigrams" / "vocab.txt")
     lexicon = load_lexicon(inputs.vocab, p.max_words) if p.lexicon else None
     tags = tag_set(inputs.labels)
@@ -329,7 +227,7 @@ def train_tagger(inputs: TrainInputs) -> dict:
         bert_vocab = tokenizer.get_vocab()
         bert = _bert(config, p.checkpoint)
         config.update(bert_config=bert.config.to_dict(), bert_vocab=sorted(bert_vocab, key=bert_vocab.get))
-    words = None
+    words, word_cov = None, None
     if lexicon is not None:
         words, word_cov = _matrix(["[PAD]", *lexicon.index], inputs.embed / "words.bin", inputs.params.seed + 2)
         config["word_dim"] = words.shape[1]
@@ -340,30 +238,36 @@ def train_tagger(inputs: TrainInputs) -> dict:
         row = encode(text, segmented)
         row["tags"] = np.array([index[t] for t in list(row_tags)[: p.max_len]], dtype=np.int64)
         train_rows.append(row)
-    val_rows = [encode(t) for t in inputs.validation["text"]]
-    val_gold = [list(t) for t in inputs.validation["tags"]]
+    return Prepared(chars, grams, lexicon, tags, config, char_m, gram_m, char_cov, gram_cov, words, word_cov, bert, train_rows,
+                    [encode(t) for t in inputs.validation["text"]], [list(t) for t in inputs.validation["tags"]])
+
+
+def _train_copies(inputs: TrainInputs, p: "TaggerParams", prep: Prepared) -> tuple[list, list, Any]:
+    """`p.seeds` copies of the tagger, each from its own seed (a seed ensemble when more than one)."""
+    from tasks.models.batching import length_buckets
+    from tasks.models.trainer import LoopConfig, Task, fit, seed_everything
 
     def batches(rng):
-        for chunk in length_buckets(train_rows, p.batch_size, rng):
-            yield len(chunk), _batch(train_rows, chunk)
+        for chunk in length_buckets(prep.train_rows, p.batch_size, rng):
+            yield len(chunk), _batch(prep.train_rows, chunk)
 
     def validate(m) -> dict[str, float]:
-        pred = [t.tags for t in decode_rows(m, val_rows, tags)]
-        scores = entity_f1(val_gold, pred)
+        pred = [t.tags for t in decode_rows(m, prep.val_rows, prep.tags)]
+        scores = entity_f1(prep.val_gold, pred)
         return {"val_f1": scores["f1"], "val_precision": scores["precision"], "val_recall": scores["recall"]}
 
-    task = Task(batches, math.ceil(len(train_rows) / p.batch_size), lambda m, b: m.loss(b), validate)
-    states, results = [], []
+    task = Task(batches, math.ceil(len(prep.train_rows) / p.batch_size), lambda m, b: m.loss(b), validate)
+    states, results, model = [], [], None
     for copy in range(p.seeds):
         seed = inputs.params.seed + copy
         seed_everything(seed)
-        model = _build(config, bert if copy == 0 else (_bert(config, p.checkpoint) if bert is not None else None))
-        model.char.weight.data.copy_(char_m)
-        model.bigram.weight.data.copy_(gram_m)
-        if words is not None:
-            model.word.weight.data.copy_(words)
+        model = _build(prep.config, prep.bert if copy == 0 else (_bert(prep.config, p.checkpoint) if prep.bert is not None else None))
+        model.char.weight.data.copy_(prep.char_m)
+        model.bigram.weight.data.copy_(prep.gram_m)
+        if prep.words is not None:
+            model.word.weight.data.copy_(prep.words)
         if p.freeze_embeddings:
-            for emb in (model.char, model.bigram, *((model.word,) if words is not None else ())):
+            for emb in (model.char, model.bigram, *((model.word,) if prep.words is not None else ())):
                 emb.weight.requires_grad_(False)
         loop = LoopConfig.from_train(inputs.params, lr=p.lr, epochs=p.epochs, patience=p.patience, monitor="val_f1", seed=seed,
                                      encoder_lr=p.encoder_lr if p.encoder == "bert" else None)
@@ -372,20 +276,7 @@ def train_tagger(inputs: TrainInputs) -> dict:
         results.append(fit(inputs.name if copy == 0 else f"{inputs.name} seed {seed}", model, task, loop, checkpoints,
                            inputs.sink if copy == 0 else None))
         states.append(model.state_dict())
-    folder = inputs.out / inputs.name
-    folder.mkdir()
-    torch.save({"config": config, "state_dicts": states, "chars": chars, "bigrams": grams,
-                "lexicon": list(lexicon.index) if lexicon else []}, folder / "model.pt")
-    result = results[0]
-    summary = {"path": inputs.name, "kind": "tagger", "seconds": sum(r.seconds for r in results), "history": result.history,
-               "best_epoch": result.best_epoch, "resumed_from_epoch": result.resumed_from_epoch, "device": result.device,
-               "samples_per_second": result.samples_per_second, "char_vector_coverage": char_cov,
-               "bigram_vector_coverage": gram_cov, "parameters": sum(w.numel() for w in model.parameters()) * p.seeds}
-    if p.seeds > 1:
-        summary["copies_val_f1_best"] = [max(h["val_f1"] for h in r.history) for r in results]
-    if words is not None:
-        summary["word_vector_coverage"] = word_cov
-    return summary
+    return states, results, model
 
 
 def tagger_from(folder: Path, device: str = "auto") -> TaggerFn:
@@ -417,20 +308,6 @@ def tagger_from(folder: Path, device: str = "auto") -> TaggerFn:
     return tag
 
 
-def averaged_decoder(tags: list[str]) -> Callable[[np.ndarray], Tagged]:
-    """Averaged marginals (characters x `tags`) -> the best well-formed tag path over them, with each
-    character's averaged probability of its tag (seed ensembles and ner_ensemble decode this way)."""
-    allowed, starts, ends = (np.array(a, dtype=bool) for a in transitions(tags))
-
-    def decode(average: np.ndarray) -> Tagged:
-        if not len(average):
-            return Tagged([], [], average.astype(np.float32))
-        path = constrained_viterbi(np.log(np.clip(average, 1e-12, 1.0)), allowed, starts, ends)
-        return Tagged([tags[k] for k in path], [float(average[j, k]) for j, k in enumerate(path)], average.astype(np.float32))
-
-    return decode
-
-
 def _averaged(models: list, tags: list[str]):
     """Decoding by several copies of a tagger: their marginals averaged, the best well-formed path over them."""
     decode_average = averaged_decoder(tags)
@@ -460,23 +337,6 @@ class EnsembleParams(Section):
 
     members: list[str] = ["crf", "bilstm_crf", "lexicon_tagger"]  # taggers of train.models, trained first
     weights: list[float] | None = None  # per member; None = equal
-
-
-def constrained_viterbi(log_probs: np.ndarray, allowed: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[int]:
-    """The tag path with the highest sum of per-character log probabilities among the paths the transitions
-    allow (characters x tags in; one tag index per character out)."""
-    never = -1e9
-    step = np.where(allowed, 0.0, never)
-    score = log_probs[0] + np.where(starts, 0.0, never)
-    back = []
-    for row in log_probs[1:]:
-        total = score[:, None] + step
-        back.append(total.argmax(0))
-        score = total.max(0) + row
-    path = [int(np.argmax(score + np.where(ends, 0.0, never)))]
-    for pointers in reversed(back):
-        path.append(int(pointers[path[-1]]))
-    return path[::-1]
 
 
 def train_ensemble(inputs: TrainInputs) -> dict:

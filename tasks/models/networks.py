@@ -68,7 +68,7 @@ def batches(ids: list[list[int]], y: np.ndarray | None, batch_size: int, shuffle
     """Padded (ids, labels) tensors; batches are filled with rows of similar length to cut padding."""
     import torch
 
-    from tasks.models.trainer import length_buckets, pad
+    from tasks.models.batching import length_buckets, pad
 
     for chunk in length_buckets(ids, batch_size, rng if shuffle else None):
         yield chunk, pad(ids, chunk), (torch.as_tensor(y[chunk]) if y is not None else None)
@@ -150,8 +150,9 @@ def train_network(inputs: TrainInputs) -> dict:
     import torch
     import torch.nn.functional as F
 
+    from tasks.models.batching import pad
     from tasks.models.encoded import encode_split
-    from tasks.models.trainer import LoopConfig, Task, fit, pad, seed_everything, validation_metrics
+    from tasks.models.trainer import LoopConfig, Task, fit, seed_everything, validation_metrics
 
     kind, train, validation, labels, params = inputs.name, inputs.train, inputs.validation, inputs.labels, inputs.params
     vocab_file, vectors, out, checkpoints, tracker = inputs.vocab / "words" / "vocab.txt", inputs.vectors, inputs.out, inputs.scratch, inputs.sink

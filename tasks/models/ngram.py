@@ -13,7 +13,7 @@ from typing import Iterable, Iterator, Literal
 import numpy as np
 from pydantic import Field
 
-from tasks.classification.augmenters import original_rows
+from tasks.as_is import original_rows
 from tasks.core import Section
 from tasks.io import batches_of, columns_of
 from tasks.models.base import ModelSpec

@@ -44,8 +44,8 @@ def lm_sequences(lines: pd.Series, stoi: dict[str, int], max_len: int) -> list[l
 def lm_batches(seqs: "list[list[int]] | Encoded", batch_size: int, rng: np.random.Generator | None = None):
     """Length-bucketed batches of (inputs, next-token targets), padded with 0; from a list of sequences or an
     encoded split (a buffer at a time)."""
+    from tasks.models.batching import length_buckets, pad
     from tasks.models.encoded import Encoded
-    from tasks.models.trainer import length_buckets, pad
 
     batches = seqs.epoch(batch_size, rng) if isinstance(seqs, Encoded) else ((seqs, c, None) for c in length_buckets(seqs, batch_size, rng))
     for buffer, chunk, _ in batches:
@@ -151,7 +151,7 @@ def text_log_likelihoods(model: LSTMLanguageModel, seqs: list[list[int]], batch_
     """Each text's total log-probability under the model (all its predicted tokens, the end [SEP] included)."""
     import torch
 
-    from tasks.models.trainer import length_buckets, pad
+    from tasks.models.batching import length_buckets, pad
 
     device = next(model.parameters()).device
     out = np.zeros(len(seqs))

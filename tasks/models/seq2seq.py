@@ -138,7 +138,7 @@ def load_network(saved: dict):
 
 def pair_batches(pairs: Pairs, batch_size: int, rng: np.random.Generator | None = None):
     """Length-bucketed (rows, {src, tgt_in, tgt_out}) batches, padded with 0."""
-    from tasks.models.trainer import length_buckets, pad
+    from tasks.models.batching import length_buckets, pad
 
     for chunk in length_buckets(pairs.src, batch_size, rng):
         tgt = pad(pairs.tgt, chunk)
@@ -171,8 +171,8 @@ def translate_ids(model, src: list[list[int]], bos: int, eos: int, decode: Decod
     """Target ids per source (in the given order), decoded in length-sorted batches."""
     import torch
 
+    from tasks.models.batching import pad
     from tasks.models.seq2seq_nets import beam_search, greedy
-    from tasks.models.trainer import pad
 
     device = next(model.parameters()).device
     beam = decode.beam_size if beam is None else beam
@@ -247,8 +247,9 @@ def load_translator(folder: Path, device: str = "auto") -> TranslatorFn:
     """A saved translator -> fn(frame with the source side's columns, beam=None, attention=False) -> translations."""
     import torch
 
+    from tasks.models.batching import pad
     from tasks.models.seq2seq_nets import greedy
-    from tasks.models.trainer import pad, resolve_device
+    from tasks.models.trainer import resolve_device
 
     saved = torch.load(folder / "model.pt", map_location="cpu", weights_only=True)
     vocabs = Vocabs.saved(saved)

@@ -21,6 +21,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from tasks.errors import ConfigError
+from tasks.models.checkpoints import rng_state, save, set_rng_state
 from tasks.progress import progress
 
 log = logging.getLogger("zhpipe.train")
@@ -67,25 +68,6 @@ def warmup_linear_decay(optimizer, epochs: int, warmup_ratio: float, steps_per_e
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min((step + 1) / max(warmup, 1), max(0.0, (total - step) / max(total - warmup, 1)))
     )
-
-
-def length_buckets(seqs: list, batch_size: int, rng: np.random.Generator | None = None) -> list[np.ndarray]:
-    """Row indices per batch, each batch holding texts of similar length (little padding); the batches are
-    shuffled when `rng` is given, the rows stay sorted inside them."""
-    order = np.argsort([len(s) for s in seqs], kind="stable")
-    chunks = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    if rng is not None:
-        rng.shuffle(chunks)
-    return chunks
-
-
-def pad(seqs: list, chunk: np.ndarray, value: int = 0) -> torch.Tensor:
-    """The chunk's sequences as one (rows, longest, ...) int64 tensor, padded at the end with `value`."""
-    first = np.asarray(seqs[chunk[0]])
-    out = torch.full((len(chunk), max(len(seqs[i]) for i in chunk), *first.shape[1:]), value, dtype=torch.long)
-    for row, i in enumerate(chunk):
-        out[row, : len(seqs[i])] = torch.as_tensor(np.asarray(seqs[i]))
-    return out
 
 
 def validation_metrics(probs: np.ndarray, y: np.ndarray) -> dict[str, float]:
@@ -151,35 +133,6 @@ class FitResult:
         return float(np.median([h["samples_per_second"] for h in self.history])) if self.history else 0.0
 
 
-def _save(obj, path: Path) -> None:
-    """torch.save via a temporary file and rename: a kill never leaves half a checkpoint."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
-def _rng_state(rng: np.random.Generator) -> dict:
-    """Every random-number state as tensors and a JSON string, so a checkpoint loads with weights_only=True
-    (NumPy's legacy state holds an array, which a safe load refuses)."""
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    plain = {"numpy_gen": rng.bit_generator.state, "numpy": [name, keys.tolist(), pos, has_gauss, cached],
-             "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]]}
-    return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-            "plain": json.dumps(plain)}
-
-
-def _set_rng_state(state: dict, rng: np.random.Generator) -> None:
-    plain = json.loads(state["plain"])
-    torch.set_rng_state(state["torch"])
-    rng.bit_generator.state = plain["numpy_gen"]
-    name, keys, pos, has_gauss, cached = plain["numpy"]
-    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
-    version, internal, gauss = plain["python"]
-    random.setstate((version, tuple(internal), gauss))
-    if state["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 def fit(name: str, model: nn.Module, task: Task, cfg: LoopConfig, checkpoints: Path, tracker=None, prefix: str = "") -> FitResult:
     """Train with early stopping on `cfg.monitor`; leave the best epoch's weights in `model`.
 
@@ -205,19 +158,8 @@ def fit(name: str, model: nn.Module, task: Task, cfg: LoopConfig, checkpoints: P
     scheduler = warmup_linear_decay(optimizer, cfg.epochs, cfg.warmup_ratio, math.ceil(task.steps_per_epoch / cfg.grad_accum))
     rng = np.random.default_rng(cfg.seed)
     sign = 1.0 if cfg.mode == "max" else -1.0
-    state = {"epoch": 0, "history": [], "best": -math.inf, "best_epoch": 0, "stale": 0, "done": False}
     last, best_file = checkpoints / "last.pt", checkpoints / "best.pt"
-    if last.is_file():
-        ckpt = torch.load(last, map_location=device, weights_only=True)  # a checkpoint never runs code
-        core.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        scheduler.load_state_dict(ckpt["scheduler"])
-        _set_rng_state(ckpt["rng"], rng)
-        state = ckpt["state"]
-        log.info("%s: resuming after epoch %d from %s", name, state["epoch"], last)
-        if tracker is not None:  # the interrupted run's curves, so this run shows them whole
-            for row in state["history"]:
-                tracker.metrics({f"{prefix}{k}": v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
+    state = _resume(name, last, (core, optimizer, scheduler, rng), device, tracker, prefix)
     resumed_from = state["epoch"]
     t_start = time.perf_counter()
     while not state["done"] and state["epoch"] < cfg.epochs:
@@ -234,23 +176,48 @@ def fit(name: str, model: nn.Module, task: Task, cfg: LoopConfig, checkpoints: P
         if tracker is not None:
             tracker.metrics({f"{prefix}{k}": v for k, v in row.items() if k != "epoch"}, step=epoch)
         state["epoch"] = epoch
-        writer = not _distributed() or dist.get_rank() == 0  # one process writes the checkpoints
-        if sign * row[cfg.monitor] > state["best"]:
-            state.update(best=sign * row[cfg.monitor], best_epoch=epoch, stale=0)
-            if writer:
-                _save(core.state_dict(), best_file)
-        else:
-            state["stale"] += 1
-            state["done"] = state["stale"] >= cfg.patience
-        if writer:
-            _save({"model": core.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                   "rng": _rng_state(rng), "state": state}, last)
-        if _distributed():
-            dist.barrier()  # every process sees this epoch's checkpoints
+        _checkpoint(state, sign * row[cfg.monitor], cfg.patience, (core, optimizer, scheduler, rng), checkpoints)
     core.load_state_dict(torch.load(best_file, map_location=device, weights_only=True))
     model.eval()
     return FitResult(state["history"], state["best_epoch"], resumed_from, str(device), bf16,
                      precision=str(dtype or "fp32").removeprefix("torch."), seconds=time.perf_counter() - t_start)
+
+
+def _resume(name: str, last: Path, parts: tuple, device: torch.device, tracker, prefix: str) -> dict:
+    """The training state to go on from: the last checkpoint's (model, optimizer, scheduler and random generator
+    restored, its curves sent to `tracker` again), or a fresh one."""
+    core, optimizer, scheduler, rng = parts
+    state = {"epoch": 0, "history": [], "best": -math.inf, "best_epoch": 0, "stale": 0, "done": False}
+    if last.is_file():
+        ckpt = torch.load(last, map_location=device, weights_only=True)  # a checkpoint never runs code
+        core.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        scheduler.load_state_dict(ckpt["scheduler"])
+        set_rng_state(ckpt["rng"], rng)
+        state = ckpt["state"]
+        log.info("%s: resuming after epoch %d from %s", name, state["epoch"], last)
+        if tracker is not None:  # the interrupted run's curves, so this run shows them whole
+            for row in state["history"]:
+                tracker.metrics({f"{prefix}{k}": v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
+    return state
+
+
+def _checkpoint(state: dict, score: float, patience: int, parts: tuple, checkpoints: Path) -> None:
+    """After an epoch: early stopping's count, `best.pt` when `score` (higher is better) improved, `last.pt` always."""
+    core, optimizer, scheduler, rng = parts
+    writer = not _distributed() or dist.get_rank() == 0  # one process writes the checkpoints
+    if score > state["best"]:
+        state.update(best=score, best_epoch=state["epoch"], stale=0)
+        if writer:
+            save(core.state_dict(), checkpoints / "best.pt")
+    else:
+        state["stale"] += 1
+        state["done"] = state["stale"] >= patience
+    if writer:
+        save({"model": core.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+              "rng": rng_state(rng), "state": state}, checkpoints / "last.pt")
+    if _distributed():
+        dist.barrier()  # every process sees this epoch's checkpoints
 
 
 def _distributed() -> bool:

@@ -161,22 +161,7 @@ def _fetch_once(client, url: str, final: Path, part: Path, params: FetchParams, 
         # file holds the decoded ones, the ratio limit bounds them, and a resume (a range of encoded bytes) is off
         encoded = resp.headers.get("content-encoding", "identity").strip().lower() not in ("", "identity")
         atomic_write_text(_meta_path(part), json.dumps({"if_range": None if encoded else validators.if_range()}))
-        written = offset
-        with open(part, mode) as f:
-            for block in resp.iter_bytes():  # as the bytes arrive, so the deadline is checked as they do
-                written += len(block)
-                if written > params.max_bytes:
-                    f.close()
-                    _discard(part)
-                    raise DataError(f"download {shown}: more than download.max_bytes={params.max_bytes} bytes; stopped")
-                if encoded and written > (1 << 20) and written / max(resp.num_bytes_downloaded, 1) > params.max_ratio:
-                    f.close()
-                    _discard(part)
-                    raise DataError(f"download {shown}: its {resp.headers['content-encoding']} transfer decodes to more than "
-                                    f"{params.max_ratio:g}x its size (a decompression bomb?); stopped (download.max_ratio)")
-                if time.monotonic() > deadline:
-                    raise DataError(f"download {shown}: deadline of {params.deadline_s:g} s passed after {written} bytes (download.deadline_s)")
-                f.write(block)
+        written = _stream(resp, part, mode, offset, params, deadline, encoded, shown)
         received = offset + resp.num_bytes_downloaded if encoded else written
     finally:
         resp.close()
@@ -187,6 +172,28 @@ def _fetch_once(client, url: str, final: Path, part: Path, params: FetchParams, 
     _meta_path(part).unlink(missing_ok=True)
     atomic_write_text(_meta_path(final), json.dumps(validators.__dict__))
     return validators
+
+
+def _stream(resp, part: Path, mode: str, offset: int, params: FetchParams, deadline: float, encoded: bool, shown: str) -> int:
+    """The response's bytes into `part` (appended from `offset` when resuming) as they arrive, so that the size,
+    decoding-ratio and deadline limits are checked as they do; returns the file's size."""
+    written = offset
+    with open(part, mode) as f:
+        for block in resp.iter_bytes():
+            written += len(block)
+            if written > params.max_bytes:
+                f.close()
+                _discard(part)
+                raise DataError(f"download {shown}: more than download.max_bytes={params.max_bytes} bytes; stopped")
+            if encoded and written > (1 << 20) and written / max(resp.num_bytes_downloaded, 1) > params.max_ratio:
+                f.close()
+                _discard(part)
+                raise DataError(f"download {shown}: its {resp.headers['content-encoding']} transfer decodes to more than "
+                                f"{params.max_ratio:g}x its size (a decompression bomb?); stopped (download.max_ratio)")
+            if time.monotonic() > deadline:
+                raise DataError(f"download {shown}: deadline of {params.deadline_s:g} s passed after {written} bytes (download.deadline_s)")
+            f.write(block)
+    return written
 
 
 def _content_range(value: str) -> tuple[int | None, int | None]:

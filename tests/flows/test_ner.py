@@ -13,8 +13,8 @@ from flows.plan.config import load_pipeline
 from flows.track.tracker import client
 from tasks.errors import ConfigError
 from tasks.models import MODELS
-from tasks.stages import STAGE_NAMES as STAGES
 from tasks.ner.tagging import parse_conll
+from tasks.stages import STAGE_NAMES as STAGES
 
 pytestmark = pytest.mark.e2e
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "ner"

@@ -80,7 +80,7 @@ def test_the_stage_streams_eda_batch_by_batch_into_what_the_whole_split_gives(tm
     import tasks.classification.augment as augment
     import tasks.io as io
     from tasks.core import BuildContext, Facts
-    from tasks.io import Runner
+    from tasks.pool import Runner
 
     words = [" ".join(f"词{(i * 7 + k) % 23}" for k in range(3 + i % 4)) for i in range(60)]
     train = pd.DataFrame({"id": range(100, 160), "line": range(2, 62), "text": [w.replace(" ", "") for w in words],

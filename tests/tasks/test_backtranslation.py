@@ -16,9 +16,6 @@ from tasks.classification.augment import Params as AugmentConfig
 from tasks.classification.augment import augment_frame
 from tasks.classification.augmenters import AugmentContext
 from tasks.classification.backtranslation import chinese_share, reject_reason
-from tasks.errors import ZhpipeError
-from tasks.hub import ModelMissingError
-from tasks.segment import Params as SegmentConfig
 from tasks.classification.translators import BackTranslationParams as BackTranslationConfig
 from tasks.classification.translators import (
     CachedTranslation,
@@ -29,6 +26,9 @@ from tasks.classification.translators import (
 )
 from tasks.classification.translators import HttpTranslationParams as HttpTranslationConfig
 from tasks.classification.translators import TranslationFilterParams as TranslationFilterConfig
+from tasks.errors import ZhpipeError
+from tasks.hub import ModelMissingError
+from tasks.segment import Params as SegmentConfig
 from tasks.urls import conceal
 from tests.helpers.tiny_marian import ZH, build_pair
 

@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 from PIL import Image
 
+from tasks.classification.profile import Params as ProfileConfig
 from tasks.core import BuildContext, Facts
 from tasks.errors import DataError
 from tasks.plots import PROBE, cjk_font, has_glyphs, require_cjk_font, save, subplots, use_font
-from tasks.classification.profile import Params as ProfileConfig
 from tasks.segment import Params as SegmentConfig
 from tasks.segmenter import Segmenter
 

@@ -5,7 +5,8 @@ import pandas as pd
 import pytest
 
 from flows.orchestrate.chunks import DaskRunner, shutdown
-from tasks.io import Runner, write_parquet
+from tasks.io import write_parquet
+from tasks.pool import Runner
 from tasks.segment import Params as SegmentConfig
 from tasks.segment import segment_file
 from tasks.segmenter import Segmenter

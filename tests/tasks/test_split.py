@@ -1,8 +1,8 @@
 import pandas as pd
 import pytest
 
-from tasks.errors import DataError
 from tasks.classification.split import Params as SplitConfig
+from tasks.errors import DataError
 from tests.helpers.stages import split_rows
 
 

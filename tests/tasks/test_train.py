@@ -7,14 +7,14 @@ import torch
 from gensim.models import KeyedVectors
 
 from flows.track.tracker import Tracker
+from tasks.classification.train import Params as TrainConfig
+from tasks.classification.vocab import Params as VocabConfig
+from tasks.classification.vocab import count_tokens
 from tasks.models import MODELS, TrainInputs
 from tasks.models.modules import TextCNN, TextCNNConfig
 from tasks.models.networks import batches, encode
 from tasks.text import build_vocab
-from tasks.classification.train import Params as TrainConfig
 from tasks.vectors import keyed_word_vectors
-from tasks.classification.vocab import Params as VocabConfig
-from tasks.classification.vocab import count_tokens
 
 POS = ["房间 很 干净 服务 好", "早餐 不错 位置 好", "服务 热情 房间 干净"]
 NEG = ["房间 很 脏 服务 差", "早餐 太 差 了", "前台 态度 差 房间 吵"]

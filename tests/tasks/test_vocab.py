@@ -2,9 +2,9 @@ from collections import Counter
 
 import pandas as pd
 
-from tasks.text import build_vocab
 from tasks.classification.vocab import Params as VocabConfig
 from tasks.classification.vocab import build, count_tokens
+from tasks.text import build_vocab
 
 
 def test_specials_first_then_by_frequency():

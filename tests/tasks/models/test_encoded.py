@@ -6,8 +6,8 @@ import pytest
 
 from tasks.io import Rows, write_parquet
 from tasks.models import encoded
+from tasks.models.batching import length_buckets
 from tasks.models.encoded import Encoded, encode_split
-from tasks.models.trainer import length_buckets
 
 
 def corpus(n=30):

@@ -67,8 +67,7 @@ def _stage_inputs(root: Path) -> dict[str, Path]:
 
 def test_a_toy_model_needs_one_module_and_one_entry(toy, tmp_path):
     from flows.plan.config import load_pipeline
-    from tasks.classification import evaluate
-    from tasks.classification import train
+    from tasks.classification import evaluate, train
 
     config = load_pipeline("smoke", overrides=["train.models=[toy]", "train.toy.smoothing=0"])
     assert config.stages.train.toy.smoothing == 0.0  # its config section came from its Params

@@ -1,11 +1,11 @@
 import pandas as pd
 
-from tasks.models import TrainInputs
-from tasks.models.rnn_lm import rnn_lm_perplexity, train_rnn_lm
-from tasks.text import build_vocab
 from tasks.classification.train import Params as TrainConfig
 from tasks.classification.vocab import Params as VocabConfig
 from tasks.classification.vocab import count_tokens
+from tasks.models import TrainInputs
+from tasks.models.rnn_lm import rnn_lm_perplexity, train_rnn_lm
+from tasks.text import build_vocab
 from tests.tasks.test_train import NEG, POS
 
 

@@ -10,13 +10,13 @@ import pandas as pd
 import pytest
 import torch
 
+from tasks.classification.vocab import Params as VocabParams
 from tasks.models import MODELS, TrainInputs
 from tasks.models.seq2seq_nets import GRUSeq2Seq, Seq2SeqConfig, TransformerMT, TransformerMTConfig, beam_search, greedy
 from tasks.models.settings import params_model
+from tasks.text import build_vocab
 from tasks.translation.text import en_text, en_tokens
 from tasks.translation.train import Common
-from tasks.text import build_vocab
-from tasks.classification.vocab import Params as VocabParams
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "mt" / "pairs.tsv"
 

@@ -8,8 +8,8 @@ import pandas as pd
 
 from tasks.core import BuildContext
 from tasks.ner import clean, download, split
-from tasks.source.schema import Source
 from tasks.ner.tagging import parse_conll, spans_of
+from tasks.source.schema import Source
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "ner"
 

@@ -6,9 +6,9 @@ import json
 import pandas as pd
 import pytest
 
+from tasks.source.schema import Source
 from tasks.translation import clean, download, split
 from tasks.translation.text import pair_key
-from tasks.source.schema import Source
 
 
 class Store:

@@ -1,0 +1,37 @@
+"""The house keeps its shape: no file in flows/ or tasks/ over 400 lines, no function over 60, and flows/ names
+stages through their declarations (at most 5 string literals equal to a stage name, none a stage's own)."""
+import ast
+from pathlib import Path
+
+from tasks.stages import STAGE_NAMES
+
+ROOT = Path(__file__).resolve().parent.parent
+MAX_FILE_LINES, MAX_FUNCTION_LINES, MAX_STAGE_LITERALS = 400, 60, 5
+
+
+def _sources():
+    return [p for pkg in ("flows", "tasks") for p in sorted((ROOT / pkg).rglob("*.py"))]
+
+
+def test_no_file_is_over_400_lines_and_no_function_over_60():
+    long_files = [f"{p.relative_to(ROOT)}: {n}" for p in _sources() if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_FILE_LINES]
+    long_functions = [f"{p.relative_to(ROOT)}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1}"
+                      for p in _sources() for node in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+                      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    assert long_files == [] and long_functions == []
+
+
+def stage_literals(folder: Path) -> list[str]:
+    """Every string literal in `folder`'s modules that equals a stage name (docstrings and f-string parts are not literals)."""
+    return [f"{p.relative_to(folder.parent)}:{node.lineno} {node.value!r}" for p in sorted(folder.rglob("*.py"))
+            for node in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in STAGE_NAMES]
+
+
+def test_flows_names_stages_through_their_declarations(tmp_path):
+    found = stage_literals(ROOT / "flows")
+    assert len(found) <= MAX_STAGE_LITERALS, found
+    planted = tmp_path / "flows"
+    planted.mkdir()
+    (planted / "x.py").write_text('results.get("train")\nspec = kind.training\n')
+    assert stage_literals(planted) == ["flows/x.py:1 'train'"]  # the check sees a stage named by its string
