@@ -65,7 +65,9 @@ def by_model(units: dict[str, Any]) -> dict[str, Any]:
 @dataclass(frozen=True)
 class Facts:
     """What a stage tells the stages after it, besides its files: each fact is a field (None: not known at
-    this stage). Stored in the output's manifest; a stage hands its input's facts on with `but(...)`."""
+    this stage). A stage returns the facts it establishes; the runner adds those of the stages it read (the
+    nearest wins) and stores them in the output's manifest, so a stage reads `ctx.facts[<stage>]` of any stage
+    it needs and never hands facts on by hand."""
 
     labels: list[str] | None = None  # the label set (classification) or entity types (ner), in a stable order
     source_sha256: str | None = None  # download: the source's digest (`split=digest ...` for a ner source of several files)
@@ -93,6 +95,17 @@ class Facts:
         """Facts from a manifest; keys of no field (written by older code) are left out."""
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in (doc or {}).items() if k in names})
+
+
+def established(stage: str, inputs: dict[str, Facts], own: Facts) -> Facts:
+    """What a unit's output stands for: the facts it established (`own`) over those of what it read (`inputs`, by
+    unit name; the first it names wins, as the nearest). A stage that gathers its own units (partitions, models)
+    states what it gathered itself: their facts are not added."""
+    known: dict = {}
+    for name, facts in reversed(inputs.items()):
+        if Unit.parse(name).stage != stage:
+            known |= facts.to_json()
+    return Facts.from_json(known | own.to_json())
 
 
 def gathered(parts: list[Facts]) -> Facts:

@@ -99,4 +99,4 @@ def build(ctx: BuildContext) -> BuildOutput:
             metrics[f"{name}_mean_words"] = counts["words"] / max(counts["rows"], 1)
     metrics["workers"] = runner.workers
     metrics["chunk_processes"] = len({(r["host"], r["pid"]) for r in runner.ran_on})
-    return BuildOutput(rows=rows, metrics=metrics, facts=ctx.facts["split"])
+    return BuildOutput(rows=rows, metrics=metrics)

@@ -27,6 +27,23 @@ def _source_paths(config) -> list:
     return [p for p in (resolve_local(src.path) for src in parts if src.path) if p is not None]
 
 
+def _registry(revision):
+    """The registry as gc asks it: a model that is not registered yet is said in one line; the outputs that would read
+    it cannot be in the store, so the key that names it keeps nothing (`<uri>@unregistered`)."""
+    said = set()
+
+    def lookup(uri: str) -> str:
+        try:
+            return revision(uri)
+        except ZhpipeError as e:
+            if uri not in said:
+                said.add(uri)
+                print(f"gc: {e}; what a pipeline builds from it is not built yet, so nothing of it is kept")
+            return f"{uri}@unregistered"
+
+    return lookup
+
+
 def cmd_gc(args) -> int:
     from flows.plan.config import list_pipelines, load_pipeline
     from flows.plan.keys import plan_keys
@@ -38,7 +55,7 @@ def cmd_gc(args) -> int:
     configs = [load_pipeline(name, file) for name in list_pipelines(file)]
     from flows.plan.store import unit_folder
 
-    keep = {(unit_folder(unit), key) for config in configs for unit, key in plan_keys(config, registry=revision).items()}
+    keep = {(unit_folder(unit), key) for config in configs for unit, key in plan_keys(config, registry=_registry(revision)).items()}
     sources = tuple(path for config in configs for path in _source_paths(config))
     records = source_run_records()
     for name in args.forget:

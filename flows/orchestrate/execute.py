@@ -18,7 +18,7 @@ from flows.plan.keys import unit_params
 from flows.plan.sources import origin_of, partition_source, partitions
 from flows.plan.store import Manifest, StageStore
 from flows.track.tracker import Tracker, experiment_id
-from tasks.core import BuildContext, BuildOutput, Facts, Unit
+from tasks.core import BuildContext, BuildOutput, Facts, Unit, established
 from tasks.errors import ZhpipeError
 from tasks.source.origin import Origin
 
@@ -250,7 +250,7 @@ class RunContext:
                 rows=out.rows,
                 seconds=round(time.perf_counter() - t0, 3),
                 metrics=out.metrics,
-                facts=out.facts.to_json(),
+                facts=established(Unit.parse(stage).stage, {name: r.facts for name, r in inputs.items()}, out.facts).to_json(),
                 mlflow_run_id=tracker.run_id,
                 causes=self.causes.get(stage, {}),
                 pipeline=self.config.name,

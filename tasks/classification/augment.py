@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from tasks.classification.augmenters import AUGMENTERS, CHUNK_ROWS, CHUNKED, STREAMED, AugmentContext, Augmented, EdaParams
 from tasks.classification.backtranslation import BackTranslationParams
-from tasks.core import BuildContext, BuildOutput
+from tasks.core import BuildContext, BuildOutput, Facts
 from tasks.errors import ConfigError, DataError
 from tasks.io import ROW_GROUP_ROWS, PartWriter, Rows, TextSet, chunk_plan, write_parquet
 from tasks.pool import Runner
@@ -148,7 +148,7 @@ def build(ctx: BuildContext) -> BuildOutput:
     return BuildOutput(
         rows=kept + added,
         metrics={"rows_original": kept, "rows_added": added, **result.metrics},
-        facts=ctx.facts["segment"].but(augment_method_used=result.method_used),
+        facts=Facts(augment_method_used=result.method_used),
         artifacts=["sample.csv"] if (ctx.out / "sample.csv").exists() else [],
         tables=tables,
         tags={"zhpipe.augment.method_used": result.method_used},

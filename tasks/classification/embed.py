@@ -207,5 +207,5 @@ def build(ctx: BuildContext) -> BuildOutput:
     answered = probes["analogies"].loc[probes["analogies"]["model"] == "word2vec", "expected_rank"] if len(probes["analogies"]) else pd.Series(dtype=float)
     if len(answered):
         metrics["word2vec_analogy_top5"] = float(answered.notna().mean())
-    return BuildOutput(rows=len(w2v), metrics=metrics, facts=ctx.facts["augment"], artifacts=artifacts,
+    return BuildOutput(rows=len(w2v), metrics=metrics, artifacts=artifacts,
                        tables={f"{name}.json": frame for name, frame in {"neighbours": table, **probes}.items() if len(frame)})

@@ -143,7 +143,7 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
         plot_training_curves(summary.get("history", []), f"{name}: training", folder / "training_curves.png")
     (folder / "metrics.json").write_text(json.dumps(metrics, indent=2), encoding="utf-8")
     tables = {} if spec.is_language_model else {"worst_mistakes.json": worst.astype(str)}
-    return BuildOutput(rows=len(test), metrics=metrics, facts=trained.but(results=metrics),
+    return BuildOutput(rows=len(test), metrics=metrics, facts=Facts(results=metrics),
                        artifacts=["evaluation"], tables=tables)
 
 

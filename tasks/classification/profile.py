@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 from pydantic import Field
 
-from tasks.core import BuildContext, BuildOutput
+from tasks.core import BuildContext, BuildOutput, Facts
 from tasks.io import SPLITS, Rows, safe_name
 from tasks.reports import Common, report_html, stats_markdown
 from tasks.text import FUNCTION_WORDS, is_word
@@ -280,7 +280,7 @@ def build(ctx: BuildContext) -> BuildOutput:
     (ctx.out / "stats.json").write_text(json.dumps(stats, indent=2), encoding="utf-8")
     (ctx.out / "report.html").write_text(report_html(f"{ctx.pipeline}: corpus profile", stats, tables, pictures), encoding="utf-8")
     files = [p.name for p in pictures] + ["report.html", "stats.json"] + [f"{n.replace(' ', '_')}.csv" for n in tables]
-    return BuildOutput(rows=profile.rows, metrics=stats, facts=ctx.facts["segment"].but(font=font), artifacts=files,
+    return BuildOutput(rows=profile.rows, metrics=stats, facts=Facts(font=font), artifacts=files,
                        markdown={"profile": stats_markdown(ctx.pipeline, stats)},
                        records={"top-words": tables["top words per label"].astype(str).to_dict("records")})
 

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from tasks.core import BuildContext, BuildOutput
+from tasks.core import BuildContext, BuildOutput, Facts
 from tasks.errors import ConfigError, DataError
 from tasks.io import ROW_GROUP_ROWS, SPLITS, PartWriter, iter_frames, sorted_labels
 from tasks.splitting import Fractions, hash_units, split_sizes
@@ -154,7 +154,7 @@ def build(ctx: BuildContext) -> BuildOutput:
     path = ctx.file("clean", "data.parquet")
     src = pq.ParquetFile(path)
     labelled = "label" in src.schema_arrow.names
-    facts = ctx.facts["clean"]
+    facts = Facts()
     counts: dict = Counter()
     if labelled:
         for labels in iter_frames(path, BATCH_ROWS, columns=["label"]):
@@ -181,7 +181,7 @@ def build(ctx: BuildContext) -> BuildOutput:
             raise DataError(f"split: {len(kept)} class{only} left with at least {MIN_CLASS_ROWS} rows "
                             f"({set_aside} rows of smaller classes quarantined); a classifier needs at least 2")
     if labelled:
-        facts = facts.but(labels=sorted_labels(kept))
+        facts = Facts(labels=sorted_labels(kept))
     metrics = _write_splits(ctx, path, (rename, aside, small), kept, labelled)
     return BuildOutput(rows=sum(kept.values()), metrics=metrics, facts=facts)
 

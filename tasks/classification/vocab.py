@@ -48,7 +48,7 @@ def split_counts(ctx: BuildContext) -> tuple[dict[str, dict[str, Counter]], dict
 def build(ctx: BuildContext) -> BuildOutput:
     """Write `words/vocab.txt`, `words/freq.tsv`, `chars/vocab.txt`, `chars/freq.tsv` from the train split."""
     counts, pruned, _ = split_counts(ctx)
-    return write_vocab(ctx, counts["train"], counts["validation"], ctx.facts["augment"], pruned)
+    return write_vocab(ctx, counts["train"], counts["validation"], Facts(), pruned)
 
 
 def count(ctx: BuildContext) -> BuildOutput:
@@ -60,7 +60,7 @@ def count(ctx: BuildContext) -> BuildOutput:
         for kind, found in kinds.items():
             pd.DataFrame({"token": list(found), "count": list(found.values())}, columns=["token", "count"]).astype(
                 {"token": str, "count": "int64"}).to_parquet(ctx.out / "counts" / f"{kind}.{split}.parquet", index=False)
-    return BuildOutput(rows=rows, facts=ctx.facts["augment"])
+    return BuildOutput(rows=rows)
 
 
 def gather(ctx: BuildContext) -> BuildOutput:

@@ -99,6 +99,6 @@ def build(ctx: BuildContext) -> BuildOutput:
     metrics = {f"dropped_{r}": counts.get(r, 0) for r in ("empty", "too_long", "duplicate")}
     metrics.update(rows_in=len(df), rows_kept=len(kept), rows_dropped=len(quarantine), entities_lost=lost,
                    changed_characters=sum(a != b for x, y in zip(df["raw_text"].astype(str), texts) if len(x) == len(y) for a, b in zip(x, y)))
-    return BuildOutput(rows=len(kept), metrics=metrics, facts=ctx.facts["download"], artifacts=["quarantine.parquet"],
+    return BuildOutput(rows=len(kept), metrics=metrics, artifacts=["quarantine.parquet"],
                        tables={"quarantine_sample.json": quarantine.head(1000).astype(str)} if len(quarantine) else {},
                        datasets=[Dataset(kept.drop(columns=["tags"]), str(ctx.out / "data.parquet"), f"{ctx.pipeline}-clean", "clean")])

@@ -47,5 +47,5 @@ def build(ctx: BuildContext) -> BuildOutput:
             rows = neighbours("word2vec", p.probe_words, lambda w, n: kv.most_similar(w, topn=n) if w in kv else [], p.topn)
     table = pd.DataFrame(rows, columns=["model", "word", "rank", "neighbour", "cosine"])
     table.to_csv(ctx.out / "neighbours.csv", index=False)
-    return BuildOutput(rows=int(metrics["chars_vectors"]), metrics=metrics, facts=ctx.facts["augment"],
+    return BuildOutput(rows=int(metrics["chars_vectors"]), metrics=metrics,
                        artifacts=["neighbours.csv"], tables={"neighbours.json": table} if len(table) else {})

@@ -93,7 +93,7 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     metrics |= {f"test_f1_{row.type}": row.f1 for row in per_type.itertuples()}
     (folder / "metrics.json").write_text(json.dumps(metrics, indent=2), encoding="utf-8")
     return BuildOutput(rows=len(test), metrics=metrics, artifacts=["evaluation"],
-                       facts=trained.but(results=metrics),
+                       facts=Facts(results=metrics),
                        tables={"worst_sentences.json": worst.drop(columns=["gold_html", "predicted_html"]).astype(str),
                                "per_type.json": per_type})
 

@@ -95,6 +95,6 @@ def build(ctx: BuildContext) -> BuildOutput:
     page = report_html(f"{ctx.pipeline}: corpus profile", stats, tables, pictures, markup=("example sentences (train)",))
     (ctx.out / "report.html").write_text(page, encoding="utf-8")
     files = [q.name for q in pictures] + ["report.html", "stats.json"] + [f"{n.split(' (')[0].replace(' ', '_')}.csv" for n in tables]
-    return BuildOutput(rows=stats["sentences"], metrics=stats, facts=ctx.facts["segment"], artifacts=files,
+    return BuildOutput(rows=stats["sentences"], metrics=stats, artifacts=files,
                        markdown={"profile": stats_markdown(ctx.pipeline, stats)},
                        records={"entity-types": tables["entities per type and split"].astype(str).to_dict("records")})

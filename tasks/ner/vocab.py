@@ -83,5 +83,5 @@ def build(ctx: BuildContext) -> BuildOutput:
     (ctx.out / "lexicon" / "words.txt").write_text("".join(f"{w}\n" for w in lexicon), encoding="utf-8")
     metrics.update(lexicon_size=len(lexicon), lexicon_from_dictionary=len(dictionary), lexicon_from_corpus=len(corpus),
                    lexicon_validation_entity_recall=boundary_recall(validation["text"].tolist(), validation["tags"].tolist(), Lexicon(lexicon)))
-    return BuildOutput(rows=len(lexicon), metrics=metrics, facts=ctx.facts["augment"],
+    return BuildOutput(rows=len(lexicon), metrics=metrics,
                        artifacts=["chars/vocab.txt", "bigrams/vocab.txt", "lexicon/words.txt"])

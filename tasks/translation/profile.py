@@ -76,5 +76,5 @@ def build(ctx: BuildContext) -> BuildOutput:
     (ctx.out / "stats.json").write_text(json.dumps(stats, indent=2), encoding="utf-8")
     (ctx.out / "report.html").write_text(report_html(f"{ctx.pipeline}: corpus profile", stats, tables, pictures), encoding="utf-8")
     files = [q.name for q in pictures] + ["report.html", "stats.json", "most_frequent_tokens.csv", "example_pairs.csv"]
-    return BuildOutput(rows=len(pairs), metrics=stats, facts=ctx.facts["segment"], artifacts=files,
+    return BuildOutput(rows=len(pairs), metrics=stats, artifacts=files,
                        markdown={"profile": stats_markdown(ctx.pipeline, stats)})

@@ -58,4 +58,4 @@ def build(ctx: BuildContext) -> BuildOutput:
         write_parquet(part, ctx.out / f"{name}.parquet")
         metrics[f"rows_{name}"] = len(part)
     write_parquet(df.head(0).assign(reason=pd.Series(dtype="string")), ctx.out / "quarantine.parquet")
-    return BuildOutput(rows=len(df), metrics=metrics, facts=ctx.facts["clean"])
+    return BuildOutput(rows=len(df), metrics=metrics)

@@ -40,4 +40,4 @@ def build(ctx: BuildContext) -> BuildOutput:
         held = [t for row in side_tokens(validation, lang, p.zh_tokens) for t in row]
         metrics |= {f"{lang}_vocab_size": len(itos), f"{lang}_validation_oov_rate": sum(t not in seen for t in held) / max(len(held), 1)}
     (ctx.out / "vocab.json").write_text(json.dumps({"zh_tokens": p.zh_tokens}), encoding="utf-8")
-    return BuildOutput(rows=None, metrics=metrics, facts=ctx.facts["augment"], artifacts=["zh/vocab.txt", "en/vocab.txt"])
+    return BuildOutput(rows=None, metrics=metrics, artifacts=["zh/vocab.txt", "en/vocab.txt"])
