@@ -1,1 +1,3 @@
-"""zhpipe stages: one module per stage, pure logic plus a thin Prefect `@task` wrapper."""
+"""zhpipe's stages as plain Python: one package per task kind (classification, ner, translation) with a module per
+stage (`Params` and `build(ctx)`), what the kinds share at this level (segment, normalising, reports, vectors,
+I/O), the model registry (models/) and the sources (source/). Imports neither flows/ nor Prefect nor MLflow."""

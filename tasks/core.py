@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable, ClassVar, NamedTuple, Protocol
+from typing import Any, Callable, ClassVar, Protocol
 
 import pandas as pd
 from pydantic import BaseModel, ConfigDict
@@ -33,28 +33,39 @@ class MetricSink(Protocol):
     def metrics(self, metrics: dict[str, float], step: int | None = None) -> None: ...
 
 
-class Unit(NamedTuple):
-    """The name of a unit of work: a stage (`train`), a model unit of a per-model stage (`train.textcnn`), or a
-    partition unit of a partitioned stage (`clean:2026-12-01.csv`). Written as a string in keys, manifests and
-    MLflow; parsed here only."""
+class Unit(str):
+    """The name of a unit of work, typed: a stage (`train`), a model unit of a per-model stage (`train.textcnn`), or a
+    partition unit of a partitioned stage (`clean:2026-12-01.csv`), with its `stage`, `model` and `part`. It is
+    the string it is written as in keys, manifests and MLflow (equal, hashed and serialised as it), so a name read
+    back is parsed once, by `Unit.parse`, and a unit made here is never parsed again."""
 
-    stage: str
-    model: str = ""
-    part: str = ""
+    __slots__ = ("stage", "model", "part")
+
+    def __new__(cls, stage: str, model: str = "", part: str = "") -> "Unit":
+        unit = super().__new__(cls, stage + (f".{model}" if model else "") + (f":{part}" if part else ""))
+        unit.stage, unit.model, unit.part = stage, model, part
+        return unit
 
     @classmethod
     def parse(cls, name: str) -> "Unit":
+        if isinstance(name, Unit):
+            return name
         head, _, part = name.partition(":")  # file names may hold dots: the partition is split off first
         stage, _, model = head.partition(".")
         return cls(stage, model, part)
 
-    def __str__(self) -> str:
-        return self.stage + (f".{self.model}" if self.model else "") + (f":{self.part}" if self.part else "")
+    def __reduce__(self):  # pickled (to Dask workers, Prefect) as what it is
+        return (Unit, (self.stage, self.model, self.part))
 
 
-def model_unit(stage: str, model: str) -> str:
-    """The unit name of one model in a per-model stage (`train.textcnn`)."""
-    return str(Unit(stage, model))
+def model_unit(stage: str, model: str) -> Unit:
+    """The unit of one model in a per-model stage (`train.textcnn`)."""
+    return Unit(stage, model)
+
+
+def partition_unit(stage: str, part: str) -> Unit:
+    """The unit of one partition of a partitioned stage (`clean:2026-12-01.csv`)."""
+    return Unit(stage, part=part)
 
 
 def by_model(units: dict[str, Any]) -> dict[str, Any]:

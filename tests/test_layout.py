@@ -35,3 +35,16 @@ def test_flows_names_stages_through_their_declarations(tmp_path):
     planted.mkdir()
     (planted / "x.py").write_text('results.get("train")\nspec = kind.training\n')
     assert stage_literals(planted) == ["flows/x.py:1 'train'"]  # the check sees a stage named by its string
+
+
+def test_every_file_a_comment_or_page_names_exists():
+    """A docstring, comment or page that names a file of the project names one that exists (results that benchmarks
+    write are made by running them)."""
+    import re
+
+    named = re.compile(r"(?<![\w./-])((?:flows|tasks|tests|docs|benchmarks)/[\w/.-]*\w)")
+    texts = [*_sources(), *(ROOT / "docs").glob("*.md"), ROOT / "README.md", ROOT / "pipelines.yaml"]
+    missing = [f"{p.relative_to(ROOT)}:{i} {ref}" for p in texts for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+               for ref in named.findall(line) if not ref.startswith("benchmarks/results") and "{" not in ref
+               and not (ROOT / ref).exists() and not (ROOT / f"{ref}.py").exists()]
+    assert missing == []

@@ -18,7 +18,7 @@ from flows.plan.keys import unit_params
 from flows.plan.sources import origin_of, partition_source, partitions
 from flows.plan.store import Manifest, StageStore
 from flows.track.tracker import Tracker, experiment_id
-from tasks.core import BuildContext, BuildOutput, Facts, Unit, established
+from tasks.core import BuildContext, BuildOutput, Facts, Unit, established, partition_unit
 from tasks.errors import ZhpipeError
 from tasks.source.origin import Origin
 
@@ -55,7 +55,7 @@ class StoreServices:
 class StageResult:
     """What a stage task hands to the next: a path and a few facts, never the data itself."""
 
-    stage: str
+    stage: Unit  # the unit it is the output of
     key: str
     path: Path
     cache: str  # "hit" or "miss"
@@ -101,14 +101,14 @@ class RunContext:
         and sound and nothing is forced: a run with nothing to build (nothing is tracked per stage). Else None;
         a corrupt output found on the way is removed, for the run that follows to rebuild."""
         wanted = set(stages) | self.config.kind.units_read(stages)  # registering reads the trained models
-        units = [u for u in self.keys if Unit.parse(u).stage in wanted]
+        units = [u for u in self.keys if u.stage in wanted]
         if self.force or not all(self.store.is_done(u, self.keys[u]) for u in units):
             return None
         if not all(self._sound(u, self.keys[u]) for u in units):
             return None
         found = {u: self._result(self.store.manifest(u, self.keys[u]), "hit", 0.0) for u in units}
         for name in stages:
-            found[name].parts = {u: r for u, r in found.items() if u != name and Unit.parse(u).stage == name}
+            found[name].parts = {u: r for u, r in found.items() if u != name and u.stage == name}
         return {name: found[name] for name in stages}
 
     def _sound(self, stage: str, key: str) -> bool:
@@ -119,12 +119,13 @@ class RunContext:
             self.store.discard(stage, key)
         return not problems
 
-    def run(self, stage: str, inputs: dict[str, StageResult], build: Callable[[BuildContext], BuildOutput],
+    def run(self, unit: Unit | str, inputs: dict[str, StageResult], build: Callable[[BuildContext], BuildOutput],
             tracker: Tracker | None = None, run_name: str | None = None, tags: dict[str, str] | None = None) -> StageResult:
         """Reuse the unit's output when its key is in the store (and sound), else build it atomically; track
         either way. `stage` is a stage or a model unit (`train.textcnn`, `evaluate.textcnn`). By default each
         gets an MLflow run of its own under the parent; `tracker` logs into an existing run instead (left
         open). The key's lock is held throughout, so a concurrent run of the same key waits, then reuses."""
+        stage = Unit.parse(unit)  # a stage's name as its kind declares it, or a unit planned as one
         key = self.keys[stage]
         t0 = time.perf_counter()
         with self.store.lock(stage, key, shared=global_slot):
@@ -145,7 +146,7 @@ class RunContext:
                     log.info("%s: cached (%s)", stage, key)
                 else:
                     manifest = self._build(stage, key, inputs, tracker, build)
-                prefix = "" if own else f"{Unit.parse(stage).stage}_"  # a model run holds its train and evaluate units
+                prefix = "" if own else f"{stage.stage}_"  # a model run holds its train and evaluate units
                 metrics = {**manifest.metrics, f"{prefix}rows": manifest.rows or 0, f"{prefix}seconds": manifest.seconds}
                 if hit:  # with the params, in one write (a built unit's params were logged before it was built)
                     tracker.log(flatten(unit_params(self.config, stage)) if own else {}, metrics)
@@ -161,9 +162,9 @@ class RunContext:
         result.run_id = tracker.run_id
         return result
 
-    def forced(self, stage: str) -> bool:
-        """Whether --force covers this stage (a model or partition unit follows its stage)."""
-        return Unit.parse(stage).stage in self.force
+    def forced(self, unit: Unit) -> bool:
+        """Whether --force covers this unit (a model or partition unit follows its stage)."""
+        return unit.stage in self.force
 
     def partition_names(self) -> list[str]:
         if self._partitions is None:
@@ -177,10 +178,11 @@ class RunContext:
 
         parts: dict[str, StageResult] = {}
         for name in self.partition_names():
-            inputs = {d: upstream[d].parts.get(f"{d}:{name}") or self.reuse(f"{d}:{name}") for d in spec.needs}
+            inputs = {d: upstream[d].parts.get(partition_unit(d, name)) or self.reuse(partition_unit(d, name)) for d in spec.needs}
             if spec.cumulative:
                 inputs |= dict(parts)
-            parts[f"{spec.name}:{name}"] = self.run_partition(f"{spec.name}:{name}", inputs, getattr(spec.module, spec.part_build))
+            unit = partition_unit(spec.name, name)
+            parts[unit] = self.run_partition(unit, inputs, getattr(spec.module, spec.part_build))
         built = sum(r.cache == "miss" for r in parts.values())
         log.info("%s: %d partitions, %d cached, %d built", spec.name, len(parts), len(parts) - built, built)
         result = self.run(spec.name, parts, getattr(spec.module, spec.gather) if spec.gather else gather.build)
@@ -188,7 +190,7 @@ class RunContext:
         result.seconds = round(result.seconds + sum(r.seconds for r in parts.values()), 3)  # the stage's time, partitions included
         return result
 
-    def run_partition(self, unit: str, inputs: dict[str, StageResult], build: Callable[[BuildContext], BuildOutput]) -> StageResult:
+    def run_partition(self, unit: Unit, inputs: dict[str, StageResult], build: Callable[[BuildContext], BuildOutput]) -> StageResult:
         """A partition unit: reused when cached (no MLflow run: a night reuses most of them), else built and
         tracked in a run of its own under the parent."""
         key = self.keys[unit]
@@ -198,22 +200,21 @@ class RunContext:
         return self.run(unit, inputs, build)
 
     @staticmethod
-    def _link(stage: str, manifest: Manifest, experiment: str) -> dict[str, str]:
+    def _link(stage: Unit, manifest: Manifest, experiment: str) -> dict[str, str]:
         """A reused output's artifacts stay where they were logged: the tags that point the run there (nothing
         is uploaded)."""
         source = manifest.mlflow_run_id or ""
-        base, model, _ = Unit.parse(stage)
-        tag = f"zhpipe.{base}_artifacts_run_id" if model else "zhpipe.artifacts_run_id"
+        tag = f"zhpipe.{stage.stage}_artifacts_run_id" if stage.model else "zhpipe.artifacts_run_id"
         tags = {tag: source}
         if source:
             tags["mlflow.note.content"] = (f"{stage}: cached output {manifest.key}, reused; its artifacts are in "
                                            f"[run {source[:8]}](#/experiments/{experiment}/runs/{source}).")
         return tags
 
-    def _build(self, stage, key, inputs, tracker, build) -> Manifest:
+    def _build(self, stage: Unit, key: str, inputs: dict[str, StageResult], tracker, build) -> Manifest:
         log.info("%s: building (%s)", stage, key)
-        base, _, part = Unit.parse(stage)
-        params_model = getattr(self.config.stages, base)
+        part = stage.part
+        params_model = self.config.section(stage.stage)
         tmp = self.store.begin(stage, key)
         scratch = self.store.scratch(stage, key)
         if self.forced(stage):  # --force means from scratch, not from the last checkpoint
@@ -239,8 +240,8 @@ class RunContext:
             outputs={name: self.config.kind.stages[Unit.parse(name).stage].outputs for name in inputs},
         )
         try:
-            training, unit = self.config.kind.training, Unit.parse(stage)
-            with system_metrics(tracker.run_id, enabled=bool(unit.model) and training is not None and unit.stage == training.name):
+            training = self.config.kind.training
+            with system_metrics(tracker.run_id, enabled=bool(stage.model) and training is not None and stage.stage == training.name):
                 out = build(ctx)
             manifest = Manifest(
                 stage=stage,
@@ -250,7 +251,7 @@ class RunContext:
                 rows=out.rows,
                 seconds=round(time.perf_counter() - t0, 3),
                 metrics=out.metrics,
-                facts=established(Unit.parse(stage).stage, {name: r.facts for name, r in inputs.items()}, out.facts).to_json(),
+                facts=established(stage.stage, {name: r.facts for name, r in inputs.items()}, out.facts).to_json(),
                 mlflow_run_id=tracker.run_id,
                 causes=self.causes.get(stage, {}),
                 pipeline=self.config.name,
@@ -269,7 +270,7 @@ class RunContext:
 
     def _result(self, manifest: Manifest, cache: str, seconds: float) -> StageResult:
         return StageResult(
-            stage=manifest.stage,
+            stage=Unit.parse(manifest.stage),
             key=manifest.key,
             path=self.store.local(manifest.stage, manifest.key),
             cache=cache,

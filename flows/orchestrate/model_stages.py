@@ -12,7 +12,7 @@ from flows.orchestrate.execute import RunContext, StageResult, artifact_key
 from flows.plan.keys import members_of, model_units
 from flows.track.champion import register_best
 from flows.track.tracker import Tracker, client
-from tasks.core import Unit, model_unit
+from tasks.core import model_unit
 from tasks.io import Rows
 from tasks.models import MODELS
 from tasks.stages import Stage
@@ -30,13 +30,13 @@ def run_model_stage(run: RunContext, spec: Stage, upstream: dict[str, StageResul
     is registered (every run: a best model a killed run did not register is registered now)."""
     units: dict[str, StageResult] = {}
     for unit in model_units(run.config, spec.name):
-        name = Unit.parse(unit).model
+        name = unit.model
         units[unit] = as_task_run(unit, lambda n=name: model_unit_run(run, spec, n, upstream, units))
     result = run.run(spec.name, units, spec.module.build)
     result.parts = units
     if spec.models.selects:
         test = upstream.get(run.config.kind.test_split().name) or run.reuse(run.config.kind.test_split().name)
-        register(run, result, test, {Unit.parse(unit).model: r.run_id for unit, r in result.parts.items()})
+        register(run, result, test, {unit.model: r.run_id for unit, r in result.parts.items()})
         comparison = result.path / "comparison.md"
         if comparison.is_file():
             from prefect.artifacts import create_markdown_artifact

@@ -21,7 +21,7 @@ from flows.plan.sources import origin_of, record_source_run, source_fingerprint
 from flows.plan.store import StageStore, stage_key
 from flows.track.champion import revision
 from flows.track.tracker import Tracker, experiment_id
-from tasks.core import DATASET_SAMPLE_ROWS, Unit, model_unit
+from tasks.core import DATASET_SAMPLE_ROWS, model_unit
 from tasks.io import SPLITS as SPLIT_NAMES
 from tasks.io import iter_frames
 from tasks.urls import redact_text
@@ -133,7 +133,7 @@ def record_reuse(run: RunContext, results: dict[str, StageResult]) -> bool:
     kind = run.config.kind
     named = set(results) | kind.units_read(results)  # registering reads the trained models' runs
     built_by = {u: run.store.manifest(u, run.keys[u]).mlflow_run_id or "" for u in run.keys
-                if ":" not in u and Unit.parse(u).stage in named}
+                if not u.part and u.stage in named}
     if set(built_by.values()) - Tracker.existing(set(built_by.values())):
         return False  # built under another tracking store (this one moved aside or new): recorded the long way
     parent = Tracker(run.parent_run_id)
@@ -143,7 +143,7 @@ def record_reuse(run: RunContext, results: dict[str, StageResult]) -> bool:
                  **{f"zhpipe.reused.{u}": r for u, r in built_by.items()}})
     selection = results.get(kind.selection.name) if kind.selection else None
     if selection is not None:
-        model_runs = {m: built_by[model_unit(kind.training.name, m)] for m in {Unit.parse(u).model for u in selection.parts}}
+        model_runs = {m: built_by[model_unit(kind.training.name, m)] for m in {u.model for u in selection.parts}}
         register(run, selection, results.get(kind.test_split().name) or run.reuse(kind.test_split().name), model_runs)
     return True
 

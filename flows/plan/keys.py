@@ -10,7 +10,7 @@ from flows.plan.config import PipelineConfig
 from flows.plan.fingerprint import code_fingerprint, file_fingerprints, library_versions
 from flows.plan.sources import partition_source, partitions, source_fingerprint
 from flows.plan.store import stage_key
-from tasks.core import Unit, model_unit
+from tasks.core import Unit, model_unit, partition_unit
 from tasks.models import MODELS
 from tasks.source.origin import Origin
 
@@ -32,7 +32,8 @@ def key_causes(config: PipelineConfig, unit: str, inputs: dict[str, str], regist
     download), the code that computes it, the libraries that shape it and the contents of the files its params
     name. A model unit (`train.<model>`, `evaluate.<model>`) sees its stage's code and its own model family's,
     never another family's, and only the files its own section names."""
-    stage, model, part = Unit.parse(unit)
+    unit = Unit.parse(unit)
+    stage, model, part = unit.stage, unit.model, unit.part
     spec = config.kind.stages[stage]
     module = spec.module
     params = unit_params(config, unit)
@@ -54,7 +55,7 @@ def key_causes(config: PipelineConfig, unit: str, inputs: dict[str, str], regist
     }
 
 
-def model_units(config: PipelineConfig, stage: str) -> list[str]:
+def model_units(config: PipelineConfig, stage: str) -> list[Unit]:
     """The units of a per-model stage: `<stage>.<model>` for each model the pipeline trains, ensembles after the
     models they are built from."""
     return [model_unit(stage, name) for name in sorted(config.models(), key=lambda n: MODELS[n].members is not None)]
@@ -70,7 +71,8 @@ def unit_params(config: PipelineConfig, unit: str) -> dict[str, Any]:
     """The params that define a stage's or a model unit's output. A model unit of the training stage sees the
     shared settings its model declares it reads (`ModelSpec.shared`) and its own section, never another model's;
     the training stage itself only the model list."""
-    stage, model, part = Unit.parse(unit)
+    unit = Unit.parse(unit)
+    stage, model, part = unit.stage, unit.model, unit.part
     spec = config.kind.stages[stage]
     if part and not spec.needs:  # a partition of the source: its file, and its place in the order
         ordinal = [p.name for p in partitions(config)].index(part)
@@ -86,37 +88,38 @@ def unit_params(config: PipelineConfig, unit: str) -> dict[str, Any]:
     return stage_params(config, stage)
 
 
-def plan(config: PipelineConfig, origin: Origin | None = None, registry: Registry | None = None) -> dict[str, dict[str, Any]]:
+def plan(config: PipelineConfig, origin: Origin | None = None, registry: Registry | None = None) -> dict[Unit, dict[str, Any]]:
     """Every stage's and model unit's key causes, computed from the config alone (so `status` needs no run).
     Each model is a unit of its own (`train.<model>`, `evaluate.<model>`); the train and evaluate stages
     gather their units, so a change to one model's params rebuilds that model and the comparison only."""
-    causes: dict[str, dict[str, Any]] = {}
+    causes: dict[Unit, dict[str, Any]] = {}
     parts = partitions(config)
     for spec in config.kind.stages.values():
-        stage = spec.name
+        stage = Unit(spec.name)
         if parts and spec.partitioned:  # a unit per partition, then the stage that gathers them in order
             for i, part in enumerate(parts):
-                name = part.name
-                unit_inputs = {d: stage_key(causes[f"{d}:{name}"]) for d in spec.needs} or {"source": part.fingerprint()}
+                unit = partition_unit(spec.name, part.name)
+                unit_inputs = {d: stage_key(causes[partition_unit(d, part.name)]) for d in spec.needs} or {"source": part.fingerprint()}
                 if spec.cumulative:  # it reads every earlier partition's output (clean: deduplication across them)
-                    unit_inputs |= {f"{stage}:{q.name}": stage_key(causes[f"{stage}:{q.name}"]) for q in parts[:i]}
-                causes[f"{stage}:{name}"] = key_causes(config, f"{stage}:{name}", unit_inputs, registry)
-            causes[stage] = key_causes(config, stage, {f"{stage}:{p.name}": stage_key(causes[f"{stage}:{p.name}"]) for p in parts}, registry)
+                    unit_inputs |= {partition_unit(spec.name, q.name): stage_key(causes[partition_unit(spec.name, q.name)]) for q in parts[:i]}
+                causes[unit] = key_causes(config, unit, unit_inputs, registry)
+            gathered = [partition_unit(spec.name, p.name) for p in parts]
+            causes[stage] = key_causes(config, stage, {u: stage_key(causes[u]) for u in gathered}, registry)
             continue
         inputs = {d: stage_key(causes[d]) for d in spec.needs} if spec.needs else {"source": source_fingerprint(config, origin)}
         if spec.per_model:
-            for unit in model_units(config, stage):
-                model = Unit.parse(unit).model
+            for unit in model_units(config, spec.name):
+                model = unit.model
                 unit_inputs = {d: k for d, k in inputs.items() if spec.reads(d, model)}
                 if spec.models.trains:  # an ensemble reads its members' units
-                    unit_inputs |= {model_unit(stage, m): stage_key(causes[model_unit(stage, m)]) for m in members_of(config, model)}
+                    unit_inputs |= {model_unit(spec.name, m): stage_key(causes[model_unit(spec.name, m)]) for m in members_of(config, model)}
                 unit_inputs |= {r: stage_key(causes[model_unit(r, model)]) for r in spec.models.reads}  # the same model's unit
                 causes[unit] = key_causes(config, unit, unit_inputs, registry)
-            inputs = {unit: stage_key(causes[unit]) for unit in model_units(config, stage)}
+            inputs = {unit: stage_key(causes[unit]) for unit in model_units(config, spec.name)}
         causes[stage] = key_causes(config, stage, inputs, registry)
     return causes
 
 
-def plan_keys(config: PipelineConfig, registry: Registry | None = None) -> dict[str, str]:
+def plan_keys(config: PipelineConfig, registry: Registry | None = None) -> dict[Unit, str]:
     """Every stage's key, computed from the config alone."""
     return {stage: stage_key(c) for stage, c in plan(config, registry=registry).items()}
