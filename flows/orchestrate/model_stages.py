@@ -133,13 +133,14 @@ def register(run: RunContext, evaluation: StageResult, segment: StageResult, mod
     uri = client().get_run(model_runs[best]).data.tags.get("zhpipe.model_uri")
     if not uri:  # trained elsewhere and never logged as a classifier here: log it now
         uri = _log_classifier(run, model_runs[best], best, model_dir(run, best), evaluation.facts.labels)
-    from flows.track.serving import score_served
+    from flows.track.serving import served_outcomes
 
     flavour = run.config.kind.flavour
     decision = register_best(
         uri, model_runs[best], run.config.identity, best, Rows(segment.path / "test.parquet"), metric,
         evaluation.facts.results[best][f"test_{metric}"], model_key=run.keys[model_unit(run.config.kind.training.name, best)],
-        rescore=lambda model_uri, test: score_served(model_uri, test, metric, flavour),
+        rescore=lambda model_uri, test: served_outcomes(model_uri, test, metric, flavour),
+        rule=run.config.section(run.config.kind.selection.name).champion,
     )
     parent = Tracker(run.parent_run_id)
     parent.tags({"zhpipe.registered": f"{decision.name}/{decision.version}", "zhpipe.test_sha256": decision.test_sha256,

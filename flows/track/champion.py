@@ -10,7 +10,7 @@ import io
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import pandas as pd
 
@@ -128,35 +128,53 @@ class Decision:
     holds: bool = False  # whether this version is the champion after the decision (promoted now, or already was)
 
 
-Rescore = Callable[[str], float]  # a model version -> its score on today's test split, as served
-
-
-def decide(new_score: float, new_hash: str, champion: dict | None, metric: str,
-           rescore: Rescore | None = None) -> tuple[bool, str, float | None]:
-    """The champion rule on its own: `champion` is the current champion's tags (None when there is none).
-    Returns (promote, reason, the champion's score on today's test split)."""
+def decide(new_score: float, new_hash: str, champion: dict | None, metric: str) -> tuple[bool, str, float | None]:
+    """The champion rule from stored test scores alone (the registry without a way to serve models): a champion
+    scored on another test split is never compared. Returns (promote, reason, the champion's stored score)."""
     if champion is None:
         return True, "first registered model: it becomes champion", None
     old_hash = champion.get("zhpipe.test_sha256", "")
     old_version = champion.get("version", "?")
-    where = "on the same test split"
-    if old_hash == new_hash:
-        old_score = float(champion.get("zhpipe.score", "nan"))
-    elif rescore is None:
+    if old_hash != new_hash:
         return False, (f"not compared: champion version {old_version} was scored on another test split "
                        f"({old_hash[:12] or 'unknown'} vs {new_hash[:12]}); the alias stays"), None
-    else:
+    old_score = float(champion.get("zhpipe.score", "nan"))
+    if round(new_score, 6) > old_score:  # scores are stored with 6 decimals
+        return True, f"test {metric} {new_score:.4f} beats champion version {old_version} ({old_score:.4f}) on the same test split", old_score
+    return False, (f"test {metric} {new_score:.4f} does not beat champion version {old_version} ({old_score:.4f}) on the same "
+                   "test split; the alias stays"), old_score
+
+
+def decide_paired(version: str, champion: dict | None, metric: str, served: Callable[[str], Any], rule) -> tuple[bool, str, float | None]:
+    """The champion rule on the same test rows: the new version and the champion (its tags; None when there is none)
+    are scored as they are served (`served(version)` -> `Outcomes`), and the new one replaces the champion only when
+    the paired bootstrap interval of the difference lies above zero and no slice is worse beyond the tolerance
+    (`rule`, the `evaluate.champion` section). Returns (promote, reason, the champion's score on these rows)."""
+    from flows.track.paired import compare
+
+    if champion is None:
+        return True, "first registered model: it becomes champion", None
+    old_version = champion.get("version", "?")
+    scored = {}
+    for who, v in (("version", version), ("champion version", old_version)):
         try:
-            old_score = round(float(rescore(str(old_version))), 6)
+            scored[who] = served(str(v))
         except Exception as e:  # noqa: BLE001 - any failure to load or score is reported, never a silent replacement
             text = " ".join(str(e).split())[:200]
-            return False, (f"champion version {old_version} could not be scored on today's test split {new_hash[:12]} "
-                           f"({type(e).__name__}: {text}); the alias stays"), None
-        where = f"both scored on today's test split {new_hash[:12]} (the champion again, as served)"
-    if round(new_score, 6) > old_score:  # scores are stored with 6 decimals
-        return True, f"test {metric} {new_score:.4f} beats champion version {old_version} ({old_score:.4f}), {where}", old_score
-    return False, (f"test {metric} {new_score:.4f} does not beat champion version {old_version} ({old_score:.4f}), {where}; "
-                   "the alias stays"), old_score
+            return False, (f"{who} {v} could not be scored on today's test split ({type(e).__name__}: {text}); "
+                           "the alias stays"), None
+    challenger, old = scored["version"], scored["champion version"]
+    c = compare(old, challenger, rounds=rule.rounds, confidence=rule.confidence, tolerance=rule.slice_tolerance,
+                min_slice_rows=rule.min_slice_rows)
+    points = 100 if challenger.kind != "bleu" else 1  # BLEU is in points already
+    said = (f"test {metric} {c.challenger:.4f} against champion version {old_version}'s {c.champion:.4f} on the same {c.rows} rows "
+            f"(both as served): {points * c.difference:+.2f}, {c.confidence:.0%} interval {points * c.low:+.2f} to {points * c.high:+.2f} "
+            f"(paired bootstrap)")
+    if c.worse_slices:
+        return False, f"{said}; worse on {'; '.join(c.worse_slices[:3])} (evaluate.champion.slice_tolerance); the alias stays", c.champion
+    if c.low <= 0:
+        return False, f"{said}: the difference is inside the noise; the alias stays", c.champion
+    return True, f"{said}: better beyond the noise; it becomes champion", c.champion
 
 
 def registered_version(name: str, model_key: str):
@@ -204,25 +222,36 @@ def _registry_lock(name: str):
             yield
 
 
-def register_best(model_uri: str, run_id: str, pipeline: str, model: str, test, metric: str, score: float,
-                  model_key: str, rescore: Callable[[str, pd.DataFrame], float] | None = None) -> Decision:
-    """Register the best model (the classifier pyfunc logged with its training, `model_uri`) unless its key is
-    registered already, then apply the champion rule: the alias moves only if, re-read under the registry
-    lock, the champion it was compared with is still the champion (compare-and-set). `rescore(model_uri, test)`
-    scores a registered version on `test` as it is served, for a champion that was scored on another split."""
+def _register(model_uri: str, name: str, tags: dict[str, str]) -> str:
+    """A new version of `name` for `model_uri`, tagged; its number."""
     import mlflow
 
     from flows.track.tracker import client, tracking_uri
 
+    mlflow.set_tracking_uri(tracking_uri())
+    with contextlib.redirect_stderr(io.StringIO()):  # MLflow's "Successfully registered model ..." print: the run says it
+        version = str(mlflow.register_model(model_uri, name).version)
+    for key, value in tags.items():
+        client().set_model_version_tag(name, version, key, value)
+    return version
+
+
+def register_best(model_uri: str, run_id: str, pipeline: str, model: str, test, metric: str, score: float,
+                  model_key: str, rescore: Callable[[str, pd.DataFrame], Any] | None = None, rule=None) -> Decision:
+    """Register the best model (the classifier pyfunc logged with its training, `model_uri`) unless its key is
+    registered already, then apply the champion rule: the alias moves only if, re-read under the registry
+    lock, the champion it was compared with is still the champion (compare-and-set). `rescore(model_uri, test)`
+    gives what a registered version does on each row of `test` as it is served (`flows.track.paired.Outcomes`):
+    both are scored on the same rows and compared by a paired bootstrap (`rule`: the `evaluate.champion`
+    section). Without `rescore` (the registry alone), the stored test scores are compared."""
+
+    from flows.track.tracker import client
+
     name, digest, c = registered_name(pipeline), test_sha256(test), client()
     existing = registered_version(name, model_key)
     if existing is None:
-        mlflow.set_tracking_uri(tracking_uri())
-        with contextlib.redirect_stderr(io.StringIO()):  # MLflow's "Successfully registered model ..." print: the run says it
-            version = str(mlflow.register_model(model_uri, name).version)
-        for key, value in {"zhpipe.model": model, "zhpipe.test_sha256": digest, "zhpipe.metric": metric, "zhpipe.score": f"{score:.6f}",
-                           "zhpipe.run_id": run_id, "zhpipe.model_key": model_key}.items():
-            c.set_model_version_tag(name, version, key, value)
+        version = _register(model_uri, name, {"zhpipe.model": model, "zhpipe.test_sha256": digest, "zhpipe.metric": metric,
+                                              "zhpipe.score": f"{score:.6f}", "zhpipe.run_id": run_id, "zhpipe.model_key": model_key})
     else:
         version = str(existing.version)
         champion = _champion(c, name)
@@ -230,7 +259,11 @@ def register_best(model_uri: str, run_id: str, pipeline: str, model: str, test, 
             reason = f"already registered as version {version} (key {model_key}); it is the champion"
             log.info("registry: %s version %s (%s): %s", name, version, model, reason)
             return Decision(name, version, False, reason, score, None, digest, holds=True)
-    again_scored = (lambda v: rescore(f"models:/{name}/{v}", test_frame(test))) if rescore else None  # read only if asked
+    served = (lambda v: rescore(f"models:/{name}/{v}", test_frame(test))) if rescore else None  # read only if asked
+    if served is not None and rule is None:
+        from tasks.selection import ChampionRule
+
+        rule = ChampionRule()
     champion_score, already = None, False
     with _registry_lock(name):
         for _ in range(5):
@@ -238,7 +271,10 @@ def register_best(model_uri: str, run_id: str, pipeline: str, model: str, test, 
             if champion is not None and str(champion["version"]) == version:
                 promote, reason, already = False, f"version {version} ({model}, key {model_key}) is already the champion", True
                 break
-            promote, reason, champion_score = decide(score, digest, champion, metric, again_scored)
+            if served is not None:
+                promote, reason, champion_score = decide_paired(version, champion, metric, served, rule)
+            else:
+                promote, reason, champion_score = decide(score, digest, champion, metric)
             if not promote:
                 break
             again = _champion(c, name)  # compare-and-set: the champion we compared with must still be the one

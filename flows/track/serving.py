@@ -213,43 +213,53 @@ def log_translator(run_id: str, model: str, folder: Path, clean: dict, segment: 
         return _log_pyfunc(run_id, model, TextTranslator(), "pyfunc_translator.py", artifacts, config, example, registered_name, Path(tmp))
 
 
-def served_bleu(model, test: pd.DataFrame, batch: int) -> float:
-    """Corpus BLEU of a served translator's answers to a test split's source side."""
-    from tasks.models.seq2seq import corpus_scores
-    from tasks.translation.text import sides
-
-    source, target = sides(model.unwrap_python_model().direction)
-    texts = test["text" if source == "zh" else "en"].astype(str).tolist()
-    answers = pd.concat([model.predict(pd.DataFrame({"text": texts[i : i + batch]})) for i in range(0, len(texts), batch)], ignore_index=True)
-    refs = test["text" if target == "zh" else "en"].astype(str).tolist()
-    return corpus_scores(answers["translation"].fillna("").astype(str).tolist(), refs, target)["bleu"]
-
-
-def score_served(model_uri: str, test: pd.DataFrame, metric: str, flavour: str, batch: int = 1000) -> float:
-    """A registered model's score on a test split, as it is served: loaded from the registry (its logged code
-    and weights) and asked with the split's texts in batches. classifier: accuracy or macro_f1 of the labels;
-    tagger: strict micro entity F1; translator: corpus BLEU."""
+def served_outcomes(model_uri: str, test: pd.DataFrame, metric: str, flavour: str, batch: int = 1000):
+    """What a registered model does on each row of a test split, as it is served (loaded from the registry, its
+    logged code and weights, asked with the split's texts in batches): classifier: the true and predicted labels;
+    tagger: each sentence's strict entity counts; translator: each sentence's BLEU statistics (sacrebleu). Slices:
+    the true class, and the text's length bucket."""
     import mlflow.pyfunc
+    import numpy as np
+
+    from flows.track.paired import Outcomes, length_buckets
 
     model = mlflow.pyfunc.load_model(model_uri)
     if flavour == "translator":
-        return served_bleu(model, test, batch)
+        from sacrebleu.metrics import BLEU
+
+        from tasks.translation.text import sides
+
+        source, target = sides(model.unwrap_python_model().direction)
+        texts = test["text" if source == "zh" else "en"].astype(str).tolist()
+        hypotheses = _asked(model, texts, batch)["translation"].fillna("").astype(str).tolist()
+        refs = test["text" if target == "zh" else "en"].astype(str).tolist()
+        tokenize = "zh" if target == "zh" else "13a"
+        stats = np.array(BLEU(tokenize=tokenize)._extract_corpus_statistics(hypotheses, [refs]), dtype=np.int64)
+        return Outcomes("bleu", metric, {"stats": stats}, {"length": length_buckets(texts)}, tokenize=tokenize)
     texts = test["text"].astype(str).tolist()
-    answers = pd.concat([model.predict(pd.DataFrame({"text": texts[i : i + batch]})) for i in range(0, len(texts), batch)],
-                        ignore_index=True)
+    answers = _asked(model, texts, batch)
     if flavour == "tagger":
-        from tasks.ner.tagging import prf, spans_of
+        from tasks.ner.tagging import spans_of
 
-        gold = {(i, kind, s, e) for i, tags in enumerate(test["tags"]) for kind, s, e in spans_of(list(tags))}
-        found = {(i, ent["type"], ent["start"], ent["end"]) for i, row in enumerate(answers["entities"]) for ent in json.loads(row)}
-        tp = len(gold & found)
-        return float(prf(tp, len(found) - tp, len(gold) - tp)[2])
-    from sklearn.metrics import accuracy_score, f1_score
+        counts = np.zeros((len(texts), 3), dtype=np.int64)
+        for i, (tags, found) in enumerate(zip(test["tags"], answers["entities"])):
+            gold = set(spans_of(list(tags)))
+            got = {(e["type"], e["start"], e["end"]) for e in json.loads(found)}
+            counts[i] = len(gold & got), len(got - gold), len(gold - got)
+        return Outcomes("spans", metric, {"tp": counts[:, 0], "fp": counts[:, 1], "fn": counts[:, 2]}, {"length": length_buckets(texts)})
+    truth = test["label"].astype(str).to_numpy()
+    predicted = answers["label"].fillna("").astype(str).to_numpy()
+    return Outcomes("labels", metric, {"truth": truth, "predicted": predicted}, {"class": truth, "length": length_buckets(texts)})
 
-    truth, predicted = test["label"].astype(str).to_numpy(), answers["label"].fillna("").astype(str).to_numpy()
-    if metric == "macro_f1":
-        return float(f1_score(truth, predicted, average="macro", labels=sorted(set(truth)), zero_division=0))
-    return float(accuracy_score(truth, predicted))
+
+def _asked(model, texts: list[str], batch: int) -> pd.DataFrame:
+    return pd.concat([model.predict(pd.DataFrame({"text": texts[i : i + batch]})) for i in range(0, len(texts), batch)], ignore_index=True)
+
+
+def score_served(model_uri: str, test: pd.DataFrame, metric: str, flavour: str, batch: int = 1000) -> float:
+    """A registered model's score on a test split, as it is served. classifier: accuracy or macro_f1 of the
+    labels; tagger: strict micro entity F1; translator: corpus BLEU."""
+    return served_outcomes(model_uri, test, metric, flavour, batch).score()
 
 
 def _log_classifier_of(run_id: str, model: str, folder: Path, labels: list[str], config):

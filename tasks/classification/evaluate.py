@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Literal
 
@@ -13,6 +14,7 @@ from tasks.io import Rows, batches_of, predict_batches
 from tasks.models import MODELS
 from tasks.models.base import label_ids
 from tasks.reports import comparison_markdown, plot_training_curves
+from tasks.selection import ChampionRule
 
 # what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)
@@ -24,6 +26,31 @@ class Params(Section):
     """The `evaluate` section."""
 
     metric: Literal["accuracy", "macro_f1"] = "accuracy"  # picks the best model, on the validation split
+    # simplest: the cheapest model (ModelSpec.cost) whose validation score is within one standard error of the best
+    # one's (a lead inside the noise of the validation split picks no costlier model); best: the best score alone
+    select: Literal["simplest", "best"] = "simplest"
+    OUTSIDE_KEY = ("champion",)  # how a chosen model is promoted, after the stage: not part of its output
+    champion: ChampionRule = ChampionRule()
+
+
+def standard_error(score: float, rows: int) -> float:
+    """The standard error of a proportion measured on `rows` rows (accuracy; macro-F1 is given the same)."""
+    return math.sqrt(max(score * (1 - score), 0.0) / max(rows, 1))
+
+
+def choose(table: pd.DataFrame, metric: str, rows: int, select: str) -> tuple[str, str]:
+    """(the chosen model, why) from the comparison table sorted best first by `val_<metric>`."""
+    best, top = table.iloc[0]["model"], float(table.iloc[0][f"val_{metric}"])
+    if select == "best" or rows <= 0:  # no row count (a summary from before it was kept): the best score alone
+        return best, f"best validation {metric} ({top:.4f})"
+    margin = standard_error(top, rows)
+    near = table[table[f"val_{metric}"] >= top - margin]
+    chosen = min(near["model"], key=lambda m: (MODELS[m].cost, -float(near.set_index("model").loc[m, f"val_{metric}"])))
+    if chosen == best:
+        return best, f"best validation {metric} ({top:.4f})"
+    score = float(table.set_index("model").loc[chosen, f"val_{metric}"])
+    return chosen, (f"validation {metric} {score:.4f}, within one standard error ({margin:.4f}, {rows} rows) of {best}'s "
+                    f"{top:.4f}, and cheaper (evaluate.select: simplest)")
 
 
 def metric_name(label: str) -> str:
@@ -148,8 +175,9 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
 
 
 def build(ctx: BuildContext) -> BuildOutput:
-    """Compare the scored models (one input per `evaluate.<model>` unit): `comparison.csv` and the best model,
-    the one with the best validation metric (`evaluate.metric`); its test metrics are reported as `best_test_*`."""
+    """Compare the scored models (one input per `evaluate.<model>` unit): `comparison.csv` and the model chosen on
+    validation (`evaluate.metric`, `evaluate.select`), with why in `chosen.json`; its test metrics are reported as
+    `best_test_*`."""
     units = by_model(ctx.facts)
     results = {name: facts.results for name, facts in units.items()}
     labels = next(iter(units.values())).labels
@@ -160,8 +188,10 @@ def build(ctx: BuildContext) -> BuildOutput:
             for name, r in results.items() if "test_accuracy" in r]
     table = pd.DataFrame(rows).sort_values(f"val_{ctx.params.metric}", ascending=False, kind="stable")
     table.to_csv(ctx.out / "comparison.csv", index=False)
-    (ctx.out / "comparison.md").write_text(comparison_markdown(table), encoding="utf-8")
-    best = table.iloc[0]["model"]
+    validation_rows = min((units[m].summary.get("validation_rows", 0) for m in table["model"]), default=0)
+    best, why = choose(table, ctx.params.metric, validation_rows, ctx.params.select)
+    (ctx.out / "comparison.md").write_text(comparison_markdown(table) + f"\n\nChosen: **{best}**, {why}.\n", encoding="utf-8")
+    (ctx.out / "chosen.json").write_text(json.dumps({"model": best, "why": why}, ensure_ascii=False), encoding="utf-8")
     (ctx.out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
     lms = {m: r["test_perplexity"] for m, r in results.items() if "test_perplexity" in r}
     if lms:
@@ -172,5 +202,6 @@ def build(ctx: BuildContext) -> BuildOutput:
         | {"best_test_accuracy": results[best]["test_accuracy"], "best_test_macro_f1": results[best]["test_macro_f1"],
            f"best_val_{ctx.params.metric}": units[best].summary[f"val_{ctx.params.metric}"]},
         facts=Facts(labels=labels, results=results, best_model=best),
-        artifacts=["comparison.csv", "comparison.md"] + (["language_models.csv"] if lms else []),
+        artifacts=["comparison.csv", "comparison.md", "chosen.json"] + (["language_models.csv"] if lms else []),
+        tags={"zhpipe.chosen_because": why},
     )

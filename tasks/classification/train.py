@@ -47,6 +47,7 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
 
         summary["val_accuracy"] = float(accuracy_score(gold, val))
         summary["val_macro_f1"] = float(f1_score(gold, val, average="macro"))
+        summary["validation_rows"] = len(gold)  # what the validation scores' standard error is over
     # the per-epoch curves (val_macro_f1, samples_per_second, ...) are the history; these are the model's totals
     names = {"val_accuracy": "val_accuracy_best", "val_macro_f1": "val_macro_f1_best", "val_perplexity": "val_perplexity_best",
              "seconds": "train_seconds", "samples_per_second": "median_samples_per_second"}

@@ -81,6 +81,9 @@ class ModelSpec:
     members: Callable[[Any], list[str]] | None = None  # ensembles: the models (of train.models) built from, by section
     # the `train` section's shared settings it reads (None: all of them); a unit's key hashes only these
     shared: tuple[str, ...] | None = None
+    # its place in the cost order (to train, serve and explain): selection prefers the cheaper of two models whose
+    # validation scores are within the noise; linear models 0, fastText 1, neural networks 2, pretrained and ensembles 3
+    cost: int = 2
 
     def view(self, params: Any) -> Any:
         """`params` (the train section) as this model may read it."""

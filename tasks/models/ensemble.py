@@ -110,6 +110,6 @@ def ensemble_predictor(folder: Path, registry: dict[str, ModelSpec]) -> Predicto
 
 def spec(registry: dict[str, ModelSpec]) -> ModelSpec:
     """The registry entry; it is handed the registry it belongs to (to load its members) instead of importing it."""
-    return ModelSpec("ensemble", Params, lambda inputs: train_ensemble(inputs, registry),
+    return ModelSpec("ensemble", Params, lambda inputs: train_ensemble(inputs, registry), cost=3,
                      predictor=lambda folder: ensemble_predictor(folder, registry), members=lambda section: section.members, shared=(),
                      about="other classifiers of the run by soft voting (weights fit on validation) or stacking")

@@ -91,6 +91,6 @@ def fasttext_predictor(folder: Path) -> Predictor:
     return predict
 
 
-SPEC = ModelSpec("fasttext", Params, lambda i: train_fasttext(i.train, i.labels, i.params, i.out), predictor=fasttext_predictor, shared=("seed",),
+SPEC = ModelSpec("fasttext", Params, lambda i: train_fasttext(i.train, i.labels, i.params, i.out), predictor=fasttext_predictor, shared=("seed",), cost=1,
                 streams=True,
                 about="fastText's supervised classifier on words + characters with word bigrams")

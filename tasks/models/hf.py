@@ -131,6 +131,6 @@ def hf_predictor(folder: Path, device: str = "auto") -> Predictor:
     return predict
 
 
-SPEC = ModelSpec("hf", Params, train_hf, predictor=hf_predictor,
+SPEC = ModelSpec("hf", Params, train_hf, predictor=hf_predictor, cost=3,
                  shared=("weight_decay", "grad_clip", "grad_accum", "device", "precision", "seed", "class_weights", "processes"),
                  about="a pretrained sequence-classification checkpoint (Auto classes, fast tokenizer on the text), fine-tuned")

@@ -209,6 +209,6 @@ def lm_classifier_predictor(folder: Path):
 NGRAM_LM = ModelSpec("ngram_lm", Params, lambda i: train_ngram_lm(i.train, i.validation, i.section, i.out), perplexity=lm_perplexity, shared=(),
                     streams=True,
                     about="an n-gram language model (Kneser-Ney or fixed back-off); scored by test perplexity")
-LM_CLASSIFIER = ModelSpec("lm_classifier", Params, lambda i: train_lm_classifier(i.train, i.labels, i.section, i.out),
+LM_CLASSIFIER = ModelSpec("lm_classifier", Params, lambda i: train_lm_classifier(i.train, i.labels, i.section, i.out), cost=0,
                           predictor=lm_classifier_predictor, shared=(), streams=True,
                           about="one n-gram LM per class; the lowest perplexity wins")

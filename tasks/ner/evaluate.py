@@ -13,6 +13,7 @@ from tasks.core import BuildContext, BuildOutput, Facts, Section, by_model
 from tasks.models import MODELS
 from tasks.ner.tagging import highlighted, marked, prf, span_counts, spans_of
 from tasks.reports import comparison_markdown, plot_training_curves
+from tasks.selection import ChampionRule
 
 LIBRARIES = ("torch", "python-crfsuite", "matplotlib")
 FILES: tuple[str, ...] = ()
@@ -21,6 +22,8 @@ MISSED, SPURIOUS = "(missed)", "(none)"
 
 class Params(Section):
     """The `evaluate` section of a ner pipeline: taggers are chosen by validation entity F1."""
+    OUTSIDE_KEY = ("champion",)  # how a chosen model is promoted, after the stage: not part of its output
+    champion: ChampionRule = ChampionRule()
 
 
 def entity_scores(gold: list[list[str]], pred: list[list[str]], kinds: list[str]) -> tuple[dict[str, float], pd.DataFrame]:

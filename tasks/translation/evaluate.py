@@ -15,6 +15,7 @@ from tasks.core import BuildContext, BuildOutput, Facts, Section, by_model
 from tasks.models import MODELS
 from tasks.models.seq2seq import corpus_scores
 from tasks.reports import comparison_markdown, plot_training_curves
+from tasks.selection import ChampionRule
 from tasks.translation.text import side_tokens, sides
 
 LIBRARIES = ("torch", "sacrebleu", "matplotlib")
@@ -27,6 +28,8 @@ class Params(Section):
 
     heat_maps: int = Field(4, ge=0)  # test sentences drawn with their attention (models that have it)
     worst: int = Field(50, ge=0)  # rows of the worst-translations table
+    OUTSIDE_KEY = ("champion",)  # how a chosen model is promoted, after the stage: not part of its output
+    champion: ChampionRule = ChampionRule()
 
 
 def bucket_names() -> list[str]:

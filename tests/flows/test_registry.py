@@ -98,33 +98,32 @@ def test_champion_rule(trained):
 
 
 
-def test_a_changed_test_split_rescores_the_champion_as_served(trained):
-    """A grown corpus gives another test split: the champion is loaded from the registry and scored on the new
-    split, and the two scores on that split decide; a champion that cannot be scored keeps the alias."""
+def test_the_champion_is_replaced_only_beyond_the_noise_of_the_same_test_rows(trained):
+    """Each registration scores the new version and the champion as they are served, on the same (today's) test
+    rows, and compares them by a paired bootstrap: a copy of the champion, whatever score its run claims, never
+    moves the alias; a model that is better beyond the noise does; a version that cannot be scored keeps it."""
     from flows.track.champion import register_best
-    from flows.track.serving import score_served
+    from flows.track.serving import score_served, served_outcomes
 
     test = pd.read_parquet(trained["segment"] / "test.parquet")
     uri = client().get_run(trained["tfidf_run"]).data.tags["zhpipe.model_uri"]
     run_id = trained["first"]["parent_run_id"]
-    served = lambda model_uri, frame: score_served(model_uri, frame, "accuracy", "classifier")  # noqa: E731
+    served = lambda model_uri, frame: served_outcomes(model_uri, frame, "accuracy", "classifier")  # noqa: E731
 
-    def register(score, frame, key, rescore=served):
-        return register_best(uri, run_id, "rescore-test", "tfidf_lr", frame, "accuracy", score, model_key=key, rescore=rescore)
+    def register(score, frame, key, rescore=served, model_uri=uri):
+        return register_best(model_uri, run_id, "rescore-test", "tfidf_lr", frame, "accuracy", score, model_key=key, rescore=rescore)
 
     first = register(0.5, test, "k1")
     assert first.champion
     today = test.iloc[: len(test) - 3]
     truth = score_served(f"models:/zhpipe-rescore-test/{first.version}", today, "accuracy", "classifier")
     assert 0.5 < truth <= 1.0  # a real model, really scored
-    worse = register(truth - 0.01, today, "k2")
-    assert not worse.champion and worse.champion_score == pytest.approx(truth, abs=1e-6)
-    assert "both scored on today's test split" in worse.reason and worse.test_sha256 != first.test_sha256
-    tags = client().get_model_version("zhpipe-rescore-test", worse.version).tags
+    claims = register(0.99, today, "k2")  # the same model, claiming a better score on a grown corpus
+    assert not claims.champion and claims.champion_score == pytest.approx(truth, abs=1e-6)
+    assert f"on the same {len(today)} rows (both as served)" in claims.reason and "inside the noise" in claims.reason
+    assert "paired bootstrap" in claims.reason and claims.test_sha256 != first.test_sha256
+    tags = client().get_model_version("zhpipe-rescore-test", claims.version).tags
     assert float(tags["zhpipe.champion_score"]) == pytest.approx(truth, abs=1e-6)
-    better = register(min(1.0, truth + 0.01), today, "k3") if truth < 1.0 else None
-    if better is not None:
-        assert better.champion and "beats champion version" in better.reason
 
     def broken(model_uri, frame):
         raise OSError("artifact store unreachable")
@@ -133,6 +132,33 @@ def test_a_changed_test_split_rescores_the_champion_as_served(trained):
     odd = register(0.99, test.iloc[:-1], "k4", rescore=broken)
     assert not odd.champion and "could not be scored on today's test split" in odd.reason and "OSError" in odd.reason
     assert str(client().get_model_version_by_alias("zhpipe-rescore-test", "champion").version) == kept
+
+
+def test_a_clearly_better_model_replaces_a_weak_champion(trained, monkeypatch):
+    """A champion that labels every text alike (as a one-epoch model might) is replaced by the trained model: the
+    interval of the difference is above zero on the same test rows."""
+    from flows.track.champion import register_best
+    from flows.track.paired import Outcomes
+    from flows.track.serving import served_outcomes
+
+    test = pd.read_parquet(trained["segment"] / "test.parquet")
+    uri = client().get_run(trained["tfidf_run"]).data.tags["zhpipe.model_uri"]
+    run_id = trained["first"]["parent_run_id"]
+    weak_version = []
+
+    def served(model_uri, frame):
+        real = served_outcomes(model_uri, frame, "accuracy", "classifier")
+        if model_uri.endswith(f"/{weak_version[0]}"):  # the weak champion: a label no text has, for every text
+            return Outcomes("labels", "accuracy", {"truth": real.columns["truth"], "predicted": np.full(real.rows, "none", dtype=object)},
+                            real.slices)
+        return real
+
+    first = register_best(uri, run_id, "weak-test", "tfidf_lr", test, "accuracy", 0.5, model_key="weak", rescore=served)
+    weak_version.append(first.version)
+    assert first.champion
+    strong = register_best(uri, run_id, "weak-test", "tfidf_lr", test, "accuracy", 0.8, model_key="strong", rescore=served)
+    assert strong.champion and "better beyond the noise" in strong.reason, strong.reason
+    assert str(client().get_model_version_by_alias("zhpipe-weak-test", "champion").version) == strong.version
 
 
 def test_a_run_killed_before_registering_is_registered_by_the_next_run(prefect_harness, tmp_path, monkeypatch):
