@@ -1,6 +1,7 @@
 """Stage `evaluate`: test-split metrics per model, confusion matrices and a comparison table."""
 from __future__ import annotations
 
+import base64
 import json
 import math
 from pathlib import Path
@@ -26,8 +27,8 @@ class Params(Section):
     """The `evaluate` section."""
 
     metric: Literal["accuracy", "macro_f1"] = "accuracy"  # picks the best model, on the validation split
-    # simplest: the cheapest model (ModelSpec.cost) whose validation score is within one standard error of the best
-    # one's (a lead inside the noise of the validation split picks no costlier model); best: the best score alone
+    # simplest: the cheapest model (ModelSpec.cost) the best one does not beat beyond the noise, row by row on the
+    # validation split (a lead inside the noise picks no costlier model); best: the best score alone
     select: Literal["simplest", "best"] = "simplest"
     OUTSIDE_KEY = ("champion",)  # how a chosen model is promoted, after the stage: not part of its output
     champion: ChampionRule = ChampionRule()
@@ -38,19 +39,40 @@ def standard_error(score: float, rows: int) -> float:
     return math.sqrt(max(score * (1 - score), 0.0) / max(rows, 1))
 
 
-def choose(table: pd.DataFrame, metric: str, rows: int, select: str) -> tuple[str, str]:
-    """(the chosen model, why) from the comparison table sorted best first by `val_<metric>`."""
+def right_rows(summary: dict) -> np.ndarray | None:
+    """Which validation rows a trained classifier got right (from its training summary), or None."""
+    packed, rows = summary.get("validation_right"), summary.get("validation_rows")
+    if not packed or not rows:
+        return None
+    return np.unpackbits(np.frombuffer(base64.b64decode(packed), dtype=np.uint8))[:rows].astype(bool)
+
+
+def paired_gap(better: np.ndarray, cheaper: np.ndarray) -> tuple[float, float]:
+    """(accuracy of `better` minus `cheaper`, the standard error of that difference) on the same validation rows:
+    only the rows where one is right and the other wrong carry the difference (as in McNemar's test)."""
+    n = len(better)
+    only_better, only_cheaper = float(np.sum(better & ~cheaper)), float(np.sum(cheaper & ~better))
+    gap = (only_better - only_cheaper) / n
+    return gap, math.sqrt(max(only_better + only_cheaper - n * gap * gap, 0.0)) / n
+
+
+def choose(table: pd.DataFrame, metric: str, right: dict[str, np.ndarray | None], select: str, z: float = 1.96) -> tuple[str, str]:
+    """(the chosen model, why) from the comparison table sorted best first by `val_<metric>`: with `simplest`, the
+    cheapest model (ModelSpec.cost) that the best is not better than beyond the noise, row by row on the same
+    validation rows (its lead under `z` standard errors of the paired difference: a 95% interval holding zero)."""
     best, top = table.iloc[0]["model"], float(table.iloc[0][f"val_{metric}"])
-    if select == "best" or rows <= 0:  # no row count (a summary from before it was kept): the best score alone
+    if select == "best" or right.get(best) is None:  # no rows to compare (a summary from before they were kept)
         return best, f"best validation {metric} ({top:.4f})"
-    margin = standard_error(top, rows)
-    near = table[table[f"val_{metric}"] >= top - margin]
-    chosen = min(near["model"], key=lambda m: (MODELS[m].cost, -float(near.set_index("model").loc[m, f"val_{metric}"])))
-    if chosen == best:
-        return best, f"best validation {metric} ({top:.4f})"
-    score = float(table.set_index("model").loc[chosen, f"val_{metric}"])
-    return chosen, (f"validation {metric} {score:.4f}, within one standard error ({margin:.4f}, {rows} rows) of {best}'s "
-                    f"{top:.4f}, and cheaper (evaluate.select: simplest)")
+    scores = table.set_index("model")[f"val_{metric}"]
+    for model in sorted(table["model"], key=lambda m: (MODELS[m].cost, -float(scores[m]))):
+        if model == best or MODELS[model].cost >= MODELS[best].cost or right.get(model) is None:
+            continue
+        gap, se = paired_gap(right[best], right[model])
+        if gap <= z * se:
+            return model, (f"validation {metric} {float(scores[model]):.4f} against {best}'s {top:.4f}: {best} is ahead by "
+                           f"{100 * gap:.2f} points of accuracy on the same {len(right[best])} rows, inside the noise "
+                           f"({z:g} x {100 * se:.2f}); the cheaper model is chosen (evaluate.select: simplest)")
+    return best, f"best validation {metric} ({top:.4f}), better than every cheaper model beyond the noise"
 
 
 def metric_name(label: str) -> str:
@@ -188,8 +210,7 @@ def build(ctx: BuildContext) -> BuildOutput:
             for name, r in results.items() if "test_accuracy" in r]
     table = pd.DataFrame(rows).sort_values(f"val_{ctx.params.metric}", ascending=False, kind="stable")
     table.to_csv(ctx.out / "comparison.csv", index=False)
-    validation_rows = min((units[m].summary.get("validation_rows", 0) for m in table["model"]), default=0)
-    best, why = choose(table, ctx.params.metric, validation_rows, ctx.params.select)
+    best, why = choose(table, ctx.params.metric, {m: right_rows(units[m].summary) for m in table["model"]}, ctx.params.select)
     (ctx.out / "comparison.md").write_text(comparison_markdown(table) + f"\n\nChosen: **{best}**, {why}.\n", encoding="utf-8")
     (ctx.out / "chosen.json").write_text(json.dumps({"model": best, "why": why}, ensure_ascii=False), encoding="utf-8")
     (ctx.out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")

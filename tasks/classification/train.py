@@ -1,6 +1,8 @@
 """Stage `train`: the models named in `train.models`, each through its registry entry (tasks.models)."""
 from __future__ import annotations
 
+import base64
+
 import json
 
 import numpy as np
@@ -48,6 +50,8 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
         summary["val_accuracy"] = float(accuracy_score(gold, val))
         summary["val_macro_f1"] = float(f1_score(gold, val, average="macro"))
         summary["validation_rows"] = len(gold)  # what the validation scores' standard error is over
+        # which validation rows it got right, packed (8 rows a byte): selection compares models row by row
+        summary["validation_right"] = base64.b64encode(np.packbits(val == gold).tobytes()).decode("ascii")
     # the per-epoch curves (val_macro_f1, samples_per_second, ...) are the history; these are the model's totals
     names = {"val_accuracy": "val_accuracy_best", "val_macro_f1": "val_macro_f1_best", "val_perplexity": "val_perplexity_best",
              "seconds": "train_seconds", "samples_per_second": "median_samples_per_second"}
