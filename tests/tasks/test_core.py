@@ -10,9 +10,25 @@ from tasks.stages import CLASSIFICATION_STAGES
 def test_unit_names_parse_and_print_back():
     for name, parts in (("train", ("train", "", "")), ("train.textcnn", ("train", "textcnn", "")),
                         ("clean:2026-12-01.csv", ("clean", "", "2026-12-01.csv"))):
-        assert tuple(Unit.parse(name)) == parts and str(Unit.parse(name)) == name
-    assert model_unit("evaluate", "fasttext") == "evaluate.fasttext"
+        unit = Unit.parse(name)
+        assert (unit.stage, unit.model, unit.part) == parts and unit == name and str(unit) == name and hash(unit) == hash(name)
+        assert Unit.parse(unit) is unit and Unit(*parts) == unit  # typed once: never parsed again
+    assert model_unit("evaluate", "fasttext") == "evaluate.fasttext" and model_unit("evaluate", "fasttext").model == "fasttext"
+    import json
+    import pickle
+
+    assert json.dumps({model_unit("train", "a"): 1}) == '{"train.a": 1}' and pickle.loads(pickle.dumps(Unit.parse("clean:x.csv"))).part == "x.csv"
     assert by_model({"train.a": 1, "train.b": 2}) == {"a": 1, "b": 2}
+
+
+def test_a_unit_stores_its_own_facts_over_those_it_read():
+    from tasks.core import established
+
+    read = {"augment": Facts(labels=["0", "1"], augment_method_used="eda"), "segment": Facts(labels=["x"], font="f.ttf")}
+    stored = established("vocab", read, Facts(font="own.ttf"))
+    assert stored.labels == ["0", "1"] and stored.augment_method_used == "eda" and stored.font == "own.ttf"  # first input, then own
+    units = {"train.a": Facts(summary={"a": 1}), "train.b": Facts(summary={"b": 2})}
+    assert established("train", units, Facts(models={"a": {}})) == Facts(models={"a": {}})  # its own units: gathered by itself
 
 
 def test_facts_hand_on_and_gather_labels():
