@@ -222,7 +222,9 @@ def served_outcomes(model_uri: str, test: pd.DataFrame, metric: str, flavour: st
     import numpy as np
 
     from flows.track.paired import Outcomes, length_buckets
+    from flows.track.tracker import tracking_uri
 
+    mlflow.set_tracking_uri(tracking_uri())  # a models:/ URI is looked up in this project's registry
     model = mlflow.pyfunc.load_model(model_uri)
     if flavour == "translator":
         from sacrebleu.metrics import BLEU
