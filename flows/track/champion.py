@@ -236,6 +236,30 @@ def _register(model_uri: str, name: str, tags: dict[str, str]) -> str:
     return version
 
 
+def _settled(c, name: str, existing, model: str, model_key: str, digest: str, score: float) -> Decision | None:
+    """A registered version with nothing to decide: it is the champion, or it was kept against this champion on these
+    test rows before (the same two versions, the same rows: not scored again). None: decide."""
+    version = str(existing.version)
+    champion = _champion(c, name)
+    if champion is not None and str(champion["version"]) == version:  # nothing to decide or write: no lock to wait for
+        reason = f"already registered as version {version} (key {model_key}); it is the champion"
+        log.info("registry: %s version %s (%s): %s", name, version, model, reason)
+        return Decision(name, version, False, reason, score, None, digest, holds=True)
+    kept = _decided(existing.tags, champion, digest)
+    if kept is None:
+        return None
+    reason = f"already registered as version {version} (key {model_key}); {kept}"
+    log.info("registry: %s version %s (%s): %s", name, version, model, reason)
+    return Decision(name, version, False, reason, score, float(existing.tags["zhpipe.champion_score"]), digest)
+
+
+def _decided(tags: dict, champion: dict | None, digest: str) -> str | None:
+    """Why a registered version was kept against this champion on these test rows, when it was decided before."""
+    if champion is None or tags.get("zhpipe.kept_by") != f"{champion['version']} {digest}" or "zhpipe.champion_score" not in tags:
+        return None
+    return tags.get("zhpipe.kept_because")
+
+
 def register_best(model_uri: str, run_id: str, pipeline: str, model: str, test, metric: str, score: float,
                   model_key: str, rescore: Callable[[str, pd.DataFrame], Any] | None = None, rule=None) -> Decision:
     """Register the best model (the classifier pyfunc logged with its training, `model_uri`) unless its key is
@@ -254,11 +278,9 @@ def register_best(model_uri: str, run_id: str, pipeline: str, model: str, test, 
                                               "zhpipe.score": f"{score:.6f}", "zhpipe.run_id": run_id, "zhpipe.model_key": model_key})
     else:
         version = str(existing.version)
-        champion = _champion(c, name)
-        if champion is not None and str(champion["version"]) == version:  # nothing to decide or write: no lock to wait for
-            reason = f"already registered as version {version} (key {model_key}); it is the champion"
-            log.info("registry: %s version %s (%s): %s", name, version, model, reason)
-            return Decision(name, version, False, reason, score, None, digest, holds=True)
+        settled = _settled(c, name, existing, model, model_key, digest, score)
+        if settled is not None:
+            return settled
     served = (lambda v: rescore(f"models:/{name}/{v}", test_frame(test))) if rescore else None  # read only if asked
     if served is not None and rule is None:
         from tasks.selection import ChampionRule
@@ -283,11 +305,14 @@ def register_best(model_uri: str, run_id: str, pipeline: str, model: str, test, 
                 break
         else:
             promote, reason = False, "the champion kept changing under concurrent runs; the alias stays"
-    if existing is not None:
-        reason = f"already registered as version {version} (key {model_key}); {reason}"
     if champion_score is not None:  # what the decision compared, on the version it decided about
         c.set_model_version_tag(name, version, "zhpipe.champion_score", f"{champion_score:.6f}")
         c.set_model_version_tag(name, version, "zhpipe.compared_on_test_sha256", digest)
+        if not promote and champion is not None:  # a decision to keep: the next night on these rows reads it back
+            c.set_model_version_tag(name, version, "zhpipe.kept_by", f"{champion['version']} {digest}")
+            c.set_model_version_tag(name, version, "zhpipe.kept_because", reason[:4000])
+    if existing is not None:
+        reason = f"already registered as version {version} (key {model_key}); {reason}"
     c.update_model_version(name, version, description=f"{model}, test {metric} {score:.4f}: {reason}")
     log.info("registry: %s version %s (%s): %s", name, version, model, reason)
     return Decision(name, version, promote, reason, score, champion_score, digest, holds=promote or already)

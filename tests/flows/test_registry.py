@@ -124,8 +124,15 @@ def test_the_champion_is_replaced_only_beyond_the_noise_of_the_same_test_rows(tr
     assert "paired bootstrap" in claims.reason and claims.test_sha256 != first.test_sha256
     tags = client().get_model_version("zhpipe-rescore-test", claims.version).tags
     assert float(tags["zhpipe.champion_score"]) == pytest.approx(truth, abs=1e-6)
-    again = register(0.99, today, "k2")  # registered already, not the champion: both are served and compared again
-    assert again.version == claims.version and "inside the noise" in again.reason, again.reason
+    scored = []
+
+    def counted(model_uri, frame):
+        scored.append(model_uri)
+        return served(model_uri, frame)
+
+    again = register(0.99, today, "k2", rescore=counted)  # the same two versions on the same rows: decided before
+    assert again.version == claims.version and not again.champion and scored == []
+    assert again.reason == f"already registered as version {claims.version} (key k2); " + claims.reason
 
     def broken(model_uri, frame):
         raise OSError("artifact store unreachable")
