@@ -39,15 +39,20 @@ def build(ctx: BuildContext) -> BuildOutput:
 '''
 
 
+def toy_module(folder: Path, name: str, source: str, monkeypatch) -> None:
+    """A stage module written to `folder` and importable as `name` for the test (as a user's own module would be)."""
+    (folder / f"{name}.py").write_text(source)
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)
+    spec.loader.exec_module(module)
+
+
 @pytest.fixture
 def toy_kind(tmp_path, monkeypatch):
     """A toy stage (one module) and a toy task kind (one entry of KINDS) that reads, cleans, splits and
     measures lengths."""
-    (tmp_path / "toy_lengths.py").write_text(TOY_STAGE)
-    spec = importlib.util.spec_from_file_location("toy_lengths", tmp_path / "toy_lengths.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "toy_lengths", module)
-    spec.loader.exec_module(module)
+    toy_module(tmp_path, "toy_lengths", TOY_STAGE, monkeypatch)
     base = graph.CLASSIFICATION_STAGES
     stage = graph.Stage("lengths", ("split",), "toy_lengths", "length histogram", "mean_chars",
                         (graph.Output("lengths.json", "json"),))
@@ -193,11 +198,7 @@ def test_a_per_model_stage_is_one_module_and_one_entry(tmp_path, smoke, monkeypa
     from flows.plan.keys import plan_keys
     from flows.track.tracker import client
 
-    (tmp_path / "toy_calibrate.py").write_text(TOY_MODEL_STAGE)
-    spec = importlib.util.spec_from_file_location("toy_calibrate", tmp_path / "toy_calibrate.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "toy_calibrate", module)
-    spec.loader.exec_module(module)
+    toy_module(tmp_path, "toy_calibrate", TOY_MODEL_STAGE, monkeypatch)
     base = graph.CLASSIFICATION_STAGES
     calibrate = graph.Stage("calibrate", ("train", "segment"), "toy_calibrate", "calibration error per model", "tfidf_lr_val_ece",
                             (graph.Output("calibration.json", "json"),), models=graph.PerModel(reads=("train",)))

@@ -273,9 +273,10 @@ def load_pipeline(
 _PARSED: dict[tuple, PipelineConfig] = {}
 
 
-def _parse(name: str, config_file: Path, overrides, source_overrides) -> PipelineConfig:
+def _declared(config_file: Path | str) -> dict:
+    """The `pipelines:` mapping of a config file; an unreadable file, bad YAML or another shape is one clear error."""
     try:
-        doc = load_yaml(config_file.read_text(encoding="utf-8"), config_file) or {}
+        doc = load_yaml(Path(config_file).read_text(encoding="utf-8"), config_file) or {}
     except OSError as e:
         raise ConfigError(f"cannot read config {config_file}: {e.strerror}") from e
     except yaml.YAMLError as e:
@@ -283,6 +284,11 @@ def _parse(name: str, config_file: Path, overrides, source_overrides) -> Pipelin
     pipelines = doc.get("pipelines") if isinstance(doc, dict) else None
     if not isinstance(pipelines, dict):
         raise ConfigError(f"{config_file}: expected a top-level 'pipelines:' mapping")
+    return pipelines
+
+
+def _parse(name: str, config_file: Path, overrides, source_overrides) -> PipelineConfig:
+    pipelines = _declared(config_file)
     if name not in pipelines:
         raise ConfigError(f"{config_file}: no pipeline '{name}' (declared: {', '.join(pipelines)})")
     check_name(name, config_file)
@@ -308,15 +314,7 @@ def _parse(name: str, config_file: Path, overrides, source_overrides) -> Pipelin
 
 def list_pipelines(config_file: Path | str) -> dict[str, str]:
     """Pipeline names and descriptions declared in the config file, in file order."""
-    try:
-        doc = load_yaml(Path(config_file).read_text(encoding="utf-8"), config_file) or {}
-    except OSError as e:
-        raise ConfigError(f"cannot read config {config_file}: {e.strerror}") from e
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{config_file}: invalid YAML: {e}") from e
-    pipelines = doc.get("pipelines") if isinstance(doc, dict) else None
-    if not isinstance(pipelines, dict):
-        raise ConfigError(f"{config_file}: expected a top-level 'pipelines:' mapping")
+    pipelines = _declared(config_file)
     for name in pipelines:
         check_name(name, config_file)
     return {k: (v or {}).get("description", "") if isinstance(v, dict) else "" for k, v in pipelines.items()}

@@ -34,11 +34,6 @@ class Params(Section):
     champion: ChampionRule = ChampionRule()
 
 
-def standard_error(score: float, rows: int) -> float:
-    """The standard error of a proportion measured on `rows` rows (accuracy; macro-F1 is given the same)."""
-    return math.sqrt(max(score * (1 - score), 0.0) / max(rows, 1))
-
-
 def right_rows(summary: dict) -> np.ndarray | None:
     """Which validation rows a trained classifier got right (from its training summary), or None."""
     packed, rows = summary.get("validation_right"), summary.get("validation_rows")
