@@ -59,6 +59,8 @@ class Stage:
     # the partitions' files with tasks/partitions.py); vocab counts per partition and merges the counts
     part_build: str = "build"
     gather: str | None = None
+    checked: bool = False  # the data checks (tasks/checks.py) are judged on its output: per partition, or whole
+
 
     @property
     def per_model(self) -> bool:
@@ -115,6 +117,11 @@ class TaskKind:
     def source(self) -> Stage:
         """The stage that reads the pipeline's source (it needs no other stage)."""
         return next(s for s in self.stages.values() if not s.needs)
+
+    @property
+    def checked(self) -> Stage | None:
+        """The stage whose output the data checks judge (its kind's cleaned rows), None: no checks."""
+        return next((s for s in self.stages.values() if s.checked), None)
 
     def units_read(self, names) -> set[str]:
         """The per-model stages whose units the per-model stages among `names` read (evaluate's units read train's)."""

@@ -106,11 +106,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _find_server(args) -> None:
     """A background Prefect server instead of a temporary one per command: the running one, else (run, tune) a new one."""
-    if args.command in ("run", "tune", "deploy", "serve", "worker") or getattr(args, "dask", None):
+    if args.command in ("run", "tune", "deploy", "serve", "worker", "alerts") or getattr(args, "dask", None):
         from flows.orchestrate.server import use_running
 
         project.ensure_prefect_home()
-        if not use_running() and args.command in ("run", "tune") and not os.environ.get("PREFECT_API_URL"):
+        if not use_running() and args.command in ("run", "tune", "alerts") and not os.environ.get("PREFECT_API_URL"):
             _start_background_server()
             use_running()
 

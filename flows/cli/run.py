@@ -25,7 +25,9 @@ def cmd_run(args) -> int:
                             source=config.source.model_dump(exclude_defaults=True) if args.source else None)
     shown = console()
     shown.print(summary_table(out["stages"], time.perf_counter() - t0, config.name, out.get("units", [])))
-    shown.print(f"MLflow: experiment [bold]{out['experiment']}[/], parent run {out['parent_run_id']}  (see it with `zhpipe ui`)")
+    shown.print(f"MLflow: experiment [bold]{out['experiment']}[/], parent run {out['parent_run_id']}  (see it with `zhpipe ui`; "
+                f"the night's report is its report.html)")
+    print_held(config)
     return 0
 
 
@@ -126,7 +128,17 @@ def cmd_status(args) -> int:
                           str(sum(u["rows"] or 0 for u in units)), "",
                           ("to build: " + ", ".join(new[:3]) + (f" and {len(new) - 3} more" if len(new) > 3 else "")) if new else "")
     console().print(table)
+    print_held(config)
     return 0
+
+
+def print_held(config) -> None:
+    """The partitions (or corpus) the data checks hold out of the corpus, each with its line and how to put it back."""
+    from flows.plan import held
+
+    out = held.held(config.identity)
+    for name, why in out.items():
+        console().print(f"[red]held out[/]: {why.get('line', name)}; put it back with `zhpipe accept {config.name} {name if name != held.CORPUS else '--all'}`")
 
 
 def cmd_tune(args) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import sys
 
-from flows.cli.common import configs, console, explicit_config
+from flows.cli.common import config_file, configs, console, explicit_config, pipeline_name
 from flows.orchestrate import handover
 
 
@@ -28,6 +28,30 @@ def cmd_deploy(args) -> int:
         out.print(f"created work pools: {', '.join(created)}")
     pools = sorted({r["work_pool"] for r in rows} | {r["train_pool"] for r in rows if r["train_pool"]})
     out.print("start a worker per pool, e.g. " + "; ".join(f"`zhpipe worker --pool {p}`" for p in pools))
+    return 0
+
+
+def cmd_alerts(args) -> int:
+    """Prefect automations that send zhpipe's events to the project's `alerts:` target; `--test` sends one through."""
+    from flows.orchestrate.deploy import require_server
+    from flows.plan.config import load_alerts
+    from flows.track import alerts
+
+    wanted = load_alerts(config_file(args))
+    url = require_server()
+    names = alerts.setup(wanted)
+    target = wanted.webhook or wanted.slack or f"block {wanted.block}"
+    out = console()
+    out.print(f"{len(names)} Prefect automations on {url} send zhpipe's events to {alerts.redacted(target)}:")
+    for name in names:
+        out.print(f"  {name}")
+    if args.test:
+        from flows.plan.config import load_pipeline
+
+        first = load_pipeline(pipeline_name(args))
+        alerts.emit("zhpipe.alerts.test", first, {"message": f"zhpipe alerts --test: {first.name} can reach you"})
+        alerts.flush()
+        out.print("sent a zhpipe.alerts.test event; the server's automation delivers it within seconds")
     return 0
 
 
@@ -94,6 +118,11 @@ def add_parsers(sub) -> None:
     deploy.add_argument("pipelines", nargs="*", metavar="PIPELINE", help="pipelines to deploy (default: every one in the file)")
     deploy.add_argument("--config", type=Path, help="pipelines file (default: the project's pipelines.yaml)")
     deploy.set_defaults(handler=cmd_deploy)
+    alerts = sub.add_parser("alerts", help="Prefect automations that send zhpipe's events (checks, held partitions, champion, "
+                            "failed runs) to the `alerts:` target of pipelines.yaml (needs a running server)")
+    alerts.add_argument("--config", type=Path, help="pipelines file (default: the project's pipelines.yaml)")
+    alerts.add_argument("--test", action="store_true", help="then send a test event through them")
+    alerts.set_defaults(handler=cmd_alerts, pipeline=None)
     serve = sub.add_parser("serve", help="run the scheduled pipelines from this process (no work pool or worker needed)")
     serve.add_argument("pipelines", nargs="*", metavar="PIPELINE", help="pipelines to serve (default: those with a schedule)")
     serve.add_argument("--config", type=Path, help="pipelines file (default: the project's pipelines.yaml)")

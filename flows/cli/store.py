@@ -77,6 +77,17 @@ def cmd_gc(args) -> int:
     return 0
 
 
+def cmd_accept(args) -> int:
+    """Put partitions a blocking check held out back into the corpus (the next run builds them in)."""
+    from flows.cli.common import load
+    from flows.plan import held
+
+    config = load(args)
+    names = held.accept(config.identity, args.partitions, every=args.all)
+    print(f"accepted {', '.join(names)}: the next `zhpipe run {config.name}` builds {'them' if len(names) > 1 else 'it'} into the corpus")
+    return 0
+
+
 def add_parsers(sub) -> None:
     from flows.cli.common import storage_arg
 
@@ -89,3 +100,10 @@ def add_parsers(sub) -> None:
     gc.add_argument("--forget", action="append", default=[], metavar="NAME",
                     help="no longer keep what the run on another corpus NAME built (`zhpipe run --source`; repeatable)")
     gc.set_defaults(handler=cmd_gc)
+    from flows.cli.common import pipeline_args
+
+    accept = sub.add_parser("accept", help="put a partition (or a corpus) a blocking data check held out back into the corpus")
+    pipeline_args(accept)
+    accept.add_argument("partitions", nargs="*", metavar="PARTITION", help="held partitions, as `zhpipe status` names them")
+    accept.add_argument("--all", action="store_true", help="every held partition (or the held corpus of a source without partitions)")
+    accept.set_defaults(handler=cmd_accept)

@@ -74,7 +74,7 @@ def require_server() -> str:
     url = PREFECT_API_URL.value()
     if not url:
         raise ZhpipeError(
-            "no Prefect server: start one with `prefect server start` and set PREFECT_API_URL=http://127.0.0.1:4200/api"
+            "no Prefect server: start this project's with `zhpipe server start`, or set PREFECT_API_URL to another one's"
         )
     return url
 

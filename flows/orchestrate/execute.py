@@ -16,7 +16,7 @@ from flows.plan import project
 from flows.plan.config import PipelineConfig, flatten
 from flows.plan.keys import unit_params
 from flows.plan.sources import origin_of, partition_source, partitions
-from flows.plan.store import Manifest, StageStore
+from flows.plan.store import Manifest, StageStore, stage_key
 from flows.track.tracker import Tracker, experiment_id
 from tasks.core import BuildContext, BuildOutput, Facts, Unit, established, partition_unit
 from tasks.errors import ZhpipeError
@@ -82,6 +82,8 @@ class RunContext:
     verify: bool = False  # hash every file of a reused output, not only the small ones
     origin: Origin | None = None  # the source as the keys were planned (the download re-checks against it)
     title: str = ""  # the parent run's name (pipeline, changed settings, time): its model runs are named after it
+    gate: Any = None  # the data checks (flows/orchestrate/gate.py), judged on the checked stage's output
+    replanned: bool = False  # a check held a partition out: the stages built before it are gathered again
     _partitions: list[str] | None = None
 
     def reuse(self, stage: str) -> StageResult:
@@ -166,6 +168,20 @@ class RunContext:
         """Whether --force covers this unit (a model or partition unit follows its stage)."""
         return unit.stage in self.force
 
+    def _digest(self, name: str) -> str:
+        return next(p.fingerprint() for p in partitions(self.config) if p.name == name)
+
+    def replan(self) -> None:
+        """Plan the keys again (the partitions changed: a check held one out)."""
+        from flows.plan.keys import plan
+        from flows.track.champion import revision
+
+        self.causes = plan(self.config, self.origin, registry=revision)
+        self.keys.clear()
+        self.keys.update({unit: stage_key(c) for unit, c in self.causes.items()})
+        self._partitions = None
+        self.replanned = True
+
     def partition_names(self) -> list[str]:
         if self._partitions is None:
             self._partitions = [p.name for p in partitions(self.config)]
@@ -177,12 +193,20 @@ class RunContext:
         from tasks import partitions as gather
 
         parts: dict[str, StageResult] = {}
-        for name in self.partition_names():
+        names, i = self.partition_names(), 0
+        while i < len(names):
+            name = names[i]
             inputs = {d: upstream[d].parts.get(partition_unit(d, name)) or self.reuse(partition_unit(d, name)) for d in spec.needs}
             if spec.cumulative:
                 inputs |= dict(parts)
             unit = partition_unit(spec.name, name)
-            parts[unit] = self.run_partition(unit, inputs, getattr(spec.module, spec.part_build))
+            result = self.run_partition(unit, inputs, getattr(spec.module, spec.part_build))
+            if spec.checked and self.gate is not None and self.gate.part(name, self._digest(name), result, list(parts.values())):
+                self.replan()  # held out: the partitions after it are planned (and built) without it
+                names = self.partition_names()
+                continue
+            parts[unit] = result
+            i += 1
         built = sum(r.cache == "miss" for r in parts.values())
         log.info("%s: %d partitions, %d cached, %d built", spec.name, len(parts), len(parts) - built, built)
         result = self.run(spec.name, parts, getattr(spec.module, spec.gather) if spec.gather else gather.build)

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 from prefect.artifacts import create_markdown_artifact
 
 from flows.orchestrate.execute import RunContext, StageResult, artifact_key
+from flows.orchestrate.gate import Gate
 from flows.orchestrate.model_stages import register
 from flows.plan import project
 from flows.plan.config import PipelineConfig
@@ -78,7 +79,9 @@ def start_run(config: PipelineConfig, force: set[str], storage: str, executor: s
     parent.params(config.flat_params(used_only=True))  # what a person compares; the whole config is config.json
     log_config(parent, experiment, config)
     parent.tags({"zhpipe.task": config.task, "zhpipe.overrides": " ".join(redact_text(o) for o in overrides or [])})
-    return RunContext(config, StageStore(storage), keys, experiment, parent.run_id, force, executor, causes, verify, origin, title)
+    run = RunContext(config, StageStore(storage), keys, experiment, parent.run_id, force, executor, causes, verify, origin, title)
+    run.gate = Gate(config)
+    return run
 
 
 def log_config(parent: Tracker, experiment: str, config: PipelineConfig) -> None:

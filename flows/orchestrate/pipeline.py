@@ -12,6 +12,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.utilities.annotations import quote
 
+from flows.orchestrate import night
 from flows.orchestrate.chunks import shutdown as shutdown_cluster
 from flows.orchestrate.execute import RunContext, StageResult
 from flows.orchestrate.guard import check_run
@@ -79,7 +80,10 @@ def _stage_task(stage: str, **options):
             return run_model_stage(run, spec, upstream)
         if spec.partitioned and run.config.source.partitioned:
             return run.run_partitions(spec, upstream)
-        return run.run(stage, upstream, spec.module.build)
+        result = run.run(stage, upstream, spec.module.build)
+        if spec.checked and run.gate is not None:
+            run.gate.whole(result)
+        return result
 
     run_stage.__doc__ = next((k.stages[stage].help for k in KINDS.values() if stage in k.stages), f"stage {stage}")
     return task(name=stage, cache_policy=NO_CACHE, **options)(run_stage)
@@ -132,12 +136,19 @@ def pipeline_flow(
         record_appends(config)  # an appended source: this run's ranges are what the next run checks
         label_flow_run(run, overrides)
         results: dict[str, StageResult] = {}
-        ok = False
+        ok, error = False, "interrupted"
         try:
             _run_stages(run, stages, results, (overrides, source, config_file))
             ok = True
+        except BaseException as e:
+            from flows.track.alerts import emit
+
+            error = str(e).splitlines()[0] if str(e) else type(e).__name__
+            emit("zhpipe.run.failed", config, {"message": f"{config.identity}: the run failed: {error}"})
+            raise
         finally:
             shutdown_cluster()
+            night.record(run, results, ok, "" if ok else error)
             finish_run(run, {k: r for k, r in results.items() if k in stages}, ok)
         return {
             "parent_run_id": run.parent_run_id,
@@ -177,6 +188,10 @@ def _run_stages(run: RunContext, stages: list[str], results: dict[str, StageResu
         elif spec.name in stages:
             # quoted: Prefect would walk the whole run context (config, keys, store) looking for futures, twice a task
             results[spec.name] = stage_task(spec.name)(quote(run), *inputs)
+            if run.replanned:  # a check held a partition out: the stages before gather their partitions again
+                run.replanned = False
+                for name in [n for n in results if n != spec.name and kind.stages[n].partitioned]:
+                    results[name] = stage_task(name)(quote(run), *[results.get(d) for d in kind.stages[name].needs])
         elif spec.name in needed:
             results[spec.name] = run.reuse(spec.name)
 

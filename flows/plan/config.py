@@ -12,6 +12,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, create_model, model_validator
 
 from flows.plan.values import apply_set, load_yaml, valid_cron
+from tasks.checks import Checks
 from tasks.core import Section
 from tasks.errors import ConfigError
 from tasks.models import MODELS
@@ -63,6 +64,28 @@ class PredictLimits(Section):
     max_chars: int = Field(5_000, ge=1)  # longer texts are cut to this many characters (status `truncated`)
 
 
+ALERT_EVENTS = ("zhpipe.partition.held", "zhpipe.check.failed", "zhpipe.champion.promoted", "zhpipe.champion.kept", "zhpipe.run.failed")
+
+
+class Alerts(Section):
+    """The project's `alerts:` (top level of pipelines.yaml, beside `pipelines:`): where `zhpipe alerts` sends zhpipe's
+    Prefect events. One of a webhook URL (its JSON body: subject, text), a Slack webhook URL, or the name of a
+    Prefect notification block made by hand (e-mail, Teams, PagerDuty ...)."""
+
+    webhook: str | None = None
+    slack: str | None = None
+    block: str | None = None
+    events: list[Literal[ALERT_EVENTS]] = list(ALERT_EVENTS)
+    allow_private_urls: bool = False  # a webhook on this machine or the local network (Prefect refuses them by default)
+
+    @model_validator(mode="after")
+    def _one_target(self) -> "Alerts":
+        given = [k for k in ("webhook", "slack", "block") if getattr(self, k)]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of webhook, slack, block (given: {', '.join(given) or 'none'})")
+        return self
+
+
 class PipelineConfig(Section):
     """One pipeline of `pipelines.yaml`, validated. Its `stages` hold one section per stage (each stage's
     `Params`); `load_pipeline` returns an instance of the class `pipeline_model()` builds."""
@@ -84,6 +107,7 @@ class PipelineConfig(Section):
     dask_address: str | None = None  # scheduler address (tcp://host:8786); None with runner dask = a local cluster
     storage: str | None = None  # stage store root: a folder or an fsspec URL; default data/ (ZHPIPE_STORAGE wins)
     predict: PredictLimits = PredictLimits()  # travels with the registered model
+    checks: Checks = Checks()  # the data checks on each night's cleaned rows (tasks/checks.py): severity and threshold each
     # `zhpipe tune` search spaces per model: {setting: {low, high, log?, step?} or {choices: [...]}}; a model
     # without one gets flows/orchestrate/tune.py's default
     tune: dict[str, dict[str, dict[str, Any]]] = {}
@@ -285,6 +309,18 @@ def _declared(config_file: Path | str) -> dict:
     if not isinstance(pipelines, dict):
         raise ConfigError(f"{config_file}: expected a top-level 'pipelines:' mapping")
     return pipelines
+
+
+def load_alerts(config_file: Path | str) -> Alerts:
+    """The `alerts:` section of a config file; missing or wrong is one clear error."""
+    doc = load_yaml(Path(config_file).read_text(encoding="utf-8"), config_file) or {}
+    raw = doc.get("alerts") if isinstance(doc, dict) else None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{config_file}: no 'alerts:' section (e.g. alerts: {{webhook: https://example.org/hook}}); see README, Alerts")
+    try:
+        return Alerts.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(_describe(e, f"{config_file} alerts", Alerts)) from e
 
 
 def _parse(name: str, config_file: Path, overrides, source_overrides) -> PipelineConfig:

@@ -31,6 +31,10 @@ def partitions(config: PipelineConfig) -> list:
         return []
     if id(config) in _FROZEN:
         return _FROZEN[id(config)]
+    return _kept(config, _listed(config))
+
+
+def _listed(config: PipelineConfig) -> list:
     root = project.current().root
     if config.source.grows == "append":
         record, file = _append_record(config), resolve_local(config.source.path)
@@ -51,6 +55,21 @@ def partitions(config: PipelineConfig) -> list:
     return parts
 
 
+def _kept(config: PipelineConfig, parts: list) -> list:
+    """The partitions less those a blocking check holds out (flows/plan/held.py) as they are now: an edited held
+    file is judged afresh."""
+    from flows.plan import held
+
+    out = held.held(config.identity)
+    return [p for p in parts if p.name not in out or out[p.name].get("digest") != p.fingerprint()]
+
+
+def hold_out(config: PipelineConfig, name: str) -> None:
+    """Take a partition out of the list a running run planned with (a blocking check held it out)."""
+    if id(config) in _FROZEN:
+        _FROZEN[id(config)] = [p for p in _FROZEN[id(config)] if p.name != name]
+
+
 @contextlib.contextmanager
 def fixed_partitions(config: PipelineConfig):
     """Within the block, `partitions(config)` is the list found on entry: a file appended to, added or removed while
@@ -60,7 +79,9 @@ def fixed_partitions(config: PipelineConfig):
         yield
         return
     parts = partitions(config)
-    gone = [name for name in _recorded(config) if name not in {p.name for p in parts}]
+    from flows.plan import held
+
+    gone = [name for name in _recorded(config) if name not in {p.name for p in parts} and name not in held.held(config.identity)]
     if gone:
         listed = ", ".join(gone[:5]) + (f" and {len(gone) - 5} more" if len(gone) > 5 else "")
         message = (f"source {config.source.path}: {len(gone)} partition(s) of the last run are gone ({listed}); "

@@ -110,7 +110,7 @@ def runs_table(runs: list) -> pd.DataFrame:
             "rows": int(m["rows_read"]) if "rows_read" in m else "",
             "rows new": int(m["rows_new"]) if "rows_new" in m else "",
             "champion": tags.get("zhpipe.champion", ""), "why": tags.get("zhpipe.champion_reason", ""),
-            "registered": tags.get("zhpipe.registered", ""),
+            "registered": tags.get("zhpipe.registered", ""), "checks": tags.get("zhpipe.checks", ""),
         })
     frame = pd.DataFrame(rows)
     if len(frame) and frame["test entity F1"].isna().all():  # no ner run among them

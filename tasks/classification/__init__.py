@@ -11,7 +11,7 @@ STAGES = graph(
           "rows_raw", (Output("data.parquet", "frame"),), partitioned=True),
     Stage("clean", ("download",), "tasks.classification.clean",
           "NFKC, strip HTML/URLs/control chars, optional t2s; quarantine empty/short/long/duplicate rows", "rows_dropped",
-          (Output("data.parquet", "frame"),), partitioned=True, cumulative=True),
+          (Output("data.parquet", "frame"),), partitioned=True, cumulative=True, checked=True),
     Stage("split", ("clean",), "tasks.classification.split", "stratified, seeded train/validation/test split", "rows_test", (SPLITS,),
           partitioned=True),
     SEGMENT,

@@ -11,7 +11,7 @@ STAGES = graph(
           "rows_raw", (Output("data.parquet", "frame"),)),
     Stage("clean", ("download",), "tasks.ner.clean",
           "NFKC and optional t2s per character, tags kept aligned, as BIOES; quarantine empty/long/duplicate sentences", "rows_dropped",
-          (Output("data.parquet", "frame"),)),
+          (Output("data.parquet", "frame"),), checked=True),
     Stage("split", ("clean",), "tasks.ner.split", "the corpus' own train/validation/test files (split.use_given), else a seeded split of sentences",
           "rows_test", (SPLITS,)),
     SEGMENT,  # characters and jieba words of the sentences

@@ -12,7 +12,7 @@ STAGES = graph(
           "rows_raw", (Output("data.parquet", "frame"),)),
     Stage("clean", ("download",), "tasks.translation.clean",
           "both sides normalised (t2s on the Chinese side); quarantine empty, over-long, misaligned and repeated pairs", "rows_dropped",
-          (Output("data.parquet", "frame"),)),
+          (Output("data.parquet", "frame"),), checked=True),
     Stage("split", ("clean",), "tasks.translation.split",
           "pairs that share a side (or differ only in punctuation) kept on one side of every split line", "groups", (SPLITS,)),
     SEGMENT,  # characters and jieba words of the Chinese side

@@ -1,0 +1,185 @@
+"""The data checks in a run (tasks/checks.py declares them): judged on the checked stage's output, per partition
+against the earlier kept partitions, or for a source without partitions against the last corpus that passed. A
+blocking failure holds a partition out of the corpus (the run goes on without it) or stops a run without partitions
+before training; each decision is one line naming the partition and the check, a Prefect event, and a row of the
+run's checks table (MLflow metrics and table, Prefect artifact, `zhpipe runs`, the run's report)."""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+
+from flows.plan import held
+from flows.plan.sources import hold_out
+from tasks import checks
+from tasks.errors import ZhpipeError
+
+log = logging.getLogger("zhpipe")
+
+
+@dataclass
+class Judged:
+    """One judged partition (or the corpus): its verdicts, and whether it was held out."""
+
+    name: str
+    verdicts: list[checks.Verdict]
+    held: bool = False
+    accepted: bool = False
+    fresh: bool = True  # judged in this run (False: its verdicts were read back from the record)
+    rows_in: int | None = None
+    night: pd.DataFrame | None = field(default=None, repr=False)  # its rows and the reference's, for the report's plots
+    reference: pd.DataFrame | None = field(default=None, repr=False)
+
+
+@dataclass
+class Gate:
+    """A run's checks: `part` judges a partition unit, `whole` the output of a source without partitions."""
+
+    config: object
+    judged: list[Judged] = field(default_factory=list)
+    reference_frame: pd.DataFrame | None = None
+
+    def _verdicts(self, key: str, unit: str, night: checks.Sample, reference: checks.Sample | None) -> tuple[list, bool]:
+        record = held.load(self.config.identity)
+        known = record["judged"].get(key)
+        if known is not None:
+            return checks.from_json(known["verdicts"]), False
+        verdicts = checks.judge(night, reference, self.config.checks)
+        record["judged"][key] = {"unit": unit, "at": time.strftime("%Y-%m-%dT%H:%M:%S"), "verdicts": checks.to_json(verdicts)}
+        held.save(self.config.identity, record)
+        return verdicts, True
+
+    def part(self, name: str, digest: str, result, earlier: list) -> bool:
+        """Judge a partition's checked output against the earlier kept ones; True when a blocking check holds it out
+        (recorded, taken out of the run's partitions)."""
+        night = sample_of(result)
+        reference = reference_of(earlier)
+        verdicts, fresh = self._verdicts(result.key, result.stage, night, reference)
+        record = held.load(self.config.identity)
+        blocked = [v for v in verdicts if v.blocks]
+        accepted = bool(blocked) and held.accepted(record, name, digest)
+        judged = Judged(name, verdicts, held=bool(blocked) and not accepted, accepted=accepted, fresh=fresh, rows_in=night.rows_in, night=night.frame,
+                        reference=reference.frame if reference else None)
+        self.judged.append(judged)
+        self._report(judged)
+        if judged.held:
+            first = blocked[0]
+            record["held"][name] = {"check": first.check, "line": first.line(name), "digest": digest, "at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            held.save(self.config.identity, record)
+            hold_out(self.config, name)
+        return judged.held
+
+    def whole(self, result) -> None:
+        """Judge the whole cleaned corpus (a source without partitions) against the last one that passed; a blocking
+        failure stops the run before training (one error line), unless the corpus was accepted as it is."""
+        reference_file = _reference_file(self.config.identity)
+        reference = None
+        if reference_file.is_file():
+            frame = pd.read_parquet(reference_file)
+            reference = checks.Sample(frame, len(frame), len(frame))
+        night = sample_of(result)
+        verdicts, fresh = self._verdicts(result.key, result.stage, night, reference)
+        blocked = [v for v in verdicts if v.blocks]
+        accepted = bool(blocked) and held.accepted(held.load(self.config.identity), held.CORPUS, result.key)
+        judged = Judged(held.CORPUS, verdicts, held=bool(blocked) and not accepted, accepted=accepted, fresh=fresh, rows_in=night.rows_in, night=night.frame,
+                        reference=reference.frame if reference else None)
+        self.judged.append(judged)
+        self._report(judged)
+        if judged.held:
+            record = held.load(self.config.identity)
+            record["held"][held.CORPUS] = {"check": blocked[0].check, "line": blocked[0].line("the corpus"), "digest": result.key,
+                                           "at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            held.save(self.config.identity, record)
+            raise ZhpipeError(f"{blocked[0].line('the corpus')}; the run stops before training (accept it as it is with "
+                              f"`zhpipe accept {self.config.name} --all`, or set checks.{blocked[0].check}.severity: warn)")
+        _save_reference(self.config.identity, result)
+
+    def _report(self, judged: Judged) -> None:
+        from flows.track.alerts import emit
+
+        for v in judged.verdicts:
+            if v.passed is False:
+                (log.warning if v.blocks and judged.held else log.info if not judged.fresh else log.warning)("%s", v.line(judged.name))
+        if judged.held:
+            first = next(v for v in judged.verdicts if v.blocks)
+            log.warning("%s held out of the corpus by check %s (its rows stay in the store; put it back with "
+                        "`zhpipe accept %s %s`)", judged.name, first.check, self.config.name, judged.name)
+        if judged.fresh and any(v.passed is False for v in judged.verdicts):
+            failed = [v for v in judged.verdicts if v.passed is False]
+            lines = "; ".join(v.line(judged.name) for v in failed)
+            message = (f"{self.config.identity}: {judged.name} held out of the corpus ({lines}); put it back with "
+                       f"`zhpipe accept {self.config.name} {judged.name}`" if judged.held else f"{self.config.identity}: {lines}")
+            emit("zhpipe.partition.held" if judged.held else "zhpipe.check.failed", self.config,
+                 {"partition": judged.name, "failed": checks.to_json(failed), "held": judged.held, "message": message})
+
+    @property
+    def fresh(self) -> list[Judged]:
+        """The partitions judged in this run (not those whose verdicts an earlier run recorded)."""
+        return [j for j in self.judged if j.fresh]
+
+    def summary(self) -> str:
+        """`2 held, 1 warned, 40 passed` over the partitions judged in this run."""
+        held_n = sum(j.held for j in self.fresh)
+        warned = sum(1 for j in self.fresh for v in j.verdicts if v.passed is False and not v.blocks)
+        passed = sum(1 for j in self.fresh for v in j.verdicts if v.passed)
+        return f"{held_n} held, {warned} warned, {passed} passed"
+
+    def rows(self) -> list[dict]:
+        """The checks table: a row per partition judged in this run and check."""
+        return [{"partition": j.name, "check": v.check, "severity": v.severity, "figure": v.figure, "threshold": v.threshold,
+                 "result": {True: "passed", None: "not judged", False: "failed"}[v.passed]
+                 + (" (held out)" if j.held and v.blocks else " (accepted)" if j.accepted and v.blocks else ""),
+                 "note": v.note} for j in self.fresh for v in j.verdicts]
+
+
+COLUMNS = ["text", "label"]
+
+
+def _frame(path: Path, limit: int | None = None) -> pd.DataFrame:
+    names = pq.read_schema(path).names
+    frame = pd.read_parquet(path, columns=[c for c in COLUMNS if c in names])
+    return frame.tail(limit) if limit else frame
+
+
+def sample_of(result) -> checks.Sample:
+    frame = _frame(result.path / "data.parquet")
+    kept = result.rows if result.rows is not None else len(frame)
+    rows_in = result.metrics.get("rows_in")
+    rows_in = int(rows_in) if rows_in is not None else kept + int(result.metrics.get("rows_dropped", 0))
+    return checks.Sample(frame, rows_in, kept)
+
+
+def reference_of(earlier: list) -> checks.Sample | None:
+    """The earlier kept partitions as the reference: their most recent rows, up to `checks.REFERENCE_ROWS`."""
+    if not earlier:
+        return None
+    frames, rows = [], 0
+    for result in reversed(earlier):
+        if rows >= checks.REFERENCE_ROWS:
+            break
+        frame = _frame(result.path / "data.parquet", checks.REFERENCE_ROWS - rows)
+        frames.insert(0, frame)
+        rows += len(frame)
+    frame = pd.concat(frames, ignore_index=True)
+    recent = tuple(int(r.rows or 0) for r in earlier)
+    return checks.Sample(frame, len(frame), len(frame), recent)
+
+
+def _reference_file(identity: str) -> Path:
+    return held.record_path(identity).with_name(f"reference-{identity}.parquet")
+
+
+def _save_reference(identity: str, result) -> None:
+    """The corpus that passed, as the next run's reference (a seeded sample)."""
+    import os
+
+    frame = checks.sample(_frame(result.path / "data.parquet"), checks.REFERENCE_ROWS)
+    target = _reference_file(identity)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    frame.reset_index(drop=True).to_parquet(tmp)
+    os.replace(tmp, target)

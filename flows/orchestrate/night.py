@@ -1,0 +1,78 @@
+"""What a night's run leaves for the people who did not watch it: the data checks' results (MLflow metrics and table on
+the parent run, a Prefect table artifact, the `zhpipe.checks` tag `zhpipe runs` shows) and its report (report.html in
+the parent run, linked from the Prefect flow run), written at the end of every run, failed ones included."""
+from __future__ import annotations
+
+import logging
+
+import pandas as pd
+
+from flows.orchestrate.execute import RunContext, StageResult, artifact_key
+from flows.track import report
+from flows.track.tracker import Tracker, ui_url
+
+log = logging.getLogger("zhpipe")
+
+PLOTTED = 3  # partitions judged in a run that the report draws (the held ones first)
+
+
+def arrived(run: RunContext, results: dict[str, StageResult]) -> list[dict]:
+    """The checked stage's partitions (or its whole output) with what clean did to them."""
+    checked = run.config.kind.checked
+    result = results.get(checked.name) if checked else None
+    if result is None:
+        return []
+    units = result.parts.values() if result.parts else [result]
+    rows = []
+    for unit in units:
+        metrics = {k: int(v) for k, v in unit.metrics.items() if k.startswith(("rows_", "dropped_")) and isinstance(v, int | float)}
+        rows.append({"partition": unit.stage.part or "(corpus)", "cache": "built" if unit.cache == "miss" else "reused", **metrics})
+    for judged in [j for j in run.gate.judged if j.held] if run.gate else ():
+        rows.append({"partition": judged.name, "cache": "held out", "rows_in": judged.rows_in})
+    return rows
+
+
+def record(run: RunContext, results: dict[str, StageResult], ok: bool, error: str = "") -> None:
+    """Checks and report into the parent run and the Prefect flow run; never fails the run."""
+    try:
+        _record(run, results, ok, error)
+    except Exception as e:  # noqa: BLE001 - a report that cannot be written is a warning, not a lost night
+        log.warning("the night's report could not be written: %s", e)
+
+
+def _record(run: RunContext, results: dict[str, StageResult], ok: bool, error: str) -> None:
+    from flows.track.alerts import flush
+
+    parent = Tracker(run.parent_run_id)
+    gate = run.gate
+    rows = gate.rows() if gate else []
+    if rows:
+        for step, judged in enumerate(gate.fresh):
+            parent.metrics({f"check_{v.check}": v.figure for v in judged.verdicts if v.figure is not None}, step=step)
+        parent.table(pd.DataFrame(rows), "checks.json")
+        parent.tags({"zhpipe.checks": gate.summary()})
+    judged = sorted((j for j in (gate.fresh if gate else []) if j.night is not None), key=lambda j: not j.held)[:PLOTTED]
+    plots = [f"<h3>{j.name}{' (held out)' if j.held else ''}</h3>" + report.comparison_plot(j.name, j.night, j.reference) for j in judged]
+    tags = parent.client.get_run(run.parent_run_id).data.tags
+    champion = {k: v for k, v in tags.items() if k in ("zhpipe.champion", "zhpipe.champion_reason", "zhpipe.registered")}
+    if error:
+        champion["error"] = error
+    page = report.render(run.title or run.config.name, ok, arrived(run, results), rows, plots, champion)
+    parent.text(page, "report.html")
+    _prefect(run, rows, report.worries(ok, rows, champion))
+    flush()
+
+
+def _prefect(run: RunContext, rows: list[dict], worries: list[str]) -> None:
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+    from prefect.runtime import flow_run
+
+    if not flow_run.id:
+        return
+    link = ui_url(run.experiment, run.parent_run_id).replace("/runs/", "/runs/", 1) + "/artifacts"
+    lines = "\n".join(f"- {w}" for w in worries) or "- nothing to worry about: every check passed and the run completed"
+    create_markdown_artifact(markdown=f"### zhpipe night report\n{lines}\n\nThe whole report: `report.html` of the "
+                             f"[MLflow parent run]({link}).", key=artifact_key(run.config.name, "night-report"),
+                             description="zhpipe: whether to worry about this run")
+    if rows:
+        create_table_artifact(rows, key=artifact_key(run.config.name, "checks"), description="zhpipe: the data checks of this run")

@@ -1,0 +1,82 @@
+"""What the data checks decided, kept in the project per pipeline (`data/_cache/checks-<pipeline>.json`): each judged
+unit's verdicts (by its key: a cached unit is not judged again), the partitions a blocking check held out of the
+corpus (their rows stay in the store) and those a person accepted (`zhpipe accept`). Planning reads it: a held
+partition is not in the corpus a run plans. Neither Prefect nor MLflow."""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from flows.plan import project
+from tasks.errors import ZhpipeError
+
+log = logging.getLogger("zhpipe")
+
+CORPUS = "(corpus)"  # the name a source without partitions is held and accepted under
+KEPT_JUDGEMENTS = 500  # judged units remembered (the oldest are judged again if they come back)
+
+
+def record_path(identity: str) -> Path:
+    return project.current().data / "_cache" / f"checks-{identity}.json"
+
+
+def load(identity: str) -> dict[str, Any]:
+    """The record (empty when there is none); an unreadable one is moved aside with a warning line, never an error
+    that stops every run: what it held is judged again."""
+    path = record_path(identity)
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(record, dict):
+            raise ValueError("not a JSON object")
+    except FileNotFoundError:
+        record = {}
+    except (OSError, ValueError) as e:
+        aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+        path.replace(aside)
+        log.warning("checks: %s is unreadable (%s); moved to %s, its partitions are judged again", path, e, aside.name)
+        record = {}
+    for part in ("judged", "held", "accepted"):
+        record.setdefault(part, {})
+    return record
+
+
+def save(identity: str, record: dict[str, Any]) -> None:
+    from tasks.io import atomic_write_text
+
+    judged = record["judged"]
+    for key in list(judged)[:-KEPT_JUDGEMENTS]:
+        del judged[key]
+    path = record_path(identity)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(record, ensure_ascii=False, indent=1))
+
+
+def held(identity: str) -> dict[str, dict[str, Any]]:
+    """The partitions held out now: name -> {check, line, digest, at}."""
+    return load(identity)["held"]
+
+
+def accepted(record: dict[str, Any], name: str, digest: str) -> bool:
+    """Whether a person accepted this partition (or corpus) as it is now (an edited file is judged afresh)."""
+    return record["accepted"].get(name) == digest
+
+
+def accept(identity: str, names: list[str], every: bool = False) -> list[str]:
+    """Put held partitions back into the corpus (the next run builds them in, whatever the checks say of them as
+    they are now); returns the names accepted. A name not held is one clear error."""
+    record = load(identity)
+    held_now = record["held"]
+    if not held_now:
+        raise ZhpipeError(f"accept: nothing of pipeline '{identity}' is held out")
+    chosen = list(held_now) if every else names
+    unknown = [n for n in chosen if n not in held_now]
+    if unknown or not chosen:
+        raise ZhpipeError(f"accept: {unknown[0]!r} is not held out" if unknown else "accept: name a partition, or --all"
+                          f" (held: {', '.join(held_now)})")
+    for name in chosen:
+        record["accepted"][name] = held_now.pop(name)["digest"]
+    save(identity, record)
+    return chosen

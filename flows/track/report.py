@@ -1,0 +1,97 @@
+"""A night's report: one HTML page per pipeline run (`report.html` in the MLflow parent run, linked from the Prefect
+flow run) that says whether to worry: what arrived, what clean quarantined and why, each data check with its figure
+and threshold, tonight against the reference (label shares, text lengths), and the champion decision with its
+interval and slices."""
+from __future__ import annotations
+
+import base64
+import html
+import io
+from typing import Any
+
+import pandas as pd
+
+REASONS = ("empty", "too_short", "too_long", "duplicate", "label_conflict", "misaligned")
+
+
+def _png(fig) -> str:
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return f'<img src="data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}">'
+
+
+def comparison_plot(name: str, night: pd.DataFrame, reference: pd.DataFrame | None) -> str:
+    """Label shares and text lengths of one partition against the reference, side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labelled = "label" in night and reference is not None and "label" in reference
+    fig, axes = plt.subplots(1, 2 if labelled else 1, figsize=(9 if labelled else 4.5, 2.8))
+    axes = list(axes) if labelled else [axes]
+    lengths = axes[-1]
+    lengths.hist(night["text"].str.len(), bins=40, alpha=0.6, density=True, label=name)
+    if reference is not None:
+        lengths.hist(reference["text"].str.len(), bins=40, alpha=0.6, density=True, label="reference")
+    lengths.set_xlabel("characters")
+    lengths.set_title("text length")
+    lengths.legend(fontsize=7)
+    if labelled:
+        shares = pd.DataFrame({name: night["label"].astype(str).value_counts(normalize=True),
+                               "reference": reference["label"].astype(str).value_counts(normalize=True)}).fillna(0)
+        shares.plot.bar(ax=axes[0], rot=0)
+        axes[0].set_title("label shares")
+        axes[0].legend(fontsize=7)
+    return _png(fig)
+
+
+def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    if not rows:
+        return "<p><em>none</em></p>"
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = ""
+    for row in rows:
+        bad = "failed" in str(row.get("result", ""))
+        cells = "".join(f"<td>{html.escape('' if row.get(c) is None else str(row.get(c)))}</td>" for c in columns)
+        body += f'<tr class="{"bad" if bad else ""}">{cells}</tr>'
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+STYLE = """body{font-family:sans-serif;max-width:1000px;margin:2em auto;color:#222}table{border-collapse:collapse;margin:.5em 0}
+td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:left}tr.bad td{background:#fde2e2}
+.verdict{font-size:20px;padding:.6em;border-radius:6px}.ok{background:#e3f6e3}.worry{background:#fde2e2}"""
+
+
+def worries(ok: bool, checks_rows: list[dict], champion: dict[str, str]) -> list[str]:
+    """What a reader should worry about, one line each (none: a quiet night)."""
+    lines = [] if ok else [f"the run failed: {champion.get('error', 'see the log')}"]
+    held = sorted({r["partition"] for r in checks_rows if "held out" in str(r["result"])})
+    if held:
+        lines.append(f"held out of the corpus: {', '.join(held)} (put back with `zhpipe accept`)")
+    warned = [f"{r['check']} on {r['partition']}" for r in checks_rows if r["result"] == "failed"]
+    if warned:
+        lines.append(f"warnings: {', '.join(warned)}")
+    return lines
+
+
+def render(title: str, ok: bool, arrived: list[dict], checks_rows: list[dict], plots: list[str], champion: dict[str, str]) -> str:
+    """The page."""
+    lines = worries(ok, checks_rows, champion)
+    verdict = ("<div class='verdict worry'>Look at this run: " + "; ".join(html.escape(x) for x in lines) + "</div>" if lines
+               else "<div class='verdict ok'>Nothing to worry about: every check passed and the run completed.</div>")
+    quarantined = [{"partition": a["partition"], **{r: a.get(f"dropped_{r}", 0) for r in REASONS if a.get(f"dropped_{r}")}} for a in arrived]
+    reasons = [r for r in REASONS if any(q.get(r) for q in quarantined)]
+    decision = champion.get("zhpipe.champion_reason", "no model was registered by this run")
+    state = {"yes": "promoted", "kept": "already the champion", "no": "kept out: the champion stays"}.get(champion.get("zhpipe.champion", ""), "")
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title><style>{STYLE}</style></head><body>
+<h1>zhpipe night report</h1><p>{html.escape(title)}</p>{verdict}
+<h2>What arrived</h2>{_table(arrived, ["partition", "cache", "rows_in", "rows_kept", "rows_dropped"])}
+<h2>Quarantined, by reason</h2>{_table(quarantined, ["partition", *reasons]) if reasons else "<p>nothing</p>"}
+<h2>Data checks</h2>{_table(checks_rows, ["partition", "check", "severity", "figure", "threshold", "result", "note"])}
+<h2>Tonight against the reference</h2>{"".join(plots) or "<p>no partition was judged in this run</p>"}
+<h2>Champion</h2><p><b>{html.escape(champion.get("zhpipe.registered", "-"))}</b> {html.escape(state)}</p><p>{html.escape(decision)}</p>
+</body></html>"""

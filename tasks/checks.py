@@ -1,0 +1,291 @@
+"""Declared checks on the data a night brings, native to Chinese text: each check is declared once (`CHECKS`: what it
+measures, its default threshold and severity) and judged on the cleaned rows of a partition (or of the corpus, for a
+source without partitions) against a reference (the rows the current models were trained on: the earlier kept
+partitions, or the last corpus that passed). A `block` failure holds the partition out (or stops the run before
+training); a `warn` failure is reported and the run goes on. Pure: frames in, verdicts out (flows/track/checks.py
+runs them in a pipeline)."""
+from __future__ import annotations
+
+import math
+import re
+import unicodedata
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Literal
+
+import numpy as np
+import pandas as pd
+from pydantic import Field
+
+from tasks.core import Section
+
+SAMPLE_ROWS = 2000  # rows of tonight and of the reference that the text measures read (a seeded sample)
+REFERENCE_ROWS = 20_000  # rows of the reference kept for the checks
+
+Severity = Literal["block", "warn", "off"]
+
+
+class CheckSetting(Section):
+    """One check's setting in `checks:`: how bad is a failure, and its threshold (the check's table says in what)."""
+
+    severity: Severity
+    threshold: float
+
+
+@dataclass(frozen=True)
+class Sample:
+    """What a check reads: the rows (text, raw text before cleaning, label where the corpus is labelled) and the
+    counts of the cleaning that produced them."""
+
+    frame: pd.DataFrame
+    rows_in: int
+    rows_kept: int
+    recent_rows: tuple[int, ...] = ()  # the reference's rows kept per night, most recent last (partitioned sources)
+
+
+@dataclass
+class Verdict:
+    """One check on one partition: its figure against its threshold; `passed` None: not judged (why in `note`)."""
+
+    check: str
+    severity: str
+    figure: float | None
+    threshold: float
+    passed: bool | None
+    note: str = ""
+
+    @property
+    def blocks(self) -> bool:
+        return self.passed is False and self.severity == "block"
+
+    @property
+    def warns(self) -> bool:
+        return self.passed is False and self.severity == "warn"
+
+    def line(self, where: str) -> str:
+        figure = "-" if self.figure is None else f"{self.figure:.3g}"
+        state = {True: "passed", None: "not judged", False: "FAILED"}[self.passed]
+        return f"check {self.check} {state} on {where}: {figure} (threshold {self.threshold:g}){': ' + self.note if self.note else ''}"
+
+
+@dataclass(frozen=True)
+class Check:
+    """A declared check: its name, what it measures (and so what its threshold is in), its defaults, and the function
+    that returns its figure and whether the figure passes (None: not judged, with why)."""
+
+    name: str
+    measures: str
+    severity: str
+    threshold: float
+    judge: Callable[["Sample", "Sample | None", float, int], tuple[float | None, bool | None, str]] = field(repr=False)
+
+
+def _ratio_rows(night: Sample, ref: Sample | None, threshold: float, min_rows: int):
+    if not night.rows_in:
+        return None, None, "no rows"
+    recent = [r for r in (ref.recent_rows if ref else ()) if r][-7:]
+    if not recent:
+        return None, None, "no earlier nights to compare with"
+    ratio = night.rows_kept / float(np.median(recent))
+    return ratio, 1 / threshold <= ratio <= threshold, f"{night.rows_kept} rows kept against a median of {np.median(recent):.0f} on recent nights"
+
+
+def _quarantine(night: Sample, ref: Sample | None, threshold: float, min_rows: int):
+    if not night.rows_in:
+        return 1.0, False, "the partition has no rows"
+    rate = 1 - night.rows_kept / night.rows_in
+    return rate, rate <= threshold, f"{night.rows_in - night.rows_kept} of {night.rows_in} rows quarantined by clean"
+
+
+def _labels(night: Sample, ref: Sample | None, threshold: float, min_rows: int):
+    if "label" not in night.frame or ref is None or "label" not in ref.frame or len(night.frame) < min_rows or ref.frame.empty:
+        return None, None, "no labels, no reference or too few rows"
+    tonight = night.frame["label"].astype(str).value_counts(normalize=True)
+    before = ref.frame["label"].astype(str).value_counts(normalize=True)
+    distance = 0.5 * tonight.sub(before, fill_value=0).abs().sum()  # total variation: the share of rows to relabel
+    allowed = threshold + 1 / math.sqrt(len(night.frame))  # plus what sampling alone moves on a small night
+    shares = ", ".join(f"{k} {v:.0%} (was {before.get(k, 0):.0%})" for k, v in tonight.head(4).items())
+    return float(distance), distance <= allowed, f"labels {shares}; allowed {allowed:.3f} at {len(night.frame)} rows"
+
+
+def _lengths(night: Sample, ref: Sample | None, threshold: float, min_rows: int):
+    if ref is None or len(night.frame) < min_rows or ref.frame.empty:
+        return None, None, "no reference or too few rows"
+    a = np.sort(night.frame["text"].str.len().to_numpy())
+    b = np.sort(ref.frame["text"].str.len().to_numpy())
+    grid = np.union1d(a, b)
+    ks = float(np.max(np.abs(np.searchsorted(a, grid, "right") / len(a) - np.searchsorted(b, grid, "right") / len(b))))
+    return ks, ks <= threshold, f"median length {np.median(a):.0f} characters (reference {np.median(b):.0f}); Kolmogorov-Smirnov distance"
+
+
+# UTF-8 read as Latin-1 or cp1252: a lead byte of a 3-byte character (à..ï) and two continuation bytes
+_MOJIBAKE = re.compile("[\u00e0-\u00ef][\u0080-\u00bf\u0152\u0153\u0160\u0161\u0178\u017d\u017e\u0192\u02c6\u02dc"
+                       "\u2013\u2014\u2018-\u201e\u2020-\u2022\u2026\u2030\u2039\u203a\u20ac\u2122]{2}")
+
+
+def _raw(sample: Sample) -> pd.Series:
+    frame = sample.frame
+    return (frame["raw_text"] if "raw_text" in frame else frame["text"]).astype(str)
+
+
+_LEAD = re.compile("[\u00e0-\u00ef]")
+
+
+def looks_mojibake(text: str) -> bool:
+    """UTF-8 read as Latin-1 or cp1252, raw or after cleaning (NFKC and control-character removal break up the
+    continuation bytes, never the lead bytes: one in three characters of a Chinese text so read)."""
+    if _MOJIBAKE.search(text):
+        return True
+    leads = len(_LEAD.findall(text))
+    return leads >= 3 and leads >= 0.15 * len(text)
+
+
+def mojibake_share(texts: pd.Series) -> float:
+    return float(np.mean([looks_mojibake(t) for t in texts])) if len(texts) else 0.0
+
+
+def _mojibake(night: Sample, ref: Sample | None, threshold: float, min_rows: int):
+    if night.frame.empty:
+        return None, None, "no rows"
+    share = mojibake_share(_raw(night))
+    example = next((t for t in _raw(night) if looks_mojibake(t)), "")
+    return share, share <= threshold, f"rows with UTF-8 read as Latin-1 (e.g. {example[:24]!r})" if example else "rows with UTF-8 read as Latin-1"
+
+
+def _is_cjk(ch: str) -> bool:
+    return "\u4e00" <= ch <= "\u9fff" or "\u3400" <= ch <= "\u4dbf" or "\uf900" <= ch <= "\ufaff"
+
+
+def cjk_share(texts: pd.Series) -> float:
+    """Of the letters (Unicode category L*) in `texts`, the share that are CJK ideographs."""
+    letters = cjk = 0
+    for text in texts:
+        for ch in text:
+            if unicodedata.category(ch)[0] == "L":
+                letters += 1
+                cjk += _is_cjk(ch)
+    return cjk / letters if letters else 0.0
+
+
+def _cjk(night: Sample, ref: Sample | None, threshold: float, min_rows: int):
+    if night.frame.empty:
+        return None, None, "no rows"
+    share = cjk_share(night.frame["text"])
+    base = cjk_share(ref.frame["text"]) if ref is not None and not ref.frame.empty else 1.0
+    return base - share, base - share <= threshold, f"CJK {share:.0%} of letters (reference {base:.0%})"
+
+
+def traditional_share(texts: pd.Series) -> float:
+    """The share of texts that OpenCC's traditional-to-simplified conversion changes."""
+    from tasks.normalise import to_simplified
+
+    convert = to_simplified().convert
+    return float(np.mean([convert(t) != t for t in texts])) if len(texts) else 0.0
+
+
+def _traditional(night: Sample, ref: Sample | None, threshold: float, min_rows: int):
+    if len(night.frame) < min_rows:
+        return None, None, "too few rows"
+    share = traditional_share(night.frame["text"])
+    base = traditional_share(ref.frame["text"]) if ref is not None and not ref.frame.empty else 0.0
+    return share - base, share - base <= threshold, (f"traditional characters in {share:.0%} of rows (reference {base:.0%}); "
+                                                     "clean.traditional_to_simplified: true converts them")
+
+
+def _words(texts: pd.Series) -> list[list[str]]:
+    import jieba
+
+    jieba.setLogLevel(60)
+    return [[w for w in jieba.lcut(t) if w.strip() and not unicodedata.category(w[0]).startswith(("P", "Z", "S"))] for t in texts]
+
+
+def oov_rate(tokens: list[list[str]], vocab: set[str]) -> float:
+    flat = [w for ws in tokens for w in ws]
+    return sum(w not in vocab for w in flat) / len(flat) if flat else 0.0
+
+
+def _oov(night: Sample, ref: Sample | None, threshold: float, min_rows: int):
+    """Word OOV against the reference's vocabulary, less the OOV that as many reference rows of their own have
+    (new text always brings some new words)."""
+    if ref is None or len(night.frame) < min_rows or len(ref.frame) < 2 * min_rows:
+        return None, None, "no reference or too few rows"
+    held = min(len(night.frame), len(ref.frame) // 2)
+    ref_words = _words(ref.frame["text"])
+    vocab_rest = {w for ws in ref_words[held:] for w in ws}
+    base = oov_rate(ref_words[:held], vocab_rest)
+    rate = oov_rate(_words(night.frame["text"]), {w for ws in ref_words for w in ws})
+    return rate - base, rate - base <= threshold, f"word OOV {rate:.1%} against the reference vocabulary ({base:.1%} for reference rows)"
+
+
+_NOT_WORD = re.compile(r"[^\w]|_", re.UNICODE)
+
+
+def near_key(texts: pd.Series) -> pd.Series:
+    """Texts as near-duplicates compare: letters and digits only, lower case (punctuation, spaces, emoji dropped)."""
+    return texts.astype(str).str.lower().str.replace(_NOT_WORD, "", regex=True)
+
+
+def _near_duplicates(night: Sample, ref: Sample | None, threshold: float, min_rows: int):
+    if len(night.frame) < min_rows:
+        return None, None, "too few rows"
+    keys = near_key(night.frame["text"])
+    seen = set(near_key(ref.frame["text"])) if ref is not None else set()
+    repeats = keys.isin(seen) | keys.duplicated()
+    share = float(repeats.mean())
+    return share, share <= threshold, ("rows whose text, without punctuation and spaces, repeats a reference row or another "
+                                       "row of tonight (they can land in different splits)")
+
+
+CHECKS: dict[str, Check] = {c.name: c for c in (
+    Check("rows", "rows kept against the median of the last 7 nights: at most `threshold` times more or fewer",
+          "warn", 20.0, _ratio_rows),
+    Check("quarantine", "share of the rows clean quarantined (empty, too short or long, duplicates, label conflicts); an empty partition fails", "block", 0.5, _quarantine),
+    Check("labels", "total variation distance between tonight's label shares and the reference's (+1/sqrt(rows))", "block", 0.15, _labels),
+    Check("length", "Kolmogorov-Smirnov distance between tonight's and the reference's text lengths", "warn", 0.3, _lengths),
+    Check("mojibake", "share of rows with UTF-8 text read as Latin-1 or cp1252 (è¿™ä¸ª...)", "block", 0.02, _mojibake),
+    Check("script", "drop of the CJK share of letters against the reference (English or other scripts)", "block", 0.3, _cjk),
+    Check("traditional", "rise of the share of rows in traditional characters against the reference", "warn", 0.2, _traditional),
+    Check("oov", "rise of the word OOV rate (jieba) against the reference vocabulary, over the reference's own", "block", 0.15, _oov),
+    Check("near_duplicates", "share of rows that repeat a reference row or each other up to punctuation and spaces", "warn", 0.3, _near_duplicates),
+)}
+
+
+class Checks(Section):
+    """The `checks:` section of a pipeline: each check's severity (block, warn, off) and threshold. Defaults on."""
+
+    min_rows: int = Field(30, ge=1)  # fewer rows than this: distribution checks are not judged (noted as such)
+    rows: CheckSetting = CheckSetting(severity=CHECKS["rows"].severity, threshold=CHECKS["rows"].threshold)
+    quarantine: CheckSetting = CheckSetting(severity=CHECKS["quarantine"].severity, threshold=CHECKS["quarantine"].threshold)
+    labels: CheckSetting = CheckSetting(severity=CHECKS["labels"].severity, threshold=CHECKS["labels"].threshold)
+    length: CheckSetting = CheckSetting(severity=CHECKS["length"].severity, threshold=CHECKS["length"].threshold)
+    mojibake: CheckSetting = CheckSetting(severity=CHECKS["mojibake"].severity, threshold=CHECKS["mojibake"].threshold)
+    script: CheckSetting = CheckSetting(severity=CHECKS["script"].severity, threshold=CHECKS["script"].threshold)
+    traditional: CheckSetting = CheckSetting(severity=CHECKS["traditional"].severity, threshold=CHECKS["traditional"].threshold)
+    oov: CheckSetting = CheckSetting(severity=CHECKS["oov"].severity, threshold=CHECKS["oov"].threshold)
+    near_duplicates: CheckSetting = CheckSetting(severity=CHECKS["near_duplicates"].severity, threshold=CHECKS["near_duplicates"].threshold)
+
+
+def sample(frame: pd.DataFrame, rows: int = SAMPLE_ROWS, seed: int = 0) -> pd.DataFrame:
+    return frame if len(frame) <= rows else frame.sample(rows, random_state=seed).sort_index()
+
+
+def judge(night: Sample, reference: Sample | None, settings: Checks) -> list[Verdict]:
+    """Every check that is not off, on tonight's rows against the reference (None: the first night)."""
+    small_night = Sample(sample(night.frame), night.rows_in, night.rows_kept)
+    small_ref = Sample(sample(reference.frame), reference.rows_in, reference.rows_kept, reference.recent_rows) if reference else None
+    verdicts = []
+    for name, check in CHECKS.items():
+        setting: CheckSetting = getattr(settings, name)
+        if setting.severity == "off":
+            continue
+        figure, passed, note = check.judge(small_night, small_ref, setting.threshold, settings.min_rows)
+        verdicts.append(Verdict(name, setting.severity, None if figure is None else round(float(figure), 4), setting.threshold,
+                                None if passed is None else bool(passed), note))
+    return verdicts
+
+
+def to_json(verdicts: list[Verdict]) -> list[dict[str, Any]]:
+    return [asdict(v) for v in verdicts]
+
+
+def from_json(rows: list[dict[str, Any]]) -> list[Verdict]:
+    return [Verdict(**row) for row in rows]

@@ -1,0 +1,83 @@
+"""Nights you can trust, through real Prefect and MLflow: a night that fails a blocking data check is held out of the
+corpus (one line naming the partition and the check; the champion stays), `zhpipe status` names it, `zhpipe accept`
+puts it back, the run's report and checks table say so; a source without partitions stops before training."""
+import json
+from pathlib import Path
+
+import mlflow
+import pandas as pd
+import pytest
+import yaml
+
+from flows.orchestrate.pipeline import pipeline_flow
+from flows.plan import held
+from flows.plan.config import load_pipeline
+from flows.plan.sources import partitions
+from tasks.errors import ZhpipeError
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def nights(tmp_path, prefect_harness):
+    """The smoke reviews: night 1 (200 reviews) and night 2, 80 reviews all labelled positive (a broken labeller)."""
+    rows = pd.read_csv(ROOT / "tests/fixtures/smoke.csv", dtype=str)
+    drops = tmp_path / "data" / "raw" / "nights"
+    drops.mkdir(parents=True)
+    rows.iloc[:200].to_csv(drops / "2026-12-01.csv", index=False)
+    rows.iloc[200:280].assign(label="1").to_csv(drops / "2026-12-02.csv", index=False)
+    doc = {"pipelines": {"nights": {"source": {"path": "data/raw/nights/*.csv", "text_column": "review", "label_column": "label"},
+                                    "stages": {"augment": {"method": "none"}, "train": {"models": ["tfidf_lr"]}}}}}
+    (tmp_path / "pipelines.yaml").write_text(yaml.safe_dump(doc), encoding="utf-8")
+    from flows.plan import project
+
+    previous = project._CURRENT
+    project.activate(project.Project(tmp_path))
+    yield {"root": tmp_path, "drops": drops, "rows": rows, "store": tmp_path / "store"}
+    project._CURRENT = previous
+
+
+def test_a_broken_labeller_night_is_held_out_and_put_back_by_accept(nights, caplog, capsys):
+    from flows.cli import main
+
+    file = str(nights["root"] / "pipelines.yaml")
+    out = pipeline_flow("nights", config_file=file, storage=str(nights["store"]))
+    lines = [r.getMessage() for r in caplog.records if "held out of the corpus" in r.getMessage()]
+    assert len(lines) == 1 and "2026-12-02.csv" in lines[0] and "check labels" in lines[0]
+    stages = {s["stage"]: s for s in out["stages"]}
+    assert stages["download"]["rows"] == 200 and stages["clean"]["metrics"]["partitions"] == 1  # trained on night 1 only
+    record = held.held("nights")
+    assert list(record) == ["2026-12-02.csv"] and record["2026-12-02.csv"]["check"] == "labels"
+
+    run = mlflow.MlflowClient().get_run(out["parent_run_id"])
+    assert run.data.tags["zhpipe.checks"].startswith("1 held") and run.data.tags["zhpipe.champion"] == "yes"
+    assert run.data.metrics["check_labels"] > 0.3  # the figure of the last night judged (step 1)
+    page = Path(mlflow.artifacts.download_artifacts(run_id=out["parent_run_id"], artifact_path="report.html")).read_text(encoding="utf-8")
+    assert "Look at this run" in page and "2026-12-02.csv" in page and "failed (held out)" in page and "data:image/png" in page
+    table = json.loads(Path(mlflow.artifacts.download_artifacts(run_id=out["parent_run_id"], artifact_path="checks.json")).read_text())
+    assert ["2026-12-02.csv", "labels"] in [[row[0], row[1]] for row in table["data"]]
+
+    assert main(["--project", str(nights["root"]), "status", "nights", "--storage", str(nights["store"])]) == 0
+    shown = capsys.readouterr().out
+    assert "held out" in shown and "check labels FAILED on 2026-12-02.csv" in shown and "zhpipe accept nights 2026-12-02.csv" in shown
+
+    again = pipeline_flow("nights", config_file=file, storage=str(nights["store"]))  # held stays held: nothing new is built
+    assert all(u["cache"] == "hit" for u in again["units"])
+    assert main(["--project", str(nights["root"]), "accept", "nights", "2026-12-02.csv"]) == 0
+    assert [p.name for p in partitions(load_pipeline("nights", file))] == ["2026-12-01.csv", "2026-12-02.csv"]
+    assert held.held("nights") == {}
+    with pytest.raises(ZhpipeError, match="nothing of pipeline 'nights' is held out"):
+        held.accept("nights", ["2026-12-02.csv"])
+
+
+def test_a_corpus_without_partitions_that_fails_a_blocking_check_stops_before_training(nights):
+    mojibake = nights["root"] / "mojibake.csv"
+    rows = nights["rows"].iloc[:80]
+    rows.assign(review=[t.encode("utf-8").decode("latin-1") for t in rows["review"]]).to_csv(mojibake, index=False)
+    file = str(nights["root"] / "pipelines.yaml")
+    with pytest.raises(ZhpipeError, match=r"check mojibake FAILED on the corpus: 1 \(threshold 0.02\).*stops before training"):
+        pipeline_flow("nights", config_file=file, storage=str(nights["store"]), source={"path": str(mojibake)})
+    runs = mlflow.search_runs(experiment_names=["zhpipe-nights-mojibake"], output_format="list")
+    assert not any(r.data.tags.get("zhpipe.stage") == "split" for r in runs)  # nothing after clean ran
+    assert held.CORPUS in held.held("nights-mojibake")
