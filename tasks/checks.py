@@ -2,7 +2,7 @@
 measures, its default threshold and severity) and judged on the cleaned rows of a partition (or of the corpus, for a
 source without partitions) against a reference (the rows the current models were trained on: the earlier kept
 partitions, or the last corpus that passed). A `block` failure holds the partition out (or stops the run before
-training); a `warn` failure is reported and the run goes on. Pure: frames in, verdicts out (flows/track/checks.py
+training); a `warn` failure is reported and the run goes on. Pure: frames in, verdicts out (flows/orchestrate/gate.py
 runs them in a pipeline)."""
 from __future__ import annotations
 

@@ -36,6 +36,10 @@ def partitions(config: PipelineConfig) -> list:
 
 def _listed(config: PipelineConfig) -> list:
     root = project.current().root
+    if config.source.grows == "snapshot":
+        from flows.plan import snapshots
+
+        return snapshots.partitions(config.source)
     if config.source.grows == "append":
         record, file = _append_record(config), resolve_local(config.source.path)
         text = record.read_text(encoding="utf-8") if record.is_file() else None
@@ -129,6 +133,11 @@ def record_appends(config: PipelineConfig) -> None:
     if not config.source.partitioned:
         return
     parts = partitions(config)
+    if config.source.grows == "snapshot":
+        from flows.plan import snapshots
+
+        snapshots.record(config.source, parts)
+        return
     if config.source.grows != "append":
         record = _record(config, "partitions")
         record.parent.mkdir(parents=True, exist_ok=True)
@@ -172,6 +181,10 @@ def partition_source(config: PipelineConfig, name: str):
     root = project.current().root
     part = next(p for p in partitions(config) if p.name == name)
     shown = part.path.relative_to(root) if part.path.is_relative_to(root) else part.path
+    if config.source.grows == "snapshot":
+        from flows.plan import snapshots
+
+        return snapshots.partition_source(config.source, part, shown)
     return config.source.partition(part, shown)
 
 

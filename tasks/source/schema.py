@@ -59,7 +59,9 @@ class Source(Section):
     splits: dict[Literal["validation", "test"], GivenSplit] = {}
     # append: the file only grows at its end (a log of reviews): the lines each run finds past the last run's
     # end are a partition of their own, and a change before that end is an error. no: any change is a new corpus
-    grows: Literal["no", "append"] = "no"
+    # snapshot: the file (or the newest file of a glob) is a full export each night: the rows no earlier export had
+    # are a partition of their own (flows/plan/snapshots.py), so old rows are not cleaned or segmented again
+    grows: Literal["no", "append", "snapshot"] = "no"
     # a folder or glob source: a file the last run read and this one does not find is a warning (its rows leave the
     # corpus), or with `error` the run stops. A policy, not part of any output: not in the keys
     missing_partitions: Literal["warn", "error"] = Field("warn", exclude=True)
@@ -93,7 +95,7 @@ class Source(Section):
         file that grows by appends (`grows: append`)."""
         if self.byte_range is not None or not self.path or "://" in self.path:
             return False
-        return any(c in self.path for c in "*?[") or self.path.endswith("/") or self.grows == "append"
+        return any(c in self.path for c in "*?[") or self.path.endswith("/") or self.grows in ("append", "snapshot")
 
     def partitions(self, root: Path, appended: list[dict] | None = None) -> list["Partition"]:
         """Each partition of a partitioned source: its files sorted by name (a corpus that grows by one file a
@@ -125,6 +127,7 @@ class Partition:
     path: Path
     byte_range: tuple[int, int] | None = None
     digest: str | None = None  # the range's sha256 (a file's is computed when asked)
+    export_sha256: str | None = None  # a snapshot's new version: the export it was found in (recorded when a run starts)
 
     def fingerprint(self) -> str:
         if self.digest is None:

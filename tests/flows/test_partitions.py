@@ -206,3 +206,45 @@ def test_a_file_gone_since_the_last_run_is_named(nightly, caplog):
     (nightly["drops"] / "2026-12-03.csv").unlink()
     with pytest.raises(ZhpipeError, match=r"1 partition\(s\) of the last run are gone \(2026-12-03.csv\)"):
         run(nightly)
+
+
+@pytest.fixture
+def exported(tmp_path, prefect_harness):
+    """A source replaced every night by a full export (`source.grows: snapshot`), here a new file per night."""
+    rows = pd.read_csv(ROOT / "tests/fixtures/smoke.csv", dtype=str)
+    drops = tmp_path / "data" / "raw" / "exports"
+    drops.mkdir(parents=True)
+    rows.iloc[:200].to_csv(drops / "export-2026-12-01.csv", index=False)
+    doc = {"pipelines": {"export": {"source": {"path": "data/raw/exports/export-*.csv", "grows": "snapshot", "text_column": "review",
+                                               "label_column": "label"}}}}
+    (tmp_path / "pipelines.yaml").write_text(yaml.safe_dump(doc), encoding="utf-8")
+    from flows.plan import project
+
+    previous = project._CURRENT
+    project.activate(project.Project(tmp_path))
+    yield {"root": tmp_path, "drops": drops, "rows": rows, "store": tmp_path / "store"}
+    project._CURRENT = previous
+
+
+def run_export(env):
+    out = pipeline_flow("export", config_file=str(env["root"] / "pipelines.yaml"), storage=str(env["store"]), stages=select_stages(stop="segment"))
+    return {u["stage"]: u for u in out["units"]}, {s["stage"]: s for s in out["stages"]}
+
+
+def test_a_full_export_each_night_builds_only_its_new_rows(exported):
+    units, stages = run_export(exported)
+    segment = exported["store"] / "segment" / stages["segment"]["key"]
+    old_split = {t: s for s in ("train", "validation", "test") for t in pd.read_parquet(segment / f"{s}.parquet")["text"]}
+    # night 2: the whole table again, reordered, with 60 new rows
+    exported["rows"].iloc[:260].sample(frac=1, random_state=1).to_csv(exported["drops"] / "export-2026-12-02.csv", index=False)
+    units, stages = run_export(exported)
+    built = {u: r for u, r in units.items() if r["cache"] == "miss"}
+    assert set(built) == {f"{s}:export-2026-12-02.csv@0001" for s in DATA[:4]}  # the old rows are not cleaned or segmented again
+    assert built["download:export-2026-12-02.csv@0001"]["rows"] == 60 and stages["download"]["rows"] == 260
+    segment = exported["store"] / "segment" / stages["segment"]["key"]
+    now = {t: s for s in ("train", "validation", "test") for t in pd.read_parquet(segment / f"{s}.parquet")["text"]}
+    assert all(now[t] == s for t, s in old_split.items())  # every old row keeps its split
+    # night 3: the same export again (or one that only drops rows): no new partition, nothing built
+    exported["rows"].iloc[:250].to_csv(exported["drops"] / "export-2026-12-03.csv", index=False)
+    units, _ = run_export(exported)
+    assert all(r["cache"] == "hit" for r in units.values())
