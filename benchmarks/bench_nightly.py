@@ -5,6 +5,11 @@ on that night's test split, and how many of the previous night's test rows are s
 
     python benchmarks/bench_nightly.py                       # tfidf_lr + fasttext, 7 nights
     python benchmarks/bench_nightly.py --models tfidf_lr --nights 4 --out benchmarks/results/nightly.json
+    python benchmarks/bench_nightly.py --bad                 # ordinary nights among bad ones: which check holds each out
+    python benchmarks/bench_nightly.py --snapshot            # each night a full export at a new path (grows: snapshot)
+
+With --bad, a webhook on loopback receives the alerts of Prefect automations made by `zhpipe alerts`' code, and each
+night's row says which checks failed, whether it was held out, the alert, and the champion's version after it.
 """
 from __future__ import annotations
 
@@ -37,6 +42,9 @@ def main() -> None:
     ap.add_argument("--first", type=float, default=0.70, help="share of the corpus on the first night")
     ap.add_argument("--drop", type=float, default=0.05, help="share added each later night")
     ap.add_argument("--models", default="tfidf_lr,fasttext")
+    ap.add_argument("--bad", action="store_true", help="bad nights (one class, mojibake, traditional, English, empty, re-sent) "
+                    "among ordinary ones")
+    ap.add_argument("--snapshot", action="store_true", help="each night the whole corpus so far, as a new export file")
     ap.add_argument("--out", help="write the figures as JSON here")
     args = ap.parse_args()
 
@@ -44,9 +52,11 @@ def main() -> None:
     cuts = [0, int(len(rows) * args.first)] + [int(len(rows) * (args.first + args.drop * i)) for i in range(1, args.nights)]
     drops = WORK / "project" / "data" / "raw" / "reviews"
     drops.mkdir(parents=True)
-    doc = {"pipelines": {"nightly": {
-        "source": {"path": "data/raw/reviews/*.csv", "text_column": "review", "label_column": "label"},
-        "stages": {"augment": {"method": "eda", "num_aug": 1}, "train": {"models": args.models.split(",")}}}}}
+    source = {"path": "data/raw/reviews/*.csv", "text_column": "review", "label_column": "label"}
+    if args.snapshot:
+        source["grows"] = "snapshot"
+    doc = {"pipelines": {"nightly": {"source": source,
+                                     "stages": {"augment": {"method": "eda", "num_aug": 1}, "train": {"models": args.models.split(",")}}}}}
     (WORK / "project" / "pipelines.yaml").write_text(yaml.safe_dump(doc), encoding="utf-8")
 
     from flows.plan import project
@@ -55,12 +65,22 @@ def main() -> None:
     from flows.orchestrate.pipeline import pipeline_flow
     from flows.track.tracker import client
 
-    nights, previous_test = [], None
-    for night in range(1, args.nights + 1):
-        part = rows.iloc[cuts[night - 1] : cuts[night]] if night < len(cuts) else rows.iloc[cuts[-1] :]
-        part.to_csv(drops / f"night-{night:02d}.csv", index=False)
+    plan = bad_nights(rows, cuts) if args.bad else [(f"night-{n:02d}", "ordinary", rows.iloc[cuts[n - 1] : cuts[n]] if n < len(cuts)
+                                                     else rows.iloc[cuts[-1]:]) for n in range(1, args.nights + 1)]
+    hook = Hook() if args.bad else None
+    nights, previous_test, exported = [], None, None
+    for night, (name, what, part) in enumerate(plan, 1):
+        exported = part if exported is None or not args.snapshot else pd.concat([exported, part]).sample(frac=1.0, random_state=night)
+        (exported if args.snapshot else part).to_csv(drops / f"{name}.csv", index=False)
         t0 = time.perf_counter()
-        out = pipeline_flow("nightly", config_file=str(WORK / "project" / "pipelines.yaml"))
+        try:
+            out = pipeline_flow("nightly", config_file=str(WORK / "project" / "pipelines.yaml"))
+        except Exception as e:  # noqa: BLE001 - a failed night is a row of the table too
+            print(f"night {night} ({what}) failed: {e}", flush=True)
+            nights.append({"night": night, "what": what, "failed": str(e)})
+            continue
+        if night == 1 and hook is not None:
+            hook.subscribe()
         wall = time.perf_counter() - t0
         stages = {s["stage"]: s for s in out["stages"]}
         units = {u["stage"]: u for u in out["units"]}
@@ -69,7 +89,7 @@ def main() -> None:
         kept = len(previous_test & test) / len(previous_test) if previous_test else None
         previous_test = test
         row = {
-            "night": night, "rows_new": len(part), "rows_total": cuts[night] if night < len(cuts) else len(rows),
+            "night": night, "what": what, "rows_new": len(part), "rows_total": stages["download"]["rows"],
             "wall_s": wall, "seconds": {s: stages[s]["seconds"] for s in stages},
             "data_stage_s": sum(stages[s]["seconds"] for s in DATA),
             "train_s": sum(u["seconds"] for name, u in units.items() if name.startswith("train.")),
@@ -79,6 +99,7 @@ def main() -> None:
             "champion": tags.tags.get("zhpipe.champion"), "decision": tags.tags.get("zhpipe.champion_reason"),
             "registered": tags.tags.get("zhpipe.registered"), "best_model": tags.tags.get("zhpipe.best_model"),
             "challenger": tags.metrics.get("challenger_test_accuracy"), "champion_score": tags.metrics.get("champion_test_accuracy"),
+            "checks": tags.tags.get("zhpipe.checks"), **(checks_of(out["parent_run_id"], hook) if hook else {}),
         }
         nights.append(row)
         print(f"night {night}: +{row['rows_new']} rows ({row['rows_total']} in all), {wall:.1f} s wall, data stages "
@@ -86,10 +107,12 @@ def main() -> None:
               + (f", {kept:.2%} of last night's test rows still test" if kept is not None else ""), flush=True)
         print(f"  champion: {row['decision']}", flush=True)
 
+    if args.bad:
+        print_bad(nights)
     print("\n| night | new rows | total | data stages s | " + " | ".join(DATA) + " | train s | units built/cached | old test kept | "
           "challenger acc | champion acc (same split) | champion moved |")
     print("|" + "---|" * (10 + len(DATA)))
-    for r in nights:
+    for r in [r for r in nights if "seconds" in r]:
         s = r["seconds"]
         print(f"| {r['night']} | {r['rows_new']} | {r['rows_total']} | {r['data_stage_s']:.2f} | "
               + " | ".join(f"{s[x]:.2f}" for x in DATA) + f" | {r['train_s']:.1f} | {r['partition_units_built']}/{r['partition_units_cached']} | "
@@ -101,6 +124,96 @@ def main() -> None:
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(nights, indent=2, ensure_ascii=False), encoding="utf-8")
+
+
+def bad_nights(rows: pd.DataFrame, cuts: list[int]) -> list[tuple[str, str, pd.DataFrame]]:
+    """An ordinary first night and second night, then bad ones among ordinary ones: each (file name, what, rows)."""
+    import opencc
+
+    drop = cuts[2] - cuts[1]
+    fresh = iter(range(cuts[1], len(rows) - drop, drop))
+
+    def ordinary():
+        start = next(fresh)
+        return rows.iloc[start : start + drop]
+
+    english = pd.read_csv(ROOT / "data/raw/tatoeba-cmn-eng/cmn.txt", sep="\t", header=None, usecols=[0], names=["review"], quoting=3)
+    english = english.drop_duplicates().sample(drop, random_state=1).assign(label=[str(i % 2) for i in range(drop)])
+    first, second = rows.iloc[: cuts[1]], ordinary()
+    to_traditional = opencc.OpenCC("s2t").convert
+    return [
+        ("night-01", "ordinary (70%)", first), ("night-02", "ordinary", second),
+        ("night-03", "one class (a broken labeller)", ordinary().assign(label="1")),
+        ("night-04", "ordinary", ordinary()),
+        ("night-05", "mojibake (UTF-8 read as Latin-1)", ordinary().pipe(lambda d: d.assign(review=[t.encode("utf-8").decode("latin-1") for t in d["review"]]))),
+        ("night-06", "traditional script", ordinary().pipe(lambda d: d.assign(review=[to_traditional(t) for t in d["review"]]))),
+        ("night-07", "English", english[["label", "review"]]),
+        ("night-08", "empty file", rows.iloc[:0]),
+        ("night-09", "night 2 sent again", second),
+        ("night-10", "ordinary", ordinary()),
+    ]
+
+
+class Hook:
+    """A webhook on loopback, and the Prefect automations (`zhpipe alerts`) that send zhpipe's events to it."""
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        self.got: list[dict] = []
+        got = self.got
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                got.append(json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0)))))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def subscribe(self) -> None:
+        from flows.plan.config import Alerts
+        from flows.track import alerts
+
+        alerts.setup(Alerts(webhook=f"http://127.0.0.1:{self.server.server_port}/hook", allow_private_urls=True))
+
+    def take(self, wait: float = 5.0) -> list[str]:
+        deadline = time.monotonic() + wait
+        while not self.got and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(1.0)
+        taken = [g["subject"].split(": ", 1)[-1] for g in self.got]
+        self.got.clear()
+        return taken
+
+
+def checks_of(run_id: str, hook: Hook) -> dict:
+    from flows.plan import held
+    from flows.track.tracker import client
+
+    path = client().download_artifacts(run_id, "checks.json")
+    table = json.loads(Path(path).read_text(encoding="utf-8"))
+    rows = [dict(zip(table["columns"], r)) for r in table["data"]]
+    failed = sorted({f"{r['check']}{' (block)' if r['severity'] == 'block' else ''}" for r in rows if r["result"].startswith("failed")})
+    champion = client().get_model_version_by_alias("zhpipe-nightly", "champion")
+    return {"failed_checks": failed, "held": sorted(held.held("nightly")), "alerts": hook.take(15.0 if failed else 5.0),
+            "champion_version": f"{champion.version} ({champion.tags.get('zhpipe.model', '')})".replace(" ()", "")}
+
+
+def print_bad(nights: list[dict]) -> None:
+    print("\n| night | what | rows | checks failed | held out now | alerts received | champion after |")
+    print("|---|---|---|---|---|---|---|")
+    for r in nights:
+        if "failed" in r:
+            print(f"| {r['night']} | {r['what']} | - | run failed: {r['failed'][:80]} | | | |")
+            continue
+        print(f"| {r['night']} | {r['what']} | {r['rows_new']:,} | {', '.join(r['failed_checks']) or 'none'} | "
+              f"{', '.join(r['held']) or '-'} | {', '.join(r['alerts']) or '-'} | version {r['champion_version']} |")
 
 
 if __name__ == "__main__":

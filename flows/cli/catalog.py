@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from flows.cli.common import config_file
+from tasks.errors import ZhpipeError
 from tasks.stages import KINDS
 
 
@@ -34,9 +35,15 @@ def cmd_pipelines(args) -> int:
 
 
 def cmd_init(args) -> int:
-    from flows.plan.init import init_project
+    from flows.plan.init import init_corpus, init_project
 
-    written = init_project(Path(args.dir), Path(args.csv) if args.csv else None, args.text_column, args.label_column, args.link)
+    given = [(kind, value) for kind, value in (("nightly", args.nightly), ("ner", args.ner), ("pairs", args.pairs), ("csv", args.csv)) if value]
+    if len(given) > 1:
+        raise ZhpipeError(f"init: give one corpus (--{given[0][0]} and --{given[1][0]} were given)")
+    if given and given[0][0] != "csv":
+        written = init_corpus(Path(args.dir), Path(given[0][1]), given[0][0], args.link, args.text_column, args.label_column, args.columns)
+    else:
+        written = init_project(Path(args.dir), Path(args.csv) if args.csv else None, args.text_column, args.label_column, args.link)
     for path in written:
         print(f"wrote {path}")
     print(f"next: cd {args.dir} && zhpipe run")
@@ -54,5 +61,9 @@ def add_parsers(sub) -> None:
     init.add_argument("--csv", help="your corpus: a CSV file with a text and a label column (default: a 12-row example)")
     init.add_argument("--text-column", default="text", help="the CSV's text column (default text)")
     init.add_argument("--label-column", default="label", help="the CSV's label column (default label)")
+    init.add_argument("--nightly", metavar="FOLDER", help="a folder of CSV files, one per night (a partitioned source)")
+    init.add_argument("--ner", metavar="FILE", help="a tagged NER corpus: CoNLL `char TAG` lines or span JSON lines (task ner)")
+    init.add_argument("--pairs", metavar="FILE", help="Chinese-English sentence pairs: tab-separated or JSON lines (task translation)")
+    init.add_argument("--columns", default="en,zh", help="with --pairs, tab-separated: the fields of a line in order (default en,zh)")
     init.add_argument("--link", action="store_true", help="link the CSV into data/raw/ instead of copying it (its sha256 is pinned either way)")
     init.set_defaults(handler=cmd_init)

@@ -150,7 +150,7 @@ def register(run: RunContext, evaluation: StageResult, segment: StageResult, mod
     if decision.champion_score is not None:
         scores[f"champion_test_{metric}"] = decision.champion_score
     parent.metrics(scores)
-    if decision.champion or not decision.holds:  # promoted, or kept out (a rerun of the champion itself is no news)
+    if not decision.settled and (decision.champion or not decision.holds):  # promoted, or kept out now (a reread decision is no news)
         from flows.track.alerts import emit
 
         emit("zhpipe.champion.promoted" if decision.champion else "zhpipe.champion.kept", run.config,

@@ -126,6 +126,7 @@ class Decision:
     champion_score: float | None = None  # the champion's score on the same test split (stored, or scored again)
     test_sha256: str = ""
     holds: bool = False  # whether this version is the champion after the decision (promoted now, or already was)
+    settled: bool = False  # read back from an earlier decision (nothing was decided now: no news)
 
 
 def decide(new_score: float, new_hash: str, champion: dict | None, metric: str) -> tuple[bool, str, float | None]:
@@ -244,13 +245,13 @@ def _settled(c, name: str, existing, model: str, model_key: str, digest: str, sc
     if champion is not None and str(champion["version"]) == version:  # nothing to decide or write: no lock to wait for
         reason = f"already registered as version {version} (key {model_key}); it is the champion"
         log.info("registry: %s version %s (%s): %s", name, version, model, reason)
-        return Decision(name, version, False, reason, score, None, digest, holds=True)
+        return Decision(name, version, False, reason, score, None, digest, holds=True, settled=True)
     kept = _decided(existing.tags, champion, digest)
     if kept is None:
         return None
     reason = f"already registered as version {version} (key {model_key}); {kept}"
     log.info("registry: %s version %s (%s): %s", name, version, model, reason)
-    return Decision(name, version, False, reason, score, float(existing.tags["zhpipe.champion_score"]), digest)
+    return Decision(name, version, False, reason, score, float(existing.tags["zhpipe.champion_score"]), digest, settled=True)
 
 
 def _decided(tags: dict, champion: dict | None, digest: str) -> str | None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 from collections import Counter
 
+import pandas as pd
+
 from tasks.core import BuildContext, BuildOutput, Facts
 from tasks.io import ROW_GROUP_ROWS, PartWriter, sorted_labels
 from tasks.source.archives import ARCHIVES, extract
@@ -32,6 +34,9 @@ class Params(FetchParams):
 
 
 PARTITION_IDS = 10**10  # a partition's row ids start at its ordinal times this (partitions of up to 10^10 rows)
+
+
+EMPTY = pd.DataFrame({"id": pd.Series(dtype="int64"), "line": pd.Series(dtype="int64"), "text": pd.Series(dtype="string")})
 
 
 def build(ctx: BuildContext) -> BuildOutput:
@@ -65,9 +70,11 @@ def build(ctx: BuildContext) -> BuildOutput:
             bad.write(quarantine)
             reasons.update(quarantine["reason"].tolist())
             first_bad = first_bad if first_bad is not None else int(quarantine["line"].min())
-    if not rows:
+    if not rows and not ctx.partition:
         no_rows(data_file, dict(reasons))
-    data.close()
+    if not rows:  # an empty night: its partition is empty (the quarantine check holds it out), never a failed run
+        log.warning("download: partition %s has no readable rows", ctx.partition[1])
+    data.close(EMPTY.assign(label=pd.Series(dtype="string")) if labelled(source, file_format(data_file, source)) else EMPTY)
     bad.close(empty_quarantine())
     if bad.rows:
         log.warning("download: %d of %d rows quarantined (%s), first at line %d; see quarantine.parquet",

@@ -62,8 +62,11 @@ def test_a_broken_labeller_night_is_held_out_and_put_back_by_accept(nights, capl
     shown = capsys.readouterr().out
     assert "held out" in shown and "check labels FAILED on 2026-12-02.csv" in shown and "zhpipe accept nights 2026-12-02.csv" in shown
 
-    again = pipeline_flow("nights", config_file=file, storage=str(nights["store"]))  # held stays held: nothing new is built
+    nights["rows"].iloc[:0].to_csv(nights["drops"] / "2026-12-03.csv", index=False)  # an empty night: held, not a failed run
+    again = pipeline_flow("nights", config_file=file, storage=str(nights["store"]))  # held stays held: nothing else is built
     assert all(u["cache"] == "hit" for u in again["units"])
+    assert held.held("nights")["2026-12-03.csv"]["check"] == "quarantine" and "2026-12-02.csv" in held.held("nights")
+    held.accept("nights", ["2026-12-03.csv"])
     assert main(["--project", str(nights["root"]), "accept", "nights", "2026-12-02.csv"]) == 0
     assert [p.name for p in partitions(load_pipeline("nights", file))] == ["2026-12-01.csv", "2026-12-02.csv"]
     assert held.held("nights") == {}

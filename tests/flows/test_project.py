@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from tasks.io import file_sha256
@@ -137,3 +138,39 @@ def test_predict_in_a_fresh_project_is_one_line_and_leaves_no_folders(tmp_path):
                           cwd=tmp_path / "p", capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.startswith("zhpipe: error: no models yet") and len(done.stderr.splitlines()) == 1
     assert not (tmp_path / "p" / "mlruns").exists() and not (tmp_path / "p" / ".prefect").exists()
+
+
+def test_init_makes_a_project_for_every_kind_of_corpus(tmp_path):
+    """A folder of nightly files, a tagged NER file and a file of sentence pairs each start like a CSV does: their own
+    pipeline (named after the folder, so their own experiment and registered model), planned without an edit."""
+    from flows.plan import project
+    from flows.plan.config import load_pipeline
+    from flows.plan.init import init_corpus
+    from flows.plan.keys import plan_keys
+    from tasks.errors import DataError
+
+    nights = tmp_path / "drops"
+    nights.mkdir()
+    pd.read_csv(ROOT / "tests/fixtures/smoke.csv", dtype=str).iloc[:100].to_csv(nights / "2026-12-01.csv", index=False)
+    made = {
+        "nightly": init_corpus(tmp_path / "shop-nightly", nights, "nightly", text_column="review"),
+        "ner": init_corpus(tmp_path / "msra", ROOT / "tests/fixtures/ner/train.bmes", "ner"),
+        "pairs": init_corpus(tmp_path / "pairs", ROOT / "tests/fixtures/mt/pairs.tsv", "pairs", columns="en,zh,credit"),
+    }
+    previous = project._CURRENT
+    try:
+        for kind, folder, task, name in (("nightly", "shop-nightly", "classification", "shop-nightly"), ("ner", "msra", "ner", "msra"),
+                                         ("pairs", "pairs", "translation", "pairs")):
+            assert made[kind][-2] == tmp_path / folder / "pipelines.yaml"
+            project.activate(project.Project(tmp_path / folder))
+            config = load_pipeline(name, tmp_path / folder / "pipelines.yaml")
+            assert config.task == task and config.identity == name  # experiment zhpipe-<name>, its own registered model
+            assert plan_keys(config)  # plans as written
+        assert load_pipeline("shop-nightly", tmp_path / "shop-nightly" / "pipelines.yaml").source.partitioned
+        assert load_pipeline("msra", tmp_path / "msra" / "pipelines.yaml").models() == ["crf"]  # minutes on a CPU, not an hour
+    finally:
+        project._CURRENT = previous
+    with pytest.raises(DataError, match="no text column 'text'.*--text-column"):
+        init_corpus(tmp_path / "other", nights, "nightly")
+    with pytest.raises(DataError, match="expected a folder of CSV files"):
+        init_corpus(tmp_path / "empty", tmp_path / "nothing", "nightly")
