@@ -192,10 +192,12 @@ def _traditional(night: Sample, ref: Sample | None, threshold: float, min_rows: 
 
 
 def _words(texts: pd.Series) -> list[list[str]]:
-    import jieba
+    """Words as jieba cuts them (jieba-rs: jieba's dictionary and algorithm, several times faster), punctuation,
+    spaces and symbols left out."""
+    from tasks.segmenter import default_rs
 
-    jieba.setLogLevel(60)
-    return [[w for w in jieba.lcut(t) if w.strip() and not unicodedata.category(w[0]).startswith(("P", "Z", "S"))] for t in texts]
+    cut = default_rs().cut
+    return [[w for w in cut(t, True) if w.strip() and not unicodedata.category(w[0]).startswith(("P", "Z", "S"))] for t in texts]
 
 
 def oov_rate(tokens: list[list[str]], vocab: set[str]) -> float:

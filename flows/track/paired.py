@@ -92,9 +92,22 @@ def compare(champion: Outcomes, challenger: Outcomes, rounds: int = 1000, confid
     for family, per_row in champion.slices.items():
         for value in np.unique(per_row):
             idx = np.flatnonzero(per_row == value)
-            if len(idx) >= min_slice_rows and challenger.score(idx) < champion.score(idx) - tolerance:
-                worse.append(f"{family} {value}: {challenger.score(idx):.4f} against {champion.score(idx):.4f} ({len(idx)} rows)")
+            theirs, ours = slice_score(challenger, family, value, idx), slice_score(champion, family, value, idx)
+            if len(idx) >= min_slice_rows and theirs < ours - tolerance:
+                what = " F1" if family == "class" and champion.kind == "labels" else ""
+                worse.append(f"{family} {value}{what}: {theirs:.4f} against {ours:.4f} ({len(idx)} rows)")
     return Comparison(champion.score(), challenger.score(), float(low), float(high), n, confidence, worse)
+
+
+def slice_score(outcomes: Outcomes, family: str, value, idx: np.ndarray) -> float:
+    """A model's score on one slice. A class is judged by its F1 over all rows, not by accuracy on its own rows
+    (its recall): a model that puts every row in one class would otherwise win that class's slice."""
+    if outcomes.kind == "labels" and family == "class":
+        truth, predicted = outcomes.columns["truth"], outcomes.columns["predicted"]
+        tp = np.sum((truth == value) & (predicted == value))
+        fp, fn = np.sum((truth != value) & (predicted == value)), np.sum((truth == value) & (predicted != value))
+        return float(2 * tp / (2 * tp + fp + fn)) if tp else 0.0
+    return outcomes.score(idx)
 
 
 def length_buckets(texts, edges: tuple[int, ...] = (20, 50, 100, 200)) -> np.ndarray:
