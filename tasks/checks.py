@@ -167,10 +167,10 @@ def cjk_share(texts: pd.Series) -> float:
 
 
 def _cjk(night: Sample, ref: Sample | None, threshold: float, min_rows: int):
-    if night.frame.empty:
-        return None, None, "no rows"
+    if night.frame.empty or ref is None or ref.frame.empty:
+        return None, None, "no rows or no reference (a first corpus may be in any script)"
     share = cjk_share(night.frame["text"])
-    base = cjk_share(ref.frame["text"]) if ref is not None and not ref.frame.empty else 1.0
+    base = cjk_share(ref.frame["text"])
     return base - share, base - share <= threshold, f"CJK {share:.0%} of letters (reference {base:.0%})"
 
 

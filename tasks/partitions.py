@@ -24,7 +24,14 @@ def concat_parquet(sources: list[Path], target: Path) -> int:
     rows = 0
     with pq.ParquetWriter(target, schema) as writer:
         for path in filled:
-            for batch in pq.ParquetFile(path).iter_batches(batch_size=ROW_GROUP_ROWS):
+            part = pq.ParquetFile(path)
+            if part.schema_arrow.equals(schema, check_metadata=False):  # as it is: a row group at a time, no casts
+                for i in range(part.num_row_groups):
+                    table = part.read_row_group(i)
+                    writer.write_table(table.replace_schema_metadata(schema.metadata))
+                    rows += len(table)
+                continue
+            for batch in part.iter_batches(batch_size=ROW_GROUP_ROWS):
                 table = pa.Table.from_batches([batch])
                 columns = [table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(len(table), f.type)
                            for f in schema]

@@ -139,8 +139,6 @@ class RunContext:
                 link = self._link(stage, manifest, experiment_id(self.experiment)) if hit else {}
                 tracker = Tracker.start(self.experiment, run_name or stage, parent=self.parent_run_id,
                                         tags={"zhpipe.stage": stage, "zhpipe.key": key, **cache, **(tags or {}), **link})
-                if not hit:
-                    tracker.params(flatten(unit_params(self.config, stage)))
             elif hit:
                 tracker.tags(self._link(stage, manifest, experiment_id(self.experiment)))  # known: no lookup of the run
             try:
@@ -150,12 +148,11 @@ class RunContext:
                     manifest = self._build(stage, key, inputs, tracker, build)
                 prefix = "" if own else f"{stage.stage}_"  # a model run holds its train and evaluate units
                 metrics = {**manifest.metrics, f"{prefix}rows": manifest.rows or 0, f"{prefix}seconds": manifest.seconds}
-                if hit:  # with the params, in one write (a built unit's params were logged before it was built)
-                    tracker.log(flatten(unit_params(self.config, stage)) if own else {}, metrics)
-                else:
-                    tracker.metrics(metrics)
+                tracker.log(flatten(unit_params(self.config, stage)) if own else {}, metrics)  # params and metrics in one write
             except BaseException:
                 if own:
+                    with contextlib.suppress(Exception):  # a failed build's run still says what it was asked to build
+                        tracker.params(flatten(unit_params(self.config, stage)))
                     tracker.finish(ok=False)
                 raise
             if own:

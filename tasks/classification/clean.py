@@ -251,5 +251,6 @@ class Sorted:
             artifacts=["quarantine.parquet", "label_conflicts.csv"],
             tables={"quarantine_sample.json": pd.concat(self.bad_sample, ignore_index=True).head(1000).astype(str)} if self.bad.rows else {},
             datasets=[Dataset(pd.concat(self.sample, ignore_index=True).head(DATASET_SAMPLE_ROWS), str(ctx.out / "data.parquet"),
-                              f"{ctx.pipeline}-clean", "clean", rows=self.kept.rows)] if self.sample else [],
+                              f"{ctx.pipeline}-clean", "clean", rows=self.kept.rows)] if self.sample and not ctx.partition else [],
+            # (a night's partition is no dataset a person compares: the run's splits are, on its parent run)
         )
