@@ -92,6 +92,8 @@ def _ratio_rows(night: Sample, ref: Sample | None, threshold: float, min_rows: i
 def _quarantine(night: Sample, ref: Sample | None, threshold: float, min_rows: int):
     if not night.rows_in:
         return 1.0, False, "the partition has no rows"
+    if night.rows_in < min_rows:
+        return None, None, f"too few rows ({night.rows_in} in)"
     rate = 1 - night.rows_kept / night.rows_in
     return rate, rate <= threshold, f"{night.rows_in - night.rows_kept} of {night.rows_in} rows quarantined by clean"
 

@@ -76,7 +76,7 @@ class Gate:
     def whole(self, result) -> None:
         """Judge the whole cleaned corpus (a source without partitions) against the last one that passed; a blocking
         failure stops the run before training (one error line), unless the corpus was accepted as it is."""
-        reference_file = _reference_file(self.config.identity)
+        reference_file = _reference_file(self.config)
         reference = None
         if reference_file.is_file():
             frame = pd.read_parquet(reference_file)
@@ -96,7 +96,7 @@ class Gate:
             held.save(self.config.identity, record)
             raise ZhpipeError(f"{blocked[0].line('the corpus')}; the run stops before training (accept it as it is with "
                               f"`zhpipe accept {self.config.name} --all`, or set checks.{blocked[0].check}.severity: warn)")
-        _save_reference(self.config.identity, result)
+        _save_reference(self.config, result)
 
     def _report(self, judged: Judged) -> None:
         from flows.track.alerts import emit
@@ -169,16 +169,21 @@ def reference_of(earlier: list) -> checks.Sample | None:
     return checks.Sample(frame, len(frame), len(frame), recent)
 
 
-def _reference_file(identity: str) -> Path:
-    return held.record_path(identity).with_name(f"reference-{identity}.parquet")
+def _reference_file(config) -> Path:
+    """The last corpus that passed, for a source without partitions read again from the same place (a file replaced
+    in place each night): another path is another corpus, judged like a first one."""
+    import hashlib
+
+    where = hashlib.sha256(str(config.source.path or config.source.url).encode()).hexdigest()[:12]
+    return held.record_path(config.identity).with_name(f"reference-{config.identity}-{where}.parquet")
 
 
-def _save_reference(identity: str, result) -> None:
+def _save_reference(config, result) -> None:
     """The corpus that passed, as the next run's reference (a seeded sample)."""
     import os
 
     frame = checks.sample(_frame(result.path / "data.parquet"), checks.REFERENCE_ROWS)
-    target = _reference_file(identity)
+    target = _reference_file(config)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     frame.reset_index(drop=True).to_parquet(tmp)

@@ -43,8 +43,10 @@ def record(run: RunContext, results: dict[str, StageResult], ok: bool, error: st
 def _record(run: RunContext, results: dict[str, StageResult], ok: bool, error: str) -> None:
     from flows.track.alerts import flush
 
-    parent = Tracker(run.parent_run_id)
     gate = run.gate
+    if ok and not (gate and gate.fresh) and all(r.cache == "hit" for r in results.values()):
+        return  # nothing built, nothing judged: the parent run names the runs that built it all (no new artifacts)
+    parent = Tracker(run.parent_run_id)
     rows = gate.rows() if gate else []
     if rows:
         for step, judged in enumerate(gate.fresh):
@@ -69,7 +71,8 @@ def _prefect(run: RunContext, rows: list[dict], worries: list[str]) -> None:
 
     if not flow_run.id:
         return
-    link = ui_url(run.experiment, run.parent_run_id).replace("/runs/", "/runs/", 1) + "/artifacts"
+    page, _, view = ui_url(run.experiment, run.parent_run_id).partition("?")
+    link = f"{page}/artifacts?{view}"  # the run page's Artifacts tab, report.html among them
     lines = "\n".join(f"- {w}" for w in worries) or "- nothing to worry about: every check passed and the run completed"
     create_markdown_artifact(markdown=f"### zhpipe night report\n{lines}\n\nThe whole report: `report.html` of the "
                              f"[MLflow parent run]({link}).", key=artifact_key(run.config.name, "night-report"),

@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+TOP_LABELS = 20  # labels drawn in the shares plot (a corpus may have thousands)
 REASONS = ("empty", "too_short", "too_long", "duplicate", "label_conflict", "misaligned")
 
 
@@ -43,6 +44,7 @@ def comparison_plot(name: str, night: pd.DataFrame, reference: pd.DataFrame | No
     if labelled:
         shares = pd.DataFrame({name: night["label"].astype(str).value_counts(normalize=True),
                                "reference": reference["label"].astype(str).value_counts(normalize=True)}).fillna(0)
+        shares = shares.loc[shares.max(axis=1).sort_values(ascending=False).index[:TOP_LABELS]]  # the most common
         shares.plot.bar(ax=axes[0], rot=0)
         axes[0].set_title("label shares")
         axes[0].legend(fontsize=7)

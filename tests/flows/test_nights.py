@@ -68,7 +68,7 @@ def test_a_broken_labeller_night_is_held_out_and_put_back_by_accept(nights, capl
     assert held.held("nights")["2026-12-03.csv"]["check"] == "quarantine" and "2026-12-02.csv" in held.held("nights")
     held.accept("nights", ["2026-12-03.csv"])
     assert main(["--project", str(nights["root"]), "accept", "nights", "2026-12-02.csv"]) == 0
-    assert [p.name for p in partitions(load_pipeline("nights", file))] == ["2026-12-01.csv", "2026-12-02.csv"]
+    assert [p.name for p in partitions(load_pipeline("nights", file))] == ["2026-12-01.csv", "2026-12-02.csv", "2026-12-03.csv"]
     assert held.held("nights") == {}
     with pytest.raises(ZhpipeError, match="nothing of pipeline 'nights' is held out"):
         held.accept("nights", ["2026-12-02.csv"])
