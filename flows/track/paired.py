@@ -96,7 +96,25 @@ def compare(champion: Outcomes, challenger: Outcomes, rounds: int = 1000, confid
             if len(idx) >= min_slice_rows and theirs < ours - tolerance:
                 what = " F1" if family == "class" and champion.kind == "labels" else ""
                 worse.append(f"{family} {value}{what}: {theirs:.4f} against {ours:.4f} ({len(idx)} rows)")
+    for kind in entity_types(champion):  # an entity type: its F1 over all sentences, judged on enough gold entities
+        gold = int(champion.columns[f"tp:{kind}"].sum() + champion.columns[f"fn:{kind}"].sum())
+        theirs, ours = type_f1(challenger, kind), type_f1(champion, kind)
+        if gold >= min_slice_rows and theirs < ours - tolerance:
+            worse.append(f"entity {kind} F1: {theirs:.4f} against {ours:.4f} ({gold} entities)")
     return Comparison(champion.score(), challenger.score(), float(low), float(high), n, confidence, worse)
+
+
+def entity_types(outcomes: Outcomes) -> list[str]:
+    """The entity types a span outcome counts per type (`tp:<type>` columns)."""
+    return sorted(k.split(":", 1)[1] for k in outcomes.columns if k.startswith("tp:")) if outcomes.kind == "spans" else []
+
+
+def type_f1(outcomes: Outcomes, kind: str) -> float:
+    """Strict F1 of one entity type over all sentences (0 when the model has no counts of that type)."""
+    if f"tp:{kind}" not in outcomes.columns:
+        return 0.0
+    tp, fp, fn = (float(outcomes.columns[f"{k}:{kind}"].sum()) for k in ("tp", "fp", "fn"))
+    return 2 * tp / (2 * tp + fp + fn) if tp else 0.0
 
 
 def slice_score(outcomes: Outcomes, family: str, value, idx: np.ndarray) -> float:

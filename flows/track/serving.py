@@ -243,12 +243,17 @@ def served_outcomes(model_uri: str, test: pd.DataFrame, metric: str, flavour: st
     if flavour == "tagger":
         from tasks.ner.tagging import spans_of
 
-        counts = np.zeros((len(texts), 3), dtype=np.int64)
+        per_type: dict[str, np.ndarray] = {}  # entity type -> each sentence's (tp, fp, fn) of that type
         for i, (tags, found) in enumerate(zip(test["tags"], answers["entities"])):
             gold = set(spans_of(list(tags)))
             got = {(e["type"], e["start"], e["end"]) for e in json.loads(found)}
-            counts[i] = len(gold & got), len(got - gold), len(gold - got)
-        return Outcomes("spans", metric, {"tp": counts[:, 0], "fp": counts[:, 1], "fn": counts[:, 2]}, {"length": length_buckets(texts)})
+            for kind in {s[0] for s in gold | got}:
+                g, p = {s for s in gold if s[0] == kind}, {s for s in got if s[0] == kind}
+                per_type.setdefault(kind, np.zeros((len(texts), 3), dtype=np.int64))[i] = len(g & p), len(p - g), len(g - p)
+        counts = sum(per_type.values()) if per_type else np.zeros((len(texts), 3), dtype=np.int64)
+        columns = {"tp": counts[:, 0], "fp": counts[:, 1], "fn": counts[:, 2]}
+        columns |= {f"{k}:{kind}": c[:, j] for kind, c in per_type.items() for j, k in enumerate(("tp", "fp", "fn"))}
+        return Outcomes("spans", metric, columns, {"length": length_buckets(texts)})
     truth = test["label"].astype(str).to_numpy()
     predicted = answers["label"].fillna("").astype(str).to_numpy()
     return Outcomes("labels", metric, {"truth": truth, "predicted": predicted}, {"class": truth, "length": length_buckets(texts)})

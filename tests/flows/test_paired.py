@@ -91,5 +91,26 @@ def test_macro_f1_and_spans_and_bleu_are_compared_on_the_same_rows():
         compare(bleu[0], labels([0, 1], [0, 1]))
 
 
+def test_a_tagger_worse_on_one_entity_type_is_not_promoted():
+    """Entity F1 better overall, but the challenger lost most ORG entities: kept out, the type named."""
+    def spans(per_type: dict[str, tuple[int, int, int]], rows: int = 100) -> Outcomes:
+        columns = {}
+        for kind, (tp, fp, fn) in per_type.items():
+            for name, total in (("tp", tp), ("fp", fp), ("fn", fn)):
+                column = np.zeros(rows, dtype=np.int64)
+                column[: total % rows] += 1
+                column += total // rows
+                columns[f"{name}:{kind}"] = column
+        for name in ("tp", "fp", "fn"):
+            columns[name] = sum(columns[f"{name}:{k}"] for k in per_type)
+        return Outcomes("spans", "f1", columns)
+
+    champion = spans({"PER": (300, 100, 100), "ORG": (80, 10, 20)})
+    challenger = spans({"PER": (390, 10, 10), "ORG": (40, 10, 60)})
+    result = compare(champion, challenger)
+    assert result.difference > 0.05 and result.worse_slices == ["entity ORG F1: 0.5333 against 0.8421 (100 entities)"]
+    assert compare(champion, spans({"PER": (390, 10, 10), "ORG": (80, 10, 20)})).worse_slices == []
+
+
 def test_length_buckets():
     assert length_buckets(["短", "x" * 20, "x" * 49, "x" * 50, "x" * 250]).tolist() == ["<20", "20-49", "20-49", "50-99", "200+"]
