@@ -144,7 +144,7 @@ def register(run: RunContext, evaluation: StageResult, segment: StageResult, mod
     )
     parent = Tracker(run.parent_run_id)
     parent.tags({"zhpipe.registered": f"{decision.name}/{decision.version}", "zhpipe.test_sha256": decision.test_sha256,
-                 "zhpipe.champion": ("yes" if decision.champion else "kept" if decision.holds else "no"),
+                 "zhpipe.champion": ("yes" if decision.champion else "already" if decision.holds else "no"),
                  "zhpipe.champion_reason": decision.reason})
     scores = {f"challenger_test_{metric}": decision.score}
     if decision.champion_score is not None:

@@ -88,7 +88,7 @@ def render(title: str, ok: bool, arrived: list[dict], checks_rows: list[dict], p
     quarantined = [{"partition": a["partition"], **{r: a.get(f"dropped_{r}", 0) for r in REASONS if a.get(f"dropped_{r}")}} for a in arrived]
     reasons = [r for r in REASONS if any(q.get(r) for q in quarantined)]
     decision = champion.get("zhpipe.champion_reason", "no model was registered by this run")
-    state = {"yes": "promoted", "kept": "already the champion", "no": "kept out: the champion stays"}.get(champion.get("zhpipe.champion", ""), "")
+    state = {"yes": "promoted", "already": "already the champion", "no": "kept out: the champion stays"}.get(champion.get("zhpipe.champion", ""), "")
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title><style>{STYLE}</style></head><body>
 <h1>zhpipe night report</h1><p>{html.escape(title)}</p>{verdict}
 <h2>What arrived</h2>{_table(arrived, ["partition", "cache", "rows_in", "rows_kept", "rows_dropped"])}

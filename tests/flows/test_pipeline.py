@@ -102,7 +102,7 @@ def test_rerun_is_all_hits_recorded_in_one_run_naming_the_builders(prefect_harne
         builder = client().get_run(parent.data.tags[f"zhpipe.reused.{stage}"])
         assert builder.data.tags["zhpipe.stage"] == stage and builder.data.tags["zhpipe.cache"] == "miss"
     assert "test_accuracy" in model_metrics(find_run(out["parent_run_id"]))["textcnn"]
-    assert parent.data.tags["zhpipe.champion"] == "kept"  # the champion rule still ran
+    assert parent.data.tags["zhpipe.champion"] == "already"  # the champion rule still ran: this model is the champion
 
 
 def test_changed_train_param_rebuilds_train_and_evaluate_only(prefect_harness, store):

@@ -94,7 +94,7 @@ def test_champion_rule(trained):
     assert not other.champion and champion() == better.version and "another test split" in other.reason
     again = register(0.90)  # the same model key: no new version, and it stays champion
     assert again.version == better.version and "already registered" in again.reason and champion() == better.version
-    assert again.holds and not again.champion and better.holds and not worse.holds  # `zhpipe runs` says "kept" for it
+    assert again.holds and not again.champion and better.holds and not worse.holds  # `zhpipe runs` says "already" for it
 
 
 
