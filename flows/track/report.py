@@ -93,7 +93,8 @@ def render(title: str, ok: bool, arrived: list[dict], checks_rows: list[dict], p
 <h1>zhpipe night report</h1><p>{html.escape(title)}</p>{verdict}
 <h2>What arrived</h2>{_table(arrived, ["partition", "cache", "rows_in", "rows_kept", "rows_dropped"])}
 <h2>Quarantined, by reason</h2>{_table(quarantined, ["partition", *reasons]) if reasons else "<p>nothing</p>"}
-<h2>Data checks</h2>{_table(checks_rows, ["partition", "check", "severity", "figure", "threshold", "result", "note"])}
+<h2>Data checks</h2>{_table(sorted(checks_rows, key=lambda r: not str(r["result"]).startswith("failed")),
+                              ["partition", "check", "severity", "figure", "threshold", "result", "note"])}
 <h2>Tonight against the reference</h2>{"".join(plots) or "<p>no partition was judged in this run</p>"}
 <h2>Champion</h2><p><b>{html.escape(champion.get("zhpipe.registered", "-"))}</b> {html.escape(state)}</p><p>{html.escape(decision)}</p>
 </body></html>"""

@@ -55,6 +55,8 @@ def test_a_broken_labeller_night_is_held_out_and_put_back_by_accept(nights, capl
     assert run.data.metrics["check_labels"] > 0.3  # the figure of the last night judged (step 1)
     page = Path(mlflow.artifacts.download_artifacts(run_id=out["parent_run_id"], artifact_path="report.html")).read_text(encoding="utf-8")
     assert "Look at this run" in page and "2026-12-02.csv" in page and "failed (held out)" in page and "data:image/png" in page
+    checks_part = page[page.index("<h2>Data checks</h2>"):]
+    assert checks_part.index("failed (held out)") < checks_part.index("passed")  # what failed comes first
     table = json.loads(Path(mlflow.artifacts.download_artifacts(run_id=out["parent_run_id"], artifact_path="checks.json")).read_text())
     assert ["2026-12-02.csv", "labels"] in [[row[0], row[1]] for row in table["data"]]
 
