@@ -36,13 +36,14 @@ def cmd_alerts(args) -> int:
     from flows.orchestrate.deploy import require_server
     from flows.plan.config import load_alerts
     from flows.track import alerts
+    from tasks.urls import redact_text
 
     wanted = load_alerts(config_file(args))
     url = require_server()
     names = alerts.setup(wanted)
     target = wanted.webhook or wanted.slack or f"block {wanted.block}"
     out = console()
-    out.print(f"{len(names)} Prefect automations on {url} send zhpipe's events to {alerts.redacted(target)}:")
+    out.print(f"{len(names)} Prefect automations on {url} send zhpipe's events to {redact_text(target)}:")
     for name in names:
         out.print(f"  {name}")
     if args.test:

@@ -41,35 +41,37 @@ class Gate:
 
     config: object
     judged: list[Judged] = field(default_factory=list)
-    reference_frame: pd.DataFrame | None = None
 
-    def _verdicts(self, key: str, unit: str, night: checks.Sample, reference: checks.Sample | None) -> tuple[list, bool]:
+    def _decide(self, name: str, digest: str, result, reference: checks.Sample | None, shown: str) -> Judged:
+        """Judge a checked output once per unit key (a cached one's verdicts are read back), hold it when a blocking
+        check fails and it was not accepted as it is, and report it; the record is read and written once."""
         record = held.load(self.config.identity)
-        known = record["judged"].get(key)
+        night = sample_of(result)
+        known = record["judged"].get(result.key)
         if known is not None:
-            return checks.from_json(known["verdicts"]), False
-        verdicts = checks.judge(night, reference, self.config.checks)
-        record["judged"][key] = {"unit": unit, "at": time.strftime("%Y-%m-%dT%H:%M:%S"), "verdicts": checks.to_json(verdicts)}
-        held.save(self.config.identity, record)
-        return verdicts, True
+            verdicts = checks.from_json(known["verdicts"])
+        else:
+            verdicts = checks.judge(night, reference, self.config.checks)
+            record["judged"][result.key] = {"unit": result.stage, "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                            "verdicts": checks.to_json(verdicts)}
+        blocked = [v for v in verdicts if v.blocks]
+        accepted = bool(blocked) and held.accepted(record, name, digest)
+        judged = Judged(name, verdicts, held=bool(blocked) and not accepted, accepted=accepted, fresh=known is None,
+                        rows_in=night.rows_in, night=night.frame, reference=reference.frame if reference else None)
+        if judged.held:
+            record["held"][name] = {"check": blocked[0].check, "line": blocked[0].line(shown), "digest": digest,
+                                    "at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        if judged.fresh or judged.held:
+            held.save(self.config.identity, record)
+        self.judged.append(judged)
+        self._report(judged)
+        return judged
 
     def part(self, name: str, digest: str, result, earlier: list) -> bool:
         """Judge a partition's checked output against the earlier kept ones; True when a blocking check holds it out
         (recorded, taken out of the run's partitions)."""
-        night = sample_of(result)
-        reference = reference_of(earlier)
-        verdicts, fresh = self._verdicts(result.key, result.stage, night, reference)
-        record = held.load(self.config.identity)
-        blocked = [v for v in verdicts if v.blocks]
-        accepted = bool(blocked) and held.accepted(record, name, digest)
-        judged = Judged(name, verdicts, held=bool(blocked) and not accepted, accepted=accepted, fresh=fresh, rows_in=night.rows_in, night=night.frame,
-                        reference=reference.frame if reference else None)
-        self.judged.append(judged)
-        self._report(judged)
+        judged = self._decide(name, digest, result, reference_of(earlier), name)
         if judged.held:
-            first = blocked[0]
-            record["held"][name] = {"check": first.check, "line": first.line(name), "digest": digest, "at": time.strftime("%Y-%m-%dT%H:%M:%S")}
-            held.save(self.config.identity, record)
             hold_out(self.config, name)
         return judged.held
 
@@ -81,21 +83,11 @@ class Gate:
         if reference_file.is_file():
             frame = pd.read_parquet(reference_file)
             reference = checks.Sample(frame, len(frame), len(frame))
-        night = sample_of(result)
-        verdicts, fresh = self._verdicts(result.key, result.stage, night, reference)
-        blocked = [v for v in verdicts if v.blocks]
-        accepted = bool(blocked) and held.accepted(held.load(self.config.identity), held.CORPUS, result.key)
-        judged = Judged(held.CORPUS, verdicts, held=bool(blocked) and not accepted, accepted=accepted, fresh=fresh, rows_in=night.rows_in, night=night.frame,
-                        reference=reference.frame if reference else None)
-        self.judged.append(judged)
-        self._report(judged)
+        judged = self._decide(held.CORPUS, result.key, result, reference, "the corpus")
         if judged.held:
-            record = held.load(self.config.identity)
-            record["held"][held.CORPUS] = {"check": blocked[0].check, "line": blocked[0].line("the corpus"), "digest": result.key,
-                                           "at": time.strftime("%Y-%m-%dT%H:%M:%S")}
-            held.save(self.config.identity, record)
-            raise ZhpipeError(f"{blocked[0].line('the corpus')}; the run stops before training (accept it as it is with "
-                              f"`zhpipe accept {self.config.name} --all`, or set checks.{blocked[0].check}.severity: warn)")
+            first = next(v for v in judged.verdicts if v.blocks)
+            raise ZhpipeError(f"{first.line('the corpus')}; the run stops before training (accept it as it is with "
+                              f"`zhpipe accept {self.config.name} --all`, or set checks.{first.check}.severity: warn)")
         _save_reference(self.config, result)
 
     def _report(self, judged: Judged) -> None:
@@ -103,7 +95,8 @@ class Gate:
 
         for v in judged.verdicts:
             if v.passed is False:
-                (log.warning if v.blocks and judged.held else log.info if not judged.fresh else log.warning)("%s", v.line(judged.name))
+                # a verdict read back is news only when it holds the partition out again
+                (log.warning if judged.fresh or (v.blocks and judged.held) else log.info)("%s", v.line(judged.name))
         if judged.held:
             first = next(v for v in judged.verdicts if v.blocks)
             log.warning("%s held out of the corpus by check %s (its rows stay in the store; put it back with "

@@ -54,9 +54,22 @@ def save(identity: str, record: dict[str, Any]) -> None:
     atomic_write_text(path, json.dumps(record, ensure_ascii=False, indent=1))
 
 
+_HELD: dict[str, tuple[tuple[int, int, int], dict]] = {}  # record path -> (its inode, mtime and size, its held partitions)
+
+
 def held(identity: str) -> dict[str, dict[str, Any]]:
-    """The partitions held out now: name -> {check, line, digest, at}."""
-    return load(identity)["held"]
+    """The partitions held out now: name -> {check, line, digest, at}. Planning asks once per partitioned unit: the
+    record is read again only when it changed."""
+    path = record_path(identity)
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return {}
+    version = (stat.st_ino, stat.st_mtime_ns, stat.st_size)  # written by rename: a new inode each time
+    cached = _HELD.get(str(path))
+    if cached is None or cached[0] != version:
+        cached = _HELD[str(path)] = (version, load(identity)["held"])
+    return dict(cached[1])
 
 
 def accepted(record: dict[str, Any], name: str, digest: str) -> bool:

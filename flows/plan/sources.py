@@ -85,7 +85,8 @@ def fixed_partitions(config: PipelineConfig):
     parts = partitions(config)
     from flows.plan import held
 
-    gone = [name for name in _recorded(config) if name not in {p.name for p in parts} and name not in held.held(config.identity)]
+    accounted = {p.name for p in parts} | set(held.held(config.identity))  # a held partition is not gone
+    gone = [name for name in _recorded(config) if name not in accounted]
     if gone:
         listed = ", ".join(gone[:5]) + (f" and {len(gone) - 5} more" if len(gone) > 5 else "")
         message = (f"source {config.source.path}: {len(gone)} partition(s) of the last run are gone ({listed}); "

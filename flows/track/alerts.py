@@ -48,12 +48,6 @@ def flush() -> None:
         log.warning("could not send the Prefect events: %s", e)
 
 
-def redacted(url: str) -> str:
-    from tasks.urls import redact_text
-
-    return redact_text(url)
-
-
 def _block(alerts: Alerts):
     """The notification block the project's `alerts:` names (made or updated under `zhpipe-alerts`)."""
     from prefect.blocks.notifications import CustomWebhookNotificationBlock, NotificationBlock, SlackWebhook
