@@ -14,12 +14,17 @@ os.environ["ZHPIPE_DATA"] = str(_TMP / "data")
 os.environ["ZHPIPE_PROJECT"] = str(Path(__file__).resolve().parent.parent)  # the repository: its pipelines.yaml
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ["ZHPIPE_SERVER"] = "temporary"  # no background server left behind by a test (test_server.py starts its own)
-# pytest-xdist workers share the cores: each worker (and the zhpipe processes it starts) gets its share of them as
-# OpenMP/MKL threads. Left at one thread per core each, two workers' PyTorch thread pools spin against each other and
-# a training step takes up to ten times as long as alone.
-_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, str(max(1, (os.cpu_count() or 1) // _WORKERS)))
+
+
+def pytest_configure(config):
+    """pytest-xdist workers share the cores: each worker (and the zhpipe processes it starts) gets its share of them as
+    OpenMP/MKL threads, set before any test module imports PyTorch. Left at one thread per core each, two workers'
+    PyTorch thread pools spin against each other and a training step takes up to ten times as long as alone."""
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    if workers > 1:
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(var, str(max(1, (os.cpu_count() or 1) // workers)))
+
 
 from flows.plan import project  # noqa: E402
 
