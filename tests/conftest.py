@@ -19,11 +19,88 @@ os.environ["ZHPIPE_SERVER"] = "temporary"  # no background server left behind by
 def pytest_configure(config):
     """pytest-xdist workers share the cores: each worker (and the zhpipe processes it starts) gets its share of them as
     OpenMP/MKL threads, set before any test module imports PyTorch. Left at one thread per core each, two workers'
-    PyTorch thread pools spin against each other and a training step takes up to ten times as long as alone."""
-    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    PyTorch thread pools spin against each other and a training step takes up to ten times as long as alone.
+
+    Each process that runs tests (not xdist's controller) starts one real Prefect server here, so that it boots while
+    the tests are collected; its URL goes into the environment, which every in-process flow and every zhpipe process a
+    test starts inherits. Without it each of those processes starts Prefect's temporary server of its own: about
+    8 s of CPU per command, most of the suite's time."""
+    workerinput = getattr(config, "workerinput", None)
+    workers = int((workerinput or {}).get("workercount", 1))
     if workers > 1:
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ.setdefault(var, str(max(1, (os.cpu_count() or 1) // workers)))
+    controller = workerinput is None and (getattr(config.option, "numprocesses", None) or 0) not in (0, "0")
+    if not controller and not os.environ.get("PREFECT_API_URL"):
+        _SERVER.start()
+
+
+def pytest_unconfigure(config):
+    _SERVER.stop()
+
+
+class _SessionServer:
+    """Prefect's own API server (the app its temporary server runs) in a subprocess on a free loopback port, with its
+    database in the session's folder; `wait()` blocks until it answers."""
+
+    def __init__(self):
+        self.proc = None
+        self.url = None
+        self.home = None
+
+    def start(self):
+        import socket
+        import subprocess
+        import sys
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}/api"
+        self.home = _TMP / "prefect-server"  # its database: tests look into it for what a run recorded
+        self.home.mkdir()
+        env = {**os.environ, "PREFECT_HOME": str(self.home), "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
+               "PREFECT__SERVER_FINAL": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+        env.pop("PREFECT_API_URL", None)
+        self.log = open(self.home / "server.log", "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1",
+             "--port", str(port), "--log-level", "error", "--lifespan", "on"],
+            env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        os.environ["PREFECT_API_URL"] = self.url
+
+    def wait(self, timeout: float = 180):
+        import time
+        import urllib.request
+
+        if self.proc is None:
+            return
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the session's Prefect server exited: {(self.home / 'server.log').read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"the session's Prefect server did not answer within {timeout:.0f} s")
+
+    def stop(self):
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except Exception:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+            self.log.close()
+
+
+_SERVER = _SessionServer()
 
 
 from flows.plan import project  # noqa: E402
@@ -34,13 +111,12 @@ project.ensure_prefect_home()
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", autouse=True)
 def prefect_harness():
-    """One real (temporary) Prefect server for the whole session."""
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
+    """The session's real Prefect server (started in pytest_configure), answering before the first test runs: its URL
+    and its home, which holds its database."""
+    _SERVER.wait()
+    yield {"url": _SERVER.url, "home": _SERVER.home}
 
 
 @pytest.fixture(scope="session")

@@ -511,8 +511,8 @@ def test_credentials_never_leave(prefect_harness, tmp_path, http_url):
     threading.Thread(target=ftp.serve_forever, kwargs={"timeout": 0.5}, daemon=True).start()
     translator = Quiet(("127.0.0.1", 0), Translator)
     port = serve(translator)
-    home = tmp_path / "prefect"
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": "", "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+    home = prefect_harness["home"]  # the session's Prefect server keeps its database there
+    env = {**os.environ, "PREFECT_API_URL": prefect_harness["url"], "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
            "ZHPIPE_CACHE": str(tmp_path / "mirror"), "ZHPIPE_DATA": "", "PREFECT_LOGGING_LEVEL": "INFO"}
     storage = f"ftp://zhpipe:{secret}@127.0.0.1:{ftp.address[1]}/store"
     source = f"http://reader:{secret}@127.0.0.1:{http_url.rsplit(':', 1)[1]}/private/corpus.csv?token={secret}"
@@ -529,6 +529,7 @@ def test_credentials_never_leave(prefect_harness, tmp_path, http_url):
     assert proc.returncode == 0, printed[-3000:]
     assert "rows_added" in printed and (ftp_root / "store" / "augment").is_dir()
     mlflow_files = sorted(tmp_path.glob("mlflow.db*"))  # the database and its write-ahead log
+    assert mlflow_files and sorted(home.glob("prefect.db*"))
     places = [*mlflow_files, home, ftp_root, tmp_path / "mirror"]
     leaks = [str(p) for place in places for p in ([place] if place.is_file() else place.rglob("*")) if p.is_file() and secret.encode() in p.read_bytes()]
     assert not leaks and secret not in printed, leaks or printed[-2000:]

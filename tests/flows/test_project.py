@@ -75,8 +75,9 @@ def test_init_csv_copies_pins_and_refuses_an_edited_file(tmp_path):
     corpus = tmp_path / "mine.csv"
     example_corpus().to_csv(corpus, index=False)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ZHPIPE_", "MLFLOW_", "PREFECT_"))}
-    env["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "180"
-    env["ZHPIPE_SERVER"] = "temporary"  # no background server left behind (test_server.py tests it)
+    # the session's Prefect server: no background server left behind (test_server.py tests it), and no temporary one
+    # started per command (the test above runs on one)
+    env.update(PREFECT_API_URL=os.environ["PREFECT_API_URL"], ZHPIPE_SERVER="temporary")
     zhpipe = [sys.executable, "-m", "flows.cli"]
     init = subprocess.run([*zhpipe, "init", str(tmp_path / "p"), "--csv", str(corpus)], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=120)

@@ -42,7 +42,8 @@ def rest(runs, tmp_path_factory):
         port = s.getsockname()[1]
     log = open(tmp_path_factory.mktemp("mlflow-server") / "server.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", tracking_uri(), "--host", "127.0.0.1",
-                             "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=os.environ)
+                             "--port", str(port), "--workers", "1"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})  # as `zhpipe ui` starts it
     url = f"http://127.0.0.1:{port}/api/2.0/mlflow"
     deadline = time.monotonic() + 120
     while True:
