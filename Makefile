@@ -7,7 +7,7 @@ TORCH_CPU ?= torch==2.13.0
 PIPELINE ?= chnsenticorp
 ARGS ?=
 
-.PHONY: run test install fonts bench ui clean-data
+.PHONY: run test test-quick install fonts bench ui clean-data
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,10 @@ TEST_WORKERS ?= 2
 
 test: install
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS)
+
+# the edit loop: every test but the end-to-end flow runs (marker e2e); `make test` stays the full suite CI runs
+test-quick: install
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not e2e" $(ARGS)
 
 bench: install
 	$(BIN)/python benchmarks/bench_pipeline.py $(ARGS)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.e2e  # real zhpipe processes and servers: `make test-quick` leaves them out
 SMOKE = ROOT / "tests" / "fixtures" / "smoke.csv"
 
 
@@ -23,6 +24,25 @@ def zhpipe(env, *args, timeout=600):
     return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.fixture
+def here(api_env, monkeypatch, capsys):
+    """The same command through `flows.cli.main` in this process, read like a finished process: for the error paths,
+    which end before any work and would otherwise spend most of their time on a new process's imports. The tests
+    below that run the pipeline, and `--debug`, stay real processes."""
+    from types import SimpleNamespace
+
+    from flows.cli import main
+
+    monkeypatch.setenv("ZHPIPE_DATA", api_env["ZHPIPE_DATA"])
+
+    def run(*args):
+        code = main(list(args))
+        printed = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=printed.out, stderr=printed.err)
+
+    return run
+
+
 def assert_one_line_error(proc, *needles):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr + proc.stdout
@@ -32,30 +52,30 @@ def assert_one_line_error(proc, *needles):
         assert needle in last
 
 
-def test_unknown_key_fails_before_running(api_env):
-    proc = zhpipe(api_env, "run", "smoke", "--set", "train.epoch=3")
+def test_unknown_key_fails_before_running(here):
+    proc = here("run", "smoke", "--set", "train.epoch=3")
     assert_one_line_error(proc, "unknown key 'stages.train.epoch'", "epochs")
 
 
-def test_missing_column_names_the_columns_found(api_env):
-    proc = zhpipe(api_env, "run", "smoke", "--source", str(SMOKE), "--text-column", "content", "--to", "download")
+def test_missing_column_names_the_columns_found(here):
+    proc = here("run", "smoke", "--source", str(SMOKE), "--text-column", "content", "--to", "download")
     assert_one_line_error(proc, "no text column 'content'", "columns found: label, review")
 
 
-def test_checksum_mismatch(api_env):
-    proc = zhpipe(api_env, "run", "smoke", "--set", "source.sha256=" + "0" * 64, "--to", "download")
+def test_checksum_mismatch(here):
+    proc = here("run", "smoke", "--set", "source.sha256=" + "0" * 64, "--to", "download")
     assert_one_line_error(proc, "sha256 mismatch")
 
 
-def test_single_class_and_empty_and_unreadable(api_env, tmp_path):
+def test_single_class_and_empty_and_unreadable(here, tmp_path):
     one = tmp_path / "one.csv"
     one.write_text("label,review\n" + "好,房间很干净\n" * 20, encoding="utf-8")  # the smoke pipeline's own columns
-    assert_one_line_error(zhpipe(api_env, "run", "smoke", "--source", str(one), "--to", "split"), "a classifier needs at least 2")
+    assert_one_line_error(here("run", "smoke", "--source", str(one), "--to", "split"), "a classifier needs at least 2")
     empty = tmp_path / "empty.csv"
     empty.write_text("label,review\n", encoding="utf-8")
-    assert_one_line_error(zhpipe(api_env, "run", "smoke", "--source", str(empty), "--to", "download"), "empty")
+    assert_one_line_error(here("run", "smoke", "--source", str(empty), "--to", "download"), "empty")
     missing = tmp_path / "nope.csv"
-    assert_one_line_error(zhpipe(api_env, "run", "smoke", "--source", str(missing), "--to", "download"), "source not found")
+    assert_one_line_error(here("run", "smoke", "--source", str(missing), "--to", "download"), "source not found")
 
 
 def test_debug_shows_traceback(api_env):

@@ -20,6 +20,7 @@ import pytest
 from flows.orchestrate import handover, procs
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.e2e  # real zhpipe processes and servers: `make test-quick` leaves them out
 OTHER_UID = 65534
 # the other user's interpreter: a system one (the project's may lie in a folder only its owner can enter)
 OTHER_PYTHON = next((p for p in ("/usr/bin/python3", "/usr/local/bin/python3") if os.access(p, os.X_OK)), None)

@@ -13,6 +13,7 @@ import pytest
 from flows.orchestrate import handover, warm
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.e2e  # real zhpipe processes and servers: `make test-quick` leaves them out
 
 
 def zhpipe(env, *args):
