@@ -35,6 +35,15 @@ def pytest_configure(config):
         _SERVER.start()
 
 
+def pytest_sessionfinish(session, exitstatus):
+    """The session's server stops; its folder (stores, databases: hundreds of MB) goes too unless a test failed."""
+    _SERVER.stop()
+    if exitstatus == 0:
+        import shutil
+
+        shutil.rmtree(_TMP, ignore_errors=True)
+
+
 def pytest_unconfigure(config):
     _SERVER.stop()
 
