@@ -123,9 +123,13 @@ FIXTURES = Path(__file__).parent / "fixtures"
 @pytest.fixture(scope="session", autouse=True)
 def prefect_harness():
     """The session's real Prefect server (started in pytest_configure), answering before the first test runs: its URL
-    and its home, which holds its database."""
+    and its home, which holds its database. Flows run in the test process as `zhpipe run` runs them, without flow-run
+    heartbeats (flows.cli.run._heartbeats): stopping Prefect's heartbeat thread holds each flow up to a second."""
+    from flows.cli.run import _heartbeats
+
     _SERVER.wait()
-    yield {"url": _SERVER.url, "home": _SERVER.home}
+    with _heartbeats():
+        yield {"url": _SERVER.url, "home": _SERVER.home}
 
 
 @pytest.fixture(scope="session")
