@@ -37,6 +37,14 @@ def pytest_configure(config):
 
 def pytest_sessionfinish(session, exitstatus):
     """The session's server stops; its folder (stores, databases: hundreds of MB) goes too unless a test failed."""
+    import sys
+
+    if "prefect" in sys.modules:  # what Prefect still has to send goes first, while the server answers
+        from prefect.events.worker import EventsWorker
+        from prefect.logging.handlers import APILogWorker
+
+        for worker in (APILogWorker, EventsWorker):
+            worker.drain_all(timeout=30)
     _SERVER.stop()
     if exitstatus == 0:
         import shutil
