@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.cli import in_process
+
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e  # real zhpipe processes and servers: `make test-quick` leaves them out
 SMOKE = ROOT / "tests" / "fixtures" / "smoke.csv"
@@ -29,18 +31,8 @@ def here(api_env, monkeypatch, capsys):
     """The same command through `flows.cli.main` in this process, read like a finished process: for the error paths,
     which end before any work and would otherwise spend most of their time on a new process's imports. The tests
     below that run the pipeline, and `--debug`, stay real processes."""
-    from types import SimpleNamespace
-
-    from flows.cli import main
-
     monkeypatch.setenv("ZHPIPE_DATA", api_env["ZHPIPE_DATA"])
-
-    def run(*args):
-        code = main(list(args))
-        printed = capsys.readouterr()
-        return SimpleNamespace(returncode=code, stdout=printed.out, stderr=printed.err)
-
-    return run
+    return lambda *args: in_process(capsys, *args)
 
 
 def assert_one_line_error(proc, *needles):

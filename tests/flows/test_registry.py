@@ -17,6 +17,7 @@ from flows.orchestrate.pipeline import pipeline_flow
 from flows.plan.config import load_pipeline
 from flows.track.tracker import client
 from tasks.errors import ZhpipeError
+from tests.helpers.cli import in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 SETS = ["train.models=[tfidf_lr, textcnn]"]
@@ -241,17 +242,6 @@ def zhpipe(*args):
     return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
-class Done:
-    """What a command run in this process (`flows.cli.main`) returned and printed, read like a finished process."""
-
-    def __init__(self, capsys, *args):
-        from flows.cli import main
-
-        self.returncode = main(list(args))
-        printed = capsys.readouterr()
-        self.stdout, self.stderr = printed.out, printed.err
-
-
 def test_predict_command(trained, tmp_path, capsys):
     """The first call is a process of its own, as a user runs it; the others go through the same `main` in this
     process (each process spends seconds on its imports alone)."""
@@ -262,7 +252,7 @@ def test_predict_command(trained, tmp_path, capsys):
     assert f"version {trained['tags']['zhpipe.registered'].split('/')[1]}" in proc.stdout  # which model answered
     # the input's own label column is kept; missing, "NA" and empty texts are not turned into strings or labels
     pd.DataFrame({"content": ["房间很干净", "太差了", "", "NA", None], "label": ["1", "0", "1", "0", "1"]}).to_csv(tmp_path / "in.csv", index=False)
-    proc = Done(capsys, "predict", "--model", uri, "--input", str(tmp_path / "in.csv"), "--text-column", "content", "--output", str(tmp_path / "out.parquet"))
+    proc = in_process(capsys, "predict", "--model", uri, "--input", str(tmp_path / "in.csv"), "--text-column", "content", "--output", str(tmp_path / "out.parquet"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = pd.read_parquet(tmp_path / "out.parquet")
     assert len(out) == 5 and {"content", "label", "pred_label", "pred_probability", "pred_status", "pred_model_version"} <= set(out.columns)
@@ -272,17 +262,17 @@ def test_predict_command(trained, tmp_path, capsys):
     assert out["pred_model"].iloc[0] == "zhpipe-smoke" and out["pred_model_version"].iloc[0] == trained["tags"]["zhpipe.registered"].split("/")[1]
     ok = out["pred_status"] == "ok"
     np.testing.assert_allclose(out.loc[ok, [f"pred_p_{label}" for label in trained["labels"]]].sum(axis=1), 1.0, atol=1e-4)
-    on_dask = Done(capsys, "predict", "--model", uri, "--input", str(tmp_path / "in.csv"), "--text-column", "content",
+    on_dask = in_process(capsys, "predict", "--model", uri, "--input", str(tmp_path / "in.csv"), "--text-column", "content",
                    "--output", str(tmp_path / "dask.jsonl"), "--dask", "local")
     assert on_dask.returncode == 0, on_dask.stderr[-2000:]
     dask_out = pd.read_json(tmp_path / "dask.jsonl", lines=True, dtype=False)  # labels stay strings
     assert dask_out["pred_label"].tolist()[:2] == out["pred_label"].tolist()[:2]
     np.testing.assert_allclose(dask_out["pred_probability"][:2], out["pred_probability"][:2], rtol=1e-5)
-    missing = Done(capsys, "predict", "--model", uri, "--input", str(tmp_path / "in.csv"), "--output", str(tmp_path / "o.csv"))
+    missing = in_process(capsys, "predict", "--model", uri, "--input", str(tmp_path / "in.csv"), "--output", str(tmp_path / "o.csv"))
     assert missing.returncode == 2 and "no text column 'text'" in missing.stderr.strip().splitlines()[-1]
-    bad = Done(capsys, "predict", "--model", "models:/zhpipe-nothing@champion", "你好")
+    bad = in_process(capsys, "predict", "--model", "models:/zhpipe-nothing@champion", "你好")
     assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("zhpipe: error: cannot load model models:/zhpipe-nothing@champion")
-    bad = Done(capsys, "predict", "--model", uri, "--input", str(tmp_path / "in.csv"), "--output", str(tmp_path / "out.xlsx"), "--text-column", "content")
+    bad = in_process(capsys, "predict", "--model", uri, "--input", str(tmp_path / "in.csv"), "--output", str(tmp_path / "out.xlsx"), "--text-column", "content")
     assert bad.returncode == 2 and "unknown file type '.xlsx'" in bad.stderr
 
 
@@ -305,10 +295,10 @@ def test_runs_read_from_sqlite_match_the_mlflow_client(trained, tmp_path):
 
 def test_runs_and_compare_commands(trained, capsys):
     first, second = trained["first"]["parent_run_id"], trained["second"]["parent_run_id"]
-    proc = Done(capsys, "runs", "smoke", "--limit", "50")
+    proc = in_process(capsys, "runs", "smoke", "--limit", "50")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert first[:12] in proc.stdout and second[:12] in proc.stdout
-    proc = Done(capsys, "compare", first[:12], second[:12])
+    proc = in_process(capsys, "compare", first[:12], second[:12])
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = [line for line in proc.stdout.splitlines() if "train.epochs" in line]
     assert len(lines) == 1 and "1" in lines[0] and "2" in lines[0]
@@ -322,7 +312,7 @@ def test_runs_and_compare_commands(trained, capsys):
     assert len(textcnn) and all(d.startswith(("+", "-")) for d in textcnn["delta"])
     assert "model tfidf_lr test_accuracy" not in table.index  # the same model in both runs: nothing differs
     assert table.loc["param train.epochs", "delta"] == "+1.0000"
-    runs = Done(capsys, "runs", "smoke", "--limit", "50").stdout
+    runs = in_process(capsys, "runs", "smoke", "--limit", "50").stdout
     assert " name " in runs and "registered" in runs and "zhpipe-smoke/" in runs  # the run names and registered versions
 
 
