@@ -85,13 +85,15 @@ def test_source_runs_on_ten_string_classes_with_other_columns(api_env, tmp_path)
         w.writerow(["category", "content"])
         for i, r in enumerate(rows):
             w.writerow([classes[i % 10], r["review"]])
-    proc = zhpipe(api_env, "run", "smoke", "--source", str(path), "--text-column", "content", "--label-column", "category")
+    proc = zhpipe(api_env, "run", "smoke", "--source", str(path), "--text-column", "content", "--label-column", "category",
+                  # the point is the corpus, not the pictures or the network: two labels' word clouds, the quickest model
+                  "--set", "profile.max_labels=2", "--set", "train.models=[tfidf_lr]")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "best_test_accuracy=" in proc.stdout
     assert "MLflow: experiment zhpipe-smoke-ten," in proc.stdout  # another corpus: an experiment (and model) of its own
     assert "…" not in proc.stdout  # piped (a cron log): every value whole, no cell cut at 80 columns
     store = Path(api_env["ZHPIPE_DATA"])
-    matrices = list((store / "evaluate.textcnn").glob("*/evaluation/confusion_matrix.csv"))
+    matrices = list((store / "evaluate.tfidf_lr").glob("*/evaluation/confusion_matrix.csv"))
     assert len(matrices) == 1
     header = matrices[0].read_text(encoding="utf-8").splitlines()[0].split(",")[1:]
     assert header == classes
@@ -117,11 +119,12 @@ def test_two_concurrent_runs_build_each_stage_once(api_env, tmp_path):
     from flows.plan.store import StageStore
 
     env = {**api_env, "ZHPIPE_DATA": str(tmp_path / "store")}
-    args = [sys.executable, "-m", "flows.cli", "run", "smoke", "--to", "train"]
+    sets = ["train.models=[tfidf_lr]"]  # locks per stage key and per model unit: one quick model shows both
+    args = [sys.executable, "-m", "flows.cli", "run", "smoke", "--to", "train", "--set", sets[0]]
     procs = [subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
     outputs = [p.communicate(timeout=600)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [out[-1500:] for out in outputs]
-    keys = plan_keys(load_pipeline("smoke"))
+    keys = plan_keys(load_pipeline("smoke", overrides=sets))
     store = StageStore(tmp_path / "store")
     for stage in ("download", "clean", "split", "segment", "augment", "vocab", "embed", "train"):
         built = sum(len(re.findall(rf"zhpipe {stage}: building", out)) for out in outputs)

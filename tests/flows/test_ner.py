@@ -181,7 +181,7 @@ def test_a_seed_ensemble_trains_its_copies_and_tags_with_their_average(ner_run):
     from tasks.models.ner import load_tagger
     from tasks.ner.tagging import spans_from
 
-    overrides = ["train.models=[bilstm_crf]", "train.bilstm_crf.seeds=2"]
+    overrides = ["train.models=[bilstm_crf]", "train.bilstm_crf.seeds=2", "train.bilstm_crf.epochs=1"]  # copies, not accuracy
     out = pipeline_flow("ner-smoke", overrides=overrides, storage=str(ner_run["store"]), stages=["train"])
     unit = next(u for u in out["units"] if u["stage"] == "train.bilstm_crf")
     assert len(unit["facts"]["summary"]["copies_val_f1_best"]) == 2

@@ -25,9 +25,9 @@ def auth_of(prefect_home: Path) -> tuple[str, str]:
     return tuple(json.loads(path.read_text())["auth_string"].split(":", 1))
 
 
-def test_background_server_is_started_reused_and_stopped(tmp_path, monkeypatch):
+def test_background_server_is_started_reused_and_stopped(tmp_path, monkeypatch, seed_prefect_home):
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env.update({"PREFECT_HOME": str(tmp_path / "prefect"), "ZHPIPE_DATA": str(tmp_path / "store"),
+    env.update({"PREFECT_HOME": str(seed_prefect_home(tmp_path / "prefect")), "ZHPIPE_DATA": str(tmp_path / "store"),
                 "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"})
     assert "not running" in zhpipe(env, "server", "status").stdout
     started = zhpipe(env, "server", "start")
@@ -63,14 +63,14 @@ def test_background_server_is_started_reused_and_stopped(tmp_path, monkeypatch):
         httpx.get(f"{url}/health", timeout=2)
 
 
-def test_the_first_run_leaves_a_server_that_later_runs_reuse_and_that_stops_when_idle(tmp_path):
+def test_the_first_run_leaves_a_server_that_later_runs_reuse_and_that_stops_when_idle(tmp_path, seed_prefect_home):
     """The idle clock is the test's to hold: the test is one of the server's users (as every zhpipe command is) until
     it lets go, so a slow machine cannot stop the server between the two runs."""
     import json
     import time
 
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "ZHPIPE_SERVER")}
-    env.update({"PREFECT_HOME": str(tmp_path / "prefect"), "ZHPIPE_DATA": str(tmp_path / "store"), "ZHPIPE_SERVER_IDLE": "5",
+    env.update({"PREFECT_HOME": str(seed_prefect_home(tmp_path / "prefect")), "ZHPIPE_DATA": str(tmp_path / "store"), "ZHPIPE_SERVER_IDLE": "5",
                 "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"})
     state_file = tmp_path / "prefect" / "zhpipe-server.json"
     holder = tmp_path / "prefect" / "zhpipe-server-users" / str(os.getpid())

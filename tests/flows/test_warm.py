@@ -25,7 +25,8 @@ def handed(log: Path) -> int:
 
 
 @pytest.fixture
-def warm_env(tmp_path):
+def warm_env(tmp_path, seed_prefect_home):
+    """A warm process for a new project's settings; its runs start temporary Prefect servers in a seeded home."""
     probe = tmp_path / "probe"
     probe.mkdir()
     (probe / "sitecustomize.py").write_text("# imported at start-up: a module file the warm process watches\n")
@@ -33,7 +34,7 @@ def warm_env(tmp_path):
     env.update({"PREFECT_HOME": str(tmp_path / "prefect"), "ZHPIPE_DATA": str(tmp_path / "store"),
                 "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "MLFLOW_LOGGING_LEVEL": "WARNING",
                 "PYTHONPATH": os.pathsep.join([str(probe), str(ROOT)])})
-    (tmp_path / "prefect").mkdir()
+    seed_prefect_home(tmp_path / "prefect")
     log = tmp_path / "prefect" / "zhpipe-warm.log"
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "flows.orchestrate.warm", "--idle", "60", "--fingerprint", handover.fingerprint(env)],
