@@ -13,6 +13,7 @@ from flows.orchestrate.pipeline import pipeline_flow
 from flows.plan.store import file_sha256
 from flows.track.tracker import client
 from tasks.models import MODELS
+from tests.helpers.runs import without_profile
 
 pytestmark = pytest.mark.e2e
 SETS = ["train.models=[tfidf_lr, textcnn]", "split.seed=11"]
@@ -31,7 +32,7 @@ class Payload:
 @pytest.fixture(scope="module")
 def built(prefect_harness, tmp_path_factory):
     store = tmp_path_factory.mktemp("no-pickle")
-    out = pipeline_flow("smoke", overrides=SETS, storage=str(store))
+    out = pipeline_flow("smoke", overrides=SETS, storage=str(store), stages=without_profile())  # its pictures are not read here
     return store, {u["stage"]: u for u in out["units"]}
 
 
@@ -53,7 +54,7 @@ def test_a_payload_in_a_stage_output_never_runs(built, tmp_path):
     with pytest.raises(pickle.UnpicklingError):
         MODELS["textcnn"].predictor(unit / "textcnn")
     with pytest.raises(Exception):  # the pipeline rescoring it fails the same way
-        pipeline_flow("smoke", overrides=SETS, storage=str(store), force=["evaluate"])
+        pipeline_flow("smoke", overrides=SETS, storage=str(store), force=["evaluate"], stages=without_profile())
     assert not marker.exists()
     assert not any(p.suffix in (".pkl", ".joblib", ".pickle") for p in store.rglob("*"))  # no pickle files at all
 

@@ -11,7 +11,7 @@ import yaml
 from flows.orchestrate.pipeline import pipeline_flow, select_stages
 from flows.plan.config import load_pipeline
 from flows.plan.keys import plan_keys
-from tests.helpers.runs import data_stages
+from tests.helpers.runs import without_profile
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
@@ -43,7 +43,7 @@ def nightly(tmp_path, prefect_harness):
 
 def run(env):
     config = load_pipeline("nightly", env["root"] / "pipelines.yaml")
-    out = pipeline_flow("nightly", config_file=str(env["root"] / "pipelines.yaml"), storage=str(env["store"]), stages=data_stages("augment"))
+    out = pipeline_flow("nightly", config_file=str(env["root"] / "pipelines.yaml"), storage=str(env["store"]), stages=without_profile("augment"))
     return config, {u["stage"]: u for u in out["units"]}, {s["stage"]: s for s in out["stages"]}
 
 
@@ -154,7 +154,7 @@ def test_vocab_merges_partition_counts_into_the_corpus_vocabulary(nightly, tmp_p
     from tasks.core import BuildContext, Facts
 
     config = load_pipeline("nightly", nightly["root"] / "pipelines.yaml")
-    out = pipeline_flow("nightly", config_file=str(nightly["root"] / "pipelines.yaml"), storage=str(nightly["store"]), stages=data_stages("vocab"))
+    out = pipeline_flow("nightly", config_file=str(nightly["root"] / "pipelines.yaml"), storage=str(nightly["store"]), stages=without_profile("vocab"))
     stages, units = {s["stage"]: s for s in out["stages"]}, {u["stage"]: u for u in out["units"]}
     assert {u for u in units if u.startswith("vocab:")} == {f"vocab:2026-12-0{d}.csv" for d in (1, 2, 3)}
     merged = Path(stages["vocab"]["path"])
@@ -167,7 +167,7 @@ def test_vocab_merges_partition_counts_into_the_corpus_vocabulary(nightly, tmp_p
         assert (merged / kind / "vocab.txt").read_bytes() == (whole / kind / "vocab.txt").read_bytes()
     assert stages["vocab"]["metrics"]["words_validation_oov_rate"] == direct.metrics["words_validation_oov_rate"]
     nightly["last"].to_csv(nightly["drops"] / "2026-12-04.csv", index=False)
-    again = pipeline_flow("nightly", config_file=str(nightly["root"] / "pipelines.yaml"), storage=str(nightly["store"]), stages=data_stages("vocab"))
+    again = pipeline_flow("nightly", config_file=str(nightly["root"] / "pipelines.yaml"), storage=str(nightly["store"]), stages=without_profile("vocab"))
     built = {u["stage"] for u in again["units"] if u["cache"] == "miss"}
     assert {u for u in built if u.startswith("vocab:")} == {"vocab:2026-12-04.csv"}
 

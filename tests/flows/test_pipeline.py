@@ -7,7 +7,7 @@ from flows.plan.config import load_pipeline
 from flows.track.tracker import client
 from tasks.errors import ZhpipeError
 from tasks.stages import STAGE_NAMES as STAGES
-from tests.helpers.runs import data_stages
+from tests.helpers.runs import without_profile
 
 pytestmark = pytest.mark.e2e
 
@@ -150,7 +150,7 @@ def test_backtranslation_through_the_flow_with_tiny_models(prefect_harness, tmp_
         "augment.backtranslation.max_length=12", "augment.backtranslation.num_beams=1",
         "augment.backtranslation.max_rows=30",
     ]
-    out = run(tmp_path / "store", sets, stages=data_stages("augment"))
+    out = run(tmp_path / "store", sets, stages=without_profile("augment"))
     r = _augment_run(out)
     assert r.data.tags["zhpipe.augment.method_used"] == "backtranslation"
     assert r.data.metrics["candidates"] == 30 and r.data.metrics["cache_misses"] > 0
@@ -162,7 +162,7 @@ def test_backtranslation_through_the_flow_with_tiny_models(prefect_harness, tmp_
 
 def test_missing_models_fall_back_to_eda_and_say_so(prefect_harness, tmp_path):
     sets = ["augment.method=backtranslation", "augment.fallback=eda"]
-    out = run(tmp_path / "store", sets, stages=data_stages("augment"))
+    out = run(tmp_path / "store", sets, stages=without_profile("augment"))
     r = _augment_run(out)
     assert r.data.tags["zhpipe.augment.method_used"] == "eda"
     assert r.data.metrics["backtranslation_missing_model"] == 1 and r.data.metrics["rows_added"] > 0
@@ -226,9 +226,9 @@ def test_dask_run_writes_the_same_bytes_as_a_local_run(prefect_harness, store, t
     byte-identical files to the (cached) single-machine run of the same config."""
     from flows.plan.keys import plan_keys
 
-    out = run(tmp_path / "dask-store", stages=data_stages("augment"), dask="local",
+    out = run(tmp_path / "dask-store", stages=without_profile("augment"), dask="local",
               overrides=["segment.chunk_rows=100"])
-    local = run(tmp_path / "local-store", stages=data_stages("augment"), overrides=["segment.chunk_rows=100"])
+    local = run(tmp_path / "local-store", stages=without_profile("augment"), overrides=["segment.chunk_rows=100"])
     keys = plan_keys(load_pipeline("smoke", overrides=["segment.chunk_rows=100"]))
     for stage in ("clean", "segment", "augment"):
         dask_files = _files(tmp_path / "dask-store", stage, keys[stage])

@@ -18,6 +18,7 @@ from flows.plan.config import load_pipeline
 from flows.track.tracker import client
 from tasks.errors import ZhpipeError
 from tests.helpers.cli import in_process
+from tests.helpers.runs import without_profile
 
 ROOT = Path(__file__).resolve().parents[2]
 SETS = ["train.models=[tfidf_lr, textcnn]"]
@@ -185,10 +186,10 @@ def test_a_run_killed_before_registering_is_registered_by_the_next_run(prefect_h
     with monkeypatch.context() as m:
         m.setattr(flows.orchestrate.model_stages, "register_best", killed)
         with pytest.raises(BaseException, match="killed between"):
-            pipeline_flow("smoke", overrides=sets, storage=str(tmp_path / "store"))
+            pipeline_flow("smoke", overrides=sets, storage=str(tmp_path / "store"), stages=without_profile())
     key = plan_keys(load_pipeline("smoke", overrides=sets))["train.tfidf_lr"]
     assert registered_version("zhpipe-smoke", key) is None
-    out = pipeline_flow("smoke", overrides=sets, storage=str(tmp_path / "store"))
+    out = pipeline_flow("smoke", overrides=sets, storage=str(tmp_path / "store"), stages=without_profile())
     assert {s["stage"]: s["cache"] for s in out["stages"]}["evaluate"] == "hit"
     version = registered_version("zhpipe-smoke", key)
     assert version is not None and version.tags["zhpipe.model"] == "tfidf_lr"

@@ -91,7 +91,7 @@ def test_the_first_run_leaves_a_server_that_later_runs_reuse_and_that_stops_when
         assert "download" in second.stdout and "hit" in second.stdout  # its summary table reached this process's stdout
         assert json.loads(state_file.read_text())["pid"] == state["pid"]
         assert "warm: running `zhpipe run smoke --to download`" in (tmp_path / "prefect" / "zhpipe-warm.log").read_text()
-        holder.unlink()  # the last user is gone: 5 s later (checked every 5 s) the server stops, and the warm process with it
+        holder.unlink()  # the last user is gone: 5 s later (checked every second) the server stops, and the warm process with it
         deadline = time.monotonic() + 180
         while (state_file.exists() or warm_state.exists()) and time.monotonic() < deadline:
             time.sleep(1)

@@ -14,10 +14,12 @@ import pytest
 
 from flows.orchestrate.pipeline import pipeline_flow
 from flows.track.tracker import tracking_uri
+from tests.helpers.runs import without_profile
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 SETS = ["train.models=[tfidf_lr, textcnn]", "split.seed=3"]
+STAGES = without_profile()  # what the UI shows of a training run; the profile's pictures are test_pipeline's
 
 
 def artifact_bytes() -> int:
@@ -28,9 +30,9 @@ def artifact_bytes() -> int:
 @pytest.fixture(scope="module")
 def runs(prefect_harness, tmp_path_factory):
     store = tmp_path_factory.mktemp("tracking-store")
-    first = pipeline_flow("smoke", overrides=SETS, storage=str(store))
+    first = pipeline_flow("smoke", overrides=SETS, storage=str(store), stages=STAGES)
     after_first = artifact_bytes()
-    cached = [pipeline_flow("smoke", overrides=SETS, storage=str(store)) for _ in range(2)]
+    cached = [pipeline_flow("smoke", overrides=SETS, storage=str(store), stages=STAGES) for _ in range(2)]
     return {"first": first, "cached": cached, "bytes": (after_first, artifact_bytes())}
 
 
@@ -185,7 +187,7 @@ def test_a_new_tracking_store_over_a_built_stage_store_records_and_registers(run
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'new.db'}")
     store = str(runs["first"]["stages"][0]["path"]).split("/download/")[0]
-    out = pipeline_flow("smoke", overrides=SETS, storage=store)
+    out = pipeline_flow("smoke", overrides=SETS, storage=store, stages=STAGES)
     assert {s["cache"] for s in out["stages"]} == {"hit"}
     parent = client().get_run(out["parent_run_id"])
     assert parent.data.tags["zhpipe.champion"] == "yes" and parent.data.tags["zhpipe.registered"] == "zhpipe-smoke/1"
