@@ -88,7 +88,8 @@ class _SessionServer:
 
     def wait(self, timeout: float = 180):
         import time
-        import urllib.request
+
+        from flows.orchestrate.server import _healthy
 
         if self.proc is None:
             return
@@ -96,12 +97,8 @@ class _SessionServer:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the session's Prefect server exited: {(self.home / 'server.log').read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                pass
+            if _healthy(self.url, timeout=2):
+                return
             time.sleep(0.2)
         raise RuntimeError(f"the session's Prefect server did not answer within {timeout:.0f} s")
 
