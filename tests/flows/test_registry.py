@@ -28,8 +28,8 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def trained(prefect_harness, tmp_path_factory):
     store = tmp_path_factory.mktemp("registry-store")
-    first = pipeline_flow("smoke", overrides=SETS, storage=str(store))
-    second = pipeline_flow("smoke", overrides=SETS + ["train.epochs=2"], storage=str(store))
+    first = pipeline_flow("smoke", overrides=SETS, storage=str(store), stages=without_profile())  # the registry reads no pictures
+    second = pipeline_flow("smoke", overrides=SETS + ["train.epochs=2"], storage=str(store), stages=without_profile())
     stages = {r["stage"]: r for r in first["stages"]}
     units = {u["stage"]: u for u in first["units"]}
     tfidf_run = units["train.tfidf_lr"]["run_id"]
