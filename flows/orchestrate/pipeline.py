@@ -175,7 +175,10 @@ def _stage_list(config: PipelineConfig, stages: list[str] | None, force: list[st
 def _run_stages(run: RunContext, stages: list[str], results: dict[str, StageResult], request: tuple) -> None:
     """Every selected stage in graph order, into `results` (the stages they need, not selected, read from the store);
     nothing to build at all: the parent run names what was reused."""
-    reused = None if _routed(run, stages) else run.reuse_all(stages)
+    routed = _routed(run, stages)
+    if routed:  # what would stop the remote training stops the run before the data stages spend minutes on it
+        _check_route(run, source=request[1])
+    reused = None if routed else run.reuse_all(stages)
     if reused is not None and record_reuse(run, reused):
         results.update(reused)
         return
@@ -208,11 +211,29 @@ def _config(name: str, overrides: list[str] | None, source: dict[str, Any] | Non
     return load_pipeline(name, Path(config_file) if config_file else project.current().config_file, overrides or [], source)
 
 
+def _check_route(run: RunContext, source: dict[str, Any] | None) -> None:
+    """The train stage goes to another work pool: its deployment exists and the run trains what it can train."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    name, pool = train_deployment(run.config.name), run.config.section(run.config.kind.training.name).work_pool
+    if source:
+        raise ZhpipeError("train: a run with --source cannot train on another work pool (a deployment trains what pipelines.yaml "
+                          "declares); declare the source in the pipeline, or train here with --set train.work_pool=null")
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_deployment_by_name(name)
+        except ObjectNotFound:
+            raise ZhpipeError(
+                f"train: stages.train.work_pool is '{pool}' but the deployment '{name}' does not exist on the Prefect "
+                f"server; create it with `zhpipe deploy {run.config.name}`, or train here with --set train.work_pool=null"
+            ) from None
+
+
 def train_remote(run: RunContext, overrides, source, config_file) -> StageResult:
     """Submit the training stage as a run of the pipeline's train deployment and wait for it; the result is
     read back from the stage store the worker wrote to."""
     from prefect.deployments import run_deployment
-    from prefect.exceptions import ObjectNotFound
 
     name, stage = train_deployment(run.config.name), run.config.kind.training.name
     pool = run.config.section(stage).work_pool
@@ -224,16 +245,7 @@ def train_remote(run: RunContext, overrides, source, config_file) -> StageResult
         "pipeline": run.config.name, "overrides": overrides or [], "config_file": config_file,
         "parent_run_id": run.parent_run_id, "force": stage in run.force, "project_dir": str(project.current().root),
     }
-    if source:
-        raise ZhpipeError("train: a run with --source cannot train on another work pool (a deployment trains what pipelines.yaml "
-                          "declares); declare the source in the pipeline, or train here with --set train.work_pool=null")
-    try:
-        flow_run = run_deployment(name, parameters=parameters, timeout=None, poll_interval=2)
-    except ObjectNotFound:
-        raise ZhpipeError(
-            f"train: stages.train.work_pool is '{pool}' but the deployment '{name}' does not exist on the Prefect "
-            f"server; create it with `zhpipe deploy {run.config.name}`, or train here with --set train.work_pool=null"
-        ) from None
+    flow_run = run_deployment(name, parameters=parameters, timeout=None, poll_interval=2)  # checked before the run (_check_route)
     if not flow_run.state or not flow_run.state.is_completed():
         state = flow_run.state.name if flow_run.state else "unknown"
         raise ZhpipeError(f"train: the run '{flow_run.name}' of {name} on work pool '{pool}' ended {state}: {flow_run.state.message if flow_run.state else ''}")

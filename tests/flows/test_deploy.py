@@ -252,6 +252,17 @@ def test_routing_to_a_pool_without_its_deployment_fails_clearly(env, tmp_path):
     assert proc.returncode == 2, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert "deployment 'zhpipe-train/tiny' does not exist" in last and "zhpipe deploy tiny" in last
+    assert "building" not in proc.stdout + proc.stderr  # said before any stage ran, not after the data stages
+
+
+def test_another_corpus_cannot_train_on_a_pool_and_is_told_before_any_stage(tmp_path, capsys):
+    from tests.helpers.cli import in_process
+
+    config = write_pipelines(tmp_path / "pipelines.yaml", None, "gpu-test")
+    proc = in_process(capsys, "run", "tiny", "--config", config, "--source", ROOT / "tests" / "fixtures" / "smoke.csv")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "a run with --source cannot train on another work pool" in proc.stderr.strip().splitlines()[-1]
+    assert "building" not in proc.stdout + proc.stderr
 
 
 HOLD = """
