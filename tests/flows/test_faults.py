@@ -71,7 +71,7 @@ def test_the_prefect_server_killed_mid_run_ends_the_run_within_seconds(tmp_path,
         with open(out, "w") as f:
             run = subprocess.Popen([*zhpipe, "run", "smoke"], cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 240
-        while "train" not in out.read_text() and run.poll() is None and time.monotonic() < deadline:
+        while "zhpipe profile: building" not in out.read_text() and run.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
         assert run.poll() is None, out.read_text()[-2000:]
         os.killpg(state["pid"], signal.SIGKILL)  # the server dies mid-run

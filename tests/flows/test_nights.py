@@ -14,9 +14,11 @@ from flows.plan import held
 from flows.plan.config import load_pipeline
 from flows.plan.sources import partitions
 from tasks.errors import ZhpipeError
+from tests.helpers.runs import without_profile
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
+STAGES = without_profile()  # the night's report is judged here, not the corpus profile's pictures
 
 
 @pytest.fixture
@@ -42,7 +44,7 @@ def test_a_broken_labeller_night_is_held_out_and_put_back_by_accept(nights, capl
     from flows.cli import main
 
     file = str(nights["root"] / "pipelines.yaml")
-    out = pipeline_flow("nights", config_file=file, storage=str(nights["store"]))
+    out = pipeline_flow("nights", config_file=file, storage=str(nights["store"]), stages=STAGES)
     lines = [r.getMessage() for r in caplog.records if "held out of the corpus" in r.getMessage()]
     assert len(lines) == 1 and "2026-12-02.csv" in lines[0] and "check labels" in lines[0]
     stages = {s["stage"]: s for s in out["stages"]}
@@ -65,7 +67,7 @@ def test_a_broken_labeller_night_is_held_out_and_put_back_by_accept(nights, capl
     assert "held out" in shown and "check labels FAILED on 2026-12-02.csv" in shown and "zhpipe accept nights 2026-12-02.csv" in shown
 
     nights["rows"].iloc[:0].to_csv(nights["drops"] / "2026-12-03.csv", index=False)  # an empty night: held, not a failed run
-    again = pipeline_flow("nights", config_file=file, storage=str(nights["store"]))  # held stays held: nothing else is built
+    again = pipeline_flow("nights", config_file=file, storage=str(nights["store"]), stages=STAGES)  # held stays held: nothing else is built
     assert all(u["cache"] == "hit" for u in again["units"])
     assert held.held("nights")["2026-12-03.csv"]["check"] == "quarantine" and "2026-12-02.csv" in held.held("nights")
     held.accept("nights", ["2026-12-03.csv"])
@@ -82,7 +84,7 @@ def test_a_corpus_without_partitions_that_fails_a_blocking_check_stops_before_tr
     rows.assign(review=[t.encode("utf-8").decode("latin-1") for t in rows["review"]]).to_csv(mojibake, index=False)
     file = str(nights["root"] / "pipelines.yaml")
     with pytest.raises(ZhpipeError, match=r"check mojibake FAILED on the corpus: 1 \(threshold 0.02\).*stops before training"):
-        pipeline_flow("nights", config_file=file, storage=str(nights["store"]), source={"path": str(mojibake)})
+        pipeline_flow("nights", config_file=file, storage=str(nights["store"]), stages=STAGES, source={"path": str(mojibake)})
     runs = mlflow.search_runs(experiment_names=["zhpipe-nights-mojibake"], output_format="list")
     assert not any(r.data.tags.get("zhpipe.stage") == "split" for r in runs)  # nothing after clean ran
     assert held.CORPUS in held.held("nights-mojibake")
