@@ -175,9 +175,10 @@ def _stage_list(config: PipelineConfig, stages: list[str] | None, force: list[st
 def _run_stages(run: RunContext, stages: list[str], results: dict[str, StageResult], request: tuple) -> None:
     """Every selected stage in graph order, into `results` (the stages they need, not selected, read from the store);
     nothing to build at all: the parent run names what was reused."""
+    overrides, source, config_file = request
     routed = _routed(run, stages)
     if routed:  # what would stop the remote training stops the run before the data stages spend minutes on it
-        _check_route(run, source=request[1])
+        _check_route(run, source)
     reused = None if routed else run.reuse_all(stages)
     if reused is not None and record_reuse(run, reused):
         results.update(reused)
@@ -187,7 +188,7 @@ def _run_stages(run: RunContext, stages: list[str], results: dict[str, StageResu
     for spec in kind.stages.values():
         inputs = [results.get(d) for d in spec.needs]
         if spec.name in stages and spec is kind.training and _routed(run, stages):  # train on another work pool's worker (GPU)
-            results[spec.name] = train_remote(run, *request)
+            results[spec.name] = train_remote(run, overrides, config_file)
         elif spec.name in stages:
             # quoted: Prefect would walk the whole run context (config, keys, store) looking for futures, twice a task
             results[spec.name] = stage_task(spec.name)(quote(run), *inputs)
@@ -230,7 +231,7 @@ def _check_route(run: RunContext, source: dict[str, Any] | None) -> None:
             ) from None
 
 
-def train_remote(run: RunContext, overrides, source, config_file) -> StageResult:
+def train_remote(run: RunContext, overrides, config_file) -> StageResult:
     """Submit the training stage as a run of the pipeline's train deployment and wait for it; the result is
     read back from the stage store the worker wrote to."""
     from prefect.deployments import run_deployment

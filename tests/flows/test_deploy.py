@@ -12,7 +12,8 @@ import httpx
 import pytest
 import yaml
 
-from tasks.stages import STAGE_NAMES
+from tests.helpers.procs import stop
+from tests.helpers.runs import without_profile
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
@@ -78,7 +79,7 @@ def write_pipelines(path: Path, schedule: dict | None, train_pool: str | None) -
     tiny["stages"]["train"].update({"models": ["tfidf_lr"], "work_pool": train_pool})
     tiny["work_pool"] = "cpu-test"
     tiny["parameters"] = {"allow_overrides": ["split.seed", "segment.*"],  # a path outside the project is refused even so
-                          "stages": [s for s in STAGE_NAMES if s != "profile"]}  # its pictures are not what is tested here
+                          "stages": without_profile()}  # its pictures are not what is tested here
     if schedule:
         tiny["schedule"] = schedule
     path.write_text(yaml.safe_dump({"pipelines": {"tiny": tiny}}, allow_unicode=True), encoding="utf-8")
@@ -101,23 +102,6 @@ def workers(env, tmp_path):
     stop(*(proc for proc, _ in procs))
     for _, log in procs:
         log.close()
-
-
-def stop(*procs: subprocess.Popen, grace: float = 15) -> None:
-    """SIGTERM to each, then SIGKILL of the whole process group of those still running after `grace` seconds
-    (all of them in the same `grace`): a worker that is still running a flow (a schedule that fired again
-    during teardown) waits for it on SIGTERM."""
-    import signal
-
-    for proc in procs:
-        proc.terminate()
-    deadline = time.monotonic() + grace
-    for proc in procs:
-        try:
-            proc.wait(max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
 
 
 NIGHTLY = {"cron": "0 3 * * *", "timezone": "Asia/Shanghai"}  # never due while a test runs: the test starts one run itself

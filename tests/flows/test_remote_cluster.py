@@ -5,7 +5,6 @@ augment) run on the workers, which read their chunks from the bucket; the output
 byte-identical to a local run's."""
 import hashlib
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -13,6 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.procs import stop
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -72,15 +73,7 @@ def cluster(s3, prefect_harness, tmp_path_factory):
             assert time.monotonic() < deadline, "the Dask cluster did not start"
             time.sleep(1)
     yield {"address": address, "folders": folders[1:]}
-    for proc in procs:
-        proc.terminate()
-    deadline = time.monotonic() + 3  # a worker's graceful close waits on its nanny for seconds: nothing of it is tested
-    for proc in procs:
-        try:
-            proc.wait(max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # its own session: the nanny's worker process goes with it
-            proc.wait(30)
+    stop(*procs, grace=3)  # a worker's graceful close waits on its nanny for seconds: nothing of it is tested
 
 
 def files(fs, root: str, stage: str) -> dict[str, str]:
