@@ -16,6 +16,31 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ["ZHPIPE_SERVER"] = "temporary"  # no background server left behind by a test (test_server.py starts its own)
 
 
+def _loopback_ca() -> Path:
+    """A CA file of one certificate, for the suite's TLS settings. Every server the tests start speaks plain HTTP on
+    loopback (the TLS test gives its own CA), yet each Prefect client and httpx client parses the whole system CA
+    bundle when it is made: about 30 ms of CPU, a thousand times a session."""
+    from datetime import datetime, timedelta, timezone
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "zhpipe tests (loopback only)")])
+    now = datetime.now(timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - timedelta(days=1))
+            .not_valid_after(now + timedelta(days=2)).sign(key, hashes.SHA256()))
+    path = _TMP / "loopback-ca.pem"
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return path
+
+
+os.environ["PREFECT_API_SSL_CERT_FILE"] = os.environ["SSL_CERT_FILE"] = str(_loopback_ca())
+
+
 def pytest_configure(config):
     """pytest-xdist workers share the cores: each worker (and the zhpipe processes it starts) gets its share of them as
     OpenMP/MKL threads, set before any test module imports PyTorch. Left at one thread per core each, two workers'

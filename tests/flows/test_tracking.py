@@ -37,29 +37,30 @@ def runs(prefect_harness, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def rest(runs, tmp_path_factory):
-    """`mlflow server` on a free loopback port over the tests' tracking store."""
+def ui(runs, tmp_path_factory):
+    """`zhpipe ui` on a free loopback port over the tests' tracking store: MLflow's server as users start it, read
+    through its REST API as the UI reads it."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    log = open(tmp_path_factory.mktemp("mlflow-server") / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", tracking_uri(), "--host", "127.0.0.1",
-                             "--port", str(port), "--workers", "1"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})  # as `zhpipe ui` starts it
-    url = f"http://127.0.0.1:{port}/api/2.0/mlflow"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert proc.poll() is None and time.monotonic() < deadline, "mlflow server did not start"
-        time.sleep(1)
-    yield url
-    proc.terminate()
-    proc.wait(30)
-    log.close()
+    out = tmp_path_factory.mktemp("mlflow-ui") / "ui.log"
+    with open(out, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "ui", "--port", str(port)], cwd=ROOT, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while "/zhpipe/open?to=" not in out.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        [opener] = [w for w in out.read_text().split() if "/zhpipe/open?to=" in w] or [out.read_text()[-2000:]]
+        yield {"port": port, "opener": opener, "rest": f"http://127.0.0.1:{port}/api/2.0/mlflow"}
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+
+
+@pytest.fixture(scope="module")
+def rest(ui):
+    return ui["rest"]
 
 
 def test_two_all_cached_runs_add_no_artifacts(runs):
@@ -140,33 +141,19 @@ def test_mlflow_links_open_the_machine_learning_view(monkeypatch):
     assert home.startswith("http://127.0.0.1:5000/#/experiments") and home.endswith("?workflowType=machine_learning")
 
 
-def test_zhpipe_ui_opens_mlflow_in_its_runs_view_through_its_own_page(tmp_path):
+def test_zhpipe_ui_opens_mlflow_in_its_runs_view_through_its_own_page(ui):
     """`zhpipe ui` serves MLflow with one page of its own that sets the browser's view to model training (MLflow 3
     keeps that toggle in localStorage and starts in GenAI), then opens the newest experiment; MLflow is served as
     before, and the page opens nothing but a route of the UI."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    out = tmp_path / "ui.log"
-    with open(out, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "ui", "--port", str(port)], cwd=ROOT, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 180
-        while "/zhpipe/open?to=" not in out.read_text() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.5)
-        [url] = [w for w in out.read_text().split() if "/zhpipe/open?to=" in w] or [out.read_text()[-2000:]]
-        page = httpx.get(url, timeout=30).text
-        assert 'localStorage.setItem("mlflow.workflowType_v1", "\\"machine_learning\\"")' in page
-        assert 'location.replace("/" + "#/experiments' in page and "workflowType=machine_learning" in page
-        hostile = httpx.get(f"http://127.0.0.1:{port}/zhpipe/open", params={"to": '#/x"</script><script>alert(1)//'}, timeout=30).text
-        assert "alert" not in hostile and 'location.replace("/" + "#/experiments")' in hostile
-        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=30).status_code == 200  # MLflow itself, as before
-        assert httpx.get(f"http://127.0.0.1:{port}/ajax-api/2.0/mlflow/experiments/search", params={"max_results": 5},
-                         timeout=30).status_code == 200
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(60)
+    port = ui["port"]
+    page = httpx.get(ui["opener"], timeout=30).text
+    assert 'localStorage.setItem("mlflow.workflowType_v1", "\\"machine_learning\\"")' in page
+    assert 'location.replace("/" + "#/experiments' in page and "workflowType=machine_learning" in page
+    hostile = httpx.get(f"http://127.0.0.1:{port}/zhpipe/open", params={"to": '#/x"</script><script>alert(1)//'}, timeout=30).text
+    assert "alert" not in hostile and 'location.replace("/" + "#/experiments")' in hostile
+    assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=30).status_code == 200  # MLflow itself, as before
+    assert httpx.get(f"http://127.0.0.1:{port}/ajax-api/2.0/mlflow/experiments/search", params={"max_results": 5},
+                     timeout=30).status_code == 200
 
 
 def test_console_lines_of_prefect_name_their_task():

@@ -24,23 +24,22 @@ def handed(log: Path) -> int:
     return log.read_text().count("warm: running `zhpipe ") if log.exists() else 0
 
 
-@pytest.fixture
-def warm_env(tmp_path, seed_prefect_home):
-    """A warm process for a new project's settings; its runs start temporary Prefect servers in a seeded home."""
-    probe = tmp_path / "probe"
+def _warm(folder: Path, seed_prefect_home, idle: int = 60):
+    """A warm process for a new project's settings in `folder`; its runs start temporary Prefect servers in a seeded home."""
+    probe = folder / "probe"
     probe.mkdir()
     (probe / "sitecustomize.py").write_text("# imported at start-up: a module file the warm process watches\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "ZHPIPE_WARM")}
-    env.update({"PREFECT_HOME": str(tmp_path / "prefect"), "ZHPIPE_DATA": str(tmp_path / "store"),
-                "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "MLFLOW_LOGGING_LEVEL": "WARNING",
+    env.update({"PREFECT_HOME": str(folder / "prefect"), "ZHPIPE_DATA": str(folder / "store"),
+                "MLFLOW_TRACKING_URI": f"sqlite:///{folder / 'mlflow.db'}", "MLFLOW_LOGGING_LEVEL": "WARNING",
                 "PYTHONPATH": os.pathsep.join([str(probe), str(ROOT)])})
-    seed_prefect_home(tmp_path / "prefect")
-    log = tmp_path / "prefect" / "zhpipe-warm.log"
+    seed_prefect_home(folder / "prefect")
+    log = folder / "prefect" / "zhpipe-warm.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "flows.orchestrate.warm", "--idle", "60", "--fingerprint", handover.fingerprint(env)],
+        proc = subprocess.Popen([sys.executable, "-m", "flows.orchestrate.warm", "--idle", str(idle), "--fingerprint", handover.fingerprint(env)],
                                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     state = handover.state_file(handover.fingerprint(env)).relative_to(handover.home())
-    state = tmp_path / "prefect" / state
+    state = folder / "prefect" / state
     deadline = time.monotonic() + 120
     while not state.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -50,16 +49,29 @@ def warm_env(tmp_path, seed_prefect_home):
     proc.wait(30)
 
 
-def test_a_command_handed_over_prints_and_exits_as_it_would_alone(warm_env):
-    env, log = warm_env["env"], warm_env["log"]
+@pytest.fixture
+def warm_env(tmp_path, seed_prefect_home):
+    """A warm process of the test's own: for tests that stop, replace or kill it."""
+    yield from _warm(tmp_path, seed_prefect_home)
+
+
+@pytest.fixture(scope="module")
+def shared_warm(tmp_path_factory, seed_prefect_home):
+    """One warm process for the tests that leave it running (each counts only the commands it hands over)."""
+    yield from _warm(tmp_path_factory.mktemp("shared-warm"), seed_prefect_home, idle=600)
+
+
+def test_a_command_handed_over_prints_and_exits_as_it_would_alone(shared_warm):
+    env, log = shared_warm["env"], shared_warm["log"]
+    before = handed(log)
     served = zhpipe(env, "status", "smoke")
     assert served.returncode == 0, served.stderr[-2000:]
-    assert handed(log) == 1
+    assert handed(log) == before + 1
     alone = zhpipe({**env, "ZHPIPE_WARM": "off"}, "status", "smoke")
-    assert handed(log) == 1  # ZHPIPE_WARM=off: run here
+    assert handed(log) == before + 1  # ZHPIPE_WARM=off: run here
     assert served.stdout == alone.stdout and "zhpipe status smoke" in served.stdout and "missing" in served.stdout
     bad = zhpipe(env, "status", "no-such-pipeline")  # an error line and its exit status come back as they are
-    assert handed(log) == 2
+    assert handed(log) == before + 2
     assert bad.returncode == 2 and bad.stderr.startswith("zhpipe: error:") and "no-such-pipeline" in bad.stderr
     assert bad.stderr == zhpipe({**env, "ZHPIPE_WARM": "off"}, "status", "no-such-pipeline").stderr
 
@@ -134,8 +146,8 @@ def _wait_for(predicate, timeout: float = 60) -> bool:
     return predicate()
 
 
-def test_ctrl_z_stops_the_fork_and_a_killed_client_ends_it(warm_env, tmp_path):
-    env, log = warm_env["env"], warm_env["log"]
+def test_ctrl_z_stops_the_fork_and_a_killed_client_ends_it(shared_warm, tmp_path):
+    env, log = shared_warm["env"], shared_warm["log"]
     with open(tmp_path / "out", "w") as out:  # a job of its own, as a shell starts it (a group the kernel may stop)
         client = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", "smoke", "--to", "download"], cwd=ROOT, env=env,
                                   stdout=out, stderr=subprocess.STDOUT, process_group=0)
@@ -169,8 +181,8 @@ def test_the_fork_reports_its_status_when_the_warm_parent_dies_and_keeps_the_she
     assert abs((now - logged).total_seconds()) % 86400 < 600 or abs((now - logged).total_seconds()) % 86400 > 86400 - 600
 
 
-def test_the_log_is_private_and_holds_no_password(warm_env):
-    env, log = warm_env["env"], warm_env["log"]
+def test_the_log_is_private_and_holds_no_password(shared_warm):
+    env, log = shared_warm["env"], shared_warm["log"]
     secret = "https://alice:s3cr3t-(pw@example.com/reviews.csv"
     zhpipe(env, "status", "smoke", "--set", f"source.url={secret}")
     assert "warm: running `zhpipe status smoke --set" in log.read_text()
