@@ -27,9 +27,12 @@ class FetchParams(Section):
     timeout_s: float = Field(60.0, gt=0)  # per network read; a stalled server fails instead of hanging
     deadline_s: float = Field(3600.0, gt=0)  # the whole download, retries included
     retries: int = Field(3, ge=0)  # network errors and 5xx answers, with back-off; also sha256 mismatches
+    retry_delay_s: float = Field(1.0, gt=0)  # the first back-off, doubled for each further attempt (at most 10x)
     max_bytes: int = Field(2 << 30, gt=0)  # largest file fetched (2 GiB)
     max_unpacked_bytes: int = Field(8 << 30, gt=0)  # largest file unpacked from .gz/.zip/.tar (8 GiB)
     max_ratio: float = Field(100.0, gt=1)  # unpacked / packed size beyond 1 MiB: more is a decompression bomb
+
+    OUTSIDE_KEY = ("retry_delay_s",)  # when to try again, not what is fetched: cached downloads stay valid
 
 
 class ChecksumError(DataError):
@@ -220,8 +223,8 @@ def fetch(url: str, folder: Path, params: FetchParams, sha256: str | None = None
     with _client(params.timeout_s) as client:
         for attempt in range(params.retries + 1):
             if attempt:
-                delay = min(2.0 ** (attempt - 1), 10.0)
-                log.warning("download %s: %s; attempt %d of %d in %.0f s", shown, problem, attempt + 1, params.retries + 1, delay)
+                delay = params.retry_delay_s * min(2.0 ** (attempt - 1), 10.0)
+                log.warning("download %s: %s; attempt %d of %d in %.3g s", shown, problem, attempt + 1, params.retries + 1, delay)
                 if time.monotonic() + delay > deadline:
                     break
                 time.sleep(delay)

@@ -19,7 +19,7 @@ from tasks.source.readers import empty_quarantine, labelled, no_rows, physical_l
 from tasks.source.schema import Source as SourceConfig
 
 ROWS = [("1", "房间很干净"), ("0", "服务太差了"), ("1", "早餐不错")]
-FAST = Params(timeout_s=5, retries=2, deadline_s=30)
+FAST = Params(timeout_s=5, retries=2, deadline_s=30, retry_delay_s=0.05)  # back-off in 50 ms steps, not seconds
 
 
 def src(**kw):

@@ -167,10 +167,11 @@ def test_killed_training_resumes_from_its_last_checkpoint_and_ends_identical(tmp
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root)}
 
+    from tests.helpers.train_child import train
+
     def child(ckpt, out):
         return subprocess.Popen([sys.executable, "-m", "tests.helpers.train_child", str(ckpt), str(out), "20"], cwd=root, env=env)
 
-    uninterrupted = child(tmp_path / "ckpt-a", tmp_path / "a")  # the reference, beside the victim: one thread each, same bits
     victim = child(tmp_path / "ckpt-b", tmp_path / "b1")
     deadline = time.time() + 240
     while not (tmp_path / "ckpt-b" / "last.pt").exists():
@@ -179,8 +180,9 @@ def test_killed_training_resumes_from_its_last_checkpoint_and_ends_identical(tmp
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     assert not (tmp_path / "b1" / "probs.npy").exists()  # it really died mid-training
-    assert uninterrupted.wait(timeout=300) == 0
-    assert child(tmp_path / "ckpt-b", tmp_path / "b2").wait(timeout=300) == 0
+    resumed = child(tmp_path / "ckpt-b", tmp_path / "b2")
+    train(tmp_path / "ckpt-a", tmp_path / "a", 20)  # the reference, uninterrupted, here while the rerun resumes
+    assert resumed.wait(timeout=300) == 0
     summary = json.loads((tmp_path / "b2" / "summary.json").read_text())
     assert 1 <= summary["resumed_from_epoch"] < 20
     assert np.array_equal(np.load(tmp_path / "a" / "probs.npy"), np.load(tmp_path / "b2" / "probs.npy"))
