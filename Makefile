@@ -40,17 +40,16 @@ fonts:
 run: install
 	$(BIN)/zhpipe run $(PIPELINE) $(ARGS)
 
-# test modules run in TEST_WORKERS processes (whole modules each, so module fixtures are built once; long modules
-# first: tests/conftest.py);
+# test modules run in TEST_WORKERS processes (whole modules each, so module fixtures are built once);
 # much of the suite waits on real servers and subprocesses, so 2 workers help even on 2 cores
 TEST_WORKERS ?= 2
 
 test: install
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 # the edit loop: every test but the end-to-end flow runs (marker e2e); `make test` stays the full suite CI runs
 test-quick: install
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not e2e" $(ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not e2e" $(ARGS)
 
 bench: install
 	$(BIN)/python benchmarks/bench_pipeline.py $(ARGS)

@@ -60,20 +60,6 @@ def pytest_configure(config):
         _SERVER.start()
 
 
-def pytest_collection_modifyitems(config, items):
-    """Modules with end-to-end tests first, each module's tests together and in their own order. `make test` hands
-    whole modules to its workers in this order (--dist loadfile --no-loadscope-reorder): the long modules start first
-    and the many short unit-test modules fill the end, so neither worker waits long on the other's last module.
-    (xdist's own order, most tests first, left a one-test module of 40 s to the end.)"""
-    from collections import defaultdict
-
-    e2e = defaultdict(bool)
-    for item in items:
-        e2e[item.module.__name__] |= item.get_closest_marker("e2e") is not None
-    first_seen = {name: n for n, name in reversed(list(enumerate(item.module.__name__ for item in items)))}
-    items.sort(key=lambda item: (not e2e[item.module.__name__], first_seen[item.module.__name__]))
-
-
 def pytest_sessionfinish(session, exitstatus):
     """The session's server stops; its folder (stores, databases: hundreds of MB) goes too unless a test failed."""
     import sys
