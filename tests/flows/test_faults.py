@@ -43,8 +43,24 @@ def test_a_full_disk_is_one_line_and_leaves_no_temporary_folder(prefect_harness,
     assert not [p for p in small_disk.rglob(".tmp-*")]  # the failed build's folder is gone
 
 
+def copy_sqlite(src: Path, dst: Path) -> Path:
+    """A copy made through SQLite's backup API. Reading the database file with open() and closing it would drop the
+    POSIX locks this process's own SQLite connections hold on it (locks belong to the process, and any close of the
+    file releases them all): the next process to close the database would then take it for the last user, delete
+    its write-ahead log under this process's open connections, and leave them reading a stale database."""
+    import sqlite3
+
+    source, target = sqlite3.connect(src), sqlite3.connect(dst)
+    try:
+        source.backup(target)
+    finally:
+        source.close()
+        target.close()
+    return dst
+
+
 def test_a_corrupt_mlflow_database_is_one_line_naming_it(prefect_harness, tmp_path, capsys, monkeypatch):
-    good = Path(os.environ["MLFLOW_TRACKING_URI"].removeprefix("sqlite:///"))
+    good = copy_sqlite(Path(os.environ["MLFLOW_TRACKING_URI"].removeprefix("sqlite:///")), tmp_path / "good.db")
     for name, damage in (("garbage.db", lambda p: p.write_bytes(os.urandom(200_000))),
                          ("cut.db", lambda p: p.write_bytes(good.read_bytes()[:20_000]))):
         db = tmp_path / name
