@@ -89,6 +89,7 @@ def pytest_collection_modifyitems(config, items):
                                  first_seen[_module(item.nodeid)]))
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent with -p no:xdist
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadfile` with the collection's order kept and the smoke run's readers as one unit (xdist's own
     `loadgroup` marks cannot do it with pytest 9: they rename the test ids)."""

@@ -229,7 +229,8 @@ def word_cloud(counts: dict[str, int], font: str, path: Path, seed: int = 0) -> 
     # laid out on a 400x225 canvas and drawn at twice that: the same 800x450 picture in half the time
     cloud = WordCloud(font_path=font, width=400, height=225, scale=2, background_color="white", random_state=seed,
                       max_words=len(counts), prefer_horizontal=0.95)
-    cloud.generate_from_frequencies(counts).to_file(str(path))
+    # WordCloud.to_file saves with PNG `optimize`: the same pixels, 3% smaller, in three times the time
+    cloud.generate_from_frequencies(counts).to_image().save(path, format="PNG")
     return path
 
 
