@@ -40,8 +40,7 @@ fonts:
 run: install
 	$(BIN)/zhpipe run $(PIPELINE) $(ARGS)
 
-# test modules run in TEST_WORKERS processes (whole modules each, so module fixtures are built once; the long ones
-# first, and the readers of the session's smoke run on one worker: tests/conftest.py);
+# test modules run in TEST_WORKERS processes (whole modules each, so module fixtures are built once);
 # much of the suite waits on real servers and subprocesses, so 2 workers help even on 2 cores
 TEST_WORKERS ?= 2
 

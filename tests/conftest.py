@@ -60,52 +60,6 @@ def pytest_configure(config):
         _SERVER.start()
 
 
-# The modules whose tests read the session's smoke run (the `smoke` fixture): under `--dist loadfile` they are one work
-# unit, so one worker runs the smoke pipeline (about 30 s of CPU) instead of each.
-SMOKE_READERS = ("tests/flows/test_pipeline.py", "tests/test_hostile.py", "tests/flows/test_ensemble.py",
-                 "tests/flows/test_tune.py", "tests/test_readme.py", "tests/test_stages.py")
-
-
-def _module(nodeid: str) -> str:
-    return nodeid.split("::", 1)[0]
-
-
-def pytest_collection_modifyitems(config, items):
-    """The smoke run's readers first, then the other modules with end-to-end tests, then the rest; each module's tests
-    together and in their own order. xdist hands whole modules to its workers in this order (`pytest_xdist_make_scheduler`
-    below): the long units start first and the many short unit-test modules fill the end, so neither worker waits
-    long on the other's last module. (xdist's own order, most tests first, left a one-test module of 40 s to the end.)"""
-    from collections import defaultdict
-
-    readers = {_module(item.nodeid) for item in items if "smoke" in getattr(item, "fixturenames", ())}
-    if readers - set(SMOKE_READERS):
-        raise pytest.UsageError(f"tests/conftest.py: add {sorted(readers - set(SMOKE_READERS))} to SMOKE_READERS: modules "
-                                "that read the session's smoke run share one worker")
-    e2e = defaultdict(bool)
-    for item in items:
-        e2e[_module(item.nodeid)] |= item.get_closest_marker("e2e") is not None
-    first_seen = {name: n for n, name in reversed(list(enumerate(_module(item.nodeid) for item in items)))}
-    items.sort(key=lambda item: (_module(item.nodeid) not in SMOKE_READERS, not e2e[_module(item.nodeid)],
-                                 first_seen[_module(item.nodeid)]))
-
-
-@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent with -p no:xdist
-def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadfile` with the collection's order kept and the smoke run's readers as one unit (xdist's own
-    `loadgroup` marks cannot do it with pytest 9: they rename the test ids)."""
-    if config.getoption("dist") != "loadfile":
-        return None
-    from xdist.scheduler import LoadFileScheduling
-
-    class Scheduler(LoadFileScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            module = _module(nodeid)
-            return "smoke readers" if module in SMOKE_READERS else module
-
-    config.option.loadscopereorder = False
-    return Scheduler(config, log)
-
-
 def pytest_sessionfinish(session, exitstatus):
     """The session's server stops; its folder (stores, databases: hundreds of MB) goes too unless a test failed."""
     import sys
