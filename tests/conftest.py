@@ -81,6 +81,16 @@ def pytest_unconfigure(config):
     _SERVER.stop()
 
 
+# runs `python ARGS...` in its place, to be sent SIGTERM when the test process that started it dies (Linux's
+# PR_SET_PDEATHSIG, kept across exec); argv: the parent's pid, then the arguments
+_DIE_WITH_PARENT = """import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+if os.getppid() != int(sys.argv[1]):
+    sys.exit("the test process that started this server is gone")
+os.execv(sys.executable, [sys.executable, *sys.argv[2:]])
+"""
+
+
 class _SessionServer:
     """Prefect's own API server (the app its temporary server runs) in a subprocess on a free loopback port, with its
     database in the session's folder; `wait()` blocks until it answers."""
@@ -105,10 +115,12 @@ class _SessionServer:
                "PREFECT__SERVER_FINAL": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
         env.pop("PREFECT_API_URL", None)
         self.log = open(self.home / "server.log", "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1",
-             "--port", str(port), "--log-level", "error", "--lifespan", "on"],
-            env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        server = ["-m", "uvicorn", "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
+                  "--log-level", "error", "--lifespan", "on"]
+        if sys.platform.startswith("linux"):  # it ends with this process even when this one is killed (no finish hook runs)
+            server = ["-c", _DIE_WITH_PARENT, str(os.getpid()), *server]
+        self.proc = subprocess.Popen([sys.executable, *server], env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
         os.environ["PREFECT_API_URL"] = self.url
 
     def wait(self, timeout: float = 180):
