@@ -142,15 +142,11 @@ class _SessionServer:
     def snapshot(self):
         """A copy of the server's database as it is before any test has used it: migrated, block types
         registered, nothing run (`seed_prefect_home`)."""
-        import sqlite3
+        from tests.helpers.sqlite import copy_sqlite
 
         if self.proc is None or _SEED.exists():
             return
-        src, dst = sqlite3.connect(self.home / "prefect.db"), sqlite3.connect(_SEED)
-        with dst:
-            src.backup(dst)
-        src.close()
-        dst.close()
+        copy_sqlite(self.home / "prefect.db", _SEED)
 
     def stop(self):
         if self.proc is not None:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.sqlite import copy_sqlite
+
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
 
@@ -41,22 +43,6 @@ def test_a_full_disk_is_one_line_and_leaves_no_temporary_folder(prefect_harness,
     [line] = [l for l in printed.splitlines() if l.startswith("zhpipe: error:")] or [printed[-3000:]]
     assert "disk is full" in line and "MB free" in line and str(small_disk) in line and "Traceback" not in printed
     assert not [p for p in small_disk.rglob(".tmp-*")]  # the failed build's folder is gone
-
-
-def copy_sqlite(src: Path, dst: Path) -> Path:
-    """A copy made through SQLite's backup API. Reading the database file with open() and closing it would drop the
-    POSIX locks this process's own SQLite connections hold on it (locks belong to the process, and any close of the
-    file releases them all): the next process to close the database would then take it for the last user, delete
-    its write-ahead log under this process's open connections, and leave them reading a stale database."""
-    import sqlite3
-
-    source, target = sqlite3.connect(src), sqlite3.connect(dst)
-    try:
-        source.backup(target)
-    finally:
-        source.close()
-        target.close()
-    return dst
 
 
 def test_a_corrupt_mlflow_database_is_one_line_naming_it(prefect_harness, tmp_path, capsys, monkeypatch):
