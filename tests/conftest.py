@@ -46,17 +46,19 @@ def pytest_configure(config):
     OpenMP/MKL threads, set before any test module imports PyTorch. Left at one thread per core each, two workers'
     PyTorch thread pools spin against each other and a training step takes up to ten times as long as alone.
 
-    Each process that runs tests (not xdist's controller) starts one real Prefect server here, so that it boots while
-    the tests are collected; its URL goes into the environment, which every in-process flow and every zhpipe process a
-    test starts inherits. Without it each of those processes starts Prefect's temporary server of its own: about
-    8 s of CPU per command, most of the suite's time."""
+    One real Prefect server serves the session: started here by xdist's controller before it starts its workers (or
+    by the one test process without xdist), so that it boots while they import and collect; its URL goes into the
+    environment, which the workers, every in-process flow and every zhpipe process a test starts inherit. Without it
+    each of those processes starts Prefect's temporary server of its own: about 8 s of CPU per command, most of the
+    suite's time. One server for all workers rather than one each: a server's start costs 14 s of CPU."""
     workerinput = getattr(config, "workerinput", None)
     workers = int((workerinput or {}).get("workercount", 1))
     if workers > 1:
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ.setdefault(var, str(max(1, (os.cpu_count() or 1) // workers)))
-    controller = workerinput is None and (getattr(config.option, "numprocesses", None) or 0) not in (0, "0")
-    if not controller and not os.environ.get("PREFECT_API_URL"):
+    if workerinput is not None and _SHARED in os.environ:
+        _SERVER.attach(os.environ[_SHARED])
+    elif not os.environ.get("PREFECT_API_URL"):
         _SERVER.start()
 
 
@@ -91,14 +93,25 @@ os.execv(sys.executable, [sys.executable, *sys.argv[2:]])
 """
 
 
+_SHARED = "ZHPIPE_TESTS_PREFECT_SERVER"  # the session server's URL and home, as the controller hands them to its workers
+
+
 class _SessionServer:
     """Prefect's own API server (the app its temporary server runs) in a subprocess on a free loopback port, with its
-    database in the session's folder; `wait()` blocks until it answers."""
+    database in the session's folder; `wait()` blocks until it answers. xdist's workers `attach` to the controller's."""
 
     def __init__(self):
         self.proc = None
         self.url = None
         self.home = None
+
+    @property
+    def seed(self) -> Path:
+        return self.home.parent / "prefect-seed.db"
+
+    def attach(self, shared: str):
+        url, home = shared.split(" ", 1)
+        self.url, self.home = url, Path(home)
 
     def start(self):
         import socket
@@ -122,17 +135,18 @@ class _SessionServer:
         self.proc = subprocess.Popen([sys.executable, *server], env=env, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         os.environ["PREFECT_API_URL"] = self.url
+        os.environ[_SHARED] = f"{self.url} {self.home}"
 
     def wait(self, timeout: float = 180):
         import time
 
         from flows.orchestrate.server import _healthy
 
-        if self.proc is None:
+        if self.url is None:
             return
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
+            if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"the session's Prefect server exited: {(self.home / 'server.log').read_text()[-3000:]}")
             if _healthy(self.url, timeout=2):
                 return
@@ -141,12 +155,19 @@ class _SessionServer:
 
     def snapshot(self):
         """A copy of the server's database as it is before any test has used it: migrated, block types
-        registered, nothing run (`seed_prefect_home`)."""
+        registered, nothing run (`seed_prefect_home`). Whichever test process comes first makes it, while the others
+        wait at the lock, so that none has run a test yet."""
+        import fcntl
+
         from tests.helpers.sqlite import copy_sqlite
 
-        if self.proc is None or _SEED.exists():
+        if self.home is None:
             return
-        copy_sqlite(self.home / "prefect.db", _SEED)
+        with open(self.home.parent / "prefect-seed.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not self.seed.exists():
+                copy_sqlite(self.home / "prefect.db", self.seed.with_suffix(".tmp"))
+                self.seed.with_suffix(".tmp").rename(self.seed)
 
     def stop(self):
         if self.proc is not None:
@@ -161,7 +182,6 @@ class _SessionServer:
 
 
 _SERVER = _SessionServer()
-_SEED = _TMP / "prefect-seed.db"
 
 
 def _seed_home(home: Path) -> Path:
@@ -171,8 +191,8 @@ def _seed_home(home: Path) -> Path:
     import shutil
 
     home.mkdir(parents=True, exist_ok=True)
-    if _SEED.exists():
-        shutil.copyfile(_SEED, home / "prefect.db")
+    if _SERVER.home is not None and _SERVER.seed.exists():
+        shutil.copyfile(_SERVER.seed, home / "prefect.db")
     return home
 
 
