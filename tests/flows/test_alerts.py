@@ -33,30 +33,49 @@ def receiver():
     server.shutdown()
 
 
-def wait_for(got: list, what: str, seconds: float = 60) -> dict:
+@pytest.fixture
+def automations(prefect_harness):
+    """Names of the automations a test sets up, removed after it: the session's Prefect server serves every test
+    process, and an automation left there would send other tests' events to a receiver that is gone."""
+    from prefect.client.orchestration import get_client
+
+    made: list[str] = []
+    yield made
+    with get_client(sync_client=True) as client:
+        for name in made:
+            for automation in client.read_automations_by_name(name):
+                client.delete_automation(automation.id)
+
+
+def wait_for(got: list, text: str, seconds: float = 60) -> dict:
+    """The first message the webhook got whose text is `text` (other tests' pipelines emit events too)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        found = [g for g in got if what in g.get("subject", "")]
+        found = [g for g in got if g.get("text") == text]
         if found:
             return found[0]
         time.sleep(0.5)
-    raise AssertionError(f"no {what} reached the webhook in {seconds} s (got {got})")
+    raise AssertionError(f"{text!r} did not reach the webhook in {seconds} s (got {got})")
 
 
-def test_a_held_partition_reaches_a_webhook_through_a_prefect_automation(prefect_harness, receiver):
+def test_a_held_partition_reaches_a_webhook_through_a_prefect_automation(receiver, automations):
+    import uuid
+
     url, got = receiver
     names = alerts.setup(Alerts(webhook=url, allow_private_urls=True))
+    automations.extend(names)
     assert "zhpipe: zhpipe.partition.held" in names and "zhpipe: zhpipe.alerts.test" in names
     assert alerts.setup(Alerts(webhook=url, allow_private_urls=True)) == names  # set up again: replaced, not doubled
     config = load_pipeline("smoke")
-    alerts.emit("zhpipe.partition.held", config, {"message": "smoke: 2026-12-02.csv held out of the corpus (check labels)"})
-    alerts.emit("zhpipe.check.failed", config, {"message": "smoke: check length failed"})
+    mark = uuid.uuid4().hex[:8]  # this test's messages, told apart from what other tests' runs emit meanwhile
+    held_text, failed_text = f"smoke: 2026-12-02.csv held out of the corpus (check labels) {mark}", f"smoke: check length failed {mark}"
+    alerts.emit("zhpipe.partition.held", config, {"message": held_text})
+    alerts.emit("zhpipe.check.failed", config, {"message": failed_text})
     alerts.flush()
-    held = wait_for(got, "zhpipe.partition.held")
-    assert held == {"subject": "zhpipe smoke: zhpipe.partition.held", "text": "smoke: 2026-12-02.csv held out of the corpus (check labels)"}
-    wait_for(got, "zhpipe.check.failed")
+    assert wait_for(got, held_text) == {"subject": "zhpipe smoke: zhpipe.partition.held", "text": held_text}
+    assert wait_for(got, failed_text)["subject"] == "zhpipe smoke: zhpipe.check.failed"
     time.sleep(2)
-    assert len([g for g in got if "partition.held" in g["subject"]]) == 1  # one automation per event, not two
+    assert len([g for g in got if g["text"] == held_text]) == 1  # one automation per event, not two
 
 
 def test_alerts_config_names_one_target():
