@@ -29,8 +29,8 @@ def zhpipe(env, *args, timeout=600):
 @pytest.fixture
 def here(api_env, monkeypatch, capsys):
     """The same command through `flows.cli.main` in this process, read like a finished process: for the error paths,
-    which end before any work and would otherwise spend most of their time on a new process's imports. The tests
-    below that run the pipeline, and `--debug`, stay real processes."""
+    which end before any work and would otherwise spend most of their time on a new process's imports, and a run
+    whose point is its corpus. The runs that race each other, and `--debug`, stay real processes."""
     monkeypatch.setenv("ZHPIPE_DATA", api_env["ZHPIPE_DATA"])
     return lambda *args: in_process(capsys, *args)
 
@@ -75,8 +75,9 @@ def test_debug_shows_traceback(api_env):
     assert proc.returncode != 0 and "Traceback" in proc.stderr
 
 
-def test_source_runs_on_ten_string_classes_with_other_columns(api_env, tmp_path):
-    """--source: other column names, string labels, 10 classes, no file edited."""
+def test_source_runs_on_ten_string_classes_with_other_columns(here, api_env, tmp_path):
+    """--source: other column names, string labels, 10 classes, no file edited. Run through `main` in this process:
+    its stdout is not a terminal either, as in a cron log."""
     rows = list(csv.DictReader(SMOKE.open(encoding="utf-8")))
     classes = [f"类别{i}" for i in range(10)]
     path = tmp_path / "ten.csv"
@@ -85,9 +86,9 @@ def test_source_runs_on_ten_string_classes_with_other_columns(api_env, tmp_path)
         w.writerow(["category", "content"])
         for i, r in enumerate(rows):
             w.writerow([classes[i % 10], r["review"]])
-    proc = zhpipe(api_env, "run", "smoke", "--source", str(path), "--text-column", "content", "--label-column", "category",
-                  # the point is the corpus, not the pictures or the network: two labels' word clouds, the quickest model
-                  "--set", "profile.max_labels=2", "--set", "train.models=[tfidf_lr]")
+    proc = here("run", "smoke", "--source", str(path), "--text-column", "content", "--label-column", "category",
+                # the point is the corpus, not the pictures or the network: two labels' word clouds, the quickest model
+                "--set", "profile.max_labels=2", "--set", "train.models=[tfidf_lr]")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "best_test_accuracy=" in proc.stdout
     assert "MLflow: experiment zhpipe-smoke-ten," in proc.stdout  # another corpus: an experiment (and model) of its own
