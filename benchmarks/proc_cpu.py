@@ -16,7 +16,7 @@ def kind(cmd: str) -> str:
     if "exec(eval(sys.stdin" in cmd:
         return "xdist worker"
     if "prefect.server.api.server:create_app" in cmd:
-        return "session Prefect server"
+        return "the test suite's Prefect server"
     if "prefect server start" in cmd:
         return "prefect server start"
     found = re.search(r"-m (flows\.\S+) (\S+)( \S+)?", cmd)
