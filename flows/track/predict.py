@@ -60,8 +60,11 @@ def load_model(uri: str):
         log.info("predict: %s was logged with other zhpipe code (%s%s); it answers with its logged code, as MLflow serves it",
                  uri, ", ".join(changed[:3]), " ..." if len(changed) > 3 else "")
         return LoggedCodeModel(local)
+    from flows.track.serving import requirements_by_name
+
     try:
-        return mlflow.pyfunc.load_model(str(local))
+        with requirements_by_name():
+            return mlflow.pyfunc.load_model(str(local))
     except (MlflowException, OSError) as e:
         raise cannot(e) from None
 

@@ -1,0 +1,54 @@
+"""MLflow's check of a model's requirements around zhpipe's logging and loading (`requirements_by_name`): it still
+runs and still warns about a requirement this environment does not meet, without first mapping every installed
+module to its distribution; outside the block, MLflow's map is as it was."""
+import logging
+
+import pytest
+from mlflow.pyfunc import PythonModel
+
+
+class Echo(PythonModel):
+    def predict(self, context, model_input, params=None):
+        return model_input
+
+
+@pytest.fixture
+def unmapped(monkeypatch):
+    """MLflow's module map not built yet, and building it fails the check (MLflow then logs an 'unexpected error')."""
+    from mlflow.utils import requirements_utils as reqs
+
+    def scan():
+        raise AssertionError("every installed distribution was scanned")
+
+    monkeypatch.setattr(reqs, "_MODULES_TO_PACKAGES", None)
+    monkeypatch.setattr(reqs.importlib_metadata, "packages_distributions", scan)
+    return reqs
+
+
+@pytest.fixture
+def warnings_of_the_check():
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logger = logging.getLogger("mlflow.utils.requirements_utils")
+    logger.addHandler(handler)
+    yield lines
+    logger.removeHandler(handler)
+
+
+def test_the_check_runs_by_name_and_warns_without_scanning_every_distribution(unmapped, warnings_of_the_check, tmp_path):
+    import mlflow.pyfunc
+    import pandas as pd
+
+    from flows.track.serving import requirements_by_name
+
+    pinned = f"pandas=={pd.__version__}"
+    with requirements_by_name():
+        mlflow.pyfunc.save_model(tmp_path / "model", python_model=Echo(), pip_requirements=[pinned, "pyyaml==0.0.1"])
+        model = mlflow.pyfunc.load_model(str(tmp_path / "model"))
+    assert model.predict(pd.DataFrame({"text": ["好"]}))["text"].tolist() == ["好"]
+    said = "\n".join(warnings_of_the_check)
+    assert "unexpected error" not in said, said
+    # once when saved, once when loaded: the requirement this environment does not meet, and only that one
+    assert said.count("pyyaml (current: ") == 2 and "required: pyyaml==0.0.1" in said and "pandas (current" not in said
+    assert unmapped._MODULES_TO_PACKAGES is None  # MLflow's map as it was, for anything else in this process
