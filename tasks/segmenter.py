@@ -32,8 +32,11 @@ def jieba_cache_dir() -> str:
     return str(path)
 
 
+@lru_cache(maxsize=None)
 def _jieba():
-    """jieba, imported when text is first cut (not when a config is read), its cache in a folder of our own."""
+    """jieba, imported when text is first cut (not when a config is read), its cache in a folder of our own; set up
+    once per process (jieba's `setLogLevel` alone walks every logger of the process: a millisecond per call, and
+    taggers ask for jieba's words once per text)."""
     import jieba
 
     jieba.setLogLevel(logging.WARNING)
