@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from tasks.io import file_sha256
+from tests.helpers.cli import in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
@@ -65,7 +66,7 @@ def test_init_and_run_in_an_empty_folder_write_only_there(installed, tmp_path):
     assert given.returncode == 0 and "cached" in given.stdout
 
 
-def test_init_csv_copies_pins_and_refuses_an_edited_file(tmp_path):
+def test_init_csv_copies_pins_and_refuses_an_edited_file(tmp_path, capsys):
     """`init --csv` copies the corpus under data/raw/ and pins its sha256: the project still works after a
     move, and an edited corpus is a one-line error instead of silently another corpus."""
     import yaml
@@ -79,8 +80,7 @@ def test_init_csv_copies_pins_and_refuses_an_edited_file(tmp_path):
     # started per command (the test above runs on one)
     env.update(PREFECT_API_URL=os.environ["PREFECT_API_URL"], ZHPIPE_SERVER="temporary")
     zhpipe = [sys.executable, "-m", "flows.cli"]
-    init = subprocess.run([*zhpipe, "init", str(tmp_path / "p"), "--csv", str(corpus)], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    init = in_process(capsys, "init", tmp_path / "p", "--csv", corpus)  # the runs below are processes of their own
     assert init.returncode == 0, init.stderr
     copy = tmp_path / "p" / "data" / "raw" / "mine.csv"
     assert copy.read_bytes() == corpus.read_bytes() and not copy.is_symlink()
@@ -97,8 +97,7 @@ def test_init_csv_copies_pins_and_refuses_an_edited_file(tmp_path):
     assert bad.returncode != 0 and "sha256" in bad.stderr, bad.stderr[-2000:]
     errors = [line for line in bad.stderr.splitlines() if line.startswith("zhpipe: error:")]
     assert len(errors) == 1 and "sha256 mismatch" in errors[0] and "set source.sha256" in errors[0]
-    linked = subprocess.run([*zhpipe, "init", str(tmp_path / "q"), "--csv", str(tmp_path / "moved" / "data" / "raw" / "mine.csv"),
-                             "--link"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    linked = in_process(capsys, "init", tmp_path / "q", "--csv", tmp_path / "moved" / "data" / "raw" / "mine.csv", "--link")
     assert linked.returncode == 0 and (tmp_path / "q" / "data" / "raw" / "mine.csv").is_symlink()
 
 

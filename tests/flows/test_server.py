@@ -70,7 +70,7 @@ def test_the_first_run_leaves_a_server_that_later_runs_reuse_and_that_stops_when
     import time
 
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "ZHPIPE_SERVER")}
-    env.update({"PREFECT_HOME": str(seed_prefect_home(tmp_path / "prefect")), "ZHPIPE_DATA": str(tmp_path / "store"), "ZHPIPE_SERVER_IDLE": "5",
+    env.update({"PREFECT_HOME": str(seed_prefect_home(tmp_path / "prefect")), "ZHPIPE_DATA": str(tmp_path / "store"), "ZHPIPE_SERVER_IDLE": "2",
                 "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"})
     state_file = tmp_path / "prefect" / "zhpipe-server.json"
     holder = tmp_path / "prefect" / "zhpipe-server-users" / str(os.getpid())
@@ -81,7 +81,7 @@ def test_the_first_run_leaves_a_server_that_later_runs_reuse_and_that_stops_when
         assert first.returncode == 0, first.stderr[-2000:]
         assert "starting this project's Prefect server in the background" in first.stdout and "temporary" not in first.stdout
         state = json.loads(state_file.read_text())
-        assert state["idle_s"] == 5 and httpx.get(f"{state['url']}/health", timeout=5).status_code == 200
+        assert state["idle_s"] == 2 and httpx.get(f"{state['url']}/health", timeout=5).status_code == 200
         deadline = time.monotonic() + 120  # and a warm process for the next commands (flows.orchestrate.warm)
         while not list((tmp_path / "prefect").glob("zhpipe-warm-*.json")) and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -91,7 +91,7 @@ def test_the_first_run_leaves_a_server_that_later_runs_reuse_and_that_stops_when
         assert "download" in second.stdout and "hit" in second.stdout  # its summary table reached this process's stdout
         assert json.loads(state_file.read_text())["pid"] == state["pid"]
         assert "warm: running `zhpipe run smoke --to download`" in (tmp_path / "prefect" / "zhpipe-warm.log").read_text()
-        holder.unlink()  # the last user is gone: 5 s later (checked every second) the server stops, and the warm process with it
+        holder.unlink()  # the last user is gone: 2 s later (checked every half second) the server stops, and the warm process with it
         deadline = time.monotonic() + 180
         while (state_file.exists() or warm_state.exists()) and time.monotonic() < deadline:
             time.sleep(1)
