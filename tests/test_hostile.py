@@ -470,6 +470,10 @@ def test_predict_answers_with_the_code_logged_with_the_model(smoke, tmp_path):
     out = predict_frame(model, pd.DataFrame({"text": ["房间很干净", None]}), "text")
     assert out["status"].tolist() == ["logged code", "logged code"] and out["label"].notna().iloc[0]
     assert mark.is_file() and str(os.getpid()) not in mark.read_text().split()  # run in the child only, never here
+    child, errors = model.proc, model.errors
+    assert errors.is_file()
+    del model
+    assert child.poll() is not None and not errors.exists()  # the child and its log go with the model: nothing left in /tmp
 
 
 # ---- credentials ----------------------------------------------------------------------------------------

@@ -139,10 +139,12 @@ class LoggedCodeModel:
             raise MlflowException(answer["error"])
         return pd.read_json(io.StringIO(answer["frame"]), orient="split", dtype=False)
 
-    def __del__(self):
+    def __del__(self):  # the child ends with the model, and its log of warnings goes with it
         if getattr(self, "proc", None) and self.proc.poll() is None:
             self.proc.stdin.close()
             self.proc.wait(timeout=30)
+        if getattr(self, "errors", None) is not None:
+            self.errors.unlink(missing_ok=True)
 
 
 def read_input(path: Path, text_column: str) -> pd.DataFrame:
