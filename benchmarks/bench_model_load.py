@@ -55,14 +55,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="zhpipe-bench-load-"))
     times: dict[tuple[str, str], list[float]] = {}
-    for r in range(args.rounds):
-        for way in ("plain", "by-name"):
-            saved = tmp / f"{way}-{r}"
-            times.setdefault((way, "save"), []).append(once(saved, way, "save"))
-            times.setdefault((way, "load"), []).append(once(saved, way, "load"))
-        print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory(prefix="zhpipe-bench-load-") as tmp:
+        for r in range(args.rounds):
+            for way in ("plain", "by-name"):
+                saved = Path(tmp) / f"{way}-{r}"
+                times.setdefault((way, "save"), []).append(once(saved, way, "save"))
+                times.setdefault((way, "load"), []).append(once(saved, way, "load"))
+            print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     print(f"| first call in a fresh process ({args.rounds} rounds, medians) | plain | by name | ratio |")
     print("|---|---|---|---|")
     for what in ("save", "load"):
