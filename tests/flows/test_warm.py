@@ -47,6 +47,8 @@ def _warm(folder: Path, seed_prefect_home, idle: int = 60):
     yield {"env": env, "log": log, "state": state, "proc": proc, "probe": probe / "sitecustomize.py"}
     proc.terminate()
     proc.wait(30)
+    if state.exists():  # a warm process the test killed (kill -9) left its state file, and its socket in the shared folder
+        Path(json.loads(state.read_text())["socket"]).unlink(missing_ok=True)
 
 
 @pytest.fixture
