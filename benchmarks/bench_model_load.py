@@ -1,6 +1,6 @@
 """MLflow's requirements check as zhpipe logs and loads models: the first `save_model` and the first `load_model`
 of a fresh process, with zhpipe's pinned requirements, plain (MLflow maps every installed module to its
-distribution first) and within `flows.track.serving.requirements_by_name` (the check by distribution name only).
+distribution first) and within `flows.track.requirements.by_name` (the check by distribution name only).
 Each measurement is a fresh process, the two ways alternating so that both see the same machine; prints medians
 and ratios.
 
@@ -23,19 +23,19 @@ import contextlib, json, sys, time
 sys.path.insert(0, sys.argv[1])
 import mlflow.pyfunc
 from mlflow.pyfunc import PythonModel
-from flows.track.serving import _requirements, requirements_by_name
+from flows.track.requirements import by_name, pinned
 
 class Echo(PythonModel):
     def predict(self, context, model_input, params=None):
         return model_input
 
-block = requirements_by_name if sys.argv[3] == "by-name" else contextlib.nullcontext
+block = by_name if sys.argv[3] == "by-name" else contextlib.nullcontext
 folder = sys.argv[2]
 out = {}
 if sys.argv[4] == "save":
     t = time.perf_counter()
     with block():
-        mlflow.pyfunc.save_model(folder, python_model=Echo(), pip_requirements=_requirements())
+        mlflow.pyfunc.save_model(folder, python_model=Echo(), pip_requirements=pinned())
     out["save"] = time.perf_counter() - t
 else:
     t = time.perf_counter()

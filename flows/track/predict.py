@@ -60,10 +60,10 @@ def load_model(uri: str):
         log.info("predict: %s was logged with other zhpipe code (%s%s); it answers with its logged code, as MLflow serves it",
                  uri, ", ".join(changed[:3]), " ..." if len(changed) > 3 else "")
         return LoggedCodeModel(local)
-    from flows.track.serving import requirements_by_name
+    from flows.track.requirements import by_name
 
     try:
-        with requirements_by_name():
+        with by_name():
             return mlflow.pyfunc.load_model(str(local))
     except (MlflowException, OSError) as e:
         raise cannot(e) from None

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -226,7 +225,9 @@ def served_outcomes(model_uri: str, test: pd.DataFrame, metric: str, flavour: st
     from flows.track.tracker import tracking_uri
 
     mlflow.set_tracking_uri(tracking_uri())  # a models:/ URI is looked up in this project's registry
-    with requirements_by_name():
+    from flows.track.requirements import by_name
+
+    with by_name():
         model = mlflow.pyfunc.load_model(model_uri)
     if flavour == "translator":
         from sacrebleu.metrics import BLEU
@@ -295,6 +296,7 @@ def _log_pyfunc(run_id: str, name: str, wrapper: PythonModel, code_file: str, ar
     import mlflow
     from mlflow.models import infer_signature
 
+    from flows.track.requirements import by_name, pinned
     from flows.track.tracker import tracking_uri
 
     path = tmp / "zhpipe.json"
@@ -309,12 +311,12 @@ def _log_pyfunc(run_id: str, name: str, wrapper: PythonModel, code_file: str, ar
     wrapper.load_context(ctx)
     signature = infer_signature(example, wrapper.predict(ctx, example))
     mlflow.set_tracking_uri(tracking_uri())
-    with mlflow.start_run(run_id=run_id), requirements_by_name():
+    with mlflow.start_run(run_id=run_id), by_name():
         # models from code: MLflow keeps the code file as the model's code instead of a CloudPickle'd object
         return mlflow.pyfunc.log_model(
             name=name, python_model=str(Path(__file__).with_name(code_file)), artifacts=artifacts, signature=signature,
             input_example=example, code_paths=[str(CODE / "flows"), str(CODE / "tasks")],
-            registered_model_name=registered_name, pip_requirements=_requirements(),
+            registered_model_name=registered_name, pip_requirements=pinned(),
         )
 
 
@@ -358,39 +360,3 @@ class EntityTagger(PythonModel):
                              "count": [len(e) for e in entities], "status": statuses})
 
 
-@contextmanager
-def requirements_by_name():
-    """Around zhpipe's own logging and loading of a model. Each time MLflow logs or loads one, it compares the model's
-    requirements with the installed versions, and the first time in a process it first maps every installed module to
-    the distributions that provide it (`importlib.metadata.packages_distributions()`: every file of every installed
-    distribution, about 1 s). The map is only a fallback, for a requirement MLflow cannot find as a distribution by its
-    name; zhpipe's requirements are distribution names (`_requirements`), and so are the pip requirements of any MLflow
-    model. So within this block MLflow starts from its own entries of that map: the comparison still runs, by name,
-    and warns as before. After it, the map is as it was (MLflow builds the whole of it when something else asks)."""
-    try:
-        from mlflow.utils import requirements_utils as reqs
-    except ImportError:  # moved in another MLflow release: nothing is skipped
-        reqs = None
-    preset = reqs is not None and getattr(reqs, "_MODULES_TO_PACKAGES", False) is None and isinstance(
-        getattr(reqs, "MLFLOW_MODULES_TO_PACKAGES", None), dict)
-    if preset:
-        reqs._MODULES_TO_PACKAGES = dict(reqs.MLFLOW_MODULES_TO_PACKAGES)
-    try:
-        yield
-    finally:
-        if preset:
-            reqs._MODULES_TO_PACKAGES = None
-
-
-def _requirements() -> list[str]:
-    """The packages the model code imports, pinned to this environment's versions."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = []
-    for name in ("mlflow", "torch", "pandas", "pyarrow", "numpy", "scipy", "jieba", "scikit-learn", "fasttext", "gensim",
-                 "transformers", "pydantic", "pyyaml", "opencc", "prefect", "filelock", "python-crfsuite", "sacrebleu"):
-        try:
-            out.append(f"{name}=={version(name).split('+')[0]}")
-        except PackageNotFoundError:
-            continue
-    return out

@@ -1,6 +1,6 @@
-"""MLflow's check of a model's requirements around zhpipe's logging and loading (`requirements_by_name`): it still
-runs and still warns about a requirement this environment does not meet, without first mapping every installed
-module to its distribution; outside the block, MLflow's map is as it was."""
+"""MLflow's check of a model's requirements around zhpipe's logging and loading (`flows.track.requirements.by_name`):
+it still runs and still warns about a requirement this environment does not meet, without first mapping every
+installed module to its distribution; after the last block open, MLflow's map is as it was."""
 import logging
 
 import pytest
@@ -40,10 +40,10 @@ def test_the_check_runs_by_name_and_warns_without_scanning_every_distribution(un
     import mlflow.pyfunc
     import pandas as pd
 
-    from flows.track.serving import requirements_by_name
+    from flows.track.requirements import by_name
 
     pinned = f"pandas=={pd.__version__}"
-    with requirements_by_name():
+    with by_name():
         mlflow.pyfunc.save_model(tmp_path / "model", python_model=Echo(), pip_requirements=[pinned, "pyyaml==0.0.1"])
         model = mlflow.pyfunc.load_model(str(tmp_path / "model"))
     assert model.predict(pd.DataFrame({"text": ["好"]}))["text"].tolist() == ["好"]
@@ -52,3 +52,34 @@ def test_the_check_runs_by_name_and_warns_without_scanning_every_distribution(un
     # once when saved, once when loaded: the requirement this environment does not meet, and only that one
     assert said.count("pyyaml (current: ") == 2 and "required: pyyaml==0.0.1" in said and "pandas (current" not in said
     assert unmapped._MODULES_TO_PACKAGES is None  # MLflow's map as it was, for anything else in this process
+
+
+def test_blocks_in_threads_leave_the_map_to_the_last_one_open(unmapped):
+    """Two threads' blocks overlapping: the first to end does not take the map from under the other."""
+    import threading
+
+    from flows.track.requirements import by_name
+
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen = []
+
+    def first():
+        with by_name():
+            first_in.set()
+            second_in.wait(10)
+        first_out.set()
+
+    def second():
+        first_in.wait(10)
+        with by_name():
+            second_in.set()
+            first_out.wait(10)
+            seen.append(unmapped._MODULES_TO_PACKAGES)  # the first block has ended: still MLflow's own entries
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert seen == [dict(unmapped.MLFLOW_MODULES_TO_PACKAGES)]
+    assert unmapped._MODULES_TO_PACKAGES is None  # and after the last block, MLflow's map as it was
