@@ -67,18 +67,25 @@ def setup(alerts: Alerts) -> list[str]:
     """One Prefect automation per event of `alerts.events` (and the test event) that sends it to the block; the
     automations of an earlier setup are replaced. Returns their names."""
     from prefect.automations import Automation, EventTrigger, SendNotification
-    from prefect.client.orchestration import get_client
 
     block = _block(alerts)
     names = []
     for event in [*alerts.events, "zhpipe.alerts.test"]:
         name = f"zhpipe: {event}"
-        with get_client(sync_client=True) as client:
-            for old in client.read_automations_by_name(name):
-                client.delete_automation(old.id)
+        remove([name])
         trigger = EventTrigger(expect={event}, match={"prefect.resource.id": "zhpipe.pipeline.*"}, posture="Reactive", threshold=1, within=0)
         action = SendNotification(block_document_id=block._block_document_id, subject=f"zhpipe {{{{ event.resource.name }}}}: {event}",
                                   body="{{ event.payload.message }}")
         Automation(name=name, description=EVENTS.get(event, ""), trigger=trigger, actions=[action]).create()
         names.append(name)
     return names
+
+
+def remove(names: list[str]) -> None:
+    """Delete the Prefect automations of these names (what `setup` made)."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        for name in names:
+            for old in client.read_automations_by_name(name):
+                client.delete_automation(old.id)
