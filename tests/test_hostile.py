@@ -498,7 +498,7 @@ class Translator(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_credentials_never_leave(prefect_harness, tmp_path, http_url):
+def test_credentials_never_leave(prefect_harness, tmp_path, http_url, seed_mlflow):
     """Source, storage and translation-service URLs with a password: the run completes, and the password is in
     none of the MLflow store, the stage store, Prefect's database or what the command printed."""
     from pyftpdlib.authorizers import DummyAuthorizer
@@ -516,7 +516,7 @@ def test_credentials_never_leave(prefect_harness, tmp_path, http_url):
     translator = Quiet(("127.0.0.1", 0), Translator)
     port = serve(translator)
     home = prefect_harness["home"]  # the session's Prefect server keeps its database there
-    env = {**os.environ, "PREFECT_API_URL": prefect_harness["url"], "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+    env = {**os.environ, "PREFECT_API_URL": prefect_harness["url"], "MLFLOW_TRACKING_URI": seed_mlflow(tmp_path / "mlflow.db"),
            "ZHPIPE_CACHE": str(tmp_path / "mirror"), "ZHPIPE_DATA": "", "PREFECT_LOGGING_LEVEL": "INFO"}
     storage = f"ftp://zhpipe:{secret}@127.0.0.1:{ftp.address[1]}/store"
     source = f"http://reader:{secret}@127.0.0.1:{http_url.rsplit(':', 1)[1]}/private/corpus.csv?token={secret}"

@@ -63,11 +63,11 @@ def server(tmp_path_factory, seed_prefect_home):
 
 
 @pytest.fixture(scope="module")
-def env(server, tmp_path_factory):
+def env(server, tmp_path_factory, seed_mlflow):
     """Environment of every process in this module: the server, one store, one MLflow database."""
     tmp = tmp_path_factory.mktemp("deploy")
     return {**os.environ, "PREFECT_API_URL": server["url"], "PREFECT_HOME": str(server["home"]),
-            "ZHPIPE_STORAGE": str(tmp / "store"), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp / 'mlflow.db'}",
+            "ZHPIPE_STORAGE": str(tmp / "store"), "MLFLOW_TRACKING_URI": seed_mlflow(tmp / "mlflow.db"),
             "PREFECT_WORKER_QUERY_SECONDS": "2", "PREFECT_LOGGING_LEVEL": "INFO"}
 
 

@@ -58,10 +58,10 @@ def test_a_corrupt_mlflow_database_is_one_line_naming_it(prefect_harness, tmp_pa
         assert f"MLflow's database {db} is unreadable" in line and f"mv {db} {db}.corrupt" in line
 
 
-def test_the_prefect_server_killed_mid_run_ends_the_run_within_seconds(tmp_path, seed_prefect_home):
+def test_the_prefect_server_killed_mid_run_ends_the_run_within_seconds(tmp_path, seed_prefect_home, seed_mlflow):
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "ZHPIPE_SERVER")}
     env.update({"PREFECT_HOME": str(seed_prefect_home(tmp_path / "prefect")), "ZHPIPE_DATA": str(tmp_path / "store"), "ZHPIPE_WARM": "off",
-                "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"})
+                "MLFLOW_TRACKING_URI": seed_mlflow(tmp_path / "mlflow.db")})
     zhpipe = [sys.executable, "-m", "flows.cli"]
     started = subprocess.run([*zhpipe, "server", "start"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert started.returncode == 0, started.stderr[-2000:]

@@ -138,7 +138,7 @@ def test_another_user_on_a_leftover_socket_path_gets_nothing(tmp_path, shared_tm
 
 
 @as_root
-def test_the_server_answers_only_its_owner_and_a_port_served_by_another_user_gets_nothing(tmp_path, shared_tmp, seed_prefect_home):
+def test_the_server_answers_only_its_owner_and_a_port_served_by_another_user_gets_nothing(tmp_path, shared_tmp, seed_prefect_home, seed_mlflow):
     """Attack 5: a leftover zhpipe-server.json names a port that another user now serves (and even a live process of
     the owner's with the recorded start time and command line): the owner's run sends it nothing."""
     report = shared_tmp / "requests.log"
@@ -164,6 +164,7 @@ def test_the_server_answers_only_its_owner_and_a_port_served_by_another_user_get
         port = int(Path(f"{report}.port").read_text())
         env = project_env(seed_prefect_home(tmp_path / "prefect"), tmp_path / "store", shared_tmp)
         env["ZHPIPE_SERVER"] = "temporary"  # the run's own server: this test is about the one the state file names
+        env["MLFLOW_TRACKING_URI"] = seed_mlflow(tmp_path / "store" / "mlflow.db")
         marker = f"server start --host 127.0.0.1 --port {port}"
         decoy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", marker])
         time.sleep(0.2)

@@ -25,10 +25,10 @@ def auth_of(prefect_home: Path) -> tuple[str, str]:
     return tuple(json.loads(path.read_text())["auth_string"].split(":", 1))
 
 
-def test_background_server_is_started_reused_and_stopped(tmp_path, monkeypatch, seed_prefect_home):
+def test_background_server_is_started_reused_and_stopped(tmp_path, monkeypatch, seed_prefect_home, seed_mlflow):
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     env.update({"PREFECT_HOME": str(seed_prefect_home(tmp_path / "prefect")), "ZHPIPE_DATA": str(tmp_path / "store"),
-                "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"})
+                "MLFLOW_TRACKING_URI": seed_mlflow(tmp_path / "mlflow.db")})
     assert "not running" in zhpipe(env, "server", "status").stdout
     started = zhpipe(env, "server", "start")
     assert started.returncode == 0, started.stderr[-2000:]
@@ -63,7 +63,7 @@ def test_background_server_is_started_reused_and_stopped(tmp_path, monkeypatch, 
         httpx.get(f"{url}/health", timeout=2)
 
 
-def test_the_first_run_leaves_a_server_that_later_runs_reuse_and_that_stops_when_idle(tmp_path, seed_prefect_home):
+def test_the_first_run_leaves_a_server_that_later_runs_reuse_and_that_stops_when_idle(tmp_path, seed_prefect_home, seed_mlflow):
     """The idle clock is the test's to hold: the test is one of the server's users (as every zhpipe command is) until
     it lets go, so a slow machine cannot stop the server between the two runs."""
     import json
@@ -71,7 +71,7 @@ def test_the_first_run_leaves_a_server_that_later_runs_reuse_and_that_stops_when
 
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "ZHPIPE_SERVER")}
     env.update({"PREFECT_HOME": str(seed_prefect_home(tmp_path / "prefect")), "ZHPIPE_DATA": str(tmp_path / "store"), "ZHPIPE_SERVER_IDLE": "2",
-                "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"})
+                "MLFLOW_TRACKING_URI": seed_mlflow(tmp_path / "mlflow.db")})
     state_file = tmp_path / "prefect" / "zhpipe-server.json"
     holder = tmp_path / "prefect" / "zhpipe-server-users" / str(os.getpid())
     holder.parent.mkdir(parents=True)

@@ -24,14 +24,14 @@ def handed(log: Path) -> int:
     return log.read_text().count("warm: running `zhpipe ") if log.exists() else 0
 
 
-def _warm(folder: Path, seed_prefect_home, idle: int = 60):
+def _warm(folder: Path, seed_prefect_home, seed_mlflow, idle: int = 60):
     """A warm process for a new project's settings in `folder`; its runs start temporary Prefect servers in a seeded home."""
     probe = folder / "probe"
     probe.mkdir()
     (probe / "sitecustomize.py").write_text("# imported at start-up: a module file the warm process watches\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "ZHPIPE_WARM")}
     env.update({"PREFECT_HOME": str(folder / "prefect"), "ZHPIPE_DATA": str(folder / "store"),
-                "MLFLOW_TRACKING_URI": f"sqlite:///{folder / 'mlflow.db'}", "MLFLOW_LOGGING_LEVEL": "WARNING",
+                "MLFLOW_TRACKING_URI": seed_mlflow(folder / "mlflow.db"), "MLFLOW_LOGGING_LEVEL": "WARNING",
                 "PYTHONPATH": os.pathsep.join([str(probe), str(ROOT)])})
     seed_prefect_home(folder / "prefect")
     log = folder / "prefect" / "zhpipe-warm.log"
@@ -52,15 +52,15 @@ def _warm(folder: Path, seed_prefect_home, idle: int = 60):
 
 
 @pytest.fixture
-def warm_env(tmp_path, seed_prefect_home):
+def warm_env(tmp_path, seed_prefect_home, seed_mlflow):
     """A warm process of the test's own: for tests that stop, replace or kill it."""
-    yield from _warm(tmp_path, seed_prefect_home)
+    yield from _warm(tmp_path, seed_prefect_home, seed_mlflow)
 
 
 @pytest.fixture(scope="module")
-def shared_warm(tmp_path_factory, seed_prefect_home):
+def shared_warm(tmp_path_factory, seed_prefect_home, seed_mlflow):
     """One warm process for the tests that leave it running (each counts only the commands it hands over)."""
-    yield from _warm(tmp_path_factory.mktemp("shared-warm"), seed_prefect_home, idle=600)
+    yield from _warm(tmp_path_factory.mktemp("shared-warm"), seed_prefect_home, seed_mlflow, idle=600)
 
 
 def test_a_command_handed_over_prints_and_exits_as_it_would_alone(shared_warm):
