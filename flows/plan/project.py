@@ -73,14 +73,15 @@ _CURRENT: Project | None = None
 def activate(project: Project) -> Project:
     """Make `project` the current one and set what Prefect and MLflow read from the environment, before
     Prefect is imported: a Prefect home inside the project (never the user's ~/.prefect by surprise) and an
-    ephemeral-server start-up timeout above the 20 s default, which a first start on 2 cores can overrun.
-    Values already in the environment win."""
+    ephemeral-server start-up timeout above the 20 s default, which a first start on 2 cores can overrun; Prefect's
+    and MLflow's usage reports off. Values already in the environment win."""
     global _CURRENT
     _CURRENT = project
     defaults = {
         "PREFECT_HOME": str(project.prefect_home),
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",  # no usage reports leave the machine unless the user opts in
+        "MLFLOW_DISABLE_TELEMETRY": "true",
         "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
         "TOKENIZERS_PARALLELISM": "false",
         # `zhpipe deploy` passes the file's schedules; an empty list must clear a deployment's old ones

@@ -174,3 +174,16 @@ def test_init_makes_a_project_for_every_kind_of_corpus(tmp_path):
         init_corpus(tmp_path / "other", nights, "nightly")
     with pytest.raises(DataError, match="expected a folder of CSV files"):
         init_corpus(tmp_path / "empty", tmp_path / "nothing", "nightly")
+
+
+def test_no_usage_reports_leave_the_machine_unless_the_user_opts_in(monkeypatch):
+    from flows.plan import project
+
+    for var in ("MLFLOW_DISABLE_TELEMETRY", "PREFECT_SERVER_ANALYTICS_ENABLED"):
+        monkeypatch.delenv(var, raising=False)
+    current = project.current()
+    project.activate(current)
+    assert os.environ["MLFLOW_DISABLE_TELEMETRY"] == "true" and os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] == "false"
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "false")  # the user's own choice stays
+    project.activate(current)
+    assert os.environ["MLFLOW_DISABLE_TELEMETRY"] == "false"
