@@ -10,7 +10,9 @@ REPORT: Callable[[int], None] | None = None  # set in the warm process's fork: t
 
 
 def abort(code: int) -> NoReturn:
-    """End the command now, from any thread, with `code` (no exit hooks: what they would wait for is gone)."""
+    """End the command now, from any thread, with `code` (no exit hooks: what they would wait for is gone). Temporary
+    folders still open are removed first (`_remove_temporaries`)."""
+    _remove_temporaries()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -19,6 +21,21 @@ def abort(code: int) -> NoReturn:
     if REPORT is not None:
         REPORT(code)
     os._exit(code)
+
+
+def _remove_temporaries(timeout: float = 2.0) -> None:
+    """Run the finalizers a normal exit runs (`weakref.finalize(..., atexit=True)`), which `os._exit` skips: they
+    remove each `tempfile.TemporaryDirectory` still open, such as the folder MLflow writes a report or table into
+    before it copies it to the artifact store. Bounded in time: the command ends regardless."""
+    import threading
+    import weakref
+
+    run = getattr(weakref.finalize, "_exitfunc", None)  # CPython's own exit hook for them
+    if run is None:
+        return
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(timeout)
 
 
 def finish(code: int) -> NoReturn:

@@ -68,10 +68,11 @@ def test_the_prefect_server_killed_mid_run_ends_the_run_within_seconds(tmp_path,
     from flows.orchestrate import procs
 
     state = procs.read_state(tmp_path / "prefect" / "zhpipe-server.json")
-    out = tmp_path / "out"
+    out, scratch = tmp_path / "out", tmp_path / "scratch"
+    scratch.mkdir()
     try:
         with open(out, "w") as f:
-            run = subprocess.Popen([*zhpipe, "run", "smoke"], cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+            run = subprocess.Popen([*zhpipe, "run", "smoke"], cwd=ROOT, env={**env, "TMPDIR": str(scratch)}, stdout=f, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 240
         while "zhpipe profile: building" not in out.read_text() and run.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -86,3 +87,23 @@ def test_the_prefect_server_killed_mid_run_ends_the_run_within_seconds(tmp_path,
     assert run.returncode == 3 and took < 30, (took, printed[-2000:])
     [line] = [l for l in printed.splitlines() if l.startswith("zhpipe: error:")] or [printed[-3000:]]
     assert "stopped answering" in line and "Traceback" not in printed and printed.count("ConnectError") < 5
+    assert not list(scratch.glob("tmp*"))  # no temporary folder left (MLflow writes the night's report through one)
+
+
+def test_an_aborted_command_removes_its_open_temporary_folders(tmp_path):
+    """`ending.abort` ends the process with os._exit, which skips the exit hooks: folders of a
+    TemporaryDirectory still open (an artifact being logged when the Prefect server died) are removed first."""
+    code = (
+        "import sys, tempfile, threading\n"
+        "from flows.cli import ending\n"
+        "held = tempfile.TemporaryDirectory()\n"
+        "open(held.name + '/report.html', 'w').write('x')\n"
+        "print(held.name, flush=True)\n"
+        "threading.Thread(target=ending.abort, args=(3,)).start()\n"
+        "threading.Event().wait(30)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "TMPDIR": str(tmp_path)},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3, done.stderr
+    folder = Path(done.stdout.strip())
+    assert folder.parent == tmp_path and not folder.exists()
