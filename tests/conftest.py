@@ -157,17 +157,10 @@ class _SessionServer:
         """A copy of the server's database as it is before any test has used it: migrated, block types
         registered, nothing run (`seed_prefect_home`). Whichever test process comes first makes it, while the others
         wait at the lock, so that none has run a test yet."""
-        import fcntl
-
         from tests.helpers.sqlite import copy_sqlite
 
-        if self.home is None:
-            return
-        with open(self.home.parent / "prefect-seed.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not self.seed.exists():
-                copy_sqlite(self.home / "prefect.db", self.seed.with_suffix(".tmp"))
-                self.seed.with_suffix(".tmp").rename(self.seed)
+        if self.home is not None:
+            _made_once(self.seed, lambda tmp: copy_sqlite(self.home / "prefect.db", tmp))
 
     def stop(self):
         if self.proc is not None:
@@ -182,6 +175,20 @@ class _SessionServer:
 
 
 _SERVER = _SessionServer()
+
+
+def _made_once(seed: Path, make) -> Path:
+    """`seed`, a database the test processes share: `make(tmp)` writes it by whichever process asks first, while the
+    others wait at its lock; it appears under its name only once whole."""
+    import fcntl
+
+    with open(seed.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not seed.exists():
+            tmp = seed.with_suffix(".tmp")
+            make(tmp)
+            tmp.rename(seed)
+    return seed
 
 
 def _seed_home(home: Path) -> Path:
@@ -231,21 +238,18 @@ def _seed_mlflow(path: Path) -> Path:
     made once per session: MLflow migrates each new SQLite database from its first revision, about 1.2 s of CPU.
     For tests whose store must be empty, not new; a new project's store (test_project, test_gc) and a store moved
     aside (test_tracking) are still made by MLflow."""
-    import fcntl
     import shutil
 
     from tests.helpers.sqlite import copy_sqlite
 
-    shared = _SERVER.home.parent if _SERVER.home is not None else _TMP
-    seed = shared / "mlflow-seed.db"
-    with open(shared / "mlflow-seed.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not seed.exists():
-            from mlflow.tracking import MlflowClient
+    def make(tmp: Path) -> None:
+        from mlflow.tracking import MlflowClient
 
-            made = _TMP / "mlflow-seed-made.db"
-            MlflowClient(f"sqlite:///{made}").search_experiments()  # creates and migrates it
-            copy_sqlite(made, seed.with_suffix(".tmp")).rename(seed)
+        made = _TMP / "mlflow-seed-made.db"
+        MlflowClient(f"sqlite:///{made}").search_experiments()  # creates and migrates it
+        copy_sqlite(made, tmp)
+
+    seed = _made_once((_SERVER.home.parent if _SERVER.home is not None else _TMP) / "mlflow-seed.db", make)
     path.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(seed, path)
     return path
