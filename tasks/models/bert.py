@@ -326,7 +326,8 @@ def train_bert(inputs: TrainInputs) -> dict:
     save_bert(model, tokenizer, labels, p, lexicon, out / "bert")
     return {"path": "bert", "kind": "bert", "seconds": result.seconds + summary.get("pretrain_seconds", 0.0),
             "history": result.history, "best_epoch": result.best_epoch, "resumed_from_epoch": result.resumed_from_epoch,
-            "device": result.device, "bf16": result.bf16, "samples_per_second": result.samples_per_second,
+            "device": result.device, "bf16": result.bf16, "precision": result.precision,
+            "samples_per_second": result.samples_per_second,
             "parameters": sum(w.numel() for w in model.parameters()), **summary}
 
 

@@ -30,11 +30,11 @@ def rng_state(rng: np.random.Generator) -> dict:
 
 def set_rng_state(state: dict, rng: np.random.Generator) -> None:
     plain = json.loads(state["plain"])
-    torch.set_rng_state(state["torch"])
+    torch.set_rng_state(state["torch"].cpu())  # a checkpoint loaded onto a GPU has its tensors there
     rng.bit_generator.state = plain["numpy_gen"]
     name, keys, pos, has_gauss, cached = plain["numpy"]
     np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
     version, internal, gauss = plain["python"]
     random.setstate((version, tuple(internal), gauss))
     if state["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])

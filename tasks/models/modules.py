@@ -160,6 +160,12 @@ class RNNLMConfig:
     pad_id: int = 0
 
 
+def _full_precision(x: torch.Tensor):
+    """Autocast off: the adaptive softmax mixes its clusters' fp32 log-softmaxes into a tensor of its input's type,
+    which CUDA autocast makes fp16 (the LSTM's output), and index_copy_ refuses the mix."""
+    return torch.autocast(x.device.type, enabled=False)
+
+
 class LSTMLanguageModel(nn.Module):
     """Next-token LSTM language model with an adaptive softmax (Grave et al., 2017): frequent words get the full
     output layer, rare ones share smaller clusters, so a 25k-word vocabulary trains several times faster."""
@@ -181,11 +187,14 @@ class LSTMLanguageModel(nn.Module):
         states = self.dropout(self.lstm(self.dropout(self.embedding(ids)))[0])
         if targets is None:
             flat = states.flatten(0, 1)
-            logp = self.softmax.log_prob(flat) if self.softmax is not None else F.log_softmax(self.head(flat), dim=-1)
-            return logp.view(*ids.shape, -1), None
+            if self.softmax is None:
+                return F.log_softmax(self.head(flat), dim=-1).view(*ids.shape, -1), None
+            with _full_precision(flat):
+                return self.softmax.log_prob(flat.float()).view(*ids.shape, -1), None
         real = targets != self.config.pad_id
         if self.softmax is not None:
-            out = self.softmax(states[real], targets[real])
+            with _full_precision(states):  # its head and clusters' log-softmaxes are copied into one output tensor
+                out = self.softmax(states[real].float(), targets[real])
             return out.output, out.loss
         logp = F.log_softmax(self.head(states[real]), dim=-1).gather(1, targets[real].unsqueeze(1)).squeeze(1)
         return logp, -logp.mean()

@@ -170,7 +170,7 @@ def train_tagger(inputs: TrainInputs) -> dict:
     result = results[0]
     summary = {"path": inputs.name, "kind": "tagger", "seconds": sum(r.seconds for r in results), "history": result.history,
                "best_epoch": result.best_epoch, "resumed_from_epoch": result.resumed_from_epoch, "device": result.device,
-               "samples_per_second": result.samples_per_second, "char_vector_coverage": prep.char_cov,
+               "precision": result.precision, "samples_per_second": result.samples_per_second, "char_vector_coverage": prep.char_cov,
                "bigram_vector_coverage": prep.gram_cov, "parameters": sum(w.numel() for w in model.parameters()) * p.seeds}
     if p.seeds > 1:
         summary["copies_val_f1_best"] = [max(h["val_f1"] for h in r.history) for r in results]

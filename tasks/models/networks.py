@@ -191,7 +191,7 @@ def train_network(inputs: TrainInputs) -> dict:
         "path": kind, "kind": kind, "seconds": result.seconds, "history": result.history, "best_epoch": result.best_epoch,
         "resumed_from_epoch": result.resumed_from_epoch, "embeddings": vectors.name, "embedding_coverage": coverage,
         "device": result.device,
-        "bf16": result.bf16, "samples_per_second": result.samples_per_second,
+        "bf16": result.bf16, "precision": result.precision, "samples_per_second": result.samples_per_second,
         "parameters": sum(w.numel() for w in model.parameters()), **result.extra,
     }
 

@@ -109,7 +109,7 @@ def train_rnn_lm(inputs: TrainInputs) -> dict:
                 "max_len": p.max_len}, folder / "model.pt")
     best = result.history[result.best_epoch - 1]
     return {"path": "rnn_lm", "kind": "lm", "seconds": result.seconds, "history": result.history, "best_epoch": result.best_epoch,
-            "resumed_from_epoch": result.resumed_from_epoch, "device": result.device,
+            "resumed_from_epoch": result.resumed_from_epoch, "device": result.device, "precision": result.precision,
             "samples_per_second": result.samples_per_second, "val_perplexity": best["val_perplexity"]}
 
 

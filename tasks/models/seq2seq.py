@@ -218,8 +218,9 @@ def train_translator(inputs: TrainInputs) -> dict:
     scores = corpus_scores(hypotheses, references, vocabs.tgt_lang)
     best = result.history[result.best_epoch - 1]
     return {"path": inputs.name, "kind": "translator", "seconds": result.seconds, "history": result.history, "best_epoch": result.best_epoch,
-            "resumed_from_epoch": result.resumed_from_epoch, "device": result.device, "samples_per_second": result.samples_per_second,
-            "parameters": sum(w.numel() for w in model.parameters()), "val_loss": best["val_loss"],
+            "resumed_from_epoch": result.resumed_from_epoch, "device": result.device, "precision": result.precision,
+            "samples_per_second": result.samples_per_second, "parameters": sum(w.numel() for w in model.parameters()),
+            "val_loss": best["val_loss"],
             "val_bleu": scores["bleu"], "val_chrf": scores["chrf"], "direction": vocabs.direction}
 
 

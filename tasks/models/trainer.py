@@ -345,9 +345,21 @@ def _run_rank(rank: int, world: int, port: int, backend: str, name: str, model, 
         dist.destroy_process_group()
 
 
+def _run_pickled(rank: int, payload: bytes) -> None:
+    """A spawned process's `_run_rank`: its arguments come cloudpickled (a task's batches and loss are closures)."""
+    import cloudpickle
+
+    _run_rank(rank, *cloudpickle.loads(payload))
+
+
+def start_method(cuda: bool) -> str:
+    """How the training processes start: forked on CPUs (the model and its data need no pickling), spawned on GPUs,
+    since a forked process cannot use CUDA once this one has (a warm process that served a GPU run has)."""
+    return "spawn" if cuda else "fork"
+
+
 def fit_data_parallel(name: str, model, task: Task, cfg: LoopConfig, checkpoints: Path, tracker=None, prefix: str = "") -> FitResult:
-    """`fit` on `cfg.processes` processes (forked from this one, so the model and its data need no pickling);
-    returns as `fit` does, the best epoch's weights in `model`."""
+    """`fit` on `cfg.processes` processes (`start_method`); returns as `fit` does, the best epoch's weights in `model`."""
     import torch.multiprocessing as mp
 
     world = cfg.processes
@@ -361,12 +373,19 @@ def fit_data_parallel(name: str, model, task: Task, cfg: LoopConfig, checkpoints
     log.info("%s: data-parallel training on %d %s processes (%s)", name, world, "GPU" if cuda else "CPU", backend)
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, threads // world))  # the processes share the cores
+    args = (world, _free_port(), backend, name, model, task, cfg, checkpoints, out)
     try:
-        mp.start_processes(_run_rank, args=(world, _free_port(), backend, name, model, task, cfg, checkpoints, out),
-                           nprocs=world, join=True, start_method="fork")
+        if start_method(cuda) == "spawn":
+            import cloudpickle
+
+            mp.start_processes(_run_pickled, args=(cloudpickle.dumps(args),), nprocs=world, join=True, start_method="spawn")
+        else:
+            mp.start_processes(_run_rank, args=args, nprocs=world, join=True, start_method="fork")
     except mp.ProcessRaisedException as e:
         last = str(e).strip().splitlines()[-1]
         raise ConfigError(f"train.processes={world}: a training process failed: {last}") from None
+    except mp.ProcessExitedException as e:  # died before its training began (a spawned process's start-up), or was killed
+        raise ConfigError(f"train.processes={world}: a training process ended early: {e} (its error is above)") from None
     finally:
         torch.set_num_threads(threads)
     summary = json.loads(out.read_text(encoding="utf-8"))

@@ -269,21 +269,33 @@ def test_a_split_larger_than_a_bucket_is_shuffled_on_disk_without_losing_a_row(t
     assert again == order
 
 
-def test_two_gloo_processes_train_the_model_one_process_trains(tmp_path):
-    """train.processes=2 on CPU: two forked processes (torch.distributed, gloo) each take half of every batch;
-    the averaged gradients make every step the one-process step, so weights and losses match one process."""
+def test_two_gloo_processes_train_the_model_one_process_trains(tmp_path, monkeypatch):
+    """train.processes=2 on CPU: two processes (torch.distributed, gloo) each take half of every batch; the averaged
+    gradients make every step the one-process step, so weights and losses match one process. Forked, as on CPUs,
+    and spawned with the model and its task pickled, as on GPUs (a forked process cannot use CUDA)."""
+    from tasks.models import trainer
+
     common = {"epochs": 3, "patience": 3, "device": "cpu", "precision": "fp32",
               "textcnn": {"num_filters": 8, "batch_size": 16, "lr": 0.01, "dropout": 0.0}}
     got = {}
-    for processes in (1, 2):
-        out = tmp_path / f"p{processes}"
+    for run, processes in (("one", 1), ("fork", 2), ("spawn", 2)):
+        out = tmp_path / run
         out.mkdir()
+        monkeypatch.setattr(trainer, "start_method", lambda cuda, how=run: "spawn" if how == "spawn" else "fork")
         summary, _ = train_model("textcnn", frame(10), frame(2), TrainConfig(**common, processes=processes), out, tiny_vectors())
-        got[processes] = (summary, torch.load(out / "textcnn" / "model.pt", weights_only=True)["state_dict"])
-    (one, w1), (two, w2) = got[1], got[2]
-    assert two.get("processes") == 2 and two.get("backend") == "gloo" and "processes" not in one
-    assert [h["train_loss"] for h in two["history"]] == pytest.approx([h["train_loss"] for h in one["history"]], rel=1e-5)
-    assert [h["val_macro_f1"] for h in two["history"]] == [h["val_macro_f1"] for h in one["history"]]
-    assert one["history"][-1]["train_loss"] < one["history"][0]["train_loss"]  # it learned
-    for name, weight in w1.items():
-        assert torch.allclose(weight, w2[name], atol=1e-5), name
+        got[run] = (summary, torch.load(out / "textcnn" / "model.pt", weights_only=True)["state_dict"])
+    one, w1 = got["one"]
+    assert "processes" not in one and one["history"][-1]["train_loss"] < one["history"][0]["train_loss"]  # it learned
+    for run in ("fork", "spawn"):
+        two, w2 = got[run]
+        assert two.get("processes") == 2 and two.get("backend") == "gloo", run
+        assert [h["train_loss"] for h in two["history"]] == pytest.approx([h["train_loss"] for h in one["history"]], rel=1e-5), run
+        assert [h["val_macro_f1"] for h in two["history"]] == [h["val_macro_f1"] for h in one["history"]], run
+        for name, weight in w1.items():
+            assert torch.allclose(weight, w2[name], atol=1e-5), (run, name)
+
+
+def test_the_gpu_processes_are_spawned_and_the_cpu_processes_forked():
+    from tasks.models import trainer
+
+    assert trainer.start_method(cuda=True) == "spawn" and trainer.start_method(cuda=False) == "fork"

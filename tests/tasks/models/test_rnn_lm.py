@@ -76,3 +76,24 @@ def test_text_log_likelihoods_add_up_each_texts_tokens():
         ids, targets = torch.tensor([seq[:-1]]), torch.tensor([seq[1:]])
         logp, _ = model(ids, targets)
         assert abs(logp.sum().item() - value) < 1e-4
+
+
+def test_the_adaptive_softmax_stays_fp32_under_autocast():
+    """Under autocast the LSTM's output comes in a low precision (fp16 under CUDA autocast) while the adaptive softmax
+    copies fp32 log-softmaxes into a tensor of its input's type: on a GPU that mix failed (index_copy_). The softmax
+    runs in fp32 whatever the autocast, and scores as it does without one."""
+    import torch
+
+    from tasks.models.modules import LSTMLanguageModel, RNNLMConfig
+
+    torch.manual_seed(0)
+    model = LSTMLanguageModel(RNNLMConfig(vocab_size=300, embed_dim=16, hidden_size=32, num_layers=1, dropout=0.0,
+                                          cutoffs=[40, 150])).eval()
+    ids, targets = torch.randint(1, 300, (4, 9)), torch.randint(1, 300, (4, 9))
+    with torch.no_grad():
+        plain_logp, plain_loss = model(ids, targets)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logp, loss = model(ids, targets)
+            full, _ = model(ids)
+    assert logp.dtype == loss.dtype == full.dtype == torch.float32
+    assert abs(loss.item() - plain_loss.item()) < 0.05 * plain_loss.item()
