@@ -196,7 +196,7 @@ def checks_of(run_id: str, hook: Hook) -> dict:
     from flows.plan import held
     from flows.track.tracker import client
 
-    path = client().download_artifacts(run_id, "checks.json")
+    path = client().download_artifacts(run_id, "checks.json", tempfile.mkdtemp(dir=WORK))  # not a temporary folder nothing removes
     table = json.loads(Path(path).read_text(encoding="utf-8"))
     rows = [dict(zip(table["columns"], r)) for r in table["data"]]
     failed = sorted({f"{r['check']}{' (block)' if r['severity'] == 'block' else ''}" for r in rows if r["result"].startswith("failed")})

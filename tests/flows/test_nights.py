@@ -40,7 +40,7 @@ def nights(tmp_path, prefect_harness):
     project._CURRENT = previous
 
 
-def test_a_broken_labeller_night_is_held_out_and_put_back_by_accept(nights, caplog, capsys):
+def test_a_broken_labeller_night_is_held_out_and_put_back_by_accept(nights, caplog, capsys, tmp_path):
     from flows.cli import main
 
     file = str(nights["root"] / "pipelines.yaml")
@@ -55,11 +55,14 @@ def test_a_broken_labeller_night_is_held_out_and_put_back_by_accept(nights, capl
     run = mlflow.MlflowClient().get_run(out["parent_run_id"])
     assert run.data.tags["zhpipe.checks"].startswith("1 held") and run.data.tags["zhpipe.champion"] == "yes"
     assert run.data.metrics["check_labels"] > 0.3  # the figure of the last night judged (step 1)
-    page = Path(mlflow.artifacts.download_artifacts(run_id=out["parent_run_id"], artifact_path="report.html")).read_text(encoding="utf-8")
+    # into tmp_path: without dst_path MLflow downloads into a temporary folder of its own that nothing removes
+    got = {name: Path(mlflow.artifacts.download_artifacts(run_id=out["parent_run_id"], artifact_path=name, dst_path=str(tmp_path)))
+           for name in ("report.html", "checks.json")}
+    page = got["report.html"].read_text(encoding="utf-8")
     assert "Look at this run" in page and "2026-12-02.csv" in page and "failed (held out)" in page and "data:image/png" in page
     checks_part = page[page.index("<h2>Data checks</h2>"):]
     assert checks_part.index("failed (held out)") < checks_part.index("passed")  # what failed comes first
-    table = json.loads(Path(mlflow.artifacts.download_artifacts(run_id=out["parent_run_id"], artifact_path="checks.json")).read_text())
+    table = json.loads(got["checks.json"].read_text())
     assert ["2026-12-02.csv", "labels"] in [[row[0], row[1]] for row in table["data"]]
 
     assert main(["--project", str(nights["root"]), "status", "nights", "--storage", str(nights["store"])]) == 0
