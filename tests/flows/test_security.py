@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -185,7 +186,9 @@ def test_the_server_answers_only_its_owner_and_a_port_served_by_another_user_get
 def test_pids_in_leftover_state_files_are_never_signalled(tmp_path):
     """Item 2: state files naming an unrelated process (a SIGKILL left them; the pid was reused since) are leftovers:
     `zhpipe server stop` and a new warm process remove them and kill nothing; a new warm process starts."""
-    env = project_env(tmp_path / "prefect", tmp_path / "store", tmp_path)
+    # a temporary folder short enough for the warm process's socket whatever the length of tmp_path (socket_dir)
+    short = Path(tempfile.mkdtemp(prefix="zt-", dir="/tmp"))
+    env = project_env(tmp_path / "prefect", tmp_path / "store", short)
     bystander = subprocess.Popen(["sleep", "600"], start_new_session=True)
     try:
         home = tmp_path / "prefect"
@@ -204,6 +207,7 @@ def test_pids_in_leftover_state_files_are_never_signalled(tmp_path):
         (home / f"zhpipe-warm-{mine[:16]}.json").write_text(json.dumps({"pid": bystander.pid, "fingerprint": mine}))
         old = dict(os.environ)
         os.environ.update(env)
+        tempfile.tempdir = None  # read TMPDIR again, whatever an earlier test left cached
         try:
             handover.spawn(120, env)
             state = home / f"zhpipe-warm-{mine[:16]}.json"
@@ -217,9 +221,11 @@ def test_pids_in_leftover_state_files_are_never_signalled(tmp_path):
         finally:
             os.environ.clear()
             os.environ.update(old)
+            tempfile.tempdir = None
         assert bystander.poll() is None
     finally:
         bystander.kill()
+        shutil.rmtree(short, ignore_errors=True)
 
 
 CONTEXT_PROBE = textwrap.dedent("""
