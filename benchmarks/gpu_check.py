@@ -12,7 +12,9 @@ Tatoeba pairs for the translators.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -213,6 +215,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("gpu_check: no CUDA device here (torch.cuda.is_available() is False); run it on a GPU machine")
     folder = Path(tempfile.mkdtemp(prefix="zhpipe-gpu-check-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)  # models, vectors and checkpoints (about 70 MB)
     rows: list[dict] = []
     steps = [("data-parallel", lambda: data_parallel(folder)),  # first: this process has not used CUDA yet
              ("header", lambda: console.print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
