@@ -7,7 +7,7 @@ samples/second and validation scores per model, device and precision; exits 1 wh
     python benchmarks/gpu_check.py [--rows 2048] [--epochs 3] [--models textcnn,bilstm,...] [--out FILE]
 
 Inputs: those of bench_train.py (bundled reviews, the `full` pipeline's model sizes) and the test suite's
-Tatoeba pairs for the translators.
+Tatoeba pairs for the translators (tests/fixtures/mt/pairs.tsv).
 """
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ import sys
 import tempfile
 import time
 import traceback
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +34,6 @@ from tasks.models import MODELS, TrainInputs  # noqa: E402
 from tasks.models import trainer  # noqa: E402
 
 CLASSIFIERS = ("textcnn", "bilstm", "transformer", "bert", "rnn_lm")
-PAIRS = ROOT / "tests" / "fixtures" / "mt" / "pairs.tsv"
 checks: list[tuple[str, bool, str]] = []
 
 
@@ -172,34 +170,20 @@ def data_parallel(folder: Path) -> None:
 
 def translators(folder: Path, rows: list[dict], device: str = "cuda") -> None:
     """The GRU encoder-decoder with attention and the Transformer translator learn 40 pairs on the GPU in bf16."""
-    from tasks.classification.vocab import Params as VocabParams
-    from tasks.models.settings import params_model
-    from tasks.text import build_vocab
-    from tasks.translation.text import en_tokens
-    from tasks.translation.train import Common
+    from tests.tasks.models.test_seq2seq import tiny_inputs  # the test suite's translator inputs, on its Tatoeba pairs
 
-    lines = [ln.split("\t") for ln in PAIRS.read_text(encoding="utf-8").splitlines()[:40]]
-    frame = pd.DataFrame({"en": [a for a, b, *_ in lines], "text": [b for a, b, *_ in lines]})
-    frame["chars"] = frame["words"] = [" ".join(t) for t in frame["text"]]
-    vocab = folder / "mt-vocab"
-    for lang, tokens in (("zh", [t.split() for t in frame["chars"]]), ("en", [en_tokens(t) for t in frame["en"]])):
-        (vocab / lang).mkdir(parents=True)
-        itos = build_vocab(Counter(t for r in tokens for t in r), VocabParams(min_freq=1))
-        (vocab / lang / "vocab.txt").write_text("".join(f"{t}\n" for t in itos), encoding="utf-8")
-    (vocab / "vocab.json").write_text(json.dumps({"zh_tokens": "chars"}))
     sections = {
         "seq2seq_attention": {"epochs": 40, "embed_dim": 32, "hidden_size": 64, "lr": 5e-3, "dropout": 0.0, "label_smoothing": 0.0},
         "transformer_mt": {"epochs": 40, "d_model": 64, "num_heads": 2, "num_encoder_layers": 1, "num_decoder_layers": 1,
                            "ff_dim": 128, "lr": 3e-3, "dropout": 0.0, "label_smoothing": 0.0, "warmup_ratio": 0.05},
     }
     for name, section in sections.items():
-        params = params_model("translation", Common)(**{"direction": "zh-en", "device": device, "precision": "bf16", "patience": 100,
-                                                         name: {**section, "beam_size": 2, "train_batch_size": 8}})
-        out = Path(tempfile.mkdtemp(dir=folder))
-        summary = MODELS[name].train(TrainInputs(name, frame, frame, [], MODELS[name].view(params), vocab, None, out, out / "ckpt"))
+        inputs, frame = tiny_inputs(Path(tempfile.mkdtemp(dir=folder)), name, pairs=40, common={"device": device, "precision": "bf16"},
+                                    beam_size=2, train_batch_size=8, **section)
+        summary = MODELS[name].train(inputs)
         rows.append({"model": name, "device": device, "precision": "bf16", "samples_per_second": summary["samples_per_second"],
                      "val_bleu": summary["val_bleu"]})
-        answers = MODELS[name].translator(out / name)(frame.head(5))
+        answers = MODELS[name].translator(inputs.out / name)(frame.head(5))
         right = sum(a.text == ref for a, ref in zip(answers, frame["en"].head(5)))
         check(f"{name} on cuda, bf16: learns 40 pairs", summary["device"].startswith("cuda") and summary["val_bleu"] > 60,
               f"device {summary['device']}, BLEU {summary['val_bleu']:.1f} on the pairs it saw; {right}/5 translated exactly")

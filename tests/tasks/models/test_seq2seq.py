@@ -95,7 +95,9 @@ def test_english_tokens_join_back_into_the_text():
         assert en_text(en_tokens(text)) == text
 
 
-def tiny_inputs(tmp_path, name, pairs=60, **section):
+def tiny_inputs(tmp_path, name, pairs=60, common: dict | None = None, **section):
+    """A translator's inputs on the first `pairs` fixture pairs (validation = train), its section `section` and the
+    shared settings `common` (benchmarks/gpu_check.py trains them on a GPU)."""
     lines = [ln.split("\t") for ln in FIXTURE.read_text(encoding="utf-8").splitlines()[:pairs]]
     frame = pd.DataFrame({"en": [a for a, b, *_ in lines], "text": [b for a, b, *_ in lines]})
     frame["chars"] = [" ".join(t) for t in frame["text"]]
@@ -106,7 +108,7 @@ def tiny_inputs(tmp_path, name, pairs=60, **section):
         itos = build_vocab(Counter(t for r in rows for t in r), VocabParams(min_freq=1))
         (vocab / lang / "vocab.txt").write_text("".join(f"{t}\n" for t in itos), encoding="utf-8")
     (vocab / "vocab.json").write_text(json.dumps({"zh_tokens": "chars"}))
-    params = params_model("translation", Common)(**{"direction": "zh-en", name: section, "patience": 100})
+    params = params_model("translation", Common)(**{"direction": "zh-en", name: section, "patience": 100, **(common or {})})
     out = tmp_path / "out"
     out.mkdir()
     return TrainInputs(name, frame, frame, [], MODELS[name].view(params), vocab, None, out, tmp_path / "scratch"), frame
