@@ -32,7 +32,9 @@ class FetchParams(Section):
     max_unpacked_bytes: int = Field(8 << 30, gt=0)  # largest file unpacked from .gz/.zip/.tar (8 GiB)
     max_ratio: float = Field(100.0, gt=1)  # unpacked / packed size beyond 1 MiB: more is a decompression bomb
 
-    OUTSIDE_KEY = ("retry_delay_s",)  # when to try again, not what is fetched: cached downloads stay valid
+    # how long to wait and how often to try again, not what is fetched: a download already cached stays valid (the
+    # size limits stay in the key: a lower one must refuse a cached corpus it would have refused to fetch)
+    OUTSIDE_KEY = ("timeout_s", "deadline_s", "retries", "retry_delay_s")
 
 
 class ChecksumError(DataError):

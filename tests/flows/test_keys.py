@@ -206,16 +206,20 @@ def test_a_setting_a_kind_reads_changes_its_keys_and_no_others():
 
 
 def test_settings_that_spread_the_work_leave_every_key_unchanged():
-    """clean.workers, segment.workers and segment.chunk_rows change how the work is spread, and download.retry_delay_s
-    when a failed fetch is tried again, never what is written; translation's clean has no workers (it is not
-    chunked): refused in one line."""
+    """clean.workers, segment.workers and segment.chunk_rows change how the work is spread, and download's timeout_s,
+    deadline_s, retries and retry_delay_s how long a fetch waits and how often it is tried again, never what is
+    written; translation's clean has no workers (it is not chunked): refused in one line. A size limit of the
+    download does change its key."""
     from tasks.errors import ConfigError
 
     base = planner.plan_keys(load_pipeline("chnsenticorp"))
     spread = planner.plan_keys(load_pipeline("chnsenticorp", overrides=["clean.workers=3", "segment.workers=2", "segment.chunk_rows=50",
                                                                              "download.retry_delay_s=0.1"]))
     assert spread == base
-    assert planner.plan_keys(load_pipeline("tatoeba-zh-en", overrides=["download.retry_delay_s=5"])) == planner.plan_keys(load_pipeline("tatoeba-zh-en"))
+    transport = ["download.retry_delay_s=5", "download.timeout_s=5", "download.deadline_s=60", "download.retries=0"]
+    assert planner.plan_keys(load_pipeline("tatoeba-zh-en", overrides=transport)) == planner.plan_keys(load_pipeline("tatoeba-zh-en"))
+    limited = planner.plan_keys(load_pipeline("chnsenticorp", overrides=["download.max_bytes=1000000"]))
+    assert limited["download"] != base["download"]
     with pytest.raises(ConfigError, match="unknown key 'stages.clean.workers'"):
         load_pipeline("tatoeba-zh-en", overrides=["clean.workers=3"])
 
