@@ -178,7 +178,7 @@ def test_scheduled_pipeline_trains_on_the_second_pool(env, workers, tmp_path):
         bad = c.create_flow_run_from_deployment(main.id, parameters={"storage": "/tmp/elsewhere", "dask": "tcp://10.0.0.9:8786",
                                                                       "source": {"path": "/etc/passwd"},
                                                                       "overrides": ["segment.stopwords=/etc/passwd", "train.epochs=3"]})
-        run = wait_for(lambda: finished(triggered), 900, "a scheduled run of zhpipe/tiny to finish", every=3)
+        run = wait_for(lambda: finished(triggered), 900, "a scheduled run of zhpipe/tiny to finish")
         logs = "".join(p.read_text() for p in workers.glob("worker-*.log"))
         assert run.state.type.value == "COMPLETED", logs[-4000:]
         assert run.auto_scheduled
@@ -187,7 +187,7 @@ def test_scheduled_pipeline_trains_on_the_second_pool(env, workers, tmp_path):
         assert train_runs[0].work_pool_name == "gpu-test"
         assert train_runs[0].parent_task_run_id is not None  # a subflow of the pipeline run
 
-        refused = wait_for(lambda: finished(bad.id), 600, "the refused run", every=2).state
+        refused = wait_for(lambda: finished(bad.id), 600, "the refused run").state
         assert refused.type.value == "FAILED" and "deployment run refused: it may not set source, storage, dask" in refused.message, refused
         # and of the schedule's runs only the one moved to now ran: the others stay days ahead
         assert {r.id for r in completed(main.id)} == {triggered, bad.id}
@@ -305,7 +305,7 @@ def test_serve_runs_the_schedule_without_a_worker(env, tmp_path):
             triggered = run_the_next_scheduled(c, d.id)
             done = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=["COMPLETED", "FAILED", "CRASHED"])))
             runs = wait_for(lambda: c.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[d.id])),
-                                                     flow_run_filter=done), 600, "a served run to finish", every=3)
+                                                     flow_run_filter=done), 600, "a served run to finish")
             assert [r.id for r in runs] == [triggered]
             assert runs[0].state.type.value == "COMPLETED", (tmp_path / "serve.log").read_text()[-4000:]
             assert runs[0].auto_scheduled

@@ -219,7 +219,7 @@ def test_mlflow_models_serve_answers_raw_chinese_text(trained):
             except httpx.HTTPError:
                 pass
             assert time.monotonic() < deadline, "mlflow models serve did not start"
-            time.sleep(1)
+            time.sleep(0.25)
         r = httpx.post(f"http://127.0.0.1:{port}/invocations", json={"inputs": ["房间很干净，服务也好", "早餐太差了，再也不来"]}, timeout=60)
         assert r.status_code == 200, r.text
         predictions = r.json()["predictions"]

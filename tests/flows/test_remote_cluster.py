@@ -71,7 +71,7 @@ def cluster(s3, prefect_harness, tmp_path_factory):
                 break
         except (OSError, TimeoutError):
             assert time.monotonic() < deadline, "the Dask cluster did not start"
-            time.sleep(1)
+            time.sleep(0.25)
     yield {"address": address, "folders": folders[1:]}
     stop(*procs, grace=3)  # a worker's graceful close waits on its nanny for seconds: nothing of it is tested
 

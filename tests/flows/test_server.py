@@ -94,7 +94,7 @@ def test_the_first_run_leaves_a_server_that_later_runs_reuse_and_that_stops_when
         holder.unlink()  # the last user is gone: 2 s later (checked every half second) the server stops, and the warm process with it
         deadline = time.monotonic() + 180
         while (state_file.exists() or warm_state.exists()) and time.monotonic() < deadline:
-            time.sleep(1)
+            time.sleep(0.25)
         assert not state_file.exists() and not warm_state.exists()
         with pytest.raises(httpx.HTTPError):
             httpx.get(f"{state['url']}/health", timeout=2)
