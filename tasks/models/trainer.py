@@ -385,7 +385,8 @@ def fit_data_parallel(name: str, model, task: Task, cfg: LoopConfig, checkpoints
         last = str(e).strip().splitlines()[-1]
         raise ConfigError(f"train.processes={world}: a training process failed: {last}") from None
     except mp.ProcessExitedException as e:  # died before its training began (a spawned process's start-up), or was killed
-        raise ConfigError(f"train.processes={world}: a training process ended early: {e} (what it printed, if anything, is above)") from None
+        raise ConfigError(f"train.processes={world}: a training process ended early: {e} "
+                          "(what it printed, if anything, is above)") from None
     finally:
         torch.set_num_threads(threads)
     summary = json.loads(out.read_text(encoding="utf-8"))
