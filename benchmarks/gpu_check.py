@@ -42,9 +42,9 @@ def check(name: str, ok: bool, detail: str) -> None:
     console.print(f"[{'green' if ok else 'red'}]{'ok  ' if ok else 'FAIL'}[/] {name}: {detail}")
 
 
-def train_params(device: str, precision: str, epochs: int, **more: str):
+def train_params(device: str, precision: str, epochs: int):
     sets = [f"train.epochs={epochs}", f"train.patience={epochs}", f"train.device={device}", f"train.precision={precision}",
-            f"train.bert.pretrain_epochs={epochs}", *(f"{k}={v}" for k, v in more.items())]
+            f"train.bert.pretrain_epochs={epochs}"]
     return load_pipeline("full", overrides=sets).stages.train
 
 
