@@ -37,17 +37,29 @@ def report_html(title: str, stats: dict, tables: dict[str, pd.DataFrame], pictur
     return "\n".join(parts + ["</body></html>"])
 
 
+_MARKDOWN_SPECIAL = str.maketrans({c: "\\" + c for c in "\\`*_{}[]()#+!|~"} | {"<": "&lt;", ">": "&gt;", "&": "&amp;",
+                                                                              "\n": " ", "\r": " "})
+
+
+def markdown_text(value) -> str:
+    """A value as literal Markdown text: HTML characters as entities, Markdown's own characters escaped, on one line
+    (a partition named `<img onerror=...>` or `[x](javascript:...)` reads as its name, never as markup)."""
+    return str(value).translate(_MARKDOWN_SPECIAL)
+
+
 def stats_markdown(pipeline: str, stats: dict) -> str:
     """The corpus statistics as a Markdown table."""
-    lines = [f"# {pipeline}: corpus profile", "", "| measure | value |", "|---|---|"]
-    lines += [f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in stats.items()]
+    lines = [f"# {markdown_text(pipeline)}: corpus profile", "", "| measure | value |", "|---|---|"]
+    lines += [f"| {markdown_text(k)} | {v:.4g} |" if isinstance(v, float) else f"| {markdown_text(k)} | {markdown_text(v)} |"
+              for k, v in stats.items()]
     return "\n".join(lines)
 
 
 def comparison_markdown(table: pd.DataFrame) -> str:
     """The comparison table as Markdown (for Prefect's artifact view)."""
-    header = "| " + " | ".join(table.columns) + " |\n|" + "---|" * len(table.columns) + "\n"
-    body = "".join("| " + " | ".join(f"{v:.4f}" if isinstance(v, float) else str(v) for v in row) + " |\n" for row in table.itertuples(index=False))
+    header = "| " + " | ".join(markdown_text(c) for c in table.columns) + " |\n|" + "---|" * len(table.columns) + "\n"
+    body = "".join("| " + " | ".join(f"{v:.4f}" if isinstance(v, float) else markdown_text(v) for v in row) + " |\n"
+                   for row in table.itertuples(index=False))
     return header + body
 
 

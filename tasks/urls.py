@@ -36,6 +36,23 @@ def redact(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
+def redact_webhook(url: str) -> str:
+    """A webhook URL as it may be shown: redacted (`redact`), and its path after the first segment masked too, where
+    chat services keep the secret (Slack's `/services/T.../B.../XXXX`, Feishu's `/open-apis/bot/v2/hook/<token>`,
+    Discord's `/api/webhooks/<id>/<token>`)."""
+    shown = redact(url)
+    try:
+        parts = urlsplit(shown)
+    except ValueError:
+        return MASK
+    segments = parts.path.split("/")
+    if len(segments) > 2:
+        path = "/".join(segments[:2]) + "/" + MASK
+    else:
+        path = parts.path
+    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+
+
 # a URL's authority up to its last `@`: the user info, whatever characters it holds (`(`, `)`, `'`, `"`, ...)
 _USER_INFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]{1,15}://)[^\s/?#]*@")
 

@@ -81,6 +81,9 @@ def _start_background_server() -> None:
           flush=True)
 
 
+WRITERS = ("run", "tune", "accept", "hold", "alerts", "deploy", "serve", "worker", "ui")  # checked for space first
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--debug" in argv[1:] and "--" not in argv:  # `zhpipe run --debug` as well as `zhpipe --debug run`
@@ -89,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command != "init":
             project.activate(project.find(args.project))
+        if args.command in WRITERS:
+            project.check_space()
     except ZhpipeError as e:
         say("error", str(e))
         return 2
@@ -142,6 +147,12 @@ def _run(args, handed_env: dict[str, str]) -> int:
         if args.debug:
             raise
         say("error", str(e))
+        return 2
+    except Exception as e:  # noqa: BLE001 - a full disk is one line wherever it struck; anything else is raised
+        full = project.disk_full(e)
+        if full is None or args.debug:
+            raise
+        say("error", full)
         return 2
     except KeyboardInterrupt:
         kept = ("the stages it finished are kept in the store (and a model's checkpoints), so the next `zhpipe run` "

@@ -1,6 +1,7 @@
 """`zhpipe init`, `pipelines`, `stages` and `models`: a project and what it declares."""
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from flows.cli.common import config_file
@@ -46,7 +47,7 @@ def cmd_init(args) -> int:
         written = init_project(Path(args.dir), Path(args.csv) if args.csv else None, args.text_column, args.label_column, args.link)
     for path in written:
         print(f"wrote {path}")
-    print(f"next: cd {args.dir} && zhpipe run")
+    print(f"next: cd {shlex.quote(str(args.dir))} && zhpipe run")
     return 0
 
 

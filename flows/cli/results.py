@@ -107,24 +107,45 @@ def show_predictions(out, args, model: str) -> None:
         print_frame(out[["text", "pred_label", "pred_probability", "pred_status"]], f"zhpipe predict: {model}")
 
 
+def _port_free(host: str, port: int) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def cmd_ui(args) -> int:
+    """MLflow's server over the project's store, for its owner only: the project's credentials on every request and
+    no writes (flows.track.ui). Fails in one line when it cannot serve on its port."""
     import subprocess
-    import urllib.request
     from importlib.metadata import entry_points
 
-    from flows.track.tracker import home_url, tracking_uri
+    from flows.orchestrate import server
+    from flows.plan import project
+    from flows.track.tracker import home_url, private_store, tracking_uri
+    from flows.track.ui import AUTH_FILE
 
+    if not any(e.name == "zhpipe" for e in entry_points(group="mlflow.app")):
+        raise ZhpipeError("ui: zhpipe's MLflow app is not installed (it asks for the project's credentials and refuses writes); "
+                          "install zhpipe (`pip install -e .` in a checkout) and try again")
+    if not _port_free(args.host, args.port):
+        raise ZhpipeError(f"ui: port {args.port} on {args.host} is already in use (another server answers there); "
+                          f"choose another with `zhpipe ui --port N`")
+    project.ensure_prefect_home()
+    private_store()
+    auth = server.credentials()
     # MLflow's default of 4 uvicorn workers takes many seconds to answer on a small machine: one per 2 cores, up to 4
     workers = str(max(1, min(4, (os.cpu_count() or 2) // 2)))
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", tracking_uri(), "--host", args.host, "--port", str(args.port),
-           "--workers", workers]
-    opener = any(e.name == "zhpipe" for e in entry_points(group="mlflow.app"))  # installed: the page that opens the runs view
-    if opener:
-        cmd += ["--app-name", "zhpipe"]
+           "--workers", workers, "--app-name", "zhpipe"]
     print(f"starting the MLflow UI on http://{args.host}:{args.port} (store {tracking_uri()}) ...", flush=True)
     # MLflow's job runner serves GenAI jobs (prompt optimisation, scorers) that zhpipe never submits: left on, it starts
     # eight more Python processes (a runner and seven huey consumers) that double the start-up time and the memory
-    env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ}
+    env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ, AUTH_FILE: str(server.state_file().with_name("zhpipe-server-auth"))}
     proc = subprocess.Popen(cmd, env=env)
 
     def stop(*_):  # a terminated `zhpipe ui` takes its server (and MLflow's workers) with it
@@ -133,16 +154,21 @@ def cmd_ui(args) -> int:
     import signal
 
     signal.signal(signal.SIGTERM, stop)
+    local = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::') else args.host}:{args.port}"
     try:
         deadline = time.monotonic() + 120
-        while proc.poll() is None and time.monotonic() < deadline:
-            try:  # the URL is printed once it answers, so the first click works
-                with urllib.request.urlopen(f"http://127.0.0.1:{args.port}/health", timeout=2):  # noqa: S310 - loopback
-                    break
-            except OSError:
-                time.sleep(0.5)
-        if proc.poll() is None:
-            print(f"MLflow UI on {home_url(f'http://{args.host}:{args.port}', opener)} (Ctrl-C stops it)", flush=True)
+        # the URL is printed once our server answers (it refuses a request without the credentials, takes one with them)
+        while proc.poll() is None and time.monotonic() < deadline and not server.demands(local, auth):
+            time.sleep(0.5)
+        if proc.poll() is not None:
+            raise ZhpipeError(f"ui: the MLflow server stopped before it served on port {args.port} (exit {proc.returncode}); "
+                              "its lines above say why")
+        if not server.demands(local, auth):
+            proc.terminate()
+            raise ZhpipeError(f"ui: the MLflow server did not answer on port {args.port} within 120 s")
+        user, password = auth.split(":", 1)
+        print(f"MLflow UI on {home_url(f'http://{args.host}:{args.port}', True)} (log in as {user}, password {password}; "
+              "Ctrl-C stops it)", flush=True)
         return proc.wait()
     except KeyboardInterrupt:
         proc.terminate()

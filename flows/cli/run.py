@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import time
 
 from flows.cli.common import console, explicit_config, load, number, pipeline_name
@@ -138,7 +139,7 @@ def print_held(config) -> None:
 
     out = held.held(config.identity)
     for name, why in out.items():
-        console().print(f"[red]held out[/]: {why.get('line', name)}; put it back with `zhpipe accept {config.name} {name if name != held.CORPUS else '--all'}`")
+        console().print(f"[red]held out[/]: {why.get('line', name)}; put it back with `zhpipe accept {shlex.quote(config.name)} {shlex.quote(name) if name != held.CORPUS else '--all'}`")
 
 
 def cmd_tune(args) -> int:

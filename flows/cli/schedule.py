@@ -6,6 +6,7 @@ import sys
 
 from flows.cli.common import config_file, configs, console, explicit_config, pipeline_name
 from flows.orchestrate import handover
+from tasks.errors import ZhpipeError
 
 
 def cmd_deploy(args) -> int:
@@ -36,23 +37,30 @@ def cmd_alerts(args) -> int:
     from flows.orchestrate.deploy import require_server
     from flows.plan.config import load_alerts
     from flows.track import alerts
-    from tasks.urls import redact_text
+    from tasks.urls import redact_webhook
 
     wanted = load_alerts(config_file(args))
+    alerts.check_target(wanted)  # before a server is started for it
     url = require_server()
     names = alerts.setup(wanted)
-    target = wanted.webhook or wanted.slack or f"block {wanted.block}"
+    target = redact_webhook(wanted.webhook or wanted.slack) if (wanted.webhook or wanted.slack) else f"block {wanted.block}"
     out = console()
-    out.print(f"{len(names)} Prefect automations on {url} send zhpipe's events to {redact_text(target)}:")
+    out.print(f"{len(names)} Prefect automations on {url} send zhpipe's events to {target}:")
     for name in names:
         out.print(f"  {name}")
     if args.test:
         from flows.plan.config import load_pipeline
 
         first = load_pipeline(pipeline_name(args))
-        alerts.emit("zhpipe.alerts.test", first, {"message": f"zhpipe alerts --test: {first.name} can reach you"})
+        sent = alerts.emit("zhpipe.alerts.test", first, {"message": f"zhpipe alerts --test: {first.name} can reach you"})
         alerts.flush()
-        out.print("sent a zhpipe.alerts.test event; the server's automation delivers it within seconds")
+        if sent is None:
+            raise ZhpipeError(f"alerts --test: the test event could not be sent to the Prefect server at {url}")
+        out.print(f"sent a zhpipe.alerts.test event; waiting for its delivery to {target} ...")
+        ok, why = alerts.delivery(names["zhpipe: zhpipe.alerts.test"], str(sent.id), wanted.timeout_s + 30)
+        if not ok:
+            raise ZhpipeError(f"alerts --test: the test alert was not delivered to {target}: {why}")
+        out.print(f"delivered: {target} accepted the test alert")
     return 0
 
 

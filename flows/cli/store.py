@@ -1,6 +1,9 @@
 """`zhpipe verify` and `gc`: the stage store's health and size."""
 from __future__ import annotations
 
+import shlex
+import time
+
 from flows.cli.common import store_of
 from flows.plan import project
 from tasks.errors import ZhpipeError
@@ -45,12 +48,14 @@ def _registry(revision):
 
 
 def cmd_gc(args) -> int:
+    from flows.plan import leases
     from flows.plan.config import list_pipelines, load_pipeline
     from flows.plan.keys import plan_keys
     from flows.plan.maintenance import collect_garbage
     from flows.plan.sources import resolve_local, source_run_record, source_run_records
     from flows.track.champion import revision
 
+    began = time.time()  # what is published after this was not planned by this gc: a live run's
     file = project.current().config_file
     configs = [load_pipeline(name, file) for name in list_pipelines(file)]
     from flows.plan.store import unit_folder
@@ -67,13 +72,20 @@ def cmd_gc(args) -> int:
     for name, record in records.items():  # runs on other corpora (`--source`): kept until forgotten
         keep |= {(unit_folder(unit), key) for unit, key in record.get("keys", {}).items()}
         sources += tuple(p for p in [resolve_local(str(record["source"]))] if p is not None) if record.get("source") else ()
-        print(f"keeping what `{name}` built (zhpipe run --source {record.get('source')}); `zhpipe gc --forget {name}` releases it")
+        print(f"keeping what `{name}` built (zhpipe run --source {record.get('source')}); `zhpipe gc --forget {shlex.quote(name)}` releases it")
     store = store_of(args)
-    removed = collect_garbage(store, keep, dry_run=args.dry_run, protect=(project.current().root / "data" / "raw", *sources))
+    kept: list[dict] = []
+    with leases.gc_lock(store, what=f"gc: a run is starting on {store.url}; waiting for it to record what it holds"):
+        live = leases.live(store)
+        removed = collect_garbage(store, keep, dry_run=args.dry_run, protect=(project.current().root / "data" / "raw", *sources),
+                                  live=live, since=began, kept=kept)
     for item in removed:
         print(f"{'would remove' if args.dry_run else 'removed'} {item['path']} ({item['mb']:.1f} MB, {item['why']})")
+    for item in kept:
+        print(f"kept {item['path']}: {item['why']}")
     total = sum(i["mb"] for i in removed)
-    print(f"{len(removed)} items, {total:.1f} MB {'would be freed' if args.dry_run else 'freed'} in {store.url}")
+    print(f"{len(removed)} items, {total:.1f} MB {'would be freed' if args.dry_run else 'freed'} in {store.url}"
+          + (f"; {len(kept)} kept for {len(live)} live run{'s' if len(live) != 1 else ''} (run gc again when they end)" if kept else ""))
     return 0
 
 
@@ -84,7 +96,7 @@ def cmd_accept(args) -> int:
 
     config = load(args)
     names = held.accept(config.identity, args.partitions, every=args.all)
-    print(f"accepted {', '.join(names)}: the next `zhpipe run {config.name}` builds {'them' if len(names) > 1 else 'it'} into the corpus")
+    print(f"accepted {', '.join(names)}: the next `zhpipe run {shlex.quote(config.name)}` builds {'them' if len(names) > 1 else 'it'} into the corpus")
     return 0
 
 

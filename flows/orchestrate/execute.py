@@ -84,6 +84,7 @@ class RunContext:
     title: str = ""  # the parent run's name (pipeline, changed settings, time): its model runs are named after it
     gate: Any = None  # the data checks (flows/orchestrate/gate.py), judged on the checked stage's output
     replanned: bool = False  # a check held a partition out: the stages built before it are gathered again
+    lease: Any = None  # the run's hold on its keys in the store (flows/plan/leases.py): `zhpipe gc` leaves them alone
     _partitions: list[str] | None = None
 
     def reuse(self, stage: str) -> StageResult:
@@ -176,6 +177,8 @@ class RunContext:
         self.causes = plan(self.config, self.origin, registry=revision)
         self.keys.clear()
         self.keys.update({unit: stage_key(c) for unit, c in self.causes.items()})
+        if self.lease is not None:
+            self.lease.update(self.keys)
         self._partitions = None
         self.replanned = True
 

@@ -6,6 +6,7 @@ run's checks table (MLflow metrics and table, Prefect artifact, `zhpipe runs`, t
 from __future__ import annotations
 
 import logging
+import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,24 +46,21 @@ class Gate:
     def _decide(self, name: str, digest: str, result, reference: checks.Sample | None, shown: str) -> Judged:
         """Judge a checked output once per unit key (a cached one's verdicts are read back), hold it when a blocking
         check fails and it was not accepted as it is, and report it; the record is read and written once."""
-        record = held.load(self.config.identity)
         night = sample_of(result)
-        known = record["judged"].get(result.key)
-        if known is not None:
-            verdicts = checks.from_json(known["verdicts"])
-        else:
-            verdicts = checks.judge(night, reference, self.config.checks)
-            record["judged"][result.key] = {"unit": result.stage, "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                                            "verdicts": checks.to_json(verdicts)}
+        known = held.load(self.config.identity)["judged"].get(result.key)
+        verdicts = checks.from_json(known["verdicts"]) if known is not None else checks.judge(night, reference, self.config.checks)
         blocked = [v for v in verdicts if v.blocks]
-        accepted = bool(blocked) and held.accepted(record, name, digest)
-        judged = Judged(name, verdicts, held=bool(blocked) and not accepted, accepted=accepted, fresh=known is None,
-                        rows_in=night.rows_in, night=night.frame, reference=reference.frame if reference else None)
-        if judged.held:
-            record["held"][name] = {"check": blocked[0].check, "line": blocked[0].line(shown), "digest": digest,
-                                    "at": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        if judged.fresh or judged.held:
-            held.save(self.config.identity, record)
+        # read, decided and written under the record's lock: an `accept` made meanwhile is seen here and kept
+        with held.changing(self.config.identity) as record:
+            if known is None:
+                record["judged"][result.key] = {"unit": result.stage, "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                                "verdicts": checks.to_json(verdicts)}
+            accepted = bool(blocked) and held.accepted(record, name, digest)
+            judged = Judged(name, verdicts, held=bool(blocked) and not accepted, accepted=accepted, fresh=known is None,
+                            rows_in=night.rows_in, night=night.frame, reference=reference.frame if reference else None)
+            if judged.held:
+                record["held"][name] = {"check": blocked[0].check, "line": blocked[0].line(shown), "digest": digest,
+                                        "at": time.strftime("%Y-%m-%dT%H:%M:%S")}
         self.judged.append(judged)
         self._report(judged)
         return judged
@@ -87,7 +85,7 @@ class Gate:
         if judged.held:
             first = next(v for v in judged.verdicts if v.blocks)
             raise ZhpipeError(f"{first.line('the corpus')}; the run stops before training (accept it as it is with "
-                              f"`zhpipe accept {self.config.name} --all`, or set checks.{first.check}.severity: warn)")
+                              f"`zhpipe accept {shlex.quote(self.config.name)} --all`, or set checks.{first.check}.severity: warn)")
         _save_reference(self.config, result)
 
     def _report(self, judged: Judged) -> None:
@@ -100,12 +98,12 @@ class Gate:
         if judged.held:
             first = next(v for v in judged.verdicts if v.blocks)
             log.warning("%s held out of the corpus by check %s (its rows stay in the store; put it back with "
-                        "`zhpipe accept %s %s`)", judged.name, first.check, self.config.name, judged.name)
+                        "`zhpipe accept %s %s`)", judged.name, first.check, shlex.quote(self.config.name), shlex.quote(judged.name))
         if judged.fresh and any(v.passed is False for v in judged.verdicts):
             failed = [v for v in judged.verdicts if v.passed is False]
             lines = "; ".join(v.line(judged.name) for v in failed)
             message = (f"{self.config.identity}: {judged.name} held out of the corpus ({lines}); put it back with "
-                       f"`zhpipe accept {self.config.name} {judged.name}`" if judged.held else f"{self.config.identity}: {lines}")
+                       f"`zhpipe accept {shlex.quote(self.config.name)} {shlex.quote(judged.name)}`" if judged.held else f"{self.config.identity}: {lines}")
             emit("zhpipe.partition.held" if judged.held else "zhpipe.check.failed", self.config,
                  {"partition": judged.name, "failed": checks.to_json(failed), "held": judged.held, "message": message})
 

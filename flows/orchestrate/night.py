@@ -3,6 +3,7 @@ the parent run, a Prefect table artifact, the `zhpipe.checks` tag `zhpipe runs` 
 the parent run, linked from the Prefect flow run), written at the end of every run, failed ones included."""
 from __future__ import annotations
 
+import html
 import logging
 
 import pandas as pd
@@ -10,6 +11,7 @@ import pandas as pd
 from flows.orchestrate.execute import RunContext, StageResult, artifact_key
 from flows.track import report
 from flows.track.tracker import Tracker, ui_url
+from tasks.reports import markdown_text
 
 log = logging.getLogger("zhpipe")
 
@@ -54,7 +56,7 @@ def _record(run: RunContext, results: dict[str, StageResult], ok: bool, error: s
         parent.table(pd.DataFrame(rows), "checks.json")
         parent.tags({"zhpipe.checks": gate.summary()})
     judged = sorted((j for j in (gate.fresh if gate else []) if j.night is not None), key=lambda j: not j.held)[:PLOTTED]
-    plots = [f"<h3>{j.name}{' (held out)' if j.held else ''}</h3>" + report.comparison_plot(j.name, j.night, j.reference) for j in judged]
+    plots = night_plots(judged)
     tags = parent.client.get_run(run.parent_run_id).data.tags
     champion = {k: v for k, v in tags.items() if k in ("zhpipe.champion", "zhpipe.champion_reason", "zhpipe.registered")}
     if error:
@@ -65,6 +67,12 @@ def _record(run: RunContext, results: dict[str, StageResult], ok: bool, error: s
     flush()
 
 
+def night_plots(judged: list) -> list[str]:
+    """Each judged partition's heading (its name escaped: a file may be named `<img onerror=...>.csv`) and its plots."""
+    return [f"<h3>{html.escape(j.name)}{' (held out)' if j.held else ''}</h3>" + report.comparison_plot(j.name, j.night, j.reference)
+            for j in judged]
+
+
 def _prefect(run: RunContext, rows: list[dict], worries: list[str]) -> None:
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
     from prefect.runtime import flow_run
@@ -73,7 +81,7 @@ def _prefect(run: RunContext, rows: list[dict], worries: list[str]) -> None:
         return
     page, _, view = ui_url(run.experiment, run.parent_run_id).partition("?")
     link = f"{page}/artifacts?{view}"  # the run page's Artifacts tab, report.html among them
-    lines = "\n".join(f"- {w}" for w in worries) or "- nothing to worry about: every check passed and the run completed"
+    lines = "\n".join(f"- {markdown_text(w)}" for w in worries) or "- nothing to worry about: every check passed and the run completed"
     create_markdown_artifact(markdown=f"### zhpipe night report\n{lines}\n\nThe whole report: `report.html` of the "
                              f"[MLflow parent run]({link}).", key=artifact_key(run.config.name, "night-report"),
                              description="zhpipe: whether to worry about this run")

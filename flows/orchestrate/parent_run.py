@@ -158,6 +158,7 @@ def label_flow_run(run: RunContext, overrides: list[str] | None) -> None:
     from prefect.runtime import flow_run
 
     from flows.track.tracker import ui_url
+    from tasks.reports import markdown_text
 
     if not flow_run.id:
         return
@@ -168,6 +169,6 @@ def label_flow_run(run: RunContext, overrides: list[str] | None) -> None:
     except Exception as e:  # noqa: BLE001 - a name and tags are a convenience, never a failed run
         log.warning("could not name the Prefect flow run: %s", e)
     link = ui_url(run.experiment, run.parent_run_id)
-    create_markdown_artifact(markdown=f"MLflow parent run [{run.parent_run_id}]({link}) of experiment `{run.experiment}`"
+    create_markdown_artifact(markdown=f"MLflow parent run [{run.parent_run_id}]({link}) of experiment {markdown_text(run.experiment)}"
                              f" (open the UI with `zhpipe ui`)", key=artifact_key(run.config.name, "mlflow-run"),
                              description="zhpipe: where this run's metrics and models are")

@@ -19,7 +19,7 @@ from flows.orchestrate.guard import check_run
 from flows.orchestrate.model_stages import run_model_stage
 from flows.orchestrate.parent_run import finish_run, label_flow_run, record_reuse, start_run
 from flows.orchestrate.workers import gpu_slot, train_deployment
-from flows.plan import project
+from flows.plan import leases, project
 from flows.plan.config import DEFAULT_PIPELINE, PipelineConfig, load_pipeline
 from flows.plan.keys import plan
 from flows.plan.sources import fixed_partitions, record_appends
@@ -133,6 +133,7 @@ def pipeline_flow(
     stages = _stage_list(config, stages, force)
     with fixed_partitions(config):  # the partitions planned are the ones built, whatever arrives meanwhile
         run = start_run(config, forced_stages(force, tuple(config.kind.stages)), storage_root(config, storage), chunk_executor(config, dask), verify, overrides)
+        run.lease = leases.Lease(run.store, run.keys)  # `zhpipe gc` leaves what this run holds alone
         record_appends(config)  # an appended source: this run's ranges are what the next run checks
         label_flow_run(run, overrides)
         results: dict[str, StageResult] = {}
@@ -147,9 +148,7 @@ def pipeline_flow(
             emit("zhpipe.run.failed", config, {"message": f"{config.identity}: the run failed: {error}"})
             raise
         finally:
-            shutdown_cluster()
-            night.record(run, results, ok, "" if ok else error)
-            finish_run(run, {k: r for k, r in results.items() if k in stages}, ok)
+            _close(run, results, stages, ok, error)
         return {
             "parent_run_id": run.parent_run_id,
             "experiment": run.experiment,
@@ -157,6 +156,16 @@ def pipeline_flow(
                        for name in stages],
             "units": [{k: v for k, v in asdict(unit).items() if k != "parts"} for name in stages for unit in results[name].parts.values()],
         }
+
+
+def _close(run: RunContext, results: dict[str, StageResult], stages: list[str], ok: bool, error: str) -> None:
+    """The run's end, failed or not: the cluster stopped, the night's report, the parent run closed, the lease let go."""
+    shutdown_cluster()
+    try:
+        night.record(run, results, ok, "" if ok else error)
+        finish_run(run, {k: r for k, r in results.items() if k in stages}, ok)
+    finally:
+        run.lease.release()
 
 
 def _stage_list(config: PipelineConfig, stages: list[str] | None, force: list[str] | None) -> list[str]:
@@ -278,7 +287,8 @@ def train_flow(
     causes = plan(config, registry=revision)
     run = RunContext(config, StageStore(storage_root(config, storage)), {s: stage_key(c) for s, c in causes.items()}, f"zhpipe-{config.identity}",
                      parent_run_id, {training.name} if force else set(), causes=causes)
-    inputs = [run.reuse(name) for name in training.needs]
-    with gpu_slot():
-        result = stage_task(training.name)(run, *inputs)
+    with leases.held(run.store, run.keys) as run.lease:
+        inputs = [run.reuse(name) for name in training.needs]
+        with gpu_slot():
+            result = stage_task(training.name)(run, *inputs)
     return {k: v for k, v in asdict(result).items() if k != "path"}

@@ -44,15 +44,38 @@ def _owner(pid: int) -> int | None:
         return None
 
 
+def _home() -> str:
+    """The real path of this project's Prefect home: what ties a process to its project."""
+    return os.path.realpath(os.path.expanduser(os.environ.get("PREFECT_HOME", "")))
+
+
+def _home_of(pid: int) -> str | None:
+    """The real path of the Prefect home process `pid` was started with (from /proc/PID/environ), None when unknown."""
+    try:
+        environ = (_PROC / str(pid) / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for item in environ:
+        if item.startswith(b"PREFECT_HOME="):
+            return os.path.realpath(os.path.expanduser(item.split(b"=", 1)[1].decode(errors="replace")))
+    return None
+
+
 def identity(pid: int, marker: str) -> dict:
-    """What a state file records of process `pid` so that it can be told apart from a later one with its id."""
-    return {"pid": pid, "started": start_time(pid), "marker": marker}
+    """What a state file records of process `pid` so that it can be told apart from a later one with its id, and from
+    another project's (a copied project holds the original's state files): its start time, a word of its command line,
+    and the real path of its project's Prefect home."""
+    return {"pid": pid, "started": start_time(pid), "marker": marker, "home": _home()}
 
 
 def is_ours(state: dict | None) -> bool:
     """Whether the process a state file names is still the one it recorded: same pid, same start time, this user's,
-    its command line holding the recorded marker. Without /proc (not Linux) only a live pid of this user counts."""
+    its command line holding the recorded marker, and this project's (the state file's recorded Prefect home, and the
+    one the process was started with, are this project's: a state file copied with a project names the original's
+    process, which is never ours). Without /proc (not Linux) only a live pid of this user in this project counts."""
     if not isinstance(state, dict) or not isinstance(state.get("pid"), int) or state["pid"] <= 1:
+        return False
+    if "home" in state and state["home"] != _home():
         return False
     pid = state["pid"]
     if not _PROC.is_dir():
@@ -62,8 +85,9 @@ def is_ours(state: dict | None) -> bool:
             return False
         return True
     started = start_time(pid)
+    home = _home_of(pid)
     return (started is not None and started == state.get("started") and _owner(pid) == os.getuid()
-            and bool(state.get("marker")) and state["marker"] in _cmdline(pid))
+            and bool(state.get("marker")) and state["marker"] in _cmdline(pid) and (home is None or home == _home()))
 
 
 def signal_ours(state: dict, signum: int, group: bool = False) -> bool:

@@ -68,6 +68,12 @@ def _healthy(url: str, timeout: float = 0.5, auth: str | None = None) -> bool:
     return _get(f"{url}/admin/version", None, timeout) == 401 and _get(f"{url}/admin/version", auth, timeout) == 200
 
 
+def demands(url: str, auth: str, path: str = "/health", timeout: float = 2) -> bool:
+    """Whether the server at `url` is one that asks for exactly these credentials: it refuses `path` without them and
+    answers it with them (another server on that port is not ours)."""
+    return _get(f"{url}{path}", None, timeout) == 401 and _get(f"{url}{path}", auth, timeout) == 200
+
+
 def _port(url: str) -> int:
     return int(url.rsplit(":", 1)[1].split("/")[0])
 

@@ -77,6 +77,8 @@ class Alerts(Section):
     block: str | None = None
     events: list[Literal[ALERT_EVENTS]] = list(ALERT_EVENTS)
     allow_private_urls: bool = False  # a webhook on this machine or the local network (Prefect refuses them by default)
+    # how long a delivery may take: a webhook slower than this counts as failed and Prefect sends the event again
+    timeout_s: float = Field(120, gt=0, le=600)
 
     @model_validator(mode="after")
     def _one_target(self) -> "Alerts":

@@ -1,14 +1,16 @@
 """What the data checks decided, kept in the project per pipeline (`data/_cache/checks-<pipeline>.json`): each judged
 unit's verdicts (by its key: a cached unit is not judged again), the partitions a blocking check held out of the
 corpus (their rows stay in the store) and those a person accepted (`zhpipe accept`). Planning reads it: a held
-partition is not in the corpus a run plans. Neither Prefect nor MLflow."""
+partition is not in the corpus a run plans. Every change is a read-modify-write under the record's file lock
+(`changing`), so an `accept` beside a run that judges a night is kept. Neither Prefect nor MLflow."""
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from flows.plan import project
 from tasks.errors import ZhpipeError
@@ -54,6 +56,20 @@ def save(identity: str, record: dict[str, Any]) -> None:
     atomic_write_text(path, json.dumps(record, ensure_ascii=False, indent=1))
 
 
+@contextlib.contextmanager
+def changing(identity: str) -> Iterator[dict[str, Any]]:
+    """The record, read under its lock and written back when the block ends without an error (the lock is held
+    throughout: another process's change in between cannot be lost)."""
+    from filelock import FileLock
+
+    path = record_path(identity)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(path.with_name(f".{path.name}.lock")):
+        record = load(identity)
+        yield record
+        save(identity, record)
+
+
 _HELD: dict[str, tuple[tuple[int, int, int], dict]] = {}  # record path -> (its inode, mtime and size, its held partitions)
 
 
@@ -80,16 +96,15 @@ def accepted(record: dict[str, Any], name: str, digest: str) -> bool:
 def accept(identity: str, names: list[str], every: bool = False) -> list[str]:
     """Put held partitions back into the corpus (the next run builds them in, whatever the checks say of them as
     they are now); returns the names accepted. A name not held is one clear error."""
-    record = load(identity)
-    held_now = record["held"]
-    if not held_now:
-        raise ZhpipeError(f"accept: nothing of pipeline '{identity}' is held out")
-    chosen = list(held_now) if every else names
-    unknown = [n for n in chosen if n not in held_now]
-    if unknown or not chosen:
-        raise ZhpipeError(f"accept: {unknown[0]!r} is not held out" if unknown else "accept: name a partition, or --all"
-                          f" (held: {', '.join(held_now)})")
-    for name in chosen:
-        record["accepted"][name] = held_now.pop(name)["digest"]
-    save(identity, record)
+    with changing(identity) as record:
+        held_now = record["held"]
+        if not held_now:
+            raise ZhpipeError(f"accept: nothing of pipeline '{identity}' is held out")
+        chosen = list(held_now) if every else names
+        unknown = [n for n in chosen if n not in held_now]
+        if unknown or not chosen:
+            raise ZhpipeError(f"accept: {unknown[0]!r} is not held out" if unknown else "accept: name a partition, or --all"
+                              f" (held: {', '.join(held_now)})")
+        for name in chosen:
+            record["accepted"][name] = held_now.pop(name)["digest"]
     return chosen

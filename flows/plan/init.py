@@ -186,17 +186,38 @@ def _quoted(value: str) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+HEADER_BYTES = 1 << 20  # init reads this much of a CSV at most: its header line must fit (a run bounds the rest)
+
+
 def _columns(path: Path, shown: Path) -> list[str]:
-    """The CSV's header, read in its own encoding (UTF-8, UTF-16 or GB18030/GBK, detected as a run does)."""
+    """The CSV's header, read in its own encoding (UTF-8, UTF-16 or GB18030/GBK, detected as a run does) from its first
+    megabyte only: a file of any size or width costs init the same."""
+    import csv
+    import io
+
     from tasks.source.readers import detect_encoding
 
     with open(path, "rb") as f:
-        head = f.read(1 << 20)
+        head = f.read(HEADER_BYTES + 1)
+    whole = len(head) <= HEADER_BYTES
+    head = head[:HEADER_BYTES]
     encoding = detect_encoding(head)
     try:
-        return list(pd.read_csv(path, nrows=5, dtype=str, encoding=encoding).columns)
-    except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as e:
+        text = head.decode(encoding, errors="strict" if whole else "ignore").lstrip("\ufeff")
+    except (UnicodeDecodeError, LookupError) as e:
         raise DataError(f"--csv {shown}: not a readable CSV in {encoding} ({str(e).splitlines()[0][:120]})") from None
+    if not whole:
+        text = text[: text.rfind("\n") + 1]
+        if not text:
+            raise DataError(f"--csv {shown}: its header line is longer than {HEADER_BYTES >> 20} MB (expected a CSV whose first line "
+                            "names its columns, such as text,label)")
+    try:
+        header = next(csv.reader(io.StringIO(text)), [])
+    except csv.Error as e:
+        raise DataError(f"--csv {shown}: not a readable CSV in {encoding} ({e})") from None
+    if not header:
+        raise DataError(f"--csv {shown}: empty (expected a header line naming its columns, such as text,label)")
+    return header
 
 
 def _bring(source: Path, raw: Path, link: bool) -> Path:

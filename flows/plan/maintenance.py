@@ -58,17 +58,49 @@ def _is_output(stage: str, entry: Path) -> bool:
     return doc.stage.split(":", 1)[0] == stage and doc.key == entry.name
 
 
-def _leftover(name: str, keep_keys: set[str]) -> str | None:
-    """Why a dot-entry of a stage folder can go, or None to keep it (also for names the store never makes)."""
+def _leftover(name: str, keep_keys: set[str], held_keys: set[str], runs_live: bool) -> tuple[str | None, str | None]:
+    """(why a dot-entry of a stage folder can go, why it is kept): both None for names the store never makes."""
     build = _BUILD_LEFTOVER.fullmatch(name)
     if build:
         if alive(int(build.group(3))):
-            return None  # a build in progress
-        return "left by a killed build"
+            return None, None  # a build in progress
+        return "left by a killed build", None
     keyed = _KEYED_LEFTOVER.fullmatch(name)
-    if keyed and keyed.group(2) not in keep_keys:
-        return f"{'checkpoints' if keyed.group(1) == 'scratch' else 'lock'} of an output no pipeline uses"
-    return None
+    if not keyed or keyed.group(2) in keep_keys:
+        return None, None
+    what = "checkpoints" if keyed.group(1) == "scratch" else "lock"
+    if keyed.group(2) in held_keys:
+        return None, f"{what} of an output a live run holds"
+    if runs_live:  # a live run may be building that key (or waiting on its lock): removing either would break it
+        return None, f"{what} of an output no pipeline uses, kept while a run is live"
+    return f"{what} of an output no pipeline uses", None
+
+
+def _lock_held(stage_dir: Path, key: str) -> bool:
+    """Whether a run holds the key's lock now (the file lock `StageStore.lock` takes: flock); a missing lock file is not
+    made."""
+    import fcntl
+    import os
+
+    try:
+        fd = os.open(stage_dir / f".lock-{key}", os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing releases a lock taken here
+    return False
+
+
+def _published(entry: Path) -> float:
+    """When an output was published (its manifest's time; its folder's when the manifest cannot say)."""
+    try:
+        return float(Manifest.read(entry).created)
+    except (CorruptManifest, OSError, TypeError, ValueError):
+        return entry.stat().st_mtime
 
 
 def _stage_folders(root: Path):
@@ -80,25 +112,41 @@ def _stage_folders(root: Path):
 
 
 def collect_garbage(store: StageStore, keep: set[tuple[str, str]], dry_run: bool = False,
-                    protect: tuple[Path, ...] = ()) -> list[dict[str, Any]]:
+                    protect: tuple[Path, ...] = (), live: list[dict[str, Any]] = (), since: float | None = None,
+                    kept: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Remove (or with `dry_run` only list) what the store made and no pipeline uses: published outputs whose
     (stage, key) is not in `keep`, and leftovers of killed builds. Nothing else is touched: no file or folder the
     store did not name and publish, nothing through a symlink, nothing outside the store root, nothing under
-    `data/raw`, nothing that holds a path in `protect` (the pipelines' source files)."""
+    `data/raw`, nothing that holds a path in `protect` (the pipelines' source files). Nothing a live run holds either
+    (`live`: the leases of `flows.plan.leases`, read under the store's gc lock): its keys, the outputs published since
+    `since` (when gc began planning) or since the oldest live run began, scratch folders and locks while a run is live,
+    a lock a run holds. What is kept for a run goes into `kept`, with the reason."""
     found: list[dict[str, Any]] = []
     if store.root.is_symlink() or not store.root.is_dir():
         return found
     root = store.root.resolve()
     guarded = [p.resolve() for p in protect]
+    held = {(folder, key): doc.get("pid") for doc in live for folder, key in doc.get("keys", [])}
     keep_keys = {key for _, key in keep}
+    since = min([since or float("inf"), *(float(doc.get("started", 0)) for doc in live)])
+    kept = [] if kept is None else kept
     for stage_dir in _stage_folders(store.root):
         for entry in sorted(stage_dir.iterdir()):
+            why = spared = None
             if entry.name.startswith("."):
-                why = _leftover(entry.name, keep_keys)
+                why, spared = _leftover(entry.name, keep_keys, {key for _, key in held}, bool(live))
+                keyed = _KEYED_LEFTOVER.fullmatch(entry.name)
+                if why and keyed and _lock_held(stage_dir, keyed.group(2)):
+                    why, spared = None, "its lock is held by a run"
             elif (stage_dir.name, entry.name) not in keep and _is_output(stage_dir.name, entry):
-                why = "not used by any pipeline in pipelines.yaml or kept run on another corpus"
-            else:
-                why = None
+                if (stage_dir.name, entry.name) in held:
+                    spared = f"held by a live run (pid {held[stage_dir.name, entry.name]})"
+                elif _published(entry) >= since - 1:
+                    spared = "published after gc began, or by a run that is still live"
+                else:
+                    why = "not used by any pipeline in pipelines.yaml or kept run on another corpus"
+            if spared:
+                kept.append({"path": str(entry), "why": spared})
             if not why:
                 continue
             real = entry.parent.resolve() / entry.name

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,7 +58,7 @@ def find(explicit: str | Path | None = None, start: Path | None = None) -> Proje
     if given:
         root = Path(given).expanduser().resolve()
         if not (root / CONFIG_NAME).is_file():
-            raise ConfigError(f"{root}: no {CONFIG_NAME} there (a zhpipe project folder has one; `zhpipe init {given}` writes a starter)")
+            raise ConfigError(f"{root}: no {CONFIG_NAME} there (a zhpipe project folder has one; `zhpipe init {shlex.quote(str(given))}` writes a starter)")
         return Project(root)
     here = (start or Path.cwd()).resolve()
     for folder in (here, *here.parents):
@@ -109,3 +110,55 @@ def ensure_prefect_home() -> Path:
 def current() -> Project:
     """The active project; found (and activated) from the current directory when none is."""
     return _CURRENT if _CURRENT is not None else activate(find())
+
+
+MIN_FREE_MB = 100  # what a command that writes needs free where the project writes (ZHPIPE_MIN_FREE_MB changes it)
+
+
+def writes_to() -> dict[Path, str]:
+    """The local folders a run writes to, each with what it holds: the project, the stage store, MLflow's database, the
+    Prefect home."""
+    found = {current().root: "the project"}
+    storage = os.environ.get("ZHPIPE_STORAGE") or os.environ.get("ZHPIPE_DATA") or ""
+    if storage and "://" not in storage:  # a local folder (an object store's space is not this machine's)
+        found.setdefault(Path(storage).expanduser(), "the stage store")
+    uri = current().tracking_uri()
+    if uri.startswith("sqlite:///"):
+        found.setdefault(Path(uri.removeprefix("sqlite:///")).parent, "MLflow's database")
+    if os.environ.get("PREFECT_HOME"):
+        found.setdefault(Path(os.environ["PREFECT_HOME"]).expanduser(), "Prefect's database")
+    return found
+
+
+def check_space(need_mb: float | None = None) -> None:
+    """One line, before anything is written, when a folder the command writes to has less than `need_mb` free: a full
+    disk otherwise shows as pages of database errors, or a run that hangs retrying them."""
+    import shutil
+
+    need = need_mb if need_mb is not None else float(os.environ.get("ZHPIPE_MIN_FREE_MB", MIN_FREE_MB))
+    for folder, what in writes_to().items():
+        probe = next((p for p in (folder, *folder.parents) if p.exists()), None)
+        if probe is None:
+            continue
+        free = shutil.disk_usage(probe).free / 2**20
+        if free < need:
+            raise ConfigError(f"not enough disk space: {probe} ({what}) has {free:.1f} MB free, and a command that writes needs at "
+                              f"least {need:.0f} MB (ZHPIPE_MIN_FREE_MB); free some space there or move the project")
+
+
+def disk_full(error: BaseException) -> str | None:
+    """One line for an error caused by a full disk anywhere in its chain (ENOSPC, SQLite's 'database or disk is
+    full'), naming the file when it is known; None for any other error."""
+    import errno
+
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            where = error.filename or "a file of the project"
+            return f"the disk is full: writing {where} failed ({os.strerror(error.errno)}); free some space and run again"
+        if "database or disk is full" in str(error):
+            return ("the disk is full: a database write failed (database or disk is full: the stage store, MLflow's or Prefect's "
+                    f"database under {current().root}); free some space and run again")
+        error = error.__cause__ or error.__context__
+    return None

@@ -107,15 +107,18 @@ def _partitions(source: Source, where: Path, export: Path) -> list[Partition]:
 
 def record(source: Source, parts: list[Partition]) -> None:
     """Keep this run's versions: the next run diffs its export against all of them."""
+    from filelock import FileLock
+
     where = folder(source)
-    versions = _versions(where)
-    known = {v["name"] for v in versions}
-    for part in parts:
-        if part.name not in known and part.export_sha256:
-            versions.append({"name": part.name, "delta": part.path.name, "delta_sha256": part.fingerprint(),
-                             "export_sha256": part.export_sha256})
     where.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(where / "versions.json", json.dumps(versions, indent=1))
+    with FileLock(where / ".versions.json.lock"):  # read-modify-write: two runs recording at once keep both
+        versions = _versions(where)
+        known = {v["name"] for v in versions}
+        for part in parts:
+            if part.name not in known and part.export_sha256:
+                versions.append({"name": part.name, "delta": part.path.name, "delta_sha256": part.fingerprint(),
+                                 "export_sha256": part.export_sha256})
+        atomic_write_text(where / "versions.json", json.dumps(versions, indent=1))
 
 
 def partition_source(source: Source, part: Partition, shown: Path) -> Source:

@@ -26,16 +26,18 @@ def resource(identity: str) -> dict[str, str]:
     return {"prefect.resource.id": f"zhpipe.pipeline.{identity}", "prefect.resource.name": identity}
 
 
-def emit(event: str, config: Any, payload: dict[str, Any]) -> None:
-    """A Prefect event about a pipeline (its `message` is the line an alert carries); never fails a run."""
+def emit(event: str, config: Any, payload: dict[str, Any]):
+    """A Prefect event about a pipeline (its `message` is the line an alert carries); never fails a run. The event
+    sent, or None."""
     from prefect.events import emit_event
 
     payload = {"pipeline": config.name, **payload}
     payload.setdefault("message", f"{config.identity}: {EVENTS.get(event, event)}")
     try:
-        emit_event(event=event, resource=resource(config.identity), payload=payload)
+        return emit_event(event=event, resource=resource(config.identity), payload=payload)
     except Exception as e:  # noqa: BLE001 - an event is a notice: a run goes on without it
         log.warning("could not emit the Prefect event %s: %s", event, e)
+        return None
 
 
 def flush() -> None:
@@ -55,30 +57,97 @@ def _block(alerts: Alerts):
     if alerts.block:
         return NotificationBlock.load(alerts.block)
     if alerts.webhook:
+        # a slow webhook is waited for (timeout_s): one Prefect gives up on is sent the event again, more than once
         block = CustomWebhookNotificationBlock(name="zhpipe", url=alerts.webhook, method="POST", allow_private_urls=alerts.allow_private_urls,
-                                               json_data={"subject": "{{subject}}", "text": "{{body}}"})
+                                               json_data={"subject": "{{subject}}", "text": "{{body}}"}, timeout=alerts.timeout_s)
     else:
         block = SlackWebhook(url=alerts.slack, allow_private_urls=alerts.allow_private_urls)
     block.save(BLOCK, overwrite=True)
     return block
 
 
-def setup(alerts: Alerts) -> list[str]:
+def private_address(url: str) -> str | None:
+    """The private, loopback or link-local address `url`'s host resolves to (Prefect refuses to send there unless
+    `allow_private_urls`), or None."""
+    import ipaddress
+    import socket
+    from urllib.parse import urlsplit
+
+    host = urlsplit(url).hostname
+    if not host:
+        return None
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return None  # unresolvable here: the delivery says so
+    for address in sorted(addresses):
+        ip = ipaddress.ip_address(address.split("%")[0])
+        if ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_reserved:
+            return address
+    return None
+
+
+def check_target(alerts: Alerts) -> None:
+    """A webhook on a private network is refused by Prefect at delivery time, where nobody sees it: said now, in one
+    line with the setting that allows it."""
+    from tasks.errors import ConfigError
+    from tasks.urls import redact_webhook
+
+    url = alerts.webhook or alerts.slack
+    address = private_address(url) if url and not alerts.allow_private_urls else None
+    if address:
+        raise ConfigError(f"alerts: {redact_webhook(url)} resolves to the private address {address}, and Prefect refuses to send "
+                          "alerts there; if it is yours (an internal chat relay, a gateway on this machine), set "
+                          "`alerts: {allow_private_urls: true}` in pipelines.yaml")
+
+
+def setup(alerts: Alerts) -> dict[str, str]:
     """One Prefect automation per event of `alerts.events` (and the test event) that sends it to the block; the
-    automations of an earlier setup are replaced. Returns their names."""
+    automations of an earlier setup are replaced. Returns their names and ids."""
     from prefect.automations import Automation, EventTrigger, SendNotification
 
+    check_target(alerts)
     block = _block(alerts)
-    names = []
+    names = {}
     for event in [*alerts.events, "zhpipe.alerts.test"]:
         name = f"zhpipe: {event}"
         remove([name])
         trigger = EventTrigger(expect={event}, match={"prefect.resource.id": "zhpipe.pipeline.*"}, posture="Reactive", threshold=1, within=0)
         action = SendNotification(block_document_id=block._block_document_id, subject=f"zhpipe {{{{ event.resource.name }}}}: {event}",
                                   body="{{ event.payload.message }}")
-        Automation(name=name, description=EVENTS.get(event, ""), trigger=trigger, actions=[action]).create()
-        names.append(name)
+        names[name] = str(Automation(name=name, description=EVENTS.get(event, ""), trigger=trigger, actions=[action]).create().id)
     return names
+
+
+def delivery(automation_id: str, event_id: str, wait_s: float) -> tuple[bool | None, str]:
+    """What the server's automation did with one event: (True, "") delivered, (False, reason) failed or refused,
+    (None, why) no outcome within `wait_s` seconds. Read from the action events Prefect records."""
+    import time
+    from datetime import datetime, timedelta, timezone
+
+    from prefect.client.orchestration import get_client
+    from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter, EventResourceFilter
+
+    from tasks.urls import redact_text
+
+    deadline = time.monotonic() + wait_s
+    since = datetime.now(timezone.utc) - timedelta(minutes=5)
+    wanted = EventFilter(occurred=EventOccurredFilter(since=since), event=EventNameFilter(name=["prefect.automation.action.executed",
+                                                                                               "prefect.automation.action.failed"]),
+                         resource=EventResourceFilter(id=[f"prefect.automation.{automation_id}"]))
+    with get_client(sync_client=True) as client:
+        while time.monotonic() < deadline:
+            for found in client.read_events(filter=wanted, limit=50).events:
+                if not any(r.id == f"prefect.event.{event_id}" for r in found.related):
+                    continue
+                if found.event.endswith("executed"):
+                    return True, ""
+                reason = str(found.payload.get("reason") or "failed")
+                log_lines = found.payload.get("notification_log")
+                detail = f" ({str(log_lines).strip().splitlines()[-1][:200]})" if log_lines else ""
+                return False, redact_text(reason + detail)
+            time.sleep(0.5)
+    return None, f"no outcome within {wait_s:.0f} s (is the Prefect server's automation service running?)"
 
 
 def remove(names: list[str]) -> None:

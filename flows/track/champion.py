@@ -81,6 +81,53 @@ def resolve(uri: str) -> tuple[str, str]:
     return name, str(version)
 
 
+def trusted(uri: str) -> str:
+    """`uri` when it is a model this project logged: a registered version (`models:/...`) whose run is in this store
+    and was made by zhpipe, and whose files lie under the store's own artifact root (a SQLite store: `artifacts/`
+    beside its database; a tracking server: the artifact location of the logging run's experiment). Anything else is
+    refused in one line before a byte of it is loaded: loading a model runs its code as you, so a version whose files
+    someone else put somewhere else must never be loaded. Other URIs (a logged model's folder given on purpose with
+    --model) are returned as they are."""
+    from urllib.parse import unquote, urlparse
+
+    from mlflow.exceptions import MlflowException
+
+    from flows.plan import project
+    from flows.track.tracker import client
+    from tasks.errors import ZhpipeError
+
+    if not uri.startswith("models:/"):
+        return uri
+    name, version = resolve(uri)
+    c = client()
+
+    def refuse(why: str) -> ZhpipeError:
+        return ZhpipeError(f"{uri}: version {version} of {name} is not loaded: {why}; register a model with `zhpipe run`, or "
+                           f"remove that version (it may have been put there by someone else)")
+
+    mv = c.get_model_version(name, version)
+    try:
+        run = c.get_run(mv.run_id) if mv.run_id else None
+    except MlflowException:
+        run = None
+    if run is None:
+        raise refuse("no run of this project's store logged it")
+    if not any(k.startswith("zhpipe.") for k in run.data.tags):
+        raise refuse(f"its run {mv.run_id} was not made by zhpipe")
+    location = c.get_model_version_download_uri(name, version)
+    root = project.current().artifact_root() or c.get_experiment(run.info.experiment_id).artifact_location
+    parsed = urlparse(location)
+    if project.current().artifact_root() is not None:
+        if parsed.scheme not in ("", "file"):
+            raise refuse(f"its files are at {location}, not in this store's artifact root")
+        where = Path(unquote(parsed.path)).resolve()
+        if not where.is_relative_to(Path(unquote(urlparse(root).path)).resolve()):
+            raise refuse(f"its files are at {where}, outside this store's artifact root {unquote(urlparse(root).path)}")
+    elif not location.startswith(root.rstrip("/") + "/"):
+        raise refuse(f"its files are at {location}, outside its experiment's artifact location {root}")
+    return uri
+
+
 def revision(uri: str) -> str:
     """What a stage key sees of a registered model (`flows.plan.keys.Registry`): `<name>/<version>`; a model the registry
     does not have, or a registry that cannot be read, is one clear error."""
@@ -101,7 +148,7 @@ def download(uri: str, cache: Path) -> tuple[str, Path]:
 
     import mlflow
 
-    name, version = resolve(uri)
+    name, version = resolve(trusted(uri))
     folder = cache / name / version
     if not (folder / "MLmodel").is_file():
         folder.parent.mkdir(parents=True, exist_ok=True)

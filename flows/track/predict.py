@@ -45,6 +45,9 @@ def load_model(uri: str):
 
     # the model's files first, its code not yet run: a model logged with other code answers from a child process
     # that runs that code, never from this one
+    from flows.track.champion import trusted
+
+    trusted(uri)  # a registered version this project logged, under its own artifact root, or one line and nothing loaded
     in_place = Path(uri.removeprefix("file://")).expanduser()
     try:
         if (in_place / "MLmodel").is_file():  # a local model is read in place

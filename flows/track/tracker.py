@@ -47,10 +47,32 @@ def _client(uri: str):
     from mlflow.tracking import MlflowClient
 
     if uri.startswith("sqlite:///"):
-        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        private_store(uri)
         check_sqlite(Path(uri.removeprefix("sqlite:///")))
         _sqlite_pragmas()
     return MlflowClient(tracking_uri=uri)
+
+
+def private_store(uri: str | None = None) -> None:
+    """A SQLite store that only its owner reads, as `.prefect/` is: the project's `mlruns/` and the store's `artifacts/`
+    folder 0700, the database and its WAL files 0600 (made so when found open; another user's are left alone)."""
+    uri = uri or tracking_uri()
+    if not uri.startswith("sqlite:///"):
+        return
+    db = Path(uri.removeprefix("sqlite:///"))
+    folder = db.parent
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    folders = [folder / "artifacts"] + ([folder] if folder == project.current().mlruns else [])
+    (folder / "artifacts").mkdir(mode=0o700, exist_ok=True)
+    for path, mode in [*((f, 0o700) for f in folders), *((db.with_name(db.name + s), 0o600) for s in ("", "-wal", "-shm"))]:
+        try:
+            st = path.stat()
+            if st.st_uid == os.getuid() and st.st_mode & 0o777 != mode:
+                path.chmod(mode)
+        except FileNotFoundError:
+            pass
+    if not db.exists():  # created private, before MLflow creates it with the umask's mode
+        os.close(os.open(db, os.O_WRONLY | os.O_CREAT, 0o600))
 
 
 _PREPARED: tuple[str, tuple[int, int]] | None = None  # the store the warm process opened: (URI, the file's device and inode)
