@@ -57,7 +57,7 @@ def cmd_alerts(args) -> int:
         if sent is None:
             raise ZhpipeError(f"alerts --test: the test event could not be sent to the Prefect server at {url}")
         out.print(f"sent a zhpipe.alerts.test event; waiting for its delivery to {target} ...")
-        ok, why = alerts.delivery(names["zhpipe: zhpipe.alerts.test"], str(sent.id), wanted.timeout_s + 30)
+        ok, why = alerts.delivery(names["zhpipe: zhpipe.alerts.test"], str(sent.id), wanted.timeout_s + 30, wanted.webhook or wanted.slack)
         if not ok:
             raise ZhpipeError(f"alerts --test: the test alert was not delivered to {target}: {why}")
         out.print(f"delivered: {target} accepted the test alert")

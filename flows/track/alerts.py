@@ -119,9 +119,11 @@ def setup(alerts: Alerts) -> dict[str, str]:
     return names
 
 
-def delivery(automation_id: str, event_id: str, wait_s: float) -> tuple[bool | None, str]:
+def delivery(automation_id: str, event_id: str, wait_s: float, url: str | None = None) -> tuple[bool | None, str]:
     """What the server's automation did with one event: (True, "") delivered, (False, reason) failed or refused,
-    (None, why) no outcome within `wait_s` seconds. Read from the action events Prefect records."""
+    (None, why) no outcome within `wait_s` seconds. Read from the action events Prefect records; a delivery that
+    raised (connection refused, say) leaves no outcome event (Prefect retries it, then drops it), so once the action
+    has fired and nothing came of it for a while, the webhook's address is tried from here for the reason."""
     import time
     from datetime import datetime, timedelta, timezone
 
@@ -130,24 +132,50 @@ def delivery(automation_id: str, event_id: str, wait_s: float) -> tuple[bool | N
 
     from tasks.urls import redact_text
 
-    deadline = time.monotonic() + wait_s
+    start = time.monotonic()
+    deadline = start + wait_s
     since = datetime.now(timezone.utc) - timedelta(minutes=5)
-    wanted = EventFilter(occurred=EventOccurredFilter(since=since), event=EventNameFilter(name=["prefect.automation.action.executed",
-                                                                                               "prefect.automation.action.failed"]),
+    until = datetime.now(timezone.utc) + timedelta(seconds=wait_s + 60)  # the filter's default end is the moment it is made
+    wanted = EventFilter(occurred=EventOccurredFilter(since=since, until=until), event=EventNameFilter(prefix=["prefect.automation."]),
                          resource=EventResourceFilter(id=[f"prefect.automation.{automation_id}"]))
+    fired = None
     with get_client(sync_client=True) as client:
         while time.monotonic() < deadline:
             for found in client.read_events(filter=wanted, limit=50).events:
                 if not any(r.id == f"prefect.event.{event_id}" for r in found.related):
                     continue
-                if found.event.endswith("executed"):
+                if found.event.endswith(".executed"):
                     return True, ""
-                reason = str(found.payload.get("reason") or "failed")
-                log_lines = found.payload.get("notification_log")
-                detail = f" ({str(log_lines).strip().splitlines()[-1][:200]})" if log_lines else ""
-                return False, redact_text(reason + detail)
+                if found.event.endswith(".failed"):
+                    log_lines = found.payload.get("notification_log")
+                    detail = f" ({str(log_lines).strip().splitlines()[-1][:200]})" if log_lines else ""
+                    return False, redact_text(str(found.payload.get("reason") or "failed") + detail)
+                fired = fired or time.monotonic()
+            if fired and url and time.monotonic() - fired > FIRED_GRACE_S:
+                unreachable = _unreachable(url)
+                if unreachable:
+                    return False, f"the server's attempts failed; from here, {unreachable}"
             time.sleep(0.5)
-    return None, f"no outcome within {wait_s:.0f} s (is the Prefect server's automation service running?)"
+    if not fired:
+        return None, f"the automation did not fire within {wait_s:.0f} s (is the Prefect server's automation service running?)"
+    return None, f"no outcome within {wait_s:.0f} s (the webhook answers too slowly, or the server's log says why)"
+
+
+FIRED_GRACE_S = 8  # an action that fired and has no outcome after this long is looked into
+
+
+def _unreachable(url: str) -> str | None:
+    """Why `url`'s host and port cannot be reached from here (one line), or None when a connection opens."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parts.hostname, port), timeout=5):
+            return None
+    except OSError as e:
+        return f"connecting to {parts.hostname}:{port} failed: {e.strerror or e}"
 
 
 def remove(names: list[str]) -> None:

@@ -78,3 +78,69 @@ def test_alerts_config_names_one_target():
         Alerts(webhook="http://127.0.0.1/hook", slack="https://hooks.slack.com/x")
     with pytest.raises(ValueError):
         Alerts(webhook="http://127.0.0.1/hook", events=["zhpipe.nothing"])
+
+
+def _config(tmp_path, alerts_yaml: str):
+    path = tmp_path / "alerts.yaml"
+    path.write_text(f"pipelines:\n  smoke: {{source: {{path: x.csv}}}}\nalerts: {alerts_yaml}\n")
+    return path
+
+
+def test_a_private_webhook_is_named_with_the_setting_that_allows_it(tmp_path, capsys):
+    """Prefect refuses a URL that resolves to a private address when it delivers, where nobody sees it: `zhpipe alerts`
+    says so first, in one line, naming `allow_private_urls`."""
+    from tests.helpers.cli import in_process
+
+    done = in_process(capsys, "alerts", "--config", _config(tmp_path, "{webhook: 'http://127.0.0.1:9/hook'}"))
+    assert done.returncode == 2 and "allow_private_urls: true" in done.stderr and "127.0.0.1" in done.stderr, done
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_alerts_test_reports_a_failed_delivery(tmp_path, capsys, automations):
+    """`alerts --test` to a webhook nobody answers: it waits for the server's delivery and fails with the reason."""
+    import socket
+
+    from tests.helpers.cli import in_process
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    automations.extend(f"zhpipe: {e}" for e in alerts.EVENTS)
+    done = in_process(capsys, "alerts", "--test", "--config",
+                      _config(tmp_path, f"{{webhook: 'http://127.0.0.1:{port}/hook', allow_private_urls: true, timeout_s: 5}}"))
+    assert done.returncode == 2 and "was not delivered" in done.stderr and "Connection refused" in done.stderr, done
+    assert "delivered:" not in done.stdout
+
+
+def test_alerts_test_to_a_slow_loopback_webhook_arrives_once(tmp_path, capsys, automations):
+    """A webhook that answers after 12 s (Prefect's own limit is 10 s, after which it sent the event again, and
+    again): `alerts --test` waits for it, says it was delivered, and the message arrives once."""
+    import http.server
+
+    from tests.helpers.cli import in_process
+
+    got: list[dict] = []
+
+    class Slow(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+            time.sleep(12)
+            got.append(body)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    automations.extend(f"zhpipe: {e}" for e in alerts.EVENTS)
+    try:
+        done = in_process(capsys, "alerts", "--test", "--config",
+                          _config(tmp_path, f"{{webhook: 'http://127.0.0.1:{server.server_port}/hook', allow_private_urls: true}}"))
+        assert done.returncode == 0 and "delivered:" in done.stdout, done
+        time.sleep(15)  # Prefect sent it again 10 s apart when it gave up: nothing more may come
+        tests = [g for g in got if "alerts --test" in g.get("text", "")]
+        assert len(tests) == 1, got
+    finally:
+        server.shutdown()

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -269,3 +269,35 @@ def test_a_handed_over_command_takes_the_limits_umask_and_priority_of_its_shell(
     refused = json.loads(subprocess.run([sys.executable, "-c", CONTEXT_PROBE, str(ROOT)], input=json.dumps(_context_of(None)),
                                         capture_output=True, text=True, check=True, preexec_fn=shell).stdout)
     assert refused["refused"] and "limits or priority" in refused["refused"]
+
+
+@as_root
+def test_another_user_reads_nothing_of_the_tracking_store(shared_tmp):
+    """`mlruns/` was readable by every local user (mlflow.db 0644, artifacts 0755), unlike `.prefect/`: a store made by
+    an earlier zhpipe is made private by the next command, a new one is private from the start."""
+    project = shared_tmp / "p"
+    env = {k: v for k, v in os.environ.items() if k not in ("ZHPIPE_DATA", "ZHPIPE_PROJECT", "MLFLOW_TRACKING_URI", "PREFECT_HOME")}
+    assert subprocess.run([sys.executable, "-m", "flows.cli", "init", str(project)], env=env, cwd=ROOT, capture_output=True).returncode == 0
+    project.chmod(0o755)
+    mlruns = project / "mlruns"
+    (mlruns / "artifacts" / "1").mkdir(parents=True)
+    (mlruns / "artifacts" / "1" / "model.pkl").write_bytes(b"weights")
+    (mlruns / "mlflow.db").write_bytes(b"")
+    for path, mode in ((mlruns, 0o755), (mlruns / "artifacts", 0o755), (mlruns / "mlflow.db", 0o644)):
+        path.chmod(mode)  # as an earlier zhpipe left them
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "runs"], env={**env, "PYTHONPATH": str(ROOT)}, cwd=project,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert {p.name: p.stat().st_mode & 0o777 for p in (mlruns, mlruns / "artifacts", mlruns / "mlflow.db")} == {
+        "mlruns": 0o700, "artifacts": 0o700, "mlflow.db": 0o600}
+    probe = subprocess.run([OTHER_PYTHON, "-c", textwrap.dedent("""
+        import os, sys
+        for path in sys.argv[1:]:
+            try:
+                open(path, "rb").read(1) if os.path.isfile(path) or not os.path.exists(path) else os.listdir(path)
+                print("read", path)
+            except OSError as e:
+                print("refused", path, type(e).__name__)
+    """), str(mlruns / "mlflow.db"), str(mlruns / "artifacts" / "1" / "model.pkl"), str(mlruns)],
+        preexec_fn=as_other_user, cwd="/", env={"PATH": os.environ["PATH"]}, capture_output=True, text=True)
+    assert probe.stdout.count("refused") == 3 and "read" not in probe.stdout.replace("refused", ""), probe.stdout + probe.stderr

@@ -22,6 +22,14 @@ SETS = ["train.models=[tfidf_lr, textcnn]", "split.seed=3"]
 STAGES = without_profile()  # what the UI shows of a training run; the profile's pictures are test_pipeline's
 
 
+def owner() -> tuple[str, str]:
+    """The project's credentials, which `zhpipe ui` asks every request for (`zhpipe server status` prints them)."""
+    from flows.orchestrate.server import credentials
+
+    user, password = credentials().split(":", 1)
+    return user, password
+
+
 def artifact_bytes() -> int:
     root = Path(tracking_uri().removeprefix("sqlite:///")).parent / "artifacts"
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
@@ -71,11 +79,11 @@ def test_two_all_cached_runs_add_no_artifacts(runs):
 
 
 def _run(rest, run_id):
-    return httpx.get(f"{rest}/runs/get", params={"run_id": run_id}, timeout=30).json()["run"]
+    return httpx.get(f"{rest}/runs/get", params={"run_id": run_id}, auth=owner(), timeout=30).json()["run"]
 
 
 def test_the_ui_sees_a_training_experiment_with_sources_datasets_and_system_metrics(runs, rest):
-    experiment = httpx.get(f"{rest}/experiments/get-by-name", params={"experiment_name": "zhpipe-smoke"}, timeout=30).json()["experiment"]
+    experiment = httpx.get(f"{rest}/experiments/get-by-name", params={"experiment_name": "zhpipe-smoke"}, auth=owner(), timeout=30).json()["experiment"]
     assert {"key": "mlflow.experimentKind", "value": "custom_model_development"} in experiment["tags"]
     parent = _run(rest, runs["first"]["parent_run_id"])
     tags = {t["key"]: t["value"] for t in parent["data"]["tags"]}
@@ -146,14 +154,44 @@ def test_zhpipe_ui_opens_mlflow_in_its_runs_view_through_its_own_page(ui):
     keeps that toggle in localStorage and starts in GenAI), then opens the newest experiment; MLflow is served as
     before, and the page opens nothing but a route of the UI."""
     port = ui["port"]
-    page = httpx.get(ui["opener"], timeout=30).text
+    page = httpx.get(ui["opener"], auth=owner(), timeout=30).text
     assert 'localStorage.setItem("mlflow.workflowType_v1", "\\"machine_learning\\"")' in page
     assert 'location.replace("/" + "#/experiments' in page and "workflowType=machine_learning" in page
-    hostile = httpx.get(f"http://127.0.0.1:{port}/zhpipe/open", params={"to": '#/x"</script><script>alert(1)//'}, timeout=30).text
+    hostile = httpx.get(f"http://127.0.0.1:{port}/zhpipe/open", params={"to": '#/x"</script><script>alert(1)//'}, auth=owner(),
+                        timeout=30).text
     assert "alert" not in hostile and 'location.replace("/" + "#/experiments")' in hostile
-    assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=30).status_code == 200  # MLflow itself, as before
+    assert httpx.get(f"http://127.0.0.1:{port}/health", auth=owner(), timeout=30).status_code == 200  # MLflow itself, as before
     assert httpx.get(f"http://127.0.0.1:{port}/ajax-api/2.0/mlflow/experiments/search", params={"max_results": 5},
-                     timeout=30).status_code == 200
+                     auth=owner(), timeout=30).status_code == 200
+
+
+def test_zhpipe_ui_answers_only_its_owner_and_only_reads(ui, runs):
+    """The review's attack: another local user, with no credentials, wrote an experiment, a run, a model version and
+    the `champion` alias through the UI's REST API, and the owner's next `zhpipe predict` ran their code. Now every
+    request needs the project's credentials, and even the owner's writes are refused: the UI only reads."""
+    base = f"http://127.0.0.1:{ui['port']}"
+    api = f"{base}/api/2.0/mlflow"
+    for auth in (None, ("zhpipe", "guess"), ("nobody", owner()[1])):
+        refused = httpx.get(f"{base}/health", auth=auth, timeout=30)
+        assert refused.status_code == 401 and refused.headers["www-authenticate"].startswith("Basic")
+        assert httpx.post(f"{api}/experiments/create", json={"name": "evil"}, auth=auth, timeout=30).status_code == 401
+    writes = [("POST", f"{api}/experiments/create", {"name": "evil", "artifact_location": "/tmp/evil"}),
+              ("POST", f"{api}/runs/create", {"experiment_id": "0"}),
+              ("POST", f"{api}/registered-models/create", {"name": "evil"}),
+              ("POST", f"{api}/model-versions/create", {"name": "zhpipe-smoke", "source": "/tmp/evil/model"}),
+              ("POST", f"{api}/registered-models/alias", {"name": "zhpipe-smoke", "alias": "champion", "version": "1"}),
+              ("DELETE", f"{api}/registered-models/alias", {"name": "zhpipe-smoke", "alias": "champion"}),
+              ("POST", f"{api}/runs/delete", {"run_id": runs["first"]["parent_run_id"]}),
+              ("PUT", f"{base}/api/2.0/mlflow-artifacts/artifacts/evil/pyfunc_model.py", None),
+              ("POST", f"{base}/graphql", {"query": 'mutation { testMutation(input: {inputString: "x"}) { output } }'})]
+    for method, url, body in writes:
+        answer = httpx.request(method, url, json=body, auth=owner(), timeout=30)
+        assert answer.status_code == 403 and "read-only" in answer.text, (method, url, answer.status_code, answer.text[:200])
+    reads = httpx.post(f"{base}/ajax-api/2.0/mlflow/runs/search", json={"experiment_ids": ["0"], "max_results": 1}, auth=owner(), timeout=30)
+    assert reads.status_code == 200
+    from flows.track.tracker import client
+
+    assert client().get_experiment_by_name("evil") is None and client().get_run(runs["first"]["parent_run_id"]).info.lifecycle_stage == "active"
 
 
 def test_console_lines_of_prefect_name_their_task():

@@ -1,0 +1,71 @@
+"""A registered version is loaded only when this project logged it: the review put a model with one added line into
+the registry (its files in another user's folder, the `champion` alias on it), and `zhpipe predict` ran that line as
+the owner. `zhpipe predict` and the champion gate now refuse such a version in one line, before loading a byte."""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.cli import in_process
+
+CODE = textwrap.dedent('''
+    import mlflow
+    from pathlib import Path
+
+    Path({marker!r}).write_text("ran as you")  # the attacker's line
+
+
+    class Echo(mlflow.pyfunc.PythonModel):
+        def predict(self, context, model_input, params=None):
+            return model_input
+
+
+    mlflow.models.set_model(Echo())
+''')
+
+
+def _plant(tmp_path: Path, name: str, location: Path | None, tags: dict[str, str]) -> Path:
+    """A model version of `name` with the `champion` alias, logged from code in an experiment whose artifacts live at
+    `location` (None: the store's own root), by a run with `tags`; returns the file its code writes when loaded."""
+    import mlflow
+
+    from flows.track.tracker import client, tracking_uri
+
+    mlflow.set_tracking_uri(tracking_uri())
+    marker = tmp_path / f"{name}.ran"
+    code = tmp_path / f"{name}.py"
+    code.write_text(CODE.format(marker=str(marker)))
+    c = client()
+    experiment = c.create_experiment(f"{name}-exp", artifact_location=location.as_uri() if location else None)
+    with mlflow.start_run(experiment_id=experiment, tags=tags) as run:
+        info = mlflow.pyfunc.log_model(name="model", python_model=str(code))
+    version = mlflow.register_model(info.model_uri, name).version
+    c.set_registered_model_alias(name, "champion", version)
+    assert run.info.run_id
+    marker.unlink(missing_ok=True)  # logging may have run it once: only loading counts
+    return marker
+
+
+@pytest.mark.parametrize("where, tags, why", [
+    ("outside", {"zhpipe.pipeline": "x"}, "outside this store's artifact root"),
+    ("inside", {}, "was not made by zhpipe"),
+])
+def test_a_planted_champion_is_refused_and_never_run(tmp_path, capsys, where, tags, why):
+    name = f"zhpipe-planted-{where}"
+    foreign = tmp_path / "someone-elses-folder"
+    marker = _plant(tmp_path, name, foreign if where == "outside" else None, tags)
+    capsys.readouterr()  # what MLflow printed while planting
+    done = in_process(capsys, "predict", "--model", f"models:/{name}@champion", "房间很干净")
+    assert done.returncode == 2 and why in done.stderr and len(done.stderr.strip().splitlines()) == 1, done
+    assert not marker.exists()  # nothing of it was loaded
+
+    import pandas as pd
+
+    from flows.track.serving import served_outcomes
+    from tasks.errors import ZhpipeError
+
+    with pytest.raises(ZhpipeError, match=why):  # the champion gate's re-scoring loads the champion the same way
+        served_outcomes(f"models:/{name}@champion", pd.DataFrame({"text": ["好"], "label": [1]}), "accuracy", "classifier")
+    assert not marker.exists()
