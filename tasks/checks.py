@@ -40,6 +40,7 @@ class Sample:
     rows_in: int
     rows_kept: int
     recent_rows: tuple[int, ...] = ()  # the reference's rows kept per night, most recent last (partitioned sources)
+    recent_quarantine: tuple[float, ...] = ()  # the share clean set aside on each of those nights
 
 
 @dataclass
@@ -89,13 +90,99 @@ def _ratio_rows(night: Sample, ref: Sample | None, threshold: float, min_rows: i
     return ratio, 1 / threshold <= ratio <= threshold, f"{night.rows_kept} rows kept against a median of {np.median(recent):.0f} on recent nights"
 
 
+QUARANTINE_MARGIN = 0.15  # a night may set aside this much more than the recent nights' median share (plus sampling noise)
+
+
 def _quarantine(night: Sample, ref: Sample | None, threshold: float, min_rows: int):
+    """The share clean set aside: at most `threshold`, and, once earlier nights are known, at most their median share
+    plus QUARANTINE_MARGIN and three standard errors (a night whose rows collapse into duplicates and conflicts)."""
     if not night.rows_in:
         return 1.0, False, "the partition has no rows"
     if night.rows_in < min_rows:
         return None, None, f"too few rows ({night.rows_in} in)"
     rate = 1 - night.rows_kept / night.rows_in
-    return rate, rate <= threshold, f"{night.rows_in - night.rows_kept} of {night.rows_in} rows quarantined by clean"
+    note = f"{night.rows_in - night.rows_kept} of {night.rows_in} rows quarantined by clean"
+    recent = [q for q in (ref.recent_quarantine if ref else ()) if q is not None][-7:]
+    if not recent:
+        return rate, rate <= threshold, note
+    base = float(np.median(recent))
+    allowed = min(threshold, base + QUARANTINE_MARGIN + 3 * math.sqrt(max(base * (1 - base), 1e-4) / night.rows_in))
+    return rate, rate <= allowed, f"{note}; allowed {allowed:.0%} (recent nights' median {base:.1%})"
+
+
+SHORT_QUANTILE = 0.05  # tonight's rows shorter than the reference's 5th-percentile length: about 5% on an ordinary night
+
+
+def _short(night: Sample, ref: Sample | None, threshold: float, min_rows: int):
+    """Degenerate text: the share of tonight's rows shorter than the reference's 5th-percentile length (text cut short,
+    a broken export that keeps only a prefix)."""
+    if ref is None or len(night.frame) < min_rows or len(ref.frame) < min_rows:
+        return None, None, "no reference or too few rows"
+    floor = float(np.quantile(ref.frame["text"].str.len(), SHORT_QUANTILE))
+    lengths = night.frame["text"].str.len()
+    share = float((lengths < floor).mean())
+    return share, share <= threshold, (f"{share:.0%} of rows shorter than {floor:.0f} characters, the reference's 5th percentile "
+                                       f"(median {lengths.median():.0f}, reference {ref.frame['text'].str.len().median():.0f})")
+
+
+MIN_KAPPA = 0.2  # a reference whose labels a text model agrees with less than this cannot tell a shuffle from noise
+
+
+def _kappa(truth: np.ndarray, pred: np.ndarray) -> tuple[float, float]:
+    """Cohen's kappa of two labellings and its standard error (the large-sample approximation)."""
+    n = len(truth)
+    observed = float(np.mean(truth == pred))
+    labels = np.union1d(truth, pred)
+    expected = float(sum(np.mean(truth == k) * np.mean(pred == k) for k in labels))
+    if expected >= 1:
+        return 0.0, 1.0
+    kappa = (observed - expected) / (1 - expected)
+    se = math.sqrt(max(observed * (1 - observed), 1e-6) / (n * (1 - expected) ** 2))
+    return kappa, se
+
+
+def text_features():
+    """The check's features: character 1-2-grams, TF-IDF (no segmentation: any script, any corpus)."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    return TfidfVectorizer(analyzer="char", ngram_range=(1, 2), sublinear_tf=True, min_df=2, max_features=50_000)
+
+
+def text_classifier():
+    """The check's model: a linear SVM (under a second on a few thousand rows, five folds included)."""
+    from sklearn.svm import LinearSVC
+
+    return LinearSVC(C=0.5)
+
+
+def _agreement(night: Sample, ref: Sample | None, threshold: float, min_rows: int):
+    """Whether tonight's labels say what its texts say: a text model trained on the reference labels tonight's rows;
+    its agreement with tonight's labels (Cohen's kappa) against its cross-validated agreement on the reference.
+    Shuffled, inverted or mislabelled rows keep any label shares but fall to chance agreement."""
+    if "label" not in night.frame or ref is None or "label" not in ref.frame or len(night.frame) < min_rows or len(ref.frame) < 2 * min_rows:
+        return None, None, "no labels, no reference or too few rows"
+    from sklearn.model_selection import KFold, StratifiedKFold, cross_val_predict
+
+    labels = ref.frame["label"].astype(str).to_numpy()
+    counts = pd.Series(labels).value_counts()
+    if len(counts) < 2:
+        return None, None, "the reference has one label"
+    folds = StratifiedKFold(5, shuffle=True, random_state=0) if counts.min() >= 5 else KFold(5, shuffle=True, random_state=0)
+    features = text_features()
+    try:
+        x = features.fit_transform(ref.frame["text"].astype(str))
+        base, base_se = _kappa(labels, cross_val_predict(text_classifier(), x, labels, cv=folds))
+    except ValueError as e:  # a fold with one class, an empty vocabulary
+        return None, None, f"the reference model could not be cross-validated ({str(e).splitlines()[0][:80]})"
+    if base < MIN_KAPPA:
+        return None, None, f"the reference's labels are too hard to tell from text for this check (kappa {base:.2f})"
+    model = text_classifier().fit(x, labels)
+    predicted = model.predict(features.transform(night.frame["text"].astype(str)))
+    tonight, se = _kappa(night.frame["label"].astype(str).to_numpy(), predicted)
+    allowed = threshold + 2 * math.sqrt(base_se**2 + se**2)
+    return base - tonight, base - tonight <= allowed, (f"a text model trained on the reference agrees with tonight's labels at "
+                                                       f"kappa {tonight:.2f} (on the reference, cross-validated: {base:.2f}); "
+                                                       f"allowed drop {allowed:.2f}")
 
 
 def _labels(night: Sample, ref: Sample | None, threshold: float, min_rows: int):
@@ -242,7 +329,12 @@ def _near_duplicates(night: Sample, ref: Sample | None, threshold: float, min_ro
 CHECKS: dict[str, Check] = {c.name: c for c in (
     Check("rows", "rows kept against the median of the last 7 nights: at most `threshold` times more or fewer",
           "warn", 20.0, _ratio_rows),
-    Check("quarantine", "share of the rows clean quarantined (empty, too short or long, duplicates, label conflicts); an empty partition fails", "block", 0.5, _quarantine),
+    Check("quarantine", "share of the rows clean quarantined (empty, too short or long, duplicates, label conflicts): at most the "
+          "threshold, and at most the recent nights' median + 0.15 (+ sampling noise); an empty partition fails", "block", 0.5, _quarantine),
+    Check("agreement", "drop of Cohen's kappa between tonight's labels and a text model trained on the reference, against its "
+          "cross-validated kappa on the reference (+ 2 standard errors): shuffled or wrong labels", "block", 0.25, _agreement),
+    Check("short", "share of tonight's rows shorter than the reference's 5th-percentile length (about 5% on an ordinary night): "
+          "text cut short", "block", 0.3, _short),
     Check("labels", "total variation distance between tonight's label shares and the reference's (+1/sqrt(rows))", "block", 0.15, _labels),
     Check("length", "Kolmogorov-Smirnov distance between tonight's and the reference's text lengths", "warn", 0.3, _lengths),
     Check("mojibake", "share of rows with UTF-8 text read as Latin-1 or cp1252 (è¿™ä¸ª...)", "block", 0.02, _mojibake),
@@ -259,6 +351,8 @@ class Checks(Section):
     min_rows: int = Field(30, ge=1)  # fewer rows than this: distribution checks are not judged (noted as such)
     rows: CheckSetting = CheckSetting(severity=CHECKS["rows"].severity, threshold=CHECKS["rows"].threshold)
     quarantine: CheckSetting = CheckSetting(severity=CHECKS["quarantine"].severity, threshold=CHECKS["quarantine"].threshold)
+    agreement: CheckSetting = CheckSetting(severity=CHECKS["agreement"].severity, threshold=CHECKS["agreement"].threshold)
+    short: CheckSetting = CheckSetting(severity=CHECKS["short"].severity, threshold=CHECKS["short"].threshold)
     labels: CheckSetting = CheckSetting(severity=CHECKS["labels"].severity, threshold=CHECKS["labels"].threshold)
     length: CheckSetting = CheckSetting(severity=CHECKS["length"].severity, threshold=CHECKS["length"].threshold)
     mojibake: CheckSetting = CheckSetting(severity=CHECKS["mojibake"].severity, threshold=CHECKS["mojibake"].threshold)
@@ -275,7 +369,8 @@ def sample(frame: pd.DataFrame, rows: int = SAMPLE_ROWS, seed: int = 0) -> pd.Da
 def judge(night: Sample, reference: Sample | None, settings: Checks) -> list[Verdict]:
     """Every check that is not off, on tonight's rows against the reference (None: the first night)."""
     small_night = Sample(sample(night.frame), night.rows_in, night.rows_kept)
-    small_ref = Sample(sample(reference.frame), reference.rows_in, reference.rows_kept, reference.recent_rows) if reference else None
+    small_ref = (Sample(sample(reference.frame), reference.rows_in, reference.rows_kept, reference.recent_rows, reference.recent_quarantine)
+                 if reference else None)
     verdicts = []
     for name, check in CHECKS.items():
         setting: CheckSetting = getattr(settings, name)

@@ -37,12 +37,13 @@ def report_html(title: str, stats: dict, tables: dict[str, pd.DataFrame], pictur
     return "\n".join(parts + ["</body></html>"])
 
 
-_MARKDOWN_SPECIAL = str.maketrans({c: "\\" + c for c in "\\`*_{}[]()#+!|~"} | {"<": "&lt;", ">": "&gt;", "&": "&amp;",
+_MARKDOWN_SPECIAL = str.maketrans({c: "\\" + c for c in "\\`*{}[]()#+!|~"} | {"<": "&lt;", ">": "&gt;", "&": "&amp;",
                                                                               "\n": " ", "\r": " "})
 
 
 def markdown_text(value) -> str:
-    """A value as literal Markdown text: HTML characters as entities, Markdown's own characters escaped, on one line
+    """A value as literal Markdown text: HTML characters as entities, Markdown's own characters escaped (not `_`, which
+    inside a word is literal in CommonMark: `test_accuracy` stays as it is), on one line
     (a partition named `<img onerror=...>` or `[x](javascript:...)` reads as its name, never as markup)."""
     return str(value).translate(_MARKDOWN_SPECIAL)
 

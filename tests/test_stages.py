@@ -206,17 +206,17 @@ def test_a_per_model_stage_is_one_module_and_one_entry(tmp_path, smoke, monkeypa
                           metric=lambda config: config.stages.evaluate.metric, reported=("test_accuracy",), flavour="classifier", models_of="classification")
     monkeypatch.setitem(graph.KINDS, "calibrated", kind)
     config_file = tmp_path / "pipelines.yaml"
-    config_file.write_text(f"""
+    config_file.write_text("""
 pipelines:
   toy:
     task: calibrated
-    source: {{path: tests/fixtures/smoke.csv, format: csv, text_column: review, label_column: label}}
+    source: {path: tests/fixtures/smoke.csv, format: csv, text_column: review, label_column: label}
     stages:
       embed:
-        word2vec: {{vector_size: 32, epochs: 2}}
-        fasttext: {{dim: 30, epoch: 1, bucket: 50000}}
-      train: {{models: [tfidf_lr, fasttext], fasttext: {{epoch: 5, lr: 0.1, dim: 30, bucket: 50000}}}}
-      calibrate: {{bins: 4}}
+        word2vec: {vector_size: 32, epochs: 2}
+        fasttext: {dim: 30, epoch: 1, bucket: 50000}
+      train: {models: [tfidf_lr, fasttext], fasttext: {epoch: 5, lr: 0.1, dim: 30, bucket: 50000}}
+      calibrate: {bins: 4}
 """, encoding="utf-8")
     keys = plan_keys(load_pipeline("toy", config_file))
     assert [u for u in keys if u.startswith("calibrate")] == ["calibrate.tfidf_lr", "calibrate.fasttext", "calibrate"]

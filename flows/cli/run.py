@@ -13,6 +13,7 @@ def cmd_run(args) -> int:
     from flows.orchestrate.pipeline import pipeline_flow, select_stages
     from tasks.urls import conceal, redact_text
 
+    fail_on(args.fail_on)  # a wrong policy is said before the run, not after it
     config = load(args)
     stages = select_stages(args.start, args.stop, args.only, tuple(config.kind.stages))
     force = None if args.force is None else ([args.force] if args.force else [])
@@ -29,7 +30,36 @@ def cmd_run(args) -> int:
     shown.print(f"MLflow: experiment [bold]{out['experiment']}[/], parent run {out['parent_run_id']}  (see it with `zhpipe ui`; "
                 f"the night's report is its report.html)")
     print_held(config)
-    return 0
+    return attention_code(out.get("attention") or {}, args.fail_on)
+
+
+ATTENTION = 4  # `zhpipe run` completed, and something in --fail-on happened: cron's MAILTO hears of it
+FAIL_ON = ("held", "warned", "kept-worse")
+
+
+def fail_on(text: str) -> tuple[str, ...]:
+    """`--fail-on` (or ZHPIPE_FAIL_ON): a comma list of held, warned, kept-worse; `none` for always 0."""
+    chosen = tuple(w.strip() for w in text.split(",") if w.strip())
+    wrong = [w for w in chosen if w not in (*FAIL_ON, "none")]
+    if wrong:
+        raise ZhpipeError(f"--fail-on {text}: {wrong[0]!r} is not one of {', '.join(FAIL_ON)}, none")
+    return () if "none" in chosen else chosen
+
+
+def attention_code(attention: dict, wanted: str) -> int:
+    """0, or ATTENTION with one line per reason when this run did something `wanted` names (a completed run that held
+    a partition, warned, or kept the champion over a worse version)."""
+    reasons = []
+    chosen = fail_on(wanted)
+    if "held" in chosen and attention.get("held"):
+        reasons.append(f"held out of the corpus tonight: {', '.join(attention['held'])}")
+    if "warned" in chosen and attention.get("warned"):
+        reasons.append(f"checks warned: {', '.join(attention['warned'])}")
+    if "kept-worse" in chosen and attention.get("kept_worse"):
+        reasons.append(f"the new model is worse than the champion: {attention['kept_worse']}")
+    for reason in reasons:
+        say("attention", f"{reason} (exit {ATTENTION}: --fail-on {wanted})")
+    return ATTENTION if reasons else 0
 
 
 def _server_watched():
@@ -173,6 +203,10 @@ def add_parsers(sub) -> None:
                      help="rebuild STAGE and every later stage even if cached (all stages without STAGE)")
     run.add_argument("--verify", action="store_true", help="hash every file of a reused output against its manifest "
                      "(file sizes, and files up to 8 MB, are always checked)")
+    run.add_argument("--fail-on", default=os.environ.get("ZHPIPE_FAIL_ON", "held,kept-worse"), metavar="WHAT",
+                     help="exit 4 when the run completed but one of these happened: held (a data check held a partition out), "
+                     "warned (a check warned), kept-worse (the new model is worse than the champion beyond the noise); "
+                     "`none`: exit 0 (default: held,kept-worse, or ZHPIPE_FAIL_ON)")
     run.set_defaults(handler=cmd_run)
     status = sub.add_parser("status", help="show each stage as cached, stale or missing")
     pipeline_args(status)

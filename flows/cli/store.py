@@ -94,9 +94,41 @@ def cmd_accept(args) -> int:
     from flows.cli.common import load
     from flows.plan import held
 
+    _partition_first(args)
     config = load(args)
     names = held.accept(config.identity, args.partitions, every=args.all)
     print(f"accepted {', '.join(names)}: the next `zhpipe run {shlex.quote(config.name)}` builds {'them' if len(names) > 1 else 'it'} into the corpus")
+    return 0
+
+
+def _partition_first(args) -> None:
+    """`zhpipe accept night3.csv` in a project of one pipeline: the word is a partition, not a pipeline name."""
+    from flows.cli.common import config_file
+    from flows.plan.config import list_pipelines
+
+    names = list(list_pipelines(config_file(args)))
+    if args.pipeline and args.pipeline not in names:
+        if len(names) != 1:
+            raise ZhpipeError(f"{args.pipeline!r} is not a pipeline of {config_file(args)}; name the pipeline first "
+                              f"({', '.join(names)})")
+        args.partitions.insert(0, args.pipeline)
+        args.pipeline = names[0]
+
+
+def cmd_hold(args) -> int:
+    """Take partitions that passed the checks out of the corpus (the next run rebuilds without them)."""
+    from flows.cli.common import load
+    from flows.plan import held
+    from flows.plan.sources import partitions
+
+    config = load(args)
+    if not config.source.partitioned:
+        raise ZhpipeError(f"hold: pipeline {config.name}'s source has no partitions (a folder, a glob or a nightly export has)")
+    names = held.hold(config.identity, {p.name: p.fingerprint() for p in partitions(config)}, args.partitions)
+    quoted = " ".join(shlex.quote(n) for n in names)
+    print(f"held out {', '.join(names)}: the next `zhpipe run {shlex.quote(config.name)}` builds the corpus and every split "
+          f"without {'them' if len(names) > 1 else 'it'} (the rows stay in the store); put back with "
+          f"`zhpipe accept {shlex.quote(config.name)} {quoted}`")
     return 0
 
 
@@ -119,3 +151,7 @@ def add_parsers(sub) -> None:
     accept.add_argument("partitions", nargs="*", metavar="PARTITION", help="held partitions, as `zhpipe status` names them")
     accept.add_argument("--all", action="store_true", help="every held partition (or the held corpus of a source without partitions)")
     accept.set_defaults(handler=cmd_accept)
+    hold = sub.add_parser("hold", help="take a partition that passed the data checks out of the corpus (accept's inverse)")
+    pipeline_args(hold)
+    hold.add_argument("partitions", nargs="+", metavar="PARTITION", help="partitions, as `zhpipe status` names them")
+    hold.set_defaults(handler=cmd_hold)

@@ -157,7 +157,13 @@ def reference_of(earlier: list) -> checks.Sample | None:
         rows += len(frame)
     frame = pd.concat(frames, ignore_index=True)
     recent = tuple(int(r.rows or 0) for r in earlier)
-    return checks.Sample(frame, len(frame), len(frame), recent)
+    return checks.Sample(frame, len(frame), len(frame), recent, tuple(_quarantined(r) for r in earlier))
+
+
+def _quarantined(result) -> float | None:
+    """The share clean set aside of a partition (None when its metrics do not say)."""
+    rows_in, dropped = result.metrics.get("rows_in"), result.metrics.get("rows_dropped")
+    return float(dropped) / float(rows_in) if rows_in and dropped is not None else None
 
 
 def _reference_file(config) -> Path:

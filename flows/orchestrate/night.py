@@ -61,10 +61,34 @@ def _record(run: RunContext, results: dict[str, StageResult], ok: bool, error: s
     champion = {k: v for k, v in tags.items() if k in ("zhpipe.champion", "zhpipe.champion_reason", "zhpipe.registered")}
     if error:
         champion["error"] = error
-    page = report.render(run.title or run.config.name, ok, arrived(run, results), rows, plots, champion)
+    page = report.render(run.title or run.config.name, ok, arrived(run, results), rows, plots, champion, headline(run, results))
     parent.text(page, "report.html")
     _prefect(run, rows, report.worries(ok, rows, champion))
     flush()
+
+
+def headline(run: RunContext, results: dict[str, StageResult]) -> dict[str, float]:
+    """The best model's headline test metrics (accuracy and macro-F1, entity F1, BLEU: the kind's reported ones)."""
+    kind = run.config.kind
+    selection = results.get(kind.selection.name) if kind.selection else None
+    if selection is None or not selection.facts.best_model:
+        return {}
+    scores = selection.facts.results.get(selection.facts.best_model, {})
+    return {f"{selection.facts.best_model} {name}": float(scores[name]) for name in kind.reported if name in scores}
+
+
+def attention(run: RunContext) -> dict:
+    """What a person should hear of this run (what `zhpipe run --fail-on` reads): partitions held and checks warned in
+    this run, and whether the champion was kept over a worse new version."""
+    from flows.track.champion import kept_worse
+
+    gate = run.gate
+    fresh = gate.fresh if gate else []
+    tags = Tracker(run.parent_run_id).client.get_run(run.parent_run_id).data.tags if run.parent_run_id else {}
+    return {"held": [j.name for j in fresh if j.held],
+            "warned": [f"{v.check} on {j.name}" for j in fresh for v in j.verdicts if v.warns],
+            "kept_worse": tags.get("zhpipe.champion_reason", "") if tags.get("zhpipe.champion") == "no"
+            and kept_worse(tags.get("zhpipe.champion_reason", "")) else ""}
 
 
 def night_plots(judged: list) -> list[str]:

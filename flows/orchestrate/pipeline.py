@@ -150,7 +150,7 @@ def pipeline_flow(
         finally:
             _close(run, results, stages, ok, error)
         return {
-            "parent_run_id": run.parent_run_id,
+            "parent_run_id": run.parent_run_id, "attention": night.attention(run),
             "experiment": run.experiment,
             "stages": [{k: v for k, v in asdict(results[name]).items() if k != "parts"} | {"headline": config.kind.stages[name].headline}
                        for name in stages],

@@ -93,6 +93,21 @@ def accepted(record: dict[str, Any], name: str, digest: str) -> bool:
     return record["accepted"].get(name) == digest
 
 
+def hold(identity: str, digests: dict[str, str], names: list[str]) -> list[str]:
+    """Take partitions that passed out of the corpus by hand (`digests`: every partition of the source, name -> its
+    digest now); the next run plans without them, their rows stay in the store, `accept` puts them back."""
+    unknown = [n for n in names if n not in digests]
+    if unknown or not names:
+        raise ZhpipeError(f"hold: {unknown[0]!r} is not a partition of pipeline '{identity}'" if unknown else "hold: name a partition"
+                          f" (partitions: {', '.join(list(digests)[-10:]) or 'none'})")
+    with changing(identity) as record:
+        for name in names:
+            record["accepted"].pop(name, None)
+            record["held"][name] = {"check": "by hand", "line": f"{name} held out by hand (`zhpipe hold`)", "digest": digests[name],
+                                    "at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    return names
+
+
 def accept(identity: str, names: list[str], every: bool = False) -> list[str]:
     """Put held partitions back into the corpus (the next run builds them in, whatever the checks say of them as
     they are now); returns the names accepted. A name not held is one clear error."""

@@ -187,6 +187,7 @@ def _quoted(value: str) -> str:
 
 
 HEADER_BYTES = 1 << 20  # init reads this much of a CSV at most: its header line must fit (a run bounds the rest)
+SAMPLE_ROWS = 200  # rows of that head parsed, so that a broken file is said at init
 
 
 def _columns(path: Path, shown: Path) -> list[str]:
@@ -213,8 +214,10 @@ def _columns(path: Path, shown: Path) -> list[str]:
                             "names its columns, such as text,label)")
     try:
         header = next(csv.reader(io.StringIO(text)), [])
-    except csv.Error as e:
-        raise DataError(f"--csv {shown}: not a readable CSV in {encoding} ({e})") from None
+        if header:  # a bounded sample of rows: a broken quote or a row of the wrong width is said now, not mid-run
+            pd.read_csv(io.StringIO(text), nrows=SAMPLE_ROWS, dtype=str)
+    except (csv.Error, ValueError, pd.errors.ParserError) as e:
+        raise DataError(f"--csv {shown}: not a readable CSV in {encoding} ({str(e).splitlines()[0][:120]})") from None
     if not header:
         raise DataError(f"--csv {shown}: empty (expected a header line naming its columns, such as text,label)")
     return header

@@ -141,7 +141,7 @@ def collect_garbage(store: StageStore, keep: set[tuple[str, str]], dry_run: bool
             elif (stage_dir.name, entry.name) not in keep and _is_output(stage_dir.name, entry):
                 if (stage_dir.name, entry.name) in held:
                     spared = f"held by a live run (pid {held[stage_dir.name, entry.name]})"
-                elif _published(entry) >= since - 1:
+                elif _published(entry) >= since:
                     spared = "published after gc began, or by a run that is still live"
                 else:
                     why = "not used by any pipeline in pipelines.yaml or kept run on another corpus"

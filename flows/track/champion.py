@@ -193,6 +193,15 @@ def decide(new_score: float, new_hash: str, champion: dict | None, metric: str) 
                    "test split; the alias stays"), old_score
 
 
+WORSE = "worse beyond"  # what a decision says when the new version scored below the champion beyond the noise
+
+
+def kept_worse(reason: str) -> bool:
+    """Whether a champion decision kept the alias because the new version is worse (overall or on a slice) or could not
+    be scored: news for a person, unlike a difference inside the noise."""
+    return WORSE in reason or "; worse on " in reason or "could not be scored" in reason
+
+
 def decide_paired(version: str, champion: dict | None, metric: str, served: Callable[[str], Any], rule) -> tuple[bool, str, float | None]:
     """The champion rule on the same test rows: the new version and the champion (its tags; None when there is none)
     are scored as they are served (`served(version)` -> `Outcomes`), and the new one replaces the champion only when
@@ -220,6 +229,8 @@ def decide_paired(version: str, champion: dict | None, metric: str, served: Call
             f"(paired bootstrap)")
     if c.worse_slices:
         return False, f"{said}; worse on {'; '.join(c.worse_slices[:3])} (evaluate.champion.slice_tolerance); the alias stays", c.champion
+    if c.high < 0:
+        return False, f"{said}: {WORSE} the noise; the alias stays", c.champion
     if c.low <= 0:
         return False, f"{said}: the difference is inside the noise; the alias stays", c.champion
     return True, f"{said}: better beyond the noise; it becomes champion", c.champion

@@ -47,7 +47,10 @@ def load_model(uri: str):
     # that runs that code, never from this one
     from flows.track.champion import trusted
 
-    trusted(uri)  # a registered version this project logged, under its own artifact root, or one line and nothing loaded
+    try:
+        trusted(uri)  # a registered version this project logged, under its own artifact root, or one line and nothing loaded
+    except ConfigError as e:  # no such version: said as any model that cannot be loaded
+        raise cannot(e) from None
     in_place = Path(uri.removeprefix("file://")).expanduser()
     try:
         if (in_place / "MLmodel").is_file():  # a local model is read in place

@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+LENGTH_QUANTILE = 0.99  # the length axis ends here (longer texts are counted in the last bin)
 TOP_LABELS = 20  # labels drawn in the shares plot (a corpus may have thousands)
 REASONS = ("empty", "too_short", "too_long", "duplicate", "label_conflict", "misaligned")
 
@@ -31,14 +32,34 @@ def comparison_plot(name: str, night: pd.DataFrame, reference: pd.DataFrame | No
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from tasks.plots import cjk_font
+
+    font = cjk_font()  # the font the profile stage draws Chinese with: label names are often Chinese
+    style = {}
+    if font:
+        from matplotlib import font_manager
+
+        font_manager.fontManager.addfont(font)
+        style = {"font.family": font_manager.FontProperties(fname=font).get_name()}
+    with plt.rc_context(style):
+        return _png(_comparison_figure(plt, name, night, reference))
+
+
+def _comparison_figure(plt, name: str, night: pd.DataFrame, reference: pd.DataFrame | None):
+    import numpy as np
+
     labelled = "label" in night and reference is not None and "label" in reference
     fig, axes = plt.subplots(1, 2 if labelled else 1, figsize=(9 if labelled else 4.5, 2.8))
     axes = list(axes) if labelled else [axes]
     lengths = axes[-1]
-    lengths.hist(night["text"].str.len(), bins=40, alpha=0.6, density=True, label=name)
+    both = [night["text"].str.len()] + ([reference["text"].str.len()] if reference is not None else [])
+    top = max(1.0, float(np.quantile(pd.concat(both), LENGTH_QUANTILE)))  # clipped to the data: a few long texts squeeze the rest
+    bins = np.linspace(0, top, 41)
+    lengths.hist(night["text"].str.len().clip(upper=top), bins=bins, alpha=0.6, density=True, label=name)
     if reference is not None:
-        lengths.hist(reference["text"].str.len(), bins=40, alpha=0.6, density=True, label="reference")
-    lengths.set_xlabel("characters")
+        lengths.hist(reference["text"].str.len().clip(upper=top), bins=bins, alpha=0.6, density=True, label="reference")
+    lengths.set_xlim(0, top)
+    lengths.set_xlabel(f"characters (up to the {LENGTH_QUANTILE:.0%} quantile)")
     lengths.set_title("text length")
     lengths.legend(fontsize=7)
     if labelled:
@@ -48,7 +69,7 @@ def comparison_plot(name: str, night: pd.DataFrame, reference: pd.DataFrame | No
         shares.plot.bar(ax=axes[0], rot=0)
         axes[0].set_title("label shares")
         axes[0].legend(fontsize=7)
-    return _png(fig)
+    return fig
 
 
 def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
@@ -68,6 +89,12 @@ td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:left}tr.ba
 .verdict{font-size:20px;padding:.6em;border-radius:6px}.ok{background:#e3f6e3}.worry{background:#fde2e2}"""
 
 
+def _metrics(metrics: dict[str, float]) -> str:
+    if not metrics:
+        return "<p>no model was trained or selected in this run</p>"
+    return "<p>" + ", ".join(f"{html.escape(k)} <b>{v:.4f}</b>" for k, v in metrics.items()) + "</p>"
+
+
 def worries(ok: bool, checks_rows: list[dict], champion: dict[str, str]) -> list[str]:
     """What a reader should worry about, one line each (none: a quiet night)."""
     lines = [] if ok else [f"the run failed: {champion.get('error', 'see the log')}"]
@@ -77,11 +104,17 @@ def worries(ok: bool, checks_rows: list[dict], champion: dict[str, str]) -> list
     warned = [f"{r['check']} on {r['partition']}" for r in checks_rows if r["result"] == "failed"]
     if warned:
         lines.append(f"warnings: {', '.join(warned)}")
+    from flows.track.champion import kept_worse
+
+    reason = champion.get("zhpipe.champion_reason", "")
+    if champion.get("zhpipe.champion") == "no" and kept_worse(reason):
+        lines.append(f"the new model is worse than the champion, which stays: {reason}")
     return lines
 
 
-def render(title: str, ok: bool, arrived: list[dict], checks_rows: list[dict], plots: list[str], champion: dict[str, str]) -> str:
-    """The page."""
+def render(title: str, ok: bool, arrived: list[dict], checks_rows: list[dict], plots: list[str], champion: dict[str, str],
+           metrics: dict[str, float] | None = None) -> str:
+    """The page. `metrics`: the headline test metrics of the run's best model (every night, the first included)."""
     lines = worries(ok, checks_rows, champion)
     verdict = ("<div class='verdict worry'>Look at this run: " + "; ".join(html.escape(x) for x in lines) + "</div>" if lines
                else "<div class='verdict ok'>Nothing to worry about: every check passed and the run completed.</div>")
@@ -96,5 +129,6 @@ def render(title: str, ok: bool, arrived: list[dict], checks_rows: list[dict], p
 <h2>Data checks</h2>{_table(sorted(checks_rows, key=lambda r: not str(r["result"]).startswith("failed")),
                               ["partition", "check", "severity", "figure", "threshold", "result", "note"])}
 <h2>Tonight against the reference</h2>{"".join(plots) or "<p>no partition was judged in this run</p>"}
+<h2>Model</h2>{_metrics(metrics or {})}
 <h2>Champion</h2><p><b>{html.escape(champion.get("zhpipe.registered", "-"))}</b> {html.escape(state)}</p><p>{html.escape(decision)}</p>
 </body></html>"""

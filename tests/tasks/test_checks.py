@@ -44,7 +44,7 @@ def test_a_night_of_one_class_fails_the_label_check(reviews):
     reference, rest = reviews
     night = rest.head(90).assign(label=reference["label"].value_counts().index[0])
     result = verdicts(night, reference)
-    assert failed(result) == {"labels"} and result["labels"].blocks
+    assert {"labels"} <= failed(result) <= {"labels", "agreement"} and result["labels"].blocks
 
 
 def test_mojibake_fails_the_mojibake_and_script_checks(reviews):
@@ -94,3 +94,49 @@ def test_a_check_turned_off_is_not_judged_and_a_small_night_is_not_judged_on_dis
     small = verdicts(rest.head(10).assign(label="1"), reference)
     assert small["labels"].passed is None and "too few rows" in small["labels"].note
     assert set(CHECKS) == set(Checks.model_fields) - {"min_rows"}  # every declared check has a setting
+
+
+@pytest.fixture(scope="module")
+def hotel():
+    """The bundled reviews: a reference of 3,000 rows and ordinary nights of 400 after it."""
+    rows = pd.read_csv(ROOT / "data/raw/ChnSentiCorp_htl_all.csv", dtype=str).rename(columns={"review": "text"}).dropna()
+    rows = cleaned(rows.sample(frac=1, random_state=11).reset_index(drop=True).iloc[:5400])
+    reference = Sample(rows.iloc[:3000], 3000, 3000, (3000, 400, 400), (0.02, 0.03, 0.02))
+    return reference, [rows.iloc[i : i + 400] for i in range(3000, 5400, 400)]
+
+
+def judged(night: pd.DataFrame, reference: Sample, rows_in: int | None = None) -> dict:
+    return {v.check: v for v in judge(Sample(night, rows_in or len(night), len(night)), reference, Checks())}
+
+
+def test_ordinary_nights_of_the_bundled_corpus_pass_agreement_short_and_quarantine(hotel):
+    reference, nights = hotel
+    for night in nights:
+        result = judged(night, reference, rows_in=int(len(night) / 0.97))
+        assert failed(result) == set(), {k: v.line("night") for k, v in result.items() if v.passed is False}
+        assert result["agreement"].passed and result["short"].passed and result["quarantine"].passed
+
+
+def test_shuffled_labels_keep_their_shares_and_fail_the_agreement_check(hotel):
+    import numpy as np
+
+    reference, nights = hotel
+    night = nights[0].assign(label=np.random.default_rng(0).permutation(nights[0]["label"].to_numpy()))
+    result = judged(night, reference)
+    assert failed(result) == {"agreement"} and result["agreement"].blocks, result["agreement"].line("night")
+    assert result["labels"].passed  # the shares did not move
+
+
+def test_five_percent_of_labels_flipped_is_ordinary_noise(hotel):
+    reference, nights = hotel
+    night = nights[1].assign(label=[("1" if v == "0" else "0") if i % 20 == 0 else v for i, v in enumerate(nights[1]["label"])])
+    assert judged(night, reference)["agreement"].passed
+
+
+def test_text_cut_to_three_characters_fails_the_short_check_and_its_quarantine_is_held_to_recent_nights(hotel):
+    reference, nights = hotel
+    cut = nights[2].assign(text=nights[2]["text"].str[:3])
+    result = judged(cut, reference)
+    assert result["short"].passed is False and result["short"].blocks and result["short"].figure > 0.9
+    collapsed = judged(cut.drop_duplicates("text"), reference, rows_in=len(cut))  # 35% set aside: under 0.5, far above ~2%
+    assert collapsed["quarantine"].passed is False and "recent nights' median" in collapsed["quarantine"].note
