@@ -331,11 +331,11 @@ CHECKS: dict[str, Check] = {c.name: c for c in (
           "warn", 20.0, _ratio_rows),
     Check("quarantine", "share of the rows clean quarantined (empty, too short or long, duplicates, label conflicts): at most the "
           "threshold, and at most the recent nights' median + 0.15 (+ sampling noise); an empty partition fails", "block", 0.5, _quarantine),
+    Check("labels", "total variation distance between tonight's label shares and the reference's (+1/sqrt(rows))", "block", 0.15, _labels),
     Check("agreement", "drop of Cohen's kappa between tonight's labels and a text model trained on the reference, against its "
           "cross-validated kappa on the reference (+ 2 standard errors): shuffled or wrong labels", "block", 0.25, _agreement),
     Check("short", "share of tonight's rows shorter than the reference's 5th-percentile length (about 5% on an ordinary night): "
           "text cut short", "block", 0.3, _short),
-    Check("labels", "total variation distance between tonight's label shares and the reference's (+1/sqrt(rows))", "block", 0.15, _labels),
     Check("length", "Kolmogorov-Smirnov distance between tonight's and the reference's text lengths", "warn", 0.3, _lengths),
     Check("mojibake", "share of rows with UTF-8 text read as Latin-1 or cp1252 (è¿™ä¸ª...)", "block", 0.02, _mojibake),
     Check("script", "drop of the CJK share of letters against the reference (English or other scripts)", "block", 0.3, _cjk),

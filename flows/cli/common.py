@@ -88,13 +88,15 @@ def number(value: float) -> str:
 
 
 def print_frame(df, title: str, no_wrap: tuple[str, ...] = ()) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=title)
+    table = Table(title=escape(title))
     for col in df.columns:
-        table.add_column(str(col), justify="right" if df[col].dtype.kind in "if" else "left", no_wrap=col in no_wrap)
-    for row in df.itertuples(index=False):
-        table.add_row(*["" if v is None or (isinstance(v, float) and v != v) else f"{v:.4f}" if isinstance(v, float) else str(v) for v in row])
+        table.add_column(escape(str(col)), justify="right" if df[col].dtype.kind in "if" else "left", no_wrap=col in no_wrap)
+    for row in df.itertuples(index=False):  # values as text, never as markup: `train.models=[tfidf_lr]` keeps its list
+        table.add_row(*["" if v is None or (isinstance(v, float) and v != v) else f"{v:.4f}" if isinstance(v, float) else escape(str(v))
+                        for v in row])
     console().print(table)
 
 

@@ -165,11 +165,14 @@ def cmd_status(args) -> int:
 
 def print_held(config) -> None:
     """The partitions (or corpus) the data checks hold out of the corpus, each with its line and how to put it back."""
+    from rich.markup import escape
+
     from flows.plan import held
 
     out = held.held(config.identity)
     for name, why in out.items():
-        console().print(f"[red]held out[/]: {why.get('line', name)}; put it back with `zhpipe accept {shlex.quote(config.name)} {shlex.quote(name) if name != held.CORPUS else '--all'}`")
+        command = f"zhpipe accept {shlex.quote(config.name)} {shlex.quote(name) if name != held.CORPUS else '--all'}"
+        console().print(f"[red]held out[/]: {escape(why.get('line', name))}; put it back with `{escape(command)}`")
 
 
 def cmd_tune(args) -> int:

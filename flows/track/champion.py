@@ -197,9 +197,9 @@ WORSE = "worse beyond"  # what a decision says when the new version scored below
 
 
 def kept_worse(reason: str) -> bool:
-    """Whether a champion decision kept the alias because the new version is worse (overall or on a slice) or could not
-    be scored: news for a person, unlike a difference inside the noise."""
-    return WORSE in reason or "; worse on " in reason or "could not be scored" in reason
+    """Whether a champion decision kept the alias because the new version is worse overall beyond the noise, or could not
+    be scored: news for a person, unlike a difference inside the noise or one slice below the tolerance."""
+    return WORSE in reason or "could not be scored" in reason
 
 
 def decide_paired(version: str, champion: dict | None, metric: str, served: Callable[[str], Any], rule) -> tuple[bool, str, float | None]:

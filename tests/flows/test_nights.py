@@ -91,3 +91,46 @@ def test_a_corpus_without_partitions_that_fails_a_blocking_check_stops_before_tr
     runs = mlflow.search_runs(experiment_names=["zhpipe-nights-mojibake"], output_format="list")
     assert not any(r.data.tags.get("zhpipe.stage") == "split" for r in runs)  # nothing after clean ran
     assert held.CORPUS in held.held("nights-mojibake")
+
+
+def test_a_shuffled_night_is_held_the_report_worries_cron_hears_and_hold_takes_a_night_out(tmp_path, prefect_harness, capsys):
+    """Night 2's labels shuffled among its rows (every label share kept): the agreement check holds it, the report never
+    says all is well, `zhpipe run` would exit 4 (cron's MAILTO hears); `zhpipe hold` takes night 3, which passed, out,
+    and the next run builds without it."""
+    from flows.cli import main
+    from flows.cli.run import ATTENTION, attention_code
+    from flows.plan import project
+
+    rows = pd.read_csv(ROOT / "data/raw/ChnSentiCorp_htl_all.csv", dtype=str).dropna().sample(1500, random_state=5)
+    drops = tmp_path / "data" / "raw" / "nights"
+    drops.mkdir(parents=True)
+    rows.iloc[:1000].to_csv(drops / "2026-12-01.csv", index=False)
+    shuffled = rows.iloc[1000:1300].assign(label=rows.iloc[1000:1300]["label"].sample(frac=1, random_state=1).to_numpy())
+    shuffled.to_csv(drops / "2026-12-02.csv", index=False)
+    rows.iloc[1300:1500].to_csv(drops / "2026-12-03.csv", index=False)
+    doc = {"pipelines": {"nights": {"source": {"path": "data/raw/nights/*.csv", "text_column": "review", "label_column": "label"},
+                                    "stages": {"augment": {"method": "none"}, "train": {"models": ["tfidf_lr"]}}}}}
+    (tmp_path / "pipelines.yaml").write_text(yaml.safe_dump(doc), encoding="utf-8")
+    previous = project._CURRENT
+    project.activate(project.Project(tmp_path))
+    try:
+        file, store = str(tmp_path / "pipelines.yaml"), str(tmp_path / "store")
+        out = pipeline_flow("nights", config_file=file, storage=store, stages=STAGES)
+        assert out["attention"]["held"] == ["2026-12-02.csv"] and held.held("nights")["2026-12-02.csv"]["check"] == "agreement"
+        assert {s["stage"]: s for s in out["stages"]}["download"]["rows"] == 1200
+        capsys.readouterr()
+        assert attention_code(out["attention"], "held,kept-worse") == ATTENTION
+        said = capsys.readouterr().err.strip().splitlines()
+        assert said == ["zhpipe: attention: held out of the corpus tonight: 2026-12-02.csv (exit 4: --fail-on held,kept-worse)"]
+        assert attention_code(out["attention"], "none") == 0
+        page = Path(mlflow.artifacts.download_artifacts(run_id=out["parent_run_id"], artifact_path="report.html",
+                                                        dst_path=str(tmp_path))).read_text(encoding="utf-8")
+        assert "Look at this run" in page and "Nothing to worry about" not in page and "tfidf_lr test_accuracy" in page
+
+        assert main(["--project", str(tmp_path), "hold", "2026-12-03.csv"]) == 0  # one pipeline: the word is a partition
+        assert "zhpipe accept nights 2026-12-03.csv" in capsys.readouterr().out
+        again = pipeline_flow("nights", config_file=file, storage=store, stages=STAGES)
+        assert {s["stage"]: s for s in again["stages"]}["download"]["rows"] == 1000 and again["attention"]["held"] == []
+        assert main(["--project", str(tmp_path), "accept", "2026-12-03.csv"]) == 0
+    finally:
+        project._CURRENT = previous

@@ -1,0 +1,32 @@
+"""The labelled corpora the nightly and checks benchmarks use, made from the bundled data each time (never committed)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def corpus(name: str) -> pd.DataFrame:
+    """The benchmark's corpus as (label, review) rows, unique texts: the bundled hotel reviews, or Resume NER's sentences
+    (train, dev and test files) labelled by their most frequent entity type (NAME, ORG, TITLE, EDU, ...), sentences
+    without an entity left out. Made here each time; nothing of it is committed."""
+    if name == "hotel":
+        return pd.read_csv(ROOT / "data/raw/ChnSentiCorp_htl_all.csv", dtype=str).dropna().drop_duplicates("review")
+    from collections import Counter
+
+    rows = []
+    for split in ("train", "dev", "test"):
+        chars, types = [], Counter()
+        for line in (ROOT / f"data/raw/ResumeNER/{split}.char.bmes").read_text(encoding="utf-8").splitlines() + [""]:
+            if not line.strip():
+                if chars and types:
+                    rows.append({"label": types.most_common(1)[0][0], "review": "".join(chars)})
+                chars, types = [], Counter()
+                continue
+            char, tag = line.split()
+            chars.append(char)
+            if tag.startswith(("B-", "S-")):
+                types[tag.split("-", 1)[1]] += 1
+    return pd.DataFrame(rows).drop_duplicates("review")
