@@ -47,6 +47,9 @@ def cmd_init(args) -> int:
         written = init_project(Path(args.dir), Path(args.csv) if args.csv else None, args.text_column, args.label_column, args.link)
     for path in written:
         print(f"wrote {path}")
+    if args.nightly and not args.link:
+        drops = Path(args.dir).expanduser().resolve() / "data" / "raw" / Path(args.nightly).expanduser().resolve().name
+        print(f"new nights go to {drops}/ (a copy of {args.nightly}; `zhpipe init --nightly FOLDER --link` reads them where they are)")
     print(f"next: cd {shlex.quote(str(args.dir))} && zhpipe run")
     return 0
 

@@ -106,6 +106,9 @@ def summary_table(rows: list[dict], wall: float, name: str, units: list[dict] = 
     for r in rows:
         value = r["metrics"].get(r["headline"])
         metric = f"{r['headline']}={number(value)}" if value is not None else ""
+        companion = r["headline"].replace("accuracy", "macro_f1") if r["headline"] else ""  # accuracy alone hides a class left behind
+        if metric and companion != r["headline"] and r["metrics"].get(companion) is not None:
+            metric += f" {companion}={number(r['metrics'][companion])}"
         table.add_row(r["stage"], "[green]hit[/]" if r["cache"] == "hit" else "[yellow]miss[/]",
                       f"{r['seconds']:.1f}", str(r["rows"] if r["rows"] is not None else ""), metric)
         partitions = [u for u in units if u["stage"].startswith(r["stage"] + ":")]

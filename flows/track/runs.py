@@ -101,7 +101,7 @@ def runs_table(runs: list) -> pd.DataFrame:
             "run": r.info.run_id[:12], "started": time.strftime("%Y-%m-%d %H:%M", time.localtime(r.info.start_time / 1000)),
             "status": r.info.status, "name": tags.get("mlflow.runName") or getattr(r.info, "run_name", ""),
             "overrides": tags.get("zhpipe.overrides", ""),
-            "pipeline": tags.get("zhpipe.pipeline", ""), "commit": tags.get("zhpipe.git_commit", "")[:8],
+            "pipeline": tags.get("zhpipe.pipeline", ""), "commit": tags.get("zhpipe.git_commit", "")[:8].replace("unknown", "-"),
             "source": tags.get("zhpipe.source_sha256", "").removeprefix("partitions ")[:8], "best model": tags.get("zhpipe.best_model", ""),
             "test acc": m.get("best_test_accuracy"), "test macro-F1": m.get("best_test_macro_f1"), "test entity F1": m.get("best_test_f1"),
             "hit/miss": f"{int(m.get('stages_hit', 0))}/{int(m.get('stages_miss', 0))}",
