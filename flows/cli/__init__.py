@@ -10,7 +10,7 @@ import os
 import sys
 from typing import NoReturn
 
-from flows.cli import catalog, results, run, schedule, store
+from flows.cli import catalog, doctor, results, run, schedule, store
 from flows.cli.common import version
 from flows.cli.ending import abort, finish  # noqa: F401 - as callers knew them
 from flows.cli.run import summary_table  # noqa: F401 - the run summary, as callers knew it
@@ -18,7 +18,7 @@ from flows.orchestrate import handover
 from flows.plan import project
 from tasks.errors import ZhpipeError, say
 
-GROUPS = (run, schedule, results, store, catalog)
+GROUPS = (run, schedule, results, store, catalog, doctor)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -10,10 +10,12 @@ from tasks.errors import ZhpipeError, say
 
 
 def cmd_run(args) -> int:
+    from flows.cli.doctor import preflight
     from flows.orchestrate.pipeline import pipeline_flow, select_stages
     from tasks.urls import conceal, redact_text
 
     fail_on(args.fail_on)  # a wrong policy is said before the run, not after it
+    preflight()  # a tracking server that does not answer: one line now, not after the data stages
     config = load(args)
     stages = select_stages(args.start, args.stop, args.only, tuple(config.kind.stages))
     force = None if args.force is None else ([args.force] if args.force else [])
@@ -27,7 +29,11 @@ def cmd_run(args) -> int:
                             source=config.source.model_dump(exclude_defaults=True) if args.source else None)
     shown = console()
     shown.print(summary_table(out["stages"], time.perf_counter() - t0, config.name, out.get("units", [])))
-    shown.print(f"MLflow: experiment [bold]{out['experiment']}[/], parent run {out['parent_run_id']}  (see it with `zhpipe ui`; "
+    from flows.track.tracker import tracking_uri, ui_url
+
+    where = (f"see it at {ui_url(out['experiment'], out['parent_run_id'])}" if tracking_uri().startswith(("http://", "https://"))
+             else "see it with `zhpipe ui`")
+    shown.print(f"MLflow: experiment [bold]{out['experiment']}[/], parent run {out['parent_run_id']}  ({where}; "
                 f"the night's report is its report.html)")
     print_held(config)
     return attention_code(out.get("attention") or {}, args.fail_on)

@@ -204,10 +204,20 @@ ML_VIEW = "workflowType=machine_learning"
 
 def ui_url(experiment: str, run_id: str) -> str:
     """The MLflow UI address of a run, as `zhpipe ui` serves it, in the machine-learning view."""
+
+    return f"{ui_base()}/#/experiments/{experiment_id(experiment)}/runs/{run_id}?{ML_VIEW}"
+
+
+def ui_base() -> str:
+    """Where people see this store's runs: ZHPIPE_MLFLOW_UI, else a tracking server's own address (the team's UI), else
+    where `zhpipe ui` serves the project's store."""
     import os
 
-    base = os.environ.get("ZHPIPE_MLFLOW_UI", UI_URL).rstrip("/")
-    return f"{base}/#/experiments/{experiment_id(experiment)}/runs/{run_id}?{ML_VIEW}"
+    from tasks.urls import redact
+
+    uri = tracking_uri()
+    team = redact(uri) if uri.startswith(("http://", "https://")) else None
+    return (os.environ.get("ZHPIPE_MLFLOW_UI") or team or UI_URL).rstrip("/")
 
 
 def home_url(base: str, opener: bool = False) -> str:

@@ -1,0 +1,200 @@
+"""`zhpipe doctor`: each service a run will use, checked the way the run uses it, one line each: the config, the disk,
+the tracking store (MLflow: a SQLite file, or a server on a database), the Prefect server, the stage store (a folder or
+an object store) and its lock, the alert target. A failing line names what to fix; the exit status is 1 when one
+fails. `preflight` is the part a run does itself before it builds anything."""
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Callable
+
+from tasks.errors import ZhpipeError
+
+Check = Callable[[], str]
+
+
+def _config(args) -> str:
+    from flows.cli.common import config_file
+    from flows.plan.config import list_pipelines, load_alerts, load_pipeline
+
+    file = config_file(args)
+    names = list(list_pipelines(file))
+    for name in names:
+        load_pipeline(name, file)
+    alerts = ""
+    try:
+        from flows.track.alerts import check_target
+
+        check_target(load_alerts(file))
+        alerts = "; alerts: target allowed"
+    except ZhpipeError as e:
+        if "no 'alerts:' section" not in str(e):
+            raise
+    return f"{len(names)} pipelines valid in {file}{alerts}"
+
+
+def _disk(args) -> str:
+    import shutil
+
+    from flows.plan import project
+
+    project.check_space()
+    return ", ".join(f"{what} {shutil.disk_usage(next(p for p in (folder, *folder.parents) if p.exists())).free / 2**30:.1f} GB free"
+                     for folder, what in project.writes_to().items())
+
+
+def _http_status(url: str, timeout: float = 5) -> int:
+    import httpx
+
+    try:
+        return httpx.get(url, timeout=timeout).status_code
+    except httpx.HTTPError as e:
+        raise ZhpipeError(f"{url} does not answer ({type(e).__name__}: {str(e)[:120]}); is the server up, is the address right?") from None
+
+
+def _tracking(args) -> str:
+    import mlflow
+
+    from flows.track.tracker import check_sqlite, client, tracking_uri
+    from tasks.urls import redact
+
+    uri = tracking_uri()
+    if uri.startswith("sqlite:///"):
+        from pathlib import Path
+
+        path = Path(uri.removeprefix("sqlite:///"))
+        check_sqlite(path)
+        client().search_experiments(max_results=1)
+        return f"{uri}: readable, mode {path.stat().st_mode & 0o777:o} (mlflow {mlflow.__version__})"
+    if not uri.startswith(("http://", "https://")):
+        client().search_experiments(max_results=1)
+        return f"{redact(uri)}: readable"
+    base = uri.rstrip("/")
+    if _http_status(f"{base}/health") != 200:
+        raise ZhpipeError(f"{redact(base)}/health does not answer 200: is it an MLflow server?")
+    version = ""
+    try:
+        import httpx
+
+        version = httpx.get(f"{base}/version", timeout=5).text.strip()
+    except Exception:  # noqa: BLE001 - an older server without /version
+        pass
+    if version and version.split(".")[0] != mlflow.__version__.split(".")[0]:
+        raise ZhpipeError(f"{redact(base)} runs mlflow {version}, this machine {mlflow.__version__}: install the same major version")
+    c = client()
+    try:
+        experiment = c.get_experiment_by_name("zhpipe-doctor") or c.get_experiment(c.create_experiment("zhpipe-doctor"))
+        run = c.create_run(experiment.experiment_id, run_name="zhpipe doctor")
+        c.log_text(run.info.run_id, "ok", "doctor.txt")  # an artifact too: through the server's proxy, or to the bucket
+        c.delete_run(run.info.run_id)
+    except Exception as e:  # noqa: BLE001 - MLflow raises its own exceptions and the HTTP client's
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise ZhpipeError(f"{redact(base)}: cannot write a run and an artifact ({first}); check MLFLOW_TRACKING_USERNAME/PASSWORD "
+                          "and the server's --artifacts-destination") from None
+    return f"{redact(base)}: mlflow {version or '?'}, a run and an artifact written and deleted"
+
+
+def _prefect(args) -> str:
+    from flows.orchestrate import server
+
+    url = os.environ.get("PREFECT_API_URL") or server.background_url()
+    if not url:
+        return "no server configured or running: the first `zhpipe run` starts the project's own (about 20 s)"
+    import prefect
+    from prefect.client.orchestration import get_client
+
+    auth = os.environ.get("PREFECT_API_AUTH_STRING")
+    if auth is None and url == server.background_url():
+        auth = server.credentials()
+    base = url.rstrip("/").removesuffix("/api")
+    if _http_status(f"{url.rstrip('/')}/health") != 200:
+        raise ZhpipeError(f"{base}: /api/health does not answer 200")
+    unauthenticated = _http_status(f"{url.rstrip('/')}/admin/version")
+    with get_client(sync_client=True) as c:
+        try:
+            version = c.api_version()
+        except Exception as e:  # noqa: BLE001 - httpx's errors, Prefect's
+            raise ZhpipeError(f"{base}: refused this machine's requests ({type(e).__name__}: {str(e)[:120]}); "
+                              "set PREFECT_API_AUTH_STRING to the server's server.api.auth_string") from None
+    open_to_all = unauthenticated == 200
+    if version.split(".")[0] != prefect.__version__.split(".")[0]:
+        raise ZhpipeError(f"{base} runs Prefect {version}, this machine {prefect.__version__}: install the same major version")
+    return (f"{base}: Prefect {version}" + ("; WARNING: it answers without credentials (set server.api.auth_string)"
+                                            if open_to_all else ", asks for credentials"))
+
+
+def _store(args) -> str:
+    from flows.cli.common import pipeline_name
+    from flows.plan.config import load_pipeline
+    from flows.plan.store import StageStore, storage_root
+
+    store = StageStore(storage_root(load_pipeline(pipeline_name(args)), getattr(args, "storage", None)))
+    name = f"_doctor-{secrets.token_hex(4)}"
+    try:
+        if store.fs is not None:
+            where = f"{store.base}/_cache/{name}"
+            store.fs.pipe_file(where, b"ok")
+            assert store.fs.cat_file(where) == b"ok"
+            store.fs.rm_file(where)
+        else:
+            store.root.mkdir(parents=True, exist_ok=True)
+            probe = store.root / name
+            probe.write_bytes(b"ok")
+            probe.unlink()
+    except Exception as e:  # noqa: BLE001 - fsspec backends raise their own errors
+        raise ZhpipeError(f"{store.url}: cannot write, read and delete a file there ({type(e).__name__}: {str(e)[:160]}); "
+                          "check the bucket or folder and its credentials") from None
+    t0 = time.perf_counter()
+    with store.lock("_cache", "0" * 16):  # the key lock a build takes, on a key no output has, in the store's shared folder
+        pass
+    (store.root / "_cache" / f".lock-{'0' * 16}").unlink(missing_ok=True)
+    shared = " (the lock across machines is a Prefect concurrency limit: the Prefect line above)" if store.fs is not None else ""
+    return f"{store.url}: writable, its lock works ({(time.perf_counter() - t0) * 1000:.0f} ms){shared}"
+
+
+SERVICES: dict[str, Callable] = {"config": _config, "disk": _disk, "tracking": _tracking, "prefect": _prefect, "store": _store}
+
+
+def cmd_doctor(args) -> int:
+    failed = 0
+    for name, check in SERVICES.items():
+        try:
+            line = check(args)
+            print(f"ok    {name:9s} {line}", flush=True)
+        except Exception as e:  # noqa: BLE001 - every failure is one line naming the service
+            failed += 1
+            text = " ".join(str(e).split()) or type(e).__name__
+            print(f"FAIL  {name:9s} {text}", flush=True)
+    if failed:
+        print(f"{failed} of {len(SERVICES)} services failed: a run would stop on them")
+    return 1 if failed else 0
+
+
+def preflight() -> None:
+    """What a run checks before it builds anything: a tracking server that does not answer is one line, not a run that
+    fails after its data stages."""
+    from flows.track.tracker import tracking_uri
+    from tasks.urls import redact
+
+    uri = tracking_uri()
+    if not uri.startswith(("http://", "https://")):
+        return
+    try:
+        ok = _http_status(f"{uri.rstrip('/')}/health") == 200
+        why = "its /health is not 200"
+    except ZhpipeError as e:
+        ok, why = False, str(e).split(" does not answer ", 1)[-1].split(";")[0]
+    if not ok:
+        raise ZhpipeError(f"the tracking server {redact(uri)} does not answer {why}; nothing was built (`zhpipe doctor` checks "
+                          "every service)")
+
+
+def add_parsers(sub) -> None:
+    from flows.cli.common import storage_arg
+
+    doctor = sub.add_parser("doctor", help="check every service a run uses (config, disk, tracking, Prefect, store), one line each")
+    storage_arg(doctor)
+    doctor.add_argument("--config", type=Path, help="pipelines file (default: the project's pipelines.yaml)")
+    doctor.set_defaults(handler=cmd_doctor, pipeline=None)
