@@ -42,6 +42,7 @@ class Gate:
 
     config: object
     judged: list[Judged] = field(default_factory=list)
+    report: str = ""  # the link to the run's page in MLflow (its report.html): what an alert points to
 
     def _decide(self, name: str, digest: str, result, reference: checks.Sample | None, shown: str) -> Judged:
         """Judge a checked output once per unit key (a cached one's verdicts are read back), hold it when a blocking
@@ -102,8 +103,11 @@ class Gate:
         if judged.fresh and any(v.passed is False for v in judged.verdicts):
             failed = [v for v in judged.verdicts if v.passed is False]
             lines = "; ".join(v.line(judged.name) for v in failed)
-            message = (f"{self.config.identity}: {judged.name} held out of the corpus ({lines}); put it back with "
-                       f"`zhpipe accept {shlex.quote(self.config.name)} {shlex.quote(judged.name)}`" if judged.held else f"{self.config.identity}: {lines}")
+            # two lines: what happened, then what to do (and where the night's report is)
+            see = f"; the night's report: {self.report}" if self.report else ""
+            message = (f"{self.config.identity}: {judged.name} held out of the corpus ({lines})\nlook at the file; if it is right, "
+                       f"put it back with `zhpipe accept {shlex.quote(self.config.name)} {shlex.quote(judged.name)}`{see}"
+                       if judged.held else f"{self.config.identity}: {lines}\nthe partition joined the corpus{see}")
             emit("zhpipe.partition.held" if judged.held else "zhpipe.check.failed", self.config,
                  {"partition": judged.name, "failed": checks.to_json(failed), "held": judged.held, "message": message})
 

@@ -21,7 +21,7 @@ from flows.plan.keys import plan
 from flows.plan.sources import origin_of, record_source_run, source_fingerprint
 from flows.plan.store import StageStore, stage_key
 from flows.track.champion import revision
-from flows.track.tracker import Tracker, experiment_id
+from flows.track.tracker import Tracker, experiment_id, ui_url
 from tasks.core import DATASET_SAMPLE_ROWS, model_unit
 from tasks.io import SPLITS as SPLIT_NAMES
 from tasks.io import iter_frames
@@ -80,7 +80,7 @@ def start_run(config: PipelineConfig, force: set[str], storage: str, executor: s
     log_config(parent, experiment, config)
     parent.tags({"zhpipe.task": config.task, "zhpipe.overrides": " ".join(redact_text(o) for o in overrides or [])})
     run = RunContext(config, StageStore(storage), keys, experiment, parent.run_id, force, executor, causes, verify, origin, title)
-    run.gate = Gate(config)
+    run.gate = Gate(config, report=ui_url(experiment, parent.run_id))
     return run
 
 
@@ -157,7 +157,6 @@ def label_flow_run(run: RunContext, overrides: list[str] | None) -> None:
     from prefect.client.orchestration import get_client
     from prefect.runtime import flow_run
 
-    from flows.track.tracker import ui_url
     from tasks.reports import markdown_text
 
     if not flow_run.id:

@@ -124,7 +124,7 @@ def test_alerts_test_to_a_slow_loopback_webhook_arrives_once(tmp_path, capsys, a
     class Slow(http.server.BaseHTTPRequestHandler):
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-            time.sleep(12)
+            time.sleep(11)
             got.append(body)
             self.send_response(200)
             self.end_headers()
@@ -139,7 +139,7 @@ def test_alerts_test_to_a_slow_loopback_webhook_arrives_once(tmp_path, capsys, a
         done = in_process(capsys, "alerts", "--test", "--config",
                           _config(tmp_path, f"{{webhook: 'http://127.0.0.1:{server.server_port}/hook', allow_private_urls: true}}"))
         assert done.returncode == 0 and "delivered:" in done.stdout, done
-        time.sleep(15)  # Prefect sent it again 10 s apart when it gave up: nothing more may come
+        time.sleep(12)  # Prefect sent it again 10 s apart when it gave up: nothing more may come
         tests = [g for g in got if "alerts --test" in g.get("text", "")]
         assert len(tests) == 1, got
     finally:

@@ -94,7 +94,7 @@ def test_gc_every_second_during_a_run_breaks_nothing(tmp_path, capsys):
     store = tmp_path / "store"
     env = {**os.environ, "ZHPIPE_WARM": "off", "ZHPIPE_DATA": str(store)}
     run = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", "smoke", "--set", "embed.word2vec.epochs=3",
-                            "--set", "train.models=[tfidf_lr, textcnn]", "--to", "train"],
+                            "--set", "train.models=[tfidf_lr]", "--to", "train"],
                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     said = []
     try:
@@ -110,7 +110,7 @@ def test_gc_every_second_during_a_run_breaks_nothing(tmp_path, capsys):
     assert run.returncode == 0, out[-3000:]
     assert len(said) >= 3 and any(line.startswith("kept ") and "live run" in line for s in said for line in s.splitlines()), said[-3:]
     kept = [line for s in said for line in s.splitlines() if line.startswith("kept ")]
-    assert any("/embed/" in line for line in kept) and any("/train" in line for line in kept), kept
+    assert any("/embed/" in line for line in kept), kept
     with leases.gc_lock(StageStore(store)):
         assert leases.live(StageStore(store)) == []  # the run let its lease go: what it built is ordinary garbage now
     after = in_process(capsys, "gc", "--storage", str(store))

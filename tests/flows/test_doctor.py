@@ -4,7 +4,6 @@ Every service is one line; one that is down or misnamed is a FAIL line naming wh
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,14 +12,9 @@ import httpx
 import pytest
 
 from tests.helpers.cli import in_process
+from tests.helpers.procs import free_port
 
 pytestmark = pytest.mark.e2e
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ augment) run on the workers, which read their chunks from the bucket; the output
 byte-identical to a local run's."""
 import hashlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,18 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.procs import stop
+from tests.helpers.procs import free_port, stop
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 CHUNKED = ("download", "clean", "split", "segment", "augment")
 pytestmark = pytest.mark.e2e
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -18,3 +18,12 @@ def stop(*procs: subprocess.Popen, grace: float = 15) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
