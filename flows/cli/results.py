@@ -9,6 +9,8 @@ from pathlib import Path
 from flows.cli.common import pipeline_name, print_frame
 from tasks.errors import ZhpipeError
 
+WHY_CHARS = 60  # of the champion decision's reason in `zhpipe runs`
+
 
 def cmd_runs(args) -> int:
     from flows.track.runs import pipeline_runs, runs_table
@@ -19,6 +21,8 @@ def cmd_runs(args) -> int:
         return 0
     # the run's name holds its pipeline, its overrides and its time: the columns that repeat it are left out here
     shown = df.drop(columns=[c for c in ("pipeline", "overrides", "started") if c in df])
+    if "why" in shown:  # a champion decision's reason runs to 200 characters: its start here, all of it in MLflow's tags
+        shown = shown.assign(why=[w if len(str(w)) <= WHY_CHARS else str(w)[: WHY_CHARS - 1] + "…" for w in shown["why"]])
     print_frame(shown, f"zhpipe runs{' ' + args.pipeline if args.pipeline else ''} (newest first)", no_wrap=("name",))
     return 0
 

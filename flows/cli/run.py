@@ -62,7 +62,7 @@ def attention_code(attention: dict, wanted: str) -> int:
     if "warned" in chosen and attention.get("warned"):
         reasons.append(f"checks warned: {', '.join(attention['warned'])}")
     if "kept-worse" in chosen and attention.get("kept_worse"):
-        reasons.append(f"the new model is worse than the champion: {attention['kept_worse']}")
+        reasons.append(f"the champion decision needs a look: {attention['kept_worse']}")
     for reason in reasons:
         say("attention", f"{reason} (exit {ATTENTION}: --fail-on {wanted})")
     return ATTENTION if reasons else 0

@@ -80,15 +80,16 @@ def headline(run: RunContext, results: dict[str, StageResult]) -> dict[str, floa
 def attention(run: RunContext) -> dict:
     """What a person should hear of this run (what `zhpipe run --fail-on` reads): partitions held and checks warned in
     this run, and whether the champion was kept over a worse new version."""
-    from flows.track.champion import kept_worse
+    from flows.track.champion import DATA_SUSPECT, kept_worse
 
     gate = run.gate
     fresh = gate.fresh if gate else []
     tags = Tracker(run.parent_run_id).client.get_run(run.parent_run_id).data.tags if run.parent_run_id else {}
+    reason = tags.get("zhpipe.champion_reason", "")
+    worse = (tags.get("zhpipe.champion") == "no" and kept_worse(reason)) or DATA_SUSPECT in reason
     return {"held": [j.name for j in fresh if j.held],
             "warned": [f"{v.check} on {j.name}" for j in fresh for v in j.verdicts if v.warns],
-            "kept_worse": tags.get("zhpipe.champion_reason", "") if tags.get("zhpipe.champion") == "no"
-            and kept_worse(tags.get("zhpipe.champion_reason", "")) else ""}
+            "kept_worse": reason if worse else ""}
 
 
 def night_plots(judged: list) -> list[str]:

@@ -193,6 +193,28 @@ def decide(new_score: float, new_hash: str, champion: dict | None, metric: str) 
                    "test split; the alias stays"), old_score
 
 
+DATA_SUSPECT = "the test rows, not the model"  # what a decision adds when the champion itself fell on today's test rows
+
+
+def own_drop(champion: dict, today: float, rows: int, kind: str) -> str:
+    """A note when the champion scores today's test rows worse than its own recorded score beyond the noise (three
+    standard errors of a proportion): the same model got worse, so what changed is the test rows (new rows with wrong
+    labels, say). Empty otherwise, and for BLEU (not a proportion)."""
+    import math
+
+    try:
+        before = float(champion.get("zhpipe.score", "nan"))
+    except (TypeError, ValueError):
+        return ""
+    if kind == "bleu" or not before == before or rows <= 0:
+        return ""
+    noise = 3 * math.sqrt(max(before * (1 - before), 1e-4) / rows)
+    if before - today <= noise:
+        return ""
+    return (f"; the champion itself scores {today:.4f} on today's test rows against {before:.4f} when it was registered "
+            f"(more than {noise:.3f} below): look at {DATA_SUSPECT} (the night's data checks, `zhpipe hold`)")
+
+
 WORSE = "worse beyond"  # what a decision says when the new version scored below the champion beyond the noise
 
 
@@ -226,7 +248,7 @@ def decide_paired(version: str, champion: dict | None, metric: str, served: Call
     points = 100 if challenger.kind != "bleu" else 1  # BLEU is in points already
     said = (f"test {metric} {c.challenger:.4f} against champion version {old_version}'s {c.champion:.4f} on the same {c.rows} rows "
             f"(both as served): {points * c.difference:+.2f}, {c.confidence:.0%} interval {points * c.low:+.2f} to {points * c.high:+.2f} "
-            f"(paired bootstrap)")
+            f"(paired bootstrap)") + own_drop(champion, c.champion, c.rows, challenger.kind)
     if c.worse_slices:
         return False, f"{said}; worse on {'; '.join(c.worse_slices[:3])} (evaluate.champion.slice_tolerance); the alias stays", c.champion
     if c.high < 0:

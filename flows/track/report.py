@@ -107,8 +107,12 @@ def worries(ok: bool, checks_rows: list[dict], champion: dict[str, str]) -> list
     from flows.track.champion import kept_worse
 
     reason = champion.get("zhpipe.champion_reason", "")
+    from flows.track.champion import DATA_SUSPECT
+
     if champion.get("zhpipe.champion") == "no" and kept_worse(reason):
         lines.append(f"the new model is worse than the champion, which stays: {reason}")
+    elif DATA_SUSPECT in reason:
+        lines.append(f"the champion fell on today's test rows: {reason.split('; the champion itself ', 1)[-1]}")
     return lines
 
 

@@ -114,3 +114,19 @@ def test_a_tagger_worse_on_one_entity_type_is_not_promoted():
 
 def test_length_buckets():
     assert length_buckets(["短", "x" * 20, "x" * 49, "x" * 50, "x" * 250]).tolist() == ["<20", "20-49", "20-49", "50-99", "200+"]
+
+
+def test_a_champion_that_falls_on_todays_test_rows_points_at_the_rows():
+    """The issue's figures: champion v2 scored 0.8665 when registered and 0.6376 on a test split that poisoned rows had
+    joined. The decision names the rows, the report worries, `zhpipe run` exits 4 (kept-worse)."""
+    from flows.cli.run import ATTENTION, attention_code
+    from flows.track.champion import own_drop
+    from flows.track.report import worries
+
+    note = own_drop({"zhpipe.score": "0.8665"}, 0.6376, 1500, "accuracy")
+    assert "0.6376" in note and "the test rows, not the model" in note
+    assert own_drop({"zhpipe.score": "0.8665"}, 0.8600, 1500, "accuracy") == ""  # inside the noise
+    assert own_drop({"zhpipe.score": "30.1"}, 10.0, 1500, "bleu") == ""
+    reason = "test accuracy 0.6400 against champion version 2's 0.6376 on the same 1500 rows: inside the noise; the alias stays" + note
+    assert any("the champion fell on today's test rows" in w for w in worries(True, [], {"zhpipe.champion": "no", "zhpipe.champion_reason": reason}))
+    assert attention_code({"kept_worse": reason}, "held,kept-worse") == ATTENTION
