@@ -23,8 +23,59 @@ def _outputs(store: StageStore):
 
 
 def verify_store(store: StageStore) -> list[dict[str, Any]]:
-    """Every finished output with the problems a full check finds (sizes and sha256 of every file)."""
+    """Every finished output with the problems a full check finds (sizes and sha256 of every file). A store on an
+    object store is checked there, in the bucket every machine reads, not in this machine's mirror."""
+    if store.fs is not None:
+        return [{"stage": stage, "key": key, "problems": _verify_remote(store, stage, key)} for stage, key in _remote_outputs(store)]
     return [{"stage": stage, "key": key, "problems": store.verify(stage, key, full=True)} for stage, key in _outputs(store)]
+
+
+def _name(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _remote_outputs(store: StageStore):
+    """(stage, key) of every output published in an object store: a key folder of a stage folder with a manifest."""
+    fs = store.fs
+    if not fs.exists(store.base):
+        return
+    for stage_path in sorted(fs.ls(store.base, detail=False)):
+        stage = _name(stage_path)
+        if stage in SHARED or stage in PROTECTED or not _UNIT.fullmatch(stage) or not fs.isdir(stage_path):
+            continue
+        for out in sorted(fs.ls(stage_path, detail=False)):
+            if _KEY.fullmatch(_name(out)) and fs.exists(f"{out.rstrip('/')}/{MANIFEST}"):
+                yield stage, _name(out)
+
+
+def _verify_remote(store: StageStore, stage: str, key: str) -> list[str]:
+    """Problems of an output in the object store against its manifest: files missing, not listed, of another size, or
+    of another sha256 (each file read as a stream)."""
+    import hashlib
+
+    try:
+        manifest = store.manifest(stage, key)
+    except CorruptManifest as e:
+        return [str(e)]
+    base = store._remote(stage, key)
+    found = {p[len(base) + 1:] if p.startswith(base) else p.split(f"/{key}/", 1)[-1]: info
+             for p, info in store.fs.find(base, detail=True).items()}
+    problems = [f"{rel}: not in the manifest" for rel in sorted(found) if rel != MANIFEST and rel not in manifest.files]
+    for rel, facts in manifest.files.items():
+        info = found.get(rel)
+        if info is None:
+            problems.append(f"{rel}: missing")
+            continue
+        if int(info.get("size") or 0) != facts["size"]:
+            problems.append(f"{rel}: {info.get('size')} bytes, manifest says {facts['size']}")
+            continue
+        digest = hashlib.sha256()
+        with store.fs.open(f"{base}/{rel}", "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        if digest.hexdigest() != facts["sha256"]:
+            problems.append(f"{rel}: sha256 differs from the manifest")
+    return problems
 
 
 def _size_mb(path: Path) -> float:

@@ -122,3 +122,31 @@ def test_a_truncated_manifest_is_one_warning_a_rebuild_a_corrupt_count_and_a_sta
     assert len(warned) == 1 and str(manifest) in warned[0] and "rebuilding it" in warned[0]
     assert stages["clean"]["cache"] == "miss" and json.loads(manifest.read_text())["key"] == clean.name
     assert main(["verify"]) == 0 and "0 corrupt" in capsys.readouterr().out
+
+
+def test_verify_on_an_object_store_reads_the_bucket_not_the_mirror(tmp_path):
+    """A team's store on an object store (memory:// here, in this process): `verify` checks what every machine reads,
+    the objects themselves, even from a machine whose mirror is empty; a tampered, a missing and an unlisted object
+    are each named."""
+    import fsspec
+
+    from flows.plan.maintenance import verify_store
+    from flows.plan.store import Manifest, StageStore
+
+    url = f"memory://verify-{tmp_path.name}"
+    writer = StageStore(url, cache=tmp_path / "machine-a")
+    for key in ("0123456789abcdef", "fedcba9876543210"):
+        tmp = writer.begin("clean", key)
+        (tmp / "data.parquet").write_bytes(b"rows " + key.encode())
+        (tmp / "quarantine.parquet").write_bytes(b"none")
+        writer.publish(tmp, Manifest(stage="clean", key=key, params={}, inputs={}, rows=1, seconds=0.0))
+    reader = StageStore(url, cache=tmp_path / "machine-b")  # another machine: nothing in its mirror
+    assert [r["problems"] for r in verify_store(reader)] == [[], []]
+    fs, base = fsspec.filesystem("memory"), f"/verify-{tmp_path.name}/clean"
+    fs.pipe_file(f"{base}/0123456789abcdef/data.parquet", b"rows 0123456789abcdeX")  # same size, other bytes
+    fs.rm_file(f"{base}/fedcba9876543210/quarantine.parquet")
+    fs.pipe_file(f"{base}/fedcba9876543210/extra.bin", b"x")
+    found = {r["key"]: r["problems"] for r in verify_store(reader)}
+    assert found == {"0123456789abcdef": ["data.parquet: sha256 differs from the manifest"],
+                     "fedcba9876543210": ["extra.bin: not in the manifest", "quarantine.parquet: missing"]}
+    assert not (tmp_path / "machine-b").exists() or not any((tmp_path / "machine-b").rglob("*.parquet"))
