@@ -75,10 +75,16 @@ def cmd_gc(args) -> int:
         print(f"keeping what `{name}` built (zhpipe run --source {record.get('source')}); `zhpipe gc --forget {shlex.quote(name)}` releases it")
     store = store_of(args)
     kept: list[dict] = []
-    with leases.gc_lock(store, what=f"gc: a run is starting on {store.url}; waiting for it to record what it holds"):
-        live = leases.live(store)
-        removed = collect_garbage(store, keep, dry_run=args.dry_run, protect=(project.current().root / "data" / "raw", *sources),
-                                  live=live, since=began, kept=kept)
+    if store.fs is not None:  # a shared store: the bucket itself, with every machine's leases and records of use
+        from flows.plan.maintenance import collect_remote
+
+        removed = collect_remote(store, keep, args.dry_run, args.keep_days * 86400, began, kept)
+        live = [r for r in leases.store_records(store) if r["live"]]
+    else:
+        with leases.gc_lock(store, what=f"gc: a run is starting on {store.url}; waiting for it to record what it holds"):
+            live = leases.live(store)
+            removed = collect_garbage(store, keep, dry_run=args.dry_run, protect=(project.current().root / "data" / "raw", *sources),
+                                      live=live, since=began, kept=kept)
     for item in removed:
         print(f"{'would remove' if args.dry_run else 'removed'} {item['path']} ({item['mb']:.1f} MB, {item['why']})")
     for item in kept:
@@ -141,6 +147,8 @@ def add_parsers(sub) -> None:
     gc = sub.add_parser("gc", help="remove outputs no pipeline in pipelines.yaml uses, and leftovers of killed builds")
     storage_arg(gc)
     gc.add_argument("--dry-run", action="store_true", help="show what would be removed, remove nothing")
+    gc.add_argument("--keep-days", type=float, default=7.0, metavar="N",
+                    help="on an object store: keep what any run used or published within N days (default 7)")
     gc.add_argument("--forget", action="append", default=[], metavar="NAME",
                     help="no longer keep what the run on another corpus NAME built (`zhpipe run --source`; repeatable)")
     gc.set_defaults(handler=cmd_gc)

@@ -4,7 +4,13 @@ A run writes a lease while it lives: `<store>/_cache/leases/<pid>-<random>.json`
 plans again) and its start time, with an exclusive `flock` on the file held until the run ends (a killed run's lock
 goes with its process, so its lease reads as stale). Leases are written, and gc reads them and removes what it
 removes, under the store's gc lock (`_cache/gc.lock`): a run that starts while gc walks the store waits a moment for
-it; one that started before is in the leases gc reads. Neither Prefect nor MLflow."""
+it; one that started before is in the leases gc reads.
+
+On an object store (a team's store, several machines, no shared file system) a run also writes its lease as an
+object, `<root>/_cache/leases/<host>-<pid>-<random>.json`, with a heartbeat rewritten every BEAT_S seconds; it is live
+while its heartbeat is younger than TTL_S. When the run ends the object stays as a record of use (`ended`): gc on the
+object store keeps what any engineer's run used within the retention period, and what live runs on any machine hold.
+Neither Prefect nor MLflow."""
 from __future__ import annotations
 
 import contextlib
@@ -21,6 +27,8 @@ from flows.plan.store import StageStore, unit_folder
 LEASES = "leases"
 GC_LOCK = "gc.lock"
 GC_WAIT_S = 600  # a run waits this long for a gc that walks the store before it says so and stops
+BEAT_S = 60  # a run on an object store rewrites its lease object this often
+TTL_S = 600  # a lease object whose heartbeat is older than this belongs to a run that is gone
 
 
 def _folder(store: StageStore) -> Path:
@@ -66,6 +74,15 @@ class Lease:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             self.pairs: set[tuple[str, str]] = set()
             self._write(keys)
+        self._remote = None
+        if store.fs is not None:
+            import socket
+            import threading
+
+            self._remote = f"{store.base}/_cache/{LEASES}/{socket.gethostname()}-{self.path.name}"
+            self._beating = threading.Event()
+            self._publish()
+            threading.Thread(target=self._beat, daemon=True, name="zhpipe-lease").start()
 
     def update(self, keys: dict[str, str]) -> None:
         """Hold the keys of a (new) plan too; those of an old plan stay held: their outputs may still be read."""
@@ -77,10 +94,30 @@ class Lease:
         data = json.dumps({"pid": os.getpid(), "started": self.started, "keys": sorted(self.pairs)}).encode()
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, data, 0)
+        if getattr(self, "_remote", None):
+            self._publish()
+
+    def _publish(self, ended: float | None = None) -> None:
+        """The lease object on the object store (best effort: a store that does not answer fails the run elsewhere)."""
+        import socket
+
+        doc = {"host": socket.gethostname(), "pid": os.getpid(), "started": self.started, "beat": time.time(),
+               "keys": sorted(self.pairs), **({"ended": ended} if ended else {})}
+        try:
+            self.store.fs.pipe_file(self._remote, json.dumps(doc).encode())
+        except Exception:  # noqa: BLE001 - fsspec backends raise their own errors
+            pass
+
+    def _beat(self) -> None:
+        while not self._beating.wait(BEAT_S):
+            self._publish()
 
     def release(self) -> None:
         if self._fd is None:
             return
+        if self._remote:
+            self._beating.set()
+            self._publish(ended=time.time())  # kept as the record that this run used these keys
         self.path.unlink(missing_ok=True)
         os.close(self._fd)
         self._fd = None
@@ -123,3 +160,20 @@ def live(store: StageStore) -> list[dict[str, Any]]:
         finally:
             os.close(fd)
     return found
+
+
+def store_records(store: StageStore) -> list[dict[str, Any]]:
+    """The lease objects of an object store, each with `live` (its heartbeat younger than TTL_S, not ended)."""
+    folder = f"{store.base}/_cache/{LEASES}"
+    if store.fs is None or not store.fs.exists(folder):
+        return []
+    found, now = [], time.time()
+    for path in store.fs.ls(folder, detail=False):
+        try:
+            doc = json.loads(store.fs.cat_file(path))
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict):
+            found.append({**doc, "path": path, "live": "ended" not in doc and now - float(doc.get("beat", 0)) < TTL_S})
+    return found
+

@@ -210,3 +210,46 @@ def collect_garbage(store: StageStore, keep: set[tuple[str, str]], dry_run: bool
                 else:
                     entry.unlink(missing_ok=True)
     return found
+
+
+def collect_remote(store: StageStore, keep: set[tuple[str, str]], dry_run: bool, retention_s: float, began: float,
+                   kept: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """gc on an object store (a team's shared store), from any machine: remove published outputs that no pipeline in
+    `keep` plans, that no live run on any machine holds, that no run used within `retention_s` (the store's lease
+    records, `flows.plan.leases`) and that were published before that and before gc began. A manifest goes first, so a
+    reader elsewhere sees the output gone, never half there; the local mirror's copy goes too."""
+    import time
+
+    from flows.plan import leases
+
+    now = time.time()
+    records = leases.store_records(store)
+    live = [r for r in records if r["live"]]
+    held = {(f, k): r for r in live for f, k in r.get("keys", [])}
+    used = {(f, k) for r in records if not r["live"] and now - float(r.get("ended") or r.get("beat") or 0) < retention_s
+            for f, k in r.get("keys", [])}
+    since = min([began, *(float(r.get("started", now)) for r in live)])
+    found = []
+    for stage, key in list(_remote_outputs(store)):
+        if (stage, key) in keep:
+            continue
+        where = store.fs.unstrip_protocol(store._remote(stage, key))
+        manifest = store.manifest(stage, key)
+        spared = (f"held by a live run on {held[stage, key].get('host')} (pid {held[stage, key].get('pid')})" if (stage, key) in held
+                  else "used by a run within the retention period" if (stage, key) in used
+                  else "published after gc began, or by a run that is still live" if manifest.created >= since
+                  else "published within the retention period" if now - manifest.created < retention_s else None)
+        if spared:
+            kept.append({"path": where, "why": spared})
+            continue
+        found.append({"path": where, "mb": sum(f.get("size", 0) for f in manifest.files.values()) / 2**20,
+                      "why": f"not used by any pipeline in pipelines.yaml, nor by any run within {retention_s / 86400:g} days"})
+        if not dry_run:
+            store.fs.rm_file(store._remote(stage, key, MANIFEST))
+            store.fs.rm(store._remote(stage, key), recursive=True)
+            shutil.rmtree(store.path(stage, key), ignore_errors=True)
+    if not dry_run:  # records of use older than the retention period, and leases of runs that are gone
+        for r in records:
+            if not r["live"] and (r.get("ended") is None or now - float(r["ended"]) >= retention_s):
+                store.fs.rm_file(r["path"])
+    return found

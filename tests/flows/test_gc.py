@@ -145,3 +145,45 @@ def test_what_a_run_on_another_corpus_built_is_kept_until_forgotten(tmp_path):
     forgot = subprocess.run([*cli, "gc", "--forget", "p-other"], capture_output=True, text=True, env=env, cwd=project)
     assert forgot.returncode == 0 and forgot.stdout.count("not used by any pipeline") == 2, forgot.stdout  # (and their locks)
     assert not list((project / "data").glob("*/*/manifest.json")) and other.is_file()
+
+
+def test_gc_on_an_object_store_keeps_what_any_machines_runs_hold_or_used(tmp_path):
+    """A team's store in a bucket (memory:// here), gc from a machine whose mirror is empty: what a live run on another
+    machine holds and what a run used within the retention period stay, with the reason; an output no pipeline plans
+    and no run used goes, manifest first, with its stale record."""
+    import json
+    import time
+
+    import fsspec
+
+    from flows.plan import leases
+    from flows.plan.maintenance import collect_remote
+
+    url = f"memory://gc-{tmp_path.name}"
+    writer = StageStore(url, cache=tmp_path / "machine-a")
+    old = time.time() - 30 * 86400
+    keys = {name: f"{i:016x}" for i, name in enumerate(("planned", "unused", "live", "used", "used-long-ago"), start=1)}
+    for name, key in keys.items():
+        tmp = writer.begin("clean", key)
+        (tmp / "data.parquet").write_bytes(b"rows")
+        writer.publish(tmp, Manifest(stage="clean", key=key, params={}, inputs={}, rows=1, seconds=0.0, created=old))
+    fs, folder = fsspec.filesystem("memory"), f"/gc-{tmp_path.name}/_cache/leases"
+    fs.pipe_file(f"{folder}/machine-b-1-live.json", json.dumps(
+        {"host": "machine-b", "pid": 7, "started": time.time() - 60, "beat": time.time(), "keys": [["clean", keys["live"]]]}).encode())
+    fs.pipe_file(f"{folder}/machine-c-2-old.json", json.dumps(
+        {"host": "machine-c", "pid": 8, "started": old, "beat": old, "ended": old, "keys": [["clean", keys["used-long-ago"]]]}).encode())
+    with leases.held(writer, {"clean": keys["used"]}):  # a real run's lease: published, beating, then an ended record
+        pass
+    gc = StageStore(url, cache=tmp_path / "machine-d")
+    kept: list[dict] = []
+    dry = collect_remote(gc, {("clean", keys["planned"])}, True, 7 * 86400, time.time(), kept)
+    assert sorted(d["path"].rsplit("/", 1)[-1] for d in dry) == sorted([keys["unused"], keys["used-long-ago"]])
+    assert {k["path"].rsplit("/", 1)[-1]: k["why"] for k in kept} == {
+        keys["live"]: "held by a live run on machine-b (pid 7)", keys["used"]: "used by a run within the retention period"}
+    assert all(fs.exists(f"/gc-{tmp_path.name}/clean/{key}/manifest.json") for key in keys.values())  # a dry run removes nothing
+    removed = collect_remote(gc, {("clean", keys["planned"])}, False, 7 * 86400, time.time(), [])
+    assert [r["path"] for r in removed] == [d["path"] for d in dry]
+    left = {p.rsplit("/", 1)[-1] for p in fs.ls(f"/gc-{tmp_path.name}/clean", detail=False)}
+    assert left == {keys["planned"], keys["live"], keys["used"]}
+    assert {p.rsplit("/", 1)[-1] for p in fs.ls(folder, detail=False)} >= {"machine-b-1-live.json"}
+    assert not any("machine-c" in p for p in fs.ls(folder, detail=False))  # a record older than the retention period goes
