@@ -121,8 +121,12 @@ def _prefect(args) -> str:
     open_to_all = unauthenticated == 200
     if version.split(".")[0] != prefect.__version__.split(".")[0]:
         raise ZhpipeError(f"{base} runs Prefect {version}, this machine {prefect.__version__}: install the same major version")
-    return (f"{base}: Prefect {version}" + ("; WARNING: it answers without credentials (set server.api.auth_string)"
-                                            if open_to_all else ", asks for credentials"))
+    from urllib.parse import urlsplit
+
+    if open_to_all and urlsplit(base).hostname not in ("127.0.0.1", "localhost", "::1"):
+        raise ZhpipeError(f"{base} answers anyone without credentials: anyone who reaches it can start runs with your "
+                          "workers; start it with PREFECT_SERVER_API_AUTH_STRING and give clients PREFECT_API_AUTH_STRING")
+    return (f"{base}: Prefect {version}" + ("; it answers without credentials (loopback only)" if open_to_all else ", asks for credentials"))
 
 
 def _store(args) -> str:
