@@ -84,8 +84,15 @@ class Lease:
             self._publish()
             threading.Thread(target=self._beat, daemon=True, name="zhpipe-lease").start()
 
+    def __getstate__(self) -> dict:
+        """A copy sent to another process (a Dask worker, a spawned trainer, with the run's context) holds nothing: no
+        file descriptor, no heartbeat; only the process that made the lease releases it."""
+        return {"store": self.store, "path": self.path, "started": self.started, "pairs": self.pairs, "_fd": None, "_remote": None}
+
     def update(self, keys: dict[str, str]) -> None:
         """Hold the keys of a (new) plan too; those of an old plan stay held: their outputs may still be read."""
+        if self._fd is None:  # a copy in another process, or a released lease
+            return
         with gc_lock(self.store):
             self._write(keys)
 

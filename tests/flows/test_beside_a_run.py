@@ -299,3 +299,18 @@ def test_a_lease_file_names_the_keys_as_json(tmp_path):
         lease.update({"embed": OTHER})
         doc = json.loads(lease.path.read_text())
     assert doc["keys"] == [["embed", OTHER], ["train.textcnn", KEY]] and doc["pid"] == os.getpid()
+
+
+def test_a_lease_sent_to_another_process_holds_nothing_there(tmp_path):
+    """A run's context (and its lease) is pickled to Dask workers and spawned trainers: the copy has no file descriptor
+    and no heartbeat (a thread cannot be pickled), and letting it go leaves the run's lease live."""
+    import pickle
+
+    store = StageStore(tmp_path / "data")
+    with leases.held(store, {"embed": KEY}) as lease:
+        copy = pickle.loads(pickle.dumps(lease))
+        assert copy._fd is None and copy.pairs == lease.pairs
+        copy.update({"clean": OTHER})
+        copy.release()
+        with leases.gc_lock(store):
+            assert [doc["keys"] for doc in leases.live(store)] == [[["embed", KEY]]]
