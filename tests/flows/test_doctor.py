@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -72,3 +73,33 @@ def test_doctor_checks_each_team_service_as_a_run_uses_it(team, monkeypatch, cap
     assert down.returncode == 1 and any(line.startswith("FAIL  tracking") and "does not answer" in line for line in down.stdout.splitlines())
     run = in_process(capsys, "run", "smoke", "--to", "download")  # a run with the tracking server down stops before it builds
     assert run.returncode == 2 and "the tracking server" in run.stderr and "nothing was built" in run.stderr and len(run.stderr.strip().splitlines()) == 1, run
+
+
+def test_credentials_never_reach_params_tags_artifacts_or_logs(team, tmp_path):
+    """An engineer's credentials for the team's servers (MLflow's basic-auth user and password, Prefect's auth string)
+    travel in the environment: a run on the team's tracking server records none of them in its params, tags or
+    artifacts, and prints none of them."""
+    from mlflow.tracking import MlflowClient
+
+    secrets = {"MLFLOW_TRACKING_USERNAME": "alice-user-7f3a", "MLFLOW_TRACKING_PASSWORD": "pw-9c1e-not-for-logs",
+               "PREFECT_API_AUTH_STRING": "team:auth-5b2d-not-for-logs"}
+    env = {**os.environ, **team["aws"], **secrets, "MLFLOW_TRACKING_URI": team["tracking"], "ZHPIPE_WARM": "off",
+           "ZHPIPE_STORAGE": "s3://team/secrets-store"}
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "run", "smoke", "--to", "split"], env=env, capture_output=True, text=True,
+                          timeout=600, cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"see it at {team['tracking']}/#/experiments/" in done.stdout  # the team's UI, not `zhpipe ui`
+    client = MlflowClient(team["tracking"])
+    experiment = client.get_experiment_by_name("zhpipe-smoke")
+    recorded = [done.stdout, done.stderr]
+    for run in client.search_runs([experiment.experiment_id]):
+        recorded += [str(run.data.params), str(run.data.tags)]
+        folder = tmp_path / run.info.run_id
+        folder.mkdir()
+        for artifact in client.list_artifacts(run.info.run_id):
+            path = Path(client.download_artifacts(run.info.run_id, artifact.path, str(folder)))
+            files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+            recorded += [p.read_bytes().decode("utf-8", errors="replace") for p in files]
+    assert len(recorded) > 4
+    for name, value in secrets.items():
+        assert not any(value in text or value.split(":")[-1] in text for text in recorded), name
