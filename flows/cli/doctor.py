@@ -12,8 +12,6 @@ from typing import Callable
 
 from tasks.errors import ZhpipeError
 
-Check = Callable[[], str]
-
 
 def _config(args) -> str:
     from flows.cli.common import config_file
@@ -36,44 +34,44 @@ def _config(args) -> str:
 
 
 def _disk(args) -> str:
-    import shutil
-
     from flows.plan import project
 
-    project.check_space()
-    return ", ".join(f"{what} {shutil.disk_usage(next(p for p in (folder, *folder.parents) if p.exists())).free / 2**30:.1f} GB free"
-                     for folder, what in project.writes_to().items())
+    return ", ".join(f"{what} {free / 1024:.1f} GB free" for _, what, free in project.check_space())
 
 
-def _http_status(url: str, timeout: float = 5) -> int:
+def _unanswered(url: str, timeout: float = 5) -> str | None:
+    """Why a GET of `url` does not answer 200 (one phrase), or None when it does."""
     import httpx
 
     try:
-        return httpx.get(url, timeout=timeout).status_code
+        status = httpx.get(url, timeout=timeout).status_code
     except httpx.HTTPError as e:
-        raise ZhpipeError(f"{url} does not answer ({type(e).__name__}: {str(e)[:120]}); is the server up, is the address right?") from None
+        return f"({type(e).__name__}: {str(e)[:120]})"
+    return None if status == 200 else f"(HTTP {status})"
+
+
+def _require(url: str, shown: str) -> None:
+    why = _unanswered(url)
+    if why:
+        raise ZhpipeError(f"{shown} does not answer {why}; is the server up, is the address right?")
 
 
 def _tracking(args) -> str:
     import mlflow
 
-    from flows.track.tracker import check_sqlite, client, tracking_uri
+    from flows.track.tracker import check_sqlite, client, tracking_server, tracking_uri
     from tasks.urls import redact
 
-    uri = tracking_uri()
+    uri, base = tracking_uri(), tracking_server()
     if uri.startswith("sqlite:///"):
-        from pathlib import Path
-
         path = Path(uri.removeprefix("sqlite:///"))
         check_sqlite(path)
         client().search_experiments(max_results=1)
         return f"{uri}: readable, mode {path.stat().st_mode & 0o777:o} (mlflow {mlflow.__version__})"
-    if not uri.startswith(("http://", "https://")):
+    if base is None:
         client().search_experiments(max_results=1)
         return f"{redact(uri)}: readable"
-    base = uri.rstrip("/")
-    if _http_status(f"{base}/health") != 200:
-        raise ZhpipeError(f"{redact(base)}/health does not answer 200: is it an MLflow server?")
+    _require(f"{base}/health", f"{redact(base)}/health")
     version = ""
     try:
         import httpx
@@ -99,26 +97,22 @@ def _tracking(args) -> str:
 def _prefect(args) -> str:
     from flows.orchestrate import server
 
-    url = os.environ.get("PREFECT_API_URL") or server.background_url()
+    server.use_running()  # the project's background server, with its credentials, as every command finds it
+    url = os.environ.get("PREFECT_API_URL")
     if not url:
         return "no server configured or running: the first `zhpipe run` starts the project's own (about 20 s)"
     import prefect
     from prefect.client.orchestration import get_client
 
-    auth = os.environ.get("PREFECT_API_AUTH_STRING")
-    if auth is None and url == server.background_url():
-        auth = server.credentials()
     base = url.rstrip("/").removesuffix("/api")
-    if _http_status(f"{url.rstrip('/')}/health") != 200:
-        raise ZhpipeError(f"{base}: /api/health does not answer 200")
-    unauthenticated = _http_status(f"{url.rstrip('/')}/admin/version")
+    _require(f"{url.rstrip('/')}/health", f"{base}/api/health")
+    open_to_all = _unanswered(f"{url.rstrip('/')}/admin/version") is None  # answered without credentials
     with get_client(sync_client=True) as c:
         try:
             version = c.api_version()
         except Exception as e:  # noqa: BLE001 - httpx's errors, Prefect's
             raise ZhpipeError(f"{base}: refused this machine's requests ({type(e).__name__}: {str(e)[:120]}); "
                               "set PREFECT_API_AUTH_STRING to the server's server.api.auth_string") from None
-    open_to_all = unauthenticated == 200
     if version.split(".")[0] != prefect.__version__.split(".")[0]:
         raise ZhpipeError(f"{base} runs Prefect {version}, this machine {prefect.__version__}: install the same major version")
     from urllib.parse import urlsplit
@@ -179,19 +173,13 @@ def cmd_doctor(args) -> int:
 def preflight() -> None:
     """What a run checks before it builds anything: a tracking server that does not answer is one line, not a run that
     fails after its data stages."""
-    from flows.track.tracker import tracking_uri
+    from flows.track.tracker import tracking_server
     from tasks.urls import redact
 
-    uri = tracking_uri()
-    if not uri.startswith(("http://", "https://")):
-        return
-    try:
-        ok = _http_status(f"{uri.rstrip('/')}/health") == 200
-        why = "its /health is not 200"
-    except ZhpipeError as e:
-        ok, why = False, str(e).split(" does not answer ", 1)[-1].split(";")[0]
-    if not ok:
-        raise ZhpipeError(f"the tracking server {redact(uri)} does not answer {why}; nothing was built (`zhpipe doctor` checks "
+    base = tracking_server()
+    why = _unanswered(f"{base}/health") if base else None
+    if why:
+        raise ZhpipeError(f"the tracking server {redact(base)} does not answer {why}; nothing was built (`zhpipe doctor` checks "
                           "every service)")
 
 

@@ -149,7 +149,7 @@ def cmd_ui(args) -> int:
     print(f"starting the MLflow UI on http://{args.host}:{args.port} (store {tracking_uri()}) ...", flush=True)
     # MLflow's job runner serves GenAI jobs (prompt optimisation, scorers) that zhpipe never submits: left on, it starts
     # eight more Python processes (a runner and seven huey consumers) that double the start-up time and the memory
-    env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ, AUTH_FILE: str(server.state_file().with_name("zhpipe-server-auth"))}
+    env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ, AUTH_FILE: str(server.credentials_file())}
     proc = subprocess.Popen(cmd, env=env)
 
     def stop(*_):  # a terminated `zhpipe ui` takes its server (and MLflow's workers) with it

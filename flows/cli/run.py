@@ -29,10 +29,9 @@ def cmd_run(args) -> int:
                             source=config.source.model_dump(exclude_defaults=True) if args.source else None)
     shown = console()
     shown.print(summary_table(out["stages"], time.perf_counter() - t0, config.name, out.get("units", [])))
-    from flows.track.tracker import tracking_uri, ui_url
+    from flows.track.tracker import tracking_server, ui_url
 
-    where = (f"see it at {ui_url(out['experiment'], out['parent_run_id'])}" if tracking_uri().startswith(("http://", "https://"))
-             else "see it with `zhpipe ui`")
+    where = f"see it at {ui_url(out['experiment'], out['parent_run_id'])}" if tracking_server() else "see it with `zhpipe ui`"
     shown.print(f"MLflow: experiment [bold]{out['experiment']}[/], parent run {out['parent_run_id']}  ({where}; "
                 f"the night's report is its report.html)")
     print_held(config)

@@ -78,8 +78,9 @@ def cmd_gc(args) -> int:
     if store.fs is not None:  # a shared store: the bucket itself, with every machine's leases and records of use
         from flows.plan.maintenance import collect_remote
 
-        removed = collect_remote(store, keep, args.dry_run, args.keep_days * 86400, began, kept)
-        live = [r for r in leases.store_records(store) if r["live"]]
+        records = leases.store_records(store)
+        live = [r for r in records if r["live"]]
+        removed = collect_remote(store, keep, args.dry_run, args.keep_days * 86400, began, kept, records)
     else:
         with leases.gc_lock(store, what=f"gc: a run is starting on {store.url}; waiting for it to record what it holds"):
             live = leases.live(store)

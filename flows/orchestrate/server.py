@@ -28,10 +28,15 @@ def state_file() -> Path:
     return Path(os.environ["PREFECT_HOME"]).expanduser() / "zhpipe-server.json"
 
 
+def credentials_file() -> Path:
+    """Where the project's credentials are kept (0600, in the Prefect home): `zhpipe ui`'s app reads them from here."""
+    return state_file().with_name("zhpipe-server-auth")
+
+
 def credentials() -> str:
     """The project's own `user:password` for its server (Prefect's server.api.auth_string / api.auth_string): made
     once, kept 0600 in the Prefect home, given to zhpipe's commands and workers; the UI asks for it."""
-    path = state_file().with_name("zhpipe-server-auth")
+    path = credentials_file()
     auth = (procs.read_state(path) or {}).get("auth_string")
     if not isinstance(auth, str) or ":" not in auth:
         import secrets

@@ -213,17 +213,18 @@ def collect_garbage(store: StageStore, keep: set[tuple[str, str]], dry_run: bool
 
 
 def collect_remote(store: StageStore, keep: set[tuple[str, str]], dry_run: bool, retention_s: float, began: float,
-                   kept: list[dict[str, Any]]) -> list[dict[str, Any]]:
+                   kept: list[dict[str, Any]], records: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """gc on an object store (a team's shared store), from any machine: remove published outputs that no pipeline in
     `keep` plans, that no live run on any machine holds, that no run used within `retention_s` (the store's lease
     records, `flows.plan.leases`) and that were published before that and before gc began. A manifest goes first, so a
-    reader elsewhere sees the output gone, never half there; the local mirror's copy goes too."""
+    reader elsewhere sees the output gone, never half there; the local mirror's copy goes too. `records`: the store's lease
+    objects when the caller has read them already."""
     import time
 
     from flows.plan import leases
 
     now = time.time()
-    records = leases.store_records(store)
+    records = leases.store_records(store) if records is None else records
     live = [r for r in records if r["live"]]
     held = {(f, k): r for r in live for f, k in r.get("keys", [])}
     used = {(f, k) for r in records if not r["live"] and now - float(r.get("ended") or r.get("beat") or 0) < retention_s

@@ -130,20 +130,28 @@ def writes_to() -> dict[Path, str]:
     return found
 
 
-def check_space(need_mb: float | None = None) -> None:
-    """One line, before anything is written, when a folder the command writes to has less than `need_mb` free: a full
-    disk otherwise shows as pages of database errors, or a run that hangs retrying them."""
+def free_space() -> list[tuple[Path, str, float]]:
+    """(the nearest existing folder, what is written there, MB free) for each folder of `writes_to`."""
     import shutil
 
-    need = need_mb if need_mb is not None else float(os.environ.get("ZHPIPE_MIN_FREE_MB", MIN_FREE_MB))
+    found = []
     for folder, what in writes_to().items():
         probe = next((p for p in (folder, *folder.parents) if p.exists()), None)
-        if probe is None:
-            continue
-        free = shutil.disk_usage(probe).free / 2**20
+        if probe is not None:
+            found.append((probe, what, shutil.disk_usage(probe).free / 2**20))
+    return found
+
+
+def check_space(need_mb: float | None = None) -> list[tuple[Path, str, float]]:
+    """One line, before anything is written, when a folder the command writes to has less than `need_mb` free: a full
+    disk otherwise shows as pages of database errors, or a run that hangs retrying them. Returns what it measured."""
+    need = need_mb if need_mb is not None else float(os.environ.get("ZHPIPE_MIN_FREE_MB", MIN_FREE_MB))
+    measured = free_space()
+    for probe, what, free in measured:
         if free < need:
             raise ConfigError(f"not enough disk space: {probe} ({what}) has {free:.1f} MB free, and a command that writes needs at "
                               f"least {need:.0f} MB (ZHPIPE_MIN_FREE_MB); free some space there or move the project")
+    return measured
 
 
 def disk_full(error: BaseException) -> str | None:

@@ -65,67 +65,10 @@ def _update(h, rows: pd.DataFrame) -> None:
 def resolve(uri: str) -> tuple[str, str]:
     """(name, version) of `models:/<name>@<alias>` or `models:/<name>/<version>`; one clear error when the
     registry has no such model."""
-    from mlflow.exceptions import MlflowException
+    from flows.track.trust import version_of
 
-    from flows.track.tracker import client
-    from tasks.errors import ConfigError
-
-    name, sep, alias = uri.removeprefix("models:/").partition("@")
-    if not sep:
-        name, _, alias = name.partition("/")
-    try:
-        version = client().get_model_version(name, alias).version if alias.isdigit() else client().get_model_version_by_alias(name, alias).version
-    except MlflowException:
-        raise ConfigError(f"{uri}: no such registered model version (run the pipeline that registers {name} first; "
-                          f"`zhpipe models` lists what is registered)") from None
-    return name, str(version)
-
-
-def trusted(uri: str) -> str:
-    """`uri` when it is a model this project logged: a registered version (`models:/...`) whose run is in this store
-    and was made by zhpipe, and whose files lie under the store's own artifact root (a SQLite store: `artifacts/`
-    beside its database; a tracking server: the artifact location of the logging run's experiment). Anything else is
-    refused in one line before a byte of it is loaded: loading a model runs its code as you, so a version whose files
-    someone else put somewhere else must never be loaded. Other URIs (a logged model's folder given on purpose with
-    --model) are returned as they are."""
-    from urllib.parse import unquote, urlparse
-
-    from mlflow.exceptions import MlflowException
-
-    from flows.plan import project
-    from flows.track.tracker import client
-    from tasks.errors import ZhpipeError
-
-    if not uri.startswith("models:/"):
-        return uri
-    name, version = resolve(uri)
-    c = client()
-
-    def refuse(why: str) -> ZhpipeError:
-        return ZhpipeError(f"{uri}: version {version} of {name} is not loaded: {why}; register a model with `zhpipe run`, or "
-                           f"remove that version (it may have been put there by someone else)")
-
-    mv = c.get_model_version(name, version)
-    try:
-        run = c.get_run(mv.run_id) if mv.run_id else None
-    except MlflowException:
-        run = None
-    if run is None:
-        raise refuse("no run of this project's store logged it")
-    if not any(k.startswith("zhpipe.") for k in run.data.tags):
-        raise refuse(f"its run {mv.run_id} was not made by zhpipe")
-    location = c.get_model_version_download_uri(name, version)
-    root = project.current().artifact_root() or c.get_experiment(run.info.experiment_id).artifact_location
-    parsed = urlparse(location)
-    if project.current().artifact_root() is not None:
-        if parsed.scheme not in ("", "file"):
-            raise refuse(f"its files are at {location}, not in this store's artifact root")
-        where = Path(unquote(parsed.path)).resolve()
-        if not where.is_relative_to(Path(unquote(urlparse(root).path)).resolve()):
-            raise refuse(f"its files are at {where}, outside this store's artifact root {unquote(urlparse(root).path)}")
-    elif not location.startswith(root.rstrip("/") + "/"):
-        raise refuse(f"its files are at {location}, outside its experiment's artifact location {root}")
-    return uri
+    mv = version_of(uri)
+    return mv.name, str(mv.version)
 
 
 def revision(uri: str) -> str:
@@ -148,7 +91,9 @@ def download(uri: str, cache: Path) -> tuple[str, Path]:
 
     import mlflow
 
-    name, version = resolve(trusted(uri))
+    from flows.track.trust import trusted
+
+    name, version = trusted(uri).removeprefix("models:/").split("/")
     folder = cache / name / version
     if not (folder / "MLmodel").is_file():
         folder.parent.mkdir(parents=True, exist_ok=True)
@@ -193,7 +138,8 @@ def decide(new_score: float, new_hash: str, champion: dict | None, metric: str) 
                    "test split; the alias stays"), old_score
 
 
-DATA_SUSPECT = "the test rows, not the model"  # what a decision adds when the champion itself fell on today's test rows
+DATA_SUSPECT = "the test rows, not the model"
+OWN_DROP = "; the champion itself scores "  # where that note starts in a decision's reason  # what a decision adds when the champion itself fell on today's test rows
 
 
 def own_drop(champion: dict, today: float, rows: int, kind: str) -> str:
@@ -211,7 +157,7 @@ def own_drop(champion: dict, today: float, rows: int, kind: str) -> str:
     noise = 3 * math.sqrt(max(before * (1 - before), 1e-4) / rows)
     if before - today <= noise:
         return ""
-    return (f"; the champion itself scores {today:.4f} on today's test rows against {before:.4f} when it was registered "
+    return (f"{OWN_DROP}{today:.4f} on today's test rows against {before:.4f} when it was registered "
             f"(more than {noise:.3f} below): look at {DATA_SUSPECT} (the night's data checks, `zhpipe hold`)")
 
 

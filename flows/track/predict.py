@@ -45,10 +45,10 @@ def load_model(uri: str):
 
     # the model's files first, its code not yet run: a model logged with other code answers from a child process
     # that runs that code, never from this one
-    from flows.track.champion import trusted
+    from flows.track.trust import trusted
 
-    try:
-        trusted(uri)  # a registered version this project logged, under its own artifact root, or one line and nothing loaded
+    try:  # a registered version this project logged, under its own artifact root, pinned; or one line and nothing loaded
+        source = trusted(uri)
     except ConfigError as e:  # no such version: said as any model that cannot be loaded
         raise cannot(e) from None
     in_place = Path(uri.removeprefix("file://")).expanduser()
@@ -56,7 +56,7 @@ def load_model(uri: str):
         if (in_place / "MLmodel").is_file():  # a local model is read in place
             local = in_place
         else:
-            local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(folder)))
+            local = Path(mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=str(folder)))
         if not (local / "MLmodel").is_file():
             raise MlflowException(f"no MLmodel file in {uri}")
     except (MlflowException, OSError) as e:

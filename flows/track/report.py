@@ -104,15 +104,13 @@ def worries(ok: bool, checks_rows: list[dict], champion: dict[str, str]) -> list
     warned = [f"{r['check']} on {r['partition']}" for r in checks_rows if r["result"] == "failed"]
     if warned:
         lines.append(f"warnings: {', '.join(warned)}")
-    from flows.track.champion import kept_worse
+    from flows.track.champion import DATA_SUSPECT, OWN_DROP, kept_worse
 
     reason = champion.get("zhpipe.champion_reason", "")
-    from flows.track.champion import DATA_SUSPECT
-
     if champion.get("zhpipe.champion") == "no" and kept_worse(reason):
         lines.append(f"the new model is worse than the champion, which stays: {reason}")
     elif DATA_SUSPECT in reason:
-        lines.append(f"the champion fell on today's test rows: {reason.split('; the champion itself ', 1)[-1]}")
+        lines.append(f"the champion fell on today's test rows: scores {reason.split(OWN_DROP, 1)[-1]}")
     return lines
 
 

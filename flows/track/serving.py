@@ -225,8 +225,8 @@ def served_outcomes(model_uri: str, test: pd.DataFrame, metric: str, flavour: st
     from flows.track.tracker import tracking_uri
 
     mlflow.set_tracking_uri(tracking_uri())  # a models:/ URI is looked up in this project's registry
-    from flows.track.champion import trusted
     from flows.track.requirements import by_name
+    from flows.track.trust import trusted
 
     with by_name():
         model = mlflow.pyfunc.load_model(trusted(model_uri))

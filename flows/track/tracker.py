@@ -208,6 +208,12 @@ def ui_url(experiment: str, run_id: str) -> str:
     return f"{ui_base()}/#/experiments/{experiment_id(experiment)}/runs/{run_id}?{ML_VIEW}"
 
 
+def tracking_server() -> str | None:
+    """The tracking server's address when runs are tracked on one (a team's `mlflow server`), else None (a SQLite file)."""
+    uri = tracking_uri()
+    return uri.rstrip("/") if uri.startswith(("http://", "https://")) else None
+
+
 def ui_base() -> str:
     """Where people see this store's runs: ZHPIPE_MLFLOW_UI, else a tracking server's own address (the team's UI), else
     where `zhpipe ui` serves the project's store."""
@@ -215,9 +221,8 @@ def ui_base() -> str:
 
     from tasks.urls import redact
 
-    uri = tracking_uri()
-    team = redact(uri) if uri.startswith(("http://", "https://")) else None
-    return (os.environ.get("ZHPIPE_MLFLOW_UI") or team or UI_URL).rstrip("/")
+    team = tracking_server()
+    return (os.environ.get("ZHPIPE_MLFLOW_UI") or (redact(team) if team else None) or UI_URL).rstrip("/")
 
 
 def home_url(base: str, opener: bool = False) -> str:
