@@ -318,7 +318,7 @@ def load_alerts(config_file: Path | str) -> Alerts:
     doc = load_yaml(Path(config_file).read_text(encoding="utf-8"), config_file) or {}
     raw = doc.get("alerts") if isinstance(doc, dict) else None
     if not isinstance(raw, dict):
-        raise ConfigError(f"{config_file}: no 'alerts:' section (e.g. alerts: {{webhook: https://example.org/hook}}); see README, Alerts")
+        raise ConfigError(f"{config_file}: no 'alerts:' section (e.g. alerts: {{webhook: https://example.org/hook}}); see docs/nightly.md, \"A night's report and alerts\"")
     try:
         return Alerts.model_validate(raw)
     except ValidationError as e:
