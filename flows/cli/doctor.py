@@ -56,6 +56,26 @@ def _require(url: str, shown: str) -> None:
         raise ZhpipeError(f"{shown} does not answer {why}; is the server up, is the address right?")
 
 
+def _mlflow_version(base: str) -> str:
+    """The server's MLflow version ('' from a server without /version), asked with this machine's credentials (MLflow's
+    basic-auth app guards /version too); credentials it refuses are one line naming the variables to fix."""
+    import httpx
+
+    from tasks.urls import redact
+
+    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    try:
+        answer = httpx.get(f"{base}/version", timeout=5, auth=(user, password or "") if user else None)
+    except httpx.HTTPError:
+        return ""
+    if answer.status_code in (401, 403):
+        given = f"as user {user!r}" if user else "without credentials (MLFLOW_TRACKING_USERNAME is not set)"
+        raise ZhpipeError(f"{redact(base)} refused this machine {given} (HTTP {answer.status_code}); set MLFLOW_TRACKING_USERNAME "
+                          "and MLFLOW_TRACKING_PASSWORD to your user on the tracking server")
+    text = answer.text.strip()
+    return text if answer.status_code == 200 and len(text) < 40 else ""
+
+
 def _tracking(args) -> str:
     import mlflow
 
@@ -72,13 +92,7 @@ def _tracking(args) -> str:
         client().search_experiments(max_results=1)
         return f"{redact(uri)}: readable"
     _require(f"{base}/health", f"{redact(base)}/health")
-    version = ""
-    try:
-        import httpx
-
-        version = httpx.get(f"{base}/version", timeout=5).text.strip()
-    except Exception:  # noqa: BLE001 - an older server without /version
-        pass
+    version = _mlflow_version(base)
     if version and version.split(".")[0] != mlflow.__version__.split(".")[0]:
         raise ZhpipeError(f"{redact(base)} runs mlflow {version}, this machine {mlflow.__version__}: install the same major version")
     c = client()
@@ -117,7 +131,10 @@ def _prefect(args) -> str:
         raise ZhpipeError(f"{base} runs Prefect {version}, this machine {prefect.__version__}: install the same major version")
     from urllib.parse import urlsplit
 
-    if open_to_all and urlsplit(base).hostname not in ("127.0.0.1", "localhost", "::1"):
+    from flows.track.tracker import tracking_server
+
+    team = tracking_server() is not None  # a team's set-up: others reach this server, or share the machine it runs on
+    if open_to_all and (team or urlsplit(base).hostname not in ("127.0.0.1", "localhost", "::1")):
         raise ZhpipeError(f"{base} answers anyone without credentials: anyone who reaches it can start runs with your "
                           "workers; start it with PREFECT_SERVER_API_AUTH_STRING and give clients PREFECT_API_AUTH_STRING")
     return (f"{base}: Prefect {version}" + ("; it answers without credentials (loopback only)" if open_to_all else ", asks for credentials"))

@@ -84,6 +84,7 @@ def activate(project: Project) -> Project:
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",  # no usage reports leave the machine unless the user opts in
         "MLFLOW_DISABLE_TELEMETRY": "true",
         "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+        "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",  # a run on a server prints its one link itself, at the end
         "TOKENIZERS_PARALLELISM": "false",
         # `zhpipe deploy` passes the file's schedules; an empty list must clear a deployment's old ones
         "PREFECT_DEPLOYMENTS_CLEAR_SCHEDULES_ON_EMPTY": "true",

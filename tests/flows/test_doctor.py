@@ -1,105 +1,117 @@
-"""`zhpipe doctor` against real services on loopback, as a team sets them up: an `mlflow server` whose artifacts it
-proxies into an object store (moto's S3 server), the session's Prefect server, the stage store on that object store.
-Every service is one line; one that is down or misnamed is a FAIL line naming what to fix, and exit 1."""
+"""`zhpipe doctor` against a team's real services on loopback (tests/helpers/team.py: PostgreSQL behind an `mlflow server`
+with MLflow's basic-auth app and behind a `prefect server` with an auth string, the store in moto's S3 server). Every
+service is one line; each misconfiguration a team meets is a FAIL line naming what to fix, and exit 1."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
-from pathlib import Path
-
-import httpx
 import pytest
 
-from tests.helpers.cli import in_process
 from tests.helpers.procs import free_port
+from tests.helpers.team import machine, start_team, zhpipe
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def team(tmp_path_factory, prefect_harness):
-    """moto's S3 server with a bucket, and an MLflow tracking server (SQLite here; PostgreSQL in docs/team.md) that
-    proxies artifacts into it: clients need no bucket credentials for tracking."""
-    from moto.server import ThreadedMotoServer
-
-    s3_port, mlflow_port = free_port(), free_port()
-    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=s3_port, verbose=False)
-    moto.start()
-    aws = {"AWS_ACCESS_KEY_ID": "zhpipe-test", "AWS_SECRET_ACCESS_KEY": "zhpipe-test", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL": f"http://127.0.0.1:{s3_port}", "FSSPEC_S3_ENDPOINT_URL": f"http://127.0.0.1:{s3_port}",
-           "MLFLOW_S3_ENDPOINT_URL": f"http://127.0.0.1:{s3_port}"}
-    import boto3
-
-    boto3.client("s3", endpoint_url=aws["AWS_ENDPOINT_URL"], aws_access_key_id="zhpipe-test", aws_secret_access_key="zhpipe-test",
-                 region_name="us-east-1").create_bucket(Bucket="team")
-    folder = tmp_path_factory.mktemp("team")
-    log = open(folder / "mlflow.log", "w")
-    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}",
-                               "--artifacts-destination", "s3://team/artifacts", "--host", "127.0.0.1", "--port", str(mlflow_port),
-                               "--workers", "1"], env={**os.environ, **aws, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
-                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{mlflow_port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and server.poll() is None:
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.5)
-    yield {"aws": aws, "tracking": url, "log": folder / "mlflow.log"}
-    os.killpg(server.pid, 15)
-    server.wait(30)
-    moto.stop()
+def team(tmp_path_factory):
+    services = start_team(tmp_path_factory.mktemp("team"))
+    yield services
+    services.close()
 
 
-def test_doctor_checks_each_team_service_as_a_run_uses_it(team, monkeypatch, capsys):
-    for key, value in team["aws"].items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", team["tracking"])
-    good = in_process(capsys, "doctor", "--storage", "s3://team/store")
-    lines = {line.split()[1]: line for line in good.stdout.splitlines() if line.startswith(("ok", "FAIL"))}
-    assert good.returncode == 0, good.stdout + team["log"].read_text()[-2000:]
-    assert set(lines) == {"config", "disk", "tracking", "prefect", "store"} and all(line.startswith("ok") for line in lines.values())
-    assert "a run and an artifact written and deleted" in lines["tracking"] and "s3://team/store: writable" in lines["store"]
-
-    bad = in_process(capsys, "doctor", "--storage", "s3://no-such-bucket/store")
-    failed = [line for line in bad.stdout.splitlines() if line.startswith("FAIL")]
-    assert bad.returncode == 1 and len(failed) == 1 and "no-such-bucket" in failed[0], bad.stdout
-
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")
-    down = in_process(capsys, "doctor")
-    assert down.returncode == 1 and any(line.startswith("FAIL  tracking") and "does not answer" in line for line in down.stdout.splitlines())
-    run = in_process(capsys, "run", "smoke", "--to", "download")  # a run with the tracking server down stops before it builds
-    assert run.returncode == 2 and "the tracking server" in run.stderr and "nothing was built" in run.stderr and len(run.stderr.strip().splitlines()) == 1, run
+@pytest.fixture(scope="module")
+def alice(team, tmp_path_factory):
+    return machine(team, tmp_path_factory.mktemp("alice"), "alice")
 
 
-def test_credentials_never_reach_params_tags_artifacts_or_logs(team, tmp_path):
-    """An engineer's credentials for the team's servers (MLflow's basic-auth user and password, Prefect's auth string)
-    travel in the environment: a run on the team's tracking server records none of them in its params, tags or
-    artifacts, and prints none of them."""
+def lines(done) -> dict[str, str]:
+    return {line.split()[1]: line for line in done.stdout.splitlines() if line.startswith(("ok ", "FAIL "))}
+
+
+def test_doctor_checks_each_team_service_as_a_run_uses_it(team, alice):
+    env, project = alice
+    good = zhpipe(env, project, "doctor")
+    assert good.returncode == 0, good.stdout + good.stderr
+    checked = lines(good)
+    assert set(checked) == {"config", "disk", "tracking", "prefect", "store"} and all(v.startswith("ok") for v in checked.values())
+    assert "a run and an artifact written and deleted" in checked["tracking"] and "asks for credentials" in checked["prefect"]
+    assert "s3://team/zhpipe: writable" in checked["store"]
+
+
+@pytest.mark.parametrize("case", ["wrong password", "tracking down", "bucket missing", "prefect without credentials",
+                                  "prefect without auth"])
+def test_doctor_finds_each_misconfiguration(team, alice, prefect_harness, case):
+    env, project = alice
+    env, argv = dict(env), ["doctor"]
+    if case == "wrong password":
+        env["MLFLOW_TRACKING_PASSWORD"] = "not-alices-password"
+        service, says = "tracking", "refused this machine as user 'alice' (HTTP 401)"
+    elif case == "tracking down":
+        env["MLFLOW_TRACKING_URI"] = f"http://127.0.0.1:{free_port()}"
+        service, says = "tracking", "does not answer"
+    elif case == "bucket missing":
+        argv += ["--storage", "s3://no-such-bucket/zhpipe"]
+        service, says = "store", "s3://no-such-bucket/zhpipe: cannot write, read and delete a file there"
+    elif case == "prefect without credentials":
+        env.pop("PREFECT_API_AUTH_STRING")
+        service, says = "prefect", "set PREFECT_API_AUTH_STRING"
+    else:  # a Prefect server that asks nobody for credentials (the test session's own), in a team's set-up
+        env["PREFECT_API_URL"] = prefect_harness["url"]
+        service, says = "prefect", "answers anyone without credentials"
+    done = zhpipe(env, project, *argv)
+    failed = {name: line for name, line in lines(done).items() if line.startswith("FAIL")}
+    assert done.returncode == 1 and list(failed) == [service] and says in failed[service], done.stdout + done.stderr
+
+
+def test_a_run_with_the_tracking_server_down_stops_before_it_builds(team, alice):
+    env, project = alice
+    run = zhpipe({**env, "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{free_port()}"}, project, "run", "smoke", "--to", "download")
+    assert run.returncode == 2 and "the tracking server" in run.stderr and "nothing was built" in run.stderr, run
+    assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+
+
+def test_credentials_never_reach_params_tags_artifacts_or_logs(team, alice, tmp_path):
+    """An engineer's credentials for the team's servers (MLflow's basic-auth password, Prefect's auth string) travel in
+    the environment: a run records none of them in its params, tags or artifacts, its Prefect logs (in the server's
+    database), the servers' own logs, or what it prints."""
+    import os
+
     from mlflow.tracking import MlflowClient
 
-    secrets = {"MLFLOW_TRACKING_USERNAME": "alice-user-7f3a", "MLFLOW_TRACKING_PASSWORD": "pw-9c1e-not-for-logs",
-               "PREFECT_API_AUTH_STRING": "team:auth-5b2d-not-for-logs"}
-    env = {**os.environ, **team["aws"], **secrets, "MLFLOW_TRACKING_URI": team["tracking"], "ZHPIPE_WARM": "off",
-           "ZHPIPE_STORAGE": "s3://team/secrets-store"}
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "run", "smoke", "--to", "split"], env=env, capture_output=True, text=True,
-                          timeout=600, cwd=Path(__file__).resolve().parents[2])
+    env, project = alice
+    done = zhpipe(env, project, "run", "smoke", "--to", "split")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert f"see it at {team['tracking']}/#/experiments/" in done.stdout  # the team's UI, not `zhpipe ui`
-    client = MlflowClient(team["tracking"])
-    experiment = client.get_experiment_by_name("zhpipe-smoke")
-    recorded = [done.stdout, done.stderr]
-    for run in client.search_runs([experiment.experiment_id]):
-        recorded += [str(run.data.params), str(run.data.tags)]
-        folder = tmp_path / run.info.run_id
-        folder.mkdir()
-        for artifact in client.list_artifacts(run.info.run_id):
-            path = Path(client.download_artifacts(run.info.run_id, artifact.path, str(folder)))
-            files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
-            recorded += [p.read_bytes().decode("utf-8", errors="replace") for p in files]
-    assert len(recorded) > 4
+    assert f"see it at {team.tracking}/#/experiments/" in done.stdout and "zhpipe ui" not in done.stdout + done.stderr
+    secrets = {"MLFLOW_TRACKING_PASSWORD": env["MLFLOW_TRACKING_PASSWORD"], "PREFECT_API_AUTH_STRING": team.auth_string,
+               "database password": team.pg_password}
+    recorded = [done.stdout, done.stderr, (team.folder / "mlflow.log").read_text(), (team.folder / "prefect.log").read_text()]
+    saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")}
+    os.environ.update({"MLFLOW_TRACKING_USERNAME": "alice", "MLFLOW_TRACKING_PASSWORD": env["MLFLOW_TRACKING_PASSWORD"]})
+    try:
+        client = MlflowClient(team.tracking)
+        experiment = client.get_experiment_by_name("zhpipe-smoke")
+        for run in client.search_runs([experiment.experiment_id]):
+            recorded += [str(run.data.params), str(run.data.tags)]
+            folder = tmp_path / run.info.run_id
+            folder.mkdir()
+            for artifact in client.list_artifacts(run.info.run_id):
+                path = client.download_artifacts(run.info.run_id, artifact.path, str(folder))
+                files = [p for p in (folder.rglob("*")) if p.is_file()] if path else []
+                recorded += [p.read_bytes().decode("utf-8", errors="replace") for p in files]
+    finally:
+        for key, value in saved.items():
+            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+    recorded += prefect_logs(team)
+    assert len(recorded) > 8
     for name, value in secrets.items():
         assert not any(value in text or value.split(":")[-1] in text for text in recorded), name
+
+
+def prefect_logs(team) -> list[str]:
+    """Every log line the Prefect server holds (its database), read through its API with the team's credentials."""
+    import httpx
+
+    user, password = team.auth_string.split(":", 1)
+    answer = httpx.post(f"{team.prefect_api}/logs/filter", json={"limit": 200}, auth=(user, password), timeout=30)
+    answer.raise_for_status()
+    assert answer.json(), "the run left no log lines in the Prefect server"
+    return [row["message"] for row in answer.json()]
