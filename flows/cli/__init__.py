@@ -45,10 +45,11 @@ class _ConsoleFormatter(logging.Formatter):
 
 
 class _NoZhpipeTraceback(logging.Filter):
-    """Prefect logs a failed task with its traceback; for our own one-line errors that is noise."""
+    """Prefect logs a failed task with its traceback; for the errors the command ends in one line that is noise."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and isinstance(record.exc_info[1], ZhpipeError):
+        error = record.exc_info[1] if record.exc_info else None
+        if error is not None and (isinstance(error, ZhpipeError) or project.disk_full(error) or project.unreachable(error)):
             record.exc_info, record.exc_text = None, None
         return True
 
@@ -148,8 +149,8 @@ def _run(args, handed_env: dict[str, str]) -> int:
             raise
         say("error", str(e))
         return 2
-    except Exception as e:  # noqa: BLE001 - a full disk is one line wherever it struck; anything else is raised
-        full = project.disk_full(e)
+    except Exception as e:  # noqa: BLE001 - a full disk or a service that did not answer is one line; anything else is raised
+        full = project.disk_full(e) or project.unreachable(e)
         if full is None or args.debug:
             raise
         say("error", full)

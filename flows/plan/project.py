@@ -171,3 +171,24 @@ def disk_full(error: BaseException) -> str | None:
                     f"database under {current().root}); free some space and run again")
         error = error.__cause__ or error.__context__
     return None
+
+
+UNANSWERED = ("EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError", "NewConnectionError")
+
+
+def unreachable(error: BaseException) -> str | None:
+    """One line for an error caused by a service that did not answer after its retries (the object store, a tracking
+    server), found anywhere in the error's chain; None for any other error."""
+    import re
+
+    from tasks.urls import redact
+
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if type(error).__name__ in UNANSWERED or isinstance(error, (ConnectionRefusedError, ConnectionResetError)):
+            what = re.sub(r"\?\S*", "", " ".join(str(error).split()))[:200] or type(error).__name__
+            return (f"a service did not answer, after retries: {redact(what)}; the stages that finished are kept in the store, "
+                    "and the next run reuses them (`zhpipe doctor` checks every service)")
+        error = error.__cause__ or error.__context__
+    return None

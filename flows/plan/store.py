@@ -138,6 +138,18 @@ def local_root(root: str | Path) -> Path:
     return Path(text).expanduser()
 
 
+# attempts at each request to an S3 store (botocore's standard retry mode: jittered backoff doubling to 20 s): an
+# object store that does not answer for a minute or two is waited out; reads and writes of whole objects are safe to repeat
+S3_ATTEMPTS = 16
+
+
+def _retrying(url: str) -> dict:
+    """fsspec options that make a request to the store retry where a retry is safe (S3; AWS_MAX_ATTEMPTS still wins)."""
+    if not url.startswith(("s3://", "s3a://")) or os.environ.get("AWS_MAX_ATTEMPTS"):
+        return {}
+    return {"config_kwargs": {"retries": {"max_attempts": S3_ATTEMPTS, "mode": "standard"}}}
+
+
 class StageStore:
     """Finds, creates and publishes stage outputs under one root: a local folder or an fsspec URL."""
 
@@ -147,7 +159,7 @@ class StageStore:
         if is_remote(root):
             import fsspec
 
-            self.fs, self.base = fsspec.core.url_to_fs(reveal(str(root)))
+            self.fs, self.base = fsspec.core.url_to_fs(reveal(str(root)), **_retrying(str(root)))
             self.base = self.base.rstrip("/")
             if cache is None and not os.environ.get("ZHPIPE_CACHE"):
                 from flows.plan.project import current

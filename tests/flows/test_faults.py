@@ -45,6 +45,22 @@ def test_a_full_disk_is_one_line_and_leaves_no_temporary_folder(prefect_harness,
     assert not [p for p in small_disk.rglob(".tmp-*")]  # the failed build's folder is gone
 
 
+def test_an_object_store_that_never_answers_is_one_line(prefect_harness, tmp_path, capsys, monkeypatch):
+    """The store's S3 endpoint refuses every connection (one attempt per request here; a run waits out a minute or two by
+    default): one line naming the endpoint, no traceback."""
+    from tests.helpers.procs import free_port
+
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    for key, value in {"AWS_ENDPOINT_URL": endpoint, "FSSPEC_S3_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "x",
+                       "AWS_SECRET_ACCESS_KEY": "x", "AWS_DEFAULT_REGION": "us-east-1", "AWS_MAX_ATTEMPTS": "1",
+                       "ZHPIPE_CACHE": str(tmp_path / "mirror")}.items():
+        monkeypatch.setenv(key, value)
+    code, printed = cli(capsys, "run", "smoke", "--to", "download", "--storage", "s3://nowhere/zhpipe")
+    assert code == 2 and "Traceback" not in printed, printed[-3000:]
+    [line] = [l for l in printed.splitlines() if l.startswith("zhpipe: error:")] or [printed[-3000:]]
+    assert "did not answer" in line and endpoint in line and "reuses them" in line, line
+
+
 def test_a_corrupt_mlflow_database_is_one_line_naming_it(prefect_harness, tmp_path, capsys, monkeypatch):
     good = copy_sqlite(Path(os.environ["MLFLOW_TRACKING_URI"].removeprefix("sqlite:///")), tmp_path / "good.db")
     for name, damage in (("garbage.db", lambda p: p.write_bytes(os.urandom(200_000))),

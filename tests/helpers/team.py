@@ -9,9 +9,11 @@ import os
 import pwd
 import secrets
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +56,55 @@ def _wait(url: str, what: str, proc: subprocess.Popen | None, log: Path, auth=No
     raise RuntimeError(f"{what} did not answer {url} in {timeout:.0f} s: {log.read_text()[-3000:]}")
 
 
+class Gate:
+    """A TCP relay in front of a server on loopback: `cut()` refuses new connections and breaks the open ones (the
+    server unreachable, as when a network or the service is down), `mend()` takes connections again."""
+
+    def __init__(self, target_port: int):
+        self.port, self.target, self.conns = free_port(), target_port, set()
+        self.mend()
+
+    def mend(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", self.port))
+        threading.Thread(target=self._accept, args=(self.sock,), daemon=True).start()
+
+    def cut(self) -> None:
+        self.sock.close()
+        for conn in list(self.conns):
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            conn.close()
+        self.conns.clear()
+
+    def _accept(self, listening: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listening.accept()
+                upstream = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:
+                if listening.fileno() == -1:
+                    return
+                continue
+            self.conns |= {client, upstream}
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for conn in (a, b):
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
 @dataclass
 class Team:
     folder: Path
@@ -66,6 +117,7 @@ class Team:
     auth_string: str
     procs: dict = field(default_factory=dict)
     moto: object = None
+    gate: Gate | None = None  # in front of the S3 server: what everyone reaches it through
 
     @property
     def tracking(self) -> str:
@@ -123,8 +175,16 @@ class Team:
         user, password = self.auth_string.split(":", 1)
         _wait(f"{self.prefect_api}/admin/version", "prefect server", self.procs["prefect"], log, auth=(user, password))
 
+    def restart_postgres(self) -> None:
+        """A fast restart: every open database connection of both servers is dropped."""
+        subprocess.run(_as_owner([str(pg_bin() / "pg_ctl"), "-D", str(self.pg_folder / "data"), "-l", str(self.pg_folder / "log"),
+                                  "-m", "fast", "-w", "restart"]),
+                       check=True, capture_output=True, timeout=120)
+
     def close(self) -> None:
         stop(*self.procs.values(), grace=10)
+        if self.gate is not None:
+            self.gate.cut()
         if self.moto is not None:
             self.moto.stop()
         subprocess.run(_as_owner([str(pg_bin() / "pg_ctl"), "-D", str(self.pg_folder / "data"), "-m", "immediate", "stop"]),
@@ -161,9 +221,11 @@ def start_team(folder: Path) -> Team:
         raise RuntimeError("no PostgreSQL server programs (initdb, pg_ctl) on this machine: apt-get install postgresql")
     pg_folder = Path(tempfile.mkdtemp(prefix="zhpipe-pg-"))  # outside pytest's root-only folders: postgres must reach it
     s3_port = free_port()
+    gate = Gate(s3_port)
     s3 = {"AWS_ACCESS_KEY_ID": "zhpipe-test", "AWS_SECRET_ACCESS_KEY": "zhpipe-test", "AWS_DEFAULT_REGION": "us-east-1",
-          "AWS_ENDPOINT_URL": f"http://127.0.0.1:{s3_port}", "FSSPEC_S3_ENDPOINT_URL": f"http://127.0.0.1:{s3_port}"}
-    team = Team(folder, pg_folder, free_port(), secrets.token_hex(8), s3, free_port(), free_port(), f"team:{secrets.token_hex(8)}")
+          "AWS_ENDPOINT_URL": f"http://127.0.0.1:{gate.port}", "FSSPEC_S3_ENDPOINT_URL": f"http://127.0.0.1:{gate.port}"}
+    team = Team(folder, pg_folder, free_port(), secrets.token_hex(8), s3, free_port(), free_port(), f"team:{secrets.token_hex(8)}",
+                gate=gate)
     import logging
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's server logs every request

@@ -1,0 +1,129 @@
+"""A team on one registry, as docs/team.md sets it up, every part real and on loopback: PostgreSQL behind an
+`mlflow server` (MLflow's basic-auth app, artifacts proxied into moto's S3 server) and behind a `prefect server` with an
+auth string; the stage store in the bucket. Two engineers are two machines: a folder each with its own HOME and project
+folder (pipelines.yaml and the smoke corpus, as a clone has them), reaching each other only through the servers."""
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+
+import pytest
+
+from tests.helpers.team import STORE, machine, start, start_team, zhpipe
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def team(tmp_path_factory):
+    services = start_team(tmp_path_factory.mktemp("team"))
+    yield services
+    services.close()
+
+
+@pytest.fixture(scope="module")
+def machines(team, tmp_path_factory):
+    return {user: machine(team, tmp_path_factory.mktemp(user), user) for user in ("alice", "bob")}
+
+
+def printed(done) -> str:
+    return done.stdout + done.stderr
+
+
+def ok(done) -> str:
+    assert done.returncode == 0, printed(done)[-4000:]
+    assert "zhpipe ui" not in printed(done)  # the team's UI is the tracking server, never the engineer's empty local store
+    return printed(done)
+
+
+def bucket(team):
+    import fsspec
+
+    return fsspec.filesystem("s3", endpoint_url=team.s3["AWS_ENDPOINT_URL"], key="zhpipe-test", secret="zhpipe-test")
+
+
+def test_two_engineers_on_two_machines_share_one_registry_and_store(team, machines):
+    (alice, a_dir), (bob, b_dir) = machines["alice"], machines["bob"]
+    first = ok(zhpipe(alice, a_dir, "run", "smoke"))
+    assert f"see it at {team.tracking}/#/experiments/" in first and "│ miss" in first
+    second = ok(zhpipe(bob, b_dir, "run", "smoke"))  # bob's machine has nothing of alice's: every stage a hit from the bucket
+    assert "│ miss" not in second and second.count("│ hit") >= 10 and f"see it at {team.tracking}/#/experiments/" in second
+    assert "🏃 View run" not in first + second  # MLflow's own per-run link lines: the run prints one link, at its end
+
+    assert "missing" not in ok(zhpipe(bob, b_dir, "status", "smoke")) and "stale" not in ok(zhpipe(bob, b_dir, "status", "smoke"))
+    runs = ok(zhpipe(bob, b_dir, "runs", "smoke"))
+    ids = re.findall(r"^│ ([0-9a-f]{12}) │ FINISHED", runs, re.M)
+    assert len(ids) == 2, runs  # both engineers' runs in the one experiment
+    assert "test_accuracy" in ok(zhpipe(alice, a_dir, "compare", *ids, "--all"))
+    assert "pred_label" in ok(zhpipe(alice, a_dir, "predict", "--pipeline", "smoke", "房间很干净，早餐也好"))
+    for who, folder in machines.values():
+        assert re.search(r"\d+ outputs checked in s3://team/zhpipe: \d+ sound, 0 corrupt", ok(zhpipe(who, folder, "verify")))
+    assert "0 items" in ok(zhpipe(bob, b_dir, "gc", "--dry-run"))
+    assert bucket(team).exists(f"{STORE.removeprefix('s3://')}/train")  # the outputs live in the bucket (each machine mirrors)
+
+
+def test_gc_from_another_machine_keeps_what_a_live_run_holds_and_recent_use(team, machines, tmp_path):
+    """bob's pipelines.yaml plans none of alice's outputs: gc from his machine keeps what alice used within the retention
+    period, and with no retention still keeps what her live run holds; it says why for each."""
+    alice, a_dir = machines["alice"]
+    bob, b_dir = machine(team, tmp_path / "bobs-other-project", "bob")
+    text = (b_dir / "pipelines.yaml").read_text()
+    (b_dir / "pipelines.yaml").write_text(text.split("\n  smoke:", 1)[0] + "\n")  # the pipelines before smoke: none was run
+    recent = ok(zhpipe(bob, b_dir, "gc", "--dry-run"))
+    assert re.search(r"^0 items", recent, re.M) and "kept " in recent, recent
+    assert "would remove" in ok(zhpipe(bob, b_dir, "gc", "--dry-run", "--keep-days", "0"))
+
+    live = start(alice, a_dir, "run", "smoke", "--set", "split.seed=3", log=tmp_path / "alice.log")  # new from split on
+    fs, leases = bucket(team), f"{STORE.removeprefix('s3://')}/_cache/leases"
+    deadline = time.monotonic() + 300
+    while "segment: building" not in (tmp_path / "alice.log").read_text():
+        assert live.poll() is None and time.monotonic() < deadline, (tmp_path / "alice.log").read_text()[-3000:]
+        time.sleep(0.3)
+    swept = ok(zhpipe(bob, b_dir, "gc", "--keep-days", "0"))
+    assert live.wait(600) == 0, (tmp_path / "alice.log").read_text()[-3000:]
+    assert re.search(r"kept for 1 live run", swept) and "removed " in swept, swept
+    assert any(p.endswith(".json") for p in fs.ls(leases, detail=False))
+    verified = ok(zhpipe(alice, a_dir, "verify"))
+    assert " 0 corrupt" in verified
+    again = ok(zhpipe(alice, a_dir, "run", "smoke", "--set", "split.seed=3"))  # what the live run used is all still there
+    assert "│ miss" not in again, again
+
+
+def test_eight_overlapping_runs_build_each_unit_once_and_decide_once(team, machines, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    argv = ("run", "smoke", "--set", "split.seed=7")  # every stage from split on is new to the store
+    procs = []
+    for i in range(8):
+        env, folder = machines["alice" if i % 2 else "bob"]
+        procs.append((start(env, folder, *argv, log=tmp_path / f"run-{i}.log"), tmp_path / f"run-{i}.log"))
+    logs = []
+    for proc, log in procs:
+        code = proc.wait(900)
+        logs.append(log.read_text())
+        assert code == 0, logs[-1][-4000:]
+    built = Counter(key for text in logs for key in re.findall(r"zhpipe [\w.]+: building \(([0-9a-f]{16})\)", text))
+    assert len(built) >= 10 and set(built.values()) == {1}, built  # every unit built by exactly one of the eight
+    waited = [line for text in logs for line in text.splitlines() if "waiting for it" in line]
+    assert waited, "no run waited for another"
+    decisions = [re.findall(r"registry: zhpipe-smoke version (\d+) \((\w+)\): (.*)", text) for text in logs]
+    assert all(len(d) == 1 for d in decisions), decisions  # one champion decision each
+    versions = {d[0][0] for d in decisions}
+    assert len(versions) == 1, decisions  # all eight about one version: no two versions from one key
+
+    client = MlflowClient(team.tracking)
+    import os
+
+    os.environ.update({"MLFLOW_TRACKING_USERNAME": "alice", "MLFLOW_TRACKING_PASSWORD": "alice-password-1"})
+    try:
+        registered = client.search_model_versions("name='zhpipe-smoke'")
+        keys = Counter(v.tags.get("zhpipe.model_key") or v.run_id for v in registered)
+        assert set(keys.values()) == {1}, keys
+        champion = client.get_model_version_by_alias("zhpipe-smoke", "champion").version
+    finally:
+        for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+            os.environ.pop(key)
+    (version,) = versions
+    promoted = [d for d in decisions if "becomes champion" in d[0][2] or "it is the champion" in d[0][2]]
+    assert (str(champion) == version) == bool(promoted), (champion, decisions)
