@@ -74,6 +74,7 @@ def main() -> int:
     argv = ["run", args.pipeline, *[x for s in args.sets for x in ("--set", s)]]
     corpora = CORPORA.get(args.pipeline, CORPORA["chnsenticorp"])
     folder = Path(tempfile.mkdtemp(prefix="zhpipe-bench-team-"))
+    (folder / "team").mkdir()
     team = start_team(folder / "team")
     result: dict = {"pipeline": args.pipeline, "sets": args.sets, "rounds": args.rounds}
     try:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from pathlib import Path
 from typing import Any
 
 from flows.orchestrate.workers import train_deployment
@@ -12,9 +11,6 @@ from flows.plan.config import PipelineConfig
 from tasks.errors import ZhpipeError
 
 log = logging.getLogger("zhpipe")
-CODE = Path(__file__).resolve().parents[2]  # where the flows package is (a checkout or site-packages)
-PIPELINE_ENTRYPOINT = "flows/orchestrate/pipeline.py:pipeline_flow"
-TRAIN_ENTRYPOINT = "flows/orchestrate/pipeline.py:train_flow"
 # what a worker on another machine needs to reach the same store and tracking server: read from the
 # worker's own environment (a flow run inherits it), never written into the deployment, where a password in
 # the URL would sit in plain text on the server and in its UI
@@ -105,9 +101,17 @@ def ensure_work_pool(client, name: str) -> bool:
 def deploy(configs: list[PipelineConfig], config_file: str | None = None) -> list[dict[str, Any]]:
     """Create or update each pipeline's deployment (and its train deployment when the train stage has a
     work pool of its own). Idempotent: the file is the truth, so a removed schedule or train pool is removed."""
-    from prefect import Flow
+    from prefect import deploy as deploy_all
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
+    from prefect.types.entrypoint import EntrypointType
+
+    from flows.orchestrate.pipeline import pipeline_flow, train_flow
+
+    # by module path (flows.orchestrate.pipeline.train_flow): a worker imports the zhpipe it has installed, on any
+    # machine and at any path, with no copy of the deploying machine's folder
+    common = {"entrypoint_type": EntrypointType.MODULE_PATH, "job_variables": {}, "enforce_parameter_schema": False}
+    quiet = {"build": False, "push": False, "print_next_steps_message": False, "ignore_warnings": True}
 
 
     require_server()
@@ -116,24 +120,18 @@ def deploy(configs: list[PipelineConfig], config_file: str | None = None) -> lis
         for config in configs:
             pools = [config.work_pool] + ([config.stages.train.work_pool] if config.stages.train.work_pool else [])
             created = [p for p in dict.fromkeys(pools) if ensure_work_pool(client, p)]
-            flow = Flow.from_source(source=str(CODE), entrypoint=PIPELINE_ENTRYPOINT)
-            deployment_id = flow.deploy(
-                name=config.name, work_pool_name=config.work_pool, schedules=schedules(config),
-                parameters=flow_parameters(config, config_file), job_variables={},
-                description=config.description or None, tags=["zhpipe"], build=False, push=False,
-                print_next_steps=False, enforce_parameter_schema=False, ignore_warnings=True,
-            )
+            main = pipeline_flow.to_deployment(name=config.name, schedules=schedules(config), parameters=flow_parameters(config, config_file),
+                                               description=config.description or None, tags=["zhpipe"], **common)
+            (deployment_id,) = deploy_all(main, work_pool_name=config.work_pool, **quiet)
             training = config.kind.training
             train_pool = training and config.section(training.name).work_pool
             if train_pool:
-                train = Flow.from_source(source=str(CODE), entrypoint=TRAIN_ENTRYPOINT)
-                train.deploy(
-                    name=config.name, work_pool_name=train_pool, schedules=[], tags=["zhpipe", training.name],
-                    parameters={k: v for k, v in flow_parameters(config, config_file).items() if k in ("pipeline", "project_dir", "config_file", "overrides")},
-                    job_variables={},
-                    description=f"train stage of {config.name} (submitted by its pipeline runs)",
-                    build=False, push=False, print_next_steps=False, enforce_parameter_schema=False, ignore_warnings=True,
-                )
+                kept = ("pipeline", "project_dir", "config_file", "overrides")
+                train = train_flow.to_deployment(
+                    name=config.name, schedules=[], tags=["zhpipe", training.name], **common,
+                    parameters={k: v for k, v in flow_parameters(config, config_file).items() if k in kept},
+                    description=f"train stage of {config.name} (submitted by its pipeline runs)")
+                deploy_all(train, work_pool_name=train_pool, **quiet)
             else:  # the file no longer routes training: drop a train deployment left from before
                 with contextlib.suppress(ObjectNotFound):
                     stale = client.read_deployment_by_name(train_deployment(config.name))

@@ -7,7 +7,9 @@ only the pipeline's own file decides what is safe. A run of a deployment may cha
 - `stages`, `force` and `verify`, and (for the train flow) the MLflow parent run id.
 
 Everything that chooses where data comes from or goes to (`source`, `storage`, `dask`, `config_file`,
-`project_dir`, `pipeline`) is fixed by the deployment. What is allowed is read from the worker's own
+`project_dir`, `pipeline`) is fixed by the deployment (a worker with ZHPIPE_PROJECT runs in that folder, whatever
+`project_dir` says). The train flow's `source_fingerprint` only names keys, which are content addresses: a wrong one
+finds no inputs in the store. What is allowed is read from the worker's own
 pipelines.yaml, never from values the Prefect server holds (a PATCHed deployment cannot widen it). Runs
 outside a deployment (the CLI, the Python API) are the user's own and are not checked.
 """
@@ -56,8 +58,10 @@ def expected_parameters(name: str, server: dict[str, Any]) -> dict[str, Any]:
     config_file = server.get("config_file")
     config = load_pipeline(name, config_file or project.config_file)
     p = config.parameters
+    # project_dir: the deployment's own (a worker with a checkout of its own, ZHPIPE_PROJECT, runs there whatever the
+    # deploying machine's folder was; a run may still not change it)
     expected = {"pipeline": config.name, "overrides": p.overrides, "stages": p.stages, "force": p.force,
-                "project_dir": str(project.root), "allow_overrides": p.allow_overrides}
+                "project_dir": server.get("project_dir") or str(project.root), "allow_overrides": p.allow_overrides}
     if config_file:
         expected["config_file"] = config_file
     return expected

@@ -3,6 +3,7 @@ task that reuses its cached output or builds it."""
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -125,8 +126,9 @@ def pipeline_flow(
     """
     check_run({"pipeline": pipeline, "overrides": overrides, "source": source, "storage": storage, "dask": dask,
                "config_file": config_file, "project_dir": project_dir})
-    if project_dir:
-        project.activate(project.Project(Path(project_dir)))
+    folder = os.environ.get("ZHPIPE_PROJECT") or project_dir  # a worker's own checkout wins over the deployer's path
+    if folder:
+        project.activate(project.Project(Path(folder)))
     if not isinstance(pipeline, str):
         raise ZhpipeError(f"pipeline: expected a pipeline name, got {type(pipeline).__name__}")
     config = _config(pipeline, overrides, source, config_file)
@@ -254,6 +256,8 @@ def train_remote(run: RunContext, overrides, config_file) -> StageResult:
     parameters = {
         "pipeline": run.config.name, "overrides": overrides or [], "config_file": config_file,
         "parent_run_id": run.parent_run_id, "force": stage in run.force, "project_dir": str(project.current().root),
+        # the worker plans the same keys without the corpus (a worker needs the project's pipelines.yaml, not its data)
+        "source_fingerprint": next(c["inputs"]["source"] for c in run.causes.values() if "source" in c["inputs"]),
     }
     flow_run = run_deployment(name, parameters=parameters, timeout=None, poll_interval=2)  # checked before the run (_check_route)
     if not flow_run.state or not flow_run.state.is_completed():
@@ -275,16 +279,20 @@ def train_flow(
     storage: str | None = None,
     force: bool = False,
     project_dir: str | None = None,
+    source_fingerprint: str | None = None,
 ) -> dict[str, Any]:
     """The train stage alone, on a (GPU) worker: inputs from the shared store, one training per GPU at a time
-    (a Prefect global concurrency limit per worker machine), logged under the pipeline run's MLflow parent."""
+    (a Prefect global concurrency limit per worker machine), logged under the pipeline run's MLflow parent. The worker
+    needs the project's pipelines.yaml (its own checkout: ZHPIPE_PROJECT), not the corpus: the keys are planned from
+    `source_fingerprint`, the submitting run's (keys are content addresses: a wrong one finds no inputs)."""
     check_run({"pipeline": pipeline, "overrides": overrides, "source": source, "storage": storage, "config_file": config_file,
                "project_dir": project_dir, "parent_run_id": parent_run_id})
-    if project_dir:
-        project.activate(project.Project(Path(project_dir)))
+    folder = os.environ.get("ZHPIPE_PROJECT") or project_dir  # the worker's own checkout wins over the submitter's path
+    if folder:
+        project.activate(project.Project(Path(folder)))
     config = _config(pipeline, overrides, source, config_file)
     training = config.kind.training
-    causes = plan(config, registry=revision)
+    causes = plan(config, registry=revision, source=source_fingerprint)
     run = RunContext(config, StageStore(storage_root(config, storage)), {s: stage_key(c) for s, c in causes.items()}, f"zhpipe-{config.identity}",
                      parent_run_id, {training.name} if force else set(), causes=causes)
     with leases.held(run.store, run.keys) as run.lease:

@@ -88,10 +88,12 @@ def unit_params(config: PipelineConfig, unit: str) -> dict[str, Any]:
     return stage_params(config, stage)
 
 
-def plan(config: PipelineConfig, origin: Origin | None = None, registry: Registry | None = None) -> dict[Unit, dict[str, Any]]:
+def plan(config: PipelineConfig, origin: Origin | None = None, registry: Registry | None = None,
+         source: str | None = None) -> dict[Unit, dict[str, Any]]:
     """Every stage's and model unit's key causes, computed from the config alone (so `status` needs no run).
     Each model is a unit of its own (`train.<model>`, `evaluate.<model>`); the train and evaluate stages
-    gather their units, so a change to one model's params rebuilds that model and the comparison only."""
+    gather their units, so a change to one model's params rebuilds that model and the comparison only. `source`: the
+    source's fingerprint as another machine computed it (a worker that trains from the store has no corpus)."""
     causes: dict[Unit, dict[str, Any]] = {}
     parts = partitions(config)
     for spec in config.kind.stages.values():
@@ -106,7 +108,7 @@ def plan(config: PipelineConfig, origin: Origin | None = None, registry: Registr
             gathered = [partition_unit(spec.name, p.name) for p in parts]
             causes[stage] = key_causes(config, stage, {u: stage_key(causes[u]) for u in gathered}, registry)
             continue
-        inputs = {d: stage_key(causes[d]) for d in spec.needs} if spec.needs else {"source": source_fingerprint(config, origin)}
+        inputs = {d: stage_key(causes[d]) for d in spec.needs} if spec.needs else {"source": source or source_fingerprint(config, origin)}
         if spec.per_model:
             for unit in model_units(config, spec.name):
                 model = unit.model

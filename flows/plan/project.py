@@ -83,6 +83,7 @@ def activate(project: Project) -> Project:
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",  # no usage reports leave the machine unless the user opts in
         "MLFLOW_DISABLE_TELEMETRY": "true",
+        "DO_NOT_TRACK": "1",  # Prefect's client-side usage events too
         "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
         "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",  # a run on a server prints its one link itself, at the end
         "TOKENIZERS_PARALLELISM": "false",

@@ -156,6 +156,7 @@ class StageStore:
     def __init__(self, root: str | Path, cache: Path | None = None):
         self.url = redact(str(root))  # what messages, tags and Prefect parameters show; the real URL only connects
         self.fs = None
+        self._manifests: dict[tuple[str, str], Manifest] = {}  # remote manifests read by this store: one GET per output
         if is_remote(root):
             import fsspec
 
@@ -193,14 +194,29 @@ class StageStore:
 
     def is_done(self, stage: str, key: str) -> bool:
         if self.fs is not None:
-            return self.fs.exists(self._remote(unit_folder(stage), key, MANIFEST))
+            return self._remote_manifest(stage, key) is not None
         return (self.path(stage, key) / MANIFEST).is_file()
 
     def manifest(self, stage: str, key: str) -> Manifest:
         if self.fs is not None:
-            where = self._remote(unit_folder(stage), key, MANIFEST)
-            return Manifest.from_json(self.fs.cat_file(where).decode("utf-8", errors="replace"), where)
+            found = self._remote_manifest(stage, key)
+            if found is None:
+                raise FileNotFoundError(self._remote(unit_folder(stage), key, MANIFEST))
+            return found
         return Manifest.read(self.path(stage, key))
+
+    def _remote_manifest(self, stage: str, key: str) -> Manifest | None:
+        """The output's manifest in the object store (one GET, kept: a key's output does not change unless this store
+        retracts it), or None while it is not published."""
+        memo = (str(stage), str(key))
+        if memo not in self._manifests:
+            where = self._remote(unit_folder(stage), key, MANIFEST)
+            try:
+                text = self.fs.cat_file(where)
+            except FileNotFoundError:
+                return None
+            self._manifests[memo] = Manifest.from_json(text.decode("utf-8", errors="replace"), where)
+        return self._manifests[memo]
 
     def local(self, stage: str, key: str) -> Path:
         """A local folder holding the finished output; a remote one is downloaded into the mirror once."""
@@ -295,6 +311,7 @@ class StageStore:
 
     def discard(self, stage: str, key: str) -> None:
         """Remove a finished output (a corrupt one), remote copy included, so it is rebuilt."""
+        self._manifests.pop((str(stage), str(key)), None)
         if self.fs is not None and self.fs.exists(self._remote(unit_folder(stage), key, MANIFEST)):
             self.fs.rm_file(self._remote(unit_folder(stage), key, MANIFEST))
         folder = self.path(stage, key)
@@ -306,6 +323,7 @@ class StageStore:
     def _upload(self, final: Path, manifest: Manifest) -> None:
         """Every file of the output, then its manifest: readers elsewhere see it done only when complete."""
         target = self._remote(unit_folder(manifest.stage), manifest.key)
+        self._manifests.pop((str(manifest.stage), str(manifest.key)), None)
         if self.fs.exists(target + "/" + MANIFEST):  # a forced rebuild: retract the old output first
             self.fs.rm_file(target + "/" + MANIFEST)
         for path in sorted(final.rglob("*")):

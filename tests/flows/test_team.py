@@ -4,6 +4,7 @@ auth string; the stage store in the bucket. Two engineers are two machines: a fo
 folder (pipelines.yaml and the smoke corpus, as a clone has them), reaching each other only through the servers."""
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections import Counter
@@ -113,8 +114,6 @@ def test_eight_overlapping_runs_build_each_unit_once_and_decide_once(team, machi
     assert len(versions) == 1, decisions  # all eight about one version: no two versions from one key
 
     client = MlflowClient(team.tracking)
-    import os
-
     os.environ.update({"MLFLOW_TRACKING_USERNAME": "alice", "MLFLOW_TRACKING_PASSWORD": "alice-password-1"})
     try:
         registered = client.search_model_versions("name='zhpipe-smoke'")
@@ -127,3 +126,49 @@ def test_eight_overlapping_runs_build_each_unit_once_and_decide_once(team, machi
     (version,) = versions
     promoted = [d for d in decisions if "becomes champion" in d[0][2] or "it is the champion" in d[0][2]]
     assert (str(champion) == version) == bool(promoted), (champion, decisions)
+
+
+WORKER_PIPELINE = """
+  smoke-gpu:
+    description: the smoke corpus, its training on the team's GPU pool
+    work_pool: team-cpu
+    source: {path: tests/fixtures/smoke.csv, format: csv, text_column: review, label_column: label}
+    stages:
+      train: {work_pool: team-gpu, models: [tfidf_lr, fasttext]}
+"""
+
+
+def test_a_worker_with_no_corpus_and_another_path_trains_for_an_engineer(team, tmp_path):
+    """A third machine runs the team's GPU pool (here a CPU): a checkout of the repository's pipelines.yaml at a path of
+    its own, no corpus, the team's servers in its environment. alice's run sends its training there: the worker plans
+    the same keys without the corpus, trains from the bucket and logs under alice's parent run."""
+    from mlflow.tracking import MlflowClient
+
+    alice, a_dir = machine(team, tmp_path / "alice", "alice")
+    worker_env, w_dir = machine(team, tmp_path / "gpu-box", "bob", corpora=())
+    for project in (a_dir, w_dir):
+        with open(project / "pipelines.yaml", "a") as f:
+            f.write(WORKER_PIPELINE)
+    worker_env = {**worker_env, "ZHPIPE_PROJECT": str(w_dir), "PREFECT_WORKER_QUERY_SECONDS": "2"}
+    assert not (w_dir / "tests").exists()
+    ok(zhpipe(alice, a_dir, "deploy", "smoke-gpu"))
+    worker = start(worker_env, tmp_path / "gpu-box", "worker", "--pool", "team-gpu", log=tmp_path / "worker.log")
+    try:
+        done = ok(zhpipe(alice, a_dir, "run", "smoke-gpu", timeout=900))
+    finally:
+        from tests.helpers.procs import stop
+
+        stop(worker, grace=10)
+    assert "train: submitting to work pool 'team-gpu'" in done, done[-3000:]
+    trained = (tmp_path / "worker.log").read_text()
+    assert re.search(r"train\.tfidf_lr: building", trained) and "train.tfidf_lr: building" not in done, trained[-3000:]
+    parent = re.search(r"parent run ([0-9a-f]{32})", done).group(1)
+    os.environ.update({"MLFLOW_TRACKING_USERNAME": "alice", "MLFLOW_TRACKING_PASSWORD": "alice-password-1"})
+    try:
+        client = MlflowClient(team.tracking)
+        runs = client.search_runs([client.get_experiment_by_name("zhpipe-smoke-gpu").experiment_id])
+    finally:
+        for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+            os.environ.pop(key)
+    train_runs = [r for r in runs if r.info.run_name == "train"]
+    assert train_runs and all(r.data.tags.get("mlflow.parentRunId") == parent for r in train_runs), [r.data.tags for r in runs]
