@@ -7,8 +7,8 @@ only the pipeline's own file decides what is safe. A run of a deployment may cha
 - `stages`, `force` and `verify`, and (for the train flow) the MLflow parent run id.
 
 Everything that chooses where data comes from or goes to (`source`, `storage`, `dask`, `config_file`,
-`project_dir`, `pipeline`) is fixed by the deployment (a worker with ZHPIPE_PROJECT runs in that folder, whatever
-`project_dir` says). The train flow's `source_fingerprint` only names keys, which are content addresses: a wrong one
+`project_dir`, `pipeline`) is fixed by the deployment (the train flow on a worker with ZHPIPE_PROJECT runs in that folder,
+whatever `project_dir` says). The train flow's `source_fingerprint` only names keys, which are content addresses: a wrong one
 finds no inputs in the store. What is allowed is read from the worker's own
 pipelines.yaml, never from values the Prefect server holds (a PATCHed deployment cannot widen it). Runs
 outside a deployment (the CLI, the Python API) are the user's own and are not checked.

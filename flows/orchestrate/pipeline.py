@@ -126,9 +126,8 @@ def pipeline_flow(
     """
     check_run({"pipeline": pipeline, "overrides": overrides, "source": source, "storage": storage, "dask": dask,
                "config_file": config_file, "project_dir": project_dir})
-    folder = os.environ.get("ZHPIPE_PROJECT") or project_dir  # a worker's own checkout wins over the deployer's path
-    if folder:
-        project.activate(project.Project(Path(folder)))
+    if project_dir:
+        project.activate(project.Project(Path(project_dir)))
     if not isinstance(pipeline, str):
         raise ZhpipeError(f"pipeline: expected a pipeline name, got {type(pipeline).__name__}")
     config = _config(pipeline, overrides, source, config_file)
