@@ -100,6 +100,11 @@ class TaskKind:
     check: Callable[[Any], None] | None = None  # cross-section rules of this kind (raise ValueError)
     check_stages: Callable[[Any], None] | None = None  # rules across its stage sections, on every change (raise ValueError)
     models_of: str = ""  # the task whose registered models it trains (`ModelSpec.task`; default: its own name)
+    # the module that serves its registered models on raw text and scores them for the champion rule (see
+    # tasks/serving.py for what it holds); "": the kind registers no model of its own (it serves as `models_of`'s)
+    serving: str = ""
+    scored: tuple[str, ...] = ("label",)  # the columns of its test split, besides id and text, that score a model
+    shown: tuple[tuple[str, str], ...] = ()  # its `zhpipe runs` columns: (heading, the parent run's metric)
 
     @property
     def model_task(self) -> str:

@@ -4,10 +4,14 @@ tasks/translation: its stage table and declaration), and the names the CLI accep
 run summary and `api.load` from these tables. Imports nothing heavy: the CLI reads it to parse arguments."""
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
+
 from tasks import classification, ner, translation
 from tasks.graph import SEGMENT, SELECTS, SPLITS, TRAINS, Output, PerModel, Stage, TaskKind, graph
 
 KINDS: dict[str, TaskKind] = {k.KIND.name: k.KIND for k in (classification, ner, translation)}
+DEFAULT_KIND = next(iter(KINDS))  # a pipeline's `task:` when it names none
 CLASSIFICATION_STAGES = classification.STAGES
 # every stage name of every kind, in graph order: what the CLI's --from/--to/--only/--force accept
 STAGE_NAMES = tuple(dict.fromkeys(name for k in KINDS.values() for name in k.stages))
@@ -22,5 +26,13 @@ def kind(name: str) -> TaskKind:
     return KINDS[name]
 
 
-__all__ = ["CLASSIFICATION_STAGES", "KINDS", "SEGMENT", "SELECTS", "SPLITS", "STAGE_NAMES", "TRAINS", "Output", "PerModel", "Stage",
-           "TaskKind", "graph", "kind"]
+def serving(task: TaskKind) -> ModuleType:
+    """The module that serves a kind's registered models (its own `serving`, else that of the kind whose models it
+    trains): what tasks/serving.py describes."""
+    if task.serving:
+        return importlib.import_module(task.serving)
+    return serving(kind(task.models_of))
+
+
+__all__ = ["CLASSIFICATION_STAGES", "DEFAULT_KIND", "KINDS", "SEGMENT", "SELECTS", "SPLITS", "STAGE_NAMES", "TRAINS", "Output", "PerModel", "Stage",
+           "TaskKind", "graph", "kind", "serving"]

@@ -82,33 +82,28 @@ def cmd_predict(args) -> int:
 
 
 def show_predictions(out, args, model: str) -> None:
-    """Predictions written to --output (with a one-line count), printed as JSON lines, or as a table."""
+    """Predictions written to --output (with a one-line count), printed as JSON lines, or as a table; how a kind's
+    answers read is its serving module's `SHOWN`."""
+    from flows.track.predict import PREFIX, shown_as
+
     statuses = out["pred_status"].value_counts().to_dict()
-    tagger, translator = "pred_entities" in out, "pred_translation" in out
+    shown = shown_as(out)
+    answers = out[[f"{PREFIX}{c}" for c in shown.columns if f"{PREFIX}{c}" in out]].rename(columns=lambda c: c.removeprefix(PREFIX))
     if args.output:
         from flows.track.predict import write_table
 
         write_table(out, args.output)
-        found = (f"entities: {int(out['pred_count'].sum())}" if tagger else f"translations: {int(out['pred_translation'].notna().sum())}"
-                 if translator else f"labels: {out['pred_label'].value_counts().to_dict()}")
-        print(f"{len(out)} rows -> {args.output} ({found}; status: {statuses}; {model})")
+        counted = out[[c for c in out if c.startswith(PREFIX)]].rename(columns=lambda c: c.removeprefix(PREFIX))
+        print(f"{len(out)} rows -> {args.output} ({shown.found(counted)}; status: {statuses}; {model})")
     elif args.jsonl:
         import json
 
-        for row in out.itertuples(index=False):
-            record = {"text": row.text, "status": row.pred_status}
-            record |= ({"entities": json.loads(row.pred_entities)} if tagger else {"translation": row.pred_translation} if translator
-                       else {"label": row.pred_label, "probability": row.pred_probability})
-            print(json.dumps(record, ensure_ascii=False, default=float))
-    elif translator:
-        print_frame(out[["text", "pred_translation", "pred_status"]], f"zhpipe predict: {model}")
-    elif tagger:
-        from flows.track.predict import entities_text
-
-        print_frame(out.assign(pred_entities=out["pred_entities"].map(entities_text))[["text", "pred_entities", "pred_status"]],
-                    f"zhpipe predict: {model}")
+        for text, status, row in zip(out["text"], out["pred_status"], answers.to_dict("records")):
+            print(json.dumps({"text": text, "status": status, **shown.record(row)}, ensure_ascii=False, default=float))
     else:
-        print_frame(out[["text", "pred_label", "pred_probability", "pred_status"]], f"zhpipe predict: {model}")
+        cells = {f"{PREFIX}{c}": out[f"{PREFIX}{c}"].map(shown.cell) for c in shown.nested}
+        print_frame(out.assign(**cells)[["text", *(f"{PREFIX}{c}" for c in shown.columns), "pred_status"]],
+                    f"zhpipe predict: {model}")
 
 
 def _port_free(host: str, port: int) -> bool:

@@ -109,15 +109,15 @@ def _track_training(run: RunContext, result: StageResult, name: str) -> None:
     if MODELS[name].is_language_model:
         tracker.artifact(result.path / name, "model")
         return
-    tracker.tags({"zhpipe.model_uri": _log_classifier(run, tracker.run_id, name, result.path / name, result.facts.labels)})
+    tracker.tags({"zhpipe.model_uri": _log_model(run, tracker.run_id, name, result.path / name, result.facts.labels)})
 
 
-def _log_classifier(run: RunContext, run_id: str, name: str, folder: Path, labels: list[str]) -> str:
+def _log_model(run: RunContext, run_id: str, name: str, folder: Path, labels: list[str]) -> str:
     """A classifier (or tagger) as an MLflow model that takes raw text (models from code, weights in safe
     formats), cleaned and segmented as this pipeline does; returns its URI."""
-    from flows.track.serving import FLAVOURS  # MLflow's pyfunc machinery: only when a model is logged
+    from flows.track.serving import log_model  # MLflow's pyfunc machinery: only when a model is logged
 
-    return FLAVOURS[run.config.kind.flavour](run_id, name, folder, labels, run.config).model_uri
+    return log_model(run_id, name, folder, labels, run.config).model_uri
 
 
 def _model_run(run: RunContext, name: str) -> str:
@@ -132,14 +132,13 @@ def register(run: RunContext, evaluation: StageResult, segment: StageResult, mod
     metric = run.config.kind.metric(run.config)
     uri = client().get_run(model_runs[best]).data.tags.get("zhpipe.model_uri")
     if not uri:  # trained elsewhere and never logged as a classifier here: log it now
-        uri = _log_classifier(run, model_runs[best], best, model_dir(run, best), evaluation.facts.labels)
+        uri = _log_model(run, model_runs[best], best, model_dir(run, best), evaluation.facts.labels)
     from flows.track.serving import served_outcomes
 
-    flavour = run.config.kind.flavour
     decision = register_best(
         uri, model_runs[best], run.config.identity, best, Rows(segment.path / "test.parquet"), metric,
         evaluation.facts.results[best][f"test_{metric}"], model_key=run.keys[model_unit(run.config.kind.training.name, best)],
-        rescore=lambda model_uri, test: served_outcomes(model_uri, test, metric, flavour),
+        rescore=lambda model_uri, test: served_outcomes(model_uri, test, metric),
         rule=run.config.section(run.config.kind.selection.name).champion,
     )
     parent = Tracker(run.parent_run_id)

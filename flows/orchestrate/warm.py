@@ -38,10 +38,12 @@ from flows.orchestrate.handover import fingerprint, read_state, recv, send, stat
 
 # what a run imports: loaded once here, shared by every fork
 PRELOAD = ("flows.cli", "flows.cli.run", "flows.orchestrate.pipeline", "flows.orchestrate.execute", "flows.orchestrate.model_stages",
-           "flows.track.tracker", "flows.track.champion", "flows.plan.status", "flows.track.serving", "tasks.classification.download", "tasks.classification.augment", "prefect.flow_engine", "prefect.task_engine",
+           "flows.track.tracker", "flows.track.champion", "flows.plan.status", "flows.track.serving", "prefect.flow_engine", "prefect.task_engine",
            "prefect.utilities.visualization", "mlflow", "mlflow.tracking", "mlflow.store.tracking.sqlalchemy_store",
            "mlflow.store.model_registry.sqlalchemy_store", "sqlalchemy.dialects.sqlite", "alembic.config",
            "huggingface_hub.file_download")
+# and the modules of the stages that read and rewrite a corpus, of every kind (their libraries: OpenCC, jieba, ...)
+PRELOAD_STAGES = ("download", "augment")
 
 def module_files() -> dict[str, tuple[int, int]]:
     """(mtime, size) of every imported module's file."""
@@ -263,7 +265,10 @@ def _preload(root: str | None) -> dict[str, tuple[int, int]]:
     """Import what a run imports (and open the project's MLflow store); returns the imported modules' files."""
     import importlib
 
-    for name in PRELOAD:
+    from tasks.stages import KINDS
+
+    stages = [s.module_name for kind in KINDS.values() for s in kind.stages.values() if s.name in PRELOAD_STAGES]
+    for name in (*PRELOAD, *dict.fromkeys(stages)):
         importlib.import_module(name)
     if root:  # the project's MLflow store, opened once: its forks skip MLflow's engine and schema checks
         from flows.plan import project

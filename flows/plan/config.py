@@ -17,7 +17,7 @@ from tasks.core import Section
 from tasks.errors import ConfigError
 from tasks.models import MODELS
 from tasks.source.schema import Source
-from tasks.stages import KINDS, STAGE_NAMES, TaskKind
+from tasks.stages import DEFAULT_KIND, KINDS, STAGE_NAMES, TaskKind
 from tasks.urls import conceal
 
 DEFAULT_PIPELINE = "chnsenticorp"
@@ -98,7 +98,7 @@ class PipelineConfig(Section):
     # or for a run on another corpus (`--source FILE`) `<name>-<file stem>`, so that it never joins the bundled
     # corpus' experiment or competes with its champion
     tracked_as: str | None = None
-    task: str = "classification"  # a kind of tasks/stages.py: ner is sequence labelling (tagged corpora, taggers, entity F1)
+    task: str = DEFAULT_KIND  # a kind of tasks/stages.py (its stages, models and serving: tasks/<kind>/)
     source: Source
     stages: Any = None  # the stages' sections of its task kind (see pipeline_model)
     # deployment (`zhpipe deploy`, `zhpipe serve`) and execution; none of these is part of a stage key
@@ -199,7 +199,7 @@ def _check_task(config: PipelineConfig) -> PipelineConfig:
     return config
 
 
-def pipeline_model(task: str = "classification") -> type[PipelineConfig]:
+def pipeline_model(task: str = DEFAULT_KIND) -> type[PipelineConfig]:
     """The PipelineConfig class of one task kind: a section per stage of its table (each stage's `Params`),
     for the registered models of that kind (a model added to the registry gets its section)."""
     return _pipeline_model(task, tuple(MODELS.items()), tuple(KINDS[task].stages.values()))
@@ -340,7 +340,7 @@ def _parse(name: str, config_file: Path, overrides, source_overrides) -> Pipelin
     for assignment in overrides:
         apply_set(raw, assignment)
     raw = _conceal_urls(raw)
-    task = raw.get("task", "classification")
+    task = raw.get("task", DEFAULT_KIND)
     if not isinstance(task, str) or task not in KINDS:
         raise ConfigError(f"{config_file} pipeline '{name}': 'task': unknown task kind {task!r} (expected one of {', '.join(KINDS)})")
     model = pipeline_model(task)

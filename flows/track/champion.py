@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import pandas as pd
 
 log = logging.getLogger("zhpipe")
@@ -22,7 +23,13 @@ def registered_name(pipeline: str) -> str:
     return f"zhpipe-{pipeline}"
 
 
-SCORED = ("id", "text", "label", "tags", "en")  # the columns of a test split that its hash and its scoring read
+def _scored() -> tuple[str, ...]:
+    from tasks.stages import KINDS
+
+    return ("id", "text", *dict.fromkeys(c for kind in KINDS.values() for c in kind.scored))
+
+
+SCORED = _scored()  # the columns of a test split that its hash and its scoring read (each kind's `scored`)
 
 
 def test_frame(test) -> pd.DataFrame:
@@ -56,9 +63,9 @@ def test_sha256(test) -> str:
 
 
 def _update(h, rows: pd.DataFrame) -> None:
-    if "tags" in rows:
-        rows = rows.assign(tags=[" ".join(t) for t in rows["tags"]])
-    for row in rows[["id", "text"] + [c for c in ("label", "tags", "en") if c in rows]].itertuples(index=False):
+    listed = [c for c in SCORED[2:] if c in rows and len(rows) and isinstance(rows[c].iloc[0], (list, tuple, np.ndarray))]
+    rows = rows.assign(**{c: [" ".join(t) for t in rows[c]] for c in listed})  # a tag sequence, say
+    for row in rows[[c for c in SCORED if c in rows]].itertuples(index=False):
         h.update(("\x1f".join(map(str, row)) + "\x1e").encode("utf-8"))
 
 
@@ -142,7 +149,7 @@ DATA_SUSPECT = "the test rows, not the model"
 OWN_DROP = "; the champion itself scores "  # where that note starts in a decision's reason  # what a decision adds when the champion itself fell on today's test rows
 
 
-def own_drop(champion: dict, today: float, rows: int, kind: str) -> str:
+def own_drop(champion: dict, today: float, rows: int, proportion: bool) -> str:
     """A note when the champion scores today's test rows worse than its own recorded score beyond the noise (three
     standard errors of a proportion): the same model got worse, so what changed is the test rows (new rows with wrong
     labels, say). Empty otherwise, and for BLEU (not a proportion)."""
@@ -152,7 +159,7 @@ def own_drop(champion: dict, today: float, rows: int, kind: str) -> str:
         before = float(champion.get("zhpipe.score", "nan"))
     except (TypeError, ValueError):
         return ""
-    if kind == "bleu" or not before == before or rows <= 0:
+    if not proportion or not before == before or rows <= 0:
         return ""
     noise = 3 * math.sqrt(max(before * (1 - before), 1e-4) / rows)
     if before - today <= noise:
@@ -175,7 +182,7 @@ def decide_paired(version: str, champion: dict | None, metric: str, served: Call
     are scored as they are served (`served(version)` -> `Outcomes`), and the new one replaces the champion only when
     the paired bootstrap interval of the difference lies above zero and no slice is worse beyond the tolerance
     (`rule`, the `evaluate.champion` section). Returns (promote, reason, the champion's score on these rows)."""
-    from flows.track.paired import compare
+    from tasks.paired import compare
 
     if champion is None:
         return True, "first registered model: it becomes champion", None
@@ -194,7 +201,7 @@ def decide_paired(version: str, champion: dict | None, metric: str, served: Call
     points = 100 if challenger.kind != "bleu" else 1  # BLEU is in points already
     said = (f"test {metric} {c.challenger:.4f} against champion version {old_version}'s {c.champion:.4f} on the same {c.rows} rows "
             f"(both as served): {points * c.difference:+.2f}, {c.confidence:.0%} interval {points * c.low:+.2f} to {points * c.high:+.2f} "
-            f"(paired bootstrap)") + own_drop(champion, c.champion, c.rows, challenger.kind)
+            f"(paired bootstrap)") + own_drop(champion, c.champion, c.rows, challenger.proportion)
     if c.worse_slices:
         return False, f"{said}; worse on {'; '.join(c.worse_slices[:3])} (evaluate.champion.slice_tolerance); the alias stays", c.champion
     if c.high < 0:
@@ -292,7 +299,7 @@ def register_best(model_uri: str, run_id: str, pipeline: str, model: str, test, 
     """Register the best model (the classifier pyfunc logged with its training, `model_uri`) unless its key is
     registered already, then apply the champion rule: the alias moves only if, re-read under the registry
     lock, the champion it was compared with is still the champion (compare-and-set). `rescore(model_uri, test)`
-    gives what a registered version does on each row of `test` as it is served (`flows.track.paired.Outcomes`):
+    gives what a registered version does on each row of `test` as it is served (`tasks.paired.Outcomes`):
     both are scored on the same rows and compared by a paired bootstrap (`rule`: the `evaluate.champion`
     section). Without `rescore` (the registry alone), the stored test scores are compared."""
 

@@ -186,9 +186,9 @@ def write_table(df: pd.DataFrame, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     if kind == "parquet":
         df.to_parquet(tmp, index=False)
-    elif kind == "jsonl":  # a tagger's entities as nested objects, not as a JSON string inside JSON
-        if f"{PREFIX}entities" in df:
-            df = df.assign(**{f"{PREFIX}entities": [json.loads(e) if isinstance(e, str) else e for e in df[f"{PREFIX}entities"]]})
+    elif kind == "jsonl":  # answers that hold JSON (a tagger's entities) as nested objects, not as strings inside JSON
+        nested = [f"{PREFIX}{c}" for c in shown_as(df).nested if f"{PREFIX}{c}" in df]
+        df = df.assign(**{c: [json.loads(e) if isinstance(e, str) else e for e in df[c]] for c in nested})
         df.to_json(tmp, orient="records", lines=True, force_ascii=False)
     else:
         df.to_csv(tmp, sep="\t" if kind == "tsv" else ",", index=False)
@@ -242,9 +242,15 @@ def model_version(uri: str) -> dict[str, str]:
     return {"model": name, "version": version}
 
 
-def entities_text(value: str) -> str:
-    """A tagger's entities (JSON) as one readable cell: 张伟/NAME[0:2] 0.99; ..."""
-    return "; ".join(f"{e['text']}/{e['type']}[{e['start']}:{e['end']}] {e['score']:.2f}" for e in json.loads(value or "[]"))
+def shown_as(out: pd.DataFrame):
+    """How predictions read (`tasks.serving.Shown`): that of the kind whose answer column `out` has."""
+    from tasks.stages import KINDS, serving
+
+    for kind in KINDS.values():
+        shown = serving(kind).SHOWN
+        if f"{PREFIX}{shown.answer}" in out or shown.answer in out:
+            return shown
+    raise ZhpipeError(f"the model answered with columns no task kind reads: {', '.join(map(str, out.columns))}")
 
 
 def with_predictions(df: pd.DataFrame, out: pd.DataFrame, model: dict[str, str]) -> pd.DataFrame:
@@ -274,4 +280,4 @@ def predict_frame(model, df: pd.DataFrame, text_column: str, batch: int = 512) -
         for i in range(0, len(texts), batch):
             parts.append(model.predict(texts[i : i + batch]))
             bar.update(len(parts[-1]))
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["label", "probability", "status"])
+    return pd.concat(parts, ignore_index=True) if parts else model.predict([""]).iloc[:0]  # the answer columns, no row

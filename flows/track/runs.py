@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 
 from tasks.errors import ZhpipeError
-from tasks.stages import KINDS
+from tasks.stages import DEFAULT_KIND, KINDS
 
 log = logging.getLogger("zhpipe")
 
@@ -92,6 +92,9 @@ def _runs_from_sqlite(db: Path, pipeline: str | None, limit: int) -> list | None
     return [_Run(run_id, start, status, tags[run_id], metrics[run_id]) for run_id, start, status in runs]
 
 
+SHOWN = tuple(dict.fromkeys(pair for kind in KINDS.values() for pair in kind.shown))  # each kind's test metrics, by heading
+
+
 def runs_table(runs: list) -> pd.DataFrame:
     """One row per run: id, date, status, pipeline, commit, source sha256, best model, metrics, cache use."""
     rows = []
@@ -103,7 +106,7 @@ def runs_table(runs: list) -> pd.DataFrame:
             "overrides": tags.get("zhpipe.overrides", ""),
             "pipeline": tags.get("zhpipe.pipeline", ""), "commit": tags.get("zhpipe.git_commit", "")[:8].replace("unknown", "-"),
             "source": tags.get("zhpipe.source_sha256", "").removeprefix("partitions ")[:8], "best model": tags.get("zhpipe.best_model", ""),
-            "test acc": m.get("best_test_accuracy"), "test macro-F1": m.get("best_test_macro_f1"), "test entity F1": m.get("best_test_f1"),
+            **{heading: m.get(metric) for heading, metric in SHOWN},
             "hit/miss": f"{int(m.get('stages_hit', 0))}/{int(m.get('stages_miss', 0))}",
             "partitions reused/built": (f"{int(m['partitions_hit'])}/{int(m['partitions_miss'])}"
                                         if "partitions_hit" in m else ""),
@@ -113,8 +116,9 @@ def runs_table(runs: list) -> pd.DataFrame:
             "registered": tags.get("zhpipe.registered", ""), "checks": tags.get("zhpipe.checks", ""),
         })
     frame = pd.DataFrame(rows)
-    if len(frame) and frame["test entity F1"].isna().all():  # no ner run among them
-        frame = frame.drop(columns=["test entity F1"])
+    kept = {heading for heading, _ in KINDS[DEFAULT_KIND].shown}  # another kind's columns only where it has a value
+    if len(frame):
+        frame = frame.drop(columns=[h for h, _ in SHOWN if h not in kept and frame[h].isna().all()])
     if len(frame) and not (frame["partitions reused/built"] != "").any():  # no partitioned source among them
         frame = frame.drop(columns=["partitions reused/built", "rows new"])
     return frame

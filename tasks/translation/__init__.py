@@ -44,5 +44,6 @@ def check(config: Any) -> None:
 
 
 KIND = TaskKind("translation", "sentence pairs: seq2seq translators, BLEU and chrF", STAGES, metric=lambda config: "bleu",
+                serving="tasks.translation.serving", scored=("en",), shown=(("test BLEU", "best_test_bleu"),),
                 reported=("test_bleu", "test_chrf"), flavour="translator", labelled=False,
                 default_models=("seq2seq", "seq2seq_attention", "transformer_mt"), check=check)

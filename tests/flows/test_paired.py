@@ -1,9 +1,9 @@
 """The champion rule's comparison: two models on the same test rows, a paired bootstrap interval of the
-difference, and the slices on which the challenger is worse (flows/track/paired.py)."""
+difference, and the slices on which the challenger is worse (tasks/paired.py)."""
 import numpy as np
 import pytest
 
-from flows.track.paired import Outcomes, compare, length_buckets, macro_f1
+from tasks.paired import Outcomes, compare, length_buckets, macro_f1
 
 
 def labels(truth, predicted, metric="accuracy") -> Outcomes:
@@ -123,10 +123,10 @@ def test_a_champion_that_falls_on_todays_test_rows_points_at_the_rows():
     from flows.track.champion import own_drop
     from flows.track.report import worries
 
-    note = own_drop({"zhpipe.score": "0.8665"}, 0.6376, 1500, "accuracy")
+    note = own_drop({"zhpipe.score": "0.8665"}, 0.6376, 1500, proportion=True)
     assert "0.6376" in note and "the test rows, not the model" in note
-    assert own_drop({"zhpipe.score": "0.8665"}, 0.8600, 1500, "accuracy") == ""  # inside the noise
-    assert own_drop({"zhpipe.score": "30.1"}, 10.0, 1500, "bleu") == ""
+    assert own_drop({"zhpipe.score": "0.8665"}, 0.8600, 1500, proportion=True) == ""  # inside the noise
+    assert own_drop({"zhpipe.score": "30.1"}, 10.0, 1500, proportion=False) == ""  # BLEU: not a proportion
     reason = "test accuracy 0.6400 against champion version 2's 0.6376 on the same 1500 rows: inside the noise; the alias stays" + note
     assert any("the champion fell on today's test rows" in w for w in worries(True, [], {"zhpipe.champion": "no", "zhpipe.champion_reason": reason}))
     assert attention_code({"kept_worse": reason}, "held,kept-worse") == ATTENTION

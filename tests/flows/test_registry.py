@@ -38,23 +38,18 @@ def trained(prefect_harness, tmp_path_factory):
             "tags": client().get_run(first["parent_run_id"]).data.tags}
 
 
-def _config():
-    c = load_pipeline("smoke", overrides=SETS)
-    return c.stages.clean.model_dump(mode="json"), c.stages.segment.model_dump(mode="json")
-
-
 def test_pyfunc_takes_raw_text_and_predicts_like_the_training_code(trained):
     import mlflow
 
-    from flows.track.serving import log_classifier
+    from flows.track.serving import log_model
     from flows.track.tracker import Tracker
     from tasks.models import MODELS
 
     test = pd.read_parquet(trained["segment"] / "test.parquet")
-    clean, segment = _config()
+    config = load_pipeline("smoke", overrides=SETS)
     run = Tracker.start("zhpipe-pyfunc-test", "pyfunc")
     for name in ("tfidf_lr", "textcnn"):
-        info = log_classifier(run.run_id, name, trained["models"][name], trained["labels"], clean, segment)
+        info = log_model(run.run_id, name, trained["models"][name], trained["labels"], config)
         got = mlflow.pyfunc.load_model(info.model_uri).predict(test["text"].tolist())
         want = MODELS[name].predictor(trained["models"][name])(test)
         np.testing.assert_allclose(got[[f"p_{label}" for label in trained["labels"]]].to_numpy(), want, rtol=1e-5, atol=1e-6)
@@ -110,7 +105,7 @@ def test_the_champion_is_replaced_only_beyond_the_noise_of_the_same_test_rows(tr
     test = pd.read_parquet(trained["segment"] / "test.parquet")
     uri = client().get_run(trained["tfidf_run"]).data.tags["zhpipe.model_uri"]
     run_id = trained["first"]["parent_run_id"]
-    served = lambda model_uri, frame: served_outcomes(model_uri, frame, "accuracy", "classifier")  # noqa: E731
+    served = lambda model_uri, frame: served_outcomes(model_uri, frame, "accuracy")  # noqa: E731
 
     def register(score, frame, key, rescore=served, model_uri=uri):
         return register_best(model_uri, run_id, "rescore-test", "tfidf_lr", frame, "accuracy", score, model_key=key, rescore=rescore)
@@ -118,7 +113,7 @@ def test_the_champion_is_replaced_only_beyond_the_noise_of_the_same_test_rows(tr
     first = register(0.5, test, "k1")
     assert first.champion
     today = test.iloc[: len(test) - 3]
-    truth = score_served(f"models:/zhpipe-rescore-test/{first.version}", today, "accuracy", "classifier")
+    truth = score_served(f"models:/zhpipe-rescore-test/{first.version}", today, "accuracy")
     assert 0.5 < truth <= 1.0  # a real model, really scored
     claims = register(0.99, today, "k2")  # the same model, claiming a better score on a grown corpus
     assert not claims.champion and claims.champion_score == pytest.approx(truth, abs=1e-6)
@@ -149,8 +144,8 @@ def test_a_clearly_better_model_replaces_a_weak_champion(trained, monkeypatch):
     """A champion that labels every text alike (as a one-epoch model might) is replaced by the trained model: the
     interval of the difference is above zero on the same test rows."""
     from flows.track.champion import register_best
-    from flows.track.paired import Outcomes
     from flows.track.serving import served_outcomes
+    from tasks.paired import Outcomes
 
     test = pd.read_parquet(trained["segment"] / "test.parquet")
     uri = client().get_run(trained["tfidf_run"]).data.tags["zhpipe.model_uri"]
@@ -158,7 +153,7 @@ def test_a_clearly_better_model_replaces_a_weak_champion(trained, monkeypatch):
     weak_version = []
 
     def served(model_uri, frame):
-        real = served_outcomes(model_uri, frame, "accuracy", "classifier")
+        real = served_outcomes(model_uri, frame, "accuracy")
         if model_uri.endswith(f"/{weak_version[0]}"):  # the weak champion: a label no text has, for every text
             return Outcomes("labels", "accuracy", {"truth": real.columns["truth"], "predicted": np.full(real.rows, "none", dtype=object)},
                             real.slices)

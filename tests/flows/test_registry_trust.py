@@ -67,5 +67,5 @@ def test_a_planted_champion_is_refused_and_never_run(tmp_path, capsys, where, ta
     from tasks.errors import ZhpipeError
 
     with pytest.raises(ZhpipeError, match=why):  # the champion gate's re-scoring loads the champion the same way
-        served_outcomes(f"models:/{name}@champion", pd.DataFrame({"text": ["好"], "label": [1]}), "accuracy", "classifier")
+        served_outcomes(f"models:/{name}@champion", pd.DataFrame({"text": ["好"], "label": [1]}), "accuracy")
     assert not marker.exists()

@@ -23,6 +23,11 @@ class Outcomes:
     tokenize: str = "13a"
 
     @property
+    def proportion(self) -> bool:
+        """Whether its metric is a proportion of rows (accuracy, F1), whose noise is that of a proportion (not BLEU)."""
+        return self.kind != "bleu"
+
+    @property
     def rows(self) -> int:
         return len(next(iter(self.columns.values())))
 

@@ -6,21 +6,9 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.procs import free_port
-from tests.helpers.team import machine, start_team, zhpipe
+from tests.helpers.team import zhpipe
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def team(tmp_path_factory):
-    services = start_team(tmp_path_factory.mktemp("team"))
-    yield services
-    services.close()
-
-
-@pytest.fixture(scope="module")
-def alice(team, tmp_path_factory):
-    return machine(team, tmp_path_factory.mktemp("alice"), "alice")
 
 
 def lines(done) -> dict[str, str]:

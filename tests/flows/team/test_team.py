@@ -11,16 +11,9 @@ from collections import Counter
 
 import pytest
 
-from tests.helpers.team import STORE, machine, start, start_team, zhpipe
+from tests.helpers.team import STORE, machine, start, zhpipe
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def team(tmp_path_factory):
-    services = start_team(tmp_path_factory.mktemp("team"))
-    yield services
-    services.close()
 
 
 @pytest.fixture(scope="module")

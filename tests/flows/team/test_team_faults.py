@@ -9,21 +9,9 @@ import time
 
 import pytest
 
-from tests.helpers.team import machine, start, start_team, zhpipe
+from tests.helpers.team import start, zhpipe
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def team(tmp_path_factory):
-    services = start_team(tmp_path_factory.mktemp("team"))
-    yield services
-    services.close()
-
-
-@pytest.fixture(scope="module")
-def alice(team, tmp_path_factory):
-    return machine(team, tmp_path_factory.mktemp("alice"), "alice")
 
 
 def through(fault, alice, seed: int, when: str, log) -> tuple[int, str]:
