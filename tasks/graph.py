@@ -83,6 +83,19 @@ class Stage:
 
 
 @dataclass(frozen=True)
+class Starter:
+    """How `zhpipe init --<option> FILE` starts a project for one corpus file of a kind: `template` is its
+    pipelines.yaml, formatted with name, description, path, sha256 (the pin line), format (`format_of(file)`) and each
+    of `options` (flag, default, help: a comma-separated list, given to the template as a JSON list)."""
+
+    option: str
+    help: str
+    template: str
+    format_of: Callable[[Any], str]
+    options: tuple[tuple[str, str, str], ...] = ()
+
+
+@dataclass(frozen=True)
 class TaskKind:
     """What a pipeline's `task:` selects: its stages, its config schema (their `Params`), how it chooses and
     reports models. A kind's settings are its stages' sections: another kind's never enter its keys."""
@@ -105,6 +118,9 @@ class TaskKind:
     serving: str = ""
     scored: tuple[str, ...] = ("label",)  # the columns of its test split, besides id and text, that score a model
     shown: tuple[tuple[str, str], ...] = ()  # its `zhpipe runs` columns: (heading, the parent run's metric)
+    starter: Starter | None = None  # `zhpipe init --<option> FILE` for a corpus of this kind
+    # metrics the end-of-run table shows beside a headline that names the first (accuracy alone hides a class left behind)
+    companions: tuple[tuple[str, str], ...] = ()
 
     @property
     def model_task(self) -> str:

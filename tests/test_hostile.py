@@ -457,7 +457,7 @@ def test_predict_answers_with_the_code_logged_with_the_model(smoke, tmp_path):
     folder = Path(mlflow.artifacts.download_artifacts("models:/zhpipe-smoke@champion", dst_path=str(tmp_path / "download")))
     changed = tmp_path / "changed"
     shutil.copytree(folder, changed)
-    serving = changed / "code" / "flows" / "track" / "serving.py"
+    serving = changed / "code" / "tasks" / "classification" / "serving.py"  # the kind's inference pipeline
     text = serving.read_text(encoding="utf-8")
     assert 'out["status"] = statuses' in text
     serving.write_text(text.replace('out["status"] = statuses', 'out["status"] = ["logged code"] * len(statuses)'), encoding="utf-8")

@@ -97,3 +97,40 @@ def test_the_planning_room_imports_neither_prefect_nor_mlflow():
     offenders = sorted({(name, m) for room in PLANNING for name in _reached(graph, room)
                         for m in _imports(files[name]) if m.split(".")[0] in ("prefect", "mlflow")})
     assert offenders == []
+
+
+def _kind_words() -> set[str]:
+    """What only a task kind knows: its name, its test split's scored columns, its metrics, its answer columns and
+    its model flavour (read from the kinds' declarations, so a new kind's words count too). `label` is the graph's own
+    word (`TaskKind.labelled`: a kind's splits carry a label column), not one kind's."""
+    from tasks.stages import KINDS, serving
+
+    words = set()
+    for kind in KINDS.values():
+        shown = serving(kind).SHOWN
+        words |= {kind.name, kind.flavour, *kind.scored, *(m.removeprefix("test_") for m in kind.reported), shown.answer, *shown.columns}
+    return words - {"label"}
+
+
+def _named_kinds(root: Path, words: set[str]) -> list[str]:
+    """`file:line: 'word'` for each string literal under root/flows that is one of `words`."""
+    found = []
+    for path in sorted((root / "flows").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in words:
+                found.append(f"{path.relative_to(root)}:{node.lineno}: {node.value!r}")
+    return found
+
+
+def test_flows_names_no_task_kind_nor_its_columns_or_metrics():
+    """flows/ runs every kind alike: what a kind knows (tasks/<kind>/: its serving, scoring, init template, metric
+    columns) is asked of the kind's declaration, never written in flows/ as a literal."""
+    words = _kind_words()
+    assert {"ner", "translation", "classification", "bleu", "tags", "entities"} <= words
+    assert _named_kinds(ROOT, words) == []
+
+
+def test_the_kind_check_finds_a_planted_literal(tmp_path):
+    (tmp_path / "flows").mkdir()
+    (tmp_path / "flows" / "x.py").write_text('"""A doc about ner."""\nif kind == "ner":\n    metric = "bleu"\n')
+    assert _named_kinds(tmp_path, _kind_words()) == ["flows/x.py:2: 'ner'", "flows/x.py:3: 'bleu'"]

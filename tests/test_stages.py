@@ -71,6 +71,83 @@ pipelines:
     return {"kind": kind, "config_file": config_file, "store": tmp_path / "store"}
 
 
+TOY_SERVING = '''
+"""Serving of the toy kind: its "model" is a length rule (rule.txt: a number of characters); a text longer than that
+is labelled 1. tasks/serving.py says what each name is."""
+from pathlib import Path
+
+import pandas as pd
+
+from tasks.paired import Outcomes, length_buckets
+from tasks.serving import Shown, checked
+
+LEGACY = ""
+
+
+def settings(config, labels):
+    return {"labels": labels}
+
+
+def example(model):
+    return ["好", "房间很干净，服务也好，早餐丰富，下次还会再来"]
+
+
+class Served:
+    def __init__(self, config, model):
+        self.longer_than, self.max_rows = int((Path(model) / "rule.txt").read_text()), 1000
+
+    def __call__(self, values):
+        values = checked(values, self.max_rows)
+        return pd.DataFrame({"guess": ["1" if len(v or "") > self.longer_than else "0" for v in values],
+                             "status": ["missing" if v is None else "ok" for v in values]})
+
+
+def outcomes(served, ask, test, metric):
+    texts = test["text"].astype(str).tolist()
+    truth = test["label"].astype(str).to_numpy()
+    return Outcomes("labels", metric, {"truth": truth, "predicted": ask(texts)["guess"].astype(str).to_numpy()},
+                    {"length": length_buckets(texts)})
+
+
+SHOWN = Shown("guess", ("guess",), found=lambda out: f"guesses: {len(out)}")
+'''
+
+
+@pytest.mark.e2e
+def test_a_toy_kind_serves_and_is_champion_scored_through_the_registry(toy_kind, tmp_path, monkeypatch):
+    """A kind's serving is its own module (here the toy kind's, written to its own folder) plus its declaration's
+    `serving`: its models are logged through the one generic pyfunc, answer as the kind says, and the champion rule
+    scores them as served, on the same rows, by the kind's outcomes: a better rule replaces the champion."""
+    import mlflow
+    import pandas as pd
+
+    from flows.plan.config import load_pipeline
+    from flows.track.champion import register_best
+    from flows.track.serving import log_model, served_outcomes
+    from flows.track.tracker import Tracker
+
+    toy_module(tmp_path, "toy_serving", TOY_SERVING, monkeypatch)
+    monkeypatch.setitem(graph.KINDS, "lengths", dataclasses.replace(toy_kind["kind"], serving="toy_serving"))
+    config = load_pipeline("toy", toy_kind["config_file"])
+    texts = ["好" * n for n in range(1, 201)]
+    test = pd.DataFrame({"id": range(200), "text": texts, "label": ["1" if len(t) > 20 else "0" for t in texts]})
+    run, uris = Tracker.start("zhpipe-toy-kind", "toy"), {}
+    for rule in (80, 20):  # the champion gets 140 of 200 rows right, the challenger all of them
+        folder = tmp_path / f"rule-{rule}"
+        folder.mkdir()
+        (folder / "rule.txt").write_text(str(rule))
+        uris[rule] = log_model(run.run_id, f"rule{rule}", folder, ["0", "1"], config).model_uri
+    run.finish()
+    answers = mlflow.pyfunc.load_model(uris[20]).predict(["好", "好" * 30, None])
+    assert answers["guess"].tolist() == ["0", "1", "0"] and answers["status"].tolist() == ["ok", "ok", "missing"]
+    served = lambda model_uri, frame: served_outcomes(model_uri, frame, "accuracy")  # noqa: E731
+    first = register_best(uris[80], run.run_id, "toy-kind", "rule80", test, "accuracy", 0.70, model_key="r80", rescore=served)
+    assert first.champion
+    better = register_best(uris[20], run.run_id, "toy-kind", "rule20", test, "accuracy", 1.0, model_key="r20", rescore=served)
+    assert better.champion and better.champion_score == pytest.approx(0.70), better.reason
+    assert "on the same 200 rows (both as served)" in better.reason and "paired bootstrap" in better.reason
+
+
 def test_the_graph_is_declared_in_order_and_names_are_written_once():
     assert graph.STAGE_NAMES == tuple(graph.CLASSIFICATION_STAGES)
     for kind in graph.KINDS.values():

@@ -37,12 +37,16 @@ def cmd_pipelines(args) -> int:
 
 def cmd_init(args) -> int:
     from flows.plan.init import init_corpus, init_project
+    from flows.plan.init import starters as starters_of
 
-    given = [(kind, value) for kind, value in (("nightly", args.nightly), ("ner", args.ner), ("pairs", args.pairs), ("csv", args.csv)) if value]
+    starters = starters_of()
+    options = ("nightly", *starters, "csv")
+    given = [(option, getattr(args, option)) for option in options if getattr(args, option)]
     if len(given) > 1:
         raise ZhpipeError(f"init: give one corpus (--{given[0][0]} and --{given[1][0]} were given)")
     if given and given[0][0] != "csv":
-        written = init_corpus(Path(args.dir), Path(given[0][1]), given[0][0], args.link, args.text_column, args.label_column, args.columns)
+        fields = {a: getattr(args, a) for s in starters.values() for a in (f.removeprefix("--").replace("-", "_") for f, _, _ in s.options)}
+        written = init_corpus(Path(args.dir), Path(given[0][1]), given[0][0], args.link, args.text_column, args.label_column, **fields)
     else:
         written = init_project(Path(args.dir), Path(args.csv) if args.csv else None, args.text_column, args.label_column, args.link)
     for path in written:
@@ -52,6 +56,12 @@ def cmd_init(args) -> int:
         print(f"new nights go to {drops}/ (a copy of {args.nightly}; `zhpipe init --nightly FOLDER --link` reads them where they are)")
     print(f"next: cd {shlex.quote(str(args.dir))} && zhpipe run")
     return 0
+
+
+def starters() -> list:
+    from tasks.stages import KINDS  # the kinds' declarations import nothing heavy
+
+    return [kind.starter for kind in KINDS.values() if kind.starter]
 
 
 def add_parsers(sub) -> None:
@@ -66,8 +76,9 @@ def add_parsers(sub) -> None:
     init.add_argument("--text-column", default="text", help="the CSV's text column (default text)")
     init.add_argument("--label-column", default="label", help="the CSV's label column (default label)")
     init.add_argument("--nightly", metavar="FOLDER", help="a folder of CSV files, one per night (a partitioned source)")
-    init.add_argument("--ner", metavar="FILE", help="a tagged NER corpus: CoNLL `char TAG` lines or span JSON lines (task ner)")
-    init.add_argument("--pairs", metavar="FILE", help="Chinese-English sentence pairs: tab-separated or JSON lines (task translation)")
-    init.add_argument("--columns", default="en,zh", help="with --pairs, tab-separated: the fields of a line in order (default en,zh)")
+    for starter in starters():  # each kind's one-file corpus (tasks/<kind>/__init__.py)
+        init.add_argument(f"--{starter.option}", metavar="FILE", help=starter.help)
+        for flag, default, about in starter.options:
+            init.add_argument(flag, default=default, help=about)
     init.add_argument("--link", action="store_true", help="link the CSV into data/raw/ instead of copying it (its sha256 is pinned either way)")
     init.set_defaults(handler=cmd_init)

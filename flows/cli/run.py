@@ -101,6 +101,17 @@ def _heartbeats():
     return temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
 
 
+def companion_of(headline: str | None) -> str:
+    """The metric the end-of-run table shows beside a headline (a kind's `companions`); the headline itself if none."""
+    from tasks.stages import KINDS
+
+    for kind in KINDS.values():
+        for first, second in kind.companions:
+            if headline and first in headline:
+                return headline.replace(first, second)
+    return headline or ""
+
+
 def summary_table(rows: list[dict], wall: float, name: str, units: list[dict] = ()):
     """The end-of-run table: stage, cache, seconds, rows, headline metric; each model unit under its stage."""
     from rich.table import Table
@@ -111,7 +122,7 @@ def summary_table(rows: list[dict], wall: float, name: str, units: list[dict] = 
     for r in rows:
         value = r["metrics"].get(r["headline"])
         metric = f"{r['headline']}={number(value)}" if value is not None else ""
-        companion = r["headline"].replace("accuracy", "macro_f1") if r["headline"] else ""  # accuracy alone hides a class left behind
+        companion = companion_of(r["headline"])
         if metric and companion != r["headline"] and r["metrics"].get(companion) is not None:
             metric += f" {companion}={number(r['metrics'][companion])}"
         table.add_row(r["stage"], "[green]hit[/]" if r["cache"] == "hit" else "[yellow]miss[/]",

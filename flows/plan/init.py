@@ -44,39 +44,6 @@ pipelines:
         models: [tfidf_lr, fasttext]   # `zhpipe models` lists them all
 """
 
-NER = """\
-# zhpipe pipelines: `zhpipe run` runs the first one, `zhpipe run NAME` another.
-pipelines:
-  {name}:
-    description: {description}
-    task: ner
-    source:
-      path: {path}
-{sha256}      format: {format}             # conll: one `char TAG` per line, a blank line between sentences (BIO, BIOES, BMES)
-    stages:
-      train:
-        # the CRF trains in seconds on a CPU; bilstm_crf and lexicon_tagger (networks) take minutes to an hour on a CPU:
-        # add them with --set 'train.models=[crf, bilstm_crf]'
-        models: [crf]
-"""
-
-PAIRS = """\
-# zhpipe pipelines: `zhpipe run` runs the first one, `zhpipe run NAME` another.
-pipelines:
-  {name}:
-    description: {description}
-    task: translation
-    source:
-      path: {path}
-{sha256}      format: {format}             # tsv: one pair per line, fields in download.columns order; jsonl: {{"zh": ..., "en": ...}}
-    stages:
-      download: {{columns: {columns}}}
-      clean: {{traditional_to_simplified: true}}
-      train:
-        direction: zh-en
-        models: [transformer_mt]   # seq2seq, seq2seq_attention compare the course's GRU encoder-decoders
-"""
-
 GITIGNORE = "data/*\n!data/raw/\nmlruns/\n.prefect/\n"
 
 _GOOD = ["房间很干净", "服务热情周到", "早餐丰富好吃", "位置方便交通便利", "床很舒服睡得好", "前台态度很好", "环境安静", "性价比很高"]
@@ -95,41 +62,49 @@ def example_corpus() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def init_corpus(folder: Path, corpus: Path, kind: str, link: bool = False, text_column: str = "text", label_column: str = "label",
-                columns: str = "en,zh") -> list[Path]:
+def starters() -> dict:
+    """The kinds' `zhpipe init --<option> FILE` starters, by option."""
+    from tasks.stages import KINDS
+
+    return {kind.starter.option: kind.starter for kind in KINDS.values() if kind.starter}
+
+
+def init_corpus(folder: Path, corpus: Path, option: str, link: bool = False, text_column: str = "text",
+                label_column: str = "label", **fields: str) -> list[Path]:
     """A starter project for a corpus that is not one labelled CSV: `nightly` (a folder of nightly CSV files, linked or
-    copied into data/raw/<folder>/), `ner` (a tagged file, CoNLL or span JSON lines) or `pairs` (sentence pairs, tsv or
-    JSON lines). Each gets its own pipeline, experiment and registered model, named after the project folder."""
+    copied into data/raw/<folder>/), or one file of a kind's starter (`--ner`, `--pairs`: tasks/<kind>/__init__.py;
+    `fields`: its options, comma-separated). Each gets its own pipeline, experiment and registered model, named
+    after the project folder."""
     folder = folder.expanduser().resolve()
     config = folder / CONFIG_NAME
     if config.exists():
         raise ConfigError(f"{config} already exists; zhpipe init writes a new project only")
     corpus = corpus.expanduser().resolve()
-    option = {"nightly": "--nightly", "ner": "--ner", "pairs": "--pairs"}[kind]
-    if kind == "nightly":
+    if option == "nightly":
         files = sorted(p for p in corpus.glob("*.csv") if p.is_file()) if corpus.is_dir() else []
         if not files:
-            raise DataError(f"{option} {corpus}: expected a folder of CSV files (one per night), found none")
+            raise DataError(f"--nightly {corpus}: expected a folder of CSV files (one per night), found none")
         for what, column in (("text", text_column), ("label", label_column)):
             if column not in _columns(files[0], files[0]):
-                raise DataError(f"{option} {files[0]}: no {what} column '{column}' (columns: {', '.join(_columns(files[0], files[0]))}); "
-                                f"name it with --{what}-column")
+                raise DataError(f"--nightly {files[0]}: no {what} column '{column}' (columns: "
+                                f"{', '.join(_columns(files[0], files[0]))}); name it with --{what}-column")
         folder.mkdir(parents=True, exist_ok=True)
         written = [_bring(f, folder / "data" / "raw" / corpus.name, link) for f in files]
-        text = NIGHTLY.format(name=_name(folder), description=_quoted(f"nightly files of {corpus.name}"), path=_quoted(f"data/raw/{corpus.name}/*.csv"),
-                              text_column=_quoted(text_column), label_column=_quoted(label_column))
+        text = NIGHTLY.format(name=_name(folder), description=_quoted(f"nightly files of {corpus.name}"),
+                              path=_quoted(f"data/raw/{corpus.name}/*.csv"), text_column=_quoted(text_column),
+                              label_column=_quoted(label_column))
     else:
+        starter = starters()[option]
         if not corpus.is_file():
-            raise DataError(f"{option} {corpus}: no such file")
-        fmt = "jsonl" if corpus.suffix in (".jsonl", ".json") else ("conll" if kind == "ner" else "tsv")
+            raise DataError(f"--{option} {corpus}: no such file")
         folder.mkdir(parents=True, exist_ok=True)
         path = _bring(corpus, folder / "data" / "raw", link)
         written = [path]
         pin = f"      sha256: {file_sha256(path)}   # pinned: an edited file is an error (copy a new one, update this)\n"
-        fields = json.dumps([c.strip() for c in columns.split(",") if c.strip()])
-        template = NER if kind == "ner" else PAIRS
-        text = template.format(name=_name(folder), description=_quoted(corpus.name), path=_quoted(os.path.relpath(path, folder)),
-                               sha256=pin, format=fmt, columns=fields)
+        values = {flag.removeprefix("--").replace("-", "_"): default for flag, default, _ in starter.options} | fields
+        lists = {k: json.dumps([c.strip() for c in v.split(",") if c.strip()]) for k, v in values.items()}
+        text = starter.template.format(name=_name(folder), description=_quoted(corpus.name), path=_quoted(os.path.relpath(path, folder)),
+                                       sha256=pin, format=starter.format_of(corpus), **lists)
     config.write_text(text, encoding="utf-8")
     written.append(config)
     return written + _ignore(folder)

@@ -198,7 +198,7 @@ def decide_paired(version: str, champion: dict | None, metric: str, served: Call
     challenger, old = scored["version"], scored["champion version"]
     c = compare(old, challenger, rounds=rule.rounds, confidence=rule.confidence, tolerance=rule.slice_tolerance,
                 min_slice_rows=rule.min_slice_rows)
-    points = 100 if challenger.kind != "bleu" else 1  # BLEU is in points already
+    points = 100 if challenger.proportion else 1  # a metric that is not a proportion (BLEU) is in points already
     said = (f"test {metric} {c.challenger:.4f} against champion version {old_version}'s {c.champion:.4f} on the same {c.rows} rows "
             f"(both as served): {points * c.difference:+.2f}, {c.confidence:.0%} interval {points * c.low:+.2f} to {points * c.high:+.2f} "
             f"(paired bootstrap)") + own_drop(champion, c.champion, c.rows, challenger.proportion)

@@ -87,7 +87,14 @@ class ServedModel(PythonModel):
         cfg = read_config(context)
         self.kind = importlib.import_module(cfg.get("serving") or self.serving)
         self.served = self.kind.Served(cfg, Path(context.artifacts["model"]))
-        self.max_rows = self.served.max_rows
+
+    @property
+    def max_rows(self) -> int:  # the most texts one call takes (predict.max_rows); past it a call is HTTP 400
+        return self.served.max_rows
+
+    @max_rows.setter
+    def max_rows(self, value: int) -> None:
+        self.served.max_rows = value
 
     @property
     def direction(self) -> str:  # a translator's, as models logged before the generic entry had it
@@ -105,11 +112,13 @@ class ServedModel(PythonModel):
 def __getattr__(name: str):
     """The class a model logged before the generic entry imports by name (TextClassifier, ...): a ServedModel that
     serves as the kind whose `LEGACY` name it is."""
-    from tasks.stages import KINDS, serving
+    import importlib
 
-    for kind in KINDS.values():
-        module = serving(kind)
-        if getattr(module, "LEGACY", None) == name:
+    from tasks.stages import KINDS
+
+    for kind in KINDS.values() if not name.startswith("__") else ():
+        module = importlib.import_module(kind.serving) if kind.serving else None
+        if module and getattr(module, "LEGACY", None) == name:
             return type(name, (ServedModel,), {"serving": module.__name__})
     raise AttributeError(name)
 

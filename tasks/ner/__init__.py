@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.graph import SEGMENT, SELECTS, SPLITS, TRAINS, Output, Stage, TaskKind, graph
+from tasks.graph import SEGMENT, SELECTS, SPLITS, TRAINS, Output, Stage, Starter, TaskKind, graph
 
 STAGES = graph(
     Stage("download", (), "tasks.ner.download", "find or fetch the tagged files (CoNLL char-tag lines or span JSONL), verify sha256, read them",
@@ -45,7 +45,27 @@ def check(config: Any) -> None:
         raise ValueError(f"augment.method {augment.method!r} rewrites text and would shift entity tags; task ner takes none")
 
 
+# `zhpipe init --ner FILE`: the starter pipelines.yaml
+TEMPLATE = """\
+# zhpipe pipelines: `zhpipe run` runs the first one, `zhpipe run NAME` another.
+pipelines:
+  {name}:
+    description: {description}
+    task: ner
+    source:
+      path: {path}
+{sha256}      format: {format}             # conll: one `char TAG` per line, a blank line between sentences (BIO, BIOES, BMES)
+    stages:
+      train:
+        # the CRF trains in seconds on a CPU; bilstm_crf and lexicon_tagger (networks) take minutes to an hour on a CPU:
+        # add them with --set 'train.models=[crf, bilstm_crf]'
+        models: [crf]
+"""
+STARTER = Starter("ner", "a tagged NER corpus: CoNLL `char TAG` lines or span JSON lines (task ner)", TEMPLATE,
+                  format_of=lambda path: "jsonl" if path.suffix in (".jsonl", ".json") else "conll")
+
+
 KIND = TaskKind("ner", "sequence labelling: tagged corpora, taggers, entity F1", STAGES, metric=lambda config: "f1",
                 serving="tasks.ner.serving", scored=("tags",), shown=(("test entity F1", "best_test_f1"),),
                 reported=("test_f1", "test_precision", "test_recall"), flavour="tagger", labelled=False,
-                default_models=("crf", "bilstm_crf", "lexicon_tagger", "ner_ensemble"), check=check)
+                default_models=("crf", "bilstm_crf", "lexicon_tagger", "ner_ensemble"), check=check, starter=STARTER)

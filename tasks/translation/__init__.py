@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.graph import SEGMENT, SELECTS, SPLITS, TRAINS, Output, Stage, TaskKind, graph
+from tasks.graph import SEGMENT, SELECTS, SPLITS, TRAINS, Output, Stage, Starter, TaskKind, graph
 
 STAGES = graph(
     Stage("download", (), "tasks.translation.download", "find or fetch the sentence pairs (tab-separated or JSON lines), verify sha256, read them",
@@ -43,7 +43,29 @@ def check(config: Any) -> None:
         raise ValueError(f"augment.method {augment.method!r}: task translation takes none (a pair needs both sides rewritten alike)")
 
 
+# `zhpipe init --pairs FILE`: the starter pipelines.yaml
+TEMPLATE = """\
+# zhpipe pipelines: `zhpipe run` runs the first one, `zhpipe run NAME` another.
+pipelines:
+  {name}:
+    description: {description}
+    task: translation
+    source:
+      path: {path}
+{sha256}      format: {format}             # tsv: one pair per line, fields in download.columns order; jsonl: {{"zh": ..., "en": ...}}
+    stages:
+      download: {{columns: {columns}}}
+      clean: {{traditional_to_simplified: true}}
+      train:
+        direction: zh-en
+        models: [transformer_mt]   # seq2seq, seq2seq_attention compare the course's GRU encoder-decoders
+"""
+STARTER = Starter("pairs", "Chinese-English sentence pairs: tab-separated or JSON lines (task translation)", TEMPLATE,
+                  format_of=lambda path: "jsonl" if path.suffix in (".jsonl", ".json") else "tsv",
+                  options=(("--columns", "en,zh", "with --pairs, tab-separated: the fields of a line in order (default en,zh)"),))
+
+
 KIND = TaskKind("translation", "sentence pairs: seq2seq translators, BLEU and chrF", STAGES, metric=lambda config: "bleu",
                 serving="tasks.translation.serving", scored=("en",), shown=(("test BLEU", "best_test_bleu"),),
                 reported=("test_bleu", "test_chrf"), flavour="translator", labelled=False,
-                default_models=("seq2seq", "seq2seq_attention", "transformer_mt"), check=check)
+                default_models=("seq2seq", "seq2seq_attention", "transformer_mt"), check=check, starter=STARTER)
