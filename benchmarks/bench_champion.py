@@ -27,6 +27,7 @@ for name in ("ZHPIPE_DATA", "ZHPIPE_STORAGE", "ZHPIPE_PROJECT"):
 
 import yaml  # noqa: E402
 
+
 def runs(seeds: list[int]) -> list[tuple[str, str, list[str]]]:
     return [(f"fastText, seed {seed}", "seeds", ["train.models=[fasttext]", f"train.seed={seed}"]) for seed in seeds] + [
         ("fastText, 1 epoch, lr 0.01 (weak)", "clear", ["train.models=[fasttext]", "train.fasttext.epoch=1", "train.fasttext.lr=0.01"]),

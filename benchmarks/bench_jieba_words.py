@@ -1,5 +1,5 @@
 """jieba's words per text, as the NER taggers ask for them (CRF features, the lexicon tagger's word features, a
-served tagger's each text): `tasks.models.tagged.jieba_words` against the same cut with jieba set up again on
+served tagger's each text): `tasks.ner.tagged.jieba_words` against the same cut with jieba set up again on
 every call (its log level and cache folder, as before it was set up once per process), in a process that has
 imported what a served tagger imports (zhpipe's flow, MLflow's pyfunc, the taggers; with --bert also
 transformers' BERT): jieba's `setLogLevel` walks every logger of the process. The two alternate in rounds;
@@ -19,10 +19,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import flows.orchestrate.pipeline  # noqa: E402,F401 - the loggers of a served tagger's process
 import mlflow.pyfunc  # noqa: E402,F401
-import tasks.models.ner  # noqa: E402,F401
-from tasks.models.tagged import jieba_words  # noqa: E402
+
+import flows.orchestrate.pipeline  # noqa: E402,F401 - the loggers of a served tagger's process
+import tasks.ner.models  # noqa: E402,F401
+from tasks.ner.tagged import jieba_words  # noqa: E402
 from tasks.segmenter import jieba_cache_dir  # noqa: E402
 
 TEXTS = ["张伟，男，１９６５年出生，北京大学硕士，现任中国银行行长。", "王芳，研究生学历，高级经济师。",

@@ -6,7 +6,7 @@ what the limit in front of the server has to bound.
     zhpipe run              # or any pipeline: its model is models:/zhpipe-<pipeline>@champion
     python benchmarks/bench_serve.py [--model models:/zhpipe-chnsenticorp@champion] [--clients 1,4,8] [--seconds 20] [--batch 8] [--rows 5000]
 
-Writes benchmarks/results/serve.json; docs/benchmarks.md has the figures and the command.
+Writes benchmarks/results/serve.json; docs/results/serving.md has the figures and the command.
 """
 from __future__ import annotations
 

@@ -26,12 +26,15 @@ import pandas as pd
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_train import ROOT, corpus, console  # noqa: E402  (activates the project first)
+from bench_train import ROOT, console, corpus  # noqa: E402  (activates the project first)
 
 from flows.plan.config import load_pipeline  # noqa: E402
 from tasks.errors import ConfigError  # noqa: E402
-from tasks.models import MODELS, TrainInputs  # noqa: E402
-from tasks.models import trainer  # noqa: E402
+from tasks.models import (  # noqa: E402
+    MODELS,
+    TrainInputs,
+    trainer,  # noqa: E402
+)
 
 CLASSIFIERS = ("textcnn", "bilstm", "transformer", "bert", "rnn_lm")
 checks: list[tuple[str, bool, str]] = []

@@ -52,7 +52,7 @@ def train_one(name: str, device: str, precision: str, inputs: Path, epochs: int,
 
     from flows.plan.config import load_pipeline
     from tasks.models import MODELS, TrainInputs
-    from tasks.models.tagged import entity_f1
+    from tasks.ner.tagged import entity_f1
 
     train, validation, test = frames
     sets = [f"train.device={device}", f"train.precision={precision}"]
@@ -67,7 +67,7 @@ def train_one(name: str, device: str, precision: str, inputs: Path, epochs: int,
     summary = spec.train(TrainInputs(name, train, validation, labels, spec.view(params), inputs / "vocab", None, out,
                                      out / "ckpt", embed=inputs / "embed"))
     seconds = time.perf_counter() - t0
-    from tasks.models.ner import tagger_from
+    from tasks.ner.models import tagger_from
 
     tag = tagger_from(out / name, device=device)
     t1 = time.perf_counter()

@@ -66,12 +66,11 @@ class Stage:
     def per_model(self) -> bool:
         return self.models is not None
 
-    def reads(self, need: str, model: str) -> bool:
-        """Whether the unit of `model` reads the need `need` (an optional need is read only by models that say so)."""
-        from tasks.models import MODELS
-
+    def reads(self, need: str, spec: Any) -> bool:
+        """Whether the unit of a model (its `ModelSpec`) reads the need `need` (an optional need is read only by models
+        that say so)."""
         flag = dict(self.models.optional).get(need) if self.models else None
-        return flag is None or bool(getattr(MODELS[model], flag))
+        return flag is None or bool(getattr(spec, flag))
 
     @property
     def module(self) -> ModuleType:
@@ -107,7 +106,7 @@ class TaskKind:
     # compares on test; a callable of the config where a setting chooses it
     metric: Callable[[Any], str]
     reported: tuple[str, ...]  # the best model's test metrics the parent run shows (`best_<metric>`)
-    flavour: str  # how a trained model is logged and served: "classifier" (texts -> labels) or "tagger"
+    flavour: str  # what its models are, as `zhpipe models` lists them: "classifier", "tagger", "translator"
     labelled: bool = True  # its splits carry a `label` column
     default_models: tuple[str, ...] = ()  # train.models when a pipeline names none (empty: the train section's default)
     check: Callable[[Any], None] | None = None  # cross-section rules of this kind (raise ValueError)
@@ -116,6 +115,7 @@ class TaskKind:
     # the module that serves its registered models on raw text and scores them for the champion rule (see
     # tasks/serving.py for what it holds); "": the kind registers no model of its own (it serves as `models_of`'s)
     serving: str = ""
+    models: str = ""  # the module whose `SPECS` are the models it registers (tasks.models.MODELS); "": the shared ones
     scored: tuple[str, ...] = ("label",)  # the columns of its test split, besides id and text, that score a model
     shown: tuple[tuple[str, str], ...] = ()  # its `zhpipe runs` columns: (heading, the parent run's metric)
     starter: Starter | None = None  # `zhpipe init --<option> FILE` for a corpus of this kind

@@ -140,7 +140,7 @@ class _SessionServer:
     def wait(self, timeout: float = 180):
         import time
 
-        from flows.orchestrate.server import _healthy
+        from flows.runtime.server import _healthy
 
         if self.url is None:
             return

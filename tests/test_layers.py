@@ -134,3 +134,56 @@ def test_the_kind_check_finds_a_planted_literal(tmp_path):
     (tmp_path / "flows").mkdir()
     (tmp_path / "flows" / "x.py").write_text('"""A doc about ner."""\nif kind == "ner":\n    metric = "bleu"\n')
     assert _named_kinds(tmp_path, _kind_words()) == ["flows/x.py:2: 'ner'", "flows/x.py:3: 'bleu'"]
+
+
+RUNTIME, ENTRY = "flows.runtime", "flows.cli"  # the daemon's room, and the one module outside it that may import it
+
+
+def _into_runtime(root: Path) -> list[str]:
+    """The modules outside the runtime room, other than the CLI's entry point, that import anything of it."""
+    graph = _graph(root)
+    inside = lambda name: name == RUNTIME or name.startswith(f"{RUNTIME}.")  # noqa: E731
+    return sorted(f"{name} -> {m}" for name, deps in graph.items() if not inside(name) and name != ENTRY
+                  for m in deps if inside(m))
+
+
+def test_only_the_entry_point_imports_the_runtime():
+    """The runtime (background server, warm process, hand-over, process records) is a room of its own: commands declare
+    what they need (`Needs`) and the entry point provides it; no other module of flows/ reaches into the room."""
+    graph = _graph(ROOT)
+    assert "flows.runtime.warm" in graph and any(m.startswith(RUNTIME) for m in graph[ENTRY])
+    assert _into_runtime(ROOT) == []
+
+
+def test_the_runtime_check_finds_a_planted_import(tmp_path):
+    for folder in ("flows/runtime", "flows/cli", "flows/track", "tasks"):
+        (tmp_path / folder).mkdir(parents=True)
+    (tmp_path / "flows" / "runtime" / "__init__.py").write_text("")
+    (tmp_path / "flows" / "runtime" / "server.py").write_text("from flows.track import x\n")
+    (tmp_path / "flows" / "cli" / "__init__.py").write_text("from flows.runtime import server\n")
+    (tmp_path / "flows" / "track" / "x.py").write_text("def f():\n    from flows.runtime.server import start\n")
+    assert _into_runtime(tmp_path) == ["flows.track.x -> flows.runtime.server"]
+
+
+def _models_into_kinds(root: Path, kinds: tuple[str, ...]) -> list[str]:
+    """Imports from the shared model parts (tasks/models) up into a kind's folder (tasks/<kind>)."""
+    graph = _graph(root)
+    return sorted(f"{name} -> {m}" for name, deps in graph.items() if name.startswith("tasks.models")
+                  for m in deps if any(m == f"tasks.{k}" or m.startswith(f"tasks.{k}.") for k in kinds))
+
+
+def test_shared_model_parts_import_no_kind():
+    """A kind's models live in its folder and import the shared parts (encoders, the trainer); the shared parts never
+    import a kind: the registry reads each kind's `models` by name."""
+    from tasks.stages import KINDS
+
+    assert {k.models for k in KINDS.values()} >= {"tasks.ner.models", "tasks.translation.models"}
+    assert _models_into_kinds(ROOT, tuple(KINDS)) == []
+
+
+def test_the_model_check_finds_a_planted_import(tmp_path):
+    for folder in ("tasks/models", "tasks/ner", "flows"):
+        (tmp_path / folder).mkdir(parents=True)
+    (tmp_path / "tasks" / "ner" / "tagging.py").write_text("")
+    (tmp_path / "tasks" / "models" / "crf.py").write_text("def f():\n    from tasks.ner.tagging import tag_set\n")
+    assert _models_into_kinds(tmp_path, ("ner",)) == ["tasks.models.crf -> tasks.ner.tagging"]

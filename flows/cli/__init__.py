@@ -11,14 +11,14 @@ import sys
 from typing import NoReturn
 
 from flows.cli import catalog, doctor, results, run, schedule, store
-from flows.cli.common import version
-from flows.cli.ending import abort, finish  # noqa: F401 - as callers knew them
+from flows.cli.common import Needs, version
+from flows.cli.ending import abort, finish
 from flows.cli.run import summary_table  # noqa: F401 - the run summary, as callers knew it
-from flows.orchestrate import handover
 from flows.plan import project
+from flows.runtime import commands, provide
 from tasks.errors import ZhpipeError, say
 
-GROUPS = (run, schedule, results, store, catalog, doctor)
+GROUPS = (run, schedule, results, store, catalog, doctor, commands)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -60,68 +60,32 @@ def _quiet_prefect_tracebacks() -> None:
         logging.getLogger(name).addFilter(_NoZhpipeTraceback())
 
 
-def _start_background_server() -> None:
-    """The first `zhpipe run` of a project starts the project's Prefect server in the background, with an idle
-    timeout, so later runs skip the 20 s start of a temporary server (`ZHPIPE_SERVER=temporary`: a temporary
-    server per run, as before)."""
-    from flows.orchestrate import server
-
-    if os.environ.get("ZHPIPE_SERVER", "background") == "temporary":
-        return
-    idle = server.idle_timeout()
-    after = f"{idle / 60:.0f} min" if idle >= 60 else f"{idle:.0f} s"
-    beside = ", and a warm zhpipe process beside it that skips their imports" if handover.enabled() else ""
-    print(f"starting this project's Prefect server in the background (about 20 s, once; later runs reuse it{beside}; both "
-          f"stop {after} after the last zhpipe command, or with `zhpipe server stop`) ...", end="", flush=True)
-    try:
-        state = server.start(idle=idle)
-    except ZhpipeError as e:  # a taken port, say: this run goes on with a temporary server
-        print(f" not started ({e}); using a temporary server", flush=True)
-        return
-    print(f" running at {state['url'].removesuffix('/api')} (its UI asks for the credentials `zhpipe server status` prints)",
-          flush=True)
-
-
-WRITERS = ("run", "tune", "accept", "hold", "alerts", "deploy", "serve", "worker", "ui")  # checked for space first
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--debug" in argv[1:] and "--" not in argv:  # `zhpipe run --debug` as well as `zhpipe --debug run`
         argv = ["--debug", *[a for a in argv if a != "--debug"]]
     args = _parser().parse_args(argv)
+    needs = getattr(args, "needs", Needs()).of(args)  # what the command declared with its parser
     try:
-        if args.command != "init":
+        if needs.project:
             project.activate(project.find(args.project))
-        if args.command in WRITERS:
+        if needs.space:
             project.check_space()
     except ZhpipeError as e:
         say("error", str(e))
         return 2
-    _find_server(args)
+    provide.find_server(needs)
     if not args.debug:  # MLflow sets its own loggers' level when it is imported (later, lazily): tell it up front
         os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     handed_env = dict(os.environ)
-    if args.command in handover.COMMANDS and not args.debug and not getattr(args, "dask", None):
-        code = handover.hand_over(argv)  # the project's warm process runs it, imports done (flows.orchestrate.warm)
-        if code is not None:
-            return code
-    _setup_logging(args)
-    return _run(args, handed_env)
+    code = None if args.debug else provide.hand_over(needs, argv)  # the warm process runs it, imports done
+    if code is not None:
+        return code
+    _setup_logging(args, needs)
+    return _run(args, needs, handed_env)
 
 
-def _find_server(args) -> None:
-    """A background Prefect server instead of a temporary one per command: the running one, else (run, tune) a new one."""
-    if args.command in ("run", "tune", "deploy", "serve", "worker", "alerts") or getattr(args, "dask", None):
-        from flows.orchestrate.server import use_running
-
-        project.ensure_prefect_home()
-        if not use_running() and args.command in ("run", "tune", "alerts") and not os.environ.get("PREFECT_API_URL"):
-            _start_background_server()
-            use_running()
-
-
-def _setup_logging(args) -> None:
+def _setup_logging(args, needs: Needs) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S")
     for handler in logging.getLogger().handlers:
         handler.setFormatter(_ConsoleFormatter("%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S"))
@@ -129,20 +93,18 @@ def _setup_logging(args) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     for draining in ("EventsWorker", "APILogWorker"):  # Prefect's queues say they still drain at exit: after the last line
         logging.getLogger(draining).setLevel(logging.ERROR)
-    if not args.debug and (args.command in ("run", "tune", "deploy", "serve") or getattr(args, "dask", None)):
+    if not args.debug and needs.prefect:
         import prefect  # noqa: F401 - configures Prefect's loggers, which the filter then attaches to
 
         _quiet_prefect_tracebacks()
 
 
-def _run(args, handed_env: dict[str, str]) -> int:
-    """The command itself; a run that used the background server leaves a warm process for the next."""
+def _run(args, needs: Needs, handed_env: dict[str, str]) -> int:
+    """The command itself, the background server watched where it asked; then a warm process left for the next."""
     try:
-        code = args.handler(args)
-        if args.command == "run" and handed_env.get("PREFECT_API_URL") and os.environ.get("ZHPIPE_SERVER") != "temporary":
-            from flows.orchestrate.server import idle_timeout
-
-            handover.spawn(idle_timeout(), handed_env, project.current().root)  # the next runs skip the imports (it stops with the server's timeout)
+        with provide.watched(needs, args.command, abort):
+            code = args.handler(args)
+        provide.leave_warm(needs, handed_env, project.current().root)  # the next runs skip the imports
         return code
     except ZhpipeError as e:
         if args.debug:
@@ -156,9 +118,7 @@ def _run(args, handed_env: dict[str, str]) -> int:
         say("error", full)
         return 2
     except KeyboardInterrupt:
-        kept = ("the stages it finished are kept in the store (and a model's checkpoints), so the next `zhpipe run` "
-                "reuses them" if args.command in ("run", "tune") else "")
-        say("interrupted", kept)
+        say("interrupted", needs.keeps)
         return 130
 
 

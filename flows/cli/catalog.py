@@ -4,7 +4,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from flows.cli.common import config_file
+from flows.cli.common import Needs, config_file
 from tasks.errors import ZhpipeError
 from tasks.stages import KINDS
 
@@ -81,4 +81,4 @@ def add_parsers(sub) -> None:
         for flag, default, about in starter.options:
             init.add_argument(flag, default=default, help=about)
     init.add_argument("--link", action="store_true", help="link the CSV into data/raw/ instead of copying it (its sha256 is pinned either way)")
-    init.set_defaults(handler=cmd_init)
+    init.set_defaults(handler=cmd_init, needs=Needs(project=False))

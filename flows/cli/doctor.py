@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from flows.cli.common import Needs
 from tasks.errors import ZhpipeError
 
 
@@ -109,9 +110,6 @@ def _tracking(args) -> str:
 
 
 def _prefect(args) -> str:
-    from flows.orchestrate import server
-
-    server.use_running()  # the project's background server, with its credentials, as every command finds it
     url = os.environ.get("PREFECT_API_URL")
     if not url:
         return "no server configured or running: the first `zhpipe run` starts the project's own (about 20 s)"
@@ -206,4 +204,4 @@ def add_parsers(sub) -> None:
     doctor = sub.add_parser("doctor", help="check every service a run uses (config, disk, tracking, Prefect, store), one line each")
     storage_arg(doctor)
     doctor.add_argument("--config", type=Path, help="pipelines file (default: the project's pipelines.yaml)")
-    doctor.set_defaults(handler=cmd_doctor, pipeline=None)
+    doctor.set_defaults(handler=cmd_doctor, pipeline=None, needs=Needs(server="use"))

@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from flows.cli.common import pipeline_name, print_frame
+from flows.cli.common import Needs, pipeline_name, print_frame
 from tasks.errors import ZhpipeError
 
 WHY_CHARS = 60  # of the champion decision's reason in `zhpipe runs`
@@ -123,8 +123,7 @@ def cmd_ui(args) -> int:
     import subprocess
     from importlib.metadata import entry_points
 
-    from flows.orchestrate import server
-    from flows.plan import project
+    from flows.plan import private, project
     from flows.track.tracker import home_url, private_store, tracking_uri
     from flows.track.ui import AUTH_FILE
 
@@ -136,7 +135,7 @@ def cmd_ui(args) -> int:
                           f"choose another with `zhpipe ui --port N`")
     project.ensure_prefect_home()
     private_store()
-    auth = server.credentials()
+    auth = private.credentials()
     # MLflow's default of 4 uvicorn workers takes many seconds to answer on a small machine: one per 2 cores, up to 4
     workers = str(max(1, min(4, (os.cpu_count() or 2) // 2)))
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", tracking_uri(), "--host", args.host, "--port", str(args.port),
@@ -144,7 +143,7 @@ def cmd_ui(args) -> int:
     print(f"starting the MLflow UI on http://{args.host}:{args.port} (store {tracking_uri()}) ...", flush=True)
     # MLflow's job runner serves GenAI jobs (prompt optimisation, scorers) that zhpipe never submits: left on, it starts
     # eight more Python processes (a runner and seven huey consumers) that double the start-up time and the memory
-    env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ, AUTH_FILE: str(server.credentials_file())}
+    env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ, AUTH_FILE: str(private.credentials_file())}
     proc = subprocess.Popen(cmd, env=env)
 
     def stop(*_):  # a terminated `zhpipe ui` takes its server (and MLflow's workers) with it
@@ -157,12 +156,12 @@ def cmd_ui(args) -> int:
     try:
         deadline = time.monotonic() + 120
         # the URL is printed once our server answers (it refuses a request without the credentials, takes one with them)
-        while proc.poll() is None and time.monotonic() < deadline and not server.demands(local, auth):
+        while proc.poll() is None and time.monotonic() < deadline and not private.demands(local, auth):
             time.sleep(0.5)
         if proc.poll() is not None:
             raise ZhpipeError(f"ui: the MLflow server stopped before it served on port {args.port} (exit {proc.returncode}); "
                               "its lines above say why")
-        if not server.demands(local, auth):
+        if not private.demands(local, auth):
             proc.terminate()
             raise ZhpipeError(f"ui: the MLflow server did not answer on port {args.port} within 120 s")
         user, password = auth.split(":", 1)
@@ -200,4 +199,4 @@ def add_parsers(sub) -> None:
     ui = sub.add_parser("ui", help="start the MLflow UI on the project's tracking store")
     ui.add_argument("--port", type=int, default=5000, help="the port to serve on (default 5000)")
     ui.add_argument("--host", default="127.0.0.1", help="the address to serve on (default 127.0.0.1: this machine only)")
-    ui.set_defaults(handler=cmd_ui)
+    ui.set_defaults(handler=cmd_ui, needs=Needs(space=True))

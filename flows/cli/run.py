@@ -4,8 +4,9 @@ from __future__ import annotations
 import os
 import shlex
 import time
+from dataclasses import replace
 
-from flows.cli.common import console, explicit_config, load, number, pipeline_name
+from flows.cli.common import BUILDS, Needs, console, explicit_config, load, number, pipeline_name
 from tasks.errors import ZhpipeError, say
 
 
@@ -23,7 +24,7 @@ def cmd_run(args) -> int:
     if not os.environ.get("PREFECT_API_URL"):  # no background server (`ZHPIPE_SERVER=temporary`, or it could not start)
         print("starting a temporary Prefect server for this run (about 20 s; `zhpipe server start` keeps one running)", flush=True)
     # what the flow run records in Prefect: URLs redacted (the config already holds the redacted forms)
-    with _heartbeats(), _server_watched():
+    with _heartbeats():
         out = pipeline_flow(config.name, stages=stages, force=force, storage=conceal(args.storage), dask=args.dask, verify=args.verify,
                             overrides=[redact_text(o) for o in args.overrides], config_file=explicit_config(args),
                             source=config.source.model_dump(exclude_defaults=True) if args.source else None)
@@ -65,27 +66,6 @@ def attention_code(attention: dict, wanted: str) -> int:
     for reason in reasons:
         say("attention", f"{reason} (exit {ATTENTION}: --fail-on {wanted})")
     return ATTENTION if reasons else 0
-
-
-def _server_watched():
-    """The background Prefect server watched while the run goes on: killed mid-run, the run stops within seconds with
-    one line, instead of minutes of connection errors (what it built is in the store; the next run reuses it)."""
-    import contextlib
-
-    from flows.cli.ending import abort
-    from flows.orchestrate import server
-
-    url = server.background_url()
-    if not url:
-        return contextlib.nullcontext()
-
-    def lost(seconds: float) -> None:
-        say("error", f"the Prefect server at {url.removesuffix('/api')} stopped answering ({seconds:.0f} s without an "
-            "answer): the run stops here; the stages it finished are in the store, and the next `zhpipe run` reuses them "
-            "(it starts a new server)")
-        abort(3)
-
-    return server.watched(url, lost)
 
 
 def _heartbeats():
@@ -229,15 +209,15 @@ def add_parsers(sub) -> None:
                      help="exit 4 when the run completed but one of these happened: held (a data check held a partition out), "
                      "warned (a check warned), kept-worse (the new model is worse than the champion beyond the noise); "
                      "`none`: exit 0 (default: held,kept-worse, or ZHPIPE_FAIL_ON)")
-    run.set_defaults(handler=cmd_run)
+    run.set_defaults(handler=cmd_run, needs=replace(BUILDS, warm=True, leaves_warm=True))
     status = sub.add_parser("status", help="show each stage as cached, stale or missing")
     pipeline_args(status)
     storage_arg(status)
-    status.set_defaults(handler=cmd_status)
+    status.set_defaults(handler=cmd_status, needs=Needs(warm=True))
     tune = sub.add_parser("tune", help="an Optuna study of one model's settings (TPE, pruning, resumable; nested MLflow runs)")
     pipeline_args(tune)
     storage_arg(tune)
     tune.add_argument("--model", required=True, help="the model of train.models to tune")
     tune.add_argument("--trials", type=int, default=20, help="trials to add to the study (default 20)")
     tune.add_argument("--seed", type=int, default=0, help="the sampler's seed")
-    tune.set_defaults(handler=cmd_tune)
+    tune.set_defaults(handler=cmd_tune, needs=BUILDS)

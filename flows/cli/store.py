@@ -4,7 +4,7 @@ from __future__ import annotations
 import shlex
 import time
 
-from flows.cli.common import store_of
+from flows.cli.common import Needs, store_of
 from flows.plan import project
 from tasks.errors import ZhpipeError
 
@@ -159,8 +159,8 @@ def add_parsers(sub) -> None:
     pipeline_args(accept)
     accept.add_argument("partitions", nargs="*", metavar="PARTITION", help="held partitions, as `zhpipe status` names them")
     accept.add_argument("--all", action="store_true", help="every held partition (or the held corpus of a source without partitions)")
-    accept.set_defaults(handler=cmd_accept)
+    accept.set_defaults(handler=cmd_accept, needs=Needs(space=True))
     hold = sub.add_parser("hold", help="take a partition that passed the data checks out of the corpus (accept's inverse)")
     pipeline_args(hold)
     hold.add_argument("partitions", nargs="+", metavar="PARTITION", help="partitions, as `zhpipe status` names them")
-    hold.set_defaults(handler=cmd_hold)
+    hold.set_defaults(handler=cmd_hold, needs=Needs(space=True))

@@ -51,7 +51,7 @@ def model_unit_run(run: RunContext, spec: Stage, name: str, upstream: dict[str, 
     """One model's unit of a per-model stage, reused or built. A unit that trains opens the model's run (or logs into
     `tracker`'s), its ensemble reads its members' units from `built`; a unit that reads another per-model stage's
     unit of the same model (evaluate reads train's) logs into that unit's model run."""
-    inputs = {k: v for k, v in upstream.items() if spec.reads(k, name)}
+    inputs = {k: v for k, v in upstream.items() if spec.reads(k, MODELS[name])}
     for stage in spec.models.reads:  # in place of that stage's gathered output: this model's unit of it
         inputs[stage] = upstream[stage].parts.get(model_unit(stage, name)) if stage in upstream else None
         inputs[stage] = inputs[stage] or run.reuse(model_unit(stage, name))

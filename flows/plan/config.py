@@ -121,7 +121,7 @@ class PipelineConfig(Section):
 
     @property
     def kind(self) -> TaskKind:
-        """Its task kind's declaration (tasks/stages.py): stage table, selection metric, model flavour."""
+        """Its task kind's declaration (tasks/stages.py): stage table, selection metric, its serving and scoring hooks."""
         return KINDS[self.task]
 
     def section(self, stage: str) -> Any:

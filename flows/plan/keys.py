@@ -112,7 +112,7 @@ def plan(config: PipelineConfig, origin: Origin | None = None, registry: Registr
         if spec.per_model:
             for unit in model_units(config, spec.name):
                 model = unit.model
-                unit_inputs = {d: k for d, k in inputs.items() if spec.reads(d, model)}
+                unit_inputs = {d: k for d, k in inputs.items() if spec.reads(d, MODELS[model])}
                 if spec.models.trains:  # an ensemble reads its members' units
                     unit_inputs |= {model_unit(spec.name, m): stage_key(causes[model_unit(spec.name, m)]) for m in members_of(config, model)}
                 unit_inputs |= {r: stage_key(causes[model_unit(r, model)]) for r in spec.models.reads}  # the same model's unit

@@ -1,7 +1,9 @@
 """The model registry: one module per model family, one entry per model. Adding a model is a new module with
-a `ModelSpec` and one line in `MODELS`; its `train.<name>` config section comes from the spec's `params`."""
+a `ModelSpec` and one line in `SHARED` (a shared family) or in its kind's `SPECS` (tasks/<kind>/models.py); its
+`train.<name>` config section comes from the spec's `params`."""
 from __future__ import annotations
 
+import functools
 import os
 
 # oneDNN, PyTorch's CPU kernels, keeps a compiled primitive per input shape (1,024 by default), each with its
@@ -10,10 +12,11 @@ import os
 # when the first primitive is made, so setting it before a model trains is enough; a value set outside wins.
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8")
 
-from tasks.models import bert, ensemble, fasttext, hf, ner, networks, ngram, rnn_lm, seq2seq, tfidf  # noqa: E402
+from tasks.models import bert, ensemble, fasttext, hf, networks, ngram, rnn_lm, tfidf  # noqa: E402
 from tasks.models.base import ModelSpec, Predictor, TrainInputs  # noqa: E402
 
-MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
+# the shared families: any kind whose `models_of` is classification trains them
+SHARED: tuple[ModelSpec, ...] = (
     fasttext.SPEC,
     networks.TEXTCNN,
     networks.BILSTM,
@@ -26,23 +29,40 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     rnn_lm.SPEC,
     rnn_lm.CLASSIFIER,
     ngram.LM_CLASSIFIER,
-    ner.CRF_TAGGER,
-    ner.BILSTM_CRF,
-    ner.LEXICON_TAGGER,
-    ner.NER_ENSEMBLE,
-    seq2seq.SEQ2SEQ,
-    seq2seq.SEQ2SEQ_ATTENTION,
-    seq2seq.TRANSFORMER_MT,
-)}
-MODELS["ensemble"] = ensemble.spec(MODELS)
+)
 
-__all__ = ["MODELS", "ModelSpec", "Predictor", "TrainInputs", "get"]
+
+@functools.cache
+def registry() -> dict[str, ModelSpec]:
+    """The shared families, then each kind's own (the `SPECS` of the module its `TaskKind.models` names), then the
+    ensemble over them: a kind's models live in its folder, and nothing here imports a kind."""
+    import importlib
+
+    from tasks.stages import KINDS
+
+    specs = list(SHARED)
+    for kind in KINDS.values():
+        specs += importlib.import_module(kind.models).SPECS if kind.models else ()
+    models = {spec.name: spec for spec in specs}
+    models["ensemble"] = ensemble.spec(models)
+    return models
+
+
+def __getattr__(name: str):
+    """`MODELS` (the registry) is built on first use: the kinds' model modules import this package's shared parts."""
+    if name == "MODELS":
+        return registry()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["MODELS", "SHARED", "ModelSpec", "Predictor", "TrainInputs", "get", "registry"]
 
 
 def get(name: str) -> ModelSpec:
     """The spec of a registered model; an unknown name is one clear error."""
     from tasks.errors import ConfigError
 
-    if name not in MODELS:
-        raise ConfigError(f"unknown model '{name}' (registered: {', '.join(MODELS)})")
-    return MODELS[name]
+    models = registry()
+    if name not in models:
+        raise ConfigError(f"unknown model '{name}' (registered: {', '.join(models)})")
+    return models[name]

@@ -32,7 +32,7 @@ class Params(Section):
     class_weight: Literal["balanced"] | None = None
     # memory: fit one logistic regression on the whole TF-IDF matrix (exact; the matrix is 20-100x the text),
     # or stream: hashed n-grams (`features` per vectorizer, no vocabulary) and a logistic loss fitted by SGD
-    # over `epochs` passes of shuffled batches, memory one batch whatever the corpus (docs/benchmarks.md).
+    # over `epochs` passes of shuffled batches, memory one batch whatever the corpus (docs/results/scale.md).
     # auto: memory while the train split's text and words are at most `memory_mb` MB, else stream
     fit: Literal["auto", "memory", "stream"] = "auto"
     memory_mb: float = Field(12.0, ge=0)

@@ -66,6 +66,6 @@ STARTER = Starter("ner", "a tagged NER corpus: CoNLL `char TAG` lines or span JS
 
 
 KIND = TaskKind("ner", "sequence labelling: tagged corpora, taggers, entity F1", STAGES, metric=lambda config: "f1",
-                serving="tasks.ner.serving", scored=("tags",), shown=(("test entity F1", "best_test_f1"),),
+                serving="tasks.ner.serving", models="tasks.ner.models", scored=("tags",), shown=(("test entity F1", "best_test_f1"),),
                 reported=("test_f1", "test_precision", "test_recall"), flavour="tagger", labelled=False,
                 default_models=("crf", "bilstm_crf", "lexicon_tagger", "ner_ensemble"), check=check, starter=STARTER)

@@ -10,7 +10,7 @@ from tasks.core import BuildContext, BuildOutput, Facts, Unit, by_model
 from tasks.errors import ConfigError
 from tasks.models import MODELS, TrainInputs
 from tasks.models.settings import params_model
-from tasks.models.tagged import entity_f1
+from tasks.ner.tagged import entity_f1
 
 # what its key sees besides params, inputs and code: the libraries that shape a tagger (jieba: its word features)
 LIBRARIES = ("torch", "transformers", "python-crfsuite", "gensim", "jieba", "numpy")

@@ -1,5 +1,5 @@
 """Translation (`task: translation`): sentence pairs, a Chinese side in `text` (segmented by the shared segment
-stage) and an English side in `en`, translated either way by the seq2seq models of tasks/models/seq2seq.py. Its
+stage) and an English side in `en`, translated either way by the seq2seq models of tasks/translation/models.py. Its
 stages, one module each in this package (no embed), and its declaration `KIND`."""
 from __future__ import annotations
 
@@ -66,6 +66,6 @@ STARTER = Starter("pairs", "Chinese-English sentence pairs: tab-separated or JSO
 
 
 KIND = TaskKind("translation", "sentence pairs: seq2seq translators, BLEU and chrF", STAGES, metric=lambda config: "bleu",
-                serving="tasks.translation.serving", scored=("en",), shown=(("test BLEU", "best_test_bleu"),),
+                serving="tasks.translation.serving", models="tasks.translation.models", scored=("en",), shown=(("test BLEU", "best_test_bleu"),),
                 reported=("test_bleu", "test_chrf"), flavour="translator", labelled=False,
                 default_models=("seq2seq", "seq2seq_attention", "transformer_mt"), check=check, starter=STARTER)

@@ -13,9 +13,9 @@ from pydantic import Field
 
 from tasks.core import BuildContext, BuildOutput, Facts, Section, by_model
 from tasks.models import MODELS
-from tasks.models.seq2seq import corpus_scores
 from tasks.reports import comparison_markdown, plot_training_curves
 from tasks.selection import ChampionRule
+from tasks.translation.models import corpus_scores
 from tasks.translation.text import side_tokens, sides
 
 LIBRARIES = ("torch", "sacrebleu", "matplotlib")

@@ -158,7 +158,8 @@ def test_accept_beside_judging_runs_is_kept(tmp_path):
 def test_a_copied_projects_server_stop_never_signals_the_original(tmp_path):
     """`cp -a` of a project copies its state files: `zhpipe server stop` in the copy names the original's process,
     which stays alive (records name their project's real path, and the process's own Prefect home is checked)."""
-    from flows.orchestrate import procs
+    from flows.plan import private
+    from flows.runtime import procs
 
     original = tmp_path / "orig"
     home = original / ".prefect"
@@ -171,8 +172,8 @@ def test_a_copied_projects_server_stop_never_signals_the_original(tmp_path):
         saved = os.environ["PREFECT_HOME"]
         os.environ["PREFECT_HOME"] = str(home)
         try:
-            procs.write_state(home / "zhpipe-server.json", {**procs.identity(server.pid, marker), "url": "http://127.0.0.1:9/api"})
-            assert procs.is_ours(procs.read_state(home / "zhpipe-server.json"))  # the original's own record is its
+            private.write_state(home / "zhpipe-server.json", {**procs.identity(server.pid, marker), "url": "http://127.0.0.1:9/api"})
+            assert procs.is_ours(private.read_state(home / "zhpipe-server.json"))  # the original's own record is its
         finally:
             os.environ["PREFECT_HOME"] = saved
         copy = tmp_path / "copy"

@@ -81,9 +81,9 @@ def test_the_prefect_server_killed_mid_run_ends_the_run_within_seconds(tmp_path,
     zhpipe = [sys.executable, "-m", "flows.cli"]
     started = subprocess.run([*zhpipe, "server", "start"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert started.returncode == 0, started.stderr[-2000:]
-    from flows.orchestrate import procs
+    from flows.plan import private
 
-    state = procs.read_state(tmp_path / "prefect" / "zhpipe-server.json")
+    state = private.read_state(tmp_path / "prefect" / "zhpipe-server.json")
     out, scratch = tmp_path / "out", tmp_path / "scratch"
     scratch.mkdir()
     try:

@@ -107,8 +107,8 @@ def test_an_ensemble_of_one_tagger_follows_that_tagger(ner_run, tmp_path):
     (Viterbi and the best path over marginals part only where the model is unsure)."""
     import shutil
 
-    from tasks.models.ner import load_tagger
     from tasks.ner.evaluate import entity_scores
+    from tasks.ner.models import load_tagger
 
     paths = {u["stage"]: Path(u["path"]) for u in ner_run["out"]["units"]}
     folder = tmp_path / "one"
@@ -166,7 +166,7 @@ def test_a_missing_checkpoint_is_one_clear_error(monkeypatch):
     import huggingface_hub.constants
 
     from tasks.hub import ModelMissingError
-    from tasks.models.ner import _bert
+    from tasks.ner.models import _bert
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(ModelMissingError, match=r"BERT checkpoint 'no-such/bert' not found locally.*huggingface-cli download no-such/bert"):
@@ -178,7 +178,7 @@ def test_a_missing_checkpoint_is_one_clear_error(monkeypatch):
 def test_a_seed_ensemble_trains_its_copies_and_tags_with_their_average(ner_run):
     import torch
 
-    from tasks.models.ner import load_tagger
+    from tasks.ner.models import load_tagger
     from tasks.ner.tagging import spans_from
 
     overrides = ["train.models=[bilstm_crf]", "train.bilstm_crf.seeds=2", "train.bilstm_crf.epochs=1"]  # copies, not accuracy

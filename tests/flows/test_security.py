@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.orchestrate import handover, procs
+from flows.plan import private
+from flows.runtime import handover, procs
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e  # real zhpipe processes and servers: `make test-quick` leaves them out
@@ -64,7 +65,7 @@ def start_warm(env: dict) -> tuple[subprocess.Popen, Path]:
     home = Path(env["PREFECT_HOME"])
     mine = handover.fingerprint(env)
     log = open(home / "zhpipe-warm.log", "a")
-    proc = subprocess.Popen([sys.executable, "-m", "flows.orchestrate.warm", "--idle", "120", "--fingerprint", mine], cwd=ROOT, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "flows.runtime.warm", "--idle", "120", "--fingerprint", mine], cwd=ROOT, env=env,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     state = home / f"zhpipe-warm-{mine[:16]}.json"
     deadline = time.monotonic() + 120
@@ -127,7 +128,7 @@ def test_another_user_on_a_leftover_socket_path_gets_nothing(tmp_path, shared_tm
         os.environ.update(env)
         tempfile.tempdir = None  # read TMPDIR again
         try:
-            with pytest.raises(procs.NotPrivate, match="not a folder of this user's"):
+            with pytest.raises(private.NotPrivate, match="not a folder of this user's"):
                 handover.socket_dir()
         finally:
             os.environ.clear()
@@ -169,7 +170,7 @@ def test_the_server_answers_only_its_owner_and_a_port_served_by_another_user_get
         marker = f"server start --host 127.0.0.1 --port {port}"
         decoy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", marker])
         time.sleep(0.2)
-        procs.write_state(tmp_path / "prefect" / "zhpipe-server.json",
+        private.write_state(tmp_path / "prefect" / "zhpipe-server.json",
                           {**procs.identity(decoy.pid, marker), "url": f"http://127.0.0.1:{port}/api", "log": "x"})
         status = zhpipe(env, "server", "status")
         assert "not running" in status.stdout, status.stdout + status.stderr
@@ -198,7 +199,7 @@ def test_pids_in_leftover_state_files_are_never_signalled(tmp_path):
         assert stopped.returncode == 0 and "no background Prefect server was running" in stopped.stdout
         assert bystander.poll() is None and not list(home.glob("zhpipe-*.json"))
         # the same pid with its real start time, but not the recorded command: still not ours
-        procs.write_state(home / "zhpipe-server.json", {**procs.identity(bystander.pid, "prefect server start"), "url": "x"})
+        private.write_state(home / "zhpipe-server.json", {**procs.identity(bystander.pid, "prefect server start"), "url": "x"})
         assert not procs.is_ours(json.loads((home / "zhpipe-server.json").read_text()))
         zhpipe(env, "server", "stop")
         assert bystander.poll() is None
@@ -231,8 +232,8 @@ def test_pids_in_leftover_state_files_are_never_signalled(tmp_path):
 CONTEXT_PROBE = textwrap.dedent("""
     import json, os, resource, sys
     sys.path.insert(0, sys.argv[1])
-    from flows.orchestrate import handover
-    from flows.orchestrate import warm
+    from flows.runtime import handover
+    from flows.runtime import warm
     ctx = json.loads(sys.stdin.read())
     refused = warm.apply_context(ctx)
     mask = os.umask(0)
@@ -242,7 +243,7 @@ CONTEXT_PROBE = textwrap.dedent("""
 
 
 def _context_of(preexec) -> dict:
-    probe = "import json, sys; sys.path.insert(0, sys.argv[1]); from flows.orchestrate import handover; print(json.dumps(handover.context()))"
+    probe = "import json, sys; sys.path.insert(0, sys.argv[1]); from flows.runtime import handover; print(json.dumps(handover.context()))"
     out = subprocess.run([sys.executable, "-c", probe, str(ROOT)], preexec_fn=preexec, capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
 

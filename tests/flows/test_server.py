@@ -51,7 +51,7 @@ def test_background_server_is_started_reused_and_stopped(tmp_path, monkeypatch, 
         assert len(tagged) == 1 and tagged[0]["name"].startswith("smoke ") and "task:classification" in tagged[0]["tags"]
         settings = httpx.get(url.removesuffix("/api") + "/ui-settings", timeout=10).json()
         assert settings["api_url"] == url
-        from flows.orchestrate.server import project_port
+        from flows.runtime.server import project_port
 
         monkeypatch.setenv("PREFECT_HOME", env["PREFECT_HOME"])
         assert url == f"http://127.0.0.1:{project_port()}/api"  # the project's own, stable port
@@ -82,7 +82,7 @@ def test_the_first_run_leaves_a_server_that_later_runs_reuse_and_that_stops_when
         assert "starting this project's Prefect server in the background" in first.stdout and "temporary" not in first.stdout
         state = json.loads(state_file.read_text())
         assert state["idle_s"] == 2 and httpx.get(f"{state['url']}/health", timeout=5).status_code == 200
-        deadline = time.monotonic() + 120  # and a warm process for the next commands (flows.orchestrate.warm)
+        deadline = time.monotonic() + 120  # and a warm process for the next commands (flows.runtime.warm)
         while not list((tmp_path / "prefect").glob("zhpipe-warm-*.json")) and time.monotonic() < deadline:
             time.sleep(0.5)
         [warm_state] = (tmp_path / "prefect").glob("zhpipe-warm-*.json")

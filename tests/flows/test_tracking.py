@@ -24,7 +24,7 @@ STAGES = without_profile()  # what the UI shows of a training run; the profile's
 
 def owner() -> tuple[str, str]:
     """The project's credentials, which `zhpipe ui` asks every request for (`zhpipe server status` prints them)."""
-    from flows.orchestrate.server import credentials
+    from flows.plan.private import credentials
 
     user, password = credentials().split(":", 1)
     return user, password

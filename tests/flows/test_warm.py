@@ -1,4 +1,4 @@
-"""The warm zhpipe process (flows.orchestrate.warm, flows.orchestrate.handover): commands handed to it run as they would alone (same output, exit
+"""The warm zhpipe process (flows.runtime.warm, flows.runtime.handover): commands handed to it run as they would alone (same output, exit
 status, errors), clients with other settings or after a code change run by themselves, and it stops."""
 import json
 import os
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.orchestrate import handover, warm
+from flows.runtime import handover, warm
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e  # real zhpipe processes and servers: `make test-quick` leaves them out
@@ -36,7 +36,7 @@ def _warm(folder: Path, seed_prefect_home, seed_mlflow, idle: int = 60):
     seed_prefect_home(folder / "prefect")
     log = folder / "prefect" / "zhpipe-warm.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "flows.orchestrate.warm", "--idle", str(idle), "--fingerprint", handover.fingerprint(env)],
+        proc = subprocess.Popen([sys.executable, "-m", "flows.runtime.warm", "--idle", str(idle), "--fingerprint", handover.fingerprint(env)],
                                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     state = handover.state_file(handover.fingerprint(env)).relative_to(handover.home())
     state = folder / "prefect" / state

@@ -5,8 +5,8 @@ import pytest
 from seqeval.metrics import classification_report, f1_score, precision_score, recall_score
 from seqeval.scheme import IOBES
 
-from tasks.models.tagged import entity_f1
 from tasks.ner.evaluate import entity_scores, type_confusion
+from tasks.ner.tagged import entity_f1
 from tasks.ner.tagging import Lexicon, bioes, detect_scheme, parse_conll, parse_span_jsonl, spans_from, spans_of
 
 

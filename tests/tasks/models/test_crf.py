@@ -74,7 +74,7 @@ def test_forbidden_transitions_never_decode_into_ill_formed_spans():
 def test_constrained_viterbi_is_the_best_allowed_path_by_brute_force():
     import numpy as np
 
-    from tasks.models.tagged import constrained_viterbi
+    from tasks.ner.tagged import constrained_viterbi
 
     tags = tag_set(["A"])
     allowed, starts, ends = (np.array(a, dtype=bool) for a in transitions(tags))

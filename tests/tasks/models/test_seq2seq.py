@@ -12,9 +12,9 @@ import torch
 
 from tasks.classification.vocab import Params as VocabParams
 from tasks.models import MODELS, TrainInputs
-from tasks.models.seq2seq_nets import GRUSeq2Seq, Seq2SeqConfig, TransformerMT, TransformerMTConfig, beam_search, greedy
 from tasks.models.settings import params_model
 from tasks.text import build_vocab
+from tasks.translation.seq2seq_nets import GRUSeq2Seq, Seq2SeqConfig, TransformerMT, TransformerMTConfig, beam_search, greedy
 from tasks.translation.text import en_text, en_tokens
 from tasks.translation.train import Common
 
@@ -74,7 +74,7 @@ def test_beam_search_finds_a_likelier_sentence_than_greedy():
 
     class Toy(torch.nn.Module):
         def encode(self, src):
-            from tasks.models.seq2seq_nets import Memory
+            from tasks.translation.seq2seq_nets import Memory
             return Memory(torch.zeros(src.size(0), 1, 1), torch.ones(src.size(0), 1, dtype=torch.bool), torch.zeros(src.size(0), 1))
 
         def step(self, memory, prefix, cache):

@@ -10,7 +10,7 @@ from pydantic import Field
 from tasks.core import Section
 from tasks.io import read_vocab
 from tasks.models.base import TrainInputs
-from tasks.models.tagged import Tagged, TaggerFn, jieba_words, load_lexicon
+from tasks.ner.tagged import Tagged, TaggerFn, jieba_words, load_lexicon
 from tasks.ner.tagging import Lexicon, tag_set, word_places
 
 

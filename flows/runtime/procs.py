@@ -4,11 +4,10 @@ is: private to the user who started it, and never a reason to signal a process t
 A state file records a process's id with its start time and a word of its command line (`identity`); a pid is
 signalled only while all three still match and the process belongs to this user (`signal_ours`). A dead pid, a
 reused one (after a reboot, say) or another user's is a leftover: the state file is removed, nothing is killed.
-State files and logs are written 0600, folders that hold sockets 0700 and checked before use (`private_dir`).
+State files and logs are written 0600, folders that hold sockets 0700 and checked before use (flows.plan.private).
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -103,59 +102,6 @@ def signal_ours(state: dict, signum: int, group: bool = False) -> bool:
     except ProcessLookupError:
         return False
     return True
-
-
-def write_private(path: Path, text: str) -> None:
-    """Write `text` to `path` atomically, readable by this user only (0600)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
-def write_state(path: Path, state: dict) -> None:
-    write_private(path, json.dumps(state))
-
-
-def read_state(path: Path) -> dict | None:
-    """A state file's contents; None when it is missing, unreadable, not ours or not JSON."""
-    try:
-        st = path.lstat()
-        if st.st_uid != os.getuid() or not path.is_file():
-            return None
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return state if isinstance(state, dict) else None
-
-
-def open_private_log(path: Path, mode: str = "a"):
-    """A log file only this user can read (an existing one is made so)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if mode == "a" else os.O_TRUNC), 0o600)
-    os.fchmod(fd, 0o600)
-    return os.fdopen(fd, mode)
-
-
-class NotPrivate(Exception):
-    """A folder that should be this user's alone is not (another owner, other users' permissions, a link)."""
-
-
-def private_dir(path: Path) -> Path:
-    """`path` as a folder only this user can enter (0700), created if missing; `NotPrivate` when it exists and is a
-    link, another user's, or open to others (someone else made it first: nothing is put there)."""
-    try:
-        path.mkdir(mode=0o700, parents=True)
-    except FileExistsError:
-        pass
-    st = path.lstat()
-    import stat as _stat
-
-    if not _stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-        raise NotPrivate(f"{path} is not a folder of this user's")
-    if st.st_mode & 0o077:
-        raise NotPrivate(f"{path} is open to other users (mode {st.st_mode & 0o777:o}, expected 700)")
-    return path
 
 
 def peer(sock: socket.socket) -> tuple[int, int, int]:

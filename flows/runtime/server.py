@@ -15,12 +15,11 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Callable
 
-from flows.orchestrate import procs
+from flows.plan.private import credentials, open_private_log, read_state, status_of, write_state
+from flows.runtime import procs
 from tasks.errors import ZhpipeError
 
 
@@ -28,55 +27,14 @@ def state_file() -> Path:
     return Path(os.environ["PREFECT_HOME"]).expanduser() / "zhpipe-server.json"
 
 
-def credentials_file() -> Path:
-    """Where the project's credentials are kept (0600, in the Prefect home): `zhpipe ui`'s app reads them from here."""
-    return state_file().with_name("zhpipe-server-auth")
-
-
-def credentials() -> str:
-    """The project's own `user:password` for its server (Prefect's server.api.auth_string / api.auth_string): made
-    once, kept 0600 in the Prefect home, given to zhpipe's commands and workers; the UI asks for it."""
-    path = credentials_file()
-    auth = (procs.read_state(path) or {}).get("auth_string")
-    if not isinstance(auth, str) or ":" not in auth:
-        import secrets
-
-        path.parent.mkdir(parents=True, exist_ok=True)
-        auth = f"zhpipe:{secrets.token_urlsafe(24)}"
-        procs.write_state(path, {"auth_string": auth})
-    return auth
-
-
-def _get(url: str, auth: str | None, timeout: float) -> int:
-    """The HTTP status of a GET, 0 when nothing answers."""
-    import base64
-
-    request = urllib.request.Request(url)
-    if auth:
-        request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as resp:  # noqa: S310 - a loopback URL we wrote
-            return resp.status
-    except urllib.error.HTTPError as e:
-        return e.code
-    except OSError:
-        return 0
-
-
 def _healthy(url: str, timeout: float = 0.5, auth: str | None = None) -> bool:
     """Whether the server at `url` answers; with `auth`, also that it is one that demands exactly these credentials
     (refuses a request without them, takes one with them): another server on that port is not ours."""
-    if _get(f"{url}/health", auth, timeout) != 200:
+    if status_of(f"{url}/health", auth, timeout) != 200:
         return False
     if auth is None:
         return True
-    return _get(f"{url}/admin/version", None, timeout) == 401 and _get(f"{url}/admin/version", auth, timeout) == 200
-
-
-def demands(url: str, auth: str, path: str = "/health", timeout: float = 2) -> bool:
-    """Whether the server at `url` is one that asks for exactly these credentials: it refuses `path` without them and
-    answers it with them (another server on that port is not ours)."""
-    return _get(f"{url}{path}", None, timeout) == 401 and _get(f"{url}{path}", auth, timeout) == 200
+    return status_of(f"{url}/admin/version", None, timeout) == 401 and status_of(f"{url}/admin/version", auth, timeout) == 200
 
 
 def _port(url: str) -> int:
@@ -86,7 +44,7 @@ def _port(url: str) -> int:
 def _read() -> dict | None:
     """The state file; one written by an earlier zhpipe (pid and url only) gets the identity of the process it names
     when that process is this user's Prefect server on that url's port (so it can still be stopped)."""
-    state = procs.read_state(state_file())
+    state = read_state(state_file())
     if state and "started" not in state and isinstance(state.get("pid"), int) and isinstance(state.get("url"), str):
         try:
             marker = f"server start --host 127.0.0.1 --port {_port(state['url'])}"
@@ -146,7 +104,7 @@ def use_running() -> str | None:
 def background_url() -> str | None:
     """PREFECT_API_URL when it is the project's background server (the one its state file names)."""
     url = os.environ.get("PREFECT_API_URL")
-    return url if url and (procs.read_state(state_file()) or {}).get("url") == url else None
+    return url if url and (read_state(state_file()) or {}).get("url") == url else None
 
 
 @contextlib.contextmanager
@@ -158,7 +116,7 @@ def watched(url: str, on_lost: Callable[[float], None], every: float = 2.0, miss
     def watch():
         failed = 0
         while not stop.wait(every):
-            failed = 0 if _get(f"{url}/health", None, timeout=every) == 200 else failed + 1
+            failed = 0 if status_of(f"{url}/health", None, timeout=every) == 200 else failed + 1
             if failed >= misses and not stop.is_set():
                 on_lost(failed * every)
                 return
@@ -264,11 +222,11 @@ def start(port: int | None = None, timeout: float = 180.0, idle: float | None = 
            "PREFECT_SERVER_API_AUTH_STRING": auth}
     argv = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
     if idle is not None:
-        argv = [sys.executable, "-m", "flows.orchestrate.server", "--idle", str(idle), "--", *argv]
+        argv = [sys.executable, "-m", "flows.runtime.server", "--idle", str(idle), "--", *argv]
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH")) if p)
     users_dir().mkdir(parents=True, exist_ok=True)
     (users_dir() / str(os.getpid())).touch()  # the starter is a user while it waits: the idle clock waits with it
-    with procs.open_private_log(log, "w") as out:
+    with open_private_log(log, "w") as out:
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + timeout
     marker = f"server start --host 127.0.0.1 --port {port}"  # in the command line of both the supervisor and the server
@@ -281,7 +239,7 @@ def start(port: int | None = None, timeout: float = 180.0, idle: float | None = 
             raise ZhpipeError(f"prefect server did not answer on {url} within {timeout:.0f} s; see {log}")
         time.sleep(0.5)
     state = {**procs.identity(proc.pid, marker), "url": url, "log": str(log), **({"idle_s": idle} if idle is not None else {})}
-    procs.write_state(state_file(), state)
+    write_state(state_file(), state)
     return state
 
 
@@ -305,7 +263,7 @@ def stop(timeout: float = 30.0) -> dict | None:
     return state
 
 
-if __name__ == "__main__":  # the supervisor of a server started with an idle timeout: python -m flows.orchestrate.server --idle S -- ARGV...
+if __name__ == "__main__":  # the supervisor of a server started with an idle timeout: python -m flows.runtime.server --idle S -- ARGV...
     import argparse
 
     ap = argparse.ArgumentParser()

@@ -1,4 +1,4 @@
-"""The client side of the warm zhpipe process (`flows.orchestrate.warm`): `zhpipe run` and `zhpipe status` hand their command
+"""The client side of the warm zhpipe process (`flows.runtime.warm`): `zhpipe run` and `zhpipe status` hand their command
 to the project's warm process when one serves their settings (`hand_over`), the first run leaves one behind
 (`spawn`), and `zhpipe server stop` stops it (`stop`). Nothing here imports Prefect, MLflow or the stages.
 """
@@ -14,7 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from flows.orchestrate import procs
+from flows.plan import private
+from flows.runtime import procs
 from tasks.errors import say
 
 COMMANDS = ("run", "status")  # the commands a warm process may run (short-lived, with a pipeline)
@@ -39,7 +40,7 @@ def log_file() -> Path:
 def socket_dir() -> Path:
     """A folder only this user can enter (0700, checked), short enough for a Unix socket's path (at most 107 bytes):
     `run/` in the Prefect home, else this user's runtime folder, else `zhpipe-UID` in the temporary folder.
-    `procs.NotPrivate` when the one it must use is not this user's alone."""
+    `private.NotPrivate` when the one it must use is not this user's alone."""
     import tempfile
 
     candidates = [home() / "run"]
@@ -48,8 +49,8 @@ def socket_dir() -> Path:
     candidates.append(Path(tempfile.gettempdir()) / f"zhpipe-{os.getuid()}")
     for folder in candidates:
         if len(str(folder).encode()) + 27 < 108:  # "/warm-<16 hex>.sock" and some room
-            return procs.private_dir(folder)
-    raise procs.NotPrivate("no folder with a path short enough for a Unix socket")
+            return private.private_dir(folder)
+    raise private.NotPrivate("no folder with a path short enough for a Unix socket")
 
 
 def socket_path(mine: str) -> str:
@@ -77,7 +78,7 @@ def enabled() -> bool:
 
 
 def read_state(path: Path) -> dict | None:
-    return procs.read_state(path)
+    return private.read_state(path)
 
 
 def send(sock: socket.socket, payload: dict, fds: list[int] | None = None) -> None:
@@ -116,7 +117,7 @@ def recv(sock: socket.socket, with_fds: bool = False) -> tuple[dict | None, list
 
 def context() -> dict:
     """What a process inherits that the environment does not say: its limits, umask, priority and groups. The warm
-    process's fork takes all of it on, or refuses the command (`flows.orchestrate.warm.apply_context`)."""
+    process's fork takes all of it on, or refuses the command (`flows.runtime.warm.apply_context`)."""
     import resource
 
     mask = os.umask(0)
@@ -135,7 +136,7 @@ def _connect(state: dict) -> socket.socket | None:
     try:
         if Path(path).parent != socket_dir() or Path(path).lstat().st_uid != os.getuid():
             return None
-    except (OSError, procs.NotPrivate):
+    except (OSError, private.NotPrivate):
         return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -241,15 +242,15 @@ def spawn(idle: float, environ: dict, root: Path | None = None) -> None:
     state_file(mine).unlink(missing_ok=True)  # a leftover (the process is gone): replaced
     try:
         socket_dir()
-    except procs.NotPrivate as e:
+    except private.NotPrivate as e:
         say("warning", f"no warm process ({e}); commands run in their own process")
         return
     stop()  # one warm process per project: one for other settings (or older code) finishes its commands and exits
     env = dict(environ)
     root = str(Path(__file__).resolve().parents[2])  # the `flows` package this process runs
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    with procs.open_private_log(log_file()) as log:
-        subprocess.Popen([sys.executable, "-m", "flows.orchestrate.warm", "--idle", str(idle), "--fingerprint", mine,
+    with private.open_private_log(log_file()) as log:
+        subprocess.Popen([sys.executable, "-m", "flows.runtime.warm", "--idle", str(idle), "--fingerprint", mine,
                           *(["--project", str(root)] if root else [])],
                          env=env, cwd=root, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -259,7 +260,7 @@ def _remove_socket(state: dict | None) -> None:
     try:
         if state and isinstance(state.get("socket"), str) and Path(state["socket"]).parent == socket_dir():
             Path(state["socket"]).unlink(missing_ok=True)
-    except procs.NotPrivate:
+    except private.NotPrivate:
         pass
 
 

@@ -1,10 +1,10 @@
 """A warm zhpipe process beside the project's background Prefect server, so that a cached `zhpipe run` does not
 spend seconds importing Prefect, MLflow and the stages again.
 
-The first `zhpipe run` that uses the background server leaves this process behind (`python -m flows.orchestrate.warm`): it
+The first `zhpipe run` that uses the background server leaves this process behind (`python -m flows.runtime.warm`): it
 imports what a run imports, then waits on a Unix socket in a folder only its user can enter (`handover.socket_dir`;
 one warm process per project, for the settings of the run that started it, below). A later `zhpipe run` or `zhpipe
-status` (the client, `flows.orchestrate.handover`, which imports nothing heavy) hands it its arguments, working folder, environment and its
+status` (the client, `flows.runtime.handover`, which imports nothing heavy) hands it its arguments, working folder, environment and its
 stdin/stdout/stderr; the warm process forks, and the fork runs the command as the client would have, writing
 to the client's own terminal, while the client waits for its exit status (Ctrl-C is passed on). Each command
 runs in a fresh fork, so nothing of one run leaks into the next.
@@ -33,8 +33,9 @@ import sys
 import time
 from pathlib import Path
 
-from flows.orchestrate import handover, procs
-from flows.orchestrate.handover import fingerprint, read_state, recv, send, state_file
+from flows.plan import private
+from flows.runtime import handover, procs
+from flows.runtime.handover import fingerprint, read_state, recv, send, state_file
 
 # what a run imports: loaded once here, shared by every fork
 PRELOAD = ("flows.cli", "flows.cli.run", "flows.orchestrate.pipeline", "flows.orchestrate.execute", "flows.orchestrate.model_stages",
@@ -221,14 +222,14 @@ def serve(idle: float, mine: str, root: str | None = None) -> int:
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     stopping = []
-    from flows.orchestrate import server
+    from flows.runtime import server
 
     served = server.background_url()  # the project's server its commands use: when it stops, so does this process
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     signal.signal(signal.SIGINT, lambda *_: stopping.append(True))
-    state = {**procs.identity(os.getpid(), "flows.orchestrate.warm"), "socket": path, "fingerprint": mine, "modules": len(files)}
-    procs.write_state(state_file(mine), state)
+    state = {**procs.identity(os.getpid(), "flows.runtime.warm"), "socket": path, "fingerprint": mine, "modules": len(files)}
+    private.write_state(state_file(mine), state)
     print(f"warm: {len(files)} modules imported in {time.monotonic() - t0:.1f} s; listening on {path}", flush=True)
     clients: dict[int, socket.socket] = {}
     me, last = os.getpid(), time.monotonic()
@@ -339,7 +340,7 @@ def _accept(listener: socket.socket, clients: dict[int, socket.socket], wake: tu
     return True
 
 
-if __name__ == "__main__":  # python -m flows.orchestrate.warm --idle S --fingerprint F (started by `zhpipe run`, see spawn)
+if __name__ == "__main__":  # python -m flows.runtime.warm --idle S --fingerprint F (started by `zhpipe run`, see spawn)
     import argparse
 
     ap = argparse.ArgumentParser()

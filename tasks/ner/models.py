@@ -1,4 +1,4 @@
-"""The sequence taggers of `task: ner` (`crf` is tasks/models/crf_tagger.py): `bilstm_crf` (character and bigram
+"""The sequence taggers of `task: ner` (`crf` is tasks/ner/crf_tagger.py): `bilstm_crf` (character and bigram
 embeddings, BiLSTM, CRF), `lexicon_tagger` (the same with the lexicon
 adapter: each character attends over the vectors of the lexicon words that cover it). The vocab stage gives
 the characters, bigrams and lexicon; the embed stage their vectors. A saved tagger takes cleaned text and
@@ -17,8 +17,8 @@ from pydantic import Field, model_validator
 from tasks.core import Section
 from tasks.io import read_vocab
 from tasks.models.base import ModelSpec, TrainInputs
-from tasks.models.crf_tagger import CRFParams, crf_tagger, train_crf
-from tasks.models.tagged import SEG_DIM, Tagged, TaggerFn, averaged_decoder, entity_f1, jieba_words, load_lexicon
+from tasks.ner.crf_tagger import CRFParams, crf_tagger, train_crf
+from tasks.ner.tagged import SEG_DIM, Tagged, TaggerFn, averaged_decoder, entity_f1, jieba_words, load_lexicon
 from tasks.ner.tagging import Lexicon, bigrams, tag_set, transitions, word_features
 
 # -- neural taggers ----------------------------------------------------------------------------------------
@@ -124,7 +124,7 @@ def _bert(config: dict, checkpoint: str | None = None):
 
 
 def _build(config: dict, bert=None):
-    from tasks.models.taggers import Tagger
+    from tasks.ner.taggers import Tagger
 
     if config["encoder"] == "bert" and bert is None:
         bert = _bert(config)
@@ -391,3 +391,4 @@ LEXICON_TAGGER = ModelSpec("lexicon_tagger", LexiconTaggerParams, train_tagger, 
 NER_ENSEMBLE = ModelSpec("ner_ensemble", EnsembleParams, train_ensemble, tagger=load_tagger, task="ner",
                          members=lambda section: section.members, shared=(),
                          about="the listed taggers' per-character tag probabilities averaged, decoded into well-formed spans")
+SPECS = (CRF_TAGGER, BILSTM_CRF, LEXICON_TAGGER, NER_ENSEMBLE)  # what the kind registers (tasks.models.MODELS)

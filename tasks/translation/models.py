@@ -114,7 +114,7 @@ class Vocabs:
 
 def build_network(name: str, section: Any, vocabs: Vocabs):
     """The network and its config dataclass for a model name and its section."""
-    from tasks.models.seq2seq_nets import GRUSeq2Seq, Seq2SeqConfig, TransformerMT, TransformerMTConfig
+    from tasks.translation.seq2seq_nets import GRUSeq2Seq, Seq2SeqConfig, TransformerMT, TransformerMTConfig
 
     if name == "transformer_mt":
         config = TransformerMTConfig(len(vocabs.src_itos), len(vocabs.tgt_itos), section.d_model, section.num_heads, section.num_encoder_layers,
@@ -126,7 +126,7 @@ def build_network(name: str, section: Any, vocabs: Vocabs):
 
 
 def load_network(saved: dict):
-    from tasks.models.seq2seq_nets import GRUSeq2Seq, Seq2SeqConfig, TransformerMT, TransformerMTConfig
+    from tasks.translation.seq2seq_nets import GRUSeq2Seq, Seq2SeqConfig, TransformerMT, TransformerMTConfig
 
     if saved["network"] == "transformer":
         model = TransformerMT(TransformerMTConfig(**saved["config"]))
@@ -172,7 +172,7 @@ def translate_ids(model, src: list[list[int]], bos: int, eos: int, decode: Decod
     import torch
 
     from tasks.models.batching import pad
-    from tasks.models.seq2seq_nets import beam_search, greedy
+    from tasks.translation.seq2seq_nets import beam_search, greedy
 
     device = next(model.parameters()).device
     beam = decode.beam_size if beam is None else beam
@@ -249,8 +249,8 @@ def load_translator(folder: Path, device: str = "auto") -> TranslatorFn:
     import torch
 
     from tasks.models.batching import pad
-    from tasks.models.seq2seq_nets import greedy
     from tasks.models.trainer import resolve_device
+    from tasks.translation.seq2seq_nets import greedy
 
     saved = torch.load(folder / "model.pt", map_location="cpu", weights_only=True)
     vocabs = Vocabs.saved(saved)
@@ -286,3 +286,4 @@ SEQ2SEQ_ATTENTION = ModelSpec("seq2seq_attention", AttentionParams, train_transl
                               shared=SHARED, about="GRU encoder-decoder with Bahdanau (additive) attention over the encoder's states")
 TRANSFORMER_MT = ModelSpec("transformer_mt", TransformerParams, train_translator, translator=load_translator, task="translation",
                            shared=SHARED, about="Transformer encoder-decoder, sinusoidal positions, label smoothing, beam search")
+SPECS = (SEQ2SEQ, SEQ2SEQ_ATTENTION, TRANSFORMER_MT)  # what the kind registers (tasks.models.MODELS)

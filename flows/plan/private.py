@@ -1,0 +1,104 @@
+"""Files private to their user: state files and logs written 0600 (atomically), folders entered by their owner
+only (0700, checked before use), and the project's own credentials, kept in one such file, with the check that a
+server on a port is the one that asks for them. The background server and the warm process (flows.runtime) keep their
+records here; `zhpipe ui` and the Prefect server ask for the same credentials."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write `text` to `path` atomically, readable by this user only (0600)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def write_state(path: Path, state: dict) -> None:
+    write_private(path, json.dumps(state))
+
+
+def read_state(path: Path) -> dict | None:
+    """A state file's contents; None when it is missing, unreadable, not ours or not JSON."""
+    try:
+        st = path.lstat()
+        if st.st_uid != os.getuid() or not path.is_file():
+            return None
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def open_private_log(path: Path, mode: str = "a"):
+    """A log file only this user can read (an existing one is made so)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if mode == "a" else os.O_TRUNC), 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, mode)
+
+
+class NotPrivate(Exception):
+    """A folder that should be this user's alone is not (another owner, other users' permissions, a link)."""
+
+
+def private_dir(path: Path) -> Path:
+    """`path` as a folder only this user can enter (0700), created if missing; `NotPrivate` when it exists and is a
+    link, another user's, or open to others (someone else made it first: nothing is put there)."""
+    try:
+        path.mkdir(mode=0o700, parents=True)
+    except FileExistsError:
+        pass
+    st = path.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise NotPrivate(f"{path} is not a folder of this user's")
+    if st.st_mode & 0o077:
+        raise NotPrivate(f"{path} is open to other users (mode {st.st_mode & 0o777:o}, expected 700)")
+    return path
+
+
+def credentials_file() -> Path:
+    """Where the project's credentials are kept (0600, in the Prefect home): `zhpipe ui`'s app reads them from here."""
+    return Path(os.environ["PREFECT_HOME"]).expanduser() / "zhpipe-server-auth"
+
+
+def credentials() -> str:
+    """The project's own `user:password` for its server (Prefect's server.api.auth_string / api.auth_string): made
+    once, kept 0600 in the Prefect home, given to zhpipe's commands and workers; the UI asks for it."""
+    path = credentials_file()
+    auth = (read_state(path) or {}).get("auth_string")
+    if not isinstance(auth, str) or ":" not in auth:
+        import secrets
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        auth = f"zhpipe:{secrets.token_urlsafe(24)}"
+        write_state(path, {"auth_string": auth})
+    return auth
+
+
+def status_of(url: str, auth: str | None, timeout: float) -> int:
+    """The HTTP status of a GET, 0 when nothing answers."""
+    import base64
+
+    request = urllib.request.Request(url)
+    if auth:
+        request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:  # noqa: S310 - a loopback URL we wrote
+            return resp.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return 0
+
+
+def demands(url: str, auth: str, path: str = "/health", timeout: float = 2) -> bool:
+    """Whether the server at `url` is one that asks for exactly these credentials: it refuses `path` without them and
+    answers it with them (another server on that port is not ours)."""
+    return status_of(f"{url}{path}", None, timeout) == 401 and status_of(f"{url}{path}", auth, timeout) == 200
