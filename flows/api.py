@@ -38,7 +38,8 @@ def config(pipeline: str, overrides: list[str] | None = None, project: str | Pat
     return load_pipeline(pipeline, _activate(project).config_file, list(overrides or []))
 
 
-def run(pipeline: str, overrides: list[str] | None = None, stages: list[str] | None = None, force: list[str] | None = None,
+def run(pipeline: str, overrides: list[str] | None = None, stages: list[str] | None = None,
+        force: list[str] | None = None,
         project: str | Path | None = None, storage: str | None = None) -> dict[str, Any]:
     """Run a pipeline (cached stages are reused) and return its summary: the MLflow parent run id, the
     experiment, and per stage its key, cache hit or miss, seconds, rows and metrics."""

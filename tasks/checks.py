@@ -7,8 +7,6 @@ runs them in a pipeline)."""
 from __future__ import annotations
 
 import math
-import re
-import unicodedata
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Literal
 
@@ -17,6 +15,7 @@ import pandas as pd
 from pydantic import Field
 
 from tasks.core import Section
+from tasks.measures import cjk_share, looks_mojibake, mojibake_share, near_key, oov_rate, traditional_share, words
 
 SAMPLE_ROWS = 2000  # rows of tonight and of the reference that the text measures read (a seeded sample)
 REFERENCE_ROWS = 20_000  # rows of the reference kept for the checks
@@ -65,7 +64,8 @@ class Verdict:
     def line(self, where: str) -> str:
         figure = "-" if self.figure is None else f"{self.figure:.3g}"
         state = {True: "passed", None: "not judged", False: "FAILED"}[self.passed]
-        return f"check {self.check} {state} on {where}: {figure} (threshold {self.threshold:g}){': ' + self.note if self.note else ''}"
+        return (f"check {self.check} {state} on {where}: {figure} (threshold "
+                f"{self.threshold:g}){': ' + self.note if self.note else ''}")
 
 
 @dataclass(frozen=True)
@@ -87,10 +87,12 @@ def _ratio_rows(night: Sample, ref: Sample | None, threshold: float, min_rows: i
     if not recent:
         return None, None, "no earlier nights to compare with"
     ratio = night.rows_kept / float(np.median(recent))
-    return ratio, 1 / threshold <= ratio <= threshold, f"{night.rows_kept} rows kept against a median of {np.median(recent):.0f} on recent nights"
+    return (ratio, 1 / threshold <= ratio <= threshold, f"{night.rows_kept} rows kept against a median of "
+            f"{np.median(recent):.0f} on recent nights")
 
 
-QUARANTINE_MARGIN = 0.15  # a night may set aside this much more than the recent nights' median share (plus sampling noise)
+# a night may set aside this much more than the recent nights' median share (plus sampling noise)
+QUARANTINE_MARGIN = 0.15
 
 
 def _quarantine(night: Sample, ref: Sample | None, threshold: float, min_rows: int):
@@ -110,7 +112,8 @@ def _quarantine(night: Sample, ref: Sample | None, threshold: float, min_rows: i
     return rate, rate <= allowed, f"{note}; allowed {allowed:.0%} (recent nights' median {base:.1%})"
 
 
-SHORT_QUANTILE = 0.05  # tonight's rows shorter than the reference's 5th-percentile length: about 5% on an ordinary night
+# tonight's rows shorter than the reference's 5th-percentile length: about 5% on an ordinary night
+SHORT_QUANTILE = 0.05
 
 
 def _short(night: Sample, ref: Sample | None, threshold: float, min_rows: int):
@@ -121,8 +124,9 @@ def _short(night: Sample, ref: Sample | None, threshold: float, min_rows: int):
     floor = float(np.quantile(ref.frame["text"].str.len(), SHORT_QUANTILE))
     lengths = night.frame["text"].str.len()
     share = float((lengths < floor).mean())
-    return share, share <= threshold, (f"{share:.0%} of rows shorter than {floor:.0f} characters, the reference's 5th percentile "
-                                       f"(median {lengths.median():.0f}, reference {ref.frame['text'].str.len().median():.0f})")
+    return share, share <= threshold, (f"{share:.0%} of rows shorter than {floor:.0f} characters, the reference's 5th "
+                                       f"percentile (median {lengths.median():.0f}, reference "
+                                       f"{ref.frame['text'].str.len().median():.0f})")
 
 
 MIN_KAPPA = 0.2  # a reference whose labels a text model agrees with less than this cannot tell a shuffle from noise
@@ -159,7 +163,8 @@ def _agreement(night: Sample, ref: Sample | None, threshold: float, min_rows: in
     """Whether tonight's labels say what its texts say: a text model trained on the reference labels tonight's rows;
     its agreement with tonight's labels (Cohen's kappa) against its cross-validated agreement on the reference.
     Shuffled, inverted or mislabelled rows keep any label shares but fall to chance agreement."""
-    if "label" not in night.frame or ref is None or "label" not in ref.frame or len(night.frame) < min_rows or len(ref.frame) < 2 * min_rows:
+    if ("label" not in night.frame or ref is None or "label" not in ref.frame or len(night.frame) < min_rows
+            or len(ref.frame) < 2 * min_rows):
         return None, None, "no labels, no reference or too few rows"
     from sklearn.model_selection import KFold, StratifiedKFold, cross_val_predict
 
@@ -167,7 +172,8 @@ def _agreement(night: Sample, ref: Sample | None, threshold: float, min_rows: in
     counts = pd.Series(labels).value_counts()
     if len(counts) < 2:
         return None, None, "the reference has one label"
-    folds = StratifiedKFold(5, shuffle=True, random_state=0) if counts.min() >= 5 else KFold(5, shuffle=True, random_state=0)
+    folds = StratifiedKFold(5, shuffle=True,
+                            random_state=0) if counts.min() >= 5 else KFold(5, shuffle=True, random_state=0)
     features = text_features()
     try:
         x = features.fit_transform(ref.frame["text"].astype(str))
@@ -180,13 +186,14 @@ def _agreement(night: Sample, ref: Sample | None, threshold: float, min_rows: in
     predicted = model.predict(features.transform(night.frame["text"].astype(str)))
     tonight, se = _kappa(night.frame["label"].astype(str).to_numpy(), predicted)
     allowed = threshold + 2 * math.sqrt(base_se**2 + se**2)
-    return base - tonight, base - tonight <= allowed, (f"a text model trained on the reference agrees with tonight's labels at "
-                                                       f"kappa {tonight:.2f} (on the reference, cross-validated: {base:.2f}); "
-                                                       f"allowed drop {allowed:.2f}")
+    return base - tonight, base - tonight <= allowed, (f"a text model trained on the reference agrees with tonight's "
+                                                       f"labels at kappa {tonight:.2f} (on the reference, "
+                                                       f"cross-validated: {base:.2f}); allowed drop {allowed:.2f}")
 
 
 def _labels(night: Sample, ref: Sample | None, threshold: float, min_rows: int):
-    if "label" not in night.frame or ref is None or "label" not in ref.frame or len(night.frame) < min_rows or ref.frame.empty:
+    if ("label" not in night.frame or ref is None or "label" not in ref.frame or len(night.frame) < min_rows
+            or ref.frame.empty):
         return None, None, "no labels, no reference or too few rows"
     tonight = night.frame["label"].astype(str).value_counts(normalize=True)
     before = ref.frame["label"].astype(str).value_counts(normalize=True)
@@ -203,12 +210,8 @@ def _lengths(night: Sample, ref: Sample | None, threshold: float, min_rows: int)
     b = np.sort(ref.frame["text"].str.len().to_numpy())
     grid = np.union1d(a, b)
     ks = float(np.max(np.abs(np.searchsorted(a, grid, "right") / len(a) - np.searchsorted(b, grid, "right") / len(b))))
-    return ks, ks <= threshold, f"median length {np.median(a):.0f} characters (reference {np.median(b):.0f}); Kolmogorov-Smirnov distance"
-
-
-# UTF-8 read as Latin-1 or cp1252: a lead byte of a 3-byte character (à..ï) and two continuation bytes
-_MOJIBAKE = re.compile("[\u00e0-\u00ef][\u0080-\u00bf\u0152\u0153\u0160\u0161\u0178\u017d\u017e\u0192\u02c6\u02dc"
-                       "\u2013\u2014\u2018-\u201e\u2020-\u2022\u2026\u2030\u2039\u203a\u20ac\u2122]{2}")
+    return (ks, ks <= threshold, f"median length {np.median(a):.0f} characters (reference {np.median(b):.0f}); "
+            f"Kolmogorov-Smirnov distance")
 
 
 def _raw(sample: Sample) -> pd.Series:
@@ -216,43 +219,13 @@ def _raw(sample: Sample) -> pd.Series:
     return (frame["raw_text"] if "raw_text" in frame else frame["text"]).astype(str)
 
 
-_LEAD = re.compile("[\u00e0-\u00ef]")
-
-
-def looks_mojibake(text: str) -> bool:
-    """UTF-8 read as Latin-1 or cp1252, raw or after cleaning (NFKC and control-character removal break up the
-    continuation bytes, never the lead bytes: one in three characters of a Chinese text so read)."""
-    if _MOJIBAKE.search(text):
-        return True
-    leads = len(_LEAD.findall(text))
-    return leads >= 3 and leads >= 0.15 * len(text)
-
-
-def mojibake_share(texts: pd.Series) -> float:
-    return float(np.mean([looks_mojibake(t) for t in texts])) if len(texts) else 0.0
-
-
 def _mojibake(night: Sample, ref: Sample | None, threshold: float, min_rows: int):
     if night.frame.empty:
         return None, None, "no rows"
     share = mojibake_share(_raw(night))
     example = next((t for t in _raw(night) if looks_mojibake(t)), "")
-    return share, share <= threshold, f"rows with UTF-8 read as Latin-1 (e.g. {example[:24]!r})" if example else "rows with UTF-8 read as Latin-1"
-
-
-def _is_cjk(ch: str) -> bool:
-    return "\u4e00" <= ch <= "\u9fff" or "\u3400" <= ch <= "\u4dbf" or "\uf900" <= ch <= "\ufaff"
-
-
-def cjk_share(texts: pd.Series) -> float:
-    """Of the letters (Unicode category L*) in `texts`, the share that are CJK ideographs."""
-    letters = cjk = 0
-    for text in texts:
-        for ch in text:
-            if unicodedata.category(ch)[0] == "L":
-                letters += 1
-                cjk += _is_cjk(ch)
-    return cjk / letters if letters else 0.0
+    return (share, share <= threshold, f"rows with UTF-8 read as Latin-1 (e.g. {example[:24]!r})" if example
+            else "rows with UTF-8 read as Latin-1")
 
 
 def _cjk(night: Sample, ref: Sample | None, threshold: float, min_rows: int):
@@ -263,35 +236,14 @@ def _cjk(night: Sample, ref: Sample | None, threshold: float, min_rows: int):
     return base - share, base - share <= threshold, f"CJK {share:.0%} of letters (reference {base:.0%})"
 
 
-def traditional_share(texts: pd.Series) -> float:
-    """The share of texts that OpenCC's traditional-to-simplified conversion changes."""
-    from tasks.normalise import to_simplified
-
-    convert = to_simplified().convert
-    return float(np.mean([convert(t) != t for t in texts])) if len(texts) else 0.0
-
-
 def _traditional(night: Sample, ref: Sample | None, threshold: float, min_rows: int):
     if len(night.frame) < min_rows:
         return None, None, "too few rows"
     share = traditional_share(night.frame["text"])
     base = traditional_share(ref.frame["text"]) if ref is not None and not ref.frame.empty else 0.0
-    return share - base, share - base <= threshold, (f"traditional characters in {share:.0%} of rows (reference {base:.0%}); "
-                                                     "clean.traditional_to_simplified: true converts them")
-
-
-def _words(texts: pd.Series) -> list[list[str]]:
-    """Words as jieba cuts them (jieba-rs: jieba's dictionary and algorithm, several times faster), punctuation,
-    spaces and symbols left out."""
-    from tasks.segmenter import default_rs
-
-    cut = default_rs().cut
-    return [[w for w in cut(t, True) if w.strip() and not unicodedata.category(w[0]).startswith(("P", "Z", "S"))] for t in texts]
-
-
-def oov_rate(tokens: list[list[str]], vocab: set[str]) -> float:
-    flat = [w for ws in tokens for w in ws]
-    return sum(w not in vocab for w in flat) / len(flat) if flat else 0.0
+    return share - base, share - base <= threshold, (f"traditional characters in {share:.0%} of rows (reference "
+                                                     f"{base:.0%}); clean.traditional_to_simplified: true converts "
+                                                     f"them")
 
 
 def _oov(night: Sample, ref: Sample | None, threshold: float, min_rows: int):
@@ -300,19 +252,12 @@ def _oov(night: Sample, ref: Sample | None, threshold: float, min_rows: int):
     if ref is None or len(night.frame) < min_rows or len(ref.frame) < 2 * min_rows:
         return None, None, "no reference or too few rows"
     held = min(len(night.frame), len(ref.frame) // 2)
-    ref_words = _words(ref.frame["text"])
+    ref_words = words(ref.frame["text"])
     vocab_rest = {w for ws in ref_words[held:] for w in ws}
     base = oov_rate(ref_words[:held], vocab_rest)
-    rate = oov_rate(_words(night.frame["text"]), {w for ws in ref_words for w in ws})
-    return rate - base, rate - base <= threshold, f"word OOV {rate:.1%} against the reference vocabulary ({base:.1%} for reference rows)"
-
-
-_NOT_WORD = re.compile(r"[^\w]|_", re.UNICODE)
-
-
-def near_key(texts: pd.Series) -> pd.Series:
-    """Texts as near-duplicates compare: letters and digits only, lower case (punctuation, spaces, emoji dropped)."""
-    return texts.astype(str).str.lower().str.replace(_NOT_WORD, "", regex=True)
+    rate = oov_rate(words(night.frame["text"]), {w for ws in ref_words for w in ws})
+    return (rate - base, rate - base <= threshold, f"word OOV {rate:.1%} against the reference vocabulary ({base:.1%} "
+            f"for reference rows)")
 
 
 def _near_duplicates(night: Sample, ref: Sample | None, threshold: float, min_rows: int):
@@ -322,26 +267,34 @@ def _near_duplicates(night: Sample, ref: Sample | None, threshold: float, min_ro
     seen = set(near_key(ref.frame["text"])) if ref is not None else set()
     repeats = keys.isin(seen) | keys.duplicated()
     share = float(repeats.mean())
-    return share, share <= threshold, ("rows whose text, without punctuation and spaces, repeats a reference row or another "
-                                       "row of tonight (they can land in different splits)")
+    return share, share <= threshold, ("rows whose text, without punctuation and spaces, repeats a reference row or "
+                                       "another row of tonight (they can land in different splits)")
 
 
 CHECKS: dict[str, Check] = {c.name: c for c in (
     Check("rows", "rows kept against the median of the last 7 nights: at most `threshold` times more or fewer",
           "warn", 20.0, _ratio_rows),
-    Check("quarantine", "share of the rows clean quarantined (empty, too short or long, duplicates, label conflicts): at most the "
-          "threshold, and at most the recent nights' median + 0.15 (+ sampling noise); an empty partition fails", "block", 0.5, _quarantine),
-    Check("labels", "total variation distance between tonight's label shares and the reference's (+1/sqrt(rows))", "block", 0.15, _labels),
-    Check("agreement", "drop of Cohen's kappa between tonight's labels and a text model trained on the reference, against its "
-          "cross-validated kappa on the reference (+ 2 standard errors): shuffled or wrong labels", "block", 0.25, _agreement),
-    Check("short", "share of tonight's rows shorter than the reference's 5th-percentile length (about 5% on an ordinary night): "
-          "text cut short", "block", 0.3, _short),
-    Check("length", "Kolmogorov-Smirnov distance between tonight's and the reference's text lengths", "warn", 0.3, _lengths),
+    Check("quarantine", "share of the rows clean quarantined (empty, too short or long, duplicates, label conflicts): "
+          "at most the threshold, and at most the recent nights' median + 0.15 (+ sampling noise); an empty partition "
+          "fails", "block", 0.5, _quarantine),
+    Check("labels", "total variation distance between tonight's label shares and the reference's (+1/sqrt(rows))",
+          "block", 0.15, _labels),
+    Check("agreement", "drop of Cohen's kappa between tonight's labels and a text model trained on the reference, "
+          "against its cross-validated kappa on the reference (+ 2 standard errors): shuffled or wrong labels", "block",
+          0.25, _agreement),
+    Check("short", "share of tonight's rows shorter than the reference's 5th-percentile length (about 5% on an "
+          "ordinary night): text cut short", "block", 0.3, _short),
+    Check("length", "Kolmogorov-Smirnov distance between tonight's and the reference's text lengths", "warn", 0.3,
+          _lengths),
     Check("mojibake", "share of rows with UTF-8 text read as Latin-1 or cp1252 (è¿™ä¸ª...)", "block", 0.02, _mojibake),
-    Check("script", "drop of the CJK share of letters against the reference (English or other scripts)", "block", 0.3, _cjk),
-    Check("traditional", "rise of the share of rows in traditional characters against the reference", "warn", 0.2, _traditional),
-    Check("oov", "rise of the word OOV rate (jieba) against the reference vocabulary, over the reference's own", "block", 0.15, _oov),
-    Check("near_duplicates", "share of rows that repeat a reference row or each other up to punctuation and spaces", "warn", 0.3, _near_duplicates),
+    Check("script", "drop of the CJK share of letters against the reference (English or other scripts)", "block", 0.3,
+          _cjk),
+    Check("traditional", "rise of the share of rows in traditional characters against the reference", "warn", 0.2,
+          _traditional),
+    Check("oov", "rise of the word OOV rate (jieba) against the reference vocabulary, over the reference's own",
+          "block", 0.15, _oov),
+    Check("near_duplicates", "share of rows that repeat a reference row or each other up to punctuation and spaces",
+          "warn", 0.3, _near_duplicates),
 )}
 
 
@@ -350,16 +303,20 @@ class Checks(Section):
 
     min_rows: int = Field(30, ge=1)  # fewer rows than this: distribution checks are not judged (noted as such)
     rows: CheckSetting = CheckSetting(severity=CHECKS["rows"].severity, threshold=CHECKS["rows"].threshold)
-    quarantine: CheckSetting = CheckSetting(severity=CHECKS["quarantine"].severity, threshold=CHECKS["quarantine"].threshold)
-    agreement: CheckSetting = CheckSetting(severity=CHECKS["agreement"].severity, threshold=CHECKS["agreement"].threshold)
+    quarantine: CheckSetting = CheckSetting(severity=CHECKS["quarantine"].severity,
+                                            threshold=CHECKS["quarantine"].threshold)
+    agreement: CheckSetting = CheckSetting(severity=CHECKS["agreement"].severity,
+                                           threshold=CHECKS["agreement"].threshold)
     short: CheckSetting = CheckSetting(severity=CHECKS["short"].severity, threshold=CHECKS["short"].threshold)
     labels: CheckSetting = CheckSetting(severity=CHECKS["labels"].severity, threshold=CHECKS["labels"].threshold)
     length: CheckSetting = CheckSetting(severity=CHECKS["length"].severity, threshold=CHECKS["length"].threshold)
     mojibake: CheckSetting = CheckSetting(severity=CHECKS["mojibake"].severity, threshold=CHECKS["mojibake"].threshold)
     script: CheckSetting = CheckSetting(severity=CHECKS["script"].severity, threshold=CHECKS["script"].threshold)
-    traditional: CheckSetting = CheckSetting(severity=CHECKS["traditional"].severity, threshold=CHECKS["traditional"].threshold)
+    traditional: CheckSetting = CheckSetting(severity=CHECKS["traditional"].severity,
+                                             threshold=CHECKS["traditional"].threshold)
     oov: CheckSetting = CheckSetting(severity=CHECKS["oov"].severity, threshold=CHECKS["oov"].threshold)
-    near_duplicates: CheckSetting = CheckSetting(severity=CHECKS["near_duplicates"].severity, threshold=CHECKS["near_duplicates"].threshold)
+    near_duplicates: CheckSetting = CheckSetting(severity=CHECKS["near_duplicates"].severity,
+                                                 threshold=CHECKS["near_duplicates"].threshold)
 
 
 def sample(frame: pd.DataFrame, rows: int = SAMPLE_ROWS, seed: int = 0) -> pd.DataFrame:
@@ -369,7 +326,8 @@ def sample(frame: pd.DataFrame, rows: int = SAMPLE_ROWS, seed: int = 0) -> pd.Da
 def judge(night: Sample, reference: Sample | None, settings: Checks) -> list[Verdict]:
     """Every check that is not off, on tonight's rows against the reference (None: the first night)."""
     small_night = Sample(sample(night.frame), night.rows_in, night.rows_kept)
-    small_ref = (Sample(sample(reference.frame), reference.rows_in, reference.rows_kept, reference.recent_rows, reference.recent_quarantine)
+    small_ref = (Sample(sample(reference.frame), reference.rows_in, reference.rows_kept, reference.recent_rows,
+                        reference.recent_quarantine)
                  if reference else None)
     verdicts = []
     for name, check in CHECKS.items():
@@ -377,8 +335,8 @@ def judge(night: Sample, reference: Sample | None, settings: Checks) -> list[Ver
         if setting.severity == "off":
             continue
         figure, passed, note = check.judge(small_night, small_ref, setting.threshold, settings.min_rows)
-        verdicts.append(Verdict(name, setting.severity, None if figure is None else round(float(figure), 4), setting.threshold,
-                                None if passed is None else bool(passed), note))
+        verdicts.append(Verdict(name, setting.severity, None if figure is None else round(float(figure), 4),
+                                setting.threshold, None if passed is None else bool(passed), note))
     return verdicts
 
 

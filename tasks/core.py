@@ -81,7 +81,8 @@ class Facts:
     it needs and never hands facts on by hand."""
 
     labels: list[str] | None = None  # the label set (classification) or entity types (ner), in a stable order
-    source_sha256: str | None = None  # download: the source's digest (`split=digest ...` for a ner source of several files)
+    # download: the source's digest (`split=digest ...` for a ner source of several files)
+    source_sha256: str | None = None
     source_file: str | None = None  # download: where the corpus was read from (relative to the project, redacted)
     labelled: bool | None = None  # download: whether the source carries a label column
     tag_scheme: dict[str, str] | None = None  # ner download: the tag scheme of each file
@@ -150,7 +151,8 @@ class BuildContext:
     source: Any = None  # the pipeline's source (download)
     store: "StoreAccess | None" = None  # the stage store's shared folders (download cache, translation cache)
     partition: tuple[int, str] | None = None  # a partition unit's (ordinal, file name); None for a whole-corpus build
-    input_metrics: dict[str, dict[str, float]] = field(default_factory=dict)  # the inputs' metrics (gathering sums them)
+    # the inputs' metrics (gathering sums them)
+    input_metrics: dict[str, dict[str, float]] = field(default_factory=dict)
     input_rows: dict[str, int | None] = field(default_factory=dict)
     # the outputs each input's stage declares (tasks/stages.py): `file` opens them by name; empty: not checked
     outputs: dict[str, tuple] = field(default_factory=dict)
@@ -160,7 +162,8 @@ class BuildContext:
         stage reads what the stages it needs declare, nothing else they happen to write."""
         declared = self.outputs.get(stage)
         if declared is not None and not any(_declares(o.path, name) for o in declared):
-            raise KeyError(f"stage {stage!r} declares no output {name!r} (it declares {', '.join(o.path for o in declared) or 'none'})")
+            raise KeyError(f"stage {stage!r} declares no output {name!r} (it declares "
+                           f"{', '.join(o.path for o in declared) or 'none'})")
         return self.inputs[stage] / name
 
 
@@ -173,7 +176,8 @@ class StoreAccess(Protocol):
 
     def expect(self, source: Any) -> Any: ...  # the validators an unverified http(s) source must still match
 
-    def registered(self, uri: str) -> tuple[str, Path]: ...  # a registered model: (models:/<name>/<version>, its local folder)
+    # a registered model: (models:/<name>/<version>, its local folder)
+    def registered(self, uri: str) -> tuple[str, Path]: ...
 
 
 # a file larger than this is recorded as an MLflow dataset by its schema and a digest of its head (this many rows)

@@ -110,7 +110,8 @@ class TaskKind:
     labelled: bool = True  # its splits carry a `label` column
     default_models: tuple[str, ...] = ()  # train.models when a pipeline names none (empty: the train section's default)
     check: Callable[[Any], None] | None = None  # cross-section rules of this kind (raise ValueError)
-    check_stages: Callable[[Any], None] | None = None  # rules across its stage sections, on every change (raise ValueError)
+    # rules across its stage sections, on every change (raise ValueError)
+    check_stages: Callable[[Any], None] | None = None
     models_of: str = ""  # the task whose registered models it trains (`ModelSpec.task`; default: its own name)
     # the module that serves its registered models on raw text and scores them for the champion rule (see
     # tasks/serving.py for what it holds); "": the kind registers no model of its own (it serves as `models_of`'s)
@@ -119,7 +120,8 @@ class TaskKind:
     scored: tuple[str, ...] = ("label",)  # the columns of its test split, besides id and text, that score a model
     shown: tuple[tuple[str, str], ...] = ()  # its `zhpipe runs` columns: (heading, the parent run's metric)
     starter: Starter | None = None  # `zhpipe init --<option> FILE` for a corpus of this kind
-    # metrics the end-of-run table shows beside a headline that names the first (accuracy alone hides a class left behind)
+    # metrics the end-of-run table shows beside a headline that names the first (accuracy alone hides a class left
+    # behind)
     companions: tuple[tuple[str, str], ...] = ()
 
     @property
@@ -187,5 +189,6 @@ SELECTS = PerModel(reads=("train",), selects=True)
 
 
 # the stages every kind shares, named in each kind's table
-SEGMENT = Stage("segment", ("split",), "tasks.segment", "jieba words (+POS) and characters, in parallel processes or on Dask",
+SEGMENT = Stage("segment", ("split",), "tasks.segment", "jieba words (+POS) and characters, in parallel processes or "
+                "on Dask",
                 "train_mean_words", (SPLITS,), partitioned=True)

@@ -121,7 +121,8 @@ def columns_of(data: "Rows | pd.DataFrame") -> list[str]:
     return pq.ParquetFile(data.path).schema_arrow.names if isinstance(data, Rows) else list(data.columns)
 
 
-def batches_of(data: "Rows | pd.DataFrame", columns: list[str] | None = None, rows: int | None = None) -> Iterator[pd.DataFrame]:
+def batches_of(data: "Rows | pd.DataFrame", columns: list[str] | None = None,
+               rows: int | None = None) -> Iterator[pd.DataFrame]:
     """Batches of a split given as a file (`Rows`) or as a frame already in memory."""
     rows = rows or BATCH_ROWS
     if isinstance(data, Rows):
@@ -158,7 +159,8 @@ class TextSet:
         return texts if isinstance(texts, TextSet) else cls.of([list(texts)])
 
     def union(self, texts) -> "TextSet":
-        return TextSet(np.concatenate([self._sorted, text_digests(texts), np.fromiter(self._added, np.uint64, len(self._added))]))
+        return TextSet(np.concatenate([self._sorted, text_digests(texts),
+                                       np.fromiter(self._added, np.uint64, len(self._added))]))
 
     def isin(self, texts) -> np.ndarray:
         d = text_digests(texts)
@@ -187,7 +189,8 @@ def split_mb(data: "Rows | pd.DataFrame", columns: list[str] | None = None) -> f
         meta = pq.ParquetFile(data.path).metadata
         names = meta.schema.names
         wanted = [names.index(c) for c in (columns or names) if c in names]
-        return sum(meta.row_group(g).column(c).total_uncompressed_size for g in range(meta.num_row_groups) for c in wanted) / 2**20
+        return sum(meta.row_group(g).column(c).total_uncompressed_size for g in range(meta.num_row_groups)
+                   for c in wanted) / 2**20
     frame = data if columns is None else data[[c for c in columns if c in data]]
     text = [c for c in frame.columns if pd.api.types.is_string_dtype(frame[c]) or frame[c].dtype == object]
     return float(sum(frame[c].astype(str).str.len().sum() * 3 for c in text)) / 2**20
@@ -226,7 +229,8 @@ def shuffled(data: "Rows | pd.DataFrame", folder: Path, seed: int, columns: list
     return Rows(folder / "shuffled.parquet")
 
 
-def predict_batches(predict: Callable[[pd.DataFrame], np.ndarray], data: "Rows | pd.DataFrame", rows: int = 4096) -> np.ndarray:
+def predict_batches(predict: Callable[[pd.DataFrame], np.ndarray], data: "Rows | pd.DataFrame",
+                    rows: int = 4096) -> np.ndarray:
     """A predictor's outputs over a whole split, asked batch by batch (memory: one batch and the outputs)."""
     parts = [predict(batch) for batch in batches_of(data, rows=rows) if len(batch)]
     return np.concatenate(parts) if parts else np.zeros((0, 0), dtype=np.float32)

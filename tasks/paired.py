@@ -111,7 +111,8 @@ def compare(champion: Outcomes, challenger: Outcomes, rounds: int = 1000, confid
 
 def entity_types(outcomes: Outcomes) -> list[str]:
     """The entity types a span outcome counts per type (`tp:<type>` columns)."""
-    return sorted(k.split(":", 1)[1] for k in outcomes.columns if k.startswith("tp:")) if outcomes.kind == "spans" else []
+    return sorted(k.split(":", 1)[1] for k in outcomes.columns
+                  if k.startswith("tp:")) if outcomes.kind == "spans" else []
 
 
 def type_f1(outcomes: Outcomes, kind: str) -> float:

@@ -19,7 +19,8 @@ FILES: tuple[str, ...] = ()
 
 def concat_parquet(sources: list[Path], target: Path) -> int:
     """Every row of `sources`, in order, into `target` under their unified schema; returns the rows."""
-    filled = [p for p in sources if pq.ParquetFile(p).metadata.num_rows] or sources[:1]  # an empty file's types are guesses
+    # an empty file's types are guesses
+    filled = [p for p in sources if pq.ParquetFile(p).metadata.num_rows] or sources[:1]
     schema = pa.unify_schemas([pq.read_schema(p) for p in filled], promote_options="permissive")
     rows = 0
     with pq.ParquetWriter(target, schema) as writer:
@@ -33,7 +34,8 @@ def concat_parquet(sources: list[Path], target: Path) -> int:
                 continue
             for batch in part.iter_batches(batch_size=ROW_GROUP_ROWS):
                 table = pa.Table.from_batches([batch])
-                columns = [table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(len(table), f.type)
+                columns = [table.column(f.name).cast(f.type) if f.name in table.column_names
+                           else pa.nulls(len(table), f.type)
                            for f in schema]
                 writer.write_table(pa.Table.from_arrays(columns, schema=schema))
                 rows += len(table)

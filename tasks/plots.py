@@ -66,7 +66,8 @@ def require_cjk_font(explicit: str | None = None, what: str = "profile") -> str:
     """A CJK font path, or one clear error (never a figure of empty boxes)."""
     path = cjk_font(explicit)
     if path is None:
-        raise DataError(f"{what}: no font with Chinese glyphs found (looked for {', '.join(CJK_FONTS[:5])}, ...); {INSTALL_HINT}")
+        raise DataError(f"{what}: no font with Chinese glyphs found (looked for {', '.join(CJK_FONTS[:5])}, ...); "
+                        f"{INSTALL_HINT}")
     return path
 
 

@@ -55,7 +55,8 @@ class Runner:
         """`fn(chunk, params)` for every chunk as Arrow tables, in chunk order, at most `window` in flight."""
         from tasks.progress import progress
 
-        bar = progress(total=sum(c.rows for c in chunks), desc=desc, unit="row", shown=len(chunks) >= 4, leave=False, mininterval=2)
+        bar = progress(total=sum(c.rows for c in chunks), desc=desc, unit="row", shown=len(chunks) >= 4, leave=False,
+                       mininterval=2)
         try:
             for table, info in self._results(fn, chunks, params):
                 self.ran_on.append(info)
@@ -83,7 +84,8 @@ class Runner:
         ctx = mp.get_context("forkserver")  # workers fork from a clean server, not from this threaded process
         ctx.set_forkserver_preload(["__main__", "tasks._segment_preload"])  # jieba loaded once, before forking
         with ProcessPoolExecutor(min(self.workers, len(chunks)), mp_context=ctx) as pool:
-            yield from windowed(lambda c: pool.submit(call, fn, c, params), lambda f: f.result(), chunks, 2 * self.workers)
+            yield from windowed(lambda c: pool.submit(call, fn, c, params), lambda f: f.result(), chunks,
+                                2 * self.workers)
 
 
 def windowed(submit, result, chunks, window: int):

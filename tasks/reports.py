@@ -20,20 +20,23 @@ class Common(Section):
     seed: int = 0
 
 
-def report_html(title: str, stats: dict, tables: dict[str, pd.DataFrame], pictures: list[Path], markup: tuple[str, ...] = ()) -> str:
+def report_html(title: str, stats: dict, tables: dict[str, pd.DataFrame], pictures: list[Path],
+                markup: tuple[str, ...] = ()) -> str:
     """One page with every table and picture inlined (the MLflow UI shows .html artifacts); the tables named in
     `markup` hold HTML already escaped by their maker."""
     from tasks.plots import data_uri
 
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
              "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}img{max-width:100%}"
-             "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:2px 8px}</style></head><body>",
+             "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:2px "
+             "8px}</style></head><body>",
              f"<h1>{html.escape(title)}</h1><h2>Corpus</h2>",
              pd.DataFrame([stats]).T.rename(columns={0: "value"}).to_html()]
     for name, table in tables.items():
         parts += [f"<h2>{html.escape(name)}</h2>", table.to_html(index=False, escape=name not in markup)]
     for picture in pictures:
-        parts += [f"<h3>{html.escape(picture.stem.replace('_', ' '))}</h3>", f"<img src='{data_uri(picture)}' alt='{picture.stem}'>"]
+        parts += [f"<h3>{html.escape(picture.stem.replace('_', ' '))}</h3>",
+                  f"<img src='{data_uri(picture)}' alt='{picture.stem}'>"]
     return "\n".join(parts + ["</body></html>"])
 
 
@@ -51,7 +54,8 @@ def markdown_text(value) -> str:
 def stats_markdown(pipeline: str, stats: dict) -> str:
     """The corpus statistics as a Markdown table."""
     lines = [f"# {markdown_text(pipeline)}: corpus profile", "", "| measure | value |", "|---|---|"]
-    lines += [f"| {markdown_text(k)} | {v:.4g} |" if isinstance(v, float) else f"| {markdown_text(k)} | {markdown_text(v)} |"
+    lines += [f"| {markdown_text(k)} | {v:.4g} |" if isinstance(v, float)
+              else f"| {markdown_text(k)} | {markdown_text(v)} |"
               for k, v in stats.items()]
     return "\n".join(lines)
 

@@ -58,7 +58,8 @@ def worker_count(params: Params, rows: int) -> int:
     return max(1, min(wanted, -(-rows // params.chunk_rows)))
 
 
-def segment_file(src: Path, dst: Path, params: Params, runner: Runner, root: Path, desc: str = "segment") -> dict[str, float]:
+def segment_file(src: Path, dst: Path, params: Params, runner: Runner, root: Path,
+                 desc: str = "segment") -> dict[str, float]:
     """Segment one Parquet file chunk by chunk into `dst`; returns its row and word counts."""
     tables = runner.tables(segment_chunk, chunk_plan(src, params.chunk_rows), _chunk_params(params, root), desc=desc)
     return write_segments(tables, src, dst)
@@ -79,7 +80,8 @@ def write_segments(tables: Iterable[pa.Table], src: Path, dst: Path) -> dict[str
         column = table.column("words")  # space-joined tokens: spaces + 1 per non-empty text
         words += pc.sum(pc.count_substring(column, " ")).as_py() or 0
         words += pc.sum(pc.cast(pc.greater(pc.utf8_length(column), 0), pa.int64())).as_py() or 0
-    empty = pd.read_parquet(src).head(0).assign(words=pd.Series(dtype=str), chars=pd.Series(dtype=str)) if not rows else None
+    empty = pd.read_parquet(src).head(0).assign(words=pd.Series(dtype=str),
+                                                chars=pd.Series(dtype=str)) if not rows else None
     writer.close(empty)
     return {"rows": rows, "words": words}
 
@@ -91,7 +93,8 @@ def build(ctx: BuildContext) -> BuildOutput:
     plans = {name: chunk_plan(src, ctx.params.chunk_rows) for name, src in sources.items()}
     rows = sum(c.rows for chunks in plans.values() for c in chunks)
     runner = ctx.runner(worker_count(ctx.params, rows))
-    tables = runner.tables(segment_chunk, [c for name in SPLITS for c in plans[name]], _chunk_params(ctx.params, ctx.root))
+    tables = runner.tables(segment_chunk, [c for name in SPLITS for c in plans[name]],
+                           _chunk_params(ctx.params, ctx.root))
     metrics = {}
     with closing(tables):
         for name in SPLITS:  # chunks come back in order: each split takes its own count of them

@@ -26,9 +26,11 @@ def jieba_cache_dir() -> str:
     path = Path(tempfile.gettempdir()) / f"zhpipe-jieba-{uid if uid is not None else 'user'}"
     path.mkdir(mode=0o700, exist_ok=True)
     info = os.lstat(path)
-    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode) or (uid is not None and (info.st_uid != uid or info.st_mode & 0o077)):
-        raise DataError(f"{path}: jieba's cache folder must be this user's own folder with mode 700 (it is a link, another "
-                        "user's, or open to others); remove it and run again")
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode) or (uid is not None
+                                                                        and (info.st_uid != uid
+                                                                             or info.st_mode & 0o077)):
+        raise DataError(f"{path}: jieba's cache folder must be this user's own folder with mode 700 (it is a link, "
+                        f"another user's, or open to others); remove it and run again")
     return str(path)
 
 
@@ -118,7 +120,8 @@ class Segmenter:
             path = _project_path(params.stopwords, "segment.stopwords", root)
             self.stopwords = {w.strip() for w in path.read_text(encoding="utf-8").splitlines() if w.strip()}
         if params.backend == "jieba-rs":
-            self.tokenizer = RustTokenizer(_project_path(params.user_dict, "segment.user_dict", root) if params.user_dict else None)
+            self.tokenizer = RustTokenizer(_project_path(params.user_dict, "segment.user_dict", root)
+                                           if params.user_dict else None)
             self.pos_tokenizer = self.tokenizer if params.pos else None
             return
         # a user dictionary gets a tokenizer of its own, so it never leaks into other configs

@@ -34,5 +34,5 @@ def serving(task: TaskKind) -> ModuleType:
     return serving(kind(task.models_of))
 
 
-__all__ = ["CLASSIFICATION_STAGES", "DEFAULT_KIND", "KINDS", "SEGMENT", "SELECTS", "SPLITS", "STAGE_NAMES", "TRAINS", "Output", "PerModel", "Stage",
-           "TaskKind", "graph", "kind", "serving"]
+__all__ = ["CLASSIFICATION_STAGES", "DEFAULT_KIND", "KINDS", "SEGMENT", "SELECTS", "SPLITS", "STAGE_NAMES", "TRAINS",
+           "Output", "PerModel", "Stage", "TaskKind", "graph", "kind", "serving"]

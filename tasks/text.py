@@ -38,7 +38,8 @@ def prune_counts(counts, limit: int) -> bool:
 
 def build_vocab(counts: Counter, params: Any) -> list[str]:
     """Specials first, then tokens with freq >= min_freq by descending frequency (ties by token)."""
-    ranked = sorted((t for t, c in counts.items() if c >= params.min_freq and t not in params.specials), key=lambda t: (-counts[t], t))
+    ranked = sorted((t for t, c in counts.items() if c >= params.min_freq and t not in params.specials),
+                    key=lambda t: (-counts[t], t))
     if params.max_size is not None:
         ranked = ranked[: max(0, params.max_size - len(params.specials))]
     return list(params.specials) + ranked

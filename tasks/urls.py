@@ -32,7 +32,8 @@ def redact(url: str) -> str:
     if "@" not in parts.netloc and not secret_query:
         return url  # nothing to hide: the URL exactly as given
     netloc = f"{MASK}@{parts.netloc.rpartition('@')[2]}" if "@" in parts.netloc else parts.netloc
-    query = urlencode([(k, MASK if _SECRET_QUERY.search(k) else v) for k, v in pairs], safe="*") if secret_query else parts.query
+    query = urlencode([(k, MASK if _SECRET_QUERY.search(k) else v) for k, v in pairs],
+                      safe="*") if secret_query else parts.query
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 

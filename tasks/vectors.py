@@ -23,7 +23,8 @@ FASTTEXT_MIN_THREADS = 10
 def fasttext_dim(v: int) -> int:
     """Validator of fastText's `dim`: fastText 0.9.3 leaves the last (rows * dim) % 10 input values uninitialised."""
     if v % 10:
-        raise ValueError(f"fastText dim must be a multiple of 10 (fastText 0.9.3 leaves part of its matrix uninitialised otherwise), got {v}")
+        raise ValueError(f"fastText dim must be a multiple of 10 (fastText 0.9.3 leaves part of its matrix "
+                         f"uninitialised otherwise), got {v}")
     return v
 
 
@@ -57,7 +58,8 @@ def load_word_vectors(folder: Path, name: str) -> WordVectors:
 
         return keyed_word_vectors(load_word2vec(folder))
     if not (folder / "fasttext.bin").is_file():
-        raise DataError("train.embeddings is fasttext, but the embed stage trained no fastText model (embed.fasttext.enabled is false)")
+        raise DataError("train.embeddings is fasttext, but the embed stage trained no fastText model "
+                        "(embed.fasttext.enabled is false)")
     import fasttext
 
     model = fasttext.load_model(str(folder / "fasttext.bin"))
@@ -111,5 +113,6 @@ def neighbours(name: str, probe: list[str], lookup, topn: int) -> list[dict]:
     rows = []
     for word in probe:
         for rank, (other, score) in enumerate(lookup(word, topn), 1):
-            rows.append({"model": name, "word": word, "rank": rank, "neighbour": other, "cosine": round(float(score), 4)})
+            rows.append({"model": name, "word": word, "rank": rank, "neighbour": other,
+                         "cosine": round(float(score), 4)})
     return rows

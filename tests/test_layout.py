@@ -1,12 +1,13 @@
-"""The house keeps its shape: no file in flows/ or tasks/ over 400 lines, no function over 60, and flows/ names
-stages through their declarations (at most 5 string literals equal to a stage name, none a stage's own)."""
+"""The house keeps its shape: no file in flows/ or tasks/ over 400 lines, no function over 60, no line over 120
+characters, and flows/ names stages through their declarations (at most 5 string literals equal to a stage name,
+none a stage's own)."""
 import ast
 from pathlib import Path
 
 from tasks.stages import STAGE_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
-MAX_FILE_LINES, MAX_FUNCTION_LINES, MAX_STAGE_LITERALS = 400, 60, 5
+MAX_FILE_LINES, MAX_FUNCTION_LINES, MAX_STAGE_LITERALS, MAX_LINE = 400, 60, 5, 120
 
 
 def _sources():
@@ -19,6 +20,13 @@ def test_no_file_is_over_400_lines_and_no_function_over_60():
                       for p in _sources() for node in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
                       if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
     assert long_files == [] and long_functions == []
+
+
+def test_no_line_is_over_120_characters():
+    """Characters, not bytes: a line of Chinese counts its characters."""
+    long_lines = [f"{p.relative_to(ROOT)}:{i}: {len(line)}" for p in _sources()
+                  for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if len(line) > MAX_LINE]
+    assert long_lines == []
 
 
 def stage_literals(folder: Path) -> list[str]:

@@ -25,8 +25,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zhpipe", description="Chinese-NLP training pipelines on Prefect and MLflow. "
                                      "Run inside a project folder (one with a pipelines.yaml), or pass --project.")
     parser.add_argument("--version", action="version", version=f"zhpipe {version()}")
-    parser.add_argument("--project", metavar="DIR", help="the project folder (default: the nearest folder with a pipelines.yaml "
-                        "from the current one upwards, or ZHPIPE_PROJECT)")
+    parser.add_argument("--project", metavar="DIR", help="the project folder (default: the nearest folder with a "
+                        "pipelines.yaml from the current one upwards, or ZHPIPE_PROJECT)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
     for group in GROUPS:
@@ -49,7 +49,8 @@ class _NoZhpipeTraceback(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         error = record.exc_info[1] if record.exc_info else None
-        if error is not None and (isinstance(error, ZhpipeError) or project.disk_full(error) or project.unreachable(error)):
+        if error is not None and (isinstance(error, ZhpipeError) or project.disk_full(error)
+                                  or project.unreachable(error)):
             record.exc_info, record.exc_text = None, None
         return True
 
@@ -89,9 +90,11 @@ def _setup_logging(args, needs: Needs) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S")
     for handler in logging.getLogger().handlers:
         handler.setFormatter(_ConsoleFormatter("%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S"))
-    for noisy in ("httpx", "alembic", "mlflow", "gensim", "smart_open", "distributed"):  # their INFO lines are noise here
+    # their INFO lines are noise here
+    for noisy in ("httpx", "alembic", "mlflow", "gensim", "smart_open", "distributed"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    for draining in ("EventsWorker", "APILogWorker"):  # Prefect's queues say they still drain at exit: after the last line
+    # Prefect's queues say they still drain at exit: after the last line
+    for draining in ("EventsWorker", "APILogWorker"):
         logging.getLogger(draining).setLevel(logging.ERROR)
     if not args.debug and needs.prefect:
         import prefect  # noqa: F401 - configures Prefect's loggers, which the filter then attaches to
@@ -104,14 +107,15 @@ def _run(args, needs: Needs, handed_env: dict[str, str]) -> int:
     try:
         with provide.watched(needs, args.command, abort):
             code = args.handler(args)
-        provide.leave_warm(needs, handed_env, project.current().root)  # the next runs skip the imports
+        provide.leave_warm(needs, handed_env)  # the next runs skip the imports
         return code
     except ZhpipeError as e:
         if args.debug:
             raise
         say("error", str(e))
         return 2
-    except Exception as e:  # noqa: BLE001 - a full disk or a service that did not answer is one line; anything else is raised
+    # a full disk or a service that did not answer is one line; anything else is raised
+    except Exception as e:  # noqa: BLE001
         full = project.disk_full(e) or project.unreachable(e)
         if full is None or args.debug:
             raise

@@ -45,15 +45,19 @@ def cmd_init(args) -> int:
     if len(given) > 1:
         raise ZhpipeError(f"init: give one corpus (--{given[0][0]} and --{given[1][0]} were given)")
     if given and given[0][0] != "csv":
-        fields = {a: getattr(args, a) for s in starters.values() for a in (f.removeprefix("--").replace("-", "_") for f, _, _ in s.options)}
-        written = init_corpus(Path(args.dir), Path(given[0][1]), given[0][0], args.link, args.text_column, args.label_column, **fields)
+        fields = {a: getattr(args, a) for s in starters.values()
+                  for a in (f.removeprefix("--").replace("-", "_") for f, _, _ in s.options)}
+        written = init_corpus(Path(args.dir), Path(given[0][1]), given[0][0], args.link, args.text_column,
+                              args.label_column, **fields)
     else:
-        written = init_project(Path(args.dir), Path(args.csv) if args.csv else None, args.text_column, args.label_column, args.link)
+        written = init_project(Path(args.dir), Path(args.csv) if args.csv else None, args.text_column,
+                               args.label_column, args.link)
     for path in written:
         print(f"wrote {path}")
     if args.nightly and not args.link:
         drops = Path(args.dir).expanduser().resolve() / "data" / "raw" / Path(args.nightly).expanduser().resolve().name
-        print(f"new nights go to {drops}/ (a copy of {args.nightly}; `zhpipe init --nightly FOLDER --link` reads them where they are)")
+        print(f"new nights go to {drops}/ (a copy of {args.nightly}; `zhpipe init --nightly FOLDER --link` reads them "
+              f"where they are)")
     print(f"next: cd {shlex.quote(str(args.dir))} && zhpipe run")
     return 0
 
@@ -66,13 +70,15 @@ def starters() -> list:
 
 def add_parsers(sub) -> None:
     sub.add_parser("stages", help="list the stages, what each reads and does").set_defaults(handler=cmd_stages)
-    sub.add_parser("models", help="list the registered models (names for train.models)").set_defaults(handler=cmd_models)
+    models = sub.add_parser("models", help="list the registered models (names for train.models)")
+    models.set_defaults(handler=cmd_models)
     pipelines = sub.add_parser("pipelines", help="list the pipelines in pipelines.yaml")
     pipelines.add_argument("--config", type=Path, help="pipelines file")
     pipelines.set_defaults(handler=cmd_pipelines)
     init = sub.add_parser("init", help="write a starter project (pipelines.yaml for your CSV) into DIR")
     init.add_argument("dir", nargs="?", default=".", help="the project folder (default: the current one)")
-    init.add_argument("--csv", help="your corpus: a CSV file with a text and a label column (default: a 12-row example)")
+    init.add_argument("--csv", help="your corpus: a CSV file with a text and a label column (default: a 12-row "
+                      "example)")
     init.add_argument("--text-column", default="text", help="the CSV's text column (default text)")
     init.add_argument("--label-column", default="label", help="the CSV's label column (default label)")
     init.add_argument("--nightly", metavar="FOLDER", help="a folder of CSV files, one per night (a partitioned source)")
@@ -80,5 +86,6 @@ def add_parsers(sub) -> None:
         init.add_argument(f"--{starter.option}", metavar="FILE", help=starter.help)
         for flag, default, about in starter.options:
             init.add_argument(flag, default=default, help=about)
-    init.add_argument("--link", action="store_true", help="link the CSV into data/raw/ instead of copying it (its sha256 is pinned either way)")
+    init.add_argument("--link", action="store_true", help="link the CSV into data/raw/ instead of copying it (its "
+                      "sha256 is pinned either way)")
     init.set_defaults(handler=cmd_init, needs=Needs(project=False))

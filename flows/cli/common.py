@@ -26,7 +26,8 @@ class Needs:
     keeps: str = ""  # what an interrupted command leaves for the next (said on Ctrl-C and when the server is lost)
 
     def of(self, args) -> "Needs":
-        """These needs for one invocation: a command run on Dask talks to the Prefect server and is never handed over."""
+        """These needs for one invocation: a command run on Dask talks to the Prefect server and is never handed
+        over."""
         from dataclasses import replace
 
         if not getattr(args, "dask", None):
@@ -35,7 +36,8 @@ class Needs:
 
 
 BUILDS = Needs(space=True, server="start", watched=True, prefect=True,
-               keeps="the stages it finished are kept in the store (and a model's checkpoints), so the next `zhpipe run` reuses them")
+               keeps="the stages it finished are kept in the store (and a model's checkpoints), so the next `zhpipe "
+               "run` reuses them")
 
 
 def version() -> str:
@@ -122,9 +124,11 @@ def print_frame(df, title: str, no_wrap: tuple[str, ...] = ()) -> None:
 
     table = Table(title=escape(title))
     for col in df.columns:
-        table.add_column(escape(str(col)), justify="right" if df[col].dtype.kind in "if" else "left", no_wrap=col in no_wrap)
+        table.add_column(escape(str(col)), justify="right" if df[col].dtype.kind in "if" else "left",
+                         no_wrap=col in no_wrap)
     for row in df.itertuples(index=False):  # values as text, never as markup: `train.models=[tfidf_lr]` keeps its list
-        table.add_row(*["" if v is None or (isinstance(v, float) and v != v) else f"{v:.4f}" if isinstance(v, float) else escape(str(v))
+        table.add_row(*["" if v is None or (isinstance(v, float) and v != v) else f"{v:.4f}" if isinstance(v, float)
+                        else escape(str(v))
                         for v in row])
     console().print(table)
 
@@ -137,11 +141,14 @@ def pipeline_args(p: argparse.ArgumentParser) -> None:
                    help="override one parameter for this run (repeatable)")
     p.add_argument("--source", help="run on another corpus: a path or URL")
     p.add_argument("--text-column", help="with --source: the text column (default: the pipeline's source.text_column)")
-    p.add_argument("--label-column", help="with --source: the label column (default: the pipeline's source.label_column)")
-    p.add_argument("--allow-unverified", action="store_true", help="fetch an http(s) source without a sha256, keyed by the "
+    p.add_argument("--label-column", help="with --source: the label column (default: the pipeline's "
+                   "source.label_column)")
+    p.add_argument("--allow-unverified", action="store_true",
+                   help="fetch an http(s) source without a sha256, keyed by the "
                    "server's ETag/Last-Modified/size (re-checked on every run)")
 
 
 def storage_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--storage", metavar="URL", help="stage store root: a folder or an fsspec URL such as s3://bucket/zhpipe "
-                   "(default: ZHPIPE_STORAGE, else the pipeline's `storage`, else the project's data/)")
+    p.add_argument("--storage", metavar="URL", help="stage store root: a folder or an fsspec URL such as "
+                   "s3://bucket/zhpipe (default: ZHPIPE_STORAGE, else the pipeline's `storage`, else the project's "
+                   "data/)")

@@ -71,8 +71,8 @@ def _mlflow_version(base: str) -> str:
         return ""
     if answer.status_code in (401, 403):
         given = f"as user {user!r}" if user else "without credentials (MLFLOW_TRACKING_USERNAME is not set)"
-        raise ZhpipeError(f"{redact(base)} refused this machine {given} (HTTP {answer.status_code}); set MLFLOW_TRACKING_USERNAME "
-                          "and MLFLOW_TRACKING_PASSWORD to your user on the tracking server")
+        raise ZhpipeError(f"{redact(base)} refused this machine {given} (HTTP {answer.status_code}); set "
+                          f"MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD to your user on the tracking server")
     text = answer.text.strip()
     return text if answer.status_code == 200 and len(text) < 40 else ""
 
@@ -80,7 +80,8 @@ def _mlflow_version(base: str) -> str:
 def _tracking(args) -> str:
     import mlflow
 
-    from flows.track.tracker import check_sqlite, client, tracking_server, tracking_uri
+    from flows.track.sqlite import check_sqlite
+    from flows.track.tracker import client, tracking_server, tracking_uri
     from tasks.urls import redact
 
     uri, base = tracking_uri(), tracking_server()
@@ -95,7 +96,8 @@ def _tracking(args) -> str:
     _require(f"{base}/health", f"{redact(base)}/health")
     version = _mlflow_version(base)
     if version and version.split(".")[0] != mlflow.__version__.split(".")[0]:
-        raise ZhpipeError(f"{redact(base)} runs mlflow {version}, this machine {mlflow.__version__}: install the same major version")
+        raise ZhpipeError(f"{redact(base)} runs mlflow {version}, this machine {mlflow.__version__}: install the same "
+                          f"major version")
     c = client()
     try:
         experiment = c.get_experiment_by_name("zhpipe-doctor") or c.get_experiment(c.create_experiment("zhpipe-doctor"))
@@ -104,8 +106,8 @@ def _tracking(args) -> str:
         c.delete_run(run.info.run_id)
     except Exception as e:  # noqa: BLE001 - MLflow raises its own exceptions and the HTTP client's
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        raise ZhpipeError(f"{redact(base)}: cannot write a run and an artifact ({first}); check MLFLOW_TRACKING_USERNAME/PASSWORD "
-                          "and the server's --artifacts-destination") from None
+        raise ZhpipeError(f"{redact(base)}: cannot write a run and an artifact ({first}); check "
+                          f"MLFLOW_TRACKING_USERNAME/PASSWORD and the server's --artifacts-destination") from None
     return f"{redact(base)}: mlflow {version or '?'}, a run and an artifact written and deleted"
 
 
@@ -126,7 +128,8 @@ def _prefect(args) -> str:
             raise ZhpipeError(f"{base}: refused this machine's requests ({type(e).__name__}: {str(e)[:120]}); "
                               "set PREFECT_API_AUTH_STRING to the server's server.api.auth_string") from None
     if version.split(".")[0] != prefect.__version__.split(".")[0]:
-        raise ZhpipeError(f"{base} runs Prefect {version}, this machine {prefect.__version__}: install the same major version")
+        raise ZhpipeError(f"{base} runs Prefect {version}, this machine {prefect.__version__}: install the same major "
+                          f"version")
     from urllib.parse import urlsplit
 
     from flows.track.tracker import tracking_server
@@ -134,8 +137,10 @@ def _prefect(args) -> str:
     team = tracking_server() is not None  # a team's set-up: others reach this server, or share the machine it runs on
     if open_to_all and (team or urlsplit(base).hostname not in ("127.0.0.1", "localhost", "::1")):
         raise ZhpipeError(f"{base} answers anyone without credentials: anyone who reaches it can start runs with your "
-                          "workers; start it with PREFECT_SERVER_API_AUTH_STRING and give clients PREFECT_API_AUTH_STRING")
-    return (f"{base}: Prefect {version}" + ("; it answers without credentials (loopback only)" if open_to_all else ", asks for credentials"))
+                          "workers; start it with PREFECT_SERVER_API_AUTH_STRING and give clients "
+                          "PREFECT_API_AUTH_STRING")
+    return (f"{base}: Prefect {version}" + ("; it answers without credentials (loopback only)" if open_to_all
+                                            else ", asks for credentials"))
 
 
 def _store(args) -> str:
@@ -157,17 +162,20 @@ def _store(args) -> str:
             probe.write_bytes(b"ok")
             probe.unlink()
     except Exception as e:  # noqa: BLE001 - fsspec backends raise their own errors
-        raise ZhpipeError(f"{store.url}: cannot write, read and delete a file there ({type(e).__name__}: {str(e)[:160]}); "
-                          "check the bucket or folder and its credentials") from None
+        raise ZhpipeError(f"{store.url}: cannot write, read and delete a file there ({type(e).__name__}: "
+                          f"{str(e)[:160]}); check the bucket or folder and its credentials") from None
     t0 = time.perf_counter()
-    with store.lock("_cache", "0" * 16):  # the key lock a build takes, on a key no output has, in the store's shared folder
+    # the key lock a build takes, on a key no output has, in the store's shared folder
+    with store.lock("_cache", "0" * 16):
         pass
     (store.root / "_cache" / f".lock-{'0' * 16}").unlink(missing_ok=True)
-    shared = " (the lock across machines is a Prefect concurrency limit: the Prefect line above)" if store.fs is not None else ""
+    shared = (" (the lock across machines is a Prefect concurrency limit: the Prefect line above)"
+              if store.fs is not None else "")
     return f"{store.url}: writable, its lock works ({(time.perf_counter() - t0) * 1000:.0f} ms){shared}"
 
 
-SERVICES: dict[str, Callable] = {"config": _config, "disk": _disk, "tracking": _tracking, "prefect": _prefect, "store": _store}
+SERVICES: dict[str, Callable] = {"config": _config, "disk": _disk, "tracking": _tracking, "prefect": _prefect,
+                                 "store": _store}
 
 
 def cmd_doctor(args) -> int:
@@ -194,14 +202,15 @@ def preflight() -> None:
     base = tracking_server()
     why = _unanswered(f"{base}/health") if base else None
     if why:
-        raise ZhpipeError(f"the tracking server {redact(base)} does not answer {why}; nothing was built (`zhpipe doctor` checks "
-                          "every service)")
+        raise ZhpipeError(f"the tracking server {redact(base)} does not answer {why}; nothing was built (`zhpipe "
+                          f"doctor` checks every service)")
 
 
 def add_parsers(sub) -> None:
     from flows.cli.common import storage_arg
 
-    doctor = sub.add_parser("doctor", help="check every service a run uses (config, disk, tracking, Prefect, store), one line each")
+    doctor = sub.add_parser("doctor", help="check every service a run uses (config, disk, tracking, Prefect, store), "
+                            "one line each")
     storage_arg(doctor)
     doctor.add_argument("--config", type=Path, help="pipelines file (default: the project's pipelines.yaml)")
     doctor.set_defaults(handler=cmd_doctor, pipeline=None, needs=Needs(server="use"))

@@ -21,8 +21,10 @@ def cmd_runs(args) -> int:
         return 0
     # the run's name holds its pipeline, its overrides and its time: the columns that repeat it are left out here
     shown = df.drop(columns=[c for c in ("pipeline", "overrides", "started") if c in df])
-    if "why" in shown:  # a champion decision's reason runs to 200 characters: its start here, all of it in MLflow's tags
-        shown = shown.assign(why=[w if len(str(w)) <= WHY_CHARS else str(w)[: WHY_CHARS - 1] + "…" for w in shown["why"]])
+    # a champion decision's reason runs to 200 characters: its start here, all of it in MLflow's tags
+    if "why" in shown:
+        shown = shown.assign(why=[w if len(str(w)) <= WHY_CHARS else str(w)[: WHY_CHARS - 1] + "…"
+                                  for w in shown["why"]])
     print_frame(shown, f"zhpipe runs{' ' + args.pipeline if args.pipeline else ''} (newest first)", no_wrap=("name",))
     return 0
 
@@ -32,7 +34,9 @@ def cmd_compare(args) -> int:
 
     if len(args.runs) < 2:
         raise ZhpipeError("compare needs at least two runs")
-    print_frame(compare_table(args.runs, args.all), "zhpipe compare" + ("" if args.all else " (rows that differ, and the headline metrics)"))
+    print_frame(compare_table(args.runs, args.all), "zhpipe compare" + ("" if args.all
+                                                                        else " (rows that differ, and the headline "
+                                                                        "metrics)"))
     return 0
 
 
@@ -50,14 +54,16 @@ def cmd_predict(args) -> int:
         from flows.track.predict import READERS
 
         if args.output.suffix.lower() not in READERS:  # before loading a model and predicting, not after
-            raise ZhpipeError(f"--output {args.output}: unknown file type '{args.output.suffix}' (expected .csv, .tsv, .jsonl or .parquet)")
+            raise ZhpipeError(f"--output {args.output}: unknown file type '{args.output.suffix}' (expected .csv, .tsv, "
+                              f".jsonl or .parquet)")
     df = read_input(args.input, args.text_column) if args.input else pd.DataFrame({"text": args.texts})
     uri = args.model or f"models:/zhpipe-{pipeline_name(args)}@champion"
     from flows.track.tracker import tracking_uri
 
     store = tracking_uri().removeprefix("sqlite:///") if tracking_uri().startswith("sqlite:///") else None
     if uri.startswith("models:/") and store and not Path(store).is_file():  # nothing to load, and nothing to create
-        raise ZhpipeError(f"no models yet: {store} does not exist; run a pipeline first (`zhpipe run`) or pass --model DIR")
+        raise ZhpipeError(f"no models yet: {store} does not exist; run a pipeline first (`zhpipe run`) or pass --model "
+                          f"DIR")
     column = args.text_column if args.input else "text"
     model = load_model(uri)  # fail here, once, with one line
     used = model_version(uri)
@@ -88,7 +94,8 @@ def show_predictions(out, args, model: str) -> None:
 
     statuses = out["pred_status"].value_counts().to_dict()
     shown = shown_as(out)
-    answers = out[[f"{PREFIX}{c}" for c in shown.columns if f"{PREFIX}{c}" in out]].rename(columns=lambda c: c.removeprefix(PREFIX))
+    answers = out[[f"{PREFIX}{c}" for c in shown.columns
+                   if f"{PREFIX}{c}" in out]].rename(columns=lambda c: c.removeprefix(PREFIX))
     if args.output:
         from flows.track.predict import write_table
 
@@ -128,8 +135,8 @@ def cmd_ui(args) -> int:
     from flows.track.ui import AUTH_FILE
 
     if not any(e.name == "zhpipe" for e in entry_points(group="mlflow.app")):
-        raise ZhpipeError("ui: zhpipe's MLflow app is not installed (it asks for the project's credentials and refuses writes); "
-                          "install zhpipe (`pip install -e .` in a checkout) and try again")
+        raise ZhpipeError("ui: zhpipe's MLflow app is not installed (it asks for the project's credentials and refuses "
+                          "writes); install zhpipe (`pip install -e .` in a checkout) and try again")
     if not _port_free(args.host, args.port):
         raise ZhpipeError(f"ui: port {args.port} on {args.host} is already in use (another server answers there); "
                           f"choose another with `zhpipe ui --port N`")
@@ -138,8 +145,8 @@ def cmd_ui(args) -> int:
     auth = private.credentials()
     # MLflow's default of 4 uvicorn workers takes many seconds to answer on a small machine: one per 2 cores, up to 4
     workers = str(max(1, min(4, (os.cpu_count() or 2) // 2)))
-    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", tracking_uri(), "--host", args.host, "--port", str(args.port),
-           "--workers", workers, "--app-name", "zhpipe"]
+    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", tracking_uri(), "--host", args.host,
+           "--port", str(args.port), "--workers", workers, "--app-name", "zhpipe"]
     print(f"starting the MLflow UI on http://{args.host}:{args.port} (store {tracking_uri()}) ...", flush=True)
     # MLflow's job runner serves GenAI jobs (prompt optimisation, scorers) that zhpipe never submits: left on, it starts
     # eight more Python processes (a runner and seven huey consumers) that double the start-up time and the memory
@@ -159,14 +166,14 @@ def cmd_ui(args) -> int:
         while proc.poll() is None and time.monotonic() < deadline and not private.demands(local, auth):
             time.sleep(0.5)
         if proc.poll() is not None:
-            raise ZhpipeError(f"ui: the MLflow server stopped before it served on port {args.port} (exit {proc.returncode}); "
-                              "its lines above say why")
+            raise ZhpipeError(f"ui: the MLflow server stopped before it served on port {args.port} (exit "
+                              f"{proc.returncode}); its lines above say why")
         if not private.demands(local, auth):
             proc.terminate()
             raise ZhpipeError(f"ui: the MLflow server did not answer on port {args.port} within 120 s")
         user, password = auth.split(":", 1)
-        print(f"MLflow UI on {home_url(f'http://{args.host}:{args.port}', True)} (log in as {user}, password {password}; "
-              "Ctrl-C stops it)", flush=True)
+        print(f"MLflow UI on {home_url(f'http://{args.host}:{args.port}', True)} (log in as {user}, password "
+              f"{password}; Ctrl-C stops it)", flush=True)
         return proc.wait()
     except KeyboardInterrupt:
         proc.terminate()
@@ -182,21 +189,27 @@ def add_parsers(sub) -> None:
     runs.add_argument("pipeline", nargs="?", help="one pipeline (default: all)")
     runs.add_argument("--limit", type=int, default=20, help="at most this many runs, newest first (default 20)")
     runs.set_defaults(handler=cmd_runs)
-    compare = sub.add_parser("compare", help="side-by-side table of the parameters and metrics that differ between runs")
+    compare = sub.add_parser("compare", help="side-by-side table of the parameters and metrics that differ between "
+                             "runs")
     compare.add_argument("runs", nargs="+", metavar="RUN", help="run ids or prefixes (as `zhpipe runs` prints them)")
     compare.add_argument("--all", action="store_true", help="every parameter and metric, not only those that differ")
     compare.set_defaults(handler=cmd_compare)
-    predict = sub.add_parser("predict", help="label raw texts with a registered model (default: the pipeline's champion)")
-    predict.add_argument("texts", nargs="*", metavar="TEXT", help="texts to label (raw text, cleaned and segmented as the model's pipeline does)")
+    predict = sub.add_parser("predict", help="label raw texts with a registered model (default: the pipeline's "
+                             "champion)")
+    predict.add_argument("texts", nargs="*", metavar="TEXT",
+                         help="texts to label (raw text, cleaned and segmented as the model's pipeline does)")
     predict.add_argument("--model", help="an MLflow model URI (default models:/zhpipe-<pipeline>@champion)")
     predict.add_argument("--pipeline", help="whose champion to use (default: the first pipeline in pipelines.yaml)")
     predict.add_argument("--input", type=Path, help="a .csv, .tsv, .jsonl or .parquet file of texts")
-    predict.add_argument("--output", type=Path, help="where to write the input rows with label and probabilities (same formats)")
+    predict.add_argument("--output", type=Path, help="where to write the input rows with label and probabilities (same "
+                         "formats)")
     predict.add_argument("--text-column", default="text", help="with --input: the text column (default text)")
     predict.add_argument("--jsonl", action="store_true", help="print one JSON object per text instead of a table")
-    predict.add_argument("--dask", metavar="ADDRESS", help="with --input: predict in chunks on Dask (`local` or a scheduler address)")
+    predict.add_argument("--dask", metavar="ADDRESS", help="with --input: predict in chunks on Dask (`local` or a "
+                         "scheduler address)")
     predict.set_defaults(handler=cmd_predict)
     ui = sub.add_parser("ui", help="start the MLflow UI on the project's tracking store")
     ui.add_argument("--port", type=int, default=5000, help="the port to serve on (default 5000)")
-    ui.add_argument("--host", default="127.0.0.1", help="the address to serve on (default 127.0.0.1: this machine only)")
+    ui.add_argument("--host", default="127.0.0.1", help="the address to serve on (default 127.0.0.1: this machine "
+                    "only)")
     ui.set_defaults(handler=cmd_ui, needs=Needs(space=True))

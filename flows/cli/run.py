@@ -22,17 +22,20 @@ def cmd_run(args) -> int:
     force = None if args.force is None else ([args.force] if args.force else [])
     t0 = time.perf_counter()
     if not os.environ.get("PREFECT_API_URL"):  # no background server (`ZHPIPE_SERVER=temporary`, or it could not start)
-        print("starting a temporary Prefect server for this run (about 20 s; `zhpipe server start` keeps one running)", flush=True)
+        print("starting a temporary Prefect server for this run (about 20 s; `zhpipe server start` keeps one running)",
+              flush=True)
     # what the flow run records in Prefect: URLs redacted (the config already holds the redacted forms)
     with _heartbeats():
-        out = pipeline_flow(config.name, stages=stages, force=force, storage=conceal(args.storage), dask=args.dask, verify=args.verify,
+        out = pipeline_flow(config.name, stages=stages, force=force, storage=conceal(args.storage), dask=args.dask,
+                            verify=args.verify,
                             overrides=[redact_text(o) for o in args.overrides], config_file=explicit_config(args),
                             source=config.source.model_dump(exclude_defaults=True) if args.source else None)
     shown = console()
     shown.print(summary_table(out["stages"], time.perf_counter() - t0, config.name, out.get("units", [])))
     from flows.track.tracker import tracking_server, ui_url
 
-    where = f"see it at {ui_url(out['experiment'], out['parent_run_id'])}" if tracking_server() else "see it with `zhpipe ui`"
+    where = (f"see it at {ui_url(out['experiment'], out['parent_run_id'])}" if tracking_server()
+             else "see it with `zhpipe ui`")
     shown.print(f"MLflow: experiment [bold]{out['experiment']}[/], parent run {out['parent_run_id']}  ({where}; "
                 f"the night's report is its report.html)")
     print_held(config)
@@ -111,10 +114,12 @@ def summary_table(rows: list[dict], wall: float, name: str, units: list[dict] = 
         if partitions:  # a partitioned source: one line for all of a stage's partitions
             built = [u for u in partitions if u["cache"] == "miss"]
             table.add_row(f"  {len(partitions)} partitions", f"{len(partitions) - len(built)} hit, {len(built)} built",
-                          f"{sum(u['seconds'] for u in built):.1f}", str(sum(u["rows"] or 0 for u in built)), "rows built")
+                          f"{sum(u['seconds'] for u in built):.1f}", str(sum(u["rows"] or 0 for u in built)),
+                          "rows built")
         for u in (u for u in units if u["stage"].startswith(r["stage"] + ".")):
             key = _unit_metric(u["metrics"], r["headline"])
-            table.add_row(f"  {u['stage'].partition('.')[2]}", "[green]hit[/]" if u["cache"] == "hit" else "[yellow]miss[/]",
+            table.add_row(f"  {u['stage'].partition('.')[2]}",
+                          "[green]hit[/]" if u["cache"] == "hit" else "[yellow]miss[/]",
                           f"{u['seconds']:.1f}", "", f"{key}={number(u['metrics'][key])}" if key else "")
     return table
 
@@ -124,7 +129,8 @@ def _unit_metric(metrics: dict, headline: str | None) -> str | None:
     model's test F1, BLEU or accuracy), else a validation or test metric it has."""
     preferred = ([headline.removeprefix("best_")] if headline else []) + ["val_macro_f1_best", "test_accuracy",
                                                                          "val_perplexity_best", "test_perplexity"]
-    return next((k for k in preferred if k in metrics), None) or next((k for k in sorted(metrics) if k.startswith(("test_", "val_"))), None)
+    return next((k for k in preferred if k in metrics), None) or next((k for k in sorted(metrics)
+                                                                       if k.startswith(("test_", "val_"))), None)
 
 
 def cmd_status(args) -> int:
@@ -156,7 +162,8 @@ def cmd_status(args) -> int:
             new = [u["stage"].split(":", 1)[1] for u in units if u["state"] != "cached"]
             table.add_row(f"  {len(units)} partitions", f"{len(units) - len(new)} cached, {len(new)} to build", "",
                           str(sum(u["rows"] or 0 for u in units)), "",
-                          ("to build: " + ", ".join(new[:3]) + (f" and {len(new) - 3} more" if len(new) > 3 else "")) if new else "")
+                          ("to build: " + ", ".join(new[:3]) + (f" and {len(new) - 3} more" if len(new) > 3 else ""))
+                          if new else "")
     console().print(table)
     print_held(config)
     return 0
@@ -178,7 +185,8 @@ def cmd_tune(args) -> int:
     from flows.orchestrate.tune import tune
 
     if args.source:
-        raise ZhpipeError("tune: tune on the corpus a pipeline declares (add a pipeline for another corpus to pipelines.yaml)")
+        raise ZhpipeError("tune: tune on the corpus a pipeline declares (add a pipeline for another corpus to "
+                          "pipelines.yaml)")
     if args.trials < 1:
         raise ZhpipeError(f"tune: --trials must be at least 1, got {args.trials}")
     result = tune(pipeline_name(args), args.model, args.trials, args.overrides, args.seed, args.storage)
@@ -206,15 +214,16 @@ def add_parsers(sub) -> None:
     run.add_argument("--verify", action="store_true", help="hash every file of a reused output against its manifest "
                      "(file sizes, and files up to 8 MB, are always checked)")
     run.add_argument("--fail-on", default=os.environ.get("ZHPIPE_FAIL_ON", "held,kept-worse"), metavar="WHAT",
-                     help="exit 4 when the run completed but one of these happened: held (a data check held a partition out), "
-                     "warned (a check warned), kept-worse (the new model is worse than the champion beyond the noise); "
-                     "`none`: exit 0 (default: held,kept-worse, or ZHPIPE_FAIL_ON)")
+                     help="exit 4 when the run completed but one of these happened: held (a data check held a "
+                     "partition out), warned (a check warned), kept-worse (the new model is worse than the champion "
+                     "beyond the noise); `none`: exit 0 (default: held,kept-worse, or ZHPIPE_FAIL_ON)")
     run.set_defaults(handler=cmd_run, needs=replace(BUILDS, warm=True, leaves_warm=True))
     status = sub.add_parser("status", help="show each stage as cached, stale or missing")
     pipeline_args(status)
     storage_arg(status)
     status.set_defaults(handler=cmd_status, needs=Needs(warm=True))
-    tune = sub.add_parser("tune", help="an Optuna study of one model's settings (TPE, pruning, resumable; nested MLflow runs)")
+    tune = sub.add_parser("tune", help="an Optuna study of one model's settings (TPE, pruning, resumable; nested "
+                          "MLflow runs)")
     pipeline_args(tune)
     storage_arg(tune)
     tune.add_argument("--model", required=True, help="the model of train.models to tune")

@@ -43,7 +43,8 @@ def cmd_alerts(args) -> int:
     alerts.check_target(wanted)  # before a server is started for it
     url = require_server()
     names = alerts.setup(wanted)
-    target = redact_webhook(wanted.webhook or wanted.slack) if (wanted.webhook or wanted.slack) else f"block {wanted.block}"
+    target = redact_webhook(wanted.webhook or wanted.slack) if (wanted.webhook
+                                                                or wanted.slack) else f"block {wanted.block}"
     out = console()
     out.print(f"{len(names)} Prefect automations on {url} send zhpipe's events to {target}:")
     for name in names:
@@ -52,12 +53,14 @@ def cmd_alerts(args) -> int:
         from flows.plan.config import load_pipeline
 
         first = load_pipeline(pipeline_name(args))
-        sent = alerts.emit("zhpipe.alerts.test", first, {"message": f"zhpipe alerts --test: {first.name} can reach you"})
+        sent = alerts.emit("zhpipe.alerts.test", first, {"message": f"zhpipe alerts --test: {first.name} can reach "
+                                                         f"you"})
         alerts.flush()
         if sent is None:
             raise ZhpipeError(f"alerts --test: the test event could not be sent to the Prefect server at {url}")
         out.print(f"sent a zhpipe.alerts.test event; waiting for its delivery to {target} ...")
-        ok, why = alerts.delivery(names["zhpipe: zhpipe.alerts.test"], str(sent.id), wanted.timeout_s + 30, wanted.webhook or wanted.slack)
+        ok, why = alerts.delivery(names["zhpipe: zhpipe.alerts.test"], str(sent.id), wanted.timeout_s + 30,
+                                  wanted.webhook or wanted.slack)
         if not ok:
             raise ZhpipeError(f"alerts --test: the test alert was not delivered to {target}: {why}")
         out.print(f"delivered: {target} accepted the test alert")
@@ -87,17 +90,21 @@ def cmd_worker(args) -> int:
 def add_parsers(sub) -> None:
     from pathlib import Path
 
-    deploy = sub.add_parser("deploy", help="create or update Prefect deployments (schedules, work pools) from pipelines.yaml")
-    deploy.add_argument("pipelines", nargs="*", metavar="PIPELINE", help="pipelines to deploy (default: every one in the file)")
+    deploy = sub.add_parser("deploy", help="create or update Prefect deployments (schedules, work pools) from "
+                            "pipelines.yaml")
+    deploy.add_argument("pipelines", nargs="*", metavar="PIPELINE",
+                        help="pipelines to deploy (default: every one in the file)")
     deploy.add_argument("--config", type=Path, help="pipelines file (default: the project's pipelines.yaml)")
     deploy.set_defaults(handler=cmd_deploy, needs=Needs(space=True, server="use", prefect=True))
-    alerts = sub.add_parser("alerts", help="Prefect automations that send zhpipe's events (checks, held partitions, champion, "
-                            "failed runs) to the `alerts:` target of pipelines.yaml (needs a running server)")
+    alerts = sub.add_parser("alerts", help="Prefect automations that send zhpipe's events (checks, held partitions, "
+                            "champion, failed runs) to the `alerts:` target of pipelines.yaml (needs a running server)")
     alerts.add_argument("--config", type=Path, help="pipelines file (default: the project's pipelines.yaml)")
     alerts.add_argument("--test", action="store_true", help="then send a test event through them")
     alerts.set_defaults(handler=cmd_alerts, pipeline=None, needs=Needs(space=True, server="start"))
-    serve = sub.add_parser("serve", help="run the scheduled pipelines from this process (no work pool or worker needed)")
-    serve.add_argument("pipelines", nargs="*", metavar="PIPELINE", help="pipelines to serve (default: those with a schedule)")
+    serve = sub.add_parser("serve", help="run the scheduled pipelines from this process (no work pool or worker "
+                           "needed)")
+    serve.add_argument("pipelines", nargs="*", metavar="PIPELINE",
+                       help="pipelines to serve (default: those with a schedule)")
     serve.add_argument("--config", type=Path, help="pipelines file (default: the project's pipelines.yaml)")
     serve.set_defaults(handler=cmd_serve, needs=Needs(space=True, server="use", prefect=True))
     worker = sub.add_parser("worker", help="start a Prefect process worker on a work pool (runs deployed pipelines)")

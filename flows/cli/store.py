@@ -60,19 +60,23 @@ def cmd_gc(args) -> int:
     configs = [load_pipeline(name, file) for name in list_pipelines(file)]
     from flows.plan.store import unit_folder
 
-    keep = {(unit_folder(unit), key) for config in configs for unit, key in plan_keys(config, registry=_registry(revision)).items()}
+    keep = {(unit_folder(unit), key) for config in configs for unit,
+            key in plan_keys(config, registry=_registry(revision)).items()}
     sources = tuple(path for config in configs for path in _source_paths(config))
     records = source_run_records()
     for name in args.forget:
         if name not in records:
-            raise ZhpipeError(f"gc --forget {name}: no run on another corpus of that name (kept: {', '.join(records) or 'none'})")
+            raise ZhpipeError(f"gc --forget {name}: no run on another corpus of that name (kept: "
+                              f"{', '.join(records) or 'none'})")
         if not args.dry_run:
             source_run_record(name).unlink()
         del records[name]
     for name, record in records.items():  # runs on other corpora (`--source`): kept until forgotten
         keep |= {(unit_folder(unit), key) for unit, key in record.get("keys", {}).items()}
-        sources += tuple(p for p in [resolve_local(str(record["source"]))] if p is not None) if record.get("source") else ()
-        print(f"keeping what `{name}` built (zhpipe run --source {record.get('source')}); `zhpipe gc --forget {shlex.quote(name)}` releases it")
+        sources += tuple(p for p in [resolve_local(str(record["source"]))]
+                         if p is not None) if record.get("source") else ()
+        print(f"keeping what `{name}` built (zhpipe run --source {record.get('source')}); `zhpipe gc --forget "
+              f"{shlex.quote(name)}` releases it")
     store = store_of(args)
     kept: list[dict] = []
     if store.fs is not None:  # a shared store: the bucket itself, with every machine's leases and records of use
@@ -82,9 +86,11 @@ def cmd_gc(args) -> int:
         live = [r for r in records if r["live"]]
         removed = collect_remote(store, keep, args.dry_run, args.keep_days * 86400, began, kept, records)
     else:
-        with leases.gc_lock(store, what=f"gc: a run is starting on {store.url}; waiting for it to record what it holds"):
+        with leases.gc_lock(store, what=f"gc: a run is starting on {store.url}; waiting for it to record what it "
+                            f"holds"):
             live = leases.live(store)
-            removed = collect_garbage(store, keep, dry_run=args.dry_run, protect=(project.current().root / "data" / "raw", *sources),
+            removed = collect_garbage(store, keep, dry_run=args.dry_run,
+                                      protect=(project.current().root / "data" / "raw", *sources),
                                       live=live, since=began, kept=kept)
     for item in removed:
         print(f"{'would remove' if args.dry_run else 'removed'} {item['path']} ({item['mb']:.1f} MB, {item['why']})")
@@ -92,7 +98,8 @@ def cmd_gc(args) -> int:
         print(f"kept {item['path']}: {item['why']}")
     total = sum(i["mb"] for i in removed)
     print(f"{len(removed)} items, {total:.1f} MB {'would be freed' if args.dry_run else 'freed'} in {store.url}"
-          + (f"; {len(kept)} kept for {len(live)} live run{'s' if len(live) != 1 else ''} (run gc again when they end)" if kept else ""))
+          + (f"; {len(kept)} kept for {len(live)} live run{'s' if len(live) != 1 else ''} (run gc again when they end)"
+             if kept else ""))
     return 0
 
 
@@ -104,7 +111,8 @@ def cmd_accept(args) -> int:
     _partition_first(args)
     config = load(args)
     names = held.accept(config.identity, args.partitions, every=args.all)
-    print(f"accepted {', '.join(names)}: the next `zhpipe run {shlex.quote(config.name)}` builds {'them' if len(names) > 1 else 'it'} into the corpus")
+    print(f"accepted {', '.join(names)}: the next `zhpipe run {shlex.quote(config.name)}` builds "
+          f"{'them' if len(names) > 1 else 'it'} into the corpus")
     return 0
 
 
@@ -130,11 +138,12 @@ def cmd_hold(args) -> int:
 
     config = load(args)
     if not config.source.partitioned:
-        raise ZhpipeError(f"hold: pipeline {config.name}'s source has no partitions (a folder, a glob or a nightly export has)")
+        raise ZhpipeError(f"hold: pipeline {config.name}'s source has no partitions (a folder, a glob or a nightly "
+                          f"export has)")
     names = held.hold(config.identity, {p.name: p.fingerprint() for p in partitions(config)}, args.partitions)
     quoted = " ".join(shlex.quote(n) for n in names)
-    print(f"held out {', '.join(names)}: the next `zhpipe run {shlex.quote(config.name)}` builds the corpus and every split "
-          f"without {'them' if len(names) > 1 else 'it'} (the rows stay in the store); put back with "
+    print(f"held out {', '.join(names)}: the next `zhpipe run {shlex.quote(config.name)}` builds the corpus and every "
+          f"split without {'them' if len(names) > 1 else 'it'} (the rows stay in the store); put back with "
           f"`zhpipe accept {shlex.quote(config.name)} {quoted}`")
     return 0
 
@@ -142,7 +151,8 @@ def cmd_hold(args) -> int:
 def add_parsers(sub) -> None:
     from flows.cli.common import storage_arg
 
-    verify = sub.add_parser("verify", help="check every output in the stage store against its manifest (sizes and sha256)")
+    verify = sub.add_parser("verify", help="check every output in the stage store against its manifest (sizes and "
+                            "sha256)")
     storage_arg(verify)
     verify.set_defaults(handler=cmd_verify)
     gc = sub.add_parser("gc", help="remove outputs no pipeline in pipelines.yaml uses, and leftovers of killed builds")
@@ -155,12 +165,16 @@ def add_parsers(sub) -> None:
     gc.set_defaults(handler=cmd_gc)
     from flows.cli.common import pipeline_args
 
-    accept = sub.add_parser("accept", help="put a partition (or a corpus) a blocking data check held out back into the corpus")
+    accept = sub.add_parser("accept", help="put a partition (or a corpus) a blocking data check held out back into the "
+                            "corpus")
     pipeline_args(accept)
-    accept.add_argument("partitions", nargs="*", metavar="PARTITION", help="held partitions, as `zhpipe status` names them")
-    accept.add_argument("--all", action="store_true", help="every held partition (or the held corpus of a source without partitions)")
+    accept.add_argument("partitions", nargs="*", metavar="PARTITION",
+                        help="held partitions, as `zhpipe status` names them")
+    accept.add_argument("--all", action="store_true", help="every held partition (or the held corpus of a source "
+                        "without partitions)")
     accept.set_defaults(handler=cmd_accept, needs=Needs(space=True))
-    hold = sub.add_parser("hold", help="take a partition that passed the data checks out of the corpus (accept's inverse)")
+    hold = sub.add_parser("hold", help="take a partition that passed the data checks out of the corpus (accept's "
+                          "inverse)")
     pipeline_args(hold)
     hold.add_argument("partitions", nargs="+", metavar="PARTITION", help="partitions, as `zhpipe status` names them")
     hold.set_defaults(handler=cmd_hold, needs=Needs(space=True))

@@ -41,7 +41,8 @@ class DaskRunner(Runner):
         runner = DaskTaskRunner(address=address)
         run_chunk = _dask_task()
         with runner:
-            log.info("%s: %d chunks on Dask (%s), reading %s", fn.__name__, len(chunks), self.executor, chunks[0].src if chunks else "-")
+            log.info("%s: %d chunks on Dask (%s), reading %s", fn.__name__, len(chunks), self.executor,
+                     chunks[0].src if chunks else "-")
             yield from windowed(lambda c: runner.submit(run_chunk, parameters={"fn": fn, "chunk": c, "params": params}),
                                 lambda f: f.result(), chunks, 2 * self.workers)
 

@@ -70,7 +70,8 @@ def require_server() -> str:
     url = PREFECT_API_URL.value()
     if not url:
         raise ZhpipeError(
-            "no Prefect server: start this project's with `zhpipe server start`, or set PREFECT_API_URL to another one's"
+            "no Prefect server: start this project's with `zhpipe server start`, or set PREFECT_API_URL to another "
+            "one's"
         )
     return url
 
@@ -87,7 +88,8 @@ def ensure_work_pool(client, name: str) -> bool:
         pool = None
     if pool is not None:
         if pool.type != "process":
-            raise ZhpipeError(f"work pool {name!r} is of type {pool.type!r}; zhpipe deploys to process pools (name another pool)")
+            raise ZhpipeError(f"work pool {name!r} is of type {pool.type!r}; zhpipe deploys to process pools (name "
+                              f"another pool)")
         if pool.base_job_template != job_template():
             client.update_work_pool(name, WorkPoolUpdate(base_job_template=job_template()))
         return False
@@ -120,7 +122,8 @@ def deploy(configs: list[PipelineConfig], config_file: str | None = None) -> lis
         for config in configs:
             pools = [config.work_pool] + ([config.stages.train.work_pool] if config.stages.train.work_pool else [])
             created = [p for p in dict.fromkeys(pools) if ensure_work_pool(client, p)]
-            main = pipeline_flow.to_deployment(name=config.name, schedules=schedules(config), parameters=flow_parameters(config, config_file),
+            main = pipeline_flow.to_deployment(name=config.name, schedules=schedules(config),
+                                               parameters=flow_parameters(config, config_file),
                                                description=config.description or None, tags=["zhpipe"], **common)
             (deployment_id,) = deploy_all(main, work_pool_name=config.work_pool, **quiet)
             training = config.kind.training
@@ -137,8 +140,8 @@ def deploy(configs: list[PipelineConfig], config_file: str | None = None) -> lis
                     stale = client.read_deployment_by_name(train_deployment(config.name))
                     client.delete_deployment(stale.id)
             rows.append({"pipeline": config.name, "deployment": f"zhpipe/{config.name}", "id": str(deployment_id),
-                         "work_pool": config.work_pool, "train_pool": train_pool or "", "schedule": describe_schedule(config),
-                         "pools_created": created})
+                         "work_pool": config.work_pool, "train_pool": train_pool or "",
+                         "schedule": describe_schedule(config), "pools_created": created})
     return rows
 
 
@@ -157,7 +160,8 @@ def serve(configs: list[PipelineConfig], config_file: str | None = None) -> None
     from flows.orchestrate.pipeline import pipeline_flow
 
     deployments = [
-        pipeline_flow.to_deployment(name=config.name, schedules=schedules(config), parameters=flow_parameters(config, config_file),
+        pipeline_flow.to_deployment(name=config.name, schedules=schedules(config),
+                                    parameters=flow_parameters(config, config_file),
                                     description=config.description or None, tags=["zhpipe", "served"])
         for config in configs
     ]

@@ -1,4 +1,5 @@
-"""Stage execution: build or reuse each unit of a run (its keys planned by flows/plan/keys.py) and track it in MLflow."""
+"""Stage execution: build or reuse each unit of a run (its keys planned by flows/plan/keys.py) and track it in
+MLflow."""
 from __future__ import annotations
 
 import contextlib
@@ -77,7 +78,8 @@ class RunContext:
     experiment: str
     parent_run_id: str | None
     force: set[str] = field(default_factory=set)
-    executor: str | None = None  # chunked work: None = local processes, "local" = a local Dask cluster, else its address
+    # chunked work: None = local processes, "local" = a local Dask cluster, else its address
+    executor: str | None = None
     causes: dict[str, dict[str, Any]] = field(default_factory=dict)  # per stage, what its key hashed
     verify: bool = False  # hash every file of a reused output, not only the small ones
     origin: Origin | None = None  # the source as the keys were planned (the download re-checks against it)
@@ -92,7 +94,8 @@ class RunContext:
         key = self.keys[stage]
         if not self.store.is_done(stage, key):
             raise ZhpipeError(
-                f"stage '{stage}' has no cached output for this config (key {key}); run it first, e.g. `zhpipe run --to {stage}`"
+                f"stage '{stage}' has no cached output for this config (key {key}); run it first, e.g. `zhpipe run "
+                f"--to {stage}`"
             )
         if not self._sound(stage, key):
             raise ZhpipeError(f"stage '{stage}': its cached output {key} failed verification and was removed; "
@@ -123,7 +126,8 @@ class RunContext:
         return not problems
 
     def run(self, unit: Unit | str, inputs: dict[str, StageResult], build: Callable[[BuildContext], BuildOutput],
-            tracker: Tracker | None = None, run_name: str | None = None, tags: dict[str, str] | None = None) -> StageResult:
+            tracker: Tracker | None = None, run_name: str | None = None,
+            tags: dict[str, str] | None = None) -> StageResult:
         """Reuse the unit's output when its key is in the store (and sound), else build it atomically; track
         either way. `stage` is a stage or a model unit (`train.textcnn`, `evaluate.textcnn`). By default each
         gets an MLflow run of its own under the parent; `tracker` logs into an existing run instead (left
@@ -139,7 +143,8 @@ class RunContext:
             if own:  # a reused output's run is written in three calls: created with its tags, logged, finished
                 link = self._link(stage, manifest, experiment_id(self.experiment)) if hit else {}
                 tracker = Tracker.start(self.experiment, run_name or stage, parent=self.parent_run_id,
-                                        tags={"zhpipe.stage": stage, "zhpipe.key": key, **cache, **(tags or {}), **link})
+                                        tags={"zhpipe.stage": stage, "zhpipe.key": key, **cache, **(tags or {}),
+                                              **link})
             elif hit:
                 tracker.tags(self._link(stage, manifest, experiment_id(self.experiment)))  # known: no lookup of the run
             try:
@@ -148,8 +153,10 @@ class RunContext:
                 else:
                     manifest = self._build(stage, key, inputs, tracker, build)
                 prefix = "" if own else f"{stage.stage}_"  # a model run holds its train and evaluate units
-                metrics = {**manifest.metrics, f"{prefix}rows": manifest.rows or 0, f"{prefix}seconds": manifest.seconds}
-                tracker.log(flatten(unit_params(self.config, stage)) if own else {}, metrics)  # params and metrics in one write
+                metrics = {**manifest.metrics, f"{prefix}rows": manifest.rows or 0,
+                           f"{prefix}seconds": manifest.seconds}
+                # params and metrics in one write
+                tracker.log(flatten(unit_params(self.config, stage)) if own else {}, metrics)
             except BaseException:
                 if own:
                     with contextlib.suppress(Exception):  # a failed build's run still says what it was asked to build
@@ -196,12 +203,14 @@ class RunContext:
         names, i = self.partition_names(), 0
         while i < len(names):
             name = names[i]
-            inputs = {d: upstream[d].parts.get(partition_unit(d, name)) or self.reuse(partition_unit(d, name)) for d in spec.needs}
+            inputs = {d: upstream[d].parts.get(partition_unit(d, name)) or self.reuse(partition_unit(d, name))
+                      for d in spec.needs}
             if spec.cumulative:
                 inputs |= dict(parts)
             unit = partition_unit(spec.name, name)
             result = self.run_partition(unit, inputs, getattr(spec.module, spec.part_build))
-            if spec.checked and self.gate is not None and self.gate.part(name, self._digest(name), result, list(parts.values())):
+            if spec.checked and self.gate is not None and self.gate.part(name, self._digest(name), result,
+                                                                         list(parts.values())):
                 self.replan()  # held out: the partitions after it are planned (and built) without it
                 names = self.partition_names()
                 continue
@@ -211,10 +220,12 @@ class RunContext:
         log.info("%s: %d partitions, %d cached, %d built", spec.name, len(parts), len(parts) - built, built)
         result = self.run(spec.name, parts, getattr(spec.module, spec.gather) if spec.gather else gather.build)
         result.parts = parts
-        result.seconds = round(result.seconds + sum(r.seconds for r in parts.values()), 3)  # the stage's time, partitions included
+        # the stage's time, partitions included
+        result.seconds = round(result.seconds + sum(r.seconds for r in parts.values()), 3)
         return result
 
-    def run_partition(self, unit: Unit, inputs: dict[str, StageResult], build: Callable[[BuildContext], BuildOutput]) -> StageResult:
+    def run_partition(self, unit: Unit, inputs: dict[str, StageResult],
+                      build: Callable[[BuildContext], BuildOutput]) -> StageResult:
         """A partition unit: reused when cached (no MLflow run: a night reuses most of them), else built and
         tracked in a run of its own under the parent."""
         key = self.keys[unit]
@@ -265,7 +276,8 @@ class RunContext:
         )
         try:
             training = self.config.kind.training
-            with system_metrics(tracker.run_id, enabled=bool(stage.model) and training is not None and stage.stage == training.name):
+            with system_metrics(tracker.run_id, enabled=bool(stage.model) and training is not None
+                                and stage.stage == training.name):
                 out = build(ctx)
             manifest = Manifest(
                 stage=stage,
@@ -282,7 +294,8 @@ class RunContext:
             )
             final = self.store.publish(tmp, manifest)
         except BaseException as e:
-            shutil.rmtree(tmp, ignore_errors=True)  # a failed build leaves no half-written folder (the scratch stays, to resume)
+            # a failed build leaves no half-written folder (the scratch stays, to resume)
+            shutil.rmtree(tmp, ignore_errors=True)
             with contextlib.suppress(OSError):
                 scratch.rmdir()  # unless it holds nothing to resume from
             if is_disk_full(e):
@@ -307,7 +320,8 @@ class RunContext:
 
 def is_disk_full(error: BaseException) -> bool:
     """Whether `error` is a write that found no space (pyarrow's and others' wrappers included)."""
-    return isinstance(error, OSError) and (error.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left on device" in str(error))
+    return isinstance(error, OSError) and (error.errno in (errno.ENOSPC, errno.EDQUOT)
+                                           or "No space left on device" in str(error))
 
 
 def disk_full(stage: str, error: OSError, root: Path) -> ZhpipeError:
@@ -316,8 +330,9 @@ def disk_full(stage: str, error: OSError, root: Path) -> ZhpipeError:
         free = f"{shutil.disk_usage(root).free / 2**20:.1f} MB free"
     except OSError:
         free = "free space unknown"
-    return ZhpipeError(f"{stage}: the disk is full writing {error.filename or 'to ' + str(root)} ({free} on the file system of {root}); "
-                       "free space there, or choose another store with --storage or ZHPIPE_STORAGE, and run again")
+    return ZhpipeError(f"{stage}: the disk is full writing {error.filename or 'to ' + str(root)} ({free} on the file "
+                       f"system of {root}); free space there, or choose another store with --storage or "
+                       f"ZHPIPE_STORAGE, and run again")
 
 
 @contextlib.contextmanager

@@ -49,7 +49,8 @@ class Gate:
         check fails and it was not accepted as it is, and report it; the record is read and written once."""
         night = sample_of(result)
         known = held.load(self.config.identity)["judged"].get(result.key)
-        verdicts = checks.from_json(known["verdicts"]) if known is not None else checks.judge(night, reference, self.config.checks)
+        verdicts = (checks.from_json(known["verdicts"]) if known is not None
+                    else checks.judge(night, reference, self.config.checks))
         blocked = [v for v in verdicts if v.blocks]
         # read, decided and written under the record's lock: an `accept` made meanwhile is seen here and kept
         with held.changing(self.config.identity) as record:
@@ -86,7 +87,8 @@ class Gate:
         if judged.held:
             first = next(v for v in judged.verdicts if v.blocks)
             raise ZhpipeError(f"{first.line('the corpus')}; the run stops before training (accept it as it is with "
-                              f"`zhpipe accept {shlex.quote(self.config.name)} --all`, or set checks.{first.check}.severity: warn)")
+                              f"`zhpipe accept {shlex.quote(self.config.name)} --all`, or set "
+                              f"checks.{first.check}.severity: warn)")
         _save_reference(self.config, result)
 
     def _report(self, judged: Judged) -> None:
@@ -99,14 +101,16 @@ class Gate:
         if judged.held:
             first = next(v for v in judged.verdicts if v.blocks)
             log.warning("%s held out of the corpus by check %s (its rows stay in the store; put it back with "
-                        "`zhpipe accept %s %s`)", judged.name, first.check, shlex.quote(self.config.name), shlex.quote(judged.name))
+                        "`zhpipe accept %s %s`)", judged.name, first.check, shlex.quote(self.config.name),
+                        shlex.quote(judged.name))
         if judged.fresh and any(v.passed is False for v in judged.verdicts):
             failed = [v for v in judged.verdicts if v.passed is False]
             lines = "; ".join(v.line(judged.name) for v in failed)
             # two lines: what happened, then what to do (and where the night's report is)
             see = f"; the night's report: {self.report}" if self.report else ""
-            message = (f"{self.config.identity}: {judged.name} held out of the corpus ({lines})\nlook at the file; if it is right, "
-                       f"put it back with `zhpipe accept {shlex.quote(self.config.name)} {shlex.quote(judged.name)}`{see}"
+            message = (f"{self.config.identity}: {judged.name} held out of the corpus ({lines})\nlook at the file; if "
+                       f"it is right, put it back with `zhpipe accept {shlex.quote(self.config.name)} "
+                       f"{shlex.quote(judged.name)}`{see}"
                        if judged.held else f"{self.config.identity}: {lines}\nthe partition joined the corpus{see}")
             emit("zhpipe.partition.held" if judged.held else "zhpipe.check.failed", self.config,
                  {"partition": judged.name, "failed": checks.to_json(failed), "held": judged.held, "message": message})
@@ -125,8 +129,8 @@ class Gate:
 
     def rows(self) -> list[dict]:
         """The checks table: a row per partition judged in this run and check."""
-        return [{"partition": j.name, "check": v.check, "severity": v.severity, "figure": v.figure, "threshold": v.threshold,
-                 "result": {True: "passed", None: "not judged", False: "failed"}[v.passed]
+        return [{"partition": j.name, "check": v.check, "severity": v.severity, "figure": v.figure,
+                 "threshold": v.threshold, "result": {True: "passed", None: "not judged", False: "failed"}[v.passed]
                  + (" (held out)" if j.held and v.blocks else " (accepted)" if j.accepted and v.blocks else ""),
                  "note": v.note} for j in self.fresh for v in j.verdicts]
 

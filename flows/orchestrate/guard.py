@@ -7,9 +7,9 @@ only the pipeline's own file decides what is safe. A run of a deployment may cha
 - `stages`, `force` and `verify`, and (for the train flow) the MLflow parent run id.
 
 Everything that chooses where data comes from or goes to (`source`, `storage`, `dask`, `config_file`,
-`project_dir`, `pipeline`) is fixed by the deployment (the train flow on a worker with ZHPIPE_PROJECT runs in that folder,
-whatever `project_dir` says). The train flow's `source_fingerprint` only names keys, which are content addresses: a wrong one
-finds no inputs in the store. What is allowed is read from the worker's own
+`project_dir`, `pipeline`) is fixed by the deployment (the train flow on a worker with ZHPIPE_PROJECT runs in that
+folder, whatever `project_dir` says). The train flow's `source_fingerprint` only names keys, which are content
+addresses: a wrong one finds no inputs in the store. What is allowed is read from the worker's own
 pipelines.yaml, never from values the Prefect server holds (a PATCHed deployment cannot widen it). Runs
 outside a deployment (the CLI, the Python API) are the user's own and are not checked.
 """
@@ -84,7 +84,8 @@ def check_run(params: dict[str, Any], defaults: dict[str, Any] | None = None) ->
 
 
 def _refuse(refused: list[str]) -> None:
-    raise ConfigError(f"deployment run refused: it may not set {', '.join(refused)} (a deployment runs what pipelines.yaml "
+    raise ConfigError(f"deployment run refused: it may not set {', '.join(refused)} (a deployment runs what "
+                      f"pipelines.yaml "
                           "declares; allow overrides with `parameters.allow_overrides` in the pipeline)")
 
 
@@ -106,7 +107,8 @@ def refused_overrides(params: dict[str, Any], defaults: dict[str, Any]) -> list[
     allowed = defaults.get("allow_overrides")
     if allowed is None:
         file = defaults.get("config_file") or project.config_file
-        allowed = load_pipeline(defaults.get("pipeline") or params.get("pipeline"), file, own).parameters.allow_overrides
+        allowed = load_pipeline(defaults.get("pipeline") or params.get("pipeline"), file,
+                                own).parameters.allow_overrides
     root = project.root.resolve()
     out = []
     for assignment in extra:

@@ -41,7 +41,9 @@ def run_model_stage(run: RunContext, spec: Stage, upstream: dict[str, StageResul
         if comparison.is_file():
             from prefect.artifacts import create_markdown_artifact
 
-            create_markdown_artifact(markdown=f"# {run.config.name}: model comparison (test split)\n\n" + comparison.read_text(encoding="utf-8"),
+            markdown = (f"# {run.config.name}: model comparison (test split)\n\n"
+                        + comparison.read_text(encoding="utf-8"))
+            create_markdown_artifact(markdown=markdown,
                                      key=artifact_key(run.config.name, "comparison"), description=f"zhpipe {spec.name}")
     return result
 
@@ -56,12 +58,14 @@ def model_unit_run(run: RunContext, spec: Stage, name: str, upstream: dict[str, 
         inputs[stage] = upstream[stage].parts.get(model_unit(stage, name)) if stage in upstream else None
         inputs[stage] = inputs[stage] or run.reuse(model_unit(stage, name))
     if spec.models.trains:
-        inputs |= {model_unit(spec.name, m): (built or {})[model_unit(spec.name, m)] for m in members_of(run.config, name)}
+        inputs |= {model_unit(spec.name, m): (built or {})[model_unit(spec.name, m)]
+                   for m in members_of(run.config, name)}
     elif tracker is None:
-        tracker = Tracker(next((inputs[s].run_id for s in spec.models.reads if inputs[s].run_id), None) or _model_run(run, name))
+        tracker = Tracker(next((inputs[s].run_id for s in spec.models.reads if inputs[s].run_id), None)
+                          or _model_run(run, name))
     build = spec.module.build_model
-    result = run.run(model_unit(spec.name, name), inputs, lambda ctx: build(ctx, name), run_name=model_run_name(run, name),
-                     tags={"zhpipe.model": name}, tracker=tracker)
+    result = run.run(model_unit(spec.name, name), inputs, lambda ctx: build(ctx, name),
+                     run_name=model_run_name(run, name), tags={"zhpipe.model": name}, tracker=tracker)
     if spec.models.trains:
         _track_training(run, result, name)
     return result
@@ -92,7 +96,8 @@ def _track_training(run: RunContext, result: StageResult, name: str) -> None:
     summary = result.facts.summary
     # a model built now logged its curves live, epoch by epoch (the run's sink); a reused one's run gets them here
     if result.cache == "hit":  # in one write (bert's masked-LM pretraining curves too)
-        tracker.curves([({k: v for k, v in row.items() if k != "epoch"}, row["epoch"]) for row in summary.get("history", [])] +
+        tracker.curves([({k: v for k, v in row.items() if k != "epoch"}, row["epoch"])
+                        for row in summary.get("history", [])] +
                        [({f"mlm_{k}": v for k, v in row.items() if k != "epoch"}, row["epoch"])
                         for row in summary.get("pretrain_history", [])])
     facts = {k: summary[k] for k in ("parameters", "best_epoch", "resumed_from_epoch") if k in summary}
@@ -102,7 +107,8 @@ def _track_training(run: RunContext, result: StageResult, name: str) -> None:
         source = run.store.manifest(result.stage, result.key).mlflow_run_id
         # the run that logged it may be in another tracking store (this one moved aside or new): then it is logged
         # again when it is registered
-        uri = tracker.client.get_run(source).data.tags.get("zhpipe.model_uri") if source in Tracker.existing({source or ""}) else None
+        uri = (tracker.client.get_run(source).data.tags.get("zhpipe.model_uri")
+               if source in Tracker.existing({source or ""}) else None)
         if uri:
             tracker.tags({"zhpipe.model_uri": uri})
         return
@@ -122,7 +128,8 @@ def _log_model(run: RunContext, run_id: str, name: str, folder: Path, labels: li
 
 def _model_run(run: RunContext, name: str) -> str:
     """A model run for a model whose training was reused outside this run's train stage (--from evaluate)."""
-    return Tracker.start(run.experiment, model_run_name(run, name), parent=run.parent_run_id, tags={"zhpipe.model": name, "zhpipe.cache": "hit"}).run_id
+    return Tracker.start(run.experiment, model_run_name(run, name), parent=run.parent_run_id,
+                         tags={"zhpipe.model": name, "zhpipe.cache": "hit"}).run_id
 
 
 def register(run: RunContext, evaluation: StageResult, segment: StageResult, model_runs: dict[str, str]) -> None:
@@ -137,7 +144,8 @@ def register(run: RunContext, evaluation: StageResult, segment: StageResult, mod
 
     decision = register_best(
         uri, model_runs[best], run.config.identity, best, Rows(segment.path / "test.parquet"), metric,
-        evaluation.facts.results[best][f"test_{metric}"], model_key=run.keys[model_unit(run.config.kind.training.name, best)],
+        evaluation.facts.results[best][f"test_{metric}"], model_key=run.keys[model_unit(run.config.kind.training.name,
+                                                                                        best)],
         rescore=lambda model_uri, test: served_outcomes(model_uri, test, metric),
         rule=run.config.section(run.config.kind.selection.name).champion,
     )
@@ -149,9 +157,11 @@ def register(run: RunContext, evaluation: StageResult, segment: StageResult, mod
     if decision.champion_score is not None:
         scores[f"champion_test_{metric}"] = decision.champion_score
     parent.metrics(scores)
-    if not decision.settled and (decision.champion or not decision.holds):  # promoted, or kept out now (a reread decision is no news)
+    # promoted, or kept out now (a reread decision is no news)
+    if not decision.settled and (decision.champion or not decision.holds):
         from flows.track.alerts import emit
 
         emit("zhpipe.champion.promoted" if decision.champion else "zhpipe.champion.kept", run.config,
-             {"message": f"{run.config.identity}: version {decision.version} ({best}): {decision.reason}", "version": decision.version,
+             {"message": f"{run.config.identity}: version {decision.version} ({best}): {decision.reason}",
+              "version": decision.version,
               "model": best, "score": decision.score, "champion_score": decision.champion_score})

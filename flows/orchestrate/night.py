@@ -27,8 +27,10 @@ def arrived(run: RunContext, results: dict[str, StageResult]) -> list[dict]:
     units = result.parts.values() if result.parts else [result]
     rows = []
     for unit in units:
-        metrics = {k: int(v) for k, v in unit.metrics.items() if k.startswith(("rows_", "dropped_")) and isinstance(v, int | float)}
-        rows.append({"partition": unit.stage.part or "(corpus)", "cache": "built" if unit.cache == "miss" else "reused", **metrics})
+        metrics = {k: int(v) for k, v in unit.metrics.items() if k.startswith(("rows_", "dropped_"))
+                   and isinstance(v, int | float)}
+        rows.append({"partition": unit.stage.part or "(corpus)", "cache": "built" if unit.cache == "miss" else "reused",
+                     **metrics})
     for judged in [j for j in run.gate.judged if j.held] if run.gate else ():
         rows.append({"partition": judged.name, "cache": "held out", "rows_in": judged.rows_in})
     return rows
@@ -55,13 +57,16 @@ def _record(run: RunContext, results: dict[str, StageResult], ok: bool, error: s
             parent.metrics({f"check_{v.check}": v.figure for v in judged.verdicts if v.figure is not None}, step=step)
         parent.table(pd.DataFrame(rows), "checks.json")
         parent.tags({"zhpipe.checks": gate.summary()})
-    judged = sorted((j for j in (gate.fresh if gate else []) if j.night is not None), key=lambda j: not j.held)[:PLOTTED]
+    judged = sorted((j for j in (gate.fresh if gate else []) if j.night is not None),
+                    key=lambda j: not j.held)[:PLOTTED]
     plots = night_plots(judged)
     tags = parent.client.get_run(run.parent_run_id).data.tags
-    champion = {k: v for k, v in tags.items() if k in ("zhpipe.champion", "zhpipe.champion_reason", "zhpipe.registered")}
+    champion = {k: v for k, v in tags.items() if k in ("zhpipe.champion", "zhpipe.champion_reason",
+                                                       "zhpipe.registered")}
     if error:
         champion["error"] = error
-    page = report.render(run.title or run.config.name, ok, arrived(run, results), rows, plots, champion, headline(run, results))
+    page = report.render(run.title or run.config.name, ok, arrived(run, results), rows, plots, champion,
+                         headline(run, results))
     parent.text(page, "report.html")
     _prefect(run, rows, report.worries(ok, rows, champion))
     flush()
@@ -94,8 +99,8 @@ def attention(run: RunContext) -> dict:
 
 def night_plots(judged: list) -> list[str]:
     """Each judged partition's heading (its name escaped: a file may be named `<img onerror=...>.csv`) and its plots."""
-    return [f"<h3>{html.escape(j.name)}{' (held out)' if j.held else ''}</h3>" + report.comparison_plot(j.name, j.night, j.reference)
-            for j in judged]
+    return [f"<h3>{html.escape(j.name)}{' (held out)' if j.held else ''}</h3>"
+            + report.comparison_plot(j.name, j.night, j.reference) for j in judged]
 
 
 def _prefect(run: RunContext, rows: list[dict], worries: list[str]) -> None:
@@ -106,9 +111,11 @@ def _prefect(run: RunContext, rows: list[dict], worries: list[str]) -> None:
         return
     page, _, view = ui_url(run.experiment, run.parent_run_id).partition("?")
     link = f"{page}/artifacts?{view}"  # the run page's Artifacts tab, report.html among them
-    lines = "\n".join(f"- {markdown_text(w)}" for w in worries) or "- nothing to worry about: every check passed and the run completed"
+    lines = "\n".join(f"- {markdown_text(w)}"
+                      for w in worries) or "- nothing to worry about: every check passed and the run completed"
     create_markdown_artifact(markdown=f"### zhpipe night report\n{lines}\n\nThe whole report: `report.html` of the "
                              f"[MLflow parent run]({link}).", key=artifact_key(run.config.name, "night-report"),
                              description="zhpipe: whether to worry about this run")
     if rows:
-        create_table_artifact(rows, key=artifact_key(run.config.name, "checks"), description="zhpipe: the data checks of this run")
+        create_table_artifact(rows, key=artifact_key(run.config.name, "checks"),
+                              description="zhpipe: the data checks of this run")

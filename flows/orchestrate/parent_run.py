@@ -33,7 +33,8 @@ log = logging.getLogger("zhpipe")
 def git_commit() -> str:
     """The project folder's git commit, or "unknown" outside a git checkout."""
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=project.current().root, capture_output=True, text=True, timeout=5).stdout.strip() or "unknown"
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=project.current().root, capture_output=True, text=True,
+                              timeout=5).stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
@@ -50,8 +51,8 @@ def source_tags(config: PipelineConfig, origin=None) -> dict[str, str]:
 
     commit = git_commit()
     tags = {
-        "mlflow.source.name": redact_text(" ".join(["zhpipe", *sys.argv[1:]])) if sys.argv and sys.argv[0].endswith(("zhpipe", "cli.py")) else f"zhpipe run {config.name}",
-        "mlflow.source.type": "LOCAL",
+        "mlflow.source.name": redact_text(" ".join(["zhpipe", *sys.argv[1:]])) if sys.argv
+        and sys.argv[0].endswith(("zhpipe", "cli.py")) else f"zhpipe run {config.name}", "mlflow.source.type": "LOCAL",
         "mlflow.user": getpass.getuser(),
         "zhpipe.pipeline": config.name,
         "zhpipe.git_commit": commit,
@@ -79,7 +80,8 @@ def start_run(config: PipelineConfig, force: set[str], storage: str, executor: s
     parent.params(config.flat_params(used_only=True))  # what a person compares; the whole config is config.json
     log_config(parent, experiment, config)
     parent.tags({"zhpipe.task": config.task, "zhpipe.overrides": " ".join(redact_text(o) for o in overrides or [])})
-    run = RunContext(config, StageStore(storage), keys, experiment, parent.run_id, force, executor, causes, verify, origin, title)
+    run = RunContext(config, StageStore(storage), keys, experiment, parent.run_id, force, executor, causes, verify,
+                     origin, title)
     run.gate = Gate(config, report=ui_url(experiment, parent.run_id))
     return run
 
@@ -89,7 +91,8 @@ def log_config(parent: Tracker, experiment: str, config: PipelineConfig) -> None
     earlier run holds points to it (tag `zhpipe.config_json`), so reruns add no artifacts."""
     digest = config.config_hash()
     earlier = parent.client.search_runs([experiment_id(experiment)], max_results=1,
-                                        filter_string=f"tags.`zhpipe.config_hash` = '{digest}' and tags.`zhpipe.config_json` LIKE 'runs:/%'")
+                                        filter_string=f"tags.`zhpipe.config_hash` = '{digest}' and "
+                                        f"tags.`zhpipe.config_json` LIKE 'runs:/%'")
     held = [r for r in earlier if r.info.run_id != parent.run_id]
     if held:
         parent.tags({"zhpipe.config_json": held[0].data.tags["zhpipe.config_json"]})
@@ -115,16 +118,18 @@ def finish_run(run: RunContext, results: dict[str, StageResult], ok: bool) -> No
         counts = {"rows_read": source.rows or 0}
         if source.parts:
             units = [u for r in results.values() for name, u in r.parts.items() if ":" in name]  # partition units
-            counts |= {"partitions_hit": sum(u.cache == "hit" for u in units), "partitions_miss": sum(u.cache == "miss" for u in units),
+            counts |= {"partitions_hit": sum(u.cache == "hit" for u in units),
+                       "partitions_miss": sum(u.cache == "miss" for u in units),
                        "rows_new": sum(u.rows or 0 for u in source.parts.values() if u.cache == "miss")}
         parent.metrics(counts)
     splits = kind.splits(results)
     if splits is not None:  # the Dataset column: the splits this run trained, validated and tested on
         for name, context in zip(SPLIT_NAMES, ("training", "validation", "testing")):
             path = results[splits.name].path / f"{name}.parquet"
-            frame = next(iter_frames(path, DATASET_SAMPLE_ROWS, columns=["id", "text"] + (["label"] if kind.labelled else [])))
-            parent.dataset(frame.head(DATASET_SAMPLE_ROWS), source=str(path), name=f"{run.config.name}-{name}", context=context,
-                           rows=pq.ParquetFile(path).metadata.num_rows)
+            frame = next(iter_frames(path, DATASET_SAMPLE_ROWS,
+                                     columns=["id", "text"] + (["label"] if kind.labelled else [])))
+            parent.dataset(frame.head(DATASET_SAMPLE_ROWS), source=str(path), name=f"{run.config.name}-{name}",
+                           context=context, rows=pq.ParquetFile(path).metadata.num_rows)
     parent.finish(ok)
 
 
@@ -140,9 +145,10 @@ def record_reuse(run: RunContext, results: dict[str, StageResult]) -> bool:
     if set(built_by.values()) - Tracker.existing(set(built_by.values())):
         return False  # built under another tracking store (this one moved aside or new): recorded the long way
     parent = Tracker(run.parent_run_id)
-    parent.tags({"zhpipe.reused": "all", "mlflow.note.content": "Nothing was built: every output of this run was reused. "
-                 "The runs that built them: " + ", ".join(f"{u} [{r[:8]}](#/experiments/{experiment_id(run.experiment)}/runs/{r})"
-                                                          for u, r in built_by.items() if r),
+    runs = f"#/experiments/{experiment_id(run.experiment)}/runs"
+    parent.tags({"zhpipe.reused": "all", "mlflow.note.content": "Nothing was built: every output of this run was "
+                 "reused. The runs that built them: "
+                 + ", ".join(f"{u} [{r[:8]}]({runs}/{r})" for u, r in built_by.items() if r),
                  **{f"zhpipe.reused.{u}": r for u, r in built_by.items()}})
     selection = results.get(kind.selection.name) if kind.selection else None
     if selection is not None:
@@ -168,6 +174,7 @@ def label_flow_run(run: RunContext, overrides: list[str] | None) -> None:
     except Exception as e:  # noqa: BLE001 - a name and tags are a convenience, never a failed run
         log.warning("could not name the Prefect flow run: %s", e)
     link = ui_url(run.experiment, run.parent_run_id)
-    create_markdown_artifact(markdown=f"MLflow parent run [{run.parent_run_id}]({link}) of experiment {markdown_text(run.experiment)}"
-                             f" (open the UI with `zhpipe ui`)", key=artifact_key(run.config.name, "mlflow-run"),
+    create_markdown_artifact(markdown=f"MLflow parent run [{run.parent_run_id}]({link}) of experiment "
+                             f"{markdown_text(run.experiment)} (open the UI with `zhpipe ui`)",
+                             key=artifact_key(run.config.name, "mlflow-run"),
                              description="zhpipe: where this run's metrics and models are")

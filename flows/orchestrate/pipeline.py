@@ -133,7 +133,8 @@ def pipeline_flow(
     config = _config(pipeline, overrides, source, config_file)
     stages = _stage_list(config, stages, force)
     with fixed_partitions(config):  # the partitions planned are the ones built, whatever arrives meanwhile
-        run = start_run(config, forced_stages(force, tuple(config.kind.stages)), storage_root(config, storage), chunk_executor(config, dask), verify, overrides)
+        run = start_run(config, forced_stages(force, tuple(config.kind.stages)), storage_root(config, storage),
+                        chunk_executor(config, dask), verify, overrides)
         run.lease = leases.Lease(run.store, run.keys)  # `zhpipe gc` leaves what this run holds alone
         record_appends(config)  # an appended source: this run's ranges are what the next run checks
         label_flow_run(run, overrides)
@@ -153,14 +154,17 @@ def pipeline_flow(
         return {
             "parent_run_id": run.parent_run_id, "attention": night.attention(run),
             "experiment": run.experiment,
-            "stages": [{k: v for k, v in asdict(results[name]).items() if k != "parts"} | {"headline": config.kind.stages[name].headline}
+            "stages": [{k: v for k, v in asdict(results[name]).items()
+                        if k != "parts"} | {"headline": config.kind.stages[name].headline}
                        for name in stages],
-            "units": [{k: v for k, v in asdict(unit).items() if k != "parts"} for name in stages for unit in results[name].parts.values()],
+            "units": [{k: v for k, v in asdict(unit).items() if k != "parts"} for name in stages
+                      for unit in results[name].parts.values()],
         }
 
 
 def _close(run: RunContext, results: dict[str, StageResult], stages: list[str], ok: bool, error: str) -> None:
-    """The run's end, failed or not: the cluster stopped, the night's report, the parent run closed, the lease let go."""
+    """The run's end, failed or not: the cluster stopped, the night's report, the parent run closed, the lease let
+    go."""
     shutdown_cluster()
     try:
         night.record(run, results, ok, "" if ok else error)
@@ -197,7 +201,8 @@ def _run_stages(run: RunContext, stages: list[str], results: dict[str, StageResu
     needed = set(stages) | {d for s in stages for d in kind.stages[s].needs}
     for spec in kind.stages.values():
         inputs = [results.get(d) for d in spec.needs]
-        if spec.name in stages and spec is kind.training and _routed(run, stages):  # train on another work pool's worker (GPU)
+        # train on another work pool's worker (GPU)
+        if spec.name in stages and spec is kind.training and _routed(run, stages):
             results[spec.name] = train_remote(run, overrides, config_file)
         elif spec.name in stages:
             # quoted: Prefect would walk the whole run context (config, keys, store) looking for futures, twice a task
@@ -218,8 +223,10 @@ def _routed(run: RunContext, stages: list[str]) -> bool:
     return bool(pool) and (training.name in run.force or not run.store.is_done(training.name, run.keys[training.name]))
 
 
-def _config(name: str, overrides: list[str] | None, source: dict[str, Any] | None, config_file: str | None) -> PipelineConfig:
-    return load_pipeline(name, Path(config_file) if config_file else project.current().config_file, overrides or [], source)
+def _config(name: str, overrides: list[str] | None, source: dict[str, Any] | None,
+            config_file: str | None) -> PipelineConfig:
+    return load_pipeline(name, Path(config_file) if config_file else project.current().config_file, overrides or [],
+                         source)
 
 
 def _check_route(run: RunContext, source: dict[str, Any] | None) -> None:
@@ -229,15 +236,17 @@ def _check_route(run: RunContext, source: dict[str, Any] | None) -> None:
 
     name, pool = train_deployment(run.config.name), run.config.section(run.config.kind.training.name).work_pool
     if source:
-        raise ZhpipeError("train: a run with --source cannot train on another work pool (a deployment trains what pipelines.yaml "
-                          "declares); declare the source in the pipeline, or train here with --set train.work_pool=null")
+        raise ZhpipeError("train: a run with --source cannot train on another work pool (a deployment trains what "
+                          "pipelines.yaml declares); declare the source in the pipeline, or train here with --set "
+                          "train.work_pool=null")
     with get_client(sync_client=True) as client:
         try:
             client.read_deployment_by_name(name)
         except ObjectNotFound:
             raise ZhpipeError(
                 f"train: stages.train.work_pool is '{pool}' but the deployment '{name}' does not exist on the Prefect "
-                f"server; create it with `zhpipe deploy {run.config.name}`, or train here with --set train.work_pool=null"
+                f"server; create it with `zhpipe deploy {run.config.name}`, or train here with --set "
+                f"train.work_pool=null"
             ) from None
 
 
@@ -258,13 +267,16 @@ def train_remote(run: RunContext, overrides, config_file) -> StageResult:
         # the worker plans the same keys without the corpus (a worker needs the project's pipelines.yaml, not its data)
         "source_fingerprint": next(c["inputs"]["source"] for c in run.causes.values() if "source" in c["inputs"]),
     }
-    flow_run = run_deployment(name, parameters=parameters, timeout=None, poll_interval=2)  # checked before the run (_check_route)
+    # checked before the run (_check_route)
+    flow_run = run_deployment(name, parameters=parameters, timeout=None, poll_interval=2)
     if not flow_run.state or not flow_run.state.is_completed():
         state = flow_run.state.name if flow_run.state else "unknown"
-        raise ZhpipeError(f"train: the run '{flow_run.name}' of {name} on work pool '{pool}' ended {state}: {flow_run.state.message if flow_run.state else ''}")
+        raise ZhpipeError(f"train: the run '{flow_run.name}' of {name} on work pool '{pool}' ended {state}: "
+                          f"{flow_run.state.message if flow_run.state else ''}")
     key = run.keys[stage]
     if not run.store.is_done(stage, key):
-        raise ZhpipeError(f"train: the run '{flow_run.name}' on work pool '{pool}' completed but {run.store.url} has no train output {key}: does the worker use the same storage root?")
+        raise ZhpipeError(f"train: the run '{flow_run.name}' on work pool '{pool}' completed but {run.store.url} has "
+                          f"no train output {key}: does the worker use the same storage root?")
     return run._result(run.store.manifest(stage, key), "miss", time.perf_counter() - t0)
 
 
@@ -284,16 +296,16 @@ def train_flow(
     (a Prefect global concurrency limit per worker machine), logged under the pipeline run's MLflow parent. The worker
     needs the project's pipelines.yaml (its own checkout: ZHPIPE_PROJECT), not the corpus: the keys are planned from
     `source_fingerprint`, the submitting run's (keys are content addresses: a wrong one finds no inputs)."""
-    check_run({"pipeline": pipeline, "overrides": overrides, "source": source, "storage": storage, "config_file": config_file,
-               "project_dir": project_dir, "parent_run_id": parent_run_id})
+    check_run({"pipeline": pipeline, "overrides": overrides, "source": source, "storage": storage,
+               "config_file": config_file, "project_dir": project_dir, "parent_run_id": parent_run_id})
     folder = os.environ.get("ZHPIPE_PROJECT") or project_dir  # the worker's own checkout wins over the submitter's path
     if folder:
         project.activate(project.Project(Path(folder)))
     config = _config(pipeline, overrides, source, config_file)
     training = config.kind.training
     causes = plan(config, registry=revision, source=source_fingerprint)
-    run = RunContext(config, StageStore(storage_root(config, storage)), {s: stage_key(c) for s, c in causes.items()}, f"zhpipe-{config.identity}",
-                     parent_run_id, {training.name} if force else set(), causes=causes)
+    run = RunContext(config, StageStore(storage_root(config, storage)), {s: stage_key(c) for s, c in causes.items()},
+                     f"zhpipe-{config.identity}", parent_run_id, {training.name} if force else set(), causes=causes)
     with leases.held(run.store, run.keys) as run.lease:
         inputs = [run.reuse(name) for name in training.needs]
         with gpu_slot():

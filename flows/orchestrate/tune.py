@@ -2,8 +2,8 @@
 train are built (or reused) once; each trial trains the model as an ordinary `train.<model>` unit of the
 stage store (so applying the best settings later is a cache hit) and is scored by the model's validation
 metric. TPE sampling, median pruning on the per-epoch validation curve, a study that resumes from
-`<store>/_cache/tune/<pipeline>.db` (`data/_cache/tune/` by default), and in MLflow one tune run with a nested run per trial (the UI's parallel
-coordinates chart compares them)."""
+`<store>/_cache/tune/<pipeline>.db` (`data/_cache/tune/` by default), and in MLflow one tune run with a nested run per
+trial (the UI's parallel coordinates chart compares them)."""
 from __future__ import annotations
 
 import logging
@@ -52,7 +52,8 @@ def search_space(config: PipelineConfig, model: str) -> dict[str, dict[str, Any]
     """The model's search space: `tune.<model>` of the pipeline, else the default; every name must be a
     setting of `train.<model>` and every range well formed. The model need not be in train.models: the
     trials train it alone."""
-    fits = [n for n, m in MODELS.items() if m.task == config.kind.model_task and not m.is_language_model and not m.members]
+    fits = [n for n, m in MODELS.items() if m.task == config.kind.model_task and not m.is_language_model
+            and not m.members]
     if model not in fits:
         raise ConfigError(f"tune: {model} is not a model that task {config.task} can tune (models: {', '.join(fits)})")
     space = config.tune.get(model) or DEFAULT_SPACES.get(model)
@@ -62,18 +63,23 @@ def search_space(config: PipelineConfig, model: str) -> dict[str, dict[str, Any]
     section = getattr(config.stages.train, model)  # every registered model has its section, in train.models or not
     for name, dim in space.items():
         if name not in type(section).model_fields:
-            raise ConfigError(f"tune.{model}.{name}: train.{model} has no setting '{name}' (settings: {', '.join(type(section).model_fields)})")
+            raise ConfigError(f"tune.{model}.{name}: train.{model} has no setting '{name}' (settings: "
+                              f"{', '.join(type(section).model_fields)})")
         if "choices" not in dim and not {"low", "high"} <= set(dim):
-            raise ConfigError(f"tune.{model}.{name}: expected {{low, high}} (with log or step) or {{choices: [...]}}, got {dim}")
+            raise ConfigError(f"tune.{model}.{name}: expected {{low, high}} (with log or step) or {{choices: [...]}}, "
+                              f"got {dim}")
     return space
 
 
 def suggest(trial, name: str, dim: dict[str, Any]) -> Any:
     if "choices" in dim:
         return trial.suggest_categorical(name, list(dim["choices"]))
-    if all(isinstance(dim[k], int) and not isinstance(dim[k], bool) for k in ("low", "high")) and isinstance(dim.get("step", 1), int):
-        return trial.suggest_int(name, dim["low"], dim["high"], step=dim.get("step", 1), log=bool(dim.get("log", False)))
-    return trial.suggest_float(name, float(dim["low"]), float(dim["high"]), log=bool(dim.get("log", False)), step=dim.get("step"))
+    if all(isinstance(dim[k], int) and not isinstance(dim[k], bool)
+           for k in ("low", "high")) and isinstance(dim.get("step", 1), int):
+        return trial.suggest_int(name, dim["low"], dim["high"], step=dim.get("step", 1),
+                                 log=bool(dim.get("log", False)))
+    return trial.suggest_float(name, float(dim["low"]), float(dim["high"]), log=bool(dim.get("log", False)),
+                               step=dim.get("step"))
 
 
 def objective_metric(config: PipelineConfig) -> str:
@@ -118,14 +124,18 @@ def tune(pipeline: str, model: str, trials: int, overrides: list[str] | None = N
     upstream = [s.name for s in base.kind.stages.values() if not s.per_model]
     log.info("tune %s/%s: the stages before train, built or reused", pipeline, model)
     pipeline_flow(pipeline, overrides=overrides, stages=upstream, storage=storage)
-    folder = StageStore(storage_root(base, storage)).cache_file("tune").parent / "tune"  # beside the store it trains into
+    # beside the store it trains into
+    folder = StageStore(storage_root(base, storage)).cache_file("tune").parent / "tune"
     folder.mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(study_name=f"{model}", storage=f"sqlite:///{folder / f'{pipeline}.db'}", load_if_exists=True,
-                                direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed + len(_done(folder, pipeline, model))),
+    study = optuna.create_study(study_name=f"{model}", storage=f"sqlite:///{folder / f'{pipeline}.db'}",
+                                load_if_exists=True,
+                                direction="maximize",
+                                sampler=optuna.samplers.TPESampler(seed=seed + len(_done(folder, pipeline, model))),
                                 pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1))
     experiment = f"zhpipe-{pipeline}"
-    parent = Tracker.start(experiment, f"tune {model}", tags={"zhpipe.pipeline": pipeline, "zhpipe.tune": model, "zhpipe.task": base.task})
+    parent = Tracker.start(experiment, f"tune {model}", tags={"zhpipe.pipeline": pipeline, "zhpipe.tune": model,
+                                                              "zhpipe.task": base.task})
     parent.params({"tune.model": model, "tune.trials": trials, "tune.metric": metric, "tune.space": space})
     objective = partial(_trial, Study(pipeline, model, overrides, storage, experiment, parent.run_id, space, metric))
     try:
@@ -161,8 +171,8 @@ def _trial(study: Study, trial) -> float:
     config = load_pipeline(study.pipeline, overrides=[*study.overrides, f"{training}.models=[{study.model}]",
                                                       *_assignments(training, study.model, params)])
     causes = plan(config, registry=revision)
-    run = RunContext(config, StageStore(storage_root(config, study.storage)), {s: stage_key(c) for s, c in causes.items()},
-                     study.experiment, study.parent_run_id, causes=causes)
+    run = RunContext(config, StageStore(storage_root(config, study.storage)),
+                     {s: stage_key(c) for s, c in causes.items()}, study.experiment, study.parent_run_id, causes=causes)
     spec = config.kind.training
     inputs = {name: run.reuse(name) for name in spec.needs}
     tracker = Tracker.start(study.experiment, f"trial {trial.number}", parent=study.parent_run_id,
@@ -170,7 +180,8 @@ def _trial(study: Study, trial) -> float:
                                   "zhpipe.key": run.keys[model_unit(spec.name, study.model)]})
     tracker.params({f"{spec.name}.{study.model}.{k}": v for k, v in params.items()})
     try:
-        result = model_unit_run(run, spec, study.model, inputs, tracker=TrialTracker(tracker.run_id, trial, f"{study.model}_{study.metric}"))
+        result = model_unit_run(run, spec, study.model, inputs,
+                                tracker=TrialTracker(tracker.run_id, trial, f"{study.model}_{study.metric}"))
     except optuna.TrialPruned:
         tracker.tags({"zhpipe.trial_state": "pruned"})
         tracker.finish(ok=True)
@@ -196,15 +207,18 @@ def _report(study, base: PipelineConfig, model: str, metric: str, folder: Path, 
         raise ConfigError(f"tune {pipeline}/{model}: no trial completed ({len(study.trials)} pruned or failed)")
     best = study.best_trial
     sets = _assignments(training, model, best.params)
-    snippet = yaml.safe_dump({"pipelines": {pipeline: {"stages": {training: {model: best.params}}}}}, allow_unicode=True, sort_keys=False)
+    snippet = yaml.safe_dump({"pipelines": {pipeline: {"stages": {training: {model: best.params}}}}},
+                             allow_unicode=True, sort_keys=False)
     out = folder / f"{pipeline}-{model}.yaml"
-    out.write_text(f"# best of {len(done)} trials: {metric} {best.value:.4f} (trial {best.number})\n" + snippet, encoding="utf-8")
+    out.write_text(f"# best of {len(done)} trials: {metric} {best.value:.4f} (trial {best.number})\n" + snippet,
+                   encoding="utf-8")
     parent.metrics({f"best_{metric}": best.value, "trials_complete": len(done),
                     "trials_pruned": sum(t.state == optuna.trial.TrialState.PRUNED for t in study.trials)})
     parent.tags({"zhpipe.best_trial": str(best.number)})
     parent.artifact(out)
     parent.finish()
-    return {"metric": metric, "value": best.value, "params": best.params, "trial": best.number, "trials": len(study.trials),
+    return {"metric": metric, "value": best.value, "params": best.params, "trial": best.number,
+            "trials": len(study.trials),
             "complete": len(done), "sets": sets, "yaml": snippet, "file": str(out), "run_id": parent.run_id}
 
 

@@ -42,7 +42,8 @@ class ScheduleConfig(Section):
         try:
             ZoneInfo(self.timezone)
         except (ZoneInfoNotFoundError, ValueError):
-            raise ValueError(f"schedule.timezone: unknown time zone {self.timezone!r} (expected an IANA name such as Asia/Shanghai)") from None
+            raise ValueError(f"schedule.timezone: unknown time zone {self.timezone!r} (expected an IANA name such as "
+                             f"Asia/Shanghai)") from None
         return self
 
 
@@ -64,7 +65,8 @@ class PredictLimits(Section):
     max_chars: int = Field(5_000, ge=1)  # longer texts are cut to this many characters (status `truncated`)
 
 
-ALERT_EVENTS = ("zhpipe.partition.held", "zhpipe.check.failed", "zhpipe.champion.promoted", "zhpipe.champion.kept", "zhpipe.run.failed")
+ALERT_EVENTS = ("zhpipe.partition.held", "zhpipe.check.failed", "zhpipe.champion.promoted", "zhpipe.champion.kept",
+                "zhpipe.run.failed")
 
 
 class Alerts(Section):
@@ -109,7 +111,8 @@ class PipelineConfig(Section):
     dask_address: str | None = None  # scheduler address (tcp://host:8786); None with runner dask = a local cluster
     storage: str | None = None  # stage store root: a folder or an fsspec URL; default data/ (ZHPIPE_STORAGE wins)
     predict: PredictLimits = PredictLimits()  # travels with the registered model
-    checks: Checks = Checks()  # the data checks on each night's cleaned rows (tasks/checks.py): severity and threshold each
+    # the data checks on each night's cleaned rows (tasks/checks.py): severity and threshold each
+    checks: Checks = Checks()
     # `zhpipe tune` search spaces per model: {setting: {low, high, log?, step?} or {choices: [...]}}; a model
     # without one gets flows/orchestrate/tune.py's default
     tune: dict[str, dict[str, dict[str, Any]]] = {}
@@ -121,7 +124,8 @@ class PipelineConfig(Section):
 
     @property
     def kind(self) -> TaskKind:
-        """Its task kind's declaration (tasks/stages.py): stage table, selection metric, its serving and scoring hooks."""
+        """Its task kind's declaration (tasks/stages.py): stage table, selection metric, its serving and scoring
+        hooks."""
         return KINDS[self.task]
 
     def section(self, stage: str) -> Any:
@@ -143,11 +147,13 @@ class PipelineConfig(Section):
         of registered models this pipeline does not train (`train.bert.*` without bert in train.models) and the
         settings a section says it does not use (`Section.unused`: a method not chosen)."""
         flat = flatten(self.model_dump(mode="json", exclude={"name", "description", "tracked_as"}))
-        unused = {f"{name}.{key}." for name in self.kind.stages for key in self.section(name).unused()} if used_only else set()
+        unused = {f"{name}.{key}." for name in self.kind.stages
+                  for key in self.section(name).unused()} if used_only else set()
         training = self.kind.training
         if used_only and training is not None:
             unused |= {f"{training.name}.{m}." for m in MODELS if m not in self.models()}
-        return {k.removeprefix("stages."): json.dumps(v, ensure_ascii=False) if isinstance(v, list) else str(v) for k, v in flat.items()
+        return {k.removeprefix("stages."): json.dumps(v, ensure_ascii=False) if isinstance(v, list) else str(v) for k,
+                v in flat.items()
                 if not any(k.removeprefix("stages.").startswith(u) for u in unused)}
 
 
@@ -189,7 +195,8 @@ def _check_task(config: PipelineConfig) -> PipelineConfig:
     wrong = [m for m in section.models if MODELS[m].task != kind.model_task]
     if wrong:
         fits = ", ".join(n for n, spec in MODELS.items() if spec.task == kind.model_task)
-        raise ValueError(f"{where}.models: {wrong[0]} is a {MODELS[wrong[0]].task} model; task {config.task} takes {fits}")
+        raise ValueError(f"{where}.models: {wrong[0]} is a {MODELS[wrong[0]].task} model; task {config.task} takes "
+                         f"{fits}")
     for name in section.models:
         spec = MODELS[name]
         missing = [m for m in (spec.members(getattr(section, name)) if spec.members else []) if m not in section.models]
@@ -248,7 +255,8 @@ def source_identity(name: str, path: str) -> str:
     from urllib.parse import urlsplit
 
     stem = Path(urlsplit(path).path if "://" in path else path).name.split(".")[0]
-    slug = "".join(c if c.isascii() and (c.isalnum() or c in "-_") else "-" for c in stem.lower()).strip("-_") or "source"
+    slug = "".join(c if c.isascii() and (c.isalnum() or c in "-_") else "-"
+                   for c in stem.lower()).strip("-_") or "source"
     return f"{name}-{slug}"[:64].rstrip("-_.")
 
 
@@ -318,7 +326,8 @@ def load_alerts(config_file: Path | str) -> Alerts:
     doc = load_yaml(Path(config_file).read_text(encoding="utf-8"), config_file) or {}
     raw = doc.get("alerts") if isinstance(doc, dict) else None
     if not isinstance(raw, dict):
-        raise ConfigError(f"{config_file}: no 'alerts:' section (e.g. alerts: {{webhook: https://example.org/hook}}); see docs/nightly.md, \"A night's report and alerts\"")
+        raise ConfigError(f"{config_file}: no 'alerts:' section (e.g. alerts: {{webhook: https://example.org/hook}}); "
+                          f"see docs/nightly.md, \"A night's report and alerts\"")
     try:
         return Alerts.model_validate(raw)
     except ValidationError as e:
@@ -334,7 +343,8 @@ def _parse(name: str, config_file: Path, overrides, source_overrides) -> Pipelin
     raw["name"] = name
     if source_overrides:  # --source first, so that `--set source.sha256=...` applies to it
         # how the pipeline's corpus is read (its columns, its tag scheme) carries over to the other file unless given
-        kept = {k: v for k, v in (raw.get("source") or {}).items() if k in ("text_column", "label_column", "tag_scheme")}
+        kept = {k: v for k, v in (raw.get("source") or {}).items()
+                if k in ("text_column", "label_column", "tag_scheme")}
         raw["source"] = {**kept, **{k: v for k, v in source_overrides.items() if v is not None}}
         raw["tracked_as"] = source_identity(name, str(raw["source"].get("path") or ""))
     for assignment in overrides:
@@ -342,7 +352,8 @@ def _parse(name: str, config_file: Path, overrides, source_overrides) -> Pipelin
     raw = _conceal_urls(raw)
     task = raw.get("task", DEFAULT_KIND)
     if not isinstance(task, str) or task not in KINDS:
-        raise ConfigError(f"{config_file} pipeline '{name}': 'task': unknown task kind {task!r} (expected one of {', '.join(KINDS)})")
+        raise ConfigError(f"{config_file} pipeline '{name}': 'task': unknown task kind {task!r} (expected one of "
+                          f"{', '.join(KINDS)})")
     model = pipeline_model(task)
     try:
         return model.model_validate(raw)

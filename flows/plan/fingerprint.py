@@ -25,7 +25,8 @@ def _strip_docstrings(tree: ast.AST) -> ast.AST:
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
             first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+            if isinstance(first, ast.Expr) and isinstance(first.value,
+                                                          ast.Constant) and isinstance(first.value.value, str):
                 node.body = node.body[1:] or [ast.Pass()]
     return tree
 
@@ -194,7 +195,8 @@ def file_fingerprints(params: dict[str, Any], paths: tuple[str, ...], root: Path
             if value.startswith("models:/"):
                 if registry is None:
                     raise ConfigError(f"{dotted}: {value} is a registered model, whose version is part of the key; "
-                                      "this command cannot ask the model registry (`zhpipe run` and `zhpipe status` do)")
+                                      "this command cannot ask the model registry (`zhpipe run` and `zhpipe status` "
+                                      "do)")
                 out[value] = "registry:" + registry(value)
                 continue
             local = resolve_path(value, root)
@@ -202,7 +204,8 @@ def file_fingerprints(params: dict[str, Any], paths: tuple[str, ...], root: Path
                 raise ConfigError(f"{dotted}: {value} is a symbolic link to nothing")
             if local is not None and local.exists():
                 stat = local.stat()
-                newest = max((p.stat().st_mtime_ns for p in folder_files(local, dotted, value)), default=stat.st_mtime_ns) \
+                newest = max((p.stat().st_mtime_ns for p in folder_files(local, dotted, value)),
+                             default=stat.st_mtime_ns) \
                     if local.is_dir() else stat.st_mtime_ns
                 out[value] = "sha256:" + _content(local.resolve(), newest, stat.st_size)
             else:

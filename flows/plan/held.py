@@ -70,7 +70,8 @@ def changing(identity: str) -> Iterator[dict[str, Any]]:
         save(identity, record)
 
 
-_HELD: dict[str, tuple[tuple[int, int, int], dict]] = {}  # record path -> (its inode, mtime and size, its held partitions)
+# record path -> (its inode, mtime and size, its held partitions)
+_HELD: dict[str, tuple[tuple[int, int, int], dict]] = {}
 
 
 def held(identity: str) -> dict[str, dict[str, Any]]:
@@ -98,13 +99,14 @@ def hold(identity: str, digests: dict[str, str], names: list[str]) -> list[str]:
     digest now); the next run plans without them, their rows stay in the store, `accept` puts them back."""
     unknown = [n for n in names if n not in digests]
     if unknown or not names:
-        raise ZhpipeError(f"hold: {unknown[0]!r} is not a partition of pipeline '{identity}'" if unknown else "hold: name a partition"
+        raise ZhpipeError(f"hold: {unknown[0]!r} is not a partition of pipeline '{identity}'" if unknown
+                          else "hold: name a partition"
                           f" (partitions: {', '.join(list(digests)[-10:]) or 'none'})")
     with changing(identity) as record:
         for name in names:
             record["accepted"].pop(name, None)
-            record["held"][name] = {"check": "by hand", "line": f"{name} held out by hand (`zhpipe hold`)", "digest": digests[name],
-                                    "at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            record["held"][name] = {"check": "by hand", "line": f"{name} held out by hand (`zhpipe hold`)",
+                                    "digest": digests[name], "at": time.strftime("%Y-%m-%dT%H:%M:%S")}
     return names
 
 
@@ -118,7 +120,8 @@ def accept(identity: str, names: list[str], every: bool = False) -> list[str]:
         chosen = list(held_now) if every else names
         unknown = [n for n in chosen if n not in held_now]
         if unknown or not chosen:
-            raise ZhpipeError(f"accept: {unknown[0]!r} is not held out" if unknown else "accept: name a partition, or --all"
+            raise ZhpipeError(f"accept: {unknown[0]!r} is not held out" if unknown
+                              else "accept: name a partition, or --all"
                               f" (held: {', '.join(held_now)})")
         for name in chosen:
             record["accepted"][name] = held_now.pop(name)["digest"]

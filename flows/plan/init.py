@@ -100,10 +100,12 @@ def init_corpus(folder: Path, corpus: Path, option: str, link: bool = False, tex
         folder.mkdir(parents=True, exist_ok=True)
         path = _bring(corpus, folder / "data" / "raw", link)
         written = [path]
-        pin = f"      sha256: {file_sha256(path)}   # pinned: an edited file is an error (copy a new one, update this)\n"
+        pin = (f"      sha256: {file_sha256(path)}   # pinned: an edited file is an error (copy a new one, update "
+               f"this)\n")
         values = {flag.removeprefix("--").replace("-", "_"): default for flag, default, _ in starter.options} | fields
         lists = {k: json.dumps([c.strip() for c in v.split(",") if c.strip()]) for k, v in values.items()}
-        text = starter.template.format(name=_name(folder), description=_quoted(corpus.name), path=_quoted(os.path.relpath(path, folder)),
+        text = starter.template.format(name=_name(folder), description=_quoted(corpus.name),
+                                       path=_quoted(os.path.relpath(path, folder)),
                                        sha256=pin, format=starter.format_of(corpus), **lists)
     config.write_text(text, encoding="utf-8")
     written.append(config)
@@ -147,7 +149,8 @@ def init_project(folder: Path, csv: Path | None = None, text_column: str = "text
         description = f"{path.name}"
         path = _bring(path, folder / "data" / "raw", link)
         written.append(path)
-    pin = "" if csv is None else f"      sha256: {file_sha256(path)}   # pinned: an edited file is an error (copy a new one, update this)\n"
+    pin = ("" if csv is None else f"      sha256: {file_sha256(path)}   # pinned: an edited file is an error (copy a "
+           f"new one, update this)\n")
     shown = os.path.relpath(path, folder) if path.is_relative_to(folder) else str(path)
     # quoted: a file name with `#`, `: ` or quotes stays one YAML string (a JSON string is a YAML one)
     config.write_text(STARTER.format(name=_name(folder), description=_quoted(description), path=_quoted(shown),
@@ -185,8 +188,8 @@ def _columns(path: Path, shown: Path) -> list[str]:
     if not whole:
         text = text[: text.rfind("\n") + 1]
         if not text:
-            raise DataError(f"--csv {shown}: its header line is longer than {HEADER_BYTES >> 20} MB (expected a CSV whose first line "
-                            "names its columns, such as text,label)")
+            raise DataError(f"--csv {shown}: its header line is longer than {HEADER_BYTES >> 20} MB (expected a CSV "
+                            f"whose first line names its columns, such as text,label)")
     try:
         header = next(csv.reader(io.StringIO(text)), [])
         if header:  # a bounded sample of rows: a broken quote or a row of the wrong width is said now, not mid-run

@@ -14,7 +14,8 @@ from tasks.core import Unit, model_unit, partition_unit
 from tasks.models import MODELS
 from tasks.source.origin import Origin
 
-Registry = Callable[[str], str]  # a registered model's URI (models:/name@alias) -> `<name>/<version>`; raises ZhpipeError
+# a registered model's URI (models:/name@alias) -> `<name>/<version>`; raises ZhpipeError
+Registry = Callable[[str], str]
 
 
 def stage_params(config: PipelineConfig, stage: str) -> dict[str, Any]:
@@ -27,7 +28,8 @@ def stage_params(config: PipelineConfig, stage: str) -> dict[str, Any]:
     return params
 
 
-def key_causes(config: PipelineConfig, unit: str, inputs: dict[str, str], registry: Registry | None = None) -> dict[str, Any]:
+def key_causes(config: PipelineConfig, unit: str, inputs: dict[str, str],
+               registry: Registry | None = None) -> dict[str, Any]:
     """Everything a stage's or model unit's key hashes: its params, its inputs' keys (the source's sha256 for
     download), the code that computes it, the libraries that shape it and the contents of the files its params
     name. A model unit (`train.<model>`, `evaluate.<model>`) sees its stage's code and its own model family's,
@@ -38,12 +40,14 @@ def key_causes(config: PipelineConfig, unit: str, inputs: dict[str, str], regist
     module = spec.module
     params = unit_params(config, unit)
     code, files = code_fingerprint(module.__name__), module.FILES
-    if spec.partitioned and config.source.partitioned and not part and not spec.gather:  # it concatenates its partitions
+    # it concatenates its partitions
+    if spec.partitioned and config.source.partitioned and not part and not spec.gather:
         from tasks import partitions as gather
 
         code, files, module = code_fingerprint(gather.__name__), (), gather
     if model:
-        code = {**code_fingerprint(module.__name__, skip="tasks.models"), **code_fingerprint(MODELS[model].train.__module__)}
+        code = {**code_fingerprint(module.__name__, skip="tasks.models"),
+                **code_fingerprint(MODELS[model].train.__module__)}
         files = tuple(f for f in files if f.startswith(f"{model}."))
     return {
         "stage": unit,
@@ -83,7 +87,8 @@ def unit_params(config: PipelineConfig, unit: str) -> dict[str, Any]:
         if not model:
             return {"models": every["models"]}
         declared = MODELS[model].shared
-        shared = {k: v for k, v in every.items() if k not in MODELS and k != "models" and (declared is None or k in declared)}
+        shared = {k: v for k, v in every.items() if k not in MODELS and k != "models"
+                  and (declared is None or k in declared)}
         return {**shared, model: every[model]}
     return stage_params(config, stage)
 
@@ -101,21 +106,26 @@ def plan(config: PipelineConfig, origin: Origin | None = None, registry: Registr
         if parts and spec.partitioned:  # a unit per partition, then the stage that gathers them in order
             for i, part in enumerate(parts):
                 unit = partition_unit(spec.name, part.name)
-                unit_inputs = {d: stage_key(causes[partition_unit(d, part.name)]) for d in spec.needs} or {"source": part.fingerprint()}
+                unit_inputs = {d: stage_key(causes[partition_unit(d, part.name)])
+                               for d in spec.needs} or {"source": part.fingerprint()}
                 if spec.cumulative:  # it reads every earlier partition's output (clean: deduplication across them)
-                    unit_inputs |= {partition_unit(spec.name, q.name): stage_key(causes[partition_unit(spec.name, q.name)]) for q in parts[:i]}
+                    earlier = [partition_unit(spec.name, q.name) for q in parts[:i]]
+                    unit_inputs |= {u: stage_key(causes[u]) for u in earlier}
                 causes[unit] = key_causes(config, unit, unit_inputs, registry)
             gathered = [partition_unit(spec.name, p.name) for p in parts]
             causes[stage] = key_causes(config, stage, {u: stage_key(causes[u]) for u in gathered}, registry)
             continue
-        inputs = {d: stage_key(causes[d]) for d in spec.needs} if spec.needs else {"source": source or source_fingerprint(config, origin)}
+        inputs = ({d: stage_key(causes[d]) for d in spec.needs} if spec.needs
+                  else {"source": source or source_fingerprint(config, origin)})
         if spec.per_model:
             for unit in model_units(config, spec.name):
                 model = unit.model
                 unit_inputs = {d: k for d, k in inputs.items() if spec.reads(d, MODELS[model])}
                 if spec.models.trains:  # an ensemble reads its members' units
-                    unit_inputs |= {model_unit(spec.name, m): stage_key(causes[model_unit(spec.name, m)]) for m in members_of(config, model)}
-                unit_inputs |= {r: stage_key(causes[model_unit(r, model)]) for r in spec.models.reads}  # the same model's unit
+                    unit_inputs |= {model_unit(spec.name, m): stage_key(causes[model_unit(spec.name, m)])
+                                    for m in members_of(config, model)}
+                # the same model's unit
+                unit_inputs |= {r: stage_key(causes[model_unit(r, model)]) for r in spec.models.reads}
                 causes[unit] = key_causes(config, unit, unit_inputs, registry)
             inputs = {unit: stage_key(causes[unit]) for unit in model_units(config, spec.name)}
         causes[stage] = key_causes(config, stage, inputs, registry)

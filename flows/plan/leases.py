@@ -87,7 +87,8 @@ class Lease:
     def __getstate__(self) -> dict:
         """A copy sent to another process (a Dask worker, a spawned trainer, with the run's context) holds nothing: no
         file descriptor, no heartbeat; only the process that made the lease releases it."""
-        return {"store": self.store, "path": self.path, "started": self.started, "pairs": self.pairs, "_fd": None, "_remote": None}
+        return {"store": self.store, "path": self.path, "started": self.started, "pairs": self.pairs, "_fd": None,
+                "_remote": None}
 
     def update(self, keys: dict[str, str]) -> None:
         """Hold the keys of a (new) plan too; those of an old plan stay held: their outputs may still be read."""
@@ -148,7 +149,8 @@ def held(store: StageStore, keys: dict[str, str]) -> Iterator[Lease]:
 
 
 def live(store: StageStore) -> list[dict[str, Any]]:
-    """The leases of live runs (call under `gc_lock`); a stale one (its run is gone: nobody holds its lock) is removed."""
+    """The leases of live runs (call under `gc_lock`); a stale one (its run is gone: nobody holds its lock) is
+    removed."""
     found = []
     for path in sorted(_folder(store).glob("*.json")):
         try:

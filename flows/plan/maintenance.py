@@ -26,8 +26,10 @@ def verify_store(store: StageStore) -> list[dict[str, Any]]:
     """Every finished output with the problems a full check finds (sizes and sha256 of every file). A store on an
     object store is checked there, in the bucket every machine reads, not in this machine's mirror."""
     if store.fs is not None:
-        return [{"stage": stage, "key": key, "problems": _verify_remote(store, stage, key)} for stage, key in _remote_outputs(store)]
-    return [{"stage": stage, "key": key, "problems": store.verify(stage, key, full=True)} for stage, key in _outputs(store)]
+        return [{"stage": stage, "key": key, "problems": _verify_remote(store, stage, key)} for stage,
+                key in _remote_outputs(store)]
+    return [{"stage": stage, "key": key, "problems": store.verify(stage, key, full=True)} for stage,
+            key in _outputs(store)]
 
 
 def _name(path: str) -> str:
@@ -217,8 +219,8 @@ def collect_remote(store: StageStore, keep: set[tuple[str, str]], dry_run: bool,
     """gc on an object store (a team's shared store), from any machine: remove published outputs that no pipeline in
     `keep` plans, that no live run on any machine holds, that no run used within `retention_s` (the store's lease
     records, `flows.plan.leases`) and that were published before that and before gc began. A manifest goes first, so a
-    reader elsewhere sees the output gone, never half there; the local mirror's copy goes too. `records`: the store's lease
-    objects when the caller has read them already."""
+    reader elsewhere sees the output gone, never half there; the local mirror's copy goes too. `records`: the store's
+    lease objects when the caller has read them already."""
     import time
 
     from flows.plan import leases
@@ -236,7 +238,8 @@ def collect_remote(store: StageStore, keep: set[tuple[str, str]], dry_run: bool,
             continue
         where = store.fs.unstrip_protocol(store._remote(stage, key))
         manifest = store.manifest(stage, key)
-        spared = (f"held by a live run on {held[stage, key].get('host')} (pid {held[stage, key].get('pid')})" if (stage, key) in held
+        spared = (f"held by a live run on {held[stage, key].get('host')} (pid {held[stage, key].get('pid')})"
+                  if (stage, key) in held
                   else "used by a run within the retention period" if (stage, key) in used
                   else "published after gc began, or by a run that is still live" if manifest.created >= since
                   else "published within the retention period" if now - manifest.created < retention_s else None)
@@ -244,7 +247,8 @@ def collect_remote(store: StageStore, keep: set[tuple[str, str]], dry_run: bool,
             kept.append({"path": where, "why": spared})
             continue
         found.append({"path": where, "mb": sum(f.get("size", 0) for f in manifest.files.values()) / 2**20,
-                      "why": f"not used by any pipeline in pipelines.yaml, nor by any run within {retention_s / 86400:g} days"})
+                      "why": f"not used by any pipeline in pipelines.yaml, nor by any run within "
+                      f"{retention_s / 86400:g} days"})
         if not dry_run:
             store.fs.rm_file(store._remote(stage, key, MANIFEST))
             store.fs.rm(store._remote(stage, key), recursive=True)

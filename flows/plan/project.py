@@ -58,7 +58,8 @@ def find(explicit: str | Path | None = None, start: Path | None = None) -> Proje
     if given:
         root = Path(given).expanduser().resolve()
         if not (root / CONFIG_NAME).is_file():
-            raise ConfigError(f"{root}: no {CONFIG_NAME} there (a zhpipe project folder has one; `zhpipe init {shlex.quote(str(given))}` writes a starter)")
+            raise ConfigError(f"{root}: no {CONFIG_NAME} there (a zhpipe project folder has one; `zhpipe init "
+                              f"{shlex.quote(str(given))}` writes a starter)")
         return Project(root)
     here = (start or Path.cwd()).resolve()
     for folder in (here, *here.parents):
@@ -90,7 +91,8 @@ def activate(project: Project) -> Project:
         # `zhpipe deploy` passes the file's schedules; an empty list must clear a deployment's old ones
         "PREFECT_DEPLOYMENTS_CLEAR_SCHEDULES_ON_EMPTY": "true",
         "PREFECT_LOGGING_EXTRA_LOGGERS": "zhpipe",  # zhpipe's log lines reach the Prefect UI and worker logs
-        "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",  # outside a flow run (predict, a stage alone) they just print
+        # outside a flow run (predict, a stage alone) they just print
+        "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
     }
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
@@ -151,8 +153,9 @@ def check_space(need_mb: float | None = None) -> list[tuple[Path, str, float]]:
     measured = free_space()
     for probe, what, free in measured:
         if free < need:
-            raise ConfigError(f"not enough disk space: {probe} ({what}) has {free:.1f} MB free, and a command that writes needs at "
-                              f"least {need:.0f} MB (ZHPIPE_MIN_FREE_MB); free some space there or move the project")
+            raise ConfigError(f"not enough disk space: {probe} ({what}) has {free:.1f} MB free, and a command that "
+                              f"writes needs at least {need:.0f} MB (ZHPIPE_MIN_FREE_MB); free some space there or "
+                              f"move the project")
     return measured
 
 
@@ -166,10 +169,11 @@ def disk_full(error: BaseException) -> str | None:
         seen.add(id(error))
         if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
             where = error.filename or "a file of the project"
-            return f"the disk is full: writing {where} failed ({os.strerror(error.errno)}); free some space and run again"
+            return (f"the disk is full: writing {where} failed ({os.strerror(error.errno)}); free some space and run "
+                    f"again")
         if "database or disk is full" in str(error):
-            return ("the disk is full: a database write failed (database or disk is full: the stage store, MLflow's or Prefect's "
-                    f"database under {current().root}); free some space and run again")
+            return ("the disk is full: a database write failed (database or disk is full: the stage store, MLflow's or "
+                    f"Prefect's database under {current().root}); free some space and run again")
         error = error.__cause__ or error.__context__
     return None
 
@@ -189,7 +193,7 @@ def unreachable(error: BaseException) -> str | None:
         seen.add(id(error))
         if type(error).__name__ in UNANSWERED or isinstance(error, (ConnectionRefusedError, ConnectionResetError)):
             what = re.sub(r"\?\S*", "", " ".join(str(error).split()))[:200] or type(error).__name__
-            return (f"a service did not answer, after retries: {redact(what)}; the stages that finished are kept in the store, "
-                    "and the next run reuses them (`zhpipe doctor` checks every service)")
+            return (f"a service did not answer, after retries: {redact(what)}; the stages that finished are kept in "
+                    f"the store, and the next run reuses them (`zhpipe doctor` checks every service)")
         error = error.__cause__ or error.__context__
     return None

@@ -93,7 +93,8 @@ def _partitions(source: Source, where: Path, export: Path) -> list[Partition]:
         new = np.array([tuple(d) not in seen for d in _digests(frame)], dtype=bool) if len(frame) else np.zeros(0, bool)
         gone = len(seen) - int((~new).sum())
         if gone > 0:
-            log.warning("source %s: %d rows of earlier exports are not in %s; they stay in the corpus", source.path, gone, export.name)
+            log.warning("source %s: %d rows of earlier exports are not in %s; they stay in the corpus", source.path,
+                        gone, export.name)
         if not new.any():
             log.info("source %s: %s brings no new rows", source.path, export.name)
             return parts
@@ -101,7 +102,8 @@ def _partitions(source: Source, where: Path, export: Path) -> list[Partition]:
         tmp = delta.with_name(f".{delta.name}.{os.getpid()}.tmp")
         frame[new].reset_index(drop=True).to_parquet(tmp, index=False)
         os.replace(tmp, delta)
-    parts.append(Partition(f"{export.name}@{len(versions):04d}", delta, digest=file_sha256(delta), export_sha256=digest))
+    parts.append(Partition(f"{export.name}@{len(versions):04d}", delta, digest=file_sha256(delta),
+                           export_sha256=digest))
     return parts
 
 

@@ -106,7 +106,8 @@ def _record(config: PipelineConfig, kind: str) -> Path:
     the source's path."""
     import hashlib
 
-    where = str(resolve_local(config.source.path)) if kind == "appends" else f"{project.current().root}|{config.source.path}"
+    where = (str(resolve_local(config.source.path)) if kind == "appends"
+             else f"{project.current().root}|{config.source.path}")
     name = hashlib.sha256(where.encode()).hexdigest()[:16]
     return project.current().data / "_cache" / f"{kind}-{name}.json"
 
@@ -146,7 +147,8 @@ def record_appends(config: PipelineConfig) -> None:
         return
     record = _append_record(config)
     record.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(record, json.dumps([{"end": p.byte_range[1], "sha256": p.fingerprint()} for p in parts], indent=1))
+    atomic_write_text(record, json.dumps([{"end": p.byte_range[1], "sha256": p.fingerprint()} for p in parts],
+                                         indent=1))
 
 
 def record_source_run(config: PipelineConfig, keys: dict[str, str]) -> None:
@@ -158,7 +160,8 @@ def record_source_run(config: PipelineConfig, keys: dict[str, str]) -> None:
         return
     record = source_run_record(config.identity)
     record.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(record, json.dumps({"pipeline": config.name, "source": config.source.path, "keys": keys}, ensure_ascii=False, indent=1))
+    atomic_write_text(record, json.dumps({"pipeline": config.name, "source": config.source.path, "keys": keys},
+                                         ensure_ascii=False, indent=1))
 
 
 def source_run_record(identity: str) -> Path:

@@ -32,7 +32,8 @@ def diff_causes(stage: str, old: dict[str, Any], new: dict[str, Any]) -> list[st
         if code_old.get(module) != code_new.get(module):
             found = source_file(module)  # a package's code is its __init__.py
             root = project.current().root
-            shown = found.relative_to(root).as_posix() if found and found.is_relative_to(root) else f"{module.replace('.', '/')}.py"
+            shown = (found.relative_to(root).as_posix() if found and found.is_relative_to(root)
+                     else f"{module.replace('.', '/')}.py")
             why.append(f"code {shown} changed")
     libs_old, libs_new = old.get("libraries", {}), new.get("libraries", {})
     for lib in sorted(set(libs_old) | set(libs_new)):
@@ -71,7 +72,8 @@ def stage_states(store: StageStore, causes: dict[str, dict[str, Any]], keys: dic
                 rows.append({"stage": stage, "state": "corrupt", "key": key, "rows": None, "seconds": None,
                              "why": [f"{e}: the next run rebuilds it"]})
                 continue
-            rows.append({"stage": stage, "state": "cached", "key": key, "rows": m.rows, "seconds": m.seconds, "why": []})
+            rows.append({"stage": stage, "state": "cached", "key": key, "rows": m.rows, "seconds": m.seconds,
+                         "why": []})
             continue
         previous = latest_other(store, stage, key, pipeline)
         if previous is None:

@@ -61,7 +61,8 @@ class Manifest:
     created: float = field(default_factory=time.time)
     causes: dict[str, Any] = field(default_factory=dict)  # what the key hashed: `zhpipe status` diffs these
     files: dict[str, dict[str, Any]] = field(default_factory=dict)  # relative path -> {size, sha256}: checked on reuse
-    pipeline: str | None = None  # the pipeline whose run built it: `zhpipe status` explains a pipeline by its own builds
+    # the pipeline whose run built it: `zhpipe status` explains a pipeline by its own builds
+    pipeline: str | None = None
 
     @classmethod
     def from_json(cls, text: str, where: str = MANIFEST) -> "Manifest":
@@ -139,7 +140,8 @@ def local_root(root: str | Path) -> Path:
 
 
 # attempts at each request to an S3 store (botocore's standard retry mode: jittered backoff doubling to 20 s): an
-# object store that does not answer for a minute or two is waited out; reads and writes of whole objects are safe to repeat
+# object store that does not answer for a minute or two is waited out; reads and writes of whole objects are safe to
+# repeat
 S3_ATTEMPTS = 16
 
 
@@ -188,8 +190,9 @@ class StageStore:
         if self.fs is None or not path.is_relative_to(self.root):
             return local_path
         if self.url != reveal(self.url):
-            raise ZhpipeError(f"storage {self.url}: a Dask cluster on other machines cannot be given a storage URL with credentials; "
-                              "give the workers their credentials in their environment (e.g. AWS_ACCESS_KEY_ID) instead")
+            raise ZhpipeError(f"storage {self.url}: a Dask cluster on other machines cannot be given a storage URL "
+                              f"with credentials; give the workers their credentials in their environment (e.g. "
+                              f"AWS_ACCESS_KEY_ID) instead")
         return self.fs.unstrip_protocol(self._remote(*path.relative_to(self.root).parts))
 
     def is_done(self, stage: str, key: str) -> bool:
@@ -239,8 +242,10 @@ class StageStore:
         if self.fs is not None:
             if not self.fs.exists(self._remote(unit_folder(stage))):
                 return []
-            names = [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self._remote(unit_folder(stage)), detail=False)]
-            return [n for n in names if n != key and not n.startswith(".") and self.fs.exists(self._remote(unit_folder(stage), n, MANIFEST))]
+            names = [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self._remote(unit_folder(stage)),
+                                                                          detail=False)]
+            return [n for n in names if n != key and not n.startswith(".")
+                    and self.fs.exists(self._remote(unit_folder(stage), n, MANIFEST))]
         folder = self.root / unit_folder(stage)
         if not folder.is_dir():
             return []
@@ -264,7 +269,8 @@ class StageStore:
         for path in sorted(p for p in tmp.rglob("*") if p.is_file() and p.name != MANIFEST):
             with open(path, "rb") as f:
                 os.fsync(f.fileno())
-            manifest.files[path.relative_to(tmp).as_posix()] = {"size": path.stat().st_size, "sha256": file_sha256(path)}
+            manifest.files[path.relative_to(tmp).as_posix()] = {"size": path.stat().st_size,
+                                                                "sha256": file_sha256(path)}
         manifest.write(tmp)
         _fsync_dir(tmp)
         final = self.path(manifest.stage, manifest.key)

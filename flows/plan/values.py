@@ -45,11 +45,12 @@ def apply_set(raw: dict, assignment: str) -> None:
     parts = dotted.strip().split(".")
     value = parse_value(value)
     if parts[-1].endswith("_env") or any(k.endswith("_env") for k in mapping_keys(value)):
-        raise ConfigError(f"--set {dotted.strip()}: names of environment variables holding secrets are declared in pipelines.yaml, "
-                          "not in overrides")
+        raise ConfigError(f"--set {dotted.strip()}: names of environment variables holding secrets are declared in "
+                          f"pipelines.yaml, not in overrides")
     if len(parts) < 2:
         raise ConfigError(f"--set {assignment!r}: expected STAGE.PARAM=VALUE (e.g. train.epochs=2)")
-    node = raw.setdefault("source", {}) if parts[0] == "source" else raw.setdefault("stages", {}).setdefault(parts[0], {})
+    node = (raw.setdefault("source", {}) if parts[0] == "source"
+            else raw.setdefault("stages", {}).setdefault(parts[0], {}))
     for part in parts[1:-1]:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):

@@ -11,13 +11,15 @@ from flows.runtime import handover, server
 def cmd_server(args) -> int:
     if args.action == "start":
         if os.environ.get("PREFECT_API_URL"):
-            print(f"PREFECT_API_URL is set ({os.environ['PREFECT_API_URL']}): zhpipe uses that server; unset it to use a background one")
+            print(f"PREFECT_API_URL is set ({os.environ['PREFECT_API_URL']}): zhpipe uses that server; unset it to use "
+                  f"a background one")
             return 0
         already = server.running()
         print("starting a Prefect server in the background ..." if not already else "", end="", flush=True)
         state = server.start(args.port)
         print(f"{'' if already else ' '}Prefect server {'already ' if already else ''}running at {state['url']} "
-              f"(UI {state['url'].removesuffix('/api')}, pid {state['pid']}, log {state['log']}); zhpipe commands use it")
+              f"(UI {state['url'].removesuffix('/api')}, pid {state['pid']}, log {state['log']}); zhpipe commands use "
+              f"it")
         print(_ui_login())
     elif args.action == "stop":
         handover.stop()  # it runs commands against this server
@@ -43,7 +45,8 @@ def _ui_login() -> str:
 def add_parsers(sub) -> None:
     parser = sub.add_parser("server", help="a Prefect server in the background that every zhpipe command reuses "
                             "(instead of starting a temporary one each time)")
-    parser.add_argument("action", choices=["start", "stop", "status"], help="start it (or show the running one), stop it, "
+    parser.add_argument("action", choices=["start", "stop", "status"],
+                        help="start it (or show the running one), stop it, "
                         "or say whether it runs and where its UI is")
     parser.add_argument("--port", type=int, help="with start: the port (default: the project's own, from 4300-4999, "
                         "or ZHPIPE_SERVER_PORT)")

@@ -1,5 +1,5 @@
-"""The client side of the warm zhpipe process (`flows.runtime.warm`): `zhpipe run` and `zhpipe status` hand their command
-to the project's warm process when one serves their settings (`hand_over`), the first run leaves one behind
+"""The client side of the warm zhpipe process (`flows.runtime.warm`): `zhpipe run` and `zhpipe status` hand their
+command to the project's warm process when one serves their settings (`hand_over`), the first run leaves one behind
 (`spawn`), and `zhpipe server stop` stops it (`stop`). Nothing here imports Prefect, MLflow or the stages.
 """
 from __future__ import annotations
@@ -68,7 +68,8 @@ def fingerprint(environ: dict | None = None) -> str:
 
     environ = os.environ if environ is None else environ
     settings = sorted((k, v) for k, v in environ.items()
-                      if (k.startswith(_ENV_PREFIXES) or k.startswith("LC_") or k in _ENV_EXACT) and not k.startswith(_ENV_EXCLUDED))
+                      if (k.startswith(_ENV_PREFIXES) or k.startswith("LC_") or k in _ENV_EXACT)
+                      and not k.startswith(_ENV_EXCLUDED))
     blob = json.dumps([sys.executable, sys.version, str(Path(flows.__file__).resolve()), settings])
     return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -123,8 +124,8 @@ def context() -> dict:
     mask = os.umask(0)
     os.umask(mask)
     limits = {name: resource.getrlimit(getattr(resource, name)) for name in dir(resource) if name.startswith("RLIMIT_")}
-    return {"umask": mask, "limits": limits, "nice": os.getpriority(os.PRIO_PROCESS, 0), "groups": sorted(os.getgroups()),
-            "gid": os.getgid()}
+    return {"umask": mask, "limits": limits, "nice": os.getpriority(os.PRIO_PROCESS, 0),
+            "groups": sorted(os.getgroups()), "gid": os.getgid()}
 
 
 def _connect(state: dict) -> socket.socket | None:
@@ -252,7 +253,8 @@ def spawn(idle: float, environ: dict, root: Path | None = None) -> None:
     with private.open_private_log(log_file()) as log:
         subprocess.Popen([sys.executable, "-m", "flows.runtime.warm", "--idle", str(idle), "--fingerprint", mine,
                           *(["--project", str(root)] if root else [])],
-                         env=env, cwd=root, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                         env=env, cwd=root, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                         start_new_session=True)
 
 
 def _remove_socket(state: dict | None) -> None:

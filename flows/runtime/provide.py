@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from pathlib import Path
 
 from flows.plan import project
 from flows.runtime import handover, server
@@ -24,20 +23,22 @@ def find_server(needs) -> None:
 
 def _start_background_server() -> None:
     """The first run of a project starts the project's Prefect server in the background, with an idle timeout, so later
-    runs skip the 20 s start of a temporary server (`ZHPIPE_SERVER=temporary`: a temporary server per run, as before)."""
+    runs skip the 20 s start of a temporary server (`ZHPIPE_SERVER=temporary`: a temporary server per run, as
+    before)."""
     if os.environ.get("ZHPIPE_SERVER", "background") == "temporary":
         return
     idle = server.idle_timeout()
     after = f"{idle / 60:.0f} min" if idle >= 60 else f"{idle:.0f} s"
     beside = ", and a warm zhpipe process beside it that skips their imports" if handover.enabled() else ""
-    print(f"starting this project's Prefect server in the background (about 20 s, once; later runs reuse it{beside}; both "
-          f"stop {after} after the last zhpipe command, or with `zhpipe server stop`) ...", end="", flush=True)
+    print(f"starting this project's Prefect server in the background (about 20 s, once; later runs reuse it{beside}; "
+          f"both stop {after} after the last zhpipe command, or with `zhpipe server stop`) ...", end="", flush=True)
     try:
         state = server.start(idle=idle)
     except ZhpipeError as e:  # a taken port, say: this run goes on with a temporary server
         print(f" not started ({e}); using a temporary server", flush=True)
         return
-    print(f" running at {state['url'].removesuffix('/api')} (its UI asks for the credentials `zhpipe server status` prints)",
+    print(f" running at {state['url'].removesuffix('/api')} (its UI asks for the credentials `zhpipe server status` "
+          f"prints)",
           flush=True)
 
 
@@ -62,7 +63,7 @@ def watched(needs, command: str, abort):
     return server.watched(url, lost)
 
 
-def leave_warm(needs, environ: dict[str, str], root: Path) -> None:
+def leave_warm(needs, environ: dict[str, str]) -> None:
     """A warm process beside the background server for the next commands (it stops with the server's timeout)."""
     if needs.leaves_warm and environ.get("PREFECT_API_URL") and os.environ.get("ZHPIPE_SERVER") != "temporary":
-        handover.spawn(server.idle_timeout(), environ, root)
+        handover.spawn(server.idle_timeout(), environ, project.current().root)

@@ -34,7 +34,8 @@ def _healthy(url: str, timeout: float = 0.5, auth: str | None = None) -> bool:
         return False
     if auth is None:
         return True
-    return status_of(f"{url}/admin/version", None, timeout) == 401 and status_of(f"{url}/admin/version", auth, timeout) == 200
+    return status_of(f"{url}/admin/version", None, timeout) == 401 and status_of(f"{url}/admin/version", auth,
+                                                                                 timeout) == 200
 
 
 def _port(url: str) -> int:
@@ -67,7 +68,8 @@ def running() -> dict | None:
     try:
         url = state["url"]
         listener = procs.listener_uid(_port(url))  # None without /proc (not Linux): the credentials decide alone
-        ours = procs.is_ours(state) and (listener == os.getuid() or (listener is None and not Path("/proc/net/tcp").exists()))
+        ours = procs.is_ours(state) and (listener == os.getuid()
+                                         or (listener is None and not Path("/proc/net/tcp").exists()))
     except (KeyError, TypeError, ValueError, IndexError):
         ours = False
     if ours and _healthy(url, auth=credentials()):
@@ -223,11 +225,13 @@ def start(port: int | None = None, timeout: float = 180.0, idle: float | None = 
     argv = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
     if idle is not None:
         argv = [sys.executable, "-m", "flows.runtime.server", "--idle", str(idle), "--", *argv]
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH")) if p)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[2]),
+                                                        env.get("PYTHONPATH")) if p)
     users_dir().mkdir(parents=True, exist_ok=True)
     (users_dir() / str(os.getpid())).touch()  # the starter is a user while it waits: the idle clock waits with it
     with open_private_log(log, "w") as out:
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
     deadline = time.monotonic() + timeout
     marker = f"server start --host 127.0.0.1 --port {port}"  # in the command line of both the supervisor and the server
     while not _healthy(url, timeout=2, auth=auth):
@@ -238,7 +242,8 @@ def start(port: int | None = None, timeout: float = 180.0, idle: float | None = 
             os.killpg(proc.pid, signal.SIGTERM)
             raise ZhpipeError(f"prefect server did not answer on {url} within {timeout:.0f} s; see {log}")
         time.sleep(0.5)
-    state = {**procs.identity(proc.pid, marker), "url": url, "log": str(log), **({"idle_s": idle} if idle is not None else {})}
+    state = {**procs.identity(proc.pid, marker), "url": url, "log": str(log),
+             **({"idle_s": idle} if idle is not None else {})}
     write_state(state_file(), state)
     return state
 
@@ -263,7 +268,8 @@ def stop(timeout: float = 30.0) -> dict | None:
     return state
 
 
-if __name__ == "__main__":  # the supervisor of a server started with an idle timeout: python -m flows.runtime.server --idle S -- ARGV...
+# the supervisor of a server started with an idle timeout: python -m flows.runtime.server --idle S -- ARGV...
+if __name__ == "__main__":
     import argparse
 
     ap = argparse.ArgumentParser()

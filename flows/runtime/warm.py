@@ -4,10 +4,10 @@ spend seconds importing Prefect, MLflow and the stages again.
 The first `zhpipe run` that uses the background server leaves this process behind (`python -m flows.runtime.warm`): it
 imports what a run imports, then waits on a Unix socket in a folder only its user can enter (`handover.socket_dir`;
 one warm process per project, for the settings of the run that started it, below). A later `zhpipe run` or `zhpipe
-status` (the client, `flows.runtime.handover`, which imports nothing heavy) hands it its arguments, working folder, environment and its
-stdin/stdout/stderr; the warm process forks, and the fork runs the command as the client would have, writing
-to the client's own terminal, while the client waits for its exit status (Ctrl-C is passed on). Each command
-runs in a fresh fork, so nothing of one run leaks into the next.
+status` (the client, `flows.runtime.handover`, which imports nothing heavy) hands it its arguments, working folder,
+environment and its stdin/stdout/stderr; the warm process forks, and the fork runs the command as the client would
+have, writing to the client's own terminal, while the client waits for its exit status (Ctrl-C is passed on). Each
+command runs in a fresh fork, so nothing of one run leaks into the next.
 
 It serves only clients that would import the same code with the same settings: the same Python, the same
 `flows` package and the same PREFECT_*, MLFLOW_*, ZHPIPE_* and PYTHON* variables (Prefect reads its settings
@@ -38,8 +38,10 @@ from flows.runtime import handover, procs
 from flows.runtime.handover import fingerprint, read_state, recv, send, state_file
 
 # what a run imports: loaded once here, shared by every fork
-PRELOAD = ("flows.cli", "flows.cli.run", "flows.orchestrate.pipeline", "flows.orchestrate.execute", "flows.orchestrate.model_stages",
-           "flows.track.tracker", "flows.track.champion", "flows.plan.status", "flows.track.serving", "prefect.flow_engine", "prefect.task_engine",
+PRELOAD = ("flows.cli", "flows.cli.run", "flows.orchestrate.pipeline", "flows.orchestrate.execute",
+           "flows.orchestrate.model_stages",
+           "flows.track.tracker", "flows.track.champion", "flows.plan.status", "flows.track.serving",
+           "prefect.flow_engine", "prefect.task_engine",
            "prefect.utilities.visualization", "mlflow", "mlflow.tracking", "mlflow.store.tracking.sqlalchemy_store",
            "mlflow.store.model_registry.sqlalchemy_store", "sqlalchemy.dialects.sqlite", "alembic.config",
            "huggingface_hub.file_download")
@@ -148,11 +150,13 @@ def _admit(conn: socket.socket, request: dict, files: dict, mine: str) -> None:
 
 
 def _become_client(request: dict, fds: list[int]) -> None:
-    """In the fork: the client's process group, signals, stdin/stdout/stderr, folder, environment, time zone and argv."""
+    """In the fork: the client's process group, signals, stdin/stdout/stderr, folder, environment, time zone and
+    argv."""
     os.setpgid(0, 0)  # its own process group: the client's signals reach it and what it starts, no one else
     from tasks.urls import redact_text
 
-    print(f"warm: running `zhpipe {' '.join(redact_text(a) for a in request['argv'])}` in process {os.getpid()}", flush=True)
+    print(f"warm: running `zhpipe {' '.join(redact_text(a) for a in request['argv'])}` in process {os.getpid()}",
+          flush=True)
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGQUIT, signal.SIGTSTP, signal.SIGCONT):
         signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -228,7 +232,8 @@ def serve(idle: float, mine: str, root: str | None = None) -> int:
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     signal.signal(signal.SIGINT, lambda *_: stopping.append(True))
-    state = {**procs.identity(os.getpid(), "flows.runtime.warm"), "socket": path, "fingerprint": mine, "modules": len(files)}
+    state = {**procs.identity(os.getpid(), "flows.runtime.warm"), "socket": path, "fingerprint": mine,
+             "modules": len(files)}
     private.write_state(state_file(mine), state)
     print(f"warm: {len(files)} modules imported in {time.monotonic() - t0:.1f} s; listening on {path}", flush=True)
     clients: dict[int, socket.socket] = {}
@@ -251,7 +256,8 @@ def serve(idle: float, mine: str, root: str | None = None) -> int:
                 os.read(wake_r, 512)
             if _reap(clients):
                 last = time.monotonic()
-            if listener.fileno() >= 0 and listener in ready and _accept(listener, clients, (wake_r, wake_w), files, mine):
+            if listener.fileno() >= 0 and listener in ready and _accept(listener, clients, (wake_r, wake_w), files,
+                                                                        mine):
                 last = time.monotonic()
     finally:
         if os.getpid() == me:  # not in a fork leaving through here
@@ -319,7 +325,8 @@ def _reap(clients: dict[int, socket.socket]) -> bool:
     return ended
 
 
-def _accept(listener: socket.socket, clients: dict[int, socket.socket], wake: tuple[int, int], files: dict, mine: str) -> bool:
+def _accept(listener: socket.socket, clients: dict[int, socket.socket], wake: tuple[int, int], files: dict,
+            mine: str) -> bool:
     """A client of this user: a fork runs its command (and never returns here); another user's is refused."""
     conn, _ = listener.accept()
     _, uid, _ = procs.peer(conn)

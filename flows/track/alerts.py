@@ -58,8 +58,10 @@ def _block(alerts: Alerts):
         return NotificationBlock.load(alerts.block)
     if alerts.webhook:
         # a slow webhook is waited for (timeout_s): one Prefect gives up on is sent the event again, more than once
-        block = CustomWebhookNotificationBlock(name="zhpipe", url=alerts.webhook, method="POST", allow_private_urls=alerts.allow_private_urls,
-                                               json_data={"subject": "{{subject}}", "text": "{{body}}"}, timeout=alerts.timeout_s)
+        block = CustomWebhookNotificationBlock(name="zhpipe", url=alerts.webhook, method="POST",
+                                               allow_private_urls=alerts.allow_private_urls,
+                                               json_data={"subject": "{{subject}}", "text": "{{body}}"},
+                                               timeout=alerts.timeout_s)
     else:
         block = SlackWebhook(url=alerts.slack, allow_private_urls=alerts.allow_private_urls)
     block.save(BLOCK, overwrite=True)
@@ -96,8 +98,9 @@ def check_target(alerts: Alerts) -> None:
     url = alerts.webhook or alerts.slack
     address = private_address(url) if url and not alerts.allow_private_urls else None
     if address:
-        raise ConfigError(f"alerts: {redact_webhook(url)} resolves to the private address {address}, and Prefect refuses to send "
-                          "alerts there; if it is yours (an internal chat relay, a gateway on this machine), set "
+        raise ConfigError(f"alerts: {redact_webhook(url)} resolves to the private address {address}, and Prefect "
+                          f"refuses to send alerts there; if it is yours (an internal chat relay, a gateway on this "
+                          f"machine), set "
                           "`alerts: {allow_private_urls: true}` in pipelines.yaml")
 
 
@@ -112,10 +115,13 @@ def setup(alerts: Alerts) -> dict[str, str]:
     for event in [*alerts.events, "zhpipe.alerts.test"]:
         name = f"zhpipe: {event}"
         remove([name])
-        trigger = EventTrigger(expect={event}, match={"prefect.resource.id": "zhpipe.pipeline.*"}, posture="Reactive", threshold=1, within=0)
-        action = SendNotification(block_document_id=block._block_document_id, subject=f"zhpipe {{{{ event.resource.name }}}}: {event}",
+        trigger = EventTrigger(expect={event}, match={"prefect.resource.id": "zhpipe.pipeline.*"}, posture="Reactive",
+                               threshold=1, within=0)
+        action = SendNotification(block_document_id=block._block_document_id,
+                                  subject=f"zhpipe {{{{ event.resource.name }}}}: {event}",
                                   body="{{ event.payload.message }}")
-        names[name] = str(Automation(name=name, description=EVENTS.get(event, ""), trigger=trigger, actions=[action]).create().id)
+        names[name] = str(Automation(name=name, description=EVENTS.get(event, ""), trigger=trigger,
+                                     actions=[action]).create().id)
     return names
 
 
@@ -135,8 +141,10 @@ def delivery(automation_id: str, event_id: str, wait_s: float, url: str | None =
     start = time.monotonic()
     deadline = start + wait_s
     since = datetime.now(timezone.utc) - timedelta(minutes=5)
-    until = datetime.now(timezone.utc) + timedelta(seconds=wait_s + 60)  # the filter's default end is the moment it is made
-    wanted = EventFilter(occurred=EventOccurredFilter(since=since, until=until), event=EventNameFilter(prefix=["prefect.automation."]),
+    # the filter's default end is the moment it is made
+    until = datetime.now(timezone.utc) + timedelta(seconds=wait_s + 60)
+    wanted = EventFilter(occurred=EventOccurredFilter(since=since, until=until),
+                         event=EventNameFilter(prefix=["prefect.automation."]),
                          resource=EventResourceFilter(id=[f"prefect.automation.{automation_id}"]))
     fired = None
     with get_client(sync_client=True) as client:
@@ -157,7 +165,8 @@ def delivery(automation_id: str, event_id: str, wait_s: float, url: str | None =
                     return False, f"the server's attempts failed; from here, {unreachable}"
             time.sleep(0.5)
     if not fired:
-        return None, f"the automation did not fire within {wait_s:.0f} s (is the Prefect server's automation service running?)"
+        return (None, f"the automation did not fire within {wait_s:.0f} s (is the Prefect server's automation service "
+                f"running?)")
     return None, f"no outcome within {wait_s:.0f} s (the webhook answers too slowly, or the server's log says why)"
 
 

@@ -63,7 +63,8 @@ def test_sha256(test) -> str:
 
 
 def _update(h, rows: pd.DataFrame) -> None:
-    listed = [c for c in SCORED[2:] if c in rows and len(rows) and isinstance(rows[c].iloc[0], (list, tuple, np.ndarray))]
+    listed = [c for c in SCORED[2:] if c in rows and len(rows)
+              and isinstance(rows[c].iloc[0], (list, tuple, np.ndarray))]
     rows = rows.assign(**{c: [" ".join(t) for t in rows[c]] for c in listed})  # a tag sequence, say
     for row in rows[[c for c in SCORED if c in rows]].itertuples(index=False):
         h.update(("\x1f".join(map(str, row)) + "\x1e").encode("utf-8"))
@@ -79,8 +80,8 @@ def resolve(uri: str) -> tuple[str, str]:
 
 
 def revision(uri: str) -> str:
-    """What a stage key sees of a registered model (`flows.plan.keys.Registry`): `<name>/<version>`; a model the registry
-    does not have, or a registry that cannot be read, is one clear error."""
+    """What a stage key sees of a registered model (`flows.plan.keys.Registry`): `<name>/<version>`; a model the
+    registry does not have, or a registry that cannot be read, is one clear error."""
     from tasks.errors import ConfigError
 
     try:
@@ -88,11 +89,13 @@ def revision(uri: str) -> str:
     except ConfigError:
         raise
     except Exception as e:  # noqa: BLE001 - the store unreadable, say: said in one line, never a key built on it
-        raise ConfigError(f"{uri}: the model registry could not be read ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+        raise ConfigError(f"{uri}: the model registry could not be read ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:200]})") from None
 
 
 def download(uri: str, cache: Path) -> tuple[str, Path]:
-    """A registered model's files in `cache/<name>/<version>` (downloaded once, atomically): (models:/<name>/<version>, folder)."""
+    """A registered model's files in `cache/<name>/<version>` (downloaded once, atomically): (models:/<name>/<version>,
+    folder)."""
     import shutil
     import tempfile
 
@@ -140,13 +143,16 @@ def decide(new_score: float, new_hash: str, champion: dict | None, metric: str) 
                        f"({old_hash[:12] or 'unknown'} vs {new_hash[:12]}); the alias stays"), None
     old_score = float(champion.get("zhpipe.score", "nan"))
     if round(new_score, 6) > old_score:  # scores are stored with 6 decimals
-        return True, f"test {metric} {new_score:.4f} beats champion version {old_version} ({old_score:.4f}) on the same test split", old_score
-    return False, (f"test {metric} {new_score:.4f} does not beat champion version {old_version} ({old_score:.4f}) on the same "
-                   "test split; the alias stays"), old_score
+        return (True, f"test {metric} {new_score:.4f} beats champion version {old_version} ({old_score:.4f}) on the "
+                f"same test split", old_score)
+    return False, (f"test {metric} {new_score:.4f} does not beat champion version {old_version} ({old_score:.4f}) on "
+                   f"the same test split; the alias stays"), old_score
 
 
 DATA_SUSPECT = "the test rows, not the model"
-OWN_DROP = "; the champion itself scores "  # where that note starts in a decision's reason  # what a decision adds when the champion itself fell on today's test rows
+# where that note starts in a decision's reason  # what a decision adds when the champion itself fell on today's test
+# rows
+OWN_DROP = "; the champion itself scores "
 
 
 def own_drop(champion: dict, today: float, rows: int, proportion: bool) -> str:
@@ -172,12 +178,13 @@ WORSE = "worse beyond"  # what a decision says when the new version scored below
 
 
 def kept_worse(reason: str) -> bool:
-    """Whether a champion decision kept the alias because the new version is worse overall beyond the noise, or could not
-    be scored: news for a person, unlike a difference inside the noise or one slice below the tolerance."""
+    """Whether a champion decision kept the alias because the new version is worse overall beyond the noise, or could
+    not be scored: news for a person, unlike a difference inside the noise or one slice below the tolerance."""
     return WORSE in reason or "could not be scored" in reason
 
 
-def decide_paired(version: str, champion: dict | None, metric: str, served: Callable[[str], Any], rule) -> tuple[bool, str, float | None]:
+def decide_paired(version: str, champion: dict | None, metric: str, served: Callable[[str], Any],
+                  rule) -> tuple[bool, str, float | None]:
     """The champion rule on the same test rows: the new version and the champion (its tags; None when there is none)
     are scored as they are served (`served(version)` -> `Outcomes`), and the new one replaces the champion only when
     the paired bootstrap interval of the difference lies above zero and no slice is worse beyond the tolerance
@@ -199,11 +206,13 @@ def decide_paired(version: str, champion: dict | None, metric: str, served: Call
     c = compare(old, challenger, rounds=rule.rounds, confidence=rule.confidence, tolerance=rule.slice_tolerance,
                 min_slice_rows=rule.min_slice_rows)
     points = 100 if challenger.proportion else 1  # a metric that is not a proportion (BLEU) is in points already
-    said = (f"test {metric} {c.challenger:.4f} against champion version {old_version}'s {c.champion:.4f} on the same {c.rows} rows "
-            f"(both as served): {points * c.difference:+.2f}, {c.confidence:.0%} interval {points * c.low:+.2f} to {points * c.high:+.2f} "
-            f"(paired bootstrap)") + own_drop(champion, c.champion, c.rows, challenger.proportion)
+    said = (f"test {metric} {c.challenger:.4f} against champion version {old_version}'s {c.champion:.4f} on the same "
+            f"{c.rows} rows (both as served): {points * c.difference:+.2f}, {c.confidence:.0%} interval "
+            f"{points * c.low:+.2f} to {points * c.high:+.2f} (paired bootstrap)")
+    said += own_drop(champion, c.champion, c.rows, challenger.proportion)
     if c.worse_slices:
-        return False, f"{said}; worse on {'; '.join(c.worse_slices[:3])} (evaluate.champion.slice_tolerance); the alias stays", c.champion
+        return (False, f"{said}; worse on {'; '.join(c.worse_slices[:3])} (evaluate.champion.slice_tolerance); the "
+                f"alias stays", c.champion)
     if c.high < 0:
         return False, f"{said}: {WORSE} the noise; the alias stays", c.champion
     if c.low <= 0:
@@ -250,7 +259,8 @@ def _registry_lock(name: str):
         if os.environ.get("PREFECT_API_URL"):
             from flows.orchestrate.workers import global_slot
 
-            with global_slot(f"zhpipe-registry-{name}", f"registry: another run is deciding the {name} champion; waiting"):
+            with global_slot(f"zhpipe-registry-{name}", f"registry: another run is deciding the {name} champion; "
+                             f"waiting"):
                 yield
         else:
             yield
@@ -263,7 +273,8 @@ def _register(model_uri: str, name: str, tags: dict[str, str]) -> str:
     from flows.track.tracker import client, tracking_uri
 
     mlflow.set_tracking_uri(tracking_uri())
-    with contextlib.redirect_stderr(io.StringIO()):  # MLflow's "Successfully registered model ..." print: the run says it
+    # MLflow's "Successfully registered model ..." print: the run says it
+    with contextlib.redirect_stderr(io.StringIO()):
         version = str(mlflow.register_model(model_uri, name).version)
     for key, value in tags.items():
         client().set_model_version_tag(name, version, key, value)
@@ -284,12 +295,14 @@ def _settled(c, name: str, existing, model: str, model_key: str, digest: str, sc
         return None
     reason = f"already registered as version {version} (key {model_key}); {kept}"
     log.info("registry: %s version %s (%s): %s", name, version, model, reason)
-    return Decision(name, version, False, reason, score, float(existing.tags["zhpipe.champion_score"]), digest, settled=True)
+    return Decision(name, version, False, reason, score, float(existing.tags["zhpipe.champion_score"]), digest,
+                    settled=True)
 
 
 def _decided(tags: dict, champion: dict | None, digest: str) -> str | None:
     """Why a registered version was kept against this champion on these test rows, when it was decided before."""
-    if champion is None or tags.get("zhpipe.kept_by") != f"{champion['version']} {digest}" or "zhpipe.champion_score" not in tags:
+    if (champion is None or tags.get("zhpipe.kept_by") != f"{champion['version']} {digest}"
+            or "zhpipe.champion_score" not in tags):
         return None
     return tags.get("zhpipe.kept_because")
 
@@ -308,8 +321,10 @@ def register_best(model_uri: str, run_id: str, pipeline: str, model: str, test, 
     name, digest, c = registered_name(pipeline), test_sha256(test), client()
     existing = registered_version(name, model_key)
     if existing is None:
-        version = _register(model_uri, name, {"zhpipe.model": model, "zhpipe.test_sha256": digest, "zhpipe.metric": metric,
-                                              "zhpipe.score": f"{score:.6f}", "zhpipe.run_id": run_id, "zhpipe.model_key": model_key})
+        version = _register(model_uri, name, {"zhpipe.model": model, "zhpipe.test_sha256": digest,
+                                              "zhpipe.metric": metric,
+                                              "zhpipe.score": f"{score:.6f}", "zhpipe.run_id": run_id,
+                                              "zhpipe.model_key": model_key})
     else:
         version = str(existing.version)
         settled = _settled(c, name, existing, model, model_key, digest, score)
@@ -325,7 +340,8 @@ def register_best(model_uri: str, run_id: str, pipeline: str, model: str, test, 
         for _ in range(5):
             champion = _champion(c, name)
             if champion is not None and str(champion["version"]) == version:
-                promote, reason, already = False, f"version {version} ({model}, key {model_key}) is already the champion", True
+                promote, reason, already = (False, f"version {version} ({model}, key {model_key}) is already the "
+                                            f"champion", True)
                 break
             if served is not None:
                 promote, reason, champion_score = decide_paired(version, champion, metric, served, rule)

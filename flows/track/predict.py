@@ -40,14 +40,15 @@ def load_model(uri: str):
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         from tasks.urls import redact, redact_text
 
-        return ZhpipeError(f"cannot load model {uri} from {redact(tracking_uri())}: {redact_text(first)}; run a pipeline first "
-                           "(`zhpipe run`) or pass --model")
+        return ZhpipeError(f"cannot load model {uri} from {redact(tracking_uri())}: {redact_text(first)}; run a "
+                           f"pipeline first (`zhpipe run`) or pass --model")
 
     # the model's files first, its code not yet run: a model logged with other code answers from a child process
     # that runs that code, never from this one
     from flows.track.trust import trusted
 
-    try:  # a registered version this project logged, under its own artifact root, pinned; or one line and nothing loaded
+    # a registered version this project logged, under its own artifact root, pinned; or one line and nothing loaded
+    try:
         source = trusted(uri)
     except ConfigError as e:  # no such version: said as any model that cannot be loaded
         raise cannot(e) from None
@@ -63,7 +64,8 @@ def load_model(uri: str):
         raise cannot(e) from None
     changed = code_drift(local)
     if changed:
-        log.info("predict: %s was logged with other zhpipe code (%s%s); it answers with its logged code, as MLflow serves it",
+        log.info("predict: %s was logged with other zhpipe code (%s%s); it answers with its logged code, as MLflow "
+                 "serves it",
                  uri, ", ".join(changed[:3]), " ..." if len(changed) > 3 else "")
         return LoggedCodeModel(local)
     from flows.track.requirements import by_name
@@ -82,9 +84,11 @@ def code_drift(folder: Path) -> list[str]:
     logged = folder / "code"
     if not logged.is_dir():
         return []
-    names = {p.relative_to(logged).as_posix() for p in logged.glob("*/**/*.py") if p.parts[len(logged.parts)] in ("flows", "tasks")}
+    names = {p.relative_to(logged).as_posix() for p in logged.glob("*/**/*.py")
+             if p.parts[len(logged.parts)] in ("flows", "tasks")}
     names |= {p.relative_to(CODE).as_posix() for package in ("flows", "tasks") for p in (CODE / package).rglob("*.py")}
-    return sorted(n for n in names if not ((logged / n).is_file() and (CODE / n).is_file() and (logged / n).read_bytes() == (CODE / n).read_bytes()))
+    return sorted(n for n in names if not ((logged / n).is_file() and (CODE / n).is_file()
+                                           and (logged / n).read_bytes() == (CODE / n).read_bytes()))
 
 
 _CHILD = """
@@ -112,9 +116,11 @@ class LoggedCodeModel:
 
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         self.folder = folder
-        self.errors = Path(tempfile.mkstemp(prefix="zhpipe-predict-", suffix=".log")[1])  # its warnings and errors, not the console
+        # its warnings and errors, not the console
+        self.errors = Path(tempfile.mkstemp(prefix="zhpipe-predict-", suffix=".log")[1])
         with open(self.errors, "w") as err:
-            self.proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(folder)], cwd=folder, env=env, stdin=subprocess.PIPE,
+            self.proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(folder)], cwd=folder, env=env,
+                                         stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=err, text=True, encoding="utf-8")
         if "ready" not in self._read():
             raise ZhpipeError(f"the model in {folder} could not be loaded with its logged code")
@@ -156,7 +162,8 @@ class LoggedCodeModel:
 def read_input(path: Path, text_column: str) -> pd.DataFrame:
     kind = READERS.get(path.suffix.lower())
     if kind is None:
-        raise ConfigError(f"--input {path}: unknown file type '{path.suffix}' (expected .csv, .tsv, .jsonl or .parquet)")
+        raise ConfigError(f"--input {path}: unknown file type '{path.suffix}' (expected .csv, .tsv, .jsonl or "
+                          f".parquet)")
     if not path.is_file():
         raise DataError(f"--input {path}: no such file")
     try:
@@ -170,11 +177,13 @@ def read_input(path: Path, text_column: str) -> pd.DataFrame:
             if kind == "jsonl":
                 df = pd.read_json(path, lines=True, dtype=False, encoding=encoding)
             else:  # "NA", "null" and "" stay texts: only a missing field is missing
-                df = pd.read_csv(path, sep="\t" if kind == "tsv" else ",", dtype=str, keep_default_na=False, encoding=encoding)
+                df = pd.read_csv(path, sep="\t" if kind == "tsv" else ",", dtype=str, keep_default_na=False,
+                                 encoding=encoding)
     except (ValueError, OSError, pd.errors.ParserError) as e:
         raise DataError(f"--input {path}: unreadable {kind}: {str(e).splitlines()[0][:200]}") from None
     if text_column not in df:
-        raise DataError(f"--input {path}: no text column '{text_column}' (columns found: {', '.join(map(str, df.columns))}); use --text-column")
+        raise DataError(f"--input {path}: no text column '{text_column}' (columns found: "
+                        f"{', '.join(map(str, df.columns))}); use --text-column")
     return df
 
 
@@ -182,7 +191,8 @@ def write_table(df: pd.DataFrame, path: Path) -> None:
     """Write by extension, atomically (a temporary sibling renamed into place)."""
     kind = READERS.get(path.suffix.lower())
     if kind is None:
-        raise ConfigError(f"--output {path}: unknown file type '{path.suffix}' (expected .csv, .tsv, .jsonl or .parquet)")
+        raise ConfigError(f"--output {path}: unknown file type '{path.suffix}' (expected .csv, .tsv, .jsonl or "
+                          f".parquet)")
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     if kind == "parquet":
         df.to_parquet(tmp, index=False)
@@ -204,10 +214,12 @@ def predict_chunk(chunk, params: dict) -> pd.DataFrame:
     """Chunk function: the label and probabilities of one chunk's texts (the model is loaded once per worker)."""
     from tasks.io import read_chunk
 
-    return predict_frame(_cached_model(params["uri"]), read_chunk(chunk, columns=[params["text_column"]]), params["text_column"])
+    return predict_frame(_cached_model(params["uri"]), read_chunk(chunk, columns=[params["text_column"]]),
+                         params["text_column"])
 
 
-def predict_distributed(uri: str, df: pd.DataFrame, text_column: str, executor: str, chunk_rows: int = 2000) -> pd.DataFrame:
+def predict_distributed(uri: str, df: pd.DataFrame, text_column: str, executor: str,
+                        chunk_rows: int = 2000) -> pd.DataFrame:
     """Batch prediction in chunks on Dask ("local" or a scheduler address): the texts are written as Parquet
     row groups, each worker loads the model once and labels the chunks it is given."""
     import tempfile
@@ -219,7 +231,8 @@ def predict_distributed(uri: str, df: pd.DataFrame, text_column: str, executor: 
         src = Path(tmp) / "texts.parquet"
         write_parquet(df[[text_column]], src, row_group_rows=chunk_rows)
         try:
-            parts = list(DaskRunner(executor).map(predict_chunk, chunk_plan(src, chunk_rows), {"uri": uri, "text_column": text_column}, desc="predict"))
+            parts = list(DaskRunner(executor).map(predict_chunk, chunk_plan(src, chunk_rows),
+                                                  {"uri": uri, "text_column": text_column}, desc="predict"))
         finally:
             shutdown()
     return pd.concat(parts, ignore_index=True)

@@ -53,7 +53,8 @@ def _comparison_figure(plt, name: str, night: pd.DataFrame, reference: pd.DataFr
     axes = list(axes) if labelled else [axes]
     lengths = axes[-1]
     both = [night["text"].str.len()] + ([reference["text"].str.len()] if reference is not None else [])
-    top = max(1.0, float(np.quantile(pd.concat(both), LENGTH_QUANTILE)))  # clipped to the data: a few long texts squeeze the rest
+    # clipped to the data: a few long texts squeeze the rest
+    top = max(1.0, float(np.quantile(pd.concat(both), LENGTH_QUANTILE)))
     bins = np.linspace(0, top, 41)
     lengths.hist(night["text"].str.len().clip(upper=top), bins=bins, alpha=0.6, density=True, label=name)
     if reference is not None:
@@ -84,7 +85,8 @@ def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-STYLE = """body{font-family:sans-serif;max-width:1000px;margin:2em auto;color:#222}table{border-collapse:collapse;margin:.5em 0}
+STYLE = """body{font-family:sans-serif;max-width:1000px;margin:2em auto;color:#222}
+table{border-collapse:collapse;margin:.5em 0}
 td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:left}tr.bad td{background:#fde2e2}
 .verdict{font-size:20px;padding:.6em;border-radius:6px}.ok{background:#e3f6e3}.worry{background:#fde2e2}"""
 
@@ -114,17 +116,22 @@ def worries(ok: bool, checks_rows: list[dict], champion: dict[str, str]) -> list
     return lines
 
 
-def render(title: str, ok: bool, arrived: list[dict], checks_rows: list[dict], plots: list[str], champion: dict[str, str],
-           metrics: dict[str, float] | None = None) -> str:
+def render(title: str, ok: bool, arrived: list[dict], checks_rows: list[dict], plots: list[str],
+           champion: dict[str, str], metrics: dict[str, float] | None = None) -> str:
     """The page. `metrics`: the headline test metrics of the run's best model (every night, the first included)."""
     lines = worries(ok, checks_rows, champion)
-    verdict = ("<div class='verdict worry'>Look at this run: " + "; ".join(html.escape(x) for x in lines) + "</div>" if lines
+    verdict = ("<div class='verdict worry'>Look at this run: " + "; ".join(html.escape(x) for x in lines) + "</div>"
+               if lines
                else "<div class='verdict ok'>Nothing to worry about: every check passed and the run completed.</div>")
-    quarantined = [{"partition": a["partition"], **{r: a.get(f"dropped_{r}", 0) for r in REASONS if a.get(f"dropped_{r}")}} for a in arrived]
+    quarantined = [{"partition": a["partition"], **{r: a.get(f"dropped_{r}", 0) for r in REASONS
+                                                    if a.get(f"dropped_{r}")}} for a in arrived]
     reasons = [r for r in REASONS if any(q.get(r) for q in quarantined)]
     decision = champion.get("zhpipe.champion_reason", "no model was registered by this run")
-    state = {"yes": "promoted", "already": "already the champion", "no": "kept out: the champion stays"}.get(champion.get("zhpipe.champion", ""), "")
-    return f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title><style>{STYLE}</style></head><body>
+    state = {"yes": "promoted", "already": "already the champion",
+             "no": "kept out: the champion stays"}.get(champion.get("zhpipe.champion", ""), "")
+    return f"""<!doctype html><html><head><meta charset="utf-8">
+<title>{html.escape(title)}</title><style>{STYLE}</style></head>
+<body>
 <h1>zhpipe night report</h1><p>{html.escape(title)}</p>{verdict}
 <h2>What arrived</h2>{_table(arrived, ["partition", "cache", "rows_in", "rows_kept", "rows_dropped"])}
 <h2>Quarantined, by reason</h2>{_table(quarantined, ["partition", *reasons]) if reasons else "<p>nothing</p>"}
@@ -132,5 +139,6 @@ def render(title: str, ok: bool, arrived: list[dict], checks_rows: list[dict], p
                               ["partition", "check", "severity", "figure", "threshold", "result", "note"])}
 <h2>Tonight against the reference</h2>{"".join(plots) or "<p>no partition was judged in this run</p>"}
 <h2>Model</h2>{_metrics(metrics or {})}
-<h2>Champion</h2><p><b>{html.escape(champion.get("zhpipe.registered", "-"))}</b> {html.escape(state)}</p><p>{html.escape(decision)}</p>
+<h2>Champion</h2><p><b>{html.escape(champion.get("zhpipe.registered", "-"))}</b> {html.escape(state)}</p>
+<p>{html.escape(decision)}</p>
 </body></html>"""

@@ -40,13 +40,15 @@ def runs_from_client(pipeline: str | None, limit: int) -> list:
     if pipeline:
         exp = c.get_experiment_by_name(f"zhpipe-{pipeline}")
         if exp is None:
-            raise ZhpipeError(f"no runs of pipeline '{pipeline}' (no MLflow experiment zhpipe-{pipeline}); run `zhpipe run {pipeline}` first")
+            raise ZhpipeError(f"no runs of pipeline '{pipeline}' (no MLflow experiment zhpipe-{pipeline}); run `zhpipe "
+                              f"run {pipeline}` first")
         ids = [exp.experiment_id]
     else:
         ids = [e.experiment_id for e in c.search_experiments() if e.name.startswith("zhpipe-")]
     if not ids:
         return []
-    return c.search_runs(ids, filter_string="tags.`zhpipe.pipeline` != ''", order_by=["attributes.start_time DESC"], max_results=limit)
+    return c.search_runs(ids, filter_string="tags.`zhpipe.pipeline` != ''", order_by=["attributes.start_time DESC"],
+                         max_results=limit)
 
 
 class _Run:
@@ -69,21 +71,26 @@ def _runs_from_sqlite(db: Path, pipeline: str | None, limit: int) -> list | None
         con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
         try:
             where, args = ("name = ?", [f"zhpipe-{pipeline}"]) if pipeline else ("substr(name, 1, 7) = 'zhpipe-'", [])
-            experiments = [r[0] for r in con.execute(f"SELECT experiment_id FROM experiments WHERE lifecycle_stage = 'active' AND {where}", args)]
+            experiments = [r[0] for r in con.execute(f"SELECT experiment_id FROM experiments WHERE lifecycle_stage = "
+                                                     f"'active' AND {where}", args)]
             if pipeline and not experiments:
-                raise ZhpipeError(f"no runs of pipeline '{pipeline}' (no MLflow experiment zhpipe-{pipeline}); run `zhpipe run {pipeline}` first")
+                raise ZhpipeError(f"no runs of pipeline '{pipeline}' (no MLflow experiment zhpipe-{pipeline}); run "
+                                  f"`zhpipe run {pipeline}` first")
             marks = ",".join("?" * len(experiments))
             runs = con.execute(
-                f"SELECT run_uuid, start_time, status FROM runs r WHERE lifecycle_stage = 'active' AND experiment_id IN ({marks}) "
-                "AND EXISTS (SELECT 1 FROM tags t WHERE t.run_uuid = r.run_uuid AND t.key = 'zhpipe.pipeline' AND t.value != '') "
-                "ORDER BY start_time DESC, run_uuid LIMIT ?", [*experiments, limit]).fetchall()
+                f"SELECT run_uuid, start_time, status FROM runs r WHERE lifecycle_stage = 'active' AND experiment_id "
+                f"IN ({marks}) AND EXISTS (SELECT 1 FROM tags t WHERE t.run_uuid = r.run_uuid AND t.key = "
+                f"'zhpipe.pipeline' AND t.value != '') ORDER BY start_time DESC, run_uuid LIMIT ?",
+                [*experiments, limit]).fetchall()
             ids = [r[0] for r in runs]
             marks = ",".join("?" * len(ids))
             tags: dict[str, dict] = {i: {} for i in ids}
             metrics: dict[str, dict] = {i: {} for i in ids}
-            for run_id, key, value in con.execute(f"SELECT run_uuid, key, value FROM tags WHERE run_uuid IN ({marks})", ids):
+            for run_id, key, value in con.execute(f"SELECT run_uuid, key, value FROM tags WHERE run_uuid IN ({marks})",
+                                                  ids):
                 tags[run_id][key] = value
-            for run_id, key, value, is_nan in con.execute(f"SELECT run_uuid, key, value, is_nan FROM latest_metrics WHERE run_uuid IN ({marks})", ids):
+            for run_id, key, value, is_nan in con.execute(f"SELECT run_uuid, key, value, is_nan FROM latest_metrics "
+                                                          f"WHERE run_uuid IN ({marks})", ids):
                 metrics[run_id][key] = float("nan") if is_nan else value
         finally:
             con.close()
@@ -92,7 +99,8 @@ def _runs_from_sqlite(db: Path, pipeline: str | None, limit: int) -> list | None
     return [_Run(run_id, start, status, tags[run_id], metrics[run_id]) for run_id, start, status in runs]
 
 
-SHOWN = tuple(dict.fromkeys(pair for kind in KINDS.values() for pair in kind.shown))  # each kind's test metrics, by heading
+# each kind's test metrics, by heading
+SHOWN = tuple(dict.fromkeys(pair for kind in KINDS.values() for pair in kind.shown))
 
 
 def runs_table(runs: list) -> pd.DataFrame:
@@ -101,12 +109,14 @@ def runs_table(runs: list) -> pd.DataFrame:
     for r in runs:
         tags, m = r.data.tags, r.data.metrics
         rows.append({
-            "run": r.info.run_id[:12], "started": time.strftime("%Y-%m-%d %H:%M", time.localtime(r.info.start_time / 1000)),
+            "run": r.info.run_id[:12], "started": time.strftime("%Y-%m-%d %H:%M",
+                                                                time.localtime(r.info.start_time / 1000)),
             "status": r.info.status, "name": tags.get("mlflow.runName") or getattr(r.info, "run_name", ""),
             "overrides": tags.get("zhpipe.overrides", ""),
-            "pipeline": tags.get("zhpipe.pipeline", ""), "commit": tags.get("zhpipe.git_commit", "")[:8].replace("unknown", "-"),
-            "source": tags.get("zhpipe.source_sha256", "").removeprefix("partitions ")[:8], "best model": tags.get("zhpipe.best_model", ""),
-            **{heading: m.get(metric) for heading, metric in SHOWN},
+            "pipeline": tags.get("zhpipe.pipeline", ""), "commit": tags.get("zhpipe.git_commit",
+                                                                            "")[:8].replace("unknown", "-"),
+            "source": tags.get("zhpipe.source_sha256", "").removeprefix("partitions ")[:8],
+            "best model": tags.get("zhpipe.best_model", ""), **{heading: m.get(metric) for heading, metric in SHOWN},
             "hit/miss": f"{int(m.get('stages_hit', 0))}/{int(m.get('stages_miss', 0))}",
             "partitions reused/built": (f"{int(m['partitions_hit'])}/{int(m['partitions_miss'])}"
                                         if "partitions_hit" in m else ""),
@@ -136,7 +146,8 @@ def find_run(prefix: str):
             pass
     matches = [r for r in runs_from_client(None, 5000) if r.info.run_id.startswith(prefix)]
     if len(matches) != 1:
-        raise ZhpipeError(f"run '{prefix}': {'no pipeline run' if not matches else f'{len(matches)} runs'} with that id prefix")
+        raise ZhpipeError(f"run '{prefix}': {'no pipeline run' if not matches else f'{len(matches)} runs'} with that "
+                          f"id prefix")
     return matches[0]
 
 
@@ -158,7 +169,8 @@ def model_metrics(run) -> dict[str, dict[str, float]]:
     reused = sorted((k.removeprefix("zhpipe.reused.").partition("."), v) for k, v in run.data.tags.items()
                     if k.startswith("zhpipe.reused.") and "." in k.removeprefix("zhpipe.reused.") and v)
     order = list(KINDS[run.data.tags.get("zhpipe.task")].stages) if run.data.tags.get("zhpipe.task") in KINDS else []
-    for (stage, _, model), source in sorted(reused, key=lambda item: order.index(item[0][0]) if item[0][0] in order else 0):
+    for (stage, _, model), source in sorted(reused, key=lambda item: order.index(item[0][0]) if item[0][0] in order
+                                            else 0):
         metrics = c.get_run(source).data.metrics
         out.setdefault(model, {}).update({k: metrics[k] for k in MODEL_METRICS if k in metrics})
     return out
@@ -169,7 +181,8 @@ def compare_table(run_ids: list[str], everything: bool = False) -> pd.DataFrame:
     metrics (`model textcnn test_accuracy`); only rows that differ unless `everything` (the headline metrics
     are always shown). `delta` is the last run's value minus the first's (in the spirit of `dvc metrics diff`)."""
     runs = [find_run(r) for r in run_ids]
-    headline = {"metric best_test_accuracy", "metric best_test_macro_f1", "metric best_test_f1", "metric best_test_bleu", "tag zhpipe.best_model"}
+    headline = {"metric best_test_accuracy", "metric best_test_macro_f1", "metric best_test_f1",
+                "metric best_test_bleu", "tag zhpipe.best_model"}
     table: dict[str, dict[str, Any]] = {}
     for r in runs:
         col = r.info.run_id[:12]
@@ -180,7 +193,8 @@ def compare_table(run_ids: list[str], everything: bool = False) -> pd.DataFrame:
         for model, values in model_metrics(r).items():
             for k, v in values.items():
                 table.setdefault(f"model {model} {k}", {})[col] = round(v, 4)
-        for k in ("zhpipe.best_model", "zhpipe.git_commit", "zhpipe.source_sha256", "zhpipe.config_hash", "zhpipe.registered", "zhpipe.champion"):
+        for k in ("zhpipe.best_model", "zhpipe.git_commit", "zhpipe.source_sha256", "zhpipe.config_hash",
+                  "zhpipe.registered", "zhpipe.champion"):
             if k in r.data.tags:
                 table.setdefault(f"tag {k}", {})[col] = r.data.tags[k][:16]
     columns = [r.info.run_id[:12] for r in runs]

@@ -49,7 +49,8 @@ def as_texts(model_input: Any) -> list[Any]:
     elif isinstance(model_input, (list, tuple)):
         values = list(model_input)
     else:
-        raise bad_request(f"expected texts (a list of strings or a frame with a 'text' column), got {type(model_input).__name__}")
+        raise bad_request(f"expected texts (a list of strings or a frame with a 'text' column), got "
+                          f"{type(model_input).__name__}")
     return [None if v is None or (isinstance(v, float) and v != v) or v is pd.NA else v for v in values]
 
 
@@ -156,7 +157,8 @@ def served_outcomes(model_uri: str, test: pd.DataFrame, metric: str, batch: int 
 
 
 def _asked(model, texts: list[str], batch: int) -> pd.DataFrame:
-    return pd.concat([model.predict(pd.DataFrame({"text": texts[i : i + batch]})) for i in range(0, len(texts), batch)], ignore_index=True)
+    return pd.concat([model.predict(pd.DataFrame({"text": texts[i : i + batch]})) for i in range(0, len(texts), batch)],
+                     ignore_index=True)
 
 
 def score_served(model_uri: str, test: pd.DataFrame, metric: str, batch: int = 1000) -> float:
@@ -165,8 +167,8 @@ def score_served(model_uri: str, test: pd.DataFrame, metric: str, batch: int = 1
     return served_outcomes(model_uri, test, metric, batch).score()
 
 
-def _log_pyfunc(run_id: str, name: str, wrapper: PythonModel, code_file: str, artifacts: dict, config: dict, example: list[str],
-                registered_name: str | None, tmp: Path):
+def _log_pyfunc(run_id: str, name: str, wrapper: PythonModel, code_file: str, artifacts: dict, config: dict,
+                example: list[str], registered_name: str | None, tmp: Path):
     import mlflow
     from mlflow.models import infer_signature
 

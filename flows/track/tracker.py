@@ -12,6 +12,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from flows.plan import project
+from flows.track.sqlite import check_sqlite, sqlite_pragmas
 from tasks.errors import ZhpipeError
 
 
@@ -49,7 +50,7 @@ def _client(uri: str):
     if uri.startswith("sqlite:///"):
         private_store(uri)
         check_sqlite(Path(uri.removeprefix("sqlite:///")))
-        _sqlite_pragmas()
+        sqlite_pragmas()
     return MlflowClient(tracking_uri=uri)
 
 
@@ -64,7 +65,8 @@ def private_store(uri: str | None = None) -> None:
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     folders = [folder / "artifacts"] + ([folder] if folder == project.current().mlruns else [])
     (folder / "artifacts").mkdir(mode=0o700, exist_ok=True)
-    for path, mode in [*((f, 0o700) for f in folders), *((db.with_name(db.name + s), 0o600) for s in ("", "-wal", "-shm"))]:
+    for path, mode in [*((f, 0o700) for f in folders), *((db.with_name(db.name + s), 0o600)
+                                                         for s in ("", "-wal", "-shm"))]:
         try:
             st = path.stat()
             if st.st_uid == os.getuid() and st.st_mode & 0o777 != mode:
@@ -75,7 +77,8 @@ def private_store(uri: str | None = None) -> None:
         os.close(os.open(db, os.O_WRONLY | os.O_CREAT, 0o600))
 
 
-_PREPARED: tuple[str, tuple[int, int]] | None = None  # the store the warm process opened: (URI, the file's device and inode)
+# the store the warm process opened: (URI, the file's device and inode)
+_PREPARED: tuple[str, tuple[int, int]] | None = None
 
 
 def prepare() -> None:
@@ -141,56 +144,6 @@ def _forget_stores() -> None:
         engines.clear()
 
 
-@lru_cache(maxsize=1)
-def _sqlite_pragmas() -> None:
-    """MLflow's SQLite store in write-ahead-log mode with commits synced at checkpoints: a run writes a few hundred
-    small transactions, each of which otherwise waits for the disk, and the UI reads while a run writes. A crash
-    of the process loses nothing; a power cut may lose the last writes, never the database."""
-    import sqlite3
-
-    from sqlalchemy import event
-    from sqlalchemy.engine import Engine
-
-    @event.listens_for(Engine, "connect")
-    def _on_connect(dbapi_connection, _record):
-        if isinstance(dbapi_connection, sqlite3.Connection):
-            cursor = dbapi_connection.cursor()
-            try:
-                cursor.execute("PRAGMA journal_mode=WAL")
-                cursor.execute("PRAGMA synchronous=NORMAL")
-            finally:
-                cursor.close()
-
-
-QUICK_CHECK_BYTES = 32 << 20  # a database up to this size gets SQLite's quick_check (a few ms per MB) on first use; a larger one its schema read
-
-
-def check_sqlite(path: Path) -> None:
-    """One line naming MLflow's SQLite database, and how to move it aside, when it is not a readable database (a
-    crash, a full disk, a copy cut short); otherwise MLflow fails later with pages of tracebacks."""
-    import sqlite3
-
-    if not path.is_file():
-        return
-    try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
-        try:
-            con.execute("SELECT count(*) FROM sqlite_master").fetchone()
-            verdict = con.execute("PRAGMA quick_check(1)").fetchone()[0] if path.stat().st_size <= QUICK_CHECK_BYTES else "ok"
-        finally:
-            con.close()
-    except sqlite3.OperationalError as e:
-        if "locked" in str(e) or "busy" in str(e):  # another run is writing: it is readable
-            return
-        verdict = str(e)
-    except sqlite3.DatabaseError as e:
-        verdict = str(e)
-    if verdict != "ok":
-        raise ZhpipeError(f"MLflow's database {path} is unreadable ({verdict.splitlines()[0][:100]}); move it aside "
-                          f"(mv {path} {path}.corrupt) and run again: a new one is made, and the stage store's outputs are "
-                          "reused (their earlier runs stay in the old file)")
-
-
 _EXPERIMENTS: dict[tuple[str, str], str] = {}
 
 
@@ -209,7 +162,8 @@ def ui_url(experiment: str, run_id: str) -> str:
 
 
 def tracking_server() -> str | None:
-    """The tracking server's address when runs are tracked on one (a team's `mlflow server`), else None (a SQLite file)."""
+    """The tracking server's address when runs are tracked on one (a team's `mlflow server`), else None (a SQLite
+    file)."""
     uri = tracking_uri()
     return uri.rstrip("/") if uri.startswith(("http://", "https://")) else None
 
@@ -231,7 +185,8 @@ def home_url(base: str, opener: bool = False) -> str:
     from urllib.parse import quote
 
     try:
-        found = client().search_experiments(filter_string="name LIKE 'zhpipe-%'", order_by=["last_update_time DESC"], max_results=1)
+        found = client().search_experiments(filter_string="name LIKE 'zhpipe-%'", order_by=["last_update_time DESC"],
+                                            max_results=1)
     except Exception:  # noqa: BLE001 - a store that cannot be read yet: the list page still opens
         found = []
     route = f"#/experiments/{found[0].experiment_id}/runs?{ML_VIEW}" if found else f"#/experiments?{ML_VIEW}"
@@ -274,12 +229,14 @@ class Tracker:
         return self._experiment_id
 
     @classmethod
-    def start(cls, experiment: str, name: str, parent: str | None = None, tags: dict[str, str] | None = None) -> "Tracker":
+    def start(cls, experiment: str, name: str, parent: str | None = None,
+              tags: dict[str, str] | None = None) -> "Tracker":
         """Create a run (nested under `parent` when given)."""
         import socket
 
         # who runs it: a later run marks it KILLED when that process is gone (`close_orphans`)
-        all_tags = {"mlflow.runName": name, "zhpipe.host": socket.gethostname(), "zhpipe.pid": str(os.getpid()), **(tags or {})}
+        all_tags = {"mlflow.runName": name, "zhpipe.host": socket.gethostname(), "zhpipe.pid": str(os.getpid()),
+                    **(tags or {})}
         if parent:
             all_tags["mlflow.parentRunId"] = parent
         exp = experiment_id(experiment)
@@ -294,7 +251,8 @@ class Tracker:
         if not ids:
             return set()
         found = client().search_runs(experiment_ids=[e.experiment_id for e in client().search_experiments()],
-                                     filter_string=f"attributes.run_id IN ({', '.join(repr(r) for r in ids)})", max_results=len(ids))
+                                     filter_string=f"attributes.run_id IN ({', '.join(repr(r) for r in ids)})",
+                                     max_results=len(ids))
         return {r.info.run_id for r in found}
 
     @staticmethod
@@ -397,4 +355,5 @@ class Tracker:
         from flows.track.datasets import dataset_entity
 
         entity = dataset_entity(df, source, name, rows)
-        self.client.log_inputs(self.run_id, datasets=[DatasetInput(entity, tags=[InputTag("mlflow.data.context", context)])])
+        self.client.log_inputs(self.run_id, datasets=[DatasetInput(entity, tags=[InputTag("mlflow.data.context",
+                                                                                          context)])])

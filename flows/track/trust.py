@@ -29,8 +29,8 @@ def trusted(uri: str) -> str:
     c = client()
 
     def refuse(why: str) -> ZhpipeError:
-        return ZhpipeError(f"{uri}: version {version} of {name} is not loaded: {why}; register a model with `zhpipe run`, or "
-                           f"remove that version (it may have been put there by someone else)")
+        return ZhpipeError(f"{uri}: version {version} of {name} is not loaded: {why}; register a model with `zhpipe "
+                           f"run`, or remove that version (it may have been put there by someone else)")
 
     try:
         run = c.get_run(mv.run_id) if mv.run_id else None
@@ -68,7 +68,8 @@ def version_of(uri: str):
     if not sep:
         name, _, alias = name.partition("/")
     try:
-        return client().get_model_version(name, alias) if alias.isdigit() else client().get_model_version_by_alias(name, alias)
+        return (client().get_model_version(name, alias) if alias.isdigit()
+                else client().get_model_version_by_alias(name, alias))
     except MlflowException:
         raise ConfigError(f"{uri}: no such registered model version (run the pipeline that registers {name} first; "
                           f"`zhpipe models` lists what is registered)") from None

@@ -32,7 +32,8 @@ PAGE = """<!doctype html><meta charset="utf-8"><title>MLflow (zhpipe)</title>
 <script>
 try {{
   localStorage.setItem({key}, {value});
-  for (const [k, v] of Object.entries({first})) if (localStorage.getItem(k) === null) localStorage.setItem(k, JSON.stringify(v));
+  for (const [k, v] of Object.entries({first}))
+    if (localStorage.getItem(k) === null) localStorage.setItem(k, JSON.stringify(v));
 }} catch (e) {{}}
 location.replace("/" + {target});
 </script>
@@ -43,8 +44,8 @@ def open_page(request: Request) -> HTMLResponse:
     target = request.query_params.get("to", "")
     if not _TARGET.fullmatch(target):
         target = "#/experiments"
-    return HTMLResponse(PAGE.format(key=json.dumps(VIEW_KEY), value=json.dumps(json.dumps(VIEW)), first=json.dumps(FIRST_VISIT),
-                                    target=json.dumps(target), target_plain=target))
+    return HTMLResponse(PAGE.format(key=json.dumps(VIEW_KEY), value=json.dumps(json.dumps(VIEW)),
+                                    first=json.dumps(FIRST_VISIT), target=json.dumps(target), target_plain=target))
 
 
 # what the UI asks with POST while it only reads: searches, bulk gets, GraphQL queries
@@ -92,7 +93,8 @@ class OwnerOnly:
             except ValueError:
                 ok = False
         if not ok:
-            return await _answer(send, 401, "zhpipe ui: log in with the project's credentials (`zhpipe server status` prints them)",
+            return await _answer(send, 401, "zhpipe ui: log in with the project's credentials (`zhpipe server status` "
+                                 "prints them)",
                                  [(b"www-authenticate", b'Basic realm="zhpipe", charset="UTF-8"')])
         body, more = b"", True
         if scope["method"] == "POST" and scope["path"].rstrip("/").endswith("graphql"):
@@ -103,7 +105,8 @@ class OwnerOnly:
                 more = message.get("more_body", False)
             body = b"".join(chunks)
         if not is_read(scope["method"], scope["path"], body):
-            return await _answer(send, 403, f"zhpipe ui is read-only: {scope['method']} {scope['path']} would change the store")
+            return await _answer(send, 403, f"zhpipe ui is read-only: {scope['method']} {scope['path']} would change "
+                                 f"the store")
         if body or not more:
             sent = False
 
@@ -119,9 +122,11 @@ class OwnerOnly:
 
 
 async def _answer(send, status: int, text: str, headers: list | None = None) -> None:
-    data = json.dumps({"error_code": "PERMISSION_DENIED" if status == 403 else "UNAUTHENTICATED", "message": text}).encode()
+    data = json.dumps({"error_code": "PERMISSION_DENIED" if status == 403 else "UNAUTHENTICATED",
+                       "message": text}).encode()
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()), *(headers or [])]})
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
+                            *(headers or [])]})
     await send({"type": "http.response.body", "body": data})
 
 

@@ -7,22 +7,25 @@ from typing import Any
 from tasks.graph import SEGMENT, SELECTS, SPLITS, TRAINS, Output, Stage, TaskKind, graph
 
 STAGES = graph(
-    Stage("download", (), "tasks.classification.download", "find or fetch the corpus (path, file:// or http(s):// URL), verify sha256, read it",
+    Stage("download", (), "tasks.classification.download", "find or fetch the corpus (path, file:// or http(s):// "
+          "URL), verify sha256, read it",
           "rows_raw", (Output("data.parquet", "frame"),), partitioned=True),
     Stage("clean", ("download",), "tasks.classification.clean",
-          "NFKC, strip HTML/URLs/control chars, optional t2s; quarantine empty/short/long/duplicate rows", "rows_dropped",
-          (Output("data.parquet", "frame"),), partitioned=True, cumulative=True, checked=True),
-    Stage("split", ("clean",), "tasks.classification.split", "stratified, seeded train/validation/test split", "rows_test", (SPLITS,),
-          partitioned=True),
+          "NFKC, strip HTML/URLs/control chars, optional t2s; quarantine empty/short/long/duplicate rows",
+          "rows_dropped", (Output("data.parquet", "frame"),), partitioned=True, cumulative=True, checked=True),
+    Stage("split", ("clean",), "tasks.classification.split", "stratified, seeded train/validation/test split",
+          "rows_test", (SPLITS,), partitioned=True),
     SEGMENT,
     Stage("profile", ("segment",), "tasks.classification.profile",
           "labels per split, lengths per label, top words/adjectives, word clouds, report.html (CJK font)",
           "suggested_max_len_words", (Output("stats.json", "json"),)),
-    Stage("augment", ("segment",), "tasks.classification.augment", "grow the train split with a registered augmenter (eda, backtranslation, none)",
+    Stage("augment", ("segment",), "tasks.classification.augment",
+          "grow the train split with a registered augmenter (eda, backtranslation, none)",
           "rows_added", (Output("train.parquet", "frame"), Output("train.words.txt", "text")), partitioned=True),
     Stage("vocab", ("augment", "segment"), "tasks.classification.vocab",
           "word and character vocab.txt (BERT-style specials) + frequency tables; validation OOV rate",
-          "words_validation_oov_rate", (Output("words/vocab.txt", "vocabulary"), Output("chars/vocab.txt", "vocabulary")),
+          "words_validation_oov_rate", (Output("words/vocab.txt", "vocabulary"),
+                                        Output("chars/vocab.txt", "vocabulary")),
           partitioned=True, part_build="count", gather="gather"),
     Stage("embed", ("augment",), "tasks.classification.embed",
           "gensim Word2Vec and fastText subword vectors; neighbours of probe words, PCA picture, projector export",
@@ -31,14 +34,16 @@ STAGES = graph(
           "the models in train.models (the registry in tasks/models), checkpointed per epoch, early stopping",
           "textcnn_val_macro_f1", (Output("models.json", "json"),), models=TRAINS),
     Stage("evaluate", ("train", "segment"), "tasks.classification.evaluate",
-          "validation picks the best model; test metrics, confusion matrices, PR curves, worst mistakes; registers the best",
+          "validation picks the best model; test metrics, confusion matrices, PR curves, worst mistakes; registers the "
+          "best",
           "best_test_accuracy", (Output("comparison.csv", "csv"),), models=SELECTS),
 )
 
 
 def check(config: Any) -> None:
     if config.source.splits:
-        raise ValueError("source.splits (given validation/test files) is for task ner; a classification corpus is split by the split stage")
+        raise ValueError("source.splits (given validation/test files) is for task ner; a classification corpus is "
+                         "split by the split stage")
 
 
 def check_stages(stages: Any) -> None:
@@ -47,12 +52,12 @@ def check_stages(stages: Any) -> None:
     vectors = stages.embed.fasttext.dim if stages.train.embeddings == "fasttext" else stages.embed.word2vec.vector_size
     d_model = t.d_model or vectors
     if "transformer" in stages.train.models and d_model % t.num_heads:
-        raise ValueError(f"train.transformer: d_model {d_model} (d_model, else the size of the train.embeddings vectors) "
-                         f"must be a multiple of num_heads ({t.num_heads})")
+        raise ValueError(f"train.transformer: d_model {d_model} (d_model, else the size of the train.embeddings "
+                         f"vectors) must be a multiple of num_heads ({t.num_heads})")
 
 
 KIND = TaskKind("classification", "texts to labels", STAGES, metric=lambda config: config.stages.evaluate.metric,
-                reported=("test_accuracy", "test_macro_f1"), flavour="classifier", check=check, check_stages=check_stages,
-                serving="tasks.classification.serving",
+                reported=("test_accuracy", "test_macro_f1"), flavour="classifier", check=check,
+                check_stages=check_stages, serving="tasks.classification.serving",
                 shown=(("test acc", "best_test_accuracy"), ("test macro-F1", "best_test_macro_f1")),
                 companions=(("accuracy", "macro_f1"),))

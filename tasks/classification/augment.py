@@ -7,7 +7,15 @@ from typing import Literal
 import pandas as pd
 import pyarrow as pa
 
-from tasks.classification.augmenters import AUGMENTERS, CHUNK_ROWS, CHUNKED, STREAMED, AugmentContext, Augmented, EdaParams
+from tasks.classification.augmenters import (
+    AUGMENTERS,
+    CHUNK_ROWS,
+    CHUNKED,
+    STREAMED,
+    AugmentContext,
+    Augmented,
+    EdaParams,
+)
 from tasks.classification.backtranslation import BackTranslationParams
 from tasks.core import BuildContext, BuildOutput, Facts
 from tasks.errors import ConfigError, DataError
@@ -37,7 +45,8 @@ def check_no_leakage(train: pd.DataFrame, original_ids: set, heldout) -> None:
     """Fail if a held-out (validation/test) text, or a row derived from anything but a train row, is in training."""
     leaked = TextSet.coerce(heldout).isin(train["text"])
     if leaked.any():
-        raise DataError(f"augment: {int(leaked.sum())} training rows equal validation/test texts (first id {train.loc[leaked, 'id'].iloc[0]})")
+        raise DataError(f"augment: {int(leaked.sum())} training rows equal validation/test texts (first id "
+                        f"{train.loc[leaked, 'id'].iloc[0]})")
     foreign = ~train["source_id"].isin(original_ids)
     if foreign.any():
         raise DataError(f"augment: {int(foreign.sum())} augmented rows come from rows outside the train split")
@@ -45,13 +54,15 @@ def check_no_leakage(train: pd.DataFrame, original_ids: set, heldout) -> None:
 
 def _check_method(params) -> None:
     if params.method not in AUGMENTERS:
-        raise ConfigError(f"augment.method: unknown augmenter '{params.method}' (registered: {', '.join(sorted(AUGMENTERS))})")
+        raise ConfigError(f"augment.method: unknown augmenter '{params.method}' (registered: "
+                          f"{', '.join(sorted(AUGMENTERS))})")
 
 
 def marked_original(train: pd.DataFrame) -> pd.DataFrame:
     """Train rows as the augmented split holds them: their own source, `aug_method` original, no POS tags (the
     new rows would have none)."""
-    return train.drop(columns=["pos"], errors="ignore").assign(source_id=train["id"], aug_method="original", aug_index=0)
+    return train.drop(columns=["pos"], errors="ignore").assign(source_id=train["id"], aug_method="original",
+                                                               aug_index=0)
 
 
 def augment_frame(train: pd.DataFrame, ctx: AugmentContext) -> tuple[pd.DataFrame, Augmented]:
@@ -76,9 +87,11 @@ def stream_augment(src: Rows, ctx: AugmentContext, out: Path) -> tuple[int, int,
     """A row-wise augmenter (eda, none) over the train split batch by batch, written as it goes: the original
     rows first, then the new rows (ids after the last original id), as `augment_frame` orders them; memory is
     one batch and the held-out texts' digests. Returns (original rows, new rows, the result, a sample)."""
-    writer, words = PartWriter(out / "train.parquet", ROW_GROUP_ROWS), open(out / ".train.words.txt.tmp", "w", encoding="utf-8")
+    writer, words = PartWriter(out / "train.parquet", ROW_GROUP_ROWS), open(out / ".train.words.txt.tmp", "w",
+                                                                            encoding="utf-8")
     kept, last_id = 0, -1
-    empty = marked_original(pd.read_parquet(src.path).iloc[:0]) if not len(src) else None  # a partition with no train rows
+    # a partition with no train rows
+    empty = marked_original(pd.read_parquet(src.path).iloc[:0]) if not len(src) else None
     schema = None
     for batch in src.batches():
         rows = marked_original(batch)
@@ -93,7 +106,8 @@ def stream_augment(src: Rows, ctx: AugmentContext, out: Path) -> tuple[int, int,
     metrics: dict[str, float] = {"filtered_heldout": 0}
     added, sample = 0, []
     chunked = CHUNKED.get(ctx.params.method)
-    parts = (ctx.runner.map(chunked[0], chunk_plan(src.path, CHUNK_ROWS), chunked[1](ctx.params), desc=ctx.params.method)
+    parts = (ctx.runner.map(chunked[0], chunk_plan(src.path, CHUNK_ROWS), chunked[1](ctx.params),
+                            desc=ctx.params.method)
              if chunked and ctx.runner is not None else
              (AUGMENTERS[ctx.params.method](batch, ctx).rows for batch in src.batches()))
     for new in parts:
@@ -111,7 +125,8 @@ def stream_augment(src: Rows, ctx: AugmentContext, out: Path) -> tuple[int, int,
     words.close()
     writer.close(empty)
     (out / ".train.words.txt.tmp").replace(out / "train.words.txt")
-    return kept, added, Augmented(pd.DataFrame(), metrics, ctx.params.method), (pd.concat(sample).head(200) if sample else pd.DataFrame())
+    return kept, added, Augmented(pd.DataFrame(), metrics, ctx.params.method), (pd.concat(sample).head(200) if sample
+                                                                                else pd.DataFrame())
 
 
 def build(ctx: BuildContext) -> BuildOutput:
@@ -122,14 +137,17 @@ def build(ctx: BuildContext) -> BuildOutput:
     segment: SegmenterParams = ctx.stages.segment.segmenter()
     cache_file = ctx.store.cache_file("translations.sqlite")
     src = Rows(ctx.file("segment", "train.parquet"))
-    heldout = TextSet.of(b["text"] for split in ("validation", "test") for b in Rows(ctx.file("segment", f"{split}.parquet")).batches(["text"]))
+    heldout = TextSet.of(b["text"] for split in ("validation", "test")
+                         for b in Rows(ctx.file("segment", f"{split}.parquet")).batches(["text"]))
     runner = ctx.runner(1 if ctx.runner is Runner else 0)  # local: one process; Dask: every worker
-    actx = AugmentContext(ctx.params, segment, cache_file, heldout, runner, src.path, ctx.root, ctx.store.registered if ctx.store else None)
+    actx = AugmentContext(ctx.params, segment, cache_file, heldout, runner, src.path, ctx.root,
+                          ctx.store.registered if ctx.store else None)
     tables = {}
     if ctx.params.method in STREAMED:
         kept, added, result, new_sample = stream_augment(src, actx, ctx.out)
         if len(new_sample):
-            source = pd.concat(b[b["id"].isin(set(new_sample["source_id"]))][["id", "text"]] for b in src.batches(["id", "text"]))
+            source = pd.concat(b[b["id"].isin(set(new_sample["source_id"]))][["id", "text"]]
+                               for b in src.batches(["id", "text"]))
             sample = new_sample.merge(source.rename(columns={"id": "source_id", "text": "source_text"}), on="source_id")
             tables["augment_sample.json"] = sample[["source_id", "source_text", "text", "aug_method"]].astype(str)
     else:
@@ -143,7 +161,8 @@ def build(ctx: BuildContext) -> BuildOutput:
             result.sample.to_csv(ctx.out / "sample.csv", index=False)
         elif added:
             new = out[out["aug_method"] != "original"]
-            sample = new.head(200).merge(train[["id", "text"]].rename(columns={"id": "source_id", "text": "source_text"}), on="source_id")
+            sample = new.head(200).merge(train[["id", "text"]].rename(columns={"id": "source_id",
+                                                                               "text": "source_text"}), on="source_id")
             tables["augment_sample.json"] = sample[["source_id", "source_text", "text", "aug_method"]].astype(str)
     return BuildOutput(
         rows=kept + added,

@@ -68,17 +68,19 @@ def translators(pivot: PivotParams, p: BackTranslationParams, device: str, regis
         refs = {"forward": pivot.forward, "backward": pivot.backward}
         for side, ref in refs.items():
             if not (ref or "").startswith("models:/"):
-                raise ConfigError(f"augment.backtranslation.pivots: pivot '{pivot.lang}' needs `{side}` as models:/<name>@<alias> "
-                                  f"(a translator registered by a task: translation pipeline) for backend zhpipe, not {ref!r}")
+                raise ConfigError(f"augment.backtranslation.pivots: pivot '{pivot.lang}' needs `{side}` as "
+                                  f"models:/<name>@<alias> (a translator registered by a task: translation pipeline) "
+                                  f"for backend zhpipe, not {ref!r}")
         pair = (RegisteredTranslator(*registered(refs["forward"])), RegisteredTranslator(*registered(refs["backward"])))
         wanted = (f"{p.source_lang}-{pivot.lang}", f"{pivot.lang}-{p.source_lang}")
         for side, translator, direction in zip(refs, pair, wanted):
             if translator.direction != direction:
-                raise ConfigError(f"augment.backtranslation.pivots: `{side}` {translator.name} translates {translator.direction}; "
-                                  f"the {side} model must translate {direction}")
+                raise ConfigError(f"augment.backtranslation.pivots: `{side}` {translator.name} translates "
+                                  f"{translator.direction}; the {side} model must translate {direction}")
         return pair
     if not pivot.forward:
-        raise ConfigError(f"augment.backtranslation.pivots: pivot '{pivot.lang}' needs `forward` (a model id or folder) for the transformers backend")
+        raise ConfigError(f"augment.backtranslation.pivots: pivot '{pivot.lang}' needs `forward` (a model id or "
+                          f"folder) for the transformers backend")
     forward = Seq2SeqTranslator(pivot.forward, p, device, pivot.source_code, pivot.pivot_code)
     backward = Seq2SeqTranslator(pivot.backward or pivot.forward, p, device, pivot.pivot_code, pivot.source_code)
     return forward, backward
@@ -89,18 +91,22 @@ def _settings(p: BackTranslationParams, n: int) -> dict:
             "temperature": p.temperature, "top_p": p.top_p, "n": n, "backend": p.backend}
 
 
-def round_trip(texts: list[str], pivot: PivotParams, p: BackTranslationParams, cache: TranslationCache, device: str, registered=None):
+def round_trip(texts: list[str], pivot: PivotParams, p: BackTranslationParams, cache: TranslationCache, device: str,
+               registered=None):
     """Back-translate texts through one pivot: {text: (pivot text, [variants])}, plus cache counters."""
     forward, backward = translators(pivot, p, device, registered)
     batch = p.http.batch_size if p.backend == "http" else p.batch_size  # texts per request / per generate()
     to_pivot = CachedTranslation(forward, cache, f"{p.source_lang}-{pivot.lang}", _settings(p, 1), batch)
-    from_pivot = CachedTranslation(backward, cache, f"{pivot.lang}-{p.source_lang}", _settings(p, p.num_variants), batch)
+    from_pivot = CachedTranslation(backward, cache, f"{pivot.lang}-{p.source_lang}", _settings(p, p.num_variants),
+                                   batch)
     pieces = {t: split_sentences(t, p.split_chars) for t in texts}
     all_pieces = [s for ps in pieces.values() for s in ps]
-    with progress(total=len(set(all_pieces)), desc=f"{p.source_lang}->{pivot.lang}", unit="sent", leave=False, mininterval=2) as bar:
+    with progress(total=len(set(all_pieces)), desc=f"{p.source_lang}->{pivot.lang}", unit="sent", leave=False,
+                  mininterval=2) as bar:
         pivoted = to_pivot(all_pieces, 1, bar)
     pivot_pieces = [pivoted[s][0] for s in all_pieces]
-    with progress(total=len(set(pivot_pieces)), desc=f"{pivot.lang}->{p.source_lang}", unit="sent", leave=False, mininterval=2) as bar:
+    with progress(total=len(set(pivot_pieces)), desc=f"{pivot.lang}->{p.source_lang}", unit="sent", leave=False,
+                  mininterval=2) as bar:
         back = from_pivot(pivot_pieces, p.num_variants, bar)
     out = {}
     for text, ps in pieces.items():
@@ -116,10 +122,12 @@ def backtranslation(train: pd.DataFrame, ctx: AugmentContext) -> Augmented:
     """Back-translate train rows through every pivot; keep the label; filter and count what is dropped."""
     p = ctx.params.backtranslation
     # a seeded random subset: the corpus may be sorted by label, so the first rows would all be one class
-    rows = train.sample(n=min(p.max_rows, len(train)), random_state=ctx.params.seed).sort_values("id") if p.max_rows else train
+    rows = train.sample(n=min(p.max_rows, len(train)),
+                        random_state=ctx.params.seed).sort_values("id") if p.max_rows else train
     cache = TranslationCache(ctx.cache_file)
     try:
-        results = [(pivot, *round_trip(rows["text"].tolist(), pivot, p, cache, ctx.params.device, ctx.registered)) for pivot in p.pivots]
+        results = [(pivot, *round_trip(rows["text"].tolist(), pivot, p, cache, ctx.params.device, ctx.registered))
+                   for pivot in p.pivots]
     except ModelMissingError as e:
         if ctx.params.fallback != "eda":
             raise

@@ -120,14 +120,15 @@ def earlier_digests(ctx: BuildContext) -> pd.DataFrame | None:
     kept (their `digests.parquet`); None for a whole-corpus build."""
     if ctx.partition is None:
         return None
-    frames = [pd.read_parquet(folder / "digests.parquet") for unit, folder in ctx.inputs.items() if unit.startswith("clean:")]
+    frames = [pd.read_parquet(folder / "digests.parquet") for unit,
+              folder in ctx.inputs.items() if unit.startswith("clean:")]
     return pd.concat(frames, ignore_index=True) if frames else no_digests()
 
 
 def no_digests() -> pd.DataFrame:
     """An empty `digests.parquet` frame: each kept row's text digest, label and partition."""
-    return pd.DataFrame({"h1": pd.Series(dtype="uint64"), "h2": pd.Series(dtype="uint64"), "label": pd.Series(dtype="string"),
-                         "partition": pd.Series(dtype="string")})
+    return pd.DataFrame({"h1": pd.Series(dtype="uint64"), "h2": pd.Series(dtype="uint64"),
+                         "label": pd.Series(dtype="string"), "partition": pd.Series(dtype="string")})
 
 
 def across_partitions(kept: pd.DataFrame, earlier: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -142,7 +143,8 @@ def across_partitions(kept: pd.DataFrame, earlier: pd.DataFrame) -> tuple[pd.Dat
         reason = np.where(same, "duplicate", "label_conflict")
     else:
         reason = np.full(len(kept), "duplicate", dtype=object)
-    bad = kept[hit].assign(reason=pd.Series(reason[hit], dtype="string").to_numpy(), repeats=found["partition"][hit].to_numpy())
+    bad = kept[hit].assign(reason=pd.Series(reason[hit], dtype="string").to_numpy(),
+                           repeats=found["partition"][hit].to_numpy())
     return kept[~hit].reset_index(drop=True), bad.reset_index(drop=True)
 
 
@@ -154,7 +156,8 @@ def build(ctx: BuildContext) -> BuildOutput:
     quarantined rows."""
     src = ctx.file("download", "data.parquet")
     rows_in = pq.ParquetFile(src).metadata.num_rows
-    empty = normalise(pq.ParquetFile(src).schema_arrow.empty_table().to_pandas(), ctx.params).assign(reason=pd.Series(dtype="string"))
+    empty = normalise(pq.ParquetFile(src).schema_arrow.empty_table().to_pandas(),
+                      ctx.params).assign(reason=pd.Series(dtype="string"))
     digested = empty  # a partition keeps each row's text digest in the scratch file, for its digests.parquet
     if ctx.partition is not None:
         digested = empty.assign(h1=pd.Series(dtype="uint64"), h2=pd.Series(dtype="uint64"))
@@ -168,21 +171,25 @@ def build(ctx: BuildContext) -> BuildOutput:
     if not out.kept.rows and ctx.partition is None:  # a partition may repeat earlier ones entirely
         raise DataError(f"clean: no rows left after cleaning ({rows_in} rows in, all quarantined: {dict(out.counts)})")
     if not out.kept.rows:
-        log.warning("clean: partition %s adds no rows (%d in, all quarantined: %s)", ctx.partition[1], rows_in, dict(out.counts))
+        log.warning("clean: partition %s adds no rows (%d in, all quarantined: %s)", ctx.partition[1], rows_in,
+                    dict(out.counts))
     return out.close(ctx, empty, rows_in)
 
 
-def _normalise_pass(ctx: BuildContext, src: Path, rows_in: int, tmp: Path, digested: pd.DataFrame) -> tuple[Path, list[PartWriter]]:
+def _normalise_pass(ctx: BuildContext, src: Path, rows_in: int, tmp: Path,
+                    digested: pd.DataFrame) -> tuple[Path, list[PartWriter]]:
     """(1): every chunk normalised into `tmp/normalised.parquet`, and the id, digest and label of each row not
     quarantined yet into its hash partition (when deduplicating)."""
     partitions = partition_count(rows_in)
     runner = ctx.runner(ctx.params.workers if ctx.runner is Runner else 0)
     normalised = PartWriter(tmp / "normalised.parquet", ROW_GROUP_ROWS)
     parts = [PartWriter(tmp / f"partition-{i}.parquet") for i in range(partitions)]
-    for table in runner.tables(normalise_chunk, chunk_plan(src, CHUNK_ROWS) if rows_in else [], ctx.params.model_dump_json(), desc="clean"):
+    for table in runner.tables(normalise_chunk, chunk_plan(src, CHUNK_ROWS) if rows_in else [],
+                               ctx.params.model_dump_json(), desc="clean"):
         normalised.write(table if ctx.partition is not None else table.drop_columns(["h1", "h2"]))
         if ctx.params.dedupe:
-            table = table.filter(pc.is_null(table["reason"])).select([c for c in ("id", "h1", "h2", "label") if c in table.column_names])
+            table = table.filter(pc.is_null(table["reason"])).select([c for c in ("id", "h1", "h2", "label")
+                                                                      if c in table.column_names])
             part = table["h1"].to_numpy() % partitions
             for i, writer in enumerate(parts):
                 piece = table.filter(part == i) if partitions > 1 else table
@@ -199,7 +206,8 @@ class Sorted:
     digests), with the counts, samples, label conflicts and labels the stage reports."""
 
     def __init__(self, ctx: BuildContext):
-        self.earlier = earlier_digests(ctx) if ctx.params.dedupe else None  # a partition: dedupe against earlier partitions too
+        # a partition: dedupe against earlier partitions too
+        self.earlier = earlier_digests(ctx) if ctx.params.dedupe else None
         self.kept = PartWriter(ctx.out / "data.parquet", ROW_GROUP_ROWS)
         self.bad = PartWriter(ctx.out / "quarantine.parquet", ROW_GROUP_ROWS)
         self.digests = PartWriter(ctx.out / "digests.parquet", ROW_GROUP_ROWS) if ctx.partition is not None else None
@@ -219,7 +227,8 @@ class Sorted:
                     bad = pd.concat([bad, repeated[bad.columns]], ignore_index=True).sort_values("id", kind="stable")
             if len(kept):
                 self.digests.write(kept[["h1", "h2"]].assign(
-                    label=kept["label"].astype("string").to_numpy() if "label" in kept else pd.NA, partition=ctx.partition[1]))
+                    label=kept["label"].astype("string").to_numpy() if "label" in kept else pd.NA,
+                    partition=ctx.partition[1]))
             kept, bad = kept.drop(columns=["h1", "h2"]), bad.drop(columns=["h1", "h2"])
         kept = kept.drop(columns=["raw_text"])
         if len(kept):
@@ -240,17 +249,22 @@ class Sorted:
         self.bad.close(empty)
         if self.digests is not None:
             self.digests.close(no_digests())
-        conflicts = pd.concat(self.conflicts, ignore_index=True) if self.conflicts else pd.DataFrame(columns=["id", "text", "label"])
+        conflicts = pd.concat(self.conflicts,
+                              ignore_index=True) if self.conflicts else pd.DataFrame(columns=["id", "text", "label"])
         conflict_table(conflicts).to_csv(ctx.out / "label_conflicts.csv", index=False)
-        metrics = {f"dropped_{r}": self.counts.get(r, 0) for r in ("empty", "too_short", "too_long", "duplicate", "label_conflict")}
+        metrics = {f"dropped_{r}": self.counts.get(r, 0) for r in ("empty", "too_short", "too_long", "duplicate",
+                                                                   "label_conflict")}
         metrics.update(rows_in=rows_in, rows_kept=self.kept.rows, rows_dropped=self.bad.rows)
         return BuildOutput(
             rows=self.kept.rows,
             metrics=metrics,
             facts=Facts(labels=sorted_labels(self.labels) if self.labels else None),
             artifacts=["quarantine.parquet", "label_conflicts.csv"],
-            tables={"quarantine_sample.json": pd.concat(self.bad_sample, ignore_index=True).head(1000).astype(str)} if self.bad.rows else {},
-            datasets=[Dataset(pd.concat(self.sample, ignore_index=True).head(DATASET_SAMPLE_ROWS), str(ctx.out / "data.parquet"),
-                              f"{ctx.pipeline}-clean", "clean", rows=self.kept.rows)] if self.sample and not ctx.partition else [],
+            tables={"quarantine_sample.json": pd.concat(self.bad_sample, ignore_index=True).head(1000).astype(str)}
+            if self.bad.rows else {},
+            datasets=[Dataset(pd.concat(self.sample, ignore_index=True).head(DATASET_SAMPLE_ROWS),
+                              str(ctx.out / "data.parquet"),
+                              f"{ctx.pipeline}-clean", "clean", rows=self.kept.rows)] if self.sample
+            and not ctx.partition else [],
             # (a night's partition is no dataset a person compares: the run's splits are, on its parent run)
         )

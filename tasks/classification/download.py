@@ -36,7 +36,8 @@ class Params(FetchParams):
 PARTITION_IDS = 10**10  # a partition's row ids start at its ordinal times this (partitions of up to 10^10 rows)
 
 
-EMPTY = pd.DataFrame({"id": pd.Series(dtype="int64"), "line": pd.Series(dtype="int64"), "text": pd.Series(dtype="string")})
+EMPTY = pd.DataFrame({"id": pd.Series(dtype="int64"), "line": pd.Series(dtype="int64"),
+                      "text": pd.Series(dtype="string")})
 
 
 def build(ctx: BuildContext) -> BuildOutput:
@@ -46,7 +47,8 @@ def build(ctx: BuildContext) -> BuildOutput:
     p: Params = ctx.params
     source: Source = ctx.source
     raw, sha = locate(source, ctx.root, ctx.store.downloads, p, ctx.store.expect(source))
-    data_file = extract(raw, ctx.scratch / "extracted", source.member, p) if raw.name.lower().endswith(ARCHIVES) else raw
+    data_file = extract(raw, ctx.scratch / "extracted", source.member,
+                        p) if raw.name.lower().endswith(ARCHIVES) else raw
     if source.byte_range is not None:  # a partition of an appended file: its lines only
         data_file = range_file(source, data_file, ctx.scratch / "range")
     data = PartWriter(ctx.out / "data.parquet", ROW_GROUP_ROWS)
@@ -74,14 +76,15 @@ def build(ctx: BuildContext) -> BuildOutput:
         no_rows(data_file, dict(reasons))
     if not rows:  # an empty night: its partition is empty (the quarantine check holds it out), never a failed run
         log.warning("download: partition %s has no readable rows", ctx.partition[1])
-    data.close(EMPTY.assign(label=pd.Series(dtype="string")) if labelled(source, file_format(data_file, source)) else EMPTY)
+    data.close(EMPTY.assign(label=pd.Series(dtype="string")) if labelled(source, file_format(data_file, source))
+               else EMPTY)
     bad.close(empty_quarantine())
     if bad.rows:
         log.warning("download: %d of %d rows quarantined (%s), first at line %d; see quarantine.parquet",
                     bad.rows, rows + bad.rows, dict(reasons), first_bad)
     with_labels = labelled(source, file_format(data_file, source))
-    facts = Facts(source_sha256=sha, source_file=redact(str(raw) if raw.is_relative_to(ctx.root) else raw.name), labelled=with_labels,
-                  labels=sorted_labels(labels) if with_labels else None)
+    facts = Facts(source_sha256=sha, source_file=redact(str(raw) if raw.is_relative_to(ctx.root) else raw.name),
+                  labelled=with_labels, labels=sorted_labels(labels) if with_labels else None)
     metrics = {"rows_raw": rows, "rows_quarantined": bad.rows, "lines_physical": physical}
     if with_labels:
         metrics["num_labels"] = len(facts.labels)

@@ -161,7 +161,8 @@ def export_projector(kv, words: list[str], folder: Path, name: str = "word2vec")
     (folder / "vectors.tsv").write_text("".join(row.replace(" ", "\t") + "\n" for row in rows), encoding="utf-8")
     (folder / "metadata.tsv").write_text("".join(f"{w}\n" for w in words), encoding="utf-8")
     (folder / "projector_config.pbtxt").write_text(
-        f'embeddings {{\n  tensor_name: "{name}"\n  tensor_path: "vectors.tsv"\n  metadata_path: "metadata.tsv"\n}}\n', encoding="utf-8")
+        f'embeddings {{\n  tensor_name: "{name}"\n  tensor_path: "vectors.tsv"\n  metadata_path: "metadata.tsv"\n}}\n',
+        encoding="utf-8")
     return folder
 
 
@@ -182,7 +183,8 @@ def build(ctx: BuildContext) -> BuildOutput:
         ft_kv = fasttext_keyed_vectors(ft)
         save_text_vectors(ft_kv, ctx.out / "fasttext.vec")
         # fastText answers for unseen words too, through their subwords
-        rows += neighbours("fasttext", p.probe_words, lambda w, n: [(o, s) for s, o in ft.get_nearest_neighbors(w, k=n)], p.topn)
+        rows += neighbours("fasttext", p.probe_words,
+                           lambda w, n: [(o, s) for s, o in ft.get_nearest_neighbors(w, k=n)], p.topn)
         metrics["fasttext_vocab"] = len(ft.get_words())
         artifacts.append("fasttext.vec")
     from tasks.plots import require_cjk_font
@@ -199,13 +201,17 @@ def build(ctx: BuildContext) -> BuildOutput:
     table.to_csv(ctx.out / "neighbours.csv", index=False)
     # fastText answers for words it never saw, from their subwords
     vector_sets = {"word2vec": w2v, **({"fasttext": ft_kv} if p.fasttext.enabled else {})}
-    probes = {"analogies": pd.DataFrame([r for n, kv in vector_sets.items() for r in analogy_rows(n, kv, p.analogies, p.topn)]),
-              "similarities": pd.DataFrame([r for n, kv in vector_sets.items() for r in similarity_rows(n, kv, p.similarity_pairs)])}
+    probes = {"analogies": pd.DataFrame([r for n, kv in vector_sets.items()
+                                         for r in analogy_rows(n, kv, p.analogies, p.topn)]),
+              "similarities": pd.DataFrame([r for n, kv in vector_sets.items()
+                                            for r in similarity_rows(n, kv, p.similarity_pairs)])}
     for name, frame in probes.items():
         frame.to_csv(ctx.out / f"{name}.csv", index=False)
         artifacts.append(f"{name}.csv")
-    answered = probes["analogies"].loc[probes["analogies"]["model"] == "word2vec", "expected_rank"] if len(probes["analogies"]) else pd.Series(dtype=float)
+    answered = probes["analogies"].loc[probes["analogies"]["model"] == "word2vec",
+                                       "expected_rank"] if len(probes["analogies"]) else pd.Series(dtype=float)
     if len(answered):
         metrics["word2vec_analogy_top5"] = float(answered.notna().mean())
     return BuildOutput(rows=len(w2v), metrics=metrics, artifacts=artifacts,
-                       tables={f"{name}.json": frame for name, frame in {"neighbours": table, **probes}.items() if len(frame)})
+                       tables={f"{name}.json": frame for name,
+                               frame in {"neighbours": table, **probes}.items() if len(frame)})

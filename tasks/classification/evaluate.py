@@ -51,7 +51,8 @@ def paired_gap(better: np.ndarray, cheaper: np.ndarray) -> tuple[float, float]:
     return gap, math.sqrt(max(only_better + only_cheaper - n * gap * gap, 0.0)) / n
 
 
-def choose(table: pd.DataFrame, metric: str, right: dict[str, np.ndarray | None], select: str, z: float = 1.96) -> tuple[str, str]:
+def choose(table: pd.DataFrame, metric: str, right: dict[str, np.ndarray | None], select: str,
+           z: float = 1.96) -> tuple[str, str]:
     """(the chosen model, why) from the comparison table sorted best first by `val_<metric>`: with `simplest`, the
     cheapest model (ModelSpec.cost) that the best is not better than beyond the noise, row by row on the same
     validation rows (its lead under `z` standard errors of the paired difference: a 95% interval holding zero)."""
@@ -64,9 +65,10 @@ def choose(table: pd.DataFrame, metric: str, right: dict[str, np.ndarray | None]
             continue
         gap, se = paired_gap(right[best], right[model])
         if gap <= z * se:
-            return model, (f"validation {metric} {float(scores[model]):.4f} against {best}'s {top:.4f}: {best} is ahead by "
-                           f"{100 * gap:.2f} points of accuracy on the same {len(right[best])} rows, inside the noise "
-                           f"({z:g} x {100 * se:.2f}); the cheaper model is chosen (evaluate.select: simplest)")
+            return model, (f"validation {metric} {float(scores[model]):.4f} against {best}'s {top:.4f}: {best} is "
+                           f"ahead by {100 * gap:.2f} points of accuracy on the same {len(right[best])} rows, inside "
+                           f"the noise ({z:g} x {100 * se:.2f}); the cheaper model is chosen (evaluate.select: "
+                           f"simplest)")
     return best, f"best validation {metric} ({top:.4f}), better than every cheaper model beyond the noise"
 
 
@@ -77,7 +79,8 @@ def metric_name(label: str) -> str:
     return re.sub(r"[^\w\-./ ]", "_", str(label)).strip() or "_"
 
 
-def score(y_true: np.ndarray, y_pred: np.ndarray, labels: list[str]) -> tuple[dict[str, float], pd.DataFrame, np.ndarray]:
+def score(y_true: np.ndarray, y_pred: np.ndarray, labels: list[str]) -> tuple[dict[str, float], pd.DataFrame,
+                                                                              np.ndarray]:
     """Accuracy, macro-F1, a per-class precision/recall/F1 table and the confusion matrix."""
     ids = list(range(len(labels)))
     from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, precision_recall_fscore_support
@@ -118,11 +121,13 @@ def plot_confusion(matrix: np.ndarray, labels: list[str], title: str, path: Path
             tick.set_horizontalalignment("right")
     for i in range(len(labels)):
         for j in range(len(labels)):
-            ax.text(j, i, int(matrix[i, j]), ha="center", va="center", color="white" if matrix[i, j] > matrix.max() / 2 else "black")
+            ax.text(j, i, int(matrix[i, j]), ha="center", va="center",
+                    color="white" if matrix[i, j] > matrix.max() / 2 else "black")
     save(fig, path)
 
 
-def plot_pr_curves(y_true: np.ndarray, probs: np.ndarray, labels: list[str], title: str, path: Path) -> dict[str, float]:
+def plot_pr_curves(y_true: np.ndarray, probs: np.ndarray, labels: list[str], title: str,
+                   path: Path) -> dict[str, float]:
     """One-vs-rest precision-recall curve per class; returns each class's average precision."""
     from sklearn.metrics import average_precision_score, precision_recall_curve
 
@@ -165,7 +170,8 @@ def worst_mistakes(test, y_true: np.ndarray, probs: np.ndarray, labels: list[str
 
 def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     """Score one trained model (the `train.<name>` unit's output) on the test split: its metrics, and for a
-    classifier the per-class scores, confusion matrix, PR curves, training curves and worst mistakes in `evaluation/`."""
+    classifier the per-class scores, confusion matrix, PR curves, training curves and worst mistakes in
+    `evaluation/`."""
     trained = ctx.facts["train"]
     labels, summary, spec = trained.labels, trained.summary, MODELS[name]
     test = Rows(ctx.file("segment", "test.parquet"))
@@ -199,19 +205,23 @@ def build(ctx: BuildContext) -> BuildOutput:
     results = {name: facts.results for name, facts in units.items()}
     labels = next(iter(units.values())).labels
     # the best model is chosen on validation; test metrics are reported, never used to choose
-    rows = [{"model": name, "val_accuracy": units[name].summary["val_accuracy"], "val_macro_f1": units[name].summary["val_macro_f1"],
+    rows = [{"model": name, "val_accuracy": units[name].summary["val_accuracy"],
+             "val_macro_f1": units[name].summary["val_macro_f1"],
              "test_accuracy": r["test_accuracy"], "test_macro_f1": r["test_macro_f1"],
              "train_seconds": round(units[name].summary["seconds"], 1)}
             for name, r in results.items() if "test_accuracy" in r]
     table = pd.DataFrame(rows).sort_values(f"val_{ctx.params.metric}", ascending=False, kind="stable")
     table.to_csv(ctx.out / "comparison.csv", index=False)
-    best, why = choose(table, ctx.params.metric, {m: right_rows(units[m].summary) for m in table["model"]}, ctx.params.select)
-    (ctx.out / "comparison.md").write_text(comparison_markdown(table) + f"\n\nChosen: **{best}**, {why}.\n", encoding="utf-8")
+    best, why = choose(table, ctx.params.metric, {m: right_rows(units[m].summary) for m in table["model"]},
+                       ctx.params.select)
+    (ctx.out / "comparison.md").write_text(comparison_markdown(table) + f"\n\nChosen: **{best}**, {why}.\n",
+                                           encoding="utf-8")
     (ctx.out / "chosen.json").write_text(json.dumps({"model": best, "why": why}, ensure_ascii=False), encoding="utf-8")
     (ctx.out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
     lms = {m: r["test_perplexity"] for m, r in results.items() if "test_perplexity" in r}
     if lms:
-        pd.DataFrame({"model": list(lms), "test_perplexity": list(lms.values())}).to_csv(ctx.out / "language_models.csv", index=False)
+        pd.DataFrame({"model": list(lms),
+                      "test_perplexity": list(lms.values())}).to_csv(ctx.out / "language_models.csv", index=False)
     return BuildOutput(
         rows=None,
         metrics={f"{m}_{k}": v for m, r in results.items() for k, v in r.items()}

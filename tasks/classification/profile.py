@@ -1,7 +1,7 @@
 """Stage `profile`: what the corpus looks like (the course's text-analysis chapter) as pictures, tables and
 one self-contained HTML report: labels per split, text lengths per label, frequent words and adjectives
-per label, a word cloud and an adjective cloud per label, vocabulary size, type/token ratio and the length that covers 90% of
-texts (a suggested `max_len`)."""
+per label, a word cloud and an adjective cloud per label, vocabulary size, type/token ratio and the length that covers
+90% of texts (a suggested `max_len`)."""
 from __future__ import annotations
 
 import json
@@ -31,7 +31,8 @@ class Params(Common):
     max_labels: int = Field(20, ge=1)  # labels drawn one by one (the most frequent); all are counted in the tables
 
 
-PICTURES = ["label_distribution.png", "length_distribution.png", "length_scatter.png", "top_words.png", "top_adjectives.png"]
+PICTURES = ["label_distribution.png", "length_distribution.png", "length_scatter.png", "top_words.png",
+            "top_adjectives.png"]
 
 
 def hist_quantile(counts: np.ndarray, q: float) -> float:
@@ -63,7 +64,8 @@ class Profile:
         self.rows += len(batch)
         self.per_split.setdefault(split, Counter()).update(batch["label"].value_counts().to_dict())
         chars = batch["text"].str.len().to_numpy(dtype=np.int64)
-        words = np.fromiter((len(w.split()) for w in batch["words"]), np.int64, len(batch))  # one row's tokens at a time
+        # one row's tokens at a time
+        words = np.fromiter((len(w.split()) for w in batch["words"]), np.int64, len(batch))
         self.words_hist = _sum(self.words_hist, np.bincount(words))
         keys = self.rng.random(len(batch))
         for label, rows in batch.groupby("label", sort=False).indices.items():
@@ -75,7 +77,8 @@ class Profile:
         if split != "train":
             return
         for label, part in batch.groupby("label", sort=False):
-            self.tokens.setdefault(label, Counter()).update(chain.from_iterable(t.split() for t in part["words"]))  # at C speed
+            # at C speed
+            self.tokens.setdefault(label, Counter()).update(chain.from_iterable(t.split() for t in part["words"]))
             if self.tags is None:  # segment stored jieba.posseg's own tags
                 found, adjectives = tagged_counts(part["pos"])
                 shown_words, shown_adjectives = self.tagged.setdefault(label, (Counter(), Counter()))
@@ -187,7 +190,8 @@ def plot_lengths(profile: Profile, labels: list[str], path: Path) -> Path:
         hist = profile.chars.get(label, np.zeros(1, dtype=np.int64))
         values = np.arange(len(hist))
         n = int(hist.sum())
-        line = ax.hist(np.minimum(values, hi), bins=bins, weights=hist, alpha=0.35, density=True, label=f"{label} (n={n})")[2][0]
+        line = ax.hist(np.minimum(values, hi), bins=bins, weights=hist, alpha=0.35, density=True,
+                       label=f"{label} (n={n})")[2][0]
         x = np.minimum(profile.samples[label][1], hi) if label in profile.samples else np.zeros(0)
         if len(x) > 1 and x.std() > 0:
             ax.plot(grid, gaussian_kde(x)(grid), color=line.get_facecolor(), alpha=1.0, linewidth=1.6)
@@ -213,7 +217,8 @@ def plot_top(tables: dict[str, list[tuple[str, int]]], title: str, path: Path) -
     """Horizontal bars of the top words, one panel per label."""
     from tasks.plots import save, subplots
 
-    fig, axes = subplots(1, len(tables), figsize=(3.2 * len(tables), 0.25 * max(len(t) for t in tables.values()) + 1.5), squeeze=False)
+    fig, axes = subplots(1, len(tables), figsize=(3.2 * len(tables), 0.25 * max(len(t) for t in tables.values()) + 1.5),
+                         squeeze=False)
     for ax, (label, rows) in zip(axes[0], tables.items()):
         words, counts = zip(*rows) if rows else ((), ())
         ax.barh(range(len(words)), counts)
@@ -246,7 +251,8 @@ def build(ctx: BuildContext) -> BuildOutput:
     use_font(font)
     profile = Profile(p.seed, None if pos else dictionary_tags())
     for name in SPLITS:
-        for batch in Rows(ctx.file("segment", f"{name}.parquet")).batches(["text", "words", "label"] + (pos if name == "train" else [])):
+        for batch in Rows(ctx.file("segment", f"{name}.parquet")).batches(["text", "words",
+                                                                           "label"] + (pos if name == "train" else [])):
             profile.add(name, batch)
     labels = ctx.facts["segment"].labels or sorted(profile.per_split.get("train", Counter()))
     all_labels = labels
@@ -256,7 +262,8 @@ def build(ctx: BuildContext) -> BuildOutput:
     stats = profile.stats(p.coverage)
     shown_words = {label: profile.words(label) for label in labels}
     clouds = {label: dict(found.most_common(p.cloud_words)) for label, (found, _) in shown_words.items()}
-    adjective_clouds = {label: dict(adjectives.most_common(p.cloud_words)) for label, (_, adjectives) in shown_words.items()}
+    adjective_clouds = {label: dict(adjectives.most_common(p.cloud_words)) for label,
+                        (_, adjectives) in shown_words.items()}
     words = {str(label): list(clouds[label].items())[: p.top_k] for label in labels}
     adjectives = {str(label): list(adjective_clouds[label].items())[: p.top_k] for label in labels}
     pictures = [
@@ -264,14 +271,17 @@ def build(ctx: BuildContext) -> BuildOutput:
         plot_lengths(profile, labels, ctx.out / "length_distribution.png"),
         plot_scatter(profile, labels, ctx.out / "length_scatter.png"),
         plot_top(words, f"most frequent words per label (train, top {p.top_k})", ctx.out / "top_words.png"),
-        plot_top(adjectives, f"most frequent adjectives per label (train, jieba POS a/ad/an, top {p.top_k})", ctx.out / "top_adjectives.png"),
+        plot_top(adjectives, f"most frequent adjectives per label (train, jieba POS a/ad/an, top {p.top_k})",
+                 ctx.out / "top_adjectives.png"),
     ]
     for label in labels:
         pictures.append(word_cloud(clouds[label], font, ctx.out / f"wordcloud_{safe_name(label)}.png", p.seed))
         if adjective_clouds[label]:  # the course's adjective cloud: jieba POS a/ad/an only
-            pictures.append(word_cloud(adjective_clouds[label], font, ctx.out / f"adjectives_{safe_name(label)}.png", p.seed))
+            pictures.append(word_cloud(adjective_clouds[label], font, ctx.out / f"adjectives_{safe_name(label)}.png",
+                                       p.seed))
     tables = {
-        "labels per split": pd.DataFrame({s: pd.Series(profile.per_split.get(s, Counter()), dtype="int64").reindex(all_labels, fill_value=0)
+        "labels per split": pd.DataFrame({s: pd.Series(profile.per_split.get(s, Counter()),
+                                                       dtype="int64").reindex(all_labels, fill_value=0)
                                           for s in SPLITS}).rename_axis("label").reset_index(),
         "top words per label": _side_by_side(words),
         "top adjectives per label": _side_by_side(adjectives),
@@ -279,7 +289,8 @@ def build(ctx: BuildContext) -> BuildOutput:
     for name, table in tables.items():
         table.to_csv(ctx.out / f"{name.replace(' ', '_')}.csv", index=False)
     (ctx.out / "stats.json").write_text(json.dumps(stats, indent=2), encoding="utf-8")
-    (ctx.out / "report.html").write_text(report_html(f"{ctx.pipeline}: corpus profile", stats, tables, pictures), encoding="utf-8")
+    (ctx.out / "report.html").write_text(report_html(f"{ctx.pipeline}: corpus profile", stats, tables, pictures),
+                                         encoding="utf-8")
     files = [p.name for p in pictures] + ["report.html", "stats.json"] + [f"{n.replace(' ', '_')}.csv" for n in tables]
     return BuildOutput(rows=profile.rows, metrics=stats, facts=Facts(font=font), artifacts=files,
                        markdown={"profile": stats_markdown(ctx.pipeline, stats)},

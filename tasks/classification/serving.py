@@ -85,7 +85,8 @@ def outcomes(served: Served, ask: Callable[[list[str]], pd.DataFrame], test: pd.
     texts = test["text"].astype(str).tolist()
     truth = test["label"].astype(str).to_numpy()
     predicted = ask(texts)["label"].fillna("").astype(str).to_numpy()
-    return Outcomes("labels", metric, {"truth": truth, "predicted": predicted}, {"class": truth, "length": length_buckets(texts)})
+    return Outcomes("labels", metric, {"truth": truth, "predicted": predicted},
+                    {"class": truth, "length": length_buckets(texts)})
 
 
 SHOWN = Shown("label", ("label", "probability"), found=lambda out: f"labels: {out['label'].value_counts().to_dict()}")

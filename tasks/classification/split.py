@@ -163,9 +163,11 @@ def build(ctx: BuildContext) -> BuildOutput:
         counts[None] = src.metadata.num_rows
     partition = ctx.partition is not None
     if partition and ctx.params.method != "hash":
-        raise ConfigError("split.method permutation moves rows whenever rows are added; a partitioned source takes split.method hash")
+        raise ConfigError("split.method permutation moves rows whenever rows are added; a partitioned source takes "
+                          "split.method hash")
     # a partition is split by the hash alone: its classes are counted over the whole corpus, not here
-    rename, small, aside = class_plan(dict(counts), ctx.params) if labelled and not partition else ({k: k for k in counts}, {}, set())
+    rename, small, aside = class_plan(dict(counts),
+                                      ctx.params) if labelled and not partition else ({k: k for k in counts}, {}, set())
     kept: dict = Counter()
     for label, n in counts.items():
         if rename[label] not in aside:
@@ -174,7 +176,8 @@ def build(ctx: BuildContext) -> BuildOutput:
     if small:
         shown = ", ".join(f"{k!r}: {v}" for k, v in list(small.items())[:5]) + (" ..." if len(small) > 5 else "")
         what = f"merged into {ctx.params.merge_label!r}" if not set_aside else f"{set_aside} rows quarantined"
-        log.warning("split: %d classes have fewer than %d rows (%s); %s (split.small_classes)", len(small), MIN_CLASS_ROWS, shown, what)
+        log.warning("split: %d classes have fewer than %d rows (%s); %s (split.small_classes)", len(small),
+                    MIN_CLASS_ROWS, shown, what)
     if labelled and not partition:
         if len(kept) < 2:
             only = f" ({next(iter(kept))!r}, {next(iter(kept.values()))} rows)" if kept else ""
@@ -191,7 +194,8 @@ def _write_splits(ctx: BuildContext, path: Path, classes: tuple, kept: Counter, 
     rename, aside, small = classes
     src = pq.ParquetFile(path)
     if ctx.params.method == "hash":
-        stable = _stable_plan(path, rename, aside, sorted(kept, key=str), ctx.params, labelled and ctx.partition is None)
+        stable = _stable_plan(path, rename, aside, sorted(kept, key=str), ctx.params,
+                              labelled and ctx.partition is None)
     else:
         plan = assignments(dict(kept), ctx.params, labelled)
     writers = {name: PartWriter(ctx.out / f"{name}.parquet", ROW_GROUP_ROWS) for name in SPLITS}

@@ -32,15 +32,18 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     p = ctx.params
     labels = ctx.facts["augment"].labels
     if not labels:
-        raise DataError("train: the corpus has no labels (source.label_column is unset); classifiers need labelled data")
+        raise DataError("train: the corpus has no labels (source.label_column is unset); classifiers need labelled "
+                        "data")
     spec = MODELS[name]
     train_rows, val_rows = Rows(ctx.file("augment", "train.parquet")), Rows(ctx.file("segment", "validation.parquet"))
     # a model that streams reads its splits batch by batch (memory bounded whatever the corpus); others, whole
     train, validation = (train_rows, val_rows) if spec.streams else (train_rows.frame(), val_rows.frame())
     vectors = load_word_vectors(ctx.inputs["embed"], p.embeddings) if spec.uses_vectors else None
-    members = {model: folder / model for model, folder in by_model({u: f for u, f in ctx.inputs.items() if Unit.parse(u).model}).items()}
-    summary = spec.train(TrainInputs(name, train, validation, labels, spec.view(p), ctx.inputs["vocab"], vectors, ctx.out, ctx.scratch, ctx.sink,
-                                     members=members))
+    members = {model: folder / model for model, folder in by_model({u: f for u,
+                                                                    f in ctx.inputs.items()
+                                                                    if Unit.parse(u).model}).items()}
+    summary = spec.train(TrainInputs(name, train, validation, labels, spec.view(p), ctx.inputs["vocab"], vectors,
+                                     ctx.out, ctx.scratch, ctx.sink, members=members))
     if not spec.is_language_model:  # classifiers: validation scores from the saved model, as it will be served
         val = predict_batches(spec.predictor(ctx.out / name), validation).argmax(1)
         gold = np.concatenate([label_ids(b, labels) for b in batches_of(validation, ["label"])])
@@ -52,9 +55,11 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
         # which validation rows it got right, packed (8 rows a byte): selection compares models row by row
         summary["validation_right"] = base64.b64encode(np.packbits(val == gold).tobytes()).decode("ascii")
     # the per-epoch curves (val_macro_f1, samples_per_second, ...) are the history; these are the model's totals
-    names = {"val_accuracy": "val_accuracy_best", "val_macro_f1": "val_macro_f1_best", "val_perplexity": "val_perplexity_best",
+    names = {"val_accuracy": "val_accuracy_best", "val_macro_f1": "val_macro_f1_best",
+             "val_perplexity": "val_perplexity_best",
              "seconds": "train_seconds", "samples_per_second": "median_samples_per_second"}
-    return BuildOutput(rows=len(train_rows), metrics={new: summary[old] for old, new in names.items() if old in summary},
+    return BuildOutput(rows=len(train_rows), metrics={new: summary[old] for old,
+                                                      new in names.items() if old in summary},
                        facts=Facts(labels=labels, model=name, summary=summary))
 
 

@@ -117,7 +117,8 @@ class Seq2SeqTranslator:
                     AutoModelForSeq2SeqLM.from_pretrained(source, local_files_only=local_only))
 
         self.tokenizer, self.model = load_pretrained(ref, load, "translation model")
-        self.device = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device))
+        self.device = torch.device("cuda" if device == "auto" and torch.cuda.is_available()
+                                   else ("cpu" if device == "auto" else device))
         if self.device.type == "cuda":
             self.model = self.model.to(dtype=torch.bfloat16)  # bf16 halves memory and speeds up generation
         self.model.to(self.device).eval()
@@ -133,7 +134,8 @@ class Seq2SeqTranslator:
         import torch
 
         p = self.params
-        batch = self.tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=p.max_length).to(self.device)
+        batch = self.tokenizer(texts, return_tensors="pt", padding=True, truncation=True,
+                               max_length=p.max_length).to(self.device)
         kwargs = dict(max_new_tokens=p.max_length, num_return_sequences=n)
         if p.do_sample:
             kwargs.update(do_sample=True, temperature=p.temperature, top_p=p.top_p)
@@ -162,18 +164,22 @@ class RegisteredTranslator:
 
         self.name = name
         try:
-            artifacts = yaml.safe_load((folder / "MLmodel").read_text(encoding="utf-8"))["flavors"]["python_function"]["artifacts"]
+            mlmodel = yaml.safe_load((folder / "MLmodel").read_text(encoding="utf-8"))
+            artifacts = mlmodel["flavors"]["python_function"]["artifacts"]
             cfg = json.loads((folder / artifacts["config"]["path"]).read_text(encoding="utf-8"))
             spec = MODELS[cfg["model"]]
         except (OSError, KeyError, TypeError, ValueError) as e:
-            raise ZhpipeError(f"{name}: not a zhpipe translator ({type(e).__name__}: {e}); register one with a task: translation pipeline") from None
+            raise ZhpipeError(f"{name}: not a zhpipe translator ({type(e).__name__}: {e}); register one with a task: "
+                              f"translation pipeline") from None
         if spec.translator is None:
             raise ZhpipeError(f"{name}: {cfg['model']} is a {spec.task} model, not a translator")
         self.translate_fn = spec.translator(folder / artifacts["model"]["path"])
         self.direction = self.translate_fn.direction
         clean = CleanParams(**{k: v for k, v in cfg["clean"].items() if k in CleanParams.model_fields})
-        self.clean = clean if self.direction.startswith("zh") else clean.model_copy(update={"traditional_to_simplified": False})
-        segment = {k: v for k, v in cfg["segment"].items() if k in SegmenterParams.model_fields and k not in ("user_dict", "stopwords")}
+        self.clean = (clean if self.direction.startswith("zh")
+                      else clean.model_copy(update={"traditional_to_simplified": False}))
+        segment = {k: v for k, v in cfg["segment"].items() if k in SegmenterParams.model_fields
+                   and k not in ("user_dict", "stopwords")}
         self.segmenter = Segmenter(SegmenterParams(**segment)) if self.direction.startswith("zh") else None
 
     def translate(self, texts: list[str], n: int) -> list[list[str]]:
@@ -183,7 +189,8 @@ class RegisteredTranslator:
         from tasks.normalise import clean_text
 
         cleaned = [clean_text(t, self.clean) for t in texts]
-        frame = pd.DataFrame({"text": cleaned, **self.segmenter.rows(cleaned)}) if self.segmenter else pd.DataFrame({"en": cleaned})
+        frame = pd.DataFrame({"text": cleaned,
+                              **self.segmenter.rows(cleaned)}) if self.segmenter else pd.DataFrame({"en": cleaned})
         return [[t.text] * n for t in self.translate_fn(frame)]
 
 
@@ -198,8 +205,8 @@ class HttpTranslator:
         self.endpoint = f"{reveal(params.url).rstrip('/')}/translate"
         self.api_key = os.environ.get(params.api_key_env) if params.api_key_env else None
         if self.api_key and not (self.endpoint.lower().startswith("https://") or is_loopback(self.endpoint)):
-            raise ZhpipeError(f"translation service {self.name}: an API key (${params.api_key_env}) is sent only over https "
-                              "or to this machine (loopback); use an https:// url")
+            raise ZhpipeError(f"translation service {self.name}: an API key (${params.api_key_env}) is sent only over "
+                              f"https or to this machine (loopback); use an https:// url")
         self.client = httpx.Client(timeout=params.timeout_s)
         self._next_slot = 0.0
         self._lock = threading.Lock()
@@ -233,7 +240,8 @@ class HttpTranslator:
                     return [[t] * n for t in got]
                 if resp.status_code not in (429, 500, 502, 503, 504):
                     raise ZhpipeError(f"translation service {self.name}: HTTP {resp.status_code} "
-                                      f"({resp.headers.get('content-type', 'no content type')}, {len(resp.content)} bytes)")
+                                      f"({resp.headers.get('content-type', 'no content type')}, {len(resp.content)} "
+                                      f"bytes)")
                 error = f"HTTP {resp.status_code}"
                 retry_after = resp.headers.get("Retry-After")
                 if retry_after and retry_after.isdigit():
@@ -242,7 +250,8 @@ class HttpTranslator:
                 delay = min(0.5 * 2**attempt, 30)
                 log.warning("translation service %s: %s; retry %d in %.1f s", self.name, error, attempt + 1, delay)
                 time.sleep(delay)
-        raise ZhpipeError(f"translation service {self.name}: gave up after {self.params.retries + 1} attempts ({error})")
+        raise ZhpipeError(f"translation service {self.name}: gave up after {self.params.retries + 1} attempts "
+                          f"({error})")
 
 
 class TranslationCache:
@@ -268,7 +277,8 @@ class TranslationCache:
         items = list(keys)
         for i in range(0, len(items), 500):
             chunk = items[i : i + 500]
-            rows = self.db.execute(f"SELECT key, variants FROM translations WHERE key IN ({','.join('?' * len(chunk))})", chunk)
+            rows = self.db.execute(f"SELECT key, variants FROM translations WHERE key IN "
+                                   f"({','.join('?' * len(chunk))})", chunk)
             found.update({keys[k]: json.loads(v) for k, v in rows})
         return found
 
@@ -286,7 +296,8 @@ class TranslationCache:
 class CachedTranslation:
     """Translates unique texts through a cache, in length-sorted batches; counts hits and misses."""
 
-    def __init__(self, translator: Translator, cache: TranslationCache, direction: str, settings: dict, batch_size: int):
+    def __init__(self, translator: Translator, cache: TranslationCache, direction: str, settings: dict,
+                 batch_size: int):
         self.translator, self.cache, self.batch_size = translator, cache, batch_size
         self.namespace = json.dumps({"model": translator.name, "direction": direction, **settings}, sort_keys=True)
         self.hits = self.misses = 0

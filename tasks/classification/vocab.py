@@ -59,7 +59,8 @@ def count(ctx: BuildContext) -> BuildOutput:
     for split, kinds in counts.items():
         for kind, found in kinds.items():
             pd.DataFrame({"token": list(found), "count": list(found.values())}, columns=["token", "count"]).astype(
-                {"token": str, "count": "int64"}).to_parquet(ctx.out / "counts" / f"{kind}.{split}.parquet", index=False)
+                {"token": str, "count": "int64"}).to_parquet(ctx.out / "counts" / f"{kind}.{split}.parquet",
+                                                             index=False)
     return BuildOutput(rows=rows)
 
 
@@ -94,7 +95,8 @@ def write_vocab(ctx: BuildContext, train: dict[str, Counter], validation: dict[s
         metrics[f"{kind}_types_seen"] = len(counts)
         known, seen = set(vocab), validation[kind]
         total = sum(seen.values())
-        metrics[f"{kind}_validation_oov_rate"] = sum(c for t, c in seen.items() if t not in known) / total if total else 0.0
+        metrics[f"{kind}_validation_oov_rate"] = sum(c for t, c in seen.items()
+                                                     if t not in known) / total if total else 0.0
     return BuildOutput(
         rows=int(metrics["words_vocab_size"]),
         metrics=metrics,

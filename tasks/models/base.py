@@ -18,7 +18,8 @@ if TYPE_CHECKING:  # annotations only: the heavy libraries are imported where th
 Predictor = Callable[[pd.DataFrame], np.ndarray]  # frame with text/words/chars -> (rows, classes) probabilities
 
 # the `train` section's shared settings a model may read (`ModelSpec.shared`): its key sees those and no others
-LOOP = ("epochs", "patience", "weight_decay", "warmup_ratio", "grad_clip", "grad_accum", "device", "precision", "seed", "processes")
+LOOP = ("epochs", "patience", "weight_decay", "warmup_ratio", "grad_clip", "grad_accum", "device", "precision", "seed",
+        "processes")
 NETWORK = (*LOOP, "class_weights", "embeddings")  # PyTorch classifiers that start from the embed stage's vectors
 
 
@@ -77,7 +78,8 @@ class ModelSpec:
     about: str = ""  # one line for `zhpipe models`
     task: str = "classification"  # or "ner", "translation": the pipelines (`task:`) whose train.models it may be in
     tagger: Callable[[Path], Callable] | None = None  # taggers (task ner): a saved model folder -> tag function
-    translator: Callable[[Path], Callable] | None = None  # translators (task translation): a saved model folder -> translate function
+    # translators (task translation): a saved model folder -> translate function
+    translator: Callable[[Path], Callable] | None = None
     members: Callable[[Any], list[str]] | None = None  # ensembles: the models (of train.models) built from, by section
     # the `train` section's shared settings it reads (None: all of them); a unit's key hashes only these
     shared: tuple[str, ...] | None = None

@@ -17,6 +17,7 @@ from tasks.errors import ConfigError
 from tasks.hub import load_pretrained
 from tasks.io import read_vocab
 from tasks.models.base import NETWORK, ModelSpec, TrainInputs, class_weight_tensor, label_ids
+from tasks.models.pretraining import encode_pairs, pretraining_metrics, sentence_pairs
 from tasks.vectors import WordVectors
 
 if TYPE_CHECKING:  # annotations only: the heavy libraries are imported where they are used
@@ -48,16 +49,18 @@ class Params(Section):
     lr: float = 2e-4  # fine-tuning
     batch_size: int = 32
     word_adapter: bool = False  # add attention-weighted Word2Vec vectors of the words covering each character
-    adapter_layer: int = Field(1, ge=0)  # after which encoder layer (0-based, not the last) the adapter adds its vectors
+    # after which encoder layer (0-based, not the last) the adapter adds its vectors
+    adapter_layer: int = Field(1, ge=0)
     max_words_per_char: int = Field(4, ge=1)
 
     @model_validator(mode="after")
     def _heads_divide_hidden(self) -> "Params":
         if self.checkpoint is None and self.hidden_size % self.num_heads:
-            raise ValueError(f"bert.hidden_size ({self.hidden_size}) must be a multiple of bert.num_heads ({self.num_heads})")
+            raise ValueError(f"bert.hidden_size ({self.hidden_size}) must be a multiple of bert.num_heads "
+                             f"({self.num_heads})")
         if self.checkpoint is None and self.word_adapter and self.adapter_layer >= self.num_layers - 1:
-            raise ValueError(f"bert.adapter_layer ({self.adapter_layer}) must be below the last layer ({self.num_layers - 1}): "
-                             "a later layer has to carry the words to [CLS]")
+            raise ValueError(f"bert.adapter_layer ({self.adapter_layer}) must be below the last layer "
+                             f"({self.num_layers - 1}): a later layer has to carry the words to [CLS]")
         return self
 
 
@@ -130,52 +133,6 @@ def quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
-CLAUSE_END = set("。！？!?；;，,")
-
-
-def clauses(chars: str) -> list[list[str]]:
-    """A text's clauses (characters up to and including each clause-ending punctuation mark); a text of one
-    clause is cut in two halves, so that every text of two characters or more gives a pair."""
-    tokens, out, current = chars.split(), [], []
-    for t in tokens:
-        current.append(t)
-        if t in CLAUSE_END:
-            out.append(current)
-            current = []
-    if current:
-        out.append(current)
-    if len(out) == 1 and len(tokens) >= 2:
-        out = [tokens[: len(tokens) // 2], tokens[len(tokens) // 2 :]]
-    return out
-
-
-def sentence_pairs(texts: pd.Series, seed: int) -> list[tuple[list[str], list[str], int]]:
-    """(A, B, label) per adjacent clause pair: label 0 = B follows A, 1 = B is a clause of another text (half each)."""
-    rng = np.random.default_rng(seed)
-    per_text = [c for c in (clauses(t) for t in texts) if len(c) >= 2]
-    pairs = []
-    for i, parts in enumerate(per_text):
-        for a, b in zip(parts, parts[1:]):
-            if len(per_text) > 1 and rng.random() < 0.5:
-                j = int(rng.integers(len(per_text) - 1))
-                other = per_text[j + (j >= i)]
-                pairs.append((a, other[int(rng.integers(len(other)))], 1))
-            else:
-                pairs.append((a, b, 0))
-    return pairs
-
-
-def encode_pairs(tokenizer, pairs, max_len: int) -> list[dict]:
-    """[CLS] A [SEP] B [SEP] with token types 0/1, each side cut to fit `max_len`."""
-    room = max_len - 3
-    out = []
-    for a, b, label in pairs:
-        a, b = a[: max(room // 2, room - len(b))], b[: max(room // 2, room - min(len(a), room // 2))]
-        ids = tokenizer.convert_tokens_to_ids(["[CLS]", *a, "[SEP]", *b, "[SEP]"])
-        out.append({"input_ids": ids, "token_type_ids": [0] * (len(a) + 2) + [1] * (len(b) + 1), "next_sentence_label": label})
-    return out
-
-
 def pretrain_mlm(texts: pd.Series, validation: pd.Series, tokenizer, p: Params, params,
                  checkpoints: Path, tracker) -> tuple[Path, dict]:
     """Masked-LM pretraining of a small BERT (with `nsp`, next-sentence prediction too); returns the saved folder
@@ -213,36 +170,14 @@ def pretrain_mlm(texts: pd.Series, validation: pd.Series, tokenizer, p: Params, 
         return pretraining_metrics(m, (masked(val_rows, chunk, fixed) for chunk, _ in
                                        bert_batches(val_ids, None, None, 64, tokenizer.pad_token_id)), p.nsp)
 
-    task = Task(batches, steps_per_epoch=-(-len(train_ids) // p.batch_size), loss=lambda m, b: m(**b).loss, validate=validate)
+    task = Task(batches, steps_per_epoch=-(-len(train_ids) // p.batch_size), loss=lambda m, b: m(**b).loss,
+                validate=validate)
     cfg = LoopConfig.from_train(params, lr=p.pretrain_lr, epochs=p.pretrain_epochs, patience=max(params.patience, 2),
                                 warmup_ratio=0.1, monitor="val_mlm_loss", mode="min")
     result = fit("bert_mlm", model, task, cfg, checkpoints / "mlm", tracker, prefix="mlm_")
     model.save_pretrained(folder)
     return folder, {"pretrain_history": result.history, "pretrain_seconds": result.seconds,
                     "pretrain_samples_per_second": result.samples_per_second}
-
-
-def pretraining_metrics(m, batches, nsp: bool) -> dict[str, float]:
-    """Masked-LM loss and perplexity over the masked characters of `batches` (and next-sentence loss and accuracy)."""
-    import torch.nn.functional as F
-
-    mlm = mlm_count = nsp_loss = nsp_right = rows = 0.0
-    for masked_batch in batches:
-        batch = {k: v.to(m.device) for k, v in masked_batch.items()}
-        out = m(**batch)
-        logits = out.prediction_logits if nsp else out.logits
-        mask = batch["labels"] != -100
-        mlm += F.cross_entropy(logits[mask].float(), batch["labels"][mask], reduction="sum").item()
-        mlm_count += int(mask.sum())
-        if nsp:
-            nsp_loss += F.cross_entropy(out.seq_relationship_logits.float(), batch["next_sentence_label"], reduction="sum").item()
-            nsp_right += (out.seq_relationship_logits.argmax(1) == batch["next_sentence_label"]).sum().item()
-            rows += len(batch["labels"])
-    loss = mlm / max(mlm_count, 1)
-    metrics = {"val_mlm_loss": loss, "val_mlm_perplexity": float(np.exp(loss))}
-    if nsp:
-        metrics |= {"val_nsp_loss": nsp_loss / max(rows, 1), "val_nsp_accuracy": nsp_right / max(rows, 1)}
-    return metrics
 
 
 def build_model(p: Params, num_labels: int, tokenizer, source: str | None, lexicon_vectors: torch.Tensor | None):
@@ -255,7 +190,8 @@ def build_model(p: Params, num_labels: int, tokenizer, source: str | None, lexic
         config = BertConfig(vocab_size=len(tokenizer), hidden_size=p.hidden_size, num_hidden_layers=p.num_layers,
                             num_attention_heads=p.num_heads, intermediate_size=p.intermediate_size,
                             hidden_dropout_prob=p.dropout, attention_probs_dropout_prob=p.dropout,
-                            max_position_embeddings=max(512, p.max_len), pad_token_id=tokenizer.pad_token_id, num_labels=num_labels)
+                            max_position_embeddings=max(512, p.max_len), pad_token_id=tokenizer.pad_token_id,
+                            num_labels=num_labels)
         classifier = BertForSequenceClassification(config)
     else:
         classifier = load_pretrained(source, lambda s, local: BertForSequenceClassification.from_pretrained(
@@ -283,15 +219,15 @@ def train_bert(inputs: TrainInputs) -> dict:
     p = params.bert
     summary: dict = {}
     if p.checkpoint:
-        tokenizer = load_pretrained(p.checkpoint, lambda s, local: AutoTokenizer.from_pretrained(s, local_files_only=local),
-                                    "BERT tokenizer")
+        load = lambda s, local: AutoTokenizer.from_pretrained(s, local_files_only=local)  # noqa: E731
+        tokenizer = load_pretrained(p.checkpoint, load, "BERT tokenizer")
         source = p.checkpoint
     else:
-        tokenizer = char_tokenizer(char_vocab)
-        source = None
+        tokenizer, source = char_tokenizer(char_vocab), None
         if p.pretrain_epochs:
             original = original_rows(train)
-            folder, summary = pretrain_mlm(original["chars"], validation["chars"], tokenizer, p, params, checkpoints, tracker)
+            folder, summary = pretrain_mlm(original["chars"], validation["chars"], tokenizer, p, params, checkpoints,
+                                           tracker)
             source = str(folder)
     lexicon, lexicon_vectors = {}, None
     if p.word_adapter:
@@ -331,7 +267,8 @@ def train_bert(inputs: TrainInputs) -> dict:
             "parameters": sum(w.numel() for w in model.parameters()), **summary}
 
 
-def bert_probs(model: LexiconBert, ids: list[list[int]], words: list[np.ndarray] | None, pad_id: int, batch_size: int = 64) -> np.ndarray:
+def bert_probs(model: LexiconBert, ids: list[list[int]], words: list[np.ndarray] | None, pad_id: int,
+               batch_size: int = 64) -> np.ndarray:
     """Class probabilities in row order."""
     import torch
 
@@ -344,7 +281,8 @@ def bert_probs(model: LexiconBert, ids: list[list[int]], words: list[np.ndarray]
     return out
 
 
-def save_bert(model: LexiconBert, tokenizer, labels: list[str], p: Params, lexicon: dict[str, int], folder: Path) -> None:
+def save_bert(model: LexiconBert, tokenizer, labels: list[str], p: Params, lexicon: dict[str, int],
+              folder: Path) -> None:
     """A transformers folder (config, weights, tokenizer) plus `zhpipe.json`, and the adapter when there is one."""
     import torch
 
@@ -386,7 +324,8 @@ def bert_predictor(folder: Path, device: str = "auto"):
 
     def predict(df: pd.DataFrame) -> np.ndarray:
         ids = encode_chars(tokenizer, df["chars"], meta["max_len"])
-        words = lexicon_word_ids(df["chars"], lexicon, meta["max_len"], meta["max_words_per_char"]) if meta["word_adapter"] else None
+        words = lexicon_word_ids(df["chars"], lexicon, meta["max_len"],
+                                 meta["max_words_per_char"]) if meta["word_adapter"] else None
         return bert_probs(model, ids, words, tokenizer.pad_token_id)
 
     return predict
@@ -394,4 +333,5 @@ def bert_predictor(folder: Path, device: str = "auto"):
 
 
 SPEC = ModelSpec("bert", Params, train_bert, predictor=bert_predictor, uses_vectors=True, shared=NETWORK, cost=3,
-                 about="BERT over characters: fine-tuned from a checkpoint, or masked-LM pretrained here; optional lexicon adapter")
+                 about="BERT over characters: fine-tuned from a checkpoint, or masked-LM pretrained here; optional "
+                 "lexicon adapter")

@@ -24,8 +24,8 @@ def rng_state(rng: np.random.Generator) -> dict:
     name, keys, pos, has_gauss, cached = np.random.get_state()
     plain = {"numpy_gen": rng.bit_generator.state, "numpy": [name, keys.tolist(), pos, has_gauss, cached],
              "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]]}
-    return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-            "plain": json.dumps(plain)}
+    return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available()
+            else None, "plain": json.dumps(plain)}
 
 
 def set_rng_state(state: dict, rng: np.random.Generator) -> None:

@@ -19,7 +19,8 @@ class CRF(nn.Module):
         self.start = nn.Parameter(torch.zeros(num_tags))
         self.end = nn.Parameter(torch.zeros(num_tags))
         ones = torch.ones(num_tags, dtype=torch.bool)
-        self.register_buffer("allowed", allowed if allowed is not None else torch.ones(num_tags, num_tags, dtype=torch.bool))
+        self.register_buffer("allowed", allowed if allowed is not None
+                             else torch.ones(num_tags, num_tags, dtype=torch.bool))
         self.register_buffer("allowed_start", allowed_start if allowed_start is not None else ones.clone())
         self.register_buffer("allowed_end", allowed_end if allowed_end is not None else ones.clone())
 

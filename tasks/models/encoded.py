@@ -62,7 +62,8 @@ class Encoded:
         last = n - (buffers - 1) * self.buffer_rows
         return (buffers - 1) * math.ceil(self.buffer_rows / batch_size) + math.ceil(last / batch_size)
 
-    def buffers(self, rng: np.random.Generator | None = None) -> Iterator[tuple[list[np.ndarray], np.ndarray | None, np.ndarray]]:
+    def buffers(self, rng: np.random.Generator | None = None) -> Iterator[tuple[list[np.ndarray], np.ndarray | None,
+                                                                                np.ndarray]]:
         """(sequences, their labels, their row numbers) a buffer at a time: in row order without `rng`."""
         for ranges in self._blocks(rng):
             seqs, index = [], []
@@ -72,7 +73,9 @@ class Encoded:
             rows = np.concatenate(index)
             yield seqs, (self.labels[rows] if self.labels is not None else None), rows
 
-    def epoch(self, batch_size: int, rng: np.random.Generator | None = None) -> Iterator[tuple[list[np.ndarray], np.ndarray, np.ndarray | None]]:
+    def epoch(self, batch_size: int,
+              rng: np.random.Generator | None = None) -> Iterator[tuple[list[np.ndarray], np.ndarray,
+                                                                        np.ndarray | None]]:
         """(buffer sequences, a batch's indices into them, the batch's labels): the batches of one epoch,
         each of rows of similar length; shuffled with `rng`, in a fixed order without."""
         from tasks.models.batching import length_buckets
@@ -89,7 +92,8 @@ def encode_split(data: "Rows | pd.DataFrame", folder: Path, encode: Callable[[pd
     each row's class id too. Reads `columns` (plus `label`) a batch at a time."""
     folder.mkdir(parents=True, exist_ok=True)
     index = {label: i for i, label in enumerate(labels or [])}
-    read = None if columns is None else list(dict.fromkeys([*columns, *(["label"] if labels else []), *(["aug_method"] if keep else [])]))
+    read = None if columns is None else list(dict.fromkeys([*columns, *(["label"] if labels else []),
+                                                            *(["aug_method"] if keep else [])]))
     offsets, classes, total = [np.zeros(1, dtype=np.int64)], [], 0
     with open(folder / "ids.bin", "wb") as out:
         for batch in batches_of(data, [c for c in read if c in columns_of(data)] if read else None):

@@ -79,7 +79,8 @@ def train_ensemble(inputs: TrainInputs, registry: dict[str, ModelSpec]) -> dict:
         x = _stack_features(probs)
         model = LogisticRegression(C=p.C, max_iter=1000)
         # the validation score of a stacker fit on validation: each row predicted by a model that did not see it
-        held_out = cross_val_predict(model, x, y, cv=min(5, int(np.bincount(y).min())) if len(set(y)) > 1 else 2, method="predict_proba")
+        held_out = cross_val_predict(model, x, y, cv=min(5, int(np.bincount(y).min())) if len(set(y)) > 1 else 2,
+                                     method="predict_proba")
         summary["stacking_cv_val_accuracy"] = float((held_out.argmax(1) == y).mean())
         model.fit(x, y)
         config["coef"], config["intercept"] = model.coef_.tolist(), model.intercept_.tolist()
@@ -111,5 +112,6 @@ def ensemble_predictor(folder: Path, registry: dict[str, ModelSpec]) -> Predicto
 def spec(registry: dict[str, ModelSpec]) -> ModelSpec:
     """The registry entry; it is handed the registry it belongs to (to load its members) instead of importing it."""
     return ModelSpec("ensemble", Params, lambda inputs: train_ensemble(inputs, registry), cost=3,
-                     predictor=lambda folder: ensemble_predictor(folder, registry), members=lambda section: section.members, shared=(),
+                     predictor=lambda folder: ensemble_predictor(folder, registry),
+                     members=lambda section: section.members, shared=(),
                      about="other classifiers of the run by soft voting (weights fit on validation) or stacking")

@@ -52,7 +52,8 @@ def train_fasttext(train, labels: list[str], params, out: Path) -> dict:
     train_file, rows = folder / "train.txt", 0
     with open(train_file, "w", encoding="utf-8") as f:
         for batch in batches_of(shuffled(train, folder / "shuffle", params.seed, ["label", "words", "chars"])):
-            f.writelines(f"__label__{i} {_fasttext_line(r, p.tokens)}\n" for i, r in zip(label_ids(batch, labels), batch.itertuples()))
+            f.writelines(f"__label__{i} {_fasttext_line(r, p.tokens)}\n" for i,
+                         r in zip(label_ids(batch, labels), batch.itertuples()))
             rows += len(batch)
     shutil.rmtree(folder / "shuffle", ignore_errors=True)  # a large split's shuffled copy
     t0 = time.perf_counter()
@@ -67,8 +68,10 @@ def train_fasttext(train, labels: list[str], params, out: Path) -> dict:
     seconds = time.perf_counter() - t0
     train_file.unlink()
     model.save_model(str(folder / "model.bin"))
-    (folder / "config.json").write_text(json.dumps({"labels": labels, **p.model_dump()}, ensure_ascii=False), encoding="utf-8")
-    return {"path": "fasttext", "kind": "fasttext", "seconds": seconds, "history": [], "samples_per_second": rows * p.epoch / seconds}
+    (folder / "config.json").write_text(json.dumps({"labels": labels, **p.model_dump()}, ensure_ascii=False),
+                                        encoding="utf-8")
+    return {"path": "fasttext", "kind": "fasttext", "seconds": seconds, "history": [],
+            "samples_per_second": rows * p.epoch / seconds}
 
 
 def fasttext_predictor(folder: Path) -> Predictor:
@@ -91,6 +94,7 @@ def fasttext_predictor(folder: Path) -> Predictor:
     return predict
 
 
-SPEC = ModelSpec("fasttext", Params, lambda i: train_fasttext(i.train, i.labels, i.params, i.out), predictor=fasttext_predictor, shared=("seed",), cost=1,
+SPEC = ModelSpec("fasttext", Params, lambda i: train_fasttext(i.train, i.labels, i.params, i.out),
+                 predictor=fasttext_predictor, shared=("seed",), cost=1,
                 streams=True,
                 about="fastText's supervised classifier on words + characters with word bigrams")

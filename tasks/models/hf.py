@@ -34,7 +34,8 @@ class Params(Section):
 def _tokenizer(checkpoint: str):
     from transformers import AutoTokenizer
 
-    return load_pretrained(checkpoint, lambda src, local: AutoTokenizer.from_pretrained(src, local_files_only=local, use_fast=True),
+    return load_pretrained(checkpoint, lambda src, local: AutoTokenizer.from_pretrained(src, local_files_only=local,
+                                                                                        use_fast=True),
                            "tokenizer")
 
 
@@ -81,8 +82,8 @@ def train_hf(inputs: TrainInputs) -> dict:
     seed_everything(inputs.params.seed)
     labels = inputs.labels
     model = load_pretrained(p.checkpoint, lambda src, local: AutoModelForSequenceClassification.from_pretrained(
-        src, local_files_only=local, num_labels=len(labels), id2label=dict(enumerate(labels)), label2id={l: i for i, l in enumerate(labels)},
-        ignore_mismatched_sizes=True), "model")
+        src, local_files_only=local, num_labels=len(labels), id2label=dict(enumerate(labels)),
+        label2id={l: i for i, l in enumerate(labels)}, ignore_mismatched_sizes=True), "model")
     if p.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     if p.freeze_encoder:
@@ -100,14 +101,17 @@ def train_hf(inputs: TrainInputs) -> dict:
         logits = m(**{k: v for k, v in b.items() if k != "labels"}).logits
         return F.cross_entropy(logits.float(), b["labels"], weight=None if weight is None else weight.to(logits.device))
 
-    task = Task(batches, -(-len(x_train) // p.batch_size), loss, lambda m: validation_metrics(probabilities(m, tokenizer, x_val), y_val))
-    loop = LoopConfig.from_train(inputs.params, lr=p.lr, epochs=p.epochs, patience=p.patience, warmup_ratio=p.warmup_ratio)
+    task = Task(batches, -(-len(x_train) // p.batch_size), loss,
+                lambda m: validation_metrics(probabilities(m, tokenizer, x_val), y_val))
+    loop = LoopConfig.from_train(inputs.params, lr=p.lr, epochs=p.epochs, patience=p.patience,
+                                 warmup_ratio=p.warmup_ratio)
     t0 = time.perf_counter()
     result = fit(inputs.name, model, task, loop, inputs.scratch, inputs.sink)
     folder = inputs.out / inputs.name
     model.save_pretrained(folder)  # safetensors
     tokenizer.save_pretrained(folder)
-    (folder / "zhpipe.json").write_text(json.dumps({"labels": labels, "max_len": p.max_len}, ensure_ascii=False), encoding="utf-8")
+    (folder / "zhpipe.json").write_text(json.dumps({"labels": labels, "max_len": p.max_len}, ensure_ascii=False),
+                                        encoding="utf-8")
     return {"path": inputs.name, "kind": "hf", "checkpoint": p.checkpoint, "seconds": time.perf_counter() - t0,
             "history": result.history, "best_epoch": result.best_epoch, "resumed_from_epoch": result.resumed_from_epoch,
             "device": result.device, "precision": result.precision, "samples_per_second": result.samples_per_second,
@@ -123,7 +127,8 @@ def hf_predictor(folder: Path, device: str = "auto") -> Predictor:
 
     meta = json.loads((folder / "zhpipe.json").read_text(encoding="utf-8"))
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    model = AutoModelForSequenceClassification.from_pretrained(folder, local_files_only=True).to(resolve_device(device)).eval()
+    model = AutoModelForSequenceClassification.from_pretrained(folder, local_files_only=True)
+    model = model.to(resolve_device(device)).eval()
 
     def predict(df: pd.DataFrame) -> np.ndarray:
         return probabilities(model, tokenizer, _encode(tokenizer, df["text"], meta["max_len"]))
@@ -132,5 +137,7 @@ def hf_predictor(folder: Path, device: str = "auto") -> Predictor:
 
 
 SPEC = ModelSpec("hf", Params, train_hf, predictor=hf_predictor, cost=3,
-                 shared=("weight_decay", "grad_clip", "grad_accum", "device", "precision", "seed", "class_weights", "processes"),
-                 about="a pretrained sequence-classification checkpoint (Auto classes, fast tokenizer on the text), fine-tuned")
+                 shared=("weight_decay", "grad_clip", "grad_accum", "device", "precision", "seed", "class_weights",
+                         "processes"),
+                 about="a pretrained sequence-classification checkpoint (Auto classes, fast tokenizer on the text), "
+                 "fine-tuned")

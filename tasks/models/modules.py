@@ -178,7 +178,8 @@ class LSTMLanguageModel(nn.Module):
                             dropout=config.dropout if config.num_layers > 1 else 0.0)
         self.dropout = nn.Dropout(config.dropout)
         cutoffs = [c for c in config.cutoffs if c < config.vocab_size - 1]  # a small vocabulary needs no clusters
-        self.softmax = nn.AdaptiveLogSoftmaxWithLoss(config.hidden_size, config.vocab_size, cutoffs, div_value=4.0) if cutoffs else None
+        self.softmax = nn.AdaptiveLogSoftmaxWithLoss(config.hidden_size, config.vocab_size, cutoffs,
+                                                     div_value=4.0) if cutoffs else None
         self.head = None if cutoffs else nn.Linear(config.hidden_size, config.vocab_size)
 
     def forward(self, ids: torch.Tensor, targets: torch.Tensor | None = None):
@@ -207,7 +208,8 @@ class LexiconAdapter(nn.Module):
     def __init__(self, word_vectors: torch.Tensor, hidden_size: int, dropout: float = 0.1):
         super().__init__()
         self.words = nn.Embedding.from_pretrained(word_vectors, freeze=True, padding_idx=0)
-        self.project = nn.Sequential(nn.Linear(word_vectors.size(1), hidden_size), nn.Tanh(), nn.Linear(hidden_size, hidden_size))
+        self.project = nn.Sequential(nn.Linear(word_vectors.size(1), hidden_size), nn.Tanh(),
+                                     nn.Linear(hidden_size, hidden_size))
         self.bilinear = nn.Linear(hidden_size, hidden_size, bias=False)
         self.norm = nn.LayerNorm(hidden_size)
         self.dropout = nn.Dropout(dropout)
@@ -233,8 +235,8 @@ class LexiconBert(nn.Module):
             layers = classifier.base_model.encoder.layer
             # after the last layer the words could never reach [CLS], which is what gets classified
             if not 0 <= adapter_layer < len(layers) - 1:
-                raise ValueError(f"adapter_layer must be below the last encoder layer ({len(layers) - 1}; a later layer "
-                                 f"has to carry the words to [CLS]), got {adapter_layer}")
+                raise ValueError(f"adapter_layer must be below the last encoder layer ({len(layers) - 1}; a later "
+                                 f"layer has to carry the words to [CLS]), got {adapter_layer}")
             layers[adapter_layer].register_forward_hook(self._inject)
 
     def _inject(self, module, args, output):

@@ -64,7 +64,8 @@ def encode(lines: pd.Series, vocab: dict[str, int], max_len: int) -> list[list[i
     return [[vocab.get(t, 1) for t in line.split()[:max_len]] or [1] for line in lines]
 
 
-def batches(ids: list[list[int]], y: np.ndarray | None, batch_size: int, shuffle: bool, rng: np.random.Generator | None = None):
+def batches(ids: list[list[int]], y: np.ndarray | None, batch_size: int, shuffle: bool,
+            rng: np.random.Generator | None = None):
     """Padded (ids, labels) tensors; batches are filled with rows of similar length to cut padding."""
     import torch
 
@@ -113,12 +114,20 @@ def predict_encoded(model: torch.nn.Module, data: Encoded, batch_size: int, devi
 def networks() -> dict:
     """name -> (config dataclass, module, the config's fields taken from the pipeline section); PyTorch is
     imported here, when a network is built or loaded, not when the model table is read."""
-    from tasks.models.modules import BiLSTMAttention, BiLSTMConfig, TextCNN, TextCNNConfig, TransformerClassifier, TransformerConfig
+    from tasks.models.modules import (
+        BiLSTMAttention,
+        BiLSTMConfig,
+        TextCNN,
+        TextCNNConfig,
+        TransformerClassifier,
+        TransformerConfig,
+    )
 
     return {
         "textcnn": (TextCNNConfig, TextCNN, ("kernel_sizes", "num_filters", "dropout", "freeze_embeddings")),
         "bilstm": (BiLSTMConfig, BiLSTMAttention, ("hidden_size", "num_layers", "dropout", "freeze_embeddings")),
-        "transformer": (TransformerConfig, TransformerClassifier, ("num_heads", "num_layers", "ff_dim", "dropout", "freeze_embeddings")),
+        "transformer": (TransformerConfig, TransformerClassifier,
+                        ("num_heads", "num_layers", "ff_dim", "dropout", "freeze_embeddings")),
     }
 
 
@@ -155,7 +164,8 @@ def train_network(inputs: TrainInputs) -> dict:
     from tasks.models.trainer import LoopConfig, Task, fit, seed_everything, validation_metrics
 
     kind, train, validation, labels, params = inputs.name, inputs.train, inputs.validation, inputs.labels, inputs.params
-    vocab_file, vectors, out, checkpoints, tracker = inputs.vocab / "words" / "vocab.txt", inputs.vectors, inputs.out, inputs.scratch, inputs.sink
+    vocab_file, vectors, out, checkpoints, tracker = (inputs.vocab / "words" / "vocab.txt", inputs.vectors, inputs.out,
+                                                      inputs.scratch, inputs.sink)
     p = inputs.section
     seed_everything(params.seed)
     itos = read_vocab(vocab_file)
@@ -185,10 +195,13 @@ def train_network(inputs: TrainInputs) -> dict:
     folder = out / kind
     folder.mkdir()
     best = result.history[result.best_epoch - 1]
-    torch.save({"kind": kind, "config": asdict(config), "state_dict": model.state_dict(), "vocab": itos, "labels": labels,
-                "max_len": p.max_len, "epoch": result.best_epoch, "val_macro_f1": best["val_macro_f1"]}, folder / "model.pt")
+    torch.save({"kind": kind, "config": asdict(config), "state_dict": model.state_dict(), "vocab": itos,
+                "labels": labels,
+                "max_len": p.max_len, "epoch": result.best_epoch, "val_macro_f1": best["val_macro_f1"]},
+               folder / "model.pt")
     return {
-        "path": kind, "kind": kind, "seconds": result.seconds, "history": result.history, "best_epoch": result.best_epoch,
+        "path": kind, "kind": kind, "seconds": result.seconds, "history": result.history,
+        "best_epoch": result.best_epoch,
         "resumed_from_epoch": result.resumed_from_epoch, "embeddings": vectors.name, "embedding_coverage": coverage,
         "device": result.device,
         "bf16": result.bf16, "precision": result.precision, "samples_per_second": result.samples_per_second,
@@ -222,10 +235,13 @@ def network_predictor(folder: Path, device: str = "auto") -> Predictor:
 
 
 def _spec(name: str, params: type[Section], about: str) -> ModelSpec:
-    return ModelSpec(name, params, train_network, predictor=network_predictor, uses_vectors=True, shared=NETWORK, streams=True,
-                     about=about)
+    return ModelSpec(name, params, train_network, predictor=network_predictor, uses_vectors=True, shared=NETWORK,
+                     streams=True, about=about)
 
 
-TEXTCNN = _spec("textcnn", TextCNNParams, "Kim's TextCNN: 1-D convolutions of widths 2-4, max-pooled; starts from word vectors")
-BILSTM = _spec("bilstm", BiLSTMParams, "a BiLSTM pooled by additive attention over non-padding steps; starts from word vectors")
-TRANSFORMER = _spec("transformer", TransformerParams, "a pre-norm Transformer encoder with a [CLS] token; starts from word vectors")
+TEXTCNN = _spec("textcnn", TextCNNParams, "Kim's TextCNN: 1-D convolutions of widths 2-4, max-pooled; starts from word "
+                "vectors")
+BILSTM = _spec("bilstm", BiLSTMParams, "a BiLSTM pooled by additive attention over non-padding steps; starts from word "
+               "vectors")
+TRANSFORMER = _spec("transformer", TransformerParams, "a pre-norm Transformer encoder with a [CLS] token; starts from "
+                    "word vectors")

@@ -80,7 +80,8 @@ class NgramLM:
     def prob(self, word: str, context: list[str] | tuple) -> float:
         """P(word | the last n-1 tokens of context); unknown tokens count as <unk>."""
         word = word if word in self.vocab else UNK
-        h = tuple(t if t in self.vocab or t == BOS else UNK for t in context)[-(self.config.n - 1) :] if self.config.n > 1 else ()
+        h = tuple(t if t in self.vocab or t == BOS else UNK
+                  for t in context)[-(self.config.n - 1) :] if self.config.n > 1 else ()
         return self._kn(word, h) if self.config.method == "kneser_ney" else self._backoff(word, h)
 
     def _kn(self, w: str, h: tuple) -> float:
@@ -112,7 +113,8 @@ class NgramLM:
         """Natural-log probability of a sentence (with </s>) and the number of predicted tokens."""
         padded = [BOS] * (self.config.n - 1) + sentence + [EOS]
         start = self.config.n - 1
-        return sum(math.log(self.prob(padded[j], padded[j - start : j])) for j in range(start, len(padded))), len(padded) - start
+        return sum(math.log(self.prob(padded[j], padded[j - start : j]))
+                   for j in range(start, len(padded))), len(padded) - start
 
     def perplexity(self, sentences: Iterable[list[str]]) -> float:
         """exp of the mean negative log-probability per predicted token."""
@@ -147,7 +149,8 @@ def _load(path: Path) -> dict:
         return json.loads(f.read().decode("utf-8"))
 
 
-def sentences(data, tokens: str, label: str | None = None, originals: bool = False, seen: list | None = None) -> Iterator[list[str]]:
+def sentences(data, tokens: str, label: str | None = None, originals: bool = False,
+              seen: list | None = None) -> Iterator[list[str]]:
     """Each text's tokens, read a batch at a time from a split (a `Rows` or a frame): only the original rows
     (`original_rows`) and one class's when asked; `seen` (a one-item list) counts the texts given."""
     wanted = [tokens, *(["label"] if label is not None else []), *(["aug_method"] if originals else [])]
@@ -170,7 +173,8 @@ def train_ngram_lm(train, validation, section, out: Path) -> dict:
     lm = NgramLM(section).fit(sentences(train, section.tokens, originals=True, seen=seen))
     seconds = time.perf_counter() - t0
     _save({"model": lm.to_json(), "tokens": section.tokens}, folder / "model.json.gz")
-    return {"path": "ngram_lm", "kind": "lm", "seconds": seconds, "history": [], "samples_per_second": seen[0] / seconds,
+    return {"path": "ngram_lm", "kind": "lm", "seconds": seconds, "history": [],
+            "samples_per_second": seen[0] / seconds,
             "val_perplexity": lm.perplexity(sentences(validation, section.tokens))}
 
 
@@ -185,9 +189,11 @@ def train_lm_classifier(train, labels: list[str], section, out: Path) -> dict:
     folder = out / "lm_classifier"
     folder.mkdir()
     t0, seen = time.perf_counter(), [0]
-    models = [NgramLM(section).fit(sentences(train, section.tokens, label, originals=True, seen=seen)) for label in labels]
+    models = [NgramLM(section).fit(sentences(train, section.tokens, label, originals=True, seen=seen))
+              for label in labels]
     seconds = time.perf_counter() - t0
-    _save({"models": [m.to_json() for m in models], "labels": labels, "tokens": section.tokens}, folder / "model.json.gz")
+    _save({"models": [m.to_json() for m in models], "labels": labels, "tokens": section.tokens},
+          folder / "model.json.gz")
     return {"path": "lm_classifier", "kind": "lm_classifier", "seconds": seconds, "history": [],
             "samples_per_second": seen[0] / seconds}
 
@@ -206,9 +212,10 @@ def lm_classifier_predictor(folder: Path):
     return predict
 
 
-NGRAM_LM = ModelSpec("ngram_lm", Params, lambda i: train_ngram_lm(i.train, i.validation, i.section, i.out), perplexity=lm_perplexity, shared=(),
+NGRAM_LM = ModelSpec("ngram_lm", Params, lambda i: train_ngram_lm(i.train, i.validation, i.section, i.out),
+                     perplexity=lm_perplexity, shared=(),
                     streams=True,
                     about="an n-gram language model (Kneser-Ney or fixed back-off); scored by test perplexity")
-LM_CLASSIFIER = ModelSpec("lm_classifier", Params, lambda i: train_lm_classifier(i.train, i.labels, i.section, i.out), cost=0,
-                          predictor=lm_classifier_predictor, shared=(), streams=True,
+LM_CLASSIFIER = ModelSpec("lm_classifier", Params, lambda i: train_lm_classifier(i.train, i.labels, i.section, i.out),
+                          cost=0, predictor=lm_classifier_predictor, shared=(), streams=True,
                           about="one n-gram LM per class; the lowest perplexity wins")

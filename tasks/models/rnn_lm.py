@@ -47,7 +47,8 @@ def lm_batches(seqs: "list[list[int]] | Encoded", batch_size: int, rng: np.rando
     from tasks.models.batching import length_buckets, pad
     from tasks.models.encoded import Encoded
 
-    batches = seqs.epoch(batch_size, rng) if isinstance(seqs, Encoded) else ((seqs, c, None) for c in length_buckets(seqs, batch_size, rng))
+    batches = (seqs.epoch(batch_size, rng) if isinstance(seqs, Encoded)
+               else ((seqs, c, None) for c in length_buckets(seqs, batch_size, rng)))
     for buffer, chunk, _ in batches:
         padded = pad(buffer, chunk)
         # the last column holds only a final [SEP] or padding: nothing to predict from it
@@ -96,11 +97,12 @@ def train_rnn_lm(inputs: TrainInputs) -> dict:
     x_train = encode_split(train, checkpoints / "encoded" / "train", sequences, keep=_originals, columns=[p.tokens])
     x_val = encode_split(validation, checkpoints / "encoded" / "validation", sequences, columns=[p.tokens])
     seed_everything(params.seed)
-    config = RNNLMConfig(vocab_size=len(itos), embed_dim=p.embed_dim, hidden_size=p.hidden_size, num_layers=p.num_layers,
-                         dropout=p.dropout, cutoffs=p.cutoffs)
+    config = RNNLMConfig(vocab_size=len(itos), embed_dim=p.embed_dim, hidden_size=p.hidden_size,
+                         num_layers=p.num_layers, dropout=p.dropout, cutoffs=p.cutoffs)
     model = LSTMLanguageModel(config)
     task = Task(lambda rng: lm_batches(x_train, p.batch_size, rng), steps_per_epoch=x_train.steps(p.batch_size),
-                loss=lambda m, b: m(b["ids"], b["targets"])[1], validate=lambda m: {"val_perplexity": perplexity(m, x_val)})
+                loss=lambda m, b: m(b["ids"], b["targets"])[1],
+                validate=lambda m: {"val_perplexity": perplexity(m, x_val)})
     result = fit("rnn_lm", model, task, LoopConfig.from_train(params, lr=p.lr, monitor="val_perplexity", mode="min"),
                  checkpoints, tracker)
     folder = out / "rnn_lm"
@@ -108,7 +110,8 @@ def train_rnn_lm(inputs: TrainInputs) -> dict:
     torch.save({"config": asdict(config), "state_dict": model.state_dict(), "vocab": itos, "tokens": p.tokens,
                 "max_len": p.max_len}, folder / "model.pt")
     best = result.history[result.best_epoch - 1]
-    return {"path": "rnn_lm", "kind": "lm", "seconds": result.seconds, "history": result.history, "best_epoch": result.best_epoch,
+    return {"path": "rnn_lm", "kind": "lm", "seconds": result.seconds, "history": result.history,
+            "best_epoch": result.best_epoch,
             "resumed_from_epoch": result.resumed_from_epoch, "device": result.device, "precision": result.precision,
             "samples_per_second": result.samples_per_second, "val_perplexity": best["val_perplexity"]}
 
@@ -181,31 +184,36 @@ def train_lm_classifier(inputs: TrainInputs) -> dict:
     stoi = {t: i for i, t in enumerate(itos)}
     sequences = lambda batch: lm_sequences(batch[p.tokens], stoi, p.max_len)  # noqa: E731
     folder = inputs.out / inputs.name
-    config = RNNLMConfig(vocab_size=len(itos), embed_dim=p.embed_dim, hidden_size=p.hidden_size, num_layers=p.num_layers,
-                         dropout=p.dropout, cutoffs=p.cutoffs)
+    config = RNNLMConfig(vocab_size=len(itos), embed_dim=p.embed_dim, hidden_size=p.hidden_size,
+                         num_layers=p.num_layers, dropout=p.dropout, cutoffs=p.cutoffs)
     sizes, seconds, history = [], 0.0, []
     for i, label in enumerate(inputs.labels):
         # this class's original train rows and validation rows, on disk (tasks.models.encoded)
         encoded = inputs.scratch / str(i) / "encoded"
-        x_train = encode_split(inputs.train, encoded / "train", sequences, keep=lambda b, c=label: _originals(b) & (b["label"] == c),
-                               columns=[p.tokens, "label"])
-        x_val = encode_split(inputs.validation, encoded / "validation", sequences, keep=lambda b, c=label: b["label"] == c,
-                             columns=[p.tokens, "label"])
+        x_train = encode_split(inputs.train, encoded / "train", sequences,
+                               keep=lambda b, c=label: _originals(b) & (b["label"] == c), columns=[p.tokens, "label"])
+        x_val = encode_split(inputs.validation, encoded / "validation", sequences,
+                             keep=lambda b, c=label: b["label"] == c, columns=[p.tokens, "label"])
         if not len(x_val):  # a class without validation rows: its model is early-stopped on all of them
             x_val = encode_split(inputs.validation, encoded / "validation", sequences, columns=[p.tokens])
         seed_everything(inputs.params.seed + i)
         model = _lm(asdict(config))
-        task = Task(lambda rng, x=x_train: lm_batches(x, p.batch_size, rng), steps_per_epoch=max(1, x_train.steps(p.batch_size)),
-                    loss=lambda m, b: m(b["ids"], b["targets"])[1], validate=lambda m, x=x_val: {"val_perplexity": perplexity(m, x)})
-        result = fit(f"{inputs.name}_{i}", model, task, LoopConfig.from_train(inputs.params, lr=p.lr, monitor="val_perplexity", mode="min"),
+        task = Task(lambda rng, x=x_train: lm_batches(x, p.batch_size, rng),
+                    steps_per_epoch=max(1, x_train.steps(p.batch_size)),
+                    loss=lambda m, b: m(b["ids"], b["targets"])[1],
+                    validate=lambda m, x=x_val: {"val_perplexity": perplexity(m, x)})
+        result = fit(f"{inputs.name}_{i}", model, task, LoopConfig.from_train(inputs.params, lr=p.lr,
+                                                                              monitor="val_perplexity", mode="min"),
                      inputs.scratch / str(i), inputs.sink)
         (folder / str(i)).mkdir(parents=True)
         torch.save({"config": asdict(config), "state_dict": model.state_dict()}, folder / str(i) / "model.pt")
         sizes.append(len(x_train))
         seconds += result.seconds
-        history.append({"label": label, "best_epoch": result.best_epoch, "val_perplexity": result.history[result.best_epoch - 1]["val_perplexity"]})
+        history.append({"label": label, "best_epoch": result.best_epoch,
+                        "val_perplexity": result.history[result.best_epoch - 1]["val_perplexity"]})
     priors = [n / sum(sizes) for n in sizes]
-    (folder / "config.json").write_text(json.dumps({"labels": inputs.labels, "priors": priors, "vocab": itos, "tokens": p.tokens,
+    (folder / "config.json").write_text(json.dumps({"labels": inputs.labels, "priors": priors, "vocab": itos,
+                                                    "tokens": p.tokens,
                                                     "max_len": p.max_len}, ensure_ascii=False), encoding="utf-8")
     return {"path": inputs.name, "kind": "lm_classifier", "seconds": seconds, "per_class": history,
             "samples_per_second": sum(sizes) / max(seconds, 1e-9)}
@@ -223,7 +231,8 @@ def lm_classifier_predictor(folder: Path, device: str = "auto"):
     stoi = {t: i for i, t in enumerate(config["vocab"])}
     models = []
     for i in range(len(config["labels"])):
-        saved = torch.load(folder / str(i) / "model.pt", map_location="cpu", weights_only=True)  # tensors and plain data only
+        # tensors and plain data only
+        saved = torch.load(folder / str(i) / "model.pt", map_location="cpu", weights_only=True)
         model = _lm(saved["config"])
         model.load_state_dict(saved["state_dict"])
         models.append(model.to(resolve_device(device)).eval())
@@ -239,6 +248,7 @@ def lm_classifier_predictor(folder: Path, device: str = "auto"):
     return predict
 
 
-CLASSIFIER = ModelSpec("rnn_lm_classifier", ClassifierParams, train_lm_classifier, predictor=lm_classifier_predictor, shared=LOOP,
-                       streams=True,
-                       about="one LSTM language model per class; the class whose model gives the text the highest likelihood wins")
+CLASSIFIER = ModelSpec("rnn_lm_classifier", ClassifierParams, train_lm_classifier, predictor=lm_classifier_predictor,
+                       shared=LOOP, streams=True,
+                       about="one LSTM language model per class; the class whose model gives the text the highest "
+                       "likelihood wins")

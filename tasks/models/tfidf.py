@@ -87,10 +87,13 @@ def train_tfidf_lr(train, labels: list[str], p: Params, seed: int, out: Path, na
     folder.mkdir()
     mode = p.fit if p.fit != "auto" else ("memory" if text_mb(train) <= p.memory_mb else "stream")
     t0 = time.perf_counter()
-    rows = _fit_stream(train, labels, p, seed, folder) if mode == "stream" else _fit_memory(train, labels, p, seed, folder)
+    rows = _fit_stream(train, labels, p, seed,
+                       folder) if mode == "stream" else _fit_memory(train, labels, p, seed, folder)
     seconds = time.perf_counter() - t0
-    (folder / "config.json").write_text(json.dumps({"labels": labels, **p.model_dump(), "mode": mode}, ensure_ascii=False), encoding="utf-8")
-    return {"path": name, "kind": name, "seconds": seconds, "history": [], "samples_per_second": rows / seconds, "fit": mode}
+    (folder / "config.json").write_text(json.dumps({"labels": labels, **p.model_dump(), "mode": mode},
+                                                   ensure_ascii=False), encoding="utf-8")
+    return {"path": name, "kind": name, "seconds": seconds, "history": [], "samples_per_second": rows / seconds,
+            "fit": mode}
 
 
 def _fit_memory(train, labels: list[str], p: Params, seed: int, folder: Path) -> int:
@@ -115,7 +118,8 @@ def _hashers(p: Params) -> dict:
     from sklearn.feature_extraction.text import HashingVectorizer
 
     return {
-        "words": HashingVectorizer(tokenizer=str.split, token_pattern=None, lowercase=False, ngram_range=tuple(p.word_ngrams),
+        "words": HashingVectorizer(tokenizer=str.split, token_pattern=None, lowercase=False,
+                                   ngram_range=tuple(p.word_ngrams),
                                    n_features=p.features, alternate_sign=False, norm=None),
         "chars": HashingVectorizer(analyzer="char", ngram_range=tuple(p.char_ngrams), n_features=p.features,
                                    alternate_sign=False, norm=None),
@@ -154,7 +158,8 @@ def _fit_stream(train, labels: list[str], p: Params, seed: int, folder: Path) ->
         for name, hasher in hashers.items():
             x = hasher.transform(batch[COLUMNS[name]]).tocsc()
             df[name] += np.diff(x.indptr)
-    idf = {name: np.where(d >= p.min_df, np.log((1 + docs) / (1 + d)) + 1, 0.0).astype(np.float32) for name, d in df.items()}
+    idf = {name: np.where(d >= p.min_df, np.log((1 + docs) / (1 + d)) + 1, 0.0).astype(np.float32) for name,
+           d in df.items()}
     order = shuffled(train, folder.parent / f".{folder.name}-shuffle", seed, ["words", "text", "label"])
     index = {label: i for i, label in enumerate(labels)}
     classes = np.arange(len(labels))
@@ -172,8 +177,8 @@ def _fit_stream(train, labels: list[str], p: Params, seed: int, folder: Path) ->
             model.partial_fit(hashed_tfidf(hashers, idf, batch), batch["label"].map(index).to_numpy(), classes=classes)
     if isinstance(order, Rows):
         shutil.rmtree(order.path.parent, ignore_errors=True)
-    np.savez(folder / "weights.npz", idf_words=idf["words"], idf_chars=idf["chars"], coef=model.coef_.astype(np.float32),
-             intercept=model.intercept_, classes=model.classes_)
+    np.savez(folder / "weights.npz", idf_words=idf["words"], idf_chars=idf["chars"],
+             coef=model.coef_.astype(np.float32), intercept=model.intercept_, classes=model.classes_)
     return n * p.epochs
 
 
@@ -205,7 +210,8 @@ def tfidf_predictor(folder: Path):
     # the fitted classifier rebuilt from its weights: scikit-learn's own predict_proba (multinomial for the
     # logistic regression, one-vs-rest normalised for SGD's logistic loss)
     classifier = SGDClassifier(loss="log_loss") if mode == "stream" else LogisticRegression()
-    classifier.classes_, classifier.coef_, classifier.intercept_ = weights["classes"], weights["coef"], weights["intercept"]
+    classifier.classes_, classifier.coef_, classifier.intercept_ = (weights["classes"], weights["coef"],
+                                                                    weights["intercept"])
 
     def predict(df: pd.DataFrame) -> np.ndarray:
         probs = np.zeros((len(df), n), dtype=np.float32)

@@ -1,14 +1,12 @@
 """The training loop every PyTorch model shares: AdamW with linear warm-up and decay, gradient accumulation
-and clipping, bf16 (or fp16 with a gradient scaler) autocast on CUDA, early stopping, and a checkpoint per epoch that a killed run resumes
-from. What differs between models (batches, loss, validation) comes in as a `Task`."""
+and clipping, bf16 (or fp16 with a gradient scaler) autocast on CUDA, early stopping, and a checkpoint per epoch that a
+killed run resumes from. What differs between models (batches, loss, validation) comes in as a `Task`."""
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
 import os
-import random
 import socket
 import time
 from dataclasses import dataclass, field
@@ -22,43 +20,13 @@ import torch.nn as nn
 
 from tasks.errors import ConfigError
 from tasks.models.checkpoints import rng_state, save, set_rng_state
+
+# where models compute; re-exported, as callers import them from here
+from tasks.models.devices import amp_dtype, autocast, resolve_device, seed_everything  # noqa: F401
 from tasks.progress import progress
 
 log = logging.getLogger("zhpipe.train")
 Batch = dict[str, torch.Tensor]
-
-
-def resolve_device(name: str = "auto") -> torch.device:
-    """`auto` picks CUDA, then Apple MPS, then CPU."""
-    if name != "auto":
-        return torch.device(name)
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")
-
-
-def amp_dtype(device: torch.device, precision: str) -> torch.dtype | None:
-    """The forward passes' autocast type: bf16 or fp16 when asked for; `auto` takes bf16 on a CUDA device that
-    supports it, fp16 (with a gradient scaler) on one that does not (T4, V100), and fp32 elsewhere."""
-    if precision in ("bf16", "fp16"):
-        return torch.bfloat16 if precision == "bf16" else torch.float16
-    if precision == "auto" and device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return None
-
-
-def autocast(device: torch.device, dtype: torch.dtype | bool | None):
-    """The forward passes' precision context (`True` stands for bf16)."""
-    dtype = torch.bfloat16 if dtype is True else dtype or None
-    return torch.autocast(device_type=device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def warmup_linear_decay(optimizer, epochs: int, warmup_ratio: float, steps_per_epoch: int):
@@ -133,13 +101,14 @@ class FitResult:
         return float(np.median([h["samples_per_second"] for h in self.history])) if self.history else 0.0
 
 
-def fit(name: str, model: nn.Module, task: Task, cfg: LoopConfig, checkpoints: Path, tracker=None, prefix: str = "") -> FitResult:
+def fit(name: str, model: nn.Module, task: Task, cfg: LoopConfig, checkpoints: Path, tracker=None,
+        prefix: str = "") -> FitResult:
     """Train with early stopping on `cfg.monitor`; leave the best epoch's weights in `model`.
 
     `checkpoints/last.pt` (model, optimizer, scheduler, RNG states, history) is written after every epoch and
     `checkpoints/best.pt` whenever validation improves; each epoch's row goes to `tracker` (the model's run) as
-    `<prefix><metric>` (a pretraining phase takes a prefix of its own); a rerun with the same folder resumes after the last
-    finished epoch and ends with the same weights as an uninterrupted run (CPU, same thread count).
+    `<prefix><metric>` (a pretraining phase takes a prefix of its own); a rerun with the same folder resumes after the
+    last finished epoch and ends with the same weights as an uninterrupted run (CPU, same thread count).
     """
     if cfg.processes > 1 and not _distributed():
         return fit_data_parallel(name, model, task, cfg, checkpoints, tracker, prefix)
@@ -155,7 +124,8 @@ def fit(name: str, model: nn.Module, task: Task, cfg: LoopConfig, checkpoints: P
     # a model with a pretrained part may give it its own learning rate (`optimizer_groups`)
     groups = core.optimizer_groups(cfg.lr, cfg.encoder_lr) if hasattr(core, "optimizer_groups") else trainable
     optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    scheduler = warmup_linear_decay(optimizer, cfg.epochs, cfg.warmup_ratio, math.ceil(task.steps_per_epoch / cfg.grad_accum))
+    scheduler = warmup_linear_decay(optimizer, cfg.epochs, cfg.warmup_ratio,
+                                    math.ceil(task.steps_per_epoch / cfg.grad_accum))
     rng = np.random.default_rng(cfg.seed)
     sign = 1.0 if cfg.mode == "max" else -1.0
     last, best_file = checkpoints / "last.pt", checkpoints / "best.pt"
@@ -240,8 +210,9 @@ def estimate_line(name: str, seconds: float, batches: int, steps: int, epochs_le
     per_batch = seconds / max(batches, 1)
     total = per_batch * (steps * epochs_left - batches)
     shown = f"{total / 3600:.1f} h" if total >= 5400 else f"{total / 60:.0f} min" if total >= 90 else f"{total:.0f} s"
-    return (f"{name}: about {shown} more to train ({epochs_left} epoch{'s' if epochs_left != 1 else ''} of {steps} batches at "
-            f"{per_batch:.2f} s a batch, from its first {batches}); fewer epochs or a smaller model is one --set away")
+    return (f"{name}: about {shown} more to train ({epochs_left} epoch{'s' if epochs_left != 1 else ''} of {steps} "
+            f"batches at {per_batch:.2f} s a batch, from its first {batches}); fewer epochs or a smaller model is one "
+            f"--set away")
 
 
 def _train_epoch(name, model, task, cfg, optimizer, scheduler, trainable, rng, device, dtype, epoch, scaler=None,
@@ -250,7 +221,8 @@ def _train_epoch(name, model, task, cfg, optimizer, scheduler, trainable, rng, d
     the whole training will take is said once, from the first batches (in the log and the progress bar)."""
     model.train()
     t0, total, seen = time.perf_counter(), 0.0, 0
-    bar = progress(total=task.steps_per_epoch, desc=f"{name} epoch {epoch}/{cfg.epochs}", unit="batch", leave=False, mininterval=2)
+    bar = progress(total=task.steps_per_epoch, desc=f"{name} epoch {epoch}/{cfg.epochs}", unit="batch", leave=False,
+                   mininterval=2)
     for i, (rows, batch) in enumerate(task.batches(rng)):
         if estimate and i and (i >= ESTIMATE_AFTER[0] or time.perf_counter() - t0 >= ESTIMATE_AFTER[1]):
             line = estimate_line(name, time.perf_counter() - t0, i, task.steps_per_epoch, cfg.epochs - epoch + 1)
@@ -278,7 +250,8 @@ def _train_epoch(name, model, task, cfg, optimizer, scheduler, trainable, rng, d
         bar.update(1)
     bar.close()
     if estimate and cfg.epochs > epoch:  # an epoch shorter than the first batches the estimate waits for
-        log.info("%s", estimate_line(name, time.perf_counter() - t0, task.steps_per_epoch, task.steps_per_epoch, cfg.epochs - epoch + 1))
+        log.info("%s", estimate_line(name, time.perf_counter() - t0, task.steps_per_epoch, task.steps_per_epoch,
+                                     cfg.epochs - epoch + 1))
     return {"epoch": epoch, "train_loss": total / max(seen, 1), "samples_per_second": seen / (time.perf_counter() - t0)}
 
 
@@ -310,14 +283,15 @@ class ShardedTask(Task):
         for rows, batch in self.inner.batches(rng):
             local = torch.arange(self.rank, rows, self.world)
             self._share = len(local) / rows  # loss() follows its batch in the loop
-            yield rows, {k: v[local] if torch.is_tensor(v) and v.dim() and len(v) == rows else v for k, v in batch.items()}
+            yield rows, {k: v[local] if torch.is_tensor(v) and v.dim() and len(v) == rows else v for k,
+                         v in batch.items()}
 
     def _loss(self, model, batch):
         try:
             mean = self.inner.loss(model, batch)
         except AttributeError as e:
-            raise ConfigError(f"train.processes: this model computes its loss outside its forward pass ({e}); train it with "
-                              "train.processes=1") from None
+            raise ConfigError(f"train.processes: this model computes its loss outside its forward pass ({e}); train it "
+                              f"with train.processes=1") from None
         weighted = mean * self._share
         whole = weighted.detach().clone()
         dist.all_reduce(whole)  # the whole batch's mean loss, for the history
@@ -325,8 +299,8 @@ class ShardedTask(Task):
         return self.world * weighted + (whole - self.world * weighted).detach()
 
 
-def _run_rank(rank: int, world: int, port: int, backend: str, name: str, model, task: Task, cfg: LoopConfig, checkpoints: Path,
-              out: Path) -> None:
+def _run_rank(rank: int, world: int, port: int, backend: str, name: str, model, task: Task, cfg: LoopConfig,
+              checkpoints: Path, out: Path) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -335,10 +309,12 @@ def _run_rank(rank: int, world: int, port: int, backend: str, name: str, model, 
         device = _rank_device(cfg.device)  # as `fit` will choose it in this process
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        wrapped = DistributedDataParallel(model.to(device), device_ids=[device.index] if device.type == "cuda" else None)
+        wrapped = DistributedDataParallel(model.to(device), device_ids=[device.index] if device.type == "cuda"
+                                          else None)
         result = fit(name, wrapped, ShardedTask(task, rank, world), cfg, checkpoints)
         if rank == 0:
-            out.write_text(json.dumps({"history": result.history, "best_epoch": result.best_epoch, "resumed": result.resumed_from_epoch,
+            out.write_text(json.dumps({"history": result.history, "best_epoch": result.best_epoch,
+                                       "resumed": result.resumed_from_epoch,
                                        "device": result.device, "bf16": result.bf16, "precision": result.precision,
                                        "seconds": result.seconds}), encoding="utf-8")
     finally:
@@ -358,14 +334,17 @@ def start_method(cuda: bool) -> str:
     return "spawn" if cuda else "fork"
 
 
-def fit_data_parallel(name: str, model, task: Task, cfg: LoopConfig, checkpoints: Path, tracker=None, prefix: str = "") -> FitResult:
-    """`fit` on `cfg.processes` processes (`start_method`); returns as `fit` does, the best epoch's weights in `model`."""
+def fit_data_parallel(name: str, model, task: Task, cfg: LoopConfig, checkpoints: Path, tracker=None,
+                      prefix: str = "") -> FitResult:
+    """`fit` on `cfg.processes` processes (`start_method`); returns as `fit` does, the best epoch's weights in
+    `model`."""
     import torch.multiprocessing as mp
 
     world = cfg.processes
     cuda = resolve_device(cfg.device).type == "cuda"  # the device each process takes (`_rank_device`)
     if cuda and torch.cuda.device_count() < world:
-        raise ConfigError(f"train.processes={world}: this worker has {torch.cuda.device_count()} GPUs (one process per GPU)")
+        raise ConfigError(f"train.processes={world}: this worker has {torch.cuda.device_count()} GPUs (one process per "
+                          f"GPU)")
     backend = "nccl" if cuda else "gloo"
     checkpoints.mkdir(parents=True, exist_ok=True)
     out = checkpoints / "data_parallel.json"
@@ -378,13 +357,15 @@ def fit_data_parallel(name: str, model, task: Task, cfg: LoopConfig, checkpoints
         if start_method(cuda) == "spawn":
             import cloudpickle
 
-            mp.start_processes(_run_pickled, args=(cloudpickle.dumps(args),), nprocs=world, join=True, start_method="spawn")
+            mp.start_processes(_run_pickled, args=(cloudpickle.dumps(args),), nprocs=world, join=True,
+                               start_method="spawn")
         else:
             mp.start_processes(_run_rank, args=args, nprocs=world, join=True, start_method="fork")
     except mp.ProcessRaisedException as e:
         last = str(e).strip().splitlines()[-1]
         raise ConfigError(f"train.processes={world}: a training process failed: {last}") from None
-    except mp.ProcessExitedException as e:  # died before its training began (a spawned process's start-up), or was killed
+    # died before its training began (a spawned process's start-up), or was killed
+    except mp.ProcessExitedException as e:
         raise ConfigError(f"train.processes={world}: a training process ended early: {e} "
                           "(what it printed, if anything, is above)") from None
     finally:
@@ -396,4 +377,5 @@ def fit_data_parallel(name: str, model, task: Task, cfg: LoopConfig, checkpoints
         for row in summary["history"]:
             tracker.metrics({f"{prefix}{k}": v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
     return FitResult(summary["history"], summary["best_epoch"], summary["resumed"], summary["device"], summary["bf16"],
-                     precision=summary["precision"], seconds=summary["seconds"], extra={"processes": world, "backend": backend})
+                     precision=summary["precision"], seconds=summary["seconds"],
+                     extra={"processes": world, "backend": backend})

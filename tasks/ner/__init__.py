@@ -7,29 +7,35 @@ from typing import Any
 from tasks.graph import SEGMENT, SELECTS, SPLITS, TRAINS, Output, Stage, Starter, TaskKind, graph
 
 STAGES = graph(
-    Stage("download", (), "tasks.ner.download", "find or fetch the tagged files (CoNLL char-tag lines or span JSONL), verify sha256, read them",
+    Stage("download", (), "tasks.ner.download", "find or fetch the tagged files (CoNLL char-tag lines or span JSONL), "
+          "verify sha256, read them",
           "rows_raw", (Output("data.parquet", "frame"),)),
     Stage("clean", ("download",), "tasks.ner.clean",
-          "NFKC and optional t2s per character, tags kept aligned, as BIOES; quarantine empty/long/duplicate sentences", "rows_dropped",
-          (Output("data.parquet", "frame"),), checked=True),
-    Stage("split", ("clean",), "tasks.ner.split", "the corpus' own train/validation/test files (split.use_given), else a seeded split of sentences",
+          "NFKC and optional t2s per character, tags kept aligned, as BIOES; quarantine empty/long/duplicate sentences",
+          "rows_dropped", (Output("data.parquet", "frame"),), checked=True),
+    Stage("split", ("clean",), "tasks.ner.split", "the corpus' own train/validation/test files (split.use_given), else "
+          "a seeded split of sentences",
           "rows_test", (SPLITS,)),
     SEGMENT,  # characters and jieba words of the sentences
-    Stage("profile", ("segment",), "tasks.ner.profile", "entity types per split, entity lengths, sentence lengths, report.html", "entities",
+    Stage("profile", ("segment",), "tasks.ner.profile", "entity types per split, entity lengths, sentence lengths, "
+          "report.html", "entities",
           (Output("stats.json", "json"),)),
-    Stage("augment", ("segment",), "tasks.ner.augment", "the train split as it is (rewriting text would shift the tags)", "rows_added",
+    Stage("augment", ("segment",), "tasks.ner.augment", "the train split as it is (rewriting text would shift the "
+          "tags)", "rows_added",
           (Output("train.parquet", "frame"), Output("train.words.txt", "text"))),
     Stage("vocab", ("augment", "segment"), "tasks.ner.vocab",
-          "character and bigram vocabularies, and the lexicon of jieba words the lexicon adapter matches", "lexicon_size",
-          (Output("chars/vocab.txt", "vocabulary"), Output("bigrams/vocab.txt", "vocabulary"))),
-    Stage("embed", ("augment",), "tasks.ner.embed", "Word2Vec vectors of characters, bigrams and words (word2vec binary format)",
-          "chars_vectors", (Output("chars.bin", "vectors"), Output("bigrams.bin", "vectors"), Output("words.bin", "vectors"))),
+          "character and bigram vocabularies, and the lexicon of jieba words the lexicon adapter matches",
+          "lexicon_size", (Output("chars/vocab.txt", "vocabulary"), Output("bigrams/vocab.txt", "vocabulary"))),
+    Stage("embed", ("augment",), "tasks.ner.embed", "Word2Vec vectors of characters, bigrams and words (word2vec "
+          "binary format)",
+          "chars_vectors", (Output("chars.bin", "vectors"), Output("bigrams.bin", "vectors"),
+                            Output("words.bin", "vectors"))),
     Stage("train", ("augment", "segment", "vocab", "embed"), "tasks.ner.train",
           "the taggers in train.models (CRF, BiLSTM-CRF, lexicon tagger, ensemble), scored by validation entity F1",
           "lexicon_tagger_val_f1", (Output("models.json", "json"),), models=TRAINS),
     Stage("evaluate", ("train", "segment"), "tasks.ner.evaluate",
-          "validation entity F1 picks the best tagger; test precision/recall/F1 per type; registers the best", "best_test_f1",
-          (Output("comparison.csv", "csv"),), models=SELECTS),
+          "validation entity F1 picks the best tagger; test precision/recall/F1 per type; registers the best",
+          "best_test_f1", (Output("comparison.csv", "csv"),), models=SELECTS),
 )
 
 
@@ -37,12 +43,14 @@ def check(config: Any) -> None:
     """A ner pipeline reads one tagged file (and its given splits); its augment method is none: rewriting text would
     shift the tags."""
     if config.source.partitioned:
-        raise ValueError("source.path: task ner reads one tagged file (and its given splits), not a folder or glob of partitions")
+        raise ValueError("source.path: task ner reads one tagged file (and its given splits), not a folder or glob of "
+                         "partitions")
     augment = config.stages.augment
     if "method" not in augment.model_fields_set:
         augment.method = "none"
     if augment.method != "none":
-        raise ValueError(f"augment.method {augment.method!r} rewrites text and would shift entity tags; task ner takes none")
+        raise ValueError(f"augment.method {augment.method!r} rewrites text and would shift entity tags; task ner takes "
+                         f"none")
 
 
 # `zhpipe init --ner FILE`: the starter pipelines.yaml
@@ -54,7 +62,8 @@ pipelines:
     task: ner
     source:
       path: {path}
-{sha256}      format: {format}             # conll: one `char TAG` per line, a blank line between sentences (BIO, BIOES, BMES)
+{sha256}      # conll: one `char TAG` per line, a blank line between sentences (BIO, BIOES, BMES)
+      format: {format}
     stages:
       train:
         # the CRF trains in seconds on a CPU; bilstm_crf and lexicon_tagger (networks) take minutes to an hour on a CPU:
@@ -66,6 +75,7 @@ STARTER = Starter("ner", "a tagged NER corpus: CoNLL `char TAG` lines or span JS
 
 
 KIND = TaskKind("ner", "sequence labelling: tagged corpora, taggers, entity F1", STAGES, metric=lambda config: "f1",
-                serving="tasks.ner.serving", models="tasks.ner.models", scored=("tags",), shown=(("test entity F1", "best_test_f1"),),
+                serving="tasks.ner.serving", models="tasks.ner.models", scored=("tags",),
+                shown=(("test entity F1", "best_test_f1"),),
                 reported=("test_f1", "test_precision", "test_recall"), flavour="tagger", labelled=False,
                 default_models=("crf", "bilstm_crf", "lexicon_tagger", "ner_ensemble"), check=check, starter=STARTER)

@@ -19,5 +19,6 @@ class Params(Section):
 def build(ctx: BuildContext) -> BuildOutput:
     """Write `train.parquet` (the segmented train split, `aug_method` original) and `train.words.txt`."""
     if ctx.params.method != "none":
-        raise ConfigError(f"augment.method {ctx.params.method!r} rewrites text and would shift entity tags; task ner takes augment.method none")
+        raise ConfigError(f"augment.method {ctx.params.method!r} rewrites text and would shift entity tags; task ner "
+                          f"takes augment.method none")
     return train_as_is(ctx)

@@ -92,13 +92,16 @@ def build(ctx: BuildContext) -> BuildOutput:
     kept = df[reason.isna()].drop(columns=["raw_text"]).reset_index(drop=True)
     quarantine = df[reason.notna()].assign(reason=reason[reason.notna()]).reset_index(drop=True)
     if kept.empty:
-        raise DataError(f"clean: no sentences left ({len(df)} in, all quarantined: {quarantine['reason'].value_counts().to_dict()})")
+        raise DataError(f"clean: no sentences left ({len(df)} in, all quarantined: "
+                        f"{quarantine['reason'].value_counts().to_dict()})")
     write_parquet(kept, ctx.out / "data.parquet")
     write_parquet(quarantine, ctx.out / "quarantine.parquet")
     counts = quarantine["reason"].value_counts().to_dict()
     metrics = {f"dropped_{r}": counts.get(r, 0) for r in ("empty", "too_long", "duplicate")}
     metrics.update(rows_in=len(df), rows_kept=len(kept), rows_dropped=len(quarantine), entities_lost=lost,
-                   changed_characters=sum(a != b for x, y in zip(df["raw_text"].astype(str), texts) if len(x) == len(y) for a, b in zip(x, y)))
+                   changed_characters=sum(a != b for x, y in zip(df["raw_text"].astype(str), texts) if len(x) == len(y)
+                                          for a, b in zip(x, y)))
     return BuildOutput(rows=len(kept), metrics=metrics, artifacts=["quarantine.parquet"],
                        tables={"quarantine_sample.json": quarantine.head(1000).astype(str)} if len(quarantine) else {},
-                       datasets=[Dataset(kept.drop(columns=["tags"]), str(ctx.out / "data.parquet"), f"{ctx.pipeline}-clean", "clean")])
+                       datasets=[Dataset(kept.drop(columns=["tags"]), str(ctx.out / "data.parquet"),
+                                         f"{ctx.pipeline}-clean", "clean")])

@@ -74,14 +74,16 @@ def train_crf(inputs: TrainInputs) -> dict:
     trainer = pycrfsuite.Trainer(algorithm="lbfgs", verbose=False)
     for text, tags in zip(inputs.train["text"], inputs.train["tags"]):
         trainer.append(crf_features(text, p.window, lexicon, p.word_features), list(tags))
-    trainer.set_params({"c1": p.c1, "c2": p.c2, "max_iterations": p.max_iterations, "feature.possible_transitions": True})
+    trainer.set_params({"c1": p.c1, "c2": p.c2, "max_iterations": p.max_iterations,
+                        "feature.possible_transitions": True})
     trainer.train(str(folder / "crf.model"))
     seconds = time.perf_counter() - t0
     model = pycrfsuite.Tagger()
     model.open(str(folder / "crf.model"))
     info = model.info()
     (folder / "config.json").write_text(json.dumps({"kind": "crf", "window": p.window, "lexicon": p.lexicon_features,
-                                                    "word_features": p.word_features, "labels": inputs.labels}), encoding="utf-8")
+                                                    "word_features": p.word_features, "labels": inputs.labels}),
+                                        encoding="utf-8")
     if lexicon is not None:
         (folder / "lexicon.txt").write_text("".join(f"{w}\n" for w in lexicon.index), encoding="utf-8")
     return {"path": inputs.name, "kind": "crf", "seconds": seconds, "samples_per_second": len(inputs.train) / seconds,

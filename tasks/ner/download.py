@@ -28,7 +28,8 @@ log = logging.getLogger("zhpipe")
 
 def read_tagged(path: Path, source: Source) -> TaggedFile:
     """A tagged file: JSONL with spans (`.jsonl`/`.json`, or format jsonl), else CoNLL-style lines."""
-    fmt = source.format if source.format != "auto" else ("jsonl" if path.suffix.lower() in (".jsonl", ".json") else "conll")
+    fmt = source.format if source.format != "auto" else ("jsonl" if path.suffix.lower() in (".jsonl", ".json")
+                                                         else "conll")
     if fmt not in ("conll", "jsonl"):
         raise DataError(f"{path}: task ner reads conll (`token TAG` lines) or jsonl with spans, not {fmt}")
     raw = path.read_bytes()
@@ -77,10 +78,12 @@ def build(ctx: BuildContext) -> BuildOutput:
     entities = [k for tags in df["tags"] for k, _, _ in spans_of(list(tags))]
     kinds = sorted(set(entities))
     if not kinds:
-        raise DataError(f"{source.path or source.url}: {len(df)} sentences but no entity in their tags (task ner needs tagged entities)")
-    facts = Facts(source_sha256=" ".join(f"{k}={v}" for k, v in shas.items()) if len(shas) > 1 else next(iter(shas.values())),
+        raise DataError(f"{source.path or source.url}: {len(df)} sentences but no entity in their tags (task ner needs "
+                        f"tagged entities)")
+    facts = Facts(source_sha256=" ".join(f"{k}={v}" for k, v in shas.items()) if len(shas) > 1
+                  else next(iter(shas.values())),
                   labels=kinds, tag_scheme=schemes, given_splits=sorted(k for k in shas if k != "all"))
-    metrics = {"rows_raw": len(df), "rows_quarantined": len(quarantine), "entities": len(entities), "num_labels": len(kinds),
-               "characters": int(df["text"].str.len().sum())}
+    metrics = {"rows_raw": len(df), "rows_quarantined": len(quarantine), "entities": len(entities),
+               "num_labels": len(kinds), "characters": int(df["text"].str.len().sum())}
     return BuildOutput(rows=len(df), metrics=metrics, facts=facts,
                        tables={"quarantine_sample.json": quarantine.head(1000).astype(str)} if len(quarantine) else {})

@@ -26,7 +26,8 @@ class Params(Section):
     champion: ChampionRule = ChampionRule()
 
 
-def entity_scores(gold: list[list[str]], pred: list[list[str]], kinds: list[str]) -> tuple[dict[str, float], pd.DataFrame]:
+def entity_scores(gold: list[list[str]], pred: list[list[str]],
+                  kinds: list[str]) -> tuple[dict[str, float], pd.DataFrame]:
     """Micro precision/recall/F1 and a per-type table (precision, recall, f1, support), strict spans."""
     tp, fp, fn = span_counts(gold, pred)
     rows = [{"type": k, **dict(zip(("precision", "recall", "f1"), prf(tp[k], fp[k], fn[k]))), "support": tp[k] + fn[k]}
@@ -61,14 +62,16 @@ def worst_sentences(test: pd.DataFrame, gold: list[list[str]], pred: list[list[s
         gs, ps = set(spans_of(list(g))), set(spans_of(list(p)))
         errors = len(gs - ps) + len(ps - gs)
         if errors:
-            rows.append({"id": int(test["id"].iloc[i]), "errors": errors, "gold": marked(text, g), "predicted": marked(text, p),
+            rows.append({"id": int(test["id"].iloc[i]), "errors": errors, "gold": marked(text, g),
+                         "predicted": marked(text, p),
                          "gold_html": highlighted(text, g), "predicted_html": highlighted(text, p)})
     table = pd.DataFrame(rows, columns=["id", "errors", "gold", "predicted", "gold_html", "predicted_html"])
     return table.sort_values(["errors", "id"], ascending=[False, True], kind="stable").head(k).reset_index(drop=True)
 
 
 def worst_html(name: str, table: pd.DataFrame) -> str:
-    body = "".join(f"<tr><td>{r.id}</td><td>{r.errors}</td><td>{r.gold_html}</td><td>{r.predicted_html}</td></tr>" for r in table.itertuples())
+    body = "".join(f"<tr><td>{r.id}</td><td>{r.errors}</td><td>{r.gold_html}</td><td>{r.predicted_html}</td></tr>"
+                   for r in table.itertuples())
     return (f"<html><head><meta charset='utf-8'><title>{html.escape(name)}: worst test sentences</title><style>"
             "body{font-family:sans-serif} td{border-bottom:1px solid #ddd;padding:4px;vertical-align:top} "
             "mark{background:#ffe08a} sub{color:#a05a00;font-size:70%}</style></head><body>"
@@ -105,14 +108,17 @@ def build(ctx: BuildContext) -> BuildOutput:
     """Compare the scored taggers: `comparison.csv`; the champion is the best by validation F1."""
     units = by_model(ctx.facts)
     results = {name: facts.results for name, facts in units.items()}
-    rows = [{"model": name, "val_f1": units[name].summary["val_f1"], "test_f1": r["test_f1"], "test_precision": r["test_precision"],
-             "test_recall": r["test_recall"], "train_seconds": round(units[name].summary["seconds"], 1)} for name, r in results.items()]
+    rows = [{"model": name, "val_f1": units[name].summary["val_f1"], "test_f1": r["test_f1"],
+             "test_precision": r["test_precision"],
+             "test_recall": r["test_recall"], "train_seconds": round(units[name].summary["seconds"], 1)} for name,
+            r in results.items()]
     table = pd.DataFrame(rows).sort_values("val_f1", ascending=False, kind="stable")
     table.to_csv(ctx.out / "comparison.csv", index=False)
     (ctx.out / "comparison.md").write_text(comparison_markdown(table), encoding="utf-8")
     (ctx.out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
     best = table.iloc[0]["model"]
     return BuildOutput(rows=None, artifacts=["comparison.csv", "comparison.md"],
-                       metrics={f"{m}_{k}": v for m, r in results.items() for k, v in r.items() if not k.startswith("test_f1_")}
+                       metrics={f"{m}_{k}": v for m, r in results.items() for k,
+                                v in r.items() if not k.startswith("test_f1_")}
                        | {"best_test_f1": results[best]["test_f1"]},
                        facts=Facts(labels=next(iter(units.values())).labels, results=results, best_model=best))

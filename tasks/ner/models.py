@@ -5,7 +5,6 @@ the characters, bigrams and lexicon; the embed stage their vectors. A saved tagg
 returns BIOES tags with a score per character."""
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from tasks.core import Section
 from tasks.io import read_vocab
 from tasks.models.base import ModelSpec, TrainInputs
 from tasks.ner.crf_tagger import CRFParams, crf_tagger, train_crf
+from tasks.ner.ensemble import EnsembleParams, ensemble_tagger, train_ensemble
 from tasks.ner.tagged import SEG_DIM, Tagged, TaggerFn, averaged_decoder, entity_f1, jieba_words, load_lexicon
 from tasks.ner.tagging import Lexicon, bigrams, tag_set, transitions, word_features
 
@@ -47,7 +47,8 @@ class TaggerParams(Section):
     # copies trained from seeds train.seed, train.seed + 1, ...; their per-character tag probabilities are
     # averaged and decoded within the tag scheme (a seed ensemble: steadier, `seeds` times the training)
     seeds: int = Field(1, ge=1)
-    max_len: int = Field(250, ge=8)  # characters per training sentence (longer ones are cut); prediction takes any length
+    # characters per training sentence (longer ones are cut); prediction takes any length
+    max_len: int = Field(250, ge=8)
 
     @model_validator(mode="after")
     def _checkpoint_for_bert(self):
@@ -65,8 +66,8 @@ class LexiconTaggerParams(TaggerParams):
 class Encoded:
     """Texts as the tagger's id arrays; `pos` (POS tag -> id, 0 padding, 1 unknown) adds jieba's word features."""
 
-    def __init__(self, chars: dict[str, int], grams: dict[str, int], lexicon: Lexicon | None, pos: dict[str, int] | None = None,
-                 bert_vocab: dict[str, int] | None = None):
+    def __init__(self, chars: dict[str, int], grams: dict[str, int], lexicon: Lexicon | None,
+                 pos: dict[str, int] | None = None, bert_vocab: dict[str, int] | None = None):
         self.chars, self.grams, self.lexicon, self.pos, self.bert_vocab = chars, grams, lexicon, pos, bert_vocab
 
     def __call__(self, text: str, words: list[tuple[str, str]] | None = None) -> dict[str, np.ndarray]:
@@ -81,7 +82,8 @@ class Encoded:
             row["seg"], row["pos"] = word_features(words if words is not None else jieba_words(text), self.pos)
         if self.bert_vocab is not None:  # one token per character, as Chinese BERT vocabularies hold them
             unk = self.bert_vocab.get("[UNK]", 0)
-            row["bert_ids"] = np.array([self.bert_vocab.get(c, self.bert_vocab.get(c.lower(), unk)) for c in text], dtype=np.int64)
+            row["bert_ids"] = np.array([self.bert_vocab.get(c, self.bert_vocab.get(c.lower(), unk)) for c in text],
+                                       dtype=np.int64)
         return row
 
 
@@ -116,10 +118,12 @@ def _bert(config: dict, checkpoint: str | None = None):
 
     if checkpoint is None:
         settings = dict(config["bert_config"])
-        return AutoModel.from_config(AutoConfig.for_model(settings.pop("model_type"), **settings), add_pooling_layer=False)
+        return AutoModel.from_config(AutoConfig.for_model(settings.pop("model_type"), **settings),
+                                     add_pooling_layer=False)
     from tasks.hub import load_pretrained
 
-    return load_pretrained(checkpoint, lambda src, local: AutoModel.from_pretrained(src, local_files_only=local, add_pooling_layer=False),
+    return load_pretrained(checkpoint, lambda src, local: AutoModel.from_pretrained(src, local_files_only=local,
+                                                                                    add_pooling_layer=False),
                            "BERT checkpoint")
 
 
@@ -128,7 +132,8 @@ def _build(config: dict, bert=None):
 
     if config["encoder"] == "bert" and bert is None:
         bert = _bert(config)
-    return Tagger(config["num_chars"], config["num_bigrams"], config["num_words"], len(config["tags"]), config["char_dim"],
+    return Tagger(config["num_chars"], config["num_bigrams"], config["num_words"], len(config["tags"]),
+                  config["char_dim"],
                   config["bigram_dim"], config["word_dim"], config["lexicon"], config["encoder"], config["hidden_size"],
                   config["num_layers"], config["num_heads"], config["dropout"], transitions(config["tags"]),
                   num_pos=len(config.get("pos_tags", [])) + 2, seg_dim=config.get("seg_dim", 0), bert=bert)
@@ -168,10 +173,14 @@ def train_tagger(inputs: TrainInputs) -> dict:
     torch.save({"config": prep.config, "state_dicts": states, "chars": prep.chars, "bigrams": prep.grams,
                 "lexicon": list(prep.lexicon.index) if prep.lexicon else []}, folder / "model.pt")
     result = results[0]
-    summary = {"path": inputs.name, "kind": "tagger", "seconds": sum(r.seconds for r in results), "history": result.history,
-               "best_epoch": result.best_epoch, "resumed_from_epoch": result.resumed_from_epoch, "device": result.device,
-               "precision": result.precision, "samples_per_second": result.samples_per_second, "char_vector_coverage": prep.char_cov,
-               "bigram_vector_coverage": prep.gram_cov, "parameters": sum(w.numel() for w in model.parameters()) * p.seeds}
+    summary = {"path": inputs.name, "kind": "tagger", "seconds": sum(r.seconds for r in results),
+               "history": result.history,
+               "best_epoch": result.best_epoch, "resumed_from_epoch": result.resumed_from_epoch,
+               "device": result.device,
+               "precision": result.precision, "samples_per_second": result.samples_per_second,
+               "char_vector_coverage": prep.char_cov,
+               "bigram_vector_coverage": prep.gram_cov,
+               "parameters": sum(w.numel() for w in model.parameters()) * p.seeds}
     if p.seeds > 1:
         summary["copies_val_f1_best"] = [max(h["val_f1"] for h in r.history) for r in results]
     if prep.words is not None:
@@ -207,7 +216,8 @@ def _prepare(inputs: TrainInputs, p: "TaggerParams") -> Prepared:
     index = {t: i for i, t in enumerate(tags)}
     char_m, char_cov = _matrix(chars, inputs.embed / "chars.bin", inputs.params.seed)
     gram_m, gram_cov = _matrix(grams, inputs.embed / "bigrams.bin", inputs.params.seed + 1)
-    config = {"kind": "tagger", "tags": tags, "labels": inputs.labels, "num_chars": len(chars), "num_bigrams": len(grams),
+    config = {"kind": "tagger", "tags": tags, "labels": inputs.labels, "num_chars": len(chars),
+              "num_bigrams": len(grams),
               "num_words": len(lexicon) if lexicon else 1, "char_dim": char_m.shape[1], "bigram_dim": gram_m.shape[1],
               "word_dim": 0, "lexicon": p.lexicon, "max_words": p.max_words,
               **{k: getattr(p, k) for k in ("encoder", "hidden_size", "num_layers", "num_heads", "dropout")}}
@@ -223,7 +233,8 @@ def _prepare(inputs: TrainInputs, p: "TaggerParams") -> Prepared:
 
         from tasks.hub import load_pretrained
 
-        tokenizer = load_pretrained(p.checkpoint, lambda src, local: AutoTokenizer.from_pretrained(src, local_files_only=local), "BERT tokenizer")
+        load = lambda src, local: AutoTokenizer.from_pretrained(src, local_files_only=local)  # noqa: E731
+        tokenizer = load_pretrained(p.checkpoint, load, "BERT tokenizer")
         bert_vocab = tokenizer.get_vocab()
         bert = _bert(config, p.checkpoint)
         config.update(bert_config=bert.config.to_dict(), bert_vocab=sorted(bert_vocab, key=bert_vocab.get))
@@ -232,13 +243,15 @@ def _prepare(inputs: TrainInputs, p: "TaggerParams") -> Prepared:
         words, word_cov = _matrix(["[PAD]", *lexicon.index], inputs.embed / "words.bin", inputs.params.seed + 2)
         config["word_dim"] = words.shape[1]
     pos_index = {t: i + 2 for i, t in enumerate(pos_tags)} if p.word_features else None
-    encode = Encoded({c: i for i, c in enumerate(chars)}, {g: i for i, g in enumerate(grams)}, lexicon, pos_index, bert_vocab)
+    encode = Encoded({c: i for i, c in enumerate(chars)}, {g: i for i, g in enumerate(grams)}, lexicon, pos_index,
+                     bert_vocab)
     train_rows = []
     for text, segmented, row_tags in zip(texts, train_words, inputs.train["tags"]):
         row = encode(text, segmented)
         row["tags"] = np.array([index[t] for t in list(row_tags)[: p.max_len]], dtype=np.int64)
         train_rows.append(row)
-    return Prepared(chars, grams, lexicon, tags, config, char_m, gram_m, char_cov, gram_cov, words, word_cov, bert, train_rows,
+    return Prepared(chars, grams, lexicon, tags, config, char_m, gram_m, char_cov, gram_cov, words, word_cov, bert,
+                    train_rows,
                     [encode(t) for t in inputs.validation["text"]], [list(t) for t in inputs.validation["tags"]])
 
 
@@ -261,7 +274,8 @@ def _train_copies(inputs: TrainInputs, p: "TaggerParams", prep: Prepared) -> tup
     for copy in range(p.seeds):
         seed = inputs.params.seed + copy
         seed_everything(seed)
-        model = _build(prep.config, prep.bert if copy == 0 else (_bert(prep.config, p.checkpoint) if prep.bert is not None else None))
+        model = _build(prep.config, prep.bert if copy == 0 else (_bert(prep.config, p.checkpoint)
+                                                                 if prep.bert is not None else None))
         model.char.weight.data.copy_(prep.char_m)
         model.bigram.weight.data.copy_(prep.gram_m)
         if prep.words is not None:
@@ -269,8 +283,8 @@ def _train_copies(inputs: TrainInputs, p: "TaggerParams", prep: Prepared) -> tup
         if p.freeze_embeddings:
             for emb in (model.char, model.bigram, *((model.word,) if prep.words is not None else ())):
                 emb.weight.requires_grad_(False)
-        loop = LoopConfig.from_train(inputs.params, lr=p.lr, epochs=p.epochs, patience=p.patience, monitor="val_f1", seed=seed,
-                                     encoder_lr=p.encoder_lr if p.encoder == "bert" else None)
+        loop = LoopConfig.from_train(inputs.params, lr=p.lr, epochs=p.epochs, patience=p.patience, monitor="val_f1",
+                                     seed=seed, encoder_lr=p.encoder_lr if p.encoder == "bert" else None)
         checkpoints = inputs.scratch if p.seeds == 1 else inputs.scratch / f"seed{seed}"
         # the model run's curves are the first copy's; the others' best scores are in the summary
         results.append(fit(inputs.name if copy == 0 else f"{inputs.name} seed {seed}", model, task, loop, checkpoints,
@@ -291,11 +305,13 @@ def tagger_from(folder: Path, device: str = "auto") -> TaggerFn:
         model = _build(config)
         model.load_state_dict(state)
         models.append(model.to(resolve_device(device)).eval())
-    decode = _averaged(models, config["tags"]) if len(models) > 1 else lambda rows: decode_rows(models[0], rows, config["tags"])
+    decode = (_averaged(models, config["tags"]) if len(models) > 1
+              else lambda rows: decode_rows(models[0], rows, config["tags"]))
     lexicon = Lexicon(saved["lexicon"], config["max_words"]) if config["lexicon"] else None
     pos_index = {t: i + 2 for i, t in enumerate(config["pos_tags"])} if config.get("seg_dim") else None
     bert_vocab = {t: i for i, t in enumerate(config["bert_vocab"])} if config["encoder"] == "bert" else None
-    encode = Encoded({c: i for i, c in enumerate(saved["chars"])}, {g: i for i, g in enumerate(saved["bigrams"])}, lexicon, pos_index, bert_vocab)
+    encode = Encoded({c: i for i, c in enumerate(saved["chars"])}, {g: i for i, g in enumerate(saved["bigrams"])},
+                     lexicon, pos_index, bert_vocab)
 
     def tag(texts: list[str]) -> list[Tagged]:
         present = [i for i, t in enumerate(texts) if t]
@@ -324,71 +340,23 @@ def load_tagger(folder: Path) -> TaggerFn:
     if (folder / "crf.model").is_file():
         return crf_tagger(folder)
     if (folder / "members").is_dir():
-        return ensemble_tagger(folder)
+        return ensemble_tagger(folder, load_tagger)
     return tagger_from(folder)
 
 
-# -- ensemble ----------------------------------------------------------------------------------------------
-
-
-class EnsembleParams(Section):
-    """The `train.ner_ensemble` section: the members' per-character tag probabilities averaged, then the best
-    well-formed tag path over them (Viterbi over the log averages, within the tag scheme's transitions)."""
-
-    members: list[str] = ["crf", "bilstm_crf", "lexicon_tagger"]  # taggers of train.models, trained first
-    weights: list[float] | None = None  # per member; None = equal
-
-
-def train_ensemble(inputs: TrainInputs) -> dict:
-    import shutil
-    import time
-
-    p: EnsembleParams = inputs.section
-    if p.weights is not None and len(p.weights) != len(p.members):
-        raise ValueError(f"train.{inputs.name}.weights: {len(p.weights)} weights for {len(p.members)} members")
-    t0 = time.perf_counter()
-    folder = inputs.out / inputs.name
-    for member in p.members:
-        shutil.copytree(inputs.members[member], folder / "members" / member)
-    (folder / "config.json").write_text(json.dumps({"kind": "ensemble", "members": p.members, "weights": p.weights,
-                                                    "labels": inputs.labels}), encoding="utf-8")
-    return {"path": inputs.name, "kind": "ensemble", "seconds": time.perf_counter() - t0, "members": p.members}
-
-
-def ensemble_tagger(folder: Path) -> TaggerFn:
-    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    members = [load_tagger(folder / "members" / m) for m in config["members"]]
-    weights = np.array(config["weights"] or [1.0] * len(members), dtype=np.float64)
-    weights /= weights.sum()
-    order = tag_set(config["labels"])
-    decode_average = averaged_decoder(order)
-    columns = [[m.tags.index(t) if t in m.tags else -1 for t in order] for m in members]
-
-    def tag(texts: list[str]) -> list[Tagged]:
-        tagged = [m(texts) for m in members]
-        out = []
-        for i, text in enumerate(texts):
-            average = np.zeros((len(text), len(order)))
-            for w, cols, result in zip(weights, columns, (t[i] for t in tagged)):
-                for j, c in enumerate(cols):
-                    if c >= 0 and len(text):
-                        average[:, j] += w * result.marginals[:, c]
-            out.append(decode_average(average))
-        return out
-
-    tag.tags = order
-    return tag
-
-
-TAGGER_LOOP = ("weight_decay", "warmup_ratio", "grad_clip", "grad_accum", "device", "precision", "seed")  # epochs, patience: their own
+# epochs, patience: their own
+TAGGER_LOOP = ("weight_decay", "warmup_ratio", "grad_clip", "grad_accum", "device", "precision", "seed")
 CRF_TAGGER = ModelSpec("crf", CRFParams, train_crf, tagger=load_tagger, task="ner", shared=(),
                 about="linear-chain CRF (CRFsuite) over character, bigram and lexicon window features")
-BILSTM_CRF = ModelSpec("bilstm_crf", TaggerParams, train_tagger, tagger=load_tagger, task="ner", uses_vectors=True, shared=TAGGER_LOOP,
+BILSTM_CRF = ModelSpec("bilstm_crf", TaggerParams, train_tagger, tagger=load_tagger, task="ner", uses_vectors=True,
+                       shared=TAGGER_LOOP,
                        about="character + bigram embeddings, BiLSTM, CRF; starts from the embed stage's vectors")
-LEXICON_TAGGER = ModelSpec("lexicon_tagger", LexiconTaggerParams, train_tagger, tagger=load_tagger, task="ner", uses_vectors=True,
-                           shared=TAGGER_LOOP,
-                           about="bilstm_crf with the lexicon adapter: each character attends over the words that cover it")
+LEXICON_TAGGER = ModelSpec("lexicon_tagger", LexiconTaggerParams, train_tagger, tagger=load_tagger, task="ner",
+                           uses_vectors=True, shared=TAGGER_LOOP,
+                           about="bilstm_crf with the lexicon adapter: each character attends over the words that "
+                           "cover it")
 NER_ENSEMBLE = ModelSpec("ner_ensemble", EnsembleParams, train_ensemble, tagger=load_tagger, task="ner",
                          members=lambda section: section.members, shared=(),
-                         about="the listed taggers' per-character tag probabilities averaged, decoded into well-formed spans")
+                         about="the listed taggers' per-character tag probabilities averaged, decoded into well-formed "
+                         "spans")
 SPECS = (CRF_TAGGER, BILSTM_CRF, LEXICON_TAGGER, NER_ENSEMBLE)  # what the kind registers (tasks.models.MODELS)

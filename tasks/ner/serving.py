@@ -45,8 +45,10 @@ class Served:
             statuses.append(status(value, text, self.max_chars))
         entities = []
         for value, index, tagged in zip(values, where, self.tagger(cleaned)):
-            entities.append([{"text": value[index[s] : index[e - 1] + 1], "type": kind, "start": index[s], "end": index[e - 1] + 1,
-                              "score": round(float(np.mean(tagged.scores[s:e])), 4)} for kind, s, e in spans_of(tagged.tags)])
+            entities.append([{"text": value[index[s] : index[e - 1] + 1], "type": kind, "start": index[s],
+                              "end": index[e - 1] + 1,
+                              "score": round(float(np.mean(tagged.scores[s:e])), 4)} for kind, s,
+                             e in spans_of(tagged.tags)])
         return pd.DataFrame({"entities": [json.dumps(e, ensure_ascii=False) for e in entities],
                              "count": [len(e) for e in entities], "status": statuses})
 
@@ -73,7 +75,8 @@ def outcomes(served: Served, ask: Callable[[list[str]], pd.DataFrame], test: pd.
 
 def entities_text(value: str) -> str:
     """A tagger's entities (JSON) as one readable cell: 张伟/NAME[0:2] 0.99; ..."""
-    return "; ".join(f"{e['text']}/{e['type']}[{e['start']}:{e['end']}] {e['score']:.2f}" for e in json.loads(value or "[]"))
+    return "; ".join(f"{e['text']}/{e['type']}[{e['start']}:{e['end']}] {e['score']:.2f}"
+                     for e in json.loads(value or "[]"))
 
 
 SHOWN = Shown("entities", ("entities",), found=lambda out: f"entities: {int(out['count'].sum())}", nested=("entities",),

@@ -75,6 +75,7 @@ def averaged_decoder(tags: list[str]) -> Callable[[np.ndarray], Tagged]:
         if not len(average):
             return Tagged([], [], average.astype(np.float32))
         path = constrained_viterbi(np.log(np.clip(average, 1e-12, 1.0)), allowed, starts, ends)
-        return Tagged([tags[k] for k in path], [float(average[j, k]) for j, k in enumerate(path)], average.astype(np.float32))
+        return Tagged([tags[k] for k in path], [float(average[j, k]) for j, k in enumerate(path)],
+                      average.astype(np.float32))
 
     return decode

@@ -58,7 +58,8 @@ def spans_from(tags: list[str], scheme: str) -> tuple[list[tuple[str, int, int]]
     for i, tag in enumerate(tags):
         prefix, k = split_tag(tag)
         if start is not None and (prefix not in (inside, "E") or k != kind):
-            return spans, f"entity {kind} opened at character {start + 1} is not closed before {tag!r} at character {i + 1}"
+            return (spans, f"entity {kind} opened at character {start + 1} is not closed before {tag!r} at character "
+                    f"{i + 1}")
         if prefix == "S":
             spans.append((k, i, i + 1))
         elif prefix == "B":
@@ -215,7 +216,8 @@ def parse_conll(lines: list[str], scheme: str = "auto") -> TaggedFile:
     for start, rows in raw:
         wrong = next(((n, t) for n, _, t in rows if not valid_tag(t, found)), None)
         if wrong:
-            out.bad.append({"line": wrong[0], "reason": f"tag {wrong[1]!r} is not a {found.upper()} tag", "raw": wrong[1]})
+            out.bad.append({"line": wrong[0], "reason": f"tag {wrong[1]!r} is not a {found.upper()} tag",
+                            "raw": wrong[1]})
             continue
         text, tags, problem = _to_chars([tok for _, tok, _ in rows], [t for _, _, t in rows], found)
         if problem:

@@ -27,13 +27,16 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     """Train one tagger: `<name>/` with the saved model, and its summary with validation scores."""
     spec = MODELS[name]
     if spec.task != "ner":
-        raise ConfigError(f"train.models: {name} is a {spec.task} model; task ner takes {', '.join(n for n, s in MODELS.items() if s.task == 'ner')}")
+        raise ConfigError(f"train.models: {name} is a {spec.task} model; task ner takes "
+                          f"{', '.join(n for n, s in MODELS.items() if s.task == 'ner')}")
     labels = ctx.facts["augment"].labels
     train = pd.read_parquet(ctx.file("augment", "train.parquet"), columns=["text", "tags", "words"])
     validation = pd.read_parquet(ctx.file("segment", "validation.parquet"), columns=["text", "tags"])
-    members = {model: folder / model for model, folder in by_model({u: f for u, f in ctx.inputs.items() if Unit.parse(u).model}).items()}
-    summary = spec.train(TrainInputs(name, train, validation, labels, spec.view(ctx.params), ctx.inputs["vocab"], None, ctx.out,
-                                     ctx.scratch, ctx.sink, embed=ctx.inputs.get("embed"), members=members))
+    members = {model: folder / model for model, folder in by_model({u: f for u,
+                                                                    f in ctx.inputs.items()
+                                                                    if Unit.parse(u).model}).items()}
+    summary = spec.train(TrainInputs(name, train, validation, labels, spec.view(ctx.params), ctx.inputs["vocab"], None,
+                                     ctx.out, ctx.scratch, ctx.sink, embed=ctx.inputs.get("embed"), members=members))
     tagged = spec.tagger(ctx.out / name)(validation["text"].astype(str).tolist())
     scores = entity_f1([list(t) for t in validation["tags"]], [t.tags for t in tagged])
     summary.update({f"val_{k}": v for k, v in scores.items()})
@@ -48,5 +51,6 @@ def build(ctx: BuildContext) -> BuildOutput:
     units = by_model(ctx.facts)
     models = {name: facts.summary for name, facts in units.items()}
     (ctx.out / "models.json").write_text(json.dumps(models, indent=2), encoding="utf-8")
-    metrics = {f"{m}_{k}": v[k] for m, v in models.items() for k in ("val_f1", "seconds", "samples_per_second") if k in v}
+    metrics = {f"{m}_{k}": v[k] for m, v in models.items() for k in ("val_f1", "seconds", "samples_per_second")
+               if k in v}
     return BuildOutput(rows=None, metrics=metrics, facts=Facts(labels=next(iter(units.values())).labels, models=models))

@@ -63,14 +63,17 @@ def build(ctx: BuildContext) -> BuildOutput:
     train = pd.read_parquet(ctx.file("augment", "train.parquet"), columns=["text", "words"])
     validation = pd.read_parquet(ctx.file("segment", "validation.parquet"), columns=["text", "tags"])
     texts = train["text"].astype(str).tolist()
-    counts = {"chars": Counter(c for t in texts for c in t), "bigrams": Counter(b for t in texts for b in bigrams(t)[0])}
-    char_params = p.model_copy(update={"min_freq": 1, "max_size": None})  # every character seen: rare ones are often names
+    counts = {"chars": Counter(c for t in texts for c in t),
+              "bigrams": Counter(b for t in texts for b in bigrams(t)[0])}
+    # every character seen: rare ones are often names
+    char_params = p.model_copy(update={"min_freq": 1, "max_size": None})
     metrics = {}
     for kind, counter in counts.items():
         vocab = build_vocab(counter, char_params if kind == "chars" else p)
         (ctx.out / kind).mkdir()
         (ctx.out / kind / "vocab.txt").write_text("".join(f"{t}\n" for t in vocab), encoding="utf-8")
-        pd.DataFrame(counter.most_common(), columns=["token", "count"]).to_csv(ctx.out / kind / "freq.tsv", sep="\t", index=False)
+        pd.DataFrame(counter.most_common(), columns=["token", "count"]).to_csv(ctx.out / kind / "freq.tsv", sep="\t",
+                                                                               index=False)
         metrics[f"{kind}_vocab_size"] = len(vocab)
         seen = set(vocab)
         val = [c for t in validation["text"] for c in (t if kind == "chars" else bigrams(t)[0])]
@@ -82,6 +85,7 @@ def build(ctx: BuildContext) -> BuildOutput:
     (ctx.out / "lexicon").mkdir()
     (ctx.out / "lexicon" / "words.txt").write_text("".join(f"{w}\n" for w in lexicon), encoding="utf-8")
     metrics.update(lexicon_size=len(lexicon), lexicon_from_dictionary=len(dictionary), lexicon_from_corpus=len(corpus),
-                   lexicon_validation_entity_recall=boundary_recall(validation["text"].tolist(), validation["tags"].tolist(), Lexicon(lexicon)))
+                   lexicon_validation_entity_recall=boundary_recall(validation["text"].tolist(),
+                                                                    validation["tags"].tolist(), Lexicon(lexicon)))
     return BuildOutput(rows=len(lexicon), metrics=metrics,
                        artifacts=["chars/vocab.txt", "bigrams/vocab.txt", "lexicon/words.txt"])

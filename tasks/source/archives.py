@@ -24,10 +24,11 @@ class _Budget:
         while block := src.read(1 << 20):
             self.total += len(block)
             if self.total > self.params.max_unpacked_bytes:
-                raise DataError(f"{self.archive}: unpacks to more than download.max_unpacked_bytes={self.params.max_unpacked_bytes} bytes; refusing")
+                raise DataError(f"{self.archive}: unpacks to more than "
+                                f"download.max_unpacked_bytes={self.params.max_unpacked_bytes} bytes; refusing")
             if self.total > (1 << 20) and self.total / self.packed > self.params.max_ratio:
-                raise DataError(f"{self.archive}: unpacks to more than {self.params.max_ratio:g}x its {self.packed} bytes "
-                                "(a decompression bomb?); refusing (download.max_ratio)")
+                raise DataError(f"{self.archive}: unpacks to more than {self.params.max_ratio:g}x its {self.packed} "
+                                f"bytes (a decompression bomb?); refusing (download.max_ratio)")
             dst.write(block)
 
 
@@ -42,7 +43,8 @@ def _pick(archive: Path, names: list[str], member: str | None) -> str:
 
 
 def _safe_name(archive: Path, name: str, target: Path) -> None:
-    if name.startswith(("/", "\\")) or ".." in Path(name.replace("\\", "/")).parts or not (target / name).resolve().is_relative_to(target.resolve()):
+    outside = not (target / name).resolve().is_relative_to(target.resolve())
+    if name.startswith(("/", "\\")) or ".." in Path(name.replace("\\", "/")).parts or outside:
         raise DataError(f"{archive}: archive entry '{name}' escapes the extraction folder; refusing")
 
 

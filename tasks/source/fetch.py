@@ -87,9 +87,12 @@ def _send(client, method: str, url: str, headers: dict, deadline: float, max_red
         target = str(resp.url.join(resp.headers["location"]))
         resp.close()
         if url.lower().startswith("https://") and not target.lower().startswith("https://"):
-            raise DataError(f"download {shown}: refused a redirect from https to {redact(target).split('://')[0]}:// ({redact(target)})")
-        if is_internal(target) and not is_internal(url):  # a public server may not send us into this machine or its network
-            raise DataError(f"download {shown}: refused a redirect to an address of this machine or a private network ({redact(target)})")
+            raise DataError(f"download {shown}: refused a redirect from https to {redact(target).split('://')[0]}:// "
+                            f"({redact(target)})")
+        # a public server may not send us into this machine or its network
+        if is_internal(target) and not is_internal(url):
+            raise DataError(f"download {shown}: refused a redirect to an address of this machine or a private network "
+                            f"({redact(target)})")
         url = target
     raise DataError(f"download {shown}: more than {max_redirects} redirects")
 
@@ -152,7 +155,8 @@ def _fetch_once(client, url: str, final: Path, part: Path, params: FetchParams, 
             start, total = _content_range(resp.headers.get("content-range", ""))
             if start != offset:
                 _discard(part)
-                raise NetworkError(f"download {shown}: asked to resume at byte {offset}, the server sent Content-Range from {start}")
+                raise NetworkError(f"download {shown}: asked to resume at byte {offset}, the server sent Content-Range "
+                                   f"from {start}")
             validators.size = total
             mode = "ab"
         elif resp.status_code == 416:
@@ -161,7 +165,8 @@ def _fetch_once(client, url: str, final: Path, part: Path, params: FetchParams, 
         else:
             offset = 0
         if validators.size is not None and validators.size > params.max_bytes:
-            raise DataError(f"download {shown}: {validators.size} bytes is over the size limit download.max_bytes={params.max_bytes}")
+            raise DataError(f"download {shown}: {validators.size} bytes is over the size limit "
+                            f"download.max_bytes={params.max_bytes}")
         # a Content-Encoding (gzip, br) is undone as the bytes arrive: Content-Length counts the encoded bytes, the
         # file holds the decoded ones, the ratio limit bounds them, and a resume (a range of encoded bytes) is off
         encoded = resp.headers.get("content-encoding", "identity").strip().lower() not in ("", "identity")
@@ -179,7 +184,8 @@ def _fetch_once(client, url: str, final: Path, part: Path, params: FetchParams, 
     return validators
 
 
-def _stream(resp, part: Path, mode: str, offset: int, params: FetchParams, deadline: float, encoded: bool, shown: str) -> int:
+def _stream(resp, part: Path, mode: str, offset: int, params: FetchParams, deadline: float, encoded: bool,
+            shown: str) -> int:
     """The response's bytes into `part` (appended from `offset` when resuming) as they arrive, so that the size,
     decoding-ratio and deadline limits are checked as they do; returns the file's size."""
     written = offset
@@ -193,10 +199,12 @@ def _stream(resp, part: Path, mode: str, offset: int, params: FetchParams, deadl
             if encoded and written > (1 << 20) and written / max(resp.num_bytes_downloaded, 1) > params.max_ratio:
                 f.close()
                 _discard(part)
-                raise DataError(f"download {shown}: its {resp.headers['content-encoding']} transfer decodes to more than "
-                                f"{params.max_ratio:g}x its size (a decompression bomb?); stopped (download.max_ratio)")
+                raise DataError(f"download {shown}: its {resp.headers['content-encoding']} transfer decodes to more "
+                                f"than {params.max_ratio:g}x its size (a decompression bomb?); stopped "
+                                f"(download.max_ratio)")
             if time.monotonic() > deadline:
-                raise DataError(f"download {shown}: deadline of {params.deadline_s:g} s passed after {written} bytes (download.deadline_s)")
+                raise DataError(f"download {shown}: deadline of {params.deadline_s:g} s passed after {written} bytes "
+                                f"(download.deadline_s)")
             f.write(block)
     return written
 
@@ -211,7 +219,8 @@ def _content_range(value: str) -> tuple[int | None, int | None]:
         return None, None
 
 
-def fetch(url: str, folder: Path, params: FetchParams, sha256: str | None = None, expect: Validators | None = None) -> Path:
+def fetch(url: str, folder: Path, params: FetchParams, sha256: str | None = None,
+          expect: Validators | None = None) -> Path:
     """The verified local copy of `url` in `folder`: resumed when partial, fetched again (at most
     `params.retries` times) after a network error or a sha256 mismatch; a mismatching file is deleted."""
     import httpx
@@ -226,12 +235,14 @@ def fetch(url: str, folder: Path, params: FetchParams, sha256: str | None = None
         for attempt in range(params.retries + 1):
             if attempt:
                 delay = params.retry_delay_s * min(2.0 ** (attempt - 1), 10.0)
-                log.warning("download %s: %s; attempt %d of %d in %.3g s", shown, problem, attempt + 1, params.retries + 1, delay)
+                log.warning("download %s: %s; attempt %d of %d in %.3g s", shown, problem, attempt + 1,
+                            params.retries + 1, delay)
                 if time.monotonic() + delay > deadline:
                     break
                 time.sleep(delay)
             if final.is_file() and expect is not None and _read_meta(final) != expect.__dict__:
-                log.warning("download %s: the server's file changed (%s); fetching it again", shown, expect.fingerprint())
+                log.warning("download %s: the server's file changed (%s); fetching it again", shown,
+                            expect.fingerprint())
                 _discard(final)
             if not final.is_file():
                 try:
@@ -276,4 +287,5 @@ def locate(source: Source, root: Path, folder_for: Callable[[str], Path], params
         require_verifiable(source, root)
         path = fetch(url, folder_for(redact(url)), params, source.sha256, expect)
         return path, source.sha256 or file_sha256(path)
-    raise DataError(f"source not found: {redact(source.path or source.url)} (no such file, and no url to fetch it from)")
+    raise DataError(f"source not found: {redact(source.path or source.url)} (no such file, and no url to fetch it "
+                    f"from)")

@@ -16,7 +16,8 @@ import pandas as pd
 from tasks.errors import DataError
 from tasks.source.schema import Source, range_blocks
 
-DATA_SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".txt": "txt"}
+DATA_SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet",
+                 ".txt": "txt"}
 
 
 def detect_encoding(raw: bytes) -> str:
@@ -69,7 +70,8 @@ def line_batches(path: Path, encoding: str, batch_chars: int | None = None) -> I
                     batch[0] = batch[0][1:]
                 first = False
                 read += len(batch)
-                yield [line[:-2] if line.endswith("\r\n") else line[:-1] if line.endswith("\n") else line for line in batch]
+                yield [line[:-2] if line.endswith("\r\n") else line[:-1] if line.endswith("\n") else line
+                       for line in batch]
         except UnicodeDecodeError as e:
             raise DataError(f"{path}: cannot decode as {encoding} after line {read}: {e.reason} "
                             "(set source.encoding if the encoding was guessed from the file's head)") from None
@@ -125,12 +127,14 @@ def csv_records(lines: list[str], sep: str, width: int, offset: int, final: bool
             if (not fields or fields == [""]) and not "".join(lines[start:end]).strip():
                 continue  # a blank line is not a row
             if len(fields) != width:
-                bad.append({"line": offset + start + 1, "reason": f"fields_{len(fields)}_expected_{width}", "raw": sep.join(fields)[:500]})
+                bad.append({"line": offset + start + 1, "reason": f"fields_{len(fields)}_expected_{width}",
+                            "raw": sep.join(fields)[:500]})
                 continue
             rows.append(fields)
             starts.append(offset + start + 1)
     order = sorted(range(len(rows)), key=starts.__getitem__)
-    return Parsed([rows[i] for i in order], [starts[i] for i in order], sorted(bad, key=lambda b: b["line"]), used), used
+    return Parsed([rows[i] for i in order], [starts[i] for i in order], sorted(bad, key=lambda b: b["line"]),
+                  used), used
 
 
 def jsonl_records(lines: list[str], offset: int) -> Parsed:
@@ -216,7 +220,8 @@ def read_batches(path: Path, source: Source) -> Iterator[tuple[pd.DataFrame, pd.
 def file_format(path: Path, source: Source) -> str:
     fmt = source.format if source.format != "auto" else DATA_SUFFIXES.get(path.suffix.lower())
     if fmt is None:
-        raise DataError(f"{path}: cannot tell the format from suffix '{path.suffix}'; set source.format (csv, tsv, jsonl, parquet, txt)")
+        raise DataError(f"{path}: cannot tell the format from suffix '{path.suffix}'; set source.format (csv, tsv, "
+                        f"jsonl, parquet, txt)")
     return fmt
 
 
@@ -240,14 +245,17 @@ def empty_quarantine() -> pd.DataFrame:
     return pd.DataFrame(columns=list(QUARANTINE_COLUMNS)).astype(QUARANTINE_COLUMNS)
 
 
-def _normalise(parsed: Parsed, path: Path, source: Source, fmt: str, first_id: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _normalise(parsed: Parsed, path: Path, source: Source, fmt: str,
+               first_id: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     columns = set().union(*(r.keys() for r in parsed.rows[:1000])) if parsed.rows else set()
     if parsed.rows and source.text_column not in columns:
-        raise DataError(f"{path}: no text column '{source.text_column}' (columns found: {', '.join(map(str, sorted(columns)))}); "
-                        "set source.text_column, or --text-column with --source")
+        raise DataError(f"{path}: no text column '{source.text_column}' (columns found: "
+                        f"{', '.join(map(str, sorted(columns)))}); set source.text_column, or --text-column with "
+                        f"--source")
     with_labels = labelled(source, fmt)
     if parsed.rows and with_labels and source.label_column not in columns:
-        raise DataError(f"{path}: no label column '{source.label_column}' (columns found: {', '.join(map(str, sorted(columns)))})")
+        raise DataError(f"{path}: no label column '{source.label_column}' (columns found: "
+                        f"{', '.join(map(str, sorted(columns)))})")
     ids, lines, texts, labels, bad = [], [], [], [], list(parsed.bad)
     for row, line in zip(parsed.rows, parsed.lines):
         text = row.get(source.text_column)
@@ -265,10 +273,12 @@ def _normalise(parsed: Parsed, path: Path, source: Source, fmt: str, first_id: i
         texts.append(str(text))
         if with_labels:
             labels.append(str(label).strip())
-    out = pd.DataFrame({"id": pd.Series(ids, dtype="int64"), "line": pd.Series(lines, dtype="int64"), "text": pd.Series(texts, dtype="string")})
+    out = pd.DataFrame({"id": pd.Series(ids, dtype="int64"), "line": pd.Series(lines, dtype="int64"),
+                        "text": pd.Series(texts, dtype="string")})
     if with_labels:
         out["label"] = pd.Series(labels, dtype="string")
-    quarantine = pd.DataFrame(sorted(bad, key=lambda b: b["line"]), columns=list(QUARANTINE_COLUMNS)).astype(QUARANTINE_COLUMNS)
+    quarantine = pd.DataFrame(sorted(bad, key=lambda b: b["line"]),
+                              columns=list(QUARANTINE_COLUMNS)).astype(QUARANTINE_COLUMNS)
     return out, quarantine
 
 

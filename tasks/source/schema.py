@@ -75,7 +75,8 @@ class Source(Section):
             return {"": self}
         parts = {"train": self.model_copy(update={"splits": {}})}
         for name, split in self.splits.items():
-            parts[name] = self.model_copy(update={"path": split.path, "url": split.url, "sha256": split.sha256, "splits": {}})
+            parts[name] = self.model_copy(update={"path": split.path, "url": split.url, "sha256": split.sha256,
+                                                  "splits": {}})
         return parts
 
     @model_validator(mode="after")
@@ -83,10 +84,11 @@ class Source(Section):
         if not self.path and not self.url:
             raise ValueError("source needs `path` or `url`")
         if self.partitioned and (self.sha256 or self.url or self.splits):
-            raise ValueError("source.path is a folder or glob, or grows by appends (a partition per file or per append): "
-                             "it takes no sha256, url or splits (each partition is keyed by its own sha256)")
+            raise ValueError("source.path is a folder or glob, or grows by appends (a partition per file or per "
+                             "append): it takes no sha256, url or splits (each partition is keyed by its own sha256)")
         if self.grows == "append" and self.path and (any(c in self.path for c in "*?[") or self.path.endswith("/")):
-            raise ValueError("source.grows: append is for one file that grows; a folder or glob is partitioned by file already")
+            raise ValueError("source.grows: append is for one file that grows; a folder or glob is partitioned by file "
+                             "already")
         return self
 
     @property
@@ -108,7 +110,8 @@ class Source(Section):
         files = sorted(p for p in (base.glob("*") if self.path.endswith("/") else base.parent.glob(base.name))
                        if p.is_file() and not p.name.startswith("."))
         if not files:
-            raise DataError(f"source.path {self.path}: no files match (expected one file per partition, e.g. data/raw/reviews/*.csv)")
+            raise DataError(f"source.path {self.path}: no files match (expected one file per partition, e.g. "
+                            f"data/raw/reviews/*.csv)")
         return [Partition(p.name, p) for p in files]
 
     def partition(self, part: "Partition", shown: Path) -> "Source":
@@ -127,7 +130,8 @@ class Partition:
     path: Path
     byte_range: tuple[int, int] | None = None
     digest: str | None = None  # the range's sha256 (a file's is computed when asked)
-    export_sha256: str | None = None  # a snapshot's new version: the export it was found in (recorded when a run starts)
+    # a snapshot's new version: the export it was found in (recorded when a run starts)
+    export_sha256: str | None = None
 
     def fingerprint(self) -> str:
         if self.digest is None:
@@ -145,12 +149,12 @@ def append_partitions(path: Path, appended: list[dict]) -> list[Partition]:
         for i, seen in enumerate(appended):
             end = int(seen["end"])
             if end > size:
-                raise DataError(f"{path}: the file is shorter ({size} bytes) than at an earlier run ({end} bytes); source.grows: "
-                                "append takes a file that only grows")
+                raise DataError(f"{path}: the file is shorter ({size} bytes) than at an earlier run ({end} bytes); "
+                                f"source.grows: append takes a file that only grows")
             digest = _range_sha256(f, start, end)
             if digest != seen["sha256"]:
-                raise DataError(f"{path}: bytes {start}-{end} differ from an earlier run's; source.grows: append takes a file "
-                                "that only grows at its end (set grows: no to read it as a new corpus)")
+                raise DataError(f"{path}: bytes {start}-{end} differ from an earlier run's; source.grows: append takes "
+                                f"a file that only grows at its end (set grows: no to read it as a new corpus)")
             parts.append(Partition(f"{path.name}@{i:04d}", path, (start, end), digest))
             start = end
         if size > start:
@@ -158,7 +162,8 @@ def append_partitions(path: Path, appended: list[dict]) -> list[Partition]:
             tail = f.read(size - start)
             cut = tail.rfind(b"\n") + 1  # complete lines only: a line being written waits for the next run
             if cut:
-                parts.append(Partition(f"{path.name}@{len(parts):04d}", path, (start, start + cut), hashlib.sha256(tail[:cut]).hexdigest()))
+                parts.append(Partition(f"{path.name}@{len(parts):04d}", path, (start, start + cut),
+                                       hashlib.sha256(tail[:cut]).hexdigest()))
     if not parts:
         raise DataError(f"{path}: no complete line to read")
     return parts

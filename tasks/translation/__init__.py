@@ -8,26 +8,30 @@ from typing import Any
 from tasks.graph import SEGMENT, SELECTS, SPLITS, TRAINS, Output, Stage, Starter, TaskKind, graph
 
 STAGES = graph(
-    Stage("download", (), "tasks.translation.download", "find or fetch the sentence pairs (tab-separated or JSON lines), verify sha256, read them",
+    Stage("download", (), "tasks.translation.download", "find or fetch the sentence pairs (tab-separated or JSON "
+          "lines), verify sha256, read them",
           "rows_raw", (Output("data.parquet", "frame"),)),
     Stage("clean", ("download",), "tasks.translation.clean",
-          "both sides normalised (t2s on the Chinese side); quarantine empty, over-long, misaligned and repeated pairs", "rows_dropped",
-          (Output("data.parquet", "frame"),), checked=True),
+          "both sides normalised (t2s on the Chinese side); quarantine empty, over-long, misaligned and repeated pairs",
+          "rows_dropped", (Output("data.parquet", "frame"),), checked=True),
     Stage("split", ("clean",), "tasks.translation.split",
-          "pairs that share a side (or differ only in punctuation) kept on one side of every split line", "groups", (SPLITS,)),
+          "pairs that share a side (or differ only in punctuation) kept on one side of every split line", "groups",
+          (SPLITS,)),
     SEGMENT,  # characters and jieba words of the Chinese side
     Stage("profile", ("segment",), "tasks.translation.profile",
-          "sentence lengths of both sides, their ratio, frequent tokens, example pairs, report.html", "suggested_max_len",
-          (Output("stats.json", "json"),)),
+          "sentence lengths of both sides, their ratio, frequent tokens, example pairs, report.html",
+          "suggested_max_len", (Output("stats.json", "json"),)),
     Stage("augment", ("segment",), "tasks.translation.augment", "the train pairs as they are", "rows_added",
           (Output("train.parquet", "frame"), Output("train.words.txt", "text"))),
-    Stage("vocab", ("augment", "segment"), "tasks.translation.vocab", "Chinese (characters or words) and English vocabularies, OOV rates",
+    Stage("vocab", ("augment", "segment"), "tasks.translation.vocab",
+          "Chinese (characters or words) and English vocabularies, OOV rates",
           "zh_vocab_size", (Output("zh/vocab.txt", "vocabulary"), Output("en/vocab.txt", "vocabulary"))),
     Stage("train", ("augment", "segment", "vocab"), "tasks.translation.train",
-          "the translators in train.models (seq2seq, seq2seq_attention, transformer_mt), in train.direction", "transformer_mt_val_bleu",
-          (Output("models.json", "json"),), models=TRAINS),
+          "the translators in train.models (seq2seq, seq2seq_attention, transformer_mt), in train.direction",
+          "transformer_mt_val_bleu", (Output("models.json", "json"),), models=TRAINS),
     Stage("evaluate", ("train", "segment"), "tasks.translation.evaluate",
-          "validation BLEU picks the best translator; test BLEU and chrF (sacrebleu), BLEU by length, attention maps; registers the best",
+          "validation BLEU picks the best translator; test BLEU and chrF (sacrebleu), BLEU by length, attention maps; "
+          "registers the best",
           "best_test_bleu", (Output("comparison.csv", "csv"),), models=SELECTS),
 )
 
@@ -37,10 +41,12 @@ def check(config: Any) -> None:
     if config.source.partitioned:
         raise ValueError("source.path: task translation reads one file of pairs, not a folder or glob of partitions")
     if config.source.splits:
-        raise ValueError("source.splits (given validation/test files) is for task ner; task translation splits its pairs itself")
+        raise ValueError("source.splits (given validation/test files) is for task ner; task translation splits its "
+                         "pairs itself")
     augment = config.stages.augment
     if augment.method != "none":
-        raise ValueError(f"augment.method {augment.method!r}: task translation takes none (a pair needs both sides rewritten alike)")
+        raise ValueError(f"augment.method {augment.method!r}: task translation takes none (a pair needs both sides "
+                         f"rewritten alike)")
 
 
 # `zhpipe init --pairs FILE`: the starter pipelines.yaml
@@ -52,7 +58,8 @@ pipelines:
     task: translation
     source:
       path: {path}
-{sha256}      format: {format}             # tsv: one pair per line, fields in download.columns order; jsonl: {{"zh": ..., "en": ...}}
+{sha256}      # tsv: one pair per line, fields in download.columns order; jsonl: {{"zh": ..., "en": ...}}
+      format: {format}
     stages:
       download: {{columns: {columns}}}
       clean: {{traditional_to_simplified: true}}
@@ -62,10 +69,13 @@ pipelines:
 """
 STARTER = Starter("pairs", "Chinese-English sentence pairs: tab-separated or JSON lines (task translation)", TEMPLATE,
                   format_of=lambda path: "jsonl" if path.suffix in (".jsonl", ".json") else "tsv",
-                  options=(("--columns", "en,zh", "with --pairs, tab-separated: the fields of a line in order (default en,zh)"),))
+                  options=(("--columns", "en,zh", "with --pairs, tab-separated: the fields of a line in order (default "
+                            "en,zh)"),))
 
 
-KIND = TaskKind("translation", "sentence pairs: seq2seq translators, BLEU and chrF", STAGES, metric=lambda config: "bleu",
-                serving="tasks.translation.serving", models="tasks.translation.models", scored=("en",), shown=(("test BLEU", "best_test_bleu"),),
+KIND = TaskKind("translation", "sentence pairs: seq2seq translators, BLEU and chrF", STAGES,
+                metric=lambda config: "bleu",
+                serving="tasks.translation.serving", models="tasks.translation.models", scored=("en",),
+                shown=(("test BLEU", "best_test_bleu"),),
                 reported=("test_bleu", "test_chrf"), flavour="translator", labelled=False,
                 default_models=("seq2seq", "seq2seq_attention", "transformer_mt"), check=check, starter=STARTER)

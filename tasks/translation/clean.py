@@ -53,6 +53,7 @@ def build(ctx: BuildContext) -> BuildOutput:
     write_parquet(kept, ctx.out / "data.parquet")
     write_parquet(quarantine, ctx.out / "quarantine.parquet")
     reasons = quarantine["reason"].value_counts().to_dict()
-    metrics = {"rows_in": len(df), "rows_kept": len(kept), "rows_dropped": len(quarantine)} | {f"dropped_{k}": v for k, v in reasons.items()}
+    metrics = {"rows_in": len(df), "rows_kept": len(kept),
+               "rows_dropped": len(quarantine)} | {f"dropped_{k}": v for k, v in reasons.items()}
     return BuildOutput(rows=len(kept), metrics=metrics,
                        tables={"quarantine_sample.json": quarantine.head(1000).astype(str)} if len(quarantine) else {})

@@ -16,7 +16,15 @@ from tasks.errors import DataError
 from tasks.io import ROW_GROUP_ROWS, PartWriter
 from tasks.source.archives import ARCHIVES, extract
 from tasks.source.fetch import FetchParams, locate
-from tasks.source.readers import HEAD_BYTES, QUARANTINE_COLUMNS, detect_encoding, empty_quarantine, jsonl_records, line_batches, no_rows
+from tasks.source.readers import (
+    HEAD_BYTES,
+    QUARANTINE_COLUMNS,
+    detect_encoding,
+    empty_quarantine,
+    jsonl_records,
+    line_batches,
+    no_rows,
+)
 from tasks.source.schema import Source
 from tasks.urls import redact
 
@@ -63,9 +71,11 @@ def pair_rows(lines: list[str], first_line: int, fmt: str, p: Params) -> tuple[l
 
 
 def pair_format(path, source: Source) -> str:
-    fmt = source.format if source.format != "auto" else {".jsonl": "jsonl", ".json": "jsonl"}.get(path.suffix.lower(), "tsv")
+    fmt = source.format if source.format != "auto" else {".jsonl": "jsonl",
+                                                         ".json": "jsonl"}.get(path.suffix.lower(), "tsv")
     if fmt not in ("tsv", "jsonl"):
-        raise DataError(f"{path}: task translation reads tab-separated pairs (tsv) or JSON lines (jsonl), not {fmt} (source.format)")
+        raise DataError(f"{path}: task translation reads tab-separated pairs (tsv) or JSON lines (jsonl), not {fmt} "
+                        f"(source.format)")
     return fmt
 
 
@@ -76,7 +86,8 @@ def build(ctx: BuildContext) -> BuildOutput:
     if p.zh_field not in p.columns and pair_format_of(source) == "tsv":
         raise DataError(f"download.zh_field {p.zh_field!r} is not one of download.columns {p.columns}")
     raw, sha = locate(source, ctx.root, ctx.store.downloads, p, ctx.store.expect(source))
-    data_file = extract(raw, ctx.scratch / "extracted", source.member, p) if raw.name.lower().endswith(ARCHIVES) else raw
+    data_file = extract(raw, ctx.scratch / "extracted", source.member,
+                        p) if raw.name.lower().endswith(ARCHIVES) else raw
     fmt = pair_format(data_file, source)
     if source.encoding == "auto":
         with open(data_file, "rb") as f:
@@ -105,11 +116,15 @@ def build(ctx: BuildContext) -> BuildOutput:
     data.close()
     bad.close(empty_quarantine())
     if bad.rows:
-        log.warning("download: %d of %d lines quarantined (%s); see quarantine.parquet", bad.rows, rows + bad.rows, dict(reasons))
-    facts = Facts(source_sha256=sha, source_file=redact(str(raw) if raw.is_relative_to(ctx.root) else raw.name), labelled=False)
-    return BuildOutput(rows=rows, metrics={"rows_raw": rows, "rows_quarantined": bad.rows, "lines_physical": line}, facts=facts)
+        log.warning("download: %d of %d lines quarantined (%s); see quarantine.parquet", bad.rows, rows + bad.rows,
+                    dict(reasons))
+    facts = Facts(source_sha256=sha, source_file=redact(str(raw) if raw.is_relative_to(ctx.root) else raw.name),
+                  labelled=False)
+    return BuildOutput(rows=rows, metrics={"rows_raw": rows, "rows_quarantined": bad.rows, "lines_physical": line},
+                       facts=facts)
 
 
 def pair_format_of(source: Source) -> str:
     path = source.path or source.url or ""
-    return "jsonl" if source.format == "jsonl" or (source.format == "auto" and path.lower().endswith((".jsonl", ".json"))) else "tsv"
+    return "jsonl" if source.format == "jsonl" or (source.format == "auto"
+                                                   and path.lower().endswith((".jsonl", ".json"))) else "tsv"

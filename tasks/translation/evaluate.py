@@ -55,7 +55,8 @@ def worst_translations(frame: pd.DataFrame, src_lang: str, refs: list[str], hyps
 
     chrf = CHRF()
     scores = [chrf.sentence_score(h, [r]).score for h, r in zip(hyps, refs)]
-    table = pd.DataFrame({"id": frame["id"].to_numpy(), "source": frame["text" if src_lang == "zh" else "en"].astype(str).to_numpy(),
+    table = pd.DataFrame({"id": frame["id"].to_numpy(), "source": frame["text" if src_lang == "zh"
+                                                                        else "en"].astype(str).to_numpy(),
                           "reference": refs, "translation": hyps, "chrf": np.round(scores, 2)})
     return table.sort_values(["chrf", "id"], kind="stable").head(k).reset_index(drop=True)
 
@@ -96,21 +97,24 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     buckets.to_csv(folder / "bleu_by_length.csv", index=False)
     worst = worst_translations(test, src_lang, refs, hyps, p.worst)
     worst.to_csv(folder / "worst_translations.csv", index=False)
-    pd.DataFrame({"id": test["id"], "reference": refs, "translation": hyps}).to_csv(folder / "translations.csv", index=False)
-    picked = test.iloc[np.argsort([abs(n - 8) for n in lengths], kind="stable")[: p.heat_maps]]  # mid-length sentences read best
+    pd.DataFrame({"id": test["id"], "reference": refs, "translation": hyps}).to_csv(folder / "translations.csv",
+                                                                                    index=False)
+    # mid-length sentences read best
+    picked = test.iloc[np.argsort([abs(n - 8) for n in lengths], kind="stable")[: p.heat_maps]]
     if p.heat_maps and len(picked):
         use_font(require_cjk_font(None))
         maps = translate(picked, attention=True)
         src_tokens = side_tokens(picked, src_lang, translate.zh_tokens)
-        plot_attention([(s, t.tokens + ["[SEP]"], t.attention) for s, t in zip(src_tokens, maps)], f"{name}: attention (test sentences)",
-                       folder / "attention.png")
+        plot_attention([(s, t.tokens + ["[SEP]"], t.attention) for s, t in zip(src_tokens, maps)],
+                       f"{name}: attention (test sentences)", folder / "attention.png")
     plot_training_curves(summary.get("history", []), f"{name}: training", folder / "training_curves.png")
     metrics = {"test_bleu": scores["bleu"], "test_chrf": scores["chrf"]}
     metrics |= {f"test_bleu_len_{row.source_tokens.replace('+', 'plus')}": row.bleu for row in buckets.itertuples()}
     facts = {**metrics, "bleu_signature": scores["bleu_signature"], "chrf_signature": scores["chrf_signature"]}
     (folder / "metrics.json").write_text(json.dumps(facts, indent=2), encoding="utf-8")
     return BuildOutput(rows=len(test), metrics=metrics, artifacts=["evaluation"],
-                       tags={"zhpipe.bleu_signature": scores["bleu_signature"], "zhpipe.chrf_signature": scores["chrf_signature"]},
+                       tags={"zhpipe.bleu_signature": scores["bleu_signature"],
+                             "zhpipe.chrf_signature": scores["chrf_signature"]},
                        facts=Facts(labels=[], model=name, results=metrics, summary=summary),
                        tables={"worst_translations.json": worst.astype(str), "bleu_by_length.json": buckets})
 
@@ -119,8 +123,10 @@ def build(ctx: BuildContext) -> BuildOutput:
     """Compare the scored translators: `comparison.csv`; the best is the best by validation BLEU."""
     units = by_model(ctx.facts)
     results = {name: facts.results for name, facts in units.items()}
-    rows = [{"model": name, "val_bleu": units[name].summary["val_bleu"], "test_bleu": r["test_bleu"], "test_chrf": r["test_chrf"],
-             "parameters": units[name].summary.get("parameters"), "train_seconds": round(units[name].summary["seconds"], 1)}
+    rows = [{"model": name, "val_bleu": units[name].summary["val_bleu"], "test_bleu": r["test_bleu"],
+             "test_chrf": r["test_chrf"],
+             "parameters": units[name].summary.get("parameters"),
+             "train_seconds": round(units[name].summary["seconds"], 1)}
             for name, r in results.items()]
     table = pd.DataFrame(rows).sort_values("val_bleu", ascending=False, kind="stable")
     table.to_csv(ctx.out / "comparison.csv", index=False)
@@ -128,6 +134,7 @@ def build(ctx: BuildContext) -> BuildOutput:
     (ctx.out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
     best = table.iloc[0]["model"]
     return BuildOutput(rows=None, artifacts=["comparison.csv", "comparison.md"],
-                       metrics={f"{m}_{k}": v for m, r in results.items() for k, v in r.items() if k in ("test_bleu", "test_chrf")}
+                       metrics={f"{m}_{k}": v for m, r in results.items() for k,
+                                v in r.items() if k in ("test_bleu", "test_chrf")}
                        | {"best_test_bleu": results[best]["test_bleu"]},
                        facts=Facts(labels=[], results=results, best_model=best))

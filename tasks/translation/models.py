@@ -20,7 +20,8 @@ from tasks.models.base import ModelSpec, TrainInputs
 from tasks.translation.text import detokenize, side_tokens, sides
 
 # the `train` section's shared settings a translator reads (its own section has its epochs)
-SHARED = ("direction", "patience", "weight_decay", "warmup_ratio", "grad_clip", "grad_accum", "device", "precision", "seed")
+SHARED = ("direction", "patience", "weight_decay", "warmup_ratio", "grad_clip", "grad_accum", "device", "precision",
+          "seed")
 BOS, EOS = "[CLS]", "[SEP]"  # the vocabularies' specials that start and end a target sentence
 
 
@@ -103,8 +104,10 @@ class Vocabs:
     def encode(self, frame: pd.DataFrame, max_len: int, targets: bool = True) -> Pairs:
         src_stoi = {t: i for i, t in enumerate(self.src_itos)}
         tgt_stoi = {t: i for i, t in enumerate(self.tgt_itos)}
-        src = [[src_stoi.get(t, 1) for t in row[:max_len]] or [1] for row in side_tokens(frame, self.src_lang, self.zh_tokens)]
-        tgt = ([[self.bos, *(tgt_stoi.get(t, 1) for t in row[: max_len - 1]), self.eos] for row in side_tokens(frame, self.tgt_lang, self.zh_tokens)]
+        src = [[src_stoi.get(t, 1) for t in row[:max_len]] or [1]
+               for row in side_tokens(frame, self.src_lang, self.zh_tokens)]
+        tgt = ([[self.bos, *(tgt_stoi.get(t, 1) for t in row[: max_len - 1]), self.eos]
+                for row in side_tokens(frame, self.tgt_lang, self.zh_tokens)]
                if targets else [])
         return Pairs(src, tgt)
 
@@ -117,11 +120,13 @@ def build_network(name: str, section: Any, vocabs: Vocabs):
     from tasks.translation.seq2seq_nets import GRUSeq2Seq, Seq2SeqConfig, TransformerMT, TransformerMTConfig
 
     if name == "transformer_mt":
-        config = TransformerMTConfig(len(vocabs.src_itos), len(vocabs.tgt_itos), section.d_model, section.num_heads, section.num_encoder_layers,
-                                     section.num_decoder_layers, section.ff_dim, section.dropout, max_len=section.max_len + 2)
+        config = TransformerMTConfig(len(vocabs.src_itos), len(vocabs.tgt_itos), section.d_model, section.num_heads,
+                                     section.num_encoder_layers,
+                                     section.num_decoder_layers, section.ff_dim, section.dropout,
+                                     max_len=section.max_len + 2)
         return TransformerMT(config), config
-    config = Seq2SeqConfig(len(vocabs.src_itos), len(vocabs.tgt_itos), section.embed_dim, section.hidden_size, section.num_layers,
-                           section.dropout, attention=name != "seq2seq")
+    config = Seq2SeqConfig(len(vocabs.src_itos), len(vocabs.tgt_itos), section.embed_dim, section.hidden_size,
+                           section.num_layers, section.dropout, attention=name != "seq2seq")
     return GRUSeq2Seq(config), config
 
 
@@ -162,12 +167,14 @@ def mean_loss(model, pairs: Pairs, batch_size: int = 128) -> float:
     for _, batch in pair_batches(pairs, batch_size):
         batch = {k: v.to(device) for k, v in batch.items()}
         logits = model(batch["src"], batch["tgt_in"]).float()
-        total += F.cross_entropy(logits.reshape(-1, logits.size(-1)), batch["tgt_out"].reshape(-1), ignore_index=0, reduction="sum").item()
+        total += F.cross_entropy(logits.reshape(-1, logits.size(-1)), batch["tgt_out"].reshape(-1), ignore_index=0,
+                                 reduction="sum").item()
         count += (batch["tgt_out"] != 0).sum().item()
     return total / max(count, 1)
 
 
-def translate_ids(model, src: list[list[int]], bos: int, eos: int, decode: DecodeParams, beam: int | None = None) -> list[list[int]]:
+def translate_ids(model, src: list[list[int]], bos: int, eos: int, decode: DecodeParams,
+                  beam: int | None = None) -> list[list[int]]:
     """Target ids per source (in the given order), decoded in length-sorted batches."""
     import torch
 
@@ -183,7 +190,8 @@ def translate_ids(model, src: list[list[int]], bos: int, eos: int, decode: Decod
             chunk = order[i : i + decode.batch_size]
             x = pad(src, chunk).to(device)
             limit = min(decode.max_len, int(x.size(1) * 2 + 10))
-            rows = greedy(model, x, bos, eos, limit)[0] if beam == 1 else beam_search(model, x, bos, eos, limit, beam, decode.length_penalty)
+            rows = greedy(model, x, bos, eos, limit)[0] if beam == 1 else beam_search(model, x, bos, eos, limit, beam,
+                                                                                      decode.length_penalty)
             for j, row in zip(chunk, rows):
                 out[j] = row
     return out
@@ -201,23 +209,29 @@ def train_translator(inputs: TrainInputs) -> dict:
     train, validation = vocabs.encode(inputs.train, p.max_len), vocabs.encode(inputs.validation, p.max_len)
     seed_everything(params.seed)
     model, config = build_network(inputs.name, p, vocabs)
-    task = Task(lambda rng: pair_batches(train, p.train_batch_size, rng), steps_per_epoch=-(-len(train.src) // p.train_batch_size),
-                loss=lambda m, b: sequence_loss(m, b, p.label_smoothing), validate=lambda m: {"val_loss": mean_loss(m, validation)})
+    task = Task(lambda rng: pair_batches(train, p.train_batch_size, rng),
+                steps_per_epoch=-(-len(train.src) // p.train_batch_size),
+                loss=lambda m, b: sequence_loss(m, b, p.label_smoothing),
+                validate=lambda m: {"val_loss": mean_loss(m, validation)})
     overrides = {"epochs": p.epochs, "monitor": "val_loss", "mode": "min"}
     if hasattr(p, "warmup_ratio"):
         overrides["warmup_ratio"] = p.warmup_ratio
-    result = fit(inputs.name, model, task, LoopConfig.from_train(params, lr=p.lr, **overrides), inputs.scratch, inputs.sink)
+    result = fit(inputs.name, model, task, LoopConfig.from_train(params, lr=p.lr, **overrides), inputs.scratch,
+                 inputs.sink)
     folder = inputs.out / inputs.name
     folder.mkdir()
-    saved = {"network": "transformer" if inputs.name == "transformer_mt" else "gru", "config": asdict(config), "state_dict": model.state_dict(),
-             "direction": vocabs.direction, "zh_tokens": vocabs.zh_tokens, "src_vocab": vocabs.src_itos, "tgt_vocab": vocabs.tgt_itos,
+    saved = {"network": "transformer" if inputs.name == "transformer_mt" else "gru", "config": asdict(config),
+             "state_dict": model.state_dict(),
+             "direction": vocabs.direction, "zh_tokens": vocabs.zh_tokens, "src_vocab": vocabs.src_itos,
+             "tgt_vocab": vocabs.tgt_itos,
              "decode": DecodeParams(**p.model_dump(include=set(DecodeParams.model_fields))).model_dump()}
     torch.save(saved, folder / "model.pt")
     hypotheses = [vocabs.text(ids) for ids in translate_ids(model, validation.src, vocabs.bos, vocabs.eos, p)]
     references = inputs.validation[vocabs.tgt_lang if vocabs.tgt_lang == "en" else "text"].astype(str).tolist()
     scores = corpus_scores(hypotheses, references, vocabs.tgt_lang)
     best = result.history[result.best_epoch - 1]
-    return {"path": inputs.name, "kind": "translator", "seconds": result.seconds, "history": result.history, "best_epoch": result.best_epoch,
+    return {"path": inputs.name, "kind": "translator", "seconds": result.seconds, "history": result.history,
+            "best_epoch": result.best_epoch,
             "resumed_from_epoch": result.resumed_from_epoch, "device": result.device, "precision": result.precision,
             "samples_per_second": result.samples_per_second, "parameters": sum(w.numel() for w in model.parameters()),
             "val_loss": best["val_loss"],
@@ -268,9 +282,10 @@ def load_translator(folder: Path, device: str = "auto") -> TranslatorFn:
         try:
             with torch.no_grad():
                 for row in src:  # one at a time: every map keeps its own length
-                    ids, maps = greedy(model, pad([row], np.array([0])).to(next(model.parameters()).device), vocabs.bos, vocabs.eos,
-                                       decode.max_len, attention=True)
-                    out.append(Translation(vocabs.text(ids[0]), [vocabs.tgt_itos[i] for i in ids[0]], maps[0] if maps else None))
+                    ids, maps = greedy(model, pad([row], np.array([0])).to(next(model.parameters()).device), vocabs.bos,
+                                       vocabs.eos, decode.max_len, attention=True)
+                    out.append(Translation(vocabs.text(ids[0]), [vocabs.tgt_itos[i] for i in ids[0]],
+                                           maps[0] if maps else None))
         finally:
             if hasattr(model, "record_attention"):
                 model.record_attention(False)
@@ -280,10 +295,15 @@ def load_translator(folder: Path, device: str = "auto") -> TranslatorFn:
     return translate
 
 
-SEQ2SEQ = ModelSpec("seq2seq", GRUParams, train_translator, translator=load_translator, task="translation", shared=SHARED,
+SEQ2SEQ = ModelSpec("seq2seq", GRUParams, train_translator, translator=load_translator, task="translation",
+                    shared=SHARED,
                     about="GRU encoder-decoder, no attention: the decoder sees the encoder's summary vector only")
-SEQ2SEQ_ATTENTION = ModelSpec("seq2seq_attention", AttentionParams, train_translator, translator=load_translator, task="translation",
-                              shared=SHARED, about="GRU encoder-decoder with Bahdanau (additive) attention over the encoder's states")
-TRANSFORMER_MT = ModelSpec("transformer_mt", TransformerParams, train_translator, translator=load_translator, task="translation",
-                           shared=SHARED, about="Transformer encoder-decoder, sinusoidal positions, label smoothing, beam search")
+SEQ2SEQ_ATTENTION = ModelSpec("seq2seq_attention", AttentionParams, train_translator, translator=load_translator,
+                              task="translation",
+                              shared=SHARED, about="GRU encoder-decoder with Bahdanau (additive) attention over the "
+                              "encoder's states")
+TRANSFORMER_MT = ModelSpec("transformer_mt", TransformerParams, train_translator, translator=load_translator,
+                           task="translation",
+                           shared=SHARED, about="Transformer encoder-decoder, sinusoidal positions, label smoothing, "
+                           "beam search")
 SPECS = (SEQ2SEQ, SEQ2SEQ_ATTENTION, TRANSFORMER_MT)  # what the kind registers (tasks.models.MODELS)

@@ -40,7 +40,8 @@ class Memory:
     summary: torch.Tensor  # (batch, hidden) the encoder's final states, projected: the context without attention
 
     def repeat(self, k: int) -> "Memory":
-        return Memory(self.states.repeat_interleave(k, 0), self.mask.repeat_interleave(k, 0), self.summary.repeat_interleave(k, 0))
+        return Memory(self.states.repeat_interleave(k, 0), self.mask.repeat_interleave(k, 0),
+                      self.summary.repeat_interleave(k, 0))
 
 
 class BahdanauAttention(nn.Module):
@@ -82,7 +83,8 @@ class GRUSeq2Seq(nn.Module):
     def encode(self, src: torch.Tensor) -> Memory:
         mask = src != PAD
         lengths = mask.sum(1).clamp(min=1).cpu()
-        packed = nn.utils.rnn.pack_padded_sequence(self.dropout(self.src_embedding(src)), lengths, batch_first=True, enforce_sorted=False)
+        packed = nn.utils.rnn.pack_padded_sequence(self.dropout(self.src_embedding(src)), lengths, batch_first=True,
+                                                   enforce_sorted=False)
         outputs, last = self.encoder(packed)
         states, _ = nn.utils.rnn.pad_packed_sequence(outputs, batch_first=True, total_length=src.size(1))
         summary = torch.tanh(self.bridge(torch.cat([last[-2], last[-1]], dim=1)))  # top layer, both directions
@@ -157,14 +159,17 @@ class TransformerMT(nn.Module):
         self.src_embedding = nn.Embedding(config.src_vocab, d, padding_idx=PAD)
         self.tgt_embedding = nn.Embedding(config.tgt_vocab, d, padding_idx=PAD)
         self.register_buffer("positions", sinusoidal_positions(config.max_len, d), persistent=False)
-        layer = nn.TransformerEncoderLayer(d, config.num_heads, config.ff_dim, config.dropout, batch_first=True, norm_first=True)
+        layer = nn.TransformerEncoderLayer(d, config.num_heads, config.ff_dim, config.dropout, batch_first=True,
+                                           norm_first=True)
         # nested tensors do not apply to pre-norm layers: asked for, they only warn
         encoder = nn.TransformerEncoder(layer, config.num_encoder_layers, nn.LayerNorm(d), enable_nested_tensor=False)
-        self.transformer = nn.Transformer(d, config.num_heads, config.num_encoder_layers, config.num_decoder_layers, config.ff_dim,
+        self.transformer = nn.Transformer(d, config.num_heads, config.num_encoder_layers, config.num_decoder_layers,
+                                          config.ff_dim,
                                           config.dropout, custom_encoder=encoder, batch_first=True, norm_first=True)
         self.dropout = nn.Dropout(config.dropout)
         self.out = nn.Linear(d, config.tgt_vocab, bias=False)
-        for embedding in (self.src_embedding, self.tgt_embedding):  # N(0, 1/d): times sqrt(d), unit variance (Vaswani et al.)
+        # N(0, 1/d): times sqrt(d), unit variance (Vaswani et al.)
+        for embedding in (self.src_embedding, self.tgt_embedding):
             nn.init.normal_(embedding.weight, std=d**-0.5)
             with torch.no_grad():
                 embedding.weight[PAD].zero_()
@@ -184,7 +189,8 @@ class TransformerMT(nn.Module):
 
     def _decode(self, memory: Memory, tgt_in: torch.Tensor) -> torch.Tensor:
         causal = nn.Transformer.generate_square_subsequent_mask(tgt_in.size(1), device=tgt_in.device, dtype=torch.bool)
-        hidden = self.transformer.decoder(self._embed(self.tgt_embedding, tgt_in), memory.states, tgt_mask=causal, tgt_is_causal=True,
+        hidden = self.transformer.decoder(self._embed(self.tgt_embedding, tgt_in), memory.states, tgt_mask=causal,
+                                          tgt_is_causal=True,
                                           tgt_key_padding_mask=tgt_in == PAD, memory_key_padding_mask=~memory.mask)
         return self.out(hidden)
 
@@ -248,7 +254,8 @@ def greedy(model: nn.Module, src: torch.Tensor, bos: int, eos: int, max_len: int
     if not attention or not maps:
         return rows, None
     stacked = torch.stack(maps, dim=1)  # (batch, steps, source)
-    return rows, [stacked[i, : len(r) + 1, : int(memory.mask[i].sum())].detach().cpu().numpy() for i, r in enumerate(rows)]
+    return rows, [stacked[i, : len(r) + 1, : int(memory.mask[i].sum())].detach().cpu().numpy() for i,
+                  r in enumerate(rows)]
 
 
 def beam_search(model: nn.Module, src: torch.Tensor, bos: int, eos: int, max_len: int, beam: int = 4,

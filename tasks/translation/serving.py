@@ -53,7 +53,8 @@ class Served:
         out: list[str | None] = [None] * len(texts)
         if usable:
             picked = [texts[i] for i in usable]
-            frame = pd.DataFrame({"text": picked, **self.segmenter.rows(picked)}) if self.segmenter else pd.DataFrame({"en": picked})
+            frame = pd.DataFrame({"text": picked,
+                                  **self.segmenter.rows(picked)}) if self.segmenter else pd.DataFrame({"en": picked})
             for i, t in zip(usable, self.translator(frame)):
                 out[i] = t.text
         return pd.DataFrame({"translation": pd.Series(out, dtype="string"), "status": statuses})
@@ -75,4 +76,5 @@ def outcomes(served: Served, ask: Callable[[list[str]], pd.DataFrame], test: pd.
     return Outcomes("bleu", metric, {"stats": stats}, {"length": length_buckets(texts)}, tokenize=tokenize)
 
 
-SHOWN = Shown("translation", ("translation",), found=lambda out: f"translations: {int(out['translation'].notna().sum())}")
+SHOWN = Shown("translation", ("translation",), found=lambda out: f"translations: "
+              f"{int(out['translation'].notna().sum())}")

@@ -39,8 +39,8 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
                           f"{', '.join(n for n, s in MODELS.items() if s.task == 'translation')}")
     data = pd.read_parquet(ctx.file("augment", "train.parquet"), columns=COLUMNS)
     validation = pd.read_parquet(ctx.file("segment", "validation.parquet"), columns=COLUMNS)
-    summary = spec.train(TrainInputs(name, data, validation, [], spec.view(ctx.params), ctx.inputs["vocab"], None, ctx.out,
-                                     ctx.scratch, ctx.sink))
+    summary = spec.train(TrainInputs(name, data, validation, [], spec.view(ctx.params), ctx.inputs["vocab"], None,
+                                     ctx.out, ctx.scratch, ctx.sink))
     names = {"val_bleu": "val_bleu", "val_chrf": "val_chrf", "val_loss": "val_loss_best", "seconds": "train_seconds",
              "samples_per_second": "median_samples_per_second"}
     return BuildOutput(rows=len(data), metrics={new: summary[old] for old, new in names.items() if old in summary},

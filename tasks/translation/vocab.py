@@ -35,9 +35,11 @@ def build(ctx: BuildContext) -> BuildOutput:
         itos = build_vocab(counts, p)
         (ctx.out / lang).mkdir()
         (ctx.out / lang / "vocab.txt").write_text("".join(f"{t}\n" for t in itos), encoding="utf-8")
-        pd.DataFrame(counts.most_common(), columns=["token", "count"]).to_csv(ctx.out / lang / "freq.tsv", sep="\t", index=False)
+        pd.DataFrame(counts.most_common(), columns=["token", "count"]).to_csv(ctx.out / lang / "freq.tsv", sep="\t",
+                                                                              index=False)
         seen = set(itos)
         held = [t for row in side_tokens(validation, lang, p.zh_tokens) for t in row]
-        metrics |= {f"{lang}_vocab_size": len(itos), f"{lang}_validation_oov_rate": sum(t not in seen for t in held) / max(len(held), 1)}
+        metrics |= {f"{lang}_vocab_size": len(itos),
+                    f"{lang}_validation_oov_rate": sum(t not in seen for t in held) / max(len(held), 1)}
     (ctx.out / "vocab.json").write_text(json.dumps({"zh_tokens": p.zh_tokens}), encoding="utf-8")
     return BuildOutput(rows=None, metrics=metrics, artifacts=["zh/vocab.txt", "en/vocab.txt"])

@@ -5,7 +5,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tasks.checks import CHECKS, Checks, Sample, cjk_share, judge, looks_mojibake
+from tasks.checks import CHECKS, Checks, Sample, judge
+from tasks.measures import cjk_share, looks_mojibake
 from tasks.normalise import Normalise, clean_text
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -108,7 +108,7 @@ def test_missing_checkpoint_is_one_clear_error(corpus, monkeypatch):
 
 
 def test_sentence_pairs_hold_true_and_random_next_clauses():
-    from tasks.models.bert import clauses, encode_pairs, sentence_pairs
+    from tasks.models.pretraining import clauses, encode_pairs, sentence_pairs
 
     texts = pd.Series(["房 间 很 干 净 ， 服 务 很 好 。 早 餐 一 般", "位 置 方 便", "太 吵 了 ！ 不 会 再 来"])
     assert clauses(texts[1]) == [["位", "置"], ["方", "便"]]  # one clause: cut in halves

@@ -14,7 +14,14 @@ from tasks.classification.vocab import Params as VocabParams
 from tasks.models import MODELS, TrainInputs
 from tasks.models.settings import params_model
 from tasks.text import build_vocab
-from tasks.translation.seq2seq_nets import GRUSeq2Seq, Seq2SeqConfig, TransformerMT, TransformerMTConfig, beam_search, greedy
+from tasks.translation.seq2seq_nets import (
+    GRUSeq2Seq,
+    Seq2SeqConfig,
+    TransformerMT,
+    TransformerMTConfig,
+    beam_search,
+    greedy,
+)
 from tasks.translation.text import en_text, en_tokens
 from tasks.translation.train import Common
 

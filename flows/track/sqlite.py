@@ -1,0 +1,60 @@
+"""MLflow's SQLite store: write-ahead-log mode for a run's many small writes, and one line naming a database that
+cannot be read (a crash, a full disk, a copy cut short) instead of pages of tracebacks."""
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from tasks.errors import ZhpipeError
+
+
+@lru_cache(maxsize=1)
+def sqlite_pragmas() -> None:
+    """MLflow's SQLite store in write-ahead-log mode with commits synced at checkpoints: a run writes a few hundred
+    small transactions, each of which otherwise waits for the disk, and the UI reads while a run writes. A crash
+    of the process loses nothing; a power cut may lose the last writes, never the database."""
+    import sqlite3
+
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    @event.listens_for(Engine, "connect")
+    def _on_connect(dbapi_connection, _record):
+        if isinstance(dbapi_connection, sqlite3.Connection):
+            cursor = dbapi_connection.cursor()
+            try:
+                cursor.execute("PRAGMA journal_mode=WAL")
+                cursor.execute("PRAGMA synchronous=NORMAL")
+            finally:
+                cursor.close()
+
+
+# a database up to this size gets SQLite's quick_check (a few ms per MB) on first use; a larger one its schema read
+QUICK_CHECK_BYTES = 32 << 20
+
+
+def check_sqlite(path: Path) -> None:
+    """One line naming MLflow's SQLite database, and how to move it aside, when it is not a readable database (a
+    crash, a full disk, a copy cut short); otherwise MLflow fails later with pages of tracebacks."""
+    import sqlite3
+
+    if not path.is_file():
+        return
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+        try:
+            con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            verdict = (con.execute("PRAGMA quick_check(1)").fetchone()[0] if path.stat().st_size <= QUICK_CHECK_BYTES
+                       else "ok")
+        finally:
+            con.close()
+    except sqlite3.OperationalError as e:
+        if "locked" in str(e) or "busy" in str(e):  # another run is writing: it is readable
+            return
+        verdict = str(e)
+    except sqlite3.DatabaseError as e:
+        verdict = str(e)
+    if verdict != "ok":
+        raise ZhpipeError(f"MLflow's database {path} is unreadable ({verdict.splitlines()[0][:100]}); move it aside "
+                          f"(mv {path} {path}.corrupt) and run again: a new one is made, and the stage store's outputs "
+                          f"are reused (their earlier runs stay in the old file)")
