@@ -21,9 +21,11 @@ def cmd_stages(args) -> int:
 def cmd_models(args) -> int:
     from tasks.models import MODELS
 
-    for name, spec in MODELS.items():
-        kind = "language model" if spec.is_language_model else f"{KINDS[spec.task].flavour} ({spec.task})"
-        print(f"{name:<14} {kind:<15} {spec.about}")
+    rows = [(name, "language model" if spec.is_language_model else f"{KINDS[spec.task].flavour} ({spec.task})",
+             spec.about) for name, spec in MODELS.items()]
+    width = [max(len(r[i]) for r in rows) for i in (0, 1)]
+    for name, kind, about in rows:
+        print(f"{name:<{width[0]}}  {kind:<{width[1]}}  {about}")
     return 0
 
 
