@@ -60,8 +60,8 @@ def cmd_gc(args) -> int:
     configs = [load_pipeline(name, file) for name in list_pipelines(file)]
     from flows.plan.store import unit_folder
 
-    keep = {(unit_folder(unit), key) for config in configs for unit,
-            key in plan_keys(config, registry=_registry(revision)).items()}
+    keep = {(unit_folder(unit), key) for config in configs
+            for unit, key in plan_keys(config, registry=_registry(revision)).items()}
     sources = tuple(path for config in configs for path in _source_paths(config))
     records = source_run_records()
     for name in args.forget:

@@ -152,8 +152,8 @@ class PipelineConfig(Section):
         training = self.kind.training
         if used_only and training is not None:
             unused |= {f"{training.name}.{m}." for m in MODELS if m not in self.models()}
-        return {k.removeprefix("stages."): json.dumps(v, ensure_ascii=False) if isinstance(v, list) else str(v) for k,
-                v in flat.items()
+        return {k.removeprefix("stages."): json.dumps(v, ensure_ascii=False) if isinstance(v, list) else str(v)
+                for k, v in flat.items()
                 if not any(k.removeprefix("stages.").startswith(u) for u in unused)}
 
 

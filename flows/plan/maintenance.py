@@ -26,10 +26,10 @@ def verify_store(store: StageStore) -> list[dict[str, Any]]:
     """Every finished output with the problems a full check finds (sizes and sha256 of every file). A store on an
     object store is checked there, in the bucket every machine reads, not in this machine's mirror."""
     if store.fs is not None:
-        return [{"stage": stage, "key": key, "problems": _verify_remote(store, stage, key)} for stage,
-                key in _remote_outputs(store)]
-    return [{"stage": stage, "key": key, "problems": store.verify(stage, key, full=True)} for stage,
-            key in _outputs(store)]
+        return [{"stage": stage, "key": key, "problems": _verify_remote(store, stage, key)}
+                for stage, key in _remote_outputs(store)]
+    return [{"stage": stage, "key": key, "problems": store.verify(stage, key, full=True)}
+            for stage, key in _outputs(store)]
 
 
 def _name(path: str) -> str:

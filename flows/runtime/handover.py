@@ -18,7 +18,6 @@ from flows.plan import private
 from flows.runtime import procs
 from tasks.errors import say
 
-COMMANDS = ("run", "status")  # the commands a warm process may run (short-lived, with a pipeline)
 _ENV_PREFIXES = ("PREFECT_", "MLFLOW_", "ZHPIPE_", "PYTHON")
 _ENV_EXCLUDED = ("ZHPIPE_WARM",)
 SERVING = False  # set in a warm process's fork: the command it runs is not handed over again
@@ -76,10 +75,6 @@ def fingerprint(environ: dict | None = None) -> str:
 
 def enabled() -> bool:
     return os.environ.get("ZHPIPE_WARM", "on").lower() not in ("off", "0", "false", "no")
-
-
-def read_state(path: Path) -> dict | None:
-    return private.read_state(path)
 
 
 def send(sock: socket.socket, payload: dict, fds: list[int] | None = None) -> None:
@@ -161,7 +156,7 @@ def hand_over(argv: list[str]) -> int | None:
         return None
     mine = fingerprint()
     path = state_file(mine)
-    state = read_state(path)
+    state = private.read_state(path)
     if not state or state.get("fingerprint") != mine:
         return None
     sock = _connect(state)
@@ -237,7 +232,7 @@ def spawn(idle: float, environ: dict, root: Path | None = None) -> None:
     mine = fingerprint(environ)
     if SERVING or not enabled():
         return
-    state = read_state(state_file(mine))
+    state = private.read_state(state_file(mine))
     if state and procs.is_ours(state):
         return
     state_file(mine).unlink(missing_ok=True)  # a leftover (the process is gone): replaced
@@ -271,7 +266,7 @@ def stop() -> int:
     the warm process it recorded (gone, or its pid reused) is a leftover: removed, nothing signalled."""
     stopped = 0
     for path in home().glob("zhpipe-warm-*.json"):
-        state = read_state(path)
+        state = private.read_state(path)
         if state and procs.signal_ours(state, signal.SIGTERM):
             stopped += 1
         else:

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from flows.plan import private
 from flows.runtime import handover, procs
-from flows.runtime.handover import fingerprint, read_state, recv, send, state_file
+from flows.runtime.handover import fingerprint, recv, send, state_file
 
 # what a run imports: loaded once here, shared by every fork
 PRELOAD = ("flows.cli", "flows.cli.run", "flows.orchestrate.pipeline", "flows.orchestrate.execute",
@@ -240,7 +240,7 @@ def serve(idle: float, mine: str, root: str | None = None) -> int:
     me, last = os.getpid(), time.monotonic()
     try:
         while True:
-            if served and not stopping and (read_state(server.state_file()) or {}).get("url") != served:
+            if served and not stopping and (private.read_state(server.state_file()) or {}).get("url") != served:
                 print("warm: the Prefect server its commands use has stopped", flush=True)
                 stopping.append(True)
             if stopping and listener.fileno() >= 0:  # no new commands; the running ones still get their status sent
@@ -261,7 +261,7 @@ def serve(idle: float, mine: str, root: str | None = None) -> int:
                 last = time.monotonic()
     finally:
         if os.getpid() == me:  # not in a fork leaving through here
-            if (read_state(state_file(mine)) or {}).get("pid") == me:
+            if (private.read_state(state_file(mine)) or {}).get("pid") == me:
                 state_file(mine).unlink(missing_ok=True)
             Path(path).unlink(missing_ok=True)
     print("warm: stopping" + (" (asked to)" if stopping else f" (no command for {idle:.0f} s)"), flush=True)

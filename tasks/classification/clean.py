@@ -120,8 +120,8 @@ def earlier_digests(ctx: BuildContext) -> pd.DataFrame | None:
     kept (their `digests.parquet`); None for a whole-corpus build."""
     if ctx.partition is None:
         return None
-    frames = [pd.read_parquet(folder / "digests.parquet") for unit,
-              folder in ctx.inputs.items() if unit.startswith("clean:")]
+    frames = [pd.read_parquet(folder / "digests.parquet")
+              for unit, folder in ctx.inputs.items() if unit.startswith("clean:")]
     return pd.concat(frames, ignore_index=True) if frames else no_digests()
 
 

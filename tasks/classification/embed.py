@@ -213,5 +213,5 @@ def build(ctx: BuildContext) -> BuildOutput:
     if len(answered):
         metrics["word2vec_analogy_top5"] = float(answered.notna().mean())
     return BuildOutput(rows=len(w2v), metrics=metrics, artifacts=artifacts,
-                       tables={f"{name}.json": frame for name,
-                               frame in {"neighbours": table, **probes}.items() if len(frame)})
+                       tables={f"{name}.json": frame
+                               for name, frame in {"neighbours": table, **probes}.items() if len(frame)})

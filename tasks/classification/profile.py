@@ -262,8 +262,8 @@ def build(ctx: BuildContext) -> BuildOutput:
     stats = profile.stats(p.coverage)
     shown_words = {label: profile.words(label) for label in labels}
     clouds = {label: dict(found.most_common(p.cloud_words)) for label, (found, _) in shown_words.items()}
-    adjective_clouds = {label: dict(adjectives.most_common(p.cloud_words)) for label,
-                        (_, adjectives) in shown_words.items()}
+    adjective_clouds = {label: dict(adjectives.most_common(p.cloud_words))
+                        for label, (_, adjectives) in shown_words.items()}
     words = {str(label): list(clouds[label].items())[: p.top_k] for label in labels}
     adjectives = {str(label): list(adjective_clouds[label].items())[: p.top_k] for label in labels}
     pictures = [

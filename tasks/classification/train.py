@@ -39,9 +39,8 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     # a model that streams reads its splits batch by batch (memory bounded whatever the corpus); others, whole
     train, validation = (train_rows, val_rows) if spec.streams else (train_rows.frame(), val_rows.frame())
     vectors = load_word_vectors(ctx.inputs["embed"], p.embeddings) if spec.uses_vectors else None
-    members = {model: folder / model for model, folder in by_model({u: f for u,
-                                                                    f in ctx.inputs.items()
-                                                                    if Unit.parse(u).model}).items()}
+    members = {model: folder / model
+               for model, folder in by_model({u: f for u, f in ctx.inputs.items() if Unit.parse(u).model}).items()}
     summary = spec.train(TrainInputs(name, train, validation, labels, spec.view(p), ctx.inputs["vocab"], vectors,
                                      ctx.out, ctx.scratch, ctx.sink, members=members))
     if not spec.is_language_model:  # classifiers: validation scores from the saved model, as it will be served
@@ -58,8 +57,8 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     names = {"val_accuracy": "val_accuracy_best", "val_macro_f1": "val_macro_f1_best",
              "val_perplexity": "val_perplexity_best",
              "seconds": "train_seconds", "samples_per_second": "median_samples_per_second"}
-    return BuildOutput(rows=len(train_rows), metrics={new: summary[old] for old,
-                                                      new in names.items() if old in summary},
+    return BuildOutput(rows=len(train_rows),
+                       metrics={new: summary[old] for old, new in names.items() if old in summary},
                        facts=Facts(labels=labels, model=name, summary=summary))
 
 

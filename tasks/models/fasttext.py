@@ -52,8 +52,8 @@ def train_fasttext(train, labels: list[str], params, out: Path) -> dict:
     train_file, rows = folder / "train.txt", 0
     with open(train_file, "w", encoding="utf-8") as f:
         for batch in batches_of(shuffled(train, folder / "shuffle", params.seed, ["label", "words", "chars"])):
-            f.writelines(f"__label__{i} {_fasttext_line(r, p.tokens)}\n" for i,
-                         r in zip(label_ids(batch, labels), batch.itertuples()))
+            f.writelines(f"__label__{i} {_fasttext_line(r, p.tokens)}\n"
+                         for i, r in zip(label_ids(batch, labels), batch.itertuples()))
             rows += len(batch)
     shutil.rmtree(folder / "shuffle", ignore_errors=True)  # a large split's shuffled copy
     t0 = time.perf_counter()

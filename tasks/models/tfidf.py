@@ -158,8 +158,8 @@ def _fit_stream(train, labels: list[str], p: Params, seed: int, folder: Path) ->
         for name, hasher in hashers.items():
             x = hasher.transform(batch[COLUMNS[name]]).tocsc()
             df[name] += np.diff(x.indptr)
-    idf = {name: np.where(d >= p.min_df, np.log((1 + docs) / (1 + d)) + 1, 0.0).astype(np.float32) for name,
-           d in df.items()}
+    idf = {name: np.where(d >= p.min_df, np.log((1 + docs) / (1 + d)) + 1, 0.0).astype(np.float32)
+           for name, d in df.items()}
     order = shuffled(train, folder.parent / f".{folder.name}-shuffle", seed, ["words", "text", "label"])
     index = {label: i for i, label in enumerate(labels)}
     classes = np.arange(len(labels))

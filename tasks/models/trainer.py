@@ -283,8 +283,8 @@ class ShardedTask(Task):
         for rows, batch in self.inner.batches(rng):
             local = torch.arange(self.rank, rows, self.world)
             self._share = len(local) / rows  # loss() follows its batch in the loop
-            yield rows, {k: v[local] if torch.is_tensor(v) and v.dim() and len(v) == rows else v for k,
-                         v in batch.items()}
+            yield rows, {k: v[local] if torch.is_tensor(v) and v.dim() and len(v) == rows else v
+                         for k, v in batch.items()}
 
     def _loss(self, model, batch):
         try:

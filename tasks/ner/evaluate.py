@@ -109,16 +109,15 @@ def build(ctx: BuildContext) -> BuildOutput:
     units = by_model(ctx.facts)
     results = {name: facts.results for name, facts in units.items()}
     rows = [{"model": name, "val_f1": units[name].summary["val_f1"], "test_f1": r["test_f1"],
-             "test_precision": r["test_precision"],
-             "test_recall": r["test_recall"], "train_seconds": round(units[name].summary["seconds"], 1)} for name,
-            r in results.items()]
+             "test_precision": r["test_precision"], "test_recall": r["test_recall"],
+             "train_seconds": round(units[name].summary["seconds"], 1)} for name, r in results.items()]
     table = pd.DataFrame(rows).sort_values("val_f1", ascending=False, kind="stable")
     table.to_csv(ctx.out / "comparison.csv", index=False)
     (ctx.out / "comparison.md").write_text(comparison_markdown(table), encoding="utf-8")
     (ctx.out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
     best = table.iloc[0]["model"]
     return BuildOutput(rows=None, artifacts=["comparison.csv", "comparison.md"],
-                       metrics={f"{m}_{k}": v for m, r in results.items() for k,
-                                v in r.items() if not k.startswith("test_f1_")}
+                       metrics={f"{m}_{k}": v for m, r in results.items()
+                                for k, v in r.items() if not k.startswith("test_f1_")}
                        | {"best_test_f1": results[best]["test_f1"]},
                        facts=Facts(labels=next(iter(units.values())).labels, results=results, best_model=best))

@@ -81,8 +81,8 @@ def build(ctx: BuildContext) -> BuildOutput:
     frequent = pd.DataFrame([{"type": k, "entity": e, "count": c} for k, rows in top.items() for e, c in rows])
     train = frames["train"]
     sample = train.sample(min(20, len(train)), random_state=p.seed).sort_values("id")
-    examples = pd.DataFrame({"id": sample["id"], "sentence": [highlighted(t, list(g)) for t,
-                                                              g in zip(sample["text"], sample["tags"])]})
+    examples = pd.DataFrame({"id": sample["id"], "sentence": [highlighted(t, list(g))
+                                                              for t, g in zip(sample["text"], sample["tags"])]})
     stats = {
         "sentences": int(sum(len(df) for df in frames.values())), "entities": len(entities),
         "entity_types": int(len(counts)),

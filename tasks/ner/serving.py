@@ -46,9 +46,8 @@ class Served:
         entities = []
         for value, index, tagged in zip(values, where, self.tagger(cleaned)):
             entities.append([{"text": value[index[s] : index[e - 1] + 1], "type": kind, "start": index[s],
-                              "end": index[e - 1] + 1,
-                              "score": round(float(np.mean(tagged.scores[s:e])), 4)} for kind, s,
-                             e in spans_of(tagged.tags)])
+                              "end": index[e - 1] + 1, "score": round(float(np.mean(tagged.scores[s:e])), 4)}
+                             for kind, s, e in spans_of(tagged.tags)])
         return pd.DataFrame({"entities": [json.dumps(e, ensure_ascii=False) for e in entities],
                              "count": [len(e) for e in entities], "status": statuses})
 

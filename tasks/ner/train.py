@@ -32,9 +32,8 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     labels = ctx.facts["augment"].labels
     train = pd.read_parquet(ctx.file("augment", "train.parquet"), columns=["text", "tags", "words"])
     validation = pd.read_parquet(ctx.file("segment", "validation.parquet"), columns=["text", "tags"])
-    members = {model: folder / model for model, folder in by_model({u: f for u,
-                                                                    f in ctx.inputs.items()
-                                                                    if Unit.parse(u).model}).items()}
+    members = {model: folder / model
+               for model, folder in by_model({u: f for u, f in ctx.inputs.items() if Unit.parse(u).model}).items()}
     summary = spec.train(TrainInputs(name, train, validation, labels, spec.view(ctx.params), ctx.inputs["vocab"], None,
                                      ctx.out, ctx.scratch, ctx.sink, embed=ctx.inputs.get("embed"), members=members))
     tagged = spec.tagger(ctx.out / name)(validation["text"].astype(str).tolist())

@@ -134,7 +134,7 @@ def build(ctx: BuildContext) -> BuildOutput:
     (ctx.out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
     best = table.iloc[0]["model"]
     return BuildOutput(rows=None, artifacts=["comparison.csv", "comparison.md"],
-                       metrics={f"{m}_{k}": v for m, r in results.items() for k,
-                                v in r.items() if k in ("test_bleu", "test_chrf")}
+                       metrics={f"{m}_{k}": v for m, r in results.items()
+                                for k, v in r.items() if k in ("test_bleu", "test_chrf")}
                        | {"best_test_bleu": results[best]["test_bleu"]},
                        facts=Facts(labels=[], results=results, best_model=best))

@@ -254,8 +254,8 @@ def greedy(model: nn.Module, src: torch.Tensor, bos: int, eos: int, max_len: int
     if not attention or not maps:
         return rows, None
     stacked = torch.stack(maps, dim=1)  # (batch, steps, source)
-    return rows, [stacked[i, : len(r) + 1, : int(memory.mask[i].sum())].detach().cpu().numpy() for i,
-                  r in enumerate(rows)]
+    return rows, [stacked[i, : len(r) + 1, : int(memory.mask[i].sum())].detach().cpu().numpy()
+                  for i, r in enumerate(rows)]
 
 
 def beam_search(model: nn.Module, src: torch.Tensor, bos: int, eos: int, max_len: int, beam: int = 4,

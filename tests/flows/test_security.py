@@ -213,9 +213,9 @@ def test_pids_in_leftover_state_files_are_never_signalled(tmp_path):
             handover.spawn(120, env)
             state = home / f"zhpipe-warm-{mine[:16]}.json"
             deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and (handover.read_state(state) or {}).get("pid") in (None, bystander.pid):
+            while time.monotonic() < deadline and (private.read_state(state) or {}).get("pid") in (None, bystander.pid):
                 time.sleep(0.2)
-            assert (handover.read_state(state) or {}).get("pid") not in (None, bystander.pid), (home / "zhpipe-warm.log").read_text()
+            assert (private.read_state(state) or {}).get("pid") not in (None, bystander.pid), (home / "zhpipe-warm.log").read_text()
             served = zhpipe(env, "status", "smoke")
             assert served.returncode == 0 and "warm: running `zhpipe status smoke`" in (home / "zhpipe-warm.log").read_text()
             assert handover.stop() == 1
