@@ -33,9 +33,9 @@ def _activate(project: str | Path | None) -> _project.Project:
 
 def config(pipeline: str, overrides: list[str] | None = None, project: str | Path | None = None):
     """The validated config of one pipeline of the project, with `--set` overrides applied."""
-    from flows.plan.config import load_pipeline
+    from flows.plan.request import RunRequest
 
-    return load_pipeline(pipeline, _activate(project).config_file, list(overrides or []))
+    return RunRequest.of(pipeline, overrides, config_file=str(_activate(project).config_file)).config()
 
 
 def run(pipeline: str, overrides: list[str] | None = None, stages: list[str] | None = None,
@@ -43,13 +43,15 @@ def run(pipeline: str, overrides: list[str] | None = None, stages: list[str] | N
         project: str | Path | None = None, storage: str | None = None) -> dict[str, Any]:
     """Run a pipeline (cached stages are reused) and return its summary: the MLflow parent run id, the
     experiment, and per stage its key, cache hit or miss, seconds, rows and metrics."""
-    config(pipeline, overrides, project)  # a bad pipeline or setting is one error line before Prefect starts
+    from flows.plan.request import RunRequest
+
+    request = RunRequest.of(pipeline, overrides, config_file=str(_activate(project).config_file))
+    request.config()  # a bad pipeline or setting is one error line before Prefect starts
     _project.ensure_prefect_home()
     from flows.orchestrate.pipeline import pipeline_flow
-    from tasks.urls import conceal, redact_text
+    from tasks.urls import conceal
 
-    return pipeline_flow(pipeline, overrides=[redact_text(o) for o in overrides or []], stages=stages, force=force,
-                         storage=conceal(storage), config_file=str(_project.current().config_file))
+    return pipeline_flow(**request.parameters(), stages=stages, force=force, storage=conceal(storage))
 
 
 def output(pipeline: str, stage: str, overrides: list[str] | None = None, project: str | Path | None = None,

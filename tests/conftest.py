@@ -274,6 +274,7 @@ def smoke(prefect_harness):
 def run_ctx(tmp_path):
     """A RunContext on the smoke pipeline with its own store and a real MLflow parent run."""
     from flows.orchestrate.pipeline import start_run
-    from flows.plan.config import load_pipeline
+    from flows.plan.request import RunRequest
 
-    return start_run(load_pipeline("smoke"), set(), tmp_path / "store")
+    request = RunRequest("smoke")
+    return start_run(request, request.config(), set(), tmp_path / "store")

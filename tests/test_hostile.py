@@ -320,6 +320,15 @@ def test_http_source_needs_a_sha256_or_allow_unverified(prefect_harness, capsys,
     assert accounting(tmp_path / "store")["rows_in"] == 300
 
 
+def test_allow_unverified_reaches_the_run_without_source(prefect_harness, capsys, tmp_path, http_url):
+    """The pipeline's own http source (here set with --set): --allow-unverified is part of the request the flow
+    parses, not only of the config the command line checked."""
+    args = ["run", "smoke", "--set", f"source.path={http_url}/corpus.csv", "--storage", tmp_path / "store"]
+    one_line_error(zhpipe(capsys, *args, "--to", "download"), "needs source.sha256")
+    code, out, err = zhpipe(capsys, *args, "--allow-unverified", "--to", "download")
+    assert code == 0, err[-2000:]
+
+
 def test_wrong_bytes_then_right_bytes(prefect_harness, capsys, tmp_path, http_url):
     Handler.gets.pop("/flip.csv", None)
     got = run_corpus(capsys, tmp_path, f"{http_url}/flip.csv", "--set", f"source.sha256={sha(GOOD)}")

@@ -65,11 +65,17 @@ def explicit_config(args) -> str | None:
     return str(args.config.resolve()) if args.config else None
 
 
-def load(args):
-    from flows.plan.config import load_pipeline
+def request_of(args):
+    """What the command line asks to build (flows/plan/request.py): made once, parsed once, handed to the flow whole."""
+    from flows.plan.request import RunRequest
 
     overrides = list(args.overrides) + (["source.allow_unverified=true"] if args.allow_unverified else [])
-    return load_pipeline(pipeline_name(args), config_file(args), overrides, source_of(args))
+    return RunRequest.of(pipeline_name(args), overrides, source_of(args), explicit_config(args))
+
+
+def load(args):
+    """The validated config of the pipeline the command line names."""
+    return request_of(args).config()
 
 
 def pipeline_name(args) -> str:

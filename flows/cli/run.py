@@ -6,18 +6,19 @@ import shlex
 import time
 from dataclasses import replace
 
-from flows.cli.common import BUILDS, Needs, console, explicit_config, load, number, pipeline_name
+from flows.cli.common import BUILDS, Needs, console, load, number, request_of
 from tasks.errors import ZhpipeError, say
 
 
 def cmd_run(args) -> int:
     from flows.cli.doctor import preflight
     from flows.orchestrate.pipeline import pipeline_flow, select_stages
-    from tasks.urls import conceal, redact_text
+    from tasks.urls import conceal
 
     fail_on(args.fail_on)  # a wrong policy is said before the run, not after it
     preflight()  # a tracking server that does not answer: one line now, not after the data stages
-    config = load(args)
+    request = request_of(args)
+    config = request.config()
     stages = select_stages(args.start, args.stop, args.only, tuple(config.kind.stages))
     force = None if args.force is None else ([args.force] if args.force else [])
     t0 = time.perf_counter()
@@ -26,10 +27,8 @@ def cmd_run(args) -> int:
               flush=True)
     # what the flow run records in Prefect: URLs redacted (the config already holds the redacted forms)
     with _heartbeats():
-        out = pipeline_flow(config.name, stages=stages, force=force, storage=conceal(args.storage), dask=args.dask,
-                            verify=args.verify,
-                            overrides=[redact_text(o) for o in args.overrides], config_file=explicit_config(args),
-                            source=config.source.model_dump(exclude_defaults=True) if args.source else None)
+        out = pipeline_flow(**request.parameters(), stages=stages, force=force, storage=conceal(args.storage),
+                            dask=args.dask, verify=args.verify)
     shown = console()
     shown.print(summary_table(out["stages"], time.perf_counter() - t0, config.name, out.get("units", [])))
     from flows.track.tracker import tracking_server, ui_url
@@ -189,7 +188,7 @@ def cmd_tune(args) -> int:
                           "pipelines.yaml)")
     if args.trials < 1:
         raise ZhpipeError(f"tune: --trials must be at least 1, got {args.trials}")
-    result = tune(pipeline_name(args), args.model, args.trials, args.overrides, args.seed, args.storage)
+    result = tune(request_of(args), args.model, args.trials, args.seed, args.storage)
     print(f"best of {result['complete']} complete trials ({result['trials']} in the study): {result['metric']} "
           f"{result['value']:.4f} (trial {result['trial']}); MLflow tune run {result['run_id']}")
     print("as --set lines:  " + " ".join(f"--set {s}" for s in result["sets"]))

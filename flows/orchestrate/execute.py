@@ -16,6 +16,7 @@ from flows.orchestrate.workers import global_slot
 from flows.plan import project
 from flows.plan.config import PipelineConfig, flatten
 from flows.plan.keys import unit_params
+from flows.plan.request import RunRequest
 from flows.plan.sources import origin_of, partition_source, partitions
 from flows.plan.store import Manifest, StageStore, stage_key
 from flows.track.tracker import Tracker, experiment_id
@@ -87,6 +88,7 @@ class RunContext:
     gate: Any = None  # the data checks (flows/orchestrate/gate.py), judged on the checked stage's output
     replanned: bool = False  # a check held a partition out: the stages built before it are gathered again
     lease: Any = None  # the run's hold on its keys in the store (flows/plan/leases.py): `zhpipe gc` leaves them alone
+    request: RunRequest | None = None  # what the run was asked to build (a tuning trial's runs have none)
     _partitions: list[str] | None = None
 
     def reuse(self, stage: str) -> StageResult:

@@ -18,6 +18,7 @@ from flows.orchestrate.model_stages import register
 from flows.plan import project
 from flows.plan.config import PipelineConfig
 from flows.plan.keys import plan
+from flows.plan.request import RunRequest
 from flows.plan.sources import origin_of, record_source_run, source_fingerprint
 from flows.plan.store import StageStore, stage_key
 from flows.track.champion import revision
@@ -39,9 +40,8 @@ def git_commit() -> str:
         return "unknown"
 
 
-def run_name(config: PipelineConfig, overrides: list[str] | None = None) -> str:
+def run_name(config: PipelineConfig, changed: str = "") -> str:
     """A parent run's name that reads well truncated: the pipeline, the changed params, the time last."""
-    changed = " ".join(redact_text(o).replace(" ", "") for o in overrides or [])
     return " ".join(p for p in (config.identity, changed, time.strftime("%m-%d %H:%M:%S")) if p)
 
 
@@ -64,9 +64,9 @@ def source_tags(config: PipelineConfig, origin=None) -> dict[str, str]:
     return tags
 
 
-def start_run(config: PipelineConfig, force: set[str], storage: str, executor: str | None = None, verify: bool = False,
-              overrides: list[str] | None = None) -> RunContext:
-    """Plan keys and open the MLflow parent run of this pipeline run."""
+def start_run(request: RunRequest, config: PipelineConfig, force: set[str], storage: str, executor: str | None = None,
+              verify: bool = False) -> RunContext:
+    """Plan keys and open the MLflow parent run of this pipeline run (`config` is the request's)."""
     origin = origin_of(config)
     causes = plan(config, origin, registry=revision)
     keys = {stage: stage_key(c) for stage, c in causes.items()}
@@ -75,13 +75,13 @@ def start_run(config: PipelineConfig, force: set[str], storage: str, executor: s
     closed = Tracker.close_orphans(experiment)
     if closed:
         log.info("MLflow: %d runs left RUNNING by killed runs of this machine marked KILLED", len(closed))
-    title = run_name(config, overrides)
+    title = run_name(config, request.changed())
     parent = Tracker.start(experiment, title, tags=source_tags(config, origin))
     parent.params(config.flat_params(used_only=True))  # what a person compares; the whole config is config.json
     log_config(parent, experiment, config)
-    parent.tags({"zhpipe.task": config.task, "zhpipe.overrides": " ".join(redact_text(o) for o in overrides or [])})
+    parent.tags({"zhpipe.task": config.task, "zhpipe.overrides": " ".join(request.overrides)})
     run = RunContext(config, StageStore(storage), keys, experiment, parent.run_id, force, executor, causes, verify,
-                     origin, title)
+                     origin, title, request=request)
     run.gate = Gate(config, report=ui_url(experiment, parent.run_id))
     return run
 
@@ -157,7 +157,7 @@ def record_reuse(run: RunContext, results: dict[str, StageResult]) -> bool:
     return True
 
 
-def label_flow_run(run: RunContext, overrides: list[str] | None) -> None:
+def label_flow_run(run: RunContext) -> None:
     """The Prefect flow run as people look for it: named like the MLflow parent run (pipeline, changed
     settings, time), tagged with the pipeline and task kind, and linked to the MLflow run by an artifact."""
     from prefect.client.orchestration import get_client
@@ -170,7 +170,7 @@ def label_flow_run(run: RunContext, overrides: list[str] | None) -> None:
     tags = ["zhpipe", f"pipeline:{run.config.name}", f"task:{run.config.task}"]
     try:
         with get_client(sync_client=True) as client:
-            client.update_flow_run(flow_run.id, name=run.title or run_name(run.config, overrides), tags=tags)
+            client.update_flow_run(flow_run.id, name=run.title, tags=tags)
     except Exception as e:  # noqa: BLE001 - a name and tags are a convenience, never a failed run
         log.warning("could not name the Prefect flow run: %s", e)
     link = ui_url(run.experiment, run.parent_run_id)

@@ -21,8 +21,9 @@ from flows.orchestrate.model_stages import run_model_stage
 from flows.orchestrate.parent_run import finish_run, label_flow_run, record_reuse, start_run
 from flows.orchestrate.workers import gpu_slot, train_deployment
 from flows.plan import leases, project
-from flows.plan.config import DEFAULT_PIPELINE, PipelineConfig, load_pipeline
+from flows.plan.config import DEFAULT_PIPELINE, PipelineConfig
 from flows.plan.keys import plan
+from flows.plan.request import RunRequest
 from flows.plan.sources import fixed_partitions, record_appends
 from flows.plan.store import StageStore, stage_key, storage_root
 from flows.track.champion import revision
@@ -117,8 +118,9 @@ def pipeline_flow(
 
     Every parameter is a plain value (what Prefect records and a deployment passes): `pipeline` is a name in
     `config_file` (default: the project's `pipelines.yaml`), `overrides` its `--set` lines (secrets redacted: a
-    concealed URL is revealed in this process), `source` a `--source` mapping; the config is parsed from them
-    once per process (`flows.plan.config.load_pipeline` keeps what it parsed).
+    concealed URL is revealed in this process), `source` a `--source` mapping. Those four are the run's request
+    (flows/plan/request.py), parsed once into the typed config; below this function only the request and the config
+    travel.
     `storage`: the stage store root (folder or fsspec URL); `dask`: "local" or a scheduler address;
     `project_dir`: the project folder (deployments pass it; default: found from the working directory);
     `verify`: hash every file of a reused output against its manifest (sizes and small files always are).
@@ -128,20 +130,19 @@ def pipeline_flow(
                "config_file": config_file, "project_dir": project_dir})
     if project_dir:
         project.activate(project.Project(Path(project_dir)))
-    if not isinstance(pipeline, str):
-        raise ZhpipeError(f"pipeline: expected a pipeline name, got {type(pipeline).__name__}")
-    config = _config(pipeline, overrides, source, config_file)
+    request = RunRequest.of(pipeline, overrides, source, config_file)
+    config = request.config()
     stages = _stage_list(config, stages, force)
     with fixed_partitions(config):  # the partitions planned are the ones built, whatever arrives meanwhile
-        run = start_run(config, forced_stages(force, tuple(config.kind.stages)), storage_root(config, storage),
-                        chunk_executor(config, dask), verify, overrides)
+        run = start_run(request, config, forced_stages(force, tuple(config.kind.stages)),
+                        storage_root(config, storage), chunk_executor(config, dask), verify)
         run.lease = leases.Lease(run.store, run.keys)  # `zhpipe gc` leaves what this run holds alone
         record_appends(config)  # an appended source: this run's ranges are what the next run checks
-        label_flow_run(run, overrides)
+        label_flow_run(run)
         results: dict[str, StageResult] = {}
         ok, error = False, "interrupted"
         try:
-            _run_stages(run, stages, results, (overrides, source, config_file))
+            _run_stages(run, stages, results)
             ok = True
         except BaseException as e:
             from flows.track.alerts import emit
@@ -186,13 +187,12 @@ def _stage_list(config: PipelineConfig, stages: list[str] | None, force: list[st
     return list(stages or order)
 
 
-def _run_stages(run: RunContext, stages: list[str], results: dict[str, StageResult], request: tuple) -> None:
+def _run_stages(run: RunContext, stages: list[str], results: dict[str, StageResult]) -> None:
     """Every selected stage in graph order, into `results` (the stages they need, not selected, read from the store);
     nothing to build at all: the parent run names what was reused."""
-    overrides, source, config_file = request
     routed = _routed(run, stages)
     if routed:  # what would stop the remote training stops the run before the data stages spend minutes on it
-        _check_route(run, source)
+        _check_route(run)
     reused = None if routed else run.reuse_all(stages)
     if reused is not None and record_reuse(run, reused):
         results.update(reused)
@@ -203,7 +203,7 @@ def _run_stages(run: RunContext, stages: list[str], results: dict[str, StageResu
         inputs = [results.get(d) for d in spec.needs]
         # train on another work pool's worker (GPU)
         if spec.name in stages and spec is kind.training and _routed(run, stages):
-            results[spec.name] = train_remote(run, overrides, config_file)
+            results[spec.name] = train_remote(run)
         elif spec.name in stages:
             # quoted: Prefect would walk the whole run context (config, keys, store) looking for futures, twice a task
             results[spec.name] = stage_task(spec.name)(quote(run), *inputs)
@@ -223,19 +223,13 @@ def _routed(run: RunContext, stages: list[str]) -> bool:
     return bool(pool) and (training.name in run.force or not run.store.is_done(training.name, run.keys[training.name]))
 
 
-def _config(name: str, overrides: list[str] | None, source: dict[str, Any] | None,
-            config_file: str | None) -> PipelineConfig:
-    return load_pipeline(name, Path(config_file) if config_file else project.current().config_file, overrides or [],
-                         source)
-
-
-def _check_route(run: RunContext, source: dict[str, Any] | None) -> None:
+def _check_route(run: RunContext) -> None:
     """The train stage goes to another work pool: its deployment exists and the run trains what it can train."""
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
 
     name, pool = train_deployment(run.config.name), run.config.section(run.config.kind.training.name).work_pool
-    if source:
+    if run.request.source:
         raise ZhpipeError("train: a run with --source cannot train on another work pool (a deployment trains what "
                           "pipelines.yaml declares); declare the source in the pipeline, or train here with --set "
                           "train.work_pool=null")
@@ -250,7 +244,7 @@ def _check_route(run: RunContext, source: dict[str, Any] | None) -> None:
             ) from None
 
 
-def train_remote(run: RunContext, overrides, config_file) -> StageResult:
+def train_remote(run: RunContext) -> StageResult:
     """Submit the training stage as a run of the pipeline's train deployment and wait for it; the result is
     read back from the stage store the worker wrote to."""
     from prefect.deployments import run_deployment
@@ -262,8 +256,7 @@ def train_remote(run: RunContext, overrides, config_file) -> StageResult:
     # what the train deployment lets a run set: its overrides (its own, or allowed by the pipeline), never a
     # source or storage (the worker uses the pipeline's, or its ZHPIPE_STORAGE)
     parameters = {
-        "pipeline": run.config.name, "overrides": overrides or [], "config_file": config_file,
-        "parent_run_id": run.parent_run_id, "force": stage in run.force, "project_dir": str(project.current().root),
+        **run.request.parameters(), "parent_run_id": run.parent_run_id, "force": stage in run.force, "project_dir": str(project.current().root),
         # the worker plans the same keys without the corpus (a worker needs the project's pipelines.yaml, not its data)
         "source_fingerprint": next(c["inputs"]["source"] for c in run.causes.values() if "source" in c["inputs"]),
     }
@@ -301,11 +294,13 @@ def train_flow(
     folder = os.environ.get("ZHPIPE_PROJECT") or project_dir  # the worker's own checkout wins over the submitter's path
     if folder:
         project.activate(project.Project(Path(folder)))
-    config = _config(pipeline, overrides, source, config_file)
+    request = RunRequest.of(pipeline, overrides, source, config_file)
+    config = request.config()
     training = config.kind.training
     causes = plan(config, registry=revision, source=source_fingerprint)
     run = RunContext(config, StageStore(storage_root(config, storage)), {s: stage_key(c) for s, c in causes.items()},
-                     f"zhpipe-{config.identity}", parent_run_id, {training.name} if force else set(), causes=causes)
+                     f"zhpipe-{config.identity}", parent_run_id, {training.name} if force else set(), causes=causes,
+                     request=request)
     with leases.held(run.store, run.keys) as run.lease:
         inputs = [run.reuse(name) for name in training.needs]
         with gpu_slot():

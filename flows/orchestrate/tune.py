@@ -7,7 +7,7 @@ trial (the UI's parallel coordinates chart compares them)."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -15,8 +15,9 @@ from typing import Any
 import yaml
 
 from flows.orchestrate.execute import RunContext
-from flows.plan.config import PipelineConfig, load_pipeline
+from flows.plan.config import PipelineConfig
 from flows.plan.keys import plan
+from flows.plan.request import RunRequest
 from flows.plan.store import StageStore, stage_key, storage_root
 from flows.track.champion import revision
 from flows.track.tracker import Tracker
@@ -109,21 +110,20 @@ def _assignments(training: str, model: str, params: dict[str, Any]) -> list[str]
     return [f"{training}.{model}.{k}={v}" for k, v in params.items()]
 
 
-def tune(pipeline: str, model: str, trials: int, overrides: list[str] | None = None, seed: int = 0,
-         storage: str | None = None) -> dict[str, Any]:
+def tune(request: RunRequest, model: str, trials: int, seed: int = 0, storage: str | None = None) -> dict[str, Any]:
     """Run `trials` more trials of the study `<pipeline>/<model>`; returns the best trial's value and params,
     the `--set` lines and the YAML snippet (also written beside the study, `<pipeline>-<model>.yaml`)."""
     import optuna
 
     from flows.orchestrate.pipeline import pipeline_flow
 
-    overrides = list(overrides or [])
-    base = load_pipeline(pipeline, overrides=overrides)
+    pipeline = request.pipeline
+    base = request.config()
     space = search_space(base, model)
     metric = objective_metric(base)
     upstream = [s.name for s in base.kind.stages.values() if not s.per_model]
     log.info("tune %s/%s: the stages before train, built or reused", pipeline, model)
-    pipeline_flow(pipeline, overrides=overrides, stages=upstream, storage=storage)
+    pipeline_flow(**request.parameters(), stages=upstream, storage=storage)
     # beside the store it trains into
     folder = StageStore(storage_root(base, storage)).cache_file("tune").parent / "tune"
     folder.mkdir(parents=True, exist_ok=True)
@@ -137,7 +137,7 @@ def tune(pipeline: str, model: str, trials: int, overrides: list[str] | None = N
     parent = Tracker.start(experiment, f"tune {model}", tags={"zhpipe.pipeline": pipeline, "zhpipe.tune": model,
                                                               "zhpipe.task": base.task})
     parent.params({"tune.model": model, "tune.trials": trials, "tune.metric": metric, "tune.space": space})
-    objective = partial(_trial, Study(pipeline, model, overrides, storage, experiment, parent.run_id, space, metric))
+    objective = partial(_trial, Study(request, model, storage, experiment, parent.run_id, space, metric))
     try:
         study.optimize(objective, n_trials=trials, catch=())
     except BaseException:
@@ -150,9 +150,8 @@ def tune(pipeline: str, model: str, trials: int, overrides: list[str] | None = N
 class Study:
     """What every trial of one study shares."""
 
-    pipeline: str
+    request: RunRequest  # the pipeline and overrides the study tunes on
     model: str
-    overrides: list[str]
     storage: str | None
     experiment: str
     parent_run_id: str
@@ -167,9 +166,9 @@ def _trial(study: Study, trial) -> float:
     from flows.orchestrate.model_stages import model_unit_run
 
     params = {name: suggest(trial, name, dim) for name, dim in study.space.items()}
-    training = load_pipeline(study.pipeline, overrides=study.overrides).kind.training.name
-    config = load_pipeline(study.pipeline, overrides=[*study.overrides, f"{training}.models=[{study.model}]",
-                                                      *_assignments(training, study.model, params)])
+    training = study.request.config().kind.training.name
+    sampled = (f"{training}.models=[{study.model}]", *_assignments(training, study.model, params))
+    config = replace(study.request, overrides=study.request.overrides + sampled).config()
     causes = plan(config, registry=revision)
     run = RunContext(config, StageStore(storage_root(config, study.storage)),
                      {s: stage_key(c) for s, c in causes.items()}, study.experiment, study.parent_run_id, causes=causes)

@@ -267,13 +267,13 @@ def check_name(name: str, where: Path | str) -> None:
                           "starting with a letter or digit, at most 64 characters)")
 
 
-def _conceal_urls(node: Any) -> Any:
+def conceal_urls(node: Any) -> Any:
     """Every URL with credentials in the raw config replaced by its redacted form; the real one stays in
     this process (tasks.urls.reveal) and never reaches MLflow, Prefect, manifests or logs."""
     if isinstance(node, dict):
-        return {k: _conceal_urls(v) for k, v in node.items()}
+        return {k: conceal_urls(v) for k, v in node.items()}
     if isinstance(node, list):
-        return [_conceal_urls(v) for v in node]
+        return [conceal_urls(v) for v in node]
     return conceal(node) if isinstance(node, str) and "://" in node else node
 
 
@@ -349,7 +349,7 @@ def _parse(name: str, config_file: Path, overrides, source_overrides) -> Pipelin
         raw["tracked_as"] = source_identity(name, str(raw["source"].get("path") or ""))
     for assignment in overrides:
         apply_set(raw, assignment)
-    raw = _conceal_urls(raw)
+    raw = conceal_urls(raw)
     task = raw.get("task", DEFAULT_KIND)
     if not isinstance(task, str) or task not in KINDS:
         raise ConfigError(f"{config_file} pipeline '{name}': 'task': unknown task kind {task!r} (expected one of "

@@ -3,6 +3,7 @@ a study that resumes, the best settings as --set lines and YAML, and pruning on 
 import pytest
 import yaml
 
+from flows.plan.request import RunRequest
 from flows.track.tracker import Tracker, client
 from tasks.errors import ConfigError
 
@@ -12,7 +13,7 @@ pytestmark = pytest.mark.e2e
 def test_a_three_trial_study_nests_its_trials_and_resumes(smoke):
     from flows.orchestrate.tune import tune
 
-    result = tune("smoke", "tfidf_lr", 3, storage=str(smoke["store"]))
+    result = tune(RunRequest("smoke"), "tfidf_lr", 3, storage=str(smoke["store"]))
     assert result["complete"] == 3 and result["metric"] == "val_accuracy" and 0 < result["value"] <= 1
     assert set(result["params"]) == {"C", "min_df"} and result["sets"][0].startswith("train.tfidf_lr.")
     c = client()
@@ -24,7 +25,7 @@ def test_a_three_trial_study_nests_its_trials_and_resumes(smoke):
         assert {"train.tfidf_lr.C", "train.tfidf_lr.min_df"} <= set(r.data.params) and "val_accuracy" in r.data.metrics
     snippet = yaml.safe_load(open(result["file"], encoding="utf-8"))
     assert snippet["pipelines"]["smoke"]["stages"]["train"]["tfidf_lr"] == result["params"]
-    again = tune("smoke", "tfidf_lr", 1, storage=str(smoke["store"]))  # the study resumes
+    again = tune(RunRequest("smoke"), "tfidf_lr", 1, storage=str(smoke["store"]))  # the study resumes
     assert again["trials"] == 4 and again["value"] >= result["value"]
 
 
