@@ -1,5 +1,5 @@
 """The data checks' margins, without a pipeline: a reference of earlier nights, then many ordinary nights and each kind
-of bad night, judged by `tasks.checks.judge` exactly as a run judges a cleaned partition. Printed per corpus: for each
+of bad night, judged by `tasks.shared.checks.judge` exactly as a run judges a cleaned partition. Printed per corpus: for each
 blocking check, the largest figure an ordinary night reached and its limit (false alarms), and the figure of each bad
 night (caught or not).
 
@@ -50,8 +50,8 @@ def main() -> None:
     args = ap.parse_args()
 
     from benchmarks.corpora import corpus
-    from tasks.checks import CHECKS, Checks, Sample, judge
-    from tasks.normalise import Normalise, clean_text
+    from tasks.shared.checks import CHECKS, Checks, Sample, judge
+    from tasks.shared.normalise import Normalise, clean_text
 
     settings = Checks()
     for name in ("hotel", "resume"):

@@ -2,7 +2,7 @@
 
 The bundled ChnSentiCorp reviews are repeated until the text reaches --mb megabytes (UTF-8), written as the
 split stage writes its Parquet files (row groups of 20,000 rows), and segmented by the segment stage's own
-code (`tasks.segment.segment_file`), once in one process and once on the cluster, each in a fresh
+code (`tasks.shared.segment.segment_file`), once in one process and once on the cluster, each in a fresh
 subprocess. Reported: wall time, the ratio, the peak memory (VmHWM) of every process that segmented, and
 whether the two output files are byte-identical. Run at a second, smaller size (--small-mb) it shows
 whether a worker's memory follows the chunk size or the corpus size.
@@ -36,7 +36,7 @@ def make_corpus(mb: float, path: Path) -> dict:
     """Repeat the bundled reviews until the text is `mb` MB; written with the stages' row groups."""
     import pandas as pd
 
-    from tasks.io import write_parquet
+    from tasks.util.io import write_parquet
 
     reviews = pd.read_csv(ROOT / "data" / "raw" / "ChnSentiCorp_htl_all.csv")["review"].fillna("").astype(str).tolist()
     per_copy = sum(len(t.encode("utf-8")) for t in reviews)
@@ -51,9 +51,9 @@ def child(mode: str, src: str, dst: str, chunk_rows: int, workers: int) -> None:
     from prefect import flow
 
     from flows.orchestrate.chunks import DaskRunner, shutdown
-    from tasks.pool import Runner, peak_rss_mb
-    from tasks.segment import Params as SegmentConfig
-    from tasks.segment import segment_file
+    from tasks.shared.segment import Params as SegmentConfig
+    from tasks.shared.segment import segment_file
+    from tasks.util.pool import Runner, peak_rss_mb
 
     @flow(name="bench-dask-warmup")
     def warmup():  # starts Prefect's temporary server outside the timed part

@@ -44,10 +44,10 @@ import json, resource, shutil, sys, time
 from pathlib import Path
 import numpy as np
 from gensim.models import KeyedVectors
-from tasks.io import Rows
+from tasks.util.io import Rows
 from tasks.models import MODELS, TrainInputs
 from tasks.classification.train import Params
-from tasks.vectors import keyed_word_vectors
+from tasks.util.vectors import keyed_word_vectors
 
 folder = Path(sys.argv[1])
 for name in ("out", "ckpt"):

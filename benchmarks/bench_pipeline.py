@@ -38,17 +38,17 @@ from flows.orchestrate.execute import StoreServices  # noqa: E402
 from flows.plan.config import load_pipeline  # noqa: E402
 from flows.plan.store import StageStore  # noqa: E402
 from tasks.core import BuildContext  # noqa: E402
-from tasks.segment import Params as SegmentConfig  # noqa: E402
+from tasks.shared.segment import Params as SegmentConfig  # noqa: E402
 
 console = Console()
 
 
 def bench_segmentation(repeat: int, rounds: int, backend: str = "jieba-rs") -> dict:
     """Stage logic vs a single-process loop of the same backend's cut, alternating, on the same texts."""
-    from tasks.io import write_parquet
-    from tasks.pool import Runner
-    from tasks.segment import segment_file, worker_count
-    from tasks.segmenter import Segmenter
+    from tasks.shared.segment import segment_file, worker_count
+    from tasks.util.io import write_parquet
+    from tasks.util.pool import Runner
+    from tasks.util.segmenter import Segmenter
 
     texts = pd.read_csv(ROOT / "data" / "raw" / "ChnSentiCorp_htl_all.csv")["review"].fillna("").astype(str).tolist() * repeat
     chars = sum(map(len, texts))

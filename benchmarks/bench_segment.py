@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tasks.segmenter import Segmenter, SegmenterParams  # noqa: E402
+from tasks.util.segmenter import Segmenter, SegmenterParams  # noqa: E402
 
 
 def spans(tokens: list[str]) -> set[tuple[int, int]]:

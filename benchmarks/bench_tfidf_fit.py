@@ -19,8 +19,8 @@ CHILD = r"""
 import json, sys, time, tempfile
 from pathlib import Path
 import pandas as pd
-from tasks.io import Rows
-from tasks.pool import peak_rss_mb
+from tasks.util.io import Rows
+from tasks.util.pool import peak_rss_mb
 from tasks.models.tfidf import Params, train_tfidf_lr, tfidf_predictor
 augment, segment, fit, section = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
 labels = json.loads(sys.argv[5])

@@ -31,7 +31,7 @@ from flows.plan import project  # noqa: E402
 project.activate(project.Project(ROOT))  # Prefect's home and start-up timeout, before Prefect is imported
 from flows.plan.config import load_pipeline  # noqa: E402
 from tasks.classification.vocab import Params as VocabConfig  # noqa: E402
-from tasks.segment import Params as SegmentConfig  # noqa: E402
+from tasks.shared.segment import Params as SegmentConfig  # noqa: E402
 
 console = Console()
 MODELS = ("tfidf_lr", "fasttext", "textcnn", "bilstm", "transformer", "bert", "rnn_lm")
@@ -43,8 +43,8 @@ def corpus(rows: int, folder: Path) -> pd.DataFrame:
     from gensim.models import Word2Vec
 
     from tasks.classification.vocab import count_tokens
-    from tasks.segmenter import Segmenter
-    from tasks.text import build_vocab
+    from tasks.util.segmenter import Segmenter
+    from tasks.util.text import build_vocab
 
     raw = pd.read_csv(ROOT / "data" / "raw" / "ChnSentiCorp_htl_all.csv").dropna()
     raw = raw.groupby("label").head(rows // 2).sample(frac=1.0, random_state=0)
@@ -64,7 +64,7 @@ def throughput(name: str, df: pd.DataFrame, params, folder: Path) -> dict[str, f
     """Median training samples/second of one model (the summary the train stage itself reports); bert gives
     its masked-LM pretraining (`bert_mlm`) and its fine-tuning."""
     from tasks.models import MODELS, TrainInputs
-    from tasks.vectors import load_word_vectors
+    from tasks.util.vectors import load_word_vectors
 
     out = Path(tempfile.mkdtemp(dir=folder))
     labels = sorted(df["label"].unique())

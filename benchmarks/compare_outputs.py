@@ -32,11 +32,12 @@ def digests(folder: Path) -> dict[str, str]:
             if p.is_file() and p.name != "manifest.json"}
 
 
-def build(code: Path, pipeline: str, stop: str, store: Path) -> float:
+def build(code: Path, pipeline: str, stop: str, store: Path, sets: list[str] = ()) -> float:
     env = {**os.environ, "ZHPIPE_SERVER": "temporary", "PYTHONPATH": str(code), "ZHPIPE_WARM": "off",
            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "--project", str(code), "run", pipeline, "--to", stop, "--storage", str(store)],
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "--project", str(code), "run", pipeline, "--to", stop, "--storage", str(store),
+                           *[a for s in sets for a in ("--set", s)]],
                           cwd=code, env=env, capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"{code.name}: zhpipe run {pipeline} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
@@ -77,6 +78,8 @@ def main() -> int:
     ap.add_argument("--to", default="vocab", help="the last stage built (default vocab; evaluate compares metrics too)")
     ap.add_argument("--repeat", action="store_true", help="build this checkout twice, to tell a change from what "
                     "varies run to run (threaded training)")
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="STAGE.PARAM=VALUE",
+                    help="a setting for both sides (e.g. embed.workers=1: Word2Vec in one thread, bit for bit)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="zhpipe-compare-"))
     base = work / "baseline"
@@ -85,7 +88,8 @@ def main() -> int:
     rows, metrics, same = [], [], True
     try:
         for pipeline in args.pipelines:
-            seconds = {side: build(code, pipeline, args.to, work / f"store-{side}-{pipeline}") for side, code in sides}
+            seconds = {side: build(code, pipeline, args.to, work / f"store-{side}-{pipeline}", args.sets)
+                       for side, code in sides}
             built = {side: stage_outputs(work / f"store-{side}-{pipeline}") for side, _ in sides}
             old, new, again = built["baseline"], built["new"], built.get("again")
             for stage in old.keys() | new.keys():
@@ -96,10 +100,10 @@ def main() -> int:
                 rows.append((pipeline, stage, len(a), len(b), verdict))
             scores = {side: results(work / f"store-{side}-{pipeline}") for side, _ in sides}
             for model, values in scores["baseline"].items():
+                now_all, again_all = scores["new"].get(model, {}), scores.get("again", {}).get(model)
+                varies = again_all is not None and again_all != now_all  # a model that varies does so in every metric
                 for metric, value in values.items():
-                    now = scores["new"].get(model, {}).get(metric)
-                    second = scores.get("again", {}).get(model, {}).get(metric)
-                    varies = second is not None and second != now
+                    now, second = now_all.get(metric), (again_all or {}).get(metric)
                     same &= now == value or varies
                     metrics.append((pipeline, model, metric, value, now, second,
                                     "equal" if now == value else "varies run to run" if varies else "DIFFERS"))

@@ -53,7 +53,7 @@ def train_params(device: str, precision: str, epochs: int):
 
 def classify(name: str, df: pd.DataFrame, folder: Path, params, scratch: Path | None = None) -> tuple[dict, Path]:
     """Train one classifier through the registry, as the train stage does; its summary and saved folder."""
-    from tasks.vectors import load_word_vectors
+    from tasks.util.vectors import load_word_vectors
 
     out = Path(tempfile.mkdtemp(dir=folder))
     spec = MODELS[name]

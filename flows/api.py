@@ -22,7 +22,7 @@ import pandas as pd
 from flows.plan import project as _project
 from tasks.core import model_unit
 from tasks.errors import ZhpipeError
-from tasks.io import SPLITS
+from tasks.util.io import SPLITS
 
 
 def _activate(project: str | Path | None) -> _project.Project:
@@ -49,7 +49,7 @@ def run(pipeline: str, overrides: list[str] | None = None, stages: list[str] | N
     request.config()  # a bad pipeline or setting is one error line before Prefect starts
     _project.ensure_prefect_home()
     from flows.orchestrate.pipeline import pipeline_flow
-    from tasks.urls import conceal
+    from tasks.util.urls import conceal
 
     return pipeline_flow(**request.parameters(), stages=stages, force=force, storage=conceal(storage))
 
@@ -87,7 +87,7 @@ def load(pipeline: str, stage: str, split: str = SPLITS[0], overrides: list[str]
             raise ZhpipeError(f"stage '{stage}' declares no output {name!r} (its outputs: {declared})")
     first = outputs[0]
     if first.kind == "vocabulary":  # every vocabulary the stage writes, by its folder
-        from tasks.io import read_vocab
+        from tasks.util.io import read_vocab
 
         return {Path(o.path).parent.name: read_vocab(folder / o.path) for o in outputs if o.kind == "vocabulary"}
     return read_output(folder, first.path.format(split=split), first.kind)

@@ -10,8 +10,8 @@ from typing import Any, Callable, ClassVar, Protocol
 import pandas as pd
 from pydantic import BaseModel, ConfigDict
 
-from tasks.io import sorted_labels
-from tasks.pool import Runner
+from tasks.util.io import sorted_labels
+from tasks.util.pool import Runner
 
 
 class Section(BaseModel):

@@ -52,14 +52,14 @@ class Stage:
     outputs: tuple[Output, ...] = ()
     models: PerModel | None = None  # a unit per model (train, evaluate): how they are made and what they are for
     # with a partitioned source (a folder or glob of files): a unit per partition (`<stage>:<file>`), then the
-    # stage gathers them in order (tasks/partitions.py); a night with one new file builds only that file's units
+    # stage gathers them in order (tasks/shared/partitions.py); a night with one new file builds only that file's units
     partitioned: bool = False
     cumulative: bool = False  # a partition unit also reads every earlier partition's output (global deduplication)
     # the module's functions for a partition unit and for gathering them (default: `build`, and concatenating
-    # the partitions' files with tasks/partitions.py); vocab counts per partition and merges the counts
+    # the partitions' files with tasks/shared/partitions.py); vocab counts per partition and merges the counts
     part_build: str = "build"
     gather: str | None = None
-    checked: bool = False  # the data checks (tasks/checks.py) are judged on its output: per partition, or whole
+    checked: bool = False  # the data checks (tasks/shared/checks.py) are judged on its output: per partition, or whole
 
 
     @property
@@ -189,6 +189,6 @@ SELECTS = PerModel(reads=("train",), selects=True)
 
 
 # the stages every kind shares, named in each kind's table
-SEGMENT = Stage("segment", ("split",), "tasks.segment", "jieba words (+POS) and characters, in parallel processes or "
-                "on Dask",
+SEGMENT = Stage("segment", ("split",), "tasks.shared.segment",
+                "jieba words (+POS) and characters, in parallel processes or on Dask",
                 "train_mean_words", (SPLITS,), partitioned=True)

@@ -10,8 +10,8 @@ live in its own folder:
 - `settings(config, labels) -> dict`: the sections of the pipeline config (and the labels) the served model replays,
   saved as its zhpipe.json.
 - `example(model) -> list[str]`: texts that show what the model takes (its signature and input example).
-- `outcomes(served, ask, test, metric) -> tasks.paired.Outcomes`: what a served model does on each row of a test split
-  (`ask(texts)` returns its answers as served), for the champion rule's paired bootstrap.
+- `outcomes(served, ask, test, metric) -> tasks.util.paired.Outcomes`: what a served model does on each row of a test
+  split (`ask(texts)` returns its answers as served), for the champion rule's paired bootstrap.
 - `SHOWN`: a `Shown`, how `zhpipe predict` writes its answers.
 - `LEGACY`: the class name its models were logged under before one generic entry (older models import it by name).
 Imports nothing heavy."""

@@ -358,7 +358,7 @@ def test_a_redirect_into_this_machine_or_a_private_network_is_refused(monkeypatc
     """A public server may not send the download to loopback, a private network or the cloud metadata address.
     The loopback test server stands for the public one: only the address test is told which host is public."""
     from tasks.source import fetch as download
-    from tasks.urls import is_internal
+    from tasks.util.urls import is_internal
 
     assert is_internal("http://127.0.0.1:9/") and is_internal("http://10.1.2.3/") and is_internal("http://169.254.169.254/latest")
     assert is_internal("http://[::1]/") and is_internal("http://localhost/") and not is_internal("http://93.184.216.34/")
@@ -391,7 +391,7 @@ def test_a_planted_jieba_cache_in_the_shared_temporary_folder_is_not_read(tmp_pa
 
     with open(tmp_path / "jieba.cache", "wb") as f:
         marshal.dump(({"你好世界": 10**9, "你": 1, "好": 1, "世": 1, "界": 1}, 10**9 + 4), f)
-    code = ("from tasks.segmenter import Segmenter, SegmenterParams; "
+    code = ("from tasks.util.segmenter import Segmenter, SegmenterParams; "
             "print(Segmenter(SegmenterParams(backend='jieba', hmm=False)).rows(['你好世界'])['words'][0])")
     env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

@@ -78,7 +78,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from tasks.paired import Outcomes, length_buckets
+from tasks.util.paired import Outcomes, length_buckets
 from tasks.serving import Shown, checked
 
 LEGACY = ""

@@ -62,7 +62,7 @@ def _mlflow_version(base: str) -> str:
     basic-auth app guards /version too); credentials it refuses are one line naming the variables to fix."""
     import httpx
 
-    from tasks.urls import redact
+    from tasks.util.urls import redact
 
     user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
     try:
@@ -82,7 +82,7 @@ def _tracking(args) -> str:
 
     from flows.track.sqlite import check_sqlite
     from flows.track.tracker import client, tracking_server, tracking_uri
-    from tasks.urls import redact
+    from tasks.util.urls import redact
 
     uri, base = tracking_uri(), tracking_server()
     if uri.startswith("sqlite:///"):
@@ -197,7 +197,7 @@ def preflight() -> None:
     """What a run checks before it builds anything: a tracking server that does not answer is one line, not a run that
     fails after its data stages."""
     from flows.track.tracker import tracking_server
-    from tasks.urls import redact
+    from tasks.util.urls import redact
 
     base = tracking_server()
     why = _unanswered(f"{base}/health") if base else None

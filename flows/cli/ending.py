@@ -42,7 +42,7 @@ def finish(code: int) -> NoReturn:
     """Exit with `code` as the interpreter would, less its teardown: Prefect's and MLflow's exit hooks run (their
     queues drain, logging flushes), then the process ends without freeing every object of every module it
     imported, which takes over a second once Prefect, MLflow and PyTorch are loaded. Every output is already
-    written and closed by then (`tasks.io` writes atomically)."""
+    written and closed by then (`tasks.util.io` writes atomically)."""
     import atexit
     import threading
 

@@ -13,7 +13,7 @@ from tasks.errors import ZhpipeError, say
 def cmd_run(args) -> int:
     from flows.cli.doctor import preflight
     from flows.orchestrate.pipeline import pipeline_flow, select_stages
-    from tasks.urls import conceal
+    from tasks.util.urls import conceal
 
     fail_on(args.fail_on)  # a wrong policy is said before the run, not after it
     preflight()  # a tracking server that does not answer: one line now, not after the data stages

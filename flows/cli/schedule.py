@@ -37,7 +37,7 @@ def cmd_alerts(args) -> int:
     from flows.orchestrate.deploy import require_server
     from flows.plan.config import load_alerts
     from flows.track import alerts
-    from tasks.urls import redact_webhook
+    from tasks.util.urls import redact_webhook
 
     wanted = load_alerts(config_file(args))
     alerts.check_target(wanted)  # before a server is started for it

@@ -1,12 +1,12 @@
-"""Chunked stages on a Dask cluster: a `Runner` (tasks.io) whose chunks run as Prefect tasks on Prefect's
+"""Chunked stages on a Dask cluster: a `Runner` (tasks.util.io) whose chunks run as Prefect tasks on Prefect's
 Dask task runner, on a local cluster or at a scheduler address. Outputs are byte-identical to a local run."""
 from __future__ import annotations
 
 import logging
 from typing import Any, Callable
 
-from tasks.io import Chunk
-from tasks.pool import Runner, call, windowed
+from tasks.util.io import Chunk
+from tasks.util.pool import Runner, call, windowed
 
 log = logging.getLogger("zhpipe")
 

@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from flows.orchestrate.chunks import runner_for
+from flows.orchestrate.gate import Gate
 from flows.orchestrate.workers import global_slot
 from flows.plan import project
 from flows.plan.config import PipelineConfig, flatten
 from flows.plan.keys import unit_params
+from flows.plan.leases import Lease
 from flows.plan.request import RunRequest
 from flows.plan.sources import origin_of, partition_source, partitions
 from flows.plan.store import Manifest, StageStore, stage_key
@@ -85,9 +87,8 @@ class RunContext:
     verify: bool = False  # hash every file of a reused output, not only the small ones
     origin: Origin | None = None  # the source as the keys were planned (the download re-checks against it)
     title: str = ""  # the parent run's name (pipeline, changed settings, time): its model runs are named after it
-    gate: Any = None  # the data checks (flows/orchestrate/gate.py), judged on the checked stage's output
-    replanned: bool = False  # a check held a partition out: the stages built before it are gathered again
-    lease: Any = None  # the run's hold on its keys in the store (flows/plan/leases.py): `zhpipe gc` leaves them alone
+    gate: Gate | None = None  # the data checks (flows/orchestrate/gate.py), judged on the checked stage's output
+    lease: Lease | None = None  # the run's hold on its keys in the store (flows/plan/leases.py): `zhpipe gc` leaves them alone
     request: RunRequest | None = None  # what the run was asked to build (a tuning trial's runs have none)
     _partitions: list[str] | None = None
 
@@ -189,7 +190,6 @@ class RunContext:
         if self.lease is not None:
             self.lease.update(self.keys)
         self._partitions = None
-        self.replanned = True
 
     def partition_names(self) -> list[str]:
         if self._partitions is None:
@@ -199,7 +199,7 @@ class RunContext:
     def run_partitions(self, spec, upstream: dict[str, StageResult]) -> StageResult:
         """A partitioned stage: each partition's unit (from the same partition of each stage it needs, and for a
         cumulative stage every earlier partition of its own), then the stage that gathers them."""
-        from tasks import partitions as gather
+        from tasks.shared import partitions as gather
 
         parts: dict[str, StageResult] = {}
         names, i = self.partition_names(), 0

@@ -1,4 +1,4 @@
-"""The data checks in a run (tasks/checks.py declares them): judged on the checked stage's output, per partition
+"""The data checks in a run (tasks/shared/checks.py declares them): judged on the checked stage's output, per partition
 against the earlier kept partitions, or for a source without partitions against the last corpus that passed. A
 blocking failure holds a partition out of the corpus (the run goes on without it) or stops a run without partitions
 before training; each decision is one line naming the partition and the check, a Prefect event, and a row of the
@@ -16,8 +16,8 @@ import pyarrow.parquet as pq
 
 from flows.plan import held
 from flows.plan.sources import hold_out
-from tasks import checks
 from tasks.errors import ZhpipeError
+from tasks.shared import checks
 
 log = logging.getLogger("zhpipe")
 

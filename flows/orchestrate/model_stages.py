@@ -13,9 +13,9 @@ from flows.plan.keys import members_of, model_units
 from flows.track.champion import register_best
 from flows.track.tracker import Tracker, client
 from tasks.core import model_unit
-from tasks.io import Rows
 from tasks.models import MODELS
 from tasks.stages import Stage
+from tasks.util.io import Rows
 
 
 def model_dir(run: RunContext, name: str) -> Path:

@@ -11,7 +11,7 @@ import pandas as pd
 from flows.orchestrate.execute import RunContext, StageResult, artifact_key
 from flows.track import report
 from flows.track.tracker import Tracker, ui_url
-from tasks.reports import markdown_text
+from tasks.shared.reports import markdown_text
 
 log = logging.getLogger("zhpipe")
 

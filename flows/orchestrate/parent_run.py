@@ -24,9 +24,9 @@ from flows.plan.store import StageStore, stage_key
 from flows.track.champion import revision
 from flows.track.tracker import Tracker, experiment_id, ui_url
 from tasks.core import DATASET_SAMPLE_ROWS, model_unit
-from tasks.io import SPLITS as SPLIT_NAMES
-from tasks.io import iter_frames
-from tasks.urls import redact_text
+from tasks.util.io import SPLITS as SPLIT_NAMES
+from tasks.util.io import iter_frames
+from tasks.util.urls import redact_text
 
 log = logging.getLogger("zhpipe")
 
@@ -163,7 +163,7 @@ def label_flow_run(run: RunContext) -> None:
     from prefect.client.orchestration import get_client
     from prefect.runtime import flow_run
 
-    from tasks.reports import markdown_text
+    from tasks.shared.reports import markdown_text
 
     if not flow_run.id:
         return

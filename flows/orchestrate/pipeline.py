@@ -207,10 +207,10 @@ def _run_stages(run: RunContext, stages: list[str], results: dict[str, StageResu
         elif spec.name in stages:
             # quoted: Prefect would walk the whole run context (config, keys, store) looking for futures, twice a task
             results[spec.name] = stage_task(spec.name)(quote(run), *inputs)
-            if run.replanned:  # a check held a partition out: the stages before gather their partitions again
-                run.replanned = False
-                for name in [n for n in results if n != spec.name and kind.stages[n].partitioned]:
-                    results[name] = stage_task(name)(quote(run), *[results.get(d) for d in kind.stages[name].needs])
+            # a check held a partition out and the plan changed: a stage before whose key the plan no longer holds
+            # gathers its partitions again (in graph order)
+            for name in [n for n, r in results.items() if r.key != run.keys[n]]:
+                results[name] = stage_task(name)(quote(run), *[results.get(d) for d in kind.stages[name].needs])
         elif spec.name in needed:
             results[spec.name] = run.reuse(spec.name)
 
@@ -256,7 +256,8 @@ def train_remote(run: RunContext) -> StageResult:
     # what the train deployment lets a run set: its overrides (its own, or allowed by the pipeline), never a
     # source or storage (the worker uses the pipeline's, or its ZHPIPE_STORAGE)
     parameters = {
-        **run.request.parameters(), "parent_run_id": run.parent_run_id, "force": stage in run.force, "project_dir": str(project.current().root),
+        **run.request.parameters(), "parent_run_id": run.parent_run_id, "force": stage in run.force,
+        "project_dir": str(project.current().root),
         # the worker plans the same keys without the corpus (a worker needs the project's pipelines.yaml, not its data)
         "source_fingerprint": next(c["inputs"]["source"] for c in run.causes.values() if "source" in c["inputs"]),
     }

@@ -12,13 +12,13 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, create_model, model_validator
 
 from flows.plan.values import apply_set, load_yaml, valid_cron
-from tasks.checks import Checks
 from tasks.core import Section
 from tasks.errors import ConfigError
 from tasks.models import MODELS
+from tasks.shared.checks import Checks
 from tasks.source.schema import Source
 from tasks.stages import DEFAULT_KIND, KINDS, STAGE_NAMES, TaskKind
-from tasks.urls import conceal
+from tasks.util.urls import conceal
 
 DEFAULT_PIPELINE = "chnsenticorp"
 
@@ -111,7 +111,7 @@ class PipelineConfig(Section):
     dask_address: str | None = None  # scheduler address (tcp://host:8786); None with runner dask = a local cluster
     storage: str | None = None  # stage store root: a folder or an fsspec URL; default data/ (ZHPIPE_STORAGE wins)
     predict: PredictLimits = PredictLimits()  # travels with the registered model
-    # the data checks on each night's cleaned rows (tasks/checks.py): severity and threshold each
+    # the data checks on each night's cleaned rows (tasks/shared/checks.py): severity and threshold each
     checks: Checks = Checks()
     # `zhpipe tune` search spaces per model: {setting: {low, high, log?, step?} or {choices: [...]}}; a model
     # without one gets flows/orchestrate/tune.py's default
@@ -269,7 +269,7 @@ def check_name(name: str, where: Path | str) -> None:
 
 def conceal_urls(node: Any) -> Any:
     """Every URL with credentials in the raw config replaced by its redacted form; the real one stays in
-    this process (tasks.urls.reveal) and never reaches MLflow, Prefect, manifests or logs."""
+    this process (tasks.util.urls.reveal) and never reaches MLflow, Prefect, manifests or logs."""
     if isinstance(node, dict):
         return {k: conceal_urls(v) for k, v in node.items()}
     if isinstance(node, list):

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tasks.errors import ConfigError
-from tasks.io import file_sha256, resolve_path
+from tasks.util.io import file_sha256, resolve_path
 
 
 def _strip_docstrings(tree: ast.AST) -> ast.AST:
@@ -97,7 +97,7 @@ def _save_code_cache() -> None:
         return
     import json
 
-    from tasks.io import atomic_write_text
+    from tasks.util.io import atomic_write_text
 
     try:
         _CODE_CACHE["path"].parent.mkdir(parents=True, exist_ok=True)

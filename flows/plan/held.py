@@ -46,7 +46,7 @@ def load(identity: str) -> dict[str, Any]:
 
 
 def save(identity: str, record: dict[str, Any]) -> None:
-    from tasks.io import atomic_write_text
+    from tasks.util.io import atomic_write_text
 
     judged = record["judged"]
     for key in list(judged)[:-KEPT_JUDGEMENTS]:

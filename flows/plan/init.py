@@ -10,7 +10,7 @@ import pandas as pd
 
 from flows.plan.project import CONFIG_NAME
 from tasks.errors import ConfigError, DataError
-from tasks.io import file_sha256
+from tasks.util.io import file_sha256
 
 STARTER = """\
 # zhpipe pipelines: `zhpipe run` runs the first one, `zhpipe run NAME` another.

@@ -42,7 +42,7 @@ def key_causes(config: PipelineConfig, unit: str, inputs: dict[str, str],
     code, files = code_fingerprint(module.__name__), module.FILES
     # it concatenates its partitions
     if spec.partitioned and config.source.partitioned and not part and not spec.gather:
-        from tasks import partitions as gather
+        from tasks.shared import partitions as gather
 
         code, files, module = code_fingerprint(gather.__name__), (), gather
     if model:

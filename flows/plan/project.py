@@ -186,7 +186,7 @@ def unreachable(error: BaseException) -> str | None:
     server), found anywhere in the error's chain; None for any other error."""
     import re
 
-    from tasks.urls import redact
+    from tasks.util.urls import redact
 
     seen = set()
     while error is not None and id(error) not in seen:

@@ -66,7 +66,7 @@ class RunRequest:
 def _concealed(assignment: str) -> str:
     """An override as a request holds it: each URL with credentials redacted, the real one kept in this process (as
     the config keeps it) so that the run it starts here can still connect."""
-    from tasks.urls import redact_text
+    from tasks.util.urls import redact_text
 
     shown = redact_text(assignment)
     if shown != assignment:

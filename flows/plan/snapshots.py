@@ -15,8 +15,8 @@ import pandas as pd
 
 from flows.plan import project
 from tasks.errors import DataError
-from tasks.io import atomic_write_text, file_sha256, text_digests
 from tasks.source.schema import Partition, Source
+from tasks.util.io import atomic_write_text, file_sha256, text_digests
 
 log = logging.getLogger("zhpipe")
 

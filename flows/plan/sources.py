@@ -13,8 +13,8 @@ from flows.plan import project
 from flows.plan.config import PipelineConfig
 from flows.plan.store import file_sha256
 from tasks.errors import ZhpipeError
-from tasks.io import resolve_path
 from tasks.source.origin import Origin
+from tasks.util.io import resolve_path
 
 log = logging.getLogger("zhpipe")
 
@@ -130,7 +130,7 @@ def _recorded(config: PipelineConfig) -> list[str]:
 def record_appends(config: PipelineConfig) -> None:
     """Keep this run's partitions of a partitioned source, so that the next run finds them (and checks them): an
     appended file's byte ranges and sha256, a folder's or glob's file names."""
-    from tasks.io import atomic_write_text
+    from tasks.util.io import atomic_write_text
 
     if not config.source.partitioned:
         return
@@ -154,7 +154,7 @@ def record_appends(config: PipelineConfig) -> None:
 def record_source_run(config: PipelineConfig, keys: dict[str, str]) -> None:
     """A run on another corpus (`--source`) is in no pipeline of pipelines.yaml: what it built is kept from `zhpipe
     gc` by this record of its keys and source (in the project), until `zhpipe gc --forget <its name>`."""
-    from tasks.io import atomic_write_text
+    from tasks.util.io import atomic_write_text
 
     if not config.tracked_as:
         return

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tasks.errors import ZhpipeError
-from tasks.io import atomic_write_text, file_sha256  # noqa: F401 - file_sha256 is part of the store's API
-from tasks.urls import conceal, redact, reveal
+from tasks.util.io import atomic_write_text, file_sha256  # noqa: F401 - file_sha256 is part of the store's API
+from tasks.util.urls import conceal, redact, reveal
 
 MANIFEST = "manifest.json"
 HASH_ON_REUSE_BYTES = 8 << 20  # files up to this size are hashed on every reuse; larger ones with --verify

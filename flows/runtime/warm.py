@@ -153,7 +153,7 @@ def _become_client(request: dict, fds: list[int]) -> None:
     """In the fork: the client's process group, signals, stdin/stdout/stderr, folder, environment, time zone and
     argv."""
     os.setpgid(0, 0)  # its own process group: the client's signals reach it and what it starts, no one else
-    from tasks.urls import redact_text
+    from tasks.util.urls import redact_text
 
     print(f"warm: running `zhpipe {' '.join(redact_text(a) for a in request['argv'])}` in process {os.getpid()}",
           flush=True)

@@ -93,7 +93,7 @@ def check_target(alerts: Alerts) -> None:
     """A webhook on a private network is refused by Prefect at delivery time, where nobody sees it: said now, in one
     line with the setting that allows it."""
     from tasks.errors import ConfigError
-    from tasks.urls import redact_webhook
+    from tasks.util.urls import redact_webhook
 
     url = alerts.webhook or alerts.slack
     address = private_address(url) if url and not alerts.allow_private_urls else None
@@ -136,7 +136,7 @@ def delivery(automation_id: str, event_id: str, wait_s: float, url: str | None =
     from prefect.client.orchestration import get_client
     from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter, EventResourceFilter
 
-    from tasks.urls import redact_text
+    from tasks.util.urls import redact_text
 
     start = time.monotonic()
     deadline = start + wait_s

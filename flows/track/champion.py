@@ -33,7 +33,7 @@ SCORED = _scored()  # the columns of a test split that its hash and its scoring 
 
 
 def test_frame(test) -> pd.DataFrame:
-    """A test split (a frame, or a `tasks.io.Rows` read now) with only the columns it is scored by."""
+    """A test split (a frame, or a `tasks.util.io.Rows` read now) with only the columns it is scored by."""
     if isinstance(test, pd.DataFrame):
         return test
     import pyarrow.parquet as pq
@@ -43,7 +43,7 @@ def test_frame(test) -> pd.DataFrame:
 
 
 def test_sha256(test) -> str:
-    """Content hash of a test split (a frame, or a `tasks.io.Rows` read batch by batch): its texts and labels
+    """Content hash of a test split (a frame, or a `tasks.util.io.Rows` read batch by batch): its texts and labels
     (or tags) in id order (not the file's bytes)."""
     if not isinstance(test, pd.DataFrame):
         import pyarrow.parquet as pq
@@ -189,7 +189,7 @@ def decide_paired(version: str, champion: dict | None, metric: str, served: Call
     are scored as they are served (`served(version)` -> `Outcomes`), and the new one replaces the champion only when
     the paired bootstrap interval of the difference lies above zero and no slice is worse beyond the tolerance
     (`rule`, the `evaluate.champion` section). Returns (promote, reason, the champion's score on these rows)."""
-    from tasks.paired import compare
+    from tasks.util.paired import compare
 
     if champion is None:
         return True, "first registered model: it becomes champion", None
@@ -312,7 +312,7 @@ def register_best(model_uri: str, run_id: str, pipeline: str, model: str, test, 
     """Register the best model (the classifier pyfunc logged with its training, `model_uri`) unless its key is
     registered already, then apply the champion rule: the alias moves only if, re-read under the registry
     lock, the champion it was compared with is still the champion (compare-and-set). `rescore(model_uri, test)`
-    gives what a registered version does on each row of `test` as it is served (`tasks.paired.Outcomes`):
+    gives what a registered version does on each row of `test` as it is served (`tasks.util.paired.Outcomes`):
     both are scored on the same rows and compared by a paired bootstrap (`rule`: the `evaluate.champion`
     section). Without `rescore` (the registry alone), the stored test scores are compared."""
 
@@ -332,7 +332,7 @@ def register_best(model_uri: str, run_id: str, pipeline: str, model: str, test, 
             return settled
     served = (lambda v: rescore(f"models:/{name}/{v}", test_frame(test))) if rescore else None  # read only if asked
     if served is not None and rule is None:
-        from tasks.selection import ChampionRule
+        from tasks.shared.selection import ChampionRule
 
         rule = ChampionRule()
     champion_score, already = None, False

@@ -48,7 +48,7 @@ def dataset_entity(df: pd.DataFrame, source: str, name: str, rows: int | None = 
             ds = MetaDataset(ds.source, name=name, digest=digest, schema=ds.schema)
         entity = ds._to_mlflow_entity()  # the schema is inferred here
     if cached is not None:
-        from tasks.io import atomic_write_text
+        from tasks.util.io import atomic_write_text
 
         cached.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(cached, json.dumps(dict(entity)))  # its fields, as Dataset(**...) takes them

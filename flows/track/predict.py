@@ -38,7 +38,7 @@ def load_model(uri: str):
 
     def cannot(e: Exception) -> ZhpipeError:
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        from tasks.urls import redact, redact_text
+        from tasks.util.urls import redact, redact_text
 
         return ZhpipeError(f"cannot load model {uri} from {redact(tracking_uri())}: {redact_text(first)}; run a "
                            f"pipeline first (`zhpipe run`) or pass --model")
@@ -212,7 +212,7 @@ def _cached_model(uri: str):
 
 def predict_chunk(chunk, params: dict) -> pd.DataFrame:
     """Chunk function: the label and probabilities of one chunk's texts (the model is loaded once per worker)."""
-    from tasks.io import read_chunk
+    from tasks.util.io import read_chunk
 
     return predict_frame(_cached_model(params["uri"]), read_chunk(chunk, columns=[params["text_column"]]),
                          params["text_column"])
@@ -225,7 +225,7 @@ def predict_distributed(uri: str, df: pd.DataFrame, text_column: str, executor: 
     import tempfile
 
     from flows.orchestrate.chunks import DaskRunner, shutdown
-    from tasks.io import chunk_plan, write_parquet
+    from tasks.util.io import chunk_plan, write_parquet
 
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "texts.parquet"
@@ -281,7 +281,7 @@ def predict_frame(model, df: pd.DataFrame, text_column: str, batch: int = 512) -
     """The model's `label`, `probability`, `p_<label>` and `status` for each row's text (a tagger's `entities`,
     `count` and `status`; a translator's `translation` and `status`), in batches of at most the model's
     `predict.max_rows` with a progress bar; missing texts stay missing (status `missing`)."""
-    from tasks.progress import progress
+    from tasks.util.progress import progress
 
     texts = df[text_column].tolist()
     try:  # a file of any length, asked in calls the model accepts (its predict.max_rows)

@@ -32,7 +32,7 @@ def comparison_plot(name: str, night: pd.DataFrame, reference: pd.DataFrame | No
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from tasks.plots import cjk_font
+    from tasks.util.plots import cjk_font
 
     font = cjk_font()  # the font the profile stage draws Chinese with: label names are often Chinese
     style = {}

@@ -173,7 +173,7 @@ def ui_base() -> str:
     where `zhpipe ui` serves the project's store."""
     import os
 
-    from tasks.urls import redact
+    from tasks.util.urls import redact
 
     team = tracking_server()
     return (os.environ.get("ZHPIPE_MLFLOW_UI") or (redact(team) if team else None) or UI_URL).rstrip("/")

@@ -19,9 +19,9 @@ from tasks.classification.augmenters import (
 from tasks.classification.backtranslation import BackTranslationParams
 from tasks.core import BuildContext, BuildOutput, Facts
 from tasks.errors import ConfigError, DataError
-from tasks.io import ROW_GROUP_ROWS, PartWriter, Rows, TextSet, chunk_plan, write_parquet
-from tasks.pool import Runner
-from tasks.segmenter import SegmenterParams
+from tasks.util.io import ROW_GROUP_ROWS, PartWriter, Rows, TextSet, chunk_plan, write_parquet
+from tasks.util.pool import Runner
+from tasks.util.segmenter import SegmenterParams
 
 # what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)

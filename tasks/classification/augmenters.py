@@ -11,9 +11,9 @@ import pandas as pd
 from pydantic import Field
 
 from tasks.core import Section
-from tasks.io import Chunk, TextSet, chunk_plan, read_chunk
-from tasks.pool import Runner
-from tasks.segmenter import SegmenterParams
+from tasks.util.io import Chunk, TextSet, chunk_plan, read_chunk
+from tasks.util.pool import Runner
+from tasks.util.segmenter import SegmenterParams
 
 CHUNK_ROWS = 5000
 

@@ -18,9 +18,9 @@ from tasks.classification.translators import (
     split_sentences,
 )
 from tasks.errors import ConfigError
-from tasks.hub import ModelMissingError
-from tasks.progress import progress
-from tasks.segmenter import Segmenter
+from tasks.util.hub import ModelMissingError
+from tasks.util.progress import progress
+from tasks.util.segmenter import Segmenter
 
 log = logging.getLogger("zhpipe.augment")
 FILTER_REASONS = ("identical", "length_ratio", "too_similar", "too_dissimilar", "not_chinese", "duplicate")

@@ -14,9 +14,18 @@ from pydantic import Field
 
 from tasks.core import DATASET_SAMPLE_ROWS, BuildContext, BuildOutput, Dataset, Facts
 from tasks.errors import DataError
-from tasks.io import ROW_GROUP_ROWS, Chunk, PartWriter, chunk_plan, iter_frames, read_chunk, sorted_labels, text_digests
-from tasks.normalise import Normalise, clean_text, length_reasons
-from tasks.pool import Runner
+from tasks.shared.normalise import Normalise, clean_text, length_reasons
+from tasks.util.io import (
+    ROW_GROUP_ROWS,
+    Chunk,
+    PartWriter,
+    chunk_plan,
+    iter_frames,
+    read_chunk,
+    sorted_labels,
+    text_digests,
+)
+from tasks.util.pool import Runner
 
 # what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)

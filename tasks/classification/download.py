@@ -15,12 +15,12 @@ from collections import Counter
 import pandas as pd
 
 from tasks.core import BuildContext, BuildOutput, Facts
-from tasks.io import ROW_GROUP_ROWS, PartWriter, sorted_labels
 from tasks.source.archives import ARCHIVES, extract
 from tasks.source.fetch import FetchParams, locate
 from tasks.source.readers import empty_quarantine, file_format, labelled, no_rows, range_file, read_batches
 from tasks.source.schema import Source
-from tasks.urls import redact
+from tasks.util.io import ROW_GROUP_ROWS, PartWriter, sorted_labels
+from tasks.util.urls import redact
 
 # what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)

@@ -10,8 +10,15 @@ import pandas as pd
 from pydantic import Field, field_validator
 
 from tasks.core import BuildContext, BuildOutput, Section
-from tasks.text import is_word
-from tasks.vectors import FASTTEXT_MIN_THREADS, Word2VecParams, fasttext_call, fasttext_dim, neighbours, train_word2vec
+from tasks.util.text import is_word
+from tasks.util.vectors import (
+    FASTTEXT_MIN_THREADS,
+    Word2VecParams,
+    fasttext_call,
+    fasttext_dim,
+    neighbours,
+    train_word2vec,
+)
 
 # what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)
@@ -118,7 +125,7 @@ def pca_2d(x: np.ndarray) -> np.ndarray:
 
 def plot_projection(kv, words: list[str], method: str, path: Path, font: str, seed: int) -> Path:
     """The words' vectors projected to 2-D (PCA or t-SNE), each point labelled with its word."""
-    from tasks.plots import save, subplots, use_font
+    from tasks.util.plots import save, subplots, use_font
 
     use_font(font)
     x = np.stack([kv[w] for w in words])
@@ -187,7 +194,7 @@ def build(ctx: BuildContext) -> BuildOutput:
                            lambda w, n: [(o, s) for s, o in ft.get_nearest_neighbors(w, k=n)], p.topn)
         metrics["fasttext_vocab"] = len(ft.get_words())
         artifacts.append("fasttext.vec")
-    from tasks.plots import require_cjk_font
+    from tasks.util.plots import require_cjk_font
 
     font = require_cjk_font(what="embed")  # the words are drawn: never as boxes
     plot_projection(w2v, frequent_words(w2v, p.plot_words), "pca", ctx.out / "word2vec_pca.png", font, p.seed)

@@ -11,11 +11,11 @@ import numpy as np
 import pandas as pd
 
 from tasks.core import BuildContext, BuildOutput, Facts, Section, by_model
-from tasks.io import Rows, batches_of, predict_batches
 from tasks.models import MODELS
 from tasks.models.base import label_ids
-from tasks.reports import comparison_markdown, plot_training_curves
-from tasks.selection import ChampionRule
+from tasks.shared.reports import comparison_markdown, plot_training_curves
+from tasks.shared.selection import ChampionRule
+from tasks.util.io import Rows, batches_of, predict_batches
 
 # what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)
@@ -96,7 +96,7 @@ def score(y_true: np.ndarray, y_pred: np.ndarray, labels: list[str]) -> tuple[di
 
 def tick_labels(labels: list[str]) -> tuple[list[str], str]:
     """Labels as they can be drawn: Chinese needs a CJK font, else class indices (named in the CSV)."""
-    from tasks.plots import cjk_font
+    from tasks.util.plots import cjk_font
 
     if not any(ord(c) > 0x2E80 for label in labels for c in label) or cjk_font():
         return labels, ""
@@ -105,7 +105,7 @@ def tick_labels(labels: list[str]) -> tuple[list[str], str]:
 
 def plot_confusion(matrix: np.ndarray, labels: list[str], title: str, path: Path) -> None:
     """Confusion matrix heat map with counts, true labels on rows."""
-    from tasks.plots import cjk_font, save, subplots, use_font
+    from tasks.util.plots import cjk_font, save, subplots, use_font
 
     shown, note = tick_labels(labels)
     size = 2.5 + 0.45 * len(labels)
@@ -131,7 +131,7 @@ def plot_pr_curves(y_true: np.ndarray, probs: np.ndarray, labels: list[str], tit
     """One-vs-rest precision-recall curve per class; returns each class's average precision."""
     from sklearn.metrics import average_precision_score, precision_recall_curve
 
-    from tasks.plots import save, subplots
+    from tasks.util.plots import save, subplots
 
     shown, note = tick_labels(labels)
     fig, ax = subplots(figsize=(5.5, 4.2))

@@ -14,9 +14,9 @@ import pandas as pd
 from pydantic import Field
 
 from tasks.core import BuildContext, BuildOutput, Facts
-from tasks.io import SPLITS, Rows, safe_name
-from tasks.reports import Common, report_html, stats_markdown
-from tasks.text import FUNCTION_WORDS, is_word
+from tasks.shared.reports import Common, report_html, stats_markdown
+from tasks.util.io import SPLITS, Rows, safe_name
+from tasks.util.text import FUNCTION_WORDS, is_word
 
 # what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)
@@ -142,7 +142,7 @@ def dictionary_tags() -> dict[str, str]:
     HMM only guesses tags for the rest), so the segment stage's words are tagged without cutting again."""
     import jieba.posseg
 
-    from tasks.segmenter import _jieba
+    from tasks.util.segmenter import _jieba
 
     _jieba()  # jieba's cache in a folder of our own, before posseg loads the dictionary
 
@@ -162,7 +162,7 @@ def tagged_counts(pos: pd.Series) -> tuple[Counter, Counter]:
 
 
 def plot_labels(per_split: dict[str, Counter], labels: list[str], path: Path) -> Path:
-    from tasks.plots import save, subplots
+    from tasks.util.plots import save, subplots
 
     counts = pd.DataFrame({s: pd.Series(c, dtype="int64").reindex(labels, fill_value=0) for s, c in per_split.items()})
     fig, ax = subplots(figsize=(6, 3.6))
@@ -180,7 +180,7 @@ def plot_lengths(profile: Profile, labels: list[str], path: Path) -> Path:
     """Histogram (every text) and density (a Gaussian KDE of a sample of each label) of text length in characters."""
     from scipy.stats import gaussian_kde
 
-    from tasks.plots import save, subplots
+    from tasks.util.plots import save, subplots
 
     hi = hist_quantile(profile.all_chars(), 0.99)
     bins = np.linspace(0, hi, 50)
@@ -202,7 +202,7 @@ def plot_lengths(profile: Profile, labels: list[str], path: Path) -> Path:
 
 def plot_scatter(profile: Profile, labels: list[str], path: Path) -> Path:
     """Characters vs words per text, a point per text of a random sample (at most 3,000 per label), by label."""
-    from tasks.plots import save, subplots
+    from tasks.util.plots import save, subplots
 
     fig, ax = subplots(figsize=(6, 4))
     for label in labels:
@@ -215,7 +215,7 @@ def plot_scatter(profile: Profile, labels: list[str], path: Path) -> Path:
 
 def plot_top(tables: dict[str, list[tuple[str, int]]], title: str, path: Path) -> Path:
     """Horizontal bars of the top words, one panel per label."""
-    from tasks.plots import save, subplots
+    from tasks.util.plots import save, subplots
 
     fig, axes = subplots(1, len(tables), figsize=(3.2 * len(tables), 0.25 * max(len(t) for t in tables.values()) + 1.5),
                          squeeze=False)
@@ -243,7 +243,7 @@ def build(ctx: BuildContext) -> BuildOutput:
     """Pictures, tables and `report.html` about the segmented splits, counted batch by batch."""
     import pyarrow.parquet as pq
 
-    from tasks.plots import require_cjk_font, use_font
+    from tasks.util.plots import require_cjk_font, use_font
 
     p: Params = ctx.params
     pos = ["pos"] if "pos" in pq.read_schema(ctx.file("segment", "train.parquet")).names else []  # `segment.pos: true`

@@ -25,7 +25,7 @@ def example(model: Path) -> list[str]:
 
 def segmenter_of(config: dict):
     """The segmenter a served model replays (its zhpipe.json's `segment` section)."""
-    from tasks.segmenter import Segmenter, SegmenterParams
+    from tasks.util.segmenter import Segmenter, SegmenterParams
 
     segment = config["segment"]
     return Segmenter(SegmenterParams(**{k: v for k, v in segment.items() if k in SegmenterParams.model_fields}))
@@ -46,7 +46,7 @@ class Served:
 
     def screen(self, values: list[Any]) -> tuple[list[str], list[str]]:
         """(cleaned texts, status per text): the length limit is applied before cleaning and segmenting."""
-        from tasks.normalise import clean_text
+        from tasks.shared.normalise import clean_text
 
         texts, statuses = [], []
         for value in values:
@@ -80,7 +80,7 @@ class Served:
 
 def outcomes(served: Served, ask: Callable[[list[str]], pd.DataFrame], test: pd.DataFrame, metric: str):
     """The true and predicted labels per row; slices: the true class and the length bucket."""
-    from tasks.paired import Outcomes, length_buckets
+    from tasks.util.paired import Outcomes, length_buckets
 
     texts = test["text"].astype(str).tolist()
     truth = test["label"].astype(str).to_numpy()

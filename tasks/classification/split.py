@@ -17,8 +17,8 @@ import pyarrow.parquet as pq
 
 from tasks.core import BuildContext, BuildOutput, Facts
 from tasks.errors import ConfigError, DataError
-from tasks.io import ROW_GROUP_ROWS, SPLITS, PartWriter, iter_frames, sorted_labels
-from tasks.splitting import Fractions, hash_units, split_sizes
+from tasks.shared.splitting import Fractions, hash_units, split_sizes
+from tasks.util.io import ROW_GROUP_ROWS, SPLITS, PartWriter, iter_frames, sorted_labels
 
 # what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)

@@ -8,11 +8,11 @@ import numpy as np
 
 from tasks.core import BuildContext, BuildOutput, Facts, Unit, by_model
 from tasks.errors import DataError
-from tasks.io import Rows, batches_of, predict_batches
 from tasks.models import MODELS, TrainInputs
 from tasks.models.base import label_ids
 from tasks.models.settings import params_model
-from tasks.vectors import load_word_vectors
+from tasks.util.io import Rows, batches_of, predict_batches
+from tasks.util.vectors import load_word_vectors
 
 # what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)

@@ -18,8 +18,8 @@ from pydantic import Field
 
 from tasks.core import Section
 from tasks.errors import ZhpipeError
-from tasks.hub import load_pretrained
-from tasks.urls import is_loopback, redact, reveal
+from tasks.util.hub import load_pretrained
+from tasks.util.urls import is_loopback, redact, reveal
 
 log = logging.getLogger("zhpipe.translation")
 _SENTENCE_END = re.compile(r"(?<=[。！？!?；;…\n])")
@@ -160,7 +160,7 @@ class RegisteredTranslator:
 
         from tasks.classification.clean import Params as CleanParams
         from tasks.models import MODELS
-        from tasks.segmenter import Segmenter, SegmenterParams
+        from tasks.util.segmenter import Segmenter, SegmenterParams
 
         self.name = name
         try:
@@ -186,7 +186,7 @@ class RegisteredTranslator:
         """The best beam per text (`n` > 1 repeats it)."""
         import pandas as pd
 
-        from tasks.normalise import clean_text
+        from tasks.shared.normalise import clean_text
 
         cleaned = [clean_text(t, self.clean) for t in texts]
         frame = pd.DataFrame({"text": cleaned,

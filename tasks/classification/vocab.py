@@ -6,8 +6,8 @@ from collections import Counter
 import pandas as pd
 
 from tasks.core import BuildContext, BuildOutput, Facts, gathered
-from tasks.io import Rows
-from tasks.text import VocabParams, build_vocab, prune_counts
+from tasks.util.io import Rows
+from tasks.util.text import VocabParams, build_vocab, prune_counts
 
 # what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from tasks.core import MetricSink, Section
-from tasks.vectors import WordVectors
+from tasks.util.vectors import WordVectors
 
 if TYPE_CHECKING:  # annotations only: the heavy libraries are imported where they are used
     import torch
@@ -70,7 +70,7 @@ class ModelSpec:
     params: type[Section]  # the `train.<name>` config section, one declaration per setting
     train: Callable[[TrainInputs], dict]
     predictor: Callable[[Path], Predictor] | None = None  # classifiers: a saved model folder -> predict function
-    # its `train` reads `TrainInputs.train`/`validation` as `tasks.io.Rows` (batches from the split's file,
+    # its `train` reads `TrainInputs.train`/`validation` as `tasks.util.io.Rows` (batches from the split's file,
     # memory bounded whatever the corpus) instead of frames
     streams: bool = False
     perplexity: Callable[[Path, pd.DataFrame], float] | None = None  # language models: perplexity of texts

@@ -11,14 +11,14 @@ import numpy as np
 import pandas as pd
 from pydantic import Field, model_validator
 
-from tasks.as_is import original_rows
 from tasks.core import Section
 from tasks.errors import ConfigError
-from tasks.hub import load_pretrained
-from tasks.io import read_vocab
 from tasks.models.base import NETWORK, ModelSpec, TrainInputs, class_weight_tensor, label_ids
 from tasks.models.pretraining import encode_pairs, pretraining_metrics, sentence_pairs
-from tasks.vectors import WordVectors
+from tasks.shared.as_is import original_rows
+from tasks.util.hub import load_pretrained
+from tasks.util.io import read_vocab
+from tasks.util.vectors import WordVectors
 
 if TYPE_CHECKING:  # annotations only: the heavy libraries are imported where they are used
     import torch

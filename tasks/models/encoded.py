@@ -17,7 +17,7 @@ from typing import Callable, Iterator
 import numpy as np
 import pandas as pd
 
-from tasks.io import Rows, batches_of, columns_of
+from tasks.util.io import Rows, batches_of, columns_of
 
 BLOCK_ROWS = 4_096  # rows read together from disk; the unit of an epoch's shuffle
 BUFFER_ROWS = 65_536  # rows batched together (a multiple of BLOCK_ROWS): about 70 MB of ids at 256 tokens a row

@@ -12,9 +12,9 @@ import pandas as pd
 from pydantic import field_validator
 
 from tasks.core import Section
-from tasks.io import batches_of, shuffled
 from tasks.models.base import ModelSpec, Predictor, label_ids
-from tasks.vectors import FASTTEXT_MIN_THREADS, fasttext_call, fasttext_dim
+from tasks.util.io import batches_of, shuffled
+from tasks.util.vectors import FASTTEXT_MIN_THREADS, fasttext_call, fasttext_dim
 
 
 class Params(Section):

@@ -13,8 +13,8 @@ import pandas as pd
 from pydantic import Field
 
 from tasks.core import Section
-from tasks.hub import load_pretrained
 from tasks.models.base import ModelSpec, Predictor, TrainInputs, class_weight_tensor, label_ids
+from tasks.util.hub import load_pretrained
 
 
 class Params(Section):

@@ -11,9 +11,9 @@ import pandas as pd
 
 from tasks.core import Section
 from tasks.errors import DataError
-from tasks.io import read_vocab
 from tasks.models.base import NETWORK, ModelSpec, Predictor, TrainInputs, class_weight_tensor
-from tasks.vectors import WordVectors
+from tasks.util.io import read_vocab
+from tasks.util.vectors import WordVectors
 
 if TYPE_CHECKING:  # annotations only: the heavy libraries are imported where they are used
     import torch

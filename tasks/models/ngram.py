@@ -13,10 +13,10 @@ from typing import Iterable, Iterator, Literal
 import numpy as np
 from pydantic import Field
 
-from tasks.as_is import original_rows
 from tasks.core import Section
-from tasks.io import batches_of, columns_of
 from tasks.models.base import ModelSpec
+from tasks.shared.as_is import original_rows
+from tasks.util.io import batches_of, columns_of
 
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"
 

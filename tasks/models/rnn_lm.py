@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 
 from tasks.core import Section
-from tasks.io import Rows, batches_of, read_vocab
 from tasks.models.base import LOOP, ModelSpec, TrainInputs
+from tasks.util.io import Rows, batches_of, read_vocab
 
 if TYPE_CHECKING:  # annotations only: the heavy libraries are imported where they are used
     from tasks.models.encoded import Encoded

@@ -14,8 +14,8 @@ import pandas as pd
 from pydantic import Field
 
 from tasks.core import Section
-from tasks.io import Rows, batches_of, shuffled, split_mb
 from tasks.models.base import ModelSpec, TrainInputs
+from tasks.util.io import Rows, batches_of, shuffled, split_mb
 
 if TYPE_CHECKING:  # annotations only: the heavy libraries are imported where they are used
     from sklearn.feature_extraction.text import TfidfVectorizer

@@ -23,7 +23,7 @@ from tasks.models.checkpoints import rng_state, save, set_rng_state
 
 # where models compute; re-exported, as callers import them from here
 from tasks.models.devices import amp_dtype, autocast, resolve_device, seed_everything  # noqa: F401
-from tasks.progress import progress
+from tasks.util.progress import progress
 
 log = logging.getLogger("zhpipe.train")
 Batch = dict[str, torch.Tensor]

@@ -2,9 +2,9 @@
 rewrite characters and would shift the entity tags, so a tagging pipeline takes `augment.method: none`."""
 from __future__ import annotations
 
-from tasks.as_is import train_as_is
 from tasks.core import BuildContext, BuildOutput, Section
 from tasks.errors import ConfigError
+from tasks.shared.as_is import train_as_is
 
 LIBRARIES = ("pandas", "pyarrow")
 FILES: tuple[str, ...] = ()

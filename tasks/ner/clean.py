@@ -12,9 +12,9 @@ from pydantic import Field
 
 from tasks.core import BuildContext, BuildOutput, Dataset, Section
 from tasks.errors import DataError
-from tasks.io import write_parquet
 from tasks.ner.tagging import bioes, spans_of
-from tasks.normalise import CONTROL, to_simplified
+from tasks.shared.normalise import CONTROL, to_simplified
+from tasks.util.io import write_parquet
 
 LIBRARIES = ("pandas", "pyarrow", "opencc")
 FILES: tuple[str, ...] = ()

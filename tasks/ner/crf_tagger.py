@@ -8,10 +8,10 @@ import numpy as np
 from pydantic import Field
 
 from tasks.core import Section
-from tasks.io import read_vocab
 from tasks.models.base import TrainInputs
 from tasks.ner.tagged import Tagged, TaggerFn, jieba_words, load_lexicon
 from tasks.ner.tagging import Lexicon, tag_set, word_places
+from tasks.util.io import read_vocab
 
 
 class CRFParams(Section):

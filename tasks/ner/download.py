@@ -11,13 +11,13 @@ import pandas as pd
 
 from tasks.core import BuildContext, BuildOutput, Facts
 from tasks.errors import DataError
-from tasks.io import write_parquet
 from tasks.ner.tagging import TaggedFile, parse_conll, parse_span_jsonl, spans_of
 from tasks.source.archives import ARCHIVES, extract
 from tasks.source.fetch import FetchParams, locate
 from tasks.source.readers import detect_encoding, physical_lines
 from tasks.source.schema import Source
-from tasks.urls import redact
+from tasks.util.io import write_parquet
+from tasks.util.urls import redact
 
 LIBRARIES = ("pandas", "pyarrow", "charset-normalizer")
 FILES: tuple[str, ...] = ()

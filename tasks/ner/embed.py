@@ -8,7 +8,7 @@ from pydantic import Field
 
 from tasks.core import BuildContext, BuildOutput, Section
 from tasks.ner.tagging import bigrams
-from tasks.vectors import Word2VecParams, neighbours, train_word2vec
+from tasks.util.vectors import Word2VecParams, neighbours, train_word2vec
 
 LIBRARIES = ("gensim", "numpy")
 FILES: tuple[str, ...] = ()

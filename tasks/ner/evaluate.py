@@ -12,8 +12,8 @@ import pandas as pd
 from tasks.core import BuildContext, BuildOutput, Facts, Section, by_model
 from tasks.models import MODELS
 from tasks.ner.tagging import highlighted, marked, prf, span_counts, spans_of
-from tasks.reports import comparison_markdown, plot_training_curves
-from tasks.selection import ChampionRule
+from tasks.shared.reports import comparison_markdown, plot_training_curves
+from tasks.shared.selection import ChampionRule
 
 LIBRARIES = ("torch", "python-crfsuite", "matplotlib")
 FILES: tuple[str, ...] = ()

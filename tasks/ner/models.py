@@ -14,12 +14,12 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from tasks.core import Section
-from tasks.io import read_vocab
 from tasks.models.base import ModelSpec, TrainInputs
 from tasks.ner.crf_tagger import CRFParams, crf_tagger, train_crf
 from tasks.ner.ensemble import EnsembleParams, ensemble_tagger, train_ensemble
 from tasks.ner.tagged import SEG_DIM, Tagged, TaggerFn, averaged_decoder, entity_f1, jieba_words, load_lexicon
 from tasks.ner.tagging import Lexicon, bigrams, tag_set, transitions, word_features
+from tasks.util.io import read_vocab
 
 # -- neural taggers ----------------------------------------------------------------------------------------
 
@@ -120,7 +120,7 @@ def _bert(config: dict, checkpoint: str | None = None):
         settings = dict(config["bert_config"])
         return AutoModel.from_config(AutoConfig.for_model(settings.pop("model_type"), **settings),
                                      add_pooling_layer=False)
-    from tasks.hub import load_pretrained
+    from tasks.util.hub import load_pretrained
 
     return load_pretrained(checkpoint, lambda src, local: AutoModel.from_pretrained(src, local_files_only=local,
                                                                                     add_pooling_layer=False),
@@ -231,7 +231,7 @@ def _prepare(inputs: TrainInputs, p: "TaggerParams") -> Prepared:
     if p.encoder == "bert":
         from transformers import AutoTokenizer
 
-        from tasks.hub import load_pretrained
+        from tasks.util.hub import load_pretrained
 
         load = lambda src, local: AutoTokenizer.from_pretrained(src, local_files_only=local)  # noqa: E731
         tokenizer = load_pretrained(p.checkpoint, load, "BERT tokenizer")

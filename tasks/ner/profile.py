@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 
 from tasks.core import BuildContext, BuildOutput
-from tasks.io import SPLITS
 from tasks.ner.tagging import highlighted, spans_of
-from tasks.reports import Common, report_html, stats_markdown
+from tasks.shared.reports import Common, report_html, stats_markdown
+from tasks.util.io import SPLITS
 
 LIBRARIES = ("matplotlib", "numpy")
 FILES: tuple[str, ...] = ("font",)
@@ -31,7 +31,7 @@ def entity_rows(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
 
 def plot_types(counts: pd.DataFrame, path: Path) -> Path:
-    from tasks.plots import save, subplots
+    from tasks.util.plots import save, subplots
 
     fig, ax = subplots(figsize=(7, 3.6))
     counts.plot.bar(ax=ax, width=0.8)
@@ -41,7 +41,7 @@ def plot_types(counts: pd.DataFrame, path: Path) -> Path:
 
 
 def plot_entity_lengths(entities: pd.DataFrame, path: Path) -> Path:
-    from tasks.plots import save, subplots
+    from tasks.util.plots import save, subplots
 
     kinds = entities["type"].value_counts().index.tolist()
     fig, ax = subplots(figsize=(7, 3.6))
@@ -52,7 +52,7 @@ def plot_entity_lengths(entities: pd.DataFrame, path: Path) -> Path:
 
 
 def plot_sentence_lengths(lengths: pd.Series, path: Path) -> Path:
-    from tasks.plots import save, subplots
+    from tasks.util.plots import save, subplots
 
     fig, ax = subplots(figsize=(7, 3.4))
     hi = float(np.quantile(lengths, 0.99)) if len(lengths) else 1.0
@@ -63,7 +63,7 @@ def plot_sentence_lengths(lengths: pd.Series, path: Path) -> Path:
 
 def build(ctx: BuildContext) -> BuildOutput:
     """`report.html` with the pictures and tables, each also as its own file."""
-    from tasks.plots import require_cjk_font, use_font
+    from tasks.util.plots import require_cjk_font, use_font
 
     p: Params = ctx.params
     frames = {name: pd.read_parquet(ctx.file("segment", f"{name}.parquet"), columns=["id", "text", "tags"])

@@ -55,7 +55,7 @@ class Served:
 def outcomes(served: Served, ask: Callable[[list[str]], pd.DataFrame], test: pd.DataFrame, metric: str):
     """Each sentence's strict entity counts (tp, fp, fn), overall and per entity type; slices: the length bucket."""
     from tasks.ner.tagging import spans_of
-    from tasks.paired import Outcomes, length_buckets
+    from tasks.util.paired import Outcomes, length_buckets
 
     texts = test["text"].astype(str).tolist()
     answers = ask(texts)

@@ -7,8 +7,8 @@ import pandas as pd
 
 from tasks.core import BuildContext, BuildOutput
 from tasks.errors import DataError
-from tasks.io import SPLITS, write_parquet
-from tasks.splitting import Fractions, split_sizes
+from tasks.shared.splitting import Fractions, split_sizes
+from tasks.util.io import SPLITS, write_parquet
 
 LIBRARIES = ("pandas", "numpy")
 FILES: tuple[str, ...] = ()

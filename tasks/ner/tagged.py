@@ -8,8 +8,8 @@ from typing import Callable
 
 import numpy as np
 
-from tasks.io import read_vocab
 from tasks.ner.tagging import Lexicon, prf, span_counts, transitions
+from tasks.util.io import read_vocab
 
 SEG_DIM = 20  # the word-boundary and POS embeddings
 
@@ -38,7 +38,7 @@ def jieba_words(text: str) -> list[tuple[str, str]]:
     """(word, POS tag) pairs of jieba.posseg with its own dictionary and HMM."""
     import jieba.posseg
 
-    from tasks.segmenter import _jieba
+    from tasks.util.segmenter import _jieba
 
     _jieba()  # jieba's cache in a folder of our own, before posseg loads the dictionary
 

@@ -10,7 +10,7 @@ from pydantic import Field
 
 from tasks.core import BuildContext, BuildOutput, Section
 from tasks.ner.tagging import Lexicon, bigrams, spans_of
-from tasks.text import VocabParams, build_vocab
+from tasks.util.text import VocabParams, build_vocab
 
 LIBRARIES = ("pandas", "jieba")
 FILES: tuple[str, ...] = ()
@@ -32,7 +32,7 @@ class Params(VocabParams):
 
 def dictionary_words(texts: list[str], max_len: int) -> set[str]:
     """jieba's dictionary words of 2..max_len characters that occur in the texts."""
-    from tasks.segmenter import _jieba
+    from tasks.util.segmenter import _jieba
 
     jieba = _jieba()  # its cache in a folder of our own
     jieba.dt.check_initialized()

@@ -14,9 +14,9 @@ from pydantic import Field
 
 from tasks.core import Section
 from tasks.errors import DataError, ZhpipeError
-from tasks.io import atomic_write_text, file_sha256
 from tasks.source.schema import Source, require_verifiable, where
-from tasks.urls import is_internal, redact, redact_text, reveal
+from tasks.util.io import atomic_write_text, file_sha256
+from tasks.util.urls import is_internal, redact, redact_text, reveal
 
 log = logging.getLogger("zhpipe")
 

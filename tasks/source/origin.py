@@ -4,9 +4,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tasks.io import file_sha256, resolve_path
 from tasks.source import fetch, schema
-from tasks.urls import redact
+from tasks.util.io import file_sha256, resolve_path
+from tasks.util.urls import redact
 
 
 class Origin:

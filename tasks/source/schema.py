@@ -11,8 +11,8 @@ from pydantic import Field, field_validator, model_validator
 
 from tasks.core import Section
 from tasks.errors import DataError
-from tasks.io import file_sha256, resolve_path
-from tasks.urls import redact
+from tasks.util.io import file_sha256, resolve_path
+from tasks.util.urls import redact
 
 
 def _sha256_hex(value: str | None) -> str | None:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pandas as pd
 from pydantic import Field
 
-from tasks import normalise as clean
 from tasks.core import BuildContext, BuildOutput
 from tasks.errors import DataError
-from tasks.io import write_parquet
+from tasks.shared import normalise as clean
+from tasks.util.io import write_parquet
 
 LIBRARIES = ("pandas", "pyarrow", "opencc")
 FILES: tuple[str, ...] = ()

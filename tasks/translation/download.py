@@ -13,7 +13,6 @@ import pandas as pd
 
 from tasks.core import BuildContext, BuildOutput, Facts
 from tasks.errors import DataError
-from tasks.io import ROW_GROUP_ROWS, PartWriter
 from tasks.source.archives import ARCHIVES, extract
 from tasks.source.fetch import FetchParams, locate
 from tasks.source.readers import (
@@ -26,7 +25,8 @@ from tasks.source.readers import (
     no_rows,
 )
 from tasks.source.schema import Source
-from tasks.urls import redact
+from tasks.util.io import ROW_GROUP_ROWS, PartWriter
+from tasks.util.urls import redact
 
 LIBRARIES = ("pandas", "pyarrow", "charset-normalizer")
 FILES: tuple[str, ...] = ()

@@ -13,8 +13,8 @@ from pydantic import Field
 
 from tasks.core import BuildContext, BuildOutput, Facts, Section, by_model
 from tasks.models import MODELS
-from tasks.reports import comparison_markdown, plot_training_curves
-from tasks.selection import ChampionRule
+from tasks.shared.reports import comparison_markdown, plot_training_curves
+from tasks.shared.selection import ChampionRule
 from tasks.translation.models import corpus_scores
 from tasks.translation.text import side_tokens, sides
 
@@ -63,7 +63,7 @@ def worst_translations(frame: pd.DataFrame, src_lang: str, refs: list[str], hyps
 
 def plot_attention(items: list[tuple[list[str], list[str], np.ndarray]], title: str, path: Path) -> Path | None:
     """Heat maps of attention weights: target tokens (rows) over source tokens (columns), one panel per sentence."""
-    from tasks.plots import save, subplots
+    from tasks.util.plots import save, subplots
 
     items = [it for it in items if it[2] is not None and it[2].size]
     if not items:
@@ -80,7 +80,7 @@ def plot_attention(items: list[tuple[list[str], list[str], np.ndarray]], title: 
 
 def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     """Translate the test split with one model into `evaluation/`: metrics, buckets, heat maps, worst sentences."""
-    from tasks.plots import require_cjk_font, use_font
+    from tasks.util.plots import require_cjk_font, use_font
 
     p: Params = ctx.params
     summary = ctx.facts["train"].summary

@@ -15,9 +15,9 @@ import pandas as pd
 from pydantic import Field
 
 from tasks.core import Section
-from tasks.io import read_vocab
 from tasks.models.base import ModelSpec, TrainInputs
 from tasks.translation.text import detokenize, side_tokens, sides
+from tasks.util.io import read_vocab
 
 # the `train` section's shared settings a translator reads (its own section has its epochs)
 SHARED = ("direction", "patience", "weight_decay", "warmup_ratio", "grad_clip", "grad_accum", "device", "precision",

@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 
 from tasks.core import BuildContext, BuildOutput
-from tasks.io import SPLITS
-from tasks.reports import Common, report_html, stats_markdown
+from tasks.shared.reports import Common, report_html, stats_markdown
 from tasks.translation.text import en_tokens
+from tasks.util.io import SPLITS
 
 LIBRARIES = ("matplotlib", "numpy")
 FILES: tuple[str, ...] = ("font",)
@@ -25,7 +25,7 @@ class Params(Common):
 
 
 def plot_lengths(lengths: dict[str, pd.Series], path: Path) -> Path:
-    from tasks.plots import save, subplots
+    from tasks.util.plots import save, subplots
 
     fig, axes = subplots(1, 2, figsize=(9, 3.4))
     for ax, (side, values) in zip(axes, lengths.items()):
@@ -37,7 +37,7 @@ def plot_lengths(lengths: dict[str, pd.Series], path: Path) -> Path:
 
 
 def plot_ratio(ratio: pd.Series, path: Path) -> Path:
-    from tasks.plots import save, subplots
+    from tasks.util.plots import save, subplots
 
     fig, ax = subplots(figsize=(7, 3.4))
     ax.hist(ratio.clip(upper=float(np.quantile(ratio, 0.995))), bins=60)
@@ -46,7 +46,7 @@ def plot_ratio(ratio: pd.Series, path: Path) -> Path:
 
 
 def build(ctx: BuildContext) -> BuildOutput:
-    from tasks.plots import require_cjk_font, use_font
+    from tasks.util.plots import require_cjk_font, use_font
 
     p: Params = ctx.params
     frames = {name: pd.read_parquet(ctx.file("segment", f"{name}.parquet"), columns=["id", "text", "en", "words"])

@@ -43,7 +43,7 @@ class Served:
         self.segmenter = segmenter_of(config) if zh else None
 
     def __call__(self, values: list[Any]) -> pd.DataFrame:
-        from tasks.normalise import clean_text
+        from tasks.shared.normalise import clean_text
 
         texts, statuses = [], []
         for value in checked(values, self.max_rows):
@@ -64,8 +64,8 @@ def outcomes(served: Served, ask: Callable[[list[str]], pd.DataFrame], test: pd.
     """Each sentence's sacrebleu statistics against its reference; slices: the source's length bucket."""
     from sacrebleu.metrics import BLEU
 
-    from tasks.paired import Outcomes, length_buckets
     from tasks.translation.text import sides
+    from tasks.util.paired import Outcomes, length_buckets
 
     source, target = sides(served.direction)
     texts = test["text" if source == "zh" else "en"].astype(str).tolist()

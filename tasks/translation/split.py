@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 
 from tasks.core import BuildContext, BuildOutput
-from tasks.io import SPLITS, write_parquet
-from tasks.splitting import Fractions, hash_units
+from tasks.shared.splitting import Fractions, hash_units
 from tasks.translation.text import pair_key
+from tasks.util.io import SPLITS, write_parquet
 
 LIBRARIES = ("pandas", "numpy")
 FILES: tuple[str, ...] = ()

@@ -10,8 +10,8 @@ from typing import Literal
 import pandas as pd
 
 from tasks.core import BuildContext, BuildOutput
-from tasks.text import VocabParams, build_vocab
 from tasks.translation.text import side_tokens
+from tasks.util.text import VocabParams, build_vocab
 
 LIBRARIES = ("pandas",)
 FILES: tuple[str, ...] = ()

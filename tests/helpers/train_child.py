@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from tasks.classification.train import Params as TrainConfig
-from tests.tasks.test_train import frame, predict, tiny_vectors, train_model
+from tests.tasks.models.test_train import frame, predict, tiny_vectors, train_model
 
 
 def train(checkpoints: Path, out: Path, epochs: int) -> None:

@@ -4,10 +4,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tasks.io import Rows, write_parquet
 from tasks.models import encoded
 from tasks.models.batching import length_buckets
 from tasks.models.encoded import Encoded, encode_split
+from tasks.util.io import Rows, write_parquet
 
 
 def corpus(n=30):
@@ -66,7 +66,7 @@ def test_a_split_that_fits_one_buffer_is_batched_as_if_held_whole(tmp_path):
 
 def test_a_network_trains_through_many_buffers(tmp_path, monkeypatch):
     from tasks.classification.train import Params as TrainConfig
-    from tests.tasks.test_train import frame, predict, tiny_vectors, train_model
+    from tests.tasks.models.test_train import frame, predict, tiny_vectors, train_model
 
     monkeypatch.setattr(encoded, "BUFFER_ROWS", 32)
     monkeypatch.setattr(encoded, "BLOCK_ROWS", 16)

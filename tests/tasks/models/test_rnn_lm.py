@@ -5,8 +5,8 @@ from tasks.classification.vocab import Params as VocabConfig
 from tasks.classification.vocab import count_tokens
 from tasks.models import TrainInputs
 from tasks.models.rnn_lm import rnn_lm_perplexity, train_rnn_lm
-from tasks.text import build_vocab
-from tests.tasks.test_train import NEG, POS
+from tasks.util.text import build_vocab
+from tests.tasks.models.test_train import NEG, POS
 
 
 def test_rnn_lm_learns_its_corpus_and_reloads(tmp_path):

@@ -13,7 +13,6 @@ import torch
 from tasks.classification.vocab import Params as VocabParams
 from tasks.models import MODELS, TrainInputs
 from tasks.models.settings import params_model
-from tasks.text import build_vocab
 from tasks.translation.seq2seq_nets import (
     GRUSeq2Seq,
     Seq2SeqConfig,
@@ -24,6 +23,7 @@ from tasks.translation.seq2seq_nets import (
 )
 from tasks.translation.text import en_text, en_tokens
 from tasks.translation.train import Common
+from tasks.util.text import build_vocab
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "mt" / "pairs.tsv"
 

@@ -1,0 +1,103 @@
+"""Chunked work on this machine: a process pool that runs a chunk function over a file's chunks (in order,
+a bounded window at a time) and reports each worker's peak memory; flows/orchestrate/chunks.py runs the same
+chunks on Dask."""
+from __future__ import annotations
+
+import os
+from collections import deque
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pandas as pd
+import pyarrow as pa
+
+from tasks.util.io import Chunk
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory: VmHWM on Linux (getrusage's ru_maxrss would include the memory
+    of the parent it was forked from), else ru_maxrss."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+    import sys
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 1024 / (1024 if sys.platform == "darwin" else 1)
+
+
+def _worker_info() -> dict[str, Any]:
+    """Where a chunk ran, and the peak memory of that process so far."""
+    import socket
+
+    return {"host": socket.gethostname(), "pid": os.getpid(), "max_rss_mb": peak_rss_mb()}
+
+
+def call(fn: Callable, chunk: Chunk, params: Any) -> tuple[pa.Table, dict[str, Any]]:
+    """Run `fn(chunk, params)` and report where it ran. The frame travels back as an Arrow table, which
+    crosses process boundaries as buffers (much cheaper than pickling Python strings) and is written as is."""
+    return pa.Table.from_pandas(fn(chunk, params), preserve_index=False), _worker_info()
+
+
+class Runner:
+    """Runs chunk functions in this process (`workers=1`) or on a local process pool; the orchestration
+    layer's Dask runner overrides `_results` to run them on a cluster."""
+
+    def __init__(self, workers: int = 0):
+        self.workers = workers or os.cpu_count() or 1
+        self.ran_on: list[dict[str, Any]] = []  # one entry per chunk: host, pid, peak memory
+
+    def tables(self, fn: Callable, chunks: list[Chunk], params: Any, desc: str = "chunks") -> Iterator[pa.Table]:
+        """`fn(chunk, params)` for every chunk as Arrow tables, in chunk order, at most `window` in flight."""
+        from tasks.util.progress import progress
+
+        bar = progress(total=sum(c.rows for c in chunks), desc=desc, unit="row", shown=len(chunks) >= 4, leave=False,
+                       mininterval=2)
+        try:
+            for table, info in self._results(fn, chunks, params):
+                self.ran_on.append(info)
+                bar.update(table.num_rows)
+                yield table
+        finally:
+            bar.close()
+
+    def map(self, fn: Callable, chunks: list[Chunk], params: Any, desc: str = "chunks") -> Iterator[pd.DataFrame]:
+        """`fn(chunk, params)` for every chunk as frames, in chunk order."""
+        for table in self.tables(fn, chunks, params, desc):
+            yield table.to_pandas()
+
+    def _results(self, fn, chunks, params):
+        if self.workers == 1 or len(chunks) <= 1:
+            for chunk in chunks:
+                yield call(fn, chunk, params)
+        else:
+            yield from self._pool(fn, chunks, params)
+
+    def _pool(self, fn, chunks, params):
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        ctx = mp.get_context("forkserver")  # workers fork from a clean server, not from this threaded process
+        ctx.set_forkserver_preload(["__main__", "tasks.shared._segment_preload"])  # jieba loaded once, before forking
+        with ProcessPoolExecutor(min(self.workers, len(chunks)), mp_context=ctx) as pool:
+            yield from windowed(lambda c: pool.submit(call, fn, c, params), lambda f: f.result(), chunks,
+                                2 * self.workers)
+
+
+def windowed(submit, result, chunks, window: int):
+    """Submit ahead at most `window` chunks; yield results in order (so memory is bounded by the window)."""
+    pending: deque = deque()
+    todo = iter(chunks)
+    for chunk in todo:
+        pending.append(submit(chunk))
+        if len(pending) >= window:
+            break
+    while pending:
+        yield result(pending.popleft())
+        nxt = next(todo, None)
+        if nxt is not None:
+            pending.append(submit(nxt))

@@ -1,0 +1,87 @@
+import hashlib
+import os
+
+import pandas as pd
+import pytest
+
+from flows.orchestrate.chunks import DaskRunner, shutdown
+from tasks.shared.segment import Params as SegmentConfig
+from tasks.shared.segment import segment_file
+from tasks.util.io import write_parquet
+from tasks.util.pool import Runner
+from tasks.util.segmenter import Segmenter
+
+TEXTS = ["我来到北京清华大学", "房间很干净，服务也好", "早餐太差了"]
+
+
+BACKENDS = pytest.mark.parametrize("backend", ["jieba", "jieba-rs"])
+
+
+@BACKENDS
+def test_modes(backend):
+    assert Segmenter(SegmentConfig(backend=backend)).words(TEXTS[0]) == ["我", "来到", "北京", "清华大学"]
+    full = Segmenter(SegmentConfig(backend=backend, mode="full")).words(TEXTS[0])
+    assert {"清华", "华大", "大学", "清华大学"} <= set(full)
+    search = Segmenter(SegmentConfig(backend=backend, mode="search")).words(TEXTS[0])
+    assert "清华" in search and "清华大学" in search
+
+
+@BACKENDS
+def test_user_dict_stopwords_and_pos(tmp_path, backend):
+    (tmp_path / "user.txt").write_text("很干净 100 a\n", encoding="utf-8")
+    (tmp_path / "stop.txt").write_text("，\n也好\n", encoding="utf-8")
+    seg = Segmenter(SegmentConfig(backend=backend, user_dict=str(tmp_path / "user.txt"), stopwords=str(tmp_path / "stop.txt"), pos=True))
+    rows = seg.rows([TEXTS[1]])
+    assert rows["words"] == ["房间 很干净 服务"]  # "，" and "也好" are stopwords
+    assert rows["chars"] == ["房 间 很 干 净 ， 服 务 也 好"]
+    assert "房间/n" in rows["pos"][0].split() and "很干净/a" in rows["pos"][0].split()
+
+
+@BACKENDS
+def test_user_dict_does_not_leak_into_default_segmenter(tmp_path, backend):
+    (tmp_path / "user.txt").write_text("很干净 100 a\n", encoding="utf-8")
+    Segmenter(SegmentConfig(backend=backend, user_dict=str(tmp_path / "user.txt")))
+    assert "很干净" not in Segmenter(SegmentConfig(backend=backend)).words(TEXTS[1])
+
+
+def test_the_backends_agree_on_chinese_and_differ_on_digit_runs():
+    py, rs = Segmenter(SegmentConfig(backend="jieba")), Segmenter(SegmentConfig(backend="jieba-rs"))
+    for text in (*TEXTS, "酒店的早餐很丰富，服务员态度热情"):
+        assert py.words(text) == rs.words(text)
+    assert py.words("6月21-23日") == ["6", "月", "21", "-", "23", "日"] and rs.words("6月21-23日") == ["6", "月", "21-23", "日"]
+
+
+def test_the_backend_is_part_of_the_segment_key():
+    from flows.plan.config import load_pipeline
+    from flows.plan.keys import plan_keys
+
+    a, b = (plan_keys(load_pipeline("smoke", overrides=[f"segment.backend={x}"])) for x in ("jieba", "jieba-rs"))
+    assert a["split"] == b["split"] and a["segment"] != b["segment"]
+
+
+def _digest(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_chunked_output_is_byte_identical_on_processes_and_dask(tmp_path):
+    """One process, a local process pool and a 2-worker Dask LocalCluster write the same bytes, and the
+    Dask chunks ran in the cluster's worker processes, one row group at a time."""
+    texts = TEXTS * 100
+    src = tmp_path / "split.parquet"
+    write_parquet(pd.DataFrame({"id": range(len(texts)), "text": texts, "label": [i % 2 for i in range(len(texts))]}), src, row_group_rows=90)
+    params = SegmentConfig(chunk_rows=40, pos=True)
+    outputs = {}
+    runners = {"single": Runner(1), "pool": Runner(2), "dask": DaskRunner("local", 2)}
+    try:
+        for name, runner in runners.items():
+            counts = segment_file(src, tmp_path / f"{name}.parquet", params, runner, tmp_path)
+            assert counts["rows"] == len(texts)
+            outputs[name] = _digest(tmp_path / f"{name}.parquet")
+    finally:
+        shutdown()
+    assert outputs["single"] == outputs["pool"] == outputs["dask"]
+    dask_pids = {r["pid"] for r in runners["dask"].ran_on}
+    assert len(runners["dask"].ran_on) == 10  # row groups of 90, 90, 90, 30 rows -> 3 + 3 + 3 + 1 chunks
+    assert os.getpid() not in dask_pids and len(dask_pids) == 2
+    out = pd.read_parquet(tmp_path / "dask.parquet")
+    assert out["text"].tolist() == texts and out["words"].iloc[0] == "我 来到 北京 清华大学"
