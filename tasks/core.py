@@ -76,7 +76,7 @@ def by_model(units: dict[str, Any]) -> dict[str, Any]:
 @dataclass(frozen=True)
 class Facts:
     """What a stage tells the stages after it, besides its files: each fact is a field (None: not known at
-    this stage). A stage returns the facts it establishes; the runner adds those of the stages it read (the
+    this stage). A stage returns the facts it establishes; the run engine adds those of the stages it read (the
     nearest wins) and stores them in the output's manifest, so a stage reads `ctx.facts[<stage>]` of any stage
     it needs and never hands facts on by hand."""
 

@@ -79,8 +79,8 @@ def add_parsers(sub) -> None:
     pipelines.set_defaults(handler=cmd_pipelines)
     init = sub.add_parser("init", help="write a starter project (pipelines.yaml for your CSV) into DIR")
     init.add_argument("dir", nargs="?", default=".", help="the project folder (default: the current one)")
-    init.add_argument("--csv", help="your corpus: a CSV file with a text and a label column (default: a 12-row "
-                      "example)")
+    init.add_argument("--csv", help="your corpus: a CSV file with a text and a label column "
+                      "(default: a 12-row example)")
     init.add_argument("--text-column", default="text", help="the CSV's text column (default text)")
     init.add_argument("--label-column", default="label", help="the CSV's label column (default label)")
     init.add_argument("--nightly", metavar="FOLDER", help="a folder of CSV files, one per night (a partitioned source)")

@@ -156,5 +156,5 @@ def pipeline_args(p: argparse.ArgumentParser) -> None:
 
 def storage_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--storage", metavar="URL", help="stage store root: a folder or an fsspec URL such as "
-                   "s3://bucket/zhpipe (default: ZHPIPE_STORAGE, else the pipeline's `storage`, else the project's "
-                   "data/)")
+                   "s3://bucket/zhpipe (default: ZHPIPE_STORAGE, else the pipeline's `storage`, else "
+                   "the project's data/)")

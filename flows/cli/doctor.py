@@ -96,8 +96,8 @@ def _tracking(args) -> str:
     _require(f"{base}/health", f"{redact(base)}/health")
     version = _mlflow_version(base)
     if version and version.split(".")[0] != mlflow.__version__.split(".")[0]:
-        raise ZhpipeError(f"{redact(base)} runs mlflow {version}, this machine {mlflow.__version__}: install the same "
-                          f"major version")
+        raise ZhpipeError(f"{redact(base)} runs mlflow {version}, this machine {mlflow.__version__}: install "
+                          f"the same major version")
     c = client()
     try:
         experiment = c.get_experiment_by_name("zhpipe-doctor") or c.get_experiment(c.create_experiment("zhpipe-doctor"))
@@ -128,8 +128,8 @@ def _prefect(args) -> str:
             raise ZhpipeError(f"{base}: refused this machine's requests ({type(e).__name__}: {str(e)[:120]}); "
                               "set PREFECT_API_AUTH_STRING to the server's server.api.auth_string") from None
     if version.split(".")[0] != prefect.__version__.split(".")[0]:
-        raise ZhpipeError(f"{base} runs Prefect {version}, this machine {prefect.__version__}: install the same major "
-                          f"version")
+        raise ZhpipeError(f"{base} runs Prefect {version}, this machine {prefect.__version__}: install "
+                          f"the same major version")
     from urllib.parse import urlsplit
 
     from flows.track.tracker import tracking_server
@@ -209,8 +209,8 @@ def preflight() -> None:
 def add_parsers(sub) -> None:
     from flows.cli.common import storage_arg
 
-    doctor = sub.add_parser("doctor", help="check every service a run uses (config, disk, tracking, Prefect, store), "
-                            "one line each")
+    doctor = sub.add_parser("doctor", help="check every service a run uses (config, disk, tracking, Prefect, "
+                            "store), one line each")
     storage_arg(doctor)
     doctor.add_argument("--config", type=Path, help="pipelines file (default: the project's pipelines.yaml)")
     doctor.set_defaults(handler=cmd_doctor, pipeline=None, needs=Needs(server="use"))

@@ -35,8 +35,8 @@ def cmd_compare(args) -> int:
     if len(args.runs) < 2:
         raise ZhpipeError("compare needs at least two runs")
     print_frame(compare_table(args.runs, args.all), "zhpipe compare" + ("" if args.all
-                                                                        else " (rows that differ, and the headline "
-                                                                        "metrics)"))
+                                                                        else " (rows that differ, and "
+                                                                        "the headline metrics)"))
     return 0
 
 
@@ -62,8 +62,8 @@ def cmd_predict(args) -> int:
 
     store = tracking_uri().removeprefix("sqlite:///") if tracking_uri().startswith("sqlite:///") else None
     if uri.startswith("models:/") and store and not Path(store).is_file():  # nothing to load, and nothing to create
-        raise ZhpipeError(f"no models yet: {store} does not exist; run a pipeline first (`zhpipe run`) or pass --model "
-                          f"DIR")
+        raise ZhpipeError(f"no models yet: {store} does not exist; run a pipeline first (`zhpipe "
+                          f"run`) or pass --model DIR")
     column = args.text_column if args.input else "text"
     model = load_model(uri)  # fail here, once, with one line
     used = model_version(uri)
@@ -189,20 +189,20 @@ def add_parsers(sub) -> None:
     runs.add_argument("pipeline", nargs="?", help="one pipeline (default: all)")
     runs.add_argument("--limit", type=int, default=20, help="at most this many runs, newest first (default 20)")
     runs.set_defaults(handler=cmd_runs)
-    compare = sub.add_parser("compare", help="side-by-side table of the parameters and metrics that differ between "
-                             "runs")
+    compare = sub.add_parser("compare", help="side-by-side table of the parameters and metrics "
+                             "that differ between runs")
     compare.add_argument("runs", nargs="+", metavar="RUN", help="run ids or prefixes (as `zhpipe runs` prints them)")
     compare.add_argument("--all", action="store_true", help="every parameter and metric, not only those that differ")
     compare.set_defaults(handler=cmd_compare)
-    predict = sub.add_parser("predict", help="label raw texts with a registered model (default: the pipeline's "
-                             "champion)")
+    predict = sub.add_parser("predict", help="label raw texts with a registered model (default: the "
+                             "pipeline's champion)")
     predict.add_argument("texts", nargs="*", metavar="TEXT",
                          help="texts to label (raw text, cleaned and segmented as the model's pipeline does)")
     predict.add_argument("--model", help="an MLflow model URI (default models:/zhpipe-<pipeline>@champion)")
     predict.add_argument("--pipeline", help="whose champion to use (default: the first pipeline in pipelines.yaml)")
     predict.add_argument("--input", type=Path, help="a .csv, .tsv, .jsonl or .parquet file of texts")
-    predict.add_argument("--output", type=Path, help="where to write the input rows with label and probabilities (same "
-                         "formats)")
+    predict.add_argument("--output", type=Path, help="where to write the input rows with label and "
+                         "probabilities (same formats)")
     predict.add_argument("--text-column", default="text", help="with --input: the text column (default text)")
     predict.add_argument("--jsonl", action="store_true", help="print one JSON object per text instead of a table")
     predict.add_argument("--dask", metavar="ADDRESS", help="with --input: predict in chunks on Dask (`local` or a "
@@ -210,6 +210,6 @@ def add_parsers(sub) -> None:
     predict.set_defaults(handler=cmd_predict)
     ui = sub.add_parser("ui", help="start the MLflow UI on the project's tracking store")
     ui.add_argument("--port", type=int, default=5000, help="the port to serve on (default 5000)")
-    ui.add_argument("--host", default="127.0.0.1", help="the address to serve on (default 127.0.0.1: this machine "
-                    "only)")
+    ui.add_argument("--host", default="127.0.0.1", help="the address to serve on (default "
+                    "127.0.0.1: this machine only)")
     ui.set_defaults(handler=cmd_ui, needs=Needs(space=True))

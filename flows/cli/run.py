@@ -221,8 +221,8 @@ def add_parsers(sub) -> None:
     pipeline_args(status)
     storage_arg(status)
     status.set_defaults(handler=cmd_status, needs=Needs(warm=True))
-    tune = sub.add_parser("tune", help="an Optuna study of one model's settings (TPE, pruning, resumable; nested "
-                          "MLflow runs)")
+    tune = sub.add_parser("tune", help="an Optuna study of one model's settings (TPE, pruning, "
+                          "resumable; nested MLflow runs)")
     pipeline_args(tune)
     storage_arg(tune)
     tune.add_argument("--model", required=True, help="the model of train.models to tune")

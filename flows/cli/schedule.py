@@ -53,8 +53,8 @@ def cmd_alerts(args) -> int:
         from flows.plan.config import load_pipeline
 
         first = load_pipeline(pipeline_name(args))
-        sent = alerts.emit("zhpipe.alerts.test", first, {"message": f"zhpipe alerts --test: {first.name} can reach "
-                                                         f"you"})
+        sent = alerts.emit("zhpipe.alerts.test", first, {"message": f"zhpipe alerts --test: {first.name} "
+                                                         f"can reach you"})
         alerts.flush()
         if sent is None:
             raise ZhpipeError(f"alerts --test: the test event could not be sent to the Prefect server at {url}")
@@ -90,8 +90,8 @@ def cmd_worker(args) -> int:
 def add_parsers(sub) -> None:
     from pathlib import Path
 
-    deploy = sub.add_parser("deploy", help="create or update Prefect deployments (schedules, work pools) from "
-                            "pipelines.yaml")
+    deploy = sub.add_parser("deploy", help="create or update Prefect deployments (schedules, work "
+                            "pools) from pipelines.yaml")
     deploy.add_argument("pipelines", nargs="*", metavar="PIPELINE",
                         help="pipelines to deploy (default: every one in the file)")
     deploy.add_argument("--config", type=Path, help="pipelines file (default: the project's pipelines.yaml)")
@@ -101,8 +101,8 @@ def add_parsers(sub) -> None:
     alerts.add_argument("--config", type=Path, help="pipelines file (default: the project's pipelines.yaml)")
     alerts.add_argument("--test", action="store_true", help="then send a test event through them")
     alerts.set_defaults(handler=cmd_alerts, pipeline=None, needs=Needs(space=True, server="start"))
-    serve = sub.add_parser("serve", help="run the scheduled pipelines from this process (no work pool or worker "
-                           "needed)")
+    serve = sub.add_parser("serve", help="run the scheduled pipelines from this process (no work "
+                           "pool or worker needed)")
     serve.add_argument("pipelines", nargs="*", metavar="PIPELINE",
                        help="pipelines to serve (default: those with a schedule)")
     serve.add_argument("--config", type=Path, help="pipelines file (default: the project's pipelines.yaml)")

@@ -86,8 +86,8 @@ def cmd_gc(args) -> int:
         live = [r for r in records if r["live"]]
         removed = collect_remote(store, keep, args.dry_run, args.keep_days * 86400, began, kept, records)
     else:
-        with leases.gc_lock(store, what=f"gc: a run is starting on {store.url}; waiting for it to record what it "
-                            f"holds"):
+        with leases.gc_lock(store, what=f"gc: a run is starting on {store.url}; waiting for it to "
+                            f"record what it holds"):
             live = leases.live(store)
             removed = collect_garbage(store, keep, dry_run=args.dry_run,
                                       protect=(project.current().root / "data" / "raw", *sources),
@@ -138,8 +138,8 @@ def cmd_hold(args) -> int:
 
     config = load(args)
     if not config.source.partitioned:
-        raise ZhpipeError(f"hold: pipeline {config.name}'s source has no partitions (a folder, a glob or a nightly "
-                          f"export has)")
+        raise ZhpipeError(f"hold: pipeline {config.name}'s source has no partitions (a folder, a glob or "
+                          f"a nightly export has)")
     names = held.hold(config.identity, {p.name: p.fingerprint() for p in partitions(config)}, args.partitions)
     quoted = " ".join(shlex.quote(n) for n in names)
     print(f"held out {', '.join(names)}: the next `zhpipe run {shlex.quote(config.name)}` builds the corpus and every "
@@ -151,8 +151,8 @@ def cmd_hold(args) -> int:
 def add_parsers(sub) -> None:
     from flows.cli.common import storage_arg
 
-    verify = sub.add_parser("verify", help="check every output in the stage store against its manifest (sizes and "
-                            "sha256)")
+    verify = sub.add_parser("verify", help="check every output in the stage store against its "
+                            "manifest (sizes and sha256)")
     storage_arg(verify)
     verify.set_defaults(handler=cmd_verify)
     gc = sub.add_parser("gc", help="remove outputs no pipeline in pipelines.yaml uses, and leftovers of killed builds")
@@ -165,16 +165,16 @@ def add_parsers(sub) -> None:
     gc.set_defaults(handler=cmd_gc)
     from flows.cli.common import pipeline_args
 
-    accept = sub.add_parser("accept", help="put a partition (or a corpus) a blocking data check held out back into the "
-                            "corpus")
+    accept = sub.add_parser("accept", help="put a partition (or a corpus) a blocking data check held out "
+                            "back into the corpus")
     pipeline_args(accept)
     accept.add_argument("partitions", nargs="*", metavar="PARTITION",
                         help="held partitions, as `zhpipe status` names them")
     accept.add_argument("--all", action="store_true", help="every held partition (or the held corpus of a source "
                         "without partitions)")
     accept.set_defaults(handler=cmd_accept, needs=Needs(space=True))
-    hold = sub.add_parser("hold", help="take a partition that passed the data checks out of the corpus (accept's "
-                          "inverse)")
+    hold = sub.add_parser("hold", help="take a partition that passed the data checks out of the "
+                          "corpus (accept's inverse)")
     pipeline_args(hold)
     hold.add_argument("partitions", nargs="+", metavar="PARTITION", help="partitions, as `zhpipe status` names them")
     hold.set_defaults(handler=cmd_hold, needs=Needs(space=True))

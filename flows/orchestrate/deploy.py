@@ -70,8 +70,8 @@ def require_server() -> str:
     url = PREFECT_API_URL.value()
     if not url:
         raise ZhpipeError(
-            "no Prefect server: start this project's with `zhpipe server start`, or set PREFECT_API_URL to another "
-            "one's"
+            "no Prefect server: start this project's with `zhpipe server start`, or set "
+            "PREFECT_API_URL to another one's"
         )
     return url
 
@@ -88,8 +88,8 @@ def ensure_work_pool(client, name: str) -> bool:
         pool = None
     if pool is not None:
         if pool.type != "process":
-            raise ZhpipeError(f"work pool {name!r} is of type {pool.type!r}; zhpipe deploys to process pools (name "
-                              f"another pool)")
+            raise ZhpipeError(f"work pool {name!r} is of type {pool.type!r}; zhpipe deploys to process "
+                              f"pools (name another pool)")
         if pool.base_job_template != job_template():
             client.update_work_pool(name, WorkPoolUpdate(base_job_template=job_template()))
         return False

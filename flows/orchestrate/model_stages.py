@@ -90,7 +90,7 @@ def model_run_name(run: RunContext, model: str) -> str:
 
 
 def _track_training(run: RunContext, result: StageResult, name: str) -> None:
-    """The model run (its unit's totals are logged by the runner): per-epoch curves and facts every time; the
+    """The model run (its unit's totals are logged by the run engine): per-epoch curves and facts every time; the
     saved model only when it was built now; a reused model points to the run that holds it."""
     tracker = Tracker(result.run_id)
     summary = result.facts.summary

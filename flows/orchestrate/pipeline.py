@@ -62,10 +62,10 @@ def forced_stages(force: list[str] | None, order: tuple[str, ...] = STAGE_NAMES)
 
 def chunk_executor(config: PipelineConfig, explicit: str | None = None) -> str | None:
     """Where chunked stages run: None = this machine's processes, "local" = a local Dask cluster, else a
-    Dask scheduler address. --dask beats the pipeline's `runner`/`dask_address`."""
+    Dask scheduler address. --dask beats the pipeline's `executor`/`dask_address`."""
     if explicit:
         return explicit
-    if config.runner == "dask":
+    if config.executor == "dask":
         return config.dask_address or "local"
     return None
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, create_model, model_validator
+from pydantic import AliasChoices, BaseModel, Field, ValidationError, create_model, model_validator
 
 from flows.plan.values import apply_set, load_yaml, valid_cron
 from tasks.core import Section
@@ -42,8 +42,8 @@ class ScheduleConfig(Section):
         try:
             ZoneInfo(self.timezone)
         except (ZoneInfoNotFoundError, ValueError):
-            raise ValueError(f"schedule.timezone: unknown time zone {self.timezone!r} (expected an IANA name such as "
-                             f"Asia/Shanghai)") from None
+            raise ValueError(f"schedule.timezone: unknown time zone {self.timezone!r} (expected an IANA name "
+                             f"such as Asia/Shanghai)") from None
         return self
 
 
@@ -107,8 +107,9 @@ class PipelineConfig(Section):
     schedule: ScheduleConfig | None = None
     parameters: RunParameters = RunParameters()
     work_pool: str = "zhpipe"  # the pool whose workers run the pipeline flow
-    runner: Literal["local", "dask"] = "local"  # dask: chunked stages run on a Dask cluster
-    dask_address: str | None = None  # scheduler address (tcp://host:8786); None with runner dask = a local cluster
+    # where chunked stages run: this machine's processes, or a Dask cluster (`runner:`, its name before, is read too)
+    executor: Literal["local", "dask"] = Field("local", validation_alias=AliasChoices("executor", "runner"))
+    dask_address: str | None = None  # scheduler address (tcp://host:8786); None with executor dask = a local cluster
     storage: str | None = None  # stage store root: a folder or an fsspec URL; default data/ (ZHPIPE_STORAGE wins)
     predict: PredictLimits = PredictLimits()  # travels with the registered model
     # the data checks on each night's cleaned rows (tasks/shared/checks.py): severity and threshold each

@@ -195,8 +195,8 @@ def file_fingerprints(params: dict[str, Any], paths: tuple[str, ...], root: Path
             if value.startswith("models:/"):
                 if registry is None:
                     raise ConfigError(f"{dotted}: {value} is a registered model, whose version is part of the key; "
-                                      "this command cannot ask the model registry (`zhpipe run` and `zhpipe status` "
-                                      "do)")
+                                      "this command cannot ask the model registry (`zhpipe run` "
+                                      "and `zhpipe status` do)")
                 out[value] = "registry:" + registry(value)
                 continue
             local = resolve_path(value, root)

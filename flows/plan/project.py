@@ -169,8 +169,8 @@ def disk_full(error: BaseException) -> str | None:
         seen.add(id(error))
         if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
             where = error.filename or "a file of the project"
-            return (f"the disk is full: writing {where} failed ({os.strerror(error.errno)}); free some space and run "
-                    f"again")
+            return (f"the disk is full: writing {where} failed ({os.strerror(error.errno)}); free "
+                    f"some space and run again")
         if "database or disk is full" in str(error):
             return ("the disk is full: a database write failed (database or disk is full: the stage store, MLflow's or "
                     f"Prefect's database under {current().root}); free some space and run again")

@@ -18,8 +18,8 @@ def cmd_server(args) -> int:
         print("starting a Prefect server in the background ..." if not already else "", end="", flush=True)
         state = server.start(args.port)
         print(f"{'' if already else ' '}Prefect server {'already ' if already else ''}running at {state['url']} "
-              f"(UI {state['url'].removesuffix('/api')}, pid {state['pid']}, log {state['log']}); zhpipe commands use "
-              f"it")
+              f"(UI {state['url'].removesuffix('/api')}, pid {state['pid']}, log {state['log']}); "
+              f"zhpipe commands use it")
         print(_ui_login())
     elif args.action == "stop":
         handover.stop()  # it runs commands against this server

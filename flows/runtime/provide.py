@@ -37,8 +37,8 @@ def _start_background_server() -> None:
     except ZhpipeError as e:  # a taken port, say: this run goes on with a temporary server
         print(f" not started ({e}); using a temporary server", flush=True)
         return
-    print(f" running at {state['url'].removesuffix('/api')} (its UI asks for the credentials `zhpipe server status` "
-          f"prints)",
+    print(f" running at {state['url'].removesuffix('/api')} (its UI asks for the credentials `zhpipe "
+          f"server status` prints)",
           flush=True)
 
 

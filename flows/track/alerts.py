@@ -99,8 +99,8 @@ def check_target(alerts: Alerts) -> None:
     address = private_address(url) if url and not alerts.allow_private_urls else None
     if address:
         raise ConfigError(f"alerts: {redact_webhook(url)} resolves to the private address {address}, and Prefect "
-                          f"refuses to send alerts there; if it is yours (an internal chat relay, a gateway on this "
-                          f"machine), set "
+                          f"refuses to send alerts there; if it is yours (an internal chat relay, a gateway "
+                          f"on this machine), set "
                           "`alerts: {allow_private_urls: true}` in pipelines.yaml")
 
 
@@ -165,8 +165,8 @@ def delivery(automation_id: str, event_id: str, wait_s: float, url: str | None =
                     return False, f"the server's attempts failed; from here, {unreachable}"
             time.sleep(0.5)
     if not fired:
-        return (None, f"the automation did not fire within {wait_s:.0f} s (is the Prefect server's automation service "
-                f"running?)")
+        return (None, f"the automation did not fire within {wait_s:.0f} s (is the Prefect server's "
+                f"automation service running?)")
     return None, f"no outcome within {wait_s:.0f} s (the webhook answers too slowly, or the server's log says why)"
 
 

@@ -211,8 +211,8 @@ def decide_paired(version: str, champion: dict | None, metric: str, served: Call
             f"{points * c.low:+.2f} to {points * c.high:+.2f} (paired bootstrap)")
     said += own_drop(champion, c.champion, c.rows, challenger.proportion)
     if c.worse_slices:
-        return (False, f"{said}; worse on {'; '.join(c.worse_slices[:3])} (evaluate.champion.slice_tolerance); the "
-                f"alias stays", c.champion)
+        return (False, f"{said}; worse on {'; '.join(c.worse_slices[:3])} (evaluate.champion.slice_tolerance); "
+                f"the alias stays", c.champion)
     if c.high < 0:
         return False, f"{said}: {WORSE} the noise; the alias stays", c.champion
     if c.low <= 0:
@@ -259,8 +259,8 @@ def _registry_lock(name: str):
         if os.environ.get("PREFECT_API_URL"):
             from flows.orchestrate.workers import global_slot
 
-            with global_slot(f"zhpipe-registry-{name}", f"registry: another run is deciding the {name} champion; "
-                             f"waiting"):
+            with global_slot(f"zhpipe-registry-{name}", f"registry: another run is deciding the {name} "
+                             f"champion; waiting"):
                 yield
         else:
             yield
@@ -340,8 +340,8 @@ def register_best(model_uri: str, run_id: str, pipeline: str, model: str, test, 
         for _ in range(5):
             champion = _champion(c, name)
             if champion is not None and str(champion["version"]) == version:
-                promote, reason, already = (False, f"version {version} ({model}, key {model_key}) is already the "
-                                            f"champion", True)
+                promote, reason, already = (False, f"version {version} ({model}, key {model_key}) is "
+                                            f"already the champion", True)
                 break
             if served is not None:
                 promote, reason, champion_score = decide_paired(version, champion, metric, served, rule)

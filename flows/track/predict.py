@@ -64,8 +64,8 @@ def load_model(uri: str):
         raise cannot(e) from None
     changed = code_drift(local)
     if changed:
-        log.info("predict: %s was logged with other zhpipe code (%s%s); it answers with its logged code, as MLflow "
-                 "serves it",
+        log.info("predict: %s was logged with other zhpipe code (%s%s); it answers with its logged "
+                 "code, as MLflow serves it",
                  uri, ", ".join(changed[:3]), " ..." if len(changed) > 3 else "")
         return LoggedCodeModel(local)
     from flows.track.requirements import by_name
@@ -162,8 +162,8 @@ class LoggedCodeModel:
 def read_input(path: Path, text_column: str) -> pd.DataFrame:
     kind = READERS.get(path.suffix.lower())
     if kind is None:
-        raise ConfigError(f"--input {path}: unknown file type '{path.suffix}' (expected .csv, .tsv, .jsonl or "
-                          f".parquet)")
+        raise ConfigError(f"--input {path}: unknown file type '{path.suffix}' (expected .csv, "
+                          f".tsv, .jsonl or .parquet)")
     if not path.is_file():
         raise DataError(f"--input {path}: no such file")
     try:
@@ -191,8 +191,8 @@ def write_table(df: pd.DataFrame, path: Path) -> None:
     """Write by extension, atomically (a temporary sibling renamed into place)."""
     kind = READERS.get(path.suffix.lower())
     if kind is None:
-        raise ConfigError(f"--output {path}: unknown file type '{path.suffix}' (expected .csv, .tsv, .jsonl or "
-                          f".parquet)")
+        raise ConfigError(f"--output {path}: unknown file type '{path.suffix}' (expected .csv, "
+                          f".tsv, .jsonl or .parquet)")
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     if kind == "parquet":
         df.to_parquet(tmp, index=False)

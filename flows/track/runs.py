@@ -146,8 +146,8 @@ def find_run(prefix: str):
             pass
     matches = [r for r in runs_from_client(None, 5000) if r.info.run_id.startswith(prefix)]
     if len(matches) != 1:
-        raise ZhpipeError(f"run '{prefix}': {'no pipeline run' if not matches else f'{len(matches)} runs'} with that "
-                          f"id prefix")
+        raise ZhpipeError(f"run '{prefix}': {'no pipeline run' if not matches else f'{len(matches)} runs'} "
+                          f"with that id prefix")
     return matches[0]
 
 

@@ -93,8 +93,8 @@ class OwnerOnly:
             except ValueError:
                 ok = False
         if not ok:
-            return await _answer(send, 401, "zhpipe ui: log in with the project's credentials (`zhpipe server status` "
-                                 "prints them)",
+            return await _answer(send, 401, "zhpipe ui: log in with the project's credentials (`zhpipe server "
+                                 "status` prints them)",
                                  [(b"www-authenticate", b'Basic realm="zhpipe", charset="UTF-8"')])
         body, more = b"", True
         if scope["method"] == "POST" and scope["path"].rstrip("/").endswith("graphql"):
@@ -105,8 +105,8 @@ class OwnerOnly:
                 more = message.get("more_body", False)
             body = b"".join(chunks)
         if not is_read(scope["method"], scope["path"], body):
-            return await _answer(send, 403, f"zhpipe ui is read-only: {scope['method']} {scope['path']} would change "
-                                 f"the store")
+            return await _answer(send, 403, f"zhpipe ui is read-only: {scope['method']} {scope['path']} "
+                                 f"would change the store")
         if body or not more:
             sent = False
 

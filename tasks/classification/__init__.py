@@ -34,8 +34,8 @@ STAGES = graph(
           "the models in train.models (the registry in tasks/models), checkpointed per epoch, early stopping",
           "textcnn_val_macro_f1", (Output("models.json", "json"),), models=TRAINS),
     Stage("evaluate", ("train", "segment"), "tasks.classification.evaluate",
-          "validation picks the best model; test metrics, confusion matrices, PR curves, worst mistakes; registers the "
-          "best",
+          "validation picks the best model; test metrics, confusion matrices, PR curves, worst "
+          "mistakes; registers the best",
           "best_test_accuracy", (Output("comparison.csv", "csv"),), models=SELECTS),
 )
 

@@ -67,8 +67,8 @@ def choose(table: pd.DataFrame, metric: str, right: dict[str, np.ndarray | None]
         if gap <= z * se:
             return model, (f"validation {metric} {float(scores[model]):.4f} against {best}'s {top:.4f}: {best} is "
                            f"ahead by {100 * gap:.2f} points of accuracy on the same {len(right[best])} rows, inside "
-                           f"the noise ({z:g} x {100 * se:.2f}); the cheaper model is chosen (evaluate.select: "
-                           f"simplest)")
+                           f"the noise ({z:g} x {100 * se:.2f}); the cheaper model is chosen "
+                           f"(evaluate.select: simplest)")
     return best, f"best validation {metric} ({top:.4f}), better than every cheaper model beyond the noise"
 
 

@@ -32,8 +32,8 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     p = ctx.params
     labels = ctx.facts["augment"].labels
     if not labels:
-        raise DataError("train: the corpus has no labels (source.label_column is unset); classifiers need labelled "
-                        "data")
+        raise DataError("train: the corpus has no labels (source.label_column is unset); "
+                        "classifiers need labelled data")
     spec = MODELS[name]
     train_rows, val_rows = Rows(ctx.file("augment", "train.parquet")), Rows(ctx.file("segment", "validation.parquet"))
     # a model that streams reads its splits batch by batch (memory bounded whatever the corpus); others, whole

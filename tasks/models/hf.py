@@ -139,5 +139,5 @@ def hf_predictor(folder: Path, device: str = "auto") -> Predictor:
 SPEC = ModelSpec("hf", Params, train_hf, predictor=hf_predictor, cost=3,
                  shared=("weight_decay", "grad_clip", "grad_accum", "device", "precision", "seed", "class_weights",
                          "processes"),
-                 about="a pretrained sequence-classification checkpoint (Auto classes, fast tokenizer on the text), "
-                 "fine-tuned")
+                 about="a pretrained sequence-classification checkpoint (Auto classes, fast tokenizer on "
+                 "the text), fine-tuned")

@@ -239,9 +239,9 @@ def _spec(name: str, params: type[Section], about: str) -> ModelSpec:
                      streams=True, about=about)
 
 
-TEXTCNN = _spec("textcnn", TextCNNParams, "Kim's TextCNN: 1-D convolutions of widths 2-4, max-pooled; starts from word "
-                "vectors")
-BILSTM = _spec("bilstm", BiLSTMParams, "a BiLSTM pooled by additive attention over non-padding steps; starts from word "
-               "vectors")
-TRANSFORMER = _spec("transformer", TransformerParams, "a pre-norm Transformer encoder with a [CLS] token; starts from "
-                    "word vectors")
+TEXTCNN = _spec("textcnn", TextCNNParams, "Kim's TextCNN: 1-D convolutions of widths 2-4, max-pooled; "
+                "starts from word vectors")
+BILSTM = _spec("bilstm", BiLSTMParams, "a BiLSTM pooled by additive attention over non-padding steps; "
+               "starts from word vectors")
+TRANSFORMER = _spec("transformer", TransformerParams, "a pre-norm Transformer encoder with a [CLS] token; "
+                    "starts from word vectors")

@@ -49,8 +49,8 @@ class Common(Section):
     @model_validator(mode="after")
     def _has_a_classifier(self) -> "Common":
         if all(MODELS[n].is_language_model for n in self.models):
-            raise ValueError("train.models needs at least one classifier (ngram_lm and rnn_lm are language models "
-                             "only)")
+            raise ValueError("train.models needs at least one classifier (ngram_lm and rnn_lm are "
+                             "language models only)")
         return self
 
 

@@ -211,8 +211,8 @@ def estimate_line(name: str, seconds: float, batches: int, steps: int, epochs_le
     total = per_batch * (steps * epochs_left - batches)
     shown = f"{total / 3600:.1f} h" if total >= 5400 else f"{total / 60:.0f} min" if total >= 90 else f"{total:.0f} s"
     return (f"{name}: about {shown} more to train ({epochs_left} epoch{'s' if epochs_left != 1 else ''} of {steps} "
-            f"batches at {per_batch:.2f} s a batch, from its first {batches}); fewer epochs or a smaller model is one "
-            f"--set away")
+            f"batches at {per_batch:.2f} s a batch, from its first {batches}); fewer epochs or a smaller "
+            f"model is one --set away")
 
 
 def _train_epoch(name, model, task, cfg, optimizer, scheduler, trainable, rng, device, dtype, epoch, scaler=None,
@@ -343,8 +343,8 @@ def fit_data_parallel(name: str, model, task: Task, cfg: LoopConfig, checkpoints
     world = cfg.processes
     cuda = resolve_device(cfg.device).type == "cuda"  # the device each process takes (`_rank_device`)
     if cuda and torch.cuda.device_count() < world:
-        raise ConfigError(f"train.processes={world}: this worker has {torch.cuda.device_count()} GPUs (one process per "
-                          f"GPU)")
+        raise ConfigError(f"train.processes={world}: this worker has {torch.cuda.device_count()} GPUs "
+                          f"(one process per GPU)")
     backend = "nccl" if cuda else "gloo"
     checkpoints.mkdir(parents=True, exist_ok=True)
     out = checkpoints / "data_parallel.json"

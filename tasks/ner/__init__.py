@@ -17,17 +17,17 @@ STAGES = graph(
           "a seeded split of sentences",
           "rows_test", (SPLITS,)),
     SEGMENT,  # characters and jieba words of the sentences
-    Stage("profile", ("segment",), "tasks.ner.profile", "entity types per split, entity lengths, sentence lengths, "
-          "report.html", "entities",
+    Stage("profile", ("segment",), "tasks.ner.profile", "entity types per split, entity lengths, sentence "
+          "lengths, report.html", "entities",
           (Output("stats.json", "json"),)),
-    Stage("augment", ("segment",), "tasks.ner.augment", "the train split as it is (rewriting text would shift the "
-          "tags)", "rows_added",
+    Stage("augment", ("segment",), "tasks.ner.augment", "the train split as it is (rewriting text "
+          "would shift the tags)", "rows_added",
           (Output("train.parquet", "frame"), Output("train.words.txt", "text"))),
     Stage("vocab", ("augment", "segment"), "tasks.ner.vocab",
           "character and bigram vocabularies, and the lexicon of jieba words the lexicon adapter matches",
           "lexicon_size", (Output("chars/vocab.txt", "vocabulary"), Output("bigrams/vocab.txt", "vocabulary"))),
-    Stage("embed", ("augment",), "tasks.ner.embed", "Word2Vec vectors of characters, bigrams and words (word2vec "
-          "binary format)",
+    Stage("embed", ("augment",), "tasks.ner.embed", "Word2Vec vectors of characters, bigrams and words "
+          "(word2vec binary format)",
           "chars_vectors", (Output("chars.bin", "vectors"), Output("bigrams.bin", "vectors"),
                             Output("words.bin", "vectors"))),
     Stage("train", ("augment", "segment", "vocab", "embed"), "tasks.ner.train",
@@ -43,14 +43,14 @@ def check(config: Any) -> None:
     """A ner pipeline reads one tagged file (and its given splits); its augment method is none: rewriting text would
     shift the tags."""
     if config.source.partitioned:
-        raise ValueError("source.path: task ner reads one tagged file (and its given splits), not a folder or glob of "
-                         "partitions")
+        raise ValueError("source.path: task ner reads one tagged file (and its given splits), not a folder "
+                         "or glob of partitions")
     augment = config.stages.augment
     if "method" not in augment.model_fields_set:
         augment.method = "none"
     if augment.method != "none":
-        raise ValueError(f"augment.method {augment.method!r} rewrites text and would shift entity tags; task ner takes "
-                         f"none")
+        raise ValueError(f"augment.method {augment.method!r} rewrites text and would shift entity "
+                         f"tags; task ner takes none")
 
 
 # `zhpipe init --ner FILE`: the starter pipelines.yaml

@@ -353,10 +353,10 @@ BILSTM_CRF = ModelSpec("bilstm_crf", TaggerParams, train_tagger, tagger=load_tag
                        about="character + bigram embeddings, BiLSTM, CRF; starts from the embed stage's vectors")
 LEXICON_TAGGER = ModelSpec("lexicon_tagger", LexiconTaggerParams, train_tagger, tagger=load_tagger, task="ner",
                            uses_vectors=True, shared=TAGGER_LOOP,
-                           about="bilstm_crf with the lexicon adapter: each character attends over the words that "
-                           "cover it")
+                           about="bilstm_crf with the lexicon adapter: each character attends over "
+                           "the words that cover it")
 NER_ENSEMBLE = ModelSpec("ner_ensemble", EnsembleParams, train_ensemble, tagger=load_tagger, task="ner",
                          members=lambda section: section.members, shared=(),
-                         about="the listed taggers' per-character tag probabilities averaged, decoded into well-formed "
-                         "spans")
+                         about="the listed taggers' per-character tag probabilities averaged, decoded "
+                         "into well-formed spans")
 SPECS = (CRF_TAGGER, BILSTM_CRF, LEXICON_TAGGER, NER_ENSEMBLE)  # what the kind registers (tasks.models.MODELS)

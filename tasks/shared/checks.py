@@ -250,8 +250,8 @@ def _traditional(night: Sample, ref: Sample | None, threshold: float, min_rows: 
     share = traditional_share(night.frame["text"])
     base = traditional_share(ref.frame["text"]) if ref is not None and not ref.frame.empty else 0.0
     return share - base, share - base <= threshold, (f"traditional characters in {share:.0%} of rows (reference "
-                                                     f"{base:.0%}); clean.traditional_to_simplified: true converts "
-                                                     f"them")
+                                                     f"{base:.0%}); clean.traditional_to_simplified: "
+                                                     f"true converts them")
 
 
 def _oov(night: Sample, ref: Sample | None, threshold: float, min_rows: int):
@@ -283,8 +283,8 @@ CHECKS: dict[str, Check] = {c.name: c for c in (
     Check("rows", "rows kept against the median of the last 7 nights: at most `threshold` times more or fewer",
           "warn", 20.0, _ratio_rows),
     Check("quarantine", "share of the rows clean quarantined (empty, too short or long, duplicates, label conflicts): "
-          "at most the threshold, and at most the recent nights' median + 0.15 (+ sampling noise); an empty partition "
-          "fails", "block", 0.5, _quarantine),
+          "at most the threshold, and at most the recent nights' median + 0.15 (+ sampling noise); an "
+          "empty partition fails", "block", 0.5, _quarantine),
     Check("labels", "total variation distance between tonight's label shares and the reference's (+1/sqrt(rows))",
           "block", 0.15, _labels),
     Check("agreement", "drop of Cohen's kappa between tonight's labels and a text model trained on the reference, "

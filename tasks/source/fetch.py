@@ -287,5 +287,5 @@ def locate(source: Source, root: Path, folder_for: Callable[[str], Path], params
         require_verifiable(source, root)
         path = fetch(url, folder_for(redact(url)), params, source.sha256, expect)
         return path, source.sha256 or file_sha256(path)
-    raise DataError(f"source not found: {redact(source.path or source.url)} (no such file, and no url to fetch it "
-                    f"from)")
+    raise DataError(f"source not found: {redact(source.path or source.url)} (no such file, and no "
+                    f"url to fetch it from)")

@@ -250,8 +250,8 @@ def _normalise(parsed: Parsed, path: Path, source: Source, fmt: str,
     columns = set().union(*(r.keys() for r in parsed.rows[:1000])) if parsed.rows else set()
     if parsed.rows and source.text_column not in columns:
         raise DataError(f"{path}: no text column '{source.text_column}' (columns found: "
-                        f"{', '.join(map(str, sorted(columns)))}); set source.text_column, or --text-column with "
-                        f"--source")
+                        f"{', '.join(map(str, sorted(columns)))}); set source.text_column, or "
+                        f"--text-column with --source")
     with_labels = labelled(source, fmt)
     if parsed.rows and with_labels and source.label_column not in columns:
         raise DataError(f"{path}: no label column '{source.label_column}' (columns found: "

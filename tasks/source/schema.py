@@ -87,8 +87,8 @@ class Source(Section):
             raise ValueError("source.path is a folder or glob, or grows by appends (a partition per file or per "
                              "append): it takes no sha256, url or splits (each partition is keyed by its own sha256)")
         if self.grows == "append" and self.path and (any(c in self.path for c in "*?[") or self.path.endswith("/")):
-            raise ValueError("source.grows: append is for one file that grows; a folder or glob is partitioned by file "
-                             "already")
+            raise ValueError("source.grows: append is for one file that grows; a folder or glob is "
+                             "partitioned by file already")
         return self
 
     @property

@@ -41,8 +41,8 @@ def check(config: Any) -> None:
     if config.source.partitioned:
         raise ValueError("source.path: task translation reads one file of pairs, not a folder or glob of partitions")
     if config.source.splits:
-        raise ValueError("source.splits (given validation/test files) is for task ner; task translation splits its "
-                         "pairs itself")
+        raise ValueError("source.splits (given validation/test files) is for task ner; task translation "
+                         "splits its pairs itself")
     augment = config.stages.augment
     if augment.method != "none":
         raise ValueError(f"augment.method {augment.method!r}: task translation takes none (a pair needs both sides "
@@ -69,8 +69,8 @@ pipelines:
 """
 STARTER = Starter("pairs", "Chinese-English sentence pairs: tab-separated or JSON lines (task translation)", TEMPLATE,
                   format_of=lambda path: "jsonl" if path.suffix in (".jsonl", ".json") else "tsv",
-                  options=(("--columns", "en,zh", "with --pairs, tab-separated: the fields of a line in order (default "
-                            "en,zh)"),))
+                  options=(("--columns", "en,zh", "with --pairs, tab-separated: the fields of a line in "
+                            "order (default en,zh)"),))
 
 
 KIND = TaskKind("translation", "sentence pairs: seq2seq translators, BLEU and chrF", STAGES,

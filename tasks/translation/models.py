@@ -304,6 +304,6 @@ SEQ2SEQ_ATTENTION = ModelSpec("seq2seq_attention", AttentionParams, train_transl
                               "encoder's states")
 TRANSFORMER_MT = ModelSpec("transformer_mt", TransformerParams, train_translator, translator=load_translator,
                            task="translation",
-                           shared=SHARED, about="Transformer encoder-decoder, sinusoidal positions, label smoothing, "
-                           "beam search")
+                           shared=SHARED, about="Transformer encoder-decoder, sinusoidal positions, label "
+                           "smoothing, beam search")
 SPECS = (SEQ2SEQ, SEQ2SEQ_ATTENTION, TRANSFORMER_MT)  # what the kind registers (tasks.models.MODELS)

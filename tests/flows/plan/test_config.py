@@ -100,7 +100,12 @@ def test_deployment_keys_do_not_change_stage_keys(tmp_path):
     deployed = load_pipeline("p", write(tmp_path, BASE + "    schedule: {interval: 3600}\n    runner: dask\n    storage: s3://b/z\n"),
                              ["train.work_pool=gpu"])
     assert deployed.stages.train.work_pool == "gpu" and deployed.schedule.interval == 3600
+    assert deployed.executor == "dask"  # `runner:`, the setting's name before, is still read
     assert plan_keys(plain) == plan_keys(deployed)
+    named = load_pipeline("p", write(tmp_path, BASE + "    executor: dask\n"))
+    assert named.executor == "dask" and plan_keys(named) == plan_keys(plain)
+    with pytest.raises(ConfigError, match="'executor'"):
+        load_pipeline("p", write(tmp_path, BASE + "    executor: yarn\n"))
 
 
 def test_set_source_sha256_applies_to_a_source_given_with_source(tmp_path):

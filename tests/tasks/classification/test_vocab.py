@@ -30,7 +30,7 @@ def test_the_stage_reports_the_validation_oov_rate_of_each_kind(tmp_path):
                              facts={"augment": Facts(labels=["0"]), "segment": Facts()}, out=tmp_path / "out", params=VocabConfig(min_freq=1)))
     assert out.metrics["words_validation_oov_rate"] == 0.5 and out.metrics["words_vocab_size"] == 7
     assert (tmp_path / "out" / "words" / "vocab.txt").read_text(encoding="utf-8").split("\n")[5:7] == ["a", "b"]
-    assert out.facts.labels is None  # it states no labels of its own: the runner keeps augment's with its output
+    assert out.facts.labels is None  # it states no labels of its own: the run engine keeps augment's with its output
 
 
 def test_a_count_table_past_its_bound_drops_its_rarest_types_only():

@@ -79,7 +79,7 @@ def test_a_toy_model_needs_one_module_and_one_entry(toy, tmp_path):
     assert trained.metrics["val_accuracy_best"] == 0.75  # always class "1", right on 6 of 8
     scored = tmp_path / "eval-out"
     scored.mkdir()
-    trained_facts = established("train", {"augment": Facts(labels=["0", "1"])}, trained.facts)  # as the runner stores them
+    trained_facts = established("train", {"augment": Facts(labels=["0", "1"])}, trained.facts)  # as the run engine stores them
     unit = evaluate.build_model(BuildContext(inputs={"train": out, "segment": inputs["segment"]}, facts={"train": trained_facts},
                                              out=scored, params=config.stages.evaluate), "toy")
     compared = tmp_path / "compared"

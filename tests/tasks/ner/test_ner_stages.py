@@ -31,7 +31,7 @@ def chain(tmp_path: Path, source: Source, **split_params) -> dict:
         folder.mkdir()
         result = module.build(BuildContext(dict(inputs), dict(facts), folder, params, scratch=tmp_path / f"{name}-scratch",
                                            root=tmp_path, source=source, store=Store()))
-        result.facts = established(name, facts, result.facts)  # as the runner stores them: its own over what it read
+        result.facts = established(name, facts, result.facts)  # as the run engine stores them: its own over what it read
         out[name], inputs, facts = (result, folder), {name: folder}, {name: result.facts}
     return out
 

@@ -1,4 +1,4 @@
-"""The task wrappers through the runner: build, publish, track, reuse; a failing build counts as nothing."""
+"""The task wrappers through the run engine (flows/orchestrate/execute.py): build, publish, track, reuse; a failing build counts as nothing."""
 import pandas as pd
 import pytest
 
