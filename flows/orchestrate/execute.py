@@ -13,15 +13,16 @@ from typing import Any, Callable
 
 from flows.orchestrate.chunks import runner_for
 from flows.orchestrate.gate import Gate
+from flows.orchestrate.tracking import UnitTracking
 from flows.orchestrate.workers import global_slot
 from flows.plan import project
-from flows.plan.config import PipelineConfig, flatten
+from flows.plan.config import PipelineConfig
 from flows.plan.keys import unit_params
 from flows.plan.leases import Lease
 from flows.plan.request import RunRequest
 from flows.plan.sources import origin_of, partition_source, partitions
 from flows.plan.store import Manifest, StageStore, stage_key
-from flows.track.tracker import Tracker, experiment_id
+from flows.track.tracker import Tracker
 from tasks.core import BuildContext, BuildOutput, Facts, Unit, established, partition_unit
 from tasks.errors import ZhpipeError
 from tasks.source.origin import Origin
@@ -88,8 +89,10 @@ class RunContext:
     origin: Origin | None = None  # the source as the keys were planned (the download re-checks against it)
     title: str = ""  # the parent run's name (pipeline, changed settings, time): its model runs are named after it
     gate: Gate | None = None  # the data checks (flows/orchestrate/gate.py), judged on the checked stage's output
-    lease: Lease | None = None  # the run's hold on its keys in the store (flows/plan/leases.py): `zhpipe gc` leaves them alone
+    # the run's hold on its keys in the store (flows/plan/leases.py): `zhpipe gc` leaves them alone
+    lease: Lease | None = None
     request: RunRequest | None = None  # what the run was asked to build (a tuning trial's runs have none)
+    tracking: Callable[..., UnitTracking] = UnitTracking  # the hooks around each unit (its MLflow run)
     _partitions: list[str] | None = None
 
     def reuse(self, stage: str) -> StageResult:
@@ -131,45 +134,29 @@ class RunContext:
     def run(self, unit: Unit | str, inputs: dict[str, StageResult], build: Callable[[BuildContext], BuildOutput],
             tracker: Tracker | None = None, run_name: str | None = None,
             tags: dict[str, str] | None = None) -> StageResult:
-        """Reuse the unit's output when its key is in the store (and sound), else build it atomically; track
-        either way. `stage` is a stage or a model unit (`train.textcnn`, `evaluate.textcnn`). By default each
-        gets an MLflow run of its own under the parent; `tracker` logs into an existing run instead (left
-        open). The key's lock is held throughout, so a concurrent run of the same key waits, then reuses."""
+        """One unit: reuse its output when its key is in the store (and sound), else build it and publish it
+        atomically; the tracking hooks (flows/orchestrate/tracking.py) around it either way. `unit` is a stage or a
+        model unit (`train.textcnn`, `evaluate.textcnn`); by default each gets an MLflow run of its own under the
+        parent, and `tracker` logs into an existing run instead (left open). The key's lock is held throughout, so a
+        concurrent run of the same key waits, then reuses."""
         stage = Unit.parse(unit)  # a stage's name as its kind declares it, or a unit planned as one
         key = self.keys[stage]
         t0 = time.perf_counter()
         with self.store.lock(stage, key, shared=global_slot):
             hit = not self.forced(stage) and self.store.is_done(stage, key) and self._sound(stage, key)
-            cache = {"zhpipe.cache": "hit" if hit else "miss"}
             manifest = self.store.manifest(stage, key) if hit else None
-            own = tracker is None
-            if own:  # a reused output's run is written in three calls: created with its tags, logged, finished
-                link = self._link(stage, manifest, experiment_id(self.experiment)) if hit else {}
-                tracker = Tracker.start(self.experiment, run_name or stage, parent=self.parent_run_id,
-                                        tags={"zhpipe.stage": stage, "zhpipe.key": key, **cache, **(tags or {}),
-                                              **link})
-            elif hit:
-                tracker.tags(self._link(stage, manifest, experiment_id(self.experiment)))  # known: no lookup of the run
+            hooks = self.tracking(self.experiment, self.parent_run_id, stage, key, manifest, tracker, run_name, tags)
             try:
                 if hit:
                     log.info("%s: cached (%s)", stage, key)
                 else:
-                    manifest = self._build(stage, key, inputs, tracker, build)
-                prefix = "" if own else f"{stage.stage}_"  # a model run holds its train and evaluate units
-                metrics = {**manifest.metrics, f"{prefix}rows": manifest.rows or 0,
-                           f"{prefix}seconds": manifest.seconds}
-                # params and metrics in one write
-                tracker.log(flatten(unit_params(self.config, stage)) if own else {}, metrics)
+                    manifest = self._build(stage, key, inputs, build, hooks)
+                hooks.done(manifest, unit_params(self.config, stage))
             except BaseException:
-                if own:
-                    with contextlib.suppress(Exception):  # a failed build's run still says what it was asked to build
-                        tracker.params(flatten(unit_params(self.config, stage)))
-                    tracker.finish(ok=False)
+                hooks.failed(lambda: unit_params(self.config, stage))
                 raise
-            if own:
-                tracker.finish()
         result = self._result(manifest, "hit" if hit else "miss", time.perf_counter() - t0)
-        result.run_id = tracker.run_id
+        result.run_id = hooks.run_id
         return result
 
     def forced(self, unit: Unit) -> bool:
@@ -236,19 +223,9 @@ class RunContext:
             return self._result(self.store.manifest(unit, key), "hit", 0.0)
         return self.run(unit, inputs, build)
 
-    @staticmethod
-    def _link(stage: Unit, manifest: Manifest, experiment: str) -> dict[str, str]:
-        """A reused output's artifacts stay where they were logged: the tags that point the run there (nothing
-        is uploaded)."""
-        source = manifest.mlflow_run_id or ""
-        tag = f"zhpipe.{stage.stage}_artifacts_run_id" if stage.model else "zhpipe.artifacts_run_id"
-        tags = {tag: source}
-        if source:
-            tags["mlflow.note.content"] = (f"{stage}: cached output {manifest.key}, reused; its artifacts are in "
-                                           f"[run {source[:8]}](#/experiments/{experiment}/runs/{source}).")
-        return tags
-
-    def _build(self, stage: Unit, key: str, inputs: dict[str, StageResult], tracker, build) -> Manifest:
+    def _build(self, stage: Unit, key: str, inputs: dict[str, StageResult], build, hooks: UnitTracking) -> Manifest:
+        """Build the unit into a temporary folder and publish it with its manifest (a failed build leaves nothing
+        but what it can resume from)."""
         log.info("%s: building (%s)", stage, key)
         part = stage.part
         params_model = self.config.section(stage.stage)
@@ -267,7 +244,7 @@ class RunContext:
             pipeline=self.config.name,
             root=project.current().root,
             runner=runner_for(self.executor, self.store.remote_url),
-            sink=tracker,
+            sink=hooks.sink,
             stages=self.config.stages,
             source=self.config.source if not part else partition_source(self.config, part),
             store=StoreServices(self.config, self.store, self.origin),
@@ -278,7 +255,7 @@ class RunContext:
         )
         try:
             training = self.config.kind.training
-            with system_metrics(tracker.run_id, enabled=bool(stage.model) and training is not None
+            with hooks.building(system_metrics=bool(stage.model) and training is not None
                                 and stage.stage == training.name):
                 out = build(ctx)
             manifest = Manifest(
@@ -290,7 +267,7 @@ class RunContext:
                 seconds=round(time.perf_counter() - t0, 3),
                 metrics=out.metrics,
                 facts=established(stage.stage, {name: r.facts for name, r in inputs.items()}, out.facts).to_json(),
-                mlflow_run_id=tracker.run_id,
+                mlflow_run_id=hooks.run_id,
                 causes=self.causes.get(stage, {}),
                 pipeline=self.config.name,
             )
@@ -304,7 +281,7 @@ class RunContext:
                 raise disk_full(stage, e, tmp.parent) from None
             raise
         shutil.rmtree(scratch, ignore_errors=True)
-        track_output(tracker, final, out, self.config.name, stage)
+        hooks.built(final, out, self.config.name)
         return manifest
 
     def _result(self, manifest: Manifest, cache: str, seconds: float) -> StageResult:
@@ -335,55 +312,3 @@ def disk_full(stage: str, error: OSError, root: Path) -> ZhpipeError:
     return ZhpipeError(f"{stage}: the disk is full writing {error.filename or 'to ' + str(root)} ({free} on the file "
                        f"system of {root}); free space there, or choose another store with --storage or "
                        f"ZHPIPE_STORAGE, and run again")
-
-
-@contextlib.contextmanager
-def system_metrics(run_id: str, enabled: bool, interval: float = 5.0):
-    """MLflow system metrics (CPU, memory, GPU, disk, network) in `run_id` while a model trains, with a last
-    sample at the end so a short training has one too."""
-    if not enabled:
-        yield
-        return
-    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
-
-    from flows.track.tracker import tracking_uri
-
-    monitor = SystemMetricsMonitor(run_id, sampling_interval=interval, tracking_uri=tracking_uri())
-    monitor.start()
-    try:
-        yield
-    finally:
-        try:
-            monitor.collect_metrics()
-            monitor.publish_metrics(monitor.aggregate_metrics())
-        except Exception as e:  # noqa: BLE001 - system metrics must never fail a training
-            log.warning("system metrics: %s", e)
-        monitor.finish()
-
-
-def track_output(tracker: Tracker, folder: Path, out: BuildOutput, pipeline: str, stage: str) -> None:
-    """What a stage returned, where people look: files, tables, datasets and tags in its MLflow run, Markdown
-    and tables as Prefect artifacts."""
-    for rel in out.artifacts:  # a folder keeps its name in the run's artifacts, a file its folder
-        where = rel if (folder / rel).is_dir() else str(Path(rel).parent) if Path(rel).parent != Path(".") else None
-        tracker.artifact(folder / rel, where)
-    for name, table in out.tables.items():
-        tracker.table(table, name)
-    for ds in out.datasets:
-        tracker.dataset(ds.frame, source=ds.source, name=ds.name, context=ds.context, rows=ds.rows)
-    if out.tags:
-        tracker.tags(out.tags)
-    if out.markdown or out.records:
-        from prefect.artifacts import create_markdown_artifact, create_table_artifact
-
-        for suffix, text in out.markdown.items():
-            create_markdown_artifact(text, key=artifact_key(pipeline, suffix), description=f"zhpipe {stage}")
-        for suffix, rows in out.records.items():
-            create_table_artifact(rows, key=artifact_key(pipeline, suffix), description=f"zhpipe {stage}")
-
-
-def artifact_key(pipeline: str, suffix: str) -> str:
-    """A Prefect artifact key: lower-case letters, digits and dashes."""
-    import re
-
-    return re.sub(r"[^a-z0-9-]", "-", f"{pipeline}-{suffix}".lower())

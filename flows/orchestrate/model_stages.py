@@ -8,7 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from flows.orchestrate.execute import RunContext, StageResult, artifact_key
+from flows.orchestrate.execute import RunContext, StageResult
+from flows.orchestrate.tracking import artifact_key
 from flows.plan.keys import members_of, model_units
 from flows.track.champion import register_best
 from flows.track.tracker import Tracker, client

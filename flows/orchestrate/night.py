@@ -8,7 +8,8 @@ import logging
 
 import pandas as pd
 
-from flows.orchestrate.execute import RunContext, StageResult, artifact_key
+from flows.orchestrate.execute import RunContext, StageResult
+from flows.orchestrate.tracking import artifact_key
 from flows.track import report
 from flows.track.tracker import Tracker, ui_url
 from tasks.shared.reports import markdown_text

@@ -12,9 +12,10 @@ import time
 import pyarrow.parquet as pq
 from prefect.artifacts import create_markdown_artifact
 
-from flows.orchestrate.execute import RunContext, StageResult, artifact_key
+from flows.orchestrate.execute import RunContext, StageResult
 from flows.orchestrate.gate import Gate
 from flows.orchestrate.model_stages import register
+from flows.orchestrate.tracking import artifact_key
 from flows.plan import project
 from flows.plan.config import PipelineConfig
 from flows.plan.keys import plan

@@ -66,7 +66,7 @@ def test_scratch_survives_a_failed_build_until_publish_and_force_clears_it(run_c
 def test_artifact_keys_are_valid_for_any_allowed_pipeline_name():
     import re
 
-    from flows.orchestrate.execute import artifact_key
+    from flows.orchestrate.tracking import artifact_key
 
     for name in ("chnsenticorp", "my_pipeline", "Reviews.v2", "a-b_c.D"):
         assert re.fullmatch(r"[a-z0-9-]+", artifact_key(name, "comparison")), name
