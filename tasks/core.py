@@ -85,28 +85,38 @@ class Facts:
     source_sha256: str | None = None
     source_file: str | None = None  # download: where the corpus was read from (relative to the project, redacted)
     labelled: bool | None = None  # download: whether the source carries a label column
-    tag_scheme: dict[str, str] | None = None  # ner download: the tag scheme of each file
-    given_splits: list[str] | None = None  # ner download: the splits the source came in
     augment_method_used: str | None = None  # augment: the method that ran (a fallback may replace the configured one)
-    font: str | None = None  # profile: the CJK font the pictures were drawn with
     model: str | None = None  # a model unit: its model
     summary: dict[str, Any] | None = None  # a train unit: the model's training summary (best epoch, history, size)
     results: dict[str, Any] | None = None  # an evaluate unit: its metrics; the evaluate stage: each model's
     models: dict[str, Any] | None = None  # the train stage: each model's summary
     best_model: str | None = None  # the evaluate stage: the model chosen on validation
+    # what one kind or one stage establishes for itself, by name (ner's `tag_scheme` of each file and the
+    # `given_splits` its source came in, profile's `font`): kept and handed on like the others, and written beside
+    # them in a manifest, without a field here for every kind's own facts
+    own: dict[str, Any] | None = None
 
     def but(self, **changes: Any) -> "Facts":
         """These facts with some replaced."""
         return replace(self, **changes)
 
+    def __getitem__(self, name: str) -> Any:
+        """A fact by name, shared or a kind's own (None: not known)."""
+        return getattr(self, name) if name in SHARED_FACTS else (self.own or {}).get(name)
+
     def to_json(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        shared = {k: v for k, v in asdict(self).items() if v is not None and k != "own"}
+        return {**(self.own or {}), **shared}
 
     @classmethod
     def from_json(cls, doc: dict[str, Any] | None) -> "Facts":
-        """Facts from a manifest; keys of no field (written by older code) are left out."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in (doc or {}).items() if k in names})
+        """Facts from a manifest: the shared ones by field, every other key a kind's or a stage's own."""
+        doc = doc or {}
+        own = {k: v for k, v in doc.items() if k not in SHARED_FACTS and v is not None}
+        return cls(**{k: v for k, v in doc.items() if k in SHARED_FACTS}, own=own or None)
+
+
+SHARED_FACTS = frozenset(f.name for f in fields(Facts)) - {"own"}
 
 
 def established(stage: str, inputs: dict[str, Facts], own: Facts) -> Facts:

@@ -292,7 +292,7 @@ def build(ctx: BuildContext) -> BuildOutput:
     (ctx.out / "report.html").write_text(report_html(f"{ctx.pipeline}: corpus profile", stats, tables, pictures),
                                          encoding="utf-8")
     files = [p.name for p in pictures] + ["report.html", "stats.json"] + [f"{n.replace(' ', '_')}.csv" for n in tables]
-    return BuildOutput(rows=profile.rows, metrics=stats, facts=Facts(font=font), artifacts=files,
+    return BuildOutput(rows=profile.rows, metrics=stats, facts=Facts(own={"font": font}), artifacts=files,
                        markdown={"profile": stats_markdown(ctx.pipeline, stats)},
                        records={"top-words": tables["top words per label"].astype(str).to_dict("records")})
 

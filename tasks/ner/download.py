@@ -82,7 +82,7 @@ def build(ctx: BuildContext) -> BuildOutput:
                         f"tagged entities)")
     facts = Facts(source_sha256=" ".join(f"{k}={v}" for k, v in shas.items()) if len(shas) > 1
                   else next(iter(shas.values())),
-                  labels=kinds, tag_scheme=schemes, given_splits=sorted(k for k in shas if k != "all"))
+                  labels=kinds, own={"tag_scheme": schemes, "given_splits": sorted(k for k in shas if k != "all")})
     metrics = {"rows_raw": len(df), "rows_quarantined": len(quarantine), "entities": len(entities),
                "num_labels": len(kinds), "characters": int(df["text"].str.len().sum())}
     return BuildOutput(rows=len(df), metrics=metrics, facts=facts,

@@ -24,17 +24,22 @@ def test_unit_names_parse_and_print_back():
 def test_a_unit_stores_its_own_facts_over_those_it_read():
     from tasks.core import established
 
-    read = {"augment": Facts(labels=["0", "1"], augment_method_used="eda"), "segment": Facts(labels=["x"], font="f.ttf")}
-    stored = established("vocab", read, Facts(font="own.ttf"))
-    assert stored.labels == ["0", "1"] and stored.augment_method_used == "eda" and stored.font == "own.ttf"  # first input, then own
+    read = {"augment": Facts(labels=["0", "1"], augment_method_used="eda"),
+            "segment": Facts(labels=["x"], own={"font": "f.ttf", "tag_scheme": {"all": "bio"}})}
+    stored = established("vocab", read, Facts(own={"font": "own.ttf"}))
+    assert stored.labels == ["0", "1"] and stored.augment_method_used == "eda"  # the first input's, then its own
+    assert stored["font"] == "own.ttf" and stored["tag_scheme"] == {"all": "bio"}  # a kind's own facts alike
     units = {"train.a": Facts(summary={"a": 1}), "train.b": Facts(summary={"b": 2})}
     assert established("train", units, Facts(models={"a": {}})) == Facts(models={"a": {}})  # its own units: gathered by itself
 
 
 def test_facts_hand_on_and_gather_labels():
     facts = Facts(labels=["差", "好"], source_sha256="ab")
-    assert facts.but(font="x.ttf").font == "x.ttf" and facts.but(font="x.ttf").labels == ["差", "好"]
-    assert Facts.from_json({**facts.to_json(), "task": "ner"}) == facts  # a key of older code is left out
+    assert facts.but(best_model="a").best_model == "a" and facts.but(best_model="a").labels == ["差", "好"]
+    tagged = facts.but(own={"tag_scheme": {"all": "bioes"}})
+    assert tagged.to_json() == {"tag_scheme": {"all": "bioes"}, "labels": ["差", "好"], "source_sha256": "ab"}  # flat
+    assert Facts.from_json(tagged.to_json()) == tagged and tagged["tag_scheme"] == {"all": "bioes"}
+    assert tagged["labels"] == ["差", "好"] and tagged["font"] is None
     assert gathered([Facts(labels=["1"]), Facts(labels=["0"], source_sha256="c")]) == Facts(labels=["0", "1"], source_sha256="c")
 
 

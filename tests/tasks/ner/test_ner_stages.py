@@ -59,7 +59,7 @@ def test_one_bio_file_with_tabs_is_read_and_split_80_10_10(tmp_path):
     assert loaded.rows == len(every) - 1 and loaded.metrics["rows_quarantined"] == 1
     quarantine = pd.read_parquet(folder / "quarantine.parquet")
     assert quarantine["line"].tolist() == [4] and quarantine["reason"].tolist() == ["expected 'token TAG'"]
-    assert loaded.facts.tag_scheme == {"all": "bio"} and "NAME" in loaded.facts.labels and loaded.facts.given_splits == []
+    assert loaded.facts["tag_scheme"] == {"all": "bio"} and "NAME" in loaded.facts.labels and loaded.facts["given_splits"] == []
     kept = stages["clean"][0].rows
     result, folder = stages["split"]
     rows = {s: len(pd.read_parquet(folder / f"{s}.parquet")) for s in ("train", "validation", "test")}
@@ -72,7 +72,7 @@ def test_the_corpus_own_dev_and_test_files_are_kept_as_they_are(tmp_path):
         (tmp_path / f"{name}.bmes").write_text((FIXTURES / f"{name}.bmes").read_text(encoding="utf-8"), encoding="utf-8")
     source = Source(path="train.bmes", format="conll", splits={"validation": {"path": "dev.bmes"}, "test": {"path": "test.bmes"}})
     stages = chain(tmp_path, source)
-    assert stages["download"][0].facts.given_splits == ["test", "train", "validation"]
+    assert stages["download"][0].facts["given_splits"] == ["test", "train", "validation"]
     given = sorted(unicodedata.normalize("NFKC", s.text) for s in parse_conll((FIXTURES / "test.bmes").read_text(encoding="utf-8").splitlines()).sentences)
     assert sorted(pd.read_parquet(stages["split"][1] / "test.parquet")["text"]) == given
     (tmp_path / "cut").mkdir()
