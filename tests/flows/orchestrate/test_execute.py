@@ -70,3 +70,59 @@ def test_artifact_keys_are_valid_for_any_allowed_pipeline_name():
 
     for name in ("chnsenticorp", "my_pipeline", "Reviews.v2", "a-b_c.D"):
         assert re.fullmatch(r"[a-z0-9-]+", artifact_key(name, "comparison")), name
+
+
+def test_the_engine_calls_its_tracking_hooks_and_knows_nothing_else_of_them(tmp_path):
+    """RunContext.tracking is the only seam between the run engine and MLflow: with other hooks a unit is built,
+    published and reused, each hook called in its turn, and no MLflow run is made."""
+    from flows.orchestrate.execute import RunContext
+    from flows.plan.keys import plan
+    from flows.plan.request import RunRequest
+    from flows.plan.store import StageStore, stage_key
+    from tasks.core import BuildOutput
+
+    calls = []
+
+    class Recording:
+        run_id = "recorded"
+        sink = None
+
+        def __init__(self, experiment, parent, unit, key, reused, *rest):
+            calls.append(("start", str(unit), reused is not None))
+
+        def building(self, system_metrics):
+            import contextlib
+
+            calls.append(("building", system_metrics))
+            return contextlib.nullcontext()
+
+        def built(self, folder, out, pipeline):
+            calls.append(("built", (folder / "data.parquet").is_file()))
+
+        def done(self, manifest, params):
+            calls.append(("done", manifest.rows, "min_chars" in params))
+
+        def failed(self, params):
+            calls.append(("failed", "min_chars" in params()))
+
+    config = RunRequest("smoke").config()
+    causes = plan(config, registry=lambda uri: uri)
+    run = RunContext(config, StageStore(tmp_path / "store"), {u: stage_key(c) for u, c in causes.items()},
+                     "zhpipe-hooks", None, causes=causes, tracking=Recording)
+    before = len(client().search_experiments())
+
+    def build(ctx):
+        pd.DataFrame({"text": ["好"]}).to_parquet(ctx.out / "data.parquet")
+        return BuildOutput(rows=1)
+
+    first, again = run.run("clean", {}, build), run.run("clean", {}, build)
+    assert first.cache == "miss" and again.cache == "hit" and first.run_id == again.run_id == "recorded"
+    assert run.store.manifest("clean", first.key).mlflow_run_id == "recorded"
+    assert calls == [("start", "clean", False), ("building", False), ("built", True), ("done", 1, True),
+                     ("start", "clean", True), ("done", 1, True)]
+    calls.clear()
+    run.force = {"clean"}
+    with pytest.raises(DataError):
+        run.run("clean", {}, lambda ctx: (_ for _ in ()).throw(DataError("boom")))
+    assert calls == [("start", "clean", False), ("building", False), ("failed", True)]
+    assert len(client().search_experiments()) == before and client().get_experiment_by_name("zhpipe-hooks") is None
