@@ -90,7 +90,7 @@ def main() -> None:
         y = {name: df["label"].map(index).to_numpy() for name, df in split.items()}
         probs = {}
         for name, unit in found["units"].items():
-            predict = MODELS[name].predictor(DATA / unit.stage / unit.key / name)
+            predict = MODELS[name].load(DATA / unit.stage / unit.key / name)
             probs[name] = {part: predict(df) for part, df in split.items()}
         wide = fit_wide(train, train["label"].map(index).to_numpy(), seed)
         probs["wide"] = {part: wide.predict_proba(df[["words", "text"]]) for part, df in split.items()}

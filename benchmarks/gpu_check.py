@@ -97,7 +97,7 @@ def precisions(models: list[str], df: pd.DataFrame, folder: Path, epochs: int, r
             check(f"{where}: scores as on the CPU", abs(value - reference) <= tolerance,
                   f"{key} {value:.3f} (CPU fp32 {reference:.3f}, allowed ±{tolerance:.3f})")
             if name != "rnn_lm" and precision == "bf16":
-                predicted = MODELS[name].predictor(saved)(df.head(256))
+                predicted = MODELS[name].load(saved)(df.head(256))
                 accuracy = float((np.asarray(sorted(df["label"].unique()))[predicted.argmax(1)] == df["label"].head(256)).mean())
                 check(f"{where}: the saved model predicts on the GPU", abs(accuracy - value) <= 0.02,
                       f"accuracy {accuracy:.3f} on the validation rows (validation said {value:.3f})")
@@ -186,7 +186,7 @@ def translators(folder: Path, rows: list[dict], device: str = "cuda") -> None:
         summary = MODELS[name].train(inputs)
         rows.append({"model": name, "device": device, "precision": "bf16", "samples_per_second": summary["samples_per_second"],
                      "val_bleu": summary["val_bleu"]})
-        answers = MODELS[name].translator(inputs.out / name)(frame.head(5))
+        answers = MODELS[name].load(inputs.out / name)(frame.head(5))
         right = sum(a.text == ref for a, ref in zip(answers, frame["en"].head(5)))
         check(f"{name} on cuda, bf16: learns 40 pairs", summary["device"].startswith("cuda") and summary["val_bleu"] > 60,
               f"device {summary['device']}, BLEU {summary['val_bleu']:.1f} on the pairs it saw; {right}/5 translated exactly")

@@ -128,7 +128,7 @@ def load_model(pipeline: str, model: str, overrides: list[str] | None = None, pr
     folder = output(pipeline, model_unit(training, model), overrides, project, storage) / model
     if spec.is_language_model:
         return lambda frame: spec.perplexity(folder, frame)
-    return spec.tagger(folder) if spec.tagger else spec.predictor(folder)
+    return spec.load(folder)
 
 
 def runs(pipeline: str | None = None, limit: int = 20, project: str | Path | None = None) -> pd.DataFrame:

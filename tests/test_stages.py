@@ -247,7 +247,7 @@ class Params(Section):
 def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     labels = ctx.facts["train"].labels
     validation = pd.read_parquet(ctx.file("segment", "validation.parquet"))
-    probs = MODELS[name].predictor(ctx.inputs["train"] / name)(validation)
+    probs = MODELS[name].load(ctx.inputs["train"] / name)(validation)
     truth = validation["label"].astype(str).map(labels.index).to_numpy()
     confidence, right = probs.max(1), probs.argmax(1) == truth
     edges = np.linspace(0, 1, ctx.params.bins + 1)[1:-1]

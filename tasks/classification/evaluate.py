@@ -181,7 +181,7 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
         metrics = {"test_perplexity": spec.perplexity(ctx.inputs["train"] / name, test)}  # read in batches
     else:  # scored batch by batch: memory is one batch and the probabilities, whatever the test split
         y_true = np.concatenate([label_ids(b, labels) for b in test.batches(["label"])])
-        probs = predict_batches(spec.predictor(ctx.inputs["train"] / name), test)
+        probs = predict_batches(spec.load(ctx.inputs["train"] / name), test)
         metrics, per_class, matrix = score(y_true, probs.argmax(1), labels)
         per_class.to_csv(folder / "per_class.csv", index=False)
         pd.DataFrame(matrix, index=labels, columns=labels).to_csv(folder / "confusion_matrix.csv")

@@ -42,7 +42,7 @@ class Served:
         self.clean = Params(**config["clean"])
         self.max_rows, self.max_chars = limits(config, self.clean.max_chars)
         self.segmenter = segmenter_of(config)
-        self.predictor = MODELS[config["model"]].predictor(model)
+        self.predictor = MODELS[config["model"]].load(model)
 
     def screen(self, values: list[Any]) -> tuple[list[str], list[str]]:
         """(cleaned texts, status per text): the length limit is applied before cleaning and segmenting."""

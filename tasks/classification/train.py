@@ -44,7 +44,7 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     summary = spec.train(TrainInputs(name, train, validation, labels, spec.view(p), ctx.inputs["vocab"], vectors,
                                      ctx.out, ctx.scratch, ctx.sink, members=members))
     if not spec.is_language_model:  # classifiers: validation scores from the saved model, as it will be served
-        val = predict_batches(spec.predictor(ctx.out / name), validation).argmax(1)
+        val = predict_batches(spec.load(ctx.out / name), validation).argmax(1)
         gold = np.concatenate([label_ids(b, labels) for b in batches_of(validation, ["label"])])
         from sklearn.metrics import accuracy_score, f1_score
 

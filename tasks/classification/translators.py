@@ -171,9 +171,9 @@ class RegisteredTranslator:
         except (OSError, KeyError, TypeError, ValueError) as e:
             raise ZhpipeError(f"{name}: not a zhpipe translator ({type(e).__name__}: {e}); register one with a task: "
                               f"translation pipeline") from None
-        if spec.translator is None:
+        if spec.task != "translation" or spec.load is None:
             raise ZhpipeError(f"{name}: {cfg['model']} is a {spec.task} model, not a translator")
-        self.translate_fn = spec.translator(folder / artifacts["model"]["path"])
+        self.translate_fn = spec.load(folder / artifacts["model"]["path"])
         self.direction = self.translate_fn.direction
         clean = CleanParams(**{k: v for k, v in cfg["clean"].items() if k in CleanParams.model_fields})
         self.clean = (clean if self.direction.startswith("zh")

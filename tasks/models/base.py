@@ -69,7 +69,10 @@ class ModelSpec:
     name: str
     params: type[Section]  # the `train.<name>` config section, one declaration per setting
     train: Callable[[TrainInputs], dict]
-    predictor: Callable[[Path], Predictor] | None = None  # classifiers: a saved model folder -> predict function
+    # a saved model folder -> the function that answers as its kind's models answer: a classifier's class
+    # probabilities of a frame (a `Predictor`), a tagger's tags of texts, a translator's translations of a frame.
+    # None: a language model, scored by `perplexity`
+    load: Callable[[Path], Callable] | None = None
     # its `train` reads `TrainInputs.train`/`validation` as `tasks.util.io.Rows` (batches from the split's file,
     # memory bounded whatever the corpus) instead of frames
     streams: bool = False
@@ -77,9 +80,6 @@ class ModelSpec:
     uses_vectors: bool = False  # starts from the embed stage's word vectors
     about: str = ""  # one line for `zhpipe models`
     task: str = "classification"  # or "ner", "translation": the pipelines (`task:`) whose train.models it may be in
-    tagger: Callable[[Path], Callable] | None = None  # taggers (task ner): a saved model folder -> tag function
-    # translators (task translation): a saved model folder -> translate function
-    translator: Callable[[Path], Callable] | None = None
     members: Callable[[Any], list[str]] | None = None  # ensembles: the models (of train.models) built from, by section
     # the `train` section's shared settings it reads (None: all of them); a unit's key hashes only these
     shared: tuple[str, ...] | None = None
@@ -94,7 +94,7 @@ class ModelSpec:
     @property
     def is_language_model(self) -> bool:
         """Language models are scored by perplexity, not as classifiers, taggers or translators."""
-        return self.predictor is None and self.tagger is None and self.translator is None
+        return self.load is None
 
 
 def label_ids(df: pd.DataFrame, labels: list[str]) -> np.ndarray:

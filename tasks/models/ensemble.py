@@ -58,7 +58,7 @@ def train_ensemble(inputs: TrainInputs, registry: dict[str, ModelSpec]) -> dict:
     MODELS = registry
     p: Params = inputs.section
     for m in p.members:
-        if MODELS[m].predictor is None or MODELS[m].task != "classification" or MODELS[m].members:
+        if MODELS[m].load is None or MODELS[m].task != "classification" or MODELS[m].members:
             raise ConfigError(f"train.{inputs.name}.members: {m} is not a classifier")
     t0 = time.perf_counter()
     folder = inputs.out / inputs.name
@@ -66,7 +66,7 @@ def train_ensemble(inputs: TrainInputs, registry: dict[str, ModelSpec]) -> dict:
     probs = []
     for m in p.members:
         shutil.copytree(inputs.members[m], folder / "members" / m)
-        probs.append(MODELS[m].predictor(folder / "members" / m)(inputs.validation))
+        probs.append(MODELS[m].load(folder / "members" / m)(inputs.validation))
     config = {"kind": "ensemble", "members": p.members, "method": p.method, "labels": inputs.labels}
     summary = {"path": inputs.name, "kind": "ensemble", "members": p.members, "method": p.method,
                "member_val_accuracy": {m: float((pr.argmax(1) == y).mean()) for m, pr in zip(p.members, probs)}}
@@ -92,7 +92,7 @@ def train_ensemble(inputs: TrainInputs, registry: dict[str, ModelSpec]) -> dict:
 
 def ensemble_predictor(folder: Path, registry: dict[str, ModelSpec]) -> Predictor:
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    members = [registry[m].predictor(folder / "members" / m) for m in config["members"]]
+    members = [registry[m].load(folder / "members" / m) for m in config["members"]]
 
     def predict(df: pd.DataFrame) -> np.ndarray:
         probs = [member(df) for member in members]
@@ -112,6 +112,6 @@ def ensemble_predictor(folder: Path, registry: dict[str, ModelSpec]) -> Predicto
 def spec(registry: dict[str, ModelSpec]) -> ModelSpec:
     """The registry entry; it is handed the registry it belongs to (to load its members) instead of importing it."""
     return ModelSpec("ensemble", Params, lambda inputs: train_ensemble(inputs, registry), cost=3,
-                     predictor=lambda folder: ensemble_predictor(folder, registry),
+                     load=lambda folder: ensemble_predictor(folder, registry),
                      members=lambda section: section.members, shared=(),
                      about="other classifiers of the run by soft voting (weights fit on validation) or stacking")

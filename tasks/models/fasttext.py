@@ -95,6 +95,6 @@ def fasttext_predictor(folder: Path) -> Predictor:
 
 
 SPEC = ModelSpec("fasttext", Params, lambda i: train_fasttext(i.train, i.labels, i.params, i.out),
-                 predictor=fasttext_predictor, shared=("seed",), cost=1,
+                 load=fasttext_predictor, shared=("seed",), cost=1,
                 streams=True,
                 about="fastText's supervised classifier on words + characters with word bigrams")

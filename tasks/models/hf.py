@@ -136,7 +136,7 @@ def hf_predictor(folder: Path, device: str = "auto") -> Predictor:
     return predict
 
 
-SPEC = ModelSpec("hf", Params, train_hf, predictor=hf_predictor, cost=3,
+SPEC = ModelSpec("hf", Params, train_hf, load=hf_predictor, cost=3,
                  shared=("weight_decay", "grad_clip", "grad_accum", "device", "precision", "seed", "class_weights",
                          "processes"),
                  about="a pretrained sequence-classification checkpoint (Auto classes, fast tokenizer on "

@@ -235,7 +235,7 @@ def network_predictor(folder: Path, device: str = "auto") -> Predictor:
 
 
 def _spec(name: str, params: type[Section], about: str) -> ModelSpec:
-    return ModelSpec(name, params, train_network, predictor=network_predictor, uses_vectors=True, shared=NETWORK,
+    return ModelSpec(name, params, train_network, load=network_predictor, uses_vectors=True, shared=NETWORK,
                      streams=True, about=about)
 
 

@@ -217,5 +217,5 @@ NGRAM_LM = ModelSpec("ngram_lm", Params, lambda i: train_ngram_lm(i.train, i.val
                     streams=True,
                     about="an n-gram language model (Kneser-Ney or fixed back-off); scored by test perplexity")
 LM_CLASSIFIER = ModelSpec("lm_classifier", Params, lambda i: train_lm_classifier(i.train, i.labels, i.section, i.out),
-                          cost=0, predictor=lm_classifier_predictor, shared=(), streams=True,
+                          cost=0, load=lm_classifier_predictor, shared=(), streams=True,
                           about="one n-gram LM per class; the lowest perplexity wins")

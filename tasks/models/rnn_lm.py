@@ -248,7 +248,7 @@ def lm_classifier_predictor(folder: Path, device: str = "auto"):
     return predict
 
 
-CLASSIFIER = ModelSpec("rnn_lm_classifier", ClassifierParams, train_lm_classifier, predictor=lm_classifier_predictor,
+CLASSIFIER = ModelSpec("rnn_lm_classifier", ClassifierParams, train_lm_classifier, load=lm_classifier_predictor,
                        shared=LOOP, streams=True,
                        about="one LSTM language model per class; the class whose model gives the text the highest "
                        "likelihood wins")

@@ -225,7 +225,7 @@ def _train(i: TrainInputs) -> dict:
     return train_tfidf_lr(i.train, i.labels, i.section, i.params.seed, i.out, i.name)
 
 
-SPEC = ModelSpec("tfidf_lr", Params, _train, predictor=tfidf_predictor, shared=("seed",), streams=True, cost=0,
+SPEC = ModelSpec("tfidf_lr", Params, _train, load=tfidf_predictor, shared=("seed",), streams=True, cost=0,
                 about="TF-IDF over word 1-2-grams and character 1-3-grams, logistic regression: the baseline")
-WIDE = ModelSpec("tfidf_wide", WideParams, _train, predictor=tfidf_predictor, shared=("seed",), streams=True, cost=0,
+WIDE = ModelSpec("tfidf_wide", WideParams, _train, load=tfidf_predictor, shared=("seed",), streams=True, cost=0,
                  about="tfidf_lr over word 1-3-grams and character 1-5-grams, C=16: the strongest linear model here")

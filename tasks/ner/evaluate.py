@@ -88,7 +88,7 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     folder = ctx.out / "evaluation"
     folder.mkdir()
     gold = [list(t) for t in test["tags"]]
-    pred = [t.tags for t in MODELS[name].tagger(ctx.inputs["train"] / name)(test["text"].astype(str).tolist())]
+    pred = [t.tags for t in MODELS[name].load(ctx.inputs["train"] / name)(test["text"].astype(str).tolist())]
     metrics, per_type = entity_scores(gold, pred, labels)
     per_type.to_csv(folder / "per_type.csv", index=False)
     type_confusion(gold, pred).to_csv(folder / "type_confusion.csv")

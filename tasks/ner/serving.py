@@ -31,7 +31,7 @@ class Served:
 
         self.clean = Params(**{k: v for k, v in config["clean"].items() if k in Params.model_fields})
         self.max_rows, self.max_chars = limits(config, self.clean.max_chars)
-        self.tagger = MODELS[config["model"]].tagger(model)
+        self.tagger = MODELS[config["model"]].load(model)
 
     def __call__(self, values: list[Any]) -> pd.DataFrame:
         from tasks.ner.clean import clean_chars

@@ -36,7 +36,7 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
                for model, folder in by_model({u: f for u, f in ctx.inputs.items() if Unit.parse(u).model}).items()}
     summary = spec.train(TrainInputs(name, train, validation, labels, spec.view(ctx.params), ctx.inputs["vocab"], None,
                                      ctx.out, ctx.scratch, ctx.sink, embed=ctx.inputs.get("embed"), members=members))
-    tagged = spec.tagger(ctx.out / name)(validation["text"].astype(str).tolist())
+    tagged = spec.load(ctx.out / name)(validation["text"].astype(str).tolist())
     scores = entity_f1([list(t) for t in validation["tags"]], [t.tags for t in tagged])
     summary.update({f"val_{k}": v for k, v in scores.items()})
     names = {"val_f1": "val_f1_best", "val_precision": "val_precision_best", "val_recall": "val_recall_best",

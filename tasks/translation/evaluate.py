@@ -86,7 +86,7 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     summary = ctx.facts["train"].summary
     src_lang, tgt_lang = sides(summary["direction"])
     test = pd.read_parquet(ctx.file("segment", "test.parquet"), columns=["id", "text", "en", "words", "chars"])
-    translate = MODELS[name].translator(ctx.inputs["train"] / name)
+    translate = MODELS[name].load(ctx.inputs["train"] / name)
     hyps = [t.text for t in translate(test)]
     refs = test["text" if tgt_lang == "zh" else "en"].astype(str).tolist()
     scores = corpus_scores(hyps, refs, tgt_lang)

@@ -295,14 +295,14 @@ def load_translator(folder: Path, device: str = "auto") -> TranslatorFn:
     return translate
 
 
-SEQ2SEQ = ModelSpec("seq2seq", GRUParams, train_translator, translator=load_translator, task="translation",
+SEQ2SEQ = ModelSpec("seq2seq", GRUParams, train_translator, load=load_translator, task="translation",
                     shared=SHARED,
                     about="GRU encoder-decoder, no attention: the decoder sees the encoder's summary vector only")
-SEQ2SEQ_ATTENTION = ModelSpec("seq2seq_attention", AttentionParams, train_translator, translator=load_translator,
+SEQ2SEQ_ATTENTION = ModelSpec("seq2seq_attention", AttentionParams, train_translator, load=load_translator,
                               task="translation",
                               shared=SHARED, about="GRU encoder-decoder with Bahdanau (additive) attention over the "
                               "encoder's states")
-TRANSFORMER_MT = ModelSpec("transformer_mt", TransformerParams, train_translator, translator=load_translator,
+TRANSFORMER_MT = ModelSpec("transformer_mt", TransformerParams, train_translator, load=load_translator,
                            task="translation",
                            shared=SHARED, about="Transformer encoder-decoder, sinusoidal positions, label "
                            "smoothing, beam search")

@@ -32,7 +32,7 @@ class Served:
         from tasks.classification.clean import Params
         from tasks.models import MODELS
 
-        self.translator = MODELS[config["model"]].translator(model)
+        self.translator = MODELS[config["model"]].load(model)
         self.direction = self.translator.direction
         clean = Params(**{k: v for k, v in config["clean"].items() if k in Params.model_fields})
         # the English side is never converted to simplified characters

@@ -218,7 +218,7 @@ def test_model_zoo_through_the_flow_with_curves_and_served_models(prefect_harnes
     for name in ("transformer", "bert"):  # the logged classifier takes raw text and predicts like the training code
         model_dir = store / f"train.{name}" / keys[f"train.{name}"] / name
         served = mlflow.pyfunc.load_model(models[name].data.tags["zhpipe.model_uri"]).predict(test["text"].tolist())
-        np.testing.assert_allclose(served[["p_0", "p_1"]].to_numpy(), MODELS[name].predictor(model_dir)(test), atol=1e-5)
+        np.testing.assert_allclose(served[["p_0", "p_1"]].to_numpy(), MODELS[name].load(model_dir)(test), atol=1e-5)
 
 
 def _files(root, stage, key):

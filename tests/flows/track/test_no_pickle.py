@@ -52,7 +52,7 @@ def test_a_payload_in_a_stage_output_never_runs(built, tmp_path):
                                             "sha256": file_sha256(unit / "textcnn" / "model.pt")}
     (unit / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(pickle.UnpicklingError):
-        MODELS["textcnn"].predictor(unit / "textcnn")
+        MODELS["textcnn"].load(unit / "textcnn")
     with pytest.raises(Exception):  # the pipeline rescoring it fails the same way
         pipeline_flow("smoke", overrides=SETS, storage=str(store), force=["evaluate"], stages=without_profile())
     assert not marker.exists()

@@ -51,7 +51,7 @@ def test_pyfunc_takes_raw_text_and_predicts_like_the_training_code(trained):
     for name in ("tfidf_lr", "textcnn"):
         info = log_model(run.run_id, name, trained["models"][name], trained["labels"], config)
         got = mlflow.pyfunc.load_model(info.model_uri).predict(test["text"].tolist())
-        want = MODELS[name].predictor(trained["models"][name])(test)
+        want = MODELS[name].load(trained["models"][name])(test)
         np.testing.assert_allclose(got[[f"p_{label}" for label in trained["labels"]]].to_numpy(), want, rtol=1e-5, atol=1e-6)
         assert got["label"].tolist() == [trained["labels"][i] for i in want.argmax(1)]
     run.finish()

@@ -36,7 +36,7 @@ def predictor(folder):
     return lambda frame: np.tile(shares, (len(frame), 1))
 
 
-SPEC = ModelSpec("toy", Params, train, predictor=predictor)
+SPEC = ModelSpec("toy", Params, train, load=predictor)
 '''
 
 

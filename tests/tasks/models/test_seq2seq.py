@@ -130,7 +130,7 @@ def test_a_translator_learns_a_tiny_corpus_and_translates_raw_pairs(tmp_path, na
     inputs, frame = tiny_inputs(tmp_path, name, pairs=40, train_batch_size=8, **section)
     summary = MODELS[name].train(inputs)
     assert summary["val_bleu"] > 60, summary["val_bleu"]  # it memorised what it saw (validation = train here)
-    translate = MODELS[name].translator(tmp_path / "out" / name)
+    translate = MODELS[name].load(tmp_path / "out" / name)
     answers = translate(frame.head(5))
     assert sum(a.text == ref for a, ref in zip(answers, frame["en"].head(5))) >= 3
 

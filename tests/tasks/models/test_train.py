@@ -36,7 +36,7 @@ def train_model(name, train, validation, params, out, vectors=None, scratch=None
 
 def predict(name, folder, df):
     """Probabilities of a saved model through its registry entry."""
-    return MODELS[name].predictor(folder / name)(df)
+    return MODELS[name].load(folder / name)(df)
 
 
 def tiny_vectors(dim=16):
@@ -242,7 +242,7 @@ def test_tfidf_streamed_from_the_split_file_learns_what_the_exact_fit_learns(tmp
         out.mkdir()
         summary = train_tfidf_lr(Rows(tmp_path / "train.parquet"), ["0", "1", "2"], Params(fit=fit, min_df=1), 0, out)
         assert summary["fit"] == fit
-        got[fit] = MODELS["tfidf_lr"].predictor(out / "tfidf_lr")(test)
+        got[fit] = MODELS["tfidf_lr"].load(out / "tfidf_lr")(test)
         assert np.allclose(got[fit].sum(1), 1, atol=1e-5)
     assert got["stream"].argmax(1).tolist() == got["memory"].argmax(1).tolist() == [1, 0, 2]
     assert not (tmp_path / "stream" / "vocabulary.json").exists() and not list((tmp_path / "stream").glob(".*shuffle*"))
