@@ -8,6 +8,7 @@ import logging
 import shutil
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -146,14 +147,15 @@ class RunContext:
             hit = not self.forced(stage) and self.store.is_done(stage, key) and self._sound(stage, key)
             manifest = self.store.manifest(stage, key) if hit else None
             hooks = self.tracking(self.experiment, self.parent_run_id, stage, key, manifest, tracker, run_name, tags)
+            params = partial(unit_params, self.config, stage)  # asked for by the unit's own run alone
             try:
                 if hit:
                     log.info("%s: cached (%s)", stage, key)
                 else:
                     manifest = self._build(stage, key, inputs, build, hooks)
-                hooks.done(manifest, unit_params(self.config, stage))
+                hooks.done(manifest, params)
             except BaseException:
-                hooks.failed(lambda: unit_params(self.config, stage))
+                hooks.failed(params)
                 raise
         result = self._result(manifest, "hit" if hit else "miss", time.perf_counter() - t0)
         result.run_id = hooks.run_id

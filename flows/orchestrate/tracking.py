@@ -54,11 +54,12 @@ class UnitTracking:
         """What a built output shows: its files, tables and datasets in the run, Markdown and tables in Prefect."""
         track_output(self.tracker, folder, out, pipeline, self.unit)
 
-    def done(self, manifest: Manifest, params: dict) -> None:
-        """The unit's params (in its own run) and totals, in one write; its own run finished."""
+    def done(self, manifest: Manifest, params: Callable[[], dict]) -> None:
+        """The unit's params (in its own run only: asked for there alone) and totals, in one write; its own run
+        finished."""
         prefix = "" if self.own else f"{self.unit.stage}_"  # a model run holds its train and evaluate units
         metrics = {**manifest.metrics, f"{prefix}rows": manifest.rows or 0, f"{prefix}seconds": manifest.seconds}
-        self.tracker.log(flatten(params) if self.own else {}, metrics)
+        self.tracker.log(flatten(params()) if self.own else {}, metrics)
         if self.own:
             self.tracker.finish()
 

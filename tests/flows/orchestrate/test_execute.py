@@ -100,7 +100,7 @@ def test_the_engine_calls_its_tracking_hooks_and_knows_nothing_else_of_them(tmp_
             calls.append(("built", (folder / "data.parquet").is_file()))
 
         def done(self, manifest, params):
-            calls.append(("done", manifest.rows, "min_chars" in params))
+            calls.append(("done", manifest.rows, "min_chars" in params()))
 
         def failed(self, params):
             calls.append(("failed", "min_chars" in params()))
