@@ -17,6 +17,7 @@ from flows.cli.run import summary_table  # noqa: F401 - the run summary, as call
 from flows.plan import project
 from flows.runtime import commands, provide
 from tasks.errors import ZhpipeError, say
+from tasks.util.private import owner_only
 
 GROUPS = (run, schedule, results, store, catalog, doctor, commands)
 
@@ -63,6 +64,7 @@ def _quiet_prefect_tracebacks() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    owner_only()  # whatever it creates (a new project with `init` too) is 0600/0700, whatever the shell's umask
     if "--debug" in argv[1:] and "--" not in argv:  # `zhpipe run --debug` as well as `zhpipe --debug run`
         argv = ["--debug", *[a for a in argv if a != "--debug"]]
     args = _parser().parse_args(argv)

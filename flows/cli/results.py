@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from flows.cli.common import Needs, pipeline_name, print_frame
+from flows.cli.common import Needs, pipeline_name, print_frame, storage_arg
 from tasks.errors import ZhpipeError
 
 WHY_CHARS = 60  # of the champion decision's reason in `zhpipe runs`
@@ -41,6 +41,22 @@ def cmd_compare(args) -> int:
 
 
 def cmd_predict(args) -> int:
+    """`--storage`: the stage store whose records vouch for the model's files (flows.track.trust), here and in Dask
+    workers, for this command only."""
+    if not args.storage:
+        return _predict(args)
+    before = os.environ.get("ZHPIPE_STORAGE")
+    os.environ["ZHPIPE_STORAGE"] = args.storage
+    try:
+        return _predict(args)
+    finally:
+        if before is None:
+            os.environ.pop("ZHPIPE_STORAGE", None)
+        else:
+            os.environ["ZHPIPE_STORAGE"] = before
+
+
+def _predict(args) -> int:
     import pandas as pd
     from mlflow.exceptions import MlflowException
 
@@ -163,12 +179,18 @@ def cmd_ui(args) -> int:
     try:
         deadline = time.monotonic() + 120
         # the URL is printed once our server answers (it refuses a request without the credentials, takes one with them)
-        while proc.poll() is None and time.monotonic() < deadline and not private.demands(local, auth):
-            time.sleep(0.5)
+        try:
+            while proc.poll() is None and time.monotonic() < deadline and not private.ours_answering(proc.pid, local,
+                                                                                                     auth):
+                time.sleep(0.5)
+        except private.PortTaken as e:
+            proc.terminate()
+            proc.wait(30)
+            raise ZhpipeError(f"ui: {e} (`zhpipe ui --port N`)") from None
         if proc.poll() is not None:
             raise ZhpipeError(f"ui: the MLflow server stopped before it served on port {args.port} (exit "
                               f"{proc.returncode}); its lines above say why")
-        if not private.demands(local, auth):
+        if not private.ours_answering(proc.pid, local, auth):
             proc.terminate()
             raise ZhpipeError(f"ui: the MLflow server did not answer on port {args.port} within 120 s")
         user, password = auth.split(":", 1)
@@ -207,6 +229,7 @@ def add_parsers(sub) -> None:
     predict.add_argument("--jsonl", action="store_true", help="print one JSON object per text instead of a table")
     predict.add_argument("--dask", metavar="ADDRESS", help="with --input: predict in chunks on Dask (`local` or a "
                          "scheduler address)")
+    storage_arg(predict)
     predict.set_defaults(handler=cmd_predict)
     ui = sub.add_parser("ui", help="start the MLflow UI on the project's tracking store")
     ui.add_argument("--port", type=int, default=5000, help="the port to serve on (default 5000)")

@@ -18,6 +18,7 @@ from flows.plan import held
 from flows.plan.sources import hold_out
 from tasks.errors import ZhpipeError
 from tasks.shared import checks
+from tasks.util.private import atomic_path
 
 log = logging.getLogger("zhpipe")
 
@@ -185,11 +186,8 @@ def _reference_file(config) -> Path:
 
 def _save_reference(config, result) -> None:
     """The corpus that passed, as the next run's reference (a seeded sample)."""
-    import os
-
     frame = checks.sample(_frame(result.path / "data.parquet"), checks.REFERENCE_ROWS)
     target = _reference_file(config)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    frame.reset_index(drop=True).to_parquet(tmp)
-    os.replace(tmp, target)
+    with atomic_path(target) as tmp:
+        frame.reset_index(drop=True).to_parquet(tmp)

@@ -121,10 +121,11 @@ def _track_training(run: RunContext, result: StageResult, name: str) -> None:
 
 def _log_model(run: RunContext, run_id: str, name: str, folder: Path, labels: list[str]) -> str:
     """A classifier (or tagger) as an MLflow model that takes raw text (models from code, weights in safe
-    formats), cleaned and segmented as this pipeline does; returns its URI."""
+    formats), cleaned and segmented as this pipeline does; returns its URI. The digest of its files goes into the stage
+    store (`trust.vouch`): only files that match it are ever loaded again."""
     from flows.track.serving import log_model  # MLflow's pyfunc machinery: only when a model is logged
 
-    return log_model(run_id, name, folder, labels, run.config).model_uri
+    return log_model(run_id, name, folder, labels, run.config, store=run.store).model_uri
 
 
 def _model_run(run: RunContext, name: str) -> str:
@@ -147,7 +148,7 @@ def register(run: RunContext, evaluation: StageResult, segment: StageResult, mod
         uri, model_runs[best], run.config.identity, best, Rows(segment.path / "test.parquet"), metric,
         evaluation.facts.results[best][f"test_{metric}"], model_key=run.keys[model_unit(run.config.kind.training.name,
                                                                                         best)],
-        rescore=lambda model_uri, test: served_outcomes(model_uri, test, metric),
+        rescore=lambda model_uri, test: served_outcomes(model_uri, test, metric, store=run.store),
         rule=run.config.section(run.config.kind.selection.name).champion,
     )
     parent = Tracker(run.parent_run_id)

@@ -11,6 +11,7 @@ import pandas as pd
 from flows.plan.project import CONFIG_NAME
 from tasks.errors import ConfigError, DataError
 from tasks.util.io import file_sha256
+from tasks.util.private import NotOurs, atomic_path, foreign_link, own_folder
 
 STARTER = """\
 # zhpipe pipelines: `zhpipe run` runs the first one, `zhpipe run NAME` another.
@@ -75,20 +76,20 @@ def init_corpus(folder: Path, corpus: Path, option: str, link: bool = False, tex
     copied into data/raw/<folder>/), or one file of a kind's starter (`--ner`, `--pairs`: tasks/<kind>/__init__.py;
     `fields`: its options, comma-separated). Each gets its own pipeline, experiment and registered model, named
     after the project folder."""
-    folder = folder.expanduser().resolve()
-    config = folder / CONFIG_NAME
-    if config.exists():
-        raise ConfigError(f"{config} already exists; zhpipe init writes a new project only")
+    config = _project_file(folder)
+    folder = config.parent
     corpus = corpus.expanduser().resolve()
     if option == "nightly":
         files = sorted(p for p in corpus.glob("*.csv") if p.is_file()) if corpus.is_dir() else []
+        for file in files:
+            if why := foreign_link(file, corpus):
+                raise DataError(f"--nightly {file}: {why}; copy the file into {corpus} or remove the link")
         if not files:
             raise DataError(f"--nightly {corpus}: expected a folder of CSV files (one per night), found none")
         for what, column in (("text", text_column), ("label", label_column)):
             if column not in _columns(files[0], files[0]):
                 raise DataError(f"--nightly {files[0]}: no {what} column '{column}' (columns: "
                                 f"{', '.join(_columns(files[0], files[0]))}); name it with --{what}-column")
-        folder.mkdir(parents=True, exist_ok=True)
         written = [_bring(f, folder / "data" / "raw" / corpus.name, link) for f in files]
         text = NIGHTLY.format(name=_name(folder), description=_quoted(f"nightly files of {corpus.name}"),
                               path=_quoted(f"data/raw/{corpus.name}/*.csv"), text_column=_quoted(text_column),
@@ -97,7 +98,6 @@ def init_corpus(folder: Path, corpus: Path, option: str, link: bool = False, tex
         starter = starters()[option]
         if not corpus.is_file():
             raise DataError(f"--{option} {corpus}: no such file")
-        folder.mkdir(parents=True, exist_ok=True)
         path = _bring(corpus, folder / "data" / "raw", link)
         written = [path]
         pin = (f"      sha256: {file_sha256(path)}   # pinned: an edited file is an error (copy a new one, update "
@@ -125,11 +125,8 @@ def init_project(folder: Path, csv: Path | None = None, text_column: str = "text
     """Write pipelines.yaml (and an example corpus when no CSV is given) into `folder`; never overwrite. A
     user's CSV is copied under data/raw/ (or, with `link`, linked there) and pinned by its sha256, so the
     project can move or be shared, and an edited file is an error instead of silently another corpus."""
-    folder = folder.expanduser().resolve()
-    config = folder / CONFIG_NAME
-    if config.exists():
-        raise ConfigError(f"{config} already exists; zhpipe init writes a new project only")
-    folder.mkdir(parents=True, exist_ok=True)
+    config = _project_file(folder)
+    folder = config.parent
     written = []
     if csv is None:
         path = folder / "data" / "raw" / "example.csv"
@@ -158,6 +155,19 @@ def init_project(folder: Path, csv: Path | None = None, text_column: str = "text
                       encoding="utf-8")
     written.append(config)
     return written + _ignore(folder)
+
+
+def _project_file(folder: Path) -> Path:
+    """The new project's pipelines.yaml: in a folder of this user's, made 0700 (`own_folder`: a link another user
+    planted at DIR is refused, not followed), with no pipelines.yaml yet."""
+    try:
+        root = own_folder(folder)
+    except NotOurs as e:
+        raise ConfigError(f"init {folder}: {e}; choose a folder of your own") from None
+    config = root / CONFIG_NAME
+    if config.exists():
+        raise ConfigError(f"{config} already exists; zhpipe init writes a new project only")
+    return config
 
 
 def _quoted(value: str) -> str:
@@ -204,6 +214,8 @@ def _columns(path: Path, shown: Path) -> list[str]:
 def _bring(source: Path, raw: Path, link: bool) -> Path:
     """`source` under `raw/`: copied (atomically), or a symlink with `link`; a file already there is used."""
     raw.mkdir(parents=True, exist_ok=True)
+    if why := foreign_link(source, source.parent):
+        raise DataError(f"{source}: {why}; copy the file itself")
     target = raw / source.name
     if target.resolve() == source:
         return target
@@ -212,9 +224,8 @@ def _bring(source: Path, raw: Path, link: bool) -> Path:
     if link:
         target.symlink_to(source)
         return target
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    shutil.copyfile(source, tmp)
-    os.replace(tmp, target)
+    with atomic_path(target) as tmp:  # owner-only, and nothing left behind when the disk fills
+        shutil.copyfile(source, tmp)
     return target
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from flows.plan.store import MANIFEST, CorruptManifest, Manifest, StageStore, alive
 
-SHARED = {"_downloads", "_cache", ".remote"}  # shared by all keys: never collected
+SHARED = {"_downloads", "_cache", "_records", ".remote"}  # shared by all keys: never collected
 
 
 def _outputs(store: StageStore):

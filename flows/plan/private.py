@@ -11,14 +11,13 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from tasks.errors import ZhpipeError
+from tasks.util.private import write_atomic
+
 
 def write_private(path: Path, text: str) -> None:
     """Write `text` to `path` atomically, readable by this user only (0600)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    write_atomic(path, text)  # mkstemp: 0600, O_EXCL
 
 
 def write_state(path: Path, state: dict) -> None:
@@ -96,6 +95,36 @@ def status_of(url: str, auth: str | None, timeout: float) -> int:
         return e.code
     except OSError:
         return 0
+
+
+class PortTaken(ZhpipeError):
+    """Another process listens on the port of a server zhpipe started: no credentials are sent there."""
+
+
+def port_of(url: str) -> int:
+    from urllib.parse import urlparse
+
+    return urlparse(url).port or 80
+
+
+def ours_answering(pid: int, url: str, auth: str, path: str = "/health", timeout: float = 2) -> bool:
+    """Whether the server zhpipe started as process `pid` answers at `url` as ours. Before a request with the
+    credentials goes out, the socket listening on the port must be one of `pid`'s (or its workers'): another user who
+    binds the port first (or between our check that it is free and our server's start) gets nothing; `PortTaken`
+    names who holds it. Then the server must demand exactly these credentials (`demands`). False: not up yet."""
+    from flows.runtime import procs
+
+    port = port_of(url)
+    held = procs.serves(pid, port)
+    if held is False:
+        found = procs.listeners(port) or []
+        if not found:
+            return False  # nothing listens yet
+        owner = found[0][0]
+        who = "you, another process" if owner == os.getuid() else f"another user (uid {owner})"
+        raise PortTaken(f"port {port} on 127.0.0.1 is held by {who}, not by the server zhpipe started; no credentials "
+                        f"were sent there; choose another port")
+    return demands(url, auth, path, timeout)
 
 
 def demands(url: str, auth: str, path: str = "/health", timeout: float = 2) -> bool:

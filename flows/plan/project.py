@@ -98,7 +98,37 @@ def activate(project: Project) -> Project:
         os.environ.setdefault(key, value)
     # INFO from zhpipe's logger reaches Prefect's handlers even where the root logger stays at WARNING
     logging.getLogger("zhpipe").setLevel(logging.INFO)
+    make_private(project)
     return project
+
+
+PRIVATE_MARK = ".zhpipe-private"  # in the project folder: everything under it was made owner-only once
+
+
+def make_private(project: Project) -> int:
+    """A project is its owner's alone whatever the umask: from here on this process creates files 0600 and folders
+    0700 (`owner_only`), and a project that has never been tightened (made under a loose umask, an older zhpipe, a
+    checkout) has its folder, pipelines.yaml, stage store, MLflow and Prefect stores closed to others, once, saying
+    so. How many entries were changed."""
+    import sys
+
+    from tasks.util.private import open_to_others, owner_only, tighten
+
+    owner_only()
+    root = project.root
+    mark = root / PRIVATE_MARK
+    tops = [project.config_file, project.data, project.mlruns, project.prefect_home]
+    if mark.exists() and not any(open_to_others(p) for p in (root, *tops)):
+        return 0
+    changed = tighten(root, deep=False) + tighten(*tops)
+    if changed:
+        print(f"zhpipe: {changed} files and folders of the project {root} were open to other users; they are now "
+              f"yours only (folders 700, files 600)", file=sys.stderr, flush=True)
+    try:
+        os.close(os.open(mark, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+    except OSError:  # a read-only project: checked again by the next command
+        pass
+    return changed
 
 
 def ensure_prefect_home() -> Path:

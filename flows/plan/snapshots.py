@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,7 @@ from flows.plan import project
 from tasks.errors import DataError
 from tasks.source.schema import Partition, Source
 from tasks.util.io import atomic_write_text, file_sha256, text_digests
+from tasks.util.private import atomic_path
 
 log = logging.getLogger("zhpipe")
 
@@ -99,9 +99,8 @@ def _partitions(source: Source, where: Path, export: Path) -> list[Partition]:
             log.info("source %s: %s brings no new rows", source.path, export.name)
             return parts
         where.mkdir(parents=True, exist_ok=True)
-        tmp = delta.with_name(f".{delta.name}.{os.getpid()}.tmp")
-        frame[new].reset_index(drop=True).to_parquet(tmp, index=False)
-        os.replace(tmp, delta)
+        with atomic_path(delta) as tmp:
+            frame[new].reset_index(drop=True).to_parquet(tmp, index=False)
     parts.append(Partition(f"{export.name}@{len(versions):04d}", delta, digest=file_sha256(delta),
                            export_sha256=digest))
     return parts

@@ -376,6 +376,26 @@ class StageStore:
         folder.mkdir(parents=True, exist_ok=True)
         return folder / name
 
+    def write_record(self, name: str, text: str) -> None:
+        """A small record under `_records/` kept by this store (local: owner-only; an object store: the team's
+        bucket, which only its engineers write), such as the digest of a model's files (flows.track.trust)."""
+        local = self.root / "_records" / name
+        local.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(local, text)
+        if self.fs is not None:
+            self.fs.makedirs(f"{self.base}/_records", exist_ok=True)
+            self.fs.put_file(str(local), f"{self.base}/_records/{name}")
+
+    def read_record(self, name: str) -> str | None:
+        """A record `write_record` kept; None when there is none (an object store's copy wins over the mirror)."""
+        if self.fs is not None:
+            try:
+                return self.fs.cat_file(f"{self.base}/_records/{name}").decode("utf-8")
+            except FileNotFoundError:
+                return None
+        local = self.root / "_records" / name
+        return local.read_text(encoding="utf-8") if local.is_file() else None
+
     def downloads(self, url: str) -> Path:
         """Folder for a URL's downloaded bytes, kept across attempts so a partial file can resume."""
         folder = self.root / "_downloads" / hashlib.sha256(url.encode()).hexdigest()[:16]

@@ -18,7 +18,15 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from flows.plan.private import credentials, open_private_log, read_state, status_of, write_state
+from flows.plan.private import (
+    PortTaken,
+    credentials,
+    open_private_log,
+    ours_answering,
+    read_state,
+    status_of,
+    write_state,
+)
 from flows.runtime import procs
 from tasks.errors import ZhpipeError
 
@@ -27,15 +35,15 @@ def state_file() -> Path:
     return Path(os.environ["PREFECT_HOME"]).expanduser() / "zhpipe-server.json"
 
 
-def _healthy(url: str, timeout: float = 0.5, auth: str | None = None) -> bool:
-    """Whether the server at `url` answers; with `auth`, also that it is one that demands exactly these credentials
-    (refuses a request without them, takes one with them): another server on that port is not ours."""
-    if status_of(f"{url}/health", auth, timeout) != 200:
-        return False
-    if auth is None:
-        return True
-    return status_of(f"{url}/admin/version", None, timeout) == 401 and status_of(f"{url}/admin/version", auth,
-                                                                                 timeout) == 200
+def _healthy(url: str, timeout: float = 0.5) -> bool:
+    """Whether the server at `url` answers its health check (no credentials are sent)."""
+    return status_of(f"{url}/health", None, timeout) == 200
+
+
+def _ours(pid: int, url: str, timeout: float = 2) -> bool:
+    """Whether the Prefect server process `pid` started answers at `url` as ours: its socket, then our credentials
+    (`private.ours_answering`; `PortTaken` when another process holds the port)."""
+    return _healthy(url, timeout) and ours_answering(pid, url, credentials(), "/admin/version", timeout)
 
 
 def _port(url: str) -> int:
@@ -67,12 +75,10 @@ def running() -> dict | None:
         return None
     try:
         url = state["url"]
-        listener = procs.listener_uid(_port(url))  # None without /proc (not Linux): the credentials decide alone
-        ours = procs.is_ours(state) and (listener == os.getuid()
-                                         or (listener is None and not Path("/proc/net/tcp").exists()))
-    except (KeyError, TypeError, ValueError, IndexError):
+        ours = procs.is_ours(state) and _ours(state["pid"], url)
+    except (KeyError, TypeError, ValueError, IndexError, PortTaken):
         ours = False
-    if ours and _healthy(url, auth=credentials()):
+    if ours:
         return state
     if ours and state.get("legacy"):  # started by an earlier zhpipe, without credentials: replaced by one with them
         procs.signal_ours(state, signal.SIGTERM, group=True)
@@ -234,18 +240,35 @@ def start(port: int | None = None, timeout: float = 180.0, idle: float | None = 
                                 start_new_session=True)
     deadline = time.monotonic() + timeout
     marker = f"server start --host 127.0.0.1 --port {port}"  # in the command line of both the supervisor and the server
-    while not _healthy(url, timeout=2, auth=auth):
+    while True:
+        try:
+            if _ours(proc.pid, url):
+                break
+        except PortTaken as e:  # someone bound the port while ours started: stopped, and said so
+            _stop_group(proc)
+            raise ZhpipeError(f"prefect server: {e} (`zhpipe server start --port PORT` or ZHPIPE_SERVER_PORT)") from None
         if proc.poll() is not None:
             tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:] or ["(no output)"]
             raise ZhpipeError(f"prefect server exited with code {proc.returncode} ({tail[0][:200]}); see {log}")
         if time.monotonic() > deadline:
-            os.killpg(proc.pid, signal.SIGTERM)
+            _stop_group(proc)
             raise ZhpipeError(f"prefect server did not answer on {url} within {timeout:.0f} s; see {log}")
         time.sleep(0.5)
     state = {**procs.identity(proc.pid, marker), "url": url, "log": str(log),
              **({"idle_s": idle} if idle is not None else {})}
     write_state(state_file(), state)
     return state
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """Stop a server this process started (its session's process group), and reap it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def stop(timeout: float = 30.0) -> dict | None:

@@ -36,6 +36,7 @@ from pathlib import Path
 from flows.plan import private
 from flows.runtime import handover, procs
 from flows.runtime.handover import fingerprint, recv, send, state_file
+from tasks.util.private import PRIVATE_UMASK
 
 # what a run imports: loaded once here, shared by every fork
 PRELOAD = ("flows.cli", "flows.cli.run", "flows.orchestrate.pipeline", "flows.orchestrate.execute",
@@ -93,7 +94,7 @@ def apply_context(ctx: dict) -> str | None:
             os.setpriority(os.PRIO_PROCESS, 0, ctx["nice"])  # a lower niceness than this process's fails: refused
     except (OSError, ValueError, KeyError, TypeError) as e:
         return f"its limits or priority ({e})"
-    os.umask(int(ctx["umask"]))
+    os.umask(int(ctx["umask"]) | PRIVATE_UMASK)  # the shell's umask, never looser than owner-only
     return None
 
 

@@ -99,16 +99,18 @@ def download(uri: str, cache: Path) -> tuple[str, Path]:
     import shutil
     import tempfile
 
-    import mlflow
-
-    from flows.track.trust import trusted
+    from flows.track.trust import trusted, verified
 
     name, version = trusted(uri).removeprefix("models:/").split("/")
     folder = cache / name / version
     if not (folder / "MLmodel").is_file():
         folder.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{version}-"))
-        mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{name}/{version}", dst_path=str(tmp))
+        try:
+            verified(f"models:/{name}/{version}", tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         try:
             tmp.rename(folder)
         except OSError:  # another run put it there first

@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from tasks.errors import ConfigError, DataError, ZhpipeError
+from tasks.util.private import atomic_path
 
 log = logging.getLogger("zhpipe")
 
@@ -45,21 +46,18 @@ def load_model(uri: str):
 
     # the model's files first, its code not yet run: a model logged with other code answers from a child process
     # that runs that code, never from this one
-    from flows.track.trust import trusted
+    from flows.track.trust import verified
 
-    # a registered version this project logged, under its own artifact root, pinned; or one line and nothing loaded
-    try:
-        source = trusted(uri)
-    except ConfigError as e:  # no such version: said as any model that cannot be loaded
-        raise cannot(e) from None
     in_place = Path(uri.removeprefix("file://")).expanduser()
     try:
         if (in_place / "MLmodel").is_file():  # a local model is read in place
             local = in_place
-        else:
-            local = Path(mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=str(folder)))
+        else:  # a registered version this project logged, its files as its run recorded them; or one line
+            local = verified(uri, folder)[1]
         if not (local / "MLmodel").is_file():
             raise MlflowException(f"no MLmodel file in {uri}")
+    except ConfigError as e:  # no such version: said as any model that cannot be loaded
+        raise cannot(e) from None
     except (MlflowException, OSError) as e:
         raise cannot(e) from None
     changed = code_drift(local)
@@ -193,16 +191,16 @@ def write_table(df: pd.DataFrame, path: Path) -> None:
     if kind is None:
         raise ConfigError(f"--output {path}: unknown file type '{path.suffix}' (expected .csv, "
                           f".tsv, .jsonl or .parquet)")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    if kind == "parquet":
-        df.to_parquet(tmp, index=False)
-    elif kind == "jsonl":  # answers that hold JSON (a tagger's entities) as nested objects, not as strings inside JSON
+    if kind == "jsonl":  # answers that hold JSON (a tagger's entities) as nested objects, not as strings inside JSON
         nested = [f"{PREFIX}{c}" for c in shown_as(df).nested if f"{PREFIX}{c}" in df]
         df = df.assign(**{c: [json.loads(e) if isinstance(e, str) else e for e in df[c]] for c in nested})
-        df.to_json(tmp, orient="records", lines=True, force_ascii=False)
-    else:
-        df.to_csv(tmp, sep="\t" if kind == "tsv" else ",", index=False)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:  # made with O_EXCL beside the output: no planted link at a guessed name is followed
+        if kind == "parquet":
+            df.to_parquet(tmp, index=False)
+        elif kind == "jsonl":
+            df.to_json(tmp, orient="records", lines=True, force_ascii=False)
+        else:
+            df.to_csv(tmp, sep="\t" if kind == "tsv" else ",", index=False)
 
 
 @lru_cache(maxsize=2)

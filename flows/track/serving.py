@@ -124,9 +124,13 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-def log_model(run_id: str, model: str, folder: Path, labels: list[str], config, registered_name: str | None = None):
+def log_model(run_id: str, model: str, folder: Path, labels: list[str], config, registered_name: str | None = None,
+              store=None):
     """Log `folder` (a model the pipeline `config` trained) as a ServedModel pyfunc in run `run_id`, served as the
-    config's task kind serves; register it under `registered_name` when given. Returns MLflow's ModelInfo."""
+    config's task kind serves; register it under `registered_name` when given. The digest of what was logged goes
+    into the stage store `store` (default: the project's; `trust.vouch`): only those files are loaded again. Returns
+    MLflow's ModelInfo."""
+    from flows.track.trust import vouch
     from tasks.stages import serving
 
     kind = serving(config.kind)
@@ -134,11 +138,13 @@ def log_model(run_id: str, model: str, folder: Path, labels: list[str], config, 
         settings = kind.settings(config, labels)
         artifacts = {"model": str(folder), **segment_artifacts(settings.get(SEGMENTING) or {}, Path(tmp))}
         saved = {"model": model, "serving": kind.__name__, **settings, "predict": config.predict.model_dump()}
-        return _log_pyfunc(run_id, model, ServedModel(), "pyfunc_model.py", artifacts, saved, kind.example(folder),
+        info = _log_pyfunc(run_id, model, ServedModel(), "pyfunc_model.py", artifacts, saved, kind.example(folder),
                            registered_name, Path(tmp))
+    vouch(info.model_uri, run_id, store)
+    return info
 
 
-def served_outcomes(model_uri: str, test: pd.DataFrame, metric: str, batch: int = 1000):
+def served_outcomes(model_uri: str, test: pd.DataFrame, metric: str, batch: int = 1000, store=None):
     """What a registered model does on each row of a test split, as it is served (loaded from the registry, its
     logged code and weights, asked with the split's texts in batches): its kind's `outcomes` (true and predicted
     labels, each sentence's entity counts, each sentence's BLEU statistics), with their slices."""
@@ -148,10 +154,10 @@ def served_outcomes(model_uri: str, test: pd.DataFrame, metric: str, batch: int 
 
     mlflow.set_tracking_uri(tracking_uri())  # a models:/ URI is looked up in this project's registry
     from flows.track.requirements import by_name
-    from flows.track.trust import trusted
+    from flows.track.trust import verified
 
-    with by_name():
-        model = mlflow.pyfunc.load_model(trusted(model_uri))
+    with tempfile.TemporaryDirectory(prefix="zhpipe-served-") as tmp, by_name():
+        model = mlflow.pyfunc.load_model(str(verified(model_uri, Path(tmp), store)[1]))
     wrapper = model.unwrap_python_model()
     return wrapper.kind.outcomes(wrapper.served, lambda texts: _asked(model, texts, batch), test, metric)
 
@@ -161,10 +167,10 @@ def _asked(model, texts: list[str], batch: int) -> pd.DataFrame:
                      ignore_index=True)
 
 
-def score_served(model_uri: str, test: pd.DataFrame, metric: str, batch: int = 1000) -> float:
+def score_served(model_uri: str, test: pd.DataFrame, metric: str, batch: int = 1000, store=None) -> float:
     """A registered model's score on a test split, as it is served (its kind's metric: accuracy or macro-F1, strict
     micro entity F1, corpus BLEU)."""
-    return served_outcomes(model_uri, test, metric, batch).score()
+    return served_outcomes(model_uri, test, metric, batch, store).score()
 
 
 def _log_pyfunc(run_id: str, name: str, wrapper: PythonModel, code_file: str, artifacts: dict, config: dict,

@@ -1,9 +1,125 @@
 """Which registered models zhpipe loads: only what a zhpipe run of this project's store logged, with its files under the
-store's own artifact root. Loading a model runs its code as the user who loads it (`zhpipe predict`, the champion
-gate's re-scoring), so a version someone else put in the registry must never be loaded."""
+store's own artifact root and exactly the files that run recorded. Loading a model runs its code as the user who loads
+it (`zhpipe predict`, the champion gate's re-scoring), so a version someone else put in the registry must never be
+loaded.
+
+Tags are never proof: anyone who can write to the registry can write them. The proof is a record in the stage store
+(`vouch`: owner-only on a local store, the team's bucket on an object store), written by the run that logged the
+model, holding the digest of every file MLflow keeps for it; `verified` downloads a version's files and loads nothing
+whose digest differs from that record."""
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import tempfile
 from pathlib import Path
+
+from tasks.util.io import file_sha256
+
+
+# written into a model's folder by each registration (the registered name and version it was given): not the model's
+REGISTRATION_FILES = {"registered_model_meta"}
+
+
+def files_digest(folder: Path) -> str:
+    """One sha256 over every file under `folder` (its path and its bytes' sha256), in path order; a link counts as
+    its target's path, so a model folder that links elsewhere never matches a record of real files."""
+    h = hashlib.sha256()
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder).as_posix()
+        if rel in REGISTRATION_FILES:
+            continue
+        if path.is_symlink():
+            h.update(f"link {rel} -> {os.readlink(path)}\n".encode())
+        elif path.is_file():
+            h.update(f"file {rel} {file_sha256(path)}\n".encode())
+    return h.hexdigest()
+
+
+def _record_name(source: str) -> str:
+    return f"models/{hashlib.sha256(source.encode()).hexdigest()[:32]}.json"
+
+
+def default_store():
+    """The stage store whose records vouch for models when no run names one: ZHPIPE_STORAGE (a team's bucket), else
+    ZHPIPE_DATA, else the project's data/."""
+    from flows.plan.project import current
+    from flows.plan.store import StageStore
+
+    return StageStore(os.environ.get("ZHPIPE_STORAGE") or os.environ.get("ZHPIPE_DATA") or current().data)
+
+
+def _stores(explicit):
+    """Where a record may be: the store given, the default one, and the `storage:` each pipeline of the project's own
+    pipelines.yaml names (a file only its owner writes)."""
+    from flows.plan.project import current
+    from flows.plan.store import StageStore
+
+    if explicit is not None:
+        yield explicit
+    yield default_store()
+    try:
+        import yaml
+
+        raw = yaml.safe_load(current().config_file.read_text(encoding="utf-8")) or {}
+        roots = [p.get("storage") for p in (raw.get("pipelines") or {}).values() if isinstance(p, dict)]
+    except Exception:  # noqa: BLE001 - an unreadable file names no more stores (the run that reads it says why)
+        roots = []
+    for root in dict.fromkeys(r for r in roots if isinstance(r, str) and r):
+        yield StageStore(root)
+
+
+def vouch(model_uri: str, run_id: str, store=None) -> str:
+    """Record in the stage store the digest of the files MLflow keeps for `model_uri`, which run `run_id` has just
+    logged: what `verified` later loads only when it matches. Returns the digest."""
+    import mlflow
+
+    store = store if store is not None else default_store()
+    with tempfile.TemporaryDirectory(prefix="zhpipe-vouch-") as tmp:
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=tmp))
+        digest = files_digest(local)
+    store.write_record(_record_name(model_uri), json.dumps({"source": model_uri, "run_id": run_id, "digest": digest}))
+    return digest
+
+
+def verified(uri: str, dst: Path, store=None) -> tuple[str, Path]:
+    """A registered version's files in `dst`, once `trusted` passes it and their digest matches the record its logging
+    run kept in the stage store: (the pinned URI, the local folder). Anything else is one line, nothing loaded."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    from tasks.errors import ZhpipeError
+
+    pinned = trusted(uri)
+    if not pinned.startswith("models:/"):
+        return pinned, Path(pinned)
+    mv = version_of(pinned)
+    name = _record_name(mv.source or "")
+    text, where = None, None
+    for where in _stores(store):
+        if (text := where.read_record(name)) is not None:
+            break
+
+    def refuse(why: str) -> ZhpipeError:
+        return ZhpipeError(f"{uri}: version {mv.version} of {mv.name} is not loaded: {why}; a model is loaded only "
+                           f"when a run of this project logged exactly these files (`zhpipe run --force train` logs "
+                           f"and registers it again)")
+
+    try:
+        record = json.loads(text) if text else None
+    except ValueError:
+        record = None
+    if not isinstance(record, dict) or record.get("source") != mv.source or mv.run_id != record.get("run_id"):
+        raise refuse(f"the stage store ({where.url if where else 'none'}) holds no record of its files from the run "
+                     f"that logged it")
+    try:
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=pinned, dst_path=str(dst)))
+    except (MlflowException, OSError) as e:
+        raise refuse(f"its files could not be read ({str(e).splitlines()[0][:200] if str(e) else type(e).__name__})")
+    if files_digest(local) != record.get("digest"):
+        raise refuse("its files differ from those its run logged (changed or replaced since)")
+    return pinned, local
 
 
 def trusted(uri: str) -> str:
@@ -38,8 +154,6 @@ def trusted(uri: str) -> str:
         run = None
     if run is None:
         raise refuse("no run of this project's store logged it")
-    if not any(k.startswith("zhpipe.") for k in run.data.tags):
-        raise refuse(f"its run {mv.run_id} was not made by zhpipe")
     location = c.get_model_version_download_uri(name, version)
     own = project.current().artifact_root()
     if own is not None:

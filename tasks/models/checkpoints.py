@@ -3,19 +3,19 @@ where it stopped and ends with the weights of an uninterrupted one."""
 from __future__ import annotations
 
 import json
-import os
 import random
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from tasks.util.private import atomic_path
+
 
 def save(obj, path: Path) -> None:
     """torch.save via a temporary file and rename: a kill never leaves half a checkpoint."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
 
 
 def rng_state(rng: np.random.Generator) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import errno
 import io
 import json
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ import pandas as pd
 
 from tasks.errors import DataError
 from tasks.source.schema import Source, range_blocks
+from tasks.util.private import open_within
 
 DATA_SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet",
                  ".txt": "txt"}
@@ -58,10 +60,20 @@ BATCH_CHARS = 1 << 20  # a file is read, parsed and written about 1 M characters
 MAX_RECORD_CHARS = 16 << 20  # a CSV record spanning more characters than this is a stray quote's doing
 
 
+def _opened(path: Path):
+    """A corpus file opened for reading, never through a link another user made (`open_within`): one line naming it."""
+    try:
+        return open_within(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise DataError(f"{path}: {e.strerror}; it is not read") from None
+        raise
+
+
 def line_batches(path: Path, encoding: str, batch_chars: int | None = None) -> Iterator[list[str]]:
     """The file's physical lines (split on \\n only, \\r\\n's \\r dropped, a leading BOM dropped), in batches
     of about `batch_chars` characters: the file is decoded as it is read, never held whole."""
-    with open(path, "rb") as raw, io.TextIOWrapper(raw, encoding=encoding, newline="\n") as f:
+    with _opened(path) as raw, io.TextIOWrapper(raw, encoding=encoding, newline="\n") as f:
         first = True
         read = 0
         try:
@@ -168,7 +180,7 @@ def parsed_batches(path: Path, source: Source, fmt: str) -> Iterator[Parsed]:
             line += len(rows)
         return
     if source.encoding == "auto":
-        with open(path, "rb") as f:
+        with _opened(path) as f:
             encoding = detect_encoding(f.read(HEAD_BYTES))
     else:
         encoding = source.encoding

@@ -12,6 +12,7 @@ from pydantic import Field, field_validator, model_validator
 from tasks.core import Section
 from tasks.errors import DataError
 from tasks.util.io import file_sha256, resolve_path
+from tasks.util.private import foreign_link
 from tasks.util.urls import redact
 
 
@@ -112,6 +113,13 @@ class Source(Section):
         if not files:
             raise DataError(f"source.path {self.path}: no files match (expected one file per partition, e.g. "
                             f"data/raw/reviews/*.csv)")
+        for p in files:
+            if why := foreign_link(p, p.parent):
+                raise DataError(f"source.path {self.path}: {p.name} is {why}; it is not read (remove the link, or "
+                                f"copy the file in)")
+            if not p.name.isprintable():
+                raise DataError(f"source.path {self.path}: the file name {p.name!r} holds a line break or control "
+                                f"character; rename it (a partition's name appears in logs and reports)")
         return [Partition(p.name, p) for p in files]
 
     def partition(self, part: "Partition", shown: Path) -> "Source":

@@ -21,6 +21,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tasks.util.private import fresh_temp, write_atomic
+
 SPLITS = ("train", "validation", "test")  # the split stage's files, in this order
 ROW_GROUP_ROWS = 1000  # = segment.chunk_rows by default: a chunk reads exactly its rows
 log = logging.getLogger("zhpipe")
@@ -243,7 +245,7 @@ class PartWriter:
     def __init__(self, path: Path, row_group_rows: int | None = None):
         self.path = Path(path)
         self.row_group_rows = row_group_rows
-        self.tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        self.tmp = fresh_temp(self.path)
         self.writer: pq.ParquetWriter | None = None
         self.schema: pa.Schema | None = None
         self.rows = 0
@@ -271,9 +273,7 @@ class PartWriter:
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write a text file via a temporary sibling and rename, so readers never see half of it."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, text)
 
 
 def file_sha256(path: Path, chunk: int = 1 << 20) -> str:

@@ -10,6 +10,7 @@ import pytest
 from flows.orchestrate.pipeline import pipeline_flow
 from flows.plan.config import load_pipeline
 from flows.plan.fingerprint import file_fingerprints
+from flows.plan.store import StageStore
 from flows.track.serving import score_served
 from flows.track.tracker import client
 
@@ -93,7 +94,7 @@ def test_the_registered_translator_answers_raw_text_as_it_was_evaluated(mt):
     best = parent.data.tags["zhpipe.best_model"]
     test = pd.read_parquet(paths(mt["out"])["split"] / "test.parquet")
     evaluated = pd.read_json(paths(mt["out"])[f"evaluate.{best}"] / "evaluation" / "metrics.json", typ="series")["test_bleu"]
-    assert score_served(uri, test, "bleu") == pytest.approx(evaluated, abs=1e-6)
+    assert score_served(uri, test, "bleu", store=StageStore(mt["store"])) == pytest.approx(evaluated, abs=1e-6)
 
 
 def test_the_other_direction_reuses_every_data_stage(mt):

@@ -15,6 +15,7 @@ import pytest
 
 from flows.orchestrate.pipeline import pipeline_flow
 from flows.plan.config import load_pipeline
+from flows.plan.store import StageStore
 from flows.track.tracker import client
 from tasks.errors import ZhpipeError
 from tests.helpers.cli import in_process
@@ -105,7 +106,8 @@ def test_the_champion_is_replaced_only_beyond_the_noise_of_the_same_test_rows(tr
     test = pd.read_parquet(trained["segment"] / "test.parquet")
     uri = client().get_run(trained["tfidf_run"]).data.tags["zhpipe.model_uri"]
     run_id = trained["first"]["parent_run_id"]
-    served = lambda model_uri, frame: served_outcomes(model_uri, frame, "accuracy")  # noqa: E731
+    store = StageStore(trained["store"])  # where the run that logged the model recorded its files' digest
+    served = lambda model_uri, frame: served_outcomes(model_uri, frame, "accuracy", store=store)  # noqa: E731
 
     def register(score, frame, key, rescore=served, model_uri=uri):
         return register_best(model_uri, run_id, "rescore-test", "tfidf_lr", frame, "accuracy", score, model_key=key, rescore=rescore)
@@ -113,7 +115,7 @@ def test_the_champion_is_replaced_only_beyond_the_noise_of_the_same_test_rows(tr
     first = register(0.5, test, "k1")
     assert first.champion
     today = test.iloc[: len(test) - 3]
-    truth = score_served(f"models:/zhpipe-rescore-test/{first.version}", today, "accuracy")
+    truth = score_served(f"models:/zhpipe-rescore-test/{first.version}", today, "accuracy", store=store)
     assert 0.5 < truth <= 1.0  # a real model, really scored
     claims = register(0.99, today, "k2")  # the same model, claiming a better score on a grown corpus
     assert not claims.champion and claims.champion_score == pytest.approx(truth, abs=1e-6)
@@ -153,7 +155,7 @@ def test_a_clearly_better_model_replaces_a_weak_champion(trained, monkeypatch):
     weak_version = []
 
     def served(model_uri, frame):
-        real = served_outcomes(model_uri, frame, "accuracy")
+        real = served_outcomes(model_uri, frame, "accuracy", store=StageStore(trained["store"]))
         if model_uri.endswith(f"/{weak_version[0]}"):  # the weak champion: a label no text has, for every text
             return Outcomes("labels", "accuracy", {"truth": real.columns["truth"], "predicted": np.full(real.rows, "none", dtype=object)},
                             real.slices)
@@ -242,13 +244,13 @@ def test_predict_command(trained, tmp_path, capsys):
     """The first call is a process of its own, as a user runs it; the others go through the same `main` in this
     process (each process spends seconds on its imports alone)."""
     uri = "models:/" + trained["tags"]["zhpipe.registered"]
-    proc = zhpipe("predict", "--model", uri, "房间很干净，服务也好")
+    proc = zhpipe("predict", "--model", uri, "--storage", str(trained["store"]), "房间很干净，服务也好")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "房间很干净" in proc.stdout and "probability" in proc.stdout
     assert f"version {trained['tags']['zhpipe.registered'].split('/')[1]}" in proc.stdout  # which model answered
     # the input's own label column is kept; missing, "NA" and empty texts are not turned into strings or labels
     pd.DataFrame({"content": ["房间很干净", "太差了", "", "NA", None], "label": ["1", "0", "1", "0", "1"]}).to_csv(tmp_path / "in.csv", index=False)
-    proc = in_process(capsys, "predict", "--model", uri, "--input", str(tmp_path / "in.csv"), "--text-column", "content", "--output", str(tmp_path / "out.parquet"))
+    proc = in_process(capsys, "predict", "--model", uri, "--storage", str(trained["store"]), "--input", str(tmp_path / "in.csv"), "--text-column", "content", "--output", str(tmp_path / "out.parquet"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = pd.read_parquet(tmp_path / "out.parquet")
     assert len(out) == 5 and {"content", "label", "pred_label", "pred_probability", "pred_status", "pred_model_version"} <= set(out.columns)
@@ -258,7 +260,7 @@ def test_predict_command(trained, tmp_path, capsys):
     assert out["pred_model"].iloc[0] == "zhpipe-smoke" and out["pred_model_version"].iloc[0] == trained["tags"]["zhpipe.registered"].split("/")[1]
     ok = out["pred_status"] == "ok"
     np.testing.assert_allclose(out.loc[ok, [f"pred_p_{label}" for label in trained["labels"]]].sum(axis=1), 1.0, atol=1e-4)
-    on_dask = in_process(capsys, "predict", "--model", uri, "--input", str(tmp_path / "in.csv"), "--text-column", "content",
+    on_dask = in_process(capsys, "predict", "--model", uri, "--storage", str(trained["store"]), "--input", str(tmp_path / "in.csv"), "--text-column", "content",
                    "--output", str(tmp_path / "dask.jsonl"), "--dask", "local")
     assert on_dask.returncode == 0, on_dask.stderr[-2000:]
     dask_out = pd.read_json(tmp_path / "dask.jsonl", lines=True, dtype=False)  # labels stay strings

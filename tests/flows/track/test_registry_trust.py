@@ -50,12 +50,19 @@ def _plant(tmp_path: Path, name: str, location: Path | None, tags: dict[str, str
 
 @pytest.mark.parametrize("where, tags, why", [
     ("outside", {"zhpipe.pipeline": "x"}, "outside this store's artifact root"),
-    ("inside", {}, "was not made by zhpipe"),
+    ("inside", {}, "holds no record of its files"),
+    # a zhpipe tag is no proof: only the record the logging run kept in the stage store is
+    ("inside", {"zhpipe.pipeline": "x", "zhpipe.model": "tfidf_lr"}, "holds no record of its files"),
 ])
 def test_a_planted_champion_is_refused_and_never_run(tmp_path, capsys, where, tags, why):
-    name = f"zhpipe-planted-{where}"
+    name = f"zhpipe-planted-{where}-{len(tags)}"
     foreign = tmp_path / "someone-elses-folder"
-    marker = _plant(tmp_path, name, foreign if where == "outside" else None, tags)
+    from urllib.parse import urlparse
+
+    from flows.plan import project
+
+    own = Path(urlparse(project.current().artifact_root()).path)  # the store's own artifact root
+    marker = _plant(tmp_path, name, foreign if where == "outside" else own, tags)
     capsys.readouterr()  # what MLflow printed while planting
     done = in_process(capsys, "predict", "--model", f"models:/{name}@champion", "房间很干净")
     assert done.returncode == 2 and why in done.stderr and len(done.stderr.strip().splitlines()) == 1, done
