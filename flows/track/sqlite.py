@@ -58,3 +58,48 @@ def check_sqlite(path: Path) -> None:
         raise ZhpipeError(f"MLflow's database {path} is unreadable ({verdict.splitlines()[0][:100]}); move it aside "
                           f"(mv {path} {path}.corrupt) and run again: a new one is made, and the stage store's outputs "
                           f"are reused (their earlier runs stay in the old file)")
+
+
+# the columns that hold where a SQLite store keeps artifacts: (table, column)
+ARTIFACT_COLUMNS = (("experiments", "artifact_location"), ("runs", "artifact_uri"),
+                    ("logged_models", "artifact_location"), ("model_versions", "storage_location"),
+                    ("model_versions", "source"))
+
+
+def reroot(path: Path) -> str | None:
+    """Point a copied (or moved) project's store at its own artifacts. MLflow records artifact locations as absolute
+    paths, so after `cp -a p1 p2` every run of p2 would write its artifacts into p1 (and read p1's files as its own).
+    The store's zhpipe experiments were made with `artifacts/` beside the database as their location; one that names
+    another folder's `artifacts/` was copied from there: every location under that folder is rewritten to this one.
+    Returns the folder it was copied from, or None when nothing was rewritten."""
+    import sqlite3
+    from urllib.parse import unquote, urlparse
+
+    own = (path.parent / "artifacts").resolve().as_uri()
+    con = sqlite3.connect(path, timeout=30)
+    try:
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if "experiments" not in tables:
+            return None
+        olds = {loc for name, loc in con.execute("SELECT name, artifact_location FROM experiments")
+                if isinstance(loc, str) and name.startswith("zhpipe-") and loc.startswith("file://")
+                and loc.rstrip("/").endswith("/artifacts") and loc.rstrip("/") != own}
+        if not olds:
+            return None
+        with con:
+            for old in olds:
+                old = old.rstrip("/")
+                for table, column in ARTIFACT_COLUMNS:
+                    if table not in tables:
+                        continue
+                    for prefix, new in ((old, own), (unquote(urlparse(old).path), unquote(urlparse(own).path))):
+                        con.execute(f"UPDATE {table} SET {column} = ? || substr({column}, ?) "  # noqa: S608 - fixed names
+                                    f"WHERE {column} = ? OR {column} LIKE ? ESCAPE '\\'",
+                                    (new, len(prefix) + 1, prefix, _like(prefix) + "/%"))
+    finally:
+        con.close()
+    return ", ".join(sorted(unquote(urlparse(o).path).removesuffix("/artifacts") for o in olds))
+
+
+def _like(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")

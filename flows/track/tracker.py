@@ -12,7 +12,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from flows.plan import project
-from flows.track.sqlite import check_sqlite, sqlite_pragmas
+from flows.track.sqlite import check_sqlite, reroot, sqlite_pragmas
 from tasks.errors import ZhpipeError
 
 
@@ -50,6 +50,13 @@ def _client(uri: str):
     if uri.startswith("sqlite:///"):
         private_store(uri)
         check_sqlite(Path(uri.removeprefix("sqlite:///")))
+        copied_from = reroot(Path(uri.removeprefix("sqlite:///")))
+        if copied_from:
+            import sys
+
+            print(f"zhpipe: this MLflow store was copied or moved from {copied_from}: its artifact locations now point "
+                  f"to {Path(uri.removeprefix('sqlite:///')).parent / 'artifacts'} (a copy never writes into its "
+                  f"original)", file=sys.stderr, flush=True)
         sqlite_pragmas()
     return MlflowClient(tracking_uri=uri)
 

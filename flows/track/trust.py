@@ -17,7 +17,6 @@ from pathlib import Path
 
 from tasks.util.io import file_sha256
 
-
 # written into a model's folder by each registration (the registered name and version it was given): not the model's
 REGISTRATION_FILES = {"registered_model_meta"}
 

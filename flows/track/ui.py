@@ -7,8 +7,10 @@ assistant panel MLflow opens by itself).
 
 Only its owner reaches it: every request must carry the project's credentials (HTTP basic auth, the same
 `user:password` the project's Prefect server asks for, kept 0600 in the Prefect home; the file's path comes in
-`ZHPIPE_UI_AUTH_FILE`), and it is read-only: a request that would write to the store (create, update, delete, log,
-register, set an alias, upload an artifact) is refused with 403, whoever sends it. The UI itself only reads."""
+`ZHPIPE_UI_AUTH_FILE`), and it is read-only by allow-list: only MLflow's own GET routes, the static pages, the few
+POSTs the UI reads with (searches) and GraphQL queries (parsed, so no escape hides a mutation) reach MLflow; anything
+else is refused with 403 before MLflow sees it, websockets are closed unanswered, and a body over `MAX_BODY` is
+refused unread (413). The UI itself only reads."""
 from __future__ import annotations
 
 import base64
@@ -48,8 +50,13 @@ def open_page(request: Request) -> HTMLResponse:
                                     first=json.dumps(FIRST_VISIT), target=json.dumps(target), target_plain=target))
 
 
-# what the UI asks with POST while it only reads: searches, bulk gets, GraphQL queries
-_READ_POST = re.compile(r".*/(([a-z]+-)*(search|get)(-[a-z]+)*|graphql)/?")
+# the POSTs the UI reads with (MLflow's search endpoints), under /api or /ajax-api, versions 2.0 and 3.0
+_READ_POST = re.compile(r"/(ajax-)?api/[23]\.0/?mlflow/(experiments/search|runs/search|logged-models/search|"
+                        r"registered-models/get-latest-versions|datasets/search|traces/search|issues/search|"
+                        r"experiments/search-datasets)/?")
+# where MLflow's API lives: a GET there must be one of MLflow's own read routes; elsewhere it is the UI's static pages
+_API = re.compile(r"/(ajax-api|api|graphql|v1|gateway|jobs)(/|$)")
+MAX_BODY = 1 << 20  # the UI's searches and queries are a few kB
 AUTH_FILE = "ZHPIPE_UI_AUTH_FILE"
 
 
@@ -64,14 +71,43 @@ def _credentials() -> bytes | None:
     return auth.encode() if isinstance(auth, str) and ":" in auth else None
 
 
-def is_read(method: str, path: str, body: bytes = b"") -> bool:
-    """Whether a request only reads the store: GET and HEAD, and the POSTs the UI reads with (a GraphQL request only
-    when it holds no mutation)."""
-    if method in ("GET", "HEAD", "OPTIONS"):
-        return True
-    if method != "POST" or not _READ_POST.fullmatch(path):
+def _read_gets() -> re.Pattern:
+    """MLflow's own GET routes (from its route table; `<id>` parts match one path segment)."""
+    from mlflow.server import handlers
+
+    paths = {re.sub(r"<[^>]+>", "\0", p) for p, _, methods in handlers.get_endpoints() if "GET" in methods}
+    return re.compile("|".join(re.escape(p).replace("\0", "[^/]+") + "/?" for p in sorted(paths)))
+
+
+def _only_queries(body: bytes) -> bool:
+    """Whether a GraphQL request body (JSON) holds queries only: parsed by GraphQL's own parser, after JSON's escapes
+    are decoded, so that no spelling of `mutation` or `subscription` passes."""
+    from graphql import GraphQLError, OperationType, parse
+    from graphql.language import OperationDefinitionNode
+
+    try:
+        payload = json.loads(body)
+        queries = [p.get("query") for p in (payload if isinstance(payload, list) else [payload])]
+        documents = [parse(q) for q in queries if isinstance(q, str)]
+    except (ValueError, AttributeError, GraphQLError):
         return False
-    return not path.rstrip("/").endswith("graphql") or b"mutation" not in body.lower()
+    return len(documents) == len(queries) > 0 and all(
+        d.operation == OperationType.QUERY for doc in documents for d in doc.definitions
+        if isinstance(d, OperationDefinitionNode))
+
+
+def is_read(method: str, path: str, body: bytes = b"", gets: re.Pattern | None = None) -> bool:
+    """Whether a request is on the allow-list of reads: a GET or HEAD of the static UI or of one of MLflow's GET
+    routes, a POST to one of the searches the UI reads with, a GraphQL POST of queries only. Anything else is a
+    write, or something zhpipe does not know to be a read."""
+    path = "/" + path.lstrip("/")
+    if method in ("GET", "HEAD"):
+        return not _API.match(path) or bool((gets or _read_gets()).fullmatch(path))
+    if method != "POST":
+        return False
+    if path.rstrip("/") == "/graphql":
+        return _only_queries(body)
+    return bool(_READ_POST.fullmatch(path))
 
 
 class OwnerOnly:
@@ -80,8 +116,11 @@ class OwnerOnly:
     def __init__(self, inner):
         self.inner = inner
         self.expected = _credentials()
+        self.gets = None
 
     async def __call__(self, scope, receive, send):
+        if scope["type"] == "websocket":  # the UI uses none: refused before MLflow sees it, credentials or not
+            return await _refuse_websocket(scope, send)
         if scope["type"] != "http":
             return await self.inner(scope, receive, send)
         headers = dict(scope.get("headers") or [])
@@ -96,33 +135,59 @@ class OwnerOnly:
             return await _answer(send, 401, "zhpipe ui: log in with the project's credentials (`zhpipe server "
                                  "status` prints them)",
                                  [(b"www-authenticate", b'Basic realm="zhpipe", charset="UTF-8"')])
-        body, more = b"", True
-        if scope["method"] == "POST" and scope["path"].rstrip("/").endswith("graphql"):
-            chunks = []
-            while more:
-                message = await receive()
-                chunks.append(message.get("body", b""))
-                more = message.get("more_body", False)
-            body = b"".join(chunks)
-        if not is_read(scope["method"], scope["path"], body):
-            return await _answer(send, 403, f"zhpipe ui is read-only: {scope['method']} {scope['path']} "
-                                 f"would change the store")
-        if body or not more:
-            sent = False
+        if self.gets is None:
+            self.gets = _read_gets()
+        method, path = scope["method"], scope["path"]
+        graphql = method == "POST" and path.rstrip("/") == "/graphql"  # decided by its body, read below
+        if not graphql and not is_read(method, path, gets=self.gets):  # refused before a byte of its body is read
+            return await _answer(send, 403, f"zhpipe ui is read-only: {method} {path} is not one of the reads it "
+                                 f"allows")
+        try:
+            length = int(headers.get(b"content-length", b"0"))
+        except ValueError:
+            length = MAX_BODY + 1
+        if length > MAX_BODY:  # refused unread
+            return await _answer(send, 413, f"zhpipe ui: a body of {length} bytes is over its limit of {MAX_BODY}")
+        chunks, size, more = [], 0, method == "POST"
+        while more:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            more = message.get("more_body", False)
+            if size > MAX_BODY:
+                return await _answer(send, 413, f"zhpipe ui: a body over its limit of {MAX_BODY} bytes")
+        body = b"".join(chunks)
+        if not is_read(method, path, body, self.gets):
+            return await _answer(send, 403, f"zhpipe ui is read-only: {method} {path} is not one of the reads it "
+                                 f"allows")
+        if method != "POST":
+            return await self.inner(scope, receive, send)
+        sent = False
 
-            async def replay():
-                nonlocal sent
-                if sent:
-                    return await receive()
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
+        async def replay():
+            nonlocal sent
+            if sent:
+                return await receive()
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
 
-            return await self.inner(scope, replay, send)
-        return await self.inner(scope, receive, send)
+        return await self.inner(scope, replay, send)
+
+
+async def _refuse_websocket(scope, send) -> None:
+    """An HTTP 403 for a websocket handshake where the server can send one (ASGI's websocket.http.response), else a
+    close before it is accepted (which servers answer with 403 too)."""
+    if "websocket.http.response" not in (scope.get("extensions") or {}):
+        return await send({"type": "websocket.close", "code": 1008})
+    data = b'{"error_code": "PERMISSION_DENIED", "message": "zhpipe ui serves no websockets"}'
+    await send({"type": "websocket.http.response.start", "status": 403,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+    await send({"type": "websocket.http.response.body", "body": data})
 
 
 async def _answer(send, status: int, text: str, headers: list | None = None) -> None:
-    data = json.dumps({"error_code": "PERMISSION_DENIED" if status == 403 else "UNAUTHENTICATED",
+    data = json.dumps({"error_code": {403: "PERMISSION_DENIED", 413: "REQUEST_LIMIT_EXCEEDED"}.get(status,
+                                                                                                    "UNAUTHENTICATED"),
                        "message": text}).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),

@@ -183,10 +183,27 @@ def test_zhpipe_ui_answers_only_its_owner_and_only_reads(ui, runs):
               ("DELETE", f"{api}/registered-models/alias", {"name": "zhpipe-smoke", "alias": "champion"}),
               ("POST", f"{api}/runs/delete", {"run_id": runs["first"]["parent_run_id"]}),
               ("PUT", f"{base}/api/2.0/mlflow-artifacts/artifacts/evil/pyfunc_model.py", None),
-              ("POST", f"{base}/graphql", {"query": 'mutation { testMutation(input: {inputString: "x"}) { output } }'})]
+              ("POST", f"{base}/graphql", {"query": 'mutation { testMutation(input: {inputString: "x"}) { output } }'}),
+              # what passed the old deny-list: a write whose name holds "get", a mutation spelt with a JSON escape
+              ("POST", f"{base}/api/3.0/mlflow/review-queues/get-or-create-user", {"name": "evil"}),
+              ("POST", f"{base}/ajax-api/3.0/mlflow/review-queues/get-or-create-user", {"name": "evil"}),
+              ("POST", f"{base}/graphql", None)]
+    escaped = b'{"query": "\\u006dutation { testMutation(input: {inputString: \\"x\\"}) { output } }"}'
     for method, url, body in writes:
-        answer = httpx.request(method, url, json=body, auth=owner(), timeout=30)
+        answer = (httpx.request(method, url, json=body, auth=owner(), timeout=30) if body is not None or method != "POST"
+                  else httpx.post(url, content=escaped, auth=owner(), timeout=30, headers={"content-type": "application/json"}))
         assert answer.status_code == 403 and "read-only" in answer.text, (method, url, answer.status_code, answer.text[:200])
+    # a body over the limit is refused before it is read: a 300 MB upload never reaches MLflow
+    big = httpx.post(f"{base}/ajax-api/2.0/mlflow/runs/search", content=b"x" * (2 << 20), auth=owner(), timeout=30)
+    assert big.status_code == 413
+    # a websocket, with or without credentials, is refused before MLflow sees it
+    for auth in (None, owner()):
+        handshake = httpx.get(f"{base}/ws", auth=auth, timeout=30, headers={
+            "connection": "Upgrade", "upgrade": "websocket", "sec-websocket-version": "13",
+            "sec-websocket-key": "dGhlIHNhbXBsZSBub25jZQ=="})
+        assert handshake.status_code in (401, 403) and handshake.status_code != 101
+    queries = httpx.post(f"{base}/graphql", json={"query": "query { __typename }"}, auth=owner(), timeout=30)
+    assert queries.status_code == 200, queries.text[:300]
     reads = httpx.post(f"{base}/ajax-api/2.0/mlflow/runs/search", json={"experiment_ids": ["0"], "max_results": 1}, auth=owner(), timeout=30)
     assert reads.status_code == 200
     from flows.track.tracker import client
