@@ -527,7 +527,9 @@ def test_credentials_never_leave(prefect_harness, tmp_path, http_url, seed_mlflo
     home = prefect_harness["home"]  # the session's Prefect server keeps its database there
     env = {**os.environ, "PREFECT_API_URL": prefect_harness["url"], "MLFLOW_TRACKING_URI": seed_mlflow(tmp_path / "mlflow.db"),
            "ZHPIPE_CACHE": str(tmp_path / "mirror"), "ZHPIPE_DATA": "", "PREFECT_LOGGING_LEVEL": "INFO"}
-    storage = f"ftp://zhpipe:{secret}@127.0.0.1:{ftp.address[1]}/store"
+    # a store's credentials go in ZHPIPE_STORAGE_OPTIONS (a storage URL with them is refused: test_private.py)
+    storage = f"ftp://127.0.0.1:{ftp.address[1]}/store"
+    env["ZHPIPE_STORAGE_OPTIONS"] = json.dumps({"username": "zhpipe", "password": secret})
     source = f"http://reader:{secret}@127.0.0.1:{http_url.rsplit(':', 1)[1]}/private/corpus.csv?token={secret}"
     args = ["run", "smoke", "--source", source, "--text-column", "review", "--set", f"source.sha256={sha(GOOD)}", "--storage", storage,
             "--set", "augment.method=backtranslation", "--set", "augment.backtranslation.backend=http",

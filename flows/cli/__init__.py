@@ -18,6 +18,7 @@ from flows.plan import project
 from flows.runtime import commands, provide
 from tasks.errors import ZhpipeError, say
 from tasks.util.private import owner_only
+from tasks.util.urls import check_storage_url
 
 GROUPS = (run, schedule, results, store, catalog, doctor, commands)
 
@@ -74,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
             project.activate(project.find(args.project))
         if needs.space:
             project.check_space()
+        check_storage_url(getattr(args, "storage", None), "--storage")  # before the URL is shown anywhere
+        check_storage_url(os.environ.get("ZHPIPE_STORAGE"), "ZHPIPE_STORAGE")
     except ZhpipeError as e:
         say("error", str(e))
         return 2

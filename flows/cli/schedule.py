@@ -41,6 +41,8 @@ def cmd_alerts(args) -> int:
 
     wanted = load_alerts(config_file(args))
     alerts.check_target(wanted)  # before a server is started for it
+    if args.test:
+        alerts.check_answer(wanted)  # a redirect is said here, not sent to again and again by Prefect
     url = require_server()
     names = alerts.setup(wanted)
     target = redact_webhook(wanted.webhook or wanted.slack) if (wanted.webhook

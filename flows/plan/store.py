@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from tasks.errors import ZhpipeError
 from tasks.util.io import atomic_write_text, file_sha256  # noqa: F401 - file_sha256 is part of the store's API
-from tasks.util.urls import conceal, redact, reveal
+from tasks.util.urls import OPTIONS_ENV, check_storage_url, conceal, redact, reveal
 
 MANIFEST = "manifest.json"
 HASH_ON_REUSE_BYTES = 8 << 20  # files up to this size are hashed on every reuse; larger ones with --verify
@@ -152,6 +152,21 @@ def _retrying(url: str) -> dict:
     return {"config_kwargs": {"retries": {"max_attempts": S3_ATTEMPTS, "mode": "standard"}}}
 
 
+def _options() -> dict:
+    """ZHPIPE_STORAGE_OPTIONS: fsspec options (JSON) for the store, such as an FTP server's username and password."""
+    text = os.environ.get(OPTIONS_ENV)
+    if not text:
+        return {}
+    try:
+        options = json.loads(text)
+    except ValueError:
+        options = None
+    if not isinstance(options, dict):
+        raise ZhpipeError(f"{OPTIONS_ENV}: expected a JSON object of fsspec options, such as "
+                          f"'{{\"username\": \"u\", \"password\": \"p\"}}'")
+    return options
+
+
 class StageStore:
     """Finds, creates and publishes stage outputs under one root: a local folder or an fsspec URL."""
 
@@ -159,10 +174,11 @@ class StageStore:
         self.url = redact(str(root))  # what messages, tags and Prefect parameters show; the real URL only connects
         self.fs = None
         self._manifests: dict[tuple[str, str], Manifest] = {}  # remote manifests read by this store: one GET per output
+        check_storage_url(reveal(str(root)))
         if is_remote(root):
             import fsspec
 
-            self.fs, self.base = fsspec.core.url_to_fs(reveal(str(root)), **_retrying(str(root)))
+            self.fs, self.base = fsspec.core.url_to_fs(reveal(str(root)), **_retrying(str(root)), **_options())
             self.base = self.base.rstrip("/")
             if cache is None and not os.environ.get("ZHPIPE_CACHE"):
                 from flows.plan.project import current
@@ -405,7 +421,10 @@ class StageStore:
 
 def storage_root(config, explicit: str | None = None) -> str:
     """The stage store root: --storage, else ZHPIPE_STORAGE (or the older ZHPIPE_DATA), else the pipeline's
-    `storage`, else the project's data/. A folder or an fsspec URL."""
+    `storage`, else the project's data/. A folder or an fsspec URL, without credentials (`check_storage_url`)."""
+    for where, url in (("--storage", explicit), ("ZHPIPE_STORAGE", os.environ.get("ZHPIPE_STORAGE")),
+                       ("storage", config.storage)):
+        check_storage_url(url, where)
     return conceal(explicit or os.environ.get("ZHPIPE_STORAGE") or os.environ.get("ZHPIPE_DATA") or config.storage
                    or str(_project_data()))
 

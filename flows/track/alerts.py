@@ -68,40 +68,96 @@ def _block(alerts: Alerts):
     return block
 
 
-def private_address(url: str) -> str | None:
-    """The private, loopback or link-local address `url`'s host resolves to (Prefect refuses to send there unless
-    `allow_private_urls`), or None."""
+def _addresses(url: str) -> list:
+    """The IP addresses `url`'s host resolves to (none when it does not resolve here)."""
     import ipaddress
     import socket
     from urllib.parse import urlsplit
 
     host = urlsplit(url).hostname
     if not host:
-        return None
+        return []
     try:
-        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+        found = {info[4][0] for info in socket.getaddrinfo(host, None)}
     except OSError:
-        return None  # unresolvable here: the delivery says so
-    for address in sorted(addresses):
-        ip = ipaddress.ip_address(address.split("%")[0])
+        return []  # unresolvable here: the delivery says so
+    return [ipaddress.ip_address(a.split("%")[0]) for a in sorted(found)]
+
+
+def private_address(url: str) -> str | None:
+    """The private, loopback or link-local address `url`'s host resolves to (Prefect refuses to send there unless
+    `allow_private_urls`), or None."""
+    for ip in _addresses(url):
         if ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_reserved:
-            return address
+            return str(ip)
+    return None
+
+
+# cloud metadata services (AWS, GCP, Azure, OpenStack at 169.254.169.254; AWS's IPv6 one; Alibaba's): never an alert
+# target, whatever `allow_private_urls` says, as every link-local address
+METADATA_HOSTS = {"metadata.google.internal", "metadata", "instance-data"}
+
+
+def refused_address(url: str) -> str | None:
+    """Why `url` is never an alert target: not http(s), a link-local or cloud-metadata address; None otherwise."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "not a URL"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"only http(s) URLs are alert targets (given a {parts.scheme or 'schemeless'} URL)"
+    if parts.hostname.lower().rstrip(".") in METADATA_HOSTS:
+        return f"{parts.hostname} is a cloud metadata service"
+    for ip in _addresses(url):
+        mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped else ip
+        if mapped.is_link_local or str(mapped) in ("100.100.100.200", "fd00:ec2::254"):
+            return f"it resolves to {ip}, a link-local or cloud metadata address"
     return None
 
 
 def check_target(alerts: Alerts) -> None:
-    """A webhook on a private network is refused by Prefect at delivery time, where nobody sees it: said now, in one
-    line with the setting that allows it."""
+    """A target that can never be right (not http(s), link-local, a cloud metadata service: refused even with
+    `allow_private_urls`), and a webhook on a private network, which Prefect refuses at delivery time, where nobody
+    sees it: said now, in one line (with the setting that allows a private one)."""
     from tasks.errors import ConfigError
     from tasks.util.urls import redact_webhook
 
     url = alerts.webhook or alerts.slack
+    if url and (why := refused_address(url)):
+        raise ConfigError(f"alerts: {redact_webhook(url)} is refused: {why}")
     address = private_address(url) if url and not alerts.allow_private_urls else None
     if address:
         raise ConfigError(f"alerts: {redact_webhook(url)} resolves to the private address {address}, and Prefect "
                           f"refuses to send alerts there; if it is yours (an internal chat relay, a gateway "
                           f"on this machine), set "
                           "`alerts: {allow_private_urls: true}` in pipelines.yaml")
+
+
+def check_answer(alerts: Alerts, timeout: float = 10) -> None:
+    """`zhpipe alerts --test`, before anything is sent through Prefect: one HEAD request to the webhook, redirects not
+    followed. A redirect is one line naming where it points (Prefect's webhook does not follow redirects, so each
+    event would fail and be sent again); its target is checked against the same rules."""
+    import httpx
+
+    from tasks.errors import ConfigError
+    from tasks.util.urls import redact_webhook
+
+    url = alerts.webhook or alerts.slack
+    if not url:
+        return
+    try:
+        answer = httpx.head(url, follow_redirects=False, timeout=timeout)
+    except httpx.HTTPError:
+        return  # unreachable from here: the delivery says why
+    if answer.is_redirect:
+        location = str(answer.next_request.url) if answer.next_request else answer.headers.get("location", "?")
+        why = refused_address(location)
+        raise ConfigError(f"alerts: {redact_webhook(url)} answers {answer.status_code}, a redirect to "
+                          f"{redact_webhook(location)}{f' (refused: {why})' if why else ''}; Prefect does not follow "
+                          f"redirects: give the address it redirects to")
 
 
 def setup(alerts: Alerts) -> dict[str, str]:
@@ -179,6 +235,8 @@ def _unreachable(url: str) -> str | None:
     from urllib.parse import urlsplit
 
     parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"{parts.scheme or 'a schemeless'} URL is not an alert target"
     port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
         with socket.create_connection((parts.hostname, port), timeout=5):

@@ -120,3 +120,25 @@ def is_internal(url: str) -> bool:
         except (OSError, UnicodeError, ValueError):
             return False  # a name that does not resolve cannot be reached either
     return any(a.is_loopback or a.is_private or a.is_link_local or a.is_unspecified or a.is_reserved for a in addresses)
+
+
+OPTIONS_ENV = "ZHPIPE_STORAGE_OPTIONS"  # fsspec options as JSON: where a store's credentials go, never in its URL
+
+
+def check_storage_url(url: str | None, where: str = "storage") -> None:
+    """One line, the secret masked, for a storage URL that holds credentials (`s3://KEY:SECRET@host/bucket`): a URL is
+    shown in messages, tracebacks, Prefect's flow parameters and `doctor`, so a secret in it ends up in all of them.
+    Credentials come from the environment (AWS_ACCESS_KEY_ID, AWS_PROFILE) or ZHPIPE_STORAGE_OPTIONS."""
+    if not url or "://" not in str(url):
+        return
+    from tasks.errors import ConfigError
+
+    try:
+        netloc = urlsplit(str(url)).netloc
+    except ValueError:
+        netloc = str(url).split("://", 1)[1].split("/", 1)[0]
+    if "@" in netloc:
+        raise ConfigError(f"{where} {redact(str(url))}: a storage URL must not hold credentials (they would be shown "
+                          f"wherever the URL is); give them in the environment (AWS_ACCESS_KEY_ID and "
+                          f"AWS_SECRET_ACCESS_KEY, or AWS_PROFILE) or as fsspec options in {OPTIONS_ENV}, e.g. "
+                          f"'{{\"username\": \"...\", \"password\": \"...\"}}'")

@@ -144,3 +144,48 @@ def test_alerts_test_to_a_slow_loopback_webhook_arrives_once(tmp_path, capsys, a
         assert len(tests) == 1, got
     finally:
         server.shutdown()
+
+
+@pytest.mark.parametrize("target, why", [
+    ("file:///etc/passwd", "only http(s) URLs"),
+    ("http://169.254.169.254/latest/meta-data/", "link-local or cloud metadata"),
+    ("http://metadata.google.internal/computeMetadata/v1/", "cloud metadata service"),
+])
+def test_a_target_that_is_never_right_is_refused_even_with_private_urls_allowed(tmp_path, capsys, target, why):
+    """`file:///etc/passwd` was "target allowed" and `--test` then connected to localhost:80; with
+    `allow_private_urls: true` the cloud metadata address was allowed too. Each is one line now, nothing sent."""
+    from tests.helpers.cli import in_process
+
+    done = in_process(capsys, "alerts", "--test", "--config",
+                      _config(tmp_path, f"{{webhook: '{target}', allow_private_urls: true}}"))
+    assert done.returncode == 2 and why in done.stderr and len(done.stderr.strip().splitlines()) == 1, done
+
+
+def test_a_redirecting_webhook_is_named_once_and_never_sent_to_again(tmp_path, capsys):
+    """A webhook that answered 307 was called four times by Prefect and reported "too slow": `alerts --test` asks it
+    once, without following, and names the redirect (its target checked against the same rules)."""
+    from tests.helpers.cli import in_process
+
+    calls = []
+
+    class Redirect(http.server.BaseHTTPRequestHandler):
+        def _any(self):
+            calls.append(self.command)
+            self.send_response(307)
+            self.send_header("Location", "http://169.254.169.254/latest/meta-data/")
+            self.end_headers()
+
+        do_HEAD = do_POST = do_GET = _any
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Redirect)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        done = in_process(capsys, "alerts", "--test", "--config", _config(
+            tmp_path, f"{{webhook: 'http://127.0.0.1:{server.server_port}/hook', allow_private_urls: true}}"))
+    finally:
+        server.shutdown()
+    assert done.returncode == 2 and "answers 307, a redirect" in done.stderr and "refused" in done.stderr, done
+    assert len(done.stderr.strip().splitlines()) == 1 and calls == ["HEAD"]
