@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             project.activate(project.find(args.project))
         if needs.space:
             project.check_space()
+            project.check_writable()
         check_storage_url(getattr(args, "storage", None), "--storage")  # before the URL is shown anywhere
         check_storage_url(os.environ.get("ZHPIPE_STORAGE"), "ZHPIPE_STORAGE")
     except ZhpipeError as e:

@@ -8,10 +8,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import AliasChoices, BaseModel, Field, ValidationError, create_model, model_validator
 
-from flows.plan.values import apply_set, load_yaml, valid_cron
+from flows.plan.values import apply_set, read_config, valid_cron
 from tasks.core import Section
 from tasks.errors import ConfigError
 from tasks.models import MODELS
@@ -310,12 +309,7 @@ _PARSED: dict[tuple, PipelineConfig] = {}
 
 def _declared(config_file: Path | str) -> dict:
     """The `pipelines:` mapping of a config file; an unreadable file, bad YAML or another shape is one clear error."""
-    try:
-        doc = load_yaml(Path(config_file).read_text(encoding="utf-8"), config_file) or {}
-    except OSError as e:
-        raise ConfigError(f"cannot read config {config_file}: {e.strerror}") from e
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{config_file}: invalid YAML: {e}") from e
+    doc = read_config(config_file) or {}
     pipelines = doc.get("pipelines") if isinstance(doc, dict) else None
     if not isinstance(pipelines, dict):
         raise ConfigError(f"{config_file}: expected a top-level 'pipelines:' mapping")
@@ -324,7 +318,7 @@ def _declared(config_file: Path | str) -> dict:
 
 def load_alerts(config_file: Path | str) -> Alerts:
     """The `alerts:` section of a config file; missing or wrong is one clear error."""
-    doc = load_yaml(Path(config_file).read_text(encoding="utf-8"), config_file) or {}
+    doc = read_config(config_file) or {}
     raw = doc.get("alerts") if isinstance(doc, dict) else None
     if not isinstance(raw, dict):
         raise ConfigError(f"{config_file}: no 'alerts:' section (e.g. alerts: {{webhook: https://example.org/hook}}); "

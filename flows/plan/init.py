@@ -190,7 +190,7 @@ def _columns(path: Path, shown: Path) -> list[str]:
         head = f.read(HEADER_BYTES + 1)
     whole = len(head) <= HEADER_BYTES
     head = head[:HEADER_BYTES]
-    encoding = detect_encoding(head)
+    encoding = detect_encoding(head, path)
     try:
         text = head.decode(encoding, errors="strict" if whole else "ignore").lstrip("\ufeff")
     except (UnicodeDecodeError, LookupError) as e:

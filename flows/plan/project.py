@@ -189,6 +189,34 @@ def check_space(need_mb: float | None = None) -> list[tuple[Path, str, float]]:
     return measured
 
 
+PROBE_BYTES = 1 << 20  # what each folder a command writes to must take, whatever ZHPIPE_MIN_FREE_MB says
+
+
+def check_writable() -> None:
+    """One line when a folder the command writes to cannot take even a small file (a full disk): checked by writing
+    one, also with the free-space guard off (ZHPIPE_MIN_FREE_MB=0), because the first writers would be Prefect's server
+    and MLflow's database, which retry a full disk for minutes and print pages of tracebacks. Leaves nothing behind."""
+    import errno
+
+    from tasks.util.private import atomic_path
+
+    for folder in writes_to():
+        probe_in = next((p for p in (folder, *folder.parents) if p.is_dir()), None)
+        if probe_in is None:
+            continue
+        try:
+            with atomic_path(probe_in / ".zhpipe-space-probe") as tmp, open(tmp, "wb") as f:
+                f.write(b"\0" * PROBE_BYTES)
+                f.flush()
+                os.fsync(f.fileno())
+            os.unlink(probe_in / ".zhpipe-space-probe")
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                continue  # a folder that cannot be written for another reason: the command says so where it writes
+            raise ConfigError(f"the disk is full: {probe_in} cannot take a 1 MB file ({os.strerror(e.errno)}); free "
+                              f"some space there and run again") from None
+
+
 def disk_full(error: BaseException) -> str | None:
     """One line for an error caused by a full disk anywhere in its chain (ENOSPC, SQLite's 'database or disk is
     full'), naming the file when it is known; None for any other error."""

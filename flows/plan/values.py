@@ -59,6 +59,29 @@ def apply_set(raw: dict, assignment: str) -> None:
 
 
 MAX_YAML_NODES = 200_000  # a config expanded (aliases followed) beyond this is refused, not built
+MAX_CONFIG_BYTES = 1 << 20  # a pipelines.yaml is a few kB; one of megabytes holds a pasted corpus, not settings
+
+
+def read_config(path: Path | str) -> Any:
+    """A config file's YAML: at most MAX_CONFIG_BYTES of UTF-8, parsed by `load_yaml`; a file too large, not UTF-8,
+    unreadable or nested too deep is one line naming it."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path}: {size / 2**20:.1f} MB, and a config file is at most {MAX_CONFIG_BYTES >> 10} kB "
+                              f"(settings, not data: is a corpus pasted into it?)")
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); save it as UTF-8") from None
+    try:
+        return load_yaml(text, path)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML: {' '.join(str(e).split())[:300]}") from None
 
 
 
@@ -67,7 +90,11 @@ def load_yaml(text: str, where: Path | str = "--set value") -> Any:
     bytes of nested aliases can otherwise take gigabytes), counted on the composed graph before it is built."""
     loader = yaml.SafeLoader(text)
     try:
-        node = loader.get_single_node()
+        try:
+            node = loader.get_single_node()
+        except RecursionError:
+            raise ConfigError(f"{where}: YAML nested too deep (lists or mappings inside each other thousands of "
+                              f"levels down); a config is a few levels deep") from None
         if node is None:
             return None
         sizes: dict[int, int] = {}
@@ -82,11 +109,17 @@ def load_yaml(text: str, where: Path | str = "--set value") -> Any:
             sizes[id(n)] = total
             return total
 
-        expanded = size(node)
+        try:
+            expanded = size(node)
+        except RecursionError:
+            raise ConfigError(f"{where}: YAML nested too deep; a config is a few levels deep") from None
         if expanded > MAX_YAML_NODES:
             raise ConfigError(f"{where}: YAML aliases expand to {expanded:,} nodes (at most {MAX_YAML_NODES:,}); "
                               "is an alias nested in itself?")
-        return loader.construct_document(node)
+        try:
+            return loader.construct_document(node)
+        except RecursionError:
+            raise ConfigError(f"{where}: YAML nested too deep; a config is a few levels deep") from None
     finally:
         loader.dispose()
 

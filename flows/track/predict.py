@@ -171,7 +171,7 @@ def read_input(path: Path, text_column: str) -> pd.DataFrame:
             from tasks.source.readers import detect_encoding
 
             with open(path, "rb") as f:
-                encoding = detect_encoding(f.read(1 << 16))
+                encoding = detect_encoding(f.read(1 << 16), path)
             if kind == "jsonl":
                 df = pd.read_json(path, lines=True, dtype=False, encoding=encoding)
             else:  # "NA", "null" and "" stay texts: only a missing field is missing

@@ -33,7 +33,7 @@ def read_tagged(path: Path, source: Source) -> TaggedFile:
     if fmt not in ("conll", "jsonl"):
         raise DataError(f"{path}: task ner reads conll (`token TAG` lines) or jsonl with spans, not {fmt}")
     raw = path.read_bytes()
-    encoding = detect_encoding(raw) if source.encoding == "auto" else source.encoding
+    encoding = detect_encoding(raw, path) if source.encoding == "auto" else source.encoding
     try:
         text = raw.decode(encoding)
     except (UnicodeDecodeError, LookupError) as e:

@@ -22,9 +22,10 @@ DATA_SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "json
                  ".txt": "txt"}
 
 
-def detect_encoding(raw: bytes) -> str:
+def detect_encoding(raw: bytes, where: Path | str = "the file") -> str:
     """utf-8-sig, utf-8 or gb18030 (a superset of GBK and GB2312), else charset-normalizer's guess. `raw` may
-    be the head of a file: a multi-byte character cut at its end does not count against utf-8."""
+    be the head of a file (`where`, named in the error): a multi-byte character cut at its end does not count against
+    utf-8."""
     if raw.startswith(b"\xef\xbb\xbf"):
         return "utf-8-sig"
     if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
@@ -39,7 +40,8 @@ def detect_encoding(raw: bytes) -> str:
 
     best = from_bytes(raw[:1_000_000]).best()
     if best is None:
-        raise DataError("cannot detect the text encoding (tried utf-8, gb18030); set source.encoding")
+        raise DataError(f"{where}: cannot detect the text encoding (tried utf-8, gb18030; is it a mix of encodings?); "
+                        f"set source.encoding")
     return best.encoding
 
 
@@ -181,7 +183,7 @@ def parsed_batches(path: Path, source: Source, fmt: str) -> Iterator[Parsed]:
         return
     if source.encoding == "auto":
         with _opened(path) as f:
-            encoding = detect_encoding(f.read(HEAD_BYTES))
+            encoding = detect_encoding(f.read(HEAD_BYTES), path)
     else:
         encoding = source.encoding
         try:

@@ -91,7 +91,7 @@ def build(ctx: BuildContext) -> BuildOutput:
     fmt = pair_format(data_file, source)
     if source.encoding == "auto":
         with open(data_file, "rb") as f:
-            encoding = detect_encoding(f.read(HEAD_BYTES))
+            encoding = detect_encoding(f.read(HEAD_BYTES), data_file)
     else:
         encoding = source.encoding
     data = PartWriter(ctx.out / "data.parquet", ROW_GROUP_ROWS)

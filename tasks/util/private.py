@@ -82,11 +82,18 @@ def fresh_temp(target: Path, suffix: str = ".tmp") -> Path:
 def atomic_path(target: Path, suffix: str = ".tmp"):
     """A `fresh_temp` path beside `target` for a writer to fill; renamed over `target` when the block ends, removed
     when it raises (a full disk leaves nothing behind)."""
+    import errno
+
     target = Path(target)
     tmp = fresh_temp(target, suffix)
     try:
         yield tmp
         os.replace(tmp, target)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):  # named as the file being written, not the one being read
+            raise OSError(e.errno, os.strerror(e.errno), str(target)) from None
+        raise
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
