@@ -78,10 +78,10 @@ def main(argv: list[str] | None = None) -> int:
             project.check_writable()
         check_storage_url(getattr(args, "storage", None), "--storage")  # before the URL is shown anywhere
         check_storage_url(os.environ.get("ZHPIPE_STORAGE"), "ZHPIPE_STORAGE")
+        provide.find_server(needs)
     except ZhpipeError as e:
         say("error", str(e))
         return 2
-    provide.find_server(needs)
     if not args.debug:  # MLflow sets its own loggers' level when it is imported (later, lazily): tell it up front
         os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     handed_env = dict(os.environ)

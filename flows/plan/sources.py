@@ -23,6 +23,19 @@ _APPENDED: dict[tuple, list] = {}  # (file, mtime_ns, size, record) -> its parti
 _FROZEN: dict[int, list] = {}  # id(config) -> the partitions a run planned with: fixed from planning to its end
 
 
+def _owner_only(parts: list) -> list:
+    """The partition files inside the project (a night dropped into data/raw/ by an export, with its mode) made the
+    owner's only, as every copy of a corpus zhpipe makes."""
+    from tasks.util.private import tighten
+
+    root = project.current().root
+    for part in parts:
+        path = getattr(part, "path", None)
+        if isinstance(path, Path) and path.is_relative_to(root) and not path.is_symlink():
+            tighten(path)
+    return parts
+
+
 def partitions(config: PipelineConfig) -> list:
     """The partitions of a partitioned source (one per file in file-name order, or one per run's appended
     lines); [] for a single-file source. Planning asks for them once per unit: a file (or an appended file's
@@ -82,7 +95,7 @@ def fixed_partitions(config: PipelineConfig):
     if not config.source.partitioned or id(config) in _FROZEN:
         yield
         return
-    parts = partitions(config)
+    parts = _owner_only(partitions(config))
     from flows.plan import held
 
     accounted = {p.name for p in parts} | set(held.held(config.identity))  # a held partition is not gone

@@ -7,6 +7,7 @@ import contextlib
 import os
 
 from flows.plan import project
+from flows.plan.private import PortTaken
 from flows.runtime import handover, server
 from tasks.errors import ZhpipeError, say
 
@@ -34,6 +35,9 @@ def _start_background_server() -> None:
           f"both stop {after} after the last zhpipe command, or with `zhpipe server stop`) ...", end="", flush=True)
     try:
         state = server.start(idle=idle)
+    except PortTaken:  # someone took the port as ours started: said, and the command stops (docs/background.md)
+        print(" not started", flush=True)
+        raise
     except ZhpipeError as e:  # a taken port, say: this run goes on with a temporary server
         print(f" not started ({e}); using a temporary server", flush=True)
         return

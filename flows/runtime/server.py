@@ -246,7 +246,7 @@ def start(port: int | None = None, timeout: float = 180.0, idle: float | None = 
                 break
         except PortTaken as e:  # someone bound the port while ours started: stopped, and said so
             _stop_group(proc)
-            raise ZhpipeError(f"prefect server: {e} (`zhpipe server start --port PORT` or ZHPIPE_SERVER_PORT)") from None
+            raise PortTaken(f"prefect server: {e} (`zhpipe server start --port PORT` or ZHPIPE_SERVER_PORT)") from None
         if proc.poll() is not None:
             tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:] or ["(no output)"]
             raise ZhpipeError(f"prefect server exited with code {proc.returncode} ({tail[0][:200]}); see {log}")

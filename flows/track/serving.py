@@ -140,8 +140,22 @@ def log_model(run_id: str, model: str, folder: Path, labels: list[str], config, 
         saved = {"model": model, "serving": kind.__name__, **settings, "predict": config.predict.model_dump()}
         info = _log_pyfunc(run_id, model, ServedModel(), "pyfunc_model.py", artifacts, saved, kind.example(folder),
                            registered_name, Path(tmp))
+    _owner_only(info)
     vouch(info.model_uri, run_id, store)
     return info
+
+
+def _owner_only(info) -> None:
+    """MLflow copies the model's code with its source files' modes (0644 in a checkout), past the umask: a logged
+    model in a local store is made its owner's only, as everything else of the project."""
+    from urllib.parse import unquote, urlparse
+
+    from flows.track.tracker import client
+    from tasks.util.private import tighten
+
+    location = client().get_logged_model(info.model_id).artifact_location
+    if location.startswith(("file://", "/")):
+        tighten(Path(unquote(urlparse(location).path)))
 
 
 def served_outcomes(model_uri: str, test: pd.DataFrame, metric: str, batch: int = 1000, store=None):
