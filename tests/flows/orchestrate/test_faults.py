@@ -45,6 +45,49 @@ def test_a_full_disk_is_one_line_and_leaves_no_temporary_folder(prefect_harness,
     assert not [p for p in small_disk.rglob(".tmp-*")]  # the failed build's folder is gone
 
 
+def _fill(disk: Path) -> None:
+    """Fill `disk` to its last byte."""
+    try:
+        with open(disk / "filler", "wb", buffering=0) as f:
+            while True:
+                f.write(b"\0" * 4096)
+    except OSError:
+        pass
+
+
+def test_a_full_disk_anywhere_is_one_line_and_leaves_no_temporary_file(small_disk, tmp_path):
+    """`init --csv` of a corpus larger than the disk left a .tmp file that kept it full and named the source as the file
+    being written; `doctor` printed ~40 lines of MLflow retries over 100 s and left a probe behind; a run with the
+    free-space guard off (ZHPIPE_MIN_FREE_MB=0) printed 2,057 lines. Each is one line now, and leaves nothing."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ZHPIPE_", "MLFLOW_", "PREFECT_"))}
+    env.update(ZHPIPE_SERVER="temporary", ZHPIPE_WARM="off", PYTHONPATH=str(ROOT))
+    big = tmp_path / "big.csv"
+    big.write_text("text,label\n" + "".join(f"房间很干净，第{i}条评论,1\n" for i in range(40_000)), encoding="utf-8")
+
+    def zhpipe(*args, cwd=ROOT, **extra):
+        done = subprocess.run([sys.executable, "-m", "flows.cli", *map(str, args)], cwd=cwd, env={**env, **extra},
+                              capture_output=True, text=True, timeout=300)
+        return done, done.stdout + done.stderr
+
+    copied, printed = zhpipe("init", small_disk / "p", "--csv", big)
+    assert copied.returncode == 2 and printed.count("\n") == 1, printed[-2000:]
+    assert f"writing {small_disk / 'p' / 'data' / 'raw' / 'big.csv'} failed" in printed and "disk is full" in printed
+    assert not [p for p in small_disk.rglob("*") if p.is_file()]  # no temporary copy keeps the disk full
+
+    made, printed = zhpipe("init", small_disk / "q")
+    assert made.returncode == 0, printed
+    _fill(small_disk)
+    started = time.monotonic()
+    doctor, printed = zhpipe("doctor", cwd=small_disk / "q")
+    assert doctor.returncode == 1 and time.monotonic() - started < 60 and "mlflow" not in printed.lower(), printed
+    assert "FAIL  disk" in printed and "skip  tracking" in printed and "skip  store" in printed
+    run, printed = zhpipe("run", cwd=small_disk / "q", ZHPIPE_MIN_FREE_MB="0")
+    assert run.returncode == 2 and printed.count("\n") == 1 and "the disk is full" in printed, printed[-2000:]
+    left = [p for p in small_disk.rglob("*") if p.is_file() and p.name not in ("filler", ".zhpipe-private") and p.stat().st_size == 0
+            or ".tmp" in p.name or "_doctor-" in p.name or "probe" in p.name]
+    assert left == []
+
+
 def test_an_object_store_that_never_answers_is_one_line(prefect_harness, tmp_path, capsys, monkeypatch):
     """The store's S3 endpoint refuses every connection (one attempt per request here; a run waits out a minute or two by
     default): one line naming the endpoint, no traceback."""
