@@ -140,6 +140,27 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
+def _served(proc, local: str, auth: str, port: int, timeout: float = 120) -> None:
+    """Wait until the MLflow server `proc` answers at `local` as ours: its own socket on the port, then our credentials
+    (`private.ours_answering`); one line, the server stopped, when it exits, another process holds the port, or it
+    does not answer in time."""
+    from flows.plan import private
+
+    deadline = time.monotonic() + timeout
+    try:
+        while proc.poll() is None and time.monotonic() < deadline and not private.ours_answering(proc.pid, local, auth):
+            time.sleep(0.5)
+        if proc.poll() is None and not private.ours_answering(proc.pid, local, auth):
+            raise ZhpipeError(f"ui: the MLflow server did not answer on port {port} within {timeout:.0f} s")
+    except ZhpipeError as e:
+        proc.terminate()
+        proc.wait(30)
+        raise ZhpipeError(f"ui: {e} (`zhpipe ui --port N`)" if isinstance(e, private.PortTaken) else str(e)) from None
+    if proc.poll() is not None:
+        raise ZhpipeError(f"ui: the MLflow server stopped before it served on port {port} (exit {proc.returncode}); "
+                          f"its lines above say why")
+
+
 def cmd_ui(args) -> int:
     """MLflow's server over the project's store, for its owner only: the project's credentials on every request and
     no writes (flows.track.ui). Fails in one line when it cannot serve on its port."""
@@ -177,22 +198,7 @@ def cmd_ui(args) -> int:
     signal.signal(signal.SIGTERM, stop)
     local = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::') else args.host}:{args.port}"
     try:
-        deadline = time.monotonic() + 120
-        # the URL is printed once our server answers (it refuses a request without the credentials, takes one with them)
-        try:
-            while proc.poll() is None and time.monotonic() < deadline and not private.ours_answering(proc.pid, local,
-                                                                                                     auth):
-                time.sleep(0.5)
-        except private.PortTaken as e:
-            proc.terminate()
-            proc.wait(30)
-            raise ZhpipeError(f"ui: {e} (`zhpipe ui --port N`)") from None
-        if proc.poll() is not None:
-            raise ZhpipeError(f"ui: the MLflow server stopped before it served on port {args.port} (exit "
-                              f"{proc.returncode}); its lines above say why")
-        if not private.ours_answering(proc.pid, local, auth):
-            proc.terminate()
-            raise ZhpipeError(f"ui: the MLflow server did not answer on port {args.port} within 120 s")
+        _served(proc, local, auth, args.port)
         user, password = auth.split(":", 1)
         print(f"MLflow UI on {home_url(f'http://{args.host}:{args.port}', True)} (log in as {user}, password "
               f"{password}; Ctrl-C stops it)", flush=True)

@@ -54,7 +54,7 @@ class StoreServices:
         """A registered model (models:/...) downloaded into the store's cache."""
         from flows.track.champion import download
 
-        return download(uri, self.store.cache_file("registered"))
+        return download(uri, self.store.cache_file("registered"), self.store)
 
 
 @dataclass

@@ -97,6 +97,86 @@ def status_of(url: str, auth: str | None, timeout: float) -> int:
         return 0
 
 
+def demands(url: str, auth: str, path: str = "/health", timeout: float = 2) -> bool:
+    """Whether the server at `url` is one that asks for exactly these credentials: it refuses `path` without them and
+    answers it with them (another server on that port is not ours)."""
+    return status_of(f"{url}{path}", None, timeout) == 401 and status_of(f"{url}{path}", auth, timeout) == 200
+
+# --- whose socket listens on a port: credentials go only to a listener proved ours ---------------------------------
+
+_PROC = Path("/proc")
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        stat_line = (_PROC / str(pid) / "stat").read_bytes()
+    except OSError:
+        return None
+    return int(stat_line[stat_line.rindex(b")") + 2:].split()[1])
+
+
+def listeners(port: int) -> list[tuple[int, int]] | None:
+    """(uid, socket inode) of each TCP socket listening on `port` on an address that loopback reaches (127.0.0.1,
+    0.0.0.0, ::, ::1), from /proc/net/tcp and tcp6; None without /proc."""
+    wanted = {f"0100007F:{port:04X}", f"00000000:{port:04X}", f"{'0' * 32}:{port:04X}",
+              f"{'0' * 24}01000000:{port:04X}"}  # little-endian addresses, as the kernel prints them
+    found, seen = [], False
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = (_PROC / "net" / table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        seen = True
+        for line in lines:
+            cols = line.split()
+            if len(cols) > 9 and cols[3] == "0A" and cols[1] in wanted:  # 0A: LISTEN
+                found.append((int(cols[7]), int(cols[9])))
+    return found if seen else None
+
+
+def family(pid: int) -> set[int]:
+    """`pid` and every process below it (a server's workers, a supervisor's server)."""
+    children: dict[int, list[int]] = {}
+    for entry in _PROC.iterdir():
+        if entry.name.isdigit() and (parent := _parent_of(int(entry.name))) is not None:
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        found.add(current := todo.pop())
+        todo.extend(c for c in children.get(current, ()) if c not in found)
+    return found
+
+
+def sockets_of(pids: set[int]) -> set[int]:
+    """The inodes of the sockets the processes `pids` hold open (/proc/PID/fd links read `socket:[INODE]`)."""
+    inodes = set()
+    for pid in pids:
+        try:
+            fds = list((_PROC / str(pid) / "fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(fd)
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inodes.add(int(link[8:-1]))
+    return inodes
+
+
+def serves(pid: int, port: int) -> bool | None:
+    """Whether what listens on `port` is the process `pid` or one below it (its socket among their open files): True,
+    False when nothing or something else listens, None without /proc (then nothing can be proved either way)."""
+    found = listeners(port)
+    if found is None:
+        return None
+    if not found:
+        return False
+    ours = sockets_of(family(pid))
+    return all(inode in ours for _, inode in found)
+
+
 class PortTaken(ZhpipeError):
     """Another process listens on the port of a server zhpipe started: no credentials are sent there."""
 
@@ -112,12 +192,10 @@ def ours_answering(pid: int, url: str, auth: str, path: str = "/health", timeout
     credentials goes out, the socket listening on the port must be one of `pid`'s (or its workers'): another user who
     binds the port first (or between our check that it is free and our server's start) gets nothing; `PortTaken`
     names who holds it. Then the server must demand exactly these credentials (`demands`). False: not up yet."""
-    from flows.runtime import procs
-
     port = port_of(url)
-    held = procs.serves(pid, port)
+    held = serves(pid, port)
     if held is False:
-        found = procs.listeners(port) or []
+        found = listeners(port) or []
         if not found:
             return False  # nothing listens yet
         owner = found[0][0]
@@ -125,9 +203,3 @@ def ours_answering(pid: int, url: str, auth: str, path: str = "/health", timeout
         raise PortTaken(f"port {port} on 127.0.0.1 is held by {who}, not by the server zhpipe started; no credentials "
                         f"were sent there; choose another port")
     return demands(url, auth, path, timeout)
-
-
-def demands(url: str, auth: str, path: str = "/health", timeout: float = 2) -> bool:
-    """Whether the server at `url` is one that asks for exactly these credentials: it refuses `path` without them and
-    answers it with them (another server on that port is not ours)."""
-    return status_of(f"{url}{path}", None, timeout) == 401 and status_of(f"{url}{path}", auth, timeout) == 200

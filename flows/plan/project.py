@@ -102,32 +102,25 @@ def activate(project: Project) -> Project:
     return project
 
 
-PRIVATE_MARK = ".zhpipe-private"  # in the project folder: everything under it was made owner-only once
-
-
 def make_private(project: Project) -> int:
     """A project is its owner's alone whatever the umask: from here on this process creates files 0600 and folders
-    0700 (`owner_only`), and a project that has never been tightened (made under a loose umask, an older zhpipe, a
-    checkout) has its folder, pipelines.yaml, stage store, MLflow and Prefect stores closed to others, once, saying
-    so. How many entries were changed."""
+    0700 (`owner_only`), and a project left open (made under a loose umask, by an older zhpipe, a checkout) has its
+    folder, pipelines.yaml, stage store, MLflow and Prefect stores closed to others, once, saying so. The walk runs
+    only when one of those is open: what zhpipe creates afterwards is private from the start. How many entries were
+    changed."""
     import sys
 
     from tasks.util.private import open_to_others, owner_only, tighten
 
     owner_only()
     root = project.root
-    mark = root / PRIVATE_MARK
     tops = [project.config_file, project.data, project.mlruns, project.prefect_home]
-    if mark.exists() and not any(open_to_others(p) for p in (root, *tops)):
+    if not any(open_to_others(p) for p in (root, *tops)):
         return 0
     changed = tighten(root, deep=False) + tighten(*tops)
     if changed:
         print(f"zhpipe: {changed} files and folders of the project {root} were open to other users; they are now "
               f"yours only (folders 700, files 600)", file=sys.stderr, flush=True)
-    try:
-        os.close(os.open(mark, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
-    except OSError:  # a read-only project: checked again by the next command
-        pass
     return changed
 
 
@@ -206,9 +199,7 @@ def check_writable() -> None:
             continue
         try:
             with atomic_path(probe_in / ".zhpipe-space-probe") as tmp, open(tmp, "wb") as f:
-                f.write(b"\0" * PROBE_BYTES)
-                f.flush()
-                os.fsync(f.fileno())
+                f.write(b"\0" * PROBE_BYTES)  # file systems reserve the blocks as it is written: no fsync needed
             os.unlink(probe_in / ".zhpipe-space-probe")
         except OSError as e:
             if e.errno not in (errno.ENOSPC, errno.EDQUOT):

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from tasks.errors import ZhpipeError
 from tasks.util.io import atomic_write_text, file_sha256  # noqa: F401 - file_sha256 is part of the store's API
-from tasks.util.urls import OPTIONS_ENV, check_storage_url, conceal, redact, reveal
+from tasks.util.urls import check_storage_url, conceal, redact, reveal, storage_options
 
 MANIFEST = "manifest.json"
 HASH_ON_REUSE_BYTES = 8 << 20  # files up to this size are hashed on every reuse; larger ones with --verify
@@ -152,21 +152,6 @@ def _retrying(url: str) -> dict:
     return {"config_kwargs": {"retries": {"max_attempts": S3_ATTEMPTS, "mode": "standard"}}}
 
 
-def _options() -> dict:
-    """ZHPIPE_STORAGE_OPTIONS: fsspec options (JSON) for the store, such as an FTP server's username and password."""
-    text = os.environ.get(OPTIONS_ENV)
-    if not text:
-        return {}
-    try:
-        options = json.loads(text)
-    except ValueError:
-        options = None
-    if not isinstance(options, dict):
-        raise ZhpipeError(f"{OPTIONS_ENV}: expected a JSON object of fsspec options, such as "
-                          f"'{{\"username\": \"u\", \"password\": \"p\"}}'")
-    return options
-
-
 class StageStore:
     """Finds, creates and publishes stage outputs under one root: a local folder or an fsspec URL."""
 
@@ -178,7 +163,7 @@ class StageStore:
         if is_remote(root):
             import fsspec
 
-            self.fs, self.base = fsspec.core.url_to_fs(reveal(str(root)), **_retrying(str(root)), **_options())
+            self.fs, self.base = fsspec.core.url_to_fs(reveal(str(root)), **_retrying(str(root)), **storage_options())
             self.base = self.base.rstrip("/")
             if cache is None and not os.environ.get("ZHPIPE_CACHE"):
                 from flows.plan.project import current
@@ -391,26 +376,6 @@ class StageStore:
         folder = self.root / "_cache"
         folder.mkdir(parents=True, exist_ok=True)
         return folder / name
-
-    def write_record(self, name: str, text: str) -> None:
-        """A small record under `_records/` kept by this store (local: owner-only; an object store: the team's
-        bucket, which only its engineers write), such as the digest of a model's files (flows.track.trust)."""
-        local = self.root / "_records" / name
-        local.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(local, text)
-        if self.fs is not None:
-            self.fs.makedirs(f"{self.base}/_records", exist_ok=True)
-            self.fs.put_file(str(local), f"{self.base}/_records/{name}")
-
-    def read_record(self, name: str) -> str | None:
-        """A record `write_record` kept; None when there is none (an object store's copy wins over the mirror)."""
-        if self.fs is not None:
-            try:
-                return self.fs.cat_file(f"{self.base}/_records/{name}").decode("utf-8")
-            except FileNotFoundError:
-                return None
-        local = self.root / "_records" / name
-        return local.read_text(encoding="utf-8") if local.is_file() else None
 
     def downloads(self, url: str) -> Path:
         """Folder for a URL's downloaded bytes, kept across attempts so a partial file can resume."""

@@ -69,8 +69,8 @@ def read_config(path: Path | str) -> Any:
     try:
         size = path.stat().st_size
         if size > MAX_CONFIG_BYTES:
-            raise ConfigError(f"{path}: {size / 2**20:.1f} MB, and a config file is at most {MAX_CONFIG_BYTES >> 10} kB "
-                              f"(settings, not data: is a corpus pasted into it?)")
+            raise ConfigError(f"{path}: {size / 2**20:.1f} MB, and a config file is at most "
+                              f"{MAX_CONFIG_BYTES >> 10} kB (settings, not data: is a corpus pasted into it?)")
         raw = path.read_bytes()
     except OSError as e:
         raise ConfigError(f"cannot read config {path}: {e.strerror}") from None

@@ -14,6 +14,8 @@ import socket
 import struct
 from pathlib import Path
 
+from flows.plan.private import listeners
+
 _PROC = Path("/proc")
 
 
@@ -118,72 +120,10 @@ def parent_of(pid: int) -> int | None:
     return int(stat[stat.rindex(b")") + 2:].split()[1])
 
 
-def listeners(port: int) -> list[tuple[int, int]] | None:
-    """(uid, socket inode) of each TCP socket listening on `port` on an address that loopback reaches (127.0.0.1,
-    0.0.0.0, ::, ::1), from /proc/net/tcp and tcp6; None without /proc."""
-    wanted = {f"0100007F:{port:04X}", f"00000000:{port:04X}", f"{'0' * 32}:{port:04X}",
-              f"{'0' * 24}01000000:{port:04X}"}  # little-endian addresses, as the kernel prints them
-    found, seen = [], False
-    for table in ("tcp", "tcp6"):
-        try:
-            lines = (_PROC / "net" / table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        seen = True
-        for line in lines:
-            cols = line.split()
-            if len(cols) > 9 and cols[3] == "0A" and cols[1] in wanted:  # 0A: LISTEN
-                found.append((int(cols[7]), int(cols[9])))
-    return found if seen else None
-
-
 def listener_uid(port: int) -> int | None:
     """The uid owning a TCP socket that listens on `port` on loopback; None when none listens or there is no /proc."""
     found = listeners(port)
     return found[0][0] if found else None
-
-
-def family(pid: int) -> set[int]:
-    """`pid` and every process below it (a server's workers, a supervisor's server)."""
-    children: dict[int, list[int]] = {}
-    for entry in _PROC.iterdir():
-        if entry.name.isdigit() and (parent := parent_of(int(entry.name))) is not None:
-            children.setdefault(parent, []).append(int(entry.name))
-    found, todo = set(), [pid]
-    while todo:
-        found.add(current := todo.pop())
-        todo.extend(c for c in children.get(current, ()) if c not in found)
-    return found
-
-
-def sockets_of(pids: set[int]) -> set[int]:
-    """The inodes of the sockets the processes `pids` hold open (/proc/PID/fd links read `socket:[INODE]`)."""
-    inodes = set()
-    for pid in pids:
-        try:
-            fds = list((_PROC / str(pid) / "fd").iterdir())
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                link = os.readlink(fd)
-            except OSError:
-                continue
-            if link.startswith("socket:["):
-                inodes.add(int(link[8:-1]))
-    return inodes
-
-
-def serves(pid: int, port: int) -> bool | None:
-    """Whether what listens on `port` is the process `pid` or one below it (its socket among their open files): True,
-    False when nothing or something else listens, None without /proc (then nothing can be proved either way)."""
-    found = listeners(port)
-    if found is None:
-        return None
-    if not found:
-        return False
-    ours = sockets_of(family(pid))
-    return all(inode in ours for _, inode in found)
 
 
 SIGNALS_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,

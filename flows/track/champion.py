@@ -93,8 +93,9 @@ def revision(uri: str) -> str:
                           f"{str(e).splitlines()[0][:200]})") from None
 
 
-def download(uri: str, cache: Path) -> tuple[str, Path]:
-    """A registered model's files in `cache/<name>/<version>` (downloaded once, atomically): (models:/<name>/<version>,
+def download(uri: str, cache: Path, store=None) -> tuple[str, Path]:
+    """A registered model's files in `cache/<name>/<version>` (downloaded once, atomically, and only when they match
+    the record of the run that logged them in `store` or the project's: `trust.verified`): (models:/<name>/<version>,
     folder)."""
     import shutil
     import tempfile
@@ -107,7 +108,7 @@ def download(uri: str, cache: Path) -> tuple[str, Path]:
         folder.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{version}-"))
         try:
-            verified(f"models:/{name}/{version}", tmp)
+            verified(f"models:/{name}/{version}", tmp, store)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

@@ -93,7 +93,8 @@ def reroot(path: Path) -> str | None:
                     if table not in tables:
                         continue
                     for prefix, new in ((old, own), (unquote(urlparse(old).path), unquote(urlparse(own).path))):
-                        con.execute(f"UPDATE {table} SET {column} = ? || substr({column}, ?) "  # noqa: S608 - fixed names
+                        # table and column names from ARTIFACT_COLUMNS above, never from input
+                        con.execute(f"UPDATE {table} SET {column} = ? || substr({column}, ?) "
                                     f"WHERE {column} = ? OR {column} LIKE ? ESCAPE '\\'",
                                     (new, len(prefix) + 1, prefix, _like(prefix) + "/%"))
     finally:

@@ -15,6 +15,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from flows.plan.records import read_record, write_record
 from tasks.util.io import file_sha256
 
 # written into a model's folder by each registration (the registered name and version it was given): not the model's
@@ -78,7 +79,7 @@ def vouch(model_uri: str, run_id: str, store=None) -> str:
     with tempfile.TemporaryDirectory(prefix="zhpipe-vouch-") as tmp:
         local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=tmp))
         digest = files_digest(local)
-    store.write_record(_record_name(model_uri), json.dumps({"source": model_uri, "run_id": run_id, "digest": digest}))
+    write_record(store, _record_name(model_uri), json.dumps({"source": model_uri, "run_id": run_id, "digest": digest}))
     return digest
 
 
@@ -97,7 +98,7 @@ def verified(uri: str, dst: Path, store=None) -> tuple[str, Path]:
     name = _record_name(mv.source or "")
     text, where = None, None
     for where in _stores(store):
-        if (text := where.read_record(name)) is not None:
+        if (text := read_record(where, name)) is not None:
             break
 
     def refuse(why: str) -> ZhpipeError:

@@ -142,3 +142,23 @@ def check_storage_url(url: str | None, where: str = "storage") -> None:
                           f"wherever the URL is); give them in the environment (AWS_ACCESS_KEY_ID and "
                           f"AWS_SECRET_ACCESS_KEY, or AWS_PROFILE) or as fsspec options in {OPTIONS_ENV}, e.g. "
                           f"'{{\"username\": \"...\", \"password\": \"...\"}}'")
+
+
+def storage_options() -> dict:
+    """ZHPIPE_STORAGE_OPTIONS: fsspec options (JSON) for the store, such as an FTP server's username and password."""
+    import json
+    import os
+
+    from tasks.errors import ConfigError
+
+    text = os.environ.get(OPTIONS_ENV)
+    if not text:
+        return {}
+    try:
+        options = json.loads(text)
+    except ValueError:
+        options = None
+    if not isinstance(options, dict):
+        raise ConfigError(f"{OPTIONS_ENV}: expected a JSON object of fsspec options, such as "
+                          f"'{{\"username\": \"u\", \"password\": \"p\"}}'")
+    return options

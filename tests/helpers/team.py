@@ -43,10 +43,21 @@ def _as_owner(argv: list[str]) -> list[str]:
 
 
 def _wait(url: str, what: str, proc: subprocess.Popen | None, log: Path, auth=None, timeout: float = 180) -> None:
+    """Until `url` answers 200. With `auth`, credentials are sent only once the port's listening socket is proved to
+    be `proc`'s (as zhpipe's own servers are checked: flows.plan.private.ours_answering)."""
+    from urllib.parse import urlsplit
+
+    from flows.plan import private as procs
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"{what} exited {proc.returncode}: {log.read_text()[-3000:]}")
+        if auth is not None and proc is not None and procs.serves(proc.pid, urlsplit(url).port) is False:
+            if procs.listeners(urlsplit(url).port):
+                raise RuntimeError(f"{what}: port {urlsplit(url).port} is held by another process; no credentials sent")
+            time.sleep(0.3)
+            continue
         try:
             if httpx.get(url, timeout=2, auth=auth).status_code == 200:
                 return

@@ -78,7 +78,8 @@ def test_the_registered_tagger_takes_raw_text_and_gives_offsets_into_it(ner_run)
 def test_predict_command_prints_entities_as_jsonl(ner_run, capsys):
     from flows.cli import main
 
-    assert main(["predict", "--pipeline", "ner-smoke", "--jsonl", "李明，高级经济师。"]) == 0
+    # the store whose record vouches for the tagger's files (flows.track.trust)
+    assert main(["predict", "--pipeline", "ner-smoke", "--storage", str(ner_run["store"]), "--jsonl", "李明，高级经济师。"]) == 0
     (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("{")]
     record = json.loads(line)
     assert record["text"] == "李明，高级经济师。" and record["status"] == "ok"
