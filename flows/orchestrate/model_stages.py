@@ -105,11 +105,7 @@ def _track_training(run: RunContext, result: StageResult, name: str) -> None:
     if facts:
         tracker.metrics(facts)
     if result.cache == "hit":  # logged with its training: point to it, upload nothing
-        source = run.store.manifest(result.stage, result.key).mlflow_run_id
-        # the run that logged it may be in another tracking store (this one moved aside or new): then it is logged
-        # again when it is registered
-        uri = (tracker.client.get_run(source).data.tags.get("zhpipe.model_uri")
-               if source in Tracker.existing({source or ""}) else None)
+        uri = _logged_by_builder(run, result.stage, result.key)
         if uri:
             tracker.tags({"zhpipe.model_uri": uri})
         return
@@ -117,6 +113,16 @@ def _track_training(run: RunContext, result: StageResult, name: str) -> None:
         tracker.artifact(result.path / name, "model")
         return
     tracker.tags({"zhpipe.model_uri": _log_model(run, tracker.run_id, name, result.path / name, result.facts.labels)})
+
+
+def _logged_by_builder(run: RunContext, stage: str, key: str) -> str | None:
+    """The model URI the run that built a reused unit logged it under (its model run's tag: a pointer only, the files
+    are checked against the stage store's record when loaded); None when that run is in another tracking store (this
+    one moved aside or new) or has not logged it yet: it is then logged again when it is registered."""
+    source = run.store.manifest(stage, key).mlflow_run_id
+    if source not in Tracker.existing({source or ""}):
+        return None
+    return client().get_run(source).data.tags.get("zhpipe.model_uri")
 
 
 def _log_model(run: RunContext, run_id: str, name: str, folder: Path, labels: list[str]) -> str:
@@ -139,7 +145,10 @@ def register(run: RunContext, evaluation: StageResult, segment: StageResult, mod
     run's tags say what happened and why."""
     best = evaluation.facts.best_model
     metric = run.config.kind.metric(run.config)
-    uri = client().get_run(model_runs[best]).data.tags.get("zhpipe.model_uri")
+    unit = model_unit(run.config.kind.training.name, best)
+    # by this run's model run; else by the run that built it, which may have logged it since this run reused the unit
+    uri = (client().get_run(model_runs[best]).data.tags.get("zhpipe.model_uri")
+           or _logged_by_builder(run, unit, run.keys[unit]))
     if not uri:  # trained elsewhere and never logged as a classifier here: log it now
         uri = _log_model(run, model_runs[best], best, model_dir(run, best), evaluation.facts.labels)
     from flows.track.serving import served_outcomes

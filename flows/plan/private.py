@@ -107,7 +107,8 @@ def demands(url: str, auth: str, path: str = "/health", timeout: float = 2) -> b
 _PROC = Path("/proc")
 
 
-def _parent_of(pid: int) -> int | None:
+def parent_of(pid: int) -> int | None:
+    """The parent's pid of process `pid` (field 4 of /proc/PID/stat); None when it is gone."""
     try:
         stat_line = (_PROC / str(pid) / "stat").read_bytes()
     except OSError:
@@ -138,7 +139,7 @@ def family(pid: int) -> set[int]:
     """`pid` and every process below it (a server's workers, a supervisor's server)."""
     children: dict[int, list[int]] = {}
     for entry in _PROC.iterdir():
-        if entry.name.isdigit() and (parent := _parent_of(int(entry.name))) is not None:
+        if entry.name.isdigit() and (parent := parent_of(int(entry.name))) is not None:
             children.setdefault(parent, []).append(int(entry.name))
     found, todo = set(), [pid]
     while todo:

@@ -14,7 +14,7 @@ import socket
 import struct
 from pathlib import Path
 
-from flows.plan.private import listeners
+from flows.plan.private import listeners, parent_of  # noqa: F401 - parent_of: the runtime's name for it
 
 _PROC = Path("/proc")
 
@@ -110,14 +110,6 @@ def peer(sock: socket.socket) -> tuple[int, int, int]:
     """(pid, uid, gid) of the process at the other end of a connected Unix socket (SO_PEERCRED, Linux)."""
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     return struct.unpack("3i", creds)
-
-
-def parent_of(pid: int) -> int | None:
-    try:
-        stat = (_PROC / str(pid) / "stat").read_bytes()
-    except OSError:
-        return None
-    return int(stat[stat.rindex(b")") + 2:].split()[1])
 
 
 def listener_uid(port: int) -> int | None:

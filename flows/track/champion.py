@@ -284,6 +284,16 @@ def _register(model_uri: str, name: str, tags: dict[str, str]) -> str:
     return version
 
 
+def _registered_once(name: str, model_uri: str, model_key: str, tags: dict[str, str]):
+    """Under the registry lock: (the version registered for `model_key`, that version when it was there before, else
+    None). Looked up again here: runs that reused one trained model reach the registry together, and only the first
+    registers it (one version per key)."""
+    existing = registered_version(name, model_key)
+    if existing is None:
+        return _register(model_uri, name, tags), None
+    return str(existing.version), existing
+
+
 def _settled(c, name: str, existing, model: str, model_key: str, digest: str, score: float) -> Decision | None:
     """A registered version with nothing to decide: it is the champion, or it was kept against this champion on these
     test rows before (the same two versions, the same rows: not scored again). None: decide."""
@@ -323,16 +333,9 @@ def register_best(model_uri: str, run_id: str, pipeline: str, model: str, test, 
 
     name, digest, c = registered_name(pipeline), test_sha256(test), client()
     existing = registered_version(name, model_key)
-    if existing is None:
-        version = _register(model_uri, name, {"zhpipe.model": model, "zhpipe.test_sha256": digest,
-                                              "zhpipe.metric": metric,
-                                              "zhpipe.score": f"{score:.6f}", "zhpipe.run_id": run_id,
-                                              "zhpipe.model_key": model_key})
-    else:
-        version = str(existing.version)
-        settled = _settled(c, name, existing, model, model_key, digest, score)
-        if settled is not None:
-            return settled
+    settled = _settled(c, name, existing, model, model_key, digest, score) if existing is not None else None
+    if settled is not None:  # nothing to decide or write: no lock to wait for
+        return settled
     served = (lambda v: rescore(f"models:/{name}/{v}", test_frame(test))) if rescore else None  # read only if asked
     if served is not None and rule is None:
         from tasks.shared.selection import ChampionRule
@@ -340,6 +343,12 @@ def register_best(model_uri: str, run_id: str, pipeline: str, model: str, test, 
         rule = ChampionRule()
     champion_score, already = None, False
     with _registry_lock(name):
+        version, existing = _registered_once(name, model_uri, model_key, {
+            "zhpipe.model": model, "zhpipe.test_sha256": digest, "zhpipe.metric": metric,
+            "zhpipe.score": f"{score:.6f}", "zhpipe.run_id": run_id, "zhpipe.model_key": model_key})
+        settled = _settled(c, name, existing, model, model_key, digest, score) if existing is not None else None
+        if settled is not None:
+            return settled
         for _ in range(5):
             champion = _champion(c, name)
             if champion is not None and str(champion["version"]) == version:

@@ -97,6 +97,7 @@ class Gate:
             except OSError:
                 if listening.fileno() == -1:
                     return
+                time.sleep(0.05)  # out of descriptors, say: wait for connections to close rather than spin
                 continue
             self.conns |= {client, upstream}
             for a, b in ((client, upstream), (upstream, client)):
@@ -114,6 +115,10 @@ class Gate:
                     conn.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
+            # each direction's thread closes the socket it read from: a relayed connection leaves no descriptor behind
+            # (it used to keep both open for good, and a busy test ran this process out of descriptors)
+            a.close()
+            self.conns.discard(a)
 
 
 @dataclass
@@ -231,6 +236,7 @@ def start_team(folder: Path) -> Team:
     if pg_bin() is None or (os.geteuid() == 0 and not _has_user("postgres")):
         raise RuntimeError("no PostgreSQL server programs (initdb, pg_ctl) on this machine: apt-get install postgresql")
     pg_folder = Path(tempfile.mkdtemp(prefix="zhpipe-pg-"))  # outside pytest's root-only folders: postgres must reach it
+
     s3_port = free_port()
     gate = Gate(s3_port)
     s3 = {"AWS_ACCESS_KEY_ID": "zhpipe-test", "AWS_SECRET_ACCESS_KEY": "zhpipe-test", "AWS_DEFAULT_REGION": "us-east-1",
