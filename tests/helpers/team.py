@@ -53,11 +53,14 @@ def _wait(url: str, what: str, proc: subprocess.Popen | None, log: Path, auth=No
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"{what} exited {proc.returncode}: {log.read_text()[-3000:]}")
-        if auth is not None and proc is not None and procs.serves(proc.pid, urlsplit(url).port) is False:
-            if procs.listeners(urlsplit(url).port):
+        if auth is not None and proc is not None:  # as zhpipe's own: the server answers, then its socket is proved
+            try:
+                httpx.get(url, timeout=2)  # no credentials: anything that answers HTTP
+            except httpx.HTTPError:
+                time.sleep(0.3)
+                continue
+            if procs.serves(proc.pid, urlsplit(url).port) is False:
                 raise RuntimeError(f"{what}: port {urlsplit(url).port} is held by another process; no credentials sent")
-            time.sleep(0.3)
-            continue
         try:
             if httpx.get(url, timeout=2, auth=auth).status_code == 200:
                 return

@@ -43,7 +43,9 @@ def test_init_and_run_in_an_empty_folder_write_only_there(installed, tmp_path):
     assert where.startswith(str(installed))  # the wheel, not this checkout
     site_before = _files(installed)
 
-    init = subprocess.run([*zhpipe, "init", "reviews"], env=env, cwd=work, capture_output=True, text=True, timeout=120)
+    # under loose umasks (000 for init, 022 for the run), as on many machines: the project stays its owner's only
+    init = subprocess.run([*zhpipe, "init", "reviews"], env=env, cwd=work, capture_output=True, text=True, timeout=120,
+                          preexec_fn=lambda: os.umask(0))
     assert init.returncode == 0, init.stderr
     project = work / "reviews"
     assert (project / "pipelines.yaml").is_file() and (project / "data" / "raw" / "example.csv").is_file()
@@ -51,8 +53,11 @@ def test_init_and_run_in_an_empty_folder_write_only_there(installed, tmp_path):
     assert again.returncode == 2 and "already exists" in again.stderr
 
     run = subprocess.run([*zhpipe, "run", "--set", "train.models=[tfidf_lr, fasttext]"], env=env, cwd=project,
-                         capture_output=True, text=True, timeout=600)
+                         capture_output=True, text=True, timeout=600, preexec_fn=lambda: os.umask(0o022))
     assert run.returncode == 0, run.stderr[-3000:]
+    from tests.test_private import open_to_others
+
+    assert open_to_others(project) == []  # data/, mlruns/ (the logged model's code too), .prefect/, pipelines.yaml
     assert "evaluate" in run.stdout and (project / "mlruns" / "mlflow.db").is_file() and (project / ".prefect").is_dir()
     assert any((project / "data" / "evaluate").iterdir())
     assert _files(installed) == site_before  # nothing written into the installed package
