@@ -124,7 +124,7 @@ def number(value: float) -> str:
     return f"{int(value):,}" if float(value).is_integer() else f"{value:.4g}"
 
 
-def print_frame(df, title: str, no_wrap: tuple[str, ...] = (), width: int | None = None) -> None:
+def print_frame(df, title: str, no_wrap: tuple[str, ...] = ()) -> None:
     from rich.markup import escape
     from rich.table import Table
 
@@ -136,12 +136,7 @@ def print_frame(df, title: str, no_wrap: tuple[str, ...] = (), width: int | None
         table.add_row(*["" if v is None or (isinstance(v, float) and v != v) else f"{v:.4f}" if isinstance(v, float)
                         else escape(str(v))
                         for v in row])
-    if width is None:
-        console().print(table)
-    else:  # a width asked for (the terminal's, $COLUMNS): the table is drawn in it, even into a pipe
-        from rich.console import Console
-
-        Console(width=width).print(table)
+    console().print(table)
 
 
 def pipeline_args(p: argparse.ArgumentParser) -> None:

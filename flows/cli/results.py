@@ -16,9 +16,6 @@ def cmd_runs(args) -> int:
     from flows.track.runs import pipeline_runs, runs_table
 
     df = runs_table(pipeline_runs(args.pipeline, args.limit))
-    if args.json:  # every column, every value whole: for scripts
-        print(df.to_json(orient="records", lines=True, force_ascii=False) if len(df) else "", end="")
-        return 0
     if df.empty:
         print("no pipeline runs yet; `zhpipe run` makes one")
         return 0
@@ -28,54 +25,8 @@ def cmd_runs(args) -> int:
     if "why" in shown:
         shown = shown.assign(why=[w if len(str(w)) <= WHY_CHARS else str(w)[: WHY_CHARS - 1] + "…"
                                   for w in shown["why"]])
-    if args.columns:
-        wanted = [c.strip() for c in args.columns.split(",") if c.strip()]
-        unknown = [c for c in wanted if c not in df.columns]
-        if unknown:
-            raise ZhpipeError(f"runs --columns: no column {', '.join(map(repr, unknown))} (columns: "
-                              f"{', '.join(df.columns)})")
-        shown = df[wanted]
-    width = _terminal_width()
-    if width is not None and not args.columns:
-        shown = shown[fitting(shown, width)]
-    title = f"zhpipe runs{' ' + args.pipeline if args.pipeline else ''} (newest first)"
-    # every value whole: a name longer than the terminal wraps onto a second line, nothing is cut to `…`
-    print_frame(shown, title, no_wrap=tuple(c for c in shown.columns if c != "name"), width=width)
+    print_frame(shown, f"zhpipe runs{' ' + args.pipeline if args.pipeline else ''} (newest first)", no_wrap=("name",))
     return 0
-
-
-# the columns `zhpipe runs` keeps first when the terminal is narrow (the rest follow in the table's order)
-RUNS_FIRST = ("run", "name", "test acc", "test macro-F1", "test entity F1", "test BLEU", "best model", "champion",
-              "status")
-
-
-def _terminal_width() -> int | None:
-    """$COLUMNS when set, else the terminal's width; None when printing to a pipe or a file (no limit)."""
-    import shutil
-
-    if os.environ.get("COLUMNS", "").isdigit():
-        return int(os.environ["COLUMNS"])
-    return shutil.get_terminal_size().columns if sys.stdout.isatty() else None
-
-
-def fitting(df, width: int) -> list[str]:
-    """The columns of `df` that fit in `width` characters whole (no value cut or wrapped), `run` and `name` always,
-    then RUNS_FIRST's, then the others in their order, each only if it still fits; in the table's order."""
-    def cells(col) -> int:
-        values = ["" if v is None or (isinstance(v, float) and v != v) else f"{v:.4f}" if isinstance(v, float)
-                  else str(v) for v in df[col]]
-        return max([len(str(col))] + [len(v) for v in values])
-
-    order = [c for c in RUNS_FIRST if c in df.columns] + [c for c in df.columns if c not in RUNS_FIRST]
-    chosen, used = [], 1  # the table's left border
-    for col in order:
-        # one space each side, one border; a name longer than a third of the line wraps (whole) rather than crowd out
-        # the metrics
-        need = (min(cells(col), max(24, width // 3)) if col == "name" else cells(col)) + 3
-        if used + need <= width or col in ("run", "name"):
-            chosen.append(col)
-            used += need
-    return [c for c in df.columns if c in chosen]
 
 
 def cmd_compare(args) -> int:
@@ -265,9 +216,6 @@ def add_parsers(sub) -> None:
     runs = sub.add_parser("runs", help="list recent pipeline runs (date, commit, source, best model, metrics)")
     runs.add_argument("pipeline", nargs="?", help="one pipeline (default: all)")
     runs.add_argument("--limit", type=int, default=20, help="at most this many runs, newest first (default 20)")
-    runs.add_argument("--columns", help="these columns, comma-separated (default: those that fit the terminal, "
-                      "$COLUMNS)")
-    runs.add_argument("--json", action="store_true", help="one JSON object per run, every column, for scripts")
     runs.set_defaults(handler=cmd_runs)
     compare = sub.add_parser("compare", help="side-by-side table of the parameters and metrics "
                              "that differ between runs")
