@@ -30,3 +30,21 @@ def corpus(name: str) -> pd.DataFrame:
             if tag.startswith(("B-", "S-")):
                 types[tag.split("-", 1)[1]] += 1
     return pd.DataFrame(rows).drop_duplicates("review")
+
+
+def reviews(rows: int = 12_000, seed: int = 7) -> pd.DataFrame:
+    """A two-class review corpus of `rows` unique texts, as a newcomer's first CSV (text,label): the bundled hotel
+    reviews, then the second half of each long review (cut at a sentence mark near its middle) as a review of its
+    own with the same label, until `rows` are reached. Made here each time; nothing of it is committed."""
+    import re
+
+    hotel = corpus("hotel").rename(columns={"review": "text"})[["text", "label"]]
+    halves = []
+    for text, label in zip(hotel["text"], hotel["label"]):
+        cuts = [m.end() for m in re.finditer(r"[。！？!?，,；;]", text) if 0.3 < m.end() / len(text) < 0.7]
+        if cuts and len(text) - cuts[0] >= 12:
+            halves.append({"text": text[cuts[0]:].strip(), "label": label})
+    extra = pd.DataFrame(halves).drop_duplicates("text")
+    extra = extra[~extra["text"].isin(set(hotel["text"]))]
+    whole = pd.concat([hotel, extra.sample(frac=1, random_state=seed)]).drop_duplicates("text").head(rows)
+    return whole.sample(frac=1, random_state=seed).reset_index(drop=True)

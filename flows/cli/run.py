@@ -102,11 +102,14 @@ def summary_table(rows: list[dict], wall: float, name: str, units: list[dict] = 
     for col in ("stage", "cache", "seconds", "rows", "metric"):
         table.add_column(col, justify="right" if col in ("seconds", "rows") else "left")
     for r in rows:
+        models = [u for u in units if u["stage"].startswith(r["stage"] + ".")]
         value = r["metrics"].get(r["headline"])
         metric = f"{r['headline']}={number(value)}" if value is not None else ""
         companion = companion_of(r["headline"])
         if metric and companion != r["headline"] and r["metrics"].get(companion) is not None:
             metric += f" {companion}={number(r['metrics'][companion])}"
+        if models:  # a per-model stage: the chosen model (selection), else the best on validation (training)
+            metric = _models_metric(r, models, metric)
         table.add_row(r["stage"], "[green]hit[/]" if r["cache"] == "hit" else "[yellow]miss[/]",
                       f"{r['seconds']:.1f}", str(r["rows"] if r["rows"] is not None else ""), metric)
         partitions = [u for u in units if u["stage"].startswith(r["stage"] + ":")]
@@ -115,12 +118,28 @@ def summary_table(rows: list[dict], wall: float, name: str, units: list[dict] = 
             table.add_row(f"  {len(partitions)} partitions", f"{len(partitions) - len(built)} hit, {len(built)} built",
                           f"{sum(u['seconds'] for u in built):.1f}", str(sum(u["rows"] or 0 for u in built)),
                           "rows built")
-        for u in (u for u in units if u["stage"].startswith(r["stage"] + ".")):
+        for u in models:
             key = _unit_metric(u["metrics"], r["headline"])
+            cut = " (cut short by the budget)" if u["metrics"].get("cut_short") else ""
             table.add_row(f"  {u['stage'].partition('.')[2]}",
                           "[green]hit[/]" if u["cache"] == "hit" else "[yellow]miss[/]",
-                          f"{u['seconds']:.1f}", "", f"{key}={number(u['metrics'][key])}" if key else "")
+                          f"{u['seconds']:.1f}", "", f"{key}={number(u['metrics'][key])}{cut}" if key else cut)
     return table
+
+
+def _models_metric(row: dict, models: list[dict], metric: str) -> str:
+    """A per-model stage's line: `chosen tfidf_lr: best_test_accuracy=...` after the selection; for training, the
+    model ahead on validation (a training stage's own metrics are one model's, whichever it names)."""
+    chosen = (row.get("facts") or {}).get("best_model")
+    if chosen:
+        return f"chosen {chosen}: {metric}" if metric else f"chosen {chosen}"
+    scored = [(u["metrics"][k], u["stage"].partition(".")[2], k) for u in models
+              for k in ("val_accuracy_best", "val_macro_f1_best", "val_f1_best", "val_bleu") if k in u["metrics"]]
+    if not scored:
+        return metric
+    key = scored[0][2]
+    value, model, _ = max(s for s in scored if s[2] == key)
+    return f"ahead on validation: {model} {key}={number(value)}"
 
 
 def _unit_metric(metrics: dict, headline: str | None) -> str | None:

@@ -5,8 +5,9 @@ model's params rebuilds that model and the comparison only. Each stage then gath
 that selects, the best model is registered under the champion rule."""
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from flows.orchestrate.execute import RunContext, StageResult
 from flows.orchestrate.tracking import artifact_key
@@ -15,8 +16,11 @@ from flows.track.champion import register_best
 from flows.track.tracker import Tracker, client
 from tasks.core import model_unit
 from tasks.models import MODELS
+from tasks.models.racing import Budget, racing
 from tasks.stages import Stage
 from tasks.util.io import Rows
+
+log = logging.getLogger("zhpipe")
 
 
 def model_dir(run: RunContext, name: str) -> Path:
@@ -30,9 +34,15 @@ def run_model_stage(run: RunContext, spec: Stage, upstream: dict[str, StageResul
     gathers them; `upstream` holds the stage's inputs by stage name. After the stage that selects, the best model
     is registered (every run: a best model a killed run did not register is registered now)."""
     units: dict[str, StageResult] = {}
-    for unit in model_units(run.config, spec.name):
+    clock = budget_of(run, spec)
+    order = model_units(run.config, spec.name)
+    if clock is not None:  # cheapest first (the ensembles last): the baselines lead before a network races them
+        order = sorted(order, key=lambda u: (MODELS[u.model].members is not None, MODELS[u.model].cost))
+    for unit in order:
         name = unit.model
-        units[unit] = as_task_run(unit, lambda n=name: model_unit_run(run, spec, n, upstream, units))
+        units[unit] = as_task_run(unit, lambda n=name: model_unit_run(run, spec, n, upstream, units, clock=clock))
+        if clock is not None:
+            clock.finished(name, units[unit].facts.summary or {})
     result = run.run(spec.name, units, spec.module.build)
     result.parts = units
     if spec.models.selects:
@@ -49,11 +59,39 @@ def run_model_stage(run: RunContext, spec: Stage, upstream: dict[str, StageResul
     return result
 
 
+def budget_of(run: RunContext, spec: Stage) -> Budget | None:
+    """The training stage's clock (`train.budget`, `train.model_budget`; tasks/models/racing.py), None without one."""
+    if not spec.models.trains:
+        return None
+    section = run.config.section(spec.name)
+    budget, per_model = getattr(section, "budget", None), getattr(section, "model_budget", None)
+    if budget is None and per_model is None:
+        return None
+    return Budget(budget, per_model, [u.model for u in model_units(run.config, spec.name) if MODELS[u.model].races],
+                  f"val_{run.config.kind.metric(run.config)}")
+
+
+def _raced(clock: Budget, build: Callable, name: str) -> Callable:
+    """A model's build in its race: its share is taken when it starts; a cut says so in its summary and metrics."""
+    def raced(ctx):
+        with racing(clock.race(name)) as race:
+            out = build(ctx, name)
+        if race is not None and race.cut:
+            log.info("%s: cut short by the budget: %s", name, race.cut)
+            out.facts.summary["cut_short"] = race.cut
+            out.metrics["cut_short"] = 1.0
+        return out
+
+    return raced
+
+
 def model_unit_run(run: RunContext, spec: Stage, name: str, upstream: dict[str, StageResult],
-                   built: dict[str, StageResult] | None = None, tracker: Tracker | None = None) -> StageResult:
+                   built: dict[str, StageResult] | None = None, tracker: Tracker | None = None,
+                   clock: Budget | None = None) -> StageResult:
     """One model's unit of a per-model stage, reused or built. A unit that trains opens the model's run (or logs into
     `tracker`'s), its ensemble reads its members' units from `built`; a unit that reads another per-model stage's
-    unit of the same model (evaluate reads train's) logs into that unit's model run."""
+    unit of the same model (evaluate reads train's) logs into that unit's model run. `clock`: the training budget,
+    which races the models that train through the shared loop."""
     inputs = {k: v for k, v in upstream.items() if spec.reads(k, MODELS[name])}
     for stage in spec.models.reads:  # in place of that stage's gathered output: this model's unit of it
         inputs[stage] = upstream[stage].parts.get(model_unit(stage, name)) if stage in upstream else None
@@ -65,7 +103,8 @@ def model_unit_run(run: RunContext, spec: Stage, name: str, upstream: dict[str, 
         tracker = Tracker(next((inputs[s].run_id for s in spec.models.reads if inputs[s].run_id), None)
                           or _model_run(run, name))
     build = spec.module.build_model
-    result = run.run(model_unit(spec.name, name), inputs, lambda ctx: build(ctx, name),
+    raced = _raced(clock, build, name) if clock is not None and MODELS[name].races else None
+    result = run.run(model_unit(spec.name, name), inputs, raced or (lambda ctx: build(ctx, name)),
                      run_name=model_run_name(run, name), tags={"zhpipe.model": name}, tracker=tracker)
     if spec.models.trains:
         _track_training(run, result, name)
@@ -104,6 +143,8 @@ def _track_training(run: RunContext, result: StageResult, name: str) -> None:
     facts = {k: summary[k] for k in ("parameters", "best_epoch", "resumed_from_epoch") if k in summary}
     if facts:
         tracker.metrics(facts)
+    if summary.get("cut_short"):  # the budget stopped it: the model run says so beside its curves
+        tracker.tags({"zhpipe.cut_short": summary["cut_short"]})
     if result.cache == "hit":  # logged with its training: point to it, upload nothing
         uri = _logged_by_builder(run, result.stage, result.key)
         if uri:
@@ -160,10 +201,15 @@ def register(run: RunContext, evaluation: StageResult, segment: StageResult, mod
         rescore=lambda model_uri, test: served_outcomes(model_uri, test, metric, store=run.store),
         rule=run.config.section(run.config.kind.selection.name).champion,
     )
+    _say_cut(evaluation, decision, best)
     parent = Tracker(run.parent_run_id)
     parent.tags({"zhpipe.registered": f"{decision.name}/{decision.version}", "zhpipe.test_sha256": decision.test_sha256,
                  "zhpipe.champion": ("yes" if decision.champion else "already" if decision.holds else "no"),
-                 "zhpipe.champion_reason": decision.reason})
+                 "zhpipe.champion_reason": decision.reason,
+                 # the run page's description: MLflow lists under "Registered models" only versions logged by the run
+                 # itself, and a version comes from its model's run
+                 "mlflow.note.content": f"Registered **{decision.name} version {decision.version}** ({best})"
+                 f"{' @champion' if decision.holds else ''}: {decision.reason}"})
     scores = {f"challenger_test_{metric}": decision.score}
     if decision.champion_score is not None:
         scores[f"champion_test_{metric}"] = decision.champion_score
@@ -176,3 +222,16 @@ def register(run: RunContext, evaluation: StageResult, segment: StageResult, mod
              {"message": f"{run.config.identity}: version {decision.version} ({best}): {decision.reason}",
               "version": decision.version,
               "model": best, "score": decision.score, "champion_score": decision.champion_score})
+
+
+def _say_cut(evaluation: StageResult, decision, best: str) -> None:
+    """A registered model the training budget cut short says so: a line, and a tag on its registered version."""
+    import json
+
+    chosen = evaluation.path / "chosen.json"
+    why = json.loads(chosen.read_text(encoding="utf-8")).get("why", "") if chosen.is_file() else ""
+    cut = why.partition("cut short by the training budget (")[2].removesuffix(")")
+    if cut:
+        log.warning("registry: %s version %s (%s) was cut short by the training budget: %s", decision.name,
+                    decision.version, best, cut)
+        client().set_model_version_tag(decision.name, str(decision.version), "zhpipe.cut_short", cut)

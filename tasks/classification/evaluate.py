@@ -208,12 +208,17 @@ def build(ctx: BuildContext) -> BuildOutput:
     rows = [{"model": name, "val_accuracy": units[name].summary["val_accuracy"],
              "val_macro_f1": units[name].summary["val_macro_f1"],
              "test_accuracy": r["test_accuracy"], "test_macro_f1": r["test_macro_f1"],
-             "train_seconds": round(units[name].summary["seconds"], 1)}
+             "train_seconds": round(units[name].summary["seconds"], 1),
+             "budget": units[name].summary.get("cut_short", "")}  # why the training budget cut it short
             for name, r in results.items() if "test_accuracy" in r]
     table = pd.DataFrame(rows).sort_values(f"val_{ctx.params.metric}", ascending=False, kind="stable")
+    if not table["budget"].any():
+        table = table.drop(columns="budget")
     table.to_csv(ctx.out / "comparison.csv", index=False)
     best, why = choose(table, ctx.params.metric, {m: right_rows(units[m].summary) for m in table["model"]},
                        ctx.params.select)
+    if units[best].summary.get("cut_short"):  # chosen on a curve the budget cut: said wherever the choice is
+        why += f"; cut short by the training budget ({units[best].summary['cut_short']})"
     (ctx.out / "comparison.md").write_text(comparison_markdown(table) + f"\n\nChosen: **{best}**, {why}.\n",
                                            encoding="utf-8")
     (ctx.out / "chosen.json").write_text(json.dumps({"model": best, "why": why}, ensure_ascii=False), encoding="utf-8")

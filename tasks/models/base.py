@@ -19,7 +19,7 @@ Predictor = Callable[[pd.DataFrame], np.ndarray]  # frame with text/words/chars 
 
 # the `train` section's shared settings a model may read (`ModelSpec.shared`): its key sees those and no others
 LOOP = ("epochs", "patience", "weight_decay", "warmup_ratio", "grad_clip", "grad_accum", "device", "precision", "seed",
-        "processes")
+        "processes", "budget", "model_budget")
 NETWORK = (*LOOP, "class_weights", "embeddings")  # PyTorch classifiers that start from the embed stage's vectors
 
 
@@ -86,6 +86,9 @@ class ModelSpec:
     # its place in the cost order (to train, serve and explain): selection prefers the cheaper of two models whose
     # validation scores are within the noise; linear models 0, fastText 1, neural networks 2, pretrained and ensembles 3
     cost: int = 2
+    # trains through the shared loop (tasks/models/trainer.py), so a budget can race it (tasks/models/racing.py);
+    # the others (seconds each) always train whole
+    races: bool = False
 
     def view(self, params: Any) -> Any:
         """`params` (the train section) as this model may read it."""

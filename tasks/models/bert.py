@@ -332,6 +332,6 @@ def bert_predictor(folder: Path, device: str = "auto"):
 
 
 
-SPEC = ModelSpec("bert", Params, train_bert, load=bert_predictor, uses_vectors=True, shared=NETWORK, cost=3,
+SPEC = ModelSpec("bert", Params, train_bert, load=bert_predictor, uses_vectors=True, shared=NETWORK, cost=3, races=True,
                  about="BERT over characters: fine-tuned from a checkpoint, or masked-LM pretrained here; optional "
                  "lexicon adapter")

@@ -138,6 +138,6 @@ def hf_predictor(folder: Path, device: str = "auto") -> Predictor:
 
 SPEC = ModelSpec("hf", Params, train_hf, load=hf_predictor, cost=3,
                  shared=("weight_decay", "grad_clip", "grad_accum", "device", "precision", "seed", "class_weights",
-                         "processes"),
+                         "processes", "budget", "model_budget"), races=True,
                  about="a pretrained sequence-classification checkpoint (Auto classes, fast tokenizer on "
                  "the text), fine-tuned")

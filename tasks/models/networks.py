@@ -236,7 +236,7 @@ def network_predictor(folder: Path, device: str = "auto") -> Predictor:
 
 def _spec(name: str, params: type[Section], about: str) -> ModelSpec:
     return ModelSpec(name, params, train_network, load=network_predictor, uses_vectors=True, shared=NETWORK,
-                     streams=True, about=about)
+                     streams=True, races=True, about=about)
 
 
 TEXTCNN = _spec("textcnn", TextCNNParams, "Kim's TextCNN: 1-D convolutions of widths 2-4, max-pooled; "

@@ -135,7 +135,7 @@ def rnn_lm_perplexity(folder: Path, df: "pd.DataFrame | Rows", device: str = "au
     return math.exp(total / max(count, 1))
 
 
-SPEC = ModelSpec("rnn_lm", Params, train_rnn_lm, perplexity=rnn_lm_perplexity, shared=LOOP, streams=True,
+SPEC = ModelSpec("rnn_lm", Params, train_rnn_lm, perplexity=rnn_lm_perplexity, shared=LOOP, streams=True, races=True,
                  about="an LSTM language model with an adaptive softmax; scored by test perplexity")
 
 
@@ -249,6 +249,6 @@ def lm_classifier_predictor(folder: Path, device: str = "auto"):
 
 
 CLASSIFIER = ModelSpec("rnn_lm_classifier", ClassifierParams, train_lm_classifier, load=lm_classifier_predictor,
-                       shared=LOOP, streams=True,
+                       shared=LOOP, streams=True, races=True,
                        about="one LSTM language model per class; the class whose model gives the text the highest "
                        "likelihood wins")

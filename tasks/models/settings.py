@@ -35,8 +35,20 @@ class Common(Section):
     # process does with the same batch size (docs/deploy.md)
     processes: int = Field(1, ge=1)
     class_weights: bool = False  # weight the loss by inverse class frequency (imbalanced corpora)
+    # a time for all the models of the stage (seconds, or 90s, 3min, 1.5h; None: no limit): they run cheapest first,
+    # and each network gets a share of what is left, races the leader and stops when it cannot catch it in time
+    # (tasks/models/racing.py); `model_budget` caps each network's share
+    budget: float | None = None
+    model_budget: float | None = None
     # run this stage as a deployment run on another Prefect work pool (GPU workers); not part of the key
     work_pool: str | None = Field(None, exclude=True)
+
+    @field_validator("budget", "model_budget", mode="before")
+    @classmethod
+    def _seconds(cls, value):
+        from tasks.models.racing import seconds
+
+        return seconds(value)
 
     @field_validator("models")
     @classmethod

@@ -12,6 +12,7 @@ from tasks.models.base import TrainInputs
 from tasks.ner.tagged import Tagged, TaggerFn, jieba_words, load_lexicon
 from tasks.ner.tagging import Lexicon, tag_set, word_places
 from tasks.util.io import read_vocab
+from tasks.util.progress import progress
 
 
 class CRFParams(Section):
@@ -71,12 +72,16 @@ def train_crf(inputs: TrainInputs) -> dict:
     t0 = time.perf_counter()
     folder = inputs.out / inputs.name
     folder.mkdir()
-    trainer = pycrfsuite.Trainer(algorithm="lbfgs", verbose=False)
-    for text, tags in zip(inputs.train["text"], inputs.train["tags"]):
-        trainer.append(crf_features(text, p.window, lexicon, p.word_features), list(tags))
+    with progress(total=len(inputs.train), desc="crf features", unit="sentence", leave=False) as bar:
+        trainer = _trainer(bar)
+        for text, tags in zip(inputs.train["text"], inputs.train["tags"]):
+            trainer.append(crf_features(text, p.window, lexicon, p.word_features), list(tags))
+            bar.update(1)
     trainer.set_params({"c1": p.c1, "c2": p.c2, "max_iterations": p.max_iterations,
                         "feature.possible_transitions": True})
-    trainer.train(str(folder / "crf.model"))
+    with progress(total=p.max_iterations, desc="crf L-BFGS", unit="iteration", leave=False) as bar:
+        trainer.bar = bar
+        trainer.train(str(folder / "crf.model"))
     seconds = time.perf_counter() - t0
     model = pycrfsuite.Tagger()
     model.open(str(folder / "crf.model"))
@@ -88,6 +93,26 @@ def train_crf(inputs: TrainInputs) -> dict:
         (folder / "lexicon.txt").write_text("".join(f"{w}\n" for w in lexicon.index), encoding="utf-8")
     return {"path": inputs.name, "kind": "crf", "seconds": seconds, "samples_per_second": len(inputs.train) / seconds,
             "parameters": len(info.state_features) + len(info.transitions)}
+
+
+def _trainer(bar):
+    """A CRFsuite trainer whose iterations move `bar` (its own messages are not printed)."""
+    import pycrfsuite
+
+    class Trainer(pycrfsuite.Trainer):
+        def on_iteration(self, log, info):
+            self.bar.update(1)
+            self.bar.set_postfix_str(f"loss {info.get('loss', float('nan')):.1f}")
+
+        def on_start(self, log):
+            pass
+
+        on_featgen_progress = on_featgen_end = on_prepared = on_optimization_end = on_end = (
+            lambda self, *args: None)
+
+    trainer = Trainer(algorithm="lbfgs", verbose=True)  # verbose: the on_* calls happen
+    trainer.bar = bar
+    return trainer
 
 
 def crf_tagger(folder: Path) -> TaggerFn:

@@ -345,14 +345,15 @@ def load_tagger(folder: Path) -> TaggerFn:
 
 
 # epochs, patience: their own
-TAGGER_LOOP = ("weight_decay", "warmup_ratio", "grad_clip", "grad_accum", "device", "precision", "seed")
+TAGGER_LOOP = ("weight_decay", "warmup_ratio", "grad_clip", "grad_accum", "device", "precision", "seed",
+               "budget", "model_budget")
 CRF_TAGGER = ModelSpec("crf", CRFParams, train_crf, load=load_tagger, task="ner", shared=(),
                 about="linear-chain CRF (CRFsuite) over character, bigram and lexicon window features")
 BILSTM_CRF = ModelSpec("bilstm_crf", TaggerParams, train_tagger, load=load_tagger, task="ner", uses_vectors=True,
-                       shared=TAGGER_LOOP,
+                       shared=TAGGER_LOOP, races=True,
                        about="character + bigram embeddings, BiLSTM, CRF; starts from the embed stage's vectors")
 LEXICON_TAGGER = ModelSpec("lexicon_tagger", LexiconTaggerParams, train_tagger, load=load_tagger, task="ner",
-                           uses_vectors=True, shared=TAGGER_LOOP,
+                           uses_vectors=True, shared=TAGGER_LOOP, races=True,
                            about="bilstm_crf with the lexicon adapter: each character attends over "
                            "the words that cover it")
 NER_ENSEMBLE = ModelSpec("ner_ensemble", EnsembleParams, train_ensemble, load=load_tagger, task="ner",

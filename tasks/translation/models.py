@@ -21,7 +21,7 @@ from tasks.util.io import read_vocab
 
 # the `train` section's shared settings a translator reads (its own section has its epochs)
 SHARED = ("direction", "patience", "weight_decay", "warmup_ratio", "grad_clip", "grad_accum", "device", "precision",
-          "seed")
+          "seed", "budget", "model_budget")
 BOS, EOS = "[CLS]", "[SEP]"  # the vocabularies' specials that start and end a target sentence
 
 
@@ -296,14 +296,14 @@ def load_translator(folder: Path, device: str = "auto") -> TranslatorFn:
 
 
 SEQ2SEQ = ModelSpec("seq2seq", GRUParams, train_translator, load=load_translator, task="translation",
-                    shared=SHARED,
+                    shared=SHARED, races=True,
                     about="GRU encoder-decoder, no attention: the decoder sees the encoder's summary vector only")
 SEQ2SEQ_ATTENTION = ModelSpec("seq2seq_attention", AttentionParams, train_translator, load=load_translator,
                               task="translation",
-                              shared=SHARED, about="GRU encoder-decoder with Bahdanau (additive) attention over the "
+                              shared=SHARED, races=True, about="GRU encoder-decoder with Bahdanau (additive) attention over the "
                               "encoder's states")
 TRANSFORMER_MT = ModelSpec("transformer_mt", TransformerParams, train_translator, load=load_translator,
                            task="translation",
-                           shared=SHARED, about="Transformer encoder-decoder, sinusoidal positions, label "
+                           shared=SHARED, races=True, about="Transformer encoder-decoder, sinusoidal positions, label "
                            "smoothing, beam search")
 SPECS = (SEQ2SEQ, SEQ2SEQ_ATTENTION, TRANSFORMER_MT)  # what the kind registers (tasks.models.MODELS)

@@ -1,0 +1,121 @@
+"""A training budget (`train.budget`, `train.model_budget`), as AutoGluon's `time_limit` and FLAML's `time_budget`:
+the models of a train stage run cheapest first (`ModelSpec.cost`), and each model that trains through the shared loop
+(`ModelSpec.races`) gets a share of what is left, races the leader (the best validation score so far) and is stopped
+when its share runs out or its validation curve cannot reach the leader within it. A model cut short says why; the
+selection and the champion gate treat it as any other model."""
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+import time
+from collections.abc import Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+
+_UNITS = {"s": 1, "sec": 1, "min": 60, "m": 60, "h": 3600}
+
+
+def seconds(value: float | str | None) -> float | None:
+    """A budget as seconds: a number (seconds), or text such as `90s`, `3min`, `1.5h`; None: no budget."""
+    if value is None or isinstance(value, int | float):
+        if value is not None and value <= 0:
+            raise ValueError(f"a budget must be positive, got {value}")
+        return None if value is None else float(value)
+    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h)?\s*", str(value))
+    if not found or float(found.group(1)) <= 0:
+        raise ValueError(f"a budget is a positive number of seconds or a time such as 90s, 3min, 1.5h (got {value!r})")
+    return float(found.group(1)) * _UNITS[found.group(2) or "s"]
+
+
+@dataclass
+class Race:
+    """One model's part in the race: its share of the budget (seconds), the leader it races (model and validation
+    scores), and, once it ran, why it was cut short (empty: it trained as configured)."""
+
+    share: float
+    leader: str | None = None
+    leader_scores: dict[str, float] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+    cut: str = ""
+
+    def left(self) -> float:
+        return self.share - (time.monotonic() - self.started)
+
+    def target(self, monitor: str, mode: str) -> float | None:
+        """The leader's score on `monitor`, signed so that higher is better (None: no leader on that metric)."""
+        score = self.leader_scores.get(monitor)
+        return None if score is None else (score if mode == "max" else -score)
+
+    def epochs_that_fit(self, epoch_seconds: float, wanted: int) -> int:
+        """Of `wanted` more epochs of `epoch_seconds` each, how many fit in what is left of the share (at least one:
+        a model that started ends an epoch, however short)."""
+        return max(1, min(wanted, int(self.left() / max(epoch_seconds, 1e-9))))
+
+    def hopeless(self, curve: list[float], epochs_left: int, monitor: str, mode: str) -> str:
+        """Why the model cannot reach the leader within its share (empty: it still can), from its validation curve
+        (signed: higher is better): even gaining its best epoch's gain every epoch left, it stays behind. Judged from
+        the second epoch on (one point has no gain)."""
+        target = self.target(monitor, mode)
+        if target is None or len(curve) < 2:
+            return ""
+        best = max(curve)
+        gain = max(max(b - a for a, b in zip(curve, curve[1:])), 0.0)
+        if best >= target or best + gain * epochs_left >= target:
+            return ""
+        shown = abs(self.leader_scores[monitor])
+        return (f"cannot reach the leader {self.leader} ({monitor} {shown:.4f}) within its share: best {abs(best):.4f},"
+                f" at most {gain:.4f} an epoch over {epochs_left} more epoch{'s' if epochs_left != 1 else ''}")
+
+
+class Budget:
+    """The clock of one train stage: `budget` seconds for all its models, at most `per_model` for each. A model that
+    races gets an even share of what is left among the racing models still to run; the others (linear models,
+    fastText, n-grams: seconds each) run first and are never stopped."""
+
+    def __init__(self, budget: float | None, per_model: float | None, racing: list[str], leads: str = "val_accuracy"):
+        self.budget, self.per_model, self.waiting, self.leads = budget, per_model, list(racing), leads
+        self.started = time.monotonic()
+        self.leader: tuple[str, dict[str, float]] | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.budget is not None or self.per_model is not None
+
+    def race(self, model: str) -> Race | None:
+        """The race of the next racing model (None when no budget is set)."""
+        if model in self.waiting:
+            self.waiting.remove(model)
+        if not self.active:
+            return None
+        left = math.inf if self.budget is None else self.budget - (time.monotonic() - self.started)
+        share = min(left / (len(self.waiting) + 1), self.per_model or math.inf)
+        leader, scores = self.leader or (None, {})
+        return Race(max(share, 0.0), leader, dict(scores))
+
+    def finished(self, model: str, summary: dict) -> None:
+        """A model is done (built, or reused): with its validation scores it leads when it is ahead on `leads` (what
+        the selection ranks by); a network then races the leader on the metric its own loop monitors."""
+        if model in self.waiting:
+            self.waiting.remove(model)
+        score = summary.get(self.leads)
+        if isinstance(score, int | float) and (self.leader is None or score > self.leader[1][self.leads]):
+            self.leader = (model, {k: float(v) for k, v in summary.items()
+                                   if isinstance(v, int | float) and not isinstance(v, bool)})
+
+
+_RACE: ContextVar[Race | None] = ContextVar("zhpipe_race", default=None)
+
+
+@contextlib.contextmanager
+def racing(race: Race | None) -> Iterator[Race | None]:
+    """Train inside `race`: the shared loop (tasks.models.trainer.fit) reads it with `current()`."""
+    token = _RACE.set(race)
+    try:
+        yield race
+    finally:
+        _RACE.reset(token)
+
+
+def current() -> Race | None:
+    return _RACE.get()

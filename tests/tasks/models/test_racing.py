@@ -1,0 +1,89 @@
+"""The training budget: shares, the racing rule, and a real network stopped by it (its model still saved and served)."""
+import logging
+import time
+
+import pytest
+
+from tasks.classification.train import Params as TrainConfig
+from tasks.models.racing import Budget, Race, racing, seconds
+from tests.tasks.models.test_train import frame, predict, tiny_vectors, train_model
+
+
+def test_a_budget_reads_seconds_minutes_and_hours():
+    assert (seconds(90), seconds("90s"), seconds("3min"), seconds("1.5h"), seconds(None)) == (90, 90, 180, 5400, None)
+    for bad in ("soon", "-3s", "0", 0):
+        with pytest.raises(ValueError, match="budget"):
+            seconds(bad)
+    assert TrainConfig(budget="2min").budget == 120
+
+
+def test_each_racing_model_gets_an_even_share_of_what_is_left_capped_per_model():
+    clock = Budget(100.0, None, ["textcnn", "bilstm"])
+    first = clock.race("textcnn")
+    assert first.share == pytest.approx(50, abs=0.5) and first.leader is None
+    clock.finished("textcnn", {"val_accuracy": 0.8})
+    second = clock.race("bilstm")  # the last: all that is left
+    assert second.share == pytest.approx(100, abs=0.5) and second.leader == "textcnn"
+    capped = Budget(100.0, 10.0, ["textcnn"]).race("textcnn")
+    assert capped.share == 10.0
+    assert Budget(None, None, ["textcnn"]).race("textcnn") is None  # no budget: no race
+
+
+def test_the_leader_is_the_best_on_the_selection_metric():
+    clock = Budget(100.0, None, ["textcnn"])
+    clock.finished("fasttext", {"val_accuracy": 0.90, "val_macro_f1": 0.88})
+    clock.finished("tfidf_lr", {"val_accuracy": 0.92, "val_macro_f1": 0.85})
+    clock.finished("ngram_lm", {"val_perplexity": 40.0})  # no accuracy: never the leader
+    race = clock.race("textcnn")
+    assert race.leader == "tfidf_lr" and race.target("val_macro_f1", "max") == 0.85
+
+
+def test_a_curve_that_cannot_reach_the_leader_in_the_epochs_left_is_hopeless():
+    race = Race(60.0, "tfidf_lr", {"val_macro_f1": 0.90})
+    assert race.hopeless([0.80], 5, "val_macro_f1", "max") == ""  # one point: no gain to judge by
+    assert race.hopeless([0.80, 0.82], 5, "val_macro_f1", "max") == ""  # 0.82 + 5 * 0.02 reaches 0.90
+    why = race.hopeless([0.80, 0.82], 3, "val_macro_f1", "max")
+    assert "cannot reach the leader tfidf_lr" in why and "0.9000" in why
+    assert race.hopeless([0.80, 0.79], 9, "val_macro_f1", "max")  # no gain at all
+    assert race.hopeless([0.80, 0.95], 1, "val_macro_f1", "max") == ""  # already ahead
+    lower = Race(60.0, "ngram", {"val_perplexity": 50.0})  # a loss: lower is better, signed by the loop
+    assert lower.hopeless([-80.0, -70.0], 1, "val_perplexity", "min")
+    assert lower.hopeless([-80.0, -70.0], 3, "val_perplexity", "min") == ""
+
+
+def test_a_network_out_of_its_share_stops_inside_an_epoch_and_is_still_a_model(tmp_path, caplog):
+    params = TrainConfig(epochs=50, patience=50, device="cpu", precision="fp32",
+                         textcnn={"num_filters": 8, "batch_size": 4, "lr": 0.01})
+    race = Race(6.0)
+    t0 = time.monotonic()
+    with caplog.at_level(logging.INFO, logger="zhpipe.train"), racing(race):
+        summary, _ = train_model("textcnn", frame(1000), frame(4), params, tmp_path, tiny_vectors())
+    assert time.monotonic() - t0 < 60  # 50 epochs of 1,500 batches unbudgeted
+    assert race.cut.startswith("stopped in epoch 1 after ") and "its share of the budget (6 s) ran out" in race.cut
+    assert len(summary["history"]) == 1
+    assert predict("textcnn", tmp_path, frame(1)).shape == (6, 2)  # saved whole: it loads and answers
+    assert "its share of the budget is 6 s" in caplog.text  # the estimate says the share
+
+
+def test_a_network_behind_the_leader_is_stopped_when_its_curve_cannot_catch_up(tmp_path):
+    params = TrainConfig(epochs=30, patience=30, device="cpu", precision="fp32",
+                         textcnn={"num_filters": 8, "batch_size": 8, "lr": 1e-6})  # a rate too small to learn
+    race = Race(600.0, "tfidf_lr", {"val_macro_f1": 1.01})  # a leader nobody reaches
+    with racing(race):
+        summary, _ = train_model("textcnn", frame(4), frame(2), params, tmp_path, tiny_vectors())
+    assert race.cut.startswith("stopped after epoch 2: cannot reach the leader tfidf_lr"), race.cut
+    assert len(summary["history"]) == 2
+
+
+def test_fewer_epochs_are_planned_when_they_do_not_fit_and_the_rate_decays_over_them(tmp_path):
+    from tasks.models import trainer
+
+    plan = {}
+    optimizer = __import__("torch").optim.SGD([__import__("torch").zeros(1, requires_grad=True)], lr=1.0)
+    scheduler = trainer.warmup_linear_decay(optimizer, 10, 0.0, 10, plan)
+    assert plan["total"] == 100
+    trainer.replan(plan, 2, 0.0, 10)  # two epochs of ten steps: the rate is 0 at step 20
+    for _ in range(20):
+        optimizer.step()
+        scheduler.step()
+    assert scheduler.get_last_lr()[0] == 0.0
