@@ -300,8 +300,8 @@ SEQ2SEQ = ModelSpec("seq2seq", GRUParams, train_translator, load=load_translator
                     about="GRU encoder-decoder, no attention: the decoder sees the encoder's summary vector only")
 SEQ2SEQ_ATTENTION = ModelSpec("seq2seq_attention", AttentionParams, train_translator, load=load_translator,
                               task="translation",
-                              shared=SHARED, races=True, about="GRU encoder-decoder with Bahdanau (additive) attention over the "
-                              "encoder's states")
+                              shared=SHARED, races=True,
+                              about="GRU encoder-decoder with Bahdanau (additive) attention over the encoder's states")
 TRANSFORMER_MT = ModelSpec("transformer_mt", TransformerParams, train_translator, load=load_translator,
                            task="translation",
                            shared=SHARED, races=True, about="Transformer encoder-decoder, sinusoidal positions, label "
