@@ -6,6 +6,7 @@ selection and the champion gate treat it as any other model."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import re
 import time
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
+log = logging.getLogger("zhpipe.train")
 _UNITS = {"s": 1, "sec": 1, "min": 60, "m": 60, "h": 3600}
 
 
@@ -102,6 +104,63 @@ class Budget:
         if isinstance(score, int | float) and (self.leader is None or score > self.leader[1][self.leads]):
             self.leader = (model, {k: float(v) for k, v in summary.items()
                                    if isinstance(v, int | float) and not isinstance(v, bool)})
+
+
+# ---- the shared loop's side of the race (tasks/models/trainer.py) ------------------------------------------------
+
+# the training time is estimated after this many batches, or seconds, whichever comes first (the first batch, which
+# pays for warm-up, left out): batches of different lengths cost differently, and a few are a noisy sample
+ESTIMATE_AFTER = (20, 10.0)
+
+
+def estimate_line(name: str, seconds: float, batches: int, steps: int, epochs_left: int) -> str:
+    """How long a model's training will take, from its first batches (validation and early stopping aside)."""
+    per_batch = seconds / max(batches, 1)
+    total = per_batch * (steps * epochs_left - batches)
+    shown = f"{total / 3600:.1f} h" if total >= 5400 else f"{total / 60:.0f} min" if total >= 90 else f"{total:.0f} s"
+    return (f"{name}: about {shown} more to train ({epochs_left} epoch{'s' if epochs_left != 1 else ''} of {steps} "
+            f"batches at {per_batch:.2f} s a batch, from its first {batches}); fewer epochs or a smaller "
+            f"model is one --set away")
+
+
+def say_estimate(name: str, seconds: float, batches: int, steps: int, epoch: int, cfg, plan: dict) -> str:
+    """Say the estimate (a log line; in a race, with the model's share). Returns the progress bar's short form."""
+    line = estimate_line(name, seconds, batches, steps, plan["epochs"] - epoch + 1)
+    race = plan.get("race")
+    if race is not None:
+        line += f"; its share of the budget is {race.share:.0f} s"
+    log.info("%s", line)
+    return line.split(" (")[0].split(": ", 1)[1]
+
+
+def judge_race(name: str, plan: dict, state: dict, cfg, sign: float, epoch_seconds: float) -> None:
+    """After an epoch of a model in a race (`plan["race"]`, `cfg` its LoopConfig): stop it when its share ran out
+    (inside the epoch, or too little is left for another), or when its curve cannot reach the leader in the epochs that
+    still fit; plan fewer epochs when fewer fit."""
+    race, epoch = plan["race"], state["epoch"]
+    left = plan["epochs"] - epoch
+    if not race.cut.startswith("stopped") and left and not state["done"]:
+        fits = min(left, int(race.left() / max(epoch_seconds, 1e-9)))
+        curve = [sign * row[cfg.monitor] for row in state["history"]]
+        why = race.hopeless(curve, fits, cfg.monitor, cfg.mode) or (
+            f"stopped after epoch {epoch} of {plan['epochs']}: an epoch takes about {epoch_seconds:.0f} s and "
+            f"{max(race.left(), 0):.0f} s of its share of the budget ({race.share:.0f} s) are left" if not fits else "")
+        if why:
+            race.cut = why if why.startswith("stopped") else f"stopped after epoch {epoch}: {why}"
+        elif fits < left:  # fewer epochs fit: the learning rate now decays to 0 over those
+            replan(plan, epoch + fits, cfg.warmup_ratio, plan["steps"])
+            race.cut = (f"trained {plan['epochs']} of {cfg.epochs} epochs: an epoch takes about {epoch_seconds:.0f} s "
+                        f"and its share of the budget is {race.share:.0f} s")
+            log.info("%s: %d more epoch%s fit its share of the budget (%.0f s left)", name, fits,
+                     "s" if fits != 1 else "", race.left())
+    if race.cut.startswith("stopped"):
+        state["done"] = True  # said once, with the model's summary (flows/orchestrate/model_stages.py)
+
+
+def replan(plan: dict, epochs: int, warmup_ratio: float, steps_per_epoch: int) -> None:
+    """The step counts the learning-rate schedule (tasks/models/trainer.py `warmup_linear_decay`) decays over."""
+    plan["epochs"], plan["total"] = epochs, max(1, steps_per_epoch * epochs)
+    plan["warmup"] = int(warmup_ratio * plan["total"])
 
 
 _RACE: ContextVar[Race | None] = ContextVar("zhpipe_race", default=None)

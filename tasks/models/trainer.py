@@ -3,8 +3,11 @@ and clipping, bf16 (or fp16 with a gradient scaler) autocast on CUDA, early stop
 killed run resumes from. What differs between models (batches, loss, validation) comes in as a `Task`."""
 from __future__ import annotations
 
+import json
 import logging
 import math
+import os
+import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -15,11 +18,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tasks.models import racing
+from tasks.errors import ConfigError
 from tasks.models.checkpoints import rng_state, save, set_rng_state
 
 # where models compute; re-exported, as callers import them from here
 from tasks.models.devices import amp_dtype, autocast, resolve_device, seed_everything  # noqa: F401
+from tasks.models.racing import ESTIMATE_AFTER, estimate_line, judge_race, replan, say_estimate  # noqa: F401
+from tasks.models.racing import current as current_race
 from tasks.util.progress import progress
 
 log = logging.getLogger("zhpipe.train")
@@ -35,11 +40,6 @@ def warmup_linear_decay(optimizer, epochs: int, warmup_ratio: float, steps_per_e
         optimizer, lambda step: min((step + 1) / max(plan["warmup"], 1),
                                     max(0.0, (plan["total"] - step) / max(plan["total"] - plan["warmup"], 1)))
     )
-
-
-def replan(plan: dict, epochs: int, warmup_ratio: float, steps_per_epoch: int) -> None:
-    plan["epochs"], plan["total"] = epochs, max(1, steps_per_epoch * epochs)
-    plan["warmup"] = int(warmup_ratio * plan["total"])
 
 
 def validation_metrics(probs: np.ndarray, y: np.ndarray) -> dict[str, float]:
@@ -115,8 +115,6 @@ def fit(name: str, model: nn.Module, task: Task, cfg: LoopConfig, checkpoints: P
     last finished epoch and ends with the same weights as an uninterrupted run (CPU, same thread count).
     """
     if cfg.processes > 1 and not _distributed():
-        from tasks.models.parallel import fit_data_parallel
-
         return fit_data_parallel(name, model, task, cfg, checkpoints, tracker, prefix)
     device = resolve_device(cfg.device) if not _distributed() else _rank_device(cfg.device)
     dtype = amp_dtype(device, cfg.precision)
@@ -130,7 +128,7 @@ def fit(name: str, model: nn.Module, task: Task, cfg: LoopConfig, checkpoints: P
     # a model with a pretrained part may give it its own learning rate (`optimizer_groups`)
     groups = core.optimizer_groups(cfg.lr, cfg.encoder_lr) if hasattr(core, "optimizer_groups") else trainable
     optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    plan = {"race": racing.current(), "steps": math.ceil(task.steps_per_epoch / cfg.grad_accum)}
+    plan = {"race": current_race(), "steps": math.ceil(task.steps_per_epoch / cfg.grad_accum)}
     scheduler = warmup_linear_decay(optimizer, cfg.epochs, cfg.warmup_ratio, plan["steps"], plan)
     rng = np.random.default_rng(cfg.seed)
     sign = 1.0 if cfg.mode == "max" else -1.0
@@ -154,34 +152,11 @@ def fit(name: str, model: nn.Module, task: Task, cfg: LoopConfig, checkpoints: P
         state["epoch"] = epoch
         _checkpoint(state, sign * row[cfg.monitor], cfg.patience, (core, optimizer, scheduler, rng), checkpoints)
         if plan["race"] is not None:
-            _judge_race(name, plan, state, cfg, sign, time.perf_counter() - t_epoch)
+            judge_race(name, plan, state, cfg, sign, time.perf_counter() - t_epoch)
     core.load_state_dict(torch.load(best_file, map_location=device, weights_only=True))
     model.eval()
     return FitResult(state["history"], state["best_epoch"], resumed_from, str(device), bf16,
                      precision=str(dtype or "fp32").removeprefix("torch."), seconds=time.perf_counter() - t_start)
-
-
-def _judge_race(name: str, plan: dict, state: dict, cfg: LoopConfig, sign: float, epoch_seconds: float) -> None:
-    """After an epoch of a model in a race (tasks/models/racing.py): stop it when its share ran out (inside the epoch,
-    or too little is left for another), or when its curve cannot reach the leader in the epochs that still fit."""
-    race, epoch = plan["race"], state["epoch"]
-    left = plan["epochs"] - epoch
-    if not race.cut.startswith("stopped") and left and not state["done"]:
-        fits = min(left, int(race.left() / max(epoch_seconds, 1e-9)))
-        curve = [sign * row[cfg.monitor] for row in state["history"]]
-        why = race.hopeless(curve, fits, cfg.monitor, cfg.mode) or (
-            f"stopped after epoch {epoch} of {plan['epochs']}: an epoch takes about {epoch_seconds:.0f} s and "
-            f"{max(race.left(), 0):.0f} s of its share of the budget ({race.share:.0f} s) are left" if not fits else "")
-        if why:
-            race.cut = why if why.startswith("stopped") else f"stopped after epoch {epoch}: {why}"
-        elif fits < left:  # fewer epochs fit: the learning rate now decays to 0 over those
-            replan(plan, epoch + fits, cfg.warmup_ratio, plan["steps"])
-            race.cut = (f"trained {plan['epochs']} of {cfg.epochs} epochs: an epoch takes about {epoch_seconds:.0f} s "
-                        f"and its share of the budget is {race.share:.0f} s")
-            log.info("%s: %d more epoch%s fit its share of the budget (%.0f s left)", name, fits,
-                     "s" if fits != 1 else "", race.left())
-    if race.cut.startswith("stopped"):
-        state["done"] = True  # said once, with the model's summary (flows/orchestrate/model_stages.py)
 
 
 def _resume(name: str, last: Path, parts: tuple, device: torch.device, tracker, prefix: str) -> dict:
@@ -233,21 +208,6 @@ def _rank_device(device: str) -> torch.device:
     return torch.device("cpu")
 
 
-# the training time is estimated after this many batches, or seconds, whichever comes first (the first batch, which
-# pays for warm-up, left out): batches of different lengths cost differently, and a few are a noisy sample
-ESTIMATE_AFTER = (20, 10.0)
-
-
-def estimate_line(name: str, seconds: float, batches: int, steps: int, epochs_left: int) -> str:
-    """How long a model's training will take, from its first batches (validation and early stopping aside)."""
-    per_batch = seconds / max(batches, 1)
-    total = per_batch * (steps * epochs_left - batches)
-    shown = f"{total / 3600:.1f} h" if total >= 5400 else f"{total / 60:.0f} min" if total >= 90 else f"{total:.0f} s"
-    return (f"{name}: about {shown} more to train ({epochs_left} epoch{'s' if epochs_left != 1 else ''} of {steps} "
-            f"batches at {per_batch:.2f} s a batch, from its first {batches}); fewer epochs or a smaller "
-            f"model is one --set away")
-
-
 def _train_epoch(name, model, task, cfg, optimizer, scheduler, trainable, rng, device, dtype, epoch, scaler=None,
                  estimate: bool = False, plan: dict | None = None) -> dict:
     """One pass over the training batches; returns the epoch's mean loss and throughput. With `estimate`, the time
@@ -267,7 +227,7 @@ def _train_epoch(name, model, task, cfg, optimizer, scheduler, trainable, rng, d
         if i == 1:
             warm = time.perf_counter()  # the first batch pays for warm-up (kernels, caches): the estimate leaves it out
         if estimate and i > 1 and (i >= ESTIMATE_AFTER[0] or time.perf_counter() - t0 >= ESTIMATE_AFTER[1]):
-            said = _estimate(name, time.perf_counter() - warm, i - 1, task.steps_per_epoch, epoch, cfg, plan)
+            said = say_estimate(name, time.perf_counter() - warm, i - 1, task.steps_per_epoch, epoch, cfg, plan)
             bar.set_postfix_str(said)
             estimate = False
         batch = {k: v.to(device) for k, v in batch.items()}
@@ -292,24 +252,131 @@ def _train_epoch(name, model, task, cfg, optimizer, scheduler, trainable, rng, d
     bar.close()
     # an epoch shorter than the first batches the estimate waits for (not one the budget cut)
     if estimate and plan["epochs"] > epoch and not (race is not None and race.cut):
-        _estimate(name, time.perf_counter() - t0, task.steps_per_epoch, task.steps_per_epoch, epoch, cfg, plan)
+        say_estimate(name, time.perf_counter() - t0, task.steps_per_epoch, task.steps_per_epoch, epoch, cfg, plan)
     return {"epoch": epoch, "train_loss": total / max(seen, 1), "samples_per_second": seen / (time.perf_counter() - t0)}
 
 
-def _estimate(name: str, seconds: float, batches: int, steps: int, epoch: int, cfg: LoopConfig, plan: dict) -> str:
-    """Say the estimate (a log line; in a race, with the model's share). Returns the progress bar's short form."""
-    line = estimate_line(name, seconds, batches, steps, plan["epochs"] - epoch + 1)
-    race = plan.get("race")
-    if race is not None:
-        line += f"; its share of the budget is {race.share:.0f} s"
-    log.info("%s", line)
-    return line.split(" (")[0].split(": ", 1)[1]
+# ---- data-parallel training (`train.processes`) ----------------------------------------------------------------
+# Data-parallel training on the processes of one worker (`train.processes`): torch.distributed with NCCL, one
+# GPU per process, on CUDA, else gloo on CPU processes. Each process takes every `processes`-th row of each
+# batch (the batches themselves, and their order, are the single-process ones: the same seeded RNG in every
+# process), DistributedDataParallel averages the gradients, and each process's loss is weighted by its share of
+# the batch's rows, so every step is the step one process takes on the whole batch. Process 0 writes the
+# checkpoints (a killed run resumes as before); the weights and the per-epoch history come back to the caller.
+# A model whose loss does not go through its forward (the NER taggers' CRF) cannot be wrapped: one error line.
 
 
-def __getattr__(name: str):
-    """The data-parallel parts (tasks/models/parallel.py), as `trainer.<name>` too."""
-    if name in ("fit_data_parallel", "start_method", "ShardedTask"):
-        from tasks.models import parallel
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
-        return getattr(parallel, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+class ShardedTask(Task):
+    """This process's share of a task: rows `rank::world` of each batch, the loss weighted so that the averaged
+    gradient is the whole batch's; the loss it reports is the whole batch's mean (summed over processes)."""
+
+    def __init__(self, task: Task, rank: int, world: int):
+        self.inner, self.rank, self.world, self._share = task, rank, world, 1.0
+        super().__init__(self._batches, task.steps_per_epoch, self._loss, task.validate)
+
+    def _batches(self, rng):
+        for rows, batch in self.inner.batches(rng):
+            local = torch.arange(self.rank, rows, self.world)
+            self._share = len(local) / rows  # loss() follows its batch in the loop
+            yield rows, {k: v[local] if torch.is_tensor(v) and v.dim() and len(v) == rows else v
+                         for k, v in batch.items()}
+
+    def _loss(self, model, batch):
+        try:
+            mean = self.inner.loss(model, batch)
+        except AttributeError as e:
+            raise ConfigError(f"train.processes: this model computes its loss outside its forward pass ({e}); train it "
+                              f"with train.processes=1") from None
+        weighted = mean * self._share
+        whole = weighted.detach().clone()
+        dist.all_reduce(whole)  # the whole batch's mean loss, for the history
+        # DDP averages the gradients over processes: `world * weighted` makes the average the whole batch's gradient
+        return self.world * weighted + (whole - self.world * weighted).detach()
+
+
+def _run_rank(rank: int, world: int, port: int, backend: str, name: str, model, task: Task, cfg: LoopConfig,
+              checkpoints: Path, out: Path) -> None:
+    from torch.nn.parallel import DistributedDataParallel
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group(backend, rank=rank, world_size=world)
+    try:
+        device = _rank_device(cfg.device)  # as `fit` will choose it in this process
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        wrapped = DistributedDataParallel(model.to(device), device_ids=[device.index] if device.type == "cuda"
+                                          else None)
+        result = fit(name, wrapped, ShardedTask(task, rank, world), cfg, checkpoints)
+        if rank == 0:
+            out.write_text(json.dumps({"history": result.history, "best_epoch": result.best_epoch,
+                                       "resumed": result.resumed_from_epoch,
+                                       "device": result.device, "bf16": result.bf16, "precision": result.precision,
+                                       "seconds": result.seconds}), encoding="utf-8")
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_pickled(rank: int, payload: bytes) -> None:
+    """A spawned process's `_run_rank`: its arguments come cloudpickled (a task's batches and loss are closures)."""
+    import cloudpickle
+
+    _run_rank(rank, *cloudpickle.loads(payload))
+
+
+def start_method(cuda: bool) -> str:
+    """How the training processes start: forked on CPUs (the model and its data need no pickling), spawned on GPUs,
+    since a forked process cannot use CUDA once this one has (a warm process that served a GPU run has)."""
+    return "spawn" if cuda else "fork"
+
+
+def fit_data_parallel(name: str, model, task: Task, cfg: LoopConfig, checkpoints: Path, tracker=None,
+                      prefix: str = "") -> FitResult:
+    """`fit` on `cfg.processes` processes (`start_method`); returns as `fit` does, the best epoch's weights in
+    `model`."""
+    import torch.multiprocessing as mp
+
+    world = cfg.processes
+    cuda = resolve_device(cfg.device).type == "cuda"  # the device each process takes (`_rank_device`)
+    if cuda and torch.cuda.device_count() < world:
+        raise ConfigError(f"train.processes={world}: this worker has {torch.cuda.device_count()} GPUs "
+                          f"(one process per GPU)")
+    backend = "nccl" if cuda else "gloo"
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    out = checkpoints / "data_parallel.json"
+    out.unlink(missing_ok=True)
+    log.info("%s: data-parallel training on %d %s processes (%s)", name, world, "GPU" if cuda else "CPU", backend)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, threads // world))  # the processes share the cores
+    args = (world, _free_port(), backend, name, model, task, cfg, checkpoints, out)
+    try:
+        if start_method(cuda) == "spawn":
+            import cloudpickle
+
+            mp.start_processes(_run_pickled, args=(cloudpickle.dumps(args),), nprocs=world, join=True,
+                               start_method="spawn")
+        else:
+            mp.start_processes(_run_rank, args=args, nprocs=world, join=True, start_method="fork")
+    except mp.ProcessRaisedException as e:
+        last = str(e).strip().splitlines()[-1]
+        raise ConfigError(f"train.processes={world}: a training process failed: {last}") from None
+    # died before its training began (a spawned process's start-up), or was killed
+    except mp.ProcessExitedException as e:
+        raise ConfigError(f"train.processes={world}: a training process ended early: {e} "
+                          "(what it printed, if anything, is above)") from None
+    finally:
+        torch.set_num_threads(threads)
+    summary = json.loads(out.read_text(encoding="utf-8"))
+    model.load_state_dict(torch.load(checkpoints / "best.pt", map_location="cpu", weights_only=True))
+    model.eval()
+    if tracker is not None:
+        for row in summary["history"]:
+            tracker.metrics({f"{prefix}{k}": v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
+    return FitResult(summary["history"], summary["best_epoch"], summary["resumed"], summary["device"], summary["bf16"],
+                     precision=summary["precision"], seconds=summary["seconds"],
+                     extra={"processes": world, "backend": backend})

@@ -273,7 +273,7 @@ def test_two_gloo_processes_train_the_model_one_process_trains(tmp_path, monkeyp
     """train.processes=2 on CPU: two processes (torch.distributed, gloo) each take half of every batch; the averaged
     gradients make every step the one-process step, so weights and losses match one process. Forked, as on CPUs,
     and spawned with the model and its task pickled, as on GPUs (a forked process cannot use CUDA)."""
-    from tasks.models import parallel
+    from tasks.models import trainer
 
     common = {"epochs": 3, "patience": 3, "device": "cpu", "precision": "fp32",
               "textcnn": {"num_filters": 8, "batch_size": 16, "lr": 0.01, "dropout": 0.0}}
@@ -281,7 +281,7 @@ def test_two_gloo_processes_train_the_model_one_process_trains(tmp_path, monkeyp
     for run, processes in (("one", 1), ("fork", 2), ("spawn", 2)):
         out = tmp_path / run
         out.mkdir()
-        monkeypatch.setattr(parallel, "start_method", lambda cuda, how=run: "spawn" if how == "spawn" else "fork")
+        monkeypatch.setattr(trainer, "start_method", lambda cuda, how=run: "spawn" if how == "spawn" else "fork")
         summary, _ = train_model("textcnn", frame(10), frame(2), TrainConfig(**common, processes=processes), out, tiny_vectors())
         got[run] = (summary, torch.load(out / "textcnn" / "model.pt", weights_only=True)["state_dict"])
     one, w1 = got["one"]
