@@ -33,6 +33,7 @@ class Judged:
     accepted: bool = False
     fresh: bool = True  # judged in this run (False: its verdicts were read back from the record)
     rows_in: int | None = None
+    metrics: dict = field(default_factory=dict)  # the checked unit's (rows kept, dropped by reason): a held one's too
     night: pd.DataFrame | None = field(default=None, repr=False)  # its rows and the reference's, for the report's plots
     reference: pd.DataFrame | None = field(default=None, repr=False)
 
@@ -60,7 +61,8 @@ class Gate:
                                                 "verdicts": checks.to_json(verdicts)}
             accepted = bool(blocked) and held.accepted(record, name, digest)
             judged = Judged(name, verdicts, held=bool(blocked) and not accepted, accepted=accepted, fresh=known is None,
-                            rows_in=night.rows_in, night=night.frame, reference=reference.frame if reference else None)
+                            rows_in=night.rows_in, metrics=dict(result.metrics), night=night.frame,
+                            reference=reference.frame if reference else None)
             if judged.held:
                 record["held"][name] = {"check": blocked[0].check, "line": blocked[0].line(shown), "digest": digest,
                                         "at": time.strftime("%Y-%m-%dT%H:%M:%S")}

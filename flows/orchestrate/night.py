@@ -26,15 +26,50 @@ def arrived(run: RunContext, results: dict[str, StageResult]) -> list[dict]:
     if result is None:
         return []
     units = result.parts.values() if result.parts else [result]
-    rows = []
-    for unit in units:
-        metrics = {k: int(v) for k, v in unit.metrics.items() if k.startswith(("rows_", "dropped_"))
-                   and isinstance(v, int | float)}
-        rows.append({"partition": unit.stage.part or "(corpus)", "cache": "built" if unit.cache == "miss" else "reused",
-                     **metrics})
-    for judged in [j for j in run.gate.judged if j.held] if run.gate else ():
-        rows.append({"partition": judged.name, "cache": "held out", "rows_in": judged.rows_in})
+    rows = [{"partition": unit.stage.part or "(corpus)", "cache": "built" if unit.cache == "miss" else "reused",
+             **_counts(unit.metrics)} for unit in units]
+    for judged in [j for j in run.gate.judged if j.held] if run.gate else ():  # cleaned, then held: its quarantine too
+        rows.append({"partition": judged.name, "cache": "held out", **_counts(judged.metrics), "rows_in": judged.rows_in})
     return rows
+
+
+def _counts(metrics: dict) -> dict:
+    return {k: int(v) for k, v in metrics.items() if k.startswith(("rows_", "dropped_")) and isinstance(v, int | float)}
+
+
+def still_held(run: RunContext) -> list[dict]:
+    """Every partition held out now, by this run or an earlier one (the checks' record), with its `accept` command."""
+    import shlex
+
+    from flows.plan import held
+
+    return [{"name": name, **entry, "accept": f"zhpipe accept {shlex.quote(run.config.name)} {shlex.quote(name)}"}
+            for name, entry in held.held(run.config.identity).items()]
+
+
+def history(run: RunContext, limit: int = 30) -> str:
+    """The picture of the best model's and the champion's test metric over this pipeline's last runs ('' before
+    the second run: one point is no trend)."""
+    import time as _time
+
+    from flows.track.tracker import client
+
+    metric = run.config.kind.metric(run.config)
+    experiment = client().get_experiment_by_name(run.experiment)
+    if experiment is None:
+        return ""
+    runs = client().search_runs([experiment.experiment_id], filter_string="tags.`zhpipe.pipeline` != ''",
+                                order_by=["attributes.start_time DESC"], max_results=limit)
+    points = []
+    for r in reversed(runs):
+        m, tags = r.data.metrics, r.data.tags
+        champion = m.get(f"challenger_test_{metric}") if tags.get("zhpipe.champion") in ("yes", "already") \
+            else m.get(f"champion_test_{metric}")
+        points.append({"when": _time.strftime("%m-%d %H:%M", _time.localtime(r.info.start_time / 1000)),
+                       "best": m.get(f"best_test_{metric}"), "champion": champion})
+    if sum(p["best"] is not None or p["champion"] is not None for p in points) < 2:
+        return ""
+    return report.history_plot(points, metric)
 
 
 def record(run: RunContext, results: dict[str, StageResult], ok: bool, error: str = "") -> None:
@@ -49,7 +84,8 @@ def _record(run: RunContext, results: dict[str, StageResult], ok: bool, error: s
     from flows.track.alerts import flush
 
     gate = run.gate
-    if ok and not (gate and gate.fresh) and all(r.cache == "hit" for r in results.values()):
+    if ok and not (gate and gate.fresh) and all(r.cache == "hit" for r in results.values()) \
+            and not still_held(run):
         return  # nothing built, nothing judged: the parent run names the runs that built it all (no new artifacts)
     parent = Tracker(run.parent_run_id)
     rows = gate.rows() if gate else []
@@ -66,10 +102,11 @@ def _record(run: RunContext, results: dict[str, StageResult], ok: bool, error: s
                                                        "zhpipe.registered")}
     if error:
         champion["error"] = error
+    held_now = still_held(run)
     page = report.render(run.title or run.config.name, ok, arrived(run, results), rows, plots, champion,
-                         headline(run, results))
+                         headline(run, results), held=held_now, history=history(run))
     parent.text(page, "report.html")
-    _prefect(run, rows, report.worries(ok, rows, champion))
+    _prefect(run, rows, report.worries(ok, rows, champion, held_now))
     flush()
 
 

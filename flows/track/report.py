@@ -97,12 +97,16 @@ def _metrics(metrics: dict[str, float]) -> str:
     return "<p>" + ", ".join(f"{html.escape(k)} <b>{v:.4f}</b>" for k, v in metrics.items()) + "</p>"
 
 
-def worries(ok: bool, checks_rows: list[dict], champion: dict[str, str]) -> list[str]:
-    """What a reader should worry about, one line each (none: a quiet night)."""
+def worries(ok: bool, checks_rows: list[dict], champion: dict[str, str], still_held: list[dict] = ()) -> list[str]:
+    """What a reader should worry about, one line each (none: a quiet night); `still_held`: every partition held out
+    now, earlier runs' included (a held night is a worry until it is accepted or removed)."""
     lines = [] if ok else [f"the run failed: {champion.get('error', 'see the log')}"]
     held = sorted({r["partition"] for r in checks_rows if "held out" in str(r["result"])})
     if held:
         lines.append(f"held out of the corpus: {', '.join(held)} (put back with `zhpipe accept`)")
+    older = [h["name"] for h in still_held if h["name"] not in held]
+    if older:
+        lines.append(f"still held out from earlier runs: {', '.join(older)} (each waits for `zhpipe accept`)")
     warned = [f"{r['check']} on {r['partition']}" for r in checks_rows if r["result"] == "failed"]
     if warned:
         lines.append(f"warnings: {', '.join(warned)}")
@@ -116,10 +120,43 @@ def worries(ok: bool, checks_rows: list[dict], champion: dict[str, str]) -> list
     return lines
 
 
+def history_plot(points: list[dict], metric: str) -> str:
+    """The test `metric` of each run's best model and of the champion over the runs (oldest first): `points` hold
+    `when`, `best` and `champion` (None where a run registered nothing)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 2.6))
+    x = list(range(1, len(points) + 1))
+    for key, style in (("best", "o-"), ("champion", "s--")):
+        ys = [p.get(key) for p in points]
+        ax.plot([i for i, y in zip(x, ys) if y is not None], [y for y in ys if y is not None], style,
+                label=f"{'best model of the run' if key == 'best' else 'champion'}")
+    ax.set_xticks(x, [p["when"] for p in points], rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel(f"test {metric}")
+    ax.set_title(f"test {metric} over the last {len(points)} runs")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+def _still_held(held: list[dict]) -> str:
+    """Every partition still held out (by any run, this one or earlier), with why and the command that puts it back."""
+    if not held:
+        return ""
+    rows = [{"partition": h["name"], "held since": h.get("at", ""), "why": h.get("line", h.get("check", "")),
+             "put back with": h["accept"]} for h in held]
+    return f"<h2>Still held out of the corpus</h2>{_table(rows, ['partition', 'held since', 'why', 'put back with'])}"
+
+
 def render(title: str, ok: bool, arrived: list[dict], checks_rows: list[dict], plots: list[str],
-           champion: dict[str, str], metrics: dict[str, float] | None = None) -> str:
-    """The page. `metrics`: the headline test metrics of the run's best model (every night, the first included)."""
-    lines = worries(ok, checks_rows, champion)
+           champion: dict[str, str], metrics: dict[str, float] | None = None, held: list[dict] = (),
+           history: str = "") -> str:
+    """The page. `metrics`: the headline test metrics of the run's best model (every night, the first included);
+    `held`: every partition held out now (name, line, at, accept); `history`: the metric-over-runs picture."""
+    lines = worries(ok, checks_rows, champion, held)
     verdict = ("<div class='verdict worry'>Look at this run: " + "; ".join(html.escape(x) for x in lines) + "</div>"
                if lines
                else "<div class='verdict ok'>Nothing to worry about: every check passed and the run completed.</div>")
@@ -133,12 +170,13 @@ def render(title: str, ok: bool, arrived: list[dict], checks_rows: list[dict], p
 <title>{html.escape(title)}</title><style>{STYLE}</style></head>
 <body>
 <h1>zhpipe night report</h1><p>{html.escape(title)}</p>{verdict}
+{_still_held(list(held))}
 <h2>What arrived</h2>{_table(arrived, ["partition", "cache", "rows_in", "rows_kept", "rows_dropped"])}
 <h2>Quarantined, by reason</h2>{_table(quarantined, ["partition", *reasons]) if reasons else "<p>nothing</p>"}
 <h2>Data checks</h2>{_table(sorted(checks_rows, key=lambda r: not str(r["result"]).startswith("failed")),
                               ["partition", "check", "severity", "figure", "threshold", "result", "note"])}
 <h2>Tonight against the reference</h2>{"".join(plots) or "<p>no partition was judged in this run</p>"}
-<h2>Model</h2>{_metrics(metrics or {})}
+<h2>Model</h2>{_metrics(metrics or {})}{history}
 <h2>Champion</h2><p><b>{html.escape(champion.get("zhpipe.registered", "-"))}</b> {html.escape(state)}</p>
 <p>{html.escape(decision)}</p>
 </body></html>"""

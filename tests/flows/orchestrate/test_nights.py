@@ -138,3 +138,36 @@ def test_a_shuffled_night_is_held_the_report_worries_cron_hears_and_hold_takes_a
         assert main(["--project", str(tmp_path), "accept", "2026-12-03.csv"]) == 0
     finally:
         project._CURRENT = previous
+
+
+def _report(run_id: str, tmp_path: Path) -> str:
+    folder = tmp_path / run_id
+    folder.mkdir()
+    return Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="report.html",
+                                                    dst_path=str(folder))).read_text(encoding="utf-8")
+
+
+def test_a_held_nights_report_shows_its_quarantine_and_every_later_report_lists_it_until_accepted(nights, tmp_path):
+    file = str(nights["root"] / "pipelines.yaml")
+    broken = nights["rows"].iloc[200:280].assign(label="1")
+    pd.concat([broken, broken.iloc[:7]]).to_csv(nights["drops"] / "2026-12-02.csv", index=False)  # 7 repeated rows
+    first = pipeline_flow("nights", config_file=file, storage=str(nights["store"]), stages=STAGES)  # nights 1 and 2
+    page = _report(first["parent_run_id"], tmp_path)
+    arrived = page[page.index("<h2>What arrived</h2>"):page.index("<h2>Quarantined, by reason</h2>")]
+    assert "held out" in arrived and "<td>80</td>" in arrived  # the held night's rows kept by clean, not blank
+    quarantined = page[page.index("<h2>Quarantined, by reason</h2>"):page.index("<h2>Data checks</h2>")]
+    assert "2026-12-02.csv" in quarantined and "duplicate" in quarantined and "<td>7</td>" in quarantined
+
+    nights["rows"].iloc[280:480].to_csv(nights["drops"] / "2026-12-03.csv", index=False)  # an ordinary night
+    second = pipeline_flow("nights", config_file=file, storage=str(nights["store"]), stages=STAGES)
+    page = _report(second["parent_run_id"], tmp_path)
+    assert "Nothing to worry about" not in page and "still held out from earlier runs: 2026-12-02.csv" in page
+    held_part = page[page.index("<h2>Still held out of the corpus</h2>"):page.index("<h2>What arrived</h2>")]
+    assert "2026-12-02.csv" in held_part and "check labels FAILED" in held_part
+    assert "zhpipe accept nights 2026-12-02.csv" in held_part
+    model_part = page[page.index("<h2>Model</h2>"):]
+    assert "data:image/png" in model_part  # the best model's and the champion's test accuracy over the runs
+
+    held.accept("nights", ["2026-12-02.csv"])
+    third = pipeline_flow("nights", config_file=file, storage=str(nights["store"]), stages=STAGES)
+    assert "Still held out of the corpus" not in _report(third["parent_run_id"], tmp_path)
