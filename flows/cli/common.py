@@ -124,19 +124,26 @@ def number(value: float) -> str:
     return f"{int(value):,}" if float(value).is_integer() else f"{value:.4g}"
 
 
-def print_frame(df, title: str, no_wrap: tuple[str, ...] = ()) -> None:
+def cell(value) -> str:
+    """A table value as printed: floats to 4 decimals, nothing for None and NaN."""
+    if value is None or (isinstance(value, float) and value != value):
+        return ""
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def print_frame(df, title: str, no_wrap: tuple[str, ...] = (), width: int | None = None) -> None:
+    """`df` as a table; `width`: drawn in that many columns (the caller chose columns that fit), even into a pipe."""
+    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=escape(title))
     for col in df.columns:
         table.add_column(escape(str(col)), justify="right" if df[col].dtype.kind in "if" else "left",
-                         no_wrap=col in no_wrap)
+                         no_wrap=col in no_wrap, overflow="fold")
     for row in df.itertuples(index=False):  # values as text, never as markup: `train.models=[tfidf_lr]` keeps its list
-        table.add_row(*["" if v is None or (isinstance(v, float) and v != v) else f"{v:.4f}" if isinstance(v, float)
-                        else escape(str(v))
-                        for v in row])
-    console().print(table)
+        table.add_row(*[escape(cell(v)) for v in row])
+    (console() if width is None else Console(width=width)).print(table)
 
 
 def pipeline_args(p: argparse.ArgumentParser) -> None:

@@ -16,17 +16,67 @@ def cmd_runs(args) -> int:
     from flows.track.runs import pipeline_runs, runs_table
 
     df = runs_table(pipeline_runs(args.pipeline, args.limit))
+    if args.json:  # every column, every value whole: for scripts
+        print(df.to_json(orient="records", lines=True, force_ascii=False) if len(df) else "", end="")
+        return 0
     if df.empty:
         print("no pipeline runs yet; `zhpipe run` makes one")
         return 0
-    # the run's name holds its pipeline, its overrides and its time: the columns that repeat it are left out here
-    shown = df.drop(columns=[c for c in ("pipeline", "overrides", "started") if c in df])
-    # a champion decision's reason runs to 200 characters: its start here, all of it in MLflow's tags
+    if args.columns:
+        wanted = [c.strip() for c in args.columns.split(",") if c.strip()]
+        unknown = [c for c in wanted if c not in df.columns]
+        if unknown or not wanted:
+            raise ZhpipeError(f"runs --columns: no column {', '.join(map(repr, unknown)) or 'named'} (columns: "
+                              f"{', '.join(df.columns)})")
+        shown = df[wanted]
+    else:  # the run's name holds its pipeline, its overrides and its time: the columns that repeat it are left out
+        shown = df.drop(columns=[c for c in ("pipeline", "overrides", "started") if c in df])
+    # a champion decision's reason runs to 200 characters: its start here, all of it in MLflow's tags and --json
     if "why" in shown:
         shown = shown.assign(why=[w if len(str(w)) <= WHY_CHARS else str(w)[: WHY_CHARS - 1] + "…"
                                   for w in shown["why"]])
-    print_frame(shown, f"zhpipe runs{' ' + args.pipeline if args.pipeline else ''} (newest first)", no_wrap=("name",))
+    width = terminal_width()
+    if width is not None and not args.columns:
+        shown = shown[fitting(shown, width)]
+    # every value whole: only a name longer than its share of the line folds onto a second line
+    print_frame(shown, f"zhpipe runs{' ' + args.pipeline if args.pipeline else ''} (newest first)",
+                no_wrap=tuple(c for c in shown.columns if c != "name"), width=width)
     return 0
+
+
+# the columns `zhpipe runs` keeps first in a narrow terminal (the others follow in the table's order, as they fit)
+RUNS_FIRST = ("run", "name", "test acc", "test macro-F1", "test entity F1", "test BLEU", "best model", "champion",
+              "registered", "status")
+
+
+def terminal_width() -> int | None:
+    """$COLUMNS when set, else the terminal's width; None into a pipe or a file (no limit: nothing is left out)."""
+    import shutil
+
+    if os.environ.get("COLUMNS", "").isdigit():
+        return max(int(os.environ["COLUMNS"]), 40)
+    return shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+
+
+def fitting(df, width: int) -> list[str]:
+    """The columns of `df` that fit in `width` terminal cells with every value whole: `run` and `name` always (only a
+    name longer than the line less 20 cells folds onto more lines), then RUNS_FIRST's, then the others, each only if it
+    still fits; returned in the table's order. Widths are terminal cells: a Chinese character takes two."""
+    from rich.cells import cell_len
+
+    from flows.cli.common import cell
+
+    def need(col) -> int:
+        cells = max([cell_len(str(col))] + [cell_len(cell(v)) for v in df[col]])
+        return (min(cells, width - 20) if col == "name" else cells) + 3  # a space each side, a border
+
+    order = [c for c in RUNS_FIRST if c in df.columns] + [c for c in df.columns if c not in RUNS_FIRST]
+    chosen, used = set(), 1  # the table's left border
+    for col in order:
+        if used + need(col) <= width or col in ("run", "name"):
+            chosen.add(col)
+            used += need(col)
+    return [c for c in df.columns if c in chosen]
 
 
 def cmd_compare(args) -> int:
@@ -216,6 +266,9 @@ def add_parsers(sub) -> None:
     runs = sub.add_parser("runs", help="list recent pipeline runs (date, commit, source, best model, metrics)")
     runs.add_argument("pipeline", nargs="?", help="one pipeline (default: all)")
     runs.add_argument("--limit", type=int, default=20, help="at most this many runs, newest first (default 20)")
+    runs.add_argument("--columns", help="these columns, comma-separated, in this order (default: those that fit the "
+                      "terminal's width, $COLUMNS, keeping run, name and the test metrics first)")
+    runs.add_argument("--json", action="store_true", help="one JSON object per run, every column whole, for scripts")
     runs.set_defaults(handler=cmd_runs)
     compare = sub.add_parser("compare", help="side-by-side table of the parameters and metrics "
                              "that differ between runs")

@@ -175,3 +175,28 @@ def test_every_kinds_summary_shows_each_models_metric_alike():
     console.print(summary_table(rows, 2.0, "ner-smoke", units))
     text = console.export_text()
     assert "best_test_f1=0.8" in text and "test_f1=0.8123" in text and "test_f1=0.75" in text
+
+
+@pytest.mark.e2e
+def test_runs_fits_the_terminal_with_whole_numbers_and_names(smoke, capsys, monkeypatch):
+    """`zhpipe runs` in a 100-column terminal squeezed 16 columns and showed test accuracy as `0.…`: now it keeps the
+    columns that fit whole (the run and its name always), `--columns` chooses them and `--json` gives every one."""
+    import json
+
+    monkeypatch.setenv("COLUMNS", "100")
+    done = in_process(capsys, "runs", "smoke")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines and max(len(line) for line in lines) <= 100, done.stdout
+    assert "test acc" in done.stdout and "0.…" not in done.stdout, done.stdout  # (a long `why` ends in … by design)
+    records = [json.loads(line) for line in in_process(capsys, "runs", "smoke", "--json").stdout.splitlines()]
+    assert records and {"run", "name", "test acc", "why", "checks"} <= set(records[0])
+    for record in records:  # every run id and accuracy whole; a name too long for the line wraps, every word kept
+        assert record["run"] in done.stdout
+        if record["test acc"] is not None:
+            assert f"{record['test acc']:.4f}" in done.stdout
+        assert all(word in done.stdout for word in record["name"].split())
+    chosen = in_process(capsys, "runs", "smoke", "--columns", "run,test acc")
+    assert chosen.returncode == 0 and "best model" not in chosen.stdout and "test acc" in chosen.stdout
+    wrong = in_process(capsys, "runs", "--columns", "run,nope")
+    assert wrong.returncode == 2 and "no column 'nope'" in wrong.stderr

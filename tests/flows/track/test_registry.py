@@ -291,7 +291,8 @@ def test_runs_read_from_sqlite_match_the_mlflow_client(trained, tmp_path):
     assert _runs_from_sqlite(other, None, 5) is None  # not MLflow's tables: the client reads it
 
 
-def test_runs_and_compare_commands(trained, capsys):
+def test_runs_and_compare_commands(trained, capsys, monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)  # into a pipe, no width: every column (a terminal's width drops some)
     first, second = trained["first"]["parent_run_id"], trained["second"]["parent_run_id"]
     proc = in_process(capsys, "runs", "smoke", "--limit", "50")
     assert proc.returncode == 0, proc.stderr[-2000:]
