@@ -5,7 +5,11 @@ the Prefect flow-run page of a pipeline run (from `zhpipe server start`) and the
 
 It starts the project's background Prefect server (left running; `zhpipe server stop` ends it), runs the
 pipeline through it, finds its flow run through the server's HTTP API by the pipeline's tag, starts the MLflow
-UI on a free port, waits until each page answers, and writes `prefect-flow-run.png` and `mlflow-runs.png`.
+UI on the project's port, waits until each page answers, and writes `prefect-flow-run.png` and `mlflow-runs.png`.
+
+`zhpipe ui` asks for the project's credentials (a browser shows its login prompt). A script logs in with a header,
+never with credentials in the URL (MLflow's page refuses to load from such a URL): `header_proxy` below is a loopback
+proxy that adds `Authorization: Basic ...` to every request, and Chromium is pointed at the proxy.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -36,6 +41,39 @@ def shoot(url: str, path: Path, budget_ms: int = 20000) -> None:
     subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1500,950",
                     f"--virtual-time-budget={budget_ms}", f"--screenshot={path}", url], check=True, capture_output=True, timeout=180)
     print(f"{path} <- {url}")
+
+
+def header_proxy(target: str, user: str, password: str) -> tuple[object, str]:
+    """(the server, its address): a proxy on a free loopback port that forwards each GET to `target` with the login as
+    an Authorization header. Stop it with `server.shutdown()`."""
+    import base64
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    header = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+    class Forward(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the name http.server calls
+            request = urllib.request.Request(target + self.path, headers={"Authorization": header})
+            try:
+                with urllib.request.urlopen(request, timeout=60) as answer:  # noqa: S310 - loopback
+                    status, headers, body = answer.status, answer.headers.items(), answer.read()
+            except urllib.error.HTTPError as e:
+                status, headers, body = e.code, e.headers.items(), e.read()
+            self.send_response(status)
+            for key, value in headers:
+                if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+                    self.send_header(key, value)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), Forward)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
 
 
 def flow_run_id(api: str, pipeline: str) -> str:
@@ -63,20 +101,24 @@ def main() -> None:
     run = flow_run_id(api, args.pipeline)
     ui = api.removesuffix("/api")
     shoot(f"{ui}/runs/flow-run/{run}", args.out / "prefect-flow-run.png")
-    port = free_port()
-    mlflow_ui = subprocess.Popen([*ZHPIPE, "ui", "--port", str(port)], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    mlflow_ui = subprocess.Popen([*ZHPIPE, "ui"], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
     try:
         printed = ""
-        while not printed.startswith("MLflow UI on"):  # printed once the UI answers
+        while not printed.startswith("MLflow UI on"):  # printed once the UI answers, with the login
             printed = mlflow_ui.stdout.readline()
             if not printed and mlflow_ui.poll() is not None:
                 raise SystemExit("zhpipe ui exited before it answered")
         url = printed.split(" on ")[1].split()[0]
-        shoot(url, args.out / "mlflow-runs.png")
+        user, password = printed.split("(log in as ")[1].split(";")[0].split(", password ")
+        base = url.split("/zhpipe/")[0]
+        proxy, address = header_proxy(base, user, password)
+        try:
+            shoot(address + url.removeprefix(base), args.out / "mlflow-runs.png")
+        finally:
+            proxy.shutdown()
     finally:
         mlflow_ui.terminate()
         mlflow_ui.wait(timeout=30)
-
 
 if __name__ == "__main__":
     main()

@@ -224,9 +224,10 @@ def cmd_ui(args) -> int:
     if not any(e.name == "zhpipe" for e in entry_points(group="mlflow.app")):
         raise ZhpipeError("ui: zhpipe's MLflow app is not installed (it asks for the project's credentials and refuses "
                           "writes); install zhpipe (`pip install -e .` in a checkout) and try again")
+    args.port = project.ui_port(args.port)  # the project's own (recorded: its links point there), or the given one
     if not _port_free(args.host, args.port):
         raise ZhpipeError(f"ui: port {args.port} on {args.host} is already in use (another server answers there); "
-                          f"choose another with `zhpipe ui --port N`")
+                          f"choose another with `zhpipe ui --port N` (the project's links then point there)")
     project.ensure_prefect_home()
     private_store()
     auth = private.credentials()
@@ -291,7 +292,8 @@ def add_parsers(sub) -> None:
     storage_arg(predict)
     predict.set_defaults(handler=cmd_predict)
     ui = sub.add_parser("ui", help="start the MLflow UI on the project's tracking store")
-    ui.add_argument("--port", type=int, default=5000, help="the port to serve on (default 5000)")
+    ui.add_argument("--port", type=int, help="the port to serve on, recorded as the project's (default: the "
+                    "project's own, drawn once from 5100-5899 and kept; alert and report links point to it)")
     ui.add_argument("--host", default="127.0.0.1", help="the address to serve on (default "
                     "127.0.0.1: this machine only)")
     ui.set_defaults(handler=cmd_ui, needs=Needs(space=True))

@@ -29,7 +29,8 @@ def arrived(run: RunContext, results: dict[str, StageResult]) -> list[dict]:
     rows = [{"partition": unit.stage.part or "(corpus)", "cache": "built" if unit.cache == "miss" else "reused",
              **_counts(unit.metrics)} for unit in units]
     for judged in [j for j in run.gate.judged if j.held] if run.gate else ():  # cleaned, then held: its quarantine too
-        rows.append({"partition": judged.name, "cache": "held out", **_counts(judged.metrics), "rows_in": judged.rows_in})
+        rows.append({"partition": judged.name, "cache": "held out", **_counts(judged.metrics),
+                     "rows_in": judged.rows_in})
     return rows
 
 

@@ -4,6 +4,7 @@ projects and writes nowhere else. Found from the current directory upwards, or g
 `ZHPIPE_PROJECT`)."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shlex
@@ -132,6 +133,42 @@ def ensure_prefect_home() -> Path:
     if not home.is_dir():
         home.mkdir(mode=0o700, parents=True, exist_ok=True)
     return home
+
+
+UI_PORTS = (5100, 5899)  # where a project's `zhpipe ui` port is drawn from (MLflow's default 5000 stays free)
+
+
+def ui_port(chosen: int | None = None) -> int:
+    """The project's MLflow UI port, the same for `zhpipe ui` and every link an alert or report prints: ZHPIPE_UI_PORT
+    when set; else `chosen` (`zhpipe ui --port`), recorded; else the recorded one; else drawn from UI_PORTS by a hash
+    of the project folder (the next free one if another server holds it) and recorded, so that it stays."""
+    import hashlib
+    import socket
+
+    from tasks.util.private import write_atomic
+
+    if os.environ.get("ZHPIPE_UI_PORT", "").isdigit():
+        return int(os.environ["ZHPIPE_UI_PORT"])
+    record = current().prefect_home / "zhpipe-ui-port"
+    if chosen is None:
+        try:
+            return int(record.read_text(encoding="utf-8").strip())
+        except (OSError, ValueError):
+            pass
+        lo, hi = UI_PORTS
+        first = int(hashlib.sha256(str(current().root.resolve()).encode()).hexdigest(), 16) % (hi - lo + 1)
+        for step in range(hi - lo + 1):
+            chosen = lo + (first + step) % (hi - lo + 1)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", chosen))
+                    break
+                except OSError:
+                    continue
+    with contextlib.suppress(OSError):  # a read-only project still serves; its links then follow the hash
+        ensure_prefect_home()
+        write_atomic(record, f"{chosen}\n")
+    return chosen
 
 
 def current() -> Project:

@@ -154,7 +154,6 @@ def _forget_stores() -> None:
 _EXPERIMENTS: dict[tuple[str, str], str] = {}
 
 
-UI_URL = "http://127.0.0.1:5000"  # where `zhpipe ui` serves MLflow by default (ZHPIPE_MLFLOW_UI changes it)
 
 
 # MLflow 3's UI opens in its GenAI view unless the browser chose otherwise (localStorage mlflow.workflowType);
@@ -183,7 +182,11 @@ def ui_base() -> str:
     from tasks.util.urls import redact
 
     team = tracking_server()
-    return (os.environ.get("ZHPIPE_MLFLOW_UI") or (redact(team) if team else None) or UI_URL).rstrip("/")
+    if os.environ.get("ZHPIPE_MLFLOW_UI") or team:
+        return (os.environ.get("ZHPIPE_MLFLOW_UI") or redact(team)).rstrip("/")
+    from flows.plan.project import ui_port
+
+    return f"http://127.0.0.1:{ui_port()}"
 
 
 def home_url(base: str, opener: bool = False) -> str:
