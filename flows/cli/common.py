@@ -120,8 +120,11 @@ def console():
 
 
 def number(value: float) -> str:
-    """A metric as people read it: whole numbers with thousands separators, others to 4 significant digits."""
-    return f"{int(value):,}" if float(value).is_integer() else f"{value:.4g}"
+    """A metric as people read it: whole numbers with thousands separators, scores (below 1) to 4 decimals as every
+    table shows them (0.8880, not 0.888), others to 4 significant digits."""
+    if float(value).is_integer():
+        return f"{int(value):,}"
+    return f"{value:.4f}" if abs(value) < 1 else f"{value:.4g}"
 
 
 def cell(value) -> str:

@@ -211,14 +211,23 @@ def _served(proc, local: str, auth: str, port: int, timeout: float = 120) -> Non
                           f"its lines above say why")
 
 
+# deprecation warnings MLflow's server prints at every start (starlette's WSGI middleware, an SQLAlchemy loader)
+THIRD_PARTY_WARNINGS = ("ignore:starlette.middleware.wsgi is deprecated", "ignore:The ``noload`` loader strategy")
+
+
 def cmd_ui(args) -> int:
     """MLflow's server over the project's store, for its owner only: the project's credentials on every request and
     no writes (flows.track.ui). Fails in one line when it cannot serve on its port."""
     import subprocess
     from importlib.metadata import entry_points
 
+    import warnings
+
     from flows.plan import private, project
     from flows.track.tracker import home_url, private_store, tracking_uri
+
+    for rule in THIRD_PARTY_WARNINGS:  # this process imports MLflow's app too (flows.track.ui)
+        warnings.filterwarnings("ignore", message=rule.split(":", 1)[1])
     from flows.track.ui import AUTH_FILE
 
     if not any(e.name == "zhpipe" for e in entry_points(group="mlflow.app")):
@@ -239,6 +248,8 @@ def cmd_ui(args) -> int:
     # MLflow's job runner serves GenAI jobs (prompt optimisation, scorers) that zhpipe never submits: left on, it starts
     # eight more Python processes (a runner and seven huey consumers) that double the start-up time and the memory
     env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ, AUTH_FILE: str(private.credentials_file())}
+    # MLflow's own imports warn of what its maintainers must replace, not the user: not printed on every start
+    env["PYTHONWARNINGS"] = ",".join(filter(None, [env.get("PYTHONWARNINGS"), *THIRD_PARTY_WARNINGS]))
     proc = subprocess.Popen(cmd, env=env)
 
     def stop(*_):  # a terminated `zhpipe ui` takes its server (and MLflow's workers) with it

@@ -1,6 +1,7 @@
 """`zhpipe run`, `status` and `tune`: build a pipeline (or a study of one model), and see what a run would build."""
 from __future__ import annotations
 
+import argparse
 import os
 import shlex
 import time
@@ -151,6 +152,13 @@ def _unit_metric(metrics: dict, headline: str | None) -> str | None:
                                                                        if k.startswith(("test_", "val_"))), None)
 
 
+class _DryRun(argparse.Action):
+    """`zhpipe run --dry-run`: the run's plan, as `zhpipe status` shows it (no server started, nothing built)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        namespace.handler, namespace.needs = cmd_status, Needs(warm=True)
+
+
 def cmd_status(args) -> int:
     from rich.table import Table
 
@@ -235,6 +243,8 @@ def add_parsers(sub) -> None:
                      help="exit 4 when the run completed but one of these happened: held (a data check held a "
                      "partition out), warned (a check warned), kept-worse (the new model is worse than the champion "
                      "beyond the noise); `none`: exit 0 (default: held,kept-worse, or ZHPIPE_FAIL_ON)")
+    run.add_argument("--dry-run", nargs=0, action=_DryRun, help="build nothing: say what a run would build and why "
+                     "(what `zhpipe status` says)")
     run.set_defaults(handler=cmd_run, needs=replace(BUILDS, warm=True, leaves_warm=True))
     status = sub.add_parser("status", help="show each stage as cached, stale or missing")
     pipeline_args(status)

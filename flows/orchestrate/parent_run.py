@@ -118,9 +118,11 @@ def finish_run(run: RunContext, results: dict[str, StageResult], ok: bool) -> No
     if source is not None:  # what `zhpipe runs` shows a nightly user: rows read, and for partitions those new tonight
         counts = {"rows_read": source.rows or 0}
         if source.parts:
-            units = [u for r in results.values() for name, u in r.parts.items() if ":" in name]  # partition units
-            counts |= {"partitions_hit": sum(u.cache == "hit" for u in units),
-                       "partitions_miss": sum(u.cache == "miss" for u in units),
+            # files (the source stage's partition units), not stage units: a file with any unit built was built
+            units = [u for r in results.values() for name, u in r.parts.items() if ":" in name]
+            built = {u.stage.part for u in units if u.cache == "miss"}
+            counts |= {"partitions_hit": sum(u.stage.part not in built for u in source.parts.values()),
+                       "partitions_miss": sum(u.stage.part in built for u in source.parts.values()),
                        "rows_new": sum(u.rows or 0 for u in source.parts.values() if u.cache == "miss")}
         parent.metrics(counts)
     splits = kind.splits(results)

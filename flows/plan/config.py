@@ -353,7 +353,19 @@ def _parse(name: str, config_file: Path, overrides, source_overrides) -> Pipelin
     try:
         return model.model_validate(raw)
     except ValidationError as e:
-        raise ConfigError(_describe(e, f"{config_file} pipeline '{name}'", model)) from e
+        raise ConfigError(_describe(e, _blamed(e, overrides) or f"{config_file} pipeline '{name}'", model)) from e
+
+
+def _blamed(err: ValidationError, overrides: list[str]) -> str | None:
+    """`--set KEY=VALUE` when the first error is in what that override set (a typo on the command line is not the
+    file's fault); None when it is in the file."""
+    loc = tuple(str(p) for p in err.errors()[0]["loc"])
+    for assignment in overrides:
+        parts = tuple(assignment.split("=", 1)[0].strip().split("."))
+        path = parts if parts[0] == "source" else ("stages", *parts)
+        if loc[:len(path)] == path or path[:len(loc)] == loc:
+            return f"--set {assignment}"
+    return None
 
 
 def list_pipelines(config_file: Path | str) -> dict[str, str]:

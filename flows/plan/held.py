@@ -97,6 +97,11 @@ def accepted(record: dict[str, Any], name: str, digest: str) -> bool:
 def hold(identity: str, digests: dict[str, str], names: list[str]) -> list[str]:
     """Take partitions that passed out of the corpus by hand (`digests`: every partition of the source, name -> its
     digest now); the next run plans without them, their rows stay in the store, `accept` puts them back."""
+    already = [n for n in names if n in held(identity)]
+    if already:
+        entry = held(identity)[already[0]]
+        raise ZhpipeError(f"hold: {already[0]!r} is already held out (since {entry.get('at', '?')}: "
+                          f"{entry.get('line', entry.get('check', ''))}); `zhpipe accept` puts it back")
     unknown = [n for n in names if n not in digests]
     if unknown or not names:
         raise ZhpipeError(f"hold: {unknown[0]!r} is not a partition of pipeline '{identity}'" if unknown

@@ -13,7 +13,9 @@ STAGES = graph(
     Stage("clean", ("download",), "tasks.classification.clean",
           "NFKC, strip HTML/URLs/control chars, optional t2s; quarantine empty/short/long/duplicate rows",
           "rows_dropped", (Output("data.parquet", "frame"),), partitioned=True, cumulative=True, checked=True),
-    Stage("split", ("clean",), "tasks.classification.split", "stratified, seeded train/validation/test split",
+    Stage("split", ("clean",), "tasks.classification.split",
+          "seeded train/validation/test split by a hash of each text (a row keeps its split as the corpus grows; "
+          "split.method: permutation cuts each class by the fractions)",
           "rows_test", (SPLITS,), partitioned=True),
     SEGMENT,
     Stage("profile", ("segment",), "tasks.classification.profile",

@@ -165,13 +165,18 @@ def plot_labels(per_split: dict[str, Counter], labels: list[str], path: Path) ->
     from tasks.util.plots import save, subplots
 
     counts = pd.DataFrame({s: pd.Series(c, dtype="int64").reindex(labels, fill_value=0) for s, c in per_split.items()})
-    fig, ax = subplots(figsize=(6, 3.6))
+    # the category names' room: a CJK character is as wide as two Latin ones; names that would overlap on a wide
+    # figure are slanted
+    room = sum(2 * len(str(x)) if any(ord(ch) > 0x2E80 for ch in str(x)) else len(str(x)) for x in labels)
+    fig, ax = subplots(figsize=(min(14.0, max(6.0, 0.12 * room + 1.2 * len(labels))), 3.6))
     width = 0.8 / len(counts.columns)
     for i, split in enumerate(counts.columns):
         bars = ax.bar(np.arange(len(labels)) + i * width, counts[split], width, label=split)
         ax.bar_label(bars, fontsize=7)
-    ax.set(xticks=np.arange(len(labels)) + width * (len(counts.columns) - 1) / 2, xticklabels=labels,
-           ylabel="texts", title="labels per split")
+    ax.set(xticks=np.arange(len(labels)) + width * (len(counts.columns) - 1) / 2, ylabel="texts",
+           title="labels per split")
+    slanted = room > 60
+    ax.set_xticklabels(labels, rotation=30 if slanted else 0, ha="right" if slanted else "center")
     ax.legend()
     return save(fig, path)
 

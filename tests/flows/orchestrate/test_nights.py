@@ -51,6 +51,8 @@ def test_a_broken_labeller_night_is_held_out_and_put_back_by_accept(nights, capl
     assert stages["download"]["rows"] == 200 and stages["clean"]["metrics"]["partitions"] == 1  # trained on night 1 only
     record = held.held("nights")
     assert list(record) == ["2026-12-02.csv"] and record["2026-12-02.csv"]["check"] == "labels"
+    with pytest.raises(ZhpipeError, match=r"hold: '2026-12-02.csv' is already held out \(since .*check labels FAILED"):
+        held.hold("nights", {"2026-12-01.csv": "x"}, ["2026-12-02.csv"])  # not "is not a partition"
 
     run = mlflow.MlflowClient().get_run(out["parent_run_id"])
     assert run.data.tags["zhpipe.checks"].startswith("1 held") and run.data.tags["zhpipe.champion"] == "yes"

@@ -143,8 +143,11 @@ def test_a_misspelt_key_gets_a_suggestion():
     from flows.plan.config import load_pipeline
     from tasks.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"unknown key 'stages.train.epoch' \(did you mean 'epochs'\? allowed keys: models, epochs"):
-        load_pipeline("smoke", overrides=["train.epoch=2"])
+    with pytest.raises(ConfigError, match=r"^--set train.epoch=2: unknown key 'stages.train.epoch' \(did you mean 'epochs'\? "
+                       r"allowed keys: models, epochs"):
+        load_pipeline("smoke", overrides=["train.epoch=2"])  # the command line's typo, not the file's
+    with pytest.raises(ConfigError, match=r"^--set train.budget=soon: 'stages.train.budget': Value error, a budget"):
+        load_pipeline("smoke", overrides=["train.budget=soon"])
 
 
 def test_debug_goes_before_or_after_the_command(capsys):
