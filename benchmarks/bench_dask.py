@@ -50,26 +50,26 @@ def child(mode: str, src: str, dst: str, chunk_rows: int, workers: int) -> None:
     """One measured segmentation in this (fresh) process; prints a JSON line."""
     from prefect import flow
 
-    from flows.orchestrate.chunks import DaskRunner, shutdown
+    from flows.pools.chunks import DaskPool, shutdown
     from tasks.shared.segment import Params as SegmentConfig
     from tasks.shared.segment import segment_file
-    from tasks.util.pool import Runner, peak_rss_mb
+    from tasks.util.pool import ChunkPool, peak_rss_mb
 
     @flow(name="bench-dask-warmup")
     def warmup():  # starts Prefect's temporary server outside the timed part
         return 1
 
     warmup()
-    runner = DaskRunner("local", workers) if mode == "dask" else Runner(1 if mode == "single" else workers)
+    pool = DaskPool("local", workers) if mode == "dask" else ChunkPool(1 if mode == "single" else workers)
     t0 = time.perf_counter()
-    counts = segment_file(Path(src), Path(dst), SegmentConfig(chunk_rows=chunk_rows), runner, ROOT, desc=mode)
+    counts = segment_file(Path(src), Path(dst), SegmentConfig(chunk_rows=chunk_rows), pool, ROOT, desc=mode)
     seconds = time.perf_counter() - t0
     shutdown()
     per_process: dict[int, float] = {}
-    for r in runner.ran_on:
+    for r in pool.ran_on:
         per_process[r["pid"]] = max(per_process.get(r["pid"], 0.0), r["max_rss_mb"])
     print(json.dumps({
-        "mode": mode, "seconds": seconds, "rows": counts["rows"], "chunks": len(runner.ran_on),
+        "mode": mode, "seconds": seconds, "rows": counts["rows"], "chunks": len(pool.ran_on),
         "segmenting_processes_max_rss_mb": sorted(round(v, 1) for v in per_process.values()),
         "driver_max_rss_mb": round(peak_rss_mb(), 1),
     }))

@@ -47,7 +47,7 @@ def bench_segmentation(repeat: int, rounds: int, backend: str = "jieba-rs") -> d
     """Stage logic vs a single-process loop of the same backend's cut, alternating, on the same texts."""
     from tasks.shared.segment import segment_file, worker_count
     from tasks.util.io import write_parquet
-    from tasks.util.pool import Runner
+    from tasks.util.pool import ChunkPool
     from tasks.util.segmenter import Segmenter
 
     texts = pd.read_csv(ROOT / "data" / "raw" / "ChnSentiCorp_htl_all.csv")["review"].fillna("").astype(str).tolist() * repeat
@@ -60,7 +60,7 @@ def bench_segmentation(repeat: int, rounds: int, backend: str = "jieba-rs") -> d
     stage, loop = [], []
     for r in range(rounds):
         t0 = time.perf_counter()
-        segment_file(src, dst, params, Runner(worker_count(params, len(texts))), ROOT)
+        segment_file(src, dst, params, ChunkPool(worker_count(params, len(texts))), ROOT)
         stage.append(time.perf_counter() - t0)
         out = {"words": pd.read_parquet(dst, columns=["words"])["words"].tolist()}
         t0 = time.perf_counter()

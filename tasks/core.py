@@ -11,7 +11,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict
 
 from tasks.util.io import sorted_labels
-from tasks.util.pool import Runner
+from tasks.util.pool import ChunkPool
 
 
 class Section(BaseModel):
@@ -155,7 +155,7 @@ class BuildContext:
     scratch: Path | None = None  # survives a killed build of the same key (checkpoints to resume from)
     pipeline: str = ""
     root: Path = field(default_factory=Path.cwd)  # the project folder: relative paths in params start here
-    runner: Callable[..., Runner] = Runner  # chunk runners: runner(workers) -> Runner (local, or Dask from flows)
+    pool: Callable[..., ChunkPool] = ChunkPool  # chunk pools: pool(workers) -> ChunkPool (local, or Dask from flows)
     sink: MetricSink | None = None  # per-epoch curves while training
     stages: Any = None  # every stage's section of the pipeline, read-only (augment segments as segment does)
     source: Any = None  # the pipeline's source (download)

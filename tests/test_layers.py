@@ -187,3 +187,41 @@ def test_the_model_check_finds_a_planted_import(tmp_path):
     (tmp_path / "tasks" / "ner" / "tagging.py").write_text("")
     (tmp_path / "tasks" / "models" / "crf.py").write_text("def f():\n    from tasks.ner.tagging import tag_set\n")
     assert _models_into_kinds(tmp_path, ("ner",)) == ["tasks.models.crf -> tasks.ner.tagging"]
+
+
+# flows/' rooms from the bottom up: a module imports its own room and those below it, never one above
+ROOMS = (("flows.needs", "flows.plan"), ("flows.pools",), ("flows.track",), ("flows.orchestrate",), ("flows.cli", "flows.api"))
+
+
+def _upward(root: Path) -> list[str]:
+    """`a -> b` for each import of a module in a room above the importer's (the runtime, beside them, is checked by the
+    entry-point test; what it imports of the CLI is listed by `_runtime_into_cli`)."""
+    def level(name: str) -> int | None:
+        return next((i for i, room in enumerate(ROOMS) for top in room if name == top or name.startswith(top + ".")), None)
+
+    graph = _graph(root)
+    return sorted(f"{name} -> {m}" for name, deps in graph.items() if level(name) is not None
+                  for m in deps if level(m) is not None and level(m) > level(name))
+
+
+def _runtime_into_cli(root: Path) -> list[str]:
+    graph = _graph(root)
+    return sorted(f"{name} -> {m}" for name, deps in graph.items() if name.startswith(RUNTIME + ".")
+                  for m in deps if m == ENTRY or m.startswith(ENTRY + "."))
+
+
+def test_the_rooms_import_downwards_only():
+    """track never imports orchestrate (the chunk pools and the cross-machine locks it shares with orchestrate live in
+    flows/pools below both), the commands' declared needs live below the CLI and the runtime (flows/needs.py), and of
+    the CLI the runtime imports only what the warm process's fork runs: the CLI itself."""
+    assert _upward(ROOT) == []
+    assert _runtime_into_cli(ROOT) == ["flows.runtime.warm -> flows.cli", "flows.runtime.warm -> flows.cli.ending"]
+
+
+def test_the_room_check_finds_a_planted_upward_import(tmp_path):
+    for folder in ("flows/track", "flows/orchestrate", "flows/plan", "tasks"):
+        (tmp_path / folder).mkdir(parents=True)
+    (tmp_path / "flows" / "orchestrate" / "chunks.py").write_text("from flows.track import x\n")
+    (tmp_path / "flows" / "track" / "x.py").write_text("def f():\n    from flows.orchestrate.chunks import pool\n")
+    (tmp_path / "flows" / "plan" / "keys.py").write_text("import flows.track.x\n")
+    assert _upward(tmp_path) == ["flows.plan.keys -> flows.track.x", "flows.track.x -> flows.orchestrate.chunks"]

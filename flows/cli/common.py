@@ -3,41 +3,11 @@ they print to."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
 from pathlib import Path
 
+from flows.needs import BUILDS, Needs  # noqa: F401 - declared below the rooms, used by every command
 from flows.plan import project
 from tasks.errors import ZhpipeError
-
-
-@dataclass(frozen=True)
-class Needs:
-    """What a command needs before it runs, declared with its parser (`set_defaults(needs=Needs(...))`) and provided by
-    the entry point (flows/cli/__init__.py, with the runtime in flows/runtime); a command that declares nothing needs
-    its project folder only."""
-
-    project: bool = True  # a project folder (`init` makes one)
-    space: bool = False  # it writes: free disk space is checked first
-    server: str = ""  # "use": the project's running background Prefect server; "start": start one when none runs
-    warm: bool = False  # short-lived, reads a pipeline: handed to the warm process when one runs
-    leaves_warm: bool = False  # leaves a warm process beside the server for the next commands
-    watched: bool = False  # the background server lost mid-way stops it in one line
-    prefect: bool = False  # Prefect's loggers set up (tracebacks of zhpipe's own errors quieted)
-    keeps: str = ""  # what an interrupted command leaves for the next (said on Ctrl-C and when the server is lost)
-
-    def of(self, args) -> "Needs":
-        """These needs for one invocation: a command run on Dask talks to the Prefect server and is never handed
-        over."""
-        from dataclasses import replace
-
-        if not getattr(args, "dask", None):
-            return self
-        return replace(self, server=self.server or "use", warm=False, prefect=True)
-
-
-BUILDS = Needs(space=True, server="start", watched=True, prefect=True,
-               keeps="the stages it finished are kept in the store (and a model's checkpoints), so the next `zhpipe "
-               "run` reuses them")
 
 
 def version() -> str:

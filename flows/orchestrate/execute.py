@@ -12,10 +12,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
-from flows.orchestrate.chunks import runner_for
+from flows.pools.chunks import pool_for
 from flows.orchestrate.gate import Gate
 from flows.orchestrate.tracking import UnitTracking
-from flows.orchestrate.workers import global_slot
+from flows.pools.slots import global_slot
 from flows.plan import project
 from flows.plan.config import PipelineConfig
 from flows.plan.keys import unit_params
@@ -245,7 +245,7 @@ class RunContext:
             scratch=scratch,
             pipeline=self.config.name,
             root=project.current().root,
-            runner=runner_for(self.executor, self.store.remote_url),
+            pool=pool_for(self.executor, self.store.remote_url),
             sink=hooks.sink,
             stages=self.config.stages,
             source=self.config.source if not part else partition_source(self.config, part),

@@ -14,7 +14,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.utilities.annotations import quote
 
 from flows.orchestrate import night
-from flows.orchestrate.chunks import shutdown as shutdown_cluster
+from flows.pools.chunks import shutdown as shutdown_cluster
 from flows.orchestrate.execute import RunContext, StageResult
 from flows.orchestrate.guard import check_run
 from flows.orchestrate.model_stages import run_model_stage

@@ -1,12 +1,13 @@
 """What pipeline runs on several machines share through the Prefect server: the deployment that trains on
-another work pool, and locks (global concurrency limits of 1) that span machines: the GPU slot each
-training holds, and the per-key lock of a stage store on an object store."""
+another work pool, and the GPU slot each training holds (a global concurrency limit of 1, flows/pools/slots.py)."""
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
 import socket
+
+from flows.pools.slots import global_slot
 
 log = logging.getLogger("zhpipe")
 
@@ -22,28 +23,6 @@ GPU_SLOT_PREFIX = "zhpipe-gpu-"
 def gpu_slot_name() -> str:
     """One global concurrency limit per worker machine (ZHPIPE_GPU_SLOT overrides, e.g. one per GPU)."""
     return os.environ.get("ZHPIPE_GPU_SLOT") or GPU_SLOT_PREFIX + socket.gethostname()
-
-
-@contextlib.contextmanager
-def global_slot(name: str, waiting: str):
-    """Hold a Prefect global concurrency limit of 1 (created on first use): a lock every machine that reaches
-    the Prefect server shares. Logs `waiting` when another holder has it."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
-    from prefect.concurrency.sync import concurrency
-    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
-
-    with get_client(sync_client=True) as client:
-        try:
-            limit = client.read_global_concurrency_limit_by_name(name)
-        except ObjectNotFound:
-            with contextlib.suppress(ObjectAlreadyExists):
-                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
-        else:
-            if limit.active_slots:
-                log.info("%s", waiting)
-    with concurrency(name, occupy=1, strict=True):
-        yield
 
 
 @contextlib.contextmanager

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from flows.cli.common import Needs
+from flows.needs import Needs
 from flows.plan import private
 from flows.runtime import handover, server
 

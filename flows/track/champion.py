@@ -260,7 +260,7 @@ def _registry_lock(name: str):
     folder.mkdir(parents=True, exist_ok=True)
     with FileLock(folder / f"registry-{name}.lock"):
         if os.environ.get("PREFECT_API_URL"):
-            from flows.orchestrate.workers import global_slot
+            from flows.pools.slots import global_slot
 
             with global_slot(f"zhpipe-registry-{name}", f"registry: another run is deciding the {name} "
                              f"champion; waiting"):

@@ -222,14 +222,14 @@ def predict_distributed(uri: str, df: pd.DataFrame, text_column: str, executor: 
     row groups, each worker loads the model once and labels the chunks it is given."""
     import tempfile
 
-    from flows.orchestrate.chunks import DaskRunner, shutdown
+    from flows.pools.chunks import DaskPool, shutdown
     from tasks.util.io import chunk_plan, write_parquet
 
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "texts.parquet"
         write_parquet(df[[text_column]], src, row_group_rows=chunk_rows)
         try:
-            parts = list(DaskRunner(executor).map(predict_chunk, chunk_plan(src, chunk_rows),
+            parts = list(DaskPool(executor).map(predict_chunk, chunk_plan(src, chunk_rows),
                                                   {"uri": uri, "text_column": text_column}, desc="predict"))
         finally:
             shutdown()

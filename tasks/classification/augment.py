@@ -20,7 +20,7 @@ from tasks.classification.backtranslation import BackTranslationParams
 from tasks.core import BuildContext, BuildOutput, Facts
 from tasks.errors import ConfigError, DataError
 from tasks.util.io import ROW_GROUP_ROWS, PartWriter, Rows, TextSet, chunk_plan, write_parquet
-from tasks.util.pool import Runner
+from tasks.util.pool import ChunkPool
 from tasks.util.segmenter import SegmenterParams
 
 # what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that shape
@@ -106,9 +106,9 @@ def stream_augment(src: Rows, ctx: AugmentContext, out: Path) -> tuple[int, int,
     metrics: dict[str, float] = {"filtered_heldout": 0}
     added, sample = 0, []
     chunked = CHUNKED.get(ctx.params.method)
-    parts = (ctx.runner.map(chunked[0], chunk_plan(src.path, CHUNK_ROWS), chunked[1](ctx.params),
+    parts = (ctx.pool.map(chunked[0], chunk_plan(src.path, CHUNK_ROWS), chunked[1](ctx.params),
                             desc=ctx.params.method)
-             if chunked and ctx.runner is not None else
+             if chunked and ctx.pool is not None else
              (AUGMENTERS[ctx.params.method](batch, ctx).rows for batch in src.batches()))
     for new in parts:
         if not len(new):
@@ -139,8 +139,8 @@ def build(ctx: BuildContext) -> BuildOutput:
     src = Rows(ctx.file("segment", "train.parquet"))
     heldout = TextSet.of(b["text"] for split in ("validation", "test")
                          for b in Rows(ctx.file("segment", f"{split}.parquet")).batches(["text"]))
-    runner = ctx.runner(1 if ctx.runner is Runner else 0)  # local: one process; Dask: every worker
-    actx = AugmentContext(ctx.params, segment, cache_file, heldout, runner, src.path, ctx.root,
+    pool = ctx.pool(1 if ctx.pool is ChunkPool else 0)  # local: one process; Dask: every worker
+    actx = AugmentContext(ctx.params, segment, cache_file, heldout, pool, src.path, ctx.root,
                           ctx.store.registered if ctx.store else None)
     tables = {}
     if ctx.params.method in STREAMED:

@@ -12,7 +12,7 @@ from pydantic import Field
 
 from tasks.core import Section
 from tasks.util.io import Chunk, TextSet, chunk_plan, read_chunk
-from tasks.util.pool import Runner
+from tasks.util.pool import ChunkPool
 from tasks.util.segmenter import SegmenterParams
 
 CHUNK_ROWS = 5000
@@ -41,7 +41,7 @@ class AugmentContext:
     segment: SegmenterParams  # to segment new texts exactly as the segment stage did
     cache_file: Path  # persistent translation cache, shared across runs and corpora
     heldout: TextSet = field(default_factory=TextSet)  # validation and test texts (digests): never enter training
-    runner: Runner | None = None  # row-wise augmenters map chunks of `source` on it (processes or Dask)
+    pool: ChunkPool | None = None  # row-wise augmenters map chunks of `source` on it (processes or Dask)
     source: Path | None = None  # the train split's Parquet file
     root: Path = field(default_factory=Path.cwd)  # the project folder (relative dictionary and model paths)
     registered: Any = None  # uri -> (models:/<name>/<version>, local folder): registered translators (backend zhpipe)
@@ -104,8 +104,8 @@ def eda_words(words: list[str], params: EdaParams, rng: random.Random) -> list[s
 def eda(train: pd.DataFrame, ctx: AugmentContext) -> Augmented:
     """`num_aug` EDA variants per row; each row's RNG is seeded from (seed, row id), so output is deterministic
     and the same whether the rows are augmented at once or chunk by chunk."""
-    if ctx.runner is not None and ctx.source is not None:
-        parts = list(ctx.runner.map(eda_chunk, chunk_plan(ctx.source, CHUNK_ROWS), eda_json(ctx.params), desc="eda"))
+    if ctx.pool is not None and ctx.source is not None:
+        parts = list(ctx.pool.map(eda_chunk, chunk_plan(ctx.source, CHUNK_ROWS), eda_json(ctx.params), desc="eda"))
         rows = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
     else:
         rows = eda_rows(train, ctx.params)

@@ -25,7 +25,7 @@ from tasks.util.io import (
     sorted_labels,
     text_digests,
 )
-from tasks.util.pool import Runner
+from tasks.util.pool import ChunkPool
 
 # what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)
@@ -190,10 +190,10 @@ def _normalise_pass(ctx: BuildContext, src: Path, rows_in: int, tmp: Path,
     """(1): every chunk normalised into `tmp/normalised.parquet`, and the id, digest and label of each row not
     quarantined yet into its hash partition (when deduplicating)."""
     partitions = partition_count(rows_in)
-    runner = ctx.runner(ctx.params.workers if ctx.runner is Runner else 0)
+    pool = ctx.pool(ctx.params.workers if ctx.pool is ChunkPool else 0)
     normalised = PartWriter(tmp / "normalised.parquet", ROW_GROUP_ROWS)
     parts = [PartWriter(tmp / f"partition-{i}.parquet") for i in range(partitions)]
-    for table in runner.tables(normalise_chunk, chunk_plan(src, CHUNK_ROWS) if rows_in else [],
+    for table in pool.tables(normalise_chunk, chunk_plan(src, CHUNK_ROWS) if rows_in else [],
                                ctx.params.model_dump_json(), desc="clean"):
         normalised.write(table if ctx.partition is not None else table.drop_columns(["h1", "h2"]))
         if ctx.params.dedupe:

@@ -16,7 +16,7 @@ from pydantic import Field
 
 from tasks.core import BuildContext, BuildOutput
 from tasks.util.io import SPLITS, Chunk, PartWriter, chunk_plan, read_chunk
-from tasks.util.pool import Runner
+from tasks.util.pool import ChunkPool
 from tasks.util.segmenter import Segmenter, SegmenterParams
 
 # what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that shape
@@ -58,10 +58,10 @@ def worker_count(params: Params, rows: int) -> int:
     return max(1, min(wanted, -(-rows // params.chunk_rows)))
 
 
-def segment_file(src: Path, dst: Path, params: Params, runner: Runner, root: Path,
+def segment_file(src: Path, dst: Path, params: Params, pool: ChunkPool, root: Path,
                  desc: str = "segment") -> dict[str, float]:
     """Segment one Parquet file chunk by chunk into `dst`; returns its row and word counts."""
-    tables = runner.tables(segment_chunk, chunk_plan(src, params.chunk_rows), _chunk_params(params, root), desc=desc)
+    tables = pool.tables(segment_chunk, chunk_plan(src, params.chunk_rows), _chunk_params(params, root), desc=desc)
     return write_segments(tables, src, dst)
 
 
@@ -92,14 +92,14 @@ def build(ctx: BuildContext) -> BuildOutput:
     sources = {name: ctx.file("split", f"{name}.parquet") for name in SPLITS}
     plans = {name: chunk_plan(src, ctx.params.chunk_rows) for name, src in sources.items()}
     rows = sum(c.rows for chunks in plans.values() for c in chunks)
-    runner = ctx.runner(worker_count(ctx.params, rows))
-    tables = runner.tables(segment_chunk, [c for name in SPLITS for c in plans[name]],
+    pool = ctx.pool(worker_count(ctx.params, rows))
+    tables = pool.tables(segment_chunk, [c for name in SPLITS for c in plans[name]],
                            _chunk_params(ctx.params, ctx.root))
     metrics = {}
     with closing(tables):
         for name in SPLITS:  # chunks come back in order: each split takes its own count of them
             counts = write_segments(islice(tables, len(plans[name])), sources[name], ctx.out / f"{name}.parquet")
             metrics[f"{name}_mean_words"] = counts["words"] / max(counts["rows"], 1)
-    metrics["workers"] = runner.workers
-    metrics["chunk_processes"] = len({(r["host"], r["pid"]) for r in runner.ran_on})
+    metrics["workers"] = pool.workers
+    metrics["chunk_processes"] = len({(r["host"], r["pid"]) for r in pool.ran_on})
     return BuildOutput(rows=rows, metrics=metrics)

@@ -1,6 +1,6 @@
 """Files and chunks: a Parquet file is cut into chunks (slices of its row groups), a function maps each chunk
-to a frame in this process or on a local process pool (`Runner`; the orchestration layer adds a Dask
-runner with the same interface), and the frames are written back in order, one row group each. Whichever
+to a frame in this process or on a local process pool (`ChunkPool`; the orchestration layer adds a Dask
+pool with the same interface), and the frames are written back in order, one row group each. Whichever
 runs the chunks, the output file is byte-identical. Also the atomic-write and hashing helpers.
 
 Memory: a chunk is read from its own row group, so a worker holds one chunk, never the corpus; the driver

@@ -1,5 +1,5 @@
 """Chunked work on this machine: a process pool that runs a chunk function over a file's chunks (in order,
-a bounded window at a time) and reports each worker's peak memory; flows/orchestrate/chunks.py runs the same
+a bounded window at a time) and reports each worker's peak memory; flows/pools/chunks.py runs the same
 chunks on Dask."""
 from __future__ import annotations
 
@@ -43,9 +43,9 @@ def call(fn: Callable, chunk: Chunk, params: Any) -> tuple[pa.Table, dict[str, A
     return pa.Table.from_pandas(fn(chunk, params), preserve_index=False), _worker_info()
 
 
-class Runner:
+class ChunkPool:
     """Runs chunk functions in this process (`workers=1`) or on a local process pool; the orchestration
-    layer's Dask runner overrides `_results` to run them on a cluster."""
+    layer's Dask pool overrides `_results` to run them on a cluster."""
 
     def __init__(self, workers: int = 0):
         self.workers = workers or os.cpu_count() or 1

@@ -80,7 +80,7 @@ def test_the_stage_streams_eda_batch_by_batch_into_what_the_whole_split_gives(tm
     import tasks.classification.augment as augment
     import tasks.util.io as io
     from tasks.core import BuildContext, Facts
-    from tasks.util.pool import Runner
+    from tasks.util.pool import ChunkPool
 
     words = [" ".join(f"词{(i * 7 + k) % 23}" for k in range(3 + i % 4)) for i in range(60)]
     train = pd.DataFrame({"id": range(100, 160), "line": range(2, 62), "text": [w.replace(" ", "") for w in words],
@@ -108,7 +108,7 @@ def test_the_stage_streams_eda_batch_by_batch_into_what_the_whole_split_gives(tm
     out = tmp_path / "out"
     out.mkdir()
     result = augment.build(BuildContext({"segment": seg}, {"segment": Facts(labels=["0", "1"])}, out, params, stages=Stages(),
-                                        store=Store(), runner=(lambda w: Runner(2)) if processes else (lambda w: Runner(1))))
+                                        store=Store(), pool=(lambda w: ChunkPool(2)) if processes else (lambda w: ChunkPool(1))))
     got = pd.read_parquet(out / "train.parquet")
     cols = ["id", "text", "words", "label", "source_id", "aug_method", "aug_index"]
     pd.testing.assert_frame_equal(got[cols], expected[cols], check_dtype=False)

@@ -4,11 +4,11 @@ import os
 import pandas as pd
 import pytest
 
-from flows.orchestrate.chunks import DaskRunner, shutdown
+from flows.pools.chunks import DaskPool, shutdown
 from tasks.shared.segment import Params as SegmentConfig
 from tasks.shared.segment import segment_file
 from tasks.util.io import write_parquet
-from tasks.util.pool import Runner
+from tasks.util.pool import ChunkPool
 from tasks.util.segmenter import Segmenter
 
 TEXTS = ["我来到北京清华大学", "房间很干净，服务也好", "早餐太差了"]
@@ -71,17 +71,17 @@ def test_chunked_output_is_byte_identical_on_processes_and_dask(tmp_path):
     write_parquet(pd.DataFrame({"id": range(len(texts)), "text": texts, "label": [i % 2 for i in range(len(texts))]}), src, row_group_rows=90)
     params = SegmentConfig(chunk_rows=40, pos=True)
     outputs = {}
-    runners = {"single": Runner(1), "pool": Runner(2), "dask": DaskRunner("local", 2)}
+    pools = {"single": ChunkPool(1), "pool": ChunkPool(2), "dask": DaskPool("local", 2)}
     try:
-        for name, runner in runners.items():
-            counts = segment_file(src, tmp_path / f"{name}.parquet", params, runner, tmp_path)
+        for name, pool in pools.items():
+            counts = segment_file(src, tmp_path / f"{name}.parquet", params, pool, tmp_path)
             assert counts["rows"] == len(texts)
             outputs[name] = _digest(tmp_path / f"{name}.parquet")
     finally:
         shutdown()
     assert outputs["single"] == outputs["pool"] == outputs["dask"]
-    dask_pids = {r["pid"] for r in runners["dask"].ran_on}
-    assert len(runners["dask"].ran_on) == 10  # row groups of 90, 90, 90, 30 rows -> 3 + 3 + 3 + 1 chunks
+    dask_pids = {r["pid"] for r in pools["dask"].ran_on}
+    assert len(pools["dask"].ran_on) == 10  # row groups of 90, 90, 90, 30 rows -> 3 + 3 + 3 + 1 chunks
     assert os.getpid() not in dask_pids and len(dask_pids) == 2
     out = pd.read_parquet(tmp_path / "dask.parquet")
     assert out["text"].tolist() == texts and out["words"].iloc[0] == "我 来到 北京 清华大学"

@@ -1,4 +1,4 @@
-"""Chunked stages on a Dask cluster: a `Runner` (tasks.util.io) whose chunks run as Prefect tasks on Prefect's
+"""Chunked stages on a Dask cluster: a `ChunkPool` (tasks.util.io) whose chunks run as Prefect tasks on Prefect's
 Dask task runner, on a local cluster or at a scheduler address. Outputs are byte-identical to a local run."""
 from __future__ import annotations
 
@@ -6,21 +6,21 @@ import logging
 from typing import Any, Callable
 
 from tasks.util.io import Chunk
-from tasks.util.pool import Runner, call, windowed
+from tasks.util.pool import ChunkPool, call, windowed
 
 log = logging.getLogger("zhpipe")
 
 
-def runner_for(executor: str | None, locate: Callable[[str], str] | None = None) -> Callable[[int], Runner]:
-    """A factory of chunk runners for a stage: local processes (None), a local Dask cluster ("local") or a
+def pool_for(executor: str | None, locate: Callable[[str], str] | None = None) -> Callable[[int], ChunkPool]:
+    """A factory of chunk pools for a stage: local processes (None), a local Dask cluster ("local") or a
     Dask scheduler address. `workers` 0 means one per core. `locate` turns a chunk's local file into what a
     remote cluster's workers read (the stage store's object-store URL)."""
     if executor is None:
-        return Runner
-    return lambda workers=0: DaskRunner(executor, workers, locate)
+        return ChunkPool
+    return lambda workers=0: DaskPool(executor, workers, locate)
 
 
-class DaskRunner(Runner):
+class DaskPool(ChunkPool):
     """Runs chunk functions as Prefect tasks on a Dask cluster, at most two chunks per worker in flight. On a
     cluster at an address (other machines), chunks name their files by the store's URL (s3://...), read
     through fsspec: the workers need zhpipe installed and access to the store, not this machine's disk."""
@@ -38,13 +38,15 @@ class DaskRunner(Runner):
         if self.executor != "local" and self.locate is not None:
             chunks = [replace(c, src=self.locate(c.src)) for c in chunks]
         address = local_cluster(self.workers) if self.executor == "local" else self.executor
-        runner = DaskTaskRunner(address=address)
+        task_runner = DaskTaskRunner(address=address)
         run_chunk = _dask_task()
-        with runner:
+        with task_runner:
             log.info("%s: %d chunks on Dask (%s), reading %s", fn.__name__, len(chunks), self.executor,
                      chunks[0].src if chunks else "-")
-            yield from windowed(lambda c: runner.submit(run_chunk, parameters={"fn": fn, "chunk": c, "params": params}),
-                                lambda f: f.result(), chunks, 2 * self.workers)
+            def submit(chunk):
+                return task_runner.submit(run_chunk, parameters={"fn": fn, "chunk": chunk, "params": params})
+
+            yield from windowed(submit, lambda f: f.result(), chunks, 2 * self.workers)
 
 
 def _dask_task():

@@ -1,0 +1,112 @@
+"""The training budget (`train.budget`) on a newcomer's first run: per network, the estimate it gives from its first
+batches against the time its epochs really took; and runs with a budget against the same models without one (wall
+time, what each network trained, the registered model and its test accuracy).
+
+    python benchmarks/bench_budget.py [--corpus reviews|hotel] [--budget 90s]
+
+Each run is a fresh `zhpipe init --csv` project (its own stores and Prefect server, started in the run's time) on
+the corpus: `reviews` is 12,000 two-class reviews made from the bundled hotel reviews (benchmarks/corpora.py), `hotel`
+the bundled 7,766. Runs: the init template as written (tfidf_lr, fasttext, textcnn, 4 epochs, the budget), the same
+without a budget, and the neural zoo (tfidf_lr, fasttext, textcnn, bilstm, transformer) with and without the budget.
+Writes benchmarks/results/budget.json and prints the tables of docs/results/training.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+ZOO = "train.models=[tfidf_lr,fasttext,textcnn,bilstm,transformer]"
+ESTIMATE = re.compile(r"zhpipe\.train (\w+): about .* more to train \((\d+) epochs? of (\d+) batches at ([\d.]+) s a batch")
+EPOCH = re.compile(r"zhpipe\.train (\w+) epoch (\d+)/\d+:")
+CUT = re.compile(r"zhpipe (\w+): cut short by the budget: (.*)")
+
+
+def first_run(corpus: Path, sets: list[str], env: dict) -> dict:
+    """A fresh project on `corpus`, its first `zhpipe run` (with `sets`), timed; what its log and MLflow say."""
+    with tempfile.TemporaryDirectory() as tmp:
+        project = Path(tmp) / "first"
+        subprocess.run([sys.executable, "-m", "flows.cli", "init", str(project), "--csv", str(corpus)], env=env,
+                       check=True, capture_output=True)
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "flows.cli", "run", *sets], cwd=project, env=env,
+                              capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        log = proc.stdout + proc.stderr
+        if proc.returncode:
+            raise SystemExit(f"zhpipe run {' '.join(sets)} failed:\n{log[-3000:]}")
+        subprocess.run([sys.executable, "-m", "flows.cli", "server", "stop"], cwd=project, env=env, capture_output=True)
+        listed = subprocess.run([sys.executable, "-m", "flows.cli", "runs", "--json"], cwd=project, env=env,
+                                capture_output=True, text=True, check=True).stdout
+        run = json.loads(listed.splitlines()[0])
+        models = {}
+        for manifest in (project / "data").glob("train.*/*/manifest.json"):
+            doc = json.loads(manifest.read_text(encoding="utf-8"))
+            summary = doc.get("facts", {}).get("summary", {})
+            models[doc["stage"].split(".", 1)[1]] = {"seconds": doc["seconds"],
+                                                      "epochs": len(summary.get("history", [])),
+                                                      "val_accuracy": summary.get("val_accuracy"),
+                                                      "cut_short": summary.get("cut_short", "")}
+    estimates = {m.group(1): {"epochs": int(m.group(2)), "batches": int(m.group(3)), "per_batch": float(m.group(4))}
+                 for m in ESTIMATE.finditer(log)}
+    epochs = {}
+    for line in log.splitlines():  # the time between a network's epoch lines: its real epoch time, validation in
+        found = EPOCH.search(line)
+        if found:
+            epochs.setdefault(found.group(1), []).append(time.mktime(time.strptime(
+                time.strftime("%Y-%m-%d ") + line[:8], "%Y-%m-%d %H:%M:%S")))
+    return {"sets": sets, "wall": wall, "registered": run["registered"], "best": run["best model"],
+            "test_accuracy": run["test acc"], "models": models, "estimates": estimates, "epoch_times": epochs}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--corpus", choices=("reviews", "hotel"), default="reviews")
+    ap.add_argument("--budget", default="90s")
+    args = ap.parse_args()
+    from corpora import corpus, reviews
+
+    frame = reviews() if args.corpus == "reviews" else corpus("hotel").rename(columns={"review": "text"})
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ZHPIPE_", "MLFLOW_", "PREFECT_"))}
+    env["PYTHONPATH"] = str(ROOT)
+    with tempfile.TemporaryDirectory() as tmp:
+        csv = Path(tmp) / f"{args.corpus}.csv"
+        frame[["text", "label"]].to_csv(csv, index=False)
+        runs = {name: first_run(csv, sets, env) for name, sets in {
+            "template (budget)": [],
+            "template, no budget": ["--set", "train.budget=null"],
+            "zoo (budget)": ["--set", ZOO, "--set", f"train.budget={args.budget}"],
+            "zoo, no budget": ["--set", ZOO, "--set", "train.budget=null"],
+        }.items()}
+    out = ROOT / "benchmarks" / "results" / "budget.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps({"corpus": args.corpus, "rows": len(frame), "budget": args.budget, "runs": runs},
+                              indent=1), encoding="utf-8")
+    print("| run | wall s | registered model | test accuracy | networks (epochs trained, cut short?) |\n|---|---|---|---|---|")
+    for name, r in runs.items():
+        nets = ", ".join(f"{m} {v['epochs']}{' cut' if v['cut_short'] else ''}" for m, v in r["models"].items()
+                         if v["epochs"])
+        print(f"| {name} | {r['wall']:.0f} | {r['best']} | {r['test_accuracy']:.4f} | {nets} |")
+    print("\n| run | network | estimated s an epoch | real s an epoch (median, validation in) | real / estimate |\n"
+          "|---|---|---|---|---|")
+    for name, r in runs.items():
+        for model, e in r["estimates"].items():
+            times = r["epoch_times"].get(model, [])
+            steps = [b - a for a, b in zip(times, times[1:])]
+            if not steps:
+                continue
+            real = sorted(steps)[len(steps) // 2]
+            estimate = e["per_batch"] * e["batches"]
+            print(f"| {name} | {model} | {estimate:.1f} | {real:.1f} | {real / estimate:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
