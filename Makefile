@@ -44,12 +44,13 @@ run: install
 # much of the suite waits on real servers and subprocesses, so 2 workers help even on 2 cores
 TEST_WORKERS ?= 2
 
+# the 15 slowest tests are printed at the end of every run, so where the time goes stays in view
 test: install
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=15 $(ARGS)
 
 # the edit loop: every test but the end-to-end flow runs (marker e2e); `make test` stays the full suite CI runs
 test-quick: install
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not e2e" $(ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=10 -m "not e2e" $(ARGS)
 
 bench: install
 	$(BIN)/python benchmarks/bench_pipeline.py $(ARGS)

@@ -61,14 +61,14 @@ def trained_sets(models: list[str]) -> dict[int, dict]:
 
 def fit_wide(train: pd.DataFrame, y: np.ndarray, seed: int):
     """tfidf_wide's pipeline with its default settings."""
-    from tasks.models.tfidf import WideParams, make_pipeline
+    from tasks.classification.models.tfidf import WideParams, make_pipeline
 
     return make_pipeline(WideParams(), seed).fit(train[["words", "text"]], y)
 
 
 def main() -> None:
     from tasks.models import MODELS
-    from tasks.models.ensemble import fit_weights
+    from tasks.classification.models.ensemble import fit_weights
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="1,2,3")

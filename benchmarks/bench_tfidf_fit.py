@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 from tasks.util.io import Rows
 from tasks.util.pool import peak_rss_mb
-from tasks.models.tfidf import Params, train_tfidf_lr, tfidf_predictor
+from tasks.classification.models.tfidf import Params, train_tfidf_lr, tfidf_predictor
 augment, segment, fit, section = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
 labels = json.loads(sys.argv[5])
 index = {label: i for i, label in enumerate(labels)}

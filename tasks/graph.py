@@ -95,6 +95,18 @@ class Starter:
 
 
 @dataclass(frozen=True)
+class InitTemplates:
+    """What a plain `zhpipe init` writes, the default kind's: `csv` (the pipelines.yaml for a labelled CSV or the
+    example corpus: name, description, path, sha256, text_column, label_column) and `nightly` (for a folder of
+    nightly CSV files: name, description, path, text_column, label_column), and `example()`, the corpus a project
+    without a CSV starts from."""
+
+    csv: str
+    nightly: str
+    example: Callable[[], Any]
+
+
+@dataclass(frozen=True)
 class TaskKind:
     """What a pipeline's `task:` selects: its stages, its config schema (their `Params`), how it chooses and
     reports models. A kind's settings are its stages' sections: another kind's never enter its keys."""
@@ -120,6 +132,7 @@ class TaskKind:
     scored: tuple[str, ...] = ("label",)  # the columns of its test split, besides id and text, that score a model
     shown: tuple[tuple[str, str], ...] = ()  # its `zhpipe runs` columns: (heading, the parent run's metric)
     starter: Starter | None = None  # `zhpipe init --<option> FILE` for a corpus of this kind
+    init: InitTemplates | None = None  # a plain `zhpipe init` (the default kind's)
     # metrics the end-of-run table shows beside a headline that names the first (accuracy alone hides a class left
     # behind)
     companions: tuple[tuple[str, str], ...] = ()

@@ -28,6 +28,14 @@ class BadInput(ValueError):
     """An input a served model refuses (the scoring server answers HTTP 400 with the message)."""
 
 
+def segmenter_of(config: dict):
+    """The segmenter a served model replays (its zhpipe.json's `segment` section)."""
+    from tasks.util.segmenter import Segmenter, SegmenterParams
+
+    segment = config["segment"]
+    return Segmenter(SegmenterParams(**{k: v for k, v in segment.items() if k in SegmenterParams.model_fields}))
+
+
 def limits(config: dict, max_chars: int) -> tuple[int, int]:
     """(the most texts per call, the longest text) from a served model's `predict` section (`max_chars` by default)."""
     predict = config.get("predict") or {}

@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from flows.cli import main
+from tests.helpers.cli import in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "tests" / "fixtures" / "smoke.csv"
@@ -151,10 +151,10 @@ def https_url(tmp_path_factory, http_url):
 
 # ---- running the CLI -----------------------------------------------------------------------------------
 
-def zhpipe(capsys, *args) -> tuple[int, str, str]:
-    code = main([str(a) for a in args])
-    out = capsys.readouterr()
-    return code, out.out, out.err
+def cli(capsys, *args) -> tuple[int, str, str]:
+    """A command through `flows.cli.main` in this process (tests/helpers/cli.py), as (exit status, stdout, stderr)."""
+    done = in_process(capsys, *args)
+    return done.returncode, done.stdout, done.stderr
 
 
 def one_line_error(result, needle: str) -> str:
@@ -185,7 +185,7 @@ def accounting(store: Path) -> dict:
 
 def run_corpus(capsys, tmp_path, source, *extra, stop="split"):
     store = tmp_path / "store"
-    code, out, err = zhpipe(capsys, "run", "smoke", "--source", source, "--text-column", "review", "--storage", store, "--to", stop, *extra)
+    code, out, err = cli(capsys, "run", "smoke", "--source", source, "--text-column", "review", "--storage", store, "--to", stop, *extra)
     assert code == 0, (out + err)[-3000:]
     assert "Traceback" not in out + err
     return accounting(store)
@@ -278,19 +278,19 @@ def test_labels_that_are_not_file_names(prefect_harness, capsys, tmp_path):
 
 def test_empty_file(prefect_harness, capsys, tmp_path):
     (tmp_path / "c.csv").write_text("label,review\n", encoding="utf-8")
-    one_line_error(zhpipe(capsys, "run", "smoke", "--source", tmp_path / "c.csv", "--text-column", "review", "--to", "download"), "no readable rows")
+    one_line_error(cli(capsys, "run", "smoke", "--source", tmp_path / "c.csv", "--text-column", "review", "--to", "download"), "no readable rows")
 
 
 def test_gzip_bomb(prefect_harness, capsys, tmp_path):
     with gzip.open(tmp_path / "bomb.csv.gz", "wb") as f:
         f.write(b"label,review\n" + b"1," + b"0" * (200 << 20))
-    one_line_error(zhpipe(capsys, "run", "smoke", "--source", tmp_path / "bomb.csv.gz", "--to", "download"), "decompression bomb")
+    one_line_error(cli(capsys, "run", "smoke", "--source", tmp_path / "bomb.csv.gz", "--to", "download"), "decompression bomb")
 
 
 def test_zip_slip(prefect_harness, capsys, tmp_path):
     with zipfile.ZipFile(tmp_path / "slip.zip", "w") as zf:
         zf.writestr("../../../evil.csv", "label,review\n1,好\n")
-    one_line_error(zhpipe(capsys, "run", "smoke", "--source", tmp_path / "slip.zip", "--to", "download"), "escapes the extraction folder")
+    one_line_error(cli(capsys, "run", "smoke", "--source", tmp_path / "slip.zip", "--to", "download"), "escapes the extraction folder")
 
 
 def test_tar_link(prefect_harness, capsys, tmp_path):
@@ -298,12 +298,12 @@ def test_tar_link(prefect_harness, capsys, tmp_path):
         link = tarfile.TarInfo("corpus.csv")
         link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
         tf.addfile(link)
-    one_line_error(zhpipe(capsys, "run", "smoke", "--source", tmp_path / "link.tar", "--to", "download"), "is a link")
+    one_line_error(cli(capsys, "run", "smoke", "--source", tmp_path / "link.tar", "--to", "download"), "is a link")
 
 
 def test_invalid_pipeline_name(capsys, tmp_path):
     (tmp_path / "pipelines.yaml").write_text("pipelines:\n  'a b/c':\n    source: {path: x.csv}\n", encoding="utf-8")
-    one_line_error(zhpipe(capsys, "--project", tmp_path, "pipelines"), "pipeline name 'a b/c' is not allowed")
+    one_line_error(cli(capsys, "--project", tmp_path, "pipelines"), "pipeline name 'a b/c' is not allowed")
 
 
 # ---- downloads ------------------------------------------------------------------------------------------
@@ -314,8 +314,8 @@ def sha(data: bytes) -> str:
 
 def test_http_source_needs_a_sha256_or_allow_unverified(prefect_harness, capsys, tmp_path, http_url):
     args = ["run", "smoke", "--source", f"{http_url}/corpus.csv", "--text-column", "review", "--storage", tmp_path / "store"]
-    one_line_error(zhpipe(capsys, *args, "--to", "download"), "needs source.sha256")
-    code, out, err = zhpipe(capsys, *args, "--allow-unverified", "--to", "split")
+    one_line_error(cli(capsys, *args, "--to", "download"), "needs source.sha256")
+    code, out, err = cli(capsys, *args, "--allow-unverified", "--to", "split")
     assert code == 0, err[-2000:]
     assert accounting(tmp_path / "store")["rows_in"] == 300
 
@@ -324,8 +324,8 @@ def test_allow_unverified_reaches_the_run_without_source(prefect_harness, capsys
     """The pipeline's own http source (here set with --set): --allow-unverified is part of the request the flow
     parses, not only of the config the command line checked."""
     args = ["run", "smoke", "--set", f"source.path={http_url}/corpus.csv", "--storage", tmp_path / "store"]
-    one_line_error(zhpipe(capsys, *args, "--to", "download"), "needs source.sha256")
-    code, out, err = zhpipe(capsys, *args, "--allow-unverified", "--to", "download")
+    one_line_error(cli(capsys, *args, "--to", "download"), "needs source.sha256")
+    code, out, err = cli(capsys, *args, "--allow-unverified", "--to", "download")
     assert code == 0, err[-2000:]
 
 
@@ -336,21 +336,21 @@ def test_wrong_bytes_then_right_bytes(prefect_harness, capsys, tmp_path, http_ur
 
 
 def test_always_wrong_bytes(prefect_harness, capsys, tmp_path, http_url):
-    one_line_error(zhpipe(capsys, "run", "smoke", "--source", f"{http_url}/wrong.csv", "--set", f"source.sha256={sha(GOOD)}",
+    one_line_error(cli(capsys, "run", "smoke", "--source", f"{http_url}/wrong.csv", "--set", f"source.sha256={sha(GOOD)}",
                           "--set", "download.retries=1", "--storage", tmp_path / "store", "--to", "download"), "sha256 mismatch")
     assert not [p for p in (tmp_path / "store" / "_downloads").rglob("*") if p.is_file()]  # nothing bad kept
 
 
 def test_slow_server_past_the_deadline(prefect_harness, capsys, tmp_path, http_url):
     t0 = time.monotonic()
-    one_line_error(zhpipe(capsys, "run", "smoke", "--source", f"{http_url}/slow.csv", "--set", f"source.sha256={sha(GOOD)}",
+    one_line_error(cli(capsys, "run", "smoke", "--source", f"{http_url}/slow.csv", "--set", f"source.sha256={sha(GOOD)}",
                           "--set", "download.deadline_s=2", "--storage", tmp_path / "store", "--to", "download"), "deadline")
     assert time.monotonic() - t0 < 30
 
 
 def test_https_to_http_redirect_is_refused(prefect_harness, capsys, tmp_path, https_url, monkeypatch):
     monkeypatch.setenv("SSL_CERT_FILE", https_url["ca"])
-    one_line_error(zhpipe(capsys, "run", "smoke", "--source", f"{https_url['url']}/redirect.csv", "--set", f"source.sha256={sha(GOOD)}",
+    one_line_error(cli(capsys, "run", "smoke", "--source", f"{https_url['url']}/redirect.csv", "--set", f"source.sha256={sha(GOOD)}",
                           "--storage", tmp_path / "store", "--to", "download"), "refused a redirect from https to http://")
 
 
@@ -402,11 +402,11 @@ def test_a_planted_jieba_cache_in_the_shared_temporary_folder_is_not_read(tmp_pa
 
 
 def test_a_negative_split_seed_is_one_line(capsys, tmp_path):
-    one_line_error(zhpipe(capsys, "run", "smoke", "--set", "split.seed=-5", "--storage", tmp_path / "store"), "split.seed")
+    one_line_error(cli(capsys, "run", "smoke", "--set", "split.seed=-5", "--storage", tmp_path / "store"), "split.seed")
 
 
 def test_a_stage_the_task_does_not_have_is_one_line(capsys, tmp_path):
-    one_line_error(zhpipe(capsys, "run", "mt-smoke", "--only", "embed", "--storage", tmp_path / "store"), "'embed' is not a stage")
+    one_line_error(cli(capsys, "run", "mt-smoke", "--only", "embed", "--storage", tmp_path / "store"), "'embed' is not a stage")
 
 
 def test_deployment_stages_and_force_that_are_not_stages_are_one_line(prefect_harness):
@@ -425,14 +425,14 @@ def test_deployment_stages_and_force_that_are_not_stages_are_one_line(prefect_ha
 # ---- prediction -----------------------------------------------------------------------------------------
 
 def test_predict_oversized_empty_and_missing_inputs(smoke, capsys, tmp_path):
-    code, out, err = zhpipe(capsys, "predict", "--pipeline", "smoke", "", "房" * 1_000_000, "房间很干净")
+    code, out, err = cli(capsys, "predict", "--pipeline", "smoke", "", "房" * 1_000_000, "房间很干净")
     assert code == 0, err[-2000:]
     assert "Traceback" not in out + err
     assert [s in out for s in ("empty", "truncated", "ok")] == [True, True, True] and "version" in out
     # without --pipeline: the first pipeline's champion (none is registered in this test store)
-    one_line_error(zhpipe(capsys, "predict", "你好"), "cannot load model models:/zhpipe-chnsenticorp@champion")
+    one_line_error(cli(capsys, "predict", "你好"), "cannot load model models:/zhpipe-chnsenticorp@champion")
     pd.DataFrame({"review": ["好"] * 3}).to_csv(tmp_path / "in.csv", index=False)
-    one_line_error(zhpipe(capsys, "predict", "--pipeline", "smoke", "--input", tmp_path / "in.csv", "--output", tmp_path / "o.csv"),
+    one_line_error(cli(capsys, "predict", "--pipeline", "smoke", "--input", tmp_path / "in.csv", "--output", tmp_path / "o.csv"),
                    "no text column 'text'")
 
 

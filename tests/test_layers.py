@@ -225,3 +225,30 @@ def test_the_room_check_finds_a_planted_upward_import(tmp_path):
     (tmp_path / "flows" / "track" / "x.py").write_text("def f():\n    from flows.orchestrate.chunks import pool\n")
     (tmp_path / "flows" / "plan" / "keys.py").write_text("import flows.track.x\n")
     assert _upward(tmp_path) == ["flows.plan.keys -> flows.track.x", "flows.track.x -> flows.orchestrate.chunks"]
+
+
+def _kind_into_kind(root: Path, kinds: tuple[str, ...]) -> list[str]:
+    """Imports from one kind's folder (tasks/<kind>) into another's."""
+    def kind_of(name: str) -> str | None:
+        return next((k for k in kinds if name == f"tasks.{k}" or name.startswith(f"tasks.{k}.")), None)
+
+    graph = _graph(root)
+    return sorted(f"{name} -> {m}" for name, deps in graph.items() if kind_of(name)
+                  for m in deps if kind_of(m) and kind_of(m) != kind_of(name))
+
+
+def test_no_kind_imports_another_kind():
+    """Each kind is a closed folder: what two kinds share lives in tasks/shared, tasks/models, tasks/util or at the root
+    of tasks/ (translation's serving took classification's segmenter and clean settings before)."""
+    from tasks.stages import KINDS
+
+    assert {k.models for k in KINDS.values()} == {f"tasks.{k}.models" for k in KINDS}  # every kind's models its own
+    assert _kind_into_kind(ROOT, tuple(KINDS)) == []
+
+
+def test_the_kind_check_finds_a_planted_import_between_kinds(tmp_path):
+    for folder in ("tasks/ner", "tasks/translation", "flows"):
+        (tmp_path / folder).mkdir(parents=True)
+    (tmp_path / "tasks" / "ner" / "serving.py").write_text("")
+    (tmp_path / "tasks" / "translation" / "serving.py").write_text("from tasks.ner.serving import x\n")
+    assert _kind_into_kind(tmp_path, ("ner", "translation")) == ["tasks.translation.serving -> tasks.ner.serving"]

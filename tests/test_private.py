@@ -20,6 +20,7 @@ import pandas as pd
 import pytest
 
 from tests.helpers.cli import in_process
+from tests.helpers.procs import zhpipe
 
 ROOT = Path(__file__).resolve().parents[1]
 OTHER_UID = 65534
@@ -61,14 +62,9 @@ def shared_folder():
 
 def project_env(**extra) -> dict:
     """A zhpipe process's environment for a project of its own: the session's Prefect server, no warm process."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ZHPIPE_", "MLFLOW_"))}
-    return {**env, "PREFECT_HOME": "", "ZHPIPE_WARM": "off", "PYTHONPATH": str(ROOT), **extra}
-
-
-def zhpipe(env: dict, cwd: Path, *args, umask: int | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in env.items() if v != ""}
-    return subprocess.run([sys.executable, "-m", "flows.cli", *map(str, args)], env=env, cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, preexec_fn=None if umask is None else with_umask(umask))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ZHPIPE_", "MLFLOW_", "PREFECT_HOME"))}
+    # an empty value unsets it (a project's own Prefect home, no session server's address)
+    return {k: v for k, v in {**env, "ZHPIPE_WARM": "off", "PYTHONPATH": str(ROOT), **extra}.items() if v != ""}
 
 
 # --- 2. a project is a private room, whatever the umask -------------------------------------------------------------
@@ -83,14 +79,14 @@ def test_a_nightly_project_under_loose_umasks_is_readable_by_no_one_else(prefect
     rows.iloc[:150].to_csv(drops / "2026-12-01.csv", index=False)
     env = project_env()
     project = tmp_path / "night"
-    init = zhpipe(env, tmp_path, "init", project, "--nightly", drops, "--text-column", "review", umask=0)
+    init = zhpipe(env, "init", project, "--nightly", drops, "--text-column", "review", umask=0, cwd=tmp_path)
     assert init.returncode == 0, init.stderr
     sets = ["--set", "train.models=[tfidf_lr]"]
-    first = zhpipe(env, project, "run", *sets, umask=0)
+    first = zhpipe(env, "run", *sets, umask=0, cwd=project)
     assert first.returncode == 0, first.stderr[-3000:]
     rows.iloc[150:].to_csv(project / "data" / "raw" / "drops" / "2026-12-02.csv", index=False)
     (project / "data" / "raw" / "drops" / "2026-12-02.csv").chmod(0o644)  # as the exporter left it
-    second = zhpipe(env, project, "run", *sets, umask=0o022)
+    second = zhpipe(env, "run", *sets, umask=0o022, cwd=project)
     assert second.returncode == 0, second.stderr[-3000:]
     assert {"mlruns", ".prefect", "data", "pipelines.yaml"} <= set(os.listdir(project))
     loose = open_to_others(project)
@@ -113,10 +109,10 @@ def test_an_older_project_is_tightened_once_and_says_so(tmp_path, capsys):
     (project / "data" / "_cache" / "gc.lock").write_text("")  # a lock another user could have held
     (project / "data" / "_cache" / "gc.lock").chmod(0o666)
     env = project_env()
-    first = zhpipe(env, project, "stages", umask=0)
+    first = zhpipe(env, "stages", umask=0, cwd=project)
     assert first.returncode == 0 and "were open to other users" in first.stderr, first.stderr
     assert open_to_others(project) == []
-    again = zhpipe(env, project, "stages", umask=0)
+    again = zhpipe(env, "stages", umask=0, cwd=project)
     assert again.returncode == 0 and "open to other users" not in again.stderr
 
 
@@ -188,7 +184,7 @@ def test_a_port_squatter_gets_no_credentials(tmp_path, shared_folder, seed_prefe
     try:
         args = {"server start": ["server", "start"], "run": ["run", "--to", "download"],
                 "ui": ["ui", "--port", port]}[command]
-        done = zhpipe(env, project, *args, timeout=300)
+        done = zhpipe(env, *args, timeout=300, cwd=project)
         printed = done.stdout + done.stderr
         assert done.returncode != 0, printed[-3000:]
         assert f"port {port} on 127.0.0.1 is held by another user (uid {OTHER_UID})" in printed, printed[-3000:]

@@ -13,65 +13,13 @@ from tasks.errors import ConfigError, DataError
 from tasks.util.io import file_sha256
 from tasks.util.private import NotOurs, atomic_path, foreign_link, own_folder
 
-STARTER = """\
-# zhpipe pipelines: `zhpipe run` runs the first one, `zhpipe run NAME` another.
-# Every key is validated (an unknown key is an error); `zhpipe run --set train.epochs=2` overrides one.
-pipelines:
-  {name}:
-    description: {description}
-    source:
-      path: {path}            # relative to this folder, or absolute; a file:// or http(s):// URL also works
-{sha256}      format: csv
-      text_column: {text_column}
-      label_column: {label_column}
-    stages:
-      embed:
-        # Word2Vec only (what textcnn starts from); fastText subword vectors add about 20 s on 12,000 reviews:
-        # --set embed.fasttext.enabled=true
-        fasttext: {{enabled: false}}
-      train:
-        # cheapest first; times on 12,000 reviews, 2 CPU cores: tfidf_lr 12-18 s, fasttext 9-14 s, textcnn about
-        # 18 s an epoch. The budget gives textcnn what is left and stops it when it cannot catch the leader in time.
-        # One --set away: no limit (--set train.budget=null); the neural zoo (about 30 min:
-        #   --set 'train.models=[tfidf_lr, fasttext, textcnn, bilstm, transformer]' --set train.budget=null);
-        # a soft-voting ensemble of the three (--set 'train.models=[tfidf_lr, fasttext, textcnn, ensemble]').
-        # `zhpipe models` lists them all.
-        models: [tfidf_lr, fasttext, textcnn]
-        epochs: 4
-        budget: 90s
-"""
-
-NIGHTLY = """\
-# zhpipe pipelines: `zhpipe run` runs the first one, `zhpipe run NAME` another.
-# A folder of nightly files: each file is a partition; a night builds only its new file (docs/nightly.md).
-pipelines:
-  {name}:
-    description: {description}
-    source:
-      path: {path}            # drop tonight's file here, named so that it sorts last (2026-12-02.csv)
-      text_column: {text_column}
-      label_column: {label_column}
-    stages:
-      train:
-        models: [tfidf_lr, fasttext]   # `zhpipe models` lists them all
-"""
-
 GITIGNORE = "data/*\n!data/raw/\nmlruns/\n.prefect/\n"
 
-_GOOD = ["房间很干净", "服务热情周到", "早餐丰富好吃", "位置方便交通便利", "床很舒服睡得好", "前台态度很好", "环境安静", "性价比很高"]
-_BAD = ["房间很脏", "服务态度差", "早餐难吃", "位置偏僻不方便", "床太硬睡不好", "前台很冷漠", "隔音太差很吵", "价格太贵不值"]
+def _templates():
+    """The default kind's `zhpipe init` templates (a labelled CSV, nightly files) and example corpus."""
+    from tasks.stages import DEFAULT_KIND, KINDS
 
-
-def example_corpus() -> pd.DataFrame:
-    """A small two-class hotel-review corpus made from phrase pairs (a starter, not a benchmark)."""
-    rows = []
-    for i, a in enumerate(_GOOD):
-        for b in _GOOD[i + 1 : i + 4]:
-            rows.append({"text": f"{a}，{b}，下次还会再来。", "label": "1"})
-    for i, a in enumerate(_BAD):
-        for b in _BAD[i + 1 : i + 4]:
-            rows.append({"text": f"{a}，{b}，不会再来了。", "label": "0"})
-    return pd.DataFrame(rows)
+    return KINDS[DEFAULT_KIND].init
 
 
 def starters() -> dict:
@@ -102,7 +50,7 @@ def init_corpus(folder: Path, corpus: Path, option: str, link: bool = False, tex
                 raise DataError(f"--nightly {files[0]}: no {what} column '{column}' (columns: "
                                 f"{', '.join(_columns(files[0], files[0]))}); name it with --{what}-column")
         written = [_bring(f, folder / "data" / "raw" / corpus.name, link) for f in files]
-        text = NIGHTLY.format(name=_name(folder), description=_quoted(f"nightly files of {corpus.name}"),
+        text = _templates().nightly.format(name=_name(folder), description=_quoted(f"nightly files of {corpus.name}"),
                               path=_quoted(f"data/raw/{corpus.name}/*.csv"), text_column=_quoted(text_column),
                               label_column=_quoted(label_column))
     else:
@@ -142,7 +90,7 @@ def init_project(folder: Path, csv: Path | None = None, text_column: str = "text
     if csv is None:
         path = folder / "data" / "raw" / "example.csv"
         path.parent.mkdir(parents=True, exist_ok=True)
-        example_corpus().to_csv(path, index=False)
+        _templates().example().to_csv(path, index=False)
         written.append(path)
         text_column, label_column, description = "text", "label", "example hotel reviews (replace with your corpus)"
     else:
@@ -161,7 +109,7 @@ def init_project(folder: Path, csv: Path | None = None, text_column: str = "text
            f"new one, update this)\n")
     shown = os.path.relpath(path, folder) if path.is_relative_to(folder) else str(path)
     # quoted: a file name with `#`, `: ` or quotes stays one YAML string (a JSON string is a YAML one)
-    config.write_text(STARTER.format(name=_name(folder), description=_quoted(description), path=_quoted(shown),
+    config.write_text(_templates().csv.format(name=_name(folder), description=_quoted(description), path=_quoted(shown),
                                      text_column=_quoted(text_column), label_column=_quoted(label_column), sha256=pin),
                       encoding="utf-8")
     written.append(config)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tasks.classification.starter import INIT
 from tasks.graph import SEGMENT, SELECTS, SPLITS, TRAINS, Output, Stage, TaskKind, graph
 
 STAGES = graph(
@@ -60,6 +61,6 @@ def check_stages(stages: Any) -> None:
 
 KIND = TaskKind("classification", "texts to labels", STAGES, metric=lambda config: config.stages.evaluate.metric,
                 reported=("test_accuracy", "test_macro_f1"), flavour="classifier", check=check,
-                check_stages=check_stages, serving="tasks.classification.serving",
+                check_stages=check_stages, serving="tasks.classification.serving", models="tasks.classification.models",
                 shown=(("test acc", "best_test_accuracy"), ("test macro-F1", "best_test_macro_f1")),
-                companions=(("accuracy", "macro_f1"),))
+                companions=(("accuracy", "macro_f1"),), init=INIT)

@@ -9,7 +9,7 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from tasks.serving import EXAMPLE_ZH, Shown, checked, limits
+from tasks.serving import EXAMPLE_ZH, Shown, checked, limits, segmenter_of
 
 LEGACY = "TextClassifier"
 
@@ -21,14 +21,6 @@ def settings(config, labels: list[str]) -> dict:
 
 def example(model: Path) -> list[str]:
     return list(EXAMPLE_ZH)
-
-
-def segmenter_of(config: dict):
-    """The segmenter a served model replays (its zhpipe.json's `segment` section)."""
-    from tasks.util.segmenter import Segmenter, SegmenterParams
-
-    segment = config["segment"]
-    return Segmenter(SegmenterParams(**{k: v for k, v in segment.items() if k in SegmenterParams.model_fields}))
 
 
 class Served:

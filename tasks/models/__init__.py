@@ -1,6 +1,7 @@
-"""The model registry: one module per model family, one entry per model. Adding a model is a new module with
-a `ModelSpec` and one line in `SHARED` (a shared family) or in its kind's `SPECS` (tasks/<kind>/models.py); its
-`train.<name>` config section comes from the spec's `params`."""
+"""The model registry, and the parts every kind's models share (base: ModelSpec and the settings view; settings: a
+kind's `train` section; trainer and racing: the shared loop and its budget; devices, checkpoints, batching, modules,
+crf). Each kind's models live in its folder (tasks/<kind>/models): adding a model is a module there with a
+`ModelSpec` and one line in that kind's `SPECS`; its `train.<name>` config section comes from the spec's `params`."""
 from __future__ import annotations
 
 import functools
@@ -12,40 +13,21 @@ import os
 # when the first primitive is made, so setting it before a model trains is enough; a value set outside wins.
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8")
 
-from tasks.models import bert, ensemble, fasttext, hf, networks, ngram, rnn_lm, tfidf  # noqa: E402
 from tasks.models.base import ModelSpec, Predictor, TrainInputs  # noqa: E402
-
-# the shared families: any kind whose `models_of` is classification trains them
-SHARED: tuple[ModelSpec, ...] = (
-    fasttext.SPEC,
-    networks.TEXTCNN,
-    networks.BILSTM,
-    networks.TRANSFORMER,
-    bert.SPEC,
-    hf.SPEC,
-    tfidf.SPEC,
-    tfidf.WIDE,
-    ngram.NGRAM_LM,
-    rnn_lm.SPEC,
-    rnn_lm.CLASSIFIER,
-    ngram.LM_CLASSIFIER,
-)
 
 
 @functools.cache
 def registry() -> dict[str, ModelSpec]:
-    """The shared families, then each kind's own (the `SPECS` of the module its `TaskKind.models` names), then the
-    ensemble over them: a kind's models live in its folder, and nothing here imports a kind."""
+    """Each kind's models (the `SPECS` of the module its `TaskKind.models` names: tasks/<kind>/models), in the kinds'
+    order: a kind's models live in its folder, and nothing here imports a kind."""
     import importlib
 
     from tasks.stages import KINDS
 
-    specs = list(SHARED)
+    specs = []
     for kind in KINDS.values():
         specs += importlib.import_module(kind.models).SPECS if kind.models else ()
-    models = {spec.name: spec for spec in specs}
-    models["ensemble"] = ensemble.spec(models)
-    return models
+    return {spec.name: spec for spec in specs}
 
 
 def __getattr__(name: str):
@@ -55,7 +37,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["MODELS", "SHARED", "ModelSpec", "Predictor", "TrainInputs", "get", "registry"]
+__all__ = ["MODELS", "ModelSpec", "Predictor", "TrainInputs", "get", "registry"]
 
 
 def get(name: str) -> ModelSpec:

@@ -9,8 +9,7 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from tasks.classification.serving import segmenter_of
-from tasks.serving import Shown, checked, limits, status
+from tasks.serving import Shown, checked, limits, segmenter_of, status
 
 LEGACY = "TextTranslator"
 
@@ -29,7 +28,7 @@ def example(model: Path) -> list[str]:
 
 class Served:
     def __init__(self, config: dict, model: Path):
-        from tasks.classification.clean import Params
+        from tasks.translation.clean import Params
         from tasks.models import MODELS
 
         self.translator = MODELS[config["model"]].load(model)

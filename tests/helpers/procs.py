@@ -27,3 +27,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+
+
+def zhpipe(env: dict | None, *args, cwd=ROOT, timeout: float = 600, umask: int | None = None,
+           **kw) -> subprocess.CompletedProcess:
+    """`zhpipe ARGS` as a user runs it, a process of its own (`python -m flows.cli`, its output captured): in `cwd`
+    (the checkout unless given), with `env` (this process's when None) and, with `umask`, that umask. The one way the
+    tests start a zhpipe command; a test that checks no process behaviour calls `flows.cli.main` in its own process
+    instead (tests/helpers/cli.py), which skips seconds of imports."""
+    import sys
+
+    def with_umask():
+        os.umask(umask)
+
+    return subprocess.run([sys.executable, "-m", "flows.cli", *map(str, args)], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout, preexec_fn=None if umask is None else with_umask, **kw)

@@ -299,12 +299,6 @@ def machine(team: Team | None, folder: Path, user: str, corpora: tuple[str, ...]
     return env, project
 
 
-def zhpipe(env: dict, project: Path, *argv: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """A zhpipe command on a machine, in its project folder."""
-    return subprocess.run([sys.executable, "-m", "flows.cli", *argv], cwd=project, env=env, capture_output=True, text=True,
-                          timeout=timeout)
-
-
 def start(env: dict, project: Path, *argv: str, log: Path) -> subprocess.Popen:
     """A zhpipe command on a machine, in the background, its output in `log`."""
     return subprocess.Popen([sys.executable, "-m", "flows.cli", *argv], cwd=project, env=env, stdout=open(log, "w"),

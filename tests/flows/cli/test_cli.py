@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.cli import in_process
+from tests.helpers.procs import zhpipe
 
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.e2e  # real zhpipe processes and servers: `make test-quick` leaves them out
@@ -22,8 +23,6 @@ def api_env(prefect_harness, tmp_path_factory):
     return {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "ZHPIPE_DATA": str(tmp_path_factory.mktemp("cli-store"))}
 
 
-def zhpipe(env, *args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture

@@ -76,7 +76,7 @@ def test_init_csv_copies_pins_and_refuses_an_edited_file(tmp_path, capsys):
     move, and an edited corpus is a one-line error instead of silently another corpus."""
     import yaml
 
-    from flows.plan.init import example_corpus
+    from tasks.classification.starter import example_corpus
 
     corpus = tmp_path / "mine.csv"
     example_corpus().to_csv(corpus, index=False)
@@ -110,7 +110,8 @@ def test_init_csv_copies_pins_and_refuses_an_edited_file(tmp_path, capsys):
 def test_init_csv_with_yaml_characters_in_its_name_writes_a_config_that_reads_back(tmp_path, name):
     import yaml
 
-    from flows.plan.init import example_corpus, init_project
+    from flows.plan.init import init_project
+    from tasks.classification.starter import example_corpus
 
     corpus = tmp_path / name
     example_corpus().to_csv(corpus, index=False)
@@ -120,7 +121,8 @@ def test_init_csv_with_yaml_characters_in_its_name_writes_a_config_that_reads_ba
 
 
 def test_init_csv_reads_a_gb18030_header_and_names_an_unreadable_file(tmp_path):
-    from flows.plan.init import example_corpus, init_project
+    from flows.plan.init import init_project
+    from tasks.classification.starter import example_corpus
     from tasks.errors import DataError
 
     corpus = tmp_path / "gbk.csv"

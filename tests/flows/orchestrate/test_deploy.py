@@ -12,7 +12,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.helpers.procs import stop
+from tests.helpers.procs import stop, zhpipe
 from tests.helpers.runs import without_profile
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -86,8 +86,6 @@ def write_pipelines(path: Path, schedule: dict | None, train_pool: str | None) -
     return path
 
 
-def zhpipe(env, *args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.procs import zhpipe
 from tests.helpers.sqlite import copy_sqlite
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -64,24 +65,23 @@ def test_a_full_disk_anywhere_is_one_line_and_leaves_no_temporary_file(small_dis
     big = tmp_path / "big.csv"
     big.write_text("text,label\n" + "".join(f"房间很干净，第{i}条评论,1\n" for i in range(40_000)), encoding="utf-8")
 
-    def zhpipe(*args, cwd=ROOT, **extra):
-        done = subprocess.run([sys.executable, "-m", "flows.cli", *map(str, args)], cwd=cwd, env={**env, **extra},
-                              capture_output=True, text=True, timeout=300)
+    def command(*args, cwd=ROOT, **extra):
+        done = zhpipe({**env, **extra}, *args, cwd=cwd)
         return done, done.stdout + done.stderr
 
-    copied, printed = zhpipe("init", small_disk / "p", "--csv", big)
+    copied, printed = command("init", small_disk / "p", "--csv", big)
     assert copied.returncode == 2 and printed.count("\n") == 1, printed[-2000:]
     assert f"writing {small_disk / 'p' / 'data' / 'raw' / 'big.csv'} failed" in printed and "disk is full" in printed
     assert not [p for p in small_disk.rglob("*") if p.is_file()]  # no temporary copy keeps the disk full
 
-    made, printed = zhpipe("init", small_disk / "q")
+    made, printed = command("init", small_disk / "q")
     assert made.returncode == 0, printed
     _fill(small_disk)
     started = time.monotonic()
-    doctor, printed = zhpipe("doctor", cwd=small_disk / "q")
+    doctor, printed = command("doctor", cwd=small_disk / "q")
     assert doctor.returncode == 1 and time.monotonic() - started < 60 and "mlflow" not in printed.lower(), printed
     assert "FAIL  disk" in printed and "skip  tracking" in printed and "skip  store" in printed
-    run, printed = zhpipe("run", cwd=small_disk / "q", ZHPIPE_MIN_FREE_MB="0")
+    run, printed = command("run", cwd=small_disk / "q", ZHPIPE_MIN_FREE_MB="0")
     assert run.returncode == 2 and printed.count("\n") == 1 and "the disk is full" in printed, printed[-2000:]
     left = [p for p in small_disk.rglob("*") if p.is_file() and p.name != "filler" and p.stat().st_size == 0
             or ".tmp" in p.name or "_doctor-" in p.name or "probe" in p.name]

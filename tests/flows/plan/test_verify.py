@@ -8,6 +8,7 @@ import pytest
 
 from flows.orchestrate.pipeline import pipeline_flow, select_stages
 from flows.plan.store import file_sha256
+from tests.helpers.cli import in_process
 
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.e2e
@@ -55,29 +56,25 @@ def test_an_edited_file_of_the_same_size_is_caught(store):
 def test_verify_and_gc_commands(store, monkeypatch, capsys):
     """The commands in this process (their parsing and output are the CLI's own; subprocess runs of the CLI
     are in test_cli.py)."""
-    from types import SimpleNamespace
 
-    from flows.cli import main
 
     monkeypatch.setenv("ZHPIPE_STORAGE", str(store))
 
-    def zhpipe(*args):
-        code = main(list(args))
-        out = capsys.readouterr()
-        return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
+    def cli(*args):  # the command in this process (tests/helpers/cli.py)
+        return in_process(capsys, *args)
 
-    ok = zhpipe("verify")
+    ok = cli("verify")
     assert ok.returncode == 0 and "0 corrupt" in ok.stdout, ok.stdout + ok.stderr
     run(store, ["split.seed=7"])  # an output no pipeline in pipelines.yaml uses
     clean = next((store / "clean").glob("[!.]*"))
     (clean / "quarantine.parquet").write_bytes(b"x")
-    bad = zhpipe("verify")
+    bad = cli("verify")
     assert bad.returncode == 1 and f"clean/{clean.name}: quarantine.parquet: 1 bytes, manifest says" in bad.stdout
     (store / "split" / ".tmp-0123456789abcdef-999999999").mkdir()  # left by a killed build
-    dry = zhpipe("gc", "--dry-run")
+    dry = cli("gc", "--dry-run")
     assert dry.returncode == 0 and "would remove" in dry.stdout and ".tmp-0123456789abcdef-999999999" in dry.stdout
     assert len(list((store / "split").glob("[!.]*"))) == 2
-    done = zhpipe("gc")
+    done = cli("gc")
     assert done.returncode == 0 and "freed" in done.stdout
     assert len(list((store / "split").glob("[!.]*"))) == 1 and not (store / "split" / ".tmp-0123456789abcdef-999999999").exists()
 

@@ -20,6 +20,7 @@ import pytest
 
 from flows.plan import private
 from flows.runtime import handover, procs
+from tests.helpers.procs import zhpipe
 
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.e2e  # real zhpipe processes and servers: `make test-quick` leaves them out
@@ -30,9 +31,6 @@ as_root = pytest.mark.skipif(os.geteuid() != 0 or OTHER_PYTHON is None,
                              reason="starting a process as another user needs root and a system Python")
 
 
-def zhpipe(env, *args, **kw):
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300, **kw)
 
 
 def as_other_user():

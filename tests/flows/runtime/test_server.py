@@ -1,19 +1,17 @@
 """`zhpipe server start|status|stop`: a Prefect server in the background that later commands reuse
 instead of starting a temporary one each."""
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.helpers.procs import zhpipe
+
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.e2e
 
 
-def zhpipe(env, *args):
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
 def auth_of(prefect_home: Path) -> tuple[str, str]:

@@ -11,13 +11,12 @@ from pathlib import Path
 import pytest
 
 from flows.runtime import handover, warm
+from tests.helpers.procs import zhpipe
 
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.e2e  # real zhpipe processes and servers: `make test-quick` leaves them out
 
 
-def zhpipe(env, *args):
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
 def handed(log: Path) -> int:

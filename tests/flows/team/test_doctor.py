@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers.procs import free_port
-from tests.helpers.team import zhpipe
+from tests.helpers.procs import free_port, zhpipe
 
 pytestmark = pytest.mark.e2e
 
@@ -17,7 +16,7 @@ def lines(done) -> dict[str, str]:
 
 def test_doctor_checks_each_team_service_as_a_run_uses_it(team, alice):
     env, project = alice
-    good = zhpipe(env, project, "doctor")
+    good = zhpipe(env, "doctor", cwd=project)
     assert good.returncode == 0, good.stdout + good.stderr
     checked = lines(good)
     assert set(checked) == {"config", "disk", "tracking", "prefect", "store"} and all(v.startswith("ok") for v in checked.values())
@@ -45,14 +44,14 @@ def test_doctor_finds_each_misconfiguration(team, alice, prefect_harness, case):
     else:  # a Prefect server that asks nobody for credentials (the test session's own), in a team's set-up
         env["PREFECT_API_URL"] = prefect_harness["url"]
         service, says = "prefect", "answers anyone without credentials"
-    done = zhpipe(env, project, *argv)
+    done = zhpipe(env, *argv, cwd=project)
     failed = {name: line for name, line in lines(done).items() if line.startswith("FAIL")}
     assert done.returncode == 1 and list(failed) == [service] and says in failed[service], done.stdout + done.stderr
 
 
 def test_a_run_with_the_tracking_server_down_stops_before_it_builds(team, alice):
     env, project = alice
-    run = zhpipe({**env, "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{free_port()}"}, project, "run", "smoke", "--to", "download")
+    run = zhpipe({**env, "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{free_port()}"}, "run", "smoke", "--to", "download", cwd=project)
     assert run.returncode == 2 and "the tracking server" in run.stderr and "nothing was built" in run.stderr, run
     assert len(run.stderr.strip().splitlines()) == 1, run.stderr
 
@@ -66,7 +65,7 @@ def test_credentials_never_reach_params_tags_artifacts_or_logs(team, alice, tmp_
     from mlflow.tracking import MlflowClient
 
     env, project = alice
-    done = zhpipe(env, project, "run", "smoke", "--to", "split")
+    done = zhpipe(env, "run", "smoke", "--to", "split", cwd=project)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"see it at {team.tracking}/#/experiments/" in done.stdout and "zhpipe ui" not in done.stdout + done.stderr
     secrets = {"MLFLOW_TRACKING_PASSWORD": env["MLFLOW_TRACKING_PASSWORD"], "PREFECT_API_AUTH_STRING": team.auth_string,

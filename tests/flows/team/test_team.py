@@ -11,7 +11,8 @@ from collections import Counter
 
 import pytest
 
-from tests.helpers.team import STORE, machine, start, zhpipe
+from tests.helpers.procs import zhpipe
+from tests.helpers.team import STORE, machine, start
 
 pytestmark = pytest.mark.e2e
 
@@ -39,21 +40,21 @@ def bucket(team):
 
 def test_two_engineers_on_two_machines_share_one_registry_and_store(team, machines):
     (alice, a_dir), (bob, b_dir) = machines["alice"], machines["bob"]
-    first = ok(zhpipe(alice, a_dir, "run", "smoke"))
+    first = ok(zhpipe(alice, "run", "smoke", cwd=a_dir))
     assert f"see it at {team.tracking}/#/experiments/" in first and "│ miss" in first
-    second = ok(zhpipe(bob, b_dir, "run", "smoke"))  # bob's machine has nothing of alice's: every stage a hit from the bucket
+    second = ok(zhpipe(bob, "run", "smoke", cwd=b_dir))  # bob's machine has nothing of alice's: every stage a hit from the bucket
     assert "│ miss" not in second and second.count("│ hit") >= 10 and f"see it at {team.tracking}/#/experiments/" in second
     assert "🏃 View run" not in first + second  # MLflow's own per-run link lines: the run prints one link, at its end
 
-    assert "missing" not in ok(zhpipe(bob, b_dir, "status", "smoke")) and "stale" not in ok(zhpipe(bob, b_dir, "status", "smoke"))
-    runs = ok(zhpipe(bob, b_dir, "runs", "smoke"))
+    assert "missing" not in ok(zhpipe(bob, "status", "smoke", cwd=b_dir)) and "stale" not in ok(zhpipe(bob, "status", "smoke", cwd=b_dir))
+    runs = ok(zhpipe(bob, "runs", "smoke", cwd=b_dir))
     ids = re.findall(r"^│ ([0-9a-f]{12}) │ FINISHED", runs, re.M)
     assert len(ids) == 2, runs  # both engineers' runs in the one experiment
-    assert "test_accuracy" in ok(zhpipe(alice, a_dir, "compare", *ids, "--all"))
-    assert "pred_label" in ok(zhpipe(alice, a_dir, "predict", "--pipeline", "smoke", "房间很干净，早餐也好"))
+    assert "test_accuracy" in ok(zhpipe(alice, "compare", *ids, "--all", cwd=a_dir))
+    assert "pred_label" in ok(zhpipe(alice, "predict", "--pipeline", "smoke", "房间很干净，早餐也好", cwd=a_dir))
     for who, folder in machines.values():
-        assert re.search(r"\d+ outputs checked in s3://team/zhpipe: \d+ sound, 0 corrupt", ok(zhpipe(who, folder, "verify")))
-    assert "0 items" in ok(zhpipe(bob, b_dir, "gc", "--dry-run"))
+        assert re.search(r"\d+ outputs checked in s3://team/zhpipe: \d+ sound, 0 corrupt", ok(zhpipe(who, "verify", cwd=folder)))
+    assert "0 items" in ok(zhpipe(bob, "gc", "--dry-run", cwd=b_dir))
     assert bucket(team).exists(f"{STORE.removeprefix('s3://')}/train")  # the outputs live in the bucket (each machine mirrors)
 
 
@@ -64,9 +65,9 @@ def test_gc_from_another_machine_keeps_what_a_live_run_holds_and_recent_use(team
     bob, b_dir = machine(team, tmp_path / "bobs-other-project", "bob")
     text = (b_dir / "pipelines.yaml").read_text()
     (b_dir / "pipelines.yaml").write_text(text.split("\n  smoke:", 1)[0] + "\n")  # the pipelines before smoke: none was run
-    recent = ok(zhpipe(bob, b_dir, "gc", "--dry-run"))
+    recent = ok(zhpipe(bob, "gc", "--dry-run", cwd=b_dir))
     assert re.search(r"^0 items", recent, re.M) and "kept " in recent, recent
-    assert "would remove" in ok(zhpipe(bob, b_dir, "gc", "--dry-run", "--keep-days", "0"))
+    assert "would remove" in ok(zhpipe(bob, "gc", "--dry-run", "--keep-days", "0", cwd=b_dir))
 
     live = start(alice, a_dir, "run", "smoke", "--set", "split.seed=3", log=tmp_path / "alice.log")  # new from split on
     fs, leases = bucket(team), f"{STORE.removeprefix('s3://')}/_cache/leases"
@@ -74,13 +75,13 @@ def test_gc_from_another_machine_keeps_what_a_live_run_holds_and_recent_use(team
     while "segment: building" not in (tmp_path / "alice.log").read_text():
         assert live.poll() is None and time.monotonic() < deadline, (tmp_path / "alice.log").read_text()[-3000:]
         time.sleep(0.3)
-    swept = ok(zhpipe(bob, b_dir, "gc", "--keep-days", "0"))
+    swept = ok(zhpipe(bob, "gc", "--keep-days", "0", cwd=b_dir))
     assert live.wait(600) == 0, (tmp_path / "alice.log").read_text()[-3000:]
     assert re.search(r"kept for 1 live run", swept) and "removed " in swept, swept
     assert any(p.endswith(".json") for p in fs.ls(leases, detail=False))
-    verified = ok(zhpipe(alice, a_dir, "verify"))
+    verified = ok(zhpipe(alice, "verify", cwd=a_dir))
     assert " 0 corrupt" in verified
-    again = ok(zhpipe(alice, a_dir, "run", "smoke", "--set", "split.seed=3"))  # what the live run used is all still there
+    again = ok(zhpipe(alice, "run", "smoke", "--set", "split.seed=3", cwd=a_dir))  # what the live run used is all still there
     assert "│ miss" not in again, again
 
 
@@ -144,10 +145,10 @@ def test_a_worker_with_no_corpus_and_another_path_trains_for_an_engineer(team, t
             f.write(WORKER_PIPELINE)
     worker_env = {**worker_env, "ZHPIPE_PROJECT": str(w_dir), "PREFECT_WORKER_QUERY_SECONDS": "2"}
     assert not (w_dir / "tests").exists()
-    ok(zhpipe(alice, a_dir, "deploy", "smoke-gpu"))
+    ok(zhpipe(alice, "deploy", "smoke-gpu", cwd=a_dir))
     worker = start(worker_env, tmp_path / "gpu-box", "worker", "--pool", "team-gpu", log=tmp_path / "worker.log")
     try:
-        done = ok(zhpipe(alice, a_dir, "run", "smoke-gpu", timeout=900))
+        done = ok(zhpipe(alice, "run", "smoke-gpu", timeout=900, cwd=a_dir))
     finally:
         from tests.helpers.procs import stop
 

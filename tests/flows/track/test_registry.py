@@ -19,6 +19,7 @@ from flows.plan.store import StageStore
 from flows.track.tracker import client
 from tasks.errors import ZhpipeError
 from tests.helpers.cli import in_process
+from tests.helpers.procs import zhpipe
 from tests.helpers.runs import without_profile
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -236,15 +237,13 @@ def test_mlflow_models_serve_answers_raw_chinese_text(trained):
         proc.wait(30)
 
 
-def zhpipe(*args):
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
 def test_predict_command(trained, tmp_path, capsys):
     """The first call is a process of its own, as a user runs it; the others go through the same `main` in this
     process (each process spends seconds on its imports alone)."""
     uri = "models:/" + trained["tags"]["zhpipe.registered"]
-    proc = zhpipe("predict", "--model", uri, "--storage", str(trained["store"]), "房间很干净，服务也好")
+    proc = zhpipe(None, "predict", "--model", uri, "--storage", str(trained["store"]), "房间很干净，服务也好")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "房间很干净" in proc.stdout and "probability" in proc.stdout
     assert f"version {trained['tags']['zhpipe.registered'].split('/')[1]}" in proc.stdout  # which model answered

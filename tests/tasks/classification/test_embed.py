@@ -60,7 +60,7 @@ def test_networks_start_from_either_embedding(tmp_path):
     import pytest
 
     from tasks.errors import DataError
-    from tasks.models.networks import pretrained_matrix
+    from tasks.classification.models.networks import pretrained_matrix
     from tasks.util.vectors import keyed_word_vectors, load_word_vectors
 
     path = corpus(tmp_path)

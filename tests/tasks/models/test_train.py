@@ -12,7 +12,7 @@ from tasks.classification.vocab import Params as VocabConfig
 from tasks.classification.vocab import count_tokens
 from tasks.models import MODELS, TrainInputs
 from tasks.models.modules import TextCNN, TextCNNConfig
-from tasks.models.networks import batches, encode
+from tasks.classification.models.networks import batches, encode
 from tasks.util.text import build_vocab
 from tasks.util.vectors import keyed_word_vectors
 
@@ -227,7 +227,7 @@ def test_tfidf_streamed_from_the_split_file_learns_what_the_exact_fit_learns(tmp
     """fit: stream reads the split as a file batch by batch (hashed n-grams, SGD over shuffled batches); on
     three labels it agrees with the exact in-memory logistic regression, and auto picks by the split's size."""
     import tasks.util.io as io
-    from tasks.models.tfidf import Params, text_mb, train_tfidf_lr
+    from tasks.classification.models.tfidf import Params, text_mb, train_tfidf_lr
     from tasks.util.io import Rows
 
     words = (POS + NEG + ["位置 一般 早餐 普通", "价格 一般 服务 普通"]) * 30

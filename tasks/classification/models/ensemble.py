@@ -4,6 +4,8 @@ members' validation probabilities). The members' saved models travel inside the 
 is registered and served like any classifier."""
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import json
 import shutil
 import time
@@ -109,9 +111,32 @@ def ensemble_predictor(folder: Path, registry: dict[str, ModelSpec]) -> Predicto
     return predict
 
 
-def spec(registry: dict[str, ModelSpec]) -> ModelSpec:
-    """The registry entry; it is handed the registry it belongs to (to load its members) instead of importing it."""
+class _Registry(Mapping):
+    """The model registry (tasks.models), read when an ensemble trains or loads its members: the registry lists this
+    module's spec, so it is not built when the spec is made."""
+
+    def __getitem__(self, name: str) -> ModelSpec:
+        from tasks.models import registry
+
+        return registry()[name]
+
+    def __iter__(self):
+        from tasks.models import registry
+
+        return iter(registry())
+
+    def __len__(self) -> int:
+        from tasks.models import registry
+
+        return len(registry())
+
+
+def spec(registry: Mapping[str, ModelSpec]) -> ModelSpec:
+    """The registry entry; it is handed the registry it belongs to (to load its members)."""
     return ModelSpec("ensemble", Params, lambda inputs: train_ensemble(inputs, registry), cost=3,
                      load=lambda folder: ensemble_predictor(folder, registry),
                      members=lambda section: section.members, shared=(),
                      about="other classifiers of the run by soft voting (weights fit on validation) or stacking")
+
+
+SPEC = spec(_Registry())

@@ -73,7 +73,7 @@ def train_hf(inputs: TrainInputs) -> dict:
     import torch.nn.functional as F
     from transformers import AutoModelForSequenceClassification
 
-    from tasks.models.bert import quiet_transformers
+    from tasks.classification.models.bert import quiet_transformers
     from tasks.models.trainer import LoopConfig, Task, fit, seed_everything, validation_metrics
 
     p: Params = inputs.section

@@ -8,7 +8,7 @@ from tasks.classification.vocab import Params as VocabConfig
 from tasks.classification.vocab import count_tokens
 from tasks.errors import ConfigError
 from tasks.models import TrainInputs
-from tasks.models.bert import bert_predictor, char_tokenizer, encode_chars, lexicon_word_ids, train_bert
+from tasks.classification.models.bert import bert_predictor, char_tokenizer, encode_chars, lexicon_word_ids, train_bert
 from tasks.util.hub import ModelMissingError
 from tasks.util.text import build_vocab
 from tasks.util.vectors import keyed_word_vectors
@@ -68,7 +68,7 @@ def test_bert_pretrains_fine_tunes_and_round_trips_with_word_adapter(corpus):
 
 
 def test_word_adapter_uses_the_words(corpus):
-    from tasks.models.bert import load_bert
+    from tasks.classification.models.bert import load_bert
 
     run_bert(corpus, pretrain_epochs=0, word_adapter=True, adapter_layer=0)
     model, tokenizer, meta, lexicon = load_bert(corpus[2] / "bert", "cpu")
@@ -108,7 +108,7 @@ def test_missing_checkpoint_is_one_clear_error(corpus, monkeypatch):
 
 
 def test_sentence_pairs_hold_true_and_random_next_clauses():
-    from tasks.models.pretraining import clauses, encode_pairs, sentence_pairs
+    from tasks.classification.models.pretraining import clauses, encode_pairs, sentence_pairs
 
     texts = pd.Series(["房 间 很 干 净 ， 服 务 很 好 。 早 餐 一 般", "位 置 方 便", "太 吵 了 ！ 不 会 再 来"])
     assert clauses(texts[1]) == [["位", "置"], ["方", "便"]]  # one clause: cut in halves
@@ -160,7 +160,7 @@ def test_hf_trains_data_parallel_as_one_process_does(tmp_path):
     """train.processes=2 for a pretrained checkpoint: two gloo processes give one process's losses and weights."""
     from safetensors.torch import load_file
 
-    from tasks.models.hf import train_hf
+    from tasks.classification.models.hf import train_hf
 
     train, validation, ckpt = tiny_hf_checkpoint(tmp_path, dropout=0.0)
     got = {}
@@ -181,7 +181,7 @@ def test_hf_fine_tunes_a_local_checkpoint_and_saves_what_auto_classes_load(tmp_p
     """The pretrained-transformer path end to end on a tiny random BERT and a fast tokenizer built here."""
     from transformers import AutoModelForSequenceClassification
 
-    from tasks.models.hf import hf_predictor, train_hf
+    from tasks.classification.models.hf import hf_predictor, train_hf
 
     train, validation, ckpt = tiny_hf_checkpoint(tmp_path)
     params = TrainConfig(hf={"checkpoint": str(ckpt), "epochs": 8, "patience": 8, "lr": 1e-3, "batch_size": 8, "warmup_ratio": 0.0})
@@ -201,7 +201,7 @@ def test_hf_fine_tunes_a_local_checkpoint_and_saves_what_auto_classes_load(tmp_p
 def test_hf_without_its_checkpoint_is_one_clear_error(tmp_path, monkeypatch):
     import huggingface_hub.constants
 
-    from tasks.models.hf import train_hf
+    from tasks.classification.models.hf import train_hf
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     params = TrainConfig(hf={"checkpoint": "no-such/chinese-bert"})

@@ -4,7 +4,7 @@ from tasks.classification.train import Params as TrainConfig
 from tasks.classification.vocab import Params as VocabConfig
 from tasks.classification.vocab import count_tokens
 from tasks.models import TrainInputs
-from tasks.models.rnn_lm import rnn_lm_perplexity, train_rnn_lm
+from tasks.classification.models.rnn_lm import rnn_lm_perplexity, train_rnn_lm
 from tasks.util.text import build_vocab
 from tests.tasks.models.test_train import NEG, POS
 
@@ -46,7 +46,7 @@ def test_lm_distribution_sums_to_one_and_scores_targets_consistently():
 def test_rnn_lm_classifier_tells_the_classes_apart_by_likelihood(tmp_path):
     import numpy as np
 
-    from tasks.models.rnn_lm import lm_classifier_predictor, train_lm_classifier
+    from tasks.classification.models.rnn_lm import lm_classifier_predictor, train_lm_classifier
 
     train = pd.DataFrame({"words": POS * 15 + NEG * 15, "label": ["pos"] * 15 * len(POS) + ["neg"] * 15 * len(NEG),
                           "aug_method": "original"})
@@ -66,7 +66,7 @@ def test_text_log_likelihoods_add_up_each_texts_tokens():
     import torch
 
     from tasks.models.modules import LSTMLanguageModel, RNNLMConfig
-    from tasks.models.rnn_lm import text_log_likelihoods
+    from tasks.classification.models.rnn_lm import text_log_likelihoods
 
     torch.manual_seed(0)
     model = LSTMLanguageModel(RNNLMConfig(vocab_size=30, embed_dim=8, hidden_size=16, cutoffs=[])).eval()

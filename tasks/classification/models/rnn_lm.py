@@ -15,7 +15,7 @@ from tasks.models.base import LOOP, ModelSpec, TrainInputs
 from tasks.util.io import Rows, batches_of, read_vocab
 
 if TYPE_CHECKING:  # annotations only: the heavy libraries are imported where they are used
-    from tasks.models.encoded import Encoded
+    from tasks.classification.models.encoded import Encoded
     from tasks.models.modules import LSTMLanguageModel
 
 BOS_EOS = "[SEP]"  # the vocabulary's [SEP] marks both the start and the end of a text
@@ -45,7 +45,7 @@ def lm_batches(seqs: "list[list[int]] | Encoded", batch_size: int, rng: np.rando
     """Length-bucketed batches of (inputs, next-token targets), padded with 0; from a list of sequences or an
     encoded split (a buffer at a time)."""
     from tasks.models.batching import length_buckets, pad
-    from tasks.models.encoded import Encoded
+    from tasks.classification.models.encoded import Encoded
 
     batches = (seqs.epoch(batch_size, rng) if isinstance(seqs, Encoded)
                else ((seqs, c, None) for c in length_buckets(seqs, batch_size, rng)))
@@ -83,7 +83,7 @@ def train_rnn_lm(inputs: TrainInputs) -> dict:
     """Fit on the original (not augmented) train rows with early stopping on validation perplexity; save `rnn_lm/`."""
     import torch
 
-    from tasks.models.encoded import encode_split
+    from tasks.classification.models.encoded import encode_split
     from tasks.models.modules import LSTMLanguageModel, RNNLMConfig
     from tasks.models.trainer import LoopConfig, Task, fit, seed_everything
 
@@ -93,7 +93,7 @@ def train_rnn_lm(inputs: TrainInputs) -> dict:
     itos = read_vocab(vocab_root / p.tokens / "vocab.txt")
     stoi = {t: i for i, t in enumerate(itos)}
     sequences = lambda batch: lm_sequences(batch[p.tokens], stoi, p.max_len)  # noqa: E731
-    # the splits' ids on disk, read a buffer at a time (tasks.models.encoded): memory does not grow with the corpus
+    # the splits' ids on disk, read a buffer at a time (encoded.py): memory does not grow with the corpus
     x_train = encode_split(train, checkpoints / "encoded" / "train", sequences, keep=_originals, columns=[p.tokens])
     x_val = encode_split(validation, checkpoints / "encoded" / "validation", sequences, columns=[p.tokens])
     seed_everything(params.seed)
@@ -175,7 +175,7 @@ def train_lm_classifier(inputs: TrainInputs) -> dict:
 
     import torch
 
-    from tasks.models.encoded import encode_split
+    from tasks.classification.models.encoded import encode_split
     from tasks.models.modules import RNNLMConfig
     from tasks.models.trainer import LoopConfig, Task, fit, seed_everything
 
@@ -188,7 +188,7 @@ def train_lm_classifier(inputs: TrainInputs) -> dict:
                          num_layers=p.num_layers, dropout=p.dropout, cutoffs=p.cutoffs)
     sizes, seconds, history = [], 0.0, []
     for i, label in enumerate(inputs.labels):
-        # this class's original train rows and validation rows, on disk (tasks.models.encoded)
+        # this class's original train rows and validation rows, on disk (tasks.classification.models.encoded)
         encoded = inputs.scratch / str(i) / "encoded"
         x_train = encode_split(inputs.train, encoded / "train", sequences,
                                keep=lambda b, c=label: _originals(b) & (b["label"] == c), columns=[p.tokens, "label"])

@@ -3,8 +3,8 @@ import math
 import numpy as np
 import pytest
 
-from tasks.models.ngram import EOS, UNK, NgramLM
-from tasks.models.ngram import Params as NgramConfig
+from tasks.classification.models.ngram import EOS, UNK, NgramLM
+from tasks.classification.models.ngram import Params as NgramConfig
 
 HOTEL = [s.split() for s in ["房间 很 干净", "服务 很 好", "房间 很 大 服务 也 好", "早餐 很 差", "房间 干净 服务 好"]]
 FINANCE = [s.split() for s in ["股市 大 跌", "基金 收益 很 差", "股市 上涨 基金 也 涨", "银行 利率 下调"]]
@@ -41,8 +41,8 @@ def test_backoff_uses_the_fixed_weight_before_normalising():
 def test_lm_classifier_and_lm_round_trip(tmp_path):
     import pandas as pd
 
-    from tasks.models.ngram import Params as NgramLMConfig
-    from tasks.models.ngram import lm_classifier_predictor, lm_perplexity, train_lm_classifier, train_ngram_lm
+    from tasks.classification.models.ngram import Params as NgramLMConfig
+    from tasks.classification.models.ngram import lm_classifier_predictor, lm_perplexity, train_lm_classifier, train_ngram_lm
 
     words = [" ".join(s) for s in HOTEL + FINANCE]
     train = pd.DataFrame({"words": words, "label": ["酒店"] * len(HOTEL) + ["金融"] * len(FINANCE), "aug_method": "original"})

@@ -1,12 +1,12 @@
-"""Encoded splits (tasks.models.encoded): ids on disk, read back exactly, every row once per epoch whatever the
+"""Encoded splits (tasks.classification.models.encoded): ids on disk, read back exactly, every row once per epoch whatever the
 buffer, batched as a split held whole when it fits one buffer, and a network trained through many buffers."""
 import numpy as np
 import pandas as pd
 import pytest
 
-from tasks.models import encoded
+from tasks.classification.models import encoded
 from tasks.models.batching import length_buckets
-from tasks.models.encoded import Encoded, encode_split
+from tasks.classification.models.encoded import Encoded, encode_split
 from tasks.util.io import Rows, write_parquet
 
 

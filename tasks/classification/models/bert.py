@@ -14,7 +14,7 @@ from pydantic import Field, model_validator
 from tasks.core import Section
 from tasks.errors import ConfigError
 from tasks.models.base import NETWORK, ModelSpec, TrainInputs, class_weight_tensor, label_ids
-from tasks.models.pretraining import encode_pairs, pretraining_metrics, sentence_pairs
+from tasks.classification.models.pretraining import encode_pairs, pretraining_metrics, sentence_pairs
 from tasks.shared.as_is import original_rows
 from tasks.util.hub import load_pretrained
 from tasks.util.io import read_vocab

@@ -18,7 +18,7 @@ from tasks.util.vectors import WordVectors
 if TYPE_CHECKING:  # annotations only: the heavy libraries are imported where they are used
     import torch
 
-    from tasks.models.encoded import Encoded
+    from tasks.classification.models.encoded import Encoded
 
 
 class TextCNNParams(Section):
@@ -160,7 +160,7 @@ def train_network(inputs: TrainInputs) -> dict:
     import torch.nn.functional as F
 
     from tasks.models.batching import pad
-    from tasks.models.encoded import encode_split
+    from tasks.classification.models.encoded import encode_split
     from tasks.models.trainer import LoopConfig, Task, fit, seed_everything, validation_metrics
 
     kind, train, validation, labels, params = inputs.name, inputs.train, inputs.validation, inputs.labels, inputs.params
@@ -173,7 +173,7 @@ def train_network(inputs: TrainInputs) -> dict:
     embeddings, coverage, dim = embedding_matrix(p, itos, vectors, params.seed)
     config = network_config(kind, p, itos, len(labels), dim)
     model = networks()[kind][1](config, embeddings)
-    # the splits' ids on disk, read a buffer at a time (tasks.models.encoded): memory does not grow with the corpus
+    # the splits' ids on disk, read a buffer at a time (encoded.py): memory does not grow with the corpus
     words = lambda batch: encode(batch["words"], stoi, p.max_len)  # noqa: E731
     x_train = encode_split(train, checkpoints / "encoded" / "train", words, labels, columns=["words"])
     x_val = encode_split(validation, checkpoints / "encoded" / "validation", words, labels, columns=["words"])

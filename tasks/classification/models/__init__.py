@@ -1,0 +1,25 @@
+"""Text classification's models (`task: classification`), one module per family: tfidf (TF-IDF + logistic
+regression, and the wide variant), fasttext (the supervised classifier), networks (TextCNN, BiLSTM, Transformer
+encoder over Word2Vec or fastText vectors; encoded: splits as token ids on disk), bert (a character BERT pretrained
+here or fine-tuned; pretraining: its masked-LM and next-sentence data), hf (any pretrained sequence classifier),
+ngram and rnn_lm (n-gram and LSTM language models, and the classifiers built from one per class), ensemble (soft
+voting or stacking over the others). The registry (tasks/models) reads `SPECS`."""
+from __future__ import annotations
+
+from tasks.classification.models import bert, ensemble, fasttext, hf, networks, ngram, rnn_lm, tfidf
+
+SPECS = (
+    fasttext.SPEC,
+    networks.TEXTCNN,
+    networks.BILSTM,
+    networks.TRANSFORMER,
+    bert.SPEC,
+    hf.SPEC,
+    tfidf.SPEC,
+    tfidf.WIDE,
+    ngram.NGRAM_LM,
+    rnn_lm.SPEC,
+    rnn_lm.CLASSIFIER,
+    ngram.LM_CLASSIFIER,
+    ensemble.SPEC,  # over the others of the registry, read when it trains or loads
+)

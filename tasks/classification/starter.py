@@ -1,0 +1,69 @@
+"""What `zhpipe init` writes for a classification project (the default kind): the pipelines.yaml for a labelled CSV
+(or the example corpus), the one for a folder of nightly CSV files, and the example corpus itself."""
+from __future__ import annotations
+
+import pandas as pd
+
+from tasks.graph import InitTemplates
+
+CSV = """\
+# zhpipe pipelines: `zhpipe run` runs the first one, `zhpipe run NAME` another.
+# Every key is validated (an unknown key is an error); `zhpipe run --set train.epochs=2` overrides one.
+pipelines:
+  {name}:
+    description: {description}
+    source:
+      path: {path}            # relative to this folder, or absolute; a file:// or http(s):// URL also works
+{sha256}      format: csv
+      text_column: {text_column}
+      label_column: {label_column}
+    stages:
+      embed:
+        # Word2Vec only (what textcnn starts from); fastText subword vectors add about 20 s on 12,000 reviews:
+        # --set embed.fasttext.enabled=true
+        fasttext: {{enabled: false}}
+      train:
+        # cheapest first; times on 12,000 reviews, 2 CPU cores: tfidf_lr 12-18 s, fasttext 9-14 s, textcnn about
+        # 18 s an epoch. The budget gives textcnn what is left and stops it when it cannot catch the leader in time.
+        # One --set away: no limit (--set train.budget=null); the neural zoo (about 30 min:
+        #   --set 'train.models=[tfidf_lr, fasttext, textcnn, bilstm, transformer]' --set train.budget=null);
+        # a soft-voting ensemble of the three (--set 'train.models=[tfidf_lr, fasttext, textcnn, ensemble]').
+        # `zhpipe models` lists them all.
+        models: [tfidf_lr, fasttext, textcnn]
+        epochs: 4
+        budget: 90s
+"""
+
+NIGHTLY = """\
+# zhpipe pipelines: `zhpipe run` runs the first one, `zhpipe run NAME` another.
+# A folder of nightly files: each file is a partition; a night builds only its new file (docs/nightly.md).
+pipelines:
+  {name}:
+    description: {description}
+    source:
+      path: {path}            # drop tonight's file here, named so that it sorts last (2026-12-02.csv)
+      text_column: {text_column}
+      label_column: {label_column}
+    stages:
+      train:
+        models: [tfidf_lr, fasttext]   # `zhpipe models` lists them all
+"""
+
+_GOOD = ["房间很干净", "服务热情周到", "早餐丰富好吃", "位置方便交通便利", "床很舒服睡得好", "前台态度很好", "环境安静", "性价比很高"]
+_BAD = ["房间很脏", "服务态度差", "早餐难吃", "位置偏僻不方便", "床太硬睡不好", "前台很冷漠", "隔音太差很吵", "价格太贵不值"]
+
+
+def example_corpus() -> pd.DataFrame:
+    """A small two-class hotel-review corpus made from phrase pairs (a starter, not a benchmark)."""
+    rows = []
+    for i, a in enumerate(_GOOD):
+        for b in _GOOD[i + 1 : i + 4]:
+            rows.append({"text": f"{a}，{b}，下次还会再来。", "label": "1"})
+    for i, a in enumerate(_BAD):
+        for b in _BAD[i + 1 : i + 4]:
+            rows.append({"text": f"{a}，{b}，不会再来了。", "label": "0"})
+    return pd.DataFrame(rows)
+
+
+
+INIT = InitTemplates(csv=CSV, nightly=NIGHTLY, example=example_corpus)
