@@ -108,9 +108,10 @@ class Budget:
 
 # ---- the shared loop's side of the race (tasks/models/trainer.py) ------------------------------------------------
 
-# the training time is estimated after this many batches, or seconds, whichever comes first (the first batch, which
-# pays for warm-up, left out): batches of different lengths cost differently, and a few are a noisy sample
-ESTIMATE_AFTER = (20, 10.0)
+# the training time is estimated after this many batches (or a tenth of an epoch, if more), or seconds, whichever
+# comes first (the first batch, which pays for warm-up, left out): batches of different lengths cost differently,
+# and a few are a noisy sample
+ESTIMATE_AFTER = (20, 30.0)
 
 
 def estimate_line(name: str, seconds: float, batches: int, steps: int, epochs_left: int) -> str:

@@ -226,7 +226,8 @@ def _train_epoch(name, model, task, cfg, optimizer, scheduler, trainable, rng, d
             break
         if i == 1:
             warm = time.perf_counter()  # the first batch pays for warm-up (kernels, caches): the estimate leaves it out
-        if estimate and i > 1 and (i >= ESTIMATE_AFTER[0] or time.perf_counter() - t0 >= ESTIMATE_AFTER[1]):
+        if estimate and i > 1 and (i >= max(ESTIMATE_AFTER[0], task.steps_per_epoch // 10)
+                                   or time.perf_counter() - t0 >= ESTIMATE_AFTER[1]):
             said = say_estimate(name, time.perf_counter() - warm, i - 1, task.steps_per_epoch, epoch, cfg, plan)
             bar.set_postfix_str(said)
             estimate = False
