@@ -59,16 +59,17 @@ def terminal_width() -> int | None:
 
 
 def fitting(df, width: int) -> list[str]:
-    """The columns of `df` that fit in `width` terminal cells with every value whole: `run` and `name` always (only a
-    name longer than the line less 20 cells folds onto more lines), then RUNS_FIRST's, then the others, each only if it
-    still fits; returned in the table's order. Widths are terminal cells: a Chinese character takes two."""
+    """The columns of `df` that fit in `width` terminal cells with every value whole: `run` and `name` always (a name
+    longer than a third of the line folds onto more lines, at its spaces where it can), then RUNS_FIRST's, then the
+    others, each only if it still fits; returned in the table's order. Widths are terminal cells: a Chinese character
+    takes two."""
     from rich.cells import cell_len
 
     from flows.cli.common import cell
 
     def need(col) -> int:
         cells = max([cell_len(str(col))] + [cell_len(cell(v)) for v in df[col]])
-        return (min(cells, width - 20) if col == "name" else cells) + 3  # a space each side, a border
+        return (min(cells, max(24, width // 3)) if col == "name" else cells) + 3  # a space each side, a border
 
     order = [c for c in RUNS_FIRST if c in df.columns] + [c for c in df.columns if c not in RUNS_FIRST]
     chosen, used = set(), 1  # the table's left border

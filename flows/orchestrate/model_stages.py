@@ -203,13 +203,14 @@ def register(run: RunContext, evaluation: StageResult, segment: StageResult, mod
     )
     _say_cut(evaluation, decision, best)
     parent = Tracker(run.parent_run_id)
+    note = parent.client.get_run(run.parent_run_id).data.tags.get("mlflow.note.content", "")
     parent.tags({"zhpipe.registered": f"{decision.name}/{decision.version}", "zhpipe.test_sha256": decision.test_sha256,
                  "zhpipe.champion": ("yes" if decision.champion else "already" if decision.holds else "no"),
                  "zhpipe.champion_reason": decision.reason,
                  # the run page's description: MLflow lists under "Registered models" only versions logged by the run
                  # itself, and a version comes from its model's run
-                 "mlflow.note.content": f"Registered **{decision.name} version {decision.version}** ({best})"
-                 f"{' @champion' if decision.holds else ''}: {decision.reason}"})
+                 "mlflow.note.content": (note + "\n\n" if note else "") + f"Registered **{decision.name} version "
+                 f"{decision.version}** ({best}){' @champion' if decision.holds else ''}: {decision.reason}"})
     scores = {f"challenger_test_{metric}": decision.score}
     if decision.champion_score is not None:
         scores[f"champion_test_{metric}"] = decision.champion_score

@@ -76,7 +76,7 @@ def test_a_new_night_builds_only_its_own_partition(nightly):
     from flows.track.runs import pipeline_runs, runs_table
 
     latest = runs_table(pipeline_runs("nightly", 1)).iloc[0]  # what a nightly user reads in the morning
-    assert latest["partitions reused/built"] == "15/10" and latest["rows new"] == 200 and latest["rows"] == 450
+    assert latest["partitions reused/built"] == "3/2" and latest["rows new"] == 200 and latest["rows"] == 450
 
 
 def test_partition_keys_follow_their_own_file(nightly):
