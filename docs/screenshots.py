@@ -44,8 +44,8 @@ def shoot(url: str, path: Path, budget_ms: int = 20000) -> None:
 
 
 def header_proxy(target: str, user: str, password: str) -> tuple[object, str]:
-    """(the server, its address): a proxy on a free loopback port that forwards each GET to `target` with the login as
-    an Authorization header. Stop it with `server.shutdown()`."""
+    """(the server, its address): a proxy on a free loopback port that forwards each GET and POST to `target` with the
+    login as an Authorization header. Stop it with `server.shutdown()`."""
     import base64
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -54,7 +54,14 @@ def header_proxy(target: str, user: str, password: str) -> tuple[object, str]:
 
     class Forward(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 - the name http.server calls
-            request = urllib.request.Request(target + self.path, headers={"Authorization": header})
+            self.forward(None)
+
+        def do_POST(self):  # noqa: N802 - the UI searches runs with POSTs (reads: zhpipe ui allows no writes)
+            self.forward(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+
+        def forward(self, body):
+            headers = {"Authorization": header, "Content-Type": self.headers.get("Content-Type", "application/json")}
+            request = urllib.request.Request(target + self.path, data=body, headers=headers)
             try:
                 with urllib.request.urlopen(request, timeout=60) as answer:  # noqa: S310 - loopback
                     status, headers, body = answer.status, answer.headers.items(), answer.read()

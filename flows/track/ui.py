@@ -56,6 +56,9 @@ _READ_POST = re.compile(r"/(ajax-)?api/[23]\.0/?mlflow/(experiments/search|runs/
                         r"experiments/search-datasets)/?")
 # where MLflow's API lives: a GET there must be one of MLflow's own read routes; elsewhere it is the UI's static pages
 _API = re.compile(r"/(ajax-api|api|graphql|v1|gateway|jobs)(/|$)")
+# the AI gateway's endpoints, which MLflow's pages ask for: answered as MLflow answers with no gateway configured
+# (`{"endpoints": []}`), never forwarded (MLflow would forward it to MLFLOW_DEPLOYMENTS_TARGET when one is set)
+_GATEWAY = re.compile(r"/(ajax-)?api/2\.0/mlflow/gateway-proxy/?")
 MAX_BODY = 1 << 20  # the UI's searches and queries are a few kB
 AUTH_FILE = "ZHPIPE_UI_AUTH_FILE"
 
@@ -138,6 +141,8 @@ class OwnerOnly:
         if self.gets is None:
             self.gets = _read_gets()
         method, path = scope["method"], scope["path"]
+        if method == "GET" and _GATEWAY.fullmatch(path):  # the UI asks every page; zhpipe ui has no AI gateway
+            return await _json(send, {"endpoints": []})
         graphql = method == "POST" and path.rstrip("/") == "/graphql"  # decided by its body, read below
         if not graphql and not is_read(method, path, gets=self.gets):  # refused before a byte of its body is read
             return await _answer(send, 403, f"zhpipe ui is read-only: {method} {path} is not one of the reads it "
@@ -183,6 +188,13 @@ async def _refuse_websocket(scope, send) -> None:
     await send({"type": "websocket.http.response.start", "status": 403,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
     await send({"type": "websocket.http.response.body", "body": data})
+
+
+async def _json(send, obj) -> None:
+    data = json.dumps(obj).encode()
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+    await send({"type": "http.response.body", "body": data})
 
 
 async def _answer(send, status: int, text: str, headers: list | None = None) -> None:

@@ -234,3 +234,13 @@ def test_a_new_tracking_store_over_a_built_stage_store_records_and_registers(run
     parent = client().get_run(out["parent_run_id"])
     assert parent.data.tags["zhpipe.champion"] == "yes" and parent.data.tags["zhpipe.registered"] == "zhpipe-smoke/1"
     assert "zhpipe.reused" not in parent.data.tags  # the builders are elsewhere: not named as if they were here
+
+
+def test_the_ui_answers_the_gateway_endpoints_its_pages_ask_for_without_forwarding(ui):
+    """Every MLflow page asks for the AI gateway's endpoints: refused, it showed a PERMISSION_DENIED box on each page.
+    zhpipe ui answers as MLflow does with no gateway (none), itself, and only its owner."""
+    url = f"http://127.0.0.1:{ui['port']}/ajax-api/2.0/mlflow/gateway-proxy"
+    got = httpx.get(url, params={"gateway_path": "api/2.0/endpoints/"}, auth=owner(), timeout=30)
+    assert got.status_code == 200 and got.json() == {"endpoints": []}
+    assert httpx.get(url, timeout=30).status_code == 401
+    assert httpx.post(url, json={"gateway_path": "api/2.0/endpoints/"}, auth=owner(), timeout=30).status_code == 403
