@@ -216,3 +216,15 @@ def test_another_corpus_is_tracked_under_a_name_of_its_own():
     assert other.identity == "smoke-waimai_10k" and other.name == "smoke"
     assert load_pipeline("smoke", source_overrides={"path": "https://example.org/a/msra.bio.gz"}).identity == "smoke-msra"
     assert load_pipeline("smoke", source_overrides={"path": "/x/数据.csv"}).identity == "smoke-source"
+
+
+def test_fasttext_embeddings_need_the_fasttext_vectors():
+    """The init template turns the embed stage's fastText vectors off: a network asked to start from them says so
+    before the run, not when the train stage looks for the file."""
+    from flows.plan.config import load_pipeline
+    from tasks.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"train.embeddings: fasttext, but embed.fasttext.enabled is false \(textcnn"):
+        load_pipeline("smoke", overrides=["embed.fasttext.enabled=false", "train.embeddings=fasttext",
+                                          "train.models=[tfidf_lr,textcnn]"])
+    assert load_pipeline("smoke", overrides=["embed.fasttext.enabled=false", "train.models=[tfidf_lr,textcnn]"])
