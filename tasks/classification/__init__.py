@@ -52,12 +52,9 @@ def check(config: Any) -> None:
 def check_stages(stages: Any) -> None:
     """train.transformer: d_model (else the size of the vectors it starts from) must divide into its heads; a network
     that starts from fastText vectors needs the embed stage to train them."""
-    from tasks.models import MODELS
-
-    starting = [m for m in stages.train.models if MODELS[m].uses_vectors]
-    if stages.train.embeddings == "fasttext" and starting and not stages.embed.fasttext.enabled:
-        raise ValueError(f"train.embeddings: fasttext, but embed.fasttext.enabled is false ({', '.join(starting)} start "
-                         f"from the embed stage's vectors); set embed.fasttext.enabled=true or train.embeddings=word2vec")
+    if stages.train.embeddings == "fasttext" and not stages.embed.fasttext.enabled:
+        raise ValueError("train.embeddings: fasttext, but embed.fasttext.enabled is false (the networks start from "
+                         "the embed stage's vectors); set embed.fasttext.enabled=true or train.embeddings=word2vec")
     t = stages.train.transformer
     vectors = stages.embed.fasttext.dim if stages.train.embeddings == "fasttext" else stages.embed.word2vec.vector_size
     d_model = t.d_model or vectors

@@ -224,7 +224,7 @@ def test_fasttext_embeddings_need_the_fasttext_vectors():
     from flows.plan.config import load_pipeline
     from tasks.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"train.embeddings: fasttext, but embed.fasttext.enabled is false \(textcnn"):
+    with pytest.raises(ConfigError, match=r"train.embeddings: fasttext, but embed.fasttext.enabled is false \(the networks"):
         load_pipeline("smoke", overrides=["embed.fasttext.enabled=false", "train.embeddings=fasttext",
                                           "train.models=[tfidf_lr,textcnn]"])
     assert load_pipeline("smoke", overrides=["embed.fasttext.enabled=false", "train.models=[tfidf_lr,textcnn]"])
