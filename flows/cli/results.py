@@ -180,17 +180,6 @@ def show_predictions(out, args, model: str) -> None:
                     f"zhpipe predict: {model}")
 
 
-def _port_free(host: str, port: int) -> bool:
-    import socket
-
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
 def _served(proc, local: str, auth: str, port: int, timeout: float = 120) -> None:
     """Wait until the MLflow server `proc` answers at `local` as ours: its own socket on the port, then our credentials
     (`private.ours_answering`); one line, the server stopped, when it exits, another process holds the port, or it
@@ -220,9 +209,8 @@ def cmd_ui(args) -> int:
     """MLflow's server over the project's store, for its owner only: the project's credentials on every request and
     no writes (flows.track.ui). Fails in one line when it cannot serve on its port."""
     import subprocess
-    from importlib.metadata import entry_points
-
     import warnings
+    from importlib.metadata import entry_points
 
     from flows.plan import private, project
     from flows.track.tracker import home_url, private_store, tracking_uri
@@ -235,7 +223,7 @@ def cmd_ui(args) -> int:
         raise ZhpipeError("ui: zhpipe's MLflow app is not installed (it asks for the project's credentials and refuses "
                           "writes); install zhpipe (`pip install -e .` in a checkout) and try again")
     args.port = project.ui_port(args.port)  # the project's own (recorded: its links point there), or the given one
-    if not _port_free(args.host, args.port):
+    if not private.port_free(args.port, args.host):
         raise ZhpipeError(f"ui: port {args.port} on {args.host} is already in use (another server answers there); "
                           f"choose another with `zhpipe ui --port N` (the project's links then point there)")
     project.ensure_prefect_home()

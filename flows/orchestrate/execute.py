@@ -12,10 +12,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
-from flows.pools.chunks import pool_for
 from flows.orchestrate.gate import Gate
 from flows.orchestrate.tracking import UnitTracking
-from flows.pools.slots import global_slot
 from flows.plan import project
 from flows.plan.config import PipelineConfig
 from flows.plan.keys import unit_params
@@ -23,6 +21,8 @@ from flows.plan.leases import Lease
 from flows.plan.request import RunRequest
 from flows.plan.sources import origin_of, partition_source, partitions
 from flows.plan.store import Manifest, StageStore, stage_key
+from flows.pools.chunks import pool_for
+from flows.pools.slots import global_slot
 from flows.track.tracker import Tracker
 from tasks.core import BuildContext, BuildOutput, Facts, Unit, established, partition_unit
 from tasks.errors import ZhpipeError

@@ -230,8 +230,7 @@ def _say_cut(evaluation: StageResult, decision, best: str) -> None:
     import json
 
     chosen = evaluation.path / "chosen.json"
-    why = json.loads(chosen.read_text(encoding="utf-8")).get("why", "") if chosen.is_file() else ""
-    cut = why.partition("cut short by the training budget (")[2].removesuffix(")")
+    cut = json.loads(chosen.read_text(encoding="utf-8")).get("cut_short", "") if chosen.is_file() else ""
     if cut:
         log.warning("registry: %s version %s (%s) was cut short by the training budget: %s", decision.name,
                     decision.version, best, cut)

@@ -53,14 +53,10 @@ def history(run: RunContext, limit: int = 30) -> str:
     the second run: one point is no trend)."""
     import time as _time
 
-    from flows.track.tracker import client
+    from flows.track.runs import pipeline_runs
 
     metric = run.config.kind.metric(run.config)
-    experiment = client().get_experiment_by_name(run.experiment)
-    if experiment is None:
-        return ""
-    runs = client().search_runs([experiment.experiment_id], filter_string="tags.`zhpipe.pipeline` != ''",
-                                order_by=["attributes.start_time DESC"], max_results=limit)
+    runs = pipeline_runs(run.config.identity, limit)  # the pipeline's runs (experiment zhpipe-<identity>), newest first
     points = []
     for r in reversed(runs):
         m, tags = r.data.metrics, r.data.tags
@@ -85,8 +81,8 @@ def _record(run: RunContext, results: dict[str, StageResult], ok: bool, error: s
     from flows.track.alerts import flush
 
     gate = run.gate
-    if ok and not (gate and gate.fresh) and all(r.cache == "hit" for r in results.values()) \
-            and not still_held(run):
+    held_now = still_held(run)
+    if ok and not (gate and gate.fresh) and all(r.cache == "hit" for r in results.values()) and not held_now:
         return  # nothing built, nothing judged: the parent run names the runs that built it all (no new artifacts)
     parent = Tracker(run.parent_run_id)
     rows = gate.rows() if gate else []
@@ -103,7 +99,6 @@ def _record(run: RunContext, results: dict[str, StageResult], ok: bool, error: s
                                                        "zhpipe.registered")}
     if error:
         champion["error"] = error
-    held_now = still_held(run)
     page = report.render(run.title or run.config.name, ok, arrived(run, results), rows, plots, champion,
                          headline(run, results), held=held_now, history=history(run))
     parent.text(page, "report.html")

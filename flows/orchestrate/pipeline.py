@@ -14,7 +14,6 @@ from prefect.cache_policies import NO_CACHE
 from prefect.utilities.annotations import quote
 
 from flows.orchestrate import night
-from flows.pools.chunks import shutdown as shutdown_cluster
 from flows.orchestrate.execute import RunContext, StageResult
 from flows.orchestrate.guard import check_run
 from flows.orchestrate.model_stages import run_model_stage
@@ -26,6 +25,7 @@ from flows.plan.keys import plan
 from flows.plan.request import RunRequest
 from flows.plan.sources import fixed_partitions, record_appends
 from flows.plan.store import StageStore, stage_key, storage_root
+from flows.pools.chunks import shutdown as shutdown_cluster
 from flows.track.champion import revision
 from tasks.errors import ZhpipeError
 from tasks.stages import KINDS, STAGE_NAMES

@@ -204,3 +204,16 @@ def ours_answering(pid: int, url: str, auth: str, path: str = "/health", timeout
         raise PortTaken(f"port {port} on 127.0.0.1 is held by {who}, not by the server zhpipe started; no credentials "
                         f"were sent there; choose another port")
     return demands(url, auth, path, timeout)
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether nothing listens on `port` of `host` now (a bind succeeds): what zhpipe checks before it starts a server
+    there, and before it draws a project's port."""
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True

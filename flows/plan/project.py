@@ -143,8 +143,8 @@ def ui_port(chosen: int | None = None) -> int:
     when set; else `chosen` (`zhpipe ui --port`), recorded; else the recorded one; else drawn from UI_PORTS by a hash
     of the project folder (the next free one if another server holds it) and recorded, so that it stays."""
     import hashlib
-    import socket
 
+    from flows.plan.private import port_free
     from tasks.util.private import write_atomic
 
     if os.environ.get("ZHPIPE_UI_PORT", "").isdigit():
@@ -159,12 +159,8 @@ def ui_port(chosen: int | None = None) -> int:
         first = int(hashlib.sha256(str(current().root.resolve()).encode()).hexdigest(), 16) % (hi - lo + 1)
         for step in range(hi - lo + 1):
             chosen = lo + (first + step) % (hi - lo + 1)
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", chosen))
-                    break
-                except OSError:
-                    continue
+            if port_free(chosen):
+                break
     with contextlib.suppress(OSError):  # a read-only project still serves; its links then follow the hash
         ensure_prefect_home()
         write_atomic(record, f"{chosen}\n")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ from flows.plan.private import (
     credentials,
     open_private_log,
     ours_answering,
+    port_free,
     read_state,
     status_of,
     write_state,
@@ -199,15 +199,6 @@ def project_port() -> int:
     return lo + int(hashlib.sha256(home.encode()).hexdigest(), 16) % (hi - lo + 1)
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def start(port: int | None = None, timeout: float = 180.0, idle: float | None = None) -> dict:
     """Start `prefect server start` on loopback in the background (or return the running one), on the
     project's own port; the UI it serves is told that port (PREFECT_UI_API_URL), so it shows this server.
@@ -216,7 +207,7 @@ def start(port: int | None = None, timeout: float = 180.0, idle: float | None = 
     if state:
         return state
     port = port or project_port()
-    if not _port_free(port):
+    if not port_free(port):
         raise ZhpipeError(f"port {port} on 127.0.0.1 is taken (another server?); choose one with "
                           "`zhpipe server start --port PORT` or ZHPIPE_SERVER_PORT")
     home = Path(os.environ["PREFECT_HOME"]).expanduser()

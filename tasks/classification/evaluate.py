@@ -221,7 +221,8 @@ def build(ctx: BuildContext) -> BuildOutput:
         why += f"; cut short by the training budget ({units[best].summary['cut_short']})"
     (ctx.out / "comparison.md").write_text(comparison_markdown(table) + f"\n\nChosen: **{best}**, {why}.\n",
                                            encoding="utf-8")
-    (ctx.out / "chosen.json").write_text(json.dumps({"model": best, "why": why}, ensure_ascii=False), encoding="utf-8")
+    chosen = {"model": best, "why": why, "cut_short": units[best].summary.get("cut_short", "")}
+    (ctx.out / "chosen.json").write_text(json.dumps(chosen, ensure_ascii=False), encoding="utf-8")
     (ctx.out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
     lms = {m: r["test_perplexity"] for m, r in results.items() if "test_perplexity" in r}
     if lms:

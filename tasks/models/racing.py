@@ -49,11 +49,6 @@ class Race:
         score = self.leader_scores.get(monitor)
         return None if score is None else (score if mode == "max" else -score)
 
-    def epochs_that_fit(self, epoch_seconds: float, wanted: int) -> int:
-        """Of `wanted` more epochs of `epoch_seconds` each, how many fit in what is left of the share (at least one:
-        a model that started ends an epoch, however short)."""
-        return max(1, min(wanted, int(self.left() / max(epoch_seconds, 1e-9))))
-
     def hopeless(self, curve: list[float], epochs_left: int, monitor: str, mode: str) -> str:
         """Why the model cannot reach the leader within its share (empty: it still can), from its validation curve
         (signed: higher is better): even gaining its best epoch's gain every epoch left, it stays behind. Judged from
