@@ -139,12 +139,19 @@ def test_the_kind_check_finds_a_planted_literal(tmp_path):
 RUNTIME, ENTRY = "flows.runtime", "flows.cli"  # the daemon's room, and the one module outside it that may import it
 
 
+def _in(room: str, name: str) -> bool:
+    """Whether module `name` is `room` or inside it."""
+    return name == room or name.startswith(f"{room}.")
+
+
+def _arrows(root: Path, arrow) -> list[str]:
+    """`a -> b` for each import of `b` by `a` in the tree at `root` for which `arrow(a, b)` holds, sorted."""
+    return sorted(f"{name} -> {m}" for name, deps in _graph(root).items() for m in deps if arrow(name, m))
+
+
 def _into_runtime(root: Path) -> list[str]:
     """The modules outside the runtime room, other than the CLI's entry point, that import anything of it."""
-    graph = _graph(root)
-    inside = lambda name: name == RUNTIME or name.startswith(f"{RUNTIME}.")  # noqa: E731
-    return sorted(f"{name} -> {m}" for name, deps in graph.items() if not inside(name) and name != ENTRY
-                  for m in deps if inside(m))
+    return _arrows(root, lambda a, b: not _in(RUNTIME, a) and a != ENTRY and _in(RUNTIME, b))
 
 
 def test_only_the_entry_point_imports_the_runtime():
@@ -167,9 +174,7 @@ def test_the_runtime_check_finds_a_planted_import(tmp_path):
 
 def _models_into_kinds(root: Path, kinds: tuple[str, ...]) -> list[str]:
     """Imports from the shared model parts (tasks/models) up into a kind's folder (tasks/<kind>)."""
-    graph = _graph(root)
-    return sorted(f"{name} -> {m}" for name, deps in graph.items() if name.startswith("tasks.models")
-                  for m in deps if any(m == f"tasks.{k}" or m.startswith(f"tasks.{k}.") for k in kinds))
+    return _arrows(root, lambda a, b: _in("tasks.models", a) and any(_in(f"tasks.{k}", b) for k in kinds))
 
 
 def test_shared_model_parts_import_no_kind():
@@ -190,24 +195,21 @@ def test_the_model_check_finds_a_planted_import(tmp_path):
 
 
 # flows/' rooms from the bottom up: a module imports its own room and those below it, never one above
-ROOMS = (("flows.needs", "flows.plan"), ("flows.pools",), ("flows.track",), ("flows.orchestrate",), ("flows.cli", "flows.api"))
+ROOMS = (("flows.needs", "flows.plan"), ("flows.pools",), ("flows.track",), ("flows.orchestrate",),
+         ("flows.cli", "flows.api"))
 
 
 def _upward(root: Path) -> list[str]:
     """`a -> b` for each import of a module in a room above the importer's (the runtime, beside them, is checked by the
     entry-point test; what it imports of the CLI is listed by `_runtime_into_cli`)."""
     def level(name: str) -> int | None:
-        return next((i for i, room in enumerate(ROOMS) for top in room if name == top or name.startswith(top + ".")), None)
+        return next((i for i, room in enumerate(ROOMS) for top in room if _in(top, name)), None)
 
-    graph = _graph(root)
-    return sorted(f"{name} -> {m}" for name, deps in graph.items() if level(name) is not None
-                  for m in deps if level(m) is not None and level(m) > level(name))
+    return _arrows(root, lambda a, b: None not in (level(a), level(b)) and level(b) > level(a))
 
 
 def _runtime_into_cli(root: Path) -> list[str]:
-    graph = _graph(root)
-    return sorted(f"{name} -> {m}" for name, deps in graph.items() if name.startswith(RUNTIME + ".")
-                  for m in deps if m == ENTRY or m.startswith(ENTRY + "."))
+    return _arrows(root, lambda a, b: a.startswith(f"{RUNTIME}.") and _in(ENTRY, b))
 
 
 def test_the_rooms_import_downwards_only():
@@ -230,11 +232,9 @@ def test_the_room_check_finds_a_planted_upward_import(tmp_path):
 def _kind_into_kind(root: Path, kinds: tuple[str, ...]) -> list[str]:
     """Imports from one kind's folder (tasks/<kind>) into another's."""
     def kind_of(name: str) -> str | None:
-        return next((k for k in kinds if name == f"tasks.{k}" or name.startswith(f"tasks.{k}.")), None)
+        return next((k for k in kinds if _in(f"tasks.{k}", name)), None)
 
-    graph = _graph(root)
-    return sorted(f"{name} -> {m}" for name, deps in graph.items() if kind_of(name)
-                  for m in deps if kind_of(m) and kind_of(m) != kind_of(name))
+    return _arrows(root, lambda a, b: kind_of(a) is not None and kind_of(b) not in (None, kind_of(a)))
 
 
 def test_no_kind_imports_another_kind():
