@@ -9,7 +9,8 @@ UI on the project's port, waits until each page answers, and writes `prefect-flo
 
 `zhpipe ui` asks for the project's credentials (a browser shows its login prompt). A script logs in with a header,
 never with credentials in the URL (MLflow's page refuses to load from such a URL): `header_proxy` below is a loopback
-proxy that adds `Authorization: Basic ...` to every request, and Chromium is pointed at the proxy.
+proxy that adds `Authorization: Basic ...` to every request of its owner's (another local user's connection is
+refused: `flows.plan.private.peer_uid`), and Chromium is pointed at the proxy.
 """
 from __future__ import annotations
 
@@ -50,6 +51,8 @@ def header_proxy(target: str, user: str, password: str) -> tuple[object, str]:
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+    from flows.plan.private import peer_uid
+
     header = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
     class Forward(BaseHTTPRequestHandler):
@@ -60,6 +63,10 @@ def header_proxy(target: str, user: str, password: str) -> tuple[object, str]:
             self.forward(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
 
         def forward(self, body):
+            # the proxy logs in as its owner: it answers its owner's connections only (another local user's are refused)
+            if peer_uid(self.client_address[1], self.server.server_address[1]) != os.getuid():
+                self.send_error(403, "this proxy answers its owner only")
+                return
             headers = {"Authorization": header, "Content-Type": self.headers.get("Content-Type", "application/json")}
             request = urllib.request.Request(target + self.path, data=body, headers=headers)
             try:

@@ -35,10 +35,6 @@ def as_other_user():
     os.setuid(OTHER_UID)
 
 
-def with_umask(mask: int):
-    return lambda: os.umask(mask)
-
-
 def open_to_others(root: Path) -> list[str]:
     """Every file or folder under `root` (itself included, links not followed) that grants anything to others."""
     found = []
@@ -414,3 +410,27 @@ def test_a_partition_name_with_a_line_break_is_refused(tmp_path):
     (tmp_path / "drop" / "2026-12-02\nINFO all checks passed\n.csv").write_text("text,label\n好,1\n")
     with pytest.raises(DataError, match="holds a line break or control character"):
         Source(path="drop/*.csv").partitions(tmp_path)
+
+
+@as_root
+def test_the_peer_of_a_loopback_connection_is_named_by_its_uid():
+    """What the screenshot proxy (docs/screenshots.py) asks before it adds its owner's login to a request: the uid on
+    the other end. Another user's connection is named as theirs, this process's as ours."""
+    from flows.plan.private import peer_uid
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        connect = (f"import socket, time; c = socket.create_connection(('127.0.0.1', {port})); "
+                   "print(c.getsockname()[1], flush=True); time.sleep(30)")
+        other = subprocess.Popen([OTHER_PYTHON, "-c", connect],
+                                 stdout=subprocess.PIPE, text=True, user=OTHER_UID, cwd="/")
+        try:
+            theirs = int(other.stdout.readline())
+            with socket.create_connection(("127.0.0.1", port)) as mine:
+                assert peer_uid(theirs, port) == OTHER_UID
+                assert peer_uid(mine.getsockname()[1], port) == os.getuid()
+        finally:
+            other.kill()
+            other.wait(10)

@@ -135,6 +135,21 @@ def listeners(port: int) -> list[tuple[int, int]] | None:
     return found if seen else None
 
 
+def peer_uid(client_port: int, server_port: int) -> int | None:
+    """The uid that owns the loopback TCP connection from `client_port` to `server_port` (the client's side, from
+    /proc/net/tcp and tcp6): who is asking a local server; None when it is not found or there is no /proc."""
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = (_PROC / "net" / table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            if len(cols) > 7 and cols[1].endswith(f":{client_port:04X}") and cols[2].endswith(f":{server_port:04X}"):
+                return int(cols[7])
+    return None
+
+
 def family(pid: int) -> set[int]:
     """`pid` and every process below it (a server's workers, a supervisor's server)."""
     children: dict[int, list[int]] = {}
