@@ -67,8 +67,8 @@ def fit_wide(train: pd.DataFrame, y: np.ndarray, seed: int):
 
 
 def main() -> None:
-    from tasks.models import MODELS
     from tasks.classification.models.ensemble import fit_weights
+    from tasks.stages import MODELS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="1,2,3")

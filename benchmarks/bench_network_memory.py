@@ -45,7 +45,8 @@ from pathlib import Path
 import numpy as np
 from gensim.models import KeyedVectors
 from tasks.util.io import Rows
-from tasks.models import MODELS, TrainInputs
+from tasks.models import TrainInputs
+from tasks.stages import MODELS
 from tasks.classification.train import Params
 from tasks.util.vectors import keyed_word_vectors
 

@@ -89,7 +89,7 @@ def direct_run(config, root: Path) -> float:
         out.mkdir(parents=True)
         ctx = BuildContext({d: outputs[d] for d in deps}, {d: infos[d] for d in deps}, out, getattr(config.stages, stage),
                            root / f"{stage}-scratch", config.name, ROOT, stages=config.stages, source=config.source, store=services)
-        result = spec.module.build(ctx)
+        result = spec.build(ctx)
         outputs[stage], infos[stage] = out, result.facts
     return time.perf_counter() - t0
 

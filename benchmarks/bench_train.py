@@ -63,7 +63,8 @@ def corpus(rows: int, folder: Path) -> pd.DataFrame:
 def throughput(name: str, df: pd.DataFrame, params, folder: Path) -> dict[str, float]:
     """Median training samples/second of one model (the summary the train stage itself reports); bert gives
     its masked-LM pretraining (`bert_mlm`) and its fine-tuning."""
-    from tasks.models import MODELS, TrainInputs
+    from tasks.models import TrainInputs
+    from tasks.stages import MODELS
     from tasks.util.vectors import load_word_vectors
 
     out = Path(tempfile.mkdtemp(dir=folder))

@@ -51,8 +51,9 @@ def train_one(name: str, device: str, precision: str, inputs: Path, epochs: int,
     import torch
 
     from flows.plan.config import load_pipeline
-    from tasks.models import MODELS, TrainInputs
+    from tasks.models import TrainInputs
     from tasks.ner.tagged import entity_f1
+    from tasks.stages import MODELS
 
     train, validation, test = frames
     sets = [f"train.device={device}", f"train.precision={precision}"]

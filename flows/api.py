@@ -117,9 +117,9 @@ def load_model(pipeline: str, model: str, overrides: list[str] | None = None, pr
     """A trained model's predict function (a frame with `text`, `words`, `chars` -> class probabilities); for a
     language model, a function from such a frame to its perplexity; for a tagger (task ner), a function from
     cleaned texts to their `Tagged` results (BIOES tags, per-character scores and marginals)."""
-    from tasks.models import get
+    from tasks.stages import model as registered
 
-    spec = get(model)
+    spec = registered(model)
     cfg = config(pipeline, overrides, project)
     training = cfg.kind.training.name
     if model not in cfg.models():

@@ -189,6 +189,8 @@ class StoreAccess(Protocol):
     # a registered model: (models:/<name>/<version>, its local folder)
     def registered(self, uri: str) -> tuple[str, Path]: ...
 
+    def model(self, name: str) -> Any: ...  # the `ModelSpec` of a model of any kind (a registered model's loader)
+
 
 # a file larger than this is recorded as an MLflow dataset by its schema and a digest of its head (this many rows)
 DATASET_SAMPLE_ROWS = 10_000

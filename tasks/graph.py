@@ -1,14 +1,16 @@
-"""The vocabulary of the plan of the house: a `Stage` (what it needs, the module that computes it, what it writes,
+"""The vocabulary of the plan of the house: a `Stage` (what it needs, the function that computes it, what it writes,
 its headline metric, a unit per partition or per model), a `TaskKind` (its stage table, how it chooses and
-reports models) and the stage every kind shares (segment). Each kind declares its table in its own package
-(tasks/classification, tasks/ner, tasks/translation); tasks/stages.py gathers them. Imports nothing heavy: a
-stage's module is imported when the stage is planned or built (`Stage.module`)."""
+reports models). Each kind declares its table in its own package (tasks/classification, tasks/ner,
+tasks/translation), with the functions of its stage modules; the stage every kind shares (segment) is declared in
+tasks/shared/segment.py; tasks/stages.py gathers them."""
 from __future__ import annotations
 
-import importlib
-from dataclasses import dataclass
+import sys
+from collections.abc import Callable
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,9 @@ class Stage:
 
     name: str
     needs: tuple[str, ...]  # the stages whose outputs it reads, by name (its build sees them as ctx.inputs[name])
-    module_name: str  # its `Params` (the config section), `build(ctx)`, `LIBRARIES` and `FILES` (in the key)
+    # build(ctx) -> BuildOutput; its module holds the stage's `Params` (the config section), `LIBRARIES` and
+    # `FILES` (in the key), and any other function named here
+    build: Callable[[Any], Any]
     help: str  # one line for `zhpipe stages` and the CLI
     headline: str  # the one metric the run summary shows
     outputs: tuple[Output, ...] = ()
@@ -55,12 +59,26 @@ class Stage:
     # stage gathers them in order (tasks/shared/partitions.py); a night with one new file builds only that file's units
     partitioned: bool = False
     cumulative: bool = False  # a partition unit also reads every earlier partition's output (global deduplication)
-    # the module's functions for a partition unit and for gathering them (default: `build`, and concatenating
-    # the partitions' files with tasks/shared/partitions.py); vocab counts per partition and merges the counts
-    part_build: str = "build"
-    gather: str | None = None
+    # a partition unit's function and the one that gathers them (default: `build`, and concatenating the partitions'
+    # files with tasks/shared/partitions.py); vocab counts per partition and merges the counts
+    part_build: Callable[[Any], Any] | None = None
+    gather: Callable[[Any], Any] | None = None
+    build_model: Callable[[Any, str], Any] | None = None  # a per-model stage's unit: build_model(ctx, model)
     checked: bool = False  # the data checks (tasks/shared/checks.py) are judged on its output: per partition, or whole
 
+    def __post_init__(self):
+        """A stage's functions are its module's, and the module declares what its key needs: checked when its kind
+        is declared, so a wrong entry fails at import, not in a run."""
+        where = f"stage {self.name!r}"
+        functions = [f for f in (self.build, self.part_build, self.gather, self.build_model) if f is not None]
+        if not all(callable(f) and getattr(f, "__module__", None) == self.module_name for f in functions):
+            raise TypeError(f"{where}: build, part_build, gather and build_model must be functions of one module "
+                            f"({self.module_name})")
+        missing = [a for a in ("Params", "LIBRARIES", "FILES") if not hasattr(self.module, a)]
+        if missing:
+            raise TypeError(f"{where}: its module {self.module_name} declares no {', '.join(missing)}")
+        if self.per_model != (self.build_model is not None):
+            raise TypeError(f"{where}: a stage has build_model exactly when it has a unit per model (models=...)")
 
     @property
     def per_model(self) -> bool:
@@ -73,8 +91,12 @@ class Stage:
         return flag is None or bool(getattr(spec, flag))
 
     @property
+    def module_name(self) -> str:
+        return self.build.__module__
+
+    @property
     def module(self) -> ModuleType:
-        return importlib.import_module(self.module_name)
+        return sys.modules[self.module_name]
 
     @property
     def params(self) -> type:
@@ -128,7 +150,7 @@ class TaskKind:
     # the module that serves its registered models on raw text and scores them for the champion rule (see
     # tasks/serving.py for what it holds); "": the kind registers no model of its own (it serves as `models_of`'s)
     serving: str = ""
-    models: str = ""  # the module whose `SPECS` are the models it registers (tasks.models.MODELS); "": the shared ones
+    models: Mapping[str, Any] = field(default_factory=dict)  # its models by name (`ModelSpec`s); none: trains another's
     scored: tuple[str, ...] = ("label",)  # the columns of its test split, besides id and text, that score a model
     shown: tuple[tuple[str, str], ...] = ()  # its `zhpipe runs` columns: (heading, the parent run's metric)
     starter: Starter | None = None  # `zhpipe init --<option> FILE` for a corpus of this kind
@@ -200,8 +222,3 @@ SPLITS = Output("{split}.parquet", "splits")
 TRAINS = PerModel(trains=True, optional=(("embed", "uses_vectors"),))  # embed: only models that start from word vectors
 SELECTS = PerModel(reads=("train",), selects=True)
 
-
-# the stages every kind shares, named in each kind's table
-SEGMENT = Stage("segment", ("split",), "tasks.shared.segment",
-                "jieba words (+POS) and characters, in parallel processes or on Dask",
-                "train_mean_words", (SPLITS,), partitioned=True)

@@ -5,16 +5,22 @@ run summary and `api.load` from these tables. Imports nothing heavy: the CLI rea
 from __future__ import annotations
 
 import importlib
+from collections import ChainMap
+from collections.abc import Mapping
 from types import ModuleType
 
 from tasks import classification, ner, translation
-from tasks.graph import SEGMENT, SELECTS, SPLITS, TRAINS, Output, PerModel, Stage, TaskKind, graph
+from tasks.graph import SELECTS, SPLITS, TRAINS, Output, PerModel, Stage, TaskKind, graph
+from tasks.models.base import ModelSpec
 
 KINDS: dict[str, TaskKind] = {k.KIND.name: k.KIND for k in (classification, ner, translation)}
 DEFAULT_KIND = next(iter(KINDS))  # a pipeline's `task:` when it names none
 CLASSIFICATION_STAGES = classification.STAGES
 # every stage name of every kind, in graph order: what the CLI's --from/--to/--only/--force accept
 STAGE_NAMES = tuple(dict.fromkeys(name for k in KINDS.values() for name in k.stages))
+# every kind's models by name, in the kinds' order: what `train.models` names and the CLI lists (a live view of each
+# kind's own `models`, so a model added to a kind is here too)
+MODELS: Mapping[str, ModelSpec] = ChainMap(*reversed([k.models for k in KINDS.values()]))
 
 
 def kind(name: str) -> TaskKind:
@@ -26,6 +32,15 @@ def kind(name: str) -> TaskKind:
     return KINDS[name]
 
 
+def model(name: str) -> ModelSpec:
+    """The spec of a registered model (of any kind); an unknown name is one clear error."""
+    from tasks.errors import ConfigError
+
+    if name not in MODELS:
+        raise ConfigError(f"unknown model '{name}' (registered: {', '.join(MODELS)})")
+    return MODELS[name]
+
+
 def serving(task: TaskKind) -> ModuleType:
     """The module that serves a kind's registered models (its own `serving`, else that of the kind whose models it
     trains): what tasks/serving.py describes."""
@@ -34,5 +49,5 @@ def serving(task: TaskKind) -> ModuleType:
     return serving(kind(task.models_of))
 
 
-__all__ = ["CLASSIFICATION_STAGES", "DEFAULT_KIND", "KINDS", "SEGMENT", "SELECTS", "SPLITS", "STAGE_NAMES", "TRAINS",
-           "Output", "PerModel", "Stage", "TaskKind", "graph", "kind", "serving"]
+__all__ = ["CLASSIFICATION_STAGES", "DEFAULT_KIND", "KINDS", "MODELS", "SELECTS", "SPLITS", "STAGE_NAMES", "TRAINS",
+           "Output", "PerModel", "Stage", "TaskKind", "graph", "kind", "model", "serving"]

@@ -56,3 +56,10 @@ def test_every_file_a_comment_or_page_names_exists():
                for ref in named.findall(line) if not ref.startswith("benchmarks/results") and "{" not in ref
                and not (ROOT / ref).exists() and not (ROOT / f"{ref}.py").exists()]
     assert missing == []
+
+
+def test_the_run_loop_is_short():
+    """RunContext is the short loop around the stage cache (flows/plan/cache.py decides reuse): at most 120 lines."""
+    tree = ast.parse((ROOT / "flows" / "orchestrate" / "execute.py").read_text(encoding="utf-8"))
+    run = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "RunContext")
+    assert run.end_lineno - run.lineno + 1 <= 120

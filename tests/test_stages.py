@@ -39,22 +39,23 @@ def build(ctx: BuildContext) -> BuildOutput:
 '''
 
 
-def toy_module(folder: Path, name: str, source: str, monkeypatch) -> None:
+def toy_module(folder: Path, name: str, source: str, monkeypatch):
     """A stage module written to `folder` and importable as `name` for the test (as a user's own module would be)."""
     (folder / f"{name}.py").write_text(source)
     spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, name, module)
     spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture
 def toy_kind(tmp_path, monkeypatch):
     """A toy stage (one module) and a toy task kind (one entry of KINDS) that reads, cleans, splits and
     measures lengths."""
-    toy_module(tmp_path, "toy_lengths", TOY_STAGE, monkeypatch)
+    lengths = toy_module(tmp_path, "toy_lengths", TOY_STAGE, monkeypatch)
     base = graph.CLASSIFICATION_STAGES
-    stage = graph.Stage("lengths", ("split",), "toy_lengths", "length histogram", "mean_chars",
+    stage = graph.Stage("lengths", ("split",), lengths.build, "length histogram", "mean_chars",
                         (graph.Output("lengths.json", "json"),))
     kind = graph.TaskKind("lengths", "corpus lengths", graph.graph(base["download"], base["clean"], base["split"], stage),
                           metric=lambda config: "none", reported=(), flavour="classifier")
@@ -140,7 +141,7 @@ def test_a_toy_kind_serves_and_is_champion_scored_through_the_registry(toy_kind,
     run.finish()
     answers = mlflow.pyfunc.load_model(uris[20]).predict(["好", "好" * 30, None])
     assert answers["guess"].tolist() == ["0", "1", "0"] and answers["status"].tolist() == ["ok", "ok", "missing"]
-    served = lambda model_uri, frame: served_outcomes(model_uri, frame, "accuracy")  # noqa: E731
+    served = lambda model_uri, frame: served_outcomes(model_uri, frame, "accuracy")
     first = register_best(uris[80], run.run_id, "toy-kind", "rule80", test, "accuracy", 0.70, model_key="r80", rescore=served)
     assert first.champion
     better = register_best(uris[20], run.run_id, "toy-kind", "rule20", test, "accuracy", 1.0, model_key="r20", rescore=served)
@@ -155,9 +156,8 @@ def test_the_graph_is_declared_in_order_and_names_are_written_once():
         for stage in kind.stages.values():
             assert set(stage.needs) <= seen, (kind.name, stage.name)
             seen.add(stage.name)
-            assert stage.module.build and stage.params  # every entry resolves to a module with Params and build
     with pytest.raises(ValueError, match="needs 'nowhere', which is not declared before it"):
-        graph.graph(graph.Stage("x", ("nowhere",), "tasks.classification.clean", "", ""))
+        graph.graph(graph.Stage("x", ("nowhere",), graph.CLASSIFICATION_STAGES["clean"].build, "", ""))
     # the stage names appear as a literal list nowhere else in the source tree
     literal = re.compile(r'"download",\s*"clean",\s*"split"')
     offenders = [str(p.relative_to(ROOT)) for pkg in ("flows", "tasks") for p in (ROOT / pkg).rglob("*.py")
@@ -234,7 +234,7 @@ import numpy as np
 import pandas as pd
 
 from tasks.core import BuildContext, BuildOutput, Section, by_model
-from tasks.models import MODELS
+from tasks.stages import MODELS
 
 LIBRARIES = ("numpy",)
 FILES = ()
@@ -275,10 +275,11 @@ def test_a_per_model_stage_is_one_module_and_one_entry(tmp_path, smoke, monkeypa
     from flows.plan.keys import plan_keys
     from flows.track.tracker import client
 
-    toy_module(tmp_path, "toy_calibrate", TOY_MODEL_STAGE, monkeypatch)
+    module = toy_module(tmp_path, "toy_calibrate", TOY_MODEL_STAGE, monkeypatch)
     base = graph.CLASSIFICATION_STAGES
-    calibrate = graph.Stage("calibrate", ("train", "segment"), "toy_calibrate", "calibration error per model", "tfidf_lr_val_ece",
-                            (graph.Output("calibration.json", "json"),), models=graph.PerModel(reads=("train",)))
+    calibrate = graph.Stage("calibrate", ("train", "segment"), module.build, "calibration error per model",
+                            "tfidf_lr_val_ece", (graph.Output("calibration.json", "json"),),
+                            models=graph.PerModel(reads=("train",)), build_model=module.build_model)
     kind = graph.TaskKind("calibrated", "classifiers and their calibration", graph.graph(*base.values(), calibrate),
                           metric=lambda config: config.stages.evaluate.metric, reported=("test_accuracy",), flavour="classifier", models_of="classification")
     monkeypatch.setitem(graph.KINDS, "calibrated", kind)
@@ -313,3 +314,28 @@ pipelines:
         assert {"seconds", "evaluate_seconds", "calibrate_seconds"} <= set(runs[0].data.metrics)
     again = pipeline_flow("toy", config_file=str(config_file), stages=["calibrate"])
     assert [(s["stage"], s["cache"]) for s in again["stages"]] == [("calibrate", "hit")]
+
+
+def test_every_stage_holds_its_functions_from_its_kinds_package():
+    """A stage holds its code: build (and part_build, gather, build_model where it has them) are function objects
+    of one module in its kind's package (segment, which every kind shares, in tasks/shared), a reader and a tool can
+    follow from the declaration into the code; a wrong entry fails when the kind is declared."""
+    import types
+
+    from tasks.classification import clean, vocab
+
+    for kind in graph.KINDS.values():
+        for stage in kind.stages.values():
+            functions = [f for f in (stage.build, stage.part_build, stage.gather, stage.build_model) if f is not None]
+            assert all(isinstance(f, types.FunctionType) for f in functions), (kind.name, stage.name)
+            package = "tasks.shared" if stage.name == "segment" else f"tasks.{kind.name}"
+            assert {f.__module__ for f in functions} == {stage.module.__name__}, (kind.name, stage.name)
+            assert stage.module.__name__.startswith(f"{package}."), (kind.name, stage.name)
+            assert stage.params is stage.module.Params
+    assert graph.CLASSIFICATION_STAGES["vocab"].part_build is vocab.count
+    with pytest.raises(TypeError, match="stage 'x': build, part_build, gather and build_model must be functions of one"):
+        graph.Stage("x", (), clean.build, "", "", part_build=vocab.count)
+    with pytest.raises(TypeError, match="stage 'x': its module [a-z_.]*test_stages declares no Params, LIBRARIES, FILES"):
+        graph.Stage("x", (), test_every_stage_holds_its_functions_from_its_kinds_package, "", "")
+    with pytest.raises(TypeError, match="build_model exactly when it has a unit per model"):
+        graph.Stage("x", (), clean.build, "", "", models=graph.PerModel())

@@ -19,7 +19,7 @@ def cmd_stages(args) -> int:
 
 
 def cmd_models(args) -> int:
-    from tasks.models import MODELS
+    from tasks.stages import MODELS
 
     rows = [(name, "language model" if spec.is_language_model else f"{KINDS[spec.task].flavour} ({spec.task})",
              spec.about) for name, spec in MODELS.items()]

@@ -9,15 +9,15 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from flows.orchestrate.execute import RunContext, StageResult
+from flows.orchestrate.execute import RunContext
 from flows.orchestrate.tracking import artifact_key
+from flows.plan.cache import StageResult
 from flows.plan.keys import members_of, model_units
 from flows.track.champion import register_best
 from flows.track.tracker import Tracker, client
 from tasks.core import model_unit
-from tasks.models import MODELS
 from tasks.models.racing import Budget, racing
-from tasks.stages import Stage
+from tasks.stages import MODELS, Stage
 from tasks.util.io import Rows
 
 log = logging.getLogger("zhpipe")
@@ -43,7 +43,7 @@ def run_model_stage(run: RunContext, spec: Stage, upstream: dict[str, StageResul
         units[unit] = as_task_run(unit, lambda n=name: model_unit_run(run, spec, n, upstream, units, clock=clock))
         if clock is not None:
             clock.finished(name, units[unit].facts.summary or {})
-    result = run.run(spec.name, units, spec.module.build)
+    result = run.run(spec.name, units, spec.build)
     result.parts = units
     if spec.models.selects:
         test = upstream.get(run.config.kind.test_split().name) or run.reuse(run.config.kind.test_split().name)
@@ -102,7 +102,7 @@ def model_unit_run(run: RunContext, spec: Stage, name: str, upstream: dict[str, 
     elif tracker is None:
         tracker = Tracker(next((inputs[s].run_id for s in spec.models.reads if inputs[s].run_id), None)
                           or _model_run(run, name))
-    build = spec.module.build_model
+    build = spec.build_model
     raced = _raced(clock, build, name) if clock is not None and MODELS[name].races else None
     result = run.run(model_unit(spec.name, name), inputs, raced or (lambda ctx: build(ctx, name)),
                      run_name=model_run_name(run, name), tags={"zhpipe.model": name}, tracker=tracker)

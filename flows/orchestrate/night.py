@@ -8,8 +8,9 @@ import logging
 
 import pandas as pd
 
-from flows.orchestrate.execute import RunContext, StageResult
+from flows.orchestrate.execute import RunContext
 from flows.orchestrate.tracking import artifact_key
+from flows.plan.cache import StageResult
 from flows.track import report
 from flows.track.tracker import Tracker, ui_url
 from tasks.shared.reports import markdown_text

@@ -12,16 +12,17 @@ import time
 import pyarrow.parquet as pq
 from prefect.artifacts import create_markdown_artifact
 
-from flows.orchestrate.execute import RunContext, StageResult
+from flows.orchestrate.execute import RunContext
 from flows.orchestrate.gate import Gate
 from flows.orchestrate.model_stages import register
 from flows.orchestrate.tracking import artifact_key
 from flows.plan import project
+from flows.plan.cache import StageCache, StageResult
 from flows.plan.config import PipelineConfig
 from flows.plan.keys import plan
 from flows.plan.request import RunRequest
 from flows.plan.sources import origin_of, record_source_run, source_fingerprint
-from flows.plan.store import StageStore, stage_key
+from flows.plan.store import StageStore
 from flows.track.champion import revision
 from flows.track.tracker import Tracker, experiment_id, ui_url
 from tasks.core import DATASET_SAMPLE_ROWS, model_unit
@@ -70,7 +71,7 @@ def start_run(request: RunRequest, config: PipelineConfig, force: set[str], stor
     """Plan keys and open the MLflow parent run of this pipeline run (`config` is the request's)."""
     origin = origin_of(config)
     causes = plan(config, origin, registry=revision)
-    keys = {stage: stage_key(c) for stage, c in causes.items()}
+    keys = {stage: StageCache.key(c) for stage, c in causes.items()}
     record_source_run(config, keys)
     experiment = f"zhpipe-{config.identity}"
     closed = Tracker.close_orphans(experiment)
@@ -81,8 +82,8 @@ def start_run(request: RunRequest, config: PipelineConfig, force: set[str], stor
     parent.params(config.flat_params(used_only=True))  # what a person compares; the whole config is config.json
     log_config(parent, experiment, config)
     parent.tags({"zhpipe.task": config.task, "zhpipe.overrides": " ".join(request.overrides)})
-    run = RunContext(config, StageStore(storage), keys, experiment, parent.run_id, force, executor, causes, verify,
-                     origin, title, request=request)
+    run = RunContext(config, StageCache(StageStore(storage), full=verify), keys, experiment, parent.run_id, force,
+                     executor, causes, origin, title, request=request)
     run.gate = Gate(config, report=ui_url(experiment, parent.run_id))
     return run
 

@@ -14,17 +14,18 @@ from prefect.cache_policies import NO_CACHE
 from prefect.utilities.annotations import quote
 
 from flows.orchestrate import night
-from flows.orchestrate.execute import RunContext, StageResult
+from flows.orchestrate.execute import RunContext, run_partitions
 from flows.orchestrate.guard import check_run
 from flows.orchestrate.model_stages import run_model_stage
 from flows.orchestrate.parent_run import finish_run, label_flow_run, record_reuse, start_run
 from flows.orchestrate.workers import gpu_slot, train_deployment
 from flows.plan import leases, project
+from flows.plan.cache import StageCache, StageResult
 from flows.plan.config import DEFAULT_PIPELINE, PipelineConfig
 from flows.plan.keys import plan
 from flows.plan.request import RunRequest
 from flows.plan.sources import fixed_partitions, record_appends
-from flows.plan.store import StageStore, stage_key, storage_root
+from flows.plan.store import StageStore, storage_root
 from flows.pools.chunks import shutdown as shutdown_cluster
 from flows.track.champion import revision
 from tasks.errors import ZhpipeError
@@ -81,8 +82,8 @@ def _stage_task(stage: str, **options):
         if spec.per_model:
             return run_model_stage(run, spec, upstream)
         if spec.partitioned and run.config.source.partitioned:
-            return run.run_partitions(spec, upstream)
-        result = run.run(stage, upstream, spec.module.build)
+            return run_partitions(run, spec, upstream)
+        result = run.run(stage, upstream, spec.build)
         if spec.checked and run.gate is not None:
             run.gate.whole(result)
         return result
@@ -271,7 +272,7 @@ def train_remote(run: RunContext) -> StageResult:
     if not run.store.is_done(stage, key):
         raise ZhpipeError(f"train: the run '{flow_run.name}' on work pool '{pool}' completed but {run.store.url} has "
                           f"no train output {key}: does the worker use the same storage root?")
-    return run._result(run.store.manifest(stage, key), "miss", time.perf_counter() - t0)
+    return run.cache.restore(run.store.manifest(stage, key), "miss", time.perf_counter() - t0)
 
 
 @flow(name="zhpipe-train", log_prints=True, validate_parameters=False)
@@ -299,7 +300,8 @@ def train_flow(
     config = request.config()
     training = config.kind.training
     causes = plan(config, registry=revision, source=source_fingerprint)
-    run = RunContext(config, StageStore(storage_root(config, storage)), {s: stage_key(c) for s, c in causes.items()},
+    run = RunContext(config, StageCache(StageStore(storage_root(config, storage))),
+                     {s: StageCache.key(c) for s, c in causes.items()},
                      f"zhpipe-{config.identity}", parent_run_id, {training.name} if force else set(), causes=causes,
                      request=request)
     with leases.held(run.store, run.keys) as run.lease:

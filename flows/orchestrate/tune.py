@@ -15,15 +15,16 @@ from typing import Any
 import yaml
 
 from flows.orchestrate.execute import RunContext
+from flows.plan.cache import StageCache
 from flows.plan.config import PipelineConfig
 from flows.plan.keys import plan
 from flows.plan.request import RunRequest
-from flows.plan.store import StageStore, stage_key, storage_root
+from flows.plan.store import StageStore, storage_root
 from flows.track.champion import revision
 from flows.track.tracker import Tracker
 from tasks.core import model_unit
 from tasks.errors import ConfigError
-from tasks.models import MODELS
+from tasks.stages import MODELS
 
 log = logging.getLogger("zhpipe")
 
@@ -170,8 +171,9 @@ def _trial(study: Study, trial) -> float:
     sampled = (f"{training}.models=[{study.model}]", *_assignments(training, study.model, params))
     config = replace(study.request, overrides=study.request.overrides + sampled).config()
     causes = plan(config, registry=revision)
-    run = RunContext(config, StageStore(storage_root(config, study.storage)),
-                     {s: stage_key(c) for s, c in causes.items()}, study.experiment, study.parent_run_id, causes=causes)
+    run = RunContext(config, StageCache(StageStore(storage_root(config, study.storage))),
+                     {s: StageCache.key(c) for s, c in causes.items()}, study.experiment, study.parent_run_id,
+                     causes=causes)
     spec = config.kind.training
     inputs = {name: run.reuse(name) for name in spec.needs}
     tracker = Tracker.start(study.experiment, f"trial {trial.number}", parent=study.parent_run_id,

@@ -13,10 +13,9 @@ from pydantic import AliasChoices, BaseModel, Field, ValidationError, create_mod
 from flows.plan.values import apply_set, read_config, valid_cron
 from tasks.core import Section
 from tasks.errors import ConfigError
-from tasks.models import MODELS
 from tasks.shared.checks import Checks
 from tasks.source.schema import Source
-from tasks.stages import DEFAULT_KIND, KINDS, STAGE_NAMES, TaskKind
+from tasks.stages import DEFAULT_KIND, KINDS, MODELS, STAGE_NAMES, TaskKind
 from tasks.util.urls import conceal
 
 DEFAULT_PIPELINE = "chnsenticorp"
@@ -31,7 +30,7 @@ class ScheduleConfig(Section):
     active: bool = True
 
     @model_validator(mode="after")
-    def _one_kind(self) -> "ScheduleConfig":
+    def _one_kind(self) -> ScheduleConfig:
         if (self.cron is None) == (self.interval is None):
             raise ValueError("schedule needs exactly one of `cron` or `interval`")
         if self.cron is not None and not valid_cron(self.cron):
@@ -82,7 +81,7 @@ class Alerts(Section):
     timeout_s: float = Field(120, gt=0, le=600)
 
     @model_validator(mode="after")
-    def _one_target(self) -> "Alerts":
+    def _one_target(self) -> Alerts:
         given = [k for k in ("webhook", "slack", "block") if getattr(self, k)]
         if len(given) != 1:
             raise ValueError(f"give exactly one of webhook, slack, block (given: {', '.join(given) or 'none'})")
@@ -192,6 +191,9 @@ def _check_task(config: PipelineConfig) -> PipelineConfig:
         section.models = list(kind.default_models)
     if kind.check:
         kind.check(config)
+    unknown = [m for m in section.models if m not in MODELS]
+    if unknown:
+        raise ValueError(f"{where}.models: unknown model {unknown[0]!r} (registered: {', '.join(MODELS)})")
     wrong = [m for m in section.models if MODELS[m].task != kind.model_task]
     if wrong:
         fits = ", ".join(n for n, spec in MODELS.items() if spec.task == kind.model_task)

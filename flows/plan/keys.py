@@ -3,7 +3,8 @@ params name), computed from the config alone, so `status` needs no run. Neither 
 needs a registered model's version is given the lookup (`registry`)."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from flows.plan import project
 from flows.plan.config import PipelineConfig
@@ -11,8 +12,8 @@ from flows.plan.fingerprint import code_fingerprint, file_fingerprints, library_
 from flows.plan.sources import partition_source, partitions, source_fingerprint
 from flows.plan.store import stage_key
 from tasks.core import Unit, model_unit, partition_unit
-from tasks.models import MODELS
 from tasks.source.origin import Origin
+from tasks.stages import MODELS
 
 # a registered model's URI (models:/name@alias) -> `<name>/<version>`; raises ZhpipeError
 Registry = Callable[[str], str]

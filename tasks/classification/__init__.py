@@ -4,42 +4,44 @@ from __future__ import annotations
 
 from typing import Any
 
+from tasks.classification import augment, clean, download, embed, evaluate, models, profile, split, train, vocab
 from tasks.classification.starter import INIT
-from tasks.graph import SEGMENT, SELECTS, SPLITS, TRAINS, Output, Stage, TaskKind, graph
+from tasks.graph import SELECTS, SPLITS, TRAINS, Output, Stage, TaskKind, graph
+from tasks.shared.segment import SEGMENT
 
 STAGES = graph(
-    Stage("download", (), "tasks.classification.download", "find or fetch the corpus (path, file:// or http(s):// "
+    Stage("download", (), download.build, "find or fetch the corpus (path, file:// or http(s):// "
           "URL), verify sha256, read it",
           "rows_raw", (Output("data.parquet", "frame"),), partitioned=True),
-    Stage("clean", ("download",), "tasks.classification.clean",
+    Stage("clean", ("download",), clean.build,
           "NFKC, strip HTML/URLs/control chars, optional t2s; quarantine empty/short/long/duplicate rows",
           "rows_dropped", (Output("data.parquet", "frame"),), partitioned=True, cumulative=True, checked=True),
-    Stage("split", ("clean",), "tasks.classification.split",
+    Stage("split", ("clean",), split.build,
           "seeded train/validation/test split by a hash of each text (a row keeps its split as the corpus grows; "
           "split.method: permutation cuts each class by the fractions)",
           "rows_test", (SPLITS,), partitioned=True),
     SEGMENT,
-    Stage("profile", ("segment",), "tasks.classification.profile",
+    Stage("profile", ("segment",), profile.build,
           "labels per split, lengths per label, top words/adjectives, word clouds, report.html (CJK font)",
           "suggested_max_len_words", (Output("stats.json", "json"),)),
-    Stage("augment", ("segment",), "tasks.classification.augment",
+    Stage("augment", ("segment",), augment.build,
           "grow the train split with a registered augmenter (eda, backtranslation, none)",
           "rows_added", (Output("train.parquet", "frame"), Output("train.words.txt", "text")), partitioned=True),
-    Stage("vocab", ("augment", "segment"), "tasks.classification.vocab",
+    Stage("vocab", ("augment", "segment"), vocab.build,
           "word and character vocab.txt (BERT-style specials) + frequency tables; validation OOV rate",
           "words_validation_oov_rate", (Output("words/vocab.txt", "vocabulary"),
                                         Output("chars/vocab.txt", "vocabulary")),
-          partitioned=True, part_build="count", gather="gather"),
-    Stage("embed", ("augment",), "tasks.classification.embed",
+          partitioned=True, part_build=vocab.count, gather=vocab.gather),
+    Stage("embed", ("augment",), embed.build,
           "gensim Word2Vec and fastText subword vectors; neighbours of probe words, PCA picture, projector export",
           "word2vec_vocab", (Output("word2vec.bin", "vectors"), Output("fasttext.vec", "vectors"))),
-    Stage("train", ("augment", "segment", "vocab", "embed"), "tasks.classification.train",
+    Stage("train", ("augment", "segment", "vocab", "embed"), train.build,
           "the models in train.models (the registry in tasks/models), checkpointed per epoch, early stopping",
-          "textcnn_val_macro_f1", (Output("models.json", "json"),), models=TRAINS),
-    Stage("evaluate", ("train", "segment"), "tasks.classification.evaluate",
+          "textcnn_val_macro_f1", (Output("models.json", "json"),), models=TRAINS, build_model=train.build_model),
+    Stage("evaluate", ("train", "segment"), evaluate.build,
           "validation picks the best model; test metrics, confusion matrices, PR curves, worst "
           "mistakes; registers the best",
-          "best_test_accuracy", (Output("comparison.csv", "csv"),), models=SELECTS),
+          "best_test_accuracy", (Output("comparison.csv", "csv"),), models=SELECTS, build_model=evaluate.build_model),
 )
 
 
@@ -65,6 +67,6 @@ def check_stages(stages: Any) -> None:
 
 KIND = TaskKind("classification", "texts to labels", STAGES, metric=lambda config: config.stages.evaluate.metric,
                 reported=("test_accuracy", "test_macro_f1"), flavour="classifier", check=check,
-                check_stages=check_stages, serving="tasks.classification.serving", models="tasks.classification.models",
+                check_stages=check_stages, serving="tasks.classification.serving", models=models.MODELS,
                 shown=(("test acc", "best_test_accuracy"), ("test macro-F1", "best_test_macro_f1")),
                 companions=(("accuracy", "macro_f1"),), init=INIT)

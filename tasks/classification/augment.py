@@ -141,7 +141,7 @@ def build(ctx: BuildContext) -> BuildOutput:
                          for b in Rows(ctx.file("segment", f"{split}.parquet")).batches(["text"]))
     pool = ctx.pool(1 if ctx.pool is ChunkPool else 0)  # local: one process; Dask: every worker
     actx = AugmentContext(ctx.params, segment, cache_file, heldout, pool, src.path, ctx.root,
-                          ctx.store.registered if ctx.store else None)
+                          ctx.store)
     tables = {}
     if ctx.params.method in STREAMED:
         kept, added, result, new_sample = stream_augment(src, actx, ctx.out)

@@ -44,7 +44,8 @@ class AugmentContext:
     pool: ChunkPool | None = None  # row-wise augmenters map chunks of `source` on it (processes or Dask)
     source: Path | None = None  # the train split's Parquet file
     root: Path = field(default_factory=Path.cwd)  # the project folder (relative dictionary and model paths)
-    registered: Any = None  # uri -> (models:/<name>/<version>, local folder): registered translators (backend zhpipe)
+    # the store's services (tasks.core.StoreAccess): registered translators (backend zhpipe) and their models' specs
+    store: Any = None
 
     def __post_init__(self):
         self.heldout = TextSet.coerce(self.heldout)

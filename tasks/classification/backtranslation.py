@@ -59,9 +59,9 @@ def reject_reason(source: str, candidate: str, f: TranslationFilterParams, seen)
     return None
 
 
-def translators(pivot: PivotParams, p: BackTranslationParams, device: str, registered=None):
-    """(forward, backward) translators for one pivot language; `registered(uri)` gives (resolved models:/ name,
-    local folder) of a registered model (backend zhpipe)."""
+def translators(pivot: PivotParams, p: BackTranslationParams, device: str, store=None):
+    """(forward, backward) translators for one pivot language; `store` (tasks.core.StoreAccess) downloads a registered
+    model and knows its spec (backend zhpipe)."""
     if p.backend == "http":
         return HttpTranslator(p.http, p.source_lang, pivot.lang), HttpTranslator(p.http, pivot.lang, p.source_lang)
     if p.backend == "zhpipe":
@@ -71,7 +71,7 @@ def translators(pivot: PivotParams, p: BackTranslationParams, device: str, regis
                 raise ConfigError(f"augment.backtranslation.pivots: pivot '{pivot.lang}' needs `{side}` as "
                                   f"models:/<name>@<alias> (a translator registered by a task: translation pipeline) "
                                   f"for backend zhpipe, not {ref!r}")
-        pair = (RegisteredTranslator(*registered(refs["forward"])), RegisteredTranslator(*registered(refs["backward"])))
+        pair = tuple(RegisteredTranslator(*store.registered(refs[side]), store.model) for side in refs)
         wanted = (f"{p.source_lang}-{pivot.lang}", f"{pivot.lang}-{p.source_lang}")
         for side, translator, direction in zip(refs, pair, wanted):
             if translator.direction != direction:
@@ -92,9 +92,9 @@ def _settings(p: BackTranslationParams, n: int) -> dict:
 
 
 def round_trip(texts: list[str], pivot: PivotParams, p: BackTranslationParams, cache: TranslationCache, device: str,
-               registered=None):
+               store=None):
     """Back-translate texts through one pivot: {text: (pivot text, [variants])}, plus cache counters."""
-    forward, backward = translators(pivot, p, device, registered)
+    forward, backward = translators(pivot, p, device, store)
     batch = p.http.batch_size if p.backend == "http" else p.batch_size  # texts per request / per generate()
     to_pivot = CachedTranslation(forward, cache, f"{p.source_lang}-{pivot.lang}", _settings(p, 1), batch)
     from_pivot = CachedTranslation(backward, cache, f"{pivot.lang}-{p.source_lang}", _settings(p, p.num_variants),
@@ -126,7 +126,7 @@ def backtranslation(train: pd.DataFrame, ctx: AugmentContext) -> Augmented:
                         random_state=ctx.params.seed).sort_values("id") if p.max_rows else train
     cache = TranslationCache(ctx.cache_file)
     try:
-        results = [(pivot, *round_trip(rows["text"].tolist(), pivot, p, cache, ctx.params.device, ctx.registered))
+        results = [(pivot, *round_trip(rows["text"].tolist(), pivot, p, cache, ctx.params.device, ctx.store))
                    for pivot in p.pivots]
     except ModelMissingError as e:
         if ctx.params.fallback != "eda":

@@ -10,8 +10,8 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
+from tasks.classification.models import MODELS
 from tasks.core import BuildContext, BuildOutput, Facts, Section, by_model
-from tasks.models import MODELS
 from tasks.models.base import label_ids
 from tasks.shared.reports import comparison_markdown, plot_training_curves
 from tasks.shared.selection import ChampionRule

@@ -3,8 +3,9 @@
 (true and predicted labels) for the champion rule. What each name is: tasks/serving.py."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -28,7 +29,7 @@ class Served:
 
     def __init__(self, config: dict, model: Path):
         from tasks.classification.clean import Params
-        from tasks.models import MODELS
+        from tasks.classification.models import MODELS
 
         self.labels = config["labels"]
         self.clean = Params(**config["clean"])

@@ -6,9 +6,10 @@ import json
 
 import numpy as np
 
+from tasks.classification.models import MODELS
 from tasks.core import BuildContext, BuildOutput, Facts, Unit, by_model
 from tasks.errors import DataError
-from tasks.models import MODELS, TrainInputs
+from tasks.models import TrainInputs, model_of
 from tasks.models.base import label_ids
 from tasks.models.settings import params_model
 from tasks.util.io import Rows, batches_of, predict_batches
@@ -21,8 +22,8 @@ FILES: tuple[str, ...] = ("bert.checkpoint", "hf.checkpoint")
 
 
 def __getattr__(name: str):
-    if name == "Params":  # generated from the registry, so a model added to it gets its section
-        return params_model("classification")
+    if name == "Params":  # the shared settings and a section per model of the kind (a model added gets its section)
+        return params_model(tuple(MODELS.values()))
     raise AttributeError(name)
 
 
@@ -34,7 +35,7 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     if not labels:
         raise DataError("train: the corpus has no labels (source.label_column is unset); "
                         "classifiers need labelled data")
-    spec = MODELS[name]
+    spec = model_of(MODELS, name, "classification")
     train_rows, val_rows = Rows(ctx.file("augment", "train.parquet")), Rows(ctx.file("segment", "validation.parquet"))
     # a model that streams reads its splits batch by batch (memory bounded whatever the corpus); others, whole
     train, validation = (train_rows, val_rows) if spec.streams else (train_rows.frame(), val_rows.frame())

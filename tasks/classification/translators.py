@@ -12,7 +12,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Callable, Literal, Protocol
 
 from pydantic import Field
 
@@ -155,11 +155,10 @@ class RegisteredTranslator:
     a Chinese source, segmented) as that pipeline did, then translated by its beam search. `name` is the
     resolved `models:/<name>/<version>`, so the translation cache never mixes two versions."""
 
-    def __init__(self, name: str, folder: Path):
+    def __init__(self, name: str, folder: Path, spec_of: Callable[[str], Any]):
         import yaml
 
         from tasks.classification.clean import Params as CleanParams
-        from tasks.models import MODELS
         from tasks.util.segmenter import Segmenter, SegmenterParams
 
         self.name = name
@@ -167,7 +166,7 @@ class RegisteredTranslator:
             mlmodel = yaml.safe_load((folder / "MLmodel").read_text(encoding="utf-8"))
             artifacts = mlmodel["flavors"]["python_function"]["artifacts"]
             cfg = json.loads((folder / artifacts["config"]["path"]).read_text(encoding="utf-8"))
-            spec = MODELS[cfg["model"]]
+            spec = spec_of(cfg["model"])  # a translation pipeline's model: the store knows every kind's
         except (OSError, KeyError, TypeError, ValueError) as e:
             raise ZhpipeError(f"{name}: not a zhpipe translator ({type(e).__name__}: {e}); register one with a task: "
                               f"translation pipeline") from None

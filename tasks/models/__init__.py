@@ -1,10 +1,10 @@
-"""The model registry, and the parts every kind's models share (base: ModelSpec and the settings view; settings: a
-kind's `train` section; trainer and racing: the shared loop and its budget; devices, checkpoints, batching, modules,
-crf). Each kind's models live in its folder (tasks/<kind>/models): adding a model is a module there with a
-`ModelSpec` and one line in that kind's `SPECS`; its `train.<name>` config section comes from the spec's `params`."""
+"""What every kind's models share (base: ModelSpec and the settings view; settings: a kind's `train` section; trainer
+and racing: the shared loop and its budget; devices, checkpoints, batching, modules, crf). Each kind's models live in
+its folder (tasks/<kind>/models): adding a model is a module there with a `ModelSpec` and one line in that kind's
+`SPECS`; its `train.<name>` config section comes from the spec's `params`. Every kind's models by name are
+tasks.stages.MODELS: nothing here imports a kind."""
 from __future__ import annotations
 
-import functools
 import os
 
 # oneDNN, PyTorch's CPU kernels, keeps a compiled primitive per input shape (1,024 by default), each with its
@@ -13,38 +13,15 @@ import os
 # when the first primitive is made, so setting it before a model trains is enough; a value set outside wins.
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8")
 
-from tasks.models.base import ModelSpec, Predictor, TrainInputs  # noqa: E402
+from tasks.models.base import ModelSpec, Predictor, TrainInputs
+
+__all__ = ["ModelSpec", "Predictor", "TrainInputs", "model_of"]
 
 
-@functools.cache
-def registry() -> dict[str, ModelSpec]:
-    """Each kind's models (the `SPECS` of the module its `TaskKind.models` names: tasks/<kind>/models), in the kinds'
-    order: a kind's models live in its folder, and nothing here imports a kind."""
-    import importlib
-
-    from tasks.stages import KINDS
-
-    specs = []
-    for kind in KINDS.values():
-        specs += importlib.import_module(kind.models).SPECS if kind.models else ()
-    return {spec.name: spec for spec in specs}
-
-
-def __getattr__(name: str):
-    """`MODELS` (the registry) is built on first use: the kinds' model modules import this package's shared parts."""
-    if name == "MODELS":
-        return registry()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-__all__ = ["MODELS", "ModelSpec", "Predictor", "TrainInputs", "get", "registry"]
-
-
-def get(name: str) -> ModelSpec:
-    """The spec of a registered model; an unknown name is one clear error."""
+def model_of(models: dict[str, ModelSpec], name: str, task: str) -> ModelSpec:
+    """The spec of `name` among a kind's models (`models`, by name); another name is one clear error."""
     from tasks.errors import ConfigError
 
-    models = registry()
     if name not in models:
-        raise ConfigError(f"unknown model '{name}' (registered: {', '.join(models)})")
+        raise ConfigError(f"train.models: {name!r} is not a model of task {task} (it takes {', '.join(models)})")
     return models[name]

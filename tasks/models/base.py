@@ -2,9 +2,10 @@
 saves and loads) and the inputs every trainer receives. Nothing here knows a particular model."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -64,7 +65,7 @@ class TrainInputs:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """One entry of the model registry (tasks.models.MODELS)."""
+    """One model a kind registers (in its `SPECS`; every kind's by name: tasks.stages.MODELS)."""
 
     name: str
     params: type[Section]  # the `train.<name>` config section, one declaration per setting

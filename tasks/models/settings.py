@@ -1,20 +1,20 @@
-"""The `train` section of a task kind: the settings its models share, and one section per registered model of
-that kind (another kind's models are unknown keys)."""
+"""The `train` section of a task kind: the settings its models share, and one section per model the kind registers
+(another kind's models are unknown keys)."""
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, create_model, field_validator, model_validator
 
 from tasks.core import Section
-from tasks.models import MODELS
 
 
 class Common(Section):
-    """The `train` section's settings that every model shares; each registered model adds its own section."""
+    """The `train` section's settings that every model shares; each model of the kind adds its own section."""
 
-    models: list[str] = ["fasttext", "textcnn"]  # names in tasks.models.MODELS, trained side by side
+    registered: ClassVar[dict[str, Any]] = {}  # the kind's models by name (`params_model`)
+    models: list[str] = ["fasttext", "textcnn"]  # names of the kind's models, trained side by side
     epochs: int = Field(6, ge=1)  # every PyTorch model
     patience: int = Field(2, ge=1)  # early stopping on validation macro-F1 (perplexity for rnn_lm)
     device: str = "auto"  # auto = CUDA, then Apple MPS, then CPU; or cpu, cuda, cuda:1, mps
@@ -50,29 +50,21 @@ class Common(Section):
 
         return seconds(value)
 
-    @field_validator("models")
-    @classmethod
-    def _registered(cls, names: list[str]) -> list[str]:
-        unknown = [n for n in names if n not in MODELS]
-        if unknown:
-            raise ValueError(f"unknown model {unknown[0]!r} (registered: {', '.join(MODELS)})")
-        return names
-
     @model_validator(mode="after")
-    def _has_a_classifier(self) -> "Common":
-        if all(MODELS[n].is_language_model for n in self.models):
+    def _has_a_classifier(self) -> Common:
+        """(A name of another kind's model is the pipeline config's to report: it knows every kind.)"""
+        specs = [self.registered[n] for n in self.models if n in self.registered]
+        if specs and len(specs) == len(self.models) and all(s.is_language_model for s in specs):
             raise ValueError("train.models needs at least one classifier (ngram_lm and rnn_lm are "
                              "language models only)")
         return self
 
 
-def params_model(task: str = "classification", base: type[Common] = Common) -> type[Common]:
-    """The `train` section's class for one task kind: the shared settings (`base`, a kind may add its own) plus
-    one section per registered model of that kind (another kind's models are unknown keys)."""
-    return _params_model(tuple((name, spec) for name, spec in MODELS.items() if spec.task == task), base)
-
-
 @lru_cache(maxsize=8)
-def _params_model(entries: tuple, base: type[Common]) -> type[Common]:
-    sections = {name: (spec.params, Field(default_factory=spec.params)) for name, spec in entries}
-    return create_model("Params", __base__=base, __doc__="The `train` section.", **sections)
+def params_model(specs: tuple, base: type[Common] = Common) -> type[Common]:
+    """The `train` section's class for one task kind: the shared settings (`base`, a kind may add its own) plus
+    one section per model of the kind (`specs`, its `SPECS`; another kind's models are unknown keys)."""
+    sections = {spec.name: (spec.params, Field(default_factory=spec.params)) for spec in specs}
+    params = create_model("Params", __base__=base, __doc__="The `train` section.", **sections)
+    params.registered = {spec.name: spec for spec in specs}
+    return params

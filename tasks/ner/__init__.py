@@ -4,38 +4,40 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.graph import SEGMENT, SELECTS, SPLITS, TRAINS, Output, Stage, Starter, TaskKind, graph
+from tasks.graph import SELECTS, SPLITS, TRAINS, Output, Stage, Starter, TaskKind, graph
+from tasks.ner import augment, clean, download, embed, evaluate, models, profile, split, train, vocab
+from tasks.shared.segment import SEGMENT
 
 STAGES = graph(
-    Stage("download", (), "tasks.ner.download", "find or fetch the tagged files (CoNLL char-tag lines or span JSONL), "
+    Stage("download", (), download.build, "find or fetch the tagged files (CoNLL char-tag lines or span JSONL), "
           "verify sha256, read them",
           "rows_raw", (Output("data.parquet", "frame"),)),
-    Stage("clean", ("download",), "tasks.ner.clean",
+    Stage("clean", ("download",), clean.build,
           "NFKC and optional t2s per character, tags kept aligned, as BIOES; quarantine empty/long/duplicate sentences",
           "rows_dropped", (Output("data.parquet", "frame"),), checked=True),
-    Stage("split", ("clean",), "tasks.ner.split", "the corpus' own train/validation/test files (split.use_given), else "
+    Stage("split", ("clean",), split.build, "the corpus' own train/validation/test files (split.use_given), else "
           "a seeded split of sentences",
           "rows_test", (SPLITS,)),
     SEGMENT,  # characters and jieba words of the sentences
-    Stage("profile", ("segment",), "tasks.ner.profile", "entity types per split, entity lengths, sentence "
+    Stage("profile", ("segment",), profile.build, "entity types per split, entity lengths, sentence "
           "lengths, report.html", "entities",
           (Output("stats.json", "json"),)),
-    Stage("augment", ("segment",), "tasks.ner.augment", "the train split as it is (rewriting text "
+    Stage("augment", ("segment",), augment.build, "the train split as it is (rewriting text "
           "would shift the tags)", "rows_added",
           (Output("train.parquet", "frame"), Output("train.words.txt", "text"))),
-    Stage("vocab", ("augment", "segment"), "tasks.ner.vocab",
+    Stage("vocab", ("augment", "segment"), vocab.build,
           "character and bigram vocabularies, and the lexicon of jieba words the lexicon adapter matches",
           "lexicon_size", (Output("chars/vocab.txt", "vocabulary"), Output("bigrams/vocab.txt", "vocabulary"))),
-    Stage("embed", ("augment",), "tasks.ner.embed", "Word2Vec vectors of characters, bigrams and words "
+    Stage("embed", ("augment",), embed.build, "Word2Vec vectors of characters, bigrams and words "
           "(word2vec binary format)",
           "chars_vectors", (Output("chars.bin", "vectors"), Output("bigrams.bin", "vectors"),
                             Output("words.bin", "vectors"))),
-    Stage("train", ("augment", "segment", "vocab", "embed"), "tasks.ner.train",
+    Stage("train", ("augment", "segment", "vocab", "embed"), train.build,
           "the taggers in train.models (CRF, BiLSTM-CRF, lexicon tagger, ensemble), scored by validation entity F1",
-          "lexicon_tagger_val_f1", (Output("models.json", "json"),), models=TRAINS),
-    Stage("evaluate", ("train", "segment"), "tasks.ner.evaluate",
+          "lexicon_tagger_val_f1", (Output("models.json", "json"),), models=TRAINS, build_model=train.build_model),
+    Stage("evaluate", ("train", "segment"), evaluate.build,
           "validation entity F1 picks the best tagger; test precision/recall/F1 per type; registers the best",
-          "best_test_f1", (Output("comparison.csv", "csv"),), models=SELECTS),
+          "best_test_f1", (Output("comparison.csv", "csv"),), models=SELECTS, build_model=evaluate.build_model),
 )
 
 
@@ -76,7 +78,7 @@ STARTER = Starter("ner", "a tagged NER corpus: CoNLL `char TAG` lines or span JS
 
 
 KIND = TaskKind("ner", "sequence labelling: tagged corpora, taggers, entity F1", STAGES, metric=lambda config: "f1",
-                serving="tasks.ner.serving", models="tasks.ner.models", scored=("tags",),
+                serving="tasks.ner.serving", models=models.MODELS, scored=("tags",),
                 shown=(("test entity F1", "best_test_f1"),),
                 reported=("test_f1", "test_precision", "test_recall"), flavour="tagger", labelled=False,
                 default_models=("crf", "bilstm_crf", "lexicon_tagger", "ner_ensemble"), check=check, starter=STARTER)

@@ -10,7 +10,7 @@ from collections import Counter
 import pandas as pd
 
 from tasks.core import BuildContext, BuildOutput, Facts, Section, by_model
-from tasks.models import MODELS
+from tasks.ner.models import MODELS
 from tasks.ner.tagging import highlighted, marked, prf, span_counts, spans_of
 from tasks.shared.reports import comparison_markdown, plot_training_curves
 from tasks.shared.selection import ChampionRule

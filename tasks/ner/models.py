@@ -209,7 +209,7 @@ class Prepared:
     val_gold: list[list[str]]
 
 
-def _prepare(inputs: TrainInputs, p: "TaggerParams") -> Prepared:
+def _prepare(inputs: TrainInputs, p: TaggerParams) -> Prepared:
     chars, grams = read_vocab(inputs.vocab / "chars" / "vocab.txt"), read_vocab(inputs.vocab / "bigrams" / "vocab.txt")
     lexicon = load_lexicon(inputs.vocab, p.max_words) if p.lexicon else None
     tags = tag_set(inputs.labels)
@@ -233,7 +233,7 @@ def _prepare(inputs: TrainInputs, p: "TaggerParams") -> Prepared:
 
         from tasks.util.hub import load_pretrained
 
-        load = lambda src, local: AutoTokenizer.from_pretrained(src, local_files_only=local)  # noqa: E731
+        load = lambda src, local: AutoTokenizer.from_pretrained(src, local_files_only=local)
         tokenizer = load_pretrained(p.checkpoint, load, "BERT tokenizer")
         bert_vocab = tokenizer.get_vocab()
         bert = _bert(config, p.checkpoint)
@@ -255,7 +255,7 @@ def _prepare(inputs: TrainInputs, p: "TaggerParams") -> Prepared:
                     [encode(t) for t in inputs.validation["text"]], [list(t) for t in inputs.validation["tags"]])
 
 
-def _train_copies(inputs: TrainInputs, p: "TaggerParams", prep: Prepared) -> tuple[list, list, Any]:
+def _train_copies(inputs: TrainInputs, p: TaggerParams, prep: Prepared) -> tuple[list, list, Any]:
     """`p.seeds` copies of the tagger, each from its own seed (a seed ensemble when more than one)."""
     from tasks.models.batching import length_buckets
     from tasks.models.trainer import LoopConfig, Task, fit, seed_everything
@@ -360,4 +360,5 @@ NER_ENSEMBLE = ModelSpec("ner_ensemble", EnsembleParams, train_ensemble, load=lo
                          members=lambda section: section.members, shared=(),
                          about="the listed taggers' per-character tag probabilities averaged, decoded "
                          "into well-formed spans")
-SPECS = (CRF_TAGGER, BILSTM_CRF, LEXICON_TAGGER, NER_ENSEMBLE)  # what the kind registers (tasks.models.MODELS)
+SPECS = (CRF_TAGGER, BILSTM_CRF, LEXICON_TAGGER, NER_ENSEMBLE)  # what the kind registers (`TaskKind.models`)
+MODELS = {spec.name: spec for spec in SPECS}

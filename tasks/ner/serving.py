@@ -5,8 +5,9 @@ outcomes on a test split are each sentence's strict entity counts. What each nam
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -26,8 +27,8 @@ def example(model: Path) -> list[str]:
 
 class Served:
     def __init__(self, config: dict, model: Path):
-        from tasks.models import MODELS
         from tasks.ner.clean import Params
+        from tasks.ner.models import MODELS
 
         self.clean = Params(**{k: v for k, v in config["clean"].items() if k in Params.model_fields})
         self.max_rows, self.max_chars = limits(config, self.clean.max_chars)

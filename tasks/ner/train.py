@@ -7,9 +7,9 @@ import json
 import pandas as pd
 
 from tasks.core import BuildContext, BuildOutput, Facts, Unit, by_model
-from tasks.errors import ConfigError
-from tasks.models import MODELS, TrainInputs
+from tasks.models import TrainInputs, model_of
 from tasks.models.settings import params_model
+from tasks.ner.models import MODELS
 from tasks.ner.tagged import entity_f1
 
 # what its key sees besides params, inputs and code: the libraries that shape a tagger (jieba: its word features)
@@ -18,17 +18,14 @@ FILES = ("bilstm_crf.checkpoint", "lexicon_tagger.checkpoint")  # a local pretra
 
 
 def __getattr__(name: str):
-    if name == "Params":  # the `train` section with the taggers' sections (tasks.models, task ner)
-        return params_model("ner")
+    if name == "Params":  # the shared settings and a section per tagger of the kind
+        return params_model(tuple(MODELS.values()))
     raise AttributeError(name)
 
 
 def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     """Train one tagger: `<name>/` with the saved model, and its summary with validation scores."""
-    spec = MODELS[name]
-    if spec.task != "ner":
-        raise ConfigError(f"train.models: {name} is a {spec.task} model; task ner takes "
-                          f"{', '.join(n for n, s in MODELS.items() if s.task == 'ner')}")
+    spec = model_of(MODELS, name, "ner")
     labels = ctx.facts["augment"].labels
     train = pd.read_parquet(ctx.file("augment", "train.parquet"), columns=["text", "tags", "words"])
     validation = pd.read_parquet(ctx.file("segment", "validation.parquet"), columns=["text", "tags"])

@@ -3,11 +3,11 @@ Light imports (no Prefect, no MLflow): pool workers import this module to run `s
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from contextlib import closing
 from functools import lru_cache
 from itertools import islice
 from pathlib import Path
-from typing import Iterable
 
 import pandas as pd
 import pyarrow as pa
@@ -15,6 +15,8 @@ import pyarrow.compute as pc
 from pydantic import Field
 
 from tasks.core import BuildContext, BuildOutput
+from tasks.graph import SPLITS as SPLITS_OUTPUT
+from tasks.graph import Stage
 from tasks.util.io import SPLITS, Chunk, PartWriter, chunk_plan, read_chunk
 from tasks.util.pool import ChunkPool
 from tasks.util.segmenter import Segmenter, SegmenterParams
@@ -103,3 +105,8 @@ def build(ctx: BuildContext) -> BuildOutput:
     metrics["workers"] = pool.workers
     metrics["chunk_processes"] = len({(r["host"], r["pid"]) for r in pool.ran_on})
     return BuildOutput(rows=rows, metrics=metrics)
+
+
+# the stage every kind shares, named in each kind's table
+SEGMENT = Stage("segment", ("split",), build, "jieba words (+POS) and characters, in parallel processes or on Dask",
+                "train_mean_words", (SPLITS_OUTPUT,), partitioned=True)

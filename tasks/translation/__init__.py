@@ -5,34 +5,36 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.graph import SEGMENT, SELECTS, SPLITS, TRAINS, Output, Stage, Starter, TaskKind, graph
+from tasks.graph import SELECTS, SPLITS, TRAINS, Output, Stage, Starter, TaskKind, graph
+from tasks.shared.segment import SEGMENT
+from tasks.translation import augment, clean, download, evaluate, models, profile, split, train, vocab
 
 STAGES = graph(
-    Stage("download", (), "tasks.translation.download", "find or fetch the sentence pairs (tab-separated or JSON "
+    Stage("download", (), download.build, "find or fetch the sentence pairs (tab-separated or JSON "
           "lines), verify sha256, read them",
           "rows_raw", (Output("data.parquet", "frame"),)),
-    Stage("clean", ("download",), "tasks.translation.clean",
+    Stage("clean", ("download",), clean.build,
           "both sides normalised (t2s on the Chinese side); quarantine empty, over-long, misaligned and repeated pairs",
           "rows_dropped", (Output("data.parquet", "frame"),), checked=True),
-    Stage("split", ("clean",), "tasks.translation.split",
+    Stage("split", ("clean",), split.build,
           "pairs that share a side (or differ only in punctuation) kept on one side of every split line", "groups",
           (SPLITS,)),
     SEGMENT,  # characters and jieba words of the Chinese side
-    Stage("profile", ("segment",), "tasks.translation.profile",
+    Stage("profile", ("segment",), profile.build,
           "sentence lengths of both sides, their ratio, frequent tokens, example pairs, report.html",
           "suggested_max_len", (Output("stats.json", "json"),)),
-    Stage("augment", ("segment",), "tasks.translation.augment", "the train pairs as they are", "rows_added",
+    Stage("augment", ("segment",), augment.build, "the train pairs as they are", "rows_added",
           (Output("train.parquet", "frame"), Output("train.words.txt", "text"))),
-    Stage("vocab", ("augment", "segment"), "tasks.translation.vocab",
+    Stage("vocab", ("augment", "segment"), vocab.build,
           "Chinese (characters or words) and English vocabularies, OOV rates",
           "zh_vocab_size", (Output("zh/vocab.txt", "vocabulary"), Output("en/vocab.txt", "vocabulary"))),
-    Stage("train", ("augment", "segment", "vocab"), "tasks.translation.train",
+    Stage("train", ("augment", "segment", "vocab"), train.build,
           "the translators in train.models (seq2seq, seq2seq_attention, transformer_mt), in train.direction",
-          "transformer_mt_val_bleu", (Output("models.json", "json"),), models=TRAINS),
-    Stage("evaluate", ("train", "segment"), "tasks.translation.evaluate",
+          "transformer_mt_val_bleu", (Output("models.json", "json"),), models=TRAINS, build_model=train.build_model),
+    Stage("evaluate", ("train", "segment"), evaluate.build,
           "validation BLEU picks the best translator; test BLEU and chrF (sacrebleu), BLEU by length, attention maps; "
           "registers the best",
-          "best_test_bleu", (Output("comparison.csv", "csv"),), models=SELECTS),
+          "best_test_bleu", (Output("comparison.csv", "csv"),), models=SELECTS, build_model=evaluate.build_model),
 )
 
 
@@ -75,7 +77,7 @@ STARTER = Starter("pairs", "Chinese-English sentence pairs: tab-separated or JSO
 
 KIND = TaskKind("translation", "sentence pairs: seq2seq translators, BLEU and chrF", STAGES,
                 metric=lambda config: "bleu",
-                serving="tasks.translation.serving", models="tasks.translation.models", scored=("en",),
+                serving="tasks.translation.serving", models=models.MODELS, scored=("en",),
                 shown=(("test BLEU", "best_test_bleu"),),
                 reported=("test_bleu", "test_chrf"), flavour="translator", labelled=False,
                 default_models=("seq2seq", "seq2seq_attention", "transformer_mt"), check=check, starter=STARTER)

@@ -12,10 +12,9 @@ import pandas as pd
 from pydantic import Field
 
 from tasks.core import BuildContext, BuildOutput, Facts, Section, by_model
-from tasks.models import MODELS
 from tasks.shared.reports import comparison_markdown, plot_training_curves
 from tasks.shared.selection import ChampionRule
-from tasks.translation.models import corpus_scores
+from tasks.translation.models import MODELS, corpus_scores
 from tasks.translation.text import side_tokens, sides
 
 LIBRARIES = ("torch", "sacrebleu", "matplotlib")

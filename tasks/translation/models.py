@@ -6,9 +6,10 @@ A saved translator is `model.pt` (tensors and plain data, loaded with weights_on
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -86,7 +87,7 @@ class Vocabs:
         self.tgt_itos = read_vocab(vocab_root / self.tgt_lang / "vocab.txt")
 
     @classmethod
-    def saved(cls, saved: dict) -> "Vocabs":
+    def saved(cls, saved: dict) -> Vocabs:
         self = cls.__new__(cls)
         self.direction, self.zh_tokens = saved["direction"], saved["zh_tokens"]
         self.src_lang, self.tgt_lang = sides(self.direction)
@@ -306,4 +307,5 @@ TRANSFORMER_MT = ModelSpec("transformer_mt", TransformerParams, train_translator
                            task="translation",
                            shared=SHARED, races=True, about="Transformer encoder-decoder, sinusoidal positions, label "
                            "smoothing, beam search")
-SPECS = (SEQ2SEQ, SEQ2SEQ_ATTENTION, TRANSFORMER_MT)  # what the kind registers (tasks.models.MODELS)
+SPECS = (SEQ2SEQ, SEQ2SEQ_ATTENTION, TRANSFORMER_MT)  # what the kind registers (`TaskKind.models`)
+MODELS = {spec.name: spec for spec in SPECS}

@@ -3,8 +3,9 @@ side (and segmented, for a Chinese source); `translation` and `status` per text 
 on a test split are each sentence's BLEU statistics (sacrebleu). What each name is: tasks/serving.py."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -29,7 +30,7 @@ def example(model: Path) -> list[str]:
 class Served:
     def __init__(self, config: dict, model: Path):
         from tasks.translation.clean import Params
-        from tasks.models import MODELS
+        from tasks.translation.models import MODELS
 
         self.translator = MODELS[config["model"]].load(model)
         self.direction = self.translator.direction

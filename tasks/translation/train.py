@@ -8,9 +8,9 @@ from typing import Literal
 import pandas as pd
 
 from tasks.core import BuildContext, BuildOutput, Facts, by_model
-from tasks.errors import ConfigError
-from tasks.models import MODELS, TrainInputs
+from tasks.models import TrainInputs, model_of
 from tasks.models import settings as train
+from tasks.translation.models import MODELS
 
 # what its key sees besides params, inputs and code
 LIBRARIES = ("torch", "sacrebleu", "numpy")
@@ -26,17 +26,14 @@ class Common(train.Common):
 
 
 def __getattr__(name: str):
-    if name == "Params":  # the `train` section with the translators' sections (tasks.models, task translation)
-        return train.params_model("translation", Common)
+    if name == "Params":  # the shared settings and a section per translator of the kind
+        return train.params_model(tuple(MODELS.values()), Common)
     raise AttributeError(name)
 
 
 def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     """Train one translator: `<name>/model.pt`, and its summary with validation BLEU and chrF."""
-    spec = MODELS[name]
-    if spec.task != "translation":
-        raise ConfigError(f"train.models: {name} is a {spec.task} model; task translation takes "
-                          f"{', '.join(n for n, s in MODELS.items() if s.task == 'translation')}")
+    spec = model_of(MODELS, name, "translation")
     data = pd.read_parquet(ctx.file("augment", "train.parquet"), columns=COLUMNS)
     validation = pd.read_parquet(ctx.file("segment", "validation.parquet"), columns=COLUMNS)
     summary = spec.train(TrainInputs(name, data, validation, [], spec.view(ctx.params), ctx.inputs["vocab"], None,

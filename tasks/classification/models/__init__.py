@@ -3,11 +3,13 @@ regression, and the wide variant), fasttext (the supervised classifier), network
 encoder over Word2Vec or fastText vectors; encoded: splits as token ids on disk), bert (a character BERT pretrained
 here or fine-tuned; pretraining: its masked-LM and next-sentence data), hf (any pretrained sequence classifier),
 ngram and rnn_lm (n-gram and LSTM language models, and the classifiers built from one per class), ensemble (soft
-voting or stacking over the others). The registry (tasks/models) reads `SPECS`."""
+voting or stacking over the others). `SPECS` are what the kind registers (`TaskKind.models`, gathered into
+tasks.stages.MODELS); `MODELS` finds them by name."""
 from __future__ import annotations
 
 from tasks.classification.models import bert, ensemble, fasttext, hf, networks, ngram, rnn_lm, tfidf
 
+MODELS: dict = {}  # by name, filled below: the ensemble reads its members here when it trains or loads
 SPECS = (
     fasttext.SPEC,
     networks.TEXTCNN,
@@ -21,5 +23,6 @@ SPECS = (
     rnn_lm.SPEC,
     rnn_lm.CLASSIFIER,
     ngram.LM_CLASSIFIER,
-    ensemble.SPEC,  # over the others of the registry, read when it trains or loads
+    ensemble.spec(MODELS),  # over the others of this kind
 )
+MODELS.update({spec.name: spec for spec in SPECS})

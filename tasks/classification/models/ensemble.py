@@ -4,11 +4,10 @@ members' validation probabilities). The members' saved models travel inside the 
 is registered and served like any classifier."""
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import json
 import shutil
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -111,26 +110,6 @@ def ensemble_predictor(folder: Path, registry: dict[str, ModelSpec]) -> Predicto
     return predict
 
 
-class _Registry(Mapping):
-    """The model registry (tasks.models), read when an ensemble trains or loads its members: the registry lists this
-    module's spec, so it is not built when the spec is made."""
-
-    def __getitem__(self, name: str) -> ModelSpec:
-        from tasks.models import registry
-
-        return registry()[name]
-
-    def __iter__(self):
-        from tasks.models import registry
-
-        return iter(registry())
-
-    def __len__(self) -> int:
-        from tasks.models import registry
-
-        return len(registry())
-
-
 def spec(registry: Mapping[str, ModelSpec]) -> ModelSpec:
     """The registry entry; it is handed the registry it belongs to (to load its members)."""
     return ModelSpec("ensemble", Params, lambda inputs: train_ensemble(inputs, registry), cost=3,
@@ -138,5 +117,3 @@ def spec(registry: Mapping[str, ModelSpec]) -> ModelSpec:
                      members=lambda section: section.members, shared=(),
                      about="other classifiers of the run by soft voting (weights fit on validation) or stacking")
 
-
-SPEC = spec(_Registry())

@@ -76,9 +76,10 @@ def test_the_engine_calls_its_tracking_hooks_and_knows_nothing_else_of_them(tmp_
     """RunContext.tracking is the only seam between the run engine and MLflow: with other hooks a unit is built,
     published and reused, each hook called in its turn, and no MLflow run is made."""
     from flows.orchestrate.execute import RunContext
+    from flows.plan.cache import StageCache
     from flows.plan.keys import plan
     from flows.plan.request import RunRequest
-    from flows.plan.store import StageStore, stage_key
+    from flows.plan.store import StageStore
     from tasks.core import BuildOutput
 
     calls = []
@@ -107,7 +108,7 @@ def test_the_engine_calls_its_tracking_hooks_and_knows_nothing_else_of_them(tmp_
 
     config = RunRequest("smoke").config()
     causes = plan(config, registry=lambda uri: uri)
-    run = RunContext(config, StageStore(tmp_path / "store"), {u: stage_key(c) for u, c in causes.items()},
+    run = RunContext(config, StageCache(StageStore(tmp_path / "store")), {u: StageCache.key(c) for u, c in causes.items()},
                      "zhpipe-hooks", None, causes=causes, tracking=Recording)
     before = len(client().search_experiments())
 

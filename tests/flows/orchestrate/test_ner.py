@@ -12,8 +12,8 @@ from flows.orchestrate.pipeline import pipeline_flow
 from flows.plan.config import load_pipeline
 from flows.track.tracker import client
 from tasks.errors import ConfigError
-from tasks.models import MODELS
 from tasks.ner.tagging import parse_conll
+from tasks.stages import MODELS
 from tasks.stages import STAGE_NAMES as STAGES
 
 pytestmark = pytest.mark.e2e

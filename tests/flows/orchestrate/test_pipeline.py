@@ -195,7 +195,7 @@ def test_model_zoo_through_the_flow_with_curves_and_served_models(prefect_harnes
     import pandas as pd
 
     from flows.plan.keys import plan_keys
-    from tasks.models import MODELS
+    from tasks.stages import MODELS
 
     sets = ["train.models=[transformer, bert, rnn_lm]", "train.epochs=2", "train.bert.pretrain_epochs=1",
             "train.bert.hidden_size=32", "train.bert.num_heads=2", "train.bert.num_layers=2", "train.bert.intermediate_size=64",

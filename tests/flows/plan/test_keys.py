@@ -60,7 +60,7 @@ def test_a_shared_setting_changes_only_the_models_that_read_it():
     """`train.epochs` is read by the PyTorch models only: tfidf_lr and fastText keep their keys (and so stay
     cached, and are never registered twice); `train.seed` is read by all three."""
     sets = ["train.models=[tfidf_lr,fasttext,textcnn]"]
-    plan = lambda extra: planner.plan_keys(load_pipeline("smoke", overrides=sets + extra))  # noqa: E731
+    plan = lambda extra: planner.plan_keys(load_pipeline("smoke", overrides=sets + extra))
     keys = plan([])
     epochs = changed(keys, plan(["train.epochs=2"]))
     assert epochs == {"train.textcnn", "train", "evaluate.textcnn", "evaluate"}
@@ -69,7 +69,7 @@ def test_a_shared_setting_changes_only_the_models_that_read_it():
 
 
 def test_a_model_cannot_read_a_shared_setting_it_does_not_declare():
-    from tasks.models import MODELS
+    from tasks.stages import MODELS
 
     params = load_pipeline("smoke").stages.train
     view = MODELS["tfidf_lr"].view(params)

@@ -12,7 +12,7 @@ import torch
 from flows.orchestrate.pipeline import pipeline_flow
 from flows.plan.store import file_sha256
 from flows.track.tracker import client
-from tasks.models import MODELS
+from tasks.stages import MODELS
 from tests.helpers.runs import without_profile
 
 pytestmark = pytest.mark.e2e

@@ -45,7 +45,7 @@ def test_pyfunc_takes_raw_text_and_predicts_like_the_training_code(trained):
 
     from flows.track.serving import log_model
     from flows.track.tracker import Tracker
-    from tasks.models import MODELS
+    from tasks.stages import MODELS
 
     test = pd.read_parquet(trained["segment"] / "test.parquet")
     config = load_pipeline("smoke", overrides=SETS)
@@ -108,7 +108,7 @@ def test_the_champion_is_replaced_only_beyond_the_noise_of_the_same_test_rows(tr
     uri = client().get_run(trained["tfidf_run"]).data.tags["zhpipe.model_uri"]
     run_id = trained["first"]["parent_run_id"]
     store = StageStore(trained["store"])  # where the run that logged the model recorded its files' digest
-    served = lambda model_uri, frame: served_outcomes(model_uri, frame, "accuracy", store=store)  # noqa: E731
+    served = lambda model_uri, frame: served_outcomes(model_uri, frame, "accuracy", store=store)
 
     def register(score, frame, key, rescore=served, model_uri=uri):
         return register_best(model_uri, run_id, "rescore-test", "tfidf_lr", frame, "accuracy", score, model_key=key, rescore=rescore)
@@ -325,8 +325,8 @@ def test_predict_input_files_are_read_in_their_encoding(tmp_path, encoding):
 
 
 def test_a_test_split_hashes_the_same_read_in_batches_as_whole(tmp_path, monkeypatch):
-    import tasks.util.io as io
     from flows.track.champion import test_sha256
+    from tasks.util import io
     from tasks.util.io import Rows
 
     frame = pd.DataFrame({"id": range(100), "line": range(2, 102), "text": [f"第{i}条" for i in range(100)],

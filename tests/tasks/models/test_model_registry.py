@@ -42,8 +42,9 @@ SPEC = ModelSpec("toy", Params, train, load=predictor)
 
 @pytest.fixture
 def toy(tmp_path, monkeypatch):
-    """The toy module written to a file and imported, and its one entry in the registry."""
-    from tasks.models import MODELS
+    """The toy module written to a file and imported, and its one entry in its kind's models (every kind's registry,
+    tasks.stages.MODELS, sees it)."""
+    from tasks.classification.models import MODELS
 
     (tmp_path / "toy_model.py").write_text(TOY)
     spec = importlib.util.spec_from_file_location("toy_model", tmp_path / "toy_model.py")

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from tasks.classification.vocab import Params as VocabParams
-from tasks.models import MODELS, TrainInputs
-from tasks.models.settings import params_model
+from tasks.models import TrainInputs
+from tasks.stages import MODELS
 from tasks.translation.seq2seq_nets import (
     GRUSeq2Seq,
     Seq2SeqConfig,
@@ -22,7 +22,7 @@ from tasks.translation.seq2seq_nets import (
     greedy,
 )
 from tasks.translation.text import en_text, en_tokens
-from tasks.translation.train import Common
+from tasks.translation.train import Params as TrainParams
 from tasks.util.text import build_vocab
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "mt" / "pairs.tsv"
@@ -115,7 +115,7 @@ def tiny_inputs(tmp_path, name, pairs=60, common: dict | None = None, **section)
         itos = build_vocab(Counter(t for r in rows for t in r), VocabParams(min_freq=1))
         (vocab / lang / "vocab.txt").write_text("".join(f"{t}\n" for t in itos), encoding="utf-8")
     (vocab / "vocab.json").write_text(json.dumps({"zh_tokens": "chars"}))
-    params = params_model("translation", Common)(**{"direction": "zh-en", name: section, "patience": 100, **(common or {})})
+    params = TrainParams(**{"direction": "zh-en", name: section, "patience": 100, **(common or {})})
     out = tmp_path / "out"
     out.mkdir()
     return TrainInputs(name, frame, frame, [], MODELS[name].view(params), vocab, None, out, tmp_path / "scratch"), frame

@@ -7,12 +7,13 @@ import torch
 from gensim.models import KeyedVectors
 
 from flows.track.tracker import Tracker
+from tasks.classification.models.networks import batches, encode
 from tasks.classification.train import Params as TrainConfig
 from tasks.classification.vocab import Params as VocabConfig
 from tasks.classification.vocab import count_tokens
-from tasks.models import MODELS, TrainInputs
+from tasks.models import TrainInputs
 from tasks.models.modules import TextCNN, TextCNNConfig
-from tasks.classification.models.networks import batches, encode
+from tasks.stages import MODELS
 from tasks.util.text import build_vocab
 from tasks.util.vectors import keyed_word_vectors
 
@@ -226,8 +227,8 @@ def test_fp16_autocast_with_a_gradient_scaler_learns(tmp_path, run_ctx):
 def test_tfidf_streamed_from_the_split_file_learns_what_the_exact_fit_learns(tmp_path, monkeypatch):
     """fit: stream reads the split as a file batch by batch (hashed n-grams, SGD over shuffled batches); on
     three labels it agrees with the exact in-memory logistic regression, and auto picks by the split's size."""
-    import tasks.util.io as io
     from tasks.classification.models.tfidf import Params, text_mb, train_tfidf_lr
+    from tasks.util import io
     from tasks.util.io import Rows
 
     words = (POS + NEG + ["位置 一般 早餐 普通", "价格 一般 服务 普通"]) * 30

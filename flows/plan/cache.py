@@ -1,0 +1,93 @@
+"""The stage cache, after DVC's: a unit's key (the hash of what it was planned from) names its output in the stage
+store. `lookup` is the one reuse decision (published, and sound against its manifest: a corrupt output is reported in
+one line, removed and missed, for this run to rebuild); `restore` reads a published output as the `StageResult` the
+next stage takes; `begin` and `save` build a new one beside the store and publish it atomically. The store
+(flows/plan/store.py) keeps the files, locks and the remote copy; this module decides what is reused."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flows.plan.store import Manifest, StageStore, stage_key
+from tasks.core import Facts, Unit
+from tasks.errors import ZhpipeError
+
+log = logging.getLogger("zhpipe")
+
+
+@dataclass
+class StageResult:
+    """What a stage task hands to the next: a path and a few facts, never the data itself."""
+
+    stage: Unit  # the unit it is the output of
+    key: str
+    path: Path
+    cache: str  # "hit" or "miss"
+    seconds: float
+    rows: int | None
+    metrics: dict[str, float]
+    facts: Facts
+    run_id: str | None = None  # the MLflow run this pipeline run tracked it in
+    parts: dict[str, "StageResult"] = field(default_factory=dict)  # train/evaluate: their model units
+
+
+@dataclass
+class StageCache:
+    """Reuse by key: lookup, restore, begin/save (a build published atomically), verify."""
+
+    store: StageStore
+    full: bool = False  # hash every file of a reused output, not only the small ones (`--verify`)
+
+    @staticmethod
+    def key(causes: dict[str, Any]) -> str:
+        """A unit's key: the hash of everything its output depends on (flows/plan/keys.py plans `causes`)."""
+        return stage_key(causes)
+
+    def lookup(self, unit: str, key: str) -> Manifest | None:
+        """The manifest of the unit's published output under `key` when it is there and sound, else None (a corrupt
+        one is reported and removed)."""
+        if not self.store.is_done(unit, key):
+            return None
+        problems = self.verify(unit, key)
+        if problems:
+            log.warning("%s: cached output %s is corrupt (%s); rebuilding it", unit, key, "; ".join(problems[:3]))
+            self.store.discard(unit, key)
+            return None
+        return self.store.manifest(unit, key)
+
+    def verify(self, unit: str, key: str) -> list[str]:
+        """What is wrong with a published output against its manifest (empty when sound)."""
+        return self.store.verify(unit, key, full=self.full)
+
+    def restore(self, manifest: Manifest, cache: str = "hit", seconds: float = 0.0) -> StageResult:
+        """A published output as the next stage takes it (a remote one downloaded into the local mirror)."""
+        return StageResult(stage=Unit.parse(manifest.stage), key=manifest.key,
+                           path=self.store.local(manifest.stage, manifest.key), cache=cache, seconds=round(seconds, 3),
+                           rows=manifest.rows, metrics=manifest.metrics, facts=Facts.from_json(manifest.facts))
+
+    def reuse(self, unit: str, key: str) -> StageResult:
+        """A unit this run does not build (before --from, a model evaluate reads): its output, or one clear error."""
+        if not self.store.is_done(unit, key):
+            raise ZhpipeError(f"stage '{unit}' has no cached output for this config (key {key}); run it first, e.g. "
+                              f"`zhpipe run --to {Unit.parse(unit).stage}`")
+        manifest = self.lookup(unit, key)
+        if manifest is None:
+            raise ZhpipeError(f"stage '{unit}': its cached output {key} failed verification and was removed; "
+                              f"rebuild it with `zhpipe run --from {Unit.parse(unit).stage}`")
+        return self.restore(manifest)
+
+    def begin(self, unit: str, key: str, fresh: bool) -> tuple[Path, Path]:
+        """(a temporary folder to build in, the unit's scratch folder to resume from; emptied when `fresh`)."""
+        import shutil
+
+        tmp, scratch = self.store.begin(unit, key), self.store.scratch(unit, key)
+        if fresh:  # --force means from scratch, not from the last checkpoint
+            shutil.rmtree(scratch)
+            scratch.mkdir()
+        return tmp, scratch
+
+    def save(self, tmp: Path, manifest: Manifest) -> Path:
+        """Publish a built folder under its key with its manifest (files hashed, made durable, renamed into place)."""
+        return self.store.publish(tmp, manifest)
