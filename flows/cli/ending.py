@@ -1,5 +1,5 @@
 """How a command ends: its exit status, without the interpreter's slow teardown, and told to the warm process's
-client when it ran there (`flows.runtime.warm` sets `REPORT`)."""
+client when it ran there (`flows.cli.warm` sets `REPORT`)."""
 from __future__ import annotations
 
 import os
@@ -55,6 +55,6 @@ def finish(code: int) -> NoReturn:
             stream.flush()
         except (OSError, ValueError):
             pass
-    if REPORT is not None:  # the warm process's fork tells its client (flows.runtime.warm)
+    if REPORT is not None:  # the warm process's fork tells its client (flows.cli.warm)
         REPORT(code)
     os._exit(code)

@@ -225,6 +225,10 @@ def _wait(sock: socket.socket) -> int:
     return done["rc"]
 
 
+# the warm process's program: the CLI's entry for it, which hands flows/runtime/warm.py the command each fork runs
+PROGRAM = "flows.cli.warm"
+
+
 def spawn(idle: float, environ: dict, root: Path | None = None) -> None:
     """Leave a warm process behind for the next commands (nothing when one runs or ZHPIPE_WARM=off); `environ` is
     the environment the command was handed over with (a run may add variables of its own later); `root` the project
@@ -246,7 +250,7 @@ def spawn(idle: float, environ: dict, root: Path | None = None) -> None:
     root = str(Path(__file__).resolve().parents[2])  # the `flows` package this process runs
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     with private.open_private_log(log_file()) as log:
-        subprocess.Popen([sys.executable, "-m", "flows.runtime.warm", "--idle", str(idle), "--fingerprint", mine,
+        subprocess.Popen([sys.executable, "-m", PROGRAM, "--idle", str(idle), "--fingerprint", mine,
                           *(["--project", str(root)] if root else [])],
                          env=env, cwd=root, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                          start_new_session=True)

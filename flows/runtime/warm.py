@@ -1,7 +1,7 @@
 """A warm zhpipe process beside the project's background Prefect server, so that a cached `zhpipe run` does not
 spend seconds importing Prefect, MLflow and the stages again.
 
-The first `zhpipe run` that uses the background server leaves this process behind (`python -m flows.runtime.warm`): it
+The first `zhpipe run` that uses the background server leaves this process behind (`python -m flows.cli.warm`): it
 imports what a run imports, then waits on a Unix socket in a folder only its user can enter (`handover.socket_dir`;
 one warm process per project, for the settings of the run that started it, below). A later `zhpipe run` or `zhpipe
 status` (the client, `flows.runtime.handover`, which imports nothing heavy) hands it its arguments, working folder,
@@ -38,16 +38,8 @@ from flows.runtime import handover, procs
 from flows.runtime.handover import fingerprint, recv, send, state_file
 from tasks.util.private import PRIVATE_UMASK
 
-# what a run imports: loaded once here, shared by every fork
-PRELOAD = ("flows.cli", "flows.cli.run", "flows.orchestrate.pipeline", "flows.orchestrate.execute",
-           "flows.orchestrate.model_stages",
-           "flows.track.tracker", "flows.track.champion", "flows.plan.status", "flows.track.serving",
-           "prefect.flow_engine", "prefect.task_engine",
-           "prefect.utilities.visualization", "mlflow", "mlflow.tracking", "mlflow.store.tracking.sqlalchemy_store",
-           "mlflow.store.model_registry.sqlalchemy_store", "sqlalchemy.dialects.sqlite", "alembic.config",
-           "huggingface_hub.file_download")
-# and the modules of the stages that read and rewrite a corpus, of every kind (their libraries: OpenCC, jieba, ...)
-PRELOAD_STAGES = ("download", "augment")
+# the command each fork runs, and the modules loaded once before (`serve`: the CLI's entry, flows/cli/warm.py)
+_COMMAND = None
 
 def module_files() -> dict[str, tuple[int, int]]:
     """(mtime, size) of every imported module's file."""
@@ -128,7 +120,7 @@ def _run_command(conn: socket.socket, files: dict, mine: str) -> None:
     except OSError:  # the client gave up waiting and runs the command itself
         os._exit(0)
     _end_when_client_goes(conn)
-    _run_as_cli(conn, request)
+    _COMMAND(conn, request)
 
 
 def _admit(conn: socket.socket, request: dict, files: dict, mine: str) -> None:
@@ -173,38 +165,6 @@ def _become_client(request: dict, fds: list[int]) -> None:
     sys.stdout.reconfigure(line_buffering=True)
 
 
-def _run_as_cli(conn: socket.socket, request: dict) -> None:
-    """In the fork: the command, as `zhpipe` would run it; its exit status goes to the client; never returns."""
-    from flows import cli
-    from flows.cli import ending
-    from flows.track import tracker as tracking
-
-    tracking.after_fork()
-    handover.SERVING = True  # the command this fork runs is not handed over again
-
-    def report(rc: int) -> None:  # the fork tells its client itself: its status arrives even if the warm parent died
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the client closes once it has the status: nothing to interrupt
-        try:
-            send(conn, {"rc": rc})
-        except OSError:
-            pass
-
-    ending.REPORT = report
-
-    code = 1
-    try:
-        code = cli.main(request["argv"])
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        if not isinstance(e.code, (int, type(None))):
-            print(e.code, file=sys.stderr)
-    except BaseException:  # noqa: BLE001 - shown as a plain process would show it
-        import traceback
-
-        traceback.print_exc()
-    ending.finish(code)  # MLflow's and Prefect's exit hooks run, as in any command
-
-
 def _private_log() -> None:
     """The log this process writes to (its stdout: a file of this user's) is readable by this user only."""
     import stat
@@ -217,11 +177,14 @@ def _private_log() -> None:
         pass
 
 
-def serve(idle: float, mine: str, root: str | None = None) -> int:
-    """Import, listen, and fork a process per command until `idle` seconds pass without one (or SIGTERM)."""
+def serve(idle: float, mine: str, root: str | None, command, preload: tuple[str, ...]) -> int:
+    """Import `preload`, listen, and fork a process per command until `idle` seconds pass without one (or SIGTERM);
+    each fork runs `command(conn, request)` (the CLI, as the client would have run it), which never returns."""
+    global _COMMAND
+    _COMMAND = command
     t0 = time.monotonic()
     _private_log()
-    files = _preload(root)
+    files = _preload(root, preload)
     listener, path = _listen(mine)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -233,7 +196,7 @@ def serve(idle: float, mine: str, root: str | None = None) -> int:
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     signal.signal(signal.SIGINT, lambda *_: stopping.append(True))
-    state = {**procs.identity(os.getpid(), "flows.runtime.warm"), "socket": path, "fingerprint": mine,
+    state = {**procs.identity(os.getpid(), handover.PROGRAM), "socket": path, "fingerprint": mine,
              "modules": len(files)}
     private.write_state(state_file(mine), state)
     print(f"warm: {len(files)} modules imported in {time.monotonic() - t0:.1f} s; listening on {path}", flush=True)
@@ -269,14 +232,11 @@ def serve(idle: float, mine: str, root: str | None = None) -> int:
     return 0
 
 
-def _preload(root: str | None) -> dict[str, tuple[int, int]]:
+def _preload(root: str | None, preload: tuple[str, ...]) -> dict[str, tuple[int, int]]:
     """Import what a run imports (and open the project's MLflow store); returns the imported modules' files."""
     import importlib
 
-    from tasks.stages import KINDS
-
-    stages = [s.module_name for kind in KINDS.values() for s in kind.stages.values() if s.name in PRELOAD_STAGES]
-    for name in (*PRELOAD, *dict.fromkeys(stages)):
+    for name in preload:
         importlib.import_module(name)
     if root:  # the project's MLflow store, opened once: its forks skip MLflow's engine and schema checks
         from flows.plan import project
@@ -346,14 +306,3 @@ def _accept(listener: socket.socket, clients: dict[int, socket.socket], wake: tu
         _run_command(conn, files, mine)
     clients[pid] = conn
     return True
-
-
-if __name__ == "__main__":  # python -m flows.runtime.warm --idle S --fingerprint F (started by `zhpipe run`, see spawn)
-    import argparse
-
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--idle", type=float, required=True)
-    ap.add_argument("--fingerprint", required=True)
-    ap.add_argument("--project", help="the project whose MLflow store is opened ahead of the commands")
-    ns = ap.parse_args()
-    raise SystemExit(serve(ns.idle, ns.fingerprint, ns.project))

@@ -63,7 +63,7 @@ def start_warm(env: dict) -> tuple[subprocess.Popen, Path]:
     home = Path(env["PREFECT_HOME"])
     mine = handover.fingerprint(env)
     log = open(home / "zhpipe-warm.log", "a")
-    proc = subprocess.Popen([sys.executable, "-m", "flows.runtime.warm", "--idle", "120", "--fingerprint", mine], cwd=ROOT, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "flows.cli.warm", "--idle", "120", "--fingerprint", mine], cwd=ROOT, env=env,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     state = home / f"zhpipe-warm-{mine[:16]}.json"
     deadline = time.monotonic() + 120

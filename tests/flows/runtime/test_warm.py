@@ -35,7 +35,7 @@ def _warm(folder: Path, seed_prefect_home, seed_mlflow, idle: int = 60):
     seed_prefect_home(folder / "prefect")
     log = folder / "prefect" / "zhpipe-warm.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "flows.runtime.warm", "--idle", str(idle), "--fingerprint", handover.fingerprint(env)],
+        proc = subprocess.Popen([sys.executable, "-m", "flows.cli.warm", "--idle", str(idle), "--fingerprint", handover.fingerprint(env)],
                                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     state = handover.state_file(handover.fingerprint(env)).relative_to(handover.home())
     state = folder / "prefect" / state
