@@ -456,20 +456,28 @@ def test_predict_answers_with_the_code_logged_with_the_model(smoke, tmp_path):
     """zhpipe predict and mlflow models serve give one answer per model version: a model whose logged code
     differs from the installed zhpipe answers from a process that runs its logged code."""
     import shutil
+    import zipfile
 
     import mlflow
 
     from flows.track.predict import LoggedCodeModel, load_model, predict_frame
+    from flows.track.serving import CODE_ARCHIVE
 
     same = load_model("models:/zhpipe-smoke@champion")  # logged by this code: answered in this process
     assert not isinstance(same, LoggedCodeModel)
     folder = Path(mlflow.artifacts.download_artifacts("models:/zhpipe-smoke@champion", dst_path=str(tmp_path / "download")))
     changed = tmp_path / "changed"
     shutil.copytree(folder, changed)
-    serving = changed / "code" / "tasks" / "classification" / "serving.py"  # the kind's inference pipeline
-    text = serving.read_text(encoding="utf-8")
+    archive = changed / "code" / CODE_ARCHIVE  # the logged flows and tasks packages, one file
+    with zipfile.ZipFile(archive) as zipped:
+        sources = {n: zipped.read(n) for n in zipped.namelist()}
+    serving = "tasks/classification/serving.py"  # the kind's inference pipeline
+    text = sources[serving].decode("utf-8")
     assert 'out["status"] = statuses' in text
-    serving.write_text(text.replace('out["status"] = statuses', 'out["status"] = ["logged code"] * len(statuses)'), encoding="utf-8")
+    sources[serving] = text.replace('out["status"] = statuses', 'out["status"] = ["logged code"] * len(statuses)').encode()
+    with zipfile.ZipFile(archive, "w") as zipped:
+        for name, data in sources.items():
+            zipped.writestr(name, data)
     mark = tmp_path / "loaded-by"  # the model's own code says which process ran it
     entry = changed / "pyfunc_model.py"
     entry.write_text(f"import os\nopen({str(mark)!r}, 'a').write(f'{{os.getpid()}}\\n')\n" + entry.read_text(encoding="utf-8"),

@@ -75,18 +75,34 @@ def load_model(uri: str):
         raise cannot(e) from None
 
 
-def code_drift(folder: Path) -> list[str]:
-    """The files of the code logged with a model (`code/flows`, `code/tasks`) that differ from the installed ones."""
-    from flows.track.serving import CODE
+def logged_code(folder: Path) -> dict[str, bytes]:
+    """The flows and tasks sources logged with a model, by path (`code/zhpipe-code.zip`; older models: the folders
+    `code/flows` and `code/tasks`); {} when it has none."""
+    import zipfile
+
+    from flows.track.serving import CODE_ARCHIVE
 
     logged = folder / "code"
+    if (logged / CODE_ARCHIVE).is_file():
+        with zipfile.ZipFile(logged / CODE_ARCHIVE) as archive:
+            return {n: archive.read(n) for n in archive.namelist() if n.endswith(".py")}
     if not logged.is_dir():
+        return {}
+    return {p.relative_to(logged).as_posix(): p.read_bytes() for p in logged.glob("*/**/*.py")
+            if p.parts[len(logged.parts)] in ("flows", "tasks")}
+
+
+def code_drift(folder: Path) -> list[str]:
+    """The files of the code logged with a model that differ from the installed ones."""
+    from flows.track.serving import CODE
+
+    logged = logged_code(folder)
+    if not logged:
         return []
-    names = {p.relative_to(logged).as_posix() for p in logged.glob("*/**/*.py")
-             if p.parts[len(logged.parts)] in ("flows", "tasks")}
-    names |= {p.relative_to(CODE).as_posix() for package in ("flows", "tasks") for p in (CODE / package).rglob("*.py")}
-    return sorted(n for n in names if not ((logged / n).is_file() and (CODE / n).is_file()
-                                           and (logged / n).read_bytes() == (CODE / n).read_bytes()))
+    names = set(logged) | {p.relative_to(CODE).as_posix() for package in ("flows", "tasks")
+                           for p in (CODE / package).rglob("*.py")}
+    return sorted(n for n in names
+                  if not (n in logged and (CODE / n).is_file() and logged[n] == (CODE / n).read_bytes()))
 
 
 _CHILD = """

@@ -19,6 +19,23 @@ import pandas as pd
 from mlflow.pyfunc import PythonModel
 
 CODE = Path(__file__).resolve().parents[2]  # the folder holding the flows and tasks packages
+# the flows and tasks packages as one file among a logged model's code (`code/`): one upload and one download where
+# the tree is ~170 (a tracking server proxying a bucket answers each file in a request of its own)
+CODE_ARCHIVE = "zhpipe-code.zip"
+
+
+def code_archive(folder: Path) -> Path:
+    """The flows and tasks packages' sources as `folder/zhpipe-code.zip`, the same bytes for the same code (sorted
+    names, fixed times): Python imports from it as from a folder (pyfunc_model.py puts it on sys.path)."""
+    import zipfile
+
+    path = folder / CODE_ARCHIVE
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for source in sorted(p for package in ("flows", "tasks") for p in (CODE / package).rglob("*.py")):
+            info = zipfile.ZipInfo(source.relative_to(CODE).as_posix(), date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type, info.external_attr = zipfile.ZIP_DEFLATED, 0o600 << 16
+            archive.writestr(info, source.read_bytes())
+    return path
 
 SEGMENTING = "segment"  # the section of a served model's zhpipe.json whose files (user dictionary, stopwords) travel
 
@@ -211,6 +228,6 @@ def _log_pyfunc(run_id: str, name: str, wrapper: PythonModel, code_file: str, ar
         # models from code: MLflow keeps the code file as the model's code instead of a CloudPickle'd object
         return mlflow.pyfunc.log_model(
             name=name, python_model=str(Path(__file__).with_name(code_file)), artifacts=artifacts, signature=signature,
-            input_example=example, code_paths=[str(CODE / "flows"), str(CODE / "tasks")],
+            input_example=example, code_paths=[str(code_archive(tmp))],
             registered_model_name=registered_name, pip_requirements=pinned(),
         )

@@ -291,6 +291,11 @@ def machine(team: Team | None, folder: Path, user: str, corpora: tuple[str, ...]
         shutil.copy(ROOT / corpus, project / corpus)
     env = {key: os.environ[key] for key in KEPT_ENV if key in os.environ}
     env.update({"HOME": str(home), "ZHPIPE_WARM": "off", "PREFECT_LOGGING_LEVEL": "WARNING"})
+    # matplotlib's font list is the computer's, not the engineer's: one cache for every machine (a new HOME rebuilt it,
+    # 3-5 s in each machine's first profile stage)
+    fonts = Path(tempfile.gettempdir()) / f"zhpipe-tests-matplotlib-{os.getuid()}"
+    fonts.mkdir(mode=0o700, exist_ok=True)
+    env["MPLCONFIGDIR"] = str(fonts)
     if team is None:
         return env, project
     env.update(team.s3)
