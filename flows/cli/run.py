@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
 import shlex
 import time
@@ -9,6 +11,8 @@ from dataclasses import replace
 
 from flows.cli.common import BUILDS, Needs, console, load, number, request_of
 from tasks.errors import ZhpipeError, say
+
+log = logging.getLogger("zhpipe")
 
 
 def cmd_run(args) -> int:
@@ -27,7 +31,7 @@ def cmd_run(args) -> int:
         print("starting a temporary Prefect server for this run (about 20 s; `zhpipe server start` keeps one running)",
               flush=True)
     # what the flow run records in Prefect: URLs redacted (the config already holds the redacted forms)
-    with _heartbeats():
+    with _server_started_beside_the_store(), _heartbeats():
         out = pipeline_flow(**request.parameters(), stages=stages, force=force, storage=conceal(args.storage),
                             dask=args.dask, verify=args.verify)
     shown = console()
@@ -71,12 +75,46 @@ def attention_code(attention: dict, wanted: str) -> int:
     return ATTENTION if reasons else 0
 
 
+@contextlib.contextmanager
+def _server_started_beside_the_store():
+    """Without a server to use, Prefect starts a temporary one when the flow first asks for it (its own process,
+    seconds of imports and migrations); meanwhile this process sat idle, then opened the MLflow store (a new one:
+    about 2 s of migrations). Here the server starts in a thread while the store opens, and the flow starts once
+    the server answers (Prefect then finds it running)."""
+    if os.environ.get("PREFECT_API_URL"):
+        yield
+        return
+    import threading
+
+    from prefect.server.api.server import SubprocessASGIServer
+
+    from flows.track import tracker
+
+    failed: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            SubprocessASGIServer().start()
+        except BaseException as e:  # noqa: BLE001 - the flow starts it again and reports what is wrong
+            failed.append(e)
+
+    starting = threading.Thread(target=start, name="zhpipe-temporary-server", daemon=True)
+    starting.start()
+    try:  # the MLflow store, opened (and migrated, when new) while the server starts
+        tracker.client()
+    except Exception:  # noqa: BLE001 - a store that does not open is reported by the run, which opens it again
+        log.debug("the MLflow store did not open ahead of the run", exc_info=True)
+    finally:
+        starting.join()
+    if failed:  # started again by the flow: its error is Prefect's own
+        SubprocessASGIServer().running = False
+    yield
+
+
 def _heartbeats():
     """A run started from the command line sends no flow-run heartbeats unless PREFECT_FLOWS_HEARTBEAT_FREQUENCY is
     set: their only use is a zombie-run automation on the server, and stopping Prefect's heartbeat thread holds
     every run up to a second at its end. Deployment runs (workers, `zhpipe serve`) keep Prefect's default."""
-    import contextlib
-
     if any(k in os.environ for k in ("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "PREFECT_RUNNER_HEARTBEAT_FREQUENCY")):
         return contextlib.nullcontext()
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
