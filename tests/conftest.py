@@ -93,7 +93,7 @@ os.execv(sys.executable, [sys.executable, *sys.argv[2:]])
 """
 
 
-_SHARED = "ZHPIPE_TESTS_PREFECT_SERVER"  # the session server's URL and home, as the controller hands them to its workers
+_SHARED = "ZHPIPE_TESTS_PREFECT_SERVER"
 
 
 class _SessionServer:
@@ -124,16 +124,37 @@ class _SessionServer:
         self.url = f"http://127.0.0.1:{port}/api"
         self.home = _TMP / "prefect-server"  # its database: tests look into it for what a run recorded
         self.home.mkdir()
-        env = {**os.environ, "PREFECT_HOME": str(self.home), "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
-               "PREFECT__SERVER_FINAL": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+        env = {
+            **os.environ,
+            "PREFECT_HOME": str(self.home),
+            "PREFECT_UI_ENABLED": "0",
+            "PREFECT__SERVER_EPHEMERAL": "1",
+            "PREFECT__SERVER_FINAL": "1",
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        }
         env.pop("PREFECT_API_URL", None)
         self.log = open(self.home / "server.log", "w")
-        server = ["-m", "uvicorn", "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
-                  "--log-level", "error", "--lifespan", "on"]
-        if sys.platform.startswith("linux"):  # it ends with this process even when this one is killed (no finish hook runs)
+        server = [
+            "-m",
+            "uvicorn",
+            "--factory",
+            "prefect.server.api.server:create_app",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "error",
+            "--lifespan",
+            "on",
+        ]
+        if sys.platform.startswith(
+            "linux"
+        ):  # it ends with this process even when this one is killed (no finish hook runs)
             server = ["-c", _DIE_WITH_PARENT, str(os.getpid()), *server]
-        self.proc = subprocess.Popen([sys.executable, *server], env=env, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, *server], env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         os.environ["PREFECT_API_URL"] = self.url
         os.environ[_SHARED] = f"{self.url} {self.home}"
 
@@ -147,7 +168,9 @@ class _SessionServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"the session's Prefect server exited: {(self.home / 'server.log').read_text()[-3000:]}")
+                raise RuntimeError(
+                    f"the session's Prefect server exited: {(self.home / 'server.log').read_text()[-3000:]}"
+                )
             if _healthy(self.url, timeout=2):
                 return
             time.sleep(0.2)

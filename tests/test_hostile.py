@@ -131,14 +131,22 @@ def https_url(tmp_path_factory, http_url):
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
     now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
     (folder / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (folder / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    (folder / "key.pem").write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     server = Quiet(("127.0.0.1", 0), Handler)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(folder / "cert.pem", folder / "key.pem")
@@ -150,6 +158,7 @@ def https_url(tmp_path_factory, http_url):
 
 
 # ---- running the CLI -----------------------------------------------------------------------------------
+
 
 def cli(capsys, *args) -> tuple[int, str, str]:
     """A command through `flows.cli.main` in this process (tests/helpers/cli.py), as (exit status, stdout, stderr)."""
@@ -175,8 +184,12 @@ def outputs(store: Path, stage: str) -> Path:
 def accounting(store: Path) -> dict:
     """Rows read, kept (the three splits) and quarantined (by reason) across download, clean and split."""
     download, clean, split = outputs(store, "download"), outputs(store, "clean"), outputs(store, "split")
-    quarantined = pd.concat([pd.read_parquet(f / "quarantine.parquet", columns=["reason"]) for f in (download, clean, split)])
-    rows_in = len(pd.read_parquet(download / "data.parquet", columns=["id"])) + len(pd.read_parquet(download / "quarantine.parquet", columns=["line"]))
+    quarantined = pd.concat(
+        [pd.read_parquet(f / "quarantine.parquet", columns=["reason"]) for f in (download, clean, split)]
+    )
+    rows_in = len(pd.read_parquet(download / "data.parquet", columns=["id"])) + len(
+        pd.read_parquet(download / "quarantine.parquet", columns=["line"])
+    )
     kept = sum(len(pd.read_parquet(split / f"{s}.parquet", columns=["id"])) for s in ("train", "validation", "test"))
     reasons = quarantined["reason"].str.replace(r":.*", "", regex=True).value_counts().to_dict()
     assert rows_in == kept + len(quarantined), (rows_in, kept, reasons)
@@ -185,13 +198,16 @@ def accounting(store: Path) -> dict:
 
 def run_corpus(capsys, tmp_path, source, *extra, stop="split"):
     store = tmp_path / "store"
-    code, out, err = cli(capsys, "run", "smoke", "--source", source, "--text-column", "review", "--storage", store, "--to", stop, *extra)
+    code, out, err = cli(
+        capsys, "run", "smoke", "--source", source, "--text-column", "review", "--storage", store, "--to", stop, *extra
+    )
     assert code == 0, (out + err)[-3000:]
     assert "Traceback" not in out + err
     return accounting(store)
 
 
 # ---- corpora that are read, with what they cannot use set aside --------------------------------------
+
 
 @pytest.mark.parametrize("encoding", ["utf-8-sig", "gb18030", "utf-16"])
 def test_encodings_and_byte_order_marks(prefect_harness, capsys, tmp_path, encoding):
@@ -200,15 +216,23 @@ def test_encodings_and_byte_order_marks(prefect_harness, capsys, tmp_path, encod
 
 
 def test_line_separators_inside_texts_do_not_split_rows(prefect_harness, capsys, tmp_path):
-    rows = [(label, text + ("\u2028第二行\x85第三行\x1c尾" if i % 10 == 0 else "")) for i, (label, text) in enumerate(base_rows())]
+    rows = [
+        (label, text + ("\u2028第二行\x85第三行\x1c尾" if i % 10 == 0 else ""))
+        for i, (label, text) in enumerate(base_rows())
+    ]
     got = run_corpus(capsys, tmp_path, write_csv(tmp_path / "c.csv", rows))
     assert got["rows_in"] == 300 and got["kept"] == 300
 
 
 def test_jsonl_with_raw_u2028_is_valid(prefect_harness, capsys, tmp_path):
     path = tmp_path / "c.jsonl"
-    path.write_text("".join(json.dumps({"label": label, "review": text + "\u2028换行"}, ensure_ascii=False) + "\n"
-                            for label, text in base_rows()), encoding="utf-8")
+    path.write_text(
+        "".join(
+            json.dumps({"label": label, "review": text + "\u2028换行"}, ensure_ascii=False) + "\n"
+            for label, text in base_rows()
+        ),
+        encoding="utf-8",
+    )
     got = run_corpus(capsys, tmp_path, path)
     assert got["rows_in"] == 300 and got["kept"] == 300
 
@@ -241,7 +265,11 @@ def test_empty_labels_and_wrong_field_counts_are_quarantined_with_lines(prefect_
     path = write_csv(tmp_path / "c.csv", rows)
     path.write_text(path.read_text(encoding="utf-8") + ",没有标签\n1,多,一列\n0\n", encoding="utf-8")
     got = run_corpus(capsys, tmp_path, path)
-    assert got["rows_in"] == 303 and got["reasons"] == {"empty_label": 1, "fields_3_expected_2": 1, "fields_1_expected_2": 1}
+    assert got["rows_in"] == 303 and got["reasons"] == {
+        "empty_label": 1,
+        "fields_3_expected_2": 1,
+        "fields_1_expected_2": 1,
+    }
     assert pd.read_parquet(got["download"] / "quarantine.parquet")["line"].tolist() == [302, 303, 304]
 
 
@@ -256,7 +284,11 @@ def test_broken_json_lines_and_null_texts_are_quarantined(prefect_harness, capsy
 
 
 def test_one_row_classes_are_quarantined_by_split_with_a_warning(prefect_harness, capsys, tmp_path):
-    got = run_corpus(capsys, tmp_path, write_csv(tmp_path / "c.csv", [*base_rows(), ("稀有", "只有一条的类别"), ("罕见", "另一条孤例评论")]))
+    got = run_corpus(
+        capsys,
+        tmp_path,
+        write_csv(tmp_path / "c.csv", [*base_rows(), ("稀有", "只有一条的类别"), ("罕见", "另一条孤例评论")]),
+    )
     assert got["rows_in"] == 302 and got["reasons"] == {"class_under_3_rows": 2}
 
 
@@ -276,21 +308,30 @@ def test_labels_that_are_not_file_names(prefect_harness, capsys, tmp_path):
 
 # ---- corpora and sources that are refused in one line ---------------------------------------------------
 
+
 def test_empty_file(prefect_harness, capsys, tmp_path):
     (tmp_path / "c.csv").write_text("label,review\n", encoding="utf-8")
-    one_line_error(cli(capsys, "run", "smoke", "--source", tmp_path / "c.csv", "--text-column", "review", "--to", "download"), "no readable rows")
+    one_line_error(
+        cli(capsys, "run", "smoke", "--source", tmp_path / "c.csv", "--text-column", "review", "--to", "download"),
+        "no readable rows",
+    )
 
 
 def test_gzip_bomb(prefect_harness, capsys, tmp_path):
     with gzip.open(tmp_path / "bomb.csv.gz", "wb") as f:
         f.write(b"label,review\n" + b"1," + b"0" * (200 << 20))
-    one_line_error(cli(capsys, "run", "smoke", "--source", tmp_path / "bomb.csv.gz", "--to", "download"), "decompression bomb")
+    one_line_error(
+        cli(capsys, "run", "smoke", "--source", tmp_path / "bomb.csv.gz", "--to", "download"), "decompression bomb"
+    )
 
 
 def test_zip_slip(prefect_harness, capsys, tmp_path):
     with zipfile.ZipFile(tmp_path / "slip.zip", "w") as zf:
         zf.writestr("../../../evil.csv", "label,review\n1,好\n")
-    one_line_error(cli(capsys, "run", "smoke", "--source", tmp_path / "slip.zip", "--to", "download"), "escapes the extraction folder")
+    one_line_error(
+        cli(capsys, "run", "smoke", "--source", tmp_path / "slip.zip", "--to", "download"),
+        "escapes the extraction folder",
+    )
 
 
 def test_tar_link(prefect_harness, capsys, tmp_path):
@@ -308,12 +349,22 @@ def test_invalid_pipeline_name(capsys, tmp_path):
 
 # ---- downloads ------------------------------------------------------------------------------------------
 
+
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
 def test_http_source_needs_a_sha256_or_allow_unverified(prefect_harness, capsys, tmp_path, http_url):
-    args = ["run", "smoke", "--source", f"{http_url}/corpus.csv", "--text-column", "review", "--storage", tmp_path / "store"]
+    args = [
+        "run",
+        "smoke",
+        "--source",
+        f"{http_url}/corpus.csv",
+        "--text-column",
+        "review",
+        "--storage",
+        tmp_path / "store",
+    ]
     one_line_error(cli(capsys, *args, "--to", "download"), "needs source.sha256")
     code, out, err = cli(capsys, *args, "--allow-unverified", "--to", "split")
     assert code == 0, err[-2000:]
@@ -336,22 +387,68 @@ def test_wrong_bytes_then_right_bytes(prefect_harness, capsys, tmp_path, http_ur
 
 
 def test_always_wrong_bytes(prefect_harness, capsys, tmp_path, http_url):
-    one_line_error(cli(capsys, "run", "smoke", "--source", f"{http_url}/wrong.csv", "--set", f"source.sha256={sha(GOOD)}",
-                          "--set", "download.retries=1", "--storage", tmp_path / "store", "--to", "download"), "sha256 mismatch")
+    one_line_error(
+        cli(
+            capsys,
+            "run",
+            "smoke",
+            "--source",
+            f"{http_url}/wrong.csv",
+            "--set",
+            f"source.sha256={sha(GOOD)}",
+            "--set",
+            "download.retries=1",
+            "--storage",
+            tmp_path / "store",
+            "--to",
+            "download",
+        ),
+        "sha256 mismatch",
+    )
     assert not [p for p in (tmp_path / "store" / "_downloads").rglob("*") if p.is_file()]  # nothing bad kept
 
 
 def test_slow_server_past_the_deadline(prefect_harness, capsys, tmp_path, http_url):
     t0 = time.monotonic()
-    one_line_error(cli(capsys, "run", "smoke", "--source", f"{http_url}/slow.csv", "--set", f"source.sha256={sha(GOOD)}",
-                          "--set", "download.deadline_s=2", "--storage", tmp_path / "store", "--to", "download"), "deadline")
+    one_line_error(
+        cli(
+            capsys,
+            "run",
+            "smoke",
+            "--source",
+            f"{http_url}/slow.csv",
+            "--set",
+            f"source.sha256={sha(GOOD)}",
+            "--set",
+            "download.deadline_s=2",
+            "--storage",
+            tmp_path / "store",
+            "--to",
+            "download",
+        ),
+        "deadline",
+    )
     assert time.monotonic() - t0 < 30
 
 
 def test_https_to_http_redirect_is_refused(prefect_harness, capsys, tmp_path, https_url, monkeypatch):
     monkeypatch.setenv("SSL_CERT_FILE", https_url["ca"])
-    one_line_error(cli(capsys, "run", "smoke", "--source", f"{https_url['url']}/redirect.csv", "--set", f"source.sha256={sha(GOOD)}",
-                          "--storage", tmp_path / "store", "--to", "download"), "refused a redirect from https to http://")
+    one_line_error(
+        cli(
+            capsys,
+            "run",
+            "smoke",
+            "--source",
+            f"{https_url['url']}/redirect.csv",
+            "--set",
+            f"source.sha256={sha(GOOD)}",
+            "--storage",
+            tmp_path / "store",
+            "--to",
+            "download",
+        ),
+        "refused a redirect from https to http://",
+    )
 
 
 def test_a_redirect_into_this_machine_or_a_private_network_is_refused(monkeypatch):
@@ -360,14 +457,22 @@ def test_a_redirect_into_this_machine_or_a_private_network_is_refused(monkeypatc
     from tasks.source import fetch as download
     from tasks.util.urls import is_internal
 
-    assert is_internal("http://127.0.0.1:9/") and is_internal("http://10.1.2.3/") and is_internal("http://169.254.169.254/latest")
-    assert is_internal("http://[::1]/") and is_internal("http://localhost/") and not is_internal("http://93.184.216.34/")
+    assert (
+        is_internal("http://127.0.0.1:9/")
+        and is_internal("http://10.1.2.3/")
+        and is_internal("http://169.254.169.254/latest")
+    )
+    assert (
+        is_internal("http://[::1]/") and is_internal("http://localhost/") and not is_internal("http://93.184.216.34/")
+    )
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), RedirectToLoopback)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         public = f"http://localhost:{server.server_port}/start"  # treated as public below; it redirects to 127.0.0.1
         monkeypatch.setattr(download, "is_internal", lambda url: "127.0.0.1" in url)
-        with pytest.raises(download.DataError, match="refused a redirect to an address of this machine or a private network"):
+        with pytest.raises(
+            download.DataError, match="refused a redirect to an address of this machine or a private network"
+        ):
             with download._client(5) as client:
                 download._send(client, "GET", public, {}, time.monotonic() + 10)
     finally:
@@ -391,8 +496,10 @@ def test_a_planted_jieba_cache_in_the_shared_temporary_folder_is_not_read(tmp_pa
 
     with open(tmp_path / "jieba.cache", "wb") as f:
         marshal.dump(({"你好世界": 10**9, "你": 1, "好": 1, "世": 1, "界": 1}, 10**9 + 4), f)
-    code = ("from tasks.util.segmenter import Segmenter, SegmenterParams; "
-            "print(Segmenter(SegmenterParams(backend='jieba', hmm=False)).rows(['你好世界'])['words'][0])")
+    code = (
+        "from tasks.util.segmenter import Segmenter, SegmenterParams; "
+        "print(Segmenter(SegmenterParams(backend='jieba', hmm=False)).rows(['你好世界'])['words'][0])"
+    )
     env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -406,7 +513,9 @@ def test_a_negative_split_seed_is_one_line(capsys, tmp_path):
 
 
 def test_a_stage_the_task_does_not_have_is_one_line(capsys, tmp_path):
-    one_line_error(cli(capsys, "run", "mt-smoke", "--only", "embed", "--storage", tmp_path / "store"), "'embed' is not a stage")
+    one_line_error(
+        cli(capsys, "run", "mt-smoke", "--only", "embed", "--storage", tmp_path / "store"), "'embed' is not a stage"
+    )
 
 
 def test_deployment_stages_and_force_that_are_not_stages_are_one_line(prefect_harness):
@@ -414,15 +523,18 @@ def test_deployment_stages_and_force_that_are_not_stages_are_one_line(prefect_ha
     from flows.plan.config import load_pipeline
     from tasks.errors import ZhpipeError
 
-    for parameters, needle in (({"stages": ["nope"]}, "stages: 'nope' is not a stage of task classification"),
-                               ({"force": "train"}, "force: expected a list of stage names"),
-                               ({"stages": ["embed"], "pipeline": "mt-smoke"}, "'embed' is not a stage of task translation"),
-                               ({"pipeline": load_pipeline("smoke")}, "pipeline: expected a pipeline name")):
+    for parameters, needle in (
+        ({"stages": ["nope"]}, "stages: 'nope' is not a stage of task classification"),
+        ({"force": "train"}, "force: expected a list of stage names"),
+        ({"stages": ["embed"], "pipeline": "mt-smoke"}, "'embed' is not a stage of task translation"),
+        ({"pipeline": load_pipeline("smoke")}, "pipeline: expected a pipeline name"),
+    ):
         with pytest.raises(ZhpipeError, match=needle):
             pipeline_flow(**{"pipeline": "smoke", **parameters})
 
 
 # ---- prediction -----------------------------------------------------------------------------------------
+
 
 def test_predict_oversized_empty_and_missing_inputs(smoke, capsys, tmp_path):
     code, out, err = cli(capsys, "predict", "--pipeline", "smoke", "", "房" * 1_000_000, "房间很干净")
@@ -432,8 +544,10 @@ def test_predict_oversized_empty_and_missing_inputs(smoke, capsys, tmp_path):
     # without --pipeline: the first pipeline's champion (none is registered in this test store)
     one_line_error(cli(capsys, "predict", "你好"), "cannot load model models:/zhpipe-chnsenticorp@champion")
     pd.DataFrame({"review": ["好"] * 3}).to_csv(tmp_path / "in.csv", index=False)
-    one_line_error(cli(capsys, "predict", "--pipeline", "smoke", "--input", tmp_path / "in.csv", "--output", tmp_path / "o.csv"),
-                   "no text column 'text'")
+    one_line_error(
+        cli(capsys, "predict", "--pipeline", "smoke", "--input", tmp_path / "in.csv", "--output", tmp_path / "o.csv"),
+        "no text column 'text'",
+    )
 
 
 def test_predict_input_longer_than_max_rows_is_asked_in_calls_the_model_accepts(smoke):
@@ -465,7 +579,9 @@ def test_predict_answers_with_the_code_logged_with_the_model(smoke, tmp_path):
 
     same = load_model("models:/zhpipe-smoke@champion")  # logged by this code: answered in this process
     assert not isinstance(same, LoggedCodeModel)
-    folder = Path(mlflow.artifacts.download_artifacts("models:/zhpipe-smoke@champion", dst_path=str(tmp_path / "download")))
+    folder = Path(
+        mlflow.artifacts.download_artifacts("models:/zhpipe-smoke@champion", dst_path=str(tmp_path / "download"))
+    )
     changed = tmp_path / "changed"
     shutil.copytree(folder, changed)
     archive = changed / "code" / CODE_ARCHIVE  # the logged flows and tasks packages, one file
@@ -474,14 +590,18 @@ def test_predict_answers_with_the_code_logged_with_the_model(smoke, tmp_path):
     serving = "tasks/classification/serving.py"  # the kind's inference pipeline
     text = sources[serving].decode("utf-8")
     assert 'out["status"] = statuses' in text
-    sources[serving] = text.replace('out["status"] = statuses', 'out["status"] = ["logged code"] * len(statuses)').encode()
+    sources[serving] = text.replace(
+        'out["status"] = statuses', 'out["status"] = ["logged code"] * len(statuses)'
+    ).encode()
     with zipfile.ZipFile(archive, "w") as zipped:
         for name, data in sources.items():
             zipped.writestr(name, data)
     mark = tmp_path / "loaded-by"  # the model's own code says which process ran it
     entry = changed / "pyfunc_model.py"
-    entry.write_text(f"import os\nopen({str(mark)!r}, 'a').write(f'{{os.getpid()}}\\n')\n" + entry.read_text(encoding="utf-8"),
-                     encoding="utf-8")
+    entry.write_text(
+        f"import os\nopen({str(mark)!r}, 'a').write(f'{{os.getpid()}}\\n')\n" + entry.read_text(encoding="utf-8"),
+        encoding="utf-8",
+    )
     model = load_model(str(changed))
     assert isinstance(model, LoggedCodeModel)
     out = predict_frame(model, pd.DataFrame({"text": ["房间很干净", None]}), "text")
@@ -490,10 +610,13 @@ def test_predict_answers_with_the_code_logged_with_the_model(smoke, tmp_path):
     child, errors = model.proc, model.errors
     assert errors.is_file()
     del model
-    assert child.poll() is not None and not errors.exists()  # the child and its log go with the model: nothing left in /tmp
+    assert (
+        child.poll() is not None and not errors.exists()
+    )  # the child and its log go with the model: nothing left in /tmp
 
 
 # ---- credentials ----------------------------------------------------------------------------------------
+
 
 class Translator(http.server.BaseHTTPRequestHandler):
     """A stand-in for a LibreTranslate server (which cannot run here): reverses each text, and requires the
@@ -533,18 +656,44 @@ def test_credentials_never_leave(prefect_harness, tmp_path, http_url, seed_mlflo
     translator = Quiet(("127.0.0.1", 0), Translator)
     port = serve(translator)
     home = prefect_harness["home"]  # the session's Prefect server keeps its database there
-    env = {**os.environ, "PREFECT_API_URL": prefect_harness["url"], "MLFLOW_TRACKING_URI": seed_mlflow(tmp_path / "mlflow.db"),
-           "ZHPIPE_CACHE": str(tmp_path / "mirror"), "ZHPIPE_DATA": "", "PREFECT_LOGGING_LEVEL": "INFO"}
+    env = {
+        **os.environ,
+        "PREFECT_API_URL": prefect_harness["url"],
+        "MLFLOW_TRACKING_URI": seed_mlflow(tmp_path / "mlflow.db"),
+        "ZHPIPE_CACHE": str(tmp_path / "mirror"),
+        "ZHPIPE_DATA": "",
+        "PREFECT_LOGGING_LEVEL": "INFO",
+    }
     # a store's credentials go in ZHPIPE_STORAGE_OPTIONS (a storage URL with them is refused: test_private.py)
     storage = f"ftp://127.0.0.1:{ftp.address[1]}/store"
     env["ZHPIPE_STORAGE_OPTIONS"] = json.dumps({"username": "zhpipe", "password": secret})
     source = f"http://reader:{secret}@127.0.0.1:{http_url.rsplit(':', 1)[1]}/private/corpus.csv?token={secret}"
-    args = ["run", "smoke", "--source", source, "--text-column", "review", "--set", f"source.sha256={sha(GOOD)}", "--storage", storage,
-            "--set", "augment.method=backtranslation", "--set", "augment.backtranslation.backend=http",
-            "--set", f"augment.backtranslation.http.url=http://tr:{secret}@127.0.0.1:{port}", "--set", "augment.backtranslation.http.requests_per_second=100",
-            "--to", "augment"]
+    args = [
+        "run",
+        "smoke",
+        "--source",
+        source,
+        "--text-column",
+        "review",
+        "--set",
+        f"source.sha256={sha(GOOD)}",
+        "--storage",
+        storage,
+        "--set",
+        "augment.method=backtranslation",
+        "--set",
+        "augment.backtranslation.backend=http",
+        "--set",
+        f"augment.backtranslation.http.url=http://tr:{secret}@127.0.0.1:{port}",
+        "--set",
+        "augment.backtranslation.http.requests_per_second=100",
+        "--to",
+        "augment",
+    ]
     try:
-        proc = subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+        )
     finally:
         ftp.close_all()
         translator.shutdown()
@@ -554,7 +703,12 @@ def test_credentials_never_leave(prefect_harness, tmp_path, http_url, seed_mlflo
     mlflow_files = sorted(tmp_path.glob("mlflow.db*"))  # the database and its write-ahead log
     assert mlflow_files and sorted(home.glob("prefect.db*"))
     places = [*mlflow_files, home, ftp_root, tmp_path / "mirror"]
-    leaks = [str(p) for place in places for p in ([place] if place.is_file() else place.rglob("*")) if p.is_file() and secret.encode() in p.read_bytes()]
+    leaks = [
+        str(p)
+        for place in places
+        for p in ([place] if place.is_file() else place.rglob("*"))
+        if p.is_file() and secret.encode() in p.read_bytes()
+    ]
     assert not leaks and secret not in printed, leaks or printed[-2000:]
     assert any(b"***@127.0.0.1" in p.read_bytes() for p in mlflow_files)  # what MLflow shows instead (the source param)
 
@@ -563,5 +717,9 @@ def test_every_case_is_in_the_docs_table():
     import inspect
 
     table = (ROOT / "docs" / "hostile-inputs.md").read_text(encoding="utf-8")
-    cases = [name for name, fn in globals().items() if name.startswith("test_") and inspect.isfunction(fn) and name != "test_every_case_is_in_the_docs_table"]
+    cases = [
+        name
+        for name, fn in globals().items()
+        if name.startswith("test_") and inspect.isfunction(fn) and name != "test_every_case_is_in_the_docs_table"
+    ]
     assert len(cases) >= 20 and [c for c in cases if f"`{c}" not in table] == []

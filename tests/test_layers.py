@@ -75,8 +75,17 @@ def test_the_check_finds_a_planted_cycle(tmp_path):
 
 # the planning room: what plans keys and keeps the store, usable without Prefect or MLflow (`zhpipe status` of a
 # pipeline, gc, verify read only these, and what they import)
-PLANNING = ("flows.plan.config", "flows.plan.project", "flows.plan.keys", "flows.plan.sources", "flows.plan.fingerprint", "flows.plan.store",
-            "flows.plan.status", "flows.plan.maintenance", "flows.plan.init")
+PLANNING = (
+    "flows.plan.config",
+    "flows.plan.project",
+    "flows.plan.keys",
+    "flows.plan.sources",
+    "flows.plan.fingerprint",
+    "flows.plan.store",
+    "flows.plan.status",
+    "flows.plan.maintenance",
+    "flows.plan.init",
+)
 
 
 def _reached(graph: dict[str, set[str]], start: str) -> set[str]:
@@ -94,8 +103,15 @@ def test_the_planning_room_imports_neither_prefect_nor_mlflow():
     Prefect or MLflow module (a key needs a registered model's version: the lookup is passed in)."""
     graph = _graph(ROOT)
     files = {_module_name(p, ROOT): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
-    offenders = sorted({(name, m) for room in PLANNING for name in _reached(graph, room)
-                        for m in _imports(files[name]) if m.split(".")[0] in ("prefect", "mlflow")})
+    offenders = sorted(
+        {
+            (name, m)
+            for room in PLANNING
+            for name in _reached(graph, room)
+            for m in _imports(files[name])
+            if m.split(".")[0] in ("prefect", "mlflow")
+        }
+    )
     assert offenders == []
 
 
@@ -108,7 +124,14 @@ def _kind_words() -> set[str]:
     words = set()
     for kind in KINDS.values():
         shown = serving(kind).SHOWN
-        words |= {kind.name, kind.flavour, *kind.scored, *(m.removeprefix("test_") for m in kind.reported), shown.answer, *shown.columns}
+        words |= {
+            kind.name,
+            kind.flavour,
+            *kind.scored,
+            *(m.removeprefix("test_") for m in kind.reported),
+            shown.answer,
+            *shown.columns,
+        }
     return words - {"label"}
 
 
@@ -177,8 +200,9 @@ def test_the_runtime_check_finds_a_planted_import(tmp_path):
 def _models_into_kinds(root: Path, kinds: tuple[str, ...]) -> list[str]:
     """Imports from the shared model parts (tasks/models) up into a kind's folder (tasks/<kind>) or into the plan of
     the house that gathers the kinds (tasks/stages.py)."""
-    return _arrows(root, lambda a, b: _in("tasks.models", a)
-                   and (b == "tasks.stages" or any(_in(f"tasks.{k}", b) for k in kinds)))
+    return _arrows(
+        root, lambda a, b: _in("tasks.models", a) and (b == "tasks.stages" or any(_in(f"tasks.{k}", b) for k in kinds))
+    )
 
 
 def test_shared_model_parts_import_no_kind():
@@ -197,18 +221,26 @@ def test_the_model_check_finds_a_planted_import(tmp_path):
     (tmp_path / "tasks" / "stages.py").write_text("")
     (tmp_path / "tasks" / "models" / "crf.py").write_text("def f():\n    from tasks.ner.tagging import tag_set\n")
     (tmp_path / "tasks" / "models" / "__init__.py").write_text("def registry():\n    from tasks.stages import KINDS\n")
-    assert _models_into_kinds(tmp_path, ("ner",)) == ["tasks.models -> tasks.stages",
-                                                      "tasks.models.crf -> tasks.ner.tagging"]
+    assert _models_into_kinds(tmp_path, ("ner",)) == [
+        "tasks.models -> tasks.stages",
+        "tasks.models.crf -> tasks.ner.tagging",
+    ]
 
 
 # flows/' rooms from the bottom up: a module imports its own room and those below it, never one above
-ROOMS = (("flows.needs", "flows.plan"), ("flows.pools",), ("flows.track",), ("flows.orchestrate",),
-         ("flows.cli", "flows.api"))
+ROOMS = (
+    ("flows.needs", "flows.plan"),
+    ("flows.pools",),
+    ("flows.track",),
+    ("flows.orchestrate",),
+    ("flows.cli", "flows.api"),
+)
 
 
 def _upward(root: Path) -> list[str]:
     """`a -> b` for each import of a module in a room above the importer's (the runtime, beside them, is checked by the
     entry-point test; what it imports of the CLI is listed by `_runtime_into_cli`)."""
+
     def level(name: str) -> int | None:
         return next((i for i, room in enumerate(ROOMS) for top in room if _in(top, name)), None)
 
@@ -239,6 +271,7 @@ def test_the_room_check_finds_a_planted_upward_import(tmp_path):
 
 def _kind_into_kind(root: Path, kinds: tuple[str, ...]) -> list[str]:
     """Imports from one kind's folder (tasks/<kind>) into another's."""
+
     def kind_of(name: str) -> str | None:
         return next((k for k in kinds if _in(f"tasks.{k}", name)), None)
 
@@ -268,8 +301,12 @@ def test_the_arrows_that_ran_back_up_are_gone():
     the CLI, the predictions' and the champion's pools and slots from orchestrate, the shared model parts reading the
     plan of the house. The room checks above cover them in general; these name them."""
     graph = _graph(ROOT)
-    named = [("flows.runtime.commands", "flows.cli"), ("flows.runtime.warm", "flows.cli"),
-             ("flows.track.predict", "flows.orchestrate"), ("flows.track.champion", "flows.orchestrate"),
-             ("tasks.models", "tasks.stages")]
+    named = [
+        ("flows.runtime.commands", "flows.cli"),
+        ("flows.runtime.warm", "flows.cli"),
+        ("flows.track.predict", "flows.orchestrate"),
+        ("flows.track.champion", "flows.orchestrate"),
+        ("tasks.models", "tasks.stages"),
+    ]
     assert all(a in graph for a, _ in named[1:])
     assert [f"{a} -> {b}" for a, room in named for b in sorted(graph.get(a, ())) if _in(room, b)] == []

@@ -251,8 +251,12 @@ def test_init_into_another_users_link_is_refused(tmp_path, shared_folder, capsys
     """`zhpipe init DIR` where DIR is another user's link to their 0777 folder: 9e86781 built the project there, and
     they rewrote its source. Refused in one line now, nothing written."""
     theirs = shared_folder / "theirs"
-    subprocess.run([OTHER_PYTHON, "-c", f"import os; os.mkdir({str(theirs)!r}, 0o777); os.chmod({str(theirs)!r}, 0o777)"],
-                   preexec_fn=as_other_user, check=True, cwd="/")
+    subprocess.run(
+        [OTHER_PYTHON, "-c", f"import os; os.mkdir({str(theirs)!r}, 0o777); os.chmod({str(theirs)!r}, 0o777)"],
+        preexec_fn=as_other_user,
+        check=True,
+        cwd="/",
+    )
     plant_link(shared_folder / "project", theirs)
     done = in_process(capsys, "init", shared_folder / "project")
     assert done.returncode == 2 and "a link made by another user" in done.stderr and "not followed" in done.stderr, done
@@ -260,6 +264,7 @@ def test_init_into_another_users_link_is_refused(tmp_path, shared_folder, capsys
 
 
 # --- 5. temporary files at names no one can guess -------------------------------------------------------------------
+
 
 def test_an_output_is_written_through_a_temporary_name_no_one_could_plant_a_link_at(tmp_path):
     """`predict --output OUT`: 9e86781 wrote `.OUT.<pid>.tmp`, and a link planted there made the owner overwrite a file
@@ -273,11 +278,13 @@ def test_an_output_is_written_through_a_temporary_name_no_one_could_plant_a_link
     write_table(pd.DataFrame({"text": ["好"], "pred_label": ["1"]}), out)
     assert victim.read_text() == "the owner's file\n"
     assert pd.read_csv(out)["pred_label"].tolist() == [1] and stat.S_IMODE(out.stat().st_mode) & 0o077 == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([".out.csv.%d.tmp" % os.getpid(), "out.csv",
-                                                                  "victim.txt"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [".out.csv.%d.tmp" % os.getpid(), "out.csv", "victim.txt"]
+    )
 
 
 # --- 6. a champion trusted by what its owner wrote ------------------------------------------------------------------
+
 
 def test_a_vouched_model_whose_files_change_is_refused(tmp_path, capsys):
     """A model a zhpipe run logged and vouched for (its digest in the stage store) loads; once a file of it changes
@@ -339,30 +346,44 @@ def test_a_copied_project_never_writes_into_its_original(tmp_path):
     env = {k: v for k, v in project_env().items() if v}
     p1 = tmp_path / "p1"
     assert subprocess.run([sys.executable, "-m", "flows.cli", "init", str(p1)], env=env, cwd=ROOT).returncode == 0
-    made = subprocess.run([sys.executable, "-c", COPY_RUN, str(p1), "first"], env=env, cwd=ROOT, capture_output=True,
-                          text=True)
+    made = subprocess.run(
+        [sys.executable, "-c", COPY_RUN, str(p1), "first"], env=env, cwd=ROOT, capture_output=True, text=True
+    )
     assert made.returncode == 0, made.stderr[-2000:]
     subprocess.run(["cp", "-a", str(p1), str(tmp_path / "p2")], check=True)
     before = sorted(str(p.relative_to(p1)) for p in (p1 / "mlruns").rglob("*"))
-    copy = subprocess.run([sys.executable, "-c", COPY_RUN, str(tmp_path / "p2"), "second"], env=env, cwd=ROOT,
-                          capture_output=True, text=True)
+    copy = subprocess.run(
+        [sys.executable, "-c", COPY_RUN, str(tmp_path / "p2"), "second"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert copy.returncode == 0, copy.stderr[-2000:]
     assert f"copied or moved from {p1}" in copy.stderr
     assert sorted(str(p.relative_to(p1)) for p in (p1 / "mlruns").rglob("*")) == before  # the original untouched
     run_id = copy.stdout.split()[-1]
     assert (tmp_path / "p2" / "mlruns" / "artifacts" / run_id / "artifacts" / "note.txt").read_text() == "second"
-    again = subprocess.run([sys.executable, "-c", COPY_RUN, str(tmp_path / "p2"), "third"], env=env, cwd=ROOT,
-                           capture_output=True, text=True)
+    again = subprocess.run(
+        [sys.executable, "-c", COPY_RUN, str(tmp_path / "p2"), "third"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert again.returncode == 0 and "copied or moved" not in again.stderr  # said once
 
 
 # --- 9. secrets never in output -------------------------------------------------------------------------------------
 
+
 def test_a_storage_url_with_credentials_is_refused_without_showing_them(capsys, monkeypatch):
     """`s3://KEY:SECRET@host/bucket` was printed in a 163-line traceback, kept in Prefect's database and printed by
     `doctor --storage`: refused now in one line, the secret masked, before anything is stored."""
-    for args in (["run", "smoke", "--to", "download", "--storage", "s3://AKIAEXAMPLE:TopSecret42@127.0.0.1:9/b"],
-                 ["doctor", "--storage", "s3://AKIAEXAMPLE:TopSecret42@127.0.0.1:9/b"]):
+    for args in (
+        ["run", "smoke", "--to", "download", "--storage", "s3://AKIAEXAMPLE:TopSecret42@127.0.0.1:9/b"],
+        ["doctor", "--storage", "s3://AKIAEXAMPLE:TopSecret42@127.0.0.1:9/b"],
+    ):
         done = in_process(capsys, *args)
         printed = done.stdout + done.stderr
         assert done.returncode == 2 and "must not hold credentials" in printed and "ZHPIPE_STORAGE_OPTIONS" in printed
@@ -374,10 +395,14 @@ def test_a_storage_url_with_credentials_is_refused_without_showing_them(capsys, 
 
 # --- 12. every fault one line ---------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("body, why", [
-    ("pipelines:\n  x: " + "[" * 100_000 + "]" * 100_000 + "\n", "nested too deep"),
-    ("pipelines:\n  x: {description: '" + "描" * 400_000 + "'}\n", "a config file is at most 1024 kB"),
-])
+
+@pytest.mark.parametrize(
+    "body, why",
+    [
+        ("pipelines:\n  x: " + "[" * 100_000 + "]" * 100_000 + "\n", "nested too deep"),
+        ("pipelines:\n  x: {description: '" + "描" * 400_000 + "'}\n", "a config file is at most 1024 kB"),
+    ],
+)
 def test_a_hostile_config_is_one_line(tmp_path, capsys, body, why):
     (tmp_path / "pipelines.yaml").write_text(body, encoding="utf-8")
     started = time.monotonic()
@@ -422,10 +447,13 @@ def test_the_peer_of_a_loopback_connection_is_named_by_its_uid():
         server.bind(("127.0.0.1", 0))
         server.listen()
         port = server.getsockname()[1]
-        connect = (f"import socket, time; c = socket.create_connection(('127.0.0.1', {port})); "
-                   "print(c.getsockname()[1], flush=True); time.sleep(30)")
-        other = subprocess.Popen([OTHER_PYTHON, "-c", connect],
-                                 stdout=subprocess.PIPE, text=True, user=OTHER_UID, cwd="/")
+        connect = (
+            f"import socket, time; c = socket.create_connection(('127.0.0.1', {port})); "
+            "print(c.getsockname()[1], flush=True); time.sleep(30)"
+        )
+        other = subprocess.Popen(
+            [OTHER_PYTHON, "-c", connect], stdout=subprocess.PIPE, text=True, user=OTHER_UID, cwd="/"
+        )
         try:
             theirs = int(other.stdout.readline())
             with socket.create_connection(("127.0.0.1", port)) as mine:

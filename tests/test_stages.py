@@ -57,18 +57,27 @@ def toy_kind(tmp_path, monkeypatch):
     base = graph.CLASSIFICATION_STAGES
     stage = graph.Stage("lengths", ("split",), lengths.build, "length histogram", "mean_chars",
                         (graph.Output("lengths.json", "json"),))
-    kind = graph.TaskKind("lengths", "corpus lengths", graph.graph(base["download"], base["clean"], base["split"], stage),
-                          metric=lambda config: "none", reported=(), flavour="classifier")
+    kind = graph.TaskKind(
+        "lengths",
+        "corpus lengths",
+        graph.graph(base["download"], base["clean"], base["split"], stage),
+        metric=lambda config: "none",
+        reported=(),
+        flavour="classifier",
+    )
     monkeypatch.setitem(graph.KINDS, "lengths", kind)
     config_file = tmp_path / "pipelines.yaml"
-    config_file.write_text(f"""
+    config_file.write_text(
+        f"""
 pipelines:
   toy:
     task: lengths
-    source: {{path: {ROOT / 'tests/fixtures/smoke.csv'}, text_column: review, label_column: label}}
+    source: {{path: {ROOT / "tests/fixtures/smoke.csv"}, text_column: review, label_column: label}}
     stages:
       lengths: {{bins: 3}}
-""", encoding="utf-8")
+""",
+        encoding="utf-8",
+    )
     return {"kind": kind, "config_file": config_file, "store": tmp_path / "store"}
 
 
@@ -142,9 +151,13 @@ def test_a_toy_kind_serves_and_is_champion_scored_through_the_registry(toy_kind,
     answers = mlflow.pyfunc.load_model(uris[20]).predict(["好", "好" * 30, None])
     assert answers["guess"].tolist() == ["0", "1", "0"] and answers["status"].tolist() == ["ok", "ok", "missing"]
     served = lambda model_uri, frame: served_outcomes(model_uri, frame, "accuracy")
-    first = register_best(uris[80], run.run_id, "toy-kind", "rule80", test, "accuracy", 0.70, model_key="r80", rescore=served)
+    first = register_best(
+        uris[80], run.run_id, "toy-kind", "rule80", test, "accuracy", 0.70, model_key="r80", rescore=served
+    )
     assert first.champion
-    better = register_best(uris[20], run.run_id, "toy-kind", "rule20", test, "accuracy", 1.0, model_key="r20", rescore=served)
+    better = register_best(
+        uris[20], run.run_id, "toy-kind", "rule20", test, "accuracy", 1.0, model_key="r20", rescore=served
+    )
     assert better.champion and better.champion_score == pytest.approx(0.70), better.reason
     assert "on the same 200 rows (both as served)" in better.reason and "paired bootstrap" in better.reason
 
@@ -160,16 +173,24 @@ def test_the_graph_is_declared_in_order_and_names_are_written_once():
         graph.graph(graph.Stage("x", ("nowhere",), graph.CLASSIFICATION_STAGES["clean"].build, "", ""))
     # the stage names appear as a literal list nowhere else in the source tree
     literal = re.compile(r'"download",\s*"clean",\s*"split"')
-    offenders = [str(p.relative_to(ROOT)) for pkg in ("flows", "tasks") for p in (ROOT / pkg).rglob("*.py")
-                 if literal.search(p.read_text(encoding="utf-8"))]
+    offenders = [
+        str(p.relative_to(ROOT))
+        for pkg in ("flows", "tasks")
+        for p in (ROOT / pkg).rglob("*.py")
+        if literal.search(p.read_text(encoding="utf-8"))
+    ]
     assert offenders == []
 
 
 def test_flows_hold_no_branch_on_a_task_kind():
     """Every difference between kinds is in their declarations: no `task == "ner"` in flows/."""
     pattern = re.compile(r"""task\s*[!=]=\s*["']|["'](ner|classification)["']\s*[!=]=""")
-    offenders = [f"{p.relative_to(ROOT)}:{i}" for p in (ROOT / "flows").rglob("*.py")
-                 for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
+    offenders = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in (ROOT / "flows").rglob("*.py")
+        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if pattern.search(line)
+    ]
     assert offenders == []
 
 
@@ -182,7 +203,10 @@ def test_a_kinds_settings_are_its_own(tmp_path):
         load_pipeline("smoke", ROOT / "pipelines.yaml", ["vocab.lexicon.min_freq=3"])
     with pytest.raises(ConfigError, match="unknown key 'stages.split.use_given'"):
         load_pipeline("smoke", ROOT / "pipelines.yaml", ["split.use_given=false"])
-    assert load_pipeline("ner-smoke", ROOT / "pipelines.yaml", ["vocab.lexicon.min_freq=3"]).stages.vocab.lexicon.min_freq == 3
+    assert (
+        load_pipeline("ner-smoke", ROOT / "pipelines.yaml", ["vocab.lexicon.min_freq=3"]).stages.vocab.lexicon.min_freq
+        == 3
+    )
     with pytest.raises(ConfigError, match="unknown key 'stages.train.textcnn'"):
         load_pipeline("ner-smoke", ROOT / "pipelines.yaml", ["train.textcnn.lr=0.1"])
     with pytest.raises(ConfigError, match="unknown task kind 'nope'"):
@@ -223,7 +247,11 @@ def test_every_stage_declares_what_api_load_reads():
     for kind in graph.KINDS.values():
         for stage in kind.stages.values():
             assert stage.outputs, (kind.name, stage.name)
-            assert all(dataclasses.is_dataclass(o) and o.kind in {"frame", "splits", "json", "csv", "vocabulary", "vectors", "text"} for o in stage.outputs)
+            assert all(
+                dataclasses.is_dataclass(o)
+                and o.kind in {"frame", "splits", "json", "csv", "vocabulary", "vectors", "text"}
+                for o in stage.outputs
+            )
 
 
 TOY_MODEL_STAGE = '''
@@ -259,7 +287,8 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
 
 
 def build(ctx: BuildContext) -> BuildOutput:
-    ece = {model: json.loads((folder / "calibration.json").read_text())["ece"] for model, folder in by_model(ctx.inputs).items()}
+    ece = {model: json.loads((folder / "calibration.json").read_text())["ece"]
+           for model, folder in by_model(ctx.inputs).items()}
     (ctx.out / "calibration.json").write_text(json.dumps(ece))
     return BuildOutput(metrics={f"{m}_val_ece": v for m, v in ece.items()})
 '''
@@ -277,14 +306,29 @@ def test_a_per_model_stage_is_one_module_and_one_entry(tmp_path, smoke, monkeypa
 
     module = toy_module(tmp_path, "toy_calibrate", TOY_MODEL_STAGE, monkeypatch)
     base = graph.CLASSIFICATION_STAGES
-    calibrate = graph.Stage("calibrate", ("train", "segment"), module.build, "calibration error per model",
-                            "tfidf_lr_val_ece", (graph.Output("calibration.json", "json"),),
-                            models=graph.PerModel(reads=("train",)), build_model=module.build_model)
-    kind = graph.TaskKind("calibrated", "classifiers and their calibration", graph.graph(*base.values(), calibrate),
-                          metric=lambda config: config.stages.evaluate.metric, reported=("test_accuracy",), flavour="classifier", models_of="classification")
+    calibrate = graph.Stage(
+        "calibrate",
+        ("train", "segment"),
+        module.build,
+        "calibration error per model",
+        "tfidf_lr_val_ece",
+        (graph.Output("calibration.json", "json"),),
+        models=graph.PerModel(reads=("train",)),
+        build_model=module.build_model,
+    )
+    kind = graph.TaskKind(
+        "calibrated",
+        "classifiers and their calibration",
+        graph.graph(*base.values(), calibrate),
+        metric=lambda config: config.stages.evaluate.metric,
+        reported=("test_accuracy",),
+        flavour="classifier",
+        models_of="classification",
+    )
     monkeypatch.setitem(graph.KINDS, "calibrated", kind)
     config_file = tmp_path / "pipelines.yaml"
-    config_file.write_text("""
+    config_file.write_text(
+        """
 pipelines:
   toy:
     task: calibrated
@@ -295,12 +339,19 @@ pipelines:
         fasttext: {dim: 30, epoch: 1, bucket: 50000}
       train: {models: [tfidf_lr, fasttext], fasttext: {epoch: 5, lr: 0.1, dim: 30, bucket: 50000}}
       calibrate: {bins: 4}
-""", encoding="utf-8")
+""",
+        encoding="utf-8",
+    )
     keys = plan_keys(load_pipeline("toy", config_file))
     assert [u for u in keys if u.startswith("calibrate")] == ["calibrate.tfidf_lr", "calibrate.fasttext", "calibrate"]
     retrained = plan_keys(load_pipeline("toy", config_file, ["train.fasttext.epoch=6"]))
-    assert retrained["calibrate.tfidf_lr"] == keys["calibrate.tfidf_lr"] and retrained["calibrate.fasttext"] != keys["calibrate.fasttext"]
-    out = pipeline_flow("toy", config_file=str(config_file))  # into the session store: the smoke run's data stages are reused
+    assert (
+        retrained["calibrate.tfidf_lr"] == keys["calibrate.tfidf_lr"]
+        and retrained["calibrate.fasttext"] != keys["calibrate.fasttext"]
+    )
+    out = pipeline_flow(
+        "toy", config_file=str(config_file)
+    )  # into the session store: the smoke run's data stages are reused
     summary = {s["stage"]: s for s in out["stages"]}
     assert summary["calibrate"]["cache"] == "miss" and summary["calibrate"]["headline"] == "tfidf_lr_val_ece"
     units = {u["stage"]: u for u in out["units"]}
@@ -308,8 +359,10 @@ pipelines:
     eces = {m: summary["calibrate"]["metrics"][f"{m}_val_ece"] for m in ("tfidf_lr", "fasttext")}
     assert all(0 <= v <= 1 for v in eces.values())
     for model in eces:  # each unit logged into its model's run, beside its training
-        runs = client().search_runs([client().get_run(out["parent_run_id"]).info.experiment_id],
-                                    filter_string=f"tags.`mlflow.parentRunId` = '{out['parent_run_id']}' and tags.`zhpipe.model` = '{model}'")
+        runs = client().search_runs(
+            [client().get_run(out["parent_run_id"]).info.experiment_id],
+            filter_string=f"tags.`mlflow.parentRunId` = '{out['parent_run_id']}' and tags.`zhpipe.model` = '{model}'",
+        )
         assert len(runs) == 1 and runs[0].data.metrics["val_ece"] == pytest.approx(eces[model])
         assert {"seconds", "evaluate_seconds", "calibrate_seconds"} <= set(runs[0].data.metrics)
     again = pipeline_flow("toy", config_file=str(config_file), stages=["calibrate"])
@@ -333,9 +386,13 @@ def test_every_stage_holds_its_functions_from_its_kinds_package():
             assert stage.module.__name__.startswith(f"{package}."), (kind.name, stage.name)
             assert stage.params is stage.module.Params
     assert graph.CLASSIFICATION_STAGES["vocab"].part_build is vocab.count
-    with pytest.raises(TypeError, match="stage 'x': build, part_build, gather and build_model must be functions of one"):
+    with pytest.raises(
+        TypeError, match="stage 'x': build, part_build, gather and build_model must be functions of one"
+    ):
         graph.Stage("x", (), clean.build, "", "", part_build=vocab.count)
-    with pytest.raises(TypeError, match="stage 'x': its module [a-z_.]*test_stages declares no Params, LIBRARIES, FILES"):
+    with pytest.raises(
+        TypeError, match="stage 'x': its module [a-z_.]*test_stages declares no Params, LIBRARIES, FILES"
+    ):
         graph.Stage("x", (), test_every_stage_holds_its_functions_from_its_kinds_package, "", "")
     with pytest.raises(TypeError, match="build_model exactly when it has a unit per model"):
         graph.Stage("x", (), clean.build, "", "", models=graph.PerModel())

@@ -12,7 +12,9 @@ from tasks.core import BuildContext, BuildOutput, Facts
 SPLITS = ("train", "validation", "test")
 
 
-def build_on(module, upstream: str, files: dict[str, pd.DataFrame], params, **ctx) -> tuple[BuildOutput, dict[str, pd.DataFrame]]:
+def build_on(
+    module, upstream: str, files: dict[str, pd.DataFrame], params, **ctx
+) -> tuple[BuildOutput, dict[str, pd.DataFrame]]:
     """`module.build` with `files` (name -> frame, written as parquet) as the output of stage `upstream`; returns
     the build's result and every parquet file it wrote, read back."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -21,11 +23,18 @@ def build_on(module, upstream: str, files: dict[str, pd.DataFrame], params, **ct
         for name, frame in files.items():
             frame.to_parquet(root / upstream / name, index=False, row_group_size=7)  # several row groups
         (root / "out").mkdir()
-        out = module.build(BuildContext(inputs={upstream: root / upstream}, facts={upstream: Facts()}, out=root / "out",
-                                        params=params, **ctx))
-        written = {p.relative_to(root / "out").as_posix(): pd.read_parquet(p) for p in (root / "out").rglob("*.parquet")}
-        written |= {p.relative_to(root / "out").as_posix(): pd.read_csv(p, dtype=str, keep_default_na=False)
-                    for p in (root / "out").rglob("*.csv")}
+        out = module.build(
+            BuildContext(
+                inputs={upstream: root / upstream}, facts={upstream: Facts()}, out=root / "out", params=params, **ctx
+            )
+        )
+        written = {
+            p.relative_to(root / "out").as_posix(): pd.read_parquet(p) for p in (root / "out").rglob("*.parquet")
+        }
+        written |= {
+            p.relative_to(root / "out").as_posix(): pd.read_csv(p, dtype=str, keep_default_na=False)
+            for p in (root / "out").rglob("*.csv")
+        }
     return out, written
 
 

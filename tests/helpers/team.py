@@ -153,17 +153,45 @@ class Team:
         """The tracking server: runs and registry in PostgreSQL, users in MLflow's basic-auth app (its own database),
         artifacts proxied into the bucket (clients hold no bucket credentials)."""
         ini = self.folder / "basic_auth.ini"
-        ini.write_text("[mlflow]\ndefault_permission = MANAGE\n"
-                       f"database_uri = {self.dsn('mlflow_auth')}\nadmin_username = admin\nadmin_password = admin-password-0\n"
-                       "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
-                       "auth_cache_ttl_seconds = 60\n")  # one PBKDF2 check a minute per user, not one per request
-        env = {**os.environ, **self.s3, "MLFLOW_AUTH_CONFIG_PATH": str(ini), "MLFLOW_FLASK_SERVER_SECRET_KEY": "team-secret-key",
-               "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_S3_ENDPOINT_URL": self.s3["AWS_ENDPOINT_URL"]}
+        ini.write_text(
+            "[mlflow]\ndefault_permission = MANAGE\n"
+            f"database_uri = {self.dsn('mlflow_auth')}\nadmin_username = admin\nadmin_password = admin-password-0\n"
+            "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+            "auth_cache_ttl_seconds = 60\n"
+        )  # one PBKDF2 check a minute per user, not one per request
+        env = {
+            **os.environ,
+            **self.s3,
+            "MLFLOW_AUTH_CONFIG_PATH": str(ini),
+            "MLFLOW_FLASK_SERVER_SECRET_KEY": "team-secret-key",
+            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+            "MLFLOW_S3_ENDPOINT_URL": self.s3["AWS_ENDPOINT_URL"],
+        }
         log = self.folder / "mlflow.log"
         self.procs["mlflow"] = subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", self.dsn("mlflow"), "--artifacts-destination",
-             f"s3://{BUCKET}/mlflow", "--host", "127.0.0.1", "--port", str(self.mlflow_port), "--workers", "1",
-             "--app-name", "basic-auth"], env=env, stdout=open(log, "a"), stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "mlflow",
+                "server",
+                "--backend-store-uri",
+                self.dsn("mlflow"),
+                "--artifacts-destination",
+                f"s3://{BUCKET}/mlflow",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.mlflow_port),
+                "--workers",
+                "1",
+                "--app-name",
+                "basic-auth",
+            ],
+            env=env,
+            stdout=open(log, "a"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         _wait(f"{self.tracking}/health", "mlflow server", self.procs["mlflow"], log)
 
     def stop_mlflow(self, kill: bool = False) -> None:
@@ -176,29 +204,66 @@ class Team:
 
     def add_users(self) -> None:
         for user, password in USERS.items():
-            answer = httpx.post(f"{self.tracking}/api/2.0/mlflow/users/create", json={"username": user, "password": password},
-                                auth=("admin", "admin-password-0"), timeout=30)
+            answer = httpx.post(
+                f"{self.tracking}/api/2.0/mlflow/users/create",
+                json={"username": user, "password": password},
+                auth=("admin", "admin-password-0"),
+                timeout=30,
+            )
             assert answer.status_code == 200 or "already exists" in answer.text, answer.text
 
     def start_prefect(self) -> None:
         log = self.folder / "prefect.log"
-        env = {**os.environ, "PREFECT_HOME": str(self.folder / "prefect-home"),
-               "PREFECT_API_DATABASE_CONNECTION_URL": self.dsn("prefect", "postgresql+asyncpg"),
-               "PREFECT_SERVER_API_AUTH_STRING": self.auth_string, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-               "PREFECT_LOGGING_LEVEL": "WARNING"}
+        env = {
+            **os.environ,
+            "PREFECT_HOME": str(self.folder / "prefect-home"),
+            "PREFECT_API_DATABASE_CONNECTION_URL": self.dsn("prefect", "postgresql+asyncpg"),
+            "PREFECT_SERVER_API_AUTH_STRING": self.auth_string,
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_LOGGING_LEVEL": "WARNING",
+        }
         for key in ("PREFECT_API_URL", "PREFECT_API_AUTH_STRING"):
             env.pop(key, None)
         self.procs["prefect"] = subprocess.Popen(
-            [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(self.prefect_port)],
-            env=env, stdout=open(log, "a"), stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "prefect",
+                "server",
+                "start",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.prefect_port),
+            ],
+            env=env,
+            stdout=open(log, "a"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         user, password = self.auth_string.split(":", 1)
         _wait(f"{self.prefect_api}/admin/version", "prefect server", self.procs["prefect"], log, auth=(user, password))
 
     def restart_postgres(self) -> None:
         """A fast restart: every open database connection of both servers is dropped."""
-        subprocess.run(_as_owner([str(pg_bin() / "pg_ctl"), "-D", str(self.pg_folder / "data"), "-l", str(self.pg_folder / "log"),
-                                  "-m", "fast", "-w", "restart"]),
-                       check=True, capture_output=True, timeout=120)
+        subprocess.run(
+            _as_owner(
+                [
+                    str(pg_bin() / "pg_ctl"),
+                    "-D",
+                    str(self.pg_folder / "data"),
+                    "-l",
+                    str(self.pg_folder / "log"),
+                    "-m",
+                    "fast",
+                    "-w",
+                    "restart",
+                ]
+            ),
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
 
     def close(self) -> None:
         stop(*self.procs.values(), grace=10)
@@ -206,8 +271,11 @@ class Team:
             self.gate.cut()
         if self.moto is not None:
             self.moto.stop()
-        subprocess.run(_as_owner([str(pg_bin() / "pg_ctl"), "-D", str(self.pg_folder / "data"), "-m", "immediate", "stop"]),
-                       capture_output=True, timeout=60)
+        subprocess.run(
+            _as_owner([str(pg_bin() / "pg_ctl"), "-D", str(self.pg_folder / "data"), "-m", "immediate", "stop"]),
+            capture_output=True,
+            timeout=60,
+        )
         shutil.rmtree(self.pg_folder, ignore_errors=True)
 
 
@@ -220,11 +288,43 @@ def _postgres(team_pg: Path, port: int, password: str) -> None:
     (team_pg / "pw").write_text(password)
     if os.geteuid() == 0:
         shutil.chown(team_pg / "pw", "postgres")
-    subprocess.run(_as_owner([str(binary / "initdb"), "-D", str(team_pg / "data"), "-U", "zhpipe", "--auth=scram-sha-256",
-                              f"--pwfile={team_pg / 'pw'}", "-E", "UTF8", "--no-locale"]), check=True, capture_output=True, timeout=120)
-    subprocess.run(_as_owner([str(binary / "pg_ctl"), "-D", str(team_pg / "data"), "-l", str(team_pg / "log"), "-w", "-o",
-                              f"-c listen_addresses=127.0.0.1 -p {port} -k {team_pg}", "start"]), check=True, capture_output=True,
-                   timeout=120)
+    subprocess.run(
+        _as_owner(
+            [
+                str(binary / "initdb"),
+                "-D",
+                str(team_pg / "data"),
+                "-U",
+                "zhpipe",
+                "--auth=scram-sha-256",
+                f"--pwfile={team_pg / 'pw'}",
+                "-E",
+                "UTF8",
+                "--no-locale",
+            ]
+        ),
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    subprocess.run(
+        _as_owner(
+            [
+                str(binary / "pg_ctl"),
+                "-D",
+                str(team_pg / "data"),
+                "-l",
+                str(team_pg / "log"),
+                "-w",
+                "-o",
+                f"-c listen_addresses=127.0.0.1 -p {port} -k {team_pg}",
+                "start",
+            ]
+        ),
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     import psycopg
 
     with psycopg.connect(f"postgresql://zhpipe:{password}@127.0.0.1:{port}/postgres", autocommit=True) as conn:
@@ -238,14 +338,30 @@ def start_team(folder: Path) -> Team:
 
     if pg_bin() is None or (os.geteuid() == 0 and not _has_user("postgres")):
         raise RuntimeError("no PostgreSQL server programs (initdb, pg_ctl) on this machine: apt-get install postgresql")
-    pg_folder = Path(tempfile.mkdtemp(prefix="zhpipe-pg-"))  # outside pytest's root-only folders: postgres must reach it
+    pg_folder = Path(
+        tempfile.mkdtemp(prefix="zhpipe-pg-")
+    )  # outside pytest's root-only folders: postgres must reach it
 
     s3_port = free_port()
     gate = Gate(s3_port)
-    s3 = {"AWS_ACCESS_KEY_ID": "zhpipe-test", "AWS_SECRET_ACCESS_KEY": "zhpipe-test", "AWS_DEFAULT_REGION": "us-east-1",
-          "AWS_ENDPOINT_URL": f"http://127.0.0.1:{gate.port}", "FSSPEC_S3_ENDPOINT_URL": f"http://127.0.0.1:{gate.port}"}
-    team = Team(folder, pg_folder, free_port(), secrets.token_hex(8), s3, free_port(), free_port(), f"team:{secrets.token_hex(8)}",
-                gate=gate)
+    s3 = {
+        "AWS_ACCESS_KEY_ID": "zhpipe-test",
+        "AWS_SECRET_ACCESS_KEY": "zhpipe-test",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{gate.port}",
+        "FSSPEC_S3_ENDPOINT_URL": f"http://127.0.0.1:{gate.port}",
+    }
+    team = Team(
+        folder,
+        pg_folder,
+        free_port(),
+        secrets.token_hex(8),
+        s3,
+        free_port(),
+        free_port(),
+        f"team:{secrets.token_hex(8)}",
+        gate=gate,
+    )
     import logging
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's server logs every request
@@ -253,8 +369,13 @@ def start_team(folder: Path) -> Team:
     team.moto.start()
     import boto3
 
-    boto3.client("s3", endpoint_url=s3["AWS_ENDPOINT_URL"], aws_access_key_id="zhpipe-test", aws_secret_access_key="zhpipe-test",
-                 region_name="us-east-1").create_bucket(Bucket=BUCKET)
+    boto3.client(
+        "s3",
+        endpoint_url=s3["AWS_ENDPOINT_URL"],
+        aws_access_key_id="zhpipe-test",
+        aws_secret_access_key="zhpipe-test",
+        region_name="us-east-1",
+    ).create_bucket(Bucket=BUCKET)
     try:
         _postgres(pg_folder, team.pg_port, team.pg_password)
         team.start_prefect()
@@ -277,7 +398,9 @@ def _has_user(name: str) -> bool:
 KEPT_ENV = ("PATH", "LANG", "LC_ALL", "TMPDIR", "VIRTUAL_ENV")
 
 
-def machine(team: Team | None, folder: Path, user: str, corpora: tuple[str, ...] = ("tests/fixtures/smoke.csv",)) -> tuple[dict, Path]:
+def machine(
+    team: Team | None, folder: Path, user: str, corpora: tuple[str, ...] = ("tests/fixtures/smoke.csv",)
+) -> tuple[dict, Path]:
     """An engineer's machine: its own HOME and project folder (the project's pipelines.yaml and `corpora`, as a clone of
     the team's repository has them), the team's servers in its environment and nothing of this test run's own. Returns
     its environment and its project folder. Without a team: a machine of its own (the project's SQLite store, its own
@@ -299,12 +422,26 @@ def machine(team: Team | None, folder: Path, user: str, corpora: tuple[str, ...]
     if team is None:
         return env, project
     env.update(team.s3)
-    env.update({"MLFLOW_TRACKING_URI": team.tracking, "MLFLOW_TRACKING_USERNAME": user, "MLFLOW_TRACKING_PASSWORD": USERS[user],
-                "PREFECT_API_URL": team.prefect_api, "PREFECT_API_AUTH_STRING": team.auth_string, "ZHPIPE_STORAGE": STORE})
+    env.update(
+        {
+            "MLFLOW_TRACKING_URI": team.tracking,
+            "MLFLOW_TRACKING_USERNAME": user,
+            "MLFLOW_TRACKING_PASSWORD": USERS[user],
+            "PREFECT_API_URL": team.prefect_api,
+            "PREFECT_API_AUTH_STRING": team.auth_string,
+            "ZHPIPE_STORAGE": STORE,
+        }
+    )
     return env, project
 
 
 def start(env: dict, project: Path, *argv: str, log: Path) -> subprocess.Popen:
     """A zhpipe command on a machine, in the background, its output in `log`."""
-    return subprocess.Popen([sys.executable, "-m", "flows.cli", *argv], cwd=project, env=env, stdout=open(log, "w"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", *argv],
+        cwd=project,
+        env=env,
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )

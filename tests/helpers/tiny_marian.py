@@ -6,16 +6,28 @@ import json
 from pathlib import Path
 
 ZH = [
-    "房间很干净，服务也很好。", "早餐太差了，不会再来。", "位置不错，交通方便。", "前台态度冷淡，等了很久。",
-    "酒店设施比较旧，但是价格便宜。", "床很舒服，睡得很好。", "卫生间有异味，空调也坏了。", "总体来说还可以，性价比高。",
-    "离地铁站很近，周边吃饭的地方很多。", "隔音效果很差，晚上很吵。",
+    "房间很干净，服务也很好。",
+    "早餐太差了，不会再来。",
+    "位置不错，交通方便。",
+    "前台态度冷淡，等了很久。",
+    "酒店设施比较旧，但是价格便宜。",
+    "床很舒服，睡得很好。",
+    "卫生间有异味，空调也坏了。",
+    "总体来说还可以，性价比高。",
+    "离地铁站很近，周边吃饭的地方很多。",
+    "隔音效果很差，晚上很吵。",
 ]
 EN = [
-    "The room is clean and the service is good.", "Breakfast was terrible, I will not come again.",
-    "Good location and convenient transport.", "The front desk was cold and we waited a long time.",
-    "The hotel facilities are old but the price is cheap.", "The bed is comfortable and I slept well.",
-    "The bathroom smells and the air conditioner is broken.", "Overall it is fine and good value for money.",
-    "Very close to the subway station with many places to eat.", "The sound insulation is poor and it is noisy at night.",
+    "The room is clean and the service is good.",
+    "Breakfast was terrible, I will not come again.",
+    "Good location and convenient transport.",
+    "The front desk was cold and we waited a long time.",
+    "The hotel facilities are old but the price is cheap.",
+    "The bed is comfortable and I slept well.",
+    "The bathroom smells and the air conditioner is broken.",
+    "Overall it is fine and good value for money.",
+    "Very close to the subway station with many places to eat.",
+    "The sound insulation is poor and it is noisy at night.",
 ]
 
 
@@ -25,8 +37,17 @@ def _spm(lines: list[str], prefix: Path, vocab_size: int) -> None:
     text = prefix.with_suffix(".txt")
     text.write_text("\n".join(lines * 5) + "\n", encoding="utf-8")
     spm.SentencePieceTrainer.train(
-        input=str(text), model_prefix=str(prefix), vocab_size=vocab_size, character_coverage=1.0,
-        model_type="unigram", bos_id=-1, eos_id=-1, pad_id=-1, unk_id=0, hard_vocab_limit=False, minloglevel=2,
+        input=str(text),
+        model_prefix=str(prefix),
+        vocab_size=vocab_size,
+        character_coverage=1.0,
+        model_type="unigram",
+        bos_id=-1,
+        eos_id=-1,
+        pad_id=-1,
+        unk_id=0,
+        hard_vocab_limit=False,
+        minloglevel=2,
     )
 
 
@@ -46,9 +67,19 @@ def build_tiny_marian(folder: Path, source: list[str], target: list[str], seed: 
     tokenizer = MarianTokenizer(str(folder / "src.model"), str(folder / "tgt.model"), str(folder / "vocab.json"))
     torch.manual_seed(seed)
     config = MarianConfig(
-        vocab_size=len(vocab), d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=128,
-        pad_token_id=2, eos_token_id=0, decoder_start_token_id=2, forced_eos_token_id=0,
+        vocab_size=len(vocab),
+        d_model=16,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=128,
+        pad_token_id=2,
+        eos_token_id=0,
+        decoder_start_token_id=2,
+        forced_eos_token_id=0,
     )
     model = MarianMTModel(config)
     out = folder / "model"

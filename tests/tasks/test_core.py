@@ -11,26 +11,41 @@ def test_unit_names_parse_and_print_back():
     for name, parts in (("train", ("train", "", "")), ("train.textcnn", ("train", "textcnn", "")),
                         ("clean:2026-12-01.csv", ("clean", "", "2026-12-01.csv"))):
         unit = Unit.parse(name)
-        assert (unit.stage, unit.model, unit.part) == parts and unit == name and str(unit) == name and hash(unit) == hash(name)
+        assert (
+            (unit.stage, unit.model, unit.part) == parts
+            and unit == name
+            and str(unit) == name
+            and hash(unit) == hash(name)
+        )
         assert Unit.parse(unit) is unit and Unit(*parts) == unit  # typed once: never parsed again
-    assert model_unit("evaluate", "fasttext") == "evaluate.fasttext" and model_unit("evaluate", "fasttext").model == "fasttext"
+    assert (
+        model_unit("evaluate", "fasttext") == "evaluate.fasttext"
+        and model_unit("evaluate", "fasttext").model == "fasttext"
+    )
     import json
     import pickle
 
-    assert json.dumps({model_unit("train", "a"): 1}) == '{"train.a": 1}' and pickle.loads(pickle.dumps(Unit.parse("clean:x.csv"))).part == "x.csv"
+    assert (
+        json.dumps({model_unit("train", "a"): 1}) == '{"train.a": 1}'
+        and pickle.loads(pickle.dumps(Unit.parse("clean:x.csv"))).part == "x.csv"
+    )
     assert by_model({"train.a": 1, "train.b": 2}) == {"a": 1, "b": 2}
 
 
 def test_a_unit_stores_its_own_facts_over_those_it_read():
     from tasks.core import established
 
-    read = {"augment": Facts(labels=["0", "1"], augment_method_used="eda"),
-            "segment": Facts(labels=["x"], own={"font": "f.ttf", "tag_scheme": {"all": "bio"}})}
+    read = {
+        "augment": Facts(labels=["0", "1"], augment_method_used="eda"),
+        "segment": Facts(labels=["x"], own={"font": "f.ttf", "tag_scheme": {"all": "bio"}}),
+    }
     stored = established("vocab", read, Facts(own={"font": "own.ttf"}))
     assert stored.labels == ["0", "1"] and stored.augment_method_used == "eda"  # the first input's, then its own
     assert stored["font"] == "own.ttf" and stored["tag_scheme"] == {"all": "bio"}  # a kind's own facts alike
     units = {"train.a": Facts(summary={"a": 1}), "train.b": Facts(summary={"b": 2})}
-    assert established("train", units, Facts(models={"a": {}})) == Facts(models={"a": {}})  # its own units: gathered by itself
+    assert established("train", units, Facts(models={"a": {}})) == Facts(
+        models={"a": {}}
+    )  # its own units: gathered by itself
 
 
 def test_facts_hand_on_and_gather_labels():
@@ -40,14 +55,23 @@ def test_facts_hand_on_and_gather_labels():
     assert tagged.to_json() == {"tag_scheme": {"all": "bioes"}, "labels": ["差", "好"], "source_sha256": "ab"}  # flat
     assert Facts.from_json(tagged.to_json()) == tagged and tagged["tag_scheme"] == {"all": "bioes"}
     assert tagged["labels"] == ["差", "好"] and tagged["font"] is None
-    assert gathered([Facts(labels=["1"]), Facts(labels=["0"], source_sha256="c")]) == Facts(labels=["0", "1"], source_sha256="c")
+    assert gathered([Facts(labels=["1"]), Facts(labels=["0"], source_sha256="c")]) == Facts(
+        labels=["0", "1"], source_sha256="c"
+    )
 
 
 def test_a_stage_opens_what_its_inputs_declare_and_nothing_else(tmp_path):
-    ctx = BuildContext({"segment": tmp_path / "seg", "augment": tmp_path / "aug"}, {}, tmp_path, None,
-                       outputs={s: CLASSIFICATION_STAGES[s].outputs for s in ("segment", "augment")})
+    ctx = BuildContext(
+        {"segment": tmp_path / "seg", "augment": tmp_path / "aug"},
+        {},
+        tmp_path,
+        None,
+        outputs={s: CLASSIFICATION_STAGES[s].outputs for s in ("segment", "augment")},
+    )
     assert ctx.file("segment", "validation.parquet") == tmp_path / "seg" / "validation.parquet"  # `{split}.parquet`
     assert ctx.file("augment", "train.words.txt") == tmp_path / "aug" / "train.words.txt"
     with pytest.raises(KeyError, match="stage 'augment' declares no output 'sample.csv'"):
         ctx.file("augment", "sample.csv")
-    assert BuildContext({"x": Path("x")}, {}, tmp_path, None).file("x", "any.csv") == Path("x/any.csv")  # nothing declared: not checked
+    assert BuildContext({"x": Path("x")}, {}, tmp_path, None).file("x", "any.csv") == Path(
+        "x/any.csv"
+    )  # nothing declared: not checked

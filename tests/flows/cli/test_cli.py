@@ -20,9 +20,11 @@ def api_env(prefect_harness, tmp_path_factory):
     """Environment for CLI subprocesses: the session's Prefect server, a fresh stage store."""
     from prefect.settings import PREFECT_API_URL
 
-    return {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "ZHPIPE_DATA": str(tmp_path_factory.mktemp("cli-store"))}
-
-
+    return {
+        **os.environ,
+        "PREFECT_API_URL": PREFECT_API_URL.value(),
+        "ZHPIPE_DATA": str(tmp_path_factory.mktemp("cli-store")),
+    }
 
 
 @pytest.fixture
@@ -85,9 +87,21 @@ def test_source_runs_on_ten_string_classes_with_other_columns(here, api_env, tmp
         w.writerow(["category", "content"])
         for i, r in enumerate(rows):
             w.writerow([classes[i % 10], r["review"]])
-    proc = here("run", "smoke", "--source", str(path), "--text-column", "content", "--label-column", "category",
-                # the point is the corpus, not the pictures or the network: two labels' word clouds, the quickest model
-                "--set", "profile.max_labels=2", "--set", "train.models=[tfidf_lr]")
+    proc = here(
+        "run",
+        "smoke",
+        "--source",
+        str(path),
+        "--text-column",
+        "content",
+        "--label-column",
+        "category",
+        # the point is the corpus, not the pictures or the network: two labels' word clouds, the quickest model
+        "--set",
+        "profile.max_labels=2",
+        "--set",
+        "train.models=[tfidf_lr]",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "best_test_accuracy=" in proc.stdout
     assert "MLflow: experiment zhpipe-smoke-ten," in proc.stdout  # another corpus: an experiment (and model) of its own
@@ -121,7 +135,10 @@ def test_two_concurrent_runs_build_each_stage_once(api_env, tmp_path):
     env = {**api_env, "ZHPIPE_DATA": str(tmp_path / "store")}
     sets = ["train.models=[tfidf_lr]"]  # locks per stage key and per model unit: one quick model shows both
     args = [sys.executable, "-m", "flows.cli", "run", "smoke", "--to", "train", "--set", sets[0]]
-    procs = [subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(2)
+    ]
     outputs = [p.communicate(timeout=600)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [out[-1500:] for out in outputs]
     keys = plan_keys(load_pipeline("smoke", overrides=sets))
@@ -130,7 +147,9 @@ def test_two_concurrent_runs_build_each_stage_once(api_env, tmp_path):
         built = sum(len(re.findall(rf"zhpipe {stage}: building", out)) for out in outputs)
         assert built == 1, (stage, outputs)
         assert store.is_done(stage, keys[stage]) and store.others(stage, keys[stage]) == []
-        assert [p.name for p in (tmp_path / "store" / stage).iterdir() if not p.name.startswith(".lock")] == [keys[stage]]
+        assert [p.name for p in (tmp_path / "store" / stage).iterdir() if not p.name.startswith(".lock")] == [
+            keys[stage]
+        ]
 
 
 def test_two_machines_on_one_object_store_build_each_key_once(api_env, tmp_path):
@@ -146,8 +165,17 @@ def test_two_machines_on_one_object_store_build_each_key_once(api_env, tmp_path)
 
     url = f"local://{tmp_path / 'bucket'}"
     args = [sys.executable, "-m", "flows.cli", "run", "smoke", "--to", "segment", "--storage", url]
-    procs = [subprocess.Popen(args, cwd=ROOT, env={**api_env, "ZHPIPE_CACHE": str(tmp_path / f"machine-{i}")},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            args,
+            cwd=ROOT,
+            env={**api_env, "ZHPIPE_CACHE": str(tmp_path / f"machine-{i}")},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
     outputs = [p.communicate(timeout=600)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [out[-1500:] for out in outputs]
     keys = plan_keys(load_pipeline("smoke"))
@@ -157,7 +185,11 @@ def test_two_machines_on_one_object_store_build_each_key_once(api_env, tmp_path)
         assert built == 1, (stage, outputs)
         assert store.is_done(stage, keys[stage]) and store.others(stage, keys[stage]) == []
     assert sorted(p.name for p in store.local("segment", keys["segment"]).iterdir()) == [
-        "manifest.json", "test.parquet", "train.parquet", "validation.parquet"]
+        "manifest.json",
+        "test.parquet",
+        "train.parquet",
+        "validation.parquet",
+    ]
 
 
 def test_every_kinds_summary_shows_each_models_metric_alike():
@@ -166,10 +198,25 @@ def test_every_kinds_summary_shows_each_models_metric_alike():
 
     from flows.cli.run import summary_table
 
-    rows = [{"stage": "evaluate", "cache": "miss", "seconds": 1.0, "rows": None, "metrics": {"best_test_f1": 0.8},
-             "headline": "best_test_f1"}]
-    units = [{"stage": "evaluate.crf", "cache": "miss", "seconds": 0.5, "metrics": {"test_f1": 0.81234, "test_precision": 0.8}},
-             {"stage": "evaluate.bilstm_crf", "cache": "hit", "seconds": 0.0, "metrics": {"test_f1": 0.75}}]
+    rows = [
+        {
+            "stage": "evaluate",
+            "cache": "miss",
+            "seconds": 1.0,
+            "rows": None,
+            "metrics": {"best_test_f1": 0.8},
+            "headline": "best_test_f1",
+        }
+    ]
+    units = [
+        {
+            "stage": "evaluate.crf",
+            "cache": "miss",
+            "seconds": 0.5,
+            "metrics": {"test_f1": 0.81234, "test_precision": 0.8},
+        },
+        {"stage": "evaluate.bilstm_crf", "cache": "hit", "seconds": 0.0, "metrics": {"test_f1": 0.75}},
+    ]
     console = Console(width=200, record=True)
     console.print(summary_table(rows, 2.0, "ner-smoke", units))
     text = console.export_text()

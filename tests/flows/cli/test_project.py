@@ -36,24 +36,46 @@ def test_init_and_run_in_an_empty_folder_write_only_there(installed, tmp_path):
     home.mkdir()
     work.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ZHPIPE_", "MLFLOW_", "PREFECT_"))}
-    env.update(PYTHONPATH=str(installed), HOME=str(home), ZHPIPE_SERVER="temporary")  # none left behind (test_server.py)
+    env.update(
+        PYTHONPATH=str(installed), HOME=str(home), ZHPIPE_SERVER="temporary"
+    )  # none left behind (test_server.py)
     zhpipe = [sys.executable, "-m", "flows.cli"]
-    where = subprocess.run([sys.executable, "-c", "import flows; print(flows.__file__)"], env=env, cwd=work,
-                           capture_output=True, text=True, check=True).stdout
+    where = subprocess.run(
+        [sys.executable, "-c", "import flows; print(flows.__file__)"],
+        env=env,
+        cwd=work,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert where.startswith(str(installed))  # the wheel, not this checkout
     site_before = _files(installed)
 
     # under loose umasks (000 for init, 022 for the run), as on many machines: the project stays its owner's only
-    init = subprocess.run([*zhpipe, "init", "reviews"], env=env, cwd=work, capture_output=True, text=True, timeout=120,
-                          preexec_fn=lambda: os.umask(0))
+    init = subprocess.run(
+        [*zhpipe, "init", "reviews"],
+        env=env,
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=lambda: os.umask(0),
+    )
     assert init.returncode == 0, init.stderr
     project = work / "reviews"
     assert (project / "pipelines.yaml").is_file() and (project / "data" / "raw" / "example.csv").is_file()
     again = subprocess.run([*zhpipe, "init", "reviews"], env=env, cwd=work, capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and "already exists" in again.stderr
 
-    run = subprocess.run([*zhpipe, "run", "--set", "train.models=[tfidf_lr, fasttext]"], env=env, cwd=project,
-                         capture_output=True, text=True, timeout=600, preexec_fn=lambda: os.umask(0o022))
+    run = subprocess.run(
+        [*zhpipe, "run", "--set", "train.models=[tfidf_lr, fasttext]"],
+        env=env,
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        preexec_fn=lambda: os.umask(0o022),
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     from tests.test_private import open_to_others
 
@@ -66,8 +88,19 @@ def test_init_and_run_in_an_empty_folder_write_only_there(installed, tmp_path):
     assert stray == set()
 
     outside = subprocess.run([*zhpipe, "status"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert outside.returncode == 2 and "no pipelines.yaml" in outside.stderr and len(outside.stderr.strip().splitlines()) == 1
-    given = subprocess.run([*zhpipe, "--project", str(project), "status"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert (
+        outside.returncode == 2
+        and "no pipelines.yaml" in outside.stderr
+        and len(outside.stderr.strip().splitlines()) == 1
+    )
+    given = subprocess.run(
+        [*zhpipe, "--project", str(project), "status"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert given.returncode == 0 and "cached" in given.stdout
 
 
@@ -102,11 +135,13 @@ def test_init_csv_copies_pins_and_refuses_an_edited_file(tmp_path, capsys):
     assert bad.returncode != 0 and "sha256" in bad.stderr, bad.stderr[-2000:]
     errors = [line for line in bad.stderr.splitlines() if line.startswith("zhpipe: error:")]
     assert len(errors) == 1 and "sha256 mismatch" in errors[0] and "set source.sha256" in errors[0]
-    linked = in_process(capsys, "init", tmp_path / "q", "--csv", tmp_path / "moved" / "data" / "raw" / "mine.csv", "--link")
+    linked = in_process(
+        capsys, "init", tmp_path / "q", "--csv", tmp_path / "moved" / "data" / "raw" / "mine.csv", "--link"
+    )
     assert linked.returncode == 0 and (tmp_path / "q" / "data" / "raw" / "mine.csv").is_symlink()
 
 
-@pytest.mark.parametrize("name", ["my reviews #1.csv", "reviews: hotel.csv", "it's \"quoted\".csv"])
+@pytest.mark.parametrize("name", ["my reviews #1.csv", "reviews: hotel.csv", 'it\'s "quoted".csv'])
 def test_init_csv_with_yaml_characters_in_its_name_writes_a_config_that_reads_back(tmp_path, name):
     import yaml
 
@@ -141,9 +176,19 @@ def test_predict_in_a_fresh_project_is_one_line_and_leaves_no_folders(tmp_path):
 
     init_project(tmp_path / "p")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ZHPIPE_", "MLFLOW_", "PREFECT_"))}
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "predict", "房间很干净"], env={**env, "PYTHONPATH": str(ROOT)},
-                          cwd=tmp_path / "p", capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and done.stderr.startswith("zhpipe: error: no models yet") and len(done.stderr.splitlines()) == 1
+    done = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "predict", "房间很干净"],
+        env={**env, "PYTHONPATH": str(ROOT)},
+        cwd=tmp_path / "p",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (
+        done.returncode == 2
+        and done.stderr.startswith("zhpipe: error: no models yet")
+        and len(done.stderr.splitlines()) == 1
+    )
     assert not (tmp_path / "p" / "mlruns").exists() and not (tmp_path / "p" / ".prefect").exists()
 
 
@@ -166,15 +211,20 @@ def test_init_makes_a_project_for_every_kind_of_corpus(tmp_path):
     }
     previous = project._CURRENT
     try:
-        for kind, folder, task, name in (("nightly", "shop-nightly", "classification", "shop-nightly"), ("ner", "msra", "ner", "msra"),
-                                         ("pairs", "pairs", "translation", "pairs")):
+        for kind, folder, task, name in (
+            ("nightly", "shop-nightly", "classification", "shop-nightly"),
+            ("ner", "msra", "ner", "msra"),
+            ("pairs", "pairs", "translation", "pairs"),
+        ):
             assert made[kind][-2] == tmp_path / folder / "pipelines.yaml"
             project.activate(project.Project(tmp_path / folder))
             config = load_pipeline(name, tmp_path / folder / "pipelines.yaml")
             assert config.task == task and config.identity == name  # experiment zhpipe-<name>, its own registered model
             assert plan_keys(config)  # plans as written
         assert load_pipeline("shop-nightly", tmp_path / "shop-nightly" / "pipelines.yaml").source.partitioned
-        assert load_pipeline("msra", tmp_path / "msra" / "pipelines.yaml").models() == ["crf"]  # minutes on a CPU, not an hour
+        assert load_pipeline("msra", tmp_path / "msra" / "pipelines.yaml").models() == [
+            "crf"
+        ]  # minutes on a CPU, not an hour
     finally:
         project._CURRENT = previous
     with pytest.raises(DataError, match="no text column 'text'.*--text-column"):
@@ -190,7 +240,9 @@ def test_no_usage_reports_leave_the_machine_unless_the_user_opts_in(monkeypatch)
         monkeypatch.delenv(var, raising=False)
     current = project.current()
     project.activate(current)
-    assert os.environ["MLFLOW_DISABLE_TELEMETRY"] == "true" and os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] == "false"
+    assert (
+        os.environ["MLFLOW_DISABLE_TELEMETRY"] == "true" and os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] == "false"
+    )
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "false")  # the user's own choice stays
     project.activate(current)
     assert os.environ["MLFLOW_DISABLE_TELEMETRY"] == "false"

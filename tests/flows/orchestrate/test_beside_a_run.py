@@ -113,7 +113,9 @@ def test_gc_every_second_during_a_run_breaks_nothing(tmp_path, capsys):
     with leases.gc_lock(StageStore(store)):
         assert leases.live(StageStore(store)) == []  # the run let its lease go: what it built is ordinary garbage now
     after = in_process(capsys, "gc", "--storage", str(store))
-    assert after.returncode == 0 and not any(line.startswith("kept ") for line in after.stdout.splitlines()), after.stdout
+    assert after.returncode == 0 and not any(line.startswith("kept ") for line in after.stdout.splitlines()), (
+        after.stdout
+    )
 
 
 def _judge_many(identity: str, tag: str, count: int, root: str) -> None:
@@ -167,20 +169,30 @@ def test_a_copied_projects_server_stop_never_signals_the_original(tmp_path):
     (original / "pipelines.yaml").write_text("pipelines: {}\n")
     marker = "prefect server start"
     env = {**os.environ, "PREFECT_HOME": str(home)}
-    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", marker], env=env, start_new_session=True)
+    server = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)", marker], env=env, start_new_session=True
+    )
     try:
         saved = os.environ["PREFECT_HOME"]
         os.environ["PREFECT_HOME"] = str(home)
         try:
-            private.write_state(home / "zhpipe-server.json", {**procs.identity(server.pid, marker), "url": "http://127.0.0.1:9/api"})
+            private.write_state(
+                home / "zhpipe-server.json", {**procs.identity(server.pid, marker), "url": "http://127.0.0.1:9/api"}
+            )
             assert procs.is_ours(private.read_state(home / "zhpipe-server.json"))  # the original's own record is its
         finally:
             os.environ["PREFECT_HOME"] = saved
         copy = tmp_path / "copy"
         shutil.copytree(original, copy, symlinks=True)
         clean = {k: v for k, v in os.environ.items() if k not in ("PREFECT_HOME", "PREFECT_API_URL", "ZHPIPE_PROJECT")}
-        done = subprocess.run([sys.executable, "-m", "flows.cli", "server", "stop"], cwd=copy, env={**clean, "PYTHONPATH": str(ROOT)},
-                              capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-m", "flows.cli", "server", "stop"],
+            cwd=copy,
+            env={**clean, "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         time.sleep(0.5)
         assert server.poll() is None, done.stdout + done.stderr
     finally:
@@ -201,7 +213,12 @@ def _mount_tmpfs(where: Path, size: str) -> bool:
     where.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0 or shutil.which("mount") is None:
         return False
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True).returncode == 0
+    return (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True
+        ).returncode
+        == 0
+    )
 
 
 def test_a_run_on_a_full_disk_stops_in_one_line(tmp_path):
@@ -213,16 +230,32 @@ def test_a_run_on_a_full_disk_stops_in_one_line(tmp_path):
     try:
         (disk / "p").mkdir()
         shutil.copy(ROOT / "tests" / "fixtures" / "smoke.csv", disk / "p" / "smoke.csv")
-        (disk / "p" / "pipelines.yaml").write_text("pipelines:\n  p:\n    source: {path: smoke.csv, text_column: review, label_column: label}\n")
-        env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_HOME", "ZHPIPE_DATA", "ZHPIPE_PROJECT", "MLFLOW_TRACKING_URI",
-                                                                 "PREFECT_API_URL")}
+        (disk / "p" / "pipelines.yaml").write_text(
+            "pipelines:\n  p:\n    source: {path: smoke.csv, text_column: review, label_column: label}\n"
+        )
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("PREFECT_HOME", "ZHPIPE_DATA", "ZHPIPE_PROJECT", "MLFLOW_TRACKING_URI", "PREFECT_API_URL")
+        }
         t0 = time.monotonic()
-        done = subprocess.run([sys.executable, "-m", "flows.cli", "run", "--to", "segment"], cwd=disk / "p",
-                              env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-m", "flows.cli", "run", "--to", "segment"],
+            cwd=disk / "p",
+            env={**env, "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         took = time.monotonic() - t0
         assert done.returncode == 2, done.stderr[-2000:]
         lines = done.stderr.strip().splitlines()
-        assert len(lines) == 1 and "MB free" in lines[0] and str(disk / "p") in lines[0] and "ZHPIPE_MIN_FREE_MB" in lines[0], lines
+        assert (
+            len(lines) == 1
+            and "MB free" in lines[0]
+            and str(disk / "p") in lines[0]
+            and "ZHPIPE_MIN_FREE_MB" in lines[0]
+        ), lines
         assert sorted(p.name for p in (disk / "p").iterdir()) == ["pipelines.yaml", "smoke.csv"]
         assert took < 60
     finally:
@@ -285,7 +318,9 @@ def test_init_reads_only_the_head_of_a_wide_csv(tmp_path, capsys):
     ok = tmp_path / "ok.csv"
     ok.write_text("review,label\n" + "".join(f"房间{i},1\n" for i in range(10)), encoding="utf-8")
     done = in_process(capsys, "init", tmp_path / "q;touch PWN", "--csv", ok, "--text-column", "review")
-    assert done.returncode == 0 and f"next: cd {shlex_quote(str(tmp_path / 'q;touch PWN'))} && zhpipe run" in done.stdout, done
+    assert (
+        done.returncode == 0 and f"next: cd {shlex_quote(str(tmp_path / 'q;touch PWN'))} && zhpipe run" in done.stdout
+    ), done
 
 
 def shlex_quote(text: str) -> str:

@@ -44,8 +44,13 @@ def server(tmp_path_factory, seed_prefect_home):
            "PREFECT_LOGGING_LEVEL": "WARNING",
            "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "2"}  # a deployment's schedule has its runs within seconds
     log = open(home / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}/api"
 
     def healthy():
@@ -66,9 +71,15 @@ def server(tmp_path_factory, seed_prefect_home):
 def env(server, tmp_path_factory, seed_mlflow):
     """Environment of every process in this module: the server, one store, one MLflow database."""
     tmp = tmp_path_factory.mktemp("deploy")
-    return {**os.environ, "PREFECT_API_URL": server["url"], "PREFECT_HOME": str(server["home"]),
-            "ZHPIPE_STORAGE": str(tmp / "store"), "MLFLOW_TRACKING_URI": seed_mlflow(tmp / "mlflow.db"),
-            "PREFECT_WORKER_QUERY_SECONDS": "2", "PREFECT_LOGGING_LEVEL": "INFO"}
+    return {
+        **os.environ,
+        "PREFECT_API_URL": server["url"],
+        "PREFECT_HOME": str(server["home"]),
+        "ZHPIPE_STORAGE": str(tmp / "store"),
+        "MLFLOW_TRACKING_URI": seed_mlflow(tmp / "mlflow.db"),
+        "PREFECT_WORKER_QUERY_SECONDS": "2",
+        "PREFECT_LOGGING_LEVEL": "INFO",
+    }
 
 
 def write_pipelines(path: Path, schedule: dict | None, train_pool: str | None) -> Path:
@@ -78,14 +89,14 @@ def write_pipelines(path: Path, schedule: dict | None, train_pool: str | None) -
     tiny["source"]["path"] = str(ROOT / "tests" / "fixtures" / "smoke.csv")
     tiny["stages"]["train"].update({"models": ["tfidf_lr"], "work_pool": train_pool})
     tiny["work_pool"] = "cpu-test"
-    tiny["parameters"] = {"allow_overrides": ["split.seed", "segment.*"],  # a path outside the project is refused even so
-                          "stages": without_profile()}  # its pictures are not what is tested here
+    tiny["parameters"] = {
+        "allow_overrides": ["split.seed", "segment.*"],  # a path outside the project is refused even so
+        "stages": without_profile(),
+    }  # its pictures are not what is tested here
     if schedule:
         tiny["schedule"] = schedule
     path.write_text(yaml.safe_dump({"pipelines": {"tiny": tiny}}, allow_unicode=True), encoding="utf-8")
     return path
-
-
 
 
 @pytest.fixture
@@ -94,15 +105,29 @@ def workers(env, tmp_path):
     procs = []
     for pool in ("cpu-test", "gpu-test"):
         log = open(tmp_path / f"worker-{pool}.log", "w")
-        procs.append((subprocess.Popen([sys.executable, "-m", "flows.cli", "worker", "--pool", pool], cwd=ROOT, env=env,
-                                       stdout=log, stderr=subprocess.STDOUT, start_new_session=True), log))
+        procs.append(
+            (
+                subprocess.Popen(
+                    [sys.executable, "-m", "flows.cli", "worker", "--pool", pool],
+                    cwd=ROOT,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                ),
+                log,
+            )
+        )
     yield tmp_path
     stop(*(proc for proc, _ in procs))
     for _, log in procs:
         log.close()
 
 
-NIGHTLY = {"cron": "0 3 * * *", "timezone": "Asia/Shanghai"}  # never due while a test runs: the test starts one run itself
+NIGHTLY = {
+    "cron": "0 3 * * *",
+    "timezone": "Asia/Shanghai",
+}  # never due while a test runs: the test starts one run itself
 
 
 def run_the_next_scheduled(c, deployment_id):
@@ -121,9 +146,11 @@ def run_the_next_scheduled(c, deployment_id):
     from prefect.states import Scheduled
 
     def scheduled():
-        return c.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])),
-                                flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=["SCHEDULED"]))),
-                                sort=FlowRunSort.EXPECTED_START_TIME_ASC)
+        return c.read_flow_runs(
+            deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])),
+            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=["SCHEDULED"]))),
+            sort=FlowRunSort.EXPECTED_START_TIME_ASC,
+        )
 
     first = wait_for(scheduled, 120, "the scheduler to make the deployment's runs")[0]
     assert first.auto_scheduled and first.expected_start_time > datetime.now(timezone.utc)
@@ -161,7 +188,9 @@ def test_scheduled_pipeline_trains_on_the_second_pool(env, workers, tmp_path):
         def completed(deployment_id):
             runs = c.read_flow_runs(
                 deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])),
-                flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=["COMPLETED", "FAILED", "CRASHED"]))),
+                flow_run_filter=FlowRunFilter(
+                    state=FlowRunFilterState(type=FlowRunFilterStateType(any_=["COMPLETED", "FAILED", "CRASHED"]))
+                ),
             )
             return runs
 
@@ -171,11 +200,18 @@ def test_scheduled_pipeline_trains_on_the_second_pool(env, workers, tmp_path):
 
         # the scheduler's next run, moved to now; the cpu worker picks it up
         triggered = run_the_next_scheduled(c, main.id)
-        # while it runs, a run started through the API that sets what the file does not allow fails in one line naming it
+        # while it runs, a run started through the API that sets what the file does not allow fails in one line
+        # naming it
         # (which names come first, and the refused overrides, is test_guard's)
-        bad = c.create_flow_run_from_deployment(main.id, parameters={"storage": "/tmp/elsewhere", "dask": "tcp://10.0.0.9:8786",
-                                                                      "source": {"path": "/etc/passwd"},
-                                                                      "overrides": ["segment.stopwords=/etc/passwd", "train.epochs=3"]})
+        bad = c.create_flow_run_from_deployment(
+            main.id,
+            parameters={
+                "storage": "/tmp/elsewhere",
+                "dask": "tcp://10.0.0.9:8786",
+                "source": {"path": "/etc/passwd"},
+                "overrides": ["segment.stopwords=/etc/passwd", "train.epochs=3"],
+            },
+        )
         run = wait_for(lambda: finished(triggered), 900, "a scheduled run of zhpipe/tiny to finish")
         logs = "".join(p.read_text() for p in workers.glob("worker-*.log"))
         assert run.state.type.value == "COMPLETED", logs[-4000:]
@@ -186,7 +222,10 @@ def test_scheduled_pipeline_trains_on_the_second_pool(env, workers, tmp_path):
         assert train_runs[0].parent_task_run_id is not None  # a subflow of the pipeline run
 
         refused = wait_for(lambda: finished(bad.id), 600, "the refused run").state
-        assert refused.type.value == "FAILED" and "deployment run refused: it may not set source, storage, dask" in refused.message, refused
+        assert (
+            refused.type.value == "FAILED"
+            and "deployment run refused: it may not set source, storage, dask" in refused.message
+        ), refused
         # and of the schedule's runs only the one moved to now ran: the others stay days ahead
         assert {r.id for r in completed(main.id)} == {triggered, bad.id}
 
@@ -203,7 +242,9 @@ def test_scheduled_pipeline_trains_on_the_second_pool(env, workers, tmp_path):
     assert by_name["train"].data.tags["mlflow.parentRunId"] == parent
     assert by_name["train"].data.tags["zhpipe.cache"] == "miss"
     model_run = next(r for r in all_runs if r.data.tags.get("zhpipe.model") == "tfidf_lr")
-    assert model_run.info.run_name.startswith("tfidf_lr · tiny ") and model_run.data.tags["mlflow.parentRunId"] == parent
+    assert (
+        model_run.info.run_name.startswith("tfidf_lr · tiny ") and model_run.data.tags["mlflow.parentRunId"] == parent
+    )
     assert parents[0].data.metrics["best_test_accuracy"] > 0.5
 
     # the file is the truth: without a schedule and a train pool, redeploying removes both
@@ -229,7 +270,9 @@ def test_routing_to_a_pool_without_its_deployment_fails_clearly(tmp_path, capsys
     from tests.helpers.cli import in_process
 
     config = write_pipelines(tmp_path / "pipelines.yaml", None, "nowhere")
-    proc = in_process(capsys, "run", "tiny", "--config", config, "--force", "train")  # on the suite's server: no such deployment either
+    proc = in_process(
+        capsys, "run", "tiny", "--config", config, "--force", "train"
+    )  # on the suite's server: no such deployment either
     assert proc.returncode == 2, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert "deployment 'zhpipe-train/tiny' does not exist" in last and "zhpipe deploy tiny" in last
@@ -258,8 +301,12 @@ print(json.dumps([start, end]))
 def test_gpu_slot_lets_one_training_at_a_time(env):
     import json
 
-    procs = [subprocess.Popen([sys.executable, "-c", HOLD], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", HOLD], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
     spans = []
     for p in procs:
         out, err = p.communicate(timeout=180)
@@ -284,10 +331,18 @@ def test_serve_runs_the_schedule_without_a_worker(env, tmp_path):
     doc = yaml.safe_load(write_pipelines(tmp_path / "p.yaml", NIGHTLY, None).read_text(encoding="utf-8"))
     served = doc["pipelines"].pop("tiny")
     served["parameters"] = {"stages": ["download", "clean", "split"]}
-    (tmp_path / "p.yaml").write_text(yaml.safe_dump({"pipelines": {"served": served}}, allow_unicode=True), encoding="utf-8")
+    (tmp_path / "p.yaml").write_text(
+        yaml.safe_dump({"pipelines": {"served": served}}, allow_unicode=True), encoding="utf-8"
+    )
     log = open(tmp_path / "serve.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", "--config", str(tmp_path / "p.yaml")], cwd=ROOT, env=env,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "serve", "--config", str(tmp_path / "p.yaml")],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         with client(env) as c:
             from prefect.exceptions import ObjectNotFound
@@ -301,9 +356,16 @@ def test_serve_runs_the_schedule_without_a_worker(env, tmp_path):
             d = wait_for(deployment, 120, "zhpipe serve to register its deployment")
             assert d.work_pool_name is None and d.parameters["stages"] == ["download", "clean", "split"]
             triggered = run_the_next_scheduled(c, d.id)
-            done = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=["COMPLETED", "FAILED", "CRASHED"])))
-            runs = wait_for(lambda: c.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[d.id])),
-                                                     flow_run_filter=done), 600, "a served run to finish")
+            done = FlowRunFilter(
+                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=["COMPLETED", "FAILED", "CRASHED"]))
+            )
+            runs = wait_for(
+                lambda: c.read_flow_runs(
+                    deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[d.id])), flow_run_filter=done
+                ),
+                600,
+                "a served run to finish",
+            )
             assert [r.id for r in runs] == [triggered]
             assert runs[0].state.type.value == "COMPLETED", (tmp_path / "serve.log").read_text()[-4000:]
             assert runs[0].auto_scheduled

@@ -23,7 +23,11 @@ def test_weights_minimise_validation_log_loss():
 
 @pytest.mark.parametrize("method", ["soft_vote", "stacking"])
 def test_an_ensemble_of_the_runs_models_is_trained_logged_and_served(smoke, method):
-    overrides = ["train.models=[fasttext,textcnn,ensemble]", "train.ensemble.members=[fasttext,textcnn]", f"train.ensemble.method={method}"]
+    overrides = [
+        "train.models=[fasttext,textcnn,ensemble]",
+        "train.ensemble.members=[fasttext,textcnn]",
+        f"train.ensemble.method={method}",
+    ]
     out = pipeline_flow("smoke", overrides=overrides, storage=str(smoke["store"]), stages=["train", "evaluate"])
     units = {u["stage"]: u for u in out["units"]}
     assert units["train.fasttext"]["cache"] == "hit" and units["train.textcnn"]["cache"] == "hit"  # members reused
@@ -41,4 +45,6 @@ def test_an_ensemble_of_the_runs_models_is_trained_logged_and_served(smoke, meth
 
 def test_members_must_be_trained_in_the_same_run():
     with pytest.raises(ConfigError, match="train.ensemble.members: tfidf_lr not in train.models"):
-        load_pipeline("smoke", overrides=["train.models=[fasttext,ensemble]", "train.ensemble.members=[fasttext,tfidf_lr]"])
+        load_pipeline(
+            "smoke", overrides=["train.models=[fasttext,ensemble]", "train.ensemble.members=[fasttext,tfidf_lr]"]
+        )

@@ -1,4 +1,6 @@
-"""The task wrappers through the run engine (flows/orchestrate/execute.py): build, publish, track, reuse; a failing build counts as nothing."""
+"""The task wrappers through the run engine (flows/orchestrate/execute.py): build, publish, track, reuse; a failing
+build counts as nothing."""
+
 import pandas as pd
 import pytest
 
@@ -108,8 +110,15 @@ def test_the_engine_calls_its_tracking_hooks_and_knows_nothing_else_of_them(tmp_
 
     config = RunRequest("smoke").config()
     causes = plan(config, registry=lambda uri: uri)
-    run = RunContext(config, StageCache(StageStore(tmp_path / "store")), {u: StageCache.key(c) for u, c in causes.items()},
-                     "zhpipe-hooks", None, causes=causes, tracking=Recording)
+    run = RunContext(
+        config,
+        StageCache(StageStore(tmp_path / "store")),
+        {u: StageCache.key(c) for u, c in causes.items()},
+        "zhpipe-hooks",
+        None,
+        causes=causes,
+        tracking=Recording,
+    )
     before = len(client().search_experiments())
 
     def build(ctx):
@@ -119,8 +128,14 @@ def test_the_engine_calls_its_tracking_hooks_and_knows_nothing_else_of_them(tmp_
     first, again = run.run("clean", {}, build), run.run("clean", {}, build)
     assert first.cache == "miss" and again.cache == "hit" and first.run_id == again.run_id == "recorded"
     assert run.store.manifest("clean", first.key).mlflow_run_id == "recorded"
-    assert calls == [("start", "clean", False), ("building", False), ("built", True), ("done", 1, True),
-                     ("start", "clean", True), ("done", 1, True)]
+    assert calls == [
+        ("start", "clean", False),
+        ("building", False),
+        ("built", True),
+        ("done", 1, True),
+        ("start", "clean", True),
+        ("done", 1, True),
+    ]
     calls.clear()
     run.force = {"clean"}
     with pytest.raises(DataError):

@@ -89,14 +89,20 @@ def test_a_full_disk_anywhere_is_one_line_and_leaves_no_temporary_file(small_dis
 
 
 def test_an_object_store_that_never_answers_is_one_line(prefect_harness, tmp_path, capsys, monkeypatch):
-    """The store's S3 endpoint refuses every connection (one attempt per request here; a run waits out a minute or two by
-    default): one line naming the endpoint, no traceback."""
+    """The store's S3 endpoint refuses every connection (one attempt per request here; a run waits out a minute or two
+    by default): one line naming the endpoint, no traceback."""
     from tests.helpers.procs import free_port
 
     endpoint = f"http://127.0.0.1:{free_port()}"
-    for key, value in {"AWS_ENDPOINT_URL": endpoint, "FSSPEC_S3_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "x",
-                       "AWS_SECRET_ACCESS_KEY": "x", "AWS_DEFAULT_REGION": "us-east-1", "AWS_MAX_ATTEMPTS": "1",
-                       "ZHPIPE_CACHE": str(tmp_path / "mirror")}.items():
+    for key, value in {
+        "AWS_ENDPOINT_URL": endpoint,
+        "FSSPEC_S3_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "x",
+        "AWS_SECRET_ACCESS_KEY": "x",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_MAX_ATTEMPTS": "1",
+        "ZHPIPE_CACHE": str(tmp_path / "mirror"),
+    }.items():
         monkeypatch.setenv(key, value)
     code, printed = cli(capsys, "run", "smoke", "--to", "download", "--storage", "s3://nowhere/zhpipe")
     assert code == 2 and "Traceback" not in printed, printed[-3000:]
@@ -106,8 +112,10 @@ def test_an_object_store_that_never_answers_is_one_line(prefect_harness, tmp_pat
 
 def test_a_corrupt_mlflow_database_is_one_line_naming_it(prefect_harness, tmp_path, capsys, monkeypatch):
     good = copy_sqlite(Path(os.environ["MLFLOW_TRACKING_URI"].removeprefix("sqlite:///")), tmp_path / "good.db")
-    for name, damage in (("garbage.db", lambda p: p.write_bytes(os.urandom(200_000))),
-                         ("cut.db", lambda p: p.write_bytes(good.read_bytes()[:20_000]))):
+    for name, damage in (
+        ("garbage.db", lambda p: p.write_bytes(os.urandom(200_000))),
+        ("cut.db", lambda p: p.write_bytes(good.read_bytes()[:20_000])),
+    ):
         db = tmp_path / name
         damage(db)
         monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
@@ -119,10 +127,18 @@ def test_a_corrupt_mlflow_database_is_one_line_naming_it(prefect_harness, tmp_pa
 
 def test_the_prefect_server_killed_mid_run_ends_the_run_within_seconds(tmp_path, seed_prefect_home, seed_mlflow):
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "ZHPIPE_SERVER")}
-    env.update({"PREFECT_HOME": str(seed_prefect_home(tmp_path / "prefect")), "ZHPIPE_DATA": str(tmp_path / "store"), "ZHPIPE_WARM": "off",
-                "MLFLOW_TRACKING_URI": seed_mlflow(tmp_path / "mlflow.db")})
+    env.update(
+        {
+            "PREFECT_HOME": str(seed_prefect_home(tmp_path / "prefect")),
+            "ZHPIPE_DATA": str(tmp_path / "store"),
+            "ZHPIPE_WARM": "off",
+            "MLFLOW_TRACKING_URI": seed_mlflow(tmp_path / "mlflow.db"),
+        }
+    )
     zhpipe = [sys.executable, "-m", "flows.cli"]
-    started = subprocess.run([*zhpipe, "server", "start"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    started = subprocess.run(
+        [*zhpipe, "server", "start"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
     assert started.returncode == 0, started.stderr[-2000:]
     from flows.plan import private
 
@@ -131,7 +147,13 @@ def test_the_prefect_server_killed_mid_run_ends_the_run_within_seconds(tmp_path,
     scratch.mkdir()
     try:
         with open(out, "w") as f:
-            run = subprocess.Popen([*zhpipe, "run", "smoke"], cwd=ROOT, env={**env, "TMPDIR": str(scratch)}, stdout=f, stderr=subprocess.STDOUT)
+            run = subprocess.Popen(
+                [*zhpipe, "run", "smoke"],
+                cwd=ROOT,
+                env={**env, "TMPDIR": str(scratch)},
+                stdout=f,
+                stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + 240
         while "zhpipe profile: building" not in out.read_text() and run.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -161,8 +183,14 @@ def test_an_aborted_command_removes_its_open_temporary_folders(tmp_path):
         "threading.Thread(target=ending.abort, args=(3,)).start()\n"
         "threading.Event().wait(30)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "TMPDIR": str(tmp_path)},
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 3, done.stderr
     folder = Path(done.stdout.strip())
     assert folder.parent == tmp_path and not folder.exists()

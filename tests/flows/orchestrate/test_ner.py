@@ -38,7 +38,9 @@ def test_ner_pipeline_runs_every_stage_and_tracks_it_like_classification(ner_run
     assert parent.data.tags["zhpipe.task"] == "ner" and parent.data.tags["zhpipe.best_model"] in MODELS
     assert 0.5 < parent.data.metrics["best_test_f1"] <= 1  # the crf alone reaches ~0.8 on these 150 sentences
     assert parent.data.tags["zhpipe.registered"].startswith("zhpipe-ner-smoke/")
-    runs = c.search_runs([parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{out['parent_run_id']}'")
+    runs = c.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{out['parent_run_id']}'"
+    )
     models = {r.data.tags["zhpipe.model"]: r for r in runs if "zhpipe.model" in r.data.tags}
     assert set(models) == {"crf", "bilstm_crf", "lexicon_tagger", "ner_ensemble"}
     for name, r in models.items():
@@ -49,7 +51,9 @@ def test_ner_pipeline_runs_every_stage_and_tracks_it_like_classification(ner_run
         assert len(history) == 4 and history[-1].value > 0.1, name
     paths = {u["stage"]: Path(u["path"]) for u in out["stages"] + out["units"]}
     evaluation = paths["evaluate.crf"] / "evaluation"
-    assert {"per_type.csv", "type_confusion.csv", "worst_sentences.csv", "worst_sentences.html", "metrics.json"} <= {p.name for p in evaluation.iterdir()}
+    assert {"per_type.csv", "type_confusion.csv", "worst_sentences.csv", "worst_sentences.html", "metrics.json"} <= {
+        p.name for p in evaluation.iterdir()
+    }
     per_type = pd.read_csv(evaluation / "per_type.csv")
     assert {"NAME", "ORG", "TITLE", "EDU"} <= set(per_type["type"])
     assert "<mark" in (paths["profile"] / "report.html").read_text(encoding="utf-8")
@@ -79,18 +83,32 @@ def test_predict_command_prints_entities_as_jsonl(ner_run, capsys):
     from flows.cli import main
 
     # the store whose record vouches for the tagger's files (flows.track.trust)
-    assert main(["predict", "--pipeline", "ner-smoke", "--storage", str(ner_run["store"]), "--jsonl", "李明，高级经济师。"]) == 0
+    assert (
+        main(
+            ["predict", "--pipeline", "ner-smoke", "--storage", str(ner_run["store"]), "--jsonl", "李明，高级经济师。"]
+        )
+        == 0
+    )
     (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("{")]
     record = json.loads(line)
     assert record["text"] == "李明，高级经济师。" and record["status"] == "ok"
     assert all(record["text"][e["start"] : e["end"]] == e["text"] for e in record["entities"])
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["augment.method=eda"], "would shift entity tags"),
-    (["train.models=[crf,textcnn]"], "textcnn is a classification model; task ner takes crf, bilstm_crf, lexicon_tagger, ner_ensemble"),
-    (["train.models=[crf,ner_ensemble]"], "train.ner_ensemble.members: bilstm_crf, lexicon_tagger not in train.models"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["augment.method=eda"], "would shift entity tags"),
+        (
+            ["train.models=[crf,textcnn]"],
+            "textcnn is a classification model; task ner takes crf, bilstm_crf, lexicon_tagger, ner_ensemble",
+        ),
+        (
+            ["train.models=[crf,ner_ensemble]"],
+            "train.ner_ensemble.members: bilstm_crf, lexicon_tagger not in train.models",
+        ),
+    ],
+)
 def test_task_rules_are_config_errors(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
         load_pipeline("ner-smoke", overrides=overrides)
@@ -115,7 +133,9 @@ def test_an_ensemble_of_one_tagger_follows_that_tagger(ner_run, tmp_path):
     folder = tmp_path / "one"
     shutil.copytree(paths["train.crf"] / "crf", folder / "members" / "crf")
     labels = json.loads((folder / "members" / "crf" / "config.json").read_text(encoding="utf-8"))["labels"]
-    (folder / "config.json").write_text(json.dumps({"kind": "ensemble", "members": ["crf"], "weights": None, "labels": labels}))
+    (folder / "config.json").write_text(
+        json.dumps({"kind": "ensemble", "members": ["crf"], "weights": None, "labels": labels})
+    )
     texts = [s.text for s in parse_conll((FIXTURES / "test.bmes").read_text(encoding="utf-8").splitlines()).sentences]
     member, ensemble = load_tagger(folder / "members" / "crf")(texts), load_tagger(folder)(texts)
     assert all(len(e.tags) == len(t) for e, t in zip(ensemble, texts))
@@ -125,21 +145,38 @@ def test_an_ensemble_of_one_tagger_follows_that_tagger(ner_run, tmp_path):
 
 def test_ner_defaults_fill_in_when_a_pipeline_names_no_models(tmp_path):
     config_file = tmp_path / "pipelines.yaml"
-    config_file.write_text(f"pipelines:\n  n:\n    task: ner\n    source: {{path: {FIXTURES / 'train.bmes'}}}\n", encoding="utf-8")
+    config_file.write_text(
+        f"pipelines:\n  n:\n    task: ner\n    source: {{path: {FIXTURES / 'train.bmes'}}}\n", encoding="utf-8"
+    )
     config = load_pipeline("n", config_file)
-    assert config.stages.train.models == ["crf", "bilstm_crf", "lexicon_tagger", "ner_ensemble"] and config.stages.augment.method == "none"
+    assert (
+        config.stages.train.models == ["crf", "bilstm_crf", "lexicon_tagger", "ner_ensemble"]
+        and config.stages.augment.method == "none"
+    )
 
 
 def _tiny_bert(folder: Path) -> Path:
     """A random 1-layer BERT and a character tokenizer covering the fixture's characters (no hub)."""
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
-    chars = sorted({c for name in ("train", "dev", "test") for c in (FIXTURES / f"{name}.bmes").read_text(encoding="utf-8").split() if len(c) == 1})
+    chars = sorted(
+        {
+            c
+            for name in ("train", "dev", "test")
+            for c in (FIXTURES / f"{name}.bmes").read_text(encoding="utf-8").split()
+            if len(c) == 1
+        }
+    )
     folder.mkdir()
-    tokenizer = BertTokenizerFast(vocab={t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars])})
+    tokenizer = BertTokenizerFast(
+        vocab={t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars])}
+    )
     assert tokenizer.unk_token_id not in tokenizer("张伟")["input_ids"]
-    BertModel(BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                         intermediate_size=64)).save_pretrained(folder)
+    BertModel(
+        BertConfig(
+            vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64
+        )
+    ).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 
@@ -150,8 +187,13 @@ def test_a_tagger_on_a_pretrained_bert_checkpoint(ner_run, tmp_path):
     import mlflow
 
     folder = _tiny_bert(tmp_path / "tiny-bert")
-    overrides = ["train.models=[lexicon_tagger]", "train.lexicon_tagger.encoder=bert", f"train.lexicon_tagger.checkpoint={folder}",
-                 "train.lexicon_tagger.epochs=2", "train.lexicon_tagger.encoder_lr=0.001"]
+    overrides = [
+        "train.models=[lexicon_tagger]",
+        "train.lexicon_tagger.encoder=bert",
+        f"train.lexicon_tagger.checkpoint={folder}",
+        "train.lexicon_tagger.epochs=2",
+        "train.lexicon_tagger.encoder_lr=0.001",
+    ]
     out = pipeline_flow("ner-smoke", overrides=overrides, storage=str(ner_run["store"]), stages=["train", "evaluate"])
     unit = next(u for u in out["units"] if u["stage"] == "train.lexicon_tagger")
     assert unit["cache"] == "miss" and unit["facts"]["summary"]["parameters"] > 20_000
@@ -170,7 +212,10 @@ def test_a_missing_checkpoint_is_one_clear_error(monkeypatch):
     from tasks.util.hub import ModelMissingError
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(ModelMissingError, match=r"BERT checkpoint 'no-such/bert' not found locally.*huggingface-cli download no-such/bert"):
+    with pytest.raises(
+        ModelMissingError,
+        match=r"BERT checkpoint 'no-such/bert' not found locally.*huggingface-cli download no-such/bert",
+    ):
         _bert({}, "no-such/bert")
     with pytest.raises(ConfigError, match="encoder bert needs a checkpoint"):
         load_pipeline("ner-smoke", overrides=["train.bilstm_crf.encoder=bert"])
@@ -182,7 +227,11 @@ def test_a_seed_ensemble_trains_its_copies_and_tags_with_their_average(ner_run):
     from tasks.ner.models import load_tagger
     from tasks.ner.tagging import spans_from
 
-    overrides = ["train.models=[bilstm_crf]", "train.bilstm_crf.seeds=2", "train.bilstm_crf.epochs=1"]  # copies, not accuracy
+    overrides = [
+        "train.models=[bilstm_crf]",
+        "train.bilstm_crf.seeds=2",
+        "train.bilstm_crf.epochs=1",
+    ]  # copies, not accuracy
     out = pipeline_flow("ner-smoke", overrides=overrides, storage=str(ner_run["store"]), stages=["train"])
     unit = next(u for u in out["units"] if u["stage"] == "train.bilstm_crf")
     assert len(unit["facts"]["summary"]["copies_val_f1_best"]) == 2

@@ -29,8 +29,14 @@ def nights(tmp_path, prefect_harness):
     drops.mkdir(parents=True)
     rows.iloc[:200].to_csv(drops / "2026-12-01.csv", index=False)
     rows.iloc[200:280].assign(label="1").to_csv(drops / "2026-12-02.csv", index=False)
-    doc = {"pipelines": {"nights": {"source": {"path": "data/raw/nights/*.csv", "text_column": "review", "label_column": "label"},
-                                    "stages": {"augment": {"method": "none"}, "train": {"models": ["tfidf_lr"]}}}}}
+    doc = {
+        "pipelines": {
+            "nights": {
+                "source": {"path": "data/raw/nights/*.csv", "text_column": "review", "label_column": "label"},
+                "stages": {"augment": {"method": "none"}, "train": {"models": ["tfidf_lr"]}},
+            }
+        }
+    }
     (tmp_path / "pipelines.yaml").write_text(yaml.safe_dump(doc), encoding="utf-8")
     from flows.plan import project
 
@@ -48,7 +54,9 @@ def test_a_broken_labeller_night_is_held_out_and_put_back_by_accept(nights, capl
     lines = [r.getMessage() for r in caplog.records if "held out of the corpus" in r.getMessage()]
     assert len(lines) == 1 and "2026-12-02.csv" in lines[0] and "check labels" in lines[0]
     stages = {s["stage"]: s for s in out["stages"]}
-    assert stages["download"]["rows"] == 200 and stages["clean"]["metrics"]["partitions"] == 1  # trained on night 1 only
+    assert (
+        stages["download"]["rows"] == 200 and stages["clean"]["metrics"]["partitions"] == 1
+    )  # trained on night 1 only
     record = held.held("nights")
     assert list(record) == ["2026-12-02.csv"] and record["2026-12-02.csv"]["check"] == "labels"
     with pytest.raises(ZhpipeError, match=r"hold: '2026-12-02.csv' is already held out \(since .*check labels FAILED"):
@@ -58,26 +66,47 @@ def test_a_broken_labeller_night_is_held_out_and_put_back_by_accept(nights, capl
     assert run.data.tags["zhpipe.checks"].startswith("1 held") and run.data.tags["zhpipe.champion"] == "yes"
     assert run.data.metrics["check_labels"] > 0.3  # the figure of the last night judged (step 1)
     # into tmp_path: without dst_path MLflow downloads into a temporary folder of its own that nothing removes
-    got = {name: Path(mlflow.artifacts.download_artifacts(run_id=out["parent_run_id"], artifact_path=name, dst_path=str(tmp_path)))
-           for name in ("report.html", "checks.json")}
+    got = {
+        name: Path(
+            mlflow.artifacts.download_artifacts(run_id=out["parent_run_id"], artifact_path=name, dst_path=str(tmp_path))
+        )
+        for name in ("report.html", "checks.json")
+    }
     page = got["report.html"].read_text(encoding="utf-8")
-    assert "Look at this run" in page and "2026-12-02.csv" in page and "failed (held out)" in page and "data:image/png" in page
-    checks_part = page[page.index("<h2>Data checks</h2>"):]
+    assert (
+        "Look at this run" in page
+        and "2026-12-02.csv" in page
+        and "failed (held out)" in page
+        and "data:image/png" in page
+    )
+    checks_part = page[page.index("<h2>Data checks</h2>") :]
     assert checks_part.index("failed (held out)") < checks_part.index("passed")  # what failed comes first
     table = json.loads(got["checks.json"].read_text())
     assert ["2026-12-02.csv", "labels"] in [[row[0], row[1]] for row in table["data"]]
 
     assert main(["--project", str(nights["root"]), "status", "nights", "--storage", str(nights["store"])]) == 0
     shown = capsys.readouterr().out
-    assert "held out" in shown and "check labels FAILED on 2026-12-02.csv" in shown and "zhpipe accept nights 2026-12-02.csv" in shown
+    assert (
+        "held out" in shown
+        and "check labels FAILED on 2026-12-02.csv" in shown
+        and "zhpipe accept nights 2026-12-02.csv" in shown
+    )
 
-    nights["rows"].iloc[:0].to_csv(nights["drops"] / "2026-12-03.csv", index=False)  # an empty night: held, not a failed run
-    again = pipeline_flow("nights", config_file=file, storage=str(nights["store"]), stages=STAGES)  # held stays held: nothing else is built
+    nights["rows"].iloc[:0].to_csv(
+        nights["drops"] / "2026-12-03.csv", index=False
+    )  # an empty night: held, not a failed run
+    again = pipeline_flow(
+        "nights", config_file=file, storage=str(nights["store"]), stages=STAGES
+    )  # held stays held: nothing else is built
     assert all(u["cache"] == "hit" for u in again["units"])
     assert held.held("nights")["2026-12-03.csv"]["check"] == "quarantine" and "2026-12-02.csv" in held.held("nights")
     held.accept("nights", ["2026-12-03.csv"])
     assert main(["--project", str(nights["root"]), "accept", "nights", "2026-12-02.csv"]) == 0
-    assert [p.name for p in partitions(load_pipeline("nights", file))] == ["2026-12-01.csv", "2026-12-02.csv", "2026-12-03.csv"]
+    assert [p.name for p in partitions(load_pipeline("nights", file))] == [
+        "2026-12-01.csv",
+        "2026-12-02.csv",
+        "2026-12-03.csv",
+    ]
     assert held.held("nights") == {}
     with pytest.raises(ZhpipeError, match="nothing of pipeline 'nights' is held out"):
         held.accept("nights", ["2026-12-02.csv"])
@@ -88,15 +117,20 @@ def test_a_corpus_without_partitions_that_fails_a_blocking_check_stops_before_tr
     rows = nights["rows"].iloc[:80]
     rows.assign(review=[t.encode("utf-8").decode("latin-1") for t in rows["review"]]).to_csv(mojibake, index=False)
     file = str(nights["root"] / "pipelines.yaml")
-    with pytest.raises(ZhpipeError, match=r"check mojibake FAILED on the corpus: 1 \(threshold 0.02\).*stops before training"):
-        pipeline_flow("nights", config_file=file, storage=str(nights["store"]), stages=STAGES, source={"path": str(mojibake)})
+    with pytest.raises(
+        ZhpipeError, match=r"check mojibake FAILED on the corpus: 1 \(threshold 0.02\).*stops before training"
+    ):
+        pipeline_flow(
+            "nights", config_file=file, storage=str(nights["store"]), stages=STAGES, source={"path": str(mojibake)}
+        )
     runs = mlflow.search_runs(experiment_names=["zhpipe-nights-mojibake"], output_format="list")
     assert not any(r.data.tags.get("zhpipe.stage") == "split" for r in runs)  # nothing after clean ran
     assert held.CORPUS in held.held("nights-mojibake")
 
 
-def test_a_shuffled_night_is_held_the_report_worries_cron_hears_and_hold_takes_a_night_out(tmp_path, prefect_harness, capsys,
-                                                                                          seed_mlflow, monkeypatch):
+def test_a_shuffled_night_is_held_the_report_worries_cron_hears_and_hold_takes_a_night_out(
+    tmp_path, prefect_harness, capsys, seed_mlflow, monkeypatch
+):
     """Night 2's labels shuffled among its rows (every label share kept): the agreement check holds it, the report never
     says all is well, `zhpipe run` would exit 4 (cron's MAILTO hears); `zhpipe hold` takes night 3, which passed, out,
     and the next run builds without it."""
@@ -111,29 +145,47 @@ def test_a_shuffled_night_is_held_the_report_worries_cron_hears_and_hold_takes_a
     drops = tmp_path / "data" / "raw" / "nights"
     drops.mkdir(parents=True)
     rows.iloc[:1000].to_csv(drops / "2026-12-01.csv", index=False)
-    shuffled = rows.iloc[1000:1300].assign(label=rows.iloc[1000:1300]["label"].sample(frac=1, random_state=1).to_numpy())
+    shuffled = rows.iloc[1000:1300].assign(
+        label=rows.iloc[1000:1300]["label"].sample(frac=1, random_state=1).to_numpy()
+    )
     shuffled.to_csv(drops / "2026-12-02.csv", index=False)
     rows.iloc[1300:1500].to_csv(drops / "2026-12-03.csv", index=False)
-    doc = {"pipelines": {"nights": {"source": {"path": "data/raw/nights/*.csv", "text_column": "review", "label_column": "label"},
-                                    "stages": {"augment": {"method": "none"}, "train": {"models": ["tfidf_lr"]}}}}}
+    doc = {
+        "pipelines": {
+            "nights": {
+                "source": {"path": "data/raw/nights/*.csv", "text_column": "review", "label_column": "label"},
+                "stages": {"augment": {"method": "none"}, "train": {"models": ["tfidf_lr"]}},
+            }
+        }
+    }
     (tmp_path / "pipelines.yaml").write_text(yaml.safe_dump(doc), encoding="utf-8")
     previous = project._CURRENT
     project.activate(project.Project(tmp_path))
     try:
         file, store = str(tmp_path / "pipelines.yaml"), str(tmp_path / "store")
         out = pipeline_flow("nights", config_file=file, storage=store, stages=STAGES)
-        assert out["attention"]["held"] == ["2026-12-02.csv"] and held.held("nights")["2026-12-02.csv"]["check"] == "agreement"
+        assert (
+            out["attention"]["held"] == ["2026-12-02.csv"]
+            and held.held("nights")["2026-12-02.csv"]["check"] == "agreement"
+        )
         assert {s["stage"]: s for s in out["stages"]}["download"]["rows"] == 1200
         capsys.readouterr()
         assert attention_code(out["attention"], "held,kept-worse") == ATTENTION
         said = capsys.readouterr().err.strip().splitlines()
-        assert said == ["zhpipe: attention: held out of the corpus tonight: 2026-12-02.csv (exit 4: --fail-on held,kept-worse)"]
+        assert said == [
+            "zhpipe: attention: held out of the corpus tonight: 2026-12-02.csv (exit 4: --fail-on held,kept-worse)"
+        ]
         assert attention_code(out["attention"], "none") == 0
-        page = Path(mlflow.artifacts.download_artifacts(run_id=out["parent_run_id"], artifact_path="report.html",
-                                                        dst_path=str(tmp_path))).read_text(encoding="utf-8")
+        page = Path(
+            mlflow.artifacts.download_artifacts(
+                run_id=out["parent_run_id"], artifact_path="report.html", dst_path=str(tmp_path)
+            )
+        ).read_text(encoding="utf-8")
         assert "Look at this run" in page and "Nothing to worry about" not in page and "tfidf_lr test_accuracy" in page
 
-        assert main(["--project", str(tmp_path), "hold", "2026-12-03.csv"]) == 0  # one pipeline: the word is a partition
+        assert (
+            main(["--project", str(tmp_path), "hold", "2026-12-03.csv"]) == 0
+        )  # one pipeline: the word is a partition
         assert "zhpipe accept nights 2026-12-03.csv" in capsys.readouterr().out
         again = pipeline_flow("nights", config_file=file, storage=store, stages=STAGES)
         assert {s["stage"]: s for s in again["stages"]}["download"]["rows"] == 1000 and again["attention"]["held"] == []
@@ -145,8 +197,9 @@ def test_a_shuffled_night_is_held_the_report_worries_cron_hears_and_hold_takes_a
 def _report(run_id: str, tmp_path: Path) -> str:
     folder = tmp_path / run_id
     folder.mkdir()
-    return Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="report.html",
-                                                    dst_path=str(folder))).read_text(encoding="utf-8")
+    return Path(
+        mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="report.html", dst_path=str(folder))
+    ).read_text(encoding="utf-8")
 
 
 def test_a_held_nights_report_shows_its_quarantine_and_every_later_report_lists_it_until_accepted(nights, tmp_path):
@@ -155,19 +208,19 @@ def test_a_held_nights_report_shows_its_quarantine_and_every_later_report_lists_
     pd.concat([broken, broken.iloc[:7]]).to_csv(nights["drops"] / "2026-12-02.csv", index=False)  # 7 repeated rows
     first = pipeline_flow("nights", config_file=file, storage=str(nights["store"]), stages=STAGES)  # nights 1 and 2
     page = _report(first["parent_run_id"], tmp_path)
-    arrived = page[page.index("<h2>What arrived</h2>"):page.index("<h2>Quarantined, by reason</h2>")]
+    arrived = page[page.index("<h2>What arrived</h2>") : page.index("<h2>Quarantined, by reason</h2>")]
     assert "held out" in arrived and "<td>80</td>" in arrived  # the held night's rows kept by clean, not blank
-    quarantined = page[page.index("<h2>Quarantined, by reason</h2>"):page.index("<h2>Data checks</h2>")]
+    quarantined = page[page.index("<h2>Quarantined, by reason</h2>") : page.index("<h2>Data checks</h2>")]
     assert "2026-12-02.csv" in quarantined and "duplicate" in quarantined and "<td>7</td>" in quarantined
 
     nights["rows"].iloc[280:480].to_csv(nights["drops"] / "2026-12-03.csv", index=False)  # an ordinary night
     second = pipeline_flow("nights", config_file=file, storage=str(nights["store"]), stages=STAGES)
     page = _report(second["parent_run_id"], tmp_path)
     assert "Nothing to worry about" not in page and "still held out from earlier runs: 2026-12-02.csv" in page
-    held_part = page[page.index("<h2>Still held out of the corpus</h2>"):page.index("<h2>What arrived</h2>")]
+    held_part = page[page.index("<h2>Still held out of the corpus</h2>") : page.index("<h2>What arrived</h2>")]
     assert "2026-12-02.csv" in held_part and "check labels FAILED" in held_part
     assert "zhpipe accept nights 2026-12-02.csv" in held_part
-    model_part = page[page.index("<h2>Model</h2>"):]
+    model_part = page[page.index("<h2>Model</h2>") :]
     assert "data:image/png" in model_part  # the best model's and the champion's test accuracy over the runs
 
     held.accept("nights", ["2026-12-02.csv"])

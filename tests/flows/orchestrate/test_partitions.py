@@ -29,9 +29,15 @@ def nightly(tmp_path, prefect_harness):
         part.to_csv(drops / f"2026-12-0{day}.csv", index=False)
     # night 5 repeats night 1 (global deduplication's case): the quarantine check warns instead of holding it out
     # (holding out is tests/flows/orchestrate/test_nights.py's)
-    doc = {"pipelines": {"nightly": {"source": {"path": "data/raw/reviews/*.csv", "text_column": "review", "label_column": "label"},
-                                     "stages": {"augment": {"method": "eda", "num_aug": 1}},
-                                     "checks": {"quarantine": {"severity": "warn", "threshold": 0.5}}}}}
+    doc = {
+        "pipelines": {
+            "nightly": {
+                "source": {"path": "data/raw/reviews/*.csv", "text_column": "review", "label_column": "label"},
+                "stages": {"augment": {"method": "eda", "num_aug": 1}},
+                "checks": {"quarantine": {"severity": "warn", "threshold": 0.5}},
+            }
+        }
+    }
     (tmp_path / "pipelines.yaml").write_text(yaml.safe_dump(doc), encoding="utf-8")
     from flows.plan import project
 
@@ -43,24 +49,40 @@ def nightly(tmp_path, prefect_harness):
 
 def run(env):
     config = load_pipeline("nightly", env["root"] / "pipelines.yaml")
-    out = pipeline_flow("nightly", config_file=str(env["root"] / "pipelines.yaml"), storage=str(env["store"]), stages=without_profile("augment"))
+    out = pipeline_flow(
+        "nightly",
+        config_file=str(env["root"] / "pipelines.yaml"),
+        storage=str(env["store"]),
+        stages=without_profile("augment"),
+    )
     return config, {u["stage"]: u for u in out["units"]}, {s["stage"]: s for s in out["stages"]}
 
 
 def test_a_new_night_builds_only_its_own_partition(nightly):
     config, units, stages = run(nightly)
-    assert {u: r["cache"] for u, r in units.items()} == {f"{s}:2026-12-0{d}.csv": "miss" for s in DATA for d in (1, 2, 3)}
+    assert {u: r["cache"] for u, r in units.items()} == {
+        f"{s}:2026-12-0{d}.csv": "miss" for s in DATA for d in (1, 2, 3)
+    }
     first = pd.read_parquet(nightly["store"] / "segment" / stages["segment"]["key"] / "test.parquet")
-    old_split = {t: name for name in ("train", "validation", "test")
-                 for t in pd.read_parquet(nightly["store"] / "segment" / stages["segment"]["key"] / f"{name}.parquet")["text"]}
+    old_split = {
+        t: name
+        for name in ("train", "validation", "test")
+        for t in pd.read_parquet(nightly["store"] / "segment" / stages["segment"]["key"] / f"{name}.parquet")["text"]
+    }
 
     nightly["last"].to_csv(nightly["drops"] / "2026-12-04.csv", index=False)
-    shutil.copy(nightly["drops"] / "2026-12-01.csv", nightly["drops"] / "2026-12-05.csv")  # a night that repeats night 1
+    shutil.copy(
+        nightly["drops"] / "2026-12-01.csv", nightly["drops"] / "2026-12-05.csv"
+    )  # a night that repeats night 1
     config, units, stages = run(nightly)
     built = {u for u, r in units.items() if r["cache"] == "miss"}
     assert built == {f"{s}:2026-12-0{d}.csv" for s in DATA for d in (4, 5)}  # the old nights are reused
     segment = nightly["store"] / "segment" / stages["segment"]["key"]
-    now = {t: name for name in ("train", "validation", "test") for t in pd.read_parquet(segment / f"{name}.parquet")["text"]}
+    now = {
+        t: name
+        for name in ("train", "validation", "test")
+        for t in pd.read_parquet(segment / f"{name}.parquet")["text"]
+    }
     assert all(now[t] == split for t, split in old_split.items())  # every old row keeps its split
     assert set(first["text"]) <= set(pd.read_parquet(segment / "test.parquet")["text"])
 
@@ -82,14 +104,23 @@ def test_a_new_night_builds_only_its_own_partition(nightly):
 def test_partition_keys_follow_their_own_file(nightly):
     run(nightly)
     keys = plan_keys(load_pipeline("nightly", nightly["root"] / "pipelines.yaml"))
-    (nightly["drops"] / "2026-12-03.csv").write_text((nightly["drops"] / "2026-12-03.csv").read_text() + "1,新的一条评论很好\n")
+    (nightly["drops"] / "2026-12-03.csv").write_text(
+        (nightly["drops"] / "2026-12-03.csv").read_text() + "1,新的一条评论很好\n"
+    )
     again = plan_keys(load_pipeline("nightly", nightly["root"] / "pipelines.yaml"))
     changed = {u for u in keys if keys[u] != again[u]}
     assert "download:2026-12-01.csv" not in changed and "segment:2026-12-02.csv" not in changed
-    assert {"download:2026-12-03.csv", "clean:2026-12-03.csv", "segment:2026-12-03.csv", "download", "segment"} <= changed
+    assert {
+        "download:2026-12-03.csv",
+        "clean:2026-12-03.csv",
+        "segment:2026-12-03.csv",
+        "download",
+        "segment",
+    } <= changed
     with pytest.raises(Exception, match="no files match"):
         load_pipeline("nightly", nightly["root"] / "pipelines.yaml", ["source.path=data/raw/none/*.csv"]) and plan_keys(
-            load_pipeline("nightly", nightly["root"] / "pipelines.yaml", ["source.path=data/raw/none/*.csv"]))
+            load_pipeline("nightly", nightly["root"] / "pipelines.yaml", ["source.path=data/raw/none/*.csv"])
+        )
 
 
 def test_status_counts_partitions(nightly, capsys):
@@ -109,8 +140,18 @@ def appended(tmp_path, prefect_harness):
     log = tmp_path / "data" / "raw" / "reviews.csv"
     log.parent.mkdir(parents=True)
     rows.iloc[:150].to_csv(log, index=False)
-    doc = {"pipelines": {"log": {"source": {"path": "data/raw/reviews.csv", "grows": "append", "text_column": "review",
-                                            "label_column": "label"}}}}
+    doc = {
+        "pipelines": {
+            "log": {
+                "source": {
+                    "path": "data/raw/reviews.csv",
+                    "grows": "append",
+                    "text_column": "review",
+                    "label_column": "label",
+                }
+            }
+        }
+    }
     (tmp_path / "pipelines.yaml").write_text(yaml.safe_dump(doc), encoding="utf-8")
     from flows.plan import project
 
@@ -121,7 +162,12 @@ def appended(tmp_path, prefect_harness):
 
 
 def run_log(env):
-    out = pipeline_flow("log", config_file=str(env["root"] / "pipelines.yaml"), storage=str(env["store"]), stages=select_stages(stop="segment"))
+    out = pipeline_flow(
+        "log",
+        config_file=str(env["root"] / "pipelines.yaml"),
+        storage=str(env["store"]),
+        stages=select_stages(stop="segment"),
+    )
     return {u["stage"]: u for u in out["units"]}, {s["stage"]: s for s in out["stages"]}
 
 
@@ -154,20 +200,34 @@ def test_vocab_merges_partition_counts_into_the_corpus_vocabulary(nightly, tmp_p
     from tasks.core import BuildContext, Facts
 
     config = load_pipeline("nightly", nightly["root"] / "pipelines.yaml")
-    out = pipeline_flow("nightly", config_file=str(nightly["root"] / "pipelines.yaml"), storage=str(nightly["store"]), stages=without_profile("vocab"))
+    out = pipeline_flow(
+        "nightly",
+        config_file=str(nightly["root"] / "pipelines.yaml"),
+        storage=str(nightly["store"]),
+        stages=without_profile("vocab"),
+    )
     stages, units = {s["stage"]: s for s in out["stages"]}, {u["stage"]: u for u in out["units"]}
     assert {u for u in units if u.startswith("vocab:")} == {f"vocab:2026-12-0{d}.csv" for d in (1, 2, 3)}
     merged = Path(stages["vocab"]["path"])
     whole = tmp_path / "whole"
     whole.mkdir()
-    ctx = BuildContext(inputs={"augment": Path(stages["augment"]["path"]), "segment": Path(stages["segment"]["path"])},
-                       facts={"augment": Facts()}, out=whole, params=config.stages.vocab)
+    ctx = BuildContext(
+        inputs={"augment": Path(stages["augment"]["path"]), "segment": Path(stages["segment"]["path"])},
+        facts={"augment": Facts()},
+        out=whole,
+        params=config.stages.vocab,
+    )
     direct = vocab.build(ctx)
     for kind in ("words", "chars"):
         assert (merged / kind / "vocab.txt").read_bytes() == (whole / kind / "vocab.txt").read_bytes()
     assert stages["vocab"]["metrics"]["words_validation_oov_rate"] == direct.metrics["words_validation_oov_rate"]
     nightly["last"].to_csv(nightly["drops"] / "2026-12-04.csv", index=False)
-    again = pipeline_flow("nightly", config_file=str(nightly["root"] / "pipelines.yaml"), storage=str(nightly["store"]), stages=without_profile("vocab"))
+    again = pipeline_flow(
+        "nightly",
+        config_file=str(nightly["root"] / "pipelines.yaml"),
+        storage=str(nightly["store"]),
+        stages=without_profile("vocab"),
+    )
     built = {u["stage"] for u in again["units"] if u["cache"] == "miss"}
     assert {u for u in built if u.startswith("vocab:")} == {"vocab:2026-12-04.csv"}
 
@@ -216,8 +276,18 @@ def exported(tmp_path, prefect_harness):
     drops = tmp_path / "data" / "raw" / "exports"
     drops.mkdir(parents=True)
     rows.iloc[:200].to_csv(drops / "export-2026-12-01.csv", index=False)
-    doc = {"pipelines": {"export": {"source": {"path": "data/raw/exports/export-*.csv", "grows": "snapshot", "text_column": "review",
-                                               "label_column": "label"}}}}
+    doc = {
+        "pipelines": {
+            "export": {
+                "source": {
+                    "path": "data/raw/exports/export-*.csv",
+                    "grows": "snapshot",
+                    "text_column": "review",
+                    "label_column": "label",
+                }
+            }
+        }
+    }
     (tmp_path / "pipelines.yaml").write_text(yaml.safe_dump(doc), encoding="utf-8")
     from flows.plan import project
 
@@ -228,19 +298,30 @@ def exported(tmp_path, prefect_harness):
 
 
 def run_export(env):
-    out = pipeline_flow("export", config_file=str(env["root"] / "pipelines.yaml"), storage=str(env["store"]), stages=select_stages(stop="segment"))
+    out = pipeline_flow(
+        "export",
+        config_file=str(env["root"] / "pipelines.yaml"),
+        storage=str(env["store"]),
+        stages=select_stages(stop="segment"),
+    )
     return {u["stage"]: u for u in out["units"]}, {s["stage"]: s for s in out["stages"]}
 
 
 def test_a_full_export_each_night_builds_only_its_new_rows(exported):
     units, stages = run_export(exported)
     segment = exported["store"] / "segment" / stages["segment"]["key"]
-    old_split = {t: s for s in ("train", "validation", "test") for t in pd.read_parquet(segment / f"{s}.parquet")["text"]}
+    old_split = {
+        t: s for s in ("train", "validation", "test") for t in pd.read_parquet(segment / f"{s}.parquet")["text"]
+    }
     # night 2: the whole table again, reordered, with 60 new rows
-    exported["rows"].iloc[:260].sample(frac=1, random_state=1).to_csv(exported["drops"] / "export-2026-12-02.csv", index=False)
+    exported["rows"].iloc[:260].sample(frac=1, random_state=1).to_csv(
+        exported["drops"] / "export-2026-12-02.csv", index=False
+    )
     units, stages = run_export(exported)
     built = {u: r for u, r in units.items() if r["cache"] == "miss"}
-    assert set(built) == {f"{s}:export-2026-12-02.csv@0001" for s in DATA[:4]}  # the old rows are not cleaned or segmented again
+    assert set(built) == {
+        f"{s}:export-2026-12-02.csv@0001" for s in DATA[:4]
+    }  # the old rows are not cleaned or segmented again
     assert built["download:export-2026-12-02.csv@0001"]["rows"] == 60 and stages["download"]["rows"] == 260
     segment = exported["store"] / "segment" / stages["segment"]["key"]
     now = {t: s for s in ("train", "validation", "test") for t in pd.read_parquet(segment / f"{s}.parquet")["text"]}

@@ -77,13 +77,19 @@ def test_runs_read_well_in_both_uis(smoke):
     assert [m.step for m in c.get_metric_history(textcnn.info.run_id, "train_loss")] == [1]  # one epoch, logged once
     parent = c.get_run(out["parent_run_id"])
     assert textcnn.info.run_name == f"textcnn · {parent.info.run_name}"  # model runs of two pipeline runs read apart
-    assert "train.textcnn.num_filters" in parent.data.params and not any(k.startswith("train.bert.") for k in parent.data.params)
-    config = json.loads(mlflow.artifacts.load_text(parent.data.tags["zhpipe.config_json"]))  # on this run, or the first with its config
+    assert "train.textcnn.num_filters" in parent.data.params and not any(
+        k.startswith("train.bert.") for k in parent.data.params
+    )
+    config = json.loads(
+        mlflow.artifacts.load_text(parent.data.tags["zhpipe.config_json"])
+    )  # on this run, or the first with its config
     assert config["name"] == "smoke" and "bert" in config["stages"]["train"]
 
     async def names():
         async with get_client() as client:
-            found = await client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=["train.textcnn", "evaluate.textcnn"])))
+            found = await client.read_task_runs(
+                task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=["train.textcnn", "evaluate.textcnn"]))
+            )
             return {t.name for t in found}
 
     assert asyncio.run(names()) == {"train.textcnn", "evaluate.textcnn"}
@@ -110,7 +116,10 @@ def test_rerun_is_all_hits_recorded_in_one_run_naming_the_builders(smoke, store)
         builder = client().get_run(parent.data.tags[f"zhpipe.reused.{stage}"])
         assert builder.data.tags["zhpipe.stage"] == stage and builder.data.tags["zhpipe.cache"] == "miss"
     assert "test_accuracy" in model_metrics(find_run(out["parent_run_id"]))["textcnn"]
-    assert parent.data.tags["zhpipe.registered"] == f"{name}/{version}" and parent.data.tags["zhpipe.champion"] == "already"
+    assert (
+        parent.data.tags["zhpipe.registered"] == f"{name}/{version}"
+        and parent.data.tags["zhpipe.champion"] == "already"
+    )
 
 
 def test_changed_train_param_rebuilds_train_and_evaluate_only(prefect_harness, store):
@@ -122,11 +131,18 @@ def test_one_models_param_rebuilds_that_model_only(prefect_harness, store):
     """Each model is a unit: textcnn's own param retrains and rescores textcnn; fastText is reused."""
     out = run(store, ["train.textcnn.num_filters=8"])
     units = {u["stage"]: u["cache"] for u in out["units"]}
-    assert units == {"train.fasttext": "hit", "train.textcnn": "miss", "evaluate.fasttext": "hit", "evaluate.textcnn": "miss"}
+    assert units == {
+        "train.fasttext": "hit",
+        "train.textcnn": "miss",
+        "evaluate.fasttext": "hit",
+        "evaluate.textcnn": "miss",
+    }
     assert [s for s, c in cache_of(out).items() if c == "miss"] == ["train", "evaluate"]  # they gather their units
     runs = children(out["parent_run_id"], out["experiment"])
     models = {r.data.tags["zhpipe.model"]: r for r in runs if "zhpipe.model" in r.data.tags}
-    assert models["fasttext"].data.tags["zhpipe.cache"] == "hit" and models["textcnn"].data.tags["zhpipe.cache"] == "miss"
+    assert (
+        models["fasttext"].data.tags["zhpipe.cache"] == "hit" and models["textcnn"].data.tags["zhpipe.cache"] == "miss"
+    )
     assert "test_accuracy" in models["fasttext"].data.metrics  # a reused model is still scored in this run
 
 
@@ -154,7 +170,8 @@ def test_backtranslation_through_the_flow_with_tiny_models(prefect_harness, tmp_
     sets = [
         "augment.method=backtranslation",
         f"augment.backtranslation.pivots=[{{lang: en, forward: '{zh_en}', backward: '{en_zh}'}}]",
-        "augment.backtranslation.max_length=12", "augment.backtranslation.num_beams=1",
+        "augment.backtranslation.max_length=12",
+        "augment.backtranslation.num_beams=1",
         "augment.backtranslation.max_rows=30",
     ]
     out = run(tmp_path / "store", sets, stages=without_profile("augment"))
@@ -197,19 +214,37 @@ def test_model_zoo_through_the_flow_with_curves_and_served_models(prefect_harnes
     from flows.plan.keys import plan_keys
     from tasks.stages import MODELS
 
-    sets = ["train.models=[transformer, bert, rnn_lm]", "train.epochs=2", "train.bert.pretrain_epochs=1",
-            "train.bert.hidden_size=32", "train.bert.num_heads=2", "train.bert.num_layers=2", "train.bert.intermediate_size=64",
-            "train.bert.word_adapter=true", "train.bert.adapter_layer=0", "train.rnn_lm.hidden_size=32",
-            "train.embeddings=fasttext", "train.transformer.num_heads=2"]  # smoke's fastText vectors: 30 dimensions
+    sets = [
+        "train.models=[transformer, bert, rnn_lm]",
+        "train.epochs=2",
+        "train.bert.pretrain_epochs=1",
+        "train.bert.hidden_size=32",
+        "train.bert.num_heads=2",
+        "train.bert.num_layers=2",
+        "train.bert.intermediate_size=64",
+        "train.bert.word_adapter=true",
+        "train.bert.adapter_layer=0",
+        "train.rnn_lm.hidden_size=32",
+        "train.embeddings=fasttext",
+        "train.transformer.num_heads=2",
+    ]  # smoke's fastText vectors: 30 dimensions
     out = run(store, sets, stages=select_stages(start="train"))
     runs = children(out["parent_run_id"], out["experiment"])
     models = {r.data.tags["zhpipe.model"]: r for r in runs if "zhpipe.model" in r.data.tags}
     assert set(models) == {"transformer", "bert", "rnn_lm"}
     train_info = next(s for s in out["stages"] if s["stage"] == "train")["facts"]["models"]
-    assert train_info["transformer"]["embeddings"] == "fasttext" and train_info["transformer"]["embedding_coverage"] > 0.9
+    assert (
+        train_info["transformer"]["embeddings"] == "fasttext" and train_info["transformer"]["embedding_coverage"] > 0.9
+    )
     c = client()
-    curves = {("transformer", "val_macro_f1"): [1, 2], ("bert", "val_macro_f1"): [1, 2], ("bert", "mlm_val_mlm_loss"): [1],
-              ("rnn_lm", "val_perplexity"): [1, 2], ("transformer", "lr"): [1, 2], ("bert", "samples_per_second"): [1, 2]}
+    curves = {
+        ("transformer", "val_macro_f1"): [1, 2],
+        ("bert", "val_macro_f1"): [1, 2],
+        ("bert", "mlm_val_mlm_loss"): [1],
+        ("rnn_lm", "val_perplexity"): [1, 2],
+        ("transformer", "lr"): [1, 2],
+        ("bert", "samples_per_second"): [1, 2],
+    }
     for (name, metric), steps in curves.items():
         assert [m.step for m in c.get_metric_history(models[name].info.run_id, metric)] == steps, (name, metric)
     assert models["rnn_lm"].data.metrics["test_perplexity"] > 1
@@ -233,8 +268,9 @@ def test_dask_run_writes_the_same_bytes_as_a_local_run(prefect_harness, store, t
     byte-identical files to the (cached) single-machine run of the same config."""
     from flows.plan.keys import plan_keys
 
-    out = run(tmp_path / "dask-store", stages=without_profile("augment"), dask="local",
-              overrides=["segment.chunk_rows=100"])
+    out = run(
+        tmp_path / "dask-store", stages=without_profile("augment"), dask="local", overrides=["segment.chunk_rows=100"]
+    )
     local = run(tmp_path / "local-store", stages=without_profile("augment"), overrides=["segment.chunk_rows=100"])
     keys = plan_keys(load_pipeline("smoke", overrides=["segment.chunk_rows=100"]))
     for stage in ("clean", "segment", "augment"):
@@ -264,7 +300,12 @@ def test_remote_storage_url(prefect_harness, tmp_path):
     other = StageStore(url, cache=tmp_path / "other-machine")
     folder = other.local("segment", keys["segment"])
     assert folder.is_relative_to(tmp_path / "other-machine")
-    assert sorted(p.name for p in folder.iterdir()) == ["manifest.json", "test.parquet", "train.parquet", "validation.parquet"]
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "manifest.json",
+        "test.parquet",
+        "train.parquet",
+        "validation.parquet",
+    ]
 
 
 def test_pictures_of_a_run_are_valid_pngs(prefect_harness, store):
@@ -277,16 +318,29 @@ def test_pictures_of_a_run_are_valid_pngs(prefect_harness, store):
     keys = plan_keys(load_pipeline("smoke"))
     profile, embed = (store / s / keys[s] for s in ("profile", "embed"))
     evaluation = store / "evaluate.textcnn" / keys["evaluate.textcnn"]
-    pictures = [profile / n for n in ("label_distribution.png", "length_distribution.png", "length_scatter.png",
-                                      "top_words.png", "top_adjectives.png")]
+    pictures = [
+        profile / n
+        for n in (
+            "label_distribution.png",
+            "length_distribution.png",
+            "length_scatter.png",
+            "top_words.png",
+            "top_adjectives.png",
+        )
+    ]
     pictures += sorted(profile.glob("wordcloud_*.png")) + [embed / "word2vec_pca.png"]
-    pictures += [evaluation / "evaluation" / n for n in ("confusion_matrix.png", "pr_curves.png", "training_curves.png")]
+    pictures += [
+        evaluation / "evaluation" / n for n in ("confusion_matrix.png", "pr_curves.png", "training_curves.png")
+    ]
     assert len(list(profile.glob("wordcloud_*.png"))) == 2  # one per label
     for path in pictures:
         with Image.open(path) as img:
             img.verify()
         with Image.open(path) as img:
-            assert img.format == "PNG" and 300 <= img.size[0] <= 4000 and 200 <= img.size[1] <= 4000, (path.name, img.size)
+            assert img.format == "PNG" and 300 <= img.size[0] <= 4000 and 200 <= img.size[1] <= 4000, (
+                path.name,
+                img.size,
+            )
     assert (profile / "report.html").stat().st_size > 10_000
     vectors = (embed / "projector" / "vectors.tsv").read_text(encoding="utf-8").splitlines()
     words = (embed / "projector" / "metadata.tsv").read_text(encoding="utf-8").splitlines()

@@ -27,12 +27,22 @@ def s3(tmp_path_factory):
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
-    env = {"AWS_ACCESS_KEY_ID": "zhpipe-test", "AWS_SECRET_ACCESS_KEY": "zhpipe-test", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "FSSPEC_S3_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
+    env = {
+        "AWS_ACCESS_KEY_ID": "zhpipe-test",
+        "AWS_SECRET_ACCESS_KEY": "zhpipe-test",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "FSSPEC_S3_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+    }
     import boto3
 
-    boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], aws_access_key_id="zhpipe-test", aws_secret_access_key="zhpipe-test",
-                 region_name="us-east-1").create_bucket(Bucket="zhpipe")
+    boto3.client(
+        "s3",
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        aws_access_key_id="zhpipe-test",
+        aws_secret_access_key="zhpipe-test",
+        region_name="us-east-1",
+    ).create_bucket(Bucket="zhpipe")
     yield env
     server.stop()
 
@@ -47,13 +57,39 @@ def cluster(s3, prefect_harness, tmp_path_factory):
     env.pop("ZHPIPE_PROJECT", None)
     procs = []
     folders = [tmp_path_factory.mktemp(name) for name in ("scheduler", "worker-1", "worker-2")]
-    procs.append(subprocess.Popen([str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
-                                  cwd=folders[0], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True))
+    procs.append(
+        subprocess.Popen(
+            [str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
+            cwd=folders[0],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    )
     address = f"tcp://127.0.0.1:{port}"
     for folder in folders[1:]:
-        procs.append(subprocess.Popen([str(BIN / "dask"), "worker", address, "--nthreads", "1", "--nworkers", "1", "--no-dashboard",
-                                       "--local-directory", str(folder)], cwd=folder, env=env,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                [
+                    str(BIN / "dask"),
+                    "worker",
+                    address,
+                    "--nthreads",
+                    "1",
+                    "--nworkers",
+                    "1",
+                    "--no-dashboard",
+                    "--local-directory",
+                    str(folder),
+                ],
+                cwd=folder,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
     from distributed import Client
 
     deadline = time.monotonic() + 120
@@ -71,7 +107,9 @@ def cluster(s3, prefect_harness, tmp_path_factory):
 
 def files(fs, root: str, stage: str) -> dict[str, str]:
     """sha256 of every data file of the stage's one output (the manifest, with its timings, aside)."""
-    (key,) = [p.rsplit("/", 1)[-1] for p in fs.ls(f"{root}/{stage}", detail=False) if not p.rsplit("/", 1)[-1].startswith(".")]
+    (key,) = [
+        p.rsplit("/", 1)[-1] for p in fs.ls(f"{root}/{stage}", detail=False) if not p.rsplit("/", 1)[-1].startswith(".")
+    ]
     out = {}
     for path in fs.find(f"{root}/{stage}/{key}"):
         if not path.endswith("manifest.json"):
@@ -90,13 +128,21 @@ def test_smoke_pipeline_on_a_remote_cluster_over_an_object_store(s3, cluster, tm
 
     env["PREFECT_API_URL"] = PREFECT_API_URL.value()
     common = [sys.executable, "-m", "flows.cli", "run", "smoke", "--to", "augment"]
-    remote = subprocess.run([*common, "--storage", "s3://zhpipe/store", "--dask", cluster["address"]], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=900)
+    remote = subprocess.run(
+        [*common, "--storage", "s3://zhpipe/store", "--dask", cluster["address"]],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert remote.returncode == 0, (remote.stdout + remote.stderr)[-4000:]
     # the reference: the same stages on one machine and a local folder (in this process: only its files are compared)
     pipeline_flow("smoke", storage=str(tmp_path / "local"), stages=without_profile("augment"))
 
-    bucket = fsspec.filesystem("s3", endpoint_url=s3["AWS_ENDPOINT_URL"], key=s3["AWS_ACCESS_KEY_ID"], secret=s3["AWS_SECRET_ACCESS_KEY"])
+    bucket = fsspec.filesystem(
+        "s3", endpoint_url=s3["AWS_ENDPOINT_URL"], key=s3["AWS_ACCESS_KEY_ID"], secret=s3["AWS_SECRET_ACCESS_KEY"]
+    )
     disk = fsspec.filesystem("file")
     for stage in CHUNKED:
         in_bucket, on_disk = files(bucket, "zhpipe/store", stage), files(disk, str(tmp_path / "local"), stage)

@@ -16,8 +16,10 @@ from flows.track.tracker import client
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[3]
-TINY = ("{epochs: 2, embed_dim: 16, hidden_size: 32, beam_size: 2}",
-        "{epochs: 2, d_model: 32, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 1, ff_dim: 64, beam_size: 2}")
+TINY = (
+    "{epochs: 2, embed_dim: 16, hidden_size: 32, beam_size: 2}",
+    "{epochs: 2, d_model: 32, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 1, ff_dim: 64, beam_size: 2}",
+)
 PIPELINES = f"""
 pipelines:
   mt-zh-en:
@@ -39,10 +41,12 @@ pipelines:
         method: backtranslation
         backtranslation:
           backend: zhpipe
-          pivots: [{{lang: en, forward: "models:/zhpipe-mt-zh-en@champion", backward: "models:/zhpipe-mt-en-zh@champion"}}]
+          pivots:
+            - {{lang: en, forward: "models:/zhpipe-mt-zh-en@champion", backward: "models:/zhpipe-mt-en-zh@champion"}}
           max_rows: 20
           split_chars: 30
-          filters: {{min_length_ratio: 0.0, max_length_ratio: 100, min_similarity: 0.0, max_similarity: 1.0, min_chinese: 0.0}}
+          filters: {{min_length_ratio: 0.0, max_length_ratio: 100, min_similarity: 0.0, max_similarity: 1.0,
+                    min_chinese: 0.0}}
       train: {{models: [tfidf_lr]}}
 """
 
@@ -53,7 +57,11 @@ def mt(prefect_harness, tmp_path_factory):
     config = folder / "pipelines.yaml"
     config.write_text(PIPELINES, encoding="utf-8")
     store = folder / "store"
-    return {"config": config, "store": store, "out": pipeline_flow("mt-zh-en", config_file=str(config), storage=str(store))}
+    return {
+        "config": config,
+        "store": store,
+        "out": pipeline_flow("mt-zh-en", config_file=str(config), storage=str(store)),
+    }
 
 
 def paths(out):
@@ -62,19 +70,39 @@ def paths(out):
 
 def test_three_translators_are_trained_scored_with_sacrebleu_and_the_best_registered(mt):
     out = mt["out"]
-    assert [r["stage"] for r in out["stages"]] == ["download", "clean", "split", "segment", "profile", "augment", "vocab", "train", "evaluate"]
+    assert [r["stage"] for r in out["stages"]] == [
+        "download",
+        "clean",
+        "split",
+        "segment",
+        "profile",
+        "augment",
+        "vocab",
+        "train",
+        "evaluate",
+    ]
     c = client()
     parent = c.get_run(out["parent_run_id"])
-    assert parent.data.tags["zhpipe.task"] == "translation" and parent.data.tags["zhpipe.registered"] == "zhpipe-mt-zh-en/1"
+    assert (
+        parent.data.tags["zhpipe.task"] == "translation"
+        and parent.data.tags["zhpipe.registered"] == "zhpipe-mt-zh-en/1"
+    )
     assert {"best_test_bleu", "best_test_chrf"} <= set(parent.data.metrics)
-    runs = c.search_runs([parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{out['parent_run_id']}'")
+    runs = c.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{out['parent_run_id']}'"
+    )
     models = {r.data.tags["zhpipe.model"]: r for r in runs if "zhpipe.model" in r.data.tags}
     assert set(models) == {"seq2seq", "seq2seq_attention", "transformer_mt"}
     for name, r in models.items():
         assert {"test_bleu", "test_chrf", "val_bleu"} <= set(r.data.metrics), name
-        assert r.data.tags["zhpipe.bleu_signature"].startswith("nrefs:1|") and "tok:13a" in r.data.tags["zhpipe.bleu_signature"]
+        assert (
+            r.data.tags["zhpipe.bleu_signature"].startswith("nrefs:1|")
+            and "tok:13a" in r.data.tags["zhpipe.bleu_signature"]
+        )
     best = parent.data.tags["zhpipe.best_model"]
-    assert models[best].data.metrics["val_bleu"] == max(r.data.metrics["val_bleu"] for r in models.values())  # chosen on validation
+    assert models[best].data.metrics["val_bleu"] == max(
+        r.data.metrics["val_bleu"] for r in models.values()
+    )  # chosen on validation
     found = paths(out)
     for name in models:
         files = {p.name for p in (found[f"evaluate.{name}"] / "evaluation").iterdir()}
@@ -89,18 +117,24 @@ def test_the_registered_translator_answers_raw_text_as_it_was_evaluated(mt):
     uri = "models:/zhpipe-mt-zh-en@champion"
     answers = mlflow.pyfunc.load_model(uri).predict(["我们明天去北京。", None, "   "])
     assert answers["status"].tolist() == ["ok", "missing", "empty"]
-    assert isinstance(answers["translation"][0], str) and answers["translation"][0] and pd.isna(answers["translation"][1])
+    assert (
+        isinstance(answers["translation"][0], str) and answers["translation"][0] and pd.isna(answers["translation"][1])
+    )
     parent = client().get_run(mt["out"]["parent_run_id"])
     best = parent.data.tags["zhpipe.best_model"]
     test = pd.read_parquet(paths(mt["out"])["split"] / "test.parquet")
-    evaluated = pd.read_json(paths(mt["out"])[f"evaluate.{best}"] / "evaluation" / "metrics.json", typ="series")["test_bleu"]
+    evaluated = pd.read_json(paths(mt["out"])[f"evaluate.{best}"] / "evaluation" / "metrics.json", typ="series")[
+        "test_bleu"
+    ]
     assert score_served(uri, test, "bleu", store=StageStore(mt["store"])) == pytest.approx(evaluated, abs=1e-6)
 
 
 def test_the_other_direction_reuses_every_data_stage(mt):
     out = pipeline_flow("mt-en-zh", config_file=str(mt["config"]), storage=str(mt["store"]))
     cache = {r["stage"]: r["cache"] for r in out["stages"]}
-    assert all(cache[s] == "hit" for s in ("download", "clean", "split", "segment", "vocab")) and cache["train"] == "miss"
+    assert (
+        all(cache[s] == "hit" for s in ("download", "clean", "split", "segment", "vocab")) and cache["train"] == "miss"
+    )
     parent = client().get_run(out["parent_run_id"])
     assert parent.data.tags["zhpipe.registered"] == "zhpipe-mt-en-zh/1"
     answer = mlflow.pyfunc.load_model("models:/zhpipe-mt-en-zh@champion").predict(["We will go to Beijing tomorrow."])
@@ -111,21 +145,39 @@ def test_back_translation_with_the_registered_translators(mt):
     from flows.track.champion import revision
 
     config = load_pipeline("bt-local", mt["config"])
-    files = file_fingerprints(config.stages.augment.model_dump(mode="json"), ("backtranslation.pivots.*.forward", "backtranslation.pivots.*.backward"), ROOT,
-                              registry=revision)
-    assert files == {"models:/zhpipe-mt-zh-en@champion": "registry:zhpipe-mt-zh-en/1", "models:/zhpipe-mt-en-zh@champion": "registry:zhpipe-mt-en-zh/1"}
-    out = pipeline_flow("bt-local", config_file=str(mt["config"]), storage=str(mt["store"]), stages=["download", "clean", "split", "segment", "augment"])
+    files = file_fingerprints(
+        config.stages.augment.model_dump(mode="json"),
+        ("backtranslation.pivots.*.forward", "backtranslation.pivots.*.backward"),
+        ROOT,
+        registry=revision,
+    )
+    assert files == {
+        "models:/zhpipe-mt-zh-en@champion": "registry:zhpipe-mt-zh-en/1",
+        "models:/zhpipe-mt-en-zh@champion": "registry:zhpipe-mt-en-zh/1",
+    }
+    out = pipeline_flow(
+        "bt-local",
+        config_file=str(mt["config"]),
+        storage=str(mt["store"]),
+        stages=["download", "clean", "split", "segment", "augment"],
+    )
     augment = next(r for r in out["stages"] if r["stage"] == "augment")
     assert augment["facts"]["augment_method_used"] == "backtranslation"
     assert augment["metrics"]["candidates"] == 20 and augment["metrics"]["rows_added"] >= 1
     added = pd.read_parquet(Path(augment["path"]) / "train.parquet").query("aug_method == 'backtranslation'")
-    assert set(added["model_forward"]) == {"models:/zhpipe-mt-zh-en/1"} and set(added["model_backward"]) == {"models:/zhpipe-mt-en-zh/1"}
+    assert set(added["model_forward"]) == {"models:/zhpipe-mt-zh-en/1"} and set(added["model_backward"]) == {
+        "models:/zhpipe-mt-en-zh/1"
+    }
 
 
 def test_a_registered_model_that_is_not_there_is_one_clear_error(mt):
     from tasks.errors import ZhpipeError
 
-    overrides = ["augment.backtranslation.pivots=[{lang: en, forward: 'models:/zhpipe-nothing@champion', "
-                 "backward: 'models:/zhpipe-mt-en-zh@champion'}]"]
+    overrides = [
+        "augment.backtranslation.pivots=[{lang: en, forward: 'models:/zhpipe-nothing@champion', "
+        "backward: 'models:/zhpipe-mt-en-zh@champion'}]"
+    ]
     with pytest.raises(ZhpipeError, match="models:/zhpipe-nothing@champion: no such registered model"):
-        pipeline_flow("bt-local", overrides=overrides, config_file=str(mt["config"]), storage=str(mt["store"]), stages=["augment"])
+        pipeline_flow(
+            "bt-local", overrides=overrides, config_file=str(mt["config"]), storage=str(mt["store"]), stages=["augment"]
+        )

@@ -28,7 +28,12 @@ def test_a_saved_output_is_found_and_restored_and_a_missing_one_is_a_miss(tmp_pa
     found = cache.lookup("clean", "k1")
     assert found is not None and found.key == "k1"
     result = cache.restore(found)
-    assert (result.cache, result.rows, result.metrics, result.facts.labels) == ("hit", 1, {"rows_dropped": 0}, ["0", "1"])
+    assert (result.cache, result.rows, result.metrics, result.facts.labels) == (
+        "hit",
+        1,
+        {"rows_dropped": 0},
+        ["0", "1"],
+    )
     assert (result.path / "data.txt").read_text(encoding="utf-8") == "好"
     assert cache.reuse("clean", "k1").key == "k1"
 
@@ -39,7 +44,9 @@ def test_a_corrupt_output_is_reported_removed_and_missed(tmp_path, caplog):
     (tmp_path / "clean" / "k1" / "data.txt").write_text("坏", encoding="utf-8")  # same size, other bytes
     with caplog.at_level(logging.WARNING, logger="zhpipe"):
         assert cache.lookup("clean", "k1") is None
-    assert "clean: cached output k1 is corrupt (data.txt: sha256 differs from the manifest); rebuilding it" in caplog.text
+    assert (
+        "clean: cached output k1 is corrupt (data.txt: sha256 differs from the manifest); rebuilding it" in caplog.text
+    )
     assert not (tmp_path / "clean" / "k1").exists()
     _saved(cache, "k2")
     (tmp_path / "clean" / "k2" / "data.txt").unlink()

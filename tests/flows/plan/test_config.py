@@ -49,8 +49,17 @@ def test_missing_pipeline_lists_declared(tmp_path):
 
 
 def test_source_override_replaces_source(tmp_path):
-    cfg = load_pipeline("p", write(tmp_path, BASE), source_overrides={"path": "other.csv", "text_column": "content", "label_column": "cat"})
-    assert (cfg.source.path, cfg.source.text_column, cfg.source.label_column, cfg.source.sha256) == ("other.csv", "content", "cat", None)
+    cfg = load_pipeline(
+        "p",
+        write(tmp_path, BASE),
+        source_overrides={"path": "other.csv", "text_column": "content", "label_column": "cat"},
+    )
+    assert (cfg.source.path, cfg.source.text_column, cfg.source.label_column, cfg.source.sha256) == (
+        "other.csv",
+        "content",
+        "cat",
+        None,
+    )
 
 
 def test_split_fractions_must_sum_to_one(tmp_path):
@@ -65,28 +74,47 @@ def test_project_pipelines_validate():
 
 def test_set_values_take_the_field_type(tmp_path):
     path = write(tmp_path, BASE)
-    cfg = load_pipeline("p", path, ["source.sha256=0012abababababababababababababababababababababababababababababab", "train.models=[textcnn]", "vocab.max_size=null", "split.seed=3", "embed.word2vec.hs=true"])
+    cfg = load_pipeline(
+        "p",
+        path,
+        [
+            "source.sha256=0012abababababababababababababababababababababababababababababab",
+            "train.models=[textcnn]",
+            "vocab.max_size=null",
+            "split.seed=3",
+            "embed.word2vec.hs=true",
+        ],
+    )
     assert cfg.source.sha256 == "0012" + "ab" * 30 and cfg.stages.train.models == ["textcnn"]
     assert cfg.stages.vocab.max_size is None and cfg.stages.split.seed == 3 and cfg.stages.embed.word2vec.hs is True
 
 
-@pytest.mark.parametrize("sets, message", [
-    (["train.bert.hidden_size=100"], r"bert.hidden_size \(100\) must be a multiple of bert.num_heads \(3\)"),
-    (["train.bert.word_adapter=true", "train.bert.adapter_layer=2"], r"adapter_layer \(2\) must be below the last layer \(2\)"),
-    (["train.models=[transformer]", "embed.word2vec.vector_size=30"], r"d_model 30 .* multiple of num_heads \(4\)"),
-    (["train.models=[rnn_lm, ngram_lm]"], "at least one classifier"),
-])
+@pytest.mark.parametrize(
+    "sets, message",
+    [
+        (["train.bert.hidden_size=100"], r"bert.hidden_size \(100\) must be a multiple of bert.num_heads \(3\)"),
+        (
+            ["train.bert.word_adapter=true", "train.bert.adapter_layer=2"],
+            r"adapter_layer \(2\) must be below the last layer \(2\)",
+        ),
+        (["train.models=[transformer]", "embed.word2vec.vector_size=30"], r"d_model 30 .* multiple of num_heads \(4\)"),
+        (["train.models=[rnn_lm, ngram_lm]"], "at least one classifier"),
+    ],
+)
 def test_model_shapes_are_checked_before_anything_runs(tmp_path, sets, message):
     with pytest.raises(ConfigError, match=message):
         load_pipeline("p", write(tmp_path, BASE), sets)
 
 
-@pytest.mark.parametrize("schedule, needle", [
-    ("{cron: '61 * * * *'}", "not a valid cron line"),
-    ("{cron: '0 3 * * *', timezone: Mars/Olympus}", "unknown time zone 'Mars/Olympus'"),
-    ("{cron: '0 3 * * *', interval: 60}", "exactly one of `cron` or `interval`"),
-    ("{interval: -5}", "'schedule.interval'"),
-])
+@pytest.mark.parametrize(
+    "schedule, needle",
+    [
+        ("{cron: '61 * * * *'}", "not a valid cron line"),
+        ("{cron: '0 3 * * *', timezone: Mars/Olympus}", "unknown time zone 'Mars/Olympus'"),
+        ("{cron: '0 3 * * *', interval: 60}", "exactly one of `cron` or `interval`"),
+        ("{interval: -5}", "'schedule.interval'"),
+    ],
+)
 def test_bad_schedule_is_one_clear_error(tmp_path, schedule, needle):
     with pytest.raises(ConfigError) as e:
         load_pipeline("p", write(tmp_path, BASE + f"    schedule: {schedule}\n"))
@@ -97,8 +125,11 @@ def test_deployment_keys_do_not_change_stage_keys(tmp_path):
     from flows.plan.keys import plan_keys
 
     plain = load_pipeline("p", write(tmp_path, BASE))
-    deployed = load_pipeline("p", write(tmp_path, BASE + "    schedule: {interval: 3600}\n    runner: dask\n    storage: s3://b/z\n"),
-                             ["train.work_pool=gpu"])
+    deployed = load_pipeline(
+        "p",
+        write(tmp_path, BASE + "    schedule: {interval: 3600}\n    runner: dask\n    storage: s3://b/z\n"),
+        ["train.work_pool=gpu"],
+    )
     assert deployed.stages.train.work_pool == "gpu" and deployed.schedule.interval == 3600
     assert deployed.executor == "dask"  # `runner:`, the setting's name before, is still read
     assert plan_keys(plain) == plan_keys(deployed)
@@ -111,7 +142,9 @@ def test_deployment_keys_do_not_change_stage_keys(tmp_path):
 def test_set_source_sha256_applies_to_a_source_given_with_source(tmp_path):
     path = write(tmp_path, BASE)
     digest = "ab" * 32
-    cfg = load_pipeline("p", path, [f"source.sha256={digest}"], {"path": "https://example.org/c.csv", "text_column": "review"})
+    cfg = load_pipeline(
+        "p", path, [f"source.sha256={digest}"], {"path": "https://example.org/c.csv", "text_column": "review"}
+    )
     assert cfg.source.path == "https://example.org/c.csv" and cfg.source.sha256 == digest
 
 
@@ -143,8 +176,11 @@ def test_a_misspelt_key_gets_a_suggestion():
     from flows.plan.config import load_pipeline
     from tasks.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"^--set train.epoch=2: unknown key 'stages.train.epoch' \(did you mean 'epochs'\? "
-                       r"allowed keys: models, epochs"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^--set train.epoch=2: unknown key 'stages.train.epoch' \(did you mean 'epochs'\? "
+        r"allowed keys: models, epochs",
+    ):
         load_pipeline("smoke", overrides=["train.epoch=2"])  # the command line's typo, not the file's
     with pytest.raises(ConfigError, match=r"^--set train.budget=soon: 'stages.train.budget': Value error, a budget"):
         load_pipeline("smoke", overrides=["train.budget=soon"])
@@ -202,9 +238,13 @@ def test_source_keeps_the_pipelines_columns_unless_given():
     from flows.plan.config import load_pipeline
 
     own = load_pipeline("smoke").source
-    other = load_pipeline("smoke", source_overrides={"path": "elsewhere.csv", "text_column": None, "label_column": None}).source
+    other = load_pipeline(
+        "smoke", source_overrides={"path": "elsewhere.csv", "text_column": None, "label_column": None}
+    ).source
     assert (other.path, other.text_column, other.label_column) == ("elsewhere.csv", own.text_column, own.label_column)
-    given = load_pipeline("smoke", source_overrides={"path": "elsewhere.csv", "text_column": "content", "label_column": None}).source
+    given = load_pipeline(
+        "smoke", source_overrides={"path": "elsewhere.csv", "text_column": "content", "label_column": None}
+    ).source
     assert given.text_column == "content" and given.label_column == own.label_column
 
 
@@ -214,7 +254,9 @@ def test_another_corpus_is_tracked_under_a_name_of_its_own():
     assert load_pipeline("smoke").identity == "smoke"
     other = load_pipeline("smoke", source_overrides={"path": "/data/外卖 reviews/waimai_10k.csv"})
     assert other.identity == "smoke-waimai_10k" and other.name == "smoke"
-    assert load_pipeline("smoke", source_overrides={"path": "https://example.org/a/msra.bio.gz"}).identity == "smoke-msra"
+    assert (
+        load_pipeline("smoke", source_overrides={"path": "https://example.org/a/msra.bio.gz"}).identity == "smoke-msra"
+    )
     assert load_pipeline("smoke", source_overrides={"path": "/x/数据.csv"}).identity == "smoke-source"
 
 
@@ -224,7 +266,11 @@ def test_fasttext_embeddings_need_the_fasttext_vectors():
     from flows.plan.config import load_pipeline
     from tasks.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"train.embeddings: fasttext, but embed.fasttext.enabled is false \(the networks"):
-        load_pipeline("smoke", overrides=["embed.fasttext.enabled=false", "train.embeddings=fasttext",
-                                          "train.models=[tfidf_lr,textcnn]"])
+    with pytest.raises(
+        ConfigError, match=r"train.embeddings: fasttext, but embed.fasttext.enabled is false \(the networks"
+    ):
+        load_pipeline(
+            "smoke",
+            overrides=["embed.fasttext.enabled=false", "train.embeddings=fasttext", "train.models=[tfidf_lr,textcnn]"],
+        )
     assert load_pipeline("smoke", overrides=["embed.fasttext.enabled=false", "train.models=[tfidf_lr,textcnn]"])

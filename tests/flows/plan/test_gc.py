@@ -124,14 +124,22 @@ def test_gc_command_in_a_new_project_keeps_the_corpus(tmp_path):
 def test_what_a_run_on_another_corpus_built_is_kept_until_forgotten(tmp_path):
     """`zhpipe run --source` is in no pipeline of pipelines.yaml: gc keeps its outputs (and says so) until
     `zhpipe gc --forget NAME`, and its runs go to an experiment of their own."""
-    env = {k: v for k, v in os.environ.items() if k not in ("ZHPIPE_DATA", "ZHPIPE_STORAGE", "ZHPIPE_PROJECT", "MLFLOW_TRACKING_URI")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("ZHPIPE_DATA", "ZHPIPE_STORAGE", "ZHPIPE_PROJECT", "MLFLOW_TRACKING_URI")
+    }
     cli = [sys.executable, "-m", "flows.cli"]
     project = tmp_path / "p"
     subprocess.run([*cli, "init", str(project)], check=True, capture_output=True, env=env, cwd=ROOT)
     other = tmp_path / "other.csv"
-    other.write_text((project / "data" / "raw" / "example.csv").read_text(encoding="utf-8").replace("下次还会再来", "还会来"),
-                     encoding="utf-8")
-    ran = subprocess.run([*cli, "run", "--source", str(other), "--to", "clean"], capture_output=True, text=True, env=env, cwd=project)
+    other.write_text(
+        (project / "data" / "raw" / "example.csv").read_text(encoding="utf-8").replace("下次还会再来", "还会来"),
+        encoding="utf-8",
+    )
+    ran = subprocess.run(
+        [*cli, "run", "--source", str(other), "--to", "clean"], capture_output=True, text=True, env=env, cwd=project
+    )
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert "experiment zhpipe-p-other," in ran.stdout
     built = {p.parent.parent.name for p in (project / "data").glob("*/*/manifest.json")}
@@ -143,7 +151,9 @@ def test_what_a_run_on_another_corpus_built_is_kept_until_forgotten(tmp_path):
     wrong = subprocess.run([*cli, "gc", "--forget", "p-nope"], capture_output=True, text=True, env=env, cwd=project)
     assert wrong.returncode == 2 and "p-other" in wrong.stderr and len(wrong.stderr.strip().splitlines()) == 1
     forgot = subprocess.run([*cli, "gc", "--forget", "p-other"], capture_output=True, text=True, env=env, cwd=project)
-    assert forgot.returncode == 0 and forgot.stdout.count("not used by any pipeline") == 2, forgot.stdout  # (and their locks)
+    assert forgot.returncode == 0 and forgot.stdout.count("not used by any pipeline") == 2, (
+        forgot.stdout
+    )  # (and their locks)
     assert not list((project / "data").glob("*/*/manifest.json")) and other.is_file()
 
 
@@ -168,10 +178,31 @@ def test_gc_on_an_object_store_keeps_what_any_machines_runs_hold_or_used(tmp_pat
         (tmp / "data.parquet").write_bytes(b"rows")
         writer.publish(tmp, Manifest(stage="clean", key=key, params={}, inputs={}, rows=1, seconds=0.0, created=old))
     fs, folder = fsspec.filesystem("memory"), f"/gc-{tmp_path.name}/_cache/leases"
-    fs.pipe_file(f"{folder}/machine-b-1-live.json", json.dumps(
-        {"host": "machine-b", "pid": 7, "started": time.time() - 60, "beat": time.time(), "keys": [["clean", keys["live"]]]}).encode())
-    fs.pipe_file(f"{folder}/machine-c-2-old.json", json.dumps(
-        {"host": "machine-c", "pid": 8, "started": old, "beat": old, "ended": old, "keys": [["clean", keys["used-long-ago"]]]}).encode())
+    fs.pipe_file(
+        f"{folder}/machine-b-1-live.json",
+        json.dumps(
+            {
+                "host": "machine-b",
+                "pid": 7,
+                "started": time.time() - 60,
+                "beat": time.time(),
+                "keys": [["clean", keys["live"]]],
+            }
+        ).encode(),
+    )
+    fs.pipe_file(
+        f"{folder}/machine-c-2-old.json",
+        json.dumps(
+            {
+                "host": "machine-c",
+                "pid": 8,
+                "started": old,
+                "beat": old,
+                "ended": old,
+                "keys": [["clean", keys["used-long-ago"]]],
+            }
+        ).encode(),
+    )
     with leases.held(writer, {"clean": keys["used"]}):  # a real run's lease: published, beating, then an ended record
         pass
     gc = StageStore(url, cache=tmp_path / "machine-d")
@@ -179,11 +210,17 @@ def test_gc_on_an_object_store_keeps_what_any_machines_runs_hold_or_used(tmp_pat
     dry = collect_remote(gc, {("clean", keys["planned"])}, True, 7 * 86400, time.time(), kept)
     assert sorted(d["path"].rsplit("/", 1)[-1] for d in dry) == sorted([keys["unused"], keys["used-long-ago"]])
     assert {k["path"].rsplit("/", 1)[-1]: k["why"] for k in kept} == {
-        keys["live"]: "held by a live run on machine-b (pid 7)", keys["used"]: "used by a run within the retention period"}
-    assert all(fs.exists(f"/gc-{tmp_path.name}/clean/{key}/manifest.json") for key in keys.values())  # a dry run removes nothing
+        keys["live"]: "held by a live run on machine-b (pid 7)",
+        keys["used"]: "used by a run within the retention period",
+    }
+    assert all(
+        fs.exists(f"/gc-{tmp_path.name}/clean/{key}/manifest.json") for key in keys.values()
+    )  # a dry run removes nothing
     removed = collect_remote(gc, {("clean", keys["planned"])}, False, 7 * 86400, time.time(), [])
     assert [r["path"] for r in removed] == [d["path"] for d in dry]
     left = {p.rsplit("/", 1)[-1] for p in fs.ls(f"/gc-{tmp_path.name}/clean", detail=False)}
     assert left == {keys["planned"], keys["live"], keys["used"]}
     assert {p.rsplit("/", 1)[-1] for p in fs.ls(folder, detail=False)} >= {"machine-b-1-live.json"}
-    assert not any("machine-c" in p for p in fs.ls(folder, detail=False))  # a record older than the retention period goes
+    assert not any(
+        "machine-c" in p for p in fs.ls(folder, detail=False)
+    )  # a record older than the retention period goes

@@ -74,7 +74,9 @@ def test_a_model_cannot_read_a_shared_setting_it_does_not_declare():
     params = load_pipeline("smoke").stages.train
     view = MODELS["tfidf_lr"].view(params)
     assert view.seed == params.seed and view.tfidf_lr == params.tfidf_lr
-    with pytest.raises(AttributeError, match="model 'tfidf_lr' reads train.epochs, which its ModelSpec.shared does not declare"):
+    with pytest.raises(
+        AttributeError, match="model 'tfidf_lr' reads train.epochs, which its ModelSpec.shared does not declare"
+    ):
         view.epochs
 
 
@@ -89,7 +91,12 @@ def _patched_source(monkeypatch, tmp_path, module: str, edit):
 
 def test_code_changes_count_comments_do_not(built, monkeypatch, tmp_path):
     keys, _ = states(built)
-    _patched_source(monkeypatch, tmp_path, "tasks.shared.segment", lambda s: s.replace('"""Stage `segment`', '# a comment\n"""Stage `segment`, reworded', 1) + "\n# the end\n")
+    _patched_source(
+        monkeypatch,
+        tmp_path,
+        "tasks.shared.segment",
+        lambda s: s.replace('"""Stage `segment`', '# a comment\n"""Stage `segment`, reworded', 1) + "\n# the end\n",
+    )
     assert states(built)[0] == keys  # comments, docstrings and formatting are not code
     _patched_source(monkeypatch, tmp_path, "tasks.shared.segment", lambda s: s + "\nEXTRA = 1\n")
     new_keys, rows = states(built)
@@ -114,7 +121,9 @@ def test_an_edited_user_dictionary_rebuilds_segment(built):
 def test_a_library_version_rebuilds_what_it_shapes(built, monkeypatch):
     keys, _ = states(built)
     real = planner.library_versions
-    monkeypatch.setattr(planner, "library_versions", lambda names: {**real(names), **({"jieba": "0.43.0"} if "jieba" in names else {})})
+    monkeypatch.setattr(
+        planner, "library_versions", lambda names: {**real(names), **({"jieba": "0.43.0"} if "jieba" in names else {})}
+    )
     new_keys, rows = states(built)
     assert changed(keys, new_keys) == set(FROM_SEGMENT)  # jieba shapes segment; the rest follow from it
     assert rows["segment"]["why"] == ["library jieba 0.42.1 -> 0.43.0"]
@@ -181,13 +190,21 @@ def test_a_setting_that_names_a_huge_folder_or_a_dangling_link_is_one_clear_erro
         file_fingerprints({"checkpoint": str(model)}, ("checkpoint",), tmp_path)
 
 
-@pytest.mark.parametrize("pipeline, setting, unknown, allowed", [
-    ("resume-ner", "embed.fasttext.epoch=3", "stages.embed.fasttext", "word2vec, probe_words"),  # Word2Vec only
-    ("resume-ner", "clean.strip_html=false", "stages.clean.strip_html", "nfkc, traditional_to_simplified"),  # per character
-    ("resume-ner", "profile.cloud_words=20", "stages.profile.cloud_words", "top_k, coverage"),
-    ("tatoeba-zh-en", "embed.fasttext.epoch=3", "stages.embed", "download, clean, split"),  # no embed stage
-    ("tatoeba-zh-en", "profile.max_labels=3", "stages.profile.max_labels", "top_k, coverage"),
-])
+@pytest.mark.parametrize(
+    "pipeline, setting, unknown, allowed",
+    [
+        ("resume-ner", "embed.fasttext.epoch=3", "stages.embed.fasttext", "word2vec, probe_words"),  # Word2Vec only
+        (
+            "resume-ner",
+            "clean.strip_html=false",
+            "stages.clean.strip_html",
+            "nfkc, traditional_to_simplified",
+        ),  # per character
+        ("resume-ner", "profile.cloud_words=20", "stages.profile.cloud_words", "top_k, coverage"),
+        ("tatoeba-zh-en", "embed.fasttext.epoch=3", "stages.embed", "download, clean, split"),  # no embed stage
+        ("tatoeba-zh-en", "profile.max_labels=3", "stages.profile.max_labels", "top_k, coverage"),
+    ],
+)
 def test_a_setting_a_kind_does_not_read_is_refused_in_one_line(pipeline, setting, unknown, allowed):
     """A kind's sections hold only what its stages read: another kind's setting is an error naming the allowed
     keys, never a silent change of keys."""
@@ -201,7 +218,9 @@ def test_a_setting_a_kind_does_not_read_is_refused_in_one_line(pipeline, setting
 
 def test_a_setting_a_kind_reads_changes_its_keys_and_no_others():
     base = {s: stage_key(c) for s, c in planner.plan(load_pipeline("resume-ner")).items()}
-    moved = {s: stage_key(c) for s, c in planner.plan(load_pipeline("resume-ner", overrides=["profile.top_k=7"])).items()}
+    moved = {
+        s: stage_key(c) for s, c in planner.plan(load_pipeline("resume-ner", overrides=["profile.top_k=7"])).items()
+    }
     assert changed(base, moved) == {"profile"}
 
 
@@ -213,11 +232,17 @@ def test_settings_that_spread_the_work_leave_every_key_unchanged():
     from tasks.errors import ConfigError
 
     base = planner.plan_keys(load_pipeline("chnsenticorp"))
-    spread = planner.plan_keys(load_pipeline("chnsenticorp", overrides=["clean.workers=3", "segment.workers=2", "segment.chunk_rows=50",
-                                                                             "download.retry_delay_s=0.1"]))
+    spread = planner.plan_keys(
+        load_pipeline(
+            "chnsenticorp",
+            overrides=["clean.workers=3", "segment.workers=2", "segment.chunk_rows=50", "download.retry_delay_s=0.1"],
+        )
+    )
     assert spread == base
     transport = ["download.retry_delay_s=5", "download.timeout_s=5", "download.deadline_s=60", "download.retries=0"]
-    assert planner.plan_keys(load_pipeline("tatoeba-zh-en", overrides=transport)) == planner.plan_keys(load_pipeline("tatoeba-zh-en"))
+    assert planner.plan_keys(load_pipeline("tatoeba-zh-en", overrides=transport)) == planner.plan_keys(
+        load_pipeline("tatoeba-zh-en")
+    )
     limited = planner.plan_keys(load_pipeline("chnsenticorp", overrides=["download.max_bytes=1000000"]))
     assert limited["download"] != base["download"]
     with pytest.raises(ConfigError, match="unknown key 'stages.clean.workers'"):
@@ -231,13 +256,23 @@ def test_a_registered_model_in_a_key_is_asked_of_the_registry_passed_in():
     from tasks.errors import ConfigError
 
     config = load_pipeline("chnsenticorp-bt-local")
-    keys = planner.plan(config, registry=lambda uri: "zhpipe-tatoeba-zh-en/3" if "zh-en" in uri else "zhpipe-tatoeba-en-zh/1")
+    keys = planner.plan(
+        config, registry=lambda uri: "zhpipe-tatoeba-zh-en/3" if "zh-en" in uri else "zhpipe-tatoeba-en-zh/1"
+    )
     assert keys["augment"]["files"]["models:/zhpipe-tatoeba-zh-en@champion"] == "registry:zhpipe-tatoeba-zh-en/3"
-    later = planner.plan(config, registry=lambda uri: "zhpipe-tatoeba-zh-en/4" if "zh-en" in uri else "zhpipe-tatoeba-en-zh/1")
-    assert stage_key(later["augment"]) != stage_key(keys["augment"]) and stage_key(later["segment"]) == stage_key(keys["segment"])
-    with pytest.raises(ConfigError, match=r"augment.backtranslation.pivots.*models:/zhpipe-tatoeba-.*is a registered model") as e:
+    later = planner.plan(
+        config, registry=lambda uri: "zhpipe-tatoeba-zh-en/4" if "zh-en" in uri else "zhpipe-tatoeba-en-zh/1"
+    )
+    assert stage_key(later["augment"]) != stage_key(keys["augment"]) and stage_key(later["segment"]) == stage_key(
+        keys["segment"]
+    )
+    with pytest.raises(
+        ConfigError, match=r"augment.backtranslation.pivots.*models:/zhpipe-tatoeba-.*is a registered model"
+    ) as e:
         planner.plan(config)
     assert "\n" not in str(e.value)
-    with pytest.raises(ConfigError, match="models:/zhpipe-tatoeba-zh-en@champion: no such registered model version") as e:
+    with pytest.raises(
+        ConfigError, match="models:/zhpipe-tatoeba-zh-en@champion: no such registered model version"
+    ) as e:
         planner.plan(config, registry=revision)  # this tracking store has no such model
     assert "\n" not in str(e.value)

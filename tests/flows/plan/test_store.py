@@ -2,12 +2,23 @@ from flows.plan.store import Manifest, StageStore, stage_key
 
 
 def test_key_depends_on_every_cause():
-    causes = {"stage": "train", "params": {"epochs": 2}, "inputs": {"vocab": "a"}, "code": {"tasks.classification.train": "c1"},
-              "libraries": {"torch": "2.13.0"}, "files": {}}
+    causes = {
+        "stage": "train",
+        "params": {"epochs": 2},
+        "inputs": {"vocab": "a"},
+        "code": {"tasks.classification.train": "c1"},
+        "libraries": {"torch": "2.13.0"},
+        "files": {},
+    }
     base = stage_key(causes)
     assert base == stage_key(dict(causes))
-    for part, value in (("params", {"epochs": 3}), ("inputs", {"vocab": "b"}), ("code", {"tasks.classification.train": "c2"}),
-                        ("libraries", {"torch": "2.14.0"}), ("files", {"dict.txt": "sha256:1"})):
+    for part, value in (
+        ("params", {"epochs": 3}),
+        ("inputs", {"vocab": "b"}),
+        ("code", {"tasks.classification.train": "c2"}),
+        ("libraries", {"torch": "2.14.0"}),
+        ("files", {"dict.txt": "sha256:1"}),
+    ):
         assert base != stage_key({**causes, part: value}), part
 
 
@@ -40,12 +51,16 @@ def test_begin_removes_the_temporary_folders_of_dead_builds_only(tmp_path):
     import sys
 
     store = StageStore(tmp_path)
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    ).stdout.strip()
     (tmp_path / "clean" / f".tmp-k1-{dead}").mkdir(parents=True)  # a killed build of this key
     (tmp_path / "clean" / ".tmp-k1-1").mkdir()  # pid 1 is alive: another build still running
     (tmp_path / "clean" / f".tmp-k2-{dead}").mkdir()  # another key: not this build's business
     store.begin("clean", "k1")
-    assert sorted(p.name for p in (tmp_path / "clean").iterdir()) == sorted([".tmp-k1-1", f".tmp-k2-{dead}", f".tmp-k1-{os.getpid()}"])
+    assert sorted(p.name for p in (tmp_path / "clean").iterdir()) == sorted(
+        [".tmp-k1-1", f".tmp-k2-{dead}", f".tmp-k1-{os.getpid()}"]
+    )
 
 
 def test_status_explains_a_pipeline_by_its_own_builds_only(tmp_path):
@@ -55,14 +70,25 @@ def test_status_explains_a_pipeline_by_its_own_builds_only(tmp_path):
     from flows.plan.store import Manifest, StageStore
 
     store = StageStore(tmp_path / "store")
-    theirs = {"params": {"models": ["tfidf_lr", "fasttext"]}, "inputs": {}, "code": {}, "libraries": {"fasttext": "0.9.3"}}
+    theirs = {
+        "params": {"models": ["tfidf_lr", "fasttext"]},
+        "inputs": {},
+        "code": {},
+        "libraries": {"fasttext": "0.9.3"},
+    }
     for key, pipeline, causes in (("0123456789abcdef", "chnsenticorp", theirs),):
         out = tmp_path / "store" / "train" / key
         out.mkdir(parents=True)
-        Manifest(stage="train", key=key, params={}, inputs={}, rows=1, seconds=0.0, causes=causes, pipeline=pipeline).write(out)
+        Manifest(
+            stage="train", key=key, params={}, inputs={}, rows=1, seconds=0.0, causes=causes, pipeline=pipeline
+        ).write(out)
     mine = {"params": {"models": ["crf"]}, "inputs": {}, "code": {}, "libraries": {}}
     [row] = stage_states(store, {"train": mine}, {"train": "fedcba9876543210"}, pipeline="resume-ner")
     assert row["state"] == "missing" and row["why"] == []
-    [row] = stage_states(store, {"train": {**theirs, "params": {"models": ["tfidf_lr"]}}}, {"train": "fedcba9876543210"},
-                         pipeline="chnsenticorp")
+    [row] = stage_states(
+        store,
+        {"train": {**theirs, "params": {"models": ["tfidf_lr"]}}},
+        {"train": "fedcba9876543210"},
+        pipeline="chnsenticorp",
+    )
     assert row["state"] == "stale" and row["why"] == ["param train.models: ['tfidf_lr', 'fasttext'] -> ['tfidf_lr']"]

@@ -42,7 +42,9 @@ def test_a_truncated_output_is_rebuilt_not_used(store, caplog):
         stages = run(store)
     assert stages["split"]["cache"] == "miss" and stages["clean"]["cache"] == "hit"
     assert (split / "train.parquet").read_bytes() == good  # rebuilt, same bytes
-    assert any("split: cached output" in r.message and "is corrupt (train.parquet:" in r.message for r in caplog.records)
+    assert any(
+        "split: cached output" in r.message and "is corrupt (train.parquet:" in r.message for r in caplog.records
+    )
 
 
 def test_an_edited_file_of_the_same_size_is_caught(store):
@@ -56,7 +58,6 @@ def test_an_edited_file_of_the_same_size_is_caught(store):
 def test_verify_and_gc_commands(store, monkeypatch, capsys):
     """The commands in this process (their parsing and output are the CLI's own; subprocess runs of the CLI
     are in test_cli.py)."""
-
 
     monkeypatch.setenv("ZHPIPE_STORAGE", str(store))
 
@@ -76,7 +77,10 @@ def test_verify_and_gc_commands(store, monkeypatch, capsys):
     assert len(list((store / "split").glob("[!.]*"))) == 2
     done = cli("gc")
     assert done.returncode == 0 and "freed" in done.stdout
-    assert len(list((store / "split").glob("[!.]*"))) == 1 and not (store / "split" / ".tmp-0123456789abcdef-999999999").exists()
+    assert (
+        len(list((store / "split").glob("[!.]*"))) == 1
+        and not (store / "split" / ".tmp-0123456789abcdef-999999999").exists()
+    )
 
 
 def test_verify_catches_unlisted_files_and_paths_outside_the_output(tmp_path):
@@ -96,10 +100,14 @@ def test_verify_catches_unlisted_files_and_paths_outside_the_output(tmp_path):
     (out / "extra.parquet").unlink()
     files["../../../secret"] = {"size": 7, "sha256": file_sha256(tmp_path / "secret")}
     Manifest(stage="clean", key="0123456789abcdef", params={}, inputs={}, rows=1, seconds=0.0, files=files).write(out)
-    assert store.verify("clean", "0123456789abcdef", full=True) == ["../../../secret: a manifest path outside the output"]
+    assert store.verify("clean", "0123456789abcdef", full=True) == [
+        "../../../secret: a manifest path outside the output"
+    ]
 
 
-def test_a_truncated_manifest_is_one_warning_a_rebuild_a_corrupt_count_and_a_status_row(store, caplog, capsys, monkeypatch):
+def test_a_truncated_manifest_is_one_warning_a_rebuild_a_corrupt_count_and_a_status_row(
+    store, caplog, capsys, monkeypatch
+):
     from flows.cli import main
 
     monkeypatch.setenv("ZHPIPE_STORAGE", str(store))
@@ -144,6 +152,8 @@ def test_verify_on_an_object_store_reads_the_bucket_not_the_mirror(tmp_path):
     fs.rm_file(f"{base}/fedcba9876543210/quarantine.parquet")
     fs.pipe_file(f"{base}/fedcba9876543210/extra.bin", b"x")
     found = {r["key"]: r["problems"] for r in verify_store(reader)}
-    assert found == {"0123456789abcdef": ["data.parquet: sha256 differs from the manifest"],
-                     "fedcba9876543210": ["extra.bin: not in the manifest", "quarantine.parquet: missing"]}
+    assert found == {
+        "0123456789abcdef": ["data.parquet: sha256 differs from the manifest"],
+        "fedcba9876543210": ["extra.bin: not in the manifest", "quarantine.parquet: missing"],
+    }
     assert not (tmp_path / "machine-b").exists() or not any((tmp_path / "machine-b").rglob("*.parquet"))

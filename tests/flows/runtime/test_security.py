@@ -63,8 +63,14 @@ def start_warm(env: dict) -> tuple[subprocess.Popen, Path]:
     home = Path(env["PREFECT_HOME"])
     mine = handover.fingerprint(env)
     log = open(home / "zhpipe-warm.log", "a")
-    proc = subprocess.Popen([sys.executable, "-m", "flows.cli.warm", "--idle", "120", "--fingerprint", mine], cwd=ROOT, env=env,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli.warm", "--idle", "120", "--fingerprint", mine],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     state = home / f"zhpipe-warm-{mine[:16]}.json"
     deadline = time.monotonic() + 120
     while not state.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -97,7 +103,9 @@ ATTACKER = textwrap.dedent("""
 def test_another_user_on_a_leftover_socket_path_gets_nothing(tmp_path, shared_tmp):
     """Attack 1: the warm process dies (kill -9), a temp cleaner removes its socket, and another user listens where
     the leftover state file points. The owner's next command, with secrets in its environment, runs for real."""
-    long_home = tmp_path / ("p" * 90) / ".prefect"  # too long for a socket beside it: the shared temporary folder is used
+    long_home = (
+        tmp_path / ("p" * 90) / ".prefect"
+    )  # too long for a socket beside it: the shared temporary folder is used
     env = project_env(long_home, tmp_path / "store", shared_tmp)
     proc, state_path = start_warm(env)
     state = json.loads(state_path.read_text())
@@ -108,8 +116,12 @@ def test_another_user_on_a_leftover_socket_path_gets_nothing(tmp_path, shared_tm
     proc.wait(30)
     subprocess.run(["rm", "-rf", str(sock.parent)], check=True)  # what a reboot or a temp cleaner does
     report = shared_tmp / "attacker.log"
-    attacker = subprocess.Popen([OTHER_PYTHON, "-c", ATTACKER, str(sock), str(report)], preexec_fn=as_other_user,
-                                cwd="/", env={"PATH": os.environ["PATH"]})
+    attacker = subprocess.Popen(
+        [OTHER_PYTHON, "-c", ATTACKER, str(sock), str(report)],
+        preexec_fn=as_other_user,
+        cwd="/",
+        env={"PATH": os.environ["PATH"]},
+    )
     try:
         deadline = time.monotonic() + 30
         while not (report.exists() and "listening" in report.read_text()) and time.monotonic() < deadline:
@@ -138,11 +150,17 @@ def test_another_user_on_a_leftover_socket_path_gets_nothing(tmp_path, shared_tm
 
 
 @as_root
-def test_the_server_answers_only_its_owner_and_a_port_served_by_another_user_gets_nothing(tmp_path, shared_tmp, seed_prefect_home, seed_mlflow):
+def test_the_server_answers_only_its_owner_and_a_port_served_by_another_user_gets_nothing(
+    tmp_path, shared_tmp, seed_prefect_home, seed_mlflow
+):
     """Attack 5: a leftover zhpipe-server.json names a port that another user now serves (and even a live process of
     the owner's with the recorded start time and command line): the owner's run sends it nothing."""
     report = shared_tmp / "requests.log"
-    attacker = subprocess.Popen([OTHER_PYTHON, "-c", textwrap.dedent("""
+    attacker = subprocess.Popen(
+        [
+            OTHER_PYTHON,
+            "-c",
+            textwrap.dedent("""
         import http.server, sys
         report = sys.argv[1]
         class H(http.server.BaseHTTPRequestHandler):
@@ -155,7 +173,13 @@ def test_the_server_answers_only_its_owner_and_a_port_served_by_another_user_get
         srv = http.server.HTTPServer(("127.0.0.1", 0), H)
         open(report + ".port", "w").write(str(srv.server_address[1]))
         srv.serve_forever()
-    """), str(report)], preexec_fn=as_other_user, cwd="/", env={"PATH": os.environ["PATH"]})
+    """),
+            str(report),
+        ],
+        preexec_fn=as_other_user,
+        cwd="/",
+        env={"PATH": os.environ["PATH"]},
+    )
     decoy = None
     try:
         deadline = time.monotonic() + 30
@@ -168,8 +192,10 @@ def test_the_server_answers_only_its_owner_and_a_port_served_by_another_user_get
         marker = f"server start --host 127.0.0.1 --port {port}"
         decoy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", marker])
         time.sleep(0.2)
-        private.write_state(tmp_path / "prefect" / "zhpipe-server.json",
-                          {**procs.identity(decoy.pid, marker), "url": f"http://127.0.0.1:{port}/api", "log": "x"})
+        private.write_state(
+            tmp_path / "prefect" / "zhpipe-server.json",
+            {**procs.identity(decoy.pid, marker), "url": f"http://127.0.0.1:{port}/api", "log": "x"},
+        )
         status = zhpipe(env, "server", "status")
         assert "not running" in status.stdout, status.stdout + status.stderr
         run = zhpipe(env, "run", "smoke", "--to", "download")
@@ -191,13 +217,21 @@ def test_pids_in_leftover_state_files_are_never_signalled(tmp_path):
     bystander = subprocess.Popen(["sleep", "600"], start_new_session=True)
     try:
         home = tmp_path / "prefect"
-        for name in ("zhpipe-server.json", f"zhpipe-warm-{handover.fingerprint(env)[:16]}.json", "zhpipe-warm-0123456789abcdef.json"):
-            (home / name).write_text(json.dumps({"pid": bystander.pid, "url": "http://127.0.0.1:9/api", "socket": "/nonexistent"}))
+        for name in (
+            "zhpipe-server.json",
+            f"zhpipe-warm-{handover.fingerprint(env)[:16]}.json",
+            "zhpipe-warm-0123456789abcdef.json",
+        ):
+            (home / name).write_text(
+                json.dumps({"pid": bystander.pid, "url": "http://127.0.0.1:9/api", "socket": "/nonexistent"})
+            )
         stopped = zhpipe(env, "server", "stop")
         assert stopped.returncode == 0 and "no background Prefect server was running" in stopped.stdout
         assert bystander.poll() is None and not list(home.glob("zhpipe-*.json"))
         # the same pid with its real start time, but not the recorded command: still not ours
-        private.write_state(home / "zhpipe-server.json", {**procs.identity(bystander.pid, "prefect server start"), "url": "x"})
+        private.write_state(
+            home / "zhpipe-server.json", {**procs.identity(bystander.pid, "prefect server start"), "url": "x"}
+        )
         assert not procs.is_ours(json.loads((home / "zhpipe-server.json").read_text()))
         zhpipe(env, "server", "stop")
         assert bystander.poll() is None
@@ -213,9 +247,14 @@ def test_pids_in_leftover_state_files_are_never_signalled(tmp_path):
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline and (private.read_state(state) or {}).get("pid") in (None, bystander.pid):
                 time.sleep(0.2)
-            assert (private.read_state(state) or {}).get("pid") not in (None, bystander.pid), (home / "zhpipe-warm.log").read_text()
+            assert (private.read_state(state) or {}).get("pid") not in (None, bystander.pid), (
+                home / "zhpipe-warm.log"
+            ).read_text()
             served = zhpipe(env, "status", "smoke")
-            assert served.returncode == 0 and "warm: running `zhpipe status smoke`" in (home / "zhpipe-warm.log").read_text()
+            assert (
+                served.returncode == 0
+                and "warm: running `zhpipe status smoke`" in (home / "zhpipe-warm.log").read_text()
+            )
             assert handover.stop() == 1
         finally:
             os.environ.clear()
@@ -236,13 +275,17 @@ CONTEXT_PROBE = textwrap.dedent("""
     refused = warm.apply_context(ctx)
     mask = os.umask(0)
     print(json.dumps({"refused": refused, "umask": mask, "nice": os.getpriority(os.PRIO_PROCESS, 0),
-                      "fsize": resource.getrlimit(resource.RLIMIT_FSIZE), "as": resource.getrlimit(resource.RLIMIT_AS)}))
+                      "fsize": resource.getrlimit(resource.RLIMIT_FSIZE),
+                      "as": resource.getrlimit(resource.RLIMIT_AS)}))
 """)
 
 
 def _context_of(preexec) -> dict:
-    probe = "import json, sys; sys.path.insert(0, sys.argv[1]); from flows.runtime import handover; print(json.dumps(handover.context()))"
-    out = subprocess.run([sys.executable, "-c", probe, str(ROOT)], preexec_fn=preexec, capture_output=True, text=True, check=True)
+    probe = ("import json, sys; sys.path.insert(0, sys.argv[1]); from flows.runtime import handover; "
+             "print(json.dumps(handover.context()))")
+    out = subprocess.run(
+        [sys.executable, "-c", probe, str(ROOT)], preexec_fn=preexec, capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout)
 
 
@@ -258,15 +301,32 @@ def test_a_handed_over_command_takes_the_limits_umask_and_priority_of_its_shell(
         os.nice(19)
 
     ctx = _context_of(shell)
-    applied = json.loads(subprocess.run([sys.executable, "-c", CONTEXT_PROBE, str(ROOT)], input=json.dumps(ctx),
-                                        capture_output=True, text=True, check=True).stdout)
+    applied = json.loads(
+        subprocess.run(
+            [sys.executable, "-c", CONTEXT_PROBE, str(ROOT)],
+            input=json.dumps(ctx),
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
     assert applied["refused"] is None
-    assert applied["umask"] == 0o077 and applied["nice"] == ctx["nice"] == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 19)
+    assert applied["umask"] == 0o077 and applied["nice"] == ctx["nice"] == min(
+        19, os.getpriority(os.PRIO_PROCESS, 0) + 19
+    )
     assert applied["fsize"] == [100 * 1024, 100 * 1024] and applied["as"] == [4_000_000 * 1024, 4_000_000 * 1024]
     # a client allowed more than the warm process has (a higher hard limit, a lower niceness) is refused, not run
     # with less than it asked for
-    refused = json.loads(subprocess.run([sys.executable, "-c", CONTEXT_PROBE, str(ROOT)], input=json.dumps(_context_of(None)),
-                                        capture_output=True, text=True, check=True, preexec_fn=shell).stdout)
+    refused = json.loads(
+        subprocess.run(
+            [sys.executable, "-c", CONTEXT_PROBE, str(ROOT)],
+            input=json.dumps(_context_of(None)),
+            capture_output=True,
+            text=True,
+            check=True,
+            preexec_fn=shell,
+        ).stdout
+    )
     assert refused["refused"] and "limits or priority" in refused["refused"]
 
 
@@ -275,8 +335,17 @@ def test_another_user_reads_nothing_of_the_tracking_store(shared_tmp):
     """`mlruns/` was readable by every local user (mlflow.db 0644, artifacts 0755), unlike `.prefect/`: a store made by
     an earlier zhpipe is made private by the next command, a new one is private from the start."""
     project = shared_tmp / "p"
-    env = {k: v for k, v in os.environ.items() if k not in ("ZHPIPE_DATA", "ZHPIPE_PROJECT", "MLFLOW_TRACKING_URI", "PREFECT_HOME")}
-    assert subprocess.run([sys.executable, "-m", "flows.cli", "init", str(project)], env=env, cwd=ROOT, capture_output=True).returncode == 0
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("ZHPIPE_DATA", "ZHPIPE_PROJECT", "MLFLOW_TRACKING_URI", "PREFECT_HOME")
+    }
+    assert (
+        subprocess.run(
+            [sys.executable, "-m", "flows.cli", "init", str(project)], env=env, cwd=ROOT, capture_output=True
+        ).returncode
+        == 0
+    )
     project.chmod(0o755)
     mlruns = project / "mlruns"
     (mlruns / "artifacts" / "1").mkdir(parents=True)
@@ -284,12 +353,25 @@ def test_another_user_reads_nothing_of_the_tracking_store(shared_tmp):
     (mlruns / "mlflow.db").write_bytes(b"")
     for path, mode in ((mlruns, 0o755), (mlruns / "artifacts", 0o755), (mlruns / "mlflow.db", 0o644)):
         path.chmod(mode)  # as an earlier zhpipe left them
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "runs"], env={**env, "PYTHONPATH": str(ROOT)}, cwd=project,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "runs"],
+        env={**env, "PYTHONPATH": str(ROOT)},
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert {p.name: p.stat().st_mode & 0o777 for p in (mlruns, mlruns / "artifacts", mlruns / "mlflow.db")} == {
-        "mlruns": 0o700, "artifacts": 0o700, "mlflow.db": 0o600}
-    probe = subprocess.run([OTHER_PYTHON, "-c", textwrap.dedent("""
+        "mlruns": 0o700,
+        "artifacts": 0o700,
+        "mlflow.db": 0o600,
+    }
+    probe = subprocess.run(
+        [
+            OTHER_PYTHON,
+            "-c",
+            textwrap.dedent("""
         import os, sys
         for path in sys.argv[1:]:
             try:
@@ -297,6 +379,17 @@ def test_another_user_reads_nothing_of_the_tracking_store(shared_tmp):
                 print("read", path)
             except OSError as e:
                 print("refused", path, type(e).__name__)
-    """), str(mlruns / "mlflow.db"), str(mlruns / "artifacts" / "1" / "model.pkl"), str(mlruns)],
-        preexec_fn=as_other_user, cwd="/", env={"PATH": os.environ["PATH"]}, capture_output=True, text=True)
-    assert probe.stdout.count("refused") == 3 and "read" not in probe.stdout.replace("refused", ""), probe.stdout + probe.stderr
+    """),
+            str(mlruns / "mlflow.db"),
+            str(mlruns / "artifacts" / "1" / "model.pkl"),
+            str(mlruns),
+        ],
+        preexec_fn=as_other_user,
+        cwd="/",
+        env={"PATH": os.environ["PATH"]},
+        capture_output=True,
+        text=True,
+    )
+    assert probe.stdout.count("refused") == 3 and "read" not in probe.stdout.replace("refused", ""), (
+        probe.stdout + probe.stderr
+    )

@@ -45,8 +45,12 @@ def test_background_server_is_started_reused_and_stopped(tmp_path, monkeypatch, 
         runs = httpx.post(f"{url}/flow_runs/filter", json={}, auth=auth, timeout=10).json()
         assert [r["state_type"] for r in runs if r["flow_id"]] and all(r["state_type"] == "COMPLETED" for r in runs)
         # found by the pipeline's tag and named after it; its UI is told this server's own API
-        tagged = httpx.post(f"{url}/flow_runs/filter", json={"flow_runs": {"tags": {"all_": ["pipeline:smoke"]}}}, auth=auth, timeout=10).json()
-        assert len(tagged) == 1 and tagged[0]["name"].startswith("smoke ") and "task:classification" in tagged[0]["tags"]
+        tagged = httpx.post(
+            f"{url}/flow_runs/filter", json={"flow_runs": {"tags": {"all_": ["pipeline:smoke"]}}}, auth=auth, timeout=10
+        ).json()
+        assert (
+            len(tagged) == 1 and tagged[0]["name"].startswith("smoke ") and "task:classification" in tagged[0]["tags"]
+        )
         settings = httpx.get(url.removesuffix("/api") + "/ui-settings", timeout=10).json()
         assert settings["api_url"] == url
         from flows.runtime.server import project_port
@@ -61,15 +65,23 @@ def test_background_server_is_started_reused_and_stopped(tmp_path, monkeypatch, 
         httpx.get(f"{url}/health", timeout=2)
 
 
-def test_the_first_run_leaves_a_server_that_later_runs_reuse_and_that_stops_when_idle(tmp_path, seed_prefect_home, seed_mlflow):
+def test_the_first_run_leaves_a_server_that_later_runs_reuse_and_that_stops_when_idle(
+    tmp_path, seed_prefect_home, seed_mlflow
+):
     """The idle clock is the test's to hold: the test is one of the server's users (as every zhpipe command is) until
     it lets go, so a slow machine cannot stop the server between the two runs."""
     import json
     import time
 
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "ZHPIPE_SERVER")}
-    env.update({"PREFECT_HOME": str(seed_prefect_home(tmp_path / "prefect")), "ZHPIPE_DATA": str(tmp_path / "store"), "ZHPIPE_SERVER_IDLE": "2",
-                "MLFLOW_TRACKING_URI": seed_mlflow(tmp_path / "mlflow.db")})
+    env.update(
+        {
+            "PREFECT_HOME": str(seed_prefect_home(tmp_path / "prefect")),
+            "ZHPIPE_DATA": str(tmp_path / "store"),
+            "ZHPIPE_SERVER_IDLE": "2",
+            "MLFLOW_TRACKING_URI": seed_mlflow(tmp_path / "mlflow.db"),
+        }
+    )
     state_file = tmp_path / "prefect" / "zhpipe-server.json"
     holder = tmp_path / "prefect" / "zhpipe-server-users" / str(os.getpid())
     holder.parent.mkdir(parents=True)
@@ -77,7 +89,10 @@ def test_the_first_run_leaves_a_server_that_later_runs_reuse_and_that_stops_when
     try:
         first = zhpipe(env, "run", "smoke", "--to", "download")
         assert first.returncode == 0, first.stderr[-2000:]
-        assert "starting this project's Prefect server in the background" in first.stdout and "temporary" not in first.stdout
+        assert (
+            "starting this project's Prefect server in the background" in first.stdout
+            and "temporary" not in first.stdout
+        )
         state = json.loads(state_file.read_text())
         assert state["idle_s"] == 2 and httpx.get(f"{state['url']}/health", timeout=5).status_code == 200
         deadline = time.monotonic() + 120  # and a warm process for the next commands (flows.runtime.warm)
@@ -88,8 +103,11 @@ def test_the_first_run_leaves_a_server_that_later_runs_reuse_and_that_stops_when
         assert second.returncode == 0 and "starting" not in second.stdout  # it found the server
         assert "download" in second.stdout and "hit" in second.stdout  # its summary table reached this process's stdout
         assert json.loads(state_file.read_text())["pid"] == state["pid"]
-        assert "warm: running `zhpipe run smoke --to download`" in (tmp_path / "prefect" / "zhpipe-warm.log").read_text()
-        holder.unlink()  # the last user is gone: 2 s later (checked every half second) the server stops, and the warm process with it
+        assert (
+            "warm: running `zhpipe run smoke --to download`" in (tmp_path / "prefect" / "zhpipe-warm.log").read_text()
+        )
+        # the last user is gone: 2 s later (checked every half second) the server stops, and the warm process with it
+        holder.unlink()
         deadline = time.monotonic() + 180
         while (state_file.exists() or warm_state.exists()) and time.monotonic() < deadline:
             time.sleep(0.25)

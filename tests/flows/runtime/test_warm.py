@@ -1,5 +1,7 @@
-"""The warm zhpipe process (flows.runtime.warm, flows.runtime.handover): commands handed to it run as they would alone (same output, exit
-status, errors), clients with other settings or after a code change run by themselves, and it stops."""
+"""The warm zhpipe process (flows.runtime.warm, flows.runtime.handover): commands handed to it run as they would alone
+(same output, exit status, errors), clients with other settings or after a code change run by themselves, and it stops.
+"""
+
 import json
 import os
 import signal
@@ -17,26 +19,36 @@ ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.e2e  # real zhpipe processes and servers: `make test-quick` leaves them out
 
 
-
-
 def handed(log: Path) -> int:
     return log.read_text().count("warm: running `zhpipe ") if log.exists() else 0
 
 
 def _warm(folder: Path, seed_prefect_home, seed_mlflow, idle: int = 60):
-    """A warm process for a new project's settings in `folder`; its runs start temporary Prefect servers in a seeded home."""
+    """A warm process for a new project's settings in `folder`; its runs start temporary Prefect servers in a seeded
+    home."""
     probe = folder / "probe"
     probe.mkdir()
     (probe / "sitecustomize.py").write_text("# imported at start-up: a module file the warm process watches\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "ZHPIPE_WARM")}
-    env.update({"PREFECT_HOME": str(folder / "prefect"), "ZHPIPE_DATA": str(folder / "store"),
-                "MLFLOW_TRACKING_URI": seed_mlflow(folder / "mlflow.db"), "MLFLOW_LOGGING_LEVEL": "WARNING",
-                "PYTHONPATH": os.pathsep.join([str(probe), str(ROOT)])})
+    env.update(
+        {
+            "PREFECT_HOME": str(folder / "prefect"),
+            "ZHPIPE_DATA": str(folder / "store"),
+            "MLFLOW_TRACKING_URI": seed_mlflow(folder / "mlflow.db"),
+            "MLFLOW_LOGGING_LEVEL": "WARNING",
+            "PYTHONPATH": os.pathsep.join([str(probe), str(ROOT)]),
+        }
+    )
     seed_prefect_home(folder / "prefect")
     log = folder / "prefect" / "zhpipe-warm.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "flows.cli.warm", "--idle", str(idle), "--fingerprint", handover.fingerprint(env)],
-                                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "flows.cli.warm", "--idle", str(idle), "--fingerprint", handover.fingerprint(env)],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     state = handover.state_file(handover.fingerprint(env)).relative_to(handover.home())
     state = folder / "prefect" / state
     deadline = time.monotonic() + 120
@@ -46,7 +58,9 @@ def _warm(folder: Path, seed_prefect_home, seed_mlflow, idle: int = 60):
     yield {"env": env, "log": log, "state": state, "proc": proc, "probe": probe / "sitecustomize.py"}
     proc.terminate()
     proc.wait(30)
-    if state.exists():  # a warm process the test killed (kill -9) left its state file, and its socket in the shared folder
+    if (
+        state.exists()
+    ):  # a warm process the test killed (kill -9) left its state file, and its socket in the shared folder
         Path(json.loads(state.read_text())["socket"]).unlink(missing_ok=True)
 
 
@@ -150,8 +164,14 @@ def _wait_for(predicate, timeout: float = 60) -> bool:
 def test_ctrl_z_stops_the_fork_and_a_killed_client_ends_it(shared_warm, tmp_path):
     env, log = shared_warm["env"], shared_warm["log"]
     with open(tmp_path / "out", "w") as out:  # a job of its own, as a shell starts it (a group the kernel may stop)
-        client = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", "smoke", "--to", "download"], cwd=ROOT, env=env,
-                                  stdout=out, stderr=subprocess.STDOUT, process_group=0)
+        client = subprocess.Popen(
+            [sys.executable, "-m", "flows.cli", "run", "smoke", "--to", "download"],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            process_group=0,
+        )
     fork = _fork_pid(log, "run smoke --to download")
     client.send_signal(signal.SIGTSTP)  # Ctrl-Z: the shell's job stops, and the command with it
     assert _wait_for(lambda: _proc_state(fork) == "T" and _proc_state(client.pid) == "T", 20)
@@ -167,8 +187,15 @@ def test_the_fork_reports_its_status_when_the_warm_parent_dies_and_keeps_the_she
     from zoneinfo import ZoneInfo
 
     env, log = {**warm_env["env"], "TZ": "Asia/Shanghai"}, warm_env["log"]
-    client = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", "smoke", "--to", "download"], cwd=ROOT, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=lambda: os.umask(0o077))
+    client = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "run", "smoke", "--to", "download"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: os.umask(0o077),
+    )
     _fork_pid(log, "run smoke --to download")
     warm_env["proc"].kill()  # kill -9 of the warm parent while its fork runs the command
     out, err = client.communicate(timeout=300)
@@ -179,7 +206,9 @@ def test_the_fork_reports_its_status_when_the_warm_parent_dies_and_keeps_the_she
     stamp = next(line.split()[0] for line in err.splitlines() if line[:2].isdigit() and line[2:3] == ":")
     now = datetime.now(ZoneInfo("Asia/Shanghai"))
     logged = now.replace(hour=int(stamp[:2]), minute=int(stamp[3:5]))
-    assert abs((now - logged).total_seconds()) % 86400 < 600 or abs((now - logged).total_seconds()) % 86400 > 86400 - 600
+    assert (
+        abs((now - logged).total_seconds()) % 86400 < 600 or abs((now - logged).total_seconds()) % 86400 > 86400 - 600
+    )
 
 
 def test_the_log_is_private_and_holds_no_password(shared_warm):

@@ -1,6 +1,7 @@
-"""`zhpipe doctor` against a team's real services on loopback (tests/helpers/team.py: PostgreSQL behind an `mlflow server`
-with MLflow's basic-auth app and behind a `prefect server` with an auth string, the store in moto's S3 server). Every
-service is one line; each misconfiguration a team meets is a FAIL line naming what to fix, and exit 1."""
+"""`zhpipe doctor` against a team's real services on loopback (tests/helpers/team.py: PostgreSQL behind an `mlflow
+server` with MLflow's basic-auth app and behind a `prefect server` with an auth string, the store in moto's S3 server).
+Every service is one line; each misconfiguration a team meets is a FAIL line naming what to fix, and exit 1."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,13 +20,19 @@ def test_doctor_checks_each_team_service_as_a_run_uses_it(team, alice):
     good = zhpipe(env, "doctor", cwd=project)
     assert good.returncode == 0, good.stdout + good.stderr
     checked = lines(good)
-    assert set(checked) == {"config", "disk", "tracking", "prefect", "store"} and all(v.startswith("ok") for v in checked.values())
-    assert "a run and an artifact written and deleted" in checked["tracking"] and "asks for credentials" in checked["prefect"]
+    assert set(checked) == {"config", "disk", "tracking", "prefect", "store"} and all(
+        v.startswith("ok") for v in checked.values()
+    )
+    assert (
+        "a run and an artifact written and deleted" in checked["tracking"]
+        and "asks for credentials" in checked["prefect"]
+    )
     assert "s3://team/zhpipe: writable" in checked["store"]
 
 
-@pytest.mark.parametrize("case", ["wrong password", "tracking down", "bucket missing", "prefect without credentials",
-                                  "prefect without auth"])
+@pytest.mark.parametrize(
+    "case", ["wrong password", "tracking down", "bucket missing", "prefect without credentials", "prefect without auth"]
+)
 def test_doctor_finds_each_misconfiguration(team, alice, prefect_harness, case):
     env, project = alice
     env, argv = dict(env), ["doctor"]
@@ -51,7 +58,14 @@ def test_doctor_finds_each_misconfiguration(team, alice, prefect_harness, case):
 
 def test_a_run_with_the_tracking_server_down_stops_before_it_builds(team, alice):
     env, project = alice
-    run = zhpipe({**env, "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{free_port()}"}, "run", "smoke", "--to", "download", cwd=project)
+    run = zhpipe(
+        {**env, "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{free_port()}"},
+        "run",
+        "smoke",
+        "--to",
+        "download",
+        cwd=project,
+    )
     assert run.returncode == 2 and "the tracking server" in run.stderr and "nothing was built" in run.stderr, run
     assert len(run.stderr.strip().splitlines()) == 1, run.stderr
 
@@ -68,11 +82,21 @@ def test_credentials_never_reach_params_tags_artifacts_or_logs(team, alice, tmp_
     done = zhpipe(env, "run", "smoke", "--to", "split", cwd=project)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"see it at {team.tracking}/#/experiments/" in done.stdout and "zhpipe ui" not in done.stdout + done.stderr
-    secrets = {"MLFLOW_TRACKING_PASSWORD": env["MLFLOW_TRACKING_PASSWORD"], "PREFECT_API_AUTH_STRING": team.auth_string,
-               "database password": team.pg_password}
-    recorded = [done.stdout, done.stderr, (team.folder / "mlflow.log").read_text(), (team.folder / "prefect.log").read_text()]
+    secrets = {
+        "MLFLOW_TRACKING_PASSWORD": env["MLFLOW_TRACKING_PASSWORD"],
+        "PREFECT_API_AUTH_STRING": team.auth_string,
+        "database password": team.pg_password,
+    }
+    recorded = [
+        done.stdout,
+        done.stderr,
+        (team.folder / "mlflow.log").read_text(),
+        (team.folder / "prefect.log").read_text(),
+    ]
     saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")}
-    os.environ.update({"MLFLOW_TRACKING_USERNAME": "alice", "MLFLOW_TRACKING_PASSWORD": env["MLFLOW_TRACKING_PASSWORD"]})
+    os.environ.update(
+        {"MLFLOW_TRACKING_USERNAME": "alice", "MLFLOW_TRACKING_PASSWORD": env["MLFLOW_TRACKING_PASSWORD"]}
+    )
     try:
         client = MlflowClient(team.tracking)
         experiment = client.get_experiment_by_name("zhpipe-smoke")

@@ -28,7 +28,9 @@ def printed(done) -> str:
 
 def ok(done) -> str:
     assert done.returncode == 0, printed(done)[-4000:]
-    assert "zhpipe ui" not in printed(done)  # the team's UI is the tracking server, never the engineer's empty local store
+    assert "zhpipe ui" not in printed(
+        done
+    )  # the team's UI is the tracking server, never the engineer's empty local store
     return printed(done)
 
 
@@ -42,29 +44,41 @@ def test_two_engineers_on_two_machines_share_one_registry_and_store(team, machin
     (alice, a_dir), (bob, b_dir) = machines["alice"], machines["bob"]
     first = ok(zhpipe(alice, "run", "smoke", cwd=a_dir))
     assert f"see it at {team.tracking}/#/experiments/" in first and "│ miss" in first
-    second = ok(zhpipe(bob, "run", "smoke", cwd=b_dir))  # bob's machine has nothing of alice's: every stage a hit from the bucket
-    assert "│ miss" not in second and second.count("│ hit") >= 10 and f"see it at {team.tracking}/#/experiments/" in second
+    second = ok(
+        zhpipe(bob, "run", "smoke", cwd=b_dir)
+    )  # bob's machine has nothing of alice's: every stage a hit from the bucket
+    assert (
+        "│ miss" not in second and second.count("│ hit") >= 10 and f"see it at {team.tracking}/#/experiments/" in second
+    )
     assert "🏃 View run" not in first + second  # MLflow's own per-run link lines: the run prints one link, at its end
 
-    assert "missing" not in ok(zhpipe(bob, "status", "smoke", cwd=b_dir)) and "stale" not in ok(zhpipe(bob, "status", "smoke", cwd=b_dir))
+    assert "missing" not in ok(zhpipe(bob, "status", "smoke", cwd=b_dir)) and "stale" not in ok(
+        zhpipe(bob, "status", "smoke", cwd=b_dir)
+    )
     runs = ok(zhpipe(bob, "runs", "smoke", cwd=b_dir))
     ids = re.findall(r"^│ ([0-9a-f]{12}) │ FINISHED", runs, re.M)
     assert len(ids) == 2, runs  # both engineers' runs in the one experiment
     assert "test_accuracy" in ok(zhpipe(alice, "compare", *ids, "--all", cwd=a_dir))
     assert "pred_label" in ok(zhpipe(alice, "predict", "--pipeline", "smoke", "房间很干净，早餐也好", cwd=a_dir))
     for who, folder in machines.values():
-        assert re.search(r"\d+ outputs checked in s3://team/zhpipe: \d+ sound, 0 corrupt", ok(zhpipe(who, "verify", cwd=folder)))
+        assert re.search(
+            r"\d+ outputs checked in s3://team/zhpipe: \d+ sound, 0 corrupt", ok(zhpipe(who, "verify", cwd=folder))
+        )
     assert "0 items" in ok(zhpipe(bob, "gc", "--dry-run", cwd=b_dir))
-    assert bucket(team).exists(f"{STORE.removeprefix('s3://')}/train")  # the outputs live in the bucket (each machine mirrors)
+    assert bucket(team).exists(
+        f"{STORE.removeprefix('s3://')}/train"
+    )  # the outputs live in the bucket (each machine mirrors)
 
 
 def test_gc_from_another_machine_keeps_what_a_live_run_holds_and_recent_use(team, machines, tmp_path):
-    """bob's pipelines.yaml plans none of alice's outputs: gc from his machine keeps what alice used within the retention
-    period, and with no retention still keeps what her live run holds; it says why for each."""
+    """bob's pipelines.yaml plans none of alice's outputs: gc from his machine keeps what alice used within the
+    retention period, and with no retention still keeps what her live run holds; it says why for each."""
     alice, a_dir = machines["alice"]
     bob, b_dir = machine(team, tmp_path / "bobs-other-project", "bob")
     text = (b_dir / "pipelines.yaml").read_text()
-    (b_dir / "pipelines.yaml").write_text(text.split("\n  smoke:", 1)[0] + "\n")  # the pipelines before smoke: none was run
+    (b_dir / "pipelines.yaml").write_text(
+        text.split("\n  smoke:", 1)[0] + "\n"
+    )  # the pipelines before smoke: none was run
     recent = ok(zhpipe(bob, "gc", "--dry-run", cwd=b_dir))
     assert re.search(r"^0 items", recent, re.M) and "kept " in recent, recent
     assert "would remove" in ok(zhpipe(bob, "gc", "--dry-run", "--keep-days", "0", cwd=b_dir))
@@ -81,7 +95,9 @@ def test_gc_from_another_machine_keeps_what_a_live_run_holds_and_recent_use(team
     assert any(p.endswith(".json") for p in fs.ls(leases, detail=False))
     verified = ok(zhpipe(alice, "verify", cwd=a_dir))
     assert " 0 corrupt" in verified
-    again = ok(zhpipe(alice, "run", "smoke", "--set", "split.seed=3", cwd=a_dir))  # what the live run used is all still there
+    again = ok(
+        zhpipe(alice, "run", "smoke", "--set", "split.seed=3", cwd=a_dir)
+    )  # what the live run used is all still there
     assert "│ miss" not in again, again
 
 
@@ -165,4 +181,6 @@ def test_a_worker_with_no_corpus_and_another_path_trains_for_an_engineer(team, t
         for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
             os.environ.pop(key)
     train_runs = [r for r in runs if r.info.run_name == "train"]
-    assert train_runs and all(r.data.tags.get("mlflow.parentRunId") == parent for r in train_runs), [r.data.tags for r in runs]
+    assert train_runs and all(r.data.tags.get("mlflow.parentRunId") == parent for r in train_runs), [
+        r.data.tags for r in runs
+    ]

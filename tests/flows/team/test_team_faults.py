@@ -1,7 +1,8 @@
 """Faults a team's run meets, each on the real services of tests/helpers/team.py while a run is in flight: the tracking
 server killed and restarted, the database restarted (every connection of both servers dropped), the object store
-unreachable for half a minute. A run rides a fault out where a retry is safe, or stops in one line; nothing is half-written
-(verify finds every output sound), and the rerun reuses what finished."""
+unreachable for half a minute. A run rides a fault out where a retry is safe, or stops in one line; nothing is
+half-written (verify finds every output sound), and the rerun reuses what finished."""
+
 from __future__ import annotations
 
 import re
@@ -16,7 +17,8 @@ pytestmark = pytest.mark.e2e
 
 
 def through(fault, alice, seed: int, when: str, log) -> tuple[int, str]:
-    """A run of smoke (new from split on: `split.seed`), `fault()` once its log shows `when`; its exit status and log."""
+    """A run of smoke (new from split on: `split.seed`), `fault()` once its log shows `when`; its exit status and log.
+    """
     env, project = alice
     proc = start(env, project, "run", "smoke", "--set", f"split.seed={seed}", log=log)
     deadline = time.monotonic() + 300
@@ -46,6 +48,7 @@ def afterwards(alice, seed: int, code: int, text: str, finished_before: tuple[st
 
 def test_tracking_server_killed_and_restarted_during_a_run(team, alice, tmp_path):
     """SIGKILL to the tracking server while the run trains, back 8 s later: MLflow's client retries ride it out."""
+
     def fault():
         team.stop_mlflow(kill=True)
         time.sleep(8)
@@ -67,6 +70,7 @@ def test_database_restarted_during_a_run(team, alice, tmp_path):
 def test_object_store_unreachable_for_half_a_minute(team, alice, tmp_path):
     """The S3 server unreachable for 30 s (connections refused, open ones broken) from the segment stage on: far longer
     than botocore's default retries (3 attempts, a few seconds), inside zhpipe's (16 attempts, a minute or two)."""
+
     def fault():
         team.gate.cut()
         time.sleep(30)

@@ -60,10 +60,15 @@ def test_a_held_partition_reaches_a_webhook_through_a_prefect_automation(receive
     names = alerts.setup(Alerts(webhook=url, allow_private_urls=True))
     automations.extend(names)
     assert "zhpipe: zhpipe.partition.held" in names and "zhpipe: zhpipe.alerts.test" in names
-    assert set(alerts.setup(Alerts(webhook=url, allow_private_urls=True))) == set(names)  # set up again: replaced, not doubled
+    assert set(alerts.setup(Alerts(webhook=url, allow_private_urls=True))) == set(
+        names
+    )  # set up again: replaced, not doubled
     config = load_pipeline("smoke")
     mark = uuid.uuid4().hex[:8]  # this test's messages, told apart from what other tests' runs emit meanwhile
-    held_text, failed_text = f"smoke: 2026-12-02.csv held out of the corpus (check labels) {mark}", f"smoke: check length failed {mark}"
+    held_text, failed_text = (
+        f"smoke: 2026-12-02.csv held out of the corpus (check labels) {mark}",
+        f"smoke: check length failed {mark}",
+    )
     alerts.emit("zhpipe.partition.held", config, {"message": held_text})
     alerts.emit("zhpipe.check.failed", config, {"message": failed_text})
     alerts.flush()
@@ -106,8 +111,13 @@ def test_alerts_test_reports_a_failed_delivery(tmp_path, capsys, automations):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     automations.extend(f"zhpipe: {e}" for e in alerts.EVENTS)
-    done = in_process(capsys, "alerts", "--test", "--config",
-                      _config(tmp_path, f"{{webhook: 'http://127.0.0.1:{port}/hook', allow_private_urls: true, timeout_s: 5}}"))
+    done = in_process(
+        capsys,
+        "alerts",
+        "--test",
+        "--config",
+        _config(tmp_path, f"{{webhook: 'http://127.0.0.1:{port}/hook', allow_private_urls: true, timeout_s: 5}}"),
+    )
     assert done.returncode == 2 and "was not delivered" in done.stderr and "Connection refused" in done.stderr, done
     assert "delivered:" not in done.stdout
 
@@ -136,8 +146,13 @@ def test_alerts_test_to_a_slow_loopback_webhook_arrives_once(tmp_path, capsys, a
     threading.Thread(target=server.serve_forever, daemon=True).start()
     automations.extend(f"zhpipe: {e}" for e in alerts.EVENTS)
     try:
-        done = in_process(capsys, "alerts", "--test", "--config",
-                          _config(tmp_path, f"{{webhook: 'http://127.0.0.1:{server.server_port}/hook', allow_private_urls: true}}"))
+        done = in_process(
+            capsys,
+            "alerts",
+            "--test",
+            "--config",
+            _config(tmp_path, f"{{webhook: 'http://127.0.0.1:{server.server_port}/hook', allow_private_urls: true}}"),
+        )
         assert done.returncode == 0 and "delivered:" in done.stdout, done
         time.sleep(12)  # Prefect sent it again 10 s apart when it gave up: nothing more may come
         tests = [g for g in got if "alerts --test" in g.get("text", "")]
@@ -146,18 +161,22 @@ def test_alerts_test_to_a_slow_loopback_webhook_arrives_once(tmp_path, capsys, a
         server.shutdown()
 
 
-@pytest.mark.parametrize("target, why", [
-    ("file:///etc/passwd", "only http(s) URLs"),
-    ("http://169.254.169.254/latest/meta-data/", "link-local or cloud metadata"),
-    ("http://metadata.google.internal/computeMetadata/v1/", "cloud metadata service"),
-])
+@pytest.mark.parametrize(
+    "target, why",
+    [
+        ("file:///etc/passwd", "only http(s) URLs"),
+        ("http://169.254.169.254/latest/meta-data/", "link-local or cloud metadata"),
+        ("http://metadata.google.internal/computeMetadata/v1/", "cloud metadata service"),
+    ],
+)
 def test_a_target_that_is_never_right_is_refused_even_with_private_urls_allowed(tmp_path, capsys, target, why):
     """`file:///etc/passwd` was "target allowed" and `--test` then connected to localhost:80; with
     `allow_private_urls: true` the cloud metadata address was allowed too. Each is one line now, nothing sent."""
     from tests.helpers.cli import in_process
 
-    done = in_process(capsys, "alerts", "--test", "--config",
-                      _config(tmp_path, f"{{webhook: '{target}', allow_private_urls: true}}"))
+    done = in_process(
+        capsys, "alerts", "--test", "--config", _config(tmp_path, f"{{webhook: '{target}', allow_private_urls: true}}")
+    )
     assert done.returncode == 2 and why in done.stderr and len(done.stderr.strip().splitlines()) == 1, done
 
 
@@ -183,8 +202,13 @@ def test_a_redirecting_webhook_is_named_once_and_never_sent_to_again(tmp_path, c
     server = http.server.HTTPServer(("127.0.0.1", 0), Redirect)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        done = in_process(capsys, "alerts", "--test", "--config", _config(
-            tmp_path, f"{{webhook: 'http://127.0.0.1:{server.server_port}/hook', allow_private_urls: true}}"))
+        done = in_process(
+            capsys,
+            "alerts",
+            "--test",
+            "--config",
+            _config(tmp_path, f"{{webhook: 'http://127.0.0.1:{server.server_port}/hook', allow_private_urls: true}}"),
+        )
     finally:
         server.shutdown()
     assert done.returncode == 2 and "answers 307, a redirect" in done.stderr and "refused" in done.stderr, done

@@ -32,7 +32,9 @@ class Payload:
 @pytest.fixture(scope="module")
 def built(prefect_harness, tmp_path_factory):
     store = tmp_path_factory.mktemp("no-pickle")
-    out = pipeline_flow("smoke", overrides=SETS, storage=str(store), stages=without_profile())  # its pictures are not read here
+    out = pipeline_flow(
+        "smoke", overrides=SETS, storage=str(store), stages=without_profile()
+    )  # its pictures are not read here
     return store, {u["stage"]: u for u in out["units"]}
 
 
@@ -48,8 +50,10 @@ def test_a_payload_in_a_stage_output_never_runs(built, tmp_path):
     marker = tmp_path / "pwned-store"
     plant(unit / "textcnn" / "model.pt", marker)
     manifest = json.loads((unit / "manifest.json").read_text())  # an attacker rewrites the manifest too
-    manifest["files"]["textcnn/model.pt"] = {"size": (unit / "textcnn" / "model.pt").stat().st_size,
-                                            "sha256": file_sha256(unit / "textcnn" / "model.pt")}
+    manifest["files"]["textcnn/model.pt"] = {
+        "size": (unit / "textcnn" / "model.pt").stat().st_size,
+        "sha256": file_sha256(unit / "textcnn" / "model.pt"),
+    }
     (unit / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(pickle.UnpicklingError):
         MODELS["textcnn"].load(unit / "textcnn")
@@ -72,4 +76,6 @@ def test_a_payload_in_a_logged_models_artifacts_never_runs(built, tmp_path):
         mlflow.pyfunc.load_model(uri).predict(["房间很干净"])
     assert not marker.exists()
     logged = Path(location.removeprefix("file://"))
-    assert (logged / "pyfunc_model.py").is_file() and not list(logged.rglob("*.pkl"))  # models from code, no CloudPickle
+    assert (logged / "pyfunc_model.py").is_file() and not list(
+        logged.rglob("*.pkl")
+    )  # models from code, no CloudPickle

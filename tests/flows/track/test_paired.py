@@ -55,7 +55,11 @@ def test_a_challenger_worse_on_one_class_is_not_promoted():
     challenger = truth.copy()
     challenger[600:630] = 0  # better overall (30 wrong against 60), but wrong on half of class 2
     result = compare(labels(truth, champion), labels(truth, challenger))
-    assert result.low > 0 and not result.better() and result.worse_slices == ["class 2 F1: 0.6667 against 1.0000 (60 rows)"]
+    assert (
+        result.low > 0
+        and not result.better()
+        and result.worse_slices == ["class 2 F1: 0.6667 against 1.0000 (60 rows)"]
+    )
 
 
 def test_a_champion_that_puts_nearly_every_row_in_one_class_loses_that_class_to_a_clearly_better_model():
@@ -76,8 +80,10 @@ def test_macro_f1_and_spans_and_bleu_are_compared_on_the_same_rows():
 
     truth, predicted = np.array([0, 0, 1, 1, 2, 2, 2]), np.array([0, 1, 1, 1, 2, 0, 2])
     assert macro_f1(truth, predicted) == pytest.approx(f1_score(truth, predicted, average="macro"))
-    spans = [Outcomes("spans", "f1", {"tp": np.array(tp), "fp": np.array(fp), "fn": np.array(fn)})
-             for tp, fp, fn in (([1] * 100, [1] * 100, [1] * 100), ([2] * 100, [0] * 100, [0] * 100))]
+    spans = [
+        Outcomes("spans", "f1", {"tp": np.array(tp), "fp": np.array(fp), "fn": np.array(fn)})
+        for tp, fp, fn in (([1] * 100, [1] * 100, [1] * 100), ([2] * 100, [0] * 100, [0] * 100))
+    ]
     assert spans[0].score() == pytest.approx(0.5) and spans[1].score() == 1.0 and compare(*spans).better()
     from sacrebleu.metrics import BLEU
 
@@ -85,7 +91,9 @@ def test_macro_f1_and_spans_and_bleu_are_compared_on_the_same_rows():
     hyps = [[f"the cat number {i} sat on a hat" for i in range(60)], refs]
     stats = [np.array(BLEU()._extract_corpus_statistics(h, [refs])) for h in hyps]
     bleu = [Outcomes("bleu", "bleu", {"stats": s}) for s in stats]
-    assert bleu[0].score() == pytest.approx(BLEU().corpus_score(hyps[0], [refs]).score) and bleu[1].score() == pytest.approx(100.0)
+    assert bleu[0].score() == pytest.approx(BLEU().corpus_score(hyps[0], [refs]).score) and bleu[
+        1
+    ].score() == pytest.approx(100.0)
     assert compare(*bleu).better()
     with pytest.raises(ValueError, match="different rows"):
         compare(bleu[0], labels([0, 1], [0, 1]))
@@ -93,6 +101,7 @@ def test_macro_f1_and_spans_and_bleu_are_compared_on_the_same_rows():
 
 def test_a_tagger_worse_on_one_entity_type_is_not_promoted():
     """Entity F1 better overall, but the challenger lost most ORG entities: kept out, the type named."""
+
     def spans(per_type: dict[str, tuple[int, int, int]], rows: int = 100) -> Outcomes:
         columns = {}
         for kind, (tp, fp, fn) in per_type.items():
@@ -113,7 +122,13 @@ def test_a_tagger_worse_on_one_entity_type_is_not_promoted():
 
 
 def test_length_buckets():
-    assert length_buckets(["短", "x" * 20, "x" * 49, "x" * 50, "x" * 250]).tolist() == ["<20", "20-49", "20-49", "50-99", "200+"]
+    assert length_buckets(["短", "x" * 20, "x" * 49, "x" * 50, "x" * 250]).tolist() == [
+        "<20",
+        "20-49",
+        "20-49",
+        "50-99",
+        "200+",
+    ]
 
 
 def test_a_champion_that_falls_on_todays_test_rows_points_at_the_rows():
@@ -127,6 +142,13 @@ def test_a_champion_that_falls_on_todays_test_rows_points_at_the_rows():
     assert "0.6376" in note and "the test rows, not the model" in note
     assert own_drop({"zhpipe.score": "0.8665"}, 0.8600, 1500, proportion=True) == ""  # inside the noise
     assert own_drop({"zhpipe.score": "30.1"}, 10.0, 1500, proportion=False) == ""  # BLEU: not a proportion
-    reason = "test accuracy 0.6400 against champion version 2's 0.6376 on the same 1500 rows: inside the noise; the alias stays" + note
-    assert any("the champion fell on today's test rows" in w for w in worries(True, [], {"zhpipe.champion": "no", "zhpipe.champion_reason": reason}))
+    reason = (
+        "test accuracy 0.6400 against champion version 2's 0.6376 on the same 1500 rows: inside the noise; "
+        "the alias stays"
+        + note
+    )
+    assert any(
+        "the champion fell on today's test rows" in w
+        for w in worries(True, [], {"zhpipe.champion": "no", "zhpipe.champion_reason": reason})
+    )
     assert attention_code({"kept_worse": reason}, "held,kept-worse") == ATTENTION

@@ -30,14 +30,23 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def trained(prefect_harness, tmp_path_factory):
     store = tmp_path_factory.mktemp("registry-store")
-    first = pipeline_flow("smoke", overrides=SETS, storage=str(store), stages=without_profile())  # the registry reads no pictures
+    first = pipeline_flow(
+        "smoke", overrides=SETS, storage=str(store), stages=without_profile()
+    )  # the registry reads no pictures
     second = pipeline_flow("smoke", overrides=SETS + ["train.epochs=2"], storage=str(store), stages=without_profile())
     stages = {r["stage"]: r for r in first["stages"]}
     units = {u["stage"]: u for u in first["units"]}
     tfidf_run = units["train.tfidf_lr"]["run_id"]
-    return {"store": store, "first": first, "second": second, "tfidf_run": tfidf_run, "models": {n: Path(units[f"train.{n}"]["path"]) / n for n in ("tfidf_lr", "textcnn")},
-            "segment": Path(stages["segment"]["path"]), "labels": stages["train"]["facts"]["labels"],
-            "tags": client().get_run(first["parent_run_id"]).data.tags}
+    return {
+        "store": store,
+        "first": first,
+        "second": second,
+        "tfidf_run": tfidf_run,
+        "models": {n: Path(units[f"train.{n}"]["path"]) / n for n in ("tfidf_lr", "textcnn")},
+        "segment": Path(stages["segment"]["path"]),
+        "labels": stages["train"]["facts"]["labels"],
+        "tags": client().get_run(first["parent_run_id"]).data.tags,
+    }
 
 
 def test_pyfunc_takes_raw_text_and_predicts_like_the_training_code(trained):
@@ -54,7 +63,9 @@ def test_pyfunc_takes_raw_text_and_predicts_like_the_training_code(trained):
         info = log_model(run.run_id, name, trained["models"][name], trained["labels"], config)
         got = mlflow.pyfunc.load_model(info.model_uri).predict(test["text"].tolist())
         want = MODELS[name].load(trained["models"][name])(test)
-        np.testing.assert_allclose(got[[f"p_{label}" for label in trained["labels"]]].to_numpy(), want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            got[[f"p_{label}" for label in trained["labels"]]].to_numpy(), want, rtol=1e-5, atol=1e-6
+        )
         assert got["label"].tolist() == [trained["labels"][i] for i in want.argmax(1)]
     run.finish()
 
@@ -78,7 +89,9 @@ def test_champion_rule(trained):
     uri = client().get_run(trained["tfidf_run"]).data.tags["zhpipe.model_uri"]
 
     def register(score, frame=test, key=None):
-        return register_best(uri, run_id, "rule-test", "tfidf_lr", frame, "accuracy", score, model_key=key or f"key-{score}-{len(frame)}")
+        return register_best(
+            uri, run_id, "rule-test", "tfidf_lr", frame, "accuracy", score, model_key=key or f"key-{score}-{len(frame)}"
+        )
 
     def champion():
         return str(client().get_model_version_by_alias("zhpipe-rule-test", "champion").version)
@@ -93,8 +106,9 @@ def test_champion_rule(trained):
     assert not other.champion and champion() == better.version and "another test split" in other.reason
     again = register(0.90)  # the same model key: no new version, and it stays champion
     assert again.version == better.version and "already registered" in again.reason and champion() == better.version
-    assert again.holds and not again.champion and better.holds and not worse.holds  # `zhpipe runs` says "already" for it
-
+    assert (
+        again.holds and not again.champion and better.holds and not worse.holds
+    )  # `zhpipe runs` says "already" for it
 
 
 def test_the_champion_is_replaced_only_beyond_the_noise_of_the_same_test_rows(trained):
@@ -111,7 +125,9 @@ def test_the_champion_is_replaced_only_beyond_the_noise_of_the_same_test_rows(tr
     served = lambda model_uri, frame: served_outcomes(model_uri, frame, "accuracy", store=store)
 
     def register(score, frame, key, rescore=served, model_uri=uri):
-        return register_best(model_uri, run_id, "rescore-test", "tfidf_lr", frame, "accuracy", score, model_key=key, rescore=rescore)
+        return register_best(
+            model_uri, run_id, "rescore-test", "tfidf_lr", frame, "accuracy", score, model_key=key, rescore=rescore
+        )
 
     first = register(0.5, test, "k1")
     assert first.champion
@@ -158,14 +174,20 @@ def test_a_clearly_better_model_replaces_a_weak_champion(trained, monkeypatch):
     def served(model_uri, frame):
         real = served_outcomes(model_uri, frame, "accuracy", store=StageStore(trained["store"]))
         if model_uri.endswith(f"/{weak_version[0]}"):  # the weak champion: a label no text has, for every text
-            return Outcomes("labels", "accuracy", {"truth": real.columns["truth"], "predicted": np.full(real.rows, "none", dtype=object)},
-                            real.slices)
+            return Outcomes(
+                "labels",
+                "accuracy",
+                {"truth": real.columns["truth"], "predicted": np.full(real.rows, "none", dtype=object)},
+                real.slices,
+            )
         return real
 
     first = register_best(uri, run_id, "weak-test", "tfidf_lr", test, "accuracy", 0.5, model_key="weak", rescore=served)
     weak_version.append(first.version)
     assert first.champion
-    strong = register_best(uri, run_id, "weak-test", "tfidf_lr", test, "accuracy", 0.8, model_key="strong", rescore=served)
+    strong = register_best(
+        uri, run_id, "weak-test", "tfidf_lr", test, "accuracy", 0.8, model_key="strong", rescore=served
+    )
     assert strong.champion and "better beyond the noise" in strong.reason, strong.reason
     assert str(client().get_model_version_by_alias("zhpipe-weak-test", "champion").version) == strong.version
 
@@ -203,10 +225,32 @@ def _free_port():
 def test_mlflow_models_serve_answers_raw_chinese_text(trained):
     uri = "models:/" + trained["tags"]["zhpipe.registered"]
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "models", "serve", "-m", uri, "--env-manager", "local",
-                             "--host", "127.0.0.1", "--port", str(port)], cwd=ROOT,
-                            env={**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"},  # as with the venv active
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "models",
+            "serve",
+            "-m",
+            uri,
+            "--env-manager",
+            "local",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        cwd=ROOT,
+        env={
+            **os.environ,
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        },  # as with the venv active
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 180
         while True:
@@ -218,25 +262,35 @@ def test_mlflow_models_serve_answers_raw_chinese_text(trained):
                 pass
             assert time.monotonic() < deadline, "mlflow models serve did not start"
             time.sleep(0.25)
-        r = httpx.post(f"http://127.0.0.1:{port}/invocations", json={"inputs": ["房间很干净，服务也好", "早餐太差了，再也不来"]}, timeout=60)
+        r = httpx.post(
+            f"http://127.0.0.1:{port}/invocations",
+            json={"inputs": ["房间很干净，服务也好", "早餐太差了，再也不来"]},
+            timeout=60,
+        )
         assert r.status_code == 200, r.text
         predictions = r.json()["predictions"]
         assert len(predictions) == 2 and {"label", "probability"} <= set(predictions[0])
-        assert all(p["label"] in trained["labels"] and 0 <= p["probability"] <= 1 and p["status"] == "ok" for p in predictions)
+        assert all(
+            p["label"] in trained["labels"] and 0 <= p["probability"] <= 1 and p["status"] == "ok" for p in predictions
+        )
         # bad requests: a 4xx with a message, never a confident label
         too_many = httpx.post(f"http://127.0.0.1:{port}/invocations", json={"inputs": ["好"] * 10_001}, timeout=60)
         assert too_many.status_code == 400 and "at most 10000" in too_many.json()["message"]
-        no_text = httpx.post(f"http://127.0.0.1:{port}/invocations", json={"dataframe_split": {"columns": ["review"], "data": [["好"]]}}, timeout=60)
+        no_text = httpx.post(
+            f"http://127.0.0.1:{port}/invocations",
+            json={"dataframe_split": {"columns": ["review"], "data": [["好"]]}},
+            timeout=60,
+        )
         assert 400 <= no_text.status_code < 500, no_text.text
-        odd = httpx.post(f"http://127.0.0.1:{port}/invocations", json={"inputs": ["", "房" * 20_000, "房间很干净"]}, timeout=60)
+        odd = httpx.post(
+            f"http://127.0.0.1:{port}/invocations", json={"inputs": ["", "房" * 20_000, "房间很干净"]}, timeout=60
+        )
         assert odd.status_code == 200, odd.text
         assert [p["status"] for p in odd.json()["predictions"]] == ["empty", "truncated", "ok"]
         assert odd.json()["predictions"][0].get("label") is None
     finally:
         proc.terminate()
         proc.wait(30)
-
-
 
 
 def test_predict_command(trained, tmp_path, capsys):
@@ -248,28 +302,84 @@ def test_predict_command(trained, tmp_path, capsys):
     assert "房间很干净" in proc.stdout and "probability" in proc.stdout
     assert f"version {trained['tags']['zhpipe.registered'].split('/')[1]}" in proc.stdout  # which model answered
     # the input's own label column is kept; missing, "NA" and empty texts are not turned into strings or labels
-    pd.DataFrame({"content": ["房间很干净", "太差了", "", "NA", None], "label": ["1", "0", "1", "0", "1"]}).to_csv(tmp_path / "in.csv", index=False)
-    proc = in_process(capsys, "predict", "--model", uri, "--storage", str(trained["store"]), "--input", str(tmp_path / "in.csv"), "--text-column", "content", "--output", str(tmp_path / "out.parquet"))
+    pd.DataFrame({"content": ["房间很干净", "太差了", "", "NA", None], "label": ["1", "0", "1", "0", "1"]}).to_csv(
+        tmp_path / "in.csv", index=False
+    )
+    proc = in_process(
+        capsys,
+        "predict",
+        "--model",
+        uri,
+        "--storage",
+        str(trained["store"]),
+        "--input",
+        str(tmp_path / "in.csv"),
+        "--text-column",
+        "content",
+        "--output",
+        str(tmp_path / "out.parquet"),
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = pd.read_parquet(tmp_path / "out.parquet")
-    assert len(out) == 5 and {"content", "label", "pred_label", "pred_probability", "pred_status", "pred_model_version"} <= set(out.columns)
+    assert len(out) == 5 and {
+        "content",
+        "label",
+        "pred_label",
+        "pred_probability",
+        "pred_status",
+        "pred_model_version",
+    } <= set(out.columns)
     assert out["label"].tolist() == ["1", "0", "1", "0", "1"]  # the input's labels, untouched
     assert out["pred_status"].tolist() == ["ok", "ok", "empty", "ok", "empty"]  # a CSV cannot tell "" from missing
     assert out["pred_label"].isna().tolist() == [False, False, True, False, True]
-    assert out["pred_model"].iloc[0] == "zhpipe-smoke" and out["pred_model_version"].iloc[0] == trained["tags"]["zhpipe.registered"].split("/")[1]
+    assert (
+        out["pred_model"].iloc[0] == "zhpipe-smoke"
+        and out["pred_model_version"].iloc[0] == trained["tags"]["zhpipe.registered"].split("/")[1]
+    )
     ok = out["pred_status"] == "ok"
-    np.testing.assert_allclose(out.loc[ok, [f"pred_p_{label}" for label in trained["labels"]]].sum(axis=1), 1.0, atol=1e-4)
-    on_dask = in_process(capsys, "predict", "--model", uri, "--storage", str(trained["store"]), "--input", str(tmp_path / "in.csv"), "--text-column", "content",
-                   "--output", str(tmp_path / "dask.jsonl"), "--dask", "local")
+    np.testing.assert_allclose(
+        out.loc[ok, [f"pred_p_{label}" for label in trained["labels"]]].sum(axis=1), 1.0, atol=1e-4
+    )
+    on_dask = in_process(
+        capsys,
+        "predict",
+        "--model",
+        uri,
+        "--storage",
+        str(trained["store"]),
+        "--input",
+        str(tmp_path / "in.csv"),
+        "--text-column",
+        "content",
+        "--output",
+        str(tmp_path / "dask.jsonl"),
+        "--dask",
+        "local",
+    )
     assert on_dask.returncode == 0, on_dask.stderr[-2000:]
     dask_out = pd.read_json(tmp_path / "dask.jsonl", lines=True, dtype=False)  # labels stay strings
     assert dask_out["pred_label"].tolist()[:2] == out["pred_label"].tolist()[:2]
     np.testing.assert_allclose(dask_out["pred_probability"][:2], out["pred_probability"][:2], rtol=1e-5)
-    missing = in_process(capsys, "predict", "--model", uri, "--input", str(tmp_path / "in.csv"), "--output", str(tmp_path / "o.csv"))
+    missing = in_process(
+        capsys, "predict", "--model", uri, "--input", str(tmp_path / "in.csv"), "--output", str(tmp_path / "o.csv")
+    )
     assert missing.returncode == 2 and "no text column 'text'" in missing.stderr.strip().splitlines()[-1]
     bad = in_process(capsys, "predict", "--model", "models:/zhpipe-nothing@champion", "你好")
-    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("zhpipe: error: cannot load model models:/zhpipe-nothing@champion")
-    bad = in_process(capsys, "predict", "--model", uri, "--input", str(tmp_path / "in.csv"), "--output", str(tmp_path / "out.xlsx"), "--text-column", "content")
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith(
+        "zhpipe: error: cannot load model models:/zhpipe-nothing@champion"
+    )
+    bad = in_process(
+        capsys,
+        "predict",
+        "--model",
+        uri,
+        "--input",
+        str(tmp_path / "in.csv"),
+        "--output",
+        str(tmp_path / "out.xlsx"),
+        "--text-column",
+        "content",
+    )
     assert bad.returncode == 2 and "unknown file type '.xlsx'" in bad.stderr
 
 
@@ -311,7 +421,9 @@ def test_runs_and_compare_commands(trained, capsys, monkeypatch):
     assert "model tfidf_lr test_accuracy" not in table.index  # the same model in both runs: nothing differs
     assert table.loc["param train.epochs", "delta"] == "+1.0000"
     runs = in_process(capsys, "runs", "smoke", "--limit", "50").stdout
-    assert " name " in runs and "registered" in runs and "zhpipe-smoke/" in runs  # the run names and registered versions
+    assert (
+        " name " in runs and "registered" in runs and "zhpipe-smoke/" in runs
+    )  # the run names and registered versions
 
 
 @pytest.mark.parametrize("encoding", ["utf-8", "utf-8-sig", "gbk", "utf-16"])
@@ -329,8 +441,15 @@ def test_a_test_split_hashes_the_same_read_in_batches_as_whole(tmp_path, monkeyp
     from tasks.util import io
     from tasks.util.io import Rows
 
-    frame = pd.DataFrame({"id": range(100), "line": range(2, 102), "text": [f"第{i}条" for i in range(100)],
-                          "label": ["好" if i % 3 else "差" for i in range(100)], "words": ["x"] * 100})
+    frame = pd.DataFrame(
+        {
+            "id": range(100),
+            "line": range(2, 102),
+            "text": [f"第{i}条" for i in range(100)],
+            "label": ["好" if i % 3 else "差" for i in range(100)],
+            "words": ["x"] * 100,
+        }
+    )
     frame.to_parquet(tmp_path / "sorted.parquet", row_group_size=9)
     frame.sample(frac=1.0, random_state=1).to_parquet(tmp_path / "shuffled.parquet", row_group_size=9)
     monkeypatch.setattr(io, "BATCH_ROWS", 10)

@@ -36,7 +36,9 @@ def warnings_of_the_check():
     logger.removeHandler(handler)
 
 
-def test_the_check_runs_by_name_and_warns_without_scanning_every_distribution(unmapped, warnings_of_the_check, tmp_path):
+def test_the_check_runs_by_name_and_warns_without_scanning_every_distribution(
+    unmapped, warnings_of_the_check, tmp_path
+):
     import mlflow.pyfunc
     import pandas as pd
 

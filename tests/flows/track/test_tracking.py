@@ -83,16 +83,24 @@ def _run(rest, run_id):
 
 
 def test_the_ui_sees_a_training_experiment_with_sources_datasets_and_system_metrics(runs, rest):
-    experiment = httpx.get(f"{rest}/experiments/get-by-name", params={"experiment_name": "zhpipe-smoke"}, auth=owner(), timeout=30).json()["experiment"]
+    experiment = httpx.get(
+        f"{rest}/experiments/get-by-name", params={"experiment_name": "zhpipe-smoke"}, auth=owner(), timeout=30
+    ).json()["experiment"]
     assert {"key": "mlflow.experimentKind", "value": "custom_model_development"} in experiment["tags"]
     parent = _run(rest, runs["first"]["parent_run_id"])
     tags = {t["key"]: t["value"] for t in parent["data"]["tags"]}
-    assert tags["mlflow.source.name"].startswith("zhpipe") and tags["mlflow.user"] and tags["mlflow.source.type"] == "LOCAL"
+    assert (
+        tags["mlflow.source.name"].startswith("zhpipe")
+        and tags["mlflow.user"]
+        and tags["mlflow.source.type"] == "LOCAL"
+    )
     assert tags["mlflow.runName"].startswith("smoke train.models=[tfidf_lr,textcnn] split.seed=3 ")
     if tags["zhpipe.git_commit"] != "unknown":
         assert tags["mlflow.source.git.commit"] == tags["zhpipe.git_commit"]
-    contexts = {d["dataset"]["name"]: [t["value"] for t in d["tags"] if t["key"] == "mlflow.data.context"]
-                for d in parent["inputs"]["dataset_inputs"]}
+    contexts = {
+        d["dataset"]["name"]: [t["value"] for t in d["tags"] if t["key"] == "mlflow.data.context"]
+        for d in parent["inputs"]["dataset_inputs"]
+    }
     assert contexts == {"smoke-train": ["training"], "smoke-validation": ["validation"], "smoke-test": ["testing"]}
     textcnn = next(u for u in runs["first"]["units"] if u["stage"] == "train.textcnn")
     metrics = {m["key"] for m in _run(rest, textcnn["run_id"])["data"]["metrics"]}
@@ -121,13 +129,23 @@ def test_runs_left_running_by_a_killed_process_are_marked_killed(tmp_path):
 
     from flows.track.tracker import Tracker, client
 
-    child = subprocess.Popen([sys.executable, "-c", (
-        "import sys; sys.path.insert(0, %r)\n"
-        "from flows.track.tracker import Tracker\n"
-        "r = Tracker.start('zhpipe-orphans', 'killed run')\n"
-        "print(r.run_id, flush=True)\n"
-        "import time; time.sleep(60)\n") % str(Path(__file__).resolve().parents[3])],
-        stdout=subprocess.PIPE, text=True, env=os.environ)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys; sys.path.insert(0, %r)\n"
+                "from flows.track.tracker import Tracker\n"
+                "r = Tracker.start('zhpipe-orphans', 'killed run')\n"
+                "print(r.run_id, flush=True)\n"
+                "import time; time.sleep(60)\n"
+            )
+            % str(Path(__file__).resolve().parents[3]),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=os.environ,
+    )
     run_id = child.stdout.readline().strip()
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
@@ -157,12 +175,25 @@ def test_zhpipe_ui_opens_mlflow_in_its_runs_view_through_its_own_page(ui):
     page = httpx.get(ui["opener"], auth=owner(), timeout=30).text
     assert 'localStorage.setItem("mlflow.workflowType_v1", "\\"machine_learning\\"")' in page
     assert 'location.replace("/" + "#/experiments' in page and "workflowType=machine_learning" in page
-    hostile = httpx.get(f"http://127.0.0.1:{port}/zhpipe/open", params={"to": '#/x"</script><script>alert(1)//'}, auth=owner(),
-                        timeout=30).text
+    hostile = httpx.get(
+        f"http://127.0.0.1:{port}/zhpipe/open",
+        params={"to": '#/x"</script><script>alert(1)//'},
+        auth=owner(),
+        timeout=30,
+    ).text
     assert "alert" not in hostile and 'location.replace("/" + "#/experiments")' in hostile
-    assert httpx.get(f"http://127.0.0.1:{port}/health", auth=owner(), timeout=30).status_code == 200  # MLflow itself, as before
-    assert httpx.get(f"http://127.0.0.1:{port}/ajax-api/2.0/mlflow/experiments/search", params={"max_results": 5},
-                     auth=owner(), timeout=30).status_code == 200
+    assert (
+        httpx.get(f"http://127.0.0.1:{port}/health", auth=owner(), timeout=30).status_code == 200
+    )  # MLflow itself, as before
+    assert (
+        httpx.get(
+            f"http://127.0.0.1:{port}/ajax-api/2.0/mlflow/experiments/search",
+            params={"max_results": 5},
+            auth=owner(),
+            timeout=30,
+        ).status_code
+        == 200
+    )
 
 
 def test_zhpipe_ui_answers_only_its_owner_and_only_reads(ui, runs):
@@ -175,40 +206,68 @@ def test_zhpipe_ui_answers_only_its_owner_and_only_reads(ui, runs):
         refused = httpx.get(f"{base}/health", auth=auth, timeout=30)
         assert refused.status_code == 401 and refused.headers["www-authenticate"].startswith("Basic")
         assert httpx.post(f"{api}/experiments/create", json={"name": "evil"}, auth=auth, timeout=30).status_code == 401
-    writes = [("POST", f"{api}/experiments/create", {"name": "evil", "artifact_location": "/tmp/evil"}),
-              ("POST", f"{api}/runs/create", {"experiment_id": "0"}),
-              ("POST", f"{api}/registered-models/create", {"name": "evil"}),
-              ("POST", f"{api}/model-versions/create", {"name": "zhpipe-smoke", "source": "/tmp/evil/model"}),
-              ("POST", f"{api}/registered-models/alias", {"name": "zhpipe-smoke", "alias": "champion", "version": "1"}),
-              ("DELETE", f"{api}/registered-models/alias", {"name": "zhpipe-smoke", "alias": "champion"}),
-              ("POST", f"{api}/runs/delete", {"run_id": runs["first"]["parent_run_id"]}),
-              ("PUT", f"{base}/api/2.0/mlflow-artifacts/artifacts/evil/pyfunc_model.py", None),
-              ("POST", f"{base}/graphql", {"query": 'mutation { testMutation(input: {inputString: "x"}) { output } }'}),
-              # what passed the old deny-list: a write whose name holds "get", a mutation spelt with a JSON escape
-              ("POST", f"{base}/api/3.0/mlflow/review-queues/get-or-create-user", {"name": "evil"}),
-              ("POST", f"{base}/ajax-api/3.0/mlflow/review-queues/get-or-create-user", {"name": "evil"}),
-              ("POST", f"{base}/graphql", None)]
+    writes = [
+        ("POST", f"{api}/experiments/create", {"name": "evil", "artifact_location": "/tmp/evil"}),
+        ("POST", f"{api}/runs/create", {"experiment_id": "0"}),
+        ("POST", f"{api}/registered-models/create", {"name": "evil"}),
+        ("POST", f"{api}/model-versions/create", {"name": "zhpipe-smoke", "source": "/tmp/evil/model"}),
+        ("POST", f"{api}/registered-models/alias", {"name": "zhpipe-smoke", "alias": "champion", "version": "1"}),
+        ("DELETE", f"{api}/registered-models/alias", {"name": "zhpipe-smoke", "alias": "champion"}),
+        ("POST", f"{api}/runs/delete", {"run_id": runs["first"]["parent_run_id"]}),
+        ("PUT", f"{base}/api/2.0/mlflow-artifacts/artifacts/evil/pyfunc_model.py", None),
+        ("POST", f"{base}/graphql", {"query": 'mutation { testMutation(input: {inputString: "x"}) { output } }'}),
+        # what passed the old deny-list: a write whose name holds "get", a mutation spelt with a JSON escape
+        ("POST", f"{base}/api/3.0/mlflow/review-queues/get-or-create-user", {"name": "evil"}),
+        ("POST", f"{base}/ajax-api/3.0/mlflow/review-queues/get-or-create-user", {"name": "evil"}),
+        ("POST", f"{base}/graphql", None),
+    ]
     escaped = b'{"query": "\\u006dutation { testMutation(input: {inputString: \\"x\\"}) { output } }"}'
     for method, url, body in writes:
-        answer = (httpx.request(method, url, json=body, auth=owner(), timeout=30) if body is not None or method != "POST"
-                  else httpx.post(url, content=escaped, auth=owner(), timeout=30, headers={"content-type": "application/json"}))
-        assert answer.status_code == 403 and "read-only" in answer.text, (method, url, answer.status_code, answer.text[:200])
+        answer = (
+            httpx.request(method, url, json=body, auth=owner(), timeout=30)
+            if body is not None or method != "POST"
+            else httpx.post(
+                url, content=escaped, auth=owner(), timeout=30, headers={"content-type": "application/json"}
+            )
+        )
+        assert answer.status_code == 403 and "read-only" in answer.text, (
+            method,
+            url,
+            answer.status_code,
+            answer.text[:200],
+        )
     # a body over the limit is refused before it is read: a 300 MB upload never reaches MLflow
     big = httpx.post(f"{base}/ajax-api/2.0/mlflow/runs/search", content=b"x" * (2 << 20), auth=owner(), timeout=30)
     assert big.status_code == 413
     # a websocket, with or without credentials, is refused before MLflow sees it
     for auth in (None, owner()):
-        handshake = httpx.get(f"{base}/ws", auth=auth, timeout=30, headers={
-            "connection": "Upgrade", "upgrade": "websocket", "sec-websocket-version": "13",
-            "sec-websocket-key": "dGhlIHNhbXBsZSBub25jZQ=="})
+        handshake = httpx.get(
+            f"{base}/ws",
+            auth=auth,
+            timeout=30,
+            headers={
+                "connection": "Upgrade",
+                "upgrade": "websocket",
+                "sec-websocket-version": "13",
+                "sec-websocket-key": "dGhlIHNhbXBsZSBub25jZQ==",
+            },
+        )
         assert handshake.status_code in (401, 403) and handshake.status_code != 101
     queries = httpx.post(f"{base}/graphql", json={"query": "query { __typename }"}, auth=owner(), timeout=30)
     assert queries.status_code == 200, queries.text[:300]
-    reads = httpx.post(f"{base}/ajax-api/2.0/mlflow/runs/search", json={"experiment_ids": ["0"], "max_results": 1}, auth=owner(), timeout=30)
+    reads = httpx.post(
+        f"{base}/ajax-api/2.0/mlflow/runs/search",
+        json={"experiment_ids": ["0"], "max_results": 1},
+        auth=owner(),
+        timeout=30,
+    )
     assert reads.status_code == 200
     from flows.track.tracker import client
 
-    assert client().get_experiment_by_name("evil") is None and client().get_run(runs["first"]["parent_run_id"]).info.lifecycle_stage == "active"
+    assert (
+        client().get_experiment_by_name("evil") is None
+        and client().get_run(runs["first"]["parent_run_id"]).info.lifecycle_stage == "active"
+    )
 
 
 def test_console_lines_of_prefect_name_their_task():
@@ -216,9 +275,14 @@ def test_console_lines_of_prefect_name_their_task():
 
     from flows.cli import _ConsoleFormatter
 
-    record = logging.LogRecord("prefect.task_runs", logging.INFO, __file__, 1, "Finished in state Completed()", None, None)
+    record = logging.LogRecord(
+        "prefect.task_runs", logging.INFO, __file__, 1, "Finished in state Completed()", None, None
+    )
     record.task_name = "segment"
-    assert _ConsoleFormatter("%(name)s %(message)s").format(record) == "prefect.task_runs [segment] Finished in state Completed()"
+    assert (
+        _ConsoleFormatter("%(name)s %(message)s").format(record)
+        == "prefect.task_runs [segment] Finished in state Completed()"
+    )
 
 
 def test_a_new_tracking_store_over_a_built_stage_store_records_and_registers(runs, tmp_path, monkeypatch):

@@ -79,7 +79,9 @@ def test_two_projects_uis_run_side_by_side_each_reached_through_its_own_alert_li
             assert theirs.status_code == 404  # the other project's run is not in this UI's store
             assert httpx.get(links[name]["link"], timeout=60).status_code == 401  # a browser's login prompt
             assert 'Basic realm="zhpipe"' in httpx.get(base, timeout=60).headers["www-authenticate"]
-        recorded = {name: (folder / ".prefect" / "zhpipe-ui-port").read_text().strip() for name, folder in projects.items()}
+        recorded = {
+            name: (folder / ".prefect" / "zhpipe-ui-port").read_text().strip() for name, folder in projects.items()
+        }
         assert all(bases[n].endswith(f":{recorded[n]}") for n in projects)  # recorded: the next start keeps it
     finally:
         for _, proc in procs:

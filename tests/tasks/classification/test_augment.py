@@ -107,12 +107,23 @@ def test_the_stage_streams_eda_batch_by_batch_into_what_the_whole_split_gives(tm
 
     out = tmp_path / "out"
     out.mkdir()
-    result = augment.build(BuildContext({"segment": seg}, {"segment": Facts(labels=["0", "1"])}, out, params, stages=Stages(),
-                                        store=Store(), pool=(lambda w: ChunkPool(2)) if processes else (lambda w: ChunkPool(1))))
+    result = augment.build(
+        BuildContext(
+            {"segment": seg},
+            {"segment": Facts(labels=["0", "1"])},
+            out,
+            params,
+            stages=Stages(),
+            store=Store(),
+            pool=(lambda w: ChunkPool(2)) if processes else (lambda w: ChunkPool(1)),
+        )
+    )
     got = pd.read_parquet(out / "train.parquet")
     cols = ["id", "text", "words", "label", "source_id", "aug_method", "aug_index"]
     pd.testing.assert_frame_equal(got[cols], expected[cols], check_dtype=False)
     assert victim not in set(got.loc[got["aug_method"] == "eda", "text"]) and result.metrics["filtered_heldout"] >= 1
     assert (out / "train.words.txt").read_text(encoding="utf-8").splitlines() == got["words"].tolist()
     assert result.metrics["rows_original"] == 60 and result.rows == len(got)
-    assert len(list(augment.Rows(seg / "train.parquet").batches())) == 5  # the split was read in batches (row groups of 7)
+    assert (
+        len(list(augment.Rows(seg / "train.parquet").batches())) == 5
+    )  # the split was read in batches (row groups of 7)

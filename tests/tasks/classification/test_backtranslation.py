@@ -127,7 +127,8 @@ def test_killed_translation_resumes_from_cache(models, tmp_path):
 
 def test_backtranslation_augmenter_with_provenance_and_rerun_hits(models, tmp_path):
     params = AugmentConfig(method="backtranslation", backtranslation=bt_params(models, num_variants=2,
-                           filters={"min_chinese": 0.0, "min_similarity": 0.0, "max_length_ratio": 10, "min_length_ratio": 0.0}))
+                           filters={"min_chinese": 0.0, "min_similarity": 0.0, "max_length_ratio": 10,
+                                    "min_length_ratio": 0.0}))
     heldout = {"早餐不好吃"}
     ctx = AugmentContext(params, SegmentConfig(), tmp_path / "cache.sqlite", heldout)
     out, result = augment_frame(TRAIN, ctx)
@@ -148,9 +149,13 @@ def test_backtranslation_augmenter_with_provenance_and_rerun_hits(models, tmp_pa
 
 
 def test_missing_model_is_one_clear_error_or_falls_back_to_eda(tmp_path):
-    params = AugmentConfig(method="backtranslation", backtranslation={"pivots": [{"lang": "en", "forward": "Helsinki-NLP/opus-mt-zh-en"}]})
+    params = AugmentConfig(
+        method="backtranslation", backtranslation={"pivots": [{"lang": "en", "forward": "Helsinki-NLP/opus-mt-zh-en"}]}
+    )
     ctx = AugmentContext(params, SegmentConfig(), tmp_path / "c.sqlite")
-    with pytest.raises(ModelMissingError, match=r"'Helsinki-NLP/opus-mt-zh-en' not found locally.*HF_HOME.*huggingface-cli download"):
+    with pytest.raises(
+        ModelMissingError, match=r"'Helsinki-NLP/opus-mt-zh-en' not found locally.*HF_HOME.*huggingface-cli download"
+    ):
         augment_frame(TRAIN, ctx)
     ctx.params = params.model_copy(update={"fallback": "eda"})
     out, result = augment_frame(TRAIN, ctx)
@@ -223,9 +228,14 @@ def test_http_backend_gives_up_with_one_line(service):
 def test_http_backend_through_the_augmenter(service, tmp_path):
     """The service reverses text, so a round trip returns the source: every candidate is `identical`."""
     _Service.script, _Service.bodies = [], []
-    params = AugmentConfig(method="backtranslation", backtranslation={
-        "backend": "http", "pivots": [{"lang": "en"}, {"lang": "ja"}],
-        "http": {"url": service, "api_key_env": None, "requests_per_second": 100}})
+    params = AugmentConfig(
+        method="backtranslation",
+        backtranslation={
+            "backend": "http",
+            "pivots": [{"lang": "en"}, {"lang": "ja"}],
+            "http": {"url": service, "api_key_env": None, "requests_per_second": 100},
+        },
+    )
     out, result = augment_frame(TRAIN, AugmentContext(params, SegmentConfig(), tmp_path / "c.sqlite"))
     assert result.metrics["candidates"] == 8 and result.metrics["filtered_identical"] == 8
     assert len(out) == len(TRAIN)
@@ -235,9 +245,15 @@ def test_http_backend_through_the_augmenter(service, tmp_path):
 
 def test_http_batch_size_sets_texts_per_request(service, tmp_path):
     _Service.script, _Service.bodies = [], []
-    params = AugmentConfig(method="backtranslation", backtranslation={
-        "backend": "http", "batch_size": 16, "pivots": [{"lang": "en"}],
-        "http": {"url": service, "api_key_env": None, "requests_per_second": 100, "batch_size": 3}})
+    params = AugmentConfig(
+        method="backtranslation",
+        backtranslation={
+            "backend": "http",
+            "batch_size": 16,
+            "pivots": [{"lang": "en"}],
+            "http": {"url": service, "api_key_env": None, "requests_per_second": 100, "batch_size": 3},
+        },
+    )
     augment_frame(TRAIN, AugmentContext(params, SegmentConfig(), tmp_path / "c.sqlite"))
     assert max(len(b["q"]) for _, b in _Service.bodies) == 3
 
@@ -252,7 +268,9 @@ def test_api_key_goes_only_over_https_or_loopback(monkeypatch):
 
 def test_refused_request_shows_neither_the_answer_nor_credentials(service):
     _Service.script = [400]
-    t = HttpTranslator(HttpTranslationConfig(url=conceal(service.replace("http://", "http://u:pw@")), api_key_env=None), "zh", "en")
+    t = HttpTranslator(
+        HttpTranslationConfig(url=conceal(service.replace("http://", "http://u:pw@")), api_key_env=None), "zh", "en"
+    )
     with pytest.raises(ZhpipeError) as err:
         t.translate(["你好"], 1)
     assert "HTTP 400" in str(err.value) and "pw" not in str(err.value) and "***@127.0.0.1" in str(err.value)

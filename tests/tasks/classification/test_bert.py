@@ -29,7 +29,9 @@ def corpus(tmp_path):
         (tmp_path / kind).mkdir()
         (tmp_path / kind / "vocab.txt").write_text("".join(f"{t}\n" for t in vocab), encoding="utf-8")
     kv = KeyedVectors(vector_size=16)
-    kv.add_vectors(["房间", "干净", "服务", "热情", "态度"], np.random.default_rng(0).normal(size=(5, 16)).astype(np.float32))
+    kv.add_vectors(
+        ["房间", "干净", "服务", "热情", "态度"], np.random.default_rng(0).normal(size=(5, 16)).astype(np.float32)
+    )
     return train, validation, tmp_path, keyed_word_vectors(kv)
 
 
@@ -88,8 +90,11 @@ def test_bert_from_a_local_checkpoint_folder(corpus, tmp_path):
 
     folder = tmp_path / "tiny-bert"
     tokenizer = char_tokenizer(corpus[2] / "chars" / "vocab.txt")
-    BertForSequenceClassification(BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                             intermediate_size=64)).save_pretrained(folder)
+    BertForSequenceClassification(
+        BertConfig(
+            vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64
+        )
+    ).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     summary = run_bert(corpus, class_weights=True, checkpoint=str(folder))
     assert "pretrain_history" not in summary and summary["parameters"] < 200_000
@@ -103,7 +108,10 @@ def test_missing_checkpoint_is_one_clear_error(corpus, monkeypatch):
     import huggingface_hub.constants
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(ModelMissingError, match=r"BERT tokenizer 'no-such/bert' not found locally.*huggingface-cli download no-such/bert"):
+    with pytest.raises(
+        ModelMissingError,
+        match=r"BERT tokenizer 'no-such/bert' not found locally.*huggingface-cli download no-such/bert",
+    ):
         run_bert(corpus, checkpoint="no-such/bert")
 
 
@@ -126,7 +134,9 @@ def char_tokenizer_for(texts: pd.Series):
     from transformers import BertTokenizer
 
     chars = sorted({c for t in texts for c in t.split()})
-    return BertTokenizer(vocab={t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars])}, do_lower_case=False)
+    return BertTokenizer(
+        vocab={t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars])}, do_lower_case=False
+    )
 
 
 def test_bert_pretrains_with_next_sentence_prediction(corpus):
@@ -147,11 +157,21 @@ def tiny_hf_checkpoint(tmp_path, dropout=0.1):
     chars = sorted({c for t in pd.concat([train["text"], validation["text"]]) for c in t})
     ckpt = tmp_path / "tiny"
     ckpt.mkdir()
-    tokenizer = BertTokenizerFast(vocab={t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars])})
+    tokenizer = BertTokenizerFast(
+        vocab={t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars])}
+    )
     assert tokenizer.unk_token_id not in tokenizer(train["text"][0])["input_ids"]
-    BertForSequenceClassification(BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                             intermediate_size=64, hidden_dropout_prob=dropout,
-                                             attention_probs_dropout_prob=dropout)).save_pretrained(ckpt)
+    BertForSequenceClassification(
+        BertConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=64,
+            hidden_dropout_prob=dropout,
+            attention_probs_dropout_prob=dropout,
+        )
+    ).save_pretrained(ckpt)
     tokenizer.save_pretrained(ckpt)
     return train, validation, ckpt
 
@@ -165,14 +185,22 @@ def test_hf_trains_data_parallel_as_one_process_does(tmp_path):
     train, validation, ckpt = tiny_hf_checkpoint(tmp_path, dropout=0.0)
     got = {}
     for processes in (1, 2):
-        params = TrainConfig(processes=processes, device="cpu", precision="fp32",
-                             hf={"checkpoint": str(ckpt), "epochs": 2, "patience": 2, "lr": 1e-3, "batch_size": 8, "warmup_ratio": 0.0})
+        params = TrainConfig(
+            processes=processes,
+            device="cpu",
+            precision="fp32",
+            hf={"checkpoint": str(ckpt), "epochs": 2, "patience": 2, "lr": 1e-3, "batch_size": 8, "warmup_ratio": 0.0},
+        )
         out = tmp_path / f"p{processes}"
-        summary = train_hf(TrainInputs("hf", train, validation, ["0", "1"], params, tmp_path, None, out, tmp_path / f"ckpt{processes}"))
+        summary = train_hf(
+            TrainInputs("hf", train, validation, ["0", "1"], params, tmp_path, None, out, tmp_path / f"ckpt{processes}")
+        )
         got[processes] = (summary, load_file(out / "hf" / "model.safetensors"))
     (one, w1), (two, w2) = got[1], got[2]
     assert two.get("processes") == 2 and two.get("backend") == "gloo" and "processes" not in one
-    assert [h["train_loss"] for h in two["history"]] == pytest.approx([h["train_loss"] for h in one["history"]], rel=1e-4)
+    assert [h["train_loss"] for h in two["history"]] == pytest.approx(
+        [h["train_loss"] for h in one["history"]], rel=1e-4
+    )
     for name, weight in w1.items():
         assert torch.allclose(weight, w2[name], atol=1e-4), name
 
@@ -184,17 +212,25 @@ def test_hf_fine_tunes_a_local_checkpoint_and_saves_what_auto_classes_load(tmp_p
     from tasks.classification.models.hf import hf_predictor, train_hf
 
     train, validation, ckpt = tiny_hf_checkpoint(tmp_path)
-    params = TrainConfig(hf={"checkpoint": str(ckpt), "epochs": 8, "patience": 8, "lr": 1e-3, "batch_size": 8, "warmup_ratio": 0.0})
-    summary = train_hf(TrainInputs("hf", train, validation, ["0", "1"], params, tmp_path, None, tmp_path, tmp_path / "ckpt"))
+    params = TrainConfig(
+        hf={"checkpoint": str(ckpt), "epochs": 8, "patience": 8, "lr": 1e-3, "batch_size": 8, "warmup_ratio": 0.0}
+    )
+    summary = train_hf(
+        TrainInputs("hf", train, validation, ["0", "1"], params, tmp_path, None, tmp_path, tmp_path / "ckpt")
+    )
     assert summary["history"][-1]["train_loss"] < summary["history"][0]["train_loss"] and summary["precision"] == "fp32"
     assert summary["history"][summary["best_epoch"] - 1]["val_accuracy"] >= 0.75
     loaded = AutoModelForSequenceClassification.from_pretrained(tmp_path / "hf", local_files_only=True)
     assert loaded.config.id2label == {0: "0", 1: "1"}
     probs = hf_predictor(tmp_path / "hf", "cpu")(validation)
     assert probs.shape == (len(validation), 2) and np.allclose(probs.sum(1), 1, atol=1e-5)
-    frozen = TrainConfig(hf={"checkpoint": str(ckpt), "epochs": 1, "freeze_encoder": True, "gradient_checkpointing": True})
+    frozen = TrainConfig(
+        hf={"checkpoint": str(ckpt), "epochs": 1, "freeze_encoder": True, "gradient_checkpointing": True}
+    )
     out = tmp_path / "frozen"
-    summary = train_hf(TrainInputs("hf", train, validation, ["0", "1"], frozen, tmp_path, None, out, tmp_path / "ckpt2"))
+    summary = train_hf(
+        TrainInputs("hf", train, validation, ["0", "1"], frozen, tmp_path, None, out, tmp_path / "ckpt2")
+    )
     assert summary["trainable_parameters"] < summary["parameters"] / 10  # the head only
 
 
@@ -205,5 +241,8 @@ def test_hf_without_its_checkpoint_is_one_clear_error(tmp_path, monkeypatch):
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     params = TrainConfig(hf={"checkpoint": "no-such/chinese-bert"})
-    with pytest.raises(ModelMissingError, match=r"tokenizer 'no-such/chinese-bert' not found locally.*huggingface-cli download no-such/chinese-bert"):
+    with pytest.raises(
+        ModelMissingError,
+        match=r"tokenizer 'no-such/chinese-bert' not found locally.*huggingface-cli download no-such/chinese-bert",
+    ):
         train_hf(TrainInputs("hf", frame(), frame(2), ["0", "1"], params, tmp_path, None, tmp_path, tmp_path / "ckpt"))

@@ -26,7 +26,14 @@ def test_every_dropped_row_is_quarantined_with_reason():
     kept, quarantine, conflicts = clean_rows(df, CleanConfig(max_chars=20))
     assert kept["id"].tolist() == [0]
     reasons = dict(zip(quarantine["id"], quarantine["reason"]))
-    assert reasons == {1: "empty", 2: "too_short", 3: "duplicate", 4: "label_conflict", 5: "label_conflict", 6: "too_long"}
+    assert reasons == {
+        1: "empty",
+        2: "too_short",
+        3: "duplicate",
+        4: "label_conflict",
+        5: "label_conflict",
+        6: "too_long",
+    }
     assert len(kept) + len(quarantine) == len(df)  # nothing silently lost
     assert conflicts.to_dict("records") == [{"text": "一般般吧", "labels": "0,1", "ids": "4,5"}]
     assert quarantine.loc[quarantine["id"] == 1, "raw_text"].item() == ""
@@ -42,15 +49,25 @@ def _build(tmp_path, df, name, **params):
     out = tmp_path / name
     out.mkdir()
     result = build(BuildContext(inputs={"download": raw}, facts={}, out=out, params=CleanConfig(**params)))
-    return result, pd.read_parquet(out / "data.parquet"), pd.read_parquet(out / "quarantine.parquet"), pd.read_csv(out / "label_conflicts.csv", dtype=str)
+    return (
+        result,
+        pd.read_parquet(out / "data.parquet"),
+        pd.read_parquet(out / "quarantine.parquet"),
+        pd.read_csv(out / "label_conflicts.csv", dtype=str),
+    )
 
 
 def test_partitioned_dedupe_matches_the_whole_corpus_in_memory(tmp_path, monkeypatch):
     import tasks.classification.clean as clean
 
     texts = ["房间很干净", "", "好", "一般般吧", "服务周到", "早餐丰富", "x" * 30, "位置方便", "隔音差"]
-    rows = [(i, f"{texts[i * 7 % len(texts)]}{'' if i % 4 else i % 3}", str((i // 9) % 2 if i % 5 else 0)) for i in range(120)]
-    df = pd.DataFrame(rows, columns=["id", "text", "label"]).astype({"id": "int64", "text": "string", "label": "string"})
+    rows = [
+        (i, f"{texts[i * 7 % len(texts)]}{'' if i % 4 else i % 3}", str((i // 9) % 2 if i % 5 else 0))
+        for i in range(120)
+    ]
+    df = pd.DataFrame(rows, columns=["id", "text", "label"]).astype(
+        {"id": "int64", "text": "string", "label": "string"}
+    )
     df["line"] = df["id"] + 2
     _, kept, quarantine, conflicts = _build(tmp_path, df, "whole", max_chars=20)  # one partition
     assert set(quarantine["reason"]) == {"empty", "too_short", "too_long", "duplicate", "label_conflict"}

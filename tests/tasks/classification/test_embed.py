@@ -112,7 +112,9 @@ def test_analogy_and_similarity_probes_on_known_vectors():
     from tasks.classification.embed import analogy_rows, similarity_rows
 
     kv = KeyedVectors(vector_size=2)
-    kv.add_vectors(["男", "女", "国王", "王后", "苹果"], np.array([[1, 0], [1, 1], [3, 0], [3, 1.1], [-1, -3]], dtype=np.float32))
+    kv.add_vectors(
+        ["男", "女", "国王", "王后", "苹果"], np.array([[1, 0], [1, 1], [3, 0], [3, 1.1], [-1, -3]], dtype=np.float32)
+    )
     (row, missing) = analogy_rows("w", kv, [["男", "女", "国王", "王后"], ["男", "女", "火星", "?"]], topn=2)
     assert row["answers"].split()[0] == "王后" and row["expected_rank"] == 1 and row["missing"] == ""
     assert missing["answers"] == "" and missing["expected_rank"] is None and missing["missing"] == "火星 ?"

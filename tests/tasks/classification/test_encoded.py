@@ -1,5 +1,7 @@
-"""Encoded splits (tasks.classification.models.encoded): ids on disk, read back exactly, every row once per epoch whatever the
-buffer, batched as a split held whole when it fits one buffer, and a network trained through many buffers."""
+"""Encoded splits (tasks.classification.models.encoded): ids on disk, read back exactly, every row once per epoch
+whatever the buffer, batched as a split held whole when it fits one buffer, and a network trained through many buffers.
+"""
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -13,8 +15,13 @@ from tasks.util.io import Rows, write_parquet
 def corpus(n=30):
     rng = np.random.default_rng(0)
     seqs = [list(rng.integers(2, 50, size=rng.integers(1, 9))) for _ in range(n)]
-    return pd.DataFrame({"ids": [" ".join(map(str, s)) for s in seqs], "label": ["a", "b", "c"] * (n // 3),
-                         "aug_method": ["original", "eda"] * (n // 2)}), seqs
+    return pd.DataFrame(
+        {
+            "ids": [" ".join(map(str, s)) for s in seqs],
+            "label": ["a", "b", "c"] * (n // 3),
+            "aug_method": ["original", "eda"] * (n // 2),
+        }
+    ), seqs
 
 
 def as_ids(batch):
@@ -32,7 +39,9 @@ def test_rows_and_labels_come_back_as_written(tmp_path, source):
     assert len(enc) == 30 and [r.tolist() for r in enc.rows(0, 30)] == seqs
     assert [r.tolist() for r in enc.rows(11, 14)] == seqs[11:14]
     assert enc.labels.tolist() == [0, 1, 2] * 10
-    kept = encode_split(data, tmp_path / "kept", as_ids, ["a", "b", "c"], keep=lambda b: b["aug_method"] == "original", columns=["ids"])
+    kept = encode_split(
+        data, tmp_path / "kept", as_ids, ["a", "b", "c"], keep=lambda b: b["aug_method"] == "original", columns=["ids"]
+    )
     assert [r.tolist() for r in kept.rows(0, len(kept))] == seqs[::2] and kept.labels.tolist() == [0, 2, 1] * 5
 
 

@@ -79,14 +79,18 @@ def test_selection_takes_the_cheaper_model_inside_the_noise_of_the_validation_sp
     tfidf[both + 42 : both + 42 + 33] = True  # and the other way round: 75 rows of disagreement, 9 net
     gap, se = paired_gap(fasttext, tfidf)
     assert gap == pytest.approx(9 / rows) and se == pytest.approx(np.sqrt(75 - rows * gap**2) / rows)
-    table = pd.DataFrame({"model": ["fasttext", "tfidf_lr", "textcnn"], "val_accuracy": [fasttext.mean(), tfidf.mean(), 0.80]})
+    table = pd.DataFrame(
+        {"model": ["fasttext", "tfidf_lr", "textcnn"], "val_accuracy": [fasttext.mean(), tfidf.mean(), 0.80]}
+    )
     right = {"fasttext": fasttext, "tfidf_lr": tfidf, "textcnn": np.arange(rows) % 5 != 0}
     chosen, why = choose(table, "accuracy", right, "simplest")
     assert chosen == "tfidf_lr" and "inside the noise" in why and "fasttext" in why
     assert choose(table, "accuracy", right, "best")[0] == "fasttext"
-    assert choose(table, "accuracy", {**right, "fasttext": None}, "simplest")[0] == "fasttext"  # nothing to compare row by row
+    assert (
+        choose(table, "accuracy", {**right, "fasttext": None}, "simplest")[0] == "fasttext"
+    )  # nothing to compare row by row
     clear = np.zeros(rows, bool)
-    clear[:both + 60] = True  # right on every row tfidf_lr is, and on 60 more
+    clear[: both + 60] = True  # right on every row tfidf_lr is, and on 60 more
     tfidf_only = np.zeros(rows, bool)
     tfidf_only[:both] = True
     table = pd.DataFrame({"model": ["textcnn", "tfidf_lr"], "val_accuracy": [clear.mean(), tfidf_only.mean()]})
@@ -96,4 +100,6 @@ def test_selection_takes_the_cheaper_model_inside_the_noise_of_the_validation_sp
     import base64
 
     packed = base64.b64encode(np.packbits(fasttext).tobytes()).decode()
-    assert (right_rows({"validation_right": packed, "validation_rows": rows}) == fasttext).all() and right_rows({}) is None
+    assert (right_rows({"validation_right": packed, "validation_rows": rows}) == fasttext).all() and right_rows(
+        {}
+    ) is None

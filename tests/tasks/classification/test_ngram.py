@@ -42,16 +42,25 @@ def test_lm_classifier_and_lm_round_trip(tmp_path):
     import pandas as pd
 
     from tasks.classification.models.ngram import Params as NgramLMConfig
-    from tasks.classification.models.ngram import lm_classifier_predictor, lm_perplexity, train_lm_classifier, train_ngram_lm
+    from tasks.classification.models.ngram import (
+        lm_classifier_predictor,
+        lm_perplexity,
+        train_lm_classifier,
+        train_ngram_lm,
+    )
 
     words = [" ".join(s) for s in HOTEL + FINANCE]
-    train = pd.DataFrame({"words": words, "label": ["酒店"] * len(HOTEL) + ["金融"] * len(FINANCE), "aug_method": "original"})
+    train = pd.DataFrame(
+        {"words": words, "label": ["酒店"] * len(HOTEL) + ["金融"] * len(FINANCE), "aug_method": "original"}
+    )
     test = pd.DataFrame({"words": ["房间 很 干净", "股市 大 跌"], "label": ["酒店", "金融"]})
     train_lm_classifier(train, ["酒店", "金融"], NgramLMConfig(n=2), tmp_path)
     probs = lm_classifier_predictor(tmp_path / "lm_classifier")(test)
     assert probs.argmax(1).tolist() == [0, 1] and np.allclose(probs.sum(1), 1)
     summary = train_ngram_lm(train, test, NgramLMConfig(n=2), tmp_path)
-    assert summary["kind"] == "lm" and summary["val_perplexity"] == pytest.approx(lm_perplexity(tmp_path / "ngram_lm", test))
+    assert summary["kind"] == "lm" and summary["val_perplexity"] == pytest.approx(
+        lm_perplexity(tmp_path / "ngram_lm", test)
+    )
 
 
 def test_train_models_need_a_classifier():

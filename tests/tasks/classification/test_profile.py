@@ -40,8 +40,14 @@ def test_profile_pictures_and_report(tmp_path):
 
     out = tmp_path / "out"
     out.mkdir()
-    ctx = BuildContext(inputs={"segment": _segmented(tmp_path)}, facts={"segment": Facts(labels=["好评", "差评"])}, out=out,
-                       scratch=tmp_path, params=ProfileConfig(top_k=10), pipeline="smoke")
+    ctx = BuildContext(
+        inputs={"segment": _segmented(tmp_path)},
+        facts={"segment": Facts(labels=["好评", "差评"])},
+        out=out,
+        scratch=tmp_path,
+        params=ProfileConfig(top_k=10),
+        pipeline="smoke",
+    )
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*[Gg]lyph.*missing")  # a tofu box would raise here
         result = build(ctx)
@@ -111,7 +117,9 @@ def test_adjectives_are_the_words_jieba_posseg_tags_as_adjectives(tmp_path):
 
     pos = pd.Series(["房间 /x 干净/a 的/uj", "服务/vn 很/d 好/a", "好/a ！/x"])
     words, adjectives = tagged_counts(pos)
-    assert adjectives == Counter({"好": 2, "干净": 1}) and words["服务"] == 1 and "的" not in words and "！" not in words
+    assert (
+        adjectives == Counter({"好": 2, "干净": 1}) and words["服务"] == 1 and "的" not in words and "！" not in words
+    )
 
 
 @needs_font
@@ -125,9 +133,19 @@ def test_counted_in_small_batches_the_profile_is_the_whole_corpus_profile(tmp_pa
         monkeypatch.setattr(io, "BATCH_ROWS", rows)
         out = tmp_path / f"out{rows}"
         out.mkdir()
-        results[rows] = (build(BuildContext(inputs={"segment": seg}, facts={"segment": Facts(labels=["好评", "差评"])}, out=out,
-                                            scratch=tmp_path, params=ProfileConfig(top_k=10), pipeline="smoke")),
-                         (out / "top_words_per_label.csv").read_text(encoding="utf-8"))
+        results[rows] = (
+            build(
+                BuildContext(
+                    inputs={"segment": seg},
+                    facts={"segment": Facts(labels=["好评", "差评"])},
+                    out=out,
+                    scratch=tmp_path,
+                    params=ProfileConfig(top_k=10),
+                    pipeline="smoke",
+                )
+            ),
+            (out / "top_words_per_label.csv").read_text(encoding="utf-8"),
+        )
     (whole, top), (batched, top_batched) = results[50_000], results[17]
     assert batched.metrics == whole.metrics and top_batched == top and batched.rows == whole.rows
     frame = pd.concat(pd.read_parquet(seg / f"{s}.parquet") for s in ("train", "validation", "test"))

@@ -16,9 +16,14 @@ def test_rnn_lm_learns_its_corpus_and_reloads(tmp_path):
     (tmp_path / "vocab" / "words" / "vocab.txt").write_text("".join(f"{t}\n" for t in vocab), encoding="utf-8")
     params = TrainConfig(epochs=8, patience=8, rnn_lm={"embed_dim": 16, "hidden_size": 32, "batch_size": 8, "lr": 0.01})
     own, other = pd.DataFrame({"words": POS}), pd.DataFrame({"words": NEG})
-    summary = train_rnn_lm(TrainInputs("rnn_lm", train, own, [], params, tmp_path / "vocab", None, tmp_path, tmp_path / "ckpt"))
+    summary = train_rnn_lm(
+        TrainInputs("rnn_lm", train, own, [], params, tmp_path / "vocab", None, tmp_path, tmp_path / "ckpt")
+    )
     history = summary["history"]
-    assert history[-1]["train_loss"] < history[0]["train_loss"] and history[-1]["val_perplexity"] < history[0]["val_perplexity"]
+    assert (
+        history[-1]["train_loss"] < history[0]["train_loss"]
+        and history[-1]["val_perplexity"] < history[0]["val_perplexity"]
+    )
     assert summary["val_perplexity"] == min(h["val_perplexity"] for h in history)
     ppl = rnn_lm_perplexity(tmp_path / "rnn_lm", own, "cpu")
     assert abs(ppl - summary["val_perplexity"]) < 1e-3 * ppl  # the saved model is the best epoch's
@@ -40,7 +45,9 @@ def test_lm_distribution_sums_to_one_and_scores_targets_consistently():
         assert torch.allclose(logp.exp().sum(-1), torch.ones(1, 4), atol=1e-5)
         target_logp, loss = model(ids, targets)
         expected = logp[0, :3].gather(1, targets[0, :3].unsqueeze(1)).squeeze(1)  # padding target excluded
-        assert torch.allclose(target_logp, expected, atol=1e-5) and loss.item() == pytest.approx(-expected.mean().item(), rel=1e-5)
+        assert torch.allclose(target_logp, expected, atol=1e-5) and loss.item() == pytest.approx(
+            -expected.mean().item(), rel=1e-5
+        )
 
 
 def test_rnn_lm_classifier_tells_the_classes_apart_by_likelihood(tmp_path):
@@ -48,15 +55,33 @@ def test_rnn_lm_classifier_tells_the_classes_apart_by_likelihood(tmp_path):
 
     from tasks.classification.models.rnn_lm import lm_classifier_predictor, train_lm_classifier
 
-    train = pd.DataFrame({"words": POS * 15 + NEG * 15, "label": ["pos"] * 15 * len(POS) + ["neg"] * 15 * len(NEG),
-                          "aug_method": "original"})
+    train = pd.DataFrame(
+        {
+            "words": POS * 15 + NEG * 15,
+            "label": ["pos"] * 15 * len(POS) + ["neg"] * 15 * len(NEG),
+            "aug_method": "original",
+        }
+    )
     validation = pd.DataFrame({"words": POS + NEG, "label": ["pos"] * len(POS) + ["neg"] * len(NEG)})
     (tmp_path / "vocab" / "words").mkdir(parents=True)
     vocab = build_vocab(count_tokens(pd.Series(POS + NEG)), VocabConfig(min_freq=1))
     (tmp_path / "vocab" / "words" / "vocab.txt").write_text("".join(f"{t}\n" for t in vocab), encoding="utf-8")
-    params = TrainConfig(epochs=6, patience=6, rnn_lm_classifier={"embed_dim": 16, "hidden_size": 32, "batch_size": 8, "lr": 0.01})
-    summary = train_lm_classifier(TrainInputs("rnn_lm_classifier", train, validation, ["neg", "pos"], params, tmp_path / "vocab",
-                                              None, tmp_path, tmp_path / "ckpt"))
+    params = TrainConfig(
+        epochs=6, patience=6, rnn_lm_classifier={"embed_dim": 16, "hidden_size": 32, "batch_size": 8, "lr": 0.01}
+    )
+    summary = train_lm_classifier(
+        TrainInputs(
+            "rnn_lm_classifier",
+            train,
+            validation,
+            ["neg", "pos"],
+            params,
+            tmp_path / "vocab",
+            None,
+            tmp_path,
+            tmp_path / "ckpt",
+        )
+    )
     assert [c["label"] for c in summary["per_class"]] == ["neg", "pos"]
     probs = lm_classifier_predictor(tmp_path / "rnn_lm_classifier", "cpu")(validation)
     assert np.allclose(probs.sum(1), 1) and (probs.argmax(1) == np.array([1] * len(POS) + [0] * len(NEG))).mean() == 1.0
@@ -87,8 +112,9 @@ def test_the_adaptive_softmax_stays_fp32_under_autocast():
     from tasks.models.modules import LSTMLanguageModel, RNNLMConfig
 
     torch.manual_seed(0)
-    model = LSTMLanguageModel(RNNLMConfig(vocab_size=300, embed_dim=16, hidden_size=32, num_layers=1, dropout=0.0,
-                                          cutoffs=[40, 150])).eval()
+    model = LSTMLanguageModel(
+        RNNLMConfig(vocab_size=300, embed_dim=16, hidden_size=32, num_layers=1, dropout=0.0, cutoffs=[40, 150])
+    ).eval()
     ids, targets = torch.randint(1, 300, (4, 9)), torch.randint(1, 300, (4, 9))
     with torch.no_grad():
         plain_logp, plain_loss = model(ids, targets)

@@ -11,7 +11,9 @@ def split_frame(df, params):
 
 
 def frame(n=200):
-    return pd.DataFrame({"id": range(n), "text": [f"t{i}" for i in range(n)], "label": ["a" if i % 4 else "b" for i in range(n)]})
+    return pd.DataFrame(
+        {"id": range(n), "text": [f"t{i}" for i in range(n)], "label": ["a" if i % 4 else "b" for i in range(n)]}
+    )
 
 
 def test_stratified_deterministic_and_disjoint():
@@ -48,13 +50,17 @@ def test_small_classes_are_quarantined_or_merged():
 
 def test_a_class_under_three_rows_is_a_data_error_not_a_traceback():
     df = pd.DataFrame({"id": range(12), "text": ["t"] * 12, "label": ["a"] * 10 + ["b"] * 2})
-    with pytest.raises(DataError, match=r"1 class \('a', 10 rows\) left with at least 3 rows \(2 rows of smaller classes quarantined\)"):
+    with pytest.raises(
+        DataError, match=r"1 class \('a', 10 rows\) left with at least 3 rows \(2 rows of smaller classes quarantined\)"
+    ):
         split_frame(df, SplitConfig())
 
 
 def reviews(n: int, start: int = 0) -> pd.DataFrame:
     ids = range(start, start + n)
-    return pd.DataFrame({"id": ids, "text": [f"评论 {i} 号" for i in ids], "label": ["好" if i % 3 else "差" for i in ids]})
+    return pd.DataFrame(
+        {"id": ids, "text": [f"评论 {i} 号" for i in ids], "label": ["好" if i % 3 else "差" for i in ids]}
+    )
 
 
 def where(parts: dict) -> dict:
@@ -106,7 +112,9 @@ def test_a_build_in_many_small_batches_writes_what_one_batch_writes(tmp_path, mo
     (tmp_path / "clean").mkdir()
     df.to_parquet(tmp_path / "clean" / "data.parquet", index=False, row_group_size=7)
     monkeypatch.setattr(split, "BATCH_ROWS", 10)  # many batches, each class's rows spread over them
-    out = split.build(BuildContext(inputs={"clean": tmp_path / "clean"}, facts={"clean": Facts()}, out=tmp_path, params=params))
+    out = split.build(
+        BuildContext(inputs={"clean": tmp_path / "clean"}, facts={"clean": Facts()}, out=tmp_path, params=params)
+    )
     assert sorted(quarantine["label"]) == ([] if small_classes == "merge" else ["d", "e", "e"])
     for name, part in whole.items():
         pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / f"{name}.parquet"), part)

@@ -24,10 +24,18 @@ def test_the_stage_reports_the_validation_oov_rate_of_each_kind(tmp_path):
 
     for stage, split, words in (("augment", "train", ["a b a b", "b a"]), ("segment", "validation", ["a b c d"])):
         (tmp_path / stage).mkdir()
-        pd.DataFrame({"words": words, "chars": [w.replace(" ", "") for w in words]}).to_parquet(tmp_path / stage / f"{split}.parquet")
+        pd.DataFrame({"words": words, "chars": [w.replace(" ", "") for w in words]}).to_parquet(
+            tmp_path / stage / f"{split}.parquet"
+        )
     (tmp_path / "out").mkdir()
-    out = build(BuildContext(inputs={"augment": tmp_path / "augment", "segment": tmp_path / "segment"},
-                             facts={"augment": Facts(labels=["0"]), "segment": Facts()}, out=tmp_path / "out", params=VocabConfig(min_freq=1)))
+    out = build(
+        BuildContext(
+            inputs={"augment": tmp_path / "augment", "segment": tmp_path / "segment"},
+            facts={"augment": Facts(labels=["0"]), "segment": Facts()},
+            out=tmp_path / "out",
+            params=VocabConfig(min_freq=1),
+        )
+    )
     assert out.metrics["words_validation_oov_rate"] == 0.5 and out.metrics["words_vocab_size"] == 7
     assert (tmp_path / "out" / "words" / "vocab.txt").read_text(encoding="utf-8").split("\n")[5:7] == ["a", "b"]
     assert out.facts.labels is None  # it states no labels of its own: the run engine keeps augment's with its output

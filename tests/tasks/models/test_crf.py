@@ -84,5 +84,8 @@ def test_constrained_viterbi_is_the_best_allowed_path_by_brute_force():
     def ok(path):
         return starts[path[0]] and ends[path[-1]] and all(allowed[a, b] for a, b in zip(path, path[1:]))
 
-    best = max((p for p in itertools.product(range(len(tags)), repeat=4) if ok(p)), key=lambda p: sum(log_probs[i, t] for i, t in enumerate(p)))
+    best = max(
+        (p for p in itertools.product(range(len(tags)), repeat=4) if ok(p)),
+        key=lambda p: sum(log_probs[i, t] for i, t in enumerate(p)),
+    )
     assert constrained_viterbi(log_probs, allowed, starts, ends) == list(best)

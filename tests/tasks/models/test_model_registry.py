@@ -80,14 +80,28 @@ def test_a_toy_model_needs_one_module_and_one_entry(toy, tmp_path):
     assert trained.metrics["val_accuracy_best"] == 0.75  # always class "1", right on 6 of 8
     scored = tmp_path / "eval-out"
     scored.mkdir()
-    trained_facts = established("train", {"augment": Facts(labels=["0", "1"])}, trained.facts)  # as the run engine stores them
-    unit = evaluate.build_model(BuildContext(inputs={"train": out, "segment": inputs["segment"]}, facts={"train": trained_facts},
-                                             out=scored, params=config.stages.evaluate), "toy")
+    trained_facts = established(
+        "train", {"augment": Facts(labels=["0", "1"])}, trained.facts
+    )  # as the run engine stores them
+    unit = evaluate.build_model(
+        BuildContext(
+            inputs={"train": out, "segment": inputs["segment"]},
+            facts={"train": trained_facts},
+            out=scored,
+            params=config.stages.evaluate,
+        ),
+        "toy",
+    )
     compared = tmp_path / "compared"
     compared.mkdir()
-    result = evaluate.build(BuildContext(inputs={"evaluate.toy": scored}, facts={"evaluate.toy": established("evaluate", {"train": trained_facts}, unit.facts)},
-                                         out=compared,
-                                         params=config.stages.evaluate))
+    result = evaluate.build(
+        BuildContext(
+            inputs={"evaluate.toy": scored},
+            facts={"evaluate.toy": established("evaluate", {"train": trained_facts}, unit.facts)},
+            out=compared,
+            params=config.stages.evaluate,
+        )
+    )
     assert result.facts.best_model == "toy" and result.metrics["toy_test_accuracy"] == 0.75
 
 

@@ -46,7 +46,10 @@ def test_attention_weights_are_a_distribution_over_the_real_source_tokens(name):
         model.record_attention(True)
     rows, maps = greedy(model, SRC, 2, 3, 8, attention=True)
     for i, weights in enumerate(maps):
-        assert weights.shape == (min(len(rows[i]) + 1, 8), int((SRC[i] != 0).sum()))  # a step per token and EOS; padding cut away
+        assert weights.shape == (
+            min(len(rows[i]) + 1, 8),
+            int((SRC[i] != 0).sum()),
+        )  # a step per token and EOS; padding cut away
         assert np.allclose(weights.sum(1), 1.0, atol=1e-5)
     if name == "attention":  # padding gets exactly no weight inside the model
         memory = model.encode(SRC)
@@ -82,7 +85,12 @@ def test_beam_search_finds_a_likelier_sentence_than_greedy():
     class Toy(torch.nn.Module):
         def encode(self, src):
             from tasks.translation.seq2seq_nets import Memory
-            return Memory(torch.zeros(src.size(0), 1, 1), torch.ones(src.size(0), 1, dtype=torch.bool), torch.zeros(src.size(0), 1))
+
+            return Memory(
+                torch.zeros(src.size(0), 1, 1),
+                torch.ones(src.size(0), 1, dtype=torch.bool),
+                torch.zeros(src.size(0), 1),
+            )
 
         def step(self, memory, prefix, cache):
             table = {(): [0.0, 0.0, 0.0, 0.0, 0.55, 0.45], (4,): [0, 0, 0, 0.5, 0, 0.5], (5,): [0, 0, 0, 0.95, 0.05, 0]}
@@ -94,7 +102,9 @@ def test_beam_search_finds_a_likelier_sentence_than_greedy():
             return None
 
     src = torch.ones(1, 1, dtype=torch.long)
-    assert greedy(Toy(), src, 2, 3, 3)[0] == [[4]] and beam_search(Toy(), src, 2, 3, 3, beam=2, length_penalty=0) == [[5]]
+    assert greedy(Toy(), src, 2, 3, 3)[0] == [[4]] and beam_search(Toy(), src, 2, 3, 3, beam=2, length_penalty=0) == [
+        [5]
+    ]
 
 
 def test_english_tokens_join_back_into_the_text():
@@ -121,11 +131,39 @@ def tiny_inputs(tmp_path, name, pairs=60, common: dict | None = None, **section)
     return TrainInputs(name, frame, frame, [], MODELS[name].view(params), vocab, None, out, tmp_path / "scratch"), frame
 
 
-@pytest.mark.parametrize("name,section", [
-    ("seq2seq_attention", {"epochs": 40, "embed_dim": 32, "hidden_size": 64, "lr": 5e-3, "dropout": 0.0, "label_smoothing": 0.0, "beam_size": 2}),
-    ("transformer_mt", {"epochs": 40, "d_model": 64, "num_heads": 2, "num_encoder_layers": 1, "num_decoder_layers": 1, "ff_dim": 128,
-                        "lr": 3e-3, "dropout": 0.0, "label_smoothing": 0.0, "beam_size": 2, "warmup_ratio": 0.05}),
-])
+@pytest.mark.parametrize(
+    "name,section",
+    [
+        (
+            "seq2seq_attention",
+            {
+                "epochs": 40,
+                "embed_dim": 32,
+                "hidden_size": 64,
+                "lr": 5e-3,
+                "dropout": 0.0,
+                "label_smoothing": 0.0,
+                "beam_size": 2,
+            },
+        ),
+        (
+            "transformer_mt",
+            {
+                "epochs": 40,
+                "d_model": 64,
+                "num_heads": 2,
+                "num_encoder_layers": 1,
+                "num_decoder_layers": 1,
+                "ff_dim": 128,
+                "lr": 3e-3,
+                "dropout": 0.0,
+                "label_smoothing": 0.0,
+                "beam_size": 2,
+                "warmup_ratio": 0.05,
+            },
+        ),
+    ],
+)
 def test_a_translator_learns_a_tiny_corpus_and_translates_raw_pairs(tmp_path, name, section):
     inputs, frame = tiny_inputs(tmp_path, name, pairs=40, train_batch_size=8, **section)
     summary = MODELS[name].train(inputs)
@@ -144,7 +182,9 @@ def test_a_killed_training_resumes_to_the_same_weights(tmp_path, monkeypatch):
     killed, _ = tiny_inputs(tmp_path / "b", "seq2seq_attention", **section)
     plain = trainer._train_epoch
 
-    def crash(*args, **kwargs):  # (name, model, task, cfg, optimizer, scheduler, trainable, rng, device, dtype, epoch, scaler)
+    def crash(
+        *args, **kwargs
+    ):  # (name, model, task, cfg, optimizer, scheduler, trainable, rng, device, dtype, epoch, scaler)
         if args[10] == 2:
             raise KeyboardInterrupt("killed in epoch 2, after the checkpoint of epoch 1")
         return plain(*args, **kwargs)

@@ -23,7 +23,9 @@ NEG = ["房间 很 脏 服务 差", "早餐 太 差 了", "前台 态度 差 房
 
 def frame(n=20):
     words = (POS + NEG) * n
-    return pd.DataFrame({"words": words, "chars": [" ".join(w.replace(" ", "")) for w in words], "label": (["1"] * 3 + ["0"] * 3) * n})
+    return pd.DataFrame(
+        {"words": words, "chars": [" ".join(w.replace(" ", "")) for w in words], "label": (["1"] * 3 + ["0"] * 3) * n}
+    )
 
 
 def train_model(name, train, validation, params, out, vectors=None, scratch=None, sink=None, labels=("0", "1")):
@@ -31,7 +33,9 @@ def train_model(name, train, validation, params, out, vectors=None, scratch=None
     (out / "words").mkdir(parents=True, exist_ok=True)
     vocab = build_vocab(count_tokens(train["words"]), VocabConfig(min_freq=1))
     (out / "words" / "vocab.txt").write_text("".join(f"{t}\n" for t in vocab), encoding="utf-8")
-    inputs = TrainInputs(name, train, validation, list(labels), params, out, vectors, out, scratch or out / "ckpt", sink)
+    inputs = TrainInputs(
+        name, train, validation, list(labels), params, out, vectors, out, scratch or out / "ckpt", sink
+    )
     return MODELS[name].train(inputs), len(vocab)
 
 
@@ -78,9 +82,13 @@ def test_batches_pad_and_keep_rows():
 @pytest.mark.parametrize("kind", ["textcnn", "bilstm", "transformer"])
 def test_network_trains_saves_and_reloads_with_identical_predictions(kind, tmp_path, run_ctx, caplog):
     train, validation = frame(), frame(2)
-    params = TrainConfig(epochs=6, patience=6, textcnn={"num_filters": 8, "batch_size": 16, "lr": 0.01},
-                         bilstm={"hidden_size": 8, "batch_size": 16, "lr": 0.01},
-                         transformer={"num_heads": 2, "ff_dim": 32, "batch_size": 16, "lr": 0.003})
+    params = TrainConfig(
+        epochs=6,
+        patience=6,
+        textcnn={"num_filters": 8, "batch_size": 16, "lr": 0.01},
+        bilstm={"hidden_size": 8, "batch_size": 16, "lr": 0.01},
+        transformer={"num_heads": 2, "ff_dim": 32, "batch_size": 16, "lr": 0.003},
+    )
     tracker = Tracker.start(run_ctx.experiment, "train-test", parent=run_ctx.parent_run_id)
     with caplog.at_level("INFO", logger="zhpipe.train"):
         summary, vocab_size = train_model(kind, train, validation, params, tmp_path, tiny_vectors(), sink=tracker)
@@ -92,7 +100,9 @@ def test_network_trains_saves_and_reloads_with_identical_predictions(kind, tmp_p
     again = predict(kind, tmp_path, validation)
     assert np.array_equal(probs, again)
     assert (probs.argmax(1) == validation["label"].astype(int)).mean() == 1.0
-    history = tracker.client.get_metric_history(tracker.run_id, "val_macro_f1")  # the model run holds one model: no prefix
+    history = tracker.client.get_metric_history(
+        tracker.run_id, "val_macro_f1"
+    )  # the model run holds one model: no prefix
     assert [m.step for m in history] == [h["epoch"] for h in summary["history"]]
 
 
@@ -100,8 +110,12 @@ def test_the_training_estimate_reads_as_people_plan():
     from tasks.models.trainer import estimate_line
 
     line = estimate_line("bilstm_crf", 50.0, 5, 300, 10)  # 10 s a batch: 3,000 batches less the 5 done
-    assert line.startswith("bilstm_crf: about 8.3 h more to train (10 epochs of 300 batches at 10.00 s a batch, from its first 5)")
-    assert "about 49 s more" in estimate_line("textcnn", 1.0, 10, 50, 10) and "about 10 min" in estimate_line("x", 2.0, 2, 100, 6)
+    assert line.startswith(
+        "bilstm_crf: about 8.3 h more to train (10 epochs of 300 batches at 10.00 s a batch, from its first 5)"
+    )
+    assert "about 49 s more" in estimate_line("textcnn", 1.0, 10, 50, 10) and "about 10 min" in estimate_line(
+        "x", 2.0, 2, 100, 6
+    )
 
 
 def test_fasttext_classifier_round_trip(tmp_path):
@@ -171,7 +185,9 @@ def test_killed_training_resumes_from_its_last_checkpoint_and_ends_identical(tmp
     from tests.helpers.train_child import train
 
     def child(ckpt, out):
-        return subprocess.Popen([sys.executable, "-m", "tests.helpers.train_child", str(ckpt), str(out), "20"], cwd=root, env=env)
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.helpers.train_child", str(ckpt), str(out), "20"], cwd=root, env=env
+        )
 
     victim = child(tmp_path / "ckpt-b", tmp_path / "b1")
     deadline = time.time() + 240
@@ -196,7 +212,9 @@ def test_device_auto_and_bf16_autocast_on_cpu(tmp_path, run_ctx):
     assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else resolve_device("auto").type)
     assert amp_dtype(torch.device("cpu"), "auto") is None and amp_dtype(torch.device("cpu"), "bf16") == torch.bfloat16
     train = frame()
-    params = TrainConfig(epochs=4, patience=4, precision="bf16", device="cpu", textcnn={"num_filters": 8, "batch_size": 16, "lr": 0.01})
+    params = TrainConfig(
+        epochs=4, patience=4, precision="bf16", device="cpu", textcnn={"num_filters": 8, "batch_size": 16, "lr": 0.01}
+    )
     summary, _ = train_model("textcnn", train, frame(2), params, tmp_path, tiny_vectors())
     assert summary["bf16"] and summary["device"] == "cpu"
     assert summary["history"][-1]["train_loss"] < summary["history"][0]["train_loss"]
@@ -206,12 +224,16 @@ def test_transformer_masks_padding_and_scales_embeddings():
     from tasks.models.modules import TransformerClassifier, TransformerConfig, sinusoidal_positions
 
     torch.manual_seed(0)
-    model = TransformerClassifier(TransformerConfig(vocab_size=20, num_classes=2, embed_dim=8, num_heads=2, ff_dim=16)).eval()
+    model = TransformerClassifier(
+        TransformerConfig(vocab_size=20, num_classes=2, embed_dim=8, num_heads=2, ff_dim=16)
+    ).eval()
     alone = model(torch.tensor([[5, 6, 7]]))[0]
     padded = model(torch.tensor([[5, 6, 7, 0, 0], [8, 9, 10, 11, 12]]))[0][:1]
     assert torch.allclose(alone, padded, atol=1e-5)
     table = sinusoidal_positions(4, 8)
-    assert torch.allclose(table[0], torch.tensor([0.0, 1.0] * 4)) and torch.allclose(table[:, 0], torch.sin(torch.arange(4.0)))
+    assert torch.allclose(table[0], torch.tensor([0.0, 1.0] * 4)) and torch.allclose(
+        table[:, 0], torch.sin(torch.arange(4.0))
+    )
 
 
 def test_fp16_autocast_with_a_gradient_scaler_learns(tmp_path, run_ctx):
@@ -219,7 +241,9 @@ def test_fp16_autocast_with_a_gradient_scaler_learns(tmp_path, run_ctx):
     from tasks.models.trainer import amp_dtype
 
     assert amp_dtype(torch.device("cpu"), "auto") is None and amp_dtype(torch.device("cpu"), "fp16") == torch.float16
-    params = TrainConfig(epochs=4, patience=4, precision="fp16", device="cpu", textcnn={"num_filters": 8, "batch_size": 16, "lr": 0.01})
+    params = TrainConfig(
+        epochs=4, patience=4, precision="fp16", device="cpu", textcnn={"num_filters": 8, "batch_size": 16, "lr": 0.01}
+    )
     summary, _ = train_model("textcnn", frame(), frame(2), params, tmp_path, tiny_vectors())
     assert summary["history"][-1]["train_loss"] < summary["history"][0]["train_loss"]
 
@@ -236,7 +260,12 @@ def test_tfidf_streamed_from_the_split_file_learns_what_the_exact_fit_learns(tmp
     df = pd.DataFrame({"words": words, "text": [w.replace(" ", "") for w in words], "label": labels})
     df.sort_values("label").to_parquet(tmp_path / "train.parquet", row_group_size=16)  # sorted by label, as corpora are
     monkeypatch.setattr(io, "BATCH_ROWS", 40)
-    test = pd.DataFrame({"words": POS[:1] + NEG[:1] + ["价格 一般 服务 普通"], "text": ["房间很干净服务好", "房间很脏服务差", "价格一般服务普通"]})
+    test = pd.DataFrame(
+        {
+            "words": POS[:1] + NEG[:1] + ["价格 一般 服务 普通"],
+            "text": ["房间很干净服务好", "房间很脏服务差", "价格一般服务普通"],
+        }
+    )
     got = {}
     for fit in ("memory", "stream"):
         out = tmp_path / fit
@@ -251,7 +280,10 @@ def test_tfidf_streamed_from_the_split_file_learns_what_the_exact_fit_learns(tmp
     assert 0.01 < text_mb(df) < 1  # a frame in memory is measured too (its string columns)
     auto = tmp_path / "auto"
     auto.mkdir()
-    assert train_tfidf_lr(Rows(tmp_path / "train.parquet"), ["0", "1", "2"], Params(memory_mb=0), 0, auto)["fit"] == "stream"
+    assert (
+        train_tfidf_lr(Rows(tmp_path / "train.parquet"), ["0", "1", "2"], Params(memory_mb=0), 0, auto)["fit"]
+        == "stream"
+    )
 
 
 def test_a_split_larger_than_a_bucket_is_shuffled_on_disk_without_losing_a_row(tmp_path):
@@ -260,12 +292,16 @@ def test_a_split_larger_than_a_bucket_is_shuffled_on_disk_without_losing_a_row(t
     df = pd.DataFrame({"id": range(1000), "label": ["a"] * 500 + ["b"] * 500})
     write_parquet(df, tmp_path / "split.parquet", row_group_rows=100)
     small = shuffled(df, tmp_path / "s0", seed=3)
-    assert small["id"].tolist() == df.sample(frac=1.0, random_state=3)["id"].tolist()  # one bucket: a seeded permutation
+    assert (
+        small["id"].tolist() == df.sample(frac=1.0, random_state=3)["id"].tolist()
+    )  # one bucket: a seeded permutation
     big = shuffled(Rows(tmp_path / "split.parquet"), tmp_path / "s1", seed=3, bucket_rows=150)
     order = big.frame()["id"].tolist()
     assert sorted(order) == list(range(1000)) and order != list(range(1000))
     assert sorted(p.name for p in (tmp_path / "s1").iterdir()) == ["shuffled.parquet"]  # the buckets are gone
-    assert pd.Series(order[:100]).map(lambda i: i < 500).mean() == pytest.approx(0.5, abs=0.2)  # labels mixed from the start
+    assert pd.Series(order[:100]).map(lambda i: i < 500).mean() == pytest.approx(
+        0.5, abs=0.2
+    )  # labels mixed from the start
     again = shuffled(Rows(tmp_path / "split.parquet"), tmp_path / "s2", seed=3, bucket_rows=150).frame()["id"].tolist()
     assert again == order
 
@@ -276,21 +312,30 @@ def test_two_gloo_processes_train_the_model_one_process_trains(tmp_path, monkeyp
     and spawned with the model and its task pickled, as on GPUs (a forked process cannot use CUDA)."""
     from tasks.models import trainer
 
-    common = {"epochs": 3, "patience": 3, "device": "cpu", "precision": "fp32",
-              "textcnn": {"num_filters": 8, "batch_size": 16, "lr": 0.01, "dropout": 0.0}}
+    common = {
+        "epochs": 3,
+        "patience": 3,
+        "device": "cpu",
+        "precision": "fp32",
+        "textcnn": {"num_filters": 8, "batch_size": 16, "lr": 0.01, "dropout": 0.0},
+    }
     got = {}
     for run, processes in (("one", 1), ("fork", 2), ("spawn", 2)):
         out = tmp_path / run
         out.mkdir()
         monkeypatch.setattr(trainer, "start_method", lambda cuda, how=run: "spawn" if how == "spawn" else "fork")
-        summary, _ = train_model("textcnn", frame(10), frame(2), TrainConfig(**common, processes=processes), out, tiny_vectors())
+        summary, _ = train_model(
+            "textcnn", frame(10), frame(2), TrainConfig(**common, processes=processes), out, tiny_vectors()
+        )
         got[run] = (summary, torch.load(out / "textcnn" / "model.pt", weights_only=True)["state_dict"])
     one, w1 = got["one"]
     assert "processes" not in one and one["history"][-1]["train_loss"] < one["history"][0]["train_loss"]  # it learned
     for run in ("fork", "spawn"):
         two, w2 = got[run]
         assert two.get("processes") == 2 and two.get("backend") == "gloo", run
-        assert [h["train_loss"] for h in two["history"]] == pytest.approx([h["train_loss"] for h in one["history"]], rel=1e-5), run
+        assert [h["train_loss"] for h in two["history"]] == pytest.approx(
+            [h["train_loss"] for h in one["history"]], rel=1e-5
+        ), run
         assert [h["val_macro_f1"] for h in two["history"]] == [h["val_macro_f1"] for h in one["history"]], run
         for name, weight in w1.items():
             assert torch.allclose(weight, w2[name], atol=1e-5), (run, name)

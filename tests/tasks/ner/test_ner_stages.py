@@ -29,9 +29,21 @@ def chain(tmp_path: Path, source: Source, **split_params) -> dict:
                                  ("split", split, split.Params(**split_params))):
         folder = tmp_path / name
         folder.mkdir()
-        result = module.build(BuildContext(dict(inputs), dict(facts), folder, params, scratch=tmp_path / f"{name}-scratch",
-                                           root=tmp_path, source=source, store=Store()))
-        result.facts = established(name, facts, result.facts)  # as the run engine stores them: its own over what it read
+        result = module.build(
+            BuildContext(
+                dict(inputs),
+                dict(facts),
+                folder,
+                params,
+                scratch=tmp_path / f"{name}-scratch",
+                root=tmp_path,
+                source=source,
+                store=Store(),
+            )
+        )
+        result.facts = established(
+            name, facts, result.facts
+        )  # as the run engine stores them: its own over what it read
         out[name], inputs, facts = (result, folder), {name: folder}, {name: result.facts}
     return out
 
@@ -59,7 +71,11 @@ def test_one_bio_file_with_tabs_is_read_and_split_80_10_10(tmp_path):
     assert loaded.rows == len(every) - 1 and loaded.metrics["rows_quarantined"] == 1
     quarantine = pd.read_parquet(folder / "quarantine.parquet")
     assert quarantine["line"].tolist() == [4] and quarantine["reason"].tolist() == ["expected 'token TAG'"]
-    assert loaded.facts["tag_scheme"] == {"all": "bio"} and "NAME" in loaded.facts.labels and loaded.facts["given_splits"] == []
+    assert (
+        loaded.facts["tag_scheme"] == {"all": "bio"}
+        and "NAME" in loaded.facts.labels
+        and loaded.facts["given_splits"] == []
+    )
     kept = stages["clean"][0].rows
     result, folder = stages["split"]
     rows = {s: len(pd.read_parquet(folder / f"{s}.parquet")) for s in ("train", "validation", "test")}
@@ -69,11 +85,18 @@ def test_one_bio_file_with_tabs_is_read_and_split_80_10_10(tmp_path):
 
 def test_the_corpus_own_dev_and_test_files_are_kept_as_they_are(tmp_path):
     for name in ("train", "dev", "test"):
-        (tmp_path / f"{name}.bmes").write_text((FIXTURES / f"{name}.bmes").read_text(encoding="utf-8"), encoding="utf-8")
-    source = Source(path="train.bmes", format="conll", splits={"validation": {"path": "dev.bmes"}, "test": {"path": "test.bmes"}})
+        (tmp_path / f"{name}.bmes").write_text(
+            (FIXTURES / f"{name}.bmes").read_text(encoding="utf-8"), encoding="utf-8"
+        )
+    source = Source(
+        path="train.bmes", format="conll", splits={"validation": {"path": "dev.bmes"}, "test": {"path": "test.bmes"}}
+    )
     stages = chain(tmp_path, source)
     assert stages["download"][0].facts["given_splits"] == ["test", "train", "validation"]
-    given = sorted(unicodedata.normalize("NFKC", s.text) for s in parse_conll((FIXTURES / "test.bmes").read_text(encoding="utf-8").splitlines()).sentences)
+    given = sorted(
+        unicodedata.normalize("NFKC", s.text)
+        for s in parse_conll((FIXTURES / "test.bmes").read_text(encoding="utf-8").splitlines()).sentences
+    )
     assert sorted(pd.read_parquet(stages["split"][1] / "test.parquet")["text"]) == given
     (tmp_path / "cut").mkdir()
     for name in ("train", "dev", "test"):

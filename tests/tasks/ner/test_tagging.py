@@ -29,11 +29,29 @@ def test_every_scheme_reads_into_the_same_bioes_tags():
 def test_single_character_entities_and_iob1_style_bio():
     assert spans_from(["S-NAME", "O", "B-X", "M-X", "E-X"], "bmes") == ([("NAME", 0, 1), ("X", 2, 5)], None)
     # BIO read leniently: an I- after O starts an entity; a change of type closes one
-    assert spans_from(["I-PER", "I-PER", "O", "I-LOC", "I-ORG"], "bio")[0] == [("PER", 0, 2), ("LOC", 3, 4), ("ORG", 4, 5)]
+    assert spans_from(["I-PER", "I-PER", "O", "I-LOC", "I-ORG"], "bio")[0] == [
+        ("PER", 0, 2),
+        ("LOC", 3, 4),
+        ("ORG", 4, 5),
+    ]
 
 
 def test_malformed_lines_and_ill_formed_tags_are_quarantined_with_their_line():
-    lines = ["张 B-NAME", "三 E-NAME", "", "北 B-ORG", "京", "大 E-ORG", "", "李 B-NAME", "四 O", "", "王 S-NAME", "五 O", ""]
+    lines = [
+        "张 B-NAME",
+        "三 E-NAME",
+        "",
+        "北 B-ORG",
+        "京",
+        "大 E-ORG",
+        "",
+        "李 B-NAME",
+        "四 O",
+        "",
+        "王 S-NAME",
+        "五 O",
+        "",
+    ]
     parsed = parse_conll(lines)
     assert [s.text for s in parsed.sentences] == ["张三", "王五"]
     assert [(b["line"], b["reason"]) for b in parsed.bad] == [
@@ -51,9 +69,15 @@ def test_multi_character_tokens_give_their_characters_the_entity():
 
 
 def test_span_jsonl_in_both_spellings_and_its_errors():
-    lines = [json.dumps({"text": "张三在北京", "entities": [{"start": 0, "end": 2, "type": "PER"}, [3, 5, "LOC"]]}, ensure_ascii=False),
-             json.dumps({"text": "abc", "entities": [[0, 9, "X"]]}), "{not json",
-             json.dumps({"text": "abcd", "spans": [[0, 2, "X"], [1, 3, "Y"]]})]
+    lines = [
+        json.dumps(
+            {"text": "张三在北京", "entities": [{"start": 0, "end": 2, "type": "PER"}, [3, 5, "LOC"]]},
+            ensure_ascii=False,
+        ),
+        json.dumps({"text": "abc", "entities": [[0, 9, "X"]]}),
+        "{not json",
+        json.dumps({"text": "abcd", "spans": [[0, 2, "X"], [1, 3, "Y"]]}),
+    ]
     parsed = parse_span_jsonl(lines)
     assert spans_of(parsed.sentences[0].tags) == [("PER", 0, 2), ("LOC", 3, 5)]
     assert [b["line"] for b in parsed.bad] == [2, 3, 4]
@@ -107,4 +131,3 @@ def test_lexicon_matches_cover_each_character_longest_first():
     assert ids[1].tolist() == [index["北京大学"], index["北京"]] and places[1].tolist() == [1, 1]  # B, B
     assert ids[3].tolist() == [index["北京大学"], index["大学"]] and places[3].tolist() == [2, 1]  # M, B
     assert ids[4].tolist() == [index["北京大学"], index["大学"]] and places[4].tolist() == [3, 3]  # E, E
-

@@ -1,5 +1,7 @@
 """The declared data checks on real reviews (the smoke corpus): an ordinary night passes every check, and each kind of
-bad night fails the check made for it (one class, mojibake, English, traditional script, a re-sent night, an empty file)."""
+bad night fails the check made for it (one class, mojibake, English, traditional script, a re-sent night, an empty
+file)."""
+
 from pathlib import Path
 
 import pandas as pd
@@ -25,8 +27,11 @@ def reviews():
 
 def verdicts(night: pd.DataFrame, reference: pd.DataFrame, rows_in: int | None = None, **settings) -> dict:
     frame = cleaned(night)
-    found = judge(Sample(frame, len(night) if rows_in is None else rows_in, len(frame)),
-                  Sample(reference, len(reference), len(reference), (len(reference),)), Checks(**settings))
+    found = judge(
+        Sample(frame, len(night) if rows_in is None else rows_in, len(frame)),
+        Sample(reference, len(reference), len(reference), (len(reference),)),
+        Checks(**settings),
+    )
     return {v.check: v for v in found}
 
 
@@ -59,8 +64,12 @@ def test_mojibake_fails_the_mojibake_and_script_checks(reviews):
 
 def test_english_fails_the_script_check(reviews):
     reference, _ = reviews
-    night = pd.DataFrame({"text": [f"The room was clean and the staff were friendly {i}" for i in range(40)],
-                          "label": reference["label"].iloc[:40].to_numpy()})
+    night = pd.DataFrame(
+        {
+            "text": [f"The room was clean and the staff were friendly {i}" for i in range(40)],
+            "label": reference["label"].iloc[:40].to_numpy(),
+        }
+    )
     result = verdicts(night, reference)
     assert "script" in failed(result) and result["script"].figure > 0.9
     assert cjk_share(pd.Series(["酒店 good"])) == pytest.approx(2 / 6)
@@ -100,7 +109,9 @@ def test_a_check_turned_off_is_not_judged_and_a_small_night_is_not_judged_on_dis
 @pytest.fixture(scope="module")
 def hotel():
     """The bundled reviews: a reference of 3,000 rows and ordinary nights of 400 after it."""
-    rows = pd.read_csv(ROOT / "data/raw/ChnSentiCorp_htl_all.csv", dtype=str).rename(columns={"review": "text"}).dropna()
+    rows = (
+        pd.read_csv(ROOT / "data/raw/ChnSentiCorp_htl_all.csv", dtype=str).rename(columns={"review": "text"}).dropna()
+    )
     rows = cleaned(rows.sample(frac=1, random_state=11).reset_index(drop=True).iloc[:5400])
     reference = Sample(rows.iloc[:3000], 3000, 3000, (3000, 400, 400), (0.02, 0.03, 0.02))
     return reference, [rows.iloc[i : i + 400] for i in range(3000, 5400, 400)]
@@ -130,7 +141,9 @@ def test_shuffled_labels_keep_their_shares_and_fail_the_agreement_check(hotel):
 
 def test_five_percent_of_labels_flipped_is_ordinary_noise(hotel):
     reference, nights = hotel
-    night = nights[1].assign(label=[("1" if v == "0" else "0") if i % 20 == 0 else v for i, v in enumerate(nights[1]["label"])])
+    night = nights[1].assign(
+        label=[("1" if v == "0" else "0") if i % 20 == 0 else v for i, v in enumerate(nights[1]["label"])]
+    )
     assert judged(night, reference)["agreement"].passed
 
 
@@ -139,5 +152,7 @@ def test_text_cut_to_three_characters_fails_the_short_check_and_its_quarantine_i
     cut = nights[2].assign(text=nights[2]["text"].str[:3])
     result = judged(cut, reference)
     assert result["short"].passed is False and result["short"].blocks and result["short"].figure > 0.9
-    collapsed = judged(cut.drop_duplicates("text"), reference, rows_in=len(cut))  # 35% set aside: under 0.5, far above ~2%
+    collapsed = judged(
+        cut.drop_duplicates("text"), reference, rows_in=len(cut)
+    )  # 35% set aside: under 0.5, far above ~2%
     assert collapsed["quarantine"].passed is False and "recent nights' median" in collapsed["quarantine"].note

@@ -30,7 +30,11 @@ def test_modes(backend):
 def test_user_dict_stopwords_and_pos(tmp_path, backend):
     (tmp_path / "user.txt").write_text("很干净 100 a\n", encoding="utf-8")
     (tmp_path / "stop.txt").write_text("，\n也好\n", encoding="utf-8")
-    seg = Segmenter(SegmentConfig(backend=backend, user_dict=str(tmp_path / "user.txt"), stopwords=str(tmp_path / "stop.txt"), pos=True))
+    seg = Segmenter(
+        SegmentConfig(
+            backend=backend, user_dict=str(tmp_path / "user.txt"), stopwords=str(tmp_path / "stop.txt"), pos=True
+        )
+    )
     rows = seg.rows([TEXTS[1]])
     assert rows["words"] == ["房间 很干净 服务"]  # "，" and "也好" are stopwords
     assert rows["chars"] == ["房 间 很 干 净 ， 服 务 也 好"]
@@ -48,7 +52,12 @@ def test_the_backends_agree_on_chinese_and_differ_on_digit_runs():
     py, rs = Segmenter(SegmentConfig(backend="jieba")), Segmenter(SegmentConfig(backend="jieba-rs"))
     for text in (*TEXTS, "酒店的早餐很丰富，服务员态度热情"):
         assert py.words(text) == rs.words(text)
-    assert py.words("6月21-23日") == ["6", "月", "21", "-", "23", "日"] and rs.words("6月21-23日") == ["6", "月", "21-23", "日"]
+    assert py.words("6月21-23日") == ["6", "月", "21", "-", "23", "日"] and rs.words("6月21-23日") == [
+        "6",
+        "月",
+        "21-23",
+        "日",
+    ]
 
 
 def test_the_backend_is_part_of_the_segment_key():
@@ -68,7 +77,11 @@ def test_chunked_output_is_byte_identical_on_processes_and_dask(tmp_path):
     Dask chunks ran in the cluster's worker processes, one row group at a time."""
     texts = TEXTS * 100
     src = tmp_path / "split.parquet"
-    write_parquet(pd.DataFrame({"id": range(len(texts)), "text": texts, "label": [i % 2 for i in range(len(texts))]}), src, row_group_rows=90)
+    write_parquet(
+        pd.DataFrame({"id": range(len(texts)), "text": texts, "label": [i % 2 for i in range(len(texts))]}),
+        src,
+        row_group_rows=90,
+    )
     params = SegmentConfig(chunk_rows=40, pos=True)
     outputs = {}
     pools = {"single": ChunkPool(1), "pool": ChunkPool(2), "dask": DaskPool("local", 2)}

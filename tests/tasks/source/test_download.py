@@ -52,7 +52,9 @@ def test_csv_encodings_detected(tmp_path, encoding):
 
 def test_tsv_jsonl_parquet_txt(tmp_path):
     (tmp_path / "a.tsv").write_text("label\treview\n" + "".join(f"{l}\t{t}\n" for l, t in ROWS), encoding="utf-8")
-    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"label": l, "review": t}, ensure_ascii=False) + "\n" for l, t in ROWS), encoding="utf-8")
+    (tmp_path / "a.jsonl").write_text(
+        "".join(json.dumps({"label": l, "review": t}, ensure_ascii=False) + "\n" for l, t in ROWS), encoding="utf-8"
+    )
     pd.DataFrame({"label": [1, 0, 1], "review": [t for _, t in ROWS]}).to_parquet(tmp_path / "a.parquet")
     for name in ("a.tsv", "a.jsonl", "a.parquet"):
         df, _, _ = read(tmp_path / name)
@@ -79,7 +81,10 @@ def test_stray_quote_is_quarantined_with_its_line_and_does_not_swallow_rows(tmp_
     path.write_text('label,review\n1,好\n0,"坏的开始\n1,不错\n0,很差\n1,可以\n', encoding="utf-8")
     df, quarantine, facts = read(path)
     assert df["text"].tolist() == ["好", "不错", "很差", "可以"]
-    assert quarantine[["line", "reason", "raw"]].values.tolist() == [[3, "stray_quote", '0,"坏的开始']] and facts["lines_physical"] == 6
+    assert (
+        quarantine[["line", "reason", "raw"]].values.tolist() == [[3, "stray_quote", '0,"坏的开始']]
+        and facts["lines_physical"] == 6
+    )
 
 
 def test_quoted_newline_inside_a_field_is_one_row(tmp_path):
@@ -94,7 +99,11 @@ def test_wrong_field_count_and_empty_label_are_quarantined_with_lines(tmp_path):
     path.write_text("label,review\n1,好\n0,差,多余\n,空标签\n1\n0,可以\n", encoding="utf-8")
     df, quarantine, facts = read(path)
     assert df["text"].tolist() == ["好", "可以"]
-    assert quarantine[["line", "reason"]].values.tolist() == [[3, "fields_3_expected_2"], [4, "empty_label"], [5, "fields_1_expected_2"]]
+    assert quarantine[["line", "reason"]].values.tolist() == [
+        [3, "fields_3_expected_2"],
+        [4, "empty_label"],
+        [5, "fields_1_expected_2"],
+    ]
     assert facts["lines_physical"] == 6
 
 
@@ -103,7 +112,9 @@ def test_missing_text_is_quarantined_never_the_string_none(tmp_path):
     path.write_text('{"review": null, "label": "1"}\n{"review": "好", "label": "0"}\n{broken\n', encoding="utf-8")
     df, quarantine, _ = read(path)
     assert df["text"].tolist() == ["好"]
-    assert quarantine["reason"].tolist()[0] == "missing_text" and quarantine["reason"].tolist()[1].startswith("invalid_json")
+    assert quarantine["reason"].tolist()[0] == "missing_text" and quarantine["reason"].tolist()[1].startswith(
+        "invalid_json"
+    )
 
 
 def test_missing_column_lists_columns_found(tmp_path):
@@ -252,7 +263,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def server():
-    _Handler.payloads, _Handler.requests, _Handler.fail, _Handler.redirect, _Handler.drip, _Handler.etag = [], [], 0, None, 0.0, '"v1"'
+    _Handler.payloads, _Handler.requests, _Handler.fail, _Handler.redirect, _Handler.drip, _Handler.etag = (
+        [],
+        [],
+        0,
+        None,
+        0.0,
+        '"v1"',
+    )
     _Handler.no_head, _Handler.gzip = False, False
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
@@ -387,7 +405,10 @@ def test_streamed_batches_read_exactly_what_one_pass_reads(tmp_path, monkeypatch
     if fmt == "csv":
         path.write_text(_messy_csv(300), encoding="gb18030")  # a multi-byte encoding across batch ends too
     else:
-        lines = [json.dumps({"review": f"第{i}行", "label": str(i % 3)}, ensure_ascii=False) if i % 13 else "{bad json" for i in range(300)]
+        lines = [
+            json.dumps({"review": f"第{i}行", "label": str(i % 3)}, ensure_ascii=False) if i % 13 else "{bad json"
+            for i in range(300)
+        ]
         path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     whole = read(path)
     assert len(whole[0]) > 200 and len(whole[1]) > 10
@@ -433,7 +454,9 @@ def test_an_origin_asks_the_server_once_so_the_key_and_the_recheck_agree(tmp_pat
     keyed = origin.fingerprint()
     assert keyed.startswith("unverified ") and 'etag="v1"' in keyed
     _Handler.etag = '"v2"'  # the file changes on the server after the key was planned
-    assert origin.expect(src) == Validators('"v1"', None, len(b"label,review\n1,v1\n"))  # the download re-checks the planned answer
+    assert origin.expect(src) == Validators(
+        '"v1"', None, len(b"label,review\n1,v1\n")
+    )  # the download re-checks the planned answer
     assert 'etag="v2"' in Origin(src, tmp_path, FAST).fingerprint()  # the next run plans with the new one
     assert Origin(Source(path=f"{server}/o.csv", sha256="a" * 64), tmp_path, FAST).fingerprint() == "a" * 64
 

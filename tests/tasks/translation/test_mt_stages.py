@@ -43,10 +43,21 @@ def test_tab_separated_pairs_keep_their_credit_and_bad_lines_are_quarantined_wit
 
 
 def test_json_lines_with_src_and_tgt_fields(tmp_path):
-    lines = [json.dumps({"src": "我很好。", "tgt": "I'm fine."}, ensure_ascii=False), "[1, 2]", "{broken", json.dumps({"src": "好"})]
-    _, data, bad = read(tmp_path, "pairs.jsonl", "\n".join(lines) + "\n", zh_field="src", en_field="tgt", credit_field=None)
+    lines = [
+        json.dumps({"src": "我很好。", "tgt": "I'm fine."}, ensure_ascii=False),
+        "[1, 2]",
+        "{broken",
+        json.dumps({"src": "好"}),
+    ]
+    _, data, bad = read(
+        tmp_path, "pairs.jsonl", "\n".join(lines) + "\n", zh_field="src", en_field="tgt", credit_field=None
+    )
     assert data[["text", "en"]].values.tolist() == [["我很好。", "I'm fine."]]
-    assert bad["reason"].tolist() == ["not_an_object", "invalid_json: Expecting property name enclosed in double quotes", "no_tgt"]
+    assert bad["reason"].tolist() == [
+        "not_an_object",
+        "invalid_json: Expecting property name enclosed in double quotes",
+        "no_tgt",
+    ]
 
 
 def test_a_file_with_no_readable_pair_is_one_error(tmp_path):
@@ -57,8 +68,20 @@ def test_a_file_with_no_readable_pair_is_one_error(tmp_path):
 
 
 def test_clean_normalises_both_sides_and_says_why_a_pair_is_dropped():
-    df = pd.DataFrame({"id": range(6), "text": ["你好！", "你好!", "", "很長的句子。", "好", "今天天气很好。"],
-                       "en": ["Ｈｉ!", "Hi!", "Empty.", "A long sentence.", "This English side is far too long for one character.", "  "]})
+    df = pd.DataFrame(
+        {
+            "id": range(6),
+            "text": ["你好！", "你好!", "", "很長的句子。", "好", "今天天气很好。"],
+            "en": [
+                "Ｈｉ!",
+                "Hi!",
+                "Empty.",
+                "A long sentence.",
+                "This English side is far too long for one character.",
+                "  ",
+            ],
+        }
+    )
     kept, dropped = clean.clean_pairs(df, clean.Params(traditional_to_simplified=True))
     assert kept[["text", "en"]].values.tolist() == [["你好!", "Hi!"], ["很长的句子。", "A long sentence."]]
     assert dict(zip(dropped["id"], dropped["reason"])) == {1: "duplicate", 2: "empty", 4: "length_ratio", 5: "en_empty"}
@@ -73,12 +96,18 @@ def test_translations_of_one_sentence_and_punctuation_variants_share_a_split():
     assert groups == 300 and sum(map(len, parts.values())) == len(df)
     for side in ("text", "en"):
         keys = {name: set(part[side].map(pair_key)) for name, part in parts.items()}
-        assert not keys["train"] & keys["test"] and not keys["train"] & keys["validation"] and not keys["validation"] & keys["test"]
+        assert (
+            not keys["train"] & keys["test"]
+            and not keys["train"] & keys["validation"]
+            and not keys["validation"] & keys["test"]
+        )
     assert 0.7 < len(parts["train"]) / len(df) < 0.9
 
 
 def test_a_grown_corpus_keeps_every_earlier_pair_in_its_split():
-    df = pd.DataFrame({"text": [f"第{i}句。" for i in range(400)], "en": [f"Line {i}." for i in range(400)], "id": range(400)})
+    df = pd.DataFrame(
+        {"text": [f"第{i}句。" for i in range(400)], "en": [f"Line {i}." for i in range(400)], "id": range(400)}
+    )
     before, _ = split.split_pairs(df.head(300), split.Params())
     after, _ = split.split_pairs(df, split.Params())
     for name in before:

@@ -7,13 +7,17 @@ def test_user_info_and_signature_parameters_are_masked():
     assert redact("https://u:pw@host.org/a.csv") == "https://***@host.org/a.csv"
     assert redact("https://host.org/a.csv?X-Amz-Signature=abc&X-Amz-Security-Token=t&part=2") == \
         "https://host.org/a.csv?X-Amz-Signature=***&X-Amz-Security-Token=***&part=2"
-    assert redact("https://blob.core.windows.net/c/a.csv?sv=2024&sig=xyz") == "https://blob.core.windows.net/c/a.csv?sv=2024&sig=***"
+    assert redact("https://blob.core.windows.net/c/a.csv?sv=2024&sig=xyz") == \
+        "https://blob.core.windows.net/c/a.csv?sv=2024&sig=***"
     for plain in ("local:///tmp/x", "s3://bucket/prefix", "https://host.org/a.csv?page=2", "data/raw/a.csv"):
         assert redact(plain) == plain  # nothing to hide: unchanged, byte for byte
 
 
 def test_urls_inside_messages_are_masked():
-    assert redact_text("GET ftp://me:pw@10.0.0.1/x failed (see http://h/?token=t)") == "GET ftp://***@10.0.0.1/x failed (see http://h/?token=***)"
+    assert (
+        redact_text("GET ftp://me:pw@10.0.0.1/x failed (see http://h/?token=t)")
+        == "GET ftp://***@10.0.0.1/x failed (see http://h/?token=***)"
+    )
 
 
 def test_conceal_keeps_the_real_url_in_this_process_only():
@@ -23,12 +27,19 @@ def test_conceal_keeps_the_real_url_in_this_process_only():
     assert conceal("https://example.org/c.csv") == "https://example.org/c.csv"
 
 
-
-@pytest.mark.parametrize("url, loopback", [
-    ("http://127.0.0.1:5000/x", True), ("http://localhost/", True), ("http://[::1]:80/", True), ("http://127.9.9.9/", True),
-    ("http://127.attacker.example/", False), ("http://127.0.0.1.nip.io/", False), ("http://10.0.0.1/", False),
-    ("https://example.com/", False),
-])
+@pytest.mark.parametrize(
+    "url, loopback",
+    [
+        ("http://127.0.0.1:5000/x", True),
+        ("http://localhost/", True),
+        ("http://[::1]:80/", True),
+        ("http://127.9.9.9/", True),
+        ("http://127.attacker.example/", False),
+        ("http://127.0.0.1.nip.io/", False),
+        ("http://10.0.0.1/", False),
+        ("https://example.com/", False),
+    ],
+)
 def test_is_loopback_by_address_not_by_prefix(url, loopback):
     from tasks.util.urls import is_loopback
 
