@@ -1,12 +1,15 @@
 """A cold `zhpipe run` against the hand-written script doing the same work (benchmarks/hand_script.py),
 alternating, each round in fresh stores: wall time overall and per step, and the ratio.
 
-    python benchmarks/bench_cold.py [--rounds 3] [--server]
+    python benchmarks/bench_cold.py [--rounds 3] [--server | --warm]
 
 zhpipe runs `chnsenticorp --force` with EDA off, models tfidf_lr and fasttext and Word2Vec at 100d x 5
 epochs (fastText vectors are 100d x 5 epochs by default), with profile, MLflow tracking and registration
 on, as a user would from the command line. --server: with a background Prefect server (`zhpipe server
-start`) instead of a temporary one per run. Writes benchmarks/results/cold.json.
+start`) instead of a temporary one per run. --warm: what a project has after its first run, the background server
+and the warm zhpipe process beside it (the first round starts it; each round rebuilds every stage with --force into
+the same stores, as a new night of a project does). Writes benchmarks/results/cold.json (cold-server.json,
+cold-warm.json).
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ STEPS = {"read_clean": ("download", "clean"), "split": ("split",), "segment": ("
 
 
 def run_zhpipe(tmp: Path, env: dict) -> dict:
-    env = {**env, "ZHPIPE_DATA": str(tmp / "store"), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp / 'mlflow.db'}"}
+    env = {"ZHPIPE_DATA": str(tmp / "store"), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp / 'mlflow.db'}", **env}
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "flows.cli", "run", "chnsenticorp", "--force", *SETS], cwd=ROOT, env=env,
                           capture_output=True, text=True)
@@ -38,7 +41,7 @@ def run_zhpipe(tmp: Path, env: dict) -> dict:
     if proc.returncode:
         raise SystemExit(f"zhpipe run failed: {proc.stderr.strip().splitlines()[-1:]}")
     seconds = {}
-    for manifest in (tmp / "store").glob("*/*/manifest.json"):
+    for manifest in Path(env["ZHPIPE_DATA"]).glob("*/*/manifest.json"):
         doc = json.loads(manifest.read_text(encoding="utf-8"))
         seconds[doc["stage"]] = doc["seconds"]
     return {"total": wall, "stages": seconds}
@@ -56,12 +59,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--server", action="store_true")
+    parser.add_argument("--warm", action="store_true")
     args = parser.parse_args()
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env["ZHPIPE_SERVER"] = "temporary"  # without --server, each command starts its own temporary server
+    args.server |= args.warm
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "ZHPIPE_SERVER", "ZHPIPE_WARM")}
+    if not args.warm:  # each command starts its own temporary server, or uses the one `server start` starts
+        env["ZHPIPE_SERVER"] = "temporary"
     rounds = []
     with tempfile.TemporaryDirectory() as home:
         env["PREFECT_HOME"] = home
+        if args.warm:  # the project's stores, the same every round (the warm process serves only the same settings)
+            env.update({"ZHPIPE_DATA": str(Path(home) / "store"),
+                        "MLFLOW_TRACKING_URI": f"sqlite:///{Path(home) / 'mlflow.db'}"})
         if args.server:
             out = subprocess.run([sys.executable, "-m", "flows.cli", "server", "start"], cwd=ROOT, env=env, capture_output=True, text=True)
             print(out.stdout.strip(), file=sys.stderr)
@@ -84,9 +93,10 @@ def main() -> None:
               f"| {step} ({', '.join(stages)}) | - | {ours:.1f} | |")
     script, ours = med(r["script"]["total"] for r in rounds), med(r["zhpipe"]["total"] for r in rounds)
     print(f"| **total wall** (process start to exit) | {script:.1f} | {ours:.1f} | **{ours / script:.2f}** |")
-    out = ROOT / "benchmarks" / "results" / ("cold-server.json" if args.server else "cold.json")
+    name = "cold-warm.json" if args.warm else "cold-server.json" if args.server else "cold.json"
+    out = ROOT / "benchmarks" / "results" / name
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"server": args.server, "rounds": rounds}, indent=2))
+    out.write_text(json.dumps({"server": args.server, "warm": args.warm, "rounds": rounds}, indent=2))
 
 
 if __name__ == "__main__":
