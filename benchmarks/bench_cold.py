@@ -62,7 +62,8 @@ def main() -> None:
     parser.add_argument("--warm", action="store_true")
     args = parser.parse_args()
     args.server |= args.warm
-    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "ZHPIPE_SERVER", "ZHPIPE_WARM")}
+    env = {k: v for k, v in os.environ.items()  # stores of each round's own, or (--warm) the project's
+           if k not in ("PREFECT_API_URL", "ZHPIPE_SERVER", "ZHPIPE_WARM", "ZHPIPE_DATA", "MLFLOW_TRACKING_URI")}
     if not args.warm:  # each command starts its own temporary server, or uses the one `server start` starts
         env["ZHPIPE_SERVER"] = "temporary"
     rounds = []
