@@ -1,7 +1,9 @@
 """The plan of the house: every task kind, gathered from its package (tasks/classification, tasks/ner,
 tasks/translation: its stage table and declaration), and the names the CLI accepts. A stage is a `Stage`, a kind a
 `TaskKind` (tasks/graph.py); `flows/` derives the CLI's stage names, the key plan, the Prefect wiring, `status`, the
-run summary and `api.load` from these tables. Imports nothing heavy: the CLI reads it to parse arguments."""
+run summary and `api.load` from these tables. The stages hold their functions, so it imports every kind's stage
+modules (pandas, pyarrow, pydantic: about 0.3 s; their heavier libraries inside the functions); the CLI reads it to
+parse arguments."""
 from __future__ import annotations
 
 import importlib

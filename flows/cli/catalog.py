@@ -65,7 +65,7 @@ def cmd_init(args) -> int:
 
 
 def starters() -> list:
-    from tasks.stages import KINDS  # the kinds' declarations import nothing heavy
+    from tasks.stages import KINDS  # the kinds' declarations, with their stages' modules
 
     return [kind.starter for kind in KINDS.values() if kind.starter]
 

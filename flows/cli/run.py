@@ -263,7 +263,7 @@ def cmd_tune(args) -> int:
 
 def add_parsers(sub) -> None:
     from flows.cli.common import pipeline_args, storage_arg
-    from tasks.stages import STAGE_NAMES  # the stage graph, declared once; it imports nothing heavy
+    from tasks.stages import STAGE_NAMES  # the stage graph, declared once (with its stages' modules: pandas, ...)
 
     run = sub.add_parser("run", help="run a pipeline (cached stages are reused)")
     pipeline_args(run)
