@@ -90,13 +90,11 @@ def _server_started_beside_the_store():
 
     from flows.track import tracker
 
-    failed: list[BaseException] = []
-
     def start() -> None:
         try:
             SubprocessASGIServer().start()
-        except BaseException as e:  # noqa: BLE001 - the flow starts it again and reports what is wrong
-            failed.append(e)
+        except Exception:  # noqa: BLE001 - left not running: the flow starts it again and reports what is wrong
+            log.debug("the temporary Prefect server did not start ahead of the run", exc_info=True)
 
     starting = threading.Thread(target=start, name="zhpipe-temporary-server", daemon=True)
     starting.start()
@@ -106,8 +104,6 @@ def _server_started_beside_the_store():
         log.debug("the MLflow store did not open ahead of the run", exc_info=True)
     finally:
         starting.join()
-    if failed:  # started again by the flow: its error is Prefect's own
-        SubprocessASGIServer().running = False
     yield
 
 

@@ -114,6 +114,10 @@ class RunContext:
         """Whether --force covers this unit (a model or partition unit follows its stage)."""
         return unit.stage in self.force
 
+    def cached(self, unit: Unit) -> Manifest | None:
+        """The unit's output to reuse: the cache's, unless --force covers the unit."""
+        return None if self.forced(unit) else self.cache.lookup(unit, self.keys[unit])
+
     def run(self, unit: Unit | str, inputs: dict[str, StageResult], build: Callable[[BuildContext], BuildOutput],
             tracker: Tracker | None = None, run_name: str | None = None,
             tags: dict[str, str] | None = None) -> StageResult:
@@ -125,7 +129,7 @@ class RunContext:
         key = self.keys[unit]
         t0 = time.perf_counter()
         with self.store.lock(unit, key, shared=global_slot):
-            manifest = None if self.forced(unit) else self.cache.lookup(unit, key)
+            manifest = self.cached(unit)
             hit = manifest is not None
             hooks = self.tracking(self.experiment, self.parent_run_id, unit, key, manifest, tracker, run_name, tags)
             params = partial(unit_params, self.config, unit)  # asked for by the unit's own run alone
@@ -146,7 +150,7 @@ class RunContext:
                       build: Callable[[BuildContext], BuildOutput]) -> StageResult:
         """A partition unit: restored when cached (no MLflow run: a night reuses most of them), else built and
         tracked in a run of its own under the parent."""
-        manifest = None if self.forced(unit) else self.cache.lookup(unit, self.keys[unit])
+        manifest = self.cached(unit)
         if manifest is not None:
             log.debug("%s: cached (%s)", unit, manifest.key)
             return self.cache.restore(manifest)
@@ -169,7 +173,7 @@ class RunContext:
 
         self.causes = plan(self.config, self.origin, registry=revision)
         self.keys.clear()
-        self.keys.update({unit: self.cache.key(c) for unit, c in self.causes.items()})
+        self.keys.update(self.cache.keys(self.causes))
         if self.lease is not None:
             self.lease.update(self.keys)
         self._partitions = None

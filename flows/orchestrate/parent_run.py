@@ -71,7 +71,7 @@ def start_run(request: RunRequest, config: PipelineConfig, force: set[str], stor
     """Plan keys and open the MLflow parent run of this pipeline run (`config` is the request's)."""
     origin = origin_of(config)
     causes = plan(config, origin, registry=revision)
-    keys = {stage: StageCache.key(c) for stage, c in causes.items()}
+    keys = StageCache.keys(causes)
     record_source_run(config, keys)
     experiment = f"zhpipe-{config.identity}"
     closed = Tracker.close_orphans(experiment)

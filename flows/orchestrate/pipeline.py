@@ -301,7 +301,7 @@ def train_flow(
     training = config.kind.training
     causes = plan(config, registry=revision, source=source_fingerprint)
     run = RunContext(config, StageCache(StageStore(storage_root(config, storage))),
-                     {s: StageCache.key(c) for s, c in causes.items()},
+                     StageCache.keys(causes),
                      f"zhpipe-{config.identity}", parent_run_id, {training.name} if force else set(), causes=causes,
                      request=request)
     with leases.held(run.store, run.keys) as run.lease:

@@ -172,8 +172,7 @@ def _trial(study: Study, trial) -> float:
     config = replace(study.request, overrides=study.request.overrides + sampled).config()
     causes = plan(config, registry=revision)
     run = RunContext(config, StageCache(StageStore(storage_root(config, study.storage))),
-                     {s: StageCache.key(c) for s, c in causes.items()}, study.experiment, study.parent_run_id,
-                     causes=causes)
+                     StageCache.keys(causes), study.experiment, study.parent_run_id, causes=causes)
     spec = config.kind.training
     inputs = {name: run.reuse(name) for name in spec.needs}
     tracker = Tracker.start(study.experiment, f"trial {trial.number}", parent=study.parent_run_id,

@@ -6,6 +6,7 @@ next stage takes; `begin` and `save` build a new one beside the store and publis
 from __future__ import annotations
 
 import logging
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,9 +42,9 @@ class StageCache:
     full: bool = False  # hash every file of a reused output, not only the small ones (`--verify`)
 
     @staticmethod
-    def key(causes: dict[str, Any]) -> str:
-        """A unit's key: the hash of everything its output depends on (flows/plan/keys.py plans `causes`)."""
-        return stage_key(causes)
+    def keys(causes: dict[str, dict[str, Any]]) -> dict[str, str]:
+        """Each unit's key: the hash of everything its output depends on (flows/plan/keys.py plans `causes`)."""
+        return {unit: stage_key(c) for unit, c in causes.items()}
 
     def lookup(self, unit: str, key: str) -> Manifest | None:
         """The manifest of the unit's published output under `key` when it is there and sound, else None (a corrupt
@@ -80,8 +81,6 @@ class StageCache:
 
     def begin(self, unit: str, key: str, fresh: bool) -> tuple[Path, Path]:
         """(a temporary folder to build in, the unit's scratch folder to resume from; emptied when `fresh`)."""
-        import shutil
-
         tmp, scratch = self.store.begin(unit, key), self.store.scratch(unit, key)
         if fresh:  # --force means from scratch, not from the last checkpoint
             shutil.rmtree(scratch)

@@ -113,7 +113,7 @@ def test_the_engine_calls_its_tracking_hooks_and_knows_nothing_else_of_them(tmp_
     run = RunContext(
         config,
         StageCache(StageStore(tmp_path / "store")),
-        {u: StageCache.key(c) for u, c in causes.items()},
+        StageCache.keys(causes),
         "zhpipe-hooks",
         None,
         causes=causes,
