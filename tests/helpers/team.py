@@ -416,9 +416,10 @@ def machine(
     env.update({"HOME": str(home), "ZHPIPE_WARM": "off", "PREFECT_LOGGING_LEVEL": "WARNING"})
     # matplotlib's font list is the computer's, not the engineer's: one cache for every machine (a new HOME rebuilt it,
     # 3-5 s in each machine's first profile stage)
-    fonts = Path(tempfile.gettempdir()) / f"zhpipe-tests-matplotlib-{os.getuid()}"
-    fonts.mkdir(mode=0o700, exist_ok=True)
-    env["MPLCONFIGDIR"] = str(fonts)
+    # (a folder another user made first is refused: flows.plan.private.private_dir)
+    from flows.plan.private import private_dir
+
+    env["MPLCONFIGDIR"] = str(private_dir(Path(tempfile.gettempdir()) / f"zhpipe-tests-matplotlib-{os.getuid()}"))
     if team is None:
         return env, project
     env.update(team.s3)
