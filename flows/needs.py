@@ -15,6 +15,7 @@ class Needs:
     project: bool = True  # a project folder (`init` makes one)
     space: bool = False  # it writes: free disk space is checked first
     server: str = ""  # "use": the project's running background Prefect server; "start": start one when none runs
+    flows: bool = False  # runs Prefect flows here: with no server to use, a temporary one starts with the command
     warm: bool = False  # short-lived, reads a pipeline: handed to the warm process when one runs
     leaves_warm: bool = False  # leaves a warm process beside the server for the next commands
     watched: bool = False  # the background server lost mid-way stops it in one line
@@ -31,6 +32,6 @@ class Needs:
         return replace(self, server=self.server or "use", warm=False, prefect=True)
 
 
-BUILDS = Needs(space=True, server="start", watched=True, prefect=True,
+BUILDS = Needs(space=True, server="start", flows=True, watched=True, prefect=True,
                keeps="the stages it finished are kept in the store (and a model's checkpoints), so the next `zhpipe "
                "run` reuses them")

@@ -10,6 +10,7 @@ import time
 from dataclasses import replace
 
 from flows.cli.common import BUILDS, Needs, console, load, number, request_of
+from flows.runtime import temporary
 from tasks.errors import ZhpipeError, say
 
 log = logging.getLogger("zhpipe")
@@ -27,11 +28,11 @@ def cmd_run(args) -> int:
     stages = select_stages(args.start, args.stop, args.only, tuple(config.kind.stages))
     force = None if args.force is None else ([args.force] if args.force else [])
     t0 = time.perf_counter()
-    if not os.environ.get("PREFECT_API_URL"):  # no background server (`ZHPIPE_SERVER=temporary`, or it could not start)
-        print("starting a temporary Prefect server for this run (about 20 s; `zhpipe server start` keeps one running)",
-              flush=True)
+    if temporary.started():  # no background server (`ZHPIPE_SERVER=temporary`, or it could not start)
+        print("a temporary Prefect server starts for this run (`zhpipe server start` keeps one running)", flush=True)
     # what the flow run records in Prefect: URLs redacted (the config already holds the redacted forms)
-    with _server_started_beside_the_store(), _heartbeats():
+    _store_opened_while_the_server_starts()
+    with _heartbeats():
         out = pipeline_flow(**request.parameters(), stages=stages, force=force, storage=conceal(args.storage),
                             dask=args.dask, verify=args.verify)
     shown = console()
@@ -75,36 +76,18 @@ def attention_code(attention: dict, wanted: str) -> int:
     return ATTENTION if reasons else 0
 
 
-@contextlib.contextmanager
-def _server_started_beside_the_store():
-    """Without a server to use, Prefect starts a temporary one when the flow first asks for it (its own process,
-    seconds of imports and migrations); meanwhile this process sat idle, then opened the MLflow store (a new one:
-    about 2 s of migrations). Here the server starts in a thread while the store opens, and the flow starts once
-    the server answers (Prefect then finds it running)."""
-    if os.environ.get("PREFECT_API_URL"):
-        yield
-        return
-    import threading
-
-    from prefect.server.api.server import SubprocessASGIServer
-
+def _store_opened_while_the_server_starts() -> None:
+    """A temporary Prefect server started with the command (flows/runtime/temporary.py) boots in its own process
+    while this one imports and opens the MLflow store (a new one: about 2 s of migrations); the flow starts once the
+    server answers."""
     from flows.track import tracker
 
-    def start() -> None:
+    if temporary.started():
         try:
-            SubprocessASGIServer().start()
-        except Exception:  # noqa: BLE001 - left not running: the flow starts it again and reports what is wrong
-            log.debug("the temporary Prefect server did not start ahead of the run", exc_info=True)
-
-    starting = threading.Thread(target=start, name="zhpipe-temporary-server", daemon=True)
-    starting.start()
-    try:  # the MLflow store, opened (and migrated, when new) while the server starts
-        tracker.client()
-    except Exception:  # noqa: BLE001 - a store that does not open is reported by the run, which opens it again
-        log.debug("the MLflow store did not open ahead of the run", exc_info=True)
-    finally:
-        starting.join()
-    yield
+            tracker.client()
+        except Exception:  # noqa: BLE001 - a store that does not open is reported by the run, which opens it again
+            log.debug("the MLflow store did not open ahead of the run", exc_info=True)
+    temporary.ready()
 
 
 def _heartbeats():
@@ -249,6 +232,7 @@ def cmd_tune(args) -> int:
                           "pipelines.yaml)")
     if args.trials < 1:
         raise ZhpipeError(f"tune: --trials must be at least 1, got {args.trials}")
+    temporary.ready()
     result = tune(request_of(args), args.model, args.trials, args.seed, args.storage)
     print(f"best of {result['complete']} complete trials ({result['trials']} in the study): {result['metric']} "
           f"{result['value']:.4f} (trial {result['trial']}); MLflow tune run {result['run_id']}")

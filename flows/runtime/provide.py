@@ -5,29 +5,34 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 
 from flows.plan import project
 from flows.plan.private import PortTaken
-from flows.runtime import handover, server
+from flows.runtime import handover, server, temporary
 from tasks.errors import ZhpipeError, say
 
 
 def find_server(needs) -> None:
-    """A background Prefect server instead of a temporary one per command: the running one, else (`start`) a new one."""
+    """A background Prefect server instead of a temporary one per command: the running one, else (`start`) a new one;
+    a command that runs flows and has neither gets a temporary server, started now (flows/runtime/temporary.py)."""
     if not needs.server:
         return
     project.ensure_prefect_home()
-    if not server.use_running() and needs.server == "start" and not os.environ.get("PREFECT_API_URL"):
-        _start_background_server()
+    if server.use_running() or os.environ.get("PREFECT_API_URL") or needs.server != "start":
+        return
+    if _start_background_server():
         server.use_running()
+    elif needs.flows and "prefect" not in sys.modules:  # Prefect reads PREFECT_API_URL once, when imported (a warm
+        temporary.launch()  # process's fork has it imported: there Prefect starts its temporary server itself)
 
 
-def _start_background_server() -> None:
+def _start_background_server() -> bool:
     """The first run of a project starts the project's Prefect server in the background, with an idle timeout, so later
     runs skip the 20 s start of a temporary server (`ZHPIPE_SERVER=temporary`: a temporary server per run, as
     before)."""
     if os.environ.get("ZHPIPE_SERVER", "background") == "temporary":
-        return
+        return False
     idle = server.idle_timeout()
     after = f"{idle / 60:.0f} min" if idle >= 60 else f"{idle:.0f} s"
     beside = ", and a warm zhpipe process beside it that skips their imports" if handover.enabled() else ""
@@ -40,10 +45,11 @@ def _start_background_server() -> None:
         raise
     except ZhpipeError as e:  # a taken port, say: this run goes on with a temporary server
         print(f" not started ({e}); using a temporary server", flush=True)
-        return
+        return False
     print(f" running at {state['url'].removesuffix('/api')} (its UI asks for the credentials `zhpipe "
           f"server status` prints)",
           flush=True)
+    return True
 
 
 def hand_over(needs, argv: list[str]) -> int | None:
@@ -69,5 +75,6 @@ def watched(needs, command: str, abort):
 
 def leave_warm(needs, environ: dict[str, str]) -> None:
     """A warm process beside the background server for the next commands (it stops with the server's timeout)."""
-    if needs.leaves_warm and environ.get("PREFECT_API_URL") and os.environ.get("ZHPIPE_SERVER") != "temporary":
+    if (needs.leaves_warm and environ.get("PREFECT_API_URL") and os.environ.get("ZHPIPE_SERVER") != "temporary"
+            and not temporary.started()):
         handover.spawn(server.idle_timeout(), environ, project.current().root)

@@ -1,0 +1,135 @@
+"""Prefect's temporary server for one command (`ZHPIPE_SERVER=temporary`, or when the background server could not
+start), started as the command starts instead of when its flow first asks for one.
+
+Left to Prefect, the temporary server starts inside the flow: this process imports Prefect's server module (about
+2 s), starts the server process and waits for it (seconds of imports and start-up), and only then runs the flow. Here
+the server process starts before this process has imported anything heavy, Prefect is pointed at it through
+PREFECT_API_URL, and the command waits for it (`ready`) only once its own imports and the MLflow store are done.
+
+It is Prefect's own server app (`prefect.server.api.server:create_app`, as Prefect's temporary server runs it) on a
+loopback port chosen free; before the first request the port's listening socket must be the server's own (another
+user who binds the port first gets nothing). It stops with the command: at exit, or by the kernel when the command is
+killed (Linux's PR_SET_PDEATHSIG)."""
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from flows.plan.private import PortTaken, listeners, open_private_log, serves, status_of
+from tasks.errors import ZhpipeError
+
+TIMEOUT_S = 180.0  # a first start on 2 cores, new database included, is about 20 s
+
+# sent SIGTERM when the command that started it dies (PR_SET_PDEATHSIG, kept across exec), then Python is exec'd
+_DIE_WITH_PARENT = """import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+if os.getppid() != int(sys.argv[1]):
+    sys.exit("the zhpipe command that started this server is gone")
+os.execv(sys.executable, [sys.executable, *sys.argv[2:]])
+"""
+
+
+@dataclass
+class Temporary:
+    proc: subprocess.Popen
+    port: int
+    log: Path
+    error: Exception | None = None
+    waiting: threading.Thread = field(init=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
+
+    def wait(self, timeout: float = TIMEOUT_S) -> None:
+        """Until the server answers its health check on a socket of its own; the error is kept for `ready`."""
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                if self.proc.poll() is not None:
+                    tail = self.log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+                    raise ZhpipeError(f"the temporary Prefect server exited with code {self.proc.returncode} "
+                                      f"({tail[0][:200]}); see {self.log}")
+                if listeners(self.port):
+                    if serves(self.proc.pid, self.port) is False:
+                        raise PortTaken(f"port {self.port} on 127.0.0.1 was taken by another process while the "
+                                        f"temporary Prefect server started; nothing was sent there; run again")
+                    if status_of(f"{self.url}/health", None, 2) == 200:
+                        return
+                if time.monotonic() > deadline:
+                    raise ZhpipeError(f"the temporary Prefect server did not answer on {self.url} within "
+                                      f"{timeout:.0f} s; see {self.log}")
+                time.sleep(0.1)
+        except Exception as e:  # noqa: BLE001 - said by `ready`, in the command's thread
+            self.error = e
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+_STARTED: Temporary | None = None
+
+
+def launch() -> Temporary:
+    """Start the server process now, point Prefect at it (call before Prefect is imported) and wait for it in a
+    thread; `ready` joins that wait."""
+    global _STARTED
+    import socket
+
+    with socket.socket() as probe:  # a port free now; `wait` proves the one listening there is the server
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    home = Path(os.environ["PREFECT_HOME"]).expanduser()
+    log = home / f"zhpipe-temporary-server-{port}.log"
+    app_dir = str(Path(importlib.util.find_spec("prefect").origin).parents[1])
+    argv = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), "-m", "uvicorn", "--app-dir", app_dir,
+            "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
+            "--log-level", "error", "--lifespan", "on"]
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update({"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"})
+    with open_private_log(log, "w") as out:
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    _STARTED = server = Temporary(proc, port, log)
+    atexit.register(_stop)
+    os.environ["PREFECT_API_URL"] = server.url
+    os.environ.setdefault("PREFECT_UI_URL", "")  # it serves no UI: Prefect prints no "View at" link to it
+    server.waiting = threading.Thread(target=server.wait, name="zhpipe-temporary-server", daemon=True)
+    server.waiting.start()
+    return server
+
+
+def _stop() -> None:
+    """At exit: the server stopped, and its log removed unless it says why the server failed."""
+    if _STARTED is not None:
+        _STARTED.stop()
+        if _STARTED.error is None:
+            _STARTED.log.unlink(missing_ok=True)
+
+
+def started() -> bool:
+    """Whether this command started a temporary server (a warm process must not outlive it pointed at it)."""
+    return _STARTED is not None
+
+
+def ready() -> None:
+    """Return once the temporary server started with this command answers (at once when none was started); its
+    failure to start is this command's error."""
+    if _STARTED is None:
+        return
+    _STARTED.waiting.join()
+    if _STARTED.error is not None:
+        raise _STARTED.error
