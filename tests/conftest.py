@@ -83,16 +83,6 @@ def pytest_unconfigure(config):
     _SERVER.stop()
 
 
-# runs `python ARGS...` in its place, to be sent SIGTERM when the test process that started it dies (Linux's
-# PR_SET_PDEATHSIG, kept across exec); argv: the parent's pid, then the arguments
-_DIE_WITH_PARENT = """import ctypes, os, signal, sys
-ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
-if os.getppid() != int(sys.argv[1]):
-    sys.exit("the test process that started this server is gone")
-os.execv(sys.executable, [sys.executable, *sys.argv[2:]])
-"""
-
-
 _SHARED = "ZHPIPE_TESTS_PREFECT_SERVER"
 
 
@@ -116,7 +106,6 @@ class _SessionServer:
     def start(self):
         import socket
         import subprocess
-        import sys
 
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -124,37 +113,14 @@ class _SessionServer:
         self.url = f"http://127.0.0.1:{port}/api"
         self.home = _TMP / "prefect-server"  # its database: tests look into it for what a run recorded
         self.home.mkdir()
-        env = {
-            **os.environ,
-            "PREFECT_HOME": str(self.home),
-            "PREFECT_UI_ENABLED": "0",
-            "PREFECT__SERVER_EPHEMERAL": "1",
-            "PREFECT__SERVER_FINAL": "1",
-            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        }
-        env.pop("PREFECT_API_URL", None)
+        from flows.runtime import temporary  # the app and command line of zhpipe's own temporary server
+
+        env = temporary.environment({**os.environ, "PREFECT_HOME": str(self.home),
+                                     "PREFECT_SERVER_ANALYTICS_ENABLED": "false"})
         self.log = open(self.home / "server.log", "w")
-        server = [
-            "-m",
-            "uvicorn",
-            "--factory",
-            "prefect.server.api.server:create_app",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--log-level",
-            "error",
-            "--lifespan",
-            "on",
-        ]
-        if sys.platform.startswith(
-            "linux"
-        ):  # it ends with this process even when this one is killed (no finish hook runs)
-            server = ["-c", _DIE_WITH_PARENT, str(os.getpid()), *server]
-        self.proc = subprocess.Popen(
-            [sys.executable, *server], env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        # it ends with this process even when this one is killed (no finish hook runs)
+        self.proc = subprocess.Popen(temporary.command(port), env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
         os.environ["PREFECT_API_URL"] = self.url
         os.environ[_SHARED] = f"{self.url} {self.home}"
 

@@ -88,6 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     code = None if args.debug else provide.hand_over(needs, argv)  # the warm process runs it, imports done
     if code is not None:
         return code
+    try:
+        provide.temporary_server(needs)  # runs flows here, with no server to use: one starts now, beside the imports
+    except (ZhpipeError, OSError) as e:
+        say("error", project.disk_full(e) or f"the temporary Prefect server could not start: {e}")
+        return 2
     _setup_logging(args, needs)
     return _run(args, needs, handed_env)
 

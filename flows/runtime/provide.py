@@ -14,17 +14,21 @@ from tasks.errors import ZhpipeError, say
 
 
 def find_server(needs) -> None:
-    """A background Prefect server instead of a temporary one per command: the running one, else (`start`) a new one;
-    a command that runs flows and has neither gets a temporary server, started now (flows/runtime/temporary.py)."""
+    """A background Prefect server instead of a temporary one per command: the running one, else (`start`) a new one."""
     if not needs.server:
         return
     project.ensure_prefect_home()
-    if server.use_running() or os.environ.get("PREFECT_API_URL") or needs.server != "start":
-        return
-    if _start_background_server():
-        server.use_running()
-    elif needs.flows and "prefect" not in sys.modules:  # Prefect reads PREFECT_API_URL once, when imported (a warm
-        temporary.launch()  # process's fork has it imported: there Prefect starts its temporary server itself)
+    if not server.use_running() and needs.server == "start" and not os.environ.get("PREFECT_API_URL"):
+        if _start_background_server():
+            server.use_running()
+
+
+def temporary_server(needs) -> None:
+    """A command that runs flows here with no server to use: a temporary one, started now (flows/runtime/temporary.py),
+    once the command was not handed to a warm process. Prefect reads PREFECT_API_URL once, when it is imported: a warm
+    process's fork has it imported, and there Prefect starts its temporary server itself."""
+    if needs.flows and not os.environ.get("PREFECT_API_URL") and "prefect" not in sys.modules:
+        temporary.launch()
 
 
 def _start_background_server() -> bool:
@@ -75,6 +79,5 @@ def watched(needs, command: str, abort):
 
 def leave_warm(needs, environ: dict[str, str]) -> None:
     """A warm process beside the background server for the next commands (it stops with the server's timeout)."""
-    if (needs.leaves_warm and environ.get("PREFECT_API_URL") and os.environ.get("ZHPIPE_SERVER") != "temporary"
-            and not temporary.started()):
+    if needs.leaves_warm and environ.get("PREFECT_API_URL") and os.environ.get("ZHPIPE_SERVER") != "temporary":
         handover.spawn(server.idle_timeout(), environ, project.current().root)

@@ -27,11 +27,12 @@ from tasks.errors import ZhpipeError
 
 TIMEOUT_S = 180.0  # a first start on 2 cores, new database included, is about 20 s
 
-# sent SIGTERM when the command that started it dies (PR_SET_PDEATHSIG, kept across exec), then Python is exec'd
+# sent SIGTERM when the process that started it dies (PR_SET_PDEATHSIG, kept across exec), then Python is exec'd;
+# argv: the parent's pid, then the arguments
 _DIE_WITH_PARENT = """import ctypes, os, signal, sys
 ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
 if os.getppid() != int(sys.argv[1]):
-    sys.exit("the zhpipe command that started this server is gone")
+    sys.exit("the process that started this server is gone")
 os.execv(sys.executable, [sys.executable, *sys.argv[2:]])
 """
 
@@ -83,6 +84,24 @@ class Temporary:
 _STARTED: Temporary | None = None
 
 
+def command(port: int) -> list[str]:
+    """Prefect's server app on loopback `port`, as Prefect's own temporary server runs it; on Linux it is sent SIGTERM
+    when the process that started it dies, killed or not (no exit hook runs then)."""
+    app_dir = str(Path(importlib.util.find_spec("prefect").origin).parents[1])
+    argv = ["-m", "uvicorn", "--app-dir", app_dir, "--factory", "prefect.server.api.server:create_app",
+            "--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"]
+    if sys.platform.startswith("linux"):
+        argv = ["-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
+    return [sys.executable, *argv]
+
+
+def environment(environ) -> dict[str, str]:
+    """The server's environment: this one's (its Prefect home), as a temporary server without a UI."""
+    env = {k: v for k, v in environ.items() if k != "PREFECT_API_URL"}
+    env.update({"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"})
+    return env
+
+
 def launch() -> Temporary:
     """Start the server process now, point Prefect at it (call before Prefect is imported) and wait for it in a
     thread; `ready` joins that wait."""
@@ -92,17 +111,10 @@ def launch() -> Temporary:
     with socket.socket() as probe:  # a port free now; `wait` proves the one listening there is the server
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    home = Path(os.environ["PREFECT_HOME"]).expanduser()
-    log = home / f"zhpipe-temporary-server-{port}.log"
-    app_dir = str(Path(importlib.util.find_spec("prefect").origin).parents[1])
-    argv = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), "-m", "uvicorn", "--app-dir", app_dir,
-            "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
-            "--log-level", "error", "--lifespan", "on"]
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env.update({"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"})
+    log = Path(os.environ["PREFECT_HOME"]).expanduser() / f"zhpipe-temporary-server-{port}.log"
     with open_private_log(log, "w") as out:
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+        proc = subprocess.Popen(command(port), env=environment(os.environ), stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
     _STARTED = server = Temporary(proc, port, log)
     atexit.register(_stop)
     os.environ["PREFECT_API_URL"] = server.url
@@ -121,7 +133,7 @@ def _stop() -> None:
 
 
 def started() -> bool:
-    """Whether this command started a temporary server (a warm process must not outlive it pointed at it)."""
+    """Whether this command started a temporary server."""
     return _STARTED is not None
 
 
