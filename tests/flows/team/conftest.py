@@ -1,5 +1,7 @@
-"""The team's servers (tests/helpers/team.py), started once per test module: each module breaks them its own way (a
-server killed, a password changed, the bucket cut), so no module sees another's faults."""
+"""The team's servers (tests/helpers/team.py), started once per test process (each xdist worker that runs a team module)
+and shared by its team modules, one after another: a fault test puts back what it broke (the tracking server started
+again, the database back, the bucket reachable), and each module's machines are its own (HOME, project folder). A
+check never assumes the team's experiment, registry or bucket holds only its own module's runs."""
 from __future__ import annotations
 
 import pytest
@@ -7,7 +9,7 @@ import pytest
 from tests.helpers.team import machine, start_team
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def team(tmp_path_factory):
     services = start_team(tmp_path_factory.mktemp("team"))
     yield services

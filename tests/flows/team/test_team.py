@@ -56,8 +56,8 @@ def test_two_engineers_on_two_machines_share_one_registry_and_store(team, machin
         zhpipe(bob, "status", "smoke", cwd=b_dir)
     )
     runs = ok(zhpipe(bob, "runs", "smoke", cwd=b_dir))
-    ids = re.findall(r"^│ ([0-9a-f]{12}) │ FINISHED", runs, re.M)
-    assert len(ids) == 2, runs  # both engineers' runs in the one experiment
+    ids = [re.search(r"parent run ([0-9a-f]{12})", done).group(1) for done in (first, second)]
+    assert all(re.search(rf"^│ {i} │", runs, re.M) for i in ids), runs  # both engineers' runs in the one experiment
     assert "test_accuracy" in ok(zhpipe(alice, "compare", *ids, "--all", cwd=a_dir))
     assert "pred_label" in ok(zhpipe(alice, "predict", "--pipeline", "smoke", "房间很干净，早餐也好", cwd=a_dir))
     for who, folder in machines.values():
