@@ -4,6 +4,7 @@ so that neither imports the other for it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 
 @dataclass(frozen=True)
@@ -35,3 +36,18 @@ class Needs:
 BUILDS = Needs(space=True, server="start", flows=True, watched=True, prefect=True,
                keeps="the stages it finished are kept in the store (and a model's checkpoints), so the next `zhpipe "
                "run` reuses them")
+
+
+_server_ready: Callable[[], None] = lambda: None
+
+
+def server_ready() -> None:
+    """Return once the Prefect server provided for a command that runs flows answers: a temporary one starts beside
+    the command's own imports (flows/runtime/temporary.py), and the command waits for it here, just before its flow."""
+    _server_ready()
+
+
+def provide_server_ready(wait: Callable[[], None]) -> None:
+    """The entry point says how `server_ready` waits (the runtime's)."""
+    global _server_ready
+    _server_ready = wait

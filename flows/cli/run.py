@@ -10,7 +10,7 @@ import time
 from dataclasses import replace
 
 from flows.cli.common import BUILDS, Needs, console, load, number, request_of
-from flows.runtime import temporary
+from flows.needs import server_ready
 from tasks.errors import ZhpipeError, say
 
 log = logging.getLogger("zhpipe")
@@ -28,8 +28,6 @@ def cmd_run(args) -> int:
     stages = select_stages(args.start, args.stop, args.only, tuple(config.kind.stages))
     force = None if args.force is None else ([args.force] if args.force else [])
     t0 = time.perf_counter()
-    if temporary.started():  # no background server (`ZHPIPE_SERVER=temporary`, or it could not start)
-        print("a temporary Prefect server starts for this run (`zhpipe server start` keeps one running)", flush=True)
     # what the flow run records in Prefect: URLs redacted (the config already holds the redacted forms)
     _store_opened_while_the_server_starts()
     with _heartbeats():
@@ -82,12 +80,11 @@ def _store_opened_while_the_server_starts() -> None:
     server answers."""
     from flows.track import tracker
 
-    if temporary.started():
-        try:
-            tracker.client()
-        except Exception:  # noqa: BLE001 - a store that does not open is reported by the run, which opens it again
-            log.debug("the MLflow store did not open ahead of the run", exc_info=True)
-    temporary.ready()
+    try:
+        tracker.client()
+    except Exception:  # noqa: BLE001 - a store that does not open is reported by the run, which opens it again
+        log.debug("the MLflow store did not open ahead of the run", exc_info=True)
+    server_ready()
 
 
 def _heartbeats():
@@ -232,7 +229,7 @@ def cmd_tune(args) -> int:
                           "pipelines.yaml)")
     if args.trials < 1:
         raise ZhpipeError(f"tune: --trials must be at least 1, got {args.trials}")
-    temporary.ready()
+    server_ready()
     result = tune(request_of(args), args.model, args.trials, args.seed, args.storage)
     print(f"best of {result['complete']} complete trials ({result['trials']} in the study): {result['metric']} "
           f"{result['value']:.4f} (trial {result['trial']}); MLflow tune run {result['run_id']}")

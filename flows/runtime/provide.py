@@ -7,6 +7,7 @@ import contextlib
 import os
 import sys
 
+from flows.needs import provide_server_ready
 from flows.plan import project
 from flows.plan.private import PortTaken
 from flows.runtime import handover, server, temporary
@@ -28,7 +29,9 @@ def temporary_server(needs) -> None:
     once the command was not handed to a warm process. Prefect reads PREFECT_API_URL once, when it is imported: a warm
     process's fork has it imported, and there Prefect starts its temporary server itself."""
     if needs.flows and not os.environ.get("PREFECT_API_URL") and "prefect" not in sys.modules:
+        print("a temporary Prefect server starts for this run (`zhpipe server start` keeps one running)", flush=True)
         temporary.launch()
+        provide_server_ready(temporary.ready)
 
 
 def _start_background_server() -> bool:

@@ -1,15 +1,17 @@
-"""Prefect's temporary server for one command (`ZHPIPE_SERVER=temporary`, or when the background server could not
-start), started as the command starts instead of when its flow first asks for one.
+"""Prefect's temporary server for one command (`ZHPIPE_SERVER=temporary`, or when the background
+server could not start), started as the command starts instead of when its flow first asks for one.
 
-Left to Prefect, the temporary server starts inside the flow: this process imports Prefect's server module (about
-2 s), starts the server process and waits for it (seconds of imports and start-up), and only then runs the flow. Here
-the server process starts before this process has imported anything heavy, Prefect is pointed at it through
-PREFECT_API_URL, and the command waits for it (`ready`) only once its own imports and the MLflow store are done.
+Left to Prefect, the temporary server starts inside the flow: this process imports Prefect's server
+module (about 2 s), starts the server process and waits for it (seconds of imports and start-up),
+and only then runs the flow. Here the server process starts before this process has imported
+anything heavy, Prefect is pointed at it through PREFECT_API_URL, and the command waits for it
+(`ready`) only once its own imports and the MLflow store are done.
 
-It is Prefect's own server app (`prefect.server.api.server:create_app`, as Prefect's temporary server runs it) on a
-loopback port chosen free; before the first request the port's listening socket must be the server's own (another
-user who binds the port first gets nothing). It stops with the command: at exit, or by the kernel when the command is
-killed (Linux's PR_SET_PDEATHSIG)."""
+It is Prefect's own server app (`prefect.server.api.server:create_app`, as Prefect's temporary
+server runs it) on a loopback port chosen free; before the first request the port's listening socket
+must be the server's own (another user who binds the port first gets nothing). It stops with the
+command: at exit, or by the kernel when the command is killed (Linux's PR_SET_PDEATHSIG)."""
+
 from __future__ import annotations
 
 import atexit
@@ -27,8 +29,8 @@ from tasks.errors import ZhpipeError
 
 TIMEOUT_S = 180.0  # a first start on 2 cores, new database included, is about 20 s
 
-# sent SIGTERM when the process that started it dies (PR_SET_PDEATHSIG, kept across exec), then Python is exec'd;
-# argv: the parent's pid, then the arguments
+# sent SIGTERM when the process that started it dies (PR_SET_PDEATHSIG, kept across exec), then
+# Python is exec'd; argv: the parent's pid, then the arguments
 _DIE_WITH_PARENT = """import ctypes, os, signal, sys
 ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
 if os.getppid() != int(sys.argv[1]):
@@ -50,23 +52,32 @@ class Temporary:
         return f"http://127.0.0.1:{self.port}/api"
 
     def wait(self, timeout: float = TIMEOUT_S) -> None:
-        """Until the server answers its health check on a socket of its own; the error is kept for `ready`."""
+        """Until the server answers its health check on a socket of its own; the error is kept for
+        `ready`."""
         deadline = time.monotonic() + timeout
         try:
             while True:
                 if self.proc.poll() is not None:
-                    tail = self.log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
-                    raise ZhpipeError(f"the temporary Prefect server exited with code {self.proc.returncode} "
-                                      f"({tail[0][:200]}); see {self.log}")
+                    tail = self.log.read_text(errors="replace").strip().splitlines()[-1:] or [
+                        "(no output)"
+                    ]
+                    raise ZhpipeError(
+                        f"the temporary Prefect server exited with code {self.proc.returncode} "
+                        f"({tail[0][:200]}); see {self.log}"
+                    )
                 if listeners(self.port):
                     if serves(self.proc.pid, self.port) is False:
-                        raise PortTaken(f"port {self.port} on 127.0.0.1 was taken by another process while the "
-                                        f"temporary Prefect server started; nothing was sent there; run again")
+                        raise PortTaken(
+                            f"port {self.port} on 127.0.0.1 was taken by another process while the "
+                            f"temporary Prefect server started; nothing was sent there; run again"
+                        )
                     if status_of(f"{self.url}/health", None, 2) == 200:
                         return
                 if time.monotonic() > deadline:
-                    raise ZhpipeError(f"the temporary Prefect server did not answer on {self.url} within "
-                                      f"{timeout:.0f} s; see {self.log}")
+                    raise ZhpipeError(
+                        f"the temporary Prefect server did not answer on {self.url} within "
+                        f"{timeout:.0f} s; see {self.log}"
+                    )
                 time.sleep(0.1)
         except Exception as e:  # noqa: BLE001 - said by `ready`, in the command's thread
             self.error = e
@@ -85,41 +96,70 @@ _STARTED: Temporary | None = None
 
 
 def command(port: int) -> list[str]:
-    """Prefect's server app on loopback `port`, as Prefect's own temporary server runs it; on Linux it is sent SIGTERM
-    when the process that started it dies, killed or not (no exit hook runs then)."""
+    """Prefect's server app on loopback `port`, as Prefect's own temporary server runs it; on Linux
+    it is sent SIGTERM when the process that started it dies, killed or not (no exit hook runs
+    then)."""
     app_dir = str(Path(importlib.util.find_spec("prefect").origin).parents[1])
-    argv = ["-m", "uvicorn", "--app-dir", app_dir, "--factory", "prefect.server.api.server:create_app",
-            "--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"]
+    argv = [
+        "-m",
+        "uvicorn",
+        "--app-dir",
+        app_dir,
+        "--factory",
+        "prefect.server.api.server:create_app",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "error",
+        "--lifespan",
+        "on",
+    ]
     if sys.platform.startswith("linux"):
         argv = ["-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
     return [sys.executable, *argv]
 
 
 def environment(environ) -> dict[str, str]:
-    """The server's environment: this one's (its Prefect home), as a temporary server without a UI."""
+    """The server's environment: this one's (its Prefect home), for a server without a UI."""
     env = {k: v for k, v in environ.items() if k != "PREFECT_API_URL"}
-    env.update({"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"})
+    env.update(
+        {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+    )
     return env
 
 
 def launch() -> Temporary:
-    """Start the server process now, point Prefect at it (call before Prefect is imported) and wait for it in a
-    thread; `ready` joins that wait."""
+    """Start the server process now, point Prefect at it (call before Prefect is imported) and wait
+    for it in a thread; `ready` joins that wait."""
     global _STARTED
     import socket
 
-    with socket.socket() as probe:  # a port free now; `wait` proves the one listening there is the server
+    with (
+        socket.socket() as probe
+    ):  # a port free now; `wait` proves the one listening there is the server
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     log = Path(os.environ["PREFECT_HOME"]).expanduser() / f"zhpipe-temporary-server-{port}.log"
     with open_private_log(log, "w") as out:
-        proc = subprocess.Popen(command(port), env=environment(os.environ), stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            command(port),
+            env=environment(os.environ),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     _STARTED = server = Temporary(proc, port, log)
     atexit.register(_stop)
     os.environ["PREFECT_API_URL"] = server.url
-    os.environ.setdefault("PREFECT_UI_URL", "")  # it serves no UI: Prefect prints no "View at" link to it
-    server.waiting = threading.Thread(target=server.wait, name="zhpipe-temporary-server", daemon=True)
+    os.environ.setdefault(
+        "PREFECT_UI_URL", ""
+    )  # it serves no UI: Prefect prints no "View at" link to it
+    server.waiting = threading.Thread(
+        target=server.wait, name="zhpipe-temporary-server", daemon=True
+    )
     server.waiting.start()
     return server
 
@@ -132,14 +172,9 @@ def _stop() -> None:
             _STARTED.log.unlink(missing_ok=True)
 
 
-def started() -> bool:
-    """Whether this command started a temporary server."""
-    return _STARTED is not None
-
-
 def ready() -> None:
-    """Return once the temporary server started with this command answers (at once when none was started); its
-    failure to start is this command's error."""
+    """Return once the temporary server started with this command answers (at once when none was
+    started); its failure to start is this command's error."""
     if _STARTED is None:
         return
     _STARTED.waiting.join()
