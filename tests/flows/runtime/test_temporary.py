@@ -18,7 +18,6 @@ from flows.plan.private import family
 from tests.helpers.procs import stop, zhpipe
 
 ROOT = Path(__file__).resolve().parents[3]
-pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
@@ -50,6 +49,7 @@ def servers(pid: int) -> set[int]:
     return {p for p in family(pid) - {pid} if a_server(p)}
 
 
+@pytest.mark.e2e
 def test_a_run_starts_its_temporary_server_and_leaves_nothing(env, tmp_path):
     done = zhpipe(env, "run", "smoke", "--to", "split")
     printed = done.stdout + done.stderr
@@ -67,6 +67,7 @@ def test_a_run_starts_its_temporary_server_and_leaves_nothing(env, tmp_path):
     )
 
 
+@pytest.mark.e2e
 def test_the_temporary_server_dies_with_a_killed_run(env, tmp_path):
     run = subprocess.Popen(
         [sys.executable, "-m", "flows.cli", "run", "smoke", "--to", "split"],
@@ -94,3 +95,54 @@ def test_the_temporary_server_dies_with_a_killed_run(env, tmp_path):
             time.sleep(0.2)
     finally:
         stop(run)
+
+
+def waited(tmp_path, program: str, timeout: float = 30) -> Exception | None:
+    """The error of waiting for a "server" that runs `program` (Python) on a free port."""
+    from flows.runtime.temporary import Temporary
+    from tests.helpers.procs import free_port
+
+    log = tmp_path / "server.log"
+    with open(log, "w") as out:
+        argv = [sys.executable, "-c", program]
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    server = Temporary(proc, free_port(), log)
+    try:
+        server.wait(timeout)
+    finally:
+        server.stop()
+    return server.error
+
+
+def test_a_server_that_exits_is_one_error_with_its_last_line(tmp_path):
+    error = waited(tmp_path, "print('address already in use'); raise SystemExit(3)")
+    assert "exited with code 3 (address already in use)" in str(error), error
+
+
+def test_a_server_that_never_answers_is_one_error_after_the_timeout(tmp_path):
+    error = waited(tmp_path, "import time; time.sleep(60)", timeout=1)
+    assert "did not answer" in str(error) and "within 1 s" in str(error), error
+
+
+def test_a_port_another_process_listens_on_gets_no_request(tmp_path):
+    """Another process (here the test's) listens on the port first: nothing is sent there."""
+    import socket
+
+    from flows.plan.private import PortTaken
+    from flows.runtime.temporary import Temporary
+
+    log = tmp_path / "server.log"
+    log.write_text("")
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        other.settimeout(0.5)
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        server = Temporary(proc, other.getsockname()[1], log)
+        try:
+            server.wait(10)
+            with pytest.raises(socket.timeout):
+                other.accept()  # no connection was made to it
+        finally:
+            server.stop()
+    assert isinstance(server.error, PortTaken) and "nothing was sent there" in str(server.error)
