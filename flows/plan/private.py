@@ -203,22 +203,27 @@ def port_of(url: str) -> int:
     return urlparse(url).port or 80
 
 
-def ours_answering(pid: int, url: str, auth: str, path: str = "/health", timeout: float = 2) -> bool:
-    """Whether the server zhpipe started as process `pid` answers at `url` as ours. Before a request with the
-    credentials goes out, the socket listening on the port must be one of `pid`'s (or its workers'): another user who
-    binds the port first (or between our check that it is free and our server's start) gets nothing; `PortTaken`
-    names who holds it. Then the server must demand exactly these credentials (`demands`). False: not up yet."""
+def ours_listening(pid: int, url: str, sent: str = "no credentials were sent there; choose another port") -> bool:
+    """Whether the socket listening on `url`'s port is one of process `pid`'s (or its workers'): False while nothing
+    listens yet; True without /proc (nothing can be proved there); `PortTaken`, naming who holds it and saying `sent`,
+    when another process does (another user who binds the port first, or between our check that it is free and our
+    server's start)."""
     port = port_of(url)
-    held = serves(pid, port)
-    if held is False:
-        found = listeners(port) or []
-        if not found:
-            return False  # nothing listens yet
-        owner = found[0][0]
-        who = "you, another process" if owner == os.getuid() else f"another user (uid {owner})"
-        raise PortTaken(f"port {port} on 127.0.0.1 is held by {who}, not by the server zhpipe started; no credentials "
-                        f"were sent there; choose another port")
-    return demands(url, auth, path, timeout)
+    if serves(pid, port) is not False:
+        return True
+    found = listeners(port) or []
+    if not found:
+        return False  # nothing listens yet
+    owner = found[0][0]
+    who = "you, another process" if owner == os.getuid() else f"another user (uid {owner})"
+    raise PortTaken(f"port {port} on 127.0.0.1 is held by {who}, not by the server zhpipe started; {sent}")
+
+
+def ours_answering(pid: int, url: str, auth: str, path: str = "/health", timeout: float = 2) -> bool:
+    """Whether the server zhpipe started as process `pid` answers at `url` as ours: before a request with the
+    credentials goes out, its socket must be `pid`'s (`ours_listening`); then the server must demand exactly these
+    credentials (`demands`). False: not up yet."""
+    return ours_listening(pid, url) and demands(url, auth, path, timeout)
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flows.plan.private import PortTaken, listeners, open_private_log, serves, status_of
+from flows.plan.private import open_private_log, ours_listening, status_of
 from tasks.errors import ZhpipeError
 
 TIMEOUT_S = 180.0  # a first start on 2 cores, new database included, is about 20 s
@@ -65,16 +65,9 @@ class Temporary:
                         f"the temporary Prefect server exited with code {self.proc.returncode} "
                         f"({tail[0][:200]}); see {self.log}"
                     )
-                # None without /proc: nothing can be proved there, the health check decides
-                found = listeners(self.port)
-                if found is None or found:
-                    if found and serves(self.proc.pid, self.port) is False:
-                        raise PortTaken(
-                            f"port {self.port} on 127.0.0.1 was taken by another process while the "
-                            f"temporary Prefect server started; nothing was sent there; run again"
-                        )
-                    if status_of(f"{self.url}/health", None, 2) == 200:
-                        return
+                ours = ours_listening(self.proc.pid, self.url, "nothing was sent there; run again")
+                if ours and status_of(f"{self.url}/health", None, 2) == 200:
+                    return
                 if time.monotonic() > deadline:
                     raise ZhpipeError(
                         f"the temporary Prefect server did not answer on {self.url} within "
@@ -138,9 +131,8 @@ def launch() -> Temporary:
     global _STARTED
     import socket
 
-    with (
-        socket.socket() as probe
-    ):  # a port free now; `wait` proves the one listening there is the server
+    # a port free now; `wait` proves that the socket listening there is the server's
+    with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     log = Path(os.environ["PREFECT_HOME"]).expanduser() / f"zhpipe-temporary-server-{port}.log"
@@ -156,9 +148,8 @@ def launch() -> Temporary:
     _STARTED = server = Temporary(proc, port, log)
     atexit.register(_stop)
     os.environ["PREFECT_API_URL"] = server.url
-    os.environ.setdefault(
-        "PREFECT_UI_URL", ""
-    )  # it serves no UI: Prefect prints no "View at" link to it
+    # it serves no UI: Prefect prints no "View at" link to it
+    os.environ.setdefault("PREFECT_UI_URL", "")
     server.waiting = threading.Thread(
         target=server.wait, name="zhpipe-temporary-server", daemon=True
     )
