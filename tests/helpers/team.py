@@ -434,15 +434,3 @@ def machine(
         }
     )
     return env, project
-
-
-def start(env: dict, project: Path, *argv: str, log: Path) -> subprocess.Popen:
-    """A zhpipe command on a machine, in the background, its output in `log`."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", *argv],
-        cwd=project,
-        env=env,
-        stdout=open(log, "w"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )

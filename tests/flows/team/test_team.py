@@ -11,8 +11,8 @@ from collections import Counter
 
 import pytest
 
-from tests.helpers.procs import zhpipe
-from tests.helpers.team import STORE, machine, start
+from tests.helpers.procs import start, zhpipe
+from tests.helpers.team import STORE, machine
 
 pytestmark = pytest.mark.e2e
 

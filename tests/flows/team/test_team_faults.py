@@ -10,8 +10,7 @@ import time
 
 import pytest
 
-from tests.helpers.procs import zhpipe
-from tests.helpers.team import start
+from tests.helpers.procs import start, zhpipe
 
 pytestmark = pytest.mark.e2e
 
