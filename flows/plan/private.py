@@ -187,10 +187,13 @@ def serves(pid: int, port: int) -> bool | None:
     found = listeners(port)
     if found is None:
         return None
-    if not found:
-        return False
+    return bool(found) and not _others(pid, found)
+
+
+def _others(pid: int, found: list[tuple[int, int]]) -> list[int]:
+    """The uids of the listening sockets `found` (`listeners`) that are not `pid`'s or its children's."""
     ours = sockets_of(family(pid))
-    return all(inode in ours for _, inode in found)
+    return [uid for uid, inode in found if inode not in ours]
 
 
 class PortTaken(ZhpipeError):
@@ -209,13 +212,15 @@ def ours_listening(pid: int, url: str, sent: str = "no credentials were sent the
     when another process does (another user who binds the port first, or between our check that it is free and our
     server's start)."""
     port = port_of(url)
-    if serves(pid, port) is not False:
+    found = listeners(port)  # one reading: a server that starts listening meanwhile is not taken for another's
+    if found is None:
         return True
-    found = listeners(port) or []
     if not found:
         return False  # nothing listens yet
-    owner = found[0][0]
-    who = "you, another process" if owner == os.getuid() else f"another user (uid {owner})"
+    others = _others(pid, found)
+    if not others:
+        return True
+    who = "you, another process" if others[0] == os.getuid() else f"another user (uid {others[0]})"
     raise PortTaken(f"port {port} on 127.0.0.1 is held by {who}, not by the server zhpipe started; {sent}")
 
 
