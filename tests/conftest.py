@@ -267,3 +267,12 @@ def run_ctx(tmp_path):
 
     request = RunRequest("smoke")
     return start_run(request, request.config(), set(), tmp_path / "store")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` with the team modules handed out as one unit, first (tests/helpers/schedule.py)."""
+    if config.getvalue("dist") == "loadfile":
+        from tests.helpers.schedule import TeamFirst
+
+        return TeamFirst(config, log)
+    return None
