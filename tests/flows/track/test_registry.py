@@ -28,8 +28,17 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def trained(prefect_harness, tmp_path_factory):
+def trained(prefect_harness, tmp_path_factory, seed_mlflow):
+    """Two runs into a store and a registry of their own: a model key this module trains may have been registered
+    from another store by a module that ran before it in this test process, and a version is loaded only from the
+    store whose run logged it."""
     store = tmp_path_factory.mktemp("registry-store")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("MLFLOW_TRACKING_URI", seed_mlflow(store.parent / f"{store.name}-mlflow.db"))
+        yield _trained(store)
+
+
+def _trained(store: Path) -> dict:
     first = pipeline_flow(
         "smoke", overrides=SETS, storage=str(store), stages=without_profile()
     )  # the registry reads no pictures
