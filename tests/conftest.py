@@ -269,6 +269,14 @@ def run_ctx(tmp_path):
     return start_run(request, request.config(), set(), tmp_path / "store")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Under xdist, each worker's tests in the order the scheduler hands them out (tests/helpers/schedule.py)."""
+    if getattr(config, "workerinput", None) is not None:  # (a worker's own `dist` option reads "no")
+        from tests.helpers.schedule import reorder
+
+        reorder(items)
+
+
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadfile` with the team modules handed out as one unit, first (tests/helpers/schedule.py)."""
     if config.getvalue("dist") == "loadfile":

@@ -17,22 +17,29 @@ def scope(nodeid: str) -> str:
     return TEAM if nodeid.startswith(TEAM) else nodeid.split("::", 1)[0]
 
 
-def ordered(nodeids: list[str]) -> list[str]:
-    """The team's tests first, then each file's tests together, files with the most tests first."""
+def order(nodeids: list[str]) -> dict[str, tuple]:
+    """Each test's place: the team's tests first, then each file's tests together, files with the most tests first
+    (in a file, the tests keep their order)."""
     count: dict[str, int] = {}
     for nodeid in nodeids:
         count[scope(nodeid)] = count.get(scope(nodeid), 0) + 1
     first = {s: i for i, s in enumerate(count)}
-    return sorted(nodeids, key=lambda n: (scope(n) != TEAM, -count[scope(n)], first[scope(n)]))
+    return {n: (scope(n) != TEAM, -count[scope(n)], first[scope(n)], i) for i, n in enumerate(nodeids)}
+
+
+def reorder(items: list) -> None:
+    """Put a worker's collected tests in that order (every worker collects the same tests, and the scheduler names
+    tests by their index in that collection, so the order is set where they are collected)."""
+    place = order([item.nodeid for item in items])
+    items.sort(key=lambda item: place[item.nodeid])
 
 
 class TeamFirst(LoadFileScheduling):
+    """Units of work in the order the workers collected their tests (`reorder`), the team's folder one unit."""
+
+    def __init__(self, config, log=None):
+        super().__init__(config, log)
+        config.option.loadscopereorder = False
+
     def _split_scope(self, nodeid: str) -> str:
         return scope(nodeid)
-
-    def schedule(self) -> None:
-        if self.collection is None:  # the first call: the work queue is built from the (same) collection of each worker
-            self.config.option.loadscopereorder = False
-            for node, nodeids in self.registered_collections.items():
-                self.registered_collections[node] = ordered(list(nodeids))
-        super().schedule()
