@@ -216,6 +216,21 @@ def prefect_harness():
         yield {"url": _SERVER.url, "home": _SERVER.home}
 
 
+@pytest.fixture(autouse=True)
+def mlflow_follows_the_environment():
+    """Before each test, MLflow's tracking URI is the one the environment names. `mlflow.set_tracking_uri` (which zhpipe
+    calls with the store it resolved, before MLflow's fluent API) keeps its URI in a global; a test or module that
+    pointed MLFLOW_TRACKING_URI at a store of its own restores the variable but not that global, and a later test's
+    direct MLflow call (`mlflow.pyfunc.load_model`) would look in the other store."""
+    import sys
+
+    if "mlflow" in sys.modules and os.environ.get("MLFLOW_TRACKING_URI"):
+        import mlflow
+
+        if mlflow.get_tracking_uri() != os.environ["MLFLOW_TRACKING_URI"]:
+            mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
+
+
 @pytest.fixture(scope="session")
 def seed_prefect_home(prefect_harness):
     """`seed_prefect_home(folder)`: a Prefect home whose first server start skips the migrations (`_seed_home`)."""
