@@ -40,7 +40,8 @@ fonts:
 run: install
 	$(BIN)/zhpipe run $(PIPELINE) $(ARGS)
 
-# test modules run in TEST_WORKERS processes (whole modules each, so module fixtures are built once);
+# test modules run in TEST_WORKERS processes (whole modules each, so module fixtures are built once; the team's
+# modules as one unit, first: tests/helpers/schedule.py);
 # much of the suite waits on real servers and subprocesses, so 2 workers help even on 2 cores
 TEST_WORKERS ?= 2
 
