@@ -199,7 +199,7 @@ def register(run: RunContext, evaluation: StageResult, segment: StageResult, mod
         evaluation.facts.results[best][f"test_{metric}"], model_key=run.keys[model_unit(run.config.kind.training.name,
                                                                                         best)],
         rescore=lambda model_uri, test: served_outcomes(model_uri, test, metric, store=run.store),
-        rule=run.config.section(run.config.kind.selection.name).champion,
+        rule=run.config.section(run.config.kind.selection.name).champion, store=run.store,
     )
     _say_cut(evaluation, decision, best)
     parent = Tracker(run.parent_run_id)

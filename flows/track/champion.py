@@ -223,16 +223,20 @@ def decide_paired(version: str, champion: dict | None, metric: str, served: Call
     return True, f"{said}: better beyond the noise; it becomes champion", c.champion
 
 
-def registered_version(name: str, model_key: str):
-    """The model version registered for a trained model's key (its `train.<model>` unit), or None."""
+def registered_version(name: str, model_key: str, store=None):
+    """The model version registered for a trained model's key (its `train.<model>` unit), or None. With `store` (the
+    run's), only a version the project's stores vouch for (`trust.vouched`): any other can never be loaded here."""
     from mlflow.exceptions import MlflowException
 
     from flows.track.tracker import client
+    from flows.track.trust import vouched
 
     try:
         found = client().search_model_versions(f"name = '{name}' and tags.`zhpipe.model_key` = '{model_key}'")
     except MlflowException:
         return None
+    if store is not None:
+        found = [v for v in found if vouched(v, store)]
     return min(found, key=lambda v: int(v.version)) if found else None
 
 
@@ -284,11 +288,11 @@ def _register(model_uri: str, name: str, tags: dict[str, str]) -> str:
     return version
 
 
-def _registered_once(name: str, model_uri: str, model_key: str, tags: dict[str, str]):
+def _registered_once(name: str, model_uri: str, model_key: str, tags: dict[str, str], store=None):
     """Under the registry lock: (the version registered for `model_key`, that version when it was there before, else
     None). Looked up again here: runs that reused one trained model reach the registry together, and only the first
-    registers it (one version per key)."""
-    existing = registered_version(name, model_key)
+    registers it (one version per key that `store` vouches for)."""
+    existing = registered_version(name, model_key, store)
     if existing is None:
         return _register(model_uri, name, tags), None
     return str(existing.version), existing
@@ -320,19 +324,37 @@ def _decided(tags: dict, champion: dict | None, digest: str) -> str | None:
     return tags.get("zhpipe.kept_because")
 
 
+def _judged(c, name: str, version: str, champion: dict | None, scored: tuple[float, str, str], served, rule,
+            store) -> tuple[bool, str, float | None]:
+    """The champion rule for `version` (`scored`: its test score, the rows' digest, the metric): a champion the
+    project's stores do not vouch for is replaced, since it can never be loaded here; else the rule decides."""
+    from flows.track.trust import vouched
+
+    score, digest, metric = scored
+    if champion and store is not None and not vouched(c.get_model_version(name, champion["version"]), store):
+        return True, (f"champion version {champion['version']} is not one this project's stage store vouches for (its "
+                      f"store was removed, or it came from another store or someone else): it can never be loaded "
+                      f"here, so version {version} becomes champion"), None
+    if served is not None:
+        return decide_paired(version, champion, metric, served, rule)
+    return decide(score, digest, champion, metric)
+
+
 def register_best(model_uri: str, run_id: str, pipeline: str, model: str, test, metric: str, score: float,
-                  model_key: str, rescore: Callable[[str, pd.DataFrame], Any] | None = None, rule=None) -> Decision:
+                  model_key: str, rescore: Callable[[str, pd.DataFrame], Any] | None = None, rule=None,
+                  store=None) -> Decision:
     """Register the best model (the classifier pyfunc logged with its training, `model_uri`) unless its key is
     registered already, then apply the champion rule: the alias moves only if, re-read under the registry
     lock, the champion it was compared with is still the champion (compare-and-set). `rescore(model_uri, test)`
     gives what a registered version does on each row of `test` as it is served (`tasks.util.paired.Outcomes`):
     both are scored on the same rows and compared by a paired bootstrap (`rule`: the `evaluate.champion`
-    section). Without `rescore` (the registry alone), the stored test scores are compared."""
+    section). Without `rescore` (the registry alone), the stored test scores are compared. `store` (the run's, which
+    vouched for `model_uri`): versions it does not vouch for are neither reused nor kept as champion."""
 
     from flows.track.tracker import client
 
     name, digest, c = registered_name(pipeline), test_sha256(test), client()
-    existing = registered_version(name, model_key)
+    existing = registered_version(name, model_key, store)
     settled = _settled(c, name, existing, model, model_key, digest, score) if existing is not None else None
     if settled is not None:  # nothing to decide or write: no lock to wait for
         return settled
@@ -345,7 +367,7 @@ def register_best(model_uri: str, run_id: str, pipeline: str, model: str, test, 
     with _registry_lock(name):
         version, existing = _registered_once(name, model_uri, model_key, {
             "zhpipe.model": model, "zhpipe.test_sha256": digest, "zhpipe.metric": metric,
-            "zhpipe.score": f"{score:.6f}", "zhpipe.run_id": run_id, "zhpipe.model_key": model_key})
+            "zhpipe.score": f"{score:.6f}", "zhpipe.run_id": run_id, "zhpipe.model_key": model_key}, store)
         settled = _settled(c, name, existing, model, model_key, digest, score) if existing is not None else None
         if settled is not None:
             return settled
@@ -355,10 +377,8 @@ def register_best(model_uri: str, run_id: str, pipeline: str, model: str, test, 
                 promote, reason, already = (False, f"version {version} ({model}, key {model_key}) is "
                                             f"already the champion", True)
                 break
-            if served is not None:
-                promote, reason, champion_score = decide_paired(version, champion, metric, served, rule)
-            else:
-                promote, reason, champion_score = decide(score, digest, champion, metric)
+            promote, reason, champion_score = _judged(c, name, version, champion, (score, digest, metric),
+                                                      served, rule, store)
             if not promote:
                 break
             again = _champion(c, name)  # compare-and-set: the champion we compared with must still be the one

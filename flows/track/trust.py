@@ -83,6 +83,29 @@ def vouch(model_uri: str, run_id: str, store=None) -> str:
     return digest
 
 
+def _record(mv, store=None) -> tuple[dict | None, object]:
+    """The record of registered version `mv`'s files that the run that logged it kept (None when no store holds one
+    for that run and source), and the store it was found in (else the last one looked in)."""
+    name = _record_name(mv.source or "")
+    text, where = None, None
+    for where in _stores(store):
+        if (text := read_record(where, name)) is not None:
+            break
+    try:
+        record = json.loads(text) if text else None
+    except ValueError:
+        record = None
+    if not isinstance(record, dict) or record.get("source") != mv.source or mv.run_id != record.get("run_id"):
+        return None, where
+    return record, where
+
+
+def vouched(mv, store=None) -> bool:
+    """Whether the project's stage stores (`store` first) vouch for registered version `mv`: one holds the record its
+    logging run kept. A version they do not vouch for is never loaded from this project (`verified`)."""
+    return _record(mv, store)[0] is not None
+
+
 def verified(uri: str, dst: Path, store=None) -> tuple[str, Path]:
     """A registered version's files in `dst`, once `trusted` passes it and their digest matches the record its logging
     run kept in the stage store: (the pinned URI, the local folder). Anything else is one line, nothing loaded."""
@@ -95,22 +118,14 @@ def verified(uri: str, dst: Path, store=None) -> tuple[str, Path]:
     if not pinned.startswith("models:/"):
         return pinned, Path(pinned)
     mv = version_of(pinned)
-    name = _record_name(mv.source or "")
-    text, where = None, None
-    for where in _stores(store):
-        if (text := read_record(where, name)) is not None:
-            break
+    record, where = _record(mv, store)
 
     def refuse(why: str) -> ZhpipeError:
         return ZhpipeError(f"{uri}: version {mv.version} of {mv.name} is not loaded: {why}; a model is loaded only "
                            f"when a run of this project logged exactly these files (`zhpipe run --force train` logs "
                            f"and registers it again)")
 
-    try:
-        record = json.loads(text) if text else None
-    except ValueError:
-        record = None
-    if not isinstance(record, dict) or record.get("source") != mv.source or mv.run_id != record.get("run_id"):
+    if record is None:
         raise refuse(f"the stage store ({where.url if where else 'none'}) holds no record of its files from the run "
                      f"that logged it")
     try:

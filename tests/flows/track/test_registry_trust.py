@@ -76,3 +76,28 @@ def test_a_planted_champion_is_refused_and_never_run(tmp_path, capsys, where, ta
     with pytest.raises(ZhpipeError, match=why):  # the champion gate's re-scoring loads the champion the same way
         served_outcomes(f"models:/{name}@champion", pd.DataFrame({"text": ["好"], "label": [1]}), "accuracy")
     assert not marker.exists()
+
+
+@pytest.mark.e2e
+def test_a_run_after_its_stage_store_was_removed_registers_and_serves_its_own_model(tmp_path, capsys, monkeypatch,
+                                                                                     seed_mlflow):
+    """The stage store removed (data/ deleted), the registry kept: the next run trains a model of the same key as the
+    champion, whose files no store vouches for now. It registers its own version, which becomes champion and which
+    `zhpipe predict` loads; before, the run said "already registered" and predict refused the champion for good."""
+    import shutil
+
+    from flows.orchestrate.pipeline import pipeline_flow
+    from flows.track.tracker import client
+    from tests.helpers.runs import without_profile
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", seed_mlflow(tmp_path / "mlflow.db"))  # a registry of its own
+    sets, store = ["train.models=[tfidf_lr]"], tmp_path / "store"
+    pipeline_flow("smoke", overrides=sets, storage=str(store), stages=without_profile())
+    shutil.rmtree(store)
+    again = pipeline_flow("smoke", overrides=sets, storage=str(store), stages=without_profile())
+    tags = client().get_run(again["parent_run_id"]).data.tags
+    assert tags["zhpipe.registered"] == "zhpipe-smoke/2" and tags["zhpipe.champion"] == "yes", tags
+    assert "champion version 1 is not one this project's stage store vouches for" in tags["zhpipe.champion_reason"]
+    capsys.readouterr()
+    done = in_process(capsys, "predict", "--pipeline", "smoke", "--storage", str(store), "房间很干净，早餐也好")
+    assert done.returncode == 0 and "pred_label" in done.stdout, done
