@@ -7,7 +7,7 @@ TORCH_CPU ?= torch==2.13.0
 PIPELINE ?= chnsenticorp
 ARGS ?=
 
-.PHONY: run test test-quick install fonts bench ui clean-data
+.PHONY: run test test-quick install fonts bench ui
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
