@@ -3,7 +3,7 @@
 The team modules share one set of team servers per test process (tests/flows/team/conftest.py). Handed out as
 separate files, they land on both workers, each of which starts its own team (PostgreSQL, MLflow, Prefect, S3:
 20-30 s and about 40 s of CPU); as one unit, one worker starts one team. They go first because together they are the
-longest unit by far (about ten minutes of one worker): started last, the suite would wait on them alone. The other
+longest unit by far (about 470 seconds of one worker): started last, the suite would wait on them alone. The other
 files follow in xdist's own order (most tests first), handed to whichever worker is free."""
 from __future__ import annotations
 
