@@ -11,6 +11,7 @@ os.environ["PREFECT_HOME"] = str(_TMP / "prefect")
 os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "180"
 os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{_TMP / 'mlflow.db'}"
 os.environ["ZHPIPE_DATA"] = str(_TMP / "data")
+os.environ["ZHPIPE_USER_CACHE"] = str(_TMP / "user-cache")  # MLflow's schema, cached per user (flows/track/sqlite.py)
 os.environ["ZHPIPE_PROJECT"] = str(Path(__file__).resolve().parent.parent)  # the repository: its pipelines.yaml
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ["ZHPIPE_SERVER"] = "temporary"  # no background server left behind by a test (test_server.py starts its own)
@@ -238,24 +239,13 @@ def seed_prefect_home(prefect_harness):
 
 
 def _seed_mlflow(path: Path) -> Path:
-    """`path`: a new, empty MLflow database (MLflow's tables, its Default experiment, nothing run), copied from one
-    made once per session: MLflow migrates each new SQLite database from its first revision, about 1.2 s of CPU.
-    For tests whose store must be empty, not new; a new project's store (test_project, test_gc) and a store moved
-    aside (test_tracking) are still made by MLflow."""
-    import shutil
+    """`path`: a new, empty MLflow database (MLflow's tables, its Default experiment, nothing run), filled as zhpipe
+    fills a project's new store (flows.track.sqlite.seed), for tests whose store must exist before their command."""
+    from flows.track.sqlite import seed
 
-    from tests.helpers.sqlite import copy_sqlite
-
-    def make(tmp: Path) -> None:
-        from mlflow.tracking import MlflowClient
-
-        made = _TMP / "mlflow-seed-made.db"
-        MlflowClient(f"sqlite:///{made}").search_experiments()  # creates and migrates it
-        copy_sqlite(made, tmp)
-
-    seed = _made_once((_SERVER.home.parent if _SERVER.home is not None else _TMP) / "mlflow-seed.db", make)
     path.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(seed, path)
+    path.touch(mode=0o600)
+    assert seed(path), f"{path} was not seeded"
     return path
 
 

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from flows.plan import project
-from flows.track.sqlite import check_sqlite, reroot, sqlite_pragmas
+from flows.track.sqlite import check_sqlite, reroot, seed, sqlite_pragmas
 from tasks.errors import ZhpipeError
 
 
@@ -49,6 +49,8 @@ def _client(uri: str):
 
     if uri.startswith("sqlite:///"):
         private_store(uri)
+        if not Path(uri.removeprefix("sqlite:///")).stat().st_size:  # new: MLflow's schema without its migrations
+            seed(Path(uri.removeprefix("sqlite:///")))
         check_sqlite(Path(uri.removeprefix("sqlite:///")))
         copied_from = reroot(Path(uri.removeprefix("sqlite:///")))
         if copied_from:
