@@ -12,6 +12,7 @@ it."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import statistics
@@ -22,6 +23,8 @@ import time
 from pathlib import Path
 
 from bench_cold import SETS
+
+STAGES: dict[Path, dict[str, list[float]]] = {}  # per checkout, each stage's seconds in each round
 
 
 def one_run(checkout: Path, home: str, server: str) -> tuple[float, float]:
@@ -36,6 +39,7 @@ def one_run(checkout: Path, home: str, server: str) -> tuple[float, float]:
                 "ZHPIPE_WARM": "off",
                 "ZHPIPE_SERVER": server,
                 "PREFECT_HOME": home,
+                "ZHPIPE_USER_CACHE": f"{home}/user-cache",  # MLflow's schema: made by the first round
             }
         )
         t0 = time.perf_counter()
@@ -53,7 +57,11 @@ def one_run(checkout: Path, home: str, server: str) -> tuple[float, float]:
                 first = time.perf_counter() - t0
         if proc.wait():
             raise SystemExit(f"zhpipe run in {checkout} failed")
-        return first or float("nan"), time.perf_counter() - t0
+        done = time.perf_counter() - t0
+        for manifest in Path(tmp, "store").glob("*/*/manifest.json"):
+            doc = json.loads(manifest.read_text(encoding="utf-8"))
+            STAGES.setdefault(checkout, {}).setdefault(doc["stage"], []).append(doc["seconds"])
+        return first or float("nan"), done
 
 
 def main() -> None:
@@ -88,6 +96,11 @@ def main() -> None:
             f"| {checkout} | {statistics.median(g[0] for g in later):.1f} | "
             f"{statistics.median(g[1] for g in later):.1f} |"
         )
+    names = list(STAGES.get(checkouts[1], {}))
+    print("\n| stage (median s of all rounds) | " + " | ".join(str(c) for c in checkouts) + " |\n|---|---|---|")
+    for name in names:
+        cells = [f"{statistics.median(STAGES.get(c, {}).get(name, [float('nan')])):.1f}" for c in checkouts]
+        print(f"| {name} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

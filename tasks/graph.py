@@ -65,6 +65,9 @@ class Stage:
     gather: Callable[[Any], Any] | None = None
     build_model: Callable[[Any, str], Any] | None = None  # a per-model stage's unit: build_model(ctx, model)
     checked: bool = False  # the data checks (tasks/shared/checks.py) are judged on its output: per partition, or whole
+    # no stage needs it and its build keeps one core busy: a run on this machine builds it in a process of its own,
+    # beside the stages after it (its build then reads its own section only: no `stages`, `source`, `store`, `sink`)
+    beside: bool = False
 
     def __post_init__(self):
         """A stage's functions are its module's, and the module declares what its key needs: checked when its kind
@@ -79,6 +82,8 @@ class Stage:
             raise TypeError(f"{where}: its module {self.module_name} declares no {', '.join(missing)}")
         if self.per_model != (self.build_model is not None):
             raise TypeError(f"{where}: a stage has build_model exactly when it has a unit per model (models=...)")
+        if self.beside and (self.per_model or self.partitioned or self.checked):
+            raise TypeError(f"{where}: a stage built beside the others is one unit and unchecked")
 
     @property
     def per_model(self) -> bool:
@@ -158,6 +163,13 @@ class TaskKind:
     # metrics the end-of-run table shows beside a headline that names the first (accuracy alone hides a class left
     # behind)
     companions: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self):
+        needed = {need for s in self.stages.values() for need in s.needs}
+        wrong = [s.name for s in self.stages.values() if s.beside and s.name in needed]
+        if wrong:
+            raise TypeError(f"task kind {self.name!r}: stage {wrong[0]!r} is built beside the others, yet another "
+                            f"stage needs it")
 
     @property
     def model_task(self) -> str:

@@ -83,13 +83,31 @@ def _stage_task(stage: str, **options):
             return run_model_stage(run, spec, upstream)
         if spec.partitioned and run.config.source.partitioned:
             return run_partitions(run, spec, upstream)
-        result = run.run(stage, upstream, spec.build)
+        result = run.run(stage, upstream, in_a_process(spec.build) if beside(run, spec) else spec.build)
         if spec.checked and run.gate is not None:
             run.gate.whole(result)
         return result
 
     run_stage.__doc__ = next((k.stages[stage].help for k in KINDS.values() if stage in k.stages), f"stage {stage}")
     return task(name=stage, cache_policy=NO_CACHE, **options)(run_stage)
+
+
+def beside(run: RunContext, spec) -> bool:
+    """Whether this run builds the stage in a process of its own, beside the stages after it (its kind says it may;
+    chunks run on this machine, not on a Dask cluster, whose workers take the cores)."""
+    return spec.beside and run.executor is None
+
+
+def in_a_process(build):
+    """`build` in a process of its own (tasks.util.pool.elsewhere): the context without what stays in this process."""
+    from dataclasses import replace
+
+    from tasks.util.pool import ChunkPool, elsewhere
+
+    def build_elsewhere(ctx):
+        return elsewhere(build, replace(ctx, pool=ChunkPool, sink=None, store=None, stages=None, source=None))
+
+    return build_elsewhere
 
 
 STAGE_TASKS: dict[str, Any] = {}
@@ -200,20 +218,43 @@ def _run_stages(run: RunContext, stages: list[str], results: dict[str, StageResu
         return
     kind = run.config.kind
     needed = set(stages) | {d for s in stages for d in kind.stages[s].needs}
-    for spec in kind.stages.values():
-        inputs = [results.get(d) for d in spec.needs]
-        # train on another work pool's worker (GPU)
-        if spec.name in stages and spec is kind.training and _routed(run, stages):
-            results[spec.name] = train_remote(run)
-        elif spec.name in stages:
-            # quoted: Prefect would walk the whole run context (config, keys, store) looking for futures, twice a task
-            results[spec.name] = stage_task(spec.name)(quote(run), *inputs)
-            # a check held a partition out and the plan changed: a stage before whose key the plan no longer holds
-            # gathers its partitions again (in graph order)
-            for name in [n for n, r in results.items() if r.key != run.keys[n]]:
-                results[name] = stage_task(name)(quote(run), *[results.get(d) for d in kind.stages[name].needs])
-        elif spec.name in needed:
-            results[spec.name] = run.reuse(spec.name)
+    running, waiting = {}, {}  # stages built beside the others: their Prefect futures, and those not yet started
+    try:
+        for spec in kind.stages.values():
+            for future in running.values():  # one that failed stops the run here, not after the last stage
+                if future.wrapped_future.done():
+                    future.result()
+            inputs = [results.get(d) for d in spec.needs]
+            if spec is kind.training:  # the stages beside start with the training, which leaves cores idle longest
+                running |= {name: stage_task(name).submit(quote(run), *given) for name, given in waiting.items()}
+                waiting.clear()
+            # train on another work pool's worker (GPU)
+            if spec.name in stages and spec is kind.training and _routed(run, stages):
+                results[spec.name] = train_remote(run)
+            elif spec.name in stages and beside(run, spec):
+                waiting[spec.name] = inputs
+            elif spec.name in stages:
+                # quoted: Prefect would walk the whole run context (config, keys, store) looking for futures, twice a
+                # task
+                results[spec.name] = stage_task(spec.name)(quote(run), *inputs)
+                # a check held a partition out and the plan changed: a stage before whose key the plan no longer holds
+                # gathers its partitions again (in graph order)
+                for name in [n for n, r in results.items() if r.key != run.keys[n]]:
+                    results[name] = stage_task(name)(quote(run), *[results.get(d) for d in kind.stages[name].needs])
+            elif spec.name in needed:
+                results[spec.name] = run.reuse(spec.name)
+        running |= {name: stage_task(name).submit(quote(run), *given) for name, given in waiting.items()}
+    finally:  # a failed stage still waits for these: nothing of the run goes on after it ends
+        done = {name: future.result(raise_on_failure=False) for name, future in running.items()}
+    for name, outcome in done.items():
+        if isinstance(outcome, BaseException):
+            raise outcome
+        results[name] = outcome
+        if outcome.key != run.keys[name]:  # planned again while it ran (a check held a partition out)
+            results[name] = stage_task(name)(quote(run), *[results.get(d) for d in kind.stages[name].needs])
+    order = list(kind.stages)
+    for name in sorted(results, key=order.index):  # in graph order, as the run's summary lists them
+        results[name] = results.pop(name)
 
 
 def _routed(run: RunContext, stages: list[str]) -> bool:

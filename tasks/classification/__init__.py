@@ -23,7 +23,7 @@ STAGES = graph(
     SEGMENT,
     Stage("profile", ("segment",), profile.build,
           "labels per split, lengths per label, top words/adjectives, word clouds, report.html (CJK font)",
-          "suggested_max_len_words", (Output("stats.json", "json"),)),
+          "suggested_max_len_words", (Output("stats.json", "json"),), beside=True),
     Stage("augment", ("segment",), augment.build,
           "grow the train split with a registered augmenter (eda, backtranslation, none)",
           "rows_added", (Output("train.parquet", "frame"), Output("train.words.txt", "text")), partitioned=True),

@@ -21,7 +21,7 @@ STAGES = graph(
     SEGMENT,  # characters and jieba words of the sentences
     Stage("profile", ("segment",), profile.build, "entity types per split, entity lengths, sentence "
           "lengths, report.html", "entities",
-          (Output("stats.json", "json"),)),
+          (Output("stats.json", "json"),), beside=True),
     Stage("augment", ("segment",), augment.build, "the train split as it is (rewriting text "
           "would shift the tags)", "rows_added",
           (Output("train.parquet", "frame"), Output("train.words.txt", "text"))),

@@ -22,7 +22,7 @@ STAGES = graph(
     SEGMENT,  # characters and jieba words of the Chinese side
     Stage("profile", ("segment",), profile.build,
           "sentence lengths of both sides, their ratio, frequent tokens, example pairs, report.html",
-          "suggested_max_len", (Output("stats.json", "json"),)),
+          "suggested_max_len", (Output("stats.json", "json"),), beside=True),
     Stage("augment", ("segment",), augment.build, "the train pairs as they are", "rows_added",
           (Output("train.parquet", "frame"), Output("train.words.txt", "text"))),
     Stage("vocab", ("augment", "segment"), vocab.build,

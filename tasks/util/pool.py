@@ -78,14 +78,36 @@ class ChunkPool:
             yield from self._pool(fn, chunks, params)
 
     def _pool(self, fn, chunks, params):
-        import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor
 
-        ctx = mp.get_context("forkserver")  # workers fork from a clean server, not from this threaded process
-        ctx.set_forkserver_preload(["__main__", "tasks.shared._segment_preload"])  # jieba loaded once, before forking
-        with ProcessPoolExecutor(min(self.workers, len(chunks)), mp_context=ctx) as pool:
+        with ProcessPoolExecutor(min(self.workers, len(chunks)), mp_context=forkserver()) as pool:
             yield from windowed(lambda c: pool.submit(call, fn, c, params), lambda f: f.result(), chunks,
                                 2 * self.workers)
+
+
+def forkserver():
+    """The multiprocessing context of this machine's process pools: workers fork from a clean server process (started
+    once per process, with jieba loaded), not from the caller, which has threads by then."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["__main__", "tasks.shared._segment_preload"])  # no effect once the server runs
+    return ctx
+
+
+def elsewhere(fn: Callable, *args: Any, nice: int = 10) -> Any:
+    """`fn(*args)` in a process of its own (forked from the forkserver), the caller's thread waiting without the
+    interpreter lock: for work that keeps one core busy in Python while this process does other work. At a lower
+    priority (`nice`): it takes the cores this process leaves idle, and little of those it keeps busy."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=forkserver()) as pool:
+        return pool.submit(_niced, nice, fn, *args).result()
+
+
+def _niced(nice: int, fn: Callable, *args: Any) -> Any:
+    os.nice(nice)
+    return fn(*args)
 
 
 def windowed(submit, result, chunks, window: int):

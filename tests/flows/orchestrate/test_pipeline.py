@@ -349,3 +349,18 @@ def test_pictures_of_a_run_are_valid_pngs(prefect_harness, store):
     mistakes = pd.read_csv(evaluation / "evaluation" / "worst_mistakes.csv")
     assert list(mistakes.columns) == ["id", "text", "true", "predicted", "confidence"]
     assert (mistakes["true"] != mistakes["predicted"]).all() and mistakes["confidence"].is_monotonic_decreasing
+
+
+def test_profile_is_built_beside_the_training_and_its_failure_fails_the_run(smoke, store):
+    """The profile stage (`beside` in its kind) builds in a process of its own while the models train: its MLflow run
+    starts after embed's and overlaps the first model's. Its error still ends the run, in one line of its own."""
+    from tasks.errors import DataError
+
+    out = smoke["out"]
+    runs = {r.data.tags.get("zhpipe.stage"): r.info for r in children(out["parent_run_id"], out["experiment"])}
+    profile, first = runs["profile"], min((runs["train.fasttext"], runs["train.textcnn"]), key=lambda r: r.start_time)
+    assert runs["embed"].end_time <= profile.start_time < first.end_time, (profile, first)
+    assert [s["stage"] for s in out["stages"]] == list(STAGES)  # the summary keeps the graph's order
+
+    with pytest.raises(DataError, match="no such font file"):
+        run(store, ["profile.font=/nonexistent/font.ttf"])
