@@ -218,21 +218,18 @@ def _run_stages(run: RunContext, stages: list[str], results: dict[str, StageResu
         return
     kind = run.config.kind
     needed = set(stages) | {d for s in stages for d in kind.stages[s].needs}
-    running, waiting = {}, {}  # stages built beside the others: their Prefect futures, and those not yet started
+    beside_runs = Beside(run)
     try:
         for spec in kind.stages.values():
-            for future in running.values():  # one that failed stops the run here, not after the last stage
-                if future.wrapped_future.done():
-                    future.result()
+            beside_runs.check()
             inputs = [results.get(d) for d in spec.needs]
             if spec is kind.training:  # the stages beside start with the training, which leaves cores idle longest
-                running |= {name: stage_task(name).submit(quote(run), *given) for name, given in waiting.items()}
-                waiting.clear()
+                beside_runs.start()
             # train on another work pool's worker (GPU)
             if spec.name in stages and spec is kind.training and _routed(run, stages):
                 results[spec.name] = train_remote(run)
             elif spec.name in stages and beside(run, spec):
-                waiting[spec.name] = inputs
+                beside_runs.hold(spec.name, inputs)
             elif spec.name in stages:
                 # quoted: Prefect would walk the whole run context (config, keys, store) looking for futures, twice a
                 # task
@@ -243,18 +240,52 @@ def _run_stages(run: RunContext, stages: list[str], results: dict[str, StageResu
                     results[name] = stage_task(name)(quote(run), *[results.get(d) for d in kind.stages[name].needs])
             elif spec.name in needed:
                 results[spec.name] = run.reuse(spec.name)
-        running |= {name: stage_task(name).submit(quote(run), *given) for name, given in waiting.items()}
-    finally:  # a failed stage still waits for these: nothing of the run goes on after it ends
-        done = {name: future.result(raise_on_failure=False) for name, future in running.items()}
-    for name, outcome in done.items():
-        if isinstance(outcome, BaseException):
-            raise outcome
-        results[name] = outcome
-        if outcome.key != run.keys[name]:  # planned again while it ran (a check held a partition out)
-            results[name] = stage_task(name)(quote(run), *[results.get(d) for d in kind.stages[name].needs])
+        beside_runs.start()
+    except BaseException:
+        beside_runs.wait()  # nothing of a failed run goes on after it ends
+        raise
+    results.update(beside_runs.results())
     order = list(kind.stages)
     for name in sorted(results, key=order.index):  # in graph order, as the run's summary lists them
         results[name] = results.pop(name)
+
+
+class Beside:
+    """The stages a run builds beside the others (`beside`): held until the training starts, then Prefect tasks in the
+    flow's thread pool, each building in a process of its own (`in_a_process`)."""
+
+    def __init__(self, run: RunContext):
+        self.run, self.waiting, self.running = run, {}, {}
+
+    def hold(self, name: str, inputs: list) -> None:
+        self.waiting[name] = inputs
+
+    def start(self) -> None:
+        for name, inputs in self.waiting.items():
+            self.running[name] = stage_task(name).submit(quote(self.run), *inputs)
+        self.waiting.clear()
+
+    def check(self) -> None:
+        """Raise the error of one that failed (the run stops at its next stage, not after the last)."""
+        for future in self.running.values():
+            if future.wrapped_future.done():
+                future.result()
+
+    def wait(self) -> None:
+        for future in self.running.values():
+            future.wait()
+
+    def results(self) -> dict[str, StageResult]:
+        """Each one's result, once all have ended; the first error raised. One whose key the run planned again while
+        it ran (a check held a partition out) is built again."""
+        done = {name: future.result(raise_on_failure=False) for name, future in self.running.items()}
+        for name, outcome in done.items():
+            if isinstance(outcome, BaseException):
+                raise outcome
+            if outcome.key != self.run.keys[name]:
+                needs = self.run.config.kind.stages[name].needs
+                done[name] = stage_task(name)(quote(self.run), *[self.run.reuse(d) for d in needs])
+        return done
 
 
 def _routed(run: RunContext, stages: list[str]) -> bool:
