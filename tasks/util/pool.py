@@ -90,9 +90,32 @@ def forkserver():
     once per process, with jieba loaded), not from the caller, which has threads by then."""
     import multiprocessing as mp
 
+    _short_socket_folder()
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["__main__", "tasks.shared._segment_preload"])  # no effect once the server runs
     return ctx
+
+
+# the longest folder multiprocessing's sockets fit under: a socket's path is at most 107 bytes (AF_UNIX), and the
+# names multiprocessing adds (pymp-XXXXXXXX/listener-XXXXXXXX) take about 40
+SOCKET_FOLDER_MAX = 64
+
+
+def _short_socket_folder() -> None:
+    """The forkserver listens on a socket in a folder multiprocessing makes under TMPDIR; under a long TMPDIR every
+    process pool fails with "AF_UNIX path too long". As Python 3.13 does, that folder goes under /tmp then (made 0700
+    by mkdtemp, removed at exit as multiprocessing removes its own)."""
+    import shutil
+    import tempfile
+    from multiprocessing import process, util
+
+    config = process.current_process()._config
+    if config.get("tempdir") is not None or len(tempfile.gettempdir()) <= SOCKET_FOLDER_MAX:
+        return
+    base = next((b for b in ("/tmp", "/var/tmp", "/dev/shm") if os.access(b, os.W_OK | os.X_OK)), None)
+    if base is not None:
+        config["tempdir"] = folder = tempfile.mkdtemp(prefix="pymp-", dir=base)
+        util.Finalize(None, shutil.rmtree, args=(folder, True), exitpriority=-100)
 
 
 def elsewhere(fn: Callable, *args: Any, nice: int = 10) -> Any:
