@@ -69,7 +69,8 @@ def main() -> None:
     rounds = []
     with tempfile.TemporaryDirectory() as home:
         env["PREFECT_HOME"] = home
-        env["ZHPIPE_USER_CACHE"] = str(Path(home) / "user-cache")  # MLflow's schema: the first round makes it
+        # MLflow's schema: the first round makes it
+        env["ZHPIPE_USER_CACHE"] = str(Path(home) / "user-cache")
         if args.warm:  # the project's stores, the same every round (the warm process serves only the same settings)
             env.update({"ZHPIPE_DATA": str(Path(home) / "store"),
                         "MLFLOW_TRACKING_URI": f"sqlite:///{Path(home) / 'mlflow.db'}"})

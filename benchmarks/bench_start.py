@@ -39,7 +39,7 @@ def one_run(checkout: Path, home: str, server: str) -> tuple[float, float]:
                 "ZHPIPE_WARM": "off",
                 "ZHPIPE_SERVER": server,
                 "PREFECT_HOME": home,
-                "ZHPIPE_USER_CACHE": f"{home}/user-cache",  # MLflow's schema: made by the first round
+                "ZHPIPE_USER_CACHE": f"{home}/user-cache",  # MLflow's schema: the first round
             }
         )
         t0 = time.perf_counter()
@@ -96,11 +96,11 @@ def main() -> None:
             f"| {checkout} | {statistics.median(g[0] for g in later):.1f} | "
             f"{statistics.median(g[1] for g in later):.1f} |"
         )
-    names = list(STAGES.get(checkouts[1], {}))
-    print("\n| stage (median s of all rounds) | " + " | ".join(str(c) for c in checkouts) + " |\n|---|---|---|")
-    for name in names:
-        cells = [f"{statistics.median(STAGES.get(c, {}).get(name, [float('nan')])):.1f}" for c in checkouts]
-        print(f"| {name} | " + " | ".join(cells) + " |")
+    heading = " | ".join(str(c) for c in checkouts)
+    print(f"\n| stage (median s of all rounds) | {heading} |\n|---|---|---|")
+    for name in STAGES.get(checkouts[1], {}):
+        seconds = [STAGES.get(c, {}).get(name, [float("nan")]) for c in checkouts]
+        print(f"| {name} | " + " | ".join(f"{statistics.median(s):.1f}" for s in seconds) + " |")
 
 
 if __name__ == "__main__":

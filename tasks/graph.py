@@ -65,8 +65,9 @@ class Stage:
     gather: Callable[[Any], Any] | None = None
     build_model: Callable[[Any, str], Any] | None = None  # a per-model stage's unit: build_model(ctx, model)
     checked: bool = False  # the data checks (tasks/shared/checks.py) are judged on its output: per partition, or whole
-    # no stage needs it and its build keeps one core busy: a run on this machine builds it in a process of its own,
-    # beside the stages after it (its build then reads its own section only: no `stages`, `source`, `store`, `sink`)
+    # no stage needs it and its build keeps one core busy: a run on this machine builds it in a
+    # process of its own while the models train (its build then reads its own section only: no
+    # `stages`, `source`, `store` or `sink`)
     beside: bool = False
 
     def __post_init__(self):
@@ -168,8 +169,8 @@ class TaskKind:
         needed = {need for s in self.stages.values() for need in s.needs}
         wrong = [s.name for s in self.stages.values() if s.beside and s.name in needed]
         if wrong:
-            raise TypeError(f"task kind {self.name!r}: stage {wrong[0]!r} is built beside the others, yet another "
-                            f"stage needs it")
+            raise TypeError(f"task kind {self.name!r}: stage {wrong[0]!r} is built beside the "
+                            f"others, yet another stage needs it")
 
     @property
     def model_task(self) -> str:

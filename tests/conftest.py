@@ -11,7 +11,8 @@ os.environ["PREFECT_HOME"] = str(_TMP / "prefect")
 os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "180"
 os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{_TMP / 'mlflow.db'}"
 os.environ["ZHPIPE_DATA"] = str(_TMP / "data")
-os.environ["ZHPIPE_USER_CACHE"] = str(_TMP / "user-cache")  # MLflow's schema, cached per user (flows/track/sqlite.py)
+# MLflow's schema, which zhpipe caches per user (flows/track/sqlite.py)
+os.environ["ZHPIPE_USER_CACHE"] = str(_TMP / "user-cache")
 os.environ["ZHPIPE_PROJECT"] = str(Path(__file__).resolve().parent.parent)  # the repository: its pipelines.yaml
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ["ZHPIPE_SERVER"] = "temporary"  # no background server left behind by a test (test_server.py starts its own)
@@ -239,8 +240,9 @@ def seed_prefect_home(prefect_harness):
 
 
 def _seed_mlflow(path: Path) -> Path:
-    """`path`: a new, empty MLflow database (MLflow's tables, its Default experiment, nothing run), filled as zhpipe
-    fills a project's new store (flows.track.sqlite.seed), for tests whose store must exist before their command."""
+    """`path`: a new, empty MLflow database (MLflow's tables, its Default experiment, nothing
+    run), filled as zhpipe fills a project's new store (flows.track.sqlite.seed), for tests whose
+    store must exist before their command."""
     from flows.track.sqlite import seed
 
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -399,15 +399,18 @@ def test_every_stage_holds_its_functions_from_its_kinds_package():
 
 
 def test_a_stage_built_beside_the_others_is_one_unit_nothing_needs():
-    """`beside`: a run builds the stage in a process of its own while the stages after it go on, so no stage may need
-    it, and it is one unit (no partitions, no models) that the data checks do not judge."""
+    """`beside`: a run builds the stage in a process of its own while the stages after it go on,
+    so no stage may need it, and it is one unit (no partitions, no models) that the data checks
+    do not judge."""
     from tasks.classification import clean, profile
 
-    assert [s.name for k in graph.KINDS.values() for s in k.stages.values() if s.beside] == ["profile"] * 3
+    kinds = graph.KINDS.values()
+    assert [s.name for k in kinds for s in k.stages.values() if s.beside] == ["profile"] * 3
     for flag in ({"partitioned": True}, {"checked": True}):
         with pytest.raises(TypeError, match="built beside the others is one unit and unchecked"):
             graph.Stage("x", (), clean.build, "", "", beside=True, **flag)
     kind = graph.KINDS["classification"]
-    stages = dict(kind.stages) | {"after": graph.Stage("after", ("profile",), profile.build, "", "")}
-    with pytest.raises(TypeError, match="stage 'profile' is built beside the others, yet another stage needs it"):
-        dataclasses.replace(kind, stages=stages)
+    after = graph.Stage("after", ("profile",), profile.build, "", "")
+    needed = "stage 'profile' is built beside the others, yet another stage needs it"
+    with pytest.raises(TypeError, match=needed):
+        dataclasses.replace(kind, stages=dict(kind.stages) | {"after": after})

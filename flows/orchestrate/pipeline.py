@@ -83,7 +83,8 @@ def _stage_task(stage: str, **options):
             return run_model_stage(run, spec, upstream)
         if spec.partitioned and run.config.source.partitioned:
             return run_partitions(run, spec, upstream)
-        result = run.run(stage, upstream, in_a_process(spec.build) if beside(run, spec) else spec.build)
+        build = in_a_process(spec.build) if beside(run, spec) else spec.build
+        result = run.run(stage, upstream, build)
         if spec.checked and run.gate is not None:
             run.gate.whole(result)
         return result
@@ -93,19 +94,22 @@ def _stage_task(stage: str, **options):
 
 
 def beside(run: RunContext, spec) -> bool:
-    """Whether this run builds the stage in a process of its own, beside the stages after it (its kind says it may;
-    chunks run on this machine, not on a Dask cluster, whose workers take the cores)."""
+    """Whether this run builds the stage in a process of its own, beside the stages after it
+    (its kind says it may; chunks run on this machine, not on a Dask cluster, whose workers take
+    the cores)."""
     return spec.beside and run.executor is None
 
 
 def in_a_process(build):
-    """`build` in a process of its own (tasks.util.pool.elsewhere): the context without what stays in this process."""
+    """`build` in a process of its own (tasks.util.pool.elsewhere), given the context without
+    what stays in this process."""
     from dataclasses import replace
 
     from tasks.util.pool import ChunkPool, elsewhere
 
     def build_elsewhere(ctx):
-        return elsewhere(build, replace(ctx, pool=ChunkPool, sink=None, store=None, stages=None, source=None))
+        alone = replace(ctx, pool=ChunkPool, sink=None, store=None, stages=None, source=None)
+        return elsewhere(build, alone)
 
     return build_elsewhere
 
@@ -223,7 +227,7 @@ def _run_stages(run: RunContext, stages: list[str], results: dict[str, StageResu
         for spec in kind.stages.values():
             beside_runs.check()
             inputs = [results.get(d) for d in spec.needs]
-            if spec is kind.training:  # the stages beside start with the training, which leaves cores idle longest
+            if spec is kind.training:  # beside the training, which leaves cores idle longest
                 beside_runs.start()
             # train on another work pool's worker (GPU)
             if spec.name in stages and spec is kind.training and _routed(run, stages):
@@ -231,13 +235,14 @@ def _run_stages(run: RunContext, stages: list[str], results: dict[str, StageResu
             elif spec.name in stages and beside(run, spec):
                 beside_runs.hold(spec.name, inputs)
             elif spec.name in stages:
-                # quoted: Prefect would walk the whole run context (config, keys, store) looking for futures, twice a
-                # task
+                # quoted: Prefect would walk the whole run context (config, keys, store) looking
+                # for futures, twice a task
                 results[spec.name] = stage_task(spec.name)(quote(run), *inputs)
-                # a check held a partition out and the plan changed: a stage before whose key the plan no longer holds
-                # gathers its partitions again (in graph order)
+                # a check held a partition out and the plan changed: a stage before whose key
+                # the plan no longer holds gathers its partitions again (in graph order)
                 for name in [n for n, r in results.items() if r.key != run.keys[n]]:
-                    results[name] = stage_task(name)(quote(run), *[results.get(d) for d in kind.stages[name].needs])
+                    needs = [results.get(d) for d in kind.stages[name].needs]
+                    results[name] = stage_task(name)(quote(run), *needs)
             elif spec.name in needed:
                 results[spec.name] = run.reuse(spec.name)
         beside_runs.start()
@@ -246,13 +251,14 @@ def _run_stages(run: RunContext, stages: list[str], results: dict[str, StageResu
         raise
     results.update(beside_runs.results())
     order = list(kind.stages)
-    for name in sorted(results, key=order.index):  # in graph order, as the run's summary lists them
+    for name in sorted(results, key=order.index):  # in graph order, as the run's summary shows
         results[name] = results.pop(name)
 
 
 class Beside:
-    """The stages a run builds beside the others (`beside`): held until the training starts, then Prefect tasks in the
-    flow's thread pool, each building in a process of its own (`in_a_process`)."""
+    """The stages a run builds beside the others (`beside`): held until the training starts,
+    then Prefect tasks in the flow's thread pool, each building in a process of its own
+    (`in_a_process`)."""
 
     def __init__(self, run: RunContext):
         self.run, self.waiting, self.running = run, {}, {}
@@ -266,7 +272,7 @@ class Beside:
         self.waiting.clear()
 
     def check(self) -> None:
-        """Raise the error of one that failed (the run stops at its next stage, not after the last)."""
+        """Raise the error of one that failed: the run stops at its next stage, not its last."""
         for future in self.running.values():
             if future.wrapped_future.done():
                 future.result()
@@ -276,15 +282,16 @@ class Beside:
             future.wait()
 
     def results(self) -> dict[str, StageResult]:
-        """Each one's result, once all have ended; the first error raised. One whose key the run planned again while
-        it ran (a check held a partition out) is built again."""
-        done = {name: future.result(raise_on_failure=False) for name, future in self.running.items()}
+        """Each one's result, once all have ended; the first error raised. One whose key the run
+        planned again while it ran (a check held a partition out) is built again."""
+        running = self.running.items()
+        done = {name: future.result(raise_on_failure=False) for name, future in running}
         for name, outcome in done.items():
             if isinstance(outcome, BaseException):
                 raise outcome
             if outcome.key != self.run.keys[name]:
-                needs = self.run.config.kind.stages[name].needs
-                done[name] = stage_task(name)(quote(self.run), *[self.run.reuse(d) for d in needs])
+                needs = [self.run.reuse(d) for d in self.run.config.kind.stages[name].needs]
+                done[name] = stage_task(name)(quote(self.run), *needs)
         return done
 
 

@@ -1,6 +1,6 @@
-"""MLflow's SQLite store: write-ahead-log mode for a run's many small writes, a new store filled with MLflow's schema
-from this user's cached copy, and one line naming a database that cannot be read (a crash, a full disk, a copy cut
-short) instead of pages of tracebacks."""
+"""MLflow's SQLite store: write-ahead-log mode for a run's many small writes, a new store
+filled with MLflow's schema from this user's cached copy, and one line naming a database that
+cannot be read (a crash, a full disk, a copy cut short) instead of pages of tracebacks."""
 from __future__ import annotations
 
 import os
@@ -110,18 +110,19 @@ def _like(text: str) -> str:
 
 
 def schema_cache() -> Path:
-    """Where this user keeps MLflow's empty schema, one file per MLflow version: ZHPIPE_USER_CACHE,
-    else the XDG cache folder's zhpipe/."""
+    """Where this user keeps MLflow's empty schema, one file per MLflow version:
+    ZHPIPE_USER_CACHE, else the XDG cache folder's zhpipe/."""
     if os.environ.get("ZHPIPE_USER_CACHE"):
         return Path(os.environ["ZHPIPE_USER_CACHE"])
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "zhpipe"
 
 
 def seed(path: Path) -> bool:
-    """Fill a new, empty store with MLflow's schema as MLflow makes it, from this user's cached copy: MLflow migrates a
-    new database through its whole history (about 2 s of the first run in a new project). The copy is made once per
-    MLflow version, from a throwaway store MLflow migrates itself. Under an exclusive lock, and only while the file has
-    no tables: a concurrent run's store is never overwritten. False when not seeded (MLflow then makes it as before)."""
+    """Fill a new, empty store with MLflow's schema as MLflow makes it, from this user's cached
+    copy: MLflow migrates a new database through its whole history (about 2 s of the first run
+    in a new project). The copy is made once per MLflow version, from a throwaway store MLflow
+    migrates itself. Under an exclusive lock, and only while the file has no tables: a
+    concurrent run's store is never overwritten. False when not seeded (MLflow then makes it)."""
     import sqlite3
 
     statements = _schema()
@@ -135,9 +136,13 @@ def seed(path: Path) -> bool:
             return False
         for statement in statements:
             con.execute(statement)
-        now = int(time.time() * 1000)  # MLflow's Default experiment, as MLflow would have made it here and now
-        con.execute("UPDATE experiments SET artifact_location = ?, creation_time = ?, last_update_time = ? "
-                    "WHERE experiment_id = 0", (os.path.abspath("mlruns") + "/0", now, now))
+        # MLflow's Default experiment, as MLflow would have made it here and now
+        now = int(time.time() * 1000)
+        con.execute(
+            "UPDATE experiments SET artifact_location = ?, creation_time = ?, last_update_time = ?"
+            " WHERE experiment_id = 0",
+            (os.path.abspath("mlruns") + "/0", now, now),
+        )
         con.execute("COMMIT")
     finally:
         con.close()
@@ -145,10 +150,9 @@ def seed(path: Path) -> bool:
 
 
 def _schema() -> list[str] | None:
-    """MLflow's schema and initial rows for the installed MLflow, as SQL statements: from the cache when it is this
-    user's, else dumped from a store MLflow migrates itself and cached. None when the cache folder is not private."""
-    import sqlite3
-    import tempfile
+    """MLflow's schema and initial rows for the installed MLflow, as SQL statements: from the
+    cache when it is this user's, else dumped from a store MLflow migrates itself, and cached
+    when the cache takes it. None when the cache folder is not private."""
     from importlib.metadata import version
 
     from flows.plan.private import NotPrivate, private_dir, read_state, write_state
@@ -162,6 +166,19 @@ def _schema() -> list[str] | None:
     state = read_state(cached)
     if state and state.get("mlflow") == mlflow and isinstance(state.get("statements"), list):
         return state["statements"]
+    statements = _migrated_schema(folder)
+    try:
+        write_state(cached, {"mlflow": mlflow, "statements": statements})
+    except OSError:  # a full or read-only home: this store is still seeded
+        pass
+    return statements
+
+
+def _migrated_schema(folder: Path) -> list[str]:
+    """The SQL of a store MLflow makes and migrates itself, in a throwaway folder under `folder`."""
+    import sqlite3
+    import tempfile
+
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
@@ -171,8 +188,6 @@ def _schema() -> list[str] | None:
         SqlAlchemyStore._engine_map.pop(uri, None)
         con = sqlite3.connect(f"{tmp}/mlflow.db")
         try:
-            statements = [s for s in con.iterdump() if s not in ("BEGIN TRANSACTION;", "COMMIT;")]
+            return [s for s in con.iterdump() if s not in ("BEGIN TRANSACTION;", "COMMIT;")]
         finally:
             con.close()
-    write_state(cached, {"mlflow": mlflow, "statements": statements})
-    return statements

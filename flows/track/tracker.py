@@ -49,7 +49,7 @@ def _client(uri: str):
 
     if uri.startswith("sqlite:///"):
         private_store(uri)
-        if not Path(uri.removeprefix("sqlite:///")).stat().st_size:  # new: MLflow's schema without its migrations
+        if not Path(uri.removeprefix("sqlite:///")).stat().st_size:  # new: no migrations to run
             seed(Path(uri.removeprefix("sqlite:///")))
         check_sqlite(Path(uri.removeprefix("sqlite:///")))
         copied_from = reroot(Path(uri.removeprefix("sqlite:///")))

@@ -86,25 +86,28 @@ class ChunkPool:
 
 
 def forkserver():
-    """The multiprocessing context of this machine's process pools: workers fork from a clean server process (started
-    once per process, with jieba loaded), not from the caller, which has threads by then."""
+    """The multiprocessing context of this machine's process pools: workers fork from a clean
+    server process (started once per process, with jieba loaded), not from the caller, which has
+    threads by then."""
     import multiprocessing as mp
 
     _short_socket_folder()
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["__main__", "tasks.shared._segment_preload"])  # no effect once the server runs
+    # no effect once the server runs
+    ctx.set_forkserver_preload(["__main__", "tasks.shared._segment_preload"])
     return ctx
 
 
-# the longest folder multiprocessing's sockets fit under: a socket's path is at most 107 bytes (AF_UNIX), and the
-# names multiprocessing adds (pymp-XXXXXXXX/listener-XXXXXXXX) take about 40
+# the longest folder multiprocessing's sockets fit under: a socket's path is at most 107 bytes
+# (AF_UNIX), and the names multiprocessing adds (pymp-XXXXXXXX/listener-XXXXXXXX) take about 40
 SOCKET_FOLDER_MAX = 64
 
 
 def _short_socket_folder() -> None:
-    """The forkserver listens on a socket in a folder multiprocessing makes under TMPDIR; under a long TMPDIR every
-    process pool fails with "AF_UNIX path too long". As Python 3.13 does, that folder goes under /tmp then (made 0700
-    by mkdtemp, removed at exit as multiprocessing removes its own)."""
+    """The forkserver listens on a socket in a folder multiprocessing makes under TMPDIR; under a
+    long TMPDIR every process pool fails with "AF_UNIX path too long". As Python 3.13 does, that
+    folder goes under /tmp then (made 0700 by mkdtemp, removed at exit as multiprocessing removes
+    its own)."""
     import shutil
     import tempfile
     from multiprocessing import process, util
@@ -112,16 +115,18 @@ def _short_socket_folder() -> None:
     config = process.current_process()._config
     if config.get("tempdir") is not None or len(tempfile.gettempdir()) <= SOCKET_FOLDER_MAX:
         return
-    base = next((b for b in ("/tmp", "/var/tmp", "/dev/shm") if os.access(b, os.W_OK | os.X_OK)), None)
+    writable = (b for b in ("/tmp", "/var/tmp", "/dev/shm") if os.access(b, os.W_OK | os.X_OK))
+    base = next(writable, None)
     if base is not None:
         config["tempdir"] = folder = tempfile.mkdtemp(prefix="pymp-", dir=base)
         util.Finalize(None, shutil.rmtree, args=(folder, True), exitpriority=-100)
 
 
 def elsewhere(fn: Callable, *args: Any, nice: int = 10) -> Any:
-    """`fn(*args)` in a process of its own (forked from the forkserver), the caller's thread waiting without the
-    interpreter lock: for work that keeps one core busy in Python while this process does other work. At a lower
-    priority (`nice`): it takes the cores this process leaves idle, and little of those it keeps busy."""
+    """`fn(*args)` in a process of its own (forked from the forkserver), the caller's thread
+    waiting without the interpreter lock: for work that keeps one core busy in Python while this
+    process does other work. At a lower priority (`nice`): it takes the cores this process leaves
+    idle, and little of those it keeps busy."""
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(1, mp_context=forkserver()) as pool:

@@ -420,7 +420,8 @@ def machine(
     from flows.plan.private import private_dir
 
     env["MPLCONFIGDIR"] = str(private_dir(Path(tempfile.gettempdir()) / f"zhpipe-tests-matplotlib-{os.getuid()}"))
-    if os.environ.get("ZHPIPE_USER_CACHE"):  # MLflow's schema is the installed MLflow's: the session's cached copy
+    # MLflow's schema is the installed MLflow's: the session's cached copy
+    if os.environ.get("ZHPIPE_USER_CACHE"):
         env["ZHPIPE_USER_CACHE"] = os.environ["ZHPIPE_USER_CACHE"]
     if team is None:
         return env, project

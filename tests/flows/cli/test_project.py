@@ -86,7 +86,8 @@ def test_init_and_run_in_an_empty_folder_write_only_there(installed, tmp_path):
     assert set(os.listdir(work)) == {"reviews"}
     stray = {f for f in _files(home) if not f.startswith(".cache/")}  # fontconfig and matplotlib keep caches there
     assert stray == set()
-    assert any(f.startswith(".cache/zhpipe/mlflow-") for f in _files(home))  # MLflow's schema, for the next new store
+    # MLflow's schema, for the next new store
+    assert any(f.startswith(".cache/zhpipe/mlflow-") for f in _files(home))
     assert open_to_others(home / ".cache" / "zhpipe") == []
 
     outside = subprocess.run([*zhpipe, "status"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)

@@ -352,15 +352,18 @@ def test_pictures_of_a_run_are_valid_pngs(prefect_harness, store):
 
 
 def test_profile_is_built_beside_the_training_and_its_failure_fails_the_run(smoke, store):
-    """The profile stage (`beside` in its kind) builds in a process of its own while the models train: its MLflow run
-    starts after embed's and overlaps the first model's. Its error still ends the run, in one line of its own."""
+    """The profile stage (`beside` in its kind) builds in a process of its own while the models
+    train: its MLflow run starts after embed's and overlaps the first model's. Its error still
+    ends the run, in one line of its own."""
     from tasks.errors import DataError
 
     out = smoke["out"]
-    runs = {r.data.tags.get("zhpipe.stage"): r.info for r in children(out["parent_run_id"], out["experiment"])}
-    profile, first = runs["profile"], min((runs["train.fasttext"], runs["train.textcnn"]), key=lambda r: r.start_time)
+    found = children(out["parent_run_id"], out["experiment"])
+    runs = {r.data.tags.get("zhpipe.stage"): r.info for r in found}
+    models = (runs["train.fasttext"], runs["train.textcnn"])
+    profile, first = runs["profile"], min(models, key=lambda r: r.start_time)
     assert runs["embed"].end_time <= profile.start_time < first.end_time, (profile, first)
-    assert [s["stage"] for s in out["stages"]] == list(STAGES)  # the summary keeps the graph's order
+    assert [s["stage"] for s in out["stages"]] == list(STAGES)  # the summary keeps graph order
 
     with pytest.raises(DataError, match="no such font file"):
         run(store, ["profile.font=/nonexistent/font.ttf"])

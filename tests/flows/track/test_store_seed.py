@@ -1,5 +1,7 @@
-"""A project's new MLflow store gets MLflow's schema from the user's cached copy instead of MLflow's migrations
-(flows/track/sqlite.py): the same tables, indexes and rows as MLflow makes, private, never over a store in use."""
+"""A project's new MLflow store gets MLflow's schema from the user's cached copy instead of
+MLflow's migrations (flows/track/sqlite.py): the same tables, indexes and rows as MLflow makes,
+private, never over a store in use."""
+
 from __future__ import annotations
 
 import sqlite3
@@ -10,14 +12,19 @@ import pytest
 
 
 def schema(db: Path) -> dict:
-    """Each table, index and trigger of `db`, its SQL as a set of lines (MLflow's own migrations write a table's
-    constraints in varying order), the alembic revision and the Default experiment's location."""
+    """Each table, index and trigger of `db`, its SQL as a set of lines (MLflow's own migrations
+    write a table's constraints in varying order), the alembic revision and the Default
+    experiment's location."""
     con = sqlite3.connect(db)
     try:
-        objects = {(kind, name): frozenset(line.strip().rstrip(",") for line in (sql or "").splitlines())
-                   for kind, name, sql in con.execute("SELECT type, name, sql FROM sqlite_master")}
+        objects = {
+            (kind, name): frozenset(line.strip().rstrip(",") for line in (sql or "").splitlines())
+            for kind, name, sql in con.execute("SELECT type, name, sql FROM sqlite_master")
+        }
         revision = con.execute("SELECT version_num FROM alembic_version").fetchall()
-        default = con.execute("SELECT name, artifact_location, lifecycle_stage FROM experiments").fetchall()
+        default = con.execute(
+            "SELECT name, artifact_location, lifecycle_stage FROM experiments"
+        ).fetchall()
     finally:
         con.close()
     return {"objects": objects, "revision": revision, "default": default}
@@ -26,7 +33,9 @@ def schema(db: Path) -> dict:
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("ZHPIPE_USER_CACHE", str(tmp_path / "cache"))
-    monkeypatch.chdir(tmp_path)  # MLflow puts its Default experiment's artifacts under the working folder
+    monkeypatch.chdir(
+        tmp_path
+    )  # MLflow puts its Default experiment's artifacts under the working folder
     return tmp_path / "cache"
 
 
@@ -77,8 +86,12 @@ def test_a_cache_open_to_others_or_unreadable_is_not_used(tmp_path, cache):
     assert seed(tmp_path / "first.db")
     (cached,) = cache.iterdir()
     cached.write_text("{not json")  # cut short: made again from MLflow's migrations
-    assert seed(tmp_path / "second.db") and schema(tmp_path / "second.db") == schema(tmp_path / "first.db")
+    assert seed(tmp_path / "second.db") and schema(tmp_path / "second.db") == schema(
+        tmp_path / "first.db"
+    )
 
     cache.chmod(0o755)  # open to other users: nothing is read from it or written to it
-    cached.write_text('{"mlflow": "%s", "statements": ["CREATE TABLE planted (x)"]}' % cached.name.split("-")[1])
+    cached.write_text(
+        '{"mlflow": "%s", "statements": ["CREATE TABLE planted (x)"]}' % cached.name.split("-")[1]
+    )
     assert seed(tmp_path / "third.db") is False and not (tmp_path / "third.db").exists()
