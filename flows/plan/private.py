@@ -62,6 +62,18 @@ def private_dir(path: Path) -> Path:
     return path
 
 
+def user_cache() -> Path | None:
+    """Where this user keeps what zhpipe makes once per installed MLflow and Prefect (their empty
+    databases, for new stores and new Prefect homes): ZHPIPE_USER_CACHE, else the XDG cache
+    folder's zhpipe/, a folder only this user enters. None when it cannot be one."""
+    folder = os.environ.get("ZHPIPE_USER_CACHE") or Path(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "zhpipe"
+    try:
+        return private_dir(Path(folder))
+    except (NotPrivate, OSError):
+        return None
+
+
 def credentials_file() -> Path:
     """Where the project's credentials are kept (0600, in the Prefect home): `zhpipe ui`'s app reads them from here."""
     return Path(os.environ["PREFECT_HOME"]).expanduser() / "zhpipe-server-auth"

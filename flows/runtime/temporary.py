@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flows.plan.private import open_private_log, ours_listening, status_of
+from flows.runtime import homes
 from tasks.errors import ZhpipeError
 
 TIMEOUT_S = 180.0  # a first start on 2 cores, new database included, is about 20 s
@@ -45,6 +46,7 @@ class Temporary:
     port: int
     log: Path
     error: Exception | None = None
+    new_home: Path | None = None  # a home it made its database in: kept for later new homes
     waiting: threading.Thread = field(init=False)
 
     @property
@@ -67,6 +69,8 @@ class Temporary:
                     )
                 ours = ours_listening(self.proc.pid, self.url, "nothing was sent there; run again")
                 if ours and status_of(f"{self.url}/health", None, 2) == 200:
+                    if self.new_home is not None:
+                        homes.keep(self.new_home)
                     return
                 if time.monotonic() > deadline:
                     raise ZhpipeError(
@@ -135,7 +139,9 @@ def launch() -> Temporary:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    log = Path(os.environ["PREFECT_HOME"]).expanduser() / f"zhpipe-temporary-server-{port}.log"
+    home = Path(os.environ["PREFECT_HOME"]).expanduser()
+    made = homes.new(home) and not homes.seed(home)  # a new home: from the cached database
+    log = home / f"zhpipe-temporary-server-{port}.log"
     with open_private_log(log, "w") as out:
         proc = subprocess.Popen(
             command(port),
@@ -145,7 +151,7 @@ def launch() -> Temporary:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-    _STARTED = server = Temporary(proc, port, log)
+    _STARTED = server = Temporary(proc, port, log, new_home=home if made else None)
     atexit.register(_stop)
     os.environ["PREFECT_API_URL"] = server.url
     # it serves no UI: Prefect prints no "View at" link to it

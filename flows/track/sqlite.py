@@ -109,14 +109,6 @@ def _like(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
-def schema_cache() -> Path:
-    """Where this user keeps MLflow's empty schema, one file per MLflow version:
-    ZHPIPE_USER_CACHE, else the XDG cache folder's zhpipe/."""
-    if os.environ.get("ZHPIPE_USER_CACHE"):
-        return Path(os.environ["ZHPIPE_USER_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "zhpipe"
-
-
 def seed(path: Path) -> bool:
     """Fill a new, empty store with MLflow's schema as MLflow makes it, from this user's cached
     copy: MLflow migrates a new database through its whole history (about 2 s of the first run
@@ -155,12 +147,11 @@ def _schema() -> list[str] | None:
     when the cache takes it. None when the cache folder is not private."""
     from importlib.metadata import version
 
-    from flows.plan.private import NotPrivate, private_dir, read_state, write_state
+    from flows.plan.private import read_state, user_cache, write_state
 
     mlflow = version("mlflow")
-    try:
-        folder = private_dir(schema_cache())
-    except (NotPrivate, OSError):
+    folder = user_cache()
+    if folder is None:
         return None
     cached = folder / f"mlflow-{mlflow}-schema.json"
     state = read_state(cached)

@@ -138,3 +138,44 @@ def test_a_port_another_process_listens_on_gets_no_request(tmp_path):
         finally:
             server.stop()
     assert isinstance(server.error, PortTaken) and "nothing was sent there" in str(server.error)
+
+
+def test_a_new_home_starts_from_the_database_the_first_new_home_made(tmp_path, monkeypatch):
+    """The first server in a new Prefect home migrates its database; once it answers, that database
+    (without Prefect's telemetry session) goes into the user's cache, and the next new home starts
+    from a copy (flows/runtime/homes.py). A home with a database of its own is left alone."""
+    import sqlite3
+
+    from flows.runtime import homes
+    from flows.runtime.temporary import Temporary, command, environment
+    from tests.helpers.procs import free_port
+
+    monkeypatch.setenv("ZHPIPE_USER_CACHE", str(tmp_path / "cache"))
+
+    def serve(home: Path) -> None:
+        made = homes.new(home) and not homes.seed(home)
+        port, log = free_port(), tmp_path / f"{home.name}.log"
+        with open(log, "w") as out:
+            env = environment({**os.environ, "PREFECT_HOME": str(home)})
+            proc = subprocess.Popen(command(port), env=env, stdout=out, stderr=subprocess.STDOUT)
+        server = Temporary(proc, port, log, new_home=home if made else None)
+        try:
+            server.wait(180)
+        finally:
+            server.stop()
+        assert server.error is None, log.read_text()[-2000:]
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    serve(first)
+    (cached,) = (tmp_path / "cache").glob("prefect-*.db")
+    assert cached.stat().st_mode & 0o777 == 0o600
+    con = sqlite3.connect(cached)
+    assert con.execute("SELECT count(*) FROM configuration WHERE key = 'TELEMETRY_SESSION'").fetchone() == (0,)
+    assert con.execute("SELECT count(*) FROM block_type").fetchone()[0] > 10
+    con.close()
+
+    assert homes.seed(second) and (second / homes.DATABASE).read_bytes() == cached.read_bytes()
+    assert (second / homes.DATABASE).stat().st_mode & 0o777 == 0o600
+    serve(second)  # Prefect accepts the copy as its own
+    assert not homes.seed(second)  # a home with a database is never overwritten
