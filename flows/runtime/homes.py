@@ -31,6 +31,12 @@ def new(home: Path) -> bool:
     return own and not (home / DATABASE).exists()
 
 
+def prepare(home: Path) -> bool:
+    """Before a server starts in `home`: a new home gets the cached database. True when the server
+    will make its database there (then `keep` it once the server answers)."""
+    return new(home) and not seed(home)
+
+
 def seed(home: Path) -> bool:
     """Before a server starts in a new `home`: the cached database (and Prefect's memo of its
     block types) copied there, 0600. False when there is none to copy or the home has one."""

@@ -224,7 +224,7 @@ def start(port: int | None = None, timeout: float = 180.0, idle: float | None = 
         argv = [sys.executable, "-m", "flows.runtime.server", "--idle", str(idle), "--", *argv]
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[2]),
                                                         env.get("PYTHONPATH")) if p)
-    made = homes.new(home) and not homes.seed(home)  # a new home: from the cached database
+    made = homes.prepare(home)  # a new home starts from the cached database
     users_dir().mkdir(parents=True, exist_ok=True)
     (users_dir() / str(os.getpid())).touch()  # the starter is a user while it waits: the idle clock waits with it
     with open_private_log(log, "w") as out:

@@ -140,7 +140,7 @@ def launch() -> Temporary:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     home = Path(os.environ["PREFECT_HOME"]).expanduser()
-    made = homes.new(home) and not homes.seed(home)  # a new home: from the cached database
+    made = homes.prepare(home)
     log = home / f"zhpipe-temporary-server-{port}.log"
     with open_private_log(log, "w") as out:
         proc = subprocess.Popen(

@@ -48,17 +48,17 @@ def _client(uri: str):
     from mlflow.tracking import MlflowClient
 
     if uri.startswith("sqlite:///"):
+        db = Path(uri.removeprefix("sqlite:///"))
         private_store(uri)
-        if not Path(uri.removeprefix("sqlite:///")).stat().st_size:  # new: no migrations to run
-            seed(Path(uri.removeprefix("sqlite:///")))
-        check_sqlite(Path(uri.removeprefix("sqlite:///")))
-        copied_from = reroot(Path(uri.removeprefix("sqlite:///")))
+        if not db.stat().st_size:  # new: no migrations to run
+            seed(db)
+        check_sqlite(db)
+        copied_from = reroot(db)
         if copied_from:
             import sys
 
             print(f"zhpipe: this MLflow store was copied or moved from {copied_from}: its artifact locations now point "
-                  f"to {Path(uri.removeprefix('sqlite:///')).parent / 'artifacts'} (a copy never writes into its "
-                  f"original)", file=sys.stderr, flush=True)
+                  f"to {db.parent / 'artifacts'} (a copy never writes into its original)", file=sys.stderr, flush=True)
         sqlite_pragmas()
     return MlflowClient(tracking_uri=uri)
 

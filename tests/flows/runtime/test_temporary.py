@@ -153,7 +153,7 @@ def test_a_new_home_starts_from_the_database_the_first_new_home_made(tmp_path, m
     monkeypatch.setenv("ZHPIPE_USER_CACHE", str(tmp_path / "cache"))
 
     def serve(home: Path) -> None:
-        made = homes.new(home) and not homes.seed(home)
+        made = homes.prepare(home)
         port, log = free_port(), tmp_path / f"{home.name}.log"
         with open(log, "w") as out:
             env = environment({**os.environ, "PREFECT_HOME": str(home)})
