@@ -4,14 +4,13 @@ and exits. Light at start: Prefect, MLflow and the stage modules are imported by
 after the project folder is activated."""
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
 from typing import NoReturn
 
 from flows.cli import catalog, doctor, results, run, schedule, store
-from flows.cli.common import Needs, version
+from flows.cli.common import Needs, Parser, version
 from flows.cli.ending import abort, finish
 from flows.cli.run import summary_table  # noqa: F401 - the run summary, as callers knew it
 from flows.plan import project
@@ -23,9 +22,10 @@ from tasks.util.urls import check_storage_url
 GROUPS = (run, schedule, results, store, catalog, doctor, commands)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="zhpipe", description="Chinese-NLP training pipelines on Prefect and MLflow. "
-                                     "Run inside a project folder (one with a pipelines.yaml), or pass --project.")
+def _parser() -> Parser:
+    parser = Parser(prog="zhpipe", description="Chinese-NLP training pipelines on Prefect and "
+                    "MLflow. Run inside a project folder (one with a pipelines.yaml), or pass "
+                    "--project.")
     parser.add_argument("--version", action="version", version=f"zhpipe {version()}")
     parser.add_argument("--project", metavar="DIR", help="the project folder (default: the nearest folder with a "
                         "pipelines.yaml from the current one upwards, or ZHPIPE_PROJECT)")

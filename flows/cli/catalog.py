@@ -6,10 +6,11 @@ from pathlib import Path
 
 from flows.cli.common import Needs, config_file
 from tasks.errors import ZhpipeError
-from tasks.stages import KINDS
 
 
 def cmd_stages(args) -> int:
+    from tasks.stages import KINDS
+
     for kind in KINDS.values():
         print(f"task {kind.name} ({kind.about}):")
         for stage in kind.stages.values():
@@ -19,7 +20,7 @@ def cmd_stages(args) -> int:
 
 
 def cmd_models(args) -> int:
-    from tasks.stages import MODELS
+    from tasks.stages import KINDS, MODELS
 
     rows = [(name, "language model" if spec.is_language_model else f"{KINDS[spec.task].flavour} ({spec.task})",
              spec.about) for name, spec in MODELS.items()]
@@ -70,6 +71,13 @@ def starters() -> list:
     return [kind.starter for kind in KINDS.values() if kind.starter]
 
 
+def _starter_args(init) -> None:
+    for starter in starters():  # each kind's one-file corpus (tasks/<kind>/__init__.py)
+        init.add_argument(f"--{starter.option}", metavar="FILE", help=starter.help)
+        for flag, default, about in starter.options:
+            init.add_argument(flag, default=default, help=about)
+
+
 def add_parsers(sub) -> None:
     sub.add_parser("stages", help="list the stages, what each reads and does").set_defaults(handler=cmd_stages)
     models = sub.add_parser("models", help="list the registered models (names for train.models)")
@@ -84,10 +92,7 @@ def add_parsers(sub) -> None:
     init.add_argument("--text-column", default="text", help="the CSV's text column (default text)")
     init.add_argument("--label-column", default="label", help="the CSV's label column (default label)")
     init.add_argument("--nightly", metavar="FOLDER", help="a folder of CSV files, one per night (a partitioned source)")
-    for starter in starters():  # each kind's one-file corpus (tasks/<kind>/__init__.py)
-        init.add_argument(f"--{starter.option}", metavar="FILE", help=starter.help)
-        for flag, default, about in starter.options:
-            init.add_argument(flag, default=default, help=about)
+    init.later(_starter_args)
     init.add_argument("--link", action="store_true", help="link the CSV into data/raw/ instead of copying it (its "
                       "sha256 is pinned either way)")
     init.set_defaults(handler=cmd_init, needs=Needs(project=False))

@@ -3,11 +3,69 @@ they print to."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
 
 from flows.needs import BUILDS, Needs  # noqa: F401 - declared below the rooms, used by every command
 from flows.plan import project
 from tasks.errors import ZhpipeError
+
+
+class Parser(argparse.ArgumentParser):
+    """The command line's parsers (the top one and, through it, each command's). A command may add
+    arguments `later`: when its parser parses or shows its help, not when the command line is built.
+    What every kind declares (starter corpora, stage names) comes from the kinds' declarations,
+    which import their stages' modules (pandas and more: about 0.5 s); a `zhpipe run` or `zhpipe
+    status` handed to the warm process never needs them in its own process."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._later: list = []
+
+    def later(self, add) -> None:
+        """`add(self)` just before this parser is first used."""
+        self._later.append(add)
+
+    def _ready(self) -> None:
+        while self._later:
+            self._later.pop(0)(self)
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._ready()
+        return super().parse_known_args(args, namespace)
+
+    def format_usage(self) -> str:
+        self._ready()
+        return super().format_usage()
+
+    def format_help(self) -> str:
+        self._ready()
+        return super().format_help()
+
+
+class StageNames(Sequence):
+    """Every kind's stage names as an option's `choices`, read from the kinds' declarations only
+    when a stage is named or the choices are shown (see `Parser`)."""
+
+    def __init__(self, *extra: str):
+        self.extra = extra
+
+    def _names(self) -> list[str]:
+        from tasks.stages import STAGE_NAMES  # the stage graph, with its stages' modules
+
+        return [*self.extra, *STAGE_NAMES]
+
+    def __getitem__(self, i):
+        return self._names()[i]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __contains__(self, name) -> bool:
+        return name in self._names()
+
+    def __iter__(self):
+        return iter(self._names())
 
 
 def version() -> str:

@@ -166,11 +166,16 @@ def _unit_metric(metrics: dict, headline: str | None) -> str | None:
                                                                        if k.startswith(("test_", "val_"))), None)
 
 
+# `zhpipe status` (and `run --dry-run`) read a pipeline and its store: handed to the warm process, which
+# was started with the background server's URL in its environment, so the command names it too
+READS = Needs(warm=True, server="use")
+
+
 class _DryRun(argparse.Action):
     """`zhpipe run --dry-run`: the run's plan, as `zhpipe status` shows it (no server started, nothing built)."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        namespace.handler, namespace.needs = cmd_status, Needs(warm=True)
+        namespace.handler, namespace.needs = cmd_status, READS
 
 
 def cmd_status(args) -> int:
@@ -239,18 +244,26 @@ def cmd_tune(args) -> int:
 
 
 def add_parsers(sub) -> None:
-    from flows.cli.common import pipeline_args, storage_arg
-    from tasks.stages import STAGE_NAMES  # the stage graph, declared once (with its stages' modules: pandas, ...)
+    from flows.cli.common import StageNames, pipeline_args, storage_arg
+
+    stage_names = StageNames()
 
     run = sub.add_parser("run", help="run a pipeline (cached stages are reused)")
     pipeline_args(run)
     storage_arg(run)
     run.add_argument("--dask", metavar="ADDRESS", help="run the chunked stages (clean, segment, augment) on Dask: "
                      "`local` for a local cluster, or a scheduler address such as tcp://10.0.0.5:8786")
-    run.add_argument("--from", dest="start", choices=STAGE_NAMES, help="first stage to run")
-    run.add_argument("--to", dest="stop", choices=STAGE_NAMES, help="last stage to run")
-    run.add_argument("--only", choices=STAGE_NAMES, help="run just this stage (its inputs must be cached)")
-    run.add_argument("--force", nargs="?", const="", choices=["", *STAGE_NAMES], metavar="STAGE",
+    named = (
+        run.add_argument("--from", dest="start", choices=stage_names, metavar="STAGE",
+                         help="first stage to run"),
+        run.add_argument("--to", dest="stop", choices=stage_names, metavar="STAGE",
+                         help="last stage to run"),
+        run.add_argument("--only", choices=stage_names, metavar="STAGE",
+                         help="run just this stage (its inputs must be cached)"),
+    )
+    for action in named:  # argparse formats a metavar as an option is added; usage lists the names
+        action.metavar = None
+    run.add_argument("--force", nargs="?", const="", choices=StageNames(""), metavar="STAGE",
                      help="rebuild STAGE and every later stage even if cached (all stages without STAGE)")
     run.add_argument("--verify", action="store_true", help="hash every file of a reused output against its manifest "
                      "(file sizes, and files up to 8 MB, are always checked)")
@@ -264,7 +277,7 @@ def add_parsers(sub) -> None:
     status = sub.add_parser("status", help="show each stage as cached, stale or missing")
     pipeline_args(status)
     storage_arg(status)
-    status.set_defaults(handler=cmd_status, needs=Needs(warm=True))
+    status.set_defaults(handler=cmd_status, needs=READS)
     tune = sub.add_parser("tune", help="an Optuna study of one model's settings (TPE, pruning, "
                           "resumable; nested MLflow runs)")
     pipeline_args(tune)
