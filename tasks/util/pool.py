@@ -80,7 +80,8 @@ class ChunkPool:
     def _pool(self, fn, chunks, params):
         from concurrent.futures import ProcessPoolExecutor
 
-        with ProcessPoolExecutor(min(self.workers, len(chunks)), mp_context=forkserver()) as pool:
+        with ProcessPoolExecutor(min(self.workers, len(chunks)), mp_context=forkserver(),
+                                 initializer=_bound_to, initargs=(os.getpid(),)) as pool:
             yield from windowed(lambda c: pool.submit(call, fn, c, params), lambda f: f.result(), chunks,
                                 2 * self.workers)
 
@@ -101,6 +102,57 @@ def forkserver():
 # the longest folder multiprocessing's sockets fit under: a socket's path is at most 107 bytes
 # (AF_UNIX), and the names multiprocessing adds (pymp-XXXXXXXX/listener-XXXXXXXX) take about 40
 SOCKET_FOLDER_MAX = 64
+
+
+def _bound_to(parent: int) -> None:
+    """A pool worker's initializer: the worker ends once `parent`, the process whose pool it
+    serves, is gone, however that ended (killed, or exiting without shutting its pools down).
+    Python's pool workers wait for work until they are told to stop, and each one keeps the
+    forkserver it was forked from running: both would outlive a killed command for good."""
+    import threading
+
+    threading.Thread(target=_end_after, args=(parent,), name="zhpipe-pool-parent",
+                     daemon=True).start()
+
+
+GRACE_S = 5.0  # for the interrupted work's `with` blocks to remove what they made
+
+
+def _end_after(parent: int) -> None:
+    """Once `parent` has ended: the work in hand interrupted (SIGINT to this worker's main
+    thread: a KeyboardInterrupt there, so that its temporary folders are removed), then this
+    worker exits."""
+    import select
+    import signal
+    import threading
+    import time
+
+    try:
+        fd = os.pidfd_open(parent)  # readable once the process has ended (Linux 5.3+)
+    except ProcessLookupError:
+        fd = None
+    except (AttributeError, OSError):  # no pidfds here: ask every second
+        fd = None
+        while _running(parent):
+            time.sleep(1)
+    if fd is not None:
+        select.select([fd], [], [])
+    quiet = os.open(os.devnull, os.O_WRONLY)  # its command has ended: nothing more to say there
+    os.dup2(quiet, 1)
+    os.dup2(quiet, 2)
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+    time.sleep(GRACE_S)
+    os._exit(1)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def _short_socket_folder() -> None:
@@ -129,7 +181,8 @@ def elsewhere(fn: Callable, *args: Any, nice: int = 10) -> Any:
     idle, and little of those it keeps busy."""
     from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(1, mp_context=forkserver()) as pool:
+    with ProcessPoolExecutor(1, mp_context=forkserver(), initializer=_bound_to,
+                             initargs=(os.getpid(),)) as pool:
         return pool.submit(_niced, nice, fn, *args).result()
 
 

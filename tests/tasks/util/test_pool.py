@@ -39,3 +39,65 @@ def test_work_elsewhere_runs_in_another_process_niced_even_under_a_long_tmpdir(t
     assert other == "True" and int(niced) == 10
     assert not folder.startswith(str(long)) and Path(folder).parent == Path("/tmp")
     assert not Path(folder).exists()  # removed at exit, as multiprocessing removes its own
+
+
+
+# a process whose pools are busy when it is killed: a worker beside (`elsewhere`), two on chunks
+KILLED = """
+import signal, threading, time
+from tasks.util.pool import ChunkPool, elsewhere
+
+threading.Thread(target=elsewhere, args=(time.sleep, 600), daemon=True).start()
+waits = [[signal.SIGUSR2], [signal.SIGUSR2]]  # each chunk: sigtimedwait([SIGUSR2], 600)
+threading.Thread(target=lambda: list(ChunkPool(2)._pool(signal.sigtimedwait, waits, 600)), daemon=True).start()
+time.sleep(600)
+"""
+
+
+def _children() -> dict[int, list[int]]:
+    """Every process's children, from /proc."""
+    out: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (ValueError, OSError):
+            continue
+        out.setdefault(ppid, []).append(int(entry.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_pool_workers_and_their_forkserver_end_with_the_process_that_was_killed(tmp_path):
+    """A command killed (SIGKILL, or ending without shutting its pools down) while its pool workers
+    work: Python's workers would wait for more work for ever, and keep the forkserver they were
+    forked from alive with them."""
+    import signal
+    import time
+
+    log = tmp_path / "stderr"
+    with open(log, "w") as err:  # a file: the workers hold what they inherit
+        proc = subprocess.Popen([sys.executable, "-c", KILLED], cwd=ROOT, stderr=err)
+    deadline, workers = time.monotonic() + 120, []
+    while len(workers) < 3:
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.2)
+        tree = _children()
+        servers = [p for p in tree.get(proc.pid, []) if "forkserver" in Path(f"/proc/{p}/cmdline").read_text()]
+        workers = [w for s in servers for w in tree.get(s, [])]
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 15
+    while any(_alive(p) for p in [*servers, *workers]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [p for p in [*servers, *workers] if _alive(p)]
+    for pid in left:  # nothing of this test outlives it
+        os.kill(pid, signal.SIGKILL)
+    assert left == [], f"still running 15 s after their process was killed: {left}"
