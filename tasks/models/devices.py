@@ -31,9 +31,26 @@ def amp_dtype(device: torch.device, precision: str) -> torch.dtype | None:
 
 
 def autocast(device: torch.device, dtype: torch.dtype | bool | None):
-    """The forward passes' precision context (`True` stands for bf16)."""
+    """The forward passes' precision context (`True` stands for bf16). On a CPU without native bf16 (no AVX-512 BF16
+    or AMX: AMD Zen 3, most laptops) oneDNN has no bf16 LSTM and refuses the forward pass ("could not create a
+    primitive descriptor"): oneDNN is then left out for those passes, and PyTorch's own kernels run them."""
     dtype = torch.bfloat16 if dtype is True else dtype or None
-    return torch.autocast(device_type=device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+    if dtype is None:
+        return contextlib.nullcontext()
+    if device.type == "cpu" and dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return _without_onednn(torch.autocast(device_type="cpu", dtype=dtype))
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+@contextlib.contextmanager
+def _without_onednn(inner):
+    before = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = False  # not `mkldnn.flags()`, which also sets TF32 and warns each time
+    try:
+        with inner:
+            yield
+    finally:
+        torch.backends.mkldnn.enabled = before
 
 
 def seed_everything(seed: int) -> None:

@@ -1,10 +1,10 @@
 import pandas as pd
 
+from tasks.classification.models.rnn_lm import rnn_lm_perplexity, train_rnn_lm
 from tasks.classification.train import Params as TrainConfig
 from tasks.classification.vocab import Params as VocabConfig
 from tasks.classification.vocab import count_tokens
 from tasks.models import TrainInputs
-from tasks.classification.models.rnn_lm import rnn_lm_perplexity, train_rnn_lm
 from tasks.util.text import build_vocab
 from tests.tasks.models.test_train import NEG, POS
 
@@ -90,8 +90,8 @@ def test_rnn_lm_classifier_tells_the_classes_apart_by_likelihood(tmp_path):
 def test_text_log_likelihoods_add_up_each_texts_tokens():
     import torch
 
-    from tasks.models.modules import LSTMLanguageModel, RNNLMConfig
     from tasks.classification.models.rnn_lm import text_log_likelihoods
+    from tasks.models.modules import LSTMLanguageModel, RNNLMConfig
 
     torch.manual_seed(0)
     model = LSTMLanguageModel(RNNLMConfig(vocab_size=30, embed_dim=8, hidden_size=16, cutoffs=[])).eval()
@@ -106,9 +106,11 @@ def test_text_log_likelihoods_add_up_each_texts_tokens():
 def test_the_adaptive_softmax_stays_fp32_under_autocast():
     """Under autocast the LSTM's output comes in a low precision (fp16 under CUDA autocast) while the adaptive softmax
     copies fp32 log-softmaxes into a tensor of its input's type: on a GPU that mix failed (index_copy_). The softmax
-    runs in fp32 whatever the autocast, and scores as it does without one."""
+    runs in fp32 whatever the autocast, and scores as it does without one. The autocast is the trainer's, which also
+    runs on a CPU without native bf16 (where oneDNN has no bf16 LSTM)."""
     import torch
 
+    from tasks.models.devices import autocast
     from tasks.models.modules import LSTMLanguageModel, RNNLMConfig
 
     torch.manual_seed(0)
@@ -118,7 +120,7 @@ def test_the_adaptive_softmax_stays_fp32_under_autocast():
     ids, targets = torch.randint(1, 300, (4, 9)), torch.randint(1, 300, (4, 9))
     with torch.no_grad():
         plain_logp, plain_loss = model(ids, targets)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with autocast(torch.device("cpu"), torch.bfloat16):
             logp, loss = model(ids, targets)
             full, _ = model(ids)
     assert logp.dtype == loss.dtype == full.dtype == torch.float32
