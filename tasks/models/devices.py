@@ -3,6 +3,7 @@ seeds."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 
 import numpy as np
@@ -31,21 +32,28 @@ def amp_dtype(device: torch.device, precision: str) -> torch.dtype | None:
 
 
 def autocast(device: torch.device, dtype: torch.dtype | bool | None):
-    """The forward passes' precision context (`True` stands for bf16). On a CPU without native bf16 (no AVX-512 BF16
-    or AMX: AMD Zen 3, most laptops) oneDNN has no bf16 LSTM and refuses the forward pass ("could not create a
-    primitive descriptor"): oneDNN is then left out for those passes, and PyTorch's own kernels run them."""
+    """The forward passes' precision context (`True` stands for bf16). On a CPU without native
+    bf16 (no AVX-512 BF16 or AMX: AMD Zen 3, say) oneDNN has no bf16 LSTM and refuses the forward
+    pass ("could not create a primitive descriptor"): oneDNN is left out of those passes there, and
+    PyTorch's own kernels run them."""
     dtype = torch.bfloat16 if dtype is True else dtype or None
     if dtype is None:
         return contextlib.nullcontext()
-    if device.type == "cpu" and dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if device.type == "cpu" and dtype == torch.bfloat16 and not _native_bf16():
         return _without_onednn(torch.autocast(device_type="cpu", dtype=dtype))
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+@functools.cache
+def _native_bf16() -> bool:
+    return torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 @contextlib.contextmanager
 def _without_onednn(inner):
     before = torch.backends.mkldnn.enabled
-    torch.backends.mkldnn.enabled = False  # not `mkldnn.flags()`, which also sets TF32 and warns each time
+    # not `mkldnn.flags()`, which also sets TF32 and warns each time
+    torch.backends.mkldnn.enabled = False
     try:
         with inner:
             yield

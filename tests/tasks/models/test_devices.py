@@ -5,8 +5,9 @@ from tasks.models.devices import autocast
 
 
 def test_an_lstm_trains_under_bf16_autocast_on_any_cpu():
-    """`precision: bf16` on a CPU: an LSTM's forward and backward passes run whether or not the CPU has native bf16
-    (without it oneDNN refuses a bf16 LSTM), and oneDNN's setting is as it was afterwards."""
+    """`precision: bf16` on a CPU: an LSTM's forward and backward passes run whether or not the
+    CPU has native bf16 (without it oneDNN refuses a bf16 LSTM), and oneDNN's setting is as it was
+    afterwards."""
     torch.manual_seed(0)
     lstm, head = torch.nn.LSTM(16, 32, batch_first=True), torch.nn.Linear(32, 5)
     x, y = torch.randn(4, 9, 16), torch.randint(0, 5, (4,))
