@@ -69,7 +69,9 @@ def test_the_first_run_leaves_a_server_that_later_runs_reuse_and_that_stops_when
     tmp_path, seed_prefect_home, seed_mlflow
 ):
     """The idle clock is the test's to hold: the test is one of the server's users (as every zhpipe command is) until
-    it lets go, so a slow machine cannot stop the server between the two runs."""
+    it lets go, so a slow machine cannot stop the server between the two runs. The warm process's clock is its own
+    (the same timeout, no users): 8 s leave the second command time to reach it on a busy machine (with 2 s, two
+    busy-loop hogs made it stop before the second command's hand-over)."""
     import json
     import time
 
@@ -78,7 +80,7 @@ def test_the_first_run_leaves_a_server_that_later_runs_reuse_and_that_stops_when
         {
             "PREFECT_HOME": str(seed_prefect_home(tmp_path / "prefect")),
             "ZHPIPE_DATA": str(tmp_path / "store"),
-            "ZHPIPE_SERVER_IDLE": "2",
+            "ZHPIPE_SERVER_IDLE": "8",
             "MLFLOW_TRACKING_URI": seed_mlflow(tmp_path / "mlflow.db"),
         }
     )
@@ -94,7 +96,7 @@ def test_the_first_run_leaves_a_server_that_later_runs_reuse_and_that_stops_when
             and "temporary" not in first.stdout
         )
         state = json.loads(state_file.read_text())
-        assert state["idle_s"] == 2 and httpx.get(f"{state['url']}/health", timeout=5).status_code == 200
+        assert state["idle_s"] == 8 and httpx.get(f"{state['url']}/health", timeout=5).status_code == 200
         deadline = time.monotonic() + 120  # and a warm process for the next commands (flows.runtime.warm)
         while not list((tmp_path / "prefect").glob("zhpipe-warm-*.json")) and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -106,7 +108,7 @@ def test_the_first_run_leaves_a_server_that_later_runs_reuse_and_that_stops_when
         assert (
             "warm: running `zhpipe run smoke --to download`" in (tmp_path / "prefect" / "zhpipe-warm.log").read_text()
         )
-        # the last user is gone: 2 s later (checked every half second) the server stops, and the warm process with it
+        # the last user is gone: 8 s later (checked every half second) the server stops, and the warm process with it
         holder.unlink()
         deadline = time.monotonic() + 180
         while (state_file.exists() or warm_state.exists()) and time.monotonic() < deadline:

@@ -62,7 +62,17 @@ def test_a_network_out_of_its_share_stops_inside_an_epoch_and_is_still_a_model(t
     assert race.cut.startswith("stopped in epoch 1 after ") and "its share of the budget (6 s) ran out" in race.cut
     assert len(summary["history"]) == 1
     assert predict("textcnn", tmp_path, frame(1)).shape == (6, 2)  # saved whole: it loads and answers
-    assert "its share of the budget is 6 s" in caplog.text  # the estimate says the share
+
+
+def test_a_racing_models_estimate_says_its_share(caplog):
+    """Said from the first batches; apart from the race above, where a busy machine can spend the whole share on
+    the set-up before the estimate's batches (two busy-loop hogs did)."""
+    from tasks.models.racing import say_estimate
+
+    with caplog.at_level(logging.INFO, logger="zhpipe.train"):
+        short = say_estimate("textcnn", 2.5, 25, 250, 1, None, {"epochs": 50, "race": Race(6.0)})
+    assert "textcnn: about 21 min more to train (50 epochs of 250 batches" in caplog.text
+    assert "its share of the budget is 6 s" in caplog.text and short == "about 21 min more to train"
 
 
 def test_a_network_behind_the_leader_is_stopped_when_its_curve_cannot_catch_up(tmp_path):
