@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 from tasks.errors import ZhpipeError
 from tasks.util.io import atomic_write_text, file_sha256  # noqa: F401 - file_sha256 is part of the store's API
+from tasks.util.procs import alive  # noqa: F401 - what callers here knew as store.alive
 from tasks.util.urls import check_storage_url, conceal, redact, reveal, storage_options
 
 MANIFEST = "manifest.json"
@@ -110,17 +111,6 @@ def _fsync_dir(folder: Path) -> None:
         pass
     finally:
         os.close(fd)
-
-
-def alive(pid: int) -> bool:
-    """Whether a process with this id exists (on this machine)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
 
 
 def is_remote(root: str | Path) -> bool:

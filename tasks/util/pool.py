@@ -12,6 +12,7 @@ import pandas as pd
 import pyarrow as pa
 
 from tasks.util.io import Chunk
+from tasks.util.procs import alive
 
 
 def peak_rss_mb() -> float:
@@ -78,10 +79,7 @@ class ChunkPool:
             yield from self._pool(fn, chunks, params)
 
     def _pool(self, fn, chunks, params):
-        from concurrent.futures import ProcessPoolExecutor
-
-        with ProcessPoolExecutor(min(self.workers, len(chunks)), mp_context=forkserver(),
-                                 initializer=_bound_to, initargs=(os.getpid(),)) as pool:
+        with _executor(min(self.workers, len(chunks))) as pool:
             yield from windowed(lambda c: pool.submit(call, fn, c, params), lambda f: f.result(), chunks,
                                 2 * self.workers)
 
@@ -102,6 +100,14 @@ def forkserver():
 # the longest folder multiprocessing's sockets fit under: a socket's path is at most 107 bytes
 # (AF_UNIX), and the names multiprocessing adds (pymp-XXXXXXXX/listener-XXXXXXXX) take about 40
 SOCKET_FOLDER_MAX = 64
+
+
+def _executor(workers: int):
+    """A process pool forked from the forkserver whose workers end with this process."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    return ProcessPoolExecutor(workers, mp_context=forkserver(), initializer=_bound_to,
+                               initargs=(os.getpid(),))
 
 
 def _bound_to(parent: int) -> None:
@@ -133,7 +139,7 @@ def _end_after(parent: int) -> None:
         fd = None
     except (AttributeError, OSError):  # no pidfds here: ask every second
         fd = None
-        while _running(parent):
+        while alive(parent):
             time.sleep(1)
     if fd is not None:
         select.select([fd], [], [])
@@ -143,16 +149,6 @@ def _end_after(parent: int) -> None:
     signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
     time.sleep(GRACE_S)
     os._exit(1)
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
 
 
 def _short_socket_folder() -> None:
@@ -179,10 +175,7 @@ def elsewhere(fn: Callable, *args: Any, nice: int = 10) -> Any:
     waiting without the interpreter lock: for work that keeps one core busy in Python while this
     process does other work. At a lower priority (`nice`): it takes the cores this process leaves
     idle, and little of those it keeps busy."""
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(1, mp_context=forkserver(), initializer=_bound_to,
-                             initargs=(os.getpid(),)) as pool:
+    with _executor(1) as pool:
         return pool.submit(_niced, nice, fn, *args).result()
 
 
