@@ -63,8 +63,9 @@ def header_proxy(target: str, user: str, password: str) -> tuple[object, str]:
             self.forward(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
 
         def forward(self, body):
-            # the proxy logs in as its owner: it answers its owner's connections only (another local user's are refused)
-            if peer_uid(self.client_address[1], self.server.server_address[1]) != os.getuid():
+            # the proxy logs in as its owner: it answers its owner's connections only, the peer proved by the
+            # full addresses of an established socket (another local user's are refused)
+            if peer_uid(self.client_address[:2], self.server.server_address[:2]) != os.getuid():
                 self.send_error(403, "this proxy answers its owner only")
                 return
             headers = {"Authorization": header, "Content-Type": self.headers.get("Content-Type", "application/json")}

@@ -124,6 +124,7 @@ class _SessionServer:
         self.proc = subprocess.Popen(temporary.command(port), env=env, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         os.environ["PREFECT_API_URL"] = self.url
+        os.environ["PREFECT_API_AUTH_STRING"] = env.get("PREFECT_API_AUTH_STRING", "")  # it asks for a login, as zhpipe's do
         os.environ[_SHARED] = f"{self.url} {self.home}"
 
     def wait(self, timeout: float = 180):

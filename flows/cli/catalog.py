@@ -33,8 +33,10 @@ def cmd_models(args) -> int:
 def cmd_pipelines(args) -> int:
     from flows.plan.config import list_pipelines
 
+    from tasks.errors import printable
+
     for name, description in list_pipelines(config_file(args)).items():
-        print(f"{name:<20} {description}")
+        print(printable(f"{name:<20} {description}"))
     return 0
 
 

@@ -168,12 +168,14 @@ def print_frame(df, title: str, no_wrap: tuple[str, ...] = (), width: int | None
     from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=escape(title))
+    from tasks.errors import printable
+
+    table = Table(title=escape(printable(title)))
     for col in df.columns:
-        table.add_column(escape(str(col)), justify="right" if df[col].dtype.kind in "if" else "left",
+        table.add_column(escape(printable(col)), justify="right" if df[col].dtype.kind in "if" else "left",
                          no_wrap=col in no_wrap, overflow="fold")
     for row in df.itertuples(index=False):  # values as text, never as markup: `train.models=[tfidf_lr]` keeps its list
-        table.add_row(*[escape(cell(v)) for v in row])
+        table.add_row(*[escape(printable(cell(v))) for v in row])  # a corpus's escape codes, shown, not obeyed
     (console() if width is None else Console(width=width)).print(table)
 
 

@@ -113,6 +113,12 @@ def _tracking(args) -> str:
 
 def _prefect(args) -> str:
     url = os.environ.get("PREFECT_API_URL")
+    if os.environ.get("PREFECT_HOME"):  # the project's own server's database (not a team's server)
+        from flows.runtime import homes, server
+
+        own = not url or server.background_url()
+        if own and (why := homes.corrupt(Path(os.environ["PREFECT_HOME"]).expanduser())):
+            raise ZhpipeError(why)
     if not url:
         return "no server configured or running: the first `zhpipe run` starts the project's own (about 20 s)"
     import prefect

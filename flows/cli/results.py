@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from flows.cli.common import Needs, pipeline_name, print_frame, storage_arg
-from tasks.errors import ZhpipeError
+from tasks.errors import ZhpipeError, printable
 
 WHY_CHARS = 60  # of the champion decision's reason in `zhpipe runs`
 
@@ -168,12 +168,13 @@ def show_predictions(out, args, model: str) -> None:
 
         write_table(out, args.output)
         counted = out[[c for c in out if c.startswith(PREFIX)]].rename(columns=lambda c: c.removeprefix(PREFIX))
-        print(f"{len(out)} rows -> {args.output} ({shown.found(counted)}; status: {statuses}; {model})")
+        print(printable(f"{len(out)} rows -> {args.output} ({shown.found(counted)}; status: {statuses}; {model})"))
     elif args.jsonl:
         import json
 
         for text, status, row in zip(out["text"], out["pred_status"], answers.to_dict("records")):
-            print(json.dumps({"text": text, "status": status, **shown.record(row)}, ensure_ascii=False, default=float))
+            print(printable(json.dumps({"text": text, "status": status, **shown.record(row)}, ensure_ascii=False,
+                                       default=float)))
     else:
         cells = {f"{PREFIX}{c}": out[f"{PREFIX}{c}"].map(shown.cell) for c in shown.nested}
         print_frame(out.assign(**cells)[["text", *(f"{PREFIX}{c}" for c in shown.columns), "pred_status"]],

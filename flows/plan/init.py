@@ -11,7 +11,7 @@ import pandas as pd
 from flows.plan.project import CONFIG_NAME
 from tasks.errors import ConfigError, DataError
 from tasks.util.io import file_sha256
-from tasks.util.private import NotOurs, atomic_path, foreign_link, own_folder
+from tasks.util.private import NotOurs, atomic_path, foreign_link, own_folder, walk_links
 
 GITIGNORE = "data/*\n!data/raw/\nmlruns/\n.prefect/\n"
 
@@ -37,7 +37,7 @@ def init_corpus(folder: Path, corpus: Path, option: str, link: bool = False, tex
     after the project folder."""
     config = _project_file(folder)
     folder = config.parent
-    corpus = corpus.expanduser().resolve()
+    corpus = _followed(corpus, f"--{option}")
     if option == "nightly":
         files = sorted(p for p in corpus.glob("*.csv") if p.is_file()) if corpus.is_dir() else []
         for file in files:
@@ -94,7 +94,7 @@ def init_project(folder: Path, csv: Path | None = None, text_column: str = "text
         written.append(path)
         text_column, label_column, description = "text", "label", "example hotel reviews (replace with your corpus)"
     else:
-        path = csv.expanduser().resolve()
+        path = _followed(csv, "--csv")
         if not path.is_file():
             raise DataError(f"--csv {csv}: no such file")
         columns = _columns(path, csv)
@@ -168,6 +168,15 @@ def _columns(path: Path, shown: Path) -> list[str]:
     if not header:
         raise DataError(f"--csv {shown}: empty (expected a header line naming its columns, such as text,label)")
     return header
+
+
+def _followed(path: Path, option: str) -> Path:
+    """`path`'s real path, every link on the way checked before it is followed (`walk_links`): one line naming a link
+    another user made."""
+    try:
+        return walk_links(path.expanduser())
+    except OSError as e:
+        raise DataError(f"{option} {path}: {e.strerror}") from None
 
 
 def _bring(source: Path, raw: Path, link: bool) -> Path:

@@ -93,6 +93,14 @@ def credentials() -> str:
     return auth
 
 
+def with_login(env: dict[str, str]) -> dict[str, str]:
+    """`env` for a Prefect server zhpipe starts, background or temporary, and for its clients: the server asks for the
+    project's credentials (PREFECT_SERVER_API_AUTH_STRING), the clients send them (PREFECT_API_AUTH_STRING). The one
+    place a server zhpipe starts gets its login: none runs without one, whatever port or fallback it is on."""
+    auth = credentials()
+    return {**env, "PREFECT_SERVER_API_AUTH_STRING": auth, "PREFECT_API_AUTH_STRING": auth}
+
+
 def status_of(url: str, auth: str | None, timeout: float) -> int:
     """The HTTP status of a GET, 0 when nothing answers."""
     import base64
@@ -147,9 +155,33 @@ def listeners(port: int) -> list[tuple[int, int]] | None:
     return found if seen else None
 
 
-def peer_uid(client_port: int, server_port: int) -> int | None:
-    """The uid that owns the loopback TCP connection from `client_port` to `server_port` (the client's side, from
-    /proc/net/tcp and tcp6): who is asking a local server; None when it is not found or there is no /proc."""
+def _address(host: str, port: int) -> str:
+    """An IPv4 or IPv6 socket address as /proc/net/tcp(6) prints it (each 32-bit word in host byte order)."""
+    import ipaddress
+    import sys
+
+    packed = ipaddress.ip_address(host.split("%")[0]).packed
+    order = sys.byteorder
+    words = [int.from_bytes(packed[i:i + 4], "big").to_bytes(4, order) for i in range(0, len(packed), 4)]
+    return f"{b''.join(words).hex().upper()}:{port:04X}"
+
+
+def peer_uid(client: tuple[str, int], server: tuple[str, int]) -> int | None:
+    """The uid that owns the client's side of the ESTABLISHED loopback TCP connection from `client` (host, port) to
+    `server` (host, port), matched on all four (from /proc/net/tcp and tcp6; an IPv4 peer of an IPv6 socket as
+    ::ffff:a.b.c.d): who is asking a local server. None when it is not found or there is no /proc; never a match on
+    ports alone (another address on loopback, or a socket in TIME_WAIT, is not the peer)."""
+    import ipaddress
+
+    wanted = set()
+    for form in ("v4", "mapped"):
+        try:
+            hosts = [ipaddress.ip_address(h.split("%")[0]) for h in (client[0], server[0])]
+            if form == "mapped":
+                hosts = [ipaddress.IPv6Address(f"::ffff:{h}") if h.version == 4 else h for h in hosts]
+            wanted.add((_address(str(hosts[0]), client[1]), _address(str(hosts[1]), server[1])))
+        except ValueError:
+            return None
     for table in ("tcp", "tcp6"):
         try:
             lines = (_PROC / "net" / table).read_text().splitlines()[1:]
@@ -157,7 +189,7 @@ def peer_uid(client_port: int, server_port: int) -> int | None:
             continue
         for line in lines:
             cols = line.split()
-            if len(cols) > 7 and cols[1].endswith(f":{client_port:04X}") and cols[2].endswith(f":{server_port:04X}"):
+            if len(cols) > 7 and cols[3] == "01" and (cols[1], cols[2]) in wanted:  # 01: ESTABLISHED
                 return int(cols[7])
     return None
 

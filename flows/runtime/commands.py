@@ -27,9 +27,12 @@ def cmd_server(args) -> int:
         print(f"stopped the Prefect server at {state['url']}" if state else "no background Prefect server was running")
     else:
         state = server.running()
+        booting = None if state else server.starting()
         if state:
             print(f"running at {state['url']} (UI {state['url'].removesuffix('/api')}, pid {state['pid']})")
             print(_ui_login())
+        elif booting:
+            print(f"starting at {booting['url']} (pid {booting['pid']}; `zhpipe server stop` stops it)")
         elif os.environ.get("ZHPIPE_SERVER") == "temporary":
             print("not running: ZHPIPE_SERVER=temporary, so each command starts a temporary Prefect server")
         else:

@@ -247,13 +247,13 @@ def spawn(idle: float, environ: dict, root: Path | None = None) -> None:
         return
     stop()  # one warm process per project: one for other settings (or older code) finishes its commands and exits
     env = dict(environ)
-    root = str(Path(__file__).resolve().parents[2])  # the `flows` package this process runs
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    installed = str(Path(__file__).resolve().parents[2])  # the `flows` package this process runs: imported, never
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (installed, env.get("PYTHONPATH")) if p)  # the project it serves
     with private.open_private_log(log_file()) as log:
         subprocess.Popen([sys.executable, "-m", PROGRAM, "--idle", str(idle), "--fingerprint", mine,
                           *(["--project", str(root)] if root else [])],
-                         env=env, cwd=root, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                         start_new_session=True)
+                         env=env, cwd=str(root) if root else None, stdin=subprocess.DEVNULL, stdout=log,
+                         stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _remove_socket(state: dict | None) -> None:

@@ -9,7 +9,7 @@ import sys
 
 from flows.needs import provide_server_ready
 from flows.plan import project
-from flows.plan.private import PortTaken
+from flows.plan.private import PortTaken, with_login
 from flows.runtime import handover, server, temporary
 from tasks.errors import ZhpipeError, say
 
@@ -28,6 +28,9 @@ def temporary_server(needs) -> None:
     """A command that runs flows here with no server to use: a temporary one, started now (flows/runtime/temporary.py),
     once the command was not handed to a warm process. Prefect reads PREFECT_API_URL once, when it is imported: a warm
     process's fork has it imported, and there Prefect starts its temporary server itself."""
+    if needs.flows and not os.environ.get("PREFECT_API_URL"):
+        # whoever starts it (here, or Prefect itself in a warm process's fork), it asks for the project's login
+        os.environ.update(with_login({}))
     if needs.flows and not os.environ.get("PREFECT_API_URL") and "prefect" not in sys.modules:
         print("a temporary Prefect server starts for this run (`zhpipe server start` keeps one running)", flush=True)
         temporary.launch()

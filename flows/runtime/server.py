@@ -25,6 +25,7 @@ from flows.plan.private import (
     port_free,
     read_state,
     status_of,
+    with_login,
     write_state,
 )
 from flows.runtime import homes, procs
@@ -67,8 +68,10 @@ def _read() -> dict | None:
 
 def running() -> dict | None:
     """The background server's {pid, url, log} when it answers and is provably this user's: the process its state
-    file recorded (pid and start time), the port's listener of this uid, our credentials accepted. Anything else is
-    a leftover: its state file is removed, nothing is sent to that port."""
+    file recorded (pid and start time), the port's listener of this uid, our credentials accepted. A server still
+    starting (its state file says so and names a live process of ours) is not running yet, and its file stays, so
+    that `start` waits for it and `stop` stops it. Anything else is a leftover: its state file is removed, nothing
+    is sent to that port."""
     path = state_file()
     state = _read()
     if not state:
@@ -80,13 +83,17 @@ def running() -> dict | None:
         ours = False
     if ours:
         return state
-    if ours and state.get("legacy"):  # started by an earlier zhpipe, without credentials: replaced by one with them
-        procs.signal_ours(state, signal.SIGTERM, group=True)
-        deadline = time.monotonic() + 30
-        while procs.is_ours(state) and time.monotonic() < deadline:
-            time.sleep(0.2)
+    if starting(state):
+        return None
     path.unlink(missing_ok=True)
     return None
+
+
+def starting(state: dict | None = None) -> dict | None:
+    """The state of a background server that is still starting: recorded before it answered (by a command that may
+    have been killed since) and still a live process of ours."""
+    state = _read() if state is None else state
+    return state if state and state.get("starting") and procs.is_ours(state) else None
 
 
 def users_dir() -> Path:
@@ -101,8 +108,7 @@ def use_running() -> str | None:
         return None
     state = running()
     if state:
-        os.environ["PREFECT_API_URL"] = state["url"]
-        os.environ["PREFECT_API_AUTH_STRING"] = credentials()
+        os.environ.update(with_login({"PREFECT_API_URL": state["url"]}))
         users_dir().mkdir(parents=True, exist_ok=True)
         (users_dir() / str(os.getpid())).touch()
         return state["url"]
@@ -199,26 +205,51 @@ def project_port() -> int:
     return lo + int(hashlib.sha256(home.encode()).hexdigest(), 16) % (hi - lo + 1)
 
 
+def _free_port(wanted: int | None) -> int:
+    """`wanted` (a port the user chose) when it is free, else one line; without one, the project's own port, or,
+    when another process holds that, a port drawn free from the system: a taken port is never a reason to run
+    without the project's login."""
+    if wanted is not None or os.environ.get("ZHPIPE_SERVER_PORT"):
+        port = wanted or project_port()
+        if not port_free(port):
+            raise ZhpipeError(f"port {port} on 127.0.0.1 is taken (another server?); choose one with "
+                              "`zhpipe server start --port PORT` or ZHPIPE_SERVER_PORT")
+        return port
+    port = project_port()
+    if port_free(port):
+        return port
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        drawn = probe.getsockname()[1]
+    print(f" (port {port} is taken; using {drawn})", end="", flush=True)
+    return drawn
+
+
 def start(port: int | None = None, timeout: float = 180.0, idle: float | None = None) -> dict:
-    """Start `prefect server start` on loopback in the background (or return the running one), on the
-    project's own port; the UI it serves is told that port (PREFECT_UI_API_URL), so it shows this server.
-    With `idle` (seconds), it stops that long after its last user (`supervise`)."""
+    """Start `prefect server start` on loopback in the background (or return the running one, or wait for the one
+    starting), on the project's own port; the UI it serves is told that port (PREFECT_UI_API_URL), so it shows this
+    server. With `idle` (seconds), it stops that long after its last user (`supervise`). Its state file is written
+    as it starts, before it answers: a command killed meanwhile leaves a server that `status` sees and `stop`
+    stops."""
     state = running()
     if state:
         return state
-    port = port or project_port()
-    if not port_free(port):
-        raise ZhpipeError(f"port {port} on 127.0.0.1 is taken (another server?); choose one with "
-                          "`zhpipe server start --port PORT` or ZHPIPE_SERVER_PORT")
+    booting = starting()
+    if booting:
+        return _wait_answering(booting, None, timeout, None)
     home = Path(os.environ["PREFECT_HOME"]).expanduser()
+    if why := homes.corrupt(home):
+        raise ZhpipeError(why)
+    port = _free_port(port)
     home.mkdir(parents=True, exist_ok=True)
     if home.stat().st_uid == os.getuid():
         home.chmod(0o700)  # the server's database holds flow parameters and logs: this user's only
     log = home / "zhpipe-server.log"
     url = f"http://127.0.0.1:{port}/api"
-    auth = credentials()
-    env = {**os.environ, "PREFECT_API_URL": "", "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_API_URL": url,
-           "PREFECT_SERVER_API_AUTH_STRING": auth}
+    env = with_login({**os.environ, "PREFECT_API_URL": "", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                      "PREFECT_UI_API_URL": url})
     argv = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
     if idle is not None:
         argv = [sys.executable, "-m", "flows.runtime.server", "--idle", str(idle), "--", *argv]
@@ -230,26 +261,47 @@ def start(port: int | None = None, timeout: float = 180.0, idle: float | None = 
     with open_private_log(log, "w") as out:
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
-    deadline = time.monotonic() + timeout
     marker = f"server start --host 127.0.0.1 --port {port}"  # in the command line of both the supervisor and the server
-    while True:
-        try:
-            if _ours(proc.pid, url):
-                if made:
-                    homes.keep(home)
-                break
-        except PortTaken as e:  # someone bound the port while ours started: stopped, and said so
-            _stop_group(proc)
-            raise PortTaken(f"prefect server: {e} (`zhpipe server start --port PORT` or ZHPIPE_SERVER_PORT)") from None
-        if proc.poll() is not None:
-            tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:] or ["(no output)"]
-            raise ZhpipeError(f"prefect server exited with code {proc.returncode} ({tail[0][:200]}); see {log}")
-        if time.monotonic() > deadline:
-            _stop_group(proc)
-            raise ZhpipeError(f"prefect server did not answer on {url} within {timeout:.0f} s; see {log}")
-        time.sleep(0.5)
     state = {**procs.identity(proc.pid, marker), "url": url, "log": str(log),
              **({"idle_s": idle} if idle is not None else {})}
+    write_state(state_file(), {**state, "starting": True})
+    return _wait_answering(state, proc, timeout, home if made else None)
+
+
+def _wait_answering(state: dict, proc: subprocess.Popen | None, timeout: float, made: Path | None) -> dict:
+    """Until the server `state` names answers as ours; then its state file says it runs. A server that exits, does
+    not answer in `timeout` seconds or loses its port to another process is stopped, its state file removed, and
+    said in one line."""
+    url, log = state["url"], Path(state["log"])
+    deadline = time.monotonic() + timeout
+
+    def failed(why: str, error=ZhpipeError):
+        if proc is not None:
+            _stop_group(proc)
+        else:
+            procs.signal_ours(state, signal.SIGTERM, group=True)
+        state_file().unlink(missing_ok=True)
+        return error(why)
+
+    while True:
+        try:
+            if _ours(state["pid"], url):
+                if made is not None:
+                    homes.keep(made)
+                break
+        except PortTaken as e:  # someone bound the port while ours started: stopped, and said so
+            raise failed(f"prefect server: {e} (`zhpipe server start --port PORT` or ZHPIPE_SERVER_PORT)",
+                         PortTaken) from None
+        if (proc.poll() is not None) if proc is not None else not procs.is_ours(state):
+            tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+            code = proc.returncode if proc is not None else "?"
+            state_file().unlink(missing_ok=True)
+            home = Path(os.environ["PREFECT_HOME"]).expanduser()
+            raise ZhpipeError(homes.corrupt(home) or f"prefect server exited with code {code} ({tail[0][:200]}); "
+                              f"see {log}")
+        if time.monotonic() > deadline:
+            raise failed(f"prefect server did not answer on {url} within {timeout:.0f} s; see {log}")
+        time.sleep(0.5)
     write_state(state_file(), state)
     return state
 

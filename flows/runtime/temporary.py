@@ -8,8 +8,10 @@ anything heavy, Prefect is pointed at it through PREFECT_API_URL, and the comman
 (`ready`) only once its own imports and the MLflow store are done.
 
 It is Prefect's own server app (`prefect.server.api.server:create_app`, as Prefect's temporary
-server runs it) on a loopback port chosen free; before the first request the port's listening socket
-must be the server's own (another user who binds the port first gets nothing). It stops with the
+server runs it) on a loopback port chosen free, asking for the project's credentials as the background
+server does (`private.with_login`); before the first request the port's listening socket must be the
+server's own (another user who binds the port first gets nothing), and the server must refuse a
+request without the credentials. It stops with the
 command: at exit, or by the kernel when the command is killed (Linux's PR_SET_PDEATHSIG)."""
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flows.plan.private import open_private_log, ours_listening, status_of
+from flows.plan.private import credentials, open_private_log, ours_answering, status_of, with_login
 from flows.runtime import homes
 from tasks.errors import ZhpipeError
 
@@ -63,12 +65,14 @@ class Temporary:
                     tail = self.log.read_text(errors="replace").strip().splitlines()[-1:] or [
                         "(no output)"
                     ]
-                    raise ZhpipeError(
+                    home = Path(os.environ["PREFECT_HOME"]).expanduser()
+                    raise ZhpipeError(homes.corrupt(home) or (
                         f"the temporary Prefect server exited with code {self.proc.returncode} "
                         f"({tail[0][:200]}); see {self.log}"
-                    )
-                ours = ours_listening(self.proc.pid, self.url, "nothing was sent there; run again")
-                if ours and status_of(f"{self.url}/health", None, 2) == 200:
+                    ))
+                if status_of(f"{self.url}/health", None, 2) == 200 and ours_answering(
+                    self.proc.pid, self.url, credentials(), "/admin/version"
+                ):
                     if self.new_home is not None:
                         homes.keep(self.new_home)
                     return
@@ -121,8 +125,9 @@ def command(port: int) -> list[str]:
 
 
 def environment(environ) -> dict[str, str]:
-    """The server's environment: this one's (its Prefect home), for a server without a UI."""
-    env = {k: v for k, v in environ.items() if k != "PREFECT_API_URL"}
+    """The server's environment: this one's (its Prefect home), for a server without a UI that asks for the
+    project's credentials."""
+    env = with_login({k: v for k, v in environ.items() if k != "PREFECT_API_URL"})
     env.update(
         {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
     )
@@ -154,6 +159,7 @@ def launch() -> Temporary:
     _STARTED = server = Temporary(proc, port, log, new_home=home if made else None)
     atexit.register(_stop)
     os.environ["PREFECT_API_URL"] = server.url
+    os.environ["PREFECT_API_AUTH_STRING"] = credentials()
     # it serves no UI: Prefect prints no "View at" link to it
     os.environ.setdefault("PREFECT_UI_URL", "")
     server.waiting = threading.Thread(

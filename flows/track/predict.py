@@ -48,10 +48,15 @@ def load_model(uri: str):
     # that runs that code, never from this one
     from flows.track.trust import verified
 
-    in_place = Path(uri.removeprefix("file://")).expanduser()
+    from urllib.parse import urlparse
+
+    from tasks.util.private import not_trusted
+
     try:
-        if (in_place / "MLmodel").is_file():  # a local model is read in place
-            local = in_place
+        if urlparse(uri).scheme in ("", "file"):  # a logged model's folder, given on purpose: read in place
+            local = Path(uri.removeprefix("file://")).expanduser().absolute()
+            if why := not_trusted(local / "MLmodel"):
+                raise ConfigError(f"{why}; a model folder is loaded only when no one else can write to it")
         else:  # a registered version this project logged, its files as its run recorded them; or one line
             local = verified(uri, folder)[1]
         if not (local / "MLmodel").is_file():
@@ -128,12 +133,14 @@ class LoggedCodeModel:
         import sys
         import tempfile
 
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         self.folder = folder
         # its warnings and errors, not the console
         self.errors = Path(tempfile.mkstemp(prefix="zhpipe-predict-", suffix=".log")[1])
+        # isolated (-I: no PYTHON* variables, no user site, neither the working directory nor a script's folder on
+        # sys.path), in an empty folder of its own: it imports the logged code and the installed libraries only
+        self.workdir = tempfile.mkdtemp(prefix="zhpipe-predict-")
         with open(self.errors, "w") as err:
-            self.proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(folder)], cwd=folder, env=env,
+            self.proc = subprocess.Popen([sys.executable, "-I", "-c", _CHILD, str(folder)], cwd=self.workdir,
                                          stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=err, text=True, encoding="utf-8")
         if "ready" not in self._read():
@@ -171,6 +178,10 @@ class LoggedCodeModel:
             self.proc.wait(timeout=30)
         if getattr(self, "errors", None) is not None:
             self.errors.unlink(missing_ok=True)
+        if getattr(self, "workdir", None) is not None:
+            import shutil
+
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 def read_input(path: Path, text_column: str) -> pd.DataFrame:

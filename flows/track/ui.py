@@ -143,6 +143,10 @@ class OwnerOnly:
         method, path = scope["method"], scope["path"]
         if method == "GET" and _GATEWAY.fullmatch(path):  # the UI asks every page; zhpipe ui has no AI gateway
             return await _json(send, {"endpoints": []})
+        if method != "POST" and (headers.get(b"content-length", b"0") not in (b"", b"0")
+                                 or b"transfer-encoding" in headers):  # a body no read of the allow-list sends
+            return await _answer(send, 403, f"zhpipe ui is read-only: a {method} with a body is not one of the reads "
+                                 f"it allows")
         graphql = method == "POST" and path.rstrip("/") == "/graphql"  # decided by its body, read below
         if not graphql and not is_read(method, path, gets=self.gets):  # refused before a byte of its body is read
             return await _answer(send, 403, f"zhpipe ui is read-only: {method} {path} is not one of the reads it "

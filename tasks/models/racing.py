@@ -136,7 +136,7 @@ def judge_race(name: str, plan: dict, state: dict, cfg, sign: float, epoch_secon
     race, epoch = plan["race"], state["epoch"]
     left = plan["epochs"] - epoch
     if not race.cut.startswith("stopped") and left and not state["done"]:
-        fits = min(left, int(race.left() / max(epoch_seconds, 1e-9)))
+        fits = max(0, min(left, int(race.left() / max(epoch_seconds, 1e-9))))  # a share overrun: none, not < 0
         curve = [sign * row[cfg.monitor] for row in state["history"]]
         why = race.hopeless(curve, fits, cfg.monitor, cfg.mode) or (
             f"stopped after epoch {epoch} of {plan['epochs']}: an epoch takes about {epoch_seconds:.0f} s and "

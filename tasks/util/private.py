@@ -7,8 +7,9 @@ helpers here, so that new code cannot forget one:
 - `atomic_path()`: a file written in place of `target` through a temporary name made with O_EXCL (mkstemp) beside
   it, never a predictable name a planted link could stand on; removed when the write fails (a full disk leaves
   nothing behind).
-- `open_within()` / `foreign_link()`: a file read from a folder without following a link that leaves the folder or
-  was made by another user.
+- `open_within()` / `foreign_link()` / `walk_links()`: a file read from a folder without following a link, at any
+  hop, that leaves a shared folder or was made by another user; `not_trusted()`: code or a model loaded only from
+  where no one else could have written it.
 """
 from __future__ import annotations
 
@@ -127,6 +128,67 @@ def foreign_link(path: Path, folder: Path) -> str | None:
     return None
 
 
+def not_trusted(path: Path) -> str | None:
+    """Why code or a model at `path` must not be loaded: someone other than this user (or root) could write to it, or
+    to a folder above it (owned by another user, or open to group or others without the sticky bit); None when only
+    this user could have put it there. Links are followed, each hop checked (`walk_links`)."""
+    try:
+        real = walk_links(Path(path))
+        st = os.stat(real)
+    except FileNotFoundError:
+        return f"{path}: no such file"
+    except OSError as e:
+        return f"{path}: {e.strerror}"
+    uid = os.getuid()
+    if st.st_uid not in (uid, 0):
+        return f"{path} belongs to another user (uid {st.st_uid})"
+    if st.st_mode & 0o022:
+        return f"{path} can be written by other users (mode {stat.S_IMODE(st.st_mode):o})"
+    for folder in real.parents:
+        fst = os.stat(folder)
+        if fst.st_uid not in (uid, 0):
+            return f"{path}: its folder {folder} belongs to another user (uid {fst.st_uid})"
+        if fst.st_mode & 0o022 and not fst.st_mode & stat.S_ISVTX:
+            return f"{path}: its folder {folder} can be written by other users (mode {stat.S_IMODE(fst.st_mode):o})"
+    return None
+
+
+def walk_links(path: Path, max_hops: int = 40) -> Path:
+    """`path`'s real path, its links followed one hop at a time: each must pass `foreign_link` (made by this user or
+    root, and not leading out of a folder others can write to), whatever hop it is; OSError(ELOOP) names the first
+    that does not. Unlike `os.path.realpath`, a link someone else swapped in behind a link of yours is not followed."""
+    import errno
+
+    done = Path(os.path.abspath(path).split(os.sep)[0] or os.sep)
+    todo = list(Path(os.path.abspath(path)).parts[1:])
+    hops = 0
+    while todo:
+        name = todo.pop(0)
+        if name in ("", "."):
+            continue
+        if name == "..":
+            done = done.parent
+            continue
+        step = done / name
+        try:
+            st = os.lstat(step)
+        except OSError:
+            return Path(os.path.join(step, *todo))  # missing from here on: nothing more to follow
+        if not stat.S_ISLNK(st.st_mode):
+            done = step
+            continue
+        if (why := foreign_link(step, done)) is not None:
+            raise OSError(errno.ELOOP, f"not followed: {step} is {why}", str(path))
+        hops += 1
+        if hops > max_hops:
+            raise OSError(errno.ELOOP, "too many levels of links", str(path))
+        target = os.readlink(step)
+        if os.path.isabs(target):
+            done = Path(os.sep)
+        todo = [*Path(target).parts[1 if os.path.isabs(target) else 0:], *todo]
+    return done
+
+
 class NotOurs(Exception):
     """A folder that zhpipe was asked to make a project in, reached through another user's link or owned by another
     user."""
@@ -160,6 +222,6 @@ def open_within(path: Path, folder: Path | None = None, mode: str = "rb"):
     why = foreign_link(Path(path), folder)
     if why is not None:
         raise OSError(errno.ELOOP, f"not followed: {why}", str(path))
-    real = os.path.realpath(path)
+    real = walk_links(Path(path))  # every hop checked now, as it is read, not only the first one at `init`
     fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
     return os.fdopen(fd, mode)

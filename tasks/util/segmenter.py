@@ -18,20 +18,28 @@ from tasks.errors import DataError
 _SPACE = re.compile(r"\s+")
 
 
+@lru_cache(maxsize=1)
 def jieba_cache_dir() -> str:
     """A folder of this user's own for jieba's dictionary cache. jieba's default is `jieba.cache` in the shared
     temporary folder, which anyone on the machine could plant to change how every text is cut (without changing
-    a key); this one is created mode 700 and refused when it is a link, someone else's, or open to others."""
+    a key); this one is `zhpipe-jieba-<uid>` there, created mode 700. When someone else holds that name (a link,
+    another user's folder, one open to others), which the user cannot remove in a sticky /tmp, a fresh folder is
+    made instead (mkdtemp), with one warning line."""
     uid = os.getuid() if hasattr(os, "getuid") else None
     path = Path(tempfile.gettempdir()) / f"zhpipe-jieba-{uid if uid is not None else 'user'}"
-    path.mkdir(mode=0o700, exist_ok=True)
-    info = os.lstat(path)
-    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode) or (uid is not None
-                                                                        and (info.st_uid != uid
-                                                                             or info.st_mode & 0o077)):
-        raise DataError(f"{path}: jieba's cache folder must be this user's own folder with mode 700 (it is a link, "
-                        f"another user's, or open to others); remove it and run again")
-    return str(path)
+    try:
+        path.mkdir(mode=0o700, exist_ok=True)
+        info = os.lstat(path)
+        ours = not stat.S_ISLNK(info.st_mode) and stat.S_ISDIR(info.st_mode) and (
+            uid is None or (info.st_uid == uid and not info.st_mode & 0o077))
+    except OSError:
+        ours = False
+    if ours:
+        return str(path)
+    fresh = tempfile.mkdtemp(prefix=f"zhpipe-jieba-{uid}-")
+    logging.getLogger("zhpipe").warning("%s is not a private folder of yours (a link, another user's, or open to "
+                                        "others): jieba's cache goes to %s instead", path, fresh)
+    return fresh
 
 
 @lru_cache(maxsize=None)

@@ -220,6 +220,8 @@ def test_zhpipe_ui_answers_only_its_owner_and_only_reads(ui, runs):
         ("POST", f"{base}/api/3.0/mlflow/review-queues/get-or-create-user", {"name": "evil"}),
         ("POST", f"{base}/ajax-api/3.0/mlflow/review-queues/get-or-create-user", {"name": "evil"}),
         ("POST", f"{base}/graphql", None),
+        # a mutation sent as a GET with a body (MLflow's GraphQL route takes GET too): refused for its body
+        ("GET", f"{base}/graphql", {"query": 'mutation { testMutation(input: {inputString: "x"}) { output } }'}),
     ]
     escaped = b'{"query": "\\u006dutation { testMutation(input: {inputString: \\"x\\"}) { output } }"}'
     for method, url, body in writes:
