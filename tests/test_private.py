@@ -457,8 +457,8 @@ def test_the_peer_of_a_loopback_connection_is_named_by_its_uid():
         try:
             theirs = int(other.stdout.readline())
             with socket.create_connection(("127.0.0.1", port)) as mine:
-                assert peer_uid(theirs, port) == OTHER_UID
-                assert peer_uid(mine.getsockname()[1], port) == os.getuid()
+                assert peer_uid(("127.0.0.1", theirs), ("127.0.0.1", port)) == OTHER_UID
+                assert peer_uid(mine.getsockname(), ("127.0.0.1", port)) == os.getuid()
         finally:
             other.kill()
             other.wait(10)

@@ -114,10 +114,12 @@ def _tracking(args) -> str:
 def _prefect(args) -> str:
     url = os.environ.get("PREFECT_API_URL")
     if os.environ.get("PREFECT_HOME"):  # the project's own server's database (not a team's server)
-        from flows.runtime import homes, server
+        from flows.plan.private import read_state
+        from flows.plan.project import corrupt_prefect_database
 
-        own = not url or server.background_url()
-        if own and (why := homes.corrupt(Path(os.environ["PREFECT_HOME"]).expanduser())):
+        home = Path(os.environ["PREFECT_HOME"]).expanduser()
+        own = not url or url == (read_state(home / "zhpipe-server.json") or {}).get("url")
+        if own and (why := corrupt_prefect_database(home)):
             raise ZhpipeError(why)
     if not url:
         return "no server configured or running: the first `zhpipe run` starts the project's own (about 20 s)"

@@ -279,3 +279,22 @@ def unreachable(error: BaseException) -> str | None:
                     f"the store, and the next run reuses them (`zhpipe doctor` checks every service)")
         error = error.__cause__ or error.__context__
     return None
+
+
+def corrupt_prefect_database(home: Path) -> str | None:
+    """One line naming `home`'s Prefect database and its fix when SQLite cannot read it (a disk that filled mid-write,
+    a copy cut short); None when it reads, or there is none. A server started on it exits at once (code 3)."""
+    import sqlite3
+
+    db = home / "prefect.db"
+    if not db.is_file() or db.stat().st_size == 0:
+        return None
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10) as con:
+            found = con.execute("PRAGMA quick_check").fetchone()[0]
+    except sqlite3.Error as e:
+        found = str(e)
+    if found == "ok":
+        return None
+    return (f"the Prefect database {db} is corrupt ({found}); move it aside (`mv {db} {db}.corrupt`) and run again: "
+            f"the runs it recorded leave the Prefect UI, MLflow keeps every metric and model")

@@ -28,6 +28,7 @@ from flows.plan.private import (
     with_login,
     write_state,
 )
+from flows.plan.project import corrupt_prefect_database
 from flows.runtime import homes, procs
 from tasks.errors import ZhpipeError
 
@@ -240,7 +241,7 @@ def start(port: int | None = None, timeout: float = 180.0, idle: float | None = 
     if booting:
         return _wait_answering(booting, None, timeout, None)
     home = Path(os.environ["PREFECT_HOME"]).expanduser()
-    if why := homes.corrupt(home):
+    if why := corrupt_prefect_database(home):
         raise ZhpipeError(why)
     port = _free_port(port)
     home.mkdir(parents=True, exist_ok=True)
@@ -297,8 +298,8 @@ def _wait_answering(state: dict, proc: subprocess.Popen | None, timeout: float, 
             code = proc.returncode if proc is not None else "?"
             state_file().unlink(missing_ok=True)
             home = Path(os.environ["PREFECT_HOME"]).expanduser()
-            raise ZhpipeError(homes.corrupt(home) or f"prefect server exited with code {code} ({tail[0][:200]}); "
-                              f"see {log}")
+            raise ZhpipeError(corrupt_prefect_database(home)
+                              or f"prefect server exited with code {code} ({tail[0][:200]}); see {log}")
         if time.monotonic() > deadline:
             raise failed(f"prefect server did not answer on {url} within {timeout:.0f} s; see {log}")
         time.sleep(0.5)

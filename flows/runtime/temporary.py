@@ -26,7 +26,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flows.plan.private import credentials, open_private_log, ours_answering, status_of, with_login
+from flows.plan.private import credentials, demands, open_private_log, ours_listening, status_of, with_login
+from flows.plan.project import corrupt_prefect_database
 from flows.runtime import homes
 from tasks.errors import ZhpipeError
 
@@ -66,12 +67,14 @@ class Temporary:
                         "(no output)"
                     ]
                     home = Path(os.environ["PREFECT_HOME"]).expanduser()
-                    raise ZhpipeError(homes.corrupt(home) or (
+                    raise ZhpipeError(corrupt_prefect_database(home) or (
                         f"the temporary Prefect server exited with code {self.proc.returncode} "
                         f"({tail[0][:200]}); see {self.log}"
                     ))
-                if status_of(f"{self.url}/health", None, 2) == 200 and ours_answering(
-                    self.proc.pid, self.url, credentials(), "/admin/version"
+                # the port's socket proved the server's before anything is sent there, then its login
+                ours = ours_listening(self.proc.pid, self.url, "nothing was sent there; run again")
+                if ours and status_of(f"{self.url}/health", None, 2) == 200 and demands(
+                    self.url, credentials(), "/admin/version"
                 ):
                     if self.new_home is not None:
                         homes.keep(self.new_home)

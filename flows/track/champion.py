@@ -266,15 +266,11 @@ def _registry_lock(name: str):
         if os.environ.get("PREFECT_API_URL"):
             from flows.pools.slots import global_slot
 
-            # a decision takes seconds: a slot held for minutes is a leftover, and said so
             with global_slot(f"zhpipe-registry-{name}", f"registry: another run is deciding the {name} "
-                             f"champion; waiting", timeout=REGISTRY_WAIT_S):
+                             f"champion; waiting", timeout=300):  # a decision takes seconds: held longer, a leftover
                 yield
         else:
             yield
-
-
-REGISTRY_WAIT_S = 300.0
 
 
 def _register(model_uri: str, name: str, tags: dict[str, str]) -> str:

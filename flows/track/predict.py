@@ -46,18 +46,19 @@ def load_model(uri: str):
 
     # the model's files first, its code not yet run: a model logged with other code answers from a child process
     # that runs that code, never from this one
-    from flows.track.trust import verified
-
     from urllib.parse import urlparse
 
+    from flows.track.trust import verified
     from tasks.util.private import not_trusted
 
+    # a `models:/` (or `runs:/`) URI goes through the registry and the store's record, never through a folder of
+    # that name; only a path (`--model DIR`) is a folder, read in place once no one else could have written it
+    in_place = urlparse(uri).scheme in ("", "file")
+    local = Path(uri.removeprefix("file://")).expanduser().absolute()
+    if in_place and (local / "MLmodel").exists() and (why := not_trusted(local / "MLmodel")):
+        raise ZhpipeError(f"--model {uri}: {why}; a model folder is loaded only when no one else can write to it")
     try:
-        if urlparse(uri).scheme in ("", "file"):  # a logged model's folder, given on purpose: read in place
-            local = Path(uri.removeprefix("file://")).expanduser().absolute()
-            if why := not_trusted(local / "MLmodel"):
-                raise ConfigError(f"{why}; a model folder is loaded only when no one else can write to it")
-        else:  # a registered version this project logged, its files as its run recorded them; or one line
+        if not in_place:  # a registered version this project logged, its files as its run recorded them; or one line
             local = verified(uri, folder)[1]
         if not (local / "MLmodel").is_file():
             raise MlflowException(f"no MLmodel file in {uri}")
