@@ -57,10 +57,21 @@ class _NoZhpipeTraceback(logging.Filter):
         return True
 
 
+class _FullDiskSaidOnce(logging.Filter):
+    """MLflow logs each write that fails on a full disk with its traceback (33 of them in one run, 929 lines before
+    the command's one line). Those records are dropped: the command ends in one line naming the full disk."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not ((error is not None and project.disk_full(error)) or "database or disk is full" in str(record.msg))
+
+
 def _quiet_prefect_tracebacks() -> None:
     # logger-level filters see every record those loggers create, whatever handlers Prefect installs later
     for name in ("prefect.flow_runs", "prefect.task_runs", "prefect.flow_engine", "prefect.task_engine"):
         logging.getLogger(name).addFilter(_NoZhpipeTraceback())
+    for name in ("mlflow.store.db.utils", "mlflow.tracking", "mlflow.store.tracking.sqlalchemy_store"):
+        logging.getLogger(name).addFilter(_FullDiskSaidOnce())
 
 
 def main(argv: list[str] | None = None) -> int:

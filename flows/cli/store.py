@@ -92,6 +92,8 @@ def cmd_gc(args) -> int:
             removed = collect_garbage(store, keep, dry_run=args.dry_run,
                                       protect=(project.current().root / "data" / "raw", *sources),
                                       live=live, since=began, kept=kept)
+    if not live:  # a live run may be logging a model now: its half-logged ones wait for the next gc
+        removed += _half_logged(args.dry_run, began)
     for item in removed:
         print(f"{'would remove' if args.dry_run else 'removed'} {item['path']} ({item['mb']:.1f} MB, {item['why']})")
     for item in kept:
@@ -101,6 +103,17 @@ def cmd_gc(args) -> int:
           + (f"; {len(kept)} kept for {len(live)} live run{'s' if len(live) != 1 else ''} (run gc again when they end)"
              if kept else ""))
     return 0
+
+
+def _half_logged(dry_run: bool, began: float) -> list[dict]:
+    """The tracking store's models whose logging never finished (flows.track.runs.half_logged_models), removed."""
+    from flows.track.runs import half_logged_models, remove_half_logged
+
+    found = half_logged_models(began)
+    if not dry_run:
+        for item in found:
+            remove_half_logged(item)
+    return found
 
 
 def cmd_accept(args) -> int:

@@ -208,3 +208,49 @@ def compare_table(run_ids: list[str], everything: bool = False) -> pd.DataFrame:
     first, last = pd.to_numeric(frame[columns[0]], errors="coerce"), pd.to_numeric(frame[columns[-1]], errors="coerce")
     frame["delta"] = (last - first).round(4).map(lambda d: "" if pd.isna(d) else f"{d:+.4f}")
     return frame.rename_axis("what").reset_index()
+
+
+def half_logged_models(since: float) -> list[dict]:
+    """Models whose logging never finished (a disk that filled, a killed run): each logged model of the project's
+    SQLite store whose status is not READY, and each model folder under the store's `artifacts/models/` that the
+    store has no record of, last written before `since` (the start of this gc, when no zhpipe run of the project
+    was live: a run that died on a full disk leaves its MLflow run RUNNING). {path, mb, id, why} each; nothing is
+    removed here."""
+    from mlflow.entities import LoggedModelStatus
+
+    from flows.track.tracker import client, tracking_uri
+
+    uri = tracking_uri()
+    if not uri.startswith("sqlite:///"):
+        return []
+    folder = Path(uri.removeprefix("sqlite:///")).parent / "artifacts" / "models"
+    if not folder.is_dir():
+        return []
+    mlflow_client = client()
+    experiments = [e.experiment_id for e in mlflow_client.search_experiments()]
+    known, found = set(), []
+    for model in mlflow_client.search_logged_models(experiments) if experiments else []:
+        known.add(model.model_id)
+        path = folder / model.model_id
+        if model.status == LoggedModelStatus.READY or (path.exists() and path.stat().st_mtime >= since):
+            continue
+        found.append({"path": path, "id": model.model_id,
+                      "why": f"a model whose logging never finished (status {model.status})"})
+    for path in folder.glob("m-*"):
+        if path.name not in known and path.is_dir() and path.stat().st_mtime < since:
+            found.append({"path": path, "id": None, "why": "a model folder the tracking store has no record of"})
+    for item in found:
+        files = [f for f in item["path"].rglob("*") if f.is_file()] if item["path"].is_dir() else []
+        item["mb"] = sum(f.stat().st_size for f in files) / 1e6
+    return found
+
+
+def remove_half_logged(item: dict) -> None:
+    """A model `half_logged_models` found: its record in the store and its folder."""
+    import shutil
+
+    from flows.track.tracker import client
+
+    shutil.rmtree(item["path"], ignore_errors=True)  # first: on a full disk, it frees the space the record needs
+    if item["id"]:
+        client().delete_logged_model(item["id"])
