@@ -114,21 +114,53 @@ def read_output(folder: Path, path: str, kind: str) -> Any:
 
 def load_model(pipeline: str, model: str, overrides: list[str] | None = None, project: str | Path | None = None,
                storage: str | None = None):
-    """A trained model's predict function (a frame with `text`, `words`, `chars` -> class probabilities); for a
-    language model, a function from such a frame to its perplexity; for a tagger (task ner), a function from
-    cleaned texts to their `Tagged` results (BIOES tags, per-character scores and marginals)."""
+    """A trained model's predict function. A classifier answers raw texts (a list, a Series, or a frame's `text`
+    column) as `zhpipe predict` does, cleaned and segmented as the pipeline did: `label`, `probability`, one
+    `p_<label>` per class and `status` per text; given a frame already segmented (`text`, `words`, `chars`), it
+    answers its class probabilities as an array. A language model: a function from such a frame to its perplexity;
+    a tagger (task ner): a function from cleaned texts to their `Tagged` results (BIOES tags, per-character scores
+    and marginals)."""
     from tasks.stages import model as registered
+    from tasks.stages import serving
 
+    cfg = config(pipeline, overrides, project)  # first: it registers the team's own models it declares
     spec = registered(model)
-    cfg = config(pipeline, overrides, project)
     training = cfg.kind.training.name
     if model not in cfg.models():
         raise ZhpipeError(f"model '{model}' is not in {training}.models of '{pipeline}'; add it with "
                           f"overrides=['{training}.models=[..., {model}]']")
-    folder = output(pipeline, model_unit(training, model), overrides, project, storage) / model
+    unit = model_unit(training, model)
+    folder = output(pipeline, unit, overrides, project, storage) / model
     if spec.is_language_model:
         return lambda frame: spec.perplexity(folder, frame)
-    return spec.load(folder)
+    if cfg.task != "classification":
+        return spec.load(folder)
+    from tasks.classification.models import loader
+
+    predict = loader(model, folder)
+    kind = serving(cfg.kind)
+    labels = _labels(folder)
+    served = kind.Served({**kind.settings(cfg, labels), "model": model, "predict": cfg.predict.model_dump()},
+                         folder)
+
+    def answer(data):
+        if isinstance(data, pd.DataFrame) and "words" in data:
+            return predict(data)  # already segmented: the class probabilities, as the train stage scores them
+        texts = data["text"] if isinstance(data, pd.DataFrame) else [data] if isinstance(data, str) else data
+        return served([None if v is None else str(v) for v in list(texts)])
+
+    return answer
+
+
+def _labels(folder: Path) -> list[str]:
+    """The class labels a trained classifier answers in: its unit's facts (the manifest beside its folder)."""
+    import json
+
+    manifest = json.loads((folder.parent / "manifest.json").read_text(encoding="utf-8"))
+    labels = (manifest.get("facts") or {}).get("labels")
+    if not labels:
+        raise ZhpipeError(f"{folder.parent}: its manifest names no labels; run the pipeline again")
+    return [str(label) for label in labels]
 
 
 def runs(pipeline: str | None = None, limit: int = 20, project: str | Path | None = None) -> pd.DataFrame:

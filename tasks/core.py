@@ -26,6 +26,14 @@ class Section(BaseModel):
         method is chosen): left out of the parameters a run shows."""
         return ()
 
+    def user_code(self) -> list:
+        """The team's functions this section names (`tasks.util.usercode.CodeRef`): their code is in its key."""
+        return []
+
+    def own_models(self) -> dict:
+        """The team's own models a training section declares (`train.<name>: {estimator: ...}`), by name."""
+        return {}
+
 
 class MetricSink(Protocol):
     """Where per-epoch curves go while a model trains (an MLflow run, in the pipeline)."""

@@ -13,6 +13,7 @@ from types import ModuleType
 
 from tasks import classification, ner, translation
 from tasks.graph import SELECTS, SPLITS, TRAINS, Output, PerModel, Stage, TaskKind, graph
+from tasks.models import families
 from tasks.models.base import ModelSpec
 
 KINDS: dict[str, TaskKind] = {k.KIND.name: k.KIND for k in (classification, ner, translation)}
@@ -23,6 +24,9 @@ STAGE_NAMES = tuple(dict.fromkeys(name for k in KINDS.values() for name in k.sta
 # every kind's models by name, in the kinds' order: what `train.models` names and the CLI lists (a live view of each
 # kind's own `models`, so a model added to a kind is here too)
 MODELS: Mapping[str, ModelSpec] = ChainMap(*reversed([k.models for k in KINDS.values()]))
+# and the families installed packages register (entry points `zhpipe.models`: tasks/models/families.py), each into
+# the models of its kind
+families.register({name: k.models for name, k in KINDS.items()})
 
 
 def kind(name: str) -> TaskKind:

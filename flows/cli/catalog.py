@@ -5,7 +5,7 @@ import shlex
 from pathlib import Path
 
 from flows.cli.common import Needs, config_file
-from tasks.errors import ZhpipeError
+from tasks.errors import ZhpipeError, printable
 
 
 def cmd_stages(args) -> int:
@@ -20,20 +20,42 @@ def cmd_stages(args) -> int:
 
 
 def cmd_models(args) -> int:
+    """Every model a pipeline may name, with where it comes from: zhpipe, an installed package's family (entry
+    point `zhpipe.models`), or this project's pipelines.yaml (a team's own estimator)."""
+    from tasks.models.families import FOUND
     from tasks.stages import KINDS, MODELS
 
+    declared = _declared_here()
     rows = [(name, "language model" if spec.is_language_model else f"{KINDS[spec.task].flavour} ({spec.task})",
-             spec.about) for name, spec in MODELS.items()]
-    width = [max(len(r[i]) for r in rows) for i in (0, 1)]
-    for name, kind, about in rows:
-        print(f"{name:<{width[0]}}  {kind:<{width[1]}}  {about}")
+             declared.get(name) or FOUND.get(name, "zhpipe"), spec.about) for name, spec in MODELS.items()]
+    width = [max(len(r[i]) for r in rows) for i in (0, 1, 2)]
+    print(f"{'model':<{width[0]}}  {'kind':<{width[1]}}  {'from':<{width[2]}}  about")
+    for name, kind, origin, about in rows:
+        print(printable(f"{name:<{width[0]}}  {kind:<{width[1]}}  {origin:<{width[2]}}  {about}"))
     return 0
+
+
+def _declared_here() -> dict[str, str]:
+    """The team's own models the current project's pipelines declare, by name: `pipelines.yaml (<pipeline>)`. Read
+    (and so registered) here; a project whose config does not load lists none."""
+    from flows.plan.config import list_pipelines, load_pipeline
+    from flows.plan.project import current
+
+    try:
+        file = current().config_file
+        found = {}
+        for pipeline in list_pipelines(file):
+            config = load_pipeline(pipeline, file)
+            training = config.kind.training
+            for name in (config.section(training.name).own_models() if training else {}):
+                found.setdefault(name, f"{file.name} ({pipeline})")
+        return found
+    except (ZhpipeError, OSError):
+        return {}
 
 
 def cmd_pipelines(args) -> int:
     from flows.plan.config import list_pipelines
-
-    from tasks.errors import printable
 
     for name, description in list_pipelines(config_file(args)).items():
         print(printable(f"{name:<20} {description}"))

@@ -123,6 +123,8 @@ def _predict(args) -> int:
         if args.output.suffix.lower() not in READERS:  # before loading a model and predicting, not after
             raise ZhpipeError(f"--output {args.output}: unknown file type '{args.output.suffix}' (expected .csv, .tsv, "
                               f".jsonl or .parquet)")
+    if args.input and args.text_column is None:  # the pipeline's own text column, as its corpus names it
+        args.text_column = _text_column(args)
     df = read_input(args.input, args.text_column) if args.input else pd.DataFrame({"text": args.texts})
     uri = args.model or f"models:/zhpipe-{pipeline_name(args)}@champion"
     from flows.track.tracker import tracking_uri
@@ -152,6 +154,18 @@ def _predict(args) -> int:
         raise ZhpipeError(f"predict: {e.message.removeprefix('zhpipe: ')}") from None
     show_predictions(with_predictions(df, out, used), args, f"model {shown} ({uri})")
     return 0
+
+
+def _text_column(args) -> str:
+    """The text column of the pipeline whose model predicts (`source.text_column`); `text` when no pipeline is
+    found (a model given by --model outside a project)."""
+    from flows.plan.config import load_pipeline
+    from tasks.errors import ConfigError
+
+    try:
+        return load_pipeline(pipeline_name(args)).source.text_column or "text"
+    except (ConfigError, ZhpipeError):
+        return "text"
 
 
 def show_predictions(out, args, model: str) -> None:
@@ -286,7 +300,8 @@ def add_parsers(sub) -> None:
     predict.add_argument("--input", type=Path, help="a .csv, .tsv, .jsonl or .parquet file of texts")
     predict.add_argument("--output", type=Path, help="where to write the input rows with label and "
                          "probabilities (same formats)")
-    predict.add_argument("--text-column", default="text", help="with --input: the text column (default text)")
+    predict.add_argument("--text-column", help="with --input: the text column (default: the pipeline's "
+                         "source.text_column)")
     predict.add_argument("--jsonl", action="store_true", help="print one JSON object per text instead of a table")
     predict.add_argument("--dask", metavar="ADDRESS", help="with --input: predict in chunks on Dask (`local` or a "
                          "scheduler address)")

@@ -102,6 +102,12 @@ class RunContext:
         units = [u for u in self.keys if u.stage in wanted]
         if self.force or not all(self.store.is_done(u, self.keys[u]) for u in units):
             return None
+        checked = [self.keys[u] for u in units if self.config.kind.stages[u.stage].checked]
+        if checked and self.config.checks.custom:  # a check of the team's changed since: judged in a real run
+            from flows.orchestrate.gate import unjudged
+
+            if unjudged(self.config, checked):
+                return None
         found = {u: self.cache.lookup(u, self.keys[u]) for u in units}
         if not all(found.values()):
             return None

@@ -14,13 +14,33 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 
-from flows.plan import held
+from flows.plan import held, project
 from flows.plan.sources import hold_out
 from tasks.errors import ZhpipeError
 from tasks.shared import checks
 from tasks.util.private import atomic_path
+from tasks.util.usercode import fingerprint
 
 log = logging.getLogger("zhpipe")
+
+
+def judged_as(config, key: str) -> str:
+    """What a checked output's verdicts are recorded under: its key, and with checks of the team's own, their code
+    too (a real edit judges again; a comment does not)."""
+    import hashlib
+    import json
+
+    own = config.checks.user_code()
+    if not own:
+        return key
+    code = fingerprint(own, project.current().root, "checks.custom")
+    return f"{key}+{hashlib.sha256(json.dumps(code, sort_keys=True).encode()).hexdigest()[:12]}"
+
+
+def unjudged(config, keys: list[str]) -> bool:
+    """Whether a checked output of `keys` has no verdicts recorded for the checks as they are now."""
+    record = held.load(config.identity)["judged"]
+    return any(judged_as(config, key) not in record for key in keys)
 
 
 @dataclass
@@ -50,14 +70,16 @@ class Gate:
         """Judge a checked output once per unit key (a cached one's verdicts are read back), hold it when a blocking
         check fails and it was not accepted as it is, and report it; the record is read and written once."""
         night = sample_of(result)
-        known = held.load(self.config.identity)["judged"].get(result.key)
+        root = project.current().root
+        judged = judged_as(self.config, result.key)
+        known = held.load(self.config.identity)["judged"].get(judged)
         verdicts = (checks.from_json(known["verdicts"]) if known is not None
-                    else checks.judge(night, reference, self.config.checks))
+                    else checks.judge(night, reference, self.config.checks, root))
         blocked = [v for v in verdicts if v.blocks]
         # read, decided and written under the record's lock: an `accept` made meanwhile is seen here and kept
         with held.changing(self.config.identity) as record:
             if known is None:
-                record["judged"][result.key] = {"unit": result.stage, "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                record["judged"][judged] = {"unit": result.stage, "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
                                                 "verdicts": checks.to_json(verdicts)}
             accepted = bool(blocked) and held.accepted(record, name, digest)
             judged = Judged(name, verdicts, held=bool(blocked) and not accepted, accepted=accepted, fresh=known is None,

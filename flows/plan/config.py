@@ -303,7 +303,24 @@ def load_pipeline(
         if len(_PARSED) > 64:
             _PARSED.clear()
         _PARSED[key] = _parse(name, config_file, overrides, source_overrides)
+        _check_user_code(_PARSED[key], config_file.resolve().parent)
     return _PARSED[key].model_copy(deep=True)  # callers may change their copy
+
+
+def _check_user_code(config: PipelineConfig, project: Path) -> None:
+    """Every function of the team's that the pipeline names (clean.rules, checks.custom) found and trusted now, as the
+    config is read: a missing module or one another user could write is one line before anything runs."""
+    from tasks.util.usercode import code_files
+
+    named = [(stage, config.section(stage).user_code()) for stage in config.kind.stages]
+    training = config.kind.training
+    if training is not None:  # the team's own models: train.<name>.estimator
+        own = config.section(training.name).own_models()
+        named += [(f"{training.name}.{name}.estimator", section.user_code()) for name, section in own.items()]
+    named.append(("checks.custom", config.checks.user_code()))
+    for where, refs in named:
+        for ref in refs:
+            code_files(ref, project, f"{where} {ref}")
 
 
 _PARSED: dict[tuple, PipelineConfig] = {}

@@ -11,7 +11,6 @@ the libraries that shape its output, and the contents of the files its params na
 """
 from __future__ import annotations
 
-import ast
 import hashlib
 from functools import lru_cache
 from pathlib import Path
@@ -19,16 +18,7 @@ from typing import Any, Callable
 
 from tasks.errors import ConfigError
 from tasks.util.io import file_sha256, resolve_path
-
-
-def _strip_docstrings(tree: ast.AST) -> ast.AST:
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
-            first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value,
-                                                          ast.Constant) and isinstance(first.value.value, str):
-                node.body = node.body[1:] or [ast.Pass()]
-    return tree
+from tasks.util.usercode import tree_digest
 
 
 def source_file(module: str) -> Path | None:
@@ -55,15 +45,7 @@ def _module_info(module: str) -> tuple[str, tuple[str, ...]]:
     cache, key = _code_cache(), hashlib.sha256(text).hexdigest()
     entry = cache.get(key)
     if entry is None:
-        tree = ast.parse(text.decode("utf-8"))
-        imported = set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                imported |= {a.name for a in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                imported.add(node.module)
-                imported |= {f"{node.module}.{a.name}" for a in node.names}
-        digest = hashlib.sha256(ast.dump(_strip_docstrings(tree), annotate_fields=False).encode()).hexdigest()[:16]
+        digest, imported = tree_digest(text)
         entry = [digest, sorted(m for m in imported if m.split(".")[0] == "tasks")]
         cache[key] = entry
         _CODE_CACHE["dirty"] = True

@@ -50,6 +50,13 @@ def key_causes(config: PipelineConfig, unit: str, inputs: dict[str, str],
         code = {**code_fingerprint(module.__name__, skip="tasks.models"),
                 **code_fingerprint(MODELS[model].train.__module__)}
         files = tuple(f for f in files if f.startswith(f"{model}."))
+    section = config.section(stage)
+    refs = getattr(section, model).user_code() if model and model in section.own_models() else (
+        section.user_code())
+    if refs:  # the team's own code (clean.rules): its files by their path in the project, as zhpipe's own modules
+        from tasks.util.usercode import fingerprint as user_code
+
+        code = {**code, **user_code(refs, project.current().root, stage)}
     return {
         "stage": unit,
         "params": params,

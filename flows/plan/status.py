@@ -30,11 +30,11 @@ def diff_causes(stage: str, old: dict[str, Any], new: dict[str, Any]) -> list[st
     code_old, code_new = old.get("code", {}), new.get("code", {})
     for module in sorted(set(code_old) | set(code_new)):
         if code_old.get(module) != code_new.get(module):
-            found = source_file(module)  # a package's code is its __init__.py
+            found = None if module.endswith(".py") else source_file(module)  # a package's: its __init__.py
             root = project.current().root
             shown = (found.relative_to(root).as_posix() if found and found.is_relative_to(root)
-                     else f"{module.replace('.', '/')}.py")
-            why.append(f"code {shown} changed")
+                     else module if module.endswith(".py") else f"{module.replace('.', '/')}.py")
+            why.append(f"code of {shown} changed" if module.endswith(".py") else f"code {shown} changed")
     libs_old, libs_new = old.get("libraries", {}), new.get("libraries", {})
     for lib in sorted(set(libs_old) | set(libs_new)):
         if libs_old.get(lib) != libs_new.get(lib):

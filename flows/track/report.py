@@ -160,9 +160,11 @@ def render(title: str, ok: bool, arrived: list[dict], checks_rows: list[dict], p
     verdict = ("<div class='verdict worry'>Look at this run: " + "; ".join(html.escape(x) for x in lines) + "</div>"
                if lines
                else "<div class='verdict ok'>Nothing to worry about: every check passed and the run completed.</div>")
-    quarantined = [{"partition": a["partition"], **{r: a.get(f"dropped_{r}", 0) for r in REASONS
+    # the built-in reasons, then one column per rule of the team's (`dropped_rule_<function>`)
+    rules = sorted({k.removeprefix("dropped_") for a in arrived for k in a if k.startswith("dropped_rule_")})
+    quarantined = [{"partition": a["partition"], **{r: a.get(f"dropped_{r}", 0) for r in (*REASONS, *rules)
                                                     if a.get(f"dropped_{r}")}} for a in arrived]
-    reasons = [r for r in REASONS if any(q.get(r) for q in quarantined)]
+    reasons = [r for r in (*REASONS, *rules) if any(q.get(r) for q in quarantined)]
     decision = champion.get("zhpipe.champion_reason", "no model was registered by this run")
     state = {"yes": "promoted", "already": "already the champion",
              "no": "kept out: the champion stays"}.get(champion.get("zhpipe.champion", ""), "")

@@ -6,7 +6,8 @@ import threading
 from contextlib import contextmanager
 
 PACKAGES = ("mlflow", "torch", "pandas", "pyarrow", "numpy", "scipy", "jieba", "scikit-learn", "fasttext", "gensim",
-            "transformers", "pydantic", "pyyaml", "opencc", "prefect", "filelock", "python-crfsuite", "sacrebleu")
+            "transformers", "pydantic", "pyyaml", "opencc", "prefect", "filelock", "python-crfsuite", "sacrebleu",
+            "skops")
 
 
 def pinned() -> list[str]:

@@ -67,6 +67,6 @@ def check_stages(stages: Any) -> None:
 
 KIND = TaskKind("classification", "texts to labels", STAGES, metric=lambda config: config.stages.evaluate.metric,
                 reported=("test_accuracy", "test_macro_f1"), flavour="classifier", check=check,
-                check_stages=check_stages, serving="tasks.classification.serving", models=models.MODELS,
+                check_stages=check_stages, serving="tasks.classification.serving", models=models.REGISTRY,
                 shown=(("test acc", "best_test_accuracy"), ("test macro-F1", "best_test_macro_f1")),
                 companions=(("accuracy", "macro_f1"),), init=INIT)

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from tasks.core import DATASET_SAMPLE_ROWS, BuildContext, BuildOutput, Dataset, Facts
 from tasks.errors import DataError
@@ -26,6 +26,7 @@ from tasks.util.io import (
     text_digests,
 )
 from tasks.util.pool import ChunkPool
+from tasks.util.usercode import CodeRef, last_line, load
 
 # what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that shape
 # its output, and the params that name files (counted by content)
@@ -38,6 +39,18 @@ class Params(Normalise):
 
     OUTSIDE_KEY = ("workers",)
     workers: int = Field(1, ge=0)  # processes that normalise chunks (0 = one per core); on Dask, every worker
+    # the team's own rules, `module:function(text) -> str | None`, applied in order after the built-in cleaning:
+    # a str replaces the text, None drops the row to the quarantine (reason `rule:<module:function>`);
+    # docs/extending.md
+    rules: list[str] = []
+
+    @field_validator("rules")
+    @classmethod
+    def _references(cls, value: list[str]) -> list[str]:
+        return [str(CodeRef.parse(v, "clean.rules")) for v in value]
+
+    def user_code(self) -> list[CodeRef]:
+        return [CodeRef.parse(v, "clean.rules") for v in self.rules]
 
 
 CHUNK_ROWS = 5000
@@ -52,14 +65,56 @@ def normalise(df: pd.DataFrame, params: Params) -> pd.DataFrame:
     return df
 
 
-def normalise_chunk(chunk: Chunk, params_json: str) -> pd.DataFrame:
-    """Chunk function: one chunk of the raw corpus, normalised, with its row-wise `reason` (length limits) and
-    a 128-bit digest of its text (`h1`, `h2`) that deduplication compares instead of the text."""
+def normalise_chunk(chunk: Chunk, settings: tuple[str, str]) -> pd.DataFrame:
+    """Chunk function: one chunk of the raw corpus, normalised and passed through the team's rules, with its
+    row-wise `reason` (a rule that dropped it, or the length limits) and a 128-bit digest of its text (`h1`, `h2`)
+    that deduplication compares instead of the text. `settings`: the params as JSON, and the project folder the
+    rules' modules are found in."""
+    params_json, root = settings
     p = Params.model_validate_json(params_json)
     df = normalise(read_chunk(chunk), p)
+    dropped = apply_rules(df, _rules(p.rules, root))
     df["reason"] = length_reasons(df["text"], p)
+    df.loc[dropped.notna(), "reason"] = dropped[dropped.notna()]
     df["h1"], df["h2"] = text_digest(df["text"])
     return df
+
+
+_LOADED: dict[tuple, list] = {}
+
+
+def _rules(refs: list[str], root: str) -> list[tuple[str, object]]:
+    """The rules' functions, imported once per process (a chunk pool's worker runs many chunks)."""
+    key = (tuple(refs), root)
+    if key not in _LOADED:
+        _LOADED[key] = [(ref, load(CodeRef.parse(ref, "clean.rules"), Path(root), f"clean.rules {ref}"))
+                        for ref in refs]
+    return _LOADED[key]
+
+
+def apply_rules(df: pd.DataFrame, rules: list[tuple[str, object]]) -> pd.Series:
+    """Each rule, in order, on each row's text (in place): a str replaces it, None drops the row. The reason per row
+    (`rule:<module:function>` where a rule dropped it, else missing). A rule that raises, or returns something else,
+    is one line naming the rule and the row's id."""
+    reason = pd.Series(pd.NA, index=df.index, dtype="string")
+    if not rules:
+        return reason
+    texts = df["text"].tolist()
+    for i, text in enumerate(texts):
+        for ref, rule in rules:
+            try:
+                text = rule(text)
+            except Exception as e:  # noqa: BLE001 - the team's code may raise anything
+                raise DataError(f"clean.rules {ref} raised on row id {df['id'].iloc[i]}: {last_line(e)}") from None
+            if text is None:
+                reason.iloc[i] = f"rule:{ref}"
+                break
+            if not isinstance(text, str):
+                raise DataError(f"clean.rules {ref} returned {type(text).__name__} for row id {df['id'].iloc[i]} "
+                                f"(expected the cleaned text, or None to drop the row)")
+        texts[i] = text if text is not None else texts[i]
+    df["text"] = texts
+    return reason
 
 
 def text_digest(text: pd.Series) -> tuple[np.ndarray, np.ndarray]:
@@ -194,7 +249,7 @@ def _normalise_pass(ctx: BuildContext, src: Path, rows_in: int, tmp: Path,
     normalised = PartWriter(tmp / "normalised.parquet", ROW_GROUP_ROWS)
     parts = [PartWriter(tmp / f"partition-{i}.parquet") for i in range(partitions)]
     for table in pool.tables(normalise_chunk, chunk_plan(src, CHUNK_ROWS) if rows_in else [],
-                               ctx.params.model_dump_json(), desc="clean"):
+                               (ctx.params.model_dump_json(), str(ctx.root)), desc="clean"):
         normalised.write(table if ctx.partition is not None else table.drop_columns(["h1", "h2"]))
         if ctx.params.dedupe:
             table = table.filter(pc.is_null(table["reason"])).select([c for c in ("id", "h1", "h2", "label")
@@ -263,6 +318,9 @@ class Sorted:
         conflict_table(conflicts).to_csv(ctx.out / "label_conflicts.csv", index=False)
         metrics = {f"dropped_{r}": self.counts.get(r, 0) for r in ("empty", "too_short", "too_long", "duplicate",
                                                                    "label_conflict")}
+        # one count per rule of the team's, by its function's name (an MLflow metric name holds no `:`)
+        metrics.update({f"dropped_rule_{CodeRef.parse(r, 'clean.rules').function}": self.counts.get(f"rule:{r}", 0)
+                        for r in ctx.params.rules})
         metrics.update(rows_in=rows_in, rows_kept=self.kept.rows, rows_dropped=self.bad.rows)
         return BuildOutput(
             rows=self.kept.rows,

@@ -10,7 +10,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-from tasks.classification.models import MODELS
+from tasks.classification.models import REGISTRY as MODELS
 from tasks.core import BuildContext, BuildOutput, Facts, Section, by_model
 from tasks.models.base import label_ids
 from tasks.shared.reports import comparison_markdown, plot_training_curves

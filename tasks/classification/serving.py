@@ -29,13 +29,13 @@ class Served:
 
     def __init__(self, config: dict, model: Path):
         from tasks.classification.clean import Params
-        from tasks.classification.models import MODELS
+        from tasks.classification.models import loader
 
         self.labels = config["labels"]
         self.clean = Params(**config["clean"])
         self.max_rows, self.max_chars = limits(config, self.clean.max_chars)
         self.segmenter = segmenter_of(config)
-        self.predictor = MODELS[config["model"]].load(model)
+        self.predictor = loader(config["model"], model)
 
     def screen(self, values: list[Any]) -> tuple[list[str], list[str]]:
         """(cleaned texts, status per text): the length limit is applied before cleaning and segmenting."""

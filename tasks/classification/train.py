@@ -6,12 +6,12 @@ import json
 
 import numpy as np
 
-from tasks.classification.models import MODELS
+from tasks.classification.models import MODELS, REGISTRY, estimator
 from tasks.core import BuildContext, BuildOutput, Facts, Unit, by_model
 from tasks.errors import DataError
 from tasks.models import TrainInputs, model_of
 from tasks.models.base import label_ids
-from tasks.models.settings import params_model
+from tasks.models.settings import Common, params_model
 from tasks.util.io import Rows, batches_of, predict_batches
 from tasks.util.vectors import load_word_vectors
 
@@ -21,9 +21,16 @@ LIBRARIES = ("torch", "transformers", "scikit-learn", "fasttext", "gensim", "num
 FILES: tuple[str, ...] = ("bert.checkpoint", "hf.checkpoint")
 
 
+class Settings(Common):
+    """The classification `train` section's shared settings: a section of another name holding `estimator:` is a
+    model of the team's own (tasks/classification/models/estimator.py)."""
+
+    own_family = estimator
+
+
 def __getattr__(name: str):
     if name == "Params":  # the shared settings and a section per model of the kind (a model added gets its section)
-        return params_model(tuple(MODELS.values()))
+        return params_model(tuple(MODELS.values()), Settings)
     raise AttributeError(name)
 
 
@@ -35,7 +42,7 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     if not labels:
         raise DataError("train: the corpus has no labels (source.label_column is unset); "
                         "classifiers need labelled data")
-    spec = model_of(MODELS, name, "classification")
+    spec = model_of(REGISTRY, name, "classification")
     train_rows, val_rows = Rows(ctx.file("augment", "train.parquet")), Rows(ctx.file("segment", "validation.parquet"))
     # a model that streams reads its splits batch by batch (memory bounded whatever the corpus); others, whole
     train, validation = (train_rows, val_rows) if spec.streams else (train_rows.frame(), val_rows.frame())
@@ -43,7 +50,7 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     members = {model: folder / model
                for model, folder in by_model({u: f for u, f in ctx.inputs.items() if Unit.parse(u).model}).items()}
     summary = spec.train(TrainInputs(name, train, validation, labels, spec.view(p), ctx.inputs["vocab"], vectors,
-                                     ctx.out, ctx.scratch, ctx.sink, members=members))
+                                     ctx.out, ctx.scratch, ctx.sink, members=members, root=ctx.root))
     if not spec.is_language_model:  # classifiers: validation scores from the saved model, as it will be served
         val = predict_batches(spec.load(ctx.out / name), validation).argmax(1)
         gold = np.concatenate([label_ids(b, labels) for b in batches_of(validation, ["label"])])

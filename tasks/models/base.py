@@ -56,6 +56,7 @@ class TrainInputs:
     sink: MetricSink | None = None
     embed: Path | None = None  # the embed stage's folder (the taggers read their character, bigram and word vectors)
     members: dict[str, Path] = field(default_factory=dict)  # ensembles: each member's saved model folder
+    root: Path = field(default_factory=Path.cwd)  # the project folder: where a team's own modules are found first
 
     @property
     def section(self) -> Any:

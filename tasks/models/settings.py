@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, create_model, field_validator, model_validator
+from pydantic import Field, PrivateAttr, create_model, field_validator, model_serializer, model_validator
 
 from tasks.core import Section
 
@@ -42,6 +42,48 @@ class Common(Section):
     model_budget: float | None = None
     # run this stage as a deployment run on another Prefect work pool (GPU workers); not part of the key
     work_pool: str | None = Field(None, exclude=True)
+    # a kind whose models may be a team's own (classification: scikit-learn estimators): the family that takes a
+    # `train.<name>` section for a name the kind does not register (its `Params`, and `register(name, section)`)
+    own_family: ClassVar[Any] = None
+    _own: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _own_models(cls, data, handler):
+        """A section of a name the kind does not register, holding `estimator:`, is a model of the team's own: it is
+        validated by the kind's own family and registered under its name; any other unknown key stays an error."""
+        own = {}
+        if cls.own_family is not None and isinstance(data, dict):
+            own = {k: v for k, v in data.items()
+                   if k not in cls.model_fields and isinstance(v, dict) and "estimator" in v}
+            data = {k: v for k, v in data.items() if k not in own}
+        self = handler(data)
+        for name, section in own.items():
+            try:
+                self._own[name] = cls.own_family.Params.model_validate(section)
+            except ValueError as e:
+                first = e.errors()[0] if hasattr(e, "errors") else {"loc": (), "msg": str(e)}
+                where = ".".join(str(p) for p in first["loc"])
+                raise ValueError(f"train.{name}{'.' + where if where else ''}: {first['msg']}") from None
+            cls.own_family.register(name, self._own[name])
+        return self
+
+    @model_serializer(mode="wrap")
+    def _with_own(self, handler, info):
+        data = handler(self)
+        for name, section in self._own.items():
+            data[name] = section.model_dump(mode=info.mode)
+        return data
+
+    def __getattr__(self, name: str) -> Any:
+        own = (self.__pydantic_private__ or {}).get("_own") or {}
+        if name in own:
+            return own[name]
+        return super().__getattr__(name)
+
+    def own_models(self) -> dict[str, Any]:
+        """The team's own models this section declares, by name (their sections)."""
+        return dict(self._own)
 
     @field_validator("budget", "model_budget", mode="before")
     @classmethod

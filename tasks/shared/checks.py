@@ -12,9 +12,12 @@ from typing import Any, Callable, Literal
 
 import numpy as np
 import pandas as pd
-from pydantic import Field
+from pathlib import Path
+
+from pydantic import Field, field_validator
 
 from tasks.core import Section
+from tasks.util.usercode import CodeRef, last_line, load
 from tasks.shared.measures import (
     cjk_share,
     looks_mojibake,
@@ -306,10 +309,40 @@ CHECKS: dict[str, Check] = {c.name: c for c in (
 )}
 
 
+class OwnCheck(Section):
+    """A check of the team's own (`checks.custom.<name>`), like Dagster's `@asset_check`: `function(frame) -> float`
+    over a partition's cleaned rows (`text`, `raw_text`, `label` where labelled); it passes when the figure is at
+    most `threshold`. A blocking failure holds the partition as a built-in check does; a function that raises fails
+    the check, with its error's last line (a broken check never passes in silence)."""
+
+    function: str  # module:function, in the project folder or an installed package (docs/extending.md)
+    threshold: float
+    blocking: bool = True  # false: a failure is reported (warn) and the run goes on
+
+    @field_validator("function")
+    @classmethod
+    def _reference(cls, value: str) -> str:
+        return str(CodeRef.parse(value, "checks.custom"))
+
+
 class Checks(Section):
     """The `checks:` section of a pipeline: each check's severity (block, warn, off) and threshold. Defaults on."""
 
     min_rows: int = Field(30, ge=1)  # fewer rows than this: distribution checks are not judged (noted as such)
+    # checks of the team's own, by name (docs/extending.md): judged after the built-in ones, on every partition
+    custom: dict[str, OwnCheck] = {}
+
+    @field_validator("custom")
+    @classmethod
+    def _not_built_in(cls, value: dict[str, OwnCheck]) -> dict[str, OwnCheck]:
+        taken = sorted(set(value) & set(CHECKS))
+        if taken:
+            raise ValueError(f"checks.custom.{taken[0]}: {taken[0]} is a built-in check's name; give yours another "
+                             f"(its setting is checks.{taken[0]})")
+        return value
+
+    def user_code(self) -> list[CodeRef]:
+        return [CodeRef.parse(c.function, f"checks.custom.{n}") for n, c in self.custom.items()]
     rows: CheckSetting = CheckSetting(severity=CHECKS["rows"].severity, threshold=CHECKS["rows"].threshold)
     quarantine: CheckSetting = CheckSetting(severity=CHECKS["quarantine"].severity,
                                             threshold=CHECKS["quarantine"].threshold)
@@ -331,8 +364,9 @@ def sample(frame: pd.DataFrame, rows: int = SAMPLE_ROWS, seed: int = 0) -> pd.Da
     return frame if len(frame) <= rows else frame.sample(rows, random_state=seed).sort_index()
 
 
-def judge(night: Sample, reference: Sample | None, settings: Checks) -> list[Verdict]:
-    """Every check that is not off, on tonight's rows against the reference (None: the first night)."""
+def judge(night: Sample, reference: Sample | None, settings: Checks, root: Path | None = None) -> list[Verdict]:
+    """Every check that is not off, on tonight's rows against the reference (None: the first night), then the team's
+    own (`settings.custom`, their modules found in the project folder `root` first)."""
     small_night = Sample(sample(night.frame), night.rows_in, night.rows_kept)
     small_ref = (Sample(sample(reference.frame), reference.rows_in, reference.rows_kept, reference.recent_rows,
                         reference.recent_quarantine)
@@ -345,6 +379,17 @@ def judge(night: Sample, reference: Sample | None, settings: Checks) -> list[Ver
         figure, passed, note = check.judge(small_night, small_ref, setting.threshold, settings.min_rows)
         verdicts.append(Verdict(name, setting.severity, None if figure is None else round(float(figure), 4),
                                 setting.threshold, None if passed is None else bool(passed), note))
+    for name, own in settings.custom.items():
+        where = f"checks.custom.{name}"
+        function = load(CodeRef.parse(own.function, where), root or Path.cwd(), where)
+        severity = "block" if own.blocking else "warn"
+        try:
+            figure = float(function(night.frame.copy()))
+        except Exception as e:  # noqa: BLE001 - the team's code may raise anything: the check fails, said
+            verdicts.append(Verdict(name, severity, None, own.threshold, False, f"{own.function} raised {last_line(e)}"))
+            continue
+        verdicts.append(Verdict(name, severity, round(figure, 4), own.threshold, figure <= own.threshold,
+                                f"{own.function} on {len(night.frame)} rows"))
     return verdicts
 
 

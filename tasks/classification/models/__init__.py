@@ -7,9 +7,16 @@ voting or stacking over the others). `SPECS` are what the kind registers (`TaskK
 tasks.stages.MODELS); `MODELS` finds them by name."""
 from __future__ import annotations
 
-from tasks.classification.models import bert, ensemble, fasttext, hf, networks, ngram, rnn_lm, tfidf
+from collections import ChainMap
+from pathlib import Path
 
-MODELS: dict = {}  # by name, filled below: the ensemble reads its members here when it trains or loads
+from tasks.classification.models import bert, ensemble, estimator, fasttext, hf, networks, ngram, rnn_lm, tfidf
+
+MODELS: dict = {}  # by name, filled below
+# the team's own estimators (tasks/classification/models/estimator.py), registered by name as the pipelines that
+# declare them are read; REGISTRY is every classifier by name, built-in ones first (the ensemble's members too)
+OWN: dict = {}
+REGISTRY = ChainMap(MODELS, OWN)
 SPECS = (
     fasttext.SPEC,
     networks.TEXTCNN,
@@ -23,6 +30,14 @@ SPECS = (
     rnn_lm.SPEC,
     rnn_lm.CLASSIFIER,
     ngram.LM_CLASSIFIER,
-    ensemble.spec(MODELS),  # over the others of this kind
+    ensemble.spec(REGISTRY),  # over the others of this kind, the team's own included
 )
 MODELS.update({spec.name: spec for spec in SPECS})
+
+
+def loader(name: str, folder: Path):
+    """The predictor of the saved classifier `name` in `folder`: a team's estimator is known by its saved files
+    (a served model's process has read no pipeline that declares it), a built-in model by its name."""
+    if (folder / estimator.SAVED).is_file():
+        return estimator.predictor(folder)
+    return REGISTRY[name].load(folder)

@@ -67,7 +67,11 @@ def train_ensemble(inputs: TrainInputs, registry: dict[str, ModelSpec]) -> dict:
     probs = []
     for m in p.members:
         shutil.copytree(inputs.members[m], folder / "members" / m)
-        probs.append(MODELS[m].load(folder / "members" / m)(inputs.validation))
+        member = _member(registry, m, folder / "members" / m)
+        if getattr(member, "scores", None) == "predict":
+            raise ConfigError(f"train.{inputs.name}.members: {m} answers with predict alone (its estimator has no "
+                              f"predict_proba or decision_function), so it cannot join a soft-voting ensemble")
+        probs.append(member(inputs.validation))
     config = {"kind": "ensemble", "members": p.members, "method": p.method, "labels": inputs.labels}
     summary = {"path": inputs.name, "kind": "ensemble", "members": p.members, "method": p.method,
                "member_val_accuracy": {m: float((pr.argmax(1) == y).mean()) for m, pr in zip(p.members, probs)}}
@@ -91,9 +95,19 @@ def train_ensemble(inputs: TrainInputs, registry: dict[str, ModelSpec]) -> dict:
     return summary
 
 
+def _member(registry: Mapping[str, ModelSpec], name: str, folder: Path) -> Predictor:
+    """A member's predictor: a team's estimator by its saved files (a served ensemble's process has read no pipeline
+    that declares it), a built-in model by its name."""
+    from tasks.classification.models import estimator
+
+    if (folder / estimator.SAVED).is_file():
+        return estimator.predictor(folder)
+    return registry[name].load(folder)
+
+
 def ensemble_predictor(folder: Path, registry: dict[str, ModelSpec]) -> Predictor:
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    members = [registry[m].load(folder / "members" / m) for m in config["members"]]
+    members = [_member(registry, m, folder / "members" / m) for m in config["members"]]
 
     def predict(df: pd.DataFrame) -> np.ndarray:
         probs = [member(df) for member in members]
