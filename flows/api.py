@@ -133,23 +133,14 @@ def load_model(pipeline: str, model: str, overrides: list[str] | None = None, pr
     folder = output(pipeline, unit, overrides, project, storage) / model
     if spec.is_language_model:
         return lambda frame: spec.perplexity(folder, frame)
-    if cfg.task != "classification":
-        return spec.load(folder)
-    from tasks.classification.models import loader
-
-    predict = loader(model, folder)
+    predict = spec.load(folder)
     kind = serving(cfg.kind)
-    labels = _labels(folder)
-    served = kind.Served({**kind.settings(cfg, labels), "model": model, "predict": cfg.predict.model_dump()},
-                         folder)
-
-    def answer(data):
-        if isinstance(data, pd.DataFrame) and "words" in data:
-            return predict(data)  # already segmented: the class probabilities, as the train stage scores them
-        texts = data["text"] if isinstance(data, pd.DataFrame) else [data] if isinstance(data, str) else data
-        return served([None if v is None else str(v) for v in list(texts)])
-
-    return answer
+    answers = getattr(kind, "answering", None)  # a kind whose served model answers raw texts in Python too
+    if answers is None:
+        return predict
+    served = kind.Served({**kind.settings(cfg, _labels(folder)), "model": model,
+                          "predict": cfg.predict.model_dump()}, folder)
+    return answers(served, predict)
 
 
 def _labels(folder: Path) -> list[str]:

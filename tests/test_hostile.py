@@ -543,10 +543,10 @@ def test_predict_oversized_empty_and_missing_inputs(smoke, capsys, tmp_path):
     assert [s in out for s in ("empty", "truncated", "ok")] == [True, True, True] and "version" in out
     # without --pipeline: the first pipeline's champion (none is registered in this test store)
     one_line_error(cli(capsys, "predict", "你好"), "cannot load model models:/zhpipe-chnsenticorp@champion")
-    pd.DataFrame({"review": ["好"] * 3}).to_csv(tmp_path / "in.csv", index=False)
+    pd.DataFrame({"content": ["好"] * 3}).to_csv(tmp_path / "in.csv", index=False)
     one_line_error(
         cli(capsys, "predict", "--pipeline", "smoke", "--input", tmp_path / "in.csv", "--output", tmp_path / "o.csv"),
-        "no text column 'text'",
+        "no text column 'review'",  # the pipeline's own (smoke's source.text_column)
     )
 
 

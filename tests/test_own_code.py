@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -136,7 +137,10 @@ def test_the_teams_model_rule_and_check_run_as_declared_and_its_champion_serves(
                       encoding="utf-8")
     done = run(capsys, project, "run", "svc-only")
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    assert "zhpipe-svc-only version 1 (char_svc)" in done.stdout + done.stderr, done.stdout[-3000:]
+    from mlflow import MlflowClient
+
+    champion = MlflowClient().get_model_version_by_alias("zhpipe-svc-only", "champion")
+    assert champion.tags["zhpipe.model"] == "char_svc", champion.tags
     texts = ["房间很干净，服务也好", "早餐太差了，再也不来"]
     predicted = run(capsys, project, "predict", "--pipeline", "svc-only", "--jsonl", *texts)
     assert predicted.returncode == 0, predicted
@@ -154,39 +158,15 @@ def test_the_teams_model_rule_and_check_run_as_declared_and_its_champion_serves(
 
 
 def serve_rest(project: Path, uri: str, texts: list[str]) -> list[dict]:
-    """`mlflow models serve -m URI` on a free loopback port, as a user runs it (the project's tracking URI), asked
-    over REST for `texts`."""
-    import subprocess
-    import sys
-    import time
-
+    """`mlflow models serve -m URI` as a user runs it in the project, asked over REST for `texts`."""
     import httpx
 
-    from tests.helpers.procs import free_port, stop
+    from tests.helpers.serving import mlflow_serving
 
-    store = Path(os.environ["MLFLOW_TRACKING_URI"].removeprefix("sqlite:///"))
-    port = free_port()
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{store}",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "models", "serve", "-m", uri, "--env-manager", "local",
-                             "--host", "127.0.0.1", "--port", str(port)], cwd=project, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, proc.stdout.read()[-3000:]
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/ping", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "mlflow models serve did not start"
-            time.sleep(0.25)
-        answer = httpx.post(f"http://127.0.0.1:{port}/invocations", json={"inputs": texts}, timeout=60)
-        assert answer.status_code == 200, answer.text
-        return answer.json()["predictions"]
-    finally:
-        stop(proc)
+    with mlflow_serving(uri, project) as base:
+        answer = httpx.post(f"{base}/invocations", json={"inputs": texts}, timeout=60)
+    assert answer.status_code == 200, answer.text
+    return answer.json()["predictions"]
 
 
 @pytest.mark.e2e
@@ -235,6 +215,8 @@ def test_an_installed_packages_rule_is_found_after_the_project_folder(tmp_path, 
     (site / "acme_nlp" / "__init__.py").write_text("")
     (site / "acme_nlp" / "rules.py").write_text("def strip(text):\n    return text.strip('~')\n")
     monkeypatch.syspath_prepend(str(site))
+    for name in [m for m in sys.modules if m == "acme_nlp" or m.startswith("acme_nlp.")]:
+        monkeypatch.delitem(sys.modules, name)
     project = tmp_path / "project"
     project.mkdir()
     assert load(CodeRef.parse("acme_nlp.rules:strip", "t"), project, "t")("~好~") == "好"
@@ -317,11 +299,16 @@ def acme(tmp_path, monkeypatch):
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-nlp\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text("[zhpipe.models]\nnb = acme_nlp.families:SPECS\n")
+    forget = [m for m in sys.modules if m == "acme_nlp" or m.startswith("acme_nlp.")]  # another test's acme_nlp
+    for name in forget:
+        monkeypatch.delitem(sys.modules, name)
     monkeypatch.syspath_prepend(str(site))
     families.register({name: kind.models for name, kind in KINDS.items()})
     yield site
     KINDS["classification"].models.pop("char_nb", None)
     families.FOUND.pop("char_nb", None)
+    for name in [m for m in sys.modules if m == "acme_nlp" or m.startswith("acme_nlp.")]:
+        sys.modules.pop(name)
 
 
 @pytest.mark.e2e
@@ -341,3 +328,18 @@ def test_a_family_from_an_installed_package_trains_beside_the_built_in_ones(acme
     assert list(comparison["model"]) == ["char_nb"] and comparison["test_accuracy"].iloc[0] > 0.6, comparison
     manifest = json.loads((newest(project, "train.char_nb") / "manifest.json").read_text())
     assert manifest["params"]["char_nb"] == {"alpha": 0.3}
+
+
+def test_an_estimator_that_raises_fails_its_unit_only(project, capsys):
+    """The others still train and are kept; the run ends in one line naming the model and its error's last line."""
+    (project / "my_models.py").write_text(MODELS + "\n\ndef broken(C=1.0):\n    raise ValueError('no such kernel')\n",
+                                          encoding="utf-8")
+    config = project / "pipelines.yaml"
+    yaml = config.read_text(encoding="utf-8").replace("[tfidf_lr, fasttext, char_svc]", "[tfidf_lr, char_svc]")
+    config.write_text(yaml.replace("estimator: my_models:char_svc", "estimator: my_models:broken"), encoding="utf-8")
+    done = run(capsys, project, "run", "--to", "train")
+    assert done.returncode != 0
+    line = done.stderr.strip().splitlines()[-1]
+    assert "train: 1 model failed: char_svc" in line and "ValueError: no such kernel" in line, done.stderr[-2000:]
+    assert "trained and kept: tfidf_lr" in line
+    assert newest(project, "train.tfidf_lr").exists()

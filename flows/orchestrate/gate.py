@@ -111,9 +111,10 @@ class Gate:
         judged = self._decide(held.CORPUS, result.key, result, reference, "the corpus")
         if judged.held:
             first = next(v for v in judged.verdicts if v.blocks)
+            setting = (f"checks.custom.{first.check}.blocking: false" if first.check in self.config.checks.custom
+                       else f"checks.{first.check}.severity: warn")
             raise ZhpipeError(f"{first.line('the corpus')}; the run stops before training (accept it as it is with "
-                              f"`zhpipe accept {shlex.quote(self.config.name)} --all`, or set "
-                              f"checks.{first.check}.severity: warn)")
+                              f"`zhpipe accept {shlex.quote(self.config.name)} --all`, or set {setting})")
         _save_reference(self.config, result)
 
     def _report(self, judged: Judged) -> None:

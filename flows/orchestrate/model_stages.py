@@ -16,6 +16,7 @@ from flows.plan.keys import members_of, model_units
 from flows.track.champion import register_best
 from flows.track.tracker import Tracker, client
 from tasks.core import model_unit
+from tasks.errors import ZhpipeError
 from tasks.models.racing import Budget, racing
 from tasks.stages import MODELS, Stage
 from tasks.util.io import Rows
@@ -38,11 +39,28 @@ def run_model_stage(run: RunContext, spec: Stage, upstream: dict[str, StageResul
     order = model_units(run.config, spec.name)
     if clock is not None:  # cheapest first (the ensembles last): the baselines lead before a network races them
         order = sorted(order, key=lambda u: (MODELS[u.model].members is not None, MODELS[u.model].cost))
+    failed: dict[str, str] = {}
     for unit in order:
         name = unit.model
-        units[unit] = as_task_run(unit, lambda n=name: model_unit_run(run, spec, n, upstream, units, clock=clock))
+        if lost := [m for m in members_of(run.config, name) if m in failed]:
+            failed[name] = f"its member {lost[0]} failed"
+            continue
+        try:
+            units[unit] = as_task_run(unit, lambda n=name: model_unit_run(run, spec, n, upstream, units, clock=clock))
+        except ZhpipeError as e:  # a model that cannot train (a team's estimator that raises): the others still do
+            if not spec.models.trains or MODELS[name].members is not None:
+                raise
+            failed[name] = str(e)
+            log.error("%s: failed: %s; the other models go on", unit, e)
+            continue
         if clock is not None:
             clock.finished(name, units[unit].facts.summary or {})
+    if failed:
+        trained = [u.model for u in units]
+        raise ZhpipeError(f"{spec.name}: {len(failed)} model{'s' if len(failed) > 1 else ''} failed: "
+                          f"{'; '.join(f'{m}: {why}' for m, why in failed.items())}; "
+                          f"{'trained and kept: ' + ', '.join(trained) if trained else 'none trained'} (the next run "
+                          f"reuses them)")
     result = run.run(spec.name, units, spec.build)
     result.parts = units
     if spec.models.selects:

@@ -71,6 +71,20 @@ class Served:
         return out
 
 
+def answering(served: Served, predict: Callable) -> Callable:
+    """`api.load_model`'s classifier: raw texts (a list, a Series, a frame's `text`, one string) answered as a served
+    model answers them; a frame already segmented (`words`) answered with its class probabilities, as the train
+    stage scores it."""
+
+    def answer(data):
+        if isinstance(data, pd.DataFrame) and "words" in data:
+            return predict(data)
+        texts = data["text"] if isinstance(data, pd.DataFrame) else [data] if isinstance(data, str) else data
+        return served([None if v is None else str(v) for v in list(texts)])
+
+    return answer
+
+
 def outcomes(served: Served, ask: Callable[[list[str]], pd.DataFrame], test: pd.DataFrame, metric: str):
     """The true and predicted labels per row; slices: the true class and the length bucket."""
     from tasks.util.paired import Outcomes, length_buckets

@@ -17,7 +17,8 @@ from pathlib import Path
 from pydantic import Field, field_validator
 
 from tasks.core import Section
-from tasks.util.usercode import CodeRef, last_line, load
+from tasks.shared.own_checks import OwnCheck, judge_own
+from tasks.util.usercode import CodeRef
 from tasks.shared.measures import (
     cjk_share,
     looks_mojibake,
@@ -309,22 +310,6 @@ CHECKS: dict[str, Check] = {c.name: c for c in (
 )}
 
 
-class OwnCheck(Section):
-    """A check of the team's own (`checks.custom.<name>`), like Dagster's `@asset_check`: `function(frame) -> float`
-    over a partition's cleaned rows (`text`, `raw_text`, `label` where labelled); it passes when the figure is at
-    most `threshold`. A blocking failure holds the partition as a built-in check does; a function that raises fails
-    the check, with its error's last line (a broken check never passes in silence)."""
-
-    function: str  # module:function, in the project folder or an installed package (docs/extending.md)
-    threshold: float
-    blocking: bool = True  # false: a failure is reported (warn) and the run goes on
-
-    @field_validator("function")
-    @classmethod
-    def _reference(cls, value: str) -> str:
-        return str(CodeRef.parse(value, "checks.custom"))
-
-
 class Checks(Section):
     """The `checks:` section of a pipeline: each check's severity (block, warn, off) and threshold. Defaults on."""
 
@@ -379,17 +364,7 @@ def judge(night: Sample, reference: Sample | None, settings: Checks, root: Path 
         figure, passed, note = check.judge(small_night, small_ref, setting.threshold, settings.min_rows)
         verdicts.append(Verdict(name, setting.severity, None if figure is None else round(float(figure), 4),
                                 setting.threshold, None if passed is None else bool(passed), note))
-    for name, own in settings.custom.items():
-        where = f"checks.custom.{name}"
-        function = load(CodeRef.parse(own.function, where), root or Path.cwd(), where)
-        severity = "block" if own.blocking else "warn"
-        try:
-            figure = float(function(night.frame.copy()))
-        except Exception as e:  # noqa: BLE001 - the team's code may raise anything: the check fails, said
-            verdicts.append(Verdict(name, severity, None, own.threshold, False, f"{own.function} raised {last_line(e)}"))
-            continue
-        verdicts.append(Verdict(name, severity, round(figure, 4), own.threshold, figure <= own.threshold,
-                                f"{own.function} on {len(night.frame)} rows"))
+    verdicts += [Verdict(*row) for row in judge_own(night.frame, settings.custom, root)]
     return verdicts
 
 

@@ -164,13 +164,25 @@ def _project_first(project: Path):
             sys.path.remove(entry)
 
 
+_IMPORTED: dict[str, tuple[str, str]] = {}  # module -> (its file, its source's sha256) when this process imported it
+
+
 def load(ref: CodeRef, project: Path, where: str) -> Callable:
     """The function `ref` names, its code trust-checked first (every file of it, before any runs); one line for a
     module that fails to import or a missing function (with a did-you-mean)."""
-    code_files(ref, project, where)
+    files = code_files(ref, project, where)
+    first = module_file(ref.module, project, where)
+    source = hashlib.sha256(first.read_bytes()).hexdigest()
+    loaded = sys.modules.get(ref.module)
+    if loaded is not None and (_IMPORTED.get(ref.module) != (str(first), source)):
+        # imported before from another file or another version of it (another project, an edit since): imported
+        # again, with the project modules it imports, so that what runs is what the key holds
+        for name in [ref.module, *(n.removesuffix(".py").replace("/", ".") for n in files)]:
+            sys.modules.pop(name.removesuffix(".__init__"), None)
     with _project_first(project):
         try:
             module = importlib.import_module(ref.module)
+            _IMPORTED[ref.module] = (str(first), source)
         except ConfigError:
             raise
         except Exception as e:  # noqa: BLE001 - the team's module may raise anything while it imports

@@ -15,7 +15,7 @@ from tasks.classification.models import bert, ensemble, estimator, fasttext, hf,
 MODELS: dict = {}  # by name, filled below
 # the team's own estimators (tasks/classification/models/estimator.py), registered by name as the pipelines that
 # declare them are read; REGISTRY is every classifier by name, built-in ones first (the ensemble's members too)
-OWN: dict = {}
+OWN = estimator.OWN
 REGISTRY = ChainMap(MODELS, OWN)
 SPECS = (
     fasttext.SPEC,

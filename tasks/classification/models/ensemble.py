@@ -98,10 +98,10 @@ def train_ensemble(inputs: TrainInputs, registry: dict[str, ModelSpec]) -> dict:
 def _member(registry: Mapping[str, ModelSpec], name: str, folder: Path) -> Predictor:
     """A member's predictor: a team's estimator by its saved files (a served ensemble's process has read no pipeline
     that declares it), a built-in model by its name."""
-    from tasks.classification.models import estimator
+    from tasks.classification.models.estimator import SAVED, predictor
 
-    if (folder / estimator.SAVED).is_file():
-        return estimator.predictor(folder)
+    if (folder / SAVED).is_file():
+        return predictor(folder)
     return registry[name].load(folder)
 
 

@@ -2,10 +2,6 @@
 takes raw text and predicts like the training code, `mlflow models serve` answers on loopback, the
 champion rule holds, and `zhpipe predict/runs/compare` work from the command line."""
 import os
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -21,6 +17,7 @@ from tasks.errors import ZhpipeError
 from tests.helpers.cli import in_process
 from tests.helpers.procs import zhpipe
 from tests.helpers.runs import without_profile
+from tests.helpers.serving import mlflow_serving
 
 ROOT = Path(__file__).resolve().parents[3]
 SETS = ["train.models=[tfidf_lr, textcnn]"]
@@ -225,54 +222,11 @@ def test_a_run_killed_before_registering_is_registered_by_the_next_run(prefect_h
     assert client().get_run(out["parent_run_id"]).data.tags["zhpipe.registered"] == f"zhpipe-smoke/{version.version}"
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_mlflow_models_serve_answers_raw_chinese_text(trained):
     uri = "models:/" + trained["tags"]["zhpipe.registered"]
-    port = _free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlflow",
-            "models",
-            "serve",
-            "-m",
-            uri,
-            "--env-manager",
-            "local",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ],
-        cwd=ROOT,
-        env={
-            **os.environ,
-            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-        },  # as with the venv active
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, proc.stdout.read()[-3000:]
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/ping", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "mlflow models serve did not start"
-            time.sleep(0.25)
+    with mlflow_serving(uri, ROOT) as base:
         r = httpx.post(
-            f"http://127.0.0.1:{port}/invocations",
+            f"{base}/invocations",
             json={"inputs": ["房间很干净，服务也好", "早餐太差了，再也不来"]},
             timeout=60,
         )
@@ -283,23 +237,20 @@ def test_mlflow_models_serve_answers_raw_chinese_text(trained):
             p["label"] in trained["labels"] and 0 <= p["probability"] <= 1 and p["status"] == "ok" for p in predictions
         )
         # bad requests: a 4xx with a message, never a confident label
-        too_many = httpx.post(f"http://127.0.0.1:{port}/invocations", json={"inputs": ["好"] * 10_001}, timeout=60)
+        too_many = httpx.post(f"{base}/invocations", json={"inputs": ["好"] * 10_001}, timeout=60)
         assert too_many.status_code == 400 and "at most 10000" in too_many.json()["message"]
         no_text = httpx.post(
-            f"http://127.0.0.1:{port}/invocations",
+            f"{base}/invocations",
             json={"dataframe_split": {"columns": ["review"], "data": [["好"]]}},
             timeout=60,
         )
         assert 400 <= no_text.status_code < 500, no_text.text
         odd = httpx.post(
-            f"http://127.0.0.1:{port}/invocations", json={"inputs": ["", "房" * 20_000, "房间很干净"]}, timeout=60
+            f"{base}/invocations", json={"inputs": ["", "房" * 20_000, "房间很干净"]}, timeout=60
         )
         assert odd.status_code == 200, odd.text
         assert [p["status"] for p in odd.json()["predictions"]] == ["empty", "truncated", "ok"]
         assert odd.json()["predictions"][0].get("label") is None
-    finally:
-        proc.terminate()
-        proc.wait(30)
 
 
 def test_predict_command(trained, tmp_path, capsys):
@@ -372,7 +323,8 @@ def test_predict_command(trained, tmp_path, capsys):
     missing = in_process(
         capsys, "predict", "--model", uri, "--input", str(tmp_path / "in.csv"), "--output", str(tmp_path / "o.csv")
     )
-    assert missing.returncode == 2 and "no text column 'text'" in missing.stderr.strip().splitlines()[-1]
+    # the text column defaults to the pipeline's (the repository's first pipeline reads `review`)
+    assert missing.returncode == 2 and "no text column 'review'" in missing.stderr.strip().splitlines()[-1]
     bad = in_process(capsys, "predict", "--model", "models:/zhpipe-nothing@champion", "你好")
     assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith(
         "zhpipe: error: cannot load model models:/zhpipe-nothing@champion"
