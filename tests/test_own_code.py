@@ -343,3 +343,19 @@ def test_an_estimator_that_raises_fails_its_unit_only(project, capsys):
     assert "train: 1 model failed: char_svc" in line and "ValueError: no such kernel" in line, done.stderr[-2000:]
     assert "trained and kept: tfidf_lr" in line
     assert newest(project, "train.tfidf_lr").exists()
+
+
+def test_a_teams_model_is_known_only_to_the_pipelines_that_declare_it(project):
+    """Another pipeline of the same file that names `char_svc` without declaring it: an unknown model, in one line
+    (never the first pipeline's section, read in the same process)."""
+    from flows.plan.config import load_pipeline
+    from tasks.errors import ConfigError
+
+    config = project / "pipelines.yaml"
+    yaml = config.read_text(encoding="utf-8")
+    body = yaml.split("pipelines:\n", 1)[1].split("\n", 1)[1]
+    other = body.replace(TRAIN, "        models: [tfidf_lr, char_svc]\n")
+    config.write_text(yaml + f"  other:\n{other}", encoding="utf-8")
+    assert "char_svc" in load_pipeline("p", config).models()
+    with pytest.raises(ConfigError, match="unknown model 'char_svc'"):
+        load_pipeline("other", config)

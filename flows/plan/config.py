@@ -191,12 +191,14 @@ def _check_task(config: PipelineConfig) -> PipelineConfig:
         section.models = list(kind.default_models)
     if kind.check:
         kind.check(config)
-    unknown = [m for m in section.models if m not in MODELS]
+    declared = section.own_models()  # a team's own model is known to the pipelines that declare it, no other
+    known = [n for n, spec in MODELS.items() if not spec.own or n in declared]
+    unknown = [m for m in section.models if m not in known]
     if unknown:
-        raise ValueError(f"{where}.models: unknown model {unknown[0]!r} (registered: {', '.join(MODELS)})")
+        raise ValueError(f"{where}.models: unknown model {unknown[0]!r} (registered: {', '.join(known)})")
     wrong = [m for m in section.models if MODELS[m].task != kind.model_task]
     if wrong:
-        fits = ", ".join(n for n, spec in MODELS.items() if spec.task == kind.model_task)
+        fits = ", ".join(n for n in known if MODELS[n].task == kind.model_task)
         raise ValueError(f"{where}.models: {wrong[0]} is a {MODELS[wrong[0]].task} model; task {config.task} takes "
                          f"{fits}")
     for name in section.models:

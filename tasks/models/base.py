@@ -91,6 +91,9 @@ class ModelSpec:
     # trains through the shared loop (tasks/models/trainer.py), so a budget can race it (tasks/models/racing.py);
     # the others (seconds each) always train whole
     races: bool = False
+    # a team's own model declared in a pipeline (`train.<name>: {estimator: ...}`): known only to the pipelines
+    # that declare it
+    own: bool = False
 
     def view(self, params: Any) -> Any:
         """`params` (the train section) as this model may read it."""

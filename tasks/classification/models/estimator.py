@@ -209,7 +209,7 @@ def predictor(folder: Path):
 
 def spec(name: str, p: Params) -> ModelSpec:
     """The registry entry of the team's model `name` (made when a pipeline that declares it is read)."""
-    return ModelSpec(name, Params, train, load=predictor, shared=(), cost=p.cost,
+    return ModelSpec(name, Params, train, load=predictor, shared=(), cost=p.cost, own=True,
                      about=f"{p.estimator} over {p.input} (a scikit-learn estimator of your own)")
 
 
