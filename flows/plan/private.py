@@ -286,3 +286,12 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
         except OSError:
             return False
     return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now, drawn by the system (whoever binds it next is proved by `ours_listening`)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]

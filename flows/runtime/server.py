@@ -20,6 +20,7 @@ from typing import Callable
 from flows.plan.private import (
     PortTaken,
     credentials,
+    free_port,
     open_private_log,
     ours_answering,
     port_free,
@@ -219,11 +220,7 @@ def _free_port(wanted: int | None) -> int:
     port = project_port()
     if port_free(port):
         return port
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        drawn = probe.getsockname()[1]
+    drawn = free_port()
     print(f" (port {port} is taken; using {drawn})", end="", flush=True)
     return drawn
 

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flows.plan.private import credentials, demands, open_private_log, ours_listening, status_of, with_login
+from flows.plan.private import credentials, demands, free_port, open_private_log, ours_listening, status_of, with_login
 from flows.plan.project import corrupt_prefect_database
 from flows.runtime import homes
 from tasks.errors import ZhpipeError
@@ -141,12 +141,7 @@ def launch() -> Temporary:
     """Start the server process now, point Prefect at it (call before Prefect is imported) and wait
     for it in a thread; `ready` joins that wait."""
     global _STARTED
-    import socket
-
-    # a port free now; `wait` proves that the socket listening there is the server's
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # free now; `wait` proves that the socket listening there is the server's
     home = Path(os.environ["PREFECT_HOME"]).expanduser()
     made = homes.prepare(home)
     log = home / f"zhpipe-temporary-server-{port}.log"
