@@ -100,6 +100,23 @@ def _at(obj: Any, path: list) -> Any:
     return obj
 
 
+def _terms(vocabulary: dict) -> dict:
+    """`{"terms": [...]}` in column order when the columns are 0..n-1, as scikit-learn's vectorizers number them
+    (one pass, no sort: a million-term vocabulary in a tenth of a second); else the terms and their columns."""
+    terms = [None] * len(vocabulary)
+    try:
+        for term, column in vocabulary.items():
+            if column < 0:
+                raise IndexError(column)
+            terms[column] = term
+    except (IndexError, TypeError):
+        terms = [None]
+    if None not in terms:
+        return {"terms": terms}
+    terms = sorted(vocabulary, key=vocabulary.__getitem__)
+    return {"terms": terms, "index": [int(vocabulary[t]) for t in terms]}
+
+
 def _dump(estimator: Any, folder: Path) -> None:
     """skops for the estimator, and each text vectorizer's vocabulary beside it as JSON: skops writes a dictionary an
     entry at a time (a 50,000-term vocabulary took seconds to save and to load; its JSON list, milliseconds)."""
@@ -108,10 +125,7 @@ def _dump(estimator: Any, folder: Path) -> None:
     taken = []
     for path, owner in _vocabularies(estimator):
         vocabulary = owner.vocabulary_
-        terms = sorted(vocabulary, key=vocabulary.__getitem__)
-        index = [int(vocabulary[t]) for t in terms]
-        taken.append((owner, vocabulary, {"path": list(path), "terms": terms,
-                                          **({} if index == list(range(len(index))) else {"index": index})}))
+        taken.append((owner, vocabulary, {"path": list(path), **_terms(vocabulary)}))
         owner.vocabulary_ = {}
     try:
         sio.dump(estimator, folder / FILE)
