@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 ZOO = "train.models=[tfidf_lr,fasttext,textcnn,bilstm,transformer]"
 ESTIMATE = re.compile(r"zhpipe\.train (\w+): about .* more to train \((\d+) epochs? of (\d+) batches at ([\d.]+) s a batch")
 CUT = re.compile(r"zhpipe (\w+): cut short by the budget: (.*)")
+SPENT = re.compile(r"train: the models took (\d+) s of the (\d+) s budget")
 
 
 def first_run(corpus: Path, sets: list[str], env: dict) -> dict:
@@ -43,6 +44,8 @@ def first_run(corpus: Path, sets: list[str], env: dict) -> dict:
         if proc.returncode:
             raise SystemExit(f"zhpipe run {' '.join(sets)} failed:\n{log[-3000:]}")
         subprocess.run([sys.executable, "-m", "flows.cli", "server", "stop"], cwd=project, env=env, capture_output=True)
+        comparison = sorted((project / "data").glob("evaluate/*/comparison.csv"), key=lambda p: p.stat().st_mtime)
+        table = __import__("pandas").read_csv(comparison[-1], dtype={"budget": str}).fillna("")
         listed = subprocess.run([sys.executable, "-m", "flows.cli", "runs", "--json"], cwd=project, env=env,
                                 capture_output=True, text=True, check=True).stdout
         run = json.loads(listed.splitlines()[0])
@@ -59,20 +62,28 @@ def first_run(corpus: Path, sets: list[str], env: dict) -> dict:
                                   if h.get("samples_per_second") and doc.get("rows")]}
     estimates = {m.group(1): {"epochs": int(m.group(2)), "batches": int(m.group(3)), "per_batch": float(m.group(4))}
                  for m in ESTIMATE.finditer(log)}
+    spent = SPENT.search(log)
     return {"sets": sets, "wall": wall, "registered": run["registered"], "best": run["best model"],
-            "test_accuracy": run["test acc"], "models": models, "estimates": estimates}
+            "test_accuracy": run["test acc"], "models": models, "estimates": estimates,
+            "training_seconds": float(spent.group(1)) if spent else None,
+            "comparison": table.to_dict(orient="records")}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--corpus", choices=("reviews", "hotel"), default="reviews")
+    ap.add_argument("--corpus", choices=("reviews", "hotel", "pairs"), default="reviews")
+    ap.add_argument("--rows", type=int, default=62_000, help="rows of the `pairs` corpus (two reviews of one label "
+                    "each, unique: bench_scale.py's)")
     ap.add_argument("--budget", default="90s")
     ap.add_argument("--runs", default="template,template-free,zoo,zoo-free",
                     help="which runs, comma-separated (default: all four)")
     args = ap.parse_args()
-    from corpora import corpus, reviews
+    from corpora import corpus, pairs, reviews
 
-    frame = reviews() if args.corpus == "reviews" else corpus("hotel").rename(columns={"review": "text"})
+    if args.corpus == "pairs":
+        frame = pairs(args.rows)
+    else:
+        frame = reviews() if args.corpus == "reviews" else corpus("hotel").rename(columns={"review": "text"})
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ZHPIPE_", "MLFLOW_", "PREFECT_"))}
     env["PYTHONPATH"] = str(ROOT)
     with tempfile.TemporaryDirectory() as tmp:
@@ -87,11 +98,16 @@ def main() -> None:
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({"corpus": args.corpus, "rows": len(frame), "budget": args.budget, "runs": runs},
                               indent=1), encoding="utf-8")
-    print("| run | wall s | registered model | test accuracy | networks (epochs trained, cut short?) |\n|---|---|---|---|---|")
+    print("| run | wall s | training s (budget) | registered model | test accuracy | tfidf_lr test accuracy | "
+          "not trained | networks (epochs trained, cut short?) |\n|---|---|---|---|---|---|---|---|")
     for name, r in runs.items():
         nets = ", ".join(f"{m} {v['epochs']}{' cut' if v['cut_short'] else ''}" for m, v in r["models"].items()
                          if v["epochs"])
-        print(f"| {name} | {r['wall']:.0f} | {r['best']} | {r['test_accuracy']:.4f} | {nets} |")
+        rows = {c["model"]: c for c in r["comparison"]}
+        skipped = ", ".join(m for m, c in rows.items() if str(c.get("budget", "")).startswith("not trained"))
+        lr = rows.get("tfidf_lr", {}).get("test_accuracy", "")
+        print(f"| {name} | {r['wall']:.0f} | {r['training_seconds'] or ''} ({args.budget if 'budget' in name else '-'})"
+              f" | {r['best']} | {r['test_accuracy']:.4f} | {lr} | {skipped or '-'} | {nets} |")
     print("\n| run | network | estimated s an epoch | real s an epoch (median of its epochs) | real / estimate |\n"
           "|---|---|---|---|---|")
     for name, r in runs.items():

@@ -48,3 +48,22 @@ def reviews(rows: int = 12_000, seed: int = 7) -> pd.DataFrame:
     extra = extra[~extra["text"].isin(set(hotel["text"]))]
     whole = pd.concat([hotel, extra.sample(frac=1, random_state=seed)]).drop_duplicates("text").head(rows)
     return whole.sample(frac=1, random_state=seed).reset_index(drop=True)
+
+
+def pairs(rows: int, seed: int = 5) -> pd.DataFrame:
+    """`rows` unique two-review texts of one label each (text,label): a bundled hotel review followed by another of
+    the same label, pairs drawn with a fixed seed, repeated pairs dropped (benchmarks/bench_scale.py's corpus, by rows
+    rather than size). Made here each time; nothing of it is committed."""
+    import numpy as np
+
+    hotel = corpus("hotel")
+    rng = np.random.default_rng(seed)
+    by_label = {label: part["review"].tolist() for label, part in hotel.groupby("label")}
+    labels, seen, out = list(by_label), set(), []
+    while len(out) < rows:
+        label = labels[rng.integers(len(labels))]
+        i, j = rng.integers(len(by_label[label]), size=2)
+        if (label, i, j) not in seen:
+            seen.add((label, i, j))
+            out.append({"text": by_label[label][i] + " " + by_label[label][j], "label": label})
+    return pd.DataFrame(out)

@@ -92,7 +92,8 @@ def newest(project: Path, unit: str) -> Path:
 
 
 @pytest.mark.e2e
-def test_the_teams_model_rule_and_check_run_as_declared_and_its_champion_serves(project, capsys, tmp_path):
+def test_the_teams_model_rule_and_check_run_as_declared_and_its_champion_serves(project, capsys, tmp_path,
+                                                                               monkeypatch):
     """The declaration of docs/extending.md on a fresh project: the rule quarantines the six symbol-only rows by its
     name, the check is judged, the LinearSVC over character 1-3 grams is trained, tracked and compared beside the
     built-in models; a real edit of my_models.py rebuilds its units only (a comment does not); as the champion of a
@@ -148,7 +149,9 @@ def test_the_teams_model_rule_and_check_run_as_declared_and_its_champion_serves(
     assert [a["label"] for a in answers] and all(a["label"] in ("0", "1") for a in answers), predicted.stdout
 
     from flows import api
+    from flows.plan import project as current
 
+    monkeypatch.setattr(current, "_CURRENT", current._CURRENT)  # load_model(project=) makes it the current one
     answer = api.load_model("svc-only", "char_svc", project=project)(texts)
     assert list(answer["label"]) == [a["label"] for a in answers] and list(answer["status"]) == ["ok", "ok"]
     assert name  # the first pipeline keeps its own champion

@@ -134,8 +134,14 @@ def summary_table(rows: list[dict], wall: float, name: str, units: list[dict] = 
                           f"{sum(u['seconds'] for u in built):.1f}", str(sum(u["rows"] or 0 for u in built)),
                           "rows built")
         for u in models:
+            if u.get("why"):  # a model the training budget left no time for
+                table.add_row(f"  {u['stage'].partition('.')[2]}", "[red]not trained[/]", "", "",
+                              u["why"].removeprefix("not trained: "))
+                continue
             key = _unit_metric(u["metrics"], r["headline"])
             cut = " (cut short by the budget)" if u["metrics"].get("cut_short") else ""
+            note = ((u.get("facts") or {}).get("summary") or {}).get("fit_note")
+            cut += f" ({note})" if note else ""
             table.add_row(f"  {u['stage'].partition('.')[2]}",
                           "[green]hit[/]" if u["cache"] == "hit" else "[yellow]miss[/]",
                           f"{u['seconds']:.1f}", "", f"{key}={number(u['metrics'][key])}{cut}" if key else cut)

@@ -17,7 +17,7 @@ from flows.track.champion import register_best
 from flows.track.tracker import Tracker, client
 from tasks.core import model_unit
 from tasks.errors import ZhpipeError
-from tasks.models.racing import Budget, racing
+from tasks.models.racing import NOT_TRAINED, Budget, BudgetCut, from_history, racing
 from tasks.stages import MODELS, Stage
 from tasks.util.io import Rows
 
@@ -42,11 +42,18 @@ def run_model_stage(run: RunContext, spec: Stage, upstream: dict[str, StageResul
     failed: dict[str, str] = {}
     for unit in order:
         name = unit.model
-        if lost := [m for m in members_of(run.config, name) if m in failed]:
-            failed[name] = f"its member {lost[0]} failed"
+        if lost := [m for m in members_of(run.config, name) if m in failed or clock and m in clock.cut]:
+            if clock is not None and lost[0] in clock.cut:
+                clock.skipped(name, f"{NOT_TRAINED} (its member {lost[0]} was not trained)")
+            else:
+                failed[name] = f"its member {lost[0]} failed"
             continue
         try:
             units[unit] = as_task_run(unit, lambda n=name: model_unit_run(run, spec, n, upstream, units, clock=clock))
+        except BudgetCut as e:  # not started, or stopped in its first epoch: no model, no row, no registry
+            clock.skipped(name, str(e))
+            log.warning("%s: %s", unit, e)
+            continue
         except ZhpipeError as e:  # a model that cannot train (a team's estimator that raises): the others still do
             if not spec.models.trains or MODELS[name].members is not None:
                 raise
@@ -55,6 +62,8 @@ def run_model_stage(run: RunContext, spec: Stage, upstream: dict[str, StageResul
             continue
         if clock is not None:
             clock.finished(name, units[unit].facts.summary or {})
+    if clock is not None:
+        budget_said(run, clock)
     if failed:
         trained = [u.model for u in units]
         raise ZhpipeError(f"{spec.name}: {len(failed)} model{'s' if len(failed) > 1 else ''} failed: "
@@ -89,10 +98,49 @@ def budget_of(run: RunContext, spec: Stage) -> Budget | None:
                   f"val_{run.config.kind.metric(run.config)}")
 
 
-def _raced(clock: Budget, build: Callable, name: str) -> Callable:
-    """A model's build in its race: its share is taken when it starts; a cut says so in its summary and metrics."""
+def budget_said(run: RunContext, clock: Budget) -> None:
+    """After the training stage's models under a budget: the models it left no time for leave this run's model list
+    (the stages that gather, compare and register are planned without them, and name them); what the budget did is
+    a tag on the parent run, which the report and `zhpipe run` show."""
+    if clock.cut:
+        training = run.config.kind.training.name
+        section = run.config.section(training).without(clock.cut)
+        stages = run.config.stages.model_copy(update={training: section})
+        run.config = run.config.model_copy(update={"stages": stages})
+        run.replan()
+    said = clock.said()
+    if clock.budget is not None:
+        log.info("%s: the models took %.0f s of the %.0f s budget%s", run.config.kind.training.name, clock.spent(),
+                 clock.budget, f"; {said}" if said else "")
+    if said and run.parent_run_id:
+        Tracker(run.parent_run_id).tags({"zhpipe.budget": said[:5000]})
+
+
+def history(run: RunContext, name: str, upstream: dict[str, StageResult], spec: Stage) -> float | None:
+    """A model's estimated training seconds from its earlier builds in the store (any key; a build the budget cut
+    short left out), scaled by the rows of the stage's first input."""
+    unit = model_unit(spec.name, name)
+    builds = []
+    for key in run.store.others(unit, run.keys[unit]):
+        try:
+            m = run.store.manifest(unit, key)
+        except (OSError, ValueError):
+            continue
+        if not m.metrics.get("cut_short"):
+            builds.append((m.created, m.seconds, m.rows))
+    first = upstream.get(spec.needs[0]) if spec.needs else None
+    if not builds or first is None or not first.rows:
+        return None
+    return from_history([(seconds, rows) for _, seconds, rows in sorted(builds, reverse=True)], first.rows)
+
+
+def _raced(clock: Budget, build: Callable, name: str, estimate: float | None = None) -> Callable:
+    """A model's build in its race: its share is taken when it starts, and it starts only when its estimate fits
+    (`Race.admit`); a cut says so in its summary and metrics."""
     def raced(ctx):
-        with racing(clock.race(name)) as race:
+        with racing(clock.race(name, MODELS[name].races, estimate)) as race:
+            if race is not None:
+                race.admit()
             out = build(ctx, name)
         if race is not None and race.cut:
             log.info("%s: cut short by the budget: %s", name, race.cut)
@@ -121,7 +169,9 @@ def model_unit_run(run: RunContext, spec: Stage, name: str, upstream: dict[str, 
         tracker = Tracker(next((inputs[s].run_id for s in spec.models.reads if inputs[s].run_id), None)
                           or _model_run(run, name))
     build = spec.build_model
-    raced = _raced(clock, build, name) if clock is not None and MODELS[name].races else None
+    raced = None
+    if clock is not None and run.cached(model_unit(spec.name, name)) is None:  # reused: no time taken, none asked
+        raced = _raced(clock, build, name, history(run, name, upstream, spec))
     result = run.run(model_unit(spec.name, name), inputs, raced or (lambda ctx: build(ctx, name)),
                      run_name=model_run_name(run, name), tags={"zhpipe.model": name}, tracker=tracker)
     if spec.models.trains:

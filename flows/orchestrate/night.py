@@ -97,7 +97,7 @@ def _record(run: RunContext, results: dict[str, StageResult], ok: bool, error: s
     plots = night_plots(judged)
     tags = parent.client.get_run(run.parent_run_id).data.tags
     champion = {k: v for k, v in tags.items() if k in ("zhpipe.champion", "zhpipe.champion_reason",
-                                                       "zhpipe.registered")}
+                                                       "zhpipe.registered", "zhpipe.budget")}
     if error:
         champion["error"] = error
     page = report.render(run.title or run.config.name, ok, arrived(run, results), rows, plots, champion,

@@ -22,7 +22,7 @@ from flows.orchestrate.workers import gpu_slot, train_deployment
 from flows.plan import leases, project
 from flows.plan.cache import StageCache, StageResult
 from flows.plan.config import DEFAULT_PIPELINE, PipelineConfig
-from flows.plan.keys import plan
+from flows.plan.keys import not_trained, plan
 from flows.plan.request import RunRequest
 from flows.plan.sources import fixed_partitions, record_appends
 from flows.plan.store import StageStore, storage_root
@@ -182,7 +182,9 @@ def pipeline_flow(
                         if k != "parts"} | {"headline": config.kind.stages[name].headline}
                        for name in stages],
             "units": [{k: v for k, v in asdict(unit).items() if k != "parts"} for name in stages
-                      for unit in results[name].parts.values()],
+                      for unit in results[name].parts.values()]
+            + [{"stage": f"{config.kind.training.name}.{model}", "cache": "not trained", "seconds": 0.0, "rows": None,
+                "metrics": {}, "why": why} for model, why in not_trained(run.config).items()],
         }
 
 

@@ -90,6 +90,19 @@ def unit_params(config: PipelineConfig, unit: str) -> dict[str, Any]:
         ordinal = [p.name for p in partitions(config)].index(part)
         return {**stage_params(config, stage), "source": partition_source(config, part).model_dump(mode="json"),
                 "partition": part, "ordinal": ordinal}
+    cut = not_trained(config) if spec.per_model and not model else {}
+    if cut:  # a stage that gathers the models, run without those the training budget left no time for
+        return {**_unit_params(config, spec, stage), "not_trained": sorted(cut)}
+    return _unit_params(config, spec, stage, model)
+
+
+def not_trained(config: PipelineConfig) -> dict[str, str]:
+    """The models of the pipeline's list that this run's training budget left no time for, and why."""
+    training = config.kind.training
+    return getattr(config.section(training.name), "not_trained", dict)() if training else {}
+
+
+def _unit_params(config: PipelineConfig, spec, stage: str, model: str | None = None) -> dict[str, Any]:
     if spec.per_model and spec.models.trains:
         every = stage_params(config, stage)
         if not model:

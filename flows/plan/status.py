@@ -23,7 +23,9 @@ def diff_causes(stage: str, old: dict[str, Any], new: dict[str, Any]) -> list[st
     before, after = flatten(old.get("params", {})), flatten(new.get("params", {}))
     for key in sorted(set(before) | set(after)):
         if before.get(key) != after.get(key):
-            why.append(f"param {stage.split('.')[0]}.{key}: {_short(before.get(key))} -> {_short(after.get(key))}")
+            change = f"{_short(before.get(key))} -> {_short(after.get(key))}"
+            named = {"source.label_column": "label column", "source.text_column": "text column"}.get(key)
+            why.append(f"{named} changed: {change}" if named else f"param {stage.split('.')[0]}.{key}: {change}")
     for name in sorted(set(old.get("inputs", {})) | set(new.get("inputs", {}))):
         if old.get("inputs", {}).get(name) != new.get("inputs", {}).get(name):
             why.append("source file changed" if name == "source" else f"upstream {name} changed")
@@ -77,8 +79,25 @@ def stage_states(store: StageStore, causes: dict[str, dict[str, Any]], keys: dic
             continue
         previous = latest_other(store, stage, key, pipeline)
         if previous is None:
-            rows.append({"stage": stage, "state": "missing", "key": key, "rows": None, "seconds": None, "why": []})
+            rows.append({"stage": stage, "state": "missing", "key": key, "rows": None, "seconds": None,
+                         "why": [missing_reason(store, stage, key, causes[stage])]})
         else:
             rows.append({"stage": stage, "state": "stale", "key": key, "rows": None, "seconds": None,
                          "why": diff_causes(stage, previous.causes, causes[stage])})
     return rows
+
+
+def missing_reason(store: StageStore, stage: str, key: str, causes: dict[str, Any]) -> str:
+    """Why a stage this pipeline never built is missing: never built in this store, or how the newest build of
+    another pipeline differs from what this one needs (`label column changed: label -> cat`, `source file
+    changed`)."""
+    other = latest_other(store, stage, key)
+    if other is None:
+        return "never built in this store"
+    why = diff_causes(stage, other.causes, causes)
+    source = [w for w in why if w == "source file changed" or w.startswith("param download.source.path")]
+    if source and len(why) == len(source):
+        return "never built for this source"
+    by = f"pipeline {other.pipeline}" if other.pipeline else "another pipeline"
+    return f"never built for this pipeline; {by}'s build differs: {'; '.join(why[:3])}" + (
+        f" (+{len(why) - 3} more)" if len(why) > 3 else "")

@@ -107,6 +107,8 @@ def worries(ok: bool, checks_rows: list[dict], champion: dict[str, str], still_h
     older = [h["name"] for h in still_held if h["name"] not in held]
     if older:
         lines.append(f"still held out from earlier runs: {', '.join(older)} (each waits for `zhpipe accept`)")
+    if champion.get("zhpipe.budget"):  # a model it left no time for, or a stage over it by more than 10%
+        lines.append(f"the training budget: {champion['zhpipe.budget']}")
     warned = [f"{r['check']} on {r['partition']}" for r in checks_rows if r["result"] == "failed"]
     if warned:
         lines.append(f"warnings: {', '.join(warned)}")

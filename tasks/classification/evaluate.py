@@ -211,11 +211,15 @@ def build(ctx: BuildContext) -> BuildOutput:
              "train_seconds": round(units[name].summary["seconds"], 1),
              "budget": units[name].summary.get("cut_short", "")}  # why the training budget cut it short
             for name, r in results.items() if "test_accuracy" in r]
-    table = pd.DataFrame(rows).sort_values(f"val_{ctx.params.metric}", ascending=False, kind="stable")
+    scored = pd.DataFrame(rows).sort_values(f"val_{ctx.params.metric}", ascending=False, kind="stable")
+    # the models the training budget left no time for: named, last, with no scores (never chosen)
+    cut = ctx.stages.train.not_trained() if ctx.stages is not None else {}
+    table = pd.concat([scored, pd.DataFrame([{"model": m, "budget": why} for m, why in cut.items()])],
+                      ignore_index=True) if cut else scored
     if not table["budget"].any():
         table = table.drop(columns="budget")
     table.to_csv(ctx.out / "comparison.csv", index=False)
-    best, why = choose(table, ctx.params.metric, {m: right_rows(units[m].summary) for m in table["model"]},
+    best, why = choose(scored, ctx.params.metric, {m: right_rows(units[m].summary) for m in scored["model"]},
                        ctx.params.select)
     if units[best].summary.get("cut_short"):  # chosen on a curve the budget cut: said wherever the choice is
         why += f"; cut short by the training budget ({units[best].summary['cut_short']})"

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 
 import numpy as np
 
@@ -10,7 +11,9 @@ from tasks.classification.models import MODELS, REGISTRY, estimator
 from tasks.core import BuildContext, BuildOutput, Facts, Unit, by_model
 from tasks.errors import DataError
 from tasks.models import TrainInputs, model_of
+from tasks.models import racing
 from tasks.models.base import label_ids
+from tasks.models.racing import from_samples
 from tasks.models.settings import Common, params_model
 from tasks.util.io import Rows, batches_of, predict_batches
 from tasks.util.vectors import load_word_vectors
@@ -49,8 +52,12 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     vectors = load_word_vectors(ctx.inputs["embed"], p.embeddings) if spec.uses_vectors else None
     members = {model: folder / model
                for model, folder in by_model({u: f for u, f in ctx.inputs.items() if Unit.parse(u).model}).items()}
-    summary = spec.train(TrainInputs(name, train, validation, labels, spec.view(p), ctx.inputs["vocab"], vectors,
-                                     ctx.out, ctx.scratch, ctx.sink, members=members, root=ctx.root))
+    inputs = TrainInputs(name, train, validation, labels, spec.view(p), ctx.inputs["vocab"], vectors, ctx.out,
+                         ctx.scratch, ctx.sink, members=members, root=ctx.root)
+    race = racing.current()
+    if race is not None and not race.first and race.estimate is None and not spec.races:
+        race.admit(*probe(spec, inputs))  # a network is estimated from its first batches instead
+    summary = spec.train(inputs)
     if not spec.is_language_model:  # classifiers: validation scores from the saved model, as it will be served
         val = predict_batches(spec.load(ctx.out / name), validation).argmax(1)
         gold = np.concatenate([label_ids(b, labels) for b in batches_of(validation, ["label"])])
@@ -68,6 +75,35 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     return BuildOutput(rows=len(train_rows),
                        metrics={new: summary[old] for old, new in names.items() if old in summary},
                        facts=Facts(labels=labels, model=name, summary=summary))
+
+
+PROBES = (1000, 3000)  # rows of the two samples a model's cost is timed on, when a budget needs it and no history
+
+
+def probe(spec, inputs: TrainInputs) -> tuple[float | None, str]:
+    """A model's estimated training seconds on the whole train split, from timed fits on two samples of it (a fixed
+    cost and a cost per row), and how it was estimated; None for a split too small to sample, a model that reads its
+    splits in batches, or a sample it cannot fit (a class missing)."""
+    import tempfile
+    from dataclasses import replace
+    from pathlib import Path
+
+    rows = len(inputs.train)
+    sizes = [min(n, rows // (4 * (i + 1))) for i, n in enumerate(reversed(PROBES))][::-1]
+    if spec.streams or spec.members is not None or sizes[0] < 100:
+        return None, ""
+    points = []
+    for size in sizes:
+        sample = inputs.train.sample(size, random_state=0)
+        with tempfile.TemporaryDirectory(prefix="zhpipe-probe-") as tmp:
+            t0 = time.perf_counter()
+            try:
+                spec.train(replace(inputs, train=sample, validation=inputs.validation.head(200), out=Path(tmp),
+                                   scratch=None, sink=None))
+            except Exception:  # noqa: BLE001 - a sample it cannot fit leaves the model unestimated, not failed
+                return None, ""
+            points.append((size, time.perf_counter() - t0))
+    return from_samples(points, rows), f" (timed on samples of {sizes[0]} and {sizes[1]} of {rows} rows)"
 
 
 def build(ctx: BuildContext) -> BuildOutput:

@@ -1,8 +1,13 @@
 """A training budget (`train.budget`, `train.model_budget`), as AutoGluon's `time_limit` and FLAML's `time_budget`:
-the models of a train stage run cheapest first (`ModelSpec.cost`), and each model that trains through the shared loop
-(`ModelSpec.races`) gets a share of what is left, races the leader (the best validation score so far) and is stopped
-when its share runs out or its validation curve cannot reach the leader within it. A model cut short says why; the
-selection and the champion gate treat it as any other model."""
+a bound on the whole training stage's wall time, every model counted. The models run cheapest first
+(`ModelSpec.cost`); the first always trains, so that there is a model. Each later model's cost is estimated before it
+starts, from its history in the store (its last fit's seconds per training row), else from timed fits on two samples
+of the train split (a model that does not race), else from its first batches (one that does); a model whose
+estimate does not fit in what is left is not started (or stopped within its first epoch): `BudgetCut`, `not trained:
+the budget left it no time`, and it is left out of the comparison and the registry. A model that trains through the
+shared loop (`ModelSpec.races`) gets a share of what is left, races the leader (the best validation score so far) and
+is stopped when its share runs out or its validation curve cannot reach the leader within it; a model cut short says
+why, and the selection and the champion gate treat it as any other model."""
 from __future__ import annotations
 
 import contextlib
@@ -13,6 +18,8 @@ import time
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+
+from tasks.errors import ZhpipeError
 
 log = logging.getLogger("zhpipe.train")
 _UNITS = {"s": 1, "sec": 1, "min": 60, "m": 60, "h": 3600}
@@ -40,9 +47,24 @@ class Race:
     leader_scores: dict[str, float] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
     cut: str = ""
+    first: bool = False  # no model has trained yet: this one always does
+    estimate: float | None = None  # its cost in seconds, from its history in the store (None: not known yet)
 
     def left(self) -> float:
         return self.share - (time.monotonic() - self.started)
+
+    def admit(self, estimate: float | None = None, how: str = "") -> None:
+        """Start the model, or raise `BudgetCut` when what is left of its share is less than its estimated cost
+        (`estimate`, else its history's) or nearly nothing (the first model always starts)."""
+        estimate = self.estimate if estimate is None else estimate
+        left = self.left()
+        if self.first:
+            return
+        if left < MIN_START:
+            raise BudgetCut(f"{NOT_TRAINED} ({max(left, 0):.0f} s of the budget left)")
+        if estimate is not None and estimate > left:
+            raise BudgetCut(f"{NOT_TRAINED} (it would take about {estimate:.0f} s{how}; {left:.0f} s of its share "
+                            f"were left)")
 
     def target(self, monitor: str, mode: str) -> float | None:
         """The leader's score on `monitor`, signed so that higher is better (None: no leader on that metric)."""
@@ -65,40 +87,88 @@ class Race:
                 f" at most {gain:.4f} an epoch over {epochs_left} more epoch{'s' if epochs_left != 1 else ''}")
 
 
+MIN_START = 1.0  # seconds: with less left, a model (but the first) is not started
+NOT_TRAINED = "not trained: the budget left it no time"
+
+
+class BudgetCut(ZhpipeError):
+    """A model the training budget left no time for: not started, or stopped within its first epoch."""
+
+
 class Budget:
     """The clock of one train stage: `budget` seconds for all its models, at most `per_model` for each. A model that
-    races gets an even share of what is left among the racing models still to run; the others (linear models,
-    fastText, n-grams: seconds each) run first and are never stopped."""
+    races gets an even share of what is left among the racing models still to run; another (linear models,
+    fastText, n-grams, a team's estimator) may use all that is left, and is never stopped once started."""
 
     def __init__(self, budget: float | None, per_model: float | None, racing: list[str], leads: str = "val_accuracy"):
         self.budget, self.per_model, self.waiting, self.leads = budget, per_model, list(racing), leads
         self.started = time.monotonic()
         self.leader: tuple[str, dict[str, float]] | None = None
+        self.done: list[str] = []  # the models built or reused, in order
+        self.cut: dict[str, str] = {}  # the models the budget left no time for, and why
 
     @property
     def active(self) -> bool:
         return self.budget is not None or self.per_model is not None
 
-    def race(self, model: str) -> Race | None:
-        """The race of the next racing model (None when no budget is set)."""
+    def spent(self) -> float:
+        return time.monotonic() - self.started
+
+    def race(self, model: str, races: bool = True, estimate: float | None = None) -> Race | None:
+        """The race of the next model (None when no budget is set): a racing model's share is an even part of what
+        is left among the racing models still to run; another's, all that is left."""
         if model in self.waiting:
             self.waiting.remove(model)
         if not self.active:
             return None
-        left = math.inf if self.budget is None else self.budget - (time.monotonic() - self.started)
-        share = min(left / (len(self.waiting) + 1), self.per_model or math.inf)
+        left = math.inf if self.budget is None else self.budget - self.spent()
+        share = min(left / (len(self.waiting) + 1) if races else left, self.per_model or math.inf)
         leader, scores = self.leader or (None, {})
-        return Race(max(share, 0.0), leader, dict(scores))
+        return Race(max(share, 0.0), leader, dict(scores), first=not self.done, estimate=estimate)
+
+    def skipped(self, model: str, why: str) -> None:
+        if model in self.waiting:
+            self.waiting.remove(model)
+        self.cut[model] = why
 
     def finished(self, model: str, summary: dict) -> None:
         """A model is done (built, or reused): with its validation scores it leads when it is ahead on `leads` (what
         the selection ranks by); a network then races the leader on the metric its own loop monitors."""
         if model in self.waiting:
             self.waiting.remove(model)
+        self.done.append(model)
         score = summary.get(self.leads)
         if isinstance(score, int | float) and (self.leader is None or score > self.leader[1][self.leads]):
             self.leader = (model, {k: float(v) for k, v in summary.items()
                                    if isinstance(v, int | float) and not isinstance(v, bool)})
+
+
+    def said(self) -> str:
+        """One line on what the budget did (empty: it cut nothing and was kept within 10%)."""
+        parts = [f"{model} {why}" for model, why in self.cut.items()]
+        spent = self.spent()
+        if self.budget is not None and spent > 1.1 * self.budget:
+            parts.append(f"training took {spent:.0f} s, over its budget of {self.budget:.0f} s")
+        return "; ".join(parts)
+
+
+def from_history(builds: list[tuple[float, int | None]], rows: int) -> float | None:
+    """A model's estimated seconds on `rows` training rows from its earlier builds' (seconds, rows), newest first:
+    the newest's seconds per row (None: no build with rows)."""
+    for seconds, built_rows in builds:
+        if built_rows:
+            return seconds * rows / built_rows
+    return None
+
+
+def from_samples(points: list[tuple[int, float]], rows: int) -> float:
+    """Seconds on `rows` rows from timed fits on samples, `(rows, seconds)`: the line through the two (a fixed cost
+    and a cost per row), extrapolated; in proportion to the larger sample when noise hid the slope."""
+    (n1, t1), (n2, t2) = sorted(points)[0], sorted(points)[-1]
+    per_row = (t2 - t1) / (n2 - n1) if n2 > n1 else 0.0
+    if per_row <= 0:  # the samples' noise hid the cost per row: in proportion to the larger sample
+        return t2 * rows / max(n2, 1)
+    return max(t1 - per_row * n1, 0.0) + per_row * rows
 
 
 # ---- the shared loop's side of the race (tasks/models/trainer.py) ------------------------------------------------

@@ -46,6 +46,7 @@ class Common(Section):
     # `train.<name>` section for a name the kind does not register (its `Params`, and `register(name, section)`)
     own_family: ClassVar[Any] = None
     _own: dict[str, Any] = PrivateAttr(default_factory=dict)
+    _cut: dict[str, str] = PrivateAttr(default_factory=dict)  # set by the run (`without`), never by the config
 
     @model_validator(mode="wrap")
     @classmethod
@@ -84,6 +85,17 @@ class Common(Section):
     def own_models(self) -> dict[str, Any]:
         """The team's own models this section declares, by name (their sections)."""
         return dict(self._own)
+
+    def without(self, cut: dict[str, str]) -> Common:
+        """This section less the models the training budget left no time for (`cut`: model -> why), which it
+        names (`not_trained`): what a run's later stages are planned with."""
+        copy = self.model_copy(update={"models": [m for m in self.models if m not in cut]})
+        copy._cut = {**self._cut, **cut}
+        return copy
+
+    def not_trained(self) -> dict[str, str]:
+        """The models of the declared list the training budget left out of this run, and why."""
+        return dict(self._cut)
 
     @field_validator("budget", "model_budget", mode="before")
     @classmethod

@@ -24,6 +24,7 @@ from tasks.models.checkpoints import rng_state, save, set_rng_state
 # where models compute; re-exported, as callers import them from here
 from tasks.models.devices import amp_dtype, autocast, resolve_device, seed_everything  # noqa: F401
 from tasks.models.racing import ESTIMATE_AFTER, estimate_line, judge_race, replan, say_estimate  # noqa: F401
+from tasks.models.racing import NOT_TRAINED, BudgetCut
 from tasks.models.racing import current as current_race
 from tasks.util.progress import progress
 
@@ -221,13 +222,22 @@ def _train_epoch(name, model, task, cfg, optimizer, scheduler, trainable, rng, d
                    leave=False, mininterval=2)
     for i, (rows, batch) in enumerate(task.batches(rng)):
         if race is not None and race.left() <= 0 and i:
+            if epoch == 1 and not race.first:  # not one epoch: no model worth evaluating
+                raise BudgetCut(f"{NOT_TRAINED} (its share, {race.share:.0f} s, ran out in its first epoch after "
+                                f"{i} of {task.steps_per_epoch} batches)")
             race.cut = (f"stopped in epoch {epoch} after {i} of {task.steps_per_epoch} batches: its share of the "
                         f"budget ({race.share:.0f} s) ran out")
             break
         if i == 1:
             warm = time.perf_counter()  # the first batch pays for warm-up (kernels, caches): the estimate leaves it out
+        # in a race, estimated within a tenth of its share: a share its first epoch cannot fit is given back early
+        soon = ESTIMATE_AFTER[1] if race is None else min(ESTIMATE_AFTER[1], race.share / 10)
         if estimate and i > 1 and (i >= max(ESTIMATE_AFTER[0], task.steps_per_epoch // 10)
-                                   or time.perf_counter() - t0 >= ESTIMATE_AFTER[1]):
+                                   or time.perf_counter() - t0 >= soon):
+            per_batch = (time.perf_counter() - warm) / (i - 1)
+            if race is not None and epoch == 1 and per_batch * (task.steps_per_epoch - i) > race.left():
+                race.admit(per_batch * (task.steps_per_epoch - i), f" to end its first epoch ({i} of "
+                           f"{task.steps_per_epoch} batches at {per_batch:.2f} s)")
             said = say_estimate(name, time.perf_counter() - warm, i - 1, task.steps_per_epoch, epoch, cfg, plan)
             bar.set_postfix_str(said)
             estimate = False

@@ -63,7 +63,8 @@ def stats_markdown(pipeline: str, stats: dict) -> str:
 def comparison_markdown(table: pd.DataFrame) -> str:
     """The comparison table as Markdown (for Prefect's artifact view)."""
     header = "| " + " | ".join(markdown_text(c) for c in table.columns) + " |\n|" + "---|" * len(table.columns) + "\n"
-    body = "".join("| " + " | ".join(f"{v:.4f}" if isinstance(v, float) else markdown_text(v) for v in row) + " |\n"
+    body = "".join("| " + " | ".join(("" if v != v else f"{v:.4f}") if isinstance(v, float) else markdown_text(v)
+                                     for v in row) + " |\n"
                    for row in table.itertuples(index=False))
     return header + body
 

@@ -9,6 +9,7 @@ from functools import lru_cache
 from itertools import islice
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -19,6 +20,7 @@ from tasks.graph import SPLITS as SPLITS_OUTPUT
 from tasks.graph import Stage
 from tasks.util.io import SPLITS, Chunk, PartWriter, chunk_plan, read_chunk
 from tasks.util.pool import ChunkPool
+from tasks.util.rowcache import FILE, RowCache, namespace
 from tasks.util.segmenter import Segmenter, SegmenterParams
 
 # what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that shape
@@ -30,9 +32,12 @@ FILES: tuple[str, ...] = ("user_dict", "stopwords")
 class Params(SegmenterParams):
     """The `segment` section: the segmenter's parameters and how the work is spread."""
 
-    OUTSIDE_KEY = ("workers", "chunk_rows")
+    OUTSIDE_KEY = ("workers", "chunk_rows", "row_cache")
     workers: int = Field(0, ge=0)  # 0 = one process per core
     chunk_rows: int = Field(1000, ge=1)  # smaller chunks even out the last workers; larger cut IPC
+    # keep each row's words by its text in the store (`_cache/rows.sqlite`, tasks/util/rowcache.py): a text cut
+    # before, by the same segmenter, is not cut again (an edited copy of the source, another label column)
+    row_cache: bool = True
 
     def segmenter(self) -> SegmenterParams:
         """The part of these params that defines the tokens (what a served model needs)."""
@@ -45,12 +50,38 @@ def _segmenter(params_json: str, root: str) -> Segmenter:
     return Segmenter(SegmenterParams.model_validate_json(params_json), Path(root))
 
 
-def segment_chunk(chunk: Chunk, params: tuple[str, str]) -> pd.DataFrame:
+@lru_cache(maxsize=2)
+def _row_cache(path: str, namespace: str, pid: int) -> RowCache:
+    """One connection per process (`pid`: a forked worker never uses its parent's)."""
+    return RowCache(path, namespace)
+
+
+def segment_chunk(chunk: Chunk, params: tuple[str, ...]) -> pd.DataFrame:
     """Chunk function: a chunk of a split with its `words`, `chars` (and `pos`) columns added; `params` is
-    (segmenter params as JSON, project folder)."""
+    (segmenter params as JSON, project folder[, row cache file, its namespace]). With a row cache, the texts it
+    keeps are not cut again (`_kept` marks them, for the counts)."""
     df = read_chunk(chunk)
-    for col, values in _segmenter(*params).rows(df["text"].tolist()).items():
-        df[col] = values
+    segmenter, texts = _segmenter(*params[:2]), df["text"].tolist()
+    cache = _row_cache(params[2], params[3], os.getpid()) if len(params) > 2 and "://" not in chunk.src else None
+    if cache is None:
+        for col, values in segmenter.rows(texts).items():
+            df[col] = values
+        return df
+    kept = cache.get(texts)
+    todo = [i for i, value in enumerate(kept) if value is None]
+    fresh = segmenter.rows([texts[i] for i in todo])
+    columns = [c for c in ("words", "pos") if c in fresh]
+    values = [[fresh[c][n] for c in columns] for n in range(len(todo))]
+    cache.put([texts[i] for i in todo], values)
+    for i, value in zip(todo, values):
+        kept[i] = value
+    for n, col in enumerate(columns):
+        df[col] = [value[n] for value in kept]
+        if col == "words":
+            df["chars"] = segmenter.chars(texts)
+    answered = np.ones(len(df), dtype=bool)
+    answered[todo] = False
+    df["_kept"] = answered
     return df
 
 
@@ -67,16 +98,43 @@ def segment_file(src: Path, dst: Path, params: Params, pool: ChunkPool, root: Pa
     return write_segments(tables, src, dst)
 
 
-def _chunk_params(params: Params, root: Path) -> tuple[str, str]:
-    return params.segmenter().model_dump_json(), str(root)
+def _chunk_params(params: Params, root: Path, cache: Path | None = None) -> tuple[str, ...]:
+    base = (params.segmenter().model_dump_json(), str(root))
+    return base + (str(cache), cache_namespace(params, root)) if cache is not None and params.row_cache else base
+
+
+def cache_namespace(params: Params, root: Path) -> str:
+    """Everything that defines a row's words: the segmenter's settings, its dictionaries' contents, its code and the
+    versions of the libraries that cut."""
+    import hashlib
+    from importlib import metadata
+
+    from tasks.util import segmenter
+
+    def digest(path: Path) -> str:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+
+    files = {key: digest(Path(value) if Path(value).is_absolute() else root / value)
+             for key in FILES if (value := getattr(params, key))}
+    versions = {}
+    for library in LIBRARIES[:2]:
+        try:
+            versions[library] = metadata.version(library)
+        except metadata.PackageNotFoundError:
+            versions[library] = None
+    return namespace(params.segmenter().model_dump(mode="json"), files, versions,
+                     digest(Path(segmenter.__file__)), digest(Path(__file__)))
 
 
 def write_segments(tables: Iterable[pa.Table], src: Path, dst: Path) -> dict[str, float]:
     """Write the segmented chunks of `src` to `dst` in order; returns its row and word counts."""
-    writer, rows, words = PartWriter(dst), 0, 0
+    writer, rows, words, kept = PartWriter(dst), 0, 0, 0
     for table in tables:
         if not table.num_rows:  # an empty chunk's columns have no types to write
             continue
+        if "_kept" in table.column_names:  # rows the row cache answered
+            kept += pc.sum(table.column("_kept")).as_py() or 0
+            table = _without_kept(table)
         writer.write(table)
         rows += table.num_rows
         column = table.column("words")  # space-joined tokens: spaces + 1 per non-empty text
@@ -85,7 +143,21 @@ def write_segments(tables: Iterable[pa.Table], src: Path, dst: Path) -> dict[str
     empty = pd.read_parquet(src).head(0).assign(words=pd.Series(dtype=str),
                                                 chars=pd.Series(dtype=str)) if not rows else None
     writer.close(empty)
-    return {"rows": rows, "words": words}
+    return {"rows": rows, "words": words, "kept": kept}
+
+
+def _without_kept(table: pa.Table) -> pa.Table:
+    """The chunk's table less its `_kept` column, in its schema's pandas metadata too: the file is byte for byte the
+    one a segmenter without the row cache writes."""
+    import json
+
+    meta = dict(table.schema.metadata or {})
+    table = table.drop_columns(["_kept"])
+    if b"pandas" in meta:
+        pandas = json.loads(meta[b"pandas"])
+        pandas["columns"] = [c for c in pandas["columns"] if c.get("name") != "_kept"]
+        meta[b"pandas"] = json.dumps(pandas).encode("utf8")
+    return table.replace_schema_metadata(meta)
 
 
 def build(ctx: BuildContext) -> BuildOutput:
@@ -95,13 +167,16 @@ def build(ctx: BuildContext) -> BuildOutput:
     plans = {name: chunk_plan(src, ctx.params.chunk_rows) for name, src in sources.items()}
     rows = sum(c.rows for chunks in plans.values() for c in chunks)
     pool = ctx.pool(worker_count(ctx.params, rows))
+    cache = ctx.store.cache_file(FILE) if ctx.store is not None else None
     tables = pool.tables(segment_chunk, [c for name in SPLITS for c in plans[name]],
-                           _chunk_params(ctx.params, ctx.root))
-    metrics = {}
+                           _chunk_params(ctx.params, ctx.root, cache))
+    metrics, kept = {}, 0
     with closing(tables):
         for name in SPLITS:  # chunks come back in order: each split takes its own count of them
             counts = write_segments(islice(tables, len(plans[name])), sources[name], ctx.out / f"{name}.parquet")
             metrics[f"{name}_mean_words"] = counts["words"] / max(counts["rows"], 1)
+            kept += counts["kept"]
+    metrics["rows_segmented"], metrics["rows_reused"] = rows - kept, kept
     metrics["workers"] = pool.workers
     metrics["chunk_processes"] = len({(r["host"], r["pid"]) for r in pool.ran_on})
     return BuildOutput(rows=rows, metrics=metrics)

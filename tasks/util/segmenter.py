@@ -153,6 +153,12 @@ class Segmenter:
             tokens = self.tokenizer.cut(text, cut_all=p.mode == "full", HMM=p.hmm)
         return [t for t in tokens if t.strip() and t not in self.stopwords]
 
+    @staticmethod
+    def chars(texts: list[str]) -> list[str]:
+        """Space-joined character tokens (whitespace dropped) of each text."""
+        # re's \s is str.isspace (both Py_UNICODE_ISSPACE): the same tokens as a per-character test, in C
+        return [" ".join(_SPACE.sub("", t)) for t in texts]
+
     def pos(self, text: str) -> list[str]:
         """`word/flag` pairs from jieba.posseg or jieba-rs's tagger (precise mode)."""
         if isinstance(self.pos_tokenizer, RustTokenizer):
@@ -161,11 +167,7 @@ class Segmenter:
 
     def rows(self, texts: list[str]) -> dict[str, list[str]]:
         """Space-joined word, char (and POS) token strings for a list of texts."""
-        out = {
-            "words": [" ".join(self.words(t)) for t in texts],
-            # re's \s is str.isspace (both Py_UNICODE_ISSPACE): the same tokens as a per-character test, in C
-            "chars": [" ".join(_SPACE.sub("", t)) for t in texts],
-        }
+        out = {"words": [" ".join(self.words(t)) for t in texts], "chars": self.chars(texts)}
         if self.pos_tokenizer is not None:
             out["pos"] = [" ".join(self.pos(t)) for t in texts]
         return out

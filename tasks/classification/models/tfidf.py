@@ -4,6 +4,7 @@ the baseline stays what other models are measured against."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import time
 from pathlib import Path
@@ -16,6 +17,8 @@ from pydantic import Field
 from tasks.core import Section
 from tasks.models.base import ModelSpec, TrainInputs
 from tasks.util.io import Rows, batches_of, shuffled, split_mb
+
+log = logging.getLogger("zhpipe.train")
 
 if TYPE_CHECKING:  # annotations only: the heavy libraries are imported where they are used
     from sklearn.feature_extraction.text import TfidfVectorizer
@@ -85,7 +88,13 @@ def train_tfidf_lr(train, labels: list[str], p: Params, seed: int, out: Path, na
     streamed, the hashed features' idf and the weights. `train` is a `Rows` (streamed) or a frame."""
     folder = out / name
     folder.mkdir()
-    mode = p.fit if p.fit != "auto" else ("memory" if text_mb(train) <= p.memory_mb else "stream")
+    size = text_mb(train) if p.fit == "auto" else None
+    mode = p.fit if size is None else ("memory" if size <= p.memory_mb else "stream")
+    # a fit that changes method because of the corpus' size says so (the run table shows it beside the model)
+    note = (f"streamed hashed features: {size:.0f} MB of text is over train.{name}.memory_mb ({p.memory_mb:g} MB)"
+            if size is not None and mode == "stream" else "")
+    if note:
+        log.info("%s: %s", name, note)
     t0 = time.perf_counter()
     rows = _fit_stream(train, labels, p, seed,
                        folder) if mode == "stream" else _fit_memory(train, labels, p, seed, folder)
@@ -93,7 +102,7 @@ def train_tfidf_lr(train, labels: list[str], p: Params, seed: int, out: Path, na
     (folder / "config.json").write_text(json.dumps({"labels": labels, **p.model_dump(), "mode": mode},
                                                    ensure_ascii=False), encoding="utf-8")
     return {"path": name, "kind": name, "seconds": seconds, "history": [], "samples_per_second": rows / seconds,
-            "fit": mode}
+            "fit": mode, **({"fit_note": note} if note else {})}
 
 
 def _fit_memory(train, labels: list[str], p: Params, seed: int, folder: Path) -> int:

@@ -84,7 +84,9 @@ def test_status_explains_a_pipeline_by_its_own_builds_only(tmp_path):
         ).write(out)
     mine = {"params": {"models": ["crf"]}, "inputs": {}, "code": {}, "libraries": {}}
     [row] = stage_states(store, {"train": mine}, {"train": "fedcba9876543210"}, pipeline="resume-ner")
-    assert row["state"] == "missing" and row["why"] == []
+    assert row["state"] == "missing" and row["why"] == [
+        "never built for this pipeline; pipeline chnsenticorp's build differs: param train.models: "
+        "['tfidf_lr', 'fasttext'] -> ['crf']; library fasttext 0.9.3 -> none"], row
     [row] = stage_states(
         store,
         {"train": {**theirs, "params": {"models": ["tfidf_lr"]}}},

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from tasks.classification.train import Params as TrainConfig
-from tasks.models.racing import Budget, Race, racing, seconds
+from tasks.models.racing import Budget, BudgetCut, Race, from_history, from_samples, racing, seconds
 from tests.tasks.models.test_train import frame, predict, tiny_vectors, train_model
 
 
@@ -52,9 +52,10 @@ def test_a_curve_that_cannot_reach_the_leader_in_the_epochs_left_is_hopeless():
 
 
 def test_a_network_out_of_its_share_stops_inside_an_epoch_and_is_still_a_model(tmp_path, caplog):
+    """The first model of a stage always trains (so that there is a model): cut inside its first epoch, it is kept."""
     params = TrainConfig(epochs=50, patience=50, device="cpu", precision="fp32",
                          textcnn={"num_filters": 8, "batch_size": 4, "lr": 0.01})
-    race = Race(6.0)
+    race = Race(6.0, first=True)
     t0 = time.monotonic()
     with caplog.at_level(logging.INFO, logger="zhpipe.train"), racing(race):
         summary, _ = train_model("textcnn", frame(1000), frame(4), params, tmp_path, tiny_vectors())
@@ -97,3 +98,40 @@ def test_fewer_epochs_are_planned_when_they_do_not_fit_and_the_rate_decays_over_
         optimizer.step()
         scheduler.step()
     assert scheduler.get_last_lr()[0] == 0.0
+
+
+def test_a_network_whose_first_epoch_cannot_fit_its_share_is_given_back_early(tmp_path):
+    """Not the first model: estimated within a tenth of its share, its first epoch does not fit, so it is not trained
+    (no chance-level model) and most of its share is left to the models after it."""
+    params = TrainConfig(epochs=50, patience=50, device="cpu", precision="fp32",
+                         textcnn={"num_filters": 8, "batch_size": 4, "lr": 0.01})
+    race = Race(6.0)
+    t0 = time.monotonic()
+    with racing(race), pytest.raises(BudgetCut, match="not trained: the budget left it no time"):
+        train_model("textcnn", frame(1000), frame(4), params, tmp_path, tiny_vectors())
+    assert time.monotonic() - t0 < 6
+
+
+def test_a_model_starts_only_when_its_estimate_fits_what_is_left():
+    clock = Budget(100.0, None, ["textcnn"])
+    first = clock.race("tfidf_lr", races=False, estimate=500.0)
+    assert first.first and first.share == pytest.approx(100, abs=0.5)
+    first.admit()  # the first always trains, whatever its estimate
+    clock.finished("tfidf_lr", {"val_accuracy": 0.8})
+    later = clock.race("fasttext", races=False, estimate=500.0)
+    assert not later.first and later.share == pytest.approx(100, abs=0.5)  # not racing: all that is left
+    with pytest.raises(BudgetCut, match=r"it would take about 500 s; 100 s of its share were left"):
+        later.admit()
+    clock.skipped("fasttext", "not trained: the budget left it no time")
+    clock.race("fasttext", races=False, estimate=50.0).admit()  # fits
+    assert clock.said() == "fasttext not trained: the budget left it no time"
+    with pytest.raises(BudgetCut, match="s of the budget left"):
+        Race(0.5).admit()  # nearly nothing left: never a 0-second start
+
+
+def test_a_models_cost_is_estimated_from_its_history_or_two_samples():
+    assert from_history([(30.0, 10_000), (99.0, 5_000)], 60_000) == pytest.approx(180.0)  # the newest, per row
+    assert from_history([(30.0, None)], 60_000) is None
+    # 1 s fixed and 1 ms a row: the line through two timed samples
+    assert from_samples([(1000, 2.0), (3000, 4.0)], 50_000) == pytest.approx(51.0)
+    assert from_samples([(1000, 2.0), (3000, 1.5)], 50_000) == pytest.approx(25.0)  # noise: never a negative slope

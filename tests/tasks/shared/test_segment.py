@@ -98,3 +98,31 @@ def test_chunked_output_is_byte_identical_on_processes_and_dask(tmp_path):
     assert os.getpid() not in dask_pids and len(dask_pids) == 2
     out = pd.read_parquet(tmp_path / "dask.parquet")
     assert out["text"].tolist() == texts and out["words"].iloc[0] == "我 来到 北京 清华大学"
+
+
+def test_the_row_cache_answers_texts_cut_before_with_the_same_bytes(tmp_path):
+    """Segmented twice through the store's row cache: the second time no text is cut, and both files are byte for
+    byte the one a segmenter without the cache writes; another segmenter (POS tags) has its own namespace."""
+    import hashlib
+
+    import pyarrow as pa
+
+    from tasks.shared.segment import _chunk_params, segment_chunk, write_segments
+    from tasks.util.io import chunk_plan
+
+    frame = pd.DataFrame({"id": range(120), "text": [f"第{i}条评论：房间干净，服务很好" for i in range(120)]})
+    src = tmp_path / "src.parquet"
+    frame.to_parquet(src, index=False)
+
+    def segment(params, cache, name):
+        tables = (pa.Table.from_pandas(segment_chunk(c, _chunk_params(params, tmp_path, cache)), preserve_index=False)
+                  for c in chunk_plan(src, 50))
+        counts = write_segments(tables, src, tmp_path / name)
+        return counts["kept"], hashlib.sha256((tmp_path / name).read_bytes()).hexdigest()
+
+    cache = tmp_path / "rows.sqlite"
+    plain = SegmentConfig(chunk_rows=50)
+    without = segment(plain, None, "plain.parquet")
+    assert segment(plain, cache, "first.parquet") == (0, without[1])
+    assert segment(plain, cache, "second.parquet") == (120, without[1])
+    assert segment(SegmentConfig(chunk_rows=50, pos=True), cache, "pos.parquet")[0] == 0

@@ -1,0 +1,62 @@
+"""Cost that grows with the corpus: an edited copy of the source re-segments only its changed rows (the row cache),
+and `status` gives a reason for every stage it calls missing."""
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from flows.orchestrate.pipeline import pipeline_flow
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def segmented(out) -> dict:
+    stage = next(s for s in out["stages"] if s["stage"] == "segment")
+    return {k: int(stage["metrics"][k]) for k in ("rows_segmented", "rows_reused")}
+
+
+def test_an_edited_copy_of_the_source_re_segments_only_its_changed_rows(smoke, tmp_path):
+    """A copy of the smoke corpus (the session's smoke run segmented its texts) cuts no row again; five rows edited
+    in a copy of that copy are the only rows cut, and the output is the one a cold segmenter writes."""
+    rows = pd.read_csv(ROOT / "tests/fixtures/smoke.csv", dtype=str)
+    copy = tmp_path / "reviews.csv"
+    rows.to_csv(copy, index=False)
+    until = ["download", "clean", "split", "segment"]
+    first = pipeline_flow("smoke", stages=until, source={"path": str(copy)}, storage=str(smoke["store"]))
+    total = next(s for s in first["stages"] if s["stage"] == "segment")["rows"]
+    assert segmented(first) == {"rows_segmented": 0, "rows_reused": total}, segmented(first)
+    edited = rows.copy()
+    edited.loc[[3, 50, 120, 200, 299], "review"] += "，补充一句：房间的窗户朝北"
+    edited.to_csv(copy, index=False)
+    second = pipeline_flow("smoke", stages=until, source={"path": str(copy)}, storage=str(smoke["store"]))
+    assert segmented(second) == {"rows_segmented": 5, "rows_reused": total - 5}, segmented(second)
+    cold = pipeline_flow("smoke", stages=["segment"], force=["segment"], source={"path": str(copy)},
+                         overrides=["segment.row_cache=false"], storage=str(smoke["store"]))
+    assert segmented(cold)["rows_reused"] == 0
+    folder = {name: Path(next(s for s in out["stages"] if s["stage"] == "segment")["path"]) for name, out in
+              (("cached", second), ("cold", cold))}
+    for split in ("train", "validation", "test"):
+        assert pd.read_parquet(folder["cached"] / f"{split}.parquet").equals(
+            pd.read_parquet(folder["cold"] / f"{split}.parquet")), split
+
+
+def test_status_gives_a_reason_for_every_missing_stage(smoke):
+    """Another pipeline over the same file that differs only in its label column: each missing stage says how the
+    built one differs; a store that never built a stage says so."""
+    from flows.plan.config import load_pipeline
+    from flows.plan.keys import plan
+    from flows.plan.status import stage_states
+    from flows.plan.store import StageStore, stage_key
+
+    config = load_pipeline("smoke", overrides=["source.label_column=stars"])
+    causes = plan(config)
+    keys = {unit: stage_key(c) for unit, c in causes.items()}
+    rows = {r["stage"]: r for r in stage_states(StageStore(smoke["store"]), causes, keys, "smoke-by-stars")}
+    missing = [r for r in rows.values() if r["state"] == "missing"]
+    assert missing and all(r["why"] and r["why"][0] for r in missing), missing
+    assert "label column changed: label -> stars" in rows["download"]["why"][0], rows["download"]
+    empty = stage_states(StageStore(smoke["store"] / "nothing-here"), causes, keys, "smoke")
+    assert {r["why"][0] for r in empty} == {"never built in this store"}
+    assert json.dumps(rows["download"]["why"])  # plain text, as the table and --json show it
