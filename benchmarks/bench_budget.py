@@ -91,6 +91,8 @@ def main() -> None:
         frame[["text", "label"]].to_csv(csv, index=False)
         every = {"template": ("template (budget)", []),
                  "template-free": ("template, no budget", ["--set", "train.budget=null"]),
+                 "template-eda": ("template, EDA augmentation", ["--set", "augment.method=eda"]),
+                 "template-none": ("template, no augmentation", ["--set", "augment.method=none"]),
                  "zoo": ("zoo (budget)", ["--set", ZOO, "--set", f"train.budget={args.budget}"]),
                  "zoo-free": ("zoo, no budget", ["--set", ZOO, "--set", "train.budget=null"])}
         runs = {every[key][0]: first_run(csv, every[key][1], env) for key in args.runs.split(",")}

@@ -125,13 +125,14 @@ class Starter:
 @dataclass(frozen=True)
 class InitTemplates:
     """What a plain `zhpipe init` writes, the default kind's: `csv` (the pipelines.yaml for a labelled CSV or the
-    example corpus: name, description, path, sha256, text_column, label_column) and `nightly` (for a folder of
-    nightly CSV files: name, description, path, text_column, label_column), and `example()`, the corpus a project
-    without a CSV starts from."""
+    example corpus: name, description, path, sha256, text_column, label_column, and what `sized(rows)` gives for
+    the corpus' size: None for the example) and `nightly` (for a folder of nightly CSV files: name, description,
+    path, text_column, label_column), and `example()`, the corpus a project without a CSV starts from."""
 
     csv: str
     nightly: str
     example: Callable[[], Any]
+    sized: Callable[[int | None], dict[str, str]] = lambda rows: {}
 
 
 @dataclass(frozen=True)

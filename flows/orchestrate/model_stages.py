@@ -12,7 +12,7 @@ from pathlib import Path
 from flows.orchestrate.execute import RunContext
 from flows.orchestrate.tracking import artifact_key
 from flows.plan.cache import StageResult
-from flows.plan.keys import members_of, model_units
+from flows.plan.keys import members_of, model_units, record_cut, training_order, without_models
 from flows.track.champion import register_best
 from flows.track.tracker import Tracker, client
 from tasks.core import model_unit
@@ -36,9 +36,8 @@ def run_model_stage(run: RunContext, spec: Stage, upstream: dict[str, StageResul
     is registered (every run: a best model a killed run did not register is registered now)."""
     units: dict[str, StageResult] = {}
     clock = budget_of(run, spec)
-    order = model_units(run.config, spec.name)
-    if clock is not None:  # cheapest first (the ensembles last): the baselines lead before a network races them
-        order = sorted(order, key=lambda u: (MODELS[u.model].members is not None, MODELS[u.model].cost))
+    # with a budget, cheapest first (the ensembles last): the baselines lead before a network races them
+    order = model_units(run.config, spec.name) if clock is None else training_order(run.config, spec.name)
     failed: dict[str, str] = {}
     for unit in order:
         name = unit.model
@@ -103,10 +102,8 @@ def budget_said(run: RunContext, clock: Budget) -> None:
     (the stages that gather, compare and register are planned without them, and name them); what the budget did is
     a tag on the parent run, which the report and `zhpipe run` show."""
     if clock.cut:
-        training = run.config.kind.training.name
-        section = run.config.section(training).without(clock.cut)
-        stages = run.config.stages.model_copy(update={training: section})
-        run.config = run.config.model_copy(update={"stages": stages})
+        record_cut(run.store, run.config, run.keys, clock.cut)  # a rerun of the same training keeps the decision
+        run.config = without_models(run.config, clock.cut)
         run.replan()
     said = clock.said()
     if clock.budget is not None:

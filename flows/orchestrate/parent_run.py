@@ -8,6 +8,8 @@ import logging
 import subprocess
 import sys
 import time
+from dataclasses import asdict
+from typing import Any
 
 import pyarrow.parquet as pq
 from prefect.artifacts import create_markdown_artifact
@@ -15,11 +17,12 @@ from prefect.artifacts import create_markdown_artifact
 from flows.orchestrate.execute import RunContext
 from flows.orchestrate.gate import Gate
 from flows.orchestrate.model_stages import register
+from flows.orchestrate.night import attention
 from flows.orchestrate.tracking import artifact_key
 from flows.plan import project
 from flows.plan.cache import StageCache, StageResult
 from flows.plan.config import PipelineConfig
-from flows.plan.keys import plan
+from flows.plan.keys import not_trained, plan, recorded_cut, without_models
 from flows.plan.request import RunRequest
 from flows.plan.sources import origin_of, record_source_run, source_fingerprint
 from flows.plan.store import StageStore
@@ -72,6 +75,13 @@ def start_run(request: RunRequest, config: PipelineConfig, force: set[str], stor
     origin = origin_of(config)
     causes = plan(config, origin, registry=revision)
     keys = StageCache.keys(causes)
+    store = StageStore(storage)
+    cut = {} if config.kind.training is None or config.kind.training.name in force else (
+        recorded_cut(store, config, keys))
+    if cut:  # the models an earlier run of this training left untrained: planned without them, as that run was
+        config = without_models(config, cut)
+        causes = plan(config, origin, registry=revision)
+        keys = StageCache.keys(causes)
     record_source_run(config, keys)
     experiment = f"zhpipe-{config.identity}"
     closed = Tracker.close_orphans(experiment)
@@ -82,7 +92,7 @@ def start_run(request: RunRequest, config: PipelineConfig, force: set[str], stor
     parent.params(config.flat_params(used_only=True))  # what a person compares; the whole config is config.json
     log_config(parent, experiment, config)
     parent.tags({"zhpipe.task": config.task, "zhpipe.overrides": " ".join(request.overrides)})
-    run = RunContext(config, StageCache(StageStore(storage), full=verify), keys, experiment, parent.run_id, force,
+    run = RunContext(config, StageCache(store, full=verify), keys, experiment, parent.run_id, force,
                      executor, causes, origin, title, request=request)
     run.gate = Gate(config, report=ui_url(experiment, parent.run_id))
     return run
@@ -182,3 +192,20 @@ def label_flow_run(run: RunContext) -> None:
                              f"{markdown_text(run.experiment)} (open the UI with `zhpipe ui`)",
                              key=artifact_key(run.config.name, "mlflow-run"),
                              description="zhpipe: where this run's metrics and models are")
+
+
+def run_summary(run: RunContext, stages: list[str], results: dict[str, StageResult]) -> dict[str, Any]:
+    """What the flow returns: the parent run, what needs attention, each stage and each model unit (the models the
+    training budget left untrained among them, with why)."""
+    kind = run.config.kind
+    return {
+        "parent_run_id": run.parent_run_id, "attention": attention(run),
+        "experiment": run.experiment,
+        "stages": [{k: v for k, v in asdict(results[name]).items()
+                    if k != "parts"} | {"headline": kind.stages[name].headline}
+                   for name in stages],
+        "units": [{k: v for k, v in asdict(unit).items() if k != "parts"} for name in stages
+                  for unit in results[name].parts.values()]
+        + [{"stage": f"{kind.training.name}.{model}", "cache": "not trained", "seconds": 0.0, "rows": None,
+            "metrics": {}, "why": why} for model, why in not_trained(run.config).items()],
+    }

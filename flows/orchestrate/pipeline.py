@@ -17,12 +17,12 @@ from flows.orchestrate import night
 from flows.orchestrate.execute import RunContext, run_partitions
 from flows.orchestrate.guard import check_run
 from flows.orchestrate.model_stages import run_model_stage
-from flows.orchestrate.parent_run import finish_run, label_flow_run, record_reuse, start_run
+from flows.orchestrate.parent_run import finish_run, label_flow_run, record_reuse, run_summary, start_run
 from flows.orchestrate.workers import gpu_slot, train_deployment
 from flows.plan import leases, project
 from flows.plan.cache import StageCache, StageResult
 from flows.plan.config import DEFAULT_PIPELINE, PipelineConfig
-from flows.plan.keys import not_trained, plan
+from flows.plan.keys import plan, unread
 from flows.plan.request import RunRequest
 from flows.plan.sources import fixed_partitions, record_appends
 from flows.plan.store import StageStore, storage_root
@@ -160,6 +160,7 @@ def pipeline_flow(
         run = start_run(request, config, forced_stages(force, tuple(config.kind.stages)),
                         storage_root(config, storage), chunk_executor(config, dask), verify)
         run.lease = leases.Lease(run.store, run.keys)  # `zhpipe gc` leaves what this run holds alone
+        stages = _read_only(run, stages)
         record_appends(config)  # an appended source: this run's ranges are what the next run checks
         label_flow_run(run)
         results: dict[str, StageResult] = {}
@@ -175,17 +176,16 @@ def pipeline_flow(
             raise
         finally:
             _close(run, results, stages, ok, error)
-        return {
-            "parent_run_id": run.parent_run_id, "attention": night.attention(run),
-            "experiment": run.experiment,
-            "stages": [{k: v for k, v in asdict(results[name]).items()
-                        if k != "parts"} | {"headline": config.kind.stages[name].headline}
-                       for name in stages],
-            "units": [{k: v for k, v in asdict(unit).items() if k != "parts"} for name in stages
-                      for unit in results[name].parts.values()]
-            + [{"stage": f"{config.kind.training.name}.{model}", "cache": "not trained", "seconds": 0.0, "rows": None,
-                "metrics": {}, "why": why} for model, why in not_trained(run.config).items()],
-        }
+        return run_summary(run, stages, results)
+
+
+def _read_only(run: RunContext, stages: list[str]) -> list[str]:
+    """`stages` less those no model of this run reads (embed, when none starts from word vectors): not built."""
+    skipped = unread(run.config, stages)
+    if skipped:
+        log.info("%s: not built: no model of this run reads it", ", ".join(sorted(skipped)))
+    return [s for s in stages if s not in skipped]
+
 
 
 def _close(run: RunContext, results: dict[str, StageResult], stages: list[str], ok: bool, error: str) -> None:
@@ -223,7 +223,8 @@ def _run_stages(run: RunContext, stages: list[str], results: dict[str, StageResu
         results.update(reused)
         return
     kind = run.config.kind
-    needed = set(stages) | {d for s in stages for d in kind.stages[s].needs}
+    every = list(dict.fromkeys([*stages, *(d for s in stages for d in kind.stages[s].needs)]))
+    needed = set(every) - unread(run.config, every)  # embed, when no model reads it, is not even read
     beside_runs = Beside(run)
     try:
         for spec in kind.stages.values():

@@ -109,11 +109,26 @@ def init_project(folder: Path, csv: Path | None = None, text_column: str = "text
            f"new one, update this)\n")
     shown = os.path.relpath(path, folder) if path.is_relative_to(folder) else str(path)
     # quoted: a file name with `#`, `: ` or quotes stays one YAML string (a JSON string is a YAML one)
-    config.write_text(_templates().csv.format(name=_name(folder), description=_quoted(description), path=_quoted(shown),
-                                     text_column=_quoted(text_column), label_column=_quoted(label_column), sha256=pin),
+    templates = _templates()
+    config.write_text(templates.csv.format(name=_name(folder), description=_quoted(description), path=_quoted(shown),
+                                           text_column=_quoted(text_column), label_column=_quoted(label_column),
+                                           sha256=pin, **templates.sized(None if csv is None else _rows_about(path))),
                       encoding="utf-8")
     written.append(config)
     return written + _ignore(folder)
+
+
+def _rows_about(path: Path) -> int:
+    """About how many rows a CSV holds, from its size and its first 2,000 rows' (the template's choices need no
+    more than a rough figure; a gigabyte file is not read through)."""
+    import pandas as pd
+
+    head = pd.read_csv(path, dtype=str, nrows=2000, encoding_errors="replace")
+    if len(head) < 2000:
+        return len(head)
+    with open(path, "rb") as f:
+        start = sum(len(f.readline()) for _ in range(2001))  # the header and about 2,000 rows' bytes
+    return int(2000 * path.stat().st_size / max(start, 1))
 
 
 def _project_file(folder: Path) -> Path:

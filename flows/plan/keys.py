@@ -3,6 +3,7 @@ params name), computed from the config alone, so `status` needs no run. Neither 
 needs a registered model's version is given the lookup (`registry`)."""
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +15,7 @@ from flows.plan.store import stage_key
 from tasks.core import Unit, model_unit, partition_unit
 from tasks.source.origin import Origin
 from tasks.stages import MODELS
+from tasks.util.io import atomic_write_text
 
 # a registered model's URI (models:/name@alias) -> `<name>/<version>`; raises ZhpipeError
 Registry = Callable[[str], str]
@@ -73,6 +75,12 @@ def model_units(config: PipelineConfig, stage: str) -> list[Unit]:
     return [model_unit(stage, name) for name in sorted(config.models(), key=lambda n: MODELS[n].members is not None)]
 
 
+def training_order(config: PipelineConfig, stage: str) -> list[Unit]:
+    """The model units of a training stage in the order a budget runs them: cheapest first, the ensembles last."""
+    return sorted(model_units(config, stage), key=lambda u: (MODELS[u.model].members is not None,
+                                                             MODELS[u.model].cost))
+
+
 def members_of(config: PipelineConfig, model: str) -> list[str]:
     """The models an ensemble is built from (none for other models)."""
     spec = MODELS[model]
@@ -108,6 +116,8 @@ def _unit_params(config: PipelineConfig, spec, stage: str, model: str | None = N
         if not model:
             return {"models": every["models"]}
         declared = MODELS[model].shared
+        if training_order(config, stage)[0].model == model:  # the first model a budget may fit on fewer rows
+            declared = None if declared is None else (*declared, "budget", "model_budget")
         shared = {k: v for k, v in every.items() if k not in MODELS and k != "models"
                   and (declared is None or k in declared)}
         return {**shared, model: every[model]}
@@ -156,3 +166,65 @@ def plan(config: PipelineConfig, origin: Origin | None = None, registry: Registr
 def plan_keys(config: PipelineConfig, registry: Registry | None = None) -> dict[Unit, str]:
     """Every stage's key, computed from the config alone."""
     return {stage: stage_key(c) for stage, c in plan(config, registry=registry).items()}
+
+
+# ---- the training budget's decisions, kept as a unit's output is ------------------------------------------------
+
+CUTS = "budget-cuts.json"  # in the store's shared folder: training key and budget -> the models it left untrained
+
+
+def _cut_key(config: PipelineConfig, keys: dict[str, str]) -> str | None:
+    training = config.kind.training
+    section = config.section(training.name) if training else None
+    if section is None or (getattr(section, "budget", None) is None and getattr(section, "model_budget", None) is None):
+        return None
+    return f"{keys.get(training.name)}|{section.budget}|{section.model_budget}"
+
+
+def recorded_cut(store, config: PipelineConfig, keys: dict[str, str]) -> dict[str, str]:
+    """The models a run of the same training (its key, its budget) left untrained, and why: a rerun keeps that
+    decision as it keeps any output, so that a fully cached run stays cached (`--force train`, another budget or
+    other settings try them again)."""
+    key = _cut_key(config, keys)
+    if key is None:
+        return {}
+    try:
+        cut = json.loads(store.cache_file(CUTS).read_text(encoding="utf-8")).get(key, {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {m: str(w) for m, w in cut.items() if m in config.models()} if isinstance(cut, dict) else {}
+
+
+def record_cut(store, config: PipelineConfig, keys: dict[str, str], cut: dict[str, str]) -> None:
+    """Keep what the budget left untrained for the training planned with `keys` (the last 500 decisions)."""
+    key = _cut_key(config, keys)
+    if key is None:
+        return
+    path = store.cache_file(CUTS)
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        record = {}
+    record = {k: v for k, v in record.items() if k != key} if isinstance(record, dict) else {}
+    record[key] = cut
+    atomic_write_text(path, json.dumps(dict(list(record.items())[-500:]), ensure_ascii=False))
+
+
+def without_models(config: PipelineConfig, cut: dict[str, str]) -> PipelineConfig:
+    """`config` less the models the training budget left untrained (`cut`: model -> why), which it names."""
+    training = config.kind.training.name
+    section = config.section(training).without(cut)
+    return config.model_copy(update={"stages": config.stages.model_copy(update={training: section})})
+
+
+def unread(config: PipelineConfig, stages: list[str]) -> set[str]:
+    """The stages of `stages` that a run leaves unbuilt because every stage of `stages` that needs them is a per-model
+    stage none of whose models reads them (embed, when no model of the pipeline starts from word vectors). A stage
+    nothing of `stages` needs (the last one asked for) is never among them."""
+    kind, models = config.kind, [MODELS[m] for m in config.models()]
+    out = set()
+    for name in stages:
+        readers = [kind.stages[s] for s in stages if name in kind.stages[s].needs]
+        if readers and all(r.per_model and not any(r.reads(name, m) for m in models) for r in readers):
+            out.add(name)
+    return out

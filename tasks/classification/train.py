@@ -6,6 +6,7 @@ import json
 import time
 
 import numpy as np
+import pandas as pd
 
 from tasks.classification.models import MODELS, REGISTRY, estimator
 from tasks.core import BuildContext, BuildOutput, Facts, Unit, by_model
@@ -55,8 +56,12 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     inputs = TrainInputs(name, train, validation, labels, spec.view(p), ctx.inputs["vocab"], vectors, ctx.out,
                          ctx.scratch, ctx.sink, members=members, root=ctx.root)
     race = racing.current()
-    if race is not None and not race.first and race.estimate is None and not spec.races:
-        race.admit(*probe(spec, inputs))  # a network is estimated from its first batches instead
+    if race is not None and not spec.races:  # a network is estimated from its first batches instead
+        estimate, how = (race.estimate, " (from its last build)") if race.estimate is not None else probe(spec, inputs)
+        if not race.first:
+            race.admit(estimate, how)
+        elif estimate is not None and estimate > race.share:  # the first always trains: on the rows that fit
+            inputs, race.cut = within_budget(inputs, estimate, race.share, how, p.seed)
     summary = spec.train(inputs)
     if not spec.is_language_model:  # classifiers: validation scores from the saved model, as it will be served
         val = predict_batches(spec.load(ctx.out / name), validation).argmax(1)
@@ -90,20 +95,40 @@ def probe(spec, inputs: TrainInputs) -> tuple[float | None, str]:
 
     rows = len(inputs.train)
     sizes = [min(n, rows // (4 * (i + 1))) for i, n in enumerate(reversed(PROBES))][::-1]
-    if spec.streams or spec.members is not None or sizes[0] < 100:
+    if spec.members is not None or sizes[0] < 100:
         return None, ""
     points = []
     for size in sizes:
-        sample = inputs.train.sample(size, random_state=0)
+        sample = sampled(inputs.train, size, 0)
         with tempfile.TemporaryDirectory(prefix="zhpipe-probe-") as tmp:
             t0 = time.perf_counter()
             try:
-                spec.train(replace(inputs, train=sample, validation=inputs.validation.head(200), out=Path(tmp),
+                spec.train(replace(inputs, train=sample, validation=sampled(inputs.validation, 200, 0), out=Path(tmp),
                                    scratch=None, sink=None))
             except Exception:  # noqa: BLE001 - a sample it cannot fit leaves the model unestimated, not failed
                 return None, ""
             points.append((size, time.perf_counter() - t0))
     return from_samples(points, rows), f" (timed on samples of {sizes[0]} and {sizes[1]} of {rows} rows)"
+
+
+def sampled(train, rows: int, seed: int):
+    """`rows` rows of the train split drawn at random (a frame; a `Rows` is read batch by batch)."""
+    if isinstance(train, pd.DataFrame):
+        return train.sample(min(rows, len(train)), random_state=seed)
+    rng, share = np.random.default_rng(seed), min(1.0, rows / max(len(train), 1))
+    return pd.concat([b[rng.random(len(b)) < share] for b in train.batches()], ignore_index=True)
+
+
+def within_budget(inputs: TrainInputs, estimate: float, share: float, how: str, seed: int) -> tuple[TrainInputs, str]:
+    """The first model of a budget whose whole split would not fit in it: fitted on the share of rows that does
+    (never fewer than 1,000), and why."""
+    from dataclasses import replace
+
+    total = len(inputs.train)
+    rows = max(min(total, 1000), int(total * 0.85 * share / estimate))
+    why = (f"trained on {rows:,} of {total:,} rows: all of them would take about {estimate:.0f} s{how}, over the "
+           f"budget ({share:.0f} s)")
+    return replace(inputs, train=sampled(inputs.train, rows, seed)), why
 
 
 def build(ctx: BuildContext) -> BuildOutput:

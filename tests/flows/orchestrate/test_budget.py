@@ -30,6 +30,9 @@ def test_a_network_the_budget_cannot_afford_is_not_started_and_says_so(smoke):
     assert json.loads((Path(evaluate["path"]) / "chosen.json").read_text())["model"] == "fasttext"
     tags = client().get_run(out["parent_run_id"]).data.tags
     assert tags["zhpipe.budget"].startswith("textcnn not trained: the budget left it no time"), tags
+    again = pipeline_flow("smoke", overrides=sets, storage=str(smoke["store"]))  # the decision is kept: all cached
+    assert {s["stage"]: s["cache"] for s in again["stages"]} == {s["stage"]: "hit" for s in again["stages"]}
+    assert {u["stage"]: u["cache"] for u in again["units"]}["train.textcnn"] == "not trained"
 
 
 def test_the_report_is_not_calm_when_the_budget_cut():

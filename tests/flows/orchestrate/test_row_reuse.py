@@ -60,3 +60,20 @@ def test_status_gives_a_reason_for_every_missing_stage(smoke):
     empty = stage_states(StageStore(smoke["store"] / "nothing-here"), causes, keys, "smoke")
     assert {r["why"][0] for r in empty} == {"never built in this store"}
     assert json.dumps(rows["download"]["why"])  # plain text, as the table and --json show it
+
+
+def test_a_stage_no_model_of_the_run_reads_is_not_built(smoke, capsys):
+    """fastText alone starts from no word vectors: the embed stage is left out of the run, and `status` says why."""
+    from flows.plan.config import load_pipeline
+    from flows.plan.keys import unread
+    from tests.helpers.cli import in_process
+
+    sets = ["train.models=[fasttext]"]
+    assert unread(load_pipeline("smoke", overrides=sets), ["augment", "embed", "train"]) == {"embed"}
+    assert unread(load_pipeline("smoke"), ["augment", "embed", "train"]) == set()  # textcnn reads it
+    assert unread(load_pipeline("smoke", overrides=sets), ["augment", "embed"]) == set()  # asked for: built
+    out = pipeline_flow("smoke", overrides=sets, storage=str(smoke["store"]))
+    assert "embed" not in [s["stage"] for s in out["stages"]] and "evaluate" in [s["stage"] for s in out["stages"]]
+    status = in_process(capsys, "status", "smoke", "--set", sets[0], "--storage", str(smoke["store"]))
+    line = next(line for line in status.stdout.splitlines() if "embed" in line)
+    assert "not needed" in line, status.stdout

@@ -135,3 +135,14 @@ def test_a_models_cost_is_estimated_from_its_history_or_two_samples():
     # 1 s fixed and 1 ms a row: the line through two timed samples
     assert from_samples([(1000, 2.0), (3000, 4.0)], 50_000) == pytest.approx(51.0)
     assert from_samples([(1000, 2.0), (3000, 1.5)], 50_000) == pytest.approx(25.0)  # noise: never a negative slope
+
+
+def test_the_first_model_whose_split_does_not_fit_the_budget_trains_on_the_rows_that_do(tmp_path):
+    """It always trains (so that there is a model), on the share of rows its estimate says fits, and says so."""
+    from tasks.classification.train import TrainInputs, within_budget
+
+    inputs = TrainInputs("tfidf_lr", frame(5000), frame(10), ["0", "1"], None, tmp_path, None, tmp_path, tmp_path)
+    fitted, why = within_budget(inputs, 200.0, 90.0, " (timed on samples)", 7)
+    assert len(fitted.train) == int(len(inputs.train) * 0.85 * 90 / 200)
+    assert why.startswith(f"trained on {len(fitted.train):,} of {len(inputs.train):,} rows: all of them would take "
+                          "about 200 s (timed on samples), over the budget (90 s)")
