@@ -63,7 +63,7 @@ def main() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ZHPIPE_", "MLFLOW_", "PREFECT_"))}
     env["PYTHONPATH"] = str(ROOT)
     result: dict = {"rows": args.rows}
-    with tempfile.TemporaryDirectory(prefix="zhpipe-bench-cost-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="zhpipe-bench-cost-", ignore_cleanup_errors=True) as tmp:
         frame = pairs(args.rows)
         frame["label2"] = frame["label"].map({"0": "negative", "1": "positive"})
         csv = Path(tmp) / "reviews.csv"
@@ -78,7 +78,7 @@ def main() -> None:
         wall, log = zhpipe(project, env, "run")  # 1: the first run
         spent = SPENT.search(log)
         comparison = pd.read_csv(newest(store, "evaluate")["path"] / "comparison.csv", dtype={"budget": str})
-        rows = comparison.fillna("").to_dict(orient="records")
+        rows = comparison.astype(object).where(comparison.notna(), "").to_dict(orient="records")
         chosen = json.loads((newest(store, "evaluate")["path"] / "chosen.json").read_text(encoding="utf-8"))["model"]
         result["first_run"] = {
             "wall_s": round(wall, 1), "training_s": float(spent.group(1)) if spent else None,
@@ -95,8 +95,9 @@ def main() -> None:
 
         yaml = config.read_text(encoding="utf-8")  # 3: a pipeline that differs only in its label column
         body = yaml.split("pipelines:\n", 1)[1].split("\n", 1)[1]
-        config.write_text(yaml + f"  {name}-label2:\n" + body.replace("label_column: label", "label_column: label2"),
-                          encoding="utf-8")
+        other = re.sub(r'label_column: "?label"?', "label_column: label2", body)
+        assert other != body, "the template's label_column line was not found"
+        config.write_text(yaml + f"  {name}-label2:\n" + other, encoding="utf-8")
         wall, log = zhpipe(project, env, "run", f"{name}-label2", "--to", "embed")
         segment = newest(store, "segment")
         result["label_only"] = {"wall_s": round(wall, 1), "built": built(log),
@@ -120,11 +121,11 @@ def main() -> None:
                                  "rows_reused": segment["metrics"].get("rows_reused"),
                                  "segment_s": segment["seconds"]}
         print("edited copy:", result["edited_copy"], flush=True)
+        out = ROOT / "benchmarks" / "results" / "corpus_cost.json"
+        out.parent.mkdir(exist_ok=True)
+        out.write_text(json.dumps(result, indent=1, default=str), encoding="utf-8")
         subprocess.run([sys.executable, "-m", "flows.cli", "server", "stop"], cwd=project, env=env,
                        capture_output=True)
-    out = ROOT / "benchmarks" / "results" / "corpus_cost.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(result, indent=1, default=str), encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -167,7 +167,9 @@ def build(ctx: BuildContext) -> BuildOutput:
     plans = {name: chunk_plan(src, ctx.params.chunk_rows) for name, src in sources.items()}
     rows = sum(c.rows for chunks in plans.values() for c in chunks)
     pool = ctx.pool(worker_count(ctx.params, rows))
-    cache = ctx.store.cache_file(FILE) if ctx.store is not None else None
+    cache = ctx.store.cache_file(FILE) if ctx.store is not None and ctx.params.row_cache else None
+    if cache is not None:  # made here, once, before the workers open it
+        RowCache(cache, "").close()
     tables = pool.tables(segment_chunk, [c for name in SPLITS for c in plans[name]],
                            _chunk_params(ctx.params, ctx.root, cache))
     metrics, kept = {}, 0

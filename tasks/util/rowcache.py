@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
+import time
 from pathlib import Path
 
 FILE = "rows.sqlite"
@@ -21,10 +22,18 @@ class RowCache:
     def __init__(self, path: Path | str, namespace: str):
         self.path, self.namespace = Path(path), namespace
         self.db = sqlite3.connect(self.path, timeout=120)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.execute("CREATE TABLE IF NOT EXISTS rows (key BLOB PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID")
-        self.db.commit()
+        for attempt in range(600):  # a first open by several workers at once: switching to WAL is not waited on
+            try:
+                self.db.execute("PRAGMA journal_mode=WAL")
+                self.db.execute("PRAGMA synchronous=NORMAL")
+                self.db.execute("CREATE TABLE IF NOT EXISTS rows (key BLOB PRIMARY KEY, value TEXT NOT NULL) "
+                                "WITHOUT ROWID")
+                self.db.commit()
+                break
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) or attempt == 599:
+                    raise
+                time.sleep(0.2)
 
     def _key(self, text: str) -> bytes:
         return hashlib.sha256(f"{self.namespace}\x00{text}".encode()).digest()[:20]

@@ -15,6 +15,7 @@ import pandas as pd
 from pydantic import Field
 
 from tasks.core import Section
+from tasks.models import racing
 from tasks.models.base import ModelSpec, TrainInputs
 from tasks.util.io import Rows, batches_of, shuffled, split_mb
 
@@ -181,14 +182,22 @@ def _fit_stream(train, labels: list[str], p: Params, seed: int, folder: Path) ->
     # the same objective as LogisticRegression(C): alpha = 1 / (C * n)
     model = SGDClassifier(loss="log_loss", alpha=1.0 / (p.C * n), average=True, learning_rate="optimal",
                           class_weight=weights, random_state=seed)
-    for _ in range(p.epochs):
+    race, started, epochs = racing.current(), time.perf_counter(), p.epochs
+    for epoch in range(p.epochs):
+        # under a training budget: another pass only when one fits in what is left (the first is always made)
+        took = (time.perf_counter() - started) / max(epoch, 1)
+        if epoch and race is not None and took > race.left():
+            race.cut = (f"stopped after epoch {epoch} of {p.epochs}: a pass takes about {took:.0f} s and "
+                        f"{max(race.left(), 0):.0f} s of the budget were left")
+            epochs = epoch
+            break
         for batch in batches_of(order, ["words", "text", "label"], STREAM_ROWS):
             model.partial_fit(hashed_tfidf(hashers, idf, batch), batch["label"].map(index).to_numpy(), classes=classes)
     if isinstance(order, Rows):
         shutil.rmtree(order.path.parent, ignore_errors=True)
     np.savez(folder / "weights.npz", idf_words=idf["words"], idf_chars=idf["chars"],
              coef=model.coef_.astype(np.float32), intercept=model.intercept_, classes=model.classes_)
-    return n * p.epochs
+    return n * epochs
 
 
 def tfidf_predictor(folder: Path):
@@ -234,7 +243,10 @@ def _train(i: TrainInputs) -> dict:
     return train_tfidf_lr(i.train, i.labels, i.section, i.params.seed, i.out, i.name)
 
 
-SPEC = ModelSpec("tfidf_lr", Params, _train, load=tfidf_predictor, shared=("seed",), streams=True, cost=0,
+# the budget is in its key: a streamed fit makes the passes that fit in it
+SPEC = ModelSpec("tfidf_lr", Params, _train, load=tfidf_predictor, shared=("seed", "budget", "model_budget"),
+                 streams=True, cost=0,
                 about="TF-IDF over word 1-2-grams and character 1-3-grams, logistic regression: the baseline")
-WIDE = ModelSpec("tfidf_wide", WideParams, _train, load=tfidf_predictor, shared=("seed",), streams=True, cost=0,
+WIDE = ModelSpec("tfidf_wide", WideParams, _train, load=tfidf_predictor, shared=("seed", "budget", "model_budget"),
+                 streams=True, cost=0,
                  about="tfidf_lr over word 1-3-grams and character 1-5-grams, C=16: the strongest linear model here")
