@@ -13,7 +13,6 @@ live in its own folder:
 - `outcomes(served, ask, test, metric) -> tasks.util.paired.Outcomes`: what a served model does on each row of a test
   split (`ask(texts)` returns its answers as served), for the champion rule's paired bootstrap.
 - `SHOWN`: a `Shown`, how `zhpipe predict` writes its answers.
-- `LEGACY`: the class name its models were logged under before one generic entry (older models import it by name).
 Imports nothing heavy."""
 from __future__ import annotations
 

@@ -10,9 +10,9 @@ import sys
 from typing import NoReturn
 
 from flows.cli import catalog, doctor, results, run, schedule, store
-from flows.cli.common import Needs, Parser, version
+from flows.cli.common import Parser, version
+from flows.needs import Needs
 from flows.cli.ending import abort, finish
-from flows.cli.run import summary_table  # noqa: F401 - the run summary, as callers knew it
 from flows.plan import project
 from flows.runtime import commands, provide
 from tasks.errors import ZhpipeError, say

@@ -4,7 +4,8 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from flows.cli.common import Needs, config_file
+from flows.cli.common import config_file
+from flows.needs import Needs
 from tasks.errors import ZhpipeError, printable
 
 

@@ -6,7 +6,6 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from flows.needs import BUILDS, Needs  # noqa: F401 - declared below the rooms, used by every command
 from flows.plan import project
 from tasks.errors import ZhpipeError
 

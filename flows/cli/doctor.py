@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from flows.cli.common import Needs
+from flows.needs import Needs
 from tasks.errors import ZhpipeError
 
 

@@ -6,7 +6,8 @@ import sys
 import time
 from pathlib import Path
 
-from flows.cli.common import Needs, pipeline_name, print_frame, storage_arg
+from flows.cli.common import pipeline_name, print_frame, storage_arg
+from flows.needs import Needs
 from tasks.errors import ZhpipeError, printable
 
 WHY_CHARS = 60  # of the champion decision's reason in `zhpipe runs`

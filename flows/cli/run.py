@@ -9,7 +9,8 @@ import shlex
 import time
 from dataclasses import replace
 
-from flows.cli.common import BUILDS, Needs, console, load, number, request_of
+from flows.cli.common import console, load, number, request_of
+from flows.needs import BUILDS, Needs
 from flows.needs import server_ready
 from tasks.errors import ZhpipeError, say
 

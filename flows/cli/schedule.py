@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import sys
 
-from flows.cli.common import Needs, config_file, configs, console, explicit_config, pipeline_name
+from flows.cli.common import config_file, configs, console, explicit_config, pipeline_name
+from flows.needs import Needs
 from tasks.errors import ZhpipeError
 
 

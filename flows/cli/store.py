@@ -4,7 +4,8 @@ from __future__ import annotations
 import shlex
 import time
 
-from flows.cli.common import Needs, store_of
+from flows.cli.common import store_of
+from flows.needs import Needs
 from flows.plan import project
 from tasks.errors import ZhpipeError
 

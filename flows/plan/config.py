@@ -8,7 +8,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, Field, ValidationError, create_model, model_validator
+from pydantic import BaseModel, Field, ValidationError, create_model, model_validator
 
 from flows.plan.values import apply_set, read_config, valid_cron
 from tasks.core import Section
@@ -105,8 +105,8 @@ class PipelineConfig(Section):
     schedule: ScheduleConfig | None = None
     parameters: RunParameters = RunParameters()
     work_pool: str = "zhpipe"  # the pool whose workers run the pipeline flow
-    # where chunked stages run: this machine's processes, or a Dask cluster (`runner:`, its name before, is read too)
-    executor: Literal["local", "dask"] = Field("local", validation_alias=AliasChoices("executor", "runner"))
+    # where chunked stages run: this machine's processes, or a Dask cluster
+    executor: Literal["local", "dask"] = "local"
     dask_address: str | None = None  # scheduler address (tcp://host:8786); None with executor dask = a local cluster
     storage: str | None = None  # stage store root: a folder or an fsspec URL; default data/ (ZHPIPE_STORAGE wins)
     predict: PredictLimits = PredictLimits()  # travels with the registered model
@@ -225,6 +225,9 @@ def _pipeline_model(task: str, models: tuple, stage_table: tuple) -> type[Pipeli
                         __validators__={"_task": model_validator(mode="after")(_check_task)})
 
 
+RENAMED = {"runner": "executor"}  # keys of older versions: an error that names the key's name now
+
+
 def _describe(err: ValidationError, where: str, model: type[BaseModel]) -> str:
     """One line per pydantic error: the dotted key, what is wrong and, for unknown keys, what is allowed."""
     first = err.errors()[0]
@@ -234,7 +237,9 @@ def _describe(err: ValidationError, where: str, model: type[BaseModel]) -> str:
         allowed = ", ".join(parent.model_fields) if parent else "?"
         import difflib
 
-        close = difflib.get_close_matches(str(first["loc"][-1]), list(parent.model_fields) if parent else [], n=1)
+        key = str(first["loc"][-1])
+        close = [RENAMED[key]] if key in RENAMED else difflib.get_close_matches(
+            key, list(parent.model_fields) if parent else [], n=1)
         hint = f"did you mean '{close[0]}'? " if close else ""
         return f"{where}: unknown key '{loc}' ({hint}allowed keys: {allowed})"
     if first["type"] == "missing":

@@ -7,7 +7,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from flows.plan.store import MANIFEST, CorruptManifest, Manifest, StageStore, alive
+from flows.plan.store import MANIFEST, CorruptManifest, Manifest, StageStore
+from tasks.util.procs import alive
 
 SHARED = {"_downloads", "_cache", "_records", ".remote"}  # shared by all keys: never collected
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from flows.plan import project
 from flows.plan.config import PipelineConfig
-from flows.plan.store import file_sha256
+from tasks.util.io import file_sha256
 from tasks.errors import ZhpipeError
 from tasks.source.origin import Origin
 from tasks.util.io import resolve_path

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tasks.errors import ZhpipeError
-from tasks.util.io import atomic_write_text, file_sha256  # noqa: F401 - file_sha256 is part of the store's API
-from tasks.util.procs import alive  # noqa: F401 - what callers here knew as store.alive
+from tasks.util.io import atomic_write_text, file_sha256
+from tasks.util.procs import alive
 from tasks.util.urls import check_storage_url, conceal, redact, reveal, storage_options
 
 MANIFEST = "manifest.json"

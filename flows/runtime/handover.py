@@ -175,7 +175,7 @@ def hand_over(argv: list[str]) -> int | None:
             reply, _ = recv(sock)
         except (OSError, ValueError):
             reply = None
-        if not reply or not isinstance(reply.get("pid"), int) or procs.parent_of(reply["pid"]) != state["pid"]:
+        if not reply or not isinstance(reply.get("pid"), int) or private.parent_of(reply["pid"]) != state["pid"]:
             sock.close()  # refused (code changed, other limits, say): this process runs the command
             return None
         _pass_signals_on(reply["pid"])

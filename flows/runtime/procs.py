@@ -14,7 +14,6 @@ import socket
 import struct
 from pathlib import Path
 
-from flows.plan.private import listeners, parent_of  # noqa: F401 - parent_of: the runtime's name for it
 
 _PROC = Path("/proc")
 
@@ -110,12 +109,6 @@ def peer(sock: socket.socket) -> tuple[int, int, int]:
     """(pid, uid, gid) of the process at the other end of a connected Unix socket (SO_PEERCRED, Linux)."""
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     return struct.unpack("3i", creds)
-
-
-def listener_uid(port: int) -> int | None:
-    """The uid owning a TCP socket that listens on `port` on loopback; None when none listens or there is no /proc."""
-    found = listeners(port)
-    return found[0][0] if found else None
 
 
 SIGNALS_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,

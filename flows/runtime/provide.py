@@ -1,4 +1,4 @@
-"""What a command's declared needs (`flows.cli.common.Needs`) get from the runtime, asked by the CLI's entry point:
+"""What a command's declared needs (`flows.needs.Needs`) get from the runtime, asked by the CLI's entry point:
 the background Prefect server found or started, the hand-over to the warm process, the server watched while the
 command runs, and a warm process left for the next command."""
 from __future__ import annotations

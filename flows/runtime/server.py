@@ -160,7 +160,7 @@ def supervise(argv: list[str], idle: float, poll: float | None = None) -> int:
     """Run the Prefect server (`argv`) and stop it once no zhpipe process has used it for `idle` seconds: its
     users are the processes named in `users_dir()` (dead ones are dropped as they are seen), looked at every
     `poll` seconds (5, or a fifth of a shorter timeout, so that it stops within a fifth of it late)."""
-    from flows.plan.store import alive
+    from tasks.util.procs import alive
 
     poll = poll if poll is not None else min(5.0, max(idle / 5, 0.5))
 

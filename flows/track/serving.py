@@ -127,20 +127,6 @@ class ServedModel(PythonModel):
             raise bad_request(str(e)) from None
 
 
-def __getattr__(name: str):
-    """The class a model logged before the generic entry imports by name (TextClassifier, ...): a ServedModel that
-    serves as the kind whose `LEGACY` name it is."""
-    import importlib
-
-    from tasks.stages import KINDS
-
-    for kind in KINDS.values() if not name.startswith("__") else ():
-        module = importlib.import_module(kind.serving) if kind.serving else None
-        if module and getattr(module, "LEGACY", None) == name:
-            return type(name, (ServedModel,), {"serving": module.__name__})
-    raise AttributeError(name)
-
-
 def log_model(run_id: str, model: str, folder: Path, labels: list[str], config, registered_name: str | None = None,
               store=None):
     """Log `folder` (a model the pipeline `config` trained) as a ServedModel pyfunc in run `run_id`, served as the

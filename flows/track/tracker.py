@@ -273,7 +273,7 @@ class Tracker:
         the machine restarted): marked KILLED so that the MLflow UI does not show them running forever."""
         import socket
 
-        from flows.plan.store import alive
+        from tasks.util.procs import alive
 
         host = socket.gethostname()
         try:

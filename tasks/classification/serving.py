@@ -12,8 +12,6 @@ import pandas as pd
 
 from tasks.serving import EXAMPLE_ZH, Shown, checked, limits, segmenter_of
 
-LEGACY = "TextClassifier"
-
 
 def settings(config, labels: list[str]) -> dict:
     return {"labels": labels, "clean": config.section("clean").model_dump(mode="json"),

@@ -22,8 +22,8 @@ from tasks.errors import ConfigError
 from tasks.models.checkpoints import rng_state, save, set_rng_state
 
 # where models compute; re-exported, as callers import them from here
-from tasks.models.devices import amp_dtype, autocast, resolve_device, seed_everything  # noqa: F401
-from tasks.models.racing import ESTIMATE_AFTER, estimate_line, judge_race, replan, say_estimate  # noqa: F401
+from tasks.models.devices import amp_dtype, autocast, resolve_device
+from tasks.models.racing import ESTIMATE_AFTER, judge_race, replan, say_estimate
 from tasks.models.racing import NOT_TRAINED, BudgetCut
 from tasks.models.racing import current as current_race
 from tasks.util.progress import progress

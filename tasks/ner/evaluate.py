@@ -12,7 +12,7 @@ import pandas as pd
 from tasks.core import BuildContext, BuildOutput, Facts, Section, by_model
 from tasks.ner.models import MODELS
 from tasks.ner.tagging import highlighted, marked, prf, span_counts, spans_of
-from tasks.shared.reports import comparison_markdown, plot_training_curves
+from tasks.shared.reports import plot_training_curves, write_comparison
 from tasks.shared.selection import ChampionRule
 
 LIBRARIES = ("torch", "python-crfsuite", "matplotlib")
@@ -111,11 +111,7 @@ def build(ctx: BuildContext) -> BuildOutput:
     rows = [{"model": name, "val_f1": units[name].summary["val_f1"], "test_f1": r["test_f1"],
              "test_precision": r["test_precision"], "test_recall": r["test_recall"],
              "train_seconds": round(units[name].summary["seconds"], 1)} for name, r in results.items()]
-    table = pd.DataFrame(rows).sort_values("val_f1", ascending=False, kind="stable")
-    table.to_csv(ctx.out / "comparison.csv", index=False)
-    (ctx.out / "comparison.md").write_text(comparison_markdown(table), encoding="utf-8")
-    (ctx.out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
-    best = table.iloc[0]["model"]
+    best = write_comparison(ctx.out, rows, "val_f1", results)
     return BuildOutput(rows=None, artifacts=["comparison.csv", "comparison.md"],
                        metrics={f"{m}_{k}": v for m, r in results.items()
                                 for k, v in r.items() if not k.startswith("test_f1_")}

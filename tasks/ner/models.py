@@ -162,7 +162,7 @@ def decode_rows(model, rows: list[dict[str, np.ndarray]], tags: list[str], batch
 def train_tagger(inputs: TrainInputs) -> dict:
     import torch
 
-    from tasks.models.trainer import seed_everything
+    from tasks.models.devices import seed_everything
 
     p: TaggerParams = inputs.section
     seed_everything(inputs.params.seed)
@@ -258,7 +258,8 @@ def _prepare(inputs: TrainInputs, p: TaggerParams) -> Prepared:
 def _train_copies(inputs: TrainInputs, p: TaggerParams, prep: Prepared) -> tuple[list, list, Any]:
     """`p.seeds` copies of the tagger, each from its own seed (a seed ensemble when more than one)."""
     from tasks.models.batching import length_buckets
-    from tasks.models.trainer import LoopConfig, Task, fit, seed_everything
+    from tasks.models.trainer import LoopConfig, Task, fit
+    from tasks.models.devices import seed_everything
 
     def batches(rng):
         for chunk in length_buckets(prep.train_rows, p.batch_size, rng):
@@ -296,7 +297,7 @@ def _train_copies(inputs: TrainInputs, p: TaggerParams, prep: Prepared) -> tuple
 def tagger_from(folder: Path, device: str = "auto") -> TaggerFn:
     import torch
 
-    from tasks.models.trainer import resolve_device
+    from tasks.models.devices import resolve_device
 
     saved = torch.load(folder / "model.pt", map_location="cpu", weights_only=True)  # tensors and plain data only
     config = saved["config"]

@@ -14,8 +14,6 @@ import pandas as pd
 
 from tasks.serving import Shown, checked, limits, status
 
-LEGACY = "EntityTagger"
-
 
 def settings(config, labels: list[str]) -> dict:
     return {"labels": labels, "clean": config.section("clean").model_dump(mode="json")}

@@ -69,6 +69,18 @@ def comparison_markdown(table: pd.DataFrame) -> str:
     return header + body
 
 
+def write_comparison(out: Path, rows: list[dict], metric: str, results: dict) -> str:
+    """`comparison.csv` and `comparison.md` of the scored models, best first by `metric` (higher is better), and
+    their `results.json`; returns the best model."""
+    import json
+
+    table = pd.DataFrame(rows).sort_values(metric, ascending=False, kind="stable")
+    table.to_csv(out / "comparison.csv", index=False)
+    (out / "comparison.md").write_text(comparison_markdown(table), encoding="utf-8")
+    (out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
+    return table.iloc[0]["model"]
+
+
 def plot_training_curves(history: list[dict[str, float]], title: str, path: Path) -> Path | None:
     """Loss (train and validation) and validation metrics per epoch; None without a per-epoch history."""
     from tasks.util.plots import save, subplots

@@ -12,7 +12,7 @@ import pandas as pd
 from pydantic import Field
 
 from tasks.core import BuildContext, BuildOutput, Facts, Section, by_model
-from tasks.shared.reports import comparison_markdown, plot_training_curves
+from tasks.shared.reports import plot_training_curves, write_comparison
 from tasks.shared.selection import ChampionRule
 from tasks.translation.models import MODELS, corpus_scores
 from tasks.translation.text import side_tokens, sides
@@ -127,11 +127,7 @@ def build(ctx: BuildContext) -> BuildOutput:
              "parameters": units[name].summary.get("parameters"),
              "train_seconds": round(units[name].summary["seconds"], 1)}
             for name, r in results.items()]
-    table = pd.DataFrame(rows).sort_values("val_bleu", ascending=False, kind="stable")
-    table.to_csv(ctx.out / "comparison.csv", index=False)
-    (ctx.out / "comparison.md").write_text(comparison_markdown(table), encoding="utf-8")
-    (ctx.out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
-    best = table.iloc[0]["model"]
+    best = write_comparison(ctx.out, rows, "val_bleu", results)
     return BuildOutput(rows=None, artifacts=["comparison.csv", "comparison.md"],
                        metrics={f"{m}_{k}": v for m, r in results.items()
                                 for k, v in r.items() if k in ("test_bleu", "test_chrf")}

@@ -202,7 +202,8 @@ def train_translator(inputs: TrainInputs) -> dict:
     """Fit one translator on the train pairs; save `<name>/model.pt`; summary with validation BLEU (beam search)."""
     import torch
 
-    from tasks.models.trainer import LoopConfig, Task, fit, seed_everything
+    from tasks.models.trainer import LoopConfig, Task, fit
+    from tasks.models.devices import seed_everything
 
     p = inputs.section
     params = inputs.params
@@ -264,7 +265,7 @@ def load_translator(folder: Path, device: str = "auto") -> TranslatorFn:
     import torch
 
     from tasks.models.batching import pad
-    from tasks.models.trainer import resolve_device
+    from tasks.models.devices import resolve_device
     from tasks.translation.seq2seq_nets import greedy
 
     saved = torch.load(folder / "model.pt", map_location="cpu", weights_only=True)

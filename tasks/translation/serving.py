@@ -12,8 +12,6 @@ import pandas as pd
 
 from tasks.serving import Shown, checked, limits, segmenter_of, status
 
-LEGACY = "TextTranslator"
-
 
 def settings(config, labels: list[str]) -> dict:
     return {"clean": config.section("clean").model_dump(mode="json"),

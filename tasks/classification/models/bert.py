@@ -140,7 +140,8 @@ def pretrain_mlm(texts: pd.Series, validation: pd.Series, tokenizer, p: Params, 
     stay (DataCollatorForLanguageModeling)."""
     from transformers import BertConfig, BertForMaskedLM, BertForPreTraining, DataCollatorForLanguageModeling
 
-    from tasks.models.trainer import LoopConfig, Task, fit, seed_everything
+    from tasks.models.trainer import LoopConfig, Task, fit
+    from tasks.models.devices import seed_everything
 
     folder = checkpoints / "pretrained"
     config = BertConfig(vocab_size=len(tokenizer), hidden_size=p.hidden_size, num_hidden_layers=p.num_layers,
@@ -210,7 +211,8 @@ def train_bert(inputs: TrainInputs) -> dict:
     import torch.nn.functional as F
     from transformers import AutoTokenizer
 
-    from tasks.models.trainer import LoopConfig, Task, fit, seed_everything, validation_metrics
+    from tasks.models.trainer import LoopConfig, Task, fit, validation_metrics
+    from tasks.models.devices import seed_everything
 
     train, validation, labels, params, out = inputs.train, inputs.validation, inputs.labels, inputs.params, inputs.out
     char_vocab, word_vocab = inputs.vocab / "chars" / "vocab.txt", inputs.vocab / "words" / "vocab.txt"
@@ -303,7 +305,7 @@ def load_bert(folder: Path, device: str = "auto") -> tuple[LexiconBert, object, 
     from transformers import AutoTokenizer, BertForSequenceClassification
 
     from tasks.models.modules import LexiconAdapter, LexiconBert
-    from tasks.models.trainer import resolve_device
+    from tasks.models.devices import resolve_device
 
     quiet_transformers()
     meta = json.loads((folder / "zhpipe.json").read_text(encoding="utf-8"))

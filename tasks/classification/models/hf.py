@@ -74,7 +74,8 @@ def train_hf(inputs: TrainInputs) -> dict:
     from transformers import AutoModelForSequenceClassification
 
     from tasks.classification.models.bert import quiet_transformers
-    from tasks.models.trainer import LoopConfig, Task, fit, seed_everything, validation_metrics
+    from tasks.models.trainer import LoopConfig, Task, fit, validation_metrics
+    from tasks.models.devices import seed_everything
 
     p: Params = inputs.section
     quiet_transformers()
@@ -123,7 +124,7 @@ def hf_predictor(folder: Path, device: str = "auto") -> Predictor:
     """Probabilities from a saved `hf/` folder (loaded from local files only)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from tasks.models.trainer import resolve_device
+    from tasks.models.devices import resolve_device
 
     meta = json.loads((folder / "zhpipe.json").read_text(encoding="utf-8"))
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)

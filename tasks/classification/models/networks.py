@@ -161,7 +161,8 @@ def train_network(inputs: TrainInputs) -> dict:
 
     from tasks.models.batching import pad
     from tasks.classification.models.encoded import encode_split
-    from tasks.models.trainer import LoopConfig, Task, fit, seed_everything, validation_metrics
+    from tasks.models.trainer import LoopConfig, Task, fit, validation_metrics
+    from tasks.models.devices import seed_everything
 
     kind, train, validation, labels, params = inputs.name, inputs.train, inputs.validation, inputs.labels, inputs.params
     vocab_file, vectors, out, checkpoints, tracker = (inputs.vocab / "words" / "vocab.txt", inputs.vectors, inputs.out,
@@ -213,7 +214,7 @@ def load_network(folder: Path, device: str = "auto") -> tuple[torch.nn.Module, d
     """A saved network in eval mode and its checkpoint (kind, config, vocabulary and labels are inside it)."""
     import torch
 
-    from tasks.models.trainer import resolve_device
+    from tasks.models.devices import resolve_device
 
     ckpt = torch.load(folder / "model.pt", map_location="cpu", weights_only=True)  # tensors and plain data only
     config_cls, module_cls, _ = networks()[ckpt["kind"]]

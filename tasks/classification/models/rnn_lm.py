@@ -85,7 +85,8 @@ def train_rnn_lm(inputs: TrainInputs) -> dict:
 
     from tasks.classification.models.encoded import encode_split
     from tasks.models.modules import LSTMLanguageModel, RNNLMConfig
-    from tasks.models.trainer import LoopConfig, Task, fit, seed_everything
+    from tasks.models.trainer import LoopConfig, Task, fit
+    from tasks.models.devices import seed_everything
 
     train, validation, params, out = inputs.train, inputs.validation, inputs.params, inputs.out
     vocab_root, checkpoints, tracker = inputs.vocab, inputs.scratch, inputs.sink
@@ -121,7 +122,7 @@ def rnn_lm_perplexity(folder: Path, df: "pd.DataFrame | Rows", device: str = "au
     import torch
 
     from tasks.models.modules import LSTMLanguageModel, RNNLMConfig
-    from tasks.models.trainer import resolve_device
+    from tasks.models.devices import resolve_device
 
     saved = torch.load(folder / "model.pt", map_location="cpu", weights_only=True)  # tensors and plain data only
     model = LSTMLanguageModel(RNNLMConfig(**saved["config"]))
@@ -177,7 +178,8 @@ def train_lm_classifier(inputs: TrainInputs) -> dict:
 
     from tasks.classification.models.encoded import encode_split
     from tasks.models.modules import RNNLMConfig
-    from tasks.models.trainer import LoopConfig, Task, fit, seed_everything
+    from tasks.models.trainer import LoopConfig, Task, fit
+    from tasks.models.devices import seed_everything
 
     p: ClassifierParams = inputs.section
     itos = read_vocab(inputs.vocab / p.tokens / "vocab.txt")
@@ -225,7 +227,7 @@ def lm_classifier_predictor(folder: Path, device: str = "auto"):
 
     import torch
 
-    from tasks.models.trainer import resolve_device
+    from tasks.models.devices import resolve_device
 
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     stoi = {t: i for i, t in enumerate(config["vocab"])}

@@ -127,14 +127,13 @@ def test_deployment_keys_do_not_change_stage_keys(tmp_path):
     plain = load_pipeline("p", write(tmp_path, BASE))
     deployed = load_pipeline(
         "p",
-        write(tmp_path, BASE + "    schedule: {interval: 3600}\n    runner: dask\n    storage: s3://b/z\n"),
+        write(tmp_path, BASE + "    schedule: {interval: 3600}\n    executor: dask\n    storage: s3://b/z\n"),
         ["train.work_pool=gpu"],
     )
     assert deployed.stages.train.work_pool == "gpu" and deployed.schedule.interval == 3600
-    assert deployed.executor == "dask"  # `runner:`, the setting's name before, is still read
-    assert plan_keys(plain) == plan_keys(deployed)
-    named = load_pipeline("p", write(tmp_path, BASE + "    executor: dask\n"))
-    assert named.executor == "dask" and plan_keys(named) == plan_keys(plain)
+    assert deployed.executor == "dask" and plan_keys(plain) == plan_keys(deployed)
+    with pytest.raises(ConfigError, match="unknown key 'runner' \\(did you mean 'executor'\\?"):
+        load_pipeline("p", write(tmp_path, BASE + "    runner: dask\n"))  # its name before: named, not read
     with pytest.raises(ConfigError, match="'executor'"):
         load_pipeline("p", write(tmp_path, BASE + "    executor: yarn\n"))
 

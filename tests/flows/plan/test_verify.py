@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from flows.orchestrate.pipeline import pipeline_flow, select_stages
-from flows.plan.store import file_sha256
+from tasks.util.io import file_sha256
 from tests.helpers.cli import in_process
 
 ROOT = Path(__file__).resolve().parents[3]

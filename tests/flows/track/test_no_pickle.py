@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from flows.orchestrate.pipeline import pipeline_flow
-from flows.plan.store import file_sha256
+from tasks.util.io import file_sha256
 from flows.track.tracker import client
 from tasks.stages import MODELS
 from tests.helpers.runs import without_profile

@@ -107,7 +107,7 @@ def test_network_trains_saves_and_reloads_with_identical_predictions(kind, tmp_p
 
 
 def test_the_training_estimate_reads_as_people_plan():
-    from tasks.models.trainer import estimate_line
+    from tasks.models.racing import estimate_line
 
     line = estimate_line("bilstm_crf", 50.0, 5, 300, 10)  # 10 s a batch: 3,000 batches less the 5 done
     assert line.startswith(
@@ -207,7 +207,7 @@ def test_killed_training_resumes_from_its_last_checkpoint_and_ends_identical(tmp
 
 def test_device_auto_and_bf16_autocast_on_cpu(tmp_path, run_ctx):
     """`auto` is CPU here; bf16 autocast (the CUDA default) also runs on CPU and still learns."""
-    from tasks.models.trainer import amp_dtype, resolve_device
+    from tasks.models.devices import amp_dtype, resolve_device
 
     assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else resolve_device("auto").type)
     assert amp_dtype(torch.device("cpu"), "auto") is None and amp_dtype(torch.device("cpu"), "bf16") == torch.bfloat16
@@ -238,7 +238,7 @@ def test_transformer_masks_padding_and_scales_embeddings():
 
 def test_fp16_autocast_with_a_gradient_scaler_learns(tmp_path, run_ctx):
     """fp16 (what `auto` picks on CUDA without bf16: T4, V100) goes through a gradient scaler; here on CPU."""
-    from tasks.models.trainer import amp_dtype
+    from tasks.models.devices import amp_dtype
 
     assert amp_dtype(torch.device("cpu"), "auto") is None and amp_dtype(torch.device("cpu"), "fp16") == torch.float16
     params = TrainConfig(
