@@ -1,6 +1,7 @@
 """Validated pipeline configuration: `pipelines.yaml` becomes one pydantic object, loaded once."""
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import re
@@ -235,11 +236,8 @@ def _describe(err: ValidationError, where: str, model: type[BaseModel]) -> str:
     if first["type"] == "extra_forbidden":
         parent = _model_at(model, first["loc"][:-1])
         allowed = ", ".join(parent.model_fields) if parent else "?"
-        import difflib
-
-        key = str(first["loc"][-1])
-        close = [RENAMED[key]] if key in RENAMED else difflib.get_close_matches(
-            key, list(parent.model_fields) if parent else [], n=1)
+        fields, key = list(parent.model_fields) if parent else [], str(first["loc"][-1])
+        close = [RENAMED[key]] if key in RENAMED else difflib.get_close_matches(key, fields, n=1)
         hint = f"did you mean '{close[0]}'? " if close else ""
         return f"{where}: unknown key '{loc}' ({hint}allowed keys: {allowed})"
     if first["type"] == "missing":

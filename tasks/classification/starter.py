@@ -73,11 +73,13 @@ def example_corpus() -> pd.DataFrame:
 
 
 LARGE = 30_000  # rows from which the template leaves textcnn (and so the embed stage) out of the first run
-SMALL_TIMES = ("times on 12,000 reviews, 2 CPU cores: tfidf_lr 6-16 s, fasttext 5-10 s, textcnn about 7 s an\n"
-               "        # epoch (on 60,000: tfidf_lr about 60 s, fasttext about 25 s, textcnn about 40 s an epoch).")
-LARGE_TIMES = ("times on 60,000 reviews, 2 CPU cores: tfidf_lr about 60 s, fasttext about 25 s; textcnn\n"
-               "        # (--set 'train.models=[tfidf_lr, fasttext, textcnn]') about 40 s an epoch, and its word vectors\n"
-               "        # about 80 s more (on 12,000: tfidf_lr 6-16 s, fasttext 5-10 s, textcnn about 7 s an epoch).")
+# the times measured on 2 CPU cores (docs/results/training.md, docs/results/corpus-cost.md), as the comment says them
+SMALL_TIMES = ("times on the bundled 7,766 reviews, 2 CPU cores: tfidf_lr 6 s, fasttext 5 s,\n"
+               "        # textcnn 7 s an epoch (on 62,000 longer reviews: tfidf_lr 125 s, fasttext 123 s).")
+LARGE_TIMES = ("times on 62,000 reviews, 2 CPU cores: tfidf_lr 125 s (three streamed passes),\n"
+               "        # fasttext 123 s; a first run 312 s without the budget, 142 s with it. textcnn\n"
+               "        # (--set 'train.models=[tfidf_lr, fasttext, textcnn]') also builds word vectors first\n"
+               "        # (Word2Vec: 167 s on 99,350 rows); on the bundled 7,766 reviews: tfidf_lr 6 s, fasttext 5 s.")
 
 
 def sized(rows: int | None) -> dict[str, str]:

@@ -258,8 +258,8 @@ def _prepare(inputs: TrainInputs, p: TaggerParams) -> Prepared:
 def _train_copies(inputs: TrainInputs, p: TaggerParams, prep: Prepared) -> tuple[list, list, Any]:
     """`p.seeds` copies of the tagger, each from its own seed (a seed ensemble when more than one)."""
     from tasks.models.batching import length_buckets
-    from tasks.models.trainer import LoopConfig, Task, fit
     from tasks.models.devices import seed_everything
+    from tasks.models.trainer import LoopConfig, Task, fit
 
     def batches(rng):
         for chunk in length_buckets(prep.train_rows, p.batch_size, rng):

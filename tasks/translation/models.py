@@ -202,8 +202,8 @@ def train_translator(inputs: TrainInputs) -> dict:
     """Fit one translator on the train pairs; save `<name>/model.pt`; summary with validation BLEU (beam search)."""
     import torch
 
-    from tasks.models.trainer import LoopConfig, Task, fit
     from tasks.models.devices import seed_everything
+    from tasks.models.trainer import LoopConfig, Task, fit
 
     p = inputs.section
     params = inputs.params

@@ -140,8 +140,8 @@ def pretrain_mlm(texts: pd.Series, validation: pd.Series, tokenizer, p: Params, 
     stay (DataCollatorForLanguageModeling)."""
     from transformers import BertConfig, BertForMaskedLM, BertForPreTraining, DataCollatorForLanguageModeling
 
-    from tasks.models.trainer import LoopConfig, Task, fit
     from tasks.models.devices import seed_everything
+    from tasks.models.trainer import LoopConfig, Task, fit
 
     folder = checkpoints / "pretrained"
     config = BertConfig(vocab_size=len(tokenizer), hidden_size=p.hidden_size, num_hidden_layers=p.num_layers,
@@ -211,8 +211,8 @@ def train_bert(inputs: TrainInputs) -> dict:
     import torch.nn.functional as F
     from transformers import AutoTokenizer
 
-    from tasks.models.trainer import LoopConfig, Task, fit, validation_metrics
     from tasks.models.devices import seed_everything
+    from tasks.models.trainer import LoopConfig, Task, fit, validation_metrics
 
     train, validation, labels, params, out = inputs.train, inputs.validation, inputs.labels, inputs.params, inputs.out
     char_vocab, word_vocab = inputs.vocab / "chars" / "vocab.txt", inputs.vocab / "words" / "vocab.txt"
@@ -231,9 +231,7 @@ def train_bert(inputs: TrainInputs) -> dict:
             folder, summary = pretrain_mlm(original["chars"], validation["chars"], tokenizer, p, params, checkpoints,
                                            tracker)
             source = str(folder)
-    lexicon, lexicon_vectors = {}, None
-    if p.word_adapter:
-        lexicon, lexicon_vectors = lexicon_from(vectors, read_vocab(word_vocab))
+    lexicon, lexicon_vectors = lexicon_from(vectors, read_vocab(word_vocab)) if p.word_adapter else ({}, None)
     seed_everything(params.seed)
     model = build_model(p, len(labels), tokenizer, source, lexicon_vectors)
 

@@ -74,8 +74,8 @@ def train_hf(inputs: TrainInputs) -> dict:
     from transformers import AutoModelForSequenceClassification
 
     from tasks.classification.models.bert import quiet_transformers
-    from tasks.models.trainer import LoopConfig, Task, fit, validation_metrics
     from tasks.models.devices import seed_everything
+    from tasks.models.trainer import LoopConfig, Task, fit, validation_metrics
 
     p: Params = inputs.section
     quiet_transformers()

@@ -161,8 +161,8 @@ def train_network(inputs: TrainInputs) -> dict:
 
     from tasks.models.batching import pad
     from tasks.classification.models.encoded import encode_split
-    from tasks.models.trainer import LoopConfig, Task, fit, validation_metrics
     from tasks.models.devices import seed_everything
+    from tasks.models.trainer import LoopConfig, Task, fit, validation_metrics
 
     kind, train, validation, labels, params = inputs.name, inputs.train, inputs.validation, inputs.labels, inputs.params
     vocab_file, vectors, out, checkpoints, tracker = (inputs.vocab / "words" / "vocab.txt", inputs.vectors, inputs.out,

@@ -85,8 +85,8 @@ def train_rnn_lm(inputs: TrainInputs) -> dict:
 
     from tasks.classification.models.encoded import encode_split
     from tasks.models.modules import LSTMLanguageModel, RNNLMConfig
-    from tasks.models.trainer import LoopConfig, Task, fit
     from tasks.models.devices import seed_everything
+    from tasks.models.trainer import LoopConfig, Task, fit
 
     train, validation, params, out = inputs.train, inputs.validation, inputs.params, inputs.out
     vocab_root, checkpoints, tracker = inputs.vocab, inputs.scratch, inputs.sink
@@ -178,8 +178,8 @@ def train_lm_classifier(inputs: TrainInputs) -> dict:
 
     from tasks.classification.models.encoded import encode_split
     from tasks.models.modules import RNNLMConfig
-    from tasks.models.trainer import LoopConfig, Task, fit
     from tasks.models.devices import seed_everything
+    from tasks.models.trainer import LoopConfig, Task, fit
 
     p: ClassifierParams = inputs.section
     itos = read_vocab(inputs.vocab / p.tokens / "vocab.txt")
