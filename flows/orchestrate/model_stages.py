@@ -168,7 +168,8 @@ def model_unit_run(run: RunContext, spec: Stage, name: str, upstream: dict[str, 
     build = spec.build_model
     raced = None
     if clock is not None and run.cached(model_unit(spec.name, name)) is None:  # reused: no time taken, none asked
-        raced = _raced(clock, build, name, history(run, name, upstream, spec))
+        # a network's history is of all its epochs; in a race it may train fewer, judged from its first batches
+        raced = _raced(clock, build, name, None if MODELS[name].races else history(run, name, upstream, spec))
     result = run.run(model_unit(spec.name, name), inputs, raced or (lambda ctx: build(ctx, name)),
                      run_name=model_run_name(run, name), tags={"zhpipe.model": name}, tracker=tracker)
     if spec.models.trains:

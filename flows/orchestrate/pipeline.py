@@ -387,7 +387,8 @@ def train_flow(
                      f"zhpipe-{config.identity}", parent_run_id, {training.name} if force else set(), causes=causes,
                      request=request)
     with leases.held(run.store, run.keys) as run.lease:
-        inputs = [run.reuse(name) for name in training.needs]
+        unused = unread(run.config, [*training.needs, training.name])  # embed, when no model reads it
+        inputs = [None if name in unused else run.reuse(name) for name in training.needs]
         with gpu_slot():
             result = stage_task(training.name)(run, *inputs)
     return {k: v for k, v in asdict(result).items() if k != "path"}

@@ -116,7 +116,8 @@ def _unit_params(config: PipelineConfig, spec, stage: str, model: str | None = N
         if not model:
             return {"models": every["models"]}
         declared = MODELS[model].shared
-        if training_order(config, stage)[0].model == model:  # the first model a budget may fit on fewer rows
+        budgeted = every.get("budget") is not None or every.get("model_budget") is not None
+        if budgeted and training_order(config, stage)[0].model == model:  # a budget may fit it on fewer rows
             declared = None if declared is None else (*declared, "budget", "model_budget")
         shared = {k: v for k, v in every.items() if k not in MODELS and k != "models"
                   and (declared is None or k in declared)}

@@ -1,10 +1,10 @@
 """A training budget (`train.budget`, `train.model_budget`), as AutoGluon's `time_limit` and FLAML's `time_budget`:
 a bound on the whole training stage's wall time, every model counted. The models run cheapest first
 (`ModelSpec.cost`); the first always trains, so that there is a model. Each later model's cost is estimated before it
-starts, from its history in the store (its last fit's seconds per training row), else from timed fits on two samples
-of the train split (a model that does not race), else from its first batches (one that does); a model whose
+starts: a model that does not race from its history in the store (its last fit's seconds per training row), else
+from timed fits on two samples of the train split; a network from its first batches. A model whose
 estimate does not fit in what is left is not started (or stopped within its first epoch): `BudgetCut`, `not trained:
-the budget left it no time`, and it is left out of the comparison and the registry. A model that trains through the
+the budget left it no time`: named in the comparison without scores, never registered. A model that trains through the
 shared loop (`ModelSpec.races`) gets a share of what is left, races the leader (the best validation score so far) and
 is stopped when its share runs out or its validation curve cannot reach the leader within it; a model cut short says
 why, and the selection and the champion gate treat it as any other model."""

@@ -5,6 +5,7 @@ file replaced by an edited copy re-segments only the rows whose text changed, as
 are byte for byte those the segmenter gives (a cache, never a different result). Neither Prefect nor MLflow."""
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import sqlite3
@@ -31,6 +32,8 @@ class RowCache:
                 self.db.commit()
                 break
             except sqlite3.OperationalError as e:
+                if "full" in str(e):
+                    raise OSError(errno.ENOSPC, "No space left on device", str(self.path)) from None
                 if "locked" not in str(e) or attempt == 599:
                     raise
                 time.sleep(0.2)
@@ -48,9 +51,14 @@ class RowCache:
         return [found.get(k) for k in keys]
 
     def put(self, texts: list[str], values: list[list[str]]) -> None:
-        with self.db:
-            self.db.executemany("INSERT OR IGNORE INTO rows VALUES (?, ?)",
-                                [(self._key(t), json.dumps(v, ensure_ascii=False)) for t, v in zip(texts, values)])
+        try:
+            with self.db:
+                self.db.executemany("INSERT OR IGNORE INTO rows VALUES (?, ?)",
+                                    [(self._key(t), json.dumps(v, ensure_ascii=False)) for t, v in zip(texts, values)])
+        except sqlite3.OperationalError as e:  # a full disk is said as every full disk is (the file, the space left)
+            if "full" in str(e):
+                raise OSError(errno.ENOSPC, "No space left on device", str(self.path)) from None
+            raise
 
     def close(self) -> None:
         self.db.close()

@@ -68,12 +68,12 @@ def test_a_stage_no_model_of_the_run_reads_is_not_built(smoke, capsys):
     from flows.plan.keys import unread
     from tests.helpers.cli import in_process
 
-    sets = ["train.models=[fasttext]"]
+    sets = ["train.models=[fasttext]", "embed.word2vec.epochs=3"]  # the vectors of settings never built here
     assert unread(load_pipeline("smoke", overrides=sets), ["augment", "embed", "train"]) == {"embed"}
     assert unread(load_pipeline("smoke"), ["augment", "embed", "train"]) == set()  # textcnn reads it
     assert unread(load_pipeline("smoke", overrides=sets), ["augment", "embed"]) == set()  # asked for: built
     out = pipeline_flow("smoke", overrides=sets, storage=str(smoke["store"]))
     assert "embed" not in [s["stage"] for s in out["stages"]] and "evaluate" in [s["stage"] for s in out["stages"]]
-    status = in_process(capsys, "status", "smoke", "--set", sets[0], "--storage", str(smoke["store"]))
+    status = in_process(capsys, "status", "smoke", "--set", sets[0], "--set", sets[1], "--storage", str(smoke["store"]))
     line = next(line for line in status.stdout.splitlines() if "embed" in line)
     assert "not needed" in line, status.stdout
