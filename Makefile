@@ -7,7 +7,7 @@ TORCH_CPU ?= torch==2.13.0
 PIPELINE ?= chnsenticorp
 ARGS ?=
 
-.PHONY: run test test-quick install fonts bench ui
+.PHONY: run test test-quick lint install fonts bench ui
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,10 @@ TEST_WORKERS ?= 2
 # the 15 slowest tests are printed at the end of every run, so where the time goes stays in view
 test: install
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=15 $(ARGS)
+
+# pyflakes' findings and syntax errors over the whole tree (pyproject.toml [tool.ruff]); CI runs it before the tests
+lint: install
+	$(BIN)/ruff check --no-cache flows tasks tests benchmarks
 
 # the edit loop: every test but the end-to-end flow runs (marker e2e); `make test` stays the full suite CI runs
 test-quick: install

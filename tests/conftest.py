@@ -1,5 +1,6 @@
 """Test set-up: Prefect, MLflow and the stage store all live in one temporary folder per session."""
 import os
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -295,3 +296,13 @@ def pytest_xdist_make_scheduler(config, log):
 
         return TeamFirst(config, log)
     return None
+
+
+@pytest.fixture
+def shared_folder():
+    """A folder both users can write to, without the sticky bit (a team's drop folder; the kernel's protection of
+    links in sticky folders, fs.protected_symlinks, does not apply here)."""
+    folder = Path(tempfile.mkdtemp(prefix="zhpipe-drop-", dir="/tmp"))
+    folder.chmod(0o777)
+    yield folder
+    subprocess.run(["rm", "-rf", str(folder)], check=False)

@@ -20,7 +20,7 @@ import pytest
 
 from tests.helpers.cli import in_process
 from tests.helpers.procs import zhpipe
-from tests.test_private import (  # noqa: F401 - shared_folder: a fixture
+from tests.test_private import (
     OTHER_PYTHON,
     OTHER_UID,
     as_other_user,
@@ -28,7 +28,6 @@ from tests.test_private import (  # noqa: F401 - shared_folder: a fixture
     init_project,
     plant_link,
     project_env,
-    shared_folder,
 )
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,7 +11,6 @@ import socket
 import stat
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -44,16 +43,6 @@ def open_to_others(root: Path) -> list[str]:
             if not stat.S_ISLNK(st.st_mode) and st.st_mode & 0o077:
                 found.append(f"{oct(st.st_mode & 0o777)} {os.path.relpath(path, root)}")
     return sorted(set(found))
-
-
-@pytest.fixture
-def shared_folder():
-    """A folder both users can write to, without the sticky bit (a team's drop folder; the kernel's protection of
-    links in sticky folders, fs.protected_symlinks, does not apply here)."""
-    folder = Path(tempfile.mkdtemp(prefix="zhpipe-drop-", dir="/tmp"))
-    folder.chmod(0o777)
-    yield folder
-    subprocess.run(["rm", "-rf", str(folder)], check=False)
 
 
 def project_env(**extra) -> dict:
