@@ -188,27 +188,23 @@ class _DryRun(argparse.Action):
 def cmd_status(args) -> int:
     from rich.table import Table
 
-    from flows.plan.keys import plan, recorded_cut, unread, without_models
+    from flows.plan.keys import not_trained, planned, unread
     from flows.plan.status import stage_states
     from flows.plan.store import StageStore, stage_key, storage_root
     from flows.track.champion import revision
 
     config = load(args)
-    causes = plan(config, registry=revision)
-    keys = {stage: stage_key(c) for stage, c in causes.items()}
     store = StageStore(storage_root(config, args.storage))
-    cut = recorded_cut(store, config, keys)
-    if cut:  # as a run plans it: without the models the budget left untrained in a run of the same training
-        config = without_models(config, cut)
-        causes = plan(config, registry=revision)
-        keys = {stage: stage_key(c) for stage, c in causes.items()}
+    config, causes = planned(store, config, registry=revision)  # as a run plans it
+    keys = {stage: stage_key(c) for stage, c in causes.items()}
     table = Table(title=f"zhpipe status {config.name}")
     for col in ("stage", "state", "key", "rows", "built seconds", "why"):
         table.add_column(col)
     colour = {"cached": "green", "stale": "yellow", "missing": "red", "corrupt": "red", "not needed": "dim"}
     rows = stage_states(store, causes, keys, config.name)
+    unused = unread(config, list(config.kind.stages))
     for row in rows:  # a stage a run leaves unbuilt (embed, when no model starts from word vectors)
-        if row["stage"] in unread(config, list(config.kind.stages)) and row["state"] != "cached":
+        if row["stage"] in unused and row["state"] != "cached":
             row.update(state="not needed", why=["no model of this pipeline reads it; a run leaves it unbuilt"])
     parts: dict[str, list[dict]] = {}
     for row in rows:  # a partitioned source: its partition units, one line per stage
@@ -225,7 +221,7 @@ def cmd_status(args) -> int:
                           str(sum(u["rows"] or 0 for u in units)), "",
                           ("to build: " + ", ".join(new[:3]) + (f" and {len(new) - 3} more" if len(new) > 3 else ""))
                           if new else "")
-    for model, why in cut.items():
+    for model, why in not_trained(config).items():
         table.add_row(f"{config.kind.training.name}.{model}", "[yellow]not trained[/]", "", "", "",
                       f"{why}; `zhpipe run --force {config.kind.training.name}` tries it again")
     console().print(table)

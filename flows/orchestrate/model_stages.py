@@ -131,11 +131,11 @@ def history(run: RunContext, name: str, upstream: dict[str, StageResult], spec: 
     return from_history([(seconds, rows) for _, seconds, rows in sorted(builds, reverse=True)], first.rows)
 
 
-def _raced(clock: Budget, build: Callable, name: str, estimate: float | None = None) -> Callable:
-    """A model's build in its race: its share is taken when it starts, and it starts only when its estimate fits
-    (`Race.admit`); a cut says so in its summary and metrics."""
+def _raced(clock: Budget, build: Callable, name: str, estimate: Callable[[], float | None] | None = None) -> Callable:
+    """A model's build in its race: its share is taken when it starts, and it starts only when its estimate (asked
+    then) fits (`Race.admit`); a cut says so in its summary and metrics."""
     def raced(ctx):
-        with racing(clock.race(name, MODELS[name].races, estimate)) as race:
+        with racing(clock.race(name, MODELS[name].races, estimate() if estimate else None)) as race:
             if race is not None:
                 race.admit()
             out = build(ctx, name)
@@ -166,10 +166,10 @@ def model_unit_run(run: RunContext, spec: Stage, name: str, upstream: dict[str, 
         tracker = Tracker(next((inputs[s].run_id for s in spec.models.reads if inputs[s].run_id), None)
                           or _model_run(run, name))
     build = spec.build_model
-    raced = None
-    if clock is not None and run.cached(model_unit(spec.name, name)) is None:  # reused: no time taken, none asked
-        # a network's history is of all its epochs; in a race it may train fewer, judged from its first batches
-        raced = _raced(clock, build, name, None if MODELS[name].races else history(run, name, upstream, spec))
+    # called only when the unit is built (a reused one takes no time and asks none); a network's history is of all
+    # its epochs, and in a race it may train fewer, judged from its first batches
+    estimate = None if MODELS[name].races else (lambda: history(run, name, upstream, spec))
+    raced = _raced(clock, build, name, estimate) if clock is not None else None
     result = run.run(model_unit(spec.name, name), inputs, raced or (lambda ctx: build(ctx, name)),
                      run_name=model_run_name(run, name), tags={"zhpipe.model": name}, tracker=tracker)
     if spec.models.trains:

@@ -22,7 +22,7 @@ from flows.orchestrate.tracking import artifact_key
 from flows.plan import project
 from flows.plan.cache import StageCache, StageResult
 from flows.plan.config import PipelineConfig
-from flows.plan.keys import not_trained, plan, recorded_cut, without_models
+from flows.plan.keys import not_trained, planned
 from flows.plan.request import RunRequest
 from flows.plan.sources import origin_of, record_source_run, source_fingerprint
 from flows.plan.store import StageStore
@@ -73,15 +73,10 @@ def start_run(request: RunRequest, config: PipelineConfig, force: set[str], stor
               verify: bool = False) -> RunContext:
     """Plan keys and open the MLflow parent run of this pipeline run (`config` is the request's)."""
     origin = origin_of(config)
-    causes = plan(config, origin, registry=revision)
-    keys = StageCache.keys(causes)
     store = StageStore(storage)
-    cut = {} if config.kind.training is None or config.kind.training.name in force else (
-        recorded_cut(store, config, keys))
-    if cut:  # the models an earlier run of this training left untrained: planned without them, as that run was
-        config = without_models(config, cut)
-        causes = plan(config, origin, registry=revision)
-        keys = StageCache.keys(causes)
+    training = config.kind.training
+    config, causes = planned(store, config, origin, revision, forced=training is not None and training.name in force)
+    keys = StageCache.keys(causes)
     record_source_run(config, keys)
     experiment = f"zhpipe-{config.identity}"
     closed = Tracker.close_orphans(experiment)

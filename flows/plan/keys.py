@@ -211,6 +211,18 @@ def record_cut(store, config: PipelineConfig, keys: dict[str, str], cut: dict[st
     atomic_write_text(path, json.dumps(dict(list(record.items())[-500:]), ensure_ascii=False))
 
 
+def planned(store, config: PipelineConfig, origin: Origin | None = None, registry: Registry | None = None,
+            forced: bool = False) -> tuple[PipelineConfig, dict[Unit, dict[str, Any]]]:
+    """The plan as a run makes it (`plan`), and its config: less the models a run of the same training left untrained
+    (`recorded_cut`; not when the training is forced), as that run planned it. `not_trained(config)` names them."""
+    causes = plan(config, origin, registry)
+    cut = {} if forced else recorded_cut(store, config, {u: stage_key(c) for u, c in causes.items()})
+    if cut:
+        config = without_models(config, cut)
+        causes = plan(config, origin, registry)
+    return config, causes
+
+
 def without_models(config: PipelineConfig, cut: dict[str, str]) -> PipelineConfig:
     """`config` less the models the training budget left untrained (`cut`: model -> why), which it names."""
     training = config.kind.training.name

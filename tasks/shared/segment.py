@@ -75,10 +75,9 @@ def segment_chunk(chunk: Chunk, params: tuple[str, ...]) -> pd.DataFrame:
     cache.put([texts[i] for i in todo], values)
     for i, value in zip(todo, values):
         kept[i] = value
-    for n, col in enumerate(columns):
-        df[col] = [value[n] for value in kept]
-        if col == "words":
-            df["chars"] = segmenter.chars(texts)
+    df["words"], df["chars"] = [value[0] for value in kept], segmenter.chars(texts)  # the segmenter's column order
+    if "pos" in columns:
+        df["pos"] = [value[1] for value in kept]
     answered = np.ones(len(df), dtype=bool)
     answered[todo] = False
     df["_kept"] = answered
@@ -106,13 +105,10 @@ def _chunk_params(params: Params, root: Path, cache: Path | None = None) -> tupl
 def cache_namespace(params: Params, root: Path) -> str:
     """Everything that defines a row's words: the segmenter's settings, its dictionaries' contents, its code and the
     versions of the libraries that cut."""
-    import hashlib
     from importlib import metadata
 
     from tasks.util import segmenter
-
-    def digest(path: Path) -> str:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+    from tasks.util.io import file_sha256 as digest
 
     files = {key: digest(Path(value) if Path(value).is_absolute() else root / value)
              for key in FILES if (value := getattr(params, key))}
