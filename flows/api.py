@@ -46,12 +46,12 @@ def run(pipeline: str, overrides: list[str] | None = None, stages: list[str] | N
     from flows.plan.request import RunRequest
 
     request = RunRequest.of(pipeline, overrides, config_file=str(_activate(project).config_file))
-    request.config()  # a bad pipeline or setting is one error line before Prefect starts
+    parsed = request.config()  # a bad pipeline or setting is one error line before Prefect starts
     _project.ensure_prefect_home()
     from flows.orchestrate.pipeline import pipeline_flow
     from tasks.util.urls import conceal
 
-    return pipeline_flow(**request.parameters(), stages=stages, force=force, storage=conceal(storage))
+    return pipeline_flow(**request.parameters(), stages=stages, force=force, storage=conceal(storage), parsed=parsed)
 
 
 def output(pipeline: str, stage: str, overrides: list[str] | None = None, project: str | Path | None = None,
@@ -65,8 +65,10 @@ def output(pipeline: str, stage: str, overrides: list[str] | None = None, projec
     keys = plan_keys(cfg, registry=revision)
     if stage not in keys:
         raise ZhpipeError(f"unknown stage '{stage}' (stages: {', '.join(keys)})")
+    from flows.plan.cache import StageCache
+
     store = StageStore(storage_root(cfg, storage))
-    if not store.is_done(stage, keys[stage]):
+    if not StageCache(store).published(stage, keys[stage]):
         raise ZhpipeError(f"stage '{stage}' of pipeline '{pipeline}' is not built for this config (key {keys[stage]}); "
                           f"run it first: api.run('{pipeline}')")
     return store.local(stage, keys[stage])

@@ -33,7 +33,7 @@ def cmd_run(args) -> int:
     _store_opened_while_the_server_starts()
     with _heartbeats():
         out = pipeline_flow(**request.parameters(), stages=stages, force=force, storage=conceal(args.storage),
-                            dask=args.dask, verify=args.verify)
+                            dask=args.dask, verify=args.verify, parsed=config)
     shown = console()
     shown.print(summary_table(out["stages"], time.perf_counter() - t0, config.name, out.get("units", [])))
     from flows.track.tracker import tracking_server, ui_url

@@ -100,7 +100,7 @@ class RunContext:
         and sound and nothing is forced: a run with nothing to build (nothing is tracked per stage). Else None."""
         wanted = set(stages) | self.config.kind.units_read(stages)  # registering reads the trained models
         units = [u for u in self.keys if u.stage in wanted]
-        if self.force or not all(self.store.is_done(u, self.keys[u]) for u in units):
+        if self.force or not all(self.cache.published(u, self.keys[u]) for u in units):
             return None
         checked = [self.keys[u] for u in units if self.config.kind.stages[u.stage].checked]
         if checked and self.config.checks.custom:  # a check of the team's changed since: judged in a real run

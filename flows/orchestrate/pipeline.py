@@ -136,6 +136,7 @@ def pipeline_flow(
     config_file: str | None = None,
     project_dir: str | None = None,
     verify: bool = False,
+    parsed: Any = None,
 ) -> dict[str, Any]:
     """Run the selected stages of one pipeline; earlier stages they need are read from the stage store.
 
@@ -146,7 +147,9 @@ def pipeline_flow(
     travel.
     `storage`: the stage store root (folder or fsspec URL); `dask`: "local" or a scheduler address;
     `project_dir`: the project folder (deployments pass it; default: found from the working directory);
-    `verify`: hash every file of a reused output against its manifest (sizes and small files always are).
+    `verify`: hash every file of a reused output against its manifest (sizes and small files always are);
+    `parsed`: the request's typed config, when the caller in this process has parsed it (the command line, the Python
+    API): it is not parsed again. A deployment's run, whose parameters arrive as JSON, parses the request here.
     A run of a deployment may set only what the deployment allows (flows/orchestrate/guard.py).
     """
     check_run({"pipeline": pipeline, "overrides": overrides, "source": source, "storage": storage, "dask": dask,
@@ -154,7 +157,7 @@ def pipeline_flow(
     if project_dir:
         project.activate(project.Project(Path(project_dir)))
     request = RunRequest.of(pipeline, overrides, source, config_file)
-    config = request.config()
+    config = request.typed(parsed)
     stages = _stage_list(config, stages, force)
     with fixed_partitions(config):  # the partitions planned are the ones built, whatever arrives meanwhile
         run = start_run(request, config, forced_stages(force, tuple(config.kind.stages)),
@@ -303,7 +306,8 @@ def _routed(run: RunContext, stages: list[str]) -> bool:
     parent run): when a pool is set and the stage is to be built."""
     training = run.config.kind.training
     pool = training is not None and training.name in stages and run.config.section(training.name).work_pool
-    return bool(pool) and (training.name in run.force or not run.store.is_done(training.name, run.keys[training.name]))
+    built = training is not None and run.cache.published(training.name, run.keys[training.name])
+    return bool(pool) and (training.name in run.force or not built)
 
 
 def _check_route(run: RunContext) -> None:
@@ -351,7 +355,7 @@ def train_remote(run: RunContext) -> StageResult:
         raise ZhpipeError(f"train: the run '{flow_run.name}' of {name} on work pool '{pool}' ended {state}: "
                           f"{flow_run.state.message if flow_run.state else ''}")
     key = run.keys[stage]
-    if not run.store.is_done(stage, key):
+    if not run.cache.published(stage, key):
         raise ZhpipeError(f"train: the run '{flow_run.name}' on work pool '{pool}' completed but {run.store.url} has "
                           f"no train output {key}: does the worker use the same storage root?")
     return run.cache.restore(run.store.manifest(stage, key), "miss", time.perf_counter() - t0)

@@ -124,7 +124,7 @@ def tune(request: RunRequest, model: str, trials: int, seed: int = 0, storage: s
     metric = objective_metric(base)
     upstream = [s.name for s in base.kind.stages.values() if not s.per_model]
     log.info("tune %s/%s: the stages before train, built or reused", pipeline, model)
-    pipeline_flow(**request.parameters(), stages=upstream, storage=storage)
+    pipeline_flow(**request.parameters(), stages=upstream, storage=storage, parsed=base)
     # beside the store it trains into
     folder = StageStore(storage_root(base, storage)).cache_file("tune").parent / "tune"
     folder.mkdir(parents=True, exist_ok=True)
@@ -138,7 +138,8 @@ def tune(request: RunRequest, model: str, trials: int, seed: int = 0, storage: s
     parent = Tracker.start(experiment, f"tune {model}", tags={"zhpipe.pipeline": pipeline, "zhpipe.tune": model,
                                                               "zhpipe.task": base.task})
     parent.params({"tune.model": model, "tune.trials": trials, "tune.metric": metric, "tune.space": space})
-    objective = partial(_trial, Study(request, model, storage, experiment, parent.run_id, space, metric))
+    objective = partial(_trial, Study(request, model, storage, experiment, parent.run_id, space, metric,
+                                        base.kind.training.name))
     try:
         study.optimize(objective, n_trials=trials, catch=())
     except BaseException:
@@ -158,6 +159,7 @@ class Study:
     parent_run_id: str
     space: dict[str, Any]
     metric: str
+    training: str  # the training stage's name
 
 
 def _trial(study: Study, trial) -> float:
@@ -167,7 +169,7 @@ def _trial(study: Study, trial) -> float:
     from flows.orchestrate.model_stages import model_unit_run
 
     params = {name: suggest(trial, name, dim) for name, dim in study.space.items()}
-    training = study.request.config().kind.training.name
+    training = study.training
     sampled = (f"{training}.models=[{study.model}]", *_assignments(training, study.model, params))
     config = replace(study.request, overrides=study.request.overrides + sampled).config()
     causes = plan(config, registry=revision)

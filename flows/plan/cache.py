@@ -46,17 +46,26 @@ class StageCache:
         """Each unit's key: the hash of everything its output depends on (flows/plan/keys.py plans `causes`)."""
         return {unit: stage_key(c) for unit, c in causes.items()}
 
+    def published(self, unit: str, key: str) -> bool:
+        """Whether the unit has a published output under `key` (not verified: `lookup` verifies). The one place
+        anything asks the store whether a unit is built."""
+        return self.store.is_done(unit, key)
+
     def lookup(self, unit: str, key: str) -> Manifest | None:
         """The manifest of the unit's published output under `key` when it is there and sound, else None (a corrupt
         one is reported and removed)."""
-        if not self.store.is_done(unit, key):
-            return None
+        return self._found(unit, key)[0]
+
+    def _found(self, unit: str, key: str) -> tuple[Manifest | None, bool]:
+        """(the sound manifest or None, whether an output was there)."""
+        if not self.published(unit, key):
+            return None, False
         problems = self.verify(unit, key)
         if problems:
             log.warning("%s: cached output %s is corrupt (%s); rebuilding it", unit, key, "; ".join(problems[:3]))
             self.store.discard(unit, key)
-            return None
-        return self.store.manifest(unit, key)
+            return None, True
+        return self.store.manifest(unit, key), True
 
     def verify(self, unit: str, key: str) -> list[str]:
         """What is wrong with a published output against its manifest (empty when sound)."""
@@ -70,10 +79,10 @@ class StageCache:
 
     def reuse(self, unit: str, key: str) -> StageResult:
         """A unit this run does not build (before --from, a model evaluate reads): its output, or one clear error."""
-        if not self.store.is_done(unit, key):
+        manifest, there = self._found(unit, key)
+        if not there:
             raise ZhpipeError(f"stage '{unit}' has no cached output for this config (key {key}); run it first, e.g. "
                               f"`zhpipe run --to {Unit.parse(unit).stage}`")
-        manifest = self.lookup(unit, key)
         if manifest is None:
             raise ZhpipeError(f"stage '{unit}': its cached output {key} failed verification and was removed; "
                               f"rebuild it with `zhpipe run --from {Unit.parse(unit).stage}`")

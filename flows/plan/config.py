@@ -219,7 +219,8 @@ def pipeline_model(task: str = DEFAULT_KIND) -> type[PipelineConfig]:
 
 @lru_cache(maxsize=16)
 def _pipeline_model(task: str, models: tuple, stage_table: tuple) -> type[PipelineConfig]:
-    sections = {stage.name: (stage.params, Field(default_factory=stage.params)) for stage in stage_table}
+    sections = {stage.name: (section, Field(default_factory=section))
+                for stage in stage_table for section in (stage.section(),)}
     stages = create_model(f"StagesConfig_{task}", __base__=_Stages, **sections)
     return create_model("PipelineConfig", __base__=PipelineConfig, task=(Literal[task], task),
                         stages=(stages, Field(default_factory=stages)),
@@ -298,18 +299,12 @@ def load_pipeline(
         config_file = current().config_file
     config_file = Path(config_file)
     try:
-        stat = config_file.stat()
+        config_file.stat()
     except OSError as e:
         raise ConfigError(f"cannot read config {config_file}: {e.strerror}") from e
-    # the same request in one process is parsed once (the CLI, then the flow it starts, a tuning study's trials)
-    key = (str(config_file.resolve()), stat.st_mtime_ns, stat.st_size, name, tuple(overrides),
-           json.dumps(source_overrides, sort_keys=True, default=str))
-    if key not in _PARSED:
-        if len(_PARSED) > 64:
-            _PARSED.clear()
-        _PARSED[key] = _parse(name, config_file, overrides, source_overrides)
-        _check_user_code(_PARSED[key], config_file.resolve().parent)
-    return _PARSED[key].model_copy(deep=True)  # callers may change their copy
+    config = _parse(name, config_file, overrides, source_overrides)
+    _check_user_code(config, config_file.resolve().parent)
+    return config
 
 
 def _check_user_code(config: PipelineConfig, project: Path) -> None:
@@ -327,8 +322,6 @@ def _check_user_code(config: PipelineConfig, project: Path) -> None:
         for ref in refs:
             code_files(ref, project, f"{where} {ref}")
 
-
-_PARSED: dict[tuple, PipelineConfig] = {}
 
 
 def _declared(config_file: Path | str) -> dict:

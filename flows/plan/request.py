@@ -1,7 +1,8 @@
 """What a run is asked to build: one pipeline of a config file, with its `--set` lines and its `--source`, made once
 where the run starts (the command line, the Python API, a deployment's parameters) and carried whole down to the
 remote training stage. It holds plain values, because Prefect records a flow's parameters and a deployment passes
-them as JSON; `config()` is the one parse of them into the typed `PipelineConfig` every stage reads."""
+them as JSON; `config()` is the one parse of them into the typed `PipelineConfig` every stage reads, made once per
+run where the run starts and handed down typed (`typed`)."""
 from __future__ import annotations
 
 import json
@@ -42,12 +43,25 @@ class RunRequest:
                    str(config_file) if config_file is not None else None)
 
     def config(self):
-        """The pipeline's validated config: parsed once per process for the same request and file contents."""
+        """The pipeline's validated config, parsed from the request's plain values (the one place a run parses them)."""
         from flows.plan.config import load_pipeline
         from flows.plan.project import current
 
         file = Path(self.config_file) if self.config_file else current().config_file
         return load_pipeline(self.pipeline, file, list(self.overrides), self.source)
+
+    def typed(self, parsed: Any = None):
+        """The config a flow runs: `parsed`, the caller's own parse of this request in this process, else `config()`
+        (a deployment's run, whose parameters arrive as JSON). A `parsed` that is not this request's typed config
+        (a deployment run given one in its parameters) is one clear error."""
+        if parsed is None:
+            return self.config()
+        from flows.plan.config import PipelineConfig
+
+        if not isinstance(parsed, PipelineConfig) or parsed.name != self.pipeline:
+            raise ZhpipeError(f"parsed: expected the typed config of pipeline '{self.pipeline}' from a caller in this "
+                              f"process, got {type(parsed).__name__}; leave it out and the run parses its request")
+        return parsed
 
     def parameters(self) -> dict[str, Any]:
         """The request as a flow's parameters (what Prefect records and a deployment run receives)."""

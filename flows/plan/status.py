@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from flows.plan import project
+from flows.plan.cache import StageCache
 from flows.plan.config import flatten
 from flows.plan.fingerprint import source_file
 from flows.plan.store import CorruptManifest, Manifest, StageStore
@@ -65,9 +66,9 @@ def latest_other(store: StageStore, stage: str, key: str, pipeline: str | None =
 def stage_states(store: StageStore, causes: dict[str, dict[str, Any]], keys: dict[str, str],
                  pipeline: str | None = None) -> list[dict[str, Any]]:
     """Per stage: state (cached, stale, missing), key, rows, build seconds, and why when stale."""
-    rows = []
+    rows, cache = [], StageCache(store)
     for stage, key in keys.items():
-        if store.is_done(stage, key):
+        if cache.published(stage, key):
             try:
                 m = store.manifest(stage, key)
             except CorruptManifest as e:  # the next run rebuilds it

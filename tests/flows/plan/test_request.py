@@ -28,12 +28,36 @@ def test_the_command_lines_request_is_the_one_the_flow_parses(monkeypatch):
     parameters = json.dumps(request.parameters())  # what Prefect records: JSON, no credentials
     assert "SECRET" not in parameters and "SIG123" not in parameters and "part=1" in parameters
     assert "source.allow_unverified=true" in request.overrides and config.source.allow_unverified
-    # the flow's side: the same request from its parameters, the config from the same parse, the URL revealed here
+    # the flow's side: the same request from its parameters, the config handed down typed, the URL revealed here
     again = RunRequest.of(**request.parameters())
     assert again == request and hash(again) == hash(request)
-    flows_config = again.config()
-    assert flows_config == config and len(calls) == 1
-    assert reveal(flows_config.source.path) == real and config.stages.train.epochs == 2
+    assert again.typed(config) is config and len(calls) == 1
+    assert reveal(config.source.path) == real and config.stages.train.epochs == 2
+    # a deployment's run has only the plain values: it parses them, to the same config
+    assert again.typed() == config and len(calls) == 2
+
+
+def test_one_run_parses_its_config_once(monkeypatch, tmp_path, capsys):
+    """`zhpipe run --set ...`, start to end: pipelines.yaml and the --set lines are parsed once, where the command
+    starts; the flow, its stages and its tracking receive the typed config."""
+    import flows.plan.config
+    from tests.helpers.cli import in_process
+
+    calls = []
+    parse = flows.plan.config._parse
+    monkeypatch.setattr(flows.plan.config, "_parse", lambda *a: calls.append(a[0]) or parse(*a))
+    done = in_process(capsys, "run", "smoke", "--to", "clean", "--set", "clean.min_chars=2",
+                      "--storage", tmp_path / "store")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert calls == ["smoke"]
+
+
+@pytest.mark.parametrize("parsed", [{"name": "smoke"}, "smoke"])
+def test_a_parsed_config_must_be_typed(parsed):
+    """A deployment's run may pass anything the Prefect API accepts: a `parsed` that is not a typed config is one
+    line, never trusted."""
+    with pytest.raises(ZhpipeError, match="parsed: expected the typed config of pipeline 'smoke'"):
+        RunRequest.of("smoke").typed(parsed)
 
 
 def test_a_secret_inside_an_override_is_kept_in_this_process_only():
