@@ -47,7 +47,8 @@ from gensim.models import KeyedVectors
 from tasks.util.io import Rows
 from tasks.models import TrainInputs
 from tasks.stages import MODELS
-from tasks.classification.train import Params
+from tasks.classification.train import params as _train_params
+Params = _train_params()
 from tasks.util.vectors import keyed_word_vectors
 
 folder = Path(sys.argv[1])

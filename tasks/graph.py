@@ -5,11 +5,9 @@ tasks/translation), with the functions of its stage modules; the stage every kin
 tasks/shared/segment.py; tasks/stages.py gathers them."""
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import Any
 
 
@@ -48,12 +46,15 @@ class Stage:
 
     name: str
     needs: tuple[str, ...]  # the stages whose outputs it reads, by name (its build sees them as ctx.inputs[name])
-    # build(ctx) -> BuildOutput; its module holds the stage's `Params` (the config section), `LIBRARIES` and
-    # `FILES` (in the key), and any other function named here
-    build: Callable[[Any], Any]
+    build: Callable[[Any], Any]  # build(ctx) -> BuildOutput; every function named here is of the one module
     help: str  # one line for `zhpipe stages` and the CLI
     headline: str  # the one metric the run summary shows
     outputs: tuple[Output, ...] = ()
+    # its config section: a pydantic model, or a function that makes it when the config is read (the training
+    # stage's: the shared settings and a section per model registered by then, the team's own included)
+    params: Any = None
+    libraries: tuple[str, ...] = ()  # the distributions that shape its output: their versions are in its key
+    files: tuple[str, ...] = ()  # dotted paths into its params that name files: their contents are in its key
     models: PerModel | None = None  # a unit per model (train, evaluate): how they are made and what they are for
     # with a partitioned source (a folder or glob of files): a unit per partition (`<stage>:<file>`), then the
     # stage gathers them in order (tasks/shared/partitions.py); a night with one new file builds only that file's units
@@ -78,9 +79,11 @@ class Stage:
         if not all(callable(f) and getattr(f, "__module__", None) == self.module_name for f in functions):
             raise TypeError(f"{where}: build, part_build, gather and build_model must be functions of one module "
                             f"({self.module_name})")
-        missing = [a for a in ("Params", "LIBRARIES", "FILES") if not hasattr(self.module, a)]
-        if missing:
-            raise TypeError(f"{where}: its module {self.module_name} declares no {', '.join(missing)}")
+        if self.params is None or not (isinstance(self.params, type) or callable(self.params)):
+            raise TypeError(f"{where}: params= must be its config section (a pydantic model, or a function that "
+                            f"makes one)")
+        if not all(isinstance(t, tuple) and all(isinstance(x, str) for x in t) for t in (self.libraries, self.files)):
+            raise TypeError(f"{where}: libraries= and files= must be tuples of names")
         if self.per_model != (self.build_model is not None):
             raise TypeError(f"{where}: a stage has build_model exactly when it has a unit per model (models=...)")
         if self.beside and (self.per_model or self.partitioned or self.checked):
@@ -100,13 +103,9 @@ class Stage:
     def module_name(self) -> str:
         return self.build.__module__
 
-    @property
-    def module(self) -> ModuleType:
-        return sys.modules[self.module_name]
-
-    @property
-    def params(self) -> type:
-        return self.module.Params
+    def section(self) -> type:
+        """The class of its config section (made now when `params` is a function)."""
+        return self.params if isinstance(self.params, type) else self.params()
 
 
 @dataclass(frozen=True)

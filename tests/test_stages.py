@@ -56,7 +56,8 @@ def toy_kind(tmp_path, monkeypatch):
     lengths = toy_module(tmp_path, "toy_lengths", TOY_STAGE, monkeypatch)
     base = graph.CLASSIFICATION_STAGES
     stage = graph.Stage("lengths", ("split",), lengths.build, "length histogram", "mean_chars",
-                        (graph.Output("lengths.json", "json"),))
+                        (graph.Output("lengths.json", "json"),), params=lengths.Params,
+                        libraries=lengths.LIBRARIES, files=lengths.FILES)
     kind = graph.TaskKind(
         "lengths",
         "corpus lengths",
@@ -170,7 +171,8 @@ def test_the_graph_is_declared_in_order_and_names_are_written_once():
             assert set(stage.needs) <= seen, (kind.name, stage.name)
             seen.add(stage.name)
     with pytest.raises(ValueError, match="needs 'nowhere', which is not declared before it"):
-        graph.graph(graph.Stage("x", ("nowhere",), graph.CLASSIFICATION_STAGES["clean"].build, "", ""))
+        graph.graph(graph.Stage("x", ("nowhere",), graph.CLASSIFICATION_STAGES["clean"].build, "", "",
+                                params=graph.CLASSIFICATION_STAGES["clean"].params))
     # the stage names appear as a literal list nowhere else in the source tree
     literal = re.compile(r'"download",\s*"clean",\s*"split"')
     offenders = [
@@ -315,6 +317,9 @@ def test_a_per_model_stage_is_one_module_and_one_entry(tmp_path, smoke, monkeypa
         (graph.Output("calibration.json", "json"),),
         models=graph.PerModel(reads=("train",)),
         build_model=module.build_model,
+        params=module.Params,
+        libraries=module.LIBRARIES,
+        files=module.FILES,
     )
     kind = graph.TaskKind(
         "calibrated",
@@ -382,20 +387,24 @@ def test_every_stage_holds_its_functions_from_its_kinds_package():
             functions = [f for f in (stage.build, stage.part_build, stage.gather, stage.build_model) if f is not None]
             assert all(isinstance(f, types.FunctionType) for f in functions), (kind.name, stage.name)
             package = "tasks.shared" if stage.name == "segment" else f"tasks.{kind.name}"
-            assert {f.__module__ for f in functions} == {stage.module.__name__}, (kind.name, stage.name)
-            assert stage.module.__name__.startswith(f"{package}."), (kind.name, stage.name)
-            assert stage.params is stage.module.Params
+            module = sys.modules[stage.module_name]
+            assert {f.__module__ for f in functions} == {stage.module_name}, (kind.name, stage.name)
+            assert stage.module_name.startswith(f"{package}."), (kind.name, stage.name)
+            # declared whole: its section, libraries and files are the entry's, the same as its module's own
+            section = module.params() if stage.name == "train" else module.Params
+            assert stage.section().model_fields.keys() == section.model_fields.keys(), (kind.name, stage.name)
+            assert (stage.libraries, stage.files) == (module.LIBRARIES, module.FILES), (kind.name, stage.name)
     assert graph.CLASSIFICATION_STAGES["vocab"].part_build is vocab.count
     with pytest.raises(
         TypeError, match="stage 'x': build, part_build, gather and build_model must be functions of one"
     ):
         graph.Stage("x", (), clean.build, "", "", part_build=vocab.count)
-    with pytest.raises(
-        TypeError, match="stage 'x': its module [a-z_.]*test_stages declares no Params, LIBRARIES, FILES"
-    ):
-        graph.Stage("x", (), test_every_stage_holds_its_functions_from_its_kinds_package, "", "")
+    with pytest.raises(TypeError, match="stage 'x': params= must be its config section"):
+        graph.Stage("x", (), clean.build, "", "")
+    with pytest.raises(TypeError, match="stage 'x': libraries= and files= must be tuples of names"):
+        graph.Stage("x", (), clean.build, "", "", params=clean.Params, libraries="pandas")
     with pytest.raises(TypeError, match="build_model exactly when it has a unit per model"):
-        graph.Stage("x", (), clean.build, "", "", models=graph.PerModel())
+        graph.Stage("x", (), clean.build, "", "", params=clean.Params, models=graph.PerModel())
 
 
 def test_a_stage_built_beside_the_others_is_one_unit_nothing_needs():
@@ -408,9 +417,9 @@ def test_a_stage_built_beside_the_others_is_one_unit_nothing_needs():
     assert [s.name for k in kinds for s in k.stages.values() if s.beside] == ["profile"] * 3
     for flag in ({"partitioned": True}, {"checked": True}):
         with pytest.raises(TypeError, match="built beside the others is one unit and unchecked"):
-            graph.Stage("x", (), clean.build, "", "", beside=True, **flag)
+            graph.Stage("x", (), clean.build, "", "", beside=True, params=clean.Params, **flag)
     kind = graph.KINDS["classification"]
-    after = graph.Stage("after", ("profile",), profile.build, "", "")
+    after = graph.Stage("after", ("profile",), profile.build, "", "", params=profile.Params)
     needed = "stage 'profile' is built beside the others, yet another stage needs it"
     with pytest.raises(TypeError, match=needed):
         dataclasses.replace(kind, stages=dict(kind.stages) | {"after": after})

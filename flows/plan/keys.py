@@ -40,17 +40,16 @@ def key_causes(config: PipelineConfig, unit: str, inputs: dict[str, str],
     unit = Unit.parse(unit)
     stage, model, part = unit.stage, unit.model, unit.part
     spec = config.kind.stages[stage]
-    module = spec.module
     params = unit_params(config, unit)
-    code, files = code_fingerprint(module.__name__), module.FILES
+    module, files, libraries = spec.module_name, spec.files, spec.libraries
     # it concatenates its partitions
     if spec.partitioned and config.source.partitioned and not part and not spec.gather:
         from tasks.shared import partitions as gather
 
-        code, files, module = code_fingerprint(gather.__name__), (), gather
+        module, files, libraries = gather.__name__, (), gather.LIBRARIES
+    code = code_fingerprint(module)
     if model:
-        code = {**code_fingerprint(module.__name__, skip="tasks.models"),
-                **code_fingerprint(MODELS[model].train.__module__)}
+        code = {**code_fingerprint(module, skip="tasks.models"), **code_fingerprint(MODELS[model].train.__module__)}
         files = tuple(f for f in files if f.startswith(f"{model}."))
     section = config.section(stage)
     refs = getattr(section, model).user_code() if model and model in section.own_models() else (
@@ -64,7 +63,7 @@ def key_causes(config: PipelineConfig, unit: str, inputs: dict[str, str],
         "params": params,
         "inputs": inputs,
         "code": code,
-        "libraries": library_versions(module.LIBRARIES),
+        "libraries": library_versions(libraries),
         "files": file_fingerprints(params, files, project.current().root, section=stage, registry=registry),
     }
 

@@ -32,10 +32,9 @@ class Settings(Common):
     own_family = estimator
 
 
-def __getattr__(name: str):
-    if name == "Params":  # the shared settings and a section per model of the kind (a model added gets its section)
-        return params_model(tuple(MODELS.values()), Settings)
-    raise AttributeError(name)
+def params() -> type:
+    """The `train` section: the shared settings and a section per model of the kind (a model added gets its section)."""
+    return params_model(tuple(MODELS.values()), Settings)
 
 
 def build_model(ctx: BuildContext, name: str) -> BuildOutput:

@@ -11,33 +11,42 @@ from tasks.shared.segment import SEGMENT
 STAGES = graph(
     Stage("download", (), download.build, "find or fetch the tagged files (CoNLL char-tag lines or span JSONL), "
           "verify sha256, read them",
-          "rows_raw", (Output("data.parquet", "frame"),)),
+          "rows_raw", (Output("data.parquet", "frame"),),
+          params=download.Params, libraries=download.LIBRARIES, files=download.FILES),
     Stage("clean", ("download",), clean.build,
           "NFKC and optional t2s per character, tags kept aligned, as BIOES; quarantine empty/long/duplicate sentences",
-          "rows_dropped", (Output("data.parquet", "frame"),), checked=True),
+          "rows_dropped", (Output("data.parquet", "frame"),), checked=True,
+          params=clean.Params, libraries=clean.LIBRARIES, files=clean.FILES),
     Stage("split", ("clean",), split.build, "the corpus' own train/validation/test files (split.use_given), else "
           "a seeded split of sentences",
-          "rows_test", (SPLITS,)),
+          "rows_test", (SPLITS,),
+          params=split.Params, libraries=split.LIBRARIES, files=split.FILES),
     SEGMENT,  # characters and jieba words of the sentences
     Stage("profile", ("segment",), profile.build, "entity types per split, entity lengths, sentence "
           "lengths, report.html", "entities",
-          (Output("stats.json", "json"),), beside=True),
+          (Output("stats.json", "json"),), beside=True,
+          params=profile.Params, libraries=profile.LIBRARIES, files=profile.FILES),
     Stage("augment", ("segment",), augment.build, "the train split as it is (rewriting text "
           "would shift the tags)", "rows_added",
-          (Output("train.parquet", "frame"), Output("train.words.txt", "text"))),
+          (Output("train.parquet", "frame"), Output("train.words.txt", "text")),
+          params=augment.Params, libraries=augment.LIBRARIES, files=augment.FILES),
     Stage("vocab", ("augment", "segment"), vocab.build,
           "character and bigram vocabularies, and the lexicon of jieba words the lexicon adapter matches",
-          "lexicon_size", (Output("chars/vocab.txt", "vocabulary"), Output("bigrams/vocab.txt", "vocabulary"))),
+          "lexicon_size", (Output("chars/vocab.txt", "vocabulary"), Output("bigrams/vocab.txt", "vocabulary")),
+          params=vocab.Params, libraries=vocab.LIBRARIES, files=vocab.FILES),
     Stage("embed", ("augment",), embed.build, "Word2Vec vectors of characters, bigrams and words "
           "(word2vec binary format)",
           "chars_vectors", (Output("chars.bin", "vectors"), Output("bigrams.bin", "vectors"),
-                            Output("words.bin", "vectors"))),
+                            Output("words.bin", "vectors")),
+          params=embed.Params, libraries=embed.LIBRARIES, files=embed.FILES),
     Stage("train", ("augment", "segment", "vocab", "embed"), train.build,
           "the taggers in train.models (CRF, BiLSTM-CRF, lexicon tagger, ensemble), scored by validation entity F1",
-          "lexicon_tagger_val_f1", (Output("models.json", "json"),), models=TRAINS, build_model=train.build_model),
+          "lexicon_tagger_val_f1", (Output("models.json", "json"),), models=TRAINS, build_model=train.build_model,
+          params=train.params, libraries=train.LIBRARIES, files=train.FILES),
     Stage("evaluate", ("train", "segment"), evaluate.build,
           "validation entity F1 picks the best tagger; test precision/recall/F1 per type; registers the best",
-          "best_test_f1", (Output("comparison.csv", "csv"),), models=SELECTS, build_model=evaluate.build_model),
+          "best_test_f1", (Output("comparison.csv", "csv"),), models=SELECTS, build_model=evaluate.build_model,
+          params=evaluate.Params, libraries=evaluate.LIBRARIES, files=evaluate.FILES),
 )
 
 

@@ -17,10 +17,9 @@ LIBRARIES = ("torch", "transformers", "python-crfsuite", "gensim", "jieba", "num
 FILES = ("bilstm_crf.checkpoint", "lexicon_tagger.checkpoint")  # a local pretrained encoder counts by content
 
 
-def __getattr__(name: str):
-    if name == "Params":  # the shared settings and a section per tagger of the kind
-        return params_model(tuple(MODELS.values()))
-    raise AttributeError(name)
+def params() -> type:
+    """The `train` section: the shared settings and a section per tagger of the kind."""
+    return params_model(tuple(MODELS.values()))
 
 
 def build_model(ctx: BuildContext, name: str) -> BuildOutput:

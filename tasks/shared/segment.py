@@ -182,4 +182,5 @@ def build(ctx: BuildContext) -> BuildOutput:
 
 # the stage every kind shares, named in each kind's table
 SEGMENT = Stage("segment", ("split",), build, "jieba words (+POS) and characters, in parallel processes or on Dask",
-                "train_mean_words", (SPLITS_OUTPUT,), partitioned=True)
+                "train_mean_words", (SPLITS_OUTPUT,), partitioned=True, params=Params, libraries=LIBRARIES,
+                files=FILES)

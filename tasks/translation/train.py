@@ -25,10 +25,9 @@ class Common(train.Common):
     direction: Literal["zh-en", "en-zh"] = "zh-en"  # the same data stages serve both directions
 
 
-def __getattr__(name: str):
-    if name == "Params":  # the shared settings and a section per translator of the kind
-        return train.params_model(tuple(MODELS.values()), Common)
-    raise AttributeError(name)
+def params() -> type:
+    """The `train` section: the shared settings and a section per translator of the kind."""
+    return train.params_model(tuple(MODELS.values()), Common)
 
 
 def build_model(ctx: BuildContext, name: str) -> BuildOutput:

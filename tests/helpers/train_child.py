@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tasks.classification.train import Params as TrainConfig
+from tasks.classification.train import params as _train_params
+TrainConfig = _train_params()
 from tests.tasks.models.test_train import frame, predict, tiny_vectors, train_model
 
 

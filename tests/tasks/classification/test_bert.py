@@ -3,7 +3,8 @@ import pandas as pd
 import pytest
 import torch
 
-from tasks.classification.train import Params as TrainConfig
+from tasks.classification.train import params as _train_params
+TrainConfig = _train_params()
 from tasks.classification.vocab import Params as VocabConfig
 from tasks.classification.vocab import count_tokens
 from tasks.errors import ConfigError

@@ -74,7 +74,8 @@ def test_a_split_that_fits_one_buffer_is_batched_as_if_held_whole(tmp_path):
 
 
 def test_a_network_trains_through_many_buffers(tmp_path, monkeypatch):
-    from tasks.classification.train import Params as TrainConfig
+    from tasks.classification.train import params as _train_params
+    TrainConfig = _train_params()
     from tests.tasks.models.test_train import frame, predict, tiny_vectors, train_model
 
     monkeypatch.setattr(encoded, "BUFFER_ROWS", 32)

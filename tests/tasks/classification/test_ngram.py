@@ -66,7 +66,8 @@ def test_lm_classifier_and_lm_round_trip(tmp_path):
 def test_train_models_need_a_classifier():
     from pydantic import ValidationError
 
-    from tasks.classification.train import Params as TrainConfig
+    from tasks.classification.train import params as _train_params
+    TrainConfig = _train_params()
 
     with pytest.raises(ValidationError, match="at least one classifier"):
         TrainConfig(models=["ngram_lm"])

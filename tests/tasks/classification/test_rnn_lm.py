@@ -1,7 +1,8 @@
 import pandas as pd
 
 from tasks.classification.models.rnn_lm import rnn_lm_perplexity, train_rnn_lm
-from tasks.classification.train import Params as TrainConfig
+from tasks.classification.train import params as _train_params
+TrainConfig = _train_params()
 from tasks.classification.vocab import Params as VocabConfig
 from tasks.classification.vocab import count_tokens
 from tasks.models import TrainInputs

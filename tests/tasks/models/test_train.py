@@ -8,7 +8,8 @@ from gensim.models import KeyedVectors
 
 from flows.track.tracker import Tracker
 from tasks.classification.models.networks import batches, encode
-from tasks.classification.train import Params as TrainConfig
+from tasks.classification.train import params as _train_params
+TrainConfig = _train_params()
 from tasks.classification.vocab import Params as VocabConfig
 from tasks.classification.vocab import count_tokens
 from tasks.models import TrainInputs
