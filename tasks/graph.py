@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 
@@ -153,9 +154,9 @@ class TaskKind:
     # rules across its stage sections, on every change (raise ValueError)
     check_stages: Callable[[Any], None] | None = None
     models_of: str = ""  # the task whose registered models it trains (`ModelSpec.task`; default: its own name)
-    # the module that serves its registered models on raw text and scores them for the champion rule (see
-    # tasks/serving.py for what it holds); "": the kind registers no model of its own (it serves as `models_of`'s)
-    serving: str = ""
+    # the module that serves its registered models on raw text and scores them for the champion rule, itself (see
+    # tasks/serving.py for what it holds); None: the kind registers no model of its own (it serves as `models_of`'s)
+    serving: ModuleType | None = None
     models: Mapping[str, Any] = field(default_factory=dict)  # its models by name (`ModelSpec`s); none: trains another's
     scored: tuple[str, ...] = ("label",)  # the columns of its test split, besides id and text, that score a model
     shown: tuple[tuple[str, str], ...] = ()  # its `zhpipe runs` columns: (heading, the parent run's metric)

@@ -6,7 +6,6 @@ modules (pandas, pyarrow, pydantic: about 0.3 s; their heavier libraries inside 
 parse arguments."""
 from __future__ import annotations
 
-import importlib
 from collections import ChainMap
 from collections.abc import Mapping
 from types import ModuleType
@@ -50,9 +49,7 @@ def model(name: str) -> ModelSpec:
 def serving(task: TaskKind) -> ModuleType:
     """The module that serves a kind's registered models (its own `serving`, else that of the kind whose models it
     trains): what tasks/serving.py describes."""
-    if task.serving:
-        return importlib.import_module(task.serving)
-    return serving(kind(task.models_of))
+    return task.serving or serving(kind(task.models_of))
 
 
 __all__ = ["CLASSIFICATION_STAGES", "DEFAULT_KIND", "KINDS", "MODELS", "SELECTS", "SPLITS", "STAGE_NAMES", "TRAINS",

@@ -137,8 +137,8 @@ def test_a_toy_kind_serves_and_is_champion_scored_through_the_registry(toy_kind,
     from flows.track.serving import log_model, served_outcomes
     from flows.track.tracker import Tracker
 
-    toy_module(tmp_path, "toy_serving", TOY_SERVING, monkeypatch)
-    monkeypatch.setitem(graph.KINDS, "lengths", dataclasses.replace(toy_kind["kind"], serving="toy_serving"))
+    toy = toy_module(tmp_path, "toy_serving", TOY_SERVING, monkeypatch)
+    monkeypatch.setitem(graph.KINDS, "lengths", dataclasses.replace(toy_kind["kind"], serving=toy))
     config = load_pipeline("toy", toy_kind["config_file"])
     texts = ["好" * n for n in range(1, 201)]
     test = pd.DataFrame({"id": range(200), "text": texts, "label": ["1" if len(t) > 20 else "0" for t in texts]})

@@ -4,7 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.classification import augment, clean, download, embed, evaluate, models, profile, split, train, vocab
+from tasks.classification import (
+    augment,
+    clean,
+    download,
+    embed,
+    evaluate,
+    models,
+    profile,
+    serving,
+    split,
+    train,
+    vocab,
+)
 from tasks.classification.starter import INIT
 from tasks.graph import SELECTS, SPLITS, TRAINS, Output, Stage, TaskKind, graph
 from tasks.shared.segment import SEGMENT
@@ -76,6 +88,6 @@ def check_stages(stages: Any) -> None:
 
 KIND = TaskKind("classification", "texts to labels", STAGES, metric=lambda config: config.stages.evaluate.metric,
                 reported=("test_accuracy", "test_macro_f1"), flavour="classifier", check=check,
-                check_stages=check_stages, serving="tasks.classification.serving", models=models.REGISTRY,
+                check_stages=check_stages, serving=serving, models=models.REGISTRY,
                 shown=(("test acc", "best_test_accuracy"), ("test macro-F1", "best_test_macro_f1")),
                 companions=(("accuracy", "macro_f1"),), init=INIT)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tasks.graph import SELECTS, SPLITS, TRAINS, Output, Stage, Starter, TaskKind, graph
-from tasks.ner import augment, clean, download, embed, evaluate, models, profile, split, train, vocab
+from tasks.ner import augment, clean, download, embed, evaluate, models, profile, serving, split, train, vocab
 from tasks.shared.segment import SEGMENT
 
 STAGES = graph(
@@ -87,7 +87,7 @@ STARTER = Starter("ner", "a tagged NER corpus: CoNLL `char TAG` lines or span JS
 
 
 KIND = TaskKind("ner", "sequence labelling: tagged corpora, taggers, entity F1", STAGES, metric=lambda config: "f1",
-                serving="tasks.ner.serving", models=models.MODELS, scored=("tags",),
+                serving=serving, models=models.MODELS, scored=("tags",),
                 shown=(("test entity F1", "best_test_f1"),),
                 reported=("test_f1", "test_precision", "test_recall"), flavour="tagger", labelled=False,
                 default_models=("crf", "bilstm_crf", "lexicon_tagger", "ner_ensemble"), check=check, starter=STARTER)

@@ -7,7 +7,7 @@ from typing import Any
 
 from tasks.graph import SELECTS, SPLITS, TRAINS, Output, Stage, Starter, TaskKind, graph
 from tasks.shared.segment import SEGMENT
-from tasks.translation import augment, clean, download, evaluate, models, profile, split, train, vocab
+from tasks.translation import augment, clean, download, evaluate, models, profile, serving, split, train, vocab
 
 STAGES = graph(
     Stage("download", (), download.build, "find or fetch the sentence pairs (tab-separated or JSON "
@@ -85,7 +85,7 @@ STARTER = Starter("pairs", "Chinese-English sentence pairs: tab-separated or JSO
 
 KIND = TaskKind("translation", "sentence pairs: seq2seq translators, BLEU and chrF", STAGES,
                 metric=lambda config: "bleu",
-                serving="tasks.translation.serving", models=models.MODELS, scored=("en",),
+                serving=serving, models=models.MODELS, scored=("en",),
                 shown=(("test BLEU", "best_test_bleu"),),
                 reported=("test_bleu", "test_chrf"), flavour="translator", labelled=False,
                 default_models=("seq2seq", "seq2seq_attention", "transformer_mt"), check=check, starter=STARTER)
