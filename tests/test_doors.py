@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.cli import in_process
-from tests.helpers.procs import zhpipe
+from tests.helpers.procs import zhpipe, zhpipe_argv
 from tests.test_private import (
     OTHER_PYTHON,
     OTHER_UID,
@@ -188,7 +188,7 @@ def test_a_first_run_killed_while_its_server_boots_leaves_one_that_status_sees_a
     home = seed_prefect_home(project / ".prefect")
     home.chmod(0o700)
     env = server_env(project)
-    starter = subprocess.Popen([sys.executable, "-m", "flows.cli", "server", "start"], cwd=project, env=env,
+    starter = subprocess.Popen(zhpipe_argv("server", "start"), cwd=project, env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     record = home / "zhpipe-server.json"
     deadline = time.monotonic() + 120

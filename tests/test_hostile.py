@@ -26,6 +26,7 @@ import pandas as pd
 import pytest
 
 from tests.helpers.cli import in_process
+from tests.helpers.procs import zhpipe_argv
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "tests" / "fixtures" / "smoke.csv"
@@ -692,7 +693,7 @@ def test_credentials_never_leave(prefect_harness, tmp_path, http_url, seed_mlflo
     ]
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+            zhpipe_argv(*args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
         )
     finally:
         ftp.close_all()

@@ -86,3 +86,15 @@ def test_the_run_loop_is_short():
     tree = ast.parse((ROOT / "flows" / "orchestrate" / "execute.py").read_text(encoding="utf-8"))
     run = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "RunContext")
     assert run.end_lineno - run.lineno + 1 <= 120
+
+
+def test_every_zhpipe_process_a_test_starts_goes_through_the_one_helper():
+    """`python -m flows.cli` is spelt once, in tests/helpers/procs.py (`zhpipe_argv`, used by `zhpipe` and `start`):
+    a test that starts a command with Popen options of its own still takes its command line from there."""
+    import re
+
+    spelt = re.compile(r"""["']-m["']\s*,\s*["']flows\.cli["']""")
+    helper = ROOT / "tests" / "helpers" / "procs.py"
+    elsewhere = [f"{p.relative_to(ROOT)}:{i}" for p in sorted((ROOT / "tests").rglob("*.py")) if p != helper
+                 for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if spelt.search(line)]
+    assert elsewhere == [] and spelt.search(helper.read_text(encoding="utf-8"))

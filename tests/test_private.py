@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 from tests.helpers.cli import in_process
-from tests.helpers.procs import zhpipe
+from tests.helpers.procs import zhpipe, zhpipe_argv
 
 ROOT = Path(__file__).resolve().parents[1]
 OTHER_UID = 65534
@@ -182,13 +182,13 @@ def test_a_port_squatter_gets_no_credentials(tmp_path, shared_folder, seed_prefe
     finally:
         squatter.kill()
         squatter.wait(10)
-        subprocess.run([sys.executable, "-m", "flows.cli", "server", "stop"], cwd=project,
+        subprocess.run(zhpipe_argv("server", "stop"), cwd=project,
                        env={k: v for k, v in env.items() if v}, capture_output=True, timeout=120)
 
 
 def init_project(project: Path) -> bool:
     """A starter project at `project` (`zhpipe init`, as a user would)."""
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "init", str(project)], cwd=ROOT, capture_output=True,
+    done = subprocess.run(zhpipe_argv("init", str(project)), cwd=ROOT, capture_output=True,
                           text=True, env={k: v for k, v in project_env().items() if v})
     return done.returncode == 0
 
@@ -334,7 +334,7 @@ def test_a_copied_project_never_writes_into_its_original(tmp_path):
     champion check refused its own versions. p2 now re-roots its store, says so, and writes only under itself."""
     env = {k: v for k, v in project_env().items() if v}
     p1 = tmp_path / "p1"
-    assert subprocess.run([sys.executable, "-m", "flows.cli", "init", str(p1)], env=env, cwd=ROOT).returncode == 0
+    assert subprocess.run(zhpipe_argv("init", str(p1)), env=env, cwd=ROOT).returncode == 0
     made = subprocess.run(
         [sys.executable, "-c", COPY_RUN, str(p1), "first"], env=env, cwd=ROOT, capture_output=True, text=True
     )

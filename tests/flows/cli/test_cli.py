@@ -2,13 +2,12 @@
 import csv
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.cli import in_process
-from tests.helpers.procs import zhpipe
+from tests.helpers.procs import zhpipe, zhpipe_argv
 
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.e2e  # real zhpipe processes and servers: `make test-quick` leaves them out
@@ -134,7 +133,7 @@ def test_two_concurrent_runs_build_each_stage_once(api_env, tmp_path):
 
     env = {**api_env, "ZHPIPE_DATA": str(tmp_path / "store")}
     sets = ["train.models=[tfidf_lr]"]  # locks per stage key and per model unit: one quick model shows both
-    args = [sys.executable, "-m", "flows.cli", "run", "smoke", "--to", "train", "--set", sets[0]]
+    args = zhpipe_argv("run", "smoke", "--to", "train", "--set", sets[0])
     procs = [
         subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for _ in range(2)
@@ -165,7 +164,7 @@ def test_two_machines_on_one_object_store_build_each_key_once(api_env, tmp_path)
     from flows.plan.store import StageStore
 
     url = f"local://{tmp_path / 'bucket'}"
-    args = [sys.executable, "-m", "flows.cli", "run", "smoke", "--to", "segment", "--storage", url]
+    args = zhpipe_argv("run", "smoke", "--to", "segment", "--storage", url)
     procs = [
         subprocess.Popen(
             args,

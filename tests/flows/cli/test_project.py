@@ -11,6 +11,7 @@ import pytest
 
 from tasks.util.io import file_sha256
 from tests.helpers.cli import in_process
+from tests.helpers.procs import zhpipe_argv
 
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.e2e
@@ -39,7 +40,7 @@ def test_init_and_run_in_an_empty_folder_write_only_there(installed, tmp_path):
     env.update(
         PYTHONPATH=str(installed), HOME=str(home), ZHPIPE_SERVER="temporary"
     )  # none left behind (test_server.py)
-    zhpipe = [sys.executable, "-m", "flows.cli"]
+    zhpipe = zhpipe_argv()
     where = subprocess.run(
         [sys.executable, "-c", "import flows; print(flows.__file__)"],
         env=env,
@@ -120,7 +121,7 @@ def test_init_csv_copies_pins_and_refuses_an_edited_file(tmp_path, capsys):
     # the session's Prefect server: no background server left behind (test_server.py tests it), and no temporary one
     # started per command (the test above runs on one)
     env.update(PREFECT_API_URL=os.environ["PREFECT_API_URL"], ZHPIPE_SERVER="temporary")
-    zhpipe = [sys.executable, "-m", "flows.cli"]
+    zhpipe = zhpipe_argv()
     init = in_process(capsys, "init", tmp_path / "p", "--csv", corpus)  # the runs below are processes of their own
     assert init.returncode == 0, init.stderr
     copy = tmp_path / "p" / "data" / "raw" / "mine.csv"
@@ -180,7 +181,7 @@ def test_predict_in_a_fresh_project_is_one_line_and_leaves_no_folders(tmp_path):
     init_project(tmp_path / "p")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ZHPIPE_", "MLFLOW_", "PREFECT_"))}
     done = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "predict", "房间很干净"],
+        zhpipe_argv("predict", "房间很干净"),
         env={**env, "PYTHONPATH": str(ROOT)},
         cwd=tmp_path / "p",
         capture_output=True,

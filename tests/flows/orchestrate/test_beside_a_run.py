@@ -20,6 +20,7 @@ from flows.plan import held, leases, project
 from flows.plan.maintenance import collect_garbage
 from flows.plan.store import Manifest, StageStore
 from tests.helpers.cli import in_process
+from tests.helpers.procs import zhpipe_argv
 
 ROOT = Path(__file__).resolve().parents[3]
 KEY, OTHER = "0123456789abcdef", "fedcba9876543210"
@@ -93,8 +94,8 @@ def test_gc_every_second_during_a_run_breaks_nothing(tmp_path, capsys):
     it kept; once the run has let its lease go, gc keeps nothing for it."""
     store = tmp_path / "store"
     env = {**os.environ, "ZHPIPE_WARM": "off", "ZHPIPE_DATA": str(store)}
-    run = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", "smoke", "--set", "embed.word2vec.epochs=3",
-                            "--set", "train.models=[tfidf_lr]", "--to", "train"],
+    run = subprocess.Popen(zhpipe_argv("run", "smoke", "--set", "embed.word2vec.epochs=3",
+                                       "--set", "train.models=[tfidf_lr]", "--to", "train"),
                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     said = []
     try:
@@ -186,7 +187,7 @@ def test_a_copied_projects_server_stop_never_signals_the_original(tmp_path):
         shutil.copytree(original, copy, symlinks=True)
         clean = {k: v for k, v in os.environ.items() if k not in ("PREFECT_HOME", "PREFECT_API_URL", "ZHPIPE_PROJECT")}
         done = subprocess.run(
-            [sys.executable, "-m", "flows.cli", "server", "stop"],
+            zhpipe_argv("server", "stop"),
             cwd=copy,
             env={**clean, "PYTHONPATH": str(ROOT)},
             capture_output=True,
@@ -240,7 +241,7 @@ def test_a_run_on_a_full_disk_stops_in_one_line(tmp_path):
         }
         t0 = time.monotonic()
         done = subprocess.run(
-            [sys.executable, "-m", "flows.cli", "run", "--to", "segment"],
+            zhpipe_argv("run", "--to", "segment"),
             cwd=disk / "p",
             env={**env, "PYTHONPATH": str(ROOT)},
             capture_output=True,

@@ -12,7 +12,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.helpers.procs import stop, zhpipe
+from tests.helpers.procs import stop, zhpipe, zhpipe_argv
 from tests.helpers.runs import without_profile
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -108,7 +108,7 @@ def workers(env, tmp_path):
         procs.append(
             (
                 subprocess.Popen(
-                    [sys.executable, "-m", "flows.cli", "worker", "--pool", pool],
+                    zhpipe_argv("worker", "--pool", pool),
                     cwd=ROOT,
                     env=env,
                     stdout=log,
@@ -336,7 +336,7 @@ def test_serve_runs_the_schedule_without_a_worker(env, tmp_path):
     )
     log = open(tmp_path / "serve.log", "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "serve", "--config", str(tmp_path / "p.yaml")],
+        zhpipe_argv("serve", "--config", str(tmp_path / "p.yaml")),
         cwd=ROOT,
         env=env,
         stdout=log,

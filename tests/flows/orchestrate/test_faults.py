@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.procs import zhpipe
+from tests.helpers.procs import zhpipe, zhpipe_argv
 from tests.helpers.sqlite import copy_sqlite
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -135,7 +135,7 @@ def test_the_prefect_server_killed_mid_run_ends_the_run_within_seconds(tmp_path,
             "MLFLOW_TRACKING_URI": seed_mlflow(tmp_path / "mlflow.db"),
         }
     )
-    zhpipe = [sys.executable, "-m", "flows.cli"]
+    zhpipe = zhpipe_argv()
     started = subprocess.run(
         [*zhpipe, "server", "start"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )

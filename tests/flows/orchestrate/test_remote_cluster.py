@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.procs import free_port, stop
+from tests.helpers.procs import free_port, stop, zhpipe_argv
 
 ROOT = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
@@ -127,7 +127,7 @@ def test_smoke_pipeline_on_a_remote_cluster_over_an_object_store(s3, cluster, tm
     from prefect.settings import PREFECT_API_URL
 
     env["PREFECT_API_URL"] = PREFECT_API_URL.value()
-    common = [sys.executable, "-m", "flows.cli", "run", "smoke", "--to", "augment"]
+    common = zhpipe_argv("run", "smoke", "--to", "augment")
     remote = subprocess.run(
         [*common, "--storage", "s3://zhpipe/store", "--dask", cluster["address"]],
         cwd=ROOT,

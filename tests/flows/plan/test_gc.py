@@ -2,13 +2,13 @@
 data/raw, never through a symlink, never outside the store root, never a folder the store did not publish."""
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from flows.plan.maintenance import collect_garbage
 from flows.plan.store import Manifest, StageStore
+from tests.helpers.procs import zhpipe_argv
 
 ROOT = Path(__file__).resolve().parents[3]
 UNUSED, USED = "0123456789abcdef", "fedcba9876543210"
@@ -107,7 +107,7 @@ def test_gc_never_removes_a_pipelines_source(tmp_path):
 def test_gc_command_in_a_new_project_keeps_the_corpus(tmp_path):
     """The CLI end to end in a `zhpipe init` project: the example corpus survives `gc`, dry run first."""
     env = {k: v for k, v in os.environ.items() if k not in ("ZHPIPE_DATA", "ZHPIPE_STORAGE", "ZHPIPE_PROJECT")}
-    cli = [sys.executable, "-m", "flows.cli"]
+    cli = zhpipe_argv()
     subprocess.run([*cli, "init", str(tmp_path / "p")], check=True, capture_output=True, env=env, cwd=ROOT)
     corpus = tmp_path / "p" / "data" / "raw" / "example.csv"
     assert corpus.is_file()
@@ -129,7 +129,7 @@ def test_what_a_run_on_another_corpus_built_is_kept_until_forgotten(tmp_path):
         for k, v in os.environ.items()
         if k not in ("ZHPIPE_DATA", "ZHPIPE_STORAGE", "ZHPIPE_PROJECT", "MLFLOW_TRACKING_URI")
     }
-    cli = [sys.executable, "-m", "flows.cli"]
+    cli = zhpipe_argv()
     project = tmp_path / "p"
     subprocess.run([*cli, "init", str(project)], check=True, capture_output=True, env=env, cwd=ROOT)
     other = tmp_path / "other.csv"

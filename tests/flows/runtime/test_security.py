@@ -20,7 +20,7 @@ import pytest
 
 from flows.plan import private
 from flows.runtime import handover, procs
-from tests.helpers.procs import zhpipe
+from tests.helpers.procs import zhpipe, zhpipe_argv
 
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.e2e  # real zhpipe processes and servers: `make test-quick` leaves them out
@@ -342,7 +342,7 @@ def test_another_user_reads_nothing_of_the_tracking_store(shared_tmp):
     }
     assert (
         subprocess.run(
-            [sys.executable, "-m", "flows.cli", "init", str(project)], env=env, cwd=ROOT, capture_output=True
+            zhpipe_argv("init", str(project)), env=env, cwd=ROOT, capture_output=True
         ).returncode
         == 0
     )
@@ -354,7 +354,7 @@ def test_another_user_reads_nothing_of_the_tracking_store(shared_tmp):
     for path, mode in ((mlruns, 0o755), (mlruns / "artifacts", 0o755), (mlruns / "mlflow.db", 0o644)):
         path.chmod(mode)  # as an earlier zhpipe left them
     done = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "runs"],
+        zhpipe_argv("runs"),
         env={**env, "PYTHONPATH": str(ROOT)},
         cwd=project,
         capture_output=True,

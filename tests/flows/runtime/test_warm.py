@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from flows.runtime import handover, warm
-from tests.helpers.procs import zhpipe
+from tests.helpers.procs import zhpipe, zhpipe_argv
 
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.e2e  # real zhpipe processes and servers: `make test-quick` leaves them out
@@ -165,7 +165,7 @@ def test_ctrl_z_stops_the_fork_and_a_killed_client_ends_it(shared_warm, tmp_path
     env, log = shared_warm["env"], shared_warm["log"]
     with open(tmp_path / "out", "w") as out:  # a job of its own, as a shell starts it (a group the kernel may stop)
         client = subprocess.Popen(
-            [sys.executable, "-m", "flows.cli", "run", "smoke", "--to", "download"],
+            zhpipe_argv("run", "smoke", "--to", "download"),
             cwd=ROOT,
             env=env,
             stdout=out,
@@ -188,7 +188,7 @@ def test_the_fork_reports_its_status_when_the_warm_parent_dies_and_keeps_the_she
 
     env, log = {**warm_env["env"], "TZ": "Asia/Shanghai"}, warm_env["log"]
     client = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "run", "smoke", "--to", "download"],
+        zhpipe_argv("run", "smoke", "--to", "download"),
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,

@@ -15,6 +15,7 @@ import pytest
 from flows.orchestrate.pipeline import pipeline_flow
 from flows.track.tracker import tracking_uri
 from tests.helpers.runs import without_profile
+from tests.helpers.procs import zhpipe_argv
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[3]
@@ -53,7 +54,7 @@ def ui(runs, tmp_path_factory):
         port = s.getsockname()[1]
     out = tmp_path_factory.mktemp("mlflow-ui") / "ui.log"
     with open(out, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "ui", "--port", str(port)], cwd=ROOT, stdout=log,
+        proc = subprocess.Popen(zhpipe_argv("ui", "--port", str(port)), cwd=ROOT, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 180
@@ -125,7 +126,6 @@ def test_runs_left_running_by_a_killed_process_are_marked_killed(tmp_path):
     import os
     import signal
     import subprocess
-    import sys
 
     from flows.track.tracker import Tracker, client
 

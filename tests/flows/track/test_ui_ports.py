@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from tests.helpers.procs import zhpipe_argv
 
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.e2e
@@ -36,7 +37,7 @@ def env_of() -> dict:
 
 def start_ui(project: Path, log: Path) -> subprocess.Popen:
     with open(log, "w") as out:
-        return subprocess.Popen([sys.executable, "-m", "flows.cli", "ui"], cwd=project, env=env_of(), stdout=out,
+        return subprocess.Popen(zhpipe_argv("ui"), cwd=project, env=env_of(), stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -54,7 +55,7 @@ def test_two_projects_uis_run_side_by_side_each_reached_through_its_own_alert_li
     projects = {name: tmp_path / name for name in ("shop", "hotel")}
     links, procs = {}, []
     for name, folder in projects.items():
-        done = subprocess.run([sys.executable, "-m", "flows.cli", "init", str(folder)], cwd=tmp_path, env=env_of(),
+        done = subprocess.run(zhpipe_argv("init", str(folder)), cwd=tmp_path, env=env_of(),
                               capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
         made = subprocess.run([sys.executable, "-c", LINK], cwd=folder, env=env_of(), capture_output=True, text=True,
