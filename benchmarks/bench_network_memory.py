@@ -48,8 +48,9 @@ from tasks.util.io import Rows
 from tasks.models import TrainInputs
 from tasks.stages import MODELS
 from tasks.classification.train import params as _train_params
-Params = _train_params()
 from tasks.util.vectors import keyed_word_vectors
+
+Params = _train_params()
 
 folder = Path(sys.argv[1])
 for name in ("out", "ckpt"):

@@ -3,8 +3,8 @@ its parser by the commands (flows/cli, flows/runtime/commands.py) and provided b
 so that neither imports the other for it."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class Needs:
     prefect: bool = False  # Prefect's loggers set up (tracebacks of zhpipe's own errors quieted)
     keeps: str = ""  # what an interrupted command leaves for the next (said on Ctrl-C and when the server is lost)
 
-    def of(self, args) -> "Needs":
+    def of(self, args) -> Needs:
         """These needs for one invocation: a command run on Dask talks to the Prefect server and is never handed
         over."""
         from dataclasses import replace

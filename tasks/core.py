@@ -3,9 +3,10 @@ returns. A stage never publishes anything itself: the orchestration layer (flows
 stage store and its metrics, tables, datasets and pictures to MLflow and Prefect."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 import pandas as pd
 from pydantic import BaseModel, ConfigDict
@@ -49,13 +50,13 @@ class Unit(str):
 
     __slots__ = ("stage", "model", "part")
 
-    def __new__(cls, stage: str, model: str = "", part: str = "") -> "Unit":
+    def __new__(cls, stage: str, model: str = "", part: str = "") -> Unit:
         unit = super().__new__(cls, stage + (f".{model}" if model else "") + (f":{part}" if part else ""))
         unit.stage, unit.model, unit.part = stage, model, part
         return unit
 
     @classmethod
-    def parse(cls, name: str) -> "Unit":
+    def parse(cls, name: str) -> Unit:
         if isinstance(name, Unit):
             return name
         head, _, part = name.partition(":")  # file names may hold dots: the partition is split off first
@@ -104,7 +105,7 @@ class Facts:
     # them in a manifest, without a field here for every kind's own facts
     own: dict[str, Any] | None = None
 
-    def but(self, **changes: Any) -> "Facts":
+    def but(self, **changes: Any) -> Facts:
         """These facts with some replaced."""
         return replace(self, **changes)
 
@@ -117,7 +118,7 @@ class Facts:
         return {**(self.own or {}), **shared}
 
     @classmethod
-    def from_json(cls, doc: dict[str, Any] | None) -> "Facts":
+    def from_json(cls, doc: dict[str, Any] | None) -> Facts:
         """Facts from a manifest: the shared ones by field, every other key a kind's or a stage's own."""
         doc = doc or {}
         own = {k: v for k, v in doc.items() if k not in SHARED_FACTS and v is not None}
@@ -167,7 +168,7 @@ class BuildContext:
     sink: MetricSink | None = None  # per-epoch curves while training
     stages: Any = None  # every stage's section of the pipeline, read-only (augment segments as segment does)
     source: Any = None  # the pipeline's source (download)
-    store: "StoreAccess | None" = None  # the stage store's shared folders (download cache, translation cache)
+    store: StoreAccess | None = None  # the stage store's shared folders (download cache, translation cache)
     partition: tuple[int, str] | None = None  # a partition unit's (ordinal, file name); None for a whole-corpus build
     # the inputs' metrics (gathering sums them)
     input_metrics: dict[str, dict[str, float]] = field(default_factory=dict)

@@ -5,8 +5,7 @@ tasks/translation), with the functions of its stage modules; the stage every kin
 tasks/shared/segment.py; tasks/stages.py gathers them."""
 from __future__ import annotations
 
-from collections.abc import Callable
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any

@@ -17,8 +17,9 @@ Imports nothing heavy."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 EXAMPLE_ZH = ["房间很干净，服务也好", "早餐太差了"]
 

@@ -2,6 +2,7 @@
 import os
 import subprocess
 import tempfile
+from datetime import UTC
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ def _loopback_ca() -> Path:
     """A CA file of one certificate, for the suite's TLS settings. Every server the tests start speaks plain HTTP on
     loopback (the TLS test gives its own CA), yet each Prefect client and httpx client parses the whole system CA
     bundle when it is made: about 30 ms of CPU, a thousand times a session."""
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
@@ -32,7 +33,7 @@ def _loopback_ca() -> Path:
 
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "zhpipe tests (loopback only)")])
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
             .serial_number(x509.random_serial_number()).not_valid_before(now - timedelta(days=1))
             .not_valid_after(now + timedelta(days=2)).sign(key, hashes.SHA256()))

@@ -202,7 +202,6 @@ def test_a_missing_function_is_one_line_with_a_did_you_mean(project, capsys):
 
 def test_a_malformed_reference_is_a_config_error(tmp_path):
     from tasks.classification.clean import Params
-
     from tasks.errors import ConfigError
 
     with pytest.raises(ConfigError, match="expected module:function"):

@@ -11,8 +11,8 @@ from typing import NoReturn
 
 from flows.cli import catalog, doctor, results, run, schedule, store
 from flows.cli.common import Parser, version
-from flows.needs import Needs
 from flows.cli.ending import abort, finish
+from flows.needs import Needs
 from flows.plan import project
 from flows.runtime import commands, provide
 from tasks.errors import ZhpipeError, say

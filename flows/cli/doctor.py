@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from flows.needs import Needs
 from tasks.errors import ZhpipeError

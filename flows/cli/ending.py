@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Callable, NoReturn
+from collections.abc import Callable
+from typing import NoReturn
 
 REPORT: Callable[[int], None] | None = None  # set in the warm process's fork: tells its client the exit status
 

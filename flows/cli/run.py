@@ -10,8 +10,7 @@ import time
 from dataclasses import replace
 
 from flows.cli.common import console, load, number, request_of
-from flows.needs import BUILDS, Needs
-from flows.needs import server_ready
+from flows.needs import BUILDS, Needs, server_ready
 from tasks.errors import ZhpipeError, say
 
 log = logging.getLogger("zhpipe")

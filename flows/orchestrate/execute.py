@@ -7,10 +7,11 @@ import errno
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from flows.orchestrate.gate import Gate
 from flows.orchestrate.tracking import UnitTracking

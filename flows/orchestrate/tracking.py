@@ -7,8 +7,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from flows.plan.config import flatten
 from flows.plan.store import Manifest

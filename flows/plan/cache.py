@@ -31,7 +31,7 @@ class StageResult:
     metrics: dict[str, float]
     facts: Facts
     run_id: str | None = None  # the MLflow run this pipeline run tracked it in
-    parts: dict[str, "StageResult"] = field(default_factory=dict)  # train/evaluate: their model units
+    parts: dict[str, StageResult] = field(default_factory=dict)  # train/evaluate: their model units
 
 
 @dataclass

@@ -12,9 +12,10 @@ the libraries that shape its output, and the contents of the files its params na
 from __future__ import annotations
 
 import hashlib
-from functools import lru_cache
+from collections.abc import Callable
+from functools import cache, lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tasks.errors import ConfigError
 from tasks.util.io import file_sha256, resolve_path
@@ -36,7 +37,7 @@ def source_file(module: str) -> Path | None:
     return Path(loaded) if loaded and loaded.endswith(".py") else None
 
 
-@lru_cache(maxsize=None)
+@cache
 def _module_info(module: str) -> tuple[str, tuple[str, ...]]:
     """(hash of the module's normalised syntax tree, the project modules it imports). Both are functions of
     the source text alone, so they are kept on disk by the text's sha256 (parsing every module again costs
@@ -88,7 +89,7 @@ def _save_code_cache() -> None:
         pass  # a read-only project: parsed again next time
 
 
-@lru_cache(maxsize=None)
+@cache
 def _is_module(name: str) -> bool:
     try:
         return source_file(name) is not None
@@ -116,7 +117,7 @@ def library_versions(names: tuple[str, ...]) -> dict[str, str]:
     return {name: _version(name) for name in names}
 
 
-@lru_cache(maxsize=None)  # read once per process (each stage's key asks again)
+@cache  # read once per process (each stage's key asks again)
 def _version(name: str) -> str:
     from importlib.metadata import PackageNotFoundError, version
 

@@ -9,8 +9,9 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from flows.plan import project
 from tasks.errors import ZhpipeError

@@ -19,8 +19,9 @@ import json
 import os
 import secrets
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from flows.plan.store import StageStore, unit_folder
 

@@ -24,7 +24,7 @@ class RunRequest:
     config_file: str | None = None
 
     @classmethod
-    def of(cls, pipeline: Any, overrides: Any = None, source: Any = None, config_file: Any = None) -> "RunRequest":
+    def of(cls, pipeline: Any, overrides: Any = None, source: Any = None, config_file: Any = None) -> RunRequest:
         """A request from parameters as a flow receives them; a value of the wrong type is one clear error (a
         deployment run may pass anything the Prefect API accepts)."""
         if not isinstance(pipeline, str):

@@ -11,10 +11,9 @@ from typing import Any
 
 from flows.plan import project
 from flows.plan.config import PipelineConfig
-from tasks.util.io import file_sha256
 from tasks.errors import ZhpipeError
 from tasks.source.origin import Origin
-from tasks.util.io import resolve_path
+from tasks.util.io import file_sha256, resolve_path
 
 log = logging.getLogger("zhpipe")
 

@@ -20,9 +20,10 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tasks.errors import ZhpipeError
 from tasks.util.io import atomic_write_text, file_sha256
@@ -66,7 +67,7 @@ class Manifest:
     pipeline: str | None = None
 
     @classmethod
-    def from_json(cls, text: str, where: str = MANIFEST) -> "Manifest":
+    def from_json(cls, text: str, where: str = MANIFEST) -> Manifest:
         """A manifest from its JSON (fields this version does not know are ignored); `CorruptManifest` naming
         `where` when it is not one (truncated, edited, not UTF-8)."""
         try:
@@ -79,7 +80,7 @@ class Manifest:
             raise CorruptManifest(where, str(e).splitlines()[0][:120]) from None
 
     @classmethod
-    def read(cls, folder: Path) -> "Manifest":
+    def read(cls, folder: Path) -> Manifest:
         path = folder / MANIFEST
         try:
             text = path.read_bytes().decode("utf-8")

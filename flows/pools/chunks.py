@@ -3,7 +3,8 @@ Dask task runner, on a local cluster or at a scheduler address. Outputs are byte
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from tasks.util.io import Chunk
 from tasks.util.pool import ChunkPool, call, windowed

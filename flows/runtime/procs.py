@@ -14,7 +14,6 @@ import socket
 import struct
 from pathlib import Path
 
-
 _PROC = Path("/proc")
 
 

@@ -14,8 +14,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from flows.plan.private import (
     PortTaken,

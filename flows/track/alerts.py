@@ -5,6 +5,7 @@ an e-mail one). The server's automation services deliver them: a scheduled night
 from __future__ import annotations
 
 import logging
+from datetime import UTC
 from typing import Any
 
 from flows.plan.config import Alerts
@@ -187,7 +188,7 @@ def delivery(automation_id: str, event_id: str, wait_s: float, url: str | None =
     raised (connection refused, say) leaves no outcome event (Prefect retries it, then drops it), so once the action
     has fired and nothing came of it for a while, the webhook's address is tried from here for the reason."""
     import time
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     from prefect.client.orchestration import get_client
     from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter, EventResourceFilter
@@ -196,9 +197,9 @@ def delivery(automation_id: str, event_id: str, wait_s: float, url: str | None =
 
     start = time.monotonic()
     deadline = start + wait_s
-    since = datetime.now(timezone.utc) - timedelta(minutes=5)
+    since = datetime.now(UTC) - timedelta(minutes=5)
     # the filter's default end is the moment it is made
-    until = datetime.now(timezone.utc) + timedelta(seconds=wait_s + 60)
+    until = datetime.now(UTC) + timedelta(seconds=wait_s + 60)
     wanted = EventFilter(occurred=EventOccurredFilter(since=since, until=until),
                          event=EventNameFilter(prefix=["prefect.automation."]),
                          resource=EventResourceFilter(id=[f"prefect.automation.{automation_id}"]))

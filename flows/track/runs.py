@@ -169,7 +169,7 @@ def model_metrics(run) -> dict[str, dict[str, float]]:
     reused = sorted((k.removeprefix("zhpipe.reused.").partition("."), v) for k, v in run.data.tags.items()
                     if k.startswith("zhpipe.reused.") and "." in k.removeprefix("zhpipe.reused.") and v)
     order = list(KINDS[run.data.tags.get("zhpipe.task")].stages) if run.data.tags.get("zhpipe.task") in KINDS else []
-    for (stage, _, model), source in sorted(reused, key=lambda item: order.index(item[0][0]) if item[0][0] in order
+    for (_stage, _, model), source in sorted(reused, key=lambda item: order.index(item[0][0]) if item[0][0] in order
                                             else 0):
         metrics = c.get_run(source).data.metrics
         out.setdefault(model, {}).update({k: metrics[k] for k in MODEL_METRICS if k in metrics})

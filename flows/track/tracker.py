@@ -5,9 +5,10 @@ import functools
 import os
 import time
 import warnings
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pandas as pd
 
@@ -242,7 +243,7 @@ class Tracker:
 
     @classmethod
     def start(cls, experiment: str, name: str, parent: str | None = None,
-              tags: dict[str, str] | None = None) -> "Tracker":
+              tags: dict[str, str] | None = None) -> Tracker:
         """Create a run (nested under `parent` when given)."""
         import socket
 

@@ -131,7 +131,8 @@ def verified(uri: str, dst: Path, store=None) -> tuple[str, Path]:
     try:
         local = Path(mlflow.artifacts.download_artifacts(artifact_uri=pinned, dst_path=str(dst)))
     except (MlflowException, OSError) as e:
-        raise refuse(f"its files could not be read ({str(e).splitlines()[0][:200] if str(e) else type(e).__name__})")
+        raise refuse(f"its files could not be read ({str(e).splitlines()[0][:200] if str(e) else type(e).__name__})") \
+            from None
     if files_digest(local) != record.get("digest"):
         raise refuse("its files differ from those its run logged (changed or replaced since)")
     return pinned, local

@@ -3,9 +3,10 @@ no-op; back-translation registers itself from tasks.classification.backtranslati
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import pandas as pd
 from pydantic import Field

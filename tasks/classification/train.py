@@ -11,8 +11,7 @@ import pandas as pd
 from tasks.classification.models import MODELS, REGISTRY, estimator
 from tasks.core import BuildContext, BuildOutput, Facts, Unit, by_model
 from tasks.errors import DataError
-from tasks.models import TrainInputs, model_of
-from tasks.models import racing
+from tasks.models import TrainInputs, model_of, racing
 from tasks.models.base import label_ids
 from tasks.models.racing import from_samples
 from tasks.models.settings import Common, params_model

@@ -23,8 +23,7 @@ from tasks.models.checkpoints import rng_state, save, set_rng_state
 
 # where models compute; re-exported, as callers import them from here
 from tasks.models.devices import amp_dtype, autocast, resolve_device
-from tasks.models.racing import ESTIMATE_AFTER, judge_race, replan, say_estimate
-from tasks.models.racing import NOT_TRAINED, BudgetCut
+from tasks.models.racing import ESTIMATE_AFTER, NOT_TRAINED, BudgetCut, judge_race, replan, say_estimate
 from tasks.models.racing import current as current_race
 from tasks.util.progress import progress
 

@@ -2,9 +2,9 @@
 and the lexicon of a pipeline, and decoding averaged marginals into a well-formed tag path."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 

@@ -7,18 +7,16 @@ runs them in a pipeline)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Literal
+from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
-from pathlib import Path
-
 from pydantic import Field, field_validator
 
 from tasks.core import Section
-from tasks.shared.own_checks import OwnCheck, judge_own
-from tasks.util.usercode import CodeRef
 from tasks.shared.measures import (
     cjk_share,
     looks_mojibake,
@@ -28,6 +26,8 @@ from tasks.shared.measures import (
     traditional_share,
     words,
 )
+from tasks.shared.own_checks import OwnCheck, judge_own
+from tasks.util.usercode import CodeRef
 
 SAMPLE_ROWS = 2000  # rows of tonight and of the reference that the text measures read (a seeded sample)
 REFERENCE_ROWS = 20_000  # rows of the reference kept for the checks
@@ -89,7 +89,7 @@ class Check:
     measures: str
     severity: str
     threshold: float
-    judge: Callable[["Sample", "Sample | None", float, int], tuple[float | None, bool | None, str]] = field(repr=False)
+    judge: Callable[[Sample, Sample | None, float, int], tuple[float | None, bool | None, str]] = field(repr=False)
 
 
 def _ratio_rows(night: Sample, ref: Sample | None, threshold: float, min_rows: int):

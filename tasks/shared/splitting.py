@@ -19,7 +19,7 @@ class Fractions(Section):
     seed: int = Field(42, ge=0)  # NumPy seeds are non-negative
 
     @model_validator(mode="after")
-    def _sums_to_one(self) -> "Fractions":
+    def _sums_to_one(self) -> Fractions:
         if abs(self.train + self.validation + self.test - 1.0) > 1e-6:
             raise ValueError("split fractions train + validation + test must sum to 1")
         return self

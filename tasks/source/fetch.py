@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from pydantic import Field
 
@@ -54,7 +54,7 @@ class Validators:
     size: int | None = None
 
     @classmethod
-    def of(cls, headers) -> "Validators":
+    def of(cls, headers) -> Validators:
         size = headers.get("content-length")
         return cls(headers.get("etag"), headers.get("last-modified"), int(size) if size and size.isdigit() else None)
 

@@ -8,9 +8,9 @@ import csv
 import errno
 import io
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import pandas as pd
 
@@ -296,7 +296,7 @@ def _normalise(parsed: Parsed, path: Path, source: Source, fmt: str,
     return out, quarantine
 
 
-def range_file(source: "Source", path: Path, scratch: Path) -> Path:
+def range_file(source: Source, path: Path, scratch: Path) -> Path:
     """An appended file's partition as a file of its own: the header line (CSV and TSV) and its byte range."""
     start, end = source.byte_range
     scratch.mkdir(parents=True, exist_ok=True)

@@ -35,7 +35,7 @@ class GivenSplit(Section):
     _hex = field_validator("sha256")(_sha256_hex)
 
     @model_validator(mode="after")
-    def _has_location(self) -> "GivenSplit":
+    def _has_location(self) -> GivenSplit:
         if not self.path and not self.url:
             raise ValueError("a given split needs `path` or `url`")
         return self
@@ -69,7 +69,7 @@ class Source(Section):
     # a partition of an appended file: the bytes [start, end) it holds (set by zhpipe, not in pipelines.yaml)
     byte_range: tuple[int, int] | None = Field(None, exclude=False)
 
-    def given(self) -> dict[str, "Source"]:
+    def given(self) -> dict[str, Source]:
         """The source's files by split: {"train": ..., "validation": ..., "test": ...} with given splits, else
         {"": the source}."""
         if not self.splits:
@@ -81,7 +81,7 @@ class Source(Section):
         return parts
 
     @model_validator(mode="after")
-    def _has_location(self) -> "Source":
+    def _has_location(self) -> Source:
         if not self.path and not self.url:
             raise ValueError("source needs `path` or `url`")
         if self.partitioned and (self.sha256 or self.url or self.splits):
@@ -100,7 +100,7 @@ class Source(Section):
             return False
         return any(c in self.path for c in "*?[") or self.path.endswith("/") or self.grows in ("append", "snapshot")
 
-    def partitions(self, root: Path, appended: list[dict] | None = None) -> list["Partition"]:
+    def partitions(self, root: Path, appended: list[dict] | None = None) -> list[Partition]:
         """Each partition of a partitioned source: its files sorted by name (a corpus that grows by one file a
         day names its files so that new ones sort last, `2026-12-01.csv`); for an appended file, the byte
         ranges of earlier runs (`appended`, checked against the file) and the new complete lines after them."""
@@ -122,7 +122,7 @@ class Source(Section):
                                 f"character; rename it (a partition's name appears in logs and reports)")
         return [Partition(p.name, p) for p in files]
 
-    def partition(self, part: "Partition", shown: Path) -> "Source":
+    def partition(self, part: Partition, shown: Path) -> Source:
         """The source of one partition: this source with `path` set to its file (shown as `shown`) and, for an
         append, its byte range."""
         return self.model_copy(update={"path": str(shown), "grows": "no", "byte_range": part.byte_range})

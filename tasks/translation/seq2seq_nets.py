@@ -39,7 +39,7 @@ class Memory:
     mask: torch.Tensor  # (batch, source) True at real tokens
     summary: torch.Tensor  # (batch, hidden) the encoder's final states, projected: the context without attention
 
-    def repeat(self, k: int) -> "Memory":
+    def repeat(self, k: int) -> Memory:
         return Memory(self.states.repeat_interleave(k, 0), self.mask.repeat_interleave(k, 0),
                       self.summary.repeat_interleave(k, 0))
 

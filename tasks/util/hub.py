@@ -1,8 +1,9 @@
 """Loading pretrained weights: a local folder or the Hugging Face cache first, the hub only when reachable."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 from tasks.errors import ZhpipeError
 

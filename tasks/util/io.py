@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import pandas as pd
@@ -118,12 +118,12 @@ class Rows:
         return pd.read_parquet(self.path, columns=columns)
 
 
-def columns_of(data: "Rows | pd.DataFrame") -> list[str]:
+def columns_of(data: Rows | pd.DataFrame) -> list[str]:
     """The columns of a split given as a file or as a frame."""
     return pq.ParquetFile(data.path).schema_arrow.names if isinstance(data, Rows) else list(data.columns)
 
 
-def batches_of(data: "Rows | pd.DataFrame", columns: list[str] | None = None,
+def batches_of(data: Rows | pd.DataFrame, columns: list[str] | None = None,
                rows: int | None = None) -> Iterator[pd.DataFrame]:
     """Batches of a split given as a file (`Rows`) or as a frame already in memory."""
     rows = rows or BATCH_ROWS
@@ -151,16 +151,16 @@ class TextSet:
         self._added: set[int] = set()
 
     @classmethod
-    def of(cls, batches: Iterable) -> "TextSet":
+    def of(cls, batches: Iterable) -> TextSet:
         parts = [text_digests(b) for b in batches]
         return cls(np.concatenate(parts) if parts else None)
 
     @classmethod
-    def coerce(cls, texts) -> "TextSet":
+    def coerce(cls, texts) -> TextSet:
         """`texts` itself when it is a TextSet, else a TextSet of its texts (a set or list, as a notebook passes)."""
         return texts if isinstance(texts, TextSet) else cls.of([list(texts)])
 
-    def union(self, texts) -> "TextSet":
+    def union(self, texts) -> TextSet:
         return TextSet(np.concatenate([self._sorted, text_digests(texts),
                                        np.fromiter(self._added, np.uint64, len(self._added))]))
 
@@ -185,7 +185,7 @@ SHUFFLE_ROWS = 200_000  # rows shuffled in memory at once: a larger split is dea
 SHUFFLE_MB = 48  # ... and of at most about this many MB of text
 
 
-def split_mb(data: "Rows | pd.DataFrame", columns: list[str] | None = None) -> float:
+def split_mb(data: Rows | pd.DataFrame, columns: list[str] | None = None) -> float:
     """A split's size in MB: its columns' uncompressed bytes from the Parquet metadata, or a frame's text."""
     if isinstance(data, Rows):
         meta = pq.ParquetFile(data.path).metadata
@@ -198,8 +198,8 @@ def split_mb(data: "Rows | pd.DataFrame", columns: list[str] | None = None) -> f
     return float(sum(frame[c].astype(str).str.len().sum() * 3 for c in text)) / 2**20
 
 
-def shuffled(data: "Rows | pd.DataFrame", folder: Path, seed: int, columns: list[str] | None = None,
-             bucket_rows: int = SHUFFLE_ROWS) -> "Rows | pd.DataFrame":
+def shuffled(data: Rows | pd.DataFrame, folder: Path, seed: int, columns: list[str] | None = None,
+             bucket_rows: int = SHUFFLE_ROWS) -> Rows | pd.DataFrame:
     """The rows of `data` in an order shuffled with `seed` (fastText and SGD learn from rows in file order,
     and a corpus is often sorted by label). Up to `bucket_rows` rows: a frame in the order of a seeded
     permutation (what `frame.sample(frac=1, random_state=seed)` gives). More: the rows are dealt into random
@@ -231,7 +231,7 @@ def shuffled(data: "Rows | pd.DataFrame", folder: Path, seed: int, columns: list
     return Rows(folder / "shuffled.parquet")
 
 
-def predict_batches(predict: Callable[[pd.DataFrame], np.ndarray], data: "Rows | pd.DataFrame",
+def predict_batches(predict: Callable[[pd.DataFrame], np.ndarray], data: Rows | pd.DataFrame,
                     rows: int = 4096) -> np.ndarray:
     """A predictor's outputs over a whole split, asked batch by batch (memory: one batch and the outputs)."""
     parts = [predict(batch) for batch in batches_of(data, rows=rows) if len(batch)]

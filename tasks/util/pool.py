@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import os
 from collections import deque
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa

@@ -8,7 +8,7 @@ import os
 import re
 import stat
 import tempfile
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Literal
 
@@ -42,7 +42,7 @@ def jieba_cache_dir() -> str:
     return fresh
 
 
-@lru_cache(maxsize=None)
+@cache
 def _jieba():
     """jieba, imported when text is first cut (not when a config is read), its cache in a folder of our own; set up
     once per process (jieba's `setLogLevel` alone walks every logger of the process: a millisecond per call, and

@@ -3,9 +3,10 @@ lexicon adapter read them), and the guard every fastText training call goes thro
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

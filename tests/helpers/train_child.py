@@ -11,8 +11,9 @@ import numpy as np
 import torch
 
 from tasks.classification.train import params as _train_params
-TrainConfig = _train_params()
 from tests.tasks.models.test_train import frame, predict, tiny_vectors, train_model
+
+TrainConfig = _train_params()
 
 
 def train(checkpoints: Path, out: Path, epochs: int) -> None:

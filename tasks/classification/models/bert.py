@@ -11,10 +11,10 @@ import numpy as np
 import pandas as pd
 from pydantic import Field, model_validator
 
+from tasks.classification.models.pretraining import encode_pairs, pretraining_metrics, sentence_pairs
 from tasks.core import Section
 from tasks.errors import ConfigError
 from tasks.models.base import NETWORK, ModelSpec, TrainInputs, class_weight_tensor, label_ids
-from tasks.classification.models.pretraining import encode_pairs, pretraining_metrics, sentence_pairs
 from tasks.shared.as_is import original_rows
 from tasks.util.hub import load_pretrained
 from tasks.util.io import read_vocab
@@ -54,7 +54,7 @@ class Params(Section):
     max_words_per_char: int = Field(4, ge=1)
 
     @model_validator(mode="after")
-    def _heads_divide_hidden(self) -> "Params":
+    def _heads_divide_hidden(self) -> Params:
         if self.checkpoint is None and self.hidden_size % self.num_heads:
             raise ValueError(f"bert.hidden_size ({self.hidden_size}) must be a multiple of bert.num_heads "
                              f"({self.num_heads})")
@@ -302,8 +302,8 @@ def load_bert(folder: Path, device: str = "auto") -> tuple[LexiconBert, object, 
     import torch
     from transformers import AutoTokenizer, BertForSequenceClassification
 
-    from tasks.models.modules import LexiconAdapter, LexiconBert
     from tasks.models.devices import resolve_device
+    from tasks.models.modules import LexiconAdapter, LexiconBert
 
     quiet_transformers()
     meta = json.loads((folder / "zhpipe.json").read_text(encoding="utf-8"))

@@ -11,8 +11,8 @@ as before (the same batches, the same random draws).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 import pandas as pd
@@ -85,7 +85,7 @@ class Encoded:
                 yield seqs, chunk, (labels[chunk] if labels is not None else None)
 
 
-def encode_split(data: "Rows | pd.DataFrame", folder: Path, encode: Callable[[pd.DataFrame], list[list[int]]],
+def encode_split(data: Rows | pd.DataFrame, folder: Path, encode: Callable[[pd.DataFrame], list[list[int]]],
                  labels: list[str] | None = None, keep: Callable[[pd.DataFrame], pd.Series] | None = None,
                  columns: list[str] | None = None, **sizes) -> Encoded:
     """Write `data`'s rows (those `keep` selects) as `encode` turns each batch into id sequences; with `labels`,

@@ -84,7 +84,7 @@ def train_hf(inputs: TrainInputs) -> dict:
     labels = inputs.labels
     model = load_pretrained(p.checkpoint, lambda src, local: AutoModelForSequenceClassification.from_pretrained(
         src, local_files_only=local, num_labels=len(labels), id2label=dict(enumerate(labels)),
-        label2id={l: i for i, l in enumerate(labels)}, ignore_mismatched_sizes=True), "model")
+        label2id={label: i for i, label in enumerate(labels)}, ignore_mismatched_sizes=True), "model")
     if p.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     if p.freeze_encoder:

@@ -159,8 +159,8 @@ def train_network(inputs: TrainInputs) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from tasks.models.batching import pad
     from tasks.classification.models.encoded import encode_split
+    from tasks.models.batching import pad
     from tasks.models.devices import seed_everything
     from tasks.models.trainer import LoopConfig, Task, fit, validation_metrics
 

@@ -7,8 +7,9 @@ import json
 import math
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator, Literal
+from typing import Literal
 
 import numpy as np
 from pydantic import Field
@@ -40,7 +41,7 @@ class NgramLM:
         self.config = config
         self._z: dict[tuple, float] = {}
 
-    def fit(self, sentences: Iterable[list[str]]) -> "NgramLM":
+    def fit(self, sentences: Iterable[list[str]]) -> NgramLM:
         """Count n-grams of every order ending at each predicted token (the real tokens and </s>), in one pass
         over `sentences` (a generator reading a split in batches will do)."""
         n = self.config.n
@@ -63,7 +64,7 @@ class NgramLM:
                     self.counts[k][gram[1:]] += 1
         return self._index()
 
-    def _index(self) -> "NgramLM":
+    def _index(self) -> NgramLM:
         """Per-context totals, numbers of distinct continuations and the continuations themselves, from counts."""
         n = self.config.n
         self.total = [defaultdict(int) for _ in range(n + 1)]
@@ -131,7 +132,7 @@ class NgramLM:
                 "counts": [[[list(gram), c] for gram, c in order.items()] for order in self.counts]}
 
     @classmethod
-    def from_json(cls, doc: dict) -> "NgramLM":
+    def from_json(cls, doc: dict) -> NgramLM:
         lm = cls(Params(**doc["config"]))
         lm.vocab = set(doc["vocab"])
         lm.counts = [Counter({tuple(gram): c for gram, c in order}) for order in doc["counts"]]

@@ -41,11 +41,11 @@ def lm_sequences(lines: pd.Series, stoi: dict[str, int], max_len: int) -> list[l
     return [[sep, *(stoi.get(t, 1) for t in line.split()[:max_len]), sep] for line in lines]
 
 
-def lm_batches(seqs: "list[list[int]] | Encoded", batch_size: int, rng: np.random.Generator | None = None):
+def lm_batches(seqs: list[list[int]] | Encoded, batch_size: int, rng: np.random.Generator | None = None):
     """Length-bucketed batches of (inputs, next-token targets), padded with 0; from a list of sequences or an
     encoded split (a buffer at a time)."""
-    from tasks.models.batching import length_buckets, pad
     from tasks.classification.models.encoded import Encoded
+    from tasks.models.batching import length_buckets, pad
 
     batches = (seqs.epoch(batch_size, rng) if isinstance(seqs, Encoded)
                else ((seqs, c, None) for c in length_buckets(seqs, batch_size, rng)))
@@ -55,13 +55,13 @@ def lm_batches(seqs: "list[list[int]] | Encoded", batch_size: int, rng: np.rando
         yield len(chunk), {"ids": padded[:, :-1], "targets": padded[:, 1:]}
 
 
-def perplexity(model: LSTMLanguageModel, seqs: "list[list[int]] | Encoded", batch_size: int = 64) -> float:
+def perplexity(model: LSTMLanguageModel, seqs: list[list[int]] | Encoded, batch_size: int = 64) -> float:
     """exp of the mean negative log-likelihood per predicted token (the end [SEP] included, as </s> for n-grams)."""
     total, count = _nll(model, seqs, batch_size)
     return math.exp(total / max(count, 1))
 
 
-def _nll(model: LSTMLanguageModel, seqs: "list[list[int]] | Encoded", batch_size: int = 64) -> tuple[float, int]:
+def _nll(model: LSTMLanguageModel, seqs: list[list[int]] | Encoded, batch_size: int = 64) -> tuple[float, int]:
     """The summed negative log-likelihood of the predicted tokens, and their number."""
     import torch
 
@@ -84,8 +84,8 @@ def train_rnn_lm(inputs: TrainInputs) -> dict:
     import torch
 
     from tasks.classification.models.encoded import encode_split
-    from tasks.models.modules import LSTMLanguageModel, RNNLMConfig
     from tasks.models.devices import seed_everything
+    from tasks.models.modules import LSTMLanguageModel, RNNLMConfig
     from tasks.models.trainer import LoopConfig, Task, fit
 
     train, validation, params, out = inputs.train, inputs.validation, inputs.params, inputs.out
@@ -117,12 +117,12 @@ def train_rnn_lm(inputs: TrainInputs) -> dict:
             "samples_per_second": result.samples_per_second, "val_perplexity": best["val_perplexity"]}
 
 
-def rnn_lm_perplexity(folder: Path, df: "pd.DataFrame | Rows", device: str = "auto") -> float:
+def rnn_lm_perplexity(folder: Path, df: pd.DataFrame | Rows, device: str = "auto") -> float:
     """Perplexity of a split's texts (a frame, or a `Rows` read a batch at a time) under a saved `rnn_lm/`."""
     import torch
 
-    from tasks.models.modules import LSTMLanguageModel, RNNLMConfig
     from tasks.models.devices import resolve_device
+    from tasks.models.modules import LSTMLanguageModel, RNNLMConfig
 
     saved = torch.load(folder / "model.pt", map_location="cpu", weights_only=True)  # tensors and plain data only
     model = LSTMLanguageModel(RNNLMConfig(**saved["config"]))
@@ -177,8 +177,8 @@ def train_lm_classifier(inputs: TrainInputs) -> dict:
     import torch
 
     from tasks.classification.models.encoded import encode_split
-    from tasks.models.modules import RNNLMConfig
     from tasks.models.devices import seed_everything
+    from tasks.models.modules import RNNLMConfig
     from tasks.models.trainer import LoopConfig, Task, fit
 
     p: ClassifierParams = inputs.section

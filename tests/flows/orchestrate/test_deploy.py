@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import time
+from datetime import UTC
 from pathlib import Path
 
 import httpx
@@ -133,7 +134,7 @@ NIGHTLY = {
 def run_the_next_scheduled(c, deployment_id):
     """The schedule triggered instead of waited for: the first run Prefect's scheduler made for the deployment (an
     auto-scheduled run, days ahead) is moved to now; its other runs stay days ahead. No test waits on a cron minute."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from prefect.client.schemas.filters import (
         DeploymentFilter,
@@ -153,8 +154,8 @@ def run_the_next_scheduled(c, deployment_id):
         )
 
     first = wait_for(scheduled, 120, "the scheduler to make the deployment's runs")[0]
-    assert first.auto_scheduled and first.expected_start_time > datetime.now(timezone.utc)
-    c.set_flow_run_state(first.id, Scheduled(scheduled_time=datetime.now(timezone.utc)), force=True)
+    assert first.auto_scheduled and first.expected_start_time > datetime.now(UTC)
+    c.set_flow_run_state(first.id, Scheduled(scheduled_time=datetime.now(UTC)), force=True)
     return first.id
 
 

@@ -7,8 +7,8 @@ import pytest
 from flows.orchestrate.pipeline import pipeline_flow
 from flows.plan.config import load_pipeline
 from flows.track.tracker import client
-from tasks.errors import ConfigError
 from tasks.classification.models.ensemble import fit_weights
+from tasks.errors import ConfigError
 
 pytestmark = pytest.mark.e2e
 

@@ -41,7 +41,7 @@ def small_disk(tmp_path):
 def test_a_full_disk_is_one_line_and_leaves_no_temporary_folder(prefect_harness, small_disk, capsys):
     code, printed = cli(capsys, "run", "smoke", "--to", "segment", "--storage", str(small_disk))
     assert code == 2
-    [line] = [l for l in printed.splitlines() if l.startswith("zhpipe: error:")] or [printed[-3000:]]
+    [line] = [line_ for line_ in printed.splitlines() if line_.startswith("zhpipe: error:")] or [printed[-3000:]]
     assert "disk is full" in line and "MB free" in line and str(small_disk) in line and "Traceback" not in printed
     assert not [p for p in small_disk.rglob(".tmp-*")]  # the failed build's folder is gone
 
@@ -106,7 +106,7 @@ def test_an_object_store_that_never_answers_is_one_line(prefect_harness, tmp_pat
         monkeypatch.setenv(key, value)
     code, printed = cli(capsys, "run", "smoke", "--to", "download", "--storage", "s3://nowhere/zhpipe")
     assert code == 2 and "Traceback" not in printed, printed[-3000:]
-    [line] = [l for l in printed.splitlines() if l.startswith("zhpipe: error:")] or [printed[-3000:]]
+    [line] = [line_ for line_ in printed.splitlines() if line_.startswith("zhpipe: error:")] or [printed[-3000:]]
     assert "did not answer" in line and endpoint in line and "reuses them" in line, line
 
 
@@ -121,7 +121,7 @@ def test_a_corrupt_mlflow_database_is_one_line_naming_it(prefect_harness, tmp_pa
         monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
         code, printed = cli(capsys, "run", "smoke", "--to", "download", "--storage", str(tmp_path / "store"))
         assert code == 2 and "Traceback" not in printed, printed[-3000:]
-        [line] = [l for l in printed.splitlines() if l.startswith("zhpipe: error:")] or [printed[-3000:]]
+        [line] = [line_ for line_ in printed.splitlines() if line_.startswith("zhpipe: error:")] or [printed[-3000:]]
         assert f"MLflow's database {db} is unreadable" in line and f"mv {db} {db}.corrupt" in line
 
 
@@ -166,7 +166,7 @@ def test_the_prefect_server_killed_mid_run_ends_the_run_within_seconds(tmp_path,
         subprocess.run([*zhpipe, "server", "stop"], cwd=ROOT, env=env, capture_output=True, timeout=120)
     printed = out.read_text()
     assert run.returncode == 3 and took < 30, (took, printed[-2000:])
-    [line] = [l for l in printed.splitlines() if l.startswith("zhpipe: error:")] or [printed[-3000:]]
+    [line] = [line_ for line_ in printed.splitlines() if line_.startswith("zhpipe: error:")] or [printed[-3000:]]
     assert "stopped answering" in line and "Traceback" not in printed and printed.count("ConnectError") < 5
     assert not list(scratch.glob("tmp*"))  # no temporary folder left (MLflow writes the night's report through one)
 

@@ -173,7 +173,7 @@ def test_gc_on_an_object_store_keeps_what_any_machines_runs_hold_or_used(tmp_pat
     writer = StageStore(url, cache=tmp_path / "machine-a")
     old = time.time() - 30 * 86400
     keys = {name: f"{i:016x}" for i, name in enumerate(("planned", "unused", "live", "used", "used-long-ago"), start=1)}
-    for name, key in keys.items():
+    for key in keys.values():
         tmp = writer.begin("clean", key)
         (tmp / "data.parquet").write_bytes(b"rows")
         writer.publish(tmp, Manifest(stage="clean", key=key, params={}, inputs={}, rows=1, seconds=0.0, created=old))

@@ -77,7 +77,7 @@ def test_a_model_cannot_read_a_shared_setting_it_does_not_declare():
     with pytest.raises(
         AttributeError, match="model 'tfidf_lr' reads train.epochs, which its ModelSpec.shared does not declare"
     ):
-        view.epochs
+        _ = view.epochs
 
 
 def _patched_source(monkeypatch, tmp_path, module: str, edit):

@@ -14,8 +14,8 @@ import pytest
 
 from flows.orchestrate.pipeline import pipeline_flow
 from flows.track.tracker import tracking_uri
-from tests.helpers.runs import without_profile
 from tests.helpers.procs import zhpipe_argv
+from tests.helpers.runs import without_profile
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[3]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from tests.helpers.procs import zhpipe_argv
 
 ROOT = Path(__file__).resolve().parents[3]

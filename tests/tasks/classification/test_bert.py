@@ -3,17 +3,18 @@ import pandas as pd
 import pytest
 import torch
 
+from tasks.classification.models.bert import bert_predictor, char_tokenizer, encode_chars, lexicon_word_ids, train_bert
 from tasks.classification.train import params as _train_params
-TrainConfig = _train_params()
 from tasks.classification.vocab import Params as VocabConfig
 from tasks.classification.vocab import count_tokens
 from tasks.errors import ConfigError
 from tasks.models import TrainInputs
-from tasks.classification.models.bert import bert_predictor, char_tokenizer, encode_chars, lexicon_word_ids, train_bert
 from tasks.util.hub import ModelMissingError
 from tasks.util.text import build_vocab
 from tasks.util.vectors import keyed_word_vectors
 from tests.tasks.models.test_train import frame
+
+TrainConfig = _train_params()
 
 TINY = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64, "batch_size": 16, "lr": 3e-3,
         "max_len": 32}

@@ -59,8 +59,8 @@ def test_networks_start_from_either_embedding(tmp_path):
     """train.embeddings: Word2Vec covers the words it saw; fastText's subwords give every token a vector."""
     import pytest
 
-    from tasks.errors import DataError
     from tasks.classification.models.networks import pretrained_matrix
+    from tasks.errors import DataError
     from tasks.util.vectors import keyed_word_vectors, load_word_vectors
 
     path = corpus(tmp_path)

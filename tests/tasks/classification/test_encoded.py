@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 
 from tasks.classification.models import encoded
-from tasks.models.batching import length_buckets
 from tasks.classification.models.encoded import Encoded, encode_split
+from tasks.models.batching import length_buckets
 from tasks.util.io import Rows, write_parquet
 
 

@@ -2,12 +2,13 @@ import pandas as pd
 
 from tasks.classification.models.rnn_lm import rnn_lm_perplexity, train_rnn_lm
 from tasks.classification.train import params as _train_params
-TrainConfig = _train_params()
 from tasks.classification.vocab import Params as VocabConfig
 from tasks.classification.vocab import count_tokens
 from tasks.models import TrainInputs
 from tasks.util.text import build_vocab
 from tests.tasks.models.test_train import NEG, POS
+
+TrainConfig = _train_params()
 
 
 def test_rnn_lm_learns_its_corpus_and_reloads(tmp_path):

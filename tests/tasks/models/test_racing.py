@@ -5,9 +5,10 @@ import time
 import pytest
 
 from tasks.classification.train import params as _train_params
-TrainConfig = _train_params()
 from tasks.models.racing import Budget, BudgetCut, Race, from_history, from_samples, racing, seconds
 from tests.tasks.models.test_train import frame, predict, tiny_vectors, train_model
+
+TrainConfig = _train_params()
 
 
 def test_a_budget_reads_seconds_minutes_and_hours():

@@ -23,8 +23,9 @@ from tasks.translation.seq2seq_nets import (
 )
 from tasks.translation.text import en_text, en_tokens
 from tasks.translation.train import params as _train_params
-TrainParams = _train_params()
 from tasks.util.text import build_vocab
+
+TrainParams = _train_params()
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "mt" / "pairs.tsv"
 

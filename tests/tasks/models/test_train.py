@@ -9,7 +9,6 @@ from gensim.models import KeyedVectors
 from flows.track.tracker import Tracker
 from tasks.classification.models.networks import batches, encode
 from tasks.classification.train import params as _train_params
-TrainConfig = _train_params()
 from tasks.classification.vocab import Params as VocabConfig
 from tasks.classification.vocab import count_tokens
 from tasks.models import TrainInputs
@@ -17,6 +16,8 @@ from tasks.models.modules import TextCNN, TextCNNConfig
 from tasks.stages import MODELS
 from tasks.util.text import build_vocab
 from tasks.util.vectors import keyed_word_vectors
+
+TrainConfig = _train_params()
 
 POS = ["房间 很 干净 服务 好", "早餐 不错 位置 好", "服务 热情 房间 干净"]
 NEG = ["房间 很 脏 服务 差", "早餐 太 差 了", "前台 态度 差 房间 吵"]

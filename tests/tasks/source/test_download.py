@@ -43,7 +43,7 @@ def read(path, **kw):
 @pytest.mark.parametrize("encoding", ["utf-8", "utf-8-sig", "gb18030", "gbk", "utf-16"])
 def test_csv_encodings_detected(tmp_path, encoding):
     path = tmp_path / "c.csv"
-    path.write_bytes(("label,review\n" + "".join(f"{l},{t}\n" for l, t in ROWS)).encode(encoding))
+    path.write_bytes(("label,review\n" + "".join(f"{lab},{t}\n" for lab, t in ROWS)).encode(encoding))
     df, quarantine, _ = read(path)
     assert df["text"].tolist() == [t for _, t in ROWS]
     assert df["label"].tolist() == ["1", "0", "1"]
@@ -51,9 +51,9 @@ def test_csv_encodings_detected(tmp_path, encoding):
 
 
 def test_tsv_jsonl_parquet_txt(tmp_path):
-    (tmp_path / "a.tsv").write_text("label\treview\n" + "".join(f"{l}\t{t}\n" for l, t in ROWS), encoding="utf-8")
+    (tmp_path / "a.tsv").write_text("label\treview\n" + "".join(f"{lab}\t{t}\n" for lab, t in ROWS), encoding="utf-8")
     (tmp_path / "a.jsonl").write_text(
-        "".join(json.dumps({"label": l, "review": t}, ensure_ascii=False) + "\n" for l, t in ROWS), encoding="utf-8"
+        "".join(json.dumps({"label": lab, "review": t}, ensure_ascii=False) + "\n" for lab, t in ROWS), encoding="utf-8"
     )
     pd.DataFrame({"label": [1, 0, 1], "review": [t for _, t in ROWS]}).to_parquet(tmp_path / "a.parquet")
     for name in ("a.tsv", "a.jsonl", "a.parquet"):
@@ -425,7 +425,7 @@ def test_bad_bytes_after_the_detected_head_name_the_line(tmp_path, monkeypatch):
     import tasks.source.readers as download
 
     path = tmp_path / "c.csv"
-    path.write_bytes("label,review\n".encode() + "".join(f"1,第{i}行\n" for i in range(100)).encode() + b"0,\xff\xfe\n")
+    path.write_bytes(b"label,review\n" + "".join(f"1,第{i}行\n" for i in range(100)).encode() + b"0,\xff\xfe\n")
     monkeypatch.setattr(download, "HEAD_BYTES", 64)
     monkeypatch.setattr(download, "BATCH_CHARS", 50)
     with pytest.raises(DataError, match=r"c.csv: cannot decode as utf-8 after line \d+"):
