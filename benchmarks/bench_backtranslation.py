@@ -20,13 +20,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import pandas as pd  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
 
-from tasks.classification.backtranslation import round_trip  # noqa: E402
-from tasks.classification.translators import BackTranslationParams as BackTranslationConfig  # noqa: E402
-from tasks.classification.translators import Seq2SeqTranslator, TranslationCache, split_sentences  # noqa: E402
+from tasks.classification.backtranslation import round_trip
+from tasks.classification.translators import BackTranslationParams as BackTranslationConfig
+from tasks.classification.translators import (
+    Seq2SeqTranslator,
+    TranslationCache,
+    split_sentences,
+)
 
 console = Console()
 

@@ -3,7 +3,8 @@ accept, what they look like, and what they do to test accuracy, against no augme
 seeds. Needs the two translators registered first:
 
     zhpipe run tatoeba-zh-en && zhpipe run tatoeba-en-zh
-    python benchmarks/bench_bt_local.py [--seeds 1,2,3] [--max-rows 1000] [--models tfidf_lr,textcnn]
+    python benchmarks/bench_bt_local.py [--seeds 1,2,3] [--max-rows 1000] [--models \\
+        tfidf_lr,textcnn]
 
 Each (seed, method) is one run of the `chnsenticorp-bt-local` pipeline (`--set split.seed=S augment.method=M`),
 so the data stages and the translations are cached across them. Prints the tables and writes
@@ -20,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import pandas as pd  # noqa: E402
+import pandas as pd
 
 PIPELINE = "chnsenticorp-bt-local"
 METHODS = ("none", "eda", "backtranslation")

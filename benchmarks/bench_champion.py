@@ -4,7 +4,8 @@ one epoch, a high learning rate) replaced by a clearly better model (tfidf_lr). 
 test score, the champion's on the same rows, the paired difference with its interval, and whether the alias moved.
 
     python benchmarks/bench_champion.py --out benchmarks/results/champion.json
-    python benchmarks/bench_champion.py --seeds 4,3,2,1 --out benchmarks/results/champion_reversed.json
+    python benchmarks/bench_champion.py --seeds 4,3,2,1 --out \\
+        benchmarks/results/champion_reversed.json
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 for name in ("ZHPIPE_DATA", "ZHPIPE_STORAGE", "ZHPIPE_PROJECT"):
     os.environ.pop(name, None)
 
-import yaml  # noqa: E402
+import yaml
 
 
 def runs(seeds: list[int]) -> list[tuple[str, str, list[str]]]:

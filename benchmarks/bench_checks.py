@@ -3,7 +3,8 @@ of bad night, judged by `tasks.shared.checks.judge` exactly as a run judges a cl
 blocking check, the largest figure an ordinary night reached and its limit (false alarms), and the figure of each bad
 night (caught or not).
 
-    python benchmarks/bench_checks.py                      # hotel reviews and Resume NER sentences, 30 ordinary nights each
+    # hotel reviews and Resume NER sentences, 30 ordinary nights each
+    python benchmarks/bench_checks.py
     python benchmarks/bench_checks.py --nights 60 --rows 200
 
 The corpora are the ones `bench_nightly.py --corpus` makes (unique texts; nothing is written to disk).
@@ -72,7 +73,9 @@ def main() -> None:
                 continue
             failed = sum(o[check].passed is False for o in ordinary if check in o)
             top, verdict = max(figures, key=lambda f: f[0])
-            print(f"| {check} | {verdict.severity} | {failed} of {len(ordinary)} | {top:.3f} | {verdict.note.rsplit('allowed ', 1)[-1][:40] if 'allowed' in verdict.note else verdict.threshold} |")
+            allowed = (verdict.note.rsplit("allowed ", 1)[-1][:40] if "allowed" in verdict.note
+                       else verdict.threshold)
+            print(f"| {check} | {verdict.severity} | {failed} of {len(ordinary)} | {top:.3f} | {allowed} |")
         print("\n| night | blocking checks failed | held |")
         print("|---|---|---|")
         for what, (frame, arrived) in bad_kinds(nights[0], reference).items():

@@ -64,7 +64,7 @@ def main() -> None:
             if args.run:  # the first runs left each version's server and warm process: a second run finds them ready
                 for code in (ROOT, base):
                     timed(code, ["run"])
-            label = lambda c, extra: " ".join(c) + (" (ZHPIPE_WARM=off)" if extra else "")  # noqa: E731
+            label = lambda c, extra: " ".join(c) + (" (ZHPIPE_WARM=off)" if extra else "")
             times: dict[str, dict[str, list[float]]] = {label(c, e): {"zhpipe": [], "baseline": []} for c, e in variants}
             for r in range(args.rounds):
                 for c, extra in variants:

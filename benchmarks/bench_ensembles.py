@@ -2,7 +2,8 @@
 against `tfidf_lr` in the same splits: which member sets beat the baseline, with weights fit on validation
 only (as the `ensemble` model fits them).
 
-    python benchmarks/bench_ensembles.py [--seeds 1,2,3] [--models tfidf_lr,fasttext,textcnn,lm_classifier,bilstm]
+    python benchmarks/bench_ensembles.py [--seeds 1,2,3] [--models \\
+        tfidf_lr,fasttext,textcnn,lm_classifier,bilstm]
 
 For each split seed it takes, from the manifests in data/, the segmented splits and augmented train rows
 with the most trained classifiers (train them first, e.g. `python benchmarks/bench_quality.py --pipeline best

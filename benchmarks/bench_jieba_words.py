@@ -19,12 +19,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import mlflow.pyfunc  # noqa: E402,F401
+import mlflow.pyfunc  # noqa: F401
 
-import flows.orchestrate.pipeline  # noqa: E402,F401 - the loggers of a served tagger's process
-import tasks.ner.models  # noqa: E402,F401
-from tasks.ner.tagged import jieba_words  # noqa: E402
-from tasks.util.segmenter import jieba_cache_dir  # noqa: E402
+import flows.orchestrate.pipeline  # noqa: F401 - the loggers of a served tagger's process
+import tasks.ner.models  # noqa: F401
+from tasks.ner.tagged import jieba_words
+from tasks.util.segmenter import jieba_cache_dir
 
 TEXTS = ["张伟，男，１９６５年出生，北京大学硕士，现任中国银行行长。", "王芳，研究生学历，高级经济师。",
          "曾任上海市浦东新区财政局副局长。"]

@@ -2,7 +2,8 @@
 over several training seeds, and the lexicon adapter's effect (bilstm_crf and lexicon_tagger are the same
 encoder without and with it).
 
-    python benchmarks/bench_ner.py [--pipeline resume-ner] [--seeds 1,2,3] [--set train.crf.c1=0.1 ...]
+    python benchmarks/bench_ner.py [--pipeline resume-ner] [--seeds 1,2,3] \\
+        [--set train.crf.c1=0.1 ...]
                                    [--out benchmarks/results/ner_<pipeline>.json]
 
 Each seed is one ordinary pipeline run (`zhpipe run resume-ner --set train.seed=S`) in the project's stage
@@ -21,13 +22,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from flows.plan import project  # noqa: E402
+from flows.plan import project
 
 project.activate(project.Project(ROOT))  # Prefect's home and start-up timeout, before Prefect is imported
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+from rich.console import Console
+from rich.table import Table
 
-from flows.orchestrate.pipeline import pipeline_flow  # noqa: E402
+from flows.orchestrate.pipeline import pipeline_flow
 
 console = Console()
 

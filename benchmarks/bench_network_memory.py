@@ -33,10 +33,13 @@ for name, n in (("train", rows), ("validation", max(rows // 10, 100))):
         for part in range(0, n, 20_000):  # written in parts, as a stage writes its split
             k = min(20_000, n - part)
             lengths = rng.integers(20, 300, size=k)
-            out.write_table(pa.table({"words": [" ".join(words[rng.integers(0, vocab, size=m)]) for m in lengths],
-                                      "label": rng.choice(["0", "1"], size=k), "aug_method": ["original"] * k}, schema=schema))
+            texts = [" ".join(words[rng.integers(0, vocab, size=m)]) for m in lengths]
+            labels = rng.choice(["0", "1"], size=k)
+            table = {"words": texts, "label": labels, "aug_method": ["original"] * k}
+            out.write_table(pa.table(table, schema=schema))
 (folder / "vocab" / "words").mkdir(parents=True)
-(folder / "vocab" / "words" / "vocab.txt").write_text("[PAD]\n[UNK]\n" + "".join(f"{w}\n" for w in words), encoding="utf-8")
+vocab_txt = "[PAD]\n[UNK]\n" + "".join(f"{w}\n" for w in words)
+(folder / "vocab" / "words" / "vocab.txt").write_text(vocab_txt, encoding="utf-8")
 """
 
 TRAIN = r"""
@@ -61,10 +64,12 @@ kv = KeyedVectors(vector_size=128)
 kv.add_vectors([f"w{i}" for i in range(100)], rng.normal(size=(100, 128)).astype(np.float32))
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 t0 = time.perf_counter()
-MODELS["textcnn"].train(TrainInputs("textcnn", Rows(folder / "train.parquet"), Rows(folder / "validation.parquet"), ["0", "1"],
-                                    Params(epochs=1, patience=1), folder / "vocab", keyed_word_vectors(kv), folder / "out", folder / "ckpt"))
-print(json.dumps({"seconds": time.perf_counter() - t0, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                  "start_mb": before}))
+train, validation = Rows(folder / "train.parquet"), Rows(folder / "validation.parquet")
+MODELS["textcnn"].train(TrainInputs("textcnn", train, validation, ["0", "1"],
+                                    Params(epochs=1, patience=1), folder / "vocab",
+                                    keyed_word_vectors(kv), folder / "out", folder / "ckpt"))
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({"seconds": time.perf_counter() - t0, "peak_mb": peak, "start_mb": before}))
 """
 
 SETTINGS = {"zhpipe": ("zhpipe (8 primitives)", None), "default": ("oneDNN default (1,024)", "1024")}

@@ -4,10 +4,14 @@ Printed per night: new and total rows, seconds per stage, cache hits, the champi
 on that night's test split, and how many of the previous night's test rows are still test rows.
 
     python benchmarks/bench_nightly.py                       # tfidf_lr + fasttext, 7 nights
-    python benchmarks/bench_nightly.py --models tfidf_lr --nights 4 --out benchmarks/results/nightly.json
-    python benchmarks/bench_nightly.py --bad                 # ordinary nights among bad ones: which check holds each out
-    python benchmarks/bench_nightly.py --bad --checks-only --corpus resume   # the data stages only, on a second corpus
-    python benchmarks/bench_nightly.py --snapshot            # each night a full export at a new path (grows: snapshot)
+    python benchmarks/bench_nightly.py --models tfidf_lr --nights 4 --out \\
+        benchmarks/results/nightly.json
+    # ordinary nights among bad ones: which check holds each out
+    python benchmarks/bench_nightly.py --bad
+    # the data stages only, on a second corpus
+    python benchmarks/bench_nightly.py --bad --checks-only --corpus resume
+    # each night a full export at a new path (grows: snapshot)
+    python benchmarks/bench_nightly.py --snapshot
 
 With --bad, a webhook on loopback receives the alerts of Prefect automations made by `zhpipe alerts`' code, and each
 night's row says which checks failed, whether it was held out, the alert, and the champion's version after it.
@@ -31,8 +35,8 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 for name in ("ZHPIPE_DATA", "ZHPIPE_STORAGE", "ZHPIPE_PROJECT"):
     os.environ.pop(name, None)
 
-import pandas as pd  # noqa: E402
-import yaml  # noqa: E402
+import pandas as pd
+import yaml
 
 DATA = ("download", "clean", "split", "segment", "augment")
 

@@ -33,7 +33,8 @@ from sklearn.svm import LinearSVC
 
 
 def char_svc(C=1.0):
-    return make_pipeline(TfidfVectorizer(analyzer="char", ngram_range=(1, 3), sublinear_tf=True), LinearSVC(C=C))
+    features = TfidfVectorizer(analyzer="char", ngram_range=(1, 3), sublinear_tf=True)
+    return make_pipeline(features, LinearSVC(C=C))
 '''
 
 HAND = '''import sys, time
@@ -42,7 +43,8 @@ import pandas as pd
 sys.path.insert(0, sys.argv[1])
 from my_models import char_svc
 train, validation, test = (pd.read_parquet(p) for p in sys.argv[2:5])
-model = char_svc(C=0.5).fit(train["text"].astype(str).tolist(), train["label"].astype(str).to_numpy())
+texts, labels = train["text"].astype(str).tolist(), train["label"].astype(str).to_numpy()
+model = char_svc(C=0.5).fit(texts, labels)
 model.decision_function(validation["text"].astype(str).tolist())
 model.decision_function(test["text"].astype(str).tolist())
 print(time.perf_counter() - t0)

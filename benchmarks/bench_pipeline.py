@@ -7,7 +7,8 @@
 3. orchestration + tracking overhead: the flow's first run vs the same stage `build` functions called
    directly in order with no Prefect and no MLflow (goal <= 10%).
 
-    python benchmarks/bench_pipeline.py [--pipeline chnsenticorp] [--repeat 20] [--rounds 3] [--flow-rounds 2]
+    python benchmarks/bench_pipeline.py [--pipeline chnsenticorp] [--repeat 20] [--rounds 3] \\
+        [--flow-rounds 2]
                                         [--set train.epochs=2] [--skip segmentation|flow]
 """
 from __future__ import annotations
@@ -27,18 +28,18 @@ _TMP = Path(tempfile.mkdtemp(prefix="zhpipe-bench-"))
 os.environ.setdefault("PREFECT_HOME", str(_TMP / "prefect"))
 os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{_TMP / 'mlflow.db'}"  # never the project's store
 
-import pandas as pd  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
 
-from flows.plan import project  # noqa: E402
+from flows.plan import project
 
 project.activate(project.Project(ROOT))  # Prefect's home and start-up timeout, before Prefect is imported
-from flows.orchestrate.execute import StoreServices  # noqa: E402
-from flows.plan.config import load_pipeline  # noqa: E402
-from flows.plan.store import StageStore  # noqa: E402
-from tasks.core import BuildContext  # noqa: E402
-from tasks.shared.segment import Params as SegmentConfig  # noqa: E402
+from flows.orchestrate.execute import StoreServices
+from flows.plan.config import load_pipeline
+from flows.plan.store import StageStore
+from tasks.core import BuildContext
+from tasks.shared.segment import Params as SegmentConfig
 
 console = Console()
 

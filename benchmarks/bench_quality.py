@@ -19,13 +19,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from flows.plan import project  # noqa: E402
+from flows.plan import project
 
 project.activate(project.Project(ROOT))  # Prefect's home and start-up timeout, before Prefect is imported
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+from rich.console import Console
+from rich.table import Table
 
-from flows.orchestrate.pipeline import pipeline_flow  # noqa: E402
+from flows.orchestrate.pipeline import pipeline_flow
 
 console = Console()
 BASELINE = "tfidf_lr"

@@ -3,7 +3,8 @@ seconds, MB/s and the peak memory of each process (the driver and every worker i
 
     python benchmarks/bench_scale.py --mb 30                     # tfidf_lr + fasttext
     python benchmarks/bench_scale.py --mb 300 --out benchmarks/results/scale_300.json
-    python benchmarks/bench_scale.py --mb 1024 --set embed.word2vec.epochs=1   # any --set of `zhpipe run`
+    # any --set of `zhpipe run`
+    python benchmarks/bench_scale.py --mb 1024 --set embed.word2vec.epochs=1
 
 Rows are unique: each is a real review followed by another real review of the same label (pairs drawn with
 a fixed seed, repeated pairs dropped). The run is `zhpipe run` in a project of its own, in a subprocess;

@@ -2,7 +2,8 @@
 differences look like, and single-process speed of each (alternating rounds, medians).
 
     python benchmarks/bench_segment.py                                   # the bundled hotel reviews
-    python benchmarks/bench_segment.py --csv reviews.csv --column review --rounds 5 --out results/segment.json
+    python benchmarks/bench_segment.py --csv reviews.csv --column review --rounds 5 --out \\
+        results/segment.json
 
 Agreement is counted per text (the whole token list equal) and per token (tokens of jieba's cut that
 jieba-rs cuts at the same character offsets)."""
@@ -19,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tasks.util.segmenter import Segmenter, SegmenterParams  # noqa: E402
+from tasks.util.segmenter import Segmenter, SegmenterParams
 
 
 def spans(tokens: list[str]) -> set[tuple[int, int]]:

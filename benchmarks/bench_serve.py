@@ -4,7 +4,8 @@ the same reviews (rows/s, peak memory), and one hostile request (a long text amo
 what the limit in front of the server has to bound.
 
     zhpipe run              # or any pipeline: its model is models:/zhpipe-<pipeline>@champion
-    python benchmarks/bench_serve.py [--model models:/zhpipe-chnsenticorp@champion] [--clients 1,4,8] [--seconds 20] [--batch 8] [--rows 5000]
+    python benchmarks/bench_serve.py [--model models:/zhpipe-chnsenticorp@champion] [--clients \\
+        1,4,8] [--seconds 20] [--batch 8] [--rows 5000]
 
 Writes benchmarks/results/serve.json; docs/results/serving.md has the figures and the command.
 """
@@ -28,8 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import pandas as pd  # noqa: E402
-import psutil  # noqa: E402
+import pandas as pd
+import psutil
 
 REVIEWS = ROOT / "data" / "raw" / "ChnSentiCorp_htl_all.csv"
 

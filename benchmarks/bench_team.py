@@ -3,7 +3,8 @@
 server; tests/helpers/team.py starts them all on loopback) against the same pipeline on a machine of its own (SQLite
 store, its own Prefect server, the store in its folder). Then 8 overlapping runs of one pipeline from two machines.
 
-    python benchmarks/bench_team.py [--pipeline chnsenticorp] [--set KEY=VALUE ...] [--rounds 3] [--overlap 8]
+    python benchmarks/bench_team.py [--pipeline chnsenticorp] [--set KEY=VALUE ...] [--rounds 3] \\
+        [--overlap 8]
 
 Reports: the cold run on each (ratio team/local; aim <= 1.5x), a cached run of the team's pipeline from the other
 engineer's machine, in its own process and through the warm process (aim <= 3 s), the same on one machine; and for the
@@ -24,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from tests.helpers.team import machine, start, start_team, zhpipe  # noqa: E402
+from tests.helpers.team import machine, start, start_team, zhpipe
 
 CORPORA = {"chnsenticorp": ("data/raw/ChnSentiCorp_htl_all.csv",), "smoke": ("tests/fixtures/smoke.csv",)}
 

@@ -1,7 +1,8 @@
 """tfidf_lr fitted exactly in memory against the streamed fit (hashed n-grams, SGD over shuffled batches) on
 the same split of a pipeline's corpus: validation and test accuracy, seconds, peak memory of each fit.
 
-    python benchmarks/bench_tfidf_fit.py                      # the bundled reviews (pipeline chnsenticorp)
+    # the bundled reviews (pipeline chnsenticorp)
+    python benchmarks/bench_tfidf_fit.py
     python benchmarks/bench_tfidf_fit.py --pipeline full --set train.tfidf_lr.epochs=5
 
 The stages up to augment are built (or reused) in the project's store first."""
@@ -22,7 +23,8 @@ import pandas as pd
 from tasks.util.io import Rows
 from tasks.util.pool import peak_rss_mb
 from tasks.classification.models.tfidf import Params, train_tfidf_lr, tfidf_predictor
-augment, segment, fit, section = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
+augment, segment = Path(sys.argv[1]), Path(sys.argv[2])
+fit, section = sys.argv[3], json.loads(sys.argv[4])
 labels = json.loads(sys.argv[5])
 index = {label: i for i, label in enumerate(labels)}
 out = Path(tempfile.mkdtemp())

@@ -1,7 +1,8 @@
 """Training throughput (samples/second) of every model, through the train stage's own functions, on the CPU
 and, when there is one, on the GPU (bf16 autocast) with the GPU/CPU ratio. Medians over --epochs epochs.
 
-    python benchmarks/bench_train.py [--rows 2048] [--epochs 3] [--models textcnn,bert] [--devices cpu,cuda]
+    python benchmarks/bench_train.py [--rows 2048] [--epochs 3] [--models textcnn,bert] \\
+        [--devices cpu,cuda]
                                      [--out benchmarks/results/train_throughput.json]
 
 Inputs: the first --rows bundled reviews (label-balanced), segmented by the segment stage's Segmenter, with
@@ -21,17 +22,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import pandas as pd  # noqa: E402
-import torch  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+import pandas as pd
+import torch
+from rich.console import Console
+from rich.table import Table
 
-from flows.plan import project  # noqa: E402
+from flows.plan import project
 
 project.activate(project.Project(ROOT))  # Prefect's home and start-up timeout, before Prefect is imported
-from flows.plan.config import load_pipeline  # noqa: E402
-from tasks.classification.vocab import Params as VocabConfig  # noqa: E402
-from tasks.shared.segment import Params as SegmentConfig  # noqa: E402
+from flows.plan.config import load_pipeline
+from tasks.classification.vocab import Params as VocabConfig
+from tasks.shared.segment import Params as SegmentConfig
 
 console = Console()
 MODELS = ("tfidf_lr", "fasttext", "textcnn", "bilstm", "transformer", "bert", "rnn_lm")

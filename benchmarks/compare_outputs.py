@@ -2,7 +2,8 @@
 store of its own, then every file of each stage's output compared (its manifest aside: keys, timings and the
 code fingerprint differ by design). Used to check that a refactoring changes no output.
 
-    python benchmarks/compare_outputs.py --baseline b66fe85 --to vocab chnsenticorp resume-ner tatoeba-zh-en
+    python benchmarks/compare_outputs.py --baseline b66fe85 --to vocab chnsenticorp resume-ner \\
+        tatoeba-zh-en
     python benchmarks/compare_outputs.py --baseline b66fe85 --to evaluate --repeat chnsenticorp
 
 With `--to evaluate` each model's test metrics (the evaluate stage's results.json) are compared as well; `--repeat`

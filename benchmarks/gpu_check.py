@@ -4,7 +4,8 @@ saved model predicts on the GPU as its validation said; a training killed on the
 training starts NCCL; asking for more training processes than GPUs is one clear error. Prints a table of
 samples/second and validation scores per model, device and precision; exits 1 when a check fails.
 
-    python benchmarks/gpu_check.py [--rows 2048] [--epochs 3] [--models textcnn,bilstm,...] [--out FILE]
+    python benchmarks/gpu_check.py [--rows 2048] [--epochs 3] [--models textcnn,bilstm,...] \\
+        [--out FILE]
 
 Inputs: those of bench_train.py (bundled reviews, the `full` pipeline's model sizes) and the test suite's
 Tatoeba pairs for the translators (tests/fixtures/mt/pairs.tsv).
@@ -28,12 +29,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_train import ROOT, console, corpus  # noqa: E402  (activates the project first)
 
-from flows.plan.config import load_pipeline  # noqa: E402
-from tasks.errors import ConfigError  # noqa: E402
-from tasks.models import (  # noqa: E402
+from flows.plan.config import load_pipeline
+from tasks.errors import ConfigError
+from tasks.models import (
     MODELS,
     TrainInputs,
-    trainer,  # noqa: E402
+    trainer,
 )
 
 CLASSIFIERS = ("textcnn", "bilstm", "transformer", "bert", "rnn_lm")
@@ -213,7 +214,8 @@ def main() -> None:
     for step, run in steps:
         try:
             run()
-        except Exception:  # noqa: BLE001  (a step that breaks is a failed check; the others still run)
+        # a step that breaks is a failed check; the others still run
+        except Exception:  # noqa: BLE001
             check(f"{step}: ran to the end", False, traceback.format_exc().strip().splitlines()[-1])
     from rich.table import Table
 

@@ -4,8 +4,9 @@ registry as the train stage trains them. Each GPU training must reach the CPU's 
 tolerance, and its saved model, loaded onto the GPU, must tag the test split as well as the CPU's tags it. Prints a
 table of seconds, samples/second and F1 per model, device and precision; exits 1 when a check fails.
 
-    python benchmarks/gpu_ner_check.py --prepare DIR     # on any machine: the resume-ner pipeline to its embed stage,
-                                                         # the taggers' inputs copied into DIR (a few MB)
+    # on any machine: the resume-ner pipeline to its embed stage, the taggers' inputs copied
+    # into DIR (a few MB)
+    python benchmarks/gpu_ner_check.py --prepare DIR
     python benchmarks/gpu_ner_check.py --inputs DIR [--epochs 3] [--tolerance 0.03] [--out FILE]
 
 The second needs only PyTorch with CUDA, pydantic, pandas, pyarrow, gensim and jieba: no Prefect, no MLflow.

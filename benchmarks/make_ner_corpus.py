@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tasks.ner.tagging import parse_conll, spans_of  # noqa: E402
+from tasks.ner.tagging import parse_conll, spans_of
 
 
 def main() -> None:

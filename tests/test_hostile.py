@@ -668,7 +668,8 @@ def test_credentials_never_leave(prefect_harness, tmp_path, http_url, seed_mlflo
     # a store's credentials go in ZHPIPE_STORAGE_OPTIONS (a storage URL with them is refused: test_private.py)
     storage = f"ftp://127.0.0.1:{ftp.address[1]}/store"
     env["ZHPIPE_STORAGE_OPTIONS"] = json.dumps({"username": "zhpipe", "password": secret})
-    source = f"http://reader:{secret}@127.0.0.1:{http_url.rsplit(':', 1)[1]}/private/corpus.csv?token={secret}"
+    port = http_url.rsplit(":", 1)[1]
+    source = f"http://reader:{secret}@127.0.0.1:{port}/private/corpus.csv?token={secret}"
     args = [
         "run",
         "smoke",

@@ -40,7 +40,8 @@ from sklearn.svm import LinearSVC
 
 
 def char_svc(C=1.0):
-    return make_pipeline(TfidfVectorizer(analyzer="char", ngram_range=(1, 3), sublinear_tf=True), LinearSVC(C=C))
+    features = TfidfVectorizer(analyzer="char", ngram_range=(1, 3), sublinear_tf=True)
+    return make_pipeline(features, LinearSVC(C=C))
 '''
 
 # the declaration of docs/extending.md, as written
@@ -49,8 +50,10 @@ DECLARED = """      clean:
 """
 TRAIN = """        models: [tfidf_lr, fasttext, char_svc]
         char_svc:                            # any name that is not a built-in model
-          estimator: my_models:char_svc      # module:function(**params) -> an unfitted scikit-learn estimator
-          input: text                        # text: the cleaned text; words: jieba's words joined by spaces
+          # module:function(**params) -> an unfitted scikit-learn estimator
+          estimator: my_models:char_svc
+          # text: the cleaned text; words: jieba's words joined by spaces
+          input: text
           params: {C: 0.5}
 """
 CHECK = """    checks:
@@ -229,7 +232,8 @@ def test_an_installed_packages_rule_is_found_after_the_project_folder(tmp_path, 
         load(CodeRef.parse("acme_nlp.rules:strip", "t"), project, "t")
 
 
-FAMILY = '''"""acme_nlp's model family: multinomial naive Bayes over character n-grams, saved as JSON and npz."""
+FAMILY = '''"""acme_nlp's model family: multinomial naive Bayes over character n-grams, saved as
+JSON and npz."""
 import json
 import time
 
@@ -247,7 +251,8 @@ class Params(Section):
 def _vectorizer():
     from sklearn.feature_extraction.text import HashingVectorizer
 
-    return HashingVectorizer(analyzer="char", ngram_range=(1, 2), n_features=2**16, alternate_sign=False, norm=None)
+    return HashingVectorizer(analyzer="char", ngram_range=(1, 2), n_features=2**16,
+                             alternate_sign=False, norm=None)
 
 
 def train(i):

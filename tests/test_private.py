@@ -105,14 +105,17 @@ def test_an_older_project_is_tightened_once_and_says_so(tmp_path, capsys):
 
 SQUATTER = textwrap.dedent("""
     import http.server, os, socket, sys, time
-    marker, port, report = os.environ["MARKER"], int(sys.argv[1]), sys.argv[2]  # the marker not in its own cmdline
+    # the marker is not in its own command line
+    marker, port, report = os.environ["MARKER"], int(sys.argv[1]), sys.argv[2]
     open(report, "a").write("watching\\n")
     deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:  # the server's command line, as a 60-line script watching /proc finds it
+    # the server's command line, as a 60-line script watching /proc finds it
+    while time.monotonic() < deadline:
         found = False
         for pid in os.listdir("/proc"):
             try:
-                if pid.isdigit() and marker in open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\\0", b" ").decode():
+                line = open(f"/proc/{pid}/cmdline", "rb").read() if pid.isdigit() else b""
+                if marker in line.replace(b"\\0", b" ").decode():
                     found = True
                     break
             except OSError:
@@ -122,8 +125,11 @@ SQUATTER = textwrap.dedent("""
         time.sleep(0.005)
     class Grab(http.server.BaseHTTPRequestHandler):
         def _any(self):
-            open(report, "a").write(f"{self.command} {self.path} {self.headers.get('Authorization')}\\n")
-            self.send_response(200); self.send_header("Content-Type", "application/json"); self.end_headers()
+            auth = self.headers.get('Authorization')
+            open(report, "a").write(f"{self.command} {self.path} {auth}\\n")
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
             self.wfile.write(b"{}")
         do_GET = do_POST = do_HEAD = _any
         def log_message(self, *a): pass

@@ -83,8 +83,8 @@ pipelines:
 
 
 TOY_SERVING = '''
-"""Serving of the toy kind: its "model" is a length rule (rule.txt: a number of characters); a text longer than that
-is labelled 1. tasks/serving.py says what each name is."""
+"""Serving of the toy kind: its "model" is a length rule (rule.txt: a number of characters); a
+text longer than that is labelled 1. tasks/serving.py says what each name is."""
 from pathlib import Path
 
 import pandas as pd
@@ -109,14 +109,16 @@ class Served:
 
     def __call__(self, values):
         values = checked(values, self.max_rows)
-        return pd.DataFrame({"guess": ["1" if len(v or "") > self.longer_than else "0" for v in values],
+        guess = ["1" if len(v or "") > self.longer_than else "0" for v in values]
+        return pd.DataFrame({"guess": guess,
                              "status": ["missing" if v is None else "ok" for v in values]})
 
 
 def outcomes(served, ask, test, metric):
     texts = test["text"].astype(str).tolist()
     truth = test["label"].astype(str).to_numpy()
-    return Outcomes("labels", metric, {"truth": truth, "predicted": ask(texts)["guess"].astype(str).to_numpy()},
+    predicted = ask(texts)["guess"].astype(str).to_numpy()
+    return Outcomes("labels", metric, {"truth": truth, "predicted": predicted},
                     {"length": length_buckets(texts)})
 
 
@@ -285,7 +287,8 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     ece = sum(abs(right[bins == b].mean() - confidence[bins == b].mean()) * (bins == b).mean()
               for b in range(ctx.params.bins) if (bins == b).any())
     (ctx.out / "calibration.json").write_text(json.dumps({"model": name, "ece": float(ece)}))
-    return BuildOutput(rows=len(validation), metrics={"val_ece": float(ece)}, facts=ctx.facts["train"])
+    return BuildOutput(rows=len(validation), metrics={"val_ece": float(ece)},
+                       facts=ctx.facts["train"])
 
 
 def build(ctx: BuildContext) -> BuildOutput:

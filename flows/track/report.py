@@ -87,8 +87,10 @@ def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
 
 STYLE = """body{font-family:sans-serif;max-width:1000px;margin:2em auto;color:#222}
 table{border-collapse:collapse;margin:.5em 0}
-td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:left}tr.bad td{background:#fde2e2}
-.verdict{font-size:20px;padding:.6em;border-radius:6px}.ok{background:#e3f6e3}.worry{background:#fde2e2}"""
+td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:left}
+tr.bad td{background:#fde2e2}
+.verdict{font-size:20px;padding:.6em;border-radius:6px}
+.ok{background:#e3f6e3}.worry{background:#fde2e2}"""
 
 
 def _metrics(metrics: dict[str, float]) -> str:

@@ -41,7 +41,7 @@ def hist_quantile(counts: np.ndarray, q: float) -> float:
     cumulative = np.cumsum(counts)
     h = (n - 1) * q
     lo = int(np.floor(h))
-    at = lambda i: float(np.searchsorted(cumulative, i + 1))  # noqa: E731 - the i-th smallest value
+    at = lambda i: float(np.searchsorted(cumulative, i + 1))  # the i-th smallest value
     return at(lo) + (h - lo) * (at(min(lo + 1, n - 1)) - at(lo))
 
 

@@ -8,32 +8,38 @@ from tasks.graph import InitTemplates
 
 CSV = """\
 # zhpipe pipelines: `zhpipe run` runs the first one, `zhpipe run NAME` another.
-# Every key is validated (an unknown key is an error); `zhpipe run --set train.epochs=2` overrides one.
+# Every key is validated (an unknown key is an error); `zhpipe run --set train.epochs=2`
+# overrides one.
 pipelines:
   {name}:
     description: {description}
     source:
-      path: {path}            # relative to this folder, or absolute; a file:// or http(s):// URL also works
+      # relative to this folder, or absolute; a file:// or http(s):// URL also works
+      path: {path}
 {sha256}      format: csv
       text_column: {text_column}
       label_column: {label_column}
     stages:
       augment:
-        # none: EDA (--set augment.method=eda) doubles the train rows and did not help on the bundled 7,766 reviews
-        # (test accuracy tfidf_lr 0.8931 either way, fasttext 0.8771 against 0.8796 without, textcnn 0.8636
-        # against 0.8735; a first run of 121 s against 79 s: docs/results/training.md)
+        # none: EDA (--set augment.method=eda) doubles the train rows and did not help on the
+        # bundled 7,766 reviews (test accuracy tfidf_lr 0.8931 either way, fasttext 0.8771
+        # against 0.8796 without, textcnn 0.8636 against 0.8735; a first run of 121 s against
+        # 79 s: docs/results/training.md)
         method: none
       embed:
-        # Word2Vec only (what textcnn starts from; not built when no model of the run reads it); fastText subword
-        # vectors add about 20 s on 12,000 reviews: --set embed.fasttext.enabled=true
+        # Word2Vec only (what textcnn starts from; not built when no model of the run reads
+        # it); fastText subword vectors add about 20 s on 12,000 reviews:
+        # --set embed.fasttext.enabled=true
         fasttext: {{enabled: false}}
       train:
         # cheapest first; {times}
-        # The budget bounds the whole stage: each model is estimated before it starts, and one that cannot fit
-        # in what is left is not trained (the table says so); textcnn races the leader in what is left.
-        # One --set away: no limit (--set train.budget=null); the neural zoo (about 30 min:
-        #   --set 'train.models=[tfidf_lr, fasttext, textcnn, bilstm, transformer]' --set train.budget=null);
-        # a soft-voting ensemble of the three (--set 'train.models=[tfidf_lr, fasttext, textcnn, ensemble]').
+        # The budget bounds the whole stage: each model is estimated before it starts, and one
+        # that cannot fit in what is left is not trained (the table says so); textcnn races
+        # the leader in what is left. One --set away: no limit (--set train.budget=null); the
+        # neural zoo (about 30 min: --set train.budget=null
+        #   --set 'train.models=[tfidf_lr, fasttext, textcnn, bilstm, transformer]');
+        # a soft-voting ensemble of the three
+        #   (--set 'train.models=[tfidf_lr, fasttext, textcnn, ensemble]').
         # `zhpipe models` lists them all.
         models: {models}
         epochs: 4
@@ -42,12 +48,14 @@ pipelines:
 
 NIGHTLY = """\
 # zhpipe pipelines: `zhpipe run` runs the first one, `zhpipe run NAME` another.
-# A folder of nightly files: each file is a partition; a night builds only its new file (docs/nightly.md).
+# A folder of nightly files: each file is a partition; a night builds only its new file
+# (docs/nightly.md).
 pipelines:
   {name}:
     description: {description}
     source:
-      path: {path}            # drop tonight's file here, named so that it sorts last (2026-12-02.csv)
+      # drop tonight's file here, named so that it sorts last (2026-12-02.csv)
+      path: {path}
       text_column: {text_column}
       label_column: {label_column}
     stages:

@@ -77,9 +77,10 @@ pipelines:
       format: {format}
     stages:
       train:
-        # on 2 CPU cores the CRF trains in about 30 s on Resume NER's 3,800 sentences and 10-15 min on 20,000 longer
-        # news sentences (its progress is logged every 30 s); bilstm_crf and lexicon_tagger (networks) take minutes to
-        # an hour: add them with --set 'train.models=[crf, bilstm_crf]' (--set train.budget=10min bounds them)
+        # on 2 CPU cores the CRF trains in about 30 s on Resume NER's 3,800 sentences and
+        # 10-15 min on 20,000 longer news sentences (its progress is logged every 30 s);
+        # bilstm_crf and lexicon_tagger (networks) take minutes to an hour: add them with
+        # --set 'train.models=[crf, bilstm_crf]' (--set train.budget=10min bounds them)
         models: [crf]
 """
 STARTER = Starter("ner", "a tagged NER corpus: CoNLL `char TAG` lines or span JSON lines (task ner)", TEMPLATE,

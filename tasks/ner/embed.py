@@ -44,8 +44,8 @@ def build(ctx: BuildContext) -> BuildOutput:
         kv.save_word2vec_format(str(ctx.out / f"{kind}.bin"), binary=True)
         metrics[f"{kind}_vectors"] = len(kv)
         if kind == "words":
-            rows = neighbours("word2vec", p.probe_words, lambda w, n, kv=kv: kv.most_similar(w, topn=n) if w in kv else [],
-                              p.topn)
+            similar = lambda w, n, kv=kv: kv.most_similar(w, topn=n) if w in kv else []
+            rows = neighbours("word2vec", p.probe_words, similar, p.topn)
     table = pd.DataFrame(rows, columns=["model", "word", "rank", "neighbour", "cosine"])
     table.to_csv(ctx.out / "neighbours.csv", index=False)
     return BuildOutput(rows=int(metrics["chars_vectors"]), metrics=metrics,

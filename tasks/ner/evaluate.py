@@ -70,13 +70,14 @@ def worst_sentences(test: pd.DataFrame, gold: list[list[str]], pred: list[list[s
 
 
 def worst_html(name: str, table: pd.DataFrame) -> str:
-    body = "".join(f"<tr><td>{r.id}</td><td>{r.errors}</td><td>{r.gold_html}</td><td>{r.predicted_html}</td></tr>"
-                   for r in table.itertuples())
+    body = "".join(f"<tr><td>{r.id}</td><td>{r.errors}</td>"
+                   f"<td>{r.gold_html}</td><td>{r.predicted_html}</td></tr>" for r in table.itertuples())
     return (f"<html><head><meta charset='utf-8'><title>{html.escape(name)}: worst test sentences</title><style>"
             "body{font-family:sans-serif} td{border-bottom:1px solid #ddd;padding:4px;vertical-align:top} "
             "mark{background:#ffe08a} sub{color:#a05a00;font-size:70%}</style></head><body>"
             f"<h2>{html.escape(name)}: the {len(table)} test sentences with the most entity errors</h2>"
-            f"<table><tr><th>id</th><th>errors</th><th>gold</th><th>predicted</th></tr>{body}</table></body></html>")
+            "<table><tr><th>id</th><th>errors</th><th>gold</th><th>predicted</th></tr>"
+            f"{body}</table></body></html>")
 
 
 def build_model(ctx: BuildContext, name: str) -> BuildOutput:

@@ -68,14 +68,16 @@ pipelines:
     task: translation
     source:
       path: {path}
-{sha256}      # tsv: one pair per line, fields in download.columns order; jsonl: {{"zh": ..., "en": ...}}
+{sha256}      # tsv: one pair per line, fields in download.columns order;
+      # jsonl: {{"zh": ..., "en": ...}}
       format: {format}
     stages:
       download: {{columns: {columns}}}
       clean: {{traditional_to_simplified: true}}
       train:
         direction: zh-en
-        models: [transformer_mt]   # seq2seq, seq2seq_attention compare the course's GRU encoder-decoders
+        # seq2seq, seq2seq_attention compare the course's GRU encoder-decoders
+        models: [transformer_mt]
 """
 STARTER = Starter("pairs", "Chinese-English sentence pairs: tab-separated or JSON lines (task translation)", TEMPLATE,
                   format_of=lambda path: "jsonl" if path.suffix in (".jsonl", ".json") else "tsv",

@@ -221,7 +221,7 @@ def train_bert(inputs: TrainInputs) -> dict:
     p = params.bert
     summary: dict = {}
     if p.checkpoint:
-        load = lambda s, local: AutoTokenizer.from_pretrained(s, local_files_only=local)  # noqa: E731
+        load = lambda s, local: AutoTokenizer.from_pretrained(s, local_files_only=local)
         tokenizer = load_pretrained(p.checkpoint, load, "BERT tokenizer")
         source = p.checkpoint
     else:

@@ -175,7 +175,7 @@ def train_network(inputs: TrainInputs) -> dict:
     config = network_config(kind, p, itos, len(labels), dim)
     model = networks()[kind][1](config, embeddings)
     # the splits' ids on disk, read a buffer at a time (encoded.py): memory does not grow with the corpus
-    words = lambda batch: encode(batch["words"], stoi, p.max_len)  # noqa: E731
+    words = lambda batch: encode(batch["words"], stoi, p.max_len)
     x_train = encode_split(train, checkpoints / "encoded" / "train", words, labels, columns=["words"])
     x_val = encode_split(validation, checkpoints / "encoded" / "validation", words, labels, columns=["words"])
     weight = class_weight_tensor(x_train.labels, len(labels)) if params.class_weights else None

@@ -93,7 +93,7 @@ def train_rnn_lm(inputs: TrainInputs) -> dict:
     p: Params = inputs.section
     itos = read_vocab(vocab_root / p.tokens / "vocab.txt")
     stoi = {t: i for i, t in enumerate(itos)}
-    sequences = lambda batch: lm_sequences(batch[p.tokens], stoi, p.max_len)  # noqa: E731
+    sequences = lambda batch: lm_sequences(batch[p.tokens], stoi, p.max_len)
     # the splits' ids on disk, read a buffer at a time (encoded.py): memory does not grow with the corpus
     x_train = encode_split(train, checkpoints / "encoded" / "train", sequences, keep=_originals, columns=[p.tokens])
     x_val = encode_split(validation, checkpoints / "encoded" / "validation", sequences, columns=[p.tokens])
@@ -184,7 +184,7 @@ def train_lm_classifier(inputs: TrainInputs) -> dict:
     p: ClassifierParams = inputs.section
     itos = read_vocab(inputs.vocab / p.tokens / "vocab.txt")
     stoi = {t: i for i, t in enumerate(itos)}
-    sequences = lambda batch: lm_sequences(batch[p.tokens], stoi, p.max_len)  # noqa: E731
+    sequences = lambda batch: lm_sequences(batch[p.tokens], stoi, p.max_len)
     folder = inputs.out / inputs.name
     config = RNNLMConfig(vocab_size=len(itos), embed_dim=p.embed_dim, hidden_size=p.hidden_size,
                          num_layers=p.num_layers, dropout=p.dropout, cutoffs=p.cutoffs)

@@ -19,7 +19,9 @@ def loaded():
 
 out = {}
 parser = _parser()
-for name, argv in [("status", ["status", "smoke"]), ("run", ["run", "smoke", "--set", "train.epochs=1", "--verify"])]:
+COMMANDS = [("status", ["status", "smoke"]),
+            ("run", ["run", "smoke", "--set", "train.epochs=1", "--verify"])]
+for name, argv in COMMANDS:
     args = parser.parse_args(argv)
     out[name] = {**loaded(), "command": args.command}
 err = io.StringIO()

@@ -27,7 +27,8 @@ pipelines:
     source: {{path: tests/fixtures/mt/pairs.tsv, format: tsv}}
     stages:
       vocab: {{min_freq: 1}}
-      train: {{direction: zh-en, seq2seq: {TINY[0]}, seq2seq_attention: {TINY[0]}, transformer_mt: {TINY[1]}}}
+      train: {{direction: zh-en, seq2seq: {TINY[0]}, seq2seq_attention: {TINY[0]},
+              transformer_mt: {TINY[1]}}}
   mt-en-zh:
     task: translation
     source: {{path: tests/fixtures/mt/pairs.tsv, format: tsv}}
@@ -35,18 +36,20 @@ pipelines:
       vocab: {{min_freq: 1}}
       train: {{direction: en-zh, models: [seq2seq_attention], seq2seq_attention: {TINY[0]}}}
   bt-local:
-    source: {{path: tests/fixtures/smoke.csv, format: csv, text_column: review, label_column: label}}
+    source: {{path: tests/fixtures/smoke.csv, format: csv, text_column: review,
+              label_column: label}}
     stages:
       augment:
         method: backtranslation
         backtranslation:
           backend: zhpipe
           pivots:
-            - {{lang: en, forward: "models:/zhpipe-mt-zh-en@champion", backward: "models:/zhpipe-mt-en-zh@champion"}}
+            - {{lang: en, forward: "models:/zhpipe-mt-zh-en@champion",
+               backward: "models:/zhpipe-mt-en-zh@champion"}}
           max_rows: 20
           split_chars: 30
-          filters: {{min_length_ratio: 0.0, max_length_ratio: 100, min_similarity: 0.0, max_similarity: 1.0,
-                    min_chinese: 0.0}}
+          filters: {{min_length_ratio: 0.0, max_length_ratio: 100, min_similarity: 0.0,
+                    max_similarity: 1.0, min_chinese: 0.0}}
       train: {{models: [tfidf_lr]}}
 """
 

@@ -165,8 +165,11 @@ def test_the_server_answers_only_its_owner_and_a_port_served_by_another_user_get
         report = sys.argv[1]
         class H(http.server.BaseHTTPRequestHandler):
             def _any(self):
-                open(report, "a").write(f"{self.command} {self.path} {self.headers.get('Authorization')}\\n")
-                self.send_response(200); self.send_header("Content-Type", "application/json"); self.end_headers()
+                auth = self.headers.get('Authorization')
+                open(report, "a").write(f"{self.command} {self.path} {auth}\\n")
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
                 self.wfile.write(b"{}")
             do_GET = do_POST = do_PATCH = do_PUT = _any
             def log_message(self, *a): pass
@@ -375,7 +378,10 @@ def test_another_user_reads_nothing_of_the_tracking_store(shared_tmp):
         import os, sys
         for path in sys.argv[1:]:
             try:
-                open(path, "rb").read(1) if os.path.isfile(path) or not os.path.exists(path) else os.listdir(path)
+                if os.path.isfile(path) or not os.path.exists(path):
+                    open(path, "rb").read(1)
+                else:
+                    os.listdir(path)
                 print("read", path)
             except OSError as e:
                 print("refused", path, type(e).__name__)

@@ -24,7 +24,8 @@ class Params(Section):
 
 
 def train(inputs):
-    counts = inputs.train["label"].value_counts().reindex(inputs.labels, fill_value=0) + inputs.section.smoothing
+    counts = inputs.train["label"].value_counts().reindex(inputs.labels, fill_value=0)
+    counts = counts + inputs.section.smoothing
     folder = inputs.out / inputs.name
     folder.mkdir()
     (folder / "shares.json").write_text(json.dumps((counts / counts.sum()).tolist()))

@@ -147,7 +147,7 @@ def test_five_percent_of_labels_flipped_is_ordinary_noise(hotel):
     assert judged(night, reference)["agreement"].passed
 
 
-def test_text_cut_to_three_characters_fails_the_short_check_and_its_quarantine_is_held_to_recent_nights(hotel):
+def test_text_cut_to_three_characters_fails_the_short_check_and_recent_nights_hold(hotel):
     reference, nights = hotel
     cut = nights[2].assign(text=nights[2]["text"].str[:3])
     result = judged(cut, reference)

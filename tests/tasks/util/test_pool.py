@@ -49,7 +49,9 @@ from tasks.util.pool import ChunkPool, elsewhere
 
 threading.Thread(target=elsewhere, args=(time.sleep, 600), daemon=True).start()
 waits = [[signal.SIGUSR2], [signal.SIGUSR2]]  # each chunk: sigtimedwait([SIGUSR2], 600)
-threading.Thread(target=lambda: list(ChunkPool(2)._pool(signal.sigtimedwait, waits, 600)), daemon=True).start()
+pool = ChunkPool(2)
+busy = lambda: list(pool._pool(signal.sigtimedwait, waits, 600))
+threading.Thread(target=busy, daemon=True).start()
 time.sleep(600)
 """
 
