@@ -1,13 +1,14 @@
-"""Back-translation cost, side by side in one run: batched generation vs one sentence at a time (goal
->= 5x sentences/s on CPU), and the translation cache's hit rate on a rerun (goal 100%).
+"""Back-translation cost, side by side in one run: batched generation vs one sentence at a time
+(goal >= 5x sentences/s on CPU), and the translation cache's hit rate on a rerun (goal 100%).
 
-Without --forward/--backward it builds a MarianMT pair shaped like opus-mt but smaller (random weights,
-so outputs are nonsense and often run to --max-length tokens). With real model folders
+Without --forward/--backward it builds a MarianMT pair shaped like opus-mt but smaller (random
+weights, so outputs are nonsense and often run to --max-length tokens). With real model folders
 (e.g. opus-mt-zh-en / opus-mt-en-zh) it measures those.
 
     python benchmarks/bench_backtranslation.py [--sentences 64] [--batch-size 16] [--max-length 48]
                                                [--forward DIR --backward DIR]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,17 @@ def build_models(root: Path, d_model: int, layers: int) -> tuple[str, str]:
     paths = []
     for folder in build_pair(root):
         config = MarianConfig.from_pretrained(folder)
-        config.update({"d_model": d_model, "encoder_layers": layers, "decoder_layers": layers, "encoder_attention_heads": 8,
-                       "decoder_attention_heads": 8, "encoder_ffn_dim": 4 * d_model, "decoder_ffn_dim": 4 * d_model})
+        config.update(
+            {
+                "d_model": d_model,
+                "encoder_layers": layers,
+                "decoder_layers": layers,
+                "encoder_attention_heads": 8,
+                "decoder_attention_heads": 8,
+                "encoder_ffn_dim": 4 * d_model,
+                "decoder_ffn_dim": 4 * d_model,
+            }
+        )
         torch.manual_seed(0)
         MarianMTModel(config).save_pretrained(folder)
         paths.append(str(folder))
@@ -54,7 +64,9 @@ def build_models(root: Path, d_model: int, layers: int) -> tuple[str, str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--sentences", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--max-length", type=int, default=48)
@@ -68,9 +80,15 @@ def main() -> None:
     forward, backward = args.forward, args.backward
     if not forward:
         forward, backward = build_models(tmp / "models", args.d_model, args.layers)
-    reviews = pd.read_csv(ROOT / "data" / "raw" / "ChnSentiCorp_htl_all.csv")["review"].dropna().astype(str)
+    reviews = (
+        pd.read_csv(ROOT / "data" / "raw" / "ChnSentiCorp_htl_all.csv")["review"]
+        .dropna()
+        .astype(str)
+    )
     sentences = [s for r in reviews for s in split_sentences(r, 40)][: args.sentences]
-    params = BackTranslationConfig(max_length=args.max_length, num_beams=1, batch_size=args.batch_size)
+    params = BackTranslationConfig(
+        max_length=args.max_length, num_beams=1, batch_size=args.batch_size
+    )
     model = Seq2SeqTranslator(forward, params, "auto")
     batched, single = [], []
     for r in range(args.rounds):
@@ -82,7 +100,10 @@ def main() -> None:
         for s in sentences:
             model.translate([s], 1)
         single.append(time.perf_counter() - t0)
-        console.print(f"  round {r + 1}/{args.rounds}: batched {batched[-1]:.1f} s, one at a time {single[-1]:.1f} s")
+        console.print(
+            f"  round {r + 1}/{args.rounds}: batched {batched[-1]:.1f} s, one at a time "
+            f"{single[-1]:.1f} s"
+        )
     b, s = statistics.median(batched), statistics.median(single)
 
     pivots = [{"lang": "en", "forward": forward, "backward": backward}]
@@ -96,13 +117,26 @@ def main() -> None:
     rerun_s = time.perf_counter() - t0
     hit_rate = again["cache_hits"] / (again["cache_hits"] + again["cache_misses"])
 
-    table = Table(title=f"back-translation, {len(sentences)} sentences, max_length {args.max_length}, greedy, CPU")
+    table = Table(
+        title=f"back-translation, {len(sentences)} sentences, max_length {args.max_length}, "
+        "greedy, CPU"
+    )
     for col in ("measure", "zhpipe", "baseline", "ratio", "goal"):
         table.add_column(col)
-    table.add_row(f"zh->en generation, batches of {args.batch_size}", f"{len(sentences) / b:.1f} sent/s",
-                  f"{len(sentences) / s:.1f} sent/s (one at a time)", f"{s / b:.1f}x", ">= 5x")
-    table.add_row("round trip zh->en->zh, rerun vs first", f"{rerun_s:.2f} s", f"{first_s:.1f} s",
-                  f"hit rate {hit_rate:.0%}", "100%")
+    table.add_row(
+        f"zh->en generation, batches of {args.batch_size}",
+        f"{len(sentences) / b:.1f} sent/s",
+        f"{len(sentences) / s:.1f} sent/s (one at a time)",
+        f"{s / b:.1f}x",
+        ">= 5x",
+    )
+    table.add_row(
+        "round trip zh->en->zh, rerun vs first",
+        f"{rerun_s:.2f} s",
+        f"{first_s:.1f} s",
+        f"hit rate {hit_rate:.0%}",
+        "100%",
+    )
     console.print(table)
 
 

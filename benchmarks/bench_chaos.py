@@ -1,12 +1,13 @@
-"""Crash safety under fire: `zhpipe run` SIGKILLed at random moments (seeded), over and over, each kill
-followed by another run that may itself be killed; every few kills a run is let finish. At the end:
-`zhpipe verify` over the store, the data outputs compared byte for byte with an uninterrupted run in a store
-of its own, and no MLflow run left RUNNING.
+"""Crash safety under fire: `zhpipe run` SIGKILLed at random moments (seeded), over and over, each
+kill followed by another run that may itself be killed; every few kills a run is let finish. At the
+end: `zhpipe verify` over the store, the data outputs compared byte for byte with an uninterrupted
+run in a store of its own, and no MLflow run left RUNNING.
 
     python benchmarks/bench_chaos.py --kills 100 --seed 7 --out benchmarks/results/chaos.json
 
-A background `zhpipe server start` serves every run (so a kill can land in any stage, not mostly in the
-temporary server's start-up); each run builds from the store the killed ones left."""
+A background `zhpipe server start` serves every run (so a kill can land in any stage, not mostly in
+the temporary server's start-up); each run builds from the store the killed ones left."""
+
 from __future__ import annotations
 
 import argparse
@@ -24,11 +25,19 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ("download", "clean", "split", "segment", "augment", "vocab")  # deterministic outputs (embed's fastText is not)
+# deterministic outputs (embed's fastText is not)
+DATA = ("download", "clean", "split", "segment", "augment", "vocab")
 
 
 def zhpipe(env, *args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "flows.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def digests(store: Path, keys: dict[str, str]) -> dict[str, str]:
@@ -45,14 +54,24 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kills", type=int, default=100)
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--finish-every", type=int, default=10, help="let a run finish after this many kills")
+    ap.add_argument(
+        "--finish-every", type=int, default=10, help="let a run finish after this many kills"
+    )
     ap.add_argument("--out")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     work = Path(tempfile.mkdtemp(prefix="zhpipe-chaos-"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ZHPIPE_", "MLFLOW_", "PREFECT_API"))}
-    env.update(PREFECT_HOME=str(work / "prefect"), MLFLOW_TRACKING_URI=f"sqlite:///{work / 'mlflow.db'}",
-               ZHPIPE_PROJECT=str(ROOT), PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="180")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("ZHPIPE_", "MLFLOW_", "PREFECT_API"))
+    }
+    env.update(
+        PREFECT_HOME=str(work / "prefect"),
+        MLFLOW_TRACKING_URI=f"sqlite:///{work / 'mlflow.db'}",
+        ZHPIPE_PROJECT=str(ROOT),
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="180",
+    )
     sets = ["--set", "train.models=[tfidf_lr, fasttext]"]
     started = zhpipe(env, "server", "start")
     if started.returncode:
@@ -68,19 +87,41 @@ def main() -> None:
             raise SystemExit(ref.stderr[-3000:])
         span = time.perf_counter() - t
         print(f"uninterrupted run: {span:.1f} s", flush=True)
-        stages = ["download", "clean", "split", "segment", "profile", "augment", "vocab", "embed", "train", "evaluate"]
+        stages = [
+            "download",
+            "clean",
+            "split",
+            "segment",
+            "profile",
+            "augment",
+            "vocab",
+            "embed",
+            "train",
+            "evaluate",
+        ]
         building = re.compile(r"zhpipe(?:\.\w+)? (\S+): building")
         while kills < args.kills:
             if kills and kills % args.finish_every == 0 and finished < kills // args.finish_every:
-                calm_run = zhpipe({**env, "ZHPIPE_DATA": str(chaos)}, "run", "smoke", *sets, timeout=900)
+                calm_run = zhpipe(
+                    {**env, "ZHPIPE_DATA": str(chaos)}, "run", "smoke", *sets, timeout=900
+                )
                 if calm_run.returncode:
-                    raise SystemExit(f"a run after {kills} kills failed:\n{calm_run.stderr[-3000:]}")
+                    raise SystemExit(
+                        f"a run after {kills} kills failed:\n{calm_run.stderr[-3000:]}"
+                    )
                 finished += 1
                 print(f"  after {kills} kills: a run finished cleanly", flush=True)
                 continue
-            force = rng.choice(stages)  # work for the run to be killed in: that stage and every later one
-            proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", "smoke", *sets, "--force", force], cwd=ROOT,
-                                    env={**env, "ZHPIPE_DATA": str(chaos)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            # work for the run to be killed in: that stage and every later one
+            force = rng.choice(stages)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "flows.cli", "run", "smoke", *sets, "--force", force],
+                cwd=ROOT,
+                env={**env, "ZHPIPE_DATA": str(chaos)},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
             time.sleep(rng.uniform(0.3, span))
             if proc.poll() is None:
                 os.kill(proc.pid, signal.SIGKILL)
@@ -97,7 +138,9 @@ def main() -> None:
             raise SystemExit(f"the run after the last kill failed:\n{last.stderr[-3000:]}")
         verify = zhpipe({**env, "ZHPIPE_DATA": str(chaos)}, "verify")
         sys.path.insert(0, str(ROOT))
-        os.environ.update({k: env[k] for k in ("PREFECT_HOME", "MLFLOW_TRACKING_URI", "ZHPIPE_PROJECT")})
+        os.environ.update(
+            {k: env[k] for k in ("PREFECT_HOME", "MLFLOW_TRACKING_URI", "ZHPIPE_PROJECT")}
+        )
         from flows.plan import project
 
         project.activate(project.find())
@@ -108,12 +151,23 @@ def main() -> None:
         keys = plan_keys(load_pipeline("smoke", overrides=["train.models=[tfidf_lr, fasttext]"]))
         same = digests(chaos, keys) == digests(calm, keys)
         c = client()
-        running = [r.info.run_id for e in c.search_experiments() for r in c.search_runs([e.experiment_id], "attributes.status = 'RUNNING'")]
+        running = [
+            r.info.run_id
+            for e in c.search_experiments()
+            for r in c.search_runs([e.experiment_id], "attributes.status = 'RUNNING'")
+        ]
     finally:
         zhpipe(env, "server", "stop")
-    result = {"kills": kills, "runs_finished": finished, "kills_by_unit": dict(where.most_common()),
-              "verify": verify.stdout.strip().splitlines()[-1], "verify_ok": verify.returncode == 0, "data_outputs_identical": same,
-              "runs_left_running": len(running), "seconds": time.perf_counter() - t0}
+    result = {
+        "kills": kills,
+        "runs_finished": finished,
+        "kills_by_unit": dict(where.most_common()),
+        "verify": verify.stdout.strip().splitlines()[-1],
+        "verify_ok": verify.returncode == 0,
+        "data_outputs_identical": same,
+        "runs_left_running": len(running),
+        "seconds": time.perf_counter() - t0,
+    }
     print(json.dumps(result, indent=2))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -1,12 +1,14 @@
 """Linear variants against the `tfidf_lr` baseline, over split seeds: wider n-gram ranges, weaker
-regularisation, and NB-weighted features (NB-LR / NB-SVM, Wang & Manning 2012), on the pipeline's own
-segmented splits (before augmentation), so every variant sees exactly the baseline's rows.
+regularisation, and NB-weighted features (NB-LR / NB-SVM, Wang & Manning 2012), on the pipeline's
+own segmented splits (before augmentation), so every variant sees exactly the baseline's rows.
 
     python benchmarks/bench_linear.py [--pipeline best] [--seeds 1,2,3]
 
-Each seed's splits come from `zhpipe run PIPELINE --set split.seed=S --to segment` (cached after the first
-time). Prints mean validation and test accuracy per variant; writes benchmarks/results/linear.json.
+Each seed's splits come from `zhpipe run PIPELINE --set split.seed=S --to segment` (cached after the
+first time). Prints mean validation and test accuracy per variant; writes
+benchmarks/results/linear.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,15 +24,27 @@ sys.path.insert(0, str(ROOT))
 
 
 def features(train, others, word_ngrams=(1, 2), char_ngrams=(1, 3), binary=False):
-    """TF-IDF over jieba words and characters, as tfidf_lr builds them (binary: presence, no sublinear tf)."""
+    """TF-IDF over jieba words and characters, as tfidf_lr builds them (binary: presence, no
+    sublinear tf)."""
     from scipy.sparse import hstack
     from sklearn.feature_extraction.text import TfidfVectorizer
 
-    words = TfidfVectorizer(tokenizer=str.split, token_pattern=None, lowercase=False, ngram_range=word_ngrams, min_df=2,
-                            sublinear_tf=not binary, binary=binary)
-    chars = TfidfVectorizer(analyzer="char", ngram_range=char_ngrams, min_df=2, sublinear_tf=not binary, binary=binary)
+    words = TfidfVectorizer(
+        tokenizer=str.split,
+        token_pattern=None,
+        lowercase=False,
+        ngram_range=word_ngrams,
+        min_df=2,
+        sublinear_tf=not binary,
+        binary=binary,
+    )
+    chars = TfidfVectorizer(
+        analyzer="char", ngram_range=char_ngrams, min_df=2, sublinear_tf=not binary, binary=binary
+    )
     x = hstack([words.fit_transform(train["words"]), chars.fit_transform(train["text"])]).tocsr()
-    return [x] + [hstack([words.transform(o["words"]), chars.transform(o["text"])]).tocsr() for o in others]
+    return [x] + [
+        hstack([words.transform(o["words"]), chars.transform(o["text"])]).tocsr() for o in others
+    ]
 
 
 def nb_ratio(x, y, alpha=1.0):
@@ -51,7 +65,9 @@ def variants(train, validation, test):
 
     def score(name, model, x, xv, xt):
         model.fit(x, y)
-        out.append((name, float((model.predict(xv) == yv).mean()), float((model.predict(xt) == yt).mean())))
+        out.append(
+            (name, float((model.predict(xv) == yv).mean()), float((model.predict(xt) == yt).mean()))
+        )
 
     x, xv, xt = features(train, [validation, test])
     score("tfidf_lr (words 1-2, chars 1-3, C=4)", LogisticRegression(C=4, max_iter=3000), x, xv, xt)
@@ -62,7 +78,10 @@ def variants(train, validation, test):
         score(f"words 1-3, chars 1-5, C={c}", LogisticRegression(C=c, max_iter=3000), x, xv, xt)
     if len(classes) == 2:  # NB weighting is defined for two classes
         y01 = (y == classes[1]).astype(int)
-        for ngrams, label in ((((1, 2), (1, 3)), "words 1-2, chars 1-3"), (((1, 3), (1, 5)), "words 1-3, chars 1-5")):
+        for ngrams, label in (
+            (((1, 2), (1, 3)), "words 1-2, chars 1-3"),
+            (((1, 3), (1, 5)), "words 1-3, chars 1-5"),
+        ):
             x, xv, xt = features(train, [validation, test], *ngrams, binary=True)
             r = nb_ratio(x, y01)
             x, xv, xt = (m.multiply(r).tocsr() for m in (x, xv, xt))
@@ -82,9 +101,26 @@ def main() -> None:
     results: dict[str, list] = {}
     for seed in map(int, args.seeds.split(",")):
         sets = [f"split.seed={seed}"]
-        subprocess.run([sys.executable, "-m", "flows.cli", "run", args.pipeline, "--set", sets[0], "--to", "segment"], cwd=ROOT,
-                       check=True, capture_output=True)
-        frames = [api.load(args.pipeline, "segment", split, overrides=sets) for split in ("train", "validation", "test")]
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "flows.cli",
+                "run",
+                args.pipeline,
+                "--set",
+                sets[0],
+                "--to",
+                "segment",
+            ],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        )
+        frames = [
+            api.load(args.pipeline, "segment", split, overrides=sets)
+            for split in ("train", "validation", "test")
+        ]
         for name, val, test in variants(*frames):
             results.setdefault(name, []).append({"seed": seed, "validation": val, "test": test})
         print(f"seed {seed} done", flush=True)
@@ -94,7 +130,9 @@ def main() -> None:
         per_seed = ", ".join(f"{r['test']:.4f}" for r in rows)
         print(f"| {name} | {v:.4f} | {t:.4f} | {per_seed} |")
     (ROOT / "benchmarks" / "results").mkdir(exist_ok=True)
-    (ROOT / "benchmarks" / "results" / "linear.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
+    (ROOT / "benchmarks" / "results" / "linear.json").write_text(
+        json.dumps(results, indent=2), encoding="utf-8"
+    )
 
 
 if __name__ == "__main__":

@@ -1,11 +1,12 @@
-"""MLflow's requirements check as zhpipe logs and loads models: the first `save_model` and the first `load_model`
-of a fresh process, with zhpipe's pinned requirements, plain (MLflow maps every installed module to its
-distribution first) and within `flows.track.requirements.by_name` (the check by distribution name only).
-Each measurement is a fresh process, the two ways alternating so that both see the same machine; prints medians
-and ratios.
+"""MLflow's requirements check as zhpipe logs and loads models: the first `save_model` and the first
+`load_model` of a fresh process, with zhpipe's pinned requirements, plain (MLflow maps every
+installed module to its distribution first) and within `flows.track.requirements.by_name` (the check
+by distribution name only). Each measurement is a fresh process, the two ways alternating so that
+both see the same machine; prints medians and ratios.
 
     python benchmarks/bench_model_load.py [--rounds 7]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,7 +48,12 @@ print(json.dumps(out))
 
 
 def once(folder: Path, way: str, what: str) -> float:
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), str(folder), way, what], capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, str(ROOT), str(folder), way, what],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(proc.stdout.strip().splitlines()[-1])[what]
 
 
@@ -63,11 +69,20 @@ def main() -> None:
                 times.setdefault((way, "save"), []).append(once(saved, way, "save"))
                 times.setdefault((way, "load"), []).append(once(saved, way, "load"))
             print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
-    print(f"| first call in a fresh process ({args.rounds} rounds, medians) | plain | by name | ratio |")
+    print(
+        f"| first call in a fresh process ({args.rounds} rounds, medians) | plain | by name | "
+        "ratio |"
+    )
     print("|---|---|---|---|")
     for what in ("save", "load"):
-        plain, by_name = statistics.median(times[("plain", what)]), statistics.median(times[("by-name", what)])
-        print(f"| `mlflow.pyfunc.{what}_model` | {plain:.2f} s | {by_name:.2f} s | {by_name / plain:.2f}x |")
+        plain, by_name = (
+            statistics.median(times[("plain", what)]),
+            statistics.median(times[("by-name", what)]),
+        )
+        print(
+            f"| `mlflow.pyfunc.{what}_model` | {plain:.2f} s | {by_name:.2f} s | "
+            f"{by_name / plain:.2f}x |"
+        )
 
 
 if __name__ == "__main__":

@@ -1,12 +1,14 @@
-"""Peak memory of a PyTorch network's training against its number of rows: TextCNN (the train stage's own
-code, from splits on disk) for one epoch on synthetic segmented texts (made in a process of their own), each
-training in a fresh process, with
-zhpipe's setting of oneDNN's primitive cache (8) and with oneDNN's default (1,024) side by side.
+"""Peak memory of a PyTorch network's training against its number of rows: TextCNN (the train
+stage's own code, from splits on disk) for one epoch on synthetic segmented texts (made in a process
+of their own), each training in a fresh process, with zhpipe's setting of oneDNN's primitive cache
+(8) and with oneDNN's default (1,024) side by side.
 
     python benchmarks/bench_network_memory.py --rows 10000,40000 --vocab 10000 [--settings zhpipe]
 
-Prints a table of seconds and peak RSS per size and setting; writes benchmarks/results/network-memory.json.
+Prints a table of seconds and peak RSS per size and setting; writes
+benchmarks/results/network-memory.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -72,7 +74,10 @@ peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(json.dumps({"seconds": time.perf_counter() - t0, "peak_mb": peak, "start_mb": before}))
 """
 
-SETTINGS = {"zhpipe": ("zhpipe (8 primitives)", None), "default": ("oneDNN default (1,024)", "1024")}
+SETTINGS = {
+    "zhpipe": ("zhpipe (8 primitives)", None),
+    "default": ("oneDNN default (1,024)", "1024"),
+}
 
 
 def child(code: str, args: list[str], capacity: str | None = None) -> str:
@@ -80,7 +85,9 @@ def child(code: str, args: list[str], capacity: str | None = None) -> str:
     env.pop("ONEDNN_PRIMITIVE_CACHE_CAPACITY", None)
     if capacity:
         env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = capacity
-    proc = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True
+    )
     if proc.returncode:
         raise SystemExit(f"{args}: {proc.stderr.strip().splitlines()[-1:]}")
     return proc.stdout
@@ -90,8 +97,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="10000,40000")
     ap.add_argument("--vocab", type=int, default=10_000)
-    ap.add_argument("--settings", default="zhpipe,default",
-                    help="comma-separated: zhpipe (8 primitives), default (oneDNN's 1,024)")
+    ap.add_argument(
+        "--settings",
+        default="zhpipe,default",
+        help="comma-separated: zhpipe (8 primitives), default (oneDNN's 1,024)",
+    )
     args = ap.parse_args()
     results = []
     print("| rows | setting | seconds | peak RSS (before training) |\n|---|---|---|---|")
@@ -102,7 +112,11 @@ def main() -> None:
                 name, capacity = SETTINGS[key]
                 r = json.loads(child(TRAIN, [tmp], capacity).strip().splitlines()[-1])
                 results.append({"rows": rows, "setting": name, **r})
-                print(f"| {rows:,} | {name} | {r['seconds']:.1f} | {r['peak_mb']:,.0f} MB ({r['start_mb']:,.0f} MB) |", flush=True)
+                print(
+                    f"| {rows:,} | {name} | {r['seconds']:.1f} | {r['peak_mb']:,.0f} MB "
+                    f"({r['start_mb']:,.0f} MB) |",
+                    flush=True,
+                )
     out = ROOT / "benchmarks" / "results" / "network-memory.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"vocab": args.vocab, "results": results}, indent=2))

@@ -1,15 +1,17 @@
-"""A corpus of N MB made from the bundled reviews, run end to end with the cheap models, measured per stage:
-seconds, MB/s and the peak memory of each process (the driver and every worker it starts).
+"""A corpus of N MB made from the bundled reviews, run end to end with the cheap models, measured
+per stage: seconds, MB/s and the peak memory of each process (the driver and every worker it
+starts).
 
     python benchmarks/bench_scale.py --mb 30                     # tfidf_lr + fasttext
     python benchmarks/bench_scale.py --mb 300 --out benchmarks/results/scale_300.json
     # any --set of `zhpipe run`
     python benchmarks/bench_scale.py --mb 1024 --set embed.word2vec.epochs=1
 
-Rows are unique: each is a real review followed by another real review of the same label (pairs drawn with
-a fixed seed, repeated pairs dropped). The run is `zhpipe run` in a project of its own, in a subprocess;
-the process tree's memory is sampled every 0.2 s and each sample is charged to the stage whose
-`<stage>: building` line came last."""
+Rows are unique: each is a real review followed by another real review of the same label (pairs
+drawn with a fixed seed, repeated pairs dropped). The run is `zhpipe run` in a project of its own,
+in a subprocess; the process tree's memory is sampled every 0.2 s and each sample is charged to the
+stage whose `<stage>: building` line came last."""
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def make_corpus(mb: float, path: Path, seed: int = 5) -> tuple[int, float]:
-    """Unique two-review rows of one label each, until the file holds `mb` MB; returns (rows, MB)."""
+    """Unique two-review rows of one label each, until the file holds `mb` MB; returns (rows,
+    MB)."""
     import numpy as np
     import pandas as pd
 
@@ -75,7 +78,14 @@ def main() -> None:
     ap.add_argument("--mb", type=float, default=30)
     ap.add_argument("--models", default="tfidf_lr,fasttext")
     ap.add_argument("--keep", action="store_true", help="keep the project folder")
-    ap.add_argument("--set", action="append", default=[], dest="sets", metavar="KEY=VALUE", help="a `zhpipe run --set` (repeatable)")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        dest="sets",
+        metavar="KEY=VALUE",
+        help="a `zhpipe run --set` (repeatable)",
+    )
     ap.add_argument("--out")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix=f"zhpipe-scale-{args.mb:g}mb-"))
@@ -83,13 +93,36 @@ def main() -> None:
     rows, mb = make_corpus(args.mb, work / "data" / "raw" / "reviews.csv")
     print(f"corpus: {rows:,} unique rows, {mb:.1f} MB in {work}", flush=True)
     (work / "pipelines.yaml").write_text(
-        "pipelines:\n  scale:\n    source: {path: data/raw/reviews.csv, text_column: review, label_column: label}\n"
-        f"    stages:\n      augment: {{method: eda, num_aug: 1}}\n      train: {{models: [{args.models}]}}\n", encoding="utf-8")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ZHPIPE_", "MLFLOW_", "PREFECT_API"))}
+        "pipelines:\n  scale:\n    source: {path: data/raw/reviews.csv, text_column: review, "
+        "label_column: label}\n"
+        f"    stages:\n      augment: {{method: eda, num_aug: 1}}\n      train: {{models: "
+        f"[{args.models}]}}\n",
+        encoding="utf-8",
+    )
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("ZHPIPE_", "MLFLOW_", "PREFECT_API"))
+    }
     env["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "180"
-    env["ZHPIPE_SERVER"] = "temporary"  # the run's own temporary server, stopped with it (none left behind)
-    cmd = [sys.executable, "-m", "flows.cli", "run", "scale", *[x for kv in args.sets for x in ("--set", kv)]]
-    proc = subprocess.Popen(cmd, cwd=work, env={**env, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # the run's own temporary server, stopped with it (none left behind)
+    env["ZHPIPE_SERVER"] = "temporary"
+    cmd = [
+        sys.executable,
+        "-m",
+        "flows.cli",
+        "run",
+        "scale",
+        *[x for kv in args.sets for x in ("--set", kv)],
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=work,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     current = {"stage": "start-up"}
     peaks: dict[str, dict[int, tuple[str, int]]] = {}
     starts: dict[str, float] = {}
@@ -121,18 +154,35 @@ def main() -> None:
         print("".join(log[-40:]))
         raise SystemExit(f"zhpipe run failed with {proc.returncode}")
     order = list(starts)
-    seconds = {s: (starts[order[i + 1]] if i + 1 < len(order) else wall) - starts[s] for i, s in enumerate(order)}
+    seconds = {
+        s: (starts[order[i + 1]] if i + 1 < len(order) else wall) - starts[s]
+        for i, s in enumerate(order)
+    }
     result = {"mb": mb, "rows": rows, "wall_s": wall, "sets": args.sets, "stages": {}}
-    print("\n| stage | seconds | MB/s | peak RSS, largest process | processes |\n|---|---|---|---|---|")
+    print(
+        "\n| stage | seconds | MB/s | peak RSS, largest process | processes "
+        "|\n|---|---|---|---|---|"
+    )
     for stage in order:
         procs = peaks.get(stage, {})
         top = max(procs.values(), key=lambda v: v[1], default=("", 0))
-        result["stages"][stage] = {"seconds": seconds[stage], "mb_per_s": mb / seconds[stage] if seconds[stage] else None,
-                                   "peak_rss_mb": top[1] / 2**20, "peak_process": top[0], "processes": len(procs)}
-        print(f"| {stage} | {seconds[stage]:.1f} | {mb / seconds[stage]:.2f} | {top[1] / 2**20:,.0f} MB | {len(procs)} |")
+        result["stages"][stage] = {
+            "seconds": seconds[stage],
+            "mb_per_s": mb / seconds[stage] if seconds[stage] else None,
+            "peak_rss_mb": top[1] / 2**20,
+            "peak_process": top[0],
+            "processes": len(procs),
+        }
+        print(
+            f"| {stage} | {seconds[stage]:.1f} | {mb / seconds[stage]:.2f} | {top[1] / 2**20:,.0f} "
+            f"MB | {len(procs)} |"
+        )
     overall = max((v[1] for p in peaks.values() for v in p.values()), default=0)
     result["peak_rss_mb"] = overall / 2**20
-    print(f"\n{mb:.1f} MB, {rows:,} rows: {wall:.0f} s wall, peak of one process {overall / 2**20:,.0f} MB")
+    print(
+        f"\n{mb:.1f} MB, {rows:,} rows: {wall:.0f} s wall, peak of one process "
+        f"{overall / 2**20:,.0f} MB"
+    )
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2), encoding="utf-8")

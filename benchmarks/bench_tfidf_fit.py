@@ -1,11 +1,13 @@
-"""tfidf_lr fitted exactly in memory against the streamed fit (hashed n-grams, SGD over shuffled batches) on
-the same split of a pipeline's corpus: validation and test accuracy, seconds, peak memory of each fit.
+"""tfidf_lr fitted exactly in memory against the streamed fit (hashed n-grams, SGD over shuffled
+batches) on the same split of a pipeline's corpus: validation and test accuracy, seconds, peak
+memory of each fit.
 
     # the bundled reviews (pipeline chnsenticorp)
     python benchmarks/bench_tfidf_fit.py
     python benchmarks/bench_tfidf_fit.py --pipeline full --set train.tfidf_lr.epochs=5
 
 The stages up to augment are built (or reused) in the project's store first."""
+
 from __future__ import annotations
 
 import argparse
@@ -48,21 +50,47 @@ def main() -> None:
     args = ap.parse_args()
     from flows import api
 
-    summary = api.run(args.pipeline, args.sets, stages=["download", "clean", "split", "segment", "augment"])
+    summary = api.run(
+        args.pipeline, args.sets, stages=["download", "clean", "split", "segment", "augment"]
+    )
     paths = {s["stage"]: s["path"] for s in summary["stages"]}
     config = api.config(args.pipeline, args.sets)
     labels = next(s for s in summary["stages"] if s["stage"] == "augment")["facts"]["labels"]
     section = config.stages.train.tfidf_lr.model_dump()
     rows = []
-    for fit in ("memory", "stream"):  # each fit in a fresh process, so that its peak memory is its own
-        done = subprocess.run([sys.executable, "-c", CHILD, paths["augment"], paths["segment"], fit, json.dumps(section), json.dumps(labels)],
-                              cwd=ROOT, capture_output=True, text=True, check=True)
+    # each fit in a fresh process, so that its peak memory is its own
+    for fit in ("memory", "stream"):
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                CHILD,
+                paths["augment"],
+                paths["segment"],
+                fit,
+                json.dumps(section),
+                json.dumps(labels),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    print("\n| fit | validation accuracy | test accuracy | seconds | peak RSS |\n|---|---|---|---|---|")
+    print(
+        "\n| fit | validation accuracy | test accuracy | seconds | peak RSS "
+        "|\n|---|---|---|---|---|"
+    )
     for r in rows:
-        print(f"| {r['fit']} | {r['validation']:.4f} | {r['test']:.4f} | {r['seconds']:.1f} | {r['peak_rss_mb']:,.0f} MB |")
+        print(
+            f"| {r['fit']} | {r['validation']:.4f} | {r['test']:.4f} | {r['seconds']:.1f} | "
+            f"{r['peak_rss_mb']:,.0f} MB |"
+        )
     if args.out:
-        Path(args.out).write_text(json.dumps({"pipeline": args.pipeline, "sets": args.sets, "fits": rows}, indent=2), encoding="utf-8")
+        Path(args.out).write_text(
+            json.dumps({"pipeline": args.pipeline, "sets": args.sets, "fits": rows}, indent=2),
+            encoding="utf-8",
+        )
 
 
 if __name__ == "__main__":

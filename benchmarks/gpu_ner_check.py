@@ -1,16 +1,19 @@
-"""The NER taggers on a GPU: `bilstm_crf` and `lexicon_tagger` (the lexicon adapter) trained on the Resume NER train
-split, on the CPU in fp32 and on CUDA in fp32, bf16 autocast and fp16 with a gradient scaler, through the model
-registry as the train stage trains them. Each GPU training must reach the CPU's best validation entity F1 within a
-tolerance, and its saved model, loaded onto the GPU, must tag the test split as well as the CPU's tags it. Prints a
-table of seconds, samples/second and F1 per model, device and precision; exits 1 when a check fails.
+"""The NER taggers on a GPU: `bilstm_crf` and `lexicon_tagger` (the lexicon adapter) trained on the
+Resume NER train split, on the CPU in fp32 and on CUDA in fp32, bf16 autocast and fp16 with a
+gradient scaler, through the model registry as the train stage trains them. Each GPU training must
+reach the CPU's best validation entity F1 within a tolerance, and its saved model, loaded onto the
+GPU, must tag the test split as well as the CPU's tags it. Prints a table of seconds, samples/second
+and F1 per model, device and precision; exits 1 when a check fails.
 
     # on any machine: the resume-ner pipeline to its embed stage, the taggers' inputs copied
     # into DIR (a few MB)
     python benchmarks/gpu_ner_check.py --prepare DIR
     python benchmarks/gpu_ner_check.py --inputs DIR [--epochs 3] [--tolerance 0.03] [--out FILE]
 
-The second needs only PyTorch with CUDA, pydantic, pandas, pyarrow, gensim and jieba: no Prefect, no MLflow.
+The second needs only PyTorch with CUDA, pydantic, pandas, pyarrow, gensim and jieba: no Prefect, no
+MLflow.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,13 +32,29 @@ RUNS = (("cpu", "fp32"), ("cuda", "fp32"), ("cuda", "bf16"), ("cuda", "fp16"))
 
 
 def prepare(folder: Path) -> None:
-    """The resume-ner stages up to embed into a scratch store, and what the taggers read copied out of it."""
+    """The resume-ner stages up to embed into a scratch store, and what the taggers read copied out
+    of it."""
     store = Path(tempfile.mkdtemp(prefix="zhpipe-ner-inputs-"))
-    subprocess.run([sys.executable, "-m", "flows.cli", "run", "resume-ner", "--to", "embed", "--storage", str(store)], cwd=ROOT,
-                   check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "flows.cli",
+            "run",
+            "resume-ner",
+            "--to",
+            "embed",
+            "--storage",
+            str(store),
+        ],
+        cwd=ROOT,
+        check=True,
+    )
 
     def only(stage: str) -> Path:
-        (found,) = [p for p in (store / stage).iterdir() if p.is_dir() and not p.name.startswith(".")]
+        (found,) = [
+            p for p in (store / stage).iterdir() if p.is_dir() and not p.name.startswith(".")
+        ]
         return found
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -45,7 +64,10 @@ def prepare(folder: Path) -> None:
     for stage in ("vocab", "embed"):
         shutil.copytree(only(stage), folder / stage, dirs_exist_ok=True)
     shutil.rmtree(store)
-    print(f"inputs in {folder} ({sum(p.stat().st_size for p in folder.rglob('*') if p.is_file()) / 1e6:.1f} MB)")
+    print(
+        f"inputs in {folder} "
+        f"({sum(p.stat().st_size for p in folder.rglob('*') if p.is_file()) / 1e6:.1f} MB)"
+    )
 
 
 def train_one(name: str, device: str, precision: str, inputs: Path, epochs: int, frames) -> dict:
@@ -66,8 +88,20 @@ def train_one(name: str, device: str, precision: str, inputs: Path, epochs: int,
     if device == "cuda":
         torch.cuda.synchronize()
     t0 = time.perf_counter()
-    summary = spec.train(TrainInputs(name, train, validation, labels, spec.view(params), inputs / "vocab", None, out,
-                                     out / "ckpt", embed=inputs / "embed"))
+    summary = spec.train(
+        TrainInputs(
+            name,
+            train,
+            validation,
+            labels,
+            spec.view(params),
+            inputs / "vocab",
+            None,
+            out,
+            out / "ckpt",
+            embed=inputs / "embed",
+        )
+    )
     seconds = time.perf_counter() - t0
     from tasks.ner.models import tagger_from
 
@@ -77,10 +111,17 @@ def train_one(name: str, device: str, precision: str, inputs: Path, epochs: int,
     tag_seconds = time.perf_counter() - t1
     scores = entity_f1([list(t) for t in test["tags"]], [t.tags for t in tagged])
     shutil.rmtree(out, ignore_errors=True)
-    return {"model": name, "device": device, "precision": summary.get("precision", precision), "seconds": round(seconds, 1),
-            "samples_per_second": round(float(summary.get("samples_per_second") or 0), 1),
-            "val_f1_best": round(max(h["val_f1"] for h in summary["history"]), 4), "test_f1": round(scores["f1"], 4),
-            "tag_seconds": round(tag_seconds, 2), "ran_on": summary.get("device")}
+    return {
+        "model": name,
+        "device": device,
+        "precision": summary.get("precision", precision),
+        "seconds": round(seconds, 1),
+        "samples_per_second": round(float(summary.get("samples_per_second") or 0), 1),
+        "val_f1_best": round(max(h["val_f1"] for h in summary["history"]), 4),
+        "test_f1": round(scores["f1"], 4),
+        "tag_seconds": round(tag_seconds, 2),
+        "ran_on": summary.get("device"),
+    }
 
 
 def main() -> int:
@@ -100,31 +141,59 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA device: this check needs one")
         return 1
-    frames = [pd.read_parquet(args.inputs / f"{split}.parquet") for split in ("train", "validation", "test")]
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {len(frames[0])} train, {len(frames[1])} validation, "
-          f"{len(frames[2])} test sentences, {args.epochs} epochs", flush=True)
+    frames = [
+        pd.read_parquet(args.inputs / f"{split}.parquet")
+        for split in ("train", "validation", "test")
+    ]
+    print(
+        f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {len(frames[0])} train, "
+        f"{len(frames[1])} validation, "
+        f"{len(frames[2])} test sentences, {args.epochs} epochs",
+        flush=True,
+    )
     rows, failed = [], 0
     for name in MODELS_CHECKED:
         for device, precision in RUNS:
             try:
                 row = train_one(name, device, precision, args.inputs, args.epochs, frames)
             except Exception as e:  # noqa: BLE001 - a failure is a row of the table and exit 1
-                row = {"model": name, "device": device, "precision": precision, "error": f"{type(e).__name__}: {e}"[:300]}
+                row = {
+                    "model": name,
+                    "device": device,
+                    "precision": precision,
+                    "error": f"{type(e).__name__}: {e}"[:300],
+                }
             rows.append(row)
             print(json.dumps(row, ensure_ascii=False), flush=True)
-    print(f"\n{'model':15s} {'device':6s} {'precision':10s} {'s':>7s} {'samples/s':>10s} {'val F1':>7s} {'test F1':>7s}  check")
+    print(
+        f"\n{'model':15s} {'device':6s} {'precision':10s} {'s':>7s} {'samples/s':>10s} "
+        f"{'val F1':>7s} {'test F1':>7s}  check"
+    )
     for row in rows:
         cpu = next(r for r in rows if r["model"] == row["model"] and r["device"] == "cpu")
         if "error" in row:
             failed += 1
-            print(f"{row['model']:15s} {row['device']:6s} {row['precision']:10s} FAIL {row['error']}")
+            print(
+                f"{row['model']:15s} {row['device']:6s} {row['precision']:10s} FAIL {row['error']}"
+            )
             continue
-        ok = "error" not in cpu and row["ran_on"].startswith(row["device"]) and (
-            row["device"] == "cpu" or (row["val_f1_best"] >= cpu["val_f1_best"] - args.tolerance
-                                       and row["test_f1"] >= cpu["test_f1"] - args.tolerance))
+        ok = (
+            "error" not in cpu
+            and row["ran_on"].startswith(row["device"])
+            and (
+                row["device"] == "cpu"
+                or (
+                    row["val_f1_best"] >= cpu["val_f1_best"] - args.tolerance
+                    and row["test_f1"] >= cpu["test_f1"] - args.tolerance
+                )
+            )
+        )
         failed += not ok
-        print(f"{row['model']:15s} {row['device']:6s} {row['precision']:10s} {row['seconds']:7.1f} {row['samples_per_second']:10.1f} "
-              f"{row['val_f1_best']:7.4f} {row['test_f1']:7.4f}  {'ok' if ok else 'FAIL'}")
+        print(
+            f"{row['model']:15s} {row['device']:6s} {row['precision']:10s} {row['seconds']:7.1f} "
+            f"{row['samples_per_second']:10.1f} "
+            f"{row['val_f1_best']:7.4f} {row['test_f1']:7.4f}  {'ok' if ok else 'FAIL'}"
+        )
     if args.out:
         args.out.write_text(json.dumps(rows, ensure_ascii=False, indent=1))
     print(f"{len(rows) - failed} of {len(rows)} runs passed")

@@ -1,9 +1,11 @@
-"""A large NER corpus the shape of other corpora, for scale checks: one CoNLL file, BIO tags, tab-separated,
-each sentence two random Resume NER sentences joined (so the sentences are new, the entities real).
+"""A large NER corpus the shape of other corpora, for scale checks: one CoNLL file, BIO tags,
+tab-separated, each sentence two random Resume NER sentences joined (so the sentences are new, the
+entities real).
 
     python benchmarks/make_ner_corpus.py --sentences 20000 --out big.bio
     /usr/bin/time -v zhpipe run resume-ner --source big.bio --set 'train.models=[crf]'
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,14 +27,20 @@ def main() -> None:
     args = ap.parse_args()
     pool = []
     for name in ("train", "dev", "test"):
-        lines = (ROOT / "data" / "raw" / "ResumeNER" / f"{name}.char.bmes").read_text(encoding="utf-8").splitlines()
+        lines = (
+            (ROOT / "data" / "raw" / "ResumeNER" / f"{name}.char.bmes")
+            .read_text(encoding="utf-8")
+            .splitlines()
+        )
         pool += parse_conll(lines).sentences
     rng = random.Random(args.seed)
     out = []
     for _ in range(args.sentences):
         a, b = rng.sample(pool, 2)
         text = a.text + b.text
-        spans = spans_of(a.tags) + [(k, s + len(a.text), e + len(a.text)) for k, s, e in spans_of(b.tags)]
+        spans = spans_of(a.tags) + [
+            (k, s + len(a.text), e + len(a.text)) for k, s, e in spans_of(b.tags)
+        ]
         bio = ["O"] * len(text)
         for kind, start, end in spans:
             bio[start:end] = [f"B-{kind}"] + [f"I-{kind}"] * (end - start - 1)

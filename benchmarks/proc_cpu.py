@@ -1,8 +1,10 @@
-"""CPU per kind of process while a command runs (Linux): every process's `utime + stime` is read from
-/proc/<pid>/stat every half second, and the last value seen of each is summed by a short name of its command line.
+"""CPU per kind of process while a command runs (Linux): every process's `utime + stime` is read
+from /proc/<pid>/stat every half second, and the last value seen of each is summed by a short name
+of its command line.
 
     python benchmarks/proc_cpu.py -- .venv/bin/python -m pytest -n 2 --dist loadfile -q
 """
+
 import collections
 import os
 import re
@@ -28,7 +30,7 @@ def kind(cmd: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    command = argv[argv.index("--") + 1:] if "--" in argv else argv
+    command = argv[argv.index("--") + 1 :] if "--" in argv else argv
     tick = os.sysconf("SC_CLK_TCK")
     seen: dict[tuple[int, int], list] = {}
     done = threading.Event()
@@ -38,10 +40,17 @@ def main(argv: list[str]) -> int:
             for pid in filter(str.isdigit, os.listdir("/proc")):
                 try:
                     fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-                    key = (int(pid), int(fields[19]))  # pid and start time: a reused pid is another process
+                    # pid and start time: a reused pid is another process
+                    key = (int(pid), int(fields[19]))
                     cpu = (int(fields[11]) + int(fields[12])) / tick
-                    # read each time: a child is seen with its parent's command line until it calls exec
-                    seen[key] = [open(f"/proc/{pid}/cmdline").read().replace("\0", " ") or seen.get(key, [""])[0], cpu, int(fields[19])]
+                    # read each time: a child is seen with its parent's command line until it calls
+                    # exec
+                    seen[key] = [
+                        open(f"/proc/{pid}/cmdline").read().replace("\0", " ")
+                        or seen.get(key, [""])[0],
+                        cpu,
+                        int(fields[19]),
+                    ]
                 except (OSError, IndexError, ValueError):
                     continue
             time.sleep(0.5)

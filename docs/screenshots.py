@@ -1,17 +1,21 @@
-"""Pictures of both UIs as a user first sees them, made with headless Chromium (`apt-get install chromium`):
-the Prefect flow-run page of a pipeline run (from `zhpipe server start`) and the page `zhpipe ui` prints.
+"""Pictures of both UIs as a user first sees them, made with headless Chromium (`apt-get install
+chromium`): the Prefect flow-run page of a pipeline run (from `zhpipe server start`) and the page
+`zhpipe ui` prints.
 
     python docs/screenshots.py [--pipeline smoke] [--out docs/images]
 
-It starts the project's background Prefect server (left running; `zhpipe server stop` ends it), runs the
-pipeline through it, finds its flow run through the server's HTTP API by the pipeline's tag, starts the MLflow
-UI on the project's port, waits until each page answers, and writes `prefect-flow-run.png` and `mlflow-runs.png`.
+It starts the project's background Prefect server (left running; `zhpipe server stop` ends it), runs
+the pipeline through it, finds its flow run through the server's HTTP API by the pipeline's tag,
+starts the MLflow UI on the project's port, waits until each page answers, and writes
+`prefect-flow-run.png` and `mlflow-runs.png`.
 
-`zhpipe ui` asks for the project's credentials (a browser shows its login prompt). A script logs in with a header,
-never with credentials in the URL (MLflow's page refuses to load from such a URL): `header_proxy` below is a loopback
-proxy that adds `Authorization: Basic ...` to every request of its owner's (another local user's connection is
-refused: `flows.plan.private.peer_uid`), and Chromium is pointed at the proxy.
+`zhpipe ui` asks for the project's credentials (a browser shows its login prompt). A script logs in
+with a header, never with credentials in the URL (MLflow's page refuses to load from such a URL):
+`header_proxy` below is a loopback proxy that adds `Authorization: Basic ...` to every request of
+its owner's (another local user's connection is refused: `flows.plan.private.peer_uid`), and
+Chromium is pointed at the proxy.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,17 +40,35 @@ def free_port() -> int:
 
 
 def shoot(url: str, path: Path, budget_ms: int = 20000) -> None:
-    browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    browser = (
+        shutil.which("chromium")
+        or shutil.which("chromium-browser")
+        or shutil.which("google-chrome")
+    )
     if not browser:
         raise SystemExit("no Chromium found: apt-get install chromium")
-    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1500,950",
-                    f"--virtual-time-budget={budget_ms}", f"--screenshot={path}", url], check=True, capture_output=True, timeout=180)
+    subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--window-size=1500,950",
+            f"--virtual-time-budget={budget_ms}",
+            f"--screenshot={path}",
+            url,
+        ],
+        check=True,
+        capture_output=True,
+        timeout=180,
+    )
     print(f"{path} <- {url}")
 
 
 def header_proxy(target: str, user: str, password: str) -> tuple[object, str]:
-    """(the server, its address): a proxy on a free loopback port that forwards each GET and POST to `target` with the
-    login as an Authorization header. Stop it with `server.shutdown()`."""
+    """(the server, its address): a proxy on a free loopback port that forwards each GET and POST to
+    `target` with the login as an Authorization header. Stop it with `server.shutdown()`."""
     import base64
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -59,16 +81,21 @@ def header_proxy(target: str, user: str, password: str) -> tuple[object, str]:
         def do_GET(self):  # noqa: N802 - the name http.server calls
             self.forward(None)
 
-        def do_POST(self):  # noqa: N802 - the UI searches runs with POSTs (reads: zhpipe ui allows no writes)
+        # the UI searches runs with POSTs (reads: zhpipe ui allows no writes)
+        def do_POST(self):  # noqa: N802
             self.forward(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
 
         def forward(self, body):
-            # the proxy logs in as its owner: it answers its owner's connections only, the peer proved by the
-            # full addresses of an established socket (another local user's are refused)
+            # the proxy logs in as its owner: it answers its owner's connections only, the peer
+            # proved by the full addresses of an established socket (another local user's are
+            # refused)
             if peer_uid(self.client_address[:2], self.server.server_address[:2]) != os.getuid():
                 self.send_error(403, "this proxy answers its owner only")
                 return
-            headers = {"Authorization": header, "Content-Type": self.headers.get("Content-Type", "application/json")}
+            headers = {
+                "Authorization": header,
+                "Content-Type": self.headers.get("Content-Type", "application/json"),
+            }
             request = urllib.request.Request(target + self.path, data=body, headers=headers)
             try:
                 with urllib.request.urlopen(request, timeout=60) as answer:  # noqa: S310 - loopback
@@ -93,8 +120,16 @@ def header_proxy(target: str, user: str, password: str) -> tuple[object, str]:
 
 def flow_run_id(api: str, pipeline: str) -> str:
     """The newest flow run tagged with the pipeline, through Prefect's REST API."""
-    body = json.dumps({"flow_runs": {"tags": {"all_": [f"pipeline:{pipeline}"]}}, "sort": "START_TIME_DESC", "limit": 1}).encode()
-    req = urllib.request.Request(f"{api}/flow_runs/filter", data=body, headers={"Content-Type": "application/json"})
+    body = json.dumps(
+        {
+            "flow_runs": {"tags": {"all_": [f"pipeline:{pipeline}"]}},
+            "sort": "START_TIME_DESC",
+            "limit": 1,
+        }
+    ).encode()
+    req = urllib.request.Request(
+        f"{api}/flow_runs/filter", data=body, headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310 - loopback
         runs = json.loads(resp.read())
     if not runs:
@@ -103,20 +138,26 @@ def flow_run_id(api: str, pipeline: str) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--pipeline", default="smoke")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "images")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    started = subprocess.run([*ZHPIPE, "server", "start"], cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
+    started = subprocess.run(
+        [*ZHPIPE, "server", "start"], cwd=ROOT, env=env, capture_output=True, text=True, check=True
+    ).stdout
     print(started.strip())
     api = started.split(" running at ")[1].split()[0]
     subprocess.run([*ZHPIPE, "run", args.pipeline], cwd=ROOT, env=env, check=True)
     run = flow_run_id(api, args.pipeline)
     ui = api.removesuffix("/api")
     shoot(f"{ui}/runs/flow-run/{run}", args.out / "prefect-flow-run.png")
-    mlflow_ui = subprocess.Popen([*ZHPIPE, "ui"], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    mlflow_ui = subprocess.Popen(
+        [*ZHPIPE, "ui"], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True
+    )
     try:
         printed = ""
         while not printed.startswith("MLflow UI on"):  # printed once the UI answers, with the login
@@ -134,6 +175,7 @@ def main() -> None:
     finally:
         mlflow_ui.terminate()
         mlflow_ui.wait(timeout=30)
+
 
 if __name__ == "__main__":
     main()

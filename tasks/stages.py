@@ -1,9 +1,10 @@
-"""The plan of the house: every task kind, gathered from its package (tasks/classification, tasks/ner,
-tasks/translation: its stage table and declaration), and the names the CLI accepts. A stage is a `Stage`, a kind a
-`TaskKind` (tasks/graph.py); `flows/` derives the CLI's stage names, the key plan, the Prefect wiring, `status`, the
-run summary and `api.load` from these tables. The stages hold their functions, so it imports every kind's stage
-modules (pandas, pyarrow, pydantic: about 0.3 s; their heavier libraries inside the functions); the CLI reads it to
-parse arguments."""
+"""The plan of the house: every task kind, gathered from its package (tasks/classification,
+tasks/ner, tasks/translation: its stage table and declaration), and the names the CLI accepts. A
+stage is a `Stage`, a kind a `TaskKind` (tasks/graph.py); `flows/` derives the CLI's stage names,
+the key plan, the Prefect wiring, `status`, the run summary and `api.load` from these tables. The
+stages hold their functions, so it imports every kind's stage modules (pandas, pyarrow, pydantic:
+about 0.3 s; their heavier libraries inside the functions); the CLI reads it to parse arguments."""
+
 from __future__ import annotations
 
 from collections import ChainMap
@@ -20,11 +21,11 @@ DEFAULT_KIND = next(iter(KINDS))  # a pipeline's `task:` when it names none
 CLASSIFICATION_STAGES = classification.STAGES
 # every stage name of every kind, in graph order: what the CLI's --from/--to/--only/--force accept
 STAGE_NAMES = tuple(dict.fromkeys(name for k in KINDS.values() for name in k.stages))
-# every kind's models by name, in the kinds' order: what `train.models` names and the CLI lists (a live view of each
-# kind's own `models`, so a model added to a kind is here too)
+# every kind's models by name, in the kinds' order: what `train.models` names and the CLI lists (a
+# live view of each kind's own `models`, so a model added to a kind is here too)
 MODELS: Mapping[str, ModelSpec] = ChainMap(*reversed([k.models for k in KINDS.values()]))
-# and the families installed packages register (entry points `zhpipe.models`: tasks/models/families.py), each into
-# the models of its kind
+# and the families installed packages register (entry points `zhpipe.models`:
+# tasks/models/families.py), each into the models of its kind
 families.register({name: k.models for name, k in KINDS.items()})
 
 
@@ -47,10 +48,26 @@ def model(name: str) -> ModelSpec:
 
 
 def serving(task: TaskKind) -> ModuleType:
-    """The module that serves a kind's registered models (its own `serving`, else that of the kind whose models it
-    trains): what tasks/serving.py describes."""
+    """The module that serves a kind's registered models (its own `serving`, else that of the kind
+    whose models it trains): what tasks/serving.py describes."""
     return task.serving or serving(kind(task.models_of))
 
 
-__all__ = ["CLASSIFICATION_STAGES", "DEFAULT_KIND", "KINDS", "MODELS", "SELECTS", "SPLITS", "STAGE_NAMES", "TRAINS",
-           "Output", "PerModel", "Stage", "TaskKind", "graph", "kind", "model", "serving"]
+__all__ = [
+    "CLASSIFICATION_STAGES",
+    "DEFAULT_KIND",
+    "KINDS",
+    "MODELS",
+    "SELECTS",
+    "SPLITS",
+    "STAGE_NAMES",
+    "TRAINS",
+    "Output",
+    "PerModel",
+    "Stage",
+    "TaskKind",
+    "graph",
+    "kind",
+    "model",
+    "serving",
+]

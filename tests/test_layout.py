@@ -1,7 +1,9 @@
-"""The house keeps its shape: no file in flows/ or tasks/ over 320 statements, no function over 55, no line
-over 120 characters, and flows/ names stages through their declarations (at most 5 string literals equal to a
-stage name, none a stage's own). Sizes are counted in logical lines (statements: what ends in a NEWLINE token),
-which a formatter does not change, not in physical lines, which it does."""
+"""The house keeps its shape: no file in flows/ or tasks/ over 320 statements, no function over 55,
+no line over 120 characters, and flows/ names stages through their declarations (at most 5 string
+literals equal to a stage name, none a stage's own). Sizes are counted in logical lines (statements:
+what ends in a NEWLINE token), which a formatter does not change, not in physical lines, which it
+does."""
+
 import ast
 import io
 import tokenize
@@ -39,7 +41,8 @@ def test_no_file_is_over_320_statements_and_no_function_over_55():
 
 
 def test_no_line_is_over_120_characters():
-    """Characters, not bytes: a line of Chinese counts its characters. The tests keep the same width."""
+    """Characters, not bytes: a line of Chinese counts its characters. The tests keep the same
+    width."""
     long_lines = [
         f"{p.relative_to(ROOT)}:{i}: {len(line)}"
         for p in [*_sources(), *sorted((ROOT / "tests").rglob("*.py"))]
@@ -50,13 +53,15 @@ def test_no_line_is_over_120_characters():
 
 
 def stage_literals(folder: Path) -> list[str]:
-    """Every string literal in `folder`'s modules that equals a stage name (docstrings and f-string parts are not
-    literals)."""
+    """Every string literal in `folder`'s modules that equals a stage name (docstrings and f-string
+    parts are not literals)."""
     return [
         f"{p.relative_to(folder.parent)}:{node.lineno} {node.value!r}"
         for p in sorted(folder.rglob("*.py"))
         for node in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in STAGE_NAMES
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and node.value in STAGE_NAMES
     ]
 
 
@@ -66,16 +71,22 @@ def test_flows_names_stages_through_their_declarations(tmp_path):
     planted = tmp_path / "flows"
     planted.mkdir()
     (planted / "x.py").write_text('results.get("train")\nspec = kind.training\n')
-    assert stage_literals(planted) == ["flows/x.py:1 'train'"]  # the check sees a stage named by its string
+    # the check sees a stage named by its string
+    assert stage_literals(planted) == ["flows/x.py:1 'train'"]
 
 
 def test_every_file_a_comment_or_page_names_exists():
-    """A docstring, comment or page that names a file of the project names one that exists (results that benchmarks
-    write are made by running them)."""
+    """A docstring, comment or page that names a file of the project names one that exists (results
+    that benchmarks write are made by running them)."""
     import re
 
     named = re.compile(r"(?<![\w./-])((?:flows|tasks|tests|docs|benchmarks)/[\w/.-]*\w)")
-    texts = [*_sources(), *(ROOT / "docs").glob("*.md"), ROOT / "README.md", ROOT / "pipelines.yaml"]
+    texts = [
+        *_sources(),
+        *(ROOT / "docs").glob("*.md"),
+        ROOT / "README.md",
+        ROOT / "pipelines.yaml",
+    ]
     missing = [
         f"{p.relative_to(ROOT)}:{i} {ref}"
         for p in texts
@@ -90,19 +101,26 @@ def test_every_file_a_comment_or_page_names_exists():
 
 
 def test_the_run_loop_is_short():
-    """RunContext is the short loop around the stage cache (flows/plan/cache.py decides reuse): at most 120 lines."""
+    """RunContext is the short loop around the stage cache (flows/plan/cache.py decides reuse): at
+    most 120 lines."""
     tree = ast.parse((ROOT / "flows" / "orchestrate" / "execute.py").read_text(encoding="utf-8"))
     run = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "RunContext")
     assert run.end_lineno - run.lineno + 1 <= 120
 
 
 def test_every_zhpipe_process_a_test_starts_goes_through_the_one_helper():
-    """`python -m flows.cli` is spelt once, in tests/helpers/procs.py (`zhpipe_argv`, used by `zhpipe` and `start`):
-    a test that starts a command with Popen options of its own still takes its command line from there."""
+    """`python -m flows.cli` is spelt once, in tests/helpers/procs.py (`zhpipe_argv`, used by
+    `zhpipe` and `start`): a test that starts a command with Popen options of its own still takes
+    its command line from there."""
     import re
 
     spelt = re.compile(r"""["']-m["']\s*,\s*["']flows\.cli["']""")
     helper = ROOT / "tests" / "helpers" / "procs.py"
-    elsewhere = [f"{p.relative_to(ROOT)}:{i}" for p in sorted((ROOT / "tests").rglob("*.py")) if p != helper
-                 for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if spelt.search(line)]
+    elsewhere = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in sorted((ROOT / "tests").rglob("*.py"))
+        if p != helper
+        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if spelt.search(line)
+    ]
     assert elsewhere == [] and spelt.search(helper.read_text(encoding="utf-8"))

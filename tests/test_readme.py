@@ -1,5 +1,6 @@
-"""The Python API page's example (docs/api.md, which the README points to) runs as written (on the smoke pipeline, in
-this repository's project)."""
+"""The Python API page's example (docs/api.md, which the README points to) runs as written (on the
+smoke pipeline, in this repository's project)."""
+
 import re
 from pathlib import Path
 

@@ -1,6 +1,7 @@
-"""The stage graph and the task kinds are declared once (tasks/stages.py): a new stage is one module and one
-entry, a new task kind is one declaration, and everything in flows/ (config schema, key plan, Prefect wiring,
-run summary, `api.load`) follows from them."""
+"""The stage graph and the task kinds are declared once (tasks/stages.py): a new stage is one module
+and one entry, a new task kind is one declaration, and everything in flows/ (config schema, key
+plan, Prefect wiring, run summary, `api.load`) follows from them."""
+
 import dataclasses
 import importlib.util
 import json
@@ -40,7 +41,8 @@ def build(ctx: BuildContext) -> BuildOutput:
 
 
 def toy_module(folder: Path, name: str, source: str, monkeypatch):
-    """A stage module written to `folder` and importable as `name` for the test (as a user's own module would be)."""
+    """A stage module written to `folder` and importable as `name` for the test (as a user's own
+    module would be)."""
     (folder / f"{name}.py").write_text(source)
     spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
@@ -51,13 +53,21 @@ def toy_module(folder: Path, name: str, source: str, monkeypatch):
 
 @pytest.fixture
 def toy_kind(tmp_path, monkeypatch):
-    """A toy stage (one module) and a toy task kind (one entry of KINDS) that reads, cleans, splits and
-    measures lengths."""
+    """A toy stage (one module) and a toy task kind (one entry of KINDS) that reads, cleans, splits
+    and measures lengths."""
     lengths = toy_module(tmp_path, "toy_lengths", TOY_STAGE, monkeypatch)
     base = graph.CLASSIFICATION_STAGES
-    stage = graph.Stage("lengths", ("split",), lengths.build, "length histogram", "mean_chars",
-                        (graph.Output("lengths.json", "json"),), params=lengths.Params,
-                        libraries=lengths.LIBRARIES, files=lengths.FILES)
+    stage = graph.Stage(
+        "lengths",
+        ("split",),
+        lengths.build,
+        "length histogram",
+        "mean_chars",
+        (graph.Output("lengths.json", "json"),),
+        params=lengths.Params,
+        libraries=lengths.LIBRARIES,
+        files=lengths.FILES,
+    )
     kind = graph.TaskKind(
         "lengths",
         "corpus lengths",
@@ -127,10 +137,13 @@ SHOWN = Shown("guess", ("guess",), found=lambda out: f"guesses: {len(out)}")
 
 
 @pytest.mark.e2e
-def test_a_toy_kind_serves_and_is_champion_scored_through_the_registry(toy_kind, tmp_path, monkeypatch):
-    """A kind's serving is its own module (here the toy kind's, written to its own folder) plus its declaration's
-    `serving`: its models are logged through the one generic pyfunc, answer as the kind says, and the champion rule
-    scores them as served, on the same rows, by the kind's outcomes: a better rule replaces the champion."""
+def test_a_toy_kind_serves_and_is_champion_scored_through_the_registry(
+    toy_kind, tmp_path, monkeypatch
+):
+    """A kind's serving is its own module (here the toy kind's, written to its own folder) plus its
+    declaration's `serving`: its models are logged through the one generic pyfunc, answer as the
+    kind says, and the champion rule scores them as served, on the same rows, by the kind's
+    outcomes: a better rule replaces the champion."""
     import mlflow
     import pandas as pd
 
@@ -143,7 +156,9 @@ def test_a_toy_kind_serves_and_is_champion_scored_through_the_registry(toy_kind,
     monkeypatch.setitem(graph.KINDS, "lengths", dataclasses.replace(toy_kind["kind"], serving=toy))
     config = load_pipeline("toy", toy_kind["config_file"])
     texts = ["好" * n for n in range(1, 201)]
-    test = pd.DataFrame({"id": range(200), "text": texts, "label": ["1" if len(t) > 20 else "0" for t in texts]})
+    test = pd.DataFrame(
+        {"id": range(200), "text": texts, "label": ["1" if len(t) > 20 else "0" for t in texts]}
+    )
     run, uris = Tracker.start("zhpipe-toy-kind", "toy"), {}
     for rule in (80, 20):  # the champion gets 140 of 200 rows right, the challenger all of them
         folder = tmp_path / f"rule-{rule}"
@@ -152,17 +167,40 @@ def test_a_toy_kind_serves_and_is_champion_scored_through_the_registry(toy_kind,
         uris[rule] = log_model(run.run_id, f"rule{rule}", folder, ["0", "1"], config).model_uri
     run.finish()
     answers = mlflow.pyfunc.load_model(uris[20]).predict(["好", "好" * 30, None])
-    assert answers["guess"].tolist() == ["0", "1", "0"] and answers["status"].tolist() == ["ok", "ok", "missing"]
+    assert answers["guess"].tolist() == ["0", "1", "0"] and answers["status"].tolist() == [
+        "ok",
+        "ok",
+        "missing",
+    ]
     served = lambda model_uri, frame: served_outcomes(model_uri, frame, "accuracy")
     first = register_best(
-        uris[80], run.run_id, "toy-kind", "rule80", test, "accuracy", 0.70, model_key="r80", rescore=served
+        uris[80],
+        run.run_id,
+        "toy-kind",
+        "rule80",
+        test,
+        "accuracy",
+        0.70,
+        model_key="r80",
+        rescore=served,
     )
     assert first.champion
     better = register_best(
-        uris[20], run.run_id, "toy-kind", "rule20", test, "accuracy", 1.0, model_key="r20", rescore=served
+        uris[20],
+        run.run_id,
+        "toy-kind",
+        "rule20",
+        test,
+        "accuracy",
+        1.0,
+        model_key="r20",
+        rescore=served,
     )
     assert better.champion and better.champion_score == pytest.approx(0.70), better.reason
-    assert "on the same 200 rows (both as served)" in better.reason and "paired bootstrap" in better.reason
+    assert (
+        "on the same 200 rows (both as served)" in better.reason
+        and "paired bootstrap" in better.reason
+    )
 
 
 def test_the_graph_is_declared_in_order_and_names_are_written_once():
@@ -173,8 +211,16 @@ def test_the_graph_is_declared_in_order_and_names_are_written_once():
             assert set(stage.needs) <= seen, (kind.name, stage.name)
             seen.add(stage.name)
     with pytest.raises(ValueError, match="needs 'nowhere', which is not declared before it"):
-        graph.graph(graph.Stage("x", ("nowhere",), graph.CLASSIFICATION_STAGES["clean"].build, "", "",
-                                params=graph.CLASSIFICATION_STAGES["clean"].params))
+        graph.graph(
+            graph.Stage(
+                "x",
+                ("nowhere",),
+                graph.CLASSIFICATION_STAGES["clean"].build,
+                "",
+                "",
+                params=graph.CLASSIFICATION_STAGES["clean"].params,
+            )
+        )
     # the stage names appear as a literal list nowhere else in the source tree
     literal = re.compile(r'"download",\s*"clean",\s*"split"')
     offenders = [
@@ -199,7 +245,8 @@ def test_flows_hold_no_branch_on_a_task_kind():
 
 
 def test_a_kinds_settings_are_its_own(tmp_path):
-    """A classification pipeline has no lexicon or given-splits settings, a ner pipeline no classifiers."""
+    """A classification pipeline has no lexicon or given-splits settings, a ner pipeline no
+    classifiers."""
     from flows.plan.config import load_pipeline
     from tasks.errors import ConfigError
 
@@ -208,20 +255,25 @@ def test_a_kinds_settings_are_its_own(tmp_path):
     with pytest.raises(ConfigError, match="unknown key 'stages.split.use_given'"):
         load_pipeline("smoke", ROOT / "pipelines.yaml", ["split.use_given=false"])
     assert (
-        load_pipeline("ner-smoke", ROOT / "pipelines.yaml", ["vocab.lexicon.min_freq=3"]).stages.vocab.lexicon.min_freq
+        load_pipeline(
+            "ner-smoke", ROOT / "pipelines.yaml", ["vocab.lexicon.min_freq=3"]
+        ).stages.vocab.lexicon.min_freq
         == 3
     )
     with pytest.raises(ConfigError, match="unknown key 'stages.train.textcnn'"):
         load_pipeline("ner-smoke", ROOT / "pipelines.yaml", ["train.textcnn.lr=0.1"])
     with pytest.raises(ConfigError, match="unknown task kind 'nope'"):
-        (tmp_path / "p.yaml").write_text("pipelines:\n  x:\n    task: nope\n    source: {path: a.csv}\n")
+        (tmp_path / "p.yaml").write_text(
+            "pipelines:\n  x:\n    task: nope\n    source: {path: a.csv}\n"
+        )
         load_pipeline("x", tmp_path / "p.yaml")
 
 
 @pytest.mark.e2e
 def test_a_toy_stage_and_kind_run_through_the_real_flow(toy_kind, prefect_harness, monkeypatch):
-    """One module and one entry: the config takes the toy kind's sections, the plan keys the toy stage, the
-    Prefect flow builds it in graph order, the summary shows its headline and `api.load` reads its output."""
+    """One module and one entry: the config takes the toy kind's sections, the plan keys the toy
+    stage, the Prefect flow builds it in graph order, the summary shows its headline and `api.load`
+    reads its output."""
     from flows import api
     from flows.orchestrate.pipeline import pipeline_flow
     from flows.plan import project
@@ -232,18 +284,31 @@ def test_a_toy_stage_and_kind_run_through_the_real_flow(toy_kind, prefect_harnes
     assert config.kind is toy_kind["kind"] and config.stages.lengths.bins == 3
     keys = plan_keys(config)
     assert list(keys) == ["download", "clean", "split", "lengths"]
-    assert plan_keys(load_pipeline("toy", toy_kind["config_file"], ["lengths.bins=5"]))["split"] == keys["split"]
-    out = pipeline_flow("toy", config_file=str(toy_kind["config_file"]), storage=str(toy_kind["store"]))
+    assert (
+        plan_keys(load_pipeline("toy", toy_kind["config_file"], ["lengths.bins=5"]))["split"]
+        == keys["split"]
+    )
+    out = pipeline_flow(
+        "toy", config_file=str(toy_kind["config_file"]), storage=str(toy_kind["store"])
+    )
     summary = {s["stage"]: s for s in out["stages"]}
     assert list(summary) == ["download", "clean", "split", "lengths"]
-    assert summary["lengths"]["headline"] == "mean_chars" and summary["lengths"]["metrics"]["mean_chars"] > 0
+    assert (
+        summary["lengths"]["headline"] == "mean_chars"
+        and summary["lengths"]["metrics"]["mean_chars"] > 0
+    )
     folder = toy_kind["store"] / "lengths" / keys["lengths"]
     doc = json.loads((folder / "lengths.json").read_text())
     assert doc["bins"] == 3 and sum(doc["counts"]) == summary["lengths"]["rows"]
-    monkeypatch.setattr(project, "_CURRENT", project._CURRENT)  # api.load(project=...) activates the toy project
-    loaded = api.load("toy", "lengths", project=toy_kind["config_file"].parent, storage=str(toy_kind["store"]))
+    # api.load(project=...) activates the toy project
+    monkeypatch.setattr(project, "_CURRENT", project._CURRENT)
+    loaded = api.load(
+        "toy", "lengths", project=toy_kind["config_file"].parent, storage=str(toy_kind["store"])
+    )
     assert loaded == doc
-    again = pipeline_flow("toy", config_file=str(toy_kind["config_file"]), storage=str(toy_kind["store"]))
+    again = pipeline_flow(
+        "toy", config_file=str(toy_kind["config_file"]), storage=str(toy_kind["store"])
+    )
     assert {s["stage"]: s["cache"] for s in again["stages"]} == dict.fromkeys(summary, "hit")
 
 
@@ -301,9 +366,9 @@ def build(ctx: BuildContext) -> BuildOutput:
 
 @pytest.mark.e2e
 def test_a_per_model_stage_is_one_module_and_one_entry(tmp_path, smoke, monkeypatch):
-    """A per-model stage added to a toy kind (classification's stages and `calibrate`): a unit per model keyed on
-    that model's training alone, built through the real Prefect flow, each unit's metrics in its model's MLflow
-    run, gathered by the stage, reused on the next run."""
+    """A per-model stage added to a toy kind (classification's stages and `calibrate`): a unit per
+    model keyed on that model's training alone, built through the real Prefect flow, each unit's
+    metrics in its model's MLflow run, gathered by the stage, reused on the next run."""
     from flows.orchestrate.pipeline import pipeline_flow
     from flows.plan.config import load_pipeline
     from flows.plan.keys import plan_keys
@@ -351,17 +416,23 @@ pipelines:
         encoding="utf-8",
     )
     keys = plan_keys(load_pipeline("toy", config_file))
-    assert [u for u in keys if u.startswith("calibrate")] == ["calibrate.tfidf_lr", "calibrate.fasttext", "calibrate"]
+    assert [u for u in keys if u.startswith("calibrate")] == [
+        "calibrate.tfidf_lr",
+        "calibrate.fasttext",
+        "calibrate",
+    ]
     retrained = plan_keys(load_pipeline("toy", config_file, ["train.fasttext.epoch=6"]))
     assert (
         retrained["calibrate.tfidf_lr"] == keys["calibrate.tfidf_lr"]
         and retrained["calibrate.fasttext"] != keys["calibrate.fasttext"]
     )
-    out = pipeline_flow(
-        "toy", config_file=str(config_file)
-    )  # into the session store: the smoke run's data stages are reused
+    # into the session store: the smoke run's data stages are reused
+    out = pipeline_flow("toy", config_file=str(config_file))
     summary = {s["stage"]: s for s in out["stages"]}
-    assert summary["calibrate"]["cache"] == "miss" and summary["calibrate"]["headline"] == "tfidf_lr_val_ece"
+    assert (
+        summary["calibrate"]["cache"] == "miss"
+        and summary["calibrate"]["headline"] == "tfidf_lr_val_ece"
+    )
     units = {u["stage"]: u for u in out["units"]}
     assert {"calibrate.tfidf_lr", "calibrate.fasttext"} <= set(units)
     eces = {m: summary["calibrate"]["metrics"][f"{m}_val_ece"] for m in ("tfidf_lr", "fasttext")}
@@ -369,7 +440,8 @@ pipelines:
     for model in eces:  # each unit logged into its model's run, beside its training
         runs = client().search_runs(
             [client().get_run(out["parent_run_id"]).info.experiment_id],
-            filter_string=f"tags.`mlflow.parentRunId` = '{out['parent_run_id']}' and tags.`zhpipe.model` = '{model}'",
+            filter_string=f"tags.`mlflow.parentRunId` = '{out['parent_run_id']}' and "
+            f"tags.`zhpipe.model` = '{model}'",
         )
         assert len(runs) == 1 and runs[0].data.metrics["val_ece"] == pytest.approx(eces[model])
         assert {"seconds", "evaluate_seconds", "calibrate_seconds"} <= set(runs[0].data.metrics)
@@ -378,28 +450,44 @@ pipelines:
 
 
 def test_every_stage_holds_its_functions_from_its_kinds_package():
-    """A stage holds its code: build (and part_build, gather, build_model where it has them) are function objects
-    of one module in its kind's package (segment, which every kind shares, in tasks/shared), a reader and a tool can
-    follow from the declaration into the code; a wrong entry fails when the kind is declared."""
+    """A stage holds its code: build (and part_build, gather, build_model where it has them) are
+    function objects of one module in its kind's package (segment, which every kind shares, in
+    tasks/shared), a reader and a tool can follow from the declaration into the code; a wrong entry
+    fails when the kind is declared."""
     import types
 
     from tasks.classification import clean, vocab
 
     for kind in graph.KINDS.values():
         for stage in kind.stages.values():
-            functions = [f for f in (stage.build, stage.part_build, stage.gather, stage.build_model) if f is not None]
-            assert all(isinstance(f, types.FunctionType) for f in functions), (kind.name, stage.name)
+            functions = [
+                f
+                for f in (stage.build, stage.part_build, stage.gather, stage.build_model)
+                if f is not None
+            ]
+            assert all(isinstance(f, types.FunctionType) for f in functions), (
+                kind.name,
+                stage.name,
+            )
             package = "tasks.shared" if stage.name == "segment" else f"tasks.{kind.name}"
             module = sys.modules[stage.module_name]
             assert {f.__module__ for f in functions} == {stage.module_name}, (kind.name, stage.name)
             assert stage.module_name.startswith(f"{package}."), (kind.name, stage.name)
-            # declared whole: its section, libraries and files are the entry's, the same as its module's own
+            # declared whole: its section, libraries and files are the entry's, the same as its
+            # module's own
             section = module.params() if stage.name == "train" else module.Params
-            assert stage.section().model_fields.keys() == section.model_fields.keys(), (kind.name, stage.name)
-            assert (stage.libraries, stage.files) == (module.LIBRARIES, module.FILES), (kind.name, stage.name)
+            assert stage.section().model_fields.keys() == section.model_fields.keys(), (
+                kind.name,
+                stage.name,
+            )
+            assert (stage.libraries, stage.files) == (module.LIBRARIES, module.FILES), (
+                kind.name,
+                stage.name,
+            )
     assert graph.CLASSIFICATION_STAGES["vocab"].part_build is vocab.count
     with pytest.raises(
-        TypeError, match="stage 'x': build, part_build, gather and build_model must be functions of one"
+        TypeError,
+        match="stage 'x': build, part_build, gather and build_model must be functions of one",
     ):
         graph.Stage("x", (), clean.build, "", "", part_build=vocab.count)
     with pytest.raises(TypeError, match="stage 'x': params= must be its config section"):

@@ -1,4 +1,5 @@
 """The suite's own set-up: pytest-xdist workers split the cores between them (tests/conftest.py)."""
+
 import os
 
 import pytest

@@ -1,7 +1,8 @@
-"""The `zhpipe` command line: one module per command group (run, schedule, results, store, catalog), each adding
-its commands to the parser; this module parses, sets up logging, hands a command to the warm process or runs it,
-and exits. Light at start: Prefect, MLflow and the stage modules are imported by the commands that need them,
-after the project folder is activated."""
+"""The `zhpipe` command line: one module per command group (run, schedule, results, store, catalog),
+each adding its commands to the parser; this module parses, sets up logging, hands a command to the
+warm process or runs it, and exits. Light at start: Prefect, MLflow and the stage modules are
+imported by the commands that need them, after the project folder is activated."""
+
 from __future__ import annotations
 
 import logging
@@ -23,12 +24,19 @@ GROUPS = (run, schedule, results, store, catalog, doctor, commands)
 
 
 def _parser() -> Parser:
-    parser = Parser(prog="zhpipe", description="Chinese-NLP training pipelines on Prefect and "
-                    "MLflow. Run inside a project folder (one with a pipelines.yaml), or pass "
-                    "--project.")
+    parser = Parser(
+        prog="zhpipe",
+        description="Chinese-NLP training pipelines on Prefect and "
+        "MLflow. Run inside a project folder (one with a pipelines.yaml), or pass "
+        "--project.",
+    )
     parser.add_argument("--version", action="version", version=f"zhpipe {version()}")
-    parser.add_argument("--project", metavar="DIR", help="the project folder (default: the nearest folder with a "
-                        "pipelines.yaml from the current one upwards, or ZHPIPE_PROJECT)")
+    parser.add_argument(
+        "--project",
+        metavar="DIR",
+        help="the project folder (default: the nearest folder with a "
+        "pipelines.yaml from the current one upwards, or ZHPIPE_PROJECT)",
+    )
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
     for group in GROUPS:
@@ -47,37 +55,55 @@ class _ConsoleFormatter(logging.Formatter):
 
 
 class _NoZhpipeTraceback(logging.Filter):
-    """Prefect logs a failed task with its traceback; for the errors the command ends in one line that is noise."""
+    """Prefect logs a failed task with its traceback; for the errors the command ends in one line
+    that is noise."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         error = record.exc_info[1] if record.exc_info else None
-        if error is not None and (isinstance(error, ZhpipeError) or project.disk_full(error)
-                                  or project.unreachable(error)):
+        if error is not None and (
+            isinstance(error, ZhpipeError) or project.disk_full(error) or project.unreachable(error)
+        ):
             record.exc_info, record.exc_text = None, None
         return True
 
 
 class _FullDiskSaidOnce(logging.Filter):
-    """MLflow logs each write that fails on a full disk with its traceback (33 of them in one run, 929 lines before
-    the command's one line). Those records are dropped: the command ends in one line naming the full disk."""
+    """MLflow logs each write that fails on a full disk with its traceback (33 of them in one run,
+    929 lines before the command's one line). Those records are dropped: the command ends in one
+    line naming the full disk."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         error = record.exc_info[1] if record.exc_info else None
-        return not ((error is not None and project.disk_full(error)) or "database or disk is full" in str(record.msg))
+        return not (
+            (error is not None and project.disk_full(error))
+            or "database or disk is full" in str(record.msg)
+        )
 
 
 def _quiet_prefect_tracebacks() -> None:
-    # logger-level filters see every record those loggers create, whatever handlers Prefect installs later
-    for name in ("prefect.flow_runs", "prefect.task_runs", "prefect.flow_engine", "prefect.task_engine"):
+    # logger-level filters see every record those loggers create, whatever handlers Prefect installs
+    # later
+    for name in (
+        "prefect.flow_runs",
+        "prefect.task_runs",
+        "prefect.flow_engine",
+        "prefect.task_engine",
+    ):
         logging.getLogger(name).addFilter(_NoZhpipeTraceback())
-    for name in ("mlflow.store.db.utils", "mlflow.tracking", "mlflow.store.tracking.sqlalchemy_store"):
+    for name in (
+        "mlflow.store.db.utils",
+        "mlflow.tracking",
+        "mlflow.store.tracking.sqlalchemy_store",
+    ):
         logging.getLogger(name).addFilter(_FullDiskSaidOnce())
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    owner_only()  # whatever it creates (a new project with `init` too) is 0600/0700, whatever the shell's umask
-    if "--debug" in argv[1:] and "--" not in argv:  # `zhpipe run --debug` as well as `zhpipe --debug run`
+    # whatever it creates (a new project with `init` too) is 0600/0700, whatever the shell's umask
+    owner_only()
+    # `zhpipe run --debug` as well as `zhpipe --debug run`
+    if "--debug" in argv[1:] and "--" not in argv:
         argv = ["--debug", *[a for a in argv if a != "--debug"]]
     args = _parser().parse_args(argv)
     needs = getattr(args, "needs", Needs()).of(args)  # what the command declared with its parser
@@ -87,20 +113,24 @@ def main(argv: list[str] | None = None) -> int:
         if needs.space:
             project.check_space()
             project.check_writable()
-        check_storage_url(getattr(args, "storage", None), "--storage")  # before the URL is shown anywhere
+        # before the URL is shown anywhere
+        check_storage_url(getattr(args, "storage", None), "--storage")
         check_storage_url(os.environ.get("ZHPIPE_STORAGE"), "ZHPIPE_STORAGE")
         provide.find_server(needs)
     except ZhpipeError as e:
         say("error", str(e))
         return 2
-    if not args.debug:  # MLflow sets its own loggers' level when it is imported (later, lazily): tell it up front
+    # MLflow sets its own loggers' level when it is imported (later, lazily): tell it up front
+    if not args.debug:
         os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     handed_env = dict(os.environ)
-    code = None if args.debug else provide.hand_over(needs, argv)  # the warm process runs it, imports done
+    # the warm process runs it, imports done
+    code = None if args.debug else provide.hand_over(needs, argv)
     if code is not None:
         return code
     try:
-        provide.temporary_server(needs)  # runs flows here, with no server to use: one starts now, beside the imports
+        # runs flows here, with no server to use: one starts now, beside the imports
+        provide.temporary_server(needs)
     except (ZhpipeError, OSError) as e:
         say("error", project.disk_full(e) or f"the temporary Prefect server could not start: {e}")
         return 2
@@ -109,9 +139,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _setup_logging(args, needs: Needs) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S"
+    )
     for handler in logging.getLogger().handlers:
-        handler.setFormatter(_ConsoleFormatter("%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S"))
+        handler.setFormatter(
+            _ConsoleFormatter("%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S")
+        )
     # their INFO lines are noise here
     for noisy in ("httpx", "alembic", "mlflow", "gensim", "smart_open", "distributed"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -119,13 +153,15 @@ def _setup_logging(args, needs: Needs) -> None:
     for draining in ("EventsWorker", "APILogWorker"):
         logging.getLogger(draining).setLevel(logging.ERROR)
     if not args.debug and needs.prefect:
-        import prefect  # noqa: F401 - configures Prefect's loggers, which the filter then attaches to
+        # configures Prefect's loggers, which the filter then attaches to
+        import prefect  # noqa: F401
 
         _quiet_prefect_tracebacks()
 
 
 def _run(args, needs: Needs, handed_env: dict[str, str]) -> int:
-    """The command itself, the background server watched where it asked; then a warm process left for the next."""
+    """The command itself, the background server watched where it asked; then a warm process left
+    for the next."""
     try:
         with provide.watched(needs, args.command, abort):
             code = args.handler(args)

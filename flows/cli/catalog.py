@@ -1,4 +1,5 @@
 """`zhpipe init`, `pipelines`, `stages` and `models`: a project and what it declares."""
+
 from __future__ import annotations
 
 import shlex
@@ -16,19 +17,31 @@ def cmd_stages(args) -> int:
         print(f"task {kind.name} ({kind.about}):")
         for stage in kind.stages.values():
             units = " (a unit per model)" if stage.per_model else ""
-            print(f"  {stage.name:<9} <- {', '.join(stage.needs) or 'source':<30} {stage.help}{units}")
+            print(
+                f"  {stage.name:<9} <- {', '.join(stage.needs) or 'source':<30} {stage.help}{units}"
+            )
     return 0
 
 
 def cmd_models(args) -> int:
-    """Every model a pipeline may name, with where it comes from: zhpipe, an installed package's family (entry
-    point `zhpipe.models`), or this project's pipelines.yaml (a team's own estimator)."""
+    """Every model a pipeline may name, with where it comes from: zhpipe, an installed package's
+    family (entry point `zhpipe.models`), or this project's pipelines.yaml (a team's own
+    estimator)."""
     from tasks.models.families import FOUND
     from tasks.stages import KINDS, MODELS
 
     declared = _declared_here()
-    rows = [(name, "language model" if spec.is_language_model else f"{KINDS[spec.task].flavour} ({spec.task})",
-             declared.get(name) or FOUND.get(name, "zhpipe"), spec.about) for name, spec in MODELS.items()]
+    rows = [
+        (
+            name,
+            "language model"
+            if spec.is_language_model
+            else f"{KINDS[spec.task].flavour} ({spec.task})",
+            declared.get(name) or FOUND.get(name, "zhpipe"),
+            spec.about,
+        )
+        for name, spec in MODELS.items()
+    ]
     width = [max(len(r[i]) for r in rows) for i in (0, 1, 2)]
     print(f"{'model':<{width[0]}}  {'kind':<{width[1]}}  {'from':<{width[2]}}  about")
     for name, kind, origin, about in rows:
@@ -37,8 +50,9 @@ def cmd_models(args) -> int:
 
 
 def _declared_here() -> dict[str, str]:
-    """The team's own models the current project's pipelines declare, by name: `pipelines.yaml (<pipeline>)`. Read
-    (and so registered) here; a project whose config does not load lists none."""
+    """The team's own models the current project's pipelines declare, by name: `pipelines.yaml
+    (<pipeline>)`. Read (and so registered) here; a project whose config does not load lists
+    none."""
     from flows.plan.config import list_pipelines, load_pipeline
     from flows.plan.project import current
 
@@ -48,7 +62,7 @@ def _declared_here() -> dict[str, str]:
         for pipeline in list_pipelines(file):
             config = load_pipeline(pipeline, file)
             training = config.kind.training
-            for name in (config.section(training.name).own_models() if training else {}):
+            for name in config.section(training.name).own_models() if training else {}:
                 found.setdefault(name, f"{file.name} ({pipeline})")
         return found
     except (ZhpipeError, OSError):
@@ -73,19 +87,42 @@ def cmd_init(args) -> int:
     if len(given) > 1:
         raise ZhpipeError(f"init: give one corpus (--{given[0][0]} and --{given[1][0]} were given)")
     if given and given[0][0] != "csv":
-        fields = {a: getattr(args, a) for s in starters.values()
-                  for a in (f.removeprefix("--").replace("-", "_") for f, _, _ in s.options)}
-        written = init_corpus(Path(args.dir), Path(given[0][1]), given[0][0], args.link, args.text_column,
-                              args.label_column, **fields)
+        fields = {
+            a: getattr(args, a)
+            for s in starters.values()
+            for a in (f.removeprefix("--").replace("-", "_") for f, _, _ in s.options)
+        }
+        written = init_corpus(
+            Path(args.dir),
+            Path(given[0][1]),
+            given[0][0],
+            args.link,
+            args.text_column,
+            args.label_column,
+            **fields,
+        )
     else:
-        written = init_project(Path(args.dir), Path(args.csv) if args.csv else None, args.text_column,
-                               args.label_column, args.link)
+        written = init_project(
+            Path(args.dir),
+            Path(args.csv) if args.csv else None,
+            args.text_column,
+            args.label_column,
+            args.link,
+        )
     for path in written:
         print(f"wrote {path}")
     if args.nightly and not args.link:
-        drops = Path(args.dir).expanduser().resolve() / "data" / "raw" / Path(args.nightly).expanduser().resolve().name
-        print(f"new nights go to {drops}/ (a copy of {args.nightly}; `zhpipe init --nightly FOLDER --link` reads them "
-              f"where they are)")
+        drops = (
+            Path(args.dir).expanduser().resolve()
+            / "data"
+            / "raw"
+            / Path(args.nightly).expanduser().resolve().name
+        )
+        print(
+            f"new nights go to {drops}/ (a copy of {args.nightly}; `zhpipe init --nightly FOLDER "
+            "--link` reads them "
+            f"where they are)"
+        )
     print(f"next: cd {shlex.quote(str(args.dir))} && zhpipe run")
     return 0
 
@@ -104,20 +141,37 @@ def _starter_args(init) -> None:
 
 
 def add_parsers(sub) -> None:
-    sub.add_parser("stages", help="list the stages, what each reads and does").set_defaults(handler=cmd_stages)
+    sub.add_parser("stages", help="list the stages, what each reads and does").set_defaults(
+        handler=cmd_stages
+    )
     models = sub.add_parser("models", help="list the registered models (names for train.models)")
     models.set_defaults(handler=cmd_models)
     pipelines = sub.add_parser("pipelines", help="list the pipelines in pipelines.yaml")
     pipelines.add_argument("--config", type=Path, help="pipelines file")
     pipelines.set_defaults(handler=cmd_pipelines)
-    init = sub.add_parser("init", help="write a starter project (pipelines.yaml for your CSV) into DIR")
-    init.add_argument("dir", nargs="?", default=".", help="the project folder (default: the current one)")
-    init.add_argument("--csv", help="your corpus: a CSV file with a text and a label column "
-                      "(default: a 12-row example)")
+    init = sub.add_parser(
+        "init", help="write a starter project (pipelines.yaml for your CSV) into DIR"
+    )
+    init.add_argument(
+        "dir", nargs="?", default=".", help="the project folder (default: the current one)"
+    )
+    init.add_argument(
+        "--csv",
+        help="your corpus: a CSV file with a text and a label column (default: a 12-row example)",
+    )
     init.add_argument("--text-column", default="text", help="the CSV's text column (default text)")
-    init.add_argument("--label-column", default="label", help="the CSV's label column (default label)")
-    init.add_argument("--nightly", metavar="FOLDER", help="a folder of CSV files, one per night (a partitioned source)")
+    init.add_argument(
+        "--label-column", default="label", help="the CSV's label column (default label)"
+    )
+    init.add_argument(
+        "--nightly",
+        metavar="FOLDER",
+        help="a folder of CSV files, one per night (a partitioned source)",
+    )
     init.later(_starter_args)
-    init.add_argument("--link", action="store_true", help="link the CSV into data/raw/ instead of copying it (its "
-                      "sha256 is pinned either way)")
+    init.add_argument(
+        "--link",
+        action="store_true",
+        help="link the CSV into data/raw/ instead of copying it (its sha256 is pinned either way)",
+    )
     init.set_defaults(handler=cmd_init, needs=Needs(project=False))

@@ -1,5 +1,6 @@
-"""What the command groups share: the options every pipeline command takes, the config they load, the console
-they print to."""
+"""What the command groups share: the options every pipeline command takes, the config they load,
+the console they print to."""
+
 from __future__ import annotations
 
 import argparse
@@ -88,15 +89,19 @@ def config_file(args) -> Path:
 
 
 def explicit_config(args) -> str | None:
-    """A --config file other than the project's, as deployments and flows receive it (None for the default)."""
+    """A --config file other than the project's, as deployments and flows receive it (None for the
+    default)."""
     return str(args.config.resolve()) if args.config else None
 
 
 def request_of(args):
-    """What the command line asks to build (flows/plan/request.py): made once, parsed once, handed to the flow whole."""
+    """What the command line asks to build (flows/plan/request.py): made once, parsed once, handed
+    to the flow whole."""
     from flows.plan.request import RunRequest
 
-    overrides = list(args.overrides) + (["source.allow_unverified=true"] if args.allow_unverified else [])
+    overrides = list(args.overrides) + (
+        ["source.allow_unverified=true"] if args.allow_unverified else []
+    )
     return RunRequest.of(pipeline_name(args), overrides, source_of(args), explicit_config(args))
 
 
@@ -139,7 +144,8 @@ def store_of(args):
 
 
 def console():
-    """A rich console; piped or logged (a cron job's file), one wide enough that no table cell is cut or wrapped."""
+    """A rich console; piped or logged (a cron job's file), one wide enough that no table cell is
+    cut or wrapped."""
     from rich.console import Console
 
     console = Console()
@@ -147,8 +153,8 @@ def console():
 
 
 def number(value: float) -> str:
-    """A metric as people read it: whole numbers with thousands separators, scores (below 1) to 4 decimals as every
-    table shows them (0.8880, not 0.888), others to 4 significant digits."""
+    """A metric as people read it: whole numbers with thousands separators, scores (below 1) to 4
+    decimals as every table shows them (0.8880, not 0.888), others to 4 significant digits."""
     if float(value).is_integer():
         return f"{int(value):,}"
     return f"{value:.4f}" if abs(value) < 1 else f"{value:.4g}"
@@ -162,7 +168,8 @@ def cell(value) -> str:
 
 
 def print_frame(df, title: str, no_wrap: tuple[str, ...] = (), width: int | None = None) -> None:
-    """`df` as a table; `width`: drawn in that many columns (the caller chose columns that fit), even into a pipe."""
+    """`df` as a table; `width`: drawn in that many columns (the caller chose columns that fit),
+    even into a pipe."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -171,29 +178,58 @@ def print_frame(df, title: str, no_wrap: tuple[str, ...] = (), width: int | None
 
     table = Table(title=escape(printable(title)))
     for col in df.columns:
-        table.add_column(escape(printable(col)), justify="right" if df[col].dtype.kind in "if" else "left",
-                         no_wrap=col in no_wrap, overflow="fold")
-    for row in df.itertuples(index=False):  # values as text, never as markup: `train.models=[tfidf_lr]` keeps its list
-        table.add_row(*[escape(printable(cell(v))) for v in row])  # a corpus's escape codes, shown, not obeyed
+        table.add_column(
+            escape(printable(col)),
+            justify="right" if df[col].dtype.kind in "if" else "left",
+            no_wrap=col in no_wrap,
+            overflow="fold",
+        )
+    # values as text, never as markup: `train.models=[tfidf_lr]` keeps its list
+    for row in df.itertuples(index=False):
+        # a corpus's escape codes, shown, not obeyed
+        table.add_row(*[escape(printable(cell(v))) for v in row])
     (console() if width is None else Console(width=width)).print(table)
 
 
 def pipeline_args(p: argparse.ArgumentParser) -> None:
-    """The options of a command on one pipeline: which, from which file, with which changes, on which corpus."""
-    p.add_argument("pipeline", nargs="?", help="pipeline name (default: the first in pipelines.yaml)")
-    p.add_argument("--config", type=Path, help="pipelines file (default: the project's pipelines.yaml)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="STAGE.PARAM=VALUE",
-                   help="override one parameter for this run (repeatable)")
+    """The options of a command on one pipeline: which, from which file, with which changes, on
+    which corpus."""
+    p.add_argument(
+        "pipeline", nargs="?", help="pipeline name (default: the first in pipelines.yaml)"
+    )
+    p.add_argument(
+        "--config", type=Path, help="pipelines file (default: the project's pipelines.yaml)"
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="STAGE.PARAM=VALUE",
+        help="override one parameter for this run (repeatable)",
+    )
     p.add_argument("--source", help="run on another corpus: a path or URL")
-    p.add_argument("--text-column", help="with --source: the text column (default: the pipeline's source.text_column)")
-    p.add_argument("--label-column", help="with --source: the label column (default: the pipeline's "
-                   "source.label_column)")
-    p.add_argument("--allow-unverified", action="store_true",
-                   help="fetch an http(s) source without a sha256, keyed by the "
-                   "server's ETag/Last-Modified/size (re-checked on every run)")
+    p.add_argument(
+        "--text-column",
+        help="with --source: the text column (default: the pipeline's source.text_column)",
+    )
+    p.add_argument(
+        "--label-column",
+        help="with --source: the label column (default: the pipeline's source.label_column)",
+    )
+    p.add_argument(
+        "--allow-unverified",
+        action="store_true",
+        help="fetch an http(s) source without a sha256, keyed by the "
+        "server's ETag/Last-Modified/size (re-checked on every run)",
+    )
 
 
 def storage_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--storage", metavar="URL", help="stage store root: a folder or an fsspec URL such as "
-                   "s3://bucket/zhpipe (default: ZHPIPE_STORAGE, else the pipeline's `storage`, else "
-                   "the project's data/)")
+    p.add_argument(
+        "--storage",
+        metavar="URL",
+        help="stage store root: a folder or an fsspec URL such as "
+        "s3://bucket/zhpipe (default: ZHPIPE_STORAGE, else the pipeline's `storage`, else "
+        "the project's data/)",
+    )

@@ -1,7 +1,9 @@
-"""`zhpipe doctor`: each service a run will use, checked the way the run uses it, one line each: the config, the disk,
-the tracking store (MLflow: a SQLite file, or a server on a database), the Prefect server, the stage store (a folder or
-an object store) and its lock, the alert target. A failing line names what to fix; the exit status is 1 when one
-fails. `preflight` is the part a run does itself before it builds anything."""
+"""`zhpipe doctor`: each service a run will use, checked the way the run uses it, one line each: the
+config, the disk, the tracking store (MLflow: a SQLite file, or a server on a database), the Prefect
+server, the stage store (a folder or an object store) and its lock, the alert target. A failing line
+names what to fix; the exit status is 1 when one fails. `preflight` is the part a run does itself
+before it builds anything."""
+
 from __future__ import annotations
 
 import os
@@ -58,21 +60,34 @@ def _require(url: str, shown: str) -> None:
 
 
 def _mlflow_version(base: str) -> str:
-    """The server's MLflow version ('' from a server without /version), asked with this machine's credentials (MLflow's
-    basic-auth app guards /version too); credentials it refuses are one line naming the variables to fix."""
+    """The server's MLflow version ('' from a server without /version), asked with this machine's
+    credentials (MLflow's basic-auth app guards /version too); credentials it refuses are one line
+    naming the variables to fix."""
     import httpx
 
     from tasks.util.urls import redact
 
-    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    user, password = (
+        os.environ.get("MLFLOW_TRACKING_USERNAME"),
+        os.environ.get("MLFLOW_TRACKING_PASSWORD"),
+    )
     try:
-        answer = httpx.get(f"{base}/version", timeout=5, auth=(user, password or "") if user else None)
+        answer = httpx.get(
+            f"{base}/version", timeout=5, auth=(user, password or "") if user else None
+        )
     except httpx.HTTPError:
         return ""
     if answer.status_code in (401, 403):
-        given = f"as user {user!r}" if user else "without credentials (MLFLOW_TRACKING_USERNAME is not set)"
-        raise ZhpipeError(f"{redact(base)} refused this machine {given} (HTTP {answer.status_code}); set "
-                          f"MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD to your user on the tracking server")
+        given = (
+            f"as user {user!r}"
+            if user
+            else "without credentials (MLFLOW_TRACKING_USERNAME is not set)"
+        )
+        raise ZhpipeError(
+            f"{redact(base)} refused this machine {given} (HTTP {answer.status_code}); set "
+            "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD to your user on the tracking "
+            "server"
+        )
     text = answer.text.strip()
     return text if answer.status_code == 200 and len(text) < 40 else ""
 
@@ -89,25 +104,34 @@ def _tracking(args) -> str:
         path = Path(uri.removeprefix("sqlite:///"))
         check_sqlite(path)
         client().search_experiments(max_results=1)
-        return f"{uri}: readable, mode {path.stat().st_mode & 0o777:o} (mlflow {mlflow.__version__})"
+        return (
+            f"{uri}: readable, mode {path.stat().st_mode & 0o777:o} (mlflow {mlflow.__version__})"
+        )
     if base is None:
         client().search_experiments(max_results=1)
         return f"{redact(uri)}: readable"
     _require(f"{base}/health", f"{redact(base)}/health")
     version = _mlflow_version(base)
     if version and version.split(".")[0] != mlflow.__version__.split(".")[0]:
-        raise ZhpipeError(f"{redact(base)} runs mlflow {version}, this machine {mlflow.__version__}: install "
-                          f"the same major version")
+        raise ZhpipeError(
+            f"{redact(base)} runs mlflow {version}, this machine {mlflow.__version__}: install "
+            f"the same major version"
+        )
     c = client()
     try:
-        experiment = c.get_experiment_by_name("zhpipe-doctor") or c.get_experiment(c.create_experiment("zhpipe-doctor"))
+        experiment = c.get_experiment_by_name("zhpipe-doctor") or c.get_experiment(
+            c.create_experiment("zhpipe-doctor")
+        )
         run = c.create_run(experiment.experiment_id, run_name="zhpipe doctor")
-        c.log_text(run.info.run_id, "ok", "doctor.txt")  # an artifact too: through the server's proxy, or to the bucket
+        # an artifact too: through the server's proxy, or to the bucket
+        c.log_text(run.info.run_id, "ok", "doctor.txt")
         c.delete_run(run.info.run_id)
     except Exception as e:  # noqa: BLE001 - MLflow raises its own exceptions and the HTTP client's
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        raise ZhpipeError(f"{redact(base)}: cannot write a run and an artifact ({first}); check "
-                          f"MLFLOW_TRACKING_USERNAME/PASSWORD and the server's --artifacts-destination") from None
+        raise ZhpipeError(
+            f"{redact(base)}: cannot write a run and an artifact ({first}); check "
+            f"MLFLOW_TRACKING_USERNAME/PASSWORD and the server's --artifacts-destination"
+        ) from None
     return f"{redact(base)}: mlflow {version or '?'}, a run and an artifact written and deleted"
 
 
@@ -122,33 +146,48 @@ def _prefect(args) -> str:
         if own and (why := corrupt_prefect_database(home)):
             raise ZhpipeError(why)
     if not url:
-        return "no server configured or running: the first `zhpipe run` starts the project's own (about 20 s)"
+        return (
+            "no server configured or running: the first `zhpipe run` starts the project's own "
+            "(about 20 s)"
+        )
     import prefect
     from prefect.client.orchestration import get_client
 
     base = url.rstrip("/").removesuffix("/api")
     _require(f"{url.rstrip('/')}/health", f"{base}/api/health")
-    open_to_all = _unanswered(f"{url.rstrip('/')}/admin/version") is None  # answered without credentials
+    # answered without credentials
+    open_to_all = _unanswered(f"{url.rstrip('/')}/admin/version") is None
     with get_client(sync_client=True) as c:
         try:
             version = c.api_version()
         except Exception as e:  # noqa: BLE001 - httpx's errors, Prefect's
-            raise ZhpipeError(f"{base}: refused this machine's requests ({type(e).__name__}: {str(e)[:120]}); "
-                              "set PREFECT_API_AUTH_STRING to the server's server.api.auth_string") from None
+            raise ZhpipeError(
+                f"{base}: refused this machine's requests ({type(e).__name__}: {str(e)[:120]}); "
+                "set PREFECT_API_AUTH_STRING to the server's server.api.auth_string"
+            ) from None
     if version.split(".")[0] != prefect.__version__.split(".")[0]:
-        raise ZhpipeError(f"{base} runs Prefect {version}, this machine {prefect.__version__}: install "
-                          f"the same major version")
+        raise ZhpipeError(
+            f"{base} runs Prefect {version}, this machine {prefect.__version__}: install "
+            f"the same major version"
+        )
     from urllib.parse import urlsplit
 
     from flows.track.tracker import tracking_server
 
-    team = tracking_server() is not None  # a team's set-up: others reach this server, or share the machine it runs on
+    # a team's set-up: others reach this server, or share the machine it runs on
+    team = tracking_server() is not None
     if open_to_all and (team or urlsplit(base).hostname not in ("127.0.0.1", "localhost", "::1")):
-        raise ZhpipeError(f"{base} answers anyone without credentials: anyone who reaches it can start runs with your "
-                          "workers; start it with PREFECT_SERVER_API_AUTH_STRING and give clients "
-                          "PREFECT_API_AUTH_STRING")
-    return (f"{base}: Prefect {version}" + ("; it answers without credentials (loopback only)" if open_to_all
-                                            else ", asks for credentials"))
+        raise ZhpipeError(
+            f"{base} answers anyone without credentials: anyone who reaches it can start runs with "
+            "your "
+            "workers; start it with PREFECT_SERVER_API_AUTH_STRING and give clients "
+            "PREFECT_API_AUTH_STRING"
+        )
+    return f"{base}: Prefect {version}" + (
+        "; it answers without credentials (loopback only)"
+        if open_to_all
+        else ", asks for credentials"
+    )
 
 
 def _store(args) -> str:
@@ -156,7 +195,9 @@ def _store(args) -> str:
     from flows.plan.config import load_pipeline
     from flows.plan.store import StageStore, storage_root
 
-    store = StageStore(storage_root(load_pipeline(pipeline_name(args)), getattr(args, "storage", None)))
+    store = StageStore(
+        storage_root(load_pipeline(pipeline_name(args)), getattr(args, "storage", None))
+    )
     name = f"_doctor-{secrets.token_hex(4)}"
     try:
         if store.fs is not None:
@@ -172,30 +213,47 @@ def _store(args) -> str:
             finally:  # a full disk leaves no probe behind
                 probe.unlink(missing_ok=True)
     except Exception as e:  # noqa: BLE001 - fsspec backends raise their own errors
-        raise ZhpipeError(f"{store.url}: cannot write, read and delete a file there ({type(e).__name__}: "
-                          f"{str(e)[:160]}); check the bucket or folder and its credentials") from None
+        raise ZhpipeError(
+            f"{store.url}: cannot write, read and delete a file there ({type(e).__name__}: "
+            f"{str(e)[:160]}); check the bucket or folder and its credentials"
+        ) from None
     t0 = time.perf_counter()
     # the key lock a build takes, on a key no output has, in the store's shared folder
     with store.lock("_cache", "0" * 16):
         pass
     (store.root / "_cache" / f".lock-{'0' * 16}").unlink(missing_ok=True)
-    shared = (" (the lock across machines is a Prefect concurrency limit: the Prefect line above)"
-              if store.fs is not None else "")
-    return f"{store.url}: writable, its lock works ({(time.perf_counter() - t0) * 1000:.0f} ms){shared}"
+    shared = (
+        " (the lock across machines is a Prefect concurrency limit: the Prefect line above)"
+        if store.fs is not None
+        else ""
+    )
+    return (
+        f"{store.url}: writable, its lock works ({(time.perf_counter() - t0) * 1000:.0f} "
+        f"ms){shared}"
+    )
 
 
-SERVICES: dict[str, Callable] = {"config": _config, "disk": _disk, "tracking": _tracking, "prefect": _prefect,
-                                 "store": _store}
+SERVICES: dict[str, Callable] = {
+    "config": _config,
+    "disk": _disk,
+    "tracking": _tracking,
+    "prefect": _prefect,
+    "store": _store,
+}
 
 
-WRITES = {"tracking", "store"}  # checks that write: not tried on a full disk (MLflow retries a full disk for 100 s)
+# checks that write: not tried on a full disk (MLflow retries a full disk for 100 s)
+WRITES = {"tracking", "store"}
 
 
 def cmd_doctor(args) -> int:
     failed, full = 0, False
     for name, check in SERVICES.items():
         if name in WRITES and full:
-            print(f"skip  {name:9s} not checked: too little free disk space (the disk line above)", flush=True)
+            print(
+                f"skip  {name:9s} not checked: too little free disk space (the disk line above)",
+                flush=True,
+            )
             continue
         try:
             line = check(args)
@@ -211,23 +269,30 @@ def cmd_doctor(args) -> int:
 
 
 def preflight() -> None:
-    """What a run checks before it builds anything: a tracking server that does not answer is one line, not a run that
-    fails after its data stages."""
+    """What a run checks before it builds anything: a tracking server that does not answer is one
+    line, not a run that fails after its data stages."""
     from flows.track.tracker import tracking_server
     from tasks.util.urls import redact
 
     base = tracking_server()
     why = _unanswered(f"{base}/health") if base else None
     if why:
-        raise ZhpipeError(f"the tracking server {redact(base)} does not answer {why}; nothing was built (`zhpipe "
-                          f"doctor` checks every service)")
+        raise ZhpipeError(
+            f"the tracking server {redact(base)} does not answer {why}; nothing was built (`zhpipe "
+            f"doctor` checks every service)"
+        )
 
 
 def add_parsers(sub) -> None:
     from flows.cli.common import storage_arg
 
-    doctor = sub.add_parser("doctor", help="check every service a run uses (config, disk, tracking, Prefect, "
-                            "store), one line each")
+    doctor = sub.add_parser(
+        "doctor",
+        help="check every service a run uses (config, disk, tracking, Prefect, "
+        "store), one line each",
+    )
     storage_arg(doctor)
-    doctor.add_argument("--config", type=Path, help="pipelines file (default: the project's pipelines.yaml)")
+    doctor.add_argument(
+        "--config", type=Path, help="pipelines file (default: the project's pipelines.yaml)"
+    )
     doctor.set_defaults(handler=cmd_doctor, pipeline=None, needs=Needs(server="use"))

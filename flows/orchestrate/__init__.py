@@ -1,2 +1,2 @@
-"""The orchestration room: the Prefect flow, stage execution, deployments, workers, Dask, the background server
-and the warm process."""
+"""The orchestration room: the Prefect flow, stage execution, deployments, workers, Dask, the
+background server and the warm process."""

@@ -1,5 +1,6 @@
-"""Stage execution: build or reuse each unit of a run (its keys planned by flows/plan/keys.py) and track it in
-MLflow."""
+"""Stage execution: build or reuse each unit of a run (its keys planned by flows/plan/keys.py) and
+track it in MLflow."""
+
 from __future__ import annotations
 
 import contextlib
@@ -48,7 +49,8 @@ class StoreServices:
         return self.store.cache_file(name)
 
     def expect(self, source):
-        """An unverified http(s) source is re-checked against the validators its key was planned with."""
+        """An unverified http(s) source is re-checked against the validators its key was planned
+        with."""
         self.origin = self.origin or origin_of(self.config)
         return self.origin.expect(source)
 
@@ -59,7 +61,8 @@ class StoreServices:
         return download(uri, self.store.cache_file("registered"), self.store)
 
     def model(self, name: str):
-        """The spec of a model of any kind (a registered translator's, read by another kind's stage)."""
+        """The spec of a model of any kind (a registered translator's, read by another kind's
+        stage)."""
         from tasks.stages import model
 
         return model(name)
@@ -67,9 +70,9 @@ class StoreServices:
 
 @dataclass
 class RunContext:
-    """One pipeline run, the short loop around the stage cache: for each unit, look its key up in the cache and
-    restore it, or build it and save it; the hooks around each unit are its MLflow tracking (`tracking`), the data
-    checks (`gate`) and the run's hold on its keys (`lease`)."""
+    """One pipeline run, the short loop around the stage cache: for each unit, look its key up in
+    the cache and restore it, or build it and save it; the hooks around each unit are its MLflow
+    tracking (`tracking`), the data checks (`gate`) and the run's hold on its keys (`lease`)."""
 
     config: PipelineConfig
     cache: StageCache
@@ -80,12 +83,18 @@ class RunContext:
     # chunked work: None = local processes, "local" = a local Dask cluster, else its address
     executor: str | None = None
     causes: dict[str, dict[str, Any]] = field(default_factory=dict)  # per unit, what its key hashed
-    origin: Origin | None = None  # the source as the keys were planned (the download re-checks against it)
-    title: str = ""  # the parent run's name (pipeline, changed settings, time): its model runs are named after it
-    gate: Gate | None = None  # the data checks (flows/orchestrate/gate.py), judged on the checked stage's output
-    lease: Lease | None = None  # the run's hold on its keys in the store (flows/plan/leases.py): gc leaves them
-    request: RunRequest | None = None  # what the run was asked to build (a tuning trial's runs have none)
-    tracking: Callable[..., UnitTracking] = UnitTracking  # the hooks around each unit (its MLflow run)
+    # the source as the keys were planned (the download re-checks against it)
+    origin: Origin | None = None
+    # the parent run's name (pipeline, changed settings, time): its model runs are named after it
+    title: str = ""
+    # the data checks (flows/orchestrate/gate.py), judged on the checked stage's output
+    gate: Gate | None = None
+    # the run's hold on its keys in the store (flows/plan/leases.py): gc leaves them
+    lease: Lease | None = None
+    # what the run was asked to build (a tuning trial's runs have none)
+    request: RunRequest | None = None
+    # the hooks around each unit (its MLflow run)
+    tracking: Callable[..., UnitTracking] = UnitTracking
     _partitions: list | None = None  # the source's partitions as planned: listed once per plan
 
     @property
@@ -97,14 +106,17 @@ class RunContext:
         return self.cache.reuse(unit, self.keys[unit])
 
     def reuse_all(self, stages: list[str]) -> dict[str, StageResult] | None:
-        """The selected stages with their units (models, partitions), all read from the cache, when each is there
-        and sound and nothing is forced: a run with nothing to build (nothing is tracked per stage). Else None."""
-        wanted = set(stages) | self.config.kind.units_read(stages)  # registering reads the trained models
+        """The selected stages with their units (models, partitions), all read from the cache, when
+        each is there and sound and nothing is forced: a run with nothing to build (nothing is
+        tracked per stage). Else None."""
+        # registering reads the trained models
+        wanted = set(stages) | self.config.kind.units_read(stages)
         units = [u for u in self.keys if u.stage in wanted]
         if self.force or not all(self.cache.published(u, self.keys[u]) for u in units):
             return None
         checked = [self.keys[u] for u in units if self.config.kind.stages[u.stage].checked]
-        if checked and self.config.checks.custom:  # a check of the team's changed since: judged in a real run
+        # a check of the team's changed since: judged in a real run
+        if checked and self.config.checks.custom:
             from flows.orchestrate.gate import unjudged
 
             if unjudged(self.config, checked):
@@ -125,21 +137,31 @@ class RunContext:
         """The unit's output to reuse: the cache's, unless --force covers the unit."""
         return None if self.forced(unit) else self.cache.lookup(unit, self.keys[unit])
 
-    def run(self, unit: Unit | str, inputs: dict[str, StageResult], build: Callable[[BuildContext], BuildOutput],
-            tracker: Tracker | None = None, run_name: str | None = None,
-            tags: dict[str, str] | None = None) -> StageResult:
-        """One unit: restored from the cache when its key is there (and sound), else built and saved; the tracking
-        hooks around it either way. `unit` is a stage or a model unit (`train.textcnn`); by default each gets an
-        MLflow run of its own under the parent, and `tracker` logs into an existing run instead (left open). The
-        key's lock is held throughout, so a concurrent run of the same key waits, then reuses."""
+    def run(
+        self,
+        unit: Unit | str,
+        inputs: dict[str, StageResult],
+        build: Callable[[BuildContext], BuildOutput],
+        tracker: Tracker | None = None,
+        run_name: str | None = None,
+        tags: dict[str, str] | None = None,
+    ) -> StageResult:
+        """One unit: restored from the cache when its key is there (and sound), else built and
+        saved; the tracking hooks around it either way. `unit` is a stage or a model unit
+        (`train.textcnn`); by default each gets an MLflow run of its own under the parent, and
+        `tracker` logs into an existing run instead (left open). The key's lock is held throughout,
+        so a concurrent run of the same key waits, then reuses."""
         unit = Unit.parse(unit)
         key = self.keys[unit]
         t0 = time.perf_counter()
         with self.store.lock(unit, key, shared=global_slot):
             manifest = self.cached(unit)
             hit = manifest is not None
-            hooks = self.tracking(self.experiment, self.parent_run_id, unit, key, manifest, tracker, run_name, tags)
-            params = partial(unit_params, self.config, unit)  # asked for by the unit's own run alone
+            hooks = self.tracking(
+                self.experiment, self.parent_run_id, unit, key, manifest, tracker, run_name, tags
+            )
+            # asked for by the unit's own run alone
+            params = partial(unit_params, self.config, unit)
             try:
                 if hit:
                     log.info("%s: cached (%s)", unit, key)
@@ -153,10 +175,14 @@ class RunContext:
         result.run_id = hooks.run_id
         return result
 
-    def run_partition(self, unit: Unit, inputs: dict[str, StageResult],
-                      build: Callable[[BuildContext], BuildOutput]) -> StageResult:
-        """A partition unit: restored when cached (no MLflow run: a night reuses most of them), else built and
-        tracked in a run of its own under the parent."""
+    def run_partition(
+        self,
+        unit: Unit,
+        inputs: dict[str, StageResult],
+        build: Callable[[BuildContext], BuildOutput],
+    ) -> StageResult:
+        """A partition unit: restored when cached (no MLflow run: a night reuses most of them), else
+        built and tracked in a run of its own under the parent."""
         manifest = self.cached(unit)
         if manifest is not None:
             log.debug("%s: cached (%s)", unit, manifest.key)
@@ -187,39 +213,50 @@ class RunContext:
 
 
 def run_partitions(run: RunContext, spec, upstream: dict[str, StageResult]) -> StageResult:
-    """A partitioned stage: each partition's unit (from the same partition of each stage it needs, and for a
-    cumulative stage every earlier partition of its own), then the stage that gathers them. The data checks judge
-    each partition of the checked stage; one held out is planned away and the partitions after it built without it."""
+    """A partitioned stage: each partition's unit (from the same partition of each stage it needs,
+    and for a cumulative stage every earlier partition of its own), then the stage that gathers
+    them. The data checks judge each partition of the checked stage; one held out is planned away
+    and the partitions after it built without it."""
     from tasks.shared import partitions as gather
 
     parts: dict[str, StageResult] = {}
     i = 0
     while i < len(run.partitions):
         part = run.partitions[i]
-        inputs = {d: upstream[d].parts.get(partition_unit(d, part.name)) or run.reuse(partition_unit(d, part.name))
-                  for d in spec.needs}
+        inputs = {
+            d: upstream[d].parts.get(partition_unit(d, part.name))
+            or run.reuse(partition_unit(d, part.name))
+            for d in spec.needs
+        }
         if spec.cumulative:
             inputs |= dict(parts)
         unit = partition_unit(spec.name, part.name)
         result = run.run_partition(unit, inputs, spec.part_build or spec.build)
-        if spec.checked and run.gate is not None and run.gate.part(part.name, part.fingerprint(), result,
-                                                                   list(parts.values())):
+        if (
+            spec.checked
+            and run.gate is not None
+            and run.gate.part(part.name, part.fingerprint(), result, list(parts.values()))
+        ):
             run.replan()  # held out: the partitions after it are planned (and built) without it
             continue
         parts[unit] = result
         i += 1
     built = sum(r.cache == "miss" for r in parts.values())
-    log.info("%s: %d partitions, %d cached, %d built", spec.name, len(parts), len(parts) - built, built)
+    log.info(
+        "%s: %d partitions, %d cached, %d built", spec.name, len(parts), len(parts) - built, built
+    )
     result = run.run(spec.name, parts, spec.gather or gather.build)
     result.parts = parts
-    result.seconds = round(result.seconds + sum(r.seconds for r in parts.values()), 3)  # partitions included
+    # partitions included
+    result.seconds = round(result.seconds + sum(r.seconds for r in parts.values()), 3)
     return result
 
 
-def build_unit(run: RunContext, unit: Unit, inputs: dict[str, StageResult], build,
-               hooks: UnitTracking) -> Manifest:
-    """Build the unit into a temporary folder and save it in the cache with its manifest (a failed build leaves
-    nothing but what it can resume from)."""
+def build_unit(
+    run: RunContext, unit: Unit, inputs: dict[str, StageResult], build, hooks: UnitTracking
+) -> Manifest:
+    """Build the unit into a temporary folder and save it in the cache with its manifest (a failed
+    build leaves nothing but what it can resume from)."""
     key, part = run.keys[unit], unit.part
     log.info("%s: building (%s)", unit, key)
     tmp, scratch = run.cache.begin(unit, key, fresh=run.forced(unit))
@@ -244,14 +281,24 @@ def build_unit(run: RunContext, unit: Unit, inputs: dict[str, StageResult], buil
     )
     try:
         training = run.config.kind.training
-        with hooks.building(system_metrics=bool(unit.model) and training is not None
-                            and unit.stage == training.name):
+        with hooks.building(
+            system_metrics=bool(unit.model) and training is not None and unit.stage == training.name
+        ):
             out = build(ctx)
         manifest = Manifest(
-            stage=unit, key=key, params=unit_params(run.config, unit), inputs={n: r.key for n, r in inputs.items()},
-            rows=out.rows, seconds=round(time.perf_counter() - t0, 3), metrics=out.metrics,
-            facts=established(unit.stage, {name: r.facts for name, r in inputs.items()}, out.facts).to_json(),
-            mlflow_run_id=hooks.run_id, causes=run.causes.get(unit, {}), pipeline=run.config.name,
+            stage=unit,
+            key=key,
+            params=unit_params(run.config, unit),
+            inputs={n: r.key for n, r in inputs.items()},
+            rows=out.rows,
+            seconds=round(time.perf_counter() - t0, 3),
+            metrics=out.metrics,
+            facts=established(
+                unit.stage, {name: r.facts for name, r in inputs.items()}, out.facts
+            ).to_json(),
+            mlflow_run_id=hooks.run_id,
+            causes=run.causes.get(unit, {}),
+            pipeline=run.config.name,
         )
         final = run.cache.save(tmp, manifest)
     except BaseException as e:
@@ -269,8 +316,9 @@ def build_unit(run: RunContext, unit: Unit, inputs: dict[str, StageResult], buil
 
 def is_disk_full(error: BaseException) -> bool:
     """Whether `error` is a write that found no space (pyarrow's and others' wrappers included)."""
-    return isinstance(error, OSError) and (error.errno in (errno.ENOSPC, errno.EDQUOT)
-                                           or "No space left on device" in str(error))
+    return isinstance(error, OSError) and (
+        error.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left on device" in str(error)
+    )
 
 
 def disk_full(stage: str, error: OSError, root: Path) -> ZhpipeError:
@@ -279,6 +327,9 @@ def disk_full(stage: str, error: OSError, root: Path) -> ZhpipeError:
         free = f"{shutil.disk_usage(root).free / 2**20:.1f} MB free"
     except OSError:
         free = "free space unknown"
-    return ZhpipeError(f"{stage}: the disk is full writing {error.filename or 'to ' + str(root)} ({free} on the file "
-                       f"system of {root}); free space there, or choose another store with --storage or "
-                       f"ZHPIPE_STORAGE, and run again")
+    return ZhpipeError(
+        f"{stage}: the disk is full writing {error.filename or 'to ' + str(root)} ({free} on the "
+        "file "
+        f"system of {root}); free space there, or choose another store with --storage or "
+        f"ZHPIPE_STORAGE, and run again"
+    )

@@ -1,8 +1,10 @@
-"""The data checks in a run (tasks/shared/checks.py declares them): judged on the checked stage's output, per partition
-against the earlier kept partitions, or for a source without partitions against the last corpus that passed. A
-blocking failure holds a partition out of the corpus (the run goes on without it) or stops a run without partitions
-before training; each decision is one line naming the partition and the check, a Prefect event, and a row of the
-run's checks table (MLflow metrics and table, Prefect artifact, `zhpipe runs`, the run's report)."""
+"""The data checks in a run (tasks/shared/checks.py declares them): judged on the checked stage's
+output, per partition against the earlier kept partitions, or for a source without partitions
+against the last corpus that passed. A blocking failure holds a partition out of the corpus (the run
+goes on without it) or stops a run without partitions before training; each decision is one line
+naming the partition and the check, a Prefect event, and a row of the run's checks table (MLflow
+metrics and table, Prefect artifact, `zhpipe runs`, the run's report)."""
+
 from __future__ import annotations
 
 import logging
@@ -25,8 +27,8 @@ log = logging.getLogger("zhpipe")
 
 
 def judged_as(config, key: str) -> str:
-    """What a checked output's verdicts are recorded under: its key, and with checks of the team's own, their code
-    too (a real edit judges again; a comment does not)."""
+    """What a checked output's verdicts are recorded under: its key, and with checks of the team's
+    own, their code too (a real edit judges again; a comment does not)."""
     import hashlib
     import json
 
@@ -38,7 +40,8 @@ def judged_as(config, key: str) -> str:
 
 
 def unjudged(config, keys: list[str]) -> bool:
-    """Whether a checked output of `keys` has no verdicts recorded for the checks as they are now."""
+    """Whether a checked output of `keys` has no verdicts recorded for the checks as they are
+    now."""
     record = held.load(config.identity)["judged"]
     return any(judged_as(config, key) not in record for key in keys)
 
@@ -53,56 +56,83 @@ class Judged:
     accepted: bool = False
     fresh: bool = True  # judged in this run (False: its verdicts were read back from the record)
     rows_in: int | None = None
-    metrics: dict = field(default_factory=dict)  # the checked unit's (rows kept, dropped by reason): a held one's too
-    night: pd.DataFrame | None = field(default=None, repr=False)  # its rows and the reference's, for the report's plots
+    # the checked unit's (rows kept, dropped by reason): a held one's too
+    metrics: dict = field(default_factory=dict)
+    # its rows and the reference's, for the report's plots
+    night: pd.DataFrame | None = field(default=None, repr=False)
     reference: pd.DataFrame | None = field(default=None, repr=False)
 
 
 @dataclass
 class Gate:
-    """A run's checks: `part` judges a partition unit, `whole` the output of a source without partitions."""
+    """A run's checks: `part` judges a partition unit, `whole` the output of a source without
+    partitions."""
 
     config: object
     judged: list[Judged] = field(default_factory=list)
-    report: str = ""  # the link to the run's page in MLflow (its report.html): what an alert points to
+    # the link to the run's page in MLflow (its report.html): what an alert points to
+    report: str = ""
 
-    def _decide(self, name: str, digest: str, result, reference: checks.Sample | None, shown: str) -> Judged:
-        """Judge a checked output once per unit key (a cached one's verdicts are read back), hold it when a blocking
-        check fails and it was not accepted as it is, and report it; the record is read and written once."""
+    def _decide(
+        self, name: str, digest: str, result, reference: checks.Sample | None, shown: str
+    ) -> Judged:
+        """Judge a checked output once per unit key (a cached one's verdicts are read back), hold it
+        when a blocking check fails and it was not accepted as it is, and report it; the record is
+        read and written once."""
         night = sample_of(result)
         root = project.current().root
         judged = judged_as(self.config, result.key)
         known = held.load(self.config.identity)["judged"].get(judged)
-        verdicts = (checks.from_json(known["verdicts"]) if known is not None
-                    else checks.judge(night, reference, self.config.checks, root))
+        verdicts = (
+            checks.from_json(known["verdicts"])
+            if known is not None
+            else checks.judge(night, reference, self.config.checks, root)
+        )
         blocked = [v for v in verdicts if v.blocks]
-        # read, decided and written under the record's lock: an `accept` made meanwhile is seen here and kept
+        # read, decided and written under the record's lock: an `accept` made meanwhile is seen here
+        # and kept
         with held.changing(self.config.identity) as record:
             if known is None:
-                record["judged"][judged] = {"unit": result.stage, "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                                                "verdicts": checks.to_json(verdicts)}
+                record["judged"][judged] = {
+                    "unit": result.stage,
+                    "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                    "verdicts": checks.to_json(verdicts),
+                }
             accepted = bool(blocked) and held.accepted(record, name, digest)
-            judged = Judged(name, verdicts, held=bool(blocked) and not accepted, accepted=accepted, fresh=known is None,
-                            rows_in=night.rows_in, metrics=dict(result.metrics), night=night.frame,
-                            reference=reference.frame if reference else None)
+            judged = Judged(
+                name,
+                verdicts,
+                held=bool(blocked) and not accepted,
+                accepted=accepted,
+                fresh=known is None,
+                rows_in=night.rows_in,
+                metrics=dict(result.metrics),
+                night=night.frame,
+                reference=reference.frame if reference else None,
+            )
             if judged.held:
-                record["held"][name] = {"check": blocked[0].check, "line": blocked[0].line(shown), "digest": digest,
-                                        "at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+                record["held"][name] = {
+                    "check": blocked[0].check,
+                    "line": blocked[0].line(shown),
+                    "digest": digest,
+                    "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                }
         self.judged.append(judged)
         self._report(judged)
         return judged
 
     def part(self, name: str, digest: str, result, earlier: list) -> bool:
-        """Judge a partition's checked output against the earlier kept ones; True when a blocking check holds it out
-        (recorded, taken out of the run's partitions)."""
+        """Judge a partition's checked output against the earlier kept ones; True when a blocking
+        check holds it out (recorded, taken out of the run's partitions)."""
         judged = self._decide(name, digest, result, reference_of(earlier), name)
         if judged.held:
             hold_out(self.config, name)
         return judged.held
 
     def whole(self, result) -> None:
-        """Judge the whole cleaned corpus (a source without partitions) against the last one that passed; a blocking
-        failure stops the run before training (one error line), unless the corpus was accepted as it is."""
+        """Judge the whole cleaned corpus (a source without partitions) against the last one that
+        passed; a blocking failure stops the run before training (one error line), unless the corpus
+        was accepted as it is."""
         reference_file = _reference_file(self.config)
         reference = None
         if reference_file.is_file():
@@ -111,10 +141,16 @@ class Gate:
         judged = self._decide(held.CORPUS, result.key, result, reference, "the corpus")
         if judged.held:
             first = next(v for v in judged.verdicts if v.blocks)
-            setting = (f"checks.custom.{first.check}.blocking: false" if first.check in self.config.checks.custom
-                       else f"checks.{first.check}.severity: warn")
-            raise ZhpipeError(f"{first.line('the corpus')}; the run stops before training (accept it as it is with "
-                              f"`zhpipe accept {shlex.quote(self.config.name)} --all`, or set {setting})")
+            setting = (
+                f"checks.custom.{first.check}.blocking: false"
+                if first.check in self.config.checks.custom
+                else f"checks.{first.check}.severity: warn"
+            )
+            raise ZhpipeError(
+                f"{first.line('the corpus')}; the run stops before training (accept it as it is "
+                "with "
+                f"`zhpipe accept {shlex.quote(self.config.name)} --all`, or set {setting})"
+            )
         _save_reference(self.config, result)
 
     def _report(self, judged: Judged) -> None:
@@ -123,23 +159,43 @@ class Gate:
         for v in judged.verdicts:
             if v.passed is False:
                 # a verdict read back is news only when it holds the partition out again
-                (log.warning if judged.fresh or (v.blocks and judged.held) else log.info)("%s", v.line(judged.name))
+                (log.warning if judged.fresh or (v.blocks and judged.held) else log.info)(
+                    "%s", v.line(judged.name)
+                )
         if judged.held:
             first = next(v for v in judged.verdicts if v.blocks)
-            log.warning("%s held out of the corpus by check %s (its rows stay in the store; put it back with "
-                        "`zhpipe accept %s %s`)", judged.name, first.check, shlex.quote(self.config.name),
-                        shlex.quote(judged.name))
+            log.warning(
+                "%s held out of the corpus by check %s (its rows stay in the store; put it back "
+                "with "
+                "`zhpipe accept %s %s`)",
+                judged.name,
+                first.check,
+                shlex.quote(self.config.name),
+                shlex.quote(judged.name),
+            )
         if judged.fresh and any(v.passed is False for v in judged.verdicts):
             failed = [v for v in judged.verdicts if v.passed is False]
             lines = "; ".join(v.line(judged.name) for v in failed)
             # two lines: what happened, then what to do (and where the night's report is)
             see = f"; the night's report: {self.report}" if self.report else ""
-            message = (f"{self.config.identity}: {judged.name} held out of the corpus ({lines})\nlook at the file; if "
-                       f"it is right, put it back with `zhpipe accept {shlex.quote(self.config.name)} "
-                       f"{shlex.quote(judged.name)}`{see}"
-                       if judged.held else f"{self.config.identity}: {lines}\nthe partition joined the corpus{see}")
-            emit("zhpipe.partition.held" if judged.held else "zhpipe.check.failed", self.config,
-                 {"partition": judged.name, "failed": checks.to_json(failed), "held": judged.held, "message": message})
+            message = (
+                f"{self.config.identity}: {judged.name} held out of the corpus ({lines})\nlook at "
+                "the file; if "
+                f"it is right, put it back with `zhpipe accept {shlex.quote(self.config.name)} "
+                f"{shlex.quote(judged.name)}`{see}"
+                if judged.held
+                else f"{self.config.identity}: {lines}\nthe partition joined the corpus{see}"
+            )
+            emit(
+                "zhpipe.partition.held" if judged.held else "zhpipe.check.failed",
+                self.config,
+                {
+                    "partition": judged.name,
+                    "failed": checks.to_json(failed),
+                    "held": judged.held,
+                    "message": message,
+                },
+            )
 
     @property
     def fresh(self) -> list[Judged]:
@@ -149,16 +205,34 @@ class Gate:
     def summary(self) -> str:
         """`2 held, 1 warned, 40 passed` over the partitions judged in this run."""
         held_n = sum(j.held for j in self.fresh)
-        warned = sum(1 for j in self.fresh for v in j.verdicts if v.passed is False and not v.blocks)
+        warned = sum(
+            1 for j in self.fresh for v in j.verdicts if v.passed is False and not v.blocks
+        )
         passed = sum(1 for j in self.fresh for v in j.verdicts if v.passed)
         return f"{held_n} held, {warned} warned, {passed} passed"
 
     def rows(self) -> list[dict]:
         """The checks table: a row per partition judged in this run and check."""
-        return [{"partition": j.name, "check": v.check, "severity": v.severity, "figure": v.figure,
-                 "threshold": v.threshold, "result": {True: "passed", None: "not judged", False: "failed"}[v.passed]
-                 + (" (held out)" if j.held and v.blocks else " (accepted)" if j.accepted and v.blocks else ""),
-                 "note": v.note} for j in self.fresh for v in j.verdicts]
+        return [
+            {
+                "partition": j.name,
+                "check": v.check,
+                "severity": v.severity,
+                "figure": v.figure,
+                "threshold": v.threshold,
+                "result": {True: "passed", None: "not judged", False: "failed"}[v.passed]
+                + (
+                    " (held out)"
+                    if j.held and v.blocks
+                    else " (accepted)"
+                    if j.accepted and v.blocks
+                    else ""
+                ),
+                "note": v.note,
+            }
+            for j in self.fresh
+            for v in j.verdicts
+        ]
 
 
 COLUMNS = ["text", "label"]
@@ -174,12 +248,15 @@ def sample_of(result) -> checks.Sample:
     frame = _frame(result.path / "data.parquet")
     kept = result.rows if result.rows is not None else len(frame)
     rows_in = result.metrics.get("rows_in")
-    rows_in = int(rows_in) if rows_in is not None else kept + int(result.metrics.get("rows_dropped", 0))
+    rows_in = (
+        int(rows_in) if rows_in is not None else kept + int(result.metrics.get("rows_dropped", 0))
+    )
     return checks.Sample(frame, rows_in, kept)
 
 
 def reference_of(earlier: list) -> checks.Sample | None:
-    """The earlier kept partitions as the reference: their most recent rows, up to `checks.REFERENCE_ROWS`."""
+    """The earlier kept partitions as the reference: their most recent rows, up to
+    `checks.REFERENCE_ROWS`."""
     if not earlier:
         return None
     frames, rows = [], 0
@@ -191,7 +268,9 @@ def reference_of(earlier: list) -> checks.Sample | None:
         rows += len(frame)
     frame = pd.concat(frames, ignore_index=True)
     recent = tuple(int(r.rows or 0) for r in earlier)
-    return checks.Sample(frame, len(frame), len(frame), recent, tuple(_quarantined(r) for r in earlier))
+    return checks.Sample(
+        frame, len(frame), len(frame), recent, tuple(_quarantined(r) for r in earlier)
+    )
 
 
 def _quarantined(result) -> float | None:
@@ -201,12 +280,15 @@ def _quarantined(result) -> float | None:
 
 
 def _reference_file(config) -> Path:
-    """The last corpus that passed, for a source without partitions read again from the same place (a file replaced
-    in place each night): another path is another corpus, judged like a first one."""
+    """The last corpus that passed, for a source without partitions read again from the same place
+    (a file replaced in place each night): another path is another corpus, judged like a first
+    one."""
     import hashlib
 
     where = hashlib.sha256(str(config.source.path or config.source.url).encode()).hexdigest()[:12]
-    return held.record_path(config.identity).with_name(f"reference-{config.identity}-{where}.parquet")
+    return held.record_path(config.identity).with_name(
+        f"reference-{config.identity}-{where}.parquet"
+    )
 
 
 def _save_reference(config, result) -> None:

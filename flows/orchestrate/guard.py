@@ -1,18 +1,20 @@
-"""What a deployment run may change. A run started through the Prefect API or UI can set any parameter;
-only the pipeline's own file decides what is safe. A run of a deployment may change:
+"""What a deployment run may change. A run started through the Prefect API or UI can set any
+parameter; only the pipeline's own file decides what is safe. A run of a deployment may change:
 
-- `overrides` that match the pipeline's `parameters.allow_overrides` patterns (none by default), whose
-  values, parsed exactly as the config parses them, hold no path outside the project, no `~`, no URL and
-  no `*_env` key, at any depth;
+- `overrides` that match the pipeline's `parameters.allow_overrides` patterns (none by default),
+  whose values, parsed exactly as the config parses them, hold no path outside the project, no `~`,
+  no URL and no `*_env` key, at any depth;
 - `stages`, `force` and `verify`, and (for the train flow) the MLflow parent run id.
 
-Everything that chooses where data comes from or goes to (`source`, `storage`, `dask`, `config_file`,
-`project_dir`, `pipeline`) is fixed by the deployment (the train flow on a worker with ZHPIPE_PROJECT runs in that
-folder, whatever `project_dir` says). The train flow's `source_fingerprint` only names keys, which are content
-addresses: a wrong one finds no inputs in the store. What is allowed is read from the worker's own
-pipelines.yaml, never from values the Prefect server holds (a PATCHed deployment cannot widen it). Runs
-outside a deployment (the CLI, the Python API) are the user's own and are not checked.
+Everything that chooses where data comes from or goes to (`source`, `storage`, `dask`,
+`config_file`, `project_dir`, `pipeline`) is fixed by the deployment (the train flow on a worker
+with ZHPIPE_PROJECT runs in that folder, whatever `project_dir` says). The train flow's
+`source_fingerprint` only names keys, which are content addresses: a wrong one finds no inputs in
+the store. What is allowed is read from the worker's own pipelines.yaml, never from values the
+Prefect server holds (a PATCHed deployment cannot widen it). Runs outside a deployment (the CLI, the
+Python API) are the user's own and are not checked.
 """
+
 from __future__ import annotations
 
 import re
@@ -27,9 +29,9 @@ RUN_ID = re.compile(r"[0-9a-f]{32}")
 
 
 def deployment_defaults() -> dict[str, Any] | None:
-    """What the running deployment may run, from this machine's pipelines.yaml, or None outside a deployment
-    run. The server names the deployment (its name is its pipeline's) and where the project is; the
-    parameters are then computed from the file, as `zhpipe deploy` computed them."""
+    """What the running deployment may run, from this machine's pipelines.yaml, or None outside a
+    deployment run. The server names the deployment (its name is its pipeline's) and where the
+    project is; the parameters are then computed from the file, as `zhpipe deploy` computed them."""
     from uuid import UUID
 
     from prefect.client.orchestration import get_client
@@ -43,8 +45,9 @@ def deployment_defaults() -> dict[str, Any] | None:
 
 
 def expected_parameters(name: str, server: dict[str, Any]) -> dict[str, Any]:
-    """The deployment parameters `zhpipe deploy` writes for pipeline `name`, read from the project's own file:
-    the project folder (ZHPIPE_PROJECT on the worker wins over the server's `project_dir`)."""
+    """The deployment parameters `zhpipe deploy` writes for pipeline `name`, read from the project's
+    own file: the project folder (ZHPIPE_PROJECT on the worker wins over the server's
+    `project_dir`)."""
     import os
 
     from flows.plan.config import load_pipeline
@@ -52,16 +55,25 @@ def expected_parameters(name: str, server: dict[str, Any]) -> dict[str, Any]:
 
     folder = os.environ.get("ZHPIPE_PROJECT") or server.get("project_dir")
     if not folder:
-        raise ConfigError(f"deployment run refused: deployment {name!r} names no project folder (project_dir) and "
-                          "ZHPIPE_PROJECT is unset on the worker")
+        raise ConfigError(
+            f"deployment run refused: deployment {name!r} names no project folder (project_dir) "
+            "and "
+            "ZHPIPE_PROJECT is unset on the worker"
+        )
     project = Project(Path(folder))
     config_file = server.get("config_file")
     config = load_pipeline(name, config_file or project.config_file)
     p = config.parameters
-    # project_dir: the deployment's own (a worker with a checkout of its own, ZHPIPE_PROJECT, runs there whatever the
-    # deploying machine's folder was; a run may still not change it)
-    expected = {"pipeline": config.name, "overrides": p.overrides, "stages": p.stages, "force": p.force,
-                "project_dir": server.get("project_dir") or str(project.root), "allow_overrides": p.allow_overrides}
+    # project_dir: the deployment's own (a worker with a checkout of its own, ZHPIPE_PROJECT, runs
+    # there whatever the deploying machine's folder was; a run may still not change it)
+    expected = {
+        "pipeline": config.name,
+        "overrides": p.overrides,
+        "stages": p.stages,
+        "force": p.force,
+        "project_dir": server.get("project_dir") or str(project.root),
+        "allow_overrides": p.allow_overrides,
+    }
     if config_file:
         expected["config_file"] = config_file
     return expected
@@ -84,14 +96,16 @@ def check_run(params: dict[str, Any], defaults: dict[str, Any] | None = None) ->
 
 
 def _refuse(refused: list[str]) -> None:
-    raise ConfigError(f"deployment run refused: it may not set {', '.join(refused)} (a deployment runs what "
-                      f"pipelines.yaml "
-                          "declares; allow overrides with `parameters.allow_overrides` in the pipeline)")
+    raise ConfigError(
+        f"deployment run refused: it may not set {', '.join(refused)} (a deployment runs what "
+        f"pipelines.yaml "
+        "declares; allow overrides with `parameters.allow_overrides` in the pipeline)"
+    )
 
 
 def refused_overrides(params: dict[str, Any], defaults: dict[str, Any]) -> list[str]:
-    """The run's overrides beyond the deployment's own that the pipeline does not allow, or whose values
-    reach outside the project."""
+    """The run's overrides beyond the deployment's own that the pipeline does not allow, or whose
+    values reach outside the project."""
     from flows.plan.config import load_pipeline
     from flows.plan.project import Project
 
@@ -107,20 +121,23 @@ def refused_overrides(params: dict[str, Any], defaults: dict[str, Any]) -> list[
     allowed = defaults.get("allow_overrides")
     if allowed is None:
         file = defaults.get("config_file") or project.config_file
-        allowed = load_pipeline(defaults.get("pipeline") or params.get("pipeline"), file,
-                                own).parameters.allow_overrides
+        allowed = load_pipeline(
+            defaults.get("pipeline") or params.get("pipeline"), file, own
+        ).parameters.allow_overrides
     root = project.root.resolve()
     out = []
     for assignment in extra:
         dotted, _, value = str(assignment).partition("=")
-        if not any(fnmatchcase(dotted.strip(), pattern) for pattern in allowed) or _unsafe(value, root):
+        if not any(fnmatchcase(dotted.strip(), pattern) for pattern in allowed) or _unsafe(
+            value, root
+        ):
             out.append(dotted.strip() or str(assignment))
     return out
 
 
 def _unsafe(value: str, root: Path) -> bool:
-    """A value that, parsed as the config parses it, holds a URL, a path outside the project or a `*_env` key
-    anywhere in it (an unparseable value is unsafe too)."""
+    """A value that, parsed as the config parses it, holds a URL, a path outside the project or a
+    `*_env` key anywhere in it (an unparseable value is unsafe too)."""
     from flows.plan.values import parse_value, string_leaves
 
     try:

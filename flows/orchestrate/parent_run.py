@@ -1,6 +1,7 @@
-"""A pipeline run's parent run, in MLflow and Prefect: opened with its keys planned (named, tagged with its
-source, config and commit), summed up and closed at the end; a run that builds nothing records what it reused;
-the Prefect flow run named and linked to it."""
+"""A pipeline run's parent run, in MLflow and Prefect: opened with its keys planned (named, tagged
+with its source, config and commit), summed up and closed at the end; a run that builds nothing
+records what it reused; the Prefect flow run named and linked to it."""
+
 from __future__ import annotations
 
 import json
@@ -39,14 +40,23 @@ log = logging.getLogger("zhpipe")
 def git_commit() -> str:
     """The project folder's git commit, or "unknown" outside a git checkout."""
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=project.current().root, capture_output=True, text=True,
-                              timeout=5).stdout.strip() or "unknown"
+        return (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"],
+                cwd=project.current().root,
+                capture_output=True,
+                text=True,
+                timeout=5,
+            ).stdout.strip()
+            or "unknown"
+        )
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
 
 def run_name(config: PipelineConfig, changed: str = "") -> str:
-    """A parent run's name that reads well truncated: the pipeline, the changed params, the time last."""
+    """A parent run's name that reads well truncated: the pipeline, the changed params, the time
+    last."""
     return " ".join(p for p in (config.identity, changed, time.strftime("%m-%d %H:%M:%S")) if p)
 
 
@@ -56,8 +66,10 @@ def source_tags(config: PipelineConfig, origin=None) -> dict[str, str]:
 
     commit = git_commit()
     tags = {
-        "mlflow.source.name": redact_text(" ".join(["zhpipe", *sys.argv[1:]])) if sys.argv
-        and sys.argv[0].endswith(("zhpipe", "cli.py")) else f"zhpipe run {config.name}", "mlflow.source.type": "LOCAL",
+        "mlflow.source.name": redact_text(" ".join(["zhpipe", *sys.argv[1:]]))
+        if sys.argv and sys.argv[0].endswith(("zhpipe", "cli.py"))
+        else f"zhpipe run {config.name}",
+        "mlflow.source.type": "LOCAL",
         "mlflow.user": getpass.getuser(),
         "zhpipe.pipeline": config.name,
         "zhpipe.git_commit": commit,
@@ -69,42 +81,70 @@ def source_tags(config: PipelineConfig, origin=None) -> dict[str, str]:
     return tags
 
 
-def start_run(request: RunRequest, config: PipelineConfig, force: set[str], storage: str, executor: str | None = None,
-              verify: bool = False) -> RunContext:
+def start_run(
+    request: RunRequest,
+    config: PipelineConfig,
+    force: set[str],
+    storage: str,
+    executor: str | None = None,
+    verify: bool = False,
+) -> RunContext:
     """Plan keys and open the MLflow parent run of this pipeline run (`config` is the request's)."""
     origin = origin_of(config)
     store = StageStore(storage)
     training = config.kind.training
-    config, causes = planned(store, config, origin, revision, forced=training is not None and training.name in force)
+    config, causes = planned(
+        store, config, origin, revision, forced=training is not None and training.name in force
+    )
     keys = StageCache.keys(causes)
     record_source_run(config, keys)
     experiment = f"zhpipe-{config.identity}"
     closed = Tracker.close_orphans(experiment)
     if closed:
-        log.info("MLflow: %d runs left RUNNING by killed runs of this machine marked KILLED", len(closed))
+        log.info(
+            "MLflow: %d runs left RUNNING by killed runs of this machine marked KILLED", len(closed)
+        )
     title = run_name(config, request.changed())
     parent = Tracker.start(experiment, title, tags=source_tags(config, origin))
-    parent.params(config.flat_params(used_only=True))  # what a person compares; the whole config is config.json
+    # what a person compares; the whole config is config.json
+    parent.params(config.flat_params(used_only=True))
     log_config(parent, experiment, config)
     parent.tags({"zhpipe.task": config.task, "zhpipe.overrides": " ".join(request.overrides)})
-    run = RunContext(config, StageCache(store, full=verify), keys, experiment, parent.run_id, force,
-                     executor, causes, origin, title, request=request)
+    run = RunContext(
+        config,
+        StageCache(store, full=verify),
+        keys,
+        experiment,
+        parent.run_id,
+        force,
+        executor,
+        causes,
+        origin,
+        title,
+        request=request,
+    )
     run.gate = Gate(config, report=ui_url(experiment, parent.run_id))
     return run
 
 
 def log_config(parent: Tracker, experiment: str, config: PipelineConfig) -> None:
-    """The whole resolved config as `config.json`, once per config hash in an experiment: a run whose config an
-    earlier run holds points to it (tag `zhpipe.config_json`), so reruns add no artifacts."""
+    """The whole resolved config as `config.json`, once per config hash in an experiment: a run
+    whose config an earlier run holds points to it (tag `zhpipe.config_json`), so reruns add no
+    artifacts."""
     digest = config.config_hash()
-    earlier = parent.client.search_runs([experiment_id(experiment)], max_results=1,
-                                        filter_string=f"tags.`zhpipe.config_hash` = '{digest}' and "
-                                        f"tags.`zhpipe.config_json` LIKE 'runs:/%'")
+    earlier = parent.client.search_runs(
+        [experiment_id(experiment)],
+        max_results=1,
+        filter_string=f"tags.`zhpipe.config_hash` = '{digest}' and "
+        f"tags.`zhpipe.config_json` LIKE 'runs:/%'",
+    )
     held = [r for r in earlier if r.info.run_id != parent.run_id]
     if held:
         parent.tags({"zhpipe.config_json": held[0].data.tags["zhpipe.config_json"]})
         return
-    parent.text(json.dumps(config.model_dump(mode="json"), indent=2, ensure_ascii=False), "config.json")
+    parent.text(
+        json.dumps(config.model_dump(mode="json"), indent=2, ensure_ascii=False), "config.json"
+    )
     parent.tags({"zhpipe.config_json": f"runs:/{parent.run_id}/config.json"})
 
 
@@ -118,57 +158,95 @@ def finish_run(run: RunContext, results: dict[str, StageResult], ok: bool) -> No
         result = selection.facts.results[best]
         parent.metrics({f"best_{name}": result[name] for name in kind.reported})
         parent.tags({"zhpipe.best_model": best})
-    parent.metrics({"stages_hit": sum(r.cache == "hit" for r in results.values()),
-                    "stages_miss": sum(r.cache == "miss" for r in results.values())})
+    parent.metrics(
+        {
+            "stages_hit": sum(r.cache == "hit" for r in results.values()),
+            "stages_miss": sum(r.cache == "miss" for r in results.values()),
+        }
+    )
     source = results.get(kind.source.name)
-    if source is not None:  # what `zhpipe runs` shows a nightly user: rows read, and for partitions those new tonight
+    # what `zhpipe runs` shows a nightly user: rows read, and for partitions those new tonight
+    if source is not None:
         counts = {"rows_read": source.rows or 0}
         if source.parts:
-            # files (the source stage's partition units), not stage units: a file with any unit built was built
+            # files (the source stage's partition units), not stage units: a file with any unit
+            # built was built
             units = [u for r in results.values() for name, u in r.parts.items() if ":" in name]
             built = {u.stage.part for u in units if u.cache == "miss"}
-            counts |= {"partitions_hit": sum(u.stage.part not in built for u in source.parts.values()),
-                       "partitions_miss": sum(u.stage.part in built for u in source.parts.values()),
-                       "rows_new": sum(u.rows or 0 for u in source.parts.values() if u.cache == "miss")}
+            counts |= {
+                "partitions_hit": sum(u.stage.part not in built for u in source.parts.values()),
+                "partitions_miss": sum(u.stage.part in built for u in source.parts.values()),
+                "rows_new": sum(u.rows or 0 for u in source.parts.values() if u.cache == "miss"),
+            }
         parent.metrics(counts)
     splits = kind.splits(results)
-    if splits is not None:  # the Dataset column: the splits this run trained, validated and tested on
+    # the Dataset column: the splits this run trained, validated and tested on
+    if splits is not None:
         for name, context in zip(SPLIT_NAMES, ("training", "validation", "testing")):
             path = results[splits.name].path / f"{name}.parquet"
-            frame = next(iter_frames(path, DATASET_SAMPLE_ROWS,
-                                     columns=["id", "text"] + (["label"] if kind.labelled else [])))
-            parent.dataset(frame.head(DATASET_SAMPLE_ROWS), source=str(path), name=f"{run.config.name}-{name}",
-                           context=context, rows=pq.ParquetFile(path).metadata.num_rows)
+            frame = next(
+                iter_frames(
+                    path,
+                    DATASET_SAMPLE_ROWS,
+                    columns=["id", "text"] + (["label"] if kind.labelled else []),
+                )
+            )
+            parent.dataset(
+                frame.head(DATASET_SAMPLE_ROWS),
+                source=str(path),
+                name=f"{run.config.name}-{name}",
+                context=context,
+                rows=pq.ParquetFile(path).metadata.num_rows,
+            )
     parent.finish(ok)
 
 
 def record_reuse(run: RunContext, results: dict[str, StageResult]) -> bool:
-    """A run that builds nothing records no run per stage or model (there is nothing new to compare): its parent run
-    names the run that built each reused output (tags `zhpipe.reused.<unit>`, followed by `zhpipe compare`), and the
-    champion rule is applied as after any selection. False (nothing recorded) when a run that built one of them is
-    not in this tracking store."""
+    """A run that builds nothing records no run per stage or model (there is nothing new to
+    compare): its parent run names the run that built each reused output (tags
+    `zhpipe.reused.<unit>`, followed by `zhpipe compare`), and the champion rule is applied as after
+    any selection. False (nothing recorded) when a run that built one of them is not in this
+    tracking store."""
     kind = run.config.kind
     named = set(results) | kind.units_read(results)  # registering reads the trained models' runs
-    built_by = {u: run.store.manifest(u, run.keys[u]).mlflow_run_id or "" for u in run.keys
-                if not u.part and u.stage in named}
+    built_by = {
+        u: run.store.manifest(u, run.keys[u]).mlflow_run_id or ""
+        for u in run.keys
+        if not u.part and u.stage in named
+    }
     if set(built_by.values()) - Tracker.existing(set(built_by.values())):
-        return False  # built under another tracking store (this one moved aside or new): recorded the long way
+        # built under another tracking store (this one moved aside or new): recorded the long way
+        return False
     parent = Tracker(run.parent_run_id)
     runs = f"#/experiments/{experiment_id(run.experiment)}/runs"
-    parent.tags({"zhpipe.reused": "all", "mlflow.note.content": "Nothing was built: every output of this run was "
-                 "reused. The runs that built them: "
-                 + ", ".join(f"{u} [{r[:8]}]({runs}/{r})" for u, r in built_by.items() if r),
-                 **{f"zhpipe.reused.{u}": r for u, r in built_by.items()}})
+    parent.tags(
+        {
+            "zhpipe.reused": "all",
+            "mlflow.note.content": "Nothing was built: every output of this run was "
+            "reused. The runs that built them: "
+            + ", ".join(f"{u} [{r[:8]}]({runs}/{r})" for u, r in built_by.items() if r),
+            **{f"zhpipe.reused.{u}": r for u, r in built_by.items()},
+        }
+    )
     selection = results.get(kind.selection.name) if kind.selection else None
     if selection is not None:
-        model_runs = {m: built_by[model_unit(kind.training.name, m)] for m in {u.model for u in selection.parts}}
-        register(run, selection, results.get(kind.test_split().name) or run.reuse(kind.test_split().name), model_runs)
+        model_runs = {
+            m: built_by[model_unit(kind.training.name, m)]
+            for m in {u.model for u in selection.parts}
+        }
+        register(
+            run,
+            selection,
+            results.get(kind.test_split().name) or run.reuse(kind.test_split().name),
+            model_runs,
+        )
     return True
 
 
 def label_flow_run(run: RunContext) -> None:
-    """The Prefect flow run as people look for it: named like the MLflow parent run (pipeline, changed
-    settings, time), tagged with the pipeline and task kind, and linked to the MLflow run by an artifact."""
+    """The Prefect flow run as people look for it: named like the MLflow parent run (pipeline,
+    changed settings, time), tagged with the pipeline and task kind, and linked to the MLflow run by
+    an artifact."""
     from prefect.client.orchestration import get_client
     from prefect.runtime import flow_run
 
@@ -183,24 +261,43 @@ def label_flow_run(run: RunContext) -> None:
     except Exception as e:  # noqa: BLE001 - a name and tags are a convenience, never a failed run
         log.warning("could not name the Prefect flow run: %s", e)
     link = ui_url(run.experiment, run.parent_run_id)
-    create_markdown_artifact(markdown=f"MLflow parent run [{run.parent_run_id}]({link}) of experiment "
-                             f"{markdown_text(run.experiment)} (open the UI with `zhpipe ui`)",
-                             key=artifact_key(run.config.name, "mlflow-run"),
-                             description="zhpipe: where this run's metrics and models are")
+    create_markdown_artifact(
+        markdown=f"MLflow parent run [{run.parent_run_id}]({link}) of experiment "
+        f"{markdown_text(run.experiment)} (open the UI with `zhpipe ui`)",
+        key=artifact_key(run.config.name, "mlflow-run"),
+        description="zhpipe: where this run's metrics and models are",
+    )
 
 
-def run_summary(run: RunContext, stages: list[str], results: dict[str, StageResult]) -> dict[str, Any]:
-    """What the flow returns: the parent run, what needs attention, each stage and each model unit (the models the
-    training budget left untrained among them, with why)."""
+def run_summary(
+    run: RunContext, stages: list[str], results: dict[str, StageResult]
+) -> dict[str, Any]:
+    """What the flow returns: the parent run, what needs attention, each stage and each model unit
+    (the models the training budget left untrained among them, with why)."""
     kind = run.config.kind
     return {
-        "parent_run_id": run.parent_run_id, "attention": attention(run),
+        "parent_run_id": run.parent_run_id,
+        "attention": attention(run),
         "experiment": run.experiment,
-        "stages": [{k: v for k, v in asdict(results[name]).items()
-                    if k != "parts"} | {"headline": kind.stages[name].headline}
-                   for name in stages],
-        "units": [{k: v for k, v in asdict(unit).items() if k != "parts"} for name in stages
-                  for unit in results[name].parts.values()]
-        + [{"stage": f"{kind.training.name}.{model}", "cache": "not trained", "seconds": 0.0, "rows": None,
-            "metrics": {}, "why": why} for model, why in not_trained(run.config).items()],
+        "stages": [
+            {k: v for k, v in asdict(results[name]).items() if k != "parts"}
+            | {"headline": kind.stages[name].headline}
+            for name in stages
+        ],
+        "units": [
+            {k: v for k, v in asdict(unit).items() if k != "parts"}
+            for name in stages
+            for unit in results[name].parts.values()
+        ]
+        + [
+            {
+                "stage": f"{kind.training.name}.{model}",
+                "cache": "not trained",
+                "seconds": 0.0,
+                "rows": None,
+                "metrics": {},
+                "why": why,
+            }
+            for model, why in not_trained(run.config).items()
+        ],
     }

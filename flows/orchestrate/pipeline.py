@@ -1,5 +1,6 @@
-"""The pipeline flow: a pipeline's stages in the graph order of its task kind (tasks/stages.py), each a Prefect
-task that reuses its cached output or builds it."""
+"""The pipeline flow: a pipeline's stages in the graph order of its task kind (tasks/stages.py),
+each a Prefect task that reuses its cached output or builds it."""
+
 from __future__ import annotations
 
 import logging
@@ -17,7 +18,13 @@ from flows.orchestrate import night
 from flows.orchestrate.execute import RunContext, run_partitions
 from flows.orchestrate.guard import check_run
 from flows.orchestrate.model_stages import run_model_stage
-from flows.orchestrate.parent_run import finish_run, label_flow_run, record_reuse, run_summary, start_run
+from flows.orchestrate.parent_run import (
+    finish_run,
+    label_flow_run,
+    record_reuse,
+    run_summary,
+    start_run,
+)
 from flows.orchestrate.workers import gpu_slot, train_deployment
 from flows.plan import leases, project
 from flows.plan.cache import StageCache, StageResult
@@ -34,14 +41,21 @@ from tasks.stages import KINDS, STAGE_NAMES
 log = logging.getLogger("zhpipe")
 
 
-def select_stages(start: str | None = None, stop: str | None = None, only: str | None = None,
-                  order: tuple[str, ...] = STAGE_NAMES) -> list[str]:
-    """Stages to run for --from/--to/--only, in `order` (a task kind's graph order); a stage the kind does not
-    have is one clear error."""
+def select_stages(
+    start: str | None = None,
+    stop: str | None = None,
+    only: str | None = None,
+    order: tuple[str, ...] = STAGE_NAMES,
+) -> list[str]:
+    """Stages to run for --from/--to/--only, in `order` (a task kind's graph order); a stage the
+    kind does not have is one clear error."""
     names = list(order)
     for given in (start, stop, only):
         if given is not None and given not in names:
-            raise ZhpipeError(f"stage {given!r} is not a stage of this pipeline's task (stages: {', '.join(names)})")
+            raise ZhpipeError(
+                f"stage {given!r} is not a stage of this pipeline's task (stages: "
+                f"{', '.join(names)})"
+            )
     if only:
         return [only]
     lo = names.index(start) if start else 0
@@ -50,8 +64,8 @@ def select_stages(start: str | None = None, stop: str | None = None, only: str |
 
 
 def forced_stages(force: list[str] | None, order: tuple[str, ...] = STAGE_NAMES) -> set[str]:
-    """--force STAGE rebuilds that stage and every stage after it (in `order`, the kind's graph order); a bare
-    --force rebuilds all."""
+    """--force STAGE rebuilds that stage and every stage after it (in `order`, the kind's graph
+    order); a bare --force rebuilds all."""
     if force is None:
         return set()
     names = list(order)
@@ -62,8 +76,8 @@ def forced_stages(force: list[str] | None, order: tuple[str, ...] = STAGE_NAMES)
 
 
 def chunk_executor(config: PipelineConfig, explicit: str | None = None) -> str | None:
-    """Where chunked stages run: None = this machine's processes, "local" = a local Dask cluster, else a
-    Dask scheduler address. --dask beats the pipeline's `executor`/`dask_address`."""
+    """Where chunked stages run: None = this machine's processes, "local" = a local Dask cluster,
+    else a Dask scheduler address. --dask beats the pipeline's `executor`/`dask_address`."""
     if explicit:
         return explicit
     if config.executor == "dask":
@@ -72,9 +86,9 @@ def chunk_executor(config: PipelineConfig, explicit: str | None = None) -> str |
 
 
 def _stage_task(stage: str, **options):
-    """The Prefect task of one stage: reuse its output when cached, else build it with its module's `build`
-    (the pipeline's task kind says which module); a partitioned stage a unit per partition, a per-model stage a
-    unit per model; tracked in MLflow either way."""
+    """The Prefect task of one stage: reuse its output when cached, else build it with its module's
+    `build` (the pipeline's task kind says which module); a partitioned stage a unit per partition,
+    a per-model stage a unit per model; tracked in MLflow either way."""
 
     def run_stage(run: RunContext, *inputs: StageResult) -> StageResult:
         spec = run.config.kind.stages[stage]
@@ -89,7 +103,9 @@ def _stage_task(stage: str, **options):
             run.gate.whole(result)
         return result
 
-    run_stage.__doc__ = next((k.stages[stage].help for k in KINDS.values() if stage in k.stages), f"stage {stage}")
+    run_stage.__doc__ = next(
+        (k.stages[stage].help for k in KINDS.values() if stage in k.stages), f"stage {stage}"
+    )
     return task(name=stage, cache_policy=NO_CACHE, **options)(run_stage)
 
 
@@ -138,31 +154,50 @@ def pipeline_flow(
     verify: bool = False,
     parsed: Any = None,
 ) -> dict[str, Any]:
-    """Run the selected stages of one pipeline; earlier stages they need are read from the stage store.
+    """Run the selected stages of one pipeline; earlier stages they need are read from the stage
+    store.
 
-    Every parameter is a plain value (what Prefect records and a deployment passes): `pipeline` is a name in
-    `config_file` (default: the project's `pipelines.yaml`), `overrides` its `--set` lines (secrets redacted: a
-    concealed URL is revealed in this process), `source` a `--source` mapping. Those four are the run's request
-    (flows/plan/request.py), parsed once into the typed config; below this function only the request and the config
-    travel.
-    `storage`: the stage store root (folder or fsspec URL); `dask`: "local" or a scheduler address;
-    `project_dir`: the project folder (deployments pass it; default: found from the working directory);
-    `verify`: hash every file of a reused output against its manifest (sizes and small files always are);
-    `parsed`: the request's typed config, when the caller in this process has parsed it (the command line, the Python
-    API): it is not parsed again. A deployment's run, whose parameters arrive as JSON, parses the request here.
-    A run of a deployment may set only what the deployment allows (flows/orchestrate/guard.py).
+    Every parameter is a plain value (what Prefect records and a deployment passes): `pipeline` is a
+    name in `config_file` (default: the project's `pipelines.yaml`), `overrides` its `--set` lines
+    (secrets redacted: a concealed URL is revealed in this process), `source` a `--source` mapping.
+    Those four are the run's request (flows/plan/request.py), parsed once into the typed config;
+    below this function only the request and the config travel. `storage`: the stage store root
+    (folder or fsspec URL); `dask`: "local" or a scheduler address; `project_dir`: the project
+    folder (deployments pass it; default: found from the working directory); `verify`: hash every
+    file of a reused output against its manifest (sizes and small files always are); `parsed`: the
+    request's typed config, when the caller in this process has parsed it (the command line, the
+    Python API): it is not parsed again. A deployment's run, whose parameters arrive as JSON, parses
+    the request here. A run of a deployment may set only what the deployment allows
+    (flows/orchestrate/guard.py).
     """
-    check_run({"pipeline": pipeline, "overrides": overrides, "source": source, "storage": storage, "dask": dask,
-               "config_file": config_file, "project_dir": project_dir})
+    check_run(
+        {
+            "pipeline": pipeline,
+            "overrides": overrides,
+            "source": source,
+            "storage": storage,
+            "dask": dask,
+            "config_file": config_file,
+            "project_dir": project_dir,
+        }
+    )
     if project_dir:
         project.activate(project.Project(Path(project_dir)))
     request = RunRequest.of(pipeline, overrides, source, config_file)
     config = request.typed(parsed)
     stages = _stage_list(config, stages, force)
-    with fixed_partitions(config):  # the partitions planned are the ones built, whatever arrives meanwhile
-        run = start_run(request, config, forced_stages(force, tuple(config.kind.stages)),
-                        storage_root(config, storage), chunk_executor(config, dask), verify)
-        run.lease = leases.Lease(run.store, run.keys)  # `zhpipe gc` leaves what this run holds alone
+    # the partitions planned are the ones built, whatever arrives meanwhile
+    with fixed_partitions(config):
+        run = start_run(
+            request,
+            config,
+            forced_stages(force, tuple(config.kind.stages)),
+            storage_root(config, storage),
+            chunk_executor(config, dask),
+            verify,
+        )
+        # `zhpipe gc` leaves what this run holds alone
+        run.lease = leases.Lease(run.store, run.keys)
         stages = _read_only(run, stages)
         record_appends(config)  # an appended source: this run's ranges are what the next run checks
         label_flow_run(run)
@@ -175,7 +210,11 @@ def pipeline_flow(
             from flows.track.alerts import emit
 
             error = str(e).splitlines()[0] if str(e) else type(e).__name__
-            emit("zhpipe.run.failed", config, {"message": f"{config.identity}: the run failed: {error}"})
+            emit(
+                "zhpipe.run.failed",
+                config,
+                {"message": f"{config.identity}: the run failed: {error}"},
+            )
             raise
         finally:
             _close(run, results, stages, ok, error)
@@ -183,17 +222,19 @@ def pipeline_flow(
 
 
 def _read_only(run: RunContext, stages: list[str]) -> list[str]:
-    """`stages` less those no model of this run reads (embed, when none starts from word vectors): not built."""
+    """`stages` less those no model of this run reads (embed, when none starts from word vectors):
+    not built."""
     skipped = unread(run.config, stages)
     if skipped:
         log.info("%s: not built: no model of this run reads it", ", ".join(sorted(skipped)))
     return [s for s in stages if s not in skipped]
 
 
-
-def _close(run: RunContext, results: dict[str, StageResult], stages: list[str], ok: bool, error: str) -> None:
-    """The run's end, failed or not: the cluster stopped, the night's report, the parent run closed, the lease let
-    go."""
+def _close(
+    run: RunContext, results: dict[str, StageResult], stages: list[str], ok: bool, error: str
+) -> None:
+    """The run's end, failed or not: the cluster stopped, the night's report, the parent run closed,
+    the lease let go."""
     shutdown_cluster()
     try:
         night.record(run, results, ok, "" if ok else error)
@@ -202,24 +243,34 @@ def _close(run: RunContext, results: dict[str, StageResult], stages: list[str], 
         run.lease.release()
 
 
-def _stage_list(config: PipelineConfig, stages: list[str] | None, force: list[str] | None) -> list[str]:
-    """The stages to run (all, in graph order, when none are named); a deployment's parameters come as plain
-    lists, checked here."""
+def _stage_list(
+    config: PipelineConfig, stages: list[str] | None, force: list[str] | None
+) -> list[str]:
+    """The stages to run (all, in graph order, when none are named); a deployment's parameters come
+    as plain lists, checked here."""
     order = tuple(config.kind.stages)
     for what, names in (("stages", stages), ("force", force)):
-        if names is not None and not (isinstance(names, (list, tuple)) and all(isinstance(n, str) for n in names)):
-            raise ZhpipeError(f"{what}: expected a list of stage names ({', '.join(order)}), got {names!r:.80}")
+        if names is not None and not (
+            isinstance(names, (list, tuple)) and all(isinstance(n, str) for n in names)
+        ):
+            raise ZhpipeError(
+                f"{what}: expected a list of stage names ({', '.join(order)}), got {names!r:.80}"
+            )
         wrong = [s for s in names or [] if s not in order]
         if wrong:
-            raise ZhpipeError(f"{what}: {wrong[0]!r} is not a stage of task {config.task} (stages: {', '.join(order)})")
+            raise ZhpipeError(
+                f"{what}: {wrong[0]!r} is not a stage of task {config.task} (stages: "
+                f"{', '.join(order)})"
+            )
     return list(stages or order)
 
 
 def _run_stages(run: RunContext, stages: list[str], results: dict[str, StageResult]) -> None:
-    """Every selected stage in graph order, into `results` (the stages they need, not selected, read from the store);
-    nothing to build at all: the parent run names what was reused."""
+    """Every selected stage in graph order, into `results` (the stages they need, not selected, read
+    from the store); nothing to build at all: the parent run names what was reused."""
     routed = _routed(run, stages)
-    if routed:  # what would stop the remote training stops the run before the data stages spend minutes on it
+    # what would stop the remote training stops the run before the data stages spend minutes on it
+    if routed:
         _check_route(run)
     reused = None if routed else run.reuse_all(stages)
     if reused is not None and record_reuse(run, reused):
@@ -227,7 +278,8 @@ def _run_stages(run: RunContext, stages: list[str], results: dict[str, StageResu
         return
     kind = run.config.kind
     every = list(dict.fromkeys([*stages, *(d for s in stages for d in kind.stages[s].needs)]))
-    needed = set(every) - unread(run.config, every)  # embed, when no model reads it, is not even read
+    # embed, when no model reads it, is not even read
+    needed = set(every) - unread(run.config, every)
     beside_runs = Beside(run)
     try:
         for spec in kind.stages.values():
@@ -302,62 +354,86 @@ class Beside:
 
 
 def _routed(run: RunContext, stages: list[str]) -> bool:
-    """Whether this run's training stage goes to the pipeline's train work pool (into the same store and MLflow
-    parent run): when a pool is set and the stage is to be built."""
+    """Whether this run's training stage goes to the pipeline's train work pool (into the same store
+    and MLflow parent run): when a pool is set and the stage is to be built."""
     training = run.config.kind.training
-    pool = training is not None and training.name in stages and run.config.section(training.name).work_pool
+    pool = (
+        training is not None
+        and training.name in stages
+        and run.config.section(training.name).work_pool
+    )
     built = training is not None and run.cache.published(training.name, run.keys[training.name])
     return bool(pool) and (training.name in run.force or not built)
 
 
 def _check_route(run: RunContext) -> None:
-    """The train stage goes to another work pool: its deployment exists and the run trains what it can train."""
+    """The train stage goes to another work pool: its deployment exists and the run trains what it
+    can train."""
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
 
-    name, pool = train_deployment(run.config.name), run.config.section(run.config.kind.training.name).work_pool
+    name, pool = (
+        train_deployment(run.config.name),
+        run.config.section(run.config.kind.training.name).work_pool,
+    )
     if run.request.source:
-        raise ZhpipeError("train: a run with --source cannot train on another work pool (a deployment trains what "
-                          "pipelines.yaml declares); declare the source in the pipeline, or train here with --set "
-                          "train.work_pool=null")
+        raise ZhpipeError(
+            "train: a run with --source cannot train on another work pool (a deployment trains "
+            "what "
+            "pipelines.yaml declares); declare the source in the pipeline, or train here with "
+            "--set "
+            "train.work_pool=null"
+        )
     with get_client(sync_client=True) as client:
         try:
             client.read_deployment_by_name(name)
         except ObjectNotFound:
             raise ZhpipeError(
-                f"train: stages.train.work_pool is '{pool}' but the deployment '{name}' does not exist on the Prefect "
-                f"server; create it with `zhpipe deploy {run.config.name}`, or train here with --set "
+                f"train: stages.train.work_pool is '{pool}' but the deployment '{name}' does not "
+                "exist on the Prefect "
+                f"server; create it with `zhpipe deploy {run.config.name}`, or train here with "
+                "--set "
                 f"train.work_pool=null"
             ) from None
 
 
 def train_remote(run: RunContext) -> StageResult:
-    """Submit the training stage as a run of the pipeline's train deployment and wait for it; the result is
-    read back from the stage store the worker wrote to."""
+    """Submit the training stage as a run of the pipeline's train deployment and wait for it; the
+    result is read back from the stage store the worker wrote to."""
     from prefect.deployments import run_deployment
 
     name, stage = train_deployment(run.config.name), run.config.kind.training.name
     pool = run.config.section(stage).work_pool
     log.info("train: submitting to work pool '%s' (deployment %s) and waiting", pool, name)
     t0 = time.perf_counter()
-    # what the train deployment lets a run set: its overrides (its own, or allowed by the pipeline), never a
-    # source or storage (the worker uses the pipeline's, or its ZHPIPE_STORAGE)
+    # what the train deployment lets a run set: its overrides (its own, or allowed by the pipeline),
+    # never a source or storage (the worker uses the pipeline's, or its ZHPIPE_STORAGE)
     parameters = {
-        **run.request.parameters(), "parent_run_id": run.parent_run_id, "force": stage in run.force,
+        **run.request.parameters(),
+        "parent_run_id": run.parent_run_id,
+        "force": stage in run.force,
         "project_dir": str(project.current().root),
-        # the worker plans the same keys without the corpus (a worker needs the project's pipelines.yaml, not its data)
-        "source_fingerprint": next(c["inputs"]["source"] for c in run.causes.values() if "source" in c["inputs"]),
+        # the worker plans the same keys without the corpus (a worker needs the project's
+        # pipelines.yaml, not its data)
+        "source_fingerprint": next(
+            c["inputs"]["source"] for c in run.causes.values() if "source" in c["inputs"]
+        ),
     }
     # checked before the run (_check_route)
     flow_run = run_deployment(name, parameters=parameters, timeout=None, poll_interval=2)
     if not flow_run.state or not flow_run.state.is_completed():
         state = flow_run.state.name if flow_run.state else "unknown"
-        raise ZhpipeError(f"train: the run '{flow_run.name}' of {name} on work pool '{pool}' ended {state}: "
-                          f"{flow_run.state.message if flow_run.state else ''}")
+        raise ZhpipeError(
+            f"train: the run '{flow_run.name}' of {name} on work pool '{pool}' ended {state}: "
+            f"{flow_run.state.message if flow_run.state else ''}"
+        )
     key = run.keys[stage]
     if not run.cache.published(stage, key):
-        raise ZhpipeError(f"train: the run '{flow_run.name}' on work pool '{pool}' completed but {run.store.url} has "
-                          f"no train output {key}: does the worker use the same storage root?")
+        raise ZhpipeError(
+            f"train: the run '{flow_run.name}' on work pool '{pool}' completed but {run.store.url} "
+            "has "
+            f"no train output {key}: does the worker use the same storage root?"
+        )
     return run.cache.restore(run.store.manifest(stage, key), "miss", time.perf_counter() - t0)
 
 
@@ -373,25 +449,43 @@ def train_flow(
     project_dir: str | None = None,
     source_fingerprint: str | None = None,
 ) -> dict[str, Any]:
-    """The train stage alone, on a (GPU) worker: inputs from the shared store, one training per GPU at a time
-    (a Prefect global concurrency limit per worker machine), logged under the pipeline run's MLflow parent. The worker
-    needs the project's pipelines.yaml (its own checkout: ZHPIPE_PROJECT), not the corpus: the keys are planned from
-    `source_fingerprint`, the submitting run's (keys are content addresses: a wrong one finds no inputs)."""
-    check_run({"pipeline": pipeline, "overrides": overrides, "source": source, "storage": storage,
-               "config_file": config_file, "project_dir": project_dir, "parent_run_id": parent_run_id})
-    folder = os.environ.get("ZHPIPE_PROJECT") or project_dir  # the worker's own checkout wins over the submitter's path
+    """The train stage alone, on a (GPU) worker: inputs from the shared store, one training per GPU
+    at a time (a Prefect global concurrency limit per worker machine), logged under the pipeline
+    run's MLflow parent. The worker needs the project's pipelines.yaml (its own checkout:
+    ZHPIPE_PROJECT), not the corpus: the keys are planned from `source_fingerprint`, the submitting
+    run's (keys are content addresses: a wrong one finds no inputs)."""
+    check_run(
+        {
+            "pipeline": pipeline,
+            "overrides": overrides,
+            "source": source,
+            "storage": storage,
+            "config_file": config_file,
+            "project_dir": project_dir,
+            "parent_run_id": parent_run_id,
+        }
+    )
+    # the worker's own checkout wins over the submitter's path
+    folder = os.environ.get("ZHPIPE_PROJECT") or project_dir
     if folder:
         project.activate(project.Project(Path(folder)))
     request = RunRequest.of(pipeline, overrides, source, config_file)
     config = request.config()
     training = config.kind.training
     causes = plan(config, registry=revision, source=source_fingerprint)
-    run = RunContext(config, StageCache(StageStore(storage_root(config, storage))),
-                     StageCache.keys(causes),
-                     f"zhpipe-{config.identity}", parent_run_id, {training.name} if force else set(), causes=causes,
-                     request=request)
+    run = RunContext(
+        config,
+        StageCache(StageStore(storage_root(config, storage))),
+        StageCache.keys(causes),
+        f"zhpipe-{config.identity}",
+        parent_run_id,
+        {training.name} if force else set(),
+        causes=causes,
+        request=request,
+    )
     with leases.held(run.store, run.keys) as run.lease:
-        unused = unread(run.config, [*training.needs, training.name])  # embed, when no model reads it
+        # embed, when no model reads it
+        unused = unread(run.config, [*training.needs, training.name])
         inputs = [None if name in unused else run.reuse(name) for name in training.needs]
         with gpu_slot():
             result = stage_task(training.name)(run, *inputs)

@@ -1,8 +1,10 @@
-"""The stage cache, after DVC's: a unit's key (the hash of what it was planned from) names its output in the stage
-store. `lookup` is the one reuse decision (published, and sound against its manifest: a corrupt output is reported in
-one line, removed and missed, for this run to rebuild); `restore` reads a published output as the `StageResult` the
-next stage takes; `begin` and `save` build a new one beside the store and publish it atomically. The store
-(flows/plan/store.py) keeps the files, locks and the remote copy; this module decides what is reused."""
+"""The stage cache, after DVC's: a unit's key (the hash of what it was planned from) names its
+output in the stage store. `lookup` is the one reuse decision (published, and sound against its
+manifest: a corrupt output is reported in one line, removed and missed, for this run to rebuild);
+`restore` reads a published output as the `StageResult` the next stage takes; `begin` and `save`
+build a new one beside the store and publish it atomically. The store (flows/plan/store.py) keeps
+the files, locks and the remote copy; this module decides what is reused."""
+
 from __future__ import annotations
 
 import logging
@@ -43,17 +45,18 @@ class StageCache:
 
     @staticmethod
     def keys(causes: dict[str, dict[str, Any]]) -> dict[str, str]:
-        """Each unit's key: the hash of everything its output depends on (flows/plan/keys.py plans `causes`)."""
+        """Each unit's key: the hash of everything its output depends on (flows/plan/keys.py plans
+        `causes`)."""
         return {unit: stage_key(c) for unit, c in causes.items()}
 
     def published(self, unit: str, key: str) -> bool:
-        """Whether the unit has a published output under `key` (not verified: `lookup` verifies). The one place
-        anything asks the store whether a unit is built."""
+        """Whether the unit has a published output under `key` (not verified: `lookup` verifies).
+        The one place anything asks the store whether a unit is built."""
         return self.store.is_done(unit, key)
 
     def lookup(self, unit: str, key: str) -> Manifest | None:
-        """The manifest of the unit's published output under `key` when it is there and sound, else None (a corrupt
-        one is reported and removed)."""
+        """The manifest of the unit's published output under `key` when it is there and sound, else
+        None (a corrupt one is reported and removed)."""
         return self._found(unit, key)[0]
 
     def _found(self, unit: str, key: str) -> tuple[Manifest | None, bool]:
@@ -62,7 +65,12 @@ class StageCache:
             return None, False
         problems = self.verify(unit, key)
         if problems:
-            log.warning("%s: cached output %s is corrupt (%s); rebuilding it", unit, key, "; ".join(problems[:3]))
+            log.warning(
+                "%s: cached output %s is corrupt (%s); rebuilding it",
+                unit,
+                key,
+                "; ".join(problems[:3]),
+            )
             self.store.discard(unit, key)
             return None, True
         return self.store.manifest(unit, key), True
@@ -72,24 +80,39 @@ class StageCache:
         return self.store.verify(unit, key, full=self.full)
 
     def restore(self, manifest: Manifest, cache: str = "hit", seconds: float = 0.0) -> StageResult:
-        """A published output as the next stage takes it (a remote one downloaded into the local mirror)."""
-        return StageResult(stage=Unit.parse(manifest.stage), key=manifest.key,
-                           path=self.store.local(manifest.stage, manifest.key), cache=cache, seconds=round(seconds, 3),
-                           rows=manifest.rows, metrics=manifest.metrics, facts=Facts.from_json(manifest.facts))
+        """A published output as the next stage takes it (a remote one downloaded into the local
+        mirror)."""
+        return StageResult(
+            stage=Unit.parse(manifest.stage),
+            key=manifest.key,
+            path=self.store.local(manifest.stage, manifest.key),
+            cache=cache,
+            seconds=round(seconds, 3),
+            rows=manifest.rows,
+            metrics=manifest.metrics,
+            facts=Facts.from_json(manifest.facts),
+        )
 
     def reuse(self, unit: str, key: str) -> StageResult:
-        """A unit this run does not build (before --from, a model evaluate reads): its output, or one clear error."""
+        """A unit this run does not build (before --from, a model evaluate reads): its output, or
+        one clear error."""
         manifest, there = self._found(unit, key)
         if not there:
-            raise ZhpipeError(f"stage '{unit}' has no cached output for this config (key {key}); run it first, e.g. "
-                              f"`zhpipe run --to {Unit.parse(unit).stage}`")
+            raise ZhpipeError(
+                f"stage '{unit}' has no cached output for this config (key {key}); run it first, "
+                "e.g. "
+                f"`zhpipe run --to {Unit.parse(unit).stage}`"
+            )
         if manifest is None:
-            raise ZhpipeError(f"stage '{unit}': its cached output {key} failed verification and was removed; "
-                              f"rebuild it with `zhpipe run --from {Unit.parse(unit).stage}`")
+            raise ZhpipeError(
+                f"stage '{unit}': its cached output {key} failed verification and was removed; "
+                f"rebuild it with `zhpipe run --from {Unit.parse(unit).stage}`"
+            )
         return self.restore(manifest)
 
     def begin(self, unit: str, key: str, fresh: bool) -> tuple[Path, Path]:
-        """(a temporary folder to build in, the unit's scratch folder to resume from; emptied when `fresh`)."""
+        """(a temporary folder to build in, the unit's scratch folder to resume from; emptied when
+        `fresh`)."""
         tmp, scratch = self.store.begin(unit, key), self.store.scratch(unit, key)
         if fresh:  # --force means from scratch, not from the last checkpoint
             shutil.rmtree(scratch)
@@ -97,5 +120,6 @@ class StageCache:
         return tmp, scratch
 
     def save(self, tmp: Path, manifest: Manifest) -> Path:
-        """Publish a built folder under its key with its manifest (files hashed, made durable, renamed into place)."""
+        """Publish a built folder under its key with its manifest (files hashed, made durable,
+        renamed into place)."""
         return self.store.publish(tmp, manifest)

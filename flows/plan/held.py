@@ -1,8 +1,11 @@
-"""What the data checks decided, kept in the project per pipeline (`data/_cache/checks-<pipeline>.json`): each judged
-unit's verdicts (by its key: a cached unit is not judged again), the partitions a blocking check held out of the
-corpus (their rows stay in the store) and those a person accepted (`zhpipe accept`). Planning reads it: a held
-partition is not in the corpus a run plans. Every change is a read-modify-write under the record's file lock
-(`changing`), so an `accept` beside a run that judges a night is kept. Neither Prefect nor MLflow."""
+"""What the data checks decided, kept in the project per pipeline
+(`data/_cache/checks-<pipeline>.json`): each judged unit's verdicts (by its key: a cached unit is
+not judged again), the partitions a blocking check held out of the corpus (their rows stay in the
+store) and those a person accepted (`zhpipe accept`). Planning reads it: a held partition is not in
+the corpus a run plans. Every change is a read-modify-write under the record's file lock
+(`changing`), so an `accept` beside a run that judges a night is kept. Neither Prefect nor
+MLflow."""
+
 from __future__ import annotations
 
 import contextlib
@@ -27,8 +30,8 @@ def record_path(identity: str) -> Path:
 
 
 def load(identity: str) -> dict[str, Any]:
-    """The record (empty when there is none); an unreadable one is moved aside with a warning line, never an error
-    that stops every run: what it held is judged again."""
+    """The record (empty when there is none); an unreadable one is moved aside with a warning line,
+    never an error that stops every run: what it held is judged again."""
     path = record_path(identity)
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
@@ -39,7 +42,12 @@ def load(identity: str) -> dict[str, Any]:
     except (OSError, ValueError) as e:
         aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
         path.replace(aside)
-        log.warning("checks: %s is unreadable (%s); moved to %s, its partitions are judged again", path, e, aside.name)
+        log.warning(
+            "checks: %s is unreadable (%s); moved to %s, its partitions are judged again",
+            path,
+            e,
+            aside.name,
+        )
         record = {}
     for part in ("judged", "held", "accepted"):
         record.setdefault(part, {})
@@ -59,8 +67,8 @@ def save(identity: str, record: dict[str, Any]) -> None:
 
 @contextlib.contextmanager
 def changing(identity: str) -> Iterator[dict[str, Any]]:
-    """The record, read under its lock and written back when the block ends without an error (the lock is held
-    throughout: another process's change in between cannot be lost)."""
+    """The record, read under its lock and written back when the block ends without an error (the
+    lock is held throughout: another process's change in between cannot be lost)."""
     from filelock import FileLock
 
     path = record_path(identity)
@@ -76,14 +84,15 @@ _HELD: dict[str, tuple[tuple[int, int, int], dict]] = {}
 
 
 def held(identity: str) -> dict[str, dict[str, Any]]:
-    """The partitions held out now: name -> {check, line, digest, at}. Planning asks once per partitioned unit: the
-    record is read again only when it changed."""
+    """The partitions held out now: name -> {check, line, digest, at}. Planning asks once per
+    partitioned unit: the record is read again only when it changed."""
     path = record_path(identity)
     try:
         stat = path.stat()
     except FileNotFoundError:
         return {}
-    version = (stat.st_ino, stat.st_mtime_ns, stat.st_size)  # written by rename: a new inode each time
+    # written by rename: a new inode each time
+    version = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
     cached = _HELD.get(str(path))
     if cached is None or cached[0] != version:
         cached = _HELD[str(path)] = (version, load(identity)["held"])
@@ -91,34 +100,44 @@ def held(identity: str) -> dict[str, dict[str, Any]]:
 
 
 def accepted(record: dict[str, Any], name: str, digest: str) -> bool:
-    """Whether a person accepted this partition (or corpus) as it is now (an edited file is judged afresh)."""
+    """Whether a person accepted this partition (or corpus) as it is now (an edited file is judged
+    afresh)."""
     return record["accepted"].get(name) == digest
 
 
 def hold(identity: str, digests: dict[str, str], names: list[str]) -> list[str]:
-    """Take partitions that passed out of the corpus by hand (`digests`: every partition of the source, name -> its
-    digest now); the next run plans without them, their rows stay in the store, `accept` puts them back."""
+    """Take partitions that passed out of the corpus by hand (`digests`: every partition of the
+    source, name -> its digest now); the next run plans without them, their rows stay in the store,
+    `accept` puts them back."""
     already = [n for n in names if n in held(identity)]
     if already:
         entry = held(identity)[already[0]]
-        raise ZhpipeError(f"hold: {already[0]!r} is already held out (since {entry.get('at', '?')}: "
-                          f"{entry.get('line', entry.get('check', ''))}); `zhpipe accept` puts it back")
+        raise ZhpipeError(
+            f"hold: {already[0]!r} is already held out (since {entry.get('at', '?')}: "
+            f"{entry.get('line', entry.get('check', ''))}); `zhpipe accept` puts it back"
+        )
     unknown = [n for n in names if n not in digests]
     if unknown or not names:
-        raise ZhpipeError(f"hold: {unknown[0]!r} is not a partition of pipeline '{identity}'" if unknown
-                          else "hold: name a partition"
-                          f" (partitions: {', '.join(list(digests)[-10:]) or 'none'})")
+        raise ZhpipeError(
+            f"hold: {unknown[0]!r} is not a partition of pipeline '{identity}'"
+            if unknown
+            else f"hold: name a partition (partitions: {', '.join(list(digests)[-10:]) or 'none'})"
+        )
     with changing(identity) as record:
         for name in names:
             record["accepted"].pop(name, None)
-            record["held"][name] = {"check": "by hand", "line": f"{name} held out by hand (`zhpipe hold`)",
-                                    "digest": digests[name], "at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            record["held"][name] = {
+                "check": "by hand",
+                "line": f"{name} held out by hand (`zhpipe hold`)",
+                "digest": digests[name],
+                "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            }
     return names
 
 
 def accept(identity: str, names: list[str], every: bool = False) -> list[str]:
-    """Put held partitions back into the corpus (the next run builds them in, whatever the checks say of them as
-    they are now); returns the names accepted. A name not held is one clear error."""
+    """Put held partitions back into the corpus (the next run builds them in, whatever the checks
+    say of them as they are now); returns the names accepted. A name not held is one clear error."""
     with changing(identity) as record:
         held_now = record["held"]
         if not held_now:
@@ -126,9 +145,11 @@ def accept(identity: str, names: list[str], every: bool = False) -> list[str]:
         chosen = list(held_now) if every else names
         unknown = [n for n in chosen if n not in held_now]
         if unknown or not chosen:
-            raise ZhpipeError(f"accept: {unknown[0]!r} is not held out" if unknown
-                              else "accept: name a partition, or --all"
-                              f" (held: {', '.join(held_now)})")
+            raise ZhpipeError(
+                f"accept: {unknown[0]!r} is not held out"
+                if unknown
+                else f"accept: name a partition, or --all (held: {', '.join(held_now)})"
+            )
         for name in chosen:
             record["accepted"][name] = held_now.pop(name)["digest"]
     return chosen

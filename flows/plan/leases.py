@@ -1,16 +1,18 @@
 """Live runs' leases on a stage store, so that `zhpipe gc` never removes what a run still holds.
 
-A run writes a lease while it lives: `<store>/_cache/leases/<pid>-<random>.json`, the keys it planned (updated when it
-plans again) and its start time, with an exclusive `flock` on the file held until the run ends (a killed run's lock
-goes with its process, so its lease reads as stale). Leases are written, and gc reads them and removes what it
-removes, under the store's gc lock (`_cache/gc.lock`): a run that starts while gc walks the store waits a moment for
-it; one that started before is in the leases gc reads.
+A run writes a lease while it lives: `<store>/_cache/leases/<pid>-<random>.json`, the keys it
+planned (updated when it plans again) and its start time, with an exclusive `flock` on the file held
+until the run ends (a killed run's lock goes with its process, so its lease reads as stale). Leases
+are written, and gc reads them and removes what it removes, under the store's gc lock
+(`_cache/gc.lock`): a run that starts while gc walks the store waits a moment for it; one that
+started before is in the leases gc reads.
 
-On an object store (a team's store, several machines, no shared file system) a run also writes its lease as an
-object, `<root>/_cache/leases/<host>-<pid>-<random>.json`, with a heartbeat rewritten every BEAT_S seconds; it is live
-while its heartbeat is younger than TTL_S. When the run ends the object stays as a record of use (`ended`): gc on the
-object store keeps what any engineer's run used within the retention period, and what live runs on any machine hold.
-Neither Prefect nor MLflow."""
+On an object store (a team's store, several machines, no shared file system) a run also writes its
+lease as an object, `<root>/_cache/leases/<host>-<pid>-<random>.json`, with a heartbeat rewritten
+every BEAT_S seconds; it is live while its heartbeat is younger than TTL_S. When the run ends the
+object stays as a record of use (`ended`): gc on the object store keeps what any engineer's run used
+within the retention period, and what live runs on any machine hold. Neither Prefect nor MLflow."""
+
 from __future__ import annotations
 
 import contextlib
@@ -40,8 +42,8 @@ def _folder(store: StageStore) -> Path:
 
 @contextlib.contextmanager
 def gc_lock(store: StageStore, wait_s: float = GC_WAIT_S, what: str = "") -> Iterator[None]:
-    """The store's gc lock, held exclusively: gc holds it while it reads the leases and removes; a run holds it for the
-    moment it writes its lease."""
+    """The store's gc lock, held exclusively: gc holds it while it reads the leases and removes; a
+    run holds it for the moment it writes its lease."""
     from filelock import FileLock, Timeout
 
     from tasks.errors import ZhpipeError
@@ -55,8 +57,10 @@ def gc_lock(store: StageStore, wait_s: float = GC_WAIT_S, what: str = "") -> Ite
         try:
             lock.acquire(timeout=wait_s)
         except Timeout:
-            raise ZhpipeError(f"{store.url}: the store's gc lock ({lock.lock_file}) was held for {wait_s:.0f} s; "
-                              "is a `zhpipe gc` stuck? Stop it and try again") from None
+            raise ZhpipeError(
+                f"{store.url}: the store's gc lock ({lock.lock_file}) was held for {wait_s:.0f} s; "
+                "is a `zhpipe gc` stuck? Stop it and try again"
+            ) from None
     try:
         yield
     finally:
@@ -70,7 +74,9 @@ class Lease:
         self.store = store
         self.path = _folder(store) / f"{os.getpid()}-{secrets.token_hex(4)}.json"
         self.started = time.time()
-        with gc_lock(store, what=f"{store.url}: `zhpipe gc` is walking the store; this run waits for it"):
+        with gc_lock(
+            store, what=f"{store.url}: `zhpipe gc` is walking the store; this run waits for it"
+        ):
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             self.pairs: set[tuple[str, str]] = set()
@@ -86,13 +92,21 @@ class Lease:
             threading.Thread(target=self._beat, daemon=True, name="zhpipe-lease").start()
 
     def __getstate__(self) -> dict:
-        """A copy sent to another process (a Dask worker, a spawned trainer, with the run's context) holds nothing: no
-        file descriptor, no heartbeat; only the process that made the lease releases it."""
-        return {"store": self.store, "path": self.path, "started": self.started, "pairs": self.pairs, "_fd": None,
-                "_remote": None}
+        """A copy sent to another process (a Dask worker, a spawned trainer, with the run's context)
+        holds nothing: no file descriptor, no heartbeat; only the process that made the lease
+        releases it."""
+        return {
+            "store": self.store,
+            "path": self.path,
+            "started": self.started,
+            "pairs": self.pairs,
+            "_fd": None,
+            "_remote": None,
+        }
 
     def update(self, keys: dict[str, str]) -> None:
-        """Hold the keys of a (new) plan too; those of an old plan stay held: their outputs may still be read."""
+        """Hold the keys of a (new) plan too; those of an old plan stay held: their outputs may
+        still be read."""
         if self._fd is None:  # a copy in another process, or a released lease
             return
         with gc_lock(self.store):
@@ -100,18 +114,27 @@ class Lease:
 
     def _write(self, keys: dict[str, str]) -> None:
         self.pairs |= {(unit_folder(str(u)), k) for u, k in keys.items()}
-        data = json.dumps({"pid": os.getpid(), "started": self.started, "keys": sorted(self.pairs)}).encode()
+        data = json.dumps(
+            {"pid": os.getpid(), "started": self.started, "keys": sorted(self.pairs)}
+        ).encode()
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, data, 0)
         if getattr(self, "_remote", None):
             self._publish()
 
     def _publish(self, ended: float | None = None) -> None:
-        """The lease object on the object store (best effort: a store that does not answer fails the run elsewhere)."""
+        """The lease object on the object store (best effort: a store that does not answer fails the
+        run elsewhere)."""
         import socket
 
-        doc = {"host": socket.gethostname(), "pid": os.getpid(), "started": self.started, "beat": time.time(),
-               "keys": sorted(self.pairs), **({"ended": ended} if ended else {})}
+        doc = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "started": self.started,
+            "beat": time.time(),
+            "keys": sorted(self.pairs),
+            **({"ended": ended} if ended else {}),
+        }
         try:
             self.store.fs.pipe_file(self._remote, json.dumps(doc).encode())
         except Exception:  # noqa: BLE001 - fsspec backends raise their own errors
@@ -150,8 +173,8 @@ def held(store: StageStore, keys: dict[str, str]) -> Iterator[Lease]:
 
 
 def live(store: StageStore) -> list[dict[str, Any]]:
-    """The leases of live runs (call under `gc_lock`); a stale one (its run is gone: nobody holds its lock) is
-    removed."""
+    """The leases of live runs (call under `gc_lock`); a stale one (its run is gone: nobody holds
+    its lock) is removed."""
     found = []
     for path in sorted(_folder(store).glob("*.json")):
         try:
@@ -173,7 +196,8 @@ def live(store: StageStore) -> list[dict[str, Any]]:
 
 
 def store_records(store: StageStore) -> list[dict[str, Any]]:
-    """The lease objects of an object store, each with `live` (its heartbeat younger than TTL_S, not ended)."""
+    """The lease objects of an object store, each with `live` (its heartbeat younger than TTL_S, not
+    ended)."""
     folder = f"{store.base}/_cache/{LEASES}"
     if store.fs is None or not store.fs.exists(folder):
         return []
@@ -184,6 +208,11 @@ def store_records(store: StageStore) -> list[dict[str, Any]]:
         except (OSError, ValueError):
             continue
         if isinstance(doc, dict):
-            found.append({**doc, "path": path, "live": "ended" not in doc and now - float(doc.get("beat", 0)) < TTL_S})
+            found.append(
+                {
+                    **doc,
+                    "path": path,
+                    "live": "ended" not in doc and now - float(doc.get("beat", 0)) < TTL_S,
+                }
+            )
     return found
-

@@ -1,7 +1,9 @@
-"""Files private to their user: state files and logs written 0600 (atomically), folders entered by their owner
-only (0700, checked before use), and the project's own credentials, kept in one such file, with the check that a
-server on a port is the one that asks for them. The background server and the warm process (flows.runtime) keep their
-records here; `zhpipe ui` and the Prefect server ask for the same credentials."""
+"""Files private to their user: state files and logs written 0600 (atomically), folders entered by
+their owner only (0700, checked before use), and the project's own credentials, kept in one such
+file, with the check that a server on a port is the one that asks for them. The background server
+and the warm process (flows.runtime) keep their records here; `zhpipe ui` and the Prefect server ask
+for the same credentials."""
+
 from __future__ import annotations
 
 import json
@@ -38,18 +40,22 @@ def read_state(path: Path) -> dict | None:
 
 def open_private_log(path: Path, mode: str = "a"):
     """A log file only this user can read (an existing one is made so)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if mode == "a" else os.O_TRUNC), 0o600)
+    fd = os.open(
+        path, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if mode == "a" else os.O_TRUNC), 0o600
+    )
     os.fchmod(fd, 0o600)
     return os.fdopen(fd, mode)
 
 
 class NotPrivate(Exception):
-    """A folder that should be this user's alone is not (another owner, other users' permissions, a link)."""
+    """A folder that should be this user's alone is not (another owner, other users' permissions, a
+    link)."""
 
 
 def private_dir(path: Path) -> Path:
-    """`path` as a folder only this user can enter (0700), created if missing; `NotPrivate` when it exists and is a
-    link, another user's, or open to others (someone else made it first: nothing is put there)."""
+    """`path` as a folder only this user can enter (0700), created if missing; `NotPrivate` when it
+    exists and is a link, another user's, or open to others (someone else made it first: nothing is
+    put there)."""
     try:
         path.mkdir(mode=0o700, parents=True)
     except FileExistsError:
@@ -58,7 +64,9 @@ def private_dir(path: Path) -> Path:
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
         raise NotPrivate(f"{path} is not a folder of this user's")
     if st.st_mode & 0o077:
-        raise NotPrivate(f"{path} is open to other users (mode {st.st_mode & 0o777:o}, expected 700)")
+        raise NotPrivate(
+            f"{path} is open to other users (mode {st.st_mode & 0o777:o}, expected 700)"
+        )
     return path
 
 
@@ -66,8 +74,10 @@ def user_cache() -> Path | None:
     """Where this user keeps what zhpipe makes once per installed MLflow and Prefect (their empty
     databases, for new stores and new Prefect homes): ZHPIPE_USER_CACHE, else the XDG cache
     folder's zhpipe/, a folder only this user enters. None when it cannot be one."""
-    folder = os.environ.get("ZHPIPE_USER_CACHE") or Path(
-        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "zhpipe"
+    folder = (
+        os.environ.get("ZHPIPE_USER_CACHE")
+        or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "zhpipe"
+    )
     try:
         return private_dir(Path(folder))
     except (NotPrivate, OSError):
@@ -75,13 +85,15 @@ def user_cache() -> Path | None:
 
 
 def credentials_file() -> Path:
-    """Where the project's credentials are kept (0600, in the Prefect home): `zhpipe ui`'s app reads them from here."""
+    """Where the project's credentials are kept (0600, in the Prefect home): `zhpipe ui`'s app reads
+    them from here."""
     return Path(os.environ["PREFECT_HOME"]).expanduser() / "zhpipe-server-auth"
 
 
 def credentials() -> str:
-    """The project's own `user:password` for its server (Prefect's server.api.auth_string / api.auth_string): made
-    once, kept 0600 in the Prefect home, given to zhpipe's commands and workers; the UI asks for it."""
+    """The project's own `user:password` for its server (Prefect's server.api.auth_string /
+    api.auth_string): made once, kept 0600 in the Prefect home, given to zhpipe's commands and
+    workers; the UI asks for it."""
     path = credentials_file()
     auth = (read_state(path) or {}).get("auth_string")
     if not isinstance(auth, str) or ":" not in auth:
@@ -94,9 +106,10 @@ def credentials() -> str:
 
 
 def with_login(env: dict[str, str]) -> dict[str, str]:
-    """`env` for a Prefect server zhpipe starts, background or temporary, and for its clients: the server asks for the
-    project's credentials (PREFECT_SERVER_API_AUTH_STRING), the clients send them (PREFECT_API_AUTH_STRING). The one
-    place a server zhpipe starts gets its login: none runs without one, whatever port or fallback it is on."""
+    """`env` for a Prefect server zhpipe starts, background or temporary, and for its clients: the
+    server asks for the project's credentials (PREFECT_SERVER_API_AUTH_STRING), the clients send
+    them (PREFECT_API_AUTH_STRING). The one place a server zhpipe starts gets its login: none runs
+    without one, whatever port or fallback it is on."""
     auth = credentials()
     return {**env, "PREFECT_SERVER_API_AUTH_STRING": auth, "PREFECT_API_AUTH_STRING": auth}
 
@@ -109,7 +122,8 @@ def status_of(url: str, auth: str | None, timeout: float) -> int:
     if auth:
         request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as resp:  # noqa: S310 - a loopback URL we wrote
+        # a loopback URL we wrote
+        with urllib.request.urlopen(request, timeout=timeout) as resp:  # noqa: S310
             return resp.status
     except urllib.error.HTTPError as e:
         return e.code
@@ -118,11 +132,15 @@ def status_of(url: str, auth: str | None, timeout: float) -> int:
 
 
 def demands(url: str, auth: str, path: str = "/health", timeout: float = 2) -> bool:
-    """Whether the server at `url` is one that asks for exactly these credentials: it refuses `path` without them and
-    answers it with them (another server on that port is not ours)."""
-    return status_of(f"{url}{path}", None, timeout) == 401 and status_of(f"{url}{path}", auth, timeout) == 200
+    """Whether the server at `url` is one that asks for exactly these credentials: it refuses `path`
+    without them and answers it with them (another server on that port is not ours)."""
+    return (
+        status_of(f"{url}{path}", None, timeout) == 401
+        and status_of(f"{url}{path}", auth, timeout) == 200
+    )
 
-# --- whose socket listens on a port: credentials go only to a listener proved ours ---------------------------------
+
+# --- whose socket listens on a port: credentials go only to a listener proved ours ----------------
 
 _PROC = Path("/proc")
 
@@ -133,14 +151,19 @@ def parent_of(pid: int) -> int | None:
         stat_line = (_PROC / str(pid) / "stat").read_bytes()
     except OSError:
         return None
-    return int(stat_line[stat_line.rindex(b")") + 2:].split()[1])
+    return int(stat_line[stat_line.rindex(b")") + 2 :].split()[1])
 
 
 def listeners(port: int) -> list[tuple[int, int]] | None:
-    """(uid, socket inode) of each TCP socket listening on `port` on an address that loopback reaches (127.0.0.1,
-    0.0.0.0, ::, ::1), from /proc/net/tcp and tcp6; None without /proc."""
-    wanted = {f"0100007F:{port:04X}", f"00000000:{port:04X}", f"{'0' * 32}:{port:04X}",
-              f"{'0' * 24}01000000:{port:04X}"}  # little-endian addresses, as the kernel prints them
+    """(uid, socket inode) of each TCP socket listening on `port` on an address that loopback
+    reaches (127.0.0.1, 0.0.0.0, ::, ::1), from /proc/net/tcp and tcp6; None without /proc."""
+    wanted = {
+        f"0100007F:{port:04X}",
+        f"00000000:{port:04X}",
+        f"{'0' * 32}:{port:04X}",
+        # little-endian addresses, as the kernel prints them
+        f"{'0' * 24}01000000:{port:04X}",
+    }
     found, seen = [], False
     for table in ("tcp", "tcp6"):
         try:
@@ -156,21 +179,26 @@ def listeners(port: int) -> list[tuple[int, int]] | None:
 
 
 def _address(host: str, port: int) -> str:
-    """An IPv4 or IPv6 socket address as /proc/net/tcp(6) prints it (each 32-bit word in host byte order)."""
+    """An IPv4 or IPv6 socket address as /proc/net/tcp(6) prints it (each 32-bit word in host byte
+    order)."""
     import ipaddress
     import sys
 
     packed = ipaddress.ip_address(host.split("%")[0]).packed
     order = sys.byteorder
-    words = [int.from_bytes(packed[i:i + 4], "big").to_bytes(4, order) for i in range(0, len(packed), 4)]
+    words = [
+        int.from_bytes(packed[i : i + 4], "big").to_bytes(4, order)
+        for i in range(0, len(packed), 4)
+    ]
     return f"{b''.join(words).hex().upper()}:{port:04X}"
 
 
 def peer_uid(client: tuple[str, int], server: tuple[str, int]) -> int | None:
-    """The uid that owns the client's side of the ESTABLISHED loopback TCP connection from `client` (host, port) to
-    `server` (host, port), matched on all four (from /proc/net/tcp and tcp6; an IPv4 peer of an IPv6 socket as
-    ::ffff:a.b.c.d): who is asking a local server. None when it is not found or there is no /proc; never a match on
-    ports alone (another address on loopback, or a socket in TIME_WAIT, is not the peer)."""
+    """The uid that owns the client's side of the ESTABLISHED loopback TCP connection from `client`
+    (host, port) to `server` (host, port), matched on all four (from /proc/net/tcp and tcp6; an IPv4
+    peer of an IPv6 socket as ::ffff:a.b.c.d): who is asking a local server. None when it is not
+    found or there is no /proc; never a match on ports alone (another address on loopback, or a
+    socket in TIME_WAIT, is not the peer)."""
     import ipaddress
 
     wanted = set()
@@ -178,7 +206,9 @@ def peer_uid(client: tuple[str, int], server: tuple[str, int]) -> int | None:
         try:
             hosts = [ipaddress.ip_address(h.split("%")[0]) for h in (client[0], server[0])]
             if form == "mapped":
-                hosts = [ipaddress.IPv6Address(f"::ffff:{h}") if h.version == 4 else h for h in hosts]
+                hosts = [
+                    ipaddress.IPv6Address(f"::ffff:{h}") if h.version == 4 else h for h in hosts
+                ]
             wanted.add((_address(str(hosts[0]), client[1]), _address(str(hosts[1]), server[1])))
         except ValueError:
             return None
@@ -189,7 +219,8 @@ def peer_uid(client: tuple[str, int], server: tuple[str, int]) -> int | None:
             continue
         for line in lines:
             cols = line.split()
-            if len(cols) > 7 and cols[3] == "01" and (cols[1], cols[2]) in wanted:  # 01: ESTABLISHED
+            # 01: ESTABLISHED
+            if len(cols) > 7 and cols[3] == "01" and (cols[1], cols[2]) in wanted:
                 return int(cols[7])
     return None
 
@@ -208,7 +239,8 @@ def family(pid: int) -> set[int]:
 
 
 def sockets_of(pids: set[int]) -> set[int]:
-    """The inodes of the sockets the processes `pids` hold open (/proc/PID/fd links read `socket:[INODE]`)."""
+    """The inodes of the sockets the processes `pids` hold open (/proc/PID/fd links read
+    `socket:[INODE]`)."""
     inodes = set()
     for pid in pids:
         try:
@@ -226,8 +258,9 @@ def sockets_of(pids: set[int]) -> set[int]:
 
 
 def serves(pid: int, port: int) -> bool | None:
-    """Whether what listens on `port` is the process `pid` or one below it (its socket among their open files): True,
-    False when nothing or something else listens, None without /proc (then nothing can be proved either way)."""
+    """Whether what listens on `port` is the process `pid` or one below it (its socket among their
+    open files): True, False when nothing or something else listens, None without /proc (then
+    nothing can be proved either way)."""
     found = listeners(port)
     if found is None:
         return None
@@ -235,13 +268,15 @@ def serves(pid: int, port: int) -> bool | None:
 
 
 def _others(pid: int, found: list[tuple[int, int]]) -> list[int]:
-    """The uids of the listening sockets `found` (`listeners`) that are not `pid`'s or its children's."""
+    """The uids of the listening sockets `found` (`listeners`) that are not `pid`'s or its
+    children's."""
     ours = sockets_of(family(pid))
     return [uid for uid, inode in found if inode not in ours]
 
 
 class PortTaken(ZhpipeError):
-    """Another process listens on the port of a server zhpipe started: no credentials are sent there."""
+    """Another process listens on the port of a server zhpipe started: no credentials are sent
+    there."""
 
 
 def port_of(url: str) -> int:
@@ -250,13 +285,16 @@ def port_of(url: str) -> int:
     return urlparse(url).port or 80
 
 
-def ours_listening(pid: int, url: str, sent: str = "no credentials were sent there; choose another port") -> bool:
-    """Whether the socket listening on `url`'s port is one of process `pid`'s (or its workers'): False while nothing
-    listens yet; True without /proc (nothing can be proved there); `PortTaken`, naming who holds it and saying `sent`,
-    when another process does (another user who binds the port first, or between our check that it is free and our
-    server's start)."""
+def ours_listening(
+    pid: int, url: str, sent: str = "no credentials were sent there; choose another port"
+) -> bool:
+    """Whether the socket listening on `url`'s port is one of process `pid`'s (or its workers'):
+    False while nothing listens yet; True without /proc (nothing can be proved there); `PortTaken`,
+    naming who holds it and saying `sent`, when another process does (another user who binds the
+    port first, or between our check that it is free and our server's start)."""
     port = port_of(url)
-    found = listeners(port)  # one reading: a server that starts listening meanwhile is not taken for another's
+    # one reading: a server that starts listening meanwhile is not taken for another's
+    found = listeners(port)
     if found is None:
         return True
     if not found:
@@ -265,19 +303,23 @@ def ours_listening(pid: int, url: str, sent: str = "no credentials were sent the
     if not others:
         return True
     who = "you, another process" if others[0] == os.getuid() else f"another user (uid {others[0]})"
-    raise PortTaken(f"port {port} on 127.0.0.1 is held by {who}, not by the server zhpipe started; {sent}")
+    raise PortTaken(
+        f"port {port} on 127.0.0.1 is held by {who}, not by the server zhpipe started; {sent}"
+    )
 
 
-def ours_answering(pid: int, url: str, auth: str, path: str = "/health", timeout: float = 2) -> bool:
-    """Whether the server zhpipe started as process `pid` answers at `url` as ours: before a request with the
-    credentials goes out, its socket must be `pid`'s (`ours_listening`); then the server must demand exactly these
-    credentials (`demands`). False: not up yet."""
+def ours_answering(
+    pid: int, url: str, auth: str, path: str = "/health", timeout: float = 2
+) -> bool:
+    """Whether the server zhpipe started as process `pid` answers at `url` as ours: before a request
+    with the credentials goes out, its socket must be `pid`'s (`ours_listening`); then the server
+    must demand exactly these credentials (`demands`). False: not up yet."""
     return ours_listening(pid, url) and demands(url, auth, path, timeout)
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
-    """Whether nothing listens on `port` of `host` now (a bind succeeds): what zhpipe checks before it starts a server
-    there, and before it draws a project's port."""
+    """Whether nothing listens on `port` of `host` now (a bind succeeds): what zhpipe checks before
+    it starts a server there, and before it draws a project's port."""
     import socket
 
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
@@ -289,7 +331,8 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on now, drawn by the system (whoever binds it next is proved by `ours_listening`)."""
+    """A port nothing listens on now, drawn by the system (whoever binds it next is proved by
+    `ours_listening`)."""
     import socket
 
     with socket.socket() as probe:

@@ -1,6 +1,7 @@
-"""Small records a stage store keeps beside its outputs, under `_records/` (never collected by gc): on a local store a
-folder only its owner reaches, on an object store the team's bucket, which only its engineers' machines write. The
-digest of a logged model's files is one (flows.track.trust)."""
+"""Small records a stage store keeps beside its outputs, under `_records/` (never collected by gc):
+on a local store a folder only its owner reaches, on an object store the team's bucket, which only
+its engineers' machines write. The digest of a logged model's files is one (flows.track.trust)."""
+
 from __future__ import annotations
 
 from flows.plan.store import StageStore
@@ -20,7 +21,8 @@ def write_record(store: StageStore, name: str, text: str) -> None:
 
 
 def read_record(store: StageStore, name: str) -> str | None:
-    """The record `name` of `store`; None when there is none (an object store's copy, not the local mirror's)."""
+    """The record `name` of `store`; None when there is none (an object store's copy, not the local
+    mirror's)."""
     if store.fs is not None:
         try:
             return store.fs.cat_file(f"{store.base}/{FOLDER}/{name}").decode("utf-8")

@@ -1,6 +1,8 @@
-"""A pipeline's source as planning sees it: its partitions (files of a folder or glob, or an appended file's runs),
-fixed for the length of a run; what earlier runs held (kept in the project, so a missing partition is named);
-runs on other corpora kept from `gc`; the source's fingerprint. Neither Prefect nor MLflow."""
+"""A pipeline's source as planning sees it: its partitions (files of a folder or glob, or an
+appended file's runs), fixed for the length of a run; what earlier runs held (kept in the project,
+so a missing partition is named); runs on other corpora kept from `gc`; the source's fingerprint.
+Neither Prefect nor MLflow."""
+
 from __future__ import annotations
 
 import contextlib
@@ -17,14 +19,17 @@ from tasks.util.io import file_sha256, resolve_path
 
 log = logging.getLogger("zhpipe")
 
-_FILE_DIGESTS: dict[tuple[str, int, int], str] = {}  # (file, mtime_ns, size) -> sha256: each file version hashed once
-_APPENDED: dict[tuple, list] = {}  # (file, mtime_ns, size, record) -> its partitions: an append source checked once
-_FROZEN: dict[int, list] = {}  # id(config) -> the partitions a run planned with: fixed from planning to its end
+# (file, mtime_ns, size) -> sha256: each file version hashed once
+_FILE_DIGESTS: dict[tuple[str, int, int], str] = {}
+# (file, mtime_ns, size, record) -> its partitions: an append source checked once
+_APPENDED: dict[tuple, list] = {}
+# id(config) -> the partitions a run planned with: fixed from planning to its end
+_FROZEN: dict[int, list] = {}
 
 
 def _owner_only(parts: list) -> list:
-    """The partition files inside the project (a night dropped into data/raw/ by an export, with its mode) made the
-    owner's only, as every copy of a corpus zhpipe makes."""
+    """The partition files inside the project (a night dropped into data/raw/ by an export, with its
+    mode) made the owner's only, as every copy of a corpus zhpipe makes."""
     from tasks.util.private import tighten
 
     root = project.current().root
@@ -36,9 +41,9 @@ def _owner_only(parts: list) -> list:
 
 
 def partitions(config: PipelineConfig) -> list:
-    """The partitions of a partitioned source (one per file in file-name order, or one per run's appended
-    lines); [] for a single-file source. Planning asks for them once per unit: a file (or an appended file's
-    ranges) is hashed once per version in this process, not on every call."""
+    """The partitions of a partitioned source (one per file in file-name order, or one per run's
+    appended lines); [] for a single-file source. Planning asks for them once per unit: a file (or
+    an appended file's ranges) is hashed once per version in this process, not on every call."""
     if not config.source.partitioned:
         return []
     if id(config) in _FROZEN:
@@ -72,8 +77,8 @@ def _listed(config: PipelineConfig) -> list:
 
 
 def _kept(config: PipelineConfig, parts: list) -> list:
-    """The partitions less those a blocking check holds out (flows/plan/held.py) as they are now: an edited held
-    file is judged afresh."""
+    """The partitions less those a blocking check holds out (flows/plan/held.py) as they are now: an
+    edited held file is judged afresh."""
     from flows.plan import held
 
     out = held.held(config.identity)
@@ -81,30 +86,39 @@ def _kept(config: PipelineConfig, parts: list) -> list:
 
 
 def hold_out(config: PipelineConfig, name: str) -> None:
-    """Take a partition out of the list a running run planned with (a blocking check held it out)."""
+    """Take a partition out of the list a running run planned with (a blocking check held it
+    out)."""
     if id(config) in _FROZEN:
         _FROZEN[id(config)] = [p for p in _FROZEN[id(config)] if p.name != name]
 
 
 @contextlib.contextmanager
 def fixed_partitions(config: PipelineConfig):
-    """Within the block, `partitions(config)` is the list found on entry: a file appended to, added or removed while
-    a run plans or builds changes nothing in that run (the next run finds it). A partition the last run had and the
-    source no longer has is a warning line naming it, or an error with `source.missing_partitions: error`."""
+    """Within the block, `partitions(config)` is the list found on entry: a file appended to, added
+    or removed while a run plans or builds changes nothing in that run (the next run finds it). A
+    partition the last run had and the source no longer has is a warning line naming it, or an error
+    with `source.missing_partitions: error`."""
     if not config.source.partitioned or id(config) in _FROZEN:
         yield
         return
     parts = _owner_only(partitions(config))
     from flows.plan import held
 
-    accounted = {p.name for p in parts} | set(held.held(config.identity))  # a held partition is not gone
+    # a held partition is not gone
+    accounted = {p.name for p in parts} | set(held.held(config.identity))
     gone = [name for name in _recorded(config) if name not in accounted]
     if gone:
         listed = ", ".join(gone[:5]) + (f" and {len(gone) - 5} more" if len(gone) > 5 else "")
-        message = (f"source {config.source.path}: {len(gone)} partition(s) of the last run are gone ({listed}); "
-                   "their rows are not in this run's corpus")
+        message = (
+            f"source {config.source.path}: {len(gone)} partition(s) of the last run are gone "
+            f"({listed}); "
+            "their rows are not in this run's corpus"
+        )
         if config.source.missing_partitions == "error":
-            raise ZhpipeError(message + " (source.missing_partitions: error; put the files back or set it to warn)")
+            raise ZhpipeError(
+                message
+                + " (source.missing_partitions: error; put the files back or set it to warn)"
+            )
         log.warning("%s", message)
     _FROZEN[id(config)] = parts
     try:
@@ -114,12 +128,15 @@ def fixed_partitions(config: PipelineConfig):
 
 
 def _record(config: PipelineConfig, kind: str) -> Path:
-    """Where what a partitioned source held at earlier runs is kept: in the project (whatever store a run uses), by
-    the source's path."""
+    """Where what a partitioned source held at earlier runs is kept: in the project (whatever store
+    a run uses), by the source's path."""
     import hashlib
 
-    where = (str(resolve_local(config.source.path)) if kind == "appends"
-             else f"{project.current().root}|{config.source.path}")
+    where = (
+        str(resolve_local(config.source.path))
+        if kind == "appends"
+        else f"{project.current().root}|{config.source.path}"
+    )
     name = hashlib.sha256(where.encode()).hexdigest()[:16]
     return project.current().data / "_cache" / f"{kind}-{name}.json"
 
@@ -129,7 +146,8 @@ def _append_record(config: PipelineConfig) -> Path:
 
 
 def _recorded(config: PipelineConfig) -> list[str]:
-    """The partitions the last run of a file or glob source had (an appended file's never go: not recorded)."""
+    """The partitions the last run of a file or glob source had (an appended file's never go: not
+    recorded)."""
     if config.source.grows == "append":
         return []
     try:
@@ -140,8 +158,8 @@ def _recorded(config: PipelineConfig) -> list[str]:
 
 
 def record_appends(config: PipelineConfig) -> None:
-    """Keep this run's partitions of a partitioned source, so that the next run finds them (and checks them): an
-    appended file's byte ranges and sha256, a folder's or glob's file names."""
+    """Keep this run's partitions of a partitioned source, so that the next run finds them (and
+    checks them): an appended file's byte ranges and sha256, a folder's or glob's file names."""
     from tasks.util.io import atomic_write_text
 
     if not config.source.partitioned:
@@ -159,21 +177,30 @@ def record_appends(config: PipelineConfig) -> None:
         return
     record = _append_record(config)
     record.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(record, json.dumps([{"end": p.byte_range[1], "sha256": p.fingerprint()} for p in parts],
-                                         indent=1))
+    atomic_write_text(
+        record,
+        json.dumps([{"end": p.byte_range[1], "sha256": p.fingerprint()} for p in parts], indent=1),
+    )
 
 
 def record_source_run(config: PipelineConfig, keys: dict[str, str]) -> None:
-    """A run on another corpus (`--source`) is in no pipeline of pipelines.yaml: what it built is kept from `zhpipe
-    gc` by this record of its keys and source (in the project), until `zhpipe gc --forget <its name>`."""
+    """A run on another corpus (`--source`) is in no pipeline of pipelines.yaml: what it built is
+    kept from `zhpipe gc` by this record of its keys and source (in the project), until `zhpipe gc
+    --forget <its name>`."""
     from tasks.util.io import atomic_write_text
 
     if not config.tracked_as:
         return
     record = source_run_record(config.identity)
     record.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(record, json.dumps({"pipeline": config.name, "source": config.source.path, "keys": keys},
-                                         ensure_ascii=False, indent=1))
+    atomic_write_text(
+        record,
+        json.dumps(
+            {"pipeline": config.name, "source": config.source.path, "keys": keys},
+            ensure_ascii=False,
+            indent=1,
+        ),
+    )
 
 
 def source_run_record(identity: str) -> Path:
@@ -181,19 +208,22 @@ def source_run_record(identity: str) -> Path:
 
 
 def source_run_records() -> dict[str, dict[str, Any]]:
-    """The records of runs on other corpora, by name; an unreadable one is named in a warning and kept nothing for."""
+    """The records of runs on other corpora, by name; an unreadable one is named in a warning and
+    kept nothing for."""
     found = {}
     for path in sorted((project.current().data / "_cache").glob("source-run-*.json")):
         try:
-            found[path.stem.removeprefix("source-run-")] = json.loads(path.read_text(encoding="utf-8"))
+            found[path.stem.removeprefix("source-run-")] = json.loads(
+                path.read_text(encoding="utf-8")
+            )
         except (OSError, ValueError) as e:
             log.warning("gc: %s is unreadable (%s); the outputs it names are not kept", path, e)
     return found
 
 
 def partition_source(config: PipelineConfig, name: str):
-    """The source of one partition: its file, relative to the project folder where it is inside it (so that
-    a moved project keeps its keys), and for an append its byte range."""
+    """The source of one partition: its file, relative to the project folder where it is inside it
+    (so that a moved project keeps its keys), and for an append its byte range."""
     root = project.current().root
     part = next(p for p in partitions(config) if p.name == name)
     shown = part.path.relative_to(root) if part.path.is_relative_to(root) else part.path
@@ -205,9 +235,9 @@ def partition_source(config: PipelineConfig, name: str):
 
 
 def source_fingerprint(config: PipelineConfig, origin: Origin | None = None) -> str:
-    """What identifies the raw bytes (`tasks.source.origin.Origin`: the local file's sha256, else the declared
-    sha256, else the server's validators). A source with given splits: each file's, by split; a partitioned
-    source: the digest of its partitions' list."""
+    """What identifies the raw bytes (`tasks.source.origin.Origin`: the local file's sha256, else
+    the declared sha256, else the server's validators). A source with given splits: each file's, by
+    split; a partitioned source: the digest of its partitions' list."""
     if config.source.partitioned:
         import hashlib
 
@@ -226,5 +256,6 @@ def origin_of(config: PipelineConfig) -> Origin:
 
 
 def resolve_local(location: str) -> Path | None:
-    """A local path for `location` (plain path or file:// URL; relative paths from the project folder)."""
+    """A local path for `location` (plain path or file:// URL; relative paths from the project
+    folder)."""
     return resolve_path(location, project.current().root)

@@ -1,16 +1,18 @@
 """Content-addressed stage store: the one place that decides where a stage's output lives.
 
-Layout: `<root>/<stage>/<key>/` holds a finished output and its `manifest.json`; an output is built in
-`<root>/<stage>/.tmp-<key>-<pid>/` and renamed into place, so a killed run never leaves a half-written
-folder that counts as done. `<root>/<stage>/.scratch-<key>/` holds what a killed build resumes from, and
-`<root>/<stage>/.lock-<key>` makes concurrent runs build each output once (on an object store, where a file
-lock cannot reach other machines, a Prefect global concurrency limit per key does).
+Layout: `<root>/<stage>/<key>/` holds a finished output and its `manifest.json`; an output is built
+in `<root>/<stage>/.tmp-<key>-<pid>/` and renamed into place, so a killed run never leaves a
+half-written folder that counts as done. `<root>/<stage>/.scratch-<key>/` holds what a killed build
+resumes from, and `<root>/<stage>/.lock-<key>` makes concurrent runs build each output once (on an
+object store, where a file lock cannot reach other machines, a Prefect global concurrency limit per
+key does).
 
-The root is a local folder or any fsspec URL (s3://, gs://, a shared file system). For a remote root the
-outputs are built in, and read from, a local mirror (`ZHPIPE_CACHE`, default `<project>/data/.remote/<root hash>`);
-publishing uploads the files first and `manifest.json` last, so an output counts as done only once all of
-it is there, on every machine.
+The root is a local folder or any fsspec URL (s3://, gs://, a shared file system). For a remote root
+the outputs are built in, and read from, a local mirror (`ZHPIPE_CACHE`, default
+`<project>/data/.remote/<root hash>`); publishing uploads the files first and `manifest.json` last,
+so an output counts as done only once all of it is there, on every machine.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -31,18 +33,21 @@ from tasks.util.procs import alive
 from tasks.util.urls import check_storage_url, conceal, redact, reveal, storage_options
 
 MANIFEST = "manifest.json"
-HASH_ON_REUSE_BYTES = 8 << 20  # files up to this size are hashed on every reuse; larger ones with --verify
+# files up to this size are hashed on every reuse; larger ones with --verify
+HASH_ON_REUSE_BYTES = 8 << 20
 log = logging.getLogger("zhpipe")
 
 
 def unit_folder(unit: str) -> str:
-    """The store folder of a unit: a partition unit (`clean:2026-12-01.csv`) lives in its stage's folder beside
-    the stage's gathered outputs, told apart by key; a model unit (`train.textcnn`) has a folder of its own."""
+    """The store folder of a unit: a partition unit (`clean:2026-12-01.csv`) lives in its stage's
+    folder beside the stage's gathered outputs, told apart by key; a model unit (`train.textcnn`)
+    has a folder of its own."""
     return unit.split(":", 1)[0]
 
 
 def stage_key(causes: dict[str, Any]) -> str:
-    """Hash of everything that determines a stage's output (see flows.orchestrate.execute.key_causes)."""
+    """Hash of everything that determines a stage's output (see
+    flows.orchestrate.execute.key_causes)."""
     blob = json.dumps(causes, sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -58,18 +63,21 @@ class Manifest:
     rows: int | None
     seconds: float
     metrics: dict[str, float] = field(default_factory=dict)
-    facts: dict[str, Any] = field(default_factory=dict)  # what the stage tells later stages (tasks.core.Facts)
+    # what the stage tells later stages (tasks.core.Facts)
+    facts: dict[str, Any] = field(default_factory=dict)
     mlflow_run_id: str | None = None  # the stage run that logged this output's artifacts
     created: float = field(default_factory=time.time)
-    causes: dict[str, Any] = field(default_factory=dict)  # what the key hashed: `zhpipe status` diffs these
-    files: dict[str, dict[str, Any]] = field(default_factory=dict)  # relative path -> {size, sha256}: checked on reuse
+    # what the key hashed: `zhpipe status` diffs these
+    causes: dict[str, Any] = field(default_factory=dict)
+    # relative path -> {size, sha256}: checked on reuse
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
     # the pipeline whose run built it: `zhpipe status` explains a pipeline by its own builds
     pipeline: str | None = None
 
     @classmethod
     def from_json(cls, text: str, where: str = MANIFEST) -> Manifest:
-        """A manifest from its JSON (fields this version does not know are ignored); `CorruptManifest` naming
-        `where` when it is not one (truncated, edited, not UTF-8)."""
+        """A manifest from its JSON (fields this version does not know are ignored);
+        `CorruptManifest` naming `where` when it is not one (truncated, edited, not UTF-8)."""
         try:
             doc = json.loads(text)
             manifest = cls(**{k: v for k, v in doc.items() if k in cls.__dataclass_fields__})
@@ -93,7 +101,8 @@ class Manifest:
 
 
 class CorruptManifest(ZhpipeError):
-    """A manifest that cannot be read as one: its output counts as missing (rebuilt) and as corrupt (`verify`)."""
+    """A manifest that cannot be read as one: its output counts as missing (rebuilt) and as corrupt
+    (`verify`)."""
 
     def __init__(self, where: str, reason: str):
         self.where, self.reason = where, reason
@@ -130,38 +139,45 @@ def local_root(root: str | Path) -> Path:
     return Path(text).expanduser()
 
 
-# attempts at each request to an S3 store (botocore's standard retry mode: jittered backoff doubling to 20 s): an
-# object store that does not answer for a minute or two is waited out; reads and writes of whole objects are safe to
-# repeat
+# attempts at each request to an S3 store (botocore's standard retry mode: jittered backoff doubling
+# to 20 s): an object store that does not answer for a minute or two is waited out; reads and writes
+# of whole objects are safe to repeat
 S3_ATTEMPTS = 16
 
 
 def _retrying(url: str) -> dict:
-    """fsspec options that make a request to the store retry where a retry is safe (S3; AWS_MAX_ATTEMPTS still wins)."""
+    """fsspec options that make a request to the store retry where a retry is safe (S3;
+    AWS_MAX_ATTEMPTS still wins)."""
     if not url.startswith(("s3://", "s3a://")) or os.environ.get("AWS_MAX_ATTEMPTS"):
         return {}
     return {"config_kwargs": {"retries": {"max_attempts": S3_ATTEMPTS, "mode": "standard"}}}
 
 
 class StageStore:
-    """Finds, creates and publishes stage outputs under one root: a local folder or an fsspec URL."""
+    """Finds, creates and publishes stage outputs under one root: a local folder or an fsspec
+    URL."""
 
     def __init__(self, root: str | Path, cache: Path | None = None):
-        self.url = redact(str(root))  # what messages, tags and Prefect parameters show; the real URL only connects
+        # what messages, tags and Prefect parameters show; the real URL only connects
+        self.url = redact(str(root))
         self.fs = None
-        self._manifests: dict[tuple[str, str], Manifest] = {}  # remote manifests read by this store: one GET per output
+        # remote manifests read by this store: one GET per output
+        self._manifests: dict[tuple[str, str], Manifest] = {}
         check_storage_url(reveal(str(root)))
         if is_remote(root):
             import fsspec
 
-            self.fs, self.base = fsspec.core.url_to_fs(reveal(str(root)), **_retrying(str(root)), **storage_options())
+            self.fs, self.base = fsspec.core.url_to_fs(
+                reveal(str(root)), **_retrying(str(root)), **storage_options()
+            )
             self.base = self.base.rstrip("/")
             if cache is None and not os.environ.get("ZHPIPE_CACHE"):
                 from flows.plan.project import current
 
                 cache = current().data / ".remote"
             mirror = cache or Path(os.environ["ZHPIPE_CACHE"])
-            self.root = mirror / hashlib.sha256(self.url.encode()).hexdigest()[:12]  # the local mirror
+            # the local mirror
+            self.root = mirror / hashlib.sha256(self.url.encode()).hexdigest()[:12]
         else:
             self.root = local_root(root)
 
@@ -176,15 +192,18 @@ class StageStore:
         return "/".join((self.base, stage, *parts))
 
     def remote_url(self, local_path: str) -> str:
-        """The object-store URL of a file in the local mirror of a remote root (what Dask workers on other
-        machines read); a local root's paths are returned as they are."""
+        """The object-store URL of a file in the local mirror of a remote root (what Dask workers on
+        other machines read); a local root's paths are returned as they are."""
         path = Path(local_path)
         if self.fs is None or not path.is_relative_to(self.root):
             return local_path
         if self.url != reveal(self.url):
-            raise ZhpipeError(f"storage {self.url}: a Dask cluster on other machines cannot be given a storage URL "
-                              f"with credentials; give the workers their credentials in their environment (e.g. "
-                              f"AWS_ACCESS_KEY_ID) instead")
+            raise ZhpipeError(
+                f"storage {self.url}: a Dask cluster on other machines cannot be given a storage "
+                "URL "
+                f"with credentials; give the workers their credentials in their environment (e.g. "
+                f"AWS_ACCESS_KEY_ID) instead"
+            )
         return self.fs.unstrip_protocol(self._remote(*path.relative_to(self.root).parts))
 
     def is_done(self, stage: str, key: str) -> bool:
@@ -201,8 +220,8 @@ class StageStore:
         return Manifest.read(self.path(stage, key))
 
     def _remote_manifest(self, stage: str, key: str) -> Manifest | None:
-        """The output's manifest in the object store (one GET, kept: a key's output does not change unless this store
-        retracts it), or None while it is not published."""
+        """The output's manifest in the object store (one GET, kept: a key's output does not change
+        unless this store retracts it), or None while it is not published."""
         memo = (str(stage), str(key))
         if memo not in self._manifests:
             where = self._remote(unit_folder(stage), key, MANIFEST)
@@ -210,11 +229,14 @@ class StageStore:
                 text = self.fs.cat_file(where)
             except FileNotFoundError:
                 return None
-            self._manifests[memo] = Manifest.from_json(text.decode("utf-8", errors="replace"), where)
+            self._manifests[memo] = Manifest.from_json(
+                text.decode("utf-8", errors="replace"), where
+            )
         return self._manifests[memo]
 
     def local(self, stage: str, key: str) -> Path:
-        """A local folder holding the finished output; a remote one is downloaded into the mirror once."""
+        """A local folder holding the finished output; a remote one is downloaded into the mirror
+        once."""
         folder = self.path(stage, key)
         if self.fs is None or (folder / MANIFEST).is_file():
             return folder
@@ -223,28 +245,39 @@ class StageStore:
         tmp.mkdir(parents=True)
         self.fs.get(self._remote(unit_folder(stage), key) + "/", str(tmp) + "/", recursive=True)
         if not (tmp / MANIFEST).is_file():
-            raise FileNotFoundError(f"{self._remote(unit_folder(stage), key)}: no {MANIFEST} after download")
+            raise FileNotFoundError(
+                f"{self._remote(unit_folder(stage), key)}: no {MANIFEST} after download"
+            )
         if folder.exists():
             shutil.rmtree(folder)
         os.replace(tmp, folder)
         return folder
 
     def others(self, stage: str, key: str) -> list[str]:
-        """Keys of other finished outputs of this stage (their presence makes `key` stale, not missing)."""
+        """Keys of other finished outputs of this stage (their presence makes `key` stale, not
+        missing)."""
         if self.fs is not None:
             if not self.fs.exists(self._remote(unit_folder(stage))):
                 return []
-            names = [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self._remote(unit_folder(stage)),
-                                                                          detail=False)]
-            return [n for n in names if n != key and not n.startswith(".")
-                    and self.fs.exists(self._remote(unit_folder(stage), n, MANIFEST))]
+            names = [
+                p.rstrip("/").rsplit("/", 1)[-1]
+                for p in self.fs.ls(self._remote(unit_folder(stage)), detail=False)
+            ]
+            return [
+                n
+                for n in names
+                if n != key
+                and not n.startswith(".")
+                and self.fs.exists(self._remote(unit_folder(stage), n, MANIFEST))
+            ]
         folder = self.root / unit_folder(stage)
         if not folder.is_dir():
             return []
         return [p.name for p in folder.iterdir() if p.name != key and (p / MANIFEST).is_file()]
 
     def begin(self, stage: str, key: str) -> Path:
-        """A fresh temporary folder to build an output in; those of killed builds of this key are removed."""
+        """A fresh temporary folder to build an output in; those of killed builds of this key are
+        removed."""
         for old in (self.root / unit_folder(stage)).glob(f".tmp-{key}-*"):
             pid = old.name.rsplit("-", 1)[-1]
             if pid.isdigit() and not alive(int(pid)):
@@ -255,14 +288,16 @@ class StageStore:
         return tmp
 
     def publish(self, tmp: Path, manifest: Manifest) -> Path:
-        """Record every file's size and sha256 in the manifest, make the files durable (fsync), write the
-        manifest last, then rename the folder into place (atomic on one file system)."""
+        """Record every file's size and sha256 in the manifest, make the files durable (fsync),
+        write the manifest last, then rename the folder into place (atomic on one file system)."""
         manifest.files = {}
         for path in sorted(p for p in tmp.rglob("*") if p.is_file() and p.name != MANIFEST):
             with open(path, "rb") as f:
                 os.fsync(f.fileno())
-            manifest.files[path.relative_to(tmp).as_posix()] = {"size": path.stat().st_size,
-                                                                "sha256": file_sha256(path)}
+            manifest.files[path.relative_to(tmp).as_posix()] = {
+                "size": path.stat().st_size,
+                "sha256": file_sha256(path),
+            }
         manifest.write(tmp)
         _fsync_dir(tmp)
         final = self.path(manifest.stage, manifest.key)
@@ -279,8 +314,8 @@ class StageStore:
         return final
 
     def verify(self, stage: str, key: str, full: bool = False) -> list[str]:
-        """Problems of a finished output against its manifest (empty when sound): every file's size, and its
-        sha256 when `full` or the file is small enough to hash on every reuse."""
+        """Problems of a finished output against its manifest (empty when sound): every file's size,
+        and its sha256 when `full` or the file is small enough to hash on every reuse."""
         folder = self.local(stage, key)
         try:
             manifest = Manifest.read(folder)
@@ -289,21 +324,30 @@ class StageStore:
         problems = []
         root = folder.resolve()
         listed = set(manifest.files)
-        if full:  # a file the manifest does not list (added, or one whose entry was removed) is a problem too
+        # a file the manifest does not list (added, or one whose entry was removed) is a problem too
+        if full:
             for path in sorted(folder.rglob("*")):
                 rel = path.relative_to(folder).as_posix()
                 if path.is_file() and rel != MANIFEST and rel not in listed:
                     problems.append(f"{rel}: not in the manifest")
         for rel, facts in manifest.files.items():
             path = folder / rel
-            if Path(rel).is_absolute() or not path.resolve().is_relative_to(root) or path.is_symlink():
+            if (
+                Path(rel).is_absolute()
+                or not path.resolve().is_relative_to(root)
+                or path.is_symlink()
+            ):
                 problems.append(f"{rel}: a manifest path outside the output")
                 continue
             if not path.is_file():
                 problems.append(f"{rel}: missing")
             elif path.stat().st_size != facts["size"]:
-                problems.append(f"{rel}: {path.stat().st_size} bytes, manifest says {facts['size']}")
-            elif (full or facts["size"] <= HASH_ON_REUSE_BYTES) and file_sha256(path) != facts["sha256"]:
+                problems.append(
+                    f"{rel}: {path.stat().st_size} bytes, manifest says {facts['size']}"
+                )
+            elif (full or facts["size"] <= HASH_ON_REUSE_BYTES) and file_sha256(path) != facts[
+                "sha256"
+            ]:
                 problems.append(f"{rel}: sha256 differs from the manifest")
         return problems
 
@@ -319,10 +363,12 @@ class StageStore:
             shutil.rmtree(trash, ignore_errors=True)
 
     def _upload(self, final: Path, manifest: Manifest) -> None:
-        """Every file of the output, then its manifest: readers elsewhere see it done only when complete."""
+        """Every file of the output, then its manifest: readers elsewhere see it done only when
+        complete."""
         target = self._remote(unit_folder(manifest.stage), manifest.key)
         self._manifests.pop((str(manifest.stage), str(manifest.key)), None)
-        if self.fs.exists(target + "/" + MANIFEST):  # a forced rebuild: retract the old output first
+        # a forced rebuild: retract the old output first
+        if self.fs.exists(target + "/" + MANIFEST):
             self.fs.rm_file(target + "/" + MANIFEST)
         for path in sorted(final.rglob("*")):
             if path.is_file() and path.name != MANIFEST:
@@ -333,9 +379,10 @@ class StageStore:
 
     @contextlib.contextmanager
     def lock(self, stage: str, key: str, shared: Callable[[str, str], Any] | None = None):
-        """Hold the key's lock (a file lock, so it works across processes): two runs that need the same
-        output build it once; the second waits, then finds it done. On an object store, `shared(name, waiting)`
-        is the lock across machines (the orchestration passes a Prefect global concurrency slot)."""
+        """Hold the key's lock (a file lock, so it works across processes): two runs that need the
+        same output build it once; the second waits, then finds it done. On an object store,
+        `shared(name, waiting)` is the lock across machines (the orchestration passes a Prefect
+        global concurrency slot)."""
         from filelock import FileLock, Timeout
 
         (self.root / unit_folder(stage)).mkdir(parents=True, exist_ok=True)
@@ -348,16 +395,20 @@ class StageStore:
         try:
             if self.fs is None or shared is None:
                 yield
-            else:  # an object store: the file lock covers this machine only; the shared lock covers all
-                name = "zhpipe-store-" + hashlib.sha256(f"{self.url}|{stage}|{key}".encode()).hexdigest()[:16]
+            # an object store: the file lock covers this machine only; the shared lock covers all
+            else:
+                name = (
+                    "zhpipe-store-"
+                    + hashlib.sha256(f"{self.url}|{stage}|{key}".encode()).hexdigest()[:16]
+                )
                 with shared(name, f"{stage}: another machine is building {key}; waiting for it"):
                     yield
         finally:
             lock.release()
 
     def scratch(self, stage: str, key: str) -> Path:
-        """A folder kept across attempts at one key (training checkpoints), so a killed build can resume;
-        removed once the output is published."""
+        """A folder kept across attempts at one key (training checkpoints), so a killed build can
+        resume; removed once the output is published."""
         folder = self.root / unit_folder(stage) / f".scratch-{key}"
         folder.mkdir(parents=True, exist_ok=True)
         return folder
@@ -369,20 +420,30 @@ class StageStore:
         return folder / name
 
     def downloads(self, url: str) -> Path:
-        """Folder for a URL's downloaded bytes, kept across attempts so a partial file can resume."""
+        """Folder for a URL's downloaded bytes, kept across attempts so a partial file can
+        resume."""
         folder = self.root / "_downloads" / hashlib.sha256(url.encode()).hexdigest()[:16]
         folder.mkdir(parents=True, exist_ok=True)
         return folder
 
 
 def storage_root(config, explicit: str | None = None) -> str:
-    """The stage store root: --storage, else ZHPIPE_STORAGE (or the older ZHPIPE_DATA), else the pipeline's
-    `storage`, else the project's data/. A folder or an fsspec URL, without credentials (`check_storage_url`)."""
-    for where, url in (("--storage", explicit), ("ZHPIPE_STORAGE", os.environ.get("ZHPIPE_STORAGE")),
-                       ("storage", config.storage)):
+    """The stage store root: --storage, else ZHPIPE_STORAGE (or the older ZHPIPE_DATA), else the
+    pipeline's `storage`, else the project's data/. A folder or an fsspec URL, without credentials
+    (`check_storage_url`)."""
+    for where, url in (
+        ("--storage", explicit),
+        ("ZHPIPE_STORAGE", os.environ.get("ZHPIPE_STORAGE")),
+        ("storage", config.storage),
+    ):
         check_storage_url(url, where)
-    return conceal(explicit or os.environ.get("ZHPIPE_STORAGE") or os.environ.get("ZHPIPE_DATA") or config.storage
-                   or str(_project_data()))
+    return conceal(
+        explicit
+        or os.environ.get("ZHPIPE_STORAGE")
+        or os.environ.get("ZHPIPE_DATA")
+        or config.storage
+        or str(_project_data())
+    )
 
 
 def _project_data() -> Path:

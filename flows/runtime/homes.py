@@ -5,6 +5,7 @@ leaves its database, as it stood when it first answered (before any run), in thi
 (flows.plan.private.user_cache), one per Prefect version; every later new home gets a copy before
 its server starts. A server on another database (PREFECT_API_DATABASE_CONNECTION_URL) is left
 alone."""
+
 from __future__ import annotations
 
 import os
@@ -87,4 +88,3 @@ def keep(home: Path) -> None:
         pass  # the next new home makes its own, as before
     finally:
         tmp.unlink(missing_ok=True)
-

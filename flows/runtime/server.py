@@ -1,10 +1,11 @@
-"""A Prefect server that zhpipe starts once in the background and every later command reuses: without
-one, each `zhpipe run` would start Prefect's temporary server (about 20 s on every command). The first
-`zhpipe run` of a project starts it, with an idle timeout (`ZHPIPE_SERVER_IDLE`, seconds; it stops that long
-after the last zhpipe command that used it ended); `zhpipe server start|stop|status` manage it by hand
-(`start` without a timeout). The server keeps its database in the project's Prefect home, so the runs recorded
-before are in its UI too. PREFECT_API_URL, when set, always wins; `ZHPIPE_SERVER=temporary` restores a
-temporary server per command."""
+"""A Prefect server that zhpipe starts once in the background and every later command reuses:
+without one, each `zhpipe run` would start Prefect's temporary server (about 20 s on every command).
+The first `zhpipe run` of a project starts it, with an idle timeout (`ZHPIPE_SERVER_IDLE`, seconds;
+it stops that long after the last zhpipe command that used it ended); `zhpipe server
+start|stop|status` manage it by hand (`start` without a timeout). The server keeps its database in
+the project's Prefect home, so the runs recorded before are in its UI too. PREFECT_API_URL, when
+set, always wins; `ZHPIPE_SERVER=temporary` restores a temporary server per command."""
+
 from __future__ import annotations
 
 import contextlib
@@ -44,9 +45,11 @@ def _healthy(url: str, timeout: float = 0.5) -> bool:
 
 
 def _ours(pid: int, url: str, timeout: float = 2) -> bool:
-    """Whether the Prefect server process `pid` started answers at `url` as ours: its socket, then our credentials
-    (`private.ours_answering`; `PortTaken` when another process holds the port)."""
-    return _healthy(url, timeout) and ours_answering(pid, url, credentials(), "/admin/version", timeout)
+    """Whether the Prefect server process `pid` started answers at `url` as ours: its socket, then
+    our credentials (`private.ours_answering`; `PortTaken` when another process holds the port)."""
+    return _healthy(url, timeout) and ours_answering(
+        pid, url, credentials(), "/admin/version", timeout
+    )
 
 
 def _port(url: str) -> int:
@@ -54,10 +57,16 @@ def _port(url: str) -> int:
 
 
 def _read() -> dict | None:
-    """The state file; one written by an earlier zhpipe (pid and url only) gets the identity of the process it names
-    when that process is this user's Prefect server on that url's port (so it can still be stopped)."""
+    """The state file; one written by an earlier zhpipe (pid and url only) gets the identity of the
+    process it names when that process is this user's Prefect server on that url's port (so it can
+    still be stopped)."""
     state = read_state(state_file())
-    if state and "started" not in state and isinstance(state.get("pid"), int) and isinstance(state.get("url"), str):
+    if (
+        state
+        and "started" not in state
+        and isinstance(state.get("pid"), int)
+        and isinstance(state.get("url"), str)
+    ):
         try:
             marker = f"server start --host 127.0.0.1 --port {_port(state['url'])}"
         except (ValueError, IndexError):
@@ -69,11 +78,11 @@ def _read() -> dict | None:
 
 
 def running() -> dict | None:
-    """The background server's {pid, url, log} when it answers and is provably this user's: the process its state
-    file recorded (pid and start time), the port's listener of this uid, our credentials accepted. A server still
-    starting (its state file says so and names a live process of ours) is not running yet, and its file stays, so
-    that `start` waits for it and `stop` stops it. Anything else is a leftover: its state file is removed, nothing
-    is sent to that port."""
+    """The background server's {pid, url, log} when it answers and is provably this user's: the
+    process its state file recorded (pid and start time), the port's listener of this uid, our
+    credentials accepted. A server still starting (its state file says so and names a live process
+    of ours) is not running yet, and its file stays, so that `start` waits for it and `stop` stops
+    it. Anything else is a leftover: its state file is removed, nothing is sent to that port."""
     path = state_file()
     state = _read()
     if not state:
@@ -92,8 +101,8 @@ def running() -> dict | None:
 
 
 def starting(state: dict | None = None) -> dict | None:
-    """The state of a background server that is still starting: recorded before it answered (by a command that may
-    have been killed since) and still a live process of ours."""
+    """The state of a background server that is still starting: recorded before it answered (by a
+    command that may have been killed since) and still a live process of ours."""
     state = _read() if state is None else state
     return state if state and state.get("starting") and procs.is_ours(state) else None
 
@@ -104,8 +113,8 @@ def users_dir() -> Path:
 
 def use_running() -> str | None:
     """Point this process's Prefect client at the background server, when one is running and
-    PREFECT_API_URL is not set, and count this process as one of its users (a server with an idle timeout
-    stays up while a user lives). Call before Prefect is imported."""
+    PREFECT_API_URL is not set, and count this process as one of its users (a server with an idle
+    timeout stays up while a user lives). Call before Prefect is imported."""
     if os.environ.get("PREFECT_API_URL"):
         return None
     state = running()
@@ -125,8 +134,9 @@ def background_url() -> str | None:
 
 @contextlib.contextmanager
 def watched(url: str, on_lost: Callable[[float], None], every: float = 2.0, misses: int = 3):
-    """Within the block, ask `url` for its health every `every` seconds; after `misses` unanswered asks in a row (the
-    server was killed) call `on_lost(seconds without an answer)` from the watching thread."""
+    """Within the block, ask `url` for its health every `every` seconds; after `misses` unanswered
+    asks in a row (the server was killed) call `on_lost(seconds without an answer)` from the
+    watching thread."""
     stop = threading.Event()
 
     def watch():
@@ -157,9 +167,10 @@ def idle_timeout() -> float:
 
 
 def supervise(argv: list[str], idle: float, poll: float | None = None) -> int:
-    """Run the Prefect server (`argv`) and stop it once no zhpipe process has used it for `idle` seconds: its
-    users are the processes named in `users_dir()` (dead ones are dropped as they are seen), looked at every
-    `poll` seconds (5, or a fifth of a shorter timeout, so that it stops within a fifth of it late)."""
+    """Run the Prefect server (`argv`) and stop it once no zhpipe process has used it for `idle`
+    seconds: its users are the processes named in `users_dir()` (dead ones are dropped as they are
+    seen), looked at every `poll` seconds (5, or a fifth of a shorter timeout, so that it stops
+    within a fifth of it late)."""
     from tasks.util.procs import alive
 
     poll = poll if poll is not None else min(5.0, max(idle / 5, 0.5))
@@ -192,12 +203,14 @@ def supervise(argv: list[str], idle: float, poll: float | None = None) -> int:
     return child.returncode
 
 
-PORTS = (4300, 4999)  # where a project's own port is drawn from (Prefect's default 4200 stays free for its own server)
+# where a project's own port is drawn from (Prefect's default 4200 stays free for its own server)
+PORTS = (4300, 4999)
 
 
 def project_port() -> int:
-    """The project's own port: drawn from PORTS by a hash of the Prefect home folder, so it stays the same
-    from one start to the next and two projects rarely meet; ZHPIPE_SERVER_PORT or --port change it."""
+    """The project's own port: drawn from PORTS by a hash of the Prefect home folder, so it stays
+    the same from one start to the next and two projects rarely meet; ZHPIPE_SERVER_PORT or --port
+    change it."""
     import hashlib
 
     if os.environ.get("ZHPIPE_SERVER_PORT"):
@@ -208,14 +221,16 @@ def project_port() -> int:
 
 
 def _free_port(wanted: int | None) -> int:
-    """`wanted` (a port the user chose) when it is free, else one line; without one, the project's own port, or,
-    when another process holds that, a port drawn free from the system: a taken port is never a reason to run
-    without the project's login."""
+    """`wanted` (a port the user chose) when it is free, else one line; without one, the project's
+    own port, or, when another process holds that, a port drawn free from the system: a taken port
+    is never a reason to run without the project's login."""
     if wanted is not None or os.environ.get("ZHPIPE_SERVER_PORT"):
         port = wanted or project_port()
         if not port_free(port):
-            raise ZhpipeError(f"port {port} on 127.0.0.1 is taken (another server?); choose one with "
-                              "`zhpipe server start --port PORT` or ZHPIPE_SERVER_PORT")
+            raise ZhpipeError(
+                f"port {port} on 127.0.0.1 is taken (another server?); choose one with "
+                "`zhpipe server start --port PORT` or ZHPIPE_SERVER_PORT"
+            )
         return port
     port = project_port()
     if port_free(port):
@@ -226,11 +241,11 @@ def _free_port(wanted: int | None) -> int:
 
 
 def start(port: int | None = None, timeout: float = 180.0, idle: float | None = None) -> dict:
-    """Start `prefect server start` on loopback in the background (or return the running one, or wait for the one
-    starting), on the project's own port; the UI it serves is told that port (PREFECT_UI_API_URL), so it shows this
-    server. With `idle` (seconds), it stops that long after its last user (`supervise`). Its state file is written
-    as it starts, before it answers: a command killed meanwhile leaves a server that `status` sees and `stop`
-    stops."""
+    """Start `prefect server start` on loopback in the background (or return the running one, or
+    wait for the one starting), on the project's own port; the UI it serves is told that port
+    (PREFECT_UI_API_URL), so it shows this server. With `idle` (seconds), it stops that long after
+    its last user (`supervise`). Its state file is written as it starts, before it answers: a
+    command killed meanwhile leaves a server that `status` sees and `stop` stops."""
     state = running()
     if state:
         return state
@@ -246,30 +261,61 @@ def start(port: int | None = None, timeout: float = 180.0, idle: float | None = 
         home.chmod(0o700)  # the server's database holds flow parameters and logs: this user's only
     log = home / "zhpipe-server.log"
     url = f"http://127.0.0.1:{port}/api"
-    env = with_login({**os.environ, "PREFECT_API_URL": "", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-                      "PREFECT_UI_API_URL": url})
-    argv = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+    env = with_login(
+        {
+            **os.environ,
+            "PREFECT_API_URL": "",
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_UI_API_URL": url,
+        }
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "prefect",
+        "server",
+        "start",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     if idle is not None:
         argv = [sys.executable, "-m", "flows.runtime.server", "--idle", str(idle), "--", *argv]
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[2]),
-                                                        env.get("PYTHONPATH")) if p)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH")) if p
+        )
     made = homes.prepare(home)  # a new home starts from the cached database
     users_dir().mkdir(parents=True, exist_ok=True)
-    (users_dir() / str(os.getpid())).touch()  # the starter is a user while it waits: the idle clock waits with it
+    # the starter is a user while it waits: the idle clock waits with it
+    (users_dir() / str(os.getpid())).touch()
     with open_private_log(log, "w") as out:
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-    marker = f"server start --host 127.0.0.1 --port {port}"  # in the command line of both the supervisor and the server
-    state = {**procs.identity(proc.pid, marker), "url": url, "log": str(log),
-             **({"idle_s": idle} if idle is not None else {})}
+        proc = subprocess.Popen(
+            argv,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    # in the command line of both the supervisor and the server
+    marker = f"server start --host 127.0.0.1 --port {port}"
+    state = {
+        **procs.identity(proc.pid, marker),
+        "url": url,
+        "log": str(log),
+        **({"idle_s": idle} if idle is not None else {}),
+    }
     write_state(state_file(), {**state, "starting": True})
     return _wait_answering(state, proc, timeout, home if made else None)
 
 
-def _wait_answering(state: dict, proc: subprocess.Popen | None, timeout: float, made: Path | None) -> dict:
-    """Until the server `state` names answers as ours; then its state file says it runs. A server that exits, does
-    not answer in `timeout` seconds or loses its port to another process is stopped, its state file removed, and
-    said in one line."""
+def _wait_answering(
+    state: dict, proc: subprocess.Popen | None, timeout: float, made: Path | None
+) -> dict:
+    """Until the server `state` names answers as ours; then its state file says it runs. A server
+    that exits, does not answer in `timeout` seconds or loses its port to another process is
+    stopped, its state file removed, and said in one line."""
     url, log = state["url"], Path(state["log"])
     deadline = time.monotonic() + timeout
 
@@ -288,17 +334,25 @@ def _wait_answering(state: dict, proc: subprocess.Popen | None, timeout: float, 
                     homes.keep(made)
                 break
         except PortTaken as e:  # someone bound the port while ours started: stopped, and said so
-            raise failed(f"prefect server: {e} (`zhpipe server start --port PORT` or ZHPIPE_SERVER_PORT)",
-                         PortTaken) from None
+            raise failed(
+                f"prefect server: {e} (`zhpipe server start --port PORT` or ZHPIPE_SERVER_PORT)",
+                PortTaken,
+            ) from None
         if (proc.poll() is not None) if proc is not None else not procs.is_ours(state):
-            tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+            tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:] or [
+                "(no output)"
+            ]
             code = proc.returncode if proc is not None else "?"
             state_file().unlink(missing_ok=True)
             home = Path(os.environ["PREFECT_HOME"]).expanduser()
-            raise ZhpipeError(corrupt_prefect_database(home)
-                              or f"prefect server exited with code {code} ({tail[0][:200]}); see {log}")
+            raise ZhpipeError(
+                corrupt_prefect_database(home)
+                or f"prefect server exited with code {code} ({tail[0][:200]}); see {log}"
+            )
         if time.monotonic() > deadline:
-            raise failed(f"prefect server did not answer on {url} within {timeout:.0f} s; see {log}")
+            raise failed(
+                f"prefect server did not answer on {url} within {timeout:.0f} s; see {log}"
+            )
         time.sleep(0.5)
     write_state(state_file(), state)
     return state
@@ -316,9 +370,9 @@ def _stop_group(proc: subprocess.Popen) -> None:
 
 
 def stop(timeout: float = 30.0) -> dict | None:
-    """Stop the background server (its whole process group); None when none was running. Only the process its state
-    file recorded is signalled (pid and start time): a leftover naming a process that is gone, or another one with
-    that pid since, is removed and nothing is killed."""
+    """Stop the background server (its whole process group); None when none was running. Only the
+    process its state file recorded is signalled (pid and start time): a leftover naming a process
+    that is gone, or another one with that pid since, is removed and nothing is killed."""
     path = state_file()
     state = _read()
     if not state:
@@ -330,12 +384,14 @@ def stop(timeout: float = 30.0) -> dict | None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and procs.is_ours(state):
         time.sleep(0.2)
-    procs.signal_ours(state, signal.SIGKILL, group=True)  # still the same process after `timeout`: it would not stop
+    # still the same process after `timeout`: it would not stop
+    procs.signal_ours(state, signal.SIGKILL, group=True)
     path.unlink(missing_ok=True)
     return state
 
 
-# the supervisor of a server started with an idle timeout: python -m flows.runtime.server --idle S -- ARGV...
+# the supervisor of a server started with an idle timeout: python -m flows.runtime.server --idle S
+# -- ARGV...
 if __name__ == "__main__":
     import argparse
 
@@ -343,4 +399,6 @@ if __name__ == "__main__":
     ap.add_argument("--idle", type=float, required=True)
     ap.add_argument("argv", nargs=argparse.REMAINDER)
     ns = ap.parse_args()
-    raise SystemExit(supervise([a for a in ns.argv if a != "--"] if ns.argv[:1] == ["--"] else ns.argv, ns.idle))
+    raise SystemExit(
+        supervise([a for a in ns.argv if a != "--"] if ns.argv[:1] == ["--"] else ns.argv, ns.idle)
+    )

@@ -8,11 +8,11 @@ anything heavy, Prefect is pointed at it through PREFECT_API_URL, and the comman
 (`ready`) only once its own imports and the MLflow store are done.
 
 It is Prefect's own server app (`prefect.server.api.server:create_app`, as Prefect's temporary
-server runs it) on a loopback port chosen free, asking for the project's credentials as the background
-server does (`private.with_login`); before the first request the port's listening socket must be the
-server's own (another user who binds the port first gets nothing), and the server must refuse a
-request without the credentials. It stops with the
-command: at exit, or by the kernel when the command is killed (Linux's PR_SET_PDEATHSIG)."""
+server runs it) on a loopback port chosen free, asking for the project's credentials as the
+background server does (`private.with_login`); before the first request the port's listening socket
+must be the server's own (another user who binds the port first gets nothing), and the server must
+refuse a request without the credentials. It stops with the command: at exit, or by the kernel when
+the command is killed (Linux's PR_SET_PDEATHSIG)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flows.plan.private import credentials, demands, free_port, open_private_log, ours_listening, status_of, with_login
+from flows.plan.private import (
+    credentials,
+    demands,
+    free_port,
+    open_private_log,
+    ours_listening,
+    status_of,
+    with_login,
+)
 from flows.plan.project import corrupt_prefect_database
 from flows.runtime import homes
 from tasks.errors import ZhpipeError
@@ -67,14 +75,20 @@ class Temporary:
                         "(no output)"
                     ]
                     home = Path(os.environ["PREFECT_HOME"]).expanduser()
-                    raise ZhpipeError(corrupt_prefect_database(home) or (
-                        f"the temporary Prefect server exited with code {self.proc.returncode} "
-                        f"({tail[0][:200]}); see {self.log}"
-                    ))
-                # the port's socket proved the server's before anything is sent there, then its login
+                    raise ZhpipeError(
+                        corrupt_prefect_database(home)
+                        or (
+                            f"the temporary Prefect server exited with code {self.proc.returncode} "
+                            f"({tail[0][:200]}); see {self.log}"
+                        )
+                    )
+                # the port's socket proved the server's before anything is sent there, then its
+                # login
                 ours = ours_listening(self.proc.pid, self.url, "nothing was sent there; run again")
-                if ours and status_of(f"{self.url}/health", None, 2) == 200 and demands(
-                    self.url, credentials(), "/admin/version"
+                if (
+                    ours
+                    and status_of(f"{self.url}/health", None, 2) == 200
+                    and demands(self.url, credentials(), "/admin/version")
                 ):
                     if self.new_home is not None:
                         homes.keep(self.new_home)
@@ -128,8 +142,8 @@ def command(port: int) -> list[str]:
 
 
 def environment(environ) -> dict[str, str]:
-    """The server's environment: this one's (its Prefect home), for a server without a UI that asks for the
-    project's credentials."""
+    """The server's environment: this one's (its Prefect home), for a server without a UI that asks
+    for the project's credentials."""
     env = with_login({k: v for k, v in environ.items() if k != "PREFECT_API_URL"})
     env.update(
         {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}

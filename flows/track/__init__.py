@@ -1,1 +1,2 @@
-"""The tracking room: MLflow runs, the champion rule and the model registry, serving and predicting."""
+"""The tracking room: MLflow runs, the champion rule and the model registry, serving and
+predicting."""

@@ -1,7 +1,9 @@
-"""Alerts through Prefect: zhpipe emits Prefect events (a check failed, a partition held out, the champion promoted or
-kept, a run failed), and `zhpipe alerts` sets up Prefect automations that send them to a notification block made
-from the project's config (`alerts:` in pipelines.yaml: a webhook, a Slack webhook, or a block the user made, such as
-an e-mail one). The server's automation services deliver them: a scheduled night that goes wrong reaches someone."""
+"""Alerts through Prefect: zhpipe emits Prefect events (a check failed, a partition held out, the
+champion promoted or kept, a run failed), and `zhpipe alerts` sets up Prefect automations that send
+them to a notification block made from the project's config (`alerts:` in pipelines.yaml: a webhook,
+a Slack webhook, or a block the user made, such as an e-mail one). The server's automation services
+deliver them: a scheduled night that goes wrong reaches someone."""
+
 from __future__ import annotations
 
 import logging
@@ -28,8 +30,8 @@ def resource(identity: str) -> dict[str, str]:
 
 
 def emit(event: str, config: Any, payload: dict[str, Any]):
-    """A Prefect event about a pipeline (its `message` is the line an alert carries); never fails a run. The event
-    sent, or None."""
+    """A Prefect event about a pipeline (its `message` is the line an alert carries); never fails a
+    run. The event sent, or None."""
     from prefect.events import emit_event
 
     payload = {"pipeline": config.name, **payload}
@@ -52,17 +54,27 @@ def flush() -> None:
 
 
 def _block(alerts: Alerts):
-    """The notification block the project's `alerts:` names (made or updated under `zhpipe-alerts`)."""
-    from prefect.blocks.notifications import CustomWebhookNotificationBlock, NotificationBlock, SlackWebhook
+    """The notification block the project's `alerts:` names (made or updated under
+    `zhpipe-alerts`)."""
+    from prefect.blocks.notifications import (
+        CustomWebhookNotificationBlock,
+        NotificationBlock,
+        SlackWebhook,
+    )
 
     if alerts.block:
         return NotificationBlock.load(alerts.block)
     if alerts.webhook:
-        # a slow webhook is waited for (timeout_s): one Prefect gives up on is sent the event again, more than once
-        block = CustomWebhookNotificationBlock(name="zhpipe", url=alerts.webhook, method="POST",
-                                               allow_private_urls=alerts.allow_private_urls,
-                                               json_data={"subject": "{{subject}}", "text": "{{body}}"},
-                                               timeout=alerts.timeout_s)
+        # a slow webhook is waited for (timeout_s): one Prefect gives up on is sent the event again,
+        # more than once
+        block = CustomWebhookNotificationBlock(
+            name="zhpipe",
+            url=alerts.webhook,
+            method="POST",
+            allow_private_urls=alerts.allow_private_urls,
+            json_data={"subject": "{{subject}}", "text": "{{body}}"},
+            timeout=alerts.timeout_s,
+        )
     else:
         block = SlackWebhook(url=alerts.slack, allow_private_urls=alerts.allow_private_urls)
     block.save(BLOCK, overwrite=True)
@@ -86,21 +98,22 @@ def _addresses(url: str) -> list:
 
 
 def private_address(url: str) -> str | None:
-    """The private, loopback or link-local address `url`'s host resolves to (Prefect refuses to send there unless
-    `allow_private_urls`), or None."""
+    """The private, loopback or link-local address `url`'s host resolves to (Prefect refuses to send
+    there unless `allow_private_urls`), or None."""
     for ip in _addresses(url):
         if ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_reserved:
             return str(ip)
     return None
 
 
-# cloud metadata services (AWS, GCP, Azure, OpenStack at 169.254.169.254; AWS's IPv6 one; Alibaba's): never an alert
-# target, whatever `allow_private_urls` says, as every link-local address
+# cloud metadata services (AWS, GCP, Azure, OpenStack at 169.254.169.254; AWS's IPv6 one;
+# Alibaba's): never an alert target, whatever `allow_private_urls` says, as every link-local address
 METADATA_HOSTS = {"metadata.google.internal", "metadata", "instance-data"}
 
 
 def refused_address(url: str) -> str | None:
-    """Why `url` is never an alert target: not http(s), a link-local or cloud-metadata address; None otherwise."""
+    """Why `url` is never an alert target: not http(s), a link-local or cloud-metadata address; None
+    otherwise."""
     import ipaddress
     from urllib.parse import urlsplit
 
@@ -120,9 +133,10 @@ def refused_address(url: str) -> str | None:
 
 
 def check_target(alerts: Alerts) -> None:
-    """A target that can never be right (not http(s), link-local, a cloud metadata service: refused even with
-    `allow_private_urls`), and a webhook on a private network, which Prefect refuses at delivery time, where nobody
-    sees it: said now, in one line (with the setting that allows a private one)."""
+    """A target that can never be right (not http(s), link-local, a cloud metadata service: refused
+    even with `allow_private_urls`), and a webhook on a private network, which Prefect refuses at
+    delivery time, where nobody sees it: said now, in one line (with the setting that allows a
+    private one)."""
     from tasks.errors import ConfigError
     from tasks.util.urls import redact_webhook
 
@@ -131,16 +145,19 @@ def check_target(alerts: Alerts) -> None:
         raise ConfigError(f"alerts: {redact_webhook(url)} is refused: {why}")
     address = private_address(url) if url and not alerts.allow_private_urls else None
     if address:
-        raise ConfigError(f"alerts: {redact_webhook(url)} resolves to the private address {address}, and Prefect "
-                          f"refuses to send alerts there; if it is yours (an internal chat relay, a gateway "
-                          f"on this machine), set "
-                          "`alerts: {allow_private_urls: true}` in pipelines.yaml")
+        raise ConfigError(
+            f"alerts: {redact_webhook(url)} resolves to the private address {address}, and Prefect "
+            f"refuses to send alerts there; if it is yours (an internal chat relay, a gateway "
+            f"on this machine), set "
+            "`alerts: {allow_private_urls: true}` in pipelines.yaml"
+        )
 
 
 def check_answer(alerts: Alerts, timeout: float = 10) -> None:
-    """`zhpipe alerts --test`, before anything is sent through Prefect: one HEAD request to the webhook, redirects not
-    followed. A redirect is one line naming where it points (Prefect's webhook does not follow redirects, so each
-    event would fail and be sent again); its target is checked against the same rules."""
+    """`zhpipe alerts --test`, before anything is sent through Prefect: one HEAD request to the
+    webhook, redirects not followed. A redirect is one line naming where it points (Prefect's
+    webhook does not follow redirects, so each event would fail and be sent again); its target is
+    checked against the same rules."""
     import httpx
 
     from tasks.errors import ConfigError
@@ -154,16 +171,23 @@ def check_answer(alerts: Alerts, timeout: float = 10) -> None:
     except httpx.HTTPError:
         return  # unreachable from here: the delivery says why
     if answer.is_redirect:
-        location = str(answer.next_request.url) if answer.next_request else answer.headers.get("location", "?")
+        location = (
+            str(answer.next_request.url)
+            if answer.next_request
+            else answer.headers.get("location", "?")
+        )
         why = refused_address(location)
-        raise ConfigError(f"alerts: {redact_webhook(url)} answers {answer.status_code}, a redirect to "
-                          f"{redact_webhook(location)}{f' (refused: {why})' if why else ''}; Prefect does not follow "
-                          f"redirects: give the address it redirects to")
+        raise ConfigError(
+            f"alerts: {redact_webhook(url)} answers {answer.status_code}, a redirect to "
+            f"{redact_webhook(location)}{f' (refused: {why})' if why else ''}; Prefect does not "
+            "follow "
+            f"redirects: give the address it redirects to"
+        )
 
 
 def setup(alerts: Alerts) -> dict[str, str]:
-    """One Prefect automation per event of `alerts.events` (and the test event) that sends it to the block; the
-    automations of an earlier setup are replaced. Returns their names and ids."""
+    """One Prefect automation per event of `alerts.events` (and the test event) that sends it to the
+    block; the automations of an earlier setup are replaced. Returns their names and ids."""
     from prefect.automations import Automation, EventTrigger, SendNotification
 
     check_target(alerts)
@@ -172,26 +196,46 @@ def setup(alerts: Alerts) -> dict[str, str]:
     for event in [*alerts.events, "zhpipe.alerts.test"]:
         name = f"zhpipe: {event}"
         remove([name])
-        trigger = EventTrigger(expect={event}, match={"prefect.resource.id": "zhpipe.pipeline.*"}, posture="Reactive",
-                               threshold=1, within=0)
-        action = SendNotification(block_document_id=block._block_document_id,
-                                  subject=f"zhpipe {{{{ event.resource.name }}}}: {event}",
-                                  body="{{ event.payload.message }}")
-        names[name] = str(Automation(name=name, description=EVENTS.get(event, ""), trigger=trigger,
-                                     actions=[action]).create().id)
+        trigger = EventTrigger(
+            expect={event},
+            match={"prefect.resource.id": "zhpipe.pipeline.*"},
+            posture="Reactive",
+            threshold=1,
+            within=0,
+        )
+        action = SendNotification(
+            block_document_id=block._block_document_id,
+            subject=f"zhpipe {{{{ event.resource.name }}}}: {event}",
+            body="{{ event.payload.message }}",
+        )
+        names[name] = str(
+            Automation(
+                name=name, description=EVENTS.get(event, ""), trigger=trigger, actions=[action]
+            )
+            .create()
+            .id
+        )
     return names
 
 
-def delivery(automation_id: str, event_id: str, wait_s: float, url: str | None = None) -> tuple[bool | None, str]:
-    """What the server's automation did with one event: (True, "") delivered, (False, reason) failed or refused,
-    (None, why) no outcome within `wait_s` seconds. Read from the action events Prefect records; a delivery that
-    raised (connection refused, say) leaves no outcome event (Prefect retries it, then drops it), so once the action
-    has fired and nothing came of it for a while, the webhook's address is tried from here for the reason."""
+def delivery(
+    automation_id: str, event_id: str, wait_s: float, url: str | None = None
+) -> tuple[bool | None, str]:
+    """What the server's automation did with one event: (True, "") delivered, (False, reason) failed
+    or refused, (None, why) no outcome within `wait_s` seconds. Read from the action events Prefect
+    records; a delivery that raised (connection refused, say) leaves no outcome event (Prefect
+    retries it, then drops it), so once the action has fired and nothing came of it for a while, the
+    webhook's address is tried from here for the reason."""
     import time
     from datetime import datetime, timedelta
 
     from prefect.client.orchestration import get_client
-    from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter, EventResourceFilter
+    from prefect.events.filters import (
+        EventFilter,
+        EventNameFilter,
+        EventOccurredFilter,
+        EventResourceFilter,
+    )
 
     from tasks.util.urls import redact_text
 
@@ -200,9 +244,11 @@ def delivery(automation_id: str, event_id: str, wait_s: float, url: str | None =
     since = datetime.now(UTC) - timedelta(minutes=5)
     # the filter's default end is the moment it is made
     until = datetime.now(UTC) + timedelta(seconds=wait_s + 60)
-    wanted = EventFilter(occurred=EventOccurredFilter(since=since, until=until),
-                         event=EventNameFilter(prefix=["prefect.automation."]),
-                         resource=EventResourceFilter(id=[f"prefect.automation.{automation_id}"]))
+    wanted = EventFilter(
+        occurred=EventOccurredFilter(since=since, until=until),
+        event=EventNameFilter(prefix=["prefect.automation."]),
+        resource=EventResourceFilter(id=[f"prefect.automation.{automation_id}"]),
+    )
     fired = None
     with get_client(sync_client=True) as client:
         while time.monotonic() < deadline:
@@ -213,7 +259,9 @@ def delivery(automation_id: str, event_id: str, wait_s: float, url: str | None =
                     return True, ""
                 if found.event.endswith(".failed"):
                     log_lines = found.payload.get("notification_log")
-                    detail = f" ({str(log_lines).strip().splitlines()[-1][:200]})" if log_lines else ""
+                    detail = (
+                        f" ({str(log_lines).strip().splitlines()[-1][:200]})" if log_lines else ""
+                    )
                     return False, redact_text(str(found.payload.get("reason") or "failed") + detail)
                 fired = fired or time.monotonic()
             if fired and url and time.monotonic() - fired > FIRED_GRACE_S:
@@ -222,16 +270,24 @@ def delivery(automation_id: str, event_id: str, wait_s: float, url: str | None =
                     return False, f"the server's attempts failed; from here, {unreachable}"
             time.sleep(0.5)
     if not fired:
-        return (None, f"the automation did not fire within {wait_s:.0f} s (is the Prefect server's "
-                f"automation service running?)")
-    return None, f"no outcome within {wait_s:.0f} s (the webhook answers too slowly, or the server's log says why)"
+        return (
+            None,
+            f"the automation did not fire within {wait_s:.0f} s (is the Prefect server's "
+            f"automation service running?)",
+        )
+    return (
+        None,
+        f"no outcome within {wait_s:.0f} s (the webhook answers too slowly, or the server's log "
+        "says why)",
+    )
 
 
 FIRED_GRACE_S = 8  # an action that fired and has no outcome after this long is looked into
 
 
 def _unreachable(url: str) -> str | None:
-    """Why `url`'s host and port cannot be reached from here (one line), or None when a connection opens."""
+    """Why `url`'s host and port cannot be reached from here (one line), or None when a connection
+    opens."""
     import socket
     from urllib.parse import urlsplit
 

@@ -1,17 +1,38 @@
-"""What a logged model requires (the packages its code imports, pinned to this environment's versions), and MLflow's
-check of those requirements made cheap around zhpipe's own logging and loading of models."""
+"""What a logged model requires (the packages its code imports, pinned to this environment's
+versions), and MLflow's check of those requirements made cheap around zhpipe's own logging and
+loading of models."""
+
 from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
 
-PACKAGES = ("mlflow", "torch", "pandas", "pyarrow", "numpy", "scipy", "jieba", "scikit-learn", "fasttext", "gensim",
-            "transformers", "pydantic", "pyyaml", "opencc", "prefect", "filelock", "python-crfsuite", "sacrebleu",
-            "skops")
+PACKAGES = (
+    "mlflow",
+    "torch",
+    "pandas",
+    "pyarrow",
+    "numpy",
+    "scipy",
+    "jieba",
+    "scikit-learn",
+    "fasttext",
+    "gensim",
+    "transformers",
+    "pydantic",
+    "pyyaml",
+    "opencc",
+    "prefect",
+    "filelock",
+    "python-crfsuite",
+    "sacrebleu",
+    "skops",
+)
 
 
 def pinned() -> list[str]:
-    """The packages the model code imports, pinned to this environment's versions (distribution names)."""
+    """The packages the model code imports, pinned to this environment's versions (distribution
+    names)."""
     from importlib.metadata import PackageNotFoundError, version
 
     out = []
@@ -29,21 +50,27 @@ _INSIDE = {"blocks": 0, "map": None}  # the blocks open now, and the map they ga
 
 @contextmanager
 def by_name():
-    """Around zhpipe's own logging and loading of a model. Each time MLflow logs or loads one, it compares the model's
-    requirements with the installed versions, and the first time in a process it first maps every installed module to
-    the distributions that provide it (`importlib.metadata.packages_distributions()`: every file of every installed
-    distribution, about 0.5 s). The map is only a fallback, for a requirement MLflow cannot find as a distribution by
-    its name; zhpipe's requirements are distribution names (`pinned`), and so are the pip requirements of any MLflow
-    model. So within these blocks MLflow starts from its own entries of that map: the comparison still runs, by name,
-    and warns as before. When the last block open ends, the map is as it was (MLflow builds the whole of it when
-    something else asks). Without the names this expects (another MLflow release), nothing changes."""
+    """Around zhpipe's own logging and loading of a model. Each time MLflow logs or loads one, it
+    compares the model's requirements with the installed versions, and the first time in a process
+    it first maps every installed module to the distributions that provide it
+    (`importlib.metadata.packages_distributions()`: every file of every installed distribution,
+    about 0.5 s). The map is only a fallback, for a requirement MLflow cannot find as a distribution
+    by its name; zhpipe's requirements are distribution names (`pinned`), and so are the pip
+    requirements of any MLflow model. So within these blocks MLflow starts from its own entries of
+    that map: the comparison still runs, by name, and warns as before. When the last block open
+    ends, the map is as it was (MLflow builds the whole of it when something else asks). Without the
+    names this expects (another MLflow release), nothing changes."""
     try:
         from mlflow.utils import requirements_utils as reqs
     except ImportError:
         reqs = None
     with _LOCK:
-        if _INSIDE["blocks"] == 0 and reqs is not None and getattr(reqs, "_MODULES_TO_PACKAGES", False) is None \
-                and isinstance(getattr(reqs, "MLFLOW_MODULES_TO_PACKAGES", None), dict):
+        if (
+            _INSIDE["blocks"] == 0
+            and reqs is not None
+            and getattr(reqs, "_MODULES_TO_PACKAGES", False) is None
+            and isinstance(getattr(reqs, "MLFLOW_MODULES_TO_PACKAGES", None), dict)
+        ):
             _INSIDE["map"] = reqs._MODULES_TO_PACKAGES = dict(reqs.MLFLOW_MODULES_TO_PACKAGES)
         _INSIDE["blocks"] += 1
     try:

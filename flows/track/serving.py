@@ -1,11 +1,13 @@
-"""A trained model of any task kind as an MLflow pyfunc that takes raw text: one generic entry (pyfunc_model.py) loads
-the kind's inference pipeline (`TaskKind.serving`, e.g. tasks/classification/serving.py), which cleans, segments and
-encodes the texts the way the pipeline did (its settings, user dictionary and stopwords travel with the model; the
-vocabulary is in the model folder) and answers: labels and class probabilities, entities, translations.
+"""A trained model of any task kind as an MLflow pyfunc that takes raw text: one generic entry
+(pyfunc_model.py) loads the kind's inference pipeline (`TaskKind.serving`, e.g.
+tasks/classification/serving.py), which cleans, segments and encodes the texts the way the pipeline
+did (its settings, user dictionary and stopwords travel with the model; the vocabulary is in the
+model folder) and answers: labels and class probabilities, entities, translations.
 
     mlflow.pyfunc.load_model("models:/zhpipe-chnsenticorp@champion").predict(["房间很干净"])
     mlflow models serve -m models:/zhpipe-chnsenticorp@champion --env-manager local
 """
+
 from __future__ import annotations
 
 import json
@@ -19,25 +21,33 @@ import pandas as pd
 from mlflow.pyfunc import PythonModel
 
 CODE = Path(__file__).resolve().parents[2]  # the folder holding the flows and tasks packages
-# the flows and tasks packages as one file among a logged model's code (`code/`): one upload and one download where
-# the tree is ~170 (a tracking server proxying a bucket answers each file in a request of its own)
+# the flows and tasks packages as one file among a logged model's code (`code/`): one upload and one
+# download where the tree is ~170 (a tracking server proxying a bucket answers each file in a
+# request of its own)
 CODE_ARCHIVE = "zhpipe-code.zip"
 
 
 def code_archive(folder: Path) -> Path:
-    """The flows and tasks packages' sources as `folder/zhpipe-code.zip`, the same bytes for the same code (sorted
-    names, fixed times): Python imports from it as from a folder (pyfunc_model.py puts it on sys.path)."""
+    """The flows and tasks packages' sources as `folder/zhpipe-code.zip`, the same bytes for the
+    same code (sorted names, fixed times): Python imports from it as from a folder (pyfunc_model.py
+    puts it on sys.path)."""
     import zipfile
 
     path = folder / CODE_ARCHIVE
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
-        for source in sorted(p for package in ("flows", "tasks") for p in (CODE / package).rglob("*.py")):
-            info = zipfile.ZipInfo(source.relative_to(CODE).as_posix(), date_time=(1980, 1, 1, 0, 0, 0))
+        for source in sorted(
+            p for package in ("flows", "tasks") for p in (CODE / package).rglob("*.py")
+        ):
+            info = zipfile.ZipInfo(
+                source.relative_to(CODE).as_posix(), date_time=(1980, 1, 1, 0, 0, 0)
+            )
             info.compress_type, info.external_attr = zipfile.ZIP_DEFLATED, 0o600 << 16
             archive.writestr(info, source.read_bytes())
     return path
 
-SEGMENTING = "segment"  # the section of a served model's zhpipe.json whose files (user dictionary, stopwords) travel
+
+# the section of a served model's zhpipe.json whose files (user dictionary, stopwords) travel
+SEGMENTING = "segment"
 
 
 def bad_request(message: str) -> Exception:
@@ -48,9 +58,9 @@ def bad_request(message: str) -> Exception:
 
 
 def as_texts(model_input: Any) -> list[Any]:
-    """Texts from what pyfunc callers send: a list, a Series, a NumPy array, a single string, or a DataFrame with
-    a `text` column (or one unnamed column, as MLflow's server builds from `{"inputs": [...]}`). Missing
-    values stay missing (None), never the string "None" or "nan"."""
+    """Texts from what pyfunc callers send: a list, a Series, a NumPy array, a single string, or a
+    DataFrame with a `text` column (or one unnamed column, as MLflow's server builds from
+    `{"inputs": [...]}`). Missing values stay missing (None), never the string "None" or "nan"."""
     if isinstance(model_input, str):
         return [model_input]
     if isinstance(model_input, pd.DataFrame):
@@ -59,20 +69,28 @@ def as_texts(model_input: Any) -> list[Any]:
         elif len(model_input.columns) == 1 and not isinstance(model_input.columns[0], str):
             column = model_input.columns[0]
         else:
-            raise bad_request(f"the input has no 'text' column (columns: {', '.join(map(str, model_input.columns))})")
+            raise bad_request(
+                "the input has no 'text' column (columns: "
+                f"{', '.join(map(str, model_input.columns))})"
+            )
         values = model_input[column].tolist()
     elif isinstance(model_input, (pd.Series, np.ndarray)):
         values = np.asarray(model_input, dtype=object).ravel().tolist()
     elif isinstance(model_input, (list, tuple)):
         values = list(model_input)
     else:
-        raise bad_request(f"expected texts (a list of strings or a frame with a 'text' column), got "
-                          f"{type(model_input).__name__}")
-    return [None if v is None or (isinstance(v, float) and v != v) or v is pd.NA else v for v in values]
+        raise bad_request(
+            f"expected texts (a list of strings or a frame with a 'text' column), got "
+            f"{type(model_input).__name__}"
+        )
+    return [
+        None if v is None or (isinstance(v, float) and v != v) or v is pd.NA else v for v in values
+    ]
 
 
 def read_config(context) -> dict:
-    """A logged model's zhpipe.json, its segmenter's files (user dictionary, stopwords) pointed at the artifacts."""
+    """A logged model's zhpipe.json, its segmenter's files (user dictionary, stopwords) pointed at
+    the artifacts."""
     cfg = json.loads(Path(context.artifacts["config"]).read_text(encoding="utf-8"))
     segment = cfg.get(SEGMENTING) or {}
     for key in ("user_dict", "stopwords"):  # files travel as artifacts
@@ -88,16 +106,22 @@ def segment_artifacts(segment: dict, tmp: Path) -> dict[str, str]:
     artifacts = {}
     for key in ("user_dict", "stopwords"):
         if segment.get(key):
-            path = Path(segment[key]) if Path(segment[key]).is_absolute() else current().root / segment[key]
+            path = (
+                Path(segment[key])
+                if Path(segment[key]).is_absolute()
+                else current().root / segment[key]
+            )
             artifacts[key] = str(shutil.copy(path, tmp / f"{key}{path.suffix}"))
     return artifacts
 
 
 class ServedModel(PythonModel):
-    """Raw text in, the kind's answers and a `status` per text out (the kind's `Served`); an input the kind refuses
-    is HTTP 400 with its message."""
+    """Raw text in, the kind's answers and a `status` per text out (the kind's `Served`); an input
+    the kind refuses is HTTP 400 with its message."""
 
-    serving = ""  # the kind's serving module, for models whose zhpipe.json does not name it (logged before it did)
+    # the kind's serving module, for models whose zhpipe.json does not name it (logged before it
+    # did)
+    serving = ""
 
     def load_context(self, context) -> None:
         import importlib
@@ -107,7 +131,8 @@ class ServedModel(PythonModel):
         self.served = self.kind.Served(cfg, Path(context.artifacts["model"]))
 
     @property
-    def max_rows(self) -> int:  # the most texts one call takes (predict.max_rows); past it a call is HTTP 400
+    # the most texts one call takes (predict.max_rows); past it a call is HTTP 400
+    def max_rows(self) -> int:
         return self.served.max_rows
 
     @max_rows.setter
@@ -127,30 +152,55 @@ class ServedModel(PythonModel):
             raise bad_request(str(e)) from None
 
 
-def log_model(run_id: str, model: str, folder: Path, labels: list[str], config, registered_name: str | None = None,
-              store=None):
-    """Log `folder` (a model the pipeline `config` trained) as a ServedModel pyfunc in run `run_id`, served as the
-    config's task kind serves; register it under `registered_name` when given. The digest of what was logged goes
-    into the stage store `store` (default: the project's; `trust.vouch`): only those files are loaded again. Returns
-    MLflow's ModelInfo."""
+def log_model(
+    run_id: str,
+    model: str,
+    folder: Path,
+    labels: list[str],
+    config,
+    registered_name: str | None = None,
+    store=None,
+):
+    """Log `folder` (a model the pipeline `config` trained) as a ServedModel pyfunc in run `run_id`,
+    served as the config's task kind serves; register it under `registered_name` when given. The
+    digest of what was logged goes into the stage store `store` (default: the project's;
+    `trust.vouch`): only those files are loaded again. Returns MLflow's ModelInfo."""
     from flows.track.trust import vouch
     from tasks.stages import serving
 
     kind = serving(config.kind)
     with tempfile.TemporaryDirectory() as tmp:
         settings = kind.settings(config, labels)
-        artifacts = {"model": str(folder), **segment_artifacts(settings.get(SEGMENTING) or {}, Path(tmp))}
-        saved = {"model": model, "serving": kind.__name__, **settings, "predict": config.predict.model_dump()}
-        info = _log_pyfunc(run_id, model, ServedModel(), "pyfunc_model.py", artifacts, saved, kind.example(folder),
-                           registered_name, Path(tmp))
+        artifacts = {
+            "model": str(folder),
+            **segment_artifacts(settings.get(SEGMENTING) or {}, Path(tmp)),
+        }
+        saved = {
+            "model": model,
+            "serving": kind.__name__,
+            **settings,
+            "predict": config.predict.model_dump(),
+        }
+        info = _log_pyfunc(
+            run_id,
+            model,
+            ServedModel(),
+            "pyfunc_model.py",
+            artifacts,
+            saved,
+            kind.example(folder),
+            registered_name,
+            Path(tmp),
+        )
     _owner_only(info)
     vouch(info.model_uri, run_id, store)
     return info
 
 
 def _owner_only(info) -> None:
-    """MLflow copies the model's code with its source files' modes (0644 in a checkout), past the umask: a logged
-    model in a local store is made its owner's only, as everything else of the project."""
+    """MLflow copies the model's code with its source files' modes (0644 in a checkout), past the
+    umask: a logged model in a local store is made its owner's only, as everything else of the
+    project."""
     from urllib.parse import unquote, urlparse
 
     from flows.track.tracker import client
@@ -162,36 +212,56 @@ def _owner_only(info) -> None:
 
 
 def served_outcomes(model_uri: str, test: pd.DataFrame, metric: str, batch: int = 1000, store=None):
-    """What a registered model does on each row of a test split, as it is served (loaded from the registry, its
-    logged code and weights, asked with the split's texts in batches): its kind's `outcomes` (true and predicted
-    labels, each sentence's entity counts, each sentence's BLEU statistics), with their slices."""
+    """What a registered model does on each row of a test split, as it is served (loaded from the
+    registry, its logged code and weights, asked with the split's texts in batches): its kind's
+    `outcomes` (true and predicted labels, each sentence's entity counts, each sentence's BLEU
+    statistics), with their slices."""
     import mlflow.pyfunc
 
     from flows.track.tracker import tracking_uri
 
-    mlflow.set_tracking_uri(tracking_uri())  # a models:/ URI is looked up in this project's registry
+    # a models:/ URI is looked up in this project's registry
+    mlflow.set_tracking_uri(tracking_uri())
     from flows.track.requirements import by_name
     from flows.track.trust import verified
 
     with tempfile.TemporaryDirectory(prefix="zhpipe-served-") as tmp, by_name():
         model = mlflow.pyfunc.load_model(str(verified(model_uri, Path(tmp), store)[1]))
     wrapper = model.unwrap_python_model()
-    return wrapper.kind.outcomes(wrapper.served, lambda texts: _asked(model, texts, batch), test, metric)
+    return wrapper.kind.outcomes(
+        wrapper.served, lambda texts: _asked(model, texts, batch), test, metric
+    )
 
 
 def _asked(model, texts: list[str], batch: int) -> pd.DataFrame:
-    return pd.concat([model.predict(pd.DataFrame({"text": texts[i : i + batch]})) for i in range(0, len(texts), batch)],
-                     ignore_index=True)
+    return pd.concat(
+        [
+            model.predict(pd.DataFrame({"text": texts[i : i + batch]}))
+            for i in range(0, len(texts), batch)
+        ],
+        ignore_index=True,
+    )
 
 
-def score_served(model_uri: str, test: pd.DataFrame, metric: str, batch: int = 1000, store=None) -> float:
-    """A registered model's score on a test split, as it is served (its kind's metric: accuracy or macro-F1, strict
-    micro entity F1, corpus BLEU)."""
+def score_served(
+    model_uri: str, test: pd.DataFrame, metric: str, batch: int = 1000, store=None
+) -> float:
+    """A registered model's score on a test split, as it is served (its kind's metric: accuracy or
+    macro-F1, strict micro entity F1, corpus BLEU)."""
     return served_outcomes(model_uri, test, metric, batch, store).score()
 
 
-def _log_pyfunc(run_id: str, name: str, wrapper: PythonModel, code_file: str, artifacts: dict, config: dict,
-                example: list[str], registered_name: str | None, tmp: Path):
+def _log_pyfunc(
+    run_id: str,
+    name: str,
+    wrapper: PythonModel,
+    code_file: str,
+    artifacts: dict,
+    config: dict,
+    example: list[str],
+    registered_name: str | None,
+    tmp: Path,
+):
     import mlflow
     from mlflow.models import infer_signature
 
@@ -211,9 +281,15 @@ def _log_pyfunc(run_id: str, name: str, wrapper: PythonModel, code_file: str, ar
     signature = infer_signature(example, wrapper.predict(ctx, example))
     mlflow.set_tracking_uri(tracking_uri())
     with mlflow.start_run(run_id=run_id), by_name():
-        # models from code: MLflow keeps the code file as the model's code instead of a CloudPickle'd object
+        # models from code: MLflow keeps the code file as the model's code instead of a
+        # CloudPickle'd object
         return mlflow.pyfunc.log_model(
-            name=name, python_model=str(Path(__file__).with_name(code_file)), artifacts=artifacts, signature=signature,
-            input_example=example, code_paths=[str(code_archive(tmp))],
-            registered_model_name=registered_name, pip_requirements=pinned(),
+            name=name,
+            python_model=str(Path(__file__).with_name(code_file)),
+            artifacts=artifacts,
+            signature=signature,
+            input_example=example,
+            code_paths=[str(code_archive(tmp))],
+            registered_model_name=registered_name,
+            pip_requirements=pinned(),
         )

@@ -1,6 +1,7 @@
 """MLflow's SQLite store: write-ahead-log mode for a run's many small writes, a new store
 filled with MLflow's schema from this user's cached copy, and one line naming a database that
 cannot be read (a crash, a full disk, a copy cut short) instead of pages of tracebacks."""
+
 from __future__ import annotations
 
 import os
@@ -13,9 +14,10 @@ from tasks.errors import ZhpipeError
 
 @lru_cache(maxsize=1)
 def sqlite_pragmas() -> None:
-    """MLflow's SQLite store in write-ahead-log mode with commits synced at checkpoints: a run writes a few hundred
-    small transactions, each of which otherwise waits for the disk, and the UI reads while a run writes. A crash
-    of the process loses nothing; a power cut may lose the last writes, never the database."""
+    """MLflow's SQLite store in write-ahead-log mode with commits synced at checkpoints: a run
+    writes a few hundred small transactions, each of which otherwise waits for the disk, and the UI
+    reads while a run writes. A crash of the process loses nothing; a power cut may lose the last
+    writes, never the database."""
     import sqlite3
 
     from sqlalchemy import event
@@ -32,13 +34,15 @@ def sqlite_pragmas() -> None:
                 cursor.close()
 
 
-# a database up to this size gets SQLite's quick_check (a few ms per MB) on first use; a larger one its schema read
+# a database up to this size gets SQLite's quick_check (a few ms per MB) on first use; a larger one
+# its schema read
 QUICK_CHECK_BYTES = 32 << 20
 
 
 def check_sqlite(path: Path) -> None:
-    """One line naming MLflow's SQLite database, and how to move it aside, when it is not a readable database (a
-    crash, a full disk, a copy cut short); otherwise MLflow fails later with pages of tracebacks."""
+    """One line naming MLflow's SQLite database, and how to move it aside, when it is not a readable
+    database (a crash, a full disk, a copy cut short); otherwise MLflow fails later with pages of
+    tracebacks."""
     import sqlite3
 
     if not path.is_file():
@@ -47,8 +51,11 @@ def check_sqlite(path: Path) -> None:
         con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
         try:
             con.execute("SELECT count(*) FROM sqlite_master").fetchone()
-            verdict = (con.execute("PRAGMA quick_check(1)").fetchone()[0] if path.stat().st_size <= QUICK_CHECK_BYTES
-                       else "ok")
+            verdict = (
+                con.execute("PRAGMA quick_check(1)").fetchone()[0]
+                if path.stat().st_size <= QUICK_CHECK_BYTES
+                else "ok"
+            )
         finally:
             con.close()
     except sqlite3.OperationalError as e:
@@ -58,23 +65,32 @@ def check_sqlite(path: Path) -> None:
     except sqlite3.DatabaseError as e:
         verdict = str(e)
     if verdict != "ok":
-        raise ZhpipeError(f"MLflow's database {path} is unreadable ({verdict.splitlines()[0][:100]}); move it aside "
-                          f"(mv {path} {path}.corrupt) and run again: a new one is made, and the stage store's outputs "
-                          f"are reused (their earlier runs stay in the old file)")
+        raise ZhpipeError(
+            f"MLflow's database {path} is unreadable ({verdict.splitlines()[0][:100]}); move it "
+            "aside "
+            f"(mv {path} {path}.corrupt) and run again: a new one is made, and the stage store's "
+            "outputs "
+            f"are reused (their earlier runs stay in the old file)"
+        )
 
 
 # the columns that hold where a SQLite store keeps artifacts: (table, column)
-ARTIFACT_COLUMNS = (("experiments", "artifact_location"), ("runs", "artifact_uri"),
-                    ("logged_models", "artifact_location"), ("model_versions", "storage_location"),
-                    ("model_versions", "source"))
+ARTIFACT_COLUMNS = (
+    ("experiments", "artifact_location"),
+    ("runs", "artifact_uri"),
+    ("logged_models", "artifact_location"),
+    ("model_versions", "storage_location"),
+    ("model_versions", "source"),
+)
 
 
 def reroot(path: Path) -> str | None:
-    """Point a copied (or moved) project's store at its own artifacts. MLflow records artifact locations as absolute
-    paths, so after `cp -a p1 p2` every run of p2 would write its artifacts into p1 (and read p1's files as its own).
-    The store's zhpipe experiments were made with `artifacts/` beside the database as their location; one that names
-    another folder's `artifacts/` was copied from there: every location under that folder is rewritten to this one.
-    Returns the folder it was copied from, or None when nothing was rewritten."""
+    """Point a copied (or moved) project's store at its own artifacts. MLflow records artifact
+    locations as absolute paths, so after `cp -a p1 p2` every run of p2 would write its artifacts
+    into p1 (and read p1's files as its own). The store's zhpipe experiments were made with
+    `artifacts/` beside the database as their location; one that names another folder's `artifacts/`
+    was copied from there: every location under that folder is rewritten to this one. Returns the
+    folder it was copied from, or None when nothing was rewritten."""
     import sqlite3
     from urllib.parse import unquote, urlparse
 
@@ -84,9 +100,15 @@ def reroot(path: Path) -> str | None:
         tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         if "experiments" not in tables:
             return None
-        olds = {loc for name, loc in con.execute("SELECT name, artifact_location FROM experiments")
-                if isinstance(loc, str) and name.startswith("zhpipe-") and loc.startswith("file://")
-                and loc.rstrip("/").endswith("/artifacts") and loc.rstrip("/") != own}
+        olds = {
+            loc
+            for name, loc in con.execute("SELECT name, artifact_location FROM experiments")
+            if isinstance(loc, str)
+            and name.startswith("zhpipe-")
+            and loc.startswith("file://")
+            and loc.rstrip("/").endswith("/artifacts")
+            and loc.rstrip("/") != own
+        }
         if not olds:
             return None
         with con:
@@ -95,11 +117,16 @@ def reroot(path: Path) -> str | None:
                 for table, column in ARTIFACT_COLUMNS:
                     if table not in tables:
                         continue
-                    for prefix, new in ((old, own), (unquote(urlparse(old).path), unquote(urlparse(own).path))):
+                    for prefix, new in (
+                        (old, own),
+                        (unquote(urlparse(old).path), unquote(urlparse(own).path)),
+                    ):
                         # table and column names from ARTIFACT_COLUMNS above, never from input
-                        con.execute(f"UPDATE {table} SET {column} = ? || substr({column}, ?) "
-                                    f"WHERE {column} = ? OR {column} LIKE ? ESCAPE '\\'",
-                                    (new, len(prefix) + 1, prefix, _like(prefix) + "/%"))
+                        con.execute(
+                            f"UPDATE {table} SET {column} = ? || substr({column}, ?) "
+                            f"WHERE {column} = ? OR {column} LIKE ? ESCAPE '\\'",
+                            (new, len(prefix) + 1, prefix, _like(prefix) + "/%"),
+                        )
     finally:
         con.close()
     return ", ".join(sorted(unquote(urlparse(o).path).removesuffix("/artifacts") for o in olds))

@@ -1,4 +1,6 @@
-"""MLflow access with explicit run ids (the fluent API's active run is thread-local) and retried writes."""
+"""MLflow access with explicit run ids (the fluent API's active run is thread-local) and retried
+writes."""
+
 from __future__ import annotations
 
 import functools
@@ -31,7 +33,11 @@ def _retry(fn: Callable) -> Callable:
             try:
                 return fn(*args, **kwargs)
             except Exception as e:  # noqa: BLE001 - MLflow raises several unrelated types
-                if attempt == 3 or "locked" not in str(e).lower() and "timeout" not in str(e).lower():
+                if (
+                    attempt == 3
+                    or "locked" not in str(e).lower()
+                    and "timeout" not in str(e).lower()
+                ):
                     raise
                 time.sleep(0.5 * 2**attempt)
 
@@ -39,8 +45,9 @@ def _retry(fn: Callable) -> Callable:
 
 
 def client():
-    """An MlflowClient on the configured store (created lazily: importing mlflow costs seconds), one per
-    store and process: a run touches MLflow a few dozen times, and each new client costs ~15 ms."""
+    """An MlflowClient on the configured store (created lazily: importing mlflow costs seconds), one
+    per store and process: a run touches MLflow a few dozen times, and each new client costs ~15
+    ms."""
     return _client(tracking_uri())
 
 
@@ -58,15 +65,21 @@ def _client(uri: str):
         if copied_from:
             import sys
 
-            print(f"zhpipe: this MLflow store was copied or moved from {copied_from}: its artifact locations now point "
-                  f"to {db.parent / 'artifacts'} (a copy never writes into its original)", file=sys.stderr, flush=True)
+            print(
+                f"zhpipe: this MLflow store was copied or moved from {copied_from}: its artifact "
+                "locations now point "
+                f"to {db.parent / 'artifacts'} (a copy never writes into its original)",
+                file=sys.stderr,
+                flush=True,
+            )
         sqlite_pragmas()
     return MlflowClient(tracking_uri=uri)
 
 
 def private_store(uri: str | None = None) -> None:
-    """A SQLite store that only its owner reads, as `.prefect/` is: the project's `mlruns/` and the store's `artifacts/`
-    folder 0700, the database and its WAL files 0600 (made so when found open; another user's are left alone)."""
+    """A SQLite store that only its owner reads, as `.prefect/` is: the project's `mlruns/` and the
+    store's `artifacts/` folder 0700, the database and its WAL files 0600 (made so when found open;
+    another user's are left alone)."""
     uri = uri or tracking_uri()
     if not uri.startswith("sqlite:///"):
         return
@@ -75,8 +88,10 @@ def private_store(uri: str | None = None) -> None:
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     folders = [folder / "artifacts"] + ([folder] if folder == project.current().mlruns else [])
     (folder / "artifacts").mkdir(mode=0o700, exist_ok=True)
-    for path, mode in [*((f, 0o700) for f in folders), *((db.with_name(db.name + s), 0o600)
-                                                         for s in ("", "-wal", "-shm"))]:
+    for path, mode in [
+        *((f, 0o700) for f in folders),
+        *((db.with_name(db.name + s), 0o600) for s in ("", "-wal", "-shm")),
+    ]:
         try:
             st = path.stat()
             if st.st_uid == os.getuid() and st.st_mode & 0o777 != mode:
@@ -92,22 +107,25 @@ _PREPARED: tuple[str, tuple[int, int]] | None = None
 
 
 def prepare() -> None:
-    """Open the project's SQLite store ahead of the commands (the warm process, before it forks): each fork then
-    starts with MLflow's engine made and its schema checked, on connections of its own (`after_fork`)."""
+    """Open the project's SQLite store ahead of the commands (the warm process, before it forks):
+    each fork then starts with MLflow's engine made and its schema checked, on connections of its
+    own (`after_fork`)."""
     global _PREPARED
     uri = tracking_uri()
     path = Path(uri.removeprefix("sqlite:///"))
     if not uri.startswith("sqlite:///") or not path.is_file():
         return
     store = client()
-    store._get_registry_client().store  # noqa: B018 - the registry's store too (the champion is looked up every run)
+    # the registry's store too (the champion is looked up every run)
+    store._get_registry_client().store  # noqa: B018
     _PREPARED = (uri, _file_id(path))
     _dispose_connections(close=True)  # nothing open is carried into a fork
 
 
 def after_fork() -> None:
-    """In a fork of the warm process: connections of its own, and the prepared store only while it is the same sound
-    file (moved aside, replaced or corrupt since: forgotten, so that the first use opens and checks it anew)."""
+    """In a fork of the warm process: connections of its own, and the prepared store only while it
+    is the same sound file (moved aside, replaced or corrupt since: forgotten, so that the first use
+    opens and checks it anew)."""
     if _PREPARED is None:
         return
     _dispose_connections()
@@ -136,8 +154,8 @@ def _engine_maps() -> list[dict]:
 
 
 def _dispose_connections(close: bool = False) -> None:
-    """A new connection pool for each engine; in a fork, `close=False` (SQLAlchemy's way across fork) leaves the
-    parent's connections alone."""
+    """A new connection pool for each engine; in a fork, `close=False` (SQLAlchemy's way across
+    fork) leaves the parent's connections alone."""
     for engines in _engine_maps():
         for engine in engines.values():
             engine.dispose(close=close)
@@ -157,10 +175,9 @@ def _forget_stores() -> None:
 _EXPERIMENTS: dict[tuple[str, str], str] = {}
 
 
-
-
-# MLflow 3's UI opens in its GenAI view unless the browser chose otherwise (localStorage mlflow.workflowType);
-# this query parameter of its routes selects the machine-learning view (runs, metrics, models)
+# MLflow 3's UI opens in its GenAI view unless the browser chose otherwise (localStorage
+# mlflow.workflowType); this query parameter of its routes selects the machine-learning view (runs,
+# metrics, models)
 ML_VIEW = "workflowType=machine_learning"
 
 
@@ -171,15 +188,15 @@ def ui_url(experiment: str, run_id: str) -> str:
 
 
 def tracking_server() -> str | None:
-    """The tracking server's address when runs are tracked on one (a team's `mlflow server`), else None (a SQLite
-    file)."""
+    """The tracking server's address when runs are tracked on one (a team's `mlflow server`), else
+    None (a SQLite file)."""
     uri = tracking_uri()
     return uri.rstrip("/") if uri.startswith(("http://", "https://")) else None
 
 
 def ui_base() -> str:
-    """Where people see this store's runs: ZHPIPE_MLFLOW_UI, else a tracking server's own address (the team's UI), else
-    where `zhpipe ui` serves the project's store."""
+    """Where people see this store's runs: ZHPIPE_MLFLOW_UI, else a tracking server's own address
+    (the team's UI), else where `zhpipe ui` serves the project's store."""
     import os
 
     from tasks.util.urls import redact
@@ -193,21 +210,28 @@ def ui_base() -> str:
 
 
 def home_url(base: str, opener: bool = False) -> str:
-    """Where `zhpipe ui` sends people: the newest zhpipe experiment's runs (else the experiment list), in the
-    machine-learning view; with `opener`, through the page of `flows.track.ui` that makes that view the browser's."""
+    """Where `zhpipe ui` sends people: the newest zhpipe experiment's runs (else the experiment
+    list), in the machine-learning view; with `opener`, through the page of `flows.track.ui` that
+    makes that view the browser's."""
     from urllib.parse import quote
 
     try:
-        found = client().search_experiments(filter_string="name LIKE 'zhpipe-%'", order_by=["last_update_time DESC"],
-                                            max_results=1)
+        found = client().search_experiments(
+            filter_string="name LIKE 'zhpipe-%'", order_by=["last_update_time DESC"], max_results=1
+        )
     except Exception:  # noqa: BLE001 - a store that cannot be read yet: the list page still opens
         found = []
-    route = f"#/experiments/{found[0].experiment_id}/runs?{ML_VIEW}" if found else f"#/experiments?{ML_VIEW}"
+    route = (
+        f"#/experiments/{found[0].experiment_id}/runs?{ML_VIEW}"
+        if found
+        else f"#/experiments?{ML_VIEW}"
+    )
     return f"{base}/zhpipe/open?to={quote(route, safe='')}" if opener else f"{base}/{route}"
 
 
 def experiment_id(name: str) -> str:
-    """Id of the experiment `name`, created with artifacts under mlruns/ when missing (asked once per process)."""
+    """Id of the experiment `name`, created with artifacts under mlruns/ when missing (asked once
+    per process)."""
     key = (tracking_uri(), name)
     if key not in _EXPERIMENTS:
         _EXPERIMENTS[key] = _experiment_id(name)
@@ -218,12 +242,19 @@ def _experiment_id(name: str) -> str:
     c = client()
     exp = c.get_experiment_by_name(name)
     if exp is not None:
-        if exp.tags.get("mlflow.experimentKind") != "custom_model_development":  # made by an older zhpipe
-            c.set_experiment_tag(exp.experiment_id, "mlflow.experimentKind", "custom_model_development")
+        # made by an older zhpipe
+        if exp.tags.get("mlflow.experimentKind") != "custom_model_development":
+            c.set_experiment_tag(
+                exp.experiment_id, "mlflow.experimentKind", "custom_model_development"
+            )
         return exp.experiment_id
-    # the kind makes the MLflow UI open the experiment on its training runs, not on the GenAI overview
-    return c.create_experiment(name, artifact_location=project.current().artifact_root(),
-                               tags={"mlflow.experimentKind": "custom_model_development"})
+    # the kind makes the MLflow UI open the experiment on its training runs, not on the GenAI
+    # overview
+    return c.create_experiment(
+        name,
+        artifact_location=project.current().artifact_root(),
+        tags={"mlflow.experimentKind": "custom_model_development"},
+    )
 
 
 class Tracker:
@@ -242,14 +273,23 @@ class Tracker:
         return self._experiment_id
 
     @classmethod
-    def start(cls, experiment: str, name: str, parent: str | None = None,
-              tags: dict[str, str] | None = None) -> Tracker:
+    def start(
+        cls,
+        experiment: str,
+        name: str,
+        parent: str | None = None,
+        tags: dict[str, str] | None = None,
+    ) -> Tracker:
         """Create a run (nested under `parent` when given)."""
         import socket
 
         # who runs it: a later run marks it KILLED when that process is gone (`close_orphans`)
-        all_tags = {"mlflow.runName": name, "zhpipe.host": socket.gethostname(), "zhpipe.pid": str(os.getpid()),
-                    **(tags or {})}
+        all_tags = {
+            "mlflow.runName": name,
+            "zhpipe.host": socket.gethostname(),
+            "zhpipe.pid": str(os.getpid()),
+            **(tags or {}),
+        }
         if parent:
             all_tags["mlflow.parentRunId"] = parent
         exp = experiment_id(experiment)
@@ -258,28 +298,35 @@ class Tracker:
 
     @staticmethod
     def existing(run_ids: set[str]) -> set[str]:
-        """Those of `run_ids` this tracking store holds (one query; a store moved aside or replaced holds none of
-        the runs that built the stage store's outputs)."""
-        ids = sorted(r for r in run_ids if r.isalnum())  # an empty id (an output no run logged) is never held
+        """Those of `run_ids` this tracking store holds (one query; a store moved aside or replaced
+        holds none of the runs that built the stage store's outputs)."""
+        # an empty id (an output no run logged) is never held
+        ids = sorted(r for r in run_ids if r.isalnum())
         if not ids:
             return set()
-        found = client().search_runs(experiment_ids=[e.experiment_id for e in client().search_experiments()],
-                                     filter_string=f"attributes.run_id IN ({', '.join(repr(r) for r in ids)})",
-                                     max_results=len(ids))
+        found = client().search_runs(
+            experiment_ids=[e.experiment_id for e in client().search_experiments()],
+            filter_string=f"attributes.run_id IN ({', '.join(repr(r) for r in ids)})",
+            max_results=len(ids),
+        )
         return {r.info.run_id for r in found}
 
     @staticmethod
     def close_orphans(experiment: str) -> list[str]:
-        """Runs of `experiment` left RUNNING by a process of this machine that no longer exists (killed, or
-        the machine restarted): marked KILLED so that the MLflow UI does not show them running forever."""
+        """Runs of `experiment` left RUNNING by a process of this machine that no longer exists
+        (killed, or the machine restarted): marked KILLED so that the MLflow UI does not show them
+        running forever."""
         import socket
 
         from tasks.util.procs import alive
 
         host = socket.gethostname()
         try:
-            runs = client().search_runs([experiment_id(experiment)], filter_string=f"attributes.status = 'RUNNING' and "
-                                        f"tags.`zhpipe.host` = '{host}'", max_results=1000)
+            runs = client().search_runs(
+                [experiment_id(experiment)],
+                filter_string=f"attributes.status = 'RUNNING' and tags.`zhpipe.host` = '{host}'",
+                max_results=1000,
+            )
         except Exception:  # noqa: BLE001 - tidying never fails a run
             return []
         closed = []
@@ -321,7 +368,8 @@ class Tracker:
 
     @_retry
     def curves(self, rows: list[tuple[dict[str, float], int]]) -> None:
-        """Metrics of many steps (an epoch's each) in as few writes as MLflow allows (1,000 values a batch)."""
+        """Metrics of many steps (an epoch's each) in as few writes as MLflow allows (1,000 values a
+        batch)."""
         items = [m for metrics, step in rows for m in self._metrics(metrics, step)]
         for i in range(0, len(items), 900):
             self.client.log_batch(self.run_id, metrics=items[i : i + 900])
@@ -333,7 +381,9 @@ class Tracker:
             self.params(params)
             self.metrics(metrics)
             return
-        self.client.log_batch(self.run_id, params=self._params(params), metrics=self._metrics(metrics))
+        self.client.log_batch(
+            self.run_id, params=self._params(params), metrics=self._metrics(metrics)
+        )
 
     @_retry
     def tags(self, tags: dict[str, str]) -> None:
@@ -361,12 +411,17 @@ class Tracker:
         self.client.log_text(self.run_id, text, artifact_file)
 
     @_retry
-    def dataset(self, df: pd.DataFrame, source: str, name: str, context: str, rows: int | None = None) -> None:
-        """Record a dataset as this run's input (shown under 'Datasets used' in the UI): flows/track/datasets.py."""
+    def dataset(
+        self, df: pd.DataFrame, source: str, name: str, context: str, rows: int | None = None
+    ) -> None:
+        """Record a dataset as this run's input (shown under 'Datasets used' in the UI):
+        flows/track/datasets.py."""
         from mlflow.entities import DatasetInput, InputTag
 
         from flows.track.datasets import dataset_entity
 
         entity = dataset_entity(df, source, name, rows)
-        self.client.log_inputs(self.run_id, datasets=[DatasetInput(entity, tags=[InputTag("mlflow.data.context",
-                                                                                          context)])])
+        self.client.log_inputs(
+            self.run_id,
+            datasets=[DatasetInput(entity, tags=[InputTag("mlflow.data.context", context)])],
+        )

@@ -1,5 +1,6 @@
-"""Augmenters: a registry of functions that make new train rows (`augment.method` picks one), EDA and the
-no-op; back-translation registers itself from tasks.classification.backtranslation."""
+"""Augmenters: a registry of functions that make new train rows (`augment.method` picks one), EDA
+and the no-op; back-translation registers itself from tasks.classification.backtranslation."""
+
 from __future__ import annotations
 
 import random
@@ -20,7 +21,8 @@ CHUNK_ROWS = 5000
 
 
 class EdaParams(Section):
-    """EDA (easy data augmentation) settings: random swap, deletion and insertion of in-sentence words."""
+    """EDA (easy data augmentation) settings: random swap, deletion and insertion of in-sentence
+    words."""
 
     num_aug: int = Field(1, ge=0)  # EDA: new rows per source row
     p_swap: float = Field(0.1, ge=0, le=1)  # EDA: fraction of words swapped
@@ -41,11 +43,15 @@ class AugmentContext:
     params: Any  # the augment stage's Params
     segment: SegmenterParams  # to segment new texts exactly as the segment stage did
     cache_file: Path  # persistent translation cache, shared across runs and corpora
-    heldout: TextSet = field(default_factory=TextSet)  # validation and test texts (digests): never enter training
-    pool: ChunkPool | None = None  # row-wise augmenters map chunks of `source` on it (processes or Dask)
+    # validation and test texts (digests): never enter training
+    heldout: TextSet = field(default_factory=TextSet)
+    # row-wise augmenters map chunks of `source` on it (processes or Dask)
+    pool: ChunkPool | None = None
     source: Path | None = None  # the train split's Parquet file
-    root: Path = field(default_factory=Path.cwd)  # the project folder (relative dictionary and model paths)
-    # the store's services (tasks.core.StoreAccess): registered translators (backend zhpipe) and their models' specs
+    # the project folder (relative dictionary and model paths)
+    root: Path = field(default_factory=Path.cwd)
+    # the store's services (tasks.core.StoreAccess): registered translators (backend zhpipe) and
+    # their models' specs
     store: Any = None
 
     def __post_init__(self):
@@ -54,7 +60,8 @@ class AugmentContext:
 
 @dataclass
 class Augmented:
-    """An augmenter's new rows (with `source_id`, `aug_method`, `aug_index`), its metrics and a sample."""
+    """An augmenter's new rows (with `source_id`, `aug_method`, `aug_index`), its metrics and a
+    sample."""
 
     rows: pd.DataFrame
     metrics: dict[str, float]
@@ -104,10 +111,14 @@ def eda_words(words: list[str], params: EdaParams, rng: random.Random) -> list[s
 
 @register("eda")
 def eda(train: pd.DataFrame, ctx: AugmentContext) -> Augmented:
-    """`num_aug` EDA variants per row; each row's RNG is seeded from (seed, row id), so output is deterministic
-    and the same whether the rows are augmented at once or chunk by chunk."""
+    """`num_aug` EDA variants per row; each row's RNG is seeded from (seed, row id), so output is
+    deterministic and the same whether the rows are augmented at once or chunk by chunk."""
     if ctx.pool is not None and ctx.source is not None:
-        parts = list(ctx.pool.map(eda_chunk, chunk_plan(ctx.source, CHUNK_ROWS), eda_json(ctx.params), desc="eda"))
+        parts = list(
+            ctx.pool.map(
+                eda_chunk, chunk_plan(ctx.source, CHUNK_ROWS), eda_json(ctx.params), desc="eda"
+            )
+        )
         rows = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
     else:
         rows = eda_rows(train, ctx.params)
@@ -129,7 +140,11 @@ def eda_rows(train: pd.DataFrame, params: EdaParams) -> pd.DataFrame:
             if " ".join(words) == row.words:
                 continue  # an unchanged copy adds nothing but weight
             text = "".join(words)
-            new = {"text": text, "words": " ".join(words), "chars": " ".join(c for c in text if not c.isspace())}
+            new = {
+                "text": text,
+                "words": " ".join(words),
+                "chars": " ".join(c for c in text if not c.isspace()),
+            }
             if "label" in train:
                 new["label"] = row.label
             rows.append({**new, "source_id": row.id, "aug_method": "eda", "aug_index": k})
@@ -142,6 +157,8 @@ def no_augmentation(train: pd.DataFrame, ctx: AugmentContext) -> Augmented:
     return Augmented(pd.DataFrame(), {}, "none")
 
 
-# the row-wise augmenters that run chunk by chunk on processes or Dask: (chunk function, its params as it receives them)
+# the row-wise augmenters that run chunk by chunk on processes or Dask: (chunk function, its params
+# as it receives them)
 CHUNKED: dict[str, tuple[Callable, Callable]] = {"eda": (eda_chunk, eda_json)}
-STREAMED = {*CHUNKED, "none"}  # the augmenters that add rows from each row alone: the stage streams the split for them
+# the augmenters that add rows from each row alone: the stage streams the split for them
+STREAMED = {*CHUNKED, "none"}

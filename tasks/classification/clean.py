@@ -1,4 +1,6 @@
-"""Stage `clean`: normalise text, drop what cannot be used, and quarantine every dropped row with its reason."""
+"""Stage `clean`: normalise text, drop what cannot be used, and quarantine every dropped row with
+its reason."""
+
 from __future__ import annotations
 
 import logging
@@ -28,8 +30,8 @@ from tasks.util.io import (
 from tasks.util.pool import ChunkPool
 from tasks.util.usercode import CodeRef, last_line, load
 
-# what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that shape
-# its output, and the params that name files (counted by content)
+# what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that
+# shape its output, and the params that name files (counted by content)
 LIBRARIES = ("pandas", "pyarrow", "opencc")
 FILES: tuple[str, ...] = ()
 
@@ -38,10 +40,11 @@ class Params(Normalise):
     """The `clean` section."""
 
     OUTSIDE_KEY = ("workers",)
-    workers: int = Field(1, ge=0)  # processes that normalise chunks (0 = one per core); on Dask, every worker
-    # the team's own rules, `module:function(text) -> str | None`, applied in order after the built-in cleaning:
-    # a str replaces the text, None drops the row to the quarantine (reason `rule:<module:function>`);
-    # docs/extending.md
+    # processes that normalise chunks (0 = one per core); on Dask, every worker
+    workers: int = Field(1, ge=0)
+    # the team's own rules, `module:function(text) -> str | None`, applied in order after the
+    # built-in cleaning: a str replaces the text, None drops the row to the quarantine (reason
+    # `rule:<module:function>`); docs/extending.md
     rules: list[str] = []
 
     @field_validator("rules")
@@ -66,10 +69,10 @@ def normalise(df: pd.DataFrame, params: Params) -> pd.DataFrame:
 
 
 def normalise_chunk(chunk: Chunk, settings: tuple[str, str]) -> pd.DataFrame:
-    """Chunk function: one chunk of the raw corpus, normalised and passed through the team's rules, with its
-    row-wise `reason` (a rule that dropped it, or the length limits) and a 128-bit digest of its text (`h1`, `h2`)
-    that deduplication compares instead of the text. `settings`: the params as JSON, and the project folder the
-    rules' modules are found in."""
+    """Chunk function: one chunk of the raw corpus, normalised and passed through the team's rules,
+    with its row-wise `reason` (a rule that dropped it, or the length limits) and a 128-bit digest
+    of its text (`h1`, `h2`) that deduplication compares instead of the text. `settings`: the params
+    as JSON, and the project folder the rules' modules are found in."""
     params_json, root = settings
     p = Params.model_validate_json(params_json)
     df = normalise(read_chunk(chunk), p)
@@ -87,15 +90,17 @@ def _rules(refs: list[str], root: str) -> list[tuple[str, object]]:
     """The rules' functions, imported once per process (a chunk pool's worker runs many chunks)."""
     key = (tuple(refs), root)
     if key not in _LOADED:
-        _LOADED[key] = [(ref, load(CodeRef.parse(ref, "clean.rules"), Path(root), f"clean.rules {ref}"))
-                        for ref in refs]
+        _LOADED[key] = [
+            (ref, load(CodeRef.parse(ref, "clean.rules"), Path(root), f"clean.rules {ref}"))
+            for ref in refs
+        ]
     return _LOADED[key]
 
 
 def apply_rules(df: pd.DataFrame, rules: list[tuple[str, object]]) -> pd.Series:
-    """Each rule, in order, on each row's text (in place): a str replaces it, None drops the row. The reason per row
-    (`rule:<module:function>` where a rule dropped it, else missing). A rule that raises, or returns something else,
-    is one line naming the rule and the row's id."""
+    """Each rule, in order, on each row's text (in place): a str replaces it, None drops the row.
+    The reason per row (`rule:<module:function>` where a rule dropped it, else missing). A rule that
+    raises, or returns something else, is one line naming the rule and the row's id."""
     reason = pd.Series(pd.NA, index=df.index, dtype="string")
     if not rules:
         return reason
@@ -105,33 +110,41 @@ def apply_rules(df: pd.DataFrame, rules: list[tuple[str, object]]) -> pd.Series:
             try:
                 text = rule(text)
             except Exception as e:  # noqa: BLE001 - the team's code may raise anything
-                raise DataError(f"clean.rules {ref} raised on row id {df['id'].iloc[i]}: {last_line(e)}") from None
+                raise DataError(
+                    f"clean.rules {ref} raised on row id {df['id'].iloc[i]}: {last_line(e)}"
+                ) from None
             if text is None:
                 reason.iloc[i] = f"rule:{ref}"
                 break
             if not isinstance(text, str):
-                raise DataError(f"clean.rules {ref} returned {type(text).__name__} for row id {df['id'].iloc[i]} "
-                                f"(expected the cleaned text, or None to drop the row)")
+                raise DataError(
+                    f"clean.rules {ref} returned {type(text).__name__} for row id "
+                    f"{df['id'].iloc[i]} "
+                    f"(expected the cleaned text, or None to drop the row)"
+                )
         texts[i] = text if text is not None else texts[i]
     df["text"] = texts
     return reason
 
 
 def text_digest(text: pd.Series) -> tuple[np.ndarray, np.ndarray]:
-    """Two independent 64-bit hashes of each text (pandas' SipHash with two keys): equal texts, equal pairs."""
+    """Two independent 64-bit hashes of each text (pandas' SipHash with two keys): equal texts,
+    equal pairs."""
     return tuple(text_digests(text, key) for key in ("zhpipe-dedupe-h1", "zhpipe-dedupe-h2"))
 
 
 def duplicate_reasons(df: pd.DataFrame, key: list[str]) -> pd.Series:
-    """For rows that passed the length limits, in id order: `label_conflict` (one text under several labels,
-    every copy) or `duplicate` (a repeat of an earlier row's text and label), else missing. Texts are
-    compared by the columns `key` (the text, or its digest); rows with equal texts must all be in `df`: the
-    caller passes the whole corpus or one hash partition of it."""
+    """For rows that passed the length limits, in id order: `label_conflict` (one text under several
+    labels, every copy) or `duplicate` (a repeat of an earlier row's text and label), else missing.
+    Texts are compared by the columns `key` (the text, or its digest); rows with equal texts must
+    all be in `df`: the caller passes the whole corpus or one hash partition of it."""
     reason = pd.Series(pd.NA, index=df.index, dtype="string")
     if "label" in df:
         labels = df.groupby(key)["label"].transform("nunique")
         reason[(labels > 1).to_numpy()] = "label_conflict"
-    dup = df[reason.isna()].duplicated(subset=key + (["label"] if "label" in df else []), keep="first")
+    dup = df[reason.isna()].duplicated(
+        subset=key + (["label"] if "label" in df else []), keep="first"
+    )
     reason[dup[dup].index] = "duplicate"
     return reason
 
@@ -140,12 +153,18 @@ def conflict_table(rows: pd.DataFrame) -> pd.DataFrame:
     """Label conflicts (text, labels, ids) from the rows marked `label_conflict`, by text."""
     if rows.empty:
         return pd.DataFrame(columns=["text", "labels", "ids"])
-    return (rows.groupby("text")
-            .agg(labels=("label", lambda s: ",".join(sorted(set(s)))), ids=("id", lambda s: ",".join(map(str, s))))
-            .reset_index())
+    return (
+        rows.groupby("text")
+        .agg(
+            labels=("label", lambda s: ",".join(sorted(set(s)))),
+            ids=("id", lambda s: ",".join(map(str, s))),
+        )
+        .reset_index()
+    )
 
 
-PARTITION_ROWS = 200_000  # rows per dedupe partition (id, digest, label): the most rows deduplicated at once
+# rows per dedupe partition (id, digest, label): the most rows deduplicated at once
+PARTITION_ROWS = 200_000
 
 
 def partition_count(rows: int) -> int:
@@ -154,8 +173,8 @@ def partition_count(rows: int) -> int:
 
 
 def partition_duplicates(parts: list[Path]) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, reasons) of the duplicates and label conflicts found in hash partitions of (id, digest, label),
-    one partition in memory at a time; sorted by id."""
+    """(ids, reasons) of the duplicates and label conflicts found in hash partitions of (id, digest,
+    label), one partition in memory at a time; sorted by id."""
     ids, reasons = [np.zeros(0, dtype="int64")], [np.zeros(0, dtype=object)]
     for path in parts:
         df = pd.read_parquet(path)
@@ -180,24 +199,36 @@ def lookup(ids: np.ndarray, values: np.ndarray, keys: np.ndarray) -> tuple[np.nd
 
 
 def earlier_digests(ctx: BuildContext) -> pd.DataFrame | None:
-    """A partition unit's view of the partitions before it: the digest, label and partition of every row they
-    kept (their `digests.parquet`); None for a whole-corpus build."""
+    """A partition unit's view of the partitions before it: the digest, label and partition of every
+    row they kept (their `digests.parquet`); None for a whole-corpus build."""
     if ctx.partition is None:
         return None
-    frames = [pd.read_parquet(folder / "digests.parquet")
-              for unit, folder in ctx.inputs.items() if unit.startswith("clean:")]
+    frames = [
+        pd.read_parquet(folder / "digests.parquet")
+        for unit, folder in ctx.inputs.items()
+        if unit.startswith("clean:")
+    ]
     return pd.concat(frames, ignore_index=True) if frames else no_digests()
 
 
 def no_digests() -> pd.DataFrame:
     """An empty `digests.parquet` frame: each kept row's text digest, label and partition."""
-    return pd.DataFrame({"h1": pd.Series(dtype="uint64"), "h2": pd.Series(dtype="uint64"),
-                         "label": pd.Series(dtype="string"), "partition": pd.Series(dtype="string")})
+    return pd.DataFrame(
+        {
+            "h1": pd.Series(dtype="uint64"),
+            "h2": pd.Series(dtype="uint64"),
+            "label": pd.Series(dtype="string"),
+            "partition": pd.Series(dtype="string"),
+        }
+    )
 
 
-def across_partitions(kept: pd.DataFrame, earlier: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(rows still kept, rows that repeat an earlier partition's text with `reason` duplicate, or label_conflict
-    under another label, and `repeats` naming that partition); rows carry their text digest (`h1`, `h2`)."""
+def across_partitions(
+    kept: pd.DataFrame, earlier: pd.DataFrame
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(rows still kept, rows that repeat an earlier partition's text with `reason` duplicate, or
+    label_conflict under another label, and `repeats` naming that partition); rows carry their text
+    digest (`h1`, `h2`)."""
     kept = kept.reset_index(drop=True)
     first = earlier.drop_duplicates(["h1", "h2"]).rename(columns={"label": "earlier_label"})
     found = kept[["h1", "h2"]].merge(first, how="left", on=["h1", "h2"])
@@ -207,22 +238,26 @@ def across_partitions(kept: pd.DataFrame, earlier: pd.DataFrame) -> tuple[pd.Dat
         reason = np.where(same, "duplicate", "label_conflict")
     else:
         reason = np.full(len(kept), "duplicate", dtype=object)
-    bad = kept[hit].assign(reason=pd.Series(reason[hit], dtype="string").to_numpy(),
-                           repeats=found["partition"][hit].to_numpy())
+    bad = kept[hit].assign(
+        reason=pd.Series(reason[hit], dtype="string").to_numpy(),
+        repeats=found["partition"][hit].to_numpy(),
+    )
     return kept[~hit].reset_index(drop=True), bad.reset_index(drop=True)
 
 
 def build(ctx: BuildContext) -> BuildOutput:
-    """Clean `data.parquet` into `data.parquet` + `quarantine.parquet` (+ `label_conflicts.csv`), in bounded
-    memory: (1) chunks are normalised (processes or Dask) and streamed to a scratch file, and each row's id,
-    label and text digest go to one of the hash partitions; (2) each partition (equal texts meet in one) is
-    deduplicated on its own; (3) the normalised rows are streamed again, in id order, into kept and
-    quarantined rows."""
+    """Clean `data.parquet` into `data.parquet` + `quarantine.parquet` (+ `label_conflicts.csv`), in
+    bounded memory: (1) chunks are normalised (processes or Dask) and streamed to a scratch file,
+    and each row's id, label and text digest go to one of the hash partitions; (2) each partition
+    (equal texts meet in one) is deduplicated on its own; (3) the normalised rows are streamed
+    again, in id order, into kept and quarantined rows."""
     src = ctx.file("download", "data.parquet")
     rows_in = pq.ParquetFile(src).metadata.num_rows
-    empty = normalise(pq.ParquetFile(src).schema_arrow.empty_table().to_pandas(),
-                      ctx.params).assign(reason=pd.Series(dtype="string"))
-    digested = empty  # a partition keeps each row's text digest in the scratch file, for its digests.parquet
+    empty = normalise(
+        pq.ParquetFile(src).schema_arrow.empty_table().to_pandas(), ctx.params
+    ).assign(reason=pd.Series(dtype="string"))
+    # a partition keeps each row's text digest in the scratch file, for its digests.parquet
+    digested = empty
     if ctx.partition is not None:
         digested = empty.assign(h1=pd.Series(dtype="uint64"), h2=pd.Series(dtype="uint64"))
         empty = empty.assign(repeats=pd.Series(dtype="string"))
@@ -233,27 +268,40 @@ def build(ctx: BuildContext) -> BuildOutput:
         for df in iter_frames(normalised):
             out.add(ctx, df, *lookup(ids, reasons, df["id"].to_numpy()))
     if not out.kept.rows and ctx.partition is None:  # a partition may repeat earlier ones entirely
-        raise DataError(f"clean: no rows left after cleaning ({rows_in} rows in, all quarantined: {dict(out.counts)})")
+        raise DataError(
+            f"clean: no rows left after cleaning ({rows_in} rows in, all quarantined: "
+            f"{dict(out.counts)})"
+        )
     if not out.kept.rows:
-        log.warning("clean: partition %s adds no rows (%d in, all quarantined: %s)", ctx.partition[1], rows_in,
-                    dict(out.counts))
+        log.warning(
+            "clean: partition %s adds no rows (%d in, all quarantined: %s)",
+            ctx.partition[1],
+            rows_in,
+            dict(out.counts),
+        )
     return out.close(ctx, empty, rows_in)
 
 
-def _normalise_pass(ctx: BuildContext, src: Path, rows_in: int, tmp: Path,
-                    digested: pd.DataFrame) -> tuple[Path, list[PartWriter]]:
-    """(1): every chunk normalised into `tmp/normalised.parquet`, and the id, digest and label of each row not
-    quarantined yet into its hash partition (when deduplicating)."""
+def _normalise_pass(
+    ctx: BuildContext, src: Path, rows_in: int, tmp: Path, digested: pd.DataFrame
+) -> tuple[Path, list[PartWriter]]:
+    """(1): every chunk normalised into `tmp/normalised.parquet`, and the id, digest and label of
+    each row not quarantined yet into its hash partition (when deduplicating)."""
     partitions = partition_count(rows_in)
     pool = ctx.pool(ctx.params.workers if ctx.pool is ChunkPool else 0)
     normalised = PartWriter(tmp / "normalised.parquet", ROW_GROUP_ROWS)
     parts = [PartWriter(tmp / f"partition-{i}.parquet") for i in range(partitions)]
-    for table in pool.tables(normalise_chunk, chunk_plan(src, CHUNK_ROWS) if rows_in else [],
-                               (ctx.params.model_dump_json(), str(ctx.root)), desc="clean"):
+    for table in pool.tables(
+        normalise_chunk,
+        chunk_plan(src, CHUNK_ROWS) if rows_in else [],
+        (ctx.params.model_dump_json(), str(ctx.root)),
+        desc="clean",
+    ):
         normalised.write(table if ctx.partition is not None else table.drop_columns(["h1", "h2"]))
         if ctx.params.dedupe:
-            table = table.filter(pc.is_null(table["reason"])).select([c for c in ("id", "h1", "h2", "label")
-                                                                      if c in table.column_names])
+            table = table.filter(pc.is_null(table["reason"])).select(
+                [c for c in ("id", "h1", "h2", "label") if c in table.column_names]
+            )
             part = table["h1"].to_numpy() % partitions
             for i, writer in enumerate(parts):
                 piece = table.filter(part == i) if partitions > 1 else table
@@ -266,15 +314,20 @@ def _normalise_pass(ctx: BuildContext, src: Path, rows_in: int, tmp: Path,
 
 
 class Sorted:
-    """(3): the normalised rows, with the duplicates found, written as kept or quarantined rows (and a partition's
-    digests), with the counts, samples, label conflicts and labels the stage reports."""
+    """(3): the normalised rows, with the duplicates found, written as kept or quarantined rows (and
+    a partition's digests), with the counts, samples, label conflicts and labels the stage
+    reports."""
 
     def __init__(self, ctx: BuildContext):
         # a partition: dedupe against earlier partitions too
         self.earlier = earlier_digests(ctx) if ctx.params.dedupe else None
         self.kept = PartWriter(ctx.out / "data.parquet", ROW_GROUP_ROWS)
         self.bad = PartWriter(ctx.out / "quarantine.parquet", ROW_GROUP_ROWS)
-        self.digests = PartWriter(ctx.out / "digests.parquet", ROW_GROUP_ROWS) if ctx.partition is not None else None
+        self.digests = (
+            PartWriter(ctx.out / "digests.parquet", ROW_GROUP_ROWS)
+            if ctx.partition is not None
+            else None
+        )
         self.counts: Counter = Counter()
         self.sample, self.bad_sample, self.conflicts, self.labels = [], [], [], set()
 
@@ -288,11 +341,18 @@ class Sorted:
             if self.earlier is not None and len(kept):
                 kept, repeated = across_partitions(kept, self.earlier)
                 if len(repeated):
-                    bad = pd.concat([bad, repeated[bad.columns]], ignore_index=True).sort_values("id", kind="stable")
+                    bad = pd.concat([bad, repeated[bad.columns]], ignore_index=True).sort_values(
+                        "id", kind="stable"
+                    )
             if len(kept):
-                self.digests.write(kept[["h1", "h2"]].assign(
-                    label=kept["label"].astype("string").to_numpy() if "label" in kept else pd.NA,
-                    partition=ctx.partition[1]))
+                self.digests.write(
+                    kept[["h1", "h2"]].assign(
+                        label=kept["label"].astype("string").to_numpy()
+                        if "label" in kept
+                        else pd.NA,
+                        partition=ctx.partition[1],
+                    )
+                )
             kept, bad = kept.drop(columns=["h1", "h2"]), bad.drop(columns=["h1", "h2"])
         kept = kept.drop(columns=["raw_text"])
         if len(kept):
@@ -304,7 +364,9 @@ class Sorted:
             self.bad.write(bad)
             self.counts.update(bad["reason"].tolist())
             if "label" in bad:
-                self.conflicts.append(bad.loc[bad["reason"] == "label_conflict", ["id", "text", "label"]])
+                self.conflicts.append(
+                    bad.loc[bad["reason"] == "label_conflict", ["id", "text", "label"]]
+                )
             if sum(map(len, self.bad_sample)) < 1000:
                 self.bad_sample.append(bad.head(1000))
 
@@ -313,25 +375,50 @@ class Sorted:
         self.bad.close(empty)
         if self.digests is not None:
             self.digests.close(no_digests())
-        conflicts = pd.concat(self.conflicts,
-                              ignore_index=True) if self.conflicts else pd.DataFrame(columns=["id", "text", "label"])
+        conflicts = (
+            pd.concat(self.conflicts, ignore_index=True)
+            if self.conflicts
+            else pd.DataFrame(columns=["id", "text", "label"])
+        )
         conflict_table(conflicts).to_csv(ctx.out / "label_conflicts.csv", index=False)
-        metrics = {f"dropped_{r}": self.counts.get(r, 0) for r in ("empty", "too_short", "too_long", "duplicate",
-                                                                   "label_conflict")}
-        # one count per rule of the team's, by its function's name (an MLflow metric name holds no `:`)
-        metrics.update({f"dropped_rule_{CodeRef.parse(r, 'clean.rules').function}": self.counts.get(f"rule:{r}", 0)
-                        for r in ctx.params.rules})
+        metrics = {
+            f"dropped_{r}": self.counts.get(r, 0)
+            for r in ("empty", "too_short", "too_long", "duplicate", "label_conflict")
+        }
+        # one count per rule of the team's, by its function's name (an MLflow metric name holds no
+        # `:`)
+        metrics.update(
+            {
+                f"dropped_rule_{CodeRef.parse(r, 'clean.rules').function}": self.counts.get(
+                    f"rule:{r}", 0
+                )
+                for r in ctx.params.rules
+            }
+        )
         metrics.update(rows_in=rows_in, rows_kept=self.kept.rows, rows_dropped=self.bad.rows)
         return BuildOutput(
             rows=self.kept.rows,
             metrics=metrics,
             facts=Facts(labels=sorted_labels(self.labels) if self.labels else None),
             artifacts=["quarantine.parquet", "label_conflicts.csv"],
-            tables={"quarantine_sample.json": pd.concat(self.bad_sample, ignore_index=True).head(1000).astype(str)}
-            if self.bad.rows else {},
-            datasets=[Dataset(pd.concat(self.sample, ignore_index=True).head(DATASET_SAMPLE_ROWS),
-                              str(ctx.out / "data.parquet"),
-                              f"{ctx.pipeline}-clean", "clean", rows=self.kept.rows)] if self.sample
-            and not ctx.partition else [],
-            # (a night's partition is no dataset a person compares: the run's splits are, on its parent run)
+            tables={
+                "quarantine_sample.json": pd.concat(self.bad_sample, ignore_index=True)
+                .head(1000)
+                .astype(str)
+            }
+            if self.bad.rows
+            else {},
+            datasets=[
+                Dataset(
+                    pd.concat(self.sample, ignore_index=True).head(DATASET_SAMPLE_ROWS),
+                    str(ctx.out / "data.parquet"),
+                    f"{ctx.pipeline}-clean",
+                    "clean",
+                    rows=self.kept.rows,
+                )
+            ]
+            if self.sample and not ctx.partition
+            else [],
+            # (a night's partition is no dataset a person compares: the run's splits are, on its
+            # parent run)
         )

@@ -1,5 +1,7 @@
-"""What `zhpipe init` writes for a classification project (the default kind): the pipelines.yaml for a labelled CSV
-(or the example corpus), the one for a folder of nightly CSV files, and the example corpus itself."""
+"""What `zhpipe init` writes for a classification project (the default kind): the pipelines.yaml for
+a labelled CSV (or the example corpus), the one for a folder of nightly CSV files, and the example
+corpus itself."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -63,8 +65,26 @@ pipelines:
         models: [tfidf_lr, fasttext]   # `zhpipe models` lists them all
 """
 
-_GOOD = ["房间很干净", "服务热情周到", "早餐丰富好吃", "位置方便交通便利", "床很舒服睡得好", "前台态度很好", "环境安静", "性价比很高"]
-_BAD = ["房间很脏", "服务态度差", "早餐难吃", "位置偏僻不方便", "床太硬睡不好", "前台很冷漠", "隔音太差很吵", "价格太贵不值"]
+_GOOD = [
+    "房间很干净",
+    "服务热情周到",
+    "早餐丰富好吃",
+    "位置方便交通便利",
+    "床很舒服睡得好",
+    "前台态度很好",
+    "环境安静",
+    "性价比很高",
+]
+_BAD = [
+    "房间很脏",
+    "服务态度差",
+    "早餐难吃",
+    "位置偏僻不方便",
+    "床太硬睡不好",
+    "前台很冷漠",
+    "隔音太差很吵",
+    "价格太贵不值",
+]
 
 
 def example_corpus() -> pd.DataFrame:
@@ -79,19 +99,27 @@ def example_corpus() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-
-LARGE = 30_000  # rows from which the template leaves textcnn (and so the embed stage) out of the first run
-# the times measured on 2 CPU cores (docs/results/training.md, docs/results/corpus-cost.md), as the comment says them
-SMALL_TIMES = ("times on the bundled 7,766 reviews, 2 CPU cores: tfidf_lr 6 s, fasttext 5 s,\n"
-               "        # textcnn 7 s an epoch (on 62,000 longer reviews: tfidf_lr 125 s, fasttext 123 s).")
-LARGE_TIMES = ("times on 62,000 reviews, 2 CPU cores: tfidf_lr 125 s (three streamed passes),\n"
-               "        # fasttext 123 s; a first run 312 s without the budget, 142 s with it. textcnn\n"
-               "        # (--set 'train.models=[tfidf_lr, fasttext, textcnn]') also builds word vectors first\n"
-               "        # (Word2Vec: 167 s on 99,350 rows); on the bundled 7,766 reviews: tfidf_lr 6 s, fasttext 5 s.")
+# rows from which the template leaves textcnn (and so the embed stage) out of the first run
+LARGE = 30_000
+# the times measured on 2 CPU cores (docs/results/training.md, docs/results/corpus-cost.md), as the
+# comment says them
+SMALL_TIMES = (
+    "times on the bundled 7,766 reviews, 2 CPU cores: tfidf_lr 6 s, fasttext 5 s,\n"
+    "        # textcnn 7 s an epoch (on 62,000 longer reviews: tfidf_lr 125 s, fasttext 123 s)."
+)
+LARGE_TIMES = (
+    "times on 62,000 reviews, 2 CPU cores: tfidf_lr 125 s (three streamed passes),\n"
+    "        # fasttext 123 s; a first run 312 s without the budget, 142 s with it. textcnn\n"
+    "        # (--set 'train.models=[tfidf_lr, fasttext, textcnn]') also builds word vectors "
+    "first\n"
+    "        # (Word2Vec: 167 s on 99,350 rows); on the bundled 7,766 reviews: tfidf_lr 6 s, "
+    "fasttext 5 s."
+)
 
 
 def sized(rows: int | None) -> dict[str, str]:
-    """The template's model list and its times for a corpus of about `rows` rows (None: the example corpus)."""
+    """The template's model list and its times for a corpus of about `rows` rows (None: the example
+    corpus)."""
     if rows is not None and rows >= LARGE:
         return {"models": "[tfidf_lr, fasttext]", "times": LARGE_TIMES}
     return {"models": "[tfidf_lr, fasttext, textcnn]", "times": SMALL_TIMES}

@@ -1,4 +1,6 @@
-"""Stage `train`: the models named in `train.models`, each through its registry entry (tasks.models)."""
+"""Stage `train`: the models named in `train.models`, each through its registry entry
+(tasks.models)."""
+
 from __future__ import annotations
 
 import base64
@@ -18,50 +20,82 @@ from tasks.models.settings import Common, params_model
 from tasks.util.io import Rows, batches_of, predict_batches
 from tasks.util.vectors import load_word_vectors
 
-# what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that shape
-# its output, and the params that name files (counted by content)
+# what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that
+# shape its output, and the params that name files (counted by content)
 LIBRARIES = ("torch", "transformers", "scikit-learn", "fasttext", "gensim", "numpy")
 FILES: tuple[str, ...] = ("bert.checkpoint", "hf.checkpoint")
 
 
 class Settings(Common):
-    """The classification `train` section's shared settings: a section of another name holding `estimator:` is a
-    model of the team's own (tasks/classification/models/estimator.py)."""
+    """The classification `train` section's shared settings: a section of another name holding
+    `estimator:` is a model of the team's own (tasks/classification/models/estimator.py)."""
 
     own_family = estimator
 
 
 def params() -> type:
-    """The `train` section: the shared settings and a section per model of the kind (a model added gets its section)."""
+    """The `train` section: the shared settings and a section per model of the kind (a model added
+    gets its section)."""
     return params_model(tuple(MODELS.values()), Settings)
 
 
 def build_model(ctx: BuildContext, name: str) -> BuildOutput:
-    """Train one model (a unit of its own): `<name>/` with the saved model, and its summary with validation
-    scores. Inputs: augment, segment, vocab (and embed for models that start from word vectors)."""
+    """Train one model (a unit of its own): `<name>/` with the saved model, and its summary with
+    validation scores. Inputs: augment, segment, vocab (and embed for models that start from word
+    vectors)."""
     p = ctx.params
     labels = ctx.facts["augment"].labels
     if not labels:
-        raise DataError("train: the corpus has no labels (source.label_column is unset); "
-                        "classifiers need labelled data")
+        raise DataError(
+            "train: the corpus has no labels (source.label_column is unset); "
+            "classifiers need labelled data"
+        )
     spec = model_of(REGISTRY, name, "classification")
-    train_rows, val_rows = Rows(ctx.file("augment", "train.parquet")), Rows(ctx.file("segment", "validation.parquet"))
-    # a model that streams reads its splits batch by batch (memory bounded whatever the corpus); others, whole
-    train, validation = (train_rows, val_rows) if spec.streams else (train_rows.frame(), val_rows.frame())
+    train_rows, val_rows = (
+        Rows(ctx.file("augment", "train.parquet")),
+        Rows(ctx.file("segment", "validation.parquet")),
+    )
+    # a model that streams reads its splits batch by batch (memory bounded whatever the corpus);
+    # others, whole
+    train, validation = (
+        (train_rows, val_rows) if spec.streams else (train_rows.frame(), val_rows.frame())
+    )
     vectors = load_word_vectors(ctx.inputs["embed"], p.embeddings) if spec.uses_vectors else None
-    members = {model: folder / model
-               for model, folder in by_model({u: f for u, f in ctx.inputs.items() if Unit.parse(u).model}).items()}
-    inputs = TrainInputs(name, train, validation, labels, spec.view(p), ctx.inputs["vocab"], vectors, ctx.out,
-                         ctx.scratch, ctx.sink, members=members, root=ctx.root)
+    members = {
+        model: folder / model
+        for model, folder in by_model(
+            {u: f for u, f in ctx.inputs.items() if Unit.parse(u).model}
+        ).items()
+    }
+    inputs = TrainInputs(
+        name,
+        train,
+        validation,
+        labels,
+        spec.view(p),
+        ctx.inputs["vocab"],
+        vectors,
+        ctx.out,
+        ctx.scratch,
+        ctx.sink,
+        members=members,
+        root=ctx.root,
+    )
     race = racing.current()
     if race is not None and not spec.races:  # a network is estimated from its first batches instead
-        estimate, how = (race.estimate, " (from its last build)") if race.estimate is not None else probe(spec, inputs)
+        estimate, how = (
+            (race.estimate, " (from its last build)")
+            if race.estimate is not None
+            else probe(spec, inputs)
+        )
         if not race.first:
             race.admit(estimate, how)
-        elif estimate is not None and estimate > race.share:  # the first always trains: on the rows that fit
+        # the first always trains: on the rows that fit
+        elif estimate is not None and estimate > race.share:
             inputs, race.cut = within_budget(inputs, estimate, race.share, how, p.seed)
     summary = spec.train(inputs)
-    if not spec.is_language_model:  # classifiers: validation scores from the saved model, as it will be served
+    # classifiers: validation scores from the saved model, as it will be served
+    if not spec.is_language_model:
         val = predict_batches(spec.load(ctx.out / name), validation).argmax(1)
         gold = np.concatenate([label_ids(b, labels) for b in batches_of(validation, ["label"])])
         from sklearn.metrics import accuracy_score, f1_score
@@ -69,24 +103,36 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
         summary["val_accuracy"] = float(accuracy_score(gold, val))
         summary["val_macro_f1"] = float(f1_score(gold, val, average="macro"))
         summary["validation_rows"] = len(gold)  # what the validation scores' standard error is over
-        # which validation rows it got right, packed (8 rows a byte): selection compares models row by row
-        summary["validation_right"] = base64.b64encode(np.packbits(val == gold).tobytes()).decode("ascii")
-    # the per-epoch curves (val_macro_f1, samples_per_second, ...) are the history; these are the model's totals
-    names = {"val_accuracy": "val_accuracy_best", "val_macro_f1": "val_macro_f1_best",
-             "val_perplexity": "val_perplexity_best",
-             "seconds": "train_seconds", "samples_per_second": "median_samples_per_second"}
-    return BuildOutput(rows=len(train_rows),
-                       metrics={new: summary[old] for old, new in names.items() if old in summary},
-                       facts=Facts(labels=labels, model=name, summary=summary))
+        # which validation rows it got right, packed (8 rows a byte): selection compares models row
+        # by row
+        summary["validation_right"] = base64.b64encode(np.packbits(val == gold).tobytes()).decode(
+            "ascii"
+        )
+    # the per-epoch curves (val_macro_f1, samples_per_second, ...) are the history; these are the
+    # model's totals
+    names = {
+        "val_accuracy": "val_accuracy_best",
+        "val_macro_f1": "val_macro_f1_best",
+        "val_perplexity": "val_perplexity_best",
+        "seconds": "train_seconds",
+        "samples_per_second": "median_samples_per_second",
+    }
+    return BuildOutput(
+        rows=len(train_rows),
+        metrics={new: summary[old] for old, new in names.items() if old in summary},
+        facts=Facts(labels=labels, model=name, summary=summary),
+    )
 
 
-PROBES = (1000, 3000)  # rows of the two samples a model's cost is timed on, when a budget needs it and no history
+# rows of the two samples a model's cost is timed on, when a budget needs it and no history
+PROBES = (1000, 3000)
 
 
 def probe(spec, inputs: TrainInputs) -> tuple[float | None, str]:
-    """A model's estimated training seconds on the whole train split, from timed fits on two samples of it (a fixed
-    cost and a cost per row), and how it was estimated; None for a split too small to sample, a model that reads its
-    splits in batches, or a sample it cannot fit (a class missing)."""
+    """A model's estimated training seconds on the whole train split, from timed fits on two samples
+    of it (a fixed cost and a cost per row), and how it was estimated; None for a split too small to
+    sample, a model that reads its splits in batches, or a sample it cannot fit (a class
+    missing)."""
     import tempfile
     from dataclasses import replace
     from pathlib import Path
@@ -101,12 +147,23 @@ def probe(spec, inputs: TrainInputs) -> tuple[float | None, str]:
         with tempfile.TemporaryDirectory(prefix="zhpipe-probe-") as tmp:
             t0 = time.perf_counter()
             try:
-                spec.train(replace(inputs, train=sample, validation=sampled(inputs.validation, 200, 0), out=Path(tmp),
-                                   scratch=None, sink=None))
-            except Exception:  # noqa: BLE001 - a sample it cannot fit leaves the model unestimated, not failed
+                spec.train(
+                    replace(
+                        inputs,
+                        train=sample,
+                        validation=sampled(inputs.validation, 200, 0),
+                        out=Path(tmp),
+                        scratch=None,
+                        sink=None,
+                    )
+                )
+            # a sample it cannot fit leaves the model unestimated, not failed
+            except Exception:  # noqa: BLE001
                 return None, ""
             points.append((size, time.perf_counter() - t0))
-    return from_samples(points, rows), f" (timed on samples of {sizes[0]} and {sizes[1]} of {rows} rows)"
+    return from_samples(
+        points, rows
+    ), f" (timed on samples of {sizes[0]} and {sizes[1]} of {rows} rows)"
 
 
 def sampled(train, rows: int, seed: int):
@@ -117,15 +174,20 @@ def sampled(train, rows: int, seed: int):
     return pd.concat([b[rng.random(len(b)) < share] for b in train.batches()], ignore_index=True)
 
 
-def within_budget(inputs: TrainInputs, estimate: float, share: float, how: str, seed: int) -> tuple[TrainInputs, str]:
-    """The first model of a budget whose whole split would not fit in it: fitted on the share of rows that does
-    (never fewer than 1,000), and why."""
+def within_budget(
+    inputs: TrainInputs, estimate: float, share: float, how: str, seed: int
+) -> tuple[TrainInputs, str]:
+    """The first model of a budget whose whole split would not fit in it: fitted on the share of
+    rows that does (never fewer than 1,000), and why."""
     from dataclasses import replace
 
     total = len(inputs.train)
     rows = max(min(total, 1000), int(total * 0.85 * share / estimate))
-    why = (f"trained on {rows:,} of {total:,} rows: all of them would take about {estimate:.0f} s{how}, over the "
-           f"budget ({share:.0f} s)")
+    why = (
+        f"trained on {rows:,} of {total:,} rows: all of them would take about {estimate:.0f} "
+        f"s{how}, over the "
+        f"budget ({share:.0f} s)"
+    )
     return replace(inputs, train=sampled(inputs.train, rows, seed)), why
 
 
@@ -136,4 +198,8 @@ def build(ctx: BuildContext) -> BuildOutput:
     (ctx.out / "models.json").write_text(json.dumps(models, indent=2), encoding="utf-8")
     keys = ("val_accuracy", "val_macro_f1", "val_perplexity", "seconds", "samples_per_second")
     metrics = {f"{m}_{k}": v[k] for m, v in models.items() for k in keys if k in v}
-    return BuildOutput(rows=None, metrics=metrics, facts=Facts(labels=next(iter(units.values())).labels, models=models))
+    return BuildOutput(
+        rows=None,
+        metrics=metrics,
+        facts=Facts(labels=next(iter(units.values())).labels, models=models),
+    )

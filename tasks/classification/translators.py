@@ -1,6 +1,7 @@
-"""Machine translation for back-translation: local seq2seq models, a LibreTranslate-style HTTP service,
-and a persistent SQLite cache in front of either. No I/O besides the model files, the HTTP calls and the
-cache file."""
+"""Machine translation for back-translation: local seq2seq models, a LibreTranslate-style HTTP
+service, and a persistent SQLite cache in front of either. No I/O besides the model files, the HTTP
+calls and the cache file."""
+
 from __future__ import annotations
 
 import hashlib
@@ -30,9 +31,12 @@ class PivotParams(Section):
     """One pivot language and its translation models."""
 
     lang: str  # pivot language, e.g. en, ja
-    forward: str | None = None  # zh -> pivot: a model id (hub) or a local folder (transformers backend)
-    backward: str | None = None  # pivot -> zh; None = the forward model (multilingual NLLB-200, M2M100)
-    source_code: str | None = None  # language codes of multilingual models: zho_Hans (NLLB), zh (M2M100)
+    # zh -> pivot: a model id (hub) or a local folder (transformers backend)
+    forward: str | None = None
+    # pivot -> zh; None = the forward model (multilingual NLLB-200, M2M100)
+    backward: str | None = None
+    # language codes of multilingual models: zho_Hans (NLLB), zh (M2M100)
+    source_code: str | None = None
     pivot_code: str | None = None  # eng_Latn (NLLB), en (M2M100); None for MarianMT pairs
 
 
@@ -60,25 +64,29 @@ class TranslationFilterParams(Section):
 class BackTranslationParams(Section):
     """The `augment.backtranslation` section."""
 
-    # transformers: hub or local seq2seq models; http: a LibreTranslate-style service; zhpipe: translators
-    # registered by zhpipe's own translation pipelines, `forward`/`backward` as models:/<name>@<alias> (or /<version>)
+    # transformers: hub or local seq2seq models; http: a LibreTranslate-style service; zhpipe:
+    # translators registered by zhpipe's own translation pipelines, `forward`/`backward` as
+    # models:/<name>@<alias> (or /<version>)
     backend: Literal["transformers", "http", "zhpipe"] = "transformers"
     source_lang: str = "zh"
     pivots: list[PivotParams] = [
-        PivotParams(lang="en", forward="Helsinki-NLP/opus-mt-zh-en", backward="Helsinki-NLP/opus-mt-en-zh")
+        PivotParams(
+            lang="en", forward="Helsinki-NLP/opus-mt-zh-en", backward="Helsinki-NLP/opus-mt-en-zh"
+        )
     ]
     batch_size: int = Field(16, ge=1)  # sentences per generate() call, batched by length
     max_length: int = Field(256, ge=8)  # generated tokens
-    split_chars: int = Field(120, ge=10)  # longer texts are split at sentence punctuation and joined back
+    # longer texts are split at sentence punctuation and joined back
+    split_chars: int = Field(120, ge=10)
     num_beams: int = Field(4, ge=1)
     do_sample: bool = False  # sampling instead of beam search, for more diverse variants
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(0.95, gt=0, le=1)
     num_variants: int = Field(1, ge=1)  # back-translations per sentence and pivot
-    max_rows: int | None = Field(None, ge=1)  # translate at most this many train rows (cost control)
+    # translate at most this many train rows (cost control)
+    max_rows: int | None = Field(None, ge=1)
     http: HttpTranslationParams = HttpTranslationParams()
     filters: TranslationFilterParams = TranslationFilterParams()
-
 
 
 class Translator(Protocol):
@@ -90,7 +98,8 @@ class Translator(Protocol):
 
 
 def split_sentences(text: str, max_chars: int) -> list[str]:
-    """Cut a long text after sentence punctuation into pieces of at most ~max_chars; short texts stay whole."""
+    """Cut a long text after sentence punctuation into pieces of at most ~max_chars; short texts
+    stay whole."""
     if len(text) <= max_chars:
         return [text]
     pieces, current = [], ""
@@ -105,38 +114,56 @@ def split_sentences(text: str, max_chars: int) -> list[str]:
 
 
 class Seq2SeqTranslator:
-    """A transformers seq2seq model (MarianMT, NLLB-200, M2M100), batched by length on the chosen device."""
+    """A transformers seq2seq model (MarianMT, NLLB-200, M2M100), batched by length on the chosen
+    device."""
 
-    def __init__(self, ref: str, params: BackTranslationParams, device: str, src_code: str | None = None,
-                 tgt_code: str | None = None):
+    def __init__(
+        self,
+        ref: str,
+        params: BackTranslationParams,
+        device: str,
+        src_code: str | None = None,
+        tgt_code: str | None = None,
+    ):
         import torch
         from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
         self.name, self.params = ref, params
 
         def load(source: str, local_only: bool):
-            return (AutoTokenizer.from_pretrained(source, local_files_only=local_only),
-                    AutoModelForSeq2SeqLM.from_pretrained(source, local_files_only=local_only))
+            return (
+                AutoTokenizer.from_pretrained(source, local_files_only=local_only),
+                AutoModelForSeq2SeqLM.from_pretrained(source, local_files_only=local_only),
+            )
 
         self.tokenizer, self.model = load_pretrained(ref, load, "translation model")
-        self.device = torch.device("cuda" if device == "auto" and torch.cuda.is_available()
-                                   else ("cpu" if device == "auto" else device))
+        self.device = torch.device(
+            "cuda"
+            if device == "auto" and torch.cuda.is_available()
+            else ("cpu" if device == "auto" else device)
+        )
         if self.device.type == "cuda":
-            self.model = self.model.to(dtype=torch.bfloat16)  # bf16 halves memory and speeds up generation
+            # bf16 halves memory and speeds up generation
+            self.model = self.model.to(dtype=torch.bfloat16)
         self.model.to(self.device).eval()
         self.forced_bos = None
         if src_code:
             self.tokenizer.src_lang = src_code
         if tgt_code:
-            lang_id = getattr(self.tokenizer, "get_lang_id", None)  # M2M100 wants __en__, NLLB eng_Latn
-            self.forced_bos = lang_id(tgt_code) if lang_id else self.tokenizer.convert_tokens_to_ids(tgt_code)
+            # M2M100 wants __en__, NLLB eng_Latn
+            lang_id = getattr(self.tokenizer, "get_lang_id", None)
+            self.forced_bos = (
+                lang_id(tgt_code) if lang_id else self.tokenizer.convert_tokens_to_ids(tgt_code)
+            )
 
     def translate(self, texts: list[str], n: int) -> list[list[str]]:
         """Generate `n` variants per text: beam search (n best beams) or sampling."""
         import torch
 
         p = self.params
-        batch = self.tokenizer(texts, return_tensors="pt", padding=True, truncation=True,
-                               max_length=p.max_length).to(self.device)
+        batch = self.tokenizer(
+            texts, return_tensors="pt", padding=True, truncation=True, max_length=p.max_length
+        ).to(self.device)
         kwargs = dict(max_new_tokens=p.max_length, num_return_sequences=n)
         if p.do_sample:
             kwargs.update(do_sample=True, temperature=p.temperature, top_p=p.top_p)
@@ -151,10 +178,11 @@ class Seq2SeqTranslator:
 
 
 class RegisteredTranslator:
-    """A translator that a zhpipe translation pipeline registered (backend zhpipe), read from its model folder as
-    MLflow stores it (`MLmodel`, `artifacts/zhpipe.json`, `artifacts/<model>/`): the text is cleaned (and, for
-    a Chinese source, segmented) as that pipeline did, then translated by its beam search. `name` is the
-    resolved `models:/<name>/<version>`, so the translation cache never mixes two versions."""
+    """A translator that a zhpipe translation pipeline registered (backend zhpipe), read from its
+    model folder as MLflow stores it (`MLmodel`, `artifacts/zhpipe.json`, `artifacts/<model>/`): the
+    text is cleaned (and, for a Chinese source, segmented) as that pipeline did, then translated by
+    its beam search. `name` is the resolved `models:/<name>/<version>`, so the translation cache
+    never mixes two versions."""
 
     def __init__(self, name: str, folder: Path, spec_of: Callable[[str], Any]):
         import yaml
@@ -167,20 +195,34 @@ class RegisteredTranslator:
             mlmodel = yaml.safe_load((folder / "MLmodel").read_text(encoding="utf-8"))
             artifacts = mlmodel["flavors"]["python_function"]["artifacts"]
             cfg = json.loads((folder / artifacts["config"]["path"]).read_text(encoding="utf-8"))
-            spec = spec_of(cfg["model"])  # a translation pipeline's model: the store knows every kind's
+            # a translation pipeline's model: the store knows every kind's
+            spec = spec_of(cfg["model"])
         except (OSError, KeyError, TypeError, ValueError) as e:
-            raise ZhpipeError(f"{name}: not a zhpipe translator ({type(e).__name__}: {e}); register one with a task: "
-                              f"translation pipeline") from None
+            raise ZhpipeError(
+                f"{name}: not a zhpipe translator ({type(e).__name__}: {e}); register one with a "
+                "task: "
+                f"translation pipeline"
+            ) from None
         if spec.task != "translation" or spec.load is None:
             raise ZhpipeError(f"{name}: {cfg['model']} is a {spec.task} model, not a translator")
         self.translate_fn = spec.load(folder / artifacts["model"]["path"])
         self.direction = self.translate_fn.direction
-        clean = CleanParams(**{k: v for k, v in cfg["clean"].items() if k in CleanParams.model_fields})
-        self.clean = (clean if self.direction.startswith("zh")
-                      else clean.model_copy(update={"traditional_to_simplified": False}))
-        segment = {k: v for k, v in cfg["segment"].items() if k in SegmenterParams.model_fields
-                   and k not in ("user_dict", "stopwords")}
-        self.segmenter = Segmenter(SegmenterParams(**segment)) if self.direction.startswith("zh") else None
+        clean = CleanParams(
+            **{k: v for k, v in cfg["clean"].items() if k in CleanParams.model_fields}
+        )
+        self.clean = (
+            clean
+            if self.direction.startswith("zh")
+            else clean.model_copy(update={"traditional_to_simplified": False})
+        )
+        segment = {
+            k: v
+            for k, v in cfg["segment"].items()
+            if k in SegmenterParams.model_fields and k not in ("user_dict", "stopwords")
+        }
+        self.segmenter = (
+            Segmenter(SegmenterParams(**segment)) if self.direction.startswith("zh") else None
+        )
 
     def translate(self, texts: list[str], n: int) -> list[list[str]]:
         """The best beam per text (`n` > 1 repeats it)."""
@@ -189,8 +231,11 @@ class RegisteredTranslator:
         from tasks.shared.normalise import clean_text
 
         cleaned = [clean_text(t, self.clean) for t in texts]
-        frame = pd.DataFrame({"text": cleaned,
-                              **self.segmenter.rows(cleaned)}) if self.segmenter else pd.DataFrame({"en": cleaned})
+        frame = (
+            pd.DataFrame({"text": cleaned, **self.segmenter.rows(cleaned)})
+            if self.segmenter
+            else pd.DataFrame({"en": cleaned})
+        )
         return [[t.text] * n for t in self.translate_fn(frame)]
 
 
@@ -204,9 +249,14 @@ class HttpTranslator:
         self.name = f"{redact(params.url).rstrip('/')}/translate"  # what messages show
         self.endpoint = f"{reveal(params.url).rstrip('/')}/translate"
         self.api_key = os.environ.get(params.api_key_env) if params.api_key_env else None
-        if self.api_key and not (self.endpoint.lower().startswith("https://") or is_loopback(self.endpoint)):
-            raise ZhpipeError(f"translation service {self.name}: an API key (${params.api_key_env}) is sent only over "
-                              f"https or to this machine (loopback); use an https:// url")
+        if self.api_key and not (
+            self.endpoint.lower().startswith("https://") or is_loopback(self.endpoint)
+        ):
+            raise ZhpipeError(
+                f"translation service {self.name}: an API key (${params.api_key_env}) is sent only "
+                "over "
+                f"https or to this machine (loopback); use an https:// url"
+            )
         self.client = httpx.Client(timeout=params.timeout_s)
         self._next_slot = 0.0
         self._lock = threading.Lock()
@@ -239,19 +289,30 @@ class HttpTranslator:
                     got = got if isinstance(got, list) else [got]
                     return [[t] * n for t in got]
                 if resp.status_code not in (429, 500, 502, 503, 504):
-                    raise ZhpipeError(f"translation service {self.name}: HTTP {resp.status_code} "
-                                      f"({resp.headers.get('content-type', 'no content type')}, {len(resp.content)} "
-                                      f"bytes)")
+                    raise ZhpipeError(
+                        f"translation service {self.name}: HTTP {resp.status_code} "
+                        f"({resp.headers.get('content-type', 'no content type')}, "
+                        f"{len(resp.content)} "
+                        f"bytes)"
+                    )
                 error = f"HTTP {resp.status_code}"
                 retry_after = resp.headers.get("Retry-After")
                 if retry_after and retry_after.isdigit():
                     time.sleep(min(float(retry_after), 60))
             if attempt < self.params.retries:
                 delay = min(0.5 * 2**attempt, 30)
-                log.warning("translation service %s: %s; retry %d in %.1f s", self.name, error, attempt + 1, delay)
+                log.warning(
+                    "translation service %s: %s; retry %d in %.1f s",
+                    self.name,
+                    error,
+                    attempt + 1,
+                    delay,
+                )
                 time.sleep(delay)
-        raise ZhpipeError(f"translation service {self.name}: gave up after {self.params.retries + 1} attempts "
-                          f"({error})")
+        raise ZhpipeError(
+            f"translation service {self.name}: gave up after {self.params.retries + 1} attempts "
+            f"({error})"
+        )
 
 
 class TranslationCache:
@@ -264,7 +325,9 @@ class TranslationCache:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(path, timeout=60, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("CREATE TABLE IF NOT EXISTS translations (key TEXT PRIMARY KEY, variants TEXT NOT NULL)")
+        self.db.execute(
+            "CREATE TABLE IF NOT EXISTS translations (key TEXT PRIMARY KEY, variants TEXT NOT NULL)"
+        )
         self.db.commit()
 
     @staticmethod
@@ -277,8 +340,11 @@ class TranslationCache:
         items = list(keys)
         for i in range(0, len(items), 500):
             chunk = items[i : i + 500]
-            rows = self.db.execute(f"SELECT key, variants FROM translations WHERE key IN "
-                                   f"({','.join('?' * len(chunk))})", chunk)
+            rows = self.db.execute(
+                f"SELECT key, variants FROM translations WHERE key IN "
+                f"({','.join('?' * len(chunk))})",
+                chunk,
+            )
             found.update({keys[k]: json.loads(v) for k, v in rows})
         return found
 
@@ -296,16 +362,25 @@ class TranslationCache:
 class CachedTranslation:
     """Translates unique texts through a cache, in length-sorted batches; counts hits and misses."""
 
-    def __init__(self, translator: Translator, cache: TranslationCache, direction: str, settings: dict,
-                 batch_size: int):
+    def __init__(
+        self,
+        translator: Translator,
+        cache: TranslationCache,
+        direction: str,
+        settings: dict,
+        batch_size: int,
+    ):
         self.translator, self.cache, self.batch_size = translator, cache, batch_size
-        self.namespace = json.dumps({"model": translator.name, "direction": direction, **settings}, sort_keys=True)
+        self.namespace = json.dumps(
+            {"model": translator.name, "direction": direction, **settings}, sort_keys=True
+        )
         self.hits = self.misses = 0
 
     def __call__(self, texts: list[str], n: int, progress=None) -> dict[str, list[str]]:
         unique = list(dict.fromkeys(texts))
         done = self.cache.get_many(self.namespace, unique)
-        todo = sorted((t for t in unique if t not in done), key=len)  # similar lengths -> little padding
+        # similar lengths -> little padding
+        todo = sorted((t for t in unique if t not in done), key=len)
         self.hits += len(unique) - len(todo)
         self.misses += len(todo)
         for i in range(0, len(todo), self.batch_size):

@@ -1,5 +1,7 @@
-"""What the train and evaluate stages know about a model: its `ModelSpec` (params, how it trains, predicts,
-saves and loads) and the inputs every trainer receives. Nothing here knows a particular model."""
+"""What the train and evaluate stages know about a model: its `ModelSpec` (params, how it trains,
+predicts, saves and loads) and the inputs every trainer receives. Nothing here knows a particular
+model."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -16,18 +18,34 @@ from tasks.util.vectors import WordVectors
 if TYPE_CHECKING:  # annotations only: the heavy libraries are imported where they are used
     import torch
 
-Predictor = Callable[[pd.DataFrame], np.ndarray]  # frame with text/words/chars -> (rows, classes) probabilities
+# frame with text/words/chars -> (rows, classes) probabilities
+Predictor = Callable[[pd.DataFrame], np.ndarray]
 
-# the `train` section's shared settings a model may read (`ModelSpec.shared`): its key sees those and no others
-LOOP = ("epochs", "patience", "weight_decay", "warmup_ratio", "grad_clip", "grad_accum", "device", "precision", "seed",
-        "processes", "budget", "model_budget")
-NETWORK = (*LOOP, "class_weights", "embeddings")  # PyTorch classifiers that start from the embed stage's vectors
+# the `train` section's shared settings a model may read (`ModelSpec.shared`): its key sees those
+# and no others
+LOOP = (
+    "epochs",
+    "patience",
+    "weight_decay",
+    "warmup_ratio",
+    "grad_clip",
+    "grad_accum",
+    "device",
+    "precision",
+    "seed",
+    "processes",
+    "budget",
+    "model_budget",
+)
+# PyTorch classifiers that start from the embed stage's vectors
+NETWORK = (*LOOP, "class_weights", "embeddings")
 
 
 class SettingsView:
-    """The `train` section as one model sees it: its own section and the shared settings its spec declares.
-    Reading any other shared setting is an error, so a declaration that leaves one out cannot go unnoticed
-    (and a unit key that does not hash a setting is a key the model really does not depend on)."""
+    """The `train` section as one model sees it: its own section and the shared settings its spec
+    declares. Reading any other shared setting is an error, so a declaration that leaves one out
+    cannot go unnoticed (and a unit key that does not hash a setting is a key the model really does
+    not depend on)."""
 
     def __init__(self, params: Any, name: str, shared: tuple[str, ...]):
         self._params, self._name, self._shared = params, name, set(shared)
@@ -35,28 +53,35 @@ class SettingsView:
     def __getattr__(self, key: str) -> Any:
         if key == self._name or key in self._shared:
             return getattr(self._params, key)
-        raise AttributeError(f"model {self._name!r} reads train.{key}, which its ModelSpec.shared does not declare "
-                             f"(declared: {', '.join(sorted(self._shared)) or 'none'})")
+        raise AttributeError(
+            f"model {self._name!r} reads train.{key}, which its ModelSpec.shared does not declare "
+            f"(declared: {', '.join(sorted(self._shared)) or 'none'})"
+        )
 
 
 @dataclass
 class TrainInputs:
-    """Everything a model's `train` may use. It saves the model under `out / name` and returns a summary
-    (`seconds`, `samples_per_second`, `history` per epoch, ...)."""
+    """Everything a model's `train` may use. It saves the model under `out / name` and returns a
+    summary (`seconds`, `samples_per_second`, `history` per epoch, ...)."""
 
     name: str
-    train: pd.DataFrame  # augmented train rows (`aug_method` tells the originals); a `Rows` for a model that streams
+    # augmented train rows (`aug_method` tells the originals); a `Rows` for a model that streams
+    train: pd.DataFrame
     validation: pd.DataFrame
     labels: list[str]
-    params: Any  # the train stage's Params: common settings, and `getattr(params, name)` is the model's own
+    # the train stage's Params: common settings, and `getattr(params, name)` is the model's own
+    params: Any
     vocab: Path  # the vocab stage's folder (`words/vocab.txt`, `chars/vocab.txt`)
     vectors: WordVectors | None  # the embed stage's vectors, for models with `uses_vectors`
     out: Path
     scratch: Path  # per-epoch checkpoints a killed run resumes from
     sink: MetricSink | None = None
-    embed: Path | None = None  # the embed stage's folder (the taggers read their character, bigram and word vectors)
-    members: dict[str, Path] = field(default_factory=dict)  # ensembles: each member's saved model folder
-    root: Path = field(default_factory=Path.cwd)  # the project folder: where a team's own modules are found first
+    # the embed stage's folder (the taggers read their character, bigram and word vectors)
+    embed: Path | None = None
+    # ensembles: each member's saved model folder
+    members: dict[str, Path] = field(default_factory=dict)
+    # the project folder: where a team's own modules are found first
+    root: Path = field(default_factory=Path.cwd)
 
     @property
     def section(self) -> Any:
@@ -71,28 +96,33 @@ class ModelSpec:
     name: str
     params: type[Section]  # the `train.<name>` config section, one declaration per setting
     train: Callable[[TrainInputs], dict]
-    # a saved model folder -> the function that answers as its kind's models answer: a classifier's class
-    # probabilities of a frame (a `Predictor`), a tagger's tags of texts, a translator's translations of a frame.
-    # None: a language model, scored by `perplexity`
+    # a saved model folder -> the function that answers as its kind's models answer: a classifier's
+    # class probabilities of a frame (a `Predictor`), a tagger's tags of texts, a translator's
+    # translations of a frame. None: a language model, scored by `perplexity`
     load: Callable[[Path], Callable] | None = None
-    # its `train` reads `TrainInputs.train`/`validation` as `tasks.util.io.Rows` (batches from the split's file,
-    # memory bounded whatever the corpus) instead of frames
+    # its `train` reads `TrainInputs.train`/`validation` as `tasks.util.io.Rows` (batches from the
+    # split's file, memory bounded whatever the corpus) instead of frames
     streams: bool = False
-    perplexity: Callable[[Path, pd.DataFrame], float] | None = None  # language models: perplexity of texts
+    # language models: perplexity of texts
+    perplexity: Callable[[Path, pd.DataFrame], float] | None = None
     uses_vectors: bool = False  # starts from the embed stage's word vectors
     about: str = ""  # one line for `zhpipe models`
-    task: str = "classification"  # or "ner", "translation": the pipelines (`task:`) whose train.models it may be in
-    members: Callable[[Any], list[str]] | None = None  # ensembles: the models (of train.models) built from, by section
-    # the `train` section's shared settings it reads (None: all of them); a unit's key hashes only these
+    # or "ner", "translation": the pipelines (`task:`) whose train.models it may be in
+    task: str = "classification"
+    # ensembles: the models (of train.models) built from, by section
+    members: Callable[[Any], list[str]] | None = None
+    # the `train` section's shared settings it reads (None: all of them); a unit's key hashes only
+    # these
     shared: tuple[str, ...] | None = None
-    # its place in the cost order (to train, serve and explain): selection prefers the cheaper of two models whose
-    # validation scores are within the noise; linear models 0, fastText 1, neural networks 2, pretrained and ensembles 3
+    # its place in the cost order (to train, serve and explain): selection prefers the cheaper of
+    # two models whose validation scores are within the noise; linear models 0, fastText 1, neural
+    # networks 2, pretrained and ensembles 3
     cost: int = 2
-    # trains through the shared loop (tasks/models/trainer.py), so a budget can race it (tasks/models/racing.py);
-    # the others (seconds each) always train whole
+    # trains through the shared loop (tasks/models/trainer.py), so a budget can race it
+    # (tasks/models/racing.py); the others (seconds each) always train whole
     races: bool = False
-    # a team's own model declared in a pipeline (`train.<name>: {estimator: ...}`): known only to the pipelines
-    # that declare it
+    # a team's own model declared in a pipeline (`train.<name>: {estimator: ...}`): known only to
+    # the pipelines that declare it
     own: bool = False
 
     def view(self, params: Any) -> Any:

@@ -1,5 +1,6 @@
-"""Where and how a model computes: the device (`auto`: CUDA, then Apple MPS, then CPU), the autocast precision, the
-seeds."""
+"""Where and how a model computes: the device (`auto`: CUDA, then Apple MPS, then CPU), the autocast
+precision, the seeds."""
+
 from __future__ import annotations
 
 import contextlib
@@ -22,8 +23,9 @@ def resolve_device(name: str = "auto") -> torch.device:
 
 
 def amp_dtype(device: torch.device, precision: str) -> torch.dtype | None:
-    """The forward passes' autocast type: bf16 or fp16 when asked for; `auto` takes bf16 on a CUDA device that
-    supports it, fp16 (with a gradient scaler) on one that does not (T4, V100), and fp32 elsewhere."""
+    """The forward passes' autocast type: bf16 or fp16 when asked for; `auto` takes bf16 on a CUDA
+    device that supports it, fp16 (with a gradient scaler) on one that does not (T4, V100), and fp32
+    elsewhere."""
     if precision in ("bf16", "fp16"):
         return torch.bfloat16 if precision == "bf16" else torch.float16
     if precision == "auto" and device.type == "cuda":

@@ -1,4 +1,6 @@
-"""Model code (no I/O): a config dataclass plus an `nn.Module` whose forward returns logits (and loss)."""
+"""Model code (no I/O): a config dataclass plus an `nn.Module` whose forward returns logits (and
+loss)."""
+
 from __future__ import annotations
 
 import math
@@ -10,7 +12,8 @@ import torch.nn.functional as F
 
 
 def token_embedding(config, embeddings: torch.Tensor | None) -> nn.Embedding:
-    """The embedding layer: pretrained vectors when given (e.g. Word2Vec), frozen when the config says so."""
+    """The embedding layer: pretrained vectors when given (e.g. Word2Vec), frozen when the config
+    says so."""
     layer = nn.Embedding(config.vocab_size, config.embed_dim, padding_idx=config.pad_id)
     if embeddings is not None:
         layer.weight.data.copy_(embeddings)
@@ -37,12 +40,15 @@ class TextCNN(nn.Module):
         super().__init__()
         self.config = config
         self.embedding = token_embedding(config, embeddings)
-        self.convs = nn.ModuleList(nn.Conv1d(config.embed_dim, config.num_filters, k) for k in config.kernel_sizes)
+        self.convs = nn.ModuleList(
+            nn.Conv1d(config.embed_dim, config.num_filters, k) for k in config.kernel_sizes
+        )
         self.dropout = nn.Dropout(config.dropout)
         self.head = nn.Linear(config.num_filters * len(config.kernel_sizes), config.num_classes)
 
     def forward(self, ids: torch.Tensor, labels: torch.Tensor | None = None):
-        """ids: (batch, time) -> logits (batch, classes), plus the cross-entropy loss when labels are given."""
+        """ids: (batch, time) -> logits (batch, classes), plus the cross-entropy loss when labels
+        are given."""
         x = self.embedding(ids).transpose(1, 2)  # (batch, embed, time)
         min_len = max(self.config.kernel_sizes)
         if x.size(2) < min_len:  # a convolution needs at least kernel-size steps
@@ -72,21 +78,35 @@ class BiLSTMAttention(nn.Module):
         super().__init__()
         self.config = config
         self.embedding = token_embedding(config, embeddings)
-        self.lstm = nn.LSTM(config.embed_dim, config.hidden_size, num_layers=config.num_layers, batch_first=True,
-                            bidirectional=True, dropout=config.dropout if config.num_layers > 1 else 0.0)
-        self.attention = nn.Sequential(nn.Linear(2 * config.hidden_size, config.hidden_size), nn.Tanh(),
-                                       nn.Linear(config.hidden_size, 1, bias=False))
+        self.lstm = nn.LSTM(
+            config.embed_dim,
+            config.hidden_size,
+            num_layers=config.num_layers,
+            batch_first=True,
+            bidirectional=True,
+            dropout=config.dropout if config.num_layers > 1 else 0.0,
+        )
+        self.attention = nn.Sequential(
+            nn.Linear(2 * config.hidden_size, config.hidden_size),
+            nn.Tanh(),
+            nn.Linear(config.hidden_size, 1, bias=False),
+        )
         self.dropout = nn.Dropout(config.dropout)
         self.head = nn.Linear(2 * config.hidden_size, config.num_classes)
 
     def forward(self, ids: torch.Tensor, labels: torch.Tensor | None = None):
-        """ids: (batch, time) -> logits (batch, classes), plus the cross-entropy loss when labels are given."""
+        """ids: (batch, time) -> logits (batch, classes), plus the cross-entropy loss when labels
+        are given."""
         mask = ids != self.config.pad_id
         lengths = mask.sum(1).clamp(min=1).cpu()
         # 1. packed sequences, so the backward direction starts at each row's last real token
-        packed = nn.utils.rnn.pack_padded_sequence(self.embedding(ids), lengths, batch_first=True, enforce_sorted=False)
+        packed = nn.utils.rnn.pack_padded_sequence(
+            self.embedding(ids), lengths, batch_first=True, enforce_sorted=False
+        )
         states, _ = self.lstm(packed)
-        states, _ = nn.utils.rnn.pad_packed_sequence(states, batch_first=True, total_length=ids.size(1))
+        states, _ = nn.utils.rnn.pad_packed_sequence(
+            states, batch_first=True, total_length=ids.size(1)
+        )
         # 2. attention weights over real tokens only
         scores = self.attention(states).squeeze(-1).masked_fill(~mask, float("-inf"))
         weights = torch.softmax(scores, dim=1).nan_to_num(0.0)
@@ -112,7 +132,8 @@ class TransformerConfig:
 
 
 def sinusoidal_positions(length: int, dim: int) -> torch.Tensor:
-    """Vaswani et al. (2017): sin on even, cos on odd dimensions, wavelengths from 2*pi to 10000*2*pi."""
+    """Vaswani et al. (2017): sin on even, cos on odd dimensions, wavelengths from 2*pi to
+    10000*2*pi."""
     pos = torch.arange(length, dtype=torch.float32).unsqueeze(1)
     freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
     table = torch.zeros(length, dim)
@@ -122,22 +143,33 @@ def sinusoidal_positions(length: int, dim: int) -> torch.Tensor:
 
 
 class TransformerClassifier(nn.Module):
-    """Transformer encoder over tokens with a [CLS] token prepended; the [CLS] state is classified."""
+    """Transformer encoder over tokens with a [CLS] token prepended; the [CLS] state is
+    classified."""
 
     def __init__(self, config: TransformerConfig, embeddings: torch.Tensor | None = None):
         super().__init__()
         self.config = config
         self.embedding = token_embedding(config, embeddings)
-        self.register_buffer("positions", sinusoidal_positions(config.max_len, config.embed_dim), persistent=False)
-        layer = nn.TransformerEncoderLayer(config.embed_dim, config.num_heads, config.ff_dim, config.dropout,
-                                           batch_first=True, norm_first=True)  # pre-norm trains stably without tuning
+        self.register_buffer(
+            "positions", sinusoidal_positions(config.max_len, config.embed_dim), persistent=False
+        )
+        layer = nn.TransformerEncoderLayer(
+            config.embed_dim,
+            config.num_heads,
+            config.ff_dim,
+            config.dropout,
+            # pre-norm trains stably without tuning
+            batch_first=True,
+            norm_first=True,
+        )
         self.encoder = nn.TransformerEncoder(layer, config.num_layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(config.embed_dim)
         self.dropout = nn.Dropout(config.dropout)
         self.head = nn.Linear(config.embed_dim, config.num_classes)
 
     def forward(self, ids: torch.Tensor, labels: torch.Tensor | None = None):
-        """ids: (batch, time) without [CLS] -> logits (batch, classes), plus the loss when labels are given."""
+        """ids: (batch, time) without [CLS] -> logits (batch, classes), plus the loss when labels
+        are given."""
         cls = torch.full((ids.size(0), 1), self.config.cls_id, dtype=ids.dtype, device=ids.device)
         ids = torch.cat([cls, ids[:, : self.config.max_len - 1]], dim=1)
         # 1. embeddings scaled by sqrt(d_model) so they are not drowned by the unit-scale positions
@@ -156,35 +188,52 @@ class RNNLMConfig:
     hidden_size: int = 256
     num_layers: int = 1
     dropout: float = 0.3
-    cutoffs: list[int] = field(default_factory=lambda: [2000, 10000])  # adaptive softmax clusters by frequency rank
+    # adaptive softmax clusters by frequency rank
+    cutoffs: list[int] = field(default_factory=lambda: [2000, 10000])
     pad_id: int = 0
 
 
 def _full_precision(x: torch.Tensor):
-    """Autocast off: the adaptive softmax mixes its clusters' fp32 log-softmaxes into a tensor of its input's type,
-    which CUDA autocast makes fp16 (the LSTM's output), and index_copy_ refuses the mix."""
+    """Autocast off: the adaptive softmax mixes its clusters' fp32 log-softmaxes into a tensor of
+    its input's type, which CUDA autocast makes fp16 (the LSTM's output), and index_copy_ refuses
+    the mix."""
     return torch.autocast(x.device.type, enabled=False)
 
 
 class LSTMLanguageModel(nn.Module):
-    """Next-token LSTM language model with an adaptive softmax (Grave et al., 2017): frequent words get the full
-    output layer, rare ones share smaller clusters, so a 25k-word vocabulary trains several times faster."""
+    """Next-token LSTM language model with an adaptive softmax (Grave et al., 2017): frequent words
+    get the full output layer, rare ones share smaller clusters, so a 25k-word vocabulary trains
+    several times faster."""
 
     def __init__(self, config: RNNLMConfig):
         super().__init__()
         self.config = config
-        self.embedding = nn.Embedding(config.vocab_size, config.embed_dim, padding_idx=config.pad_id)
-        self.lstm = nn.LSTM(config.embed_dim, config.hidden_size, num_layers=config.num_layers, batch_first=True,
-                            dropout=config.dropout if config.num_layers > 1 else 0.0)
+        self.embedding = nn.Embedding(
+            config.vocab_size, config.embed_dim, padding_idx=config.pad_id
+        )
+        self.lstm = nn.LSTM(
+            config.embed_dim,
+            config.hidden_size,
+            num_layers=config.num_layers,
+            batch_first=True,
+            dropout=config.dropout if config.num_layers > 1 else 0.0,
+        )
         self.dropout = nn.Dropout(config.dropout)
-        cutoffs = [c for c in config.cutoffs if c < config.vocab_size - 1]  # a small vocabulary needs no clusters
-        self.softmax = nn.AdaptiveLogSoftmaxWithLoss(config.hidden_size, config.vocab_size, cutoffs,
-                                                     div_value=4.0) if cutoffs else None
+        # a small vocabulary needs no clusters
+        cutoffs = [c for c in config.cutoffs if c < config.vocab_size - 1]
+        self.softmax = (
+            nn.AdaptiveLogSoftmaxWithLoss(
+                config.hidden_size, config.vocab_size, cutoffs, div_value=4.0
+            )
+            if cutoffs
+            else None
+        )
         self.head = None if cutoffs else nn.Linear(config.hidden_size, config.vocab_size)
 
     def forward(self, ids: torch.Tensor, targets: torch.Tensor | None = None):
-        """ids (batch, time) -> log-probabilities (batch, time, vocab); with targets: the log-probability of each
-        real (non-padding) target, flattened, and the mean negative log-likelihood."""
+        """ids (batch, time) -> log-probabilities (batch, time, vocab); with targets: the
+        log-probability of each real (non-padding) target, flattened, and the mean negative
+        log-likelihood."""
         states = self.dropout(self.lstm(self.dropout(self.embedding(ids)))[0])
         if targets is None:
             flat = states.flatten(0, 1)
@@ -194,31 +243,44 @@ class LSTMLanguageModel(nn.Module):
                 return self.softmax.log_prob(flat.float()).view(*ids.shape, -1), None
         real = targets != self.config.pad_id
         if self.softmax is not None:
-            with _full_precision(states):  # its head and clusters' log-softmaxes are copied into one output tensor
+            # its head and clusters' log-softmaxes are copied into one output tensor
+            with _full_precision(states):
                 out = self.softmax(states[real].float(), targets[real])
             return out.output, out.loss
-        logp = F.log_softmax(self.head(states[real]), dim=-1).gather(1, targets[real].unsqueeze(1)).squeeze(1)
+        logp = (
+            F.log_softmax(self.head(states[real]), dim=-1)
+            .gather(1, targets[real].unsqueeze(1))
+            .squeeze(1)
+        )
         return logp, -logp.mean()
 
 
 class LexiconAdapter(nn.Module):
-    """LEBERT-style lexicon adapter (Liu et al., 2021): each character attends over the vectors of the words
-    that cover it (bilinear attention), and the weighted word vector is added to its hidden state."""
+    """LEBERT-style lexicon adapter (Liu et al., 2021): each character attends over the vectors of
+    the words that cover it (bilinear attention), and the weighted word vector is added to its
+    hidden state."""
 
     def __init__(self, word_vectors: torch.Tensor, hidden_size: int, dropout: float = 0.1):
         super().__init__()
         self.words = nn.Embedding.from_pretrained(word_vectors, freeze=True, padding_idx=0)
-        self.project = nn.Sequential(nn.Linear(word_vectors.size(1), hidden_size), nn.Tanh(),
-                                     nn.Linear(hidden_size, hidden_size))
+        self.project = nn.Sequential(
+            nn.Linear(word_vectors.size(1), hidden_size),
+            nn.Tanh(),
+            nn.Linear(hidden_size, hidden_size),
+        )
         self.bilinear = nn.Linear(hidden_size, hidden_size, bias=False)
         self.norm = nn.LayerNorm(hidden_size)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, hidden: torch.Tensor, word_ids: torch.Tensor) -> torch.Tensor:
-        """hidden (batch, time, hidden), word_ids (batch, time, words; 0 = none) -> hidden with words added."""
+        """hidden (batch, time, hidden), word_ids (batch, time, words; 0 = none) -> hidden with
+        words added."""
         words = self.project(self.words(word_ids))  # (batch, time, words, hidden)
-        scores = torch.einsum("bth,btwh->btw", self.bilinear(hidden), words).masked_fill(word_ids == 0, float("-inf"))
-        weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a character no word covers gets nothing
+        scores = torch.einsum("bth,btwh->btw", self.bilinear(hidden), words).masked_fill(
+            word_ids == 0, float("-inf")
+        )
+        # a character no word covers gets nothing
+        weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
         return self.norm(hidden + self.dropout(torch.einsum("btw,btwh->bth", weights, words)))
 
 
@@ -226,7 +288,9 @@ class LexiconBert(nn.Module):
     """A transformers sequence classifier, optionally with a `LexiconAdapter` after encoder layer
     `adapter_layer` (a forward hook adds the covering words' vectors to that layer's output)."""
 
-    def __init__(self, classifier: nn.Module, adapter: LexiconAdapter | None = None, adapter_layer: int = 1):
+    def __init__(
+        self, classifier: nn.Module, adapter: LexiconAdapter | None = None, adapter_layer: int = 1
+    ):
         super().__init__()
         self.classifier = classifier
         self.adapter = adapter
@@ -235,8 +299,11 @@ class LexiconBert(nn.Module):
             layers = classifier.base_model.encoder.layer
             # after the last layer the words could never reach [CLS], which is what gets classified
             if not 0 <= adapter_layer < len(layers) - 1:
-                raise ValueError(f"adapter_layer must be below the last encoder layer ({len(layers) - 1}; a later "
-                                 f"layer has to carry the words to [CLS]), got {adapter_layer}")
+                raise ValueError(
+                    f"adapter_layer must be below the last encoder layer ({len(layers) - 1}; a "
+                    "later "
+                    f"layer has to carry the words to [CLS]), got {adapter_layer}"
+                )
             layers[adapter_layer].register_forward_hook(self._inject)
 
     def _inject(self, module, args, output):
@@ -244,9 +311,15 @@ class LexiconBert(nn.Module):
         hidden = self.adapter(hidden, self._word_ids)
         return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                word_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None):
-        """input_ids (batch, time), word_ids (batch, time, words) -> logits, plus the loss when labels are given."""
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        word_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ):
+        """input_ids (batch, time), word_ids (batch, time, words) -> logits, plus the loss when
+        labels are given."""
         if self.adapter is not None and word_ids is None:
             raise ValueError("this model has a word adapter: word_ids are required")
         self._word_ids = word_ids

@@ -1,5 +1,7 @@
-"""Stage `augment` (task ner): the train split as it is. The classification augmenters (EDA, back-translation)
-rewrite characters and would shift the entity tags, so a tagging pipeline takes `augment.method: none`."""
+"""Stage `augment` (task ner): the train split as it is. The classification augmenters (EDA,
+back-translation) rewrite characters and would shift the entity tags, so a tagging pipeline takes
+`augment.method: none`."""
+
 from __future__ import annotations
 
 from tasks.core import BuildContext, BuildOutput, Section
@@ -17,8 +19,12 @@ class Params(Section):
 
 
 def build(ctx: BuildContext) -> BuildOutput:
-    """Write `train.parquet` (the segmented train split, `aug_method` original) and `train.words.txt`."""
+    """Write `train.parquet` (the segmented train split, `aug_method` original) and
+    `train.words.txt`."""
     if ctx.params.method != "none":
-        raise ConfigError(f"augment.method {ctx.params.method!r} rewrites text and would shift entity tags; task ner "
-                          f"takes augment.method none")
+        raise ConfigError(
+            f"augment.method {ctx.params.method!r} rewrites text and would shift entity tags; task "
+            "ner "
+            f"takes augment.method none"
+        )
     return train_as_is(ctx)

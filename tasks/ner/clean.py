@@ -1,8 +1,9 @@
-"""Stage `clean` (task ner): a cleaning that never shifts a tag. Each character is normalised on its own
-(NFKC full-width to half-width where it stays one character, traditional to simplified likewise); control and
-zero-width characters are removed with their tags, the spans around them kept; sentences that are empty or
-longer than `max_chars` are quarantined, and duplicates too when the corpus has no given splits (a given
-test set is kept as published)."""
+"""Stage `clean` (task ner): a cleaning that never shifts a tag. Each character is normalised on its
+own (NFKC full-width to half-width where it stays one character, traditional to simplified
+likewise); control and zero-width characters are removed with their tags, the spans around them
+kept; sentences that are empty or longer than `max_chars` are quarantined, and duplicates too when
+the corpus has no given splits (a given test set is kept as published)."""
+
 from __future__ import annotations
 
 import unicodedata
@@ -21,17 +22,19 @@ FILES: tuple[str, ...] = ()
 
 
 class Params(Section):
-    """The `clean` section of task ner: each character normalised in place, so that its tag stays with it (nothing
-    is stripped from a sentence: no HTML, URL or length-based cuts inside it)."""
+    """The `clean` section of task ner: each character normalised in place, so that its tag stays
+    with it (nothing is stripped from a sentence: no HTML, URL or length-based cuts inside it)."""
 
     nfkc: bool = True  # full-width to half-width, where it gives one character
     traditional_to_simplified: bool = False  # OpenCC t2s, where it gives one character
     max_chars: int = Field(5000, ge=1)  # longer sentences are quarantined
-    dedupe: bool = True  # repeated sentences (same text and tags) are quarantined, unless the corpus gives its splits
+    # repeated sentences (same text and tags) are quarantined, unless the corpus gives its splits
+    dedupe: bool = True
 
 
 def clean_char(char: str, params: Params) -> str:
-    """One character normalised, or the character itself where normalising would make it more or less than one."""
+    """One character normalised, or the character itself where normalising would make it more or
+    less than one."""
     out = char
     if params.nfkc:
         n = unicodedata.normalize("NFKC", out)
@@ -43,15 +46,16 @@ def clean_char(char: str, params: Params) -> str:
 
 
 def clean_chars(text: str, params: Params) -> tuple[str, list[int]]:
-    """(the cleaned text, the position in `text` of each of its characters): control characters removed, every
-    other character normalised in place. Tags and entity offsets map through the positions."""
+    """(the cleaned text, the position in `text` of each of its characters): control characters
+    removed, every other character normalised in place. Tags and entity offsets map through the
+    positions."""
     kept = [i for i, c in enumerate(text) if not CONTROL.fullmatch(c)]
     return "".join(clean_char(text[i], params) for i in kept), kept
 
 
 def clean_sentence(text: str, tags: list[str], params: Params) -> tuple[str, list[str], int]:
-    """(text, tags, entities lost): `clean_chars`, with each entity's span moved to the characters kept; an
-    entity made only of removed characters is lost (and counted)."""
+    """(text, tags, entities lost): `clean_chars`, with each entity's span moved to the characters
+    kept; an entity made only of removed characters is lost (and counted)."""
     cleaned, kept = clean_chars(text, params)
     if len(kept) == len(text):
         return cleaned, list(tags), 0
@@ -92,16 +96,39 @@ def build(ctx: BuildContext) -> BuildOutput:
     kept = df[reason.isna()].drop(columns=["raw_text"]).reset_index(drop=True)
     quarantine = df[reason.notna()].assign(reason=reason[reason.notna()]).reset_index(drop=True)
     if kept.empty:
-        raise DataError(f"clean: no sentences left ({len(df)} in, all quarantined: "
-                        f"{quarantine['reason'].value_counts().to_dict()})")
+        raise DataError(
+            f"clean: no sentences left ({len(df)} in, all quarantined: "
+            f"{quarantine['reason'].value_counts().to_dict()})"
+        )
     write_parquet(kept, ctx.out / "data.parquet")
     write_parquet(quarantine, ctx.out / "quarantine.parquet")
     counts = quarantine["reason"].value_counts().to_dict()
     metrics = {f"dropped_{r}": counts.get(r, 0) for r in ("empty", "too_long", "duplicate")}
-    metrics.update(rows_in=len(df), rows_kept=len(kept), rows_dropped=len(quarantine), entities_lost=lost,
-                   changed_characters=sum(a != b for x, y in zip(df["raw_text"].astype(str), texts) if len(x) == len(y)
-                                          for a, b in zip(x, y)))
-    return BuildOutput(rows=len(kept), metrics=metrics, artifacts=["quarantine.parquet"],
-                       tables={"quarantine_sample.json": quarantine.head(1000).astype(str)} if len(quarantine) else {},
-                       datasets=[Dataset(kept.drop(columns=["tags"]), str(ctx.out / "data.parquet"),
-                                         f"{ctx.pipeline}-clean", "clean")])
+    metrics.update(
+        rows_in=len(df),
+        rows_kept=len(kept),
+        rows_dropped=len(quarantine),
+        entities_lost=lost,
+        changed_characters=sum(
+            a != b
+            for x, y in zip(df["raw_text"].astype(str), texts)
+            if len(x) == len(y)
+            for a, b in zip(x, y)
+        ),
+    )
+    return BuildOutput(
+        rows=len(kept),
+        metrics=metrics,
+        artifacts=["quarantine.parquet"],
+        tables={"quarantine_sample.json": quarantine.head(1000).astype(str)}
+        if len(quarantine)
+        else {},
+        datasets=[
+            Dataset(
+                kept.drop(columns=["tags"]),
+                str(ctx.out / "data.parquet"),
+                f"{ctx.pipeline}-clean",
+                "clean",
+            )
+        ],
+    )

@@ -1,4 +1,5 @@
 """`crf`: a linear-chain CRF (CRFsuite) over character, bigram and lexicon window features."""
+
 from __future__ import annotations
 
 import json
@@ -19,16 +20,21 @@ class CRFParams(Section):
     """The `train.crf` section: a linear-chain CRF (CRFsuite, L-BFGS) over window features."""
 
     window: int = Field(2, ge=0, le=4)  # characters each side
-    lexicon_features: bool = True  # where lexicon words begin, continue and end around each character
-    word_features: bool = True  # jieba's word boundary and POS tags around each character (jieba's own dictionary)
+    # where lexicon words begin, continue and end around each character
+    lexicon_features: bool = True
+    # jieba's word boundary and POS tags around each character (jieba's own dictionary)
+    word_features: bool = True
     c1: float = Field(0.05, ge=0)  # L1 penalty
     c2: float = Field(0.05, ge=0)  # L2 penalty
     max_iterations: int = Field(150, ge=1)
 
 
-def crf_features(text: str, window: int, lexicon: Lexicon | None, words: bool = False) -> list[dict[str, float | str]]:
-    """Per character: the characters and bigrams in the window, (with a lexicon) the positions of the lexicon
-    words that cover it, and (with `words`) its place in jieba's word and the POS tags around it."""
+def crf_features(
+    text: str, window: int, lexicon: Lexicon | None, words: bool = False
+) -> list[dict[str, float | str]]:
+    """Per character: the characters and bigrams in the window, (with a lexicon) the positions of
+    the lexicon words that cover it, and (with `words`) its place in jieba's word and the POS tags
+    around it."""
     n = len(text)
     seg, pos = word_places(jieba_words(text)) if words else ([], [])
 
@@ -49,7 +55,10 @@ def crf_features(text: str, window: int, lexicon: Lexicon | None, words: bool = 
             f["lex"] = "".join("_BME"[v] for v in seen) or "-"
             for d in (-1, 1):
                 if 0 <= i + d < n:
-                    f[f"lex{d}"] = "".join("_BME"[v] for v in sorted({int(v) for v in places[i + d] if v})) or "-"
+                    f[f"lex{d}"] = (
+                        "".join("_BME"[v] for v in sorted({int(v) for v in places[i + d] if v}))
+                        or "-"
+                    )
         if words:
             f["seg"], f["pos"], f["seg_c"] = seg[i], pos[i], seg[i] + text[i]
             if i > 0:
@@ -61,8 +70,8 @@ def crf_features(text: str, window: int, lexicon: Lexicon | None, words: bool = 
 
 
 def train_crf(inputs: TrainInputs) -> dict:
-    """L-BFGS training with CRFsuite; each sentence's features are handed over as they are made, so memory holds
-    CRFsuite's compact copy, not a dict per character of the whole corpus."""
+    """L-BFGS training with CRFsuite; each sentence's features are handed over as they are made, so
+    memory holds CRFsuite's compact copy, not a dict per character of the whole corpus."""
     import time
 
     import pycrfsuite
@@ -72,13 +81,21 @@ def train_crf(inputs: TrainInputs) -> dict:
     t0 = time.perf_counter()
     folder = inputs.out / inputs.name
     folder.mkdir()
-    with progress(total=len(inputs.train), desc="crf features", unit="sentence", leave=False) as bar:
+    with progress(
+        total=len(inputs.train), desc="crf features", unit="sentence", leave=False
+    ) as bar:
         trainer = _trainer(bar)
         for text, tags in zip(inputs.train["text"], inputs.train["tags"]):
             trainer.append(crf_features(text, p.window, lexicon, p.word_features), list(tags))
             bar.update(1)
-    trainer.set_params({"c1": p.c1, "c2": p.c2, "max_iterations": p.max_iterations,
-                        "feature.possible_transitions": True})
+    trainer.set_params(
+        {
+            "c1": p.c1,
+            "c2": p.c2,
+            "max_iterations": p.max_iterations,
+            "feature.possible_transitions": True,
+        }
+    )
     with progress(total=p.max_iterations, desc="crf L-BFGS", unit="iteration", leave=False) as bar:
         trainer.bar = bar
         trainer.train(str(folder / "crf.model"))
@@ -86,13 +103,29 @@ def train_crf(inputs: TrainInputs) -> dict:
     model = pycrfsuite.Tagger()
     model.open(str(folder / "crf.model"))
     info = model.info()
-    (folder / "config.json").write_text(json.dumps({"kind": "crf", "window": p.window, "lexicon": p.lexicon_features,
-                                                    "word_features": p.word_features, "labels": inputs.labels}),
-                                        encoding="utf-8")
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "kind": "crf",
+                "window": p.window,
+                "lexicon": p.lexicon_features,
+                "word_features": p.word_features,
+                "labels": inputs.labels,
+            }
+        ),
+        encoding="utf-8",
+    )
     if lexicon is not None:
-        (folder / "lexicon.txt").write_text("".join(f"{w}\n" for w in lexicon.index), encoding="utf-8")
-    return {"path": inputs.name, "kind": "crf", "seconds": seconds, "samples_per_second": len(inputs.train) / seconds,
-            "parameters": len(info.state_features) + len(info.transitions)}
+        (folder / "lexicon.txt").write_text(
+            "".join(f"{w}\n" for w in lexicon.index), encoding="utf-8"
+        )
+    return {
+        "path": inputs.name,
+        "kind": "crf",
+        "seconds": seconds,
+        "samples_per_second": len(inputs.train) / seconds,
+        "parameters": len(info.state_features) + len(info.transitions),
+    }
 
 
 def _trainer(bar):
@@ -108,7 +141,8 @@ def _trainer(bar):
             pass
 
         on_featgen_progress = on_featgen_end = on_prepared = on_optimization_end = on_end = (
-            lambda self, *args: None)
+            lambda self, *args: None
+        )
 
     trainer = Trainer(algorithm="lbfgs", verbose=True)  # verbose: the on_* calls happen
     trainer.bar = bar
@@ -123,7 +157,8 @@ def crf_tagger(folder: Path) -> TaggerFn:
     tagger = pycrfsuite.Tagger()
     tagger.open(str(folder / "crf.model"))
     order = tag_set(config["labels"])
-    known = [t for t in order if t in set(tagger.labels())]  # a tag never seen in training has probability 0
+    # a tag never seen in training has probability 0
+    known = [t for t in order if t in set(tagger.labels())]
 
     def tag(texts: list[str]) -> list[Tagged]:
         out = []
@@ -131,7 +166,9 @@ def crf_tagger(folder: Path) -> TaggerFn:
             if not text:
                 out.append(Tagged([], [], np.zeros((0, len(order)), dtype=np.float32)))
                 continue
-            tags = tagger.tag(crf_features(text, config["window"], lexicon, config.get("word_features", False)))
+            tags = tagger.tag(
+                crf_features(text, config["window"], lexicon, config.get("word_features", False))
+            )
             marginals = np.zeros((len(text), len(order)), dtype=np.float32)
             for t in known:
                 column = order.index(t)

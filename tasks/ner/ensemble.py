@@ -1,5 +1,6 @@
-"""`ner_ensemble`: the listed taggers' per-character tag probabilities averaged, then the best well-formed tag path
-over them."""
+"""`ner_ensemble`: the listed taggers' per-character tag probabilities averaged, then the best
+well-formed tag path over them."""
+
 from __future__ import annotations
 
 import json
@@ -15,10 +16,12 @@ from tasks.ner.tagging import tag_set
 
 
 class EnsembleParams(Section):
-    """The `train.ner_ensemble` section: the members' per-character tag probabilities averaged, then the best
-    well-formed tag path over them (Viterbi over the log averages, within the tag scheme's transitions)."""
+    """The `train.ner_ensemble` section: the members' per-character tag probabilities averaged, then
+    the best well-formed tag path over them (Viterbi over the log averages, within the tag scheme's
+    transitions)."""
 
-    members: list[str] = ["crf", "bilstm_crf", "lexicon_tagger"]  # taggers of train.models, trained first
+    # taggers of train.models, trained first
+    members: list[str] = ["crf", "bilstm_crf", "lexicon_tagger"]
     weights: list[float] | None = None  # per member; None = equal
 
 
@@ -28,19 +31,35 @@ def train_ensemble(inputs: TrainInputs) -> dict:
 
     p: EnsembleParams = inputs.section
     if p.weights is not None and len(p.weights) != len(p.members):
-        raise ValueError(f"train.{inputs.name}.weights: {len(p.weights)} weights for {len(p.members)} members")
+        raise ValueError(
+            f"train.{inputs.name}.weights: {len(p.weights)} weights for {len(p.members)} members"
+        )
     t0 = time.perf_counter()
     folder = inputs.out / inputs.name
     for member in p.members:
         shutil.copytree(inputs.members[member], folder / "members" / member)
-    (folder / "config.json").write_text(json.dumps({"kind": "ensemble", "members": p.members, "weights": p.weights,
-                                                    "labels": inputs.labels}), encoding="utf-8")
-    return {"path": inputs.name, "kind": "ensemble", "seconds": time.perf_counter() - t0, "members": p.members}
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "kind": "ensemble",
+                "members": p.members,
+                "weights": p.weights,
+                "labels": inputs.labels,
+            }
+        ),
+        encoding="utf-8",
+    )
+    return {
+        "path": inputs.name,
+        "kind": "ensemble",
+        "seconds": time.perf_counter() - t0,
+        "members": p.members,
+    }
 
 
 def ensemble_tagger(folder: Path, load: Callable[[Path], TaggerFn]) -> TaggerFn:
-    """The members (each loaded by `load`) tagging together: their per-character tag probabilities, weighted and
-    averaged, decoded into the best well-formed path."""
+    """The members (each loaded by `load`) tagging together: their per-character tag probabilities,
+    weighted and averaged, decoded into the best well-formed path."""
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     members = [load(folder / "members" / m) for m in config["members"]]
     weights = np.array(config["weights"] or [1.0] * len(members), dtype=np.float64)

@@ -1,5 +1,7 @@
-"""What every tagger of `task: ner` shares: a tagged text (BIOES tags, scores, marginals), entity F1, jieba's words
-and the lexicon of a pipeline, and decoding averaged marginals into a well-formed tag path."""
+"""What every tagger of `task: ner` shares: a tagged text (BIOES tags, scores, marginals), entity
+F1, jieba's words and the lexicon of a pipeline, and decoding averaged marginals into a well-formed
+tag path."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -16,22 +18,28 @@ SEG_DIM = 20  # the word-boundary and POS embeddings
 
 @dataclass
 class Tagged:
-    """One text as a tagger sees it: BIOES tags, the probability of each character's tag, and every tag's
-    marginal probability per character (characters x `tags` of the tagger, for ensembles)."""
+    """One text as a tagger sees it: BIOES tags, the probability of each character's tag, and every
+    tag's marginal probability per character (characters x `tags` of the tagger, for ensembles)."""
 
     tags: list[str]
     scores: list[float]
     marginals: np.ndarray
 
 
-# cleaned texts -> one Tagged per text; the function's `tags` attribute is the marginals' column order
+# cleaned texts -> one Tagged per text; the function's `tags` attribute is the marginals' column
+# order
 TaggerFn = Callable[[list[str]], list[Tagged]]
 
 
 def entity_f1(gold: list[list[str]], pred: list[list[str]]) -> dict[str, float]:
-    """Entity-level micro precision, recall and F1 with strict span matching (seqeval's strict mode)."""
+    """Entity-level micro precision, recall and F1 with strict span matching (seqeval's strict
+    mode)."""
     tp, fp, fn = span_counts(gold, pred)
-    return dict(zip(("precision", "recall", "f1"), prf(sum(tp.values()), sum(fp.values()), sum(fn.values()))))
+    return dict(
+        zip(
+            ("precision", "recall", "f1"), prf(sum(tp.values()), sum(fp.values()), sum(fn.values()))
+        )
+    )
 
 
 def jieba_words(text: str) -> list[tuple[str, str]]:
@@ -49,9 +57,11 @@ def load_lexicon(vocab: Path, max_words: int) -> Lexicon:
     return Lexicon(read_vocab(vocab / "lexicon" / "words.txt"), max_words)
 
 
-def constrained_viterbi(log_probs: np.ndarray, allowed: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[int]:
-    """The tag path with the highest sum of per-character log probabilities among the paths the transitions
-    allow (characters x tags in; one tag index per character out)."""
+def constrained_viterbi(
+    log_probs: np.ndarray, allowed: np.ndarray, starts: np.ndarray, ends: np.ndarray
+) -> list[int]:
+    """The tag path with the highest sum of per-character log probabilities among the paths the
+    transitions allow (characters x tags in; one tag index per character out)."""
     never = -1e9
     step = np.where(allowed, 0.0, never)
     score = log_probs[0] + np.where(starts, 0.0, never)
@@ -67,15 +77,19 @@ def constrained_viterbi(log_probs: np.ndarray, allowed: np.ndarray, starts: np.n
 
 
 def averaged_decoder(tags: list[str]) -> Callable[[np.ndarray], Tagged]:
-    """Averaged marginals (characters x `tags`) -> the best well-formed tag path over them, with each
-    character's averaged probability of its tag (seed ensembles and ner_ensemble decode this way)."""
+    """Averaged marginals (characters x `tags`) -> the best well-formed tag path over them, with
+    each character's averaged probability of its tag (seed ensembles and ner_ensemble decode this
+    way)."""
     allowed, starts, ends = (np.array(a, dtype=bool) for a in transitions(tags))
 
     def decode(average: np.ndarray) -> Tagged:
         if not len(average):
             return Tagged([], [], average.astype(np.float32))
         path = constrained_viterbi(np.log(np.clip(average, 1e-12, 1.0)), allowed, starts, ends)
-        return Tagged([tags[k] for k in path], [float(average[j, k]) for j, k in enumerate(path)],
-                      average.astype(np.float32))
+        return Tagged(
+            [tags[k] for k in path],
+            [float(average[j, k]) for j, k in enumerate(path)],
+            average.astype(np.float32),
+        )
 
     return decode

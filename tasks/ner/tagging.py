@@ -1,6 +1,8 @@
-"""Sequence labelling: tag schemes, spans and the readers of tagged corpora. Every scheme is read into BIOES
-(B- begin, I- inside, E- end, S- single, O outside); spans are (type, start, end) with `end` exclusive, in
-characters of the text. Light imports: pool workers and the served model import this module."""
+"""Sequence labelling: tag schemes, spans and the readers of tagged corpora. Every scheme is read
+into BIOES (B- begin, I- inside, E- end, S- single, O outside); spans are (type, start, end) with
+`end` exclusive, in characters of the text. Light imports: pool workers and the served model import
+this module."""
+
 from __future__ import annotations
 
 import html
@@ -39,9 +41,10 @@ def valid_tag(tag: str, scheme: str) -> bool:
 
 
 def spans_from(tags: list[str], scheme: str) -> tuple[list[tuple[str, int, int]], str | None]:
-    """Entity spans of one sentence's tags in `scheme`, and the first ill-formed position as a message (None
-    when well formed). BIO is read leniently (an I- after O or another type starts an entity, as in IOB1);
-    BIOES and BMES strictly (an entity must begin with B- and end with E-, or be one S-)."""
+    """Entity spans of one sentence's tags in `scheme`, and the first ill-formed position as a
+    message (None when well formed). BIO is read leniently (an I- after O or another type starts an
+    entity, as in IOB1); BIOES and BMES strictly (an entity must begin with B- and end with E-, or
+    be one S-)."""
     spans: list[tuple[str, int, int]] = []
     if scheme == "bio":
         start, kind = None, ""
@@ -58,8 +61,12 @@ def spans_from(tags: list[str], scheme: str) -> tuple[list[tuple[str, int, int]]
     for i, tag in enumerate(tags):
         prefix, k = split_tag(tag)
         if start is not None and (prefix not in (inside, "E") or k != kind):
-            return (spans, f"entity {kind} opened at character {start + 1} is not closed before {tag!r} at character "
-                    f"{i + 1}")
+            return (
+                spans,
+                f"entity {kind} opened at character {start + 1} is not closed before {tag!r} at "
+                "character "
+                f"{i + 1}",
+            )
         if prefix == "S":
             spans.append((k, i, i + 1))
         elif prefix == "B":
@@ -70,13 +77,17 @@ def spans_from(tags: list[str], scheme: str) -> tuple[list[tuple[str, int, int]]
         elif prefix == inside and start is None:
             return spans, f"{tag!r} at character {i + 1} continues no entity"
     if start is not None:
-        return spans, f"entity {kind} opened at character {start + 1} is not closed at the end of the sentence"
+        return (
+            spans,
+            f"entity {kind} opened at character {start + 1} is not closed at the end of the "
+            "sentence",
+        )
     return spans, None
 
 
 def spans_of(tags: list[str]) -> list[tuple[str, int, int]]:
-    """Well-formed entity spans of BIOES tags (strict: a chunk that is not well formed is no entity, as
-    seqeval's strict mode counts it)."""
+    """Well-formed entity spans of BIOES tags (strict: a chunk that is not well formed is no entity,
+    as seqeval's strict mode counts it)."""
     spans, start, kind = [], None, ""
     for i, tag in enumerate(tags):
         prefix, k = split_tag(tag)
@@ -98,8 +109,8 @@ def spans_of(tags: list[str]) -> list[tuple[str, int, int]]:
 
 
 def span_counts(gold: list[list[str]], pred: list[list[str]]) -> tuple[Counter, Counter, Counter]:
-    """True positives, false positives and false negatives per entity type, strict span matching (seqeval's
-    strict mode)."""
+    """True positives, false positives and false negatives per entity type, strict span matching
+    (seqeval's strict mode)."""
     tp, fp, fn = Counter(), Counter(), Counter()
     for g, p in zip(gold, pred):
         gs, ps = set(spans_of(list(g))), set(spans_of(list(p)))
@@ -137,6 +148,7 @@ def tag_set(kinds: list[str]) -> list[str]:
 
 def transitions(tags: list[str]) -> tuple[list[list[bool]], list[bool], list[bool]]:
     """Which tag may follow which in BIOES, and which may start or end a sentence."""
+
     def ok(a: str, b: str) -> bool:
         pa, ka = split_tag(a)
         pb, kb = split_tag(b)
@@ -168,8 +180,8 @@ class TaggedFile:
 
 
 def _to_chars(tokens: list[str], tags: list[str], scheme: str) -> tuple[str, list[str], str | None]:
-    """Token-level tags to character-level BIOES (a token of several characters, such as "2012" in some
-    corpora, gives its characters the entity it belongs to)."""
+    """Token-level tags to character-level BIOES (a token of several characters, such as "2012" in
+    some corpora, gives its characters the entity it belongs to)."""
     spans, problem = spans_from(tags, scheme)
     if problem:
         return "", [], problem
@@ -182,9 +194,9 @@ def _to_chars(tokens: list[str], tags: list[str], scheme: str) -> tuple[str, lis
 
 
 def parse_conll(lines: list[str], scheme: str = "auto") -> TaggedFile:
-    """CoNLL-style `token TAG` lines (space or tab; the tag is the last field), a blank line between sentences.
-    A sentence with a malformed line or ill-formed tags is quarantined whole, with the line and the reason;
-    `scheme` auto is detected from the whole file's tags."""
+    """CoNLL-style `token TAG` lines (space or tab; the tag is the last field), a blank line between
+    sentences. A sentence with a malformed line or ill-formed tags is quarantined whole, with the
+    line and the reason; `scheme` auto is detected from the whole file's tags."""
     raw: list[tuple[int, list[tuple[int, str, str]]]] = []
     bad: list[dict] = []
     current: list[tuple[int, str, str]] = []
@@ -211,17 +223,26 @@ def parse_conll(lines: list[str], scheme: str = "auto") -> TaggedFile:
         else:
             current.append((number, fields[0], fields[-1].strip()))
     close(len(lines) + 1)
-    found = scheme if scheme != "auto" else detect_scheme([t for _, rows in raw for _, _, t in rows])
+    found = (
+        scheme if scheme != "auto" else detect_scheme([t for _, rows in raw for _, _, t in rows])
+    )
     out = TaggedFile(bad=bad, scheme=found, physical=len(lines))
     for start, rows in raw:
         wrong = next(((n, t) for n, _, t in rows if not valid_tag(t, found)), None)
         if wrong:
-            out.bad.append({"line": wrong[0], "reason": f"tag {wrong[1]!r} is not a {found.upper()} tag",
-                            "raw": wrong[1]})
+            out.bad.append(
+                {
+                    "line": wrong[0],
+                    "reason": f"tag {wrong[1]!r} is not a {found.upper()} tag",
+                    "raw": wrong[1],
+                }
+            )
             continue
         text, tags, problem = _to_chars([tok for _, tok, _ in rows], [t for _, _, t in rows], found)
         if problem:
-            out.bad.append({"line": start, "reason": problem, "raw": "".join(tok for _, tok, _ in rows)[:500]})
+            out.bad.append(
+                {"line": start, "reason": problem, "raw": "".join(tok for _, tok, _ in rows)[:500]}
+            )
             continue
         out.sentences.append(Sentence(text, tags, start))
     out.bad.sort(key=lambda b: b["line"])
@@ -235,19 +256,27 @@ def _span(item) -> tuple[str, int, int]:
     """One span from {"start", "end", "type"|"label"} or [start, end, type]."""
     if isinstance(item, dict):
         kind = item.get("type", item.get("label"))
-        start, end = item.get("start", item.get("start_offset")), item.get("end", item.get("end_offset"))
+        start, end = (
+            item.get("start", item.get("start_offset")),
+            item.get("end", item.get("end_offset")),
+        )
     elif isinstance(item, (list, tuple)) and len(item) == 3:
         start, end, kind = item
     else:
         raise ValueError("expected {start, end, type} or [start, end, type]")
-    if not isinstance(start, int) or not isinstance(end, int) or not isinstance(kind, str) or not kind:
+    if (
+        not isinstance(start, int)
+        or not isinstance(end, int)
+        or not isinstance(kind, str)
+        or not kind
+    ):
         raise ValueError("start and end must be integers and the type a string")
     return kind, start, end
 
 
 def parse_span_jsonl(lines: list[str], text_key: str = "text") -> TaggedFile:
-    """JSONL with one sentence per line: {"text": ..., "entities": [{"start", "end", "type"}, ...]} (also
-    `spans`/`labels`, or [start, end, type] items; `end` exclusive)."""
+    """JSONL with one sentence per line: {"text": ..., "entities": [{"start", "end", "type"}, ...]}
+    (also `spans`/`labels`, or [start, end, type] items; `end` exclusive)."""
     out = TaggedFile(scheme="spans", physical=len(lines))
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -262,12 +291,17 @@ def parse_span_jsonl(lines: list[str], text_key: str = "text") -> TaggedFile:
             spans.sort(key=lambda s: s[1])
             for kind, start, end in spans:
                 if not 0 <= start < end <= len(text):
-                    raise ValueError(f"span {kind} [{start}, {end}) is outside the text of {len(text)} characters")
+                    raise ValueError(
+                        f"span {kind} [{start}, {end}) is outside the text of {len(text)} "
+                        "characters"
+                    )
             for (k1, _, e1), (k2, s2, _) in zip(spans, spans[1:]):
                 if s2 < e1:
                     raise ValueError(f"spans {k1} and {k2} overlap at character {s2 + 1}")
         except ValueError as e:
-            out.bad.append({"line": number, "reason": str(e).split("\n")[0][:200], "raw": line[:500]})
+            out.bad.append(
+                {"line": number, "reason": str(e).split("\n")[0][:200], "raw": line[:500]}
+            )
             continue
         if text:
             out.sentences.append(Sentence(text, bioes(spans, len(text)), number))
@@ -289,8 +323,8 @@ class Lexicon:
         return len(self.index) + 1
 
     def match(self, text: str) -> tuple[np.ndarray, np.ndarray]:
-        """(word ids, positions) per character, (len(text), max_words) each: the words of two or more
-        characters that cover it, longest first."""
+        """(word ids, positions) per character, (len(text), max_words) each: the words of two or
+        more characters that cover it, longest first."""
         found: list[list[tuple[int, int, int]]] = [[] for _ in text]
         for i in range(len(text)):
             for n in range(2, min(self.longest, len(text) - i) + 1):
@@ -298,7 +332,13 @@ class Lexicon:
                 if wid is None:
                     continue
                 for j in range(i, i + n):
-                    place = POSITIONS["B"] if j == i else POSITIONS["E"] if j == i + n - 1 else POSITIONS["M"]
+                    place = (
+                        POSITIONS["B"]
+                        if j == i
+                        else POSITIONS["E"]
+                        if j == i + n - 1
+                        else POSITIONS["M"]
+                    )
                     found[j].append((n, wid, place))
         ids = np.zeros((len(text), self.max_words), dtype=np.int64)
         places = np.zeros((len(text), self.max_words), dtype=np.int64)
@@ -311,15 +351,17 @@ class Lexicon:
 def bigrams(text: str) -> tuple[list[str], list[str]]:
     """Each character's bigram with the next and with the previous character."""
     padded = "\x02" + text + "\x03"
-    return [padded[i + 1 : i + 3] for i in range(len(text))], [padded[i : i + 2] for i in range(len(text))]
+    return [padded[i + 1 : i + 3] for i in range(len(text))], [
+        padded[i : i + 2] for i in range(len(text))
+    ]
 
 
 SEG = {"B": 1, "M": 2, "E": 3, "S": 4}  # a character's place in jieba's word; 0 = padding
 
 
 def word_places(words: list[tuple[str, str]]) -> tuple[list[str], list[str]]:
-    """Per character of the segmented text: its place in its word (B, M, E, or S for a one-character word) and
-    the word's POS tag."""
+    """Per character of the segmented text: its place in its word (B, M, E, or S for a one-character
+    word) and the word's POS tag."""
     places, flags = [], []
     for word, flag in words:
         n = len(word)
@@ -328,11 +370,15 @@ def word_places(words: list[tuple[str, str]]) -> tuple[list[str], list[str]]:
     return places, flags
 
 
-def word_features(words: list[tuple[str, str]], pos_index: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
+def word_features(
+    words: list[tuple[str, str]], pos_index: dict[str, int]
+) -> tuple[np.ndarray, np.ndarray]:
     """word_places as ids: SEG per character and the POS tag id (1 = unknown)."""
     places, flags = word_places(words)
-    return (np.array([SEG[p] for p in places], dtype=np.int64),
-            np.array([pos_index.get(f, 1) for f in flags], dtype=np.int64))
+    return (
+        np.array([SEG[p] for p in places], dtype=np.int64),
+        np.array([pos_index.get(f, 1) for f in flags], dtype=np.int64),
+    )
 
 
 def marked(text: str, tags: list[str]) -> str:
@@ -348,7 +394,10 @@ def highlighted(text: str, tags: list[str]) -> str:
     """HTML with each entity as a <mark> titled by its type."""
     out, last = [], 0
     for kind, start, end in spans_of(list(tags)):
-        out += [html.escape(text[last:start]), f'<mark title="{html.escape(kind)}">{html.escape(text[start:end])}'
-                f'<sub>{html.escape(kind)}</sub></mark>']
+        out += [
+            html.escape(text[last:start]),
+            f'<mark title="{html.escape(kind)}">{html.escape(text[start:end])}'
+            f"<sub>{html.escape(kind)}</sub></mark>",
+        ]
         last = end
     return "".join(out + [html.escape(text[last:])])

@@ -1,5 +1,6 @@
-"""Stage `train` (task ner): the taggers named in `train.models`, each a unit of its own, scored on the
-validation split by entity-level F1 as the saved model tags it."""
+"""Stage `train` (task ner): the taggers named in `train.models`, each a unit of its own, scored on
+the validation split by entity-level F1 as the saved model tags it."""
+
 from __future__ import annotations
 
 import json
@@ -12,9 +13,11 @@ from tasks.models.settings import params_model
 from tasks.ner.models import MODELS
 from tasks.ner.tagged import entity_f1
 
-# what its key sees besides params, inputs and code: the libraries that shape a tagger (jieba: its word features)
+# what its key sees besides params, inputs and code: the libraries that shape a tagger (jieba: its
+# word features)
 LIBRARIES = ("torch", "transformers", "python-crfsuite", "gensim", "jieba", "numpy")
-FILES = ("bilstm_crf.checkpoint", "lexicon_tagger.checkpoint")  # a local pretrained encoder counts by content
+# a local pretrained encoder counts by content
+FILES = ("bilstm_crf.checkpoint", "lexicon_tagger.checkpoint")
 
 
 def params() -> type:
@@ -27,18 +30,46 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     spec = model_of(MODELS, name, "ner")
     labels = ctx.facts["augment"].labels
     train = pd.read_parquet(ctx.file("augment", "train.parquet"), columns=["text", "tags", "words"])
-    validation = pd.read_parquet(ctx.file("segment", "validation.parquet"), columns=["text", "tags"])
-    members = {model: folder / model
-               for model, folder in by_model({u: f for u, f in ctx.inputs.items() if Unit.parse(u).model}).items()}
-    summary = spec.train(TrainInputs(name, train, validation, labels, spec.view(ctx.params), ctx.inputs["vocab"], None,
-                                     ctx.out, ctx.scratch, ctx.sink, embed=ctx.inputs.get("embed"), members=members))
+    validation = pd.read_parquet(
+        ctx.file("segment", "validation.parquet"), columns=["text", "tags"]
+    )
+    members = {
+        model: folder / model
+        for model, folder in by_model(
+            {u: f for u, f in ctx.inputs.items() if Unit.parse(u).model}
+        ).items()
+    }
+    summary = spec.train(
+        TrainInputs(
+            name,
+            train,
+            validation,
+            labels,
+            spec.view(ctx.params),
+            ctx.inputs["vocab"],
+            None,
+            ctx.out,
+            ctx.scratch,
+            ctx.sink,
+            embed=ctx.inputs.get("embed"),
+            members=members,
+        )
+    )
     tagged = spec.load(ctx.out / name)(validation["text"].astype(str).tolist())
     scores = entity_f1([list(t) for t in validation["tags"]], [t.tags for t in tagged])
     summary.update({f"val_{k}": v for k, v in scores.items()})
-    names = {"val_f1": "val_f1_best", "val_precision": "val_precision_best", "val_recall": "val_recall_best",
-             "seconds": "train_seconds", "samples_per_second": "median_samples_per_second"}
-    return BuildOutput(rows=len(train), metrics={new: summary[old] for old, new in names.items() if old in summary},
-                       facts=Facts(labels=labels, model=name, summary=summary))
+    names = {
+        "val_f1": "val_f1_best",
+        "val_precision": "val_precision_best",
+        "val_recall": "val_recall_best",
+        "seconds": "train_seconds",
+        "samples_per_second": "median_samples_per_second",
+    }
+    return BuildOutput(
+        rows=len(train),
+        metrics={new: summary[old] for old, new in names.items() if old in summary},
+        facts=Facts(labels=labels, model=name, summary=summary),
+    )
 
 
 def build(ctx: BuildContext) -> BuildOutput:
@@ -46,6 +77,14 @@ def build(ctx: BuildContext) -> BuildOutput:
     units = by_model(ctx.facts)
     models = {name: facts.summary for name, facts in units.items()}
     (ctx.out / "models.json").write_text(json.dumps(models, indent=2), encoding="utf-8")
-    metrics = {f"{m}_{k}": v[k] for m, v in models.items() for k in ("val_f1", "seconds", "samples_per_second")
-               if k in v}
-    return BuildOutput(rows=None, metrics=metrics, facts=Facts(labels=next(iter(units.values())).labels, models=models))
+    metrics = {
+        f"{m}_{k}": v[k]
+        for m, v in models.items()
+        for k in ("val_f1", "seconds", "samples_per_second")
+        if k in v
+    }
+    return BuildOutput(
+        rows=None,
+        metrics=metrics,
+        facts=Facts(labels=next(iter(units.values())).labels, models=models),
+    )

@@ -1,5 +1,6 @@
-"""Imported by the segment stage's forkserver: loads jieba's and jieba-rs's dictionaries once for all forked
-workers."""
+"""Imported by the segment stage's forkserver: loads jieba's and jieba-rs's dictionaries once for
+all forked workers."""
+
 from tasks.util.segmenter import default_rs, default_tokenizer
 
 default_tokenizer()

@@ -1,5 +1,6 @@
-"""Text normalising every kind's cleaning shares: NFKC, HTML and URLs stripped, control characters removed,
-traditional to simplified characters (OpenCC), and the length limits."""
+"""Text normalising every kind's cleaning shares: NFKC, HTML and URLs stripped, control characters
+removed, traditional to simplified characters (OpenCC), and the length limits."""
+
 from __future__ import annotations
 
 import re
@@ -30,7 +31,9 @@ _HTML_TAG = re.compile(r"<[^>]{1,200}>")
 _URL = re.compile(r"(?:https?://|www\.)[^\s\u4e00-\u9fff，。！？、；：]+", re.IGNORECASE)
 
 
-CONTROL = re.compile(r"[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u200b-\u200f\u2028-\u202f\u2060-\u206f\ufeff]")
+CONTROL = re.compile(
+    r"[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u200b-\u200f\u2028-\u202f\u2060-\u206f\ufeff]"
+)
 
 
 _SPACE = re.compile(r"\s+")
@@ -46,10 +49,16 @@ def to_simplified():
 def clean_text(text: str, params: Normalise) -> str:
     """One text through the normalisation steps, in order."""
     if params.nfkc:
-        text = unicodedata.normalize("NFKC", text)  # full-width letters, digits and punctuation to half-width
+        # full-width letters, digits and punctuation to half-width
+        text = unicodedata.normalize("NFKC", text)
     if params.strip_html:
         text = _HTML_TAG.sub(" ", text)
-        text = text.replace("&nbsp;", " ").replace("&amp;", "&").replace("&lt;", "<").replace("&gt;", ">")
+        text = (
+            text.replace("&nbsp;", " ")
+            .replace("&amp;", "&")
+            .replace("&lt;", "<")
+            .replace("&gt;", ">")
+        )
     if params.strip_urls:
         text = _URL.sub(" ", text)
     text = CONTROL.sub("", text)  # BOM, zero-width and control characters

@@ -1,5 +1,7 @@
-"""Stage `segment`: jieba word tokens (+ optional POS tags) and character tokens, in parallel processes.
-Light imports (no Prefect, no MLflow): pool workers import this module to run `segment_chunk`."""
+"""Stage `segment`: jieba word tokens (+ optional POS tags) and character tokens, in parallel
+processes. Light imports (no Prefect, no MLflow): pool workers import this module to run
+`segment_chunk`."""
+
 from __future__ import annotations
 
 import os
@@ -23,8 +25,8 @@ from tasks.util.pool import ChunkPool
 from tasks.util.rowcache import FILE, RowCache, namespace
 from tasks.util.segmenter import Segmenter, SegmenterParams
 
-# what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that shape
-# its output, and the params that name files (counted by content)
+# what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that
+# shape its output, and the params that name files (counted by content)
 LIBRARIES = ("jieba", "rjieba", "pyarrow")
 FILES: tuple[str, ...] = ("user_dict", "stopwords")
 
@@ -35,8 +37,9 @@ class Params(SegmenterParams):
     OUTSIDE_KEY = ("workers", "chunk_rows", "row_cache")
     workers: int = Field(0, ge=0)  # 0 = one process per core
     chunk_rows: int = Field(1000, ge=1)  # smaller chunks even out the last workers; larger cut IPC
-    # keep each row's words by its text in the store (`_cache/rows.sqlite`, tasks/util/rowcache.py): a text cut
-    # before, by the same segmenter, is not cut again (an edited copy of the source, another label column)
+    # keep each row's words by its text in the store (`_cache/rows.sqlite`, tasks/util/rowcache.py):
+    # a text cut before, by the same segmenter, is not cut again (an edited copy of the source,
+    # another label column)
     row_cache: bool = True
 
     def segmenter(self) -> SegmenterParams:
@@ -57,12 +60,16 @@ def _row_cache(path: str, namespace: str, pid: int) -> RowCache:
 
 
 def segment_chunk(chunk: Chunk, params: tuple[str, ...]) -> pd.DataFrame:
-    """Chunk function: a chunk of a split with its `words`, `chars` (and `pos`) columns added; `params` is
-    (segmenter params as JSON, project folder[, row cache file, its namespace]). With a row cache, the texts it
-    keeps are not cut again (`_kept` marks them, for the counts)."""
+    """Chunk function: a chunk of a split with its `words`, `chars` (and `pos`) columns added;
+    `params` is (segmenter params as JSON, project folder[, row cache file, its namespace]). With a
+    row cache, the texts it keeps are not cut again (`_kept` marks them, for the counts)."""
     df = read_chunk(chunk)
     segmenter, texts = _segmenter(*params[:2]), df["text"].tolist()
-    cache = _row_cache(params[2], params[3], os.getpid()) if len(params) > 2 and "://" not in chunk.src else None
+    cache = (
+        _row_cache(params[2], params[3], os.getpid())
+        if len(params) > 2 and "://" not in chunk.src
+        else None
+    )
     if cache is None:
         for col, values in segmenter.rows(texts).items():
             df[col] = values
@@ -75,7 +82,8 @@ def segment_chunk(chunk: Chunk, params: tuple[str, ...]) -> pd.DataFrame:
     cache.put([texts[i] for i in todo], values)
     for i, value in zip(todo, values):
         kept[i] = value
-    df["words"], df["chars"] = [value[0] for value in kept], segmenter.chars(texts)  # the segmenter's column order
+    # the segmenter's column order
+    df["words"], df["chars"] = [value[0] for value in kept], segmenter.chars(texts)
     if "pos" in columns:
         df["pos"] = [value[1] for value in kept]
     answered = np.ones(len(df), dtype=bool)
@@ -90,36 +98,51 @@ def worker_count(params: Params, rows: int) -> int:
     return max(1, min(wanted, -(-rows // params.chunk_rows)))
 
 
-def segment_file(src: Path, dst: Path, params: Params, pool: ChunkPool, root: Path,
-                 desc: str = "segment") -> dict[str, float]:
+def segment_file(
+    src: Path, dst: Path, params: Params, pool: ChunkPool, root: Path, desc: str = "segment"
+) -> dict[str, float]:
     """Segment one Parquet file chunk by chunk into `dst`; returns its row and word counts."""
-    tables = pool.tables(segment_chunk, chunk_plan(src, params.chunk_rows), _chunk_params(params, root), desc=desc)
+    tables = pool.tables(
+        segment_chunk, chunk_plan(src, params.chunk_rows), _chunk_params(params, root), desc=desc
+    )
     return write_segments(tables, src, dst)
 
 
 def _chunk_params(params: Params, root: Path, cache: Path | None = None) -> tuple[str, ...]:
     base = (params.segmenter().model_dump_json(), str(root))
-    return base + (str(cache), cache_namespace(params, root)) if cache is not None and params.row_cache else base
+    return (
+        base + (str(cache), cache_namespace(params, root))
+        if cache is not None and params.row_cache
+        else base
+    )
 
 
 def cache_namespace(params: Params, root: Path) -> str:
-    """Everything that defines a row's words: the segmenter's settings, its dictionaries' contents, its code and the
-    versions of the libraries that cut."""
+    """Everything that defines a row's words: the segmenter's settings, its dictionaries' contents,
+    its code and the versions of the libraries that cut."""
     from importlib import metadata
 
     from tasks.util import segmenter
     from tasks.util.io import file_sha256 as digest
 
-    files = {key: digest(Path(value) if Path(value).is_absolute() else root / value)
-             for key in FILES if (value := getattr(params, key))}
+    files = {
+        key: digest(Path(value) if Path(value).is_absolute() else root / value)
+        for key in FILES
+        if (value := getattr(params, key))
+    }
     versions = {}
     for library in LIBRARIES[:2]:
         try:
             versions[library] = metadata.version(library)
         except metadata.PackageNotFoundError:
             versions[library] = None
-    return namespace(params.segmenter().model_dump(mode="json"), files, versions,
-                     digest(Path(segmenter.__file__)), digest(Path(__file__)))
+    return namespace(
+        params.segmenter().model_dump(mode="json"),
+        files,
+        versions,
+        digest(Path(segmenter.__file__)),
+        digest(Path(__file__)),
+    )
 
 
 def write_segments(tables: Iterable[pa.Table], src: Path, dst: Path) -> dict[str, float]:
@@ -136,15 +159,18 @@ def write_segments(tables: Iterable[pa.Table], src: Path, dst: Path) -> dict[str
         column = table.column("words")  # space-joined tokens: spaces + 1 per non-empty text
         words += pc.sum(pc.count_substring(column, " ")).as_py() or 0
         words += pc.sum(pc.cast(pc.greater(pc.utf8_length(column), 0), pa.int64())).as_py() or 0
-    empty = pd.read_parquet(src).head(0).assign(words=pd.Series(dtype=str),
-                                                chars=pd.Series(dtype=str)) if not rows else None
+    empty = (
+        pd.read_parquet(src).head(0).assign(words=pd.Series(dtype=str), chars=pd.Series(dtype=str))
+        if not rows
+        else None
+    )
     writer.close(empty)
     return {"rows": rows, "words": words, "kept": kept}
 
 
 def _without_kept(table: pa.Table) -> pa.Table:
-    """The chunk's table less its `_kept` column, in its schema's pandas metadata too: the file is byte for byte the
-    one a segmenter without the row cache writes."""
+    """The chunk's table less its `_kept` column, in its schema's pandas metadata too: the file is
+    byte for byte the one a segmenter without the row cache writes."""
     import json
 
     meta = dict(table.schema.metadata or {})
@@ -157,8 +183,9 @@ def _without_kept(table: pa.Table) -> pa.Table:
 
 
 def build(ctx: BuildContext) -> BuildOutput:
-    """Segment every split; write `<split>.parquet` with `words`, `chars` (and `pos`) columns. The chunks of
-    all splits go through one stream of workers (one pool start, and no split too small to spread)."""
+    """Segment every split; write `<split>.parquet` with `words`, `chars` (and `pos`) columns. The
+    chunks of all splits go through one stream of workers (one pool start, and no split too small to
+    spread)."""
     sources = {name: ctx.file("split", f"{name}.parquet") for name in SPLITS}
     plans = {name: chunk_plan(src, ctx.params.chunk_rows) for name, src in sources.items()}
     rows = sum(c.rows for chunks in plans.values() for c in chunks)
@@ -166,12 +193,17 @@ def build(ctx: BuildContext) -> BuildOutput:
     cache = ctx.store.cache_file(FILE) if ctx.store is not None and ctx.params.row_cache else None
     if cache is not None:  # made here, once, before the workers open it
         RowCache(cache, "").close()
-    tables = pool.tables(segment_chunk, [c for name in SPLITS for c in plans[name]],
-                           _chunk_params(ctx.params, ctx.root, cache))
+    tables = pool.tables(
+        segment_chunk,
+        [c for name in SPLITS for c in plans[name]],
+        _chunk_params(ctx.params, ctx.root, cache),
+    )
     metrics, kept = {}, 0
     with closing(tables):
         for name in SPLITS:  # chunks come back in order: each split takes its own count of them
-            counts = write_segments(islice(tables, len(plans[name])), sources[name], ctx.out / f"{name}.parquet")
+            counts = write_segments(
+                islice(tables, len(plans[name])), sources[name], ctx.out / f"{name}.parquet"
+            )
             metrics[f"{name}_mean_words"] = counts["words"] / max(counts["rows"], 1)
             kept += counts["kept"]
     metrics["rows_segmented"], metrics["rows_reused"] = rows - kept, kept
@@ -181,6 +213,15 @@ def build(ctx: BuildContext) -> BuildOutput:
 
 
 # the stage every kind shares, named in each kind's table
-SEGMENT = Stage("segment", ("split",), build, "jieba words (+POS) and characters, in parallel processes or on Dask",
-                "train_mean_words", (SPLITS_OUTPUT,), partitioned=True, params=Params, libraries=LIBRARIES,
-                files=FILES)
+SEGMENT = Stage(
+    "segment",
+    ("split",),
+    build,
+    "jieba words (+POS) and characters, in parallel processes or on Dask",
+    "train_mean_words",
+    (SPLITS_OUTPUT,),
+    partitioned=True,
+    params=Params,
+    libraries=LIBRARIES,
+    files=FILES,
+)

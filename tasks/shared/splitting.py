@@ -1,5 +1,6 @@
-"""Splitting every kind shares: the train/validation/test fractions, stable hash-based assignment of units and
-the split sizes."""
+"""Splitting every kind shares: the train/validation/test fractions, stable hash-based assignment of
+units and the split sizes."""
+
 from __future__ import annotations
 
 import hashlib
@@ -26,7 +27,8 @@ class Fractions(Section):
 
 
 def hash_units(texts, seed: int) -> np.ndarray:
-    """Each text's place in [0, 1): the first 8 bytes of blake2b(seed, text), the same on every machine."""
+    """Each text's place in [0, 1): the first 8 bytes of blake2b(seed, text), the same on every
+    machine."""
     prefix = f"{seed}\x1f".encode()
     out = np.empty(len(texts), dtype=np.float64)
     for i, text in enumerate(texts):
@@ -36,8 +38,8 @@ def hash_units(texts, seed: int) -> np.ndarray:
 
 
 def split_sizes(n: int, fractions: np.ndarray, minimum: int) -> list[int]:
-    """Rows per split for `n` rows: the largest-remainder rounding of n * fractions, each at least `minimum`
-    (taken from the largest split)."""
+    """Rows per split for `n` rows: the largest-remainder rounding of n * fractions, each at least
+    `minimum` (taken from the largest split)."""
     exact = n * fractions
     sizes = np.floor(exact).astype(int)
     for i in np.argsort(-(exact - sizes), kind="stable")[: n - sizes.sum()]:

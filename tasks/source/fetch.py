@@ -1,6 +1,8 @@
-"""Fetching a remote corpus and checking it: one HTTP client with retries, resume (`If-Range`, `Content-Range`
-checked), a deadline, size and decompression limits, redirects checked by hand (never https to http, never
-into this machine or its network), the server's validators for keying an unverified file, and sha256 checks."""
+"""Fetching a remote corpus and checking it: one HTTP client with retries, resume (`If-Range`,
+`Content-Range` checked), a deadline, size and decompression limits, redirects checked by hand
+(never https to http, never into this machine or its network), the server's validators for keying an
+unverified file, and sha256 checks."""
+
 from __future__ import annotations
 
 import json
@@ -24,16 +26,22 @@ log = logging.getLogger("zhpipe")
 class FetchParams(Section):
     """How a remote corpus is fetched and unpacked (the `download` section's settings)."""
 
-    timeout_s: float = Field(60.0, gt=0)  # per network read; a stalled server fails instead of hanging
+    # per network read; a stalled server fails instead of hanging
+    timeout_s: float = Field(60.0, gt=0)
     deadline_s: float = Field(3600.0, gt=0)  # the whole download, retries included
-    retries: int = Field(3, ge=0)  # network errors and 5xx answers, with back-off; also sha256 mismatches
-    retry_delay_s: float = Field(1.0, gt=0)  # the first back-off, doubled for each further attempt (at most 10x)
+    # network errors and 5xx answers, with back-off; also sha256 mismatches
+    retries: int = Field(3, ge=0)
+    # the first back-off, doubled for each further attempt (at most 10x)
+    retry_delay_s: float = Field(1.0, gt=0)
     max_bytes: int = Field(2 << 30, gt=0)  # largest file fetched (2 GiB)
-    max_unpacked_bytes: int = Field(8 << 30, gt=0)  # largest file unpacked from .gz/.zip/.tar (8 GiB)
-    max_ratio: float = Field(100.0, gt=1)  # unpacked / packed size beyond 1 MiB: more is a decompression bomb
+    # largest file unpacked from .gz/.zip/.tar (8 GiB)
+    max_unpacked_bytes: int = Field(8 << 30, gt=0)
+    # unpacked / packed size beyond 1 MiB: more is a decompression bomb
+    max_ratio: float = Field(100.0, gt=1)
 
-    # how long to wait and how often to try again, not what is fetched: a download already cached stays valid (the
-    # size limits stay in the key: a lower one must refuse a cached corpus it would have refused to fetch)
+    # how long to wait and how often to try again, not what is fetched: a download already cached
+    # stays valid (the size limits stay in the key: a lower one must refuse a cached corpus it would
+    # have refused to fetch)
     OUTSIDE_KEY = ("timeout_s", "deadline_s", "retries", "retry_delay_s")
 
 
@@ -56,7 +64,11 @@ class Validators:
     @classmethod
     def of(cls, headers) -> Validators:
         size = headers.get("content-length")
-        return cls(headers.get("etag"), headers.get("last-modified"), int(size) if size and size.isdigit() else None)
+        return cls(
+            headers.get("etag"),
+            headers.get("last-modified"),
+            int(size) if size and size.isdigit() else None,
+        )
 
     def fingerprint(self) -> str:
         return f"etag={self.etag} last-modified={self.last_modified} size={self.size}"
@@ -87,12 +99,18 @@ def _send(client, method: str, url: str, headers: dict, deadline: float, max_red
         target = str(resp.url.join(resp.headers["location"]))
         resp.close()
         if url.lower().startswith("https://") and not target.lower().startswith("https://"):
-            raise DataError(f"download {shown}: refused a redirect from https to {redact(target).split('://')[0]}:// "
-                            f"({redact(target)})")
+            raise DataError(
+                f"download {shown}: refused a redirect from https to "
+                f"{redact(target).split('://')[0]}:// "
+                f"({redact(target)})"
+            )
         # a public server may not send us into this machine or its network
         if is_internal(target) and not is_internal(url):
-            raise DataError(f"download {shown}: refused a redirect to an address of this machine or a private network "
-                            f"({redact(target)})")
+            raise DataError(
+                f"download {shown}: refused a redirect to an address of this machine or a private "
+                "network "
+                f"({redact(target)})"
+            )
         url = target
     raise DataError(f"download {shown}: more than {max_redirects} redirects")
 
@@ -106,11 +124,14 @@ def probe(url: str, params: FetchParams) -> Validators:
         with _client(params.timeout_s) as client:
             resp = _send(client, "HEAD", reveal(url), {}, deadline)
             resp.close()
-            if resp.status_code in (405, 501):  # no HEAD here: the headers of a GET, its body left unread
+            # no HEAD here: the headers of a GET, its body left unread
+            if resp.status_code in (405, 501):
                 resp = _send(client, "GET", reveal(url), {}, deadline)
                 resp.close()
     except httpx.HTTPError as e:
-        raise NetworkError(f"download {redact(url)}: {type(e).__name__}: {redact_text(str(e))}") from None
+        raise NetworkError(
+            f"download {redact(url)}: {type(e).__name__}: {redact_text(str(e))}"
+        ) from None
     if resp.status_code >= 400:
         raise DataError(f"download {redact(url)}: HTTP {resp.status_code} (expected 200)")
     return Validators.of(resp.headers)
@@ -133,13 +154,16 @@ def _discard(*paths: Path) -> None:
         _meta_path(p).unlink(missing_ok=True)
 
 
-def _fetch_once(client, url: str, final: Path, part: Path, params: FetchParams, deadline: float) -> Validators:
+def _fetch_once(
+    client, url: str, final: Path, part: Path, params: FetchParams, deadline: float
+) -> Validators:
     """Download (or resume) `url` into `part`, then rename it to `final`."""
     shown = redact(url)
     meta = _read_meta(part)
     offset = part.stat().st_size if part.exists() else 0
     headers = {}
-    if offset and meta.get("if_range"):  # resume only when the server can tell us the file is unchanged
+    # resume only when the server can tell us the file is unchanged
+    if offset and meta.get("if_range"):
         headers = {"Range": f"bytes={offset}-", "If-Range": meta["if_range"]}
     else:
         offset = 0
@@ -155,22 +179,35 @@ def _fetch_once(client, url: str, final: Path, part: Path, params: FetchParams, 
             start, total = _content_range(resp.headers.get("content-range", ""))
             if start != offset:
                 _discard(part)
-                raise NetworkError(f"download {shown}: asked to resume at byte {offset}, the server sent Content-Range "
-                                   f"from {start}")
+                raise NetworkError(
+                    f"download {shown}: asked to resume at byte {offset}, the server sent "
+                    "Content-Range "
+                    f"from {start}"
+                )
             validators.size = total
             mode = "ab"
         elif resp.status_code == 416:
             _discard(part)
-            raise NetworkError(f"download {shown}: the server refused to resume (HTTP 416); starting again")
+            raise NetworkError(
+                f"download {shown}: the server refused to resume (HTTP 416); starting again"
+            )
         else:
             offset = 0
         if validators.size is not None and validators.size > params.max_bytes:
-            raise DataError(f"download {shown}: {validators.size} bytes is over the size limit "
-                            f"download.max_bytes={params.max_bytes}")
-        # a Content-Encoding (gzip, br) is undone as the bytes arrive: Content-Length counts the encoded bytes, the
-        # file holds the decoded ones, the ratio limit bounds them, and a resume (a range of encoded bytes) is off
-        encoded = resp.headers.get("content-encoding", "identity").strip().lower() not in ("", "identity")
-        atomic_write_text(_meta_path(part), json.dumps({"if_range": None if encoded else validators.if_range()}))
+            raise DataError(
+                f"download {shown}: {validators.size} bytes is over the size limit "
+                f"download.max_bytes={params.max_bytes}"
+            )
+        # a Content-Encoding (gzip, br) is undone as the bytes arrive: Content-Length counts the
+        # encoded bytes, the file holds the decoded ones, the ratio limit bounds them, and a resume
+        # (a range of encoded bytes) is off
+        encoded = resp.headers.get("content-encoding", "identity").strip().lower() not in (
+            "",
+            "identity",
+        )
+        atomic_write_text(
+            _meta_path(part), json.dumps({"if_range": None if encoded else validators.if_range()})
+        )
         written = _stream(resp, part, mode, offset, params, deadline, encoded, shown)
         received = offset + resp.num_bytes_downloaded if encoded else written
     finally:
@@ -184,10 +221,19 @@ def _fetch_once(client, url: str, final: Path, part: Path, params: FetchParams, 
     return validators
 
 
-def _stream(resp, part: Path, mode: str, offset: int, params: FetchParams, deadline: float, encoded: bool,
-            shown: str) -> int:
-    """The response's bytes into `part` (appended from `offset` when resuming) as they arrive, so that the size,
-    decoding-ratio and deadline limits are checked as they do; returns the file's size."""
+def _stream(
+    resp,
+    part: Path,
+    mode: str,
+    offset: int,
+    params: FetchParams,
+    deadline: float,
+    encoded: bool,
+    shown: str,
+) -> int:
+    """The response's bytes into `part` (appended from `offset` when resuming) as they arrive, so
+    that the size, decoding-ratio and deadline limits are checked as they do; returns the file's
+    size."""
     written = offset
     with open(part, mode) as f:
         for block in resp.iter_bytes():
@@ -195,16 +241,29 @@ def _stream(resp, part: Path, mode: str, offset: int, params: FetchParams, deadl
             if written > params.max_bytes:
                 f.close()
                 _discard(part)
-                raise DataError(f"download {shown}: more than download.max_bytes={params.max_bytes} bytes; stopped")
-            if encoded and written > (1 << 20) and written / max(resp.num_bytes_downloaded, 1) > params.max_ratio:
+                raise DataError(
+                    f"download {shown}: more than download.max_bytes={params.max_bytes} bytes; "
+                    "stopped"
+                )
+            if (
+                encoded
+                and written > (1 << 20)
+                and written / max(resp.num_bytes_downloaded, 1) > params.max_ratio
+            ):
                 f.close()
                 _discard(part)
-                raise DataError(f"download {shown}: its {resp.headers['content-encoding']} transfer decodes to more "
-                                f"than {params.max_ratio:g}x its size (a decompression bomb?); stopped "
-                                f"(download.max_ratio)")
+                raise DataError(
+                    f"download {shown}: its {resp.headers['content-encoding']} transfer decodes to "
+                    "more "
+                    f"than {params.max_ratio:g}x its size (a decompression bomb?); stopped "
+                    f"(download.max_ratio)"
+                )
             if time.monotonic() > deadline:
-                raise DataError(f"download {shown}: deadline of {params.deadline_s:g} s passed after {written} bytes "
-                                f"(download.deadline_s)")
+                raise DataError(
+                    f"download {shown}: deadline of {params.deadline_s:g} s passed after {written} "
+                    "bytes "
+                    f"(download.deadline_s)"
+                )
             f.write(block)
     return written
 
@@ -219,10 +278,16 @@ def _content_range(value: str) -> tuple[int | None, int | None]:
         return None, None
 
 
-def fetch(url: str, folder: Path, params: FetchParams, sha256: str | None = None,
-          expect: Validators | None = None) -> Path:
+def fetch(
+    url: str,
+    folder: Path,
+    params: FetchParams,
+    sha256: str | None = None,
+    expect: Validators | None = None,
+) -> Path:
     """The verified local copy of `url` in `folder`: resumed when partial, fetched again (at most
-    `params.retries` times) after a network error or a sha256 mismatch; a mismatching file is deleted."""
+    `params.retries` times) after a network error or a sha256 mismatch; a mismatching file is
+    deleted."""
     import httpx
 
     shown = redact(url)
@@ -235,14 +300,23 @@ def fetch(url: str, folder: Path, params: FetchParams, sha256: str | None = None
         for attempt in range(params.retries + 1):
             if attempt:
                 delay = params.retry_delay_s * min(2.0 ** (attempt - 1), 10.0)
-                log.warning("download %s: %s; attempt %d of %d in %.3g s", shown, problem, attempt + 1,
-                            params.retries + 1, delay)
+                log.warning(
+                    "download %s: %s; attempt %d of %d in %.3g s",
+                    shown,
+                    problem,
+                    attempt + 1,
+                    params.retries + 1,
+                    delay,
+                )
                 if time.monotonic() + delay > deadline:
                     break
                 time.sleep(delay)
             if final.is_file() and expect is not None and _read_meta(final) != expect.__dict__:
-                log.warning("download %s: the server's file changed (%s); fetching it again", shown,
-                            expect.fingerprint())
+                log.warning(
+                    "download %s: the server's file changed (%s); fetching it again",
+                    shown,
+                    expect.fingerprint(),
+                )
                 _discard(final)
             if not final.is_file():
                 try:
@@ -271,15 +345,23 @@ def check_sha256(path: Path, expected: str | None) -> str:
     """Return the file's sha256; raise ChecksumError when it differs from `expected`."""
     actual = file_sha256(path)
     if expected and actual != expected.lower():
-        raise ChecksumError(f"{path}: sha256 mismatch (expected {expected}, got {actual}): the file changed since its "
-                            "sha256 was pinned; if the new content is intended, set source.sha256 to the new value")
+        raise ChecksumError(
+            f"{path}: sha256 mismatch (expected {expected}, got {actual}): the file changed since "
+            "its "
+            "sha256 was pinned; if the new content is intended, set source.sha256 to the new value"
+        )
     return actual
 
 
-def locate(source: Source, root: Path, folder_for: Callable[[str], Path], params: FetchParams,
-           expect: Validators | None = None) -> tuple[Path, str]:
-    """The local file holding the source bytes and their sha256: the given path when it exists, else a
-    verified download (hashed once: a file that `fetch` returns matches `source.sha256`)."""
+def locate(
+    source: Source,
+    root: Path,
+    folder_for: Callable[[str], Path],
+    params: FetchParams,
+    expect: Validators | None = None,
+) -> tuple[Path, str]:
+    """The local file holding the source bytes and their sha256: the given path when it exists, else
+    a verified download (hashed once: a file that `fetch` returns matches `source.sha256`)."""
     local, url = where(source, root)
     if local is not None:
         return local, check_sha256(local, source.sha256)
@@ -287,5 +369,7 @@ def locate(source: Source, root: Path, folder_for: Callable[[str], Path], params
         require_verifiable(source, root)
         path = fetch(url, folder_for(redact(url)), params, source.sha256, expect)
         return path, source.sha256 or file_sha256(path)
-    raise DataError(f"source not found: {redact(source.path or source.url)} (no such file, and no "
-                    f"url to fetch it from)")
+    raise DataError(
+        f"source not found: {redact(source.path or source.url)} (no such file, and no "
+        f"url to fetch it from)"
+    )

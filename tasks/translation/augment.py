@@ -1,5 +1,6 @@
-"""Stage `augment` (task translation): the train split as it is (`aug_method` original). The classification
-augmenters rewrite one text; a pair would need both sides rewritten alike."""
+"""Stage `augment` (task translation): the train split as it is (`aug_method` original). The
+classification augmenters rewrite one text; a pair would need both sides rewritten alike."""
+
 from __future__ import annotations
 
 from tasks.core import BuildContext, BuildOutput, Section
@@ -18,5 +19,7 @@ class Params(Section):
 
 def build(ctx: BuildContext) -> BuildOutput:
     if ctx.params.method != "none":
-        raise ConfigError(f"augment.method {ctx.params.method!r}: task translation takes augment.method none")
+        raise ConfigError(
+            f"augment.method {ctx.params.method!r}: task translation takes augment.method none"
+        )
     return train_as_is(ctx)

@@ -1,7 +1,8 @@
-"""Stage `clean` (task translation): both sides of every pair normalised as the classification clean stage
-normalises text (NFKC, HTML, URLs, control characters, white space; OpenCC t2s on the Chinese side only), then
-pairs quarantined with their reason: an empty or over-long side, a length ratio no translation has (a
-misaligned pair), or a repeat of an earlier pair."""
+"""Stage `clean` (task translation): both sides of every pair normalised as the classification clean
+stage normalises text (NFKC, HTML, URLs, control characters, white space; OpenCC t2s on the Chinese
+side only), then pairs quarantined with their reason: an empty or over-long side, a length ratio no
+translation has (a misaligned pair), or a repeat of an earlier pair."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -17,11 +18,13 @@ FILES: tuple[str, ...] = ()
 
 
 class Params(clean.Normalise):
-    """The `clean` section of a translation pipeline (the limits apply to each side, in characters)."""
+    """The `clean` section of a translation pipeline (the limits apply to each side, in
+    characters)."""
 
     min_chars: int = Field(1, ge=0)
     max_chars: int = Field(500, ge=1)
-    # English characters per Chinese character outside [min_ratio, max_ratio]: the two sides do not match
+    # English characters per Chinese character outside [min_ratio, max_ratio]: the two sides do not
+    # match
     min_ratio: float = Field(0.5, gt=0)
     max_ratio: float = Field(12.0, gt=0)
 
@@ -45,15 +48,24 @@ def clean_pairs(df: pd.DataFrame, p: Params) -> tuple[pd.DataFrame, pd.DataFrame
 
 
 def build(ctx: BuildContext) -> BuildOutput:
-    """Write `data.parquet` (the kept pairs) and `quarantine.parquet` (the others, with the raw sides and reason)."""
+    """Write `data.parquet` (the kept pairs) and `quarantine.parquet` (the others, with the raw
+    sides and reason)."""
     df = pd.read_parquet(ctx.file("download", "data.parquet"))
     kept, quarantine = clean_pairs(df, ctx.params)
     if kept.empty:
-        raise DataError(f"clean: no pair of {len(df)} is left ({quarantine['reason'].value_counts().to_dict()})")
+        raise DataError(
+            f"clean: no pair of {len(df)} is left ({quarantine['reason'].value_counts().to_dict()})"
+        )
     write_parquet(kept, ctx.out / "data.parquet")
     write_parquet(quarantine, ctx.out / "quarantine.parquet")
     reasons = quarantine["reason"].value_counts().to_dict()
-    metrics = {"rows_in": len(df), "rows_kept": len(kept),
-               "rows_dropped": len(quarantine)} | {f"dropped_{k}": v for k, v in reasons.items()}
-    return BuildOutput(rows=len(kept), metrics=metrics,
-                       tables={"quarantine_sample.json": quarantine.head(1000).astype(str)} if len(quarantine) else {})
+    metrics = {"rows_in": len(df), "rows_kept": len(kept), "rows_dropped": len(quarantine)} | {
+        f"dropped_{k}": v for k, v in reasons.items()
+    }
+    return BuildOutput(
+        rows=len(kept),
+        metrics=metrics,
+        tables={"quarantine_sample.json": quarantine.head(1000).astype(str)}
+        if len(quarantine)
+        else {},
+    )

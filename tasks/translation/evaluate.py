@@ -1,7 +1,8 @@
-"""Stage `evaluate` (task translation): each translator's beam-search translations of the test split scored as the
-field reports them (sacrebleu corpus BLEU and chrF, with their signatures), BLEU per source-length bucket,
-attention heat maps of a few test sentences, and the worst translations by sentence chrF; the best model is
-chosen by validation BLEU."""
+"""Stage `evaluate` (task translation): each translator's beam-search translations of the test split
+scored as the field reports them (sacrebleu corpus BLEU and chrF, with their signatures), BLEU per
+source-length bucket, attention heat maps of a few test sentences, and the worst translations by
+sentence chrF; the best model is chosen by validation BLEU."""
+
 from __future__ import annotations
 
 import json
@@ -23,11 +24,14 @@ BUCKETS = (5, 10, 15, 20)  # source tokens: 1-5, 6-10, 11-15, 16-20, 21+
 
 
 class Params(Section):
-    """The `evaluate` section of a translation pipeline: translators are chosen by validation BLEU."""
+    """The `evaluate` section of a translation pipeline: translators are chosen by validation
+    BLEU."""
 
-    heat_maps: int = Field(4, ge=0)  # test sentences drawn with their attention (models that have it)
+    # test sentences drawn with their attention (models that have it)
+    heat_maps: int = Field(4, ge=0)
     worst: int = Field(50, ge=0)  # rows of the worst-translations table
-    OUTSIDE_KEY = ("champion",)  # how a chosen model is promoted, after the stage: not part of its output
+    # how a chosen model is promoted, after the stage: not part of its output
+    OUTSIDE_KEY = ("champion",)
     champion: ChampionRule = ChampionRule()
 
 
@@ -44,24 +48,42 @@ def bucket_bleu(hyps: list[str], refs: list[str], lengths: list[int], lang: str)
         picked = np.flatnonzero(which == i)
         if len(picked):
             score = corpus_scores([hyps[j] for j in picked], [refs[j] for j in picked], lang)
-            rows.append({"source_tokens": name, "sentences": len(picked), "bleu": score["bleu"], "chrf": score["chrf"]})
+            rows.append(
+                {
+                    "source_tokens": name,
+                    "sentences": len(picked),
+                    "bleu": score["bleu"],
+                    "chrf": score["chrf"],
+                }
+            )
     return pd.DataFrame(rows, columns=["source_tokens", "sentences", "bleu", "chrf"])
 
 
-def worst_translations(frame: pd.DataFrame, src_lang: str, refs: list[str], hyps: list[str], k: int) -> pd.DataFrame:
+def worst_translations(
+    frame: pd.DataFrame, src_lang: str, refs: list[str], hyps: list[str], k: int
+) -> pd.DataFrame:
     """The test sentences with the lowest sentence chrF."""
     from sacrebleu.metrics import CHRF
 
     chrf = CHRF()
     scores = [chrf.sentence_score(h, [r]).score for h, r in zip(hyps, refs)]
-    table = pd.DataFrame({"id": frame["id"].to_numpy(), "source": frame["text" if src_lang == "zh"
-                                                                        else "en"].astype(str).to_numpy(),
-                          "reference": refs, "translation": hyps, "chrf": np.round(scores, 2)})
+    table = pd.DataFrame(
+        {
+            "id": frame["id"].to_numpy(),
+            "source": frame["text" if src_lang == "zh" else "en"].astype(str).to_numpy(),
+            "reference": refs,
+            "translation": hyps,
+            "chrf": np.round(scores, 2),
+        }
+    )
     return table.sort_values(["chrf", "id"], kind="stable").head(k).reset_index(drop=True)
 
 
-def plot_attention(items: list[tuple[list[str], list[str], np.ndarray]], title: str, path: Path) -> Path | None:
-    """Heat maps of attention weights: target tokens (rows) over source tokens (columns), one panel per sentence."""
+def plot_attention(
+    items: list[tuple[list[str], list[str], np.ndarray]], title: str, path: Path
+) -> Path | None:
+    """Heat maps of attention weights: target tokens (rows) over source tokens (columns), one panel
+    per sentence."""
     from tasks.util.plots import save, subplots
 
     items = [it for it in items if it[2] is not None and it[2].size]
@@ -78,13 +100,16 @@ def plot_attention(items: list[tuple[list[str], list[str], np.ndarray]], title: 
 
 
 def build_model(ctx: BuildContext, name: str) -> BuildOutput:
-    """Translate the test split with one model into `evaluation/`: metrics, buckets, heat maps, worst sentences."""
+    """Translate the test split with one model into `evaluation/`: metrics, buckets, heat maps,
+    worst sentences."""
     from tasks.util.plots import require_cjk_font, use_font
 
     p: Params = ctx.params
     summary = ctx.facts["train"].summary
     src_lang, tgt_lang = sides(summary["direction"])
-    test = pd.read_parquet(ctx.file("segment", "test.parquet"), columns=["id", "text", "en", "words", "chars"])
+    test = pd.read_parquet(
+        ctx.file("segment", "test.parquet"), columns=["id", "text", "en", "words", "chars"]
+    )
     translate = MODELS[name].load(ctx.inputs["train"] / name)
     hyps = [t.text for t in translate(test)]
     refs = test["text" if tgt_lang == "zh" else "en"].astype(str).tolist()
@@ -96,40 +121,72 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     buckets.to_csv(folder / "bleu_by_length.csv", index=False)
     worst = worst_translations(test, src_lang, refs, hyps, p.worst)
     worst.to_csv(folder / "worst_translations.csv", index=False)
-    pd.DataFrame({"id": test["id"], "reference": refs, "translation": hyps}).to_csv(folder / "translations.csv",
-                                                                                    index=False)
+    pd.DataFrame({"id": test["id"], "reference": refs, "translation": hyps}).to_csv(
+        folder / "translations.csv", index=False
+    )
     # mid-length sentences read best
     picked = test.iloc[np.argsort([abs(n - 8) for n in lengths], kind="stable")[: p.heat_maps]]
     if p.heat_maps and len(picked):
         use_font(require_cjk_font(None))
         maps = translate(picked, attention=True)
         src_tokens = side_tokens(picked, src_lang, translate.zh_tokens)
-        plot_attention([(s, t.tokens + ["[SEP]"], t.attention) for s, t in zip(src_tokens, maps)],
-                       f"{name}: attention (test sentences)", folder / "attention.png")
-    plot_training_curves(summary.get("history", []), f"{name}: training", folder / "training_curves.png")
+        plot_attention(
+            [(s, t.tokens + ["[SEP]"], t.attention) for s, t in zip(src_tokens, maps)],
+            f"{name}: attention (test sentences)",
+            folder / "attention.png",
+        )
+    plot_training_curves(
+        summary.get("history", []), f"{name}: training", folder / "training_curves.png"
+    )
     metrics = {"test_bleu": scores["bleu"], "test_chrf": scores["chrf"]}
-    metrics |= {f"test_bleu_len_{row.source_tokens.replace('+', 'plus')}": row.bleu for row in buckets.itertuples()}
-    facts = {**metrics, "bleu_signature": scores["bleu_signature"], "chrf_signature": scores["chrf_signature"]}
+    metrics |= {
+        f"test_bleu_len_{row.source_tokens.replace('+', 'plus')}": row.bleu
+        for row in buckets.itertuples()
+    }
+    facts = {
+        **metrics,
+        "bleu_signature": scores["bleu_signature"],
+        "chrf_signature": scores["chrf_signature"],
+    }
     (folder / "metrics.json").write_text(json.dumps(facts, indent=2), encoding="utf-8")
-    return BuildOutput(rows=len(test), metrics=metrics, artifacts=["evaluation"],
-                       tags={"zhpipe.bleu_signature": scores["bleu_signature"],
-                             "zhpipe.chrf_signature": scores["chrf_signature"]},
-                       facts=Facts(labels=[], model=name, results=metrics, summary=summary),
-                       tables={"worst_translations.json": worst.astype(str), "bleu_by_length.json": buckets})
+    return BuildOutput(
+        rows=len(test),
+        metrics=metrics,
+        artifacts=["evaluation"],
+        tags={
+            "zhpipe.bleu_signature": scores["bleu_signature"],
+            "zhpipe.chrf_signature": scores["chrf_signature"],
+        },
+        facts=Facts(labels=[], model=name, results=metrics, summary=summary),
+        tables={"worst_translations.json": worst.astype(str), "bleu_by_length.json": buckets},
+    )
 
 
 def build(ctx: BuildContext) -> BuildOutput:
     """Compare the scored translators: `comparison.csv`; the best is the best by validation BLEU."""
     units = by_model(ctx.facts)
     results = {name: facts.results for name, facts in units.items()}
-    rows = [{"model": name, "val_bleu": units[name].summary["val_bleu"], "test_bleu": r["test_bleu"],
-             "test_chrf": r["test_chrf"],
-             "parameters": units[name].summary.get("parameters"),
-             "train_seconds": round(units[name].summary["seconds"], 1)}
-            for name, r in results.items()]
+    rows = [
+        {
+            "model": name,
+            "val_bleu": units[name].summary["val_bleu"],
+            "test_bleu": r["test_bleu"],
+            "test_chrf": r["test_chrf"],
+            "parameters": units[name].summary.get("parameters"),
+            "train_seconds": round(units[name].summary["seconds"], 1),
+        }
+        for name, r in results.items()
+    ]
     best = write_comparison(ctx.out, rows, "val_bleu", results)
-    return BuildOutput(rows=None, artifacts=["comparison.csv", "comparison.md"],
-                       metrics={f"{m}_{k}": v for m, r in results.items()
-                                for k, v in r.items() if k in ("test_bleu", "test_chrf")}
-                       | {"best_test_bleu": results[best]["test_bleu"]},
-                       facts=Facts(labels=[], results=results, best_model=best))
+    return BuildOutput(
+        rows=None,
+        artifacts=["comparison.csv", "comparison.md"],
+        metrics={
+            f"{m}_{k}": v
+            for m, r in results.items()
+            for k, v in r.items()
+            if k in ("test_bleu", "test_chrf")
+        }
+        | {"best_test_bleu": results[best]["test_bleu"]},
+        facts=Facts(labels=[], results=results, best_model=best),
+    )

@@ -1,8 +1,10 @@
-"""The translators of `task: translation`: `seq2seq` (a GRU encoder-decoder without attention), `seq2seq_attention`
-(the same with Bahdanau attention) and `transformer_mt` (a Transformer encoder-decoder). They read the vocab
-stage's source and target vocabularies, train with teacher forcing and label smoothing through the shared
-loop (per-epoch checkpoints, exact resume, early stopping on validation loss), and translate with beam search.
-A saved translator is `model.pt` (tensors and plain data, loaded with weights_only=True)."""
+"""The translators of `task: translation`: `seq2seq` (a GRU encoder-decoder without attention),
+`seq2seq_attention` (the same with Bahdanau attention) and `transformer_mt` (a Transformer
+encoder-decoder). They read the vocab stage's source and target vocabularies, train with teacher
+forcing and label smoothing through the shared loop (per-epoch checkpoints, exact resume, early
+stopping on validation loss), and translate with beam search. A saved translator is `model.pt`
+(tensors and plain data, loaded with weights_only=True)."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +23,19 @@ from tasks.translation.text import detokenize, side_tokens, sides
 from tasks.util.io import read_vocab
 
 # the `train` section's shared settings a translator reads (its own section has its epochs)
-SHARED = ("direction", "patience", "weight_decay", "warmup_ratio", "grad_clip", "grad_accum", "device", "precision",
-          "seed", "budget", "model_budget")
+SHARED = (
+    "direction",
+    "patience",
+    "weight_decay",
+    "warmup_ratio",
+    "grad_clip",
+    "grad_accum",
+    "device",
+    "precision",
+    "seed",
+    "budget",
+    "model_budget",
+)
 BOS, EOS = "[CLS]", "[SEP]"  # the vocabularies' specials that start and end a target sentence
 
 
@@ -64,7 +77,8 @@ class TransformerParams(DecodeParams):
     label_smoothing: float = Field(0.1, ge=0, lt=1)
     epochs: int = Field(15, ge=1)
     lr: float = 1e-3
-    warmup_ratio: float = Field(0.1, ge=0, lt=1)  # Transformers need a longer warm-up than train.warmup_ratio
+    # Transformers need a longer warm-up than train.warmup_ratio
+    warmup_ratio: float = Field(0.1, ge=0, lt=1)
     train_batch_size: int = Field(128, ge=1)
 
 
@@ -105,11 +119,18 @@ class Vocabs:
     def encode(self, frame: pd.DataFrame, max_len: int, targets: bool = True) -> Pairs:
         src_stoi = {t: i for i, t in enumerate(self.src_itos)}
         tgt_stoi = {t: i for i, t in enumerate(self.tgt_itos)}
-        src = [[src_stoi.get(t, 1) for t in row[:max_len]] or [1]
-               for row in side_tokens(frame, self.src_lang, self.zh_tokens)]
-        tgt = ([[self.bos, *(tgt_stoi.get(t, 1) for t in row[: max_len - 1]), self.eos]
-                for row in side_tokens(frame, self.tgt_lang, self.zh_tokens)]
-               if targets else [])
+        src = [
+            [src_stoi.get(t, 1) for t in row[:max_len]] or [1]
+            for row in side_tokens(frame, self.src_lang, self.zh_tokens)
+        ]
+        tgt = (
+            [
+                [self.bos, *(tgt_stoi.get(t, 1) for t in row[: max_len - 1]), self.eos]
+                for row in side_tokens(frame, self.tgt_lang, self.zh_tokens)
+            ]
+            if targets
+            else []
+        )
         return Pairs(src, tgt)
 
     def text(self, ids: list[int]) -> str:
@@ -118,21 +139,45 @@ class Vocabs:
 
 def build_network(name: str, section: Any, vocabs: Vocabs):
     """The network and its config dataclass for a model name and its section."""
-    from tasks.translation.seq2seq_nets import GRUSeq2Seq, Seq2SeqConfig, TransformerMT, TransformerMTConfig
+    from tasks.translation.seq2seq_nets import (
+        GRUSeq2Seq,
+        Seq2SeqConfig,
+        TransformerMT,
+        TransformerMTConfig,
+    )
 
     if name == "transformer_mt":
-        config = TransformerMTConfig(len(vocabs.src_itos), len(vocabs.tgt_itos), section.d_model, section.num_heads,
-                                     section.num_encoder_layers,
-                                     section.num_decoder_layers, section.ff_dim, section.dropout,
-                                     max_len=section.max_len + 2)
+        config = TransformerMTConfig(
+            len(vocabs.src_itos),
+            len(vocabs.tgt_itos),
+            section.d_model,
+            section.num_heads,
+            section.num_encoder_layers,
+            section.num_decoder_layers,
+            section.ff_dim,
+            section.dropout,
+            max_len=section.max_len + 2,
+        )
         return TransformerMT(config), config
-    config = Seq2SeqConfig(len(vocabs.src_itos), len(vocabs.tgt_itos), section.embed_dim, section.hidden_size,
-                           section.num_layers, section.dropout, attention=name != "seq2seq")
+    config = Seq2SeqConfig(
+        len(vocabs.src_itos),
+        len(vocabs.tgt_itos),
+        section.embed_dim,
+        section.hidden_size,
+        section.num_layers,
+        section.dropout,
+        attention=name != "seq2seq",
+    )
     return GRUSeq2Seq(config), config
 
 
 def load_network(saved: dict):
-    from tasks.translation.seq2seq_nets import GRUSeq2Seq, Seq2SeqConfig, TransformerMT, TransformerMTConfig
+    from tasks.translation.seq2seq_nets import (
+        GRUSeq2Seq,
+        Seq2SeqConfig,
+        TransformerMT,
+        TransformerMTConfig,
+    )
 
     if saved["network"] == "transformer":
         model = TransformerMT(TransformerMTConfig(**saved["config"]))
@@ -148,15 +193,22 @@ def pair_batches(pairs: Pairs, batch_size: int, rng: np.random.Generator | None 
 
     for chunk in length_buckets(pairs.src, batch_size, rng):
         tgt = pad(pairs.tgt, chunk)
-        yield len(chunk), {"src": pad(pairs.src, chunk), "tgt_in": tgt[:, :-1], "tgt_out": tgt[:, 1:]}
+        yield (
+            len(chunk),
+            {"src": pad(pairs.src, chunk), "tgt_in": tgt[:, :-1], "tgt_out": tgt[:, 1:]},
+        )
 
 
 def sequence_loss(model, batch: dict, label_smoothing: float = 0.0):
     import torch.nn.functional as F
 
     logits = model(batch["src"], batch["tgt_in"])
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), batch["tgt_out"].reshape(-1), ignore_index=0,
-                           label_smoothing=label_smoothing)
+    return F.cross_entropy(
+        logits.reshape(-1, logits.size(-1)).float(),
+        batch["tgt_out"].reshape(-1),
+        ignore_index=0,
+        label_smoothing=label_smoothing,
+    )
 
 
 def mean_loss(model, pairs: Pairs, batch_size: int = 128) -> float:
@@ -168,14 +220,19 @@ def mean_loss(model, pairs: Pairs, batch_size: int = 128) -> float:
     for _, batch in pair_batches(pairs, batch_size):
         batch = {k: v.to(device) for k, v in batch.items()}
         logits = model(batch["src"], batch["tgt_in"]).float()
-        total += F.cross_entropy(logits.reshape(-1, logits.size(-1)), batch["tgt_out"].reshape(-1), ignore_index=0,
-                                 reduction="sum").item()
+        total += F.cross_entropy(
+            logits.reshape(-1, logits.size(-1)),
+            batch["tgt_out"].reshape(-1),
+            ignore_index=0,
+            reduction="sum",
+        ).item()
         count += (batch["tgt_out"] != 0).sum().item()
     return total / max(count, 1)
 
 
-def translate_ids(model, src: list[list[int]], bos: int, eos: int, decode: DecodeParams,
-                  beam: int | None = None) -> list[list[int]]:
+def translate_ids(
+    model, src: list[list[int]], bos: int, eos: int, decode: DecodeParams, beam: int | None = None
+) -> list[list[int]]:
     """Target ids per source (in the given order), decoded in length-sorted batches."""
     import torch
 
@@ -191,15 +248,19 @@ def translate_ids(model, src: list[list[int]], bos: int, eos: int, decode: Decod
             chunk = order[i : i + decode.batch_size]
             x = pad(src, chunk).to(device)
             limit = min(decode.max_len, int(x.size(1) * 2 + 10))
-            rows = greedy(model, x, bos, eos, limit)[0] if beam == 1 else beam_search(model, x, bos, eos, limit, beam,
-                                                                                      decode.length_penalty)
+            rows = (
+                greedy(model, x, bos, eos, limit)[0]
+                if beam == 1
+                else beam_search(model, x, bos, eos, limit, beam, decode.length_penalty)
+            )
             for j, row in zip(chunk, rows):
                 out[j] = row
     return out
 
 
 def train_translator(inputs: TrainInputs) -> dict:
-    """Fit one translator on the train pairs; save `<name>/model.pt`; summary with validation BLEU (beam search)."""
+    """Fit one translator on the train pairs; save `<name>/model.pt`; summary with validation BLEU
+    (beam search)."""
     import torch
 
     from tasks.models.devices import seed_everything
@@ -208,46 +269,83 @@ def train_translator(inputs: TrainInputs) -> dict:
     p = inputs.section
     params = inputs.params
     vocabs = Vocabs(inputs.vocab, params.direction)
-    train, validation = vocabs.encode(inputs.train, p.max_len), vocabs.encode(inputs.validation, p.max_len)
+    train, validation = (
+        vocabs.encode(inputs.train, p.max_len),
+        vocabs.encode(inputs.validation, p.max_len),
+    )
     seed_everything(params.seed)
     model, config = build_network(inputs.name, p, vocabs)
-    task = Task(lambda rng: pair_batches(train, p.train_batch_size, rng),
-                steps_per_epoch=-(-len(train.src) // p.train_batch_size),
-                loss=lambda m, b: sequence_loss(m, b, p.label_smoothing),
-                validate=lambda m: {"val_loss": mean_loss(m, validation)})
+    task = Task(
+        lambda rng: pair_batches(train, p.train_batch_size, rng),
+        steps_per_epoch=-(-len(train.src) // p.train_batch_size),
+        loss=lambda m, b: sequence_loss(m, b, p.label_smoothing),
+        validate=lambda m: {"val_loss": mean_loss(m, validation)},
+    )
     overrides = {"epochs": p.epochs, "monitor": "val_loss", "mode": "min"}
     if hasattr(p, "warmup_ratio"):
         overrides["warmup_ratio"] = p.warmup_ratio
-    result = fit(inputs.name, model, task, LoopConfig.from_train(params, lr=p.lr, **overrides), inputs.scratch,
-                 inputs.sink)
+    result = fit(
+        inputs.name,
+        model,
+        task,
+        LoopConfig.from_train(params, lr=p.lr, **overrides),
+        inputs.scratch,
+        inputs.sink,
+    )
     folder = inputs.out / inputs.name
     folder.mkdir()
-    saved = {"network": "transformer" if inputs.name == "transformer_mt" else "gru", "config": asdict(config),
-             "state_dict": model.state_dict(),
-             "direction": vocabs.direction, "zh_tokens": vocabs.zh_tokens, "src_vocab": vocabs.src_itos,
-             "tgt_vocab": vocabs.tgt_itos,
-             "decode": DecodeParams(**p.model_dump(include=set(DecodeParams.model_fields))).model_dump()}
+    saved = {
+        "network": "transformer" if inputs.name == "transformer_mt" else "gru",
+        "config": asdict(config),
+        "state_dict": model.state_dict(),
+        "direction": vocabs.direction,
+        "zh_tokens": vocabs.zh_tokens,
+        "src_vocab": vocabs.src_itos,
+        "tgt_vocab": vocabs.tgt_itos,
+        "decode": DecodeParams(**p.model_dump(include=set(DecodeParams.model_fields))).model_dump(),
+    }
     torch.save(saved, folder / "model.pt")
-    hypotheses = [vocabs.text(ids) for ids in translate_ids(model, validation.src, vocabs.bos, vocabs.eos, p)]
-    references = inputs.validation[vocabs.tgt_lang if vocabs.tgt_lang == "en" else "text"].astype(str).tolist()
+    hypotheses = [
+        vocabs.text(ids) for ids in translate_ids(model, validation.src, vocabs.bos, vocabs.eos, p)
+    ]
+    references = (
+        inputs.validation[vocabs.tgt_lang if vocabs.tgt_lang == "en" else "text"]
+        .astype(str)
+        .tolist()
+    )
     scores = corpus_scores(hypotheses, references, vocabs.tgt_lang)
     best = result.history[result.best_epoch - 1]
-    return {"path": inputs.name, "kind": "translator", "seconds": result.seconds, "history": result.history,
-            "best_epoch": result.best_epoch,
-            "resumed_from_epoch": result.resumed_from_epoch, "device": result.device, "precision": result.precision,
-            "samples_per_second": result.samples_per_second, "parameters": sum(w.numel() for w in model.parameters()),
-            "val_loss": best["val_loss"],
-            "val_bleu": scores["bleu"], "val_chrf": scores["chrf"], "direction": vocabs.direction}
+    return {
+        "path": inputs.name,
+        "kind": "translator",
+        "seconds": result.seconds,
+        "history": result.history,
+        "best_epoch": result.best_epoch,
+        "resumed_from_epoch": result.resumed_from_epoch,
+        "device": result.device,
+        "precision": result.precision,
+        "samples_per_second": result.samples_per_second,
+        "parameters": sum(w.numel() for w in model.parameters()),
+        "val_loss": best["val_loss"],
+        "val_bleu": scores["bleu"],
+        "val_chrf": scores["chrf"],
+        "direction": vocabs.direction,
+    }
 
 
 def corpus_scores(hypotheses: list[str], references: list[str], lang: str) -> dict[str, Any]:
-    """sacrebleu's corpus BLEU (its `zh` tokenizer for Chinese, `13a` otherwise) and chrF, with their signatures."""
+    """sacrebleu's corpus BLEU (its `zh` tokenizer for Chinese, `13a` otherwise) and chrF, with
+    their signatures."""
     from sacrebleu.metrics import BLEU, CHRF
 
     bleu, chrf = BLEU(tokenize="zh" if lang == "zh" else "13a"), CHRF()
     b, c = bleu.corpus_score(hypotheses, [references]), chrf.corpus_score(hypotheses, [references])
-    return {"bleu": float(b.score), "chrf": float(c.score), "bleu_signature": str(bleu.get_signature()),
-            "chrf_signature": str(chrf.get_signature())}
+    return {
+        "bleu": float(b.score),
+        "chrf": float(c.score),
+        "bleu_signature": str(bleu.get_signature()),
+        "chrf_signature": str(chrf.get_signature()),
+    }
 
 
 @dataclass
@@ -261,7 +359,8 @@ TranslatorFn = Callable[..., list[Translation]]
 
 
 def load_translator(folder: Path, device: str = "auto") -> TranslatorFn:
-    """A saved translator -> fn(frame with the source side's columns, beam=None, attention=False) -> translations."""
+    """A saved translator -> fn(frame with the source side's columns, beam=None, attention=False) ->
+    translations."""
     import torch
 
     from tasks.models.batching import pad
@@ -273,7 +372,9 @@ def load_translator(folder: Path, device: str = "auto") -> TranslatorFn:
     decode = DecodeParams(**saved["decode"])
     model = load_network(saved).to(resolve_device(device))
 
-    def translate(frame: pd.DataFrame, beam: int | None = None, attention: bool = False) -> list[Translation]:
+    def translate(
+        frame: pd.DataFrame, beam: int | None = None, attention: bool = False
+    ) -> list[Translation]:
         src = vocabs.encode(frame, decode.max_len, targets=False).src
         if not attention:
             ids = translate_ids(model, src, vocabs.bos, vocabs.eos, decode, beam)
@@ -284,29 +385,63 @@ def load_translator(folder: Path, device: str = "auto") -> TranslatorFn:
         try:
             with torch.no_grad():
                 for row in src:  # one at a time: every map keeps its own length
-                    ids, maps = greedy(model, pad([row], np.array([0])).to(next(model.parameters()).device), vocabs.bos,
-                                       vocabs.eos, decode.max_len, attention=True)
-                    out.append(Translation(vocabs.text(ids[0]), [vocabs.tgt_itos[i] for i in ids[0]],
-                                           maps[0] if maps else None))
+                    ids, maps = greedy(
+                        model,
+                        pad([row], np.array([0])).to(next(model.parameters()).device),
+                        vocabs.bos,
+                        vocabs.eos,
+                        decode.max_len,
+                        attention=True,
+                    )
+                    out.append(
+                        Translation(
+                            vocabs.text(ids[0]),
+                            [vocabs.tgt_itos[i] for i in ids[0]],
+                            maps[0] if maps else None,
+                        )
+                    )
         finally:
             if hasattr(model, "record_attention"):
                 model.record_attention(False)
         return out
 
-    translate.direction, translate.zh_tokens, translate.src_vocab = vocabs.direction, vocabs.zh_tokens, vocabs.src_itos
+    translate.direction, translate.zh_tokens, translate.src_vocab = (
+        vocabs.direction,
+        vocabs.zh_tokens,
+        vocabs.src_itos,
+    )
     return translate
 
 
-SEQ2SEQ = ModelSpec("seq2seq", GRUParams, train_translator, load=load_translator, task="translation",
-                    shared=SHARED, races=True,
-                    about="GRU encoder-decoder, no attention: the decoder sees the encoder's summary vector only")
-SEQ2SEQ_ATTENTION = ModelSpec("seq2seq_attention", AttentionParams, train_translator, load=load_translator,
-                              task="translation",
-                              shared=SHARED, races=True,
-                              about="GRU encoder-decoder with Bahdanau (additive) attention over the encoder's states")
-TRANSFORMER_MT = ModelSpec("transformer_mt", TransformerParams, train_translator, load=load_translator,
-                           task="translation",
-                           shared=SHARED, races=True, about="Transformer encoder-decoder, sinusoidal positions, label "
-                           "smoothing, beam search")
+SEQ2SEQ = ModelSpec(
+    "seq2seq",
+    GRUParams,
+    train_translator,
+    load=load_translator,
+    task="translation",
+    shared=SHARED,
+    races=True,
+    about="GRU encoder-decoder, no attention: the decoder sees the encoder's summary vector only",
+)
+SEQ2SEQ_ATTENTION = ModelSpec(
+    "seq2seq_attention",
+    AttentionParams,
+    train_translator,
+    load=load_translator,
+    task="translation",
+    shared=SHARED,
+    races=True,
+    about="GRU encoder-decoder with Bahdanau (additive) attention over the encoder's states",
+)
+TRANSFORMER_MT = ModelSpec(
+    "transformer_mt",
+    TransformerParams,
+    train_translator,
+    load=load_translator,
+    task="translation",
+    shared=SHARED,
+    races=True,
+    about="Transformer encoder-decoder, sinusoidal positions, label smoothing, beam search",
+)
 SPECS = (SEQ2SEQ, SEQ2SEQ_ATTENTION, TRANSFORMER_MT)  # what the kind registers (`TaskKind.models`)
 MODELS = {spec.name: spec for spec in SPECS}

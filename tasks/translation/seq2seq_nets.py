@@ -1,13 +1,15 @@
-"""Sequence-to-sequence networks (no I/O): a GRU encoder-decoder without attention (Cho et al., 2014), the same
-with Bahdanau attention (Bahdanau et al., 2015), and a Transformer encoder-decoder (Vaswani et al., 2017); and
-the decoding both share, greedy and beam search.
+"""Sequence-to-sequence networks (no I/O): a GRU encoder-decoder without attention (Cho et al.,
+2014), the same with Bahdanau attention (Bahdanau et al., 2015), and a Transformer encoder-decoder
+(Vaswani et al., 2017); and the decoding both share, greedy and beam search.
 
 Every network has the same decoding interface, so one search serves all three:
 - `encode(src) -> Memory`: what the decoder reads (encoder states, the source padding mask, ...);
-- `step(memory, prefix, cache) -> (log-probabilities of the next token, cache, attention over the source)`;
-- `forward(src, tgt_in) -> logits` for teacher-forced training (every target position at once where it can).
-Id 0 is padding on both sides; `prefix` starts with the target's BOS id.
+- `step(memory, prefix, cache) -> (log-probabilities of the next token, cache, attention over the
+  source)`;
+- `forward(src, tgt_in) -> logits` for teacher-forced training (every target position at once where
+  it can). Id 0 is padding on both sides; `prefix` starts with the target's BOS id.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,7 +29,8 @@ class Seq2SeqConfig:
     src_vocab: int
     tgt_vocab: int
     embed_dim: int = 256
-    hidden_size: int = 256  # the decoder's; the bidirectional encoder has hidden_size // 2 per direction
+    # the decoder's; the bidirectional encoder has hidden_size // 2 per direction
+    hidden_size: int = 256
     num_layers: int = 1
     dropout: float = 0.2
     attention: bool = True  # Bahdanau attention; False = the encoder's summary vector only
@@ -37,15 +40,20 @@ class Seq2SeqConfig:
 class Memory:
     states: torch.Tensor  # (batch, source, hidden) encoder outputs
     mask: torch.Tensor  # (batch, source) True at real tokens
-    summary: torch.Tensor  # (batch, hidden) the encoder's final states, projected: the context without attention
+    # (batch, hidden) the encoder's final states, projected: the context without attention
+    summary: torch.Tensor
 
     def repeat(self, k: int) -> Memory:
-        return Memory(self.states.repeat_interleave(k, 0), self.mask.repeat_interleave(k, 0),
-                      self.summary.repeat_interleave(k, 0))
+        return Memory(
+            self.states.repeat_interleave(k, 0),
+            self.mask.repeat_interleave(k, 0),
+            self.summary.repeat_interleave(k, 0),
+        )
 
 
 class BahdanauAttention(nn.Module):
-    """Additive attention: score(s, h_j) = v^T tanh(W_s s + W_h h_j); padding positions get no weight."""
+    """Additive attention: score(s, h_j) = v^T tanh(W_s s + W_h h_j); padding positions get no
+    weight."""
 
     def __init__(self, hidden: int):
         super().__init__()
@@ -53,41 +61,56 @@ class BahdanauAttention(nn.Module):
         self.key = nn.Linear(hidden, hidden)
         self.v = nn.Linear(hidden, 1, bias=False)
 
-    def forward(self, query: torch.Tensor, keys: torch.Tensor, states: torch.Tensor, mask: torch.Tensor):
-        """query (batch, hidden); keys = self.key(states), precomputed once per sentence -> (context, weights)."""
-        scores = self.v(torch.tanh(self.query(query).unsqueeze(1) + keys)).squeeze(2)  # (batch, source)
+    def forward(
+        self, query: torch.Tensor, keys: torch.Tensor, states: torch.Tensor, mask: torch.Tensor
+    ):
+        """query (batch, hidden); keys = self.key(states), precomputed once per sentence ->
+        (context, weights)."""
+        # (batch, source)
+        scores = self.v(torch.tanh(self.query(query).unsqueeze(1) + keys)).squeeze(2)
         weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=1)
         return torch.bmm(weights.unsqueeze(1), states).squeeze(1), weights
 
 
 class GRUSeq2Seq(nn.Module):
-    """Bidirectional GRU encoder; a GRU decoder fed with the previous token and a context vector: the encoder's
-    summary (no attention) or an attention-weighted sum of its states recomputed at every step."""
+    """Bidirectional GRU encoder; a GRU decoder fed with the previous token and a context vector:
+    the encoder's summary (no attention) or an attention-weighted sum of its states recomputed at
+    every step."""
 
     def __init__(self, config: Seq2SeqConfig):
         super().__init__()
         self.config = config
         h, e = config.hidden_size, config.embed_dim
         if h % 2:
-            raise ValueError("hidden_size must be even (two encoder directions of hidden_size // 2)")
+            raise ValueError(
+                "hidden_size must be even (two encoder directions of hidden_size // 2)"
+            )
         self.src_embedding = nn.Embedding(config.src_vocab, e, padding_idx=PAD)
         self.tgt_embedding = nn.Embedding(config.tgt_vocab, e, padding_idx=PAD)
         drop = config.dropout if config.num_layers > 1 else 0.0
-        self.encoder = nn.GRU(e, h // 2, config.num_layers, batch_first=True, bidirectional=True, dropout=drop)
-        self.bridge = nn.Linear(h, h)  # the encoder's last states (both directions) -> the decoder's first state
+        self.encoder = nn.GRU(
+            e, h // 2, config.num_layers, batch_first=True, bidirectional=True, dropout=drop
+        )
+        # the encoder's last states (both directions) -> the decoder's first state
+        self.bridge = nn.Linear(h, h)
         self.decoder = nn.GRU(e + h, h, config.num_layers, batch_first=True, dropout=drop)
         self.attention = BahdanauAttention(h) if config.attention else None
         self.dropout = nn.Dropout(config.dropout)
-        self.out = nn.Linear(h + h + e, config.tgt_vocab)  # [decoder state; context; previous token]
+        # [decoder state; context; previous token]
+        self.out = nn.Linear(h + h + e, config.tgt_vocab)
 
     def encode(self, src: torch.Tensor) -> Memory:
         mask = src != PAD
         lengths = mask.sum(1).clamp(min=1).cpu()
-        packed = nn.utils.rnn.pack_padded_sequence(self.dropout(self.src_embedding(src)), lengths, batch_first=True,
-                                                   enforce_sorted=False)
+        packed = nn.utils.rnn.pack_padded_sequence(
+            self.dropout(self.src_embedding(src)), lengths, batch_first=True, enforce_sorted=False
+        )
         outputs, last = self.encoder(packed)
-        states, _ = nn.utils.rnn.pad_packed_sequence(outputs, batch_first=True, total_length=src.size(1))
-        summary = torch.tanh(self.bridge(torch.cat([last[-2], last[-1]], dim=1)))  # top layer, both directions
+        states, _ = nn.utils.rnn.pad_packed_sequence(
+            outputs, batch_first=True, total_length=src.size(1)
+        )
+        # top layer, both directions
+        summary = torch.tanh(self.bridge(torch.cat([last[-2], last[-1]], dim=1)))
         return Memory(states, mask, summary)
 
     def _start(self, memory: Memory) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -95,8 +118,11 @@ class GRUSeq2Seq(nn.Module):
         keys = self.attention.key(memory.states) if self.attention is not None else None
         return hidden, keys
 
-    def _step(self, memory: Memory, token: torch.Tensor, hidden: torch.Tensor, keys: torch.Tensor | None):
-        """One decoder step from the previous token -> (logits, new hidden, attention weights or None)."""
+    def _step(
+        self, memory: Memory, token: torch.Tensor, hidden: torch.Tensor, keys: torch.Tensor | None
+    ):
+        """One decoder step from the previous token -> (logits, new hidden, attention weights or
+        None)."""
         emb = self.dropout(self.tgt_embedding(token))  # (batch, embed)
         if self.attention is not None:
             context, weights = self.attention(hidden[-1], keys, memory.states, memory.mask)
@@ -107,10 +133,12 @@ class GRUSeq2Seq(nn.Module):
         return logits, hidden, weights
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
-        """Teacher forcing: the gold previous token at every step -> logits (batch, target, vocab)."""
+        """Teacher forcing: the gold previous token at every step -> logits (batch, target,
+        vocab)."""
         memory = self.encode(src)
         hidden, keys = self._start(memory)
-        if self.attention is None:  # the context is the same at every step: one GRU call over the whole target
+        # the context is the same at every step: one GRU call over the whole target
+        if self.attention is None:
             emb = self.dropout(self.tgt_embedding(tgt_in))
             context = memory.summary.unsqueeze(1).expand(-1, tgt_in.size(1), -1)
             output, _ = self.decoder(torch.cat([emb, context], dim=2), hidden)
@@ -149,8 +177,8 @@ class TransformerMTConfig:
 
 
 class TransformerMT(nn.Module):
-    """A Transformer encoder-decoder: token embeddings scaled by sqrt(d_model) plus sinusoidal positions,
-    pre-norm layers, padding masks on both sides and a causal mask on the target."""
+    """A Transformer encoder-decoder: token embeddings scaled by sqrt(d_model) plus sinusoidal
+    positions, pre-norm layers, padding masks on both sides and a causal mask on the target."""
 
     def __init__(self, config: TransformerMTConfig):
         super().__init__()
@@ -159,13 +187,24 @@ class TransformerMT(nn.Module):
         self.src_embedding = nn.Embedding(config.src_vocab, d, padding_idx=PAD)
         self.tgt_embedding = nn.Embedding(config.tgt_vocab, d, padding_idx=PAD)
         self.register_buffer("positions", sinusoidal_positions(config.max_len, d), persistent=False)
-        layer = nn.TransformerEncoderLayer(d, config.num_heads, config.ff_dim, config.dropout, batch_first=True,
-                                           norm_first=True)
+        layer = nn.TransformerEncoderLayer(
+            d, config.num_heads, config.ff_dim, config.dropout, batch_first=True, norm_first=True
+        )
         # nested tensors do not apply to pre-norm layers: asked for, they only warn
-        encoder = nn.TransformerEncoder(layer, config.num_encoder_layers, nn.LayerNorm(d), enable_nested_tensor=False)
-        self.transformer = nn.Transformer(d, config.num_heads, config.num_encoder_layers, config.num_decoder_layers,
-                                          config.ff_dim,
-                                          config.dropout, custom_encoder=encoder, batch_first=True, norm_first=True)
+        encoder = nn.TransformerEncoder(
+            layer, config.num_encoder_layers, nn.LayerNorm(d), enable_nested_tensor=False
+        )
+        self.transformer = nn.Transformer(
+            d,
+            config.num_heads,
+            config.num_encoder_layers,
+            config.num_decoder_layers,
+            config.ff_dim,
+            config.dropout,
+            custom_encoder=encoder,
+            batch_first=True,
+            norm_first=True,
+        )
         self.dropout = nn.Dropout(config.dropout)
         self.out = nn.Linear(d, config.tgt_vocab, bias=False)
         # N(0, 1/d): times sqrt(d), unit variance (Vaswani et al.)
@@ -173,32 +212,47 @@ class TransformerMT(nn.Module):
             nn.init.normal_(embedding.weight, std=d**-0.5)
             with torch.no_grad():
                 embedding.weight[PAD].zero_()
-        if config.tie_embeddings:  # the output layer is the target embedding: logits start small, not ~sqrt(d)
+        # the output layer is the target embedding: logits start small, not ~sqrt(d)
+        if config.tie_embeddings:
             self.out.weight = self.tgt_embedding.weight
         self._attention: list[torch.Tensor] | None = None  # filled while attention is recorded
 
     def _embed(self, layer: nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
         if ids.size(1) > self.config.max_len:
-            raise ValueError(f"{ids.size(1)} tokens; the model has {self.config.max_len} positions (max_len)")
-        return self.dropout(layer(ids) * math.sqrt(self.config.d_model) + self.positions[: ids.size(1)])
+            raise ValueError(
+                f"{ids.size(1)} tokens; the model has {self.config.max_len} positions (max_len)"
+            )
+        return self.dropout(
+            layer(ids) * math.sqrt(self.config.d_model) + self.positions[: ids.size(1)]
+        )
 
     def encode(self, src: torch.Tensor) -> Memory:
         mask = src != PAD
-        states = self.transformer.encoder(self._embed(self.src_embedding, src), src_key_padding_mask=~mask)
+        states = self.transformer.encoder(
+            self._embed(self.src_embedding, src), src_key_padding_mask=~mask
+        )
         return Memory(states, mask, states[:, 0])
 
     def _decode(self, memory: Memory, tgt_in: torch.Tensor) -> torch.Tensor:
-        causal = nn.Transformer.generate_square_subsequent_mask(tgt_in.size(1), device=tgt_in.device, dtype=torch.bool)
-        hidden = self.transformer.decoder(self._embed(self.tgt_embedding, tgt_in), memory.states, tgt_mask=causal,
-                                          tgt_is_causal=True,
-                                          tgt_key_padding_mask=tgt_in == PAD, memory_key_padding_mask=~memory.mask)
+        causal = nn.Transformer.generate_square_subsequent_mask(
+            tgt_in.size(1), device=tgt_in.device, dtype=torch.bool
+        )
+        hidden = self.transformer.decoder(
+            self._embed(self.tgt_embedding, tgt_in),
+            memory.states,
+            tgt_mask=causal,
+            tgt_is_causal=True,
+            tgt_key_padding_mask=tgt_in == PAD,
+            memory_key_padding_mask=~memory.mask,
+        )
         return self.out(hidden)
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         return self._decode(self.encode(src), tgt_in)
 
     def step(self, memory: Memory, prefix: torch.Tensor, cache):
-        """The whole prefix is decoded again (sentences are short; no key-value cache to reorder)."""
+        """The whole prefix is decoded again (sentences are short; no key-value cache to
+        reorder)."""
         logits = self._decode(memory, prefix)[:, -1]
         weights = self._attention.pop() if self._attention else None
         return F.log_softmax(logits.float(), dim=-1), None, weights
@@ -208,8 +262,8 @@ class TransformerMT(nn.Module):
         return None
 
     def record_attention(self, on: bool) -> None:
-        """Keep the last decoder layer's cross-attention (averaged over heads) of each step's newest position,
-        for the heat maps; off, the layer runs its fast path."""
+        """Keep the last decoder layer's cross-attention (averaged over heads) of each step's newest
+        position, for the heat maps; off, the layer runs its fast path."""
         layer = self.transformer.decoder.layers[-1].multihead_attn
         if not on:
             layer.__dict__.pop("forward", None)  # the class's forward again
@@ -235,8 +289,11 @@ def _next(model: nn.Module, memory: Memory, prefix: torch.Tensor, cache, bos: in
     return logp, cache, weights
 
 
-def greedy(model: nn.Module, src: torch.Tensor, bos: int, eos: int, max_len: int, attention: bool = False):
-    """The most likely next token at every step -> (token ids per row without BOS/EOS, attention per row or None)."""
+def greedy(
+    model: nn.Module, src: torch.Tensor, bos: int, eos: int, max_len: int, attention: bool = False
+):
+    """The most likely next token at every step -> (token ids per row without BOS/EOS, attention per
+    row or None)."""
     memory = model.encode(src)
     prefix = torch.full((src.size(0), 1), bos, dtype=torch.long, device=src.device)
     done = torch.zeros(src.size(0), dtype=torch.bool, device=src.device)
@@ -254,15 +311,24 @@ def greedy(model: nn.Module, src: torch.Tensor, bos: int, eos: int, max_len: int
     if not attention or not maps:
         return rows, None
     stacked = torch.stack(maps, dim=1)  # (batch, steps, source)
-    return rows, [stacked[i, : len(r) + 1, : int(memory.mask[i].sum())].detach().cpu().numpy()
-                  for i, r in enumerate(rows)]
+    return rows, [
+        stacked[i, : len(r) + 1, : int(memory.mask[i].sum())].detach().cpu().numpy()
+        for i, r in enumerate(rows)
+    ]
 
 
-def beam_search(model: nn.Module, src: torch.Tensor, bos: int, eos: int, max_len: int, beam: int = 4,
-                length_penalty: float = 1.0) -> list[list[int]]:
-    """Beam search over the batch at once (batch x beam hypotheses); a finished hypothesis stays as it is. The
-    best hypothesis per row by log-probability / length^length_penalty, as token ids without BOS/EOS. At beam
-    1 it is greedy search exactly."""
+def beam_search(
+    model: nn.Module,
+    src: torch.Tensor,
+    bos: int,
+    eos: int,
+    max_len: int,
+    beam: int = 4,
+    length_penalty: float = 1.0,
+) -> list[list[int]]:
+    """Beam search over the batch at once (batch x beam hypotheses); a finished hypothesis stays as
+    it is. The best hypothesis per row by log-probability / length^length_penalty, as token ids
+    without BOS/EOS. At beam 1 it is greedy search exactly."""
     batch = src.size(0)
     memory = model.encode(src).repeat(beam)
     prefix = torch.full((batch * beam, 1), bos, dtype=torch.long, device=src.device)

@@ -1,6 +1,8 @@
-"""Serving a translator (task translation): raw text of the source language in, cleaned as the pipeline cleaned that
-side (and segmented, for a Chinese source); `translation` and `status` per text out. A served translator's outcomes
-on a test split are each sentence's BLEU statistics (sacrebleu). What each name is: tasks/serving.py."""
+"""Serving a translator (task translation): raw text of the source language in, cleaned as the
+pipeline cleaned that side (and segmented, for a Chinese source); `translation` and `status` per
+text out. A served translator's outcomes on a test split are each sentence's BLEU statistics
+(sacrebleu). What each name is: tasks/serving.py."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -14,15 +16,21 @@ from tasks.serving import Shown, checked, limits, segmenter_of, status
 
 
 def settings(config, labels: list[str]) -> dict:
-    return {"clean": config.section("clean").model_dump(mode="json"),
-            "segment": config.section("segment").segmenter().model_dump(mode="json")}
+    return {
+        "clean": config.section("clean").model_dump(mode="json"),
+        "segment": config.section("segment").segmenter().model_dump(mode="json"),
+    }
 
 
 def example(model: Path) -> list[str]:
     import torch
 
     direction = torch.load(model / "model.pt", map_location="cpu", weights_only=True)["direction"]
-    return ["我们明天去北京。", "你好。"] if direction.startswith("zh") else ["We are going to Beijing tomorrow.", "Hello."]
+    return (
+        ["我们明天去北京。", "你好。"]
+        if direction.startswith("zh")
+        else ["We are going to Beijing tomorrow.", "Hello."]
+    )
 
 
 class Served:
@@ -51,15 +59,21 @@ class Served:
         out: list[str | None] = [None] * len(texts)
         if usable:
             picked = [texts[i] for i in usable]
-            frame = pd.DataFrame({"text": picked,
-                                  **self.segmenter.rows(picked)}) if self.segmenter else pd.DataFrame({"en": picked})
+            frame = (
+                pd.DataFrame({"text": picked, **self.segmenter.rows(picked)})
+                if self.segmenter
+                else pd.DataFrame({"en": picked})
+            )
             for i, t in zip(usable, self.translator(frame)):
                 out[i] = t.text
         return pd.DataFrame({"translation": pd.Series(out, dtype="string"), "status": statuses})
 
 
-def outcomes(served: Served, ask: Callable[[list[str]], pd.DataFrame], test: pd.DataFrame, metric: str):
-    """Each sentence's sacrebleu statistics against its reference; slices: the source's length bucket."""
+def outcomes(
+    served: Served, ask: Callable[[list[str]], pd.DataFrame], test: pd.DataFrame, metric: str
+):
+    """Each sentence's sacrebleu statistics against its reference; slices: the source's length
+    bucket."""
     from sacrebleu.metrics import BLEU
 
     from tasks.translation.text import sides
@@ -70,9 +84,16 @@ def outcomes(served: Served, ask: Callable[[list[str]], pd.DataFrame], test: pd.
     hypotheses = ask(texts)["translation"].fillna("").astype(str).tolist()
     refs = test["text" if target == "zh" else "en"].astype(str).tolist()
     tokenize = "zh" if target == "zh" else "13a"
-    stats = np.array(BLEU(tokenize=tokenize)._extract_corpus_statistics(hypotheses, [refs]), dtype=np.int64)
-    return Outcomes("bleu", metric, {"stats": stats}, {"length": length_buckets(texts)}, tokenize=tokenize)
+    stats = np.array(
+        BLEU(tokenize=tokenize)._extract_corpus_statistics(hypotheses, [refs]), dtype=np.int64
+    )
+    return Outcomes(
+        "bleu", metric, {"stats": stats}, {"length": length_buckets(texts)}, tokenize=tokenize
+    )
 
 
-SHOWN = Shown("translation", ("translation",), found=lambda out: f"translations: "
-              f"{int(out['translation'].notna().sum())}")
+SHOWN = Shown(
+    "translation",
+    ("translation",),
+    found=lambda out: f"translations: {int(out['translation'].notna().sum())}",
+)

@@ -1,7 +1,8 @@
-"""Stage `split` (task translation): train/validation/test without leakage. Pairs that share a side (one
-English sentence with several translations, one Chinese sentence with several) or that differ only in case,
-punctuation or white space form one group, and a group goes to one split whole, by a hash of its key and the
-seed: a group keeps its split when the corpus grows."""
+"""Stage `split` (task translation): train/validation/test without leakage. Pairs that share a side
+(one English sentence with several translations, one Chinese sentence with several) or that differ
+only in case, punctuation or white space form one group, and a group goes to one split whole, by a
+hash of its key and the seed: a group keeps its split when the corpus grows."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -21,7 +22,8 @@ class Params(Fractions):
 
 
 def groups(df: pd.DataFrame) -> np.ndarray:
-    """A group id per pair: the connected components of pairs linked by an equal (normalised) side."""
+    """A group id per pair: the connected components of pairs linked by an equal (normalised)
+    side."""
     zh = pd.factorize(df["text"].map(pair_key))[0]
     en = pd.factorize(df["en"].map(pair_key))[0] + zh.max() + 1
     parent = np.arange(en.max() + 1)
@@ -42,12 +44,15 @@ def groups(df: pd.DataFrame) -> np.ndarray:
 def split_pairs(df: pd.DataFrame, p: Params) -> tuple[dict[str, pd.DataFrame], int]:
     """The three splits (id order) and the number of groups."""
     group = groups(df)
-    # a group's key: its first pair's normalised English side, which does not change when pairs join the group
+    # a group's key: its first pair's normalised English side, which does not change when pairs join
+    # the group
     first = pd.Series(df["en"].map(pair_key).to_numpy()).groupby(group).transform("first")
     unit = hash_units(first.tolist(), p.seed)
     edges = np.cumsum([p.train, p.validation])
     where = np.searchsorted(edges, unit, side="right")
-    return {name: df[where == i].reset_index(drop=True) for i, name in enumerate(SPLITS)}, int(len(set(group)))
+    return {name: df[where == i].reset_index(drop=True) for i, name in enumerate(SPLITS)}, int(
+        len(set(group))
+    )
 
 
 def build(ctx: BuildContext) -> BuildOutput:
@@ -57,5 +62,7 @@ def build(ctx: BuildContext) -> BuildOutput:
     for name, part in parts.items():
         write_parquet(part, ctx.out / f"{name}.parquet")
         metrics[f"rows_{name}"] = len(part)
-    write_parquet(df.head(0).assign(reason=pd.Series(dtype="string")), ctx.out / "quarantine.parquet")
+    write_parquet(
+        df.head(0).assign(reason=pd.Series(dtype="string")), ctx.out / "quarantine.parquet"
+    )
     return BuildOutput(rows=len(df), metrics=metrics)

@@ -1,5 +1,7 @@
-"""Stage `train` (task translation): the translators named in `train.models`, each a unit of its own, in the
-direction `train.direction`, scored on the validation split by corpus BLEU of its beam-search translations."""
+"""Stage `train` (task translation): the translators named in `train.models`, each a unit of its
+own, in the direction `train.direction`, scored on the validation split by corpus BLEU of its
+beam-search translations."""
+
 from __future__ import annotations
 
 import json
@@ -35,17 +37,42 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     spec = model_of(MODELS, name, "translation")
     data = pd.read_parquet(ctx.file("augment", "train.parquet"), columns=COLUMNS)
     validation = pd.read_parquet(ctx.file("segment", "validation.parquet"), columns=COLUMNS)
-    summary = spec.train(TrainInputs(name, data, validation, [], spec.view(ctx.params), ctx.inputs["vocab"], None,
-                                     ctx.out, ctx.scratch, ctx.sink))
-    names = {"val_bleu": "val_bleu", "val_chrf": "val_chrf", "val_loss": "val_loss_best", "seconds": "train_seconds",
-             "samples_per_second": "median_samples_per_second"}
-    return BuildOutput(rows=len(data), metrics={new: summary[old] for old, new in names.items() if old in summary},
-                       facts=Facts(labels=[], model=name, summary=summary))
+    summary = spec.train(
+        TrainInputs(
+            name,
+            data,
+            validation,
+            [],
+            spec.view(ctx.params),
+            ctx.inputs["vocab"],
+            None,
+            ctx.out,
+            ctx.scratch,
+            ctx.sink,
+        )
+    )
+    names = {
+        "val_bleu": "val_bleu",
+        "val_chrf": "val_chrf",
+        "val_loss": "val_loss_best",
+        "seconds": "train_seconds",
+        "samples_per_second": "median_samples_per_second",
+    }
+    return BuildOutput(
+        rows=len(data),
+        metrics={new: summary[old] for old, new in names.items() if old in summary},
+        facts=Facts(labels=[], model=name, summary=summary),
+    )
 
 
 def build(ctx: BuildContext) -> BuildOutput:
     """Gather the trained translators (one input per `train.<model>` unit) into `models.json`."""
     models = {name: facts.summary for name, facts in by_model(ctx.facts).items()}
     (ctx.out / "models.json").write_text(json.dumps(models, indent=2), encoding="utf-8")
-    metrics = {f"{m}_{k}": v[k] for m, v in models.items() for k in ("val_bleu", "val_chrf", "seconds") if k in v}
+    metrics = {
+        f"{m}_{k}": v[k]
+        for m, v in models.items()
+        for k in ("val_bleu", "val_chrf", "seconds")
+        if k in v
+    }
     return BuildOutput(rows=None, metrics=metrics, facts=Facts(labels=[], models=models))

@@ -1,4 +1,6 @@
-"""Loading pretrained weights: a local folder or the Hugging Face cache first, the hub only when reachable."""
+"""Loading pretrained weights: a local folder or the Hugging Face cache first, the hub only when
+reachable."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -23,8 +25,8 @@ def _missing_model_message(what: str, ref: str, error: Exception) -> str:
 
 
 def hub_reachable(timeout_s: float = 3.0) -> bool:
-    """Whether the model hub can be reached at all; without this check a missing model costs a minute of
-    retries before the hub client gives up."""
+    """Whether the model hub can be reached at all; without this check a missing model costs a
+    minute of retries before the hub client gives up."""
     import socket
     from urllib.parse import urlparse
 
@@ -41,7 +43,8 @@ def hub_reachable(timeout_s: float = 3.0) -> bool:
 
 
 def load_pretrained(ref: str, load: Callable[[str, bool], T], what: str = "model") -> T:
-    """`load(source, local_files_only)` from a folder or the cache, else from the hub; one clear error otherwise."""
+    """`load(source, local_files_only)` from a folder or the cache, else from the hub; one clear
+    error otherwise."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()

@@ -1,5 +1,6 @@
-"""Pictures: a font with Chinese glyphs for matplotlib and word clouds, and the figure helpers the profile,
-evaluate and embed stages share. No I/O beyond writing the PNG asked for."""
+"""Pictures: a font with Chinese glyphs for matplotlib and word clouds, and the figure helpers the
+profile, evaluate and embed stages share. No I/O beyond writing the PNG asked for."""
+
 from __future__ import annotations
 
 import base64
@@ -14,11 +15,25 @@ import matplotlib.pyplot as plt  # noqa: E402
 from tasks.errors import DataError  # noqa: E402
 
 # families with Chinese glyphs, most wanted first (Linux, macOS, Windows)
-CJK_FONTS = ("Noto Sans CJK SC", "Noto Sans SC", "Source Han Sans SC", "WenQuanYi Micro Hei", "WenQuanYi Zen Hei",
-             "Droid Sans Fallback", "SimHei", "Microsoft YaHei", "PingFang SC", "Heiti SC", "AR PL UMing CN")
+CJK_FONTS = (
+    "Noto Sans CJK SC",
+    "Noto Sans SC",
+    "Source Han Sans SC",
+    "WenQuanYi Micro Hei",
+    "WenQuanYi Zen Hei",
+    "Droid Sans Fallback",
+    "SimHei",
+    "Microsoft YaHei",
+    "PingFang SC",
+    "Heiti SC",
+    "AR PL UMing CN",
+)
 PROBE = "中文字体测试酒店服务"
-INSTALL_HINT = ("install one (Debian/Ubuntu: `apt-get install fonts-wqy-microhei`; `make install` does this as root) "
-                "or name a .ttf/.ttc/.otf file with `--set profile.font=/path/to/font`")
+INSTALL_HINT = (
+    "install one (Debian/Ubuntu: `apt-get install fonts-wqy-microhei`; `make install` does this as "
+    "root) "
+    "or name a .ttf/.ttc/.otf file with `--set profile.font=/path/to/font`"
+)
 
 
 def has_glyphs(font_path: str | Path, text: str) -> bool:
@@ -31,8 +46,9 @@ def has_glyphs(font_path: str | Path, text: str) -> bool:
 
 @lru_cache(maxsize=4)
 def cjk_font(explicit: str | None = None) -> str | None:
-    """Path of a font with Chinese glyphs: `explicit` when given, else an installed one (the font cache is
-    refreshed from the system's font folders once, so a font installed after matplotlib's cache still counts)."""
+    """Path of a font with Chinese glyphs: `explicit` when given, else an installed one (the font
+    cache is refreshed from the system's font folders once, so a font installed after matplotlib's
+    cache still counts)."""
     from matplotlib import font_manager
 
     if explicit:
@@ -40,7 +56,9 @@ def cjk_font(explicit: str | None = None) -> str | None:
         if not path.is_file():
             raise DataError(f"profile.font: no such font file: {path}")
         if not has_glyphs(path, PROBE):
-            raise DataError(f"profile.font: {path} has no glyphs for Chinese characters; {INSTALL_HINT}")
+            raise DataError(
+                f"profile.font: {path} has no glyphs for Chinese characters; {INSTALL_HINT}"
+            )
         return str(path)
 
     def find() -> str | None:
@@ -53,7 +71,10 @@ def cjk_font(explicit: str | None = None) -> str | None:
     found = find()
     if found is None:
         for path in font_manager.findSystemFonts():
-            if any(k in Path(path).name.lower() for k in ("cjk", "wqy", "han", "hei", "droid", "song", "ming")):
+            if any(
+                k in Path(path).name.lower()
+                for k in ("cjk", "wqy", "han", "hei", "droid", "song", "ming")
+            ):
                 try:
                     font_manager.fontManager.addfont(path)
                 except (OSError, RuntimeError):
@@ -66,8 +87,11 @@ def require_cjk_font(explicit: str | None = None, what: str = "profile") -> str:
     """A CJK font path, or one clear error (never a figure of empty boxes)."""
     path = cjk_font(explicit)
     if path is None:
-        raise DataError(f"{what}: no font with Chinese glyphs found (looked for {', '.join(CJK_FONTS[:5])}, ...); "
-                        f"{INSTALL_HINT}")
+        raise DataError(
+            f"{what}: no font with Chinese glyphs found (looked for {', '.join(CJK_FONTS[:5])}, "
+            "...); "
+            f"{INSTALL_HINT}"
+        )
     return path
 
 
@@ -77,14 +101,17 @@ def use_font(path: str) -> None:
 
     font_manager.fontManager.addfont(path)
     name = font_manager.FontProperties(fname=path).get_name()
-    plt.rcParams["font.sans-serif"] = [name, *[f for f in plt.rcParams["font.sans-serif"] if f != name]]
+    plt.rcParams["font.sans-serif"] = [
+        name,
+        *[f for f in plt.rcParams["font.sans-serif"] if f != name],
+    ]
     plt.rcParams["font.family"] = "sans-serif"
     plt.rcParams["axes.unicode_minus"] = False  # CJK fonts often lack U+2212
 
 
 def subplots(*args, **kwargs):
-    """`plt.subplots` without pyplot's global figure registry: a figure of its own, safe to draw in any
-    thread, freed with its last reference."""
+    """`plt.subplots` without pyplot's global figure registry: a figure of its own, safe to draw in
+    any thread, freed with its last reference."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=kwargs.pop("figsize", None))

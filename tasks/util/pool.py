@@ -1,6 +1,7 @@
-"""Chunked work on this machine: a process pool that runs a chunk function over a file's chunks (in order,
-a bounded window at a time) and reports each worker's peak memory; flows/pools/chunks.py runs the same
-chunks on Dask."""
+"""Chunked work on this machine: a process pool that runs a chunk function over a file's chunks (in
+order, a bounded window at a time) and reports each worker's peak memory; flows/pools/chunks.py runs
+the same chunks on Dask."""
+
 from __future__ import annotations
 
 import os
@@ -17,8 +18,8 @@ from tasks.util.procs import alive
 
 
 def peak_rss_mb() -> float:
-    """This process's peak resident memory: VmHWM on Linux (getrusage's ru_maxrss would include the memory
-    of the parent it was forked from), else ru_maxrss."""
+    """This process's peak resident memory: VmHWM on Linux (getrusage's ru_maxrss would include the
+    memory of the parent it was forked from), else ru_maxrss."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
@@ -40,25 +41,35 @@ def _worker_info() -> dict[str, Any]:
 
 
 def call(fn: Callable, chunk: Chunk, params: Any) -> tuple[pa.Table, dict[str, Any]]:
-    """Run `fn(chunk, params)` and report where it ran. The frame travels back as an Arrow table, which
-    crosses process boundaries as buffers (much cheaper than pickling Python strings) and is written as is."""
+    """Run `fn(chunk, params)` and report where it ran. The frame travels back as an Arrow table,
+    which crosses process boundaries as buffers (much cheaper than pickling Python strings) and is
+    written as is."""
     return pa.Table.from_pandas(fn(chunk, params), preserve_index=False), _worker_info()
 
 
 class ChunkPool:
-    """Runs chunk functions in this process (`workers=1`) or on a local process pool; the orchestration
-    layer's Dask pool overrides `_results` to run them on a cluster."""
+    """Runs chunk functions in this process (`workers=1`) or on a local process pool; the
+    orchestration layer's Dask pool overrides `_results` to run them on a cluster."""
 
     def __init__(self, workers: int = 0):
         self.workers = workers or os.cpu_count() or 1
         self.ran_on: list[dict[str, Any]] = []  # one entry per chunk: host, pid, peak memory
 
-    def tables(self, fn: Callable, chunks: list[Chunk], params: Any, desc: str = "chunks") -> Iterator[pa.Table]:
-        """`fn(chunk, params)` for every chunk as Arrow tables, in chunk order, at most `window` in flight."""
+    def tables(
+        self, fn: Callable, chunks: list[Chunk], params: Any, desc: str = "chunks"
+    ) -> Iterator[pa.Table]:
+        """`fn(chunk, params)` for every chunk as Arrow tables, in chunk order, at most `window` in
+        flight."""
         from tasks.util.progress import progress
 
-        bar = progress(total=sum(c.rows for c in chunks), desc=desc, unit="row", shown=len(chunks) >= 4, leave=False,
-                       mininterval=2)
+        bar = progress(
+            total=sum(c.rows for c in chunks),
+            desc=desc,
+            unit="row",
+            shown=len(chunks) >= 4,
+            leave=False,
+            mininterval=2,
+        )
         try:
             for table, info in self._results(fn, chunks, params):
                 self.ran_on.append(info)
@@ -67,7 +78,9 @@ class ChunkPool:
         finally:
             bar.close()
 
-    def map(self, fn: Callable, chunks: list[Chunk], params: Any, desc: str = "chunks") -> Iterator[pd.DataFrame]:
+    def map(
+        self, fn: Callable, chunks: list[Chunk], params: Any, desc: str = "chunks"
+    ) -> Iterator[pd.DataFrame]:
         """`fn(chunk, params)` for every chunk as frames, in chunk order."""
         for table in self.tables(fn, chunks, params, desc):
             yield table.to_pandas()
@@ -81,8 +94,12 @@ class ChunkPool:
 
     def _pool(self, fn, chunks, params):
         with _executor(min(self.workers, len(chunks))) as pool:
-            yield from windowed(lambda c: pool.submit(call, fn, c, params), lambda f: f.result(), chunks,
-                                2 * self.workers)
+            yield from windowed(
+                lambda c: pool.submit(call, fn, c, params),
+                lambda f: f.result(),
+                chunks,
+                2 * self.workers,
+            )
 
 
 def forkserver():
@@ -107,8 +124,9 @@ def _executor(workers: int):
     """A process pool forked from the forkserver whose workers end with this process."""
     from concurrent.futures import ProcessPoolExecutor
 
-    return ProcessPoolExecutor(workers, mp_context=forkserver(), initializer=_bound_to,
-                               initargs=(os.getpid(),))
+    return ProcessPoolExecutor(
+        workers, mp_context=forkserver(), initializer=_bound_to, initargs=(os.getpid(),)
+    )
 
 
 def _bound_to(parent: int) -> None:
@@ -118,8 +136,9 @@ def _bound_to(parent: int) -> None:
     forkserver it was forked from running: both would outlive a killed command for good."""
     import threading
 
-    threading.Thread(target=_end_after, args=(parent,), name="zhpipe-pool-parent",
-                     daemon=True).start()
+    threading.Thread(
+        target=_end_after, args=(parent,), name="zhpipe-pool-parent", daemon=True
+    ).start()
 
 
 GRACE_S = 5.0  # for the interrupted work's `with` blocks to remove what they made
@@ -186,7 +205,8 @@ def _niced(nice: int, fn: Callable, *args: Any) -> Any:
 
 
 def windowed(submit, result, chunks, window: int):
-    """Submit ahead at most `window` chunks; yield results in order (so memory is bounded by the window)."""
+    """Submit ahead at most `window` chunks; yield results in order (so memory is bounded by the
+    window)."""
     pending: deque = deque()
     todo = iter(chunks)
     for chunk in todo:

@@ -1,16 +1,17 @@
-"""Owner-only files, by construction. Every defence against another user of the machine goes through one of four
-helpers here, so that new code cannot forget one:
+"""Owner-only files, by construction. Every defence against another user of the machine goes through
+one of four helpers here, so that new code cannot forget one:
 
-- `owner_only()`: the process's umask becomes (at least) 077, so every file and folder zhpipe, MLflow, Prefect,
-  pyarrow or PyTorch creates for a project is 0600 or 0700 whatever the user's umask; `tighten()` closes what an
-  older project (or a checkout) left open, once, and says so.
-- `atomic_path()`: a file written in place of `target` through a temporary name made with O_EXCL (mkstemp) beside
-  it, never a predictable name a planted link could stand on; removed when the write fails (a full disk leaves
-  nothing behind).
-- `open_within()` / `foreign_link()` / `walk_links()`: a file read from a folder without following a link, at any
-  hop, that leaves a shared folder or was made by another user; `not_trusted()`: code or a model loaded only from
-  where no one else could have written it.
+- `owner_only()`: the process's umask becomes (at least) 077, so every file and folder zhpipe,
+  MLflow, Prefect, pyarrow or PyTorch creates for a project is 0600 or 0700 whatever the user's
+  umask; `tighten()` closes what an older project (or a checkout) left open, once, and says so.
+- `atomic_path()`: a file written in place of `target` through a temporary name made with O_EXCL
+  (mkstemp) beside it, never a predictable name a planted link could stand on; removed when the
+  write fails (a full disk leaves nothing behind).
+- `open_within()` / `foreign_link()` / `walk_links()`: a file read from a folder without following a
+  link, at any hop, that leaves a shared folder or was made by another user; `not_trusted()`: code
+  or a model loaded only from where no one else could have written it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -23,15 +24,16 @@ PRIVATE_UMASK = 0o077
 
 
 def owner_only() -> int:
-    """Set the umask to keep group and others out (what the user's umask already masks stays masked); the old one."""
+    """Set the umask to keep group and others out (what the user's umask already masks stays
+    masked); the old one."""
     old = os.umask(PRIVATE_UMASK)
     os.umask(old | PRIVATE_UMASK)
     return old
 
 
 def tighten(*paths: Path, deep: bool = True) -> int:
-    """Remove group and other permissions from `paths` and (`deep`) everything under them that this user owns, without
-    following links; how many entries were changed."""
+    """Remove group and other permissions from `paths` and (`deep`) everything under them that this
+    user owns, without following links; how many entries were changed."""
     changed = 0
     uid = os.getuid()
 
@@ -63,7 +65,8 @@ def tighten(*paths: Path, deep: bool = True) -> int:
 
 
 def open_to_others(path: Path) -> bool:
-    """Whether `path` (not followed when a link) is this user's and grants anything to group or others."""
+    """Whether `path` (not followed when a link) is this user's and grants anything to group or
+    others."""
     try:
         st = os.lstat(path)
     except OSError:
@@ -72,17 +75,19 @@ def open_to_others(path: Path) -> bool:
 
 
 def fresh_temp(target: Path, suffix: str = ".tmp") -> Path:
-    """A new empty file beside `target`, at a name no one could guess, made with O_EXCL and mode 0600 (mkstemp): no
-    link planted at a predictable name is followed."""
-    fd, name = tempfile.mkstemp(dir=Path(target).parent, prefix=f".{Path(target).name}.", suffix=suffix)
+    """A new empty file beside `target`, at a name no one could guess, made with O_EXCL and mode
+    0600 (mkstemp): no link planted at a predictable name is followed."""
+    fd, name = tempfile.mkstemp(
+        dir=Path(target).parent, prefix=f".{Path(target).name}.", suffix=suffix
+    )
     os.close(fd)
     return Path(name)
 
 
 @contextlib.contextmanager
 def atomic_path(target: Path, suffix: str = ".tmp"):
-    """A `fresh_temp` path beside `target` for a writer to fill; renamed over `target` when the block ends, removed
-    when it raises (a full disk leaves nothing behind)."""
+    """A `fresh_temp` path beside `target` for a writer to fill; renamed over `target` when the
+    block ends, removed when it raises (a full disk leaves nothing behind)."""
     import errno
 
     target = Path(target)
@@ -92,7 +97,8 @@ def atomic_path(target: Path, suffix: str = ".tmp"):
         os.replace(tmp, target)
     except OSError as e:
         tmp.unlink(missing_ok=True)
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):  # named as the file being written, not the one being read
+        # named as the file being written, not the one being read
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise OSError(e.errno, os.strerror(e.errno), str(target)) from None
         raise
     except BaseException:
@@ -107,9 +113,10 @@ def write_atomic(target: Path, data: bytes | str) -> None:
 
 
 def foreign_link(path: Path, folder: Path) -> str | None:
-    """Why `path`, an entry of `folder`, must not be followed: a link made by another user, or, in a folder others can
-    write to (a shared drop folder), any link that leads out of it; None for a plain entry or a link this user made
-    (a link you made, with `init --link` say, is yours to follow)."""
+    """Why `path`, an entry of `folder`, must not be followed: a link made by another user, or, in a
+    folder others can write to (a shared drop folder), any link that leads out of it; None for a
+    plain entry or a link this user made (a link you made, with `init --link` say, is yours to
+    follow)."""
     try:
         st = os.lstat(path)
     except OSError:
@@ -129,9 +136,10 @@ def foreign_link(path: Path, folder: Path) -> str | None:
 
 
 def not_trusted(path: Path) -> str | None:
-    """Why code or a model at `path` must not be loaded: someone other than this user (or root) could write to it, or
-    to a folder above it (owned by another user, or open to group or others without the sticky bit); None when only
-    this user could have put it there. Links are followed, each hop checked (`walk_links`)."""
+    """Why code or a model at `path` must not be loaded: someone other than this user (or root)
+    could write to it, or to a folder above it (owned by another user, or open to group or others
+    without the sticky bit); None when only this user could have put it there. Links are followed,
+    each hop checked (`walk_links`)."""
     try:
         real = walk_links(Path(path))
         st = os.stat(real)
@@ -149,14 +157,18 @@ def not_trusted(path: Path) -> str | None:
         if fst.st_uid not in (uid, 0):
             return f"{path}: its folder {folder} belongs to another user (uid {fst.st_uid})"
         if fst.st_mode & 0o022 and not fst.st_mode & stat.S_ISVTX:
-            return f"{path}: its folder {folder} can be written by other users (mode {stat.S_IMODE(fst.st_mode):o})"
+            return (
+                f"{path}: its folder {folder} can be written by other users (mode "
+                f"{stat.S_IMODE(fst.st_mode):o})"
+            )
     return None
 
 
 def walk_links(path: Path, max_hops: int = 40) -> Path:
-    """`path`'s real path, its links followed one hop at a time: each must pass `foreign_link` (made by this user or
-    root, and not leading out of a folder others can write to), whatever hop it is; OSError(ELOOP) names the first
-    that does not. Unlike `os.path.realpath`, a link someone else swapped in behind a link of yours is not followed."""
+    """`path`'s real path, its links followed one hop at a time: each must pass `foreign_link` (made
+    by this user or root, and not leading out of a folder others can write to), whatever hop it is;
+    OSError(ELOOP) names the first that does not. Unlike `os.path.realpath`, a link someone else
+    swapped in behind a link of yours is not followed."""
     import errno
 
     done = Path(os.path.abspath(path).split(os.sep)[0] or os.sep)
@@ -185,18 +197,19 @@ def walk_links(path: Path, max_hops: int = 40) -> Path:
         target = os.readlink(step)
         if os.path.isabs(target):
             done = Path(os.sep)
-        todo = [*Path(target).parts[1 if os.path.isabs(target) else 0:], *todo]
+        todo = [*Path(target).parts[1 if os.path.isabs(target) else 0 :], *todo]
     return done
 
 
 class NotOurs(Exception):
-    """A folder that zhpipe was asked to make a project in, reached through another user's link or owned by another
-    user."""
+    """A folder that zhpipe was asked to make a project in, reached through another user's link or
+    owned by another user."""
 
 
 def own_folder(path: Path) -> Path:
-    """`path` as a folder of this user's (created 0700 when missing), reached through no link made by another user;
-    its real path. `NotOurs` says why not: a project built in a folder someone else controls is theirs to rewrite."""
+    """`path` as a folder of this user's (created 0700 when missing), reached through no link made
+    by another user; its real path. `NotOurs` says why not: a project built in a folder someone else
+    controls is theirs to rewrite."""
     path = Path(os.path.abspath(os.path.expanduser(path)))
     for step in (path, *path.parents):
         try:
@@ -214,14 +227,16 @@ def own_folder(path: Path) -> Path:
 
 
 def open_within(path: Path, folder: Path | None = None, mode: str = "rb"):
-    """`path` opened for reading without following a final link (O_NOFOLLOW), after refusing a `foreign_link` of
-    `folder` (its parent by default); OSError(ELOOP) names a final link that is not allowed."""
+    """`path` opened for reading without following a final link (O_NOFOLLOW), after refusing a
+    `foreign_link` of `folder` (its parent by default); OSError(ELOOP) names a final link that is
+    not allowed."""
     import errno
 
     folder = folder if folder is not None else Path(path).parent
     why = foreign_link(Path(path), folder)
     if why is not None:
         raise OSError(errno.ELOOP, f"not followed: {why}", str(path))
-    real = walk_links(Path(path))  # every hop checked now, as it is read, not only the first one at `init`
+    # every hop checked now, as it is read, not only the first one at `init`
+    real = walk_links(Path(path))
     fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
     return os.fdopen(fd, mode)

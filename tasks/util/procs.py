@@ -1,4 +1,5 @@
 """Processes on this machine, as every room asks about them."""
+
 from __future__ import annotations
 
 import os

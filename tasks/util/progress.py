@@ -1,5 +1,7 @@
-"""Progress for long work: a bar where a person watches (stderr is a terminal); in a log (a cron job's, a worker's),
-a line every `LOG_EVERY` seconds while the work lasts (none for work shorter than that)."""
+"""Progress for long work: a bar where a person watches (stderr is a terminal); in a log (a cron
+job's, a worker's), a line every `LOG_EVERY` seconds while the work lasts (none for work shorter
+than that)."""
+
 from __future__ import annotations
 
 import logging
@@ -13,7 +15,8 @@ log = logging.getLogger("zhpipe.progress")
 
 
 class LogLines:
-    """The part of tqdm's interface the stages use, written as a log line every `LOG_EVERY` seconds."""
+    """The part of tqdm's interface the stages use, written as a log line every `LOG_EVERY`
+    seconds."""
 
     def __init__(self, total: float | None = None, desc: str = "", unit: str = "it", **_):
         self.total, self.desc, self.unit, self.n, self.postfix = total, desc, unit, 0, ""
@@ -26,8 +29,16 @@ class LogLines:
             self.said = now
             of = f"/{self.total:,.0f}" if self.total else ""
             share = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
-            log.info("%s: %s%s %s%s after %.0f s%s", self.desc, f"{self.n:,.0f}", of, self.unit, share,
-                     now - self.started, f", {self.postfix}" if self.postfix else "")
+            log.info(
+                "%s: %s%s %s%s after %.0f s%s",
+                self.desc,
+                f"{self.n:,.0f}",
+                of,
+                self.unit,
+                share,
+                now - self.started,
+                f", {self.postfix}" if self.postfix else "",
+            )
 
     def set_postfix_str(self, text: str = "", refresh: bool = True) -> None:
         self.postfix = text
@@ -43,7 +54,8 @@ class LogLines:
 
 
 def progress(*, shown: bool = True, **kwargs) -> tqdm | LogLines:
-    """A tqdm bar on stderr when it is a terminal and `shown`; else log lines every `LOG_EVERY` seconds."""
+    """A tqdm bar on stderr when it is a terminal and `shown`; else log lines every `LOG_EVERY`
+    seconds."""
     if shown and sys.stderr.isatty():
         return tqdm(**kwargs)
     return LogLines(**kwargs)

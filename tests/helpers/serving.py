@@ -1,4 +1,5 @@
 """`mlflow models serve` as a user runs it, for the tests that ask a registered model over REST."""
+
 import contextlib
 import os
 import subprocess
@@ -9,19 +10,41 @@ from pathlib import Path
 
 @contextlib.contextmanager
 def mlflow_serving(uri: str, cwd: Path, env: dict | None = None):
-    """`mlflow models serve -m URI --env-manager local` on a free loopback port, in `cwd` with `env` (this process's
-    when None) and the venv's bin first on PATH, as with the venv active; yields its base URL once /ping answers,
-    stopped after."""
+    """`mlflow models serve -m URI --env-manager local` on a free loopback port, in `cwd` with `env`
+    (this process's when None) and the venv's bin first on PATH, as with the venv active; yields its
+    base URL once /ping answers, stopped after."""
     import httpx
 
     from tests.helpers.procs import free_port, stop
 
     port = free_port()
-    env = {**(os.environ if env is None else env),
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "models", "serve", "-m", uri, "--env-manager", "local",
-                             "--host", "127.0.0.1", "--port", str(port)], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    env = {
+        **(os.environ if env is None else env),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    }
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "models",
+            "serve",
+            "-m",
+            uri,
+            "--env-manager",
+            "local",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 180

@@ -1,7 +1,9 @@
-"""A team's services on loopback, each a real server, as docs/team.md sets them up: PostgreSQL (the system's
-`initdb`/`pg_ctl`, run as a non-root user), an `mlflow server` on it with MLflow's basic-auth app and its artifacts
-proxied into moto's S3 server, a `prefect server` on it with an auth string. And "machines": a folder each with its
-own HOME and project folder, reaching the others only through these servers."""
+"""A team's services on loopback, each a real server, as docs/team.md sets them up: PostgreSQL (the
+system's `initdb`/`pg_ctl`, run as a non-root user), an `mlflow server` on it with MLflow's
+basic-auth app and its artifacts proxied into moto's S3 server, a `prefect server` on it with an
+auth string. And "machines": a folder each with its own HOME and project folder, reaching the others
+only through these servers."""
+
 from __future__ import annotations
 
 import glob
@@ -29,7 +31,8 @@ USERS = {"alice": "alice-password-1", "bob": "bob-password-22"}
 
 
 def pg_bin() -> Path | None:
-    """The system's PostgreSQL programs (Debian keeps them under /usr/lib/postgresql/<major>/bin)."""
+    """The system's PostgreSQL programs (Debian keeps them under
+    /usr/lib/postgresql/<major>/bin)."""
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
     if found:
         return Path(found[-1]).parent
@@ -42,9 +45,12 @@ def _as_owner(argv: list[str]) -> list[str]:
     return ["runuser", "-u", "postgres", "--", *argv] if os.geteuid() == 0 else argv
 
 
-def _wait(url: str, what: str, proc: subprocess.Popen | None, log: Path, auth=None, timeout: float = 180) -> None:
-    """Until `url` answers 200. With `auth`, credentials are sent only once the port's listening socket is proved to
-    be `proc`'s (as zhpipe's own servers are checked: flows.plan.private.ours_answering)."""
+def _wait(
+    url: str, what: str, proc: subprocess.Popen | None, log: Path, auth=None, timeout: float = 180
+) -> None:
+    """Until `url` answers 200. With `auth`, credentials are sent only once the port's listening
+    socket is proved to be `proc`'s (as zhpipe's own servers are checked:
+    flows.plan.private.ours_answering)."""
     from urllib.parse import urlsplit
 
     from flows.plan import private as procs
@@ -53,14 +59,18 @@ def _wait(url: str, what: str, proc: subprocess.Popen | None, log: Path, auth=No
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"{what} exited {proc.returncode}: {log.read_text()[-3000:]}")
-        if auth is not None and proc is not None:  # as zhpipe's own: the server answers, then its socket is proved
+        # as zhpipe's own: the server answers, then its socket is proved
+        if auth is not None and proc is not None:
             try:
                 httpx.get(url, timeout=2)  # no credentials: anything that answers HTTP
             except httpx.HTTPError:
                 time.sleep(0.3)
                 continue
             if procs.serves(proc.pid, urlsplit(url).port) is False:
-                raise RuntimeError(f"{what}: port {urlsplit(url).port} is held by another process; no credentials sent")
+                raise RuntimeError(
+                    f"{what}: port {urlsplit(url).port} is held by another process; no credentials "
+                    "sent"
+                )
         try:
             if httpx.get(url, timeout=2, auth=auth).status_code == 200:
                 return
@@ -71,8 +81,9 @@ def _wait(url: str, what: str, proc: subprocess.Popen | None, log: Path, auth=No
 
 
 class Gate:
-    """A TCP relay in front of a server on loopback: `cut()` refuses new connections and breaks the open ones (the
-    server unreachable, as when a network or the service is down), `mend()` takes connections again."""
+    """A TCP relay in front of a server on loopback: `cut()` refuses new connections and breaks the
+    open ones (the server unreachable, as when a network or the service is down), `mend()` takes
+    connections again."""
 
     def __init__(self, target_port: int):
         self.port, self.target, self.conns = free_port(), target_port, set()
@@ -100,7 +111,8 @@ class Gate:
             except OSError:
                 if listening.fileno() == -1:
                     return
-                time.sleep(0.05)  # out of descriptors, say: wait for connections to close rather than spin
+                # out of descriptors, say: wait for connections to close rather than spin
+                time.sleep(0.05)
                 continue
             self.conns |= {client, upstream}
             for a, b in ((client, upstream), (upstream, client)):
@@ -118,8 +130,9 @@ class Gate:
                     conn.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
-            # each direction's thread closes the socket it read from: a relayed connection leaves no descriptor behind
-            # (it used to keep both open for good, and a busy test ran this process out of descriptors)
+            # each direction's thread closes the socket it read from: a relayed connection leaves no
+            # descriptor behind (it used to keep both open for good, and a busy test ran this
+            # process out of descriptors)
             a.close()
             self.conns.discard(a)
 
@@ -150,15 +163,18 @@ class Team:
         return f"{driver}://zhpipe:{self.pg_password}@127.0.0.1:{self.pg_port}/{database}"
 
     def start_mlflow(self) -> None:
-        """The tracking server: runs and registry in PostgreSQL, users in MLflow's basic-auth app (its own database),
-        artifacts proxied into the bucket (clients hold no bucket credentials)."""
+        """The tracking server: runs and registry in PostgreSQL, users in MLflow's basic-auth app
+        (its own database), artifacts proxied into the bucket (clients hold no bucket
+        credentials)."""
         ini = self.folder / "basic_auth.ini"
+        # one PBKDF2 check a minute per user, not one per request
         ini.write_text(
             "[mlflow]\ndefault_permission = MANAGE\n"
-            f"database_uri = {self.dsn('mlflow_auth')}\nadmin_username = admin\nadmin_password = admin-password-0\n"
+            f"database_uri = {self.dsn('mlflow_auth')}\nadmin_username = admin\nadmin_password = "
+            "admin-password-0\n"
             "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
             "auth_cache_ttl_seconds = 60\n"
-        )  # one PBKDF2 check a minute per user, not one per request
+        )
         env = {
             **os.environ,
             **self.s3,
@@ -242,7 +258,13 @@ class Team:
             start_new_session=True,
         )
         user, password = self.auth_string.split(":", 1)
-        _wait(f"{self.prefect_api}/admin/version", "prefect server", self.procs["prefect"], log, auth=(user, password))
+        _wait(
+            f"{self.prefect_api}/admin/version",
+            "prefect server",
+            self.procs["prefect"],
+            log,
+            auth=(user, password),
+        )
 
     def restart_postgres(self) -> None:
         """A fast restart: every open database connection of both servers is dropped."""
@@ -272,7 +294,16 @@ class Team:
         if self.moto is not None:
             self.moto.stop()
         subprocess.run(
-            _as_owner([str(pg_bin() / "pg_ctl"), "-D", str(self.pg_folder / "data"), "-m", "immediate", "stop"]),
+            _as_owner(
+                [
+                    str(pg_bin() / "pg_ctl"),
+                    "-D",
+                    str(self.pg_folder / "data"),
+                    "-m",
+                    "immediate",
+                    "stop",
+                ]
+            ),
             capture_output=True,
             timeout=60,
         )
@@ -280,8 +311,8 @@ class Team:
 
 
 def _postgres(team_pg: Path, port: int, password: str) -> None:
-    """A PostgreSQL cluster in `team_pg` (owned by the user it runs as), on 127.0.0.1:`port`, password logins only, with
-    the databases of the team's servers."""
+    """A PostgreSQL cluster in `team_pg` (owned by the user it runs as), on 127.0.0.1:`port`,
+    password logins only, with the databases of the team's servers."""
     binary = pg_bin()
     if os.geteuid() == 0:
         shutil.chown(team_pg, "postgres")
@@ -327,7 +358,9 @@ def _postgres(team_pg: Path, port: int, password: str) -> None:
     )
     import psycopg
 
-    with psycopg.connect(f"postgresql://zhpipe:{password}@127.0.0.1:{port}/postgres", autocommit=True) as conn:
+    with psycopg.connect(
+        f"postgresql://zhpipe:{password}@127.0.0.1:{port}/postgres", autocommit=True
+    ) as conn:
         for name in ("mlflow", "mlflow_auth", "prefect"):
             conn.execute(f"CREATE DATABASE {name}")
 
@@ -337,10 +370,12 @@ def start_team(folder: Path) -> Team:
     from moto.server import ThreadedMotoServer
 
     if pg_bin() is None or (os.geteuid() == 0 and not _has_user("postgres")):
-        raise RuntimeError("no PostgreSQL server programs (initdb, pg_ctl) on this machine: apt-get install postgresql")
-    pg_folder = Path(
-        tempfile.mkdtemp(prefix="zhpipe-pg-")
-    )  # outside pytest's root-only folders: postgres must reach it
+        raise RuntimeError(
+            "no PostgreSQL server programs (initdb, pg_ctl) on this machine: apt-get install "
+            "postgresql"
+        )
+    # outside pytest's root-only folders: postgres must reach it
+    pg_folder = Path(tempfile.mkdtemp(prefix="zhpipe-pg-"))
 
     s3_port = free_port()
     gate = Gate(s3_port)
@@ -399,12 +434,16 @@ KEPT_ENV = ("PATH", "LANG", "LC_ALL", "TMPDIR", "VIRTUAL_ENV")
 
 
 def machine(
-    team: Team | None, folder: Path, user: str, corpora: tuple[str, ...] = ("tests/fixtures/smoke.csv",)
+    team: Team | None,
+    folder: Path,
+    user: str,
+    corpora: tuple[str, ...] = ("tests/fixtures/smoke.csv",),
 ) -> tuple[dict, Path]:
-    """An engineer's machine: its own HOME and project folder (the project's pipelines.yaml and `corpora`, as a clone of
-    the team's repository has them), the team's servers in its environment and nothing of this test run's own. Returns
-    its environment and its project folder. Without a team: a machine of its own (the project's SQLite store, its own
-    Prefect server, the store in its project folder)."""
+    """An engineer's machine: its own HOME and project folder (the project's pipelines.yaml and
+    `corpora`, as a clone of the team's repository has them), the team's servers in its environment
+    and nothing of this test run's own. Returns its environment and its project folder. Without a
+    team: a machine of its own (the project's SQLite store, its own Prefect server, the store in its
+    project folder)."""
     home, project = folder / "home", folder / "project"
     home.mkdir(parents=True)
     project.mkdir()
@@ -414,12 +453,14 @@ def machine(
         shutil.copy(ROOT / corpus, project / corpus)
     env = {key: os.environ[key] for key in KEPT_ENV if key in os.environ}
     env.update({"HOME": str(home), "ZHPIPE_WARM": "off", "PREFECT_LOGGING_LEVEL": "WARNING"})
-    # matplotlib's font list is the computer's, not the engineer's: one cache for every machine (a new HOME rebuilt it,
-    # 3-5 s in each machine's first profile stage)
-    # (a folder another user made first is refused: flows.plan.private.private_dir)
+    # matplotlib's font list is the computer's, not the engineer's: one cache for every machine (a
+    # new HOME rebuilt it, 3-5 s in each machine's first profile stage) (a folder another user made
+    # first is refused: flows.plan.private.private_dir)
     from flows.plan.private import private_dir
 
-    env["MPLCONFIGDIR"] = str(private_dir(Path(tempfile.gettempdir()) / f"zhpipe-tests-matplotlib-{os.getuid()}"))
+    env["MPLCONFIGDIR"] = str(
+        private_dir(Path(tempfile.gettempdir()) / f"zhpipe-tests-matplotlib-{os.getuid()}")
+    )
     # MLflow's schema is the installed MLflow's: the session's cached copy
     if os.environ.get("ZHPIPE_USER_CACHE"):
         env["ZHPIPE_USER_CACHE"] = os.environ["ZHPIPE_USER_CACHE"]

@@ -1,5 +1,6 @@
-"""Build tiny MarianMT translation models (random weights, SentencePiece tokenizers trained on fixture
-text) in a folder, so the real transformers code path runs without a model hub."""
+"""Build tiny MarianMT translation models (random weights, SentencePiece tokenizers trained on
+fixture text) in a folder, so the real transformers code path runs without a model hub."""
+
 from __future__ import annotations
 
 import json
@@ -52,7 +53,8 @@ def _spm(lines: list[str], prefix: Path, vocab_size: int) -> None:
 
 
 def build_tiny_marian(folder: Path, source: list[str], target: list[str], seed: int = 0) -> Path:
-    """A MarianMT model translating `source`-like text to `target`-like text (badly: weights are random)."""
+    """A MarianMT model translating `source`-like text to `target`-like text (badly: weights are
+    random)."""
     import torch
     from transformers import MarianConfig, MarianMTModel, MarianTokenizer
 
@@ -64,7 +66,9 @@ def build_tiny_marian(folder: Path, source: list[str], target: list[str], seed: 
         for line in (folder / f"{name}.vocab").read_text(encoding="utf-8").splitlines():
             vocab.setdefault(line.split("\t")[0], len(vocab))
     (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-    tokenizer = MarianTokenizer(str(folder / "src.model"), str(folder / "tgt.model"), str(folder / "vocab.json"))
+    tokenizer = MarianTokenizer(
+        str(folder / "src.model"), str(folder / "tgt.model"), str(folder / "vocab.json")
+    )
     torch.manual_seed(seed)
     config = MarianConfig(
         vocab_size=len(vocab),
@@ -90,4 +94,6 @@ def build_tiny_marian(folder: Path, source: list[str], target: list[str], seed: 
 
 def build_pair(root: Path) -> tuple[Path, Path]:
     """zh->en and en->zh tiny models."""
-    return build_tiny_marian(root / "zh-en", ZH, EN, 0), build_tiny_marian(root / "en-zh", EN, ZH, 1)
+    return build_tiny_marian(root / "zh-en", ZH, EN, 0), build_tiny_marian(
+        root / "en-zh", EN, ZH, 1
+    )

@@ -1,4 +1,6 @@
-"""What every stage shares (tasks/core.py): unit names, facts, and upstream files opened by their declared names."""
+"""What every stage shares (tasks/core.py): unit names, facts, and upstream files opened by their
+declared names."""
+
 from pathlib import Path
 
 import pytest
@@ -8,8 +10,11 @@ from tasks.stages import CLASSIFICATION_STAGES
 
 
 def test_unit_names_parse_and_print_back():
-    for name, parts in (("train", ("train", "", "")), ("train.textcnn", ("train", "textcnn", "")),
-                        ("clean:2026-12-01.csv", ("clean", "", "2026-12-01.csv"))):
+    for name, parts in (
+        ("train", ("train", "", "")),
+        ("train.textcnn", ("train", "textcnn", "")),
+        ("clean:2026-12-01.csv", ("clean", "", "2026-12-01.csv")),
+    ):
         unit = Unit.parse(name)
         assert (
             (unit.stage, unit.model, unit.part) == parts
@@ -40,19 +45,28 @@ def test_a_unit_stores_its_own_facts_over_those_it_read():
         "segment": Facts(labels=["x"], own={"font": "f.ttf", "tag_scheme": {"all": "bio"}}),
     }
     stored = established("vocab", read, Facts(own={"font": "own.ttf"}))
-    assert stored.labels == ["0", "1"] and stored.augment_method_used == "eda"  # the first input's, then its own
-    assert stored["font"] == "own.ttf" and stored["tag_scheme"] == {"all": "bio"}  # a kind's own facts alike
+    # the first input's, then its own
+    assert stored.labels == ["0", "1"] and stored.augment_method_used == "eda"
+    # a kind's own facts alike
+    assert stored["font"] == "own.ttf" and stored["tag_scheme"] == {"all": "bio"}
     units = {"train.a": Facts(summary={"a": 1}), "train.b": Facts(summary={"b": 2})}
-    assert established("train", units, Facts(models={"a": {}})) == Facts(
-        models={"a": {}}
-    )  # its own units: gathered by itself
+    # its own units: gathered by itself
+    assert established("train", units, Facts(models={"a": {}})) == Facts(models={"a": {}})
 
 
 def test_facts_hand_on_and_gather_labels():
     facts = Facts(labels=["差", "好"], source_sha256="ab")
-    assert facts.but(best_model="a").best_model == "a" and facts.but(best_model="a").labels == ["差", "好"]
+    assert facts.but(best_model="a").best_model == "a" and facts.but(best_model="a").labels == [
+        "差",
+        "好",
+    ]
     tagged = facts.but(own={"tag_scheme": {"all": "bioes"}})
-    assert tagged.to_json() == {"tag_scheme": {"all": "bioes"}, "labels": ["差", "好"], "source_sha256": "ab"}  # flat
+    # flat
+    assert tagged.to_json() == {
+        "tag_scheme": {"all": "bioes"},
+        "labels": ["差", "好"],
+        "source_sha256": "ab",
+    }
     assert Facts.from_json(tagged.to_json()) == tagged and tagged["tag_scheme"] == {"all": "bioes"}
     assert tagged["labels"] == ["差", "好"] and tagged["font"] is None
     assert gathered([Facts(labels=["1"]), Facts(labels=["0"], source_sha256="c")]) == Facts(
@@ -68,10 +82,12 @@ def test_a_stage_opens_what_its_inputs_declare_and_nothing_else(tmp_path):
         None,
         outputs={s: CLASSIFICATION_STAGES[s].outputs for s in ("segment", "augment")},
     )
-    assert ctx.file("segment", "validation.parquet") == tmp_path / "seg" / "validation.parquet"  # `{split}.parquet`
+    # `{split}.parquet`
+    assert ctx.file("segment", "validation.parquet") == tmp_path / "seg" / "validation.parquet"
     assert ctx.file("augment", "train.words.txt") == tmp_path / "aug" / "train.words.txt"
     with pytest.raises(KeyError, match="stage 'augment' declares no output 'sample.csv'"):
         ctx.file("augment", "sample.csv")
+    # nothing declared: not checked
     assert BuildContext({"x": Path("x")}, {}, tmp_path, None).file("x", "any.csv") == Path(
         "x/any.csv"
-    )  # nothing declared: not checked
+    )

@@ -1,7 +1,8 @@
-"""The `ensemble` classifier: other trained classifiers of the same run combined by soft voting (class
-probabilities averaged with weights fit on the validation split) or stacking (a logistic regression over the
-members' validation probabilities). The members' saved models travel inside the ensemble's folder, so it
-is registered and served like any classifier."""
+"""The `ensemble` classifier: other trained classifiers of the same run combined by soft voting
+(class probabilities averaged with weights fit on the validation split) or stacking (a logistic
+regression over the members' validation probabilities). The members' saved models travel inside the
+ensemble's folder, so it is registered and served like any classifier."""
+
 from __future__ import annotations
 
 import json
@@ -23,10 +24,11 @@ from tasks.models.base import ModelSpec, Predictor, TrainInputs, label_ids
 class Params(Section):
     """The `train.ensemble` section."""
 
-    members: list[str] = ["tfidf_lr", "fasttext", "textcnn"]  # classifiers of train.models, trained first
+    # classifiers of train.models, trained first
+    members: list[str] = ["tfidf_lr", "fasttext", "textcnn"]
     method: Literal["soft_vote", "stacking"] = "soft_vote"
-    # soft_vote: the weights' search grid per member (weights are fit on validation log-loss); stacking: the
-    # logistic regression's inverse regularisation strength
+    # soft_vote: the weights' search grid per member (weights are fit on validation log-loss);
+    # stacking: the logistic regression's inverse regularisation strength
     grid: int = Field(10, ge=1)
     C: float = Field(1.0, gt=0)
 
@@ -36,7 +38,8 @@ def _log_loss(probs: np.ndarray, y: np.ndarray) -> float:
 
 
 def fit_weights(member_probs: list[np.ndarray], y: np.ndarray, grid: int) -> list[float]:
-    """Weights on the simplex (steps of 1/grid) with the lowest validation log-loss; ties to the most even."""
+    """Weights on the simplex (steps of 1/grid) with the lowest validation log-loss; ties to the
+    most even."""
     import itertools
 
     best, best_loss = None, np.inf
@@ -45,7 +48,9 @@ def fit_weights(member_probs: list[np.ndarray], y: np.ndarray, grid: int) -> lis
             continue
         w = np.array(combo, dtype=float) / grid
         loss = _log_loss(sum(wi * p for wi, p in zip(w, member_probs)), y)
-        if loss < best_loss - 1e-12 or (abs(loss - best_loss) <= 1e-12 and np.std(w) < np.std(best)):
+        if loss < best_loss - 1e-12 or (
+            abs(loss - best_loss) <= 1e-12 and np.std(w) < np.std(best)
+        ):
             best, best_loss = w, loss
     return best.tolist()
 
@@ -55,7 +60,8 @@ def _stack_features(member_probs: list[np.ndarray]) -> np.ndarray:
 
 
 def train_ensemble(inputs: TrainInputs, registry: dict[str, ModelSpec]) -> dict:
-    """Fit the combination on the members' validation probabilities; copy the members into `ensemble/members/`."""
+    """Fit the combination on the members' validation probabilities; copy the members into
+    `ensemble/members/`."""
     MODELS = registry
     p: Params = inputs.section
     for m in p.members:
@@ -69,12 +75,22 @@ def train_ensemble(inputs: TrainInputs, registry: dict[str, ModelSpec]) -> dict:
         shutil.copytree(inputs.members[m], folder / "members" / m)
         member = _member(registry, m, folder / "members" / m)
         if getattr(member, "scores", None) == "predict":
-            raise ConfigError(f"train.{inputs.name}.members: {m} answers with predict alone (its estimator has no "
-                              f"predict_proba or decision_function), so it cannot join a soft-voting ensemble")
+            raise ConfigError(
+                f"train.{inputs.name}.members: {m} answers with predict alone (its estimator has "
+                "no "
+                f"predict_proba or decision_function), so it cannot join a soft-voting ensemble"
+            )
         probs.append(member(inputs.validation))
     config = {"kind": "ensemble", "members": p.members, "method": p.method, "labels": inputs.labels}
-    summary = {"path": inputs.name, "kind": "ensemble", "members": p.members, "method": p.method,
-               "member_val_accuracy": {m: float((pr.argmax(1) == y).mean()) for m, pr in zip(p.members, probs)}}
+    summary = {
+        "path": inputs.name,
+        "kind": "ensemble",
+        "members": p.members,
+        "method": p.method,
+        "member_val_accuracy": {
+            m: float((pr.argmax(1) == y).mean()) for m, pr in zip(p.members, probs)
+        },
+    }
     if p.method == "soft_vote":
         config["weights"] = summary["weights"] = fit_weights(probs, y, p.grid)
     else:
@@ -83,9 +99,15 @@ def train_ensemble(inputs: TrainInputs, registry: dict[str, ModelSpec]) -> dict:
 
         x = _stack_features(probs)
         model = LogisticRegression(C=p.C, max_iter=1000)
-        # the validation score of a stacker fit on validation: each row predicted by a model that did not see it
-        held_out = cross_val_predict(model, x, y, cv=min(5, int(np.bincount(y).min())) if len(set(y)) > 1 else 2,
-                                     method="predict_proba")
+        # the validation score of a stacker fit on validation: each row predicted by a model that
+        # did not see it
+        held_out = cross_val_predict(
+            model,
+            x,
+            y,
+            cv=min(5, int(np.bincount(y).min())) if len(set(y)) > 1 else 2,
+            method="predict_proba",
+        )
         summary["stacking_cv_val_accuracy"] = float((held_out.argmax(1) == y).mean())
         model.fit(x, y)
         config["coef"], config["intercept"] = model.coef_.tolist(), model.intercept_.tolist()
@@ -96,8 +118,8 @@ def train_ensemble(inputs: TrainInputs, registry: dict[str, ModelSpec]) -> dict:
 
 
 def _member(registry: Mapping[str, ModelSpec], name: str, folder: Path) -> Predictor:
-    """A member's predictor: a team's estimator by its saved files (a served ensemble's process has read no pipeline
-    that declares it), a built-in model by its name."""
+    """A member's predictor: a team's estimator by its saved files (a served ensemble's process has
+    read no pipeline that declares it), a built-in model by its name."""
     from tasks.classification.models.estimator import SAVED, predictor
 
     if (folder / SAVED).is_file():
@@ -126,8 +148,13 @@ def ensemble_predictor(folder: Path, registry: dict[str, ModelSpec]) -> Predicto
 
 def spec(registry: Mapping[str, ModelSpec]) -> ModelSpec:
     """The registry entry; it is handed the registry it belongs to (to load its members)."""
-    return ModelSpec("ensemble", Params, lambda inputs: train_ensemble(inputs, registry), cost=3,
-                     load=lambda folder: ensemble_predictor(folder, registry),
-                     members=lambda section: section.members, shared=(),
-                     about="other classifiers of the run by soft voting (weights fit on validation) or stacking")
-
+    return ModelSpec(
+        "ensemble",
+        Params,
+        lambda inputs: train_ensemble(inputs, registry),
+        cost=3,
+        load=lambda folder: ensemble_predictor(folder, registry),
+        members=lambda section: section.members,
+        shared=(),
+        about="other classifiers of the run by soft voting (weights fit on validation) or stacking",
+    )

@@ -1,7 +1,8 @@
 """The `hf` model: any pretrained sequence-classification checkpoint (bert-base-chinese,
-hfl/chinese-roberta-wwm-ext, hfl/chinese-macbert-base, ERNIE, XLM-R ...) fine-tuned on the cleaned text through
-transformers' Auto classes and its fast tokenizer. Saved with `save_pretrained` (model and tokenizer), so
-`AutoModelForSequenceClassification.from_pretrained(folder)` loads the result."""
+hfl/chinese-roberta-wwm-ext, hfl/chinese-macbert-base, ERNIE, XLM-R ...) fine-tuned on the cleaned
+text through transformers' Auto classes and its fast tokenizer. Saved with `save_pretrained` (model
+and tokenizer), so `AutoModelForSequenceClassification.from_pretrained(folder)` loads the result."""
+
 from __future__ import annotations
 
 import json
@@ -18,25 +19,33 @@ from tasks.util.hub import load_pretrained
 
 
 class Params(Section):
-    """The `train.hf` section: settings for base-size checkpoints (its own epochs and batch size)."""
+    """The `train.hf` section: settings for base-size checkpoints (its own epochs and batch
+    size)."""
 
-    checkpoint: str = "bert-base-chinese"  # a hub id (fetched into $HF_HOME where there is a network) or a local folder
+    # a hub id (fetched into $HF_HOME where there is a network) or a local folder
+    checkpoint: str = "bert-base-chinese"
     lr: float = Field(3e-5, gt=0)  # base-size encoders take 2e-5 to 5e-5
     epochs: int = Field(3, ge=1)
     patience: int = Field(2, ge=1)
     batch_size: int = Field(16, ge=1)
     warmup_ratio: float = Field(0.1, ge=0, lt=1)
     max_len: int = Field(256, ge=8)  # tokens, [CLS] and [SEP] included
-    gradient_checkpointing: bool = False  # recompute activations in the backward pass: less memory, ~30% slower
-    freeze_encoder: bool = False  # train only the classification head on a frozen encoder (the course's linear probe)
+    # recompute activations in the backward pass: less memory, ~30% slower
+    gradient_checkpointing: bool = False
+    # train only the classification head on a frozen encoder (the course's linear probe)
+    freeze_encoder: bool = False
 
 
 def _tokenizer(checkpoint: str):
     from transformers import AutoTokenizer
 
-    return load_pretrained(checkpoint, lambda src, local: AutoTokenizer.from_pretrained(src, local_files_only=local,
-                                                                                        use_fast=True),
-                           "tokenizer")
+    return load_pretrained(
+        checkpoint,
+        lambda src, local: AutoTokenizer.from_pretrained(
+            src, local_files_only=local, use_fast=True
+        ),
+        "tokenizer",
+    )
 
 
 def _encode(tokenizer, texts: pd.Series, max_len: int) -> list[dict]:
@@ -69,7 +78,8 @@ def probabilities(model, tokenizer, rows: list[dict], batch_size: int = 64) -> n
 
 
 def train_hf(inputs: TrainInputs) -> dict:
-    """Fine-tune (or, with freeze_encoder, fit a head on) the checkpoint; save model and tokenizer to `hf/`."""
+    """Fine-tune (or, with freeze_encoder, fit a head on) the checkpoint; save model and tokenizer
+    to `hf/`."""
     import torch.nn.functional as F
     from transformers import AutoModelForSequenceClassification
 
@@ -82,16 +92,31 @@ def train_hf(inputs: TrainInputs) -> dict:
     tokenizer = _tokenizer(p.checkpoint)
     seed_everything(inputs.params.seed)
     labels = inputs.labels
-    model = load_pretrained(p.checkpoint, lambda src, local: AutoModelForSequenceClassification.from_pretrained(
-        src, local_files_only=local, num_labels=len(labels), id2label=dict(enumerate(labels)),
-        label2id={label: i for i, label in enumerate(labels)}, ignore_mismatched_sizes=True), "model")
+    model = load_pretrained(
+        p.checkpoint,
+        lambda src, local: AutoModelForSequenceClassification.from_pretrained(
+            src,
+            local_files_only=local,
+            num_labels=len(labels),
+            id2label=dict(enumerate(labels)),
+            label2id={label: i for i, label in enumerate(labels)},
+            ignore_mismatched_sizes=True,
+        ),
+        "model",
+    )
     if p.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     if p.freeze_encoder:
         for w in model.base_model.parameters():
             w.requires_grad_(False)
-    x_train, y_train = _encode(tokenizer, inputs.train["text"], p.max_len), label_ids(inputs.train, labels)
-    x_val, y_val = _encode(tokenizer, inputs.validation["text"], p.max_len), label_ids(inputs.validation, labels)
+    x_train, y_train = (
+        _encode(tokenizer, inputs.train["text"], p.max_len),
+        label_ids(inputs.train, labels),
+    )
+    x_val, y_val = (
+        _encode(tokenizer, inputs.validation["text"], p.max_len),
+        label_ids(inputs.validation, labels),
+    )
     weight = class_weight_tensor(y_train, len(labels)) if inputs.params.class_weights else None
 
     def batches(rng):
@@ -100,24 +125,42 @@ def train_hf(inputs: TrainInputs) -> dict:
 
     def loss(m, b):
         logits = m(**{k: v for k, v in b.items() if k != "labels"}).logits
-        return F.cross_entropy(logits.float(), b["labels"], weight=None if weight is None else weight.to(logits.device))
+        return F.cross_entropy(
+            logits.float(), b["labels"], weight=None if weight is None else weight.to(logits.device)
+        )
 
-    task = Task(batches, -(-len(x_train) // p.batch_size), loss,
-                lambda m: validation_metrics(probabilities(m, tokenizer, x_val), y_val))
-    loop = LoopConfig.from_train(inputs.params, lr=p.lr, epochs=p.epochs, patience=p.patience,
-                                 warmup_ratio=p.warmup_ratio)
+    task = Task(
+        batches,
+        -(-len(x_train) // p.batch_size),
+        loss,
+        lambda m: validation_metrics(probabilities(m, tokenizer, x_val), y_val),
+    )
+    loop = LoopConfig.from_train(
+        inputs.params, lr=p.lr, epochs=p.epochs, patience=p.patience, warmup_ratio=p.warmup_ratio
+    )
     t0 = time.perf_counter()
     result = fit(inputs.name, model, task, loop, inputs.scratch, inputs.sink)
     folder = inputs.out / inputs.name
     model.save_pretrained(folder)  # safetensors
     tokenizer.save_pretrained(folder)
-    (folder / "zhpipe.json").write_text(json.dumps({"labels": labels, "max_len": p.max_len}, ensure_ascii=False),
-                                        encoding="utf-8")
-    return {"path": inputs.name, "kind": "hf", "checkpoint": p.checkpoint, "seconds": time.perf_counter() - t0,
-            "history": result.history, "best_epoch": result.best_epoch, "resumed_from_epoch": result.resumed_from_epoch,
-            "device": result.device, "precision": result.precision, "samples_per_second": result.samples_per_second,
-            "parameters": sum(w.numel() for w in model.parameters()),
-            "trainable_parameters": sum(w.numel() for w in model.parameters() if w.requires_grad), **result.extra}
+    (folder / "zhpipe.json").write_text(
+        json.dumps({"labels": labels, "max_len": p.max_len}, ensure_ascii=False), encoding="utf-8"
+    )
+    return {
+        "path": inputs.name,
+        "kind": "hf",
+        "checkpoint": p.checkpoint,
+        "seconds": time.perf_counter() - t0,
+        "history": result.history,
+        "best_epoch": result.best_epoch,
+        "resumed_from_epoch": result.resumed_from_epoch,
+        "device": result.device,
+        "precision": result.precision,
+        "samples_per_second": result.samples_per_second,
+        "parameters": sum(w.numel() for w in model.parameters()),
+        "trainable_parameters": sum(w.numel() for w in model.parameters() if w.requires_grad),
+        **result.extra,
+    }
 
 
 def hf_predictor(folder: Path, device: str = "auto") -> Predictor:
@@ -137,8 +180,25 @@ def hf_predictor(folder: Path, device: str = "auto") -> Predictor:
     return predict
 
 
-SPEC = ModelSpec("hf", Params, train_hf, load=hf_predictor, cost=3,
-                 shared=("weight_decay", "grad_clip", "grad_accum", "device", "precision", "seed", "class_weights",
-                         "processes", "budget", "model_budget"), races=True,
-                 about="a pretrained sequence-classification checkpoint (Auto classes, fast tokenizer on "
-                 "the text), fine-tuned")
+SPEC = ModelSpec(
+    "hf",
+    Params,
+    train_hf,
+    load=hf_predictor,
+    cost=3,
+    shared=(
+        "weight_decay",
+        "grad_clip",
+        "grad_accum",
+        "device",
+        "precision",
+        "seed",
+        "class_weights",
+        "processes",
+        "budget",
+        "model_budget",
+    ),
+    races=True,
+    about="a pretrained sequence-classification checkpoint (Auto classes, fast tokenizer on "
+    "the text), fine-tuned",
+)

@@ -1,5 +1,6 @@
 """n-gram language models: fixed-weight back-off (normalised) or interpolated Kneser-Ney, and the
 language-model classifier (one LM per class)."""
+
 from __future__ import annotations
 
 import gzip
@@ -26,14 +27,17 @@ class Params(Section):
     """The `train.ngram_lm` and `train.lm_classifier` sections."""
 
     n: int = Field(3, ge=1, le=6)
-    method: Literal["backoff", "kneser_ney"] = "kneser_ney"  # backoff = fixed weight, as in the course notes
-    backoff: float = Field(0.4, gt=0, lt=1)  # weight of the lower order for an unseen n-gram (backoff)
+    # backoff = fixed weight, as in the course notes
+    method: Literal["backoff", "kneser_ney"] = "kneser_ney"
+    # weight of the lower order for an unseen n-gram (backoff)
+    backoff: float = Field(0.4, gt=0, lt=1)
     discount: float = Field(0.75, gt=0, lt=1)  # absolute discount (kneser_ney)
     tokens: Literal["words", "chars"] = "words"
 
 
 class NgramLM:
-    """P(w | previous n-1 tokens) over a closed vocabulary plus <unk> and </s>; sums to 1 for any context."""
+    """P(w | previous n-1 tokens) over a closed vocabulary plus <unk> and </s>; sums to 1 for any
+    context."""
 
     def __init__(self, config: Params):
         if config.n < 1 or config.method not in ("backoff", "kneser_ney"):
@@ -42,8 +46,8 @@ class NgramLM:
         self._z: dict[tuple, float] = {}
 
     def fit(self, sentences: Iterable[list[str]]) -> NgramLM:
-        """Count n-grams of every order ending at each predicted token (the real tokens and </s>), in one pass
-        over `sentences` (a generator reading a split in batches will do)."""
+        """Count n-grams of every order ending at each predicted token (the real tokens and </s>),
+        in one pass over `sentences` (a generator reading a split in batches will do)."""
         n = self.config.n
         self.vocab = {UNK, EOS}
         raw = [Counter() for _ in range(n + 1)]  # raw[k][k-gram]
@@ -53,8 +57,10 @@ class NgramLM:
             for j in range(n - 1, len(padded)):
                 for k in range(1, n + 1):
                     raw[k][tuple(padded[j - k + 1 : j + 1])] += 1
-        # 1. the counts each order's distribution uses: raw for the highest order (and for back-off);
-        #    for Kneser-Ney's lower orders, continuation counts N1+(. h w) = distinct left extensions
+        # 1. the counts each order's distribution uses: raw for the highest order (and for
+        #    back-off);
+        #    for Kneser-Ney's lower orders, continuation counts N1+(. h w) = distinct left
+        #    extensions
         self.counts = raw
         if self.config.method == "kneser_ney":
             self.counts = [Counter() for _ in range(n + 1)]
@@ -65,7 +71,8 @@ class NgramLM:
         return self._index()
 
     def _index(self) -> NgramLM:
-        """Per-context totals, numbers of distinct continuations and the continuations themselves, from counts."""
+        """Per-context totals, numbers of distinct continuations and the continuations themselves,
+        from counts."""
         n = self.config.n
         self.total = [defaultdict(int) for _ in range(n + 1)]
         self.types = [defaultdict(int) for _ in range(n + 1)]
@@ -81,8 +88,13 @@ class NgramLM:
     def prob(self, word: str, context: list[str] | tuple) -> float:
         """P(word | the last n-1 tokens of context); unknown tokens count as <unk>."""
         word = word if word in self.vocab else UNK
-        h = tuple(t if t in self.vocab or t == BOS else UNK
-                  for t in context)[-(self.config.n - 1) :] if self.config.n > 1 else ()
+        h = (
+            tuple(t if t in self.vocab or t == BOS else UNK for t in context)[
+                -(self.config.n - 1) :
+            ]
+            if self.config.n > 1
+            else ()
+        )
         return self._kn(word, h) if self.config.method == "kneser_ney" else self._backoff(word, h)
 
     def _kn(self, w: str, h: tuple) -> float:
@@ -91,7 +103,10 @@ class NgramLM:
         if total == 0:
             return self._kn(w, h[1:]) if h else 1 / len(self.vocab)
         lower = self._kn(w, h[1:]) if h else 1 / len(self.vocab)
-        return max(self.counts[k].get(h + (w,), 0) - d, 0) / total + d * self.types[k][h] / total * lower
+        return (
+            max(self.counts[k].get(h + (w,), 0) - d, 0) / total
+            + d * self.types[k][h] / total * lower
+        )
 
     def _backoff(self, w: str, h: tuple) -> float:
         if not h:  # add-one unigram, so <unk> and unseen words keep some mass
@@ -104,7 +119,8 @@ class NgramLM:
         return score / self._normaliser(h)
 
     def _normaliser(self, h: tuple) -> float:
-        """Z(h) = 1 + alpha * (1 - sum of lower-order P over h's seen continuations): makes back-off sum to 1."""
+        """Z(h) = 1 + alpha * (1 - sum of lower-order P over h's seen continuations): makes back-off
+        sum to 1."""
         if h not in self._z:
             seen = sum(self._backoff(w, h[1:]) for w in self.followers[len(h) + 1][h])
             self._z[h] = 1 + self.config.backoff * (1 - seen)
@@ -114,8 +130,9 @@ class NgramLM:
         """Natural-log probability of a sentence (with </s>) and the number of predicted tokens."""
         padded = [BOS] * (self.config.n - 1) + sentence + [EOS]
         start = self.config.n - 1
-        return sum(math.log(self.prob(padded[j], padded[j - start : j]))
-                   for j in range(start, len(padded))), len(padded) - start
+        return sum(
+            math.log(self.prob(padded[j], padded[j - start : j])) for j in range(start, len(padded))
+        ), len(padded) - start
 
     def perplexity(self, sentences: Iterable[list[str]]) -> float:
         """exp of the mean negative log-probability per predicted token."""
@@ -125,11 +142,14 @@ class NgramLM:
             total, count = total + lp, count + c
         return math.exp(-total / count)
 
-
     def to_json(self) -> dict:
-        """The model as plain data: its config, vocabulary and n-gram counts (what `from_json` rebuilds from)."""
-        return {"config": self.config.model_dump(), "vocab": sorted(self.vocab),
-                "counts": [[[list(gram), c] for gram, c in order.items()] for order in self.counts]}
+        """The model as plain data: its config, vocabulary and n-gram counts (what `from_json`
+        rebuilds from)."""
+        return {
+            "config": self.config.model_dump(),
+            "vocab": sorted(self.vocab),
+            "counts": [[[list(gram), c] for gram, c in order.items()] for order in self.counts],
+        }
 
     @classmethod
     def from_json(cls, doc: dict) -> NgramLM:
@@ -150,11 +170,17 @@ def _load(path: Path) -> dict:
         return json.loads(f.read().decode("utf-8"))
 
 
-def sentences(data, tokens: str, label: str | None = None, originals: bool = False,
-              seen: list | None = None) -> Iterator[list[str]]:
-    """Each text's tokens, read a batch at a time from a split (a `Rows` or a frame): only the original rows
-    (`original_rows`) and one class's when asked; `seen` (a one-item list) counts the texts given."""
-    wanted = [tokens, *(["label"] if label is not None else []), *(["aug_method"] if originals else [])]
+def sentences(
+    data, tokens: str, label: str | None = None, originals: bool = False, seen: list | None = None
+) -> Iterator[list[str]]:
+    """Each text's tokens, read a batch at a time from a split (a `Rows` or a frame): only the
+    original rows (`original_rows`) and one class's when asked; `seen` (a one-item list) counts the
+    texts given."""
+    wanted = [
+        tokens,
+        *(["label"] if label is not None else []),
+        *(["aug_method"] if originals else []),
+    ]
     for batch in batches_of(data, [c for c in wanted if c in columns_of(data)]):
         if originals:
             batch = original_rows(batch)
@@ -167,16 +193,22 @@ def sentences(data, tokens: str, label: str | None = None, originals: bool = Fal
 
 
 def train_ngram_lm(train, validation, section, out: Path) -> dict:
-    """Fit on the original (not augmented) train rows; save `ngram_lm/model.json.gz`; report validation perplexity."""
+    """Fit on the original (not augmented) train rows; save `ngram_lm/model.json.gz`; report
+    validation perplexity."""
     folder = out / "ngram_lm"
     folder.mkdir()
     t0, seen = time.perf_counter(), [0]
     lm = NgramLM(section).fit(sentences(train, section.tokens, originals=True, seen=seen))
     seconds = time.perf_counter() - t0
     _save({"model": lm.to_json(), "tokens": section.tokens}, folder / "model.json.gz")
-    return {"path": "ngram_lm", "kind": "lm", "seconds": seconds, "history": [],
-            "samples_per_second": seen[0] / seconds,
-            "val_perplexity": lm.perplexity(sentences(validation, section.tokens))}
+    return {
+        "path": "ngram_lm",
+        "kind": "lm",
+        "seconds": seconds,
+        "history": [],
+        "samples_per_second": seen[0] / seconds,
+        "val_perplexity": lm.perplexity(sentences(validation, section.tokens)),
+    }
 
 
 def lm_perplexity(folder: Path, df) -> float:
@@ -190,17 +222,27 @@ def train_lm_classifier(train, labels: list[str], section, out: Path) -> dict:
     folder = out / "lm_classifier"
     folder.mkdir()
     t0, seen = time.perf_counter(), [0]
-    models = [NgramLM(section).fit(sentences(train, section.tokens, label, originals=True, seen=seen))
-              for label in labels]
+    models = [
+        NgramLM(section).fit(sentences(train, section.tokens, label, originals=True, seen=seen))
+        for label in labels
+    ]
     seconds = time.perf_counter() - t0
-    _save({"models": [m.to_json() for m in models], "labels": labels, "tokens": section.tokens},
-          folder / "model.json.gz")
-    return {"path": "lm_classifier", "kind": "lm_classifier", "seconds": seconds, "history": [],
-            "samples_per_second": seen[0] / seconds}
+    _save(
+        {"models": [m.to_json() for m in models], "labels": labels, "tokens": section.tokens},
+        folder / "model.json.gz",
+    )
+    return {
+        "path": "lm_classifier",
+        "kind": "lm_classifier",
+        "seconds": seconds,
+        "history": [],
+        "samples_per_second": seen[0] / seconds,
+    }
 
 
 def lm_classifier_predictor(folder: Path):
-    """Class probabilities: softmax over each class LM's log-probability of the text (argmax = lowest perplexity)."""
+    """Class probabilities: softmax over each class LM's log-probability of the text (argmax =
+    lowest perplexity)."""
     saved = _load(folder / "model.json.gz")
     models = [NgramLM.from_json(doc) for doc in saved["models"]]
 
@@ -213,10 +255,22 @@ def lm_classifier_predictor(folder: Path):
     return predict
 
 
-NGRAM_LM = ModelSpec("ngram_lm", Params, lambda i: train_ngram_lm(i.train, i.validation, i.section, i.out),
-                     perplexity=lm_perplexity, shared=(),
-                    streams=True,
-                    about="an n-gram language model (Kneser-Ney or fixed back-off); scored by test perplexity")
-LM_CLASSIFIER = ModelSpec("lm_classifier", Params, lambda i: train_lm_classifier(i.train, i.labels, i.section, i.out),
-                          cost=0, load=lm_classifier_predictor, shared=(), streams=True,
-                          about="one n-gram LM per class; the lowest perplexity wins")
+NGRAM_LM = ModelSpec(
+    "ngram_lm",
+    Params,
+    lambda i: train_ngram_lm(i.train, i.validation, i.section, i.out),
+    perplexity=lm_perplexity,
+    shared=(),
+    streams=True,
+    about="an n-gram language model (Kneser-Ney or fixed back-off); scored by test perplexity",
+)
+LM_CLASSIFIER = ModelSpec(
+    "lm_classifier",
+    Params,
+    lambda i: train_lm_classifier(i.train, i.labels, i.section, i.out),
+    cost=0,
+    load=lm_classifier_predictor,
+    shared=(),
+    streams=True,
+    about="one n-gram LM per class; the lowest perplexity wins",
+)

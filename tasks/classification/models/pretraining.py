@@ -1,5 +1,7 @@
-"""What BERT pretraining reads and reports: a text's clauses, sentence pairs for next-sentence prediction (true next
-clauses and random ones), their encoding, and the masked-LM (and next-sentence) metrics on validation."""
+"""What BERT pretraining reads and reports: a text's clauses, sentence pairs for next-sentence
+prediction (true next clauses and random ones), their encoding, and the masked-LM (and
+next-sentence) metrics on validation."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -9,8 +11,9 @@ CLAUSE_END = set("。！？!?；;，,")
 
 
 def clauses(chars: str) -> list[list[str]]:
-    """A text's clauses (characters up to and including each clause-ending punctuation mark); a text of one
-    clause is cut in two halves, so that every text of two characters or more gives a pair."""
+    """A text's clauses (characters up to and including each clause-ending punctuation mark); a text
+    of one clause is cut in two halves, so that every text of two characters or more gives a
+    pair."""
     tokens, out, current = chars.split(), [], []
     for t in tokens:
         current.append(t)
@@ -25,7 +28,8 @@ def clauses(chars: str) -> list[list[str]]:
 
 
 def sentence_pairs(texts: pd.Series, seed: int) -> list[tuple[list[str], list[str], int]]:
-    """(A, B, label) per adjacent clause pair: label 0 = B follows A, 1 = B is a clause of another text (half each)."""
+    """(A, B, label) per adjacent clause pair: label 0 = B follows A, 1 = B is a clause of another
+    text (half each)."""
     rng = np.random.default_rng(seed)
     per_text = [c for c in (clauses(t) for t in texts) if len(c) >= 2]
     pairs = []
@@ -45,15 +49,24 @@ def encode_pairs(tokenizer, pairs, max_len: int) -> list[dict]:
     room = max_len - 3
     out = []
     for a, b, label in pairs:
-        a, b = a[: max(room // 2, room - len(b))], b[: max(room // 2, room - min(len(a), room // 2))]
+        a, b = (
+            a[: max(room // 2, room - len(b))],
+            b[: max(room // 2, room - min(len(a), room // 2))],
+        )
         ids = tokenizer.convert_tokens_to_ids(["[CLS]", *a, "[SEP]", *b, "[SEP]"])
-        out.append({"input_ids": ids, "token_type_ids": [0] * (len(a) + 2) + [1] * (len(b) + 1),
-                    "next_sentence_label": label})
+        out.append(
+            {
+                "input_ids": ids,
+                "token_type_ids": [0] * (len(a) + 2) + [1] * (len(b) + 1),
+                "next_sentence_label": label,
+            }
+        )
     return out
 
 
 def pretraining_metrics(m, batches, nsp: bool) -> dict[str, float]:
-    """Masked-LM loss and perplexity over the masked characters of `batches` (and next-sentence loss and accuracy)."""
+    """Masked-LM loss and perplexity over the masked characters of `batches` (and next-sentence loss
+    and accuracy)."""
     import torch.nn.functional as F
 
     mlm = mlm_count = nsp_loss = nsp_right = rows = 0.0
@@ -65,12 +78,18 @@ def pretraining_metrics(m, batches, nsp: bool) -> dict[str, float]:
         mlm += F.cross_entropy(logits[mask].float(), batch["labels"][mask], reduction="sum").item()
         mlm_count += int(mask.sum())
         if nsp:
-            nsp_loss += F.cross_entropy(out.seq_relationship_logits.float(), batch["next_sentence_label"],
-                                        reduction="sum").item()
-            nsp_right += (out.seq_relationship_logits.argmax(1) == batch["next_sentence_label"]).sum().item()
+            nsp_loss += F.cross_entropy(
+                out.seq_relationship_logits.float(), batch["next_sentence_label"], reduction="sum"
+            ).item()
+            nsp_right += (
+                (out.seq_relationship_logits.argmax(1) == batch["next_sentence_label"]).sum().item()
+            )
             rows += len(batch["labels"])
     loss = mlm / max(mlm_count, 1)
     metrics = {"val_mlm_loss": loss, "val_mlm_perplexity": float(np.exp(loss))}
     if nsp:
-        metrics |= {"val_nsp_loss": nsp_loss / max(rows, 1), "val_nsp_accuracy": nsp_right / max(rows, 1)}
+        metrics |= {
+            "val_nsp_loss": nsp_loss / max(rows, 1),
+            "val_nsp_accuracy": nsp_right / max(rows, 1),
+        }
     return metrics

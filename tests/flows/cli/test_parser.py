@@ -1,5 +1,7 @@
-"""The command line's parser reads the kinds' declarations only when it needs them: a `zhpipe run` or `zhpipe status`
-handed to the warm process parses in its own process without importing any stage module (pandas and more)."""
+"""The command line's parser reads the kinds' declarations only when it needs them: a `zhpipe run`
+or `zhpipe status` handed to the warm process parses in its own process without importing any stage
+module (pandas and more)."""
+
 from __future__ import annotations
 
 import json
@@ -46,13 +48,17 @@ print(json.dumps(out))
 def test_run_and_status_parse_without_the_stage_modules_and_stage_names_still_checked():
     from tasks.stages import KINDS, STAGE_NAMES
 
-    done = subprocess.run([sys.executable, "-c", _PROBE], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     for name in ("status", "run"):
         assert out[name] == {"stages": False, "pandas": False, "command": name}, out[name]
     assert out["bogus"]["code"] == 2
-    assert "invalid choice: 'bogus'" in out["bogus"]["said"] and all(s in out["bogus"]["said"] for s in STAGE_NAMES)
+    assert "invalid choice: 'bogus'" in out["bogus"]["said"] and all(
+        s in out["bogus"]["said"] for s in STAGE_NAMES
+    )
     assert out["named"] == {"start": "segment", "force": ""}
     starters = [kind.starter for kind in KINDS.values() if kind.starter]
     assert starters and all(f"--{s.option}" in out["init_help"] for s in starters), out["init_help"]

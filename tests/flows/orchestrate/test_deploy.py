@@ -1,6 +1,8 @@
-"""Deployments against a real `prefect server` on loopback, with real process workers on two work pools:
-the pipeline runs on its schedule, its train stage is routed to the second pool, MLflow nests the train run
-under the pipeline's parent run, and `zhpipe deploy` keeps the deployments in step with the file."""
+"""Deployments against a real `prefect server` on loopback, with real process workers on two work
+pools: the pipeline runs on its schedule, its train stage is routed to the second pool, MLflow nests
+the train run under the pipeline's parent run, and `zhpipe deploy` keeps the deployments in step
+with the file."""
+
 import os
 import socket
 import subprocess
@@ -41,12 +43,28 @@ def server(tmp_path_factory, seed_prefect_home):
     """`prefect server start` on a free loopback port, with its own home and database."""
     home = seed_prefect_home(tmp_path_factory.mktemp("prefect-server"))
     port = free_port()
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": "", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_LOGGING_LEVEL": "WARNING",
-           "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "2"}  # a deployment's schedule has its runs within seconds
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(home),
+        "PREFECT_API_URL": "",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_LOGGING_LEVEL": "WARNING",
+        # a deployment's schedule has its runs within seconds
+        "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "2",
+    }
     log = open(home / "server.log", "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        [
+            sys.executable,
+            "-m",
+            "prefect",
+            "server",
+            "start",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -91,12 +109,15 @@ def write_pipelines(path: Path, schedule: dict | None, train_pool: str | None) -
     tiny["stages"]["train"].update({"models": ["tfidf_lr"], "work_pool": train_pool})
     tiny["work_pool"] = "cpu-test"
     tiny["parameters"] = {
-        "allow_overrides": ["split.seed", "segment.*"],  # a path outside the project is refused even so
+        # a path outside the project is refused even so
+        "allow_overrides": ["split.seed", "segment.*"],
         "stages": without_profile(),
     }  # its pictures are not what is tested here
     if schedule:
         tiny["schedule"] = schedule
-    path.write_text(yaml.safe_dump({"pipelines": {"tiny": tiny}}, allow_unicode=True), encoding="utf-8")
+    path.write_text(
+        yaml.safe_dump({"pipelines": {"tiny": tiny}}, allow_unicode=True), encoding="utf-8"
+    )
     return path
 
 
@@ -132,8 +153,9 @@ NIGHTLY = {
 
 
 def run_the_next_scheduled(c, deployment_id):
-    """The schedule triggered instead of waited for: the first run Prefect's scheduler made for the deployment (an
-    auto-scheduled run, days ahead) is moved to now; its other runs stay days ahead. No test waits on a cron minute."""
+    """The schedule triggered instead of waited for: the first run Prefect's scheduler made for the
+    deployment (an auto-scheduled run, days ahead) is moved to now; its other runs stay days ahead.
+    No test waits on a cron minute."""
     from datetime import datetime
 
     from prefect.client.schemas.filters import (
@@ -149,7 +171,9 @@ def run_the_next_scheduled(c, deployment_id):
     def scheduled():
         return c.read_flow_runs(
             deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])),
-            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=["SCHEDULED"]))),
+            flow_run_filter=FlowRunFilter(
+                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=["SCHEDULED"]))
+            ),
             sort=FlowRunSort.EXPECTED_START_TIME_ASC,
         )
 
@@ -190,7 +214,9 @@ def test_scheduled_pipeline_trains_on_the_second_pool(env, workers, tmp_path):
             runs = c.read_flow_runs(
                 deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])),
                 flow_run_filter=FlowRunFilter(
-                    state=FlowRunFilterState(type=FlowRunFilterStateType(any_=["COMPLETED", "FAILED", "CRASHED"]))
+                    state=FlowRunFilterState(
+                        type=FlowRunFilterStateType(any_=["COMPLETED", "FAILED", "CRASHED"])
+                    )
                 ),
             )
             return runs
@@ -201,9 +227,8 @@ def test_scheduled_pipeline_trains_on_the_second_pool(env, workers, tmp_path):
 
         # the scheduler's next run, moved to now; the cpu worker picks it up
         triggered = run_the_next_scheduled(c, main.id)
-        # while it runs, a run started through the API that sets what the file does not allow fails in one line
-        # naming it
-        # (which names come first, and the refused overrides, is test_guard's)
+        # while it runs, a run started through the API that sets what the file does not allow fails
+        # in one line naming it (which names come first, and the refused overrides, is test_guard's)
         bad = c.create_flow_run_from_deployment(
             main.id,
             parameters={
@@ -230,7 +255,8 @@ def test_scheduled_pipeline_trains_on_the_second_pool(env, workers, tmp_path):
         # and of the schedule's runs only the one moved to now ran: the others stay days ahead
         assert {r.id for r in completed(main.id)} == {triggered, bad.id}
 
-    # MLflow: one parent run; the train stage run (logged by the gpu worker) and its model runs sit under it
+    # MLflow: one parent run; the train stage run (logged by the gpu worker) and its model runs sit
+    # under it
     from mlflow.tracking import MlflowClient
 
     mlflow = MlflowClient(env["MLFLOW_TRACKING_URI"])
@@ -244,7 +270,8 @@ def test_scheduled_pipeline_trains_on_the_second_pool(env, workers, tmp_path):
     assert by_name["train"].data.tags["zhpipe.cache"] == "miss"
     model_run = next(r for r in all_runs if r.data.tags.get("zhpipe.model") == "tfidf_lr")
     assert (
-        model_run.info.run_name.startswith("tfidf_lr · tiny ") and model_run.data.tags["mlflow.parentRunId"] == parent
+        model_run.info.run_name.startswith("tfidf_lr · tiny ")
+        and model_run.data.tags["mlflow.parentRunId"] == parent
     )
     assert parents[0].data.metrics["best_test_accuracy"] > 0.5
 
@@ -271,22 +298,33 @@ def test_routing_to_a_pool_without_its_deployment_fails_clearly(tmp_path, capsys
     from tests.helpers.cli import in_process
 
     config = write_pipelines(tmp_path / "pipelines.yaml", None, "nowhere")
-    proc = in_process(
-        capsys, "run", "tiny", "--config", config, "--force", "train"
-    )  # on the suite's server: no such deployment either
+    # on the suite's server: no such deployment either
+    proc = in_process(capsys, "run", "tiny", "--config", config, "--force", "train")
     assert proc.returncode == 2, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert "deployment 'zhpipe-train/tiny' does not exist" in last and "zhpipe deploy tiny" in last
-    assert "building" not in proc.stdout + proc.stderr  # said before any stage ran, not after the data stages
+    # said before any stage ran, not after the data stages
+    assert "building" not in proc.stdout + proc.stderr
 
 
 def test_another_corpus_cannot_train_on_a_pool_and_is_told_before_any_stage(tmp_path, capsys):
     from tests.helpers.cli import in_process
 
     config = write_pipelines(tmp_path / "pipelines.yaml", None, "gpu-test")
-    proc = in_process(capsys, "run", "tiny", "--config", config, "--source", ROOT / "tests" / "fixtures" / "smoke.csv")
+    proc = in_process(
+        capsys,
+        "run",
+        "tiny",
+        "--config",
+        config,
+        "--source",
+        ROOT / "tests" / "fixtures" / "smoke.csv",
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "a run with --source cannot train on another work pool" in proc.stderr.strip().splitlines()[-1]
+    assert (
+        "a run with --source cannot train on another work pool"
+        in proc.stderr.strip().splitlines()[-1]
+    )
     assert "building" not in proc.stdout + proc.stderr
 
 
@@ -304,7 +342,12 @@ def test_gpu_slot_lets_one_training_at_a_time(env):
 
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", HOLD], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            [sys.executable, "-c", HOLD],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for _ in range(2)
     ]
@@ -320,7 +363,8 @@ def test_gpu_slot_lets_one_training_at_a_time(env):
 
 
 def test_serve_runs_the_schedule_without_a_worker(env, tmp_path):
-    """`zhpipe serve`: the scheduled pipeline runs from the serving process, with the file's default parameters."""
+    """`zhpipe serve`: the scheduled pipeline runs from the serving process, with the file's default
+    parameters."""
     from prefect.client.schemas.filters import (
         DeploymentFilter,
         DeploymentFilterId,
@@ -329,7 +373,9 @@ def test_serve_runs_the_schedule_without_a_worker(env, tmp_path):
         FlowRunFilterStateType,
     )
 
-    doc = yaml.safe_load(write_pipelines(tmp_path / "p.yaml", NIGHTLY, None).read_text(encoding="utf-8"))
+    doc = yaml.safe_load(
+        write_pipelines(tmp_path / "p.yaml", NIGHTLY, None).read_text(encoding="utf-8")
+    )
     served = doc["pipelines"].pop("tiny")
     served["parameters"] = {"stages": ["download", "clean", "split"]}
     (tmp_path / "p.yaml").write_text(
@@ -355,20 +401,29 @@ def test_serve_runs_the_schedule_without_a_worker(env, tmp_path):
                     return None
 
             d = wait_for(deployment, 120, "zhpipe serve to register its deployment")
-            assert d.work_pool_name is None and d.parameters["stages"] == ["download", "clean", "split"]
+            assert d.work_pool_name is None and d.parameters["stages"] == [
+                "download",
+                "clean",
+                "split",
+            ]
             triggered = run_the_next_scheduled(c, d.id)
             done = FlowRunFilter(
-                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=["COMPLETED", "FAILED", "CRASHED"]))
+                state=FlowRunFilterState(
+                    type=FlowRunFilterStateType(any_=["COMPLETED", "FAILED", "CRASHED"])
+                )
             )
             runs = wait_for(
                 lambda: c.read_flow_runs(
-                    deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[d.id])), flow_run_filter=done
+                    deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[d.id])),
+                    flow_run_filter=done,
                 ),
                 600,
                 "a served run to finish",
             )
             assert [r.id for r in runs] == [triggered]
-            assert runs[0].state.type.value == "COMPLETED", (tmp_path / "serve.log").read_text()[-4000:]
+            assert runs[0].state.type.value == "COMPLETED", (tmp_path / "serve.log").read_text()[
+                -4000:
+            ]
             assert runs[0].auto_scheduled
     finally:
         stop(proc)

@@ -1,5 +1,5 @@
-"""The task wrappers through the run engine (flows/orchestrate/execute.py): build, publish, track, reuse; a failing
-build counts as nothing."""
+"""The task wrappers through the run engine (flows/orchestrate/execute.py): build, publish, track,
+reuse; a failing build counts as nothing."""
 
 import pandas as pd
 import pytest
@@ -22,7 +22,10 @@ def test_task_fn_builds_then_hits(run_ctx):
     again = clean.fn(run_ctx, d)
     assert again.cache == "hit" and again.key == c.key
     run = client().get_run(manifest.mlflow_run_id)
-    assert run.data.tags["zhpipe.stage"] == "clean" and run.data.tags["mlflow.parentRunId"] == run_ctx.parent_run_id
+    assert (
+        run.data.tags["zhpipe.stage"] == "clean"
+        and run.data.tags["mlflow.parentRunId"] == run_ctx.parent_run_id
+    )
     assert run.info.status == "FINISHED"
 
 
@@ -40,7 +43,8 @@ def test_failing_build_leaves_no_output_and_a_failed_run(run_ctx):
 
 
 def test_scratch_survives_a_failed_build_until_publish_and_force_clears_it(run_ctx):
-    """Checkpoints live in the stage key's scratch folder: kept after a failure (to resume), gone after publish."""
+    """Checkpoints live in the stage key's scratch folder: kept after a failure (to resume), gone
+    after publish."""
     from tasks.core import BuildOutput
 
     seen = []
@@ -58,7 +62,9 @@ def test_scratch_survives_a_failed_build_until_publish_and_force_clears_it(run_c
     assert seen == [[], ["last.pt"]]
     assert not run_ctx.store.scratch("clean", run_ctx.keys["clean"]).joinpath("last.pt").exists()
     seen.clear()
-    run_ctx.store.scratch("clean", run_ctx.keys["clean"]).joinpath("last.pt").write_text("from a killed run")
+    run_ctx.store.scratch("clean", run_ctx.keys["clean"]).joinpath("last.pt").write_text(
+        "from a killed run"
+    )
     run_ctx.force = {"clean"}
     with pytest.raises(DataError):
         run_ctx.run("clean", {}, flaky)
@@ -75,8 +81,8 @@ def test_artifact_keys_are_valid_for_any_allowed_pipeline_name():
 
 
 def test_the_engine_calls_its_tracking_hooks_and_knows_nothing_else_of_them(tmp_path):
-    """RunContext.tracking is the only seam between the run engine and MLflow: with other hooks a unit is built,
-    published and reused, each hook called in its turn, and no MLflow run is made."""
+    """RunContext.tracking is the only seam between the run engine and MLflow: with other hooks a
+    unit is built, published and reused, each hook called in its turn, and no MLflow run is made."""
     from flows.orchestrate.execute import RunContext
     from flows.plan.cache import StageCache
     from flows.plan.keys import plan
@@ -126,7 +132,11 @@ def test_the_engine_calls_its_tracking_hooks_and_knows_nothing_else_of_them(tmp_
         return BuildOutput(rows=1)
 
     first, again = run.run("clean", {}, build), run.run("clean", {}, build)
-    assert first.cache == "miss" and again.cache == "hit" and first.run_id == again.run_id == "recorded"
+    assert (
+        first.cache == "miss"
+        and again.cache == "hit"
+        and first.run_id == again.run_id == "recorded"
+    )
     assert run.store.manifest("clean", first.key).mlflow_run_id == "recorded"
     assert calls == [
         ("start", "clean", False),
@@ -141,4 +151,7 @@ def test_the_engine_calls_its_tracking_hooks_and_knows_nothing_else_of_them(tmp_
     with pytest.raises(DataError):
         run.run("clean", {}, lambda ctx: (_ for _ in ()).throw(DataError("boom")))
     assert calls == [("start", "clean", False), ("building", False), ("failed", True)]
-    assert len(client().search_experiments()) == before and client().get_experiment_by_name("zhpipe-hooks") is None
+    assert (
+        len(client().search_experiments()) == before
+        and client().get_experiment_by_name("zhpipe-hooks") is None
+    )

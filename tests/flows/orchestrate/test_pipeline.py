@@ -1,4 +1,6 @@
-"""End-to-end: the smoke pipeline through real Prefect (temporary server) and real MLflow (SQLite)."""
+"""End-to-end: the smoke pipeline through real Prefect (temporary server) and real MLflow
+(SQLite)."""
+
 import pandas as pd
 import pytest
 
@@ -28,7 +30,9 @@ def cache_of(out):
 def children(parent_id, experiment):
     c = client()
     exp = c.get_experiment_by_name(experiment)
-    return c.search_runs([exp.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'")
+    return c.search_runs(
+        [exp.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'"
+    )
 
 
 def test_first_run_builds_everything_and_tracks_it(smoke):
@@ -44,7 +48,8 @@ def test_first_run_builds_everything_and_tracks_it(smoke):
     assert parent.data.params["train.epochs"] == "1"
     runs = children(out["parent_run_id"], out["experiment"])
     stages = {r.data.tags["zhpipe.stage"]: r for r in runs if "zhpipe.stage" in r.data.tags}
-    assert set(stages) == set(STAGES) | {"train.fasttext", "train.textcnn"}  # a model run per train unit
+    # a model run per train unit
+    assert set(stages) == set(STAGES) | {"train.fasttext", "train.textcnn"}
     assert {r.data.tags["zhpipe.cache"] for r in stages.values()} == {"miss"}
     assert stages["clean"].inputs.dataset_inputs[0].dataset.name == "smoke-clean"
     assert "dropped_duplicate" in stages["clean"].data.metrics
@@ -54,14 +59,15 @@ def test_first_run_builds_everything_and_tracks_it(smoke):
         assert {"test_accuracy", "test_macro_f1"} <= set(r.data.metrics)
     import mlflow
 
-    served = mlflow.pyfunc.load_model(models["textcnn"].data.tags["zhpipe.model_uri"])  # raw text in, as logged
+    # raw text in, as logged
+    served = mlflow.pyfunc.load_model(models["textcnn"].data.tags["zhpipe.model_uri"])
     assert list(served.predict(["房间很干净"]).columns[:2]) == ["label", "probability"]
 
 
 def test_runs_read_well_in_both_uis(smoke):
-    """MLflow: a model run logs each curve once (no `textcnn_train_loss` beside `train_loss`); the parent run's
-    params leave out models it does not train, the whole config is config.json. Prefect: every model unit is
-    a task run of its own."""
+    """MLflow: a model run logs each curve once (no `textcnn_train_loss` beside `train_loss`); the
+    parent run's params leave out models it does not train, the whole config is config.json.
+    Prefect: every model unit is a task run of its own."""
     import asyncio
     import json
 
@@ -72,23 +78,32 @@ def test_runs_read_well_in_both_uis(smoke):
     out = smoke["out"]
     c = client()
     runs = children(out["parent_run_id"], out["experiment"])
-    textcnn = next(r for r in runs if r.data.tags.get("zhpipe.model") == "textcnn" and "zhpipe.stage" in r.data.tags)
-    assert "train_loss" in textcnn.data.metrics and not any(k.startswith("textcnn_") for k in textcnn.data.metrics)
-    assert [m.step for m in c.get_metric_history(textcnn.info.run_id, "train_loss")] == [1]  # one epoch, logged once
+    textcnn = next(
+        r
+        for r in runs
+        if r.data.tags.get("zhpipe.model") == "textcnn" and "zhpipe.stage" in r.data.tags
+    )
+    assert "train_loss" in textcnn.data.metrics and not any(
+        k.startswith("textcnn_") for k in textcnn.data.metrics
+    )
+    # one epoch, logged once
+    assert [m.step for m in c.get_metric_history(textcnn.info.run_id, "train_loss")] == [1]
     parent = c.get_run(out["parent_run_id"])
-    assert textcnn.info.run_name == f"textcnn · {parent.info.run_name}"  # model runs of two pipeline runs read apart
+    # model runs of two pipeline runs read apart
+    assert textcnn.info.run_name == f"textcnn · {parent.info.run_name}"
     assert "train.textcnn.num_filters" in parent.data.params and not any(
         k.startswith("train.bert.") for k in parent.data.params
     )
-    config = json.loads(
-        mlflow.artifacts.load_text(parent.data.tags["zhpipe.config_json"])
-    )  # on this run, or the first with its config
+    # on this run, or the first with its config
+    config = json.loads(mlflow.artifacts.load_text(parent.data.tags["zhpipe.config_json"]))
     assert config["name"] == "smoke" and "bert" in config["stages"]["train"]
 
     async def names():
         async with get_client() as client:
             found = await client.read_task_runs(
-                task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=["train.textcnn", "evaluate.textcnn"]))
+                task_run_filter=TaskRunFilter(
+                    name=TaskRunFilterName(any_=["train.textcnn", "evaluate.textcnn"])
+                )
             )
             return {t.name for t in found}
 
@@ -96,12 +111,15 @@ def test_runs_read_well_in_both_uis(smoke):
 
 
 def test_rerun_is_all_hits_recorded_in_one_run_naming_the_builders(smoke, store):
-    """A run with nothing to build records its parent run alone; each reused output names the run that built it,
-    which `compare` follows for the models' metrics; the champion rule still runs, and says the model it reuses is
-    already the champion (made so here: other modules register better models of zhpipe-smoke into this registry)."""
+    """A run with nothing to build records its parent run alone; each reused output names the run
+    that built it, which `compare` follows for the models' metrics; the champion rule still runs,
+    and says the model it reuses is already the champion (made so here: other modules register
+    better models of zhpipe-smoke into this registry)."""
     from flows.track.runs import find_run, model_metrics
 
-    name, version = client().get_run(smoke["out"]["parent_run_id"]).data.tags["zhpipe.registered"].split("/")
+    name, version = (
+        client().get_run(smoke["out"]["parent_run_id"]).data.tags["zhpipe.registered"].split("/")
+    )
     before = client().get_model_version_by_alias(name, "champion").version
     client().set_registered_model_alias(name, "champion", version)
     try:
@@ -111,10 +129,15 @@ def test_rerun_is_all_hits_recorded_in_one_run_naming_the_builders(smoke, store)
     assert set(cache_of(out).values()) == {"hit"} and {u["cache"] for u in out["units"]} == {"hit"}
     assert children(out["parent_run_id"], out["experiment"]) == []
     parent = client().get_run(out["parent_run_id"])
-    assert parent.data.tags["zhpipe.reused"] == "all" and parent.data.metrics["stages_hit"] == len(STAGES)
+    assert parent.data.tags["zhpipe.reused"] == "all" and parent.data.metrics["stages_hit"] == len(
+        STAGES
+    )
     for stage in STAGES:
         builder = client().get_run(parent.data.tags[f"zhpipe.reused.{stage}"])
-        assert builder.data.tags["zhpipe.stage"] == stage and builder.data.tags["zhpipe.cache"] == "miss"
+        assert (
+            builder.data.tags["zhpipe.stage"] == stage
+            and builder.data.tags["zhpipe.cache"] == "miss"
+        )
     assert "test_accuracy" in model_metrics(find_run(out["parent_run_id"]))["textcnn"]
     assert (
         parent.data.tags["zhpipe.registered"] == f"{name}/{version}"
@@ -128,7 +151,8 @@ def test_changed_train_param_rebuilds_train_and_evaluate_only(prefect_harness, s
 
 
 def test_one_models_param_rebuilds_that_model_only(prefect_harness, store):
-    """Each model is a unit: textcnn's own param retrains and rescores textcnn; fastText is reused."""
+    """Each model is a unit: textcnn's own param retrains and rescores textcnn; fastText is
+    reused."""
     out = run(store, ["train.textcnn.num_filters=8"])
     units = {u["stage"]: u["cache"] for u in out["units"]}
     assert units == {
@@ -137,13 +161,16 @@ def test_one_models_param_rebuilds_that_model_only(prefect_harness, store):
         "evaluate.fasttext": "hit",
         "evaluate.textcnn": "miss",
     }
-    assert [s for s, c in cache_of(out).items() if c == "miss"] == ["train", "evaluate"]  # they gather their units
+    # they gather their units
+    assert [s for s, c in cache_of(out).items() if c == "miss"] == ["train", "evaluate"]
     runs = children(out["parent_run_id"], out["experiment"])
     models = {r.data.tags["zhpipe.model"]: r for r in runs if "zhpipe.model" in r.data.tags}
     assert (
-        models["fasttext"].data.tags["zhpipe.cache"] == "hit" and models["textcnn"].data.tags["zhpipe.cache"] == "miss"
+        models["fasttext"].data.tags["zhpipe.cache"] == "hit"
+        and models["textcnn"].data.tags["zhpipe.cache"] == "miss"
     )
-    assert "test_accuracy" in models["fasttext"].data.metrics  # a reused model is still scored in this run
+    # a reused model is still scored in this run
+    assert "test_accuracy" in models["fasttext"].data.metrics
 
 
 def test_only_reuses_cached_inputs_and_refuses_missing_ones(prefect_harness, store):
@@ -205,8 +232,9 @@ def test_language_models_and_baseline_through_the_flow(prefect_harness, store):
 
 
 def test_model_zoo_through_the_flow_with_curves_and_served_models(prefect_harness, store):
-    """transformer, bert (masked-LM pretrained here, with the word adapter) and rnn_lm in one run: per-epoch
-    curves in their MLflow runs, and each PyTorch classifier logged as an MLflow model that predicts like the code."""
+    """transformer, bert (masked-LM pretrained here, with the word adapter) and rnn_lm in one run:
+    per-epoch curves in their MLflow runs, and each PyTorch classifier logged as an MLflow model
+    that predicts like the code."""
     import mlflow
     import numpy as np
     import pandas as pd
@@ -234,7 +262,8 @@ def test_model_zoo_through_the_flow_with_curves_and_served_models(prefect_harnes
     assert set(models) == {"transformer", "bert", "rnn_lm"}
     train_info = next(s for s in out["stages"] if s["stage"] == "train")["facts"]["models"]
     assert (
-        train_info["transformer"]["embeddings"] == "fasttext" and train_info["transformer"]["embedding_coverage"] > 0.9
+        train_info["transformer"]["embeddings"] == "fasttext"
+        and train_info["transformer"]["embedding_coverage"] > 0.9
     )
     c = client()
     curves = {
@@ -246,44 +275,64 @@ def test_model_zoo_through_the_flow_with_curves_and_served_models(prefect_harnes
         ("bert", "samples_per_second"): [1, 2],
     }
     for (name, metric), steps in curves.items():
-        assert [m.step for m in c.get_metric_history(models[name].info.run_id, metric)] == steps, (name, metric)
+        assert [m.step for m in c.get_metric_history(models[name].info.run_id, metric)] == steps, (
+            name,
+            metric,
+        )
     assert models["rnn_lm"].data.metrics["test_perplexity"] > 1
     keys = plan_keys(load_pipeline("smoke", overrides=sets))
     test = pd.read_parquet(store / "segment" / keys["segment"] / "test.parquet").head(2)
-    for name in ("transformer", "bert"):  # the logged classifier takes raw text and predicts like the training code
+    # the logged classifier takes raw text and predicts like the training code
+    for name in ("transformer", "bert"):
         model_dir = store / f"train.{name}" / keys[f"train.{name}"] / name
-        served = mlflow.pyfunc.load_model(models[name].data.tags["zhpipe.model_uri"]).predict(test["text"].tolist())
-        np.testing.assert_allclose(served[["p_0", "p_1"]].to_numpy(), MODELS[name].load(model_dir)(test), atol=1e-5)
+        served = mlflow.pyfunc.load_model(models[name].data.tags["zhpipe.model_uri"]).predict(
+            test["text"].tolist()
+        )
+        np.testing.assert_allclose(
+            served[["p_0", "p_1"]].to_numpy(), MODELS[name].load(model_dir)(test), atol=1e-5
+        )
 
 
 def _files(root, stage, key):
     import hashlib
 
     folder = root / stage / key
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.glob("*.parquet"))}
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.glob("*.parquet"))
+    }
 
 
 def test_dask_run_writes_the_same_bytes_as_a_local_run(prefect_harness, store, tmp_path):
-    """`--dask local`: clean, segment and augment run their chunks on a 2-worker LocalCluster and publish
-    byte-identical files to the (cached) single-machine run of the same config."""
+    """`--dask local`: clean, segment and augment run their chunks on a 2-worker LocalCluster and
+    publish byte-identical files to the (cached) single-machine run of the same config."""
     from flows.plan.keys import plan_keys
 
     out = run(
-        tmp_path / "dask-store", stages=without_profile("augment"), dask="local", overrides=["segment.chunk_rows=100"]
+        tmp_path / "dask-store",
+        stages=without_profile("augment"),
+        dask="local",
+        overrides=["segment.chunk_rows=100"],
     )
-    local = run(tmp_path / "local-store", stages=without_profile("augment"), overrides=["segment.chunk_rows=100"])
+    local = run(
+        tmp_path / "local-store",
+        stages=without_profile("augment"),
+        overrides=["segment.chunk_rows=100"],
+    )
     keys = plan_keys(load_pipeline("smoke", overrides=["segment.chunk_rows=100"]))
     for stage in ("clean", "segment", "augment"):
         dask_files = _files(tmp_path / "dask-store", stage, keys[stage])
-        assert dask_files and dask_files == _files(tmp_path / "local-store", stage, keys[stage]), stage
+        assert dask_files and dask_files == _files(tmp_path / "local-store", stage, keys[stage]), (
+            stage
+        )
     segment = {r["stage"]: r for r in out["stages"]}["segment"]
     assert segment["metrics"]["chunk_processes"] == 2  # both cluster workers ran chunks
     assert {r["stage"]: r for r in local["stages"]}["segment"]["metrics"]["chunk_processes"] >= 1
 
 
 def test_remote_storage_url(prefect_harness, tmp_path):
-    """A store on an fsspec URL (memory://, in this process): outputs are uploaded with their manifest last,
-    a rerun is all hits, and a second machine (another local mirror) reads them back."""
+    """A store on an fsspec URL (memory://, in this process): outputs are uploaded with their
+    manifest last, a rerun is all hits, and a second machine (another local mirror) reads them
+    back."""
     import fsspec
 
     from flows.plan.keys import plan_keys
@@ -309,8 +358,8 @@ def test_remote_storage_url(prefect_harness, tmp_path):
 
 
 def test_pictures_of_a_run_are_valid_pngs(prefect_harness, store):
-    """The profile, embed and evaluate pictures of the smoke run: real PNGs of a sensible size, and the
-    profile's one-page report and the projector export next to them."""
+    """The profile, embed and evaluate pictures of the smoke run: real PNGs of a sensible size, and
+    the profile's one-page report and the projector export next to them."""
     from PIL import Image
 
     from flows.plan.keys import plan_keys
@@ -330,25 +379,33 @@ def test_pictures_of_a_run_are_valid_pngs(prefect_harness, store):
     ]
     pictures += sorted(profile.glob("wordcloud_*.png")) + [embed / "word2vec_pca.png"]
     pictures += [
-        evaluation / "evaluation" / n for n in ("confusion_matrix.png", "pr_curves.png", "training_curves.png")
+        evaluation / "evaluation" / n
+        for n in ("confusion_matrix.png", "pr_curves.png", "training_curves.png")
     ]
     assert len(list(profile.glob("wordcloud_*.png"))) == 2  # one per label
     for path in pictures:
         with Image.open(path) as img:
             img.verify()
         with Image.open(path) as img:
-            assert img.format == "PNG" and 300 <= img.size[0] <= 4000 and 200 <= img.size[1] <= 4000, (
+            assert (
+                img.format == "PNG" and 300 <= img.size[0] <= 4000 and 200 <= img.size[1] <= 4000
+            ), (
                 path.name,
                 img.size,
             )
     assert (profile / "report.html").stat().st_size > 10_000
     vectors = (embed / "projector" / "vectors.tsv").read_text(encoding="utf-8").splitlines()
     words = (embed / "projector" / "metadata.tsv").read_text(encoding="utf-8").splitlines()
-    assert len(vectors) == len(words) > 10 and len(vectors[0].split("\t")) == 32  # smoke's Word2Vec: 32 dimensions
-    assert 'tensor_path: "vectors.tsv"' in (embed / "projector" / "projector_config.pbtxt").read_text()
+    # smoke's Word2Vec: 32 dimensions
+    assert len(vectors) == len(words) > 10 and len(vectors[0].split("\t")) == 32
+    assert (
+        'tensor_path: "vectors.tsv"' in (embed / "projector" / "projector_config.pbtxt").read_text()
+    )
     mistakes = pd.read_csv(evaluation / "evaluation" / "worst_mistakes.csv")
     assert list(mistakes.columns) == ["id", "text", "true", "predicted", "confidence"]
-    assert (mistakes["true"] != mistakes["predicted"]).all() and mistakes["confidence"].is_monotonic_decreasing
+    assert (mistakes["true"] != mistakes["predicted"]).all() and mistakes[
+        "confidence"
+    ].is_monotonic_decreasing
 
 
 def test_profile_is_built_beside_the_training_and_its_failure_fails_the_run(smoke, store):

@@ -18,7 +18,11 @@ pipelines:
 
 
 def test_defaults_and_overrides(tmp_path):
-    cfg = load_pipeline("p", write(tmp_path, BASE), ["train.epochs=2", "embed.word2vec.sg=true", "segment.mode=search"])
+    cfg = load_pipeline(
+        "p",
+        write(tmp_path, BASE),
+        ["train.epochs=2", "embed.word2vec.sg=true", "segment.mode=search"],
+    )
     assert cfg.stages.train.epochs == 2
     assert cfg.stages.embed.word2vec.sg is True
     assert cfg.stages.segment.mode == "search"
@@ -54,7 +58,12 @@ def test_source_override_replaces_source(tmp_path):
         write(tmp_path, BASE),
         source_overrides={"path": "other.csv", "text_column": "content", "label_column": "cat"},
     )
-    assert (cfg.source.path, cfg.source.text_column, cfg.source.label_column, cfg.source.sha256) == (
+    assert (
+        cfg.source.path,
+        cfg.source.text_column,
+        cfg.source.label_column,
+        cfg.source.sha256,
+    ) == (
         "other.csv",
         "content",
         "cat",
@@ -86,18 +95,28 @@ def test_set_values_take_the_field_type(tmp_path):
         ],
     )
     assert cfg.source.sha256 == "0012" + "ab" * 30 and cfg.stages.train.models == ["textcnn"]
-    assert cfg.stages.vocab.max_size is None and cfg.stages.split.seed == 3 and cfg.stages.embed.word2vec.hs is True
+    assert (
+        cfg.stages.vocab.max_size is None
+        and cfg.stages.split.seed == 3
+        and cfg.stages.embed.word2vec.hs is True
+    )
 
 
 @pytest.mark.parametrize(
     "sets, message",
     [
-        (["train.bert.hidden_size=100"], r"bert.hidden_size \(100\) must be a multiple of bert.num_heads \(3\)"),
+        (
+            ["train.bert.hidden_size=100"],
+            r"bert.hidden_size \(100\) must be a multiple of bert.num_heads \(3\)",
+        ),
         (
             ["train.bert.word_adapter=true", "train.bert.adapter_layer=2"],
             r"adapter_layer \(2\) must be below the last layer \(2\)",
         ),
-        (["train.models=[transformer]", "embed.word2vec.vector_size=30"], r"d_model 30 .* multiple of num_heads \(4\)"),
+        (
+            ["train.models=[transformer]", "embed.word2vec.vector_size=30"],
+            r"d_model 30 .* multiple of num_heads \(4\)",
+        ),
         (["train.models=[rnn_lm, ngram_lm]"], "at least one classifier"),
     ],
 )
@@ -127,13 +146,17 @@ def test_deployment_keys_do_not_change_stage_keys(tmp_path):
     plain = load_pipeline("p", write(tmp_path, BASE))
     deployed = load_pipeline(
         "p",
-        write(tmp_path, BASE + "    schedule: {interval: 3600}\n    executor: dask\n    storage: s3://b/z\n"),
+        write(
+            tmp_path,
+            BASE + "    schedule: {interval: 3600}\n    executor: dask\n    storage: s3://b/z\n",
+        ),
         ["train.work_pool=gpu"],
     )
     assert deployed.stages.train.work_pool == "gpu" and deployed.schedule.interval == 3600
     assert deployed.executor == "dask" and plan_keys(plain) == plan_keys(deployed)
     with pytest.raises(ConfigError, match="unknown key 'runner' \\(did you mean 'executor'\\?"):
-        load_pipeline("p", write(tmp_path, BASE + "    runner: dask\n"))  # its name before: named, not read
+        # its name before: named, not read
+        load_pipeline("p", write(tmp_path, BASE + "    runner: dask\n"))
     with pytest.raises(ConfigError, match="'executor'"):
         load_pipeline("p", write(tmp_path, BASE + "    executor: yarn\n"))
 
@@ -142,7 +165,10 @@ def test_set_source_sha256_applies_to_a_source_given_with_source(tmp_path):
     path = write(tmp_path, BASE)
     digest = "ab" * 32
     cfg = load_pipeline(
-        "p", path, [f"source.sha256={digest}"], {"path": "https://example.org/c.csv", "text_column": "review"}
+        "p",
+        path,
+        [f"source.sha256={digest}"],
+        {"path": "https://example.org/c.csv", "text_column": "review"},
     )
     assert cfg.source.path == "https://example.org/c.csv" and cfg.source.sha256 == digest
 
@@ -180,8 +206,11 @@ def test_a_misspelt_key_gets_a_suggestion():
         match=r"^--set train.epoch=2: unknown key 'stages.train.epoch' \(did you mean 'epochs'\? "
         r"allowed keys: models, epochs",
     ):
-        load_pipeline("smoke", overrides=["train.epoch=2"])  # the command line's typo, not the file's
-    with pytest.raises(ConfigError, match=r"^--set train.budget=soon: 'stages.train.budget': Value error, a budget"):
+        # the command line's typo, not the file's
+        load_pipeline("smoke", overrides=["train.epoch=2"])
+    with pytest.raises(
+        ConfigError, match=r"^--set train.budget=soon: 'stages.train.budget': Value error, a budget"
+    ):
         load_pipeline("smoke", overrides=["train.budget=soon"])
 
 
@@ -212,9 +241,9 @@ def test_every_command_and_option_has_help():
 
 
 def test_each_load_reads_the_file_as_it_is_now(tmp_path):
-    """No cache between a file and its config (a run parses once, where it starts, and hands the typed config down:
-    tests/flows/plan/test_request.py): a load after the file changed reads the change, and each load is the caller's
-    own copy."""
+    """No cache between a file and its config (a run parses once, where it starts, and hands the
+    typed config down: tests/flows/plan/test_request.py): a load after the file changed reads the
+    change, and each load is the caller's own copy."""
     path = write(tmp_path, BASE)
     first = load_pipeline("p", path, ["train.epochs=2"])
     second = load_pipeline("p", path, ["train.epochs=2"])
@@ -226,43 +255,62 @@ def test_each_load_reads_the_file_as_it_is_now(tmp_path):
 
 
 def test_source_keeps_the_pipelines_columns_unless_given():
-    """`--source FILE` reads FILE as the pipeline reads its own corpus (its columns), unless told otherwise."""
+    """`--source FILE` reads FILE as the pipeline reads its own corpus (its columns), unless told
+    otherwise."""
     from flows.plan.config import load_pipeline
 
     own = load_pipeline("smoke").source
     other = load_pipeline(
-        "smoke", source_overrides={"path": "elsewhere.csv", "text_column": None, "label_column": None}
+        "smoke",
+        source_overrides={"path": "elsewhere.csv", "text_column": None, "label_column": None},
     ).source
-    assert (other.path, other.text_column, other.label_column) == ("elsewhere.csv", own.text_column, own.label_column)
+    assert (other.path, other.text_column, other.label_column) == (
+        "elsewhere.csv",
+        own.text_column,
+        own.label_column,
+    )
     given = load_pipeline(
-        "smoke", source_overrides={"path": "elsewhere.csv", "text_column": "content", "label_column": None}
+        "smoke",
+        source_overrides={"path": "elsewhere.csv", "text_column": "content", "label_column": None},
     ).source
     assert given.text_column == "content" and given.label_column == own.label_column
 
 
 def test_another_corpus_is_tracked_under_a_name_of_its_own():
-    """`--source FILE` keeps the pipeline's settings but not its experiment or registered model: a run on another
-    corpus never competes with the bundled corpus' champion."""
+    """`--source FILE` keeps the pipeline's settings but not its experiment or registered model: a
+    run on another corpus never competes with the bundled corpus' champion."""
     assert load_pipeline("smoke").identity == "smoke"
     other = load_pipeline("smoke", source_overrides={"path": "/data/外卖 reviews/waimai_10k.csv"})
     assert other.identity == "smoke-waimai_10k" and other.name == "smoke"
     assert (
-        load_pipeline("smoke", source_overrides={"path": "https://example.org/a/msra.bio.gz"}).identity == "smoke-msra"
+        load_pipeline(
+            "smoke", source_overrides={"path": "https://example.org/a/msra.bio.gz"}
+        ).identity
+        == "smoke-msra"
     )
-    assert load_pipeline("smoke", source_overrides={"path": "/x/数据.csv"}).identity == "smoke-source"
+    assert (
+        load_pipeline("smoke", source_overrides={"path": "/x/数据.csv"}).identity == "smoke-source"
+    )
 
 
 def test_fasttext_embeddings_need_the_fasttext_vectors():
-    """The init template turns the embed stage's fastText vectors off: a network asked to start from them says so
-    before the run, not when the train stage looks for the file."""
+    """The init template turns the embed stage's fastText vectors off: a network asked to start from
+    them says so before the run, not when the train stage looks for the file."""
     from flows.plan.config import load_pipeline
     from tasks.errors import ConfigError
 
     with pytest.raises(
-        ConfigError, match=r"train.embeddings: fasttext, but embed.fasttext.enabled is false \(the networks"
+        ConfigError,
+        match=r"train.embeddings: fasttext, but embed.fasttext.enabled is false \(the networks",
     ):
         load_pipeline(
             "smoke",
-            overrides=["embed.fasttext.enabled=false", "train.embeddings=fasttext", "train.models=[tfidf_lr,textcnn]"],
+            overrides=[
+                "embed.fasttext.enabled=false",
+                "train.embeddings=fasttext",
+                "train.models=[tfidf_lr,textcnn]",
+            ],
         )
-    assert load_pipeline("smoke", overrides=["embed.fasttext.enabled=false", "train.models=[tfidf_lr,textcnn]"])
+    assert load_pipeline(
+        "smoke", overrides=["embed.fasttext.enabled=false", "train.models=[tfidf_lr,textcnn]"]
+    )

@@ -1,5 +1,7 @@
-"""`zhpipe gc` removes only what the store made and no pipeline uses: never a corpus, never anything under
-data/raw, never through a symlink, never outside the store root, never a folder the store did not publish."""
+"""`zhpipe gc` removes only what the store made and no pipeline uses: never a corpus, never anything
+under data/raw, never through a symlink, never outside the store root, never a folder the store did
+not publish."""
+
 import os
 import subprocess
 from pathlib import Path
@@ -25,7 +27,8 @@ def publish(root: Path, stage: str, key: str, payload: str = "x") -> Path:
 
 @pytest.fixture
 def planted(tmp_path):
-    """A project's data/ folder with every case the audit found, plus one output that really is garbage."""
+    """A project's data/ folder with every case the audit found, plus one output that really is
+    garbage."""
     data = tmp_path / "project" / "data"
     corpus = data / "raw" / "ChnSentiCorp_htl_all.csv"
     corpus.parent.mkdir(parents=True)
@@ -51,8 +54,14 @@ def planted(tmp_path):
     (data / "segment" / ".tmp-user-folder-1").mkdir()  # not a name the store makes
     (data / "train.textcnn").mkdir()
     (data / "train.textcnn" / f".scratch-{UNUSED}").mkdir()
-    return {"data": data, "outside": outside, "garbage": garbage, "kept": kept,
-            "keep": {("segment", USED)}, "tmp": data / "segment" / f".tmp-{UNUSED}-999999999"}
+    return {
+        "data": data,
+        "outside": outside,
+        "garbage": garbage,
+        "kept": kept,
+        "keep": {("segment", USED)},
+        "tmp": data / "segment" / f".tmp-{UNUSED}-999999999",
+    }
 
 
 def snapshot(*folders: Path) -> set[str]:
@@ -75,10 +84,13 @@ def test_gc_removes_only_store_garbage(planted):
     assert (data / "raw" / "ChnSentiCorp_htl_all.csv").read_text().startswith("label,review")
     assert (data / "raw" / "ResumeNER" / "train.char.bmes").is_file()
     assert (data / "raw" / "nested" / UNUSED / "manifest.json").is_file()
-    assert (outside / "clean" / UNUSED / "manifest.json").is_file()  # not followed through the symlink
+    # not followed through the symlink
+    assert (outside / "clean" / UNUSED / "manifest.json").is_file()
     assert (outside / "mine" / "notes.txt").read_text() == "keep"
     assert (data / "split" / UNUSED).is_symlink()
-    assert (data / "split" / "notes" / "a.txt").is_file() and (data / "split" / "aaaaaaaaaaaaaaaa").is_dir()
+    assert (data / "split" / "notes" / "a.txt").is_file() and (
+        data / "split" / "aaaaaaaaaaaaaaaa"
+    ).is_dir()
     assert (data / "segment" / ".tmp-user-folder-1").is_dir()
 
 
@@ -96,7 +108,8 @@ def test_gc_on_any_folder_touches_nothing_the_store_did_not_make(tmp_path):
 
 
 def test_gc_never_removes_a_pipelines_source(tmp_path):
-    """A source file kept inside the store root (say a corpus unpacked next to the outputs) stays."""
+    """A source file kept inside the store root (say a corpus unpacked next to the outputs)
+    stays."""
     data = tmp_path / "data"
     out = publish(data, "download", UNUSED)
     source = out / "part.txt"
@@ -105,15 +118,24 @@ def test_gc_never_removes_a_pipelines_source(tmp_path):
 
 
 def test_gc_command_in_a_new_project_keeps_the_corpus(tmp_path):
-    """The CLI end to end in a `zhpipe init` project: the example corpus survives `gc`, dry run first."""
-    env = {k: v for k, v in os.environ.items() if k not in ("ZHPIPE_DATA", "ZHPIPE_STORAGE", "ZHPIPE_PROJECT")}
+    """The CLI end to end in a `zhpipe init` project: the example corpus survives `gc`, dry run
+    first."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("ZHPIPE_DATA", "ZHPIPE_STORAGE", "ZHPIPE_PROJECT")
+    }
     cli = zhpipe_argv()
-    subprocess.run([*cli, "init", str(tmp_path / "p")], check=True, capture_output=True, env=env, cwd=ROOT)
+    subprocess.run(
+        [*cli, "init", str(tmp_path / "p")], check=True, capture_output=True, env=env, cwd=ROOT
+    )
     corpus = tmp_path / "p" / "data" / "raw" / "example.csv"
     assert corpus.is_file()
     stale = publish(tmp_path / "p" / "data", "clean", UNUSED)
     for args in (["gc", "--dry-run"], ["gc"]):
-        done = subprocess.run([*cli, *args], capture_output=True, text=True, env=env, cwd=tmp_path / "p")
+        done = subprocess.run(
+            [*cli, *args], capture_output=True, text=True, env=env, cwd=tmp_path / "p"
+        )
         assert done.returncode == 0, done.stderr
         assert "example.csv" not in done.stdout and "raw" not in done.stdout
         assert f"clean/{UNUSED}" in done.stdout, done.stdout
@@ -122,8 +144,8 @@ def test_gc_command_in_a_new_project_keeps_the_corpus(tmp_path):
 
 @pytest.mark.e2e
 def test_what_a_run_on_another_corpus_built_is_kept_until_forgotten(tmp_path):
-    """`zhpipe run --source` is in no pipeline of pipelines.yaml: gc keeps its outputs (and says so) until
-    `zhpipe gc --forget NAME`, and its runs go to an experiment of their own."""
+    """`zhpipe run --source` is in no pipeline of pipelines.yaml: gc keeps its outputs (and says so)
+    until `zhpipe gc --forget NAME`, and its runs go to an experiment of their own."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -134,33 +156,53 @@ def test_what_a_run_on_another_corpus_built_is_kept_until_forgotten(tmp_path):
     subprocess.run([*cli, "init", str(project)], check=True, capture_output=True, env=env, cwd=ROOT)
     other = tmp_path / "other.csv"
     other.write_text(
-        (project / "data" / "raw" / "example.csv").read_text(encoding="utf-8").replace("下次还会再来", "还会来"),
+        (project / "data" / "raw" / "example.csv")
+        .read_text(encoding="utf-8")
+        .replace("下次还会再来", "还会来"),
         encoding="utf-8",
     )
     ran = subprocess.run(
-        [*cli, "run", "--source", str(other), "--to", "clean"], capture_output=True, text=True, env=env, cwd=project
+        [*cli, "run", "--source", str(other), "--to", "clean"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=project,
     )
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert "experiment zhpipe-p-other," in ran.stdout
     built = {p.parent.parent.name for p in (project / "data").glob("*/*/manifest.json")}
     assert built == {"download", "clean"}
 
-    dry = subprocess.run([*cli, "gc", "--dry-run"], capture_output=True, text=True, env=env, cwd=project)
+    dry = subprocess.run(
+        [*cli, "gc", "--dry-run"], capture_output=True, text=True, env=env, cwd=project
+    )
     assert dry.returncode == 0 and "would remove" not in dry.stdout, dry.stdout
-    assert "keeping what `p-other` built" in dry.stdout and "zhpipe gc --forget p-other" in dry.stdout
-    wrong = subprocess.run([*cli, "gc", "--forget", "p-nope"], capture_output=True, text=True, env=env, cwd=project)
-    assert wrong.returncode == 2 and "p-other" in wrong.stderr and len(wrong.stderr.strip().splitlines()) == 1
-    forgot = subprocess.run([*cli, "gc", "--forget", "p-other"], capture_output=True, text=True, env=env, cwd=project)
+    assert (
+        "keeping what `p-other` built" in dry.stdout and "zhpipe gc --forget p-other" in dry.stdout
+    )
+    wrong = subprocess.run(
+        [*cli, "gc", "--forget", "p-nope"], capture_output=True, text=True, env=env, cwd=project
+    )
+    assert (
+        wrong.returncode == 2
+        and "p-other" in wrong.stderr
+        and len(wrong.stderr.strip().splitlines()) == 1
+    )
+    forgot = subprocess.run(
+        [*cli, "gc", "--forget", "p-other"], capture_output=True, text=True, env=env, cwd=project
+    )
+    # (and their locks)
     assert forgot.returncode == 0 and forgot.stdout.count("not used by any pipeline") == 2, (
         forgot.stdout
-    )  # (and their locks)
+    )
     assert not list((project / "data").glob("*/*/manifest.json")) and other.is_file()
 
 
 def test_gc_on_an_object_store_keeps_what_any_machines_runs_hold_or_used(tmp_path):
-    """A team's store in a bucket (memory:// here), gc from a machine whose mirror is empty: what a live run on another
-    machine holds and what a run used within the retention period stay, with the reason; an output no pipeline plans
-    and no run used goes, manifest first, with its stale record."""
+    """A team's store in a bucket (memory:// here), gc from a machine whose mirror is empty: what a
+    live run on another machine holds and what a run used within the retention period stay, with the
+    reason; an output no pipeline plans and no run used goes, manifest first, with its stale
+    record."""
     import json
     import time
 
@@ -172,11 +214,19 @@ def test_gc_on_an_object_store_keeps_what_any_machines_runs_hold_or_used(tmp_pat
     url = f"memory://gc-{tmp_path.name}"
     writer = StageStore(url, cache=tmp_path / "machine-a")
     old = time.time() - 30 * 86400
-    keys = {name: f"{i:016x}" for i, name in enumerate(("planned", "unused", "live", "used", "used-long-ago"), start=1)}
+    keys = {
+        name: f"{i:016x}"
+        for i, name in enumerate(("planned", "unused", "live", "used", "used-long-ago"), start=1)
+    }
     for key in keys.values():
         tmp = writer.begin("clean", key)
         (tmp / "data.parquet").write_bytes(b"rows")
-        writer.publish(tmp, Manifest(stage="clean", key=key, params={}, inputs={}, rows=1, seconds=0.0, created=old))
+        writer.publish(
+            tmp,
+            Manifest(
+                stage="clean", key=key, params={}, inputs={}, rows=1, seconds=0.0, created=old
+            ),
+        )
     fs, folder = fsspec.filesystem("memory"), f"/gc-{tmp_path.name}/_cache/leases"
     fs.pipe_file(
         f"{folder}/machine-b-1-live.json",
@@ -203,24 +253,25 @@ def test_gc_on_an_object_store_keeps_what_any_machines_runs_hold_or_used(tmp_pat
             }
         ).encode(),
     )
-    with leases.held(writer, {"clean": keys["used"]}):  # a real run's lease: published, beating, then an ended record
+    # a real run's lease: published, beating, then an ended record
+    with leases.held(writer, {"clean": keys["used"]}):
         pass
     gc = StageStore(url, cache=tmp_path / "machine-d")
     kept: list[dict] = []
     dry = collect_remote(gc, {("clean", keys["planned"])}, True, 7 * 86400, time.time(), kept)
-    assert sorted(d["path"].rsplit("/", 1)[-1] for d in dry) == sorted([keys["unused"], keys["used-long-ago"]])
+    assert sorted(d["path"].rsplit("/", 1)[-1] for d in dry) == sorted(
+        [keys["unused"], keys["used-long-ago"]]
+    )
     assert {k["path"].rsplit("/", 1)[-1]: k["why"] for k in kept} == {
         keys["live"]: "held by a live run on machine-b (pid 7)",
         keys["used"]: "used by a run within the retention period",
     }
-    assert all(
-        fs.exists(f"/gc-{tmp_path.name}/clean/{key}/manifest.json") for key in keys.values()
-    )  # a dry run removes nothing
+    # a dry run removes nothing
+    assert all(fs.exists(f"/gc-{tmp_path.name}/clean/{key}/manifest.json") for key in keys.values())
     removed = collect_remote(gc, {("clean", keys["planned"])}, False, 7 * 86400, time.time(), [])
     assert [r["path"] for r in removed] == [d["path"] for d in dry]
     left = {p.rsplit("/", 1)[-1] for p in fs.ls(f"/gc-{tmp_path.name}/clean", detail=False)}
     assert left == {keys["planned"], keys["live"], keys["used"]}
     assert {p.rsplit("/", 1)[-1] for p in fs.ls(folder, detail=False)} >= {"machine-b-1-live.json"}
-    assert not any(
-        "machine-c" in p for p in fs.ls(folder, detail=False)
-    )  # a record older than the retention period goes
+    # a record older than the retention period goes
+    assert not any("machine-c" in p for p in fs.ls(folder, detail=False))

@@ -64,8 +64,8 @@ def test_begin_removes_the_temporary_folders_of_dead_builds_only(tmp_path):
 
 
 def test_status_explains_a_pipeline_by_its_own_builds_only(tmp_path):
-    """A stage another pipeline built with other settings is not this pipeline's stale build: never built here is
-    "missing", and a build of this pipeline's explains what changed."""
+    """A stage another pipeline built with other settings is not this pipeline's stale build: never
+    built here is "missing", and a build of this pipeline's explains what changed."""
     from flows.plan.status import stage_states
     from flows.plan.store import Manifest, StageStore
 
@@ -80,17 +80,29 @@ def test_status_explains_a_pipeline_by_its_own_builds_only(tmp_path):
         out = tmp_path / "store" / "train" / key
         out.mkdir(parents=True)
         Manifest(
-            stage="train", key=key, params={}, inputs={}, rows=1, seconds=0.0, causes=causes, pipeline=pipeline
+            stage="train",
+            key=key,
+            params={},
+            inputs={},
+            rows=1,
+            seconds=0.0,
+            causes=causes,
+            pipeline=pipeline,
         ).write(out)
     mine = {"params": {"models": ["crf"]}, "inputs": {}, "code": {}, "libraries": {}}
-    [row] = stage_states(store, {"train": mine}, {"train": "fedcba9876543210"}, pipeline="resume-ner")
+    [row] = stage_states(
+        store, {"train": mine}, {"train": "fedcba9876543210"}, pipeline="resume-ner"
+    )
     assert row["state"] == "missing" and row["why"] == [
         "never built for this pipeline; pipeline chnsenticorp's build differs: param train.models: "
-        "['tfidf_lr', 'fasttext'] -> ['crf']; library fasttext 0.9.3 -> none"], row
+        "['tfidf_lr', 'fasttext'] -> ['crf']; library fasttext 0.9.3 -> none"
+    ], row
     [row] = stage_states(
         store,
         {"train": {**theirs, "params": {"models": ["tfidf_lr"]}}},
         {"train": "fedcba9876543210"},
         pipeline="chnsenticorp",
     )
-    assert row["state"] == "stale" and row["why"] == ["param train.models: ['tfidf_lr', 'fasttext'] -> ['tfidf_lr']"]
+    assert row["state"] == "stale" and row["why"] == [
+        "param train.models: ['tfidf_lr', 'fasttext'] -> ['tfidf_lr']"
+    ]

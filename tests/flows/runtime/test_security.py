@@ -1,8 +1,11 @@
-"""What zhpipe leaves running, under attack by another local user and after a crash: the warm process's socket and
-the project's Prefect server reach no one else, a pid in a leftover state file is never signalled, and a command
-handed to the warm process runs with the limits, umask, priority and time zone of the shell that typed it.
+"""What zhpipe leaves running, under attack by another local user and after a crash: the warm
+process's socket and the project's Prefect server reach no one else, a pid in a leftover state file
+is never signalled, and a command handed to the warm process runs with the limits, umask, priority
+and time zone of the shell that typed it.
 
-The attacks run as a second user (uid 65534, `nobody`), so they need root to start; elsewhere they are skipped."""
+The attacks run as a second user (uid 65534, `nobody`), so they need root to start; elsewhere they
+are skipped."""
+
 from __future__ import annotations
 
 import json
@@ -25,12 +28,15 @@ from tests.helpers.procs import zhpipe, zhpipe_argv
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.e2e  # real zhpipe processes and servers: `make test-quick` leaves them out
 OTHER_UID = 65534
-# the other user's interpreter: a system one (the project's may lie in a folder only its owner can enter)
-OTHER_PYTHON = next((p for p in ("/usr/bin/python3", "/usr/local/bin/python3") if os.access(p, os.X_OK)), None)
-as_root = pytest.mark.skipif(os.geteuid() != 0 or OTHER_PYTHON is None,
-                             reason="starting a process as another user needs root and a system Python")
-
-
+# the other user's interpreter: a system one (the project's may lie in a folder only its owner can
+# enter)
+OTHER_PYTHON = next(
+    (p for p in ("/usr/bin/python3", "/usr/local/bin/python3") if os.access(p, os.X_OK)), None
+)
+as_root = pytest.mark.skipif(
+    os.geteuid() != 0 or OTHER_PYTHON is None,
+    reason="starting a process as another user needs root and a system Python",
+)
 
 
 def as_other_user():
@@ -49,17 +55,29 @@ def shared_tmp():
 
 
 def project_env(home: Path, data: Path, tmp: Path) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "ZHPIPE_WARM", "XDG_RUNTIME_DIR")}
-    env.update({"PREFECT_HOME": str(home), "ZHPIPE_DATA": str(data), "TMPDIR": str(tmp),
-                "MLFLOW_TRACKING_URI": f"sqlite:///{data / 'mlflow.db'}", "MLFLOW_LOGGING_LEVEL": "WARNING",
-                "PYTHONPATH": str(ROOT)})
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PREFECT_API_URL", "ZHPIPE_WARM", "XDG_RUNTIME_DIR")
+    }
+    env.update(
+        {
+            "PREFECT_HOME": str(home),
+            "ZHPIPE_DATA": str(data),
+            "TMPDIR": str(tmp),
+            "MLFLOW_TRACKING_URI": f"sqlite:///{data / 'mlflow.db'}",
+            "MLFLOW_LOGGING_LEVEL": "WARNING",
+            "PYTHONPATH": str(ROOT),
+        }
+    )
     home.mkdir(parents=True, exist_ok=True)
     data.mkdir(parents=True, exist_ok=True)
     return env
 
 
 def start_warm(env: dict) -> tuple[subprocess.Popen, Path]:
-    """A warm process for `env`, as `zhpipe run` leaves one; (process, its state file) once it listens."""
+    """A warm process for `env`, as `zhpipe run` leaves one; (process, its state file) once it
+    listens."""
     home = Path(env["PREFECT_HOME"])
     mine = handover.fingerprint(env)
     log = open(home / "zhpipe-warm.log", "a")
@@ -101,20 +119,24 @@ ATTACKER = textwrap.dedent("""
 
 @as_root
 def test_another_user_on_a_leftover_socket_path_gets_nothing(tmp_path, shared_tmp):
-    """Attack 1: the warm process dies (kill -9), a temp cleaner removes its socket, and another user listens where
-    the leftover state file points. The owner's next command, with secrets in its environment, runs for real."""
-    long_home = (
-        tmp_path / ("p" * 90) / ".prefect"
-    )  # too long for a socket beside it: the shared temporary folder is used
+    """Attack 1: the warm process dies (kill -9), a temp cleaner removes its socket, and another
+    user listens where the leftover state file points. The owner's next command, with secrets in its
+    environment, runs for real."""
+    # too long for a socket beside it: the shared temporary folder is used
+    long_home = tmp_path / ("p" * 90) / ".prefect"
     env = project_env(long_home, tmp_path / "store", shared_tmp)
     proc, state_path = start_warm(env)
     state = json.loads(state_path.read_text())
     sock = Path(state["socket"])
     assert sock.parent == shared_tmp / "zhpipe-0" and sock.parent.stat().st_mode & 0o777 == 0o700
-    assert state_path.stat().st_mode & 0o077 == 0 and (long_home / "zhpipe-warm.log").stat().st_mode & 0o077 == 0
+    assert (
+        state_path.stat().st_mode & 0o077 == 0
+        and (long_home / "zhpipe-warm.log").stat().st_mode & 0o077 == 0
+    )
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(30)
-    subprocess.run(["rm", "-rf", str(sock.parent)], check=True)  # what a reboot or a temp cleaner does
+    # what a reboot or a temp cleaner does
+    subprocess.run(["rm", "-rf", str(sock.parent)], check=True)
     report = shared_tmp / "attacker.log"
     attacker = subprocess.Popen(
         [OTHER_PYTHON, "-c", ATTACKER, str(sock), str(report)],
@@ -124,7 +146,10 @@ def test_another_user_on_a_leftover_socket_path_gets_nothing(tmp_path, shared_tm
     )
     try:
         deadline = time.monotonic() + 30
-        while not (report.exists() and "listening" in report.read_text()) and time.monotonic() < deadline:
+        while (
+            not (report.exists() and "listening" in report.read_text())
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.1)
         assert "listening" in report.read_text()
         secrets = {"AWS_SECRET_ACCESS_KEY": "aws-s3cr3t-value", "HF_TOKEN": "hf_s3cr3t_token"}
@@ -153,8 +178,9 @@ def test_another_user_on_a_leftover_socket_path_gets_nothing(tmp_path, shared_tm
 def test_the_server_answers_only_its_owner_and_a_port_served_by_another_user_gets_nothing(
     tmp_path, shared_tmp, seed_prefect_home, seed_mlflow
 ):
-    """Attack 5: a leftover zhpipe-server.json names a port that another user now serves (and even a live process of
-    the owner's with the recorded start time and command line): the owner's run sends it nothing."""
+    """Attack 5: a leftover zhpipe-server.json names a port that another user now serves (and even a
+    live process of the owner's with the recorded start time and command line): the owner's run
+    sends it nothing."""
     report = shared_tmp / "requests.log"
     attacker = subprocess.Popen(
         [
@@ -190,20 +216,26 @@ def test_the_server_answers_only_its_owner_and_a_port_served_by_another_user_get
             time.sleep(0.1)
         port = int(Path(f"{report}.port").read_text())
         env = project_env(seed_prefect_home(tmp_path / "prefect"), tmp_path / "store", shared_tmp)
-        env["ZHPIPE_SERVER"] = "temporary"  # the run's own server: this test is about the one the state file names
+        # the run's own server: this test is about the one the state file names
+        env["ZHPIPE_SERVER"] = "temporary"
         env["MLFLOW_TRACKING_URI"] = seed_mlflow(tmp_path / "store" / "mlflow.db")
         marker = f"server start --host 127.0.0.1 --port {port}"
         decoy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", marker])
         time.sleep(0.2)
         private.write_state(
             tmp_path / "prefect" / "zhpipe-server.json",
-            {**procs.identity(decoy.pid, marker), "url": f"http://127.0.0.1:{port}/api", "log": "x"},
+            {
+                **procs.identity(decoy.pid, marker),
+                "url": f"http://127.0.0.1:{port}/api",
+                "log": "x",
+            },
         )
         status = zhpipe(env, "server", "status")
         assert "not running" in status.stdout, status.stdout + status.stderr
         run = zhpipe(env, "run", "smoke", "--to", "download")
         assert run.returncode == 0, run.stderr[-2000:]
-        assert not report.exists() or report.read_text() == ""  # no health check, no parameters, no logs
+        # no health check, no parameters, no logs
+        assert not report.exists() or report.read_text() == ""
         assert decoy.poll() is None  # and nothing was killed
     finally:
         attacker.kill()
@@ -212,9 +244,11 @@ def test_the_server_answers_only_its_owner_and_a_port_served_by_another_user_get
 
 
 def test_pids_in_leftover_state_files_are_never_signalled(tmp_path):
-    """Item 2: state files naming an unrelated process (a SIGKILL left them; the pid was reused since) are leftovers:
-    `zhpipe server stop` and a new warm process remove them and kill nothing; a new warm process starts."""
-    # a temporary folder short enough for the warm process's socket whatever the length of tmp_path (socket_dir)
+    """Item 2: state files naming an unrelated process (a SIGKILL left them; the pid was reused
+    since) are leftovers: `zhpipe server stop` and a new warm process remove them and kill nothing;
+    a new warm process starts."""
+    # a temporary folder short enough for the warm process's socket whatever the length of tmp_path
+    # (socket_dir)
     short = Path(tempfile.mkdtemp(prefix="zt-", dir="/tmp"))
     env = project_env(tmp_path / "prefect", tmp_path / "store", short)
     bystander = subprocess.Popen(["sleep", "600"], start_new_session=True)
@@ -226,21 +260,32 @@ def test_pids_in_leftover_state_files_are_never_signalled(tmp_path):
             "zhpipe-warm-0123456789abcdef.json",
         ):
             (home / name).write_text(
-                json.dumps({"pid": bystander.pid, "url": "http://127.0.0.1:9/api", "socket": "/nonexistent"})
+                json.dumps(
+                    {
+                        "pid": bystander.pid,
+                        "url": "http://127.0.0.1:9/api",
+                        "socket": "/nonexistent",
+                    }
+                )
             )
         stopped = zhpipe(env, "server", "stop")
-        assert stopped.returncode == 0 and "no background Prefect server was running" in stopped.stdout
+        assert (
+            stopped.returncode == 0 and "no background Prefect server was running" in stopped.stdout
+        )
         assert bystander.poll() is None and not list(home.glob("zhpipe-*.json"))
         # the same pid with its real start time, but not the recorded command: still not ours
         private.write_state(
-            home / "zhpipe-server.json", {**procs.identity(bystander.pid, "prefect server start"), "url": "x"}
+            home / "zhpipe-server.json",
+            {**procs.identity(bystander.pid, "prefect server start"), "url": "x"},
         )
         assert not procs.is_ours(json.loads((home / "zhpipe-server.json").read_text()))
         zhpipe(env, "server", "stop")
         assert bystander.poll() is None
         # a leftover warm state no longer keeps a new warm process from starting
         mine = handover.fingerprint(env)
-        (home / f"zhpipe-warm-{mine[:16]}.json").write_text(json.dumps({"pid": bystander.pid, "fingerprint": mine}))
+        (home / f"zhpipe-warm-{mine[:16]}.json").write_text(
+            json.dumps({"pid": bystander.pid, "fingerprint": mine})
+        )
         old = dict(os.environ)
         os.environ.update(env)
         tempfile.tempdir = None  # read TMPDIR again, whatever an earlier test left cached
@@ -248,7 +293,10 @@ def test_pids_in_leftover_state_files_are_never_signalled(tmp_path):
             handover.spawn(120, env)
             state = home / f"zhpipe-warm-{mine[:16]}.json"
             deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and (private.read_state(state) or {}).get("pid") in (None, bystander.pid):
+            while time.monotonic() < deadline and (private.read_state(state) or {}).get("pid") in (
+                None,
+                bystander.pid,
+            ):
                 time.sleep(0.2)
             assert (private.read_state(state) or {}).get("pid") not in (None, bystander.pid), (
                 home / "zhpipe-warm.log"
@@ -284,17 +332,24 @@ CONTEXT_PROBE = textwrap.dedent("""
 
 
 def _context_of(preexec) -> dict:
-    probe = ("import json, sys; sys.path.insert(0, sys.argv[1]); from flows.runtime import handover; "
-             "print(json.dumps(handover.context()))")
+    probe = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); from flows.runtime import handover; "
+        "print(json.dumps(handover.context()))"
+    )
     out = subprocess.run(
-        [sys.executable, "-c", probe, str(ROOT)], preexec_fn=preexec, capture_output=True, text=True, check=True
+        [sys.executable, "-c", probe, str(ROOT)],
+        preexec_fn=preexec,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return json.loads(out.stdout)
 
 
 def test_a_handed_over_command_takes_the_limits_umask_and_priority_of_its_shell():
-    """Item 3: `ulimit -f 100; ulimit -v 4000000; umask 077; nice -n 19` in the client's shell hold in the fork (which
-    starts with none of them), or the command is refused and runs in the client."""
+    """Item 3: `ulimit -f 100; ulimit -v 4000000; umask 077; nice -n 19` in the client's shell hold
+    in the fork (which starts with none of them), or the command is refused and runs in the
+    client."""
     import resource
 
     def shell():
@@ -317,9 +372,12 @@ def test_a_handed_over_command_takes_the_limits_umask_and_priority_of_its_shell(
     assert applied["umask"] == 0o077 and applied["nice"] == ctx["nice"] == min(
         19, os.getpriority(os.PRIO_PROCESS, 0) + 19
     )
-    assert applied["fsize"] == [100 * 1024, 100 * 1024] and applied["as"] == [4_000_000 * 1024, 4_000_000 * 1024]
-    # a client allowed more than the warm process has (a higher hard limit, a lower niceness) is refused, not run
-    # with less than it asked for
+    assert applied["fsize"] == [100 * 1024, 100 * 1024] and applied["as"] == [
+        4_000_000 * 1024,
+        4_000_000 * 1024,
+    ]
+    # a client allowed more than the warm process has (a higher hard limit, a lower niceness) is
+    # refused, not run with less than it asked for
     refused = json.loads(
         subprocess.run(
             [sys.executable, "-c", CONTEXT_PROBE, str(ROOT)],
@@ -335,8 +393,9 @@ def test_a_handed_over_command_takes_the_limits_umask_and_priority_of_its_shell(
 
 @as_root
 def test_another_user_reads_nothing_of_the_tracking_store(shared_tmp):
-    """`mlruns/` was readable by every local user (mlflow.db 0644, artifacts 0755), unlike `.prefect/`: a store made by
-    an earlier zhpipe is made private by the next command, a new one is private from the start."""
+    """`mlruns/` was readable by every local user (mlflow.db 0644, artifacts 0755), unlike
+    `.prefect/`: a store made by an earlier zhpipe is made private by the next command, a new one is
+    private from the start."""
     project = shared_tmp / "p"
     env = {
         k: v
@@ -354,7 +413,11 @@ def test_another_user_reads_nothing_of_the_tracking_store(shared_tmp):
     (mlruns / "artifacts" / "1").mkdir(parents=True)
     (mlruns / "artifacts" / "1" / "model.pkl").write_bytes(b"weights")
     (mlruns / "mlflow.db").write_bytes(b"")
-    for path, mode in ((mlruns, 0o755), (mlruns / "artifacts", 0o755), (mlruns / "mlflow.db", 0o644)):
+    for path, mode in (
+        (mlruns, 0o755),
+        (mlruns / "artifacts", 0o755),
+        (mlruns / "mlflow.db", 0o644),
+    ):
         path.chmod(mode)  # as an earlier zhpipe left them
     done = subprocess.run(
         zhpipe_argv("runs"),
@@ -365,7 +428,10 @@ def test_another_user_reads_nothing_of_the_tracking_store(shared_tmp):
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert {p.name: p.stat().st_mode & 0o777 for p in (mlruns, mlruns / "artifacts", mlruns / "mlflow.db")} == {
+    assert {
+        p.name: p.stat().st_mode & 0o777
+        for p in (mlruns, mlruns / "artifacts", mlruns / "mlflow.db")
+    } == {
         "mlruns": 0o700,
         "artifacts": 0o700,
         "mlflow.db": 0o600,
@@ -396,6 +462,6 @@ def test_another_user_reads_nothing_of_the_tracking_store(shared_tmp):
         capture_output=True,
         text=True,
     )
-    assert probe.stdout.count("refused") == 3 and "read" not in probe.stdout.replace("refused", ""), (
-        probe.stdout + probe.stderr
-    )
+    assert probe.stdout.count("refused") == 3 and "read" not in probe.stdout.replace(
+        "refused", ""
+    ), probe.stdout + probe.stderr

@@ -1,5 +1,6 @@
 """`zhpipe server start|status|stop`: a Prefect server in the background that later commands reuse
 instead of starting a temporary one each."""
+
 import os
 from pathlib import Path
 
@@ -12,8 +13,6 @@ ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.e2e
 
 
-
-
 def auth_of(prefect_home: Path) -> tuple[str, str]:
     """The project's server credentials, as `zhpipe server status` shows them (user, password)."""
     import json
@@ -23,10 +22,17 @@ def auth_of(prefect_home: Path) -> tuple[str, str]:
     return tuple(json.loads(path.read_text())["auth_string"].split(":", 1))
 
 
-def test_background_server_is_started_reused_and_stopped(tmp_path, monkeypatch, seed_prefect_home, seed_mlflow):
+def test_background_server_is_started_reused_and_stopped(
+    tmp_path, monkeypatch, seed_prefect_home, seed_mlflow
+):
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env.update({"PREFECT_HOME": str(seed_prefect_home(tmp_path / "prefect")), "ZHPIPE_DATA": str(tmp_path / "store"),
-                "MLFLOW_TRACKING_URI": seed_mlflow(tmp_path / "mlflow.db")})
+    env.update(
+        {
+            "PREFECT_HOME": str(seed_prefect_home(tmp_path / "prefect")),
+            "ZHPIPE_DATA": str(tmp_path / "store"),
+            "MLFLOW_TRACKING_URI": seed_mlflow(tmp_path / "mlflow.db"),
+        }
+    )
     assert "not running" in zhpipe(env, "server", "status").stdout
     started = zhpipe(env, "server", "start")
     assert started.returncode == 0, started.stderr[-2000:]
@@ -38,18 +44,37 @@ def test_background_server_is_started_reused_and_stopped(tmp_path, monkeypatch, 
         assert run.returncode == 0, run.stderr[-2000:]
         assert "temporary server" not in run.stdout + run.stderr  # it used the background server
         auth = auth_of(tmp_path / "prefect")
-        assert f"{auth[0]}:{auth[1]}" in zhpipe(env, "server", "status").stdout  # for the UI's login
-        assert httpx.post(f"{url}/flow_runs/filter", json={}, timeout=10).status_code == 401  # nobody else gets in
-        assert httpx.post(f"{url}/variables/", json={"name": "planted", "value": "x"}, timeout=10).status_code == 401
-        assert httpx.post(f"{url}/flow_runs/filter", json={}, auth=("zhpipe", "guess"), timeout=10).status_code == 401
+        # for the UI's login
+        assert f"{auth[0]}:{auth[1]}" in zhpipe(env, "server", "status").stdout
+        # nobody else gets in
+        assert httpx.post(f"{url}/flow_runs/filter", json={}, timeout=10).status_code == 401
+        assert (
+            httpx.post(
+                f"{url}/variables/", json={"name": "planted", "value": "x"}, timeout=10
+            ).status_code
+            == 401
+        )
+        assert (
+            httpx.post(
+                f"{url}/flow_runs/filter", json={}, auth=("zhpipe", "guess"), timeout=10
+            ).status_code
+            == 401
+        )
         runs = httpx.post(f"{url}/flow_runs/filter", json={}, auth=auth, timeout=10).json()
-        assert [r["state_type"] for r in runs if r["flow_id"]] and all(r["state_type"] == "COMPLETED" for r in runs)
+        assert [r["state_type"] for r in runs if r["flow_id"]] and all(
+            r["state_type"] == "COMPLETED" for r in runs
+        )
         # found by the pipeline's tag and named after it; its UI is told this server's own API
         tagged = httpx.post(
-            f"{url}/flow_runs/filter", json={"flow_runs": {"tags": {"all_": ["pipeline:smoke"]}}}, auth=auth, timeout=10
+            f"{url}/flow_runs/filter",
+            json={"flow_runs": {"tags": {"all_": ["pipeline:smoke"]}}},
+            auth=auth,
+            timeout=10,
         ).json()
         assert (
-            len(tagged) == 1 and tagged[0]["name"].startswith("smoke ") and "task:classification" in tagged[0]["tags"]
+            len(tagged) == 1
+            and tagged[0]["name"].startswith("smoke ")
+            and "task:classification" in tagged[0]["tags"]
         )
         settings = httpx.get(url.removesuffix("/api") + "/ui-settings", timeout=10).json()
         assert settings["api_url"] == url
@@ -68,10 +93,11 @@ def test_background_server_is_started_reused_and_stopped(tmp_path, monkeypatch, 
 def test_the_first_run_leaves_a_server_that_later_runs_reuse_and_that_stops_when_idle(
     tmp_path, seed_prefect_home, seed_mlflow
 ):
-    """The idle clock is the test's to hold: the test is one of the server's users (as every zhpipe command is) until
-    it lets go, so a slow machine cannot stop the server between the two runs. The warm process's clock is its own
-    (the same timeout, no users): 8 s leave the second command time to reach it on a busy machine (with 2 s, two
-    busy-loop hogs made it stop before the second command's hand-over)."""
+    """The idle clock is the test's to hold: the test is one of the server's users (as every zhpipe
+    command is) until it lets go, so a slow machine cannot stop the server between the two runs. The
+    warm process's clock is its own (the same timeout, no users): 8 s leave the second command time
+    to reach it on a busy machine (with 2 s, two busy-loop hogs made it stop before the second
+    command's hand-over)."""
     import json
     import time
 
@@ -96,19 +122,29 @@ def test_the_first_run_leaves_a_server_that_later_runs_reuse_and_that_stops_when
             and "temporary" not in first.stdout
         )
         state = json.loads(state_file.read_text())
-        assert state["idle_s"] == 8 and httpx.get(f"{state['url']}/health", timeout=5).status_code == 200
-        deadline = time.monotonic() + 120  # and a warm process for the next commands (flows.runtime.warm)
-        while not list((tmp_path / "prefect").glob("zhpipe-warm-*.json")) and time.monotonic() < deadline:
+        assert (
+            state["idle_s"] == 8
+            and httpx.get(f"{state['url']}/health", timeout=5).status_code == 200
+        )
+        # and a warm process for the next commands (flows.runtime.warm)
+        deadline = time.monotonic() + 120
+        while (
+            not list((tmp_path / "prefect").glob("zhpipe-warm-*.json"))
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.5)
         [warm_state] = (tmp_path / "prefect").glob("zhpipe-warm-*.json")
         second = zhpipe(env, "run", "smoke", "--to", "download")
         assert second.returncode == 0 and "starting" not in second.stdout  # it found the server
-        assert "download" in second.stdout and "hit" in second.stdout  # its summary table reached this process's stdout
+        # its summary table reached this process's stdout
+        assert "download" in second.stdout and "hit" in second.stdout
         assert json.loads(state_file.read_text())["pid"] == state["pid"]
         assert (
-            "warm: running `zhpipe run smoke --to download`" in (tmp_path / "prefect" / "zhpipe-warm.log").read_text()
+            "warm: running `zhpipe run smoke --to download`"
+            in (tmp_path / "prefect" / "zhpipe-warm.log").read_text()
         )
-        # the last user is gone: 8 s later (checked every half second) the server stops, and the warm process with it
+        # the last user is gone: 8 s later (checked every half second) the server stops, and the
+        # warm process with it
         holder.unlink()
         deadline = time.monotonic() + 180
         while (state_file.exists() or warm_state.exists()) and time.monotonic() < deadline:

@@ -55,12 +55,10 @@ def test_a_run_starts_its_temporary_server_and_leaves_nothing(env, tmp_path):
     printed = done.stdout + done.stderr
     assert done.returncode == 0, printed[-3000:]
     assert "a temporary Prefect server starts for this run" in printed
-    assert (
-        "View at" not in printed
-    )  # Prefect's link to a UI: the temporary server serves none, and is gone at exit
-    assert not list(
-        (tmp_path / "prefect").glob("zhpipe-temporary-server-*.log")
-    )  # a server that started well
+    # Prefect's link to a UI: the temporary server serves none, and is gone at exit
+    assert "View at" not in printed
+    # a server that started well
+    assert not list((tmp_path / "prefect").glob("zhpipe-temporary-server-*.log"))
     runs = zhpipe(env, "runs", "smoke")
     # the run's row; a narrow table shows no status column
     row = re.search(r"^│ [0-9a-f]{12} │ (FINISHED │ )?smoke ", runs.stdout, re.M)
@@ -171,7 +169,9 @@ def test_a_new_home_starts_from_the_database_the_first_new_home_made(tmp_path, m
     (cached,) = (tmp_path / "cache").glob("prefect-*.db")
     assert cached.stat().st_mode & 0o777 == 0o600
     con = sqlite3.connect(cached)
-    assert con.execute("SELECT count(*) FROM configuration WHERE key = 'TELEMETRY_SESSION'").fetchone() == (0,)
+    assert con.execute(
+        "SELECT count(*) FROM configuration WHERE key = 'TELEMETRY_SESSION'"
+    ).fetchone() == (0,)
     assert con.execute("SELECT count(*) FROM block_type").fetchone()[0] > 10
     con.close()
 

@@ -1,5 +1,6 @@
-"""The warm zhpipe process (flows.runtime.warm, flows.runtime.handover): commands handed to it run as they would alone
-(same output, exit status, errors), clients with other settings or after a code change run by themselves, and it stops.
+"""The warm zhpipe process (flows.runtime.warm, flows.runtime.handover): commands handed to it run
+as they would alone (same output, exit status, errors), clients with other settings or after a code
+change run by themselves, and it stops.
 """
 
 import json
@@ -24,11 +25,13 @@ def handed(log: Path) -> int:
 
 
 def _warm(folder: Path, seed_prefect_home, seed_mlflow, idle: int = 60):
-    """A warm process for a new project's settings in `folder`; its runs start temporary Prefect servers in a seeded
-    home."""
+    """A warm process for a new project's settings in `folder`; its runs start temporary Prefect
+    servers in a seeded home."""
     probe = folder / "probe"
     probe.mkdir()
-    (probe / "sitecustomize.py").write_text("# imported at start-up: a module file the warm process watches\n")
+    (probe / "sitecustomize.py").write_text(
+        "# imported at start-up: a module file the warm process watches\n"
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "ZHPIPE_WARM")}
     env.update(
         {
@@ -43,7 +46,15 @@ def _warm(folder: Path, seed_prefect_home, seed_mlflow, idle: int = 60):
     log = folder / "prefect" / "zhpipe-warm.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "flows.cli.warm", "--idle", str(idle), "--fingerprint", handover.fingerprint(env)],
+            [
+                sys.executable,
+                "-m",
+                "flows.cli.warm",
+                "--idle",
+                str(idle),
+                "--fingerprint",
+                handover.fingerprint(env),
+            ],
             cwd=ROOT,
             env=env,
             stdout=out,
@@ -55,12 +66,20 @@ def _warm(folder: Path, seed_prefect_home, seed_mlflow, idle: int = 60):
     while not state.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     assert state.exists(), log.read_text()
-    yield {"env": env, "log": log, "state": state, "proc": proc, "probe": probe / "sitecustomize.py"}
+    yield {
+        "env": env,
+        "log": log,
+        "state": state,
+        "proc": proc,
+        "probe": probe / "sitecustomize.py",
+    }
     proc.terminate()
     proc.wait(30)
     if (
         state.exists()
-    ):  # a warm process the test killed (kill -9) left its state file, and its socket in the shared folder
+        # a warm process the test killed (kill -9) left its state file, and its socket in the shared
+        # folder
+    ):
         Path(json.loads(state.read_text())["socket"]).unlink(missing_ok=True)
 
 
@@ -72,8 +91,11 @@ def warm_env(tmp_path, seed_prefect_home, seed_mlflow):
 
 @pytest.fixture(scope="module")
 def shared_warm(tmp_path_factory, seed_prefect_home, seed_mlflow):
-    """One warm process for the tests that leave it running (each counts only the commands it hands over)."""
-    yield from _warm(tmp_path_factory.mktemp("shared-warm"), seed_prefect_home, seed_mlflow, idle=600)
+    """One warm process for the tests that leave it running (each counts only the commands it hands
+    over)."""
+    yield from _warm(
+        tmp_path_factory.mktemp("shared-warm"), seed_prefect_home, seed_mlflow, idle=600
+    )
 
 
 def test_a_command_handed_over_prints_and_exits_as_it_would_alone(shared_warm):
@@ -84,23 +106,37 @@ def test_a_command_handed_over_prints_and_exits_as_it_would_alone(shared_warm):
     assert handed(log) == before + 1
     alone = zhpipe({**env, "ZHPIPE_WARM": "off"}, "status", "smoke")
     assert handed(log) == before + 1  # ZHPIPE_WARM=off: run here
-    assert served.stdout == alone.stdout and "zhpipe status smoke" in served.stdout and "missing" in served.stdout
-    bad = zhpipe(env, "status", "no-such-pipeline")  # an error line and its exit status come back as they are
+    assert (
+        served.stdout == alone.stdout
+        and "zhpipe status smoke" in served.stdout
+        and "missing" in served.stdout
+    )
+    # an error line and its exit status come back as they are
+    bad = zhpipe(env, "status", "no-such-pipeline")
     assert handed(log) == before + 2
-    assert bad.returncode == 2 and bad.stderr.startswith("zhpipe: error:") and "no-such-pipeline" in bad.stderr
+    assert (
+        bad.returncode == 2
+        and bad.stderr.startswith("zhpipe: error:")
+        and "no-such-pipeline" in bad.stderr
+    )
     assert bad.stderr == zhpipe({**env, "ZHPIPE_WARM": "off"}, "status", "no-such-pipeline").stderr
 
 
 def test_other_settings_run_alone_and_an_edited_module_stops_it(warm_env):
     env, log = warm_env["env"], warm_env["log"]
-    other = zhpipe({**env, "PREFECT_LOGGING_LEVEL": "ERROR"}, "status", "smoke")  # Prefect reads it when imported
+    # Prefect reads it when imported
+    other = zhpipe({**env, "PREFECT_LOGGING_LEVEL": "ERROR"}, "status", "smoke")
     assert other.returncode == 0 and handed(log) == 0
     assert zhpipe(env, "status", "smoke").returncode == 0 and handed(log) == 1
     time.sleep(0.05)
-    warm_env["probe"].write_text("# edited: what the warm process imported is not what is on disk now\n")
+    warm_env["probe"].write_text(
+        "# edited: what the warm process imported is not what is on disk now\n"
+    )
     after = zhpipe(env, "status", "smoke")
-    assert after.returncode == 0 and "zhpipe status smoke" in after.stdout  # run by the client itself
-    assert warm_env["proc"].wait(30) == 0 and not warm_env["state"].exists()  # and the warm process stopped
+    # run by the client itself
+    assert after.returncode == 0 and "zhpipe status smoke" in after.stdout
+    # and the warm process stopped
+    assert warm_env["proc"].wait(30) == 0 and not warm_env["state"].exists()
     assert "sitecustomize.py changed" in log.read_text() and handed(log) == 1
 
 
@@ -114,7 +150,8 @@ def test_changed_names_an_edited_or_removed_file(tmp_path):
     assert warm.changed(files) == str(b)
     b.unlink()
     assert warm.changed({str(b): files[str(b)]}) == str(b)
-    assert warm.changed(json.loads(json.dumps(files))) == str(b)  # (mtime, size) as lists, as JSON gives them back
+    # (mtime, size) as lists, as JSON gives them back
+    assert warm.changed(json.loads(json.dumps(files))) == str(b)
 
 
 def test_a_warm_process_for_other_settings_replaces_the_one_running(warm_env, monkeypatch):
@@ -122,7 +159,8 @@ def test_a_warm_process_for_other_settings_replaces_the_one_running(warm_env, mo
     other = {**env, "PREFECT_LOGGING_LEVEL": "ERROR"}
     monkeypatch.setenv("PREFECT_HOME", env["PREFECT_HOME"])
     handover.spawn(60, other)
-    assert warm_env["proc"].wait(30) == 0 and not warm_env["state"].exists()  # one warm process per project
+    # one warm process per project
+    assert warm_env["proc"].wait(30) == 0 and not warm_env["state"].exists()
     replacement = handover.state_file(handover.fingerprint(other))
     deadline = time.monotonic() + 120
     while not replacement.exists() and time.monotonic() < deadline:
@@ -163,7 +201,8 @@ def _wait_for(predicate, timeout: float = 60) -> bool:
 
 def test_ctrl_z_stops_the_fork_and_a_killed_client_ends_it(shared_warm, tmp_path):
     env, log = shared_warm["env"], shared_warm["log"]
-    with open(tmp_path / "out", "w") as out:  # a job of its own, as a shell starts it (a group the kernel may stop)
+    # a job of its own, as a shell starts it (a group the kernel may stop)
+    with open(tmp_path / "out", "w") as out:
         client = subprocess.Popen(
             zhpipe_argv("run", "smoke", "--to", "download"),
             cwd=ROOT,
@@ -176,13 +215,19 @@ def test_ctrl_z_stops_the_fork_and_a_killed_client_ends_it(shared_warm, tmp_path
     client.send_signal(signal.SIGTSTP)  # Ctrl-Z: the shell's job stops, and the command with it
     assert _wait_for(lambda: _proc_state(fork) == "T" and _proc_state(client.pid) == "T", 20)
     client.send_signal(signal.SIGCONT)  # fg
-    assert _wait_for(lambda: _proc_state(fork) not in ("T", None) and _proc_state(client.pid) != "T", 20)
+    assert _wait_for(
+        lambda: _proc_state(fork) not in ("T", None) and _proc_state(client.pid) != "T", 20
+    )
     client.kill()  # kill -9 of the client: the command it handed over does not go on without it
     client.wait(10)
-    assert _wait_for(lambda: _proc_state(fork) in (None, "Z"), 60), (tmp_path / "out").read_text()[-2000:]
+    assert _wait_for(lambda: _proc_state(fork) in (None, "Z"), 60), (tmp_path / "out").read_text()[
+        -2000:
+    ]
 
 
-def test_the_fork_reports_its_status_when_the_warm_parent_dies_and_keeps_the_shells_umask_and_zone(warm_env, tmp_path):
+def test_the_fork_reports_its_status_when_the_warm_parent_dies_and_keeps_the_shells_umask_and_zone(
+    warm_env, tmp_path
+):
     from datetime import datetime
     from zoneinfo import ZoneInfo
 
@@ -200,14 +245,20 @@ def test_the_fork_reports_its_status_when_the_warm_parent_dies_and_keeps_the_she
     warm_env["proc"].kill()  # kill -9 of the warm parent while its fork runs the command
     out, err = client.communicate(timeout=300)
     assert client.returncode == 0, err[-2000:]
-    assert "download" in out and "without an exit status" not in err  # the run finished, and said so
-    built = [p for p in (Path(env["ZHPIPE_DATA"]) / "download").iterdir() if not p.name.startswith(".")]
+    # the run finished, and said so
+    assert "download" in out and "without an exit status" not in err
+    built = [
+        p for p in (Path(env["ZHPIPE_DATA"]) / "download").iterdir() if not p.name.startswith(".")
+    ]
     assert built and all(p.stat().st_mode & 0o077 == 0 for p in built)  # umask 077, as in the shell
-    stamp = next(line.split()[0] for line in err.splitlines() if line[:2].isdigit() and line[2:3] == ":")
+    stamp = next(
+        line.split()[0] for line in err.splitlines() if line[:2].isdigit() and line[2:3] == ":"
+    )
     now = datetime.now(ZoneInfo("Asia/Shanghai"))
     logged = now.replace(hour=int(stamp[:2]), minute=int(stamp[3:5]))
     assert (
-        abs((now - logged).total_seconds()) % 86400 < 600 or abs((now - logged).total_seconds()) % 86400 > 86400 - 600
+        abs((now - logged).total_seconds()) % 86400 < 600
+        or abs((now - logged).total_seconds()) % 86400 > 86400 - 600
     )
 
 

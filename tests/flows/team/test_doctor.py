@@ -1,6 +1,7 @@
-"""`zhpipe doctor` against a team's real services on loopback (tests/helpers/team.py: PostgreSQL behind an `mlflow
-server` with MLflow's basic-auth app and behind a `prefect server` with an auth string, the store in moto's S3 server).
-Every service is one line; each misconfiguration a team meets is a FAIL line naming what to fix, and exit 1."""
+"""`zhpipe doctor` against a team's real services on loopback (tests/helpers/team.py: PostgreSQL
+behind an `mlflow server` with MLflow's basic-auth app and behind a `prefect server` with an auth
+string, the store in moto's S3 server). Every service is one line; each misconfiguration a team
+meets is a FAIL line naming what to fix, and exit 1."""
 
 from __future__ import annotations
 
@@ -12,7 +13,11 @@ pytestmark = pytest.mark.e2e
 
 
 def lines(done) -> dict[str, str]:
-    return {line.split()[1]: line for line in done.stdout.splitlines() if line.startswith(("ok ", "FAIL "))}
+    return {
+        line.split()[1]: line
+        for line in done.stdout.splitlines()
+        if line.startswith(("ok ", "FAIL "))
+    }
 
 
 def test_doctor_checks_each_team_service_as_a_run_uses_it(team, alice):
@@ -31,7 +36,14 @@ def test_doctor_checks_each_team_service_as_a_run_uses_it(team, alice):
 
 
 @pytest.mark.parametrize(
-    "case", ["wrong password", "tracking down", "bucket missing", "prefect without credentials", "prefect without auth"]
+    "case",
+    [
+        "wrong password",
+        "tracking down",
+        "bucket missing",
+        "prefect without credentials",
+        "prefect without auth",
+    ],
 )
 def test_doctor_finds_each_misconfiguration(team, alice, prefect_harness, case):
     env, project = alice
@@ -44,16 +56,22 @@ def test_doctor_finds_each_misconfiguration(team, alice, prefect_harness, case):
         service, says = "tracking", "does not answer"
     elif case == "bucket missing":
         argv += ["--storage", "s3://no-such-bucket/zhpipe"]
-        service, says = "store", "s3://no-such-bucket/zhpipe: cannot write, read and delete a file there"
+        service, says = (
+            "store",
+            "s3://no-such-bucket/zhpipe: cannot write, read and delete a file there",
+        )
     elif case == "prefect without credentials":
         env.pop("PREFECT_API_AUTH_STRING")
         service, says = "prefect", "set PREFECT_API_AUTH_STRING"
-    else:  # a Prefect server that asks nobody for credentials (the test session's own), in a team's set-up
+    # a Prefect server that asks nobody for credentials (the test session's own), in a team's set-up
+    else:
         env["PREFECT_API_URL"] = prefect_harness["url"]
         service, says = "prefect", "answers anyone without credentials"
     done = zhpipe(env, *argv, cwd=project)
     failed = {name: line for name, line in lines(done).items() if line.startswith("FAIL")}
-    assert done.returncode == 1 and list(failed) == [service] and says in failed[service], done.stdout + done.stderr
+    assert done.returncode == 1 and list(failed) == [service] and says in failed[service], (
+        done.stdout + done.stderr
+    )
 
 
 def test_a_run_with_the_tracking_server_down_stops_before_it_builds(team, alice):
@@ -66,14 +84,19 @@ def test_a_run_with_the_tracking_server_down_stops_before_it_builds(team, alice)
         "download",
         cwd=project,
     )
-    assert run.returncode == 2 and "the tracking server" in run.stderr and "nothing was built" in run.stderr, run
+    assert (
+        run.returncode == 2
+        and "the tracking server" in run.stderr
+        and "nothing was built" in run.stderr
+    ), run
     assert len(run.stderr.strip().splitlines()) == 1, run.stderr
 
 
 def test_credentials_never_reach_params_tags_artifacts_or_logs(team, alice, tmp_path):
-    """An engineer's credentials for the team's servers (MLflow's basic-auth password, Prefect's auth string) travel in
-    the environment: a run records none of them in its params, tags or artifacts, its Prefect logs (in the server's
-    database), the servers' own logs, or what it prints."""
+    """An engineer's credentials for the team's servers (MLflow's basic-auth password, Prefect's
+    auth string) travel in the environment: a run records none of them in its params, tags or
+    artifacts, its Prefect logs (in the server's database), the servers' own logs, or what it
+    prints."""
     import os
 
     from mlflow.tracking import MlflowClient
@@ -81,7 +104,10 @@ def test_credentials_never_reach_params_tags_artifacts_or_logs(team, alice, tmp_
     env, project = alice
     done = zhpipe(env, "run", "smoke", "--to", "split", cwd=project)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert f"see it at {team.tracking}/#/experiments/" in done.stdout and "zhpipe ui" not in done.stdout + done.stderr
+    assert (
+        f"see it at {team.tracking}/#/experiments/" in done.stdout
+        and "zhpipe ui" not in done.stdout + done.stderr
+    )
     secrets = {
         "MLFLOW_TRACKING_PASSWORD": env["MLFLOW_TRACKING_PASSWORD"],
         "PREFECT_API_AUTH_STRING": team.auth_string,
@@ -95,7 +121,10 @@ def test_credentials_never_reach_params_tags_artifacts_or_logs(team, alice, tmp_
     ]
     saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")}
     os.environ.update(
-        {"MLFLOW_TRACKING_USERNAME": "alice", "MLFLOW_TRACKING_PASSWORD": env["MLFLOW_TRACKING_PASSWORD"]}
+        {
+            "MLFLOW_TRACKING_USERNAME": "alice",
+            "MLFLOW_TRACKING_PASSWORD": env["MLFLOW_TRACKING_PASSWORD"],
+        }
     )
     try:
         client = MlflowClient(team.tracking)
@@ -118,11 +147,14 @@ def test_credentials_never_reach_params_tags_artifacts_or_logs(team, alice, tmp_
 
 
 def prefect_logs(team) -> list[str]:
-    """Every log line the Prefect server holds (its database), read through its API with the team's credentials."""
+    """Every log line the Prefect server holds (its database), read through its API with the team's
+    credentials."""
     import httpx
 
     user, password = team.auth_string.split(":", 1)
-    answer = httpx.post(f"{team.prefect_api}/logs/filter", json={"limit": 200}, auth=(user, password), timeout=30)
+    answer = httpx.post(
+        f"{team.prefect_api}/logs/filter", json={"limit": 200}, auth=(user, password), timeout=30
+    )
     answer.raise_for_status()
     assert answer.json(), "the run left no log lines in the Prefect server"
     return [row["message"] for row in answer.json()]

@@ -1,6 +1,7 @@
-"""Nothing that crosses a trust boundary is unpickled: a pickle payload planted in a stage output (with a
-matching manifest, as someone who can write the store could make) or in a logged model's artifacts is
-refused on load, and its code never runs."""
+"""Nothing that crosses a trust boundary is unpickled: a pickle payload planted in a stage output
+(with a matching manifest, as someone who can write the store could make) or in a logged model's
+artifacts is refused on load, and its code never runs."""
+
 import json
 import pickle
 from pathlib import Path
@@ -32,15 +33,15 @@ class Payload:
 @pytest.fixture(scope="module")
 def built(prefect_harness, tmp_path_factory):
     store = tmp_path_factory.mktemp("no-pickle")
-    out = pipeline_flow(
-        "smoke", overrides=SETS, storage=str(store), stages=without_profile()
-    )  # its pictures are not read here
+    # its pictures are not read here
+    out = pipeline_flow("smoke", overrides=SETS, storage=str(store), stages=without_profile())
     return store, {u["stage"]: u for u in out["units"]}
 
 
 def plant(path: Path, marker: Path) -> None:
     torch.save({"state_dict": Payload(marker), "config": {}}, path)
-    assert pickle.loads(pickle.dumps(Payload(marker))) is None and marker.exists()  # the payload does work
+    # the payload does work
+    assert pickle.loads(pickle.dumps(Payload(marker))) is None and marker.exists()
     marker.unlink()
 
 
@@ -49,7 +50,8 @@ def test_a_payload_in_a_stage_output_never_runs(built, tmp_path):
     unit = Path(units["train.textcnn"]["path"])
     marker = tmp_path / "pwned-store"
     plant(unit / "textcnn" / "model.pt", marker)
-    manifest = json.loads((unit / "manifest.json").read_text())  # an attacker rewrites the manifest too
+    # an attacker rewrites the manifest too
+    manifest = json.loads((unit / "manifest.json").read_text())
     manifest["files"]["textcnn/model.pt"] = {
         "size": (unit / "textcnn" / "model.pt").stat().st_size,
         "sha256": file_sha256(unit / "textcnn" / "model.pt"),
@@ -58,9 +60,16 @@ def test_a_payload_in_a_stage_output_never_runs(built, tmp_path):
     with pytest.raises(pickle.UnpicklingError):
         MODELS["textcnn"].load(unit / "textcnn")
     with pytest.raises(pickle.UnpicklingError):  # the pipeline rescoring it fails the same way
-        pipeline_flow("smoke", overrides=SETS, storage=str(store), force=["evaluate"], stages=without_profile())
+        pipeline_flow(
+            "smoke",
+            overrides=SETS,
+            storage=str(store),
+            force=["evaluate"],
+            stages=without_profile(),
+        )
     assert not marker.exists()
-    assert not any(p.suffix in (".pkl", ".joblib", ".pickle") for p in store.rglob("*"))  # no pickle files at all
+    # no pickle files at all
+    assert not any(p.suffix in (".pkl", ".joblib", ".pickle") for p in store.rglob("*"))
 
 
 def test_a_payload_in_a_logged_models_artifacts_never_runs(built, tmp_path):
@@ -69,13 +78,13 @@ def test_a_payload_in_a_logged_models_artifacts_never_runs(built, tmp_path):
     assert mlflow.pyfunc.load_model(uri).predict(["房间很干净"]).shape[0] == 1
     uri = client().get_run(units["train.textcnn"]["run_id"]).data.tags["zhpipe.model_uri"]
     location = client().get_logged_model(uri.removeprefix("models:/")).artifact_location
-    weights = next(Path(location.removeprefix("file://")).rglob("model.pt"))  # the pyfunc's copy of the weights
+    # the pyfunc's copy of the weights
+    weights = next(Path(location.removeprefix("file://")).rglob("model.pt"))
     marker = tmp_path / "pwned-artifact"
     plant(weights, marker)
     with pytest.raises(Exception, match="Unsupported global|Weights only load failed"):
         mlflow.pyfunc.load_model(uri).predict(["房间很干净"])
     assert not marker.exists()
     logged = Path(location.removeprefix("file://"))
-    assert (logged / "pyfunc_model.py").is_file() and not list(
-        logged.rglob("*.pkl")
-    )  # models from code, no CloudPickle
+    # models from code, no CloudPickle
+    assert (logged / "pyfunc_model.py").is_file() and not list(logged.rglob("*.pkl"))

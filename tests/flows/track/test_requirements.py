@@ -1,6 +1,8 @@
-"""MLflow's check of a model's requirements around zhpipe's logging and loading (`flows.track.requirements.by_name`):
-it still runs and still warns about a requirement this environment does not meet, without first mapping every
-installed module to its distribution; after the last block open, MLflow's map is as it was."""
+"""MLflow's check of a model's requirements around zhpipe's logging and loading
+(`flows.track.requirements.by_name`): it still runs and still warns about a requirement this
+environment does not meet, without first mapping every installed module to its distribution; after
+the last block open, MLflow's map is as it was."""
+
 import logging
 
 import pytest
@@ -14,7 +16,8 @@ class Echo(PythonModel):
 
 @pytest.fixture
 def unmapped(monkeypatch):
-    """MLflow's module map not built yet, and building it fails the check (MLflow then logs an 'unexpected error')."""
+    """MLflow's module map not built yet, and building it fails the check (MLflow then logs an
+    'unexpected error')."""
     from mlflow.utils import requirements_utils as reqs
 
     def scan():
@@ -46,18 +49,27 @@ def test_the_check_runs_by_name_and_warns_without_scanning_every_distribution(
 
     pinned = f"pandas=={pd.__version__}"
     with by_name():
-        mlflow.pyfunc.save_model(tmp_path / "model", python_model=Echo(), pip_requirements=[pinned, "pyyaml==0.0.1"])
+        mlflow.pyfunc.save_model(
+            tmp_path / "model", python_model=Echo(), pip_requirements=[pinned, "pyyaml==0.0.1"]
+        )
         model = mlflow.pyfunc.load_model(str(tmp_path / "model"))
     assert model.predict(pd.DataFrame({"text": ["好"]}))["text"].tolist() == ["好"]
     said = "\n".join(warnings_of_the_check)
     assert "unexpected error" not in said, said
-    # once when saved, once when loaded: the requirement this environment does not meet, and only that one
-    assert said.count("pyyaml (current: ") == 2 and "required: pyyaml==0.0.1" in said and "pandas (current" not in said
-    assert unmapped._MODULES_TO_PACKAGES is None  # MLflow's map as it was, for anything else in this process
+    # once when saved, once when loaded: the requirement this environment does not meet, and only
+    # that one
+    assert (
+        said.count("pyyaml (current: ") == 2
+        and "required: pyyaml==0.0.1" in said
+        and "pandas (current" not in said
+    )
+    # MLflow's map as it was, for anything else in this process
+    assert unmapped._MODULES_TO_PACKAGES is None
 
 
 def test_blocks_in_threads_leave_the_map_to_the_last_one_open(unmapped):
-    """Two threads' blocks overlapping: the first to end does not take the map from under the other."""
+    """Two threads' blocks overlapping: the first to end does not take the map from under the
+    other."""
     import threading
 
     from flows.track.requirements import by_name
@@ -76,7 +88,8 @@ def test_blocks_in_threads_leave_the_map_to_the_last_one_open(unmapped):
         with by_name():
             second_in.set()
             first_out.wait(10)
-            seen.append(unmapped._MODULES_TO_PACKAGES)  # the first block has ended: still MLflow's own entries
+            # the first block has ended: still MLflow's own entries
+            seen.append(unmapped._MODULES_TO_PACKAGES)
 
     threads = [threading.Thread(target=first), threading.Thread(target=second)]
     for t in threads:

@@ -33,9 +33,8 @@ def schema(db: Path) -> dict:
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("ZHPIPE_USER_CACHE", str(tmp_path / "cache"))
-    monkeypatch.chdir(
-        tmp_path
-    )  # MLflow puts its Default experiment's artifacts under the working folder
+    # MLflow puts its Default experiment's artifacts under the working folder
+    monkeypatch.chdir(tmp_path)
     return tmp_path / "cache"
 
 

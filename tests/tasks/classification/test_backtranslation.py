@@ -1,4 +1,6 @@
-"""Back-translation through real (tiny, random-weight) MarianMT models and a real HTTP service on loopback."""
+"""Back-translation through real (tiny, random-weight) MarianMT models and a real HTTP service on
+loopback."""
+
 import http.server
 import json
 import logging
@@ -33,13 +35,15 @@ from tasks.util.urls import conceal
 from tests.helpers.tiny_marian import ZH, build_pair
 
 ROOT = Path(__file__).resolve().parents[3]
-TRAIN = pd.DataFrame({
-    "id": [1, 2, 3, 4],
-    "text": ZH[:4],
-    "words": ["房间 很 干净", "早餐 太 差 了", "位置 不错", "前台 态度 冷淡"],
-    "chars": ["房 间", "早 餐", "位 置", "前 台"],
-    "label": ["1", "0", "1", "0"],
-})
+TRAIN = pd.DataFrame(
+    {
+        "id": [1, 2, 3, 4],
+        "text": ZH[:4],
+        "words": ["房间 很 干净", "早餐 太 差 了", "位置 不错", "前台 态度 冷淡"],
+        "chars": ["房 间", "早 餐", "位 置", "前 台"],
+        "label": ["1", "0", "1", "0"],
+    }
+)
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +53,13 @@ def models(tmp_path_factory):
 
 def bt_params(models, **kw):
     zh_en, en_zh = models
-    return BackTranslationConfig(pivots=[{"lang": "en", "forward": str(zh_en), "backward": str(en_zh)}],
-                                 max_length=12, num_beams=1, batch_size=2, **kw)
+    return BackTranslationConfig(
+        pivots=[{"lang": "en", "forward": str(zh_en), "backward": str(en_zh)}],
+        max_length=12,
+        num_beams=1,
+        batch_size=2,
+        **kw,
+    )
 
 
 def test_split_sentences_round_trip():
@@ -90,7 +99,8 @@ def test_cache_translates_nothing_twice(models, tmp_path):
     assert (first.hits, first.misses) == (0, 4) and set(out) == set(ZH[:4])
     again = CachedTranslation(t, cache, "zh-en", {"n": 1}, 2)
     assert again(ZH[:4], 1) == {k: out[k] for k in ZH[:4]} and (again.hits, again.misses) == (4, 0)
-    other = CachedTranslation(t, cache, "zh-en", {"n": 1, "num_beams": 4}, 2)  # other settings, other key
+    # other settings, other key
+    other = CachedTranslation(t, cache, "zh-en", {"n": 1, "num_beams": 4}, 2)
     other(ZH[:1], 1)
     assert other.misses == 1
 
@@ -112,8 +122,12 @@ CachedTranslation(t, TranslationCache(Path(sys.argv[2])), "zh-en", {"n": 1}, 4)(
 
 def test_killed_translation_resumes_from_cache(models, tmp_path):
     cache_file = tmp_path / "c.sqlite"
-    proc = subprocess.Popen([sys.executable, "-c", _KILLED_CHILD, str(models[0]), str(cache_file), ZH[0]],
-                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_CHILD, str(models[0]), str(cache_file), ZH[0]],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     for _ in range(3):
         assert proc.stdout.readline().strip() == "batch"
     proc.send_signal(signal.SIGKILL)
@@ -126,9 +140,19 @@ def test_killed_translation_resumes_from_cache(models, tmp_path):
 
 
 def test_backtranslation_augmenter_with_provenance_and_rerun_hits(models, tmp_path):
-    params = AugmentConfig(method="backtranslation", backtranslation=bt_params(models, num_variants=2,
-                           filters={"min_chinese": 0.0, "min_similarity": 0.0, "max_length_ratio": 10,
-                                    "min_length_ratio": 0.0}))
+    params = AugmentConfig(
+        method="backtranslation",
+        backtranslation=bt_params(
+            models,
+            num_variants=2,
+            filters={
+                "min_chinese": 0.0,
+                "min_similarity": 0.0,
+                "max_length_ratio": 10,
+                "min_length_ratio": 0.0,
+            },
+        ),
+    )
     heldout = {"早餐不好吃"}
     ctx = AugmentContext(params, SegmentConfig(), tmp_path / "cache.sqlite", heldout)
     out, result = augment_frame(TRAIN, ctx)
@@ -140,21 +164,29 @@ def test_backtranslation_augmenter_with_provenance_and_rerun_hits(models, tmp_pa
     assert len(kept) == m["candidates"] - sum(v for k, v in m.items() if k.startswith("filtered_"))
     for row in kept.itertuples():
         assert row.label == TRAIN.set_index("id").loc[row.source_id, "label"]
-        assert row.pivot == "en" and row.model_forward == str(models[0]) and row.model_backward == str(models[1])
+        assert (
+            row.pivot == "en"
+            and row.model_forward == str(models[0])
+            and row.model_backward == str(models[1])
+        )
         assert row.words.replace(" ", "") == row.text.replace(" ", "")
     assert not set(out["text"]) & heldout
-    assert {"source", "pivot_text", "back_translation", "kept", "reason"} <= set(result.sample.columns)
+    assert {"source", "pivot_text", "back_translation", "kept", "reason"} <= set(
+        result.sample.columns
+    )
     _, again = augment_frame(TRAIN, ctx)
     assert again.metrics["cache_hit_rate"] == 1.0 and again.metrics["cache_misses"] == 0
 
 
 def test_missing_model_is_one_clear_error_or_falls_back_to_eda(tmp_path):
     params = AugmentConfig(
-        method="backtranslation", backtranslation={"pivots": [{"lang": "en", "forward": "Helsinki-NLP/opus-mt-zh-en"}]}
+        method="backtranslation",
+        backtranslation={"pivots": [{"lang": "en", "forward": "Helsinki-NLP/opus-mt-zh-en"}]},
     )
     ctx = AugmentContext(params, SegmentConfig(), tmp_path / "c.sqlite")
     with pytest.raises(
-        ModelMissingError, match=r"'Helsinki-NLP/opus-mt-zh-en' not found locally.*HF_HOME.*huggingface-cli download"
+        ModelMissingError,
+        match=r"'Helsinki-NLP/opus-mt-zh-en' not found locally.*HF_HOME.*huggingface-cli download",
     ):
         augment_frame(TRAIN, ctx)
     ctx.params = params.model_copy(update={"fallback": "eda"})
@@ -163,7 +195,8 @@ def test_missing_model_is_one_clear_error_or_falls_back_to_eda(tmp_path):
 
 
 class _Service(http.server.BaseHTTPRequestHandler):
-    """LibreTranslate-style /translate that answers 429, then 503, then translates (reverses the text)."""
+    """LibreTranslate-style /translate that answers 429, then 503, then translates (reverses the
+    text)."""
 
     script: list = []
     bodies: list = []
@@ -200,21 +233,27 @@ def service():
 def test_http_backend_retries_rate_limits_and_hides_key(service, monkeypatch, caplog):
     monkeypatch.setenv("ZH_MT_KEY", "s3cret-key")
     _Service.script, _Service.bodies = [429, 503], []
-    params = HttpTranslationConfig(url=service, api_key_env="ZH_MT_KEY", requests_per_second=20, retries=3)
+    params = HttpTranslationConfig(
+        url=service, api_key_env="ZH_MT_KEY", requests_per_second=20, retries=3
+    )
     t = HttpTranslator(params, "zh", "en")
     with caplog.at_level(logging.WARNING):
         out = t.translate(["你好", "再见"], 1)
     assert out == [["好你"], ["见再"]]
     assert len(_Service.bodies) == 3 and _Service.bodies[-1][1]["api_key"] == "s3cret-key"
     assert "429" in caplog.text and "503" in caplog.text and "s3cret-key" not in caplog.text
-    # the pacing is the client's: timed as the requests leave it (the server's receive times bunch up on a busy machine)
+    # the pacing is the client's: timed as the requests leave it (the server's receive times bunch
+    # up on a busy machine)
     sent, post = [], t.client.post
-    monkeypatch.setattr(t.client, "post", lambda *a, **kw: sent.append(time.monotonic()) or post(*a, **kw))
+    monkeypatch.setattr(
+        t.client, "post", lambda *a, **kw: sent.append(time.monotonic()) or post(*a, **kw)
+    )
     _Service.bodies = []
     for _ in range(6):
         t.translate(["一"], 1)
     assert len(sent) == len(_Service.bodies) == 6
-    assert sent[-1] - sent[0] >= 5 / 20 * 0.9  # at most 20 requests per second (less the moment between slot and send)
+    # at most 20 requests per second (less the moment between slot and send)
+    assert sent[-1] - sent[0] >= 5 / 20 * 0.9
 
 
 def test_http_backend_gives_up_with_one_line(service):
@@ -226,7 +265,8 @@ def test_http_backend_gives_up_with_one_line(service):
 
 
 def test_http_backend_through_the_augmenter(service, tmp_path):
-    """The service reverses text, so a round trip returns the source: every candidate is `identical`."""
+    """The service reverses text, so a round trip returns the source: every candidate is
+    `identical`."""
     _Service.script, _Service.bodies = [], []
     params = AugmentConfig(
         method="backtranslation",
@@ -236,7 +276,9 @@ def test_http_backend_through_the_augmenter(service, tmp_path):
             "http": {"url": service, "api_key_env": None, "requests_per_second": 100},
         },
     )
-    out, result = augment_frame(TRAIN, AugmentContext(params, SegmentConfig(), tmp_path / "c.sqlite"))
+    out, result = augment_frame(
+        TRAIN, AugmentContext(params, SegmentConfig(), tmp_path / "c.sqlite")
+    )
     assert result.metrics["candidates"] == 8 and result.metrics["filtered_identical"] == 8
     assert len(out) == len(TRAIN)
     targets = {(b["source"], b["target"]) for _, b in _Service.bodies}
@@ -251,7 +293,12 @@ def test_http_batch_size_sets_texts_per_request(service, tmp_path):
             "backend": "http",
             "batch_size": 16,
             "pivots": [{"lang": "en"}],
-            "http": {"url": service, "api_key_env": None, "requests_per_second": 100, "batch_size": 3},
+            "http": {
+                "url": service,
+                "api_key_env": None,
+                "requests_per_second": 100,
+                "batch_size": 3,
+            },
         },
     )
     augment_frame(TRAIN, AugmentContext(params, SegmentConfig(), tmp_path / "c.sqlite"))
@@ -261,17 +308,35 @@ def test_http_batch_size_sets_texts_per_request(service, tmp_path):
 def test_api_key_goes_only_over_https_or_loopback(monkeypatch):
     monkeypatch.setenv("ZH_MT_KEY", "s3cret-key")
     with pytest.raises(ZhpipeError, match=r"sent only over https or to this machine"):
-        HttpTranslator(HttpTranslationConfig(url="http://translate.example.org", api_key_env="ZH_MT_KEY"), "zh", "en")
-    HttpTranslator(HttpTranslationConfig(url="https://translate.example.org", api_key_env="ZH_MT_KEY"), "zh", "en")
-    HttpTranslator(HttpTranslationConfig(url="http://127.0.0.1:5000", api_key_env="ZH_MT_KEY"), "zh", "en")
+        HttpTranslator(
+            HttpTranslationConfig(url="http://translate.example.org", api_key_env="ZH_MT_KEY"),
+            "zh",
+            "en",
+        )
+    HttpTranslator(
+        HttpTranslationConfig(url="https://translate.example.org", api_key_env="ZH_MT_KEY"),
+        "zh",
+        "en",
+    )
+    HttpTranslator(
+        HttpTranslationConfig(url="http://127.0.0.1:5000", api_key_env="ZH_MT_KEY"), "zh", "en"
+    )
 
 
 def test_refused_request_shows_neither_the_answer_nor_credentials(service):
     _Service.script = [400]
     t = HttpTranslator(
-        HttpTranslationConfig(url=conceal(service.replace("http://", "http://u:pw@")), api_key_env=None), "zh", "en"
+        HttpTranslationConfig(
+            url=conceal(service.replace("http://", "http://u:pw@")), api_key_env=None
+        ),
+        "zh",
+        "en",
     )
     with pytest.raises(ZhpipeError) as err:
         t.translate(["你好"], 1)
-    assert "HTTP 400" in str(err.value) and "pw" not in str(err.value) and "***@127.0.0.1" in str(err.value)
+    assert (
+        "HTTP 400" in str(err.value)
+        and "pw" not in str(err.value)
+        and "***@127.0.0.1" in str(err.value)
+    )
     _Service.script = []

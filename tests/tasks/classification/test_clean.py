@@ -14,15 +14,20 @@ def test_normalisation_steps():
 
 
 def test_traditional_to_simplified():
-    assert clean_text("這家酒店服務很好", CleanConfig(traditional_to_simplified=True)) == "这家酒店服务很好"
+    assert (
+        clean_text("這家酒店服務很好", CleanConfig(traditional_to_simplified=True))
+        == "这家酒店服务很好"
+    )
 
 
 def test_every_dropped_row_is_quarantined_with_reason():
-    df = pd.DataFrame({
-        "id": range(7),
-        "text": ["房间很干净", "", "好", "房间很干净", "一般般吧", "一般般吧", "x" * 30],
-        "label": ["1", "1", "1", "1", "0", "1", "0"],
-    })
+    df = pd.DataFrame(
+        {
+            "id": range(7),
+            "text": ["房间很干净", "", "好", "房间很干净", "一般般吧", "一般般吧", "x" * 30],
+            "label": ["1", "1", "1", "1", "0", "1", "0"],
+        }
+    )
     kept, quarantine, conflicts = clean_rows(df, CleanConfig(max_chars=20))
     assert kept["id"].tolist() == [0]
     reasons = dict(zip(quarantine["id"], quarantine["reason"]))
@@ -48,7 +53,9 @@ def _build(tmp_path, df, name, **params):
     df.to_parquet(raw / "data.parquet", index=False, row_group_size=7)
     out = tmp_path / name
     out.mkdir()
-    result = build(BuildContext(inputs={"download": raw}, facts={}, out=out, params=CleanConfig(**params)))
+    result = build(
+        BuildContext(inputs={"download": raw}, facts={}, out=out, params=CleanConfig(**params))
+    )
     return (
         result,
         pd.read_parquet(out / "data.parquet"),
@@ -60,9 +67,23 @@ def _build(tmp_path, df, name, **params):
 def test_partitioned_dedupe_matches_the_whole_corpus_in_memory(tmp_path, monkeypatch):
     import tasks.classification.clean as clean
 
-    texts = ["房间很干净", "", "好", "一般般吧", "服务周到", "早餐丰富", "x" * 30, "位置方便", "隔音差"]
+    texts = [
+        "房间很干净",
+        "",
+        "好",
+        "一般般吧",
+        "服务周到",
+        "早餐丰富",
+        "x" * 30,
+        "位置方便",
+        "隔音差",
+    ]
     rows = [
-        (i, f"{texts[i * 7 % len(texts)]}{'' if i % 4 else i % 3}", str((i // 9) % 2 if i % 5 else 0))
+        (
+            i,
+            f"{texts[i * 7 % len(texts)]}{'' if i % 4 else i % 3}",
+            str((i // 9) % 2 if i % 5 else 0),
+        )
         for i in range(120)
     ]
     df = pd.DataFrame(rows, columns=["id", "text", "label"]).astype(
@@ -70,7 +91,13 @@ def test_partitioned_dedupe_matches_the_whole_corpus_in_memory(tmp_path, monkeyp
     )
     df["line"] = df["id"] + 2
     _, kept, quarantine, conflicts = _build(tmp_path, df, "whole", max_chars=20)  # one partition
-    assert set(quarantine["reason"]) == {"empty", "too_short", "too_long", "duplicate", "label_conflict"}
+    assert set(quarantine["reason"]) == {
+        "empty",
+        "too_short",
+        "too_long",
+        "duplicate",
+        "label_conflict",
+    }
     monkeypatch.setattr(clean, "CHUNK_ROWS", 10)
     monkeypatch.setattr(clean, "PARTITION_ROWS", 25)  # 5 hash partitions of (id, digest, label)
     assert clean.partition_count(len(df)) == 5

@@ -39,10 +39,14 @@ def test_chinese_labels_never_drawn_as_boxes():
 def test_metric_names_carry_the_label_not_its_index():
     from tasks.classification.evaluate import metric_name
 
-    assert metric_name("好评") == "好评" and metric_name("a:b?") == "a_b_" and metric_name("") == "_"
+    assert (
+        metric_name("好评") == "好评" and metric_name("a:b?") == "a_b_" and metric_name("") == "_"
+    )
 
 
-def test_worst_mistakes_read_from_the_split_file_in_batches_equal_those_of_the_frame(tmp_path, monkeypatch):
+def test_worst_mistakes_read_from_the_split_file_in_batches_equal_those_of_the_frame(
+    tmp_path, monkeypatch
+):
     import numpy as np
     import pandas as pd
 
@@ -63,9 +67,10 @@ def test_worst_mistakes_read_from_the_split_file_in_batches_equal_those_of_the_f
 
 
 def test_selection_takes_the_cheaper_model_inside_the_noise_of_the_validation_split():
-    """fastText ahead of tfidf_lr by 9 of 745 validation rows (1.2 points), the two disagreeing on 75 rows: the
-    lead is inside the noise of the paired difference, so the cheaper tfidf_lr is chosen and says why. A lead
-    beyond the noise keeps the better model; `select: best` keeps the old rule; ties go to the cheaper model."""
+    """fastText ahead of tfidf_lr by 9 of 745 validation rows (1.2 points), the two disagreeing on
+    75 rows: the lead is inside the noise of the paired difference, so the cheaper tfidf_lr is
+    chosen and says why. A lead beyond the noise keeps the better model; `select: best` keeps the
+    old rule; ties go to the cheaper model."""
     import pandas as pd
 
     from tasks.classification.evaluate import choose, paired_gap, right_rows
@@ -76,30 +81,43 @@ def test_selection_takes_the_cheaper_model_inside_the_noise_of_the_validation_sp
     tfidf = np.zeros(rows, bool)
     fasttext[:both], tfidf[:both] = True, True
     fasttext[both : both + 42] = True  # right where tfidf_lr is wrong
-    tfidf[both + 42 : both + 42 + 33] = True  # and the other way round: 75 rows of disagreement, 9 net
+    # and the other way round: 75 rows of disagreement, 9 net
+    tfidf[both + 42 : both + 42 + 33] = True
     gap, se = paired_gap(fasttext, tfidf)
-    assert gap == pytest.approx(9 / rows) and se == pytest.approx(np.sqrt(75 - rows * gap**2) / rows)
+    assert gap == pytest.approx(9 / rows) and se == pytest.approx(
+        np.sqrt(75 - rows * gap**2) / rows
+    )
     table = pd.DataFrame(
-        {"model": ["fasttext", "tfidf_lr", "textcnn"], "val_accuracy": [fasttext.mean(), tfidf.mean(), 0.80]}
+        {
+            "model": ["fasttext", "tfidf_lr", "textcnn"],
+            "val_accuracy": [fasttext.mean(), tfidf.mean(), 0.80],
+        }
     )
     right = {"fasttext": fasttext, "tfidf_lr": tfidf, "textcnn": np.arange(rows) % 5 != 0}
     chosen, why = choose(table, "accuracy", right, "simplest")
     assert chosen == "tfidf_lr" and "inside the noise" in why and "fasttext" in why
     assert choose(table, "accuracy", right, "best")[0] == "fasttext"
-    assert (
-        choose(table, "accuracy", {**right, "fasttext": None}, "simplest")[0] == "fasttext"
-    )  # nothing to compare row by row
+    # nothing to compare row by row
+    assert choose(table, "accuracy", {**right, "fasttext": None}, "simplest")[0] == "fasttext"
     clear = np.zeros(rows, bool)
     clear[: both + 60] = True  # right on every row tfidf_lr is, and on 60 more
     tfidf_only = np.zeros(rows, bool)
     tfidf_only[:both] = True
-    table = pd.DataFrame({"model": ["textcnn", "tfidf_lr"], "val_accuracy": [clear.mean(), tfidf_only.mean()]})
-    assert choose(table, "accuracy", {"textcnn": clear, "tfidf_lr": tfidf_only}, "simplest")[0] == "textcnn"
+    table = pd.DataFrame(
+        {"model": ["textcnn", "tfidf_lr"], "val_accuracy": [clear.mean(), tfidf_only.mean()]}
+    )
+    assert (
+        choose(table, "accuracy", {"textcnn": clear, "tfidf_lr": tfidf_only}, "simplest")[0]
+        == "textcnn"
+    )
     twins = pd.DataFrame({"model": ["bert", "textcnn"], "val_accuracy": [0.9, 0.9]})
-    assert choose(twins, "accuracy", {"bert": fasttext, "textcnn": fasttext}, "simplest")[0] == "textcnn"
+    assert (
+        choose(twins, "accuracy", {"bert": fasttext, "textcnn": fasttext}, "simplest")[0]
+        == "textcnn"
+    )
     import base64
 
     packed = base64.b64encode(np.packbits(fasttext).tobytes()).decode()
-    assert (right_rows({"validation_right": packed, "validation_rows": rows}) == fasttext).all() and right_rows(
-        {}
-    ) is None
+    assert (
+        right_rows({"validation_right": packed, "validation_rows": rows}) == fasttext
+    ).all() and right_rows({}) is None

@@ -15,11 +15,19 @@ def test_rnn_lm_learns_its_corpus_and_reloads(tmp_path):
     train = pd.DataFrame({"words": POS * 20, "aug_method": "original"})
     (tmp_path / "vocab" / "words").mkdir(parents=True)
     vocab = build_vocab(count_tokens(pd.Series(POS + NEG)), VocabConfig(min_freq=1))
-    (tmp_path / "vocab" / "words" / "vocab.txt").write_text("".join(f"{t}\n" for t in vocab), encoding="utf-8")
-    params = TrainConfig(epochs=8, patience=8, rnn_lm={"embed_dim": 16, "hidden_size": 32, "batch_size": 8, "lr": 0.01})
+    (tmp_path / "vocab" / "words" / "vocab.txt").write_text(
+        "".join(f"{t}\n" for t in vocab), encoding="utf-8"
+    )
+    params = TrainConfig(
+        epochs=8,
+        patience=8,
+        rnn_lm={"embed_dim": 16, "hidden_size": 32, "batch_size": 8, "lr": 0.01},
+    )
     own, other = pd.DataFrame({"words": POS}), pd.DataFrame({"words": NEG})
     summary = train_rnn_lm(
-        TrainInputs("rnn_lm", train, own, [], params, tmp_path / "vocab", None, tmp_path, tmp_path / "ckpt")
+        TrainInputs(
+            "rnn_lm", train, own, [], params, tmp_path / "vocab", None, tmp_path, tmp_path / "ckpt"
+        )
     )
     history = summary["history"]
     assert (
@@ -39,14 +47,18 @@ def test_lm_distribution_sums_to_one_and_scores_targets_consistently():
     from tasks.models.modules import LSTMLanguageModel, RNNLMConfig
 
     torch.manual_seed(0)
-    for cutoffs in ([10, 30], []):  # adaptive softmax, and the plain output layer of a small vocabulary
-        model = LSTMLanguageModel(RNNLMConfig(vocab_size=50, embed_dim=8, hidden_size=16, cutoffs=cutoffs)).eval()
+    # adaptive softmax, and the plain output layer of a small vocabulary
+    for cutoffs in ([10, 30], []):
+        model = LSTMLanguageModel(
+            RNNLMConfig(vocab_size=50, embed_dim=8, hidden_size=16, cutoffs=cutoffs)
+        ).eval()
         assert (model.softmax is not None) == bool(cutoffs)
         ids, targets = torch.tensor([[3, 12, 40, 7]]), torch.tensor([[12, 40, 7, 0]])
         logp, _ = model(ids)
         assert torch.allclose(logp.exp().sum(-1), torch.ones(1, 4), atol=1e-5)
         target_logp, loss = model(ids, targets)
-        expected = logp[0, :3].gather(1, targets[0, :3].unsqueeze(1)).squeeze(1)  # padding target excluded
+        # padding target excluded
+        expected = logp[0, :3].gather(1, targets[0, :3].unsqueeze(1)).squeeze(1)
         assert torch.allclose(target_logp, expected, atol=1e-5) and loss.item() == pytest.approx(
             -expected.mean().item(), rel=1e-5
         )
@@ -64,12 +76,18 @@ def test_rnn_lm_classifier_tells_the_classes_apart_by_likelihood(tmp_path):
             "aug_method": "original",
         }
     )
-    validation = pd.DataFrame({"words": POS + NEG, "label": ["pos"] * len(POS) + ["neg"] * len(NEG)})
+    validation = pd.DataFrame(
+        {"words": POS + NEG, "label": ["pos"] * len(POS) + ["neg"] * len(NEG)}
+    )
     (tmp_path / "vocab" / "words").mkdir(parents=True)
     vocab = build_vocab(count_tokens(pd.Series(POS + NEG)), VocabConfig(min_freq=1))
-    (tmp_path / "vocab" / "words" / "vocab.txt").write_text("".join(f"{t}\n" for t in vocab), encoding="utf-8")
+    (tmp_path / "vocab" / "words" / "vocab.txt").write_text(
+        "".join(f"{t}\n" for t in vocab), encoding="utf-8"
+    )
     params = TrainConfig(
-        epochs=6, patience=6, rnn_lm_classifier={"embed_dim": 16, "hidden_size": 32, "batch_size": 8, "lr": 0.01}
+        epochs=6,
+        patience=6,
+        rnn_lm_classifier={"embed_dim": 16, "hidden_size": 32, "batch_size": 8, "lr": 0.01},
     )
     summary = train_lm_classifier(
         TrainInputs(
@@ -86,7 +104,10 @@ def test_rnn_lm_classifier_tells_the_classes_apart_by_likelihood(tmp_path):
     )
     assert [c["label"] for c in summary["per_class"]] == ["neg", "pos"]
     probs = lm_classifier_predictor(tmp_path / "rnn_lm_classifier", "cpu")(validation)
-    assert np.allclose(probs.sum(1), 1) and (probs.argmax(1) == np.array([1] * len(POS) + [0] * len(NEG))).mean() == 1.0
+    assert (
+        np.allclose(probs.sum(1), 1)
+        and (probs.argmax(1) == np.array([1] * len(POS) + [0] * len(NEG))).mean() == 1.0
+    )
 
 
 def test_text_log_likelihoods_add_up_each_texts_tokens():
@@ -96,7 +117,9 @@ def test_text_log_likelihoods_add_up_each_texts_tokens():
     from tasks.models.modules import LSTMLanguageModel, RNNLMConfig
 
     torch.manual_seed(0)
-    model = LSTMLanguageModel(RNNLMConfig(vocab_size=30, embed_dim=8, hidden_size=16, cutoffs=[])).eval()
+    model = LSTMLanguageModel(
+        RNNLMConfig(vocab_size=30, embed_dim=8, hidden_size=16, cutoffs=[])
+    ).eval()
     seqs = [[3, 5, 7, 3], [3, 9, 3]]
     joint = text_log_likelihoods(model, seqs)
     for seq, value in zip(seqs, joint):
@@ -106,10 +129,11 @@ def test_text_log_likelihoods_add_up_each_texts_tokens():
 
 
 def test_the_adaptive_softmax_stays_fp32_under_autocast():
-    """Under autocast the LSTM's output comes in a low precision (fp16 under CUDA autocast) while the adaptive softmax
-    copies fp32 log-softmaxes into a tensor of its input's type: on a GPU that mix failed (index_copy_). The softmax
-    runs in fp32 whatever the autocast, and scores as it does without one. The autocast is the trainer's, which also
-    runs on a CPU without native bf16 (where oneDNN has no bf16 LSTM)."""
+    """Under autocast the LSTM's output comes in a low precision (fp16 under CUDA autocast) while
+    the adaptive softmax copies fp32 log-softmaxes into a tensor of its input's type: on a GPU that
+    mix failed (index_copy_). The softmax runs in fp32 whatever the autocast, and scores as it does
+    without one. The autocast is the trainer's, which also runs on a CPU without native bf16 (where
+    oneDNN has no bf16 LSTM)."""
     import torch
 
     from tasks.models.devices import autocast
@@ -117,7 +141,14 @@ def test_the_adaptive_softmax_stays_fp32_under_autocast():
 
     torch.manual_seed(0)
     model = LSTMLanguageModel(
-        RNNLMConfig(vocab_size=300, embed_dim=16, hidden_size=32, num_layers=1, dropout=0.0, cutoffs=[40, 150])
+        RNNLMConfig(
+            vocab_size=300,
+            embed_dim=16,
+            hidden_size=32,
+            num_layers=1,
+            dropout=0.0,
+            cutoffs=[40, 150],
+        )
     ).eval()
     ids, targets = torch.randint(1, 300, (4, 9)), torch.randint(1, 300, (4, 9))
     with torch.no_grad():

@@ -22,7 +22,10 @@ def test_ties_broken_by_token():
 def test_the_stage_reports_the_validation_oov_rate_of_each_kind(tmp_path):
     from tasks.core import BuildContext, Facts
 
-    for stage, split, words in (("augment", "train", ["a b a b", "b a"]), ("segment", "validation", ["a b c d"])):
+    for stage, split, words in (
+        ("augment", "train", ["a b a b", "b a"]),
+        ("segment", "validation", ["a b c d"]),
+    ):
         (tmp_path / stage).mkdir()
         pd.DataFrame({"words": words, "chars": [w.replace(" ", "") for w in words]}).to_parquet(
             tmp_path / stage / f"{split}.parquet"
@@ -37,8 +40,11 @@ def test_the_stage_reports_the_validation_oov_rate_of_each_kind(tmp_path):
         )
     )
     assert out.metrics["words_validation_oov_rate"] == 0.5 and out.metrics["words_vocab_size"] == 7
-    assert (tmp_path / "out" / "words" / "vocab.txt").read_text(encoding="utf-8").split("\n")[5:7] == ["a", "b"]
-    assert out.facts.labels is None  # it states no labels of its own: the run engine keeps augment's with its output
+    assert (tmp_path / "out" / "words" / "vocab.txt").read_text(encoding="utf-8").split("\n")[
+        5:7
+    ] == ["a", "b"]
+    # it states no labels of its own: the run engine keeps augment's with its output
+    assert out.facts.labels is None
 
 
 def test_a_count_table_past_its_bound_drops_its_rarest_types_only():
@@ -47,5 +53,6 @@ def test_a_count_table_past_its_bound_drops_its_rarest_types_only():
     counts = Counter({f"w{i}": i for i in range(1, 2001)})
     assert not prune_counts(Counter(counts), 2000)
     assert prune_counts(counts, 1000)
-    assert len(counts) <= 500 and counts["w2000"] == 2000 and "w1" not in counts  # the frequent keep exact counts
+    # the frequent keep exact counts
+    assert len(counts) <= 500 and counts["w2000"] == 2000 and "w1" not in counts
     assert min(counts.values()) > max(c for c in range(1, 2001) if f"w{c}" not in counts)

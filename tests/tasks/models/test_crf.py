@@ -1,4 +1,6 @@
-"""The CRF layer: the forward algorithm and Viterbi decoding against brute force on tiny lattices."""
+"""The CRF layer: the forward algorithm and Viterbi decoding against brute force on tiny
+lattices."""
+
 import itertools
 
 import pytest
@@ -45,7 +47,9 @@ def test_viterbi_finds_the_best_path_and_its_probability_per_row_of_a_padded_bat
         best, score = max(scored, key=lambda x: x[1])
         assert paths[row] == best
         log_z = torch.logsumexp(torch.tensor([s for _, s in scored]), 0).item()
-        assert probs[row].item() == pytest.approx(float(torch.exp(torch.tensor(score - log_z))), rel=1e-4)
+        assert probs[row].item() == pytest.approx(
+            float(torch.exp(torch.tensor(score - log_z))), rel=1e-4
+        )
 
 
 def test_nll_is_minus_log_probability_and_marginals_sum_to_one():
@@ -64,9 +68,12 @@ def test_nll_is_minus_log_probability_and_marginals_sum_to_one():
 
 def test_forbidden_transitions_never_decode_into_ill_formed_spans():
     tags = tag_set(["A"])  # O, B-A, I-A, E-A, S-A
-    crf = _crf(len(tags), tuple(torch.tensor(a, dtype=torch.bool) for a in transitions(tags)), seed=3)
+    crf = _crf(
+        len(tags), tuple(torch.tensor(a, dtype=torch.bool) for a in transitions(tags)), seed=3
+    )
     emissions = torch.zeros(1, 3, len(tags))
-    emissions[0, :, tags.index("I-A")] = 10.0  # I-A everywhere is what the emissions want, and is ill formed
+    # I-A everywhere is what the emissions want, and is ill formed
+    emissions[0, :, tags.index("I-A")] = 10.0
     (path,), _ = crf.decode(emissions, torch.ones(1, 3, dtype=torch.bool))
     assert [tags[i] for i in path] == ["B-A", "I-A", "E-A"]
 
@@ -82,7 +89,11 @@ def test_constrained_viterbi_is_the_best_allowed_path_by_brute_force():
     log_probs = np.log(rng.dirichlet(np.ones(len(tags)), size=4))
 
     def ok(path):
-        return starts[path[0]] and ends[path[-1]] and all(allowed[a, b] for a, b in zip(path, path[1:]))
+        return (
+            starts[path[0]]
+            and ends[path[-1]]
+            and all(allowed[a, b] for a, b in zip(path, path[1:]))
+        )
 
     best = max(
         (p for p in itertools.product(range(len(tags)), repeat=4) if ok(p)),

@@ -1,4 +1,5 @@
 """The trainer's precision context on a CPU."""
+
 import torch
 
 from tasks.models.devices import autocast

@@ -1,5 +1,6 @@
-"""The model registry: adding a model is one module (a ModelSpec) and one entry; the train section, the train
-stage and the evaluate stage pick it up with nothing else changed."""
+"""The model registry: adding a model is one module (a ModelSpec) and one entry; the train section,
+the train stage and the evaluate stage pick it up with nothing else changed."""
+
 import importlib.util
 import sys
 from pathlib import Path
@@ -43,8 +44,8 @@ SPEC = ModelSpec("toy", Params, train, load=predictor)
 
 @pytest.fixture
 def toy(tmp_path, monkeypatch):
-    """The toy module written to a file and imported, and its one entry in its kind's models (every kind's registry,
-    tasks.stages.MODELS, sees it)."""
+    """The toy module written to a file and imported, and its one entry in its kind's models (every
+    kind's registry, tasks.stages.MODELS, sees it)."""
     from tasks.classification.models import MODELS
 
     (tmp_path / "toy_model.py").write_text(TOY)
@@ -57,8 +58,16 @@ def toy(tmp_path, monkeypatch):
 
 
 def _stage_inputs(root: Path) -> dict[str, Path]:
-    rows = pd.DataFrame({"id": range(8), "text": ["好", "差"] * 4, "words": ["好", "差"] * 4, "chars": ["好", "差"] * 4,
-                         "label": ["1", "1", "1", "0"] * 2, "aug_method": "original"})
+    rows = pd.DataFrame(
+        {
+            "id": range(8),
+            "text": ["好", "差"] * 4,
+            "words": ["好", "差"] * 4,
+            "chars": ["好", "差"] * 4,
+            "label": ["1", "1", "1", "0"] * 2,
+            "aug_method": "original",
+        }
+    )
     for stage in ("augment", "segment", "vocab", "embed"):
         (root / stage).mkdir()
     rows.to_parquet(root / "augment" / "train.parquet")
@@ -76,14 +85,21 @@ def test_a_toy_model_needs_one_module_and_one_entry(toy, tmp_path):
     inputs = _stage_inputs(tmp_path)
     out = tmp_path / "train-out"
     out.mkdir()
-    trained = train.build_model(BuildContext(inputs=inputs, facts={"augment": Facts(labels=["0", "1"])}, out=out,
-                                             params=config.stages.train, scratch=tmp_path / "scratch"), "toy")
+    trained = train.build_model(
+        BuildContext(
+            inputs=inputs,
+            facts={"augment": Facts(labels=["0", "1"])},
+            out=out,
+            params=config.stages.train,
+            scratch=tmp_path / "scratch",
+        ),
+        "toy",
+    )
     assert trained.metrics["val_accuracy_best"] == 0.75  # always class "1", right on 6 of 8
     scored = tmp_path / "eval-out"
     scored.mkdir()
-    trained_facts = established(
-        "train", {"augment": Facts(labels=["0", "1"])}, trained.facts
-    )  # as the run engine stores them
+    # as the run engine stores them
+    trained_facts = established("train", {"augment": Facts(labels=["0", "1"])}, trained.facts)
     unit = evaluate.build_model(
         BuildContext(
             inputs={"train": out, "segment": inputs["segment"]},

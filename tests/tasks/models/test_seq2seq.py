@@ -1,6 +1,8 @@
-"""The translators' networks and decoding on tiny models built here: attention is a distribution over real
-source tokens, padding changes nothing, greedy search is beam search at beam 1, a translator learns a tiny
-corpus, and a training killed after a checkpoint resumes to the same weights."""
+"""The translators' networks and decoding on tiny models built here: attention is a distribution
+over real source tokens, padding changes nothing, greedy search is beam search at beam 1, a
+translator learns a tiny corpus, and a training killed after a checkpoint resumes to the same
+weights."""
+
 import json
 from collections import Counter
 from pathlib import Path
@@ -32,9 +34,11 @@ FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "mt" / "pairs.tsv"
 
 def networks():
     torch.manual_seed(0)
-    return {"gru": GRUSeq2Seq(Seq2SeqConfig(30, 32, 16, 32, 1, 0.0, attention=False)),
-            "attention": GRUSeq2Seq(Seq2SeqConfig(30, 32, 16, 32, 2, 0.0, attention=True)),
-            "transformer": TransformerMT(TransformerMTConfig(30, 32, 32, 4, 2, 2, 64, 0.0))}
+    return {
+        "gru": GRUSeq2Seq(Seq2SeqConfig(30, 32, 16, 32, 1, 0.0, attention=False)),
+        "attention": GRUSeq2Seq(Seq2SeqConfig(30, 32, 16, 32, 2, 0.0, attention=True)),
+        "transformer": TransformerMT(TransformerMTConfig(30, 32, 32, 4, 2, 2, 64, 0.0)),
+    }
 
 
 SRC = torch.tensor([[4, 5, 6, 7, 0, 0], [8, 9, 10, 11, 12, 13], [14, 0, 0, 0, 0, 0]])
@@ -48,10 +52,11 @@ def test_attention_weights_are_a_distribution_over_the_real_source_tokens(name):
         model.record_attention(True)
     rows, maps = greedy(model, SRC, 2, 3, 8, attention=True)
     for i, weights in enumerate(maps):
+        # a step per token and EOS; padding cut away
         assert weights.shape == (
             min(len(rows[i]) + 1, 8),
             int((SRC[i] != 0).sum()),
-        )  # a step per token and EOS; padding cut away
+        )
         assert np.allclose(weights.sum(1), 1.0, atol=1e-5)
     if name == "attention":  # padding gets exactly no weight inside the model
         memory = model.encode(SRC)
@@ -78,7 +83,8 @@ def test_greedy_and_beam_search_agree_at_beam_one(name):
         rows, _ = greedy(model, SRC, 2, 3, 12)
         assert beam_search(model, SRC, 2, 3, 12, beam=1) == rows
         wide = beam_search(model, SRC, 2, 3, 12, beam=4)
-    assert len(wide) == 3 and all(3 not in r and 2 not in r for r in wide)  # no BOS/EOS in the answer
+    # no BOS/EOS in the answer
+    assert len(wide) == 3 and all(3 not in r and 2 not in r for r in wide)
 
 
 def test_beam_search_finds_a_likelier_sentence_than_greedy():
@@ -95,7 +101,11 @@ def test_beam_search_finds_a_likelier_sentence_than_greedy():
             )
 
         def step(self, memory, prefix, cache):
-            table = {(): [0.0, 0.0, 0.0, 0.0, 0.55, 0.45], (4,): [0, 0, 0, 0.5, 0, 0.5], (5,): [0, 0, 0, 0.95, 0.05, 0]}
+            table = {
+                (): [0.0, 0.0, 0.0, 0.0, 0.55, 0.45],
+                (4,): [0, 0, 0, 0.5, 0, 0.5],
+                (5,): [0, 0, 0, 0.95, 0.05, 0],
+            }
             rows = [table.get(tuple(r[1:]), [0, 0, 0, 1.0, 0, 0]) for r in prefix.tolist()]
             return torch.log(torch.tensor(rows) + 1e-12), None, None
 
@@ -104,9 +114,9 @@ def test_beam_search_finds_a_likelier_sentence_than_greedy():
             return None
 
     src = torch.ones(1, 1, dtype=torch.long)
-    assert greedy(Toy(), src, 2, 3, 3)[0] == [[4]] and beam_search(Toy(), src, 2, 3, 3, beam=2, length_penalty=0) == [
-        [5]
-    ]
+    assert greedy(Toy(), src, 2, 3, 3)[0] == [[4]] and beam_search(
+        Toy(), src, 2, 3, 3, beam=2, length_penalty=0
+    ) == [[5]]
 
 
 def test_english_tokens_join_back_into_the_text():
@@ -115,14 +125,17 @@ def test_english_tokens_join_back_into_the_text():
 
 
 def tiny_inputs(tmp_path, name, pairs=60, common: dict | None = None, **section):
-    """A translator's inputs on the first `pairs` fixture pairs (validation = train), its section `section` and the
-    shared settings `common` (benchmarks/gpu_check.py trains them on a GPU)."""
+    """A translator's inputs on the first `pairs` fixture pairs (validation = train), its section
+    `section` and the shared settings `common` (benchmarks/gpu_check.py trains them on a GPU)."""
     lines = [ln.split("\t") for ln in FIXTURE.read_text(encoding="utf-8").splitlines()[:pairs]]
     frame = pd.DataFrame({"en": [a for a, b, *_ in lines], "text": [b for a, b, *_ in lines]})
     frame["chars"] = [" ".join(t) for t in frame["text"]]
     frame["words"] = frame["chars"]
     vocab = tmp_path / "vocab"
-    for lang, rows in (("zh", [t.split() for t in frame["chars"]]), ("en", [en_tokens(t) for t in frame["en"]])):
+    for lang, rows in (
+        ("zh", [t.split() for t in frame["chars"]]),
+        ("en", [en_tokens(t) for t in frame["en"]]),
+    ):
         (vocab / lang).mkdir(parents=True)
         itos = build_vocab(Counter(t for r in rows for t in r), VocabParams(min_freq=1))
         (vocab / lang / "vocab.txt").write_text("".join(f"{t}\n" for t in itos), encoding="utf-8")
@@ -130,7 +143,9 @@ def tiny_inputs(tmp_path, name, pairs=60, common: dict | None = None, **section)
     params = TrainParams(**{"direction": "zh-en", name: section, "patience": 100, **(common or {})})
     out = tmp_path / "out"
     out.mkdir()
-    return TrainInputs(name, frame, frame, [], MODELS[name].view(params), vocab, None, out, tmp_path / "scratch"), frame
+    return TrainInputs(
+        name, frame, frame, [], MODELS[name].view(params), vocab, None, out, tmp_path / "scratch"
+    ), frame
 
 
 @pytest.mark.parametrize(
@@ -169,7 +184,8 @@ def tiny_inputs(tmp_path, name, pairs=60, common: dict | None = None, **section)
 def test_a_translator_learns_a_tiny_corpus_and_translates_raw_pairs(tmp_path, name, section):
     inputs, frame = tiny_inputs(tmp_path, name, pairs=40, train_batch_size=8, **section)
     summary = MODELS[name].train(inputs)
-    assert summary["val_bleu"] > 60, summary["val_bleu"]  # it memorised what it saw (validation = train here)
+    # it memorised what it saw (validation = train here)
+    assert summary["val_bleu"] > 60, summary["val_bleu"]
     translate = MODELS[name].load(tmp_path / "out" / name)
     answers = translate(frame.head(5))
     assert sum(a.text == ref for a, ref in zip(answers, frame["en"].head(5))) >= 3
@@ -185,8 +201,11 @@ def test_a_killed_training_resumes_to_the_same_weights(tmp_path, monkeypatch):
     plain = trainer._train_epoch
 
     def crash(
-        *args, **kwargs
-    ):  # (name, model, task, cfg, optimizer, scheduler, trainable, rng, device, dtype, epoch, scaler)
+        *args,
+        **kwargs,
+        # (name, model, task, cfg, optimizer, scheduler, trainable, rng, device, dtype, epoch,
+        # scaler)
+    ):
         if args[10] == 2:
             raise KeyboardInterrupt("killed in epoch 2, after the checkpoint of epoch 1")
         return plain(*args, **kwargs)
@@ -200,15 +219,20 @@ def test_a_killed_training_resumes_to_the_same_weights(tmp_path, monkeypatch):
     resumed.scratch = killed.scratch
     summary = MODELS["seq2seq_attention"].train(resumed)
     assert summary["resumed_from_epoch"] == 1
-    a = torch.load(tmp_path / "a" / "out" / "seq2seq_attention" / "model.pt", weights_only=True)["state_dict"]
-    b = torch.load(tmp_path / "c" / "out" / "seq2seq_attention" / "model.pt", weights_only=True)["state_dict"]
+    a = torch.load(tmp_path / "a" / "out" / "seq2seq_attention" / "model.pt", weights_only=True)[
+        "state_dict"
+    ]
+    b = torch.load(tmp_path / "c" / "out" / "seq2seq_attention" / "model.pt", weights_only=True)[
+        "state_dict"
+    ]
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 @pytest.mark.parametrize("name", ["gru", "attention", "transformer"])
 def test_teacher_forcing_gives_the_logits_of_decoding_step_by_step(name):
-    """Training's forward pass (all target positions at once where it can) and decoding agree: the causal mask
-    hides later target tokens, and the no-attention decoder's one GRU call equals its steps."""
+    """Training's forward pass (all target positions at once where it can) and decoding agree: the
+    causal mask hides later target tokens, and the no-attention decoder's one GRU call equals its
+    steps."""
     model = networks()[name].eval()
     with torch.no_grad():
         logits = torch.log_softmax(model(SRC, TGT), dim=-1)

@@ -1,4 +1,5 @@
 """Tag schemes, spans and the readers of tagged corpora (task ner)."""
+
 import json
 
 import pytest
@@ -7,7 +8,15 @@ from seqeval.scheme import IOBES
 
 from tasks.ner.evaluate import entity_scores, type_confusion
 from tasks.ner.tagged import entity_f1
-from tasks.ner.tagging import Lexicon, bioes, detect_scheme, parse_conll, parse_span_jsonl, spans_from, spans_of
+from tasks.ner.tagging import (
+    Lexicon,
+    bioes,
+    detect_scheme,
+    parse_conll,
+    parse_span_jsonl,
+    spans_from,
+    spans_of,
+)
 
 
 def test_every_scheme_reads_into_the_same_bioes_tags():
@@ -27,7 +36,10 @@ def test_every_scheme_reads_into_the_same_bioes_tags():
 
 
 def test_single_character_entities_and_iob1_style_bio():
-    assert spans_from(["S-NAME", "O", "B-X", "M-X", "E-X"], "bmes") == ([("NAME", 0, 1), ("X", 2, 5)], None)
+    assert spans_from(["S-NAME", "O", "B-X", "M-X", "E-X"], "bmes") == (
+        [("NAME", 0, 1), ("X", 2, 5)],
+        None,
+    )
     # BIO read leniently: an I- after O starts an entity; a change of type closes one
     assert spans_from(["I-PER", "I-PER", "O", "I-LOC", "I-ORG"], "bio")[0] == [
         ("PER", 0, 2),
@@ -71,7 +83,10 @@ def test_multi_character_tokens_give_their_characters_the_entity():
 def test_span_jsonl_in_both_spellings_and_its_errors():
     lines = [
         json.dumps(
-            {"text": "张三在北京", "entities": [{"start": 0, "end": 2, "type": "PER"}, [3, 5, "LOC"]]},
+            {
+                "text": "张三在北京",
+                "entities": [{"start": 0, "end": 2, "type": "PER"}, [3, 5, "LOC"]],
+            },
             ensure_ascii=False,
         ),
         json.dumps({"text": "abc", "entities": [[0, 9, "X"]]}),
@@ -95,7 +110,9 @@ def test_strict_spans_ignore_ill_formed_chunks_as_seqeval_does():
 
 
 def _random_tags(rng, n):
-    return [rng.choice(["O", "B-A", "I-A", "E-A", "S-A", "B-B", "I-B", "E-B", "S-B"]) for _ in range(n)]
+    return [
+        rng.choice(["O", "B-A", "I-A", "E-A", "S-A", "B-B", "I-B", "E-B", "S-B"]) for _ in range(n)
+    ]
 
 
 def test_metrics_equal_seqeval_strict_mode():
@@ -113,14 +130,21 @@ def test_metrics_equal_seqeval_strict_mode():
     report = classification_report(gold, pred, output_dict=True, **kw)
     assert micro["test_f1"] == pytest.approx(report["micro avg"]["f1-score"])
     for row in per_type.itertuples():
-        assert row.f1 == pytest.approx(report[row.type]["f1-score"]) and row.support == report[row.type]["support"]
+        assert (
+            row.f1 == pytest.approx(report[row.type]["f1-score"])
+            and row.support == report[row.type]["support"]
+        )
 
 
 def test_type_confusion_counts_wrong_types_missed_and_spurious():
     gold = [bioes([("A", 0, 2), ("B", 3, 4)], 6)]
     pred = [bioes([("B", 0, 2), ("A", 4, 6)], 6)]
     table = type_confusion(gold, pred)
-    assert table.loc["A", "B"] == 1 and table.loc["B", "(missed)"] == 1 and table.loc["(none)", "A"] == 1
+    assert (
+        table.loc["A", "B"] == 1
+        and table.loc["B", "(missed)"] == 1
+        and table.loc["(none)", "A"] == 1
+    )
 
 
 def test_lexicon_matches_cover_each_character_longest_first():
@@ -128,6 +152,9 @@ def test_lexicon_matches_cover_each_character_longest_first():
     ids, places = lexicon.match("在北京大学")
     index = {w: i for w, i in lexicon.index.items()}
     assert ids[0].tolist() == [0, 0]  # 在: no word
-    assert ids[1].tolist() == [index["北京大学"], index["北京"]] and places[1].tolist() == [1, 1]  # B, B
-    assert ids[3].tolist() == [index["北京大学"], index["大学"]] and places[3].tolist() == [2, 1]  # M, B
-    assert ids[4].tolist() == [index["北京大学"], index["大学"]] and places[4].tolist() == [3, 3]  # E, E
+    # B, B
+    assert ids[1].tolist() == [index["北京大学"], index["北京"]] and places[1].tolist() == [1, 1]
+    # M, B
+    assert ids[3].tolist() == [index["北京大学"], index["大学"]] and places[3].tolist() == [2, 1]
+    # E, E
+    assert ids[4].tolist() == [index["北京大学"], index["大学"]] and places[4].tolist() == [3, 3]

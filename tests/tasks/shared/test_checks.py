@@ -1,6 +1,6 @@
-"""The declared data checks on real reviews (the smoke corpus): an ordinary night passes every check, and each kind of
-bad night fails the check made for it (one class, mojibake, English, traditional script, a re-sent night, an empty
-file)."""
+"""The declared data checks on real reviews (the smoke corpus): an ordinary night passes every
+check, and each kind of bad night fails the check made for it (one class, mojibake, English,
+traditional script, a re-sent night, an empty file)."""
 
 from pathlib import Path
 
@@ -20,12 +20,18 @@ def cleaned(frame: pd.DataFrame) -> pd.DataFrame:
 
 @pytest.fixture(scope="module")
 def reviews():
-    rows = pd.read_csv(ROOT / "tests/fixtures/smoke.csv", dtype=str).rename(columns={"review": "text"}).dropna()
+    rows = (
+        pd.read_csv(ROOT / "tests/fixtures/smoke.csv", dtype=str)
+        .rename(columns={"review": "text"})
+        .dropna()
+    )
     rows = rows.sample(frac=1, random_state=3).reset_index(drop=True)
     return cleaned(rows.iloc[:200]), rows.iloc[200:]
 
 
-def verdicts(night: pd.DataFrame, reference: pd.DataFrame, rows_in: int | None = None, **settings) -> dict:
+def verdicts(
+    night: pd.DataFrame, reference: pd.DataFrame, rows_in: int | None = None, **settings
+) -> dict:
     frame = cleaned(night)
     found = judge(
         Sample(frame, len(night) if rows_in is None else rows_in, len(frame)),
@@ -43,7 +49,13 @@ def test_an_ordinary_night_passes_every_check(reviews):
     reference, rest = reviews
     result = verdicts(rest.head(60), reference)
     assert failed(result) == set()
-    assert {name for name, v in result.items() if v.passed} >= {"quarantine", "labels", "mojibake", "script", "oov"}
+    assert {name for name, v in result.items() if v.passed} >= {
+        "quarantine",
+        "labels",
+        "mojibake",
+        "script",
+        "oov",
+    }
 
 
 def test_a_night_of_one_class_fails_the_label_check(reviews):
@@ -55,11 +67,16 @@ def test_a_night_of_one_class_fails_the_label_check(reviews):
 
 def test_mojibake_fails_the_mojibake_and_script_checks(reviews):
     reference, rest = reviews
-    night = rest.head(60).assign(text=[t.encode("utf-8").decode("latin-1") for t in rest.head(60)["text"]])
+    night = rest.head(60).assign(
+        text=[t.encode("utf-8").decode("latin-1") for t in rest.head(60)["text"]]
+    )
     result = verdicts(night, reference)
     assert {"mojibake", "script"} <= failed(result) and result["mojibake"].blocks
-    assert looks_mojibake(clean_text("这个酒店很好".encode().decode("cp1252", errors="replace"), Normalise()))
-    assert not looks_mojibake("Très bon hôtel, près de la gare, café à côté")  # French is not mojibake
+    assert looks_mojibake(
+        clean_text("这个酒店很好".encode().decode("cp1252", errors="replace"), Normalise())
+    )
+    # French is not mojibake
+    assert not looks_mojibake("Très bon hôtel, près de la gare, café à côté")
 
 
 def test_english_fails_the_script_check(reviews):
@@ -82,7 +99,8 @@ def test_traditional_script_warns_and_its_words_are_out_of_vocabulary(reviews):
     to_traditional = opencc.OpenCC("s2t").convert
     night = rest.head(60).assign(text=[to_traditional(t) for t in rest.head(60)["text"]])
     result = verdicts(night, reference)
-    assert result["traditional"].passed is False and not result["traditional"].blocks  # a warning by default
+    # a warning by default
+    assert result["traditional"].passed is False and not result["traditional"].blocks
     assert result["oov"].figure > result["oov"].threshold
 
 
@@ -91,26 +109,37 @@ def test_a_resent_or_empty_night_fails_the_quarantine_check(reviews):
     resent = verdicts(rest.head(60), reference, rows_in=60)  # all 60 rows in, as many kept: passes
     assert resent["quarantine"].passed
     frame = cleaned(rest.head(0))
-    empty = {v.check: v for v in judge(Sample(frame, 0, 0), Sample(reference, 200, 200, (200,)), Checks())}
+    empty = {
+        v.check: v
+        for v in judge(Sample(frame, 0, 0), Sample(reference, 200, 200, (200,)), Checks())
+    }
     assert empty["quarantine"].passed is False and empty["quarantine"].blocks
-    all_dropped = {v.check: v for v in judge(Sample(frame, 60, 0), Sample(reference, 200, 200, (200,)), Checks())}
+    all_dropped = {
+        v.check: v
+        for v in judge(Sample(frame, 60, 0), Sample(reference, 200, 200, (200,)), Checks())
+    }
     assert all_dropped["quarantine"].figure == 1.0 and all_dropped["rows"].passed is False
 
 
 def test_a_check_turned_off_is_not_judged_and_a_small_night_is_not_judged_on_distributions(reviews):
     reference, rest = reviews
-    result = verdicts(rest.head(60).assign(label="1"), reference, labels={"severity": "off", "threshold": 0.15})
+    result = verdicts(
+        rest.head(60).assign(label="1"), reference, labels={"severity": "off", "threshold": 0.15}
+    )
     assert "labels" not in result
     small = verdicts(rest.head(10).assign(label="1"), reference)
     assert small["labels"].passed is None and "too few rows" in small["labels"].note
-    assert set(CHECKS) == set(Checks.model_fields) - {"min_rows", "custom"}  # every declared check has a setting
+    # every declared check has a setting
+    assert set(CHECKS) == set(Checks.model_fields) - {"min_rows", "custom"}
 
 
 @pytest.fixture(scope="module")
 def hotel():
     """The bundled reviews: a reference of 3,000 rows and ordinary nights of 400 after it."""
     rows = (
-        pd.read_csv(ROOT / "data/raw/ChnSentiCorp_htl_all.csv", dtype=str).rename(columns={"review": "text"}).dropna()
+        pd.read_csv(ROOT / "data/raw/ChnSentiCorp_htl_all.csv", dtype=str)
+        .rename(columns={"review": "text"})
+        .dropna()
     )
     rows = cleaned(rows.sample(frac=1, random_state=11).reset_index(drop=True).iloc[:5400])
     reference = Sample(rows.iloc[:3000], 3000, 3000, (3000, 400, 400), (0.02, 0.03, 0.02))
@@ -118,14 +147,19 @@ def hotel():
 
 
 def judged(night: pd.DataFrame, reference: Sample, rows_in: int | None = None) -> dict:
-    return {v.check: v for v in judge(Sample(night, rows_in or len(night), len(night)), reference, Checks())}
+    return {
+        v.check: v
+        for v in judge(Sample(night, rows_in or len(night), len(night)), reference, Checks())
+    }
 
 
 def test_ordinary_nights_of_the_bundled_corpus_pass_agreement_short_and_quarantine(hotel):
     reference, nights = hotel
     for night in nights:
         result = judged(night, reference, rows_in=int(len(night) / 0.97))
-        assert failed(result) == set(), {k: v.line("night") for k, v in result.items() if v.passed is False}
+        assert failed(result) == set(), {
+            k: v.line("night") for k, v in result.items() if v.passed is False
+        }
         assert result["agreement"].passed and result["short"].passed and result["quarantine"].passed
 
 
@@ -133,16 +167,23 @@ def test_shuffled_labels_keep_their_shares_and_fail_the_agreement_check(hotel):
     import numpy as np
 
     reference, nights = hotel
-    night = nights[0].assign(label=np.random.default_rng(0).permutation(nights[0]["label"].to_numpy()))
+    night = nights[0].assign(
+        label=np.random.default_rng(0).permutation(nights[0]["label"].to_numpy())
+    )
     result = judged(night, reference)
-    assert failed(result) == {"agreement"} and result["agreement"].blocks, result["agreement"].line("night")
+    assert failed(result) == {"agreement"} and result["agreement"].blocks, result["agreement"].line(
+        "night"
+    )
     assert result["labels"].passed  # the shares did not move
 
 
 def test_five_percent_of_labels_flipped_is_ordinary_noise(hotel):
     reference, nights = hotel
     night = nights[1].assign(
-        label=[("1" if v == "0" else "0") if i % 20 == 0 else v for i, v in enumerate(nights[1]["label"])]
+        label=[
+            ("1" if v == "0" else "0") if i % 20 == 0 else v
+            for i, v in enumerate(nights[1]["label"])
+        ]
     )
     assert judged(night, reference)["agreement"].passed
 
@@ -151,8 +192,12 @@ def test_text_cut_to_three_characters_fails_the_short_check_and_recent_nights_ho
     reference, nights = hotel
     cut = nights[2].assign(text=nights[2]["text"].str[:3])
     result = judged(cut, reference)
-    assert result["short"].passed is False and result["short"].blocks and result["short"].figure > 0.9
-    collapsed = judged(
-        cut.drop_duplicates("text"), reference, rows_in=len(cut)
-    )  # 35% set aside: under 0.5, far above ~2%
-    assert collapsed["quarantine"].passed is False and "recent nights' median" in collapsed["quarantine"].note
+    assert (
+        result["short"].passed is False and result["short"].blocks and result["short"].figure > 0.9
+    )
+    # 35% set aside: under 0.5, far above ~2%
+    collapsed = judged(cut.drop_duplicates("text"), reference, rows_in=len(cut))
+    assert (
+        collapsed["quarantine"].passed is False
+        and "recent nights' median" in collapsed["quarantine"].note
+    )

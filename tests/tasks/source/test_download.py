@@ -19,7 +19,8 @@ from tasks.source.readers import empty_quarantine, labelled, no_rows, physical_l
 from tasks.source.schema import Source as SourceConfig
 
 ROWS = [("1", "房间很干净"), ("0", "服务太差了"), ("1", "早餐不错")]
-FAST = Params(timeout_s=5, retries=2, deadline_s=30, retry_delay_s=0.05)  # back-off in 50 ms steps, not seconds
+# back-off in 50 ms steps, not seconds
+FAST = Params(timeout_s=5, retries=2, deadline_s=30, retry_delay_s=0.05)
 
 
 def src(**kw):
@@ -37,13 +38,19 @@ def read(path, **kw):
     quarantine = pd.concat(bad, ignore_index=True) if bad else empty_quarantine()
     if df.empty:
         no_rows(path, quarantine["reason"].value_counts().to_dict())
-    return df, quarantine, {"lines_physical": physical, "labelled": labelled(source, path.suffix.lstrip("."))}
+    return (
+        df,
+        quarantine,
+        {"lines_physical": physical, "labelled": labelled(source, path.suffix.lstrip("."))},
+    )
 
 
 @pytest.mark.parametrize("encoding", ["utf-8", "utf-8-sig", "gb18030", "gbk", "utf-16"])
 def test_csv_encodings_detected(tmp_path, encoding):
     path = tmp_path / "c.csv"
-    path.write_bytes(("label,review\n" + "".join(f"{lab},{t}\n" for lab, t in ROWS)).encode(encoding))
+    path.write_bytes(
+        ("label,review\n" + "".join(f"{lab},{t}\n" for lab, t in ROWS)).encode(encoding)
+    )
     df, quarantine, _ = read(path)
     assert df["text"].tolist() == [t for _, t in ROWS]
     assert df["label"].tolist() == ["1", "0", "1"]
@@ -51,11 +58,18 @@ def test_csv_encodings_detected(tmp_path, encoding):
 
 
 def test_tsv_jsonl_parquet_txt(tmp_path):
-    (tmp_path / "a.tsv").write_text("label\treview\n" + "".join(f"{lab}\t{t}\n" for lab, t in ROWS), encoding="utf-8")
-    (tmp_path / "a.jsonl").write_text(
-        "".join(json.dumps({"label": lab, "review": t}, ensure_ascii=False) + "\n" for lab, t in ROWS), encoding="utf-8"
+    (tmp_path / "a.tsv").write_text(
+        "label\treview\n" + "".join(f"{lab}\t{t}\n" for lab, t in ROWS), encoding="utf-8"
     )
-    pd.DataFrame({"label": [1, 0, 1], "review": [t for _, t in ROWS]}).to_parquet(tmp_path / "a.parquet")
+    (tmp_path / "a.jsonl").write_text(
+        "".join(
+            json.dumps({"label": lab, "review": t}, ensure_ascii=False) + "\n" for lab, t in ROWS
+        ),
+        encoding="utf-8",
+    )
+    pd.DataFrame({"label": [1, 0, 1], "review": [t for _, t in ROWS]}).to_parquet(
+        tmp_path / "a.parquet"
+    )
     for name in ("a.tsv", "a.jsonl", "a.parquet"):
         df, _, _ = read(tmp_path / name)
         assert df["text"].tolist() == [t for _, t in ROWS], name
@@ -71,7 +85,10 @@ def test_lines_split_only_on_newline():
 
 def test_jsonl_with_raw_line_separator_is_one_row(tmp_path):
     path = tmp_path / "a.jsonl"
-    path.write_text(json.dumps({"review": "上句\u2028下句", "label": "1"}, ensure_ascii=False) + "\n", encoding="utf-8")
+    path.write_text(
+        json.dumps({"review": "上句\u2028下句", "label": "1"}, ensure_ascii=False) + "\n",
+        encoding="utf-8",
+    )
     df, quarantine, _ = read(path)
     assert df["text"].tolist() == ["上句\u2028下句"] and quarantine.empty
 
@@ -109,18 +126,23 @@ def test_wrong_field_count_and_empty_label_are_quarantined_with_lines(tmp_path):
 
 def test_missing_text_is_quarantined_never_the_string_none(tmp_path):
     path = tmp_path / "a.jsonl"
-    path.write_text('{"review": null, "label": "1"}\n{"review": "好", "label": "0"}\n{broken\n', encoding="utf-8")
+    path.write_text(
+        '{"review": null, "label": "1"}\n{"review": "好", "label": "0"}\n{broken\n',
+        encoding="utf-8",
+    )
     df, quarantine, _ = read(path)
     assert df["text"].tolist() == ["好"]
-    assert quarantine["reason"].tolist()[0] == "missing_text" and quarantine["reason"].tolist()[1].startswith(
-        "invalid_json"
-    )
+    assert quarantine["reason"].tolist()[0] == "missing_text" and quarantine["reason"].tolist()[
+        1
+    ].startswith("invalid_json")
 
 
 def test_missing_column_lists_columns_found(tmp_path):
     path = tmp_path / "c.csv"
     path.write_text("label,content\n1,好\n", encoding="utf-8")
-    with pytest.raises(DataError, match=r"no text column 'review' \(columns found: content, label\)"):
+    with pytest.raises(
+        DataError, match=r"no text column 'review' \(columns found: content, label\)"
+    ):
         read(path)
 
 
@@ -199,8 +221,9 @@ def test_gz_extract_and_bomb_refused(tmp_path):
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
-    """Serves `payloads` in turn (the last one repeats), with ETag, Range and If-Range support; fails the
-    first `fail` requests with 503; `redirect` sends every request elsewhere; `drip` sleeps between bytes."""
+    """Serves `payloads` in turn (the last one repeats), with ETag, Range and If-Range support;
+    fails the first `fail` requests with 503; `redirect` sends every request elsewhere; `drip`
+    sleeps between bytes."""
 
     payloads: list = []
     etag = '"v1"'
@@ -223,7 +246,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
 
     def do_GET(self):
-        _Handler.requests.append({"range": self.headers.get("Range"), "if_range": self.headers.get("If-Range")})
+        _Handler.requests.append(
+            {"range": self.headers.get("Range"), "if_range": self.headers.get("If-Range")}
+        )
         if _Handler.fail:
             _Handler.fail -= 1
             self.send_error(503)
@@ -263,7 +288,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def server():
-    _Handler.payloads, _Handler.requests, _Handler.fail, _Handler.redirect, _Handler.drip, _Handler.etag = (
+    (
+        _Handler.payloads,
+        _Handler.requests,
+        _Handler.fail,
+        _Handler.redirect,
+        _Handler.drip,
+        _Handler.etag,
+    ) = (
         [],
         [],
         0,
@@ -286,7 +318,8 @@ def sha(b):
 def test_resume_sends_if_range_and_checks_content_range(tmp_path, server):
     payload = ("label,review\n" + "1,房间很干净\n" * 5000).encode()
     _Handler.payloads = [payload]
-    (tmp_path / "corpus.csv.part").write_bytes(payload[:1000])  # a killed earlier attempt, its validator recorded
+    # a killed earlier attempt, its validator recorded
+    (tmp_path / "corpus.csv.part").write_bytes(payload[:1000])
     (tmp_path / "corpus.csv.part.meta.json").write_text(json.dumps({"if_range": '"v1"'}))
     path = fetch(f"{server}/corpus.csv", tmp_path, FAST, sha(payload))
     assert path.read_bytes() == payload
@@ -317,7 +350,10 @@ def test_always_wrong_bytes_end_in_one_line_and_nothing_kept(tmp_path, server):
 
 def test_5xx_is_retried(tmp_path, server):
     _Handler.payloads, _Handler.fail = [b"label,review\n1,x\n"], 1
-    assert fetch(f"{server}/c.csv", tmp_path, FAST, sha(b"label,review\n1,x\n")).read_bytes() == b"label,review\n1,x\n"
+    assert (
+        fetch(f"{server}/c.csv", tmp_path, FAST, sha(b"label,review\n1,x\n")).read_bytes()
+        == b"label,review\n1,x\n"
+    )
 
 
 def test_https_to_http_redirect_is_refused(tmp_path):
@@ -360,11 +396,17 @@ def test_unverified_download_is_keyed_and_rechecked_by_validators(tmp_path, serv
     _Handler.payloads = [b"label,review\n1,v1\n"]
     first = probe(f"{server}/c.csv", FAST)
     assert first == Validators('"v1"', None, len(b"label,review\n1,v1\n"))
-    assert fetch(f"{server}/c.csv", tmp_path, FAST, None, first).read_bytes() == b"label,review\n1,v1\n"
+    assert (
+        fetch(f"{server}/c.csv", tmp_path, FAST, None, first).read_bytes()
+        == b"label,review\n1,v1\n"
+    )
     _Handler.payloads, _Handler.etag = [b"label,review\n1,version 2\n"], '"v2"'
     second = probe(f"{server}/c.csv", FAST)
     assert second.fingerprint() != first.fingerprint()
-    assert fetch(f"{server}/c.csv", tmp_path, FAST, None, second).read_bytes() == b"label,review\n1,version 2\n"
+    assert (
+        fetch(f"{server}/c.csv", tmp_path, FAST, None, second).read_bytes()
+        == b"label,review\n1,version 2\n"
+    )
 
 
 def test_unreadable_files_are_one_line_errors(tmp_path):
@@ -380,7 +422,8 @@ def test_validators_from_a_get_where_head_is_not_allowed(server):
 
 
 def _messy_csv(rows: int) -> str:
-    """Rows with quoted newlines, stray quotes, wrong field counts and blank lines scattered through."""
+    """Rows with quoted newlines, stray quotes, wrong field counts and blank lines scattered
+    through."""
     out = ["label,review"]
     for i in range(rows):
         kind = i % 11
@@ -403,10 +446,13 @@ def test_streamed_batches_read_exactly_what_one_pass_reads(tmp_path, monkeypatch
 
     path = tmp_path / f"big.{fmt}"
     if fmt == "csv":
-        path.write_text(_messy_csv(300), encoding="gb18030")  # a multi-byte encoding across batch ends too
+        # a multi-byte encoding across batch ends too
+        path.write_text(_messy_csv(300), encoding="gb18030")
     else:
         lines = [
-            json.dumps({"review": f"第{i}行", "label": str(i % 3)}, ensure_ascii=False) if i % 13 else "{bad json"
+            json.dumps({"review": f"第{i}行", "label": str(i % 3)}, ensure_ascii=False)
+            if i % 13
+            else "{bad json"
             for i in range(300)
         ]
         path.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -425,23 +471,32 @@ def test_bad_bytes_after_the_detected_head_name_the_line(tmp_path, monkeypatch):
     import tasks.source.readers as download
 
     path = tmp_path / "c.csv"
-    path.write_bytes(b"label,review\n" + "".join(f"1,第{i}行\n" for i in range(100)).encode() + b"0,\xff\xfe\n")
+    path.write_bytes(
+        b"label,review\n" + "".join(f"1,第{i}行\n" for i in range(100)).encode() + b"0,\xff\xfe\n"
+    )
     monkeypatch.setattr(download, "HEAD_BYTES", 64)
     monkeypatch.setattr(download, "BATCH_CHARS", 50)
     with pytest.raises(DataError, match=r"c.csv: cannot decode as utf-8 after line \d+"):
         read(path)
 
 
-def test_a_gzip_encoded_transfer_is_decoded_counted_by_its_content_length_and_bounded(tmp_path, server):
+def test_a_gzip_encoded_transfer_is_decoded_counted_by_its_content_length_and_bounded(
+    tmp_path, server
+):
     payload = ("label,review\n" + "1,房间很干净\n" * 5000).encode()
     _Handler.payloads, _Handler.gzip = [payload], True
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
-    path = fetch(f"{server}/corpus.csv", tmp_path / "a", FAST, sha(payload))  # Content-Length is the encoded size
+    # Content-Length is the encoded size
+    path = fetch(f"{server}/corpus.csv", tmp_path / "a", FAST, sha(payload))
     assert path.read_bytes() == payload
-    _Handler.payloads = [b"label,review\n" + b"0" * (60 << 20)]  # 60 MB that gzip sends as about 60 KB
+    # 60 MB that gzip sends as about 60 KB
+    _Handler.payloads = [b"label,review\n" + b"0" * (60 << 20)]
     with pytest.raises(DataError, match="decompression bomb"):
         fetch(f"{server}/bomb.csv", tmp_path / "b", FAST, None)
-    assert not (tmp_path / "b" / "bomb.csv").exists() and not (tmp_path / "b" / "bomb.csv.part").exists()
+    assert (
+        not (tmp_path / "b" / "bomb.csv").exists()
+        and not (tmp_path / "b" / "bomb.csv.part").exists()
+    )
 
 
 def test_an_origin_asks_the_server_once_so_the_key_and_the_recheck_agree(tmp_path, server):
@@ -454,11 +509,14 @@ def test_an_origin_asks_the_server_once_so_the_key_and_the_recheck_agree(tmp_pat
     keyed = origin.fingerprint()
     assert keyed.startswith("unverified ") and 'etag="v1"' in keyed
     _Handler.etag = '"v2"'  # the file changes on the server after the key was planned
-    assert origin.expect(src) == Validators(
-        '"v1"', None, len(b"label,review\n1,v1\n")
-    )  # the download re-checks the planned answer
-    assert 'etag="v2"' in Origin(src, tmp_path, FAST).fingerprint()  # the next run plans with the new one
-    assert Origin(Source(path=f"{server}/o.csv", sha256="a" * 64), tmp_path, FAST).fingerprint() == "a" * 64
+    # the download re-checks the planned answer
+    assert origin.expect(src) == Validators('"v1"', None, len(b"label,review\n1,v1\n"))
+    # the next run plans with the new one
+    assert 'etag="v2"' in Origin(src, tmp_path, FAST).fingerprint()
+    assert (
+        Origin(Source(path=f"{server}/o.csv", sha256="a" * 64), tmp_path, FAST).fingerprint()
+        == "a" * 64
+    )
 
 
 def test_an_origin_reads_a_local_source_once_however_often_it_is_asked(tmp_path, monkeypatch):
@@ -469,7 +527,9 @@ def test_an_origin_reads_a_local_source_once_however_often_it_is_asked(tmp_path,
 
     (tmp_path / "c.csv").write_text("label,review\n1,好\n", encoding="utf-8")
     reads = []
-    monkeypatch.setattr(origin_module, "file_sha256", lambda path: reads.append(path) or file_sha256(path))
+    monkeypatch.setattr(
+        origin_module, "file_sha256", lambda path: reads.append(path) or file_sha256(path)
+    )
     origin = Origin(Source(path="c.csv"), tmp_path, FAST)
     assert origin.fingerprint() == origin.fingerprint() == file_sha256(tmp_path / "c.csv")
     assert len(reads) == 1  # the key plan and the run's tags share one read of the file

@@ -41,7 +41,6 @@ def test_work_elsewhere_runs_in_another_process_niced_even_under_a_long_tmpdir(t
     assert not Path(folder).exists()  # removed at exit, as multiprocessing removes its own
 
 
-
 # a process whose pools are busy when it is killed: a worker beside (`elsewhere`), two on chunks
 KILLED = """
 import signal, threading, time
@@ -92,7 +91,11 @@ def test_pool_workers_and_their_forkserver_end_with_the_process_that_was_killed(
         assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
         time.sleep(0.2)
         tree = _children()
-        servers = [p for p in tree.get(proc.pid, []) if "forkserver" in Path(f"/proc/{p}/cmdline").read_text()]
+        servers = [
+            p
+            for p in tree.get(proc.pid, [])
+            if "forkserver" in Path(f"/proc/{p}/cmdline").read_text()
+        ]
         workers = [w for s in servers for w in tree.get(s, [])]
     proc.kill()
     proc.wait()
