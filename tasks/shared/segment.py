@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from contextlib import closing
+from contextlib import closing, nullcontext
 from functools import lru_cache
 from itertools import islice
 from pathlib import Path
@@ -22,7 +22,7 @@ from tasks.graph import SPLITS as SPLITS_OUTPUT
 from tasks.graph import Stage
 from tasks.util.io import SPLITS, Chunk, PartWriter, chunk_plan, read_chunk
 from tasks.util.pool import ChunkPool
-from tasks.util.rowcache import FILE, RowCache, namespace
+from tasks.util.rowcache import FILE, OLD_FILES, Keeper, RowCache, namespace
 from tasks.util.segmenter import Segmenter, SegmenterParams
 
 # what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that
@@ -37,9 +37,9 @@ class Params(SegmenterParams):
     OUTSIDE_KEY = ("workers", "chunk_rows", "row_cache")
     workers: int = Field(0, ge=0)  # 0 = one process per core
     chunk_rows: int = Field(1000, ge=1)  # smaller chunks even out the last workers; larger cut IPC
-    # keep each row's words by its text in the store (`_cache/rows.sqlite`, tasks/util/rowcache.py):
-    # a text cut before, by the same segmenter, is not cut again (an edited copy of the source,
-    # another label column)
+    # keep each row's words by its text in the store (`_cache/rowcache.sqlite`,
+    # tasks/util/rowcache.py): a text cut before, by the same segmenter, is not cut again (an
+    # edited copy of the source, another label column)
     row_cache: bool = True
 
     def segmenter(self) -> SegmenterParams:
@@ -62,7 +62,8 @@ def _row_cache(path: str, namespace: str, pid: int) -> RowCache:
 def segment_chunk(chunk: Chunk, params: tuple[str, ...]) -> pd.DataFrame:
     """Chunk function: a chunk of a split with its `words`, `chars` (and `pos`) columns added;
     `params` is (segmenter params as JSON, project folder[, row cache file, its namespace]). With a
-    row cache, the texts it keeps are not cut again (`_kept` marks them, for the counts)."""
+    row cache, the texts it keeps are not cut again (`_kept` marks them); the driver keeps the
+    others (`write_segments`), one writer in large transactions."""
     df = read_chunk(chunk)
     segmenter, texts = _segmenter(*params[:2]), df["text"].tolist()
     cache = (
@@ -79,7 +80,6 @@ def segment_chunk(chunk: Chunk, params: tuple[str, ...]) -> pd.DataFrame:
     fresh = segmenter.rows([texts[i] for i in todo])
     columns = [c for c in ("words", "pos") if c in fresh]
     values = [[fresh[c][n] for c in columns] for n in range(len(todo))]
-    cache.put([texts[i] for i in todo], values)
     for i, value in zip(todo, values):
         kept[i] = value
     # the segmenter's column order
@@ -145,14 +145,19 @@ def cache_namespace(params: Params, root: Path) -> str:
     )
 
 
-def write_segments(tables: Iterable[pa.Table], src: Path, dst: Path) -> dict[str, float]:
-    """Write the segmented chunks of `src` to `dst` in order; returns its row and word counts."""
+def write_segments(
+    tables: Iterable[pa.Table], src: Path, dst: Path, keeper: Keeper | None = None
+) -> dict[str, float]:
+    """Write the segmented chunks of `src` to `dst` in order; returns its row and word counts. With
+    a `keeper`, the rows the row cache did not answer are kept in it."""
     writer, rows, words, kept = PartWriter(dst), 0, 0, 0
     for table in tables:
         if not table.num_rows:  # an empty chunk's columns have no types to write
             continue
         if "_kept" in table.column_names:  # rows the row cache answered
             kept += pc.sum(table.column("_kept")).as_py() or 0
+            if keeper is not None:
+                _keep(keeper, table)
             table = _without_kept(table)
         writer.write(table)
         rows += table.num_rows
@@ -166,6 +171,13 @@ def write_segments(tables: Iterable[pa.Table], src: Path, dst: Path) -> dict[str
     )
     writer.close(empty)
     return {"rows": rows, "words": words, "kept": kept}
+
+
+def _keep(keeper: Keeper, table: pa.Table) -> None:
+    """The rows of a chunk that were cut, not answered: their text, words (and POS tags)."""
+    new = table.filter(pc.invert(table.column("_kept")))
+    columns = [new.column(c).to_pylist() for c in ("words", "pos") if c in new.column_names]
+    keeper.add(new.column("text").to_pylist(), [list(v) for v in zip(*columns)])
 
 
 def _without_kept(table: pa.Table) -> pa.Table:
@@ -191,18 +203,24 @@ def build(ctx: BuildContext) -> BuildOutput:
     rows = sum(c.rows for chunks in plans.values() for c in chunks)
     pool = ctx.pool(worker_count(ctx.params, rows))
     cache = ctx.store.cache_file(FILE) if ctx.store is not None and ctx.params.row_cache else None
+    keeper = None
     if cache is not None:  # made here, once, before the workers open it
-        RowCache(cache, "").close()
+        for old in OLD_FILES:  # the first layout's file: rebuilt by nothing, read by nothing
+            cache.with_name(old).unlink(missing_ok=True)
+        keeper = Keeper(RowCache(cache, cache_namespace(ctx.params, ctx.root)))
     tables = pool.tables(
         segment_chunk,
         [c for name in SPLITS for c in plans[name]],
         _chunk_params(ctx.params, ctx.root, cache),
     )
     metrics, kept = {}, 0
-    with closing(tables):
+    with closing(tables), closing(keeper) if keeper is not None else nullcontext():
         for name in SPLITS:  # chunks come back in order: each split takes its own count of them
             counts = write_segments(
-                islice(tables, len(plans[name])), sources[name], ctx.out / f"{name}.parquet"
+                islice(tables, len(plans[name])),
+                sources[name],
+                ctx.out / f"{name}.parquet",
+                keeper,
             )
             metrics[f"{name}_mean_words"] = counts["words"] / max(counts["rows"], 1)
             kept += counts["kept"]

@@ -124,8 +124,9 @@ def test_the_row_cache_answers_texts_cut_before_with_the_same_bytes(tmp_path):
 
     import pyarrow as pa
 
-    from tasks.shared.segment import _chunk_params, segment_chunk, write_segments
+    from tasks.shared.segment import _chunk_params, cache_namespace, segment_chunk, write_segments
     from tasks.util.io import chunk_plan
+    from tasks.util.rowcache import Keeper, RowCache
 
     frame = pd.DataFrame(
         {"id": range(120), "text": [f"第{i}条评论：房间干净，服务很好" for i in range(120)]}
@@ -140,10 +141,13 @@ def test_the_row_cache_answers_texts_cut_before_with_the_same_bytes(tmp_path):
             )
             for c in chunk_plan(src, 50)
         )
-        counts = write_segments(tables, src, tmp_path / name)
+        keeper = Keeper(RowCache(cache, cache_namespace(params, tmp_path))) if cache else None
+        counts = write_segments(tables, src, tmp_path / name, keeper)
+        if keeper is not None:  # the driver keeps what its workers cut, when the stage ends
+            keeper.close()
         return counts["kept"], hashlib.sha256((tmp_path / name).read_bytes()).hexdigest()
 
-    cache = tmp_path / "rows.sqlite"
+    cache = tmp_path / "rowcache.sqlite"
     plain = SegmentConfig(chunk_rows=50)
     without = segment(plain, None, "plain.parquet")
     assert segment(plain, cache, "first.parquet") == (0, without[1])
