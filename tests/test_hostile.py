@@ -800,8 +800,8 @@ def test_credentials_never_leave(prefect_harness, tmp_path, http_url, seed_mlflo
     # test_private.py)
     storage = f"ftp://127.0.0.1:{ftp.address[1]}/store"
     env["ZHPIPE_STORAGE_OPTIONS"] = json.dumps({"username": "zhpipe", "password": secret})
-    port = http_url.rsplit(":", 1)[1]
-    source = f"http://reader:{secret}@127.0.0.1:{port}/private/corpus.csv?token={secret}"
+    corpus_port = http_url.rsplit(":", 1)[1]
+    source = f"http://reader:{secret}@127.0.0.1:{corpus_port}/private/corpus.csv?token={secret}"
     args = [
         "run",
         "smoke",
