@@ -11,7 +11,8 @@ on an edited copy of the source. Side by side, in one run, each in a fresh proje
 
 The corpus is bench_scale.py's (unique two-review rows made from the bundled reviews). The segment
 stage's seconds are its `seconds` in the run summary; its metrics say how many rows it cut and
-reused. Writes the figures as JSON with `--out`.
+reused; `peak_mb` is the run's own process's peak resident memory. Writes the figures as JSON
+with `--out`.
 """
 
 from __future__ import annotations
@@ -52,12 +53,14 @@ def run(code: Path, project: Path, sets: list[str]) -> dict:
 
 # the run through the Python API, which returns the summary (seconds and metrics per stage)
 SUMMARY = """
-import json, sys
+import json, resource, sys
 from flows import api
 stages = ["download", "clean", "split", "segment"]
 out = api.run("cache", overrides=sys.argv[2:], stages=stages, project=sys.argv[1])
 stage = next(s for s in out["stages"] if s["stage"] == "segment")
-print(json.dumps({"seconds": stage["seconds"], "metrics": stage.get("metrics", {})}))
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the driver's, MB
+figures = {"seconds": stage["seconds"], "metrics": stage.get("metrics", {}), "peak_mb": peak}
+print(json.dumps(figures))
 """
 
 
