@@ -108,13 +108,15 @@ def segment_file(
     return write_segments(tables, src, dst)
 
 
-def _chunk_params(params: Params, root: Path, cache: Path | None = None) -> tuple[str, ...]:
+def _chunk_params(
+    params: Params, root: Path, cache: Path | None = None, space: str | None = None
+) -> tuple[str, ...]:
+    """What a chunk worker is given; with a row cache, its file and namespace (`space`, else
+    computed here: it hashes the dictionaries and the segmenter's code)."""
     base = (params.segmenter().model_dump_json(), str(root))
-    return (
-        base + (str(cache), cache_namespace(params, root))
-        if cache is not None and params.row_cache
-        else base
-    )
+    if cache is None or not params.row_cache:
+        return base
+    return base + (str(cache), space or cache_namespace(params, root))
 
 
 def cache_namespace(params: Params, root: Path) -> str:
@@ -211,7 +213,7 @@ def build(ctx: BuildContext) -> BuildOutput:
     tables = pool.tables(
         segment_chunk,
         [c for name in SPLITS for c in plans[name]],
-        _chunk_params(ctx.params, ctx.root, cache),
+        _chunk_params(ctx.params, ctx.root, cache, keeper.cache.namespace if keeper else None),
     )
     metrics, kept = {}, 0
     with closing(tables), closing(keeper) if keeper is not None else nullcontext():
