@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
@@ -20,6 +21,7 @@ from flows.plan import held, project
 from flows.plan.sources import hold_out
 from tasks.errors import ZhpipeError
 from tasks.shared import checks
+from tasks.util.io import read_rows
 from tasks.util.private import atomic_path
 from tasks.util.usercode import fingerprint
 
@@ -79,7 +81,7 @@ class Gate:
         """Judge a checked output once per unit key (a cached one's verdicts are read back), hold it
         when a blocking check fails and it was not accepted as it is, and report it; the record is
         read and written once."""
-        night = sample_of(result)
+        night = sample_of(result, whole=bool(self.config.checks.custom))
         root = project.current().root
         judged = judged_as(self.config, result.key)
         known = held.load(self.config.identity)["judged"].get(judged)
@@ -238,15 +240,27 @@ class Gate:
 COLUMNS = ["text", "label"]
 
 
-def _frame(path: Path, limit: int | None = None) -> pd.DataFrame:
+def _frame(path: Path, positions=None) -> pd.DataFrame:
+    """The checked columns of a stage's file: the rows at `positions` (None: all of them)."""
     names = pq.read_schema(path).names
-    frame = pd.read_parquet(path, columns=[c for c in COLUMNS if c in names])
-    return frame.tail(limit) if limit else frame
+    columns = [c for c in COLUMNS if c in names]
+    if positions is None:
+        return pd.read_parquet(path, columns=columns)
+    return read_rows(path, positions, columns)
 
 
-def sample_of(result) -> checks.Sample:
-    frame = _frame(result.path / "data.parquet")
-    kept = result.rows if result.rows is not None else len(frame)
+def _rows(path: Path) -> int:
+    return pq.ParquetFile(path).metadata.num_rows
+
+
+def sample_of(result, whole: bool = False) -> checks.Sample:
+    """Tonight's rows as the checks read them: the seeded sample they judge (read row group by row
+    group, never the whole file), or every row when `whole` (the team's own checks are given the
+    night's whole frame)."""
+    path = result.path / "data.parquet"
+    total = _rows(path)
+    frame = _frame(path, None if whole else checks.sample_positions(total))
+    kept = result.rows if result.rows is not None else total
     rows_in = result.metrics.get("rows_in")
     rows_in = (
         int(rows_in) if rows_in is not None else kept + int(result.metrics.get("rows_dropped", 0))
@@ -263,7 +277,9 @@ def reference_of(earlier: list) -> checks.Sample | None:
     for result in reversed(earlier):
         if rows >= checks.REFERENCE_ROWS:
             break
-        frame = _frame(result.path / "data.parquet", checks.REFERENCE_ROWS - rows)
+        path = result.path / "data.parquet"
+        total = _rows(path)
+        frame = _frame(path, np.arange(max(0, total - (checks.REFERENCE_ROWS - rows)), total))
         frames.insert(0, frame)
         rows += len(frame)
     frame = pd.concat(frames, ignore_index=True)
@@ -293,7 +309,8 @@ def _reference_file(config) -> Path:
 
 def _save_reference(config, result) -> None:
     """The corpus that passed, as the next run's reference (a seeded sample)."""
-    frame = checks.sample(_frame(result.path / "data.parquet"), checks.REFERENCE_ROWS)
+    path = result.path / "data.parquet"
+    frame = _frame(path, checks.sample_positions(_rows(path), checks.REFERENCE_ROWS))
     target = _reference_file(config)
     target.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(target) as tmp:

@@ -548,6 +548,14 @@ def sample(frame: pd.DataFrame, rows: int = SAMPLE_ROWS, seed: int = 0) -> pd.Da
     return frame if len(frame) <= rows else frame.sample(rows, random_state=seed).sort_index()
 
 
+def sample_positions(total: int, rows: int = SAMPLE_ROWS, seed: int = 0) -> np.ndarray:
+    """The positions `sample` keeps of a `total`-row frame (its index 0..total-1), sorted: the same
+    rows, so a sample read straight from a file (`tasks.util.io.read_rows`) is judged alike."""
+    if total <= rows:
+        return np.arange(total)
+    return np.sort(np.random.RandomState(seed).choice(total, size=rows, replace=False))
+
+
 def judge(
     night: Sample, reference: Sample | None, settings: Checks, root: Path | None = None
 ) -> list[Verdict]:

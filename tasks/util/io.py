@@ -109,6 +109,25 @@ def iter_frames(
             group, count = [], 0
 
 
+def read_rows(path: Path, positions: np.ndarray, columns: list[str] | None = None) -> pd.DataFrame:
+    """The rows of a Parquet file at `positions` (sorted, 0-based), indexed by them: only the row
+    groups that hold one are read, one at a time, so a sample of a large file costs its row groups,
+    not the file."""
+    f = pq.ParquetFile(path)
+    meta = f.metadata
+    starts = np.cumsum([0] + [meta.row_group(rg).num_rows for rg in range(meta.num_row_groups)])
+    groups = np.searchsorted(starts, positions, side="right") - 1
+    parts = []
+    for rg in np.unique(groups):
+        local = positions[groups == rg] - starts[rg]
+        parts.append(f.read_row_group(int(rg), columns=columns).take(pa.array(local)))
+    if not parts:
+        return f.schema_arrow.empty_table().select(columns or f.schema_arrow.names).to_pandas()
+    frame = pa.concat_tables(parts).to_pandas()
+    frame.index = pd.Index(positions)
+    return frame
+
+
 BATCH_ROWS = 20_000  # rows a stage holds at once when it streams a split
 
 

@@ -201,3 +201,19 @@ def test_text_cut_to_three_characters_fails_the_short_check_and_recent_nights_ho
         collapsed["quarantine"].passed is False
         and "recent nights' median" in collapsed["quarantine"].note
     )
+
+
+def test_a_sample_read_from_the_file_is_the_rows_the_checks_would_draw(tmp_path, hotel):
+    """The run reads the checked sample straight from the stage's file (row group by row group);
+    it must be the very rows `sample` draws from the whole frame, so verdicts do not move."""
+    from tasks.shared.checks import REFERENCE_ROWS, sample, sample_positions
+    from tasks.util.io import read_rows, write_parquet
+
+    path = tmp_path / "data.parquet"
+    write_parquet(hotel[0].frame.reset_index(drop=True), path)
+    whole = pd.read_parquet(path)
+    assert len(whole) > 2000
+    for rows in (1500, 2000, len(whole) - 1, REFERENCE_ROWS):
+        read = read_rows(path, sample_positions(len(whole), rows))
+        pd.testing.assert_frame_equal(read, sample(whole, rows), check_index_type=False)
+    assert read_rows(path, sample_positions(0)).empty
