@@ -268,3 +268,22 @@ class BuildOutput:
     markdown: dict[str, str] = field(default_factory=dict)
     # Prefect table artifacts, by key suffix
     records: dict[str, list[dict]] = field(default_factory=dict)
+
+    @classmethod
+    def of_model(
+        cls, model: str, rows: int, summary: dict, labels: list, totals: dict[str, str]
+    ) -> BuildOutput:
+        """A model unit's output: its training summary as facts, and the summary's totals as
+        metrics under their run names (`totals`: summary key -> metric; the time and the median
+        throughput are every model's; a key the summary lacks is left out). The per-epoch curves
+        are the summary's history."""
+        names = {
+            **totals,
+            "seconds": "train_seconds",
+            "samples_per_second": "median_samples_per_second",
+        }
+        return cls(
+            rows=rows,
+            metrics={new: summary[old] for old, new in names.items() if old in summary},
+            facts=Facts(labels=labels, model=model, summary=summary),
+        )

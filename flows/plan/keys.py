@@ -58,6 +58,7 @@ def key_causes(
             **code_fingerprint(MODELS[model].train.__module__),
         }
         files = tuple(f for f in files if f.startswith(f"{model}."))
+        libraries = (*libraries, *MODELS[model].libraries)
     section = config.section(stage)
     refs = (
         getattr(section, model).user_code()

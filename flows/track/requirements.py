@@ -7,41 +7,48 @@ from __future__ import annotations
 import threading
 from contextlib import contextmanager
 
+# what every served model imports, whatever its family: zhpipe's serving code and what it reads
 PACKAGES = (
     "mlflow",
-    "torch",
     "pandas",
     "pyarrow",
     "numpy",
-    "scipy",
     "jieba",
-    "scikit-learn",
-    "fasttext",
-    "gensim",
-    "transformers",
     "pydantic",
     "pyyaml",
     "opencc",
     "prefect",
     "filelock",
-    "python-crfsuite",
-    "sacrebleu",
-    "skops",
 )
 
 
-def pinned() -> list[str]:
-    """The packages the model code imports, pinned to this environment's versions (distribution
-    names)."""
+def pinned(libraries: tuple[str, ...] = ()) -> list[str]:
+    """The packages a logged model's code imports (`PACKAGES` and its family's `libraries`, declared
+    once on its `ModelSpec`), pinned to this environment's versions (distribution names)."""
     from importlib.metadata import PackageNotFoundError, version
 
     out = []
-    for name in PACKAGES:
+    for name in dict.fromkeys((*PACKAGES, *libraries)):
         try:
             out.append(f"{name}=={version(name).split('+')[0]}")
         except PackageNotFoundError:
             continue
     return out
+
+
+def model_libraries(config, model: str) -> tuple[str, ...]:
+    """What a model of `config` needs besides `PACKAGES`: its train stage's libraries, its family's,
+    and those of the members it is built from (an ensemble)."""
+    from tasks.stages import MODELS
+
+    stage = config.kind.training
+    spec = MODELS[model]
+    members = spec.members(getattr(config.section(stage.name), model)) if spec.members else []
+    return tuple(
+        dict.fromkeys(
+            (*stage.libraries, *spec.libraries, *(n for m in members for n in MODELS[m].libraries))
+        )
+    )
 
 
 _LOCK = threading.Lock()

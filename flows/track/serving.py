@@ -165,6 +165,7 @@ def log_model(
     served as the config's task kind serves; register it under `registered_name` when given. The
     digest of what was logged goes into the stage store `store` (default: the project's;
     `trust.vouch`): only those files are loaded again. Returns MLflow's ModelInfo."""
+    from flows.track.requirements import model_libraries, pinned
     from flows.track.trust import vouch
     from tasks.stages import serving
 
@@ -191,6 +192,7 @@ def log_model(
             kind.example(folder),
             registered_name,
             Path(tmp),
+            pinned(model_libraries(config, model)),
         )
     _owner_only(info)
     vouch(info.model_uri, run_id, store)
@@ -261,11 +263,12 @@ def _log_pyfunc(
     example: list[str],
     registered_name: str | None,
     tmp: Path,
+    requirements: list[str],
 ):
     import mlflow
     from mlflow.models import infer_signature
 
-    from flows.track.requirements import by_name, pinned
+    from flows.track.requirements import by_name
     from flows.track.tracker import tracking_uri
 
     path = tmp / "zhpipe.json"
@@ -291,5 +294,5 @@ def _log_pyfunc(
             input_example=example,
             code_paths=[str(code_archive(tmp))],
             registered_model_name=registered_name,
-            pip_requirements=pinned(),
+            pip_requirements=requirements,
         )

@@ -20,7 +20,7 @@ from tasks.util.io import Rows, batches_of, predict_batches
 
 # what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that
 # shape its output, and the params that name files (counted by content)
-LIBRARIES = ("torch", "transformers", "scikit-learn", "fasttext", "matplotlib")
+LIBRARIES = ("scikit-learn", "numpy", "matplotlib")  # a model's unit adds its spec's `libraries`
 FILES: tuple[str, ...] = ()
 
 

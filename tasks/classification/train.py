@@ -21,8 +21,9 @@ from tasks.util.io import Rows, batches_of, predict_batches
 from tasks.util.vectors import load_word_vectors
 
 # what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that
-# shape its output, and the params that name files (counted by content)
-LIBRARIES = ("torch", "transformers", "scikit-learn", "fasttext", "gensim", "numpy")
+# shape its output (a model's unit adds its spec's `libraries`), and the params that name files
+# (counted by content)
+LIBRARIES = ("scikit-learn", "numpy")
 FILES: tuple[str, ...] = ("bert.checkpoint", "hf.checkpoint")
 
 
@@ -108,19 +109,9 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
         summary["validation_right"] = base64.b64encode(np.packbits(val == gold).tobytes()).decode(
             "ascii"
         )
-    # the per-epoch curves (val_macro_f1, samples_per_second, ...) are the history; these are the
-    # model's totals
-    names = {
-        "val_accuracy": "val_accuracy_best",
-        "val_macro_f1": "val_macro_f1_best",
-        "val_perplexity": "val_perplexity_best",
-        "seconds": "train_seconds",
-        "samples_per_second": "median_samples_per_second",
-    }
-    return BuildOutput(
-        rows=len(train_rows),
-        metrics={new: summary[old] for old, new in names.items() if old in summary},
-        facts=Facts(labels=labels, model=name, summary=summary),
+    best = ("val_accuracy", "val_macro_f1", "val_perplexity")
+    return BuildOutput.of_model(
+        name, len(train_rows), summary, labels, {k: f"{k}_best" for k in best}
     )
 
 

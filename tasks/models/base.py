@@ -124,6 +124,9 @@ class ModelSpec:
     # a team's own model declared in a pipeline (`train.<name>: {estimator: ...}`): known only to
     # the pipelines that declare it
     own: bool = False
+    # the distributions its training and its saved model import, beyond its stages' own: what its
+    # unit's key sees (with the stage's `libraries`) and what its logged model requires
+    libraries: tuple[str, ...] = ()
 
     def view(self, params: Any) -> Any:
         """`params` (the train section) as this model may read it."""

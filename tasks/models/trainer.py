@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from tasks.errors import ConfigError
+from tasks.models.base import LOOP
 from tasks.models.checkpoints import rng_state, save, set_rng_state
 
 # where models compute; re-exported, as callers import them from here
@@ -95,21 +96,11 @@ class LoopConfig:
     @classmethod
     def from_train(cls, params, lr: float, **overrides) -> LoopConfig:
         """From the pipeline's `train` section (epochs, patience, optimiser and device settings)."""
+        # the loop's own settings of the shared ones a model may read (the budget is the racer's)
         shared = {
             k: getattr(params, k)
-            for k in (
-                "epochs",
-                "patience",
-                "weight_decay",
-                "warmup_ratio",
-                "grad_clip",
-                "grad_accum",
-                "device",
-                "precision",
-                "seed",
-                "processes",
-            )
-            if k not in overrides and hasattr(params, k)
+            for k in LOOP
+            if k not in ("budget", "model_budget") and k not in overrides and hasattr(params, k)
         }
         return cls(lr=lr, **{**shared, **overrides})
 
@@ -143,6 +134,17 @@ class FitResult:
             if self.history
             else 0.0
         )
+
+    def summary(self) -> dict:
+        """What a family's training summary records of the fit, in this order (models.json)."""
+        return {
+            "history": self.history,
+            "best_epoch": self.best_epoch,
+            "resumed_from_epoch": self.resumed_from_epoch,
+            "device": self.device,
+            "precision": self.precision,
+            "samples_per_second": self.samples_per_second,
+        }
 
 
 def fit(

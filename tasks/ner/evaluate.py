@@ -14,10 +14,10 @@ import pandas as pd
 from tasks.core import BuildContext, BuildOutput, Facts, Section, by_model
 from tasks.ner.models import MODELS
 from tasks.ner.tagging import highlighted, marked, prf, span_counts, spans_of
-from tasks.shared.reports import plot_training_curves, write_comparison
+from tasks.shared.reports import comparison_output, plot_training_curves
 from tasks.shared.selection import ChampionRule
 
-LIBRARIES = ("torch", "python-crfsuite", "matplotlib")
+LIBRARIES = ("matplotlib",)  # a model's unit adds its spec's `libraries`
 FILES: tuple[str, ...] = ()
 MISSED, SPURIOUS = "(missed)", "(none)"
 
@@ -173,16 +173,6 @@ def build(ctx: BuildContext) -> BuildOutput:
         }
         for name, r in results.items()
     ]
-    best = write_comparison(ctx.out, rows, "val_f1", results)
-    return BuildOutput(
-        rows=None,
-        artifacts=["comparison.csv", "comparison.md"],
-        metrics={
-            f"{m}_{k}": v
-            for m, r in results.items()
-            for k, v in r.items()
-            if not k.startswith("test_f1_")
-        }
-        | {"best_test_f1": results[best]["test_f1"]},
-        facts=Facts(labels=next(iter(units.values())).labels, results=results, best_model=best),
-    )
+    labels = next(iter(units.values())).labels
+    logged = lambda k: not k.startswith("test_f1_")
+    return comparison_output(ctx.out, rows, "val_f1", results, logged, "test_f1", labels)

@@ -250,12 +250,7 @@ def train_tagger(inputs: TrainInputs) -> dict:
         "path": inputs.name,
         "kind": "tagger",
         "seconds": sum(r.seconds for r in results),
-        "history": result.history,
-        "best_epoch": result.best_epoch,
-        "resumed_from_epoch": result.resumed_from_epoch,
-        "device": result.device,
-        "precision": result.precision,
-        "samples_per_second": result.samples_per_second,
+        **result.summary(),
         "char_vector_coverage": prep.char_cov,
         "bigram_vector_coverage": prep.gram_cov,
         "parameters": sum(w.numel() for w in model.parameters()) * p.seeds,
@@ -531,6 +526,7 @@ CRF_TAGGER = ModelSpec(
     task="ner",
     shared=(),
     about="linear-chain CRF (CRFsuite) over character, bigram and lexicon window features",
+    libraries=("python-crfsuite", "jieba"),
 )
 BILSTM_CRF = ModelSpec(
     "bilstm_crf",
@@ -542,6 +538,7 @@ BILSTM_CRF = ModelSpec(
     shared=TAGGER_LOOP,
     races=True,
     about="character + bigram embeddings, BiLSTM, CRF; starts from the embed stage's vectors",
+    libraries=("torch", "gensim", "transformers", "jieba"),
 )
 LEXICON_TAGGER = ModelSpec(
     "lexicon_tagger",
@@ -554,6 +551,7 @@ LEXICON_TAGGER = ModelSpec(
     races=True,
     about="bilstm_crf with the lexicon adapter: each character attends over "
     "the words that cover it",
+    libraries=("torch", "gensim", "transformers", "jieba"),
 )
 NER_ENSEMBLE = ModelSpec(
     "ner_ensemble",
@@ -565,6 +563,7 @@ NER_ENSEMBLE = ModelSpec(
     shared=(),
     about="the listed taggers' per-character tag probabilities averaged, decoded "
     "into well-formed spans",
+    libraries=(),
 )
 # what the kind registers (`TaskKind.models`)
 SPECS = (CRF_TAGGER, BILSTM_CRF, LEXICON_TAGGER, NER_ENSEMBLE)

@@ -13,9 +13,9 @@ from tasks.models.settings import params_model
 from tasks.ner.models import MODELS
 from tasks.ner.tagged import entity_f1
 
-# what its key sees besides params, inputs and code: the libraries that shape a tagger (jieba: its
-# word features)
-LIBRARIES = ("torch", "transformers", "python-crfsuite", "gensim", "jieba", "numpy")
+# what its key sees besides params, inputs and code (a model's unit adds its spec's `libraries`:
+# CRFsuite, torch, jieba for the word features, ...)
+LIBRARIES = ("numpy",)
 # a local pretrained encoder counts by content
 FILES = ("bilstm_crf.checkpoint", "lexicon_tagger.checkpoint")
 
@@ -58,18 +58,8 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
     tagged = spec.load(ctx.out / name)(validation["text"].astype(str).tolist())
     scores = entity_f1([list(t) for t in validation["tags"]], [t.tags for t in tagged])
     summary.update({f"val_{k}": v for k, v in scores.items()})
-    names = {
-        "val_f1": "val_f1_best",
-        "val_precision": "val_precision_best",
-        "val_recall": "val_recall_best",
-        "seconds": "train_seconds",
-        "samples_per_second": "median_samples_per_second",
-    }
-    return BuildOutput(
-        rows=len(train),
-        metrics={new: summary[old] for old, new in names.items() if old in summary},
-        facts=Facts(labels=labels, model=name, summary=summary),
-    )
+    best = ("val_f1", "val_precision", "val_recall")
+    return BuildOutput.of_model(name, len(train), summary, labels, {k: f"{k}_best" for k in best})
 
 
 def build(ctx: BuildContext) -> BuildOutput:

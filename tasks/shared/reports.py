@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 from pydantic import Field
 
-from tasks.core import Section
+from tasks.core import BuildOutput, Facts, Section
 
 
 class Common(Section):
@@ -111,6 +111,22 @@ def write_comparison(out: Path, rows: list[dict], metric: str, results: dict) ->
     (out / "comparison.md").write_text(comparison_markdown(table), encoding="utf-8")
     (out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
     return table.iloc[0]["model"]
+
+
+def comparison_output(
+    out: Path, rows: list[dict], metric: str, results: dict, logged, headline: str, labels: list
+) -> BuildOutput:
+    """An evaluate stage's output from its scored models: `write_comparison` by `metric`, each
+    model's results whose name `logged` accepts as metrics (`<model>_<name>`), and the best model's
+    `headline` result as `best_<headline>`."""
+    best = write_comparison(out, rows, metric, results)
+    metrics = {f"{m}_{k}": v for m, r in results.items() for k, v in r.items() if logged(k)}
+    return BuildOutput(
+        rows=None,
+        artifacts=["comparison.csv", "comparison.md"],
+        metrics=metrics | {f"best_{headline}": results[best][headline]},
+        facts=Facts(labels=labels, results=results, best_model=best),
+    )
 
 
 def plot_training_curves(history: list[dict[str, float]], title: str, path: Path) -> Path | None:

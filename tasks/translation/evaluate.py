@@ -13,12 +13,12 @@ import pandas as pd
 from pydantic import Field
 
 from tasks.core import BuildContext, BuildOutput, Facts, Section, by_model
-from tasks.shared.reports import plot_training_curves, write_comparison
+from tasks.shared.reports import comparison_output, plot_training_curves
 from tasks.shared.selection import ChampionRule
 from tasks.translation.models import MODELS, corpus_scores
 from tasks.translation.text import side_tokens, sides
 
-LIBRARIES = ("torch", "sacrebleu", "matplotlib")
+LIBRARIES = ("sacrebleu", "matplotlib")  # a model's unit adds its spec's `libraries`
 FILES: tuple[str, ...] = ()
 BUCKETS = (5, 10, 15, 20)  # source tokens: 1-5, 6-10, 11-15, 16-20, 21+
 
@@ -177,16 +177,5 @@ def build(ctx: BuildContext) -> BuildOutput:
         }
         for name, r in results.items()
     ]
-    best = write_comparison(ctx.out, rows, "val_bleu", results)
-    return BuildOutput(
-        rows=None,
-        artifacts=["comparison.csv", "comparison.md"],
-        metrics={
-            f"{m}_{k}": v
-            for m, r in results.items()
-            for k, v in r.items()
-            if k in ("test_bleu", "test_chrf")
-        }
-        | {"best_test_bleu": results[best]["test_bleu"]},
-        facts=Facts(labels=[], results=results, best_model=best),
-    )
+    logged = lambda k: k in ("test_bleu", "test_chrf")
+    return comparison_output(ctx.out, rows, "val_bleu", results, logged, "test_bleu", [])

@@ -319,12 +319,7 @@ def train_translator(inputs: TrainInputs) -> dict:
         "path": inputs.name,
         "kind": "translator",
         "seconds": result.seconds,
-        "history": result.history,
-        "best_epoch": result.best_epoch,
-        "resumed_from_epoch": result.resumed_from_epoch,
-        "device": result.device,
-        "precision": result.precision,
-        "samples_per_second": result.samples_per_second,
+        **result.summary(),
         "parameters": sum(w.numel() for w in model.parameters()),
         "val_loss": best["val_loss"],
         "val_bleu": scores["bleu"],
@@ -422,6 +417,7 @@ SEQ2SEQ = ModelSpec(
     shared=SHARED,
     races=True,
     about="GRU encoder-decoder, no attention: the decoder sees the encoder's summary vector only",
+    libraries=("torch",),
 )
 SEQ2SEQ_ATTENTION = ModelSpec(
     "seq2seq_attention",
@@ -432,6 +428,7 @@ SEQ2SEQ_ATTENTION = ModelSpec(
     shared=SHARED,
     races=True,
     about="GRU encoder-decoder with Bahdanau (additive) attention over the encoder's states",
+    libraries=("torch",),
 )
 TRANSFORMER_MT = ModelSpec(
     "transformer_mt",
@@ -442,6 +439,7 @@ TRANSFORMER_MT = ModelSpec(
     shared=SHARED,
     races=True,
     about="Transformer encoder-decoder, sinusoidal positions, label smoothing, beam search",
+    libraries=("torch",),
 )
 SPECS = (SEQ2SEQ, SEQ2SEQ_ATTENTION, TRANSFORMER_MT)  # what the kind registers (`TaskKind.models`)
 MODELS = {spec.name: spec for spec in SPECS}

@@ -14,8 +14,8 @@ from tasks.models import TrainInputs, model_of
 from tasks.models import settings as train
 from tasks.translation.models import MODELS
 
-# what its key sees besides params, inputs and code
-LIBRARIES = ("torch", "sacrebleu", "numpy")
+# what its key sees besides params, inputs and code (a model's unit adds its spec's `libraries`)
+LIBRARIES = ("sacrebleu", "numpy")
 FILES: tuple[str, ...] = ()
 COLUMNS = ["text", "en", "words", "chars"]
 
@@ -51,18 +51,8 @@ def build_model(ctx: BuildContext, name: str) -> BuildOutput:
             ctx.sink,
         )
     )
-    names = {
-        "val_bleu": "val_bleu",
-        "val_chrf": "val_chrf",
-        "val_loss": "val_loss_best",
-        "seconds": "train_seconds",
-        "samples_per_second": "median_samples_per_second",
-    }
-    return BuildOutput(
-        rows=len(data),
-        metrics={new: summary[old] for old, new in names.items() if old in summary},
-        facts=Facts(labels=[], model=name, summary=summary),
-    )
+    totals = {"val_bleu": "val_bleu", "val_chrf": "val_chrf", "val_loss": "val_loss_best"}
+    return BuildOutput.of_model(name, len(data), summary, [], totals)
 
 
 def build(ctx: BuildContext) -> BuildOutput:

@@ -168,6 +168,24 @@ def quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
+def bert_config(p: Params, tokenizer, **extra):
+    """The small BERT of `p` over the character vocabulary (`extra`: e.g. `num_labels`)."""
+    from transformers import BertConfig
+
+    return BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=p.hidden_size,
+        num_hidden_layers=p.num_layers,
+        num_attention_heads=p.num_heads,
+        intermediate_size=p.intermediate_size,
+        hidden_dropout_prob=p.dropout,
+        attention_probs_dropout_prob=p.dropout,
+        max_position_embeddings=max(512, p.max_len),
+        pad_token_id=tokenizer.pad_token_id,
+        **extra,
+    )
+
+
 def pretrain_mlm(
     texts: pd.Series,
     validation: pd.Series,
@@ -181,7 +199,6 @@ def pretrain_mlm(
     saved folder and a summary. 15% of characters are chosen, of which 80% become [MASK], 10% a
     random character and 10% stay (DataCollatorForLanguageModeling)."""
     from transformers import (
-        BertConfig,
         BertForMaskedLM,
         BertForPreTraining,
         DataCollatorForLanguageModeling,
@@ -191,17 +208,7 @@ def pretrain_mlm(
     from tasks.models.trainer import LoopConfig, Task, fit
 
     folder = checkpoints / "pretrained"
-    config = BertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=p.hidden_size,
-        num_hidden_layers=p.num_layers,
-        num_attention_heads=p.num_heads,
-        intermediate_size=p.intermediate_size,
-        hidden_dropout_prob=p.dropout,
-        attention_probs_dropout_prob=p.dropout,
-        max_position_embeddings=max(512, p.max_len),
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    config = bert_config(p, tokenizer)
     seed_everything(params.seed)
     model = BertForPreTraining(config) if p.nsp else BertForMaskedLM(config)
     collate = DataCollatorForLanguageModeling(tokenizer, mlm_probability=p.mlm_probability)
@@ -266,24 +273,12 @@ def build_model(
 ):
     """The classifier: from `source` (a checkpoint, or the masked-LM folder) or, without one, from
     random weights."""
-    from transformers import BertConfig, BertForSequenceClassification
+    from transformers import BertForSequenceClassification
 
     from tasks.models.modules import LexiconAdapter, LexiconBert
 
     if source is None:
-        config = BertConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=p.hidden_size,
-            num_hidden_layers=p.num_layers,
-            num_attention_heads=p.num_heads,
-            intermediate_size=p.intermediate_size,
-            hidden_dropout_prob=p.dropout,
-            attention_probs_dropout_prob=p.dropout,
-            max_position_embeddings=max(512, p.max_len),
-            pad_token_id=tokenizer.pad_token_id,
-            num_labels=num_labels,
-        )
-        classifier = BertForSequenceClassification(config)
+        classifier = BertForSequenceClassification(bert_config(p, tokenizer, num_labels=num_labels))
     else:
         classifier = load_pretrained(
             source,
@@ -505,4 +500,5 @@ SPEC = ModelSpec(
     about="BERT over characters: fine-tuned from a checkpoint, or masked-LM pretrained here; "
     "optional "
     "lexicon adapter",
+    libraries=("torch", "transformers"),
 )

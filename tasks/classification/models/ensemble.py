@@ -157,4 +157,5 @@ def spec(registry: Mapping[str, ModelSpec]) -> ModelSpec:
         members=lambda section: section.members,
         shared=(),
         about="other classifiers of the run by soft voting (weights fit on validation) or stacking",
+        libraries=("scikit-learn",),
     )

@@ -271,6 +271,7 @@ def spec(name: str, p: Params) -> ModelSpec:
         cost=p.cost,
         own=True,
         about=f"{p.estimator} over {p.input} (a scikit-learn estimator of your own)",
+        libraries=("scikit-learn", "skops", "scipy"),
     )
 
 

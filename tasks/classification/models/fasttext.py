@@ -125,4 +125,5 @@ SPEC = ModelSpec(
     cost=1,
     streams=True,
     about="fastText's supervised classifier on words + characters with word bigrams",
+    libraries=("fasttext",),
 )

@@ -151,12 +151,7 @@ def train_hf(inputs: TrainInputs) -> dict:
         "kind": "hf",
         "checkpoint": p.checkpoint,
         "seconds": time.perf_counter() - t0,
-        "history": result.history,
-        "best_epoch": result.best_epoch,
-        "resumed_from_epoch": result.resumed_from_epoch,
-        "device": result.device,
-        "precision": result.precision,
-        "samples_per_second": result.samples_per_second,
+        **result.summary(),
         "parameters": sum(w.numel() for w in model.parameters()),
         "trainable_parameters": sum(w.numel() for w in model.parameters() if w.requires_grad),
         **result.extra,
@@ -201,4 +196,5 @@ SPEC = ModelSpec(
     races=True,
     about="a pretrained sequence-classification checkpoint (Auto classes, fast tokenizer on "
     "the text), fine-tuned",
+    libraries=("torch", "transformers"),
 )

@@ -331,6 +331,7 @@ def _spec(name: str, params: type[Section], about: str) -> ModelSpec:
         streams=True,
         races=True,
         about=about,
+        libraries=("torch", "gensim"),
     )
 
 

@@ -263,6 +263,7 @@ NGRAM_LM = ModelSpec(
     shared=(),
     streams=True,
     about="an n-gram language model (Kneser-Ney or fixed back-off); scored by test perplexity",
+    libraries=(),
 )
 LM_CLASSIFIER = ModelSpec(
     "lm_classifier",
@@ -273,4 +274,5 @@ LM_CLASSIFIER = ModelSpec(
     shared=(),
     streams=True,
     about="one n-gram LM per class; the lowest perplexity wins",
+    libraries=(),
 )

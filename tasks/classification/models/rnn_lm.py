@@ -37,6 +37,20 @@ class Params(Section):
     batch_size: int = 32
 
 
+def _lm_config(p, vocab_size: int):
+    """The LSTM language model of a section (`train.rnn_lm`; `train.lm_classifier`'s per class)."""
+    from tasks.models.modules import RNNLMConfig
+
+    return RNNLMConfig(
+        vocab_size=vocab_size,
+        embed_dim=p.embed_dim,
+        hidden_size=p.hidden_size,
+        num_layers=p.num_layers,
+        dropout=p.dropout,
+        cutoffs=p.cutoffs,
+    )
+
+
 def lm_sequences(lines: pd.Series, stoi: dict[str, int], max_len: int) -> list[list[int]]:
     """[SEP] t1 ... tn [SEP] per text (n <= max_len); unknown tokens are [UNK] (id 1)."""
     sep = stoi[BOS_EOS]
@@ -102,7 +116,7 @@ def train_rnn_lm(inputs: TrainInputs) -> dict:
 
     from tasks.classification.models.encoded import encode_split
     from tasks.models.devices import seed_everything
-    from tasks.models.modules import LSTMLanguageModel, RNNLMConfig
+    from tasks.models.modules import LSTMLanguageModel
     from tasks.models.trainer import LoopConfig, Task, fit
 
     train, validation, params, out = inputs.train, inputs.validation, inputs.params, inputs.out
@@ -120,14 +134,7 @@ def train_rnn_lm(inputs: TrainInputs) -> dict:
         validation, checkpoints / "encoded" / "validation", sequences, columns=[p.tokens]
     )
     seed_everything(params.seed)
-    config = RNNLMConfig(
-        vocab_size=len(itos),
-        embed_dim=p.embed_dim,
-        hidden_size=p.hidden_size,
-        num_layers=p.num_layers,
-        dropout=p.dropout,
-        cutoffs=p.cutoffs,
-    )
+    config = _lm_config(p, len(itos))
     model = LSTMLanguageModel(config)
     task = Task(
         lambda rng: lm_batches(x_train, p.batch_size, rng),
@@ -160,12 +167,7 @@ def train_rnn_lm(inputs: TrainInputs) -> dict:
         "path": "rnn_lm",
         "kind": "lm",
         "seconds": result.seconds,
-        "history": result.history,
-        "best_epoch": result.best_epoch,
-        "resumed_from_epoch": result.resumed_from_epoch,
-        "device": result.device,
-        "precision": result.precision,
-        "samples_per_second": result.samples_per_second,
+        **result.summary(),
         "val_perplexity": best["val_perplexity"],
     }
 
@@ -200,6 +202,7 @@ SPEC = ModelSpec(
     streams=True,
     races=True,
     about="an LSTM language model with an adaptive softmax; scored by test perplexity",
+    libraries=("torch",),
 )
 
 
@@ -255,7 +258,6 @@ def train_lm_classifier(inputs: TrainInputs) -> dict:
 
     from tasks.classification.models.encoded import encode_split
     from tasks.models.devices import seed_everything
-    from tasks.models.modules import RNNLMConfig
     from tasks.models.trainer import LoopConfig, Task, fit
 
     p: ClassifierParams = inputs.section
@@ -263,14 +265,7 @@ def train_lm_classifier(inputs: TrainInputs) -> dict:
     stoi = {t: i for i, t in enumerate(itos)}
     sequences = lambda batch: lm_sequences(batch[p.tokens], stoi, p.max_len)
     folder = inputs.out / inputs.name
-    config = RNNLMConfig(
-        vocab_size=len(itos),
-        embed_dim=p.embed_dim,
-        hidden_size=p.hidden_size,
-        num_layers=p.num_layers,
-        dropout=p.dropout,
-        cutoffs=p.cutoffs,
-    )
+    config = _lm_config(p, len(itos))
     sizes, seconds, history = [], 0.0, []
     for i, label in enumerate(inputs.labels):
         # this class's original train rows and validation rows, on disk
@@ -388,4 +383,5 @@ CLASSIFIER = ModelSpec(
     races=True,
     about="one LSTM language model per class; the class whose model gives the text the highest "
     "likelihood wins",
+    libraries=("torch",),
 )

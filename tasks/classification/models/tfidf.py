@@ -346,6 +346,7 @@ SPEC = ModelSpec(
     streams=True,
     cost=0,
     about="TF-IDF over word 1-2-grams and character 1-3-grams, logistic regression: the baseline",
+    libraries=("scikit-learn", "scipy"),
 )
 WIDE = ModelSpec(
     "tfidf_wide",
@@ -357,4 +358,5 @@ WIDE = ModelSpec(
     cost=0,
     about="tfidf_lr over word 1-3-grams and character 1-5-grams, C=16: the strongest linear model "
     "here",
+    libraries=("scikit-learn", "scipy"),
 )

@@ -145,6 +145,30 @@ def test_a_library_version_rebuilds_what_it_shapes(built, monkeypatch):
     assert rows["segment"]["why"] == ["library jieba 0.42.1 -> 0.43.0"]
 
 
+def test_a_model_unit_sees_its_own_familys_libraries_only(monkeypatch):
+    """A family's libraries are declared once, on its ModelSpec: a new scipy (TF-IDF's sparse
+    matrices) rebuilds tfidf_lr and the stages that gather it, no other model."""
+    config = load_pipeline("chnsenticorp")
+    causes = planner.plan(config)
+    real = planner.library_versions
+    monkeypatch.setattr(
+        planner,
+        "library_versions",
+        lambda names: {**real(names), **({"scipy": "99.0"} if "scipy" in names else {})},
+    )
+    new = planner.plan(config)
+    keys = {u: stage_key(c) for u, c in causes.items()}
+    assert changed(keys, {u: stage_key(c) for u, c in new.items()}) == {
+        "train.tfidf_lr",
+        "evaluate.tfidf_lr",
+        "train",
+        "evaluate",
+    }
+    assert "scipy" not in causes["train.fasttext"]["libraries"]
+    why = diff_causes("train.tfidf_lr", causes["train.tfidf_lr"], new["train.tfidf_lr"])
+    assert why == [f"library scipy {causes['train.tfidf_lr']['libraries']['scipy']} -> 99.0"]
+
+
 def test_status_command_names_the_cause(built, monkeypatch, capsys):
     from flows.cli import main
 

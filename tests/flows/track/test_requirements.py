@@ -98,3 +98,18 @@ def test_blocks_in_threads_leave_the_map_to_the_last_one_open(unmapped):
         t.join(20)
     assert seen == [dict(unmapped.MLFLOW_MODULES_TO_PACKAGES)]
     assert unmapped._MODULES_TO_PACKAGES is None  # and after the last block, MLflow's map as it was
+
+
+def test_a_logged_model_requires_its_familys_libraries_and_its_members():
+    """A logged model's requirements come from its family's declaration (`ModelSpec.libraries`):
+    fastText's do not name torch, an ensemble's name every member's."""
+    from flows.plan.config import load_pipeline
+    from flows.track.requirements import PACKAGES, model_libraries, pinned
+
+    config = load_pipeline("best")
+    assert "fasttext" in model_libraries(config, "fasttext")
+    assert "torch" not in model_libraries(config, "fasttext")
+    assert {"fasttext", "torch", "scikit-learn"} <= set(model_libraries(config, "ensemble"))
+    names = [r.split("==")[0] for r in pinned(model_libraries(config, "fasttext"))]
+    assert names[: len(PACKAGES)] == [p for p in PACKAGES if p in names]
+    assert "fasttext" in names and len(names) == len(set(names))
