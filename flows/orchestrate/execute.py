@@ -137,6 +137,19 @@ class RunContext:
         """The unit's output to reuse: the cache's, unless --force covers the unit."""
         return None if self.forced(unit) else self.cache.lookup(unit, self.keys[unit])
 
+    def by_content(self, unit: Unit, inputs: dict[str, StageResult]) -> Manifest | None:
+        """An output built under another key from the same content (its stage's `content=`),
+        reused; never for a forced unit."""
+        files, causes = self.content(unit), self.causes.get(unit)
+        if not files or not causes or self.forced(unit):
+            return None
+        key = self.keys[unit]
+        return self.cache.reuse_content(unit, key, causes, inputs, files, self.config.name)
+
+    def content(self, unit: Unit) -> tuple:
+        """The files of its inputs a whole-stage unit's output is a function of (none: its key)."""
+        return () if unit.model or unit.part else self.config.kind.stages[unit.stage].content
+
     def run(
         self,
         unit: Unit | str,
@@ -155,7 +168,7 @@ class RunContext:
         key = self.keys[unit]
         t0 = time.perf_counter()
         with self.store.lock(unit, key, shared=global_slot):
-            manifest = self.cached(unit)
+            manifest = self.cached(unit) or self.by_content(unit, inputs)
             hit = manifest is not None
             hooks = self.tracking(
                 self.experiment, self.parent_run_id, unit, key, manifest, tracker, run_name, tags
@@ -301,6 +314,8 @@ def build_unit(
             pipeline=run.config.name,
         )
         final = run.cache.save(tmp, manifest)
+        if run.content(unit) and manifest.causes:
+            run.cache.remember_content(manifest, inputs, run.content(unit), out.facts)
     except BaseException as e:
         # a failed build leaves no half-written folder (the scratch stays, to resume)
         shutil.rmtree(tmp, ignore_errors=True)

@@ -297,11 +297,15 @@ def _quarantined(result) -> float | None:
 
 def _reference_file(config) -> Path:
     """The last corpus that passed, for a source without partitions read again from the same place
-    (a file replaced in place each night): another path is another corpus, judged like a first
-    one."""
+    (a file replaced in place each night): another path is another corpus, and another label
+    column another labelling, judged like a first one."""
     import hashlib
 
-    where = hashlib.sha256(str(config.source.path or config.source.url).encode()).hexdigest()[:12]
+    source = config.source
+    # the default column keeps the file name references always had
+    label = getattr(source, "label_column", None)
+    place = str(source.path or source.url) + (f"\0{label}" if label and label != "label" else "")
+    where = hashlib.sha256(place.encode()).hexdigest()[:12]
     return held.record_path(config.identity).with_name(
         f"reference-{config.identity}-{where}.parquet"
     )

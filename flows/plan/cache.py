@@ -7,15 +7,18 @@ the files, locks and the remote copy; this module decides what is reused."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from flows.plan.store import Manifest, StageStore, stage_key
-from tasks.core import Facts, Unit
+from tasks.core import Facts, Unit, established
 from tasks.errors import ZhpipeError
+from tasks.util.io import atomic_write_text
 
 log = logging.getLogger("zhpipe")
 
@@ -123,3 +126,76 @@ class StageCache:
         """Publish a built folder under its key with its manifest (files hashed, made durable,
         renamed into place)."""
         return self.store.publish(tmp, manifest)
+
+    # ---- reuse by content: a stage's `content=` files (tasks/graph.py), as DVC's run cache ----
+
+    def content_key(self, causes: dict, inputs: dict[str, StageResult], files) -> str | None:
+        """The hash of a unit's key causes with its inputs' keys replaced by the sha256 of the files
+        of them it reads (their manifests record it); None when one is missing."""
+        read = {}
+        for need, name in files:
+            result = inputs.get(need)
+            entry = Manifest.read(result.path).files.get(name) if result is not None else None
+            if entry is None:
+                return None
+            read[f"{need}/{name}"] = entry["sha256"]
+        return stage_key({**causes, "inputs": read})
+
+    def _content_record(self, unit: str, content: str) -> Path:
+        return self.store.cache_file("by-content") / str(unit) / f"{content}.json"
+
+    def reuse_content(
+        self, unit: Unit, key: str, causes: dict, inputs: dict[str, StageResult], files, pipeline
+    ) -> Manifest | None:
+        """An output of this unit built under another key from the same content (the same params,
+        code, libraries and bytes of the files it reads), published again under `key` (its files
+        linked, not copied) and returned; None when there is none, or it is gone or unsound."""
+        content = self.content_key(causes, inputs, files)
+        record = self._content_record(unit, content) if content else None
+        try:
+            entry = json.loads(record.read_text(encoding="utf-8")) if record else None
+        except (OSError, ValueError):
+            entry = None
+        old = self.lookup(unit, entry["key"]) if entry else None
+        if old is None:
+            return None
+        tmp, scratch = self.begin(unit, key, fresh=False)
+        source = self.store.local(unit, old.key)
+        for name in old.files:
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(source / name, tmp / name)
+            except OSError:  # another file system (a mirror): a copy
+                shutil.copy2(source / name, tmp / name)
+        own = Facts.from_json(entry["facts"])
+        manifest = Manifest(
+            stage=unit,
+            key=key,
+            params=causes["params"],
+            inputs={n: r.key for n, r in inputs.items()},
+            rows=old.rows,
+            seconds=old.seconds,
+            metrics=old.metrics,
+            facts=established(unit.stage, {n: r.facts for n, r in inputs.items()}, own).to_json(),
+            mlflow_run_id=old.mlflow_run_id,
+            causes=causes,
+            pipeline=pipeline,
+        )
+        self.save(tmp, manifest)
+        shutil.rmtree(scratch, ignore_errors=True)
+        read = ", ".join(f"{need}'s {name}" for need, name in files)
+        log.info(
+            "%s: reused by content (%s): built as %s from the same %s", unit, key, old.key, read
+        )
+        return manifest
+
+    def remember_content(
+        self, manifest: Manifest, inputs: dict[str, StageResult], files, own: Facts
+    ) -> None:
+        """Record a unit's new output under its content key, for `reuse_content`."""
+        content = self.content_key(manifest.causes, inputs, files)
+        if content:
+            record = self._content_record(manifest.stage, content)
+            record.parent.mkdir(parents=True, exist_ok=True)
+            doc = {"key": manifest.key, "facts": own.to_json()}
+            atomic_write_text(record, json.dumps(doc, ensure_ascii=False))

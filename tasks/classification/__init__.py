@@ -113,6 +113,7 @@ STAGES = graph(
         "projector export",
         "word2vec_vocab",
         (Output("word2vec.bin", "vectors"), Output("fasttext.vec", "vectors")),
+        content=(("augment", "train.words.txt"),),
         params=embed.Params,
         libraries=embed.LIBRARIES,
         files=embed.FILES,
