@@ -5,10 +5,10 @@ written:
    budget, the models it trained and those it left untrained, the chosen model's test accuracy
    against tfidf_lr's on the same split;
 2. the fully cached rerun (three times; the median);
-3. the first pipeline run to the embed stage (its word vectors), then a second pipeline over the same
-   file that differs only in its label column (`label2`, the same classes renamed), run to the embed
-   stage: which stages it rebuilt, which it reused by content, and how many rows its segment stage
-   cut again;
+3. the first pipeline run to the embed stage (its word vectors), then a second pipeline over the
+   same file that differs only in its label column (`label2`, the same classes renamed), run to the
+   embed stage: which stages it rebuilt, which it reused by content, and how many rows its segment
+   stage cut again;
 4. the source replaced by an edited copy (1% of the rows changed), run to the segment stage: the
    rows cut again and the stage's seconds, against the first run's segment stage.
 
