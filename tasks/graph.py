@@ -155,29 +155,25 @@ class Stage:
 
 @dataclass(frozen=True)
 class Starter:
-    """How `zhpipe init --<option> FILE` starts a project for one corpus file of a kind: `template`
-    is its pipelines.yaml, formatted with name, description, path, sha256 (the pin line), format
-    (`format_of(file)`) and each of `options` (flag, default, help: a comma-separated list, given to
-    the template as a JSON list)."""
+    """How `zhpipe init --<option> PATH` starts a project for a corpus of a kind (the default
+    kind's first starter is what a plain `zhpipe init` writes). `template` is its pipelines.yaml,
+    formatted with name, description, path, sha256 (the pin line; empty for a folder or the
+    example), format (`format_of(path)`), text_column and label_column (JSON-quoted), each of
+    `options` (flag, default, help: a comma-separated list, given to the template as a JSON list)
+    and what `sized(rows)` gives for the corpus' size (None: the example)."""
 
     option: str
     help: str
     template: str
-    format_of: Callable[[Any], str]
+    format_of: Callable[[Any], str] = lambda path: ""
     options: tuple[tuple[str, str, str], ...] = ()
-
-
-@dataclass(frozen=True)
-class InitTemplates:
-    """What a plain `zhpipe init` writes, the default kind's: `csv` (the pipelines.yaml for a
-    labelled CSV or the example corpus: name, description, path, sha256, text_column, label_column,
-    and what `sized(rows)` gives for the corpus' size: None for the example) and `nightly` (for a
-    folder of nightly CSV files: name, description, path, text_column, label_column), and
-    `example()`, the corpus a project without a CSV starts from."""
-
-    csv: str
-    nightly: str
-    example: Callable[[], Any]
+    # a CSV corpus: its header must name the text column (and the label column, when "label" is
+    # here), as --text-column and --label-column say
+    columns: tuple[str, ...] = ()
+    # the corpus is a folder of CSV files, one per night (brought into data/raw/<folder>/)
+    folder: bool = False
+    # the corpus a project given none starts from (a frame); None: a corpus must be given
+    example: Callable[[], Any] | None = None
     sized: Callable[[int | None], dict[str, str]] = lambda rows: {}
 
 
@@ -216,8 +212,8 @@ class TaskKind:
     scored: tuple[str, ...] = ("label",)
     # its `zhpipe runs` columns: (heading, the parent run's metric)
     shown: tuple[tuple[str, str], ...] = ()
-    starter: Starter | None = None  # `zhpipe init --<option> FILE` for a corpus of this kind
-    init: InitTemplates | None = None  # a plain `zhpipe init` (the default kind's)
+    # `zhpipe init --<option> PATH` for the corpora of this kind
+    starters: tuple[Starter, ...] = ()
     # metrics the end-of-run table shows beside a headline that names the first (accuracy alone
     # hides a class left behind)
     companions: tuple[tuple[str, str], ...] = ()

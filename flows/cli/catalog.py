@@ -78,66 +78,56 @@ def cmd_pipelines(args) -> int:
 
 
 def cmd_init(args) -> int:
-    from flows.plan.init import init_corpus, init_project
-    from flows.plan.init import starters as starters_of
+    from flows.plan.init import init_project, starters
 
-    starters = starters_of()
-    options = ("nightly", *starters, "csv")
-    given = [(option, getattr(args, option)) for option in options if getattr(args, option)]
+    every = starters()
+    given = [(option, getattr(args, option)) for option in every if getattr(args, option, None)]
     if len(given) > 1:
         raise ZhpipeError(f"init: give one corpus (--{given[0][0]} and --{given[1][0]} were given)")
-    if given and given[0][0] != "csv":
-        fields = {
+    option, corpus = given[0] if given else (None, None)
+    fields = (
+        {
             a: getattr(args, a)
-            for s in starters.values()
-            for a in (f.removeprefix("--").replace("-", "_") for f, _, _ in s.options)
+            for a in (f.removeprefix("--").replace("-", "_") for f, _, _ in every[option].options)
         }
-        written = init_corpus(
-            Path(args.dir),
-            Path(given[0][1]),
-            given[0][0],
-            args.link,
-            args.text_column,
-            args.label_column,
-            **fields,
-        )
-    else:
-        written = init_project(
-            Path(args.dir),
-            Path(args.csv) if args.csv else None,
-            args.text_column,
-            args.label_column,
-            args.link,
-        )
+        if option
+        else {}
+    )
+    written = init_project(
+        Path(args.dir),
+        Path(corpus) if corpus else None,
+        option,
+        args.link,
+        args.text_column,
+        args.label_column,
+        **fields,
+    )
     for path in written:
         print(f"wrote {path}")
-    if args.nightly and not args.link:
-        drops = (
-            Path(args.dir).expanduser().resolve()
-            / "data"
-            / "raw"
-            / Path(args.nightly).expanduser().resolve().name
-        )
+    if option and every[option].folder and not args.link:
+        drops = Path(args.dir).expanduser().resolve() / "data" / "raw" / Path(corpus).name
         print(
-            f"new nights go to {drops}/ (a copy of {args.nightly}; `zhpipe init --nightly FOLDER "
-            "--link` reads them "
-            f"where they are)"
+            f"new nights go to {drops}/ (a copy of {corpus}; `zhpipe init --{option} FOLDER "
+            "--link` reads them where they are)"
         )
     print(f"next: cd {shlex.quote(str(args.dir))} && zhpipe run")
     return 0
 
 
-def starters() -> list:
-    from tasks.stages import KINDS  # the kinds' declarations, with their stages' modules
-
-    return [kind.starter for kind in KINDS.values() if kind.starter]
-
-
 def _starter_args(init) -> None:
-    for starter in starters():  # each kind's one-file corpus (tasks/<kind>/__init__.py)
-        init.add_argument(f"--{starter.option}", metavar="FILE", help=starter.help)
+    """Each kind's starters (tasks/<kind>/__init__.py), the default kind's first: its corpus flag
+    and its options."""
+    from flows.plan.init import starters
+
+    seen = set()
+    for starter in starters().values():
+        init.add_argument(
+            f"--{starter.option}", metavar="FOLDER" if starter.folder else "FILE", help=starter.help
+        )
         for flag, default, about in starter.options:
-            init.add_argument(flag, default=default, help=about)
+            if flag not in seen:
+                seen.add(flag)
+                init.add_argument(flag, default=default, help=about)
 
 
 def add_parsers(sub) -> None:
@@ -155,18 +145,9 @@ def add_parsers(sub) -> None:
     init.add_argument(
         "dir", nargs="?", default=".", help="the project folder (default: the current one)"
     )
-    init.add_argument(
-        "--csv",
-        help="your corpus: a CSV file with a text and a label column (default: a 12-row example)",
-    )
     init.add_argument("--text-column", default="text", help="the CSV's text column (default text)")
     init.add_argument(
         "--label-column", default="label", help="the CSV's label column (default label)"
-    )
-    init.add_argument(
-        "--nightly",
-        metavar="FOLDER",
-        help="a folder of CSV files, one per night (a partitioned source)",
     )
     init.later(_starter_args)
     init.add_argument(

@@ -18,91 +18,111 @@ from tasks.util.private import NotOurs, atomic_path, foreign_link, own_folder, w
 GITIGNORE = "data/*\n!data/raw/\nmlruns/\n.prefect/\n"
 
 
-def _templates():
-    """The default kind's `zhpipe init` templates (a labelled CSV, nightly files) and example
-    corpus."""
+def starters() -> dict:
+    """Every kind's `zhpipe init --<option> PATH` starters, by option; the default kind's first is
+    what a plain `zhpipe init` writes."""
     from tasks.stages import DEFAULT_KIND, KINDS
 
-    return KINDS[DEFAULT_KIND].init
+    kinds = [KINDS[DEFAULT_KIND], *(k for n, k in KINDS.items() if n != DEFAULT_KIND)]
+    return {starter.option: starter for kind in kinds for starter in kind.starters}
 
 
-def starters() -> dict:
-    """The kinds' `zhpipe init --<option> FILE` starters, by option."""
-    from tasks.stages import KINDS
-
-    return {kind.starter.option: kind.starter for kind in KINDS.values() if kind.starter}
-
-
-def init_corpus(
+def init_project(
     folder: Path,
-    corpus: Path,
-    option: str,
+    corpus: Path | None = None,
+    option: str | None = None,
     link: bool = False,
     text_column: str = "text",
     label_column: str = "label",
     **fields: str,
 ) -> list[Path]:
-    """A starter project for a corpus that is not one labelled CSV: `nightly` (a folder of nightly
-    CSV files, linked or copied into data/raw/<folder>/), or one file of a kind's starter (`--ner`,
-    `--pairs`: tasks/<kind>/__init__.py; `fields`: its options, comma-separated). Each gets its own
-    pipeline, experiment and registered model, named after the project folder."""
+    """Write pipelines.yaml into `folder` for `corpus`, as the kind's starter `option` says
+    (tasks/<kind>/__init__.py; default: the default kind's first, a labelled CSV; `fields`: its
+    options, comma-separated), and the starter's example corpus when none is given; never
+    overwrite. The corpus is copied under data/raw/ (or, with `link`, linked there) and a file is
+    pinned by its sha256, so the project can move or be shared, and an edited file is an error
+    instead of silently another corpus. Each project gets its own pipeline, experiment and
+    registered model, named after its folder."""
+    every = starters()
+    starter = every[option or next(iter(every))]
     config = _project_file(folder)
     folder = config.parent
-    corpus = _followed(corpus, f"--{option}")
-    if option == "nightly":
-        files = sorted(p for p in corpus.glob("*.csv") if p.is_file()) if corpus.is_dir() else []
-        for file in files:
-            if why := foreign_link(file, corpus):
-                raise DataError(
-                    f"--nightly {file}: {why}; copy the file into {corpus} or remove the link"
-                )
-        if not files:
-            raise DataError(
-                f"--nightly {corpus}: expected a folder of CSV files (one per night), found none"
-            )
-        for what, column in (("text", text_column), ("label", label_column)):
-            if column not in _columns(files[0], files[0]):
-                raise DataError(
-                    f"--nightly {files[0]}: no {what} column '{column}' (columns: "
-                    f"{', '.join(_columns(files[0], files[0]))}); name it with --{what}-column"
-                )
-        written = [_bring(f, folder / "data" / "raw" / corpus.name, link) for f in files]
-        text = _templates().nightly.format(
-            name=_name(folder),
-            description=_quoted(f"nightly files of {corpus.name}"),
-            path=_quoted(f"data/raw/{corpus.name}/*.csv"),
-            text_column=_quoted(text_column),
-            label_column=_quoted(label_column),
-        )
+    flag = f"--{starter.option}"
+    if corpus is None:
+        if starter.example is None:
+            raise DataError(f"init {flag}: expected a corpus")
+        path = folder / "data" / "raw" / "example.csv"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        starter.example().to_csv(path, index=False)
+        written, rows, pin = [path], None, ""
+        text_column, label_column = "text", "label"
+        description = "example hotel reviews (replace with your corpus)"
+        where = path
     else:
-        starter = starters()[option]
-        if not corpus.is_file():
-            raise DataError(f"--{option} {corpus}: no such file")
-        path = _bring(corpus, folder / "data" / "raw", link)
-        written = [path]
+        found = _followed(corpus, flag)
+        written = _brought(starter, found, corpus, folder, link, (text_column, label_column))
+        where = folder / "data" / "raw" / found.name if starter.folder else written[0]
+        description = f"nightly files of {found.name}" if starter.folder else found.name
+        rows = None if starter.folder else _rows_about(where) if starter.columns else None
         pin = (
-            f"      sha256: {file_sha256(path)}   # pinned: an edited file is an error (copy a new "
-            "one, update "
-            f"this)\n"
+            ""
+            if starter.folder
+            else f"      sha256: {file_sha256(where)}   # pinned: an edited file is an error "
+            "(copy a new one, update this)\n"
         )
-        values = {
-            flag.removeprefix("--").replace("-", "_"): default
-            for flag, default, _ in starter.options
-        } | fields
-        lists = {
-            k: json.dumps([c.strip() for c in v.split(",") if c.strip()]) for k, v in values.items()
-        }
-        text = starter.template.format(
-            name=_name(folder),
-            description=_quoted(corpus.name),
-            path=_quoted(os.path.relpath(path, folder)),
-            sha256=pin,
-            format=starter.format_of(corpus),
-            **lists,
-        )
+    shown = os.path.relpath(where, folder) + ("/*.csv" if starter.folder else "")
+    values = {f.removeprefix("--").replace("-", "_"): d for f, d, _ in starter.options} | fields
+    lists = {
+        k: json.dumps([c.strip() for c in v.split(",") if c.strip()]) for k, v in values.items()
+    }
+    # quoted: a file name with `#`, `: ` or quotes stays one YAML string (a JSON string is a YAML
+    # one)
+    text = starter.template.format(
+        name=_name(folder),
+        description=_quoted(description),
+        path=_quoted(shown),
+        sha256=pin,
+        format=starter.format_of(where),
+        text_column=_quoted(text_column),
+        label_column=_quoted(label_column),
+        **lists,
+        **starter.sized(rows),
+    )
     config.write_text(text, encoding="utf-8")
     written.append(config)
     return written + _ignore(folder)
+
+
+def _brought(starter, found: Path, given: Path, folder: Path, link: bool, columns) -> list[Path]:
+    """The corpus checked (a file, or a folder of CSV files; the columns the starter needs) and
+    brought under the project's data/raw/."""
+    flag = f"--{starter.option}"
+    if starter.folder:
+        files = sorted(p for p in found.glob("*.csv") if p.is_file()) if found.is_dir() else []
+        for file in files:
+            if why := foreign_link(file, found):
+                raise DataError(
+                    f"{flag} {file}: {why}; copy the file into {found} or remove the link"
+                )
+        if not files:
+            raise DataError(
+                f"{flag} {found}: expected a folder of CSV files (one per night), found none"
+            )
+        header, shown = files[0], files[0]
+    else:
+        if not found.is_file():
+            raise DataError(f"{flag} {given}: no such file")
+        files, header, shown = [found], found, given
+    if starter.columns:
+        names = _columns(header, shown)
+        for what, column in zip(starter.columns, columns):
+            if column not in names:
+                raise DataError(
+                    f"{flag} {shown}: no {what} column '{column}' (columns: {', '.join(names)}); "
+                    f"name it with --{what}-column"
+                )
+    raw = folder / "data" / "raw" / (found.name if starter.folder else "")
+    return [_bring(f, raw, link) for f in files]
 
 
 def _ignore(folder: Path) -> list[Path]:
@@ -111,70 +131,6 @@ def _ignore(folder: Path) -> list[Path]:
         return []
     ignore.write_text(GITIGNORE, encoding="utf-8")
     return [ignore]
-
-
-def init_project(
-    folder: Path,
-    csv: Path | None = None,
-    text_column: str = "text",
-    label_column: str = "label",
-    link: bool = False,
-) -> list[Path]:
-    """Write pipelines.yaml (and an example corpus when no CSV is given) into `folder`; never
-    overwrite. A user's CSV is copied under data/raw/ (or, with `link`, linked there) and pinned by
-    its sha256, so the project can move or be shared, and an edited file is an error instead of
-    silently another corpus."""
-    config = _project_file(folder)
-    folder = config.parent
-    written = []
-    if csv is None:
-        path = folder / "data" / "raw" / "example.csv"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _templates().example().to_csv(path, index=False)
-        written.append(path)
-        text_column, label_column, description = (
-            "text",
-            "label",
-            "example hotel reviews (replace with your corpus)",
-        )
-    else:
-        path = _followed(csv, "--csv")
-        if not path.is_file():
-            raise DataError(f"--csv {csv}: no such file")
-        columns = _columns(path, csv)
-        for what, column in (("text", text_column), ("label", label_column)):
-            if column not in columns:
-                raise DataError(
-                    f"--csv {csv}: no {what} column '{column}' (columns: {', '.join(columns)}); "
-                    f"name it with --{what}-column"
-                )
-        description = f"{path.name}"
-        path = _bring(path, folder / "data" / "raw", link)
-        written.append(path)
-    pin = (
-        ""
-        if csv is None
-        else f"      sha256: {file_sha256(path)}   # pinned: an edited file is an error (copy a "
-        f"new one, update this)\n"
-    )
-    shown = os.path.relpath(path, folder) if path.is_relative_to(folder) else str(path)
-    # quoted: a file name with `#`, `: ` or quotes stays one YAML string (a JSON string is a YAML
-    # one)
-    templates = _templates()
-    config.write_text(
-        templates.csv.format(
-            name=_name(folder),
-            description=_quoted(description),
-            path=_quoted(shown),
-            text_column=_quoted(text_column),
-            label_column=_quoted(label_column),
-            sha256=pin,
-            **templates.sized(None if csv is None else _rows_about(path)),
-        ),
-        encoding="utf-8",
-    )
-    written.append(config)
-    return written + _ignore(folder)
 
 
 def _rows_about(path: Path) -> int:

@@ -18,7 +18,7 @@ from tasks.classification import (
     train,
     vocab,
 )
-from tasks.classification.starter import INIT
+from tasks.classification.starter import STARTERS
 from tasks.graph import SELECTS, SPLITS, TRAINS, Output, Stage, TaskKind, graph
 from tasks.shared.segment import SEGMENT
 
@@ -195,5 +195,5 @@ KIND = TaskKind(
     models=models.REGISTRY,
     shown=(("test acc", "best_test_accuracy"), ("test macro-F1", "best_test_macro_f1")),
     companions=(("accuracy", "macro_f1"),),
-    init=INIT,
+    starters=STARTERS,
 )

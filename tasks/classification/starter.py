@@ -1,12 +1,12 @@
-"""What `zhpipe init` writes for a classification project (the default kind): the pipelines.yaml for
-a labelled CSV (or the example corpus), the one for a folder of nightly CSV files, and the example
-corpus itself."""
+"""What `zhpipe init` writes for a classification project (the default kind), its `STARTERS`: the
+pipelines.yaml for a labelled CSV (or the example corpus), the one for a folder of nightly CSV
+files, and the example corpus itself."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from tasks.graph import InitTemplates
+from tasks.graph import Starter
 
 CSV = """\
 # zhpipe pipelines: `zhpipe run` runs the first one, `zhpipe run NAME` another.
@@ -125,4 +125,20 @@ def sized(rows: int | None) -> dict[str, str]:
     return {"models": "[tfidf_lr, fasttext, textcnn]", "times": SMALL_TIMES}
 
 
-INIT = InitTemplates(csv=CSV, nightly=NIGHTLY, example=example_corpus, sized=sized)
+STARTERS = (
+    Starter(
+        "csv",
+        "your corpus: a CSV file with a text and a label column (default: a 12-row example)",
+        CSV,
+        columns=("text", "label"),
+        example=example_corpus,
+        sized=sized,
+    ),
+    Starter(
+        "nightly",
+        "a folder of CSV files, one per night (a partitioned source)",
+        NIGHTLY,
+        columns=("text", "label"),
+        folder=True,
+    ),
+)

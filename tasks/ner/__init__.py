@@ -201,5 +201,5 @@ KIND = TaskKind(
     labelled=False,
     default_models=("crf", "bilstm_crf", "lexicon_tagger", "ner_ensemble"),
     check=check,
-    starter=STARTER,
+    starters=(STARTER,),
 )

@@ -196,5 +196,5 @@ KIND = TaskKind(
     labelled=False,
     default_models=("seq2seq", "seq2seq_attention", "transformer_mt"),
     check=check,
-    starter=STARTER,
+    starters=(STARTER,),
 )

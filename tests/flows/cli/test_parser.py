@@ -60,6 +60,7 @@ def test_run_and_status_parse_without_the_stage_modules_and_stage_names_still_ch
         s in out["bogus"]["said"] for s in STAGE_NAMES
     )
     assert out["named"] == {"start": "segment", "force": ""}
-    starters = [kind.starter for kind in KINDS.values() if kind.starter]
+    starters = [s for kind in KINDS.values() for s in kind.starters]
+    assert {"csv", "nightly", "ner", "pairs"} <= {s.option for s in starters}
     assert starters and all(f"--{s.option}" in out["init_help"] for s in starters), out["init_help"]
     assert all(flag in out["init_help"] for s in starters for flag, _, _ in s.options)

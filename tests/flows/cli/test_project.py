@@ -257,7 +257,7 @@ def test_init_makes_a_project_for_every_kind_of_corpus(tmp_path):
     model), planned without an edit."""
     from flows.plan import project
     from flows.plan.config import load_pipeline
-    from flows.plan.init import init_corpus
+    from flows.plan.init import init_project
     from flows.plan.keys import plan_keys
     from tasks.errors import DataError
 
@@ -267,9 +267,9 @@ def test_init_makes_a_project_for_every_kind_of_corpus(tmp_path):
         nights / "2026-12-01.csv", index=False
     )
     made = {
-        "nightly": init_corpus(tmp_path / "shop-nightly", nights, "nightly", text_column="review"),
-        "ner": init_corpus(tmp_path / "msra", ROOT / "tests/fixtures/ner/train.bmes", "ner"),
-        "pairs": init_corpus(
+        "nightly": init_project(tmp_path / "shop-nightly", nights, "nightly", text_column="review"),
+        "ner": init_project(tmp_path / "msra", ROOT / "tests/fixtures/ner/train.bmes", "ner"),
+        "pairs": init_project(
             tmp_path / "pairs",
             ROOT / "tests/fixtures/mt/pairs.tsv",
             "pairs",
@@ -298,9 +298,9 @@ def test_init_makes_a_project_for_every_kind_of_corpus(tmp_path):
     finally:
         project._CURRENT = previous
     with pytest.raises(DataError, match="no text column 'text'.*--text-column"):
-        init_corpus(tmp_path / "other", nights, "nightly")
+        init_project(tmp_path / "other", nights, "nightly")
     with pytest.raises(DataError, match="expected a folder of CSV files"):
-        init_corpus(tmp_path / "empty", tmp_path / "nothing", "nightly")
+        init_project(tmp_path / "empty", tmp_path / "nothing", "nightly")
 
 
 def test_no_usage_reports_leave_the_machine_unless_the_user_opts_in(monkeypatch):
