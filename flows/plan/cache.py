@@ -160,13 +160,12 @@ class StageCache:
         if old is None:
             return None
         tmp, scratch = self.begin(unit, key, fresh=False)
-        source = self.store.local(unit, old.key)
-        for name in old.files:
-            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.link(source / name, tmp / name)
-            except OSError:  # another file system (a mirror): a copy
-                shutil.copy2(source / name, tmp / name)
+        try:
+            _linked(self.store.local(unit, old.key), tmp, old.files)
+        except OSError as e:  # removed meanwhile (gc): built instead
+            log.info("%s: %s could not be reused (%s); building", unit, old.key, e)
+            shutil.rmtree(tmp, ignore_errors=True)
+            return None
         own = Facts.from_json(entry["facts"])
         manifest = Manifest(
             stage=unit,
@@ -199,3 +198,13 @@ class StageCache:
             record.parent.mkdir(parents=True, exist_ok=True)
             doc = {"key": manifest.key, "facts": own.to_json()}
             atomic_write_text(record, json.dumps(doc, ensure_ascii=False))
+
+
+def _linked(source: Path, target: Path, files) -> None:
+    """Each of `files` of `source` hard-linked into `target` (copied across file systems)."""
+    for name in files:
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(source / name, target / name)
+        except OSError:
+            shutil.copy2(source / name, target / name)
