@@ -140,15 +140,10 @@ class RunContext:
     def by_content(self, unit: Unit, inputs: dict[str, StageResult]) -> Manifest | None:
         """An output built under another key from the same content (its stage's `content=`),
         reused; never for a forced unit."""
-        files, causes = self.content(unit), self.causes.get(unit)
-        if not files or not causes or self.forced(unit):
-            return None
-        key = self.keys[unit]
-        return self.cache.reuse_content(unit, key, causes, inputs, files, self.config.name)
-
-    def content(self, unit: Unit) -> tuple:
-        """The files of its inputs a whole-stage unit's output is a function of (none: its key)."""
-        return () if unit.model or unit.part else self.config.kind.stages[unit.stage].content
+        files = () if self.forced(unit) else self.config.kind.stages[unit.stage].content
+        return self.cache.reuse_content(
+            unit, self.keys[unit], self.causes.get(unit), inputs, files, self.config.name
+        )
 
     def run(
         self,
@@ -314,8 +309,9 @@ def build_unit(
             pipeline=run.config.name,
         )
         final = run.cache.save(tmp, manifest)
-        if run.content(unit) and manifest.causes:
-            run.cache.remember_content(manifest, inputs, run.content(unit), out.facts)
+        content = run.config.kind.stages[unit.stage].content  # a stage of one unit (tasks/graph.py)
+        if content and manifest.causes:
+            run.cache.remember_content(manifest, inputs, content, out.facts)
     except BaseException as e:
         # a failed build leaves no half-written folder (the scratch stays, to resume)
         shutil.rmtree(tmp, ignore_errors=True)

@@ -145,11 +145,14 @@ class StageCache:
         return self.store.cache_file("by-content") / str(unit) / f"{content}.json"
 
     def reuse_content(
-        self, unit: Unit, key: str, causes: dict, inputs: dict[str, StageResult], files, pipeline
+        self, unit: Unit, key: str, causes, inputs: dict[str, StageResult], files, pipeline
     ) -> Manifest | None:
         """An output of this unit built under another key from the same content (the same params,
         code, libraries and bytes of the files it reads), published again under `key` (its files
-        linked, not copied) and returned; None when there is none, or it is gone or unsound."""
+        linked, not copied) and returned; None when there is none, or it is gone or unsound (or the
+        stage reads no such files, or its causes are unknown)."""
+        if not files or not causes:
+            return None
         content = self.content_key(causes, inputs, files)
         record = self._content_record(unit, content) if content else None
         try:

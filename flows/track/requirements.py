@@ -41,13 +41,14 @@ def model_libraries(config, model: str) -> tuple[str, ...]:
     and those of the members it is built from (an ensemble)."""
     from tasks.stages import MODELS
 
-    stage = config.kind.training
-    spec = MODELS[model]
-    members = spec.members(getattr(config.section(stage.name), model)) if spec.members else []
+    stage, spec = config.kind.training, MODELS.get(model)
+    own = stage.libraries if stage is not None else ()
+    if spec is None:  # a model a kind logs that no family registers (a toy kind's rule)
+        return tuple(own)
+    section = config.section(stage.name) if stage is not None and spec.members else None
+    members = spec.members(getattr(section, model)) if section is not None else []
     return tuple(
-        dict.fromkeys(
-            (*stage.libraries, *spec.libraries, *(n for m in members for n in MODELS[m].libraries))
-        )
+        dict.fromkeys((*own, *spec.libraries, *(n for m in members for n in MODELS[m].libraries)))
     )
 
 
