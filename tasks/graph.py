@@ -176,6 +176,10 @@ class Starter:
     example: Callable[[], Any] | None = None
     sized: Callable[[int | None], dict[str, str]] = lambda rows: {}
 
+    def defaults(self) -> dict[str, str]:
+        """Its options by their argument names (`--columns` -> `columns`), with their defaults."""
+        return {flag.removeprefix("--").replace("-", "_"): d for flag, d, _ in self.options}
+
 
 @dataclass(frozen=True)
 class TaskKind:

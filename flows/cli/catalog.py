@@ -85,14 +85,7 @@ def cmd_init(args) -> int:
     if len(given) > 1:
         raise ZhpipeError(f"init: give one corpus (--{given[0][0]} and --{given[1][0]} were given)")
     option, corpus = given[0] if given else (None, None)
-    fields = (
-        {
-            a: getattr(args, a)
-            for a in (f.removeprefix("--").replace("-", "_") for f, _, _ in every[option].options)
-        }
-        if option
-        else {}
-    )
+    fields = {a: getattr(args, a) for a in every[option].defaults()} if option else {}
     written = init_project(
         Path(args.dir),
         Path(corpus) if corpus else None,

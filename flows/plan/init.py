@@ -63,15 +63,15 @@ def init_project(
         written = _brought(starter, found, corpus, folder, link, (text_column, label_column))
         where = folder / "data" / "raw" / found.name if starter.folder else written[0]
         description = f"nightly files of {found.name}" if starter.folder else found.name
-        rows = None if starter.folder else _rows_about(where) if starter.columns else None
-        pin = (
-            ""
-            if starter.folder
-            else f"      sha256: {file_sha256(where)}   # pinned: an edited file is an error "
-            "(copy a new one, update this)\n"
-        )
+        rows, pin = None, ""
+        if not starter.folder:  # one file: pinned, and a CSV sized for the template
+            rows = _rows_about(where) if starter.columns else None
+            pin = (
+                f"      sha256: {file_sha256(where)}   # pinned: an edited file is an error "
+                "(copy a new one, update this)\n"
+            )
     shown = os.path.relpath(where, folder) + ("/*.csv" if starter.folder else "")
-    values = {f.removeprefix("--").replace("-", "_"): d for f, d, _ in starter.options} | fields
+    values = starter.defaults() | fields
     lists = {
         k: json.dumps([c.strip() for c in v.split(",") if c.strip()]) for k, v in values.items()
     }
