@@ -160,7 +160,10 @@ class StageCache:
         except (OSError, ValueError):
             entry = None
         old = self.lookup(unit, entry["key"]) if entry else None
-        if old is None:
+        # the record is believed only for a build of the same params, code, libraries and files
+        if old is None or stage_key({**old.causes, "inputs": {}}) != stage_key(
+            {**causes, "inputs": {}}
+        ):
             return None
         tmp, scratch = self.begin(unit, key, fresh=False)
         try:
