@@ -110,6 +110,40 @@ def test_the_run_loop_is_short():
     assert sum(run.lineno <= r <= run.end_lineno for r in _logical_rows(source)) <= 100
 
 
+def takes_the_run_first(folder: Path) -> list[str]:
+    """The functions and methods in `folder` whose first argument (after `self`) is `run`."""
+    found = []
+    for p in sorted(folder.rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                names = [a.arg for a in node.args.posonlyargs + node.args.args]
+                names = names[1:] if names[:1] in (["self"], ["cls"]) else names
+                if names[:1] == ["run"]:
+                    found.append(f"{p.relative_to(folder.parent)}:{node.lineno} {node.name}")
+    return found
+
+
+def test_the_engine_is_one_loop_and_the_cache_has_one_caller(tmp_path):
+    """The run engine's walk is in one place (flows/orchestrate/engine.py): few functions are handed
+    the whole run (at most 6), and in the orchestration only RunContext (execute.py) calls the stage
+    cache."""
+    assert len(takes_the_run_first(ROOT / "flows")) <= 6, takes_the_run_first(ROOT / "flows")
+    callers = sorted(
+        p.name
+        for p in (ROOT / "flows" / "orchestrate").glob("*.py")
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Attribute)
+        and node.attr == "cache"
+        and isinstance(node.value, ast.Attribute | ast.Name)
+        and getattr(node.value, "attr", getattr(node.value, "id", "")) in ("run", "self")
+    )
+    assert set(callers) == {"execute.py"}, callers
+    planted = tmp_path / "flows"
+    planted.mkdir()
+    (planted / "x.py").write_text("def a(run, b):\n    pass\n\n\ndef b(self, run):\n    pass\n")
+    assert takes_the_run_first(planted) == ["flows/x.py:1 a", "flows/x.py:5 b"]
+
+
 def test_every_zhpipe_process_a_test_starts_goes_through_the_one_helper():
     """`python -m flows.cli` is spelt once, in tests/helpers/procs.py (`zhpipe_argv`, used by
     `zhpipe` and `start`): a test that starts a command with Popen options of its own still takes

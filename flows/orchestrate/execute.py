@@ -27,7 +27,7 @@ from flows.plan.store import Manifest, StageStore
 from flows.pools.chunks import pool_for
 from flows.pools.slots import global_slot
 from flows.track.tracker import Tracker
-from tasks.core import BuildContext, BuildOutput, Unit, established, partition_unit
+from tasks.core import BuildContext, BuildOutput, Unit, established
 from tasks.errors import ZhpipeError
 from tasks.source.origin import Origin
 
@@ -105,6 +105,10 @@ class RunContext:
         """A unit's output read from the cache without tracking it (stages before --from)."""
         return self.cache.reuse(unit, self.keys[unit])
 
+    def published(self, unit: str) -> bool:
+        """Whether the unit's planned key is in the store (not verified: a status)."""
+        return self.cache.published(unit, self.keys[unit])
+
     def reuse_all(self, stages: list[str]) -> dict[str, StageResult] | None:
         """The selected stages with their units (models, partitions), all read from the cache, when
         each is there and sound and nothing is forced: a run with nothing to build (nothing is
@@ -153,18 +157,23 @@ class RunContext:
         tracker: Tracker | None = None,
         run_name: str | None = None,
         tags: dict[str, str] | None = None,
+        quiet: bool = False,
     ) -> StageResult:
         """One unit: restored from the cache when its key is there (and sound), else built and
         saved; the tracking hooks around it either way. `unit` is a stage or a model unit
         (`train.textcnn`); by default each gets an MLflow run of its own under the parent, and
         `tracker` logs into an existing run instead (left open). The key's lock is held throughout,
-        so a concurrent run of the same key waits, then reuses."""
+        so a concurrent run of the same key waits, then reuses. `quiet`: a reused unit is restored
+        untracked (a partition unit: a night reuses most of them)."""
         unit = Unit.parse(unit)
         key = self.keys[unit]
         t0 = time.perf_counter()
         with self.store.lock(unit, key, shared=global_slot):
             manifest = self.cached(unit) or self.by_content(unit, inputs)
             hit = manifest is not None
+            if hit and quiet:
+                log.debug("%s: cached (%s)", unit, key)
+                return self.cache.restore(manifest)
             hooks = self.tracking(
                 self.experiment, self.parent_run_id, unit, key, manifest, tracker, run_name, tags
             )
@@ -182,20 +191,6 @@ class RunContext:
         result = self.cache.restore(manifest, "hit" if hit else "miss", time.perf_counter() - t0)
         result.run_id = hooks.run_id
         return result
-
-    def run_partition(
-        self,
-        unit: Unit,
-        inputs: dict[str, StageResult],
-        build: Callable[[BuildContext], BuildOutput],
-    ) -> StageResult:
-        """A partition unit: restored when cached (no MLflow run: a night reuses most of them), else
-        built and tracked in a run of its own under the parent."""
-        manifest = self.cached(unit)
-        if manifest is not None:
-            log.debug("%s: cached (%s)", unit, manifest.key)
-            return self.cache.restore(manifest)
-        return self.run(unit, inputs, build)
 
     @property
     def partitions(self) -> list:
@@ -218,46 +213,6 @@ class RunContext:
         if self.lease is not None:
             self.lease.update(self.keys)
         self._partitions = None
-
-
-def run_partitions(run: RunContext, spec, upstream: dict[str, StageResult]) -> StageResult:
-    """A partitioned stage: each partition's unit (from the same partition of each stage it needs,
-    and for a cumulative stage every earlier partition of its own), then the stage that gathers
-    them. The data checks judge each partition of the checked stage; one held out is planned away
-    and the partitions after it built without it."""
-    from tasks.shared import partitions as gather
-
-    parts: dict[str, StageResult] = {}
-    i = 0
-    while i < len(run.partitions):
-        part = run.partitions[i]
-        inputs = {
-            d: upstream[d].parts.get(partition_unit(d, part.name))
-            or run.reuse(partition_unit(d, part.name))
-            for d in spec.needs
-        }
-        if spec.cumulative:
-            inputs |= dict(parts)
-        unit = partition_unit(spec.name, part.name)
-        result = run.run_partition(unit, inputs, spec.part_build or spec.build)
-        if (
-            spec.checked
-            and run.gate is not None
-            and run.gate.part(part.name, part.fingerprint(), result, list(parts.values()))
-        ):
-            run.replan()  # held out: the partitions after it are planned (and built) without it
-            continue
-        parts[unit] = result
-        i += 1
-    built = sum(r.cache == "miss" for r in parts.values())
-    log.info(
-        "%s: %d partitions, %d cached, %d built", spec.name, len(parts), len(parts) - built, built
-    )
-    result = run.run(spec.name, parts, spec.gather or gather.build)
-    result.parts = parts
-    # partitions included
-    result.seconds = round(result.seconds + sum(r.seconds for r in parts.values()), 3)
-    return result
 
 
 def build_unit(

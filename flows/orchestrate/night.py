@@ -22,9 +22,9 @@ log = logging.getLogger("zhpipe")
 PLOTTED = 3  # partitions judged in a run that the report draws (the held ones first)
 
 
-def arrived(run: RunContext, results: dict[str, StageResult]) -> list[dict]:
-    """The checked stage's partitions (or its whole output) with what clean did to them."""
-    checked = run.config.kind.checked
+def arrived(checked, gate, results: dict[str, StageResult]) -> list[dict]:
+    """The checked stage's partitions (or its whole output) with what clean did to them; `gate`:
+    the run's data checks (flows/orchestrate/gate.py), which name the partitions they held out."""
     result = results.get(checked.name) if checked else None
     if result is None:
         return []
@@ -38,7 +38,7 @@ def arrived(run: RunContext, results: dict[str, StageResult]) -> list[dict]:
         for unit in units
     ]
     # cleaned, then held: its quarantine too
-    for judged in [j for j in run.gate.judged if j.held] if run.gate else ():
+    for judged in [j for j in gate.judged if j.held] if gate else ():
         rows.append(
             {
                 "partition": judged.name,
@@ -58,7 +58,7 @@ def _counts(metrics: dict) -> dict:
     }
 
 
-def still_held(run: RunContext) -> list[dict]:
+def still_held(config) -> list[dict]:
     """Every partition held out now, by this run or an earlier one (the checks' record), with its
     `accept` command."""
     import shlex
@@ -69,22 +69,22 @@ def still_held(run: RunContext) -> list[dict]:
         {
             "name": name,
             **entry,
-            "accept": f"zhpipe accept {shlex.quote(run.config.name)} {shlex.quote(name)}",
+            "accept": f"zhpipe accept {shlex.quote(config.name)} {shlex.quote(name)}",
         }
-        for name, entry in held.held(run.config.identity).items()
+        for name, entry in held.held(config.identity).items()
     ]
 
 
-def history(run: RunContext, limit: int = 30) -> str:
+def history(config, limit: int = 30) -> str:
     """The picture of the best model's and the champion's test metric over this pipeline's last runs
     ('' before the second run: one point is no trend)."""
     import time as _time
 
     from flows.track.runs import pipeline_runs
 
-    metric = run.config.kind.metric(run.config)
+    metric = config.kind.metric(config)
     # the pipeline's runs (experiment zhpipe-<identity>), newest first
-    runs = pipeline_runs(run.config.identity, limit)
+    runs = pipeline_runs(config.identity, limit)
     points = []
     for r in reversed(runs):
         m, tags = r.data.metrics, r.data.tags
@@ -106,70 +106,60 @@ def history(run: RunContext, limit: int = 30) -> str:
 
 
 def record(run: RunContext, results: dict[str, StageResult], ok: bool, error: str = "") -> None:
-    """Checks and report into the parent run and the Prefect flow run; never fails the run."""
+    """Checks and report into the parent run and the Prefect flow run; never fails the run (a
+    report that cannot be written is a warning, not a lost night)."""
+    from flows.track.alerts import flush
+
     try:
-        _record(run, results, ok, error)
-    # a report that cannot be written is a warning, not a lost night
+        gate, config = run.gate, run.config
+        held_now = still_held(config)
+        fresh = gate.fresh if gate else []
+        if ok and not fresh and all(r.cache == "hit" for r in results.values()) and not held_now:
+            # nothing built, nothing judged: the parent run names the runs that built it all (no
+            # new artifacts)
+            return
+        parent = Tracker(run.parent_run_id)
+        rows = gate.rows() if gate else []
+        if rows:
+            for step, judged in enumerate(gate.fresh):
+                parent.metrics(
+                    {f"check_{v.check}": v.figure for v in judged.verdicts if v.figure is not None},
+                    step=step,
+                )
+            parent.table(pd.DataFrame(rows), "checks.json")
+            parent.tags({"zhpipe.checks": gate.summary()})
+        judged = sorted((j for j in fresh if j.night is not None), key=lambda j: not j.held)
+        tags = parent.client.get_run(run.parent_run_id).data.tags
+        champion = {
+            k: v
+            for k, v in tags.items()
+            if k
+            in ("zhpipe.champion", "zhpipe.champion_reason", "zhpipe.registered", "zhpipe.budget")
+        }
+        if error:
+            champion["error"] = error
+        page = report.render(
+            run.title or config.name,
+            ok,
+            arrived(config.kind.checked, gate, results),
+            rows,
+            night_plots(judged[:PLOTTED]),
+            champion,
+            headline(config.kind, results),
+            held=held_now,
+            history=history(config),
+        )
+        parent.text(page, "report.html")
+        link = ui_url(run.experiment, run.parent_run_id)
+        _prefect(config.name, link, rows, report.worries(ok, rows, champion, held_now))
+        flush()
     except Exception as e:  # noqa: BLE001
         log.warning("the night's report could not be written: %s", e)
 
 
-def _record(run: RunContext, results: dict[str, StageResult], ok: bool, error: str) -> None:
-    from flows.track.alerts import flush
-
-    gate = run.gate
-    held_now = still_held(run)
-    if (
-        ok
-        and not (gate and gate.fresh)
-        and all(r.cache == "hit" for r in results.values())
-        and not held_now
-    ):
-        # nothing built, nothing judged: the parent run names the runs that built it all (no new
-        # artifacts)
-        return
-    parent = Tracker(run.parent_run_id)
-    rows = gate.rows() if gate else []
-    if rows:
-        for step, judged in enumerate(gate.fresh):
-            parent.metrics(
-                {f"check_{v.check}": v.figure for v in judged.verdicts if v.figure is not None},
-                step=step,
-            )
-        parent.table(pd.DataFrame(rows), "checks.json")
-        parent.tags({"zhpipe.checks": gate.summary()})
-    judged = sorted(
-        (j for j in (gate.fresh if gate else []) if j.night is not None), key=lambda j: not j.held
-    )[:PLOTTED]
-    plots = night_plots(judged)
-    tags = parent.client.get_run(run.parent_run_id).data.tags
-    champion = {
-        k: v
-        for k, v in tags.items()
-        if k in ("zhpipe.champion", "zhpipe.champion_reason", "zhpipe.registered", "zhpipe.budget")
-    }
-    if error:
-        champion["error"] = error
-    page = report.render(
-        run.title or run.config.name,
-        ok,
-        arrived(run, results),
-        rows,
-        plots,
-        champion,
-        headline(run, results),
-        held=held_now,
-        history=history(run),
-    )
-    parent.text(page, "report.html")
-    _prefect(run, rows, report.worries(ok, rows, champion, held_now))
-    flush()
-
-
-def headline(run: RunContext, results: dict[str, StageResult]) -> dict[str, float]:
-    """The best model's headline test metrics (accuracy and macro-F1, entity F1, BLEU: the kind's
-    reported ones)."""
-    kind = run.config.kind
+def headline(kind, results: dict[str, StageResult]) -> dict[str, float]:
+    """The best model's headline test metrics (accuracy and macro-F1, entity F1, BLEU: the task
+    kind's reported ones)."""
     selection = results.get(kind.selection.name) if kind.selection else None
     if selection is None or not selection.facts.best_model:
         return {}
@@ -181,18 +171,14 @@ def headline(run: RunContext, results: dict[str, StageResult]) -> dict[str, floa
     }
 
 
-def attention(run: RunContext) -> dict:
+def attention(gate, parent_run_id: str | None) -> dict:
     """What a person should hear of this run (what `zhpipe run --fail-on` reads): partitions held
-    and checks warned in this run, and whether the champion was kept over a worse new version."""
+    and checks warned in this run (its `gate`), and whether the champion was kept over a worse new
+    version (its parent run's tags)."""
     from flows.track.champion import DATA_SUSPECT, kept_worse
 
-    gate = run.gate
     fresh = gate.fresh if gate else []
-    tags = (
-        Tracker(run.parent_run_id).client.get_run(run.parent_run_id).data.tags
-        if run.parent_run_id
-        else {}
-    )
+    tags = Tracker(parent_run_id).client.get_run(parent_run_id).data.tags if parent_run_id else {}
     reason = tags.get("zhpipe.champion_reason", "")
     worse = (tags.get("zhpipe.champion") == "no" and kept_worse(reason)) or DATA_SUSPECT in reason
     return {
@@ -212,13 +198,15 @@ def night_plots(judged: list) -> list[str]:
     ]
 
 
-def _prefect(run: RunContext, rows: list[dict], worries: list[str]) -> None:
+def _prefect(pipeline: str, link: str, rows: list[dict], worries: list[str]) -> None:
+    """The Prefect flow run's report (its worries, linking `link`: the MLflow parent run) and the
+    checks' table."""
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
     from prefect.runtime import flow_run
 
     if not flow_run.id:
         return
-    page, _, view = ui_url(run.experiment, run.parent_run_id).partition("?")
+    page, _, view = link.partition("?")
     link = f"{page}/artifacts?{view}"  # the run page's Artifacts tab, report.html among them
     lines = (
         "\n".join(f"- {markdown_text(w)}" for w in worries)
@@ -227,12 +215,12 @@ def _prefect(run: RunContext, rows: list[dict], worries: list[str]) -> None:
     create_markdown_artifact(
         markdown=f"### zhpipe night report\n{lines}\n\nThe whole report: `report.html` of the "
         f"[MLflow parent run]({link}).",
-        key=artifact_key(run.config.name, "night-report"),
+        key=artifact_key(pipeline, "night-report"),
         description="zhpipe: whether to worry about this run",
     )
     if rows:
         create_table_artifact(
             rows,
-            key=artifact_key(run.config.name, "checks"),
+            key=artifact_key(pipeline, "checks"),
             description="zhpipe: the data checks of this run",
         )

@@ -17,7 +17,6 @@ from prefect.artifacts import create_markdown_artifact
 
 from flows.orchestrate.execute import RunContext
 from flows.orchestrate.gate import Gate
-from flows.orchestrate.model_stages import register
 from flows.orchestrate.night import attention
 from flows.orchestrate.tracking import artifact_key
 from flows.plan import project
@@ -29,7 +28,7 @@ from flows.plan.sources import origin_of, record_source_run, source_fingerprint
 from flows.plan.store import StageStore
 from flows.track.champion import revision
 from flows.track.tracker import Tracker, experiment_id, ui_url
-from tasks.core import DATASET_SAMPLE_ROWS, model_unit
+from tasks.core import DATASET_SAMPLE_ROWS
 from tasks.util.io import SPLITS as SPLIT_NAMES
 from tasks.util.io import iter_frames
 from tasks.util.urls import redact_text
@@ -201,48 +200,6 @@ def finish_run(run: RunContext, results: dict[str, StageResult], ok: bool) -> No
     parent.finish(ok)
 
 
-def record_reuse(run: RunContext, results: dict[str, StageResult]) -> bool:
-    """A run that builds nothing records no run per stage or model (there is nothing new to
-    compare): its parent run names the run that built each reused output (tags
-    `zhpipe.reused.<unit>`, followed by `zhpipe compare`), and the champion rule is applied as after
-    any selection. False (nothing recorded) when a run that built one of them is not in this
-    tracking store."""
-    kind = run.config.kind
-    named = set(results) | kind.units_read(results)  # registering reads the trained models' runs
-    built_by = {
-        u: run.store.manifest(u, run.keys[u]).mlflow_run_id or ""
-        for u in run.keys
-        if not u.part and u.stage in named
-    }
-    if set(built_by.values()) - Tracker.existing(set(built_by.values())):
-        # built under another tracking store (this one moved aside or new): recorded the long way
-        return False
-    parent = Tracker(run.parent_run_id)
-    runs = f"#/experiments/{experiment_id(run.experiment)}/runs"
-    parent.tags(
-        {
-            "zhpipe.reused": "all",
-            "mlflow.note.content": "Nothing was built: every output of this run was "
-            "reused. The runs that built them: "
-            + ", ".join(f"{u} [{r[:8]}]({runs}/{r})" for u, r in built_by.items() if r),
-            **{f"zhpipe.reused.{u}": r for u, r in built_by.items()},
-        }
-    )
-    selection = results.get(kind.selection.name) if kind.selection else None
-    if selection is not None:
-        model_runs = {
-            m: built_by[model_unit(kind.training.name, m)]
-            for m in {u.model for u in selection.parts}
-        }
-        register(
-            run,
-            selection,
-            results.get(kind.test_split().name) or run.reuse(kind.test_split().name),
-            model_runs,
-        )
-    return True
-
-
 def label_flow_run(run: RunContext) -> None:
     """The Prefect flow run as people look for it: named like the MLflow parent run (pipeline,
     changed settings, time), tagged with the pipeline and task kind, and linked to the MLflow run by
@@ -277,7 +234,7 @@ def run_summary(
     kind = run.config.kind
     return {
         "parent_run_id": run.parent_run_id,
-        "attention": attention(run),
+        "attention": attention(run.gate, run.parent_run_id),
         "experiment": run.experiment,
         "stages": [
             {k: v for k, v in asdict(results[name]).items() if k != "parts"}

@@ -234,7 +234,7 @@ def _trial(study: Study, trial) -> float:
     Optuna prunes."""
     import optuna
 
-    from flows.orchestrate.model_stages import model_unit_run
+    from flows.orchestrate.model_stages import ModelStage
 
     params = {name: suggest(trial, name, dim) for name, dim in study.space.items()}
     training = study.training
@@ -263,9 +263,7 @@ def _trial(study: Study, trial) -> float:
     )
     tracker.params({f"{spec.name}.{study.model}.{k}": v for k, v in params.items()})
     try:
-        result = model_unit_run(
-            run,
-            spec,
+        result = ModelStage(run, spec, budget=False).unit_run(
             study.model,
             inputs,
             tracker=TrialTracker(tracker.run_id, trial, f"{study.model}_{study.metric}"),

@@ -211,12 +211,12 @@ MODEL_METRICS = (
 )
 
 
-def model_metrics(run) -> dict[str, dict[str, float]]:
+def model_metrics(parent) -> dict[str, dict[str, float]]:
     """The model runs under a parent run: per model, its validation and test metrics."""
     c = _client()
     children = c.search_runs(
-        [run.info.experiment_id],
-        filter_string=f"tags.`mlflow.parentRunId` = '{run.info.run_id}'",
+        [parent.info.experiment_id],
+        filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'",
         max_results=500,
     )
     out: dict[str, dict[str, float]] = {}
@@ -230,12 +230,12 @@ def model_metrics(run) -> dict[str, dict[str, float]]:
     # scoring's metrics
     reused = sorted(
         (k.removeprefix("zhpipe.reused.").partition("."), v)
-        for k, v in run.data.tags.items()
+        for k, v in parent.data.tags.items()
         if k.startswith("zhpipe.reused.") and "." in k.removeprefix("zhpipe.reused.") and v
     )
     order = (
-        list(KINDS[run.data.tags.get("zhpipe.task")].stages)
-        if run.data.tags.get("zhpipe.task") in KINDS
+        list(KINDS[parent.data.tags.get("zhpipe.task")].stages)
+        if parent.data.tags.get("zhpipe.task") in KINDS
         else []
     )
     for (_stage, _, model), source in sorted(

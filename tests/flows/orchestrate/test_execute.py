@@ -4,22 +4,24 @@ reuse; a failing build counts as nothing."""
 import pandas as pd
 import pytest
 
-from flows.orchestrate.pipeline import stage_task
 from flows.track.tracker import client
 from tasks.errors import DataError
 
-download, clean = stage_task("download"), stage_task("clean")
+
+def stage(run, name, **inputs):
+    """One stage's own unit through the run engine (built, or reused from the cache)."""
+    return run.run(name, inputs, run.config.kind.stages[name].build)
 
 
-def test_task_fn_builds_then_hits(run_ctx):
-    d = download.fn(run_ctx)
+def test_a_unit_builds_then_hits(run_ctx):
+    d = stage(run_ctx, "download")
     assert d.cache == "miss" and d.rows == 300 and d.facts.labels == ["0", "1"]
-    c = clean.fn(run_ctx, d)
+    c = stage(run_ctx, "clean", download=d)
     assert c.cache == "miss" and (c.path / "quarantine.parquet").is_file()
     assert len(pd.read_parquet(c.path / "data.parquet")) == c.rows
     manifest = run_ctx.store.manifest("clean", c.key)
     assert manifest.inputs == {"download": d.key} and manifest.params["min_chars"] == 2
-    again = clean.fn(run_ctx, d)
+    again = stage(run_ctx, "clean", download=d)
     assert again.cache == "hit" and again.key == c.key
     run = client().get_run(manifest.mlflow_run_id)
     assert (
