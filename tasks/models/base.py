@@ -41,6 +41,12 @@ LOOP = (
 NETWORK = (*LOOP, "class_weights", "embeddings")
 
 
+def loop_without(*names: str) -> tuple[str, ...]:
+    """The shared settings less `names` (a kind whose models hold them in their own sections, or
+    read none), in LOOP's order."""
+    return tuple(n for n in LOOP if n not in names)
+
+
 class SettingsView:
     """The `train` section as one model sees it: its own section and the shared settings its spec
     declares. Reading any other shared setting is an error, so a declaration that leaves one out

@@ -15,7 +15,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from tasks.core import Section
-from tasks.models.base import ModelSpec, TrainInputs
+from tasks.models.base import ModelSpec, TrainInputs, loop_without
 from tasks.ner.crf_tagger import CRFParams, crf_tagger, train_crf
 from tasks.ner.ensemble import EnsembleParams, ensemble_tagger, train_ensemble
 from tasks.ner.tagged import (
@@ -506,18 +506,8 @@ def load_tagger(folder: Path) -> TaggerFn:
     return tagger_from(folder)
 
 
-# epochs, patience: their own
-TAGGER_LOOP = (
-    "weight_decay",
-    "warmup_ratio",
-    "grad_clip",
-    "grad_accum",
-    "device",
-    "precision",
-    "seed",
-    "budget",
-    "model_budget",
-)
+# epochs, patience: their own; a tagger has no worker processes
+TAGGER_LOOP = loop_without("epochs", "patience", "processes")
 CRF_TAGGER = ModelSpec(
     "crf",
     CRFParams,

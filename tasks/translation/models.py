@@ -18,24 +18,12 @@ import pandas as pd
 from pydantic import Field
 
 from tasks.core import Section
-from tasks.models.base import ModelSpec, TrainInputs
+from tasks.models.base import ModelSpec, TrainInputs, loop_without
 from tasks.translation.text import detokenize, side_tokens, sides
 from tasks.util.io import read_vocab
 
 # the `train` section's shared settings a translator reads (its own section has its epochs)
-SHARED = (
-    "direction",
-    "patience",
-    "weight_decay",
-    "warmup_ratio",
-    "grad_clip",
-    "grad_accum",
-    "device",
-    "precision",
-    "seed",
-    "budget",
-    "model_budget",
-)
+SHARED = ("direction", *loop_without("epochs", "processes"))
 BOS, EOS = "[CLS]", "[SEP]"  # the vocabularies' specials that start and end a target sentence
 
 
