@@ -79,7 +79,6 @@ class RunContext:
     keys: dict[str, str]  # per unit, its planned key (flows/plan/keys.py)
     experiment: str
     parent_run_id: str | None
-    force: set[str] = field(default_factory=set)
     # chunked work: None = local processes, "local" = a local Dask cluster, else its address
     executor: str | None = None
     causes: dict[str, dict[str, Any]] = field(default_factory=dict)  # per unit, what its key hashed
@@ -133,18 +132,15 @@ class RunContext:
             found[name].parts = {u: r for u, r in found.items() if u != name and u.stage == name}
         return {name: found[name] for name in stages}
 
-    def forced(self, unit: Unit) -> bool:
-        """Whether --force covers this unit (a model or partition unit follows its stage)."""
-        return unit.stage in self.force
-
-    def cached(self, unit: Unit) -> Manifest | None:
-        """The unit's output to reuse: the cache's, unless --force covers the unit."""
-        return None if self.forced(unit) else self.cache.lookup(unit, self.keys[unit])
+    @property
+    def force(self) -> set[str]:
+        """The stages --force rebuilds (the cache's: it alone decides reuse)."""
+        return self.cache.force
 
     def by_content(self, unit: Unit, inputs: dict[str, StageResult]) -> Manifest | None:
         """An output built under another key from the same content (its stage's `content=`),
-        reused; never for a forced unit."""
-        files = () if self.forced(unit) else self.config.kind.stages[unit.stage].content
+        reused."""
+        files = self.config.kind.stages[unit.stage].content
         return self.cache.reuse_content(
             unit, self.keys[unit], self.causes.get(unit), inputs, files, self.config.name
         )
@@ -169,7 +165,7 @@ class RunContext:
         key = self.keys[unit]
         t0 = time.perf_counter()
         with self.store.lock(unit, key, shared=global_slot):
-            manifest = self.cached(unit) or self.by_content(unit, inputs)
+            manifest = self.cache.lookup(unit, key) or self.by_content(unit, inputs)
             hit = manifest is not None
             if hit and quiet:
                 log.debug("%s: cached (%s)", unit, key)
@@ -222,7 +218,7 @@ def build_unit(
     build leaves nothing but what it can resume from)."""
     key, part = run.keys[unit], unit.part
     log.info("%s: building (%s)", unit, key)
-    tmp, scratch = run.cache.begin(unit, key, fresh=run.forced(unit))
+    tmp, scratch = run.cache.begin(unit, key)
     t0 = time.perf_counter()
     ctx = BuildContext(
         inputs={name: r.path for name, r in inputs.items()},

@@ -111,11 +111,10 @@ def start_run(
     parent.tags({"zhpipe.task": config.task, "zhpipe.overrides": " ".join(request.overrides)})
     run = RunContext(
         config,
-        StageCache(store, full=verify),
+        StageCache(store, full=verify, force=force),
         keys,
         experiment,
         parent.run_id,
-        force,
         executor,
         causes,
         origin,

@@ -224,11 +224,12 @@ def train_flow(
     causes = plan(config, registry=revision, source=source_fingerprint)
     run = RunContext(
         config,
-        StageCache(StageStore(storage_root(config, storage))),
+        StageCache(
+            StageStore(storage_root(config, storage)), force={training.name} if force else set()
+        ),
         StageCache.keys(causes),
         f"zhpipe-{config.identity}",
         parent_run_id,
-        {training.name} if force else set(),
         causes=causes,
         request=request,
     )

@@ -1,6 +1,7 @@
 """The stage cache, after DVC's: a unit's key (the hash of what it was planned from) names its
-output in the stage store. `lookup` is the one reuse decision (published, and sound against its
-manifest: a corrupt output is reported in one line, removed and missed, for this run to rebuild);
+output in the stage store. `lookup` is the one reuse decision (published, not forced by `--force`,
+and sound against its manifest: a corrupt output is reported in one line, removed and missed, for
+this run to rebuild);
 `restore` reads a published output as the `StageResult` the next stage takes; `begin` and `save`
 build a new one beside the store and publish it atomically. The store (flows/plan/store.py) keeps
 the files, locks and the remote copy; this module decides what is reused."""
@@ -45,6 +46,9 @@ class StageCache:
 
     store: StageStore
     full: bool = False  # hash every file of a reused output, not only the small ones (`--verify`)
+    # the stages `--force` rebuilds: nothing of them is looked up, reused by content or resumed (a
+    # model or partition unit follows its stage); what the run reads of them is still read
+    force: set[str] = field(default_factory=set)
 
     @staticmethod
     def keys(causes: dict[str, dict[str, Any]]) -> dict[str, str]:
@@ -57,10 +61,13 @@ class StageCache:
         The one place anything asks the store whether a unit is built."""
         return self.store.is_done(unit, key)
 
+    def forced(self, unit: str) -> bool:
+        return Unit.parse(unit).stage in self.force
+
     def lookup(self, unit: str, key: str) -> Manifest | None:
         """The manifest of the unit's published output under `key` when it is there and sound, else
-        None (a corrupt one is reported and removed)."""
-        return self._found(unit, key)[0]
+        None (a corrupt one is reported and removed; a forced unit's is not looked for)."""
+        return None if self.forced(unit) else self._found(unit, key)[0]
 
     def _found(self, unit: str, key: str) -> tuple[Manifest | None, bool]:
         """(the sound manifest or None, whether an output was there)."""
@@ -113,11 +120,11 @@ class StageCache:
             )
         return self.restore(manifest)
 
-    def begin(self, unit: str, key: str, fresh: bool) -> tuple[Path, Path]:
+    def begin(self, unit: str, key: str) -> tuple[Path, Path]:
         """(a temporary folder to build in, the unit's scratch folder to resume from; emptied when
         `fresh`)."""
         tmp, scratch = self.store.begin(unit, key), self.store.scratch(unit, key)
-        if fresh:  # --force means from scratch, not from the last checkpoint
+        if self.forced(unit):  # --force means from scratch, not from the last checkpoint
             shutil.rmtree(scratch)
             scratch.mkdir()
         return tmp, scratch
@@ -151,7 +158,7 @@ class StageCache:
         code, libraries and bytes of the files it reads), published again under `key` (its files
         linked, not copied) and returned; None when there is none, or it is gone or unsound (or the
         stage reads no such files, or its causes are unknown)."""
-        if not files or not causes:
+        if not files or not causes or self.forced(unit):
             return None
         content = self.content_key(causes, inputs, files)
         record = self._content_record(unit, content) if content else None
@@ -165,7 +172,7 @@ class StageCache:
             {**causes, "inputs": {}}
         ):
             return None
-        tmp, scratch = self.begin(unit, key, fresh=False)
+        tmp, scratch = self.begin(unit, key)
         try:
             _linked(self.store.local(unit, old.key), tmp, old.files)
         except OSError as e:  # removed meanwhile (gc): built instead

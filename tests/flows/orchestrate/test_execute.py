@@ -67,7 +67,7 @@ def test_scratch_survives_a_failed_build_until_publish_and_force_clears_it(run_c
     run_ctx.store.scratch("clean", run_ctx.keys["clean"]).joinpath("last.pt").write_text(
         "from a killed run"
     )
-    run_ctx.force = {"clean"}
+    run_ctx.cache.force = {"clean"}
     with pytest.raises(DataError):
         run_ctx.run("clean", {}, flaky)
     assert seen == [[]]  # --force started from scratch, not from the checkpoint
@@ -149,7 +149,7 @@ def test_the_engine_calls_its_tracking_hooks_and_knows_nothing_else_of_them(tmp_
         ("done", 1, True),
     ]
     calls.clear()
-    run.force = {"clean"}
+    run.cache.force = {"clean"}
     with pytest.raises(DataError):
         run.run("clean", {}, lambda ctx: (_ for _ in ()).throw(DataError("boom")))
     assert calls == [("start", "clean", False), ("building", False), ("failed", True)]

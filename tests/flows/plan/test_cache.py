@@ -13,7 +13,7 @@ from tasks.errors import ZhpipeError
 
 
 def _saved(cache: StageCache, key: str, text: str = "好") -> Manifest:
-    tmp, _ = cache.begin("clean", key, fresh=False)
+    tmp, _ = cache.begin("clean", key)
     (tmp / "data.txt").write_text(text, encoding="utf-8")
     manifest = Manifest(
         stage="clean",
@@ -81,10 +81,17 @@ def test_full_verification_finds_a_file_the_manifest_does_not_list(tmp_path):
     ]
 
 
-def test_a_forced_build_starts_from_an_empty_scratch_folder(tmp_path):
+def test_a_forced_build_starts_from_an_empty_scratch_folder_and_finds_nothing(tmp_path):
+    """--force is the cache's to decide: a forced stage's units (a model's too) are not looked up
+    and start from an empty scratch folder; what the run reads of them is still read."""
     cache = StageCache(StageStore(tmp_path))
-    _, scratch = cache.begin("clean", "k1", fresh=False)
+    _saved(cache, "k1")
+    _, scratch = cache.begin("clean", "k1")
     (scratch / "checkpoint.pt").write_bytes(b"epoch 3")
     # a rerun resumes
-    assert (cache.begin("clean", "k1", fresh=False)[1] / "checkpoint.pt").exists()
-    assert list(cache.begin("clean", "k1", fresh=True)[1].iterdir()) == []  # --force starts over
+    assert (cache.begin("clean", "k1")[1] / "checkpoint.pt").exists()
+    forced = StageCache(StageStore(tmp_path), force={"clean"})
+    assert forced.lookup("clean", "k1") is None and cache.lookup("clean", "k1") is not None
+    assert forced.reuse("clean", "k1").key == "k1"  # read, when the run only reads it
+    assert forced.forced("clean.textcnn") and not forced.forced("split")
+    assert list(forced.begin("clean", "k1")[1].iterdir()) == []  # --force starts over
