@@ -25,6 +25,9 @@ class Section(BaseModel):
     # settings that change how the work is spread (processes, chunk sizes), never what it writes:
     # outside its key
     OUTSIDE_KEY: ClassVar[tuple[str, ...]] = ()
+    # libraries of its stage's `libraries` that only the code of one of its settings imports (by
+    # that setting's key): out of the stage's key while `unused` names the setting
+    LIBRARIES_OF: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     def unused(self) -> tuple[str, ...]:
         """Keys of this section whose settings the chosen options leave unread (a method's section

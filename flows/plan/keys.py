@@ -60,6 +60,9 @@ def key_causes(
         files = tuple(f for f in files if f.startswith(f"{model}."))
         libraries = (*libraries, *MODELS[model].libraries)
     section = config.section(stage)
+    # the libraries of settings the chosen options leave unread (back-translation's, for EDA)
+    unread = {lib for name in section.unused() for lib in section.LIBRARIES_OF.get(name, ())}
+    libraries = tuple(name for name in libraries if name not in unread)
     refs = (
         getattr(section, model).user_code()
         if model and model in section.own_models()

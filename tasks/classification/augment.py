@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import pandas as pd
 import pyarrow as pa
@@ -26,7 +26,9 @@ from tasks.util.segmenter import SegmenterParams
 
 # what its key sees besides params, inputs and code (flows/plan/fingerprint.py): the libraries that
 # shape its output, and the params that name files (counted by content)
-LIBRARIES = ("jieba", "transformers", "torch", "sentencepiece", "sacrebleu")
+# (back-translation's only while it is the method: EDA's and `none`'s keys do not hold them)
+BACKTRANSLATION = ("transformers", "torch", "sentencepiece", "sacrebleu")
+LIBRARIES = ("jieba", *BACKTRANSLATION)
 FILES: tuple[str, ...] = ("backtranslation.pivots.*.forward", "backtranslation.pivots.*.backward")
 
 
@@ -39,6 +41,7 @@ class Params(EdaParams):
     fallback: Literal["none", "eda"] = "none"
     device: str = "auto"  # translation models: auto = CUDA when present (bf16), else CPU
     backtranslation: BackTranslationParams = BackTranslationParams()
+    LIBRARIES_OF: ClassVar[dict[str, tuple[str, ...]]] = {"backtranslation": BACKTRANSLATION}
 
     def unused(self) -> tuple[str, ...]:
         # the settings of a method not chosen

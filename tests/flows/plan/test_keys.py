@@ -169,6 +169,36 @@ def test_a_model_unit_sees_its_own_familys_libraries_only(monkeypatch):
     assert why == [f"library scipy {causes['train.tfidf_lr']['libraries']['scipy']} -> 99.0"]
 
 
+def test_an_augmenter_s_key_holds_the_libraries_of_its_method_only(monkeypatch):
+    """A new PyTorch (back-translation's MarianMT) rebuilds an EDA pipeline's stages only where a
+    model trains with it, never augment and the data stages after it; a back-translating pipeline's
+    augment sees it."""
+    from flows.plan.request import RunRequest
+
+    eda = load_pipeline("chnsenticorp")
+    assert eda.section("augment").method == "eda"
+    translating = RunRequest("chnsenticorp", ("augment.method=backtranslation",)).config()
+    causes = {"eda": planner.plan(eda), "bt": planner.plan(translating)}
+    real = planner.library_versions
+    monkeypatch.setattr(
+        planner,
+        "library_versions",
+        lambda names: {**real(names), **({"torch": "99.0"} if "torch" in names else {})},
+    )
+    new = {"eda": planner.plan(eda), "bt": planner.plan(translating)}
+    keys = {
+        name: ({u: stage_key(c) for u, c in causes[name].items()}, new[name]) for name in causes
+    }
+    moved = {
+        name: {u.stage for u in changed(old, {u: stage_key(c) for u, c in now.items()})}
+        for name, (old, now) in keys.items()
+    }
+    assert set(causes["eda"]["augment"]["libraries"]) == {"jieba"}
+    assert "augment" not in moved["eda"] and "vocab" not in moved["eda"]
+    assert {"augment", "vocab", "embed"} <= moved["bt"]
+    assert "torch" in causes["bt"]["augment"]["libraries"]
+
+
 def test_status_command_names_the_cause(built, monkeypatch, capsys):
     from flows.cli import main
 
