@@ -25,9 +25,10 @@ Registry = Callable[[str], str]
 
 def stage_params(config: PipelineConfig, stage: str) -> dict[str, Any]:
     """The resolved parameters that define one stage's output (a stage that reads the source,
-    needing no other stage, includes the source)."""
+    needing no other stage, includes the source); never the settings its chosen options leave
+    unread (`Section.unused`: back-translation's, for an EDA augment)."""
     section = config.section(stage)
-    params = section.model_dump(mode="json", exclude=set(section.OUTSIDE_KEY))
+    params = section.model_dump(mode="json", exclude={*section.OUTSIDE_KEY, *section.unused()})
     if not config.kind.stages[stage].needs:
         params = {"source": config.source.model_dump(mode="json"), **params}
     return params

@@ -169,10 +169,10 @@ def test_a_model_unit_sees_its_own_familys_libraries_only(monkeypatch):
     assert why == [f"library scipy {causes['train.tfidf_lr']['libraries']['scipy']} -> 99.0"]
 
 
-def test_an_augmenter_s_key_holds_the_libraries_of_its_method_only(monkeypatch):
+def test_an_augmenter_s_key_holds_the_settings_and_libraries_of_its_method_only(monkeypatch):
     """A new PyTorch (back-translation's MarianMT) rebuilds an EDA pipeline's stages only where a
-    model trains with it, never augment and the data stages after it; a back-translating pipeline's
-    augment sees it."""
+    model trains with it, never augment and the data stages after it, and neither do the
+    back-translation settings; a back-translating pipeline's augment sees both."""
     from flows.plan.request import RunRequest
 
     eda = load_pipeline("chnsenticorp")
@@ -197,6 +197,12 @@ def test_an_augmenter_s_key_holds_the_libraries_of_its_method_only(monkeypatch):
     assert "augment" not in moved["eda"] and "vocab" not in moved["eda"]
     assert {"augment", "vocab", "embed"} <= moved["bt"]
     assert "torch" in causes["bt"]["augment"]["libraries"]
+    settings = ("augment.backtranslation.max_rows=7",)
+    for name, base in (("eda", ()), ("bt", ("augment.method=backtranslation",))):
+        old = planner.unit_params(RunRequest("chnsenticorp", base).config(), "augment")
+        new = planner.unit_params(RunRequest("chnsenticorp", base + settings).config(), "augment")
+        assert (old == new) == (name == "eda"), name
+    assert "backtranslation" not in planner.unit_params(eda, "augment")
 
 
 def test_status_command_names_the_cause(built, monkeypatch, capsys):
