@@ -2,7 +2,7 @@
 chromium`): the Prefect flow-run page of a pipeline run (from `zhpipe server start`) and the page
 `zhpipe ui` prints.
 
-    python docs/screenshots.py [--pipeline smoke] [--out docs/images]
+    python docs/screenshots.py [--pipeline smoke] [--out docs/images] [--force STAGE]
 
 It starts the project's background Prefect server (left running; `zhpipe server stop` ends it), runs
 the pipeline through it, finds its flow run through the server's HTTP API by the pipeline's tag,
@@ -95,6 +95,8 @@ def header_proxy(target: str, user: str, password: str) -> tuple[object, str]:
             headers = {
                 "Authorization": header,
                 "Content-Type": self.headers.get("Content-Type", "application/json"),
+                # Prefect's server answers a page's path with its UI only when HTML is accepted
+                "Accept": self.headers.get("Accept", "*/*"),
             }
             request = urllib.request.Request(target + self.path, data=body, headers=headers)
             try:
@@ -102,6 +104,9 @@ def header_proxy(target: str, user: str, password: str) -> tuple[object, str]:
                     status, headers, body = answer.status, answer.headers.items(), answer.read()
             except urllib.error.HTTPError as e:
                 status, headers, body = e.code, e.headers.items(), e.read()
+            if self.path.startswith("/ui-settings"):  # Prefect's UI: its API through here too
+                host, port = self.server.server_address[:2]
+                body = body.replace(target.encode(), f"http://{host}:{port}".encode())
             self.send_response(status)
             for key, value in headers:
                 if key.lower() not in ("transfer-encoding", "connection", "content-length"):
@@ -118,8 +123,11 @@ def header_proxy(target: str, user: str, password: str) -> tuple[object, str]:
     return server, f"http://127.0.0.1:{server.server_address[1]}"
 
 
-def flow_run_id(api: str, pipeline: str) -> str:
-    """The newest flow run tagged with the pipeline, through Prefect's REST API."""
+def flow_run_id(api: str, pipeline: str, login: str) -> str:
+    """The newest flow run tagged with the pipeline, through Prefect's REST API (`login`: the
+    server's `user:password`)."""
+    import base64
+
     body = json.dumps(
         {
             "flow_runs": {"tags": {"all_": [f"pipeline:{pipeline}"]}},
@@ -127,8 +135,11 @@ def flow_run_id(api: str, pipeline: str) -> str:
             "limit": 1,
         }
     ).encode()
+    auth = "Basic " + base64.b64encode(login.encode()).decode()
     req = urllib.request.Request(
-        f"{api}/flow_runs/filter", data=body, headers={"Content-Type": "application/json"}
+        f"{api}/flow_runs/filter",
+        data=body,
+        headers={"Content-Type": "application/json", "Authorization": auth},
     )
     with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310 - loopback
         runs = json.loads(resp.read())
@@ -143,6 +154,11 @@ def main() -> None:
     )
     ap.add_argument("--pipeline", default="smoke")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "images")
+    ap.add_argument(
+        "--force",
+        metavar="STAGE",
+        help="rebuild from this stage on (a cached run has no task runs)",
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
@@ -151,10 +167,17 @@ def main() -> None:
     ).stdout
     print(started.strip())
     api = started.split(" running at ")[1].split()[0]
-    subprocess.run([*ZHPIPE, "run", args.pipeline], cwd=ROOT, env=env, check=True)
-    run = flow_run_id(api, args.pipeline)
+    # the server asks for the project's login (printed by `server start`, kept in its Prefect home)
+    login = started.split("credentials (the UI on first load): ")[1].split()[0]
+    force = ["--force", args.force] if args.force else []
+    subprocess.run([*ZHPIPE, "run", args.pipeline, *force], cwd=ROOT, env=env, check=True)
+    run = flow_run_id(api, args.pipeline, login)
     ui = api.removesuffix("/api")
-    shoot(f"{ui}/runs/flow-run/{run}", args.out / "prefect-flow-run.png")
+    proxy, address = header_proxy(ui, *login.split(":", 1))
+    try:
+        shoot(f"{address}/runs/flow-run/{run}", args.out / "prefect-flow-run.png")
+    finally:
+        proxy.shutdown()
     mlflow_ui = subprocess.Popen(
         [*ZHPIPE, "ui"], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True
     )
