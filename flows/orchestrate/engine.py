@@ -49,6 +49,7 @@ class Engine:
     models: dict[str, ModelStage] = field(default_factory=dict)  # the per-model stages walked
     held: dict = field(default_factory=dict)  # the units to build beside the training: inputs
     beside: dict = field(default_factory=dict)  # those started: their Prefect futures
+    checked: int = 0  # the run's replans when the units taken were last checked against its keys
 
     def __post_init__(self):
         self.kind = self.run.config.kind
@@ -156,7 +157,7 @@ class Engine:
         if spec.models is not None and not (self.remote and spec is self.kind.training):
             self.models[spec.name] = ModelStage(self.run, spec)
             yield from self.models[spec.name].units()
-        elif spec.partitioned and self.run.config.source.partitioned:
+        elif self._partitioned(spec):
             i = 0
             while i < len(self.run.partitions):
                 unit = partition_unit(spec.name, self.run.partitions[i].name)
@@ -169,13 +170,19 @@ class Engine:
         result = self.take(unit)
         if result is not None:
             self.results[unit] = result
+        if self.checked == self.run.replans:  # keys change only when the run plans them again
+            return
+        self.checked = self.run.replans
         stale = [u for u in self.results if u == u.stage and not self._taken(u)]
         for again in stale:
             spec = self.kind.stages[again]
-            partitioned = spec.partitioned and spec.models is None
-            for u in [*(self.parts(spec) if partitioned else ()), again]:
+            for u in [*(self.parts(spec) if self._partitioned(spec) else ()), again]:
                 if not self._taken(u) and (result := self.take(u)) is not None:
                     self.results[u] = result
+
+    def _partitioned(self, spec: Stage) -> bool:
+        """Whether the stage is built a unit per partition in this run."""
+        return spec.partitioned and spec.models is None and self.run.config.source.partitioned
 
     def _taken(self, unit: Unit) -> bool:
         """Whether the unit is taken under the key the plan holds for it now."""
@@ -217,7 +224,7 @@ class Engine:
             self.models[spec.name].close([u.model for u in self.gathered(spec)])
             parts = self.gathered(spec)
             result = run.run(spec.name, parts, spec.build)
-        elif spec.partitioned and run.config.source.partitioned:
+        elif self._partitioned(spec):
             from tasks.shared import partitions as gather
 
             parts = self.gathered(spec)
@@ -250,12 +257,9 @@ class Engine:
             or run.reuse(partition_unit(d, part.name))
             for d in spec.needs
         }
-        order = [p.name for p in run.partitions]
-        earlier = {
-            u: r
-            for u, r in self.gathered(spec).items()
-            if order.index(u.part) < order.index(part.name)
-        }
+        names = [p.name for p in run.partitions]
+        before = set(names[: names.index(part.name)])
+        earlier = {u: r for u, r in self.gathered(spec).items() if u.part in before}
         if spec.cumulative:
             inputs |= earlier
         result = run.run(unit, inputs, spec.part_build or spec.build, quiet=True)

@@ -95,6 +95,7 @@ class RunContext:
     # the hooks around each unit (its MLflow run)
     tracking: Callable[..., UnitTracking] = UnitTracking
     _partitions: list | None = None  # the source's partitions as planned: listed once per plan
+    replans: int = 0  # how often the keys were planned again (what was taken before may be stale)
 
     @property
     def store(self) -> StageStore:
@@ -209,6 +210,7 @@ class RunContext:
         if self.lease is not None:
             self.lease.update(self.keys)
         self._partitions = None
+        self.replans += 1
 
 
 def build_unit(

@@ -62,8 +62,8 @@ def key_causes(
         libraries = (*libraries, *MODELS[model].libraries)
     section = config.section(stage)
     # the libraries of settings the chosen options leave unread (back-translation's, for EDA)
-    unread = {lib for name in section.unused() for lib in section.LIBRARIES_OF.get(name, ())}
-    libraries = tuple(name for name in libraries if name not in unread)
+    left = {lib for name in section.unused() for lib in section.LIBRARIES_OF.get(name, ())}
+    libraries = tuple(name for name in libraries if name not in left)
     refs = (
         getattr(section, model).user_code()
         if model and model in section.own_models()
