@@ -24,8 +24,17 @@ def tracking_uri() -> str:
     return project.current().tracking_uri()
 
 
-def _retry(fn: Callable) -> Callable:
-    """Retry a tracking write a few times: SQLite can be briefly locked by the UI or another run."""
+# errors a write outlives when tried again: SQLite briefly locked by the UI or another run, a slow
+# server
+TRANSIENT = ("locked", "timeout")
+# MLflow looks a dataset up and inserts it when it is missing: two runs logging the same dataset at
+# once both miss it, and the later insert breaks the store's unique key (SQLite and PostgreSQL word
+# it differently). Tried again, the write finds the row the other run inserted and links to it.
+RACED = ("unique constraint", "duplicate key")
+
+
+def _retry(fn: Callable, errors: tuple[str, ...] = TRANSIENT) -> Callable:
+    """Retry a tracking write a few times when its error's text holds one of `errors`."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -33,11 +42,7 @@ def _retry(fn: Callable) -> Callable:
             try:
                 return fn(*args, **kwargs)
             except Exception as e:  # noqa: BLE001 - MLflow raises several unrelated types
-                if (
-                    attempt == 3
-                    or "locked" not in str(e).lower()
-                    and "timeout" not in str(e).lower()
-                ):
+                if attempt == 3 or not any(word in str(e).lower() for word in errors):
                     raise
                 time.sleep(0.5 * 2**attempt)
 
@@ -248,13 +253,21 @@ def _experiment_id(name: str) -> str:
                 exp.experiment_id, "mlflow.experimentKind", "custom_model_development"
             )
         return exp.experiment_id
+    from mlflow.exceptions import MlflowException
+
     # the kind makes the MLflow UI open the experiment on its training runs, not on the GenAI
     # overview
-    return c.create_experiment(
-        name,
-        artifact_location=project.current().artifact_root(),
-        tags={"mlflow.experimentKind": "custom_model_development"},
-    )
+    try:
+        return c.create_experiment(
+            name,
+            artifact_location=project.current().artifact_root(),
+            tags={"mlflow.experimentKind": "custom_model_development"},
+        )
+    except MlflowException as e:
+        # another run created it since the lookup
+        if e.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+        return c.get_experiment_by_name(name).experiment_id
 
 
 class Tracker:
@@ -410,7 +423,7 @@ class Tracker:
     def text(self, text: str, artifact_file: str) -> None:
         self.client.log_text(self.run_id, text, artifact_file)
 
-    @_retry
+    @functools.partial(_retry, errors=TRANSIENT + RACED)
     def dataset(
         self, df: pd.DataFrame, source: str, name: str, context: str, rows: int | None = None
     ) -> None:
