@@ -32,15 +32,17 @@ def deployment_defaults() -> dict[str, Any] | None:
     """What the running deployment may run, from this machine's pipelines.yaml, or None outside a
     deployment run. The server names the deployment (its name is its pipeline's) and where the
     project is; the parameters are then computed from the file, as `zhpipe deploy` computed them."""
-    from uuid import UUID
-
     from prefect.client.orchestration import get_client
-    from prefect.runtime import deployment
+    from prefect.context import FlowRunContext
 
-    if deployment.id is None:
+    # the flow run as the engine read it (`prefect.runtime.deployment.id` reads it from the server
+    # again when it has no deployment: a tenth of a second of every command-line run)
+    context = FlowRunContext.get()
+    flow_run = context.flow_run if context is not None else None
+    if flow_run is None or flow_run.deployment_id is None:
         return None
     with get_client(sync_client=True) as client:
-        server = client.read_deployment(UUID(deployment.id))
+        server = client.read_deployment(flow_run.deployment_id)
     return expected_parameters(server.name, dict(server.parameters or {}))
 
 

@@ -17,7 +17,8 @@ from flows.orchestrate.execute import RunContext
 from flows.orchestrate.tracking import artifact_key
 from flows.plan.cache import StageResult
 from flows.plan.keys import members_of, model_units, record_cut, training_order, without_models
-from flows.track.champion import register_best
+from flows.plan.store import Manifest
+from flows.track.champion import kept_test_sha256, register_best
 from flows.track.tracker import Tracker, client
 from tasks.core import Unit, model_unit
 from tasks.errors import ZhpipeError
@@ -318,12 +319,14 @@ class ModelStage:
             uri = self._log_model(model_runs[best], best, folder, evaluation.facts.labels)
         from flows.track.serving import served_outcomes
 
+        test = Rows(segment.path / "test.parquet")
+        written = Manifest.read(segment.path).files.get("test.parquet") or {}
         decision = register_best(
             uri,
             model_runs[best],
             run.config.identity,
             best,
-            Rows(segment.path / "test.parquet"),
+            test,
             metric,
             evaluation.facts.results[best][f"test_{metric}"],
             model_key=run.keys[unit],
@@ -332,6 +335,9 @@ class ModelStage:
             ),
             rule=run.config.section(kind.selection.name).champion,
             store=run.store,
+            test_digest=kept_test_sha256(
+                test, written.get("sha256"), run.store.cache_file("test-sha256")
+            ),
         )
         _say_cut(evaluation, decision, best)
         _tell(run.config, run.parent_run_id, decision, best, metric)

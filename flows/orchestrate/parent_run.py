@@ -182,15 +182,12 @@ def finish_run(run: RunContext, results: dict[str, StageResult], ok: bool) -> No
     if splits is not None:
         for name, context in zip(SPLIT_NAMES, ("training", "validation", "testing")):
             path = results[splits.name].path / f"{name}.parquet"
-            frame = next(
-                iter_frames(
-                    path,
-                    DATASET_SAMPLE_ROWS,
-                    columns=["id", "text"] + (["label"] if kind.labelled else []),
-                )
-            )
+            columns = ["id", "text"] + (["label"] if kind.labelled else [])
             parent.dataset(
-                frame.head(DATASET_SAMPLE_ROWS),
+                # read only for a split not described before
+                lambda path=path, columns=columns: next(
+                    iter_frames(path, DATASET_SAMPLE_ROWS, columns=columns)
+                ).head(DATASET_SAMPLE_ROWS),
                 source=str(path),
                 name=f"{run.config.name}-{name}",
                 context=context,

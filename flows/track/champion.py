@@ -67,6 +67,25 @@ def test_sha256(test) -> str:
     return h.hexdigest()
 
 
+def kept_test_sha256(test, file_sha256: str | None, kept: Path) -> str:
+    """`test_sha256` of a test split file, kept in the folder `kept` (the store's cache) under the
+    file's own sha256, which its manifest records: a rerun over the same split reads none of it
+    again (on a large corpus, the one read of a fully cached run that grows with it)."""
+    from tasks.util.io import atomic_write_text
+
+    record = kept / file_sha256 if file_sha256 else None
+    try:
+        if record is not None:
+            return record.read_text(encoding="utf-8").strip()
+    except OSError:
+        pass
+    digest = test_sha256(test)
+    if record is not None:
+        kept.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(record, digest)
+    return digest
+
+
 def _update(h, rows: pd.DataFrame) -> None:
     listed = [
         c
@@ -465,6 +484,7 @@ def register_best(
     rescore: Callable[[str, pd.DataFrame], Any] | None = None,
     rule=None,
     store=None,
+    test_digest: str | None = None,
 ) -> Decision:
     """Register the best model (the classifier pyfunc logged with its training, `model_uri`) unless
     its key is registered already, then apply the champion rule: the alias moves only if, re-read
@@ -473,11 +493,12 @@ def register_best(
     of `test` as it is served (`tasks.util.paired.Outcomes`): both are scored on the same rows and
     compared by a paired bootstrap (`rule`: the `evaluate.champion` section). Without `rescore` (the
     registry alone), the stored test scores are compared. `store` (the run's, which vouched for
-    `model_uri`): versions it does not vouch for are neither reused nor kept as champion."""
+    `model_uri`): versions it does not vouch for are neither reused nor kept as champion.
+    `test_digest`: `test_sha256(test)` when the caller knows it (`kept_test_sha256`)."""
 
     from flows.track.tracker import client
 
-    name, digest, c = registered_name(pipeline), test_sha256(test), client()
+    name, digest, c = registered_name(pipeline), test_digest or test_sha256(test), client()
     existing = registered_version(name, model_key, store)
     settled = (
         _settled(c, name, existing, model, model_key, digest, score)

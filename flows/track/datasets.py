@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -29,10 +30,16 @@ def _dataset_cache(source: str, name: str, rows: int | None) -> Path | None:
     return project.current().data / "_cache" / "datasets" / f"{key}.json"
 
 
-def dataset_entity(df: pd.DataFrame, source: str, name: str, rows: int | None = None):
+def dataset_entity(
+    df: pd.DataFrame | Callable[[], pd.DataFrame],
+    source: str,
+    name: str,
+    rows: int | None = None,
+):
     """The MLflow Dataset entity of a split file. When `df` is only the head of `rows` rows, the
     dataset is recorded by its schema and a digest (of the head and the row count), without a
-    profile that would describe the head alone."""
+    profile that would describe the head alone. `df` may be a function that reads the rows: called
+    only when the file was not described before (a cached run reads nothing of its splits)."""
     import mlflow.data
     from mlflow.entities import Dataset
 
@@ -43,6 +50,8 @@ def dataset_entity(df: pd.DataFrame, source: str, name: str, rows: int | None = 
             return Dataset(**json.loads(cached.read_text(encoding="utf-8")))
         except (OSError, ValueError, TypeError):
             pass
+    if callable(df):
+        df = df()
     # schema-inference hints about integer columns, not actionable here
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -425,10 +425,15 @@ class Tracker:
 
     @functools.partial(_retry, errors=TRANSIENT + RACED)
     def dataset(
-        self, df: pd.DataFrame, source: str, name: str, context: str, rows: int | None = None
+        self,
+        df: pd.DataFrame | Callable[[], pd.DataFrame],
+        source: str,
+        name: str,
+        context: str,
+        rows: int | None = None,
     ) -> None:
         """Record a dataset as this run's input (shown under 'Datasets used' in the UI):
-        flows/track/datasets.py."""
+        flows/track/datasets.py (`df` may be a function that reads it, when it must be read)."""
         from mlflow.entities import DatasetInput, InputTag
 
         from flows.track.datasets import dataset_entity
