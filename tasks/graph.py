@@ -89,12 +89,14 @@ class Stage:
     # process of its own while the models train (its build then reads its own section only: no
     # `stages`, `source`, `store` or `sink`)
     beside: bool = False
-    # the files of its needs (`(need, file)`) that its output is a function of, with its params,
-    # code, libraries and files: nothing else of those needs (embed reads the train split's words,
-    # never its labels). An output built from the same bytes is reused under a new key, as DVC's
-    # run cache does: a pipeline that differs upstream only in what this stage does not read (the
-    # label column) reuses it
-    content: tuple[tuple[str, str], ...] = ()
+    # the files of its needs (`(need, file)`, or `(need, file, columns)` for the columns of a
+    # Parquet file it reads) that its output is a function of, with its params, code, libraries
+    # and files: nothing else of those needs (embed reads the train split's words, never its
+    # labels). An output built from the same content is reused under a new key, as DVC's run
+    # cache does: a pipeline that differs upstream only in what this stage does not read (the
+    # label column) reuses it. A stage built per partition is reused so only when it is built
+    # whole (its gathering merges the partitions' work, not these files)
+    content: tuple[tuple[str, str] | tuple[str, str, tuple[str, ...]], ...] = ()
 
     def __post_init__(self):
         """A stage's functions are its module's, and the module declares what its key needs: checked
@@ -127,10 +129,12 @@ class Stage:
                 f"{where}: a stage has build_model exactly when it has a unit per model "
                 "(models=...)"
             )
-        if any(need not in self.needs for need, _ in self.content):
+        if any(need not in self.needs for need, *_ in self.content):
             raise TypeError(f"{where}: content= names files of the stages it needs only")
-        if self.content and (self.per_model or self.partitioned):
-            raise TypeError(f"{where}: content= is for a stage of one unit")
+        if any(len(c) == 3 and not (c[2] and isinstance(c[2], tuple)) for c in self.content):
+            raise TypeError(f"{where}: content= columns are a tuple of column names")
+        if self.content and self.per_model:
+            raise TypeError(f"{where}: content= is for a stage of one unit or of partitions")
         if self.beside and (self.per_model or self.partitioned or self.checked):
             raise TypeError(f"{where}: a stage built beside the others is one unit and unchecked")
 

@@ -496,6 +496,12 @@ def test_every_stage_holds_its_functions_from_its_kinds_package():
         graph.Stage("x", (), clean.build, "", "", params=clean.Params, libraries="pandas")
     with pytest.raises(TypeError, match="build_model exactly when it has a unit per model"):
         graph.Stage("x", (), clean.build, "", "", params=clean.Params, models=graph.PerModel())
+    with pytest.raises(TypeError, match="content= names files of the stages it needs only"):
+        graph.Stage("x", (), clean.build, "", "", params=clean.Params, content=(("y", "a.txt"),))
+    with pytest.raises(TypeError, match="content= columns are a tuple of column names"):
+        graph.Stage(
+            "x", ("y",), clean.build, "", "", params=clean.Params, content=(("y", "a", "words"),)
+        )
 
 
 def test_a_stage_built_beside_the_others_is_one_unit_nothing_needs():

@@ -141,10 +141,21 @@ class RunContext:
     def by_content(self, unit: Unit, inputs: dict[str, StageResult]) -> Manifest | None:
         """An output built under another key from the same content (its stage's `content=`),
         reused."""
-        files = self.config.kind.stages[unit.stage].content
         return self.cache.reuse_content(
-            unit, self.keys[unit], self.causes.get(unit), inputs, files, self.config.name
+            unit,
+            self.keys[unit],
+            self.causes.get(unit),
+            inputs,
+            self.content_of(unit),
+            self.config.name,
         )
+
+    def content_of(self, unit: Unit) -> tuple:
+        """What `unit` is reused by (its stage's `content=`): nothing for a partition's unit, or a
+        stage gathered from its partitions' work."""
+        if unit.part or any(u.part and u.stage == unit.stage for u in self.keys):
+            return ()
+        return self.config.kind.stages[unit.stage].content
 
     def run(
         self,
@@ -262,7 +273,7 @@ def build_unit(
             pipeline=run.config.name,
         )
         final = run.cache.save(tmp, manifest)
-        content = run.config.kind.stages[unit.stage].content  # a stage of one unit (tasks/graph.py)
+        content = run.content_of(unit)
         if content and manifest.causes:
             run.cache.remember_content(manifest, inputs, content, out.facts)
     except BaseException as e:

@@ -137,16 +137,47 @@ class StageCache:
     # ---- reuse by content: a stage's `content=` files (tasks/graph.py), as DVC's run cache ----
 
     def content_key(self, causes: dict, inputs: dict[str, StageResult], files) -> str | None:
-        """The hash of a unit's key causes with its inputs' keys replaced by the sha256 of the files
-        of them it reads (their manifests record it); None when one is missing."""
+        """The hash of a unit's key causes with its inputs' keys replaced by what it reads of them:
+        a file's sha256 (its manifest records it), or for `(need, file, columns)` the digest of
+        those columns of a Parquet file (`column_digest`); None when one is missing."""
         read = {}
-        for need, name in files:
+        for need, name, *columns in files:
             result = inputs.get(need)
             entry = Manifest.read(result.path).files.get(name) if result is not None else None
             if entry is None:
                 return None
-            read[f"{need}/{name}"] = entry["sha256"]
+            read[f"{need}/{name}"] = (
+                self.column_digest(result.path / name, entry["sha256"], columns[0])
+                if columns
+                else entry["sha256"]
+            )
         return stage_key({**causes, "inputs": read})
+
+    def column_digest(self, path: Path, sha256: str, columns: tuple[str, ...]) -> str:
+        """The sha256 of `columns` of a Parquet file, value by value in row order (not the file's
+        bytes, which also hold the columns a stage does not read), kept in the store's cache under
+        the file's own sha256."""
+        import hashlib
+
+        import numpy as np
+
+        from tasks.util.io import iter_frames
+
+        record = self.store.cache_file("columns") / f"{sha256}-{'-'.join(columns)}"
+        try:
+            return record.read_text(encoding="utf-8").strip()
+        except OSError:
+            pass
+        h = hashlib.sha256(json.dumps(columns).encode())
+        for frame in iter_frames(path, columns=list(columns)):
+            for column in columns:
+                values = ["" if v is None else str(v) for v in frame[column].tolist()]
+                # lengths, then the text: no two lists of values hash alike
+                h.update(np.array([len(v) for v in values], dtype=np.int64).tobytes())
+                h.update("".join(values).encode("utf-8"))
+        record.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(record, h.hexdigest())
+        return h.hexdigest()
 
     def _content_record(self, unit: str, content: str) -> Path:
         return self.store.cache_file("by-content") / str(unit) / f"{content}.json"
@@ -195,7 +226,10 @@ class StageCache:
         )
         self.save(tmp, manifest)
         shutil.rmtree(scratch, ignore_errors=True)
-        read = ", ".join(f"{need}'s {name}" for need, name in files)
+        read = ", ".join(
+            f"{need}'s {name}" + (f" ({', '.join(columns[0])})" if columns else "")
+            for need, name, *columns in files
+        )
         log.info(
             "%s: reused by content (%s): built as %s from the same %s", unit, key, old.key, read
         )

@@ -101,6 +101,7 @@ STAGES = graph(
         partitioned=True,
         part_build=vocab.count,
         gather=vocab.gather,
+        content=vocab.CONTENT,
         params=vocab.Params,
         libraries=vocab.LIBRARIES,
         files=vocab.FILES,

@@ -32,6 +32,9 @@ def count_tokens(lines: pd.Series) -> Counter:
 
 # each split counted, and the stage it is read from
 SPLITS = (("train", "augment"), ("validation", "segment"))
+# all it reads of them (`Stage.content`): a pipeline that differs from another only in its labels
+# reuses its vocabularies
+CONTENT = tuple((stage, f"{split}.parquet", KINDS) for split, stage in SPLITS)
 
 
 def split_counts(ctx: BuildContext) -> tuple[dict[str, dict[str, Counter]], dict[str, bool], int]:

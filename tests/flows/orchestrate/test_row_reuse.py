@@ -115,16 +115,17 @@ def test_a_stage_no_model_of_the_run_reads_is_not_built(smoke, capsys):
     assert "not needed" in line, status.stdout
 
 
-def test_a_label_only_change_reuses_the_embeddings_by_content(smoke, tmp_path):
+def test_a_label_only_change_reuses_vocabularies_and_embeddings_by_content(smoke, tmp_path):
     """Another pipeline over the same file that differs only in its label column rebuilds what
-    reads labels (download, clean, split, segment, augment) but reuses the word vectors: embed reads
-    the train split's words only (`content=`), and they are the same bytes. Words that differ are
+    reads labels (download, clean, split, segment, augment) but reuses the vocabularies and the word
+    vectors: vocab reads the words and characters columns of the train and validation splits, embed
+    the train split's words (`content=`), and they are the same. Words that differ are counted and
     trained again."""
     rows = pd.read_csv(ROOT / "tests/fixtures/smoke.csv", dtype=str)
     rows["stars"] = rows["label"].map({"1": "好评", "0": "差评"})
     copy = tmp_path / "reviews.csv"
     rows.to_csv(copy, index=False)
-    until = ["download", "clean", "split", "segment", "augment", "embed"]
+    until = ["download", "clean", "split", "segment", "augment", "vocab", "embed"]
 
     def run(label: str) -> dict:
         out = pipeline_flow(
@@ -136,13 +137,16 @@ def test_a_label_only_change_reuses_the_embeddings_by_content(smoke, tmp_path):
         return {s["stage"]: s for s in out["stages"]}
 
     first, second = run("label"), run("stars")
-    assert {s for s, r in second.items() if r["cache"] == "miss"} == set(until) - {"embed"}
-    assert second["embed"]["cache"] == "hit" and second["embed"]["key"] != first["embed"]["key"]
-    vectors = [Path(r["embed"]["path"]) / "word2vec.bin" for r in (first, second)]
-    assert vectors[0].samefile(vectors[1])  # linked, not copied
+    reused = {"vocab": "words/vocab.txt", "embed": "word2vec.bin"}
+    assert {s for s, r in second.items() if r["cache"] == "miss"} == set(until) - set(reused)
+    for stage, name in reused.items():
+        assert second[stage]["cache"] == "hit" and second[stage]["key"] != first[stage]["key"]
+        files = [Path(r[stage]["path"]) / name for r in (first, second)]
+        assert files[0].samefile(files[1])  # linked, not copied
     # the facts are the new inputs': its labels are this pipeline's
     assert set(second["embed"]["facts"]["labels"]) == {"好评", "差评"}
     rows["review"] = rows["review"] + "，窗户朝北"
     rows.to_csv(copy, index=False)
     third = run("stars")
+    assert third["vocab"]["cache"] == "miss"
     assert third["embed"]["cache"] == "miss"
