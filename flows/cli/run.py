@@ -120,15 +120,11 @@ def _heartbeats():
         for k in ("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "PREFECT_RUNNER_HEARTBEAT_FREQUENCY")
     ):
         return contextlib.nullcontext()
-    from prefect.context import SettingsContext, get_settings_context
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
-    # the current settings with the one field changed: Prefect's `temporary_settings` would read
-    # the environment and the profile again and validate every setting (0.17 s of a cached run)
-    context = get_settings_context()
-    flows = context.settings.flows.model_copy(update={"heartbeat_frequency": None})
-    return SettingsContext(
-        profile=context.profile, settings=context.settings.model_copy(update={"flows": flows})
-    )
+    # settings read again from the environment, which a warm process's fork has just taken on from
+    # its client (the project's login, the server's address): not a copy of the current ones
+    return temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
 
 
 def companion_of(headline: str | None) -> str:

@@ -14,6 +14,7 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from flows.plan import private
@@ -176,6 +177,22 @@ def _connect(state: dict) -> socket.socket | None:
     return sock
 
 
+# how long a command waits for a warm process that is still importing (about 5 s on 2 cores; a
+# command run alone instead spends that and more on the same imports)
+STARTING_WAIT_S = 30.0
+
+
+def _ready(path: Path) -> dict | None:
+    """The state of the warm process `path` names, once it listens: one still importing (left by
+    the command before, a moment ago) is waited for while it lives, up to STARTING_WAIT_S."""
+    deadline = time.monotonic() + STARTING_WAIT_S
+    state = private.read_state(path)
+    while state and state.get("starting") and procs.is_ours(state) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        state = private.read_state(path)
+    return state if state and not state.get("starting") else None
+
+
 def hand_over(argv: list[str]) -> int | None:
     """Run `argv` in the warm process, if there is one that can; its exit status, or None to run it
     here."""
@@ -183,7 +200,7 @@ def hand_over(argv: list[str]) -> int | None:
         return None
     mine = fingerprint()
     path = state_file(mine)
-    state = private.read_state(path)
+    state = _ready(path)
     if not state or state.get("fingerprint") != mine:
         return None
     sock = _connect(state)

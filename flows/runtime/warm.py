@@ -205,7 +205,12 @@ def serve(idle: float, mine: str, root: str | None, command, preload: tuple[str,
     _COMMAND = command
     t0 = time.monotonic()
     _private_log()
-    files = _preload(root, preload)
+    # what is imported already (start-up's modules) is watched as it was before anyone could hand a
+    # command over; a client that finds this process starting waits for it (`handover.hand_over`)
+    early = module_files()
+    identity = procs.identity(os.getpid(), handover.PROGRAM)
+    private.write_state(state_file(mine), {**identity, "fingerprint": mine, "starting": True})
+    files = {**_preload(root, preload), **early}
     listener, path = _listen(mine)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -219,7 +224,7 @@ def serve(idle: float, mine: str, root: str | None, command, preload: tuple[str,
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     signal.signal(signal.SIGINT, lambda *_: stopping.append(True))
     state = {
-        **procs.identity(os.getpid(), handover.PROGRAM),
+        **identity,
         "socket": path,
         "fingerprint": mine,
         "modules": len(files),

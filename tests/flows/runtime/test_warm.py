@@ -24,9 +24,10 @@ def handed(log: Path) -> int:
     return log.read_text().count("warm: running `zhpipe ") if log.exists() else 0
 
 
-def _warm(folder: Path, seed_prefect_home, seed_mlflow, idle: int = 60):
+def _warm(folder: Path, seed_prefect_home, seed_mlflow, idle: int = 60, ready: bool = True):
     """A warm process for a new project's settings in `folder`; its runs start temporary Prefect
-    servers in a seeded home."""
+    servers in a seeded home. Yielded once it listens, or (`ready=False`) once it has said it is
+    starting."""
     probe = folder / "probe"
     probe.mkdir()
     (probe / "sitecustomize.py").write_text(
@@ -63,9 +64,13 @@ def _warm(folder: Path, seed_prefect_home, seed_mlflow, idle: int = 60):
     state = handover.state_file(handover.fingerprint(env)).relative_to(handover.home())
     state = folder / "prefect" / state
     deadline = time.monotonic() + 120
-    while not state.exists() and proc.poll() is None and time.monotonic() < deadline:
+
+    def listening() -> bool:
+        return state.exists() and (not ready or "socket" in json.loads(state.read_text() or "{}"))
+
+    while not listening() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert state.exists(), log.read_text()
+    assert listening(), log.read_text()
     yield {
         "env": env,
         "log": log,
@@ -80,7 +85,7 @@ def _warm(folder: Path, seed_prefect_home, seed_mlflow, idle: int = 60):
         # a warm process the test killed (kill -9) left its state file, and its socket in the shared
         # folder
     ):
-        Path(json.loads(state.read_text())["socket"]).unlink(missing_ok=True)
+        Path(json.loads(state.read_text()).get("socket", "")).unlink(missing_ok=True)
 
 
 @pytest.fixture
@@ -120,6 +125,22 @@ def test_a_command_handed_over_prints_and_exits_as_it_would_alone(shared_warm):
         and "no-such-pipeline" in bad.stderr
     )
     assert bad.stderr == zhpipe({**env, "ZHPIPE_WARM": "off"}, "status", "no-such-pipeline").stderr
+
+
+def test_a_command_waits_for_the_warm_process_still_importing(
+    tmp_path, seed_prefect_home, seed_mlflow
+):
+    """The command right after one that left a warm process finds it still importing (seconds):
+    it waits and is handed over, instead of running alone through the same imports."""
+    starting = _warm(tmp_path, seed_prefect_home, seed_mlflow, ready=False)
+    w = next(starting)
+    try:
+        assert "socket" not in json.loads(w["state"].read_text())  # not listening yet
+        served = zhpipe(w["env"], "status", "smoke")
+        assert served.returncode == 0 and "zhpipe status smoke" in served.stdout, served.stderr
+        assert handed(w["log"]) == 1
+    finally:
+        next(starting, None)  # stops it
 
 
 def test_other_settings_run_alone_and_an_edited_module_stops_it(warm_env):
