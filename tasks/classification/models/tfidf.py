@@ -253,24 +253,34 @@ def _fit_stream(train, labels: list[str], p: Params, seed: int, folder: Path) ->
         class_weight=weights,
         random_state=seed,
     )
-    race, started, epochs = racing.current(), time.perf_counter(), p.epochs
+    race, started, seen, stopped = racing.current(), time.perf_counter(), 0, False
     for epoch in range(p.epochs):
-        # under a training budget: another pass only when one fits in what is left (the first is
-        # always made)
+        # under a training budget: another pass only when one fits in what is left
         took = (time.perf_counter() - started) / max(epoch, 1)
         if epoch and race is not None and took > race.left():
             race.cut = (
                 f"stopped after epoch {epoch} of {p.epochs}: a pass takes about {took:.0f} s and "
                 f"{max(race.left(), 0):.0f} s of the budget were left"
             )
-            epochs = epoch
             break
         for batch in batches_of(order, ["words", "text", "label"], STREAM_ROWS):
+            # a pass stops where the share runs out, as a network's epoch does: the model of the
+            # batches seen is kept (the first model of a stage is always a model)
+            stopped = bool(seen) and race is not None and race.left() <= 0
+            if stopped:
+                race.cut = (
+                    f"stopped in epoch {epoch + 1} after {seen - epoch * n:,} of {n:,} rows: its "
+                    f"share of the budget ({race.share:.0f} s) ran out"
+                )
+                break
             model.partial_fit(
                 hashed_tfidf(hashers, idf, batch),
                 batch["label"].map(index).to_numpy(),
                 classes=classes,
             )
+            seen += len(batch)
+        if stopped:
+            break
     if isinstance(order, Rows):
         shutil.rmtree(order.path.parent, ignore_errors=True)
     np.savez(
@@ -281,7 +291,7 @@ def _fit_stream(train, labels: list[str], p: Params, seed: int, folder: Path) ->
         intercept=model.intercept_,
         classes=model.classes_,
     )
-    return n * epochs
+    return seen
 
 
 def tfidf_predictor(folder: Path):

@@ -355,6 +355,41 @@ def test_tfidf_streamed_from_the_split_file_learns_what_the_exact_fit_learns(tmp
     )
 
 
+def test_a_streamed_tfidf_fit_out_of_its_share_stops_inside_its_pass_and_is_a_model(
+    tmp_path, monkeypatch
+):
+    """Under a training budget the streamed fit stops where its share runs out, inside its first
+    pass (as a network's first epoch does); the model of the batches it saw is kept and answers."""
+    from tasks.classification.models import tfidf
+    from tasks.models.racing import Race, racing
+    from tasks.util.io import Rows
+
+    words = (POS + NEG) * 40
+    labels = (["1"] * 3 + ["0"] * 3) * 40
+    df = pd.DataFrame(
+        {"words": words, "text": [w.replace(" ", "") for w in words], "label": labels}
+    )
+    df.to_parquet(tmp_path / "train.parquet", row_group_size=16)
+    monkeypatch.setattr(tfidf, "STREAM_ROWS", 40)
+    out = tmp_path / "model"
+    out.mkdir()
+    race = Race(0.001, first=True)  # spent before the first batch: that one batch is made
+    with racing(race):
+        summary = tfidf.train_tfidf_lr(
+            Rows(tmp_path / "train.parquet"),
+            ["0", "1"],
+            tfidf.Params(fit="stream", min_df=1),
+            0,
+            out,
+        )
+    assert race.cut.startswith("stopped in epoch 1 after 40 of 240 rows: its share"), race.cut
+    assert summary["fit"] == "stream"
+    scores = MODELS["tfidf_lr"].load(out / "tfidf_lr")(
+        pd.DataFrame({"words": POS[:1], "text": ["房间很干净服务好"]})
+    )
+    assert scores.shape == (1, 2) and np.allclose(scores.sum(1), 1, atol=1e-5)
+
+
 def test_a_split_larger_than_a_bucket_is_shuffled_on_disk_without_losing_a_row(tmp_path):
     from tasks.util.io import Rows, shuffled, write_parquet
 
