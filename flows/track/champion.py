@@ -73,7 +73,9 @@ def kept_test_sha256(test, file_sha256: str | None, kept: Path) -> str:
     again (on a large corpus, the one read of a fully cached run that grows with it)."""
     from tasks.util.io import atomic_write_text
 
-    record = kept / file_sha256 if file_sha256 else None
+    # the columns hashed are part of the record's name: a kind that scores another column hashes
+    # the same file again
+    record = kept / f"{file_sha256}-{'-'.join(SCORED)}" if file_sha256 else None
     try:
         if record is not None:
             return record.read_text(encoding="utf-8").strip()
