@@ -171,10 +171,11 @@ class StageCache:
         h = hashlib.sha256(json.dumps(columns).encode())
         for frame in iter_frames(path, columns=list(columns)):
             for column in columns:
-                values = ["" if v is None else str(v) for v in frame[column].tolist()]
-                # lengths, then the text: no two lists of values hash alike
-                h.update(np.array([len(v) for v in values], dtype=np.int64).tobytes())
-                h.update("".join(values).encode("utf-8"))
+                values = frame[column].tolist()
+                # lengths (-1: missing), then the text: no two lists of values hash alike
+                lengths = [-1 if v is None else len(str(v)) for v in values]
+                h.update(np.array(lengths, dtype=np.int64).tobytes())
+                h.update("".join("" if v is None else str(v) for v in values).encode("utf-8"))
         record.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(record, h.hexdigest())
         return h.hexdigest()
