@@ -177,7 +177,7 @@ def _connect(state: dict) -> socket.socket | None:
     return sock
 
 
-# how long a command waits for a warm process that is still importing (about 5 s on 2 cores; a
+# how long a command waits for a warm process that is still importing (about 8 s on 2 cores; a
 # command run alone instead spends that and more on the same imports)
 STARTING_WAIT_S = 30.0
 
