@@ -91,9 +91,13 @@ def start_warm(env: dict) -> tuple[subprocess.Popen, Path]:
     )
     state = home / f"zhpipe-warm-{mine[:16]}.json"
     deadline = time.monotonic() + 120
-    while not state.exists() and proc.poll() is None and time.monotonic() < deadline:
+
+    def listening() -> bool:  # its state names a socket once it listens ("starting" before)
+        return "socket" in (private.read_state(state) or {})
+
+    while not listening() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert state.exists(), (home / "zhpipe-warm.log").read_text()
+    assert listening(), (home / "zhpipe-warm.log").read_text()
     return proc, state
 
 
