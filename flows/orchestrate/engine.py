@@ -157,7 +157,7 @@ class Engine:
         if spec.models is not None and not (self.remote and spec is self.kind.training):
             self.models[spec.name] = ModelStage(self.run, spec)
             yield from self.models[spec.name].units()
-        elif self._partitioned(spec):
+        elif self.run.config.per_partition(spec):
             i = 0
             while i < len(self.run.partitions):
                 unit = partition_unit(spec.name, self.run.partitions[i].name)
@@ -176,13 +176,9 @@ class Engine:
         stale = [u for u in self.results if u == u.stage and not self._taken(u)]
         for again in stale:
             spec = self.kind.stages[again]
-            for u in [*(self.parts(spec) if self._partitioned(spec) else ()), again]:
+            for u in [*(self.parts(spec) if self.run.config.per_partition(spec) else ()), again]:
                 if not self._taken(u) and (result := self.take(u)) is not None:
                     self.results[u] = result
-
-    def _partitioned(self, spec: Stage) -> bool:
-        """Whether the stage is built a unit per partition in this run."""
-        return spec.partitioned and spec.models is None and self.run.config.source.partitioned
 
     def _taken(self, unit: Unit) -> bool:
         """Whether the unit is taken under the key the plan holds for it now."""
@@ -224,7 +220,7 @@ class Engine:
             self.models[spec.name].close([u.model for u in self.gathered(spec)])
             parts = self.gathered(spec)
             result = run.run(spec.name, parts, spec.build)
-        elif self._partitioned(spec):
+        elif self.run.config.per_partition(spec):
             from tasks.shared import partitions as gather
 
             parts = self.gathered(spec)

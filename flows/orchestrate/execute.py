@@ -151,11 +151,10 @@ class RunContext:
         )
 
     def content_of(self, unit: Unit) -> tuple:
-        """What `unit` is reused by (its stage's `content=`): nothing for a partition's unit, or a
-        stage gathered from its partitions' work."""
-        if unit.part or any(u.part and u.stage == unit.stage for u in self.keys):
-            return ()
-        return self.config.kind.stages[unit.stage].content
+        """What `unit` is reused by (its stage's `content=`): nothing for a stage built per
+        partition (its gathering merges the partitions' work, not those files)."""
+        spec = self.config.kind.stages[unit.stage]
+        return () if self.config.per_partition(spec) else spec.content
 
     def run(
         self,

@@ -159,6 +159,11 @@ class PipelineConfig(Section):
         """A stage's section of this pipeline's settings (its `Params`)."""
         return getattr(self.stages, stage)
 
+    def per_partition(self, spec) -> bool:
+        """Whether stage `spec` is built a unit per partition of this pipeline's source (its
+        partitions' units, then one that gathers them)."""
+        return spec.partitioned and spec.models is None and self.source.partitioned
+
     def models(self) -> list[str]:
         """The models this pipeline trains: its training stage's model list (none when its kind
         trains none)."""

@@ -48,7 +48,7 @@ def key_causes(
     params = unit_params(config, unit)
     module, files, libraries = spec.module_name, spec.files, spec.libraries
     # it concatenates its partitions
-    if spec.partitioned and config.source.partitioned and not part and not spec.gather:
+    if config.per_partition(spec) and not part and not spec.gather:
         from tasks.shared import partitions as gather
 
         module, files, libraries = gather.__name__, (), gather.LIBRARIES
