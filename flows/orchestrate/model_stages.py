@@ -335,9 +335,7 @@ class ModelStage:
             ),
             rule=run.config.section(kind.selection.name).champion,
             store=run.store,
-            test_digest=kept_test_sha256(
-                test, written.get("sha256"), run.store.cache_file("test-sha256")
-            ),
+            test_digest=kept_test_sha256(test, written.get("sha256"), run.store),
         )
         _say_cut(evaluation, decision, best)
         _tell(run.config, run.parent_run_id, decision, best, metric)

@@ -154,31 +154,11 @@ class StageCache:
         return stage_key({**causes, "inputs": read})
 
     def column_digest(self, path: Path, sha256: str, columns: tuple[str, ...]) -> str:
-        """The sha256 of `columns` of a Parquet file, value by value in row order (not the file's
-        bytes, which also hold the columns a stage does not read), kept in the store's cache under
-        the file's own sha256."""
-        import hashlib
-
-        import numpy as np
-
-        from tasks.util.io import iter_frames
-
-        record = self.store.cache_file("columns") / f"{sha256}-{'-'.join(columns)}"
-        try:
-            return record.read_text(encoding="utf-8").strip()
-        except OSError:
-            pass
-        h = hashlib.sha256(json.dumps(columns).encode())
-        for frame in iter_frames(path, columns=list(columns)):
-            for column in columns:
-                values = frame[column].tolist()
-                # lengths (-1: missing), then the text: no two lists of values hash alike
-                lengths = [-1 if v is None else len(str(v)) for v in values]
-                h.update(np.array(lengths, dtype=np.int64).tobytes())
-                h.update("".join("" if v is None else str(v) for v in values).encode("utf-8"))
-        record.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(record, h.hexdigest())
-        return h.hexdigest()
+        """The sha256 of `columns` of a Parquet file (`_column_sha256`), kept in the store's cache
+        under the file's own sha256."""
+        return self.store.derived(
+            f"columns/{sha256}-{'-'.join(columns)}", lambda: _column_sha256(path, columns)
+        )
 
     def _content_record(self, unit: str, content: str) -> Path:
         return self.store.cache_file("by-content") / str(unit) / f"{content}.json"
@@ -246,6 +226,26 @@ class StageCache:
             record.parent.mkdir(parents=True, exist_ok=True)
             doc = {"key": manifest.key, "facts": own.to_json()}
             atomic_write_text(record, json.dumps(doc, ensure_ascii=False))
+
+
+def _column_sha256(path: Path, columns: tuple[str, ...]) -> str:
+    """The sha256 of `columns` of a Parquet file, value by value in row order (not the file's bytes,
+    which also hold the columns a stage does not read)."""
+    import hashlib
+
+    import numpy as np
+
+    from tasks.util.io import iter_frames
+
+    h = hashlib.sha256(json.dumps(columns).encode())
+    for frame in iter_frames(path, columns=list(columns)):
+        for column in columns:
+            values = frame[column].tolist()
+            # lengths (-1: missing), then the text: no two lists of values hash alike
+            lengths = [-1 if v is None else len(str(v)) for v in values]
+            h.update(np.array(lengths, dtype=np.int64).tobytes())
+            h.update("".join("" if v is None else str(v) for v in values).encode("utf-8"))
+    return h.hexdigest()
 
 
 def _linked(source: Path, target: Path, files) -> None:

@@ -419,6 +419,19 @@ class StageStore:
         folder.mkdir(parents=True, exist_ok=True)
         return folder / name
 
+    def derived(self, name: str, compute: Callable[[], str]) -> str:
+        """A value computed from files' contents, kept in `_cache/<name>`: `name` holds those files'
+        sha256, so a kept value is never stale. Computed once, then read."""
+        path = self.cache_file(name)
+        try:
+            return path.read_text(encoding="utf-8").strip()
+        except OSError:
+            pass
+        value = compute()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, value)
+        return value
+
     def downloads(self, url: str) -> Path:
         """Folder for a URL's downloaded bytes, kept across attempts so a partial file can
         resume."""

@@ -67,25 +67,14 @@ def test_sha256(test) -> str:
     return h.hexdigest()
 
 
-def kept_test_sha256(test, file_sha256: str | None, kept: Path) -> str:
-    """`test_sha256` of a test split file, kept in the folder `kept` (the store's cache) under the
-    file's own sha256, which its manifest records: a rerun over the same split reads none of it
-    again (on a large corpus, the one read of a fully cached run that grows with it)."""
-    from tasks.util.io import atomic_write_text
-
-    # the columns hashed are part of the record's name: a kind that scores another column hashes
-    # the same file again
-    record = kept / f"{file_sha256}-{'-'.join(SCORED)}" if file_sha256 else None
-    try:
-        if record is not None:
-            return record.read_text(encoding="utf-8").strip()
-    except OSError:
-        pass
-    digest = test_sha256(test)
-    if record is not None:
-        kept.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(record, digest)
-    return digest
+def kept_test_sha256(test, file_sha256: str | None, store) -> str:
+    """`test_sha256` of a test split file, kept in the store's cache (`StageStore.derived`) under
+    the file's own sha256, which its manifest records, and the columns hashed (a kind that scores
+    another column hashes the file again): a rerun over the same split reads none of it again (on
+    a large corpus, the one read of a fully cached run that grows with it)."""
+    if not file_sha256:
+        return test_sha256(test)
+    return store.derived(f"test-sha256/{file_sha256}-{'-'.join(SCORED)}", lambda: test_sha256(test))
 
 
 def _update(h, rows: pd.DataFrame) -> None:

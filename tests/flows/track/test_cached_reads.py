@@ -5,6 +5,7 @@ that grew with it)."""
 import pandas as pd
 import pytest
 
+from flows.plan.store import StageStore
 from flows.track import champion
 from flows.track.datasets import dataset_entity
 from tasks.util.io import Rows, file_sha256
@@ -20,7 +21,7 @@ def split(tmp_path):
 
 
 def test_a_test_split_is_hashed_once_per_file_content(split, tmp_path):
-    kept = tmp_path / "kept"
+    kept = StageStore(tmp_path / "store")
     recorded = file_sha256(split)
     first = champion.kept_test_sha256(Rows(split), recorded, kept)
     assert first == champion.test_sha256(Rows(split))
